@@ -1,0 +1,233 @@
+"""The broker contract.
+
+A broker moves opaque ``bytes`` between producers and workers. Everything above this layer
+(queue, task, worker, CLI) calls only these methods, so a new backend implements this class,
+passes the shared contract suite in ``tests/contract/`` unchanged, and the rest needs no change.
+
+Operations are grouped by concern: queues (publish, fetch, complete, heartbeat, recover),
+schedule (schedule, promote_due), records, dead letters, inspection. Every method is a coroutine
+that raises :class:`~blitzq.exceptions.BrokerError` when the server cannot be reached.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class Guarantee(enum.StrEnum):
+    """What a broker promises about delivery."""
+
+    AT_LEAST_ONCE = "at-least-once"
+    """Every published message is run to completion at least once, across worker crashes."""
+    AT_MOST_ONCE = "at-most-once"
+    """A message taken by a worker that then crashes is lost; never delivered twice."""
+    EPHEMERAL = "ephemeral"
+    """Messages live in one process's memory and vanish with it."""
+
+
+class Delivery(NamedTuple):
+    """One message handed to a worker by :meth:`Broker.fetch`.
+
+    Attributes:
+        queue: physical queue name.
+        token: broker-specific delivery token needed to ack (a stream entry id), or ``None``.
+        payload: the encoded message.
+        deliveries: how many times this message has been delivered, this one included.
+    """
+
+    queue: str
+    token: bytes | None
+    payload: bytes
+    deliveries: int
+
+
+@dataclass(slots=True)
+class Completion:
+    """Everything that must happen, atomically, when a worker is done with one delivery.
+
+    The delivery is acknowledged (and removed) together with whatever else is set:
+
+    Attributes:
+        queue: physical queue the delivery came from.
+        token: the delivery's token (``None`` for brokers that need no ack).
+        task_id: the task's id (keys the record and dead letter).
+        record: encoded task record to store, or ``None``.
+        record_ttl: seconds the record lives.
+        reschedule: encoded message to put on the schedule (a retry), or ``None``.
+        eta: Unix time (seconds) the rescheduled message becomes due.
+        dead_letter: fields of a dead letter to store, or ``None``.
+        requeue: encoded message to put back at the head of ``queue`` now, or ``None``.
+    """
+
+    queue: str
+    token: bytes | None
+    task_id: str
+    record: bytes | None = None
+    record_ttl: int = 0
+    reschedule: bytes | None = None
+    eta: float = 0.0
+    dead_letter: DeadLetterFields | None = None
+    requeue: bytes | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class DeadLetterFields:
+    """What a broker stores for one dead letter.
+
+    Attributes:
+        message: the original encoded message (may be malformed bytes).
+        reason: short machine-readable cause ("failed", "malformed message", "unknown task",
+            "max deliveries exceeded", "message too large").
+        error: human-readable detail.
+        task: task name, or "" when the message could not be decoded.
+        queue: physical queue it came from.
+        failed_at: Unix time (seconds).
+    """
+
+    message: bytes
+    reason: str
+    error: str
+    task: str
+    queue: str
+    failed_at: float
+
+
+class Broker(abc.ABC):
+    """Abstract broker. See the module docstring for the contract."""
+
+    guarantee: Guarantee
+    supports_recovery: bool = False
+    """Whether abandoned deliveries can be recovered (leases, heartbeat, recover)."""
+
+    # ---------------------------------------------------------------- queues
+    @abc.abstractmethod
+    async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
+        """Append encoded messages to the tail of ``queue`` in one round-trip."""
+
+    @abc.abstractmethod
+    async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
+        """Create whatever a consumer named ``consumer`` needs to fetch from ``queues``."""
+
+    @abc.abstractmethod
+    async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
+        """Take up to ``count`` messages from ``queue``.
+
+        Returns at once when messages are waiting; otherwise blocks up to ``timeout`` seconds
+        (0 = do not block) for the first one.
+        """
+
+    @abc.abstractmethod
+    async def complete(self, completions: Sequence[Completion]) -> None:
+        """Apply completions; each one atomically, a batch in as few round-trips as possible."""
+
+    async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
+        """Renew the leases of deliveries this consumer still owns; return how many it renewed.
+
+        A lease another consumer has taken over is never taken back.
+        """
+        return 0
+
+    async def recover(
+        self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
+    ) -> tuple[int, int]:
+        """Put deliveries idle longer than ``min_idle`` seconds back on ``queue``.
+
+        Those delivered ``max_deliveries`` times already are dead-lettered instead, with a
+        record (state ``dead_lettered``) kept ``record_ttl`` seconds.
+
+        Returns:
+            ``(requeued, dead_lettered)`` counts.
+        """
+        return (0, 0)
+
+    # --------------------------------------------------------------- schedule
+    @abc.abstractmethod
+    async def schedule(self, items: Sequence[tuple[str, str, bytes, float]]) -> None:
+        """Put ``(task_id, queue, message, eta)`` items on the schedule (eta: Unix seconds)."""
+
+    @abc.abstractmethod
+    async def promote_due(self, now: float, limit: int) -> tuple[int, float | None]:
+        """Move up to ``limit`` due scheduled messages to their queues.
+
+        Returns:
+            ``(moved, next_eta)``: how many moved, and the earliest due time still waiting.
+        """
+
+    @abc.abstractmethod
+    async def scheduled_count(self) -> int:
+        """Number of messages on the schedule."""
+
+    # ---------------------------------------------------------------- records
+    @abc.abstractmethod
+    async def get_record(self, task_id: str) -> bytes | None:
+        """The stored record of a task, or ``None``."""
+
+    @abc.abstractmethod
+    async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
+        """Store a record for ``ttl`` seconds and wake anyone waiting for it."""
+
+    @abc.abstractmethod
+    async def wait_for_record(self, task_id: str, timeout: float) -> bytes | None:
+        """Return the record once one is stored, or ``None`` after ``timeout`` seconds."""
+
+    # ----------------------------------------------------------- dead letters
+    @abc.abstractmethod
+    async def dead_letters(self, offset: int, limit: int) -> list[tuple[str, DeadLetterFields]]:
+        """Dead letters, newest first, as ``(task_id, fields)``."""
+
+    @abc.abstractmethod
+    async def get_dead_letter(self, task_id: str) -> DeadLetterFields | None:
+        """One dead letter, or ``None``."""
+
+    @abc.abstractmethod
+    async def dead_letter_count(self) -> int:
+        """Number of stored dead letters."""
+
+    @abc.abstractmethod
+    async def replay_dead_letter(self, task_id: str, queue: str, message: bytes) -> bool:
+        """Atomically remove a dead letter and publish ``message`` to ``queue``.
+
+        Returns ``False`` (and publishes nothing) when the dead letter no longer exists, so two
+        concurrent replays publish once.
+        """
+
+    @abc.abstractmethod
+    async def purge_dead_letters(self) -> int:
+        """Delete all dead letters; return how many."""
+
+    # ------------------------------------------------------------- inspection
+    @abc.abstractmethod
+    async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
+        """Per queue: ``{"waiting": n, "in_flight": n}`` (in_flight is 0 without leases)."""
+
+    @abc.abstractmethod
+    async def known_queues(self) -> list[str]:
+        """Queues that producers or workers have used in this namespace."""
+
+    @abc.abstractmethod
+    async def register_worker(self, worker_id: str, info: bytes, ttl: float) -> None:
+        """Record a live worker for ``ttl`` seconds (refreshed by its maintenance loop)."""
+
+    @abc.abstractmethod
+    async def unregister_worker(self, worker_id: str) -> None:
+        """Remove a worker's registration."""
+
+    @abc.abstractmethod
+    async def workers(self) -> dict[str, bytes]:
+        """Live workers: id to the info they registered."""
+
+    @abc.abstractmethod
+    async def purge_queue(self, queue: str) -> int:
+        """Delete waiting messages of ``queue``; return how many."""
+
+    async def ping(self) -> None:
+        """Check that the broker answers; raise BrokerError otherwise."""
+        return None
+
+    async def close(self) -> None:
+        """Release connections. The broker may be used again afterwards (it reconnects)."""
+        return None

@@ -1,0 +1,366 @@
+"""In-process broker: messages live in this process's memory (for tests).
+
+Mirrors the semantics of the Redis brokers (``broker/redis/``, notably its Lua scripts) without
+a server. One instance may be used from several event loops in several threads at once: state
+is guarded by a :class:`threading.Lock` (never held across an ``await``), and blocked
+:meth:`MemoryBroker.fetch` / :meth:`MemoryBroker.wait_for_record` callers are woken with
+``loop.call_soon_threadsafe`` on a future created in their own loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from ..exceptions import SerializationError
+from ..serialization import decode_envelope, dumps
+from .base import Broker, Completion, DeadLetterFields, Delivery, Guarantee
+
+T = TypeVar("T")
+
+#: Dead letters kept per broker before the oldest are dropped.
+DEFAULT_DEAD_LETTER_CAP = 100_000
+
+_Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
+
+_registry: dict[str, MemoryBroker] = {}
+_registry_lock = threading.Lock()
+
+
+@dataclass(slots=True)
+class _Lease:
+    payload: bytes
+    deliveries: int
+    touched: float  # time.monotonic() of the fetch or last heartbeat
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _wake(waiters: list[_Waiter] | None) -> None:
+    for loop, fut in waiters or ():
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits there any more
+            loop.call_soon_threadsafe(_resolve, fut)
+
+
+class MemoryBroker(Broker):
+    """Ephemeral in-process broker for unit tests and users' own tests.
+
+    Deliveries carry tokens and stay in flight until completed, so leases, :meth:`heartbeat`
+    and :meth:`recover` work as in reliable Redis mode. Use :meth:`named` so that a producer
+    and a worker built separately share one instance.
+
+    Args:
+        dead_letter_cap: dead letters kept before the oldest are dropped.
+    """
+
+    guarantee = Guarantee.EPHEMERAL
+    supports_recovery = True
+
+    def __init__(self, *, dead_letter_cap: int = DEFAULT_DEAD_LETTER_CAP) -> None:
+        self.dead_letter_cap = dead_letter_cap
+        self._lock = threading.Lock()
+        self._tokens = itertools.count(1)
+        self._waiting: dict[str, deque[tuple[bytes, int]]] = {}
+        self._leases: dict[str, dict[bytes, _Lease]] = {}
+        self._schedule: dict[str, tuple[float, str, bytes]] = {}
+        self._records: dict[str, tuple[bytes, float]] = {}
+        self._dead: dict[str, DeadLetterFields] = {}
+        self._queues: set[str] = set()
+        self._workers: dict[str, tuple[bytes, float]] = {}
+        self._fetchers: dict[str, list[_Waiter]] = {}
+        self._record_waiters: dict[str, list[_Waiter]] = {}
+
+    @classmethod
+    def named(cls, name: str) -> MemoryBroker:
+        """The process-wide broker called ``name``, created on first use."""
+        with _registry_lock:
+            broker = _registry.get(name)
+            if broker is None:
+                broker = _registry[name] = cls()
+            return broker
+
+    # ------------------------------------------------- helpers (lock held)
+    def _push(self, queue: str, payload: bytes, deliveries: int, head: bool = False) -> None:
+        waiting = self._waiting.setdefault(queue, deque())
+        (waiting.appendleft if head else waiting.append)((payload, deliveries))
+        _wake(self._fetchers.pop(queue, None))
+
+    def _take(self, queue: str, count: int) -> list[Delivery] | None:
+        waiting = self._waiting.get(queue)
+        if not waiting or count <= 0:
+            return None
+        leases = self._leases.setdefault(queue, {})
+        now = time.monotonic()
+        out: list[Delivery] = []
+        while waiting and len(out) < count:
+            payload, deliveries = waiting.popleft()
+            token = str(next(self._tokens)).encode()
+            leases[token] = _Lease(payload, deliveries, now)
+            out.append(Delivery(queue, token, payload, deliveries))
+        return out
+
+    def _store_record(self, task_id: str, record: bytes, ttl: float) -> None:
+        self._records[task_id] = (record, time.monotonic() + ttl)
+        _wake(self._record_waiters.pop(task_id, None))
+
+    def _get_record(self, task_id: str) -> bytes | None:
+        entry = self._records.get(task_id)
+        if entry is not None and entry[1] > time.monotonic():
+            return entry[0]
+        self._records.pop(task_id, None)  # absent or expired
+        return None
+
+    def _newest_first(self) -> list[str]:
+        dead = self._dead
+        return sorted(dead, key=lambda tid: (dead[tid].failed_at, tid), reverse=True)
+
+    def _trim_dead_letters(self) -> None:
+        excess = len(self._dead) - self.dead_letter_cap
+        if excess > 0:
+            for task_id in self._newest_first()[-excess:]:
+                del self._dead[task_id]
+
+    async def _block(
+        self, table: dict[str, list[_Waiter]], key: str, wait: float, attempt: Callable[[], T]
+    ) -> T:
+        """Return ``attempt()`` once it is not ``None``, or its last value after ``wait`` s."""
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + wait
+        while True:
+            with self._lock:
+                value = attempt()
+                remaining = deadline - time.monotonic()
+                if value is not None or remaining <= 0:
+                    return value
+                waiter: _Waiter = (loop, loop.create_future())
+                table.setdefault(key, []).append(waiter)
+            try:
+                await asyncio.wait_for(waiter[1], remaining)
+            except TimeoutError:
+                pass
+            finally:
+                with self._lock:
+                    waiters = table.get(key)
+                    if waiters is not None and waiter in waiters:
+                        waiters.remove(waiter)
+                        if not waiters:
+                            del table[key]
+
+    # ---------------------------------------------------------------- queues
+    async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
+        """Append messages to the tail of ``queue`` and wake blocked fetchers."""
+        with self._lock:
+            self._queues.add(queue)
+            for message in messages:
+                self._push(queue, message, 1)
+
+    async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
+        """Remember ``queues`` as known; nothing else needs creating."""
+        await self.remember_queues(queues)
+
+    async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:  # noqa: ASYNC109
+        """Pop up to ``count`` from the head; when empty, block up to ``timeout`` seconds."""
+        result = await self._block(self._fetchers, queue, timeout, lambda: self._take(queue, count))
+        return result or []
+
+    async def complete(self, completions: Sequence[Completion]) -> None:
+        """Apply completions as ``complete.lua`` does, the whole batch atomically."""
+        with self._lock:
+            dead_added = False
+            for c in completions:
+                if c.token:
+                    self._leases.get(c.queue, {}).pop(c.token, None)
+                if c.record:
+                    self._store_record(c.task_id, c.record, c.record_ttl)
+                if c.reschedule:
+                    self._schedule[c.task_id] = (c.eta, c.queue, c.reschedule)
+                if c.dead_letter is not None:
+                    self._dead[c.task_id] = c.dead_letter
+                    dead_added = True
+                if c.requeue:
+                    self._push(c.queue, c.requeue, 1, head=True)
+            if dead_added:
+                self._trim_dead_letters()
+
+    async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
+        """Renew the leases of ``tokens`` still in flight on ``queue``; return how many."""
+        now = time.monotonic()
+        with self._lock:
+            leases = self._leases.get(queue, {})
+            renewed = [leases[token] for token in tokens if token in leases]
+            for lease in renewed:
+                lease.touched = now
+        return len(renewed)
+
+    async def recover(
+        self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
+    ) -> tuple[int, int]:
+        """Requeue (tail, deliveries + 1) up to ``count`` deliveries idle over ``min_idle`` s.
+
+        Those already delivered ``max_deliveries`` times are dead-lettered instead, with a
+        ``dead_lettered`` record kept ``record_ttl`` seconds (as ``recover.lua`` does).
+        """
+        now, wall = time.monotonic(), time.time()
+        requeued = dead = 0
+        with self._lock:
+            leases = self._leases.get(queue, {})
+            idle = [t for t, lease in leases.items() if now - lease.touched > min_idle][:count]
+            for token in idle:
+                lease = leases.pop(token)
+                if lease.deliveries < max_deliveries:
+                    self._push(queue, lease.payload, lease.deliveries + 1)
+                    requeued += 1
+                    continue
+                task_id, task = token.decode(), ""
+                with contextlib.suppress(SerializationError):  # malformed: keyed by token
+                    envelope = decode_envelope(lease.payload)
+                    task_id, task = envelope.id, envelope.task
+                error = (
+                    f"delivered {lease.deliveries} times without completing (max_deliveries="
+                    f"{max_deliveries}); the worker running it probably crashed"
+                )
+                self._dead[task_id] = DeadLetterFields(
+                    lease.payload, "max deliveries exceeded", error, task, queue, wall
+                )
+                record = dumps(
+                    {"id": task_id, "task": task, "queue": queue, "state": "dead_lettered"}
+                    | {"attempts": lease.deliveries, "error_type": "MaxDeliveriesExceeded"}
+                    | {"error": error, "finished_at": wall}
+                )
+                self._store_record(task_id, record, record_ttl)
+                dead += 1
+            if dead:
+                self._trim_dead_letters()
+        return requeued, dead
+
+    # --------------------------------------------------------------- schedule
+    async def schedule(self, items: Sequence[tuple[str, str, bytes, float]]) -> None:
+        """Put ``(task_id, queue, message, eta)`` items on the schedule (keyed by task_id)."""
+        with self._lock:
+            for task_id, queue, message, eta in items:
+                self._schedule[task_id] = (eta, queue, message)
+
+    async def promote_due(self, now: float, limit: int) -> tuple[int, float | None]:
+        """Move up to ``limit`` messages due at ``now`` (Unix seconds) to their queues' tails."""
+        with self._lock:
+            sched = self._schedule
+            due = sorted((eta, tid) for tid, (eta, _, _) in sched.items() if eta <= now)
+            for _, task_id in due[: max(0, limit)]:
+                _, queue, message = sched.pop(task_id)
+                self._push(queue, message, 1)
+            next_eta = min((eta for eta, _, _ in sched.values()), default=None)
+            return min(len(due), max(0, limit)), next_eta
+
+    async def scheduled_count(self) -> int:
+        """Number of messages on the schedule."""
+        with self._lock:
+            return len(self._schedule)
+
+    # ---------------------------------------------------------------- records
+    async def get_record(self, task_id: str) -> bytes | None:
+        """The stored, unexpired record of a task, or ``None``."""
+        with self._lock:
+            return self._get_record(task_id)
+
+    async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
+        """Store a record for ``ttl`` seconds and wake anyone waiting for it."""
+        with self._lock:
+            self._store_record(task_id, record, ttl)
+
+    async def wait_for_record(self, task_id: str, timeout: float) -> bytes | None:  # noqa: ASYNC109
+        """Return the record once stored, or ``None`` after ``timeout`` seconds."""
+        return await self._block(
+            self._record_waiters, task_id, timeout, lambda: self._get_record(task_id)
+        )
+
+    # ----------------------------------------------------------- dead letters
+    async def dead_letters(self, offset: int, limit: int) -> list[tuple[str, DeadLetterFields]]:
+        """Dead letters, newest first, as ``(task_id, fields)``."""
+        with self._lock:
+            ids = self._newest_first()[max(0, offset) : max(0, offset) + max(0, limit)]
+            return [(tid, self._dead[tid]) for tid in ids]
+
+    async def get_dead_letter(self, task_id: str) -> DeadLetterFields | None:
+        """One dead letter, or ``None``."""
+        with self._lock:
+            return self._dead.get(task_id)
+
+    async def dead_letter_count(self) -> int:
+        """Number of stored dead letters."""
+        with self._lock:
+            return len(self._dead)
+
+    async def replay_dead_letter(self, task_id: str, queue: str, message: bytes) -> bool:
+        """Atomically drop the dead letter and task record, publish; ``False`` if gone."""
+        with self._lock:
+            if self._dead.pop(task_id, None) is None:
+                return False
+            self._records.pop(task_id, None)
+            self._push(queue, message, 1)
+            return True
+
+    async def purge_dead_letters(self) -> int:
+        """Delete all dead letters; return how many."""
+        with self._lock:
+            count, self._dead = len(self._dead), {}
+            return count
+
+    # ------------------------------------------------------------- inspection
+    async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
+        """Per queue: waiting messages and in-flight (fetched, not completed) deliveries."""
+        with self._lock:
+            wait, fly = self._waiting, self._leases
+            return {
+                q: {"waiting": len(wait.get(q, ())), "in_flight": len(fly.get(q, ()))}
+                for q in queues
+            }
+
+    async def known_queues(self) -> list[str]:
+        """Queues ever published to, prepared or remembered, sorted."""
+        with self._lock:
+            return sorted(self._queues)
+
+    async def remember_queues(self, queues: Sequence[str]) -> None:
+        """Add queue names to the known queues."""
+        with self._lock:
+            self._queues.update(queues)
+
+    async def register_worker(self, worker_id: str, info: bytes, ttl: float) -> None:
+        """Record a live worker for ``ttl`` seconds."""
+        with self._lock:
+            self._workers[worker_id] = (info, time.monotonic() + ttl)
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        """Remove a worker's registration."""
+        with self._lock:
+            self._workers.pop(worker_id, None)
+
+    async def workers(self) -> dict[str, bytes]:
+        """Live workers (expired registrations are dropped): id to registered info."""
+        now = time.monotonic()
+        with self._lock:
+            for worker_id in [w for w, (_, exp) in self._workers.items() if exp <= now]:
+                del self._workers[worker_id]
+            return {w: info for w, (info, _) in self._workers.items()}
+
+    async def purge_queue(self, queue: str) -> int:
+        """Delete the waiting messages of ``queue`` (in-flight ones stay); return how many."""
+        with self._lock:
+            waiting = self._waiting.pop(queue, None)
+            return len(waiting) if waiting else 0
+
+    async def ping(self) -> None:
+        """Always answers: there is no server."""
+
+    async def close(self) -> None:
+        """Nothing to release; the broker stays usable (and keeps its state)."""

@@ -1,0 +1,325 @@
+"""What both Redis brokers share: connection, schedule, records, dead letters, inspection.
+
+The two modes differ only in where a queue's messages wait (a stream with a consumer group, or
+a list) and so in publish, fetch, ack, heartbeat and recovery; see ``reliable.py`` and
+``fast.py``. Every Redis command blitzq sends lives under this package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from importlib import resources
+from typing import Any, ClassVar, ParamSpec, TypeVar
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from ...exceptions import BrokerError
+from ..base import Broker, Completion, DeadLetterFields
+from .keys import GROUP, Keys
+from .results import ResultListener
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Dead letters kept per namespace before the oldest are dropped.
+DEFAULT_DEAD_LETTER_CAP = 100_000
+
+
+def translate_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Turn redis-py errors raised by ``fn`` into :class:`BrokerError`."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except (RedisError, OSError) as exc:
+            raise BrokerError(f"{type(exc).__name__}: {exc}") from exc
+
+    return wrapper
+
+
+def load_script(name: str) -> str:
+    """Source of a Lua script shipped in ``broker/redis/lua/``."""
+    return resources.files(__package__).joinpath("lua", name).read_text()
+
+
+def _raw(response: Any, **_: Any) -> Any:
+    return response
+
+
+class RedisBroker(Broker):
+    """Base of the Redis brokers.
+
+    Args:
+        url: a ``redis://``, ``rediss://`` or ``unix://`` URL.
+        namespace: key namespace; every key is prefixed ``{namespace}:``.
+        dead_letter_cap: dead letters kept before the oldest are dropped.
+        client: an existing ``redis.asyncio.Redis`` to use instead of ``url`` (not closed by
+            the broker).
+    """
+
+    kind: ClassVar[str]
+    """``"s"`` for streams, ``"l"`` for lists: where this mode keeps a queue's messages."""
+
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        *,
+        dead_letter_cap: int = DEFAULT_DEAD_LETTER_CAP,
+        client: aioredis.Redis | None = None,
+    ) -> None:
+        self.url = url
+        self.keys = Keys(namespace)
+        self.dead_letter_cap = dead_letter_cap
+        self._owns_client = client is None
+        self.client: aioredis.Redis = client or aioredis.Redis.from_url(
+            url, decode_responses=False, health_check_interval=30
+        )
+        for command in ("XREADGROUP", "XAUTOCLAIM", "BLMPOP", "LPOP"):
+            self.client.set_response_callback(command, _raw)
+        self._complete = self.client.register_script(load_script("complete.lua"))
+        self._promote = self.client.register_script(load_script("promote.lua"))
+        self._replay = self.client.register_script(load_script("replay.lua"))
+        self._results = ResultListener(self.client)
+
+    def queue_key(self, queue: str) -> str:
+        """Key where ``queue``'s messages wait in this mode."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ completions
+    @translate_errors
+    async def complete(self, completions: Sequence[Completion]) -> None:
+        """Apply a batch of completions in one Lua call (one round-trip, atomic)."""
+        if not completions:
+            return
+        args: list[Any] = [self.keys.prefix, GROUP, self.dead_letter_cap]
+        acks: dict[str, list[bytes]] = {}
+        kind = self.kind
+        for c in completions:
+            if (
+                c.record is None
+                and c.reschedule is None
+                and c.dead_letter is None
+                and c.requeue is None
+            ):
+                if c.token is not None:
+                    acks.setdefault(c.queue, []).append(c.token)
+                continue
+            args += (
+                "C",
+                kind,
+                c.queue,
+                c.token or b"",
+                c.task_id,
+                c.record or b"",
+                c.record_ttl,
+                c.reschedule or b"",
+                repr(c.eta),
+                "1" if c.dead_letter else "0",
+            )
+            if c.dead_letter is not None:
+                d = c.dead_letter
+                args += (d.message, d.reason, d.error, d.task, d.queue, repr(d.failed_at))
+            args.append(c.requeue or b"")
+        for queue, tokens in acks.items():
+            args += ("A", queue, len(tokens))
+            args += tokens
+        if len(args) == 3:
+            return
+        keys = self.keys
+        await self._complete(keys=[keys.schedule, keys.schedule_data, keys.dead_letters], args=args)
+
+    # --------------------------------------------------------------- schedule
+    @translate_errors
+    async def schedule(self, items: Sequence[tuple[str, str, bytes, float]]) -> None:
+        """Put ``(task_id, queue, message, eta)`` items on the schedule in one round-trip."""
+        if not items:
+            return
+        keys = self.keys
+        async with self.client.pipeline(transaction=True) as pipe:
+            for task_id, queue, message, eta in items:
+                pipe.zadd(keys.schedule, {task_id: eta})
+                pipe.hset(
+                    keys.schedule_data, task_id, self.kind.encode() + queue.encode() + b"\n" + message
+                )
+            await pipe.execute()
+
+    @translate_errors
+    async def promote_due(self, now: float, limit: int) -> tuple[int, float | None]:
+        """Move due scheduled messages to their queues (one Lua call)."""
+        keys = self.keys
+        moved, head = await self._promote(
+            keys=[keys.schedule, keys.schedule_data], args=[keys.prefix, repr(now), limit]
+        )
+        return int(moved), (float(head) if head else None)
+
+    @translate_errors
+    async def scheduled_count(self) -> int:
+        """Number of messages waiting on the schedule."""
+        return int(await self.client.zcard(self.keys.schedule))
+
+    # ---------------------------------------------------------------- records
+    @translate_errors
+    async def get_record(self, task_id: str) -> bytes | None:
+        """The stored record of a task, or ``None``."""
+        value: bytes | None = await self.client.get(self.keys.record(task_id))
+        return value
+
+    @translate_errors
+    async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
+        """Store a record for ``ttl`` seconds and publish its completion channel."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.record(task_id), record, ex=ttl)
+            pipe.publish(self.keys.done_channel(task_id), b"1")
+            await pipe.execute()
+
+    @translate_errors
+    async def wait_for_record(self, task_id: str, timeout: float) -> bytes | None:
+        """Wait (pushed, with a 1 s re-read fallback) until a record exists."""
+        record = await self.get_record(task_id)
+        if record is not None or timeout <= 0:
+            return record
+        deadline = time.monotonic() + timeout
+        channel = self.keys.done_channel(task_id)
+        fut = await self._results.subscribe(channel)
+        try:
+            while True:
+                record = await self.get_record(task_id)
+                remaining = deadline - time.monotonic()
+                if record is not None or remaining <= 0:
+                    return record
+                try:
+                    await asyncio.wait_for(asyncio.shield(fut), timeout=min(remaining, 1.0))
+                except TimeoutError:
+                    continue
+                record = await self.get_record(task_id)
+                if record is not None:
+                    return record
+                # Notified but no record (expired between): renew the waiter and go on.
+                await self._results.unsubscribe(channel, fut)
+                fut = await self._results.subscribe(channel)
+        finally:
+            await self._results.unsubscribe(channel, fut)
+
+    # ----------------------------------------------------------- dead letters
+    @staticmethod
+    def _dead_letter_fields(raw: dict[bytes, bytes]) -> DeadLetterFields | None:
+        if not raw:
+            return None
+        return DeadLetterFields(
+            message=raw.get(b"message", b""),
+            reason=raw.get(b"reason", b"").decode(errors="replace"),
+            error=raw.get(b"error", b"").decode(errors="replace"),
+            task=raw.get(b"task", b"").decode(errors="replace"),
+            queue=raw.get(b"queue", b"").decode(errors="replace"),
+            failed_at=float(raw.get(b"failed_at", b"0") or 0),
+        )
+
+    @translate_errors
+    async def dead_letters(self, offset: int, limit: int) -> list[tuple[str, DeadLetterFields]]:
+        """Dead letters, newest first."""
+        ids = await self.client.zrevrange(self.keys.dead_letters, offset, offset + limit - 1)
+        if not ids:
+            return []
+        async with self.client.pipeline(transaction=False) as pipe:
+            for raw_id in ids:
+                pipe.hgetall(self.keys.dead_letter(raw_id.decode()))
+            rows = await pipe.execute()
+        out = []
+        for raw_id, row in zip(ids, rows, strict=True):
+            fields = self._dead_letter_fields(row)
+            if fields is not None:
+                out.append((raw_id.decode(), fields))
+        return out
+
+    @translate_errors
+    async def get_dead_letter(self, task_id: str) -> DeadLetterFields | None:
+        """One dead letter, or ``None``."""
+        return self._dead_letter_fields(await self.client.hgetall(self.keys.dead_letter(task_id)))
+
+    @translate_errors
+    async def dead_letter_count(self) -> int:
+        """Number of stored dead letters."""
+        return int(await self.client.zcard(self.keys.dead_letters))
+
+    @translate_errors
+    async def replay_dead_letter(self, task_id: str, queue: str, message: bytes) -> bool:
+        """Atomically remove the dead letter and publish ``message`` (compare-and-delete)."""
+        done = await self._replay(
+            keys=[self.keys.dead_letters],
+            args=[self.keys.prefix, task_id, self.kind, queue, message],
+        )
+        return bool(done)
+
+    @translate_errors
+    async def purge_dead_letters(self) -> int:
+        """Delete every dead letter."""
+        ids = await self.client.zrange(self.keys.dead_letters, 0, -1)
+        if not ids:
+            return 0
+        async with self.client.pipeline(transaction=True) as pipe:
+            for raw_id in ids:
+                pipe.delete(self.keys.dead_letter(raw_id.decode()))
+            pipe.zrem(self.keys.dead_letters, *ids)
+            await pipe.execute()
+        return len(ids)
+
+    # ------------------------------------------------------------- inspection
+    @translate_errors
+    async def known_queues(self) -> list[str]:
+        """Queues recorded by producers and workers."""
+        names = await self.client.smembers(self.keys.queues)
+        return sorted(name.decode() for name in names)
+
+    @translate_errors
+    async def remember_queues(self, queues: Sequence[str]) -> None:
+        """Add queue names to the registry of known queues."""
+        if queues:
+            await self.client.sadd(self.keys.queues, *queues)
+
+    @translate_errors
+    async def register_worker(self, worker_id: str, info: bytes, ttl: float) -> None:
+        """Record a live worker until ``ttl`` seconds from now."""
+        keys = self.keys
+        now = time.time()
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.workers, worker_id, info)
+            pipe.zadd(keys.worker_beats, {worker_id: now + ttl})
+            await pipe.execute()
+
+    @translate_errors
+    async def unregister_worker(self, worker_id: str) -> None:
+        """Remove a worker's registration."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hdel(self.keys.workers, worker_id)
+            pipe.zrem(self.keys.worker_beats, worker_id)
+            await pipe.execute()
+
+    @translate_errors
+    async def workers(self) -> dict[str, bytes]:
+        """Live workers; expired registrations are removed on the way."""
+        keys = self.keys
+        expired = await self.client.zrangebyscore(keys.worker_beats, "-inf", time.time())
+        if expired:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.hdel(keys.workers, *expired)
+                pipe.zrem(keys.worker_beats, *expired)
+                await pipe.execute()
+        raw: dict[bytes, bytes] = await self.client.hgetall(keys.workers)
+        return {k.decode(): v for k, v in raw.items()}
+
+    @translate_errors
+    async def ping(self) -> None:
+        """Raise BrokerError unless the server answers PING."""
+        await self.client.ping()
+
+    async def close(self) -> None:
+        """Close the result listener and, when the broker made it, the client."""
+        await self._results.close()
+        if self._owns_client:
+            await self.client.aclose()

@@ -1,0 +1,69 @@
+"""Fast mode: Redis lists (at-most-once).
+
+A message is popped from the list by exactly one worker and is gone from Redis at that moment:
+no ack, no lease, no recovery. A worker that crashes loses the messages it was running (and
+never runs one twice). Retries, results and dead letters work as in reliable mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from ..base import Delivery, Guarantee
+from .common import RedisBroker, translate_errors
+
+
+class FastRedisBroker(RedisBroker):
+    """At-most-once broker on Redis lists. See :class:`RedisBroker` for arguments."""
+
+    guarantee = Guarantee.AT_MOST_ONCE
+    supports_recovery = False
+    kind: ClassVar[str] = "l"
+
+    def queue_key(self, queue: str) -> str:
+        """The list of ``queue``."""
+        return self.keys.list(queue)
+
+    @translate_errors
+    async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
+        """RPUSH all messages to the queue's list in one command."""
+        await self.client.execute_command("RPUSH", self.keys.list(queue), *messages)
+
+    @translate_errors
+    async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
+        """Register the queues as known; lists need no setup."""
+        await self.remember_queues(queues)
+
+    @translate_errors
+    async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
+        """LPOP up to ``count``; when empty, BLMPOP blocking up to ``timeout`` seconds."""
+        key = self.keys.list(queue)
+        items = await self.client.execute_command("LPOP", key, count)
+        if not items and timeout > 0:
+            reply = await self.client.execute_command(
+                "BLMPOP", timeout, 1, key, "LEFT", "COUNT", count
+            )
+            items = reply[1] if reply else None
+        if not items:
+            return []
+        return [Delivery(queue, None, item, 1) for item in items]
+
+    @translate_errors
+    async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
+        """Waiting messages per queue (fast mode has nothing in flight in Redis)."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for queue in queues:
+                pipe.llen(self.keys.list(queue))
+            lengths = await pipe.execute()
+        return {q: {"waiting": int(n), "in_flight": 0} for q, n in zip(queues, lengths, strict=True)}
+
+    @translate_errors
+    async def purge_queue(self, queue: str) -> int:
+        """Delete the queue's list."""
+        key = self.keys.list(queue)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.llen(key)
+            pipe.delete(key)
+            length, _ = await pipe.execute()
+        return int(length)

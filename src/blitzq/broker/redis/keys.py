@@ -1,0 +1,81 @@
+"""Every Redis key name blitzq uses, made in one place.
+
+All keys of a namespace share the hash tag ``{ns}`` so every Lua script touches one cluster
+slot. Scripts receive :attr:`Keys.prefix` and derive the per-queue and per-task names from it
+with the same suffixes defined here (``s:``, ``l:``, ``t:``, ``d:``, ``done:``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: The consumer group every reliable-mode stream uses.
+GROUP = "blitzq"
+#: The single stream field holding the message; ``d`` counts redeliveries after recovery.
+MESSAGE_FIELD = b"m"
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key names of one namespace.
+
+    Args:
+        namespace: the application namespace (any non-empty string without ``{`` or ``}``).
+    """
+
+    namespace: str
+
+    @property
+    def prefix(self) -> str:
+        """``{ns}:`` — the start of every key."""
+        return "{" + self.namespace + "}:"
+
+    def stream(self, queue: str) -> str:
+        """Reliable-mode stream of a queue."""
+        return f"{self.prefix}s:{queue}"
+
+    def list(self, queue: str) -> str:
+        """Fast-mode list of a queue."""
+        return f"{self.prefix}l:{queue}"
+
+    def record(self, task_id: str) -> str:
+        """A task's record."""
+        return f"{self.prefix}t:{task_id}"
+
+    def done_channel(self, task_id: str) -> str:
+        """Pub/sub channel announcing that a task's record was written."""
+        return f"{self.prefix}done:{task_id}"
+
+    def dead_letter(self, task_id: str) -> str:
+        """Hash holding one dead letter's fields."""
+        return f"{self.prefix}d:{task_id}"
+
+    @property
+    def dead_letters(self) -> str:
+        """Sorted set of dead-lettered task ids scored by failure time."""
+        return f"{self.prefix}dlq"
+
+    @property
+    def schedule(self) -> str:
+        """Sorted set of scheduled task ids scored by due time."""
+        return f"{self.prefix}sched"
+
+    @property
+    def schedule_data(self) -> str:
+        """Hash of scheduled task id to ``<kind><queue>\\n<message>``."""
+        return f"{self.prefix}sched:m"
+
+    @property
+    def queues(self) -> str:
+        """Set of known queue names."""
+        return f"{self.prefix}queues"
+
+    @property
+    def workers(self) -> str:
+        """Hash of worker id to registration info; liveness in :attr:`worker_beats`."""
+        return f"{self.prefix}workers"
+
+    @property
+    def worker_beats(self) -> str:
+        """Sorted set of worker id scored by registration expiry (Unix seconds)."""
+        return f"{self.prefix}workers:exp"

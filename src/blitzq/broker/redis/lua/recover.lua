@@ -1,0 +1,56 @@
+-- Put abandoned stream entries back on their queue, or dead-letter them.
+-- KEYS[1] stream, KEYS[2] dead-letter zset
+-- ARGV[1] group, ARGV[2] consumer, ARGV[3] min idle (ms), ARGV[4] count,
+-- ARGV[5] max deliveries, ARGV[6] now, ARGV[7] key prefix, ARGV[8] queue name,
+-- ARGV[9] dead-letter cap, ARGV[10] record ttl (seconds)
+-- An entry's delivery count travels in its "d" field (absent = 1) because the entry is
+-- re-added with a new id; one past max deliveries is dead-lettered with a record.
+local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
+local max_deliveries, now, prefix, queue = tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8]
+local claimed = redis.call('XAUTOCLAIM', stream, group, consumer, ARGV[3], '0-0', 'COUNT', ARGV[4])
+local requeued, dead = 0, 0
+for _, entry in ipairs(claimed[2]) do
+  local id, fields = entry[1], entry[2]
+  local message, deliveries = nil, 1
+  if fields then
+    for j = 1, #fields, 2 do
+      if fields[j] == 'm' then message = fields[j + 1]
+      elseif fields[j] == 'd' then deliveries = tonumber(fields[j + 1]) or 1 end
+    end
+  end
+  redis.call('XACK', stream, group, id)
+  redis.call('XDEL', stream, id)
+  if message then
+    if deliveries >= max_deliveries then
+      local ok, env = pcall(cmsgpack.unpack, message)
+      local task_id, task = id, ''
+      if ok and type(env) == 'table' and type(env[1]) == 'string' then
+        task_id = env[1]
+        if type(env[2]) == 'string' then task = env[2] end
+      end
+      local err = 'delivered ' .. deliveries .. ' times without completing (max_deliveries=' ..
+        max_deliveries .. '); the worker running it probably crashed'
+      redis.call('HSET', prefix .. 'd:' .. task_id, 'message', message,
+        'reason', 'max deliveries exceeded', 'error', err, 'task', task, 'queue', queue,
+        'failed_at', now)
+      redis.call('ZADD', KEYS[2], now, task_id)
+      local record = cmsgpack.pack({id = task_id, task = task, queue = queue,
+        state = 'dead_lettered', attempts = deliveries, error_type = 'MaxDeliveriesExceeded',
+        error = err, finished_at = tonumber(now)})
+      redis.call('SET', prefix .. 't:' .. task_id, record, 'EX', ARGV[10])
+      redis.call('PUBLISH', prefix .. 'done:' .. task_id, '1')
+      dead = dead + 1
+    else
+      redis.call('XADD', stream, '*', 'm', message, 'd', deliveries + 1)
+      requeued = requeued + 1
+    end
+  end
+end
+if dead > 0 then
+  local excess = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[9])
+  if excess > 0 then
+    local old = redis.call('ZPOPMIN', KEYS[2], excess)
+    for j = 1, #old, 2 do redis.call('DEL', prefix .. 'd:' .. old[j]) end
+  end
+end
+return {requeued, dead}

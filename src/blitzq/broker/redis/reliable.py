@@ -1,0 +1,176 @@
+"""Reliable mode: Redis Streams with one consumer group per queue (at-least-once).
+
+A fetched entry stays in the group's pending list, leased to its consumer, until the completion
+acknowledges and deletes it (XACK + XDEL in the same script as the record write). A consumer
+that dies leaves its entries pending; once idle longer than the visibility timeout, any live
+worker's :meth:`recover` re-adds them to the stream with their delivery count, or
+dead-letters them after ``max_deliveries``. A worker renews the leases of the entries it still
+runs (:meth:`heartbeat`), and a renewal never takes an entry back from another consumer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import ClassVar
+
+from redis.exceptions import ResponseError
+
+from ..base import Delivery, Guarantee
+from .common import RedisBroker, load_script, translate_errors
+from .keys import GROUP, MESSAGE_FIELD
+
+
+class ReliableRedisBroker(RedisBroker):
+    """At-least-once broker on Redis Streams. See :class:`RedisBroker` for arguments."""
+
+    guarantee = Guarantee.AT_LEAST_ONCE
+    supports_recovery = True
+    kind: ClassVar[str] = "s"
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._renew = self.client.register_script(load_script("renew.lua"))
+        self._recover = self.client.register_script(load_script("recover.lua"))
+        self.consumer = "unnamed"
+
+    def queue_key(self, queue: str) -> str:
+        """The stream of ``queue``."""
+        return self.keys.stream(queue)
+
+    @translate_errors
+    async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
+        """XADD each message to the queue's stream (pipelined when more than one)."""
+        key = self.keys.stream(queue)
+        if len(messages) == 1:
+            await self.client.execute_command("XADD", key, "*", MESSAGE_FIELD, messages[0])
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            for message in messages:
+                pipe.execute_command("XADD", key, "*", MESSAGE_FIELD, message)
+            await pipe.execute()
+
+    @translate_errors
+    async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
+        """Create each queue's stream and consumer group if missing; name this consumer."""
+        self.consumer = consumer
+        for queue in queues:
+            try:
+                await self.client.xgroup_create(self.keys.stream(queue), GROUP, "0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+        await self.remember_queues(queues)
+
+    @translate_errors
+    async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
+        """XREADGROUP up to ``count`` new entries, blocking up to ``timeout`` s when empty."""
+        key = self.keys.stream(queue)
+        args: list[object] = ["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", count]
+        if timeout > 0:
+            args += ("BLOCK", max(1, int(timeout * 1000)))
+        args += ("STREAMS", key, ">")
+        try:
+            reply = await self.client.execute_command(*args)
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            # The stream was deleted (purge, FLUSHDB): recreate the group and report nothing.
+            await self.prepare_consumer([queue], self.consumer)
+            return []
+        if not reply:
+            return []
+        out: list[Delivery] = []
+        append = out.append
+        # RESP3 answers a map of stream to entries, RESP2 a list of [stream, entries].
+        entries = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
+        for entry_id, fields in entries:
+            if fields is None:
+                continue
+            if len(fields) == 2:
+                append(Delivery(queue, entry_id, fields[1], 1))
+                continue
+            payload, deliveries = b"", 1
+            for j in range(0, len(fields) - 1, 2):
+                if fields[j] == MESSAGE_FIELD:
+                    payload = fields[j + 1]
+                elif fields[j] == b"d":
+                    deliveries = int(fields[j + 1])
+            append(Delivery(queue, entry_id, payload, deliveries))
+        return out
+
+    @translate_errors
+    async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
+        """Renew leases this consumer still owns (ownership-checked script)."""
+        if not tokens:
+            return 0
+        renewed = await self._renew(
+            keys=[self.keys.stream(queue)], args=[GROUP, self.consumer, *tokens]
+        )
+        return int(renewed)
+
+    @translate_errors
+    async def recover(
+        self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
+    ) -> tuple[int, int]:
+        """Re-add entries idle over ``min_idle`` seconds, or dead-letter them (one script)."""
+        requeued, dead = await self._recover(
+            keys=[self.keys.stream(queue), self.keys.dead_letters],
+            args=[
+                GROUP,
+                self.consumer,
+                max(1, int(min_idle * 1000)),
+                count,
+                max_deliveries,
+                repr(time.time()),
+                self.keys.prefix,
+                queue,
+                self.dead_letter_cap,
+                record_ttl,
+            ],
+        )
+        return int(requeued), int(dead)
+
+    @translate_errors
+    async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
+        """Waiting (not yet delivered) and in-flight (pending) entries per queue."""
+        out: dict[str, dict[str, int]] = {}
+        for queue in queues:
+            key = self.keys.stream(queue)
+            length = int(await self.client.xlen(key))
+            pending = 0
+            try:
+                groups = await self.client.xinfo_groups(key)
+            except ResponseError:
+                groups = []
+            for group in groups:
+                if group.get("name") in (GROUP, GROUP.encode()):
+                    pending = int(group.get("pending", 0))
+            out[queue] = {"waiting": max(0, length - pending), "in_flight": pending}
+        return out
+
+    @translate_errors
+    async def purge_queue(self, queue: str) -> int:
+        """Delete waiting entries of the stream (in-flight ones stay until completed)."""
+        key = self.keys.stream(queue)
+        stats = await self.queue_stats([queue])
+        waiting = stats[queue]["waiting"]
+        if waiting == 0:
+            return 0
+        # Undelivered entries are those after the group's last-delivered id.
+        groups = await self.client.xinfo_groups(key)
+        last = b"0-0"
+        for group in groups:
+            if group.get("name") in (GROUP, GROUP.encode()):
+                last = group.get("last-delivered-id", b"0-0")
+        removed = 0
+        start = last if isinstance(last, bytes) else str(last).encode()
+        while True:
+            entries = await self.client.xrange(key, min=b"(" + start, count=1000)
+            if not entries:
+                break
+            ids = [entry_id for entry_id, _ in entries]
+            removed += int(await self.client.xdel(key, *ids))
+            start = ids[-1]
+        return removed
+

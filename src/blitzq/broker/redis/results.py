@@ -1,0 +1,120 @@
+"""Push notification of written task records over one pub/sub connection per broker.
+
+A waiter subscribes to ``{ns}:done:<id>``, waits for the server's confirmation, then reads the
+record; the completion script publishes on that channel in the same transaction that writes
+the record, so a waiter can never miss it. A fallback re-read every ``poll_interval`` seconds
+keeps waiters live if the pub/sub connection drops (Redis restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+logger = logging.getLogger("blitzq.broker")
+
+
+class ResultListener:
+    """Multiplexes per-task completion channels over one pub/sub connection.
+
+    Args:
+        client: the broker's redis client (the pub/sub connection comes from its pool).
+    """
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._client = client
+        self._pubsub: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._waiters: dict[bytes, list[asyncio.Future[None]]] = {}
+        self._confirmed: dict[bytes, asyncio.Future[None]] = {}
+        self._lock = asyncio.Lock()
+
+    async def subscribe(self, channel: str) -> asyncio.Future[None]:
+        """Subscribe and return a future resolved when a message arrives on ``channel``.
+
+        Returns only once the server has confirmed the subscription.
+        """
+        key = channel.encode()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        waiters = self._waiters.setdefault(key, [])
+        waiters.append(fut)
+        if len(waiters) > 1:
+            confirmed = self._confirmed.get(key)
+            if confirmed is not None:
+                await asyncio.shield(confirmed)
+            return fut
+        confirmed = loop.create_future()
+        self._confirmed[key] = confirmed
+        async with self._lock:
+            if self._pubsub is None:
+                self._pubsub = self._client.pubsub()
+            await self._pubsub.subscribe(key)
+            if self._reader is None or self._reader.done():
+                self._reader = asyncio.create_task(self._read(), name="blitzq-results")
+        try:
+            await asyncio.wait_for(asyncio.shield(confirmed), timeout=5.0)
+        except TimeoutError:
+            logger.warning("no confirmation of subscription to %s; falling back to polling", key)
+        return fut
+
+    async def unsubscribe(self, channel: str, fut: asyncio.Future[None]) -> None:
+        """Drop one waiter; unsubscribe from the channel when it was the last."""
+        key = channel.encode()
+        waiters = self._waiters.get(key)
+        if waiters is None:
+            return
+        with contextlib.suppress(ValueError):
+            waiters.remove(fut)
+        if waiters:
+            return
+        del self._waiters[key]
+        self._confirmed.pop(key, None)
+        if self._pubsub is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await self._pubsub.unsubscribe(key)
+
+    async def _read(self) -> None:
+        pubsub = self._pubsub
+        while self._waiters:
+            try:
+                message = await pubsub.get_message(timeout=1.0)
+            except (RedisError, OSError) as exc:
+                logger.debug("result listener read failed: %s", exc)
+                await asyncio.sleep(0.2)
+                continue
+            if message is None:
+                continue
+            kind = message["type"]
+            channel = message["channel"]
+            if kind == "subscribe":
+                confirmed = self._confirmed.get(channel)
+                if confirmed is not None and not confirmed.done():
+                    confirmed.set_result(None)
+            elif kind == "message":
+                for fut in self._waiters.get(channel, ()):
+                    if not fut.done():
+                        fut.set_result(None)
+
+    async def close(self) -> None:
+        """Stop the reader and close the pub/sub connection."""
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+            self._reader = None
+        if self._pubsub is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await self._pubsub.aclose()
+            self._pubsub = None
+        for waiters in self._waiters.values():
+            for fut in waiters:
+                if not fut.done():
+                    fut.cancel()
+        self._waiters.clear()
+        self._confirmed.clear()

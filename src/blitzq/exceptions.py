@@ -1,0 +1,132 @@
+"""The blitzq error tree.
+
+Every error blitzq raises derives from :class:`BlitzQError`, so callers can catch broadly and
+recover narrowly::
+
+    BlitzQError
+    ├── ConfigurationError      bad constructor argument, env var or CLI flag
+    ├── SerializationError      an argument or result that is not plain data
+    │   └── MessageTooLarge     an encoded message over ``max_message_size``
+    ├── TaskFailed              the task ended in a failed / dead-lettered state
+    ├── TaskTimeout             the task ran longer than its ``timeout``
+    ├── ResultTimeout           ``result(timeout=...)`` gave up waiting
+    ├── UnknownTask             no task registered under that name
+    └── BrokerError             the broker could not be reached or answered an error
+"""
+
+from __future__ import annotations
+
+
+
+
+class BlitzQError(Exception):
+    """Root of every error raised by blitzq."""
+
+
+class ConfigurationError(BlitzQError, ValueError):
+    """A setting is invalid: a bad argument, environment variable or CLI flag."""
+
+
+class SerializationError(BlitzQError, TypeError):
+    """A value cannot be encoded as plain data, or a message cannot be decoded."""
+
+
+class MessageTooLarge(SerializationError):
+    """An encoded message is larger than the queue's ``max_message_size`` (bytes).
+
+    Args:
+        size: the encoded size in bytes.
+        limit: the configured limit in bytes.
+    """
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"message of {size} bytes is over the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class UnknownTask(BlitzQError, LookupError):
+    """No task is registered under the given name."""
+
+
+class TaskFailed(BlitzQError):
+    """A task ended in a final failed state; ``result()`` raises it.
+
+    Attributes:
+        task_id: id of the task.
+        state: the final state (``"failed"`` or ``"dead_lettered"``).
+        error_type: qualified name of the exception the task raised, or a reason.
+        error: the exception's message.
+        traceback: the formatted traceback, when the worker captured one.
+    """
+
+    def __init__(
+        self,
+        task_id: str,
+        state: str,
+        error_type: str | None,
+        error: str | None,
+        traceback: str | None = None,
+    ) -> None:
+        super().__init__(f"task {task_id} {state}: {error_type}: {error}")
+        self.task_id = task_id
+        self.state = state
+        self.error_type = error_type
+        self.error = error
+        self.traceback = traceback
+
+
+class TaskTimeout(BlitzQError, TimeoutError):
+    """A task ran longer than its ``timeout`` (seconds) and was stopped or abandoned."""
+
+
+class ResultTimeout(BlitzQError, TimeoutError):
+    """No final result arrived within the ``timeout`` (seconds) given to ``result()``."""
+
+
+class BrokerError(BlitzQError, ConnectionError):
+    """The broker could not be reached, or it answered with an error."""
+
+
+class Retry(Exception):  # noqa: N818 - the name users raise, as in Celery and arq
+    """Raise inside a task to retry it after ``delay`` seconds.
+
+    The attempt counts against the task's ``retries``; when they are exhausted the task fails
+    (or is dead-lettered) with the error that caused the retry.
+
+    Args:
+        delay: seconds to wait before the next attempt; ``None`` uses the retry policy's backoff.
+        reason: a short text recorded with the attempt.
+    """
+
+    def __init__(self, delay: float | None = None, reason: str | None = None) -> None:
+        super().__init__(reason or "retry requested")
+        if delay is not None and delay < 0:
+            raise ConfigurationError(f"Retry delay must be >= 0 seconds, got {delay!r}")
+        self.delay = delay
+        self.reason = reason
+
+
+def describe_error(exc: BaseException) -> tuple[str, str]:
+    """Return ``(qualified type name, message)`` for an exception, as stored in records."""
+    cls = type(exc)
+    module = cls.__module__
+    name = cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
+    return name, str(exc)
+
+
+__all__ = [
+    "BlitzQError",
+    "BrokerError",
+    "ConfigurationError",
+    "MessageTooLarge",
+    "ResultTimeout",
+    "Retry",
+    "SerializationError",
+    "TaskFailed",
+    "TaskTimeout",
+    "UnknownTask",
+    "describe_error",
+]
+
+

@@ -1,0 +1,557 @@
+"""The application object that producers and workers both import.
+
+A :class:`Queue` holds the task registry, the configuration and the broker. It makes one broker
+(one set of connections) per event loop, so the same Queue serves an asyncio app, the sync API's
+background loop and a worker alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from typing import Any, Literal, ParamSpec, TypeVar, overload
+
+from ._portal import Portal
+from .broker.base import Broker
+from .exceptions import (
+    ConfigurationError,
+    ResultTimeout,
+    SerializationError,
+    TaskFailed,
+    UnknownTask,
+)
+from .records import DeadLetter, TaskRecord, TaskState
+from .retries import DEFAULT_RETRY_POLICY, RetryPolicy
+from .serialization import (
+    Envelope,
+    decode_envelope,
+    encode_envelope,
+    plain_args,
+    plain_kwargs,
+    to_plain,
+)
+from .task import _NO_OPTIONS, BoundTask, CallOptions, Executor, Task, TaskHandle, default_task_name
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+Mode = Literal["reliable", "fast"]
+#: Default largest message accepted, in bytes.
+DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
+_FOREVER = 10 * 365 * 86400.0
+
+
+def _check_name(kind: str, value: str) -> str:
+    if not isinstance(value, str) or not value or any(c in value for c in "{}\n\r\0 "):
+        raise ConfigurationError(
+            f"{kind} must be a non-empty string without spaces, braces or newlines, got {value!r}"
+        )
+    return value
+
+
+class Queue:
+    """A task queue: register tasks, enqueue them, read results and dead letters.
+
+    Args:
+        name: default queue for tasks registered here.
+        redis_url: ``redis://host:port/db``, ``rediss://…``, ``unix:///path.sock`` or
+            ``memory://[name]`` (in-process broker). ``None`` reads ``BLITZQ_REDIS_URL``, and
+            without it starts (or reuses) the embedded Valkey server in ``./.blitzq``
+            (``BLITZQ_DATA_DIR`` moves it).
+        namespace: prefix of every key (``{namespace}:…``); apps sharing a server use
+            different namespaces. ``BLITZQ_NAMESPACE`` overrides the default.
+        mode: ``"reliable"`` (Redis Streams, at-least-once) or ``"fast"`` (lists,
+            at-most-once). ``BLITZQ_MODE`` overrides the default.
+        visibility_timeout: seconds a delivery may go without a lease renewal before another
+            worker recovers it (reliable mode).
+        max_deliveries: deliveries of one message (crashes included) before it is
+            dead-lettered.
+        store_results: store return values of successful tasks (failures are always stored).
+        result_ttl: seconds a record is kept.
+        max_message_size: largest encoded message in bytes, refused at enqueue.
+        broker: a ready :class:`~blitzq.broker.Broker` to use instead of ``redis_url``.
+        dead_letter_cap: dead letters kept before the oldest are dropped.
+
+    Raises:
+        ConfigurationError: an invalid argument.
+    """
+
+    def __init__(
+        self,
+        name: str = "default",
+        redis_url: str | None = None,
+        namespace: str | None = None,
+        mode: Mode | None = None,
+        visibility_timeout: float = 60.0,
+        max_deliveries: int = 5,
+        store_results: bool = True,
+        result_ttl: int = 86400,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        broker: Broker | None = None,
+        dead_letter_cap: int = 100_000,
+    ) -> None:
+        self.name = _check_name("queue name", name)
+        self.namespace = _check_name(
+            "namespace", namespace or os.environ.get("BLITZQ_NAMESPACE") or "blitzq"
+        )
+        resolved_mode = mode or os.environ.get("BLITZQ_MODE") or "reliable"
+        if resolved_mode not in ("reliable", "fast"):
+            raise ConfigurationError(f"mode must be 'reliable' or 'fast', got {resolved_mode!r}")
+        self.mode: Mode = resolved_mode  # type: ignore[assignment]
+        if visibility_timeout <= 0:
+            raise ConfigurationError("visibility_timeout must be > 0 seconds")
+        if max_deliveries < 1:
+            raise ConfigurationError("max_deliveries must be >= 1")
+        if result_ttl < 1:
+            raise ConfigurationError("result_ttl must be >= 1 second")
+        if max_message_size < 64:
+            raise ConfigurationError("max_message_size must be >= 64 bytes")
+        self.visibility_timeout = float(visibility_timeout)
+        self.max_deliveries = max_deliveries
+        self.store_results = store_results
+        self.result_ttl = int(result_ttl)
+        self.max_message_size = max_message_size
+        self.dead_letter_cap = dead_letter_cap
+        self._redis_url = redis_url
+        self._shared_broker = broker
+        self._brokers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Broker] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._known_queues: set[str] = set()
+        self.tasks: dict[str, Task[Any, Any]] = {}
+        self._portal = Portal()
+        self._url: str | None = None
+        self.on_startup: list[Callable[[], Awaitable[None]]] = []
+        self.on_shutdown: list[Callable[[], Awaitable[None]]] = []
+
+    def __repr__(self) -> str:
+        return f"<Queue {self.name} namespace={self.namespace} mode={self.mode}>"
+
+    # ---------------------------------------------------------------- broker
+    @property
+    def url(self) -> str:
+        """The broker URL in use (resolving it may start the embedded server)."""
+        if self._url is None:
+            url = self._redis_url or os.environ.get("BLITZQ_REDIS_URL")
+            if not url:
+                from .broker.redis.embedded import ensure_server
+
+                url = ensure_server()
+            if url.startswith("valkey://"):
+                url = "redis://" + url.removeprefix("valkey://")
+            elif url.startswith("valkeys://"):
+                url = "rediss://" + url.removeprefix("valkeys://")
+            if not url.startswith(("redis://", "rediss://", "unix://", "memory://")):
+                raise ConfigurationError(
+                    f"unsupported broker URL {url!r}: use redis://, rediss://, unix:// or memory://"
+                )
+            self._url = url
+        return self._url
+
+    def _make_broker(self) -> Broker:
+        url = self.url
+        if url.startswith("memory://"):
+            from .broker.memory import MemoryBroker
+
+            return MemoryBroker.named(url.removeprefix("memory://") or "default")
+        if self.mode == "reliable":
+            from .broker.redis.reliable import ReliableRedisBroker
+
+            return ReliableRedisBroker(url, self.namespace, dead_letter_cap=self.dead_letter_cap)
+        from .broker.redis.fast import FastRedisBroker
+
+        return FastRedisBroker(url, self.namespace, dead_letter_cap=self.dead_letter_cap)
+
+    @property
+    def broker(self) -> Broker:
+        """The broker of the running event loop (made on first use in each loop)."""
+        if self._shared_broker is not None:
+            return self._shared_broker
+        loop = asyncio.get_running_loop()
+        broker = self._brokers.get(loop)
+        if broker is None:
+            broker = self._brokers[loop] = self._make_broker()
+        return broker
+
+    # ----------------------------------------------------------- registration
+    @overload
+    def task(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        retries: int = 3,
+        retry_policy: RetryPolicy | None = None,
+        timeout: float | None = None,
+        executor: Executor | None = None,
+        store_result: bool | None = None,
+        dead_letter: bool = True,
+    ) -> _TaskDecorator: ...
+
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        retries: int = 3,
+        retry_policy: RetryPolicy | None = None,
+        timeout: float | None = None,
+        executor: Executor | None = None,
+        store_result: bool | None = None,
+        dead_letter: bool = True,
+    ) -> Task[Any, Any] | _TaskDecorator:
+        """Register a function as a task; use bare (``@queue.task``) or with options.
+
+        Args:
+            name: task name workers look up (default ``module.qualname``).
+            queue: queue its messages go to (default: this Queue's ``name``).
+            retries: retries after a failed attempt (``retry_policy.max_retries`` wins).
+            retry_policy: backoff and which errors retry; see :class:`RetryPolicy`.
+            timeout: seconds one attempt may run; over it the attempt fails with TaskTimeout.
+            executor: ``"async"`` (coroutines, the default for ``async def``), ``"thread"``
+                (the default for plain functions) or ``"process"`` (a process pool; the
+                function must be importable at module level).
+            store_result: store the return value (default: the Queue's ``store_results``).
+            dead_letter: dead-letter the task when its retries are exhausted (else it ends
+                ``failed`` with its record only).
+
+        Raises:
+            ConfigurationError: a bad option, or a second task with the same name.
+        """
+
+        def register(function: Callable[..., Any]) -> Task[Any, Any]:
+            import inspect
+
+            chosen: Executor = executor or (
+                "async" if inspect.iscoroutinefunction(function) else "thread"
+            )
+            task_name = name or default_task_name(function)
+            if task_name in self.tasks and self.tasks[task_name].fn is not function:
+                raise ConfigurationError(f"a task named {task_name!r} is already registered")
+            registered: Task[Any, Any] = Task(
+                self,
+                function,
+                name=task_name,
+                queue=_check_name("queue name", queue or self.name),
+                retries=retries,
+                retry_policy=retry_policy or DEFAULT_RETRY_POLICY,
+                timeout=timeout,
+                executor=chosen,
+                store_result=store_result,
+                dead_letter=dead_letter,
+            )
+            self.tasks[task_name] = registered
+            return registered
+
+        if fn is not None:
+            return register(fn)
+        return register
+
+    def get_task(self, name: str) -> Task[Any, Any]:
+        """The task registered under ``name``.
+
+        Raises:
+            UnknownTask: nothing is registered under that name.
+        """
+        try:
+            return self.tasks[name]
+        except KeyError:
+            raise UnknownTask(f"no task named {name!r} is registered") from None
+
+    # --------------------------------------------------------------- enqueue
+    def _envelope(
+        self, task: str, queue: str, args: Any, kwargs: Any, opts: CallOptions, now: float
+    ) -> Envelope:
+        headers = opts.headers
+        return Envelope(
+            opts.task_id or uuid.uuid4().hex,
+            task,
+            queue,
+            plain_args(args),
+            plain_kwargs(kwargs) if kwargs else {},
+            1,
+            now,
+            now,
+            opts.correlation_id,
+            to_plain(dict(headers)) if headers else None,
+            opts.timeout,
+        )
+
+    async def _publish(self, items: list[tuple[Envelope, bytes, float | None]]) -> None:
+        broker = self.broker
+        now_items: dict[str, list[bytes]] = {}
+        later: list[tuple[str, str, bytes, float]] = []
+        for env, data, due in items:
+            if due is None:
+                now_items.setdefault(env.queue, []).append(data)
+            else:
+                later.append((env.id, env.queue, data, due))
+        new = [q for q in now_items if q not in self._known_queues]
+        if later:
+            new += [q for _, q, _, _ in later if q not in self._known_queues]
+        if new:
+            remember = getattr(broker, "remember_queues", None)
+            if remember is not None:
+                await remember(sorted(set(new)))
+            self._known_queues.update(new)
+        for queue, messages in now_items.items():
+            await broker.publish(queue, messages)
+        if later:
+            await broker.schedule(later)
+
+    async def _enqueue(
+        self,
+        task: Task[Any, Any] | str,
+        args: Any,
+        kwargs: Any,
+        opts: CallOptions,
+    ) -> TaskHandle[Any]:
+        now = time.time()
+        if isinstance(task, str):
+            name, queue = task, opts.queue or self.name
+        else:
+            name, queue = task.name, opts.queue or task.queue
+        env = self._envelope(name, queue, args, kwargs, opts, now)
+        data = encode_envelope(env, self.max_message_size)
+        due = opts.due_time(now) if opts is not _NO_OPTIONS else None
+        if due is None and queue in self._known_queues:
+            await self.broker.publish(queue, (data,))
+        else:
+            await self._publish([(env, data, due)])
+        return TaskHandle(self, env.id, queue, name)
+
+    async def _enqueue_many(
+        self,
+        task: Task[Any, Any],
+        calls: Iterable[tuple[Any, ...] | tuple[tuple[Any, ...], dict[str, Any]]],
+        opts: CallOptions,
+    ) -> list[TaskHandle[Any]]:
+        if opts.task_id is not None:
+            raise ConfigurationError("task_id cannot be bound for enqueue_many")
+        now = time.time()
+        due = opts.due_time(now) if opts is not _NO_OPTIONS else None
+        queue = opts.queue or task.queue
+        items = []
+        limit = self.max_message_size
+        for call in calls:
+            if not isinstance(call, tuple):
+                raise ConfigurationError(f"enqueue_many takes tuples of arguments, got {call!r}")
+            if len(call) == 2 and isinstance(call[0], tuple) and isinstance(call[1], dict):
+                args, kwargs = call
+            else:
+                args, kwargs = call, {}
+            env = self._envelope(task.name, queue, args, kwargs, opts, now)
+            items.append((env, encode_envelope(env, limit), due))
+        if items:
+            await self._publish(items)
+        return [TaskHandle(self, env.id, queue, task.name) for env, _, _ in items]
+
+    async def send(
+        self,
+        name: str,
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> TaskHandle[Any]:
+        """Enqueue a task by name, for producers that do not import the task's code.
+
+        Args:
+            name: the registered task name (e.g. ``"tasks.add"``).
+            args, kwargs: the call's arguments (plain data).
+            options: any of :class:`~blitzq.task.CallOptions` (delay, eta, task_id, headers,
+                timeout, queue, correlation_id).
+
+        Raises:
+            ConfigurationError: an unknown option or an invalid value.
+            SerializationError, MessageTooLarge, BrokerError: as for ``Task.enqueue``.
+        """
+        try:
+            opts = CallOptions(**options)
+        except TypeError as exc:
+            raise ConfigurationError(str(exc)) from None
+        registered = self.tasks.get(name)
+        if registered is not None and opts.queue is None:
+            opts = CallOptions(**{**options, "queue": registered.queue})
+        return await self._enqueue(name, tuple(args), dict(kwargs or {}), opts)
+
+    def send_sync(
+        self,
+        name: str,
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> TaskHandle[Any]:
+        """Blocking :meth:`send`."""
+        return self._portal.call(self.send(name, args, kwargs, **options))
+
+    # ---------------------------------------------------------------- results
+    async def inspect(self, task_id: str) -> TaskRecord | None:
+        """The task's stored record (state, attempts, result or error, times), or ``None``."""
+        data = await self.broker.get_record(task_id)
+        return TaskRecord.from_bytes(data) if data is not None else None
+
+    def inspect_sync(self, task_id: str) -> TaskRecord | None:
+        """Blocking :meth:`inspect`."""
+        return self._portal.call(self.inspect(task_id))
+
+    async def get_result(self, task_id: str, timeout: float | None = None) -> Any:
+        """Wait for a task's final record and return its result.
+
+        Args:
+            task_id: the id from the task handle.
+            timeout: seconds to wait; ``None`` waits without limit.
+
+        Raises:
+            TaskFailed: the task ended failed or dead-lettered (carries the error).
+            ResultTimeout: no final record arrived in time (the task may still run; with
+                ``store_result=False`` a success never writes one).
+        """
+        wait = _FOREVER if timeout is None else max(0.0, timeout)
+        deadline = time.monotonic() + wait
+        broker = self.broker
+        while True:
+            data = await broker.wait_for_record(task_id, max(0.0, deadline - time.monotonic()))
+            if data is None:
+                raise ResultTimeout(f"no result for task {task_id} within {timeout} s")
+            record = TaskRecord.from_bytes(data)
+            if record.state is TaskState.SUCCEEDED:
+                return record.result
+            if record.state.is_final:
+                raise TaskFailed(
+                    task_id, record.state.value, record.error_type, record.error, record.traceback
+                )
+            if time.monotonic() >= deadline:
+                raise ResultTimeout(f"task {task_id} is {record.state.value} after {timeout} s")
+            await asyncio.sleep(0.05)
+
+    def get_result_sync(self, task_id: str, timeout: float | None = None) -> Any:
+        """Blocking :meth:`get_result`."""
+        return self._portal.call(self.get_result(task_id, timeout=timeout))
+
+    # ----------------------------------------------------------- dead letters
+    async def dead_letters(self, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
+        """Dead letters, newest first.
+
+        Args:
+            limit: most entries to return.
+            offset: entries to skip.
+        """
+        rows = await self.broker.dead_letters(offset, limit)
+        return [
+            DeadLetter.from_fields(
+                task_id, f.message, f.reason, f.error, f.task, f.queue, f.failed_at
+            )
+            for task_id, f in rows
+        ]
+
+    def dead_letters_sync(self, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
+        """Blocking :meth:`dead_letters`."""
+        return self._portal.call(self.dead_letters(limit, offset))
+
+    async def dead_letter_count(self) -> int:
+        """Number of stored dead letters."""
+        return await self.broker.dead_letter_count()
+
+    async def retry(self, task_id: str) -> TaskHandle[Any] | None:
+        """Replay a dead letter: atomically remove it and publish it again with fresh attempts.
+
+        Returns:
+            A handle to the replayed task, or ``None`` when no such dead letter exists (or a
+            concurrent replay took it first).
+
+        Raises:
+            SerializationError: the dead letter's message is malformed and cannot be replayed.
+        """
+        broker = self.broker
+        fields = await broker.get_dead_letter(task_id)
+        if fields is None:
+            return None
+        env = decode_envelope(fields.message)
+        now = time.time()
+        replayed = Envelope(
+            env.id, env.task, env.queue, env.args, env.kwargs, 1, env.created_at, now,
+            env.correlation_id, env.headers, env.timeout,
+        )
+        data = encode_envelope(replayed, max(self.max_message_size, len(fields.message)))
+        if not await broker.replay_dead_letter(task_id, env.queue, data):
+            return None
+        return TaskHandle(self, env.id, env.queue, env.task)
+
+    def retry_sync(self, task_id: str) -> TaskHandle[Any] | None:
+        """Blocking :meth:`retry`."""
+        return self._portal.call(self.retry(task_id))
+
+    async def purge_dead_letters(self) -> int:
+        """Delete every dead letter; return how many."""
+        return await self.broker.purge_dead_letters()
+
+    # ------------------------------------------------------------- inspection
+    async def stats(self, queues: Iterable[str] | None = None) -> dict[str, Any]:
+        """Queue depths, schedule size, dead letters and live workers.
+
+        Returns:
+            ``{"queues": {name: {"waiting": n, "in_flight": n}}, "scheduled": n,
+            "dead_letters": n, "workers": n}``.
+        """
+        broker = self.broker
+        names = sorted(set(queues) if queues is not None else set(await broker.known_queues()))
+        return {
+            "queues": await broker.queue_stats(names) if names else {},
+            "scheduled": await broker.scheduled_count(),
+            "dead_letters": await broker.dead_letter_count(),
+            "workers": len(await broker.workers()),
+        }
+
+    def stats_sync(self, queues: Iterable[str] | None = None) -> dict[str, Any]:
+        """Blocking :meth:`stats`."""
+        return self._portal.call(self.stats(queues))
+
+    async def close(self) -> None:
+        """Close the current event loop's broker connections."""
+        if self._shared_broker is not None:
+            await self._shared_broker.close()
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # pragma: no cover - always called from a loop
+            return
+        broker = self._brokers.pop(loop, None)
+        if broker is not None:
+            await broker.close()
+
+    def close_sync(self) -> None:
+        """Close the sync API's connections and stop its background loop."""
+        self._portal.close(self.close())
+
+
+class _TaskDecorator:
+    """Type of ``queue.task(...)`` called with options: a decorator making a Task."""
+
+    def __init__(self) -> None:  # pragma: no cover - only used for typing
+        raise TypeError("not instantiable")
+
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+    def __call__(self, fn: Callable[..., Any], /) -> Task[Any, Any]:  # pragma: no cover
+        raise NotImplementedError
+
+
+__all__ = ["BoundTask", "Mode", "Queue", "SerializationError"]

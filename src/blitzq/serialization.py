@@ -1,0 +1,189 @@
+"""Message envelope and plain-data serialization (MessagePack through msgspec).
+
+Only plain data crosses the broker: ``None``, ``bool``, ``int`` (64-bit), ``float``, ``str``,
+``bytes``, ``list``, ``tuple`` (decoded as ``list``), ``dict`` with ``str`` keys, plus
+``datetime``, ``date``, ``UUID`` and ``Decimal`` through explicit MessagePack extension types.
+Anything else raises :class:`~blitzq.exceptions.SerializationError` where the value enters the
+system (enqueue, or a task's return value). Nothing read from the broker is ever unpickled.
+
+The :class:`Envelope` is a positional MessagePack array so that a no-argument message stays
+around 60-90 bytes. New fields are only ever appended with defaults: a newer producer's extra
+trailing fields are ignored by an older worker, and an older producer's shorter array decodes
+with the defaults.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import decimal
+import uuid
+from typing import Any, Final
+
+import msgspec
+
+from .exceptions import MessageTooLarge, SerializationError
+
+#: Extension type codes used for the non-native plain types.
+EXT_DATETIME: Final = 1
+EXT_DATE: Final = 2
+EXT_UUID: Final = 3
+EXT_DECIMAL: Final = 4
+
+_SCALARS: Final = frozenset({str, int, float, bool, type(None), bytes})
+
+
+class Envelope(msgspec.Struct, array_like=True, gc=False):
+    """One task message, as it travels through the broker.
+
+    Attributes:
+        id: task id (unique per task, kept across retries).
+        task: registered task name.
+        queue: physical queue name the message was published to.
+        args: positional arguments (plain data).
+        kwargs: keyword arguments (plain data, ``str`` keys).
+        attempt: 1-based number of the attempt this message will run as.
+        created_at: Unix time (seconds) the task was first enqueued.
+        enqueued_at: Unix time (seconds) this copy was published (differs on retries).
+        correlation_id: id shared by related tasks, or ``None``.
+        headers: user metadata (``str`` keys, plain values), or ``None``.
+        timeout: per-call timeout in seconds overriding the task's, or ``None``.
+    """
+
+    id: str
+    task: str
+    queue: str
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    attempt: int = 1
+    created_at: float = 0.0
+    enqueued_at: float = 0.0
+    correlation_id: str | None = None
+    headers: dict[str, Any] | None = None
+    timeout: float | None = None
+
+
+def _to_ext(value: Any) -> Any:
+    """Convert one non-scalar value into its wire form, recursing into containers."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is list or kind is tuple:
+        return [_to_ext(item) for item in value]
+    if kind is dict:
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise SerializationError(
+                    f"dict keys must be str, got {type(key).__name__} key {key!r}"
+                )
+            out[key] = _to_ext(item)
+        return out
+    if kind is _dt.datetime:
+        return msgspec.msgpack.Ext(EXT_DATETIME, value.isoformat().encode())
+    if kind is _dt.date:
+        return msgspec.msgpack.Ext(EXT_DATE, value.isoformat().encode())
+    if kind is uuid.UUID:
+        return msgspec.msgpack.Ext(EXT_UUID, value.bytes)
+    if kind is decimal.Decimal:
+        return msgspec.msgpack.Ext(EXT_DECIMAL, str(value).encode())
+    raise SerializationError(
+        f"value of type {kind.__module__}.{kind.__qualname__} is not plain data "
+        "(allowed: None, bool, int, float, str, bytes, list, tuple, dict with str keys, "
+        "datetime, date, UUID, Decimal)"
+    )
+
+
+def to_plain(value: Any) -> Any:
+    """Check that ``value`` is plain data and return its wire form.
+
+    Raises:
+        SerializationError: when any nested value is not plain data or a dict key is not str.
+    """
+    if type(value) in _SCALARS:
+        return value
+    return _to_ext(value)
+
+
+def plain_args(args: tuple[Any, ...] | list[Any]) -> list[Any]:
+    """Return the wire form of positional arguments (fast path when all are scalars)."""
+    for item in args:
+        if type(item) not in _SCALARS:
+            return [_to_ext(item) for item in args]
+    return list(args)
+
+
+def plain_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Return the wire form of keyword arguments (the dict is copied only when needed)."""
+    for item in kwargs.values():
+        if type(item) not in _SCALARS:
+            return {key: _to_ext(item) for key, item in kwargs.items()}
+    return kwargs
+
+
+def _ext_hook(code: int, data: memoryview) -> Any:
+    if code == EXT_DATETIME:
+        return _dt.datetime.fromisoformat(bytes(data).decode())
+    if code == EXT_DATE:
+        return _dt.date.fromisoformat(bytes(data).decode())
+    if code == EXT_UUID:
+        return uuid.UUID(bytes=bytes(data))
+    if code == EXT_DECIMAL:
+        return decimal.Decimal(bytes(data).decode())
+    raise SerializationError(f"unknown extension type {code}")
+
+
+_encoder: Final = msgspec.msgpack.Encoder()
+_envelope_decoder: Final = msgspec.msgpack.Decoder(Envelope, ext_hook=_ext_hook)
+_any_decoder: Final = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
+
+
+def encode_envelope(envelope: Envelope, max_size: int) -> bytes:
+    """Encode an envelope whose args/kwargs are already in wire form.
+
+    Raises:
+        SerializationError: an integer beyond 64 bits, or another encoding failure.
+        MessageTooLarge: the message is over ``max_size`` bytes.
+    """
+    try:
+        data = _encoder.encode(envelope)
+    except (TypeError, OverflowError) as exc:
+        raise SerializationError(str(exc)) from exc
+    if len(data) > max_size:
+        raise MessageTooLarge(len(data), max_size)
+    return data
+
+
+def decode_envelope(data: bytes) -> Envelope:
+    """Decode a message read from the broker.
+
+    Raises:
+        SerializationError: the bytes are not a well-formed envelope ("malformed message").
+    """
+    try:
+        return _envelope_decoder.decode(data)
+    except (msgspec.DecodeError, SerializationError, ValueError) as exc:
+        raise SerializationError(f"malformed message: {exc}") from exc
+
+
+def dumps(value: Any) -> bytes:
+    """Encode any plain-data value (results, records) to MessagePack.
+
+    Raises:
+        SerializationError: ``value`` is not plain data.
+    """
+    try:
+        return _encoder.encode(to_plain(value))
+    except (TypeError, OverflowError) as exc:
+        raise SerializationError(str(exc)) from exc
+
+
+def loads(data: bytes) -> Any:
+    """Decode MessagePack written by :func:`dumps`.
+
+    Raises:
+        SerializationError: the bytes are not valid MessagePack.
+    """
+    try:
+        return _any_decoder.decode(data)
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise SerializationError(f"malformed data: {exc}") from exc

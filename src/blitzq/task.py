@@ -1,0 +1,282 @@
+"""Registered tasks, per-call options and handles.
+
+``@queue.task`` turns a function into a :class:`Task`, typed with ``ParamSpec`` so that
+``enqueue(*args, **kwargs)`` is checked against the function's own signature. Per-call options
+go through :meth:`Task.options`, so they never collide with the task's argument names.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import inspect
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar
+
+from .exceptions import ConfigurationError
+from .records import TaskRecord
+from .retries import RetryPolicy
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+Executor = Literal["async", "thread", "process"]
+EXECUTORS: frozenset[str] = frozenset({"async", "thread", "process"})
+
+
+def default_task_name(fn: Callable[..., Any]) -> str:
+    """``module.qualname`` of a function; a script run as ``__main__`` uses its file stem.
+
+    So that a producer script and a worker importing the same file agree on the name.
+    """
+    module = fn.__module__
+    if module in ("__main__", "__mp_main__"):
+        main = sys.modules.get("__main__")
+        spec = getattr(main, "__spec__", None)
+        if spec is not None and spec.name:
+            module = spec.name
+        else:
+            path = getattr(main, "__file__", None)
+            if path:
+                module = path.rsplit("/", 1)[-1].removesuffix(".py")
+    return f"{module}.{fn.__qualname__}"
+
+
+@dataclass(frozen=True, slots=True)
+class CallOptions:
+    """Options of one enqueue, bound with :meth:`Task.options`.
+
+    Attributes:
+        delay: seconds from now before the task may start (``countdown`` in Celery).
+        eta: absolute start time (aware datetime, or Unix seconds).
+        task_id: id to use instead of a random one.
+        headers: plain-data metadata carried with the message.
+        timeout: seconds the task may run, overriding the task's ``timeout``.
+        queue: queue to publish to, overriding the task's.
+        correlation_id: id shared by related tasks.
+    """
+
+    delay: float | None = None
+    eta: _dt.datetime | float | None = None
+    task_id: str | None = None
+    headers: Mapping[str, Any] | None = None
+    timeout: float | None = None
+    queue: str | None = None
+    correlation_id: str | None = None
+
+    def due_time(self, now: float) -> float | None:
+        """Unix time the message becomes due, or ``None`` to publish at once.
+
+        Raises:
+            ConfigurationError: a negative delay, a naive datetime, or both delay and eta.
+        """
+        if self.delay is not None and self.eta is not None:
+            raise ConfigurationError("give delay= or eta=, not both")
+        if self.delay is not None:
+            if self.delay < 0:
+                raise ConfigurationError(f"delay must be >= 0 seconds, got {self.delay}")
+            return now + self.delay if self.delay > 0 else None
+        if self.eta is None:
+            return None
+        if isinstance(self.eta, _dt.datetime):
+            if self.eta.tzinfo is None:
+                raise ConfigurationError("eta must be a timezone-aware datetime")
+            due = self.eta.timestamp()
+        else:
+            due = float(self.eta)
+        return due if due > now else None
+
+
+class Task(Generic[P, R]):
+    """A function registered with a :class:`~blitzq.Queue`.
+
+    Calling the task object runs the function directly, in-process; ``enqueue`` sends it to
+    a worker. Made by ``@queue.task``; see :meth:`blitzq.Queue.task` for the options.
+    """
+
+    def __init__(
+        self,
+        owner: Queue,
+        fn: Callable[P, R] | Callable[P, Awaitable[R]],
+        *,
+        name: str,
+        queue: str,
+        retries: int,
+        retry_policy: RetryPolicy,
+        timeout: float | None,
+        executor: Executor,
+        store_result: bool | None,
+        dead_letter: bool,
+    ) -> None:
+        if executor not in EXECUTORS:
+            raise ConfigurationError(f"executor must be one of {sorted(EXECUTORS)}")
+        is_async = inspect.iscoroutinefunction(fn)
+        if executor == "async" and not is_async:
+            raise ConfigurationError(f"task {name}: executor='async' needs an async function")
+        if executor != "async" and is_async:
+            raise ConfigurationError(f"task {name}: an async function runs with executor='async'")
+        if retries < 0:
+            raise ConfigurationError(f"task {name}: retries must be >= 0")
+        if timeout is not None and timeout <= 0:
+            raise ConfigurationError(f"task {name}: timeout must be > 0 seconds")
+        self.owner = owner
+        self.fn = fn
+        self.name = name
+        self.queue = queue
+        self.retries = retry_policy.max_retries if retry_policy.max_retries is not None else retries
+        self.retry_policy = retry_policy
+        self.timeout = timeout
+        self.executor: Executor = executor
+        self.store_result = store_result
+        self.dead_letter = dead_letter
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    @property
+    def max_attempts(self) -> int:
+        """Attempts in all: the first one plus ``retries``."""
+        return self.retries + 1
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R | Awaitable[R]:
+        """Run the function directly in this process (no queue involved)."""
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name} queue={self.queue} executor={self.executor}>"
+
+    def options(
+        self,
+        *,
+        delay: float | None = None,
+        eta: _dt.datetime | float | None = None,
+        task_id: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        queue: str | None = None,
+        correlation_id: str | None = None,
+    ) -> BoundTask[P, R]:
+        """Bind per-call options; see :class:`CallOptions` for each (seconds for times)."""
+        return BoundTask(
+            self,
+            CallOptions(delay, eta, task_id, headers, timeout, queue, correlation_id),
+        )
+
+    async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
+        """Send one call to the queue; returns at once with a handle.
+
+        Raises:
+            SerializationError: an argument is not plain data.
+            MessageTooLarge: the encoded message is over the queue's limit.
+            BrokerError: the broker could not be reached.
+        """
+        return await self.owner._enqueue(self, args, kwargs, _NO_OPTIONS)
+
+    def enqueue_sync(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
+        """Blocking :meth:`enqueue` for code without an event loop."""
+        return self.owner._portal.call(self.owner._enqueue(self, args, kwargs, _NO_OPTIONS))
+
+    async def enqueue_many(
+        self, calls: Iterable[tuple[Any, ...] | tuple[tuple[Any, ...], dict[str, Any]]]
+    ) -> list[TaskHandle[R]]:
+        """Enqueue many calls in one round-trip.
+
+        Args:
+            calls: each item is a tuple of positional arguments, or ``(args, kwargs)`` given as
+                a tuple whose second element is a dict and whose first is a tuple.
+
+        Raises:
+            SerializationError, MessageTooLarge: before anything is published.
+        """
+        return await self.owner._enqueue_many(self, calls, _NO_OPTIONS)
+
+    def enqueue_many_sync(
+        self, calls: Iterable[tuple[Any, ...] | tuple[tuple[Any, ...], dict[str, Any]]]
+    ) -> list[TaskHandle[R]]:
+        """Blocking :meth:`enqueue_many`."""
+        return self.owner._portal.call(self.owner._enqueue_many(self, calls, _NO_OPTIONS))
+
+
+_NO_OPTIONS = CallOptions()
+
+
+class BoundTask(Generic[P, R]):
+    """A task with per-call options bound; made by :meth:`Task.options`."""
+
+    def __init__(self, task: Task[P, R], options: CallOptions) -> None:
+        self.task = task
+        self.call_options = options
+
+    def options(self, **changes: Any) -> BoundTask[P, R]:
+        """Return a copy with more options changed."""
+        return BoundTask(self.task, replace(self.call_options, **changes))
+
+    async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
+        """:meth:`Task.enqueue` with the bound options."""
+        return await self.task.owner._enqueue(self.task, args, kwargs, self.call_options)
+
+    def enqueue_sync(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
+        """Blocking :meth:`enqueue`."""
+        owner = self.task.owner
+        return owner._portal.call(owner._enqueue(self.task, args, kwargs, self.call_options))
+
+    async def enqueue_many(
+        self, calls: Iterable[tuple[Any, ...] | tuple[tuple[Any, ...], dict[str, Any]]]
+    ) -> list[TaskHandle[R]]:
+        """:meth:`Task.enqueue_many` with the bound options (``task_id`` is not allowed)."""
+        return await self.task.owner._enqueue_many(self.task, calls, self.call_options)
+
+
+class TaskHandle(Generic[R]):
+    """What an enqueue returns: the task's id and queue, and ways to follow it.
+
+    Attributes:
+        id: the task id.
+        queue: the physical queue it was published to.
+        task: the task name.
+    """
+
+    __slots__ = ("_owner", "id", "queue", "task")
+
+    def __init__(self, owner: Queue, task_id: str, queue: str, task: str) -> None:
+        self._owner = owner
+        self.id = task_id
+        self.queue = queue
+        self.task = task
+
+    def __repr__(self) -> str:
+        return f"<TaskHandle {self.task} id={self.id} queue={self.queue}>"
+
+    async def result(self, timeout: float | None = None) -> R:
+        """Wait for the task's result.
+
+        Args:
+            timeout: seconds to wait; ``None`` waits without limit.
+
+        Raises:
+            TaskFailed: the task ended failed or dead-lettered.
+            ResultTimeout: no final record within ``timeout``.
+        """
+        value: R = await self._owner.get_result(self.id, timeout=timeout)
+        return value
+
+    def result_sync(self, timeout: float | None = None) -> R:
+        """Blocking :meth:`result`."""
+        return self._owner._portal.call(self.result(timeout=timeout))
+
+    async def status(self) -> TaskRecord | None:
+        """The task's record, or ``None`` when none is stored (queued, or expired)."""
+        return await self._owner.inspect(self.id)
+
+    def status_sync(self) -> TaskRecord | None:
+        """Blocking :meth:`status`."""
+        return self._owner._portal.call(self.status())
+
+
+def now() -> float:
+    """Unix time in seconds (one place, so tests can see what the code uses)."""
+    return time.time()

@@ -1,0 +1,185 @@
+"""Turning one delivery into a run and its outcome into a Completion.
+
+Kept apart from the worker's lifecycle so that the per-task path is easy to read and profile:
+decode → look up → run on the task's executor → build the completion (ack, record, retry or
+dead letter).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback as tb
+from typing import Any
+
+from ..broker.base import Completion, DeadLetterFields, Delivery
+from ..exceptions import Retry, SerializationError, TaskTimeout, describe_error
+from ..serialization import Envelope, dumps, encode_envelope
+from ..task import Task
+
+
+class Job:
+    """One delivery being run.
+
+    Attributes:
+        delivery: what the broker handed over.
+        envelope: the decoded message.
+        task: the registered task.
+        attempt: this run's attempt number (retries and crash redeliveries counted).
+        started_at: Unix time (seconds) the run started.
+        handle: the asyncio task or future running it, when it did not finish at once.
+        timed_out: the run passed its timeout.
+        finished: a completion was already produced for this delivery.
+    """
+
+    __slots__ = (
+        "attempt",
+        "delivery",
+        "envelope",
+        "finished",
+        "handle",
+        "started_at",
+        "task",
+        "timed_out",
+        "timer",
+    )
+
+    def __init__(self, delivery: Delivery, envelope: Envelope, task: Task[Any, Any]) -> None:
+        self.delivery = delivery
+        self.envelope = envelope
+        self.task = task
+        self.attempt = envelope.attempt + delivery.deliveries - 1
+        self.started_at = 0.0
+        self.handle: Any = None
+        self.timer: Any = None
+        self.timed_out = False
+        self.finished = False
+
+
+class Outcomes:
+    """Builds completions for one worker.
+
+    Args:
+        worker_id: recorded in task records.
+        store_results: the Queue's default for storing return values.
+        result_ttl: seconds records live.
+        max_message_size: bytes, for re-encoding retries.
+        requeue_in_place: whether requeued messages keep their place (fast mode pushes them
+            back to the head).
+    """
+
+    def __init__(
+        self, worker_id: str, store_results: bool, result_ttl: int, max_message_size: int
+    ) -> None:
+        self.worker_id = worker_id
+        self.store_results = store_results
+        self.result_ttl = result_ttl
+        self.max_message_size = max_message_size
+
+    def _record(self, job: Job, state: str, **fields: Any) -> bytes:
+        env = job.envelope
+        record = {
+            "id": env.id,
+            "task": env.task,
+            "queue": job.delivery.queue,
+            "state": state,
+            "attempts": job.attempt,
+            "enqueued_at": env.created_at,
+            "started_at": job.started_at or None,
+            "finished_at": time.time(),
+            "worker": self.worker_id,
+        }
+        record.update(fields)
+        return dumps(record)
+
+    def success(self, job: Job, value: Any) -> Completion | None:
+        """Completion of a run that returned ``value``; ``None`` when nothing is to be done.
+
+        A value that is not plain data turns the run into a failure (SerializationError).
+        """
+        d = job.delivery
+        store = job.task.store_result
+        if store is None:
+            store = self.store_results
+        if not store:
+            if d.token is None:
+                return None
+            return Completion(d.queue, d.token, job.envelope.id)
+        try:
+            record = self._record(job, "succeeded", result=value)
+        except SerializationError as exc:
+            return self.failure(job, exc, retry=False)
+        return Completion(d.queue, d.token, job.envelope.id, record, self.result_ttl)
+
+    def failure(self, job: Job, exc: BaseException, retry: bool = True) -> Completion:
+        """Completion of a run that raised ``exc``: a retry, a failure or a dead letter."""
+        task, env, d = job.task, job.envelope, job.delivery
+        policy = task.retry_policy
+        if isinstance(exc, Retry):
+            cause: BaseException = exc.__cause__ or exc.__context__ or exc
+            wants_retry = True
+        else:
+            cause = exc
+            wants_retry = retry and policy.should_retry(exc)
+        if wants_retry and job.attempt < task.max_attempts:
+            delay = (
+                exc.delay
+                if isinstance(exc, Retry) and exc.delay is not None
+                else policy.delay(job.attempt)
+            )
+            now = time.time()
+            again = Envelope(
+                env.id, env.task, env.queue, env.args, env.kwargs, job.attempt + 1,
+                env.created_at, now, env.correlation_id, env.headers, env.timeout,
+            )
+            data = encode_envelope(again, max(self.max_message_size, len(d.payload) * 2))
+            return Completion(d.queue, d.token, env.id, reschedule=data, eta=now + delay)
+        error_type, message = describe_error(cause)
+        trace = "".join(tb.format_exception(type(cause), cause, cause.__traceback__))
+        if task.dead_letter:
+            state, dead = "dead_lettered", DeadLetterFields(
+                d.payload, "failed", f"{error_type}: {message}", env.task, d.queue, time.time()
+            )
+        else:
+            state, dead = "failed", None
+        record = self._record(
+            job, state, error_type=error_type, error=message, traceback=trace[-8000:]
+        )
+        return Completion(
+            d.queue, d.token, env.id, record, self.result_ttl, dead_letter=dead
+        )
+
+    def timeout(self, job: Job, seconds: float) -> Completion:
+        """Completion of a run that passed its timeout (retried like any failure)."""
+        error = TaskTimeout(f"task {job.envelope.task} ran longer than {seconds} s")
+        return self.failure(job, error)
+
+    def rejected(
+        self, delivery: Delivery, reason: str, error: str, task_id: str | None, task: str = ""
+    ) -> Completion:
+        """Completion dead-lettering a message that cannot run (malformed, unknown, too big)."""
+        ident = task_id or (delivery.token or b"").decode() or f"unknown-{time.time_ns()}"
+        dead = DeadLetterFields(delivery.payload, reason, error, task, delivery.queue, time.time())
+        record = None
+        if task_id is not None:
+            record = dumps(
+                {
+                    "id": task_id,
+                    "task": task,
+                    "queue": delivery.queue,
+                    "state": "dead_lettered",
+                    "attempts": delivery.deliveries,
+                    "error_type": reason,
+                    "error": error,
+                    "finished_at": time.time(),
+                    "worker": self.worker_id,
+                }
+            )
+        return Completion(
+            delivery.queue, delivery.token, ident, record, self.result_ttl, dead_letter=dead
+        )
+
+    @staticmethod
+    def requeue(job: Job) -> Completion:
+        """Completion putting an unfinished delivery back at the head of its queue."""
+        d = job.delivery
+        return Completion(d.queue, d.token, job.envelope.id, requeue=d.payload)

@@ -1,0 +1,87 @@
+"""Concurrency limiter: a counter of free slots that fetch loops reserve before fetching."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class Limiter:
+    """A bounded pool of slots.
+
+    Args:
+        capacity: slots in all (>= 1).
+    """
+
+    __slots__ = ("_event", "capacity", "free")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.free = capacity
+        self._event = asyncio.Event()
+        self._event.set()
+
+    @property
+    def in_use(self) -> int:
+        """Slots taken."""
+        return self.capacity - self.free
+
+    async def wait_free(self) -> None:
+        """Return once at least one slot is free."""
+        while self.free <= 0:
+            self._event.clear()
+            await self._event.wait()
+
+    def take(self, wanted: int) -> int:
+        """Take up to ``wanted`` free slots without waiting; return how many were taken."""
+        n = min(wanted, self.free)
+        if n > 0:
+            self.free -= n
+        return n
+
+    def release(self, n: int = 1) -> None:
+        """Give back ``n`` slots."""
+        self.free += n
+        if self.free > 0:
+            self._event.set()
+
+    async def drained(self) -> None:
+        """Return once every slot is free (nothing running)."""
+        while self.free < self.capacity:
+            self._event.clear()
+            await self._event.wait()
+
+
+class Slots:
+    """Reserve slots from a queue's limiter and the global one together."""
+
+    __slots__ = ("global_limiter", "queue_limiter")
+
+    def __init__(self, global_limiter: Limiter, queue_limiter: Limiter | None) -> None:
+        self.global_limiter = global_limiter
+        self.queue_limiter = queue_limiter
+
+    async def reserve(self, wanted: int) -> int:
+        """Wait until a slot is free in both limiters, then take up to ``wanted`` in both."""
+        g, q = self.global_limiter, self.queue_limiter
+        while True:
+            if q is not None:
+                await q.wait_free()
+            await g.wait_free()
+            if q is None:
+                n = g.take(wanted)
+                if n:
+                    return n
+                continue
+            n = min(wanted, q.free, g.free)
+            if n > 0:
+                q.take(n)
+                g.take(n)
+                return n
+
+    def release(self, n: int = 1) -> None:
+        """Give back ``n`` slots to both limiters."""
+        if n <= 0:
+            return
+        if self.queue_limiter is not None:
+            self.queue_limiter.release(n)
+        self.global_limiter.release(n)
