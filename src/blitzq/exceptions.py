@@ -17,8 +17,6 @@ recover narrowly::
 from __future__ import annotations
 
 
-
-
 class BlitzQError(Exception):
     """Root of every error raised by blitzq."""
 
@@ -88,7 +86,7 @@ class BrokerError(BlitzQError, ConnectionError):
     """The broker could not be reached, or it answered with an error."""
 
 
-class Retry(Exception):  # noqa: N818 - the name users raise, as in Celery and arq
+class Retry(Exception):
     """Raise inside a task to retry it after ``delay`` seconds.
 
     The attempt counts against the task's ``retries``; when they are exhausted the task fails
@@ -111,7 +109,9 @@ def describe_error(exc: BaseException) -> tuple[str, str]:
     """Return ``(qualified type name, message)`` for an exception, as stored in records."""
     cls = type(exc)
     module = cls.__module__
-    name = cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
+    name = (
+        cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
+    )
     return name, str(exc)
 
 
@@ -128,5 +128,3 @@ __all__ = [
     "UnknownTask",
     "describe_error",
 ]
-
-

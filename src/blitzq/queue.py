@@ -13,7 +13,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
-from typing import Any, Literal, ParamSpec, TypeVar, overload
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from ._portal import Portal
 from .broker.base import Broker
@@ -483,8 +483,17 @@ class Queue:
         env = decode_envelope(fields.message)
         now = time.time()
         replayed = Envelope(
-            env.id, env.task, env.queue, env.args, env.kwargs, 1, env.created_at, now,
-            env.correlation_id, env.headers, env.timeout,
+            env.id,
+            env.task,
+            env.queue,
+            env.args,
+            env.kwargs,
+            1,
+            env.created_at,
+            now,
+            env.correlation_id,
+            env.headers,
+            env.timeout,
         )
         data = encode_envelope(replayed, max(self.max_message_size, len(fields.message)))
         if not await broker.replay_dead_letter(task_id, env.queue, data):
@@ -538,11 +547,8 @@ class Queue:
         self._portal.close(self.close())
 
 
-class _TaskDecorator:
+class _TaskDecorator(Protocol):
     """Type of ``queue.task(...)`` called with options: a decorator making a Task."""
-
-    def __init__(self) -> None:  # pragma: no cover - only used for typing
-        raise TypeError("not instantiable")
 
     @overload
     def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
@@ -550,8 +556,7 @@ class _TaskDecorator:
     @overload
     def __call__(self, fn: Callable[P, R], /) -> Task[P, R]: ...
 
-    def __call__(self, fn: Callable[..., Any], /) -> Task[Any, Any]:  # pragma: no cover
-        raise NotImplementedError
+    def __call__(self, fn: Callable[..., Any], /) -> Task[Any, Any]: ...
 
 
 __all__ = ["BoundTask", "Mode", "Queue", "SerializationError"]

@@ -6,7 +6,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from .serialization import SerializationError, decode_envelope, loads
+from .exceptions import SerializationError
+from .serialization import decode_envelope, loads
 
 
 class TaskState(enum.StrEnum):
@@ -141,7 +142,13 @@ class DeadLetter:
 
     @classmethod
     def from_fields(
-        cls, task_id: str, message: bytes, reason: str, error: str, task: str, queue: str,
+        cls,
+        task_id: str,
+        message: bytes,
+        reason: str,
+        error: str,
+        task: str,
+        queue: str,
         failed_at: float,
     ) -> DeadLetter:
         """Build from broker fields, decoding the message when it is well-formed."""

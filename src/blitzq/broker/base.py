@@ -226,8 +226,8 @@ class Broker(abc.ABC):
 
     async def ping(self) -> None:
         """Check that the broker answers; raise BrokerError otherwise."""
-        return None
+        return
 
     async def close(self) -> None:
         """Release connections. The broker may be used again afterwards (it reconnects)."""
-        return None
+        return

@@ -168,7 +168,7 @@ class MemoryBroker(Broker):
         """Remember ``queues`` as known; nothing else needs creating."""
         await self.remember_queues(queues)
 
-    async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:  # noqa: ASYNC109
+    async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
         """Pop up to ``count`` from the head; when empty, block up to ``timeout`` seconds."""
         result = await self._block(self._fetchers, queue, timeout, lambda: self._take(queue, count))
         return result or []
@@ -277,7 +277,7 @@ class MemoryBroker(Broker):
         with self._lock:
             self._store_record(task_id, record, ttl)
 
-    async def wait_for_record(self, task_id: str, timeout: float) -> bytes | None:  # noqa: ASYNC109
+    async def wait_for_record(self, task_id: str, timeout: float) -> bytes | None:
         """Return the record once stored, or ``None`` after ``timeout`` seconds."""
         return await self._block(
             self._record_waiters, task_id, timeout, lambda: self._get_record(task_id)

@@ -128,25 +128,35 @@ class Outcomes:
             )
             now = time.time()
             again = Envelope(
-                env.id, env.task, env.queue, env.args, env.kwargs, job.attempt + 1,
-                env.created_at, now, env.correlation_id, env.headers, env.timeout,
+                env.id,
+                env.task,
+                env.queue,
+                env.args,
+                env.kwargs,
+                job.attempt + 1,
+                env.created_at,
+                now,
+                env.correlation_id,
+                env.headers,
+                env.timeout,
             )
             data = encode_envelope(again, max(self.max_message_size, len(d.payload) * 2))
             return Completion(d.queue, d.token, env.id, reschedule=data, eta=now + delay)
         error_type, message = describe_error(cause)
         trace = "".join(tb.format_exception(type(cause), cause, cause.__traceback__))
         if task.dead_letter:
-            state, dead = "dead_lettered", DeadLetterFields(
-                d.payload, "failed", f"{error_type}: {message}", env.task, d.queue, time.time()
+            state, dead = (
+                "dead_lettered",
+                DeadLetterFields(
+                    d.payload, "failed", f"{error_type}: {message}", env.task, d.queue, time.time()
+                ),
             )
         else:
             state, dead = "failed", None
         record = self._record(
             job, state, error_type=error_type, error=message, traceback=trace[-8000:]
         )
-        return Completion(
-            d.queue, d.token, env.id, record, self.result_ttl, dead_letter=dead
-        )
+        return Completion(d.queue, d.token, env.id, record, self.result_ttl, dead_letter=dead)
 
     def timeout(self, job: Job, seconds: float) -> Completion:
         """Completion of a run that passed its timeout (retried like any failure)."""

@@ -38,7 +38,7 @@ class _Resume:
             except GeneratorExit:
                 coro.close()
                 raise
-            except BaseException as exc:  # noqa: BLE001 - every exception goes into the coroutine
+            except BaseException as exc:
                 try:
                     value = coro.throw(exc)
                 except StopIteration as stop:
@@ -67,7 +67,7 @@ def start_eagerly(
         first = coro.send(None)
     except StopIteration as stop:
         return stop.value, None, None
-    except BaseException as exc:  # noqa: BLE001 - reported as the task's error
+    except BaseException as exc:
         return None, exc, None
     return None, None, asyncio.get_running_loop().create_task(_continue(coro, first))
 
@@ -102,9 +102,7 @@ class ProcessPool:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.size, mp_context=multiprocessing.get_context("spawn")
             )
-        future = self._pool.submit(
-            _run_by_reference, fn.__module__, fn.__qualname__, args, kwargs
-        )
+        future = self._pool.submit(_run_by_reference, fn.__module__, fn.__qualname__, args, kwargs)
         return asyncio.wrap_future(future)
 
     def shutdown(self, kill: bool = False) -> None:

@@ -108,6 +108,14 @@ class Worker:
         self._started = time.time()
 
     # --------------------------------------------------------------- control
+    @property
+    def stopping(self) -> bool:
+        """Whether a stop was requested."""
+        return self._stopping
+
+    def _stop_requested(self) -> bool:
+        return self._stopping
+
     def stop(self) -> None:
         """Ask the worker to stop gracefully; safe from signal handlers and other coroutines."""
         self._stopping = True
@@ -153,7 +161,10 @@ class Worker:
         background = self._maintenance.start()
         logger.info(
             "worker %s started: queues=%s concurrency=%d mode=%s",
-            self.id, ",".join(self.queues), self.concurrency, self.queue.mode,
+            self.id,
+            ",".join(self.queues),
+            self.concurrency,
+            self.queue.mode,
         )
         try:
             await self._stop_event.wait()
@@ -169,15 +180,15 @@ class Worker:
         broker = self.broker
         batch = self.batch_size
         backoff = 0.1
-        while not self._stopping:
+        while not self._stop_requested():
             n = await slots.reserve(batch)
-            if self._stopping:
+            if self._stop_requested():
                 slots.release(n)
                 return
             self._fetching[queue] = True
             try:
                 deliveries = await broker.fetch(queue, n, 0)
-                if not deliveries and not self._stopping:
+                if not deliveries and not self._stop_requested():
                     slots.release(n - 1)
                     n = 1
                     deliveries = await broker.fetch(queue, 1, self.block_timeout)
@@ -193,14 +204,18 @@ class Worker:
             backoff = 0.1
             if len(deliveries) < n:
                 slots.release(n - len(deliveries))
-            if self._stopping:
+            if self._stop_requested():
                 # Fetched after the stop: put back untouched, never dropped.
                 for d in deliveries:
                     self._requeue_unstarted(d)
                 slots.release(len(deliveries))
                 return
             for d in deliveries:
-                self._start(d, slots)
+                try:
+                    self._start(d, slots)
+                except Exception:  # a bug here must not stop the queue; the lease recovers it
+                    logger.exception("could not start a message from %s", queue)
+                    slots.release()
 
     def _requeue_unstarted(self, d: Delivery) -> None:
         from ..broker.base import Completion
@@ -225,8 +240,12 @@ class Worker:
         task = self.queue.tasks.get(env.task)
         if task is None:
             self._reject(
-                d, "unknown task", f"no task named {env.task!r} is registered in this worker",
-                slots, env.id, env.task,
+                d,
+                "unknown task",
+                f"no task named {env.task!r} is registered in this worker",
+                slots,
+                env.id,
+                env.task,
             )
             return
         job = Job(d, env, task)
@@ -236,15 +255,16 @@ class Worker:
         if executor == "async":
             try:
                 coro = task.fn(*env.args, **env.kwargs)
-            except BaseException as exc:  # noqa: BLE001 - a bad call is the task's failure
+            except BaseException as exc:
                 self._finish(job, None, exc)
                 slots.release()
                 return
-            result, error, handle = start_eagerly(coro)  # type: ignore[arg-type]
-            if handle is None:
+            result, error, started = start_eagerly(coro)  # type: ignore[arg-type]
+            if started is None:
                 self._finish(job, result, error)
                 slots.release()
                 return
+            handle: asyncio.Future[Any] = started
         else:
             call = functools.partial(task.fn, *env.args, **env.kwargs)
             loop = asyncio.get_running_loop()
@@ -277,7 +297,10 @@ class Worker:
             if logger.isEnabledFor(logging.INFO):
                 logger.info(
                     "task %s %s attempt %d failed: %r",
-                    job.envelope.task, job.envelope.id, job.attempt, error,
+                    job.envelope.task,
+                    job.envelope.id,
+                    job.attempt,
+                    error,
                 )
         if completion is not None:
             self._flusher.add(completion)
@@ -371,10 +394,8 @@ class Worker:
                 await t
         # 2. Let running tasks finish, up to shutdown_timeout.
         if self._jobs:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._global.drained(), timeout=self.shutdown_timeout)
-            except TimeoutError:
-                pass
         # 3. Requeue what is still running.
         leftover = [j for j in self._jobs if not j.finished]
         for job in leftover:
@@ -395,9 +416,7 @@ class Worker:
         try:
             await asyncio.wait_for(flusher_task, timeout=max(5.0, self.shutdown_timeout))
         except TimeoutError:
-            logger.error(
-                "could not write %d completion(s) at shutdown", self._flusher.backlog
-            )
+            logger.error("could not write %d completion(s) at shutdown", self._flusher.backlog)
         with contextlib.suppress(BrokerError):
             await self.broker.unregister_worker(self.id)
         for hook in self.queue.on_shutdown:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from importlib import resources
 from typing import Any, ClassVar, ParamSpec, TypeVar
 
@@ -29,7 +29,9 @@ R = TypeVar("R")
 DEFAULT_DEAD_LETTER_CAP = 100_000
 
 
-def translate_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+def translate_errors(
+    fn: Callable[P, Coroutine[Any, Any, R]],
+) -> Callable[P, Coroutine[Any, Any, R]]:
     """Turn redis-py errors raised by ``fn`` into :class:`BrokerError`."""
 
     @functools.wraps(fn)
@@ -77,7 +79,8 @@ class RedisBroker(Broker):
         self.keys = Keys(namespace)
         self.dead_letter_cap = dead_letter_cap
         self._owns_client = client is None
-        self.client: aioredis.Redis = client or aioredis.Redis.from_url(
+        # Typed as Any: redis-py's stubs type replies as bytes | str whatever decode_responses is.
+        self.client: Any = client or aioredis.Redis.from_url(
             url, decode_responses=False, health_check_interval=30
         )
         for command in ("XREADGROUP", "XAUTOCLAIM", "BLMPOP", "LPOP"):
@@ -145,7 +148,9 @@ class RedisBroker(Broker):
             for task_id, queue, message, eta in items:
                 pipe.zadd(keys.schedule, {task_id: eta})
                 pipe.hset(
-                    keys.schedule_data, task_id, self.kind.encode() + queue.encode() + b"\n" + message
+                    keys.schedule_data,
+                    task_id,
+                    self.kind.encode() + queue.encode() + b"\n" + message,
                 )
             await pipe.execute()
 

@@ -56,7 +56,9 @@ class FastRedisBroker(RedisBroker):
             for queue in queues:
                 pipe.llen(self.keys.list(queue))
             lengths = await pipe.execute()
-        return {q: {"waiting": int(n), "in_flight": 0} for q, n in zip(queues, lengths, strict=True)}
+        return {
+            q: {"waiting": int(n), "in_flight": 0} for q, n in zip(queues, lengths, strict=True)
+        }
 
     @translate_errors
     async def purge_queue(self, queue: str) -> int:

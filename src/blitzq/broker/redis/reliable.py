@@ -173,4 +173,3 @@ class ReliableRedisBroker(RedisBroker):
             removed += int(await self.client.xdel(key, *ids))
             start = ids[-1]
         return removed
-
