@@ -67,6 +67,8 @@ class Maintenance:
         worker, broker = self.worker, self.broker
         queue = worker.queue
         vt = queue.visibility_timeout
+        rounds = 0
+        prune_every = max(1, int(60 / self.interval))
         while True:
             try:
                 await broker.register_worker(worker.id, worker.info(), ttl=3 * self.interval + 5)
@@ -76,9 +78,17 @@ class Maintenance:
                         if tokens:
                             await broker.heartbeat(q, tokens)
                         await self._recover(q, vt)
+                        if rounds % prune_every == 0:
+                            await self._prune(q, vt)
+                rounds += 1
             except BrokerError as exc:
                 logger.warning("maintenance: %s", exc)
             await asyncio.sleep(self.interval)
+
+    async def _prune(self, q: str, vt: float) -> None:
+        prune = getattr(self.broker, "prune_consumers", None)
+        if prune is not None:
+            await prune(q, max(600.0, 10 * vt))
 
     async def _recover(self, q: str, vt: float) -> None:
         queue = self.worker.queue

@@ -15,6 +15,8 @@ from importlib import resources
 from typing import Any, ClassVar, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import RedisError
 
 from ...exceptions import BrokerError
@@ -81,7 +83,11 @@ class RedisBroker(Broker):
         self._owns_client = client is None
         # Typed as Any: redis-py's stubs type replies as bytes | str whatever decode_responses is.
         self.client: Any = client or aioredis.Redis.from_url(
-            url, decode_responses=False, health_check_interval=30
+            url,
+            decode_responses=False,
+            health_check_interval=30,
+            # Fail over to BrokerError in about a second, not redis-py's default ~10 s.
+            retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 3),
         )
         for command in ("XREADGROUP", "XAUTOCLAIM", "BLMPOP", "LPOP"):
             self.client.set_response_callback(command, _raw)

@@ -32,6 +32,7 @@ class ReliableRedisBroker(RedisBroker):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._renew = self.client.register_script(load_script("renew.lua"))
         self._recover = self.client.register_script(load_script("recover.lua"))
+        self._prune = self.client.register_script(load_script("prune.lua"))
         self.consumer = "unnamed"
 
     def queue_key(self, queue: str) -> str:
@@ -130,6 +131,17 @@ class ReliableRedisBroker(RedisBroker):
             ],
         )
         return int(requeued), int(dead)
+
+    @translate_errors
+    async def prune_consumers(self, queue: str, idle: float) -> int:
+        """Delete group consumers idle over ``idle`` seconds that hold nothing; return count.
+
+        Keeps the group from growing by one consumer per worker process ever started.
+        """
+        removed = await self._prune(
+            keys=[self.keys.stream(queue)], args=[GROUP, max(1, int(idle * 1000)), self.consumer]
+        )
+        return int(removed)
 
     @translate_errors
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
