@@ -332,7 +332,9 @@ class Worker:
             self.failed += 1
             self._flusher.add(self._outcomes.timeout(job, timeout))
         elif handle.cancelled():
-            self._flusher.add(Outcomes.requeue(job))
+            # Not cancelled by the worker (that marks the job finished first): the task
+            # cancelled itself, which counts as a failure rather than a silent requeue loop.
+            self._finish(job, None, asyncio.CancelledError("the task was cancelled"))
         else:
             error = handle.exception()
             self._finish(job, None if error else handle.result(), error)
