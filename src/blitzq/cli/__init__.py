@@ -1,0 +1,47 @@
+"""The ``blitzq`` command line: run workers, inspect tasks, dead letters and queues, and manage
+the embedded server.
+
+Every command takes the global options ``--redis-url``, ``--namespace``, ``--mode`` and
+``--json`` (before or after the subcommand name); environment variables ``BLITZQ_REDIS_URL``,
+``BLITZQ_NAMESPACE`` and ``BLITZQ_MODE`` fill them in. Errors print one red line on stderr and
+exit non-zero (1 for a failed operation, 2 for a usage or configuration error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import click
+
+from .. import __version__
+from ._common import global_options
+from .inspect import dead_letter_group, queue_group, task_group
+from .server import server_group
+from .worker import worker_command
+
+__all__ = ["cli", "main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "-V", "--version", prog_name="blitzq")
+@global_options
+def cli() -> None:
+    """blitzq: an async-first task queue on Redis / Valkey."""
+
+
+cli.add_command(worker_command)
+cli.add_command(task_group)
+cli.add_command(dead_letter_group)
+cli.add_command(queue_group)
+cli.add_command(server_group)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``blitzq`` script and ``python -m blitzq``.
+
+    Args:
+        argv: arguments without the program name (default: ``sys.argv[1:]``).
+
+    Exits the process with the command's exit code.
+    """
+    cli.main(args=list(argv) if argv is not None else None, prog_name="blitzq")

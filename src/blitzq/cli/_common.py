@@ -1,0 +1,251 @@
+"""What every ``blitzq`` command shares: global options, errors, the Queue, and output."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import IO, Any, TypeVar
+from uuid import UUID
+
+import click
+from click.core import ParameterSource
+from rich.console import Console
+
+from ..exceptions import BlitzQError, BrokerError, ConfigurationError
+from ..queue import Queue
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Exit code of a failed operation (no such record, broker unreachable, …).
+EXIT_FAILURE = 1
+#: Exit code of a usage or configuration error (click uses 2 for bad arguments too).
+EXIT_USAGE = 2
+
+
+class CliError(click.ClickException):
+    """A failed operation reported at the edge: one red ``Error: …`` line on stderr, exit 1.
+
+    Args:
+        message: what went wrong (its first line is shown in red, the rest below it).
+    """
+
+    exit_code = EXIT_FAILURE
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        """Print the message to stderr (``file`` overrides)."""
+        first, _, rest = self.format_message().partition("\n")
+        click.secho(f"Error: {first}", file=file, err=True, fg="red")
+        if rest:
+            click.echo(rest, file=file, err=True)
+
+
+class CliUsageError(CliError):
+    """A usage or configuration error (bad MODULE:ATTR, invalid setting): exit code 2."""
+
+    exit_code = EXIT_USAGE
+
+
+@dataclass
+class Settings:
+    """The global options, merged over the group and the command.
+
+    An option typed on the command line (before or after the subcommand) wins over one that
+    came from an environment variable.
+    """
+
+    redis_url: str | None = None
+    namespace: str | None = None
+    mode: str | None = None
+    json: bool = False
+    from_command_line: set[str] = field(default_factory=set)
+
+
+def _store(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    settings = ctx.ensure_object(Settings)
+    name = param.name
+    if name is None or value is None or value is False:
+        return
+    typed = ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
+    if name in settings.from_command_line and not typed:
+        return
+    setattr(settings, name, value)
+    if typed:
+        settings.from_command_line.add(name)
+
+
+def global_options(fn: F) -> F:
+    """Decorate a command or group with ``--redis-url``, ``--namespace``, ``--mode``, ``--json``."""
+    options = [
+        click.option(
+            "--redis-url",
+            envvar="BLITZQ_REDIS_URL",
+            show_envvar=True,
+            expose_value=False,
+            callback=_store,
+            metavar="URL",
+            help="Broker URL (redis://, rediss://, unix://). Default: the embedded server.",
+        ),
+        click.option(
+            "--namespace",
+            envvar="BLITZQ_NAMESPACE",
+            show_envvar=True,
+            expose_value=False,
+            callback=_store,
+            help="Key namespace of the application. Default: blitzq.",
+        ),
+        click.option(
+            "--mode",
+            type=click.Choice(["reliable", "fast"]),
+            envvar="BLITZQ_MODE",
+            show_envvar=True,
+            expose_value=False,
+            callback=_store,
+            help="Queue mode the application uses. Default: reliable.",
+        ),
+        click.option(
+            "--json",
+            "json",
+            is_flag=True,
+            default=False,
+            expose_value=False,
+            callback=_store,
+            help="Print one JSON document on stdout instead of tables.",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def settings() -> Settings:
+    """The merged global options of the running command."""
+    return click.get_current_context().ensure_object(Settings)
+
+
+# ----------------------------------------------------------------- errors
+def mask_url(url: str) -> str:
+    """``url`` with its password (userinfo or ``?password=`` query) replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    rest, qmark, query = rest.partition("?")
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        userinfo, _, host = authority.rpartition("@")
+        user, colon, _password = userinfo.partition(":")
+        if colon:
+            userinfo = f"{user}:***"
+        elif user:
+            userinfo = "***"  # redis://secret@host: a bare userinfo is the password
+        authority = f"{userinfo}@{host}"
+    if query:
+        query = "&".join(
+            "password=***" if part.split("=", 1)[0] == "password" else part
+            for part in query.split("&")
+        )
+    return f"{scheme}{sep}{authority}{slash}{path}{qmark}{query}"
+
+
+def _where(url: str | None) -> str:
+    url = url or os.environ.get("BLITZQ_REDIS_URL")
+    return mask_url(url) if url else "the embedded server"
+
+
+@contextlib.contextmanager
+def cli_errors(url: str | None = None) -> Iterator[None]:
+    """Turn blitzq errors raised inside into :class:`CliError` (no traceback).
+
+    Args:
+        url: the broker URL in use, named (password masked) in broker errors.
+    """
+    try:
+        yield
+    except ConfigurationError as exc:
+        raise CliUsageError(str(exc)) from None
+    except BrokerError as exc:
+        raise CliError(f"broker error ({_where(url)}): {exc}") from None
+    except BlitzQError as exc:
+        raise CliError(str(exc)) from None
+
+
+def make_queue() -> Queue:
+    """A Queue built from the global options (environment variables fill the gaps).
+
+    Raises:
+        CliError: an invalid option value (exit code 2).
+    """
+    s = settings()
+    with cli_errors(s.redis_url):
+        return Queue(redis_url=s.redis_url, namespace=s.namespace, mode=s.mode)  # type: ignore[arg-type]
+
+
+def run_with_queue(fn: Callable[[Queue], Awaitable[T]], queue: Queue | None = None) -> T:
+    """Run ``fn(queue)`` on a fresh event loop, close the connections, translate errors.
+
+    Args:
+        fn: the async operation.
+        queue: the Queue to use (default: :func:`make_queue`).
+
+    Raises:
+        CliError: a blitzq error happened (broker unreachable, bad configuration, …).
+    """
+    queue = queue or make_queue()
+
+    async def runner() -> T:
+        try:
+            return await fn(queue)
+        finally:
+            with contextlib.suppress(BlitzQError):
+                await queue.close()
+
+    with cli_errors(settings().redis_url):
+        return asyncio.run(runner())
+
+
+# ----------------------------------------------------------------- output
+def iso(ts: float | None) -> str | None:
+    """Unix time (seconds) as an ISO 8601 local date with offset, or ``None``."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts).astimezone().isoformat(timespec="milliseconds")
+
+
+def short_time(ts: float | None) -> str:
+    """Unix time (seconds) as ``YYYY-MM-DD HH:MM:SS`` local time, for tables; ``-`` for None."""
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(raw).decode()}
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, UUID | Decimal):
+        return str(value)
+    if isinstance(value, set | frozenset):
+        return list(value)
+    return repr(value)
+
+
+def emit_json(doc: Any) -> None:
+    """Print ``doc`` as one JSON document on stdout."""
+    click.echo(json.dumps(doc, default=_jsonable, ensure_ascii=False, indent=2))
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich Console on the current stdout (or stderr)."""
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)

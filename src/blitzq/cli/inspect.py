@@ -1,0 +1,282 @@
+"""Inspection commands: ``task inspect``, ``dead-letter list|replay|purge``, ``queue stats``.
+
+They need no application module: each builds a Queue from the global options and talks to
+the broker directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from ..exceptions import SerializationError
+from ..queue import Queue
+from ..records import DeadLetter, TaskRecord, TaskState
+from ..serialization import loads
+from ._common import (
+    CliError,
+    console,
+    emit_json,
+    global_options,
+    iso,
+    make_queue,
+    run_with_queue,
+    settings,
+    short_time,
+)
+
+_STATE_STYLE = {
+    TaskState.SUCCEEDED: "green",
+    TaskState.FAILED: "red",
+    TaskState.DEAD_LETTERED: "red",
+    TaskState.CANCELLED: "yellow",
+    TaskState.RETRYING: "yellow",
+}
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# ------------------------------------------------------------------- task
+@click.group("task")
+@global_options
+def task_group() -> None:
+    """Look at individual tasks."""
+
+
+def record_doc(record: TaskRecord) -> dict[str, Any]:
+    """A record as a JSON-ready dict, times as ISO dates and a ``duration`` in seconds."""
+    doc = record.to_dict()
+    for key in ("enqueued_at", "started_at", "finished_at"):
+        doc[key] = iso(doc[key])
+    if record.started_at is not None and record.finished_at is not None:
+        doc["duration"] = round(record.finished_at - record.started_at, 6)
+    else:
+        doc["duration"] = None
+    return doc
+
+
+@task_group.command("inspect")
+@click.argument("task_id")
+@global_options
+def task_inspect(task_id: str) -> None:
+    """Show the stored record of TASK_ID: state, attempts, result or error, times, worker.
+
+    Exits 1 when no record exists (never enqueued, not started yet in fast mode, or expired
+    after result_ttl).
+    """
+    record = run_with_queue(lambda q: q.inspect(task_id))
+    if record is None:
+        raise CliError(f"no record for task {task_id} (unknown, not started, or expired)")
+    doc = record_doc(record)
+    if settings().json:
+        emit_json(doc)
+        return
+    out = console()
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column("field", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    for key in ("id", "task", "queue"):
+        table.add_row(key, Text(str(doc[key])))
+    table.add_row("state", Text(record.state.value, style=_STATE_STYLE.get(record.state, "")))
+    table.add_row("attempts", str(record.attempts))
+    if record.state is TaskState.SUCCEEDED:
+        table.add_row("result", Text(_short(record.result, 2000)))
+    if record.error_type or record.error:
+        table.add_row("error", Text(f"{record.error_type or 'error'}: {record.error or ''}"))
+    for key in ("enqueued_at", "started_at", "finished_at"):
+        table.add_row(key.replace("_at", ""), Text(doc[key] or "-"))
+    if doc["duration"] is not None:
+        table.add_row("duration", f"{doc['duration']:.3f} s")
+    table.add_row("worker", Text(record.worker or "-"))
+    out.print(table)
+    if record.traceback:
+        out.print(Text(record.traceback.rstrip(), style="dim"))
+
+
+# ----------------------------------------------------------- dead letters
+@click.group("dead-letter")
+@global_options
+def dead_letter_group() -> None:
+    """List, replay and purge dead-lettered tasks."""
+
+
+def dead_letter_doc(dl: DeadLetter) -> dict[str, Any]:
+    """A dead letter as a JSON-ready dict (``failed_at`` as an ISO date)."""
+    doc = dl.to_dict()
+    doc["failed_at"] = iso(dl.failed_at)
+    return doc
+
+
+@dead_letter_group.command("list")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    help="Most dead letters to show, newest first.",
+)
+@click.option("--offset", type=click.IntRange(min=0), default=0, help="Dead letters to skip.")
+@global_options
+def dead_letter_list(limit: int, offset: int) -> None:
+    """List dead letters, newest first."""
+
+    async def fetch(q: Queue) -> tuple[list[DeadLetter], int]:
+        return await q.dead_letters(limit, offset), await q.dead_letter_count()
+
+    letters, total = run_with_queue(fetch)
+    if settings().json:
+        emit_json({"total": total, "dead_letters": [dead_letter_doc(d) for d in letters]})
+        return
+    out = console()
+    if not letters:
+        out.print("no dead letters" if total == 0 else f"no dead letters past offset {offset}")
+        return
+    out.print(Text(f"dead letters: {len(letters)} of {total}, newest first", style="bold"))
+    for d in letters:
+        head = Text(d.id, style="bold")
+        head.append(f"  {d.task or '?'}  queue {d.queue}  {short_time(d.failed_at)}")
+        out.print(head)
+        out.print(Text(f"    {d.reason}: {_short(d.error, 300)}", style="red"))
+
+
+@dead_letter_group.command("replay", short_help="Replay one dead letter.")
+@click.argument("task_id")
+@global_options
+def dead_letter_replay(task_id: str) -> None:
+    """Publish dead letter TASK_ID again with fresh attempts, removing it from the list.
+
+    Exits 1 when there is no such dead letter (or a concurrent replay took it first).
+    """
+
+    async def replay(q: Queue) -> tuple[str, str] | None:
+        try:
+            handle = await q.retry(task_id)
+        except SerializationError as exc:
+            raise CliError(f"dead letter {task_id} cannot be replayed: {exc}") from None
+        return None if handle is None else (handle.id, handle.queue)
+
+    replayed = run_with_queue(replay)
+    if replayed is None:
+        raise CliError(f"no dead letter with id {task_id}")
+    if settings().json:
+        emit_json({"replayed": True, "id": replayed[0], "queue": replayed[1]})
+    else:
+        console().print(Text(f"replayed {replayed[0]} to queue {replayed[1]}"))
+
+
+@dead_letter_group.command("purge")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@global_options
+def dead_letter_purge(yes: bool) -> None:
+    """Delete every dead letter of the namespace."""
+    queue = make_queue()
+    if not yes:
+        count = run_with_queue(lambda q: q.dead_letter_count(), queue)
+        if count == 0:
+            _purged(0)
+            return
+        click.confirm(
+            f"Delete {count} dead letter(s) in namespace {queue.namespace!r}?",
+            abort=True,
+            err=True,
+        )
+    _purged(run_with_queue(lambda q: q.purge_dead_letters(), queue))
+
+
+def _purged(count: int) -> None:
+    if settings().json:
+        emit_json({"purged": count})
+    else:
+        console().print(f"purged {count} dead letter(s)")
+
+
+# ------------------------------------------------------------------ queue
+@click.group("queue")
+@global_options
+def queue_group() -> None:
+    """Look at queues."""
+
+
+def _worker_doc(worker_id: str, raw: bytes) -> dict[str, Any]:
+    try:
+        info = loads(raw)
+    except SerializationError:
+        info = None
+    doc: dict[str, Any] = dict(info) if isinstance(info, dict) else {}
+    doc["id"] = worker_id
+    return doc
+
+
+@queue_group.command("stats")
+@click.option(
+    "-Q",
+    "--queues",
+    metavar="Q1,Q2",
+    help="Only these queues (default: every queue the namespace has used).",
+)
+@global_options
+def queue_stats(queues: str | None) -> None:
+    """Waiting and in-flight messages per queue, scheduled tasks, dead letters, live workers."""
+    names = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
+
+    async def collect(q: Queue) -> tuple[dict[str, Any], dict[str, bytes]]:
+        return await q.stats(names), await q.broker.workers()
+
+    queue = make_queue()
+    stats, workers = run_with_queue(collect, queue)
+    worker_docs = sorted(
+        (_worker_doc(wid, raw) for wid, raw in workers.items()), key=lambda d: str(d["id"])
+    )
+    if settings().json:
+        for d in worker_docs:
+            if isinstance(d.get("started_at"), int | float):
+                d["started_at"] = iso(d["started_at"])
+        emit_json(
+            {
+                "namespace": queue.namespace,
+                "mode": queue.mode,
+                "queues": stats["queues"],
+                "scheduled": stats["scheduled"],
+                "dead_letters": stats["dead_letters"],
+                "workers": worker_docs,
+            }
+        )
+        return
+    out = console()
+    out.print(Text(f"namespace {queue.namespace} ({queue.mode} mode)", style="bold"))
+    if stats["queues"]:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        table.add_column("queue", overflow="fold")
+        table.add_column("waiting", justify="right")
+        table.add_column("in flight", justify="right")
+        for name, counts in sorted(stats["queues"].items()):
+            table.add_row(Text(name), str(counts["waiting"]), str(counts["in_flight"]))
+        out.print(table)
+    else:
+        out.print("no queues used yet")
+    out.print(f"scheduled: {stats['scheduled']}")
+    out.print(f"dead letters: {stats['dead_letters']}")
+    out.print(f"live workers: {len(worker_docs)}")
+    if worker_docs:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        table.add_column("worker", no_wrap=True)
+        table.add_column("queues", overflow="fold")
+        for header in ("slots", "running", "done", "failed"):
+            table.add_column(header, justify="right", no_wrap=True)
+        table.add_column("started", no_wrap=True)
+        for d in worker_docs:
+            started = d.get("started_at")
+            table.add_row(
+                Text(str(d["id"])),
+                Text(",".join(map(str, d.get("queues") or []))),
+                *(str(d.get(c, "-")) for c in ("concurrency", "running", "processed", "failed")),
+                short_time(started) if isinstance(started, int | float) else "-",
+            )
+        out.print(table)

@@ -1,0 +1,102 @@
+"""``blitzq server start|status|stop``: the embedded Valkey server of a data directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from ._common import cli_errors, console, emit_json, global_options, settings
+
+_DATA_DIR = click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="BLITZQ_DATA_DIR",
+    show_envvar=True,
+    help="Data directory of the embedded server. Default: ./.blitzq",
+)
+
+
+@click.group("server")
+@global_options
+def server_group() -> None:
+    """Start, inspect and stop the embedded Valkey server.
+
+    A Queue created without a broker URL starts this server on first use; it keeps running
+    (with its data persisted in the data directory) until `blitzq server stop`.
+    """
+
+
+@server_group.command("start")
+@_DATA_DIR
+@global_options
+def server_start(data_dir: Path | None) -> None:
+    """Start the embedded server (or find the running one) and print its URL."""
+    from ..broker.redis.embedded import ensure_server, server_status
+
+    out = console(stderr=settings().json)
+    with cli_errors(), out.status("starting the embedded Valkey server…"):
+        url = ensure_server(data_dir)
+        status = server_status(data_dir)
+    if settings().json:
+        emit_json(status)
+    else:
+        click.echo(url)
+
+
+@server_group.command("status")
+@_DATA_DIR
+@global_options
+def server_status_cmd(data_dir: Path | None) -> None:
+    """Show whether the embedded server runs, its URL, pid, version, memory and keys."""
+    from ..broker.redis.embedded import server_status
+
+    with cli_errors():
+        status = server_status(data_dir)
+    if settings().json:
+        emit_json(status)
+        return
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column("field", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    running = bool(status.get("running"))
+    table.add_row(
+        "state", Text("running" if running else "not running", style="green" if running else "red")
+    )
+    for key in ("url", "data_dir", "pid", "version"):
+        table.add_row(key.replace("_", " "), Text(_show(status.get(key))))
+    memory = status.get("used_memory")
+    table.add_row("memory", _bytes(memory) if isinstance(memory, int) else "-")
+    table.add_row("keys", _show(status.get("db_keys")))
+    console().print(table)
+
+
+@server_group.command("stop")
+@_DATA_DIR
+@global_options
+def server_stop(data_dir: Path | None) -> None:
+    """Shut the embedded server down cleanly (its data stays in the data directory)."""
+    from ..broker.redis.embedded import stop_server
+
+    with cli_errors():
+        stopped = stop_server(data_dir)
+    if settings().json:
+        emit_json({"stopped": stopped})
+    else:
+        console().print("stopped the embedded server" if stopped else "no embedded server running")
+
+
+def _show(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{n} B"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover

@@ -1,0 +1,222 @@
+"""``blitzq worker MODULE:ATTR``: import the application's Queue and run a Worker for it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import sys
+from typing import Any
+
+import click
+
+from ..exceptions import BlitzQError
+from ..logconfig import LEVELS, configure_logging
+from ..queue import Queue, _check_name
+from ..worker import Worker
+from ._common import (
+    CliUsageError,
+    Settings,
+    cli_errors,
+    emit_json,
+    global_options,
+    mask_url,
+    settings,
+)
+
+logger = logging.getLogger("blitzq.cli")
+
+#: Environment variables a Queue reads as defaults, per global option.
+_ENV = {"redis_url": "BLITZQ_REDIS_URL", "namespace": "BLITZQ_NAMESPACE", "mode": "BLITZQ_MODE"}
+
+
+def _usage(message: str) -> CliUsageError:
+    return CliUsageError(message)
+
+
+def load_queue(spec: str) -> Queue:
+    """Import ``MODULE:ATTR`` (the current directory first on ``sys.path``), return the Queue.
+
+    ``ATTR`` may be dotted (``app:tasks.queue``).
+
+    Raises:
+        CliError: (exit code 2) a malformed spec, a module that cannot be imported or fails
+            while importing, a missing attribute, or an attribute that is not a Queue.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise _usage(f"expected MODULE:ATTR (for example myapp.tasks:queue), got {spec!r}")
+    if module_name.endswith(".py") or "/" in module_name:
+        raise _usage(
+            f"{module_name!r} looks like a file path: give the module name (myapp.tasks, not "
+            "myapp/tasks.py), importable from the current directory"
+        )
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise _usage(
+                f"cannot import module {module_name!r}: no such module in {cwd} or on sys.path"
+            ) from None
+        logger.debug("importing %s failed", module_name, exc_info=True)
+        raise _usage(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:
+        logger.debug("importing %s failed", module_name, exc_info=True)
+        raise _usage(
+            f"importing {module_name!r} failed: {type(exc).__name__}: {exc} "
+            "(--log-level debug shows the traceback)"
+        ) from None
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise _usage(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not isinstance(obj, Queue):
+        raise _usage(f"{spec} is a {type(obj).__name__}, not a blitzq.Queue")
+    return obj
+
+
+def _export_settings(s: Settings) -> None:
+    """Put options typed on the command line into the environment a Queue reads defaults from."""
+    for name, env in _ENV.items():
+        value = getattr(s, name)
+        if name in s.from_command_line and value is not None:
+            os.environ[env] = value
+
+
+def _override(queue: Queue, s: Settings) -> None:
+    """Command-line options win over what the application module passed to its Queue."""
+    if "namespace" in s.from_command_line and s.namespace is not None:
+        queue.namespace = _check_name("namespace", s.namespace)
+    if "mode" in s.from_command_line and s.mode in ("reliable", "fast"):
+        queue.mode = "fast" if s.mode == "fast" else "reliable"
+    if "redis_url" in s.from_command_line and s.redis_url is not None:
+        if queue._shared_broker is not None:
+            raise _usage("--redis-url cannot apply: the application's Queue was given a broker")
+        queue._redis_url = s.redis_url
+        queue._url = None
+
+
+def _split_queues(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    for name in names:
+        _check_name("queue name", name)
+    if not names:
+        raise _usage("--queues needs at least one queue name")
+    return names
+
+
+def _startup(worker: Worker, url: str) -> None:
+    queue = worker.queue
+    doc = {
+        "event": "worker_started",
+        "worker": worker.id,
+        "queues": worker.queues,
+        "concurrency": worker.concurrency,
+        "mode": queue.mode,
+        "namespace": queue.namespace,
+        "broker": mask_url(url),
+        "pid": os.getpid(),
+    }
+    if settings().json:
+        emit_json(doc)
+        return
+    click.echo(
+        click.style(f"blitzq worker {worker.id}", bold=True)
+        + f" queues={','.join(worker.queues)} concurrency={worker.concurrency}"
+        f" mode={queue.mode} namespace={queue.namespace} broker={mask_url(url)}"
+    )
+
+
+async def _serve(worker: Worker) -> None:
+    queue = worker.queue
+    try:
+        await queue.broker.ping()
+        _startup(worker, queue.url)
+        await worker.run()
+    finally:
+        with contextlib.suppress(BlitzQError):
+            await queue.close()
+
+
+@click.command("worker", short_help="Run a worker for the Queue at MODULE:ATTR.")
+@click.argument("app", metavar="MODULE:ATTR")
+@click.option(
+    "-Q",
+    "--queues",
+    metavar="Q1,Q2",
+    help="Queues to consume, comma-separated. Default: the Queue's name and its tasks' queues.",
+)
+@click.option(
+    "-c",
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Tasks running at once in this process.",
+)
+@click.option(
+    "--shutdown-timeout",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="On SIGTERM/SIGINT, wait this long for running tasks, then requeue.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice([n.lower() for n in LEVELS], case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="Least severe log records shown.",
+    envvar="BLITZQ_LOG_LEVEL",
+    show_envvar=True,
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    envvar="BLITZQ_LOG_FORMAT",
+    show_envvar=True,
+    help="Logs on stderr as text or JSON lines.",
+)
+@global_options
+def worker_command(
+    app: str,
+    queues: str | None,
+    concurrency: int,
+    shutdown_timeout: float,
+    log_level: str,
+    log_format: str,
+) -> None:
+    """Run a worker for the blitzq.Queue at MODULE:ATTR (for example myapp.tasks:queue).
+
+    The module is imported with the current directory on sys.path. The worker stops
+    gracefully on SIGTERM or SIGINT (exit code 0): it stops fetching, waits up to
+    --shutdown-timeout for running tasks and puts the rest back on their queues.
+    """
+    s = settings()
+    with cli_errors(s.redis_url):
+        configure_logging(log_level, "json" if log_format == "json" else "text")
+    _export_settings(s)
+    queue = load_queue(app)
+    _override(queue, s)
+    with cli_errors(queue._redis_url or s.redis_url):
+        worker = Worker(
+            queue,
+            queues=_split_queues(queues),
+            concurrency=concurrency,
+            shutdown_timeout=shutdown_timeout,
+            handle_signals=True,
+        )
+        asyncio.run(_serve(worker))
