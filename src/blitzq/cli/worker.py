@@ -8,6 +8,7 @@ import importlib
 import logging
 import os
 import sys
+import threading
 from typing import Any
 
 import click
@@ -220,3 +221,18 @@ def worker_command(
             handle_signals=True,
         )
         asyncio.run(_serve(worker))
+    _exit_past_abandoned_threads()
+
+
+def _exit_past_abandoned_threads() -> None:
+    """Exit now if a sync task outlived the shutdown timeout.
+
+    Its message was already put back on the queue; a thread cannot be interrupted, and the
+    interpreter would otherwise wait for it at exit.
+    """
+    main = threading.main_thread()
+    if any(t is not main and t.is_alive() and not t.daemon for t in threading.enumerate()):
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
