@@ -268,7 +268,7 @@ async def run(tmp: Path) -> None:
 
     # Start clean: drop a previous run's dead letters and what an interrupted run left waiting.
     dead = await queue.purge_dead_letters()
-    waiting = await queue.broker.purge_queue(queue.name)
+    waiting = await queue.purge_queue()
     if dead or waiting:
         console.print(
             f"removed {dead} dead letter(s) and {waiting} waiting task(s) of a previous run"

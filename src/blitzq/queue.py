@@ -504,9 +504,28 @@ class Queue:
         """Blocking :meth:`retry`."""
         return self._portal.call(self.retry(task_id))
 
+    def dead_letter_count_sync(self) -> int:
+        """Blocking :meth:`dead_letter_count`."""
+        return self._portal.call(self.dead_letter_count())
+
     async def purge_dead_letters(self) -> int:
         """Delete every dead letter; return how many."""
         return await self.broker.purge_dead_letters()
+
+    def purge_dead_letters_sync(self) -> int:
+        """Blocking :meth:`purge_dead_letters`."""
+        return self._portal.call(self.purge_dead_letters())
+
+    async def purge_queue(self, queue: str | None = None) -> int:
+        """Delete the messages waiting in ``queue`` (default: this Queue's ``name``).
+
+        Messages already taken by a worker are not touched. Returns how many were deleted.
+        """
+        return await self.broker.purge_queue(_check_name("queue name", queue or self.name))
+
+    def purge_queue_sync(self, queue: str | None = None) -> int:
+        """Blocking :meth:`purge_queue`."""
+        return self._portal.call(self.purge_queue(queue))
 
     # ------------------------------------------------------------- inspection
     async def stats(self, queues: Iterable[str] | None = None) -> dict[str, Any]:

@@ -78,6 +78,11 @@ class Slots:
                 g.take(n)
                 return n
 
+    def release_queue(self, n: int = 1) -> None:
+        """Give back ``n`` slots to the queue's limiter only (the global ones were returned)."""
+        if self.queue_limiter is not None:
+            self.queue_limiter.release(n)
+
     def release(self, n: int = 1) -> None:
         """Give back ``n`` slots to both limiters."""
         if n <= 0:

@@ -177,7 +177,6 @@ class Worker:
     # ------------------------------------------------------------- fetching
     async def _fetch_loop(self, queue: str) -> None:
         slots = self._slots[queue]
-        broker = self.broker
         batch = self.batch_size
         backoff = 0.1
         while not self._stop_requested():
@@ -185,15 +184,12 @@ class Worker:
             if self._stop_requested():
                 slots.release(n)
                 return
+            # While this flag is set the loop may hold messages, so shutdown waits for it
+            # instead of cancelling it.
             self._fetching[queue] = True
             try:
-                deliveries = await broker.fetch(queue, n, 0)
-                if not deliveries and not self._stop_requested():
-                    slots.release(n - 1)
-                    n = 1
-                    deliveries = await broker.fetch(queue, 1, self.block_timeout)
+                deliveries = await self._fetch(queue, slots, n)
             except BrokerError as exc:
-                slots.release(n)
                 logger.warning("fetch from %s failed, retrying in %.1f s: %s", queue, backoff, exc)
                 self._fetching[queue] = False
                 await asyncio.sleep(backoff)
@@ -202,8 +198,6 @@ class Worker:
             finally:
                 self._fetching[queue] = False
             backoff = 0.1
-            if len(deliveries) < n:
-                slots.release(n - len(deliveries))
             if self._stop_requested():
                 # Fetched after the stop: put back untouched, never dropped.
                 for d in deliveries:
@@ -216,6 +210,36 @@ class Worker:
                 except Exception:  # a bug here must not stop the queue; the lease recovers it
                     logger.exception("could not start a message from %s", queue)
                     slots.release()
+
+    async def _fetch(self, queue: str, slots: Slots, n: int) -> list[Delivery]:
+        """Fetch with ``n`` reserved slots; on return, exactly one slot is held per delivery.
+
+        Takes what is waiting without blocking. On an empty queue it blocks for a single
+        message holding only the queue's own slot, so an idle queue never keeps global
+        capacity from busy ones, and takes a global slot back once a message arrives.
+        """
+        broker = self.broker
+        try:
+            deliveries = await broker.fetch(queue, n, 0)
+        except BrokerError:
+            slots.release(n)
+            raise
+        if deliveries or self._stop_requested():
+            slots.release(n - len(deliveries))
+            return deliveries
+        slots.release(n - 1)
+        slots.global_limiter.release(1)
+        try:
+            deliveries = await broker.fetch(queue, 1, self.block_timeout)
+        except BrokerError:
+            slots.release_queue(1)
+            raise
+        if not deliveries:
+            slots.release_queue(1)
+            return deliveries
+        await slots.global_limiter.wait_free()
+        slots.global_limiter.take(1)
+        return deliveries
 
     def _requeue_unstarted(self, d: Delivery) -> None:
         from ..broker.base import Completion
@@ -408,11 +432,16 @@ class Worker:
         if leftover:
             logger.warning("requeued %d task(s) still running at shutdown", len(leftover))
         await asyncio.sleep(0)
+        # redis-py can swallow a cancellation that lands while it opens a connection (the
+        # command then returns normally), so cancel again until every loop has ended.
+        remaining = set(background)
+        while remaining:
+            for t in remaining:
+                t.cancel()
+            _, remaining = await asyncio.wait(remaining, timeout=0.5)
         for t in background:
-            t.cancel()
-        for t in background:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+            if not t.cancelled() and t.exception() is not None:
+                logger.error("background loop %s failed", t.get_name(), exc_info=t.exception())
         # 4. Write every completion (bounded: unwritten acks are redelivered, never lost).
         self._flusher.close()
         try:
