@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -33,6 +34,7 @@ class ResultListener:
         self._waiters: dict[bytes, list[asyncio.Future[None]]] = {}
         self._confirmed: dict[bytes, asyncio.Future[None]] = {}
         self._lock = asyncio.Lock()
+        self._background: set[asyncio.Future[None]] = set()
 
     async def subscribe(self, channel: str) -> asyncio.Future[None]:
         """Subscribe and return a future resolved when a message arrives on ``channel``.
@@ -78,6 +80,21 @@ class ResultListener:
         if self._pubsub is not None:
             with contextlib.suppress(RedisError, OSError):
                 await self._pubsub.unsubscribe(key)
+
+    def release(self, channel: str, fut: asyncio.Future[None]) -> None:
+        """Drop a waiter without waiting: the unsubscribe runs in the background."""
+        task = asyncio.ensure_future(self.unsubscribe(channel, fut))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def release_later(self, channel: str) -> Callable[[asyncio.Future[asyncio.Future[None]]], None]:
+        """Done-callback for a pending :meth:`subscribe` whose waiter is no longer needed."""
+
+        def done(subscribing: asyncio.Future[asyncio.Future[None]]) -> None:
+            if not subscribing.cancelled() and subscribing.exception() is None:
+                self.release(channel, subscribing.result())
+
+        return done
 
     async def _read(self) -> None:
         pubsub = self._pubsub

@@ -1,39 +1,33 @@
 -- Apply a batch of completions atomically (blitzq group commit).
 -- KEYS[1] schedule zset, KEYS[2] schedule data hash, KEYS[3] dead-letter zset
--- ARGV[1] key prefix "{ns}:", ARGV[2] consumer group, ARGV[3] dead-letter cap
--- then sections, each introduced by a tag:
---   "A", queue, n, id1..idn      reliable acks without anything else (XACK + XDEL)
---   "C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead(0/1),
---        [message, reason, error, task, dqueue, failed_at if dead=1], requeue
---   kind is "s" (stream) or "l" (list): where the queue lives.
+-- ARGV[1] key prefix "{ns}:", ARGV[2] consumer group, ARGV[3] dead-letter cap,
+-- ARGV[4] the batch as one MessagePack array (one argument, so the client encodes no
+-- per-completion arguments), of entries:
+--   {"A", queue, {id1, id2, ...}}   reliable acks without anything else (XACK + XDEL)
+--   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue}
+--     kind "s" (stream) or "l" (list); "" means absent; dead is "" or
+--     {message, reason, error, task, queue, failed_at}
 local prefix, group, cap = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local i = 4
-local n_args = #ARGV
+local batch = cmsgpack.unpack(ARGV[4])
 local dead_added = 0
 
-local function ack(stream, ids, from, to)
+local function ack(stream, ids)
   -- unpack() is limited by the Lua stack; chunk large id lists.
-  local s = from
-  while s <= to do
-    local e = math.min(to, s + 999)
+  local s, n = 1, #ids
+  while s <= n do
+    local e = math.min(n, s + 999)
     redis.call('XACK', stream, group, unpack(ids, s, e))
     redis.call('XDEL', stream, unpack(ids, s, e))
     s = e + 1
   end
 end
 
-while i <= n_args do
-  local tag = ARGV[i]
-  if tag == 'A' then
-    local stream = prefix .. 's:' .. ARGV[i + 1]
-    local n = tonumber(ARGV[i + 2])
-    ack(stream, ARGV, i + 3, i + 2 + n)
-    i = i + 3 + n
+for _, c in ipairs(batch) do
+  if c[1] == 'A' then
+    ack(prefix .. 's:' .. c[2], c[3])
   else
-    local kind, queue, token, task_id = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
-    local record, ttl, reschedule, eta = ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8]
-    local dead = ARGV[i + 9]
-    i = i + 10
+    local kind, queue, token, task_id = c[2], c[3], c[4], c[5]
+    local record, ttl, reschedule, eta, dead, requeue = c[6], c[7], c[8], c[9], c[10], c[11]
     if token ~= '' then
       local stream = prefix .. 's:' .. queue
       redis.call('XACK', stream, group, token)
@@ -47,15 +41,12 @@ while i <= n_args do
       redis.call('ZADD', KEYS[1], eta, task_id)
       redis.call('HSET', KEYS[2], task_id, kind .. queue .. '\n' .. reschedule)
     end
-    if dead == '1' then
-      redis.call('HSET', prefix .. 'd:' .. task_id, 'message', ARGV[i], 'reason', ARGV[i + 1],
-        'error', ARGV[i + 2], 'task', ARGV[i + 3], 'queue', ARGV[i + 4], 'failed_at', ARGV[i + 5])
-      redis.call('ZADD', KEYS[3], ARGV[i + 5], task_id)
+    if dead ~= '' then
+      redis.call('HSET', prefix .. 'd:' .. task_id, 'message', dead[1], 'reason', dead[2],
+        'error', dead[3], 'task', dead[4], 'queue', dead[5], 'failed_at', dead[6])
+      redis.call('ZADD', KEYS[3], dead[6], task_id)
       dead_added = dead_added + 1
-      i = i + 6
     end
-    local requeue = ARGV[i]
-    i = i + 1
     if requeue ~= '' then
       if kind == 's' then
         redis.call('XADD', prefix .. 's:' .. queue, '*', 'm', requeue)
