@@ -1,0 +1,152 @@
+"""The application the reliability suite's worker subprocesses run.
+
+Every task records what it did under ``{ns}:obs:*`` keys so the test process can observe
+executions from outside the worker:
+
+- ``{ns}:obs:runs``  hash label -> number of times the task body started
+- ``{ns}:obs:pid``   hash label -> pid of the process that last started it
+- ``{ns}:obs:done``  hash label -> number of times the body returned
+- ``{ns}:obs:ready`` set of worker pids that finished starting up
+
+Observation writes retry for a while on connection errors, so a task running while Redis
+restarts still records its run (a failed observation would otherwise fail the task itself).
+The namespace fixture deletes every ``{ns}:*`` key after the test, these included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from blitzq import Queue
+
+#: Names of the tasks (explicit, so the test process and the workers agree).
+WORK = "rel.work"
+BLOCKING = "rel.blocking"
+POISON = "rel.poison"
+QUIET = "rel.quiet"
+
+#: Seconds an observation write keeps retrying on connection errors.
+OBSERVE_RETRY_FOR = 20.0
+
+
+def obs_key(namespace: str, kind: str) -> str:
+    """Key of one observation structure (``runs``, ``pid``, ``done``, ``ready``)."""
+    return "{" + namespace + "}:obs:" + kind
+
+
+def build_queue(
+    url: str | None,
+    namespace: str,
+    mode: str = "reliable",
+    visibility_timeout: float = 1.5,
+    max_deliveries: int = 5,
+) -> Queue:
+    """Make the suite's Queue with its tasks registered.
+
+    Args:
+        url: broker URL; ``None`` uses the environment / embedded default.
+        namespace: key namespace of the test.
+        mode: ``"reliable"`` or ``"fast"``.
+        visibility_timeout: seconds before an unrenewed delivery is recovered.
+        max_deliveries: deliveries before a message is dead-lettered.
+
+    Returns:
+        The Queue; its tasks are in ``queue.tasks`` under :data:`WORK`, :data:`QUIET`,
+        :data:`BLOCKING` and :data:`POISON`.
+    """
+    queue = Queue(
+        redis_url=url,
+        namespace=namespace,
+        mode=mode,  # type: ignore[arg-type]
+        visibility_timeout=visibility_timeout,
+        max_deliveries=max_deliveries,
+    )
+    runs, pids, done = (obs_key(namespace, k) for k in ("runs", "pid", "done"))
+    state: dict[str, Any] = {}
+
+    def async_client() -> aioredis.Redis:
+        client = state.get("async")
+        if client is None:
+            client = state["async"] = aioredis.Redis.from_url(queue.url)
+        return client
+
+    def sync_client() -> redis.Redis:
+        client = state.get("sync")
+        if client is None:
+            client = state["sync"] = redis.Redis.from_url(queue.url)
+        return client
+
+    async def observe(label: str, key: str, pid: bool) -> None:
+        deadline = time.monotonic() + OBSERVE_RETRY_FOR
+        while True:
+            try:
+                async with async_client().pipeline(transaction=True) as pipe:
+                    pipe.hincrby(key, label, 1)
+                    if pid:
+                        pipe.hset(pids, label, os.getpid())
+                    await pipe.execute()
+                return
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+
+    def observe_sync(label: str, key: str, pid: bool) -> None:
+        deadline = time.monotonic() + OBSERVE_RETRY_FOR
+        while True:
+            try:
+                with sync_client().pipeline(transaction=True) as pipe:
+                    pipe.hincrby(key, label, 1)
+                    if pid:
+                        pipe.hset(pids, label, os.getpid())
+                    pipe.execute()
+                return
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    @queue.task(name=WORK, retries=0)
+    async def work(label: str, seconds: float) -> str:
+        """Record the start, sleep ``seconds`` on the event loop, record the end."""
+        await observe(label, runs, True)
+        await asyncio.sleep(seconds)
+        await observe(label, done, False)
+        return label
+
+    @queue.task(name=QUIET, retries=0)
+    async def quiet(label: str, seconds: float) -> str:
+        """Record the start, sleep ``seconds``; returns without touching Redis again."""
+        await observe(label, runs, True)
+        await asyncio.sleep(seconds)
+        return label
+
+    @queue.task(name=BLOCKING, retries=0)
+    def blocking(label: str, seconds: float) -> str:
+        """Like ``work`` but in a worker thread, blocking it with ``time.sleep``."""
+        observe_sync(label, runs, True)
+        time.sleep(seconds)
+        observe_sync(label, done, False)
+        return label
+
+    @queue.task(name=POISON, retries=0)
+    async def poison(label: str, delay: float) -> None:
+        """Record the start, then SIGKILL the worker process running it after ``delay`` s."""
+        await observe(label, runs, True)
+        await asyncio.sleep(delay)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    async def close_clients() -> None:
+        client = state.pop("async", None)
+        if client is not None:
+            await client.aclose()
+
+    queue.on_shutdown.append(close_clients)
+    return queue

@@ -1,0 +1,105 @@
+"""Invariant 1: reliable mode loses no task when workers are SIGKILLed, and any live worker
+recovers abandoned messages within visibility_timeout plus one maintenance interval."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+
+from blitzq import TaskState
+
+from .conftest import Harness, wait_until
+from .reliability_app import BLOCKING, WORK
+
+VT = 1.5
+#: The worker's maintenance interval for VT (a third of it).
+INTERVAL = VT / 3
+
+
+def _stream_counts(harness: Harness) -> tuple[int, int]:
+    """(entries in the queue's stream, entries pending in its consumer group)."""
+    stream = harness.key("s:default")
+    length = int(harness.redis.xlen(stream))
+    pending = int(harness.redis.xpending(stream, "blitzq")["pending"]) if length else 0
+    return length, pending
+
+
+def test_sigkilled_workers_lose_no_task(harness: Harness) -> None:
+    """300 tasks, three workers, one SIGKILLed mid-task several times: every task succeeds,
+    the tasks that were running in a killed worker ran again, and the stream ends empty."""
+    queue = harness.queue(vt=VT)
+    rng = random.Random(7)
+    labels = [f"k{i}" for i in range(300)]
+    workers = [harness.spawn(concurrency=3, vt=VT) for _ in range(3)]
+    harness.enqueue(queue, WORK, [(label, rng.uniform(0.005, 0.12)) for label in labels])
+
+    interrupted: list[str] = []
+    kills = 0
+    while kills < 4 and not harness.all_final(labels):
+        victim = rng.choice(workers)
+        try:
+            running = wait_until(lambda v=victim: harness.in_flight(v.pid), 5.0, "a busy victim")
+        except AssertionError:
+            break  # the backlog drained first
+        assert victim.kill() == -signal.SIGKILL
+        kills += 1
+        interrupted += running
+        workers.remove(victim)
+        workers.append(harness.spawn(concurrency=3, vt=VT))
+
+    assert kills >= 2, "the backlog drained before the workers could be killed mid-run"
+    wait_until(lambda: harness.all_final(labels), 30.0, "every task to reach a final state")
+    states = harness.states(labels)
+    not_succeeded = {i: r for i, r in states.items() if r is None or r.state != TaskState.SUCCEEDED}
+    assert not not_succeeded, f"tasks lost or failed: {not_succeeded}"
+    assert all(states[i].result == i for i in labels)  # type: ignore[union-attr]
+    runs = harness.runs()
+    assert set(runs) == set(labels)
+    for label in interrupted:
+        # Killed mid-run, so its body started again on another worker and finished there.
+        assert runs[label] >= 2, (label, runs[label])
+    wait_until(lambda: _stream_counts(harness) == (0, 0), 5.0, "an empty stream")
+    for w in workers:
+        assert w.alive()
+
+
+def test_busy_survivor_recovers_within_visibility_timeout(harness: Harness) -> None:
+    """A survivor with concurrency 1 that is busy with a long blocking task still recovers
+    a killed worker's messages within visibility_timeout + one maintenance interval, then
+    runs them once its slot frees."""
+    queue = harness.queue(vt=VT)
+    survivor = harness.spawn(concurrency=1, vt=VT)
+    harness.enqueue(queue, BLOCKING, [("busy", 4.5)])
+    wait_until(lambda: harness.pids().get("busy") == survivor.pid, 5.0, "survivor busy")
+
+    victim = harness.spawn(concurrency=4, vt=VT)
+    abandoned = ["a0", "a1", "a2"]
+    harness.enqueue(queue, WORK, [(label, 0.6) for label in abandoned])
+    wait_until(
+        lambda: sorted(harness.in_flight(victim.pid)) == abandoned, 5.0, "victim runs all three"
+    )
+    victim.kill()
+    killed_at = time.monotonic()
+
+    def recovered() -> bool:
+        entries = harness.redis.xrange(harness.key("s:default"))
+        return sum(1 for _, fields in entries if fields.get(b"d") == b"2") == len(abandoned)
+
+    wait_until(recovered, VT + INTERVAL + 3.0, "the abandoned messages back in the stream")
+    elapsed = time.monotonic() - killed_at
+    assert elapsed <= VT + INTERVAL + 0.5, f"recovery took {elapsed:.2f} s"
+    assert "busy" not in harness.done(), "the survivor was not busy during recovery"
+
+    wait_until(lambda: harness.all_final([*abandoned, "busy"]), 15.0, "survivor runs them")
+    states = harness.states(abandoned)
+    pids = harness.pids()
+    runs = harness.runs()
+    for label in abandoned:
+        record = states[label]
+        assert record is not None
+        assert record.state == TaskState.SUCCEEDED
+        assert record.attempts == 2
+        assert pids[label] == survivor.pid
+        assert runs[label] == 2
+    assert survivor.alive()
