@@ -132,6 +132,17 @@ class Worker:
         self._stop_event = asyncio.Event()
         if self._stopping:
             self._stop_event.set()
+        if self.handle_signals:  # before anything slow, so an early SIGTERM is graceful too
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+        try:
+            await self._run()
+        finally:
+            if self.handle_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+
+    async def _run(self) -> None:
         self.broker: Broker = self.queue.broker
         broker = self.broker
         await broker.prepare_consumer(self.queues, self.id)
@@ -150,9 +161,6 @@ class Worker:
             self.id, self.queue.store_results, self.queue.result_ttl, self.queue.max_message_size
         )
         self._maintenance = Maintenance(self, broker)
-        if self.handle_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.stop)
         flusher_task = asyncio.create_task(self._flusher.run(), name="blitzq-flusher")
         fetchers = {
             q: asyncio.create_task(self._fetch_loop(q), name=f"blitzq-fetch-{q}")
@@ -166,6 +174,7 @@ class Worker:
             self.concurrency,
             self.queue.mode,
         )
+        assert self._stop_event is not None
         try:
             await self._stop_event.wait()
         except asyncio.CancelledError:
@@ -459,10 +468,6 @@ class Worker:
             self._threads.shutdown(wait=False, cancel_futures=True)
         if self._processes is not None:
             self._processes.shutdown(kill=bool(leftover))
-        if self.handle_signals:
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
         logger.info(
             "worker %s stopped: %d succeeded, %d failed", self.id, self.processed, self.failed
         )
