@@ -1,0 +1,588 @@
+"""The broker contract: every backend passes this one module unchanged.
+
+Runs against MemoryBroker, ReliableRedisBroker and FastRedisBroker (see ``conftest.py``).
+Capability-dependent tests (leases, heartbeat, recovery) skip where ``supports_recovery`` is
+false, with the reason given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+
+from blitzq.broker.base import Broker, Completion, DeadLetterFields, Delivery
+from blitzq.records import TaskRecord, TaskState
+from blitzq.serialization import Envelope, decode_envelope, encode_envelope
+
+T = TypeVar("T")
+
+Q = "contract"
+CONSUMER = "consumer-1"
+
+
+def message(task_id: str, queue: str = Q, *args: Any) -> bytes:
+    """A well-formed encoded envelope."""
+    return encode_envelope(Envelope(task_id, "tests.contract.task", queue, list(args)), 1 << 20)
+
+
+def ids(deliveries: list[Delivery]) -> list[str]:
+    """Task ids of deliveries, in order."""
+    return [decode_envelope(d.payload).id for d in deliveries]
+
+
+def dead_letter(task_id: str, failed_at: float, reason: str = "failed") -> DeadLetterFields:
+    """Dead-letter fields for ``task_id``."""
+    return DeadLetterFields(message(task_id), reason, "boom", "tests.contract.task", Q, failed_at)
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]], accept: Callable[[T], bool], timeout: float = 5.0
+) -> T:
+    """Poll ``probe`` until ``accept`` holds for its value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await probe()
+        if accept(value):
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not reached within {timeout} s; last value {value!r}")
+        await asyncio.sleep(0.02)
+
+
+async def consumer(broker: Broker, queue: str = Q) -> Broker:
+    """Prepare ``broker`` to fetch from ``queue`` and return it."""
+    await broker.prepare_consumer([queue], CONSUMER)
+    return broker
+
+
+async def fetch_all(broker: Broker, queue: str = Q, count: int = 100) -> list[Delivery]:
+    """Every message waiting on ``queue`` (non-blocking fetches)."""
+    out: list[Delivery] = []
+    while True:
+        batch = await broker.fetch(queue, count, 0)
+        if not batch:
+            return out
+        out += batch
+
+
+def needs_recovery(broker: Broker) -> None:
+    """Skip unless the broker has leases, heartbeat and recovery."""
+    if not broker.supports_recovery:
+        pytest.skip(f"{type(broker).__name__} has no leases (at-most-once): no recovery")
+
+
+# ------------------------------------------------------------------------------ publish / fetch
+async def test_publish_one_and_many_fetch_in_order(broker: Broker) -> None:
+    await consumer(broker)
+    await broker.publish(Q, [message("a")])
+    await broker.publish(Q, [message(f"m{i}") for i in range(5)])
+    got = await broker.fetch(Q, 100, 0)
+    assert ids(got) == ["a", "m0", "m1", "m2", "m3", "m4"]
+    assert all(d.queue == Q and d.deliveries == 1 for d in got)
+    assert await broker.fetch(Q, 10, 0) == []
+
+
+async def test_fetch_takes_at_most_count(broker: Broker) -> None:
+    await consumer(broker)
+    await broker.publish(Q, [message(f"m{i}") for i in range(7)])
+    first = await broker.fetch(Q, 3, 0)
+    assert ids(first) == ["m0", "m1", "m2"]
+    rest = await broker.fetch(Q, 100, 0)
+    assert ids(rest) == ["m3", "m4", "m5", "m6"]
+
+
+async def test_payload_bytes_round_trip_exactly(broker: Broker) -> None:
+    await consumer(broker)
+    raw = bytes(range(256)) * 3
+    await broker.publish(Q, [raw])
+    (d,) = await broker.fetch(Q, 1, 0)
+    assert d.payload == raw
+
+
+async def test_queues_are_separate(broker: Broker) -> None:
+    await broker.prepare_consumer([Q, "other"], CONSUMER)
+    await broker.publish("other", [message("x", "other")])
+    assert await broker.fetch(Q, 10, 0) == []
+    assert ids(await broker.fetch("other", 10, 0)) == ["x"]
+
+
+async def test_blocking_fetch_times_out_empty(broker: Broker) -> None:
+    await consumer(broker)
+    start = time.monotonic()
+    got = await broker.fetch(Q, 1, 0.3)
+    elapsed = time.monotonic() - start
+    assert got == []
+    assert 0.2 <= elapsed < 3.0
+
+
+async def test_blocking_fetch_is_woken_by_publish(
+    broker: Broker, make_broker: Callable[[], Broker]
+) -> None:
+    await consumer(broker)
+    producer = make_broker()
+    start = time.monotonic()
+    fetching = asyncio.create_task(broker.fetch(Q, 1, 10.0))
+    await asyncio.sleep(0.1)  # let the fetch block first (the test holds either way)
+    await producer.publish(Q, [message("late")])
+    got = await asyncio.wait_for(fetching, 5.0)
+    assert ids(got) == ["late"]
+    assert time.monotonic() - start < 5.0
+
+
+async def test_fetch_first_drains_earlier_queues_first(broker: Broker) -> None:
+    levels = [f"{Q}:high", Q, f"{Q}:low"]
+    await broker.prepare_consumer(levels, CONSUMER)
+    await broker.publish(f"{Q}:low", [message("low1", f"{Q}:low")])
+    await broker.publish(Q, [message("mid1"), message("mid2")])
+    await broker.publish(f"{Q}:high", [message("high1", f"{Q}:high")])
+    got = await broker.fetch_first(levels, 3, 0)
+    assert ids(got) == ["high1", "mid1", "mid2"]
+    assert [d.queue for d in got] == [f"{Q}:high", Q, Q]
+    rest = await broker.fetch_first(levels, 10, 0)
+    assert ids(rest) == ["low1"]
+    assert rest[0].queue == f"{Q}:low"
+    assert await broker.fetch_first(levels, 10, 0) == []
+
+
+async def test_fetch_first_blocks_on_every_queue(
+    broker: Broker, make_broker: Callable[[], Broker]
+) -> None:
+    levels = [f"{Q}:high", Q, f"{Q}:low"]
+    await broker.prepare_consumer(levels, CONSUMER)
+    start = time.monotonic()
+    assert await broker.fetch_first(levels, 5, 0.3) == []
+    assert time.monotonic() - start >= 0.2
+    producer = make_broker()
+    fetching = asyncio.create_task(broker.fetch_first(levels, 5, 10.0))
+    await asyncio.sleep(0.1)
+    await producer.publish(f"{Q}:low", [message("wake", f"{Q}:low")])
+    got = await asyncio.wait_for(fetching, 5.0)
+    assert ids(got) == ["wake"]
+    assert got[0].queue == f"{Q}:low"
+
+
+# ----------------------------------------------------------------------------- completions
+async def test_complete_ack_removes_the_delivery(broker: Broker) -> None:
+    await consumer(broker)
+    await broker.publish(Q, [message("a"), message("b")])
+    got = await broker.fetch(Q, 2, 0)
+    await broker.complete(
+        [Completion(Q, d.token, tid) for d, tid in zip(got, ids(got), strict=True)]
+    )
+    stats = await broker.queue_stats([Q])
+    assert stats[Q] == {"waiting": 0, "in_flight": 0}
+    assert await broker.fetch(Q, 10, 0) == []
+
+
+async def test_complete_empty_batch_is_a_no_op(broker: Broker) -> None:
+    await broker.complete([])
+
+
+async def test_complete_with_record_stores_it_with_ttl(broker: Broker) -> None:
+    await consumer(broker)
+    await broker.publish(Q, [message("r1")])
+    (d,) = await broker.fetch(Q, 1, 0)
+    await broker.complete([Completion(Q, d.token, "r1", record=b"record-bytes", record_ttl=60)])
+    assert await broker.get_record("r1") == b"record-bytes"
+    assert (await broker.queue_stats([Q]))[Q]["in_flight"] == 0
+
+
+async def test_record_set_get_and_expiry(broker: Broker) -> None:
+    assert await broker.get_record("nope") is None
+    await broker.set_record("short", b"v", 1)
+    assert await broker.get_record("short") == b"v"
+    await eventually(lambda: broker.get_record("short"), lambda v: v is None, timeout=5.0)
+
+
+async def test_wait_for_record_times_out(broker: Broker) -> None:
+    start = time.monotonic()
+    assert await broker.wait_for_record("never", 0.3) is None
+    assert 0.2 <= time.monotonic() - start < 3.0
+
+
+async def test_wait_for_record_returns_an_existing_record(broker: Broker) -> None:
+    await broker.set_record("there", b"v", 60)
+    assert await broker.wait_for_record("there", 0) == b"v"
+    assert await broker.wait_for_record("there", 5) == b"v"
+
+
+async def test_wait_for_record_is_woken_by_set_record(
+    broker: Broker, make_broker: Callable[[], Broker]
+) -> None:
+    writer = make_broker()
+    start = time.monotonic()
+    waiting = asyncio.create_task(broker.wait_for_record("w1", 10.0))
+    await asyncio.sleep(0.1)
+    await writer.set_record("w1", b"done", 60)
+    assert await asyncio.wait_for(waiting, 5.0) == b"done"
+    # Pushed, not found by a slow poll.
+    assert time.monotonic() - start < 0.9
+
+
+async def test_wait_for_record_is_woken_by_a_completion(
+    broker: Broker, make_broker: Callable[[], Broker]
+) -> None:
+    worker = await consumer(make_broker())
+    await worker.publish(Q, [message("w2")])
+    (d,) = await worker.fetch(Q, 1, 0)
+    start = time.monotonic()
+    waiting = asyncio.create_task(broker.wait_for_record("w2", 10.0))
+    await asyncio.sleep(0.1)
+    await worker.complete([Completion(Q, d.token, "w2", record=b"ok", record_ttl=60)])
+    assert await asyncio.wait_for(waiting, 5.0) == b"ok"
+    assert time.monotonic() - start < 0.9
+
+
+async def test_reschedule_then_promote_when_due(broker: Broker) -> None:
+    await consumer(broker)
+    await broker.publish(Q, [message("s1")])
+    (d,) = await broker.fetch(Q, 1, 0)
+    now = time.time()
+    eta = now + 100.0
+    await broker.complete([Completion(Q, d.token, "s1", reschedule=message("s1", Q, 2), eta=eta)])
+    assert await broker.scheduled_count() == 1
+    stats = await broker.queue_stats([Q])
+    assert stats[Q] == {"waiting": 0, "in_flight": 0}
+    # Not due yet: nothing moves, and the next due time is reported.
+    moved, next_eta = await broker.promote_due(now, 100)
+    assert moved == 0
+    assert next_eta == pytest.approx(eta, abs=0.01)
+    assert await broker.fetch(Q, 10, 0) == []
+    # Due: moved to its queue, the schedule is empty.
+    moved, next_eta = await broker.promote_due(eta + 0.01, 100)
+    assert (moved, next_eta) == (1, None)
+    assert await broker.scheduled_count() == 0
+    got = await broker.fetch(Q, 10, 0)
+    assert ids(got) == ["s1"]
+    assert decode_envelope(got[0].payload).args == [2]
+
+
+async def test_schedule_and_promote_respect_due_order_and_limit(broker: Broker) -> None:
+    await consumer(broker)
+    base = time.time()
+    await broker.schedule(
+        [
+            ("late", Q, message("late"), base + 30),
+            ("first", Q, message("first"), base - 2),
+            ("second", Q, message("second"), base - 1),
+        ]
+    )
+    assert await broker.scheduled_count() == 3
+    moved, next_eta = await broker.promote_due(base, 1)
+    assert moved == 1
+    assert next_eta == pytest.approx(base - 1, abs=0.01)
+    moved, next_eta = await broker.promote_due(base, 100)
+    assert moved == 1
+    assert next_eta == pytest.approx(base + 30, abs=0.01)
+    assert ids(await broker.fetch(Q, 10, 0)) == ["first", "second"]
+    assert await broker.scheduled_count() == 1
+
+
+async def test_schedule_is_keyed_by_task_id(broker: Broker) -> None:
+    base = time.time()
+    await broker.schedule([("same", Q, message("same", Q, 1), base + 50)])
+    await broker.schedule([("same", Q, message("same", Q, 2), base - 1)])
+    assert await broker.scheduled_count() == 1
+    await consumer(broker)
+    assert (await broker.promote_due(base, 10))[0] == 1
+    (d,) = await broker.fetch(Q, 10, 0)
+    assert decode_envelope(d.payload).args == [2]
+
+
+async def test_complete_dead_letter_with_record(broker: Broker) -> None:
+    await consumer(broker)
+    await broker.publish(Q, [message("d1")])
+    (d,) = await broker.fetch(Q, 1, 0)
+    fields = DeadLetterFields(d.payload, "failed", "ValueError: boom", "tests.t", Q, time.time())
+    await broker.complete(
+        [Completion(Q, d.token, "d1", record=b"rec", record_ttl=60, dead_letter=fields)]
+    )
+    assert await broker.get_dead_letter("d1") == fields
+    assert await broker.dead_letter_count() == 1
+    assert await broker.get_record("d1") == b"rec"
+    assert (await broker.queue_stats([Q]))[Q] == {"waiting": 0, "in_flight": 0}
+    assert await broker.get_dead_letter("other") is None
+
+
+async def test_dead_letters_listed_newest_first_with_paging(broker: Broker) -> None:
+    base = time.time()
+    await broker.complete(
+        [Completion(Q, None, f"d{i}", dead_letter=dead_letter(f"d{i}", base + i)) for i in range(5)]
+    )
+    assert await broker.dead_letter_count() == 5
+    listed = await broker.dead_letters(0, 10)
+    assert [tid for tid, _ in listed] == ["d4", "d3", "d2", "d1", "d0"]
+    assert listed[0][1] == dead_letter("d4", base + 4)
+    page = await broker.dead_letters(1, 2)
+    assert [tid for tid, _ in page] == ["d3", "d2"]
+    assert await broker.dead_letters(10, 5) == []
+
+
+async def test_dead_letters_are_capped_dropping_the_oldest(broker: Broker) -> None:
+    broker.dead_letter_cap = 3  # type: ignore[attr-defined]
+    base = time.time()
+    for i in range(5):
+        await broker.complete(
+            [Completion(Q, None, f"c{i}", dead_letter=dead_letter(f"c{i}", base + i))]
+        )
+    assert await broker.dead_letter_count() == 3
+    assert [tid for tid, _ in await broker.dead_letters(0, 10)] == ["c4", "c3", "c2"]
+    assert await broker.get_dead_letter("c0") is None
+    assert await broker.get_dead_letter("c1") is None
+
+
+async def test_complete_requeue_puts_the_message_back(broker: Broker) -> None:
+    await consumer(broker)
+    await broker.publish(Q, [message("rq")])
+    (d,) = await broker.fetch(Q, 1, 0)
+    await broker.complete([Completion(Q, d.token, "rq", requeue=d.payload)])
+    got = await broker.fetch(Q, 10, 0)
+    assert ids(got) == ["rq"]
+    assert got[0].payload == d.payload
+    assert (await broker.queue_stats([Q]))[Q]["in_flight"] == (1 if broker.supports_recovery else 0)
+
+
+async def test_complete_batch_applies_every_completion(broker: Broker) -> None:
+    await consumer(broker)
+    await broker.publish(Q, [message(f"b{i}") for i in range(4)])
+    d0, d1, d2, d3 = await broker.fetch(Q, 4, 0)
+    await broker.complete(
+        [
+            Completion(Q, d0.token, "b0"),
+            Completion(Q, d1.token, "b1", record=b"r1", record_ttl=60),
+            Completion(Q, d2.token, "b2", reschedule=message("b2"), eta=time.time() + 60),
+            Completion(Q, d3.token, "b3", dead_letter=dead_letter("b3", time.time())),
+        ]
+    )
+    assert await broker.get_record("b1") == b"r1"
+    assert await broker.scheduled_count() == 1
+    assert await broker.dead_letter_count() == 1
+    assert (await broker.queue_stats([Q]))[Q] == {"waiting": 0, "in_flight": 0}
+
+
+# ------------------------------------------------------------------------------ replay / purge
+async def test_replay_dead_letter_is_atomic_and_publishes_once(broker: Broker) -> None:
+    await consumer(broker)
+    await broker.complete(
+        [Completion(Q, None, "x", record=b"old", record_ttl=60, dead_letter=dead_letter("x", 1.0))]
+    )
+    replayed = message("x", Q, "again")
+    assert await broker.replay_dead_letter("x", Q, replayed) is True
+    assert await broker.replay_dead_letter("x", Q, replayed) is False
+    assert await broker.get_dead_letter("x") is None
+    assert await broker.dead_letter_count() == 0
+    # The stale final record is gone, so a waiter does not read the old outcome.
+    assert await broker.get_record("x") is None
+    got = await fetch_all(broker)
+    assert [d.payload for d in got] == [replayed]
+
+
+async def test_concurrent_replays_publish_once(
+    broker: Broker, make_broker: Callable[[], Broker]
+) -> None:
+    await consumer(broker)
+    await broker.complete([Completion(Q, None, "y", dead_letter=dead_letter("y", 1.0))])
+    others = [make_broker() for _ in range(4)]
+    results = await asyncio.gather(
+        *(b.replay_dead_letter("y", Q, message("y")) for b in [broker, *others])
+    )
+    assert sorted(results) == [False, False, False, False, True]
+    assert ids(await fetch_all(broker)) == ["y"]
+
+
+async def test_replay_of_missing_dead_letter_publishes_nothing(broker: Broker) -> None:
+    await consumer(broker)
+    assert await broker.replay_dead_letter("ghost", Q, message("ghost")) is False
+    assert await broker.fetch(Q, 10, 0) == []
+
+
+async def test_purge_dead_letters(broker: Broker) -> None:
+    assert await broker.purge_dead_letters() == 0
+    await broker.complete(
+        [Completion(Q, None, f"p{i}", dead_letter=dead_letter(f"p{i}", float(i))) for i in range(3)]
+    )
+    assert await broker.purge_dead_letters() == 3
+    assert await broker.dead_letter_count() == 0
+    assert await broker.dead_letters(0, 10) == []
+    assert await broker.get_dead_letter("p1") is None
+
+
+# --------------------------------------------------------------------------------- inspection
+async def test_queue_stats_waiting_and_in_flight(broker: Broker) -> None:
+    await consumer(broker)
+    assert (await broker.queue_stats([Q]))[Q] == {"waiting": 0, "in_flight": 0}
+    await broker.publish(Q, [message(f"q{i}") for i in range(3)])
+    assert (await broker.queue_stats([Q]))[Q] == {"waiting": 3, "in_flight": 0}
+    (d,) = await broker.fetch(Q, 1, 0)
+    leased = 1 if broker.supports_recovery else 0
+    assert (await broker.queue_stats([Q]))[Q] == {"waiting": 2, "in_flight": leased}
+    await broker.complete([Completion(Q, d.token, "q0")])
+    stats = await broker.queue_stats([Q, "never-used"])
+    assert stats == {
+        Q: {"waiting": 2, "in_flight": 0},
+        "never-used": {"waiting": 0, "in_flight": 0},
+    }
+
+
+async def test_known_queues(broker: Broker) -> None:
+    await broker.prepare_consumer(["alpha", "beta"], CONSUMER)
+    await broker.prepare_consumer(["beta", "gamma"], CONSUMER)
+    known = await broker.known_queues()
+    assert {"alpha", "beta", "gamma"} <= set(known)
+    assert len(known) == len(set(known))
+
+
+async def test_worker_registration_and_expiry(
+    broker: Broker, make_broker: Callable[[], Broker]
+) -> None:
+    other = make_broker()
+    await broker.register_worker("w-long", b"info-long", 60)
+    await broker.register_worker("w-short", b"info-short", 0.5)
+    workers = await other.workers()
+    assert workers == {"w-long": b"info-long", "w-short": b"info-short"}
+    await eventually(other.workers, lambda w: "w-short" not in w)
+    assert await other.workers() == {"w-long": b"info-long"}
+    # Registering again refreshes the info.
+    await broker.register_worker("w-long", b"info-2", 60)
+    assert (await other.workers())["w-long"] == b"info-2"
+    await broker.unregister_worker("w-long")
+    await broker.unregister_worker("never-registered")
+    assert await other.workers() == {}
+
+
+async def test_purge_queue_drops_waiting_keeps_in_flight(broker: Broker) -> None:
+    await consumer(broker)
+    assert await broker.purge_queue(Q) == 0
+    await broker.publish(Q, [message(f"g{i}") for i in range(4)])
+    (d,) = await broker.fetch(Q, 1, 0)
+    assert await broker.purge_queue(Q) == 3
+    assert await broker.fetch(Q, 10, 0) == []
+    assert (await broker.queue_stats([Q]))[Q]["waiting"] == 0
+    # The delivery in flight is still completable and the queue keeps working.
+    await broker.complete([Completion(Q, d.token, "g0", record=b"r", record_ttl=60)])
+    assert await broker.get_record("g0") == b"r"
+    await broker.publish(Q, [message("after")])
+    assert ids(await broker.fetch(Q, 10, 0)) == ["after"]
+
+
+async def test_purge_before_any_consumer(broker: Broker) -> None:
+    await broker.publish(Q, [message("n1"), message("n2")])
+    assert await broker.purge_queue(Q) == 2
+    await consumer(broker)
+    assert await broker.fetch(Q, 10, 0) == []
+
+
+async def test_ping(broker: Broker) -> None:
+    await broker.ping()
+
+
+# ------------------------------------------------------------------------------ recovery
+async def test_heartbeat_keeps_a_lease_past_min_idle(broker: Broker) -> None:
+    needs_recovery(broker)
+    await consumer(broker)
+    await broker.publish(Q, [message("hb")])
+    (d,) = await broker.fetch(Q, 1, 0)
+    assert d.token is not None
+    min_idle = 0.3
+    deadline = time.monotonic() + 3 * min_idle
+    while time.monotonic() < deadline:
+        assert await broker.heartbeat(Q, [d.token]) == 1
+        assert await broker.recover(Q, min_idle, 10, 5) == (0, 0)
+        await asyncio.sleep(min_idle / 4)
+    assert (await broker.queue_stats([Q]))[Q] == {"waiting": 0, "in_flight": 1}
+    # Without heartbeats the lease lapses and the message is recovered.
+    await eventually(lambda: broker.recover(Q, min_idle, 10, 5), lambda r: r == (1, 0))
+
+
+async def test_heartbeat_of_unknown_tokens_renews_nothing(broker: Broker) -> None:
+    needs_recovery(broker)
+    await consumer(broker)
+    assert await broker.heartbeat(Q, []) == 0
+    await broker.publish(Q, [message("k")])
+    (d,) = await broker.fetch(Q, 1, 0)
+    assert d.token is not None
+    await broker.complete([Completion(Q, d.token, "k")])
+    assert await broker.heartbeat(Q, [d.token]) == 0
+
+
+async def test_recover_requeues_an_idle_delivery(broker: Broker) -> None:
+    needs_recovery(broker)
+    await consumer(broker)
+    await broker.publish(Q, [message("idle"), message("busy")])
+    idle, busy = await broker.fetch(Q, 2, 0)
+    assert idle.token is not None
+    assert busy.token is not None
+    await asyncio.sleep(0.25)
+    await broker.heartbeat(Q, [busy.token])
+    assert await broker.recover(Q, 0.15, 10, 5) == (1, 0)
+    (again,) = await broker.fetch(Q, 10, 0)
+    assert decode_envelope(again.payload).id == "idle"
+    assert again.payload == idle.payload
+    assert again.deliveries == 2
+    assert (await broker.queue_stats([Q]))[Q] == {"waiting": 0, "in_flight": 2}
+    # Each further recovery counts one more delivery.
+    await asyncio.sleep(0.25)
+    await broker.heartbeat(Q, [busy.token])
+    assert await broker.recover(Q, 0.15, 10, 5) == (1, 0)
+    (third,) = await broker.fetch(Q, 10, 0)
+    assert third.deliveries == 3
+
+
+async def test_recover_dead_letters_at_max_deliveries(broker: Broker) -> None:
+    needs_recovery(broker)
+    await consumer(broker)
+    await broker.publish(Q, [message("poison")])
+    (d,) = await broker.fetch(Q, 1, 0)
+    await asyncio.sleep(0.1)
+    assert await broker.recover(Q, 0.05, 10, 2) == (1, 0)
+    (d2,) = await broker.fetch(Q, 1, 0)
+    assert d2.deliveries == 2
+    await asyncio.sleep(0.1)
+    assert await broker.recover(Q, 0.05, 10, 2, record_ttl=60) == (0, 1)
+    fields = await broker.get_dead_letter("poison")
+    assert fields is not None
+    assert fields.reason == "max deliveries exceeded"
+    assert fields.message == d.payload
+    assert fields.task == "tests.contract.task"
+    assert fields.queue == Q
+    raw = await broker.get_record("poison")
+    assert raw is not None
+    record = TaskRecord.from_bytes(raw)
+    assert record.state is TaskState.DEAD_LETTERED
+    assert record.attempts == 2
+    assert record.error_type == "MaxDeliveriesExceeded"
+    assert (await broker.queue_stats([Q]))[Q] == {"waiting": 0, "in_flight": 0}
+    assert await broker.fetch(Q, 10, 0) == []
+
+
+async def test_recovered_lease_is_never_taken_back(
+    broker: Broker, make_broker: Callable[[], Broker]
+) -> None:
+    needs_recovery(broker)
+    await consumer(broker)
+    rescuer = make_broker()
+    await rescuer.prepare_consumer([Q], "consumer-2")
+    await broker.publish(Q, [message("stolen")])
+    (d,) = await broker.fetch(Q, 1, 0)
+    assert d.token is not None
+    await asyncio.sleep(0.15)
+    assert await rescuer.recover(Q, 0.1, 10, 5) == (1, 0)
+    # The original holder's renewal must not claim the message back.
+    assert await broker.heartbeat(Q, [d.token]) == 0
+    (again,) = await rescuer.fetch(Q, 1, 0)
+    assert again.deliveries == 2
+    assert again.token is not None
+    assert await rescuer.heartbeat(Q, [again.token]) == 1
+
+
+async def test_recover_with_nothing_idle(broker: Broker) -> None:
+    needs_recovery(broker)
+    await consumer(broker)
+    assert await broker.recover(Q, 0.05, 10, 5) == (0, 0)
+    await broker.publish(Q, [message("fresh")])
+    await broker.fetch(Q, 1, 0)
+    assert await broker.recover(Q, 30.0, 10, 5) == (0, 0)
