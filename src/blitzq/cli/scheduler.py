@@ -1,0 +1,175 @@
+"""``blitzq scheduler [run] MODULE:ATTR`` and ``blitzq scheduler list MODULE:ATTR``.
+
+``run`` imports the application's Queue and dispatches its periodic tasks until SIGTERM/SIGINT;
+any number of schedulers may run, each occurrence is dispatched once. ``list`` shows each
+periodic task with its schedule, next and last run. ``blitzq scheduler MODULE:ATTR`` (no
+subcommand) means ``run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from typing import Any
+
+import click
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from ..exceptions import BlitzQError
+from ..logconfig import LEVELS, configure_logging
+from ..queue import Queue
+from ..scheduler import Scheduler, periodic_status
+from ._common import (
+    cli_errors,
+    console,
+    emit_json,
+    global_options,
+    iso,
+    mask_url,
+    run_with_queue,
+    settings,
+    short_time,
+)
+from .worker import _export_settings, _override, load_queue
+
+__all__ = ["scheduler_group"]
+
+
+class _DefaultRunGroup(click.Group):
+    """A group where ``blitzq scheduler MODULE:ATTR`` means ``blitzq scheduler run MODULE:ATTR``."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """Resolve a subcommand; an unknown first word containing ``:`` runs ``run``."""
+        if args and ":" in args[0] and self.get_command(ctx, args[0]) is None:
+            run = self.get_command(ctx, "run")
+            if run is not None:
+                return "run", run, args
+        return super().resolve_command(ctx, args)
+
+
+@click.group("scheduler", cls=_DefaultRunGroup)
+@global_options
+def scheduler_group() -> None:
+    """Run periodic tasks (`blitzq scheduler [run] MODULE:ATTR`) or list them."""
+
+
+def _load(app: str) -> Queue:
+    s = settings()
+    _export_settings(s)
+    queue = load_queue(app)
+    _override(queue, s)
+    return queue
+
+
+async def _serve(scheduler: Scheduler) -> None:
+    queue = scheduler.queue
+    try:
+        await queue.broker.ping()
+        doc = {
+            "event": "scheduler_started",
+            "periodic_tasks": sorted(queue.periodic_tasks),
+            "namespace": queue.namespace,
+            "broker": mask_url(queue.url),
+            "pid": os.getpid(),
+        }
+        if settings().json:
+            emit_json(doc)
+        else:
+            click.echo(
+                click.style("blitzq scheduler", bold=True)
+                + f" periodic={len(queue.periodic_tasks)} namespace={queue.namespace}"
+                f" broker={mask_url(queue.url)}"
+            )
+        await scheduler.run()
+    finally:
+        with contextlib.suppress(BlitzQError):
+            await queue.close()
+
+
+@scheduler_group.command("run", short_help="Dispatch the periodic tasks of MODULE:ATTR.")
+@click.argument("app", metavar="MODULE:ATTR")
+@click.option(
+    "--poll-interval",
+    type=click.FloatRange(min=0.01),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Longest time between two passes (a pass also happens when a run is due).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice([n.lower() for n in LEVELS], case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="Least severe log records shown.",
+    envvar="BLITZQ_LOG_LEVEL",
+    show_envvar=True,
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    envvar="BLITZQ_LOG_FORMAT",
+    show_envvar=True,
+    help="Logs on stderr as text or JSON lines.",
+)
+@global_options
+def run_command(app: str, poll_interval: float, log_level: str, log_format: str) -> None:
+    """Dispatch the periodic tasks of the blitzq.Queue at MODULE:ATTR until SIGTERM/SIGINT.
+
+    Run as many schedulers as you like: each occurrence is dispatched exactly once. A scheduler
+    also moves due delayed tasks to their queues. Workers run the dispatched tasks.
+    """
+    s = settings()
+    with cli_errors(s.redis_url):
+        configure_logging(log_level, "json" if log_format == "json" else "text")
+    queue = _load(app)
+    with cli_errors(queue._redis_url or s.redis_url):
+        scheduler = Scheduler(queue, poll_interval=poll_interval, handle_signals=True)
+        asyncio.run(_serve(scheduler))
+
+
+@scheduler_group.command("list", short_help="Show periodic tasks, next and last runs.")
+@click.argument("app", metavar="MODULE:ATTR")
+@global_options
+def list_command(app: str) -> None:
+    """Show each periodic task of MODULE:ATTR: schedule, missed-run policy, next and last run."""
+    queue = _load(app)
+    rows: list[dict[str, Any]] = run_with_queue(periodic_status, queue)
+    if settings().json:
+        emit_json(
+            {
+                "periodic_tasks": [
+                    row | {"next_run": iso(row["next_run"]), "last_run": iso(row["last_run"])}
+                    for row in rows
+                ]
+            }
+        )
+        return
+    out = console()
+    if not rows:
+        out.print(f"no periodic tasks registered on {app}")
+        return
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("name", overflow="fold")
+    table.add_column("schedule", overflow="fold")
+    table.add_column("missed", no_wrap=True)
+    table.add_column("queue", overflow="fold")
+    table.add_column("next run", no_wrap=True)
+    table.add_column("last run", no_wrap=True)
+    for row in rows:
+        table.add_row(
+            Text(row["name"]),
+            Text(row["schedule"]),
+            row["missed"],
+            Text(row["queue"]),
+            short_time(row["next_run"]),
+            short_time(row["last_run"]),
+        )
+    out.print(table)

@@ -1,0 +1,376 @@
+"""The scheduler: dispatch periodic tasks, exactly once per occurrence however many run.
+
+Each :meth:`Scheduler.tick` reads the last dispatched occurrence of every periodic task (one
+round-trip), works out which occurrences in ``(last, now]`` to dispatch under the task's
+missed-run policy, and dispatches each with the broker's ``claim_periodic``: one atomic
+compare-and-set of the stored last occurrence that also publishes the message. A scheduler that
+loses the race publishes nothing, so any number of schedulers may run.
+
+Missed-run policies, for the occurrences due since the last dispatched one:
+
+* ``run_once`` (default): dispatch only the newest due occurrence.
+* ``run_all``: dispatch each due occurrence, oldest first, but at most the newest
+  ``max_catch_up`` (100) of them; older ones are dropped with a warning.
+* ``skip``: dispatch the newest due occurrence only if it is at most ``poll_interval + grace``
+  seconds old (it is "due now"); older ones are dropped.
+
+A periodic task with no history (never dispatched in this namespace) starts from the moment a
+scheduler first sees it: nothing before that is treated as missed. A clock that jumps backwards
+never re-dispatches (only occurrences after the stored last one are considered, and the broker
+refuses anything not newer); a clock that jumps forwards looks like downtime and the missed-run
+policy applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as _dt
+import inspect
+import logging
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from .exceptions import ConfigurationError
+from .schedules import Cron, Every, Schedule
+from .serialization import encode_envelope, plain_args, plain_kwargs
+from .task import CallOptions, Task
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+__all__ = ["MissedPolicy", "PeriodicTask", "Scheduler", "periodic_status"]
+
+logger = logging.getLogger("blitzq.scheduler")
+
+MissedPolicy = Literal["run_once", "run_all", "skip"]
+_POLICIES: frozenset[str] = frozenset({"run_once", "run_all", "skip"})
+_PRIORITIES: frozenset[str] = frozenset({"high", "normal", "low"})
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodicTask:
+    """One periodic entry: which task runs, when, with what arguments.
+
+    Attributes:
+        name: unique entry name (keys the last-run record; part of each occurrence's task id
+            ``periodic:<name>:<int timestamp>``).
+        task: the registered task.
+        schedule: when it runs.
+        missed: missed-run policy (see the module docstring).
+        args, kwargs: the call's arguments (plain data).
+        queue: queue to publish to, or ``None`` for the task's own.
+        priority: ``"high"``, ``"normal"`` or ``"low"``, applied once the installed blitzq
+            supports task priority; ``None`` for the default.
+    """
+
+    name: str
+    task: Task[Any, Any]
+    schedule: Schedule
+    missed: MissedPolicy
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    queue: str | None
+    priority: str | None
+
+    def task_id(self, occurrence: float) -> str:
+        """Task id of the message of ``occurrence`` (Unix seconds)."""
+        return f"periodic:{self.name}:{int(occurrence)}"
+
+    def target_queue(self) -> str:
+        """Physical queue the messages go to (with the priority suffix when supported)."""
+        queue = self.queue or self.task.queue
+        if self.priority not in (None, "normal") and priority_supported():
+            return f"{queue}:{self.priority}"
+        return queue
+
+
+def priority_supported() -> bool:
+    """Whether this blitzq's ``Task.options`` takes ``priority`` (so periodic tasks may)."""
+    return "priority" in inspect.signature(Task.options).parameters
+
+
+def as_schedule(schedule: Schedule | str | float | _dt.timedelta, tz: str | None) -> Schedule:
+    """Coerce what ``queue.periodic`` accepts into a :class:`Schedule`.
+
+    A ``str`` is a cron expression evaluated in ``tz`` (default UTC); a number or ``timedelta``
+    is an :class:`Every` interval in seconds.
+
+    Raises:
+        ConfigurationError: an invalid schedule, or ``tz`` given with anything but a cron string.
+    """
+    if isinstance(schedule, str):
+        return Cron(schedule, tz=tz)
+    if tz is not None:
+        raise ConfigurationError(
+            "tz= applies to a cron expression given as a string; pass tz to Cron(...) instead"
+        )
+    if isinstance(schedule, Schedule):
+        return schedule
+    if isinstance(schedule, bool) or not isinstance(schedule, int | float | _dt.timedelta):
+        raise ConfigurationError(
+            f"schedule must be Every(...), Cron(...), a cron string or seconds, got {schedule!r}"
+        )
+    return Every(schedule)
+
+
+def make_periodic(
+    task: Task[Any, Any],
+    schedule: Schedule | str | float | _dt.timedelta,
+    *,
+    tz: str | None = None,
+    missed: str = "run_once",
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    name: str | None = None,
+    queue: str | None = None,
+    priority: str | None = None,
+) -> PeriodicTask:
+    """Validate the options of a periodic entry and build it (see ``Queue.add_periodic``).
+
+    Raises:
+        ConfigurationError: a bad schedule, policy, name, queue or priority.
+        SerializationError: an argument that is not plain data.
+    """
+    from .queue import _check_name
+
+    if missed not in _POLICIES:
+        raise ConfigurationError(f"missed must be one of {sorted(_POLICIES)}, got {missed!r}")
+    if priority is not None and priority not in _PRIORITIES:
+        raise ConfigurationError(f"priority must be one of {sorted(_PRIORITIES)}, got {priority!r}")
+    args = tuple(args)
+    kwargs = dict(kwargs or {})
+    plain_args(args)  # refuse non-plain arguments now, not at the first occurrence
+    plain_kwargs(kwargs)
+    return PeriodicTask(
+        name=_check_name("periodic task name", name or task.name),
+        task=task,
+        schedule=as_schedule(schedule, tz),
+        missed=missed,  # type: ignore[arg-type]
+        args=args,
+        kwargs=kwargs,
+        queue=_check_name("queue name", queue) if queue is not None else None,
+        priority=priority,
+    )
+
+
+def build_message(owner: Queue, entry: PeriodicTask, occurrence: float, now: float) -> bytes:
+    """The encoded message of one occurrence, made by the Queue's own envelope code."""
+    opts = CallOptions(task_id=entry.task_id(occurrence), queue=entry.target_queue())
+    env = owner._envelope(
+        entry.task.name, entry.target_queue(), entry.args, entry.kwargs, opts, now
+    )
+    return encode_envelope(env, owner.max_message_size)
+
+
+class Scheduler:
+    """Dispatches the periodic tasks of a Queue; run any number of them.
+
+    Args:
+        queue: the Queue whose ``periodic_tasks`` to dispatch.
+        clock: returns the current Unix time in seconds (injectable for tests).
+        poll_interval: most seconds between two ticks (also how soon a wall-clock jump is
+            noticed); a tick also happens right when the next occurrence is due.
+        grace: seconds of lateness, beyond ``poll_interval``, after which the ``skip`` policy
+            treats an occurrence as missed.
+        max_catch_up: most occurrences the ``run_all`` policy dispatches after downtime.
+        promote: also move due delayed tasks and retries to their queues on each tick (as
+            workers do), so a scheduler alone keeps delayed work flowing.
+        handle_signals: stop on SIGTERM / SIGINT (the CLI turns this on).
+
+    Raises:
+        ConfigurationError: a non-positive ``poll_interval`` or ``max_catch_up < 1``.
+    """
+
+    def __init__(
+        self,
+        queue: Queue,
+        clock: Callable[[], float] = time.time,
+        poll_interval: float = 1.0,
+        *,
+        grace: float = 1.0,
+        max_catch_up: int = 100,
+        promote: bool = True,
+        handle_signals: bool = False,
+    ) -> None:
+        if poll_interval <= 0:
+            raise ConfigurationError("poll_interval must be > 0 seconds")
+        if max_catch_up < 1:
+            raise ConfigurationError("max_catch_up must be >= 1")
+        self.queue = queue
+        self.clock = clock
+        self.poll_interval = float(poll_interval)
+        self.grace = max(0.0, float(grace))
+        self.max_catch_up = max_catch_up
+        self.promote = promote
+        self.handle_signals = handle_signals
+        self.dispatched = 0
+        """Occurrences this scheduler dispatched (won the claim for)."""
+        self._first_seen: dict[str, float] = {}
+        self._known_queues: set[str] = set()
+        self._stopping = False
+        self._wake: asyncio.Event | None = None
+
+    def __repr__(self) -> str:
+        return f"<Scheduler {self.queue.name} entries={len(self.queue.periodic_tasks)}>"
+
+    # ------------------------------------------------------------------- tick
+    def due(self, entry: PeriodicTask, last: float | None, now: float) -> list[float]:
+        """Occurrences of ``entry`` to dispatch at ``now`` after ``last``, per its policy.
+
+        Args:
+            entry: the periodic entry.
+            last: its last dispatched occurrence, or ``None`` when it has none.
+            now: the current Unix time.
+        """
+        if last is None:
+            # No history: start from the moment this scheduler first saw the entry.
+            last = self._first_seen.setdefault(entry.name, now)
+        if now <= last:
+            return []  # nothing new, or the clock went back: never re-dispatch
+        schedule = entry.schedule
+        if entry.missed == "run_all":
+            found = schedule.latest(last, now, self.max_catch_up + 1)
+            if len(found) > self.max_catch_up:
+                found = found[1:]
+                logger.warning(
+                    "periodic %s: more than %d occurrences missed since %s; dispatching the "
+                    "newest %d only",
+                    entry.name,
+                    self.max_catch_up,
+                    _iso(last),
+                    self.max_catch_up,
+                )
+            return found
+        found = schedule.latest(last, now, 1)
+        if found and entry.missed == "skip" and now - found[0] > self.poll_interval + self.grace:
+            logger.info("periodic %s: skipping missed occurrence %s", entry.name, _iso(found[0]))
+            return []
+        return found
+
+    async def tick(self) -> int:
+        """One pass over every periodic entry at ``clock()``; return how many were dispatched.
+
+        Raises:
+            BrokerError: the broker could not be reached (nothing is half-dispatched: each
+                occurrence is claimed and published atomically).
+        """
+        now = self.clock()
+        queue = self.queue
+        broker = queue.broker
+        entries = list(queue.periodic_tasks.values())
+        dispatched = 0
+        if entries:
+            await self._remember_queues(entries)
+            history = await broker.periodic_last([e.name for e in entries])
+            for entry in entries:
+                try:
+                    due = self.due(entry, history.get(entry.name), now)
+                except ConfigurationError as exc:  # e.g. a cron with no time left
+                    logger.warning("periodic %s: %s", entry.name, exc)
+                    continue
+                for occurrence in due:
+                    message = build_message(queue, entry, occurrence, now)
+                    if await broker.claim_periodic(
+                        entry.name, occurrence, message, entry.target_queue()
+                    ):
+                        dispatched += 1
+                        self.dispatched += 1
+                        logger.debug("periodic %s: dispatched %s", entry.name, _iso(occurrence))
+        if self.promote:
+            await broker.promote_due(now, 1000)
+        return dispatched
+
+    async def _remember_queues(self, entries: list[PeriodicTask]) -> None:
+        new = {e.target_queue() for e in entries} - self._known_queues
+        if new:
+            remember = getattr(self.queue.broker, "remember_queues", None)
+            if remember is not None:
+                await remember(sorted(new))
+            self._known_queues.update(new)
+
+    def next_wakeup(self, now: float) -> float:
+        """Seconds to sleep after a tick at ``now``: up to the next occurrence, at most
+        ``poll_interval``."""
+        wait = self.poll_interval
+        for entry in self.queue.periodic_tasks.values():
+            try:
+                wait = min(wait, entry.schedule.next_after(now) - now)
+            except ConfigurationError:
+                continue
+        return max(0.005, wait)
+
+    # -------------------------------------------------------------- lifecycle
+    def stop(self) -> None:
+        """Ask :meth:`run` to return; safe from signal handlers and other coroutines."""
+        self._stopping = True
+        if self._wake is not None:
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Tick until :meth:`stop` (or a signal when ``handle_signals``, or cancellation).
+
+        Broker errors are logged and retried on the next tick; they never end the loop.
+        """
+        self._wake = asyncio.Event()
+        if self._stopping:
+            return
+        loop = asyncio.get_running_loop()
+        if self.handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+        names = ", ".join(sorted(self.queue.periodic_tasks)) or "none"
+        logger.info("scheduler started: periodic tasks %s", names)
+        try:
+            while not self._stopping:
+                try:
+                    await self.tick()
+                except Exception as exc:  # broker down, a bug in one entry: keep going
+                    logger.warning("scheduler tick failed: %s: %s", type(exc).__name__, exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.next_wakeup(self.clock()))
+        finally:
+            if self.handle_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+            logger.info("scheduler stopped: %d occurrence(s) dispatched", self.dispatched)
+
+
+async def periodic_status(queue: Queue, now: float | None = None) -> list[dict[str, Any]]:
+    """Each periodic entry of ``queue`` with its schedule, next and last run.
+
+    Returns:
+        One dict per entry, sorted by name: ``name``, ``task``, ``schedule`` (text),
+        ``missed``, ``queue``, ``next_run`` and ``last_run`` (Unix seconds or ``None``).
+
+    Raises:
+        BrokerError: the broker could not be reached.
+    """
+    now = time.time() if now is None else now
+    entries = sorted(queue.periodic_tasks.values(), key=lambda e: e.name)
+    history = await queue.broker.periodic_last([e.name for e in entries]) if entries else {}
+    rows = []
+    for entry in entries:
+        try:
+            next_run: float | None = entry.schedule.next_after(now)
+        except ConfigurationError:
+            next_run = None
+        rows.append(
+            {
+                "name": entry.name,
+                "task": entry.task.name,
+                "schedule": entry.schedule.describe(),
+                "missed": entry.missed,
+                "queue": entry.target_queue(),
+                "next_run": next_run,
+                "last_run": history.get(entry.name),
+            }
+        )
+    return rows
+
+
+def _iso(ts: float) -> str:
+    return _dt.datetime.fromtimestamp(ts, _dt.UTC).isoformat(timespec="seconds")

@@ -1,0 +1,238 @@
+"""When periodic tasks run: :class:`Every` (fixed interval) and :class:`Cron` (cron expression).
+
+Both are pure functions of time: every scheduler process computes the same occurrence times
+(Unix seconds, floats), so concurrent schedulers agree on what "the 12:05 run" is and the broker
+can make exactly one of them dispatch it.
+
+* :class:`Every` is aligned to the Unix epoch: occurrences are the times ``t`` where
+  ``(t - offset) % seconds == 0``. ``Every(60)`` fires at the start of each UTC minute whatever
+  time the scheduler started.
+* :class:`Cron` evaluates a cron expression (the ``croniter`` library) on the wall clock of an
+  IANA time zone. Around daylight-saving changes: a wall time that does not exist (the hour the
+  clocks skip in spring) is skipped, and a wall time that happens twice (the hour repeated in
+  autumn) fires once, at its first occurrence.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import datetime as _dt
+import math
+from collections.abc import Iterator
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterError, croniter
+
+from .exceptions import ConfigurationError
+
+__all__ = ["Cron", "Every", "Schedule"]
+
+_UTC = _dt.UTC
+#: Candidate wall times one :meth:`Cron.next_after` call may examine before giving up.
+_MAX_CRON_STEPS = 100_000
+
+
+class Schedule(abc.ABC):
+    """A set of occurrence times (Unix seconds); see :class:`Every` and :class:`Cron`."""
+
+    @abc.abstractmethod
+    def next_after(self, ts: float) -> float:
+        """The first occurrence strictly after ``ts`` (Unix seconds).
+
+        Raises:
+            ConfigurationError: the schedule has no occurrence after ``ts``.
+        """
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """A short human-readable description (``every 60s``, ``cron */5 * * * * (UTC)``)."""
+
+    def occurrences(self, start: float, end: float) -> Iterator[float]:
+        """Occurrences ``t`` with ``start < t <= end`` (Unix seconds), in increasing order."""
+        t = self.next_after(start)
+        while t <= end:
+            yield t
+            t = self.next_after(t)
+
+    def latest(self, after: float, until: float, limit: int) -> list[float]:
+        """The newest ``limit`` occurrences in ``(after, until]``, oldest first.
+
+        Searches backwards from ``until`` in doubling windows, so the cost depends on
+        ``limit`` and the schedule's density, not on how far back ``after`` lies.
+
+        Args:
+            after: exclusive lower bound (Unix seconds).
+            until: inclusive upper bound (Unix seconds).
+            limit: most occurrences to return (``>= 1``).
+        """
+        if until <= after or limit < 1:
+            return []
+        window = 60.0
+        while True:
+            start = max(after, until - window)
+            found = collections.deque(self.occurrences(start, until), maxlen=limit)
+            if start <= after or len(found) >= limit:
+                return list(found)
+            window *= 2
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+class Every(Schedule):
+    """Every ``seconds`` seconds, aligned to the Unix epoch (plus ``offset``).
+
+    Occurrences are the Unix times ``t`` with ``(t - offset) % seconds == 0``: ``Every(3600)``
+    fires on the hour (UTC), ``Every(3600, offset=15 * 60)`` at a quarter past. Independent of
+    time zones and daylight saving.
+
+    Args:
+        seconds: the interval, ``>= 1`` second (a float or a ``timedelta``).
+        offset: shift of the occurrences from the epoch alignment, in seconds.
+
+    Raises:
+        ConfigurationError: ``seconds < 1`` or a non-finite value.
+    """
+
+    __slots__ = ("offset", "seconds")
+
+    def __init__(self, seconds: float | _dt.timedelta, offset: float | _dt.timedelta = 0.0) -> None:
+        if isinstance(seconds, _dt.timedelta):
+            seconds = seconds.total_seconds()
+        if isinstance(offset, _dt.timedelta):
+            offset = offset.total_seconds()
+        seconds, offset = float(seconds), float(offset)
+        if not math.isfinite(seconds) or seconds < 1:
+            raise ConfigurationError(
+                f"Every() needs an interval of at least 1 second, got {seconds}"
+            )
+        if not math.isfinite(offset):
+            raise ConfigurationError(f"Every() offset must be finite, got {offset}")
+        self.seconds = seconds
+        self.offset = offset
+
+    def next_after(self, ts: float) -> float:
+        """The first ``offset + k * seconds`` strictly after ``ts`` (Unix seconds)."""
+        k = math.floor((ts - self.offset) / self.seconds) + 1
+        t = self.offset + k * self.seconds
+        while t <= ts:  # float rounding
+            k += 1
+            t = self.offset + k * self.seconds
+        while self.offset + (k - 1) * self.seconds > ts:
+            k -= 1
+            t = self.offset + k * self.seconds
+        return t
+
+    def latest(self, after: float, until: float, limit: int) -> list[float]:
+        """The newest ``limit`` occurrences in ``(after, until]``, oldest first (arithmetic)."""
+        if until <= after or limit < 1:
+            return []
+        first = self.next_after(after)
+        if first > until:
+            return []
+        last = self.next_after(until) - self.seconds
+        count = min(limit, math.floor((last - first) / self.seconds + 0.5) + 1)
+        return [last - (count - 1 - i) * self.seconds for i in range(count)]
+
+    def describe(self) -> str:
+        """``every 60s`` (plus ``+15s`` when there is an offset)."""
+        text = f"every {self.seconds:g}s"
+        return text + (f" +{self.offset:g}s" if self.offset else "")
+
+    def __repr__(self) -> str:
+        return f"Every({self.seconds:g}, offset={self.offset:g})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Every):
+            return NotImplemented
+        return (self.seconds, self.offset) == (other.seconds, other.offset)
+
+    def __hash__(self) -> int:
+        return hash((Every, self.seconds, self.offset))
+
+
+class Cron(Schedule):
+    """A cron expression evaluated on the wall clock of an IANA time zone.
+
+    Standard five fields (``minute hour day-of-month month day-of-week``), the ``@hourly`` /
+    ``@daily`` shorthands, and croniter's optional sixth field for seconds.
+
+    Daylight saving: a wall time that does not exist on a spring-forward day is skipped (a
+    ``30 2 * * *`` job does not run that day in Europe/Berlin); a wall time that happens twice
+    on a fall-back day fires once, at its first (summer-time) occurrence.
+
+    Args:
+        expression: the cron expression.
+        tz: IANA zone name (``"Europe/Berlin"``) or a ``ZoneInfo``; default UTC.
+
+    Raises:
+        ConfigurationError: an invalid expression, an unknown zone, or an expression that
+            never matches (``0 0 30 2 *``).
+    """
+
+    __slots__ = ("_zone", "expression", "tz")
+
+    def __init__(self, expression: str, tz: str | ZoneInfo | None = None) -> None:
+        if not isinstance(expression, str) or not croniter.is_valid(expression):
+            raise ConfigurationError(f"invalid cron expression {expression!r}")
+        if isinstance(tz, ZoneInfo):
+            zone = tz
+        else:
+            try:
+                zone = ZoneInfo(tz or "UTC")
+            except (ZoneInfoNotFoundError, ValueError) as exc:
+                raise ConfigurationError(f"unknown time zone {tz!r}: {exc}") from None
+        self.expression = expression.strip()
+        self.tz = zone.key
+        self._zone = zone
+        self.next_after(_dt.datetime.now(_UTC).timestamp())  # never matching: fail now
+
+    def _instant(self, wall: _dt.datetime) -> float | None:
+        """Unix time of the naive wall time ``wall`` in this zone, ``None`` if it does not exist.
+
+        A repeated wall time maps to its first occurrence (``fold=0``).
+        """
+        aware = wall.replace(tzinfo=self._zone, fold=0)
+        utc = aware.astimezone(_UTC)
+        if utc.astimezone(self._zone).replace(tzinfo=None) != wall:
+            return None  # in the spring-forward gap
+        return utc.timestamp()
+
+    def next_after(self, ts: float) -> float:
+        """The first occurrence strictly after ``ts`` (Unix seconds).
+
+        croniter iterates naive wall times (so it never sees a DST change); each candidate
+        is mapped to an instant, dropping those in a gap, and the first one after ``ts`` wins.
+
+        Raises:
+            ConfigurationError: the expression matches no time after ``ts``.
+        """
+        wall = _dt.datetime.fromtimestamp(ts, self._zone).replace(tzinfo=None)
+        try:
+            it = croniter(self.expression, wall)
+            for _ in range(_MAX_CRON_STEPS):
+                candidate = it.get_next(_dt.datetime)
+                instant = self._instant(candidate)
+                if instant is not None and instant > ts:
+                    return instant
+        except CroniterError as exc:
+            raise ConfigurationError(
+                f"cron expression {self.expression!r} has no time after {wall}: {exc}"
+            ) from None
+        raise ConfigurationError(f"cron expression {self.expression!r} matches no existing time")
+
+    def describe(self) -> str:
+        """``cron */5 * * * * (Europe/Berlin)``."""
+        return f"cron {self.expression} ({self.tz})"
+
+    def __repr__(self) -> str:
+        return f"Cron({self.expression!r}, tz={self.tz!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Cron):
+            return NotImplemented
+        return (self.expression, self.tz) == (other.expression, other.tz)
+
+    def __hash__(self) -> int:
+        return hash((Cron, self.expression, self.tz))
