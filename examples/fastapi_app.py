@@ -1,0 +1,73 @@
+"""FastAPI + blitzq: an endpoint enqueues a task and returns its id; another reads the result.
+
+Run it from the repository root (``BLITZQ_REDIS_URL=redis://localhost:6379/0`` to use a Redis
+server; without it both processes share the embedded server in ``./.blitzq``)::
+
+    pip install "blitzq[fastapi]" uvicorn
+    blitzq worker examples.fastapi_app:queue &
+    uvicorn examples.fastapi_app:app --port 8000 &
+    curl -s -X POST localhost:8000/reports -H 'content-type: application/json' \\
+        -d '{"month": "2024-05"}'
+    # {"task_id":"3f2c…"}
+    curl -s 'localhost:8000/reports/3f2c…?wait=5'
+    # {"task_id":"3f2c…","state":"succeeded","result":{"month":"2024-05","rows":31},"error":null}
+
+``lifespan(queue)`` connects to the broker when the server starts (a wrong URL stops it at
+once) and closes the connections when it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import contextlib
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel
+
+from blitzq import Queue, ResultTimeout, TaskFailed
+from blitzq.integrations.asgi import lifespan
+
+queue = Queue("reports")
+
+
+@queue.task(retries=2)
+async def build_report(month: str) -> dict[str, Any]:
+    """Build the report of ``month`` (``YYYY-MM``): here, one row per day."""
+    year, number = (int(part) for part in month.split("-"))
+    await asyncio.sleep(0.05)  # stands for real work: queries, rendering, upload
+    return {"month": month, "rows": calendar.monthrange(year, number)[1]}
+
+
+app = FastAPI(title="reports", lifespan=lifespan(queue))
+
+
+class ReportRequest(BaseModel):
+    """Body of ``POST /reports``."""
+
+    month: str
+
+
+@app.post("/reports", status_code=202)
+async def create_report(body: ReportRequest) -> dict[str, str]:
+    """Enqueue a report; the answer carries the task id to poll."""
+    handle = await build_report.enqueue(body.month)
+    return {"task_id": handle.id}
+
+
+@app.get("/reports/{task_id}")
+async def get_report(task_id: str, wait: float = 0.0) -> dict[str, Any]:
+    """State and result of a report task; ``?wait=SECONDS`` waits (at most 30 s) for the end."""
+    if wait > 0:
+        with contextlib.suppress(ResultTimeout, TaskFailed):
+            await queue.get_result(task_id, timeout=min(wait, 30.0))
+    record = await queue.inspect(task_id)
+    if record is None:  # no record yet: still waiting in the queue (or an unknown id)
+        return {"task_id": task_id, "state": "pending", "result": None, "error": None}
+    return {
+        "task_id": task_id,
+        "state": record.state.value,
+        "result": record.result,
+        "error": record.error,
+    }

@@ -1,0 +1,91 @@
+"""Django integration: enqueue a task only once the surrounding transaction has committed.
+
+A view that saves a row and enqueues a task about it inside ``transaction.atomic()`` must not
+let a worker see the task before the row exists, nor run it if the transaction rolls back::
+
+    from blitzq.integrations.django import enqueue_on_commit
+
+    with transaction.atomic():
+        order = Order.objects.create(...)
+        task_id = enqueue_on_commit(send_receipt, order.id)
+
+The task is enqueued with the sync API from Django's ``on_commit`` hook; outside a transaction
+(autocommit) that is at once. The arguments are checked when ``enqueue_on_commit`` is called,
+so a :class:`~blitzq.SerializationError` surfaces inside the transaction and rolls it back.
+The task id is chosen up front and returned, so the view can hand it out before the commit.
+An error of the enqueue itself (broker unreachable) propagates from the commit, as Django does
+for any ``on_commit`` callback: the data is committed by then.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from typing import Any, ParamSpec, TypeVar
+
+from django.db import transaction
+
+from ..serialization import plain_args, plain_kwargs
+from ..task import BoundTask, Task
+
+__all__ = ["enqueue_on_commit", "enqueue_on_commit_using"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def enqueue_on_commit(
+    task: Task[P, R] | BoundTask[P, R], /, *args: P.args, **kwargs: P.kwargs
+) -> str:
+    """Enqueue ``task(*args, **kwargs)`` when the current transaction of the default database
+    commits; nothing happens if it rolls back.
+
+    Args:
+        task: a task, or one with options bound (``task.options(delay=5)``).
+        args, kwargs: the call's arguments (plain data).
+
+    Returns:
+        The id the task will have (a bound ``task_id`` is kept).
+
+    Raises:
+        SerializationError: an argument is not plain data (raised now, inside the transaction).
+    """
+    return _schedule(None, task, args, kwargs)
+
+
+def enqueue_on_commit_using(
+    using: str | None, task: Task[P, R] | BoundTask[P, R], /, *args: P.args, **kwargs: P.kwargs
+) -> str:
+    """:func:`enqueue_on_commit` for the transaction of database alias ``using``.
+
+    Args:
+        using: the database alias (``None``: the default database).
+        task: a task, or one with options bound.
+        args, kwargs: the call's arguments (plain data).
+
+    Returns:
+        The id the task will have.
+
+    Raises:
+        SerializationError: an argument is not plain data.
+    """
+    return _schedule(using, task, args, kwargs)
+
+
+def _schedule(
+    using: str | None,
+    task: Task[Any, Any] | BoundTask[Any, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> str:
+    bound = task if isinstance(task, BoundTask) else task.options()
+    task_id = bound.call_options.task_id or uuid.uuid4().hex
+    bound = bound.options(task_id=task_id)
+    plain_args(args)
+    plain_kwargs(kwargs)
+    transaction.on_commit(functools.partial(_enqueue, bound, args, kwargs), using=using)
+    return task_id
+
+
+def _enqueue(bound: BoundTask[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    bound.enqueue_sync(*args, **kwargs)

@@ -1,0 +1,367 @@
+"""``blitzq worker MODULE:ATTR --workers N``: the supervisor of worker processes.
+
+The supervisor runs as a real subprocess (``python -m blitzq worker
+tests.reliability.test_supervisor:queue --workers 2``) against the test Redis; this module is
+also the application the workers import. Process trees are read from ``/proc``; a zombie
+(state ``Z``) counts as dead, because PID 1 of a container may never reap orphans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from blitzq import Queue
+from blitzq.supervisor import RestartBudget
+from blitzq.worker import executors
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "tests.reliability.test_supervisor:queue"
+QUEUE_NAME = "sup"
+
+# ------------------------------------------------------------- the application
+#: The Queue the supervised workers import; the command line sets URL and namespace.
+queue = Queue(QUEUE_NAME, visibility_timeout=1.5)
+
+
+@queue.task
+async def whoami(delay: float) -> int:
+    """Return the worker's pid after ``delay`` seconds."""
+    await asyncio.sleep(delay)
+    return os.getpid()
+
+
+@queue.task(executor="process")
+def hold_in_pool(path: str, seconds: float) -> int:
+    """Write this pool process's pid to ``path``, then block for ``seconds``."""
+    Path(path).write_text(str(os.getpid()))
+    time.sleep(seconds)
+    return os.getpid()
+
+
+WHOAMI = f"{__name__}.whoami"
+HOLD = f"{__name__}.hold_in_pool"
+
+
+# ------------------------------------------------------------------ helpers
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``predicate`` every 50 ms until it returns something truthy; return it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, ppid) of ``pid`` from /proc, or None when it does not exist."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = raw.rsplit(")", 1)[1].split()
+    return fields[0], int(fields[1])
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def children(pid: int) -> list[int]:
+    """Live (non-zombie) children of ``pid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None and stat[1] == pid and stat[0] != "Z":
+                found.append(int(entry))
+    return sorted(found)
+
+
+def cmdline(pid: int) -> str:
+    """The command line of ``pid`` (empty when gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+class Supervised:
+    """A ``blitzq worker --workers N`` subprocess and what it started."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.proc = proc
+        self.log = log
+        self.seen: set[int] = set()
+
+    def workers(self) -> list[int]:
+        """Pids of the live worker processes (the supervisor's children except the guard)."""
+        pids = [p for p in children(self.proc.pid) if "blitzq.supervisor" not in cmdline(p)]
+        self.seen.update(pids)
+        return pids
+
+    def guard(self) -> int | None:
+        """Pid of the guard process, if it runs."""
+        for p in children(self.proc.pid):
+            if "blitzq.supervisor" in cmdline(p):
+                self.seen.add(p)
+                return p
+        return None
+
+    def output(self) -> str:
+        """The supervisor's and workers' combined output."""
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+@pytest.fixture
+def supervise(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> Iterator[Callable[..., Supervised]]:
+    """Start ``blitzq worker … --workers N``; SIGKILL whatever is left at the end."""
+    started: list[Supervised] = []
+
+    def start(*extra: str, workers: int = 2, app: str = APP) -> Supervised:
+        log = tmp_path / f"supervisor-{len(started)}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
+        env["PYTHONUNBUFFERED"] = "1"
+        cmd = [sys.executable, "-m", "blitzq", "worker", app, "--workers", str(workers)]
+        cmd += ["--redis-url", redis_url, "--namespace", namespace, "-c", "4"]
+        cmd += ["--shutdown-timeout", "2", *extra]
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        sup = Supervised(proc, log)
+        started.append(sup)
+        return sup
+
+    yield start
+    for sup in started:
+        pids = set(sup.seen)
+        if sup.proc.poll() is None:
+            pids.update(children(sup.proc.pid))
+            sup.proc.kill()
+        sup.proc.wait(10)
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def producer(make_queue: Callable[..., Queue]) -> Iterator[Queue]:
+    """A Queue on the test namespace that sends the app's tasks by name."""
+    q = make_queue(name=QUEUE_NAME)
+    yield q
+    q.close_sync()
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    """A plain sync Redis client."""
+    c = redis.Redis.from_url(redis_url)
+    yield c
+    c.close()
+
+
+def registered_pids(client: redis.Redis, namespace: str) -> set[int]:
+    """Pids of the workers registered in the namespace (ids are ``host:pid:random``)."""
+    return {int(k.decode().split(":")[-2]) for k in client.hkeys("{" + namespace + "}:workers")}
+
+
+def wait_ready(sup: Supervised, client: redis.Redis, namespace: str, n: int = 2) -> list[int]:
+    """Wait until ``n`` workers run and have registered; return their pids."""
+
+    def ready() -> list[int] | None:
+        if sup.proc.poll() is not None:
+            raise AssertionError(f"supervisor exited early:\n{sup.output()}")
+        pids = sup.workers()
+        if len(pids) == n and set(pids) <= registered_pids(client, namespace):
+            return pids
+        return None
+
+    return wait_until(ready, 30, f"{n} registered workers\n{sup.output()}")  # type: ignore[no-any-return]
+
+
+def pids_answering(producer: Queue, wanted: set[int], timeout: float = 20.0) -> set[int]:
+    """Send ``whoami`` batches until every pid in ``wanted`` has answered one; return all pids."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while not wanted <= seen:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"only {seen} answered, wanted {wanted}")
+        handles = [producer.send_sync(WHOAMI, (0.1,)) for _ in range(8)]
+        seen.update(h.result_sync(timeout=10) for h in handles)
+    return seen
+
+
+def pool_pid(path: Path) -> int:
+    """Wait for ``hold_in_pool`` to write its pid to ``path``; return it."""
+    return int(wait_until(lambda: path.exists() and path.read_text(), 20, "the pool task"))
+
+
+# --------------------------------------------------------------------- tests
+def test_workers_share_the_work_and_stop_on_sigterm(
+    supervise: Callable[..., Supervised], producer: Queue, client: redis.Redis, namespace: str
+) -> None:
+    sup = supervise()
+    workers = wait_ready(sup, client, namespace)
+    guard = sup.guard()
+    assert guard is not None
+
+    assert pids_answering(producer, set(workers)) == set(workers)
+    # Each worker leads its own process group (so its pool children can be killed with it).
+    assert all(os.getpgid(pid) == pid for pid in workers)
+
+    sup.proc.send_signal(signal.SIGTERM)
+    assert sup.proc.wait(15) == 0, sup.output()
+    for pid in [*workers, guard]:
+        wait_until(lambda pid=pid: not alive(pid), 5, f"pid {pid} gone")
+    # A graceful stop unregisters every worker.
+    assert registered_pids(client, namespace).isdisjoint(workers)
+
+
+def test_killed_worker_is_restarted_and_its_pool_child_dies(
+    supervise: Callable[..., Supervised],
+    producer: Queue,
+    client: redis.Redis,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    sup = supervise()
+    workers = wait_ready(sup, client, namespace)
+    marker = tmp_path / "pool.pid"
+    producer.send_sync(HOLD, (str(marker), 60.0))
+    pool = pool_pid(marker)
+    sup.seen.add(pool)
+    stat = _stat(pool)
+    assert stat is not None
+    victim = stat[1]  # the worker whose process pool runs the task
+    assert victim in workers
+    assert os.getpgid(pool) == victim
+
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: not alive(pool), 5, "the killed worker's pool process to die")
+
+    def replaced() -> list[int] | None:
+        pids = sup.workers()
+        return pids if len(pids) == 2 and victim not in pids else None
+
+    now = wait_until(replaced, 15, f"a restarted worker\n{sup.output()}")
+    (new,) = set(now) - set(workers)
+    wait_ready(sup, client, namespace)
+    # Processing goes on, on both the surviving and the restarted worker.
+    assert new in pids_answering(producer, {new})
+    assert sup.proc.poll() is None
+
+
+def test_sigkilled_supervisor_leaves_no_process(
+    supervise: Callable[..., Supervised],
+    producer: Queue,
+    client: redis.Redis,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    sup = supervise()
+    workers = wait_ready(sup, client, namespace)
+    guard = sup.guard()
+    assert guard is not None
+    marker = tmp_path / "pool.pid"
+    producer.send_sync(HOLD, (str(marker), 60.0))
+    pool = pool_pid(marker)
+    sup.seen.add(pool)
+
+    sup.proc.kill()
+    sup.proc.wait(5)
+    for pid in [*workers, pool, guard]:
+        wait_until(lambda pid=pid: not alive(pid), 5, f"pid {pid} ({cmdline(pid)!r}) gone")
+
+
+def test_usage_error_is_not_restarted(
+    supervise: Callable[..., Supervised], client: redis.Redis, namespace: str
+) -> None:
+    sup = supervise(app="tests.reliability.no_such_module:queue")
+    assert sup.proc.wait(20) == 2, sup.output()
+    out = sup.output()
+    assert out.count("not restarting it") == 2, out
+    assert "restarting worker slot" not in out
+
+
+def test_crashing_slot_gives_up_after_its_restart_budget(tmp_path: Path) -> None:
+    script = (
+        "import sys\n"
+        "from blitzq.supervisor import Supervisor\n"
+        "cmd = [sys.executable, '-c', 'raise SystemExit(3)']\n"
+        "sys.exit(Supervisor(cmd, 2, max_restarts=3, backoff=0.01, max_backoff=0.02).run())\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, cwd=tmp_path
+    )
+    assert proc.returncode == 1, proc.stderr
+    # 2 slots x (1 start + 3 restarts) exits, then each slot gives up.
+    assert proc.stderr.count("exited with code 3") == 8, proc.stderr
+    assert proc.stderr.count("giving up on it") == 2, proc.stderr
+    assert "every worker slot gave up" in proc.stderr
+
+
+def test_restart_budget_backs_off_and_is_spent_within_its_window() -> None:
+    now = [0.0]
+    budget = RestartBudget(
+        limit=3, window=60.0, base_delay=0.5, max_delay=1.5, clock=lambda: now[0]
+    )
+    assert [budget.next_delay() for _ in range(3)] == [0.5, 1.0, 1.5]
+    assert budget.next_delay() is None
+    now[0] = 61.0  # the window slid past every restart
+    assert budget.next_delay() == 0.5
+
+
+_POOL_DIES_WITH_WORKER = "die_with_parent" in inspect.getsource(executors)
+
+
+@pytest.mark.skipif(
+    not _POOL_DIES_WITH_WORKER,
+    reason="pool processes get PR_SET_PDEATHSIG only with the executors.py initializer",
+)
+def test_sigkilled_single_worker_takes_its_pool_child_along(
+    redis_url: str, namespace: str, producer: Queue, client: redis.Redis, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
+    cmd = [sys.executable, "-m", "blitzq", "worker", APP, "--redis-url", redis_url]
+    cmd += ["--namespace", namespace]
+    worker = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    pool = None
+    try:
+        wait_until(lambda: worker.pid in registered_pids(client, namespace), 30, "the worker")
+        marker = tmp_path / "pool.pid"
+        producer.send_sync(HOLD, (str(marker), 60.0))
+        pool = pool_pid(marker)
+        worker.kill()
+        worker.wait(5)
+        wait_until(lambda: not alive(pool), 5, "the pool process to die with its worker")
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(5)
+        if pool is not None and alive(pool):
+            os.kill(pool, signal.SIGKILL)
