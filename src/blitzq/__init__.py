@@ -3,6 +3,7 @@
 The public surface is what ``__all__`` lists; everything else may change between releases.
 """
 
+from .context import TaskContext, current_task
 from .exceptions import (
     BlitzQError,
     BrokerError,
@@ -11,13 +12,17 @@ from .exceptions import (
     ResultTimeout,
     Retry,
     SerializationError,
+    TaskCancelled,
     TaskFailed,
     TaskTimeout,
     UnknownTask,
 )
 from .queue import Queue
+from .ratelimit import RateLimit
 from .records import DeadLetter, TaskRecord, TaskState
 from .retries import RetryPolicy
+from .scheduler import Scheduler
+from .schedules import Cron, Every
 from .task import BoundTask, Task, TaskHandle
 from .worker import Worker
 
@@ -28,14 +33,20 @@ __all__ = [
     "BoundTask",
     "BrokerError",
     "ConfigurationError",
+    "Cron",
     "DeadLetter",
+    "Every",
     "MessageTooLarge",
     "Queue",
+    "RateLimit",
     "ResultTimeout",
     "Retry",
     "RetryPolicy",
+    "Scheduler",
     "SerializationError",
     "Task",
+    "TaskCancelled",
+    "TaskContext",
     "TaskFailed",
     "TaskHandle",
     "TaskRecord",
@@ -44,4 +55,5 @@ __all__ = [
     "UnknownTask",
     "Worker",
     "__version__",
+    "current_task",
 ]

@@ -8,6 +8,7 @@ recover narrowly::
     ├── SerializationError      an argument or result that is not plain data
     │   └── MessageTooLarge     an encoded message over ``max_message_size``
     ├── TaskFailed              the task ended in a failed / dead-lettered state
+    │   └── TaskCancelled       the task was cancelled
     ├── TaskTimeout             the task ran longer than its ``timeout``
     ├── ResultTimeout           ``result(timeout=...)`` gave up waiting
     ├── UnknownTask             no task registered under that name
@@ -74,6 +75,10 @@ class TaskFailed(BlitzQError):
         self.traceback = traceback
 
 
+class TaskCancelled(TaskFailed):
+    """The task was cancelled (``handle.cancel()``); ``result()`` raises it."""
+
+
 class TaskTimeout(BlitzQError, TimeoutError):
     """A task ran longer than its ``timeout`` (seconds) and was stopped or abandoned."""
 
@@ -83,7 +88,16 @@ class ResultTimeout(BlitzQError, TimeoutError):
 
 
 class BrokerError(BlitzQError, ConnectionError):
-    """The broker could not be reached, or it answered with an error."""
+    """The broker could not be reached, or it answered with an error.
+
+    Attributes:
+        transient: ``True`` when trying again may succeed (connection lost, timeout);
+            ``False`` when the server refused the command itself.
+    """
+
+    def __init__(self, message: str, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class Retry(Exception):
@@ -123,6 +137,7 @@ __all__ = [
     "ResultTimeout",
     "Retry",
     "SerializationError",
+    "TaskCancelled",
     "TaskFailed",
     "TaskTimeout",
     "UnknownTask",

@@ -8,33 +8,43 @@ background loop and a worker alike.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
 import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
-from typing import Any, Literal, ParamSpec, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from ._portal import Portal
-from .broker.base import Broker
+from .broker.base import Broker, Completion
+from .context import current_task
 from .exceptions import (
     ConfigurationError,
     ResultTimeout,
     SerializationError,
+    TaskCancelled,
     TaskFailed,
     UnknownTask,
 )
+from .ratelimit import RateLimit
 from .records import DeadLetter, TaskRecord, TaskState
 from .retries import DEFAULT_RETRY_POLICY, RetryPolicy
+from .routing import Priority, Routes, physical_queue, route
 from .serialization import (
     Envelope,
     decode_envelope,
+    dumps,
     encode_envelope,
     plain_args,
     plain_kwargs,
     to_plain,
 )
 from .task import _NO_OPTIONS, BoundTask, CallOptions, Executor, Task, TaskHandle, default_task_name
+
+if TYPE_CHECKING:
+    from .scheduler import MissedPolicy, PeriodicTask
+    from .schedules import Schedule
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -75,6 +85,15 @@ class Queue:
         max_message_size: largest encoded message in bytes, refused at enqueue.
         broker: a ready :class:`~blitzq.broker.Broker` to use instead of ``redis_url``.
         dead_letter_cap: dead letters kept before the oldest are dropped.
+        routes: queue for tasks whose decorator names none: ``{"emails.*": "emails"}``
+            (glob patterns on the task name, first match wins) or a callable
+            ``name -> queue | None``. A per-call ``queue=`` beats the decorator, which beats
+            the routes.
+        queue_rate_limits: rate limit per queue, shared by every task consumed from it and
+            by all workers: ``{"emails": "10/s"}`` (see :class:`~blitzq.RateLimit`).
+        track_state: keep each task's record current through its life (scheduled, queued,
+            running, retrying, then its final state) at the cost of a record write per
+            step; without it only final states are stored.
 
     Raises:
         ConfigurationError: an invalid argument.
@@ -93,6 +112,9 @@ class Queue:
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         broker: Broker | None = None,
         dead_letter_cap: int = 100_000,
+        routes: Routes | None = None,
+        queue_rate_limits: Mapping[str, str | RateLimit] | None = None,
+        track_state: bool = False,
     ) -> None:
         self.name = _check_name("queue name", name)
         self.namespace = _check_name(
@@ -116,6 +138,12 @@ class Queue:
         self.result_ttl = int(result_ttl)
         self.max_message_size = max_message_size
         self.dead_letter_cap = dead_letter_cap
+        self.routes = routes
+        self.queue_rate_limits = {
+            _check_name("queue name", q): RateLimit.parse(limit, key=f"queue:{q}")
+            for q, limit in (queue_rate_limits or {}).items()
+        }
+        self.track_state = track_state
         self._redis_url = redis_url
         self._shared_broker = broker
         self._brokers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Broker] = (
@@ -123,6 +151,7 @@ class Queue:
         )
         self._known_queues: set[str] = set()
         self.tasks: dict[str, Task[Any, Any]] = {}
+        self.periodic_tasks: dict[str, PeriodicTask] = {}
         self._portal = Portal()
         self._url: str | None = None
         self.on_startup: list[Callable[[], Awaitable[None]]] = []
@@ -198,6 +227,9 @@ class Queue:
         executor: Executor | None = None,
         store_result: bool | None = None,
         dead_letter: bool = True,
+        priority: Priority = "normal",
+        rate_limit: str | RateLimit | None = None,
+        rate_key: str | None = None,
     ) -> _TaskDecorator: ...
 
     def task(
@@ -213,6 +245,9 @@ class Queue:
         executor: Executor | None = None,
         store_result: bool | None = None,
         dead_letter: bool = True,
+        priority: Priority = "normal",
+        rate_limit: str | RateLimit | None = None,
+        rate_key: str | None = None,
     ) -> Task[Any, Any] | _TaskDecorator:
         """Register a function as a task; use bare (``@queue.task``) or with options.
 
@@ -228,6 +263,11 @@ class Queue:
             store_result: store the return value (default: the Queue's ``store_results``).
             dead_letter: dead-letter the task when its retries are exhausted (else it ends
                 ``failed`` with its record only).
+            priority: ``"high"``, ``"normal"`` or ``"low"``: published to ``<queue>:high``,
+                ``<queue>`` or ``<queue>:low``, which workers of ``<queue>`` take in that order.
+            rate_limit: ``"10/s"``, ``"100/m"``, ``"1000/hour"`` or a :class:`RateLimit`: task
+                starts per period across all workers; a task over it waits on the schedule.
+            rate_key: bucket name shared by several tasks (default: the task name).
 
         Raises:
             ConfigurationError: a bad option, or a second task with the same name.
@@ -246,13 +286,18 @@ class Queue:
                 self,
                 function,
                 name=task_name,
-                queue=_check_name("queue name", queue or self.name),
+                queue=_check_name(
+                    "queue name", queue or route(self.routes, task_name) or self.name
+                ),
                 retries=retries,
                 retry_policy=retry_policy or DEFAULT_RETRY_POLICY,
                 timeout=timeout,
                 executor=chosen,
                 store_result=store_result,
                 dead_letter=dead_letter,
+                priority=priority,
+                rate_limit=rate_limit,
+                rate_key=rate_key,
             )
             self.tasks[task_name] = registered
             return registered
@@ -260,6 +305,98 @@ class Queue:
         if fn is not None:
             return register(fn)
         return register
+
+    def periodic(
+        self,
+        schedule: Schedule | str | float | datetime.timedelta,
+        *,
+        tz: str | None = None,
+        missed: MissedPolicy = "run_once",
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        priority: str | None = None,
+        **task_options: Any,
+    ) -> _TaskDecorator:
+        """Register a function as a task (like :meth:`task`) that a Scheduler runs periodically.
+
+        Args:
+            schedule: ``Every(seconds)``, ``Cron("*/5 * * * *", tz=...)``, a cron string
+                (evaluated in ``tz``) or an interval in seconds.
+            tz: IANA zone of a cron string (default UTC).
+            missed: what a scheduler does with occurrences missed while none ran:
+                ``"run_once"`` (the newest only), ``"run_all"`` (each, up to 100) or
+                ``"skip"`` (none); see :mod:`blitzq.scheduler`.
+            args, kwargs: arguments of every periodic call (plain data).
+            name: task name (default ``module.qualname``), also the periodic entry's name.
+            queue: queue its messages go to (default: this Queue's ``name``).
+            priority: ``"high"``, ``"normal"`` or ``"low"`` (applied once task priority is
+                supported).
+            task_options: any other option of :meth:`task` (retries, timeout, ...).
+
+        Raises:
+            ConfigurationError: a bad schedule or option, or a name already registered.
+            SerializationError: ``args`` or ``kwargs`` are not plain data.
+        """
+
+        def register(fn: Callable[..., Any]) -> Task[Any, Any]:
+            registered: Task[Any, Any] = self.task(name=name, queue=queue, **task_options)(fn)
+            self.add_periodic(
+                registered,
+                schedule,
+                tz=tz,
+                missed=missed,
+                args=args,
+                kwargs=kwargs,
+                priority=priority,
+            )
+            return registered
+
+        return register
+
+    def add_periodic(
+        self,
+        task: Task[Any, Any],
+        schedule: Schedule | str | float | datetime.timedelta,
+        *,
+        tz: str | None = None,
+        missed: MissedPolicy = "run_once",
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        priority: str | None = None,
+    ) -> PeriodicTask:
+        """Run an already registered task periodically; see :meth:`periodic` for the options.
+
+        Args:
+            name: the periodic entry's name (default: the task's name); give distinct names to
+                run one task on several schedules or with different arguments.
+            queue: queue to publish to (default: the task's queue).
+
+        Raises:
+            ConfigurationError: a bad option, or another periodic entry with the same name.
+            SerializationError: ``args`` or ``kwargs`` are not plain data.
+        """
+        from .scheduler import make_periodic
+
+        entry = make_periodic(
+            task,
+            schedule,
+            tz=tz,
+            missed=missed,
+            args=args,
+            kwargs=kwargs,
+            name=name,
+            queue=queue,
+            priority=priority,
+        )
+        existing = self.periodic_tasks.get(entry.name)
+        if existing is not None and existing.task.fn is not task.fn:
+            raise ConfigurationError(f"a periodic task named {entry.name!r} is already registered")
+        self.periodic_tasks[entry.name] = entry
+        return entry
 
     def get_task(self, name: str) -> Task[Any, Any]:
         """The task registered under ``name``.
@@ -276,7 +413,13 @@ class Queue:
     def _envelope(
         self, task: str, queue: str, args: Any, kwargs: Any, opts: CallOptions, now: float
     ) -> Envelope:
-        headers = opts.headers
+        headers: Mapping[str, Any] | None = opts.headers
+        correlation_id = opts.correlation_id
+        parent = current_task()
+        if parent is not None:  # enqueued from inside a task: carry its context along
+            correlation_id = correlation_id or parent.correlation_id or parent.id
+            if parent.headers:
+                headers = {**parent.headers, **(headers or {})}
         return Envelope(
             opts.task_id or uuid.uuid4().hex,
             task,
@@ -286,13 +429,28 @@ class Queue:
             1,
             now,
             now,
-            opts.correlation_id,
+            correlation_id,
             to_plain(dict(headers)) if headers else None,
             opts.timeout,
         )
 
     async def _publish(self, items: list[tuple[Envelope, bytes, float | None]]) -> None:
         broker = self.broker
+        if self.track_state:  # written before publishing, so a fast worker cannot overtake it
+            await broker.complete(
+                [
+                    Completion(
+                        env.queue, None, env.id,
+                        dumps({
+                            "id": env.id, "task": env.task, "queue": env.queue,
+                            "state": "queued" if due is None else "scheduled",
+                            "attempts": 0, "enqueued_at": env.created_at,
+                        }),
+                        self.result_ttl,
+                    )
+                    for env, _, due in items
+                ]
+            )  # fmt: skip
         now_items: dict[str, list[bytes]] = {}
         later: list[tuple[str, str, bytes, float]] = []
         for env, data, due in items:
@@ -322,13 +480,17 @@ class Queue:
     ) -> TaskHandle[Any]:
         now = time.time()
         if isinstance(task, str):
-            name, queue = task, opts.queue or self.name
+            name = task
+            queue = physical_queue(
+                opts.queue or route(self.routes, name) or self.name, opts.priority or "normal"
+            )
         else:
-            name, queue = task.name, opts.queue or task.queue
+            name = task.name
+            queue = physical_queue(opts.queue or task.queue, opts.priority or task.priority)
         env = self._envelope(name, queue, args, kwargs, opts, now)
         data = encode_envelope(env, self.max_message_size)
         due = opts.due_time(now) if opts is not _NO_OPTIONS else None
-        if due is None and queue in self._known_queues:
+        if due is None and queue in self._known_queues and not self.track_state:
             await self.broker.publish(queue, (data,))
         else:
             await self._publish([(env, data, due)])
@@ -344,7 +506,7 @@ class Queue:
             raise ConfigurationError("task_id cannot be bound for enqueue_many")
         now = time.time()
         due = opts.due_time(now) if opts is not _NO_OPTIONS else None
-        queue = opts.queue or task.queue
+        queue = physical_queue(opts.queue or task.queue, opts.priority or task.priority)
         items = []
         limit = self.max_message_size
         for call in calls:
@@ -384,8 +546,14 @@ class Queue:
         except TypeError as exc:
             raise ConfigurationError(str(exc)) from None
         registered = self.tasks.get(name)
-        if registered is not None and opts.queue is None:
-            opts = CallOptions(**{**options, "queue": registered.queue})
+        if registered is not None:
+            opts = CallOptions(
+                **{
+                    **options,
+                    "queue": opts.queue or registered.queue,
+                    "priority": opts.priority or registered.priority,
+                }
+            )
         return await self._enqueue(name, tuple(args), dict(kwargs or {}), opts)
 
     def send_sync(
@@ -430,6 +598,10 @@ class Queue:
             record = TaskRecord.from_bytes(data)
             if record.state is TaskState.SUCCEEDED:
                 return record.result
+            if record.state is TaskState.CANCELLED:
+                raise TaskCancelled(
+                    task_id, record.state.value, record.error_type, record.error, None
+                )
             if record.state.is_final:
                 raise TaskFailed(
                     task_id, record.state.value, record.error_type, record.error, record.traceback
@@ -441,6 +613,39 @@ class Queue:
     def get_result_sync(self, task_id: str, timeout: float | None = None) -> Any:
         """Blocking :meth:`get_result`."""
         return self._portal.call(self.get_result(task_id, timeout=timeout))
+
+    # ----------------------------------------------------------- cancellation
+    async def cancel(self, task_id: str) -> str:
+        """Cancel a task.
+
+        A scheduled (delayed, retrying or rate-limited) task is taken off the schedule and
+        never starts. A queued one is marked revoked: every worker skips it. A running one
+        is cancelled by its worker at once: an async task is cancelled, a thread task sees
+        ``current_task().cancelled``, a process task is terminated. Its record becomes
+        ``cancelled`` and ``result()`` raises :class:`TaskCancelled`.
+
+        Returns:
+            What the task was: ``"scheduled"``, ``"queued"``, ``"running"``, ``"pending"``
+            (queued or running: without ``track_state`` the two cannot be told apart) or
+            ``"finished"`` (already final: nothing changed).
+        """
+        now = time.time()
+        record = dumps(
+            {
+                "id": task_id,
+                "task": "",
+                "queue": "",
+                "state": "cancelled",
+                "error_type": "TaskCancelled",
+                "error": "cancelled by request",
+                "finished_at": now,
+            }
+        )
+        return await self.broker.cancel(task_id, record, self.result_ttl)
+
+    def cancel_sync(self, task_id: str) -> str:
+        """Blocking :meth:`cancel`."""
+        return self._portal.call(self.cancel(task_id))
 
     # ----------------------------------------------------------- dead letters
     async def dead_letters(self, limit: int = 100, offset: int = 0) -> list[DeadLetter]:

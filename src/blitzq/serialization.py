@@ -47,6 +47,8 @@ class Envelope(msgspec.Struct, array_like=True, gc=False):
         correlation_id: id shared by related tasks, or ``None``.
         headers: user metadata (``str`` keys, plain values), or ``None``.
         timeout: per-call timeout in seconds overriding the task's, or ``None``.
+        reserved: a rate-limit token is already reserved for this copy (it runs without
+            asking the bucket again).
     """
 
     id: str
@@ -60,6 +62,7 @@ class Envelope(msgspec.Struct, array_like=True, gc=False):
     correlation_id: str | None = None
     headers: dict[str, Any] | None = None
     timeout: float | None = None
+    reserved: bool = False
 
 
 def _to_ext(value: Any) -> Any:
@@ -161,7 +164,8 @@ def decode_envelope(data: bytes) -> Envelope:
     """
     try:
         return _envelope_decoder.decode(data)
-    except (msgspec.DecodeError, SerializationError, ValueError) as exc:
+    except (msgspec.DecodeError, SerializationError, ValueError, ArithmeticError) as exc:
+        # ArithmeticError: decimal.InvalidOperation from a malformed Decimal extension.
         raise SerializationError(f"malformed message: {exc}") from exc
 
 
@@ -185,5 +189,5 @@ def loads(data: bytes) -> Any:
     """
     try:
         return _any_decoder.decode(data)
-    except (msgspec.DecodeError, ValueError) as exc:
+    except (msgspec.DecodeError, ValueError, ArithmeticError) as exc:
         raise SerializationError(f"malformed data: {exc}") from exc

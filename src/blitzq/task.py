@@ -16,8 +16,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar
 
 from .exceptions import ConfigurationError
+from .ratelimit import RateLimit
 from .records import TaskRecord
 from .retries import RetryPolicy
+from .routing import check_priority
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -58,7 +60,9 @@ class CallOptions:
         headers: plain-data metadata carried with the message.
         timeout: seconds the task may run, overriding the task's ``timeout``.
         queue: queue to publish to, overriding the task's.
-        correlation_id: id shared by related tasks.
+        correlation_id: id shared by related tasks (default: inherited from the task that
+            enqueues, if any).
+        priority: ``"high"``, ``"normal"`` or ``"low"``, overriding the task's.
     """
 
     delay: float | None = None
@@ -68,6 +72,7 @@ class CallOptions:
     timeout: float | None = None
     queue: str | None = None
     correlation_id: str | None = None
+    priority: str | None = None
 
     def due_time(self, now: float) -> float | None:
         """Unix time the message becomes due, or ``None`` to publish at once.
@@ -112,6 +117,9 @@ class Task(Generic[P, R]):
         executor: Executor,
         store_result: bool | None,
         dead_letter: bool,
+        priority: str = "normal",
+        rate_limit: str | RateLimit | None = None,
+        rate_key: str | None = None,
     ) -> None:
         if executor not in EXECUTORS:
             raise ConfigurationError(f"executor must be one of {sorted(EXECUTORS)}")
@@ -134,6 +142,12 @@ class Task(Generic[P, R]):
         self.executor: Executor = executor
         self.store_result = store_result
         self.dead_letter = dead_letter
+        self.priority = check_priority(priority)
+        self.rate_limit = (
+            RateLimit.parse(rate_limit, key=rate_key or name) if rate_limit is not None else None
+        )
+        if rate_key is not None and rate_limit is None:
+            raise ConfigurationError(f"task {name}: rate_key= needs a rate_limit=")
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -159,11 +173,18 @@ class Task(Generic[P, R]):
         timeout: float | None = None,
         queue: str | None = None,
         correlation_id: str | None = None,
+        priority: str | None = None,
     ) -> BoundTask[P, R]:
-        """Bind per-call options; see :class:`CallOptions` for each (seconds for times)."""
+        """Bind per-call options; see :class:`CallOptions` for each (seconds for times).
+
+        Raises:
+            ConfigurationError: an unknown priority.
+        """
+        if priority is not None:
+            check_priority(priority)
         return BoundTask(
             self,
-            CallOptions(delay, eta, task_id, headers, timeout, queue, correlation_id),
+            CallOptions(delay, eta, task_id, headers, timeout, queue, correlation_id, priority),
         )
 
     async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
@@ -267,6 +288,14 @@ class TaskHandle(Generic[R]):
     def result_sync(self, timeout: float | None = None) -> R:
         """Blocking :meth:`result`."""
         return self._owner._portal.call(self.result(timeout=timeout))
+
+    async def cancel(self) -> str:
+        """Cancel the task; see :meth:`blitzq.Queue.cancel` for what happens and the answer."""
+        return await self._owner.cancel(self.id)
+
+    def cancel_sync(self) -> str:
+        """Blocking :meth:`cancel`."""
+        return self._owner._portal.call(self.cancel())
 
     async def status(self) -> TaskRecord | None:
         """The task's record, or ``None`` when none is stored (queued, or expired)."""

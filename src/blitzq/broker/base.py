@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -121,6 +121,27 @@ class Broker(abc.ABC):
         """
 
     @abc.abstractmethod
+    async def fetch_first(
+        self, queues: Sequence[str], count: int, timeout: float
+    ) -> list[Delivery]:
+        """Take up to ``count`` messages from ``queues`` in the order given (priority levels).
+
+        Earlier queues are drained first. When all are empty, blocks up to ``timeout`` seconds
+        on all of them at once (0 = do not block) and returns what arrives first (a few
+        messages at most, possibly from more than one queue).
+        """
+
+    async def acquire_rate(self, buckets: Sequence[tuple[str, float, float]]) -> tuple[bool, float]:
+        """Take one token from each ``(key, rate per second, capacity)`` token bucket.
+
+        Returns:
+            ``(reserved, wait)``: with ``reserved`` the tokens are taken (possibly on credit)
+            and the caller may start after ``wait`` seconds without asking again; without it
+            nothing was taken and the caller should ask again after ``wait`` seconds.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support rate limits")
+
+    @abc.abstractmethod
     async def complete(self, completions: Sequence[Completion]) -> None:
         """Apply completions; each one atomically, a batch in as few round-trips as possible."""
 
@@ -160,6 +181,48 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def scheduled_count(self) -> int:
         """Number of messages on the schedule."""
+
+    # --------------------------------------------------------------- periodic
+    async def claim_periodic(
+        self, name: str, occurrence: float, message: bytes, queue: str
+    ) -> bool:
+        """Dispatch one occurrence of the periodic task ``name``, at most once.
+
+        Atomically: when the stored last occurrence of ``name`` is missing or older than
+        ``occurrence`` (Unix seconds), store ``occurrence`` and publish ``message`` to
+        ``queue``; otherwise do nothing. However many schedulers race, one of them wins.
+
+        Returns:
+            ``True`` when this call dispatched the occurrence.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support periodic tasks")
+
+    async def periodic_last(self, names: Sequence[str]) -> dict[str, float]:
+        """The last dispatched occurrence (Unix seconds) of each name that has one."""
+        raise NotImplementedError(f"{type(self).__name__} does not support periodic tasks")
+
+    # ----------------------------------------------------------- cancellation
+    async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
+        """Cancel a task and store ``record`` (state cancelled) for ``ttl`` seconds.
+
+        Returns:
+            ``"scheduled"`` (removed from the schedule: it never starts), ``"queued"`` or
+            ``"pending"`` (marked revoked: a worker skips it), ``"running"`` (workers are told
+            to cancel it), or ``"finished"`` (already in a final state: nothing changed).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support cancellation")
+
+    async def revoked(self) -> dict[str, float]:
+        """Cancelled task ids still marked, with the Unix time their mark expires."""
+        raise NotImplementedError(f"{type(self).__name__} does not support cancellation")
+
+    def events(self) -> AsyncIterator[tuple[str, str]]:
+        """Push notifications for workers: ``("revoke", task_id)`` and ``("schedule", eta)``.
+
+        The iterator ends (or raises BrokerError) when the connection is lost; callers
+        resubscribe and resynchronise.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no event channel")
 
     # ---------------------------------------------------------------- records
     @abc.abstractmethod

@@ -15,12 +15,12 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 from ..exceptions import SerializationError
-from ..serialization import decode_envelope, dumps
+from ..serialization import decode_envelope, dumps, loads
 from .base import Broker, Completion, DeadLetterFields, Delivery, Guarantee
 
 T = TypeVar("T")
@@ -79,6 +79,12 @@ class MemoryBroker(Broker):
         self._workers: dict[str, tuple[bytes, float]] = {}
         self._fetchers: dict[str, list[_Waiter]] = {}
         self._record_waiters: dict[str, list[_Waiter]] = {}
+        self._periodic: dict[str, float] = {}
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self._revoked: dict[str, float] = {}
+        self._subscribers: list[
+            tuple[asyncio.AbstractEventLoop, asyncio.Queue[tuple[str, str]]]
+        ] = []
 
     @classmethod
     def named(cls, name: str) -> MemoryBroker:
@@ -173,6 +179,48 @@ class MemoryBroker(Broker):
         result = await self._block(self._fetchers, queue, timeout, lambda: self._take(queue, count))
         return result or []
 
+    async def fetch_first(
+        self, queues: Sequence[str], count: int, timeout: float
+    ) -> list[Delivery]:
+        """Take from ``queues`` in order; when all are empty, block on all up to ``timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                out: list[Delivery] = []
+                for queue in queues:
+                    out += self._take(queue, count - len(out)) or []
+                remaining = deadline - time.monotonic()
+                if out or remaining <= 0:
+                    return out
+                waiter: _Waiter = (loop, loop.create_future())
+                for queue in queues:
+                    self._fetchers.setdefault(queue, []).append(waiter)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter[1], remaining)
+            with self._lock:
+                for queue in queues:
+                    waiters = self._fetchers.get(queue)
+                    if waiters is not None and waiter in waiters:
+                        waiters.remove(waiter)
+                        if not waiters:
+                            del self._fetchers[queue]
+
+    async def acquire_rate(self, buckets: Sequence[tuple[str, float, float]]) -> tuple[bool, float]:
+        """Token buckets as in ``lua/rate_acquire.lua``, on this process's monotonic clock."""
+        with self._lock:
+            now = time.monotonic()
+            levels = []
+            for key, rate, capacity in buckets:
+                tokens, stamp = self._buckets.get(key, (capacity, now))
+                levels.append(min(capacity, tokens + max(0.0, now - stamp) * rate))
+            wait = 0.0
+            for (key, rate, _), tokens in zip(buckets, levels, strict=True):
+                self._buckets[key] = (tokens - 1, now)
+                if tokens - 1 < 0:
+                    wait = max(wait, (1 - tokens) / rate)
+            return True, wait
+
     async def complete(self, completions: Sequence[Completion]) -> None:
         """Apply completions as ``complete.lua`` does, the whole batch atomically."""
         with self._lock:
@@ -184,6 +232,7 @@ class MemoryBroker(Broker):
                     self._store_record(c.task_id, c.record, c.record_ttl)
                 if c.reschedule:
                     self._schedule[c.task_id] = (c.eta, c.queue, c.reschedule)
+                    self._announce("schedule", repr(c.eta))
                 if c.dead_letter is not None:
                     self._dead[c.task_id] = c.dead_letter
                     dead_added = True
@@ -249,6 +298,7 @@ class MemoryBroker(Broker):
         with self._lock:
             for task_id, queue, message, eta in items:
                 self._schedule[task_id] = (eta, queue, message)
+                self._announce("schedule", repr(eta))
 
     async def promote_due(self, now: float, limit: int) -> tuple[int, float | None]:
         """Move up to ``limit`` messages due at ``now`` (Unix seconds) to their queues' tails."""
@@ -261,10 +311,75 @@ class MemoryBroker(Broker):
             next_eta = min((eta for eta, _, _ in sched.values()), default=None)
             return min(len(due), max(0, limit)), next_eta
 
+    # ----------------------------------------------------------- cancellation
+    def _announce(self, kind: str, value: str) -> None:
+        """Push an event to every :meth:`events` subscriber (lock held)."""
+        for loop, inbox in self._subscribers:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(inbox.put_nowait, (kind, value))
+
+    async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
+        """Same answers as ``lua/cancel.lua``."""
+        with self._lock:
+            existing = self._get_record(task_id)
+            state = None
+            if existing is not None:
+                with contextlib.suppress(SerializationError):
+                    decoded = loads(existing)
+                    state = decoded.get("state") if isinstance(decoded, dict) else None
+            if state in ("succeeded", "failed", "dead_lettered", "cancelled", "expired"):
+                return "finished"
+            self._store_record(task_id, record, ttl)
+            if self._schedule.pop(task_id, None) is not None:
+                return "scheduled"
+            self._revoked[task_id] = time.time() + ttl
+            self._announce("revoke", task_id)
+        if state == "running":
+            return "running"
+        return "queued" if state else "pending"
+
+    async def revoked(self) -> dict[str, float]:
+        """Cancelled ids whose mark has not expired."""
+        now = time.time()
+        with self._lock:
+            return {k: v for k, v in self._revoked.items() if v > now}
+
+    async def events(self) -> AsyncIterator[tuple[str, str]]:
+        """Events pushed by :meth:`cancel` and the schedule, for as long as the caller reads."""
+        inbox: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        entry = (asyncio.get_running_loop(), inbox)
+        with self._lock:
+            self._subscribers.append(entry)
+        try:
+            while True:
+                yield await inbox.get()
+        finally:
+            with self._lock:
+                self._subscribers.remove(entry)
+
     async def scheduled_count(self) -> int:
         """Number of messages on the schedule."""
         with self._lock:
             return len(self._schedule)
+
+    # --------------------------------------------------------------- periodic
+    async def claim_periodic(
+        self, name: str, occurrence: float, message: bytes, queue: str
+    ) -> bool:
+        """Compare-and-set the last occurrence of ``name`` and publish, atomically."""
+        with self._lock:
+            last = self._periodic.get(name)
+            if last is not None and last >= occurrence:
+                return False
+            self._periodic[name] = float(occurrence)
+            self._queues.add(queue)
+            self._push(queue, message, 1)
+            return True
+
+    async def periodic_last(self, names: Sequence[str]) -> dict[str, float]:
+        """Last dispatched occurrence of each name that has one."""
+        with self._lock:
+            return {n: self._periodic[n] for n in names if n in self._periodic}
 
     # ---------------------------------------------------------------- records
     async def get_record(self, task_id: str) -> bytes | None:

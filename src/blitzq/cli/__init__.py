@@ -16,6 +16,7 @@ import click
 from .. import __version__
 from ._common import global_options
 from .inspect import dead_letter_group, queue_group, task_group
+from .scheduler import scheduler_group
 from .server import server_group
 from .worker import worker_command
 
@@ -34,6 +35,7 @@ cli.add_command(task_group)
 cli.add_command(dead_letter_group)
 cli.add_command(queue_group)
 cli.add_command(server_group)
+cli.add_command(scheduler_group)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -138,12 +138,23 @@ def _startup(worker: Worker, url: str) -> None:
     )
 
 
-async def _serve(worker: Worker) -> None:
+async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
     queue = worker.queue
     try:
         await queue.broker.ping()
         _startup(worker, queue.url)
-        await worker.run()
+        if not with_scheduler:
+            await worker.run()
+            return
+        from ..scheduler import Scheduler
+
+        scheduler = Scheduler(queue)
+        scheduling = asyncio.create_task(scheduler.run(), name="blitzq-scheduler")
+        try:
+            await worker.run()
+        finally:
+            scheduler.stop()
+            await scheduling
     finally:
         with contextlib.suppress(BlitzQError):
             await queue.close()
@@ -191,6 +202,22 @@ async def _serve(worker: Worker) -> None:
     show_envvar=True,
     help="Logs on stderr as text or JSON lines.",
 )
+@click.option(
+    "--scheduler",
+    "with_scheduler",
+    is_flag=True,
+    default=False,
+    help="Also run a scheduler (periodic tasks) in this process; stopped with the worker.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    envvar="BLITZQ_WORKERS",
+    show_envvar=True,
+    help="Worker processes, run and restarted by a supervisor (1: run in this process).",
+)
 @global_options
 def worker_command(
     app: str,
@@ -199,6 +226,8 @@ def worker_command(
     shutdown_timeout: float,
     log_level: str,
     log_format: str,
+    with_scheduler: bool,
+    workers: int,
 ) -> None:
     """Run a worker for the blitzq.Queue at MODULE:ATTR (for example myapp.tasks:queue).
 
@@ -209,6 +238,22 @@ def worker_command(
     s = settings()
     with cli_errors(s.redis_url):
         configure_logging(log_level, "json" if log_format == "json" else "text")
+    if workers > 1:  # a supervisor runs N copies of this command with --workers 1
+        from .. import supervisor
+
+        typed = {n: getattr(s, n) if n in s.from_command_line else None for n in _ENV}
+        argv = supervisor.worker_command(
+            app,
+            queues=queues,
+            concurrency=concurrency,
+            shutdown_timeout=shutdown_timeout,
+            log_level=log_level,
+            log_format=log_format,
+            json_output=s.json,
+            extra=["--scheduler"] if with_scheduler else [],
+            **typed,
+        )
+        sys.exit(supervisor.supervise(argv, workers, shutdown_timeout, json_output=s.json))
     _export_settings(s)
     queue = load_queue(app)
     _override(queue, s)
@@ -220,7 +265,7 @@ def worker_command(
             shutdown_timeout=shutdown_timeout,
             handle_signals=True,
         )
-        asyncio.run(_serve(worker))
+        asyncio.run(_serve(worker, with_scheduler))
     _exit_past_abandoned_threads()
 
 

@@ -12,6 +12,7 @@ import traceback as tb
 from typing import Any
 
 from ..broker.base import Completion, DeadLetterFields, Delivery
+from ..context import TaskContext
 from ..exceptions import Retry, SerializationError, TaskTimeout, describe_error
 from ..serialization import Envelope, dumps, encode_envelope
 from ..task import Task
@@ -33,6 +34,7 @@ class Job:
 
     __slots__ = (
         "attempt",
+        "context",
         "delivery",
         "envelope",
         "finished",
@@ -53,6 +55,7 @@ class Job:
         self.timer: Any = None
         self.timed_out = False
         self.finished = False
+        self.context: TaskContext | None = None
 
 
 class Outcomes:
@@ -110,8 +113,13 @@ class Outcomes:
             return self.failure(job, exc, retry=False)
         return Completion(d.queue, d.token, job.envelope.id, record, self.result_ttl)
 
-    def failure(self, job: Job, exc: BaseException, retry: bool = True) -> Completion:
-        """Completion of a run that raised ``exc``: a retry, a failure or a dead letter."""
+    def failure(
+        self, job: Job, exc: BaseException, retry: bool = True, track_state: bool = False
+    ) -> Completion:
+        """Completion of a run that raised ``exc``: a retry, a failure or a dead letter.
+
+        With ``track_state`` a retry also writes a ``retrying`` record.
+        """
         task, env, d = job.task, job.envelope, job.delivery
         policy = task.retry_policy
         if isinstance(exc, Retry):
@@ -141,7 +149,13 @@ class Outcomes:
                 env.timeout,
             )
             data = encode_envelope(again, max(self.max_message_size, len(d.payload) * 2))
-            return Completion(d.queue, d.token, env.id, reschedule=data, eta=now + delay)
+            record = None
+            if track_state:
+                error_type, message = describe_error(cause)
+                record = self._record(job, "retrying", error_type=error_type, error=message)
+            return Completion(
+                d.queue, d.token, env.id, record, self.result_ttl, reschedule=data, eta=now + delay
+            )
         error_type, message = describe_error(cause)
         trace = "".join(tb.format_exception(type(cause), cause, cause.__traceback__))
         if task.dead_letter:
@@ -187,6 +201,30 @@ class Outcomes:
         return Completion(
             delivery.queue, delivery.token, ident, record, self.result_ttl, dead_letter=dead
         )
+
+    def progress(self, job: Job, state: str) -> Completion:
+        """Completion that only writes a non-final record (``running``); nothing is acked."""
+        return Completion(
+            job.delivery.queue, None, job.envelope.id, self._record(job, state), self.result_ttl
+        )
+
+    def cancelled(self, d: Delivery, env: Envelope, attempt: int) -> Completion:
+        """Completion acking a cancelled task with a ``cancelled`` record."""
+        record = dumps(
+            {
+                "id": env.id,
+                "task": env.task,
+                "queue": d.queue,
+                "state": "cancelled",
+                "attempts": attempt,
+                "enqueued_at": env.created_at,
+                "finished_at": time.time(),
+                "worker": self.worker_id,
+                "error_type": "TaskCancelled",
+                "error": "cancelled by request",
+            }
+        )
+        return Completion(d.queue, d.token, env.id, record, self.result_ttl)
 
     @staticmethod
     def requeue(job: Job) -> Completion:

@@ -12,9 +12,12 @@ import asyncio
 import concurrent.futures
 import importlib
 import multiprocessing
+import os
 import sys
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
+
+from ..supervisor import die_with_parent
 
 _PENDING: Any = object()
 
@@ -99,8 +102,12 @@ class ProcessPool:
     ) -> asyncio.Future[Any]:
         """Run ``fn(*args, **kwargs)`` in a pool process; the function must be importable."""
         if self._pool is None:
+            # Pool processes die with this worker, even when it is SIGKILLed (Linux).
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=self.size, mp_context=multiprocessing.get_context("spawn")
+                max_workers=self.size,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=die_with_parent,
+                initargs=(os.getpid(),),
             )
         future = self._pool.submit(_run_by_reference, fn.__module__, fn.__qualname__, args, kwargs)
         return asyncio.wrap_future(future)

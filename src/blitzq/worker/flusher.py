@@ -59,6 +59,10 @@ class Flusher:
             try:
                 await self.broker.complete(batch)
             except BrokerError as exc:
+                if not exc.transient:
+                    await self._isolate(batch, exc)
+                    del self._pending[: len(batch)]
+                    continue
                 logger.warning(
                     "completion batch of %d failed, retrying in %.2f s: %s", len(batch), delay, exc
                 )
@@ -67,6 +71,22 @@ class Flusher:
                 continue
             delay = 0.05
             del self._pending[: len(batch)]
+
+    async def _isolate(self, batch: list[Completion], error: BrokerError) -> None:
+        """A batch the server refused: apply its completions one by one, drop the bad ones.
+
+        A dropped completion's delivery is not acknowledged, so in reliable mode the message
+        is delivered again (and dead-lettered after ``max_deliveries``); nothing else waits.
+        """
+        logger.error("completion batch of %d refused by the broker: %s", len(batch), error)
+        for completion in batch:
+            try:
+                await self.broker.complete([completion])
+            except BrokerError as exc:
+                if exc.transient:
+                    self._pending.append(completion)
+                else:
+                    logger.error("dropped the completion of task %s: %s", completion.task_id, exc)
 
     async def flush(self) -> None:
         """Return once everything queued so far is written."""

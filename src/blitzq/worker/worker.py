@@ -1,19 +1,19 @@
-"""The worker: fetch loops, execution, group commit, background loops and shutdown.
+"""The worker: lifecycle, fetch loops and graceful shutdown.
 
 One fetch loop per subscribed queue reserves slots from the queue's and the global limiter
-*before* it fetches, takes up to that many messages without blocking, and blocks for a single
-message (at most ``block_timeout`` seconds) only when the queue is empty. Excess work stays in
-Redis. Completions go to the :class:`~blitzq.worker.flusher.Flusher`. Background loops promote
-due scheduled messages, register the worker, renew leases and recover abandoned messages.
+*before* it fetches, takes up to that many messages from the queue's priority levels
+(``<q>:high``, ``<q>``, ``<q>:low``, in that order) without blocking, and blocks for a single
+message on all levels at once (at most ``block_timeout`` seconds) only when they are empty.
+Excess work stays in Redis. The :class:`~blitzq.worker.runner.Runner` runs what was fetched;
+completions go to the :class:`~blitzq.worker.flusher.Flusher`; background loops
+(:mod:`~blitzq.worker.maintenance`) promote scheduled messages, follow cancellations, register
+the worker, renew leases and recover abandoned messages.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import contextvars
-import functools
 import logging
 import os
 import signal
@@ -21,17 +21,16 @@ import socket
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from ..broker.base import Broker, Delivery
+from ..broker.base import Broker, Completion, Delivery
 from ..exceptions import BrokerError, ConfigurationError, SerializationError
 from ..queue import Queue
+from ..routing import base_queue, levels
 from ..serialization import decode_envelope, dumps
-from .execution import Job, Outcomes
-from .executors import ProcessPool, start_eagerly
 from .flusher import Flusher
 from .limiter import Limiter, Slots
 from .maintenance import Maintenance
+from .runner import Runner
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -42,9 +41,9 @@ class Worker:
     Args:
         queue: the Queue whose tasks (and broker settings) this worker uses.
         queues: queue names to consume (default: the Queue's ``name`` and every queue a
-            registered task names).
+            registered task names); each includes its ``:high`` and ``:low`` levels.
         concurrency: tasks running at once in this process, across all queues.
-        queue_concurrency: optional per-queue bound, ``{"emails": 5}``.
+        queue_concurrency: optional per-queue bound, ``{"emails": 5}`` (all levels together).
         batch_size: most messages taken in one fetch.
         block_timeout: seconds one fetch blocks on an empty queue.
         shutdown_timeout: seconds a graceful stop waits for running tasks before requeueing
@@ -81,10 +80,13 @@ class Worker:
         self.queue = queue
         if queues is None:
             names = {queue.name} | {t.queue for t in queue.tasks.values()}
+            names |= {p.queue for p in queue.periodic_tasks.values() if p.queue}
             queues = sorted(names)
-        self.queues = list(dict.fromkeys(queues))
+        self.queues = list(dict.fromkeys(base_queue(q) for q in queues))
         if not self.queues:
             raise ConfigurationError("a worker needs at least one queue")
+        self.levels = {q: levels(q) for q in self.queues}
+        self.physical_queues = [p for q in self.queues for p in self.levels[q]]
         self.concurrency = concurrency
         self.queue_concurrency = dict(queue_concurrency or {})
         for q, n in self.queue_concurrency.items():
@@ -97,14 +99,10 @@ class Worker:
         self.process_pool_size = process_pool_size or os.cpu_count() or 2
         self.handle_signals = handle_signals
         self.id = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.processed = 0
-        self.failed = 0
         self._stop_event: asyncio.Event | None = None
         self._stopping = False
-        self._jobs: set[Job] = set()
         self._fetching: dict[str, bool] = {}
-        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
-        self._processes: ProcessPool | None = None
+        self._runner: Runner | None = None
         self._started = time.time()
 
     # --------------------------------------------------------------- control
@@ -112,6 +110,27 @@ class Worker:
     def stopping(self) -> bool:
         """Whether a stop was requested."""
         return self._stopping
+
+    @property
+    def processed(self) -> int:
+        """Tasks that succeeded in this worker."""
+        return self._runner.processed if self._runner else 0
+
+    @property
+    def failed(self) -> int:
+        """Attempts that failed (or messages dead-lettered) in this worker."""
+        return self._runner.failed if self._runner else 0
+
+    @property
+    def runner(self) -> Runner:
+        """The runner of the running worker.
+
+        Raises:
+            RuntimeError: the worker is not running.
+        """
+        if self._runner is None:
+            raise RuntimeError("the worker is not running")
+        return self._runner
 
     def _stop_requested(self) -> bool:
         return self._stopping
@@ -145,7 +164,7 @@ class Worker:
     async def _run(self) -> None:
         self.broker: Broker = self.queue.broker
         broker = self.broker
-        await broker.prepare_consumer(self.queues, self.id)
+        await broker.prepare_consumer(self.physical_queues, self.id)
         for hook in self.queue.on_startup:
             await hook()
         self._global = Limiter(self.concurrency)
@@ -157,23 +176,18 @@ class Worker:
             for q in self.queues
         }
         self._flusher = Flusher(broker)
-        self._outcomes = Outcomes(
-            self.id, self.queue.store_results, self.queue.result_ttl, self.queue.max_message_size
-        )
+        self._runner = Runner(self, broker, self._flusher)
         self._maintenance = Maintenance(self, broker)
         flusher_task = asyncio.create_task(self._flusher.run(), name="blitzq-flusher")
+        background = await self._maintenance.start()
         fetchers = {
             q: asyncio.create_task(self._fetch_loop(q), name=f"blitzq-fetch-{q}")
             for q in self.queues
         }
-        background = self._maintenance.start()
         logger.info(
             "worker %s started: queues=%s concurrency=%d mode=%s",
-            self.id,
-            ",".join(self.queues),
-            self.concurrency,
-            self.queue.mode,
-        )
+            self.id, ",".join(self.queues), self.concurrency, self.queue.mode,
+        )  # fmt: skip
         assert self._stop_event is not None
         try:
             await self._stop_event.wait()
@@ -186,6 +200,7 @@ class Worker:
     # ------------------------------------------------------------- fetching
     async def _fetch_loop(self, queue: str) -> None:
         slots = self._slots[queue]
+        runner = self.runner
         batch = self.batch_size
         backoff = 0.1
         while not self._stop_requested():
@@ -215,7 +230,7 @@ class Worker:
                 return
             for d in deliveries:
                 try:
-                    self._start(d, slots)
+                    runner.start(d, slots)
                 except Exception:  # a bug here must not stop the queue; the lease recovers it
                     logger.exception("could not start a message from %s", queue)
                     slots.release()
@@ -223,13 +238,14 @@ class Worker:
     async def _fetch(self, queue: str, slots: Slots, n: int) -> list[Delivery]:
         """Fetch with ``n`` reserved slots; on return, exactly one slot is held per delivery.
 
-        Takes what is waiting without blocking. On an empty queue it blocks for a single
-        message holding only the queue's own slot, so an idle queue never keeps global
-        capacity from busy ones, and takes a global slot back once a message arrives.
+        Takes what is waiting on the queue's levels without blocking. When all are empty it
+        blocks on all levels at once holding only the queue's own slot, so an idle queue
+        never keeps global capacity from busy ones, and takes global slots back for what
+        arrives.
         """
-        broker = self.broker
+        broker, names = self.broker, self.levels[queue]
         try:
-            deliveries = await broker.fetch(queue, n, 0)
+            deliveries = await broker.fetch_first(names, n, 0)
         except BrokerError:
             slots.release(n)
             raise
@@ -239,163 +255,34 @@ class Worker:
         slots.release(n - 1)
         slots.global_limiter.release(1)
         try:
-            deliveries = await broker.fetch(queue, 1, self.block_timeout)
+            deliveries = await broker.fetch_first(names, 1, self.block_timeout)
         except BrokerError:
             slots.release_queue(1)
             raise
         if not deliveries:
             slots.release_queue(1)
             return deliveries
+        # A blocking read over several levels can return one message from each.
         await slots.global_limiter.wait_free()
         slots.global_limiter.take(1)
+        for _ in deliveries[1:]:
+            await slots.reserve(1)
         return deliveries
 
     def _requeue_unstarted(self, d: Delivery) -> None:
-        from ..broker.base import Completion
-
         try:
             task_id = decode_envelope(d.payload).id
         except SerializationError:
             task_id = (d.token or b"").decode() or "unknown"
         self._flusher.add(Completion(d.queue, d.token, task_id, requeue=d.payload))
 
-    # ------------------------------------------------------------- execution
-    def _start(self, d: Delivery, slots: Slots) -> None:
-        """Begin one delivery; the slot it holds is released when it is really done."""
-        if len(d.payload) > self.queue.max_message_size:
-            self._reject(d, "message too large", f"{len(d.payload)} bytes", slots)
-            return
-        try:
-            env = decode_envelope(d.payload)
-        except SerializationError as exc:
-            self._reject(d, "malformed message", str(exc), slots)
-            return
-        task = self.queue.tasks.get(env.task)
-        if task is None:
-            self._reject(
-                d,
-                "unknown task",
-                f"no task named {env.task!r} is registered in this worker",
-                slots,
-                env.id,
-                env.task,
-            )
-            return
-        job = Job(d, env, task)
-        job.started_at = time.time()
-        timeout = env.timeout or task.timeout
-        executor = task.executor
-        if executor == "async":
-            try:
-                coro = task.fn(*env.args, **env.kwargs)
-            except BaseException as exc:
-                self._finish(job, None, exc)
-                slots.release()
-                return
-            result, error, started = start_eagerly(coro)  # type: ignore[arg-type]
-            if started is None:
-                self._finish(job, result, error)
-                slots.release()
-                return
-            handle: asyncio.Future[Any] = started
-        else:
-            call = functools.partial(task.fn, *env.args, **env.kwargs)
-            loop = asyncio.get_running_loop()
-            if executor == "thread":
-                if self._threads is None:
-                    self._threads = concurrent.futures.ThreadPoolExecutor(
-                        self.thread_pool_size, thread_name_prefix="blitzq-task"
-                    )
-                ctx = contextvars.copy_context()
-                handle = loop.run_in_executor(self._threads, ctx.run, call)
-            else:
-                if self._processes is None:
-                    self._processes = ProcessPool(self.process_pool_size)
-                handle = self._processes.submit(task.fn, env.args, env.kwargs)
-        job.handle = handle
-        self._jobs.add(job)
-        if timeout:
-            job.timer = asyncio.get_running_loop().call_later(timeout, self._on_timeout, job)
-        handle.add_done_callback(functools.partial(self._on_done, job, slots))
-
-    def _finish(self, job: Job, result: Any, error: BaseException | None) -> None:
-        if error is None:
-            completion = self._outcomes.success(job, result)
-            self.processed += 1
-        else:
-            if isinstance(error, (KeyboardInterrupt, SystemExit)):
-                logger.error("task %s raised %r; treated as a failure", job.envelope.id, error)
-            completion = self._outcomes.failure(job, error)
-            self.failed += 1
-            if logger.isEnabledFor(logging.INFO):
-                logger.info(
-                    "task %s %s attempt %d failed: %r",
-                    job.envelope.task,
-                    job.envelope.id,
-                    job.attempt,
-                    error,
-                )
-        if completion is not None:
-            self._flusher.add(completion)
-
-    def _on_timeout(self, job: Job) -> None:
-        if job.finished:
-            return
-        job.timed_out = True
-        timeout = job.envelope.timeout or job.task.timeout or 0.0
-        if job.task.executor == "async":
-            job.handle.cancel()
-            return
-        # A thread or process cannot be interrupted: record the timeout now, keep the slot
-        # until the call really returns so the concurrency bound holds.
-        job.finished = True
-        self.failed += 1
-        self._flusher.add(self._outcomes.timeout(job, timeout))
-
-    def _on_done(self, job: Job, slots: Slots, handle: asyncio.Future[Any]) -> None:
-        self._jobs.discard(job)
-        if job.timer is not None:
-            job.timer.cancel()
-        slots.release()
-        if job.finished:
-            return
-        job.finished = True
-        if job.timed_out:
-            timeout = job.envelope.timeout or job.task.timeout or 0.0
-            self.failed += 1
-            self._flusher.add(self._outcomes.timeout(job, timeout))
-        elif handle.cancelled():
-            # Not cancelled by the worker (that marks the job finished first): the task
-            # cancelled itself, which counts as a failure rather than a silent requeue loop.
-            self._finish(job, None, asyncio.CancelledError("the task was cancelled"))
-        else:
-            error = handle.exception()
-            self._finish(job, None if error else handle.result(), error)
-
-    def _reject(
-        self,
-        d: Delivery,
-        reason: str,
-        error: str,
-        slots: Slots,
-        task_id: str | None = None,
-        task: str = "",
-    ) -> None:
-        logger.warning("dead-lettering message from %s: %s (%s)", d.queue, reason, error)
-        self._flusher.add(self._outcomes.rejected(d, reason, error, task_id, task))
-        self.failed += 1
-        slots.release()
-
     def running_tokens(self, queue: str) -> list[bytes]:
-        """Delivery tokens of the jobs of ``queue`` still running (for lease renewal)."""
-        return [
-            j.delivery.token
-            for j in self._jobs
-            if j.delivery.queue == queue and j.delivery.token is not None
-        ]
+        """Delivery tokens of the jobs from physical ``queue`` still running (leases)."""
+        return self._runner.running_tokens(queue) if self._runner else []
 
     def info(self) -> bytes:
         """This worker's registration record."""
+        runner = self._runner
         return dumps(
             {
                 "id": self.id,
@@ -403,7 +290,7 @@ class Worker:
                 "pid": os.getpid(),
                 "queues": self.queues,
                 "concurrency": self.concurrency,
-                "running": len(self._jobs),
+                "running": len(runner.jobs) if runner else 0,
                 "processed": self.processed,
                 "failed": self.failed,
                 "started_at": self._started,
@@ -418,7 +305,8 @@ class Worker:
         background: list[asyncio.Task[None]],
         flusher_task: asyncio.Task[None],
     ) -> None:
-        logger.info("worker %s stopping: %d task(s) running", self.id, len(self._jobs))
+        runner = self.runner
+        logger.info("worker %s stopping: %d task(s) running", self.id, len(runner.jobs))
         # 1. Stop fetching. A loop inside a fetch finishes that command (its messages are
         #    requeued); a loop waiting for a free slot holds no message and is cancelled.
         for q, t in fetchers.items():
@@ -428,18 +316,12 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         # 2. Let running tasks finish, up to shutdown_timeout.
-        if self._jobs:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._global.drained(), timeout=self.shutdown_timeout)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._global.drained(), timeout=self.shutdown_timeout)
         # 3. Requeue what is still running.
-        leftover = [j for j in self._jobs if not j.finished]
-        for job in leftover:
-            job.finished = True
-            self._flusher.add(Outcomes.requeue(job))
-            if job.handle is not None:
-                job.handle.cancel()
+        leftover = runner.requeue_unfinished()
         if leftover:
-            logger.warning("requeued %d task(s) still running at shutdown", len(leftover))
+            logger.warning("requeued %d task(s) still running at shutdown", leftover)
         await asyncio.sleep(0)
         # redis-py can swallow a cancellation that lands while it opens a connection (the
         # command then returns normally), so cancel again until every loop has ended.
@@ -451,6 +333,7 @@ class Worker:
         for t in background:
             if not t.cancelled() and t.exception() is not None:
                 logger.error("background loop %s failed", t.get_name(), exc_info=t.exception())
+        await runner.close(killed=bool(leftover))
         # 4. Write every completion (bounded: unwritten acks are redelivered, never lost).
         self._flusher.close()
         try:
@@ -464,10 +347,6 @@ class Worker:
                 await hook()
             except Exception:
                 logger.exception("shutdown hook failed")
-        if self._threads is not None:
-            self._threads.shutdown(wait=False, cancel_futures=True)
-        if self._processes is not None:
-            self._processes.shutdown(kill=bool(leftover))
         logger.info(
             "worker %s stopped: %d succeeded, %d failed", self.id, self.processed, self.failed
         )

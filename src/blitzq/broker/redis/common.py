@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from importlib import resources
 from typing import Any, ClassVar, ParamSpec, TypeVar
 
@@ -19,7 +19,9 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...exceptions import BrokerError
 from ..base import Broker, Completion, DeadLetterFields
@@ -43,7 +45,8 @@ def translate_errors(
         try:
             return await fn(*args, **kwargs)
         except (RedisError, OSError) as exc:
-            raise BrokerError(f"{type(exc).__name__}: {exc}") from exc
+            transient = isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError))
+            raise BrokerError(f"{type(exc).__name__}: {exc}", transient) from exc
 
     return wrapper
 
@@ -115,6 +118,9 @@ class RedisBroker(Broker):
         self._complete = self.client.register_script(load_script("complete.lua"))
         self._promote = self.client.register_script(load_script("promote.lua"))
         self._replay = self.client.register_script(load_script("replay.lua"))
+        self._rate_acquire = self.client.register_script(load_script("rate_acquire.lua"))
+        self._cancel = self.client.register_script(load_script("cancel.lua"))
+        self._claim_periodic = self.client.register_script(load_script("claim_periodic.lua"))
         self._results = ResultListener(self.client)
 
     def queue_key(self, queue: str) -> str:
@@ -173,6 +179,16 @@ class RedisBroker(Broker):
             args=[keys.prefix, GROUP, self.dead_letter_cap, _batch_encoder.encode(entries)],
         )
 
+    @translate_errors
+    async def acquire_rate(self, buckets: Sequence[tuple[str, float, float]]) -> tuple[bool, float]:
+        """Reserve a token from each bucket in one script run on server time."""
+        keys = [self.keys.rate_limit(key) for key, _, _ in buckets]
+        args: list[float] = []
+        for _, rate, capacity in buckets:
+            args += (rate, capacity)
+        reserved, wait = await self._rate_acquire(keys=keys, args=args)
+        return reserved in (b"1", "1", 1), float(wait)
+
     # --------------------------------------------------------------- schedule
     @translate_errors
     async def schedule(self, items: Sequence[tuple[str, str, bytes, float]]) -> None:
@@ -188,7 +204,46 @@ class RedisBroker(Broker):
                     task_id,
                     self.kind.encode() + queue.encode() + b"\n" + message,
                 )
+            pipe.publish(keys.events, f"s:{min(eta for _, _, _, eta in items)!r}")
             await pipe.execute()
+
+    @translate_errors
+    async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
+        """Cancel atomically (one script): off the schedule, or revoked and announced."""
+        keys = self.keys
+        answer = await self._cancel(
+            keys=[keys.schedule, keys.schedule_data, keys.revoked, keys.record(task_id)],
+            args=[keys.prefix, task_id, repr(time.time()), ttl, record],
+        )
+        return answer.decode() if isinstance(answer, bytes) else str(answer)
+
+    @translate_errors
+    async def revoked(self) -> dict[str, float]:
+        """Revoked ids whose mark has not expired."""
+        rows = await self.client.zrangebyscore(
+            self.keys.revoked, time.time(), "+inf", withscores=True
+        )
+        return {member.decode(): float(score) for member, score in rows}
+
+    async def events(self) -> AsyncIterator[tuple[str, str]]:
+        """Messages of the namespace's event channel, on a pub/sub connection of their own."""
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            try:
+                await pubsub.subscribe(self.keys.events)
+                while True:
+                    message = await pubsub.get_message(timeout=5.0)
+                    if message is None or message.get("type") != "message":
+                        continue
+                    data = message["data"]
+                    text = data.decode() if isinstance(data, bytes) else str(data)
+                    kind, _, value = text.partition(":")
+                    yield ("revoke" if kind == "r" else "schedule"), value
+            except (RedisError, OSError) as exc:
+                raise BrokerError(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            with contextlib.suppress(RedisError, OSError):
+                await pubsub.aclose()
 
     @translate_errors
     async def promote_due(self, now: float, limit: int) -> tuple[int, float | None]:
@@ -203,6 +258,27 @@ class RedisBroker(Broker):
     async def scheduled_count(self) -> int:
         """Number of messages waiting on the schedule."""
         return int(await self.client.zcard(self.keys.schedule))
+
+    # --------------------------------------------------------------- periodic
+    @translate_errors
+    async def claim_periodic(
+        self, name: str, occurrence: float, message: bytes, queue: str
+    ) -> bool:
+        """Compare-and-set the last occurrence of ``name`` and publish, in one Lua call."""
+        keys = self.keys
+        done = await self._claim_periodic(
+            keys=[keys.periodic, self.queue_key(queue)],
+            args=[name, repr(float(occurrence)), self.kind, message],
+        )
+        return bool(done)
+
+    @translate_errors
+    async def periodic_last(self, names: Sequence[str]) -> dict[str, float]:
+        """Last dispatched occurrence of each name that has one (one HMGET)."""
+        if not names:
+            return {}
+        values = await self.client.hmget(self.keys.periodic, list(names))
+        return {n: float(v) for n, v in zip(names, values, strict=True) if v is not None}
 
     # ---------------------------------------------------------------- records
     @translate_errors

@@ -8,10 +8,10 @@ never runs one twice). Retries, results and dead letters work as in reliable mod
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..base import Delivery, Guarantee
-from .common import RedisBroker, translate_errors
+from .common import RedisBroker, load_script, translate_errors
 
 
 class FastRedisBroker(RedisBroker):
@@ -20,6 +20,10 @@ class FastRedisBroker(RedisBroker):
     guarantee = Guarantee.AT_MOST_ONCE
     supports_recovery = False
     kind: ClassVar[str] = "l"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pop_levels = self.client.register_script(load_script("pop_levels.lua"))
 
     def queue_key(self, queue: str) -> str:
         """The list of ``queue``."""
@@ -48,6 +52,23 @@ class FastRedisBroker(RedisBroker):
         if not items:
             return []
         return [Delivery(queue, None, item, 1) for item in items]
+
+    @translate_errors
+    async def fetch_first(
+        self, queues: Sequence[str], count: int, timeout: float
+    ) -> list[Delivery]:
+        """Pop from the lists in order in one script call; block on all of them at once."""
+        keys = [self.keys.list(q) for q in queues]
+        rows = await self._pop_levels(keys=keys, args=[count])
+        if rows or timeout <= 0:
+            return [Delivery(queues[int(i) - 1], None, item, 1) for i, item in rows]
+        reply = await self.client.execute_command(
+            "BLMPOP", timeout, len(keys), *keys, "LEFT", "COUNT", 1
+        )
+        if not reply:
+            return []
+        queue = queues[[k.encode() for k in keys].index(reply[0])]
+        return [Delivery(queue, None, item, 1) for item in reply[1]]
 
     @translate_errors
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:

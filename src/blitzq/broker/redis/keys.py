@@ -50,6 +50,10 @@ class Keys:
         """Hash holding one dead letter's fields."""
         return f"{self.prefix}d:{task_id}"
 
+    def rate_limit(self, key: str) -> str:
+        """Token bucket of a rate limit (a task name, a shared ``rate_key``, ``queue:<q>``)."""
+        return f"{self.prefix}rl:{key}"
+
     @property
     def dead_letters(self) -> str:
         """Sorted set of dead-lettered task ids scored by failure time."""
@@ -64,6 +68,21 @@ class Keys:
     def schedule_data(self) -> str:
         """Hash of scheduled task id to ``<kind><queue>\\n<message>``."""
         return f"{self.prefix}sched:m"
+
+    @property
+    def periodic(self) -> str:
+        """Hash of periodic task name to its last dispatched occurrence (Unix seconds)."""
+        return f"{self.prefix}periodic"
+
+    @property
+    def revoked(self) -> str:
+        """Sorted set of cancelled task ids scored by when the mark expires."""
+        return f"{self.prefix}revoked"
+
+    @property
+    def events(self) -> str:
+        """Pub/sub channel: ``r:<id>`` a task was cancelled, ``s:<eta>`` one was scheduled."""
+        return f"{self.prefix}events"
 
     @property
     def queues(self) -> str:

@@ -21,6 +21,19 @@ from .common import RedisBroker, load_script, translate_errors
 from .keys import GROUP, MESSAGE_FIELD
 
 
+def _delivery(queue: str, entry_id: bytes, fields: list[bytes]) -> Delivery:
+    """A Delivery from a stream entry's fields ("m" the message, "d" the delivery count)."""
+    if len(fields) == 2 and fields[0] == MESSAGE_FIELD:
+        return Delivery(queue, entry_id, fields[1], 1)
+    payload, deliveries = b"", 1
+    for j in range(0, len(fields) - 1, 2):
+        if fields[j] == MESSAGE_FIELD:
+            payload = fields[j + 1]
+        elif fields[j] == b"d":
+            deliveries = int(fields[j + 1])
+    return Delivery(queue, entry_id, payload, deliveries)
+
+
 class ReliableRedisBroker(RedisBroker):
     """At-least-once broker on Redis Streams. See :class:`RedisBroker` for arguments."""
 
@@ -34,6 +47,7 @@ class ReliableRedisBroker(RedisBroker):
         self._recover = self.client.register_script(load_script("recover.lua"))
         self._prune = self.client.register_script(load_script("prune.lua"))
         self._publish_many = self.client.register_script(load_script("publish.lua"))
+        self._fetch_levels = self.client.register_script(load_script("fetch_levels.lua"))
         self.consumer = "unnamed"
 
     def queue_key(self, queue: str) -> str:
@@ -82,24 +96,33 @@ class ReliableRedisBroker(RedisBroker):
             return []
         if not reply:
             return []
-        out: list[Delivery] = []
-        append = out.append
         # RESP3 answers a map of stream to entries, RESP2 a list of [stream, entries].
         entries = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
-        for entry_id, fields in entries:
-            if fields is None:
-                continue
-            if len(fields) == 2:
-                append(Delivery(queue, entry_id, fields[1], 1))
-                continue
-            payload, deliveries = b"", 1
-            for j in range(0, len(fields) - 1, 2):
-                if fields[j] == MESSAGE_FIELD:
-                    payload = fields[j + 1]
-                elif fields[j] == b"d":
-                    deliveries = int(fields[j + 1])
-            append(Delivery(queue, entry_id, payload, deliveries))
-        return out
+        return [_delivery(queue, entry_id, fields) for entry_id, fields in entries if fields]
+
+    @translate_errors
+    async def fetch_first(
+        self, queues: Sequence[str], count: int, timeout: float
+    ) -> list[Delivery]:
+        """Take from the streams in order in one script call; block on all of them at once."""
+        keys = [self.keys.stream(q) for q in queues]
+        rows = await self._fetch_levels(keys=keys, args=[GROUP, self.consumer, count])
+        if rows or timeout <= 0:
+            return [_delivery(queues[int(i) - 1], entry_id, fields) for i, entry_id, fields in rows]
+        reply = await self.client.execute_command(
+            "XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 1,
+            "BLOCK", max(1, int(timeout * 1000)), "STREAMS", *keys, *(">" for _ in keys),
+        )  # fmt: skip
+        if not reply:
+            return []
+        by_key = reply.items() if isinstance(reply, dict) else reply
+        names = dict(zip((k.encode() for k in keys), queues, strict=True))
+        return [
+            _delivery(names[key], entry_id, fields)
+            for key, entries in by_key
+            for entry_id, fields in entries
+            if fields is not None
+        ]
 
     @translate_errors
     async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:

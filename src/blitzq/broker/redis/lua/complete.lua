@@ -40,6 +40,7 @@ for _, c in ipairs(batch) do
     if reschedule ~= '' then
       redis.call('ZADD', KEYS[1], eta, task_id)
       redis.call('HSET', KEYS[2], task_id, kind .. queue .. '\n' .. reschedule)
+      redis.call('PUBLISH', prefix .. 'events', 's:' .. eta)
     end
     if dead ~= '' then
       redis.call('HSET', prefix .. 'd:' .. task_id, 'message', dead[1], 'reason', dead[2],

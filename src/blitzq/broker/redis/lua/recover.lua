@@ -20,7 +20,14 @@ for _, entry in ipairs(claimed[2]) do
   end
   redis.call('XACK', stream, group, id)
   redis.call('XDEL', stream, id)
-  if message then
+  if not message and fields then
+    -- An entry without a message field: keep what it held as a dead letter, with a reason.
+    local raw = cmsgpack.pack(fields)
+    redis.call('HSET', prefix .. 'd:' .. id, 'message', raw, 'reason', 'malformed message',
+      'error', 'stream entry has no "m" field', 'task', '', 'queue', queue, 'failed_at', now)
+    redis.call('ZADD', KEYS[2], now, id)
+    dead = dead + 1
+  elseif message then
     if deliveries >= max_deliveries then
       local ok, env = pcall(cmsgpack.unpack, message)
       local task_id, task = id, ''

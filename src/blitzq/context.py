@@ -1,0 +1,89 @@
+"""``current_task()``: what a running task can know about itself.
+
+The worker sets a :class:`TaskContext` in a context variable before it calls the task, so
+async and thread tasks (and code they call) can read it; tasks enqueued from inside a task
+inherit its correlation id and headers. Process-pool tasks run in another interpreter and see
+``None``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from typing import Any
+
+
+class TaskContext:
+    """The running task's identity and attempt.
+
+    Attributes:
+        id: task id.
+        task: task name.
+        queue: physical queue it came from.
+        attempt: 1-based attempt number (retries and crash redeliveries counted).
+        max_attempts: attempts allowed in all (``retries + 1``).
+        correlation_id: id shared by related tasks, or ``None``.
+        headers: the message's headers (plain data), or ``None``.
+    """
+
+    __slots__ = (
+        "_cancelled",
+        "attempt",
+        "correlation_id",
+        "headers",
+        "id",
+        "max_attempts",
+        "queue",
+        "task",
+    )
+
+    def __init__(
+        self,
+        task_id: str,
+        task: str,
+        queue: str,
+        attempt: int,
+        max_attempts: int,
+        correlation_id: str | None,
+        headers: dict[str, Any] | None,
+    ) -> None:
+        self.id = task_id
+        self.task = task
+        self.queue = queue
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.correlation_id = correlation_id
+        self.headers = headers
+        self._cancelled = threading.Event()
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether ``cancel()`` was called for this task (thread tasks should check it)."""
+        return self._cancelled.is_set()
+
+    def wait_cancelled(self, timeout: float | None = None) -> bool:
+        """Block up to ``timeout`` seconds until the task is cancelled; return whether it was."""
+        return self._cancelled.wait(timeout)
+
+    def __repr__(self) -> str:
+        return f"<TaskContext {self.task} id={self.id} attempt={self.attempt}>"
+
+
+_current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(
+    "blitzq_current_task", default=None
+)
+
+
+def current_task() -> TaskContext | None:
+    """The task running in this context, or ``None`` outside a task."""
+    return _current.get()
+
+
+def set_current(context: TaskContext | None) -> contextvars.Token[TaskContext | None]:
+    """Make ``context`` the current task (the worker's side of :func:`current_task`)."""
+    return _current.set(context)
+
+
+def reset_current(token: contextvars.Token[TaskContext | None]) -> None:
+    """Undo :func:`set_current`."""
+    _current.reset(token)

@@ -1,0 +1,66 @@
+"""Queue names: priority levels and routing rules.
+
+Priority is not a field on the message: a task enqueued with ``priority="high"`` on queue
+``default`` is published to the physical queue ``default:high`` (and ``"low"`` to
+``default:low``), and every worker of ``default`` takes from ``default:high``, ``default``,
+``default:low`` in that order on every batch. The names are visible everywhere (handles,
+records, dead letters, stats); nothing is mangled.
+
+Routing picks the queue of a task by name when neither the call nor the decorator names one:
+glob patterns (``fnmatch``) tried in order, or a callable returning a queue name or ``None``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Mapping
+from typing import Literal
+
+from .exceptions import ConfigurationError
+
+Priority = Literal["high", "normal", "low"]
+PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
+_SUFFIX = {"high": ":high", "normal": "", "low": ":low"}
+
+Routes = Mapping[str, str] | Callable[[str], str | None]
+
+
+def check_priority(priority: str) -> Priority:
+    """Return ``priority`` if it is a known level.
+
+    Raises:
+        ConfigurationError: anything but "high", "normal" or "low".
+    """
+    if priority not in _SUFFIX:
+        raise ConfigurationError(f"priority must be 'high', 'normal' or 'low', got {priority!r}")
+    return priority  # type: ignore[return-value]
+
+
+def physical_queue(queue: str, priority: str) -> str:
+    """Physical queue of ``queue`` at ``priority`` (``"default:high"``, ``"default"``, …)."""
+    return queue + _SUFFIX[check_priority(priority)]
+
+
+def levels(queue: str) -> list[str]:
+    """The physical queues a worker of ``queue`` takes from, highest priority first."""
+    return [queue + ":high", queue, queue + ":low"]
+
+
+def base_queue(physical: str) -> str:
+    """The queue a physical queue belongs to (``"default:low"`` → ``"default"``)."""
+    for suffix in (":high", ":low"):
+        if physical.endswith(suffix):
+            return physical[: -len(suffix)]
+    return physical
+
+
+def route(routes: Routes | None, task_name: str) -> str | None:
+    """The queue ``routes`` give ``task_name``, or ``None`` when no rule matches."""
+    if routes is None:
+        return None
+    if callable(routes):
+        return routes(task_name)
+    for pattern, queue in routes.items():
+        if fnmatch.fnmatchcase(task_name, pattern):
+            return queue
+    return None

@@ -1,0 +1,307 @@
+"""Running deliveries: checks before a start, the executors, and what happens at the end.
+
+The per-task hot path lives here: decode → look up → (revoked? rate-limited?) → run on the
+task's executor with :func:`~blitzq.current_task` set → turn the outcome into a completion for
+the flusher. A slot taken by the fetch loop is released exactly once per delivery, when the
+code has really stopped running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ..broker.base import Broker, Completion, Delivery
+from ..context import TaskContext, reset_current, set_current
+from ..exceptions import BrokerError, SerializationError
+from ..routing import base_queue
+from ..serialization import Envelope, decode_envelope, encode_envelope
+from ..task import Task
+from .execution import Job, Outcomes
+from .executors import ProcessPool, start_eagerly
+from .flusher import Flusher
+from .limiter import Slots
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+logger = logging.getLogger("blitzq.worker")
+
+#: A rate-limit answer below this many seconds starts the task at once.
+_RATE_SLACK = 0.002
+
+
+class Runner:
+    """Starts deliveries and commits their outcomes for one worker.
+
+    Args:
+        worker: the owning worker (its queue, id and pool sizes).
+        broker: the worker's broker.
+        flusher: where completions go.
+    """
+
+    def __init__(self, worker: Worker, broker: Broker, flusher: Flusher) -> None:
+        queue = worker.queue
+        self.worker = worker
+        self.broker = broker
+        self.flusher = flusher
+        self.tasks = queue.tasks
+        self.max_message_size = queue.max_message_size
+        self.track_state = queue.track_state
+        self.outcomes = Outcomes(
+            worker.id, queue.store_results, queue.result_ttl, queue.max_message_size
+        )
+        self.jobs: set[Job] = set()
+        self.revoked: dict[str, float] = {}
+        self.processed = 0
+        self.failed = 0
+        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+        self._processes: ProcessPool | None = None
+        self._limits: dict[tuple[str, str], list[tuple[str, float, float]]] = {}
+        self._pending: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------- starting
+    def start(self, d: Delivery, slots: Slots) -> None:
+        """Begin one delivery that holds one slot of ``slots``."""
+        if len(d.payload) > self.max_message_size:
+            self.reject(d, "message too large", f"{len(d.payload)} bytes", slots)
+            return
+        try:
+            env = decode_envelope(d.payload)
+        except SerializationError as exc:
+            self.reject(d, "malformed message", str(exc), slots)
+            return
+        task = self.tasks.get(env.task)
+        if task is None:
+            error = f"no task named {env.task!r} is registered in this worker"
+            self.reject(d, "unknown task", error, slots, env.id, env.task)
+            return
+        if self.revoked and env.id in self.revoked:
+            self._skip_cancelled(d, env, slots)
+            return
+        if not env.reserved:
+            buckets = self._buckets(task, d.queue)
+            if buckets:
+                pending = asyncio.ensure_future(self._start_limited(d, env, task, slots, buckets))
+                self._pending.add(pending)
+                pending.add_done_callback(self._pending.discard)
+                return
+        self.run(Job(d, env, task), slots)
+
+    def _buckets(self, task: Task[Any, Any], physical: str) -> list[tuple[str, float, float]]:
+        cache_key = (task.name, physical)
+        buckets = self._limits.get(cache_key)
+        if buckets is None:
+            buckets = []
+            if task.rate_limit is not None:
+                limit = task.rate_limit
+                buckets.append((limit.key or task.name, limit.rate, limit.capacity))
+            queue_limit = self.worker.queue.queue_rate_limits.get(base_queue(physical))
+            if queue_limit is not None:
+                buckets.append((queue_limit.key or "", queue_limit.rate, queue_limit.capacity))
+            self._limits[cache_key] = buckets
+        return buckets
+
+    async def _start_limited(
+        self,
+        d: Delivery,
+        env: Envelope,
+        task: Task[Any, Any],
+        slots: Slots,
+        buckets: list[tuple[str, float, float]],
+    ) -> None:
+        """Ask the token buckets; run now, or go back to the schedule (no slot, same attempt)."""
+        try:
+            reserved, wait = await self.broker.acquire_rate(buckets)
+        except BrokerError as exc:
+            logger.warning("rate limit check for %s failed, retrying in 1 s: %s", env.task, exc)
+            reserved, wait = False, 1.0
+        if reserved and wait <= _RATE_SLACK:
+            self.run(Job(d, env, task), slots)
+            return
+        now = time.time()
+        again = msgspec.structs.replace(env, enqueued_at=now, reserved=reserved)
+        data = encode_envelope(again, max(self.max_message_size, len(d.payload) * 2))
+        self.flusher.add(Completion(d.queue, d.token, env.id, reschedule=data, eta=now + wait))
+        slots.release()
+
+    def run(self, job: Job, slots: Slots) -> None:
+        """Run ``job`` on its task's executor."""
+        env, task = job.envelope, job.task
+        job.started_at = time.time()
+        context = TaskContext(
+            env.id, env.task, job.delivery.queue, job.attempt, task.max_attempts,
+            env.correlation_id, env.headers,
+        )  # fmt: skip
+        job.context = context
+        if self.track_state:
+            self.flusher.add(self.outcomes.progress(job, "running"))
+        executor = task.executor
+        token = set_current(context)
+        try:
+            if executor == "async":
+                try:
+                    coro = task.fn(*env.args, **env.kwargs)
+                except BaseException as exc:
+                    self.finish(job, None, exc)
+                    slots.release()
+                    return
+                result, error, started = start_eagerly(coro)  # type: ignore[arg-type]
+                if started is None:
+                    self.finish(job, result, error)
+                    slots.release()
+                    return
+                handle: asyncio.Future[Any] = started
+            elif executor == "thread":
+                if self._threads is None:
+                    self._threads = concurrent.futures.ThreadPoolExecutor(
+                        self.worker.thread_pool_size, thread_name_prefix="blitzq-task"
+                    )
+                call = functools.partial(task.fn, *env.args, **env.kwargs)
+                ctx = contextvars.copy_context()
+                handle = asyncio.get_running_loop().run_in_executor(self._threads, ctx.run, call)
+            else:
+                if self._processes is None:
+                    self._processes = ProcessPool(self.worker.process_pool_size)
+                handle = self._processes.submit(task.fn, env.args, env.kwargs)
+        finally:
+            reset_current(token)
+        job.handle = handle
+        self.jobs.add(job)
+        timeout = env.timeout or task.timeout
+        if timeout:
+            job.timer = asyncio.get_running_loop().call_later(timeout, self.on_timeout, job)
+        handle.add_done_callback(functools.partial(self.on_done, job, slots))
+
+    # ------------------------------------------------------------ finishing
+    def finish(self, job: Job, result: Any, error: BaseException | None) -> None:
+        """Commit the outcome of a run that returned ``result`` or raised ``error``."""
+        if error is None:
+            completion = self.outcomes.success(job, result)
+            self.processed += 1
+        else:
+            completion = self.outcomes.failure(job, error, track_state=self.track_state)
+            self.failed += 1
+            if logger.isEnabledFor(logging.INFO):
+                logger.info(
+                    "task %s %s attempt %d failed: %r",
+                    job.envelope.task, job.envelope.id, job.attempt, error,
+                )  # fmt: skip
+        if completion is not None:
+            self.flusher.add(completion)
+
+    def on_timeout(self, job: Job) -> None:
+        """The run passed its timeout: cancel an async task; record it for the others."""
+        if job.finished:
+            return
+        job.timed_out = True
+        if job.task.executor == "async":
+            job.handle.cancel()
+            return
+        # A thread or process cannot be interrupted: record the timeout now, keep the slot
+        # until the call really returns so the concurrency bound holds.
+        job.finished = True
+        self.failed += 1
+        self.flusher.add(self.outcomes.timeout(job, self._timeout_of(job)))
+
+    @staticmethod
+    def _timeout_of(job: Job) -> float:
+        return job.envelope.timeout or job.task.timeout or 0.0
+
+    def on_done(self, job: Job, slots: Slots, handle: asyncio.Future[Any]) -> None:
+        """The run really ended: free the slot and commit, unless already committed."""
+        self.jobs.discard(job)
+        if job.timer is not None:
+            job.timer.cancel()
+        slots.release()
+        if job.finished:
+            if not handle.cancelled():
+                handle.exception()  # retrieved, so asyncio does not log it as never retrieved
+            return
+        job.finished = True
+        if job.timed_out:
+            self.failed += 1
+            self.flusher.add(self.outcomes.timeout(job, self._timeout_of(job)))
+        elif job.context is not None and job.context.cancelled:
+            self.flusher.add(self.outcomes.cancelled(job.delivery, job.envelope, job.attempt))
+        elif handle.cancelled():
+            # Not cancelled by the worker (that marks the job first): the task cancelled
+            # itself, which counts as a failure rather than a silent requeue loop.
+            self.finish(job, None, asyncio.CancelledError("the task was cancelled"))
+        else:
+            error = handle.exception()
+            self.finish(job, None if error else handle.result(), error)
+
+    def reject(
+        self,
+        d: Delivery,
+        reason: str,
+        error: str,
+        slots: Slots,
+        task_id: str | None = None,
+        task: str = "",
+    ) -> None:
+        """Dead-letter a message that cannot run (malformed, unknown task, too large)."""
+        logger.warning("dead-lettering message from %s: %s (%s)", d.queue, reason, error)
+        self.flusher.add(self.outcomes.rejected(d, reason, error, task_id, task))
+        self.failed += 1
+        slots.release()
+
+    # --------------------------------------------------------- cancellation
+    def _skip_cancelled(self, d: Delivery, env: Envelope, slots: Slots) -> None:
+        self.flusher.add(self.outcomes.cancelled(d, env, env.attempt + d.deliveries - 1))
+        slots.release()
+
+    def cancel(self, task_id: str) -> bool:
+        """Cancel a running task of this worker; return whether one was running here.
+
+        Async tasks are cancelled at once; thread tasks see ``current_task().cancelled``;
+        process tasks are terminated by restarting the process pool (other process tasks
+        running in it fail and are retried).
+        """
+        found = False
+        for job in list(self.jobs):
+            if job.envelope.id != task_id or job.finished or job.context is None:
+                continue
+            found = True
+            job.context._cancelled.set()
+            if job.task.executor == "async":
+                job.handle.cancel()
+            elif job.task.executor == "process" and self._processes is not None:
+                self._processes.shutdown(kill=True)
+                self._processes = None
+        return found
+
+    def requeue_unfinished(self) -> int:
+        """At shutdown: put every job still running back on its queue; return how many."""
+        leftover = [j for j in self.jobs if not j.finished]
+        for job in leftover:
+            job.finished = True
+            self.flusher.add(Outcomes.requeue(job))
+            if job.handle is not None:
+                job.handle.cancel()
+        return len(leftover)
+
+    def running_tokens(self, queue: str) -> list[bytes]:
+        """Delivery tokens of the jobs from physical ``queue`` still running."""
+        return [
+            j.delivery.token
+            for j in self.jobs
+            if j.delivery.queue == queue and j.delivery.token is not None
+        ]
+
+    async def close(self, killed: bool) -> None:
+        """Wait for rate-limit checks in flight; stop the thread and process pools."""
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+        if self._processes is not None:
+            self._processes.shutdown(kill=killed)
