@@ -25,6 +25,19 @@ _SUFFIX = {"high": ":high", "normal": "", "low": ":low"}
 Routes = Mapping[str, str] | Callable[[str], str | None]
 
 
+def check_name(kind: str, value: str) -> str:
+    """Return ``value`` if it is usable as a queue name, namespace or task name.
+
+    Raises:
+        ConfigurationError: empty, not a string, or holding spaces, braces or newlines.
+    """
+    if not isinstance(value, str) or not value or any(c in value for c in "{}\n\r\0 "):
+        raise ConfigurationError(
+            f"{kind} must be a non-empty string without spaces, braces or newlines, got {value!r}"
+        )
+    return value
+
+
 def check_priority(priority: str) -> Priority:
     """Return ``priority`` if it is a known level.
 

@@ -135,7 +135,7 @@ def make_periodic(
         ConfigurationError: a bad schedule, policy, name, queue or priority.
         SerializationError: an argument that is not plain data.
     """
-    from .queue import _check_name
+    from .routing import check_name
 
     if missed not in _POLICIES:
         raise ConfigurationError(f"missed must be one of {sorted(_POLICIES)}, got {missed!r}")
@@ -146,13 +146,13 @@ def make_periodic(
     plain_args(args)  # refuse non-plain arguments now, not at the first occurrence
     plain_kwargs(kwargs)
     return PeriodicTask(
-        name=_check_name("periodic task name", name or task.name),
+        name=check_name("periodic task name", name or task.name),
         task=task,
         schedule=as_schedule(schedule, tz),
         missed=missed,  # type: ignore[arg-type]
         args=args,
         kwargs=kwargs,
-        queue=_check_name("queue name", queue) if queue is not None else None,
+        queue=check_name("queue name", queue) if queue is not None else None,
         priority=priority,
     )
 

@@ -22,6 +22,7 @@ from .retries import RetryPolicy
 from .routing import check_priority
 
 if TYPE_CHECKING:
+    from ._operations import QueueOperations
     from .queue import Queue
 
 P = ParamSpec("P")
@@ -263,7 +264,7 @@ class TaskHandle(Generic[R]):
 
     __slots__ = ("_owner", "id", "queue", "task")
 
-    def __init__(self, owner: Queue, task_id: str, queue: str, task: str) -> None:
+    def __init__(self, owner: QueueOperations, task_id: str, queue: str, task: str) -> None:
         self._owner = owner
         self.id = task_id
         self.queue = queue

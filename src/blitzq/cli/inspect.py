@@ -1,4 +1,4 @@
-"""Inspection commands: ``task inspect``, ``dead-letter list|replay|purge``, ``queue stats``.
+"""Inspection commands: ``task inspect|cancel``, ``dead-letter list|replay|purge``, ``queue stats``.
 
 They need no application module: each builds a Queue from the global options and talks to
 the broker directly.
@@ -98,6 +98,34 @@ def task_inspect(task_id: str) -> None:
     out.print(table)
     if record.traceback:
         out.print(Text(record.traceback.rstrip(), style="dim"))
+
+
+_CANCEL_ANSWERS = {
+    "scheduled": "taken off the schedule; it will never start",
+    "queued": "marked cancelled; workers will skip it",
+    "pending": "marked cancelled; workers skip it, or stop it if it is running",
+    "running": "running; its worker was told to stop it",
+    "finished": "already finished; nothing changed",
+}
+
+
+@task_group.command("cancel")
+@click.argument("task_id")
+@global_options
+def task_cancel(task_id: str) -> None:
+    """Cancel TASK_ID: a scheduled task never starts, a queued one is skipped, a running one
+    is stopped by its worker. Its record becomes ``cancelled``.
+
+    Prints what the task was (scheduled, queued, pending, running, or finished, in which case
+    nothing changed); exits 0 in every case.
+    """
+    answer = run_with_queue(lambda q: q.cancel(task_id))
+    if settings().json:
+        emit_json({"id": task_id, "was": answer, "cancelled": answer != "finished"})
+        return
+    text = _CANCEL_ANSWERS.get(answer, answer)
+    style = "" if answer == "finished" else "yellow"
+    console().print(Text(f"task {task_id} was {answer}: {text}", style=style))
 
 
 # ----------------------------------------------------------- dead letters

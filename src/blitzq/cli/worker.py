@@ -15,7 +15,8 @@ import click
 
 from ..exceptions import BlitzQError
 from ..logconfig import LEVELS, configure_logging
-from ..queue import Queue, _check_name
+from ..queue import Queue
+from ..routing import check_name
 from ..worker import Worker
 from ._common import (
     CliUsageError,
@@ -95,7 +96,7 @@ def _export_settings(s: Settings) -> None:
 def _override(queue: Queue, s: Settings) -> None:
     """Command-line options win over what the application module passed to its Queue."""
     if "namespace" in s.from_command_line and s.namespace is not None:
-        queue.namespace = _check_name("namespace", s.namespace)
+        queue.namespace = check_name("namespace", s.namespace)
     if "mode" in s.from_command_line and s.mode in ("reliable", "fast"):
         queue.mode = "fast" if s.mode == "fast" else "reliable"
     if "redis_url" in s.from_command_line and s.redis_url is not None:
@@ -110,7 +111,7 @@ def _split_queues(value: str | None) -> list[str] | None:
         return None
     names = [name.strip() for name in value.split(",") if name.strip()]
     for name in names:
-        _check_name("queue name", name)
+        check_name("queue name", name)
     if not names:
         raise _usage("--queues needs at least one queue name")
     return names

@@ -123,13 +123,19 @@ class Runner:
         except BrokerError as exc:
             logger.warning("rate limit check for %s failed, retrying in 1 s: %s", env.task, exc)
             reserved, wait = False, 1.0
-        if reserved and wait <= _RATE_SLACK:
-            self.run(Job(d, env, task), slots)
+        try:
+            if reserved and wait <= _RATE_SLACK:
+                self.run(Job(d, env, task), slots)
+                return
+            now = time.time()
+            again = msgspec.structs.replace(env, enqueued_at=now, reserved=reserved)
+            data = encode_envelope(again, max(self.max_message_size, len(d.payload) * 2))
+            completion = Completion(d.queue, d.token, env.id, reschedule=data, eta=now + wait)
+        except Exception:  # a bug must not leak the slot; the lease recovers the message
+            logger.exception("could not start rate-limited task %s", env.id)
+            slots.release()
             return
-        now = time.time()
-        again = msgspec.structs.replace(env, enqueued_at=now, reserved=reserved)
-        data = encode_envelope(again, max(self.max_message_size, len(d.payload) * 2))
-        self.flusher.add(Completion(d.queue, d.token, env.id, reschedule=data, eta=now + wait))
+        self.flusher.add(completion)
         slots.release()
 
     def run(self, job: Job, slots: Slots) -> None:

@@ -1,0 +1,220 @@
+"""What a Queue offers besides registering and enqueueing: results, cancellation, dead
+letters and inspection. Kept apart so that ``queue.py`` stays about one thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from ._portal import Portal
+from .broker.base import Broker
+from .exceptions import ResultTimeout, TaskCancelled, TaskFailed
+from .records import DeadLetter, TaskRecord, TaskState
+from .routing import check_name
+from .serialization import Envelope, decode_envelope, dumps, encode_envelope
+from .task import TaskHandle
+
+_FOREVER = 10 * 365 * 86400.0
+
+
+class QueueOperations:
+    """Mixin of :class:`~blitzq.Queue`: results, cancellation, dead letters, inspection."""
+
+    name: str
+    result_ttl: int
+    max_message_size: int
+    _portal: Portal
+
+    @property
+    def broker(self) -> Broker:  # provided by Queue
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- results
+    async def inspect(self, task_id: str) -> TaskRecord | None:
+        """The task's stored record (state, attempts, result or error, times), or ``None``."""
+        data = await self.broker.get_record(task_id)
+        return TaskRecord.from_bytes(data) if data is not None else None
+
+    def inspect_sync(self, task_id: str) -> TaskRecord | None:
+        """Blocking :meth:`inspect`."""
+        return self._portal.call(self.inspect(task_id))
+
+    async def get_result(self, task_id: str, timeout: float | None = None) -> Any:
+        """Wait for a task's final record and return its result.
+
+        Args:
+            task_id: the id from the task handle.
+            timeout: seconds to wait; ``None`` waits without limit.
+
+        Raises:
+            TaskFailed: the task ended failed or dead-lettered (carries the error).
+            ResultTimeout: no final record arrived in time (the task may still run; with
+                ``store_result=False`` a success never writes one).
+        """
+        wait = _FOREVER if timeout is None else max(0.0, timeout)
+        deadline = time.monotonic() + wait
+        broker = self.broker
+        while True:
+            data = await broker.wait_for_record(task_id, max(0.0, deadline - time.monotonic()))
+            if data is None:
+                raise ResultTimeout(f"no result for task {task_id} within {timeout} s")
+            record = TaskRecord.from_bytes(data)
+            if record.state is TaskState.SUCCEEDED:
+                return record.result
+            if record.state is TaskState.CANCELLED:
+                raise TaskCancelled(
+                    task_id, record.state.value, record.error_type, record.error, None
+                )
+            if record.state.is_final:
+                raise TaskFailed(
+                    task_id, record.state.value, record.error_type, record.error, record.traceback
+                )
+            if time.monotonic() >= deadline:
+                raise ResultTimeout(f"task {task_id} is {record.state.value} after {timeout} s")
+            await asyncio.sleep(0.05)
+
+    def get_result_sync(self, task_id: str, timeout: float | None = None) -> Any:
+        """Blocking :meth:`get_result`."""
+        return self._portal.call(self.get_result(task_id, timeout=timeout))
+
+    # ----------------------------------------------------------- cancellation
+    async def cancel(self, task_id: str) -> str:
+        """Cancel a task.
+
+        A scheduled (delayed, retrying or rate-limited) task is taken off the schedule and
+        never starts. A queued one is marked revoked: every worker skips it. A running one
+        is cancelled by its worker at once: an async task is cancelled, a thread task sees
+        ``current_task().cancelled``, a process task is terminated. Its record becomes
+        ``cancelled`` and ``result()`` raises :class:`TaskCancelled`.
+
+        Returns:
+            What the task was: ``"scheduled"``, ``"queued"``, ``"running"``, ``"pending"``
+            (queued or running: without ``track_state`` the two cannot be told apart) or
+            ``"finished"`` (already final: nothing changed).
+        """
+        now = time.time()
+        record = dumps(
+            {
+                "id": task_id,
+                "task": "",
+                "queue": "",
+                "state": "cancelled",
+                "error_type": "TaskCancelled",
+                "error": "cancelled by request",
+                "finished_at": now,
+            }
+        )
+        return await self.broker.cancel(task_id, record, self.result_ttl)
+
+    def cancel_sync(self, task_id: str) -> str:
+        """Blocking :meth:`cancel`."""
+        return self._portal.call(self.cancel(task_id))
+
+    # ----------------------------------------------------------- dead letters
+    async def dead_letters(self, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
+        """Dead letters, newest first.
+
+        Args:
+            limit: most entries to return.
+            offset: entries to skip.
+        """
+        rows = await self.broker.dead_letters(offset, limit)
+        return [
+            DeadLetter.from_fields(
+                task_id, f.message, f.reason, f.error, f.task, f.queue, f.failed_at
+            )
+            for task_id, f in rows
+        ]
+
+    def dead_letters_sync(self, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
+        """Blocking :meth:`dead_letters`."""
+        return self._portal.call(self.dead_letters(limit, offset))
+
+    async def dead_letter_count(self) -> int:
+        """Number of stored dead letters."""
+        return await self.broker.dead_letter_count()
+
+    async def retry(self, task_id: str) -> TaskHandle[Any] | None:
+        """Replay a dead letter: atomically remove it and publish it again with fresh attempts.
+
+        Returns:
+            A handle to the replayed task, or ``None`` when no such dead letter exists (or a
+            concurrent replay took it first).
+
+        Raises:
+            SerializationError: the dead letter's message is malformed and cannot be replayed.
+        """
+        broker = self.broker
+        fields = await broker.get_dead_letter(task_id)
+        if fields is None:
+            return None
+        env = decode_envelope(fields.message)
+        now = time.time()
+        replayed = Envelope(
+            env.id,
+            env.task,
+            env.queue,
+            env.args,
+            env.kwargs,
+            1,
+            env.created_at,
+            now,
+            env.correlation_id,
+            env.headers,
+            env.timeout,
+        )
+        data = encode_envelope(replayed, max(self.max_message_size, len(fields.message)))
+        if not await broker.replay_dead_letter(task_id, env.queue, data):
+            return None
+        return TaskHandle(self, env.id, env.queue, env.task)
+
+    def retry_sync(self, task_id: str) -> TaskHandle[Any] | None:
+        """Blocking :meth:`retry`."""
+        return self._portal.call(self.retry(task_id))
+
+    def dead_letter_count_sync(self) -> int:
+        """Blocking :meth:`dead_letter_count`."""
+        return self._portal.call(self.dead_letter_count())
+
+    async def purge_dead_letters(self) -> int:
+        """Delete every dead letter; return how many."""
+        return await self.broker.purge_dead_letters()
+
+    def purge_dead_letters_sync(self) -> int:
+        """Blocking :meth:`purge_dead_letters`."""
+        return self._portal.call(self.purge_dead_letters())
+
+    async def purge_queue(self, queue: str | None = None) -> int:
+        """Delete the messages waiting in ``queue`` (default: this Queue's ``name``).
+
+        Messages already taken by a worker are not touched. Returns how many were deleted.
+        """
+        return await self.broker.purge_queue(check_name("queue name", queue or self.name))
+
+    def purge_queue_sync(self, queue: str | None = None) -> int:
+        """Blocking :meth:`purge_queue`."""
+        return self._portal.call(self.purge_queue(queue))
+
+    # ------------------------------------------------------------- inspection
+    async def stats(self, queues: Iterable[str] | None = None) -> dict[str, Any]:
+        """Queue depths, schedule size, dead letters and live workers.
+
+        Returns:
+            ``{"queues": {name: {"waiting": n, "in_flight": n}}, "scheduled": n,
+            "dead_letters": n, "workers": n}``.
+        """
+        broker = self.broker
+        names = sorted(set(queues) if queues is not None else set(await broker.known_queues()))
+        return {
+            "queues": await broker.queue_stats(names) if names else {},
+            "scheduled": await broker.scheduled_count(),
+            "dead_letters": await broker.dead_letter_count(),
+            "workers": len(await broker.workers()),
+        }
+
+    def stats_sync(self, queues: Iterable[str] | None = None) -> dict[str, Any]:
+        """Blocking :meth:`stats`."""
+        return self._portal.call(self.stats(queues))
