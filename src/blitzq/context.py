@@ -9,7 +9,7 @@ inherit its correlation id and headers. Process-pool tasks run in another interp
 from __future__ import annotations
 
 import contextvars
-import threading
+import time
 from typing import Any
 
 
@@ -24,11 +24,13 @@ class TaskContext:
         max_attempts: attempts allowed in all (``retries + 1``).
         correlation_id: id shared by related tasks, or ``None``.
         headers: the message's headers (plain data), or ``None``.
+        cancelled: set by the worker when ``cancel()`` was called for this task; a thread
+            task should check it now and then and stop.
     """
 
     __slots__ = (
-        "_cancelled",
         "attempt",
+        "cancelled",
         "correlation_id",
         "headers",
         "id",
@@ -54,16 +56,19 @@ class TaskContext:
         self.max_attempts = max_attempts
         self.correlation_id = correlation_id
         self.headers = headers
-        self._cancelled = threading.Event()
-
-    @property
-    def cancelled(self) -> bool:
-        """Whether ``cancel()`` was called for this task (thread tasks should check it)."""
-        return self._cancelled.is_set()
+        self.cancelled = False
 
     def wait_cancelled(self, timeout: float | None = None) -> bool:
-        """Block up to ``timeout`` seconds until the task is cancelled; return whether it was."""
-        return self._cancelled.wait(timeout)
+        """Block a thread task up to ``timeout`` seconds (``None``: no limit) until it is
+        cancelled, checking every 10 ms; return whether it was. Async tasks are cancelled
+        directly and do not need this.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.cancelled:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
     def __repr__(self) -> str:
         return f"<TaskContext {self.task} id={self.id} attempt={self.attempt}>"

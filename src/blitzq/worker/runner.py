@@ -190,7 +190,7 @@ class Runner:
     def finish(self, job: Job, result: Any, error: BaseException | None) -> None:
         """Commit the outcome of a run that returned ``result`` or raised ``error``."""
         if error is None:
-            completion = self.outcomes.success(job, result)
+            completion = self.outcomes.success(job, result, self.track_state)
             self.processed += 1
         else:
             completion = self.outcomes.failure(job, error, track_state=self.track_state)
@@ -277,7 +277,7 @@ class Runner:
             if job.envelope.id != task_id or job.finished or job.context is None:
                 continue
             found = True
-            job.context._cancelled.set()
+            job.context.cancelled = True
             if job.task.executor == "async":
                 job.handle.cancel()
             elif job.task.executor == "process" and self._processes is not None:
