@@ -51,6 +51,20 @@ DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
 _FOREVER = 10 * 365 * 86400.0
 
 
+Hook = Callable[[], Awaitable[None]]
+
+
+class Hooks(list[Hook]):
+    """Async callables a Worker awaits at start (``on_startup``) or after stopping
+    (``on_shutdown``), in order. Use as a decorator (``@queue.on_startup``) or append.
+    """
+
+    def __call__(self, hook: Hook) -> Hook:
+        """Register ``hook`` and return it unchanged (decorator form)."""
+        self.append(hook)
+        return hook
+
+
 class Queue(QueueOperations):
     """A task queue: register tasks, enqueue them, read results and dead letters.
 
@@ -142,8 +156,8 @@ class Queue(QueueOperations):
         self.periodic_tasks: dict[str, PeriodicTask] = {}
         self._portal = Portal()
         self._url: str | None = None
-        self.on_startup: list[Callable[[], Awaitable[None]]] = []
-        self.on_shutdown: list[Callable[[], Awaitable[None]]] = []
+        self.on_startup = Hooks()
+        self.on_shutdown = Hooks()
 
     def __repr__(self) -> str:
         return f"<Queue {self.name} namespace={self.namespace} mode={self.mode}>"

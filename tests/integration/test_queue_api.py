@@ -325,3 +325,32 @@ async def test_sync_api_works_after_fork(queue: Queue) -> None:
                 await asyncio.sleep(0.05)
     assert status == 0
     await asyncio.to_thread(queue.close_sync)
+
+
+async def test_startup_and_shutdown_hooks_run_around_the_worker(
+    make_queue: Callable[..., Queue],
+) -> None:
+    """Hooks registered with the decorator form run once at start and once after stop."""
+    queue = make_queue()
+    calls: list[str] = []
+
+    @queue.on_startup
+    async def opened() -> None:
+        calls.append("start")
+
+    @queue.on_shutdown
+    async def closed() -> None:
+        calls.append("stop")
+
+    from blitzq import Worker
+
+    worker = Worker(queue, block_timeout=0.2)
+    task = asyncio.create_task(worker.run())
+    deadline = asyncio.get_running_loop().time() + 10
+    while calls != ["start"]:
+        assert asyncio.get_running_loop().time() < deadline, calls
+        await asyncio.sleep(0.01)
+    worker.stop()
+    await asyncio.wait_for(task, timeout=10)
+    assert calls == ["start", "stop"]
+    await queue.close()

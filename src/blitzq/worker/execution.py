@@ -94,16 +94,21 @@ class Outcomes:
         record.update(fields)
         return dumps(record)
 
-    def success(self, job: Job, value: Any) -> Completion | None:
+    def success(self, job: Job, value: Any, track_state: bool = False) -> Completion | None:
         """Completion of a run that returned ``value``; ``None`` when nothing is to be done.
 
         A value that is not plain data turns the run into a failure (SerializationError).
+        With ``track_state`` a ``succeeded`` record (without the value, when results are not
+        stored) replaces the ``running`` one.
         """
         d = job.delivery
         store = job.task.store_result
         if store is None:
             store = self.store_results
         if not store:
+            if track_state:
+                record = self._record(job, "succeeded")
+                return Completion(d.queue, d.token, job.envelope.id, record, self.result_ttl)
             if d.token is None:
                 return None
             return Completion(d.queue, d.token, job.envelope.id)

@@ -75,6 +75,9 @@ class Maintenance:
         broker = self.broker
         while True:
             self._wake.clear()
+            # A push that arrives while promote_due is in flight may name a due time the
+            # answer does not include: let it wake the next wait.
+            self._next_wake = float("inf")
             try:
                 moved, next_eta = await broker.promote_due(time.time(), PROMOTE_BATCH)
             except BrokerError as exc:
