@@ -331,8 +331,8 @@ class Queue(QueueOperations):
             args, kwargs: arguments of every periodic call (plain data).
             name: task name (default ``module.qualname``), also the periodic entry's name.
             queue: queue its messages go to (default: this Queue's ``name``).
-            priority: ``"high"``, ``"normal"`` or ``"low"`` (applied once task priority is
-                supported).
+            priority: ``"high"``, ``"normal"`` or ``"low"`` for the periodic messages
+                (``None``: the task's own priority).
             task_options: any other option of :meth:`task` (retries, timeout, ...).
 
         Raises:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as _dt
-import inspect
 import logging
 import signal
 import time
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from .exceptions import ConfigurationError
+from .routing import physical_queue
 from .schedules import Cron, Every, Schedule
 from .serialization import encode_envelope, plain_args, plain_kwargs
 from .task import CallOptions, Task
@@ -63,8 +63,7 @@ class PeriodicTask:
         missed: missed-run policy (see the module docstring).
         args, kwargs: the call's arguments (plain data).
         queue: queue to publish to, or ``None`` for the task's own.
-        priority: ``"high"``, ``"normal"`` or ``"low"``, applied once the installed blitzq
-            supports task priority; ``None`` for the default.
+        priority: ``"high"``, ``"normal"`` or ``"low"``; ``None`` takes the task's own.
     """
 
     name: str
@@ -81,16 +80,8 @@ class PeriodicTask:
         return f"periodic:{self.name}:{int(occurrence)}"
 
     def target_queue(self) -> str:
-        """Physical queue the messages go to (with the priority suffix when supported)."""
-        queue = self.queue or self.task.queue
-        if self.priority not in (None, "normal") and priority_supported():
-            return f"{queue}:{self.priority}"
-        return queue
-
-
-def priority_supported() -> bool:
-    """Whether this blitzq's ``Task.options`` takes ``priority`` (so periodic tasks may)."""
-    return "priority" in inspect.signature(Task.options).parameters
+        """Physical queue the messages go to (``<queue>:high`` / ``<queue>:low`` by priority)."""
+        return physical_queue(self.queue or self.task.queue, self.priority or self.task.priority)
 
 
 def as_schedule(schedule: Schedule | str | float | _dt.timedelta, tz: str | None) -> Schedule:

@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from blitzq import ConfigurationError, Queue, SerializationError
-from blitzq.scheduler import PeriodicTask, Scheduler, build_message, priority_supported
+from blitzq.scheduler import PeriodicTask, Scheduler, build_message
 from blitzq.schedules import Cron, Every
 from blitzq.serialization import decode_envelope
 
@@ -253,7 +253,7 @@ def test_priority_is_kept_and_applied_only_when_supported(queue: Queue) -> None:
 
     entry = queue.periodic_tasks["urgent"]
     assert entry.priority == "high"
-    expected = "default:high" if priority_supported() else "default"
+    expected = "default:high"
     assert entry.target_queue() == expected
 
 

@@ -236,6 +236,8 @@ class Runner:
             self.failed += 1
             self.flusher.add(self.outcomes.timeout(job, self._timeout_of(job)))
         elif job.context is not None and job.context.cancelled:
+            if not handle.cancelled():
+                handle.exception()  # retrieved: a killed process pool's error is expected here
             self.flusher.add(self.outcomes.cancelled(job.delivery, job.envelope, job.attempt))
         elif handle.cancelled():
             # Not cancelled by the worker (that marks the job first): the task cancelled
