@@ -41,8 +41,23 @@ def _start_local_redis() -> bool:
         return False
     workdir = tempfile.mkdtemp(prefix="blitzq-test-redis-")
     subprocess.run(
-        [binary, "--daemonize", "yes", "--bind", "127.0.0.1", "--port", "6379", "--save", "",
-         "--appendonly", "no", "--dir", workdir, "--logfile", os.path.join(workdir, "log")],
+        [
+            binary,
+            "--daemonize",
+            "yes",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            "6379",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            workdir,
+            "--logfile",
+            os.path.join(workdir, "log"),
+        ],
         check=False,
     )
     for _ in range(50):

@@ -34,6 +34,14 @@ def fail_in_process(message: str) -> None:
     raise ValueError(message)
 
 
+def sleep_with_pid_file(path: str, seconds: float) -> None:
+    """Write this pool process's pid to ``path``, then sleep ``seconds`` (a cancellable task)."""
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+    time.sleep(seconds)
+
+
 def make_worker(queue: Queue, **options: Any) -> Worker:
     """A Worker for tests: short blocking fetches so that a stop takes little time.
 

@@ -1,0 +1,289 @@
+"""Broker contract of the flow-control operations, on every backend.
+
+fetch_first (priority levels), acquire_rate (token buckets), cancel / revoked, and the event
+channel. Runs against MemoryBroker, ReliableRedisBroker and FastRedisBroker through the
+``broker`` fixture of ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from blitzq.broker.base import Broker, Completion, Delivery
+from blitzq.records import TaskRecord, TaskState
+from blitzq.serialization import Envelope, decode_envelope, dumps, encode_envelope
+
+LEVELS = ["flow:high", "flow", "flow:low"]
+CONSUMER = "flow-consumer"
+
+
+def message(task_id: str, queue: str = "flow") -> bytes:
+    """A well-formed encoded envelope."""
+    return encode_envelope(Envelope(task_id, "tests.flow.task", queue), 1 << 20)
+
+
+def ids(deliveries: list[Delivery]) -> list[str]:
+    """Task ids of deliveries, in order."""
+    return [decode_envelope(d.payload).id for d in deliveries]
+
+
+def cancelled_record(task_id: str) -> bytes:
+    """The record ``Queue.cancel`` stores."""
+    return dumps({"id": task_id, "task": "", "queue": "", "state": "cancelled"})
+
+
+def state_record(task_id: str, state: str) -> bytes:
+    """A record in ``state``."""
+    return dumps({"id": task_id, "task": "tests.flow.task", "queue": "flow", "state": state})
+
+
+async def ready(broker: Broker) -> Broker:
+    """Prepare ``broker`` to fetch from the three levels."""
+    await broker.prepare_consumer(LEVELS, CONSUMER)
+    return broker
+
+
+# ----------------------------------------------------------------------------- fetch_first
+async def test_fetch_first_drains_levels_in_the_order_given(broker: Broker) -> None:
+    await ready(broker)
+    await broker.publish("flow:low", [message("l1"), message("l2")])
+    await broker.publish("flow", [message("n1"), message("n2"), message("n3")])
+    await broker.publish("flow:high", [message("h1")])
+    first = await broker.fetch_first(LEVELS, 3, 0)
+    assert ids(first) == ["h1", "n1", "n2"]
+    assert [d.queue for d in first] == ["flow:high", "flow", "flow"]
+    second = await broker.fetch_first(LEVELS, 10, 0)
+    assert ids(second) == ["n3", "l1", "l2"]
+    assert [d.queue for d in second] == ["flow", "flow:low", "flow:low"]
+    assert all(d.deliveries == 1 for d in first + second)
+    assert await broker.fetch_first(LEVELS, 10, 0) == []
+    # A new high message overtakes waiting normal ones.
+    await broker.publish("flow", [message("n4")])
+    await broker.publish("flow:high", [message("h2")])
+    assert ids(await broker.fetch_first(LEVELS, 1, 0)) == ["h2"]
+    assert ids(await broker.fetch_first(LEVELS, 1, 0)) == ["n4"]
+
+
+async def test_fetch_first_deliveries_complete_like_fetch(broker: Broker) -> None:
+    await ready(broker)
+    await broker.publish("flow:high", [message("h")])
+    await broker.publish("flow:low", [message("l")])
+    got = await broker.fetch_first(LEVELS, 10, 0)
+    await broker.complete(
+        [Completion(d.queue, d.token, i, state_record(i, "succeeded"), 60) for d, i in
+         zip(got, ids(got), strict=True)]
+    )  # fmt: skip
+    stats = await broker.queue_stats(LEVELS)
+    assert all(s == {"waiting": 0, "in_flight": 0} for s in stats.values()), stats
+    record = await broker.get_record("h")
+    assert record is not None
+    assert TaskRecord.from_bytes(record).state is TaskState.SUCCEEDED
+
+
+@pytest.mark.parametrize("level", LEVELS)
+async def test_fetch_first_blocks_on_every_level_at_once(broker: Broker, level: str) -> None:
+    await ready(broker)
+    fetch = asyncio.ensure_future(broker.fetch_first(LEVELS, 5, 5.0))
+    await asyncio.sleep(0.1)
+    assert not fetch.done()
+    sent = time.monotonic()
+    await broker.publish(level, [message("wake")])
+    got = await asyncio.wait_for(fetch, 5.0)
+    latency = time.monotonic() - sent
+    assert ids(got) == ["wake"]
+    assert got[0].queue == level
+    assert latency < 0.5, latency
+
+
+async def test_fetch_first_times_out_empty(broker: Broker) -> None:
+    await ready(broker)
+    started = time.monotonic()
+    assert await broker.fetch_first(LEVELS, 5, 0.2) == []
+    assert 0.15 <= time.monotonic() - started < 2.0
+
+
+# ---------------------------------------------------------------------------- acquire_rate
+async def test_acquire_rate_grants_the_burst_then_reserves_with_a_wait(broker: Broker) -> None:
+    bucket = [("contract-bucket", 10.0, 5.0)]
+    for _ in range(5):
+        assert await broker.acquire_rate(bucket) == (True, 0.0)
+    waits = []
+    for _ in range(3):
+        reserved, wait = await broker.acquire_rate(bucket)
+        assert reserved
+        waits.append(wait)
+    # The 6th, 7th, 8th tokens exist 0.1, 0.2, 0.3 s from now (10/s).
+    assert waits == sorted(waits)
+    for expected, wait in zip((0.1, 0.2, 0.3), waits, strict=True):
+        assert expected - 0.05 <= wait <= expected + 0.001, waits
+    # Another bucket is independent.
+    assert await broker.acquire_rate([("other-bucket", 10.0, 5.0)]) == (True, 0.0)
+
+
+async def test_acquire_rate_refills_over_time(broker: Broker) -> None:
+    bucket = [("refill", 20.0, 2.0)]
+    assert (await broker.acquire_rate(bucket))[1] == 0.0
+    assert (await broker.acquire_rate(bucket))[1] == 0.0
+    assert (await broker.acquire_rate(bucket))[1] > 0.0
+    await asyncio.sleep(0.25)  # 5 tokens' worth of time refills the debt and the bucket
+    assert await broker.acquire_rate(bucket) == (True, 0.0)
+
+
+async def test_acquire_rate_takes_from_every_bucket_and_waits_for_the_slowest(
+    broker: Broker,
+) -> None:
+    quick, slow = ("multi-quick", 10.0, 1.0), ("multi-slow", 2.0, 1.0)
+    assert await broker.acquire_rate([quick, slow]) == (True, 0.0)
+    reserved, wait = await broker.acquire_rate([quick, slow])
+    assert reserved
+    assert 0.4 <= wait <= 0.5 + 0.001, wait  # the slow bucket's 0.5 s, not the quick 0.1 s
+    # The quick bucket's token was taken too: two tokens owed now, 0.2 s (not 0.1 s).
+    reserved, wait = await broker.acquire_rate([quick])
+    assert reserved
+    assert 0.15 <= wait <= 0.2 + 0.001, wait
+
+
+# ---------------------------------------------------------------------- cancel and revoked
+async def test_cancel_answers_what_the_task_was(broker: Broker) -> None:
+    await ready(broker)
+    await broker.schedule([("later", "flow", message("later"), time.time() + 60)])
+    assert await broker.cancel("later", cancelled_record("later"), 60) == "scheduled"
+    assert await broker.scheduled_count() == 0
+    assert await broker.promote_due(time.time() + 120, 10) == (0, None)
+
+    await broker.publish("flow", [message("waiting")])
+    assert await broker.cancel("waiting", cancelled_record("waiting"), 60) == "pending"
+
+    await broker.set_record("tracked", state_record("tracked", "queued"), 60)
+    assert await broker.cancel("tracked", cancelled_record("tracked"), 60) == "queued"
+    await broker.set_record("busy", state_record("busy", "running"), 60)
+    assert await broker.cancel("busy", cancelled_record("busy"), 60) == "running"
+
+    done = state_record("done", "succeeded")
+    await broker.set_record("done", done, 60)
+    assert await broker.cancel("done", cancelled_record("done"), 60) == "finished"
+    assert await broker.get_record("done") == done
+    # Cancelling twice: the second time it is already final.
+    assert await broker.cancel("waiting", cancelled_record("waiting"), 60) == "finished"
+    assert await broker.cancel("later", cancelled_record("later"), 60) == "finished"
+
+    for task_id in ("later", "waiting", "tracked", "busy"):
+        raw = await broker.get_record(task_id)
+        assert raw is not None
+        assert TaskRecord.from_bytes(raw).state is TaskState.CANCELLED
+    revoked = await broker.revoked()
+    # Only what may still reach a worker is marked: not the unscheduled or finished ones.
+    assert set(revoked) == {"waiting", "tracked", "busy"}
+    now = time.time()
+    assert all(now + 50 < expiry <= now + 61 for expiry in revoked.values()), revoked
+
+
+async def test_revoked_marks_expire(broker: Broker) -> None:
+    await broker.publish("flow", [message("short")])
+    assert await broker.cancel("short", cancelled_record("short"), 1) == "pending"
+    assert "short" in await broker.revoked()
+
+    async def marks() -> dict[str, float]:
+        return await broker.revoked()
+
+    deadline = time.monotonic() + 5
+    while "short" in await marks():
+        assert time.monotonic() < deadline, "the revoked mark did not expire"
+        await asyncio.sleep(0.1)
+
+
+# --------------------------------------------------------------------------------- events
+@contextlib.asynccontextmanager
+async def listening(broker: Broker) -> AsyncIterator[list[tuple[str, str]]]:
+    """Collect ``broker.events()`` in the background; yields the growing list."""
+    seen: list[tuple[str, str]] = []
+
+    async def collect() -> None:
+        async for event in broker.events():
+            seen.append(event)
+
+    task = asyncio.ensure_future(collect())
+    try:
+        # The subscription is in place once a probe event comes through.
+        deadline = time.monotonic() + 5
+        n = 0
+        while not seen:
+            assert time.monotonic() < deadline, "no event arrived within 5 s"
+            assert not task.done(), task
+            n += 1
+            await broker.schedule([(f"probe-{n}", "flow", message(f"probe-{n}"), 1e10 + n)])
+            await asyncio.sleep(0.05)
+        seen.clear()
+        yield seen
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def wait_for_event(
+    seen: list[tuple[str, str]], accept: Callable[[tuple[str, str]], bool]
+) -> tuple[str, str]:
+    """Return the first event in ``seen`` that ``accept`` takes, waiting up to 5 s."""
+    deadline = time.monotonic() + 5
+    while True:
+        for event in seen:
+            if accept(event):
+                return event
+        assert time.monotonic() < deadline, f"event not seen within 5 s; saw {seen}"
+        await asyncio.sleep(0.01)
+
+
+async def test_events_announce_revocations_and_schedules(
+    make_broker: Callable[[], Broker],
+) -> None:
+    listener, producer = make_broker(), make_broker()
+    async with listening(listener) as seen:
+        await producer.publish("flow", [message("victim")])
+        assert await producer.cancel("victim", cancelled_record("victim"), 60) == "pending"
+        assert await wait_for_event(seen, lambda e: e[0] == "revoke") == ("revoke", "victim")
+
+        eta = time.time() + 30.5
+        await producer.schedule([("soon", "flow", message("soon"), eta)])
+        kind, value = await wait_for_event(seen, lambda e: e[0] == "schedule")
+        assert kind == "schedule"
+        assert float(value) == pytest.approx(eta, abs=1e-6)
+
+        # A retry (a completion that reschedules) is announced the same way.
+        seen.clear()
+        await ready(producer)
+        await producer.publish("flow", [message("retry-me")])
+        got = await producer.fetch_first(LEVELS, 1, 0)
+        retry_eta = time.time() + 7.25
+        await producer.complete(
+            [Completion(got[0].queue, got[0].token, "retry-me", reschedule=message("retry-me"),
+                        eta=retry_eta)]
+        )  # fmt: skip
+        kind, value = await wait_for_event(seen, lambda e: e[0] == "schedule")
+        # Lua formats numbers with 14 significant digits: 0.1 ms at today's Unix times.
+        assert float(value) == pytest.approx(retry_eta, abs=1e-3)
+
+        # Cancelling a scheduled or finished task sends no revocation.
+        seen.clear()
+        assert await producer.cancel("soon", cancelled_record("soon"), 60) == "scheduled"
+        assert await producer.cancel("victim", cancelled_record("victim"), 60) == "finished"
+        await producer.publish("flow", [message("marker")])
+        await producer.cancel("marker", cancelled_record("marker"), 60)
+        await wait_for_event(seen, lambda e: e == ("revoke", "marker"))
+        assert [e for e in seen if e[0] == "revoke"] == [("revoke", "marker")]
+
+
+async def test_events_reach_every_listener(make_broker: Callable[[], Broker]) -> None:
+    first, second, producer = make_broker(), make_broker(), make_broker()
+    async with listening(first) as seen1, listening(second) as seen2:
+        await producer.cancel("everyone", cancelled_record("everyone"), 60)
+        for seen in (seen1, seen2):
+            assert await wait_for_event(seen, lambda e: e[0] == "revoke") == (
+                "revoke",
+                "everyone",
+            )
