@@ -60,8 +60,15 @@ class FastRedisBroker(RedisBroker):
         """Pop from the lists in order in one script call; block on all of them at once."""
         keys = [self.keys.list(q) for q in queues]
         rows = await self._pop_levels(keys=keys, args=[count])
-        if rows or timeout <= 0:
-            return [Delivery(queues[int(i) - 1], None, item, 1) for i, item in rows]
+        n = len(keys)
+        if len(rows) > n or timeout <= 0:
+            out: list[Delivery] = []
+            start = n
+            for queue, taken in zip(queues, rows[:n], strict=True):
+                if taken:
+                    out += [Delivery(queue, None, item, 1) for item in rows[start : start + taken]]
+                    start += taken
+            return out
         reply = await self.client.execute_command(
             "BLMPOP", timeout, len(keys), *keys, "LEFT", "COUNT", 1
         )

@@ -107,8 +107,15 @@ class ReliableRedisBroker(RedisBroker):
         """Take from the streams in order in one script call; block on all of them at once."""
         keys = [self.keys.stream(q) for q in queues]
         rows = await self._fetch_levels(keys=keys, args=[GROUP, self.consumer, count])
-        if rows or timeout <= 0:
-            return [_delivery(queues[int(i) - 1], entry_id, fields) for i, entry_id, fields in rows]
+        n = len(keys)
+        if len(rows) > n or timeout <= 0:
+            out: list[Delivery] = []
+            start = n
+            for queue, taken in zip(queues, rows[:n], strict=True):
+                end = start + 2 * taken
+                out += [_delivery(queue, rows[j], rows[j + 1]) for j in range(start, end, 2)]
+                start = end
+            return out
         reply = await self.client.execute_command(
             "XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 1,
             "BLOCK", max(1, int(timeout * 1000)), "STREAMS", *keys, *(">" for _ in keys),

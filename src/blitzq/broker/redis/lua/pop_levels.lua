@@ -1,16 +1,19 @@
 -- Pop up to ARGV[1] messages from several lists, in the order given (priority levels),
 -- without blocking: one round-trip for every level.
--- KEYS: the lists; returns {{level index, message}, ...}
+-- KEYS: the lists. Returns a flat array: first one count per list, then the messages in
+-- list order ({n1, n2, n3, m1, m2, ...}), which the client splits without per-item work.
 local remaining = tonumber(ARGV[1])
-local out = {}
+local counts, out = {}, {}
 for i, key in ipairs(KEYS) do
-  if remaining <= 0 then break end
-  local items = redis.call('LPOP', key, remaining)
-  if items then
-    for _, item in ipairs(items) do
-      out[#out + 1] = {i, item}
-      remaining = remaining - 1
+  counts[i] = 0
+  if remaining > 0 then
+    local items = redis.call('LPOP', key, remaining)
+    if items then
+      for _, item in ipairs(items) do out[#out + 1] = item end
+      counts[i] = #items
+      remaining = remaining - #items
     end
   end
 end
+for i = #KEYS, 1, -1 do table.insert(out, 1, counts[i]) end
 return out
