@@ -11,7 +11,7 @@ from typing import Any
 
 from ._portal import Portal
 from .broker.base import Broker
-from .exceptions import ResultTimeout, TaskCancelled, TaskFailed
+from .exceptions import BrokerError, ResultTimeout, TaskCancelled, TaskFailed
 from .records import DeadLetter, TaskRecord, TaskState
 from .routing import check_name
 from .serialization import Envelope, decode_envelope, dumps, encode_envelope
@@ -58,7 +58,14 @@ class QueueOperations:
         deadline = time.monotonic() + wait
         broker = self.broker
         while True:
-            data = await broker.wait_for_record(task_id, max(0.0, deadline - time.monotonic()))
+            try:
+                data = await broker.wait_for_record(task_id, max(0.0, deadline - time.monotonic()))
+            except BrokerError as exc:
+                # The server restarting: keep waiting (re-reading) until the deadline.
+                if not exc.transient or time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+                continue
             if data is None:
                 raise ResultTimeout(f"no result for task {task_id} within {timeout} s")
             record = TaskRecord.from_bytes(data)
@@ -208,8 +215,15 @@ class QueueOperations:
         """
         broker = self.broker
         names = sorted(set(queues) if queues is not None else set(await broker.known_queues()))
+        per_queue = await broker.queue_stats(names) if names else {}
+        if queues is None:  # empty priority levels are noise in an overview
+            per_queue = {
+                q: counts
+                for q, counts in per_queue.items()
+                if any(counts.values()) or not q.endswith((":high", ":low"))
+            }
         return {
-            "queues": await broker.queue_stats(names) if names else {},
+            "queues": per_queue,
             "scheduled": await broker.scheduled_count(),
             "dead_letters": await broker.dead_letter_count(),
             "workers": len(await broker.workers()),

@@ -116,8 +116,14 @@ def plain_args(args: tuple[Any, ...] | list[Any]) -> list[Any]:
 
 
 def plain_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Return the wire form of keyword arguments (the dict is copied only when needed)."""
-    for item in kwargs.values():
+    """Return the wire form of keyword arguments (the dict is copied only when needed).
+
+    Raises:
+        SerializationError: a key that is not ``str`` or a value that is not plain data.
+    """
+    for key, item in kwargs.items():
+        if type(key) is not str:
+            raise SerializationError(f"keyword argument names must be str, got {key!r}")
         if type(item) not in _SCALARS:
             return {key: _to_ext(item) for key, item in kwargs.items()}
     return kwargs

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import inspect
+import math
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -19,7 +20,7 @@ from .exceptions import ConfigurationError
 from .ratelimit import RateLimit
 from .records import TaskRecord
 from .retries import RetryPolicy
-from .routing import check_priority
+from .routing import check_name, check_priority
 
 if TYPE_CHECKING:
     from ._operations import QueueOperations
@@ -50,6 +51,10 @@ def default_task_name(fn: Callable[..., Any]) -> str:
     return f"{module}.{fn.__qualname__}"
 
 
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
 @dataclass(frozen=True, slots=True)
 class CallOptions:
     """Options of one enqueue, bound with :meth:`Task.options`.
@@ -74,6 +79,32 @@ class CallOptions:
     queue: str | None = None
     correlation_id: str | None = None
     priority: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.delay is not None and not (
+            isinstance(self.delay, int | float) and math.isfinite(self.delay)
+        ):
+            raise ConfigurationError(
+                f"delay must be a finite number of seconds, got {self.delay!r}"
+            )
+        if (
+            self.eta is not None
+            and not isinstance(self.eta, _dt.datetime)
+            and not _finite(self.eta)
+        ):
+            raise ConfigurationError(f"eta must be a finite Unix time, got {self.eta!r}")
+        if self.timeout is not None and not (
+            isinstance(self.timeout, int | float)
+            and math.isfinite(self.timeout)
+            and self.timeout > 0
+        ):
+            raise ConfigurationError(f"timeout must be > 0 seconds, got {self.timeout!r}")
+        if self.task_id is not None:
+            check_name("task_id", self.task_id)
+        if self.queue is not None:
+            check_name("queue", self.queue)
+        if self.priority is not None:
+            check_priority(self.priority)
 
     def due_time(self, now: float) -> float | None:
         """Unix time the message becomes due, or ``None`` to publish at once.
@@ -149,6 +180,7 @@ class Task(Generic[P, R]):
         )
         if rate_key is not None and rate_limit is None:
             raise ConfigurationError(f"task {name}: rate_key= needs a rate_limit=")
+        self.signature = inspect.signature(fn)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -181,8 +213,6 @@ class Task(Generic[P, R]):
         Raises:
             ConfigurationError: an unknown priority.
         """
-        if priority is not None:
-            check_priority(priority)
         return BoundTask(
             self,
             CallOptions(delay, eta, task_id, headers, timeout, queue, correlation_id, priority),
@@ -251,6 +281,13 @@ class BoundTask(Generic[P, R]):
     ) -> list[TaskHandle[R]]:
         """:meth:`Task.enqueue_many` with the bound options (``task_id`` is not allowed)."""
         return await self.task.owner._enqueue_many(self.task, calls, self.call_options)
+
+    def enqueue_many_sync(
+        self, calls: Iterable[tuple[Any, ...] | tuple[tuple[Any, ...], dict[str, Any]]]
+    ) -> list[TaskHandle[R]]:
+        """Blocking :meth:`enqueue_many`."""
+        owner = self.task.owner
+        return owner._portal.call(owner._enqueue_many(self.task, calls, self.call_options))
 
 
 class TaskHandle(Generic[R]):

@@ -19,6 +19,7 @@ from click.core import ParameterSource
 from rich.console import Console
 
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError
+from ..logconfig import LEVELS
 from ..queue import Queue
 
 T = TypeVar("T")
@@ -249,3 +250,25 @@ def emit_json(doc: Any) -> None:
 def console(stderr: bool = False) -> Console:
     """A rich Console on the current stdout (or stderr)."""
     return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def log_options(command: F) -> F:
+    """Add ``--log-level`` and ``--log-format`` (env ``BLITZQ_LOG_LEVEL`` / ``_FORMAT``)."""
+    command = click.option(
+        "--log-format",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        show_default=True,
+        envvar="BLITZQ_LOG_FORMAT",
+        show_envvar=True,
+        help="Logs on stderr as text or JSON lines.",
+    )(command)
+    return click.option(
+        "--log-level",
+        type=click.Choice([n.lower() for n in LEVELS], case_sensitive=False),
+        default="info",
+        show_default=True,
+        help="Least severe log records shown.",
+        envvar="BLITZQ_LOG_LEVEL",
+        show_envvar=True,
+    )(command)

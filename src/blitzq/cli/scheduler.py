@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..exceptions import BlitzQError
-from ..logconfig import LEVELS, configure_logging
+from ..logconfig import configure_logging
 from ..queue import Queue
 from ..scheduler import Scheduler, periodic_status
 from ._common import (
@@ -28,6 +28,7 @@ from ._common import (
     emit_json,
     global_options,
     iso,
+    log_options,
     mask_url,
     run_with_queue,
     settings,
@@ -101,24 +102,7 @@ async def _serve(scheduler: Scheduler) -> None:
     metavar="SECONDS",
     help="Longest time between two passes (a pass also happens when a run is due).",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice([n.lower() for n in LEVELS], case_sensitive=False),
-    default="info",
-    show_default=True,
-    help="Least severe log records shown.",
-    envvar="BLITZQ_LOG_LEVEL",
-    show_envvar=True,
-)
-@click.option(
-    "--log-format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    envvar="BLITZQ_LOG_FORMAT",
-    show_envvar=True,
-    help="Logs on stderr as text or JSON lines.",
-)
+@log_options
 @global_options
 def run_command(app: str, poll_interval: float, log_level: str, log_format: str) -> None:
     """Dispatch the periodic tasks of the blitzq.Queue at MODULE:ATTR until SIGTERM/SIGINT.

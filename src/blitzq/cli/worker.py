@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from ..exceptions import BlitzQError
-from ..logconfig import LEVELS, configure_logging
+from ..logconfig import configure_logging
 from ..queue import Queue
 from ..routing import check_name
 from ..worker import Worker
@@ -24,6 +24,7 @@ from ._common import (
     cli_errors,
     emit_json,
     global_options,
+    log_options,
     mask_url,
     settings,
 )
@@ -185,24 +186,7 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
     metavar="SECONDS",
     help="On SIGTERM/SIGINT, wait this long for running tasks, then requeue.",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice([n.lower() for n in LEVELS], case_sensitive=False),
-    default="info",
-    show_default=True,
-    help="Least severe log records shown.",
-    envvar="BLITZQ_LOG_LEVEL",
-    show_envvar=True,
-)
-@click.option(
-    "--log-format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    envvar="BLITZQ_LOG_FORMAT",
-    show_envvar=True,
-    help="Logs on stderr as text or JSON lines.",
-)
+@log_options
 @click.option(
     "--scheduler",
     "with_scheduler",

@@ -17,8 +17,6 @@ import sys
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
-from ..supervisor import die_with_parent
-
 _PENDING: Any = object()
 
 
@@ -102,6 +100,8 @@ class ProcessPool:
     ) -> asyncio.Future[Any]:
         """Run ``fn(*args, **kwargs)`` in a pool process; the function must be importable."""
         if self._pool is None:
+            from ..supervisor import die_with_parent
+
             # Pool processes die with this worker, even when it is SIGKILLed (Linux).
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.size,

@@ -76,7 +76,7 @@ class Runner:
         try:
             env = decode_envelope(d.payload)
         except SerializationError as exc:
-            self.reject(d, "malformed message", str(exc), slots)
+            self.reject(d, "malformed message", str(exc).removeprefix("malformed message: "), slots)
             return
         task = self.tasks.get(env.task)
         if task is None:
@@ -156,7 +156,8 @@ class Runner:
                 try:
                     coro = task.fn(*env.args, **env.kwargs)
                 except BaseException as exc:
-                    self.finish(job, None, exc)
+                    # A TypeError here is a call that does not fit the signature: no retry.
+                    self.finish(job, None, exc, retry=not isinstance(exc, TypeError))
                     slots.release()
                     return
                 result, error, started = start_eagerly(coro)  # type: ignore[arg-type]
@@ -165,6 +166,8 @@ class Runner:
                     slots.release()
                     return
                 handle: asyncio.Future[Any] = started
+            elif not self._arguments_fit(job, slots):
+                return
             elif executor == "thread":
                 if self._threads is None:
                     self._threads = concurrent.futures.ThreadPoolExecutor(
@@ -186,14 +189,33 @@ class Runner:
             job.timer = asyncio.get_running_loop().call_later(timeout, self.on_timeout, job)
         handle.add_done_callback(functools.partial(self.on_done, job, slots))
 
+    def _arguments_fit(self, job: Job, slots: Slots) -> bool:
+        """Check a sync task's arguments against its signature before using a thread or
+        process on it; a call that cannot bind fails at once, without retries."""
+        env = job.envelope
+        try:
+            job.task.signature.bind(*env.args, **env.kwargs)
+        except TypeError as exc:
+            self.finish(job, None, exc, retry=False)
+            slots.release()
+            return False
+        return True
+
     # ------------------------------------------------------------ finishing
-    def finish(self, job: Job, result: Any, error: BaseException | None) -> None:
-        """Commit the outcome of a run that returned ``result`` or raised ``error``."""
+    def finish(
+        self, job: Job, result: Any, error: BaseException | None, retry: bool = True
+    ) -> None:
+        """Commit the outcome of a run that returned ``result`` or raised ``error``.
+
+        ``retry=False`` fails it at once whatever the retry policy says (a bad call).
+        """
         if error is None:
             completion = self.outcomes.success(job, result, self.track_state)
             self.processed += 1
         else:
-            completion = self.outcomes.failure(job, error, track_state=self.track_state)
+            completion = self.outcomes.failure(
+                job, error, retry=retry, track_state=self.track_state
+            )
             self.failed += 1
             if logger.isEnabledFor(logging.INFO):
                 logger.info(

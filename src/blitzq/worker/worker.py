@@ -213,8 +213,11 @@ class Worker:
             self._fetching[queue] = True
             try:
                 deliveries = await self._fetch(queue, slots, n)
-            except BrokerError as exc:
-                logger.warning("fetch from %s failed, retrying in %.1f s: %s", queue, backoff, exc)
+            except Exception as exc:  # the loop must outlive any error; BrokerError is usual
+                if isinstance(exc, BrokerError):
+                    logger.warning("fetch from %s failed, retry in %.1f s: %s", queue, backoff, exc)
+                else:
+                    logger.exception("fetch from %s failed, retrying in %.1f s", queue, backoff)
                 self._fetching[queue] = False
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -246,7 +249,7 @@ class Worker:
         broker, names = self.broker, self.levels[queue]
         try:
             deliveries = await broker.fetch_first(names, n, 0)
-        except BrokerError:
+        except Exception:
             slots.release(n)
             raise
         if deliveries or self._stop_requested():
@@ -256,7 +259,7 @@ class Worker:
         slots.global_limiter.release(1)
         try:
             deliveries = await broker.fetch_first(names, 1, self.block_timeout)
-        except BrokerError:
+        except Exception:
             slots.release_queue(1)
             raise
         if not deliveries:

@@ -44,6 +44,8 @@ def translate_errors(
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return await fn(*args, **kwargs)
+        except BrokerError:
+            raise
         except (RedisError, OSError) as exc:
             transient = isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError))
             raise BrokerError(f"{type(exc).__name__}: {exc}", transient) from exc

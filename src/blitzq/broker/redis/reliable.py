@@ -30,7 +30,10 @@ def _delivery(queue: str, entry_id: bytes, fields: list[bytes]) -> Delivery:
         if fields[j] == MESSAGE_FIELD:
             payload = fields[j + 1]
         elif fields[j] == b"d":
-            deliveries = int(fields[j + 1])
+            try:  # written by recover.lua; anything else is planted: count it as one
+                deliveries = max(1, min(int(fields[j + 1]), 1_000_000))
+            except ValueError:
+                deliveries = 1
     return Delivery(queue, entry_id, payload, deliveries)
 
 

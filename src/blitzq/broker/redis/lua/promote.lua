@@ -7,9 +7,16 @@ local prefix = ARGV[1]
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
 for _, id in ipairs(ids) do
   local value = redis.call('HGET', KEYS[2], id)
-  if value then
-    local nl = string.find(value, '\n', 1, true)
-    local kind = string.sub(value, 1, 1)
+  local nl = value and string.find(value, '\n', 1, true)
+  local kind = value and string.sub(value, 1, 1)
+  if value and (not nl or (kind ~= 's' and kind ~= 'l')) then
+    -- Not "<kind><queue>\n<message>": keep it as a dead letter instead of failing every run.
+    redis.call('HSET', prefix .. 'd:' .. id, 'message', value, 'reason', 'malformed message',
+      'error', 'schedule entry is not <kind><queue>\\n<message>', 'task', '', 'queue', '',
+      'failed_at', ARGV[2])
+    redis.call('ZADD', prefix .. 'dlq', ARGV[2], id)
+    redis.call('HDEL', KEYS[2], id)
+  elseif value then
     local queue = string.sub(value, 2, nl - 1)
     local message = string.sub(value, nl + 1)
     if kind == 's' then
