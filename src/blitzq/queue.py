@@ -25,6 +25,7 @@ from .exceptions import (
     SerializationError,
     UnknownTask,
 )
+from .hooks import EnqueueFilter, EnqueueObserver, Outgoing
 from .ratelimit import RateLimit
 from .retries import DEFAULT_RETRY_POLICY, RetryPolicy
 from .routing import Priority, Routes, check_name, physical_queue, route
@@ -158,6 +159,10 @@ class Queue(QueueOperations):
         self._url: str | None = None
         self.on_startup = Hooks()
         self.on_shutdown = Hooks()
+        #: Coroutines that see each batch before it is published (see :mod:`blitzq.hooks`).
+        self.enqueue_filters: list[EnqueueFilter] = []
+        #: Coroutines called with what was published (see :mod:`blitzq.hooks`).
+        self.enqueue_observers: list[EnqueueObserver] = []
 
     def __repr__(self) -> str:
         return f"<Queue {self.name} namespace={self.namespace} mode={self.mode}>"
@@ -434,7 +439,12 @@ class Queue(QueueOperations):
             opts.timeout,
         )
 
-    async def _publish(self, items: list[tuple[Envelope, bytes, float | None]]) -> None:
+    async def _publish(self, outgoing: list[Outgoing]) -> None:
+        """Publish a batch: filters, state records, registry of queues, then the messages."""
+        for check in self.enqueue_filters:
+            await check(self, outgoing)
+        batch = [o for o in outgoing if o.existing_id is None]
+        items = [(o.envelope, o.data, o.due) for o in batch]
         broker = self.broker
         if self.track_state:  # written before publishing, so a fast worker cannot overtake it
             await broker.complete(
@@ -470,6 +480,8 @@ class Queue(QueueOperations):
             await broker.publish(queue, messages)
         if later:
             await broker.schedule(later)
+        for observer in self.enqueue_observers:
+            await observer(self, batch)
 
     async def _enqueue(
         self,
@@ -490,10 +502,19 @@ class Queue(QueueOperations):
         env = self._envelope(name, queue, args, kwargs, opts, now)
         data = encode_envelope(env, self.max_message_size)
         due = opts.due_time(now) if opts is not _NO_OPTIONS else None
-        if due is None and queue in self._known_queues and not self.track_state:
+        if (
+            due is None
+            and queue in self._known_queues
+            and not self.track_state
+            and not self.enqueue_filters
+            and not self.enqueue_observers
+        ):
             await self.broker.publish(queue, (data,))
-        else:
-            await self._publish([(env, data, due)])
+            return TaskHandle(self, env.id, queue, name)
+        out = Outgoing(env, data, due, task if isinstance(task, Task) else self.tasks.get(name))
+        await self._publish([out])
+        if out.existing_id is not None:
+            return TaskHandle(self, out.existing_id, queue, name, duplicate=True)
         return TaskHandle(self, env.id, queue, name)
 
     async def _enqueue_many(
@@ -517,10 +538,15 @@ class Queue(QueueOperations):
             else:
                 args, kwargs = call, {}
             env = self._envelope(task.name, queue, args, kwargs, opts, now)
-            items.append((env, encode_envelope(env, limit), due))
+            items.append(Outgoing(env, encode_envelope(env, limit), due, task))
         if items:
             await self._publish(items)
-        return [TaskHandle(self, env.id, queue, task.name) for env, _, _ in items]
+        return [
+            TaskHandle(self, o.existing_id, queue, task.name, duplicate=True)
+            if o.existing_id is not None
+            else TaskHandle(self, o.envelope.id, queue, task.name)
+            for o in items
+        ]
 
     async def send(
         self,

@@ -24,6 +24,7 @@ from .routing import check_name, check_priority
 
 if TYPE_CHECKING:
     from ._operations import QueueOperations
+    from .hooks import Finisher, StartCheck
     from .queue import Queue
 
 P = ParamSpec("P")
@@ -181,6 +182,10 @@ class Task(Generic[P, R]):
         if rate_key is not None and rate_limit is None:
             raise ConfigurationError(f"task {name}: rate_key= needs a rate_limit=")
         self.signature = inspect.signature(fn)
+        #: Coroutines awaited before each start (see :mod:`blitzq.hooks`).
+        self.checks: list[StartCheck] = []
+        #: Called with each completion before it is written (see :mod:`blitzq.hooks`).
+        self.finishers: list[Finisher] = []
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -297,15 +302,25 @@ class TaskHandle(Generic[R]):
         id: the task id.
         queue: the physical queue it was published to.
         task: the task name.
+        duplicate: ``True`` when nothing was published because the call duplicated a task
+            that already exists (``id`` is that task's id; see unique tasks).
     """
 
-    __slots__ = ("_owner", "id", "queue", "task")
+    __slots__ = ("_owner", "duplicate", "id", "queue", "task")
 
-    def __init__(self, owner: QueueOperations, task_id: str, queue: str, task: str) -> None:
+    def __init__(
+        self,
+        owner: QueueOperations,
+        task_id: str,
+        queue: str,
+        task: str,
+        duplicate: bool = False,
+    ) -> None:
         self._owner = owner
         self.id = task_id
         self.queue = queue
         self.task = task
+        self.duplicate = duplicate
 
     def __repr__(self) -> str:
         return f"<TaskHandle {self.task} id={self.id} queue={self.queue}>"

@@ -15,7 +15,7 @@ import abc
 import enum
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Guarantee(enum.StrEnum):
@@ -61,6 +61,9 @@ class Completion:
         eta: Unix time (seconds) the rescheduled message becomes due.
         dead_letter: fields of a dead letter to store, or ``None``.
         requeue: encoded message to put back at the head of ``queue`` now, or ``None``.
+        ops: further operations applied in the same atomic step, each a tuple whose first
+            item names the operation (see :data:`COMPLETION_OPS`); items are str, int,
+            float or bytes.
     """
 
     queue: str
@@ -72,6 +75,18 @@ class Completion:
     eta: float = 0.0
     dead_letter: DeadLetterFields | None = None
     requeue: bytes | None = None
+    ops: tuple[tuple[Any, ...], ...] = ()
+
+
+#: Operations a Completion may carry in ``ops``, by name, with their items:
+#:
+#: - ``("publish", kind, queue, message)``: publish ``message`` (bytes) to ``queue``, where
+#:   ``kind`` is ``"s"`` or ``"l"`` as the broker's own, or ``""`` for the broker's mode.
+#:
+#: Features add theirs here, in ``lua/complete.lua`` and in ``MemoryBroker._OPS``.
+COMPLETION_OPS: dict[str, str] = {
+    "publish": "publish a message to a queue together with the completion",
+}
 
 
 @dataclass(slots=True, frozen=True)

@@ -17,9 +17,9 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from ..exceptions import SerializationError
+from ..exceptions import BrokerError, SerializationError
 from ..serialization import decode_envelope, dumps, loads
 from .base import Broker, Completion, DeadLetterFields, Delivery, Guarantee
 
@@ -238,8 +238,23 @@ class MemoryBroker(Broker):
                     dead_added = True
                 if c.requeue:
                     self._push(c.queue, c.requeue, 1, head=True)
+                for op in c.ops:
+                    handler = self._OPS.get(op[0])
+                    if handler is None:
+                        raise BrokerError(f"unknown completion op {op[0]!r}", transient=False)
+                    handler(self, op)
             if dead_added:
                 self._trim_dead_letters()
+
+    def _op_publish(self, op: tuple[Any, ...]) -> None:
+        """``("publish", kind, queue, message)`` (lock held)."""
+        self._queues.add(op[2])
+        self._push(op[2], op[3], 1)
+
+    #: Completion op handlers by name (see ``blitzq.broker.base.COMPLETION_OPS``).
+    _OPS: ClassVar[dict[str, Callable[[MemoryBroker, tuple[Any, ...]], None]]] = {
+        "publish": _op_publish,
+    }
 
     async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
         """Renew the leases of ``tokens`` still in flight on ``queue``; return how many."""

@@ -84,15 +84,14 @@ class Runner:
             self.reject(d, "unknown task", error, slots, env.id, env.task)
             return
         if self.revoked and env.id in self.revoked:
-            self._skip_cancelled(d, env, slots)
+            self._skip_cancelled(Job(d, env, task), slots)
             return
-        if not env.reserved:
-            buckets = self._buckets(task, d.queue)
-            if buckets:
-                pending = asyncio.ensure_future(self._start_limited(d, env, task, slots, buckets))
-                self._pending.add(pending)
-                pending.add_done_callback(self._pending.discard)
-                return
+        buckets = self._buckets(task, d.queue) if not env.reserved else None
+        if buckets or task.checks:
+            pending = asyncio.ensure_future(self._start_checked(d, env, task, slots, buckets))
+            self._pending.add(pending)
+            pending.add_done_callback(self._pending.discard)
+            return
         self.run(Job(d, env, task), slots)
 
     def _buckets(self, task: Task[Any, Any], physical: str) -> list[tuple[str, float, float]]:
@@ -109,34 +108,72 @@ class Runner:
             self._limits[cache_key] = buckets
         return buckets
 
-    async def _start_limited(
+    async def _start_checked(
         self,
         d: Delivery,
         env: Envelope,
         task: Task[Any, Any],
         slots: Slots,
-        buckets: list[tuple[str, float, float]],
+        buckets: list[tuple[str, float, float]] | None,
     ) -> None:
-        """Ask the token buckets; run now, or go back to the schedule (no slot, same attempt)."""
+        """Rate limits, then the task's start checks; run, or end this delivery as told.
+
+        A check that cannot reach the broker puts the task back on the schedule for a second.
+        """
+        job = Job(d, env, task)
         try:
-            reserved, wait = await self.broker.acquire_rate(buckets)
-        except BrokerError as exc:
-            logger.warning("rate limit check for %s failed, retrying in 1 s: %s", env.task, exc)
-            reserved, wait = False, 1.0
-        try:
-            if reserved and wait <= _RATE_SLACK:
-                self.run(Job(d, env, task), slots)
+            completion: Completion | None = None
+            if buckets:
+                completion = await self._rate_check(job, buckets)
+            for check in task.checks:
+                if completion is not None:
+                    break
+                try:
+                    completion = await check(self, job)
+                except BrokerError as exc:
+                    logger.warning("start check of %s failed, retry in 1 s: %s", env.id, exc)
+                    completion = self.reschedule(job, 1.0)
+            if completion is None:
+                self.run(job, slots)
                 return
-            now = time.time()
-            again = msgspec.structs.replace(env, enqueued_at=now, reserved=reserved)
-            data = encode_envelope(again, max(self.max_message_size, len(d.payload) * 2))
-            completion = Completion(d.queue, d.token, env.id, reschedule=data, eta=now + wait)
         except Exception:  # a bug must not leak the slot; the lease recovers the message
-            logger.exception("could not start rate-limited task %s", env.id)
+            logger.exception("could not start task %s", env.id)
             slots.release()
             return
         self.flusher.add(completion)
         slots.release()
+
+    async def _rate_check(
+        self, job: Job, buckets: list[tuple[str, float, float]]
+    ) -> Completion | None:
+        """Ask the token buckets: ``None`` to start now, else a reschedule for the wait."""
+        try:
+            reserved, wait = await self.broker.acquire_rate(buckets)
+        except BrokerError as exc:
+            logger.warning("rate limit check of %s failed, retry in 1 s: %s", job.envelope.id, exc)
+            reserved, wait = False, 1.0
+        if reserved and wait <= _RATE_SLACK:
+            job.envelope = msgspec.structs.replace(job.envelope, reserved=True)
+            return None
+        return self.reschedule(job, wait, reserved=reserved)
+
+    def reschedule(self, job: Job, delay: float, reserved: bool | None = None) -> Completion:
+        """Completion putting ``job`` back on the schedule for ``delay`` seconds, unstarted.
+
+        The attempt is unchanged and no slot is held while it waits (rate limits, locks).
+
+        Args:
+            job: the delivery to put back.
+            delay: seconds.
+            reserved: keep (``None``), set or clear the rate-limit reservation.
+        """
+        env, d = job.envelope, job.delivery
+        now = time.time()
+        again = msgspec.structs.replace(
+            env, enqueued_at=now, reserved=env.reserved if reserved is None else reserved
+        )
+        data = encode_envelope(again, max(self.max_message_size, len(d.payload) * 2))
+        return Completion(d.queue, d.token, env.id, reschedule=data, eta=now + delay)
 
     def run(self, job: Job, slots: Slots) -> None:
         """Run ``job`` on its task's executor."""
@@ -222,6 +259,24 @@ class Runner:
                     "task %s %s attempt %d failed: %r",
                     job.envelope.task, job.envelope.id, job.attempt, error,
                 )  # fmt: skip
+        self.commit(job, completion, error)
+
+    def commit(
+        self, job: Job, completion: Completion | None, error: BaseException | None = None
+    ) -> None:
+        """Hand a job's completion to the flusher, through the task's finishers if any.
+
+        ``completion`` may be ``None`` (nothing to write: a fast-mode success without a
+        record); finishers then get a bare one to add their operations to.
+        """
+        finishers = job.task.finishers
+        if finishers:
+            d = job.delivery
+            if completion is None:
+                completion = Completion(d.queue, d.token, job.envelope.id)
+            final = completion.reschedule is None and completion.requeue is None
+            for finisher in finishers:
+                completion = finisher(job, completion, final, error)
         if completion is not None:
             self.flusher.add(completion)
 
@@ -237,7 +292,7 @@ class Runner:
         # until the call really returns so the concurrency bound holds.
         job.finished = True
         self.failed += 1
-        self.flusher.add(self.outcomes.timeout(job, self._timeout_of(job)))
+        self.commit(job, self.outcomes.timeout(job, self._timeout_of(job)))
 
     @staticmethod
     def _timeout_of(job: Job) -> float:
@@ -256,11 +311,11 @@ class Runner:
         job.finished = True
         if job.timed_out:
             self.failed += 1
-            self.flusher.add(self.outcomes.timeout(job, self._timeout_of(job)))
+            self.commit(job, self.outcomes.timeout(job, self._timeout_of(job)))
         elif job.context is not None and job.context.cancelled:
             if not handle.cancelled():
                 handle.exception()  # retrieved: a killed process pool's error is expected here
-            self.flusher.add(self.outcomes.cancelled(job.delivery, job.envelope, job.attempt))
+            self.commit(job, self.outcomes.cancelled(job.delivery, job.envelope, job.attempt))
         elif handle.cancelled():
             # Not cancelled by the worker (that marks the job first): the task cancelled
             # itself, which counts as a failure rather than a silent requeue loop.
@@ -285,8 +340,8 @@ class Runner:
         slots.release()
 
     # --------------------------------------------------------- cancellation
-    def _skip_cancelled(self, d: Delivery, env: Envelope, slots: Slots) -> None:
-        self.flusher.add(self.outcomes.cancelled(d, env, env.attempt + d.deliveries - 1))
+    def _skip_cancelled(self, job: Job, slots: Slots) -> None:
+        self.commit(job, self.outcomes.cancelled(job.delivery, job.envelope, job.attempt))
         slots.release()
 
     def cancel(self, task_id: str) -> bool:
@@ -314,7 +369,7 @@ class Runner:
         leftover = [j for j in self.jobs if not j.finished]
         for job in leftover:
             job.finished = True
-            self.flusher.add(Outcomes.requeue(job))
+            self.commit(job, Outcomes.requeue(job))
             if job.handle is not None:
                 job.handle.cancel()
         return len(leftover)

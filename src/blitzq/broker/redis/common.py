@@ -77,6 +77,18 @@ def _lua_bytes(data: bytes) -> msgspec.Raw:
 _EMPTY = msgspec.Raw(b"\xa0")
 
 
+def _lua_op(op: tuple[Any, ...]) -> list[Any]:
+    """A completion op with its bytes items made Lua-readable (see :func:`_lua_bytes`)."""
+    return [
+        _lua_bytes(item)
+        if isinstance(item, bytes)
+        else _lua_op(item)
+        if isinstance(item, tuple)
+        else item
+        for item in op
+    ]
+
+
 def _raw(response: Any, **_: Any) -> Any:
     return response
 
@@ -149,6 +161,7 @@ class RedisBroker(Broker):
                 and c.reschedule is None
                 and c.dead_letter is None
                 and c.requeue is None
+                and not c.ops
             ):
                 if c.token is not None:
                     acks.setdefault(c.queue, []).append(c.token)
@@ -169,6 +182,7 @@ class RedisBroker(Broker):
                     if d
                     else _EMPTY,
                     _lua_bytes(c.requeue) if c.requeue else _EMPTY,
+                    [_lua_op(op) for op in c.ops] if c.ops else _EMPTY,
                 )
             )
         for queue, tokens in acks.items():

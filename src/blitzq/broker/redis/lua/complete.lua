@@ -4,12 +4,27 @@
 -- ARGV[4] the batch as one MessagePack array (one argument, so the client encodes no
 -- per-completion arguments), of entries:
 --   {"A", queue, {id1, id2, ...}}   reliable acks without anything else (XACK + XDEL)
---   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue}
+--   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops}
 --     kind "s" (stream) or "l" (list); "" means absent; dead is "" or
 --     {message, reason, error, task, queue, failed_at}
 local prefix, group, cap = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local batch = cmsgpack.unpack(ARGV[4])
 local dead_added = 0
+
+-- Extra operations a completion may carry (ops), applied in the same script. Each handler
+-- takes the op array {name, ...} and the completion's kind ("s" or "l").
+local OPS = {}
+
+-- {"publish", kind, queue, message}: publish a message with the completion.
+OPS['publish'] = function(op, kind)
+  local k = op[2]
+  if k == '' then k = kind end
+  if k == 's' then
+    redis.call('XADD', prefix .. 's:' .. op[3], '*', 'm', op[4])
+  else
+    redis.call('RPUSH', prefix .. 'l:' .. op[3], op[4])
+  end
+end
 
 local function ack(stream, ids)
   -- unpack() is limited by the Lua stack; chunk large id lists.
@@ -53,6 +68,16 @@ for _, c in ipairs(batch) do
         redis.call('XADD', prefix .. 's:' .. queue, '*', 'm', requeue)
       else
         redis.call('LPUSH', prefix .. 'l:' .. queue, requeue)
+      end
+    end
+    local ops = c[12]
+    if type(ops) == 'table' then
+      for _, op in ipairs(ops) do
+        local handler = OPS[op[1]]
+        if handler == nil then
+          return redis.error_reply('unknown completion op ' .. tostring(op[1]))
+        end
+        handler(op, kind)
       end
     end
   end
