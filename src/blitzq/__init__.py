@@ -12,19 +12,25 @@ from .exceptions import (
     ResultTimeout,
     Retry,
     SerializationError,
+    SoftTimeoutError,
     TaskCancelled,
+    TaskExpired,
     TaskFailed,
     TaskTimeout,
     UnknownTask,
 )
+from .middleware import EnqueueRefused, Middleware
+from .progress import Progress
 from .queue import Queue
 from .ratelimit import RateLimit
 from .records import DeadLetter, TaskRecord, TaskState
 from .retries import RetryPolicy
 from .scheduler import Scheduler
 from .schedules import Cron, Every
+from .signals import Signal, SignalEvent
 from .task import BoundTask, Task, TaskHandle
 from .worker import Worker
+from .workflow import Signature, WorkflowHandle, WorkflowNotFound, chain, chord, group
 
 __version__ = "0.1.0"
 
@@ -35,8 +41,11 @@ __all__ = [
     "ConfigurationError",
     "Cron",
     "DeadLetter",
+    "EnqueueRefused",
     "Every",
     "MessageTooLarge",
+    "Middleware",
+    "Progress",
     "Queue",
     "RateLimit",
     "ResultTimeout",
@@ -44,9 +53,14 @@ __all__ = [
     "RetryPolicy",
     "Scheduler",
     "SerializationError",
+    "Signal",
+    "SignalEvent",
+    "Signature",
+    "SoftTimeoutError",
     "Task",
     "TaskCancelled",
     "TaskContext",
+    "TaskExpired",
     "TaskFailed",
     "TaskHandle",
     "TaskRecord",
@@ -54,6 +68,11 @@ __all__ = [
     "TaskTimeout",
     "UnknownTask",
     "Worker",
+    "WorkflowHandle",
+    "WorkflowNotFound",
     "__version__",
+    "chain",
+    "chord",
     "current_task",
+    "group",
 ]

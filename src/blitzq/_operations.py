@@ -7,15 +7,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._portal import Portal
 from .broker.base import Broker
-from .exceptions import BrokerError, ResultTimeout, TaskCancelled, TaskFailed
+from .exceptions import BrokerError, ResultTimeout, TaskCancelled, TaskExpired, TaskFailed
 from .records import DeadLetter, TaskRecord, TaskState
 from .routing import check_name
 from .serialization import Envelope, decode_envelope, dumps, encode_envelope
 from .task import TaskHandle
+
+if TYPE_CHECKING:
+    from .workflow.canvas import Node
+    from .workflow.handle import WorkflowHandle
+    from .workflow.signature import Signature
 
 _FOREVER = 10 * 365 * 86400.0
 
@@ -51,6 +56,7 @@ class QueueOperations:
 
         Raises:
             TaskFailed: the task ended failed or dead-lettered (carries the error).
+            TaskExpired: the task waited longer than its ``max_age`` and never ran.
             ResultTimeout: no final record arrived in time (the task may still run; with
                 ``store_result=False`` a success never writes one).
         """
@@ -73,6 +79,10 @@ class QueueOperations:
                 return record.result
             if record.state is TaskState.CANCELLED:
                 raise TaskCancelled(
+                    task_id, record.state.value, record.error_type, record.error, None
+                )
+            if record.state is TaskState.EXPIRED:
+                raise TaskExpired(
                     task_id, record.state.value, record.error_type, record.error, None
                 )
             if record.state.is_final:
@@ -167,7 +177,7 @@ class QueueOperations:
             env.args,
             env.kwargs,
             1,
-            env.created_at,
+            now,  # a replay starts its age afresh (max_age would expire it again at once)
             now,
             env.correlation_id,
             env.headers,
@@ -232,3 +242,39 @@ class QueueOperations:
     def stats_sync(self, queues: Iterable[str] | None = None) -> dict[str, Any]:
         """Blocking :meth:`stats`."""
         return self._portal.call(self.stats(queues))
+
+    # -------------------------------------------------------------- workflows
+    def sig(self, name: str, /, *args: Any, **kwargs: Any) -> Signature:
+        """A workflow step calling the task registered as ``name`` (it need not be imported
+        here); see :mod:`blitzq.workflow`.
+
+        Raises:
+            SerializationError: an argument is not plain data.
+        """
+        from .workflow.signature import Signature
+
+        return Signature(name, args, kwargs)
+
+    async def apply(self, workflow: Node) -> WorkflowHandle:
+        """Start a workflow (a chain, group, chord or signature); returns at once.
+
+        Its state and first steps are written in one atomic round-trip; workers advance it.
+
+        Raises:
+            ConfigurationError: not a workflow.
+            SerializationError, MessageTooLarge: a step's message cannot be built.
+            BrokerError: the broker could not be reached.
+        """
+        from .workflow.engine import apply_workflow
+
+        return await apply_workflow(self, workflow)  # type: ignore[arg-type]
+
+    def apply_sync(self, workflow: Node) -> WorkflowHandle:
+        """Blocking :meth:`apply`."""
+        return self._portal.call(self.apply(workflow))
+
+    def workflow(self, workflow_id: str) -> WorkflowHandle:
+        """A handle to the workflow ``workflow_id`` (re-attach from any process)."""
+        from .workflow.handle import WorkflowHandle
+
+        return WorkflowHandle(self, workflow_id)

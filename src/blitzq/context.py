@@ -29,6 +29,7 @@ class TaskContext:
     """
 
     __slots__ = (
+        "_reporter",
         "attempt",
         "cancelled",
         "correlation_id",
@@ -57,6 +58,26 @@ class TaskContext:
         self.correlation_id = correlation_id
         self.headers = headers
         self.cancelled = False
+        #: Where :meth:`update_progress` goes (set by the worker; ``None`` once finished).
+        self._reporter: Any = None
+
+    def update_progress(
+        self, current: float, total: float | None, message: str | None = None
+    ) -> None:
+        """Report progress: ``current`` of ``total`` units done (``total`` ``None`` when
+        unknown), with an optional short ``message`` (at most 1000 characters are kept).
+
+        Callable from async and thread tasks; never blocks on Redis (see
+        :mod:`blitzq.progress` for how updates are coalesced and stored). Updates after the
+        run ended are ignored.
+
+        Raises:
+            ConfigurationError: ``current``/``total`` are not finite numbers, or ``message``
+                is not a string.
+        """
+        reporter = self._reporter
+        if reporter is not None:
+            reporter.report(self.id, current, total, message)
 
     def wait_cancelled(self, timeout: float | None = None) -> bool:
         """Block a thread task up to ``timeout`` seconds (``None``: no limit) until it is

@@ -8,8 +8,10 @@ recover narrowly::
     ├── SerializationError      an argument or result that is not plain data
     │   └── MessageTooLarge     an encoded message over ``max_message_size``
     ├── TaskFailed              the task ended in a failed / dead-lettered state
-    │   └── TaskCancelled       the task was cancelled
+    │   ├── TaskCancelled       the task was cancelled
+    │   └── TaskExpired         the task waited longer than its ``max_age`` and never ran
     ├── TaskTimeout             the task ran longer than its ``timeout``
+    │   └── SoftTimeoutError    raised inside a task that passed its ``soft_timeout``
     ├── ResultTimeout           ``result(timeout=...)`` gave up waiting
     ├── UnknownTask             no task registered under that name
     └── BrokerError             the broker could not be reached or answered an error
@@ -79,8 +81,28 @@ class TaskCancelled(TaskFailed):
     """The task was cancelled (``handle.cancel()``); ``result()`` raises it."""
 
 
+class TaskExpired(TaskFailed):
+    """The task waited longer than its ``max_age`` before a worker could start it; it was
+    dead-lettered (reason ``"expired"``) without running. ``result()`` raises it."""
+
+
 class TaskTimeout(BlitzQError, TimeoutError):
     """A task ran longer than its ``timeout`` (seconds) and was stopped or abandoned."""
+
+
+class SoftTimeoutError(TaskTimeout):
+    """Raised inside a task that ran longer than its ``soft_timeout`` (seconds).
+
+    A thread task gets it raised in its thread (at the next Python bytecode, so not while it
+    is blocked in C code); an async task is cancelled instead (it sees ``CancelledError``) and
+    the attempt is recorded as failed with this error. The retry policy applies.
+
+    Args:
+        message: the error text.
+    """
+
+    def __init__(self, message: str = "the task ran longer than its soft_timeout") -> None:
+        super().__init__(message)
 
 
 class ResultTimeout(BlitzQError, TimeoutError):
@@ -137,7 +159,9 @@ __all__ = [
     "ResultTimeout",
     "Retry",
     "SerializationError",
+    "SoftTimeoutError",
     "TaskCancelled",
+    "TaskExpired",
     "TaskFailed",
     "TaskTimeout",
     "UnknownTask",

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, ov
 
 from ._operations import QueueOperations
 from ._portal import Portal
+from .batch import BatchOperations, item_options
 from .broker.base import Broker, Completion
 from .context import current_task
 from .exceptions import (
@@ -26,6 +27,8 @@ from .exceptions import (
     UnknownTask,
 )
 from .hooks import EnqueueFilter, EnqueueObserver, Outgoing
+from .middleware import MiddlewareOperations
+from .progress import ProgressOperations
 from .ratelimit import RateLimit
 from .retries import DEFAULT_RETRY_POLICY, RetryPolicy
 from .routing import Priority, Routes, check_name, physical_queue, route
@@ -38,6 +41,7 @@ from .serialization import (
     to_plain,
 )
 from .task import _NO_OPTIONS, BoundTask, CallOptions, Executor, Task, TaskHandle, default_task_name
+from .workflow.engine import attach as attach_workflow
 
 if TYPE_CHECKING:
     from .scheduler import MissedPolicy, PeriodicTask
@@ -66,7 +70,7 @@ class Hooks(list[Hook]):
         return hook
 
 
-class Queue(QueueOperations):
+class Queue(QueueOperations, MiddlewareOperations, ProgressOperations, BatchOperations):
     """A task queue: register tasks, enqueue them, read results and dead letters.
 
     Args:
@@ -237,6 +241,15 @@ class Queue(QueueOperations):
         priority: Priority = "normal",
         rate_limit: str | RateLimit | None = None,
         rate_key: str | None = None,
+        unique: bool = False,
+        unique_until: Literal["start", "completion"] = "completion",
+        unique_ttl: float = 3600.0,
+        lock: str | None = None,
+        lock_limit: int = 1,
+        lock_ttl: float | None = None,
+        soft_timeout: float | None = None,
+        hard_timeout: float | None = None,
+        max_age: float | None = None,
     ) -> _TaskDecorator: ...
 
     def task(
@@ -255,6 +268,15 @@ class Queue(QueueOperations):
         priority: Priority = "normal",
         rate_limit: str | RateLimit | None = None,
         rate_key: str | None = None,
+        unique: bool = False,
+        unique_until: Literal["start", "completion"] = "completion",
+        unique_ttl: float = 3600.0,
+        lock: str | None = None,
+        lock_limit: int = 1,
+        lock_ttl: float | None = None,
+        soft_timeout: float | None = None,
+        hard_timeout: float | None = None,
+        max_age: float | None = None,
     ) -> Task[Any, Any] | _TaskDecorator:
         """Register a function as a task; use bare (``@queue.task``) or with options.
 
@@ -275,6 +297,17 @@ class Queue(QueueOperations):
             rate_limit: ``"10/s"``, ``"100/m"``, ``"1000/hour"`` or a :class:`RateLimit`: task
                 starts per period across all workers; a task over it waits on the schedule.
             rate_key: bucket name shared by several tasks (default: the task name).
+            unique, unique_until, unique_ttl: a call equal to one already waiting (same
+                arguments, or the same ``unique_key=`` call option) is not enqueued again
+                until the first one starts (``"start"``) or ends (``"completion"``), or
+                ``unique_ttl`` seconds pass; see docs/control.md.
+            lock, lock_limit, lock_ttl: a key over the task's arguments (``"user:{user_id}"``)
+                that at most ``lock_limit`` runs hold at once; ``lock_ttl`` seconds is the
+                lease a crashed worker's place is freed after (default: the queue's
+                ``visibility_timeout``).
+            soft_timeout: seconds after which SoftTimeoutError is raised inside the task.
+            hard_timeout: seconds after which the run is stopped (``timeout=`` is its alias).
+            max_age: seconds a call may wait before it starts; older ones are expired.
 
         Raises:
             ConfigurationError: a bad option, or a second task with the same name.
@@ -303,8 +336,15 @@ class Queue(QueueOperations):
                 priority=priority,
                 rate_limit=rate_limit,
                 rate_key=rate_key,
-            )
+                controls={
+                    "unique": unique, "unique_until": unique_until, "unique_ttl": unique_ttl,
+                    "lock": lock, "lock_limit": lock_limit, "lock_ttl": lock_ttl,
+                    "soft_timeout": soft_timeout, "hard_timeout": hard_timeout,
+                    "max_age": max_age,
+                },
+            )  # fmt: skip
             self.tasks[task_name] = registered
+            attach_workflow(registered)  # its finisher advances workflows it is a step of
             return registered
 
         if fn is not None:
@@ -437,6 +477,8 @@ class Queue(QueueOperations):
             correlation_id,
             to_plain(dict(headers)) if headers else None,
             opts.timeout,
+            unique_key=opts.unique_key,
+            max_age=opts.max_age,
         )
 
     async def _publish(self, outgoing: list[Outgoing]) -> None:
@@ -533,18 +575,28 @@ class Queue(QueueOperations):
         for call in calls:
             if not isinstance(call, tuple):
                 raise ConfigurationError(f"enqueue_many takes tuples of arguments, got {call!r}")
-            if len(call) == 2 and isinstance(call[0], tuple) and isinstance(call[1], dict):
+            item_opts, item_due, item_queue = opts, due, queue
+            if len(call) == 3 and isinstance(call[0], tuple) and isinstance(call[2], Mapping):
+                args, kwargs, extra = call  # per-item options (blitzq.batch.item_options)
+                item_opts = item_options(opts, extra)
+                item_due = item_opts.due_time(now)
+                item_queue = physical_queue(
+                    item_opts.queue or task.queue, item_opts.priority or task.priority
+                )
+            elif len(call) == 2 and isinstance(call[0], tuple) and isinstance(call[1], dict):
                 args, kwargs = call
             else:
                 args, kwargs = call, {}
-            env = self._envelope(task.name, queue, args, kwargs, opts, now)
-            items.append(Outgoing(env, encode_envelope(env, limit), due, task))
+            env = self._envelope(task.name, item_queue, args, kwargs or {}, item_opts, now)
+            items.append(Outgoing(env, encode_envelope(env, limit), item_due, task))
+        if len({o.envelope.id for o in items}) < len(items):
+            raise ConfigurationError("enqueue_many: the same task_id is given to several items")
         if items:
             await self._publish(items)
         return [
-            TaskHandle(self, o.existing_id, queue, task.name, duplicate=True)
+            TaskHandle(self, o.existing_id, o.envelope.queue, task.name, duplicate=True)
             if o.existing_id is not None
-            else TaskHandle(self, o.envelope.id, queue, task.name)
+            else TaskHandle(self, o.envelope.id, o.envelope.queue, task.name)
             for o in items
         ]
 

@@ -11,7 +11,11 @@ from .serialization import decode_envelope, loads
 
 
 class TaskState(enum.StrEnum):
-    """Where a task is in its life. Final states: succeeded, failed, dead_lettered, cancelled."""
+    """Where a task is in its life.
+
+    Final states: succeeded, failed, dead_lettered, cancelled, expired (waited longer than
+    its ``max_age``; never ran).
+    """
 
     SCHEDULED = "scheduled"
     QUEUED = "queued"
@@ -21,6 +25,7 @@ class TaskState(enum.StrEnum):
     FAILED = "failed"
     DEAD_LETTERED = "dead_lettered"
     CANCELLED = "cancelled"
+    EXPIRED = "expired"
 
     @property
     def is_final(self) -> bool:
@@ -29,7 +34,13 @@ class TaskState(enum.StrEnum):
 
 
 _FINAL = frozenset(
-    {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.DEAD_LETTERED, TaskState.CANCELLED}
+    {
+        TaskState.SUCCEEDED,
+        TaskState.FAILED,
+        TaskState.DEAD_LETTERED,
+        TaskState.CANCELLED,
+        TaskState.EXPIRED,
+    }
 )
 
 

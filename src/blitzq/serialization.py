@@ -49,6 +49,10 @@ class Envelope(msgspec.Struct, array_like=True, gc=False):
         timeout: per-call timeout in seconds overriding the task's, or ``None``.
         reserved: a rate-limit token is already reserved for this copy (it runs without
             asking the bucket again).
+        flow: workflow metadata of a step (plain data, see :mod:`blitzq.workflow`), or
+            ``None`` for a task outside any workflow.
+        unique_key: per-call unique key of a unique task (``None``: derived from the call).
+        max_age: per-call ``max_age`` in seconds overriding the task's, or ``None``.
     """
 
     id: str
@@ -63,6 +67,9 @@ class Envelope(msgspec.Struct, array_like=True, gc=False):
     headers: dict[str, Any] | None = None
     timeout: float | None = None
     reserved: bool = False
+    flow: Any = None
+    unique_key: str | None = None
+    max_age: float | None = None
 
 
 def _to_ext(value: Any) -> Any:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ._operations import QueueOperations
     from .hooks import Finisher, StartCheck
     from .queue import Queue
+    from .workflow.signature import Signature
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -70,6 +71,9 @@ class CallOptions:
         correlation_id: id shared by related tasks (default: inherited from the task that
             enqueues, if any).
         priority: ``"high"``, ``"normal"`` or ``"low"``, overriding the task's.
+        unique_key: key of a ``unique=True`` task's call instead of the hash of its arguments.
+        max_age: seconds the call may wait before it starts, overriding the task's
+            ``max_age`` (see :mod:`blitzq.expiry`).
     """
 
     delay: float | None = None
@@ -80,6 +84,8 @@ class CallOptions:
     queue: str | None = None
     correlation_id: str | None = None
     priority: str | None = None
+    unique_key: str | None = None
+    max_age: float | None = None
 
     def __post_init__(self) -> None:
         if self.delay is not None and not (
@@ -106,6 +112,12 @@ class CallOptions:
             check_name("queue", self.queue)
         if self.priority is not None:
             check_priority(self.priority)
+        if self.unique_key is not None and not (
+            isinstance(self.unique_key, str) and self.unique_key
+        ):
+            raise ConfigurationError(f"unique_key must be a non-empty str, got {self.unique_key!r}")
+        if self.max_age is not None and not (_finite(self.max_age) and self.max_age > 0):
+            raise ConfigurationError(f"max_age must be > 0 seconds, got {self.max_age!r}")
 
     def due_time(self, now: float) -> float | None:
         """Unix time the message becomes due, or ``None`` to publish at once.
@@ -153,6 +165,7 @@ class Task(Generic[P, R]):
         priority: str = "normal",
         rate_limit: str | RateLimit | None = None,
         rate_key: str | None = None,
+        controls: Mapping[str, Any] | None = None,
     ) -> None:
         if executor not in EXECUTORS:
             raise ConfigurationError(f"executor must be one of {sorted(EXECUTORS)}")
@@ -188,6 +201,10 @@ class Task(Generic[P, R]):
         self.finishers: list[Finisher] = []
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
+        from .controls import install_controls  # unique, locks, timeouts, max_age
+
+        #: Unique, lock, timeout and max_age settings (see :mod:`blitzq.controls`).
+        self.controls = install_controls(self, controls or {})
 
     @property
     def max_attempts(self) -> int:
@@ -212,6 +229,8 @@ class Task(Generic[P, R]):
         queue: str | None = None,
         correlation_id: str | None = None,
         priority: str | None = None,
+        unique_key: str | None = None,
+        max_age: float | None = None,
     ) -> BoundTask[P, R]:
         """Bind per-call options; see :class:`CallOptions` for each (seconds for times).
 
@@ -220,8 +239,11 @@ class Task(Generic[P, R]):
         """
         return BoundTask(
             self,
-            CallOptions(delay, eta, task_id, headers, timeout, queue, correlation_id, priority),
-        )
+            CallOptions(
+                delay, eta, task_id, headers, timeout, queue, correlation_id, priority,
+                unique_key=unique_key, max_age=max_age,
+            ),
+        )  # fmt: skip
 
     async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """Send one call to the queue; returns at once with a handle.
@@ -244,7 +266,9 @@ class Task(Generic[P, R]):
 
         Args:
             calls: each item is a tuple of positional arguments, or ``(args, kwargs)`` given as
-                a tuple whose second element is a dict and whose first is a tuple.
+                a tuple whose second element is a dict and whose first is a tuple, or
+                ``(args, kwargs, options)`` with a dict of per-item call options (``delay``,
+                ``task_id``, ``priority``, … as in :meth:`options`; see docs/progress-batch.md).
 
         Raises:
             SerializationError, MessageTooLarge: before anything is published.
@@ -256,6 +280,25 @@ class Task(Generic[P, R]):
     ) -> list[TaskHandle[R]]:
         """Blocking :meth:`enqueue_many`."""
         return self.owner._portal.call(self.owner._enqueue_many(self, calls, _NO_OPTIONS))
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A workflow step calling this task; in a chain the previous step's result is
+        prepended to ``args`` (see :mod:`blitzq.workflow`).
+
+        Raises:
+            SerializationError: an argument is not plain data.
+        """
+        from .workflow.signature import Signature
+
+        return Signature(self.name, args, kwargs, queue=self.queue, priority=self.priority)
+
+    def si(self, *args: Any, **kwargs: Any) -> Signature:
+        """An immutable workflow step: like :meth:`s`, but it ignores the previous result."""
+        from .workflow.signature import Signature
+
+        return Signature(
+            self.name, args, kwargs, immutable=True, queue=self.queue, priority=self.priority
+        )
 
 
 _NO_OPTIONS = CallOptions()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -86,6 +86,21 @@ class Completion:
 #: Features add theirs here, in ``lua/complete.lua`` and in ``MemoryBroker._OPS``.
 COMPLETION_OPS: dict[str, str] = {
     "publish": "publish a message to a queue together with the completion",
+    # Workflows (blitzq.workflow): the state hash of a workflow and its chord joins.
+    "workflow_start": "(id, steps, ttl, now): create a running workflow's state",
+    "workflow_step": "(id, kind, queue, message): publish a step unless the workflow ended",
+    "workflow_done": "(id, result, ttl, now): a running workflow succeeded; notify waiters",
+    "workflow_fail": "(id, state, error_type, error, step, ttl, now): end it failed/cancelled",
+    "chord": "(id, join, index, size, result, ttl, kind, queue, head, tail, now, splice, "
+    "result_ttl): record a "
+    "member's result once; the last one publishes head + results + tail exactly once "
+    "(queue '': the list becomes the workflow's result)",
+    # ("unique_release", key, task_id): delete unique key ``key`` while it holds ``task_id``.
+    "unique_release": "free a unique-task key while it still holds this task's id",
+    # ("lock_release", key, holder): remove ``holder`` from task lock ``key``.
+    "lock_release": "give back a task's place of a lock",
+    # ("progress", task_id, at, data, ttl): a run's last progress update (blitzq.progress).
+    "progress": "store a task's progress update unless a newer one is stored; publish it",
 }
 
 
@@ -155,6 +170,30 @@ class Broker(abc.ABC):
             nothing was taken and the caller should ask again after ``wait`` seconds.
         """
         raise NotImplementedError(f"{type(self).__name__} does not support rate limits")
+
+    async def claim_unique(self, items: Sequence[tuple[str, str, float]]) -> list[str | None]:
+        """Claim unique-task keys: for each ``(key, task_id, ttl seconds)``, atomically set
+        ``key`` to ``task_id`` for ``ttl`` seconds unless it is already held.
+
+        Returns:
+            Per item, ``None`` when this call claimed the key, else the id holding it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support unique tasks")
+
+    async def acquire_lock(self, key: str, holder: str, limit: int, lease: float) -> float:
+        """Take one of ``limit`` places of lock ``key`` for ``holder`` for ``lease`` seconds.
+
+        Expired leases are dropped first; a holder already present renews its place.
+
+        Returns:
+            ``0.0`` when the place is taken, else seconds until the earliest lease expires.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support task locks")
+
+    async def renew_locks(self, items: Sequence[tuple[str, str, float]]) -> int:
+        """Renew ``(key, holder, lease seconds)`` places still held (a lapsed one is not
+        taken back); return how many were renewed."""
+        raise NotImplementedError(f"{type(self).__name__} does not support task locks")
 
     @abc.abstractmethod
     async def complete(self, completions: Sequence[Completion]) -> None:
@@ -238,6 +277,40 @@ class Broker(abc.ABC):
         resubscribe and resynchronise.
         """
         raise NotImplementedError(f"{type(self).__name__} has no event channel")
+
+    # -------------------------------------------------------------- workflows
+    async def workflow_state(self, workflow_id: str) -> dict[str, bytes] | None:
+        """The fields of a workflow's state hash (``state``, ``result``, …), or ``None``."""
+        raise NotImplementedError(f"{type(self).__name__} does not support workflows")
+
+    async def wait_for_workflow(self, workflow_id: str, timeout: float) -> dict[str, bytes] | None:
+        """Like :meth:`workflow_state`, returning once ``state`` is no longer ``running`` or
+        after ``timeout`` seconds (pushed by the ``workflow_*`` ops, not polled)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support workflows")
+
+    # --------------------------------------------------------------- progress
+    async def set_progress(self, task_id: str, data: bytes, at: float, ttl: int) -> bool:
+        """Store a task's progress update ``data`` made at Unix time ``at`` for ``ttl``
+        seconds and publish it to watchers, unless a newer update is stored already.
+
+        Returns:
+            Whether it was stored.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support progress")
+
+    async def get_progress(self, task_id: str) -> bytes | None:
+        """The latest stored progress update of a task, or ``None``."""
+        raise NotImplementedError(f"{type(self).__name__} does not support progress")
+
+    def watch_progress(self, task_id: str) -> AsyncGenerator[tuple[str, bytes], None]:
+        """Follow a task: yields ``("progress", update)`` and ``("record", record)`` items.
+
+        After subscribing it yields the stored update and record (those that exist), then
+        each update published and each record written, and both again after a second
+        without news (a fallback should pushes be lost). The caller decides when to stop
+        and closes the generator.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support progress")
 
     # ---------------------------------------------------------------- records
     @abc.abstractmethod

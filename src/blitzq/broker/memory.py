@@ -22,6 +22,9 @@ from typing import Any, ClassVar, TypeVar
 from ..exceptions import BrokerError, SerializationError
 from ..serialization import decode_envelope, dumps, loads
 from .base import Broker, Completion, DeadLetterFields, Delivery, Guarantee
+from .memory_control import MemoryControl
+from .memory_progress import MemoryProgress
+from .memory_workflows import MemoryWorkflows
 
 T = TypeVar("T")
 
@@ -52,7 +55,7 @@ def _wake(waiters: list[_Waiter] | None) -> None:
             loop.call_soon_threadsafe(_resolve, fut)
 
 
-class MemoryBroker(Broker):
+class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
     """Ephemeral in-process broker for unit tests and users' own tests.
 
     Deliveries carry tokens and stay in flight until completed, so leases, :meth:`heartbeat`
@@ -85,6 +88,8 @@ class MemoryBroker(Broker):
         self._subscribers: list[
             tuple[asyncio.AbstractEventLoop, asyncio.Queue[tuple[str, str]]]
         ] = []
+        self._progress: dict[str, tuple[bytes, float, float]] = {}
+        self._progress_watchers: dict[str, list[Any]] = {}
 
     @classmethod
     def named(cls, name: str) -> MemoryBroker:
@@ -118,6 +123,8 @@ class MemoryBroker(Broker):
     def _store_record(self, task_id: str, record: bytes, ttl: float) -> None:
         self._records[task_id] = (record, time.monotonic() + ttl)
         _wake(self._record_waiters.pop(task_id, None))
+        if self._progress_watchers:
+            self._tell_watchers(task_id, "record", record)
 
     def _get_record(self, task_id: str) -> bytes | None:
         entry = self._records.get(task_id)
@@ -254,6 +261,14 @@ class MemoryBroker(Broker):
     #: Completion op handlers by name (see ``blitzq.broker.base.COMPLETION_OPS``).
     _OPS: ClassVar[dict[str, Callable[[MemoryBroker, tuple[Any, ...]], None]]] = {
         "publish": _op_publish,
+        "unique_release": MemoryControl._op_unique_release,
+        "lock_release": MemoryControl._op_lock_release,
+        "progress": MemoryProgress._op_progress,
+        "workflow_start": MemoryWorkflows._op_workflow_start,
+        "workflow_step": MemoryWorkflows._op_workflow_step,
+        "workflow_done": MemoryWorkflows._op_workflow_done,
+        "workflow_fail": MemoryWorkflows._op_workflow_fail,
+        "chord": MemoryWorkflows._op_chord,
     }
 
     async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:

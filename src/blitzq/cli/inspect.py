@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..exceptions import SerializationError
+from ..progress import Progress
 from ..queue import Queue
 from ..records import DeadLetter, TaskRecord, TaskState
 from ..serialization import loads
@@ -43,6 +44,13 @@ def _short(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _progress_text(p: Progress) -> str:
+    done = f"{p.current:g}" + (f"/{p.total:g}" if p.total is not None else "")
+    if p.fraction is not None:
+        done += f" ({p.fraction:.0%})"
+    return done + (f"  {p.message}" if p.message else "") + f"  at {short_time(p.updated_at)}"
+
+
 # ------------------------------------------------------------------- task
 @click.group("task")
 @global_options
@@ -68,13 +76,28 @@ def record_doc(record: TaskRecord) -> dict[str, Any]:
 def task_inspect(task_id: str) -> None:
     """Show the stored record of TASK_ID: state, attempts, result or error, times, worker.
 
-    Exits 1 when no record exists (never enqueued, not started yet in fast mode, or expired
+    Shows the task's latest progress report too, when it made one. Exits 1 when neither a
+    record nor progress exists (never enqueued, not started yet in fast mode, or expired
     after result_ttl).
     """
-    record = run_with_queue(lambda q: q.inspect(task_id))
+
+    async def fetch(q: Queue) -> tuple[TaskRecord | None, Progress | None]:
+        return await q.inspect(task_id), await q.get_progress(task_id)
+
+    record, progress = run_with_queue(fetch)
+    if record is None and progress is not None:  # running without a record (fast mode)
+        record = TaskRecord(task_id, "", "", TaskState.RUNNING)
     if record is None:
         raise CliError(f"no record for task {task_id} (unknown, not started, or expired)")
     doc = record_doc(record)
+    doc["progress"] = None
+    if progress is not None:
+        doc["progress"] = {
+            "current": progress.current,
+            "total": progress.total,
+            "message": progress.message,
+            "updated_at": iso(progress.updated_at),
+        }
     if settings().json:
         emit_json(doc)
         return
@@ -86,6 +109,8 @@ def task_inspect(task_id: str) -> None:
         table.add_row(key, Text(str(doc[key])))
     table.add_row("state", Text(record.state.value, style=_STATE_STYLE.get(record.state, "")))
     table.add_row("attempts", str(record.attempts))
+    if progress is not None:
+        table.add_row("progress", Text(_progress_text(progress)))
     if record.state is TaskState.SUCCEEDED:
         table.add_row("result", Text(_short(record.result, 2000)))
     if record.error_type or record.error:

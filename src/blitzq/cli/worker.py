@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import inspect
 import logging
 import os
 import sys
@@ -84,6 +85,32 @@ def load_queue(spec: str) -> Queue:
     if not isinstance(obj, Queue):
         raise _usage(f"{spec} is a {type(obj).__name__}, not a blitzq.Queue")
     return obj
+
+
+def configure_queue(queue: Queue, spec: str) -> None:
+    """Import ``MODULE:CALLABLE`` and call it with ``queue`` (``--configure``): a place to
+    register middleware and signal handlers without a custom entry point.
+
+    Raises:
+        CliError: (exit code 2) a malformed spec, an import that fails, a missing or
+            non-callable attribute, a coroutine function, or a callable that raises.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise _usage(f"--configure expects MODULE:CALLABLE (myapp.setup:configure), got {spec!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except Exception as exc:
+        raise _usage(f"--configure {spec}: {type(exc).__name__}: {exc}") from None
+    if not callable(obj) or inspect.iscoroutinefunction(obj):
+        raise _usage(f"--configure {spec}: expected a plain function taking the Queue")
+    try:
+        obj(queue)
+    except Exception as exc:
+        logger.debug("--configure %s failed", spec, exc_info=True)
+        raise _usage(f"--configure {spec} failed: {type(exc).__name__}: {exc}") from None
 
 
 def _export_settings(s: Settings) -> None:
@@ -203,6 +230,14 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
     show_envvar=True,
     help="Worker processes, run and restarted by a supervisor (1: run in this process).",
 )
+@click.option(
+    "--configure",
+    "configure",
+    metavar="MODULE:CALLABLE",
+    multiple=True,
+    help="Call CALLABLE(queue) after loading the app, to register middleware and signal "
+    "handlers (repeatable, applied in order).",
+)
 @global_options
 def worker_command(
     app: str,
@@ -213,6 +248,7 @@ def worker_command(
     log_format: str,
     with_scheduler: bool,
     workers: int,
+    configure: tuple[str, ...] = (),
 ) -> None:
     """Run a worker for the blitzq.Queue at MODULE:ATTR (for example myapp.tasks:queue).
 
@@ -235,13 +271,16 @@ def worker_command(
             log_level=log_level,
             log_format=log_format,
             json_output=s.json,
-            extra=["--scheduler"] if with_scheduler else [],
+            extra=(["--scheduler"] if with_scheduler else [])
+            + [arg for spec in configure for arg in ("--configure", spec)],
             **typed,
         )
         sys.exit(supervisor.supervise(argv, workers, shutdown_timeout, json_output=s.json))
     _export_settings(s)
     queue = load_queue(app)
     _override(queue, s)
+    for spec in configure:
+        configure_queue(queue, spec)
     with cli_errors(queue._redis_url or s.redis_url):
         worker = Worker(
             queue,

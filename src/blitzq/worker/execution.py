@@ -11,11 +11,16 @@ import time
 import traceback as tb
 from typing import Any
 
+import msgspec
+
 from ..broker.base import Completion, DeadLetterFields, Delivery
 from ..context import TaskContext
 from ..exceptions import Retry, SerializationError, TaskTimeout, describe_error
 from ..serialization import Envelope, dumps, encode_envelope
 from ..task import Task
+
+#: :attr:`Job.result` of a job that has not returned a value.
+NO_RESULT: Any = object()
 
 
 class Job:
@@ -30,6 +35,7 @@ class Job:
         handle: the asyncio task or future running it, when it did not finish at once.
         timed_out: the run passed its timeout.
         finished: a completion was already produced for this delivery.
+        result: the return value of a successful run, else :data:`NO_RESULT`.
     """
 
     __slots__ = (
@@ -39,6 +45,7 @@ class Job:
         "envelope",
         "finished",
         "handle",
+        "result",
         "started_at",
         "task",
         "timed_out",
@@ -56,6 +63,8 @@ class Job:
         self.timed_out = False
         self.finished = False
         self.context: TaskContext | None = None
+        #: The return value once the run succeeded (finishers read it), else NO_RESULT.
+        self.result: Any = NO_RESULT
 
 
 class Outcomes:
@@ -140,18 +149,9 @@ class Outcomes:
                 else policy.delay(job.attempt)
             )
             now = time.time()
-            again = Envelope(
-                env.id,
-                env.task,
-                env.queue,
-                env.args,
-                env.kwargs,
-                job.attempt + 1,
-                env.created_at,
-                now,
-                env.correlation_id,
-                env.headers,
-                env.timeout,
+            # replace() keeps every other field (workflow metadata, …) on the retry.
+            again = msgspec.structs.replace(
+                env, attempt=job.attempt + 1, enqueued_at=now, reserved=False
             )
             data = encode_envelope(again, max(self.max_message_size, len(d.payload) * 2))
             record = None

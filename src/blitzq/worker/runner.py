@@ -21,6 +21,9 @@ import msgspec
 from ..broker.base import Broker, Completion, Delivery
 from ..context import TaskContext, reset_current, set_current
 from ..exceptions import BrokerError, SerializationError
+from ..expiry import checks_with_expiry
+from ..middleware import hooks_of
+from ..progress import ProgressReporter
 from ..routing import base_queue
 from ..serialization import Envelope, decode_envelope, encode_envelope
 from ..task import Task
@@ -28,6 +31,8 @@ from .execution import Job, Outcomes
 from .executors import ProcessPool, start_eagerly
 from .flusher import Flusher
 from .limiter import Slots
+from .timeouts import forget, interruptible, kill_process_run, soft_timeout, start_timers
+from .timeouts import timeout_error as _timeout_error
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -66,6 +71,10 @@ class Runner:
         self._processes: ProcessPool | None = None
         self._limits: dict[tuple[str, str], list[tuple[str, float, float]]] = {}
         self._pending: set[asyncio.Task[None]] = set()
+        #: Middleware and signal handlers; ``hooks.enabled`` is checked once per run.
+        self.hooks = hooks_of(queue)
+        #: Progress writer of this worker (``current_task().update_progress``).
+        self.progress = ProgressReporter(broker, queue.result_ttl)
 
     # ------------------------------------------------------------- starting
     def start(self, d: Delivery, slots: Slots) -> None:
@@ -87,7 +96,7 @@ class Runner:
             self._skip_cancelled(Job(d, env, task), slots)
             return
         buckets = self._buckets(task, d.queue) if not env.reserved else None
-        if buckets or task.checks:
+        if buckets or task.checks or env.max_age is not None:
             pending = asyncio.ensure_future(self._start_checked(d, env, task, slots, buckets))
             self._pending.add(pending)
             pending.add_done_callback(self._pending.discard)
@@ -125,7 +134,8 @@ class Runner:
             completion: Completion | None = None
             if buckets:
                 completion = await self._rate_check(job, buckets)
-            for check in task.checks:
+            checks = task.checks if env.max_age is None else checks_with_expiry(task)
+            for check in checks:
                 if completion is not None:
                     break
                 try:
@@ -175,15 +185,25 @@ class Runner:
         data = encode_envelope(again, max(self.max_message_size, len(d.payload) * 2))
         return Completion(d.queue, d.token, env.id, reschedule=data, eta=now + delay)
 
-    def run(self, job: Job, slots: Slots) -> None:
-        """Run ``job`` on its task's executor."""
+    def run(self, job: Job, slots: Slots, hooked: bool = False) -> None:
+        """Run ``job`` on its task's executor.
+
+        ``hooked``: the queue's before-execute middleware already ran (see
+        :mod:`blitzq.middleware`, which calls back here).
+        """
+        if not hooked and self.hooks.enabled:
+            self.hooks.starting(self, job, slots)
+            return
         env, task = job.envelope, job.task
         job.started_at = time.time()
-        context = TaskContext(
-            env.id, env.task, job.delivery.queue, job.attempt, task.max_attempts,
-            env.correlation_id, env.headers,
-        )  # fmt: skip
-        job.context = context
+        context = job.context
+        if context is None:  # else made by the middleware hooks
+            context = TaskContext(
+                env.id, env.task, job.delivery.queue, job.attempt, task.max_attempts,
+                env.correlation_id, env.headers,
+            )  # fmt: skip
+            job.context = context
+        context._reporter = self.progress
         if self.track_state:
             self.flusher.add(self.outcomes.progress(job, "running"))
         executor = task.executor
@@ -211,6 +231,8 @@ class Runner:
                         self.worker.thread_pool_size, thread_name_prefix="blitzq-task"
                     )
                 call = functools.partial(task.fn, *env.args, **env.kwargs)
+                if task.controls.soft_timeout:
+                    call = interruptible(job, call)
                 ctx = contextvars.copy_context()
                 handle = asyncio.get_running_loop().run_in_executor(self._threads, ctx.run, call)
             else:
@@ -221,9 +243,8 @@ class Runner:
             reset_current(token)
         job.handle = handle
         self.jobs.add(job)
-        timeout = env.timeout or task.timeout
-        if timeout:
-            job.timer = asyncio.get_running_loop().call_later(timeout, self.on_timeout, job)
+        if env.timeout or task.timeout or task.controls.soft_timeout:
+            start_timers(self, job)  # hard and soft timeouts (worker/timeouts.py)
         handle.add_done_callback(functools.partial(self.on_done, job, slots))
 
     def _arguments_fit(self, job: Job, slots: Slots) -> bool:
@@ -247,6 +268,7 @@ class Runner:
         ``retry=False`` fails it at once whatever the retry policy says (a bad call).
         """
         if error is None:
+            job.result = result
             completion = self.outcomes.success(job, result, self.track_state)
             self.processed += 1
         else:
@@ -272,27 +294,43 @@ class Runner:
         finishers = job.task.finishers
         if finishers:
             d = job.delivery
+            bare = None
             if completion is None:
-                completion = Completion(d.queue, d.token, job.envelope.id)
+                completion = bare = Completion(d.queue, d.token, job.envelope.id)
             final = completion.reschedule is None and completion.requeue is None
             for finisher in finishers:
                 completion = finisher(job, completion, final, error)
+            if completion is bare and not bare.ops and bare.record is None and d.token is None:
+                completion = None  # the finishers added nothing: still nothing to write
+        if self.progress.active:  # the run's last progress update goes with its completion
+            completion = self.progress.finish(job, completion)
+        if self.hooks.enabled:
+            self.hooks.committed(self, job, completion, error)
         if completion is not None:
             self.flusher.add(completion)
 
-    def on_timeout(self, job: Job) -> None:
-        """The run passed its timeout: cancel an async task; record it for the others."""
+    def on_timeout(self, job: Job, soft: bool = False) -> None:
+        """The run passed its hard timeout (or its soft one, ``soft=True``).
+
+        Hard: cancel an async task; for a thread task record the failure now and keep the
+        slot until the call really returns; terminate a process task (its slot is freed
+        once the process is gone). Soft: see :func:`~blitzq.worker.timeouts.soft_timeout`.
+        """
         if job.finished:
+            return
+        if soft:
+            soft_timeout(job)
             return
         job.timed_out = True
         if job.task.executor == "async":
             job.handle.cancel()
             return
-        # A thread or process cannot be interrupted: record the timeout now, keep the slot
-        # until the call really returns so the concurrency bound holds.
         job.finished = True
         self.failed += 1
-        self.commit(job, self.outcomes.timeout(job, self._timeout_of(job)))
+        error = _timeout_error(job)
+        self.commit(job, self.outcomes.failure(job, error), error)
+        if job.task.executor == "process":
+            kill_process_run(self, job)
 
     @staticmethod
     def _timeout_of(job: Job) -> float:
@@ -305,13 +343,15 @@ class Runner:
             job.timer.cancel()
         slots.release()
         if job.finished:
+            forget(job)
             if not handle.cancelled():
                 handle.exception()  # retrieved, so asyncio does not log it as never retrieved
             return
         job.finished = True
-        if job.timed_out:
+        if job.timed_out and handle.cancelled():
             self.failed += 1
-            self.commit(job, self.outcomes.timeout(job, self._timeout_of(job)))
+            expired = _timeout_error(job)
+            self.commit(job, self.outcomes.failure(job, expired), expired)
         elif job.context is not None and job.context.cancelled:
             if not handle.cancelled():
                 handle.exception()  # retrieved: a killed process pool's error is expected here
@@ -323,6 +363,7 @@ class Runner:
         else:
             error = handle.exception()
             self.finish(job, None if error else handle.result(), error)
+        forget(job)
 
     def reject(
         self,

@@ -27,6 +27,7 @@ from ..exceptions import BrokerError, ConfigurationError, SerializationError
 from ..queue import Queue
 from ..routing import base_queue, levels
 from ..serialization import decode_envelope, dumps
+from ..signals import Signal, SignalEvent
 from .flusher import Flusher
 from .limiter import Limiter, Slots
 from .maintenance import Maintenance
@@ -188,6 +189,7 @@ class Worker:
             "worker %s started: queues=%s concurrency=%d mode=%s",
             self.id, ",".join(self.queues), self.concurrency, self.queue.mode,
         )  # fmt: skip
+        await self._emit(Signal.WORKER_STARTED)
         assert self._stop_event is not None
         try:
             await self._stop_event.wait()
@@ -350,6 +352,16 @@ class Worker:
                 await hook()
             except Exception:
                 logger.exception("shutdown hook failed")
+        await self.queue.signals.drain()  # after-hooks and signal handlers still running
+        await runner.progress.close()
+        await self._emit(Signal.WORKER_STOPPED)
         logger.info(
             "worker %s stopped: %d succeeded, %d failed", self.id, self.processed, self.failed
         )
+
+    async def _emit(self, signal: Signal) -> None:
+        signals = self.queue.signals
+        if signals.has(signal):
+            await signals.emit(
+                signal, SignalEvent(signal, worker=self.id, extra={"queues": list(self.queues)})
+            )

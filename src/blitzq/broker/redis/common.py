@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 from importlib import resources
 from typing import Any, ClassVar, ParamSpec, TypeVar
 
@@ -25,6 +25,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...exceptions import BrokerError
 from ..base import Broker, Completion, DeadLetterFields
+from .control import RedisControl
 from .keys import GROUP, Keys
 from .results import ResultListener
 
@@ -93,7 +94,7 @@ def _raw(response: Any, **_: Any) -> Any:
     return response
 
 
-class RedisBroker(Broker):
+class RedisBroker(RedisControl, Broker):
     """Base of the Redis brokers.
 
     Args:
@@ -135,6 +136,7 @@ class RedisBroker(Broker):
         self._rate_acquire = self.client.register_script(load_script("rate_acquire.lua"))
         self._cancel = self.client.register_script(load_script("cancel.lua"))
         self._claim_periodic = self.client.register_script(load_script("claim_periodic.lua"))
+        self._set_progress = self.client.register_script(load_script("progress.lua"))
         self._results = ResultListener(self.client)
 
     def queue_key(self, queue: str) -> str:
@@ -295,6 +297,93 @@ class RedisBroker(Broker):
             return {}
         values = await self.client.hmget(self.keys.periodic, list(names))
         return {n: float(v) for n, v in zip(names, values, strict=True) if v is not None}
+
+    # --------------------------------------------------------------- progress
+    @translate_errors
+    async def set_progress(self, task_id: str, data: bytes, at: float, ttl: int) -> bool:
+        """Store and publish a progress update unless a newer one is stored (one script)."""
+        keys = self.keys
+        done = await self._set_progress(
+            keys=[keys.progress(task_id)],
+            args=[repr(float(at)), data, ttl, keys.progress_channel(task_id)],
+        )
+        return bool(done)
+
+    @translate_errors
+    async def get_progress(self, task_id: str) -> bytes | None:
+        """The latest stored progress update of a task, or ``None``."""
+        value: bytes | None = await self.client.hget(self.keys.progress(task_id), "v")
+        return value
+
+    async def watch_progress(self, task_id: str) -> AsyncGenerator[tuple[str, bytes], None]:
+        """Follow a task's progress and record on a pub/sub connection of its own."""
+        keys = self.keys
+        progress_channel = keys.progress_channel(task_id).encode()
+        done_channel = keys.done_channel(task_id).encode()
+        pubsub = self.client.pubsub()
+        try:
+            try:
+                await pubsub.subscribe(progress_channel, done_channel)
+                # Read both confirmations first: from then on nothing published is missed.
+                confirmed, deadline = 0, time.monotonic() + 5.0
+                while confirmed < 2 and time.monotonic() < deadline:
+                    reply = await pubsub.get_message(timeout=1.0)
+                    if reply is not None and reply.get("type") == "subscribe":
+                        confirmed += 1
+                fresh = True
+                while True:
+                    if fresh:  # after subscribing, and after a second without news
+                        progress = await self.client.hget(keys.progress(task_id), "v")
+                        if progress is not None:
+                            yield "progress", progress
+                        record = await self.client.get(keys.record(task_id))
+                        if record is not None:
+                            yield "record", record
+                    message = await pubsub.get_message(timeout=1.0)
+                    fresh = message is None
+                    if message is None or message.get("type") != "message":
+                        continue
+                    if message["channel"] == progress_channel:
+                        yield "progress", message["data"]
+                    else:
+                        record = await self.client.get(keys.record(task_id))
+                        if record is not None:
+                            yield "record", record
+            except (RedisError, OSError) as exc:
+                raise BrokerError(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            with contextlib.suppress(RedisError, OSError):
+                await pubsub.aclose()
+
+    # -------------------------------------------------------------- workflows
+    @translate_errors
+    async def workflow_state(self, workflow_id: str) -> dict[str, bytes] | None:
+        """The fields of a workflow's state hash (one HGETALL), or ``None``."""
+        raw = await self.client.hgetall(self.keys.workflow(workflow_id))
+        return {k.decode(): v for k, v in raw.items()} if raw else None
+
+    @translate_errors
+    async def wait_for_workflow(self, workflow_id: str, timeout: float) -> dict[str, bytes] | None:
+        """Wait (pushed on the workflow's channel, re-read every second) until it ends."""
+        state = await self.workflow_state(workflow_id)
+        if timeout <= 0 or state is None or state.get("state") != b"running":
+            return state
+        deadline = time.monotonic() + timeout
+        channel = self.keys.workflow_channel(workflow_id)
+        fut = await self._results.subscribe(channel)
+        try:
+            while True:
+                state = await self.workflow_state(workflow_id)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or state is None or state.get("state") != b"running":
+                    return state
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(fut), timeout=min(remaining, 1.0))
+                if fut.done():
+                    self._results.release(channel, fut)
+                    fut = await self._results.subscribe(channel)
+        finally:
+            self._results.release(channel, fut)
 
     # ---------------------------------------------------------------- records
     @translate_errors

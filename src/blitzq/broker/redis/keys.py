@@ -50,6 +50,34 @@ class Keys:
         """Hash holding one dead letter's fields."""
         return f"{self.prefix}d:{task_id}"
 
+    def unique(self, key: str) -> str:
+        """Unique-task key ``<task>:<key>``: the id of the task holding it, with a TTL."""
+        return f"{self.prefix}u:{key}"
+
+    def lock(self, key: str) -> str:
+        """Sorted set of a task lock's holders scored by lease expiry (Unix seconds)."""
+        return f"{self.prefix}lk:{key}"
+
+    def workflow(self, workflow_id: str) -> str:
+        """Hash of a workflow's state (state, result, error, steps); see ``blitzq.workflow``."""
+        return f"{self.prefix}wf:{workflow_id}"
+
+    def workflow_join(self, workflow_id: str, join_id: str) -> str:
+        """Hash of a chord's member results by index, plus its ``f`` (fired) flag."""
+        return f"{self.prefix}wf:{workflow_id}:j:{join_id}"
+
+    def workflow_channel(self, workflow_id: str) -> str:
+        """Pub/sub channel announcing that a workflow reached a final state."""
+        return f"{self.prefix}done:wf:{workflow_id}"
+
+    def progress(self, task_id: str) -> str:
+        """Hash of a task's latest progress: ``at`` (Unix time) and ``v`` (encoded update)."""
+        return f"{self.prefix}p:{task_id}"
+
+    def progress_channel(self, task_id: str) -> str:
+        """Pub/sub channel carrying each progress update written for a task."""
+        return f"{self.prefix}progress:{task_id}"
+
     def rate_limit(self, key: str) -> str:
         """Token bucket of a rate limit (a task name, a shared ``rate_key``, ``queue:<q>``)."""
         return f"{self.prefix}rl:{key}"

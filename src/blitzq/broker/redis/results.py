@@ -78,7 +78,8 @@ class ResultListener:
         del self._waiters[key]
         self._confirmed.pop(key, None)
         if self._pubsub is not None:
-            with contextlib.suppress(RedisError, OSError):
+            # AttributeError: redis-py's answer when close() shut the connection meanwhile.
+            with contextlib.suppress(RedisError, OSError, AttributeError):
                 await self._pubsub.unsubscribe(key)
 
     def release(self, channel: str, fut: asyncio.Future[None]) -> None:
@@ -133,5 +134,8 @@ class ResultListener:
             for fut in waiters:
                 if not fut.done():
                     fut.cancel()
+        for confirmed in self._confirmed.values():  # subscribes in flight return at once
+            if not confirmed.done():
+                confirmed.set_result(None)
         self._waiters.clear()
         self._confirmed.clear()

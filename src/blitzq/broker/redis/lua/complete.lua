@@ -26,6 +26,105 @@ OPS['publish'] = function(op, kind)
   end
 end
 
+-- Workflows (blitzq.workflow): state hash {ns}:wf:<id> (state, result, error, steps, ...),
+-- chord joins {ns}:wf:<id>:j:<join> (member index -> result, 'f' once fired), and the
+-- channel {ns}:done:wf:<id> that wakes waiters when a workflow ends.
+local function wf_open(id)
+  local state = redis.call('HGET', prefix .. 'wf:' .. id, 'state')
+  return (not state) or state == 'running'
+end
+
+local function wf_push(k, kind, queue, message)
+  if k == '' then k = kind end
+  if k == 's' then
+    redis.call('XADD', prefix .. 's:' .. queue, '*', 'm', message)
+  else
+    redis.call('RPUSH', prefix .. 'l:' .. queue, message)
+  end
+end
+
+local function wf_end(id, fields, ttl)
+  if not wf_open(id) then return end
+  local key = prefix .. 'wf:' .. id
+  redis.call('HSET', key, unpack(fields))
+  redis.call('EXPIRE', key, ttl)
+  redis.call('PUBLISH', prefix .. 'done:wf:' .. id, '1')
+end
+
+-- {"workflow_start", id, steps, ttl, now}
+OPS['workflow_start'] = function(op, kind)
+  local key = prefix .. 'wf:' .. op[2]
+  redis.call('HSET', key, 'state', 'running', 'steps', op[3], 'created_at', op[5])
+  redis.call('EXPIRE', key, op[4])
+end
+
+-- {"workflow_step", id, kind, queue, message}: publish unless the workflow ended.
+OPS['workflow_step'] = function(op, kind)
+  if wf_open(op[2]) then wf_push(op[3], kind, op[4], op[5]) end
+end
+
+-- {"workflow_done", id, result, ttl, now}
+OPS['workflow_done'] = function(op, kind)
+  wf_end(op[2], {'state', 'succeeded', 'result', op[3], 'finished_at', op[5]}, op[4])
+end
+
+-- {"workflow_fail", id, state, error_type, error, step, ttl, now}
+OPS['workflow_fail'] = function(op, kind)
+  wf_end(op[2], {'state', op[3], 'error_type', op[4], 'error', op[5], 'step', op[6],
+    'finished_at', op[8]}, op[7])
+end
+
+-- {"chord", id, join, index, size, result, ttl, kind, queue, head, tail, now, splice,
+--  result_ttl}:
+-- record a member's result once; the first call that finds every member in fires: the
+-- body is head .. results in index order (when splice is 1) .. tail, published to queue,
+-- or stored as the workflow's result when queue is ''.
+OPS['chord'] = function(op, kind)
+  local key = prefix .. 'wf:' .. op[2] .. ':j:' .. op[3]
+  local size = tonumber(op[5])
+  redis.call('HSETNX', key, op[4], op[6])
+  redis.call('EXPIRE', key, op[7])
+  if redis.call('HLEN', key) < size then return end
+  if redis.call('HSETNX', key, 'f', op[12]) == 0 then return end
+  redis.call('EXPIRE', key, op[14])  -- fired: kept only to ignore late redeliveries
+  local parts = {op[10]}
+  if tonumber(op[13]) == 1 then
+    for i = 0, size - 1 do
+      parts[#parts + 1] = redis.call('HGET', key, tostring(i))
+    end
+  end
+  parts[#parts + 1] = op[11]
+  local body = table.concat(parts)
+  if op[9] == '' then
+    wf_end(op[2], {'state', 'succeeded', 'result', body, 'finished_at', op[12]}, op[14])
+  elseif wf_open(op[2]) then
+    wf_push(op[8], kind, op[9], body)
+  end
+end
+
+-- {"unique_release", key, task_id}: free a unique-task key while it holds task_id.
+OPS['unique_release'] = function(op, kind)
+  local key = prefix .. 'u:' .. op[2]
+  if redis.call('GET', key) == op[3] then redis.call('DEL', key) end
+end
+
+-- {"lock_release", key, holder}: give back a holder's place of a task lock.
+OPS['lock_release'] = function(op, kind)
+  redis.call('ZREM', prefix .. 'lk:' .. op[2], op[3])
+end
+
+-- {"progress", task_id, at, data, ttl}: a run's last progress update (as progress.lua).
+OPS['progress'] = function(op, kind)
+  local key = prefix .. 'p:' .. op[2]
+  local stored = redis.call('HGET', key, 'at')
+  if stored and tonumber(stored) > tonumber(op[3]) then
+    return
+  end
+  redis.call('HSET', key, 'at', op[3], 'v', op[4])
+  redis.call('EXPIRE', key, op[5])
+  redis.call('PUBLISH', prefix .. 'progress:' .. op[2], op[4])
+end
+
 local function ack(stream, ids)
   -- unpack() is limited by the Lua stack; chunk large id lists.
   local s, n = 1, #ids

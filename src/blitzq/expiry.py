@@ -1,0 +1,80 @@
+"""``max_age``: a task that waited too long before it could start is expired, not run.
+
+``@queue.task(max_age=seconds)`` or per call ``task.options(max_age=seconds)``: a start check
+compares the time since the task was first enqueued (the message's ``created_at``; retries
+and lock or rate-limit waits keep it) with ``max_age``. An older task gets a record in the
+final state ``expired`` (``result()`` raises :class:`~blitzq.TaskExpired`) and, unless the
+task has ``dead_letter=False``, a dead letter with reason ``"expired"``. It never runs and no
+attempt is spent. The check runs when a worker takes the task, so a task expires when a
+worker reaches it, not on the second its age passes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from .broker.base import Completion, DeadLetterFields
+from .serialization import dumps
+
+if TYPE_CHECKING:
+    from .hooks import StartCheck
+    from .task import Task
+    from .worker.execution import Job
+    from .worker.runner import Runner
+
+
+def max_age_of(job: Job) -> float | None:
+    """The call's ``max_age`` (per-call option first, then the task's), in seconds."""
+    return job.envelope.max_age or job.task.controls.max_age
+
+
+def expired_completion(runner: Runner, job: Job, age: float, max_age: float) -> Completion:
+    """Completion acking ``job`` with an ``expired`` record and, if wanted, a dead letter."""
+    env, d = job.envelope, job.delivery
+    now = time.time()
+    error = f"waited {age:.3f} s before it could start, over its max_age of {max_age} s"
+    record = dumps(
+        {
+            "id": env.id,
+            "task": env.task,
+            "queue": d.queue,
+            "state": "expired",
+            "attempts": max(0, job.attempt - 1),
+            "enqueued_at": env.created_at,
+            "finished_at": now,
+            "worker": runner.worker.id,
+            "error_type": "TaskExpired",
+            "error": error,
+        }
+    )
+    dead = (
+        DeadLetterFields(d.payload, "expired", error, env.task, d.queue, now)
+        if job.task.dead_letter
+        else None
+    )
+    return Completion(
+        d.queue, d.token, env.id, record, runner.worker.queue.result_ttl, dead_letter=dead
+    )
+
+
+async def check_expiry(runner: Runner, job: Job) -> Completion | None:
+    """Start check: ``None`` to start, or the expired completion (finishers applied)."""
+    max_age = max_age_of(job)
+    created = job.envelope.created_at
+    if not max_age or not created:
+        return None
+    age = time.time() - created
+    if age <= max_age:
+        return None
+    completion = expired_completion(runner, job, age, max_age)
+    for finisher in job.task.finishers:  # a final state: free unique keys and the like
+        completion = finisher(job, completion, True, None)
+    return completion
+
+
+def checks_with_expiry(task: Task[Any, Any]) -> list[StartCheck]:
+    """The task's start checks with the expiry check first (for a per-call ``max_age``)."""
+    if check_expiry in task.checks:
+        return task.checks
+    return [check_expiry, *task.checks]

@@ -1,0 +1,124 @@
+"""Unique tasks: a call equal to one still pending is not enqueued twice.
+
+``@queue.task(unique=True)`` gives each call a key: the SHA-256 of the MessagePack encoding
+of ``[task name, args, sorted kwargs]`` (as :mod:`blitzq.serialization` encodes them), or the
+per-call ``task.options(unique_key="...")``. At enqueue the queue's filter
+(:func:`unique_filter`) claims the keys of a whole batch in one atomic broker call
+(``SET NX`` per key, :meth:`~blitzq.broker.base.Broker.claim_unique`). A claimed key holds
+the new task's id; a call whose key is already held publishes nothing and its handle points
+at the holder (``handle.duplicate is True``).
+
+The key is freed (only while it still holds this task's id):
+
+- ``unique_until="start"``: by a start check, as the task starts (after its lock, if any);
+- ``unique_until="completion"``: by a finisher, atomically with the ack of the final
+  completion (succeeded, failed, dead-lettered, cancelled, expired);
+- in any case after ``unique_ttl`` seconds (plus the delay of a delayed call), so a crashed
+  worker or a lost message never keeps it forever.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from .broker.base import Completion
+from .exceptions import ConfigurationError
+from .serialization import dumps, encode_envelope
+
+if TYPE_CHECKING:
+    from .hooks import Outgoing
+    from .queue import Queue
+    from .serialization import Envelope
+    from .task import Task
+    from .worker.execution import Job
+    from .worker.runner import Runner
+
+
+def canonical_key(name: str, args: list[Any], kwargs: dict[str, Any]) -> str:
+    """SHA-256 hex digest of ``[name, args, sorted kwargs]`` in blitzq's MessagePack.
+
+    Raises:
+        SerializationError: an argument is not plain data.
+    """
+    return hashlib.sha256(dumps([name, list(args), sorted(kwargs.items())])).hexdigest()
+
+
+def broker_key(env: Envelope) -> str:
+    """The broker-side unique key of a message: ``<task>:<unique key>``."""
+    return f"{env.task}:{env.unique_key}"
+
+
+async def unique_filter(queue: Queue, batch: list[Outgoing]) -> None:
+    """Enqueue filter: claim the unique keys of a batch; mark duplicates (one round trip).
+
+    Raises:
+        ConfigurationError: a ``unique_key`` for a task not registered with ``unique=True``.
+        BrokerError: the broker could not be reached (nothing is published).
+    """
+    claims: list[tuple[str, str, float]] = []
+    claimed: list[Outgoing] = []
+    now = time.time()
+    for out in batch:
+        env = out.envelope
+        task = out.task
+        if task is None or not task.controls.unique:
+            if env.unique_key is not None:
+                raise ConfigurationError(
+                    f"unique_key= needs a task registered with unique=True ({env.task})"
+                )
+            continue
+        if env.unique_key is None:
+            env = out.envelope = msgspec.structs.replace(
+                env, unique_key=canonical_key(env.task, env.args, env.kwargs)
+            )
+            out.data = encode_envelope(env, queue.max_message_size)
+        ttl = task.controls.unique_ttl
+        if out.due is not None:
+            ttl += max(0.0, out.due - now)
+        claims.append((broker_key(env), env.id, ttl))
+        claimed.append(out)
+    if not claims:
+        return
+    holders = await queue.broker.claim_unique(claims)
+    for out, holder in zip(claimed, holders, strict=True):
+        if holder is not None and holder != out.envelope.id:
+            out.existing_id = holder
+
+
+def _release_op(env: Envelope) -> tuple[str, str, str]:
+    return ("unique_release", broker_key(env), env.id)
+
+
+async def release_at_start(runner: Runner, job: Job) -> Completion | None:
+    """Start check of ``unique_until="start"``: free the key as the task starts.
+
+    The release travels with the next group commit (no extra round trip here).
+    """
+    env = job.envelope
+    if env.unique_key is not None:
+        runner.flusher.add(Completion(job.delivery.queue, None, env.id, ops=(_release_op(env),)))
+    return None
+
+
+def release_when_final(
+    job: Job, completion: Completion, final: bool, error: BaseException | None
+) -> Completion:
+    """Finisher: free the key atomically with the final completion of the task."""
+    env = job.envelope
+    if final and env.unique_key is not None:
+        completion.ops = (*completion.ops, _release_op(env))
+    return completion
+
+
+def install_unique(task: Task[Any, Any], until: str) -> None:
+    """Hook unique handling into ``task`` and its queue (filter added once per queue)."""
+    if until == "start":
+        task.checks.append(release_at_start)
+    task.finishers.append(release_when_final)
+    filters = task.owner.enqueue_filters
+    if unique_filter not in filters:
+        filters.append(unique_filter)

@@ -1,0 +1,151 @@
+"""Soft and hard timeouts of task runs.
+
+- ``hard_timeout`` (alias ``timeout``): an async task is cancelled; a process task's pool is
+  terminated (other process tasks running in it are requeued, attempt unchanged); a thread
+  task's failure is recorded at once but its slot (and lock place) stays held until the
+  thread really returns, since Python cannot kill a thread.
+- ``soft_timeout``: :class:`~blitzq.SoftTimeoutError` is raised inside a thread task, through
+  ``PyThreadState_SetAsyncExc``, which takes effect at the next Python bytecode: a thread
+  blocked in C code (a long ``time.sleep``, a socket read) sees it only when that call
+  returns. An async task is cancelled (the coroutine sees ``CancelledError``) and the attempt
+  is recorded as SoftTimeoutError. Either way the retry policy applies; a task that catches
+  the error and returns normally succeeds. Process tasks take no soft timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import functools
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..exceptions import SoftTimeoutError, TaskTimeout
+from .execution import Job, Outcomes
+
+if TYPE_CHECKING:
+    from .runner import Runner
+
+
+class _Timers:
+    """The soft and hard timer handles of one run, cancelled together."""
+
+    __slots__ = ("handles",)
+
+    def __init__(self, handles: list[asyncio.TimerHandle]) -> None:
+        self.handles = handles
+
+    def cancel(self) -> None:
+        for handle in self.handles:
+            handle.cancel()
+
+
+class _ThreadRun:
+    """Which thread runs a thread task, so a soft timeout can be raised in it."""
+
+    __slots__ = ("done", "ident", "injected", "lock", "pending")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ident: int | None = None
+        self.done = False
+        self.injected = False
+        self.pending = False
+
+
+_THREADS: dict[Job, _ThreadRun] = {}
+_SOFT: set[Job] = set()
+
+
+def _set_async_exc(ident: int, exc: type[BaseException] | None) -> int:
+    return int(
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(ident), ctypes.py_object(exc) if exc is not None else None
+        )
+    )
+
+
+def interruptible(job: Job, call: Callable[[], Any]) -> functools.partial[Any]:
+    """Wrap a thread task's call so a soft timeout can raise inside its thread."""
+    run = _THREADS[job] = _ThreadRun()
+
+    def wrapped() -> Any:
+        with run.lock:
+            if run.pending:
+                run.done = True
+                raise SoftTimeoutError()
+            run.ident = threading.get_ident()
+        try:
+            return call()
+        finally:
+            with run.lock:
+                run.done = True
+                if run.injected:  # not raised yet: do not let it escape into the pool
+                    _set_async_exc(threading.get_ident(), None)
+
+    return functools.partial(wrapped)
+
+
+def start_timers(runner: Runner, job: Job) -> None:
+    """Arm the hard and soft timers of a run that just started (sets ``job.timer``)."""
+    loop = asyncio.get_running_loop()
+    handles = []
+    hard = job.envelope.timeout or job.task.timeout
+    if hard:
+        handles.append(loop.call_later(hard, runner.on_timeout, job))
+    soft = job.task.controls.soft_timeout
+    if soft and (not hard or soft < hard):
+        handles.append(loop.call_later(soft, runner.on_timeout, job, True))
+    if handles:
+        job.timer = handles[0] if len(handles) == 1 else _Timers(handles)
+
+
+def soft_timeout(job: Job) -> None:
+    """The run passed its soft timeout: raise in its thread, or cancel the coroutine."""
+    if job.task.executor == "async":
+        _SOFT.add(job)
+        job.timed_out = True
+        job.handle.cancel()
+        return
+    run = _THREADS.get(job)
+    if run is None:
+        return
+    with run.lock:
+        if run.done or run.injected:
+            return
+        if run.ident is None:
+            run.pending = True
+            return
+        run.injected = _set_async_exc(run.ident, SoftTimeoutError) == 1
+
+
+def timeout_error(job: Job) -> TaskTimeout:
+    """The error a timed-out run is recorded with (soft or hard)."""
+    if job in _SOFT:
+        _SOFT.discard(job)
+        return SoftTimeoutError(f"task {job.envelope.task} ran longer than its soft_timeout")
+    seconds = job.envelope.timeout or job.task.timeout or 0.0
+    return TaskTimeout(f"task {job.envelope.task} ran longer than {seconds} s")
+
+
+def forget(job: Job) -> None:
+    """Drop what was kept about a run that ended."""
+    _THREADS.pop(job, None)
+    _SOFT.discard(job)
+
+
+def kill_process_run(runner: Runner, job: Job) -> None:
+    """Terminate the process pool running ``job``; requeue the other process tasks in it.
+
+    The slot of ``job`` is freed when its future fails, after the process has exited.
+    """
+    pool = runner._processes
+    if pool is None:
+        return
+    for other in list(runner.jobs):
+        if other is not job and other.task.executor == "process" and not other.finished:
+            other.finished = True  # its broken future is ignored; the message goes back
+            runner.commit(other, Outcomes.requeue(other))
+    pool.shutdown(kill=True)
+    runner._processes = None

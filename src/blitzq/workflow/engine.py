@@ -1,0 +1,363 @@
+"""Worker-driven orchestration: what happens when a workflow step ends.
+
+Nothing coordinates a workflow from outside. Each step's message carries, in its ``flow``
+field, what comes after it; when a step ends for good, a finisher (:func:`finish_step`,
+registered on every task) turns that into completion ops applied atomically *with the ack*:
+
+- more steps in its chain: ``workflow_step`` publishes the next step's message (with the
+  result prepended to its arguments unless it is immutable), unless the workflow has ended;
+- last step of a chord member: ``chord`` records the result under the member's index (at
+  most once, so a redelivered member does not count twice) and, when every member is in and
+  the chord has not fired yet, fires it: publishes the callback's message with the list of
+  results spliced into its arguments, or, for a group that ends the workflow, stores the
+  list as the workflow's result;
+- last step of the workflow: ``workflow_done`` stores the result and wakes ``get()``;
+- a failure for good (retries exhausted, dead-lettered, cancelled): ``workflow_fail`` stores
+  the step's error and wakes ``get()``; what would have come next is never published.
+
+The flow of a step is plain data::
+
+    {"w": workflow id, "n": [steps after this one], "j": join or None}
+    join = {"i": join id, "x": member index, "k": members, "c": callback node or absent,
+            "n": [steps after the join], "j": enclosing join or None}
+    node = {"s": task, "i": id, "q": queue, "a": args, "k": kwargs, "m": immutable, "t": timeout}
+         | {"l": [nodes]}                     (a chain)
+         | {"g": [nodes], "i": join id, "c": callback node}   ("c" absent: a plain group)
+
+A plain group whose list feeds something other than a signature, or a chord member, goes
+through one internal step (:data:`COLLECT`) that returns the list it is given.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from ..broker.base import Completion
+from ..exceptions import ConfigurationError, SerializationError, describe_error
+from ..routing import physical_queue, route
+from ..serialization import Envelope, dumps, encode_envelope, loads, plain_args, to_plain
+from .canvas import Chain, Chord, Group, Node
+from .handle import WorkflowHandle
+from .signature import Signature
+
+if TYPE_CHECKING:
+    from ..queue import Queue
+    from ..task import Task
+    from ..worker.execution import Job
+
+logger = logging.getLogger("blitzq.workflow")
+
+#: Internal task that returns the list of a group's results (a group feeding a group, or a
+#: group as a chord member). Registered on every Queue that has tasks.
+COLLECT = "blitzq.workflow.collect"
+#: Seconds the state of a running workflow (and its chord joins) is kept at least.
+RUNNING_TTL = 7 * 86400
+
+_NONE: Any = object()  # no previous result
+
+
+async def _collect(results: list[Any]) -> list[Any]:
+    """Return the list of a group's results unchanged (the :data:`COLLECT` step)."""
+    return results
+
+
+def attach(task: Task[Any, Any]) -> None:
+    """Make ``task`` able to take part in workflows (called when it is registered).
+
+    Adds :func:`finish_step` to its finishers and registers :data:`COLLECT` on its Queue.
+    """
+    if finish_step not in task.finishers:
+        task.finishers.append(finish_step)
+    queue = task.owner
+    if task.name != COLLECT and COLLECT not in queue.tasks:
+        queue.task(name=COLLECT, retries=0)(_collect)
+
+
+def _array_header(n: int) -> bytes:
+    """MessagePack header of an array of ``n`` items."""
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 65536:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def _is_sig(node: Any) -> bool:
+    return isinstance(node, dict) and "s" in node
+
+
+class _Messages:
+    """Builds the messages of a workflow's steps.
+
+    Args:
+        workflow_id: the workflow's id (also every step's correlation id).
+        now: Unix time stamped on the messages.
+        max_size: largest message in bytes.
+        result_ttl: seconds a finished workflow's state is kept.
+    """
+
+    def __init__(
+        self, workflow_id: str, now: float, max_size: int, result_ttl: int = 86400
+    ) -> None:
+        self.workflow_id = workflow_id
+        self.now = now
+        self.max_size = max_size
+        self.result_ttl = result_ttl
+
+    def start(
+        self, node: dict[str, Any], prev: Any, rest: list[Any], join: Any
+    ) -> list[tuple[str, bytes]]:
+        """``(queue, message)`` of every step that starts when ``node`` starts.
+
+        Args:
+            node: the node to start.
+            prev: the previous step's result, or ``_NONE``.
+            rest: nodes that follow ``node`` in its chain.
+            join: the join ``node``'s chain reports to at its end, or ``None``.
+        """
+        if "s" in node:
+            return [self.message(node, prev, rest, join)]
+        if "l" in node:
+            steps = node["l"]
+            return self.start(steps[0], prev, [*steps[1:], *rest], join)
+        members = node["g"]
+        base = {"i": node["i"], "k": len(members), "n": rest, "j": join}
+        if "c" in node:
+            base["c"] = node["c"]
+        out: list[tuple[str, bytes]] = []
+        for index, member in enumerate(members):
+            out += self.start(member, prev, [], {**base, "x": index})
+        return out
+
+    def message(
+        self,
+        node: dict[str, Any],
+        prev: Any,
+        rest: list[Any],
+        join: Any,
+        queue: str | None = None,
+    ) -> tuple[str, bytes]:
+        """``(queue, message)`` of one signature node."""
+        args = node["a"] if node.get("m") or prev is _NONE else [prev, *node["a"]]
+        target = queue or node["q"]
+        env = Envelope(
+            id=node["i"],
+            task=node["s"],
+            queue=target,
+            args=plain_args(args),
+            kwargs=to_plain(node.get("k") or {}),
+            created_at=self.now,
+            enqueued_at=self.now,
+            correlation_id=self.workflow_id,
+            timeout=node.get("t"),
+            flow=to_plain({"w": self.workflow_id, "n": rest, "j": join}),
+        )
+        return target, encode_envelope(env, self.max_size)
+
+    def chord_op(
+        self, join: dict[str, Any], result: bytes, member_queue: str, ttl: int
+    ) -> tuple[Any, ...]:
+        """The ``chord`` op of one member's result (see the module docstring)."""
+        size = int(join["k"])
+        callback, rest, parent = join.get("c"), list(join.get("n") or ()), join.get("j")
+        if callback is None:
+            if not rest and parent is None:  # the group ends the workflow: its list is the result
+                return self._chord(join, result, size, ttl, "", _array_header(size), b"", 1)
+            if rest and _is_sig(rest[0]):  # group | signature: the signature is the callback
+                callback, rest = rest[0], rest[1:]
+            else:
+                callback = {"s": COLLECT, "i": f"{join['i']}c", "q": "", "a": [], "k": {}}
+        while "l" in callback:
+            rest = [*callback["l"][1:], *rest]
+            callback = callback["l"][0]
+        queue = member_queue if callback["s"] == COLLECT else None
+        if callback.get("m"):
+            target, data = self.message(callback, _NONE, rest, parent, queue)
+            return self._chord(join, result, size, ttl, target, data, b"", 0)
+        marker = b"\x00blitzq-chord-results:" + uuid.uuid4().bytes
+        target, data = self.message(callback, marker, rest, parent, queue)
+        encoded = dumps(marker)
+        at = data.find(encoded)
+        if at < 0:  # pragma: no cover - the marker is always encoded as is
+            raise SerializationError("could not place the chord results in the callback")
+        head, tail = data[:at] + _array_header(size), data[at + len(encoded) :]
+        return self._chord(join, result, size, ttl, target, head, tail, 1)
+
+    def _chord(
+        self,
+        join: dict[str, Any],
+        result: bytes,
+        size: int,
+        ttl: int,
+        queue: str,
+        head: bytes,
+        tail: bytes,
+        splice: int,
+    ) -> tuple[Any, ...]:
+        return (
+            "chord", self.workflow_id, str(join["i"]), str(join["x"]), size, result, ttl,
+            "", queue, head, tail, repr(self.now), splice, self.result_ttl,
+        )  # fmt: skip
+
+
+def _running_ttl(queue: Queue) -> int:
+    return max(queue.result_ttl, RUNNING_TTL)
+
+
+def finish_step(
+    job: Job, completion: Completion, final: bool, error: BaseException | None
+) -> Completion:
+    """Finisher of every task: for a workflow step that ended for good, add the ops that
+    advance (or fail) its workflow to ``completion``. A task outside workflows, or a retry,
+    passes through untouched."""
+    flow = job.envelope.flow
+    if flow is None or not final:
+        return completion
+    workflow_id = str(flow.get("w", "")) if isinstance(flow, dict) else ""
+    if not workflow_id:
+        return completion
+    queue = job.task.owner
+    now = time.time()
+    try:
+        ops = _follow_ups(job, completion, error, flow, queue, now)
+    except Exception as exc:  # never lose the ack: the workflow fails with the reason
+        step = job.envelope.id
+        logger.exception("workflow %s: could not advance after step %s", workflow_id, step)
+        error_type, message = describe_error(exc)
+        ops = (_fail(workflow_id, "failed", error_type, message, step, queue, now),)
+    completion.ops = (*completion.ops, *ops)
+    return completion
+
+
+def _fail(
+    workflow_id: str,
+    state: str,
+    error_type: str,
+    error: str,
+    step: str,
+    queue: Queue,
+    now: float,
+) -> tuple[Any, ...]:
+    return (
+        "workflow_fail", workflow_id, state, error_type, error, step, queue.result_ttl, repr(now)
+    )  # fmt: skip
+
+
+def _follow_ups(
+    job: Job,
+    completion: Completion,
+    error: BaseException | None,
+    flow: dict[str, Any],
+    queue: Queue,
+    now: float,
+) -> tuple[tuple[Any, ...], ...]:
+    from ..worker.execution import NO_RESULT
+
+    workflow_id = str(flow["w"])
+    step = job.envelope.id
+    if error is None and job.result is not NO_RESULT:
+        try:
+            result = dumps(job.result)
+        except SerializationError as exc:
+            return (_fail(workflow_id, "failed", *describe_error(exc), step, queue, now),)
+        build = _Messages(workflow_id, now, queue.max_message_size, queue.result_ttl)
+        rest, join = list(flow.get("n") or ()), flow.get("j")
+        if rest:
+            return tuple(
+                ("workflow_step", workflow_id, "", target, data)
+                for target, data in build.start(rest[0], job.result, rest[1:], join)
+            )
+        if join:
+            return (build.chord_op(join, result, job.delivery.queue, _running_ttl(queue)),)
+        return (("workflow_done", workflow_id, result, queue.result_ttl, repr(now)),)
+    state, error_type, message = "failed", "", ""
+    if completion.record is not None:
+        try:
+            record = loads(completion.record)
+        except SerializationError:
+            record = {}
+        if isinstance(record, dict):
+            state = "cancelled" if record.get("state") == "cancelled" else "failed"
+            error_type = str(record.get("error_type") or "")
+            message = str(record.get("error") or "")
+    if not error_type and error is not None:
+        error_type, message = describe_error(error)
+    if not error_type:
+        error_type, message = "WorkflowStepFailed", f"step {step} ended without a result"
+    return (_fail(workflow_id, state, error_type, message, step, queue, now),)
+
+
+# ----------------------------------------------------------------------------- applying
+class _Planner:
+    """Turns a canvas into plan nodes with fresh step ids and resolved queues."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        #: ``[id, task, queue]`` of every step the user wrote, in order.
+        self.steps: list[list[str]] = []
+
+    def node(self, item: Node) -> dict[str, Any]:
+        if isinstance(item, Signature):
+            return self.signature(item)
+        if isinstance(item, Chain):
+            return {"l": [self.node(step) for step in item.steps]}
+        if isinstance(item, Group):
+            return {"g": [self.node(m) for m in item.members], "i": uuid.uuid4().hex[:16]}
+        node = self.node(item.group)
+        node["c"] = self.node(item.callback)
+        return node
+
+    def signature(self, sig: Signature) -> dict[str, Any]:
+        queue = self.queue
+        task = queue.tasks.get(sig.name)
+        base = sig.queue or (task.queue if task else None)
+        base = base or route(queue.routes, sig.name) or queue.name
+        target = physical_queue(base, sig.priority or (task.priority if task else "normal"))
+        step_id = uuid.uuid4().hex
+        self.steps.append([step_id, sig.name, target])
+        node: dict[str, Any] = {"s": sig.name, "i": step_id, "q": target, "a": sig.args}
+        if sig.kwargs:
+            node["k"] = sig.kwargs
+        if sig.immutable:
+            node["m"] = 1
+        if sig.timeout is not None:
+            node["t"] = sig.timeout
+        return node
+
+
+async def apply_workflow(queue: Queue, workflow: Node) -> WorkflowHandle:
+    """Start ``workflow`` on ``queue``'s broker; see :meth:`blitzq.Queue.apply`.
+
+    The workflow's state and its first steps are written in one atomic broker call.
+
+    Raises:
+        ConfigurationError: ``workflow`` is not a signature, chain, group or chord.
+        SerializationError, MessageTooLarge: a step's message cannot be built.
+        BrokerError: the broker could not be reached.
+    """
+    if not isinstance(workflow, Signature | Chain | Group | Chord):
+        raise ConfigurationError(
+            f"apply() takes a signature, chain, group or chord, got {workflow!r}"
+        )
+    workflow_id = uuid.uuid4().hex
+    planner = _Planner(queue)
+    root = planner.node(workflow)
+    now = time.time()
+    messages = _Messages(workflow_id, now, queue.max_message_size).start(root, _NONE, [], None)
+    ops: list[tuple[Any, ...]] = [
+        ("workflow_start", workflow_id, dumps(planner.steps), _running_ttl(queue), repr(now))
+    ]
+    ops += [("workflow_step", workflow_id, "", target, data) for target, data in messages]
+    broker = queue.broker
+    known = queue._known_queues
+    new = sorted({target for _, target, _ in planner.steps} - known)
+    if new:
+        remember = getattr(broker, "remember_queues", None)
+        if remember is not None:
+            await remember(new)
+        known.update(new)
+    await broker.complete([Completion(queue.name, None, workflow_id, ops=tuple(ops))])
+    return WorkflowHandle(queue, workflow_id, planner.steps)

@@ -1,0 +1,220 @@
+"""Following a running workflow: its final result, its state, its steps, cancelling it.
+
+A :class:`WorkflowHandle` holds only the workflow's id, so ``queue.workflow(id)`` in another
+process re-attaches to the same workflow. The state lives in the broker (``{ns}:wf:<id>``);
+``get()`` is woken by a push when the workflow ends, not by polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..broker.base import Completion
+from ..exceptions import (
+    BlitzQError,
+    BrokerError,
+    ResultTimeout,
+    SerializationError,
+    TaskCancelled,
+    TaskFailed,
+)
+from ..records import TaskRecord, TaskState
+from ..serialization import loads
+from ..task import TaskHandle
+
+if TYPE_CHECKING:
+    from .._operations import QueueOperations
+
+_FOREVER = 10 * 365 * 86400.0
+#: Seconds between checks, while waiting, for a step that ended without advancing its
+#: workflow (a step dead-lettered by lease recovery or as an unknown task); grows to 15 s.
+LIVENESS_INTERVAL = 2.0
+
+
+class WorkflowNotFound(BlitzQError, LookupError):
+    """No workflow with this id is stored (a wrong id, or its state expired)."""
+
+
+class WorkflowHandle:
+    """What ``queue.apply(workflow)`` returns; ``queue.workflow(id)`` makes one from an id.
+
+    Attributes:
+        id: the workflow id (also the correlation id of every step).
+    """
+
+    __slots__ = ("_owner", "_steps", "id")
+
+    def __init__(
+        self, owner: QueueOperations, workflow_id: str, steps: list[list[str]] | None = None
+    ) -> None:
+        self._owner = owner
+        self.id = workflow_id
+        self._steps = steps
+
+    def __repr__(self) -> str:
+        return f"<WorkflowHandle {self.id}>"
+
+    async def _state(self) -> dict[str, bytes]:
+        state = await self._owner.broker.workflow_state(self.id)
+        if state is None:
+            raise WorkflowNotFound(f"no workflow {self.id} is stored (unknown id, or expired)")
+        return state
+
+    async def _step_list(self) -> list[list[str]]:
+        if self._steps is None:
+            raw = (await self._state()).get("steps")
+            steps = loads(raw) if raw else []
+            self._steps = [[str(x) for x in step] for step in steps]
+        return self._steps
+
+    def _outcome(self, state: dict[str, bytes]) -> tuple[bool, Any]:
+        """``(True, result)`` for a succeeded workflow, ``(False, None)`` while it runs.
+
+        Raises:
+            TaskFailed: the workflow failed (the failed step's id and error).
+            TaskCancelled: the workflow was cancelled.
+        """
+        value = state.get("state", b"running")
+        if value == b"running":
+            return False, None
+        if value == b"succeeded":
+            raw = state.get("result")
+            return True, (loads(raw) if raw else None)
+        step = (state.get("step") or b"").decode() or self.id
+        error_type = (state.get("error_type") or b"").decode() or None
+        error = (state.get("error") or b"").decode(errors="replace") or None
+        if value == b"cancelled":
+            raise TaskCancelled(step, "cancelled", error_type, error)
+        raise TaskFailed(step, value.decode(errors="replace"), error_type, error)
+
+    async def get(self, timeout: float | None = None) -> Any:
+        """Wait for the workflow's result: the last step's result (a list of results for a
+        workflow that ends with a group).
+
+        Args:
+            timeout: seconds to wait; ``None`` waits without limit.
+
+        Raises:
+            TaskFailed: a step failed for good (its id, error type and message).
+            TaskCancelled: the workflow was cancelled.
+            ResultTimeout: not finished within ``timeout``.
+            WorkflowNotFound: no such workflow is stored.
+        """
+        wait = _FOREVER if timeout is None else max(0.0, timeout)
+        deadline = time.monotonic() + wait
+        interval = LIVENESS_INTERVAL
+        check_at = time.monotonic() + interval
+        broker = self._owner.broker
+        while True:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                state = await broker.wait_for_workflow(self.id, min(remaining, interval))
+            except BrokerError as exc:  # a server restart: keep waiting until the deadline
+                if not exc.transient or time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+                continue
+            if state is None:
+                raise WorkflowNotFound(f"no workflow {self.id} is stored (unknown id, or expired)")
+            done, value = self._outcome(state)
+            if done:
+                return value
+            if time.monotonic() >= check_at:
+                stalled = await self._stalled_step()
+                if stalled is not None:
+                    await self._end(stalled)
+                    continue  # re-read: raises with the step's error
+                interval = min(15.0, interval * 1.5)
+                check_at = time.monotonic() + interval
+            if time.monotonic() >= deadline:
+                raise ResultTimeout(f"workflow {self.id} is still running after {timeout} s")
+
+    async def _stalled_step(self) -> TaskRecord | None:
+        """A step whose record is final but not succeeded (it ended without advancing the
+        workflow, e.g. dead-lettered by lease recovery), or ``None``."""
+        broker = self._owner.broker
+        steps = await self._step_list()
+        for start in range(0, len(steps), 100):
+            chunk = steps[start : start + 100]
+            raws = await asyncio.gather(*(broker.get_record(step[0]) for step in chunk))
+            for raw in raws:
+                if raw is None:
+                    continue
+                try:
+                    record = TaskRecord.from_bytes(raw)
+                except SerializationError:
+                    continue
+                if record.state.is_final and record.state is not TaskState.SUCCEEDED:
+                    return record
+        return None
+
+    async def _end(self, record: TaskRecord) -> None:
+        """End the workflow as failed (or cancelled) by ``record``'s step."""
+        state = "cancelled" if record.state is TaskState.CANCELLED else "failed"
+        await self._apply_end(state, record.error_type or "", record.error or "", record.id)
+
+    async def _apply_end(self, state: str, error_type: str, error: str, step: str) -> None:
+        owner = self._owner
+        op = (
+            "workflow_fail", self.id, state, error_type, error, step, owner.result_ttl,
+            repr(time.time()),
+        )  # fmt: skip
+        await owner.broker.complete([Completion(owner.name, None, self.id, ops=(op,))])
+
+    def get_sync(self, timeout: float | None = None) -> Any:
+        """Blocking :meth:`get`."""
+        return self._owner._portal.call(self.get(timeout))
+
+    async def status(self) -> str:
+        """``"running"``, ``"succeeded"``, ``"failed"`` or ``"cancelled"``.
+
+        Raises:
+            WorkflowNotFound: no such workflow is stored.
+        """
+        return (await self._state()).get("state", b"running").decode()
+
+    def status_sync(self) -> str:
+        """Blocking :meth:`status`."""
+        return self._owner._portal.call(self.status())
+
+    async def children(self) -> list[TaskHandle[Any]]:
+        """Handles of the workflow's steps (every signature in it, in the order written),
+        whether they already ran, run, or are still to come.
+
+        Raises:
+            WorkflowNotFound: no such workflow is stored (for a re-attached handle).
+        """
+        owner = self._owner
+        return [TaskHandle(owner, sid, queue, task) for sid, task, queue in await self._step_list()]
+
+    def children_sync(self) -> list[TaskHandle[Any]]:
+        """Blocking :meth:`children`."""
+        return self._owner._portal.call(self.children())
+
+    async def cancel(self) -> str:
+        """Cancel the workflow: mark it cancelled (no further step is published and a chord
+        does not fire), then cancel its steps that are scheduled, queued or running
+        (see :meth:`blitzq.Queue.cancel`). ``get()`` then raises :class:`TaskCancelled`.
+
+        Returns:
+            ``"cancelled"``, or the final state it already had (nothing changed then).
+
+        Raises:
+            WorkflowNotFound: no such workflow is stored.
+        """
+        steps = await self._step_list()
+        await self._apply_end("cancelled", "TaskCancelled", "workflow cancelled by request", "")
+        state = (await self._state()).get("state", b"").decode()
+        if state != "cancelled":
+            return state
+        owner = self._owner
+        for start in range(0, len(steps), 100):
+            chunk = steps[start : start + 100]
+            await asyncio.gather(*(owner.cancel(step[0]) for step in chunk))
+        return state
+
+    def cancel_sync(self) -> str:
+        """Blocking :meth:`cancel`."""
+        return self._owner._portal.call(self.cancel())

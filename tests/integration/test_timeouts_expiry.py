@@ -1,0 +1,213 @@
+"""Soft and hard timeouts and max_age expiry against a real Redis, in both modes.
+
+A soft timeout raises SoftTimeoutError inside a thread task (which may catch it) and fails
+an async task's attempt with it; the retry policy applies. A hard timeout terminates a
+process task, and its slot is only freed once the process is gone. A task that waited longer
+than its max_age is expired (state ``expired``, dead letter reason ``"expired"``) without
+running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from blitzq import (
+    ConfigurationError,
+    Queue,
+    RetryPolicy,
+    SoftTimeoutError,
+    TaskExpired,
+    TaskFailed,
+    TaskState,
+)
+
+from . import proc_tasks
+from .proc_tasks import make_worker, running
+
+FAST_RETRY = RetryPolicy(max_retries=1, base=0.01)
+
+
+@pytest.fixture(params=["reliable", "fast"])
+def mode(request: pytest.FixtureRequest) -> str:
+    """Broker mode of the Queue under test."""
+    return str(request.param)
+
+
+@pytest.fixture
+async def queue(make_queue: Callable[..., Queue], mode: str) -> Any:
+    """A Queue named ``tq`` in ``mode``, closed after the test."""
+    q = make_queue(name="tq", mode=mode)
+    yield q
+    await q.close()
+
+
+async def test_soft_timeout_raises_inside_a_thread_task_and_retries(queue: Queue) -> None:
+    seen: list[int] = []
+
+    @queue.task(name="t.soft_thread", soft_timeout=0.2, retry_policy=FAST_RETRY)
+    def slow_sync() -> str:
+        try:
+            for _ in range(200):  # pure-Python waiting: the error arrives within ~10 ms
+                time.sleep(0.01)
+        except SoftTimeoutError:
+            seen.append(1)  # cleanup would go here
+            raise
+        return "finished"
+
+    handle = await slow_sync.enqueue()
+    async with running(make_worker(queue, concurrency=2)):
+        with pytest.raises(TaskFailed) as failed:
+            await handle.result(timeout=15)
+    assert failed.value.error_type == "blitzq.exceptions.SoftTimeoutError"
+    assert seen == [1, 1]  # both attempts saw it: the retry policy applied
+    record = await handle.status()
+    assert record is not None
+    assert record.attempts == 2
+
+
+async def test_a_thread_task_that_catches_the_soft_timeout_may_still_succeed(
+    queue: Queue,
+) -> None:
+    @queue.task(name="t.soft_catch", soft_timeout=0.1)
+    def partial() -> str:
+        done = 0
+        try:
+            for _ in range(500):
+                time.sleep(0.01)
+                done += 1
+        except SoftTimeoutError:
+            return f"partial after {done}"
+        return "all"
+
+    handle = await partial.enqueue()
+    async with running(make_worker(queue, concurrency=2)):
+        result = await handle.result(timeout=10)
+    assert result.startswith("partial after")
+
+
+async def test_soft_timeout_of_an_async_task_fails_the_attempt(queue: Queue) -> None:
+    cancelled: list[int] = []
+
+    @queue.task(name="t.soft_async", soft_timeout=0.1, retries=0)
+    async def slow() -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.append(1)
+            raise
+
+    handle = await slow.enqueue()
+    async with running(make_worker(queue, concurrency=2)):
+        with pytest.raises(TaskFailed) as failed:
+            await handle.result(timeout=10)
+    assert failed.value.error_type == "blitzq.exceptions.SoftTimeoutError"
+    assert cancelled == [1]
+
+
+async def test_hard_timeout_kills_a_process_task_before_its_slot_is_reused(
+    queue: Queue, tmp_path: Path
+) -> None:
+    killed = queue.task(name="t.proc_sleep", executor="process", hard_timeout=0.5, retries=0)(
+        proc_tasks.sleep_with_pid_file
+    )
+    pid_file = str(tmp_path / "pid")
+
+    def gone(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(") ", 1)[1].startswith("Z")  # a zombie is gone too
+        except FileNotFoundError:
+            return True
+
+    def pid_gone() -> bool:
+        return gone(int(Path(pid_file).read_text()))
+
+    @queue.task(name="t.after")
+    def after() -> bool:
+        return pid_gone()
+
+    first = await killed.enqueue(pid_file, 30.0)
+    second = await after.enqueue()
+    async with running(make_worker(queue, concurrency=1, process_pool_size=1)):
+        with pytest.raises(TaskFailed) as failed:
+            await first.result(timeout=60)
+        assert failed.value.error_type == "blitzq.exceptions.TaskTimeout"
+        # The second task could only start once the first one's slot was freed: by then
+        # the process running it must be gone.
+        assert await second.result(timeout=30) is True
+    assert pid_gone()
+
+
+async def test_timeout_is_the_alias_of_hard_timeout(queue: Queue) -> None:
+    @queue.task(name="t.alias", hard_timeout=0.1, retries=0)
+    async def slow() -> None:
+        await asyncio.sleep(10)
+
+    assert slow.timeout == 0.1
+    with pytest.raises(ConfigurationError):
+        queue.task(name="t.both", timeout=1, hard_timeout=2)(slow.fn)
+    with pytest.raises(ConfigurationError):
+        queue.task(name="t.proc_soft", executor="process", soft_timeout=1)(proc_tasks.square)
+    handle = await slow.enqueue()
+    async with running(make_worker(queue, concurrency=2)):
+        with pytest.raises(TaskFailed) as failed:
+            await handle.result(timeout=10)
+    assert failed.value.error_type == "blitzq.exceptions.TaskTimeout"
+
+
+async def test_a_delayed_task_older_than_max_age_expires(queue: Queue) -> None:
+    ran: list[str] = []
+
+    @queue.task(name="t.fresh", max_age=0.2)
+    async def fresh(label: str) -> str:
+        ran.append(label)
+        return label
+
+    stale = await fresh.options(delay=0.4).enqueue("stale")
+    ok = await fresh.enqueue("ok")
+    async with running(make_worker(queue, concurrency=2)):
+        assert await ok.result(timeout=10) == "ok"
+        with pytest.raises(TaskExpired) as expired:
+            await stale.result(timeout=10)
+    assert expired.value.state == "expired"
+    assert ran == ["ok"]
+    record = await stale.status()
+    assert record is not None
+    assert record.state is TaskState.EXPIRED
+    assert record.state.is_final
+    (dead,) = await queue.dead_letters()
+    assert dead.id == stale.id
+    assert dead.reason == "expired"
+
+
+async def test_a_task_queued_behind_others_expires_by_the_per_call_max_age(
+    queue: Queue,
+) -> None:
+    gate, started = asyncio.Event(), asyncio.Event()
+
+    @queue.task(name="t.blocker")
+    async def blocker() -> None:
+        started.set()
+        await gate.wait()
+
+    @queue.task(name="t.notify")
+    async def notify(label: str) -> str:
+        return label
+
+    await blocker.enqueue()
+    late = await notify.options(max_age=0.2).enqueue("late")
+    patient = await notify.enqueue("patient")
+    async with running(make_worker(queue, concurrency=1)):
+        await asyncio.wait_for(started.wait(), 5)
+        await asyncio.sleep(0.3)  # the queued call ages past its max_age behind the blocker
+        gate.set()
+        with pytest.raises(TaskExpired):
+            await late.result(timeout=10)
+        assert await patient.result(timeout=10) == "patient"
+    assert (await queue.dead_letters())[0].reason == "expired"
