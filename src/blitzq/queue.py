@@ -10,37 +10,27 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
-import time
-import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
+from ._enqueue import EnqueueOperations
 from ._operations import QueueOperations
 from ._portal import Portal
-from .batch import BatchOperations, item_options
-from .broker.base import Broker, Completion
-from .context import current_task
+from .batch import BatchOperations
+from .broker.base import Broker
 from .exceptions import (
     ConfigurationError,
     SerializationError,
     UnknownTask,
 )
-from .hooks import EnqueueFilter, EnqueueObserver, Outgoing
+from .hooks import EnqueueFilter, EnqueueObserver
 from .middleware import MiddlewareOperations
 from .progress import ProgressOperations
 from .ratelimit import RateLimit
 from .retries import DEFAULT_RETRY_POLICY, RetryPolicy
-from .routing import Priority, Routes, check_name, physical_queue, route
-from .serialization import (
-    Envelope,
-    dumps,
-    encode_envelope,
-    plain_args,
-    plain_kwargs,
-    to_plain,
-)
-from .task import _NO_OPTIONS, BoundTask, CallOptions, Executor, Task, TaskHandle, default_task_name
+from .routing import Priority, Routes, check_name, route
+from .task import BoundTask, Executor, Task, default_task_name
 from .workflow.engine import attach as attach_workflow
 
 if TYPE_CHECKING:
@@ -70,7 +60,13 @@ class Hooks(list[Hook]):
         return hook
 
 
-class Queue(QueueOperations, MiddlewareOperations, ProgressOperations, BatchOperations):
+class Queue(
+    EnqueueOperations,
+    QueueOperations,
+    MiddlewareOperations,
+    ProgressOperations,
+    BatchOperations,
+):
     """A task queue: register tasks, enqueue them, read results and dead letters.
 
     Args:
@@ -453,196 +449,6 @@ class Queue(QueueOperations, MiddlewareOperations, ProgressOperations, BatchOper
             return self.tasks[name]
         except KeyError:
             raise UnknownTask(f"no task named {name!r} is registered") from None
-
-    # --------------------------------------------------------------- enqueue
-    def _envelope(
-        self, task: str, queue: str, args: Any, kwargs: Any, opts: CallOptions, now: float
-    ) -> Envelope:
-        headers: Mapping[str, Any] | None = opts.headers
-        correlation_id = opts.correlation_id
-        parent = current_task()
-        if parent is not None:  # enqueued from inside a task: carry its context along
-            correlation_id = correlation_id or parent.correlation_id or parent.id
-            if parent.headers:
-                headers = {**parent.headers, **(headers or {})}
-        return Envelope(
-            opts.task_id or uuid.uuid4().hex,
-            task,
-            queue,
-            plain_args(args),
-            plain_kwargs(kwargs) if kwargs else {},
-            1,
-            now,
-            now,
-            correlation_id,
-            to_plain(dict(headers)) if headers else None,
-            opts.timeout,
-            unique_key=opts.unique_key,
-            max_age=opts.max_age,
-        )
-
-    async def _publish(self, outgoing: list[Outgoing]) -> None:
-        """Publish a batch: filters, state records, registry of queues, then the messages."""
-        for check in self.enqueue_filters:
-            await check(self, outgoing)
-        batch = [o for o in outgoing if o.existing_id is None]
-        items = [(o.envelope, o.data, o.due) for o in batch]
-        broker = self.broker
-        if self.track_state:  # written before publishing, so a fast worker cannot overtake it
-            await broker.complete(
-                [
-                    Completion(
-                        env.queue, None, env.id,
-                        dumps({
-                            "id": env.id, "task": env.task, "queue": env.queue,
-                            "state": "queued" if due is None else "scheduled",
-                            "attempts": 0, "enqueued_at": env.created_at,
-                        }),
-                        self.result_ttl,
-                    )
-                    for env, _, due in items
-                ]
-            )  # fmt: skip
-        now_items: dict[str, list[bytes]] = {}
-        later: list[tuple[str, str, bytes, float]] = []
-        for env, data, due in items:
-            if due is None:
-                now_items.setdefault(env.queue, []).append(data)
-            else:
-                later.append((env.id, env.queue, data, due))
-        new = [q for q in now_items if q not in self._known_queues]
-        if later:
-            new += [q for _, q, _, _ in later if q not in self._known_queues]
-        if new:
-            remember = getattr(broker, "remember_queues", None)
-            if remember is not None:
-                await remember(sorted(set(new)))
-            self._known_queues.update(new)
-        for queue, messages in now_items.items():
-            await broker.publish(queue, messages)
-        if later:
-            await broker.schedule(later)
-        for observer in self.enqueue_observers:
-            await observer(self, batch)
-
-    async def _enqueue(
-        self,
-        task: Task[Any, Any] | str,
-        args: Any,
-        kwargs: Any,
-        opts: CallOptions,
-    ) -> TaskHandle[Any]:
-        now = time.time()
-        if isinstance(task, str):
-            name = task
-            queue = physical_queue(
-                opts.queue or route(self.routes, name) or self.name, opts.priority or "normal"
-            )
-        else:
-            name = task.name
-            queue = physical_queue(opts.queue or task.queue, opts.priority or task.priority)
-        env = self._envelope(name, queue, args, kwargs, opts, now)
-        data = encode_envelope(env, self.max_message_size)
-        due = opts.due_time(now) if opts is not _NO_OPTIONS else None
-        if (
-            due is None
-            and queue in self._known_queues
-            and not self.track_state
-            and not self.enqueue_filters
-            and not self.enqueue_observers
-        ):
-            await self.broker.publish(queue, (data,))
-            return TaskHandle(self, env.id, queue, name)
-        out = Outgoing(env, data, due, task if isinstance(task, Task) else self.tasks.get(name))
-        await self._publish([out])
-        if out.existing_id is not None:
-            return TaskHandle(self, out.existing_id, queue, name, duplicate=True)
-        return TaskHandle(self, env.id, queue, name)
-
-    async def _enqueue_many(
-        self,
-        task: Task[Any, Any],
-        calls: Iterable[tuple[Any, ...] | tuple[tuple[Any, ...], dict[str, Any]]],
-        opts: CallOptions,
-    ) -> list[TaskHandle[Any]]:
-        if opts.task_id is not None:
-            raise ConfigurationError("task_id cannot be bound for enqueue_many")
-        now = time.time()
-        due = opts.due_time(now) if opts is not _NO_OPTIONS else None
-        queue = physical_queue(opts.queue or task.queue, opts.priority or task.priority)
-        items = []
-        limit = self.max_message_size
-        for call in calls:
-            if not isinstance(call, tuple):
-                raise ConfigurationError(f"enqueue_many takes tuples of arguments, got {call!r}")
-            item_opts, item_due, item_queue = opts, due, queue
-            if len(call) == 3 and isinstance(call[0], tuple) and isinstance(call[2], Mapping):
-                args, kwargs, extra = call  # per-item options (blitzq.batch.item_options)
-                item_opts = item_options(opts, extra)
-                item_due = item_opts.due_time(now)
-                item_queue = physical_queue(
-                    item_opts.queue or task.queue, item_opts.priority or task.priority
-                )
-            elif len(call) == 2 and isinstance(call[0], tuple) and isinstance(call[1], dict):
-                args, kwargs = call
-            else:
-                args, kwargs = call, {}
-            env = self._envelope(task.name, item_queue, args, kwargs or {}, item_opts, now)
-            items.append(Outgoing(env, encode_envelope(env, limit), item_due, task))
-        if len({o.envelope.id for o in items}) < len(items):
-            raise ConfigurationError("enqueue_many: the same task_id is given to several items")
-        if items:
-            await self._publish(items)
-        return [
-            TaskHandle(self, o.existing_id, o.envelope.queue, task.name, duplicate=True)
-            if o.existing_id is not None
-            else TaskHandle(self, o.envelope.id, o.envelope.queue, task.name)
-            for o in items
-        ]
-
-    async def send(
-        self,
-        name: str,
-        args: tuple[Any, ...] | list[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        **options: Any,
-    ) -> TaskHandle[Any]:
-        """Enqueue a task by name, for producers that do not import the task's code.
-
-        Args:
-            name: the registered task name (e.g. ``"tasks.add"``).
-            args, kwargs: the call's arguments (plain data).
-            options: any of :class:`~blitzq.task.CallOptions` (delay, eta, task_id, headers,
-                timeout, queue, correlation_id).
-
-        Raises:
-            ConfigurationError: an unknown option or an invalid value.
-            SerializationError, MessageTooLarge, BrokerError: as for ``Task.enqueue``.
-        """
-        try:
-            opts = CallOptions(**options)
-        except TypeError as exc:
-            raise ConfigurationError(str(exc)) from None
-        registered = self.tasks.get(name)
-        if registered is not None:
-            opts = CallOptions(
-                **{
-                    **options,
-                    "queue": opts.queue or registered.queue,
-                    "priority": opts.priority or registered.priority,
-                }
-            )
-        return await self._enqueue(name, tuple(args), dict(kwargs or {}), opts)
-
-    def send_sync(
-        self,
-        name: str,
-        args: tuple[Any, ...] | list[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        **options: Any,
-    ) -> TaskHandle[Any]:
-        """Blocking :meth:`send`."""
-        return self._portal.call(self.send(name, args, kwargs, **options))
 
     async def close(self) -> None:
         """Close the current event loop's broker connections."""
