@@ -190,3 +190,22 @@ def test_racing_producers_in_four_processes_run_exactly_one_task(
     asyncio.run(run())
     assert client.hget(obs(namespace, "runs"), "same") == b"1"
     client.close()
+
+
+async def test_cancelling_a_unique_task_frees_its_key_at_once(queue: Queue) -> None:
+    """A cancelled task may never reach a worker, so the cancel itself frees the key."""
+
+    @queue.task(name="u.cancelled", unique=True)
+    async def once(x: int) -> int:
+        return x
+
+    delayed = await once.options(delay=30).enqueue(2)
+    assert await delayed.cancel() == "scheduled"
+    queued = await once.enqueue(3)
+    assert await queued.cancel() in ("pending", "queued")
+    again_delayed = await once.enqueue(2)
+    again_queued = await once.enqueue(3)
+    assert again_delayed.duplicate is False
+    assert again_delayed.id != delayed.id
+    assert again_queued.duplicate is False
+    assert again_queued.id != queued.id

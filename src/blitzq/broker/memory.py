@@ -360,6 +360,7 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
             if state in ("succeeded", "failed", "dead_lettered", "cancelled", "expired"):
                 return "finished"
             self._store_record(task_id, record, ttl)
+            self._free_unique_of(task_id)
             if self._schedule.pop(task_id, None) is not None:
                 return "scheduled"
             self._revoked[task_id] = time.time() + ttl

@@ -40,6 +40,13 @@ class MemoryControl:
                     out.append(None)
         return out
 
+    def _free_unique_of(self, task_id: str) -> None:
+        """Free the unique key ``task_id`` holds, if any (lock held; for cancel)."""
+        unique, _ = self._control_state()
+        for key, (holder, _expiry) in list(unique.items()):
+            if holder == task_id:
+                del unique[key]
+
     async def acquire_lock(self, key: str, holder: str, limit: int, lease: float) -> float:
         """Take a place of lock ``key``; see the broker contract."""
         now = time.monotonic()

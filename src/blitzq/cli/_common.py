@@ -7,6 +7,7 @@ import base64
 import contextlib
 import json
 import os
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -248,8 +249,14 @@ def emit_json(doc: Any) -> None:
 
 
 def console(stderr: bool = False) -> Console:
-    """A rich Console on the current stdout (or stderr)."""
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    """A rich Console on the current stdout (or stderr).
+
+    Output that is not a terminal (a pipe, a file) gets a wide page instead of rich's
+    default 80 columns, so table cells are not broken mid-word; ``COLUMNS`` still wins.
+    """
+    stream = sys.stderr if stderr else sys.stdout
+    wide = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=200 if wide else None)
 
 
 def log_options(command: F) -> F:

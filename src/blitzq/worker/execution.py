@@ -97,7 +97,8 @@ class Outcomes:
             "attempts": job.attempt,
             "enqueued_at": env.created_at,
             "started_at": job.started_at or None,
-            "finished_at": time.time(),
+            # A running task has not finished; a retrying one finished this attempt.
+            "finished_at": None if state == "running" else time.time(),
             "worker": self.worker_id,
         }
         record.update(fields)

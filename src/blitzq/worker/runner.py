@@ -390,7 +390,7 @@ class Runner:
 
         Async tasks are cancelled at once; thread tasks see ``current_task().cancelled``;
         process tasks are terminated by restarting the process pool (other process tasks
-        running in it fail and are retried).
+        running in it go back on their queue, attempt unchanged, as for a hard timeout).
         """
         found = False
         for job in list(self.jobs):
@@ -400,9 +400,8 @@ class Runner:
             job.context.cancelled = True
             if job.task.executor == "async":
                 job.handle.cancel()
-            elif job.task.executor == "process" and self._processes is not None:
-                self._processes.shutdown(kill=True)
-                self._processes = None
+            elif job.task.executor == "process":
+                kill_process_run(self, job)
         return found
 
     def requeue_unfinished(self) -> int:

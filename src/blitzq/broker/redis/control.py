@@ -71,7 +71,7 @@ class RedisControl:
         if not items:
             return []
         keys = [self.keys.unique(key) for key, _, _ in items]
-        args: list[Any] = []
+        args: list[Any] = [self.keys.prefix]
         for _, task_id, ttl in items:
             args += (task_id, max(1, int(ttl * 1000)))
         answer = await self._control_script("unique_claim.lua")(keys=keys, args=args)

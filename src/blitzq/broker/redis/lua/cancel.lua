@@ -19,6 +19,12 @@ end
 local function store_record()
   redis.call('SET', KEYS[4], ARGV[5], 'EX', ttl)
   redis.call('PUBLISH', prefix .. 'done:' .. id, '1')
+  -- A unique task's key is freed now: a cancelled task may never reach a worker.
+  local unique_key = redis.call('GET', prefix .. 'ub:' .. id)
+  if unique_key then
+    if redis.call('GET', unique_key) == id then redis.call('DEL', unique_key) end
+    redis.call('DEL', prefix .. 'ub:' .. id)
+  end
 end
 if redis.call('ZREM', KEYS[1], id) == 1 then
   redis.call('HDEL', KEYS[2], id)
