@@ -72,6 +72,10 @@ class Envelope(msgspec.Struct, array_like=True, gc=False):
     max_age: float | None = None
 
 
+#: Fields always encoded (id … enqueued_at); the optional ones after them may be omitted.
+_REQUIRED_FIELDS: Final = 8
+
+
 def _to_ext(value: Any) -> Any:
     """Convert one non-scalar value into its wire form, recursing into containers."""
     kind = type(value)
@@ -160,8 +164,14 @@ def encode_envelope(envelope: Envelope, max_size: int) -> bytes:
         SerializationError: an integer beyond 64 bits, or another encoding failure.
         MessageTooLarge: the message is over ``max_size`` bytes.
     """
+    # Trailing optional fields still at their default (None / False) are left out: an
+    # older or shorter array decodes with the defaults, so a plain message stays small.
+    values = msgspec.structs.astuple(envelope)
+    end = len(values)
+    while end > _REQUIRED_FIELDS and (values[end - 1] is None or values[end - 1] is False):
+        end -= 1
     try:
-        data = _encoder.encode(envelope)
+        data = _encoder.encode(values[:end])
     except (TypeError, OverflowError) as exc:
         raise SerializationError(str(exc)) from exc
     if len(data) > max_size:

@@ -431,7 +431,10 @@ class RedisBroker(RedisControl, Broker):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(fut), timeout=min(remaining, 1.0))
                 if fut.done():
-                    # Notified: read again; if the record already expired, wait anew.
+                    pushed = None if fut.cancelled() else fut.result()
+                    if pushed and pushed != b"1":
+                        return pushed  # the completion script publishes the record itself
+                    # A bare notification: read again; if already expired, wait anew.
                     self._results.release(channel, fut)
                     fut = await self._results.subscribe(channel)
         finally:

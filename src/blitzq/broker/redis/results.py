@@ -31,19 +31,19 @@ class ResultListener:
         self._client = client
         self._pubsub: Any = None
         self._reader: asyncio.Task[None] | None = None
-        self._waiters: dict[bytes, list[asyncio.Future[None]]] = {}
+        self._waiters: dict[bytes, list[asyncio.Future[bytes]]] = {}
         self._confirmed: dict[bytes, asyncio.Future[None]] = {}
         self._lock = asyncio.Lock()
         self._background: set[asyncio.Future[None]] = set()
 
-    async def subscribe(self, channel: str) -> asyncio.Future[None]:
-        """Subscribe and return a future resolved when a message arrives on ``channel``.
+    async def subscribe(self, channel: str) -> asyncio.Future[bytes]:
+        """Subscribe and return a future resolved with the next message on ``channel``.
 
         Returns only once the server has confirmed the subscription.
         """
         key = channel.encode()
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
+        fut: asyncio.Future[bytes] = loop.create_future()
         waiters = self._waiters.setdefault(key, [])
         waiters.append(fut)
         if len(waiters) > 1:
@@ -65,7 +65,7 @@ class ResultListener:
             logger.warning("no confirmation of subscription to %s; falling back to polling", key)
         return fut
 
-    async def unsubscribe(self, channel: str, fut: asyncio.Future[None]) -> None:
+    async def unsubscribe(self, channel: str, fut: asyncio.Future[bytes]) -> None:
         """Drop one waiter; unsubscribe from the channel when it was the last."""
         key = channel.encode()
         waiters = self._waiters.get(key)
@@ -82,16 +82,16 @@ class ResultListener:
             with contextlib.suppress(RedisError, OSError, AttributeError):
                 await self._pubsub.unsubscribe(key)
 
-    def release(self, channel: str, fut: asyncio.Future[None]) -> None:
+    def release(self, channel: str, fut: asyncio.Future[bytes]) -> None:
         """Drop a waiter without waiting: the unsubscribe runs in the background."""
         task = asyncio.ensure_future(self.unsubscribe(channel, fut))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def release_later(self, channel: str) -> Callable[[asyncio.Future[asyncio.Future[None]]], None]:
+    def release_later(self, channel: str) -> Callable[[asyncio.Future[asyncio.Future[bytes]]], None]:
         """Done-callback for a pending :meth:`subscribe` whose waiter is no longer needed."""
 
-        def done(subscribing: asyncio.Future[asyncio.Future[None]]) -> None:
+        def done(subscribing: asyncio.Future[asyncio.Future[bytes]]) -> None:
             if not subscribing.cancelled() and subscribing.exception() is None:
                 self.release(channel, subscribing.result())
 
@@ -117,7 +117,7 @@ class ResultListener:
             elif kind == "message":
                 for fut in self._waiters.get(channel, ()):
                     if not fut.done():
-                        fut.set_result(None)
+                        fut.set_result(message["data"])
 
     async def close(self) -> None:
         """Stop the reader and close the pub/sub connection."""

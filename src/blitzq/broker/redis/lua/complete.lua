@@ -149,7 +149,7 @@ for _, c in ipairs(batch) do
     end
     if record ~= '' then
       redis.call('SET', prefix .. 't:' .. task_id, record, 'EX', ttl)
-      redis.call('PUBLISH', prefix .. 'done:' .. task_id, '1')
+      redis.call('PUBLISH', prefix .. 'done:' .. task_id, record)
     end
     if reschedule ~= '' then
       redis.call('ZADD', KEYS[1], eta, task_id)
