@@ -342,7 +342,9 @@ async def run(tmp: Path) -> None:
     show_dead_letters(letters, attempts, tmp)
     console.print(
         "Worker stopped with SIGTERM. The dead letters stay until the next run; list them with\n"
-        f"  [bold].venv/bin/blitzq --namespace {NAMESPACE} dead-letter list[/]"
+        f"  [bold].venv/bin/blitzq --namespace {NAMESPACE} dead-letter list[/]\n"
+        "The embedded Valkey keeps running (like any database) for the next run; stop it with\n"
+        "  [bold].venv/bin/blitzq server stop[/]"
     )
     await queue.close()
 
