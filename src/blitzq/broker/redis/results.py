@@ -88,7 +88,9 @@ class ResultListener:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def release_later(self, channel: str) -> Callable[[asyncio.Future[asyncio.Future[bytes]]], None]:
+    def release_later(
+        self, channel: str
+    ) -> Callable[[asyncio.Future[asyncio.Future[bytes]]], None]:
         """Done-callback for a pending :meth:`subscribe` whose waiter is no longer needed."""
 
         def done(subscribing: asyncio.Future[asyncio.Future[bytes]]) -> None:
