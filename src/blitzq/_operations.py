@@ -9,12 +9,14 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from ._portal import Portal
 from .broker.base import Broker
 from .exceptions import BrokerError, ResultTimeout, TaskCancelled, TaskExpired, TaskFailed
 from .records import DeadLetter, TaskRecord, TaskState
 from .routing import check_name
-from .serialization import Envelope, decode_envelope, dumps, encode_envelope
+from .serialization import decode_envelope, dumps, encode_envelope
 from .task import TaskHandle
 
 if TYPE_CHECKING:
@@ -170,18 +172,10 @@ class QueueOperations:
             return None
         env = decode_envelope(fields.message)
         now = time.time()
-        replayed = Envelope(
-            env.id,
-            env.task,
-            env.queue,
-            env.args,
-            env.kwargs,
-            1,
-            now,  # a replay starts its age afresh (max_age would expire it again at once)
-            now,
-            env.correlation_id,
-            env.headers,
-            env.timeout,
+        # Every field is kept (unique key, max_age, workflow metadata, …) but the attempts,
+        # which start over, and the age: a replay would otherwise expire again at once.
+        replayed = msgspec.structs.replace(
+            env, attempt=1, created_at=now, enqueued_at=now, reserved=False
         )
         data = encode_envelope(replayed, max(self.max_message_size, len(fields.message)))
         if not await broker.replay_dead_letter(task_id, env.queue, data):

@@ -146,3 +146,25 @@ async def test_waiting_for_a_result_survives_a_redis_restart(tmp_path: Any) -> N
         await queue.close()
     finally:
         server.stop()
+
+
+async def test_a_replayed_dead_letter_keeps_its_options(make_queue: Callable[..., Queue]) -> None:
+    """Replay starts attempts and age afresh but keeps every other field of the message."""
+    queue = make_queue()
+
+    @queue.task(retries=0)
+    async def always_fails() -> None:
+        raise RuntimeError("no")
+
+    async with running(make_worker(queue)):
+        handle = await always_fails.options(max_age=60, headers={"tenant": "acme"}).enqueue()
+        with pytest.raises(TaskFailed):
+            await handle.result(timeout=10)
+        replayed = await queue.retry(handle.id)
+        assert replayed is not None
+        dead = await eventually(queue.dead_letters, bool, timeout=10)
+    from blitzq.serialization import decode_envelope
+
+    env = decode_envelope(dead[0].message)
+    assert (env.max_age, env.headers, env.attempt) == (60, {"tenant": "acme"}, 1)
+    await queue.close()
