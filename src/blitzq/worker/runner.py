@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("blitzq.worker")
 
+_NO_BUCKETS: list[tuple[str, float, float]] = []
+
 #: A rate-limit answer below this many seconds starts the task at once.
 _RATE_SLACK = 0.002
 
@@ -70,6 +72,7 @@ class Runner:
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._processes: ProcessPool | None = None
         self._limits: dict[tuple[str, str], list[tuple[str, float, float]]] = {}
+        self._queue_limits = bool(queue.queue_rate_limits)
         self._pending: set[asyncio.Task[None]] = set()
         #: Middleware and signal handlers; ``hooks.enabled`` is checked once per run.
         self.hooks = hooks_of(queue)
@@ -104,6 +107,8 @@ class Runner:
         self.run(Job(d, env, task), slots)
 
     def _buckets(self, task: Task[Any, Any], physical: str) -> list[tuple[str, float, float]]:
+        if task.rate_limit is None and not self._queue_limits:
+            return _NO_BUCKETS  # the common case: no tuple key, no lookup per task
         cache_key = (task.name, physical)
         buckets = self._limits.get(cache_key)
         if buckets is None:
