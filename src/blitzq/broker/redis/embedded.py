@@ -244,9 +244,7 @@ def _paths(data_dir: Path | None, create: bool = True) -> tuple[Path, Path]:
         for directory, what in checks:
             with contextlib.suppress(FileNotFoundError):  # missing: nothing runs there
                 _private_dir(directory, what)
-    except ConfigurationError:
-        raise
-    except OSError as exc:
+    except OSError as exc:  # ConfigurationError (a refusal) is not an OSError: it passes
         raise ConfigurationError(f"cannot create blitzq data dir {path}: {exc}") from exc
     _check_socket(sock)
     return path, sock
