@@ -13,13 +13,16 @@ import msgspec
 
 from ._portal import Portal
 from .broker.base import Broker
+from .controls import DEFAULT_UNIQUE_TTL
 from .exceptions import BrokerError, ResultTimeout, TaskCancelled, TaskExpired, TaskFailed
 from .records import DeadLetter, TaskRecord, TaskState
 from .routing import check_name
 from .serialization import decode_envelope, dumps, encode_envelope
 from .task import TaskHandle
+from .uniqueness import broker_key
 
 if TYPE_CHECKING:
+    from .task import Task
     from .workflow.canvas import Node
     from .workflow.handle import WorkflowHandle
     from .workflow.signature import Signature
@@ -33,6 +36,7 @@ class QueueOperations:
     name: str
     result_ttl: int
     max_message_size: int
+    tasks: dict[str, Task[Any, Any]]
     _portal: Portal
 
     @property
@@ -143,7 +147,7 @@ class QueueOperations:
         rows = await self.broker.dead_letters(offset, limit)
         return [
             DeadLetter.from_fields(
-                task_id, f.message, f.reason, f.error, f.task, f.queue, f.failed_at
+                task_id, f.message, f.reason, f.error, f.task, f.queue, f.failed_at, f.kind
             )
             for task_id, f in rows
         ]
@@ -159,28 +163,47 @@ class QueueOperations:
     async def retry(self, task_id: str) -> TaskHandle[Any] | None:
         """Replay a dead letter: atomically remove it and publish it again with fresh attempts.
 
+        The message goes back where it came from: the same queue, in the mode it was
+        dead-lettered in (a fast-mode list or a reliable-mode stream), whatever this Queue's
+        mode; a dead letter stored before blitzq recorded its mode goes to this Queue's mode.
+        A unique task claims its unique key again, for the task's ``unique_ttl`` (the default
+        one when the task is not registered here); while another task holds the key, nothing
+        is replayed and the dead letter stays.
+
         Returns:
-            A handle to the replayed task, or ``None`` when no such dead letter exists (or a
-            concurrent replay took it first).
+            A handle to the replayed task; a handle with ``duplicate=True`` naming the task
+            that holds the unique key (nothing replayed); or ``None`` when no such dead
+            letter exists (or a concurrent replay took it first).
 
         Raises:
             SerializationError: the dead letter's message is malformed and cannot be replayed.
+            MessageTooLarge: the message is over this Queue's ``max_message_size`` (bytes);
+                the dead letter stays.
         """
         broker = self.broker
         fields = await broker.get_dead_letter(task_id)
         if fields is None:
             return None
         env = decode_envelope(fields.message)
+        queue = fields.queue or env.queue
         now = time.time()
         # Every field is kept (unique key, max_age, workflow metadata, …) but the attempts,
         # which start over, and the age: a replay would otherwise expire again at once.
         replayed = msgspec.structs.replace(
-            env, attempt=1, created_at=now, enqueued_at=now, reserved=False
+            env, queue=queue, attempt=1, created_at=now, enqueued_at=now, reserved=False
         )
-        data = encode_envelope(replayed, max(self.max_message_size, len(fields.message)))
-        if not await broker.replay_dead_letter(task_id, env.queue, data):
+        data = encode_envelope(replayed, self.max_message_size)
+        unique = None
+        if env.unique_key is not None:
+            task = self.tasks.get(env.task)
+            ttl = task.controls.unique_ttl if task is not None else DEFAULT_UNIQUE_TTL
+            unique = (broker_key(env), ttl)
+        outcome = await broker.replay_dead_letter(task_id, queue, data, fields.kind, unique)
+        if outcome is False:
             return None
-        return TaskHandle(self, env.id, env.queue, env.task)
+        if isinstance(outcome, str):
+            return TaskHandle(self, outcome, queue, env.task, duplicate=True)
+        return TaskHandle(self, env.id, queue, env.task)
 
     def retry_sync(self, task_id: str) -> TaskHandle[Any] | None:
         """Blocking :meth:`retry`."""

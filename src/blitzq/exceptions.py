@@ -15,6 +15,7 @@ recover narrowly::
     ├── ResultTimeout           ``result(timeout=...)`` gave up waiting
     ├── UnknownTask             no task registered under that name
     └── BrokerError             the broker could not be reached or answered an error
+        └── EmbeddedServerNotFound  no running embedded server for a read-only command
 """
 
 from __future__ import annotations
@@ -120,6 +121,14 @@ class BrokerError(BlitzQError, ConnectionError):
     def __init__(self, message: str, transient: bool = True) -> None:
         super().__init__(message)
         self.transient = transient
+
+
+class EmbeddedServerNotFound(BrokerError):
+    """A command that must not start the embedded server found none running: no data
+    directory was found, or no server answers in it (never transient: nothing retries it)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=False)
 
 
 class Retry(Exception):

@@ -139,6 +139,9 @@ class DeadLetter:
         failed_at: Unix time in seconds.
         args, kwargs: the task's arguments when the message decodes, else ``None``.
         message: the original message bytes.
+        mode: the mode of the queue it came from, where a replay puts it back:
+            ``"reliable"``, ``"fast"``, or ``None`` when unknown (written before blitzq
+            recorded it; a replay then uses the replaying Queue's mode).
     """
 
     id: str
@@ -150,6 +153,7 @@ class DeadLetter:
     args: list[Any] | None
     kwargs: dict[str, Any] | None
     message: bytes
+    mode: str | None = None
 
     @classmethod
     def from_fields(
@@ -161,8 +165,10 @@ class DeadLetter:
         task: str,
         queue: str,
         failed_at: float,
+        kind: str = "",
     ) -> DeadLetter:
-        """Build from broker fields, decoding the message when it is well-formed."""
+        """Build from broker fields, decoding the message when it is well-formed (``kind``:
+        ``"s"`` reliable, ``"l"`` fast, ``""`` unknown)."""
         args: list[Any] | None = None
         kwargs: dict[str, Any] | None = None
         try:
@@ -172,7 +178,8 @@ class DeadLetter:
         else:
             args, kwargs = env.args, env.kwargs
             task = task or env.task
-        return cls(task_id, task, queue, reason, error, failed_at, args, kwargs, message)
+        mode = {"s": "reliable", "l": "fast"}.get(kind)
+        return cls(task_id, task, queue, reason, error, failed_at, args, kwargs, message, mode)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (for ``--json`` output); the message bytes are left out."""
@@ -185,4 +192,5 @@ class DeadLetter:
             "failed_at": self.failed_at,
             "args": self.args,
             "kwargs": self.kwargs,
+            "mode": self.mode,
         }

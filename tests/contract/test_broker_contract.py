@@ -8,6 +8,7 @@ false, with the reason given.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -37,6 +38,17 @@ def ids(deliveries: list[Delivery]) -> list[str]:
 def dead_letter(task_id: str, failed_at: float, reason: str = "failed") -> DeadLetterFields:
     """Dead-letter fields for ``task_id``."""
     return DeadLetterFields(message(task_id), reason, "boom", "tests.contract.task", Q, failed_at)
+
+
+def origin(broker: Broker) -> str:
+    """The kind of queue a broker records as a dead letter's origin: "s" (a reliable-mode
+    stream), "l" (a fast-mode list), "" (the memory broker has one kind of queue)."""
+    return str(getattr(broker, "kind", ""))
+
+
+def stored(broker: Broker, fields: DeadLetterFields) -> DeadLetterFields:
+    """``fields`` as ``broker`` stores them: with the origin of the dead letter recorded."""
+    return dataclasses.replace(fields, kind=origin(broker))
 
 
 async def eventually(
@@ -301,7 +313,7 @@ async def test_complete_dead_letter_with_record(broker: Broker) -> None:
     await broker.complete(
         [Completion(Q, d.token, "d1", record=b"rec", record_ttl=60, dead_letter=fields)]
     )
-    assert await broker.get_dead_letter("d1") == fields
+    assert await broker.get_dead_letter("d1") == stored(broker, fields)
     assert await broker.dead_letter_count() == 1
     assert await broker.get_record("d1") == b"rec"
     assert (await broker.queue_stats([Q]))[Q] == {"waiting": 0, "in_flight": 0}
@@ -316,7 +328,7 @@ async def test_dead_letters_listed_newest_first_with_paging(broker: Broker) -> N
     assert await broker.dead_letter_count() == 5
     listed = await broker.dead_letters(0, 10)
     assert [tid for tid, _ in listed] == ["d4", "d3", "d2", "d1", "d0"]
-    assert listed[0][1] == dead_letter("d4", base + 4)
+    assert listed[0][1] == stored(broker, dead_letter("d4", base + 4))
     page = await broker.dead_letters(1, 2)
     assert [tid for tid, _ in page] == ["d3", "d2"]
     assert await broker.dead_letters(10, 5) == []
@@ -398,6 +410,31 @@ async def test_replay_of_missing_dead_letter_publishes_nothing(broker: Broker) -
     await consumer(broker)
     assert await broker.replay_dead_letter("ghost", Q, message("ghost")) is False
     assert await broker.fetch(Q, 10, 0) == []
+
+
+async def test_replay_claims_the_unique_key_or_keeps_the_dead_letter(broker: Broker) -> None:
+    await consumer(broker)
+    await broker.complete([Completion(Q, None, "u1", dead_letter=dead_letter("u1", 1.0))])
+    # Another task holds the key: nothing changes, the holder is named.
+    assert await broker.claim_unique([("task:k", "other", 60)]) == [None]
+    outcome = await broker.replay_dead_letter("u1", Q, message("u1"), unique=("task:k", 60))
+    assert outcome == "other"
+    assert await broker.get_dead_letter("u1") is not None
+    assert await broker.fetch(Q, 10, 0) == []
+    # A free key is claimed for the replayed task in the same step.
+    assert await broker.replay_dead_letter("u1", Q, message("u1"), unique=("task:k2", 60))
+    assert await broker.get_dead_letter("u1") is None
+    assert await broker.claim_unique([("task:k2", "dup", 60)]) == ["u1"]
+    assert ids(await fetch_all(broker)) == ["u1"]
+
+
+async def test_replay_over_a_key_the_task_itself_holds(broker: Broker) -> None:
+    await consumer(broker)
+    assert await broker.claim_unique([("task:k", "u2", 60)]) == [None]  # never released
+    await broker.complete([Completion(Q, None, "u2", dead_letter=dead_letter("u2", 1.0))])
+    assert await broker.replay_dead_letter("u2", Q, message("u2"), unique=("task:k", 60)) is True
+    assert await broker.claim_unique([("task:k", "dup", 60)]) == ["u2"]
+    assert ids(await fetch_all(broker)) == ["u2"]
 
 
 async def test_purge_dead_letters(broker: Broker) -> None:
@@ -549,6 +586,7 @@ async def test_recover_dead_letters_at_max_deliveries(broker: Broker) -> None:
     assert fields.message == d.payload
     assert fields.task == "tests.contract.task"
     assert fields.queue == Q
+    assert fields.kind == origin(broker)
     raw = await broker.get_record("poison")
     assert raw is not None
     record = TaskRecord.from_bytes(raw)

@@ -202,6 +202,7 @@ def test_dead_letter_list_replay_and_purge(app_queue: Queue, invoke: Callable[..
     assert set(by_id) == {first.id, second.id}
     assert by_id[first.id]["task"] == "boom"
     assert by_id[first.id]["args"] == [1]
+    assert by_id[first.id]["mode"] == "reliable"
     assert "boom 1" in by_id[first.id]["error"]
     datetime.fromisoformat(by_id[first.id]["failed_at"])
     limited = json_out(invoke("dead-letter", "list", "--limit", "1", "--json"))
@@ -213,7 +214,7 @@ def test_dead_letter_list_replay_and_purge(app_queue: Queue, invoke: Callable[..
 
     # Replay puts the task back on its queue with fresh attempts, once.
     replayed = json_out(invoke("dead-letter", "replay", first.id, "--json"))
-    assert replayed == {"replayed": True, "id": first.id, "queue": "default"}
+    assert replayed == {"replayed": True, "id": first.id, "queue": "default", "mode": "reliable"}
     stats = json_out(invoke("queue", "stats", "--json"))
     assert stats["queues"]["default"]["waiting"] == 1
     assert stats["dead_letters"] == 1

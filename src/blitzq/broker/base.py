@@ -116,6 +116,9 @@ class DeadLetterFields:
         task: task name, or "" when the message could not be decoded.
         queue: physical queue it came from.
         failed_at: Unix time (seconds).
+        kind: where the message came from in that queue: ``"s"`` (a reliable-mode stream) or
+            ``"l"`` (a fast-mode list); ``""`` when unknown (a dead letter written before
+            blitzq recorded it, or by a broker with one kind of queue). A replay goes there.
     """
 
     message: bytes
@@ -124,6 +127,7 @@ class DeadLetterFields:
     task: str
     queue: str
     failed_at: float
+    kind: str = ""
 
 
 class Broker(abc.ABC):
@@ -339,11 +343,27 @@ class Broker(abc.ABC):
         """Number of stored dead letters."""
 
     @abc.abstractmethod
-    async def replay_dead_letter(self, task_id: str, queue: str, message: bytes) -> bool:
+    async def replay_dead_letter(
+        self,
+        task_id: str,
+        queue: str,
+        message: bytes,
+        kind: str = "",
+        unique: tuple[str, float] | None = None,
+    ) -> bool | str:
         """Atomically remove a dead letter and publish ``message`` to ``queue``.
 
-        Returns ``False`` (and publishes nothing) when the dead letter no longer exists, so two
-        concurrent replays publish once.
+        Args:
+            task_id: the dead letter's task id.
+            queue: physical queue to publish to.
+            message: the encoded message.
+            kind: ``"s"`` (stream) or ``"l"`` (list) to publish to; ``""``: the broker's own.
+            unique: ``(unique key, ttl seconds)`` of a unique task: the key is claimed for
+                ``task_id`` in the same atomic step, unless another task holds it.
+
+        Returns ``True`` when replayed; ``False`` (and publishes nothing) when the dead letter
+        no longer exists, so two concurrent replays publish once; or the id (str) of another
+        task holding the unique key, in which case nothing changed (the dead letter stays).
         """
 
     @abc.abstractmethod

@@ -446,11 +446,28 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
         with self._lock:
             return len(self._dead)
 
-    async def replay_dead_letter(self, task_id: str, queue: str, message: bytes) -> bool:
-        """Atomically drop the dead letter and task record, publish; ``False`` if gone."""
+    async def replay_dead_letter(
+        self,
+        task_id: str,
+        queue: str,
+        message: bytes,
+        kind: str = "",
+        unique: tuple[str, float] | None = None,
+    ) -> bool | str:
+        """Atomically drop the dead letter and task record, publish; ``False`` if gone, the
+        holder's id if another task holds the ``unique`` key (``kind`` is ignored: one kind
+        of queue here)."""
         with self._lock:
-            if self._dead.pop(task_id, None) is None:
+            if task_id not in self._dead:
                 return False
+            if unique is not None:
+                now = time.monotonic()
+                keys, _ = self._control_state()
+                held = keys.get(unique[0])
+                if held is not None and held[1] > now and held[0] != task_id:
+                    return held[0]
+                keys[unique[0]] = (task_id, now + unique[1])
+            del self._dead[task_id]
             self._records.pop(task_id, None)
             self._push(queue, message, 1)
             return True

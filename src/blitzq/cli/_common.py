@@ -19,7 +19,7 @@ import click
 from click.core import ParameterSource
 from rich.console import Console
 
-from ..exceptions import BlitzQError, BrokerError, ConfigurationError
+from ..exceptions import BlitzQError, BrokerError, ConfigurationError, EmbeddedServerNotFound
 from ..logconfig import LEVELS
 from ..queue import Queue
 
@@ -172,21 +172,59 @@ def cli_errors(url: str | None = None) -> Iterator[None]:
         yield
     except ConfigurationError as exc:
         raise CliUsageError(str(exc)) from None
+    except EmbeddedServerNotFound as exc:
+        raise CliError(str(exc)) from None
     except BrokerError as exc:
         raise CliError(f"broker error ({_where(url)}): {exc}") from None
     except BlitzQError as exc:
         raise CliError(str(exc)) from None
 
 
+def running_server_url() -> str:
+    """The URL of the running embedded server, for a command given no broker URL.
+
+    Only workers and producers (``blitzq worker``, ``blitzq scheduler run``, ``blitzq server
+    start``, a Queue in your code) start the embedded server; read-only and admin commands
+    use the one running for ``$BLITZQ_DATA_DIR``, else for the nearest ``.blitzq`` directory
+    in the current directory or its parents (see :func:`~blitzq.broker.redis.embedded.find_server`).
+
+    Raises:
+        CliError: no such server runs (exit 1), or its directory or socket is another user's
+            (exit 2).
+    """
+    from ..broker.redis.embedded import find_server
+
+    with cli_errors():
+        return find_server()
+
+
 def make_queue() -> Queue:
     """A Queue built from the global options (environment variables fill the gaps).
 
+    Without a broker URL it uses the running embedded server and never starts one
+    (:func:`running_server_url`).
+
     Raises:
-        CliError: an invalid option value (exit code 2).
+        CliError: an invalid option value (exit code 2), or no URL and no running server.
     """
     s = settings()
-    with cli_errors(s.redis_url):
-        return Queue(redis_url=s.redis_url, namespace=s.namespace, mode=s.mode)  # type: ignore[arg-type]
+    url = s.redis_url or os.environ.get("BLITZQ_REDIS_URL") or running_server_url()
+    with cli_errors(url):
+        return Queue(redis_url=url, namespace=s.namespace, mode=s.mode)  # type: ignore[arg-type]
+
+
+def use_running_server(queue: Queue) -> None:
+    """Point an application's ``queue`` that has no broker URL at the running embedded server,
+    so that a read-only command (``scheduler list``) does not start one.
+
+    Raises:
+        CliError: no URL and no running embedded server (see :func:`running_server_url`).
+    """
+    if queue._shared_broker is None and not (
+        queue._redis_url or os.environ.get("BLITZQ_REDIS_URL")
+    ):
+        queue._redis_url = running_server_url()
+        queue._url = None
 
 
 def run_with_queue(fn: Callable[[Queue], Awaitable[T]], queue: Queue | None = None) -> T:

@@ -15,9 +15,10 @@ from rich.text import Text
 
 from ..exceptions import SerializationError
 from ..progress import Progress
-from ..queue import Queue
+from ..queue import DEFAULT_MAX_MESSAGE_SIZE, Queue
 from ..records import DeadLetter, TaskRecord, TaskState
 from ..serialization import loads
+from ..task import TaskHandle
 from ._common import (
     CliError,
     console,
@@ -194,34 +195,59 @@ def dead_letter_list(limit: int, offset: int) -> None:
     out.print(Text(f"dead letters: {len(letters)} of {total}, newest first", style="bold"))
     for d in letters:
         head = Text(d.id, style="bold")
-        head.append(f"  {d.task or '?'}  queue {d.queue}  {short_time(d.failed_at)}")
+        where = f"{d.queue} ({d.mode})" if d.mode else d.queue
+        head.append(f"  {d.task or '?'}  queue {where}  {short_time(d.failed_at)}")
         out.print(head)
         out.print(Text(f"    {d.reason}: {_short(d.error, 300)}", style="red"))
 
 
 @dead_letter_group.command("replay", short_help="Replay one dead letter.")
 @click.argument("task_id")
+@click.option(
+    "--max-message-size",
+    type=click.IntRange(min=64),
+    default=DEFAULT_MAX_MESSAGE_SIZE,
+    show_default=True,
+    metavar="BYTES",
+    help="Largest message replayed (set it as the application's Queue does).",
+)
 @global_options
-def dead_letter_replay(task_id: str) -> None:
+def dead_letter_replay(task_id: str, max_message_size: int) -> None:
     """Publish dead letter TASK_ID again with fresh attempts, removing it from the list.
 
-    Exits 1 when there is no such dead letter (or a concurrent replay took it first).
+    It goes back to the queue it came from, in the mode it came from (a fast-mode list or a
+    reliable-mode stream; --mode only for dead letters stored before blitzq recorded it). A
+    unique task claims its key again. Exits 1, keeping the dead letter, when its message is
+    malformed or over --max-message-size, or when another task holds its unique key; exits 1
+    when there is no such dead letter (or a concurrent replay took it first).
     """
+    queue = make_queue()
+    queue.max_message_size = max_message_size
 
-    async def replay(q: Queue) -> tuple[str, str] | None:
+    async def replay(q: Queue) -> tuple[TaskHandle[Any], str] | None:
+        fields = await q.broker.get_dead_letter(task_id)
+        if fields is None:
+            return None
+        mode = {"s": "reliable", "l": "fast"}.get(fields.kind, q.mode)  # where retry() goes
         try:
             handle = await q.retry(task_id)
         except SerializationError as exc:
             raise CliError(f"dead letter {task_id} cannot be replayed: {exc}") from None
-        return None if handle is None else (handle.id, handle.queue)
+        return None if handle is None else (handle, mode)
 
-    replayed = run_with_queue(replay)
+    replayed = run_with_queue(replay, queue)
     if replayed is None:
         raise CliError(f"no dead letter with id {task_id}")
+    handle, mode = replayed
+    if handle.duplicate:
+        raise CliError(
+            f"dead letter {task_id} not replayed: task {handle.id} holds its unique key "
+            "(the dead letter is kept; replay it once that task is done)"
+        )
     if settings().json:
-        emit_json({"replayed": True, "id": replayed[0], "queue": replayed[1]})
+        emit_json({"replayed": True, "id": handle.id, "queue": handle.queue, "mode": mode})
     else:
-        console().print(Text(f"replayed {replayed[0]} to queue {replayed[1]}"))
+        console().print(Text(f"replayed {handle.id} to queue {handle.queue} ({mode} mode)"))
 
 
 @dead_letter_group.command("purge")

@@ -33,6 +33,7 @@ from ._common import (
     run_with_queue,
     settings,
     short_time,
+    use_running_server,
 )
 from .worker import _export_settings, _override, load_queue
 
@@ -123,8 +124,12 @@ def run_command(app: str, poll_interval: float, log_level: str, log_format: str)
 @click.argument("app", metavar="MODULE:ATTR")
 @global_options
 def list_command(app: str) -> None:
-    """Show each periodic task of MODULE:ATTR: schedule, missed-run policy, next and last run."""
+    """Show each periodic task of MODULE:ATTR: schedule, missed-run policy, next and last run.
+
+    Without a broker URL it uses the running embedded server (it never starts one).
+    """
     queue = _load(app)
+    use_running_server(queue)
     rows: list[dict[str, Any]] = run_with_queue(periodic_status, queue)
     if settings().json:
         emit_json(

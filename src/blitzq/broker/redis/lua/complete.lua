@@ -6,7 +6,7 @@
 --   {"A", queue, {id1, id2, ...}}   reliable acks without anything else (XACK + XDEL)
 --   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops}
 --     kind "s" (stream) or "l" (list); "" means absent; dead is "" or
---     {message, reason, error, task, queue, failed_at}
+--     {message, reason, error, task, queue, failed_at} (stored with the kind: its origin)
 local prefix, group, cap = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local batch = cmsgpack.unpack(ARGV[4])
 local dead_added = 0
@@ -158,7 +158,7 @@ for _, c in ipairs(batch) do
     end
     if dead ~= '' then
       redis.call('HSET', prefix .. 'd:' .. task_id, 'message', dead[1], 'reason', dead[2],
-        'error', dead[3], 'task', dead[4], 'queue', dead[5], 'failed_at', dead[6])
+        'error', dead[3], 'task', dead[4], 'queue', dead[5], 'failed_at', dead[6], 'kind', kind)
       redis.call('ZADD', KEYS[3], dead[6], task_id)
       dead_added = dead_added + 1
     end

@@ -24,7 +24,8 @@ for _, entry in ipairs(claimed[2]) do
     -- An entry without a message field: keep what it held as a dead letter, with a reason.
     local raw = cmsgpack.pack(fields)
     redis.call('HSET', prefix .. 'd:' .. id, 'message', raw, 'reason', 'malformed message',
-      'error', 'stream entry has no "m" field', 'task', '', 'queue', queue, 'failed_at', now)
+      'error', 'stream entry has no "m" field', 'task', '', 'queue', queue, 'failed_at', now,
+      'kind', 's')
     redis.call('ZADD', KEYS[2], now, id)
     dead = dead + 1
   elseif message then
@@ -39,7 +40,7 @@ for _, entry in ipairs(claimed[2]) do
         max_deliveries .. '); the worker running it probably crashed'
       redis.call('HSET', prefix .. 'd:' .. task_id, 'message', message,
         'reason', 'max deliveries exceeded', 'error', err, 'task', task, 'queue', queue,
-        'failed_at', now)
+        'failed_at', now, 'kind', 's')
       redis.call('ZADD', KEYS[2], now, task_id)
       local record = cmsgpack.pack({id = task_id, task = task, queue = queue,
         state = 'dead_lettered', attempts = deliveries, error_type = 'MaxDeliveriesExceeded',
