@@ -272,7 +272,7 @@ class Scheduler:
                         self.dispatched += 1
                         logger.debug("periodic %s: dispatched %s", entry.name, _iso(occurrence))
         if self.promote:
-            await broker.promote_due(now, 1000)
+            await broker.promote_due(1000)
         return dispatched
 
     async def _remember_queues(self, entries: list[PeriodicTask]) -> None:
