@@ -7,6 +7,7 @@ integration tests check that the broker then dispatches it exactly once).
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import uuid
 from collections.abc import Callable
 from zoneinfo import ZoneInfo
@@ -104,12 +105,14 @@ def test_cron_follows_the_zone_wall_clock_in_winter_and_summer() -> None:
     assert cron.describe() == "cron 0 9 * * * (Europe/Berlin)"
 
 
-def test_cron_skips_the_wall_time_that_does_not_exist_in_spring() -> None:
-    # Last Sunday of March 2026 (29th): 02:00 CET jumps to 03:00 CEST; 02:30 never happens.
+def test_cron_fires_a_wall_time_missing_in_spring_right_after_the_gap() -> None:
+    # Last Sunday of March 2026 (29th): 02:00 CET jumps to 03:00 CEST; 02:30 never happens,
+    # so the daily 02:30 runs once, at the first instant after the jump.
     cron = Cron("30 2 * * *", tz="Europe/Berlin")
     runs = list(cron.occurrences(berlin(2026, 3, 27, 12), berlin(2026, 3, 31, 12)))
     assert [local(t) for t in runs] == [
         "2026-03-28T02:30:00+01:00",
+        "2026-03-29T03:00:00+02:00",
         "2026-03-30T02:30:00+02:00",
         "2026-03-31T02:30:00+02:00",
     ]
@@ -125,7 +128,7 @@ def test_cron_skips_the_wall_time_that_does_not_exist_in_spring() -> None:
     assert runs[1] - runs[0] == 1800
 
 
-def test_cron_fires_a_repeated_wall_time_once_in_autumn() -> None:
+def test_cron_fires_a_fixed_repeated_wall_time_once_and_wildcard_hours_in_both_passes() -> None:
     # Last Sunday of October 2026 (25th): 03:00 CEST falls back to 02:00 CET; 02:30 happens twice.
     cron = Cron("30 2 * * *", tz="Europe/Berlin")
     runs = list(cron.occurrences(berlin(2026, 10, 23, 12), berlin(2026, 10, 27, 12)))
@@ -141,19 +144,26 @@ def test_cron_fires_a_repeated_wall_time_once_in_autumn() -> None:
         "2026-10-25T01:30:00+02:00",
         "2026-10-25T02:00:00+02:00",
         "2026-10-25T02:30:00+02:00",
+        "2026-10-25T02:00:00+01:00",  # the hour again, in real time
+        "2026-10-25T02:30:00+01:00",
         "2026-10-25T03:00:00+01:00",
         "2026-10-25T03:30:00+01:00",
     ]
+    assert {b - a for a, b in itertools.pairwise(runs)} == {1800.0}
 
 
 def test_cron_next_after_from_inside_the_repeated_hour_moves_forward() -> None:
     half_hourly = Cron("*/30 * * * *", tz="Europe/Berlin")
     second_pass = berlin(2026, 10, 25, 2, 15, fold=1)  # 02:15 CET, after the first 02:30
-    assert local(half_hourly.next_after(second_pass)) == "2026-10-25T03:00:00+01:00"
+    assert local(half_hourly.next_after(second_pass)) == "2026-10-25T02:30:00+01:00"
     first_pass = berlin(2026, 10, 25, 2, 15, fold=0)
     assert local(half_hourly.next_after(first_pass)) == "2026-10-25T02:30:00+02:00"
-    # The newest occurrence at or before a second-pass time is the first pass's 02:30.
-    assert local(half_hourly.latest(0, second_pass, 1)[0]) == "2026-10-25T02:30:00+02:00"
+    late_first_pass = berlin(2026, 10, 25, 2, 45, fold=0)  # 02:45 CEST: next is 02:00 CET
+    assert local(half_hourly.next_after(late_first_pass)) == "2026-10-25T02:00:00+01:00"
+    # The newest occurrence at or before a second-pass time is that pass's 02:00.
+    assert local(half_hourly.latest(0, second_pass, 1)[0]) == "2026-10-25T02:00:00+01:00"
+    daily = Cron("30 2 * * *", tz="Europe/Berlin")  # a fixed time: the first pass only
+    assert local(daily.next_after(second_pass)) == "2026-10-26T02:30:00+01:00"
 
 
 def test_cron_latest_counts_back_across_days() -> None:
@@ -327,6 +337,7 @@ def test_cron_policies_across_the_spring_gap(queue: Queue) -> None:
     due = Scheduler(queue).due(entry, berlin(2026, 3, 27, 12), berlin(2026, 3, 30, 12))
     assert [local(t) for t in due] == [
         "2026-03-28T02:30:00+01:00",
+        "2026-03-29T03:00:00+02:00",
         "2026-03-30T02:30:00+02:00",
     ]
 
