@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -265,14 +266,28 @@ class Broker(abc.ABC):
         """Number of messages on the schedule."""
 
     # --------------------------------------------------------------- periodic
+    async def server_time(self) -> float:
+        """The broker's clock (Unix seconds): what decides when anything is due.
+
+        Redis ``TIME`` for the Redis brokers; this process's ``time.time()`` for in-process
+        brokers (where producers, workers and schedulers share the process's clock).
+
+        Raises:
+            BrokerError: the broker could not be reached.
+        """
+        return time.time()
+
     async def claim_periodic(
         self, name: str, occurrence: float, message: bytes, queue: str
     ) -> bool:
         """Dispatch one occurrence of the periodic task ``name``, at most once.
 
-        Atomically: when the stored last occurrence of ``name`` is missing or older than
-        ``occurrence`` (Unix seconds), store ``occurrence`` and publish ``message`` to
-        ``queue``; otherwise do nothing. However many schedulers race, one of them wins.
+        Atomically, on the broker's clock: refuse an ``occurrence`` (Unix seconds) later than
+        that clock (not due yet); otherwise, when the stored last occurrence of ``name`` is
+        missing or older, store ``occurrence`` and publish ``message`` to ``queue``. However
+        many schedulers race, one of them wins. A stored occurrence later than the broker's
+        clock means that clock was stepped back since it was claimed: an older occurrence is
+        then accepted, so a periodic task does not stop for the length of the step.
 
         Returns:
             ``True`` when this call dispatched the occurrence.

@@ -401,10 +401,11 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
     async def claim_periodic(
         self, name: str, occurrence: float, message: bytes, queue: str
     ) -> bool:
-        """Compare-and-set the last occurrence of ``name`` and publish, atomically."""
+        """As ``lua/claim_periodic.lua``, on this process's clock, atomically."""
+        now = time.time()
         with self._lock:
             last = self._periodic.get(name)
-            if last is not None and last >= occurrence:
+            if occurrence > now or (last is not None and now >= last >= occurrence):
                 return False
             self._periodic[name] = float(occurrence)
             self._queues.add(queue)

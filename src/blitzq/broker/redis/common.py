@@ -280,10 +280,17 @@ class RedisBroker(RedisControl, Broker):
 
     # --------------------------------------------------------------- periodic
     @translate_errors
+    async def server_time(self) -> float:
+        """The server's clock, Redis ``TIME`` (Unix seconds)."""
+        seconds, micros = await self.client.time()
+        return float(seconds) + int(micros) / 1_000_000
+
+    @translate_errors
     async def claim_periodic(
         self, name: str, occurrence: float, message: bytes, queue: str
     ) -> bool:
-        """Compare-and-set the last occurrence of ``name`` and publish, in one Lua call."""
+        """Compare-and-set the last occurrence of ``name`` and publish, in one Lua call on
+        the server's clock (see :meth:`Broker.claim_periodic`)."""
         keys = self.keys
         done = await self._claim_periodic(
             keys=[keys.periodic, self.queue_key(queue)],
