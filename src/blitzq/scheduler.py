@@ -28,7 +28,9 @@ Clock steps of the broker's clock:
 * backwards: a stored last occurrence later than the server's now can only come from a step
   back (each one was due when claimed). The entry restarts from the moment the step is seen,
   so it keeps its real-time spacing (its next occurrence fires) instead of falling silent for
-  the length of the step; nothing older than that moment is re-dispatched.
+  the length of the step; nothing older than that moment is re-dispatched. A step of at most
+  :data:`JUMP_TOLERANCE` (or ``poll_interval``) is waited out instead, so that the usual small
+  corrections never dispatch an occurrence twice.
 * forwards: the scheduler compares the server time that passed between two ticks with the
   real time that passed (its monotonic clock). A forward step is not downtime: it fires at
   most one catch-up occurrence, whatever the policy. Time the scheduler really did not run
@@ -260,6 +262,8 @@ class Scheduler:
             last = self._first_seen.setdefault(name, now)
         elif last > now:
             # Claimed occurrences are never in the server's future: its clock stepped back.
+            if last - now <= max(JUMP_TOLERANCE, self.poll_interval):
+                return []  # a small step: wait it out, so nothing is dispatched twice
             stored, restart = self._stepped_back.get(name, (None, now))
             if stored != last:
                 logger.warning(

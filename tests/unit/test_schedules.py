@@ -347,6 +347,11 @@ def test_a_clock_stepped_back_restarts_from_the_moment_it_is_seen(queue: Queue) 
         late = Scheduler(queue)
         assert late.due(entry, last, T0 + 90) == []
         assert late.due(entry, last, T0 + 120.5) == [T0 + 120]
+        # A small step back (a few seconds) is waited out: T0 + 60 is not dispatched twice.
+        small = Scheduler(queue)
+        assert small.due(entry, T0 + 60, T0 + 57) == []
+        assert small.due(entry, T0 + 60, T0 + 60.2) == []
+        assert small.due(entry, T0 + 60, T0 + 120.2) == [T0 + 120]
 
 
 def test_every_10_keeps_firing_across_a_one_hour_step_back(queue: Queue) -> None:
