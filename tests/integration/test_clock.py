@@ -160,3 +160,28 @@ async def test_a_scheduler_with_a_fast_clock_does_not_promote_early(
     await raw_redis.zadd(queue.broker.keys.schedule, {handle.id: 1_000_000_000})  # type: ignore[attr-defined]
     await scheduler.tick()
     await eventually(lambda: queue.stats([queue.name]), lambda s: s["scheduled"] == 0)
+
+
+async def test_a_rate_limit_wait_is_counted_on_the_server_clock(
+    queue: Queue, raw_redis: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rate-limited task goes back to the schedule, with its token reserved, for its wait.
+    With the worker's clock 90 s slow that wait used to be due at once, and the task ran
+    with its reserved token long before the token was due."""
+    starts: list[float] = []
+
+    @queue.task(name="t.paced", rate_limit="1/s")
+    async def paced(n: int) -> int:
+        starts.append(await server_now(raw_redis))
+        return n
+
+    for module in (runner_module, execution_module):
+        monkeypatch.setattr(module, "time", SkewedTime(-SKEW))
+    enqueued = await server_now(raw_redis)
+    handles = await paced.enqueue_many([(i,) for i in range(3)])
+    async with running(make_worker(queue, concurrency=3)):
+        assert [await h.result(timeout=30) for h in handles] == [0, 1, 2]
+    # One token a second from the first take (no earlier than the enqueue), on the server's
+    # clock: the i-th start is never before enqueued + i seconds (2 ms of slack).
+    for i, start in enumerate(sorted(starts)):
+        assert start >= enqueued + i - 0.003, (i, start - enqueued)
