@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from .batch import item_options
-from .broker.base import Broker, Completion
+from .broker.base import Broker, Completion, Scheduled
 from .context import current_task
 from .exceptions import ConfigurationError
 from .hooks import EnqueueFilter, EnqueueObserver, Outgoing
@@ -103,15 +103,18 @@ class EnqueueOperations:
                 ]
             )  # fmt: skip
         now_items: dict[str, list[bytes]] = {}
-        later: list[tuple[str, str, bytes, float]] = []
-        for env, data, due in items:
-            if due is None:
-                now_items.setdefault(env.queue, []).append(data)
+        later: list[Scheduled] = []
+        for o in batch:
+            env = o.envelope
+            if o.due is None:
+                now_items.setdefault(env.queue, []).append(o.data)
+            elif o.delay is not None:  # counted on the broker's clock, not this one
+                later.append(Scheduled(env.id, env.queue, o.data, delay=o.delay))
             else:
-                later.append((env.id, env.queue, data, due))
+                later.append(Scheduled(env.id, env.queue, o.data, eta=o.due))
         new = [q for q in now_items if q not in self._known_queues]
         if later:
-            new += [q for _, q, _, _ in later if q not in self._known_queues]
+            new += [s.queue for s in later if s.queue not in self._known_queues]
         if new:
             remember = getattr(broker, "remember_queues", None)
             if remember is not None:
@@ -152,7 +155,8 @@ class EnqueueOperations:
         ):
             await self.broker.publish(queue, (data,))
             return TaskHandle(self._as_queue(), env.id, queue, name)
-        out = Outgoing(env, data, due, task if isinstance(task, Task) else self.tasks.get(name))
+        registered = task if isinstance(task, Task) else self.tasks.get(name)
+        out = Outgoing(env, data, due, registered, delay=opts.relative_delay())
         await self._publish([out])
         if out.existing_id is not None:
             return TaskHandle(self._as_queue(), out.existing_id, queue, name, duplicate=True)
@@ -187,7 +191,9 @@ class EnqueueOperations:
             else:
                 args, kwargs = call, {}
             env = self._envelope(task.name, item_queue, args, kwargs or {}, item_opts, now)
-            items.append(Outgoing(env, encode_envelope(env, limit), item_due, task))
+            data = encode_envelope(env, limit)
+            delay = item_opts.relative_delay()
+            items.append(Outgoing(env, data, item_due, task, delay=delay))
         if len({o.envelope.id for o in items}) < len(items):
             raise ConfigurationError("enqueue_many: the same task_id is given to several items")
         if items:

@@ -38,10 +38,15 @@ class Outgoing:
         envelope: the decoded message.
         data: its encoded bytes (re-encode with ``encode_envelope`` after changing
             ``envelope``).
-        due: Unix time it becomes due, or ``None`` for now.
+        due: Unix time it becomes due by the producer's clock (an estimate for filters and
+            observers), or ``None`` for now. What decides is the broker's clock: see
+            ``delay``.
         task: the registered task, or ``None`` for ``queue.send`` of an unknown name.
         existing_id: set by a filter to the id of an existing task this one duplicates; the
             message is then not published and the caller's handle points at that task.
+        delay: for a ``delay=``, its seconds, sent as such so that the broker adds them to
+            its own clock; ``None`` for an absolute ``eta=`` (``due``), which the broker
+            compares with its clock as given.
     """
 
     envelope: Envelope
@@ -49,6 +54,7 @@ class Outgoing:
     due: float | None
     task: Task[Any, Any] | None
     existing_id: str | None = None
+    delay: float | None = None
 
 
 class StartCheck(Protocol):

@@ -56,7 +56,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -418,7 +417,7 @@ def _classify(
         return "requeued", None
     if completion.reschedule is not None:
         if error is not None or job.timed_out:
-            return "retried", max(0.0, completion.eta - time.time())
+            return "retried", max(0.0, completion.delay)
         return None, None
     if completion.dead_letter is not None:
         return "dead_lettered", None

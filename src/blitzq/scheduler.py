@@ -1,10 +1,16 @@
 """The scheduler: dispatch periodic tasks, exactly once per occurrence however many run.
 
-Each :meth:`Scheduler.tick` reads the last dispatched occurrence of every periodic task (one
-round-trip), works out which occurrences in ``(last, now]`` to dispatch under the task's
-missed-run policy, and dispatches each with the broker's ``claim_periodic``: one atomic
-compare-and-set of the stored last occurrence that also publishes the message. A scheduler that
-loses the race publishes nothing, so any number of schedulers may run.
+Each :meth:`Scheduler.tick` reads the broker's clock (Redis ``TIME``) and the last dispatched
+occurrence of every periodic task, works out which occurrences in ``(last, now]`` to dispatch
+under the task's missed-run policy, and dispatches each with the broker's ``claim_periodic``:
+one atomic compare-and-set of the stored last occurrence that also publishes the message,
+and refuses an occurrence not yet due by the server's clock. A scheduler that loses the race
+publishes nothing, so any number of schedulers may run.
+
+One clock: what is due is decided on the broker's clock, never on a scheduler's (a
+scheduler whose clock is fast does not dispatch early, one whose clock is slow not late).
+The scheduler's own clocks serve only to sleep (``monotonic``) and to stamp messages with
+an informational ``enqueued_at`` (``clock``).
 
 Missed-run policies, for the occurrences due since the last dispatched one:
 
@@ -12,13 +18,23 @@ Missed-run policies, for the occurrences due since the last dispatched one:
 * ``run_all``: dispatch each due occurrence, oldest first, but at most the newest
   ``max_catch_up`` (100) of them; older ones are dropped with a warning.
 * ``skip``: dispatch the newest due occurrence only if it is at most ``poll_interval + grace``
-  seconds old (it is "due now"); older ones are dropped.
+  seconds old (it is "due now"); older ones are dropped (logged once per occurrence).
 
 A periodic task with no history (never dispatched in this namespace) starts from the moment a
-scheduler first sees it: nothing before that is treated as missed. A clock that jumps backwards
-never re-dispatches (only occurrences after the stored last one are considered, and the broker
-refuses anything not newer); a clock that jumps forwards looks like downtime and the missed-run
-policy applies.
+scheduler first sees it: nothing before that is treated as missed.
+
+Clock steps of the broker's clock:
+
+* backwards: a stored last occurrence later than the server's now can only come from a step
+  back (each one was due when claimed). The entry restarts from the moment the step is seen,
+  so it keeps its real-time spacing (its next occurrence fires) instead of falling silent for
+  the length of the step; nothing older than that moment is re-dispatched. A step of at most
+  :data:`JUMP_TOLERANCE` (or ``poll_interval``) is waited out instead, so that the usual small
+  corrections never dispatch an occurrence twice.
+* forwards: the scheduler compares the server time that passed between two ticks with the
+  real time that passed (its monotonic clock). A forward step is not downtime: it fires at
+  most one catch-up occurrence, whatever the policy. Time the scheduler really did not run
+  (down, or never started) is downtime, and the missed-run policy applies.
 """
 
 from __future__ import annotations
@@ -157,13 +173,20 @@ def build_message(owner: Queue, entry: PeriodicTask, occurrence: float, now: flo
     return encode_envelope(env, owner.max_message_size)
 
 
+#: Server time that may pass beyond real (monotonic) time between two ticks before the
+#: difference counts as a forward step of the server's clock (seconds): round trips and
+#: scheduling delays on a loaded machine stay well under it.
+JUMP_TOLERANCE = 5.0
+
+
 class Scheduler:
     """Dispatches the periodic tasks of a Queue; run any number of them.
 
     Args:
         queue: the Queue whose ``periodic_tasks`` to dispatch.
-        clock: returns the current Unix time in seconds (injectable for tests).
-        poll_interval: most seconds between two ticks (also how soon a wall-clock jump is
+        clock: this process's wall clock (Unix seconds), used only for the informational
+            ``enqueued_at`` of the messages; what is due is decided on the broker's clock.
+        poll_interval: most seconds between two ticks (also how soon a clock step is
             noticed); a tick also happens right when the next occurrence is due.
         grace: seconds of lateness, beyond ``poll_interval``, after which the ``skip`` policy
             treats an occurrence as missed.
@@ -171,6 +194,9 @@ class Scheduler:
         promote: also move due delayed tasks and retries to their queues on each tick (as
             workers do), so a scheduler alone keeps delayed work flowing.
         handle_signals: stop on SIGTERM / SIGINT (the CLI turns this on).
+        monotonic: this process's monotonic clock (seconds), measuring the real time between
+            ticks (to sleep, and to tell a forward step of the broker's clock from downtime);
+            injectable for tests.
 
     Raises:
         ConfigurationError: a non-positive ``poll_interval`` or ``max_catch_up < 1``.
@@ -186,6 +212,7 @@ class Scheduler:
         max_catch_up: int = 100,
         promote: bool = True,
         handle_signals: bool = False,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if poll_interval <= 0:
             raise ConfigurationError("poll_interval must be > 0 seconds")
@@ -200,7 +227,15 @@ class Scheduler:
         self.handle_signals = handle_signals
         self.dispatched = 0
         """Occurrences this scheduler dispatched (won the claim for)."""
+        self.monotonic = monotonic
         self._first_seen: dict[str, float] = {}
+        #: name -> (stored last occurrence found in the server's future, server time when
+        #: that was first seen): the restart point after a backward step.
+        self._stepped_back: dict[str, tuple[float, float]] = {}
+        #: name -> the newest occurrence a ``skip`` entry dropped (logged once).
+        self._skipped: dict[str, float] = {}
+        #: (server time, monotonic time) of the previous tick.
+        self._last_tick: tuple[float, float] | None = None
         self._known_queues: set[str] = set()
         self._stopping = False
         self._wake: asyncio.Event | None = None
@@ -209,28 +244,49 @@ class Scheduler:
         return f"<Scheduler {self.queue.name} entries={len(self.queue.periodic_tasks)}>"
 
     # ------------------------------------------------------------------- tick
-    def due(self, entry: PeriodicTask, last: float | None, now: float) -> list[float]:
+    def due(
+        self, entry: PeriodicTask, last: float | None, now: float, jumped: bool = False
+    ) -> list[float]:
         """Occurrences of ``entry`` to dispatch at ``now`` after ``last``, per its policy.
 
         Args:
             entry: the periodic entry.
             last: its last dispatched occurrence, or ``None`` when it has none.
-            now: the current Unix time.
+            now: the broker's current time (Unix seconds).
+            jumped: the broker's clock stepped forward since the previous tick: dispatch at
+                most one (the newest) of the occurrences the step passed over.
         """
+        name = entry.name
         if last is None:
             # No history: start from the moment this scheduler first saw the entry.
-            last = self._first_seen.setdefault(entry.name, now)
+            last = self._first_seen.setdefault(name, now)
+        elif last > now:
+            # Claimed occurrences are never in the server's future: its clock stepped back.
+            if last - now <= max(JUMP_TOLERANCE, self.poll_interval):
+                return []  # a small step: wait it out, so nothing is dispatched twice
+            stored, restart = self._stepped_back.get(name, (None, now))
+            if stored != last:
+                logger.warning(
+                    "periodic %s: the broker's clock went back (last run %s, now %s); "
+                    "continuing from now",
+                    name,
+                    _iso(last),
+                    _iso(now),
+                )
+                restart = now
+                self._stepped_back[name] = (last, restart)
+            last = restart
         if now <= last:
-            return []  # nothing new, or the clock went back: never re-dispatch
+            return []
         schedule = entry.schedule
-        if entry.missed == "run_all":
+        if entry.missed == "run_all" and not jumped:
             found = schedule.latest(last, now, self.max_catch_up + 1)
             if len(found) > self.max_catch_up:
                 found = found[1:]
                 logger.warning(
                     "periodic %s: more than %d occurrences missed since %s; dispatching the "
                     "newest %d only",
-                    entry.name,
+                    name,
                     self.max_catch_up,
                     _iso(last),
                     self.max_catch_up,
@@ -238,18 +294,35 @@ class Scheduler:
             return found
         found = schedule.latest(last, now, 1)
         if found and entry.missed == "skip" and now - found[0] > self.poll_interval + self.grace:
-            logger.info("periodic %s: skipping missed occurrence %s", entry.name, _iso(found[0]))
+            if self._skipped.get(name) != found[0]:
+                self._skipped[name] = found[0]
+                logger.info("periodic %s: skipping missed occurrence %s", name, _iso(found[0]))
             return []
         return found
 
+    def _forward_step(self, now: float, mono: float) -> bool:
+        """Whether the broker's clock ran ahead of real time since the previous tick."""
+        previous, self._last_tick = self._last_tick, (now, mono)
+        if previous is None:
+            return False
+        step = (now - previous[0]) - (mono - previous[1])
+        if step > max(JUMP_TOLERANCE, self.poll_interval):
+            logger.warning(
+                "the broker's clock jumped %.1f s ahead of real time; at most one catch-up "
+                "run per periodic task",
+                step,
+            )
+            return True
+        return False
+
     async def tick(self) -> int:
-        """One pass over every periodic entry at ``clock()``; return how many were dispatched.
+        """One pass over every periodic entry at the broker's current time; return how many
+        were dispatched.
 
         Raises:
             BrokerError: the broker could not be reached (nothing is half-dispatched: each
                 occurrence is claimed and published atomically).
         """
-        now = self.clock()
         queue = self.queue
         broker = queue.broker
         entries = list(queue.periodic_tasks.values())
@@ -257,14 +330,19 @@ class Scheduler:
         if entries:
             await self._remember_queues(entries)
             history = await broker.periodic_last([e.name for e in entries])
+            # Read after the history, so every stored occurrence was claimed at or before
+            # ``now``: one later than ``now`` then really means the clock stepped back.
+            now = await broker.server_time()
+            jumped = self._forward_step(now, self.monotonic())
+            stamp = self.clock()
             for entry in entries:
                 try:
-                    due = self.due(entry, history.get(entry.name), now)
+                    due = self.due(entry, history.get(entry.name), now, jumped)
                 except ConfigurationError as exc:  # e.g. a cron with no time left
                     logger.warning("periodic %s: %s", entry.name, exc)
                     continue
                 for occurrence in due:
-                    message = build_message(queue, entry, occurrence, now)
+                    message = build_message(queue, entry, occurrence, stamp)
                     if await broker.claim_periodic(
                         entry.name, occurrence, message, entry.target_queue()
                     ):
@@ -272,7 +350,7 @@ class Scheduler:
                         self.dispatched += 1
                         logger.debug("periodic %s: dispatched %s", entry.name, _iso(occurrence))
         if self.promote:
-            await broker.promote_due(now, 1000)
+            await broker.promote_due(1000)
         return dispatched
 
     async def _remember_queues(self, entries: list[PeriodicTask]) -> None:
@@ -284,8 +362,8 @@ class Scheduler:
             self._known_queues.update(new)
 
     def next_wakeup(self, now: float) -> float:
-        """Seconds to sleep after a tick at ``now``: up to the next occurrence, at most
-        ``poll_interval``."""
+        """Seconds to sleep after a tick at ``now`` (the broker's time): up to the next
+        occurrence, at most ``poll_interval``."""
         wait = self.poll_interval
         for entry in self.queue.periodic_tasks.values():
             try:
@@ -321,8 +399,13 @@ class Scheduler:
                     await self.tick()
                 except Exception as exc:  # broker down, a bug in one entry: keep going
                     logger.warning("scheduler tick failed: %s: %s", type(exc).__name__, exc)
+                wait = self.poll_interval
+                if self._last_tick is not None:  # server-relative: the broker's clock decides
+                    server_now, mono = self._last_tick
+                    elapsed = self.monotonic() - mono
+                    wait = self.next_wakeup(server_now + elapsed)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.next_wakeup(self.clock()))
+                    await asyncio.wait_for(self._wake.wait(), wait)
         finally:
             if self.handle_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
@@ -333,6 +416,11 @@ class Scheduler:
 async def periodic_status(queue: Queue, now: float | None = None) -> list[dict[str, Any]]:
     """Each periodic entry of ``queue`` with its schedule, next and last run.
 
+    Args:
+        queue: the Queue whose entries to describe.
+        now: the time to compute the next runs from (Unix seconds); default the broker's
+            clock, which is what decides when they run.
+
     Returns:
         One dict per entry, sorted by name: ``name``, ``task``, ``schedule`` (text),
         ``missed``, ``queue``, ``next_run`` and ``last_run`` (Unix seconds or ``None``).
@@ -340,7 +428,8 @@ async def periodic_status(queue: Queue, now: float | None = None) -> list[dict[s
     Raises:
         BrokerError: the broker could not be reached.
     """
-    now = time.time() if now is None else now
+    if now is None:
+        now = await queue.broker.server_time()
     entries = sorted(queue.periodic_tasks.values(), key=lambda e: e.name)
     history = await queue.broker.periodic_last([e.name for e in entries]) if entries else {}
     rows = []

@@ -8,9 +8,16 @@ can make exactly one of them dispatch it.
   ``(t - offset) % seconds == 0``. ``Every(60)`` fires at the start of each UTC minute whatever
   time the scheduler started.
 * :class:`Cron` evaluates a cron expression (the ``croniter`` library) on the wall clock of an
-  IANA time zone. Around daylight-saving changes: a wall time that does not exist (the hour the
-  clocks skip in spring) is skipped, and a wall time that happens twice (the hour repeated in
-  autumn) fires once, at its first occurrence.
+  IANA time zone, with a daylight-saving policy that never skips a day and never stalls:
+
+  - an entry whose hour field is ``*`` (``*/15 * * * *``, ``@hourly``) follows real elapsed
+    time: it fires at every instant whose local wall reading matches, so in the hour repeated
+    in autumn it fires in both passes (25 hourly runs that local day), and the hour skipped
+    in spring simply does not exist (the spacing stays real);
+  - any other entry (a fixed hour, ``30 2 * * *``, ``0 9 * * 1-5``) fires once per matching
+    local wall time: a repeated wall time fires once, at its first pass, and a wall time
+    inside the spring-forward gap fires once, at the first instant after the gap (the moment
+    the clocks jump), so a daily entry runs every day.
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ __all__ = ["Cron", "Every", "Schedule"]
 _UTC = _dt.UTC
 #: Candidate wall times one :meth:`Cron.next_after` call may examine before giving up.
 _MAX_CRON_STEPS = 100_000
+#: How far around an instant :meth:`Cron.next_after` looks for a UTC-offset change (seconds);
+#: longer than any daylight-saving shift (at most 2 h) or repeated hour.
+_TRANSITION_WINDOW = 3 * 3600.0
 
 
 class Schedule(abc.ABC):
@@ -158,9 +168,18 @@ class Cron(Schedule):
     Standard five fields (``minute hour day-of-month month day-of-week``), the ``@hourly`` /
     ``@daily`` shorthands, and croniter's optional sixth field for seconds.
 
-    Daylight saving: a wall time that does not exist on a spring-forward day is skipped (a
-    ``30 2 * * *`` job does not run that day in Europe/Berlin); a wall time that happens twice
-    on a fall-back day fires once, at its first (summer-time) occurrence.
+    Daylight saving (the policy; see also ``docs/periodic.md``):
+
+    * hour field ``*`` (``*/15 * * * *``, ``0 * * * *``): the entry follows real elapsed time.
+      It fires at every instant whose local wall reading matches the expression, so both
+      passes of the hour repeated in autumn fire (``0 * * * *`` in US/Pacific runs 25 times
+      on 2026-11-01, at 01:00 PDT and 01:00 PST), and ``*/15`` keeps 15 real minutes between
+      runs across both changes.
+    * any other hour field (``30 2 * * *``, ``0 9 * * 1-5``, ``0 */2 * * *``): once per
+      matching local wall time. A repeated wall time fires at its first pass only; a wall
+      time that does not exist (inside the spring-forward gap) fires once, at the first
+      instant after the gap: ``30 2 * * *`` in Europe/Paris runs at 03:00 CEST (01:00 UTC)
+      on 2026-03-29. So an entry that matches a local day never skips it.
 
     Args:
         expression: the cron expression.
@@ -171,7 +190,7 @@ class Cron(Schedule):
             never matches (``0 0 30 2 *``).
     """
 
-    __slots__ = ("_zone", "expression", "tz")
+    __slots__ = ("_every_hour", "_zone", "expression", "tz")
 
     def __init__(self, expression: str, tz: str | ZoneInfo | None = None) -> None:
         if not isinstance(expression, str) or not croniter.is_valid(expression):
@@ -186,40 +205,87 @@ class Cron(Schedule):
         self.expression = expression.strip()
         self.tz = zone.key
         self._zone = zone
+        try:
+            hours = croniter(self.expression).expanded[1]
+        except CroniterError as exc:
+            raise ConfigurationError(f"invalid cron expression {expression!r}: {exc}") from None
+        #: The hour field is ``*``: step in real elapsed time (see the class docstring).
+        self._every_hour = hours == ["*"]
         self.next_after(_dt.datetime.now(_UTC).timestamp())  # never matching: fail now
 
-    def _instant(self, wall: _dt.datetime) -> float | None:
-        """Unix time of the naive wall time ``wall`` in this zone, ``None`` if it does not exist.
+    def _offset(self, ts: float) -> _dt.timedelta | None:
+        return _dt.datetime.fromtimestamp(ts, self._zone).utcoffset()
 
-        A repeated wall time maps to its first occurrence (``fold=0``).
+    def _gap_end(self, wall: _dt.datetime) -> float:
+        """The first instant after the spring-forward gap that contains the wall time ``wall``.
+
+        ``fold=1`` maps a wall time in the gap before the jump and ``fold=0`` after it
+        (PEP 495), so the jump lies between the two; found by bisection on whole seconds
+        (zone transitions are on whole seconds).
         """
-        aware = wall.replace(tzinfo=self._zone, fold=0)
-        utc = aware.astimezone(_UTC)
-        if utc.astimezone(self._zone).replace(tzinfo=None) != wall:
-            return None  # in the spring-forward gap
-        return utc.timestamp()
+        lo = math.floor(wall.replace(tzinfo=self._zone, fold=1).timestamp())
+        hi = math.ceil(wall.replace(tzinfo=self._zone, fold=0).timestamp())
+        before = self._offset(lo)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._offset(mid) == before:
+                lo = mid
+            else:
+                hi = mid
+        return float(hi)
+
+    def _instants(self, wall: _dt.datetime) -> list[float]:
+        """The instants (Unix seconds, increasing) at which the naive wall time ``wall`` fires."""
+        first = wall.replace(tzinfo=self._zone, fold=0)
+        if first.astimezone(_UTC).astimezone(self._zone).replace(tzinfo=None) != wall:
+            # In a spring-forward gap: real time never shows this wall reading.
+            return [] if self._every_hour else [self._gap_end(wall)]
+        ts = first.timestamp()
+        if self._every_hour:
+            second = wall.replace(tzinfo=self._zone, fold=1).timestamp()
+            if second != ts:  # a repeated wall time: both passes are real instants
+                return [ts, second]
+        return [ts]
 
     def next_after(self, ts: float) -> float:
         """The first occurrence strictly after ``ts`` (Unix seconds).
 
-        croniter iterates naive wall times (so it never sees a DST change); each candidate
-        is mapped to an instant, dropping those in a gap, and the first one after ``ts`` wins.
+        croniter iterates naive wall times (so it never sees a DST change); each candidate is
+        mapped to its instants by the daylight-saving policy (see the class docstring), and
+        the earliest instant after ``ts`` wins. Near an offset change the search starts one
+        shift earlier, since a wall time in the repeated hour can come after ``ts`` in real
+        time although its reading is earlier.
 
         Raises:
             ConfigurationError: the expression matches no time after ``ts``.
         """
-        wall = _dt.datetime.fromtimestamp(ts, self._zone).replace(tzinfo=None)
+        start = _dt.datetime.fromtimestamp(ts, self._zone).replace(tzinfo=None)
+        if self._every_hour:
+            early, late = (
+                self._offset(ts - _TRANSITION_WINDOW),
+                self._offset(ts + _TRANSITION_WINDOW),
+            )
+            if early is not None and late is not None and early != late:
+                start -= abs(early - late) + _dt.timedelta(seconds=1)
+        best: float | None = None
         try:
-            it = croniter(self.expression, wall)
+            it = croniter(self.expression, start)
             for _ in range(_MAX_CRON_STEPS):
-                candidate = it.get_next(_dt.datetime)
-                instant = self._instant(candidate)
-                if instant is not None and instant > ts:
-                    return instant
+                instants = self._instants(it.get_next(_dt.datetime))
+                for instant in instants:
+                    if instant > ts and (best is None or instant < best):
+                        best = instant
+                # Later wall times map to instants no earlier than this one's first.
+                if best is not None and instants and instants[0] >= best:
+                    return best
         except CroniterError as exc:
+            if best is not None:
+                return best
             raise ConfigurationError(
-                f"cron expression {self.expression!r} has no time after {wall}: {exc}"
+                f"cron expression {self.expression!r} has no time after {start}: {exc}"
             ) from None
+        if best is not None:
+            return best
         raise ConfigurationError(f"cron expression {self.expression!r} matches no existing time")
 
     def describe(self) -> str:

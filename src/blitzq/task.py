@@ -120,7 +120,12 @@ class CallOptions:
             raise ConfigurationError(f"max_age must be > 0 seconds, got {self.max_age!r}")
 
     def due_time(self, now: float) -> float | None:
-        """Unix time the message becomes due, or ``None`` to publish at once.
+        """Unix time the message becomes due by the clock that gave ``now``, or ``None`` to
+        publish at once.
+
+        A ``delay`` gives ``now + delay`` (the broker receives the delay itself and counts
+        it on its own clock; see :meth:`relative_delay`). An ``eta`` is returned as is, even
+        when it looks past by ``now``: the broker compares it with its own clock.
 
         Raises:
             ConfigurationError: a negative delay, a naive datetime, or both delay and eta.
@@ -139,7 +144,11 @@ class CallOptions:
             due = self.eta.timestamp()
         else:
             due = float(self.eta)
-        return due if due > now else None
+        return due
+
+    def relative_delay(self) -> float | None:
+        """Seconds of ``delay`` to send the broker, or ``None`` for none or an ``eta``."""
+        return self.delay if self.delay is not None and self.delay > 0 else None
 
 
 class Task(Generic[P, R]):

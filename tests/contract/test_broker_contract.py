@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from blitzq.broker.base import Broker, Completion, DeadLetterFields, Delivery
+from blitzq.broker.base import Broker, Completion, DeadLetterFields, Delivery, Scheduled
 from blitzq.records import TaskRecord, TaskState
 from blitzq.serialization import Envelope, decode_envelope, encode_envelope
 
@@ -251,56 +251,72 @@ async def test_wait_for_record_is_woken_by_a_completion(
 
 async def test_reschedule_then_promote_when_due(broker: Broker) -> None:
     await consumer(broker)
-    await broker.publish(Q, [message("s1")])
-    (d,) = await broker.fetch(Q, 1, 0)
-    now = time.time()
-    eta = now + 100.0
-    await broker.complete([Completion(Q, d.token, "s1", reschedule=message("s1", Q, 2), eta=eta)])
+    await broker.publish(Q, [message("s1"), message("s2")])
+    d1, d2 = await broker.fetch(Q, 2, 0)
+    # The delay is counted on the broker's clock from when the completion is applied.
+    await broker.complete(
+        [Completion(Q, d1.token, "s1", reschedule=message("s1", Q, 2), delay=100.0)]
+    )
     assert await broker.scheduled_count() == 1
     stats = await broker.queue_stats([Q])
-    assert stats[Q] == {"waiting": 0, "in_flight": 0}
-    # Not due yet: nothing moves, and the next due time is reported.
-    moved, next_eta = await broker.promote_due(now, 100)
+    assert stats[Q] == {"waiting": 0, "in_flight": 1 if broker.supports_recovery else 0}
+    # Not due yet: nothing moves, and the next due time is reported on the broker's clock.
+    moved, next_eta, now = await broker.promote_due(100)
     assert moved == 0
-    assert next_eta == pytest.approx(eta, abs=0.01)
+    assert next_eta is not None
+    assert 99.0 < next_eta - now <= 100.0
     assert await broker.fetch(Q, 10, 0) == []
-    # Due: moved to its queue, the schedule is empty.
-    moved, next_eta = await broker.promote_due(eta + 0.01, 100)
-    assert (moved, next_eta) == (1, None)
-    assert await broker.scheduled_count() == 0
+    # A short delay: moved to its queue once due by the broker's clock, not before.
+    await broker.complete(
+        [Completion(Q, d2.token, "s2", reschedule=message("s2", Q, 3), delay=0.3)]
+    )
+    moved, next_eta, now = await broker.promote_due(100)
+    assert moved == 0
+    assert next_eta is not None
+    assert 0 < next_eta - now <= 0.3
+    due = next_eta
+    deadline = time.monotonic() + 10
+    while moved == 0:
+        assert time.monotonic() < deadline, "the rescheduled message was never promoted"
+        await asyncio.sleep(0.02)
+        moved, next_eta, now = await broker.promote_due(100)
+    assert moved == 1
+    assert now >= due
+    assert next_eta is not None
+    assert next_eta - now > 90
     got = await broker.fetch(Q, 10, 0)
-    assert ids(got) == ["s1"]
-    assert decode_envelope(got[0].payload).args == [2]
+    assert ids(got) == ["s2"]
+    assert decode_envelope(got[0].payload).args == [3]
+    assert await broker.scheduled_count() == 1
 
 
 async def test_schedule_and_promote_respect_due_order_and_limit(broker: Broker) -> None:
     await consumer(broker)
-    base = time.time()
     await broker.schedule(
         [
-            ("late", Q, message("late"), base + 30),
-            ("first", Q, message("first"), base - 2),
-            ("second", Q, message("second"), base - 1),
+            Scheduled("late", Q, message("late"), delay=30.0),
+            Scheduled("first", Q, message("first"), eta=1_000_000_001.0),  # long past
+            Scheduled("second", Q, message("second"), eta=1_000_000_002.0),
         ]
     )
     assert await broker.scheduled_count() == 3
-    moved, next_eta = await broker.promote_due(base, 1)
+    moved, next_eta, _ = await broker.promote_due(1)
     assert moved == 1
-    assert next_eta == pytest.approx(base - 1, abs=0.01)
-    moved, next_eta = await broker.promote_due(base, 100)
+    assert next_eta == pytest.approx(1_000_000_002.0, abs=0.01)
+    moved, next_eta, now = await broker.promote_due(100)
     assert moved == 1
-    assert next_eta == pytest.approx(base + 30, abs=0.01)
+    assert next_eta is not None
+    assert 29.0 < next_eta - now <= 30.0
     assert ids(await broker.fetch(Q, 10, 0)) == ["first", "second"]
     assert await broker.scheduled_count() == 1
 
 
 async def test_schedule_is_keyed_by_task_id(broker: Broker) -> None:
-    base = time.time()
-    await broker.schedule([("same", Q, message("same", Q, 1), base + 50)])
-    await broker.schedule([("same", Q, message("same", Q, 2), base - 1)])
+    await broker.schedule([Scheduled("same", Q, message("same", Q, 1), delay=50.0)])
+    await broker.schedule([Scheduled("same", Q, message("same", Q, 2), eta=1_000_000_000.0)])
     assert await broker.scheduled_count() == 1
     await consumer(broker)
-    assert (await broker.promote_due(base, 10))[0] == 1
+    assert (await broker.promote_due(10))[0] == 1
     (d,) = await broker.fetch(Q, 10, 0)
     assert decode_envelope(d.payload).args == [2]
 
@@ -366,7 +382,7 @@ async def test_complete_batch_applies_every_completion(broker: Broker) -> None:
         [
             Completion(Q, d0.token, "b0"),
             Completion(Q, d1.token, "b1", record=b"r1", record_ttl=60),
-            Completion(Q, d2.token, "b2", reschedule=message("b2"), eta=time.time() + 60),
+            Completion(Q, d2.token, "b2", reschedule=message("b2"), delay=60.0),
             Completion(Q, d3.token, "b3", dead_letter=dead_letter("b3", time.time())),
         ]
     )

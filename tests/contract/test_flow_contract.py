@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from blitzq.broker.base import Broker, Completion, Delivery
+from blitzq.broker.base import Broker, Completion, Delivery, Scheduled
 from blitzq.records import TaskRecord, TaskState
 from blitzq.serialization import Envelope, decode_envelope, dumps, encode_envelope
 
@@ -151,10 +151,10 @@ async def test_acquire_rate_takes_from_every_bucket_and_waits_for_the_slowest(
 # ---------------------------------------------------------------------- cancel and revoked
 async def test_cancel_answers_what_the_task_was(broker: Broker) -> None:
     await ready(broker)
-    await broker.schedule([("later", "flow", message("later"), time.time() + 60)])
+    await broker.schedule([Scheduled("later", "flow", message("later"), delay=60.0)])
     assert await broker.cancel("later", cancelled_record("later"), 60) == "scheduled"
     assert await broker.scheduled_count() == 0
-    assert await broker.promote_due(time.time() + 120, 10) == (0, None)
+    assert (await broker.promote_due(10))[:2] == (0, None)
 
     await broker.publish("flow", [message("waiting")])
     assert await broker.cancel("waiting", cancelled_record("waiting"), 60) == "pending"
@@ -216,7 +216,9 @@ async def listening(broker: Broker) -> AsyncIterator[list[tuple[str, str]]]:
             assert time.monotonic() < deadline, "no event arrived within 5 s"
             assert not task.done(), task
             n += 1
-            await broker.schedule([(f"probe-{n}", "flow", message(f"probe-{n}"), 1e10 + n)])
+            await broker.schedule(
+                [Scheduled(f"probe-{n}", "flow", message(f"probe-{n}"), eta=1e10 + n)]
+            )
             await asyncio.sleep(0.05)
         seen.clear()
         yield seen
@@ -248,8 +250,8 @@ async def test_events_announce_revocations_and_schedules(
         assert await producer.cancel("victim", cancelled_record("victim"), 60) == "pending"
         assert await wait_for_event(seen, lambda e: e[0] == "revoke") == ("revoke", "victim")
 
-        eta = time.time() + 30.5
-        await producer.schedule([("soon", "flow", message("soon"), eta)])
+        eta = time.time() + 30.5  # an absolute eta is announced as given
+        await producer.schedule([Scheduled("soon", "flow", message("soon"), eta=eta)])
         kind, value = await wait_for_event(seen, lambda e: e[0] == "schedule")
         assert kind == "schedule"
         assert float(value) == pytest.approx(eta, abs=1e-6)
@@ -259,14 +261,15 @@ async def test_events_announce_revocations_and_schedules(
         await ready(producer)
         await producer.publish("flow", [message("retry-me")])
         got = await producer.fetch_first(LEVELS, 1, 0)
-        retry_eta = time.time() + 7.25
+        _, _, before = await producer.promote_due(0)  # the broker's clock
         await producer.complete(
             [Completion(got[0].queue, got[0].token, "retry-me", reschedule=message("retry-me"),
-                        eta=retry_eta)]
+                        delay=7.25)]
         )  # fmt: skip
+        _, _, after = await producer.promote_due(0)
         kind, value = await wait_for_event(seen, lambda e: e[0] == "schedule")
-        # Lua formats numbers with 14 significant digits: 0.1 ms at today's Unix times.
-        assert float(value) == pytest.approx(retry_eta, abs=1e-3)
+        # Announced as a due time on the broker's clock: its now when applied + the delay.
+        assert before + 7.25 - 1e-5 <= float(value) <= after + 7.25 + 1e-5
 
         # Cancelling a scheduled or finished task sends no revocation.
         seen.clear()

@@ -1,8 +1,9 @@
-"""The scheduler against a real Redis: exactly one dispatch per occurrence, clock jumps, CLI.
+"""The scheduler against a real Redis: exactly one dispatch per occurrence, clock steps, CLI.
 
-Schedulers tick on an injected clock (no waiting for real occurrences), except in the process
-tests, where ``blitzq worker --scheduler`` and ``blitzq scheduler`` run ``Every(1)`` tasks in
-real time with bounded waits.
+What is due is decided on the server's clock, so instead of stepping a clock the tests plant
+the periodic history (a last run days back: missed runs; one in the server's future: the
+state a backward step leaves) and use daily schedules whose next occurrence is hours away;
+``Every(1)`` tasks run in real time with bounded waits.
 """
 
 from __future__ import annotations
@@ -34,18 +35,21 @@ from blitzq.schedules import Every
 from blitzq.serialization import decode_envelope
 
 
-class FakeClock:
-    """A wall clock the test sets by hand (Unix seconds)."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+async def server_now(raw_redis: Any) -> float:
+    """The server's clock, which decides what is due."""
+    seconds, micros = await raw_redis.time()
+    return float(seconds) + micros / 1e6
 
 
-#: A recent whole minute, so that occurrences of Every(60) fall on T0 + 60 k.
-T0 = math.floor(time.time() / 60) * 60 - 3600.0
+def periodic_key(namespace: str) -> str:
+    return "{" + namespace + "}:periodic"
+
+
+def daily_far_from(now: float) -> tuple[Every, float]:
+    """A daily ``Every`` whose occurrences fall 12 h either side of ``now``, and its newest
+    occurrence before ``now``: nothing comes due while a test runs, whatever the time."""
+    offset = (now + 43200.0) % 86400.0
+    return Every(86400, offset=offset), Every(86400, offset=offset).next_after(now) - 86400.0
 
 
 async def published(raw_redis: Any, namespace: str, queue: str = "default") -> list[str]:
@@ -67,11 +71,14 @@ async def test_five_schedulers_racing_dispatch_each_occurrence_once_and_it_runs_
     mode: str, make_queue: Callable[..., Queue], namespace: str, raw_redis: Any
 ) -> None:
     runs: list[float] = []
+    schedule, newest = daily_far_from(await server_now(raw_redis))
+    occurrences = [newest - 86400 * k for k in range(7, -1, -1)]  # eight missed days
+    await raw_redis.hset(periodic_key(namespace), "beat", repr(newest - 8 * 86400))
 
     def app() -> Queue:
         queue = make_queue(mode=mode)
 
-        @queue.periodic(Every(60), name="beat", missed="run_all")
+        @queue.periodic(schedule, name="beat", missed="run_all")
         async def beat() -> str:
             runs.append(time.time())
             return "ok"
@@ -79,16 +86,11 @@ async def test_five_schedulers_racing_dispatch_each_occurrence_once_and_it_runs_
         return queue
 
     queues = [app() for _ in range(5)]
-    clock = FakeClock(T0 + 0.5)
-    schedulers = [Scheduler(q, clock=clock) for q in queues]
+    schedulers = [Scheduler(q) for q in queues]
     try:
-        assert await asyncio.gather(*(s.tick() for s in schedulers)) == [0] * 5  # no history
-        occurrences = [T0 + 60 * k for k in range(1, 9)]
-        for occurrence in occurrences:
-            clock.now = occurrence + 0.2
-            results = await asyncio.gather(*(s.tick() for s in schedulers))
-            assert sorted(results) == [0, 0, 0, 0, 1], results
-        # Every scheduler ticks again at the same instant: nothing more.
+        results = await asyncio.gather(*(s.tick() for s in schedulers))
+        assert sum(results) == len(occurrences), results
+        # Every scheduler ticks again: nothing more.
         assert await asyncio.gather(*(s.tick() for s in schedulers)) == [0] * 5
 
         key = "{" + namespace + "}:" + ("s:default" if mode == "reliable" else "l:default")
@@ -118,20 +120,19 @@ async def test_schedulers_in_threads_with_their_own_loops_dispatch_once(
     make_queue: Callable[..., Queue], namespace: str, raw_redis: Any
 ) -> None:
     """Truly parallel schedulers (threads, own connections) still dispatch each occurrence once."""
-    occurrences = [T0 + 60 * k for k in range(1, 21)]
+    schedule, newest = daily_far_from(await server_now(raw_redis))
+    occurrences = [newest - 86400 * k for k in range(19, -1, -1)]
+    await raw_redis.hset(periodic_key(namespace), "beat", repr(newest - 20 * 86400))
 
     def run_one(barrier: threading.Barrier) -> int:
         queue = make_queue()
-        queue.periodic(Every(60), name="beat", missed="run_all")(lambda: None)
-        clock = FakeClock(T0 + 0.5)
-        scheduler = Scheduler(queue, clock=clock)
+        queue.periodic(schedule, name="beat", missed="run_all")(lambda: None)
+        scheduler = Scheduler(queue)
 
         async def main() -> int:
             try:
-                await scheduler.tick()
                 barrier.wait(10)
-                for occurrence in occurrences:
-                    clock.now = occurrence + 0.1
+                for _ in range(3):
                     await scheduler.tick()
                 return scheduler.dispatched
             finally:
@@ -145,43 +146,83 @@ async def test_schedulers_in_threads_with_their_own_loops_dispatch_once(
     assert await published(raw_redis, namespace) == ids("beat", *occurrences)
 
 
-# --------------------------------------------------------------- clock jumps
-async def test_a_backwards_clock_jump_never_redispatches(
+async def test_an_occurrence_not_yet_due_by_the_server_clock_is_refused(
     make_queue: Callable[..., Queue], namespace: str, raw_redis: Any
 ) -> None:
+    """The claim compares with ``TIME``: a scheduler whose clock is fast cannot dispatch early."""
     queue = make_queue()
-    queue.periodic(Every(60), name="beat", missed="run_all")(lambda: None)
-    clock = FakeClock(T0 + 1)
-    scheduler = Scheduler(queue, clock=clock)
     try:
-        assert await scheduler.tick() == 0
-        clock.now = T0 + 60.3
-        assert await scheduler.tick() == 1
-
-        clock.now = T0 - 3600  # an hour back (NTP correction, VM restore...)
-        assert await scheduler.tick() == 0
-        clock.now = T0 + 60.3  # and the same occurrence comes round again
-        assert await scheduler.tick() == 0
-        # A restarted scheduler (no memory) with the old time does not dispatch it either.
-        assert await Scheduler(queue, clock=FakeClock(T0 + 60.5)).tick() == 0
-        assert await published(raw_redis, namespace) == ids("beat", T0 + 60)
-
-        clock.now = T0 + 120.1
-        assert await scheduler.tick() == 1
-        assert await published(raw_redis, namespace) == ids("beat", T0 + 60, T0 + 120)
-        assert await queue.broker.periodic_last(["beat", "nothing"]) == {"beat": T0 + 120}
+        now = await server_now(raw_redis)
+        broker = queue.broker
+        assert not await broker.claim_periodic("beat", now + 30, b"early", "default")
+        assert await broker.periodic_last(["beat"]) == {}
+        assert await broker.claim_periodic("beat", now - 1, b"due", "default")
+        assert not await broker.claim_periodic("beat", now - 1, b"again", "default")
+        assert not await broker.claim_periodic("beat", now - 2, b"older", "default")
+        assert await broker.periodic_last(["beat"]) == {"beat": now - 1}
     finally:
         await queue.close()
 
 
-async def test_a_forward_clock_jump_applies_each_missed_run_policy(
+async def test_a_fast_scheduler_clock_does_not_dispatch_early(
+    make_queue: Callable[..., Queue], namespace: str, raw_redis: Any
+) -> None:
+    """Issue 7 §5: the scheduler compared due times with its own clock."""
+    queue = make_queue()
+    schedule, newest = daily_far_from(await server_now(raw_redis))
+    queue.periodic(schedule, name="beat")(lambda: None)
+    await raw_redis.hset(periodic_key(namespace), "beat", repr(newest))
+    try:
+        # 13 h fast: by its clock the next occurrence (12 h away) is due. Not by the server's.
+        fast = Scheduler(queue, clock=lambda: time.time() + 13 * 3600)
+        assert await fast.tick() == 0
+        assert await published(raw_redis, namespace) == []
+        assert fast.next_wakeup(await server_now(raw_redis)) == fast.poll_interval
+    finally:
+        await queue.close()
+
+
+# --------------------------------------------------------------- clock steps
+async def test_a_backward_step_of_the_server_clock_keeps_every_firing(
+    make_queue: Callable[..., Queue], namespace: str, raw_redis: Any
+) -> None:
+    """Issue 7 §5: ``Every`` fell silent for the length of a backward clock step.
+
+    The server's clock cannot be stepped here, so the test plants the state such a step
+    leaves: a last occurrence an hour in the server's future.
+    """
+    queue = make_queue()
+    queue.periodic(Every(1), name="beat", missed="run_all")(lambda: None)
+    future = await server_now(raw_redis) + 3600
+    await raw_redis.hset(periodic_key(namespace), "beat", repr(future))
+    # The scheduler's own clock steps back too (it plays no part).
+    scheduler = Scheduler(queue, clock=lambda: time.time() - 3600, poll_interval=0.2)
+    try:
+        seen_at = await server_now(raw_redis)
+        assert await scheduler.tick() == 0  # the step is seen: restart from now
+        deadline = time.monotonic() + 15
+        while len(await published(raw_redis, namespace)) < 3:
+            assert time.monotonic() < deadline, "Every(1) did not resume after the step"
+            await scheduler.tick()
+            await asyncio.sleep(0.1)
+        found = [int(i.rsplit(":", 1)[1]) for i in await published(raw_redis, namespace)]
+        assert found == sorted(set(found))  # each second once, in order
+        assert found[0] > seen_at - 1
+        last = (await queue.broker.periodic_last(["beat"]))["beat"]
+        assert last <= await server_now(raw_redis)
+    finally:
+        await queue.close()
+
+
+async def test_downtime_applies_each_missed_run_policy(
     make_queue: Callable[..., Queue], namespace: str, raw_redis: Any
 ) -> None:
     queue = make_queue()
+    schedule, newest = daily_far_from(await server_now(raw_redis))
     for policy in ("run_once", "run_all", "skip"):
-        queue.periodic(Every(60), name=policy, missed=policy)(lambda: None)  # type: ignore[arg-type]
-    clock = FakeClock(T0 + 1)
-    scheduler = Scheduler(queue, clock=clock)
+        queue.periodic(schedule, name=policy, missed=policy)(lambda: None)  # type: ignore[arg-type]
+        await raw_redis.hset(periodic_key(namespace), policy, repr(newest - 10 * 86400))
+    scheduler = Scheduler(queue)
 
     async def dispatched_ids(name: str) -> list[str]:
         return [
@@ -189,27 +230,40 @@ async def test_a_forward_clock_jump_applies_each_missed_run_policy(
         ]
 
     try:
-        await scheduler.tick()
-        clock.now = T0 + 60.2
-        assert await scheduler.tick() == 3
-
-        # Ten occurrences pass unseen (the clock jumps, or every scheduler was down).
-        clock.now = T0 + 11 * 60 + 30
+        # Ten occurrences passed while no scheduler ran.
         assert await scheduler.tick() == 1 + 10 + 0
-        missed = [T0 + 60 * k for k in range(2, 12)]
-        assert await dispatched_ids("run_once") == ids("run_once", T0 + 60, T0 + 660)
-        assert await dispatched_ids("run_all") == ids("run_all", T0 + 60, *missed)
-        assert await dispatched_ids("skip") == ids("skip", T0 + 60)
-
-        # Back on schedule, every policy dispatches the next occurrence on time.
-        clock.now = T0 + 720.4
-        assert await scheduler.tick() == 3
-        assert (await dispatched_ids("skip"))[-1] == ids("skip", T0 + 720)[0]
+        missed = [newest - 86400 * k for k in range(9, -1, -1)]
+        assert await dispatched_ids("run_once") == ids("run_once", newest)
+        assert await dispatched_ids("run_all") == ids("run_all", *missed)
+        assert await dispatched_ids("skip") == []
         assert await queue.broker.periodic_last(["run_once", "run_all", "skip"]) == {
-            "run_once": T0 + 720,
-            "run_all": T0 + 720,
-            "skip": T0 + 720,
+            "run_once": newest,
+            "run_all": newest,
+            "skip": newest - 10 * 86400,
         }
+    finally:
+        await queue.close()
+
+
+async def test_a_forward_step_of_the_server_clock_fires_one_catch_up(
+    make_queue: Callable[..., Queue], namespace: str, raw_redis: Any
+) -> None:
+    """Server time that runs ahead of real time is a clock step, not downtime.
+
+    Simulated by the scheduler's monotonic clock running *back* ten days between two ticks
+    while the server's advances normally: the same difference a ten-day step would make.
+    """
+    queue = make_queue()
+    schedule, newest = daily_far_from(await server_now(raw_redis))
+    queue.periodic(schedule, name="beat", missed="run_all")(lambda: None)
+    mono = [1e6]
+    scheduler = Scheduler(queue, monotonic=lambda: mono[0])
+    try:
+        assert await scheduler.tick() == 0  # first sight: nothing missed
+        await raw_redis.hset(periodic_key(namespace), "beat", repr(newest - 10 * 86400))
+        mono[0] -= 10 * 86400
+        assert await scheduler.tick() == 1
+        assert await published(raw_redis, namespace) == ids("beat", newest)
     finally:
         await queue.close()
 
@@ -279,17 +333,15 @@ def app_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
 
 
 async def test_scheduler_list_shows_schedule_next_and_last_run(
-    app_module: str, make_queue: Callable[..., Queue], redis_url: str, namespace: str
+    app_module: str,
+    make_queue: Callable[..., Queue],
+    redis_url: str,
+    namespace: str,
+    raw_redis: Any,
 ) -> None:
     # One occurrence of cli.beat was dispatched (by a scheduler of the same app).
-    queue = make_queue()
-    queue.periodic(Every(60), name="cli.beat")(lambda: None)
-    clock = FakeClock(T0 + 1)
-    scheduler = Scheduler(queue, clock=clock)
-    await scheduler.tick()
-    clock.now = T0 + 60.5
-    assert await scheduler.tick() == 1
-    await queue.close()
+    t0 = math.floor(await server_now(raw_redis) / 60) * 60 - 3600.0
+    await raw_redis.hset(periodic_key(namespace), "cli.beat", repr(t0 + 60))
 
     def invoke(*args: str) -> Any:
         return CliRunner().invoke(
@@ -314,7 +366,7 @@ async def test_scheduler_list_shows_schedule_next_and_last_run(
     assert beat["task"] == "cli.beat"
     assert beat["queue"] == "default"
     assert beat["missed"] == "run_once"
-    assert datetime.fromisoformat(beat["last_run"]).timestamp() == T0 + 60
+    assert datetime.fromisoformat(beat["last_run"]).timestamp() == t0 + 60
     next_beat = datetime.fromisoformat(beat["next_run"]).timestamp()
     assert before < next_beat <= before + 60
     assert next_beat % 60 == 0
@@ -334,7 +386,7 @@ async def test_scheduler_list_shows_schedule_next_and_last_run(
     assert (
         lines["cli.beat"]
         .rstrip()
-        .endswith(datetime.fromtimestamp(T0 + 60).strftime("%Y-%m-%d %H:%M:%S"))
+        .endswith(datetime.fromtimestamp(t0 + 60).strftime("%Y-%m-%d %H:%M:%S"))
     )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from blitzq.broker import memory
-from blitzq.broker.base import Completion, DeadLetterFields, Guarantee
+from blitzq.broker.base import Completion, DeadLetterFields, Guarantee, Scheduled
 from blitzq.broker.memory import MemoryBroker
 from blitzq.serialization import Envelope, encode_envelope, loads
 
@@ -155,14 +155,18 @@ async def test_complete_record_notifies_waiter() -> None:
     assert (await broker.queue_stats(["q"]))["q"]["in_flight"] == 0
 
 
-async def test_complete_reschedule() -> None:
+async def test_complete_reschedule(clock: FakeClock) -> None:
     broker = MemoryBroker()
     await broker.publish("q", [b"a"])
     (d,) = await broker.fetch("q", 1, 0)
-    await broker.complete([Completion("q", d.token, "t1", reschedule=b"retry", eta=50.0)])
+    await broker.complete([Completion("q", d.token, "t1", reschedule=b"retry", delay=50.0)])
     assert await broker.scheduled_count() == 1
     assert await broker.fetch("q", 1, 0) == []
-    assert await broker.promote_due(100.0, 10) == (1, None)
+    due = clock.time() + 50.0  # the delay counts from when the completion is applied
+    clock.now += 49.0
+    assert await broker.promote_due(10) == (0, due, clock.time())
+    clock.now += 1.0
+    assert await broker.promote_due(10) == (1, None, clock.time())
     assert [x.payload for x in await broker.fetch("q", 1, 0)] == [b"retry"]
 
 
@@ -196,18 +200,26 @@ async def test_complete_requeue_goes_to_head() -> None:
     assert [(x.payload, x.deliveries) for x in got] == [(b"again", 1), (b"b", 1)]
 
 
-async def test_promote_due() -> None:
+async def test_promote_due(clock: FakeClock) -> None:
     broker = MemoryBroker()
+    base = clock.time()
     await broker.schedule(
-        [("t1", "q", b"one", 10.0), ("t2", "q", b"two", 20.0), ("t3", "r", b"three", 30.0)]
+        [
+            Scheduled("t1", "q", b"one", delay=10.0),
+            Scheduled("t2", "q", b"two", eta=base + 20.0),
+            Scheduled("t3", "r", b"three", delay=30.0),
+        ]
     )
-    await broker.schedule([("t2", "q", b"two-b", 15.0)])  # keyed by task id: replaces
+    await broker.schedule([Scheduled("t2", "q", b"two-b", 15.0)])  # keyed by task id: replaces
     assert await broker.scheduled_count() == 3
-    assert await broker.promote_due(5.0, 10) == (0, 10.0)
-    assert await broker.promote_due(20.0, 1) == (1, 15.0)
-    assert await broker.promote_due(20.0, 10) == (1, 30.0)
+    clock.now += 5.0
+    assert await broker.promote_due(10) == (0, base + 10.0, base + 5.0)
+    clock.now += 15.0
+    assert await broker.promote_due(1) == (1, base + 15.0, base + 20.0)
+    assert await broker.promote_due(10) == (1, base + 30.0, base + 20.0)
     assert [d.payload for d in await broker.fetch("q", 10, 0)] == [b"one", b"two-b"]
-    assert await broker.promote_due(100.0, 10) == (1, None)
+    clock.now += 80.0
+    assert await broker.promote_due(10) == (1, None, base + 100.0)
     assert [d.payload for d in await broker.fetch("r", 10, 0)] == [b"three"]
     assert await broker.scheduled_count() == 0
 
@@ -216,8 +228,8 @@ async def test_promote_due_wakes_blocked_fetch() -> None:
     broker = MemoryBroker()
     fetching = asyncio.create_task(broker.fetch("q", 1, 5))
     await asyncio.sleep(0.01)
-    await broker.schedule([("t1", "q", b"due", 1.0)])
-    await broker.promote_due(2.0, 10)
+    await broker.schedule([Scheduled("t1", "q", b"due", eta=1.0)])
+    await broker.promote_due(10)
     assert [d.payload for d in await fetching] == [b"due"]
 
 

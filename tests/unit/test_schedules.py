@@ -7,13 +7,19 @@ integration tests check that the broker then dispatches it exactly once).
 from __future__ import annotations
 
 import datetime as dt
+import itertools
+import logging
+import time
 import uuid
 from collections.abc import Callable
+from types import ModuleType
 from zoneinfo import ZoneInfo
 
 import pytest
 
 from blitzq import ConfigurationError, Queue, SerializationError
+from blitzq.broker import base as base_module
+from blitzq.broker import memory as memory_module
 from blitzq.scheduler import PeriodicTask, Scheduler, build_message
 from blitzq.schedules import Cron, Every
 from blitzq.serialization import decode_envelope
@@ -104,12 +110,14 @@ def test_cron_follows_the_zone_wall_clock_in_winter_and_summer() -> None:
     assert cron.describe() == "cron 0 9 * * * (Europe/Berlin)"
 
 
-def test_cron_skips_the_wall_time_that_does_not_exist_in_spring() -> None:
-    # Last Sunday of March 2026 (29th): 02:00 CET jumps to 03:00 CEST; 02:30 never happens.
+def test_cron_fires_a_wall_time_missing_in_spring_right_after_the_gap() -> None:
+    # Last Sunday of March 2026 (29th): 02:00 CET jumps to 03:00 CEST; 02:30 never happens,
+    # so the daily 02:30 runs once, at the first instant after the jump.
     cron = Cron("30 2 * * *", tz="Europe/Berlin")
     runs = list(cron.occurrences(berlin(2026, 3, 27, 12), berlin(2026, 3, 31, 12)))
     assert [local(t) for t in runs] == [
         "2026-03-28T02:30:00+01:00",
+        "2026-03-29T03:00:00+02:00",
         "2026-03-30T02:30:00+02:00",
         "2026-03-31T02:30:00+02:00",
     ]
@@ -125,7 +133,7 @@ def test_cron_skips_the_wall_time_that_does_not_exist_in_spring() -> None:
     assert runs[1] - runs[0] == 1800
 
 
-def test_cron_fires_a_repeated_wall_time_once_in_autumn() -> None:
+def test_cron_fires_a_fixed_repeated_wall_time_once_and_wildcard_hours_in_both_passes() -> None:
     # Last Sunday of October 2026 (25th): 03:00 CEST falls back to 02:00 CET; 02:30 happens twice.
     cron = Cron("30 2 * * *", tz="Europe/Berlin")
     runs = list(cron.occurrences(berlin(2026, 10, 23, 12), berlin(2026, 10, 27, 12)))
@@ -141,19 +149,26 @@ def test_cron_fires_a_repeated_wall_time_once_in_autumn() -> None:
         "2026-10-25T01:30:00+02:00",
         "2026-10-25T02:00:00+02:00",
         "2026-10-25T02:30:00+02:00",
+        "2026-10-25T02:00:00+01:00",  # the hour again, in real time
+        "2026-10-25T02:30:00+01:00",
         "2026-10-25T03:00:00+01:00",
         "2026-10-25T03:30:00+01:00",
     ]
+    assert {b - a for a, b in itertools.pairwise(runs)} == {1800.0}
 
 
 def test_cron_next_after_from_inside_the_repeated_hour_moves_forward() -> None:
     half_hourly = Cron("*/30 * * * *", tz="Europe/Berlin")
     second_pass = berlin(2026, 10, 25, 2, 15, fold=1)  # 02:15 CET, after the first 02:30
-    assert local(half_hourly.next_after(second_pass)) == "2026-10-25T03:00:00+01:00"
+    assert local(half_hourly.next_after(second_pass)) == "2026-10-25T02:30:00+01:00"
     first_pass = berlin(2026, 10, 25, 2, 15, fold=0)
     assert local(half_hourly.next_after(first_pass)) == "2026-10-25T02:30:00+02:00"
-    # The newest occurrence at or before a second-pass time is the first pass's 02:30.
-    assert local(half_hourly.latest(0, second_pass, 1)[0]) == "2026-10-25T02:30:00+02:00"
+    late_first_pass = berlin(2026, 10, 25, 2, 45, fold=0)  # 02:45 CEST: next is 02:00 CET
+    assert local(half_hourly.next_after(late_first_pass)) == "2026-10-25T02:00:00+01:00"
+    # The newest occurrence at or before a second-pass time is that pass's 02:00.
+    assert local(half_hourly.latest(0, second_pass, 1)[0]) == "2026-10-25T02:00:00+01:00"
+    daily = Cron("30 2 * * *", tz="Europe/Berlin")  # a fixed time: the first pass only
+    assert local(daily.next_after(second_pass)) == "2026-10-26T02:30:00+01:00"
 
 
 def test_cron_latest_counts_back_across_days() -> None:
@@ -313,13 +328,68 @@ def test_skip_dispatches_only_an_occurrence_due_now(queue: Queue) -> None:
     assert scheduler.due(entry, T0, T0 + 3600 + 0.3) == [T0 + 3600]  # after downtime: only now
 
 
-def test_a_clock_behind_the_last_occurrence_dispatches_nothing(queue: Queue) -> None:
+def test_a_clock_stepped_back_restarts_from_the_moment_it_is_seen(queue: Queue) -> None:
+    """Issue 7 §5: ``Every`` fell silent for the length of a backward step (1 h step = 1 h).
+
+    A stored last occurrence later than the broker's now means its clock went back: the
+    entry restarts from the moment that is seen and keeps its real-time spacing.
+    """
     for missed in ("run_once", "run_all", "skip"):
         entry = _entry(queue, missed)
         scheduler = Scheduler(queue)
-        assert scheduler.due(entry, T0 + 600, T0) == []
-        assert scheduler.due(entry, T0 + 600, T0 + 600) == []
-        assert scheduler.due(entry, T0 + 600, T0 + 659) == []
+        last = T0 + 3600  # dispatched, then the clock went back an hour
+        assert scheduler.due(entry, last, T0 + 0.5) == []  # nothing before the step is seen
+        assert scheduler.due(entry, last, T0 + 59) == []
+        assert scheduler.due(entry, last, T0 + 60.5) == [T0 + 60], missed  # next one fires
+        # Once that is claimed the stored value is T0 + 60 and all is as usual.
+        assert scheduler.due(entry, T0 + 60, T0 + 120.5) == [T0 + 120]
+        # A scheduler that first sees the step later restarts from then.
+        late = Scheduler(queue)
+        assert late.due(entry, last, T0 + 90) == []
+        assert late.due(entry, last, T0 + 120.5) == [T0 + 120]
+        # A small step back (a few seconds) is waited out: T0 + 60 is not dispatched twice.
+        small = Scheduler(queue)
+        assert small.due(entry, T0 + 60, T0 + 57) == []
+        assert small.due(entry, T0 + 60, T0 + 60.2) == []
+        assert small.due(entry, T0 + 60, T0 + 120.2) == [T0 + 120]
+
+
+def test_every_10_keeps_firing_across_a_one_hour_step_back(queue: Queue) -> None:
+    entry = queue.add_periodic(queue.task(name="t-ten")(lambda: None), Every(10))
+    scheduler = Scheduler(queue)
+    last, fired = T0, []
+    for tick in range(1, 200):  # ticks every 0.5 s of real time
+        real = T0 + tick * 0.5
+        now = real if real < T0 + 30 else real - 3600  # the clock steps back 1 h at T0+30
+        for occurrence in scheduler.due(entry, last, now):
+            last = occurrence
+            fired.append(real)
+    gaps = [b - a for a, b in itertools.pairwise(fired)]
+    assert len(fired) == 8  # T0+10, +20, (the step at T0+30), +40, ... +90 of real time
+    assert max(gaps) <= 20.0, gaps  # no silence: the first run after the step within 10 s
+
+
+def test_a_forward_step_fires_at_most_one_catch_up(queue: Queue) -> None:
+    entries = {missed: _entry(queue, missed) for missed in ("run_once", "run_all", "skip")}
+    for entry in entries.values():
+        assert Scheduler(queue).due(entry, T0, T0 + 3600.5, jumped=True) == [T0 + 3600]
+    # Not a step (downtime): run_all catches up on everything.
+    assert len(Scheduler(queue).due(entries["run_all"], T0, T0 + 3600.5)) == 60
+
+
+def test_skip_logs_a_dropped_occurrence_once(
+    queue: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 7 §5: "skipping missed occurrence" was logged on every tick until the next slot."""
+    entry = _entry(queue, "skip")
+    scheduler = Scheduler(queue, poll_interval=1.0, grace=1.0)
+    with caplog.at_level(logging.INFO, logger="blitzq.scheduler"):
+        for tick in range(100):  # the newest missed occurrence is T0 + 60 all along
+            assert scheduler.due(entry, T0, T0 + 65 + tick * 0.5) == []
+        assert scheduler.due(entry, T0, T0 + 121.0) == [T0 + 120]  # the next slot, on time
+        assert scheduler.due(entry, T0 + 120, T0 + 185.0) == []  # the one after, missed
+    skipped = [r for r in caplog.records if "skipping missed occurrence" in r.getMessage()]
+    assert len(skipped) == 2, [r.getMessage() for r in skipped]
 
 
 def test_cron_policies_across_the_spring_gap(queue: Queue) -> None:
@@ -327,6 +397,7 @@ def test_cron_policies_across_the_spring_gap(queue: Queue) -> None:
     due = Scheduler(queue).due(entry, berlin(2026, 3, 27, 12), berlin(2026, 3, 30, 12))
     assert [local(t) for t in due] == [
         "2026-03-28T02:30:00+01:00",
+        "2026-03-29T03:00:00+02:00",
         "2026-03-30T02:30:00+02:00",
     ]
 
@@ -339,23 +410,54 @@ def test_scheduler_refuses_bad_settings(queue: Queue) -> None:
 
 
 # ------------------------------------------------------------ memory broker
-async def test_memory_broker_claims_each_occurrence_once() -> None:
-    """The in-process broker (``memory://``) keeps the same compare-and-set contract."""
+async def test_memory_broker_claims_each_occurrence_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The in-process broker (``memory://``) keeps the same compare-and-set contract, on
+    this process's clock (set by hand here)."""
+    clock = FakeTime(T0 + 1)
+    clock.mono = 1000.0
+    monkeypatch.setattr(memory_module, "time", clock)
+    monkeypatch.setattr(base_module, "time", clock)
     url = f"memory://periodic-{uuid.uuid4().hex}"
     queues = [Queue(redis_url=url) for _ in range(3)]
     for q in queues:
         q.periodic(Every(60), name="beat", missed="run_all")(lambda: None)
-    now = [T0 + 1]
-    schedulers = [Scheduler(q, clock=lambda: now[0]) for q in queues]
+    schedulers = [Scheduler(q, monotonic=clock.monotonic) for q in queues]
     for s in schedulers:
         assert await s.tick() == 0
-    now[0] = T0 + 60 * 3 + 1
+    clock.now, clock.mono = T0 + 181, 1180.0  # three minutes of real time
     assert sum([await s.tick() for s in schedulers]) == 3
-    now[0] = T0  # backwards
-    assert sum([await s.tick() for s in schedulers]) == 0
     broker = queues[0].broker
+    # An occurrence not yet due by the broker's clock is refused whoever asks.
+    assert not await broker.claim_periodic("beat", T0 + 240, b"early", "default")
+    clock.now, clock.mono = T0 + 10, 1181.0  # the clock steps back: restart from now
+    assert sum([await s.tick() for s in schedulers]) == 0
     assert await broker.periodic_last(["beat", "other"]) == {"beat": T0 + 180}
+    clock.now, clock.mono = T0 + 60.5, 1231.5
+    assert sum([await s.tick() for s in schedulers]) == 1  # T0 + 60 again, once
+    # The clock jumps 10 minutes ahead of real time: one catch-up run, not ten.
+    clock.now, clock.mono = T0 + 660.5, 1232.5
+    assert sum([await s.tick() for s in schedulers]) == 1
     deliveries = await broker.fetch("default", 10, 0)
     assert [decode_envelope(d.payload).id for d in deliveries] == [
-        f"periodic:beat:{int(T0 + 60 * k)}" for k in (1, 2, 3)
+        f"periodic:beat:{int(T0 + 60 * k)}" for k in (1, 2, 3, 1, 11)
     ]
+
+
+class FakeTime(ModuleType):
+    """Stands in for the ``time`` module: a wall clock and a monotonic clock set by hand."""
+
+    def __init__(self, now: float) -> None:
+        super().__init__("time")
+        self.now = now
+        self.mono = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)

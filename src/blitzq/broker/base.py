@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -45,6 +46,26 @@ class Delivery(NamedTuple):
     deliveries: int
 
 
+class Scheduled(NamedTuple):
+    """A message to put on the schedule (see :meth:`Broker.schedule`).
+
+    Attributes:
+        task_id: the task's id (keys the schedule entry).
+        queue: physical queue it goes to when due.
+        message: the encoded message.
+        delay: seconds from when the broker stores it until it is due (a ``delay=``, a
+            backoff), counted on the broker's clock; ignored when ``eta`` is set.
+        eta: absolute due time (Unix seconds, an ``eta=``), compared with the broker's
+            clock, or ``None`` for ``delay``.
+    """
+
+    task_id: str
+    queue: str
+    message: bytes
+    delay: float = 0.0
+    eta: float | None = None
+
+
 @dataclass(slots=True)
 class Completion:
     """Everything that must happen, atomically, when a worker is done with one delivery.
@@ -58,7 +79,8 @@ class Completion:
         record: encoded task record to store, or ``None``.
         record_ttl: seconds the record lives.
         reschedule: encoded message to put on the schedule (a retry), or ``None``.
-        eta: Unix time (seconds) the rescheduled message becomes due.
+        delay: seconds until the rescheduled message becomes due, counted on the broker's
+            clock from when the completion is applied (never a worker's wall clock).
         dead_letter: fields of a dead letter to store, or ``None``.
         requeue: encoded message to put back at the head of ``queue`` now, or ``None``.
         ops: further operations applied in the same atomic step, each a tuple whose first
@@ -72,7 +94,7 @@ class Completion:
     record: bytes | None = None
     record_ttl: int = 0
     reschedule: bytes | None = None
-    eta: float = 0.0
+    delay: float = 0.0
     dead_letter: DeadLetterFields | None = None
     requeue: bytes | None = None
     ops: tuple[tuple[Any, ...], ...] = ()
@@ -225,15 +247,22 @@ class Broker(abc.ABC):
 
     # --------------------------------------------------------------- schedule
     @abc.abstractmethod
-    async def schedule(self, items: Sequence[tuple[str, str, bytes, float]]) -> None:
-        """Put ``(task_id, queue, message, eta)`` items on the schedule (eta: Unix seconds)."""
+    async def schedule(self, items: Sequence[Scheduled]) -> None:
+        """Put messages on the schedule (keyed by task id: a later one replaces an earlier).
+
+        Each item's due time is decided on the broker's clock (Redis ``TIME``): ``now +
+        delay`` for a relative delay, or its absolute ``eta`` compared with that clock.
+        """
 
     @abc.abstractmethod
-    async def promote_due(self, now: float, limit: int) -> tuple[int, float | None]:
-        """Move up to ``limit`` due scheduled messages to their queues.
+    async def promote_due(self, limit: int) -> tuple[int, float | None, float]:
+        """Move up to ``limit`` messages that are due by the broker's clock to their queues.
 
         Returns:
-            ``(moved, next_eta)``: how many moved, and the earliest due time still waiting.
+            ``(moved, next_eta, now)``: how many moved, the earliest due time still waiting
+            (Unix seconds on the broker's clock, ``None`` when none waits), and the broker's
+            clock when it looked. Sleep ``next_eta - now`` seconds, never ``next_eta -
+            time.time()``: the caller's clock may differ from the broker's.
         """
 
     @abc.abstractmethod
@@ -241,14 +270,28 @@ class Broker(abc.ABC):
         """Number of messages on the schedule."""
 
     # --------------------------------------------------------------- periodic
+    async def server_time(self) -> float:
+        """The broker's clock (Unix seconds): what decides when anything is due.
+
+        Redis ``TIME`` for the Redis brokers; this process's ``time.time()`` for in-process
+        brokers (where producers, workers and schedulers share the process's clock).
+
+        Raises:
+            BrokerError: the broker could not be reached.
+        """
+        return time.time()
+
     async def claim_periodic(
         self, name: str, occurrence: float, message: bytes, queue: str
     ) -> bool:
         """Dispatch one occurrence of the periodic task ``name``, at most once.
 
-        Atomically: when the stored last occurrence of ``name`` is missing or older than
-        ``occurrence`` (Unix seconds), store ``occurrence`` and publish ``message`` to
-        ``queue``; otherwise do nothing. However many schedulers race, one of them wins.
+        Atomically, on the broker's clock: refuse an ``occurrence`` (Unix seconds) later than
+        that clock (not due yet); otherwise, when the stored last occurrence of ``name`` is
+        missing or older, store ``occurrence`` and publish ``message`` to ``queue``. However
+        many schedulers race, one of them wins. A stored occurrence later than the broker's
+        clock means that clock was stepped back since it was claimed: an older occurrence is
+        then accepted, so a periodic task does not stop for the length of the step.
 
         Returns:
             ``True`` when this call dispatched the occurrence.

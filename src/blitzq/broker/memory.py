@@ -21,7 +21,7 @@ from typing import Any, ClassVar, TypeVar
 
 from ..exceptions import BrokerError, SerializationError
 from ..serialization import decode_envelope, dumps, loads
-from .base import Broker, Completion, DeadLetterFields, Delivery, Guarantee
+from .base import Broker, Completion, DeadLetterFields, Delivery, Guarantee, Scheduled
 from .memory_control import MemoryControl
 from .memory_progress import MemoryProgress
 from .memory_workflows import MemoryWorkflows
@@ -238,8 +238,9 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
                 if c.record:
                     self._store_record(c.task_id, c.record, c.record_ttl)
                 if c.reschedule:
-                    self._schedule[c.task_id] = (c.eta, c.queue, c.reschedule)
-                    self._announce("schedule", repr(c.eta))
+                    due = time.time() + c.delay
+                    self._schedule[c.task_id] = (due, c.queue, c.reschedule)
+                    self._announce("schedule", repr(due))
                 if c.dead_letter is not None:
                     self._dead[c.task_id] = c.dead_letter
                     dead_added = True
@@ -323,15 +324,18 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
         return requeued, dead
 
     # --------------------------------------------------------------- schedule
-    async def schedule(self, items: Sequence[tuple[str, str, bytes, float]]) -> None:
-        """Put ``(task_id, queue, message, eta)`` items on the schedule (keyed by task_id)."""
+    async def schedule(self, items: Sequence[Scheduled]) -> None:
+        """Put messages on the schedule (keyed by task_id), due on this process's clock."""
+        now = time.time()
         with self._lock:
-            for task_id, queue, message, eta in items:
-                self._schedule[task_id] = (eta, queue, message)
-                self._announce("schedule", repr(eta))
+            for item in items:
+                due = now + item.delay if item.eta is None else item.eta
+                self._schedule[item.task_id] = (due, item.queue, item.message)
+                self._announce("schedule", repr(due))
 
-    async def promote_due(self, now: float, limit: int) -> tuple[int, float | None]:
-        """Move up to ``limit`` messages due at ``now`` (Unix seconds) to their queues' tails."""
+    async def promote_due(self, limit: int) -> tuple[int, float | None, float]:
+        """Move up to ``limit`` messages due by this process's clock to their queues' tails."""
+        now = time.time()
         with self._lock:
             sched = self._schedule
             due = sorted((eta, tid) for tid, (eta, _, _) in sched.items() if eta <= now)
@@ -339,7 +343,7 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
                 _, queue, message = sched.pop(task_id)
                 self._push(queue, message, 1)
             next_eta = min((eta for eta, _, _ in sched.values()), default=None)
-            return min(len(due), max(0, limit)), next_eta
+            return min(len(due), max(0, limit)), next_eta, now
 
     # ----------------------------------------------------------- cancellation
     def _announce(self, kind: str, value: str) -> None:
@@ -397,10 +401,11 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
     async def claim_periodic(
         self, name: str, occurrence: float, message: bytes, queue: str
     ) -> bool:
-        """Compare-and-set the last occurrence of ``name`` and publish, atomically."""
+        """As ``lua/claim_periodic.lua``, on this process's clock, atomically."""
+        now = time.time()
         with self._lock:
             last = self._periodic.get(name)
-            if last is not None and last >= occurrence:
+            if occurrence > now or (last is not None and now >= last >= occurrence):
                 return False
             self._periodic[name] = float(occurrence)
             self._queues.add(queue)

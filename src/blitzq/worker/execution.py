@@ -160,7 +160,7 @@ class Outcomes:
                 error_type, message = describe_error(cause)
                 record = self._record(job, "retrying", error_type=error_type, error=message)
             return Completion(
-                d.queue, d.token, env.id, record, self.result_ttl, reschedule=data, eta=now + delay
+                d.queue, d.token, env.id, record, self.result_ttl, reschedule=data, delay=delay
             )
         error_type, message = describe_error(cause)
         trace = "".join(tb.format_exception(type(cause), cause, cause.__traceback__))

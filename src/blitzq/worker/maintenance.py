@@ -1,9 +1,11 @@
 """Background loops of a worker: promoter, event listener, registration, leases, recovery.
 
 - The promoter moves due scheduled messages (delays, retries, rate-limited tasks) to their
-  queues. It sleeps until the earliest due time, and is woken early when any process
-  schedules an earlier one (a push on the namespace's event channel), so it never polls
-  blindly; a 1 s ceiling covers a lost push.
+  queues. Due times are decided on the broker's clock (Redis ``TIME`` inside the scripts),
+  never this worker's: the promoter sleeps the broker-relative remaining seconds until the
+  earliest due time, and is woken early when any process schedules an earlier one (a push
+  on the namespace's event channel, naming a due time on the broker's clock), so it never
+  polls blindly; a 1 s ceiling covers a lost push.
 - The event listener follows cancellations as they are published and cancels running tasks
   at once; a full resynchronisation every few seconds covers a lost push.
 - Maintenance registers the worker and, in reliable mode, renews the leases of running tasks
@@ -67,7 +69,8 @@ class Maintenance:
         ]
 
     def schedule_changed(self, eta: float) -> None:
-        """Wake the promoter if ``eta`` (Unix seconds) is before its next planned wake-up."""
+        """Wake the promoter if ``eta`` (Unix seconds, broker's clock) is before its next
+        planned wake-up (also on the broker's clock)."""
         if eta < self._next_wake:
             self._wake.set()
 
@@ -79,14 +82,15 @@ class Maintenance:
             # answer does not include: let it wake the next wait.
             self._next_wake = float("inf")
             try:
-                moved, next_eta = await broker.promote_due(time.time(), PROMOTE_BATCH)
+                moved, next_eta, now = await broker.promote_due(PROMOTE_BATCH)
             except BrokerError as exc:
                 logger.warning("promoter: %s", exc)
                 await asyncio.sleep(1.0)
                 continue
             if moved >= PROMOTE_BATCH:
                 continue
-            now = time.time()
+            # ``now`` and ``next_eta`` are both the broker's clock: only their difference
+            # (the remaining seconds) is used here, so this worker's clock plays no part.
             wait = PROMOTER_CEILING
             if next_eta is not None:
                 wait = min(wait, max(0.0, next_eta - now))

@@ -188,7 +188,7 @@ class Runner:
             env, enqueued_at=now, reserved=env.reserved if reserved is None else reserved
         )
         data = encode_envelope(again, max(self.max_message_size, len(d.payload) * 2))
-        return Completion(d.queue, d.token, env.id, reschedule=data, eta=now + delay)
+        return Completion(d.queue, d.token, env.id, reschedule=data, delay=delay)
 
     def run(self, job: Job, slots: Slots, hooked: bool = False) -> None:
         """Run ``job`` on its task's executor.

@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...exceptions import BrokerError
-from ..base import Broker, Completion, DeadLetterFields
+from ..base import Broker, Completion, DeadLetterFields, Scheduled
 from .control import RedisControl
 from .keys import GROUP, Keys
 from .results import ResultListener
@@ -132,6 +132,7 @@ class RedisBroker(RedisControl, Broker):
             self.client.set_response_callback(command, _raw)
         self._complete = self.client.register_script(load_script("complete.lua"))
         self._promote = self.client.register_script(load_script("promote.lua"))
+        self._schedule = self.client.register_script(load_script("schedule.lua"))
         self._replay = self.client.register_script(load_script("replay.lua"))
         self._rate_acquire = self.client.register_script(load_script("rate_acquire.lua"))
         self._cancel = self.client.register_script(load_script("cancel.lua"))
@@ -179,7 +180,7 @@ class RedisBroker(RedisControl, Broker):
                     _lua_bytes(c.record) if c.record else _EMPTY,
                     c.record_ttl,
                     _lua_bytes(c.reschedule) if c.reschedule else _EMPTY,
-                    c.eta,
+                    float(c.delay),
                     (_lua_bytes(d.message), d.reason, d.error, d.task, d.queue, d.failed_at)
                     if d
                     else _EMPTY,
@@ -209,21 +210,21 @@ class RedisBroker(RedisControl, Broker):
 
     # --------------------------------------------------------------- schedule
     @translate_errors
-    async def schedule(self, items: Sequence[tuple[str, str, bytes, float]]) -> None:
-        """Put ``(task_id, queue, message, eta)`` items on the schedule in one round-trip."""
+    async def schedule(self, items: Sequence[Scheduled]) -> None:
+        """Put messages on the schedule in one script run; due times on the server's clock."""
         if not items:
             return
         keys = self.keys
-        async with self.client.pipeline(transaction=True) as pipe:
-            for task_id, queue, message, eta in items:
-                pipe.zadd(keys.schedule, {task_id: eta})
-                pipe.hset(
-                    keys.schedule_data,
-                    task_id,
-                    self.kind.encode() + queue.encode() + b"\n" + message,
-                )
-            pipe.publish(keys.events, f"s:{min(eta for _, _, _, eta in items)!r}")
-            await pipe.execute()
+        kind = self.kind.encode()
+        args: list[Any] = [keys.events]
+        for item in items:
+            args += (
+                item.task_id,
+                "" if item.eta is None else repr(float(item.eta)),
+                repr(float(item.delay)),
+                kind + item.queue.encode() + b"\n" + item.message,
+            )
+        await self._schedule(keys=[keys.schedule, keys.schedule_data], args=args)
 
     @translate_errors
     async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
@@ -264,13 +265,13 @@ class RedisBroker(RedisControl, Broker):
                 await pubsub.aclose()
 
     @translate_errors
-    async def promote_due(self, now: float, limit: int) -> tuple[int, float | None]:
-        """Move due scheduled messages to their queues (one Lua call)."""
+    async def promote_due(self, limit: int) -> tuple[int, float | None, float]:
+        """Move messages due by the server's clock to their queues (one Lua call)."""
         keys = self.keys
-        moved, head = await self._promote(
-            keys=[keys.schedule, keys.schedule_data], args=[keys.prefix, repr(now), limit]
+        moved, head, now = await self._promote(
+            keys=[keys.schedule, keys.schedule_data], args=[keys.prefix, limit]
         )
-        return int(moved), (float(head) if head else None)
+        return int(moved), (float(head) if head else None), float(now)
 
     @translate_errors
     async def scheduled_count(self) -> int:
@@ -279,10 +280,17 @@ class RedisBroker(RedisControl, Broker):
 
     # --------------------------------------------------------------- periodic
     @translate_errors
+    async def server_time(self) -> float:
+        """The server's clock, Redis ``TIME`` (Unix seconds)."""
+        seconds, micros = await self.client.time()
+        return float(seconds) + int(micros) / 1_000_000
+
+    @translate_errors
     async def claim_periodic(
         self, name: str, occurrence: float, message: bytes, queue: str
     ) -> bool:
-        """Compare-and-set the last occurrence of ``name`` and publish, in one Lua call."""
+        """Compare-and-set the last occurrence of ``name`` and publish, in one Lua call on
+        the server's clock (see :meth:`Broker.claim_periodic`)."""
         keys = self.keys
         done = await self._claim_periodic(
             keys=[keys.periodic, self.queue_key(queue)],

@@ -2,10 +2,23 @@
 -- KEYS[1] periodic hash (name -> last dispatched occurrence), KEYS[2] the queue's stream or list
 -- ARGV[1] periodic task name, ARGV[2] occurrence (Unix seconds), ARGV[3] kind ("s"/"l"),
 -- ARGV[4] message
--- Compare-and-set: only when the stored occurrence is missing or older. Returns 1 if dispatched.
-local last = redis.call('HGET', KEYS[1], ARGV[1])
+-- Decided on the server's clock (TIME), never a scheduler's:
+-- * an occurrence later than TIME is refused (not due yet: a scheduler's fast clock cannot
+--   dispatch early);
+-- * compare-and-set: only when the stored occurrence is missing or older. The one exception
+--   is a stored occurrence later than TIME: every stored one was <= TIME when it was claimed,
+--   so the server's clock has been stepped back since; the wall times of that stretch come
+--   round again, and an older occurrence is then accepted (nothing would run for the length
+--   of the step otherwise). Each occurrence value is still claimed once per pass of time.
+-- Returns 1 if dispatched, 0 if not.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local occurrence = tonumber(ARGV[2])
-if last and tonumber(last) >= occurrence then
+if occurrence > now then
+  return 0
+end
+local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
+if last and last >= occurrence and last <= now then
   return 0
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])

@@ -5,7 +5,8 @@
 -- per-completion arguments), of entries:
 --   {"A", queue, {id1, id2, ...}}   reliable acks without anything else (XACK + XDEL)
 --   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops}
---     kind "s" (stream) or "l" (list); "" means absent; dead is "" or
+--     kind "s" (stream) or "l" (list); "" means absent; eta is the reschedule's delay in
+--     seconds, made a due time here on the server's clock (TIME); dead is "" or
 --     {message, reason, error, task, queue, failed_at} (stored with the kind: its origin)
 local prefix, group, cap = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local batch = cmsgpack.unpack(ARGV[4])
@@ -152,9 +153,12 @@ for _, c in ipairs(batch) do
       redis.call('PUBLISH', prefix .. 'done:' .. task_id, record)
     end
     if reschedule ~= '' then
-      redis.call('ZADD', KEYS[1], eta, task_id)
+      -- Due on the server's clock, never the worker's: TIME + the delay sent.
+      local t = redis.call('TIME')
+      local due = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000 + eta)
+      redis.call('ZADD', KEYS[1], due, task_id)
       redis.call('HSET', KEYS[2], task_id, kind .. queue .. '\n' .. reschedule)
-      redis.call('PUBLISH', prefix .. 'events', 's:' .. eta)
+      redis.call('PUBLISH', prefix .. 'events', 's:' .. due)
     end
     if dead ~= '' then
       redis.call('HSET', prefix .. 'd:' .. task_id, 'message', dead[1], 'reason', dead[2],

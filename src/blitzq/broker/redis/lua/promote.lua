@@ -1,10 +1,14 @@
--- Move due scheduled messages to their queues.
+-- Move scheduled messages that are due by the server's clock (TIME) to their queues.
 -- KEYS[1] schedule zset, KEYS[2] schedule data hash
--- ARGV[1] key prefix, ARGV[2] now (Unix seconds), ARGV[3] limit
+-- ARGV[1] key prefix, ARGV[2] limit
 -- Schedule data values are "<kind><queue>\n<message>", kind "s" (stream) or "l" (list).
--- Returns {moved, next_due_or_false}.
+-- "Now" is the server's TIME, never the caller's clock, so a worker or scheduler whose clock
+-- is ahead cannot release anything early.
+-- Returns {moved, next_due_or_false, now} (times as strings: Lua numbers become integers).
 local prefix = ARGV[1]
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
+local t = redis.call('TIME')
+local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 for _, id in ipairs(ids) do
   local value = redis.call('HGET', KEYS[2], id)
   local nl = value and string.find(value, '\n', 1, true)
@@ -13,8 +17,8 @@ for _, id in ipairs(ids) do
     -- Not "<kind><queue>\n<message>": keep it as a dead letter instead of failing every run.
     redis.call('HSET', prefix .. 'd:' .. id, 'message', value, 'reason', 'malformed message',
       'error', 'schedule entry is not <kind><queue>\\n<message>', 'task', '', 'queue', '',
-      'failed_at', ARGV[2])
-    redis.call('ZADD', prefix .. 'dlq', ARGV[2], id)
+      'failed_at', now)
+    redis.call('ZADD', prefix .. 'dlq', now, id)
     redis.call('HDEL', KEYS[2], id)
   elseif value then
     local queue = string.sub(value, 2, nl - 1)
@@ -30,6 +34,6 @@ for _, id in ipairs(ids) do
 end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if head[2] then
-  return {#ids, head[2]}
+  return {#ids, head[2], now}
 end
-return {#ids, false}
+return {#ids, false, now}
