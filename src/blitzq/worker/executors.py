@@ -144,9 +144,12 @@ class ThreadPool(concurrent.futures.Executor):
         return future
 
     def abandon(self) -> None:
-        """One call will keep its thread past its run: allow one more thread meanwhile."""
+        """One call will keep its thread past its run: allow one more thread meanwhile, and
+        start it now if calls are waiting for a thread."""
         with self._lock:
             self.extra += 1
+            if not self._work.empty():
+                self._grow()
 
     def returned(self) -> None:
         """An abandoned call returned: give back the thread allowed for it."""
@@ -180,9 +183,11 @@ class ThreadPool(concurrent.futures.Executor):
                     future.set_result(result)
                     result = None
             del future, call, args  # drop references before waiting for the next call
-            with self._lock:
-                if self._shutdown or len(self._threads) > self.size + self.extra:
-                    break
+            if self._shutdown or len(self._threads) > self.size + self.extra:
+                with self._lock:  # decided again under the lock: one thread leaves per excess
+                    if self._shutdown or len(self._threads) > self.size + self.extra:
+                        self._threads.discard(me)
+                        return
             self._idle.release()
         with self._lock:
             self._threads.discard(me)

@@ -3,9 +3,11 @@
 One fetch loop per subscribed queue reserves slots from the queue's and the global limiter
 *before* it fetches, takes up to that many messages from the queue's priority levels
 (``<q>:high``, ``<q>``, ``<q>:low``, in that order) without blocking, and blocks for a single
-message on all levels at once (at most ``block_timeout`` seconds) only when they are empty.
-Excess work stays in Redis. The :class:`~blitzq.worker.runner.Runner` runs what was fetched;
-completions go to the :class:`~blitzq.worker.flusher.Flusher`; background loops
+message on all levels at once (at most ``block_timeout`` seconds) only when they are empty;
+what that read returns beyond the slots free at that moment is handed back at once, so the
+worker never holds a message it cannot start. Excess work stays in Redis. The
+:class:`~blitzq.worker.runner.Runner` runs what was fetched; completions go to the
+:class:`~blitzq.worker.flusher.Flusher`; background loops
 (:mod:`~blitzq.worker.maintenance`) promote scheduled messages, follow cancellations, register
 the worker, renew leases and recover abandoned messages.
 """
