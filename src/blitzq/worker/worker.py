@@ -43,7 +43,8 @@ logger = logging.getLogger("blitzq.worker")
 EXIT_RESTART = 75
 
 #: Seconds beyond ``block_timeout`` a stopping worker lets a fetch command in flight finish
-#: before it cancels it (a server that stopped answering).
+#: before it cancels it (a server that stopped answering); also the most it waits to
+#: unregister and to write progress updates in flight.
 FETCH_GRACE = 2.0
 
 
@@ -409,15 +410,17 @@ class Worker:
             await asyncio.wait_for(flusher_task, timeout=max(5.0, self.shutdown_timeout))
         except TimeoutError:
             logger.error("could not write %d completion(s) at shutdown", self._flusher.backlog)
-        with contextlib.suppress(BrokerError):
-            await self.broker.unregister_worker(self.id)
+        # A server that stopped answering must not hold the exit (the record expires).
+        with contextlib.suppress(BrokerError, TimeoutError):
+            await asyncio.wait_for(self.broker.unregister_worker(self.id), FETCH_GRACE)
         for hook in self.queue.on_shutdown:
             try:
                 await hook()
             except Exception:
                 logger.exception("shutdown hook failed")
         await self.queue.signals.drain()  # after-hooks and signal handlers still running
-        await runner.progress.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(runner.progress.close(), FETCH_GRACE)
         await self._emit(Signal.WORKER_STOPPED)
         logger.info(
             "worker %s stopped: %d succeeded, %d failed", self.id, self.processed, self.failed
