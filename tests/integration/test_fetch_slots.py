@@ -253,3 +253,46 @@ async def test_shutdown_requeues_a_delivery_stuck_in_before_execute(
     slow.gate.set()
     async with running(make_worker(queue, concurrency=2)):
         assert await handle.result(timeout=10) == "ok"
+
+
+class _SwallowingBefore(Middleware):
+    """A misbehaving before-execute hook: it swallows the worker's cancellation."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+
+    async def before_execute(self, context: TaskContext) -> None:
+        self.entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return  # and so the run starts
+
+
+async def test_a_hook_swallowing_the_shutdown_cancel_does_not_duplicate_the_message(
+    make_queue: Callable[..., Queue],
+) -> None:
+    """A start that goes on despite the shutdown's cancel is not also handed back: the task
+    runs once and nothing is left in the queue."""
+    queue = make_queue(visibility_timeout=30.0)
+    queue.add_middleware(_SwallowingBefore())
+    runs: list[int] = []
+
+    @queue.task(name="f.once")
+    async def once() -> str:
+        runs.append(1)
+        return "ok"
+
+    worker: Worker = make_worker(queue, concurrency=2, shutdown_timeout=0.2)
+    task = asyncio.create_task(worker.run())
+    try:
+        handle = await once.enqueue()
+        await eventually(lambda: _counts(queue, "default"), lambda c: c == (0, 1), 10.0)
+        worker.stop()
+        await asyncio.wait_for(task, 20.0)
+    finally:
+        if not task.done():
+            task.cancel()
+    assert await handle.result(timeout=10) == "ok"
+    assert runs == [1]
+    assert await _counts(queue, "default") == (0, 0)

@@ -86,6 +86,7 @@ class Runner:
         #: Starts awaiting their checks or before-execute hooks, with their delivery: not
         #: started yet, but leased (renewed like running tasks) and requeued at shutdown.
         self._pending: dict[asyncio.Task[None], Delivery] = {}
+        self._given_back: set[asyncio.Task[None]] = set()  # of those, handed back at shutdown
         #: Thread runs past their hard timeout whose thread has not returned (slot freed).
         self.abandoned: set[Job] = set()
         #: Thread runs abandoned since the worker started.
@@ -461,9 +462,16 @@ class Runner:
                 job.handle.cancel()
         starting = [(t, d) for t, d in self._pending.items() if not t.done()]
         for pending, d in starting:
+            # Handed back once the cancellation has ended it, so a before-execute hook that
+            # swallows the cancellation and starts the run cannot make it run twice.
+            pending.add_done_callback(functools.partial(self._hand_back_cancelled, d))
             pending.cancel()
-            self.hand_back(d)
         return len(leftover) + len(starting)
+
+    def _hand_back_cancelled(self, d: Delivery, pending: asyncio.Task[None]) -> None:
+        if pending.cancelled() and pending not in self._given_back:
+            self._given_back.add(pending)
+            self.hand_back(d)
 
     def running_tokens(self, queue: str) -> list[bytes]:
         """Delivery tokens from physical ``queue`` this worker holds: running jobs, and
@@ -482,7 +490,12 @@ class Runner:
     async def close(self, killed: bool) -> None:
         """Wait for rate-limit checks in flight; stop the thread and process pools."""
         if self._pending:  # cancelled by requeue_unfinished when the shutdown timed out
-            await asyncio.wait(list(self._pending), timeout=_CLOSE_GRACE)
+            _, stuck = await asyncio.wait(list(self._pending), timeout=_CLOSE_GRACE)
+            for pending in stuck:  # ignores its cancellation: hand its message back anyway
+                if pending not in self._given_back:
+                    self._given_back.add(pending)
+                    self.hand_back(self._pending[pending])
+            await asyncio.sleep(0)  # let the done-callbacks of cancelled ones run
         if self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)
         if self._processes is not None:
