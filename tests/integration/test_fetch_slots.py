@@ -140,13 +140,14 @@ async def test_shutdown_timeout_bounds_the_exit_while_a_message_waits_for_a_slot
     ("concurrency", "priorities"), [(1, ["high", "normal"]), (2, ["high", "normal", "low"])]
 )
 async def test_due_messages_on_several_levels_all_run(
-    make_queue: Callable[..., Queue], mode: str, concurrency: int, priorities: list[str]
+    make_queue: Callable[..., Queue], concurrency: int, priorities: list[str]
 ) -> None:
     """Issue input: ``-c 1``, a high task (slow) and a normal one due at the same moment
     (the promoter moves both in one script while the worker blocks on all levels; Valkey
     answers that read with both). Also ``-c 2`` with three levels. Every task runs exactly
-    once and the worker stops promptly."""
-    queue = make_queue(name="pq", mode=mode)
+    once and the worker stops promptly. (Reliable mode: fast mode's BLMPOP pops from one
+    list only.)"""
+    queue = make_queue(name="pq")
     started: list[str] = []
 
     @queue.task(name="f.step")
