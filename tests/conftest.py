@@ -5,6 +5,14 @@ embedded Valkey in a temporary directory. By default the tests use 127.0.0.1:637
 ``redis-server`` there if none answers, and fall back to the embedded Valkey when no
 ``redis-server`` binary exists. Tests never flush the server: each one uses its own namespace
 and deletes its keys afterwards, so tests can run in parallel against one server.
+
+A test (or module, with ``pytestmark``) marked ``both_servers`` runs twice: on that server
+(``[redis]``) and on a private embedded Valkey started once per session (``[valkey]``). Redis
+>= 7.2 and Valkey differ from Redis 7.0 where it matters to fetching (a blocked XREADGROUP
+over several streams returns one entry from *each* stream that got data), so the fetch,
+priority and shutdown tests run on both in every ``make test``. The ``[valkey]`` run is
+skipped when the session's server is Valkey already. Fixtures built on ``server_url``
+(``namespace``, ``make_queue``, ``raw_redis``, the reliability ``harness``) follow the run.
 """
 
 from __future__ import annotations
@@ -87,12 +95,57 @@ def redis_url() -> Iterator[str]:
         stop_server(data_dir)
 
 
+def _is_valkey(url: str) -> bool:
+    with redis.Redis.from_url(url, socket_connect_timeout=2) as client:
+        info = client.info("server")
+    return "valkey_version" in info or info.get("server_name") == "valkey"
+
+
+@pytest.fixture(scope="session")
+def valkey_url(redis_url: str) -> Iterator[str]:
+    """URL of a private embedded Valkey (blitzq's default server) for the whole session.
+
+    Reuses the session's server when that one is already Valkey.
+    """
+    if _is_valkey(redis_url):
+        yield redis_url
+        return
+    from blitzq.broker.redis.embedded import ensure_server, stop_server
+
+    data_dir = Path(tempfile.mkdtemp(prefix="blitzq-test-valkey-both-"))
+    url = ensure_server(data_dir)
+    try:
+        yield url
+    finally:
+        stop_server(data_dir)
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run ``both_servers`` tests on the session's server and on the embedded Valkey."""
+    if "server_url" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "both_servers"
+    ):
+        metafunc.parametrize("server_url", ["redis", "valkey"], indirect=True)
+
+
 @pytest.fixture
-def namespace(redis_url: str) -> Iterator[str]:
+def server_url(request: pytest.FixtureRequest, redis_url: str) -> str:
+    """URL of the server this test runs on: the session's (``redis_url``), or in the
+    ``[valkey]`` run of a ``both_servers`` test the embedded Valkey (``valkey_url``)."""
+    if getattr(request, "param", "redis") != "valkey":
+        return redis_url
+    if _is_valkey(redis_url):
+        pytest.skip("the session's server is Valkey already: the [redis] run covers it")
+    return str(request.getfixturevalue("valkey_url"))
+
+
+@pytest.fixture
+def namespace(server_url: str) -> Iterator[str]:
     """A fresh namespace; its keys are deleted after the test."""
     ns = "test-" + uuid.uuid4().hex[:12]
     yield ns
-    client = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(server_url)
     keys = list(client.scan_iter(match="{" + ns + "}:*", count=1000))
     if keys:
         client.delete(*keys)
@@ -100,11 +153,11 @@ def namespace(redis_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def make_queue(redis_url: str, namespace: str) -> Callable[..., Queue]:
+def make_queue(server_url: str, namespace: str) -> Callable[..., Queue]:
     """Factory of Queues on the test server and namespace; keyword arguments pass through."""
 
     def factory(**kwargs: Any) -> Queue:
-        kwargs.setdefault("redis_url", redis_url)
+        kwargs.setdefault("redis_url", server_url)
         kwargs.setdefault("namespace", namespace)
         return Queue(**kwargs)
 
@@ -112,11 +165,11 @@ def make_queue(redis_url: str, namespace: str) -> Callable[..., Queue]:
 
 
 @pytest.fixture
-async def raw_redis(redis_url: str) -> AsyncIterator[Any]:
+async def raw_redis(server_url: str) -> AsyncIterator[Any]:
     """A plain redis.asyncio client on the test server (to plant or inspect keys by hand)."""
     import redis.asyncio as aioredis
 
-    client = aioredis.Redis.from_url(redis_url)
+    client = aioredis.Redis.from_url(server_url)
     yield client
     await client.aclose()
 

@@ -260,8 +260,7 @@ class QueueHooks:
             runner.run(job, slots, True)
             return
         pending = asyncio.get_running_loop().create_task(self._before(runner, job, slots))
-        runner._pending.add(pending)
-        pending.add_done_callback(runner._pending.discard)
+        runner.hold_start(pending, job.delivery)
 
     async def _before(self, runner: Runner, job: Job, slots: Slots) -> None:
         context = job.context
@@ -279,7 +278,7 @@ class QueueHooks:
                 slots.release()
             return
         except BaseException:
-            slots.release()  # cancelled at shutdown; the lease recovers the message
+            slots.release()  # cancelled at shutdown: the worker requeues the message
             raise
         reset_current(token)
         if runner.revoked and job.envelope.id in runner.revoked:

@@ -20,6 +20,9 @@ from blitzq.routing import levels
 
 from .proc_tasks import eventually, make_worker, running
 
+# Fetching over several levels differs on Redis >= 7.2 / Valkey: run on both.
+pytestmark = pytest.mark.both_servers
+
 
 @pytest.fixture(params=["reliable", "fast"])
 def mode(request: pytest.FixtureRequest) -> str:

@@ -276,9 +276,9 @@ def make_harness(
 
 
 @pytest.fixture
-def harness(redis_url: str, make_harness: Callable[[str | None], Harness]) -> Harness:
-    """A :class:`Harness` on the shared test server and the test's namespace."""
-    return make_harness(redis_url)
+def harness(server_url: str, make_harness: Callable[[str | None], Harness]) -> Harness:
+    """A :class:`Harness` on the test's server (see ``server_url``) and namespace."""
+    return make_harness(server_url)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -19,6 +19,7 @@ from ..logconfig import configure_logging
 from ..queue import Queue
 from ..routing import check_name
 from ..worker import Worker
+from ..worker.worker import EXIT_RESTART
 from ._common import (
     CliUsageError,
     Settings,
@@ -213,6 +214,14 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
     metavar="SECONDS",
     help="On SIGTERM/SIGINT, wait this long for running tasks, then requeue.",
 )
+@click.option(
+    "--max-abandoned-threads",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="Sync-task threads past their hard timeout and still running that the worker "
+    f"tolerates; one more and it stops gracefully and exits {EXIT_RESTART} to be restarted.",
+)
 @log_options
 @click.option(
     "--scheduler",
@@ -249,6 +258,7 @@ def worker_command(
     with_scheduler: bool,
     workers: int,
     configure: tuple[str, ...] = (),
+    max_abandoned_threads: int = 10,
 ) -> None:
     """Run a worker for the blitzq.Queue at MODULE:ATTR (for example myapp.tasks:queue).
 
@@ -272,7 +282,8 @@ def worker_command(
             log_format=log_format,
             json_output=s.json,
             extra=(["--scheduler"] if with_scheduler else [])
-            + [arg for spec in configure for arg in ("--configure", spec)],
+            + [arg for spec in configure for arg in ("--configure", spec)]
+            + ["--max-abandoned-threads", str(max_abandoned_threads)],
             **typed,
         )
         sys.exit(supervisor.supervise(argv, workers, shutdown_timeout, json_output=s.json))
@@ -288,20 +299,24 @@ def worker_command(
             concurrency=concurrency,
             shutdown_timeout=shutdown_timeout,
             handle_signals=True,
+            max_abandoned_threads=max_abandoned_threads,
         )
         asyncio.run(_serve(worker, with_scheduler))
-    _exit_past_abandoned_threads()
+    # A worker that stopped to be restarted (too many abandoned threads) says so.
+    code = EXIT_RESTART if worker.restart_requested else 0
+    _exit_past_abandoned_threads(code)
+    if code:
+        sys.exit(code)
 
 
-def _exit_past_abandoned_threads() -> None:
-    """Exit now if a sync task outlived the shutdown timeout.
+def _exit_past_abandoned_threads(code: int = 0) -> None:
+    """Exit now, with ``code``, if a non-daemon thread outlived the shutdown timeout.
 
-    Its message was already put back on the queue; a thread cannot be interrupted, and the
-    interpreter would otherwise wait for it at exit.
+    A thread cannot be interrupted, and the interpreter would otherwise wait for it at exit.
     """
     main = threading.main_thread()
     if any(t is not main and t.is_alive() and not t.daemon for t in threading.enumerate()):
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(code)

@@ -1,5 +1,9 @@
 """Where task code runs: coroutines on the loop, threads, or a process pool.
 
+Sync tasks run on a :class:`ThreadPool` of daemon threads that grows by one thread for each
+call abandoned at its hard timeout (see :mod:`~blitzq.worker.timeouts`), so hung calls never
+take the threads the worker's free slots need, and never keep the process from exiting.
+
 Async tasks start *eagerly*: the coroutine's first step runs inline in the worker, and only a
 coroutine that actually suspends gets an ``asyncio.Task`` (the same idea as Python 3.12's
 ``asyncio.eager_task_factory``, done by hand so it also works on 3.11). A task that completes
@@ -10,10 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import importlib
 import multiprocessing
 import os
+import queue
 import sys
+import threading
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
@@ -82,6 +89,128 @@ def _run_by_reference(module: str, attribute: str, args: list[Any], kwargs: dict
         target = getattr(target, part)
     fn = getattr(target, "fn", target)
     return fn(*args, **kwargs)
+
+
+_WorkItem = tuple["concurrent.futures.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+
+
+class ThreadPool(concurrent.futures.Executor):
+    """Daemon threads running sync task calls: ``size`` of them, plus one per abandoned call.
+
+    Like :class:`concurrent.futures.ThreadPoolExecutor` (threads start on demand and an idle
+    one is reused first), with two differences a worker needs. Its threads are daemons, so a
+    call that never returns does not hold up the process's exit. And :meth:`abandon` raises
+    the thread limit by one while an abandoned call still occupies its thread, so the calls
+    the worker still counts always find a thread; :meth:`returned` lowers it again, and a
+    thread over the limit exits once it finishes its call.
+
+    Args:
+        size: threads when nothing is abandoned (>= 1).
+        name_prefix: thread names are ``<prefix>-<n>``.
+    """
+
+    def __init__(self, size: int, name_prefix: str = "blitzq-task") -> None:
+        self.size = size
+        self.name_prefix = name_prefix
+        self.extra = 0
+        self._work: queue.SimpleQueue[_WorkItem | None] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._threads: set[threading.Thread] = set()
+        self._started = 0
+        self._shutdown = False
+
+    @property
+    def threads(self) -> int:
+        """Threads alive in the pool."""
+        return len(self._threads)
+
+    def submit(
+        self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[Any]:
+        """Run ``fn(*args, **kwargs)`` on a pool thread.
+
+        Raises:
+            RuntimeError: the pool was shut down.
+        """
+        call = functools.partial(fn, **kwargs) if kwargs else fn
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot submit to a thread pool that was shut down")
+            self._work.put((future, call, args))
+            if not self._idle.acquire(timeout=0):
+                self._grow()
+        return future
+
+    def abandon(self) -> None:
+        """One call will keep its thread past its run: allow one more thread meanwhile, and
+        start it now if calls are waiting for a thread."""
+        with self._lock:
+            self.extra += 1
+            if not self._work.empty():
+                self._grow()
+
+    def returned(self) -> None:
+        """An abandoned call returned: give back the thread allowed for it."""
+        with self._lock:
+            self.extra = max(0, self.extra - 1)
+
+    def _grow(self) -> None:  # with the lock held
+        if len(self._threads) >= self.size + self.extra:
+            return
+        self._started += 1
+        thread = threading.Thread(
+            target=self._run, name=f"{self.name_prefix}-{self._started}", daemon=True
+        )
+        self._threads.add(thread)
+        thread.start()
+
+    def _run(self) -> None:
+        me = threading.current_thread()
+        while True:
+            item = self._work.get()
+            if item is None:
+                break
+            future, call, args = item
+            del item
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = call(*args)
+                except BaseException as exc:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+                    result = None
+            del future, call, args  # drop references before waiting for the next call
+            if self._shutdown or len(self._threads) > self.size + self.extra:
+                with self._lock:  # decided again under the lock: one thread leaves per excess
+                    if self._shutdown or len(self._threads) > self.size + self.extra:
+                        self._threads.discard(me)
+                        return
+            self._idle.release()
+        with self._lock:
+            self._threads.discard(me)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop taking calls; ``cancel_futures`` cancels those not started; ``wait`` joins
+        the threads (never done for an abandoned call's thread by the worker)."""
+        with self._lock:
+            self._shutdown = True
+            threads = list(self._threads)
+        if cancel_futures:
+            while True:
+                try:
+                    item = self._work.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+        for _ in threads:
+            self._work.put(None)
+        if wait:
+            for thread in threads:
+                thread.join()
 
 
 class ProcessPool:

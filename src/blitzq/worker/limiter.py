@@ -78,6 +78,33 @@ class Slots:
                 g.take(n)
                 return n
 
+    def grant(self, wanted: int, queue_held: int) -> int:
+        """Turn messages that arrived during a blocking fetch into held slots, without waiting.
+
+        The blocking fetch holds ``queue_held`` slots of the queue's limiter only (no global
+        ones). This takes up to ``wanted`` global slots, and queue slots beyond
+        ``queue_held``, from what is free right now, and gives back the queue slots it does
+        not use.
+
+        Args:
+            wanted: messages that arrived.
+            queue_held: queue-only slots the fetch holds.
+
+        Returns:
+            How many messages now hold a slot in both limiters (0 to ``wanted``); the caller
+            hands the others back.
+        """
+        q, g = self.queue_limiter, self.global_limiter
+        n = min(wanted, g.free)
+        if q is not None:
+            n = min(n, queue_held + q.free)
+            if n > queue_held:
+                q.take(n - queue_held)
+            elif n < queue_held:
+                q.release(queue_held - n)
+        g.take(n)
+        return n
+
     def release_queue(self, n: int = 1) -> None:
         """Give back ``n`` slots to the queue's limiter only (the global ones were returned)."""
         if self.queue_limiter is not None:

@@ -9,7 +9,6 @@ code has really stopped running.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import functools
 import logging
@@ -28,10 +27,18 @@ from ..routing import base_queue
 from ..serialization import Envelope, decode_envelope, encode_envelope
 from ..task import Task
 from .execution import Job, Outcomes
-from .executors import ProcessPool, start_eagerly
+from .executors import ProcessPool, ThreadPool, start_eagerly
 from .flusher import Flusher
 from .limiter import Slots
-from .timeouts import forget, interruptible, kill_process_run, soft_timeout, start_timers
+from .timeouts import (
+    abandon_thread,
+    forget,
+    interruptible,
+    kill_process_run,
+    soft_timeout,
+    start_timers,
+    thread_returned,
+)
 from .timeouts import timeout_error as _timeout_error
 
 if TYPE_CHECKING:
@@ -40,6 +47,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("blitzq.worker")
 
 _NO_BUCKETS: list[tuple[str, float, float]] = []
+
+#: Seconds the worker's close waits for start checks that ignore their cancellation.
+_CLOSE_GRACE = 1.0
 
 #: A rate-limit answer below this many seconds starts the task at once.
 _RATE_SLACK = 0.002
@@ -69,11 +79,18 @@ class Runner:
         self.revoked: dict[str, float] = {}
         self.processed = 0
         self.failed = 0
-        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+        self._threads: ThreadPool | None = None
         self._processes: ProcessPool | None = None
         self._limits: dict[tuple[str, str], list[tuple[str, float, float]]] = {}
         self._queue_limits = bool(queue.queue_rate_limits)
-        self._pending: set[asyncio.Task[None]] = set()
+        #: Starts awaiting their checks or before-execute hooks, with their delivery: not
+        #: started yet, but leased (renewed like running tasks) and requeued at shutdown.
+        self._pending: dict[asyncio.Task[None], Delivery] = {}
+        self._given_back: set[asyncio.Task[None]] = set()  # of those, handed back at shutdown
+        #: Thread runs past their hard timeout whose thread has not returned (slot freed).
+        self.abandoned: set[Job] = set()
+        #: Thread runs abandoned since the worker started.
+        self.abandoned_total = 0
         #: Middleware and signal handlers; ``hooks.enabled`` is checked once per run.
         self.hooks = hooks_of(queue)
         #: Progress writer of this worker (``current_task().update_progress``).
@@ -100,11 +117,28 @@ class Runner:
             return
         buckets = self._buckets(task, d.queue) if not env.reserved else None
         if buckets or task.checks or env.max_age is not None:
-            pending = asyncio.ensure_future(self._start_checked(d, env, task, slots, buckets))
-            self._pending.add(pending)
-            pending.add_done_callback(self._pending.discard)
+            self.hold_start(
+                asyncio.ensure_future(self._start_checked(d, env, task, slots, buckets)), d
+            )
             return
         self.run(Job(d, env, task), slots)
+
+    def hold_start(self, pending: asyncio.Task[None], d: Delivery) -> None:
+        """Track ``pending``, a coroutine that will start (or end) delivery ``d``."""
+        self._pending[pending] = d
+        pending.add_done_callback(self._pending.pop)
+
+    def hand_back(self, d: Delivery) -> None:
+        """Put a delivery this worker did not start back on its queue, untouched.
+
+        Reliable mode acknowledges it and adds it again at the tail of its stream (delivery
+        count 1) in one atomic completion; fast mode pushes it back to the head of its list.
+        """
+        try:
+            task_id = decode_envelope(d.payload).id
+        except SerializationError:
+            task_id = (d.token or b"").decode() or "unknown"
+        self.flusher.add(Completion(d.queue, d.token, task_id, requeue=d.payload))
 
     def _buckets(self, task: Task[Any, Any], physical: str) -> list[tuple[str, float, float]]:
         if task.rate_limit is None and not self._queue_limits:
@@ -232,9 +266,7 @@ class Runner:
                 return
             elif executor == "thread":
                 if self._threads is None:
-                    self._threads = concurrent.futures.ThreadPoolExecutor(
-                        self.worker.thread_pool_size, thread_name_prefix="blitzq-task"
-                    )
+                    self._threads = ThreadPool(self.worker.thread_pool_size, "blitzq-task")
                 call = functools.partial(task.fn, *env.args, **env.kwargs)
                 if task.controls.soft_timeout:
                     call = interruptible(job, call)
@@ -249,7 +281,7 @@ class Runner:
         job.handle = handle
         self.jobs.add(job)
         if env.timeout or task.timeout or task.controls.soft_timeout:
-            start_timers(self, job)  # hard and soft timeouts (worker/timeouts.py)
+            start_timers(self, job, slots)  # hard and soft timeouts (worker/timeouts.py)
         handle.add_done_callback(functools.partial(self.on_done, job, slots))
 
     def _arguments_fit(self, job: Job, slots: Slots) -> bool:
@@ -314,12 +346,13 @@ class Runner:
         if completion is not None:
             self.flusher.add(completion)
 
-    def on_timeout(self, job: Job, soft: bool = False) -> None:
+    def on_timeout(self, job: Job, soft: bool = False, slots: Slots | None = None) -> None:
         """The run passed its hard timeout (or its soft one, ``soft=True``).
 
-        Hard: cancel an async task; for a thread task record the failure now and keep the
-        slot until the call really returns; terminate a process task (its slot is freed
-        once the process is gone). Soft: see :func:`~blitzq.worker.timeouts.soft_timeout`.
+        Hard: cancel an async task; for a thread task record the failure now and free its
+        slot (the thread is *abandoned*, see :func:`~blitzq.worker.timeouts.abandon_thread`);
+        terminate a process task (its slot is freed once the process is gone). Soft: see
+        :func:`~blitzq.worker.timeouts.soft_timeout`. ``slots``: those the run holds.
         """
         if job.finished:
             return
@@ -336,6 +369,8 @@ class Runner:
         self.commit(job, self.outcomes.failure(job, error), error)
         if job.task.executor == "process":
             kill_process_run(self, job)
+        elif slots is not None:
+            abandon_thread(self, job, slots)
 
     @staticmethod
     def _timeout_of(job: Job) -> float:
@@ -343,6 +378,12 @@ class Runner:
 
     def on_done(self, job: Job, slots: Slots, handle: asyncio.Future[Any]) -> None:
         """The run really ended: free the slot and commit, unless already committed."""
+        if self.abandoned and job in self.abandoned:
+            thread_returned(self, job)  # its slot was freed at the timeout
+            forget(job)
+            if not handle.cancelled():
+                handle.exception()
+            return
         self.jobs.discard(job)
         if job.timer is not None:
             job.timer.cancel()
@@ -410,27 +451,51 @@ class Runner:
         return found
 
     def requeue_unfinished(self) -> int:
-        """At shutdown: put every job still running back on its queue; return how many."""
+        """At shutdown: put every job still running, and every delivery still waiting for
+        its start checks or before-execute hooks (those are cancelled), back on its queue;
+        return how many."""
         leftover = [j for j in self.jobs if not j.finished]
         for job in leftover:
             job.finished = True
             self.commit(job, Outcomes.requeue(job))
             if job.handle is not None:
                 job.handle.cancel()
-        return len(leftover)
+        starting = [(t, d) for t, d in self._pending.items() if not t.done()]
+        for pending, d in starting:
+            # Handed back once the cancellation has ended it, so a before-execute hook that
+            # swallows the cancellation and starts the run cannot make it run twice.
+            pending.add_done_callback(functools.partial(self._hand_back_cancelled, d))
+            pending.cancel()
+        return len(leftover) + len(starting)
+
+    def _hand_back_cancelled(self, d: Delivery, pending: asyncio.Task[None]) -> None:
+        if pending.cancelled() and pending not in self._given_back:
+            self._given_back.add(pending)
+            self.hand_back(d)
 
     def running_tokens(self, queue: str) -> list[bytes]:
-        """Delivery tokens of the jobs from physical ``queue`` still running."""
-        return [
+        """Delivery tokens from physical ``queue`` this worker holds: running jobs, and
+        deliveries still waiting for their start checks or before-execute hooks."""
+        tokens = [
             j.delivery.token
             for j in self.jobs
             if j.delivery.queue == queue and j.delivery.token is not None
         ]
+        if self._pending:
+            tokens += [
+                d.token for d in self._pending.values() if d.queue == queue and d.token is not None
+            ]
+        return tokens
 
     async def close(self, killed: bool) -> None:
         """Wait for rate-limit checks in flight; stop the thread and process pools."""
-        if self._pending:
-            await asyncio.gather(*self._pending, return_exceptions=True)
+        if self._pending:  # cancelled by requeue_unfinished when the shutdown timed out
+            _, stuck = await asyncio.wait(list(self._pending), timeout=_CLOSE_GRACE)
+            for pending in stuck:  # ignores its cancellation: hand its message back anyway
+                if pending not in self._given_back:
+                    self._given_back.add(pending)
+                    self.hand_back(self._pending[pending])
+            await asyncio.sleep(0)  # let the done-callbacks of cancelled ones run
         if self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)
         if self._processes is not None:

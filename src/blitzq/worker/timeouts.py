@@ -2,8 +2,13 @@
 
 - ``hard_timeout`` (alias ``timeout``): an async task is cancelled; a process task's pool is
   terminated (other process tasks running in it are requeued, attempt unchanged); a thread
-  task's failure is recorded at once but its slot (and lock place) stays held until the
-  thread really returns, since Python cannot kill a thread.
+  task's failure is recorded at once and its thread is *abandoned*: Python cannot kill a
+  thread, so it runs on until its call returns, but its slot is freed at once and the thread
+  pool grows by one thread meanwhile, so hung calls never starve the worker. Its lock place
+  stays held until the call returns. Abandoned threads still running are counted
+  (``Worker.abandoned_threads``, a WARNING each); past ``Worker.max_abandoned_threads`` the
+  worker stops gracefully and asks to be restarted (exit code
+  :data:`~blitzq.worker.worker.EXIT_RESTART` of ``blitzq worker``), which frees them.
 - ``soft_timeout``: :class:`~blitzq.SoftTimeoutError` is raised inside a thread task, through
   ``PyThreadState_SetAsyncExc``, which takes effect at the next Python bytecode: a thread
   blocked in C code (a long ``time.sleep``, a socket read) sees it only when that call
@@ -17,15 +22,20 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import functools
+import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import SoftTimeoutError, TaskTimeout
 from .execution import Job, Outcomes
+from .limiter import Slots
 
 if TYPE_CHECKING:
     from .runner import Runner
+
+logger = logging.getLogger("blitzq.worker")
 
 
 class _Timers:
@@ -87,13 +97,16 @@ def interruptible(job: Job, call: Callable[[], Any]) -> functools.partial[Any]:
     return functools.partial(wrapped)
 
 
-def start_timers(runner: Runner, job: Job) -> None:
-    """Arm the hard and soft timers of a run that just started (sets ``job.timer``)."""
+def start_timers(runner: Runner, job: Job, slots: Slots) -> None:
+    """Arm the hard and soft timers of a run that just started (sets ``job.timer``).
+
+    ``slots``: the slots the run holds (a thread run's are freed at its hard timeout).
+    """
     loop = asyncio.get_running_loop()
     handles = []
     hard = job.envelope.timeout or job.task.timeout
     if hard:
-        handles.append(loop.call_later(hard, runner.on_timeout, job))
+        handles.append(loop.call_later(hard, runner.on_timeout, job, False, slots))
     soft = job.task.controls.soft_timeout
     if soft and (not hard or soft < hard):
         handles.append(loop.call_later(soft, runner.on_timeout, job, True))
@@ -149,3 +162,40 @@ def kill_process_run(runner: Runner, job: Job) -> None:
             runner.commit(other, Outcomes.requeue(other))
     pool.shutdown(kill=True)
     runner._processes = None
+
+
+def abandon_thread(runner: Runner, job: Job, slots: Slots) -> None:
+    """A thread run passed its hard timeout (its failure is committed): free its slot.
+
+    The job leaves ``runner.jobs`` for ``runner.abandoned``, the thread pool may start one
+    more thread for as long as this one runs, and the worker is told the new count (it
+    restarts past its bound).
+    """
+    runner.jobs.discard(job)
+    if job.timer is not None:
+        job.timer.cancel()
+    runner.abandoned.add(job)
+    runner.abandoned_total += 1
+    slots.release()
+    if runner._threads is not None:
+        runner._threads.abandon()
+    count = len(runner.abandoned)
+    worker = runner.worker
+    logger.warning(
+        "task %s %s passed its hard timeout and its thread is still running: slot freed, "
+        "%d abandoned thread(s) now (the worker restarts past %d)",
+        job.envelope.task, job.envelope.id, count, worker.max_abandoned_threads,
+    )  # fmt: skip
+    if count > worker.max_abandoned_threads:
+        worker.request_restart(f"{count} abandoned threads (max_abandoned_threads)")
+
+
+def thread_returned(runner: Runner, job: Job) -> None:
+    """The call of an abandoned thread run finally returned: stop counting it."""
+    runner.abandoned.discard(job)
+    if runner._threads is not None:
+        runner._threads.returned()
+    logger.info(
+        "abandoned thread of task %s %s returned after %.1f s",
+        job.envelope.task, job.envelope.id, time.time() - job.started_at,
+    )  # fmt: skip

@@ -3,9 +3,11 @@
 One fetch loop per subscribed queue reserves slots from the queue's and the global limiter
 *before* it fetches, takes up to that many messages from the queue's priority levels
 (``<q>:high``, ``<q>``, ``<q>:low``, in that order) without blocking, and blocks for a single
-message on all levels at once (at most ``block_timeout`` seconds) only when they are empty.
-Excess work stays in Redis. The :class:`~blitzq.worker.runner.Runner` runs what was fetched;
-completions go to the :class:`~blitzq.worker.flusher.Flusher`; background loops
+message on all levels at once (at most ``block_timeout`` seconds) only when they are empty;
+what that read returns beyond the slots free at that moment is handed back at once, so the
+worker never holds a message it cannot start. Excess work stays in Redis. The
+:class:`~blitzq.worker.runner.Runner` runs what was fetched; completions go to the
+:class:`~blitzq.worker.flusher.Flusher`; background loops
 (:mod:`~blitzq.worker.maintenance`) promote scheduled messages, follow cancellations, register
 the worker, renew leases and recover abandoned messages.
 """
@@ -22,11 +24,11 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 
-from ..broker.base import Broker, Completion, Delivery
-from ..exceptions import BrokerError, ConfigurationError, SerializationError
+from ..broker.base import Broker, Delivery
+from ..exceptions import BrokerError, ConfigurationError
 from ..queue import Queue
 from ..routing import base_queue, levels
-from ..serialization import decode_envelope, dumps
+from ..serialization import dumps
 from ..signals import Signal, SignalEvent
 from .flusher import Flusher
 from .limiter import Limiter, Slots
@@ -34,6 +36,16 @@ from .maintenance import Maintenance
 from .runner import Runner
 
 logger = logging.getLogger("blitzq.worker")
+
+#: Exit code of ``blitzq worker`` after a worker stopped to be restarted (too many abandoned
+#: threads): ``EX_TEMPFAIL`` of sysexits.h. The supervisor (``--workers N``) restarts it; give
+#: a process manager a restart policy that covers it (systemd ``Restart=on-failure``).
+EXIT_RESTART = 75
+
+#: Seconds beyond ``block_timeout`` a stopping worker lets a fetch command in flight finish
+#: before it cancels it (a server that stopped answering); also the most it waits to
+#: unregister and to write progress updates in flight.
+FETCH_GRACE = 2.0
 
 
 class Worker:
@@ -49,7 +61,12 @@ class Worker:
         block_timeout: seconds one fetch blocks on an empty queue.
         shutdown_timeout: seconds a graceful stop waits for running tasks before requeueing
             them.
-        thread_pool_size: threads for sync tasks (default: ``concurrency``).
+        thread_pool_size: threads for sync tasks (default: ``concurrency``); one more is
+            added for each thread abandoned at a hard timeout while it still runs.
+        max_abandoned_threads: sync-task threads abandoned at their hard timeout and still
+            running that the worker tolerates; one more and it stops gracefully, asking to be
+            restarted (:attr:`restart_requested`; ``blitzq worker`` exits with
+            :data:`EXIT_RESTART`). Default 10; 0 restarts at the first.
         process_pool_size: processes for ``executor="process"`` tasks (default: CPU count).
         handle_signals: stop gracefully on SIGTERM / SIGINT (the CLI turns this on).
         name: worker id shown in records and stats (default ``host:pid:random``).
@@ -71,6 +88,7 @@ class Worker:
         process_pool_size: int | None = None,
         handle_signals: bool = False,
         name: str | None = None,
+        max_abandoned_threads: int = 10,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1")
@@ -78,6 +96,8 @@ class Worker:
             raise ConfigurationError("batch_size must be >= 1")
         if block_timeout <= 0 or shutdown_timeout < 0:
             raise ConfigurationError("block_timeout must be > 0 and shutdown_timeout >= 0")
+        if max_abandoned_threads < 0:
+            raise ConfigurationError("max_abandoned_threads must be >= 0")
         self.queue = queue
         if queues is None:
             names = {queue.name} | {t.queue for t in queue.tasks.values()}
@@ -99,6 +119,11 @@ class Worker:
         self.thread_pool_size = thread_pool_size or concurrency
         self.process_pool_size = process_pool_size or os.cpu_count() or 2
         self.handle_signals = handle_signals
+        self.max_abandoned_threads = max_abandoned_threads
+        #: Why the worker asked to be restarted (``None``: it did not).
+        self.restart_reason: str | None = None
+        #: Messages a blocking fetch returned that found no free slot and went back at once.
+        self.handed_back = 0
         self.id = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._stop_event: asyncio.Event | None = None
         self._stopping = False
@@ -132,6 +157,29 @@ class Worker:
         if self._runner is None:
             raise RuntimeError("the worker is not running")
         return self._runner
+
+    @property
+    def abandoned_threads(self) -> int:
+        """Sync-task threads abandoned at their hard timeout that are still running."""
+        return len(self._runner.abandoned) if self._runner else 0
+
+    @property
+    def abandoned_threads_total(self) -> int:
+        """Sync-task threads abandoned at their hard timeout since the worker started."""
+        return self._runner.abandoned_total if self._runner else 0
+
+    @property
+    def restart_requested(self) -> bool:
+        """Whether the worker stopped (or is stopping) to be restarted."""
+        return self.restart_reason is not None
+
+    def request_restart(self, reason: str) -> None:
+        """Stop gracefully and ask to be restarted (``blitzq worker`` exits with
+        :data:`EXIT_RESTART`); ``reason`` is logged."""
+        if self.restart_reason is None:
+            self.restart_reason = reason
+            logger.error("worker %s restarts: %s", self.id, reason)
+        self.stop()
 
     def _stop_requested(self) -> bool:
         return self._stopping
@@ -230,7 +278,7 @@ class Worker:
             if self._stop_requested():
                 # Fetched after the stop: put back untouched, never dropped.
                 for d in deliveries:
-                    self._requeue_unstarted(d)
+                    runner.hand_back(d)
                 slots.release(len(deliveries))
                 return
             for d in deliveries:
@@ -245,8 +293,10 @@ class Worker:
 
         Takes what is waiting on the queue's levels without blocking. When all are empty it
         blocks on all levels at once holding only the queue's own slot, so an idle queue
-        never keeps global capacity from busy ones, and takes global slots back for what
-        arrives.
+        never keeps global capacity from busy ones. What arrives gets the slots free at that
+        moment; the rest is handed back to its queue at once (see :meth:`_grant`). So the
+        loop never waits for a slot while it holds a message: a message it has not started
+        is never left here with a lease nobody renews.
         """
         broker, names = self.broker, self.levels[queue]
         try:
@@ -267,19 +317,24 @@ class Worker:
         if not deliveries:
             slots.release_queue(1)
             return deliveries
-        # A blocking read over several levels can return one message from each.
-        await slots.global_limiter.wait_free()
-        slots.global_limiter.take(1)
-        for _ in deliveries[1:]:
-            await slots.reserve(1)
-        return deliveries
+        return self._grant(queue, slots, deliveries)
 
-    def _requeue_unstarted(self, d: Delivery) -> None:
-        try:
-            task_id = decode_envelope(d.payload).id
-        except SerializationError:
-            task_id = (d.token or b"").decode() or "unknown"
-        self._flusher.add(Completion(d.queue, d.token, task_id, requeue=d.payload))
+    def _grant(self, queue: str, slots: Slots, deliveries: list[Delivery]) -> list[Delivery]:
+        """Keep the deliveries of a blocking fetch that free slots allow; hand back the rest.
+
+        A blocking read over several levels returns one entry from *each* level that got
+        data on Redis >= 7.2 and Valkey (the promoter may move several due messages at
+        once), and the worker's slots may have filled up while the read was blocked. The
+        levels come in priority order, so the most urgent ones are kept.
+        """
+        granted = slots.grant(len(deliveries), 1)
+        if granted < len(deliveries):
+            surplus = deliveries[granted:]
+            for d in surplus:
+                self.runner.hand_back(d)
+            logger.debug("no free slot for %d message(s) from %s: handed back", len(surplus), queue)
+            self.handed_back += len(surplus)
+        return deliveries[:granted]
 
     def running_tokens(self, queue: str) -> list[bytes]:
         """Delivery tokens of the jobs from physical ``queue`` still running (leases)."""
@@ -298,6 +353,7 @@ class Worker:
                 "running": len(runner.jobs) if runner else 0,
                 "processed": self.processed,
                 "failed": self.failed,
+                "abandoned_threads": self.abandoned_threads,
                 "started_at": self._started,
                 "mode": self.queue.mode,
             }
@@ -311,19 +367,28 @@ class Worker:
         flusher_task: asyncio.Task[None],
     ) -> None:
         runner = self.runner
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.shutdown_timeout
         logger.info("worker %s stopping: %d task(s) running", self.id, len(runner.jobs))
-        # 1. Stop fetching. A loop inside a fetch finishes that command (its messages are
-        #    requeued); a loop waiting for a free slot holds no message and is cancelled.
+        # 1. Stop fetching. A loop inside a fetch command finishes it (its messages are
+        #    handed back); any other loop holds no message and is cancelled. A fetch gets
+        #    block_timeout + FETCH_GRACE at least; a server that stopped answering does not
+        #    hold the exit past that.
         for q, t in fetchers.items():
             if not self._fetching.get(q):
                 t.cancel()
+        fetch_wait = max(self.shutdown_timeout, self.block_timeout + FETCH_GRACE)
+        _, stuck = await asyncio.wait(fetchers.values(), timeout=fetch_wait)
+        for t in stuck:
+            logger.warning("a fetch still running %.1f s after the stop: cancelled", fetch_wait)
+            t.cancel()
         for t in fetchers.values():
             with contextlib.suppress(asyncio.CancelledError):
                 await t
-        # 2. Let running tasks finish, up to shutdown_timeout.
+        # 2. Let running tasks finish, up to shutdown_timeout after the stop.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._global.drained(), timeout=self.shutdown_timeout)
-        # 3. Requeue what is still running.
+            await asyncio.wait_for(self._global.drained(), timeout=max(0.0, deadline - loop.time()))
+        # 3. Requeue what is still running or waiting to start.
         leftover = runner.requeue_unfinished()
         if leftover:
             logger.warning("requeued %d task(s) still running at shutdown", leftover)
@@ -345,15 +410,17 @@ class Worker:
             await asyncio.wait_for(flusher_task, timeout=max(5.0, self.shutdown_timeout))
         except TimeoutError:
             logger.error("could not write %d completion(s) at shutdown", self._flusher.backlog)
-        with contextlib.suppress(BrokerError):
-            await self.broker.unregister_worker(self.id)
+        # A server that stopped answering must not hold the exit (the record expires).
+        with contextlib.suppress(BrokerError, TimeoutError):
+            await asyncio.wait_for(self.broker.unregister_worker(self.id), FETCH_GRACE)
         for hook in self.queue.on_shutdown:
             try:
                 await hook()
             except Exception:
                 logger.exception("shutdown hook failed")
         await self.queue.signals.drain()  # after-hooks and signal handlers still running
-        await runner.progress.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(runner.progress.close(), FETCH_GRACE)
         await self._emit(Signal.WORKER_STOPPED)
         logger.info(
             "worker %s stopped: %d succeeded, %d failed", self.id, self.processed, self.failed

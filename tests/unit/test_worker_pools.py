@@ -1,0 +1,91 @@
+"""The worker's thread pool (growth for abandoned calls) and slot grants, without a server."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from blitzq.worker.executors import ThreadPool
+from blitzq.worker.limiter import Limiter, Slots
+
+
+def _wait(predicate: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def test_thread_pool_grows_by_one_thread_per_abandoned_call_and_shrinks_back() -> None:
+    pool = ThreadPool(2, "t")
+    gate = threading.Event()
+    try:
+        hung = [pool.submit(gate.wait, 30) for _ in range(2)]
+        _wait(lambda: pool.threads == 2)
+        queued = pool.submit(lambda: "ran")
+        time.sleep(0.05)
+        assert not queued.done(), "a third call ran with a limit of two threads"
+        pool.abandon()
+        assert queued.result(10) == "ran"  # the abandoned call's extra thread took it
+        assert pool.threads == 3
+        assert all(t.daemon for t in threading.enumerate() if t.name.startswith("t-"))
+        pool.returned()
+        gate.set()
+        assert all(f.result(10) for f in hung)
+        assert pool.submit(lambda: 1).result(10) == 1
+        _wait(lambda: pool.threads <= 2)
+    finally:
+        gate.set()
+        pool.shutdown(wait=True)
+    assert pool.threads == 0
+    with pytest.raises(RuntimeError):
+        pool.submit(lambda: None)
+
+
+def test_thread_pool_passes_errors_and_keyword_arguments() -> None:
+    pool = ThreadPool(1)
+    try:
+
+        def fail(message: str) -> None:
+            raise ValueError(message)
+
+        with pytest.raises(ValueError, match="boom"):
+            pool.submit(fail, message="boom").result(10)
+        assert pool.submit(lambda a, b=0: a + b, 1, b=2).result(10) == 3
+    finally:
+        pool.shutdown()
+
+
+def test_shutdown_cancels_calls_not_started() -> None:
+    pool = ThreadPool(1)
+    gate = threading.Event()
+    running = pool.submit(gate.wait, 30)
+    waiting = pool.submit(lambda: "never")
+    pool.shutdown(wait=False, cancel_futures=True)
+    assert waiting.cancelled()
+    gate.set()
+    assert running.result(10) is True
+
+
+async def test_grant_takes_only_free_slots_and_returns_unused_queue_slots() -> None:
+    g, q = Limiter(3), Limiter(2)
+    slots = Slots(g, q)
+    assert await slots.reserve(1) == 1
+    slots.global_limiter.release(1)  # a blocking fetch holds the queue slot only
+    g.take(2)  # other queues took two global slots meanwhile
+    assert slots.grant(3, 1) == 1  # three arrived; one global slot free
+    assert (g.free, q.free) == (0, 1)
+    slots.release(1)
+    g.release(2)
+    # Nothing free globally: the queue slot the fetch held is given back.
+    await slots.reserve(1)
+    g.release(1)
+    g.take(3)
+    assert slots.grant(2, 1) == 0
+    assert q.free == 2
+    # Without a queue limiter only global slots count.
+    free = Slots(Limiter(2), None)
+    assert free.grant(3, 1) == 2
+    assert free.global_limiter.free == 0
