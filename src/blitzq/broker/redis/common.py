@@ -24,6 +24,12 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...exceptions import BrokerError
+from ...limits import (
+    CHUNK_ITEMS,
+    DEFAULT_DEAD_LETTER_MAX_BYTES,
+    DEFAULT_DEAD_LETTER_TTL,
+    NOTIFY_INLINE_MAX,
+)
 from ..base import Broker, Completion, DeadLetterFields
 from .control import RedisControl
 from .keys import GROUP, Keys
@@ -55,8 +61,21 @@ def translate_errors(
 
 
 def load_script(name: str) -> str:
-    """Source of a Lua script shipped in ``broker/redis/lua/``."""
-    return resources.files(__package__).joinpath("lua", name).read_text()
+    """Source of a Lua script shipped in ``broker/redis/lua/``.
+
+    A line ``--@include <file>.lua`` is replaced by that file's text (shared functions,
+    such as the dead-letter retention of ``dead_letters.lua``).
+    """
+    text = resources.files(__package__).joinpath("lua", name).read_text()
+    if "--@include " not in text:
+        return text
+    lines = [
+        load_script(line.removeprefix("--@include ").strip())
+        if line.startswith("--@include ")
+        else line
+        for line in text.splitlines()
+    ]
+    return "\n".join(lines) + "\n"
 
 
 _batch_encoder = msgspec.msgpack.Encoder()
@@ -101,6 +120,9 @@ class RedisBroker(RedisControl, Broker):
         url: a ``redis://``, ``rediss://`` or ``unix://`` URL.
         namespace: key namespace; every key is prefixed ``{namespace}:``.
         dead_letter_cap: dead letters kept before the oldest are dropped.
+        dead_letter_ttl: seconds a dead letter is kept.
+        dead_letter_max_bytes: total bytes of dead letters kept before the oldest are
+            dropped.
         client: an existing ``redis.asyncio.Redis`` to use instead of ``url`` (not closed by
             the broker).
     """
@@ -115,10 +137,14 @@ class RedisBroker(RedisControl, Broker):
         *,
         dead_letter_cap: int = DEFAULT_DEAD_LETTER_CAP,
         client: aioredis.Redis | None = None,
+        dead_letter_ttl: int = DEFAULT_DEAD_LETTER_TTL,
+        dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
     ) -> None:
         self.url = url
         self.keys = Keys(namespace)
         self.dead_letter_cap = dead_letter_cap
+        self.dead_letter_ttl = int(dead_letter_ttl)
+        self.dead_letter_max_bytes = dead_letter_max_bytes
         self._owns_client = client is None
         # Typed as Any: redis-py's stubs type replies as bytes | str whatever decode_responses is.
         self.client: Any = client or aioredis.Redis.from_url(
@@ -133,6 +159,8 @@ class RedisBroker(RedisControl, Broker):
         self._complete = self.client.register_script(load_script("complete.lua"))
         self._promote = self.client.register_script(load_script("promote.lua"))
         self._replay = self.client.register_script(load_script("replay.lua"))
+        self._purge_dead = self.client.register_script(load_script("purge_dead.lua"))
+        self._trim_dead = self.client.register_script(load_script("trim_dead.lua"))
         self._rate_acquire = self.client.register_script(load_script("rate_acquire.lua"))
         self._cancel = self.client.register_script(load_script("cancel.lua"))
         self._claim_periodic = self.client.register_script(load_script("claim_periodic.lua"))
@@ -194,8 +222,11 @@ class RedisBroker(RedisControl, Broker):
         keys = self.keys
         await self._complete(
             keys=[keys.schedule, keys.schedule_data, keys.dead_letters],
-            args=[keys.prefix, GROUP, self.dead_letter_cap, _batch_encoder.encode(entries)],
-        )
+            args=[
+                keys.prefix, GROUP, self.dead_letter_cap, _batch_encoder.encode(entries),
+                self.dead_letter_ttl, self.dead_letter_max_bytes, NOTIFY_INLINE_MAX,
+            ],
+        )  # fmt: skip
 
     @translate_errors
     async def acquire_rate(self, buckets: Sequence[tuple[str, float, float]]) -> tuple[bool, float]:
@@ -210,20 +241,21 @@ class RedisBroker(RedisControl, Broker):
     # --------------------------------------------------------------- schedule
     @translate_errors
     async def schedule(self, items: Sequence[tuple[str, str, bytes, float]]) -> None:
-        """Put ``(task_id, queue, message, eta)`` items on the schedule in one round-trip."""
-        if not items:
-            return
+        """Put ``(task_id, queue, message, eta)`` items on the schedule.
+
+        One MULTI/EXEC per :data:`~blitzq.limits.CHUNK_ITEMS` items (each item is atomic, a
+        large batch is not), so no transaction holds the server long.
+        """
         keys = self.keys
-        async with self.client.pipeline(transaction=True) as pipe:
-            for task_id, queue, message, eta in items:
-                pipe.zadd(keys.schedule, {task_id: eta})
-                pipe.hset(
-                    keys.schedule_data,
-                    task_id,
-                    self.kind.encode() + queue.encode() + b"\n" + message,
-                )
-            pipe.publish(keys.events, f"s:{min(eta for _, _, _, eta in items)!r}")
-            await pipe.execute()
+        kind = self.kind.encode()
+        for start in range(0, len(items), CHUNK_ITEMS):
+            chunk = items[start : start + CHUNK_ITEMS]
+            async with self.client.pipeline(transaction=True) as pipe:
+                for task_id, queue, message, eta in chunk:
+                    pipe.zadd(keys.schedule, {task_id: eta})
+                    pipe.hset(keys.schedule_data, task_id, kind + queue.encode() + b"\n" + message)
+                pipe.publish(keys.events, f"s:{min(eta for _, _, _, eta in chunk)!r}")
+                await pipe.execute()
 
     @translate_errors
     async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
@@ -268,8 +300,12 @@ class RedisBroker(RedisControl, Broker):
         """Move due scheduled messages to their queues (one Lua call)."""
         keys = self.keys
         moved, head = await self._promote(
-            keys=[keys.schedule, keys.schedule_data], args=[keys.prefix, repr(now), limit]
-        )
+            keys=[keys.schedule, keys.schedule_data],
+            args=[
+                keys.prefix, repr(now), limit,
+                self.dead_letter_cap, self.dead_letter_ttl, self.dead_letter_max_bytes,
+            ],
+        )  # fmt: skip
         return int(moved), (float(head) if head else None)
 
     @translate_errors
@@ -445,30 +481,46 @@ class RedisBroker(RedisControl, Broker):
     def _dead_letter_fields(raw: dict[bytes, bytes]) -> DeadLetterFields | None:
         if not raw:
             return None
+        try:  # a planted or damaged entry must not break listing the others
+            failed_at = float(raw.get(b"failed_at", b"0") or 0)
+        except ValueError:
+            failed_at = 0.0
         return DeadLetterFields(
             message=raw.get(b"message", b""),
             reason=raw.get(b"reason", b"").decode(errors="replace"),
             error=raw.get(b"error", b"").decode(errors="replace"),
             task=raw.get(b"task", b"").decode(errors="replace"),
             queue=raw.get(b"queue", b"").decode(errors="replace"),
-            failed_at=float(raw.get(b"failed_at", b"0") or 0),
+            failed_at=failed_at,
         )
 
     @translate_errors
     async def dead_letters(self, offset: int, limit: int) -> list[tuple[str, DeadLetterFields]]:
-        """Dead letters, newest first."""
-        ids = await self.client.zrevrange(self.keys.dead_letters, offset, offset + limit - 1)
-        if not ids:
-            return []
-        async with self.client.pipeline(transaction=False) as pipe:
-            for raw_id in ids:
-                pipe.hgetall(self.keys.dead_letter(raw_id.decode()))
-            rows = await pipe.execute()
-        out = []
-        for raw_id, row in zip(ids, rows, strict=True):
-            fields = self._dead_letter_fields(row)
-            if fields is not None:
-                out.append((raw_id.decode(), fields))
+        """Dead letters, newest first (those past their retention TTL are gone).
+
+        Read in chunks of :data:`~blitzq.limits.CHUNK_ITEMS` ids (one range read and one
+        pipeline of reads each), so no single call's reply grows with ``limit``.
+        """
+        out: list[tuple[str, DeadLetterFields]] = []
+        position, end = offset, offset + max(0, limit)
+        while position < end:
+            count = min(CHUNK_ITEMS, end - position)
+            ids = await self.client.zrevrange(
+                self.keys.dead_letters, position, position + count - 1
+            )
+            if not ids:
+                break
+            async with self.client.pipeline(transaction=False) as pipe:
+                for raw_id in ids:
+                    pipe.hgetall(self.keys.dead_letter(raw_id.decode(errors="replace")))
+                rows = await pipe.execute()
+            for raw_id, row in zip(ids, rows, strict=True):
+                fields = self._dead_letter_fields(row)
+                if fields is not None:  # None: expired meanwhile
+                    out.append((raw_id.decode(errors="replace"), fields))
+            position += len(ids)
+            if len(ids) < count:
+                break
         return out
 
     @translate_errors
@@ -478,8 +530,13 @@ class RedisBroker(RedisControl, Broker):
 
     @translate_errors
     async def dead_letter_count(self) -> int:
-        """Number of stored dead letters."""
-        return int(await self.client.zcard(self.keys.dead_letters))
+        """Number of stored dead letters (expired ones are dropped first, one script)."""
+        keys = self.keys
+        left = await self._trim_dead(
+            keys=[keys.dead_letters],
+            args=[keys.prefix, self.dead_letter_cap, self.dead_letter_max_bytes],
+        )
+        return int(left)
 
     @translate_errors
     async def replay_dead_letter(self, task_id: str, queue: str, message: bytes) -> bool:
@@ -492,16 +549,21 @@ class RedisBroker(RedisControl, Broker):
 
     @translate_errors
     async def purge_dead_letters(self) -> int:
-        """Delete every dead letter."""
-        ids = await self.client.zrange(self.keys.dead_letters, 0, -1)
-        if not ids:
-            return 0
-        async with self.client.pipeline(transaction=True) as pipe:
-            for raw_id in ids:
-                pipe.delete(self.keys.dead_letter(raw_id.decode()))
-            pipe.zrem(self.keys.dead_letters, *ids)
-            await pipe.execute()
-        return len(ids)
+        """Delete every dead letter, :data:`~blitzq.limits.CHUNK_ITEMS` per script call.
+
+        Returns how many were deleted (those added meanwhile may be deleted too).
+        """
+        keys = self.keys
+        stored = int(await self.client.zcard(keys.dead_letters))
+        removed = 0
+        while removed < stored:
+            n = int(
+                await self._purge_dead(keys=[keys.dead_letters], args=[keys.prefix, CHUNK_ITEMS])
+            )
+            if n == 0:
+                break
+            removed += n
+        return removed
 
     # ------------------------------------------------------------- inspection
     @translate_errors

@@ -1,9 +1,12 @@
 -- Move due scheduled messages to their queues.
 -- KEYS[1] schedule zset, KEYS[2] schedule data hash
--- ARGV[1] key prefix, ARGV[2] now (Unix seconds), ARGV[3] limit
+-- ARGV[1] key prefix, ARGV[2] now (Unix seconds), ARGV[3] limit,
+-- ARGV[4] dead-letter cap, ARGV[5] dead-letter TTL (s), ARGV[6] dead-letter byte bound
 -- Schedule data values are "<kind><queue>\n<message>", kind "s" (stream) or "l" (list).
 -- Returns {moved, next_due_or_false}.
 local prefix = ARGV[1]
+local dead = 0
+--@include dead_letters.lua
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
 for _, id in ipairs(ids) do
   local value = redis.call('HGET', KEYS[2], id)
@@ -15,6 +18,8 @@ for _, id in ipairs(ids) do
       'error', 'schedule entry is not <kind><queue>\\n<message>', 'task', '', 'queue', '',
       'failed_at', ARGV[2])
     redis.call('ZADD', prefix .. 'dlq', ARGV[2], id)
+    dl_note(prefix, id, #value + 64, ARGV[5])
+    dead = dead + 1
     redis.call('HDEL', KEYS[2], id)
   elseif value then
     local queue = string.sub(value, 2, nl - 1)
@@ -27,6 +32,9 @@ for _, id in ipairs(ids) do
     redis.call('HDEL', KEYS[2], id)
   end
   redis.call('ZREM', KEYS[1], id)
+end
+if dead > 0 then
+  dl_trim(prefix, ARGV[4], ARGV[6])
 end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if head[2] then
