@@ -73,7 +73,8 @@ async def test_result_over_max_result_size_fails_with_result_too_large(
         assert info.value.error_type == "blitzq.exceptions.ResultTooLarge"
         assert "over the limit of 10000 bytes" in (info.value.error or "")
         record = await queue.inspect(large.id)
-        assert record is not None and record.state.value == "dead_lettered"
+        assert record is not None
+        assert record.state.value == "dead_lettered"
         assert record.attempts == 1  # not retried: the same call returns as much again
         assert runs["big"] == 2
     finally:
@@ -121,7 +122,8 @@ async def test_big_record_is_announced_without_its_body(
                     seen[message["channel"]] = message["data"]
         assert seen[keys.done_channel("large-one").encode()] == b"1"
         small_push = seen[keys.done_channel("small-one").encode()]
-        assert small_push != b"1" and b"succeeded" in small_push  # a small record rides along
+        assert small_push != b"1"
+        assert b"succeeded" in small_push
     finally:
         await pubsub.aclose()
         await queue.close()
@@ -146,7 +148,8 @@ async def test_deeply_nested_message_is_a_malformed_dead_letter(
         (dead,) = await queue.dead_letters()
         assert dead.reason == "malformed message"
         assert "recursion" in dead.error
-        assert dead.message == NESTED and dead.args is None
+        assert dead.message == NESTED
+        assert dead.args is None
     finally:
         await queue.close()
 
@@ -169,7 +172,8 @@ async def test_listing_survives_bad_dead_letters(
         listed = {d.id: d for d in await queue.dead_letters()}
         assert set(listed) == {"good", "nested", "garbage"}
         assert listed["good"].args == []
-        assert listed["nested"].args is None and listed["garbage"].failed_at == 0.0
+        assert listed["nested"].args is None
+        assert listed["garbage"].failed_at == 0.0
     finally:
         await queue.close()
 

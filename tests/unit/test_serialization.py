@@ -384,4 +384,5 @@ def test_message_nested_too_deep_is_malformed() -> None:
     with pytest.raises(SerializationError, match="malformed data"):
         loads(b"\x91" * 200_000 + b"\xc0")
     dead = DeadLetter.from_fields("x", nested, "malformed message", "", "", "q", 0.0)
-    assert dead.args is None and dead.kwargs is None
+    assert dead.args is None
+    assert dead.kwargs is None
