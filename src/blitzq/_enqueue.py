@@ -16,7 +16,7 @@ from .broker.base import Broker, Completion
 from .context import current_task
 from .exceptions import ConfigurationError
 from .hooks import EnqueueFilter, EnqueueObserver, Outgoing
-from .limits import CHUNK_ITEMS
+from .limits import CHUNK_WRITES
 from .routing import Routes, physical_queue, route
 from .serialization import (
     Envelope,
@@ -101,8 +101,8 @@ class EnqueueOperations:
                 )
                 for env, _, due in items
             ]  # fmt: skip
-            for start in range(0, len(records), CHUNK_ITEMS):  # each call stays short
-                await broker.complete(records[start : start + CHUNK_ITEMS])
+            for start in range(0, len(records), CHUNK_WRITES):  # each call stays short
+                await broker.complete(records[start : start + CHUNK_WRITES])
         now_items: dict[str, list[bytes]] = {}
         later: list[tuple[str, str, bytes, float]] = []
         for env, data, due in items:

@@ -23,10 +23,14 @@ DEFAULT_DEAD_LETTER_MAX_BYTES: Final = 256 * 1024 * 1024
 #: waiter needs no read); a larger one is announced with a bare notification and read back.
 NOTIFY_INLINE_MAX: Final = 4096
 
-#: Most items (messages, records, ids) one Redis call of a producer or of an admin command
-#: carries; larger batches are split into several calls (each well under ~20 ms of server
-#: time, see bench/chunking.py).
+#: Most items one Redis call of a producer or of an admin command carries when each item is
+#: one write (a message published, a unique key claimed, an id read); larger batches are
+#: split into several calls, each well under ~20 ms of server time (see bench/chunking.py).
 CHUNK_ITEMS: Final = 1000
+
+#: The same when each item is several writes (a scheduled message: ZADD + HSET; a record:
+#: SET + PUBLISH; a dead letter deleted: four commands).
+CHUNK_WRITES: Final = 500
 
 #: Most bytes of completions the worker's flusher sends in one call (at least one completion
 #: always goes, whatever its size).

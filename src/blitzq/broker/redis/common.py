@@ -26,6 +26,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ...exceptions import BrokerError
 from ...limits import (
     CHUNK_ITEMS,
+    CHUNK_WRITES,
     DEFAULT_DEAD_LETTER_MAX_BYTES,
     DEFAULT_DEAD_LETTER_TTL,
     NOTIFY_INLINE_MAX,
@@ -243,13 +244,13 @@ class RedisBroker(RedisControl, Broker):
     async def schedule(self, items: Sequence[tuple[str, str, bytes, float]]) -> None:
         """Put ``(task_id, queue, message, eta)`` items on the schedule.
 
-        One MULTI/EXEC per :data:`~blitzq.limits.CHUNK_ITEMS` items (each item is atomic, a
+        One MULTI/EXEC per :data:`~blitzq.limits.CHUNK_WRITES` items (each item is atomic, a
         large batch is not), so no transaction holds the server long.
         """
         keys = self.keys
         kind = self.kind.encode()
-        for start in range(0, len(items), CHUNK_ITEMS):
-            chunk = items[start : start + CHUNK_ITEMS]
+        for start in range(0, len(items), CHUNK_WRITES):
+            chunk = items[start : start + CHUNK_WRITES]
             async with self.client.pipeline(transaction=True) as pipe:
                 for task_id, queue, message, eta in chunk:
                     pipe.zadd(keys.schedule, {task_id: eta})
@@ -549,7 +550,7 @@ class RedisBroker(RedisControl, Broker):
 
     @translate_errors
     async def purge_dead_letters(self) -> int:
-        """Delete every dead letter, :data:`~blitzq.limits.CHUNK_ITEMS` per script call.
+        """Delete every dead letter, :data:`~blitzq.limits.CHUNK_WRITES` per script call.
 
         Returns how many were deleted (those added meanwhile may be deleted too).
         """
@@ -558,7 +559,7 @@ class RedisBroker(RedisControl, Broker):
         removed = 0
         while removed < stored:
             n = int(
-                await self._purge_dead(keys=[keys.dead_letters], args=[keys.prefix, CHUNK_ITEMS])
+                await self._purge_dead(keys=[keys.dead_letters], args=[keys.prefix, CHUNK_WRITES])
             )
             if n == 0:
                 break
