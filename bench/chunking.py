@@ -44,6 +44,7 @@ import redis
 
 from blitzq import Queue
 from blitzq.broker.base import Completion, DeadLetterFields
+from blitzq.limits import COMPLETION_BATCH_ITEMS
 
 
 def free_port() -> int:
@@ -196,11 +197,11 @@ async def main(sizes: list[int]) -> None:
         flushing = Queue(redis_url=url, namespace=ns)
         records = [
             Completion("q", None, f"r{i}", record=b"\x80" + b"r" * 200, record_ttl=60)
-            for i in range(2000)
+            for i in range(COMPLETION_BATCH_ITEMS)
         ]
         await measure(
             url,
-            "flusher batch: 2,000 completions with records",
+            f"flusher batch: {COMPLETION_BATCH_ITEMS:,} completions with records",
             lambda: flushing.broker.complete(records),
         )
         await flushing.close()

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..broker.base import Broker, Completion
 from ..exceptions import BrokerError, SerializationError, describe_error
-from ..limits import COMPLETION_BATCH_BYTES, clip_text
+from ..limits import COMPLETION_BATCH_BYTES, COMPLETION_BATCH_ITEMS, clip_text
 from ..serialization import dumps, loads
 
 logger = logging.getLogger("blitzq.worker")
@@ -56,7 +56,10 @@ class Flusher:
     """
 
     def __init__(
-        self, broker: Broker, max_batch: int = 2000, max_bytes: int = COMPLETION_BATCH_BYTES
+        self,
+        broker: Broker,
+        max_batch: int = COMPLETION_BATCH_ITEMS,
+        max_bytes: int = COMPLETION_BATCH_BYTES,
     ) -> None:
         self.broker = broker
         self.max_batch = max_batch
