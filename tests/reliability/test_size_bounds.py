@@ -16,6 +16,7 @@ import redis
 
 from blitzq import Queue, TaskFailed
 from blitzq.broker.base import Completion, DeadLetterFields
+from blitzq.broker.redis.keys import Keys
 from blitzq.limits import CHUNK_ITEMS, CHUNK_WRITES
 from tests.integration.proc_tasks import make_worker, running
 
@@ -213,5 +214,23 @@ async def test_track_state_records_and_dead_letter_purge_are_chunked(
         stats = command_calls(url)
         assert stats["evalsha"] + stats.get("eval", 0) == writes
         assert await queue.dead_letter_count() == 0
+    finally:
+        await queue.close()
+
+
+async def test_revoked_ids_are_read_in_chunks(private_redis: PrivateRedis, namespace: str) -> None:
+    n = 2 * CHUNK_ITEMS + 10
+    url = private_redis.url
+    queue = Queue(redis_url=url, namespace=namespace)
+    expiry = 4_000_000_000.0  # all marks share one expiry: paging must not loop or skip
+    try:
+        with redis.Redis.from_url(url) as client:
+            client.zadd(Keys(namespace).revoked, {f"id{i}": expiry for i in range(n)})
+            client.zadd(Keys(namespace).revoked, {"expired": 1.0})
+        reset_stats(url)
+        revoked = await queue.broker.revoked()  # type: ignore[attr-defined]
+        assert len(revoked) == n
+        assert "expired" not in revoked
+        assert command_calls(url)["zrangebyscore"] == math.ceil((n + 1) / CHUNK_ITEMS)
     finally:
         await queue.close()

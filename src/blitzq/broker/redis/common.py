@@ -270,11 +270,18 @@ class RedisBroker(RedisControl, Broker):
 
     @translate_errors
     async def revoked(self) -> dict[str, float]:
-        """Revoked ids whose mark has not expired."""
-        rows = await self.client.zrangebyscore(
-            self.keys.revoked, time.time(), "+inf", withscores=True
-        )
-        return {member.decode(): float(score) for member, score in rows}
+        """Revoked ids whose mark has not expired, read :data:`~blitzq.limits.CHUNK_ITEMS` per
+        call (pages by offset), so a mass cancel makes no single long read."""
+        out: dict[str, float] = {}
+        now, offset = time.time(), 0
+        while True:
+            rows = await self.client.zrangebyscore(
+                self.keys.revoked, now, "+inf", start=offset, num=CHUNK_ITEMS, withscores=True
+            )
+            out.update((member.decode(), float(score)) for member, score in rows)
+            if len(rows) < CHUNK_ITEMS:
+                return out
+            offset += len(rows)
 
     async def events(self) -> AsyncIterator[tuple[str, str]]:
         """Messages of the namespace's event channel, on a pub/sub connection of their own."""
