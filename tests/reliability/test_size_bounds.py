@@ -18,6 +18,8 @@ from blitzq import Queue, TaskFailed
 from blitzq.broker.base import Completion, DeadLetterFields
 from blitzq.broker.redis.keys import Keys
 from blitzq.limits import CHUNK_ITEMS, CHUNK_WRITES
+from blitzq.serialization import dumps
+from blitzq.worker.flusher import Flusher
 from tests.integration.proc_tasks import make_worker, running
 
 from .conftest import PrivateRedis
@@ -63,26 +65,40 @@ def mode(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-async def test_refused_completion_is_isolated_and_the_rest_commits(
-    small_server: PrivateRedis, namespace: str, mode: str
+@pytest.mark.parametrize(
+    ("max_result_size", "big", "error_type", "error"),
+    [
+        # The default limit (8 MiB) refuses a 9 MiB result before it reaches Redis.
+        (None, 9 << 20, "blitzq.exceptions.ResultTooLarge", "over the limit of 8388608 bytes"),
+        # A limit above what the server takes: the server drops the connection while reading
+        # the 6 MiB write; the completion is isolated and replaced, never retried forever.
+        (64 << 20, 6 << 20, "blitzq.exceptions.BrokerError", "refused this task's completion"),
+    ],
+    ids=["result-too-large", "refused-by-server"],
+)
+async def test_big_result_fails_alone_and_the_rest_commits(
+    small_server: PrivateRedis,
+    namespace: str,
+    mode: str,
+    max_result_size: int | None,
+    big: int,
+    error_type: str,
+    error: str,
 ) -> None:
-    # max_result_size above what the server takes: the server drops the connection on the
-    # 3 MB write; the 10 small tasks finished with it must still commit, and it runs once.
-    queue = Queue(
-        redis_url=small_server.url, namespace=namespace, mode=mode, max_result_size=64 << 20
-    )
+    limits = {} if max_result_size is None else {"max_result_size": max_result_size}
+    queue = Queue(redis_url=small_server.url, namespace=namespace, mode=mode, **limits)
     runs: dict[int, int] = {}
     gate = asyncio.Event()
 
     @queue.task(name="sz.work")
     async def work(n: int) -> str:
         runs[n] = runs.get(n, 0) + 1
-        await gate.wait()  # all eleven finish together: they share one completion batch
+        await gate.wait()  # all eleven finish together: their completions are written together
         return "r" * n
 
     try:
         async with running(make_worker(queue, concurrency=20)):
-            big = await work.enqueue(3 << 20)
+            large = await work.enqueue(big)
             small = [await work.enqueue(i) for i in range(1, 11)]
             while len(runs) < 11:
                 await asyncio.sleep(0.02)
@@ -90,10 +106,10 @@ async def test_refused_completion_is_isolated_and_the_rest_commits(
             for i, handle in enumerate(small, start=1):
                 assert await handle.result(timeout=30) == "r" * i
             with pytest.raises(TaskFailed) as info:
-                await big.result(timeout=30)
-        assert info.value.error_type == "blitzq.exceptions.BrokerError"
-        assert "refused this task's completion" in (info.value.error or "")
-        assert runs == dict.fromkeys([3 << 20, *range(1, 11)], 1)  # nothing ran twice
+                await large.result(timeout=30)
+        assert info.value.error_type == error_type
+        assert error in (info.value.error or "")
+        assert runs == dict.fromkeys([big, *range(1, 11)], 1)  # nothing ran twice
         if mode == "reliable":
             stats = await queue.stats([queue.name])
             assert stats["queues"][queue.name] == {"waiting": 0, "in_flight": 0}
@@ -232,5 +248,42 @@ async def test_revoked_ids_are_read_in_chunks(private_redis: PrivateRedis, names
         assert len(revoked) == n
         assert "expired" not in revoked
         assert command_calls(url)["zrangebyscore"] == math.ceil((n + 1) / CHUNK_ITEMS)
+    finally:
+        await queue.close()
+
+
+@pytest.mark.parametrize("size", [2 << 20, 8 << 20], ids=["error-reply", "dropped"])
+async def test_flusher_splits_a_refused_batch(
+    small_server: PrivateRedis, namespace: str, size: int
+) -> None:
+    # One batch of 21 completions, one of them over the server's 1 MB bulk limit: the server
+    # answers an error (2 MiB) or drops the connection while reading (8 MiB). The 20 others
+    # commit; the big one is replaced by a failure record.
+    queue = Queue(redis_url=small_server.url, namespace=namespace)
+    broker = queue.broker
+
+    def record(task_id: str, result: str) -> bytes:
+        return dumps({"id": task_id, "task": "t", "queue": "q", "state": "succeeded"} | {
+            "attempts": 1, "result": result,
+        })  # fmt: skip
+
+    batch = [Completion("q", None, f"t{i}", record(f"t{i}", str(i)), 60) for i in range(20)]
+    batch.insert(7, Completion("q", None, "huge", record("huge", "h" * size), 60))
+    flusher = Flusher(broker, max_bytes=32 << 20)
+    try:
+        for completion in batch:
+            flusher.add(completion)
+        assert len(flusher._take()) == 21  # one batch
+        flusher.close()
+        await asyncio.wait_for(flusher.run(), 60)
+        for i in range(20):
+            stored = await queue.inspect(f"t{i}")
+            assert stored is not None
+            assert stored.result == str(i)
+        huge = await queue.inspect("huge")
+        assert huge is not None
+        assert huge.state.value == "failed"
+        assert huge.task == "t"
+        assert huge.error_type == "blitzq.exceptions.BrokerError"
     finally:
         await queue.close()
