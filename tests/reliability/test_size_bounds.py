@@ -14,12 +14,13 @@ import math
 import pytest
 import redis
 
-from blitzq import Queue, TaskFailed
+from blitzq import Queue, TaskFailed, group
 from blitzq.broker.base import Completion, DeadLetterFields
 from blitzq.broker.redis.keys import Keys
 from blitzq.limits import CHUNK_ITEMS, CHUNK_WRITES
 from blitzq.serialization import dumps
 from blitzq.worker.flusher import Flusher
+from blitzq.workflow import set_workflow_limits
 from tests.integration.proc_tasks import make_worker, running
 
 from .conftest import PrivateRedis
@@ -286,4 +287,27 @@ async def test_flusher_splits_a_refused_batch(
         assert huge.task == "t"
         assert huge.error_type == "blitzq.exceptions.BrokerError"
     finally:
+        await queue.close()
+
+
+async def test_big_group_is_started_in_chunks(private_redis: PrivateRedis, namespace: str) -> None:
+    n = 2 * CHUNK_ITEMS + 10
+    url = private_redis.url
+    queue = Queue(redis_url=url, namespace=namespace)
+
+    @queue.task(name="sz.member")
+    async def member(i: int) -> int:
+        return i
+
+    previous = set_workflow_limits(max_group_size=n)  # above the default 1000 members
+    try:
+        await queue.apply(group(member.s(i) for i in range(2)))  # scripts loaded
+        reset_stats(url)
+        await queue.apply(group(member.s(i) for i in range(n)))
+        # n + 1 ops (the state, then one per member): one script call per CHUNK_ITEMS ops.
+        assert command_calls(url)["evalsha"] == math.ceil((n + 1) / CHUNK_ITEMS)
+        counts = await queue.stats([queue.name])
+        assert counts["queues"][queue.name]["waiting"] == n + 2
+    finally:
+        set_workflow_limits(previous.max_depth, previous.max_group_size)
         await queue.close()
