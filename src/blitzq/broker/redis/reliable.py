@@ -138,13 +138,17 @@ class ReliableRedisBroker(RedisBroker):
 
     @translate_errors
     async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
-        """Renew leases this consumer still owns (ownership-checked script)."""
-        if not tokens:
-            return 0
-        renewed = await self._renew(
-            keys=[self.keys.stream(queue)], args=[GROUP, self.consumer, *tokens]
-        )
-        return int(renewed)
+        """Renew leases this consumer still owns (ownership-checked script, one call per
+        :data:`~blitzq.limits.CHUNK_ITEMS` tokens)."""
+        renewed = 0
+        for start in range(0, len(tokens), CHUNK_ITEMS):
+            chunk = tokens[start : start + CHUNK_ITEMS]
+            renewed += int(
+                await self._renew(
+                    keys=[self.keys.stream(queue)], args=[GROUP, self.consumer, *chunk]
+                )
+            )
+        return renewed
 
     @translate_errors
     async def recover(
