@@ -217,7 +217,10 @@ class Queue(
         if url.startswith("memory://"):
             from .broker.memory import MemoryBroker
 
-            return MemoryBroker.named(url.removeprefix("memory://") or "default")
+            memory = MemoryBroker.named(url.removeprefix("memory://") or "default")
+            for name, value in self._dead_letter_limits().items():  # shared: last Queue wins
+                setattr(memory, name, value)
+            return memory
         if self.mode == "reliable":
             from .broker.redis.reliable import ReliableRedisBroker
 
