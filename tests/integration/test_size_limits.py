@@ -241,7 +241,7 @@ async def test_dead_letters_expire_after_their_ttl(
         await eventually(lambda: raw_redis.exists(keys.dead_letter("old")), lambda n: n == 0)
         assert await queue.dead_letters() == []
         assert await queue.dead_letter_count() == 0  # the index entry goes too
-        assert await raw_redis.exists(keys.dead_letters, keys.prefix + "dlq:bytes") == 0
+        assert await raw_redis.exists(keys.dead_letters, keys.dead_letter_bytes) == 0
     finally:
         await queue.close()
 
@@ -268,12 +268,12 @@ async def test_dead_letters_are_bounded_in_bytes(
             await queue.broker.complete([dead(f"d{i}", 1500)])
         kept = [d.id for d in await queue.dead_letters()]
         assert kept == ["d5", "d4", "d3"]  # newest first; 3 x (1500 + overhead) <= 5000
-        total = int(await raw_redis.get(keys.prefix + "dlq:bytes"))
+        total = int(await raw_redis.get(keys.dead_letter_bytes))
         assert 4500 < total <= 5000
         for gone in ("d0", "d1", "d2"):
             assert await raw_redis.exists(keys.dead_letter(gone)) == 0
         assert await queue.purge_dead_letters() == 3
-        assert await raw_redis.exists(keys.prefix + "dlq:bytes", keys.prefix + "dlq:size") == 0
+        assert await raw_redis.exists(keys.dead_letter_bytes, keys.dead_letter_sizes) == 0
     finally:
         await queue.close()
 
@@ -286,9 +286,9 @@ async def test_replay_and_count_cap_keep_the_byte_count(
     try:
         await queue.broker.complete([dead(f"c{i}", 100) for i in range(4)])
         assert await queue.dead_letter_count() == 2
-        assert int(await raw_redis.get(keys.prefix + "dlq:bytes")) == 2 * (100 + 4 + 64)
+        assert int(await raw_redis.get(keys.dead_letter_bytes)) == 2 * (100 + 4 + 64)
         assert await queue.broker.replay_dead_letter("c3", "q", b"msg")
-        assert int(await raw_redis.get(keys.prefix + "dlq:bytes")) == 100 + 4 + 64
+        assert int(await raw_redis.get(keys.dead_letter_bytes)) == 100 + 4 + 64
     finally:
         await queue.close()
 
