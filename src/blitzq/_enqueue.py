@@ -16,6 +16,7 @@ from .broker.base import Broker, Completion, Scheduled
 from .context import current_task
 from .exceptions import ConfigurationError
 from .hooks import EnqueueFilter, EnqueueObserver, Outgoing
+from .limits import CHUNK_WRITES
 from .routing import Routes, physical_queue, route
 from .serialization import (
     Envelope,
@@ -88,20 +89,20 @@ class EnqueueOperations:
         items = [(o.envelope, o.data, o.due) for o in batch]
         broker = self.broker
         if self.track_state:  # written before publishing, so a fast worker cannot overtake it
-            await broker.complete(
-                [
-                    Completion(
-                        env.queue, None, env.id,
-                        dumps({
-                            "id": env.id, "task": env.task, "queue": env.queue,
-                            "state": "queued" if due is None else "scheduled",
-                            "attempts": 0, "enqueued_at": env.created_at,
-                        }),
-                        self.result_ttl,
-                    )
-                    for env, _, due in items
-                ]
-            )  # fmt: skip
+            records = [
+                Completion(
+                    env.queue, None, env.id,
+                    dumps({
+                        "id": env.id, "task": env.task, "queue": env.queue,
+                        "state": "queued" if due is None else "scheduled",
+                        "attempts": 0, "enqueued_at": env.created_at,
+                    }),
+                    self.result_ttl,
+                )
+                for env, _, due in items
+            ]  # fmt: skip
+            for start in range(0, len(records), CHUNK_WRITES):  # each call stays short
+                await broker.complete(records[start : start + CHUNK_WRITES])
         now_items: dict[str, list[bytes]] = {}
         later: list[Scheduled] = []
         for o in batch:

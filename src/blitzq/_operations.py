@@ -275,7 +275,8 @@ class QueueOperations:
     async def apply(self, workflow: Node) -> WorkflowHandle:
         """Start a workflow (a chain, group, chord or signature); returns at once.
 
-        Its state and first steps are written in one atomic round-trip; workers advance it.
+        Its state and first steps are written in one atomic round-trip (steps past the
+        first 1000 in further calls); workers advance it.
 
         Raises:
             ConfigurationError: not a workflow.

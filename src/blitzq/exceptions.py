@@ -6,7 +6,8 @@ recover narrowly::
     BlitzQError
     ├── ConfigurationError      bad constructor argument, env var or CLI flag
     ├── SerializationError      an argument or result that is not plain data
-    │   └── MessageTooLarge     an encoded message over ``max_message_size``
+    │   ├── MessageTooLarge     an encoded message over ``max_message_size``
+    │   └── ResultTooLarge      a task's encoded result over ``max_result_size``
     ├── TaskFailed              the task ended in a failed / dead-lettered state
     │   ├── TaskCancelled       the task was cancelled
     │   └── TaskExpired         the task waited longer than its ``max_age`` and never ran
@@ -43,6 +44,21 @@ class MessageTooLarge(SerializationError):
 
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(f"message of {size} bytes is over the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class ResultTooLarge(SerializationError):
+    """A task's encoded record (its return value included) is larger than the queue's
+    ``max_result_size`` (bytes); the task fails with this error instead of storing it.
+
+    Args:
+        size: the encoded size in bytes.
+        limit: the configured limit in bytes.
+    """
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"result of {size} bytes is over the limit of {limit} bytes")
         self.size = size
         self.limit = limit
 
@@ -166,6 +182,7 @@ __all__ = [
     "ConfigurationError",
     "MessageTooLarge",
     "ResultTimeout",
+    "ResultTooLarge",
     "Retry",
     "SerializationError",
     "SoftTimeoutError",

@@ -25,6 +25,11 @@ from .exceptions import (
     UnknownTask,
 )
 from .hooks import EnqueueFilter, EnqueueObserver
+from .limits import (
+    DEFAULT_DEAD_LETTER_MAX_BYTES,
+    DEFAULT_DEAD_LETTER_TTL,
+    DEFAULT_MAX_RESULT_SIZE,
+)
 from .middleware import MiddlewareOperations
 from .progress import ProgressOperations
 from .ratelimit import RateLimit
@@ -97,6 +102,11 @@ class Queue(
         track_state: keep each task's record current through its life (scheduled, queued,
             running, retrying, then its final state) at the cost of a record write per
             step; without it only final states are stored.
+        max_result_size: largest encoded task record in bytes (the return value included);
+            a larger result fails the task with :class:`~blitzq.ResultTooLarge`.
+        dead_letter_ttl: seconds a dead letter is kept.
+        dead_letter_max_bytes: total bytes of stored dead letters; beyond it the oldest
+            are dropped.
 
     Raises:
         ConfigurationError: an invalid argument.
@@ -118,6 +128,9 @@ class Queue(
         routes: Routes | None = None,
         queue_rate_limits: Mapping[str, str | RateLimit] | None = None,
         track_state: bool = False,
+        max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
+        dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
+        dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
     ) -> None:
         self.name = check_name("queue name", name)
         self.namespace = check_name(
@@ -135,12 +148,23 @@ class Queue(
             raise ConfigurationError("result_ttl must be >= 1 second")
         if max_message_size < 64:
             raise ConfigurationError("max_message_size must be >= 64 bytes")
+        if max_result_size < 64:
+            raise ConfigurationError("max_result_size must be >= 64 bytes")
+        if dead_letter_cap < 1:
+            raise ConfigurationError("dead_letter_cap must be >= 1")
+        if dead_letter_ttl < 1:
+            raise ConfigurationError("dead_letter_ttl must be >= 1 second")
+        if dead_letter_max_bytes < 1024:
+            raise ConfigurationError("dead_letter_max_bytes must be >= 1024 bytes")
         self.visibility_timeout = float(visibility_timeout)
         self.max_deliveries = max_deliveries
         self.store_results = store_results
         self.result_ttl = int(result_ttl)
         self.max_message_size = max_message_size
         self.dead_letter_cap = dead_letter_cap
+        self.max_result_size = max_result_size
+        self.dead_letter_ttl = int(dead_letter_ttl)
+        self.dead_letter_max_bytes = dead_letter_max_bytes
         self.routes = routes
         self.queue_rate_limits = {
             check_name("queue name", q): RateLimit.parse(limit, key=f"queue:{q}")
@@ -193,14 +217,24 @@ class Queue(
         if url.startswith("memory://"):
             from .broker.memory import MemoryBroker
 
-            return MemoryBroker.named(url.removeprefix("memory://") or "default")
+            memory = MemoryBroker.named(url.removeprefix("memory://") or "default")
+            for name, value in self._dead_letter_limits().items():  # shared: last Queue wins
+                setattr(memory, name, value)
+            return memory
         if self.mode == "reliable":
             from .broker.redis.reliable import ReliableRedisBroker
 
-            return ReliableRedisBroker(url, self.namespace, dead_letter_cap=self.dead_letter_cap)
+            return ReliableRedisBroker(url, self.namespace, **self._dead_letter_limits())
         from .broker.redis.fast import FastRedisBroker
 
-        return FastRedisBroker(url, self.namespace, dead_letter_cap=self.dead_letter_cap)
+        return FastRedisBroker(url, self.namespace, **self._dead_letter_limits())
+
+    def _dead_letter_limits(self) -> dict[str, Any]:
+        return {
+            "dead_letter_cap": self.dead_letter_cap,
+            "dead_letter_ttl": self.dead_letter_ttl,
+            "dead_letter_max_bytes": self.dead_letter_max_bytes,
+        }
 
     @property
     def broker(self) -> Broker:

@@ -30,6 +30,7 @@ EXT_UUID: Final = 3
 EXT_DECIMAL: Final = 4
 
 _SCALARS: Final = frozenset({str, int, float, bool, type(None), bytes})
+_TOO_DEEP: Final = "value is nested deeper than the recursion limit allows"
 
 
 class Envelope(msgspec.Struct, array_like=True, gc=False):
@@ -111,18 +112,29 @@ def to_plain(value: Any) -> Any:
     """Check that ``value`` is plain data and return its wire form.
 
     Raises:
-        SerializationError: when any nested value is not plain data or a dict key is not str.
+        SerializationError: when any nested value is not plain data or a dict key is not str,
+            or the value is nested deeper than Python's recursion limit.
     """
     if type(value) in _SCALARS:
         return value
-    return _to_ext(value)
+    try:
+        return _to_ext(value)
+    except RecursionError:
+        raise SerializationError(_TOO_DEEP) from None
 
 
 def plain_args(args: tuple[Any, ...] | list[Any]) -> list[Any]:
-    """Return the wire form of positional arguments (fast path when all are scalars)."""
+    """Return the wire form of positional arguments (fast path when all are scalars).
+
+    Raises:
+        SerializationError: an argument is not plain data or is nested too deep.
+    """
     for item in args:
         if type(item) not in _SCALARS:
-            return [_to_ext(item) for item in args]
+            try:
+                return [_to_ext(item) for item in args]
+            except RecursionError:
+                raise SerializationError(_TOO_DEEP) from None
     return list(args)
 
 
@@ -136,7 +148,10 @@ def plain_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
         if type(key) is not str:
             raise SerializationError(f"keyword argument names must be str, got {key!r}")
         if type(item) not in _SCALARS:
-            return {key: _to_ext(item) for key, item in kwargs.items()}
+            try:
+                return {key: _to_ext(item) for key, item in kwargs.items()}
+            except RecursionError:
+                raise SerializationError(_TOO_DEEP) from None
     return kwargs
 
 
@@ -174,6 +189,8 @@ def encode_envelope(envelope: Envelope, max_size: int) -> bytes:
         data = _encoder.encode(values[:end])
     except (TypeError, OverflowError) as exc:
         raise SerializationError(str(exc)) from exc
+    except RecursionError:
+        raise SerializationError(_TOO_DEEP) from None
     if len(data) > max_size:
         raise MessageTooLarge(len(data), max_size)
     return data
@@ -187,8 +204,15 @@ def decode_envelope(data: bytes) -> Envelope:
     """
     try:
         return _envelope_decoder.decode(data)
-    except (msgspec.DecodeError, SerializationError, ValueError, ArithmeticError) as exc:
-        # ArithmeticError: decimal.InvalidOperation from a malformed Decimal extension.
+    except (
+        msgspec.DecodeError,
+        SerializationError,
+        ValueError,
+        ArithmeticError,
+        RecursionError,
+    ) as exc:
+        # ArithmeticError: decimal.InvalidOperation from a malformed Decimal extension;
+        # RecursionError: arrays or maps nested deeper than the decoder's recursion limit.
         raise SerializationError(f"malformed message: {exc}") from exc
 
 
@@ -196,21 +220,25 @@ def dumps(value: Any) -> bytes:
     """Encode any plain-data value (results, records) to MessagePack.
 
     Raises:
-        SerializationError: ``value`` is not plain data.
+        SerializationError: ``value`` is not plain data (or is nested too deep).
     """
     try:
         return _encoder.encode(to_plain(value))
+    except SerializationError:
+        raise
     except (TypeError, OverflowError) as exc:
         raise SerializationError(str(exc)) from exc
+    except RecursionError:
+        raise SerializationError(_TOO_DEEP) from None
 
 
 def loads(data: bytes) -> Any:
     """Decode MessagePack written by :func:`dumps`.
 
     Raises:
-        SerializationError: the bytes are not valid MessagePack.
+        SerializationError: the bytes are not valid MessagePack (or are nested too deep).
     """
     try:
         return _any_decoder.decode(data)
-    except (msgspec.DecodeError, ValueError, ArithmeticError) as exc:
+    except (msgspec.DecodeError, ValueError, ArithmeticError, RecursionError) as exc:
         raise SerializationError(f"malformed data: {exc}") from exc

@@ -360,3 +360,29 @@ def test_dead_letter_of_a_malformed_message_has_no_arguments() -> None:
     good = encode_envelope(Envelope("i", "tasks.t", "q", [1], {"a": 2}), 1 << 20)
     dead = DeadLetter.from_fields("i", good, "failed", "e", "", "q", 1.0)
     assert (dead.args, dead.kwargs, dead.task) == ([1], {"a": 2}, "tasks.t")
+
+
+# ------------------------------------------------------------------------- nesting depth
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_value_nested_too_deep_is_a_serialization_error_not_recursion_error() -> None:
+    deep = _nested(100_000)
+    for encode in (dumps, to_plain, lambda v: plain_args((v,)), lambda v: plain_kwargs({"k": v})):
+        with pytest.raises(SerializationError, match="nested deeper"):
+            encode(deep)
+
+
+def test_message_nested_too_deep_is_malformed() -> None:
+    nested = b"\x94\xa1i\xa1t\xa1q" + b"\x91" * 200_000 + b"\xc0"
+    with pytest.raises(SerializationError, match="malformed message"):
+        decode_envelope(nested)
+    with pytest.raises(SerializationError, match="malformed data"):
+        loads(b"\x91" * 200_000 + b"\xc0")
+    dead = DeadLetter.from_fields("x", nested, "malformed message", "", "", "q", 0.0)
+    assert dead.args is None
+    assert dead.kwargs is None

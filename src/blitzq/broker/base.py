@@ -114,9 +114,10 @@ COMPLETION_OPS: dict[str, str] = {
     "workflow_done": "(id, result, ttl, now): a running workflow succeeded; notify waiters",
     "workflow_fail": "(id, state, error_type, error, step, ttl, now): end it failed/cancelled",
     "chord": "(id, join, index, size, result, ttl, kind, queue, head, tail, now, splice, "
-    "result_ttl): record a "
+    "result_ttl, max_bytes): record a "
     "member's result once; the last one publishes head + results + tail exactly once "
-    "(queue '': the list becomes the workflow's result)",
+    "(queue '': the list becomes the workflow's result); a body over max_bytes fails the "
+    "workflow with ResultTooLarge instead",
     # ("unique_release", key, task_id): delete unique key ``key`` while it holds ``task_id``.
     "unique_release": "free a unique-task key while it still holds this task's id",
     # ("lock_release", key, holder): remove ``holder`` from task lock ``key``.

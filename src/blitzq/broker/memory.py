@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from ..exceptions import BrokerError, SerializationError
+from ..limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
 from ..serialization import decode_envelope, dumps, loads
 from .base import Broker, Completion, DeadLetterFields, Delivery, Guarantee, Scheduled
 from .memory_control import MemoryControl
@@ -64,13 +65,26 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
 
     Args:
         dead_letter_cap: dead letters kept before the oldest are dropped.
+        dead_letter_ttl: seconds a dead letter is kept.
+        dead_letter_max_bytes: total bytes of dead letters (message + error + 64 each, as
+            the Redis brokers count) kept before the oldest are dropped.
     """
 
     guarantee = Guarantee.EPHEMERAL
     supports_recovery = True
 
-    def __init__(self, *, dead_letter_cap: int = DEFAULT_DEAD_LETTER_CAP) -> None:
+    def __init__(
+        self,
+        *,
+        dead_letter_cap: int = DEFAULT_DEAD_LETTER_CAP,
+        dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
+        dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
+    ) -> None:
         self.dead_letter_cap = dead_letter_cap
+        self.dead_letter_ttl = dead_letter_ttl
+        self.dead_letter_max_bytes = dead_letter_max_bytes
+        #: When each dead letter expires (monotonic seconds), set when it is stored.
+        self._dead_until: dict[str, float] = {}
         self._lock = threading.Lock()
         self._tokens = itertools.count(1)
         self._waiting: dict[str, deque[tuple[bytes, int]]] = {}
@@ -138,10 +152,22 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
         return sorted(dead, key=lambda tid: (dead[tid].failed_at, tid), reverse=True)
 
     def _trim_dead_letters(self) -> None:
-        excess = len(self._dead) - self.dead_letter_cap
-        if excess > 0:
-            for task_id in self._newest_first()[-excess:]:
-                del self._dead[task_id]
+        """Drop expired dead letters, then the oldest beyond the count and byte bounds."""
+        dead, until = self._dead, self._dead_until
+        now = time.monotonic()
+        for task_id in dead:
+            until.setdefault(task_id, now + self.dead_letter_ttl)  # stored since the last trim
+        for task_id in [t for t in until if t not in dead]:
+            del until[task_id]  # replayed or purged
+        for task_id in [t for t, at in until.items() if at <= now]:
+            del dead[task_id], until[task_id]
+        newest = self._newest_first()
+        total = sum(len(f.message) + len(f.error) + 64 for f in dead.values())
+        while newest and (len(newest) > self.dead_letter_cap or total > self.dead_letter_max_bytes):
+            oldest = newest.pop()
+            fields = dead.pop(oldest)
+            until.pop(oldest, None)
+            total -= len(fields.message) + len(fields.error) + 64
 
     async def _block(
         self, table: dict[str, list[_Waiter]], key: str, wait: float, attempt: Callable[[], T]
@@ -243,6 +269,7 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
                     self._announce("schedule", repr(due))
                 if c.dead_letter is not None:
                     self._dead[c.task_id] = c.dead_letter
+                    self._dead_until.pop(c.task_id, None)  # a fresh TTL
                     dead_added = True
                 if c.requeue:
                     self._push(c.queue, c.requeue, 1, head=True)
@@ -309,6 +336,7 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
                     f"delivered {lease.deliveries} times without completing (max_deliveries="
                     f"{max_deliveries}); the worker running it probably crashed"
                 )
+                self._dead_until.pop(task_id, None)
                 self._dead[task_id] = DeadLetterFields(
                     lease.payload, "max deliveries exceeded", error, task, queue, wall
                 )
@@ -438,6 +466,7 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
     async def dead_letters(self, offset: int, limit: int) -> list[tuple[str, DeadLetterFields]]:
         """Dead letters, newest first, as ``(task_id, fields)``."""
         with self._lock:
+            self._trim_dead_letters()
             ids = self._newest_first()[max(0, offset) : max(0, offset) + max(0, limit)]
             return [(tid, self._dead[tid]) for tid in ids]
 
@@ -447,8 +476,9 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
             return self._dead.get(task_id)
 
     async def dead_letter_count(self) -> int:
-        """Number of stored dead letters."""
+        """Number of stored dead letters (expired ones are dropped first)."""
         with self._lock:
+            self._trim_dead_letters()
             return len(self._dead)
 
     async def replay_dead_letter(

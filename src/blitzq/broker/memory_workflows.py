@@ -79,7 +79,8 @@ class MemoryWorkflows:
 
     def _op_chord(self, op: tuple[Any, ...]) -> None:
         """``("chord", id, join, index, size, result, ttl, kind, queue, head, tail, now,
-        splice, result_ttl)`` (lock held): record once, fire once."""
+        splice, result_ttl, max_bytes)`` (lock held): record once, fire once; a body over
+        ``max_bytes`` fails the workflow with ResultTooLarge instead."""
         (_, workflow_id, join, index, size, result, _, _, queue, head, tail, now, splice) = op[:13]
         fields = self._wf_hashes().setdefault(f"{workflow_id}:j:{join}", {})
         fields.setdefault(str(index), _b(result))
@@ -90,6 +91,15 @@ class MemoryWorkflows:
         if int(splice) == 1:
             parts += [fields[str(i)] for i in range(int(size))]
         parts.append(tail)
+        total, max_bytes = sum(len(p) for p in parts), int(op[14]) if len(op) > 14 else 0
+        if 0 < max_bytes < total:
+            error = f"chord results of {total} bytes are over the limit of {max_bytes} bytes"
+            self._wf_end(
+                workflow_id,
+                {"state": "failed", "error_type": "blitzq.exceptions.ResultTooLarge"}
+                | {"error": error, "step": join, "finished_at": now},
+            )
+            return
         body = b"".join(parts)
         if queue == "":
             self._wf_end(workflow_id, {"state": "succeeded", "result": body, "finished_at": now})

@@ -15,7 +15,8 @@ import msgspec
 
 from ..broker.base import Completion, DeadLetterFields, Delivery
 from ..context import TaskContext
-from ..exceptions import Retry, SerializationError, TaskTimeout, describe_error
+from ..exceptions import ResultTooLarge, Retry, SerializationError, TaskTimeout, describe_error
+from ..limits import DEAD_MESSAGE_SAMPLE, DEFAULT_MAX_RESULT_SIZE, clip_text
 from ..serialization import Envelope, dumps, encode_envelope
 from ..task import Task
 
@@ -75,17 +76,23 @@ class Outcomes:
         store_results: the Queue's default for storing return values.
         result_ttl: seconds records live.
         max_message_size: bytes, for re-encoding retries.
-        requeue_in_place: whether requeued messages keep their place (fast mode pushes them
-            back to the head).
+        max_result_size: bytes; a record (return value included) over it fails the task
+            with :class:`~blitzq.exceptions.ResultTooLarge`.
     """
 
     def __init__(
-        self, worker_id: str, store_results: bool, result_ttl: int, max_message_size: int
+        self,
+        worker_id: str,
+        store_results: bool,
+        result_ttl: int,
+        max_message_size: int,
+        max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
     ) -> None:
         self.worker_id = worker_id
         self.store_results = store_results
         self.result_ttl = result_ttl
         self.max_message_size = max_message_size
+        self.max_result_size = max_result_size
 
     def _record(self, job: Job, state: str, **fields: Any) -> bytes:
         env = job.envelope
@@ -107,7 +114,9 @@ class Outcomes:
     def success(self, job: Job, value: Any, track_state: bool = False) -> Completion | None:
         """Completion of a run that returned ``value``; ``None`` when nothing is to be done.
 
-        A value that is not plain data turns the run into a failure (SerializationError).
+        A value that is not plain data turns the run into a failure (SerializationError),
+        and so does a record over ``max_result_size`` (ResultTooLarge, not retried: the
+        same call would return as much again).
         With ``track_state`` a ``succeeded`` record (without the value, when results are not
         stored) replaces the ``running`` one.
         """
@@ -124,7 +133,10 @@ class Outcomes:
             return Completion(d.queue, d.token, job.envelope.id)
         try:
             record = self._record(job, "succeeded", result=value)
+            if len(record) > self.max_result_size:
+                raise ResultTooLarge(len(record), self.max_result_size)
         except SerializationError as exc:
+            job.result = NO_RESULT  # finishers (workflows) must not pass the value on
             return self.failure(job, exc, retry=False)
         return Completion(d.queue, d.token, job.envelope.id, record, self.result_ttl)
 
@@ -158,11 +170,14 @@ class Outcomes:
             record = None
             if track_state:
                 error_type, message = describe_error(cause)
-                record = self._record(job, "retrying", error_type=error_type, error=message)
+                record = self._record(
+                    job, "retrying", error_type=error_type, error=clip_text(message)
+                )
             return Completion(
                 d.queue, d.token, env.id, record, self.result_ttl, reschedule=data, delay=delay
             )
         error_type, message = describe_error(cause)
+        message = clip_text(message)
         trace = "".join(tb.format_exception(type(cause), cause, cause.__traceback__))
         if task.dead_letter:
             state, dead = (
@@ -186,9 +201,17 @@ class Outcomes:
     def rejected(
         self, delivery: Delivery, reason: str, error: str, task_id: str | None, task: str = ""
     ) -> Completion:
-        """Completion dead-lettering a message that cannot run (malformed, unknown, too big)."""
+        """Completion dead-lettering a message that cannot run (malformed, unknown, too big).
+
+        A message over ``max_message_size`` keeps only its first bytes in the dead letter.
+        """
         ident = task_id or (delivery.token or b"").decode() or f"unknown-{time.time_ns()}"
-        dead = DeadLetterFields(delivery.payload, reason, error, task, delivery.queue, time.time())
+        payload = delivery.payload
+        if len(payload) > self.max_message_size:
+            error = f"{error}; only the first {DEAD_MESSAGE_SAMPLE} bytes are kept"
+            payload = payload[:DEAD_MESSAGE_SAMPLE]
+        error = clip_text(error)
+        dead = DeadLetterFields(payload, reason, error, task, delivery.queue, time.time())
         record = None
         if task_id is not None:
             record = dumps(

@@ -2,18 +2,47 @@
 
 Completions queue up while one batch is in flight and all go in the next; there is no timer, so
 at light load a completion costs one round-trip of latency and under heavy load hundreds share
-one. A batch that fails (broker down) is kept and retried with backoff, never dropped.
+one. A batch holds at most ``max_batch`` completions and ``max_bytes`` bytes (at least one).
+
+A batch that fails while the server is down is kept and retried with backoff, never dropped.
+A batch the server *refuses* (an error reply, or a connection it drops while reading a write
+it will not take, such as an argument over its ``proto-max-bulk-len``, while it still answers
+PING) is split: the other completions commit, and a completion refused on its own is
+replaced by a small one that acknowledges the delivery with a ``failed`` record saying why.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
+from typing import Any
 
 from ..broker.base import Broker, Completion
-from ..exceptions import BrokerError
+from ..exceptions import BrokerError, SerializationError, describe_error
+from ..limits import COMPLETION_BATCH_BYTES, COMPLETION_BATCH_ITEMS, clip_text
+from ..serialization import dumps, loads
 
 logger = logging.getLogger("blitzq.worker")
+
+#: Ops of a refused completion up to this many bytes are kept in its replacement (unique-key
+#: and lock releases, small workflow steps); bigger ones (a huge result) are dropped.
+_SMALL_OP = 64 * 1024
+
+
+def completion_size(c: Completion) -> int:
+    """Approximate bytes ``c`` sends to the broker (its records, messages and op bytes)."""
+    size = 64 + len(c.record or b"") + len(c.reschedule or b"") + len(c.requeue or b"")
+    if c.dead_letter is not None:
+        size += len(c.dead_letter.message) + len(c.dead_letter.error)
+    for op in c.ops:
+        size += _op_size(op)
+    return size
+
+
+def _op_size(op: tuple[Any, ...]) -> int:
+    return sum(len(item) if isinstance(item, bytes | str) else 8 for item in op)
 
 
 class Flusher:
@@ -22,11 +51,19 @@ class Flusher:
     Args:
         broker: where to apply them.
         max_batch: most completions in one round-trip.
+        max_bytes: most bytes of completions in one round-trip (a single larger completion
+            still goes, alone).
     """
 
-    def __init__(self, broker: Broker, max_batch: int = 2000) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        max_batch: int = COMPLETION_BATCH_ITEMS,
+        max_bytes: int = COMPLETION_BATCH_BYTES,
+    ) -> None:
         self.broker = broker
         self.max_batch = max_batch
+        self.max_bytes = max_bytes
         self._pending: list[Completion] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -44,6 +81,18 @@ class Flusher:
         """Completions not yet written."""
         return len(self._pending)
 
+    def _take(self) -> list[Completion]:
+        """The next batch: the oldest completions within ``max_batch`` and ``max_bytes``."""
+        pending = self._pending
+        n = min(len(pending), self.max_batch)
+        total = 0
+        for i in range(n):
+            total += completion_size(pending[i])
+            if total > self.max_bytes and i > 0:
+                n = i
+                break
+        return pending[:n]
+
     async def run(self) -> None:
         """Write batches until :meth:`close` is called and nothing is left."""
         delay = 0.05
@@ -55,38 +104,99 @@ class Flusher:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            batch = self._pending[: self.max_batch]
+            batch = self._take()
             try:
                 await self.broker.complete(batch)
             except BrokerError as exc:
-                if not exc.transient:
-                    await self._isolate(batch, exc)
-                    del self._pending[: len(batch)]
+                if await self._retry_later(exc):
+                    logger.warning(
+                        "completion batch of %d failed, retrying in %.2f s: %s",
+                        len(batch), delay, exc,
+                    )  # fmt: skip
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
                     continue
-                logger.warning(
-                    "completion batch of %d failed, retrying in %.2f s: %s", len(batch), delay, exc
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                del self._pending[: len(batch)]
+                await self._isolate(batch, exc)
                 continue
             delay = 0.05
             del self._pending[: len(batch)]
 
-    async def _isolate(self, batch: list[Completion], error: BrokerError) -> None:
-        """A batch the server refused: apply its completions one by one, drop the bad ones.
+    async def _retry_later(self, error: BrokerError) -> bool:
+        """Whether a failed write should wait and go again whole: the server is down, or
+        out of memory (``OOM`` under ``noeviction``: it takes writes again once drained)."""
+        if "OOM " in str(error):
+            return True
+        return error.transient and not await self._answers()
 
-        A dropped completion's delivery is not acknowledged, so in reliable mode the message
-        is delivered again (and dead-lettered after ``max_deliveries``); nothing else waits.
+    async def _answers(self) -> bool:
+        """Whether the broker answers a PING now (a failed write with a live server means
+        the server refused that write)."""
+        try:
+            await self.broker.ping()
+        except BrokerError:
+            return False
+        return True
+
+    async def _isolate(self, batch: list[Completion], error: BrokerError) -> None:
+        """A batch the server refused: write it in parts, find the refused completions.
+
+        The largest completion is tried apart first (the usual culprit), then the rest is
+        halved until each part commits or is one refused completion. Parts that fail
+        because the server went away go back to the pending list.
         """
-        logger.error("completion batch of %d refused by the broker: %s", len(batch), error)
-        for completion in batch:
-            try:
-                await self.broker.complete([completion])
-            except BrokerError as exc:
-                if exc.transient:
-                    self._pending.append(completion)
-                else:
-                    logger.error("dropped the completion of task %s: %s", completion.task_id, exc)
+        logger.error(
+            "completion batch of %d refused by the broker, writing it in parts: %s",
+            len(batch), error,
+        )  # fmt: skip
+        largest = max(range(len(batch)), key=lambda i: completion_size(batch[i]))
+        parts = [[batch[largest]], batch[:largest] + batch[largest + 1 :]]
+        while parts:
+            part = parts.pop()
+            if not part:
+                continue
+            failure = await self._try(part)
+            if failure is None:
+                continue
+            if await self._retry_later(failure):
+                for rest in (part, *parts):
+                    self._pending.extend(rest)
+                return
+            if len(part) > 1:
+                mid = len(part) // 2
+                parts += [part[mid:], part[:mid]]
+                continue
+            await self._refused(part[0], failure)
+
+    async def _try(self, part: list[Completion]) -> BrokerError | None:
+        """Apply ``part``; the error, or ``None`` when it committed."""
+        try:
+            await self.broker.complete(part)
+        except BrokerError as exc:
+            return exc
+        return None
+
+    async def _refused(self, completion: Completion, error: BrokerError) -> None:
+        """One completion the server will not take: acknowledge its delivery with a
+        ``failed`` record instead (small ops kept), so the task is not run again.
+
+        When even that fails, the completion is dropped; its delivery is then not
+        acknowledged, so in reliable mode it is delivered again and dead-lettered after
+        ``max_deliveries``.
+        """
+        size = completion_size(completion)
+        logger.error(
+            "the broker refused the completion of task %s (%d bytes): %s",
+            completion.task_id, size, error,
+        )  # fmt: skip
+        replacement = _replacement(completion, size, error)
+        failure = await self._try([replacement])
+        if failure is None:
+            return
+        if await self._retry_later(failure):
+            self._pending.append(replacement)
+            return
+        logger.error("dropped the completion of task %s: %s", completion.task_id, failure)
 
     async def flush(self) -> None:
         """Return once everything queued so far is written."""
@@ -98,3 +208,40 @@ class Flusher:
         """Ask :meth:`run` to return once the backlog is written."""
         self._closing = True
         self._wake.set()
+
+
+def _replacement(completion: Completion, size: int, error: BrokerError) -> Completion:
+    """The small completion written instead of a refused one (see ``Flusher._refused``)."""
+    fields: dict[str, Any] = {}
+    if completion.record is not None:
+        with contextlib.suppress(SerializationError):
+            decoded = loads(completion.record)
+            if isinstance(decoded, dict):
+                fields = decoded
+    error_type, message = describe_error(error)
+    record = dumps(
+        {
+            "id": completion.task_id,
+            "task": str(fields.get("task", "")),
+            "queue": completion.queue,
+            "state": "failed",
+            "attempts": fields.get("attempts", 0),
+            "enqueued_at": fields.get("enqueued_at"),
+            "started_at": fields.get("started_at"),
+            "finished_at": time.time(),
+            "worker": fields.get("worker"),
+            "error_type": error_type,
+            "error": clip_text(
+                f"the broker refused this task's completion ({size} bytes): {message}"
+            ),
+        }
+    )
+    ops = tuple(op for op in completion.ops if _op_size(op) <= _SMALL_OP)
+    return Completion(
+        completion.queue,
+        completion.token,
+        completion.task_id,
+        record,
+        completion.record_ttl or 86400,
+        ops=ops,
+    )

@@ -73,8 +73,9 @@ class Runner:
         self.max_message_size = queue.max_message_size
         self.track_state = queue.track_state
         self.outcomes = Outcomes(
-            worker.id, queue.store_results, queue.result_ttl, queue.max_message_size
-        )
+            worker.id, queue.store_results, queue.result_ttl, queue.max_message_size,
+            queue.max_result_size,
+        )  # fmt: skip
         self.jobs: set[Job] = set()
         self.revoked: dict[str, float] = {}
         self.processed = 0

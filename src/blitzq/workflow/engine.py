@@ -36,7 +36,8 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from ..broker.base import Completion
-from ..exceptions import ConfigurationError, SerializationError, describe_error
+from ..exceptions import ConfigurationError, ResultTooLarge, SerializationError, describe_error
+from ..limits import CHUNK_ITEMS, DEFAULT_MAX_RESULT_SIZE
 from ..routing import physical_queue, route
 from ..serialization import Envelope, dumps, encode_envelope, loads, plain_args, to_plain
 from .canvas import Chain, Chord, Group, Node
@@ -97,15 +98,23 @@ class _Messages:
         now: Unix time stamped on the messages.
         max_size: largest message in bytes.
         result_ttl: seconds a finished workflow's state is kept.
+        max_result_size: largest result in bytes stored as a workflow's result (a chord's
+            joined results included).
     """
 
     def __init__(
-        self, workflow_id: str, now: float, max_size: int, result_ttl: int = 86400
+        self,
+        workflow_id: str,
+        now: float,
+        max_size: int,
+        result_ttl: int = 86400,
+        max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
     ) -> None:
         self.workflow_id = workflow_id
         self.now = now
         self.max_size = max_size
         self.result_ttl = result_ttl
+        self.max_result_size = max_result_size
 
     def start(
         self, node: dict[str, Any], prev: Any, rest: list[Any], join: Any
@@ -200,6 +209,7 @@ class _Messages:
         return (
             "chord", self.workflow_id, str(join["i"]), str(join["x"]), size, result, ttl,
             "", queue, head, tail, repr(self.now), splice, self.result_ttl,
+            self.max_size if queue else self.max_result_size,
         )  # fmt: skip
 
 
@@ -261,9 +271,13 @@ def _follow_ups(
     if error is None and job.result is not NO_RESULT:
         try:
             result = dumps(job.result)
+            if len(result) > queue.max_result_size:
+                raise ResultTooLarge(len(result), queue.max_result_size)
         except SerializationError as exc:
             return (_fail(workflow_id, "failed", *describe_error(exc), step, queue, now),)
-        build = _Messages(workflow_id, now, queue.max_message_size, queue.result_ttl)
+        build = _Messages(
+            workflow_id, now, queue.max_message_size, queue.result_ttl, queue.max_result_size
+        )
         rest, join = list(flow.get("n") or ()), flow.get("j")
         if rest:
             return tuple(
@@ -331,7 +345,8 @@ class _Planner:
 async def apply_workflow(queue: Queue, workflow: Node) -> WorkflowHandle:
     """Start ``workflow`` on ``queue``'s broker; see :meth:`blitzq.Queue.apply`.
 
-    The workflow's state and its first steps are written in one atomic broker call.
+    The workflow's state and its first steps are written in one atomic broker call (the
+    steps past the first :data:`~blitzq.limits.CHUNK_ITEMS` in further calls).
 
     Raises:
         ConfigurationError: ``workflow`` is not a signature, chain, group or chord.
@@ -359,5 +374,10 @@ async def apply_workflow(queue: Queue, workflow: Node) -> WorkflowHandle:
         if remember is not None:
             await remember(new)
         known.update(new)
-    await broker.complete([Completion(queue.name, None, workflow_id, ops=tuple(ops))])
+    # The state and the first steps go in one atomic call; a workflow starting more than
+    # CHUNK_ITEMS steps at once (a big group) publishes the rest in further calls of that
+    # size, so no call holds the server long.
+    for start in range(0, len(ops), CHUNK_ITEMS):
+        chunk = tuple(ops[start : start + CHUNK_ITEMS])
+        await broker.complete([Completion(queue.name, None, workflow_id, ops=chunk)])
     return WorkflowHandle(queue, workflow_id, planner.steps)

@@ -24,6 +24,13 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...exceptions import BrokerError
+from ...limits import (
+    CHUNK_ITEMS,
+    CHUNK_WRITES,
+    DEFAULT_DEAD_LETTER_MAX_BYTES,
+    DEFAULT_DEAD_LETTER_TTL,
+    NOTIFY_INLINE_MAX,
+)
 from ..base import Broker, Completion, DeadLetterFields, Scheduled
 from .control import RedisControl
 from .keys import GROUP, Keys
@@ -55,8 +62,21 @@ def translate_errors(
 
 
 def load_script(name: str) -> str:
-    """Source of a Lua script shipped in ``broker/redis/lua/``."""
-    return resources.files(__package__).joinpath("lua", name).read_text()
+    """Source of a Lua script shipped in ``broker/redis/lua/``.
+
+    A line ``--@include <file>.lua`` is replaced by that file's text (shared functions,
+    such as the dead-letter retention of ``dead_letters.lua``).
+    """
+    text = resources.files(__package__).joinpath("lua", name).read_text()
+    if "--@include " not in text:
+        return text
+    lines = [
+        load_script(line.removeprefix("--@include ").strip())
+        if line.startswith("--@include ")
+        else line
+        for line in text.splitlines()
+    ]
+    return "\n".join(lines) + "\n"
 
 
 _batch_encoder = msgspec.msgpack.Encoder()
@@ -101,6 +121,9 @@ class RedisBroker(RedisControl, Broker):
         url: a ``redis://``, ``rediss://`` or ``unix://`` URL.
         namespace: key namespace; every key is prefixed ``{namespace}:``.
         dead_letter_cap: dead letters kept before the oldest are dropped.
+        dead_letter_ttl: seconds a dead letter is kept.
+        dead_letter_max_bytes: total bytes of dead letters kept before the oldest are
+            dropped.
         client: an existing ``redis.asyncio.Redis`` to use instead of ``url`` (not closed by
             the broker).
     """
@@ -115,10 +138,14 @@ class RedisBroker(RedisControl, Broker):
         *,
         dead_letter_cap: int = DEFAULT_DEAD_LETTER_CAP,
         client: aioredis.Redis | None = None,
+        dead_letter_ttl: int = DEFAULT_DEAD_LETTER_TTL,
+        dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
     ) -> None:
         self.url = url
         self.keys = Keys(namespace)
         self.dead_letter_cap = dead_letter_cap
+        self.dead_letter_ttl = int(dead_letter_ttl)
+        self.dead_letter_max_bytes = dead_letter_max_bytes
         self._owns_client = client is None
         # Typed as Any: redis-py's stubs type replies as bytes | str whatever decode_responses is.
         self.client: Any = client or aioredis.Redis.from_url(
@@ -134,6 +161,8 @@ class RedisBroker(RedisControl, Broker):
         self._promote = self.client.register_script(load_script("promote.lua"))
         self._schedule = self.client.register_script(load_script("schedule.lua"))
         self._replay = self.client.register_script(load_script("replay.lua"))
+        self._purge_dead = self.client.register_script(load_script("purge_dead.lua"))
+        self._trim_dead = self.client.register_script(load_script("trim_dead.lua"))
         self._rate_acquire = self.client.register_script(load_script("rate_acquire.lua"))
         self._cancel = self.client.register_script(load_script("cancel.lua"))
         self._claim_periodic = self.client.register_script(load_script("claim_periodic.lua"))
@@ -195,8 +224,11 @@ class RedisBroker(RedisControl, Broker):
         keys = self.keys
         await self._complete(
             keys=[keys.schedule, keys.schedule_data, keys.dead_letters],
-            args=[keys.prefix, GROUP, self.dead_letter_cap, _batch_encoder.encode(entries)],
-        )
+            args=[
+                keys.prefix, GROUP, self.dead_letter_cap, _batch_encoder.encode(entries),
+                self.dead_letter_ttl, self.dead_letter_max_bytes, NOTIFY_INLINE_MAX,
+            ],
+        )  # fmt: skip
 
     @translate_errors
     async def acquire_rate(self, buckets: Sequence[tuple[str, float, float]]) -> tuple[bool, float]:
@@ -211,20 +243,23 @@ class RedisBroker(RedisControl, Broker):
     # --------------------------------------------------------------- schedule
     @translate_errors
     async def schedule(self, items: Sequence[Scheduled]) -> None:
-        """Put messages on the schedule in one script run; due times on the server's clock."""
-        if not items:
-            return
+        """Put messages on the schedule; due times on the server's clock.
+
+        One script run per :data:`~blitzq.limits.CHUNK_WRITES` items (each item is atomic, a
+        large batch is not), so no call holds the server long.
+        """
         keys = self.keys
         kind = self.kind.encode()
-        args: list[Any] = [keys.events]
-        for item in items:
-            args += (
-                item.task_id,
-                "" if item.eta is None else repr(float(item.eta)),
-                repr(float(item.delay)),
-                kind + item.queue.encode() + b"\n" + item.message,
-            )
-        await self._schedule(keys=[keys.schedule, keys.schedule_data], args=args)
+        for start in range(0, len(items), CHUNK_WRITES):
+            args: list[Any] = [keys.events]
+            for item in items[start : start + CHUNK_WRITES]:
+                args += (
+                    item.task_id,
+                    "" if item.eta is None else repr(float(item.eta)),
+                    repr(float(item.delay)),
+                    kind + item.queue.encode() + b"\n" + item.message,
+                )
+            await self._schedule(keys=[keys.schedule, keys.schedule_data], args=args)
 
     @translate_errors
     async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
@@ -238,11 +273,18 @@ class RedisBroker(RedisControl, Broker):
 
     @translate_errors
     async def revoked(self) -> dict[str, float]:
-        """Revoked ids whose mark has not expired."""
-        rows = await self.client.zrangebyscore(
-            self.keys.revoked, time.time(), "+inf", withscores=True
-        )
-        return {member.decode(): float(score) for member, score in rows}
+        """Revoked ids whose mark has not expired, read :data:`~blitzq.limits.CHUNK_ITEMS` per
+        call (pages by offset), so a mass cancel makes no single long read."""
+        out: dict[str, float] = {}
+        now, offset = time.time(), 0
+        while True:
+            rows = await self.client.zrangebyscore(
+                self.keys.revoked, now, "+inf", start=offset, num=CHUNK_ITEMS, withscores=True
+            )
+            out.update((member.decode(), float(score)) for member, score in rows)
+            if len(rows) < CHUNK_ITEMS:
+                return out
+            offset += len(rows)
 
     async def events(self) -> AsyncIterator[tuple[str, str]]:
         """Messages of the namespace's event channel, on a pub/sub connection of their own."""
@@ -269,8 +311,12 @@ class RedisBroker(RedisControl, Broker):
         """Move messages due by the server's clock to their queues (one Lua call)."""
         keys = self.keys
         moved, head, now = await self._promote(
-            keys=[keys.schedule, keys.schedule_data], args=[keys.prefix, limit]
-        )
+            keys=[keys.schedule, keys.schedule_data],
+            args=[
+                keys.prefix, limit,
+                self.dead_letter_cap, self.dead_letter_ttl, self.dead_letter_max_bytes,
+            ],
+        )  # fmt: skip
         return int(moved), (float(head) if head else None), float(now)
 
     @translate_errors
@@ -453,31 +499,47 @@ class RedisBroker(RedisControl, Broker):
     def _dead_letter_fields(raw: dict[bytes, bytes]) -> DeadLetterFields | None:
         if not raw:
             return None
+        try:  # a planted or damaged entry must not break listing the others
+            failed_at = float(raw.get(b"failed_at", b"0") or 0)
+        except ValueError:
+            failed_at = 0.0
         return DeadLetterFields(
             message=raw.get(b"message", b""),
             reason=raw.get(b"reason", b"").decode(errors="replace"),
             error=raw.get(b"error", b"").decode(errors="replace"),
             task=raw.get(b"task", b"").decode(errors="replace"),
             queue=raw.get(b"queue", b"").decode(errors="replace"),
-            failed_at=float(raw.get(b"failed_at", b"0") or 0),
+            failed_at=failed_at,
             kind=raw.get(b"kind", b"").decode(errors="replace"),
         )
 
     @translate_errors
     async def dead_letters(self, offset: int, limit: int) -> list[tuple[str, DeadLetterFields]]:
-        """Dead letters, newest first."""
-        ids = await self.client.zrevrange(self.keys.dead_letters, offset, offset + limit - 1)
-        if not ids:
-            return []
-        async with self.client.pipeline(transaction=False) as pipe:
-            for raw_id in ids:
-                pipe.hgetall(self.keys.dead_letter(raw_id.decode()))
-            rows = await pipe.execute()
-        out = []
-        for raw_id, row in zip(ids, rows, strict=True):
-            fields = self._dead_letter_fields(row)
-            if fields is not None:
-                out.append((raw_id.decode(), fields))
+        """Dead letters, newest first (those past their retention TTL are gone).
+
+        Read in chunks of :data:`~blitzq.limits.CHUNK_ITEMS` ids (one range read and one
+        pipeline of reads each), so no single call's reply grows with ``limit``.
+        """
+        out: list[tuple[str, DeadLetterFields]] = []
+        position, end = offset, offset + max(0, limit)
+        while position < end:
+            count = min(CHUNK_ITEMS, end - position)
+            ids = await self.client.zrevrange(
+                self.keys.dead_letters, position, position + count - 1
+            )
+            if not ids:
+                break
+            async with self.client.pipeline(transaction=False) as pipe:
+                for raw_id in ids:
+                    pipe.hgetall(self.keys.dead_letter(raw_id.decode(errors="replace")))
+                rows = await pipe.execute()
+            for raw_id, row in zip(ids, rows, strict=True):
+                fields = self._dead_letter_fields(row)
+                if fields is not None:  # None: expired meanwhile
+                    out.append((raw_id.decode(errors="replace"), fields))
+            position += len(ids)
+            if len(ids) < count:
+                break
         return out
 
     @translate_errors
@@ -487,8 +549,13 @@ class RedisBroker(RedisControl, Broker):
 
     @translate_errors
     async def dead_letter_count(self) -> int:
-        """Number of stored dead letters."""
-        return int(await self.client.zcard(self.keys.dead_letters))
+        """Number of stored dead letters (expired ones are dropped first, one script)."""
+        keys = self.keys
+        left = await self._trim_dead(
+            keys=[keys.dead_letters],
+            args=[keys.prefix, self.dead_letter_cap, self.dead_letter_max_bytes],
+        )
+        return int(left)
 
     @translate_errors
     async def replay_dead_letter(
@@ -522,16 +589,21 @@ class RedisBroker(RedisControl, Broker):
 
     @translate_errors
     async def purge_dead_letters(self) -> int:
-        """Delete every dead letter."""
-        ids = await self.client.zrange(self.keys.dead_letters, 0, -1)
-        if not ids:
-            return 0
-        async with self.client.pipeline(transaction=True) as pipe:
-            for raw_id in ids:
-                pipe.delete(self.keys.dead_letter(raw_id.decode()))
-            pipe.zrem(self.keys.dead_letters, *ids)
-            await pipe.execute()
-        return len(ids)
+        """Delete every dead letter, :data:`~blitzq.limits.CHUNK_WRITES` per script call.
+
+        Returns how many were deleted (those added meanwhile may be deleted too).
+        """
+        keys = self.keys
+        stored = int(await self.client.zcard(keys.dead_letters))
+        removed = 0
+        while removed < stored:
+            n = int(
+                await self._purge_dead(keys=[keys.dead_letters], args=[keys.prefix, CHUNK_WRITES])
+            )
+            if n == 0:
+                break
+            removed += n
+        return removed
 
     # ------------------------------------------------------------- inspection
     @translate_errors

@@ -1,8 +1,9 @@
 """Redis side of unique tasks and locks (mixed into :class:`~.common.RedisBroker`).
 
 - Unique keys ``{ns}:u:<task>:<key>`` hold the id of the task that claimed them, with a TTL.
-  :meth:`RedisControl.claim_unique` claims a batch in one script run; the completion op
-  ``unique_release`` (``lua/complete.lua``) deletes a key only while it holds the given id.
+  :meth:`RedisControl.claim_unique` claims a batch in one script run per 1000 keys; the
+  completion op ``unique_release`` (``lua/complete.lua``) deletes a key only while it holds
+  the given id.
 - Locks ``{ns}:lk:<key>`` are sorted sets of holder -> lease expiry (server time).
   :meth:`RedisControl.acquire_lock` takes a place, :meth:`RedisControl.renew_locks` renews
   leases, and the completion op ``lock_release`` removes a holder.
@@ -20,6 +21,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...exceptions import BrokerError
+from ...limits import CHUNK_ITEMS
 from .keys import Keys
 
 P = ParamSpec("P")
@@ -62,20 +64,24 @@ class RedisControl:
 
     @_translated
     async def claim_unique(self, items: Sequence[tuple[str, str, float]]) -> list[str | None]:
-        """Claim ``(key, task_id, ttl seconds)`` unique keys atomically, in one round trip.
+        """Claim ``(key, task_id, ttl seconds)`` unique keys, each atomically, in one script
+        run per :data:`~blitzq.limits.CHUNK_ITEMS` keys.
 
         Returns:
             Per item, ``None`` when this call claimed the key, else the id of the task that
             already holds it.
         """
-        if not items:
-            return []
-        keys = [self.keys.unique(key) for key, _, _ in items]
-        args: list[Any] = [self.keys.prefix]
-        for _, task_id, ttl in items:
-            args += (task_id, max(1, int(ttl * 1000)))
-        answer = await self._control_script("unique_claim.lua")(keys=keys, args=args)
-        return [None if not v else _text(v) for v in answer]
+        out: list[str | None] = []
+        script = self._control_script("unique_claim.lua")
+        for start in range(0, len(items), CHUNK_ITEMS):  # one short script call per chunk
+            chunk = items[start : start + CHUNK_ITEMS]
+            keys = [self.keys.unique(key) for key, _, _ in chunk]
+            args: list[Any] = [self.keys.prefix]
+            for _, task_id, ttl in chunk:
+                args += (task_id, max(1, int(ttl * 1000)))
+            answer = await script(keys=keys, args=args)
+            out += [None if not v else _text(v) for v in answer]
+        return out
 
     @_translated
     async def acquire_lock(self, key: str, holder: str, limit: int, lease: float) -> float:

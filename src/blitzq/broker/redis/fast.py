@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from ...limits import CHUNK_ITEMS
 from ..base import Delivery, Guarantee
 from .common import RedisBroker, load_script, translate_errors
 
@@ -31,8 +32,11 @@ class FastRedisBroker(RedisBroker):
 
     @translate_errors
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
-        """RPUSH all messages to the queue's list in one command."""
-        await self.client.execute_command("RPUSH", self.keys.list(queue), *messages)
+        """RPUSH the messages to the queue's list, :data:`~blitzq.limits.CHUNK_ITEMS` per
+        command (in order)."""
+        key = self.keys.list(queue)
+        for start in range(0, len(messages), CHUNK_ITEMS):
+            await self.client.execute_command("RPUSH", key, *messages[start : start + CHUNK_ITEMS])
 
     @translate_errors
     async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
@@ -90,10 +94,11 @@ class FastRedisBroker(RedisBroker):
 
     @translate_errors
     async def purge_queue(self, queue: str) -> int:
-        """Delete the queue's list."""
+        """Delete the queue's list (UNLINK: a long list is freed off the server's main
+        thread)."""
         key = self.keys.list(queue)
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.llen(key)
-            pipe.delete(key)
+            pipe.unlink(key)
             length, _ = await pipe.execute()
         return int(length)

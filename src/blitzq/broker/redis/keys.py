@@ -88,6 +88,16 @@ class Keys:
         return f"{self.prefix}dlq"
 
     @property
+    def dead_letter_sizes(self) -> str:
+        """Hash of dead-lettered task id to its size in bytes (``lua/dead_letters.lua``)."""
+        return f"{self.prefix}dlq:size"
+
+    @property
+    def dead_letter_bytes(self) -> str:
+        """Sum of :attr:`dead_letter_sizes`, held under ``dead_letter_max_bytes``."""
+        return f"{self.prefix}dlq:bytes"
+
+    @property
     def schedule(self) -> str:
         """Sorted set of scheduled task ids scored by due time."""
         return f"{self.prefix}sched"

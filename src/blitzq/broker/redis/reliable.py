@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from redis.exceptions import ResponseError
 
+from ...limits import CHUNK_ITEMS
 from ..base import Delivery, Guarantee
 from .common import RedisBroker, load_script, translate_errors
 from .keys import GROUP, MESSAGE_FIELD
@@ -66,8 +67,9 @@ class ReliableRedisBroker(RedisBroker):
             return
         # One script call instead of a pipeline of XADDs: redis-py's per-command cost
         # dominates, its per-argument cost is small.
-        for start in range(0, len(messages), 1000):
-            await self._publish_many(keys=[key], args=list(messages[start : start + 1000]))
+        for start in range(0, len(messages), CHUNK_ITEMS):
+            chunk = list(messages[start : start + CHUNK_ITEMS])
+            await self._publish_many(keys=[key], args=chunk)
 
     @translate_errors
     async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
@@ -136,13 +138,17 @@ class ReliableRedisBroker(RedisBroker):
 
     @translate_errors
     async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
-        """Renew leases this consumer still owns (ownership-checked script)."""
-        if not tokens:
-            return 0
-        renewed = await self._renew(
-            keys=[self.keys.stream(queue)], args=[GROUP, self.consumer, *tokens]
-        )
-        return int(renewed)
+        """Renew leases this consumer still owns (ownership-checked script, one call per
+        :data:`~blitzq.limits.CHUNK_ITEMS` tokens)."""
+        renewed = 0
+        for start in range(0, len(tokens), CHUNK_ITEMS):
+            chunk = tokens[start : start + CHUNK_ITEMS]
+            renewed += int(
+                await self._renew(
+                    keys=[self.keys.stream(queue)], args=[GROUP, self.consumer, *chunk]
+                )
+            )
+        return renewed
 
     @translate_errors
     async def recover(
@@ -162,6 +168,8 @@ class ReliableRedisBroker(RedisBroker):
                 queue,
                 self.dead_letter_cap,
                 record_ttl,
+                self.dead_letter_ttl,
+                self.dead_letter_max_bytes,
             ],
         )
         return int(requeued), int(dead)

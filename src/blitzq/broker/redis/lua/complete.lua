@@ -2,7 +2,8 @@
 -- KEYS[1] schedule zset, KEYS[2] schedule data hash, KEYS[3] dead-letter zset
 -- ARGV[1] key prefix "{ns}:", ARGV[2] consumer group, ARGV[3] dead-letter cap,
 -- ARGV[4] the batch as one MessagePack array (one argument, so the client encodes no
--- per-completion arguments), of entries:
+-- per-completion arguments), ARGV[5] dead-letter TTL (s), ARGV[6] dead-letter byte bound,
+-- ARGV[7] largest record pushed whole on its done channel (bytes; larger: '1'), of entries:
 --   {"A", queue, {id1, id2, ...}}   reliable acks without anything else (XACK + XDEL)
 --   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops}
 --     kind "s" (stream) or "l" (list); "" means absent; eta is the reschedule's delay in
@@ -11,6 +12,8 @@
 local prefix, group, cap = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local batch = cmsgpack.unpack(ARGV[4])
 local dead_added = 0
+local dl_ttl, dl_bytes, inline_max = ARGV[5], ARGV[6], tonumber(ARGV[7])
+--@include dead_letters.lua
 
 -- Extra operations a completion may carry (ops), applied in the same script. Each handler
 -- takes the op array {name, ...} and the completion's kind ("s" or "l").
@@ -76,10 +79,11 @@ OPS['workflow_fail'] = function(op, kind)
 end
 
 -- {"chord", id, join, index, size, result, ttl, kind, queue, head, tail, now, splice,
---  result_ttl}:
+--  result_ttl, max_bytes}:
 -- record a member's result once; the first call that finds every member in fires: the
 -- body is head .. results in index order (when splice is 1) .. tail, published to queue,
--- or stored as the workflow's result when queue is ''.
+-- or stored as the workflow's result when queue is ''. A body over max_bytes (when given)
+-- is never built: the workflow fails with ResultTooLarge instead.
 OPS['chord'] = function(op, kind)
   local key = prefix .. 'wf:' .. op[2] .. ':j:' .. op[3]
   local size = tonumber(op[5])
@@ -88,6 +92,21 @@ OPS['chord'] = function(op, kind)
   if redis.call('HLEN', key) < size then return end
   if redis.call('HSETNX', key, 'f', op[12]) == 0 then return end
   redis.call('EXPIRE', key, op[14])  -- fired: kept only to ignore late redeliveries
+  local max_bytes = tonumber(op[15] or 0) or 0
+  if max_bytes > 0 then
+    local total = #op[10] + #op[11]
+    if tonumber(op[13]) == 1 then
+      for i = 0, size - 1 do
+        total = total + redis.call('HSTRLEN', key, tostring(i))
+      end
+    end
+    if total > max_bytes then
+      wf_end(op[2], {'state', 'failed', 'error_type', 'blitzq.exceptions.ResultTooLarge',
+        'error', 'chord results of ' .. total .. ' bytes are over the limit of ' ..
+        max_bytes .. ' bytes', 'step', op[3], 'finished_at', op[12]}, op[14])
+      return
+    end
+  end
   local parts = {op[10]}
   if tonumber(op[13]) == 1 then
     for i = 0, size - 1 do
@@ -150,7 +169,11 @@ for _, c in ipairs(batch) do
     end
     if record ~= '' then
       redis.call('SET', prefix .. 't:' .. task_id, record, 'EX', ttl)
-      redis.call('PUBLISH', prefix .. 'done:' .. task_id, record)
+      if #record <= inline_max then
+        redis.call('PUBLISH', prefix .. 'done:' .. task_id, record)
+      else  -- a big body would overflow the subscriber's output buffer: announce only
+        redis.call('PUBLISH', prefix .. 'done:' .. task_id, '1')
+      end
     end
     if reschedule ~= '' then
       -- Due on the server's clock, never the worker's: TIME + the delay sent.
@@ -164,6 +187,7 @@ for _, c in ipairs(batch) do
       redis.call('HSET', prefix .. 'd:' .. task_id, 'message', dead[1], 'reason', dead[2],
         'error', dead[3], 'task', dead[4], 'queue', dead[5], 'failed_at', dead[6], 'kind', kind)
       redis.call('ZADD', KEYS[3], dead[6], task_id)
+      dl_note(prefix, task_id, #dead[1] + #dead[3] + 64, dl_ttl)
       dead_added = dead_added + 1
     end
     if requeue ~= '' then
@@ -187,12 +211,6 @@ for _, c in ipairs(batch) do
 end
 
 if dead_added > 0 then
-  local excess = redis.call('ZCARD', KEYS[3]) - cap
-  if excess > 0 then
-    local old = redis.call('ZPOPMIN', KEYS[3], excess)
-    for j = 1, #old, 2 do
-      redis.call('DEL', prefix .. 'd:' .. old[j])
-    end
-  end
+  dl_trim(prefix, cap, dl_bytes)
 end
 return 1

@@ -1,6 +1,7 @@
 -- Move scheduled messages that are due by the server's clock (TIME) to their queues.
 -- KEYS[1] schedule zset, KEYS[2] schedule data hash
--- ARGV[1] key prefix, ARGV[2] limit
+-- ARGV[1] key prefix, ARGV[2] limit,
+-- ARGV[3] dead-letter cap, ARGV[4] dead-letter TTL (s), ARGV[5] dead-letter byte bound
 -- Schedule data values are "<kind><queue>\n<message>", kind "s" (stream) or "l" (list).
 -- "Now" is the server's TIME, never the caller's clock, so a worker or scheduler whose clock
 -- is ahead cannot release anything early.
@@ -8,6 +9,8 @@
 local prefix = ARGV[1]
 local t = redis.call('TIME')
 local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
+local dead = 0
+--@include dead_letters.lua
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 for _, id in ipairs(ids) do
   local value = redis.call('HGET', KEYS[2], id)
@@ -19,6 +22,8 @@ for _, id in ipairs(ids) do
       'error', 'schedule entry is not <kind><queue>\\n<message>', 'task', '', 'queue', '',
       'failed_at', now)
     redis.call('ZADD', prefix .. 'dlq', now, id)
+    dl_note(prefix, id, #value + 64, ARGV[4])
+    dead = dead + 1
     redis.call('HDEL', KEYS[2], id)
   elseif value then
     local queue = string.sub(value, 2, nl - 1)
@@ -31,6 +36,9 @@ for _, id in ipairs(ids) do
     redis.call('HDEL', KEYS[2], id)
   end
   redis.call('ZREM', KEYS[1], id)
+end
+if dead > 0 then
+  dl_trim(prefix, ARGV[3], ARGV[5])
 end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if head[2] then

@@ -2,11 +2,13 @@
 -- KEYS[1] stream, KEYS[2] dead-letter zset
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] min idle (ms), ARGV[4] count,
 -- ARGV[5] max deliveries, ARGV[6] now, ARGV[7] key prefix, ARGV[8] queue name,
--- ARGV[9] dead-letter cap, ARGV[10] record ttl (seconds)
+-- ARGV[9] dead-letter cap, ARGV[10] record ttl (seconds), ARGV[11] dead-letter TTL (s),
+-- ARGV[12] dead-letter byte bound
 -- An entry's delivery count travels in its "d" field (absent = 1) because the entry is
 -- re-added with a new id; one past max deliveries is dead-lettered with a record.
 local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 local max_deliveries, now, prefix, queue = tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8]
+--@include dead_letters.lua
 local claimed = redis.call('XAUTOCLAIM', stream, group, consumer, ARGV[3], '0-0', 'COUNT', ARGV[4])
 local requeued, dead = 0, 0
 for _, entry in ipairs(claimed[2]) do
@@ -27,6 +29,7 @@ for _, entry in ipairs(claimed[2]) do
       'error', 'stream entry has no "m" field', 'task', '', 'queue', queue, 'failed_at', now,
       'kind', 's')
     redis.call('ZADD', KEYS[2], now, id)
+    dl_note(prefix, id, #raw + 64, ARGV[11])
     dead = dead + 1
   elseif message then
     if deliveries >= max_deliveries then
@@ -42,6 +45,7 @@ for _, entry in ipairs(claimed[2]) do
         'reason', 'max deliveries exceeded', 'error', err, 'task', task, 'queue', queue,
         'failed_at', now, 'kind', 's')
       redis.call('ZADD', KEYS[2], now, task_id)
+      dl_note(prefix, task_id, #message + #err + 64, ARGV[11])
       local record = cmsgpack.pack({id = task_id, task = task, queue = queue,
         state = 'dead_lettered', attempts = deliveries, error_type = 'MaxDeliveriesExceeded',
         error = err, finished_at = tonumber(now)})
@@ -55,10 +59,6 @@ for _, entry in ipairs(claimed[2]) do
   end
 end
 if dead > 0 then
-  local excess = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[9])
-  if excess > 0 then
-    local old = redis.call('ZPOPMIN', KEYS[2], excess)
-    for j = 1, #old, 2 do redis.call('DEL', prefix .. 'd:' .. old[j]) end
-  end
+  dl_trim(prefix, ARGV[9], ARGV[12])
 end
 return {requeued, dead}

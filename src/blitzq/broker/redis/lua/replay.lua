@@ -6,6 +6,7 @@
 -- A unique key is claimed for the task as unique_claim.lua does; when another task holds it,
 -- nothing changes and the holder's id is returned. Returns 1 (replayed) or 0 (no such dead
 -- letter: a concurrent replay took it).
+--@include dead_letters.lua
 local key = ARGV[1] .. 'd:' .. ARGV[2]
 if redis.call('EXISTS', key) == 0 then
   return 0
@@ -21,6 +22,7 @@ if ARGV[6] ~= '' then
 end
 redis.call('DEL', key)
 redis.call('ZREM', KEYS[1], ARGV[2])
+dl_drop(ARGV[1], ARGV[2])
 redis.call('DEL', ARGV[1] .. 't:' .. ARGV[2])
 if ARGV[3] == 's' then
   redis.call('XADD', ARGV[1] .. 's:' .. ARGV[4], '*', 'm', ARGV[5])

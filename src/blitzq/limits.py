@@ -1,0 +1,55 @@
+"""Size and batch bounds: every value blitzq sends to Redis in one call is bounded by one
+of these (docs/configuration.md lists them with their defaults).
+
+Sizes are in bytes, times in seconds, batches in items.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: Default ``Queue(max_result_size=)``: largest encoded task record (its return value
+#: included); a larger result fails the task with ``ResultTooLarge``.
+DEFAULT_MAX_RESULT_SIZE: Final = 8 * 1024 * 1024
+
+#: Default ``Queue(dead_letter_ttl=)``: seconds a dead letter is kept (7 days).
+DEFAULT_DEAD_LETTER_TTL: Final = 7 * 86400
+
+#: Default ``Queue(dead_letter_max_bytes=)``: total bytes of stored dead letters before the
+#: oldest are dropped.
+DEFAULT_DEAD_LETTER_MAX_BYTES: Final = 256 * 1024 * 1024
+
+#: A task record up to this size is pushed on its done channel with the notification (the
+#: waiter needs no read); a larger one is announced with a bare notification and read back.
+NOTIFY_INLINE_MAX: Final = 4096
+
+#: Most items one Redis call of a producer or of an admin command carries when each item is
+#: one write (a message published, a unique key claimed, an id read); larger batches are
+#: split into several calls, each well under ~20 ms of server time (see bench/chunking.py).
+CHUNK_ITEMS: Final = 1000
+
+#: The same when each item is several writes (a scheduled message: ZADD + HSET; a record:
+#: SET + PUBLISH; a dead letter deleted: four commands).
+CHUNK_WRITES: Final = 500
+
+#: Most completions the worker's flusher sends in one call (a group commit of 1000 records
+#: takes a few ms of server time; 2000 took up to ~40 ms on a loaded machine).
+COMPLETION_BATCH_ITEMS: Final = 1000
+
+#: Most bytes of completions the worker's flusher sends in one call (at least one completion
+#: always goes, whatever its size).
+COMPLETION_BATCH_BYTES: Final = 4 * 1024 * 1024
+
+#: Longest error message kept in a task record or dead letter (characters); longer ones are
+#: cut with a note of the original length.
+MAX_ERROR_CHARS: Final = 4000
+
+#: A message over ``max_message_size`` is dead-lettered with only its first bytes kept.
+DEAD_MESSAGE_SAMPLE: Final = 1024
+
+
+def clip_text(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was when cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [{len(text)} characters, cut]"
