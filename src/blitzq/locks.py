@@ -111,12 +111,26 @@ class LockSpec:
         except (TypeError, LookupError, AttributeError, ValueError):
             return None  # a call that does not fit: it fails on its own when run
         lease = self.ttl or runner.worker.queue.visibility_timeout
-        wait = await runner.broker.acquire_lock(key, env.id, self.limit, lease)
+        holder = holder_of(job)
+        wait = await runner.broker.acquire_lock(key, holder, self.limit, lease)
         if wait <= 0:
-            _keeper(runner).hold(job, key, env.id, lease)
+            _keeper(runner).hold(job, key, holder, lease)
             return None
         delay = min(max(wait, RETRY_FLOOR), RETRY_CEILING) * random.uniform(0.7, 1.3)
         return runner.reschedule(job, delay)
+
+
+def holder_of(job: Job) -> str:
+    """The lock holder name of one delivery: the task id, plus the delivery token when there
+    is one (``<id>@<token>``).
+
+    Each delivery holds its own place, so a run abandoned by a worker that lost its lease
+    (or a thread still running past its hard timeout) can renew or free only its own place,
+    never the place of the redelivery now running the same task.
+    """
+    token = job.delivery.token
+    env_id = job.envelope.id
+    return env_id if token is None else f"{env_id}@{token.decode(errors='replace')}"
 
 
 class _Keeper:

@@ -3,6 +3,11 @@
 Completions queue up while one batch is in flight and all go in the next; there is no timer, so
 at light load a completion costs one round-trip of latency and under heavy load hundreds share
 one. A batch that fails (broker down) is kept and retried with backoff, never dropped.
+
+Fencing: the broker applies a completion only while its delivery is still leased to this
+worker. The stale ones it hands back (the lease lapsed, e.g. the process was paused, and
+another worker recovered the message) are counted in :attr:`Flusher.stale` and each is
+logged once at WARNING.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ class Flusher:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closing = False
+        #: Completions the broker refused as stale (fencing), since this flusher started.
+        self.stale = 0
 
     def add(self, completion: Completion) -> None:
         """Queue a completion for the next batch."""
@@ -57,7 +64,7 @@ class Flusher:
                 continue
             batch = self._pending[: self.max_batch]
             try:
-                await self.broker.complete(batch)
+                stale = await self.broker.complete(batch)
             except BrokerError as exc:
                 if not exc.transient:
                     await self._isolate(batch, exc)
@@ -71,6 +78,18 @@ class Flusher:
                 continue
             delay = 0.05
             del self._pending[: len(batch)]
+            if stale:
+                self._report(stale)
+
+    def _report(self, stale: list[Completion]) -> None:
+        """Count and log completions the broker dropped because their lease was lost."""
+        self.stale += len(stale)
+        for c in stale:
+            logger.warning(
+                "stale completion of task %s from queue %s dropped: this worker lost the "
+                "delivery's lease (another worker recovered the message), nothing was written",
+                c.task_id, c.queue,
+            )  # fmt: skip
 
     async def _isolate(self, batch: list[Completion], error: BrokerError) -> None:
         """A batch the server refused: apply its completions one by one, drop the bad ones.
@@ -81,12 +100,15 @@ class Flusher:
         logger.error("completion batch of %d refused by the broker: %s", len(batch), error)
         for completion in batch:
             try:
-                await self.broker.complete([completion])
+                stale = await self.broker.complete([completion])
             except BrokerError as exc:
                 if exc.transient:
                     self._pending.append(completion)
                 else:
                     logger.error("dropped the completion of task %s: %s", completion.task_id, exc)
+            else:
+                if stale:
+                    self._report(stale)
 
     async def flush(self) -> None:
         """Return once everything queued so far is written."""

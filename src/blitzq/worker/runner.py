@@ -77,7 +77,7 @@ class Runner:
         #: Middleware and signal handlers; ``hooks.enabled`` is checked once per run.
         self.hooks = hooks_of(queue)
         #: Progress writer of this worker (``current_task().update_progress``).
-        self.progress = ProgressReporter(broker, queue.result_ttl)
+        self.progress = ProgressReporter(broker, queue.result_ttl, self.lease_of)
 
     # ------------------------------------------------------------- starting
     def start(self, d: Delivery, slots: Slots) -> None:
@@ -418,6 +418,14 @@ class Runner:
             if job.handle is not None:
                 job.handle.cancel()
         return len(leftover)
+
+    def lease_of(self, task_id: str) -> tuple[str, bytes] | None:
+        """``(queue, token)`` of the running delivery of ``task_id`` (fencing its progress
+        writes), or ``None``."""
+        for job in self.jobs:
+            if job.envelope.id == task_id and job.delivery.token is not None:
+                return job.delivery.queue, job.delivery.token
+        return None
 
     def running_tokens(self, queue: str) -> list[bytes]:
         """Delivery tokens of the jobs from physical ``queue`` still running."""

@@ -4,12 +4,33 @@
 -- ARGV[4] the batch as one MessagePack array (one argument, so the client encodes no
 -- per-completion arguments), of entries:
 --   {"A", queue, {id1, id2, ...}}   reliable acks without anything else (XACK + XDEL)
---   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops}
+--   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops,
+--    fence}
 --     kind "s" (stream) or "l" (list); "" means absent; dead is "" or
---     {message, reason, error, task, queue, failed_at}
+--     {message, reason, error, task, queue, failed_at}; fence: a token checked, not acked
+-- ARGV[5] this consumer's name.
+-- Fencing: a stream completion applies only while its entry (token, else fence) is still in
+-- the group's pending list under this consumer; else it is stale and writes nothing but
+-- the counter {ns}:stats stale_completions. Returns the stale ones as {queue, token} pairs.
 local prefix, group, cap = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local batch = cmsgpack.unpack(ARGV[4])
+local consumer = ARGV[5]
 local dead_added = 0
+local stale = {}
+
+local function owned(stream, id)
+  local p = redis.call('XPENDING', stream, group, id, id, 1)
+  return p[1] ~= nil and p[1][2] == consumer
+end
+
+-- A "C" entry whose delivery is no longer this consumer's (recorded in stale).
+local function fenced(c)
+  local id = c[4]
+  if id == '' then id = c[13] or '' end
+  if c[2] ~= 's' or id == '' or owned(prefix .. 's:' .. c[3], id) then return false end
+  stale[#stale + 1] = {c[3], id}
+  return true
+end
 
 -- Extra operations a completion may carry (ops), applied in the same script. Each handler
 -- takes the op array {name, ...} and the completion's kind ("s" or "l").
@@ -138,7 +159,13 @@ end
 
 for _, c in ipairs(batch) do
   if c[1] == 'A' then
-    ack(prefix .. 's:' .. c[2], c[3])
+    local stream, mine = prefix .. 's:' .. c[2], {}
+    for _, id in ipairs(c[3]) do
+      if owned(stream, id) then mine[#mine + 1] = id else stale[#stale + 1] = {c[2], id} end
+    end
+    ack(stream, mine)
+  elseif fenced(c) then
+    -- stale: its lease was lost and the message recovered; nothing is written
   else
     local kind, queue, token, task_id = c[2], c[3], c[4], c[5]
     local record, ttl, reschedule, eta, dead, requeue = c[6], c[7], c[8], c[9], c[10], c[11]
@@ -191,4 +218,7 @@ if dead_added > 0 then
     end
   end
 end
-return 1
+if #stale > 0 then
+  redis.call('HINCRBY', prefix .. 'stats', 'stale_completions', #stale)
+end
+return stale
