@@ -350,6 +350,11 @@ class Broker(abc.ABC):
     async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
         """Store a record for ``ttl`` seconds and wake anyone waiting for it."""
 
+    async def reset_tasks(self, task_ids: Sequence[str]) -> None:
+        """Forget what earlier tasks of these ids left (record, cancel mark, progress), in
+        one atomic step: a task enqueued again under an explicit id starts afresh."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reset task ids")
+
     @abc.abstractmethod
     async def wait_for_record(self, task_id: str, timeout: float) -> bytes | None:
         """Return the record once one is stored, or ``None`` after ``timeout`` seconds."""

@@ -441,6 +441,14 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
         with self._lock:
             self._store_record(task_id, record, ttl)
 
+    async def reset_tasks(self, task_ids: Sequence[str]) -> None:
+        """Drop the records, progress and cancel marks of ``task_ids``."""
+        with self._lock:
+            for task_id in task_ids:
+                self._records.pop(task_id, None)
+                self._progress.pop(task_id, None)
+                self._revoked.pop(task_id, None)
+
     async def wait_for_record(self, task_id: str, timeout: float) -> bytes | None:
         """Return the record once stored, or ``None`` after ``timeout`` seconds."""
         return await self._block(

@@ -425,6 +425,17 @@ class RedisBroker(RedisControl, Broker):
             await pipe.execute()
 
     @translate_errors
+    async def reset_tasks(self, task_ids: Sequence[str]) -> None:
+        """DEL the records and progress, ZREM the cancel marks (one MULTI/EXEC)."""
+        if not task_ids:
+            return
+        keys = self.keys
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.delete(*(keys.record(i) for i in task_ids), *(keys.progress(i) for i in task_ids))
+            pipe.zrem(keys.revoked, *task_ids)
+            await pipe.execute()
+
+    @translate_errors
     async def wait_for_record(self, task_id: str, timeout: float) -> bytes | None:
         """Wait (pushed, with a 1 s re-read fallback) until a record exists.
 
