@@ -26,6 +26,7 @@ import random
 import re
 import string
 import time
+import uuid
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -121,16 +122,16 @@ class LockSpec:
 
 
 def holder_of(job: Job) -> str:
-    """The lock holder name of one delivery: the task id, plus the delivery token when there
-    is one (``<id>@<token>``).
+    """The lock holder name of one delivery: ``<task id>@<delivery token>``, or
+    ``<task id>@<random>`` for a delivery without a token (fast mode).
 
     Each delivery holds its own place, so a run abandoned by a worker that lost its lease
     (or a thread still running past its hard timeout) can renew or free only its own place,
-    never the place of the redelivery now running the same task.
+    never the place of the retry or redelivery now running the same task.
     """
     token = job.delivery.token
-    env_id = job.envelope.id
-    return env_id if token is None else f"{env_id}@{token.decode(errors='replace')}"
+    suffix = uuid.uuid4().hex[:12] if token is None else token.decode(errors="replace")
+    return f"{job.envelope.id}@{suffix}"
 
 
 class _Keeper:

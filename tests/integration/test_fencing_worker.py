@@ -88,3 +88,36 @@ async def test_the_late_completion_of_a_recovered_run_is_counted_and_logged(
     assert warnings[0].levelno == logging.WARNING
     assert handle.id in warnings[0].getMessage()
     assert "queue default" in warnings[0].getMessage()
+
+
+async def test_progress_of_a_run_that_lost_its_lease_is_not_stored(queue: Queue) -> None:
+    started, gate, reported = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    @queue.task(name="t.progress", retries=0)
+    async def reporting() -> str:
+        context = current_task()
+        assert context is not None
+        if context.attempt > 1:
+            return "redelivery"
+        started.set()
+        await gate.wait()
+        context.update_progress(1, 2, "late")
+        await asyncio.sleep(0.2)  # the write goes out while the run is still going
+        reported.set()
+        return "first run"
+
+    thief = await thief_of(queue)
+    worker = make_worker(queue, concurrency=4)
+    try:
+        async with running(worker):
+            handle = await reporting.enqueue()
+            await asyncio.wait_for(started.wait(), 10)
+            await eventually(lambda: thief.recover("default", 0.001, 10, 5), lambda r: r == (1, 0))
+            assert await handle.result(timeout=10) == "redelivery"
+            gate.set()
+            await asyncio.wait_for(reported.wait(), 10)
+            await eventually(lambda: asyncio.sleep(0, worker.stale_completions), lambda n: n == 1)
+            assert await queue.get_progress(handle.id) is None
+    finally:
+        if thief is not queue.broker:
+            await thief.close()
