@@ -242,7 +242,9 @@ class QueueOperations:
 
         Returns:
             ``{"queues": {name: {"waiting": n, "in_flight": n}}, "scheduled": n,
-            "dead_letters": n, "workers": n}``.
+            "dead_letters": n, "workers": n, "stale_completions": n}``; the last counts the
+            completions ever refused by fencing in this namespace (a worker that lost its
+            lease, see docs/guarantees.md).
         """
         broker = self.broker
         names = sorted(set(queues) if queues is not None else set(await broker.known_queues()))
@@ -258,6 +260,7 @@ class QueueOperations:
             "scheduled": await broker.scheduled_count(),
             "dead_letters": await broker.dead_letter_count(),
             "workers": len(await broker.workers()),
+            "stale_completions": (await broker.counters()).get("stale_completions", 0),
         }
 
     def stats_sync(self, queues: Iterable[str] | None = None) -> dict[str, Any]:

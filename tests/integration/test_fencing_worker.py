@@ -80,6 +80,7 @@ async def test_the_late_completion_of_a_recovered_run_is_counted_and_logged(
             assert record.result == "redelivery"
             assert await queue.dead_letter_count() == 0
             assert (await queue.broker.counters())["stale_completions"] == 1
+            assert (await queue.stats(["default"]))["stale_completions"] == 1
     finally:
         if thief is not queue.broker:
             await thief.close()
