@@ -212,8 +212,8 @@ async def test_without_leases_completions_apply(broker: Broker) -> None:
 async def test_an_entry_pending_under_another_consumer_is_not_ours(
     broker: Broker, make_broker: Callable[[], Broker]
 ) -> None:
-    """Ownership is the consumer name in the pending list, not only "still pending": an
-    entry claimed by another consumer (XCLAIM) fences the first one's completion."""
+    """A write fenced by an entry another consumer holds (XCLAIM) is refused: the check
+    without an ack compares consumer names (XPENDING)."""
     if not isinstance(broker, ReliableRedisBroker):
         pytest.skip("consumer names in a pending list are a Redis Streams notion")
     await consumer(broker)
@@ -221,8 +221,32 @@ async def test_an_entry_pending_under_another_consumer_is_not_ours(
     (d,) = await broker.fetch(Q, 1, 0)
     stream = broker.keys.stream(Q)
     await broker.client.execute_command("XCLAIM", stream, "blitzq", "consumer-2", 0, d.token)
-    late = Completion(Q, d.token, "claimed", record("claimed", "failed", "w1"), 60)
-    assert await broker.complete([late]) == [late]
+    running = Completion(Q, None, "claimed", record("claimed", "running", "w1"), 60, fence=d.token)
+    assert await broker.complete([running]) == [running]
     assert await broker.get_record("claimed") is None
+    assert d.token is not None
+    assert await broker.set_progress("claimed", b"p", 1.0, 60, (Q, d.token)) is False
     pending = await broker.client.xpending_range(stream, "blitzq", "-", "+", 10)
     assert [(p["message_id"], p["consumer"]) for p in pending] == [(d.token, b"consumer-2")]
+
+
+async def test_an_entry_is_only_ever_pending_under_the_consumer_that_read_it(
+    broker: Broker, make_broker: Callable[[], Broker]
+) -> None:
+    """The invariant the cheap check of acknowledging completions relies on (complete.lua
+    takes XACK's answer, "was it pending", as "is it still mine"): recovery acknowledges
+    and deletes what it claims in the same script, and a renewal never claims another
+    consumer's entry; so no entry is ever left pending under a consumer that did not read
+    it, and a stale consumer's XACK finds nothing."""
+    if not isinstance(broker, ReliableRedisBroker):
+        pytest.skip("consumer names in a pending list are a Redis Streams notion")
+    rescuer = make_broker()
+    old, new = await lose_lease(broker, rescuer, "inv")
+    assert old.token is not None
+    assert new.token is not None
+    assert await broker.heartbeat(Q, [old.token, new.token]) == 0
+    stream = broker.keys.stream(Q)
+    pending = await broker.client.xpending_range(stream, "blitzq", "-", "+", 10)
+    assert [(p["message_id"], p["consumer"]) for p in pending] == [(new.token, b"consumer-2")]
+    assert await broker.client.exists(stream) == 1
+    assert await broker.client.xrange(stream, old.token, old.token) == []

@@ -10,8 +10,13 @@
 --     {message, reason, error, task, queue, failed_at}; fence: a token checked, not acked
 -- ARGV[5] this consumer's name.
 -- Fencing: a stream completion applies only while its entry (token, else fence) is still in
--- the group's pending list under this consumer; else it is stale and writes nothing but
+-- the group's pending list (PEL) of this consumer; else it is stale and writes nothing but
 -- the counter {ns}:stats stale_completions. Returns the stale ones as {queue, token} pairs.
+-- For an entry it acknowledges, the answer of XACK is the check (1: it was pending), at no
+-- extra cost: an entry is only ever pending under the consumer that read it, because
+-- recover.lua acks what it claims in the same script and renew.lua claims only entries the
+-- renewing consumer already holds (tests/contract/test_fencing_contract.py guards this). A
+-- fence without an ack (nothing to XACK) is checked with XPENDING and the consumer name.
 local prefix, group, cap = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local batch = cmsgpack.unpack(ARGV[4])
 local consumer = ARGV[5]
@@ -23,11 +28,17 @@ local function owned(stream, id)
   return p[1] ~= nil and p[1][2] == consumer
 end
 
--- A "C" entry whose delivery is no longer this consumer's (recorded in stale).
+-- A "C" entry whose delivery is no longer this consumer's (recorded in stale). An entry
+-- with a token is acknowledged here.
 local function fenced(c)
-  local id = c[4]
-  if id == '' then id = c[13] or '' end
-  if c[2] ~= 's' or id == '' or owned(prefix .. 's:' .. c[3], id) then return false end
+  if c[2] ~= 's' then return false end
+  local id, stream = c[4], prefix .. 's:' .. c[3]
+  if id ~= '' then
+    if redis.call('XACK', stream, group, id) == 1 then return false end
+  else
+    id = c[13] or ''
+    if id == '' or owned(stream, id) then return false end
+  end
   stale[#stale + 1] = {c[3], id}
   return true
 end
@@ -146,12 +157,20 @@ OPS['progress'] = function(op, kind)
   redis.call('PUBLISH', prefix .. 'progress:' .. op[2], op[4])
 end
 
-local function ack(stream, ids)
+local function ack(stream, ids, queue)
   -- unpack() is limited by the Lua stack; chunk large id lists.
   local s, n = 1, #ids
   while s <= n do
     local e = math.min(n, s + 999)
-    redis.call('XACK', stream, group, unpack(ids, s, e))
+    if redis.call('XACK', stream, group, unpack(ids, s, e)) < e - s + 1 then
+      -- Some were not pending (stale): those are the ones no longer in the stream, since
+      -- every acknowledgement (a completion, a recovery) deletes its entry at once.
+      for i = s, e do
+        if #redis.call('XRANGE', stream, ids[i], ids[i]) == 0 then
+          stale[#stale + 1] = {queue, ids[i]}
+        end
+      end
+    end
     redis.call('XDEL', stream, unpack(ids, s, e))
     s = e + 1
   end
@@ -159,20 +178,14 @@ end
 
 for _, c in ipairs(batch) do
   if c[1] == 'A' then
-    local stream, mine = prefix .. 's:' .. c[2], {}
-    for _, id in ipairs(c[3]) do
-      if owned(stream, id) then mine[#mine + 1] = id else stale[#stale + 1] = {c[2], id} end
-    end
-    ack(stream, mine)
+    ack(prefix .. 's:' .. c[2], c[3], c[2])
   elseif fenced(c) then
     -- stale: its lease was lost and the message recovered; nothing is written
   else
     local kind, queue, token, task_id = c[2], c[3], c[4], c[5]
     local record, ttl, reschedule, eta, dead, requeue = c[6], c[7], c[8], c[9], c[10], c[11]
-    if token ~= '' then
-      local stream = prefix .. 's:' .. queue
-      redis.call('XACK', stream, group, token)
-      redis.call('XDEL', stream, token)
+    if token ~= '' then  -- acknowledged by fenced()
+      redis.call('XDEL', prefix .. 's:' .. queue, token)
     end
     if record ~= '' then
       redis.call('SET', prefix .. 't:' .. task_id, record, 'EX', ttl)
