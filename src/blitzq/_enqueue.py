@@ -39,6 +39,7 @@ class EnqueueOperations:
     name: str
     routes: Routes | None
     track_state: bool
+    store_results: bool
     result_ttl: int
     max_message_size: int
     tasks: dict[str, Task[Any, Any]]
@@ -81,13 +82,31 @@ class EnqueueOperations:
             max_age=opts.max_age,
         )
 
-    async def _publish(self, outgoing: list[Outgoing]) -> None:
-        """Publish a batch: filters, state records, registry of queues, then the messages."""
+    def _stores_result(self, task: Task[Any, Any] | None) -> bool | None:
+        """Whether ``task`` stores its return value (``None``: unknown task)."""
+        if task is None:
+            return None
+        return self.store_results if task.store_result is None else task.store_result
+
+    async def _publish(
+        self, outgoing: list[Outgoing], explicit: frozenset[str] = frozenset()
+    ) -> None:
+        """Publish a batch: filters, fresh starts, state records, registry of queues, then
+        the messages.
+
+        ``explicit``: ids the caller chose (``task_id=``). A task published under one starts
+        afresh: what an earlier task of that id left (record, cancel mark, progress) is
+        forgotten first, so its handle never answers with the old outcome.
+        """
         for check in self.enqueue_filters:
             await check(self._as_queue(), outgoing)
         batch = [o for o in outgoing if o.existing_id is None]
         items = [(o.envelope, o.data, o.due) for o in batch]
         broker = self.broker
+        if explicit:
+            fresh = [o.envelope.id for o in batch if o.envelope.id in explicit]
+            if fresh:
+                await broker.reset_tasks(fresh)
         if self.track_state:  # written before publishing, so a fast worker cannot overtake it
             records = [
                 Completion(
@@ -147,21 +166,27 @@ class EnqueueOperations:
         env = self._envelope(name, queue, args, kwargs, opts, now)
         data = encode_envelope(env, self.max_message_size)
         due = opts.due_time(now) if opts is not _NO_OPTIONS else None
+        registered = task if isinstance(task, Task) else self.tasks.get(name)
+        stores = self._stores_result(registered)
         if (
             due is None
             and queue in self._known_queues
             and not self.track_state
             and not self.enqueue_filters
             and not self.enqueue_observers
+            and opts.task_id is None
         ):
             await self.broker.publish(queue, (data,))
-            return TaskHandle(self._as_queue(), env.id, queue, name)
-        registered = task if isinstance(task, Task) else self.tasks.get(name)
+            return TaskHandle(self._as_queue(), env.id, queue, name, stores_result=stores)
         out = Outgoing(env, data, due, registered, delay=opts.relative_delay())
-        await self._publish([out])
+        explicit = frozenset((env.id,)) if opts.task_id is not None else frozenset()
+        await self._publish([out], explicit)
         if out.existing_id is not None:
-            return TaskHandle(self._as_queue(), out.existing_id, queue, name, duplicate=True)
-        return TaskHandle(self._as_queue(), env.id, queue, name)
+            return TaskHandle(
+                self._as_queue(), out.existing_id, queue, name, duplicate=True,
+                stores_result=stores,
+            )  # fmt: skip
+        return TaskHandle(self._as_queue(), env.id, queue, name, stores_result=stores)
 
     async def _enqueue_many(
         self,
@@ -175,6 +200,7 @@ class EnqueueOperations:
         due = opts.due_time(now) if opts is not _NO_OPTIONS else None
         queue = physical_queue(opts.queue or task.queue, opts.priority or task.priority)
         items = []
+        explicit: set[str] = set()
         limit = self.max_message_size
         for call in calls:
             if not isinstance(call, tuple):
@@ -192,19 +218,23 @@ class EnqueueOperations:
             else:
                 args, kwargs = call, {}
             env = self._envelope(task.name, item_queue, args, kwargs or {}, item_opts, now)
+            if item_opts.task_id is not None:
+                explicit.add(env.id)
             data = encode_envelope(env, limit)
             delay = item_opts.relative_delay()
             items.append(Outgoing(env, data, item_due, task, delay=delay))
         if len({o.envelope.id for o in items}) < len(items):
             raise ConfigurationError("enqueue_many: the same task_id is given to several items")
         if items:
-            await self._publish(items)
+            await self._publish(items, frozenset(explicit))
+        stores = self._stores_result(task)
         return [
-            TaskHandle(self._as_queue(), o.existing_id, o.envelope.queue, task.name, duplicate=True)
-            if o.existing_id is not None
-            else TaskHandle(self._as_queue(), o.envelope.id, o.envelope.queue, task.name)
+            TaskHandle(
+                self._as_queue(), o.existing_id or o.envelope.id, o.envelope.queue, task.name,
+                duplicate=o.existing_id is not None, stores_result=stores,
+            )
             for o in items
-        ]
+        ]  # fmt: skip
 
     async def send(
         self,

@@ -14,7 +14,14 @@ import msgspec
 from ._portal import Portal
 from .broker.base import Broker
 from .controls import DEFAULT_UNIQUE_TTL
-from .exceptions import BrokerError, ResultTimeout, TaskCancelled, TaskExpired, TaskFailed
+from .exceptions import (
+    BrokerError,
+    ResultNotStored,
+    ResultTimeout,
+    TaskCancelled,
+    TaskExpired,
+    TaskFailed,
+)
 from .records import DeadLetter, TaskRecord, TaskState
 from .routing import check_name
 from .serialization import decode_envelope, dumps, encode_envelope
@@ -28,6 +35,18 @@ if TYPE_CHECKING:
     from .workflow.signature import Signature
 
 _FOREVER = 10 * 365 * 86400.0
+
+
+def _raise_final(task_id: str, record: TaskRecord) -> None:
+    """Raise the error of a record in a final state other than succeeded; else return."""
+    if record.state is TaskState.CANCELLED:
+        raise TaskCancelled(task_id, record.state.value, record.error_type, record.error, None)
+    if record.state is TaskState.EXPIRED:
+        raise TaskExpired(task_id, record.state.value, record.error_type, record.error, None)
+    if record.state.is_final:
+        raise TaskFailed(
+            task_id, record.state.value, record.error_type, record.error, record.traceback
+        )
 
 
 class QueueOperations:
@@ -63,8 +82,11 @@ class QueueOperations:
         Raises:
             TaskFailed: the task ended failed or dead-lettered (carries the error).
             TaskExpired: the task waited longer than its ``max_age`` and never ran.
+            ResultNotStored: the task succeeded without storing its result (its record
+                says so: ``store_result=False`` with ``track_state=True``).
             ResultTimeout: no final record arrived in time (the task may still run; with
-                ``store_result=False`` a success never writes one).
+                ``store_result=False`` and no ``track_state`` a success writes no record,
+                so only the task's handle can tell at once: ``handle.result()``).
         """
         wait = _FOREVER if timeout is None else max(0.0, timeout)
         deadline = time.monotonic() + wait
@@ -82,22 +104,27 @@ class QueueOperations:
                 raise ResultTimeout(f"no result for task {task_id} within {timeout} s")
             record = TaskRecord.from_bytes(data)
             if record.state is TaskState.SUCCEEDED:
+                if not record.result_stored:
+                    raise ResultNotStored(task_id)
                 return record.result
-            if record.state is TaskState.CANCELLED:
-                raise TaskCancelled(
-                    task_id, record.state.value, record.error_type, record.error, None
-                )
-            if record.state is TaskState.EXPIRED:
-                raise TaskExpired(
-                    task_id, record.state.value, record.error_type, record.error, None
-                )
-            if record.state.is_final:
-                raise TaskFailed(
-                    task_id, record.state.value, record.error_type, record.error, record.traceback
-                )
+            _raise_final(task_id, record)
             if time.monotonic() >= deadline:
                 raise ResultTimeout(f"task {task_id} is {record.state.value} after {timeout} s")
             await asyncio.sleep(0.05)
+
+    async def _no_stored_result(self, task_id: str) -> Any:
+        """``result()`` of a task known not to store its result: raise at once.
+
+        Raises:
+            TaskFailed: a final failure (or cancellation, expiry) is already recorded.
+            ResultNotStored: otherwise.
+        """
+        data = await self.broker.get_record(task_id)
+        if data is not None:
+            record = TaskRecord.from_bytes(data)
+            if record.state is not TaskState.SUCCEEDED:
+                _raise_final(task_id, record)
+        raise ResultNotStored(task_id)
 
     def get_result_sync(self, task_id: str, timeout: float | None = None) -> Any:
         """Blocking :meth:`get_result`."""
@@ -238,7 +265,9 @@ class QueueOperations:
 
         Returns:
             ``{"queues": {name: {"waiting": n, "in_flight": n}}, "scheduled": n,
-            "dead_letters": n, "workers": n}``.
+            "dead_letters": n, "workers": n, "stale_completions": n}``; the last counts the
+            completions ever refused by fencing in this namespace (a worker that lost its
+            lease, see docs/guarantees.md).
         """
         broker = self.broker
         names = sorted(set(queues) if queues is not None else set(await broker.known_queues()))
@@ -254,6 +283,7 @@ class QueueOperations:
             "scheduled": await broker.scheduled_count(),
             "dead_letters": await broker.dead_letter_count(),
             "workers": len(await broker.workers()),
+            "stale_completions": (await broker.counters()).get("stale_completions", 0),
         }
 
     def stats_sync(self, queues: Iterable[str] | None = None) -> dict[str, Any]:

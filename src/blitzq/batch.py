@@ -78,23 +78,28 @@ class BatchOperations:
 
         Raises:
             TaskFailed, ResultTimeout: with ``return_exceptions=False``, as above.
+            ResultNotStored: a handle's task does not store its result (see
+                :meth:`blitzq.TaskHandle.result`).
             BrokerError: the broker could not be reached.
         """
-        ids = [t.id if isinstance(t, TaskHandle) else t for t in tasks]
-        if not ids:
+        items = list(tasks)
+        if not items:
             return []
         deadline = time.monotonic() + (_FOREVER if timeout is None else max(0.0, timeout))
 
-        async def one(task_id: str) -> Any:
+        async def one(task: str | TaskHandle[Any]) -> Any:
             left = max(0.0, deadline - time.monotonic())
             try:
-                return await self.get_result(task_id, timeout=left)
+                if isinstance(task, TaskHandle):  # knows whether a result is stored
+                    return await task.result(timeout=left)
+                return await self.get_result(task, timeout=left)
             except ResultTimeout:
+                task_id = task.id if isinstance(task, TaskHandle) else task
                 raise ResultTimeout(
                     f"no result for task {task_id} within {timeout} s (get_results)"
                 ) from None
 
-        waits = [asyncio.ensure_future(one(task_id)) for task_id in ids]
+        waits = [asyncio.ensure_future(one(task)) for task in items]
         try:
             return list(await asyncio.gather(*waits, return_exceptions=return_exceptions))
         finally:

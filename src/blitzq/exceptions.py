@@ -14,6 +14,7 @@ recover narrowly::
     ├── TaskTimeout             the task ran longer than its ``timeout``
     │   └── SoftTimeoutError    raised inside a task that passed its ``soft_timeout``
     ├── ResultTimeout           ``result(timeout=...)`` gave up waiting
+    ├── ResultNotStored         the task succeeded (or will) without storing its result
     ├── UnknownTask             no task registered under that name
     └── BrokerError             the broker could not be reached or answered an error
         └── EmbeddedServerNotFound  no running embedded server for a read-only command
@@ -126,6 +127,27 @@ class ResultTimeout(BlitzQError, TimeoutError):
     """No final result arrived within the ``timeout`` (seconds) given to ``result()``."""
 
 
+class ResultNotStored(BlitzQError):
+    """The task does not store its return value (``store_result=False``, or the Queue's
+    ``store_results=False``), so there is no result to return.
+
+    ``handle.result()`` raises it at once for such a task (unless a failure is already
+    recorded, which raises :class:`TaskFailed` as usual); ``queue.get_result(id)`` raises it
+    when the task's record says it succeeded without a stored value (``track_state=True``).
+    Use ``handle.status()`` / ``queue.inspect(id)`` to follow such a task.
+
+    Attributes:
+        task_id: id of the task.
+    """
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(
+            f"task {task_id} does not store its result (store_result=False): there is no "
+            "result to wait for; use status()/inspect() to follow its state"
+        )
+        self.task_id = task_id
+
+
 class BrokerError(BlitzQError, ConnectionError):
     """The broker could not be reached, or it answered with an error.
 
@@ -181,6 +203,7 @@ __all__ = [
     "BrokerError",
     "ConfigurationError",
     "MessageTooLarge",
+    "ResultNotStored",
     "ResultTimeout",
     "ResultTooLarge",
     "Retry",

@@ -26,6 +26,7 @@ import random
 import re
 import string
 import time
+import uuid
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -111,12 +112,26 @@ class LockSpec:
         except (TypeError, LookupError, AttributeError, ValueError):
             return None  # a call that does not fit: it fails on its own when run
         lease = self.ttl or runner.worker.queue.visibility_timeout
-        wait = await runner.broker.acquire_lock(key, env.id, self.limit, lease)
+        holder = holder_of(job)
+        wait = await runner.broker.acquire_lock(key, holder, self.limit, lease)
         if wait <= 0:
-            _keeper(runner).hold(job, key, env.id, lease)
+            _keeper(runner).hold(job, key, holder, lease)
             return None
         delay = min(max(wait, RETRY_FLOOR), RETRY_CEILING) * random.uniform(0.7, 1.3)
         return runner.reschedule(job, delay)
+
+
+def holder_of(job: Job) -> str:
+    """The lock holder name of one delivery: ``<task id>@<delivery token>``, or
+    ``<task id>@<random>`` for a delivery without a token (fast mode).
+
+    Each delivery holds its own place, so a run abandoned by a worker that lost its lease
+    (or a thread still running past its hard timeout) can renew or free only its own place,
+    never the place of the retry or redelivery now running the same task.
+    """
+    token = job.delivery.token
+    suffix = uuid.uuid4().hex[:12] if token is None else token.decode(errors="replace")
+    return f"{job.envelope.id}@{suffix}"
 
 
 class _Keeper:

@@ -31,7 +31,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -116,13 +116,15 @@ def decode_progress(data: bytes) -> tuple[Progress, bool]:
 
 
 class _State:
-    __slots__ = ("at", "data", "last_write", "timer")
+    __slots__ = ("at", "data", "fence", "last_write", "timer")
 
     def __init__(self) -> None:
         self.data = b""
         self.at = 0.0
         self.last_write = -math.inf
         self.timer: asyncio.TimerHandle | None = None
+        #: ``(queue, token)`` of the run's delivery, looked up at the first write.
+        self.fence: tuple[str, bytes] | None = None
 
 
 class ProgressReporter:
@@ -133,11 +135,19 @@ class ProgressReporter:
     Args:
         broker: the worker's broker.
         ttl: seconds a progress entry lives (the queue's ``result_ttl``).
+        lease_of: maps a running task's id to its delivery ``(queue, token)``, or ``None``;
+            each write is fenced by it (a worker that lost the lease writes nothing).
     """
 
-    def __init__(self, broker: Broker, ttl: int) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        ttl: int,
+        lease_of: Callable[[str], tuple[str, bytes] | None] | None = None,
+    ) -> None:
         self.broker = broker
         self.ttl = ttl
+        self._lease_of = lease_of
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
         #: Tasks that reported during their current run, by id (empty on the hot path).
@@ -192,13 +202,15 @@ class ProgressReporter:
 
     def _write(self, task_id: str, state: _State) -> None:
         state.last_write = time.monotonic()
-        task = self._loop.create_task(self._set(task_id, state.data, state.at))
+        task = self._loop.create_task(self._set(task_id, state.data, state.at, state))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
-    async def _set(self, task_id: str, data: bytes, at: float) -> None:
+    async def _set(self, task_id: str, data: bytes, at: float, state: _State) -> None:
+        if state.fence is None and self._lease_of is not None:
+            state.fence = self._lease_of(task_id)
         try:
-            await self.broker.set_progress(task_id, data, at, self.ttl)
+            await self.broker.set_progress(task_id, data, at, self.ttl, state.fence)
         except BrokerError as exc:
             logger.warning("could not store progress of task %s: %s", task_id, exc)
         except Exception:

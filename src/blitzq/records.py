@@ -60,6 +60,8 @@ class TaskRecord:
         traceback: formatted traceback of the last failure, when captured.
         enqueued_at, started_at, finished_at: Unix times in seconds, or ``None``.
         worker: id of the worker that wrote the record.
+        result_stored: ``False`` for a succeeded record written without the return value
+            (the task does not store results); ``True`` otherwise.
     """
 
     id: str
@@ -75,6 +77,7 @@ class TaskRecord:
     started_at: float | None = None
     finished_at: float | None = None
     worker: str | None = None
+    result_stored: bool = True
 
     @classmethod
     def from_bytes(cls, data: bytes) -> TaskRecord:
@@ -104,6 +107,7 @@ class TaskRecord:
             started_at=raw.get("started_at"),
             finished_at=raw.get("finished_at"),
             worker=raw.get("worker"),
+            result_stored=state is not TaskState.SUCCEEDED or "result" in raw,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -122,6 +126,7 @@ class TaskRecord:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "worker": self.worker,
+            "result_stored": self.result_stored,
         }
 
 

@@ -356,9 +356,13 @@ class TaskHandle(Generic[R]):
         task: the task name.
         duplicate: ``True`` when nothing was published because the call duplicated a task
             that already exists (``id`` is that task's id; see unique tasks).
+        stores_result: whether the task stores its return value (``False``:
+            ``store_result=False``, so :meth:`result` raises
+            :class:`~blitzq.ResultNotStored` at once); ``None`` when unknown (a handle made
+            from an id, or ``queue.send`` of a task this process has not registered).
     """
 
-    __slots__ = ("_owner", "duplicate", "id", "queue", "task")
+    __slots__ = ("_owner", "duplicate", "id", "queue", "stores_result", "task")
 
     def __init__(
         self,
@@ -367,12 +371,14 @@ class TaskHandle(Generic[R]):
         queue: str,
         task: str,
         duplicate: bool = False,
+        stores_result: bool | None = None,
     ) -> None:
         self._owner = owner
         self.id = task_id
         self.queue = queue
         self.task = task
         self.duplicate = duplicate
+        self.stores_result = stores_result
 
     def __repr__(self) -> str:
         return f"<TaskHandle {self.task} id={self.id} queue={self.queue}>"
@@ -385,9 +391,15 @@ class TaskHandle(Generic[R]):
 
         Raises:
             TaskFailed: the task ended failed or dead-lettered.
+            ResultNotStored: the task does not store its result (``store_result=False``):
+                raised at once, without waiting (a failure already recorded raises
+                TaskFailed instead).
             ResultTimeout: no final record within ``timeout``.
         """
-        value: R = await self._owner.get_result(self.id, timeout=timeout)
+        if self.stores_result is False:
+            value: R = await self._owner._no_stored_result(self.id)
+            return value
+        value = await self._owner.get_result(self.id, timeout=timeout)
         return value
 
     def result_sync(self, timeout: float | None = None) -> R:

@@ -96,11 +96,14 @@ def _release_op(env: Envelope) -> tuple[str, str, str]:
 async def release_at_start(runner: Runner, job: Job) -> Completion | None:
     """Start check of ``unique_until="start"``: free the key as the task starts.
 
-    The release travels with the next group commit (no extra round trip here).
+    The release travels with the next group commit (no extra round trip here), fenced by
+    the delivery: a worker that lost the lease frees nothing.
     """
-    env = job.envelope
+    env, d = job.envelope, job.delivery
     if env.unique_key is not None:
-        runner.flusher.add(Completion(job.delivery.queue, None, env.id, ops=(_release_op(env),)))
+        runner.flusher.add(
+            Completion(d.queue, None, env.id, ops=(_release_op(env),), fence=d.token)
+        )
     return None
 
 

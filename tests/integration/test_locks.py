@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from blitzq import ConfigurationError, Queue, RetryPolicy, TaskFailed, TaskState
+from blitzq import ConfigurationError, Queue, RetryPolicy, TaskFailed, TaskState, current_task
 
 from .proc_tasks import make_worker, running
 
@@ -191,3 +191,29 @@ async def test_a_timed_out_thread_keeps_its_lock_until_it_returns(queue: Queue) 
             await first.result(timeout=10)
         await second.result(timeout=10)
     assert times["next_start"] >= times["stuck_end"]
+
+
+async def test_the_retry_of_a_timed_out_thread_waits_for_its_lock(queue: Queue) -> None:
+    """The retry is the same task id but another delivery: it must not take over the place
+    its own first attempt still holds (each delivery holds its own place, ``locks.holder_of``)."""
+    times: dict[str, float] = {}
+    lock = threading.Lock()
+
+    @queue.task(name="l.again", lock="own", hard_timeout=0.2, retries=1,
+                retry_policy=RetryPolicy(base=0.01, factor=1.0, jitter="none"))  # fmt: skip
+    def again() -> str:
+        context = current_task()
+        assert context is not None
+        if context.attempt == 1:
+            time.sleep(0.8)  # outlives its hard timeout; the retry is scheduled at once
+            with lock:
+                times["first_end"] = time.monotonic()
+            return "first"
+        with lock:
+            times["retry_start"] = time.monotonic()
+        return "retry"
+
+    handle = await again.enqueue()
+    async with running(make_worker(queue, concurrency=4)):
+        assert await handle.result(timeout=15) == "retry"
+    assert times["retry_start"] >= times["first_end"]

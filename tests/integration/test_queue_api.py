@@ -204,7 +204,13 @@ async def test_stats(queue: Queue) -> None:
         raise ValueError("x")
 
     empty = await queue.stats()
-    assert empty == {"queues": {}, "scheduled": 0, "dead_letters": 0, "workers": 0}
+    assert empty == {
+        "queues": {},
+        "scheduled": 0,
+        "dead_letters": 0,
+        "workers": 0,
+        "stale_completions": 0,
+    }
     await noop.enqueue_many([(), (), ()])
     await noop.options(delay=60).enqueue()
     stats = await queue.stats()
@@ -221,6 +227,7 @@ async def test_stats(queue: Queue) -> None:
         )
         assert live["dead_letters"] == 1
         assert live["scheduled"] == 1
+        assert live["stale_completions"] == 0
     after = await queue.stats()
     assert after["workers"] == 0  # unregistered at shutdown
     assert after["queues"][queue.name] == {"waiting": 0, "in_flight": 0}

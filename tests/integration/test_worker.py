@@ -19,6 +19,7 @@ import pytest
 
 from blitzq import (
     Queue,
+    ResultNotStored,
     ResultTimeout,
     Retry,
     RetryPolicy,
@@ -420,8 +421,10 @@ async def test_store_result_false_writes_no_success_record(queue: Queue) -> None
         m = await marker.enqueue()
         assert await m.result(timeout=10) == 2
         assert await h.status() is None
-        with pytest.raises(ResultTimeout):
-            await h.result(timeout=0.2)
+        with pytest.raises(ResultNotStored):  # at once: nothing is stored to wait for
+            await h.result()
+        with pytest.raises(ResultTimeout):  # by id nothing tells: no record is written
+            await queue.get_result(h.id, timeout=0.2)
         stats = await queue.stats([queue.name])
         assert stats["queues"][queue.name] == {"waiting": 0, "in_flight": 0}
 
@@ -444,7 +447,9 @@ async def test_queue_store_results_false_still_records_failures(
             ok = await fine.enqueue()
             bad = await broken.enqueue()
             with pytest.raises(TaskFailed):
-                await bad.result(timeout=10)
+                await queue.get_result(bad.id, timeout=10)
+            with pytest.raises(TaskFailed):  # the handle reports a recorded failure too
+                await bad.result()
             assert await ok.status() is None
     finally:
         await queue.close()

@@ -24,13 +24,14 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from blitzq import Queue
+from blitzq import Queue, current_task
 
 #: Names of the tasks (explicit, so the test process and the workers agree).
 WORK = "rel.work"
 BLOCKING = "rel.blocking"
 POISON = "rel.poison"
 QUIET = "rel.quiet"
+FENCED = "rel.fenced"
 
 #: Seconds an observation write keeps retrying on connection errors.
 OBSERVE_RETRY_FOR = 20.0
@@ -59,7 +60,7 @@ def build_queue(
 
     Returns:
         The Queue; its tasks are in ``queue.tasks`` under :data:`WORK`, :data:`QUIET`,
-        :data:`BLOCKING` and :data:`POISON`.
+        :data:`BLOCKING`, :data:`POISON` and :data:`FENCED`.
     """
     queue = Queue(
         redis_url=url,
@@ -127,6 +128,19 @@ def build_queue(
         await observe(label, runs, True)
         await asyncio.sleep(seconds)
         return label
+
+    @queue.task(name=FENCED, retries=0)
+    async def fenced(label: str, seconds: float, fail_first: bool) -> int:
+        """Record the start; the first attempt sleeps ``seconds`` and then fails when
+        ``fail_first`` (else returns its pid); a redelivery returns its pid at once."""
+        await observe(label, runs, True)
+        context = current_task()
+        assert context is not None
+        if context.attempt == 1:
+            await asyncio.sleep(seconds)
+            if fail_first:
+                raise RuntimeError(f"first run of {label} failed")
+        return os.getpid()
 
     @queue.task(name=BLOCKING, retries=0)
     def blocking(label: str, seconds: float) -> str:

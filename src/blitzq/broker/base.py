@@ -86,6 +86,13 @@ class Completion:
         ops: further operations applied in the same atomic step, each a tuple whose first
             item names the operation (see :data:`COMPLETION_OPS`); items are str, int,
             float or bytes.
+        fence: the token of the delivery these writes belong to when ``token`` is ``None``
+            (a ``running`` record, a unique key freed at start): checked like ``token``
+            (see *Fencing* in :meth:`Broker.complete`) but not acknowledged.
+
+    Fencing: a completion whose ``token`` (or ``fence``) names a delivery this consumer no
+    longer holds (its lease lapsed and the message was recovered) is *stale*; the broker
+    applies none of its writes.
     """
 
     queue: str
@@ -98,6 +105,7 @@ class Completion:
     dead_letter: DeadLetterFields | None = None
     requeue: bytes | None = None
     ops: tuple[tuple[Any, ...], ...] = ()
+    fence: bytes | None = None
 
 
 #: Operations a Completion may carry in ``ops``, by name, with their items:
@@ -223,8 +231,19 @@ class Broker(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not support task locks")
 
     @abc.abstractmethod
-    async def complete(self, completions: Sequence[Completion]) -> None:
-        """Apply completions; each one atomically, a batch in as few round-trips as possible."""
+    async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
+        """Apply completions; each one atomically, a batch in as few round-trips as possible.
+
+        Fencing: a completion whose delivery (``token``, else ``fence``) is no longer leased
+        to this consumer -- its lease lapsed and another worker recovered the message -- is
+        stale: none of its writes (ack, record, retry, dead letter, requeue, ops) is applied,
+        the check and the writes being one atomic step. Each stale completion adds 1 to the
+        namespace's ``stale_completions`` counter (:meth:`counters`). Brokers without leases
+        (fast mode) have nothing to check.
+
+        Returns:
+            The stale completions (not applied), in no particular order; usually empty.
+        """
 
     async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
         """Renew the leases of deliveries this consumer still owns; return how many it renewed.
@@ -337,9 +356,19 @@ class Broker(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not support workflows")
 
     # --------------------------------------------------------------- progress
-    async def set_progress(self, task_id: str, data: bytes, at: float, ttl: int) -> bool:
+    async def set_progress(
+        self,
+        task_id: str,
+        data: bytes,
+        at: float,
+        ttl: int,
+        fence: tuple[str, bytes] | None = None,
+    ) -> bool:
         """Store a task's progress update ``data`` made at Unix time ``at`` for ``ttl``
         seconds and publish it to watchers, unless a newer update is stored already.
+
+        ``fence``: ``(queue, token)`` of the run's delivery; nothing is stored unless it is
+        still leased to this consumer (as for :meth:`complete`; ignored without leases).
 
         Returns:
             Whether it was stored.
@@ -368,6 +397,11 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
         """Store a record for ``ttl`` seconds and wake anyone waiting for it."""
+
+    async def reset_tasks(self, task_ids: Sequence[str]) -> None:
+        """Forget what earlier tasks of these ids left (record, cancel mark, progress), in
+        one atomic step: a task enqueued again under an explicit id starts afresh."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reset task ids")
 
     @abc.abstractmethod
     async def wait_for_record(self, task_id: str, timeout: float) -> bytes | None:
@@ -438,6 +472,11 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def purge_queue(self, queue: str) -> int:
         """Delete waiting messages of ``queue``; return how many."""
+
+    async def counters(self) -> dict[str, int]:
+        """Namespace-wide event counters kept by the broker, e.g. ``{"stale_completions": 2}``
+        (completions dropped by fencing, see :meth:`complete`); absent counters are 0."""
+        return {}
 
     async def ping(self) -> None:
         """Check that the broker answers; raise BrokerError otherwise."""

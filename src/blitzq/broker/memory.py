@@ -104,6 +104,7 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
         ] = []
         self._progress: dict[str, tuple[bytes, float, float]] = {}
         self._progress_watchers: dict[str, list[Any]] = {}
+        self._stale_completions = 0
 
     @classmethod
     def named(cls, name: str) -> MemoryBroker:
@@ -254,13 +255,23 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
                     wait = max(wait, (1 - tokens) / rate)
             return True, wait
 
-    async def complete(self, completions: Sequence[Completion]) -> None:
-        """Apply completions as ``complete.lua`` does, the whole batch atomically."""
+    async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
+        """Apply completions as ``complete.lua`` does, the whole batch atomically.
+
+        Fencing as there: a completion whose delivery (``token``, else ``fence``) is no
+        longer leased (recovered after its lease lapsed, or already completed) is stale,
+        counted and returned, and applies nothing.
+        """
+        stale: list[Completion] = []
         with self._lock:
             dead_added = False
             for c in completions:
+                held = c.token or c.fence
+                if held and held not in self._leases.get(c.queue, {}):
+                    stale.append(c)
+                    continue
                 if c.token:
-                    self._leases.get(c.queue, {}).pop(c.token, None)
+                    self._leases[c.queue].pop(c.token)
                 if c.record:
                     self._store_record(c.task_id, c.record, c.record_ttl)
                 if c.reschedule:
@@ -280,6 +291,13 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
                     handler(self, op)
             if dead_added:
                 self._trim_dead_letters()
+            self._stale_completions += len(stale)
+        return stale
+
+    async def counters(self) -> dict[str, int]:
+        """``{"stale_completions": n}`` (see :meth:`complete`)."""
+        with self._lock:
+            return {"stale_completions": self._stale_completions}
 
     def _op_publish(self, op: tuple[Any, ...]) -> None:
         """``("publish", kind, queue, message)`` (lock held)."""
@@ -455,6 +473,14 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
         """Store a record for ``ttl`` seconds and wake anyone waiting for it."""
         with self._lock:
             self._store_record(task_id, record, ttl)
+
+    async def reset_tasks(self, task_ids: Sequence[str]) -> None:
+        """Drop the records, progress and cancel marks of ``task_ids``."""
+        with self._lock:
+            for task_id in task_ids:
+                self._records.pop(task_id, None)
+                self._progress.pop(task_id, None)
+                self._revoked.pop(task_id, None)
 
     async def wait_for_record(self, task_id: str, timeout: float) -> bytes | None:
         """Return the record once stored, or ``None`` after ``timeout`` seconds."""

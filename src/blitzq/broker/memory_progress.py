@@ -23,6 +23,7 @@ class MemoryProgress:
     _lock: threading.Lock
     _progress: dict[str, tuple[bytes, float, float]]  # id -> (data, at, monotonic expiry)
     _progress_watchers: dict[str, list[_Watcher]]
+    _leases: dict[str, dict[bytes, Any]]  # queue -> token -> lease (fencing)
 
     def _get_record(self, task_id: str) -> bytes | None:  # provided by MemoryBroker
         raise NotImplementedError
@@ -46,9 +47,19 @@ class MemoryProgress:
         """``("progress", task_id, at, data, ttl)`` (lock held)."""
         self._store_progress(op[1], op[3], float(op[2]), float(op[4]))
 
-    async def set_progress(self, task_id: str, data: bytes, at: float, ttl: int) -> bool:
-        """Store and push a progress update unless a newer one is stored."""
+    async def set_progress(
+        self,
+        task_id: str,
+        data: bytes,
+        at: float,
+        ttl: int,
+        fence: tuple[str, bytes] | None = None,
+    ) -> bool:
+        """Store and push a progress update unless a newer one is stored, or ``fence``
+        ``(queue, token)`` names a delivery no longer leased."""
         with self._lock:
+            if fence is not None and fence[1] not in self._leases.get(fence[0], {}):
+                return False
             return self._store_progress(task_id, data, at, ttl)
 
     async def get_progress(self, task_id: str) -> bytes | None:

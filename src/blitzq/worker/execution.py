@@ -232,10 +232,11 @@ class Outcomes:
         )
 
     def progress(self, job: Job, state: str) -> Completion:
-        """Completion that only writes a non-final record (``running``); nothing is acked."""
-        return Completion(
-            job.delivery.queue, None, job.envelope.id, self._record(job, state), self.result_ttl
-        )
+        """Completion that only writes a non-final record (``running``); nothing is acked,
+        but it is fenced by the delivery (not written once its lease is lost)."""
+        d = job.delivery
+        record = self._record(job, state)
+        return Completion(d.queue, None, job.envelope.id, record, self.result_ttl, fence=d.token)
 
     def cancelled(self, d: Delivery, env: Envelope, attempt: int) -> Completion:
         """Completion acking a cancelled task with a ``cancelled`` record."""

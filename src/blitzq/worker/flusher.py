@@ -9,6 +9,11 @@ A batch the server *refuses* (an error reply, or a connection it drops while rea
 it will not take, such as an argument over its ``proto-max-bulk-len``, while it still answers
 PING) is split: the other completions commit, and a completion refused on its own is
 replaced by a small one that acknowledges the delivery with a ``failed`` record saying why.
+
+Fencing: the broker applies a completion only while its delivery is still leased to this
+worker. The stale ones it hands back (the lease lapsed, e.g. the process was paused, and
+another worker recovered the message) are counted in :attr:`Flusher.stale` and each is
+logged once at WARNING.
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ class Flusher:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closing = False
+        #: Completions the broker refused as stale (fencing), since this flusher started.
+        self.stale = 0
 
     def add(self, completion: Completion) -> None:
         """Queue a completion for the next batch."""
@@ -106,7 +113,7 @@ class Flusher:
                 continue
             batch = self._take()
             try:
-                await self.broker.complete(batch)
+                stale = await self.broker.complete(batch)
             except BrokerError as exc:
                 if await self._retry_later(exc):
                     logger.warning(
@@ -121,6 +128,18 @@ class Flusher:
                 continue
             delay = 0.05
             del self._pending[: len(batch)]
+            if stale:
+                self._report(stale)
+
+    def _report(self, stale: list[Completion]) -> None:
+        """Count and log completions the broker dropped because their lease was lost."""
+        self.stale += len(stale)
+        for c in stale:
+            logger.warning(
+                "stale completion of task %s from queue %s dropped: this worker lost the "
+                "delivery's lease (another worker recovered the message), nothing was written",
+                c.task_id, c.queue,
+            )  # fmt: skip
 
     async def _retry_later(self, error: BrokerError) -> bool:
         """Whether a failed write should wait and go again whole: the server is down, or
@@ -171,9 +190,11 @@ class Flusher:
     async def _try(self, part: list[Completion]) -> BrokerError | None:
         """Apply ``part``; the error, or ``None`` when it committed."""
         try:
-            await self.broker.complete(part)
+            stale = await self.broker.complete(part)
         except BrokerError as exc:
             return exc
+        if stale:
+            self._report(stale)
         return None
 
     async def _refused(self, completion: Completion, error: BrokerError) -> None:

@@ -92,10 +92,11 @@ class Runner:
         self.abandoned: set[Job] = set()
         #: Thread runs abandoned since the worker started.
         self.abandoned_total = 0
+        self._marks: asyncio.Future[dict[str, float]] | None = None
         #: Middleware and signal handlers; ``hooks.enabled`` is checked once per run.
         self.hooks = hooks_of(queue)
         #: Progress writer of this worker (``current_task().update_progress``).
-        self.progress = ProgressReporter(broker, queue.result_ttl)
+        self.progress = ProgressReporter(broker, queue.result_ttl, self.lease_of)
 
     # ------------------------------------------------------------- starting
     def start(self, d: Delivery, slots: Slots) -> None:
@@ -116,6 +117,10 @@ class Runner:
         if self.revoked and env.id in self.revoked:
             self._skip_cancelled(Job(d, env, task), slots)
             return
+        self._admit(d, env, task, slots)
+
+    def _admit(self, d: Delivery, env: Envelope, task: Task[Any, Any], slots: Slots) -> None:
+        """Rate limits and start checks when the task has any, then run it."""
         buckets = self._buckets(task, d.queue) if not env.reserved else None
         if buckets or task.checks or env.max_age is not None:
             self.hold_start(
@@ -429,7 +434,40 @@ class Runner:
 
     # --------------------------------------------------------- cancellation
     def _skip_cancelled(self, job: Job, slots: Slots) -> None:
-        self.commit(job, self.outcomes.cancelled(job.delivery, job.envelope, job.attempt))
+        """The id has a cancel mark here: confirm it in the broker, then skip the task.
+
+        A task enqueued again under the same explicit id clears the mark in the broker
+        (``reset_tasks``) before it is published, while this worker's copy of the marks may
+        be older: the broker's answer decides. Marks read by one fetch batch share one read.
+        """
+        if self._marks is None:
+            self._marks = asyncio.ensure_future(self.broker.revoked())
+            asyncio.get_running_loop().call_soon(self._forget_marks)
+        self.hold_start(
+            asyncio.ensure_future(self._skip_if_marked(job, slots, self._marks)), job.delivery
+        )
+
+    def _forget_marks(self) -> None:
+        self._marks = None
+
+    async def _skip_if_marked(
+        self, job: Job, slots: Slots, marks: asyncio.Future[dict[str, float]]
+    ) -> None:
+        env = job.envelope
+        try:
+            marked = env.id in await asyncio.shield(marks)
+        except Exception as exc:  # the broker unreachable: trust this worker's copy
+            logger.warning("could not confirm the cancel mark of %s: %s", env.id, exc)
+            marked = True
+        if not marked:
+            self.revoked.pop(env.id, None)
+            try:
+                self._admit(job.delivery, env, job.task, slots)
+            except Exception:  # as in the fetch loop: the lease recovers the message
+                logger.exception("could not start task %s", env.id)
+                slots.release()
+            return
+        self.commit(job, self.outcomes.cancelled(job.delivery, env, job.attempt))
         slots.release()
 
     def cancel(self, task_id: str) -> bool:
@@ -473,6 +511,14 @@ class Runner:
         if pending.cancelled() and pending not in self._given_back:
             self._given_back.add(pending)
             self.hand_back(d)
+
+    def lease_of(self, task_id: str) -> tuple[str, bytes] | None:
+        """``(queue, token)`` of the running delivery of ``task_id`` (fencing its progress
+        writes), or ``None``."""
+        for job in self.jobs:
+            if job.envelope.id == task_id and job.delivery.token is not None:
+                return job.delivery.queue, job.delivery.token
+        return None
 
     def running_tokens(self, queue: str) -> list[bytes]:
         """Delivery tokens from physical ``queue`` this worker holds: running jobs, and

@@ -148,6 +148,14 @@ class Worker:
         return self._runner.failed if self._runner else 0
 
     @property
+    def stale_completions(self) -> int:
+        """Completions of this worker the broker dropped as stale: the delivery's lease was
+        lost (the process paused or cut off past its visibility timeout) and another worker
+        recovered the message, so nothing was written (fencing; see docs/guarantees.md)."""
+        flusher: Flusher | None = getattr(self, "_flusher", None)  # made by run()
+        return flusher.stale if flusher is not None else 0
+
+    @property
     def runner(self) -> Runner:
         """The runner of the running worker.
 

@@ -130,6 +130,8 @@ class RedisBroker(RedisControl, Broker):
 
     kind: ClassVar[str]
     """``"s"`` for streams, ``"l"`` for lists: where this mode keeps a queue's messages."""
+    consumer: str = ""
+    """This process's consumer name in the streams' group (reliable mode; fencing)."""
 
     def __init__(
         self,
@@ -175,15 +177,16 @@ class RedisBroker(RedisControl, Broker):
 
     # ------------------------------------------------------------ completions
     @translate_errors
-    async def complete(self, completions: Sequence[Completion]) -> None:
+    async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
         """Apply a batch of completions in one Lua call (one round-trip, atomic).
 
         The batch travels as one MessagePack argument that the script unpacks with
         ``cmsgpack``: building a handful of arguments per completion in redis-py cost more
-        than the whole server-side work.
+        than the whole server-side work. Stream completions are fenced in the script (see
+        :meth:`Broker.complete`); the stale ones are returned.
         """
         if not completions:
-            return
+            return []
         entries: list[Any] = []
         acks: dict[str, list[bytes]] = {}
         kind = self.kind
@@ -215,20 +218,26 @@ class RedisBroker(RedisControl, Broker):
                     else _EMPTY,
                     _lua_bytes(c.requeue) if c.requeue else _EMPTY,
                     [_lua_op(op) for op in c.ops] if c.ops else _EMPTY,
+                    _lua_bytes(c.fence) if c.fence else _EMPTY,
                 )
             )
         for queue, tokens in acks.items():
             entries.append(("A", queue, [_lua_bytes(t) for t in tokens]))
         if not entries:
-            return
+            return []
         keys = self.keys
-        await self._complete(
+        stale = await self._complete(
             keys=[keys.schedule, keys.schedule_data, keys.dead_letters],
             args=[
                 keys.prefix, GROUP, self.dead_letter_cap, _batch_encoder.encode(entries),
                 self.dead_letter_ttl, self.dead_letter_max_bytes, NOTIFY_INLINE_MAX,
+                self.consumer,
             ],
         )  # fmt: skip
+        if not stale:
+            return []
+        wanted = {(q.decode(), bytes(t)) for q, t in stale}
+        return [c for c in completions if (c.queue, c.token or c.fence) in wanted]
 
     @translate_errors
     async def acquire_rate(self, buckets: Sequence[tuple[str, float, float]]) -> tuple[bool, float]:
@@ -354,13 +363,23 @@ class RedisBroker(RedisControl, Broker):
 
     # --------------------------------------------------------------- progress
     @translate_errors
-    async def set_progress(self, task_id: str, data: bytes, at: float, ttl: int) -> bool:
-        """Store and publish a progress update unless a newer one is stored (one script)."""
+    async def set_progress(
+        self,
+        task_id: str,
+        data: bytes,
+        at: float,
+        ttl: int,
+        fence: tuple[str, bytes] | None = None,
+    ) -> bool:
+        """Store and publish a progress update unless a newer one is stored (one script);
+        with ``fence`` only while that delivery is leased to this consumer (reliable mode)."""
         keys = self.keys
-        done = await self._set_progress(
-            keys=[keys.progress(task_id)],
-            args=[repr(float(at)), data, ttl, keys.progress_channel(task_id)],
-        )
+        script_keys = [keys.progress(task_id)]
+        args: list[Any] = [repr(float(at)), data, ttl, keys.progress_channel(task_id)]
+        if fence is not None and self.kind == "s":
+            script_keys.append(keys.stream(fence[0]))
+            args += (GROUP, self.consumer, fence[1])
+        done = await self._set_progress(keys=script_keys, args=args)
         return bool(done)
 
     @translate_errors
@@ -452,6 +471,17 @@ class RedisBroker(RedisControl, Broker):
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.set(self.keys.record(task_id), record, ex=ttl)
             pipe.publish(self.keys.done_channel(task_id), b"1")
+            await pipe.execute()
+
+    @translate_errors
+    async def reset_tasks(self, task_ids: Sequence[str]) -> None:
+        """DEL the records and progress, ZREM the cancel marks (one MULTI/EXEC)."""
+        if not task_ids:
+            return
+        keys = self.keys
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.delete(*(keys.record(i) for i in task_ids), *(keys.progress(i) for i in task_ids))
+            pipe.zrem(keys.revoked, *task_ids)
             await pipe.execute()
 
     @translate_errors
@@ -648,6 +678,12 @@ class RedisBroker(RedisControl, Broker):
                 await pipe.execute()
         raw: dict[bytes, bytes] = await self.client.hgetall(keys.workers)
         return {k.decode(): v for k, v in raw.items()}
+
+    @translate_errors
+    async def counters(self) -> dict[str, int]:
+        """The namespace's counters (one HGETALL of ``{ns}:stats``)."""
+        raw = await self.client.hgetall(self.keys.stats)
+        return {k.decode(): int(v) for k, v in raw.items()}
 
     @translate_errors
     async def ping(self) -> None:

@@ -123,6 +123,11 @@ class Keys:
         return f"{self.prefix}events"
 
     @property
+    def stats(self) -> str:
+        """Hash of namespace-wide counters (``stale_completions``: completions fenced off)."""
+        return f"{self.prefix}stats"
+
+    @property
     def queues(self) -> str:
         """Set of known queue names."""
         return f"{self.prefix}queues"

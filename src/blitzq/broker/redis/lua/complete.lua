@@ -5,15 +5,48 @@
 -- per-completion arguments), ARGV[5] dead-letter TTL (s), ARGV[6] dead-letter byte bound,
 -- ARGV[7] largest record pushed whole on its done channel (bytes; larger: '1'), of entries:
 --   {"A", queue, {id1, id2, ...}}   reliable acks without anything else (XACK + XDEL)
---   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops}
+--   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops,
+--    fence}
 --     kind "s" (stream) or "l" (list); "" means absent; eta is the reschedule's delay in
 --     seconds, made a due time here on the server's clock (TIME); dead is "" or
---     {message, reason, error, task, queue, failed_at} (stored with the kind: its origin)
+--     {message, reason, error, task, queue, failed_at} (stored with the kind: its origin);
+--     fence: a token checked, not acked
+-- ARGV[8] this consumer's name.
+-- Fencing: a stream completion applies only while its entry (token, else fence) is still in
+-- the group's pending list (PEL) of this consumer; else it is stale and writes nothing but
+-- the counter {ns}:stats stale_completions. Returns the stale ones as {queue, token} pairs.
+-- For an entry it acknowledges, the answer of XACK is the check (1: it was pending), at no
+-- extra cost: an entry is only ever pending under the consumer that read it, because
+-- recover.lua acks what it claims in the same script and renew.lua claims only entries the
+-- renewing consumer already holds (tests/contract/test_fencing_contract.py guards this). A
+-- fence without an ack (nothing to XACK) is checked with XPENDING and the consumer name.
 local prefix, group, cap = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local batch = cmsgpack.unpack(ARGV[4])
+local consumer = ARGV[8]
 local dead_added = 0
 local dl_ttl, dl_bytes, inline_max = ARGV[5], ARGV[6], tonumber(ARGV[7])
 --@include dead_letters.lua
+local stale = {}
+
+local function owned(stream, id)
+  local p = redis.call('XPENDING', stream, group, id, id, 1)
+  return p[1] ~= nil and p[1][2] == consumer
+end
+
+-- A "C" entry whose delivery is no longer this consumer's (recorded in stale). An entry
+-- with a token is acknowledged here.
+local function fenced(c)
+  if c[2] ~= 's' then return false end
+  local id, stream = c[4], prefix .. 's:' .. c[3]
+  if id ~= '' then
+    if redis.call('XACK', stream, group, id) == 1 then return false end
+  else
+    id = c[13] or ''
+    if id == '' or owned(stream, id) then return false end
+  end
+  stale[#stale + 1] = {c[3], id}
+  return true
+end
 
 -- Extra operations a completion may carry (ops), applied in the same script. Each handler
 -- takes the op array {name, ...} and the completion's kind ("s" or "l").
@@ -145,12 +178,20 @@ OPS['progress'] = function(op, kind)
   redis.call('PUBLISH', prefix .. 'progress:' .. op[2], op[4])
 end
 
-local function ack(stream, ids)
+local function ack(stream, ids, queue)
   -- unpack() is limited by the Lua stack; chunk large id lists.
   local s, n = 1, #ids
   while s <= n do
     local e = math.min(n, s + 999)
-    redis.call('XACK', stream, group, unpack(ids, s, e))
+    if redis.call('XACK', stream, group, unpack(ids, s, e)) < e - s + 1 then
+      -- Some were not pending (stale): those are the ones no longer in the stream, since
+      -- every acknowledgement (a completion, a recovery) deletes its entry at once.
+      for i = s, e do
+        if #redis.call('XRANGE', stream, ids[i], ids[i]) == 0 then
+          stale[#stale + 1] = {queue, ids[i]}
+        end
+      end
+    end
     redis.call('XDEL', stream, unpack(ids, s, e))
     s = e + 1
   end
@@ -158,14 +199,14 @@ end
 
 for _, c in ipairs(batch) do
   if c[1] == 'A' then
-    ack(prefix .. 's:' .. c[2], c[3])
+    ack(prefix .. 's:' .. c[2], c[3], c[2])
+  elseif fenced(c) then
+    -- stale: its lease was lost and the message recovered; nothing is written
   else
     local kind, queue, token, task_id = c[2], c[3], c[4], c[5]
     local record, ttl, reschedule, eta, dead, requeue = c[6], c[7], c[8], c[9], c[10], c[11]
-    if token ~= '' then
-      local stream = prefix .. 's:' .. queue
-      redis.call('XACK', stream, group, token)
-      redis.call('XDEL', stream, token)
+    if token ~= '' then  -- acknowledged by fenced()
+      redis.call('XDEL', prefix .. 's:' .. queue, token)
     end
     if record ~= '' then
       redis.call('SET', prefix .. 't:' .. task_id, record, 'EX', ttl)
@@ -213,4 +254,7 @@ end
 if dead_added > 0 then
   dl_trim(prefix, cap, dl_bytes)
 end
-return 1
+if #stale > 0 then
+  redis.call('HINCRBY', prefix .. 'stats', 'stale_completions', #stale)
+end
+return stale
