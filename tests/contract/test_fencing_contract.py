@@ -88,7 +88,7 @@ async def test_late_failure_writes_no_record_dead_letter_retry_or_ops(
     dead = DeadLetterFields(old.payload, "failed", "boom", "t", Q, 1.0)
     late = [
         Completion(Q, old.token, "t2", record("t2", "dead_lettered", "w1"), 60, dead_letter=dead),
-        Completion(Q, old.token, "t2", None, 0, reschedule=message("t2"), eta=1.0),
+        Completion(Q, old.token, "t2", None, 0, reschedule=message("t2"), delay=1.0),
         Completion(Q, old.token, "t2", requeue=old.payload),
         Completion(
             Q, old.token, "t2",
