@@ -27,6 +27,22 @@ if TYPE_CHECKING:
 _FOREVER = 10 * 365 * 86400.0
 
 
+def final_result(task_id: str, record: TaskRecord) -> Any:
+    """The result of a task whose ``record`` is final.
+
+    Raises:
+        TaskCancelled, TaskExpired: the task was cancelled, or expired before it ran.
+        TaskFailed: it failed or was dead-lettered (carries the error).
+    """
+    if record.state is TaskState.SUCCEEDED:
+        return record.result
+    if record.state is TaskState.CANCELLED:
+        raise TaskCancelled(task_id, record.state.value, record.error_type, record.error, None)
+    if record.state is TaskState.EXPIRED:
+        raise TaskExpired(task_id, record.state.value, record.error_type, record.error, None)
+    raise TaskFailed(task_id, record.state.value, record.error_type, record.error, record.traceback)
+
+
 class QueueOperations:
     """Mixin of :class:`~blitzq.Queue`: results, cancellation, dead letters, inspection."""
 
@@ -77,20 +93,8 @@ class QueueOperations:
             if data is None:
                 raise ResultTimeout(f"no result for task {task_id} within {timeout} s")
             record = TaskRecord.from_bytes(data)
-            if record.state is TaskState.SUCCEEDED:
-                return record.result
-            if record.state is TaskState.CANCELLED:
-                raise TaskCancelled(
-                    task_id, record.state.value, record.error_type, record.error, None
-                )
-            if record.state is TaskState.EXPIRED:
-                raise TaskExpired(
-                    task_id, record.state.value, record.error_type, record.error, None
-                )
             if record.state.is_final:
-                raise TaskFailed(
-                    task_id, record.state.value, record.error_type, record.error, record.traceback
-                )
+                return final_result(task_id, record)
             if time.monotonic() >= deadline:
                 raise ResultTimeout(f"task {task_id} is {record.state.value} after {timeout} s")
             await asyncio.sleep(0.05)

@@ -238,6 +238,15 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
     help="Call CALLABLE(queue) after loading the app, to register middleware and signal "
     "handlers (repeatable, applied in order).",
 )
+@click.option(
+    "--strict-memory-policy",
+    is_flag=True,
+    default=False,
+    envvar="BLITZQ_STRICT_MEMORY_POLICY",
+    show_envvar=True,
+    help="Refuse to start when the server's maxmemory-policy can evict blitzq's keys "
+    "(default: log a warning).",
+)
 @global_options
 def worker_command(
     app: str,
@@ -249,6 +258,7 @@ def worker_command(
     with_scheduler: bool,
     workers: int,
     configure: tuple[str, ...] = (),
+    strict_memory_policy: bool = False,
 ) -> None:
     """Run a worker for the blitzq.Queue at MODULE:ATTR (for example myapp.tasks:queue).
 
@@ -272,6 +282,7 @@ def worker_command(
             log_format=log_format,
             json_output=s.json,
             extra=(["--scheduler"] if with_scheduler else [])
+            + (["--strict-memory-policy"] if strict_memory_policy else [])
             + [arg for spec in configure for arg in ("--configure", spec)],
             **typed,
         )
@@ -288,6 +299,7 @@ def worker_command(
             concurrency=concurrency,
             shutdown_timeout=shutdown_timeout,
             handle_signals=True,
+            strict_memory_policy=strict_memory_policy,
         )
         asyncio.run(_serve(worker, with_scheduler))
     _exit_past_abandoned_threads()

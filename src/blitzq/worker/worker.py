@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 from ..broker.base import Broker, Completion, Delivery
+from ..broker.eviction import check_eviction
 from ..exceptions import BrokerError, ConfigurationError, SerializationError
 from ..queue import Queue
 from ..routing import base_queue, levels
@@ -53,6 +54,9 @@ class Worker:
         process_pool_size: processes for ``executor="process"`` tasks (default: CPU count).
         handle_signals: stop gracefully on SIGTERM / SIGINT (the CLI turns this on).
         name: worker id shown in records and stats (default ``host:pid:random``).
+        strict_memory_policy: refuse to start (ConfigurationError) when the server's
+            ``maxmemory-policy`` can evict blitzq's keys; by default a WARNING is logged
+            (see :mod:`blitzq.broker.eviction`).
 
     Raises:
         ConfigurationError: an invalid bound or an empty queue list.
@@ -71,6 +75,7 @@ class Worker:
         process_pool_size: int | None = None,
         handle_signals: bool = False,
         name: str | None = None,
+        strict_memory_policy: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1")
@@ -99,6 +104,7 @@ class Worker:
         self.thread_pool_size = thread_pool_size or concurrency
         self.process_pool_size = process_pool_size or os.cpu_count() or 2
         self.handle_signals = handle_signals
+        self.strict_memory_policy = strict_memory_policy
         self.id = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._stop_event: asyncio.Event | None = None
         self._stopping = False
@@ -165,6 +171,14 @@ class Worker:
     async def _run(self) -> None:
         self.broker: Broker = self.queue.broker
         broker = self.broker
+        await check_eviction(broker, strict=self.strict_memory_policy)
+        size = getattr(broker, "pool_size", None)
+        if size is not None and size < len(self.queues) + 6:
+            logger.warning(
+                "the broker's pool allows %d connections for %d fetch loops and the worker's "
+                "own; raise max_connections in the URL",
+                size, len(self.queues),
+            )  # fmt: skip
         await broker.prepare_consumer(self.physical_queues, self.id)
         for hook in self.queue.on_startup:
             await hook()
