@@ -145,6 +145,26 @@ async def test_200_concurrent_enqueues_queue_for_a_pool_of_4(
 
 
 @pytest.mark.timeout(120)
+def test_200_threads_calling_the_sync_api_queue_for_a_pool_of_4(
+    small_pool_queue: Callable[[int], Queue],
+) -> None:
+    """A threaded web app: every ``*_sync`` call runs on the Queue's one background loop and
+    its pool; 200 threads at once wait for a connection instead of failing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    queue = small_pool_queue(4)
+    echo = queue.tasks["conn.echo"]
+    try:
+        with ThreadPoolExecutor(max_workers=200) as pool:
+            ids = list(pool.map(lambda i: echo.enqueue_sync(i).id, range(200)))
+        assert len(set(ids)) == 200
+        stats = queue.stats_sync([queue.name])
+        assert stats["queues"][queue.name]["waiting"] == 200
+    finally:
+        queue.close_sync()
+
+
+@pytest.mark.timeout(120)
 async def test_group_of_100_waited_with_no_worker_for_3_s_then_completes(
     small_pool_queue: Callable[[int], Queue], worker_queue: Queue
 ) -> None:
