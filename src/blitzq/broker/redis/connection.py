@@ -48,6 +48,33 @@ DEFAULT_HEALTH_CHECK_INTERVAL = 30
 DEFAULT_RETRIES = 3
 
 
+class BoundedPool(aioredis.BlockingConnectionPool):
+    """redis-py's blocking pool with a fast path when nobody waits.
+
+    The blocking pool takes an ``asyncio.Condition`` and arms a timeout for every command
+    (about 40 µs here, most of a producer's per-``enqueue`` overhead). While a connection is
+    free and no caller is queued, taking and returning one needs neither: the plain pool's
+    path is used. Queued callers keep their turn: the fast path is off while any waits.
+    """
+
+    def _nobody_waits(self) -> bool:
+        waiters = getattr(self._condition, "_waiters", None)
+        return waiters is not None and not waiters and not getattr(self, "_in_maintenance", True)
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        """A connection; waits up to ``timeout`` seconds when all are in use."""
+        if self._available_connections and self._nobody_waits():
+            return await aioredis.ConnectionPool.get_connection(self)  # type: ignore[no-untyped-call]
+        return await super().get_connection()  # type: ignore[no-untyped-call]
+
+    async def release(self, connection: Any) -> None:
+        """Return ``connection``; wake a queued caller if there is one."""
+        if self._nobody_waits():
+            await aioredis.ConnectionPool.release(self, connection)
+        else:
+            await super().release(connection)
+
+
 def connection_options(url: str) -> dict[str, Any]:
     """The pool and connection keyword arguments blitzq adds to ``url``'s own parameters.
 
@@ -88,9 +115,7 @@ def make_client(url: str) -> aioredis.Redis:
     query = parse_qs(urlsplit(url).query)
     if "socket_keepalive" in query and urlsplit(url).scheme == "unix":
         raise ValueError("socket_keepalive applies to TCP connections, not unix:// sockets")
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url, decode_responses=False, **connection_options(url)
-    )
+    pool = BoundedPool.from_url(url, decode_responses=False, **connection_options(url))
     return aioredis.Redis.from_pool(pool)
 
 
