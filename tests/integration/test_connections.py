@@ -110,6 +110,8 @@ def test_pool_defaults_are_a_bounded_blocking_pool_and_the_url_overrides_them(
 
     with pytest.raises(ConfigurationError, match="max_connections"):
         make_queue(redis_url=with_params(redis_url, max_connections="many"))._make_broker()
+    with pytest.raises(ConfigurationError, match="socket_keepalive"):
+        make_queue(redis_url="unix:///tmp/x.sock?socket_keepalive=true")._make_broker()
 
 
 async def test_200_concurrent_enqueues_from_one_queue_all_succeed(
