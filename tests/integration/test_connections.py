@@ -307,6 +307,13 @@ async def test_nothing_hangs_on_a_server_that_never_answers() -> None:
             elapsed, exc, _ = await _timed(queue.get_results(["a", "b"], timeout=2))
             assert isinstance(exc, BrokerError), exc
             assert elapsed < 15  # the first read of the records, bounded by the socket timeout
+
+            # The waits that gave up left no waiter behind on the shared pub/sub listener.
+            listener = queue.broker._results  # type: ignore[attr-defined]
+            deadline = time.monotonic() + 10
+            while listener._waiters and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert listener._waiters == {}
         finally:
             await queue.close()
 
