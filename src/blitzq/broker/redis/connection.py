@@ -4,12 +4,13 @@ Every default below can be overridden by a query parameter of the broker URL (re
 names), e.g. ``redis://host:6379/0?max_connections=200&timeout=5&socket_timeout=10``; a
 parameter in the URL always wins over the default. ``docs/configuration.md`` lists them.
 
-- The pool is a :class:`redis.asyncio.BlockingConnectionPool`: when all ``max_connections``
+- The pool is a :class:`redis.asyncio.BlockingConnectionPool` (:class:`BoundedPool`, with a
+  fast path while nobody waits): when all ``max_connections``
   are in use, a caller waits up to ``timeout`` seconds for one to be released instead of
   failing at once (redis-py's plain pool raises "Too many connections"). Waiting that long
   without a free connection raises :class:`~blitzq.BrokerError` (transient).
-- ``socket_connect_timeout`` bounds opening a connection (TCP connect and the handshake is
-  bounded by ``socket_timeout``); ``socket_timeout`` bounds every read of a reply. Blocking
+- ``socket_connect_timeout`` bounds opening a TCP connection; ``socket_timeout`` bounds every
+  read of a reply (the connection handshake's included). Blocking
   reads of the product (XREADGROUP BLOCK, BLMPOP) are cut to :func:`max_block` seconds, below
   the socket timeout, so a legitimately idle wait never looks like a dead server; pub/sub reads
   pass their own read timeout.
