@@ -49,6 +49,22 @@ def _raise_final(task_id: str, record: TaskRecord) -> None:
         )
 
 
+def final_result(task_id: str, record: TaskRecord) -> Any:
+    """The result of a task whose ``record`` is final.
+
+    Raises:
+        TaskCancelled, TaskExpired: the task was cancelled, or expired before it ran.
+        TaskFailed: it failed or was dead-lettered (carries the error).
+        ResultNotStored: it succeeded without storing its result.
+    """
+    if record.state is TaskState.SUCCEEDED:
+        if not record.result_stored:
+            raise ResultNotStored(task_id)
+        return record.result
+    _raise_final(task_id, record)
+    raise ValueError(f"record of task {task_id} is not final: {record.state.value}")
+
+
 class QueueOperations:
     """Mixin of :class:`~blitzq.Queue`: results, cancellation, dead letters, inspection."""
 
@@ -103,11 +119,8 @@ class QueueOperations:
             if data is None:
                 raise ResultTimeout(f"no result for task {task_id} within {timeout} s")
             record = TaskRecord.from_bytes(data)
-            if record.state is TaskState.SUCCEEDED:
-                if not record.result_stored:
-                    raise ResultNotStored(task_id)
-                return record.result
-            _raise_final(task_id, record)
+            if record.state.is_final:
+                return final_result(task_id, record)
             if time.monotonic() >= deadline:
                 raise ResultTimeout(f"task {task_id} is {record.state.value} after {timeout} s")
             await asyncio.sleep(0.05)

@@ -14,13 +14,24 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._operations import final_result
 from ._portal import Portal
-from .exceptions import ConfigurationError, ResultTimeout
+from .broker.base import Broker
+from .exceptions import (
+    ConfigurationError,
+    ResultNotStored,
+    ResultTimeout,
+    SerializationError,
+    TaskFailed,
+)
+from .records import TaskRecord
 from .task import BoundTask, CallOptions, Task, TaskHandle
 
 R = TypeVar("R")
 
 _FOREVER = 10 * 365 * 86400.0
+#: Result waits ``get_results`` runs at once; the others start as these end.
+WAIT_FANOUT = 100
 
 
 def item_options(options: CallOptions, extra: Mapping[str, Any]) -> CallOptions:
@@ -49,6 +60,10 @@ class BatchOperations:
 
     _portal: Portal
 
+    @property
+    def broker(self) -> Broker:  # provided by Queue
+        raise NotImplementedError
+
     if TYPE_CHECKING:  # provided by QueueOperations
 
         async def get_result(self, task_id: str, timeout: float | None = None) -> Any: ...
@@ -61,7 +76,9 @@ class BatchOperations:
     ) -> list[Any]:
         """Wait for the results of many tasks; return them in the order given.
 
-        All waits run at once and share one deadline. Like ``asyncio.gather``:
+        The records are read first in a few round trips (MGET in chunks); the tasks not yet
+        final are then waited for, at most ``WAIT_FANOUT`` (100) at once, all sharing one
+        deadline. Like ``asyncio.gather``:
 
         - ``return_exceptions=False`` (default): the first failure to happen is raised at
           once (:class:`~blitzq.TaskFailed`, :class:`~blitzq.TaskCancelled`, or
@@ -85,19 +102,45 @@ class BatchOperations:
         items = list(tasks)
         if not items:
             return []
+        ids = [t.id if isinstance(t, TaskHandle) else t for t in items]
         deadline = time.monotonic() + (_FOREVER if timeout is None else max(0.0, timeout))
+        # One read of every record first (MGET in chunks): what is already final costs no wait.
+        known: dict[str, Any] = {}
+        for task_id, raw in zip(ids, await self.broker.get_records(ids), strict=True):
+            if raw is None:
+                continue
+            try:
+                record = TaskRecord.from_bytes(raw)
+            except SerializationError:
+                continue  # the wait reads it again and reports it
+            if record.state.is_final:
+                try:
+                    known[task_id] = (True, final_result(task_id, record))
+                except (TaskFailed, ResultNotStored) as exc:
+                    if not return_exceptions:
+                        raise
+                    known[task_id] = (False, exc)
+        # Then wait for the others, at most WAIT_FANOUT at once (each wait reads its record
+        # when it starts and on every push): bounded bursts of reads, whatever len(ids).
+        gate = asyncio.Semaphore(WAIT_FANOUT)
 
         async def one(task: str | TaskHandle[Any]) -> Any:
-            left = max(0.0, deadline - time.monotonic())
-            try:
-                if isinstance(task, TaskHandle):  # knows whether a result is stored
-                    return await task.result(timeout=left)
-                return await self.get_result(task, timeout=left)
-            except ResultTimeout:
-                task_id = task.id if isinstance(task, TaskHandle) else task
-                raise ResultTimeout(
-                    f"no result for task {task_id} within {timeout} s (get_results)"
-                ) from None
+            task_id = task.id if isinstance(task, TaskHandle) else task
+            if task_id in known:
+                ok, value = known[task_id]
+                if ok:
+                    return value
+                raise value
+            async with gate:
+                left = max(0.0, deadline - time.monotonic())
+                try:
+                    if isinstance(task, TaskHandle):  # knows whether a result is stored
+                        return await task.result(timeout=left)
+                    return await self.get_result(task, timeout=left)
+                except ResultTimeout:
+                    raise ResultTimeout(
+                        f"no result for task {task_id} within {timeout} s (get_results)"
+                    ) from None
 
         waits = [asyncio.ensure_future(one(task)) for task in items]
         try:

@@ -394,6 +394,14 @@ class Broker(abc.ABC):
     async def get_record(self, task_id: str) -> bytes | None:
         """The stored record of a task, or ``None``."""
 
+    async def get_records(self, task_ids: Sequence[str]) -> list[bytes | None]:
+        """The stored records of ``task_ids``, in order, ``None`` where there is none.
+
+        A backend reads them in a few round trips (the Redis brokers: MGET in chunks); this
+        default reads one after the other, never all at once.
+        """
+        return [await self.get_record(task_id) for task_id in task_ids]
+
     @abc.abstractmethod
     async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
         """Store a record for ``ttl`` seconds and wake anyone waiting for it."""
@@ -481,6 +489,11 @@ class Broker(abc.ABC):
     async def ping(self) -> None:
         """Check that the broker answers; raise BrokerError otherwise."""
         return
+
+    async def memory_policy(self) -> tuple[str, int] | None:
+        """The server's ``(maxmemory-policy, maxmemory in bytes)``, or ``None`` when the
+        backend has no such setting or does not tell (see :mod:`blitzq.broker.eviction`)."""
+        return None
 
     async def close(self) -> None:
         """Release connections. The broker may be used again afterwards (it reconnects)."""

@@ -13,6 +13,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from ..broker.eviction import check_eviction
 from ..exceptions import SerializationError
 from ..progress import Progress
 from ..queue import DEFAULT_MAX_MESSAGE_SIZE, Queue
@@ -305,11 +306,12 @@ def queue_stats(queues: str | None) -> None:
     """Waiting and in-flight messages per queue, scheduled tasks, dead letters, live workers."""
     names = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
 
-    async def collect(q: Queue) -> tuple[dict[str, Any], dict[str, bytes]]:
-        return await q.stats(names), await q.broker.workers()
+    async def collect(q: Queue) -> tuple[dict[str, Any], dict[str, bytes], str | None]:
+        warning = await check_eviction(q.broker)  # logs a WARNING naming the policy
+        return await q.stats(names), await q.broker.workers(), warning
 
     queue = make_queue()
-    stats, workers = run_with_queue(collect, queue)
+    stats, workers, warning = run_with_queue(collect, queue)
     worker_docs = sorted(
         (_worker_doc(wid, raw) for wid, raw in workers.items()), key=lambda d: str(d["id"])
     )
@@ -325,6 +327,7 @@ def queue_stats(queues: str | None) -> None:
                 "scheduled": stats["scheduled"],
                 "dead_letters": stats["dead_letters"],
                 "workers": worker_docs,
+                "warnings": [warning] if warning else [],
             }
         )
         return

@@ -247,6 +247,15 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
     help="Call CALLABLE(queue) after loading the app, to register middleware and signal "
     "handlers (repeatable, applied in order).",
 )
+@click.option(
+    "--strict-memory-policy",
+    is_flag=True,
+    default=False,
+    envvar="BLITZQ_STRICT_MEMORY_POLICY",
+    show_envvar=True,
+    help="Refuse to start when the server's maxmemory-policy can evict blitzq's keys "
+    "(default: log a warning).",
+)
 @global_options
 def worker_command(
     app: str,
@@ -259,6 +268,7 @@ def worker_command(
     workers: int,
     configure: tuple[str, ...] = (),
     max_abandoned_threads: int = 10,
+    strict_memory_policy: bool = False,
 ) -> None:
     """Run a worker for the blitzq.Queue at MODULE:ATTR (for example myapp.tasks:queue).
 
@@ -282,6 +292,7 @@ def worker_command(
             log_format=log_format,
             json_output=s.json,
             extra=(["--scheduler"] if with_scheduler else [])
+            + (["--strict-memory-policy"] if strict_memory_policy else [])
             + [arg for spec in configure for arg in ("--configure", spec)]
             + ["--max-abandoned-threads", str(max_abandoned_threads)],
             **typed,
@@ -300,6 +311,7 @@ def worker_command(
             shutdown_timeout=shutdown_timeout,
             handle_signals=True,
             max_abandoned_threads=max_abandoned_threads,
+            strict_memory_policy=strict_memory_policy,
         )
         asyncio.run(_serve(worker, with_scheduler))
     # A worker that stopped to be restarted (too many abandoned threads) says so.

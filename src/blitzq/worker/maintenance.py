@@ -135,8 +135,11 @@ class Maintenance:
         prune_every = max(1, int(60 / self.interval))
         next_sync = time.monotonic() + REVOCATION_SYNC
         while True:
-            try:
+            try:  # alone: a refused registration (server out of memory) must not stop renewals
                 await broker.register_worker(worker.id, worker.info(), ttl=3 * self.interval + 5)
+            except BrokerError as exc:
+                logger.warning("maintenance: could not register the worker: %s", exc)
+            try:
                 if broker.supports_recovery:
                     for q in worker.physical_queues:
                         tokens = worker.running_tokens(q)

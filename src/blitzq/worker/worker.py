@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 from ..broker.base import Broker, Delivery
+from ..broker.eviction import check_eviction
 from ..exceptions import BrokerError, ConfigurationError
 from ..queue import Queue
 from ..routing import base_queue, levels
@@ -70,6 +71,9 @@ class Worker:
         process_pool_size: processes for ``executor="process"`` tasks (default: CPU count).
         handle_signals: stop gracefully on SIGTERM / SIGINT (the CLI turns this on).
         name: worker id shown in records and stats (default ``host:pid:random``).
+        strict_memory_policy: refuse to start (ConfigurationError) when the server's
+            ``maxmemory-policy`` can evict blitzq's keys; by default a WARNING is logged
+            (see :mod:`blitzq.broker.eviction`).
 
     Raises:
         ConfigurationError: an invalid bound or an empty queue list.
@@ -89,6 +93,7 @@ class Worker:
         handle_signals: bool = False,
         name: str | None = None,
         max_abandoned_threads: int = 10,
+        strict_memory_policy: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1")
@@ -124,6 +129,7 @@ class Worker:
         self.restart_reason: str | None = None
         #: Messages a blocking fetch returned that found no free slot and went back at once.
         self.handed_back = 0
+        self.strict_memory_policy = strict_memory_policy
         self.id = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._stop_event: asyncio.Event | None = None
         self._stopping = False
@@ -221,6 +227,14 @@ class Worker:
     async def _run(self) -> None:
         self.broker: Broker = self.queue.broker
         broker = self.broker
+        await check_eviction(broker, strict=self.strict_memory_policy)
+        size = getattr(broker, "pool_size", None)
+        if size is not None and size < len(self.queues) + 6:
+            logger.warning(
+                "the broker's pool allows %d connections for %d fetch loops and the worker's "
+                "own; raise max_connections in the URL",
+                size, len(self.queues),
+            )  # fmt: skip
         await broker.prepare_consumer(self.physical_queues, self.id)
         for hook in self.queue.on_startup:
             await hook()

@@ -31,6 +31,8 @@ _FOREVER = 10 * 365 * 86400.0
 #: Seconds between checks, while waiting, for a step that ended without advancing its
 #: workflow (a step dead-lettered by lease recovery or as an unknown task); grows to 15 s.
 LIVENESS_INTERVAL = 2.0
+#: Broker calls a handle runs at once (cancelling steps): a few connections, not one per step.
+FANOUT = 16
 
 
 class WorkflowNotFound(BlitzQError, LookupError):
@@ -138,8 +140,7 @@ class WorkflowHandle:
         steps = await self._step_list()
         for start in range(0, len(steps), 100):
             chunk = steps[start : start + 100]
-            raws = await asyncio.gather(*(broker.get_record(step[0]) for step in chunk))
-            for raw in raws:
+            for raw in await broker.get_records([step[0] for step in chunk]):
                 if raw is None:
                     continue
                 try:
@@ -210,8 +211,8 @@ class WorkflowHandle:
         if state != "cancelled":
             return state
         owner = self._owner
-        for start in range(0, len(steps), 100):
-            chunk = steps[start : start + 100]
+        for start in range(0, len(steps), FANOUT):  # bounded: never one connection per step
+            chunk = steps[start : start + FANOUT]
             await asyncio.gather(*(owner.cancel(step[0]) for step in chunk))
         return state
 

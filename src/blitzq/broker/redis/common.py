@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 from importlib import resources
@@ -17,13 +18,11 @@ from typing import Any, ClassVar, ParamSpec, TypeVar
 
 import msgspec
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ...exceptions import BrokerError
+from ...exceptions import BrokerError, ConfigurationError
 from ...limits import (
     CHUNK_ITEMS,
     CHUNK_WRITES,
@@ -32,6 +31,7 @@ from ...limits import (
     NOTIFY_INLINE_MAX,
 )
 from ..base import Broker, Completion, DeadLetterFields, Scheduled
+from .connection import make_client, max_block, pool_size
 from .control import RedisControl
 from .keys import GROUP, Keys
 from .results import ResultListener
@@ -39,8 +39,12 @@ from .results import ResultListener
 P = ParamSpec("P")
 R = TypeVar("R")
 
+logger = logging.getLogger("blitzq.broker")
+
 #: Dead letters kept per namespace before the oldest are dropped.
 DEFAULT_DEAD_LETTER_CAP = 100_000
+#: Keys read by one MGET (a bounded reply, a short server call).
+READ_CHUNK = 100
 
 
 def translate_errors(
@@ -114,6 +118,25 @@ def _raw(response: Any, **_: Any) -> Any:
     return response
 
 
+#: Seconds a result or workflow wait may overrun its timeout while a command is in flight.
+WAIT_GRACE = 1.0
+
+
+async def _bounded(wait: Coroutine[Any, Any, R], timeout: float) -> R:
+    """Run ``wait``; past ``timeout`` + :data:`WAIT_GRACE` seconds cancel it.
+
+    Raises:
+        BrokerError: (transient) the deadline passed with a command still unanswered.
+    """
+    try:
+        async with asyncio.timeout(max(0.0, timeout) + WAIT_GRACE):
+            return await wait
+    except TimeoutError:
+        raise BrokerError(
+            f"Redis did not answer within {max(0.0, timeout) + WAIT_GRACE:.1f} s", True
+        ) from None
+
+
 class RedisBroker(RedisControl, Broker):
     """Base of the Redis brokers.
 
@@ -126,6 +149,9 @@ class RedisBroker(RedisControl, Broker):
             dropped.
         client: an existing ``redis.asyncio.Redis`` to use instead of ``url`` (not closed by
             the broker).
+
+    Raises:
+        ConfigurationError: a query parameter of ``url`` has an invalid value.
     """
 
     kind: ClassVar[str]
@@ -150,13 +176,14 @@ class RedisBroker(RedisControl, Broker):
         self.dead_letter_max_bytes = dead_letter_max_bytes
         self._owns_client = client is None
         # Typed as Any: redis-py's stubs type replies as bytes | str whatever decode_responses is.
-        self.client: Any = client or aioredis.Redis.from_url(
-            url,
-            decode_responses=False,
-            health_check_interval=30,
-            # Fail over to BrokerError in about a second, not redis-py's default ~10 s.
-            retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 3),
-        )
+        if client is None:
+            try:  # a bounded blocking pool with timeouts: see connection.py
+                client = make_client(url)
+            except ValueError as exc:
+                raise ConfigurationError(f"bad broker URL {url!r}: {exc}") from None
+        self.client: Any = client
+        #: Longest BLOCK a blocking read may ask for: under the socket timeout (None: any).
+        self.max_block = max_block(client)
         for command in ("XREADGROUP", "XAUTOCLAIM", "BLMPOP", "LPOP"):
             self.client.set_response_callback(command, _raw)
         self._complete = self.client.register_script(load_script("complete.lua"))
@@ -174,6 +201,15 @@ class RedisBroker(RedisControl, Broker):
     def queue_key(self, queue: str) -> str:
         """Key where ``queue``'s messages wait in this mode."""
         raise NotImplementedError
+
+    def block_for(self, timeout: float) -> float:
+        """``timeout`` (seconds) cut to :attr:`max_block`, for a blocking command.
+
+        A block longer than the socket timeout would end in a read timeout; the fetch loop
+        simply fetches again after a shorter one.
+        """
+        limit = self.max_block
+        return timeout if limit is None or timeout <= limit else limit
 
     # ------------------------------------------------------------ completions
     @translate_errors
@@ -389,22 +425,30 @@ class RedisBroker(RedisControl, Broker):
         return value
 
     async def watch_progress(self, task_id: str) -> AsyncGenerator[tuple[str, bytes], None]:
-        """Follow a task's progress and record on a pub/sub connection of its own."""
+        """Follow a task's progress and record over the broker's shared pub/sub connection.
+
+        A watcher holds no connection of its own (many watchers would otherwise use up the
+        pool); it is woken by the next message on either channel, then subscribes again.
+        An update published in between is not lost for good: the stored one is re-read after
+        a second without news.
+        """
         keys = self.keys
-        progress_channel = keys.progress_channel(task_id).encode()
-        done_channel = keys.done_channel(task_id).encode()
-        pubsub = self.client.pubsub()
+        progress_channel = keys.progress_channel(task_id)
+        done_channel = keys.done_channel(task_id)
+        listener = self._results
         try:
+            progress_fut = await listener.subscribe(progress_channel)
             try:
-                await pubsub.subscribe(progress_channel, done_channel)
-                # Read both confirmations first: from then on nothing published is missed.
-                confirmed, deadline = 0, time.monotonic() + 5.0
-                while confirmed < 2 and time.monotonic() < deadline:
-                    reply = await pubsub.get_message(timeout=1.0)
-                    if reply is not None and reply.get("type") == "subscribe":
-                        confirmed += 1
-                fresh = True
-                while True:
+                done_fut = await listener.subscribe(done_channel)
+            except BaseException:
+                listener.release(progress_channel, progress_fut)
+                raise
+        except (RedisError, OSError) as exc:
+            raise BrokerError(f"{type(exc).__name__}: {exc}") from exc
+        try:
+            fresh = True
+            while True:
+                try:
                     if fresh:  # after subscribing, and after a second without news
                         progress = await self.client.hget(keys.progress(task_id), "v")
                         if progress is not None:
@@ -412,21 +456,27 @@ class RedisBroker(RedisControl, Broker):
                         record = await self.client.get(keys.record(task_id))
                         if record is not None:
                             yield "record", record
-                    message = await pubsub.get_message(timeout=1.0)
-                    fresh = message is None
-                    if message is None or message.get("type") != "message":
-                        continue
-                    if message["channel"] == progress_channel:
-                        yield "progress", message["data"]
-                    else:
+                    done, _ = await asyncio.wait(
+                        (progress_fut, done_fut), timeout=1.0, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    fresh = not done
+                    if progress_fut.done():
+                        data = None if progress_fut.cancelled() else progress_fut.result()
+                        listener.release(progress_channel, progress_fut)
+                        progress_fut = await listener.subscribe(progress_channel)
+                        if data is not None:
+                            yield "progress", data
+                    if done_fut.done():
+                        listener.release(done_channel, done_fut)
+                        done_fut = await listener.subscribe(done_channel)
                         record = await self.client.get(keys.record(task_id))
                         if record is not None:
                             yield "record", record
-            except (RedisError, OSError) as exc:
-                raise BrokerError(f"{type(exc).__name__}: {exc}") from exc
+                except (RedisError, OSError) as exc:
+                    raise BrokerError(f"{type(exc).__name__}: {exc}") from exc
         finally:
-            with contextlib.suppress(RedisError, OSError):
-                await pubsub.aclose()
+            listener.release(progress_channel, progress_fut)
+            listener.release(done_channel, done_fut)
 
     # -------------------------------------------------------------- workflows
     @translate_errors
@@ -435,9 +485,20 @@ class RedisBroker(RedisControl, Broker):
         raw = await self.client.hgetall(self.keys.workflow(workflow_id))
         return {k.decode(): v for k, v in raw.items()} if raw else None
 
-    @translate_errors
     async def wait_for_workflow(self, workflow_id: str, timeout: float) -> dict[str, bytes] | None:
-        """Wait (pushed on the workflow's channel, re-read every second) until it ends."""
+        """Wait (pushed on the workflow's channel, re-read every second) until it ends.
+
+        Returns or raises within ``timeout`` + :data:`WAIT_GRACE` seconds whatever the
+        network does.
+
+        Raises:
+            BrokerError: the server could not be reached, or did not answer in that time
+                (transient).
+        """
+        return await _bounded(self._wait_for_workflow(workflow_id, timeout), timeout)
+
+    @translate_errors
+    async def _wait_for_workflow(self, workflow_id: str, timeout: float) -> dict[str, bytes] | None:
         state = await self.workflow_state(workflow_id)
         if timeout <= 0 or state is None or state.get("state") != b"running":
             return state
@@ -466,6 +527,16 @@ class RedisBroker(RedisControl, Broker):
         return value
 
     @translate_errors
+    async def get_records(self, task_ids: Sequence[str]) -> list[bytes | None]:
+        """The stored records of ``task_ids`` in order: one MGET per :data:`READ_CHUNK` ids."""
+        out: list[bytes | None] = []
+        record = self.keys.record
+        for start in range(0, len(task_ids), READ_CHUNK):
+            chunk = task_ids[start : start + READ_CHUNK]
+            out += await self.client.mget([record(task_id) for task_id in chunk])
+        return out
+
+    @translate_errors
     async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
         """Store a record for ``ttl`` seconds and publish its completion channel."""
         async with self.client.pipeline(transaction=True) as pipe:
@@ -484,14 +555,23 @@ class RedisBroker(RedisControl, Broker):
             pipe.zrem(keys.revoked, *task_ids)
             await pipe.execute()
 
-    @translate_errors
     async def wait_for_record(self, task_id: str, timeout: float) -> bytes | None:
         """Wait (pushed, with a 1 s re-read fallback) until a record exists.
 
         The subscription and the first read go out together; only when that read misses
         does the waiter need the confirmed subscription, read again and wait. Unsubscribing
-        happens in the background, off the caller's path.
+        happens in the background, off the caller's path. Returns or raises within
+        ``timeout`` + :data:`WAIT_GRACE` seconds whatever the network does (a silent server,
+        a pool with no free connection).
+
+        Raises:
+            BrokerError: the server could not be reached, or did not answer in that time
+                (transient).
         """
+        return await _bounded(self._wait_for_record(task_id, timeout), timeout)
+
+    @translate_errors
+    async def _wait_for_record(self, task_id: str, timeout: float) -> bytes | None:
         if timeout <= 0:
             return await self.get_record(task_id)
         deadline = time.monotonic() + timeout
@@ -644,9 +724,21 @@ class RedisBroker(RedisControl, Broker):
 
     @translate_errors
     async def remember_queues(self, queues: Sequence[str]) -> None:
-        """Add queue names to the registry of known queues."""
-        if queues:
+        """Add queue names to the registry of known queues.
+
+        A server out of memory (``noeviction`` at ``maxmemory``) refuses the SADD even for
+        names already there; the registry only serves inspection, so that refusal is logged
+        (when a name is really missing) and not raised: a worker still starts.
+        """
+        if not queues:
+            return
+        try:
             await self.client.sadd(self.keys.queues, *queues)
+        except OutOfMemoryError as exc:
+            known = await self.client.smismember(self.keys.queues, list(queues))
+            missing = [q for q, there in zip(queues, known, strict=True) if not there]
+            if missing:
+                logger.warning("could not register queue(s) %s: %s", ", ".join(missing), exc)
 
     @translate_errors
     async def register_worker(self, worker_id: str, info: bytes, ttl: float) -> None:
@@ -689,6 +781,25 @@ class RedisBroker(RedisControl, Broker):
     async def ping(self) -> None:
         """Raise BrokerError unless the server answers PING."""
         await self.client.ping()
+
+    @translate_errors
+    async def memory_policy(self) -> tuple[str, int] | None:
+        """``(maxmemory-policy, maxmemory bytes)`` from INFO memory (read-only; ``None``
+        when the server refuses INFO, as some managed services do)."""
+        try:
+            info = await self.client.info("memory")
+        except ResponseError:
+            return None
+        policy = info.get("maxmemory_policy")
+        if policy is None:
+            return None
+        policy = policy.decode() if isinstance(policy, bytes) else str(policy)
+        return policy, int(info.get("maxmemory", 0) or 0)
+
+    @property
+    def pool_size(self) -> int | None:
+        """Most connections this broker opens (``max_connections``), ``None`` when unknown."""
+        return pool_size(self.client)
 
     async def close(self) -> None:
         """Close the result listener and, when the broker made it, the client."""

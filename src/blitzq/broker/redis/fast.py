@@ -50,7 +50,7 @@ class FastRedisBroker(RedisBroker):
         items = await self.client.execute_command("LPOP", key, count)
         if not items and timeout > 0:
             reply = await self.client.execute_command(
-                "BLMPOP", timeout, 1, key, "LEFT", "COUNT", count
+                "BLMPOP", self.block_for(timeout), 1, key, "LEFT", "COUNT", count
             )
             items = reply[1] if reply else None
         if not items:
@@ -74,7 +74,7 @@ class FastRedisBroker(RedisBroker):
                     start += taken
             return out
         reply = await self.client.execute_command(
-            "BLMPOP", timeout, len(keys), *keys, "LEFT", "COUNT", 1
+            "BLMPOP", self.block_for(timeout), len(keys), *keys, "LEFT", "COUNT", 1
         )
         if not reply:
             return []

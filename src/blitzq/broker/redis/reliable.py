@@ -10,16 +10,19 @@ runs (:meth:`heartbeat`), and a renewal never takes an entry back from another c
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import ClassVar
 
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ResponseError
 
 from ...limits import CHUNK_ITEMS
 from ..base import Delivery, Guarantee
 from .common import RedisBroker, load_script, translate_errors
 from .keys import GROUP, MESSAGE_FIELD
+
+logger = logging.getLogger("blitzq.broker")
 
 
 def _delivery(queue: str, entry_id: bytes, fields: list[bytes]) -> Delivery:
@@ -76,12 +79,26 @@ class ReliableRedisBroker(RedisBroker):
         """Create each queue's stream and consumer group if missing; name this consumer."""
         self.consumer = consumer
         for queue in queues:
+            key = self.keys.stream(queue)
             try:
-                await self.client.xgroup_create(self.keys.stream(queue), GROUP, "0", mkstream=True)
+                await self.client.xgroup_create(key, GROUP, "0", mkstream=True)
+            except OutOfMemoryError as exc:
+                # noeviction at maxmemory refuses XGROUP CREATE even when the group exists:
+                # look (a read), and leave a missing group to the fetch, which creates it
+                # once memory is freed. Never a reason not to start and drain the rest.
+                if not await self._has_group(key):
+                    logger.warning("could not create the consumer group of %s: %s", queue, exc)
             except ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
         await self.remember_queues(queues)
+
+    async def _has_group(self, key: str) -> bool:
+        try:
+            groups = await self.client.xinfo_groups(key)
+        except ResponseError:  # no such key
+            return False
+        return any(g.get("name") in (GROUP, GROUP.encode()) for g in groups)
 
     @translate_errors
     async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
@@ -89,7 +106,7 @@ class ReliableRedisBroker(RedisBroker):
         key = self.keys.stream(queue)
         args: list[object] = ["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", count]
         if timeout > 0:
-            args += ("BLOCK", max(1, int(timeout * 1000)))
+            args += ("BLOCK", max(1, int(self.block_for(timeout) * 1000)))
         args += ("STREAMS", key, ">")
         try:
             reply = await self.client.execute_command(*args)
@@ -121,9 +138,10 @@ class ReliableRedisBroker(RedisBroker):
                 out += [_delivery(queue, rows[j], rows[j + 1]) for j in range(start, end, 2)]
                 start = end
             return out
+        block = max(1, int(self.block_for(timeout) * 1000))
         reply = await self.client.execute_command(
             "XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 1,
-            "BLOCK", max(1, int(timeout * 1000)), "STREAMS", *keys, *(">" for _ in keys),
+            "BLOCK", block, "STREAMS", *keys, *(">" for _ in keys),
         )  # fmt: skip
         if not reply:
             return []

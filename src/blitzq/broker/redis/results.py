@@ -41,9 +41,21 @@ class ResultListener:
 
         Returns only once the server has confirmed the subscription.
         """
-        key = channel.encode()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bytes] = loop.create_future()
+        try:
+            return await self._subscribe(channel.encode(), fut, loop)
+        except (
+            Exception,
+            asyncio.CancelledError,
+        ):  # a caller's deadline, or failed: no waiter left
+            fut.cancel()
+            self.release(channel, fut)
+            raise
+
+    async def _subscribe(
+        self, key: bytes, fut: asyncio.Future[bytes], loop: asyncio.AbstractEventLoop
+    ) -> asyncio.Future[bytes]:
         waiters = self._waiters.setdefault(key, [])
         waiters.append(fut)
         if len(waiters) > 1:
@@ -53,12 +65,17 @@ class ResultListener:
             return fut
         confirmed = loop.create_future()
         self._confirmed[key] = confirmed
-        async with self._lock:
-            if self._pubsub is None:
-                self._pubsub = self._client.pubsub()
-            await self._pubsub.subscribe(key)
-            if self._reader is None or self._reader.done():
-                self._reader = asyncio.create_task(self._read(), name="blitzq-results")
+        try:
+            async with self._lock:
+                if self._pubsub is None:
+                    self._pubsub = self._client.pubsub()
+                await self._pubsub.subscribe(key)
+                if self._reader is None or self._reader.done():
+                    self._reader = asyncio.create_task(self._read(), name="blitzq-results")
+        except (Exception, asyncio.CancelledError):
+            if not confirmed.done():  # waiters that joined this one fall back to polling
+                confirmed.set_result(None)
+            raise
         try:
             await asyncio.wait_for(asyncio.shield(confirmed), timeout=5.0)
         except TimeoutError:
