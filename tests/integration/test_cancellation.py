@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from blitzq import Queue, TaskCancelled, TaskFailed, TaskState, current_task
 from blitzq.cli import cli
 
+from ..procfs import pid_gone
 from . import proc_tasks
 from .proc_tasks import eventually, make_worker, running
 
@@ -186,14 +187,7 @@ async def test_cancel_a_running_process_task_terminates_it(queue: Queue, tmp_pat
         with pytest.raises(TaskCancelled):
             await handle.result(timeout=5)
 
-        def gone() -> bool:
-            try:
-                status = Path(f"/proc/{pid}/status").read_text()
-            except FileNotFoundError:
-                return True
-            return "State:\tZ" in status  # killed, not reaped yet
-
-        await eventually(lambda: asyncio.sleep(0, gone()), bool, 5.0)
+        await eventually(lambda: asyncio.sleep(0, pid_gone(pid)), bool, 30.0)
         # The worker starts a fresh pool for the next process task.
         assert await (await square.enqueue(7)).result(timeout=30) == 49
     assert pid != os.getpid()

@@ -27,6 +27,7 @@ from blitzq import (
     TaskState,
 )
 
+from ..procfs import pid_gone
 from . import proc_tasks
 from .proc_tasks import make_worker, running
 
@@ -118,19 +119,12 @@ async def test_hard_timeout_kills_a_process_task_before_its_slot_is_reused(
     )
     pid_file = str(tmp_path / "pid")
 
-    def gone(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().split(") ", 1)[1].startswith("Z")  # a zombie is gone too
-        except FileNotFoundError:
-            return True
-
-    def pid_gone() -> bool:
-        return gone(int(Path(pid_file).read_text()))
+    def the_pid_gone() -> bool:
+        return pid_gone(int(Path(pid_file).read_text()))  # a zombie counts as gone
 
     @queue.task(name="t.after")
     def after() -> bool:
-        return pid_gone()
+        return the_pid_gone()
 
     first = await killed.enqueue(pid_file, 30.0)
     second = await after.enqueue()
@@ -141,7 +135,7 @@ async def test_hard_timeout_kills_a_process_task_before_its_slot_is_reused(
         # The second task could only start once the first one's slot was freed: by then
         # the process running it must be gone.
         assert await second.result(timeout=30) is True
-    assert pid_gone()
+    assert the_pid_gone()
 
 
 async def test_timeout_is_the_alias_of_hard_timeout(queue: Queue) -> None:
