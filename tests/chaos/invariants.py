@@ -103,7 +103,8 @@ class Figures:
         """One line of figures."""
         faults = ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())) or "none"
         return (
-            f"{self.scenario} (BLITZQ_CHAOS_SEED={self.seed}): {self.tasks} tasks, {self.chords} chords, "
+            f"{self.scenario} (BLITZQ_CHAOS_SEED={self.seed}): {self.tasks} tasks, "
+            f"{self.chords} chords, "
             f"{self.occurrences} periodic occurrences, {self.executions} executions; "
             f"faults: {faults} (total {sum(self.faults.values())}); duplicates "
             f"{self.duplicates} in {self.duplicated_tasks} tasks, "
