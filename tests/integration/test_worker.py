@@ -421,7 +421,7 @@ async def test_result_readable_until_ttl_then_gone(
         key = "{" + namespace + "}:t:" + h.id
         ttl = await raw_redis.ttl(key)
         assert 0 <= ttl <= 1 or await raw_redis.exists(key) == 0
-        await eventually(lambda: raw_redis.exists(key), lambda n: n == 0, timeout=5)
+        await eventually(lambda: raw_redis.exists(key), lambda n: n == 0, timeout=30.0)
         assert await queue.inspect(h.id) is None
         with pytest.raises(ResultTimeout):
             await h.result(timeout=0.2)
