@@ -184,12 +184,19 @@ class Proc:
         proc: the Popen object.
         log: its combined output.
         proxy: the fault proxy it connects through, if any.
+        concurrency: a worker's concurrency.
     """
 
     def __init__(
-        self, role: str, proc: subprocess.Popen[bytes], log: Path, proxy: FaultProxy | None
+        self,
+        role: str,
+        proc: subprocess.Popen[bytes],
+        log: Path,
+        proxy: FaultProxy | None,
+        concurrency: int,
     ) -> None:
         self.role = role
+        self.concurrency = concurrency
         self.proc = proc
         self.log = log
         self.proxy = proxy
@@ -293,7 +300,7 @@ class Cluster:
         ]
         with open(log, "wb") as out:
             popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        proc = Proc(role, popen, log, proxy)
+        proc = Proc(role, popen, log, proxy, concurrency)
         self.procs.append(proc)
         if wait_ready:
             self.wait_ready(proc)
@@ -388,4 +395,5 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         total.duplicated_tasks += f.duplicated_tasks
         total.unexplained += f.unexplained
         total.seconds += f.seconds
+        total.peak_concurrency = max(total.peak_concurrency, f.peak_concurrency)
     terminalreporter.write_line(total.line())

@@ -12,7 +12,8 @@ injected (:class:`Fault`). From those and the task records this module decides:
   between the first and the last, each one run;
 - chord callbacks exactly once: each chord's callback ran (and, beyond faults, only once),
   with every member's result in order;
-- no record left running: no task record of the namespace is in a non-final state.
+- no record left running: no task record of the namespace is in a non-final state;
+- concurrency never above a worker's bound (invariant 5), from the execution intervals.
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ class Figures:
     unexplained: list[str] = field(default_factory=list)
     """Tasks run more often than the faults they were in flight at explain."""
     seconds: float = 0.0
+    peak_concurrency: int = 0
+    """Most bodies one worker ran at once."""
 
     def line(self) -> str:
         """One line of figures."""
@@ -108,7 +111,8 @@ class Figures:
             f"{self.occurrences} periodic occurrences, {self.executions} executions; "
             f"faults: {faults} (total {sum(self.faults.values())}); duplicates "
             f"{self.duplicates} in {self.duplicated_tasks} tasks, "
-            f"{len(self.unexplained)} unexplained; {self.seconds:.0f} s"
+            f"{len(self.unexplained)} unexplained; peak concurrency of a worker "
+            f"{self.peak_concurrency}; {self.seconds:.0f} s"
         )
 
 
@@ -162,3 +166,41 @@ def check_periodic(
     problems += [f"occurrence {occ} never dispatched" for occ in sorted(expected - seen)]
     problems += [f"occurrence {occ} claimed but never ran" for occ in sorted(set(claimed) - ran)]
     return len(seen), problems
+
+
+def check_concurrency(
+    executions: Iterable[Execution], faults: list[Fault], limits: Mapping[int, int]
+) -> tuple[int, list[str]]:
+    """Invariant 5 per worker: at no moment did a process run more bodies than its limit.
+
+    An execution that never returned ends when a kill fault hit its process (or, with none,
+    never: a body still "running" counts until the end).
+
+    Args:
+        executions: every execution.
+        faults: the injected faults (kills end unfinished executions).
+        limits: pid -> configured concurrency of that worker.
+
+    Returns:
+        ``(highest concurrency seen in any process, problems)``.
+    """
+    killed: dict[int, float] = {}
+    for f in faults:
+        if f.kind.startswith("kill") and f.pids is not None:
+            for pid in f.pids:
+                killed[pid] = f.start
+    events: dict[int, list[tuple[float, int]]] = collections.defaultdict(list)
+    for e in executions:
+        end = e.end if e.end is not None else killed.get(e.pid, math.inf)
+        events[e.pid] += [(e.start, 1), (end, -1)]
+    highest, problems = 0, []
+    for pid, points in sorted(events.items()):
+        running = peak = 0
+        for _, step in sorted(points):  # at equal times an end (-1) sorts before a start
+            running += step
+            peak = max(peak, running)
+        highest = max(highest, peak)
+        limit = limits.get(pid)
+        if limit is not None and peak > limit:
+            problems.append(f"pid {pid} ran {peak} bodies at once (concurrency {limit})")
+    return highest, problems

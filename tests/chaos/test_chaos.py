@@ -33,6 +33,7 @@ from .conftest import FIGURES, ChaosSettings, Cluster, Proc, wait_until
 from .invariants import (
     Fault,
     Figures,
+    check_concurrency,
     check_duplicates,
     check_periodic,
     parse_executions,
@@ -42,7 +43,7 @@ pytestmark = pytest.mark.chaos
 
 #: Seconds around a fault within which an execution counts as in flight at it: a completion
 #: being written just after the body returned, a reply held back by a partition.
-SLACK = 3.0
+SLACK = 5.0
 #: Members of each chord.
 CHORD_SIZE = 4
 
@@ -219,6 +220,10 @@ class Run:
             )
             self.figures.occurrences = count
             problems += periodic_problems
+        # Concurrency never above a worker's bound (invariant 5).
+        limits = {p.pid: p.concurrency for p in self.cluster.procs if p.role == "worker"}
+        self.figures.peak_concurrency, over = check_concurrency(executions, self.faults, limits)
+        problems += over
         # Duplicates only for what was in flight at a fault (chord callbacks and periodic
         # occurrences included: "exactly once" beyond the faults' in-flight work).
         unexplained = check_duplicates(executions, self.faults, SLACK, self.figures)

@@ -13,7 +13,14 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .conftest import ChaosServer
-from .invariants import Execution, Fault, Figures, check_duplicates, check_periodic
+from .invariants import (
+    Execution,
+    Fault,
+    Figures,
+    check_concurrency,
+    check_duplicates,
+    check_periodic,
+)
 from .proxy import FaultProxy
 
 
@@ -122,3 +129,20 @@ def test_periodic_check_catches_double_claims_gaps_and_lost_occurrences() -> Non
         "occurrence 13 claimed but never ran",
     ]
     assert check_periodic({b"10|1|1": b"1"}, [tick(10), tick(11)], 1) == (2, [])
+
+
+def test_concurrency_check_counts_overlaps_per_process() -> None:
+    kill = Fault("kill_worker", frozenset({1}), 10.0, 10.0)
+    executions = [
+        run("a", 1, 0.0, 5.0),
+        run("b", 1, 1.0, None),  # killed at 10
+        run("c", 1, 4.0, 6.0),  # three at once in pid 1 during [4, 5)
+        run("d", 1, 6.0, 7.0),  # starts as c ends: not a fourth
+        run("e", 2, 0.0, 1.0),
+        run("f", 2, 1.0, 2.0),
+    ]
+    assert check_concurrency(executions, [kill], {1: 3, 2: 1}) == (3, [])
+    assert check_concurrency(executions, [kill], {1: 2, 2: 1}) == (
+        3,
+        ["pid 1 ran 3 bodies at once (concurrency 2)"],
+    )
