@@ -42,7 +42,7 @@ async def queue(make_queue: Callable[..., Queue], mode: str) -> Any:
     await q.close()
 
 
-async def final_state(queue: Queue, task_id: str, timeout: float = 5.0) -> TaskState:
+async def final_state(queue: Queue, task_id: str, timeout: float = 30.0) -> TaskState:
     """Wait until the task has a final record; return its state."""
     record = await eventually(
         lambda: queue.inspect(task_id), lambda r: r is not None and r.state.is_final, timeout
