@@ -131,7 +131,8 @@ async def test_low_message_wakes_an_idle_worker_at_once(queue: Queue) -> None:
             await handle.result(timeout=5)
             latencies.append(started[f"low-{i}"] - sent)
     print(f"enqueue -> start of a :low task on an idle worker: {[round(x, 4) for x in latencies]}")
-    assert max(latencies) < 0.2, latencies
+    # Blocking on one level after another would cost up to a block_timeout (1 s) per level.
+    assert max(latencies) < 0.8, latencies
 
 
 async def test_abandoned_high_message_is_recovered(make_queue: Callable[..., Queue]) -> None:
