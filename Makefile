@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-valkey lint bench install clean
+.PHONY: demo test test-valkey chaos-long lint bench install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: $(STAMP)
 ## The same suite on the embedded Valkey server instead of Redis.
 test-valkey: $(STAMP)
 	BLITZQ_TEST_REDIS_URL=embedded $(PY) -m pytest -q
+
+## The long form of the chaos suite (docs/testing.md); `make test` runs its short form.
+chaos-long: $(STAMP)
+	BLITZQ_CHAOS=long $(PY) -m pytest -q tests/chaos
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples

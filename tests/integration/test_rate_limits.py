@@ -69,8 +69,9 @@ async def test_rate_limit_paces_starts_without_retries_or_held_slots(queue: Queu
         f"(first to last start {spread(starts):.2f} s); unlimited task done after "
         f"{quick_latency:.3f} s"
     )
-    assert 1.6 <= duration <= 3.5, duration
-    assert quick_latency < 1.0, quick_latency
+    assert 1.6 <= duration <= 10.0, duration  # never faster than the limit; generous above
+    # The unlimited task did not wait behind the paced ones: done before the last started.
+    assert quick_done[0] < max(starts), quick_latency
     # Burst of 10 right away, then about 10 per second: never more than 10 + 10 in 1 s.
     ordered = sorted(starts)
     assert ordered[9] - ordered[0] < 1.0
@@ -102,7 +103,7 @@ async def test_rate_key_shares_one_bucket_between_tasks(queue: Queue, raw_redis:
     )
     # One bucket: 10 at once, the other 10 over the next second. Two buckets would let all
     # 20 start together.
-    assert 0.8 <= spread(starts) <= 2.5, spread(starts)
+    assert 0.8 <= spread(starts) <= 10.0, spread(starts)
     prefix = "{" + queue.namespace + "}:rl:"
     assert await raw_redis.exists(prefix + "shared-api") == 1
     assert await raw_redis.exists(prefix + "r.a") == 0
@@ -143,9 +144,11 @@ async def test_queue_rate_limit_covers_every_task_of_the_queue(
         f"queue limit 5/s: 10 tasks started over {spread(limited):.2f} s; "
         f"20 tasks of an unlimited queue done after {others_done:.2f} s"
     )
-    assert 0.8 <= spread(limited) <= 2.5, spread(limited)
-    assert spread(free) < 0.5
-    assert others_done < 1.0
+    assert 0.8 <= spread(limited) <= 10.0, spread(limited)
+    # The unlimited queue is not paced (20 at 5/s would spread over 3 s) and did not wait
+    # behind the limited one.
+    assert spread(free) < 2.0, spread(free)
+    assert max(free) < max(limited), others_done
     await queue.close()
 
 
@@ -209,6 +212,6 @@ async def test_limit_on_one_task_leaves_others_alone(queue: Queue) -> None:
         fast_spread = spread(seen["fast"])
         for h in slow_handles:
             await h.result(timeout=5)
-    assert fast_spread < 0.5, fast_spread
+    assert fast_spread < 3.0, fast_spread  # 2/s would spread the 20 over 10 s
     # 2 at once, then one every 0.5 s.
-    assert 0.8 <= spread(seen["slow"]) <= 2.5, seen["slow"]
+    assert 0.8 <= spread(seen["slow"]) <= 10.0, seen["slow"]

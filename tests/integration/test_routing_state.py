@@ -174,12 +174,12 @@ async def test_track_state_follows_a_task_through_its_life(
     assert await state() is TaskState.SCHEDULED
     async with running(make_worker(queue)):
         assert await state() is TaskState.SCHEDULED  # not due yet
-        await eventually(state, lambda s: s is TaskState.RETRYING, 5.0)
+        await eventually(state, lambda s: s is TaskState.RETRYING, 30.0)
         retrying = await handle.status()
         assert retrying is not None
         assert retrying.attempts == 1
         assert retrying.error_type is not None
-        await eventually(state, lambda s: s is TaskState.RUNNING, 5.0)
+        await eventually(state, lambda s: s is TaskState.RUNNING, 30.0)
         running_record = await handle.status()
         assert running_record is not None
         assert running_record.attempts == 2
@@ -352,7 +352,7 @@ async def test_track_state_reaches_succeeded_without_stored_results(
 
     handle = await quiet.enqueue()
     async with running(make_worker(queue)):
-        record = await eventually(handle.status, lambda r: r is not None and r.state.is_final, 5.0)
+        record = await eventually(handle.status, lambda r: r is not None and r.state.is_final, 30.0)
     assert record is not None
     assert record.state is TaskState.SUCCEEDED
     assert record.result is None
@@ -375,7 +375,7 @@ async def test_delayed_task_starts_on_time_on_an_idle_worker(
     late = []
     worker = make_worker(queue)
     async with running(worker):
-        await eventually(queue.broker.workers, lambda w: worker.id in w, 5.0)
+        await eventually(queue.broker.workers, lambda w: worker.id in w, 30.0)
         for i in range(4):
             await asyncio.sleep(0.23)  # the promoter is in its ceiling-long sleep
             eta = time.time() + 0.3

@@ -27,6 +27,7 @@ from blitzq import (
     TaskState,
 )
 
+from ..procfs import pid_gone
 from . import proc_tasks
 from .proc_tasks import make_worker, running
 
@@ -113,35 +114,37 @@ async def test_soft_timeout_of_an_async_task_fails_the_attempt(queue: Queue) -> 
 async def test_hard_timeout_kills_a_process_task_before_its_slot_is_reused(
     queue: Queue, tmp_path: Path
 ) -> None:
-    killed = queue.task(name="t.proc_sleep", executor="process", hard_timeout=0.5, retries=0)(
+    # 3 s: long enough for a busy machine to hand the call to the (warm) pool process and
+    # let it write its pid, far shorter than the 30 s the call would sleep.
+    killed = queue.task(name="t.proc_sleep", executor="process", hard_timeout=3.0, retries=0)(
         proc_tasks.sleep_with_pid_file
     )
+    warm = queue.task(name="t.proc_warm", executor="process")(proc_tasks.square)
     pid_file = str(tmp_path / "pid")
 
-    def gone(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().split(") ", 1)[1].startswith("Z")  # a zombie is gone too
-        except FileNotFoundError:
-            return True
-
-    def pid_gone() -> bool:
-        return gone(int(Path(pid_file).read_text()))
+    def the_pid_gone() -> bool:
+        return pid_gone(int(Path(pid_file).read_text()))  # a zombie counts as gone
 
     @queue.task(name="t.after")
     def after() -> bool:
-        return pid_gone()
+        return the_pid_gone()
 
+    # concurrency 1: the three run one after the other. The first starts the pool process,
+    # so that the timed call does not spend its time budget on a process start.
+    warmed = await warm.enqueue(3)
     first = await killed.enqueue(pid_file, 30.0)
     second = await after.enqueue()
     async with running(make_worker(queue, concurrency=1, process_pool_size=1)):
+        assert await warmed.result(timeout=60) == 9
         with pytest.raises(TaskFailed) as failed:
             await first.result(timeout=60)
         assert failed.value.error_type == "blitzq.exceptions.TaskTimeout"
+        started = await asyncio.to_thread(Path(pid_file).exists)
+        assert started, "the timed-out call never started in the pool"
         # The second task could only start once the first one's slot was freed: by then
         # the process running it must be gone.
         assert await second.result(timeout=30) is True
-    assert pid_gone()
+    assert the_pid_gone()
 
 
 async def test_timeout_is_the_alias_of_hard_timeout(queue: Queue) -> None:

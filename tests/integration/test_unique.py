@@ -113,7 +113,7 @@ async def test_until_completion_keeps_the_key_while_running(queue: Queue) -> Non
         assert during.id == first.id
         release.set()
         assert await first.result(timeout=5) == 1
-        after = await eventually(lambda: long.enqueue(1), lambda h: not h.duplicate, 5)
+        after = await eventually(lambda: long.enqueue(1), lambda h: not h.duplicate, 30.0)
         assert after.id != first.id
         assert await after.result(timeout=5) == 1
 
@@ -132,7 +132,7 @@ async def test_until_start_frees_the_key_as_the_task_starts(queue: Queue) -> Non
     async with running(make_worker(queue, concurrency=4)):
         await asyncio.wait_for(started.wait(), 5)
         # Running: the key was freed at the start, so the same call is accepted again.
-        second = await eventually(lambda: starting.enqueue(1), lambda h: not h.duplicate, 5)
+        second = await eventually(lambda: starting.enqueue(1), lambda h: not h.duplicate, 30.0)
         assert second.id != first.id
         release.set()
         assert await first.result(timeout=5) == 1
@@ -148,7 +148,7 @@ async def test_a_failed_task_frees_its_key(queue: Queue) -> None:
     async with running(make_worker(queue, concurrency=2)):
         with pytest.raises(Exception, match="boom"):
             await first.result(timeout=5)
-        again = await eventually(lambda: fails.enqueue(), lambda h: not h.duplicate, 5)
+        again = await eventually(lambda: fails.enqueue(), lambda h: not h.duplicate, 30.0)
         assert again.id != first.id
 
 

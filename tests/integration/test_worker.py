@@ -394,7 +394,7 @@ async def test_result_readable_until_ttl_then_gone(
         key = "{" + namespace + "}:t:" + h.id
         ttl = await raw_redis.ttl(key)
         assert 0 <= ttl <= 1 or await raw_redis.exists(key) == 0
-        await eventually(lambda: raw_redis.exists(key), lambda n: n == 0, timeout=5)
+        await eventually(lambda: raw_redis.exists(key), lambda n: n == 0, timeout=30.0)
         assert await queue.inspect(h.id) is None
         with pytest.raises(ResultTimeout):
             await h.result(timeout=0.2)
@@ -466,13 +466,14 @@ async def test_delayed_tasks_never_start_early(queue: Queue) -> None:
 
     async with running(make_worker(queue, concurrency=4)):
         t0 = time.time()
-        due = {"delay": t0 + 0.5, "eta": t0 + 0.8, "eta_float": t0 + 0.6}
+        # Due 2 s and more ahead: still scheduled when stats() runs, even on a busy machine.
+        due = {"delay": t0 + 2.0, "eta": t0 + 2.3, "eta_float": t0 + 2.1}
         handles = [
-            await when.options(delay=0.5).enqueue("delay"),
-            await when.options(eta=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=0.8)).enqueue(
+            await when.options(delay=2.0).enqueue("delay"),
+            await when.options(eta=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2.3)).enqueue(
                 "eta"
             ),
-            await when.options(eta=t0 + 0.6).enqueue("eta_float"),
+            await when.options(eta=t0 + 2.1).enqueue("eta_float"),
             await when.enqueue("now"),
         ]
         assert (await queue.stats([queue.name]))["scheduled"] >= 2
@@ -480,5 +481,5 @@ async def test_delayed_tasks_never_start_early(queue: Queue) -> None:
     assert results == ["delay", "eta", "eta_float", "now"]
     for label, at in due.items():
         assert started[label] >= at - 0.001, label
-        assert started[label] < at + 3.0, label
+        assert started[label] < at + 10.0, label  # generous: a busy machine
     assert started["now"] < due["delay"]

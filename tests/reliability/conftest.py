@@ -339,7 +339,7 @@ class PrivateRedis:
             except (redis.RedisError, OSError):
                 return False
 
-        wait_until(answers, 10.0, f"private redis-server on port {self.port}")
+        wait_until(answers, 30.0, f"private redis-server on port {self.port}")
 
     def shutdown(self) -> None:
         """SHUTDOWN the server (flushing its AOF) and wait for the process to exit."""

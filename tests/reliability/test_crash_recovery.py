@@ -39,7 +39,7 @@ def test_sigkilled_workers_lose_no_task(harness: Harness) -> None:
     while kills < 4 and not harness.all_final(labels):
         victim = rng.choice(workers)
         try:
-            running = wait_until(lambda v=victim: harness.in_flight(v.pid), 5.0, "a busy victim")
+            running = wait_until(lambda v=victim: harness.in_flight(v.pid), 30.0, "a busy victim")
         except AssertionError:
             break  # the backlog drained first
         assert victim.kill() == -signal.SIGKILL
@@ -59,7 +59,7 @@ def test_sigkilled_workers_lose_no_task(harness: Harness) -> None:
     for label in interrupted:
         # Killed mid-run, so its body started again on another worker and finished there.
         assert runs[label] >= 2, (label, runs[label])
-    wait_until(lambda: _stream_counts(harness) == (0, 0), 5.0, "an empty stream")
+    wait_until(lambda: _stream_counts(harness) == (0, 0), 30.0, "an empty stream")
     for w in workers:
         assert w.alive()
 
@@ -70,8 +70,8 @@ def test_busy_survivor_recovers_within_visibility_timeout(harness: Harness) -> N
     runs them once its slot frees."""
     queue = harness.queue(vt=VT)
     survivor = harness.spawn(concurrency=1, vt=VT)
-    harness.enqueue(queue, BLOCKING, [("busy", 4.5)])
-    wait_until(lambda: harness.pids().get("busy") == survivor.pid, 5.0, "survivor busy")
+    harness.enqueue(queue, BLOCKING, [("busy", 10.0)])
+    wait_until(lambda: harness.pids().get("busy") == survivor.pid, 30.0, "survivor busy")
 
     victim = harness.spawn(concurrency=4, vt=VT)
     abandoned = ["a0", "a1", "a2"]
@@ -86,12 +86,14 @@ def test_busy_survivor_recovers_within_visibility_timeout(harness: Harness) -> N
         entries = harness.redis.xrange(harness.key("s:default"))
         return sum(1 for _, fields in entries if fields.get(b"d") == b"2") == len(abandoned)
 
-    wait_until(recovered, VT + INTERVAL + 3.0, "the abandoned messages back in the stream")
+    wait_until(recovered, VT + INTERVAL + 5.0, "the abandoned messages back in the stream")
     elapsed = time.monotonic() - killed_at
-    assert elapsed <= VT + INTERVAL + 0.5, f"recovery took {elapsed:.2f} s"
+    # VT + one maintenance interval, plus generous slack for a busy machine; still well
+    # before the survivor's 10 s task ends (checked next).
+    assert elapsed <= VT + INTERVAL + 3.0, f"recovery took {elapsed:.2f} s"
     assert "busy" not in harness.done(), "the survivor was not busy during recovery"
 
-    wait_until(lambda: harness.all_final([*abandoned, "busy"]), 15.0, "survivor runs them")
+    wait_until(lambda: harness.all_final([*abandoned, "busy"]), 40.0, "survivor runs them")
     states = harness.states(abandoned)
     pids = harness.pids()
     runs = harness.runs()

@@ -17,8 +17,8 @@ CONCURRENCY = 4
 
 def test_fast_mode_never_runs_a_task_twice(harness: Harness) -> None:
     """Kill a busy fast-mode worker twice (with replacements), drain the list, stop the rest
-    gracefully: run counts are <= 1 everywhere, == 1 for recorded tasks, and the losses are
-    bounded by what the killed workers held."""
+    gracefully: run counts are <= 1 everywhere, == 1 for recorded tasks, and only the killed
+    workers lost tasks: ones they had started, and at most their free slots of popped ones."""
     queue = harness.queue(mode="fast")
     rng = random.Random(5)
     ids = [f"f{i}" for i in range(200)]
@@ -26,14 +26,16 @@ def test_fast_mode_never_runs_a_task_twice(harness: Harness) -> None:
     harness.enqueue(queue, WORK, [(i, rng.uniform(0.01, 0.06)) for i in ids])
 
     kills = 0
+    killed: set[int] = set()
     for _ in range(2):
         victim = rng.choice(workers)
         try:
-            wait_until(lambda v=victim: harness.in_flight(v.pid), 5.0, "a busy victim")
+            wait_until(lambda v=victim: harness.in_flight(v.pid), 30.0, "a busy victim")
         except AssertionError:
             break
         assert victim.kill() == -signal.SIGKILL
         kills += 1
+        killed.add(victim.pid)
         workers.remove(victim)
         workers.append(harness.spawn(mode="fast", concurrency=CONCURRENCY))
     assert kills >= 1
@@ -57,6 +59,10 @@ def test_fast_mode_never_runs_a_task_twice(harness: Harness) -> None:
     for i in waiting:
         assert i not in runs  # handed back untouched by a graceful stop
     lost = set(ids) - recorded - waiting
-    # At most the messages the killed workers had popped (their free slots at each fetch).
-    assert len(lost) <= kills * CONCURRENCY, sorted(lost)
-    assert len(recorded) >= len(ids) - kills * CONCURRENCY
+    # Only the killed workers lose tasks: those they started (running, or finished with the
+    # completion not yet flushed; a busy machine can hold several of those) ...
+    pids = harness.pids()
+    started = {i for i in lost if i in runs}
+    assert {i: pids[i] for i in started if pids[i] not in killed} == {}
+    # ... and those they had popped but not started yet (at most their free slots).
+    assert len(lost - started) <= kills * CONCURRENCY, sorted(lost - started)

@@ -23,7 +23,7 @@ def test_task_longer_than_visibility_timeout_runs_once(harness: Harness) -> None
     )
     thief = harness.spawn(concurrency=4, vt=VT)
 
-    wait_until(lambda: harness.all_final(labels), 10.0, "both long tasks to finish")
+    wait_until(lambda: harness.all_final(labels), 30.0, "both long tasks to finish")
     states = harness.states(labels)
     assert harness.runs() == {"long-async": 1, "long-thread": 1}
     for label in labels:

@@ -76,7 +76,7 @@ def test_a_killed_holders_lock_is_freed_when_its_lease_expires(
     first = spawn()
     holder = locked.enqueue_sync("r1", "holder", 30.0)
     started = obs(namespace, "started")
-    wait_until(lambda: client.lrange(started, 0, -1) == [b"holder"], 10, "holder started")
+    wait_until(lambda: client.lrange(started, 0, -1) == [b"holder"], 30.0, "holder started")
     waiter = locked.enqueue_sync("r1", "waiter", 0.05)
     time.sleep(0.3)  # the waiter is fetched, locked out, and put back on the schedule
     assert client.lrange(started, 0, -1) == [b"holder"]
@@ -86,7 +86,7 @@ def test_a_killed_holders_lock_is_freed_when_its_lease_expires(
     spawn()
     assert queue.get_result_sync(waiter.id, timeout=15) == "waiter"
     waited = time.monotonic() - killed_at
-    assert waited < VT + 5  # freed by the lease, not by anything slower
+    assert waited < 20  # freed by the lease, not by the holder's 30 s run (generous)
     if mode == "reliable":  # the killed task was recovered and ran again (briefly)
         assert queue.get_result_sync(holder.id, timeout=15) == "holder"
     order = [s.decode() for s in client.lrange(started, 0, -1)]
@@ -109,7 +109,7 @@ def test_a_unique_key_of_a_killed_run_expires_after_its_ttl(
     worker = spawn()
     first = job.enqueue_sync("u", 30.0)
     enqueued_at = time.monotonic()
-    wait_until(lambda: client.hget(obs(namespace, "runs"), "u") == b"1", 10, "task started")
+    wait_until(lambda: client.hget(obs(namespace, "runs"), "u") == b"1", 30.0, "task started")
     duplicate = job.enqueue_sync("u", 30.0)
     assert duplicate.duplicate
     assert duplicate.id == first.id

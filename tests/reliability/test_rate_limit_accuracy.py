@@ -92,7 +92,8 @@ def test_thousand_tasks_at_50_per_second_over_three_processes(
             f"{window}; processes that ran tasks: {len(pids)}"
         )
         assert len(starts) == TASKS
-        assert EXPECTED * 0.95 <= duration <= EXPECTED * 1.05, duration
+        # Never faster than the limit; the upper bound is generous (a busy machine).
+        assert EXPECTED * 0.95 <= duration <= EXPECTED * 1.25, duration
         assert window <= 100, window
         assert len(pids) >= 2, "the tasks should have been shared by the worker processes"
         # Each task ran exactly once, as its first attempt (rate limiting is not a retry).

@@ -34,7 +34,7 @@ def test_worker_survives_redis_restart(
     harness.enqueue(queue, QUIET, [(i, 0.1) for i in ids])
     worker = harness.spawn(concurrency=8, vt=VT)
 
-    wait_until(lambda: len(harness.runs()) >= 30, 10.0, "the run to get going")
+    wait_until(lambda: len(harness.runs()) >= 30, 30.0, "the run to get going")
     harness.close_client()
     private_redis.shutdown()
     down_at = time.monotonic()

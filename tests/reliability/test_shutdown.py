@@ -34,18 +34,20 @@ def test_sigterm_requeues_a_long_task_that_completes_on_the_next_worker(
     queue = harness.queue(vt=VT)
     first = harness.spawn(concurrency=2, vt=VT, shutdown_timeout=0.5)
     harness.enqueue(queue, WORK, [("long", 4.0)])
-    wait_until(lambda: harness.in_flight(first.pid) == ["long"], 5.0, "long task running")
+    wait_until(lambda: harness.in_flight(first.pid) == ["long"], 30.0, "long task running")
 
     sent = time.monotonic()
     first.signal(signal.SIGTERM)
-    assert first.wait(10.0) == 0
-    assert time.monotonic() - sent < 3.0
+    assert first.wait(30.0) == 0
+    # Did not wait for the 4 s task: the message is back as waiting and nothing recorded
+    # (checked below). The bound on the exit is generous (a busy machine).
+    assert time.monotonic() - sent < 10.0
     assert _stream_state(harness) == (1, 0), "the message was not requeued as waiting"
     assert harness.states(["long"])["long"] is None
     assert "long" not in harness.done()
 
     second = harness.spawn(concurrency=2, vt=VT)
-    wait_until(lambda: harness.all_final(["long"]), 10.0, "the requeued task to finish")
+    wait_until(lambda: harness.all_final(["long"]), 30.0, "the requeued task to finish")
     record = harness.states(["long"])["long"]
     assert record is not None
     assert record.state == TaskState.SUCCEEDED
@@ -61,7 +63,7 @@ def test_sigterm_lets_short_tasks_finish(harness: Harness) -> None:
     worker = harness.spawn(concurrency=4, vt=VT, shutdown_timeout=5.0)
     labels = ["s0", "s1", "s2"]
     harness.enqueue(queue, WORK, [(label, 0.8) for label in labels])
-    wait_until(lambda: len(harness.in_flight(worker.pid)) == 3, 5.0, "three tasks running")
+    wait_until(lambda: len(harness.in_flight(worker.pid)) == 3, 30.0, "three tasks running")
     worker.signal(signal.SIGTERM)
     assert worker.wait(10.0) == 0
     states = harness.states(labels)
@@ -82,14 +84,14 @@ def test_sigterm_during_a_blocking_thread_task(harness: Harness) -> None:
     queue = harness.queue(vt=VT)
     first = harness.spawn(concurrency=2, vt=VT, shutdown_timeout=0.5)
     harness.enqueue(queue, BLOCKING, [("block", 2.0)])
-    wait_until(lambda: harness.in_flight(first.pid) == ["block"], 5.0, "blocking task running")
+    wait_until(lambda: harness.in_flight(first.pid) == ["block"], 30.0, "blocking task running")
     first.signal(signal.SIGTERM)
     assert first.wait(10.0) == 0
     assert _stream_state(harness) == (1, 0), "the message was not requeued as waiting"
     assert harness.states(["block"])["block"] is None
 
     second = harness.spawn(concurrency=2, vt=VT)
-    wait_until(lambda: harness.all_final(["block"]), 10.0, "the requeued task to finish")
+    wait_until(lambda: harness.all_final(["block"]), 30.0, "the requeued task to finish")
     record = harness.states(["block"])["block"]
     assert record is not None
     assert record.state == TaskState.SUCCEEDED
@@ -104,5 +106,5 @@ def test_sigterm_while_idle_exits_promptly(harness: Harness) -> None:
     worker = harness.spawn(concurrency=4, vt=VT)
     sent = time.monotonic()
     worker.signal(signal.SIGTERM)
-    assert worker.wait(10.0) == 0
-    assert time.monotonic() - sent < 3.0
+    assert worker.wait(30.0) == 0
+    assert time.monotonic() - sent < 10.0  # generous: prompt, not after some long timeout

@@ -237,7 +237,7 @@ def test_workers_share_the_work_and_stop_on_sigterm(
     sup.proc.send_signal(signal.SIGTERM)
     assert sup.proc.wait(15) == 0, sup.output()
     for pid in [*workers, guard]:
-        wait_until(lambda pid=pid: not alive(pid), 5, f"pid {pid} gone")
+        wait_until(lambda pid=pid: not alive(pid), 30.0, f"pid {pid} gone")
     # A graceful stop unregisters every worker.
     assert registered_pids(client, namespace).isdisjoint(workers)
 
@@ -262,7 +262,7 @@ def test_killed_worker_is_restarted_and_its_pool_child_dies(
     assert os.getpgid(pool) == victim
 
     os.kill(victim, signal.SIGKILL)
-    wait_until(lambda: not alive(pool), 5, "the killed worker's pool process to die")
+    wait_until(lambda: not alive(pool), 30.0, "the killed worker's pool process to die")
 
     def replaced() -> list[int] | None:
         pids = sup.workers()
@@ -295,7 +295,7 @@ def test_sigkilled_supervisor_leaves_no_process(
     sup.proc.kill()
     sup.proc.wait(5)
     for pid in [*workers, pool, guard]:
-        wait_until(lambda pid=pid: not alive(pid), 5, f"pid {pid} ({cmdline(pid)!r}) gone")
+        wait_until(lambda pid=pid: not alive(pid), 30.0, f"pid {pid} ({cmdline(pid)!r}) gone")
 
 
 def test_usage_error_is_not_restarted(
@@ -358,7 +358,7 @@ def test_sigkilled_single_worker_takes_its_pool_child_along(
         pool = pool_pid(marker)
         worker.kill()
         worker.wait(5)
-        wait_until(lambda: not alive(pool), 5, "the pool process to die with its worker")
+        wait_until(lambda: not alive(pool), 30.0, "the pool process to die with its worker")
     finally:
         if worker.poll() is None:
             worker.kill()

@@ -91,7 +91,7 @@ async def test_fetch_times_out_empty() -> None:
     start = time.monotonic()
     assert await broker.fetch("q", 1, 0) == []
     assert await broker.fetch("q", 1, 0.1) == []
-    assert 0.09 <= time.monotonic() - start < 1.0
+    assert 0.09 <= time.monotonic() - start < 5.0  # generous upper bound: a busy machine
     assert not broker._fetchers  # the timed-out waiter was removed
 
 
