@@ -226,9 +226,20 @@ def test_started_from_a_short_lived_thread_outlives_it(
         "thread_gone = not os.path.exists(f'/proc/self/task/{tid}')\n"
         "with redis.Redis.from_url(url) as c:\n"
         "    answers = c.ping()\n"
-        "report(thread_gone=thread_gone, answers=answers, pid=server_pid(url))\n"
+        "pid = server_pid(url)\n"
+        "def keepers():\n"
+        "    return [t for t in threading.enumerate() if t.name == 'blitzq-ephemeral-keeper']\n"
+        "kept = len(keepers())\n"
+        "ephemeral.stop_server()\n"
+        "while keepers() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "report(thread_gone=thread_gone, answers=answers, pid=pid, kept=kept,\n"
+        "       released=not keepers())\n"
     )
-    assert found == {"thread_gone": True, "answers": True, "pid": found["pid"]}
+    assert found["thread_gone"] is True
+    assert found["answers"] is True  # the server outlived the thread that first used it
+    assert found["kept"] == 1  # a keeper thread started it ...
+    assert found["released"] is True  # ... and ended once the server was stopped
     assert _wait_gone(found["pid"])
 
 

@@ -12,7 +12,7 @@ The server
 - dies with its process however that process ends: on Linux the kernel SIGKILLs it when its
   parent dies (``PR_SET_PDEATHSIG``, as the supervisor does for its workers). That signal follows
   the *thread* that started the server, so a server first asked for outside the main thread is
-  started from a daemon thread that stays parked until the process exits. A directory left by
+  started from a daemon thread that waits until the server is stopped. A directory left by
   a killed process is removed by the next start of a server in the same temporary directory.
   On other systems a SIGKILLed process leaves its server running.
 
@@ -61,6 +61,7 @@ class _Server:
     proc: subprocess.Popen[bytes]
     directory: Path
     url: str
+    released: threading.Event  # set once the server is gone: its keeper thread may end
 
     def alive(self) -> bool:
         if self.owner == os.getpid():
@@ -152,11 +153,13 @@ def _sweep(base: Path) -> None:
                     shutil.rmtree(entry.path, ignore_errors=True)
 
 
-def _on_lasting_thread(start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
-    """Run ``start`` on a thread that lives as long as the process: PR_SET_PDEATHSIG fires
+def _on_lasting_thread(
+    start: Callable[[], subprocess.Popen[bytes]], released: threading.Event
+) -> subprocess.Popen[bytes]:
+    """Run ``start`` on a thread that lives as long as the server: PR_SET_PDEATHSIG fires
     when the creating *thread* exits, so a server started by a short-lived thread (a portal,
     ``asyncio.to_thread``) would die with it. The main thread qualifies; otherwise a daemon
-    thread starts it and then stays parked (it never wakes up)."""
+    thread starts the server and then waits for ``released`` (set once the server is gone)."""
     if threading.current_thread() is threading.main_thread():
         return start()
     done = threading.Event()
@@ -167,8 +170,10 @@ def _on_lasting_thread(start: Callable[[], subprocess.Popen[bytes]]) -> subproce
             box.append(start())
         except BaseException as exc:  # re-raised in the calling thread
             box.append(exc)
+            done.set()
+            return
         done.set()
-        threading.Event().wait()  # parked until the process exits
+        released.wait()  # at the latest, until the process exits
 
     threading.Thread(target=keeper, name="blitzq-ephemeral-keeper", daemon=True).start()
     done.wait()
@@ -188,14 +193,15 @@ def _start(timeout: float) -> _Server:
         *("--dir", str(directory), "--save", "", "--appendonly", "no"),
         *("--daemonize", "no", "--loglevel", "warning"),
     ]
+    released = threading.Event()
     try:
         proc = _on_lasting_thread(
-            lambda: spawn(binary, args, cwd=directory, log=log, die_with_parent=True)
+            lambda: spawn(binary, args, cwd=directory, log=log, die_with_parent=True), released
         )
     except OSError as exc:
         shutil.rmtree(directory, ignore_errors=True)
         raise BrokerError(f"cannot start the ephemeral Valkey server {binary}: {exc}") from exc
-    server = _Server(os.getpid(), proc, directory, socket_url(sock))
+    server = _Server(os.getpid(), proc, directory, socket_url(sock), released)
     deadline = time.monotonic() + timeout
     while (state := ping(sock)) != "ok":
         if proc.poll() is not None or time.monotonic() >= deadline:
@@ -221,6 +227,7 @@ def _stop(server: _Server, timeout: float) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    server.released.set()
     shutil.rmtree(server.directory, ignore_errors=True)
 
 
