@@ -361,3 +361,28 @@ def test_a_failed_start_reports_the_log(
     )
     assert "something is broken" in found["error"]
     assert _dirs(base) == []  # its directory is removed
+
+
+def test_a_server_that_died_is_replaced_by_a_new_empty_one(
+    run_script: Callable[[str], tuple[dict[str, Any], Any]],
+    tmpdir_env: tuple[Path, dict[str, str]],
+) -> None:
+    base, _ = tmpdir_env
+    found, done = run_script(
+        "import signal\n"
+        "first = ephemeral.ensure_server()\n"
+        "with redis.Redis.from_url(first) as c:\n"
+        "    c.set('k', 'v')\n"
+        "os.kill(server_pid(first), signal.SIGKILL)\n"
+        "deadline = time.monotonic() + 30\n"
+        "while ephemeral._server.alive() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "url = ephemeral.ensure_server()\n"
+        "with redis.Redis.from_url(url) as c:\n"
+        "    keys = c.dbsize()\n"
+        "report(fresh=url != first, keys=keys,\n"
+        "       old_dir=os.path.exists(os.path.dirname(first[len('unix://'):])))\n"
+    )
+    assert found == {"fresh": True, "keys": 0, "old_dir": False}
+    assert "has exited; starting a new, empty one" in done.stderr
+    assert _dirs(base) == []
