@@ -35,6 +35,9 @@ R = TypeVar("R")
 #: Dead letters kept per namespace before the oldest are dropped.
 DEFAULT_DEAD_LETTER_CAP = 100_000
 
+#: Prefix of a message on the event channel -> the kind ``events()`` yields.
+_EVENT_KINDS = {"r": "revoke", "s": "schedule"}
+
 
 def translate_errors(
     fn: Callable[P, Coroutine[Any, Any, R]],
@@ -241,7 +244,7 @@ class RedisBroker(RedisControl, Broker):
         rows = await self.client.zrangebyscore(
             self.keys.revoked, time.time(), "+inf", withscores=True
         )
-        return {member.decode(): float(score) for member, score in rows}
+        return {member.decode(errors="replace"): float(score) for member, score in rows}
 
     async def events(self) -> AsyncIterator[tuple[str, str]]:
         """Messages of the namespace's event channel, on a pub/sub connection of their own."""
@@ -254,9 +257,11 @@ class RedisBroker(RedisControl, Broker):
                     if message is None or message.get("type") != "message":
                         continue
                     data = message["data"]
-                    text = data.decode() if isinstance(data, bytes) else str(data)
+                    # Anyone may publish here: never fail on a payload (the listener
+                    # checks the values).
+                    text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
                     kind, _, value = text.partition(":")
-                    yield ("revoke" if kind == "r" else "schedule"), value
+                    yield _EVENT_KINDS.get(kind, "unknown"), value
             except (RedisError, OSError) as exc:
                 raise BrokerError(f"{type(exc).__name__}: {exc}") from exc
         finally:
