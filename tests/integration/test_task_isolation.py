@@ -321,6 +321,11 @@ async def test_a_context_variable_set_by_a_task_is_not_seen_by_the_next(
     else:
         task = queue.task(name="iso.ctx", executor="thread")(odd_tasks.see_and_set)
 
+    @queue.task(name="iso.polluter")
+    async def polluter() -> None:
+        VAR.set("set by a task before its first await")  # ran inline in the fetch loop
+        await asyncio.sleep(0)
+
     @queue.task(name="iso.async_reader")
     async def async_reader() -> str:
         return VAR.get()
@@ -330,6 +335,7 @@ async def test_a_context_variable_set_by_a_task_is_not_seen_by_the_next(
         return VAR.get()
 
     async with running(make_worker(queue, concurrency=1)):
+        await (await polluter.enqueue()).result(timeout=WAIT)
         seen = [await (await task.enqueue(f"t{i}")).result(timeout=WAIT) for i in range(30)]
         # Tasks of the other executors do not see it either.
         assert await (await async_reader.enqueue()).result(timeout=WAIT) == "default"
