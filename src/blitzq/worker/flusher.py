@@ -69,11 +69,17 @@ class Flusher:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
+            except Exception as exc:  # a completion that cannot even be sent (a bug)
+                logger.exception("completion batch of %d could not be sent", len(batch))
+                await self._isolate(batch, BrokerError(f"{type(exc).__name__}: {exc}", False))
+                del self._pending[: len(batch)]
+                continue
             delay = 0.05
             del self._pending[: len(batch)]
 
     async def _isolate(self, batch: list[Completion], error: BrokerError) -> None:
-        """A batch the server refused: apply its completions one by one, drop the bad ones.
+        """A batch the server refused (or that could not be sent): apply its completions one
+        by one, drop the bad ones.
 
         A dropped completion's delivery is not acknowledged, so in reliable mode the message
         is delivered again (and dead-lettered after ``max_deliveries``); nothing else waits.
@@ -87,6 +93,8 @@ class Flusher:
                     self._pending.append(completion)
                 else:
                     logger.error("dropped the completion of task %s: %s", completion.task_id, exc)
+            except Exception:
+                logger.exception("dropped the completion of task %s", completion.task_id)
 
     async def flush(self) -> None:
         """Return once everything queued so far is written."""
