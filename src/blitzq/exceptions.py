@@ -19,6 +19,8 @@ recover narrowly::
 
 from __future__ import annotations
 
+import math
+
 
 class BlitzQError(Exception):
     """Root of every error raised by blitzq."""
@@ -131,12 +133,17 @@ class Retry(Exception):
     Args:
         delay: seconds to wait before the next attempt; ``None`` uses the retry policy's backoff.
         reason: a short text recorded with the attempt.
+
+    Raises:
+        ConfigurationError: ``delay`` is negative, NaN or infinite.
     """
 
     def __init__(self, delay: float | None = None, reason: str | None = None) -> None:
         super().__init__(reason or "retry requested")
-        if delay is not None and delay < 0:
-            raise ConfigurationError(f"Retry delay must be >= 0 seconds, got {delay!r}")
+        if delay is not None and not (0 <= delay < math.inf):  # NaN fails both
+            raise ConfigurationError(
+                f"Retry delay must be a finite number >= 0 seconds, got {delay!r}"
+            )
         self.delay = delay
         self.reason = reason
 
