@@ -426,3 +426,17 @@ async def test_what_before_execute_sets_reaches_only_its_own_task(
     # After-hooks see the run's context as the task left it.
     assert middleware.after == ["set by the task"] * 5
     await queue.close()
+
+
+async def test_a_pool_process_that_dies_fails_its_run_and_the_next_calls_get_a_new_pool(
+    queue: Queue,
+) -> None:
+    crash = queue.task(name="iso.crash", executor="process", retries=0)(odd_tasks.exit_process)
+    slow = queue.task(name="iso.slow", executor="process", retries=0)(odd_tasks.sleep_then)
+    async with running(make_worker(queue, concurrency=2, process_pool_size=1)):
+        assert await (await slow.enqueue(0.0, 1)).result(timeout=WAIT) == 1
+        failure = await failure_of(await crash.enqueue(9))
+        assert failure.error_type == "concurrent.futures.process.BrokenProcessPool"
+        # Not stuck with a broken pool: the next process tasks run in a new one.
+        for value in (2, 3):
+            assert await (await slow.enqueue(0.0, value)).result(timeout=WAIT) == value

@@ -236,7 +236,23 @@ class Runner:
             handle: asyncio.Future[Any] = started
         elif not self._arguments_fit(job, slots):
             return
-        elif executor == "thread":
+        else:
+            try:
+                handle = self._submit(job, scope)
+            except Exception as exc:  # the pool refused the call: a failed attempt
+                self.finish(job, None, exc)
+                slots.release()
+                return
+        job.handle = handle
+        self.jobs.add(job)
+        if env.timeout or task.timeout or task.controls.soft_timeout:
+            start_timers(self, job)  # hard and soft timeouts (worker/timeouts.py)
+        handle.add_done_callback(functools.partial(self.on_done, job, slots))
+
+    def _submit(self, job: Job, scope: contextvars.Context) -> asyncio.Future[Any]:
+        """Hand a sync task's call to the thread pool (run in ``scope``) or the process pool."""
+        env, task = job.envelope, job.task
+        if task.executor == "thread":
             if self._threads is None:
                 self._threads = concurrent.futures.ThreadPoolExecutor(
                     self.worker.thread_pool_size, thread_name_prefix="blitzq-task"
@@ -244,16 +260,10 @@ class Runner:
             call = functools.partial(task.fn, *env.args, **env.kwargs)
             if task.controls.soft_timeout:
                 call = interruptible(job, call)
-            handle = asyncio.get_running_loop().run_in_executor(self._threads, scope.run, call)
-        else:
-            if self._processes is None:
-                self._processes = ProcessPool(self.worker.process_pool_size)
-            handle = self._processes.submit(task.fn, env.args, env.kwargs)
-        job.handle = handle
-        self.jobs.add(job)
-        if env.timeout or task.timeout or task.controls.soft_timeout:
-            start_timers(self, job)  # hard and soft timeouts (worker/timeouts.py)
-        handle.add_done_callback(functools.partial(self.on_done, job, slots))
+            return asyncio.get_running_loop().run_in_executor(self._threads, scope.run, call)
+        if self._processes is None:
+            self._processes = ProcessPool(self.worker.process_pool_size)
+        return self._processes.submit(task.fn, env.args, env.kwargs)
 
     def _arguments_fit(self, job: Job, slots: Slots) -> bool:
         """Check a sync task's arguments against its signature before using a thread or
