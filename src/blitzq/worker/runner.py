@@ -45,6 +45,12 @@ _NO_BUCKETS: list[tuple[str, float, float]] = []
 _RATE_SLACK = 0.002
 
 
+def _enter(context: TaskContext, fn: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """Inside a run's own context: make ``context`` the current task and call ``fn``."""
+    set_current(context)
+    return fn(*args, **kwargs)
+
+
 class Runner:
     """Starts deliveries and commits their outcomes for one worker.
 
@@ -219,10 +225,9 @@ class Runner:
         scope = job.scope
         if scope is None:  # else made by the middleware hooks
             scope = job.scope = self.base_context.copy()
-        scope.run(set_current, context)
         if executor == "async":
             try:
-                coro = scope.run(task.fn, *env.args, **env.kwargs)
+                coro = scope.run(_enter, context, task.fn, env.args, env.kwargs)
             except BaseException as exc:
                 # A TypeError here is a call that does not fit the signature: no retry.
                 self.finish(job, None, exc, retry=not isinstance(exc, TypeError))
@@ -237,6 +242,7 @@ class Runner:
         elif not self._arguments_fit(job, slots):
             return
         else:
+            scope.run(set_current, context)
             try:
                 handle = self._submit(job, scope)
             except Exception as exc:  # the pool refused the call: a failed attempt
