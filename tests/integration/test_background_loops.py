@@ -33,7 +33,7 @@ def mode(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 async def queue(make_queue: Callable[..., Queue], mode: str) -> Any:
     """A Queue named ``bg`` in ``mode``, closed after the test."""
-    q = make_queue(name="bg", mode=mode)
+    q = make_queue(name="bg", mode=mode, visibility_timeout=1.5)  # maintenance every 0.5 s
     yield q
     await q.close()
 

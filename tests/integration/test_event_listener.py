@@ -104,9 +104,12 @@ async def test_malformed_pushes_do_not_stop_the_listener(
 
 
 async def test_a_lost_cancel_push_is_caught_up_by_the_resynchronisation(
-    queue: Queue, raw_redis: Any, monkeypatch: pytest.MonkeyPatch
+    make_queue: Callable[..., Queue], mode: str, raw_redis: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The resynchronisation runs in the maintenance loop: every max(REVOCATION_SYNC,
+    # visibility_timeout / 3) seconds; both made short here.
     monkeypatch.setattr(maintenance, "REVOCATION_SYNC", 0.3)
+    queue = make_queue(name="ev", mode=mode, visibility_timeout=1.5)
     started = asyncio.Event()
 
     @queue.task(name="ev.sleepy")
@@ -123,3 +126,4 @@ async def test_a_lost_cancel_push_is_caught_up_by_the_resynchronisation(
         await raw_redis.zadd(revoked, {handle.id: time.time() + 3600})
         with pytest.raises(TaskCancelled):
             await handle.result(timeout=30)
+    await queue.close()
