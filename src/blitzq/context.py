@@ -4,6 +4,10 @@ The worker sets a :class:`TaskContext` in a context variable before it calls the
 async and thread tasks (and code they call) can read it; tasks enqueued from inside a task
 inherit its correlation id and headers. Process-pool tasks run in another interpreter and see
 ``None``.
+
+Each run has a :class:`contextvars.Context` of its own, a fresh copy of the worker's base
+context (see :mod:`blitzq.worker.executors`): the current task, and any context variable the
+task sets, are never seen by another task or by the worker.
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ recover narrowly::
 
 from __future__ import annotations
 
+import math
+
 
 class BlitzQError(Exception):
     """Root of every error raised by blitzq."""
@@ -178,27 +180,62 @@ class Retry(Exception):
     Args:
         delay: seconds to wait before the next attempt; ``None`` uses the retry policy's backoff.
         reason: a short text recorded with the attempt.
+
+    Raises:
+        ConfigurationError: ``delay`` is negative, NaN or infinite.
     """
 
     def __init__(self, delay: float | None = None, reason: str | None = None) -> None:
         super().__init__(reason or "retry requested")
-        if delay is not None and delay < 0:
-            raise ConfigurationError(f"Retry delay must be >= 0 seconds, got {delay!r}")
+        if delay is not None and not (0 <= delay < math.inf):  # NaN fails both
+            raise ConfigurationError(
+                f"Retry delay must be a finite number >= 0 seconds, got {delay!r}"
+            )
         self.delay = delay
         self.reason = reason
 
 
+#: Most characters of an error message kept in a task record (the rest is cut, with a note).
+MAX_ERROR_CHARS = 8000
+
+
 def describe_error(exc: BaseException) -> tuple[str, str]:
-    """Return ``(qualified type name, message)`` for an exception, as stored in records."""
+    """Return ``(qualified type name, message)`` for an exception, as stored in records.
+
+    Never raises, whatever the exception does: a ``__str__`` that raises gives
+    ``"<unprintable ValueError>"`` (the type's name), and a message longer than
+    :data:`MAX_ERROR_CHARS` characters is cut to that many, with a note of its full length.
+
+    Args:
+        exc: any exception (``BaseException`` subclasses included).
+
+    Returns:
+        ``(name, message)``: ``name`` is ``qualname`` for builtins and ``__main__``, else
+        ``module.qualname``.
+    """
     cls = type(exc)
-    module = cls.__module__
-    name = (
-        cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
-    )
-    return name, str(exc)
+    try:
+        module = cls.__module__
+        qualname = cls.__qualname__
+        name = qualname if module in ("builtins", "__main__") else f"{module}.{qualname}"
+        if not isinstance(name, str):
+            raise TypeError(name)
+    except BaseException:
+        name = object.__repr__(cls)
+    try:
+        message = str(exc)
+        if type(message) is not str:  # a str subclass whose methods may misbehave
+            message = str.__str__(message)
+    except BaseException:
+        short = getattr(cls, "__name__", None)
+        return name, f"<unprintable {short if isinstance(short, str) else name}>"
+    if len(message) > MAX_ERROR_CHARS:
+        message = f"{message[:MAX_ERROR_CHARS]}... ({len(message)} characters in all)"
+    return name, message
 
 
 __all__ = [
+    "MAX_ERROR_CHARS",
     "BlitzQError",
     "BrokerError",
     "ConfigurationError",

@@ -54,13 +54,14 @@ per run.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .context import TaskContext, reset_current, set_current
-from .exceptions import BlitzQError, TaskCancelled, TaskFailed, TaskTimeout
+from .exceptions import BlitzQError, TaskCancelled, TaskFailed, TaskTimeout, describe_error
 from .serialization import encode_envelope, loads
 from .signals import Handler, Signal, SignalEvent, Signals
 
@@ -259,7 +260,11 @@ class QueueHooks:
             self._started(runner, job)
             runner.run(job, slots, True)
             return
-        pending = asyncio.get_running_loop().create_task(self._before(runner, job, slots))
+        # The hooks run in a fresh copy of the worker's base context; what they set there
+        # (a trace context, ...) is what the task body starts with.
+        pending = asyncio.get_running_loop().create_task(
+            self._before(runner, job, slots), context=runner.base_context.copy()
+        )
         runner.hold_start(pending, job.delivery)
 
     async def _before(self, runner: Runner, job: Job, slots: Slots) -> None:
@@ -269,18 +274,23 @@ class QueueHooks:
         try:
             for hook in self._hooks["before_execute"]:
                 await _call(hook, context)
-        except Exception as exc:
+        except asyncio.CancelledError:
+            slots.release()  # cancelled at shutdown: the worker hands the message back
+            raise
+        except BaseException as exc:  # SystemExit too: it fails the attempt, not the worker
             reset_current(token)
-            logger.info("before_execute of %s refused task %s: %r", _owner(hook), context.id, exc)
+            logger.info(
+                "before_execute of %s refused task %s: %s: %s",
+                _owner(hook), context.id, *describe_error(exc),
+            )  # fmt: skip
             try:
                 runner.finish(job, None, exc)
             finally:
                 slots.release()
             return
-        except BaseException:
-            slots.release()  # cancelled at shutdown: the worker requeues the message
-            raise
         reset_current(token)
+        # A copy: this task's own context stays entered until it returns.
+        job.scope = contextvars.copy_context()
         if runner.revoked and job.envelope.id in runner.revoked:
             runner._skip_cancelled(job, slots)
             return
@@ -315,8 +325,11 @@ class QueueHooks:
         kind, delay = _classify(job, completion, error)
         if kind is None:
             return
+        # After-hooks see the run's context as the task left it (a copy: a thread task
+        # abandoned after its timeout may still be inside it).
+        scope = job.scope.copy() if job.scope is not None else runner.base_context.copy()
         task = asyncio.get_running_loop().create_task(
-            self._after(runner, job, completion, error, kind, delay)
+            self._after(runner, job, completion, error, kind, delay), context=scope
         )
         self.signals.track(task)
 
@@ -349,8 +362,6 @@ class QueueHooks:
         elif kind == "requeued":
             error = asyncio.CancelledError("the worker stopped; the task was put back on its queue")
         if error is not None and error_type is None and kind != "requeued":
-            from .exceptions import describe_error
-
             error_type, message = describe_error(error)
         result = getattr(job, "result", None)
         if result is NO_RESULT:
@@ -392,7 +403,9 @@ class QueueHooks:
         for hook in self._hooks[name]:
             try:
                 await _call(hook, *args)
-            except Exception:
+            except asyncio.CancelledError:
+                raise
+            except BaseException:  # SystemExit too: logged, the worker goes on
                 logger.exception("middleware %s.%s failed", _owner(hook), name)
 
 

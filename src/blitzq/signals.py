@@ -146,15 +146,18 @@ class Signals:
     async def emit(self, signal: Signal, event: SignalEvent) -> None:
         """Call every handler of ``signal`` with ``event``, in registration order.
 
-        Coroutine handlers are awaited. A handler that raises is logged and skipped; this
-        method never raises because of a handler (cancellation excepted).
+        Coroutine handlers are awaited. A handler that raises (anything, ``SystemExit``
+        included) is logged and skipped; this method never raises because of a handler
+        (cancellation excepted).
         """
         for handler in tuple(self._handlers.get(signal, ())):
             try:
                 outcome = handler(event)
                 if inspect.isawaitable(outcome):
                     await outcome
-            except Exception:
+            except asyncio.CancelledError:
+                raise
+            except BaseException:  # SystemExit too: logged, the emitter goes on
                 logger.exception("signal handler %s for %s failed", _name(handler), signal.value)
 
     def emit_soon(self, signal: Signal, event: SignalEvent) -> None:

@@ -164,3 +164,7 @@ def test_retry_exception_validates_its_delay() -> None:
     assert str(Retry(reason="busy")) == "busy"
     with pytest.raises(ConfigurationError):
         Retry(delay=-1)
+    # A NaN or infinite delay would put the retry on the schedule at a time never reached.
+    for delay in (float("nan"), float("inf"), float("-inf")):
+        with pytest.raises(ConfigurationError):
+            Retry(delay=delay)

@@ -338,7 +338,8 @@ class Broker(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not support cancellation")
 
     def events(self) -> AsyncIterator[tuple[str, str]]:
-        """Push notifications for workers: ``("revoke", task_id)`` and ``("schedule", eta)``.
+        """Push notifications for workers: ``("revoke", task_id)`` and ``("schedule", eta)``
+        (``("unknown", text)`` for anything else published there).
 
         The iterator ends (or raises BrokerError) when the connection is lost; callers
         resubscribe and resynchronise.

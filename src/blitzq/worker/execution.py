@@ -7,6 +7,7 @@ dead letter).
 
 from __future__ import annotations
 
+import contextvars
 import time
 import traceback as tb
 from typing import Any
@@ -23,6 +24,30 @@ from ..task import Task
 #: :attr:`Job.result` of a job that has not returned a value.
 NO_RESULT: Any = object()
 
+#: Most characters of a formatted traceback kept in a record (its end is kept), and of any
+#: one part of it (a frame, an exception's message line).
+MAX_TRACEBACK_CHARS = 8000
+_MAX_TRACEBACK_PART = 2000
+
+
+def format_traceback(exc: BaseException) -> str:
+    """The formatted traceback of ``exc`` (chained exceptions included), as stored in records.
+
+    Never raises (an exception whose ``__str__`` or ``__repr__`` raises is described by the
+    standard library's placeholders); each part is cut to 2000 characters and the whole to
+    its last :data:`MAX_TRACEBACK_CHARS` characters, so a huge message cannot crowd out the
+    frames.
+    """
+    try:
+        parts = tb.TracebackException(type(exc), exc, exc.__traceback__).format()
+        text = "".join(
+            part if len(part) <= _MAX_TRACEBACK_PART else part[:_MAX_TRACEBACK_PART] + "...\n"
+            for part in parts
+        )
+    except BaseException as failed:  # describing an error must never raise
+        return f"<traceback unavailable: {type(failed).__name__}>"
+    return text[-MAX_TRACEBACK_CHARS:]
+
 
 class Job:
     """One delivery being run.
@@ -37,6 +62,8 @@ class Job:
         timed_out: the run passed its timeout.
         finished: a completion was already produced for this delivery.
         result: the return value of a successful run, else :data:`NO_RESULT`.
+        scope: the run's own :class:`contextvars.Context` (a copy of the worker's base
+            context, with the before-execute middleware's changes), once it started.
     """
 
     __slots__ = (
@@ -47,6 +74,7 @@ class Job:
         "finished",
         "handle",
         "result",
+        "scope",
         "started_at",
         "task",
         "timed_out",
@@ -64,6 +92,7 @@ class Job:
         self.timed_out = False
         self.finished = False
         self.context: TaskContext | None = None
+        self.scope: contextvars.Context | None = None
         #: The return value once the run succeeded (finishers read it), else NO_RESULT.
         self.result: Any = NO_RESULT
 
@@ -151,7 +180,7 @@ class Outcomes:
         policy = task.retry_policy
         if isinstance(exc, Retry):
             cause: BaseException = exc.__cause__ or exc.__context__ or exc
-            wants_retry = True
+            wants_retry = retry
         else:
             cause = exc
             wants_retry = retry and policy.should_retry(exc)
@@ -178,7 +207,7 @@ class Outcomes:
             )
         error_type, message = describe_error(cause)
         message = clip_text(message)
-        trace = "".join(tb.format_exception(type(cause), cause, cause.__traceback__))
+        trace = format_traceback(cause)
         if task.dead_letter:
             state, dead = (
                 "dead_lettered",
@@ -188,9 +217,7 @@ class Outcomes:
             )
         else:
             state, dead = "failed", None
-        record = self._record(
-            job, state, error_type=error_type, error=message, traceback=trace[-8000:]
-        )
+        record = self._record(job, state, error_type=error_type, error=message, traceback=trace)
         return Completion(d.queue, d.token, env.id, record, self.result_ttl, dead_letter=dead)
 
     def timeout(self, job: Job, seconds: float) -> Completion:

@@ -126,6 +126,11 @@ class Flusher:
                 del self._pending[: len(batch)]
                 await self._isolate(batch, exc)
                 continue
+            except Exception as exc:  # a completion that cannot even be sent (a bug)
+                logger.exception("completion batch of %d could not be sent", len(batch))
+                del self._pending[: len(batch)]
+                await self._isolate(batch, _unsendable(exc))
+                continue
             delay = 0.05
             del self._pending[: len(batch)]
             if stale:
@@ -158,7 +163,8 @@ class Flusher:
         return True
 
     async def _isolate(self, batch: list[Completion], error: BrokerError) -> None:
-        """A batch the server refused: write it in parts, find the refused completions.
+        """A batch the server refused (or that could not be sent): write it in parts, find
+        the refused completions.
 
         The largest completion is tried apart first (the usual culprit), then the rest is
         halved until each part commits or is one refused completion. Parts that fail
@@ -193,6 +199,8 @@ class Flusher:
             stale = await self.broker.complete(part)
         except BrokerError as exc:
             return exc
+        except Exception as exc:  # cannot even be sent (a bug): refused, never retried whole
+            return _unsendable(exc)
         if stale:
             self._report(stale)
         return None
@@ -266,3 +274,8 @@ def _replacement(completion: Completion, size: int, error: BrokerError) -> Compl
         completion.record_ttl or 86400,
         ops=ops,
     )
+
+
+def _unsendable(exc: Exception) -> BrokerError:
+    """A non-transient :class:`BrokerError` for a completion that could not be sent."""
+    return BrokerError(f"{type(exc).__name__}: {exc}", False)

@@ -7,7 +7,9 @@
   on the namespace's event channel, naming a due time on the broker's clock), so it never
   polls blindly; a 1 s ceiling covers a lost push.
 - The event listener follows cancellations as they are published and cancels running tasks
-  at once; a full resynchronisation every few seconds covers a lost push.
+  at once; a full resynchronisation every few seconds (and after each reconnection) covers a
+  lost push, cancelling running tasks it finds cancelled. A malformed push is logged and
+  skipped; any error makes the listener subscribe again.
 - Maintenance registers the worker and, in reliable mode, renews the leases of running tasks
   every ``visibility_timeout / 3`` and recovers messages abandoned by dead workers.
 """
@@ -17,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from typing import TYPE_CHECKING
 
 from ..broker.base import Broker
-from ..exceptions import BrokerError
+from ..exceptions import BrokerError, describe_error
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -36,6 +39,9 @@ PROMOTE_BATCH = 1000
 RECOVER_BATCH = 200
 #: Seconds between full re-reads of the cancelled task ids.
 REVOCATION_SYNC = 5.0
+#: Seconds the event listener waits before subscribing again after an error (doubling).
+EVENT_RETRY_MIN = 0.5
+EVENT_RETRY_MAX = 5.0
 
 
 class Maintenance:
@@ -55,12 +61,15 @@ class Maintenance:
         self.interval = max(0.05, min(vt / 3, 10.0))
         self._wake = asyncio.Event()
         self._next_wake = 0.0
+        #: Pushes on the event channel that were ignored as malformed.
+        self.malformed_events = 0
+        self._malformed_logged = -math.inf
 
     async def start(self) -> list[asyncio.Task[None]]:
         """Load the cancelled ids, then start the loops; the worker cancels them at shutdown."""
         try:
             await self._sync_revocations()
-        except BrokerError as exc:
+        except Exception as exc:  # the periodic resynchronisation tries again
             logger.warning("could not read cancelled tasks: %s", exc)
         return [
             asyncio.create_task(self._promote_loop(), name="blitzq-promoter"),
@@ -101,24 +110,61 @@ class Maintenance:
                 await asyncio.wait_for(self._wake.wait(), timeout=wait)
 
     async def _event_loop(self) -> None:
-        runner = self.worker.runner
-        ttl = self.worker.queue.result_ttl
+        """Follow the event channel for good: a malformed push is logged and skipped, any
+        error ends the subscription, which is made again (cancellations published in
+        between are caught up by a resynchronisation)."""
+        backoff = EVENT_RETRY_MIN
         while True:
             try:
                 async for kind, value in self.broker.events():
-                    if kind == "revoke":
-                        runner.revoked[value] = time.time() + ttl
-                        if runner.cancel(value):
-                            logger.info("cancelled running task %s", value)
-                    elif kind == "schedule":
-                        self.schedule_changed(float(value))
-            except BrokerError as exc:
-                logger.debug("event listener: %s", exc)
+                    self._on_event(kind, value)
+                    backoff = EVENT_RETRY_MIN
             except NotImplementedError:
                 return
-            await asyncio.sleep(0.5)
+            except BrokerError as exc:
+                logger.debug("event listener: %s", exc)
+            except Exception:  # whatever it was, the listener must go on
+                logger.exception("event listener failed; subscribing again in %.1f s", backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, EVENT_RETRY_MAX)
+            try:
+                await self._sync_revocations()
+            except Exception as exc:  # the periodic resynchronisation tries again
+                logger.debug("event listener: resynchronisation failed: %s", exc)
+
+    def _on_event(self, kind: str, value: str) -> None:
+        """Act on one push; never raises (anyone can publish on the channel)."""
+        try:
+            if kind == "revoke":
+                runner = self.worker.runner
+                runner.revoked[value] = time.time() + self.worker.queue.result_ttl
+                if runner.cancel(value):
+                    logger.info("cancelled running task %s", value)
+                return
+            if kind == "schedule":
+                eta = float(value)
+                if math.isfinite(eta):  # a NaN would never compare earlier
+                    self.schedule_changed(eta)
+                    return
+            self._malformed(kind, value, None)
+        except Exception as exc:
+            self._malformed(kind, value, exc)
+
+    def _malformed(self, kind: str, value: str, error: Exception | None) -> None:
+        """Log a push that could not be used: a WARNING at most once a minute."""
+        self.malformed_events += 1
+        now = time.monotonic()
+        if now - self._malformed_logged < 60.0:
+            return
+        self._malformed_logged = now
+        logger.warning(
+            "ignored a malformed push on the event channel (%d so far): %s %.200r%s",
+            self.malformed_events, kind, value,
+            f" ({describe_error(error)[0]}: {describe_error(error)[1][:200]})" if error else "",
+        )  # fmt: skip
 
     async def _sync_revocations(self) -> None:
+        """Re-read the cancelled ids; cancel running tasks among them (a push was lost)."""
         runner = self.worker.runner
         try:
             revoked = await self.broker.revoked()
@@ -126,6 +172,17 @@ class Maintenance:
             return
         now = time.time()
         runner.revoked = {task_id: expiry for task_id, expiry in revoked.items() if expiry > now}
+        if runner.revoked:
+            missed = {
+                job.envelope.id
+                for job in runner.jobs
+                if job.envelope.id in runner.revoked
+                and job.context is not None
+                and not job.context.cancelled
+            }
+            for task_id in missed:
+                if runner.cancel(task_id):
+                    logger.info("cancelled running task %s (resynchronised)", task_id)
 
     async def _maintain_loop(self) -> None:
         worker, broker = self.worker, self.broker
@@ -148,12 +205,19 @@ class Maintenance:
                         await self._recover(q, vt)
                         if rounds % prune_every == 0:
                             await self._prune(q, vt)
-                if time.monotonic() >= next_sync:
-                    next_sync = time.monotonic() + REVOCATION_SYNC
-                    await self._sync_revocations()
                 rounds += 1
             except BrokerError as exc:
                 logger.warning("maintenance: %s", exc)
+            except Exception:  # a bug must not stop lease renewal for good
+                logger.exception("maintenance round failed")
+            if time.monotonic() >= next_sync:
+                next_sync = time.monotonic() + REVOCATION_SYNC
+                try:
+                    await self._sync_revocations()
+                except BrokerError as exc:
+                    logger.warning("maintenance: reading cancelled tasks: %s", exc)
+                except Exception:
+                    logger.exception("maintenance: reading cancelled tasks failed")
             await asyncio.sleep(self.interval)
 
     async def _prune(self, q: str, vt: float) -> None:

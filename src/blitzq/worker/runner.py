@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..broker.base import Broker, Completion, Delivery
-from ..context import TaskContext, reset_current, set_current
-from ..exceptions import BrokerError, SerializationError
+from ..context import TaskContext, set_current
+from ..exceptions import BrokerError, SerializationError, describe_error
 from ..expiry import checks_with_expiry
 from ..middleware import hooks_of
 from ..progress import ProgressReporter
@@ -27,7 +27,7 @@ from ..routing import base_queue
 from ..serialization import Envelope, decode_envelope, encode_envelope
 from ..task import Task
 from .execution import Job, Outcomes
-from .executors import ProcessPool, ThreadPool, start_eagerly
+from .executors import ProcessPool, ThreadPool, start_eagerly, unwrap
 from .flusher import Flusher
 from .limiter import Slots
 from .timeouts import (
@@ -53,6 +53,12 @@ _CLOSE_GRACE = 1.0
 
 #: A rate-limit answer below this many seconds starts the task at once.
 _RATE_SLACK = 0.002
+
+
+def _enter(context: TaskContext, fn: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """Inside a run's own context: make ``context`` the current task and call ``fn``."""
+    set_current(context)
+    return fn(*args, **kwargs)
 
 
 class Runner:
@@ -97,6 +103,9 @@ class Runner:
         self.hooks = hooks_of(queue)
         #: Progress writer of this worker (``current_task().update_progress``).
         self.progress = ProgressReporter(broker, queue.result_ttl, self.lease_of)
+        #: The worker's base context (taken when the worker starts): every run gets a
+        #: fresh copy of it, so context variables never leak from one task to the next.
+        self.base_context = contextvars.copy_context()
 
     # ------------------------------------------------------------- starting
     def start(self, d: Delivery, slots: Slots) -> None:
@@ -252,43 +261,53 @@ class Runner:
         if self.track_state:
             self.flusher.add(self.outcomes.progress(job, "running"))
         executor = task.executor
-        token = set_current(context)
-        try:
-            if executor == "async":
-                try:
-                    coro = task.fn(*env.args, **env.kwargs)
-                except BaseException as exc:
-                    # A TypeError here is a call that does not fit the signature: no retry.
-                    self.finish(job, None, exc, retry=not isinstance(exc, TypeError))
-                    slots.release()
-                    return
-                result, error, started = start_eagerly(coro)  # type: ignore[arg-type]
-                if started is None:
-                    self.finish(job, result, error)
-                    slots.release()
-                    return
-                handle: asyncio.Future[Any] = started
-            elif not self._arguments_fit(job, slots):
+        # The run's own context: nothing it sets is seen by the worker or the next task.
+        scope = job.scope
+        if scope is None:  # else made by the middleware hooks
+            scope = job.scope = self.base_context.copy()
+        if executor == "async":
+            try:
+                coro = scope.run(_enter, context, task.fn, env.args, env.kwargs)
+            except BaseException as exc:
+                # A TypeError here is a call that does not fit the signature: no retry.
+                self.finish(job, None, exc, retry=not isinstance(exc, TypeError))
+                slots.release()
                 return
-            elif executor == "thread":
-                if self._threads is None:
-                    self._threads = ThreadPool(self.worker.thread_pool_size, "blitzq-task")
-                call = functools.partial(task.fn, *env.args, **env.kwargs)
-                if task.controls.soft_timeout:
-                    call = interruptible(job, call)
-                ctx = contextvars.copy_context()
-                handle = asyncio.get_running_loop().run_in_executor(self._threads, ctx.run, call)
-            else:
-                if self._processes is None:
-                    self._processes = ProcessPool(self.worker.process_pool_size)
-                handle = self._processes.submit(task.fn, env.args, env.kwargs)
-        finally:
-            reset_current(token)
+            result, error, started = start_eagerly(coro, scope)
+            if started is None:
+                self.finish(job, result, error)
+                slots.release()
+                return
+            handle: asyncio.Future[Any] = started
+        elif not self._arguments_fit(job, slots):
+            return
+        else:
+            scope.run(set_current, context)
+            try:
+                handle = self._submit(job, scope)
+            except Exception as exc:  # the pool refused the call: a failed attempt
+                self.finish(job, None, exc)
+                slots.release()
+                return
         job.handle = handle
         self.jobs.add(job)
         if env.timeout or task.timeout or task.controls.soft_timeout:
             start_timers(self, job, slots)  # hard and soft timeouts (worker/timeouts.py)
         handle.add_done_callback(functools.partial(self.on_done, job, slots))
+
+    def _submit(self, job: Job, scope: contextvars.Context) -> asyncio.Future[Any]:
+        """Hand a sync task's call to the thread pool (run in ``scope``) or the process pool."""
+        env, task = job.envelope, job.task
+        if task.executor == "thread":
+            if self._threads is None:
+                self._threads = ThreadPool(self.worker.thread_pool_size, "blitzq-task")
+            call = functools.partial(task.fn, *env.args, **env.kwargs)
+            if task.controls.soft_timeout:
+                call = interruptible(job, call)
+            return asyncio.get_running_loop().run_in_executor(self._threads, scope.run, call)
+        if self._processes is None:
+            self._processes = ProcessPool(self.worker.process_pool_size)
+        return self._processes.submit(task.fn, env.args, env.kwargs)
 
     def _arguments_fit(self, job: Job, slots: Slots) -> bool:
         """Check a sync task's arguments against its signature before using a thread or
@@ -311,18 +330,26 @@ class Runner:
         ``retry=False`` fails it at once whatever the retry policy says (a bad call).
         """
         if error is None:
-            job.result = result
-            completion = self.outcomes.success(job, result, self.track_state)
-            self.processed += 1
-        else:
-            completion = self.outcomes.failure(
-                job, error, retry=retry, track_state=self.track_state
-            )
+            try:
+                completion = self.outcomes.success(job, result, self.track_state)
+            except Exception as exc:  # the encoder failed in an unexpected way (a bug)
+                error, retry = exc, False
+            else:
+                job.result = result
+                self.processed += 1
+        if error is not None:
+            try:
+                completion = self.outcomes.failure(
+                    job, error, retry=retry, track_state=self.track_state
+                )
+            except Exception:  # a retry policy or encoder that raises: fail without retry
+                logger.exception("could not build the retry of task %s", job.envelope.id)
+                completion = self.outcomes.failure(job, error, False, self.track_state)
             self.failed += 1
             if logger.isEnabledFor(logging.INFO):
                 logger.info(
-                    "task %s %s attempt %d failed: %r",
-                    job.envelope.task, job.envelope.id, job.attempt, error,
+                    "task %s %s attempt %d failed: %s: %s",
+                    job.envelope.task, job.envelope.id, job.attempt, *describe_error(error),
                 )  # fmt: skip
         self.commit(job, completion, error)
 
@@ -414,7 +441,10 @@ class Runner:
             self.finish(job, None, asyncio.CancelledError("the task was cancelled"))
         else:
             error = handle.exception()
-            self.finish(job, None if error else handle.result(), error)
+            if error is None:
+                self.finish(job, handle.result(), None)
+            else:
+                self.finish(job, None, unwrap(error))
         forget(job)
 
     def reject(

@@ -46,6 +46,9 @@ DEFAULT_DEAD_LETTER_CAP = 100_000
 #: Keys read by one MGET (a bounded reply, a short server call).
 READ_CHUNK = 100
 
+#: Prefix of a message on the event channel -> the kind ``events()`` yields.
+_EVENT_KINDS = {"r": "revoke", "s": "schedule"}
+
 
 def translate_errors(
     fn: Callable[P, Coroutine[Any, Any, R]],
@@ -326,7 +329,7 @@ class RedisBroker(RedisControl, Broker):
             rows = await self.client.zrangebyscore(
                 self.keys.revoked, now, "+inf", start=offset, num=CHUNK_ITEMS, withscores=True
             )
-            out.update((member.decode(), float(score)) for member, score in rows)
+            out.update((member.decode(errors="replace"), float(score)) for member, score in rows)
             if len(rows) < CHUNK_ITEMS:
                 return out
             offset += len(rows)
@@ -342,9 +345,11 @@ class RedisBroker(RedisControl, Broker):
                     if message is None or message.get("type") != "message":
                         continue
                     data = message["data"]
-                    text = data.decode() if isinstance(data, bytes) else str(data)
+                    # Anyone may publish here: never fail on a payload (the listener
+                    # checks the values).
+                    text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
                     kind, _, value = text.partition(":")
-                    yield ("revoke" if kind == "r" else "schedule"), value
+                    yield _EVENT_KINDS.get(kind, "unknown"), value
             except (RedisError, OSError) as exc:
                 raise BrokerError(f"{type(exc).__name__}: {exc}") from exc
         finally:
