@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import math
 
+from .limits import MAX_ERROR_CHARS, clip_text
+
 
 class BlitzQError(Exception):
     """Root of every error raised by blitzq."""
@@ -195,10 +197,6 @@ class Retry(Exception):
         self.reason = reason
 
 
-#: Most characters of an error message kept in a task record (the rest is cut, with a note).
-MAX_ERROR_CHARS = 8000
-
-
 def describe_error(exc: BaseException) -> tuple[str, str]:
     """Return ``(qualified type name, message)`` for an exception, as stored in records.
 
@@ -229,9 +227,7 @@ def describe_error(exc: BaseException) -> tuple[str, str]:
     except BaseException:
         short = getattr(cls, "__name__", None)
         return name, f"<unprintable {short if isinstance(short, str) else name}>"
-    if len(message) > MAX_ERROR_CHARS:
-        message = f"{message[:MAX_ERROR_CHARS]}... ({len(message)} characters in all)"
-    return name, message
+    return name, clip_text(message)
 
 
 __all__ = [

@@ -42,7 +42,7 @@ COMPLETION_BATCH_BYTES: Final = 4 * 1024 * 1024
 
 #: Longest error message kept in a task record or dead letter (characters); longer ones are
 #: cut with a note of the original length.
-MAX_ERROR_CHARS: Final = 4000
+MAX_ERROR_CHARS: Final = 8000
 
 #: A message over ``max_message_size`` is dead-lettered with only its first bytes kept.
 DEAD_MESSAGE_SAMPLE: Final = 1024
@@ -52,4 +52,4 @@ def clip_text(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     """``text`` cut to ``limit`` characters, saying how long it was when cut."""
     if len(text) <= limit:
         return text
-    return f"{text[:limit]}… [{len(text)} characters, cut]"
+    return f"{text[:limit]}... ({len(text)} characters in all)"

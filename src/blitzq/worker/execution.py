@@ -199,14 +199,11 @@ class Outcomes:
             record = None
             if track_state:
                 error_type, message = describe_error(cause)
-                record = self._record(
-                    job, "retrying", error_type=error_type, error=clip_text(message)
-                )
+                record = self._record(job, "retrying", error_type=error_type, error=message)
             return Completion(
                 d.queue, d.token, env.id, record, self.result_ttl, reschedule=data, delay=delay
             )
         error_type, message = describe_error(cause)
-        message = clip_text(message)
         trace = format_traceback(cause)
         if task.dead_letter:
             state, dead = (

@@ -37,12 +37,19 @@ _SMALL_OP = 64 * 1024
 
 
 def completion_size(c: Completion) -> int:
-    """Approximate bytes ``c`` sends to the broker (its records, messages and op bytes)."""
-    size = 64 + len(c.record or b"") + len(c.reschedule or b"") + len(c.requeue or b"")
-    if c.dead_letter is not None:
-        size += len(c.dead_letter.message) + len(c.dead_letter.error)
-    for op in c.ops:
-        size += _op_size(op)
+    """Approximate bytes ``c`` sends to the broker (its records, messages and op bytes).
+
+    Never raises: a malformed completion (a bug) counts as 64 bytes and is isolated when the
+    broker cannot send it.
+    """
+    try:
+        size = 64 + len(c.record or b"") + len(c.reschedule or b"") + len(c.requeue or b"")
+        if c.dead_letter is not None:
+            size += len(c.dead_letter.message) + len(c.dead_letter.error)
+        for op in c.ops:
+            size += _op_size(op)
+    except Exception:
+        return 64
     return size
 
 
@@ -218,7 +225,11 @@ class Flusher:
             "the broker refused the completion of task %s (%d bytes): %s",
             completion.task_id, size, error,
         )  # fmt: skip
-        replacement = _replacement(completion, size, error)
+        try:
+            replacement = _replacement(completion, size, error)
+        except Exception:  # a malformed completion (a bug): nothing sensible to write
+            logger.exception("dropped the completion of task %s", completion.task_id)
+            return
         failure = await self._try([replacement])
         if failure is None:
             return
