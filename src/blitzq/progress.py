@@ -35,7 +35,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._portal import Portal
+from .client.sync import Portal, blocking
 from .exceptions import BrokerError, ConfigurationError, ResultTimeout, SerializationError
 from .records import TaskRecord
 from .serialization import dumps, loads
@@ -272,9 +272,7 @@ class ProgressOperations:
             return None
         return decode_progress(data)[0]
 
-    def get_progress_sync(self, task_id: str) -> Progress | None:
-        """Blocking :meth:`get_progress`."""
-        return self._portal.call(self.get_progress(task_id))
+    get_progress_sync = blocking(get_progress)
 
     async def watch_progress(
         self, task_id: str, timeout: float | None = None
