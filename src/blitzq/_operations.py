@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ._portal import Portal
 from .broker.base import Broker
+from .client.sync import Portal, blocking
 from .controls import DEFAULT_UNIQUE_TTL
 from .exceptions import (
     BrokerError,
@@ -84,9 +84,7 @@ class QueueOperations:
         data = await self.broker.get_record(task_id)
         return TaskRecord.from_bytes(data) if data is not None else None
 
-    def inspect_sync(self, task_id: str) -> TaskRecord | None:
-        """Blocking :meth:`inspect`."""
-        return self._portal.call(self.inspect(task_id))
+    inspect_sync = blocking(inspect)
 
     async def get_result(self, task_id: str, timeout: float | None = None) -> Any:
         """Wait for a task's final record and return its result.
@@ -139,9 +137,7 @@ class QueueOperations:
                 _raise_final(task_id, record)
         raise ResultNotStored(task_id)
 
-    def get_result_sync(self, task_id: str, timeout: float | None = None) -> Any:
-        """Blocking :meth:`get_result`."""
-        return self._portal.call(self.get_result(task_id, timeout=timeout))
+    get_result_sync = blocking(get_result)
 
     # ----------------------------------------------------------- cancellation
     async def cancel(self, task_id: str) -> str:
@@ -172,9 +168,7 @@ class QueueOperations:
         )
         return await self.broker.cancel(task_id, record, self.result_ttl)
 
-    def cancel_sync(self, task_id: str) -> str:
-        """Blocking :meth:`cancel`."""
-        return self._portal.call(self.cancel(task_id))
+    cancel_sync = blocking(cancel)
 
     # ----------------------------------------------------------- dead letters
     async def dead_letters(self, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
@@ -192,9 +186,7 @@ class QueueOperations:
             for task_id, f in rows
         ]
 
-    def dead_letters_sync(self, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
-        """Blocking :meth:`dead_letters`."""
-        return self._portal.call(self.dead_letters(limit, offset))
+    dead_letters_sync = blocking(dead_letters)
 
     async def dead_letter_count(self) -> int:
         """Number of stored dead letters."""
@@ -245,21 +237,15 @@ class QueueOperations:
             return TaskHandle(self, outcome, queue, env.task, duplicate=True)
         return TaskHandle(self, env.id, queue, env.task)
 
-    def retry_sync(self, task_id: str) -> TaskHandle[Any] | None:
-        """Blocking :meth:`retry`."""
-        return self._portal.call(self.retry(task_id))
+    retry_sync = blocking(retry)
 
-    def dead_letter_count_sync(self) -> int:
-        """Blocking :meth:`dead_letter_count`."""
-        return self._portal.call(self.dead_letter_count())
+    dead_letter_count_sync = blocking(dead_letter_count)
 
     async def purge_dead_letters(self) -> int:
         """Delete every dead letter; return how many."""
         return await self.broker.purge_dead_letters()
 
-    def purge_dead_letters_sync(self) -> int:
-        """Blocking :meth:`purge_dead_letters`."""
-        return self._portal.call(self.purge_dead_letters())
+    purge_dead_letters_sync = blocking(purge_dead_letters)
 
     async def purge_queue(self, queue: str | None = None) -> int:
         """Delete the messages waiting in ``queue`` (default: this Queue's ``name``).
@@ -268,9 +254,7 @@ class QueueOperations:
         """
         return await self.broker.purge_queue(check_name("queue name", queue or self.name))
 
-    def purge_queue_sync(self, queue: str | None = None) -> int:
-        """Blocking :meth:`purge_queue`."""
-        return self._portal.call(self.purge_queue(queue))
+    purge_queue_sync = blocking(purge_queue)
 
     # ------------------------------------------------------------- inspection
     async def stats(self, queues: Iterable[str] | None = None) -> dict[str, Any]:
@@ -299,9 +283,7 @@ class QueueOperations:
             "stale_completions": (await broker.counters()).get("stale_completions", 0),
         }
 
-    def stats_sync(self, queues: Iterable[str] | None = None) -> dict[str, Any]:
-        """Blocking :meth:`stats`."""
-        return self._portal.call(self.stats(queues))
+    stats_sync = blocking(stats)
 
     # -------------------------------------------------------------- workflows
     def sig(self, name: str, /, *args: Any, **kwargs: Any) -> Signature:
@@ -330,9 +312,7 @@ class QueueOperations:
 
         return await apply_workflow(self, workflow)  # type: ignore[arg-type]
 
-    def apply_sync(self, workflow: Node) -> WorkflowHandle:
-        """Blocking :meth:`apply`."""
-        return self._portal.call(self.apply(workflow))
+    apply_sync = blocking(apply)
 
     def workflow(self, workflow_id: str) -> WorkflowHandle:
         """A handle to the workflow ``workflow_id`` (re-attach from any process)."""

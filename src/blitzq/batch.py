@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._operations import final_result
-from ._portal import Portal
 from .broker.base import Broker
+from .client.sync import Portal, blocking
 from .exceptions import (
     ConfigurationError,
     ResultNotStored,
@@ -159,6 +159,8 @@ class BatchOperations:
         return_exceptions: bool = False,
     ) -> list[Any]:
         """Blocking :meth:`get_results`."""
+        # By hand, not blocking(): ``tasks`` (perhaps a generator) is consumed here, in the
+        # caller's thread, not on the background loop's.
         return self._portal.call(self.get_results(list(tasks), timeout, return_exceptions))
 
     async def run(
@@ -188,17 +190,7 @@ class BatchOperations:
         handle = await task.enqueue(*args, **kwargs)
         return await handle.result(timeout=timeout)
 
-    def run_sync(
-        self,
-        task: Task[Any, R] | BoundTask[Any, R],
-        /,
-        *args: Any,
-        timeout: float | None = None,
-        **kwargs: Any,
-    ) -> R:
-        """Blocking :meth:`run`."""
-        result: R = self._portal.call(self.run(task, *args, timeout=timeout, **kwargs))
-        return result
+    run_sync = blocking(run)
 
 
 __all__ = ["BatchOperations", "item_options"]

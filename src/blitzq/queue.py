@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, ov
 
 from ._enqueue import EnqueueOperations
 from ._operations import QueueOperations
-from ._portal import Portal
 from .batch import BatchOperations
 from .broker.base import Broker
+from .client.sync import Portal
 from .exceptions import (
     ConfigurationError,
     SerializationError,
@@ -499,6 +499,7 @@ class Queue(
 
     def close_sync(self) -> None:
         """Close the sync API's connections and stop its background loop."""
+        # By hand, not blocking(close): this one also stops the loop it runs on.
         self._portal.close(self.close())
 
 

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar
 
+from .client.sync import blocking
 from .exceptions import ConfigurationError
 from .ratelimit import RateLimit
 from .records import TaskRecord
@@ -24,6 +25,7 @@ from .routing import check_name, check_priority
 
 if TYPE_CHECKING:
     from ._operations import QueueOperations
+    from .client.sync import Portal
     from .hooks import Finisher, StartCheck
     from .queue import Queue
     from .workflow.signature import Signature
@@ -254,6 +256,11 @@ class Task(Generic[P, R]):
             ),
         )  # fmt: skip
 
+    @property
+    def _portal(self) -> Portal:
+        """The owning Queue's sync-API loop (what the ``*_sync`` twins run on)."""
+        return self.owner._portal
+
     async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """Send one call to the queue; returns at once with a handle.
 
@@ -264,9 +271,10 @@ class Task(Generic[P, R]):
         """
         return await self.owner._enqueue(self, args, kwargs, _NO_OPTIONS)
 
-    def enqueue_sync(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
-        """Blocking :meth:`enqueue` for code without an event loop."""
-        return self.owner._portal.call(self.owner._enqueue(self, args, kwargs, _NO_OPTIONS))
+    # mypy flags ``self`` as a possible keyword of ``P.kwargs`` (enqueue's ``self`` is not
+    # positional-only, and making it so would change the public signature); the twin's type
+    # is still ``(*P.args, **P.kwargs) -> TaskHandle[R]``, checked at every call.
+    enqueue_sync = blocking(enqueue)  # type: ignore[arg-type]
 
     async def enqueue_many(
         self, calls: Iterable[tuple[Any, ...] | tuple[tuple[Any, ...], dict[str, Any]]]
@@ -284,11 +292,7 @@ class Task(Generic[P, R]):
         """
         return await self.owner._enqueue_many(self, calls, _NO_OPTIONS)
 
-    def enqueue_many_sync(
-        self, calls: Iterable[tuple[Any, ...] | tuple[tuple[Any, ...], dict[str, Any]]]
-    ) -> list[TaskHandle[R]]:
-        """Blocking :meth:`enqueue_many`."""
-        return self.owner._portal.call(self.owner._enqueue_many(self, calls, _NO_OPTIONS))
+    enqueue_many_sync = blocking(enqueue_many)
 
     def s(self, *args: Any, **kwargs: Any) -> Signature:
         """A workflow step calling this task; in a chain the previous step's result is
@@ -324,14 +328,16 @@ class BoundTask(Generic[P, R]):
         """Return a copy with more options changed."""
         return BoundTask(self.task, replace(self.call_options, **changes))
 
+    @property
+    def _portal(self) -> Portal:
+        """The owning Queue's sync-API loop (what the ``*_sync`` twins run on)."""
+        return self.task.owner._portal
+
     async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """:meth:`Task.enqueue` with the bound options."""
         return await self.task.owner._enqueue(self.task, args, kwargs, self.call_options)
 
-    def enqueue_sync(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
-        """Blocking :meth:`enqueue`."""
-        owner = self.task.owner
-        return owner._portal.call(owner._enqueue(self.task, args, kwargs, self.call_options))
+    enqueue_sync = blocking(enqueue)  # type: ignore[arg-type]  # as Task.enqueue_sync
 
     async def enqueue_many(
         self, calls: Iterable[tuple[Any, ...] | tuple[tuple[Any, ...], dict[str, Any]]]
@@ -339,12 +345,7 @@ class BoundTask(Generic[P, R]):
         """:meth:`Task.enqueue_many` with the bound options (``task_id`` is not allowed)."""
         return await self.task.owner._enqueue_many(self.task, calls, self.call_options)
 
-    def enqueue_many_sync(
-        self, calls: Iterable[tuple[Any, ...] | tuple[tuple[Any, ...], dict[str, Any]]]
-    ) -> list[TaskHandle[R]]:
-        """Blocking :meth:`enqueue_many`."""
-        owner = self.task.owner
-        return owner._portal.call(owner._enqueue_many(self.task, calls, self.call_options))
+    enqueue_many_sync = blocking(enqueue_many)
 
 
 class TaskHandle(Generic[R]):
@@ -383,6 +384,11 @@ class TaskHandle(Generic[R]):
     def __repr__(self) -> str:
         return f"<TaskHandle {self.task} id={self.id} queue={self.queue}>"
 
+    @property
+    def _portal(self) -> Portal:
+        """The owning Queue's sync-API loop (what the ``*_sync`` twins run on)."""
+        return self._owner._portal
+
     async def result(self, timeout: float | None = None) -> R:
         """Wait for the task's result.
 
@@ -402,25 +408,19 @@ class TaskHandle(Generic[R]):
         value = await self._owner.get_result(self.id, timeout=timeout)
         return value
 
-    def result_sync(self, timeout: float | None = None) -> R:
-        """Blocking :meth:`result`."""
-        return self._owner._portal.call(self.result(timeout=timeout))
+    result_sync = blocking(result)
 
     async def cancel(self) -> str:
         """Cancel the task; see :meth:`blitzq.Queue.cancel` for what happens and the answer."""
         return await self._owner.cancel(self.id)
 
-    def cancel_sync(self) -> str:
-        """Blocking :meth:`cancel`."""
-        return self._owner._portal.call(self.cancel())
+    cancel_sync = blocking(cancel)
 
     async def status(self) -> TaskRecord | None:
         """The task's record, or ``None`` when none is stored (queued, or expired)."""
         return await self._owner.inspect(self.id)
 
-    def status_sync(self) -> TaskRecord | None:
-        """Blocking :meth:`status`."""
-        return self._owner._portal.call(self.status())
+    status_sync = blocking(status)
 
 
 def now() -> float:

@@ -22,7 +22,6 @@ from ..context import TaskContext, set_current
 from ..exceptions import BrokerError, SerializationError, describe_error
 from ..expiry import checks_with_expiry
 from ..middleware import hooks_of
-from ..progress import ProgressReporter
 from ..routing import base_queue
 from ..serialization import Envelope, decode_envelope, encode_envelope
 from ..task import Task
@@ -30,6 +29,7 @@ from .execution import Job, Outcomes
 from .executors import ProcessPool, ThreadPool, start_eagerly, unwrap
 from .flusher import Flusher
 from .limiter import Slots
+from .progress import ProgressReporter
 from .timeouts import (
     abandon_thread,
     forget,

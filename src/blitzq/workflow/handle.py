@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..broker.base import Completion
+from ..client.sync import blocking
 from ..exceptions import (
     BlitzQError,
     BrokerError,
@@ -26,6 +27,7 @@ from ..task import TaskHandle
 
 if TYPE_CHECKING:
     from .._operations import QueueOperations
+    from ..client.sync import Portal
 
 _FOREVER = 10 * 365 * 86400.0
 #: Seconds between checks, while waiting, for a step that ended without advancing its
@@ -57,6 +59,11 @@ class WorkflowHandle:
 
     def __repr__(self) -> str:
         return f"<WorkflowHandle {self.id}>"
+
+    @property
+    def _portal(self) -> Portal:
+        """The owning Queue's sync-API loop (what the ``*_sync`` twins run on)."""
+        return self._owner._portal
 
     async def _state(self) -> dict[str, bytes]:
         state = await self._owner.broker.workflow_state(self.id)
@@ -164,9 +171,7 @@ class WorkflowHandle:
         )  # fmt: skip
         await owner.broker.complete([Completion(owner.name, None, self.id, ops=(op,))])
 
-    def get_sync(self, timeout: float | None = None) -> Any:
-        """Blocking :meth:`get`."""
-        return self._owner._portal.call(self.get(timeout))
+    get_sync = blocking(get)
 
     async def status(self) -> str:
         """``"running"``, ``"succeeded"``, ``"failed"`` or ``"cancelled"``.
@@ -176,9 +181,7 @@ class WorkflowHandle:
         """
         return (await self._state()).get("state", b"running").decode()
 
-    def status_sync(self) -> str:
-        """Blocking :meth:`status`."""
-        return self._owner._portal.call(self.status())
+    status_sync = blocking(status)
 
     async def children(self) -> list[TaskHandle[Any]]:
         """Handles of the workflow's steps (every signature in it, in the order written),
@@ -190,9 +193,7 @@ class WorkflowHandle:
         owner = self._owner
         return [TaskHandle(owner, sid, queue, task) for sid, task, queue in await self._step_list()]
 
-    def children_sync(self) -> list[TaskHandle[Any]]:
-        """Blocking :meth:`children`."""
-        return self._owner._portal.call(self.children())
+    children_sync = blocking(children)
 
     async def cancel(self) -> str:
         """Cancel the workflow: mark it cancelled (no further step is published and a chord
@@ -216,6 +217,4 @@ class WorkflowHandle:
             await asyncio.gather(*(owner.cancel(step[0]) for step in chunk))
         return state
 
-    def cancel_sync(self) -> str:
-        """Blocking :meth:`cancel`."""
-        return self._owner._portal.call(self.cancel())
+    cancel_sync = blocking(cancel)
