@@ -20,7 +20,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from blitzq import BrokerError, ConfigurationError, Queue, current_task, group
-from blitzq.broker.redis import connection
+from blitzq.broker.redis import client as redis_client
 
 from ..conftest import free_port
 from .proc_tasks import make_worker, running
@@ -85,12 +85,12 @@ def test_pool_defaults_are_a_bounded_blocking_pool_and_the_url_overrides_them(
     client = queue._make_broker().client  # type: ignore[attr-defined]
     pool = client.connection_pool
     assert isinstance(pool, aioredis.BlockingConnectionPool)
-    assert pool.max_connections == connection.DEFAULT_MAX_CONNECTIONS == 50
-    assert pool.timeout == connection.DEFAULT_POOL_TIMEOUT == 20.0
+    assert pool.max_connections == redis_client.DEFAULT_MAX_CONNECTIONS == 50
+    assert pool.timeout == redis_client.DEFAULT_POOL_TIMEOUT == 20.0
     kwargs = pool.connection_kwargs
-    assert kwargs["socket_timeout"] == connection.DEFAULT_SOCKET_TIMEOUT == 5.0
-    assert kwargs["socket_connect_timeout"] == connection.DEFAULT_CONNECT_TIMEOUT == 5.0
-    assert kwargs["health_check_interval"] == connection.DEFAULT_HEALTH_CHECK_INTERVAL == 30
+    assert kwargs["socket_timeout"] == redis_client.DEFAULT_SOCKET_TIMEOUT == 5.0
+    assert kwargs["socket_connect_timeout"] == redis_client.DEFAULT_CONNECT_TIMEOUT == 5.0
+    assert kwargs["health_check_interval"] == redis_client.DEFAULT_HEALTH_CHECK_INTERVAL == 30
     if redis_url.startswith("redis"):
         assert kwargs["socket_keepalive"] is True
 

@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
-from importlib import resources
-from typing import Any, ClassVar, ParamSpec, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Sequence
+from typing import Any, ClassVar, TypeVar
 
 import msgspec
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import OutOfMemoryError, ResponseError
 
 from ...exceptions import BrokerError, ConfigurationError
 from ...limits import (
@@ -31,12 +27,12 @@ from ...limits import (
     NOTIFY_INLINE_MAX,
 )
 from ..base import Broker, Completion, DeadLetterFields, Scheduled
-from .connection import make_client, max_block, pool_size
+from .client import REDIS_ERRORS, broker_error, make_client, max_block, pool_size, translate_errors
 from .control import RedisControl
 from .keys import GROUP, Keys
 from .results import ResultListener
+from .scripts import Scripts
 
-P = ParamSpec("P")
 R = TypeVar("R")
 
 logger = logging.getLogger("blitzq.broker")
@@ -48,42 +44,6 @@ READ_CHUNK = 100
 
 #: Prefix of a message on the event channel -> the kind ``events()`` yields.
 _EVENT_KINDS = {"r": "revoke", "s": "schedule"}
-
-
-def translate_errors(
-    fn: Callable[P, Coroutine[Any, Any, R]],
-) -> Callable[P, Coroutine[Any, Any, R]]:
-    """Turn redis-py errors raised by ``fn`` into :class:`BrokerError`."""
-
-    @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return await fn(*args, **kwargs)
-        except BrokerError:
-            raise
-        except (RedisError, OSError) as exc:
-            transient = isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError))
-            raise BrokerError(f"{type(exc).__name__}: {exc}", transient) from exc
-
-    return wrapper
-
-
-def load_script(name: str) -> str:
-    """Source of a Lua script shipped in ``broker/redis/lua/``.
-
-    A line ``--@include <file>.lua`` is replaced by that file's text (shared functions,
-    such as the dead-letter retention of ``dead_letters.lua``).
-    """
-    text = resources.files(__package__).joinpath("lua", name).read_text()
-    if "--@include " not in text:
-        return text
-    lines = [
-        load_script(line.removeprefix("--@include ").strip())
-        if line.startswith("--@include ")
-        else line
-        for line in text.splitlines()
-    ]
-    return "\n".join(lines) + "\n"
 
 
 _batch_encoder = msgspec.msgpack.Encoder()
@@ -180,7 +140,7 @@ class RedisBroker(RedisControl, Broker):
         self._owns_client = client is None
         # Typed as Any: redis-py's stubs type replies as bytes | str whatever decode_responses is.
         if client is None:
-            try:  # a bounded blocking pool with timeouts: see connection.py
+            try:  # a bounded blocking pool with timeouts: see client.py
                 client = make_client(url)
             except ValueError as exc:
                 raise ConfigurationError(f"bad broker URL {url!r}: {exc}") from None
@@ -189,16 +149,8 @@ class RedisBroker(RedisControl, Broker):
         self.max_block = max_block(client)
         for command in ("XREADGROUP", "XAUTOCLAIM", "BLMPOP", "LPOP"):
             self.client.set_response_callback(command, _raw)
-        self._complete = self.client.register_script(load_script("complete.lua"))
-        self._promote = self.client.register_script(load_script("promote.lua"))
-        self._schedule = self.client.register_script(load_script("schedule.lua"))
-        self._replay = self.client.register_script(load_script("replay.lua"))
-        self._purge_dead = self.client.register_script(load_script("purge_dead.lua"))
-        self._trim_dead = self.client.register_script(load_script("trim_dead.lua"))
-        self._rate_acquire = self.client.register_script(load_script("rate_acquire.lua"))
-        self._cancel = self.client.register_script(load_script("cancel.lua"))
-        self._claim_periodic = self.client.register_script(load_script("claim_periodic.lua"))
-        self._set_progress = self.client.register_script(load_script("progress.lua"))
+        #: Runs the Lua scripts (EVALSHA, reloaded on NOSCRIPT): see scripts.py.
+        self.scripts = Scripts(self.client)
         self._results = ResultListener(self.client)
 
     def queue_key(self, queue: str) -> str:
@@ -265,7 +217,8 @@ class RedisBroker(RedisControl, Broker):
         if not entries:
             return []
         keys = self.keys
-        stale = await self._complete(
+        stale = await self.scripts.call(
+            "complete",
             keys=[keys.schedule, keys.schedule_data, keys.dead_letters],
             args=[
                 keys.prefix, GROUP, self.dead_letter_cap, _batch_encoder.encode(entries),
@@ -285,7 +238,7 @@ class RedisBroker(RedisControl, Broker):
         args: list[float] = []
         for _, rate, capacity in buckets:
             args += (rate, capacity)
-        reserved, wait = await self._rate_acquire(keys=keys, args=args)
+        reserved, wait = await self.scripts.call("rate_acquire", keys=keys, args=args)
         return reserved in (b"1", "1", 1), float(wait)
 
     # --------------------------------------------------------------- schedule
@@ -307,13 +260,14 @@ class RedisBroker(RedisControl, Broker):
                     repr(float(item.delay)),
                     kind + item.queue.encode() + b"\n" + item.message,
                 )
-            await self._schedule(keys=[keys.schedule, keys.schedule_data], args=args)
+            await self.scripts.call("schedule", keys=[keys.schedule, keys.schedule_data], args=args)
 
     @translate_errors
     async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
         """Cancel atomically (one script): off the schedule, or revoked and announced."""
         keys = self.keys
-        answer = await self._cancel(
+        answer = await self.scripts.call(
+            "cancel",
             keys=[keys.schedule, keys.schedule_data, keys.revoked, keys.record(task_id)],
             args=[keys.prefix, task_id, repr(time.time()), ttl, record],
         )
@@ -350,17 +304,18 @@ class RedisBroker(RedisControl, Broker):
                     text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
                     kind, _, value = text.partition(":")
                     yield _EVENT_KINDS.get(kind, "unknown"), value
-            except (RedisError, OSError) as exc:
-                raise BrokerError(f"{type(exc).__name__}: {exc}") from exc
+            except REDIS_ERRORS as exc:
+                raise broker_error(exc) from exc
         finally:
-            with contextlib.suppress(RedisError, OSError):
+            with contextlib.suppress(*REDIS_ERRORS):
                 await pubsub.aclose()
 
     @translate_errors
     async def promote_due(self, limit: int) -> tuple[int, float | None, float]:
         """Move messages due by the server's clock to their queues (one Lua call)."""
         keys = self.keys
-        moved, head, now = await self._promote(
+        moved, head, now = await self.scripts.call(
+            "promote",
             keys=[keys.schedule, keys.schedule_data],
             args=[
                 keys.prefix, limit,
@@ -388,7 +343,8 @@ class RedisBroker(RedisControl, Broker):
         """Compare-and-set the last occurrence of ``name`` and publish, in one Lua call on
         the server's clock (see :meth:`Broker.claim_periodic`)."""
         keys = self.keys
-        done = await self._claim_periodic(
+        done = await self.scripts.call(
+            "claim_periodic",
             keys=[keys.periodic, self.queue_key(queue)],
             args=[name, repr(float(occurrence)), self.kind, message],
         )
@@ -420,7 +376,7 @@ class RedisBroker(RedisControl, Broker):
         if fence is not None and self.kind == "s":
             script_keys.append(keys.stream(fence[0]))
             args += (GROUP, self.consumer, fence[1])
-        done = await self._set_progress(keys=script_keys, args=args)
+        done = await self.scripts.call("progress", keys=script_keys, args=args)
         return bool(done)
 
     @translate_errors
@@ -448,8 +404,8 @@ class RedisBroker(RedisControl, Broker):
             except BaseException:
                 listener.release(progress_channel, progress_fut)
                 raise
-        except (RedisError, OSError) as exc:
-            raise BrokerError(f"{type(exc).__name__}: {exc}") from exc
+        except REDIS_ERRORS as exc:
+            raise broker_error(exc) from exc
         try:
             fresh = True
             while True:
@@ -477,8 +433,8 @@ class RedisBroker(RedisControl, Broker):
                         record = await self.client.get(keys.record(task_id))
                         if record is not None:
                             yield "record", record
-                except (RedisError, OSError) as exc:
-                    raise BrokerError(f"{type(exc).__name__}: {exc}") from exc
+                except REDIS_ERRORS as exc:
+                    raise broker_error(exc) from exc
         finally:
             listener.release(progress_channel, progress_fut)
             listener.release(done_channel, done_fut)
@@ -666,7 +622,8 @@ class RedisBroker(RedisControl, Broker):
     async def dead_letter_count(self) -> int:
         """Number of stored dead letters (expired ones are dropped first, one script)."""
         keys = self.keys
-        left = await self._trim_dead(
+        left = await self.scripts.call(
+            "trim_dead",
             keys=[keys.dead_letters],
             args=[keys.prefix, self.dead_letter_cap, self.dead_letter_max_bytes],
         )
@@ -686,7 +643,8 @@ class RedisBroker(RedisControl, Broker):
         claiming the ``unique`` key in the same script; see :meth:`Broker.replay_dead_letter`.
         """
         key, ttl = unique if unique is not None else ("", 0.0)
-        done = await self._replay(
+        done = await self.scripts.call(
+            "replay",
             keys=[self.keys.dead_letters],
             args=[
                 self.keys.prefix,
@@ -713,7 +671,9 @@ class RedisBroker(RedisControl, Broker):
         removed = 0
         while removed < stored:
             n = int(
-                await self._purge_dead(keys=[keys.dead_letters], args=[keys.prefix, CHUNK_WRITES])
+                await self.scripts.call(
+                    "purge_dead", keys=[keys.dead_letters], args=[keys.prefix, CHUNK_WRITES]
+                )
             )
             if n == 0:
                 break

@@ -11,37 +11,13 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Coroutine, Sequence
-from importlib import resources
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
-from ...exceptions import BrokerError
 from ...limits import CHUNK_ITEMS
+from .client import translate_errors
 from .keys import Keys
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def _translated(
-    fn: Callable[P, Coroutine[Any, Any, R]],
-) -> Callable[P, Coroutine[Any, Any, R]]:
-    """Turn redis-py errors raised by ``fn`` into :class:`BrokerError`."""
-
-    @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return await fn(*args, **kwargs)
-        except (RedisError, OSError) as exc:
-            transient = isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError))
-            raise BrokerError(f"{type(exc).__name__}: {exc}", transient) from exc
-
-    return wrapper
+from .scripts import Scripts
 
 
 def _text(value: Any) -> str:
@@ -49,20 +25,13 @@ def _text(value: Any) -> str:
 
 
 class RedisControl:
-    """Unique-key and lock operations of the Redis brokers (a mixin; needs ``client``, ``keys``)."""
+    """Unique-key and lock operations of the Redis brokers (a mixin; needs ``keys``,
+    ``scripts``)."""
 
-    client: Any
     keys: Keys
+    scripts: Scripts
 
-    def _control_script(self, name: str) -> Any:
-        scripts: dict[str, Any] = self.__dict__.setdefault("_control_scripts", {})
-        script = scripts.get(name)
-        if script is None:
-            source = resources.files(__package__).joinpath("lua", name).read_text()
-            script = scripts[name] = self.client.register_script(source)
-        return script
-
-    @_translated
+    @translate_errors
     async def claim_unique(self, items: Sequence[tuple[str, str, float]]) -> list[str | None]:
         """Claim ``(key, task_id, ttl seconds)`` unique keys, each atomically, in one script
         run per :data:`~blitzq.limits.CHUNK_ITEMS` keys.
@@ -72,30 +41,31 @@ class RedisControl:
             already holds it.
         """
         out: list[str | None] = []
-        script = self._control_script("unique_claim.lua")
         for start in range(0, len(items), CHUNK_ITEMS):  # one short script call per chunk
             chunk = items[start : start + CHUNK_ITEMS]
             keys = [self.keys.unique(key) for key, _, _ in chunk]
             args: list[Any] = [self.keys.prefix]
             for _, task_id, ttl in chunk:
                 args += (task_id, max(1, int(ttl * 1000)))
-            answer = await script(keys=keys, args=args)
+            answer = await self.scripts.call("unique_claim", keys=keys, args=args)
             out += [None if not v else _text(v) for v in answer]
         return out
 
-    @_translated
+    @translate_errors
     async def acquire_lock(self, key: str, holder: str, limit: int, lease: float) -> float:
         """Take a place of lock ``key`` for ``holder`` for ``lease`` seconds (server time).
 
         Returns:
             ``0.0`` when the place is taken, else seconds until the earliest lease expires.
         """
-        answer = await self._control_script("lock_acquire.lua")(
-            keys=[self.keys.lock(key)], args=[holder, int(limit), repr(float(lease))]
+        answer = await self.scripts.call(
+            "lock_acquire",
+            keys=[self.keys.lock(key)],
+            args=[holder, int(limit), repr(float(lease))],
         )
         return float(_text(answer))
 
-    @_translated
+    @translate_errors
     async def renew_locks(self, items: Sequence[tuple[str, str, float]]) -> int:
         """Renew ``(key, holder, lease seconds)`` lock places still held; return how many."""
         if not items:
@@ -104,4 +74,4 @@ class RedisControl:
         args: list[Any] = []
         for _, holder, lease in items:
             args += (holder, repr(float(lease)))
-        return int(await self._control_script("lock_renew.lua")(keys=keys, args=args))
+        return int(await self.scripts.call("lock_renew", keys=keys, args=args))

@@ -8,11 +8,12 @@ never runs one twice). Retries, results and dead letters work as in reliable mod
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from ...limits import CHUNK_ITEMS
 from ..base import Delivery, Guarantee
-from .common import RedisBroker, load_script, translate_errors
+from .client import translate_errors
+from .common import RedisBroker
 
 
 class FastRedisBroker(RedisBroker):
@@ -21,10 +22,6 @@ class FastRedisBroker(RedisBroker):
     guarantee = Guarantee.AT_MOST_ONCE
     supports_recovery = False
     kind: ClassVar[str] = "l"
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._pop_levels = self.client.register_script(load_script("pop_levels.lua"))
 
     def queue_key(self, queue: str) -> str:
         """The list of ``queue``."""
@@ -63,7 +60,7 @@ class FastRedisBroker(RedisBroker):
     ) -> list[Delivery]:
         """Pop from the lists in order in one script call; block on all of them at once."""
         keys = [self.keys.list(q) for q in queues]
-        rows = await self._pop_levels(keys=keys, args=[count])
+        rows = await self.scripts.call("pop_levels", keys=keys, args=[count])
         n = len(keys)
         if len(rows) > n or timeout <= 0:
             out: list[Delivery] = []

@@ -19,7 +19,8 @@ from redis.exceptions import OutOfMemoryError, ResponseError
 
 from ...limits import CHUNK_ITEMS
 from ..base import Delivery, Guarantee
-from .common import RedisBroker, load_script, translate_errors
+from .client import translate_errors
+from .common import RedisBroker
 from .keys import GROUP, MESSAGE_FIELD
 
 logger = logging.getLogger("blitzq.broker")
@@ -50,11 +51,6 @@ class ReliableRedisBroker(RedisBroker):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._renew = self.client.register_script(load_script("renew.lua"))
-        self._recover = self.client.register_script(load_script("recover.lua"))
-        self._prune = self.client.register_script(load_script("prune.lua"))
-        self._publish_many = self.client.register_script(load_script("publish.lua"))
-        self._fetch_levels = self.client.register_script(load_script("fetch_levels.lua"))
         self.consumer = "unnamed"
 
     def queue_key(self, queue: str) -> str:
@@ -72,7 +68,7 @@ class ReliableRedisBroker(RedisBroker):
         # dominates, its per-argument cost is small.
         for start in range(0, len(messages), CHUNK_ITEMS):
             chunk = list(messages[start : start + CHUNK_ITEMS])
-            await self._publish_many(keys=[key], args=chunk)
+            await self.scripts.call("publish", keys=[key], args=chunk)
 
     @translate_errors
     async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
@@ -128,7 +124,9 @@ class ReliableRedisBroker(RedisBroker):
     ) -> list[Delivery]:
         """Take from the streams in order in one script call; block on all of them at once."""
         keys = [self.keys.stream(q) for q in queues]
-        rows = await self._fetch_levels(keys=keys, args=[GROUP, self.consumer, count])
+        rows = await self.scripts.call(
+            "fetch_levels", keys=keys, args=[GROUP, self.consumer, count]
+        )
         n = len(keys)
         if len(rows) > n or timeout <= 0:
             out: list[Delivery] = []
@@ -162,8 +160,8 @@ class ReliableRedisBroker(RedisBroker):
         for start in range(0, len(tokens), CHUNK_ITEMS):
             chunk = tokens[start : start + CHUNK_ITEMS]
             renewed += int(
-                await self._renew(
-                    keys=[self.keys.stream(queue)], args=[GROUP, self.consumer, *chunk]
+                await self.scripts.call(
+                    "renew", keys=[self.keys.stream(queue)], args=[GROUP, self.consumer, *chunk]
                 )
             )
         return renewed
@@ -173,7 +171,8 @@ class ReliableRedisBroker(RedisBroker):
         self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
     ) -> tuple[int, int]:
         """Re-add entries idle over ``min_idle`` seconds, or dead-letter them (one script)."""
-        requeued, dead = await self._recover(
+        requeued, dead = await self.scripts.call(
+            "recover",
             keys=[self.keys.stream(queue), self.keys.dead_letters],
             args=[
                 GROUP,
@@ -198,8 +197,10 @@ class ReliableRedisBroker(RedisBroker):
 
         Keeps the group from growing by one consumer per worker process ever started.
         """
-        removed = await self._prune(
-            keys=[self.keys.stream(queue)], args=[GROUP, max(1, int(idle * 1000)), self.consumer]
+        removed = await self.scripts.call(
+            "prune",
+            keys=[self.keys.stream(queue)],
+            args=[GROUP, max(1, int(idle * 1000)), self.consumer],
         )
         return int(removed)
 

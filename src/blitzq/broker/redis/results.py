@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+
+from .client import REDIS_ERRORS
 
 logger = logging.getLogger("blitzq.broker")
 
@@ -96,7 +97,7 @@ class ResultListener:
         self._confirmed.pop(key, None)
         if self._pubsub is not None:
             # AttributeError: redis-py's answer when close() shut the connection meanwhile.
-            with contextlib.suppress(RedisError, OSError, AttributeError):
+            with contextlib.suppress(*REDIS_ERRORS, AttributeError):
                 await self._pubsub.unsubscribe(key)
 
     def release(self, channel: str, fut: asyncio.Future[bytes]) -> None:
@@ -121,7 +122,7 @@ class ResultListener:
         while self._waiters:
             try:
                 message = await pubsub.get_message(timeout=1.0)
-            except (RedisError, OSError) as exc:
+            except REDIS_ERRORS as exc:
                 logger.debug("result listener read failed: %s", exc)
                 await asyncio.sleep(0.2)
                 continue
@@ -146,7 +147,7 @@ class ResultListener:
                 await self._reader
             self._reader = None
         if self._pubsub is not None:
-            with contextlib.suppress(RedisError, OSError):
+            with contextlib.suppress(*REDIS_ERRORS):
                 await self._pubsub.aclose()
             self._pubsub = None
         for waiters in self._waiters.values():

@@ -1,8 +1,16 @@
-"""How the Redis brokers connect: one bounded, blocking pool per broker, with timeouts.
+"""How the Redis brokers talk to the server: the connection pool and the one error translation.
 
-Every default below can be overridden by a query parameter of the broker URL (redis-py's
-names), e.g. ``redis://host:6379/0?max_connections=200&timeout=5&socket_timeout=10``; a
-parameter in the URL always wins over the default. ``docs/configuration.md`` lists them.
+Every Redis call of the brokers goes through a client made by :func:`make_client`, and every
+redis-py error it raises becomes a :class:`~blitzq.BrokerError` through :func:`broker_error`
+(as the decorator :func:`translate_errors` on a coroutine method, or called in an ``except``
+clause of an async generator). Lua scripts are loaded and run by ``scripts.py``.
+
+Pool and connections
+--------------------
+One bounded, blocking pool per broker, with timeouts. Every default below can be overridden by
+a query parameter of the broker URL (redis-py's names), e.g.
+``redis://host:6379/0?max_connections=200&timeout=5&socket_timeout=10``; a parameter in the URL
+always wins over the default. ``docs/configuration.md`` lists them.
 
 - The pool is a :class:`redis.asyncio.BlockingConnectionPool` (:class:`BoundedPool`, with a
   fast path while nobody waits): when all ``max_connections``
@@ -25,13 +33,22 @@ parameter in the URL always wins over the default. ``docs/configuration.md`` lis
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ...exceptions import BrokerError
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 #: Connections one broker (one Queue in one event loop) opens at most (URL ``max_connections``).
 DEFAULT_MAX_CONNECTIONS = 50
@@ -145,3 +162,47 @@ def pool_size(client: Any) -> int | None:
     pool = getattr(client, "connection_pool", None)
     size = getattr(pool, "max_connections", None)
     return int(size) if isinstance(size, int) else None
+
+
+# ------------------------------------------------------------------ errors
+#: What a Redis call may raise that :func:`broker_error` translates (``BrokerError`` itself is
+#: an ``OSError``: it passes through unchanged).
+REDIS_ERRORS = (RedisError, OSError)
+
+
+def broker_error(exc: BaseException) -> BrokerError:
+    """The :class:`~blitzq.BrokerError` for an error a Redis call raised.
+
+    Args:
+        exc: a redis-py error (``RedisError``) or an ``OSError`` from the socket; a
+            ``BrokerError`` is returned as it is.
+
+    Returns:
+        A ``BrokerError`` whose message names the original type, ``transient`` when trying
+        again may succeed (a connection error, a timeout, an ``OSError``) and not when the
+        server refused the command (a ``ResponseError``: a script error, ``OOM``, ``NOPERM``...).
+        Raise it ``from exc``.
+    """
+    if isinstance(exc, BrokerError):
+        return exc
+    transient = isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError))
+    return BrokerError(f"{type(exc).__name__}: {exc}", transient)
+
+
+def translate_errors(
+    fn: Callable[P, Coroutine[Any, Any, R]],
+) -> Callable[P, Coroutine[Any, Any, R]]:
+    """Decorate a coroutine function so that the Redis errors it raises become
+    :class:`~blitzq.BrokerError` (see :func:`broker_error`); a ``BrokerError`` passes through.
+    """
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except BrokerError:
+            raise
+        except REDIS_ERRORS as exc:
+            raise broker_error(exc) from exc
+
+    return wrapper

@@ -1,0 +1,238 @@
+"""The one Lua loader (``broker/redis/scripts.py``) and the one error translation
+(``broker/redis/client.py``) of the Redis brokers.
+
+Scripts are read once per process with their ``--@include`` lines expanded and run by EVALSHA;
+a server that lost them (restart, failover, ``SCRIPT FLUSH``) gets them again on NOSCRIPT.
+Checked on a private Redis (``redis-server`` on a free port: ``SCRIPT FLUSH`` and
+``CONFIG RESETSTAT`` must not touch the shared server) and on this process's ephemeral Valkey.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from importlib import resources
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from blitzq.broker.base import Completion, Scheduled
+from blitzq.broker.redis import FastRedisBroker, ReliableRedisBroker, ephemeral, scripts
+from blitzq.broker.redis.client import broker_error
+from blitzq.broker.redis.common import RedisBroker
+from blitzq.exceptions import BrokerError
+
+from ..conftest import free_port
+
+#: Scripts the brokers call (every file in lua/ except the included library).
+CALLED = {
+    "cancel", "claim_periodic", "complete", "fetch_levels", "lock_acquire", "lock_renew",
+    "pop_levels", "progress", "promote", "prune", "publish", "purge_dead", "rate_acquire",
+    "recover", "renew", "replay", "schedule", "trim_dead", "unique_claim",
+}  # fmt: skip
+
+
+# ------------------------------------------------------------------ loader (no server)
+def test_every_script_is_read_once_with_its_includes_expanded() -> None:
+    library = scripts.load("dead_letters").source
+    assert set(scripts.names()) == CALLED | {"dead_letters"}
+    for name in scripts.names():
+        script = scripts.load(name)
+        assert script.name == name
+        assert scripts.load(name) is script  # cached for the process
+        assert not any(line.startswith("--@include") for line in script.source.splitlines())
+        assert script.sha == hashlib.sha1(script.source.encode()).hexdigest()
+        raw = resources.files("blitzq.broker.redis").joinpath("lua", f"{name}.lua").read_text()
+        if "--@include dead_letters.lua" in raw:
+            assert library in script.source
+            assert "local function dl_note(" in script.source
+        else:
+            assert script.source == raw
+
+
+def test_an_unknown_script_name_is_an_error() -> None:
+    with pytest.raises(FileNotFoundError):
+        scripts.load("no_such_script")
+
+
+# ----------------------------------------------------------- translation (no server)
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (RedisConnectionError("Connection refused"), True),
+        (RedisTimeoutError("Timeout reading from socket"), True),
+        (ConnectionResetError(104, "reset by peer"), True),
+        (ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"), False),
+        (OutOfMemoryError("command not allowed when used memory > 'maxmemory'"), False),
+    ],
+)
+def test_broker_error_names_the_cause_and_says_whether_to_retry(
+    error: Exception, transient: bool
+) -> None:
+    translated = broker_error(error)
+    assert isinstance(translated, BrokerError)
+    assert translated.transient is transient
+    assert str(translated) == f"{type(error).__name__}: {error}"
+
+
+def test_a_broker_error_is_not_translated_again() -> None:
+    original = BrokerError("Redis did not answer within 6.0 s", True)
+    assert broker_error(original) is original
+
+
+# ------------------------------------------------------------------- on real servers
+def _answers(url: str) -> bool:
+    try:
+        with redis.Redis.from_url(url, socket_connect_timeout=0.5) as client:
+            return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+
+
+@pytest.fixture(params=["redis", "valkey"])
+def own_url(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[str]:
+    """A server no other test or developer uses: a private ``redis-server`` on a free port
+    (no persistence) or this process's ephemeral Valkey."""
+    if request.param == "valkey":
+        yield ephemeral.ensure_server()
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not _answers(url):
+            assert proc.poll() is None, "redis-server exited at start"
+            assert time.monotonic() < deadline, "redis-server did not answer within 30 s"
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.fixture
+async def admin(own_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(own_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def reliable(own_url: str, admin: aioredis.Redis) -> AsyncIterator[ReliableRedisBroker]:
+    namespace = f"test-scripts-{uuid.uuid4().hex[:10]}"
+    broker = ReliableRedisBroker(own_url, namespace)
+    yield broker
+    await broker.close()
+    async for key in admin.scan_iter(match=f"{namespace}:*"):
+        await admin.delete(key)
+
+
+async def _loaded(admin: aioredis.Redis, names: list[str]) -> list[bool]:
+    return list(await admin.script_exists(*(scripts.load(n).sha for n in names)))
+
+
+async def _round(broker: RedisBroker, tag: str) -> None:
+    """Publish, fetch and complete one task with a record, claim a unique key, take a lock:
+    scripts from common.py, reliable.py and control.py."""
+    queue = f"q-{tag}"
+    await broker.prepare_consumer([queue], "c1")
+    await broker.publish(queue, [tag.encode(), b"second " + tag.encode()])  # publish.lua (2)
+    (delivery,) = await broker.fetch_first([queue], 1, 0)  # fetch_levels / pop_levels
+    assert delivery.payload == tag.encode()
+    stale = await broker.complete(
+        [Completion(queue, delivery.token, tag, record=b"done " + tag.encode(), record_ttl=60)]
+    )
+    assert stale == []
+    assert await broker.get_record(tag) == b"done " + tag.encode()
+    assert await broker.claim_unique([(f"u-{tag}", tag, 60.0)]) == [None]
+    assert await broker.acquire_lock(f"l-{tag}", tag, 1, 30.0) == 0.0
+
+
+async def test_scripts_run_by_evalsha_and_come_back_after_script_flush(
+    reliable: ReliableRedisBroker, admin: aioredis.Redis, own_url: str
+) -> None:
+    used = ["publish", "fetch_levels", "complete", "unique_claim", "lock_acquire"]
+    await _round(reliable, "t1")
+    assert await _loaded(admin, used) == [True] * len(used)
+
+    await admin.script_flush()
+    assert await _loaded(admin, used) == [False] * len(used)
+    await _round(reliable, "t2")  # each call meets NOSCRIPT once, loads, runs
+    assert await _loaded(admin, used) == [True] * len(used)
+
+    if own_url.startswith("redis://"):  # the private redis-server: count the commands
+        await admin.config_resetstat()
+        await _round(reliable, "t3")
+        stats = await admin.info("commandstats")
+        calls = {name: int(row["calls"]) for name, row in stats.items()}
+        assert calls.get("cmdstat_evalsha") == len(used)
+        assert "cmdstat_eval" not in calls
+        assert "cmdstat_script|load" not in calls
+
+
+async def test_fast_mode_scripts_come_back_after_script_flush(
+    own_url: str, admin: aioredis.Redis
+) -> None:
+    namespace = f"test-scripts-{uuid.uuid4().hex[:10]}"
+    broker = FastRedisBroker(own_url, namespace)
+    try:
+        await broker.publish("q", [b"a"])
+        await admin.script_flush()
+        assert [d.payload for d in await broker.fetch_first(["q"], 5, 0)] == [b"a"]
+        assert await _loaded(admin, ["pop_levels"]) == [True]
+    finally:
+        await broker.close()
+        async for key in admin.scan_iter(match=f"{namespace}:*"):
+            await admin.delete(key)
+
+
+async def test_an_error_inside_a_script_is_a_lasting_broker_error(
+    reliable: ReliableRedisBroker, admin: aioredis.Redis
+) -> None:
+    await admin.set(reliable.keys.schedule, b"not a sorted set")  # WRONGTYPE in schedule.lua
+    with pytest.raises(BrokerError) as caught:
+        await reliable.schedule([Scheduled("t1", "q", b"m", delay=60.0)])
+    assert caught.value.transient is False
+    assert "WRONGTYPE" in str(caught.value)
+    assert isinstance(caught.value.__cause__, ResponseError)
+
+
+async def test_an_unreachable_server_is_a_transient_broker_error_everywhere() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0?socket_connect_timeout=0.5"
+    broker = ReliableRedisBroker(url, "test-scripts-unreachable")
+    try:
+        calls = {
+            "ping (a command)": broker.ping(),
+            "dead_letter_count (a script)": broker.dead_letter_count(),
+            "claim_unique (a control script)": broker.claim_unique([("k", "t", 1.0)]),
+        }
+        for what, call in calls.items():
+            with pytest.raises(BrokerError) as caught:
+                await call
+            assert caught.value.transient is True, what
+        for what, generator in {
+            "events": broker.events(),
+            "watch_progress": broker.watch_progress("t1"),
+        }.items():
+            with pytest.raises(BrokerError) as caught:
+                await anext(generator)
+            assert caught.value.transient is True, what
+            await generator.aclose()
+    finally:
+        await broker.close()
