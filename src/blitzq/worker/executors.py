@@ -348,12 +348,20 @@ class ProcessPool:
         future = self._pool.submit(_run_by_reference, fn.__module__, fn.__qualname__, args, kwargs)
         return asyncio.wrap_future(future)
 
-    def shutdown(self, kill: bool = False) -> None:
-        """Stop the pool; ``kill=True`` terminates running processes at once."""
+    def shutdown(self, kill: bool = False) -> list[multiprocessing.process.BaseProcess]:
+        """Stop the pool; ``kill=True`` terminates running processes at once.
+
+        Returns:
+            The processes killed (empty without ``kill``): a SIGKILLed process may still be
+            exiting when its pool reports it gone, so whoever must know it is gone joins them.
+        """
         pool, self._pool = self._pool, None
         if pool is None:
-            return
+            return []
+        killed: list[multiprocessing.process.BaseProcess] = []
         if kill:
-            for process in list(getattr(pool, "_processes", {}).values()):
+            killed = list(getattr(pool, "_processes", {}).values())
+            for process in killed:
                 process.kill()
         pool.shutdown(wait=not kill, cancel_futures=True)
+        return killed

@@ -88,6 +88,10 @@ class Runner:
         self.failed = 0
         self._threads: ThreadPool | None = None
         self._processes: ProcessPool | None = None
+        #: Pool processes killed (hard timeout, cancel) and not yet reaped: the slot of the
+        #: run that caused it is freed only once they are.
+        self.killed_processes: list[Any] = []
+        self._reaping: asyncio.Future[None] | None = None
         self._limits: dict[tuple[str, str], list[tuple[str, float, float]]] = {}
         self._queue_limits = bool(queue.queue_rate_limits)
         #: Starts awaiting their checks or before-execute hooks, with their delivery: not
@@ -420,7 +424,10 @@ class Runner:
         self.jobs.discard(job)
         if job.timer is not None:
             job.timer.cancel()
-        slots.release()
+        if job.task.executor == "process" and (self.killed_processes or self._reaping):
+            self._release_once_reaped(slots)
+        else:
+            slots.release()
         if job.finished:
             forget(job)
             if not handle.cancelled():
@@ -446,6 +453,24 @@ class Runner:
             else:
                 self.finish(job, None, unwrap(error))
         forget(job)
+
+    def _release_once_reaped(self, slots: Slots) -> None:
+        """Free a process run's slot once the pool processes killed (for it or a sibling
+        in the same pool) have exited: joined in a thread, since a SIGKILLed process may
+        still be exiting when its pool reports it broken."""
+        if self.killed_processes:
+            killed, self.killed_processes = self.killed_processes, []
+
+            def reap() -> None:
+                for process in killed:
+                    process.join(10.0)
+
+            self._reaping = asyncio.ensure_future(asyncio.to_thread(reap))
+        reaping = self._reaping
+        if reaping is None or reaping.done():
+            slots.release()
+        else:
+            reaping.add_done_callback(lambda _: slots.release())
 
     def reject(
         self,

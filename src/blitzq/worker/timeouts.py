@@ -151,7 +151,8 @@ def forget(job: Job) -> None:
 def kill_process_run(runner: Runner, job: Job) -> None:
     """Terminate the process pool running ``job``; requeue the other process tasks in it.
 
-    The slot of ``job`` is freed when its future fails, after the process has exited.
+    The slot of ``job`` is freed when its future fails and the killed processes are reaped
+    (:attr:`Runner.killed_processes`), so the concurrency bound counts a dying process too.
     """
     pool = runner._processes
     if pool is None:
@@ -160,7 +161,7 @@ def kill_process_run(runner: Runner, job: Job) -> None:
         if other is not job and other.task.executor == "process" and not other.finished:
             other.finished = True  # its broken future is ignored; the message goes back
             runner.commit(other, Outcomes.requeue(other))
-    pool.shutdown(kill=True)
+    runner.killed_processes.extend(pool.shutdown(kill=True))
     runner._processes = None
 
 
