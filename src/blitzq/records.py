@@ -216,6 +216,12 @@ class DeadLetter:
 
 
 # ------------------------------------------------------------------------------ writer
+# The builders' common arguments: ``task_id``, ``task`` (name), ``queue`` (physical queue);
+# ``attempts`` (this run's attempt number); ``enqueued_at`` (Unix seconds the message was
+# created), ``started_at`` (Unix seconds the run started, ``None`` when not known);
+# ``worker`` (the writing worker's id); ``error_type``/``error`` (qualified type or reason,
+# and message). Builders of a record that ends a run or an attempt set ``finished_at`` to
+# now unless they take it as an argument.
 
 
 class _Stored(msgspec.Struct, gc=False):
@@ -245,8 +251,7 @@ CANCELLED_TYPE: Final = "TaskCancelled"
 CANCELLED_MESSAGE: Final = "cancelled by request"
 
 _UNSET: Final[Any] = msgspec.UNSET
-_encoder: Final = msgspec.msgpack.Encoder()
-_encode: Final = _encoder.encode
+_encode: Final = msgspec.msgpack.Encoder().encode
 
 
 def _encode_checked(record: _Stored) -> bytes:
@@ -263,63 +268,27 @@ def queued(
     task_id: str, task: str, queue: str, enqueued_at: float, scheduled: bool = False
 ) -> bytes:
     """The record of a task just enqueued (``track_state``): ``queued``, or ``scheduled``
-    when it has a delay or eta.
-
-    Args:
-        task_id, task, queue: the task's id, name and physical queue.
-        enqueued_at: Unix time (seconds) the message was created.
-        scheduled: the task waits on the schedule before it is queued.
-    """
-    return _encode(
-        _Stored(
-            task_id,
-            task,
-            queue,
-            "scheduled" if scheduled else "queued",
-            attempts=0,
-            enqueued_at=enqueued_at,
-        )
-    )
+    when it waits on the schedule (a delay or eta) first; ``attempts`` 0."""
+    state = "scheduled" if scheduled else "queued"
+    return _encode(_Stored(task_id, task, queue, state, attempts=0, enqueued_at=enqueued_at))
 
 
 def running(
-    task_id: str,
-    task: str,
-    queue: str,
-    attempts: int,
-    enqueued_at: float,
-    started_at: float | None,
-    worker: str,
-) -> bytes:
-    """The record of a task a worker started (``track_state``); ``finished_at`` is ``None``.
-
-    Args:
-        task_id, task, queue: the task's id, name and physical queue.
-        attempts: this run's attempt number.
-        enqueued_at, started_at: Unix times in seconds (``started_at`` ``None``: not known).
-        worker: the worker's id.
-    """
+    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
+    started_at: float | None, worker: str,
+) -> bytes:  # fmt: skip
+    """The record of a task a worker started (``track_state``); ``finished_at`` is ``None``."""
     return _encode(
         _Stored(task_id, task, queue, "running", attempts, enqueued_at, started_at, None, worker)
     )
 
 
 def succeeded(
-    task_id: str,
-    task: str,
-    queue: str,
-    attempts: int,
-    enqueued_at: float,
-    started_at: float | None,
-    worker: str,
-    result: Any = _UNSET,
-) -> bytes:
-    """The ``succeeded`` record of a run that returned ``result`` (finished now).
-
-    Args:
-        task_id, task, queue, attempts, enqueued_at, started_at, worker: as :func:`running`.
-        result: the return value; left out, the record has no ``result`` key (the task does
-            not store results).
+    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
+    started_at: float | None, worker: str, result: Any = _UNSET,
+) -> bytes:  # fmt: skip
+    """The ``succeeded`` record of a run that returned ``result``. Without ``result`` the
+    record has no ``result`` key (the task does not store results).
 
     Raises:
         SerializationError: ``result`` is not plain data (or is nested too deep, or an
@@ -327,212 +296,93 @@ def succeeded(
     """
     if result is not _UNSET:
         result = to_plain(result)
-    return _encode_checked(
-        _Stored(
-            task_id,
-            task,
-            queue,
-            "succeeded",
-            attempts,
-            enqueued_at,
-            started_at,
-            time.time(),
-            worker,
-            result,
-        )
-    )
+    record = _Stored(
+        task_id, task, queue, "succeeded", attempts, enqueued_at, started_at, time.time(), worker,
+        result,
+    )  # fmt: skip
+    return _encode_checked(record)
 
 
 def retrying(
-    task_id: str,
-    task: str,
-    queue: str,
-    attempts: int,
-    enqueued_at: float,
-    started_at: float | None,
-    worker: str,
-    error_type: str,
-    error: str,
-) -> bytes:
-    """The ``retrying`` record of an attempt that failed and will run again (finished now).
-
-    Args:
-        task_id, task, queue, attempts, enqueued_at, started_at, worker: as :func:`running`.
-        error_type, error: qualified type and message of the error.
-    """
-    return _encode(
-        _Stored(
-            task_id,
-            task,
-            queue,
-            "retrying",
-            attempts,
-            enqueued_at,
-            started_at,
-            time.time(),
-            worker,
-            error_type=error_type,
-            error=error,
-        )
-    )
+    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
+    started_at: float | None, worker: str, error_type: str, error: str,
+) -> bytes:  # fmt: skip
+    """The ``retrying`` record of an attempt that failed and will run again."""
+    record = _Stored(
+        task_id, task, queue, "retrying", attempts, enqueued_at, started_at, time.time(), worker,
+        error_type=error_type, error=error,
+    )  # fmt: skip
+    return _encode(record)
 
 
 def failed(
-    task_id: str,
-    task: str,
-    queue: str,
-    attempts: int,
-    enqueued_at: float,
-    started_at: float | None,
-    worker: str,
-    error_type: str,
-    error: str,
-    traceback: str,
+    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
+    started_at: float | None, worker: str, error_type: str, error: str, traceback: str,
     dead_lettered: bool = False,
-) -> bytes:
-    """The final record of a run that failed for good (finished now): ``failed``, or
-    ``dead_lettered`` when a dead letter is written with it.
-
-    Args:
-        task_id, task, queue, attempts, enqueued_at, started_at, worker: as :func:`running`.
-        error_type, error: qualified type and message of the error.
-        traceback: the formatted traceback.
-        dead_lettered: the state is ``dead_lettered`` instead of ``failed``.
-    """
-    return _encode(
-        _Stored(
-            task_id,
-            task,
-            queue,
-            "dead_lettered" if dead_lettered else "failed",
-            attempts,
-            enqueued_at,
-            started_at,
-            time.time(),
-            worker,
-            error_type=error_type,
-            error=error,
-            traceback=traceback,
-        )
-    )
+) -> bytes:  # fmt: skip
+    """The final record of a run that failed for good, with its formatted ``traceback``:
+    ``failed``, or ``dead_lettered`` when a dead letter is written with it."""
+    state = "dead_lettered" if dead_lettered else "failed"
+    record = _Stored(
+        task_id, task, queue, state, attempts, enqueued_at, started_at, time.time(), worker,
+        error_type=error_type, error=error, traceback=traceback,
+    )  # fmt: skip
+    return _encode(record)
 
 
 def cancelled(
     task_id: str, task: str, queue: str, attempts: int, enqueued_at: float, worker: str
 ) -> bytes:
-    """The ``cancelled`` record a worker writes for a task it cancelled (finished now).
-
-    Args:
-        task_id, task, queue, attempts, enqueued_at, worker: as :func:`running`.
-    """
-    return _encode(
-        _Stored(
-            task_id,
-            task,
-            queue,
-            "cancelled",
-            attempts,
-            enqueued_at,
-            finished_at=time.time(),
-            worker=worker,
-            error_type=CANCELLED_TYPE,
-            error=CANCELLED_MESSAGE,
-        )
-    )
+    """The ``cancelled`` record a worker writes for a task it cancelled (no ``started_at``)."""
+    record = _Stored(
+        task_id, task, queue, "cancelled", attempts, enqueued_at, finished_at=time.time(),
+        worker=worker, error_type=CANCELLED_TYPE, error=CANCELLED_MESSAGE,
+    )  # fmt: skip
+    return _encode(record)
 
 
 def cancel_request(task_id: str, finished_at: float) -> bytes:
     """The ``cancelled`` record ``queue.cancel`` hands the broker, stored when the task is
-    scheduled or queued (task name and queue are not known there: ``""``).
-
-    Args:
-        task_id: the task's id.
-        finished_at: Unix time (seconds) of the request.
-    """
-    return _encode(
-        _Stored(
-            task_id,
-            "",
-            "",
-            "cancelled",
-            finished_at=finished_at,
-            error_type=CANCELLED_TYPE,
-            error=CANCELLED_MESSAGE,
-        )
-    )
+    scheduled or queued; task name and queue are not known there (``""``), ``finished_at``
+    is the request's Unix time in seconds."""
+    record = _Stored(
+        task_id, "", "", "cancelled", finished_at=finished_at, error_type=CANCELLED_TYPE,
+        error=CANCELLED_MESSAGE,
+    )  # fmt: skip
+    return _encode(record)
 
 
 def rejected(
     task_id: str, task: str, queue: str, deliveries: int, reason: str, error: str, worker: str
 ) -> bytes:
     """The ``dead_lettered`` record of a message that cannot run (malformed, unknown task,
-    too large), finished now.
-
-    Args:
-        task_id, task, queue: the task's id, name (``""`` when unknown) and physical queue.
-        deliveries: times the message was delivered (its ``attempts``).
-        reason: the dead letter's reason (the record's ``error_type``).
-        error: the detail.
-        worker: the worker's id.
-    """
-    return _encode(
-        _Stored(
-            task_id,
-            task,
-            queue,
-            "dead_lettered",
-            deliveries,
-            finished_at=time.time(),
-            worker=worker,
-            error_type=reason,
-            error=error,
-        )
-    )
+    too large): ``attempts`` is its ``deliveries``, ``error_type`` the dead letter's
+    ``reason``; ``task`` is ``""`` when unknown."""
+    record = _Stored(
+        task_id, task, queue, "dead_lettered", deliveries, finished_at=time.time(), worker=worker,
+        error_type=reason, error=error,
+    )  # fmt: skip
+    return _encode(record)
 
 
 def expired(
-    task_id: str,
-    task: str,
-    queue: str,
-    attempts: int,
-    enqueued_at: float,
-    finished_at: float,
-    worker: str,
-    error: str,
-) -> bytes:
-    """The ``expired`` record of a task that waited longer than its ``max_age`` (never ran).
-
-    Args:
-        task_id, task, queue, enqueued_at, worker: as :func:`running`.
-        attempts: attempts made before (this delivery is not counted).
-        finished_at: Unix time (seconds) it was found expired.
-        error: the detail (how long it waited, its ``max_age``).
-    """
-    return _encode(
-        _Stored(
-            task_id,
-            task,
-            queue,
-            "expired",
-            attempts,
-            enqueued_at,
-            finished_at=finished_at,
-            worker=worker,
-            error_type="TaskExpired",
-            error=error,
-        )
-    )
+    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
+    finished_at: float, worker: str, error: str,
+) -> bytes:  # fmt: skip
+    """The ``expired`` record of a task that waited longer than its ``max_age`` and never
+    ran: ``attempts`` made before this delivery, ``finished_at`` the Unix time it was found
+    expired, ``error`` how long it waited."""
+    record = _Stored(
+        task_id, task, queue, "expired", attempts, enqueued_at, finished_at=finished_at,
+        worker=worker, error_type="TaskExpired", error=error,
+    )  # fmt: skip
+    return _encode(record)
 
 
 def refused(task_id: str, queue: str, previous: bytes | None, error_type: str, error: str) -> bytes:
-    """The small ``failed`` record written instead of a completion the broker refused
-    (finished now); task name, attempts, times and worker are taken from ``previous``.
-
-    Args:
-        task_id, queue: the task's id and physical queue.
-        previous: the refused completion's record, or ``None`` (unreadable: ignored).
-        error_type, error: the broker's error.
-    """
+    """The small ``failed`` record written instead of a completion the broker refused, the
+    broker's error in ``error_type``/``error``. Task name, attempts, times and worker come
+    from ``previous``, the refused record (``None`` or unreadable: left empty)."""
     fields: dict[str, Any] = {}
     if previous is not None:
         try:
@@ -542,44 +392,21 @@ def refused(task_id: str, queue: str, previous: bytes | None, error_type: str, e
         if isinstance(decoded, dict):
             fields = decoded
     get = fields.get
-    return _encode_checked(
-        _Stored(
-            task_id,
-            str(get("task", "")),
-            queue,
-            "failed",
-            get("attempts", 0),
-            get("enqueued_at"),
-            get("started_at"),
-            time.time(),
-            get("worker"),
-            error_type=error_type,
-            error=error,
-        )
-    )
+    record = _Stored(
+        task_id, str(get("task", "")), queue, "failed", get("attempts", 0), get("enqueued_at"),
+        get("started_at"), time.time(), get("worker"), error_type=error_type, error=error,
+    )  # fmt: skip
+    return _encode_checked(record)
 
 
 def deliveries_exceeded(
     task_id: str, task: str, queue: str, deliveries: int, error: str, finished_at: float
 ) -> bytes:
     """The ``dead_lettered`` record of a message delivered ``max_deliveries`` times without
-    completing. ``recover.lua`` writes the same keys and values (a contract test checks).
-
-    Args:
-        task_id, task, queue: the task's id, name and physical queue.
-        deliveries: times it was delivered (its ``attempts``).
-        error: the detail.
-        finished_at: Unix time (seconds) it was dead-lettered.
-    """
-    return _encode(
-        _Stored(
-            task_id,
-            task,
-            queue,
-            "dead_lettered",
-            deliveries,
-            finished_at=finished_at,
-            error_type="MaxDeliveriesExceeded",
-            error=error,
-        )
-    )
+    completing (``attempts``: ``deliveries``; ``finished_at``: Unix seconds). ``recover.lua``
+    writes the same keys and values in Lua (a contract test holds them equal)."""
+    record = _Stored(
+        task_id, task, queue, "dead_lettered", deliveries, finished_at=finished_at,
+        error_type="MaxDeliveriesExceeded", error=error,
+    )  # fmt: skip
+    return _encode(record)
