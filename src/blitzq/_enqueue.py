@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
+from . import records
 from .batch import item_options
 from .broker.base import Broker, Completion, Scheduled
 from .context import current_task
@@ -20,7 +21,6 @@ from .limits import CHUNK_WRITES
 from .routing import Routes, physical_queue, route
 from .serialization import (
     Envelope,
-    dumps,
     encode_envelope,
     plain_args,
     plain_kwargs,
@@ -108,20 +108,18 @@ class EnqueueOperations:
             if fresh:
                 await broker.reset_tasks(fresh)
         if self.track_state:  # written before publishing, so a fast worker cannot overtake it
-            records = [
+            writes = [
                 Completion(
                     env.queue, None, env.id,
-                    dumps({
-                        "id": env.id, "task": env.task, "queue": env.queue,
-                        "state": "queued" if due is None else "scheduled",
-                        "attempts": 0, "enqueued_at": env.created_at,
-                    }),
+                    records.queued(
+                        env.id, env.task, env.queue, env.created_at, due is not None
+                    ),
                     self.result_ttl,
                 )
                 for env, _, due in items
             ]  # fmt: skip
-            for start in range(0, len(records), CHUNK_WRITES):  # each call stays short
-                await broker.complete(records[start : start + CHUNK_WRITES])
+            for start in range(0, len(writes), CHUNK_WRITES):  # each call stays short
+                await broker.complete(writes[start : start + CHUNK_WRITES])
         now_items: dict[str, list[bytes]] = {}
         later: list[Scheduled] = []
         for o in batch:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from . import records
 from .broker.base import Broker
 from .client.sync import Portal, blocking
 from .controls import DEFAULT_UNIQUE_TTL
@@ -24,7 +25,7 @@ from .exceptions import (
 )
 from .records import DeadLetter, TaskRecord, TaskState
 from .routing import check_name
-from .serialization import decode_envelope, dumps, encode_envelope
+from .serialization import decode_envelope, encode_envelope
 from .task import TaskHandle
 from .uniqueness import broker_key
 
@@ -154,18 +155,7 @@ class QueueOperations:
             (queued or running: without ``track_state`` the two cannot be told apart) or
             ``"finished"`` (already final: nothing changed).
         """
-        now = time.time()
-        record = dumps(
-            {
-                "id": task_id,
-                "task": "",
-                "queue": "",
-                "state": "cancelled",
-                "error_type": "TaskCancelled",
-                "error": "cancelled by request",
-                "finished_at": now,
-            }
-        )
+        record = records.cancel_request(task_id, time.time())
         return await self.broker.cancel(task_id, record, self.result_ttl)
 
     cancel_sync = blocking(cancel)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from . import records
 from .broker.base import Completion, DeadLetterFields
-from .serialization import dumps
 
 if TYPE_CHECKING:
     from .hooks import StartCheck
@@ -34,20 +34,10 @@ def expired_completion(runner: Runner, job: Job, age: float, max_age: float) -> 
     env, d = job.envelope, job.delivery
     now = time.time()
     error = f"waited {age:.3f} s before it could start, over its max_age of {max_age} s"
-    record = dumps(
-        {
-            "id": env.id,
-            "task": env.task,
-            "queue": d.queue,
-            "state": "expired",
-            "attempts": max(0, job.attempt - 1),
-            "enqueued_at": env.created_at,
-            "finished_at": now,
-            "worker": runner.worker.id,
-            "error_type": "TaskExpired",
-            "error": error,
-        }
-    )
+    record = records.expired(
+        env.id, env.task, d.queue, max(0, job.attempt - 1), env.created_at, now,
+        runner.worker.id, error,
+    )  # fmt: skip
     dead = (
         DeadLetterFields(d.payload, "expired", error, env.task, d.queue, now)
         if job.task.dead_letter

@@ -1,13 +1,27 @@
-"""What users read back about tasks: states, records and dead letters."""
+"""What users read back about tasks: states, records and dead letters.
+
+This module is the one reader (:class:`TaskRecord`) **and writer** (the builders below) of
+task records: every record blitzq stores, except the one ``recover.lua`` writes for a
+message delivered too often (:func:`deliveries_exceeded` is its Python twin; a contract
+test holds the two equal), is made here.
+
+A record is a MessagePack map with some of the keys :data:`RECORD_FIELDS`, in that order.
+Each builder writes a fixed key set (the one blitzq has always written for that state); a
+key it does not write reads back as ``None`` (``attempts``: 0). A ``succeeded`` record
+without a ``result`` key is one whose task does not store results.
+"""
 
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
+
+import msgspec
 
 from .exceptions import SerializationError
-from .serialization import decode_envelope, loads
+from .serialization import _TOO_DEEP, decode_envelope, loads, to_plain
 
 
 class TaskState(enum.StrEnum):
@@ -199,3 +213,200 @@ class DeadLetter:
             "kwargs": self.kwargs,
             "mode": self.mode,
         }
+
+
+# ------------------------------------------------------------------------------ writer
+# The builders' common arguments: ``task_id``, ``task`` (name), ``queue`` (physical queue);
+# ``attempts`` (this run's attempt number); ``enqueued_at`` (Unix seconds the message was
+# created), ``started_at`` (Unix seconds the run started, ``None`` when not known);
+# ``worker`` (the writing worker's id); ``error_type``/``error`` (qualified type or reason,
+# and message). Builders of a record that ends a run or an attempt set ``finished_at`` to
+# now unless they take it as an argument.
+
+
+class _Stored(msgspec.Struct, gc=False):
+    """A record as written: a field left :data:`msgspec.UNSET` is not written at all, so each
+    builder keeps the exact key set of its state (field order = :data:`RECORD_FIELDS`)."""
+
+    id: str
+    task: str
+    queue: str
+    state: str
+    attempts: Any = msgspec.UNSET
+    enqueued_at: Any = msgspec.UNSET
+    started_at: Any = msgspec.UNSET
+    finished_at: Any = msgspec.UNSET
+    worker: Any = msgspec.UNSET
+    result: Any = msgspec.UNSET
+    error_type: Any = msgspec.UNSET
+    error: Any = msgspec.UNSET
+    traceback: Any = msgspec.UNSET
+
+
+#: Every key a task record may have, in the order the builders write them.
+RECORD_FIELDS: Final[tuple[str, ...]] = _Stored.__struct_fields__
+
+#: The reason and message of a record cancelled by request.
+CANCELLED_TYPE: Final = "TaskCancelled"
+CANCELLED_MESSAGE: Final = "cancelled by request"
+
+_UNSET: Final[Any] = msgspec.UNSET
+_encode: Final = msgspec.msgpack.Encoder().encode
+
+
+def _encode_checked(record: _Stored) -> bytes:
+    """Encode a record whose ``result`` is already in wire form (see ``to_plain``)."""
+    try:
+        return _encode(record)
+    except (TypeError, OverflowError) as exc:
+        raise SerializationError(str(exc)) from exc
+    except RecursionError:
+        raise SerializationError(_TOO_DEEP) from None
+
+
+def queued(
+    task_id: str, task: str, queue: str, enqueued_at: float, scheduled: bool = False
+) -> bytes:
+    """The record of a task just enqueued (``track_state``): ``queued``, or ``scheduled``
+    when it waits on the schedule (a delay or eta) first; ``attempts`` 0."""
+    state = "scheduled" if scheduled else "queued"
+    return _encode(_Stored(task_id, task, queue, state, attempts=0, enqueued_at=enqueued_at))
+
+
+def running(
+    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
+    started_at: float | None, worker: str,
+) -> bytes:  # fmt: skip
+    """The record of a task a worker started (``track_state``); ``finished_at`` is ``None``."""
+    return _encode(
+        _Stored(task_id, task, queue, "running", attempts, enqueued_at, started_at, None, worker)
+    )
+
+
+def succeeded(
+    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
+    started_at: float | None, worker: str, result: Any = _UNSET,
+) -> bytes:  # fmt: skip
+    """The ``succeeded`` record of a run that returned ``result``. Without ``result`` the
+    record has no ``result`` key (the task does not store results).
+
+    Raises:
+        SerializationError: ``result`` is not plain data (or is nested too deep, or an
+            integer beyond 64 bits).
+    """
+    if result is not _UNSET:
+        result = to_plain(result)
+    record = _Stored(
+        task_id, task, queue, "succeeded", attempts, enqueued_at, started_at, time.time(), worker,
+        result,
+    )  # fmt: skip
+    return _encode_checked(record)
+
+
+def retrying(
+    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
+    started_at: float | None, worker: str, error_type: str, error: str,
+) -> bytes:  # fmt: skip
+    """The ``retrying`` record of an attempt that failed and will run again."""
+    record = _Stored(
+        task_id, task, queue, "retrying", attempts, enqueued_at, started_at, time.time(), worker,
+        error_type=error_type, error=error,
+    )  # fmt: skip
+    return _encode(record)
+
+
+def failed(
+    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
+    started_at: float | None, worker: str, error_type: str, error: str, traceback: str,
+    dead_lettered: bool = False,
+) -> bytes:  # fmt: skip
+    """The final record of a run that failed for good, with its formatted ``traceback``:
+    ``failed``, or ``dead_lettered`` when a dead letter is written with it."""
+    state = "dead_lettered" if dead_lettered else "failed"
+    record = _Stored(
+        task_id, task, queue, state, attempts, enqueued_at, started_at, time.time(), worker,
+        error_type=error_type, error=error, traceback=traceback,
+    )  # fmt: skip
+    return _encode(record)
+
+
+def cancelled(
+    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float, worker: str
+) -> bytes:
+    """The ``cancelled`` record a worker writes for a task it cancelled (no ``started_at``)."""
+    record = _Stored(
+        task_id, task, queue, "cancelled", attempts, enqueued_at, finished_at=time.time(),
+        worker=worker, error_type=CANCELLED_TYPE, error=CANCELLED_MESSAGE,
+    )  # fmt: skip
+    return _encode(record)
+
+
+def cancel_request(task_id: str, finished_at: float) -> bytes:
+    """The ``cancelled`` record ``queue.cancel`` hands the broker, stored when the task is
+    scheduled or queued; task name and queue are not known there (``""``), ``finished_at``
+    is the request's Unix time in seconds."""
+    record = _Stored(
+        task_id, "", "", "cancelled", finished_at=finished_at, error_type=CANCELLED_TYPE,
+        error=CANCELLED_MESSAGE,
+    )  # fmt: skip
+    return _encode(record)
+
+
+def rejected(
+    task_id: str, task: str, queue: str, deliveries: int, reason: str, error: str, worker: str
+) -> bytes:
+    """The ``dead_lettered`` record of a message that cannot run (malformed, unknown task,
+    too large): ``attempts`` is its ``deliveries``, ``error_type`` the dead letter's
+    ``reason``; ``task`` is ``""`` when unknown."""
+    record = _Stored(
+        task_id, task, queue, "dead_lettered", deliveries, finished_at=time.time(), worker=worker,
+        error_type=reason, error=error,
+    )  # fmt: skip
+    return _encode(record)
+
+
+def expired(
+    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
+    finished_at: float, worker: str, error: str,
+) -> bytes:  # fmt: skip
+    """The ``expired`` record of a task that waited longer than its ``max_age`` and never
+    ran: ``attempts`` made before this delivery, ``finished_at`` the Unix time it was found
+    expired, ``error`` how long it waited."""
+    record = _Stored(
+        task_id, task, queue, "expired", attempts, enqueued_at, finished_at=finished_at,
+        worker=worker, error_type="TaskExpired", error=error,
+    )  # fmt: skip
+    return _encode(record)
+
+
+def refused(task_id: str, queue: str, previous: bytes | None, error_type: str, error: str) -> bytes:
+    """The small ``failed`` record written instead of a completion the broker refused, the
+    broker's error in ``error_type``/``error``. Task name, attempts, times and worker come
+    from ``previous``, the refused record (``None`` or unreadable: left empty)."""
+    fields: dict[str, Any] = {}
+    if previous is not None:
+        try:
+            decoded = loads(previous)
+        except SerializationError:
+            decoded = None
+        if isinstance(decoded, dict):
+            fields = decoded
+    get = fields.get
+    record = _Stored(
+        task_id, str(get("task", "")), queue, "failed", get("attempts", 0), get("enqueued_at"),
+        get("started_at"), time.time(), get("worker"), error_type=error_type, error=error,
+    )  # fmt: skip
+    return _encode_checked(record)
+
+
+def deliveries_exceeded(
+    task_id: str, task: str, queue: str, deliveries: int, error: str, finished_at: float
+) -> bytes:
+    """The ``dead_lettered`` record of a message delivered ``max_deliveries`` times without
+    completing (``attempts``: ``deliveries``; ``finished_at``: Unix seconds). ``recover.lua``
+    writes the same keys and values in Lua (a contract test holds them equal)."""
+    record = _Stored(
+        task_id, task, queue, "dead_lettered", deliveries, finished_at=finished_at,
+        error_type="MaxDeliveriesExceeded", error=error,
+    )  # fmt: skip
+    return _encode(record)

@@ -14,11 +14,12 @@ from typing import Any
 
 import msgspec
 
+from .. import records
 from ..broker.base import Completion, DeadLetterFields, Delivery
 from ..context import TaskContext
 from ..exceptions import ResultTooLarge, Retry, SerializationError, TaskTimeout, describe_error
 from ..limits import DEAD_MESSAGE_SAMPLE, DEFAULT_MAX_RESULT_SIZE, clip_text
-from ..serialization import Envelope, dumps, encode_envelope
+from ..serialization import Envelope, encode_envelope
 from ..task import Task
 
 #: :attr:`Job.result` of a job that has not returned a value.
@@ -123,23 +124,6 @@ class Outcomes:
         self.max_message_size = max_message_size
         self.max_result_size = max_result_size
 
-    def _record(self, job: Job, state: str, **fields: Any) -> bytes:
-        env = job.envelope
-        record = {
-            "id": env.id,
-            "task": env.task,
-            "queue": job.delivery.queue,
-            "state": state,
-            "attempts": job.attempt,
-            "enqueued_at": env.created_at,
-            "started_at": job.started_at or None,
-            # A running task has not finished; a retrying one finished this attempt.
-            "finished_at": None if state == "running" else time.time(),
-            "worker": self.worker_id,
-        }
-        record.update(fields)
-        return dumps(record)
-
     def success(self, job: Job, value: Any, track_state: bool = False) -> Completion | None:
         """Completion of a run that returned ``value``; ``None`` when nothing is to be done.
 
@@ -155,13 +139,21 @@ class Outcomes:
             store = self.store_results
         if not store:
             if track_state:
-                record = self._record(job, "succeeded")
+                env = job.envelope
+                record = records.succeeded(
+                    env.id, env.task, d.queue, job.attempt, env.created_at,
+                    job.started_at or None, self.worker_id,
+                )  # fmt: skip
                 return Completion(d.queue, d.token, job.envelope.id, record, self.result_ttl)
             if d.token is None:
                 return None
             return Completion(d.queue, d.token, job.envelope.id)
+        env = job.envelope
         try:
-            record = self._record(job, "succeeded", result=value)
+            record = records.succeeded(
+                env.id, env.task, d.queue, job.attempt, env.created_at,
+                job.started_at or None, self.worker_id, value,
+            )  # fmt: skip
             if len(record) > self.max_result_size:
                 raise ResultTooLarge(len(record), self.max_result_size)
         except SerializationError as exc:
@@ -199,22 +191,24 @@ class Outcomes:
             record = None
             if track_state:
                 error_type, message = describe_error(cause)
-                record = self._record(job, "retrying", error_type=error_type, error=message)
+                record = records.retrying(
+                    env.id, env.task, d.queue, job.attempt, env.created_at,
+                    job.started_at or None, self.worker_id, error_type, message,
+                )  # fmt: skip
             return Completion(
                 d.queue, d.token, env.id, record, self.result_ttl, reschedule=data, delay=delay
             )
         error_type, message = describe_error(cause)
         trace = format_traceback(cause)
+        dead = None
         if task.dead_letter:
-            state, dead = (
-                "dead_lettered",
-                DeadLetterFields(
-                    d.payload, "failed", f"{error_type}: {message}", env.task, d.queue, time.time()
-                ),
+            dead = DeadLetterFields(
+                d.payload, "failed", f"{error_type}: {message}", env.task, d.queue, time.time()
             )
-        else:
-            state, dead = "failed", None
-        record = self._record(job, state, error_type=error_type, error=message, traceback=trace)
+        record = records.failed(
+            env.id, env.task, d.queue, job.attempt, env.created_at, job.started_at or None,
+            self.worker_id, error_type, message, trace, dead_lettered=dead is not None,
+        )  # fmt: skip
         return Completion(d.queue, d.token, env.id, record, self.result_ttl, dead_letter=dead)
 
     def timeout(self, job: Job, seconds: float) -> Completion:
@@ -238,45 +232,34 @@ class Outcomes:
         dead = DeadLetterFields(payload, reason, error, task, delivery.queue, time.time())
         record = None
         if task_id is not None:
-            record = dumps(
-                {
-                    "id": task_id,
-                    "task": task,
-                    "queue": delivery.queue,
-                    "state": "dead_lettered",
-                    "attempts": delivery.deliveries,
-                    "error_type": reason,
-                    "error": error,
-                    "finished_at": time.time(),
-                    "worker": self.worker_id,
-                }
+            record = records.rejected(
+                task_id, task, delivery.queue, delivery.deliveries, reason, error, self.worker_id
             )
         return Completion(
             delivery.queue, delivery.token, ident, record, self.result_ttl, dead_letter=dead
         )
 
-    def progress(self, job: Job, state: str) -> Completion:
-        """Completion that only writes a non-final record (``running``); nothing is acked,
-        but it is fenced by the delivery (not written once its lease is lost)."""
-        d = job.delivery
-        record = self._record(job, state)
+    def progress(self, job: Job, state: str = "running") -> Completion:
+        """Completion that only writes the ``running`` record (``state`` must be
+        ``"running"``, the one non-final state a worker writes); nothing is acked, but it
+        is fenced by the delivery (not written once its lease is lost).
+
+        Raises:
+            ValueError: ``state`` is not ``"running"``.
+        """
+        if state != "running":
+            raise ValueError(f"a worker writes no {state!r} record before the run ends")
+        d, env = job.delivery, job.envelope
+        record = records.running(
+            env.id, env.task, d.queue, job.attempt, env.created_at, job.started_at or None,
+            self.worker_id,
+        )  # fmt: skip
         return Completion(d.queue, None, job.envelope.id, record, self.result_ttl, fence=d.token)
 
     def cancelled(self, d: Delivery, env: Envelope, attempt: int) -> Completion:
         """Completion acking a cancelled task with a ``cancelled`` record."""
-        record = dumps(
-            {
-                "id": env.id,
-                "task": env.task,
-                "queue": d.queue,
-                "state": "cancelled",
-                "attempts": attempt,
-                "enqueued_at": env.created_at,
-                "finished_at": time.time(),
-                "worker": self.worker_id,
-                "error_type": "TaskCancelled",
-                "error": "cancelled by request",
-            }
+        record = records.cancelled(
+            env.id, env.task, d.queue, attempt, env.created_at, self.worker_id
         )
         return Completion(d.queue, d.token, env.id, record, self.result_ttl)
 

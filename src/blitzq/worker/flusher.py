@@ -19,15 +19,13 @@ logged once at WARNING.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
 from typing import Any
 
+from .. import records
 from ..broker.base import Broker, Completion
-from ..exceptions import BrokerError, SerializationError, describe_error
+from ..exceptions import BrokerError, describe_error
 from ..limits import COMPLETION_BATCH_BYTES, COMPLETION_BATCH_ITEMS, clip_text
-from ..serialization import dumps, loads
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -252,29 +250,13 @@ class Flusher:
 
 def _replacement(completion: Completion, size: int, error: BrokerError) -> Completion:
     """The small completion written instead of a refused one (see ``Flusher._refused``)."""
-    fields: dict[str, Any] = {}
-    if completion.record is not None:
-        with contextlib.suppress(SerializationError):
-            decoded = loads(completion.record)
-            if isinstance(decoded, dict):
-                fields = decoded
     error_type, message = describe_error(error)
-    record = dumps(
-        {
-            "id": completion.task_id,
-            "task": str(fields.get("task", "")),
-            "queue": completion.queue,
-            "state": "failed",
-            "attempts": fields.get("attempts", 0),
-            "enqueued_at": fields.get("enqueued_at"),
-            "started_at": fields.get("started_at"),
-            "finished_at": time.time(),
-            "worker": fields.get("worker"),
-            "error_type": error_type,
-            "error": clip_text(
-                f"the broker refused this task's completion ({size} bytes): {message}"
-            ),
-        }
+    record = records.refused(
+        completion.task_id,
+        completion.queue,
+        completion.record,
+        error_type,
+        clip_text(f"the broker refused this task's completion ({size} bytes): {message}"),
     )
     ops = tuple(op for op in completion.ops if _op_size(op) <= _SMALL_OP)
     return Completion(
