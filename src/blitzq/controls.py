@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import ConfigurationError
+from .limits import MAX_SECONDS
 
 if TYPE_CHECKING:
     from .locks import LockSpec
@@ -78,8 +79,11 @@ def _seconds(task: str, name: str, value: Any) -> float | None:
         or not isinstance(value, int | float)
         or not math.isfinite(value)
         or value <= 0
+        or value > MAX_SECONDS
     ):
-        raise ConfigurationError(f"task {task}: {name} must be > 0 seconds, got {value!r}")
+        raise ConfigurationError(
+            f"task {task}: {name} must be > 0 and <= {MAX_SECONDS} seconds, got {value!r}"
+        )
     return float(value)
 
 

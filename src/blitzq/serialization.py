@@ -33,6 +33,14 @@ _SCALARS: Final = frozenset({str, int, float, bool, type(None), bytes})
 _TOO_DEEP: Final = "value is nested deeper than the recursion limit allows"
 
 
+def _not_utf8(exc: UnicodeEncodeError) -> SerializationError:
+    """The error for a ``str`` that is not valid Unicode text (a lone surrogate)."""
+    return SerializationError(
+        f"str values must be valid Unicode text: {exc.object[exc.start : exc.end]!r} "
+        f"at position {exc.start} cannot be encoded as UTF-8 ({exc.reason})"
+    )
+
+
 class Envelope(msgspec.Struct, array_like=True, gc=False):
     """One task message, as it travels through the broker.
 
@@ -176,7 +184,8 @@ def encode_envelope(envelope: Envelope, max_size: int) -> bytes:
     """Encode an envelope whose args/kwargs are already in wire form.
 
     Raises:
-        SerializationError: an integer beyond 64 bits, or another encoding failure.
+        SerializationError: an integer beyond 64 bits, a ``str`` that is not valid Unicode
+            (a lone surrogate such as ``"\\ud800"``), or another encoding failure.
         MessageTooLarge: the message is over ``max_size`` bytes.
     """
     # Trailing optional fields still at their default (None / False) are left out: an
@@ -187,6 +196,8 @@ def encode_envelope(envelope: Envelope, max_size: int) -> bytes:
         end -= 1
     try:
         data = _encoder.encode(values[:end])
+    except UnicodeEncodeError as exc:
+        raise _not_utf8(exc) from None
     except (TypeError, OverflowError) as exc:
         raise SerializationError(str(exc)) from exc
     except RecursionError:
@@ -220,12 +231,15 @@ def dumps(value: Any) -> bytes:
     """Encode any plain-data value (results, records) to MessagePack.
 
     Raises:
-        SerializationError: ``value`` is not plain data (or is nested too deep).
+        SerializationError: ``value`` is not plain data (or is nested too deep, or holds a
+            ``str`` that is not valid Unicode).
     """
     try:
         return _encoder.encode(to_plain(value))
     except SerializationError:
         raise
+    except UnicodeEncodeError as exc:
+        raise _not_utf8(exc) from None
     except (TypeError, OverflowError) as exc:
         raise SerializationError(str(exc)) from exc
     except RecursionError:
