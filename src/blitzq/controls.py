@@ -106,6 +106,9 @@ def install_controls(task: Task[Any, Any], options: Mapping[str, Any]) -> TaskCo
     unknown = set(options) - _KNOWN
     if unknown:
         raise ConfigurationError(f"task {task.name}: unknown options {sorted(unknown)}")
+    # Checked even when unused (no unique= / lock=): a bad value is an error wherever it is.
+    _seconds(task.name, "unique_ttl", options.get("unique_ttl", DEFAULT_UNIQUE_TTL))
+    _seconds(task.name, "lock_ttl", options.get("lock_ttl"))
     if not any(
         options.get(k) for k in ("unique", "lock", "soft_timeout", "hard_timeout", "max_age")
     ):
