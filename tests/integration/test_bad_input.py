@@ -24,6 +24,8 @@ from blitzq import (
     Every,
     MessageTooLarge,
     Queue,
+    RateLimit,
+    RetryPolicy,
     SerializationError,
     TaskFailed,
     TaskState,
@@ -588,3 +590,38 @@ async def test_malformed_message_with_a_readable_id_fails_its_waiters(
         assert stats["queues"][queue.name] == {"waiting": 0, "in_flight": 0}
     finally:
         await queue.close()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"base": float("nan")},
+        {"base": True},
+        {"max_delay": float("inf")},
+        {"max_delay": 1e300},
+        {"factor": float("nan")},
+        {"factor": float("inf")},
+        {"factor": True},
+        {"max_retries": 1.5},
+        {"max_retries": True},
+    ],
+    ids=repr,
+)
+def test_bad_retry_policy_is_a_configuration_error(options: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError):
+        RetryPolicy(**options)
+
+
+def test_retry_delay_of_a_huge_factor_stays_at_max_delay() -> None:
+    policy = RetryPolicy(factor=1e300, max_delay=60.0, jitter="none")
+    assert policy.delay(5) == 60.0  # factor ** 4 overflows a float: the bound applies
+
+
+@pytest.mark.parametrize(
+    "args",
+    [(float("nan"), 1.0), (10, float("inf")), (True, 1.0), (10, 1.0, float("nan")), ("5", 1.0)],
+    ids=repr,
+)
+def test_bad_rate_limit_is_a_configuration_error(args: tuple[Any, ...]) -> None:
+    with pytest.raises(ConfigurationError):
+        RateLimit(*args)
