@@ -41,11 +41,21 @@ def seconds(
     bad = not math.isfinite(value) or value > maximum
     bad = bad or (value <= minimum if strict else value < minimum)
     if bad:
-        low = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        low = f"> {_show(minimum)}" if strict else f">= {_show(minimum)}"
+        high = "10 years" if maximum == MAX_SECONDS else f"{_show(maximum)} s"
         raise ConfigurationError(
-            f"{name} must be a finite number of seconds {low} and <= {maximum:g}, got {value!r}"
+            f"{name} must be a finite number of seconds {low} and at most {high} "
+            f"({_show(maximum)} s), got {value!r}"
+            if maximum == MAX_SECONDS
+            else f"{name} must be a finite number of seconds {low} and at most {high}, "
+            f"got {value!r}"
         )
     return float(value)
+
+
+def _show(number: float) -> str:
+    """``number`` without a needless ``.0`` or exponent (``315360000``, ``0.5``)."""
+    return str(int(number)) if float(number).is_integer() else repr(float(number))
 
 
 def integer(name: str, value: Any, *, minimum: int, unit: str = "") -> int:

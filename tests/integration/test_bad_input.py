@@ -27,6 +27,7 @@ from blitzq import (
     RateLimit,
     RetryPolicy,
     SerializationError,
+    Signature,
     TaskFailed,
     TaskState,
     Worker,
@@ -625,3 +626,9 @@ def test_retry_delay_of_a_huge_factor_stays_at_max_delay() -> None:
 def test_bad_rate_limit_is_a_configuration_error(args: tuple[Any, ...]) -> None:
     with pytest.raises(ConfigurationError):
         RateLimit(*args)
+
+
+@pytest.mark.parametrize("timeout", [True, float("nan"), float("inf"), 1e300, 0], ids=repr)
+def test_bad_workflow_step_timeout_is_a_configuration_error(timeout: Any) -> None:
+    with pytest.raises(ConfigurationError, match="timeout"):
+        Signature("t.step", (1,), {}, timeout=timeout)
