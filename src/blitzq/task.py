@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar
 
-from ._checks import integer, seconds, text
+from ._checks import flag, integer, seconds, text
 from .exceptions import ConfigurationError
 from .limits import MAX_SECONDS
 from .ratelimit import RateLimit
@@ -192,7 +192,12 @@ class Task(Generic[P, R]):
             raise ConfigurationError(f"task {name}: executor='async' needs an async function")
         if executor != "async" and is_async:
             raise ConfigurationError(f"task {name}: an async function runs with executor='async'")
+        text("task name", name, optional=False)
         integer(f"task {name}: retries", retries, minimum=0)
+        flag(f"task {name}: dead_letter", dead_letter)
+        if store_result is not None:
+            flag(f"task {name}: store_result", store_result)
+        text(f"task {name}: rate_key", rate_key)
         if timeout is not None:
             timeout = seconds(f"task {name}: timeout", timeout)
         self.owner = owner

@@ -491,6 +491,10 @@ def test_bad_worker_option_is_a_configuration_error(options: dict[str, Any]) -> 
         {"max_age": True},
         {"unique_ttl": float("nan")},
         {"unique": True, "unique_ttl": True},
+        {"name": 5},
+        {"dead_letter": "no"},
+        {"store_result": 0},
+        {"rate_limit": "1/s", "rate_key": 5},
         {"lock_ttl": 1e300},
     ],
     ids=repr,
@@ -499,7 +503,7 @@ def test_bad_task_option_is_a_configuration_error(options: dict[str, Any]) -> No
     queue = Queue("q", redis_url="redis://127.0.0.1:1/0")
     with pytest.raises(ConfigurationError):
 
-        @queue.task(name="bad.decorated", **options)
+        @queue.task(**{"name": "bad.decorated", **options})
         def decorated() -> None:
             return None
 
