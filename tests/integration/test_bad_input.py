@@ -26,6 +26,7 @@ from blitzq import (
     Queue,
     RateLimit,
     RetryPolicy,
+    Scheduler,
     SerializationError,
     Signature,
     TaskFailed,
@@ -636,3 +637,48 @@ def test_bad_rate_limit_is_a_configuration_error(args: tuple[Any, ...]) -> None:
 def test_bad_workflow_step_timeout_is_a_configuration_error(timeout: Any) -> None:
     with pytest.raises(ConfigurationError, match="timeout"):
         Signature("t.step", (1,), {}, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"poll_interval": float("nan")},
+        {"poll_interval": float("inf")},
+        {"poll_interval": True},
+        {"poll_interval": 0},
+        {"grace": float("nan")},
+        {"max_catch_up": float("inf")},
+        {"max_catch_up": True},
+        {"promote": "yes"},
+    ],
+    ids=repr,
+)
+def test_bad_scheduler_option_is_a_configuration_error(options: dict[str, Any]) -> None:
+    queue = Queue("q", redis_url="redis://127.0.0.1:1/0")
+    with pytest.raises(ConfigurationError):
+        Scheduler(queue, **options)
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"args": 5}, ConfigurationError),
+        ({"args": "ab"}, ConfigurationError),
+        ({"kwargs": [1]}, ConfigurationError),
+        ({"args": ("\ud800",)}, SerializationError),
+        ({"kwargs": {"k": _deep(5000)}}, SerializationError),
+    ],
+    ids=["args-int", "args-str", "kwargs-list", "surrogate", "deep"],
+)
+def test_bad_periodic_arguments_are_refused_at_registration(
+    options: dict[str, Any], error: type[Exception]
+) -> None:
+    queue = Queue("q", redis_url="redis://127.0.0.1:1/0")
+
+    @queue.task(name="bad.periodic")
+    async def tick(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    with pytest.raises(error):
+        queue.add_periodic(tick, Every(60), **options)
+    assert queue.periodic_tasks == {}
