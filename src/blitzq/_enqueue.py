@@ -250,13 +250,18 @@ class EnqueueOperations:
                 timeout, queue, correlation_id).
 
         Raises:
-            ConfigurationError: an unknown option or an invalid value.
+            ConfigurationError: an unknown option or an invalid value, ``args`` that are not
+                a tuple or list, ``kwargs`` that are not a mapping.
             SerializationError, MessageTooLarge, BrokerError: as for ``Task.enqueue``.
         """
         try:
             opts = CallOptions(**options)
         except TypeError as exc:
             raise ConfigurationError(str(exc)) from None
+        if not isinstance(args, tuple | list):
+            raise ConfigurationError(f"send: args must be a tuple or list, got {args!r}")
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise ConfigurationError(f"send: kwargs must be a dict, got {kwargs!r}")
         registered = self.tasks.get(name)
         if registered is not None:
             opts = CallOptions(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import ConfigurationError
+from .limits import MAX_SECONDS
 
 if TYPE_CHECKING:
     from .locks import LockSpec
@@ -78,8 +79,11 @@ def _seconds(task: str, name: str, value: Any) -> float | None:
         or not isinstance(value, int | float)
         or not math.isfinite(value)
         or value <= 0
+        or value > MAX_SECONDS
     ):
-        raise ConfigurationError(f"task {task}: {name} must be > 0 seconds, got {value!r}")
+        raise ConfigurationError(
+            f"task {task}: {name} must be > 0 and <= {MAX_SECONDS} seconds, got {value!r}"
+        )
     return float(value)
 
 
@@ -102,6 +106,9 @@ def install_controls(task: Task[Any, Any], options: Mapping[str, Any]) -> TaskCo
     unknown = set(options) - _KNOWN
     if unknown:
         raise ConfigurationError(f"task {task.name}: unknown options {sorted(unknown)}")
+    # Checked even when unused (no unique= / lock=): a bad value is an error wherever it is.
+    _seconds(task.name, "unique_ttl", options.get("unique_ttl", DEFAULT_UNIQUE_TTL))
+    _seconds(task.name, "lock_ttl", options.get("lock_ttl"))
     if not any(
         options.get(k) for k in ("unique", "lock", "soft_timeout", "hard_timeout", "max_age")
     ):

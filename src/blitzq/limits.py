@@ -53,3 +53,9 @@ def clip_text(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text)} characters in all)"
+
+
+#: Longest duration any option takes, in seconds (ten years of 365 days): ``delay``, how far
+#: ahead an ``eta`` may be, task and call timeouts, ``max_age``, TTLs, the visibility timeout
+#: and the worker's shutdown timeout. Longer values are refused with ConfigurationError.
+MAX_SECONDS: Final = 10 * 365 * 86400

@@ -8,12 +8,14 @@ background loop and a worker alike.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import os
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
+from ._checks import flag, integer, seconds
 from ._enqueue import EnqueueOperations
 from ._operations import QueueOperations
 from .batch import BatchOperations
@@ -108,8 +110,13 @@ class Queue(
         dead_letter_max_bytes: total bytes of stored dead letters; beyond it the oldest
             are dropped.
 
+    Every numeric option must be a real number (``int`` where a count or size is asked for;
+    never ``bool``), finite and in range, and every duration at most ten years
+    (``blitzq.limits.MAX_SECONDS``); see docs/configuration.md.
+
     Raises:
-        ConfigurationError: an invalid argument.
+        ConfigurationError: an invalid argument (a bool, NaN or infinite number, a value out
+            of range, or a value of the wrong type).
     """
 
     def __init__(
@@ -140,22 +147,23 @@ class Queue(
         if resolved_mode not in ("reliable", "fast"):
             raise ConfigurationError(f"mode must be 'reliable' or 'fast', got {resolved_mode!r}")
         self.mode: Mode = resolved_mode  # type: ignore[assignment]
-        if visibility_timeout <= 0:
-            raise ConfigurationError("visibility_timeout must be > 0 seconds")
-        if max_deliveries < 1:
-            raise ConfigurationError("max_deliveries must be >= 1")
-        if result_ttl < 1:
-            raise ConfigurationError("result_ttl must be >= 1 second")
-        if max_message_size < 64:
-            raise ConfigurationError("max_message_size must be >= 64 bytes")
-        if max_result_size < 64:
-            raise ConfigurationError("max_result_size must be >= 64 bytes")
-        if dead_letter_cap < 1:
-            raise ConfigurationError("dead_letter_cap must be >= 1")
-        if dead_letter_ttl < 1:
-            raise ConfigurationError("dead_letter_ttl must be >= 1 second")
-        if dead_letter_max_bytes < 1024:
-            raise ConfigurationError("dead_letter_max_bytes must be >= 1024 bytes")
+        # Numbers are real numbers (not bool), finite and in range; see blitzq._checks.
+        seconds("visibility_timeout", visibility_timeout)
+        integer("max_deliveries", max_deliveries, minimum=1)
+        flag("store_results", store_results)
+        seconds("result_ttl", result_ttl, minimum=1, strict=False)
+        integer("max_message_size", max_message_size, minimum=64, unit="bytes")
+        integer("max_result_size", max_result_size, minimum=64, unit="bytes")
+        integer("dead_letter_cap", dead_letter_cap, minimum=1)
+        seconds("dead_letter_ttl", dead_letter_ttl, minimum=1, strict=False)
+        integer("dead_letter_max_bytes", dead_letter_max_bytes, minimum=1024, unit="bytes")
+        flag("track_state", track_state)
+        if redis_url is not None and not isinstance(redis_url, str):
+            raise ConfigurationError(f"redis_url must be a str, got {redis_url!r}")
+        if routes is not None and not (callable(routes) or isinstance(routes, Mapping)):
+            raise ConfigurationError(f"routes must be a dict or a callable, got {routes!r}")
+        if queue_rate_limits is not None and not isinstance(queue_rate_limits, Mapping):
+            raise ConfigurationError(f"queue_rate_limits must be a dict, got {queue_rate_limits!r}")
         self.visibility_timeout = float(visibility_timeout)
         self.max_deliveries = max_deliveries
         self.store_results = store_results
@@ -451,7 +459,9 @@ class Queue(
             queue: queue to publish to (default: the task's queue).
 
         Raises:
-            ConfigurationError: a bad option, or another periodic entry with the same name.
+            ConfigurationError: a bad option, or another periodic entry with the same name (the
+                same task on another schedule or with other arguments included; registering
+                an identical entry again changes nothing).
             SerializationError: ``args`` or ``kwargs`` are not plain data.
         """
         from .scheduler import make_periodic
@@ -468,8 +478,13 @@ class Queue(
             priority=priority,
         )
         existing = self.periodic_tasks.get(entry.name)
-        if existing is not None and existing.task.fn is not task.fn:
-            raise ConfigurationError(f"a periodic task named {entry.name!r} is already registered")
+        if existing is not None and (
+            existing.task.fn is not task.fn or dataclasses.replace(existing, task=task) != entry
+        ):  # the very same entry registered again (same function, schedule, ...) is a no-op
+            raise ConfigurationError(
+                f"a periodic task named {entry.name!r} is already registered (give each "
+                "schedule of a task its own name=)"
+            )
         self.periodic_tasks[entry.name] = entry
         return entry
 

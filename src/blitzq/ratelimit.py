@@ -16,6 +16,7 @@ tasks through.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -50,10 +51,22 @@ class RateLimit:
     key: str | None = None
 
     def __post_init__(self) -> None:
+        for name, value in (("count", self.count), ("period", self.period)):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigurationError(f"a rate limit's {name} must be a number, got {value!r}")
+        if not (math.isfinite(self.count) and math.isfinite(self.period)):
+            raise ConfigurationError("a rate limit's count and period must be finite")
         if self.count <= 0 or self.period <= 0:
             raise ConfigurationError("a rate limit needs count > 0 and period > 0 seconds")
-        if self.burst is not None and self.burst < 1:
-            raise ConfigurationError("a rate limit's burst must be >= 1")
+        if self.burst is not None and (
+            isinstance(self.burst, bool)
+            or not isinstance(self.burst, int | float)
+            or not math.isfinite(self.burst)
+            or self.burst < 1
+        ):
+            raise ConfigurationError(
+                f"a rate limit's burst must be a finite number >= 1, got {self.burst!r}"
+            )
 
     @property
     def rate(self) -> float:

@@ -9,10 +9,12 @@ back to the broker's schedule with its due time.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ._checks import integer, seconds
 from .exceptions import ConfigurationError
 
 
@@ -33,7 +35,9 @@ class RetryPolicy:
         dont_retry_on: exception types never retried (checked first).
 
     Raises:
-        ConfigurationError: a negative delay, a factor below 1, or an unknown jitter mode.
+        ConfigurationError: a delay that is negative, not a finite number or over ten years,
+            a factor below 1 or not finite, a non-int ``max_retries``, or an unknown jitter
+            mode.
     """
 
     max_retries: int | None = None
@@ -45,18 +49,23 @@ class RetryPolicy:
     dont_retry_on: tuple[type[BaseException], ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if self.max_retries is not None and self.max_retries < 0:
-            raise ConfigurationError(f"max_retries must be >= 0, got {self.max_retries}")
-        if self.base < 0 or self.max_delay < 0:
-            raise ConfigurationError("retry delays must be >= 0 seconds")
-        if self.factor < 1:
-            raise ConfigurationError(f"factor must be >= 1, got {self.factor}")
+        if self.max_retries is not None:
+            integer("max_retries", self.max_retries, minimum=0)
+        seconds("base", self.base, strict=False)
+        seconds("max_delay", self.max_delay, strict=False)
+        if isinstance(self.factor, bool) or not isinstance(self.factor, int | float):
+            raise ConfigurationError(f"factor must be a number >= 1, got {self.factor!r}")
+        if not (math.isfinite(self.factor) and self.factor >= 1):
+            raise ConfigurationError(f"factor must be a finite number >= 1, got {self.factor}")
         if self.jitter not in ("full", "equal", "none"):
             raise ConfigurationError(f"jitter must be full, equal or none, got {self.jitter!r}")
 
     def delay(self, retry: int, rng: random.Random | None = None) -> float:
         """Seconds to wait before retry number ``retry`` (1 for the first retry)."""
-        ceiling = min(self.max_delay, self.base * self.factor ** max(0, retry - 1))
+        try:
+            ceiling = min(self.max_delay, self.base * self.factor ** max(0, retry - 1))
+        except OverflowError:  # factor ** n past the float range: the bound applies
+            ceiling = self.max_delay
         draw = (rng or random).random()
         if self.jitter == "full":
             return ceiling * draw

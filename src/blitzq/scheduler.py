@@ -49,10 +49,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from ._checks import flag, integer, seconds
 from .exceptions import ConfigurationError
+from .limits import MAX_SECONDS
 from .routing import physical_queue
 from .schedules import Cron, Every, Schedule
-from .serialization import encode_envelope, plain_args, plain_kwargs
+from .serialization import dumps, encode_envelope, plain_args, plain_kwargs
 from .task import CallOptions, Task
 
 if TYPE_CHECKING:
@@ -139,8 +141,9 @@ def make_periodic(
     """Validate the options of a periodic entry and build it (see ``Queue.add_periodic``).
 
     Raises:
-        ConfigurationError: a bad schedule, policy, name, queue or priority.
-        SerializationError: an argument that is not plain data.
+        ConfigurationError: a bad schedule, policy, name, queue or priority, ``args`` not a
+            tuple or list, ``kwargs`` not a mapping.
+        SerializationError: an argument that is not plain data or cannot be encoded.
     """
     from .routing import check_name
 
@@ -148,10 +151,14 @@ def make_periodic(
         raise ConfigurationError(f"missed must be one of {sorted(_POLICIES)}, got {missed!r}")
     if priority is not None and priority not in _PRIORITIES:
         raise ConfigurationError(f"priority must be one of {sorted(_PRIORITIES)}, got {priority!r}")
+    if not isinstance(args, tuple | list):
+        raise ConfigurationError(f"periodic args must be a tuple or list, got {args!r}")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise ConfigurationError(f"periodic kwargs must be a dict, got {kwargs!r}")
     args = tuple(args)
     kwargs = dict(kwargs or {})
-    plain_args(args)  # refuse non-plain arguments now, not at the first occurrence
-    plain_kwargs(kwargs)
+    # Refuse what cannot be encoded now, not at the first occurrence (a lone surrogate too).
+    dumps([plain_args(args), plain_kwargs(kwargs)])
     return PeriodicTask(
         name=check_name("periodic task name", name or task.name),
         task=task,
@@ -199,7 +206,9 @@ class Scheduler:
             injectable for tests.
 
     Raises:
-        ConfigurationError: a non-positive ``poll_interval`` or ``max_catch_up < 1``.
+        ConfigurationError: a ``poll_interval`` that is not a finite number of seconds in
+            (0, 3600], a non-finite ``grace``, ``max_catch_up`` not an int >= 1, or a bool
+            option that is not a bool.
     """
 
     def __init__(
@@ -214,10 +223,11 @@ class Scheduler:
         handle_signals: bool = False,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        if poll_interval <= 0:
-            raise ConfigurationError("poll_interval must be > 0 seconds")
-        if max_catch_up < 1:
-            raise ConfigurationError("max_catch_up must be >= 1")
+        seconds("poll_interval", poll_interval, maximum=3600.0)
+        seconds("grace", grace, minimum=-MAX_SECONDS, strict=False)
+        integer("max_catch_up", max_catch_up, minimum=1)
+        flag("promote", promote)
+        flag("handle_signals", handle_signals)
         self.queue = queue
         self.clock = clock
         self.poll_interval = float(poll_interval)

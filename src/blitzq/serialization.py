@@ -33,6 +33,14 @@ _SCALARS: Final = frozenset({str, int, float, bool, type(None), bytes})
 _TOO_DEEP: Final = "value is nested deeper than the recursion limit allows"
 
 
+def _not_utf8(exc: UnicodeEncodeError) -> SerializationError:
+    """The error for a ``str`` that is not valid Unicode text (a lone surrogate)."""
+    return SerializationError(
+        f"str values must be valid Unicode text: {exc.object[exc.start : exc.end]!r} "
+        f"at position {exc.start} cannot be encoded as UTF-8 ({exc.reason})"
+    )
+
+
 class Envelope(msgspec.Struct, array_like=True, gc=False):
     """One task message, as it travels through the broker.
 
@@ -176,7 +184,8 @@ def encode_envelope(envelope: Envelope, max_size: int) -> bytes:
     """Encode an envelope whose args/kwargs are already in wire form.
 
     Raises:
-        SerializationError: an integer beyond 64 bits, or another encoding failure.
+        SerializationError: an integer beyond 64 bits, a ``str`` that is not valid Unicode
+            (a lone surrogate such as ``"\\ud800"``), or another encoding failure.
         MessageTooLarge: the message is over ``max_size`` bytes.
     """
     # Trailing optional fields still at their default (None / False) are left out: an
@@ -187,6 +196,8 @@ def encode_envelope(envelope: Envelope, max_size: int) -> bytes:
         end -= 1
     try:
         data = _encoder.encode(values[:end])
+    except UnicodeEncodeError as exc:
+        raise _not_utf8(exc) from None
     except (TypeError, OverflowError) as exc:
         raise SerializationError(str(exc)) from exc
     except RecursionError:
@@ -216,16 +227,79 @@ def decode_envelope(data: bytes) -> Envelope:
         raise SerializationError(f"malformed message: {exc}") from exc
 
 
+def _read_str(data: bytes, pos: int) -> tuple[str, int] | None:
+    """The MessagePack ``str`` at ``pos`` and the position after it, or ``None``."""
+    if pos >= len(data):
+        return None
+    head = data[pos]
+    if 0xA0 <= head <= 0xBF:
+        size, pos = head & 0x1F, pos + 1
+    elif head in (0xD9, 0xDA, 0xDB):
+        width = {0xD9: 1, 0xDA: 2, 0xDB: 4}[head]
+        if pos + 1 + width > len(data):
+            return None
+        size, pos = int.from_bytes(data[pos + 1 : pos + 1 + width], "big"), pos + 1 + width
+    else:
+        return None
+    if pos + size > len(data):
+        return None
+    try:
+        return data[pos : pos + size].decode(), pos + size
+    except UnicodeDecodeError:
+        return None
+
+
+def envelope_head(data: bytes) -> tuple[str, str] | None:
+    """``(id, task)`` of a message that does not decode as a whole, when they can be read.
+
+    A message malformed in one field (a ``correlation_id`` of the wrong type, a bad
+    extension value, arguments nested too deep) still starts with its id and task name, the
+    first two elements of the envelope array. Only those two headers are parsed, whatever
+    follows (so a message too large or nested too deep costs nothing more), so the worker can
+    dead-letter it under its task id and write a final record that wakes its waiters.
+
+    Args:
+        data: the raw message bytes.
+
+    Returns:
+        The id and task name (the task name may be ``""``), or ``None`` when the message does
+        not start with an array whose first element is a usable task id (a non-empty string
+        without spaces, braces or newlines).
+    """
+    if not data:
+        return None
+    head = data[0]
+    if 0x92 <= head <= 0x9F:
+        pos = 1
+    elif head == 0xDC and len(data) >= 3:
+        pos = 3
+    elif head == 0xDD and len(data) >= 5:
+        pos = 5
+    else:
+        return None
+    first = _read_str(data, pos)
+    if first is None:
+        return None
+    ident, pos = first
+    if not ident or any(c in ident for c in "{}\n\r\0 "):
+        return None
+    second = _read_str(data, pos)
+    return ident, second[0] if second is not None else ""
+
+
 def dumps(value: Any) -> bytes:
     """Encode any plain-data value (results, records) to MessagePack.
 
     Raises:
-        SerializationError: ``value`` is not plain data (or is nested too deep).
+        SerializationError: ``value`` is not plain data (or is nested too deep, or holds a
+            ``str`` that is not valid Unicode).
     """
     try:
         return _encoder.encode(to_plain(value))
     except SerializationError:
         raise
+    except UnicodeEncodeError as exc:
+        raise _not_utf8(exc) from None
     except (TypeError, OverflowError) as exc:
         raise SerializationError(str(exc)) from exc
     except RecursionError:

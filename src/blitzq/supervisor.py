@@ -12,7 +12,11 @@ The supervisor
   (0.25 s, 0.5 s, 1 s, … at most 5 s), and gives up on a slot after ``max_restarts`` restarts
   within ``restart_window`` seconds (an error is logged; the other slots go on; when every slot
   has given up the supervisor exits 1). A worker that exits with code 2 (a usage or
-  configuration error) is not restarted: that would fail again;
+  configuration error) is not restarted: that would fail again. A worker that exits with
+  code 75 (``EXIT_RESTART``: it stopped gracefully to be replaced, e.g. too many threads
+  abandoned at their hard timeout) is a *planned* restart, not a crash: it is logged as such,
+  does not count toward the restart budget, and is restarted at most once per
+  ``PLANNED_RESTART_INTERVAL`` (1 s) per slot, so it cannot spin hot;
 - forwards SIGTERM / SIGINT to every worker (a graceful stop), waits for them, SIGKILLs what is
   left ``shutdown_timeout + 5`` seconds after the signal, and exits 0. A second signal kills at
   once;
@@ -33,6 +37,7 @@ import ctypes
 import functools
 import json
 import logging
+import math
 import os
 import select
 import signal
@@ -43,6 +48,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import IO
+
+from .worker.worker import EXIT_RESTART
 
 __all__ = ["RestartBudget", "Supervisor", "die_with_parent", "supervise", "worker_command"]
 
@@ -56,6 +63,9 @@ EXIT_USAGE = 2
 KILL_GRACE = 5.0
 #: Seconds a worker that exited cleanly gives its process group to empty itself.
 GROUP_GRACE = 1.0
+#: Least seconds between two starts of one slot when its worker asked to be restarted
+#: (exit code ``EXIT_RESTART``); such planned restarts are not counted in the restart budget.
+PLANNED_RESTART_INTERVAL = 1.0
 
 
 @functools.cache
@@ -222,6 +232,8 @@ class _Slot:
     gave_up: bool = False
     usage_error: bool = False
     pids: list[int] = field(default_factory=list)
+    started_at: float = -math.inf
+    planned_restarts: int = 0
 
 
 class Supervisor:
@@ -395,6 +407,7 @@ class Supervisor:
             self._schedule_restart(slot, time.monotonic())
             return
         slot.proc = proc
+        slot.started_at = time.monotonic()
         slot.pids.append(proc.pid)
         self._live_groups.add(proc.pid)
         self._tell_guard(f"+{proc.pid}")
@@ -420,6 +433,17 @@ class Supervisor:
                 slot.index,
                 proc.pid,
             )
+            return
+        if code == EXIT_RESTART:
+            # Planned: the worker stopped gracefully to be replaced. Not a crash, so the
+            # crash budget is untouched; the interval keeps a slot from restarting hot.
+            slot.planned_restarts += 1
+            slot.restart_at = max(now, slot.started_at + PLANNED_RESTART_INTERVAL)
+            logger.warning(
+                "worker slot %d (pid %d) asked to be restarted (code %d): planned restart "
+                "#%d in %.2f s, not counted as a crash",
+                slot.index, proc.pid, code, slot.planned_restarts, slot.restart_at - now,
+            )  # fmt: skip
             return
         logger.warning("worker slot %d (pid %d) exited with %s", slot.index, proc.pid, how)
         self._schedule_restart(slot, now)

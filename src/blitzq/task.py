@@ -16,8 +16,10 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar
 
+from ._checks import flag, integer, seconds, text
 from .client.sync import blocking
 from .exceptions import ConfigurationError
+from .limits import MAX_SECONDS
 from .ratelimit import RateLimit
 from .records import TaskRecord
 from .retries import RetryPolicy
@@ -63,15 +65,21 @@ def _finite(value: object) -> bool:
 class CallOptions:
     """Options of one enqueue, bound with :meth:`Task.options`.
 
+    Every option is checked when the options are made (ConfigurationError): numbers must be
+    real numbers (not ``bool``), finite, and durations at most ``MAX_SECONDS`` (10 years);
+    strings must be non-empty ``str``.
+
     Attributes:
-        delay: seconds from now before the task may start (``countdown`` in Celery).
-        eta: absolute start time (aware datetime, or Unix seconds).
+        delay: seconds from now before the task may start (``countdown`` in Celery),
+            0 to 10 years.
+        eta: absolute start time (aware datetime, or Unix seconds), at most 10 years ahead
+            (checked at enqueue; a past eta runs at once).
         task_id: id to use instead of a random one.
         headers: plain-data metadata carried with the message.
         timeout: seconds the task may run, overriding the task's ``timeout``.
         queue: queue to publish to, overriding the task's.
-        correlation_id: id shared by related tasks (default: inherited from the task that
-            enqueues, if any).
+        correlation_id: id shared by related tasks, a non-empty ``str`` (default: inherited
+            from the task that enqueues, if any).
         priority: ``"high"``, ``"normal"`` or ``"low"``, overriding the task's.
         unique_key: key of a ``unique=True`` task's call instead of the hash of its arguments.
         max_age: seconds the call may wait before it starts, overriding the task's
@@ -90,36 +98,34 @@ class CallOptions:
     max_age: float | None = None
 
     def __post_init__(self) -> None:
-        if self.delay is not None and not (
-            isinstance(self.delay, int | float) and math.isfinite(self.delay)
-        ):
-            raise ConfigurationError(
-                f"delay must be a finite number of seconds, got {self.delay!r}"
-            )
+        # Every option is checked here, where it enters (not in a worker's loop later):
+        # numbers are real (not bool), finite and within MAX_SECONDS; strings are str.
+        if self.delay is not None:
+            seconds("delay", self.delay, strict=False)
         if (
             self.eta is not None
             and not isinstance(self.eta, _dt.datetime)
-            and not _finite(self.eta)
+            and (isinstance(self.eta, bool) or not _finite(self.eta))
         ):
-            raise ConfigurationError(f"eta must be a finite Unix time, got {self.eta!r}")
-        if self.timeout is not None and not (
-            isinstance(self.timeout, int | float)
-            and math.isfinite(self.timeout)
-            and self.timeout > 0
-        ):
-            raise ConfigurationError(f"timeout must be > 0 seconds, got {self.timeout!r}")
+            raise ConfigurationError(
+                f"eta must be an aware datetime or a finite Unix time, got {self.eta!r}"
+            )
+        if self.timeout is not None:
+            seconds("timeout", self.timeout)
         if self.task_id is not None:
             check_name("task_id", self.task_id)
         if self.queue is not None:
             check_name("queue", self.queue)
         if self.priority is not None:
             check_priority(self.priority)
-        if self.unique_key is not None and not (
-            isinstance(self.unique_key, str) and self.unique_key
-        ):
-            raise ConfigurationError(f"unique_key must be a non-empty str, got {self.unique_key!r}")
-        if self.max_age is not None and not (_finite(self.max_age) and self.max_age > 0):
-            raise ConfigurationError(f"max_age must be > 0 seconds, got {self.max_age!r}")
+        text("unique_key", self.unique_key)
+        text("correlation_id", self.correlation_id)
+        if self.headers is not None and not isinstance(self.headers, Mapping):
+            raise ConfigurationError(
+                f"headers must be a dict with str keys, got {type(self.headers).__name__}"
+            )
+        if self.max_age is not None:
+            seconds("max_age", self.max_age)
 
     def due_time(self, now: float) -> float | None:
         """Unix time the message becomes due by the clock that gave ``now``, or ``None`` to
@@ -130,13 +136,12 @@ class CallOptions:
         when it looks past by ``now``: the broker compares it with its own clock.
 
         Raises:
-            ConfigurationError: a negative delay, a naive datetime, or both delay and eta.
+            ConfigurationError: a naive datetime, an eta more than ``MAX_SECONDS`` (10
+                years) ahead, or both delay and eta.
         """
         if self.delay is not None and self.eta is not None:
             raise ConfigurationError("give delay= or eta=, not both")
         if self.delay is not None:
-            if self.delay < 0:
-                raise ConfigurationError(f"delay must be >= 0 seconds, got {self.delay}")
             return now + self.delay if self.delay > 0 else None
         if self.eta is None:
             return None
@@ -146,6 +151,10 @@ class CallOptions:
             due = self.eta.timestamp()
         else:
             due = float(self.eta)
+        if due - now > MAX_SECONDS:
+            raise ConfigurationError(
+                f"eta must be at most {MAX_SECONDS} s (10 years) ahead, got {self.eta!r}"
+            )
         return due
 
     def relative_delay(self) -> float | None:
@@ -185,10 +194,14 @@ class Task(Generic[P, R]):
             raise ConfigurationError(f"task {name}: executor='async' needs an async function")
         if executor != "async" and is_async:
             raise ConfigurationError(f"task {name}: an async function runs with executor='async'")
-        if retries < 0:
-            raise ConfigurationError(f"task {name}: retries must be >= 0")
-        if timeout is not None and timeout <= 0:
-            raise ConfigurationError(f"task {name}: timeout must be > 0 seconds")
+        text("task name", name, optional=False)
+        integer(f"task {name}: retries", retries, minimum=0)
+        flag(f"task {name}: dead_letter", dead_letter)
+        if store_result is not None:
+            flag(f"task {name}: store_result", store_result)
+        text(f"task {name}: rate_key", rate_key)
+        if timeout is not None:
+            timeout = seconds(f"task {name}: timeout", timeout)
         self.owner = owner
         self.fn = fn
         self.name = name
@@ -246,7 +259,9 @@ class Task(Generic[P, R]):
         """Bind per-call options; see :class:`CallOptions` for each (seconds for times).
 
         Raises:
-            ConfigurationError: an unknown priority.
+            ConfigurationError: an invalid value (a bool or non-finite number, a duration over
+                10 years, a non-``str`` id, ``headers`` that are not a mapping, an unknown
+                priority).
         """
         return BoundTask(
             self,
@@ -325,8 +340,16 @@ class BoundTask(Generic[P, R]):
         self.call_options = options
 
     def options(self, **changes: Any) -> BoundTask[P, R]:
-        """Return a copy with more options changed."""
-        return BoundTask(self.task, replace(self.call_options, **changes))
+        """Return a copy with more options changed.
+
+        Raises:
+            ConfigurationError: an unknown option name or an invalid value.
+        """
+        try:
+            options = replace(self.call_options, **changes)
+        except TypeError as exc:  # an unknown option name
+            raise ConfigurationError(f"unknown call option: {exc}") from None
+        return BoundTask(self.task, options)
 
     @property
     def _portal(self) -> Portal:

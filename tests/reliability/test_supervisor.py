@@ -52,8 +52,15 @@ def hold_in_pool(path: str, seconds: float) -> int:
     return os.getpid()
 
 
+@queue.task(executor="thread", timeout=0.5, retries=0, dead_letter=False)
+def hang(seconds: float) -> None:
+    """Block a worker thread well past the task's hard timeout (its thread is abandoned)."""
+    time.sleep(seconds)
+
+
 WHOAMI = f"{__name__}.whoami"
 HOLD = f"{__name__}.hold_in_pool"
+HANG = f"{__name__}.hang"
 
 
 # ------------------------------------------------------------------ helpers
@@ -365,3 +372,84 @@ def test_sigkilled_single_worker_takes_its_pool_child_along(
             worker.wait(5)
         if pool is not None and alive(pool):
             os.kill(pool, signal.SIGKILL)
+
+
+# ------------------------------------------------------------ planned restarts (exit 75)
+def test_planned_restarts_do_not_spend_the_restart_budget(tmp_path: Path) -> None:
+    """Exit 75 (EXIT_RESTART) is a planned restart: it never makes a slot give up, and a
+    slot restarts at most about once per PLANNED_RESTART_INTERVAL (1 s)."""
+    script = (
+        "import sys\n"
+        "from blitzq.supervisor import Supervisor\n"
+        "cmd = [sys.executable, '-c', 'raise SystemExit(75)']\n"
+        "sys.exit(Supervisor(cmd, 2, max_restarts=2, backoff=0.01, max_backoff=0.02).run())\n"
+    )
+    log = tmp_path / "sup.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, stderr=out)
+    started = time.monotonic()
+    try:
+        # 2 slots x 4 planned restarts: far past max_restarts=2 of a crashing slot.
+        wait_until(
+            lambda: log.read_text().count("planned restart") >= 8 or proc.poll() is not None,
+            60,
+            "8 planned restarts",
+        )
+        elapsed = time.monotonic() - started
+        assert proc.poll() is None, log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    out = log.read_text()
+    assert "giving up" not in out, out
+    assert "not counted as a crash" in out
+    assert "asked to be restarted (code 75)" in out
+    # No hot spin: each slot starts at most once per second (a generous bound).
+    per_slot = max(out.count(f"worker slot {i} (pid") for i in (0, 1))
+    assert per_slot <= elapsed + 2, (per_slot, elapsed, out)
+
+
+def test_abandoned_thread_restarts_never_stop_the_supervisor(
+    supervise: Callable[..., Supervised], producer: Queue, client: redis.Redis, namespace: str
+) -> None:
+    """The fresh-user repro (poison_sup.sh): hung sync tasks with --max-abandoned-threads 0
+    make every worker exit 75 again and again; the supervisor goes on (more than the 5
+    restarts in 60 s a crashing slot gets) and keeps serving other tasks."""
+    sup = supervise("--max-abandoned-threads", "0", "-c", "1")
+    wait_ready(sup, client, namespace)
+    for _ in range(14):
+        producer.send_sync(HANG, (15.0,))
+
+    def restarts() -> int:
+        if sup.proc.poll() is not None:
+            raise AssertionError(f"supervisor exited:\n{sup.output()}")
+        return sup.log.read_text(errors="replace").count("planned restart")
+
+    wait_until(lambda: restarts() >= 12, 100, f"12 planned restarts\n{sup.output()}")
+    out = sup.log.read_text(errors="replace")
+    assert "giving up" not in out, out[-4000:]
+    assert sup.proc.poll() is None
+    # Still serving: the hung tasks are done with, whoami runs on a live worker.
+    handle = producer.send_sync(WHOAMI, (0.0,))
+    assert handle.result_sync(timeout=60) in set(sup.workers()) | sup.seen
+    sup.proc.send_signal(signal.SIGTERM)
+    assert sup.proc.wait(30) == 0, sup.output()
+
+
+def test_strict_memory_policy_refusal_is_a_configuration_error_not_restarted(
+    supervise: Callable[..., Supervised], private_redis: Any
+) -> None:
+    """A worker refusing an evicting maxmemory-policy (--strict-memory-policy) exits 2, so
+    the supervisor does not restart it in a loop; it exits 2 once every slot refused."""
+    with redis.Redis.from_url(private_redis.url) as c:  # this test's own server
+        c.config_set("maxmemory", "40mb")
+        c.config_set("maxmemory-policy", "allkeys-lru")
+    sup = supervise("--strict-memory-policy", "--redis-url", private_redis.url)
+    assert sup.proc.wait(60) == 2, sup.output()
+    out = sup.output()
+    assert out.count("not restarting it") == 2, out
+    assert "restarting worker slot" not in out
+    assert "allkeys-lru" in out

@@ -6,13 +6,14 @@ import asyncio
 import base64
 import contextlib
 import json
+import math
 import os
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 import click
@@ -20,6 +21,7 @@ from click.core import ParameterSource
 from rich.console import Console
 
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, EmbeddedServerNotFound
+from ..limits import MAX_SECONDS
 from ..logconfig import LEVELS
 from ..queue import Queue
 
@@ -30,6 +32,50 @@ F = TypeVar("F", bound=Callable[..., Any])
 EXIT_FAILURE = 1
 #: Exit code of a usage or configuration error (click uses 2 for bad arguments too).
 EXIT_USAGE = 2
+
+
+if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic; 8.1 cannot subscript it
+    _FloatParam = click.ParamType[float, Any]
+else:
+    _FloatParam = click.ParamType
+
+
+class Seconds(_FloatParam):
+    """A click parameter of seconds: a finite number in ``[minimum, maximum]``.
+
+    ``click.FloatRange`` lets ``nan`` and ``inf`` through (Python's ``float()`` parses them);
+    this type refuses them with a usage error (exit code 2), so every duration stays bounded.
+
+    Args:
+        minimum: smallest value allowed (seconds).
+        maximum: largest value allowed (seconds; default ten years).
+    """
+
+    name = "seconds"
+
+    def __init__(self, minimum: float = 0.0, maximum: float = MAX_SECONDS) -> None:
+        self.minimum = minimum
+        self.maximum = maximum
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        """Parse ``value``; fail (usage error) unless it is a finite number in range."""
+        if isinstance(value, float) and math.isfinite(value):
+            number = value
+        else:
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(number) or not self.minimum <= number <= self.maximum:
+            self.fail(
+                f"{value!r} is not a finite number of seconds in the range "
+                f"{self.minimum:g} to {self.maximum:g}",
+                param,
+                ctx,
+            )
+        return number
 
 
 class CliError(click.ClickException):

@@ -23,6 +23,7 @@ from ..logconfig import configure_logging
 from ..queue import Queue
 from ..scheduler import Scheduler, periodic_status
 from ._common import (
+    Seconds,
     cli_errors,
     console,
     emit_json,
@@ -97,7 +98,7 @@ async def _serve(scheduler: Scheduler) -> None:
 @click.argument("app", metavar="MODULE:ATTR")
 @click.option(
     "--poll-interval",
-    type=click.FloatRange(min=0.01),
+    type=Seconds(minimum=0.01, maximum=3600.0),
     default=1.0,
     show_default=True,
     metavar="SECONDS",

@@ -22,6 +22,7 @@ from ..worker import Worker
 from ..worker.worker import EXIT_RESTART
 from ._common import (
     CliUsageError,
+    Seconds,
     Settings,
     cli_errors,
     emit_json,
@@ -208,7 +209,7 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
 )
 @click.option(
     "--shutdown-timeout",
-    type=click.FloatRange(min=0),
+    type=Seconds(minimum=0.0),
     default=30.0,
     show_default=True,
     metavar="SECONDS",

@@ -23,7 +23,7 @@ from ..exceptions import BrokerError, SerializationError, describe_error
 from ..expiry import checks_with_expiry
 from ..middleware import hooks_of
 from ..routing import base_queue
-from ..serialization import Envelope, decode_envelope, encode_envelope
+from ..serialization import Envelope, decode_envelope, encode_envelope, envelope_head
 from ..task import Task
 from .execution import Job, Outcomes
 from .executors import ProcessPool, ThreadPool, start_eagerly, unwrap
@@ -115,12 +115,17 @@ class Runner:
     def start(self, d: Delivery, slots: Slots) -> None:
         """Begin one delivery that holds one slot of ``slots``."""
         if len(d.payload) > self.max_message_size:
-            self.reject(d, "message too large", f"{len(d.payload)} bytes", slots)
+            ident, name = envelope_head(d.payload) or (None, "")
+            self.reject(d, "message too large", f"{len(d.payload)} bytes", slots, ident, name)
             return
         try:
             env = decode_envelope(d.payload)
         except SerializationError as exc:
-            self.reject(d, "malformed message", str(exc).removeprefix("malformed message: "), slots)
+            # When its id can be read, it is dead-lettered under it with a final record, so
+            # a waiter on its result learns its fate instead of waiting forever.
+            ident, name = envelope_head(d.payload) or (None, "")
+            error = str(exc).removeprefix("malformed message: ")
+            self.reject(d, "malformed message", error, slots, ident, name)
             return
         task = self.tasks.get(env.task)
         if task is None:

@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 
+from .._checks import flag, integer, seconds, text
 from ..broker.base import Broker, Delivery
 from ..broker.eviction import check_eviction
 from ..exceptions import BrokerError, ConfigurationError
@@ -47,6 +48,10 @@ EXIT_RESTART = 75
 #: before it cancels it (a server that stopped answering); also the most it waits to
 #: unregister and to write progress updates in flight.
 FETCH_GRACE = 2.0
+
+#: Longest ``block_timeout`` in seconds: a stopping worker waits up to that long for a
+#: blocked fetch to return.
+MAX_BLOCK_TIMEOUT = 60.0
 
 
 class Worker:
@@ -75,8 +80,13 @@ class Worker:
             ``maxmemory-policy`` can evict blitzq's keys; by default a WARNING is logged
             (see :mod:`blitzq.broker.eviction`).
 
+    Every numeric option must be a real number (``int`` for counts; never ``bool``), finite
+    and in range (``block_timeout`` at most 60 s, ``shutdown_timeout`` at most ten years), so
+    a stop stays bounded; see docs/configuration.md.
+
     Raises:
-        ConfigurationError: an invalid bound or an empty queue list.
+        ConfigurationError: an invalid bound (a bool, NaN, infinite or out-of-range number,
+            or a value of the wrong type) or an empty queue list.
     """
 
     def __init__(
@@ -95,14 +105,24 @@ class Worker:
         max_abandoned_threads: int = 10,
         strict_memory_policy: bool = False,
     ) -> None:
-        if concurrency < 1:
-            raise ConfigurationError("concurrency must be >= 1")
-        if batch_size < 1:
-            raise ConfigurationError("batch_size must be >= 1")
-        if block_timeout <= 0 or shutdown_timeout < 0:
-            raise ConfigurationError("block_timeout must be > 0 and shutdown_timeout >= 0")
-        if max_abandoned_threads < 0:
-            raise ConfigurationError("max_abandoned_threads must be >= 0")
+        # Numbers are real numbers (never bool, NaN or infinite) in range: a NaN shutdown
+        # timeout would make a stop unbounded (or instant), a NaN bound never trips.
+        integer("concurrency", concurrency, minimum=1)
+        integer("batch_size", batch_size, minimum=1)
+        seconds("block_timeout", block_timeout, maximum=MAX_BLOCK_TIMEOUT)
+        seconds("shutdown_timeout", shutdown_timeout, strict=False)
+        integer("max_abandoned_threads", max_abandoned_threads, minimum=0)
+        if thread_pool_size is not None:
+            integer("thread_pool_size", thread_pool_size, minimum=1)
+        if process_pool_size is not None:
+            integer("process_pool_size", process_pool_size, minimum=1)
+        for q, n in (queue_concurrency or {}).items():
+            integer(f"queue_concurrency[{q!r}]", n, minimum=1)
+        flag("handle_signals", handle_signals)
+        flag("strict_memory_policy", strict_memory_policy)
+        text("name", name)
+        if isinstance(queues, str):
+            raise ConfigurationError(f"queues must be a list of queue names, got {queues!r}")
         self.queue = queue
         if queues is None:
             names = {queue.name} | {t.queue for t in queue.tasks.values()}
@@ -115,9 +135,6 @@ class Worker:
         self.physical_queues = [p for q in self.queues for p in self.levels[q]]
         self.concurrency = concurrency
         self.queue_concurrency = dict(queue_concurrency or {})
-        for q, n in self.queue_concurrency.items():
-            if n < 1:
-                raise ConfigurationError(f"queue_concurrency[{q!r}] must be >= 1")
         self.batch_size = batch_size
         self.block_timeout = block_timeout
         self.shutdown_timeout = shutdown_timeout

@@ -7,10 +7,10 @@ the previous result. ``queue.sig("tasks.add", 1, 2)`` names a task this process 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._checks import seconds
 from ..exceptions import ConfigurationError
 from ..routing import check_name, check_priority
 from ..serialization import plain_args, plain_kwargs
@@ -59,10 +59,8 @@ class Signature:
             check_name("queue", queue)
         if priority is not None:
             check_priority(priority)
-        if timeout is not None and not (
-            isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0
-        ):
-            raise ConfigurationError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if timeout is not None:  # not bool, NaN, inf or over 10 years
+            timeout = seconds("timeout", timeout)
         self.name = name
         self.args: list[Any] = plain_args(tuple(args))
         self.kwargs: dict[str, Any] = plain_kwargs(dict(kwargs)) if kwargs else {}

@@ -1,0 +1,100 @@
+"""Checks of configuration values at the edge (``Queue``, ``Worker``, call options).
+
+Every numeric option is a real number: ``bool`` is refused (``True`` is not "1 second"), as
+are NaN and the infinities, and every duration is at most :data:`~blitzq.limits.MAX_SECONDS`
+(ten years). Each check raises :class:`~blitzq.exceptions.ConfigurationError` naming the
+option and the value, so a bad value never reaches a background loop (see
+docs/configuration.md, "Validation").
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .exceptions import ConfigurationError
+from .limits import MAX_SECONDS
+
+
+def seconds(
+    name: str,
+    value: Any,
+    *,
+    minimum: float = 0.0,
+    strict: bool = True,
+    maximum: float = MAX_SECONDS,
+) -> float:
+    """Return ``value`` as a float number of seconds.
+
+    Args:
+        name: the option's name, used in the error message.
+        value: the value given (``int`` or ``float``; not ``bool``).
+        minimum: smallest allowed value (seconds).
+        strict: ``minimum`` itself is refused (``> minimum``) when true, allowed when false.
+        maximum: largest allowed value (seconds; default ten years).
+
+    Raises:
+        ConfigurationError: not a real number, a bool, NaN, an infinity, or out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(f"{name} must be a number of seconds, got {value!r}")
+    bad = not math.isfinite(value) or value > maximum
+    bad = bad or (value <= minimum if strict else value < minimum)
+    if bad:
+        low = f"> {_show(minimum)}" if strict else f">= {_show(minimum)}"
+        high = "10 years" if maximum == MAX_SECONDS else f"{_show(maximum)} s"
+        raise ConfigurationError(
+            f"{name} must be a finite number of seconds {low} and at most {high} "
+            f"({_show(maximum)} s), got {value!r}"
+            if maximum == MAX_SECONDS
+            else f"{name} must be a finite number of seconds {low} and at most {high}, "
+            f"got {value!r}"
+        )
+    return float(value)
+
+
+def _show(number: float) -> str:
+    """``number`` without a needless ``.0`` or exponent (``315360000``, ``0.5``)."""
+    return str(int(number)) if float(number).is_integer() else repr(float(number))
+
+
+def integer(name: str, value: Any, *, minimum: int, unit: str = "") -> int:
+    """Return ``value`` if it is an ``int`` (not ``bool``) of at least ``minimum``.
+
+    Args:
+        name: the option's name, used in the error message.
+        value: the value given.
+        minimum: smallest allowed value.
+        unit: unit named in the message (``"bytes"``), or empty.
+
+    Raises:
+        ConfigurationError: not an int, a bool, or below ``minimum``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        suffix = f" {unit}" if unit else ""
+        raise ConfigurationError(f"{name} must be an int >= {minimum}{suffix}, got {value!r}")
+    return value
+
+
+def flag(name: str, value: Any) -> bool:
+    """Return ``value`` if it is a ``bool``.
+
+    Raises:
+        ConfigurationError: anything else (``"no"`` or ``0`` would silently mean something).
+    """
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def text(name: str, value: Any, *, optional: bool = True) -> str | None:
+    """Return ``value`` if it is a non-empty ``str`` (or ``None`` when ``optional``).
+
+    Raises:
+        ConfigurationError: a value of another type, or an empty string.
+    """
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(f"{name} must be a non-empty str, got {value!r}")
+    return value
