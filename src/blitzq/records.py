@@ -21,7 +21,7 @@ from typing import Any, Final
 import msgspec
 
 from .exceptions import SerializationError
-from .serialization import _TOO_DEEP, decode_envelope, loads, to_plain
+from .serialization import _TOO_DEEP, decode_envelope, loads, not_utf8, to_plain
 
 
 class TaskState(enum.StrEnum):
@@ -258,6 +258,8 @@ def _encode_checked(record: _Stored) -> bytes:
     """Encode a record whose ``result`` is already in wire form (see ``to_plain``)."""
     try:
         return _encode(record)
+    except UnicodeEncodeError as exc:  # a lone surrogate in the result
+        raise not_utf8(exc) from None
     except (TypeError, OverflowError) as exc:
         raise SerializationError(str(exc)) from exc
     except RecursionError:

@@ -33,7 +33,7 @@ _SCALARS: Final = frozenset({str, int, float, bool, type(None), bytes})
 _TOO_DEEP: Final = "value is nested deeper than the recursion limit allows"
 
 
-def _not_utf8(exc: UnicodeEncodeError) -> SerializationError:
+def not_utf8(exc: UnicodeEncodeError) -> SerializationError:
     """The error for a ``str`` that is not valid Unicode text (a lone surrogate)."""
     return SerializationError(
         f"str values must be valid Unicode text: {exc.object[exc.start : exc.end]!r} "
@@ -197,7 +197,7 @@ def encode_envelope(envelope: Envelope, max_size: int) -> bytes:
     try:
         data = _encoder.encode(values[:end])
     except UnicodeEncodeError as exc:
-        raise _not_utf8(exc) from None
+        raise not_utf8(exc) from None
     except (TypeError, OverflowError) as exc:
         raise SerializationError(str(exc)) from exc
     except RecursionError:
@@ -299,7 +299,7 @@ def dumps(value: Any) -> bytes:
     except SerializationError:
         raise
     except UnicodeEncodeError as exc:
-        raise _not_utf8(exc) from None
+        raise not_utf8(exc) from None
     except (TypeError, OverflowError) as exc:
         raise SerializationError(str(exc)) from exc
     except RecursionError:
