@@ -306,7 +306,20 @@ async def test_nothing_hangs_on_a_server_that_never_answers() -> None:
 
             elapsed, exc, _ = await _timed(queue.get_results(["a", "b"], timeout=2))
             assert isinstance(exc, BrokerError), exc
-            assert elapsed < 15  # the first read of the records, bounded by the socket timeout
+            assert elapsed < 2 + 3  # the first read of the records keeps the deadline too
+
+            # Issue input: get_results(timeout=2) took the socket timeout (5 s, 15 s with
+            # socket_timeout=15) because its first read of the records had no deadline.
+            slow = Queue(redis_url=url + "?socket_timeout=15", namespace="silent")
+            try:
+                elapsed, exc, _ = await _timed(slow.get_results(["a", "b"], timeout=2))
+                assert isinstance(exc, BrokerError), exc
+                assert elapsed < 2 + 3
+                elapsed, exc, _ = await _timed(slow.get_results(["a"] * 300, timeout=0.5))
+                assert isinstance(exc, BrokerError), exc
+                assert elapsed < 0.5 + 3
+            finally:
+                await slow.close()
 
             # The waits that gave up left no waiter behind on the shared pub/sub listener.
             listener = queue.broker._results  # type: ignore[attr-defined]
@@ -332,6 +345,10 @@ def test_result_sync_keeps_its_timeout_on_a_server_that_never_answers() -> None:
             with pytest.raises(BrokerError):
                 queue.get_result_sync("some-id", timeout=2)
             assert time.monotonic() - started < 2 + 3
+            started = time.monotonic()
+            with pytest.raises(BrokerError):  # issue input: took the socket timeout
+                queue.get_results_sync(["a", "b", "c"], timeout=0.5)
+            assert time.monotonic() - started < 0.5 + 3
         finally:
             queue.close_sync()
 
