@@ -474,6 +474,26 @@ BAD_APPS = {
 }
 
 
+@pytest.mark.parametrize("params", ["max_connection=5", "bogus_param=1", "socket_timeout=0"])
+def test_worker_with_bad_url_option_exits_2(params: str, tmp_path: Path, redis_url: str) -> None:
+    """Issue input: an unknown URL option used to print a redis-py traceback and exit 1."""
+    (tmp_path / "cli_url_app.py").write_text("from blitzq import Queue\nqueue = Queue()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
+    url = redis_url + ("&" if "?" in redis_url else "?") + params
+    result = subprocess.run(
+        [sys.executable, "-m", "blitzq", "worker", "cli_url_app:queue", "--redis-url", url],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert params.split("=")[0] in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize("case", sorted(BAD_APPS))
 def test_worker_with_bad_module_attr_exits_2_with_readable_message(
     case: str, tmp_path: Path, redis_url: str

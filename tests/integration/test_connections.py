@@ -114,6 +114,44 @@ def test_pool_defaults_are_a_bounded_blocking_pool_and_the_url_overrides_them(
         make_queue(redis_url="unix:///tmp/x.sock?socket_keepalive=true")._make_broker()
 
 
+@pytest.mark.parametrize(
+    ("params", "needle"),
+    [
+        # Issue inputs: unknown names used to raise redis-py's TypeError on first use, the
+        # out-of-range values were accepted and failed every command (or never limited).
+        ({"max_connection": "5"}, "max_connection"),
+        ({"bogus_param": "1"}, "bogus_param"),
+        ({"max_connections": "0"}, "max_connections"),
+        ({"max_connections": "-5"}, "max_connections"),
+        ({"timeout": "-1"}, "timeout"),
+        ({"timeout": "0"}, "timeout"),
+        ({"socket_keepalive": "maybe"}, "socket_keepalive"),
+        ({"socket_timeout": "0"}, "socket_timeout"),
+        ({"socket_timeout": "-3"}, "socket_timeout"),
+        ({"socket_timeout": "nan"}, "socket_timeout"),
+        ({"socket_connect_timeout": "inf"}, "socket_connect_timeout"),
+        ({"health_check_interval": "-1"}, "health_check_interval"),
+        ({"retry_on_timeout": "perhaps"}, "retry_on_timeout"),
+    ],
+)
+def test_bad_url_options_are_configuration_errors_when_the_broker_is_made(
+    make_queue: Callable[..., Queue], redis_url: str, params: dict[str, str], needle: str
+) -> None:
+    if not redis_url.startswith("redis") and "socket_keepalive" in params:
+        pytest.skip("socket_keepalive is refused on unix:// sockets for another reason")
+    with pytest.raises(ConfigurationError, match=needle):
+        make_queue(redis_url=with_params(redis_url, **params))._make_broker()
+
+
+def test_good_url_options_still_accepted(make_queue: Callable[..., Queue], redis_url: str) -> None:
+    """The checks refuse only bad values: these edge values are fine."""
+    url = with_params(redis_url, max_connections="1", timeout="0.001", socket_timeout="0.5")
+    make_queue(redis_url=url)._make_broker()
+    if redis_url.startswith("redis"):
+        make_queue(redis_url=with_params(redis_url, socket_keepalive="false"))._make_broker()
+    make_queue(redis_url=with_params(redis_url, health_check_interval="0"))._make_broker()
+
+
 async def test_200_concurrent_enqueues_from_one_queue_all_succeed(
     make_queue: Callable[..., Queue], mode: str
 ) -> None:
