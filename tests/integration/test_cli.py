@@ -515,7 +515,9 @@ BAD_APPS = {
 }
 
 
-@pytest.mark.parametrize("params", ["max_connection=5", "bogus_param=1", "socket_timeout=0"])
+@pytest.mark.parametrize(
+    "params", ["max_connection=5", "bogus_param=1", "socket_timeout=0", "max_connections=2"]
+)
 def test_worker_with_bad_url_option_exits_2(params: str, tmp_path: Path, redis_url: str) -> None:
     """Issue input: an unknown URL option used to print a redis-py traceback and exit 1."""
     (tmp_path / "cli_url_app.py").write_text("from blitzq import Queue\nqueue = Queue()\n")

@@ -143,6 +143,43 @@ def test_bad_url_options_are_configuration_errors_when_the_broker_is_made(
         make_queue(redis_url=with_params(redis_url, **params))._make_broker()
 
 
+@pytest.mark.parametrize("size", [1, 2])
+async def test_a_worker_refuses_a_pool_it_cannot_run_on(
+    make_queue: Callable[..., Queue], redis_url: str, size: int
+) -> None:
+    """Issue input: a worker with max_connections=1 or 2 started, warned, then never fetched
+    ("No connection available" every 20 s). It refuses to start, naming the minimum."""
+    queue = make_queue(redis_url=with_params(redis_url, max_connections=size))
+    register(queue)
+    try:
+        with pytest.raises(ConfigurationError, match="needs at least 3") as caught:
+            await asyncio.wait_for(make_worker(queue, handle_signals=False).run(), 30)
+        assert "max_connections" in str(caught.value)
+    finally:
+        await queue.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_worker_on_a_tight_pool_warns_and_works(
+    make_queue: Callable[..., Queue], redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """3 connections is tight for a worker (a warning) but it runs its tasks (the producer
+    and its result wait on their own Queue, as in a deployment)."""
+    queue = make_queue(redis_url=with_params(redis_url, max_connections=3))
+    producer = make_queue()
+    register(queue)
+    register(producer)
+    caplog.set_level(logging.WARNING, logger="blitzq.worker")
+    try:
+        async with running(make_worker(queue)):
+            handle = await producer.tasks["conn.echo"].enqueue(7)
+            assert await handle.result(timeout=60) == 7
+        assert any("raise max_connections" in r.getMessage() for r in caplog.records)
+    finally:
+        await queue.close()
+        await producer.close()
+
+
 def test_good_url_options_still_accepted(make_queue: Callable[..., Queue], redis_url: str) -> None:
     """The checks refuse only bad values: these edge values are fine."""
     url = with_params(redis_url, max_connections="1", timeout="0.001", socket_timeout="0.5")
