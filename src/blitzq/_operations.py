@@ -19,6 +19,7 @@ from .exceptions import (
     BrokerError,
     ResultNotStored,
     ResultTimeout,
+    SerializationError,
     TaskCancelled,
     TaskExpired,
     TaskFailed,
@@ -206,6 +207,8 @@ class QueueOperations:
         fields = await broker.get_dead_letter(task_id)
         if fields is None:
             return None
+        if fields.reason == "unreadable entry" and not fields.message:  # its key is no hash
+            raise SerializationError(f"dead letter {task_id} is unreadable: {fields.error}")
         env = decode_envelope(fields.message)
         queue = fields.queue or env.queue
         now = time.time()

@@ -18,6 +18,7 @@ from ._operations import final_result
 from .broker.base import Broker
 from .client.sync import Portal, blocking
 from .exceptions import (
+    BrokerError,
     ConfigurationError,
     ResultNotStored,
     ResultTimeout,
@@ -106,7 +107,17 @@ class BatchOperations:
         deadline = time.monotonic() + (_FOREVER if timeout is None else max(0.0, timeout))
         # One read of every record first (MGET in chunks): what is already final costs no wait.
         known: dict[str, Any] = {}
-        for task_id, raw in zip(ids, await self.broker.get_records(ids), strict=True):
+        # The pre-read keeps the caller's deadline too (plus the same 1 s grace as the waits):
+        # a server that accepts and never answers must not hold it for the socket timeout.
+        try:
+            async with asyncio.timeout(None if timeout is None else max(0.0, timeout) + 1.0):
+                raws = await self.broker.get_records(ids)
+        except TimeoutError:
+            raise BrokerError(
+                f"Redis did not answer within {max(0.0, timeout or 0.0) + 1.0:.1f} s (get_results)",
+                True,
+            ) from None
+        for task_id, raw in zip(ids, raws, strict=True):
             if raw is None:
                 continue
             try:

@@ -7,6 +7,7 @@ import asyncio
 import time
 
 from blitzq.broker.base import Broker, Completion, DeadLetterFields
+from blitzq.limits import DEAD_MESSAGE_SAMPLE
 
 
 def dead(task_id: str, size: int, failed_at: float) -> Completion:
@@ -46,3 +47,31 @@ async def test_dead_letters_expire_after_the_ttl(broker: Broker) -> None:
         await asyncio.sleep(0.05)
     assert await ids(broker) == ["long"]
     assert await broker.get_dead_letter("short") is None
+
+
+async def test_one_dead_letter_over_the_byte_bound_does_not_wipe_the_others(
+    broker: Broker,
+) -> None:
+    """Issue input: one dead letter larger than ``dead_letter_max_bytes`` used to evict every
+    older one and then itself, leaving the store empty. It is cut instead (its message to the
+    first DEAD_MESSAGE_SAMPLE bytes, a note in its error) and the others stay."""
+    broker.dead_letter_max_bytes = 5000  # type: ignore[attr-defined]
+    for i in range(3):
+        await broker.complete([dead(f"d{i}", 500, 1000.0 + i)])
+    await broker.complete([dead("huge", 20000, 1010.0)])
+    assert await ids(broker) == ["huge", "d2", "d1", "d0"]
+    huge = await broker.get_dead_letter("huge")
+    assert huge is not None
+    assert huge.message == b"m" * DEAD_MESSAGE_SAMPLE
+    assert huge.error.startswith("boom; dead letter over dead_letter_max_bytes=5000")
+    assert "20000-byte message" in huge.error
+    assert len(huge.message) + len(huge.error) + 64 <= 5000
+
+    # A bound smaller than the sample: the entry still fits it, alone.
+    broker.dead_letter_max_bytes = 300  # type: ignore[attr-defined]
+    await broker.complete([dead("tiny-bound", 20000, 1020.0)])
+    assert await ids(broker) == ["tiny-bound"]
+    small = await broker.get_dead_letter("tiny-bound")
+    assert small is not None
+    assert len(small.message) + len(small.error) + 64 <= 300
+    assert await broker.dead_letter_count() == 1

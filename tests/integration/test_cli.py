@@ -26,7 +26,7 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
-from blitzq import ConfigurationError, Queue, TaskRecord, Worker
+from blitzq import ConfigurationError, Queue, SerializationError, TaskRecord, Worker
 from blitzq.cli import cli
 from blitzq.cli._common import mask_url
 from blitzq.logconfig import JsonFormatter, configure_logging
@@ -229,6 +229,47 @@ def test_dead_letter_list_replay_and_purge(app_queue: Queue, invoke: Callable[..
     assert json_out(invoke("dead-letter", "purge", "--yes", "--json")) == {"purged": 1}
     assert json_out(invoke("dead-letter", "list", "--json"))["total"] == 0
     assert "no dead letters" in invoke("dead-letter", "list").stdout
+
+
+def test_a_wrong_type_dead_letter_key_does_not_break_the_listing(
+    app_queue: Queue, invoke: Callable[..., Result], redis_url: str, namespace: str
+) -> None:
+    """Issue input: ``SET {ns}:d:corrupt4 x; ZADD {ns}:dlq <now> corrupt4`` made ``dead-letter
+    list`` and ``queue.dead_letters()`` fail with WRONGTYPE and ``replay`` show it raw."""
+    real = app_queue.send_sync("boom", [1])
+    with running_worker(app_queue):
+        assert final_record(app_queue, real.id).state.value == "dead_lettered"
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.set("{" + namespace + "}:d:corrupt4", b"x")
+        client.zadd("{" + namespace + "}:dlq", {"corrupt4": time.time()})
+    finally:
+        client.close()
+
+    letters = {d.id: d for d in app_queue.dead_letters_sync()}
+    assert set(letters) == {real.id, "corrupt4"}
+    assert letters["corrupt4"].reason == "unreadable entry"
+    assert letters[real.id].task == "boom"
+
+    listing = invoke("dead-letter", "list", "--json")
+    assert listing.exit_code == 0, listing.output
+    by_id = {d["id"]: d for d in json_out(listing)["dead_letters"]}
+    assert by_id["corrupt4"]["reason"] == "unreadable entry"
+    assert by_id[real.id]["task"] == "boom"
+    human = invoke("dead-letter", "list")
+    assert human.exit_code == 0, human.output
+    assert "corrupt4" in human.stdout
+
+    replay = invoke("dead-letter", "replay", "corrupt4")
+    assert replay.exit_code == 1
+    assert "dead letter corrupt4 cannot be replayed" in replay.stderr
+    assert "unreadable" in replay.stderr
+    assert "WRONGTYPE" not in replay.output
+    with pytest.raises(SerializationError, match="unreadable"):
+        app_queue.retry_sync("corrupt4")
+    # The good one still replays, and a purge clears the bad one.
+    assert json_out(invoke("dead-letter", "replay", real.id, "--json"))["replayed"] is True
+    assert json_out(invoke("dead-letter", "purge", "--yes", "--json")) == {"purged": 1}
 
 
 # ---------------------------------------------------------------- queue stats
@@ -472,6 +513,28 @@ BAD_APPS = {
     "bad_spec": ("cli_bad_app", "expected MODULE:ATTR"),
     "bad_import_error": ("cli_broken_app:queue", "ZeroDivisionError"),
 }
+
+
+@pytest.mark.parametrize(
+    "params", ["max_connection=5", "bogus_param=1", "socket_timeout=0", "max_connections=2"]
+)
+def test_worker_with_bad_url_option_exits_2(params: str, tmp_path: Path, redis_url: str) -> None:
+    """Issue input: an unknown URL option used to print a redis-py traceback and exit 1."""
+    (tmp_path / "cli_url_app.py").write_text("from blitzq import Queue\nqueue = Queue()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
+    url = redis_url + ("&" if "?" in redis_url else "?") + params
+    result = subprocess.run(
+        [sys.executable, "-m", "blitzq", "worker", "cli_url_app:queue", "--redis-url", url],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert params.split("=")[0] in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("case", sorted(BAD_APPS))

@@ -114,6 +114,81 @@ def test_pool_defaults_are_a_bounded_blocking_pool_and_the_url_overrides_them(
         make_queue(redis_url="unix:///tmp/x.sock?socket_keepalive=true")._make_broker()
 
 
+@pytest.mark.parametrize(
+    ("params", "needle"),
+    [
+        # Issue inputs: unknown names used to raise redis-py's TypeError on first use, the
+        # out-of-range values were accepted and failed every command (or never limited).
+        ({"max_connection": "5"}, "max_connection"),
+        ({"bogus_param": "1"}, "bogus_param"),
+        ({"max_connections": "0"}, "max_connections"),
+        ({"max_connections": "-5"}, "max_connections"),
+        ({"timeout": "-1"}, "timeout"),
+        ({"timeout": "0"}, "timeout"),
+        ({"socket_keepalive": "maybe"}, "socket_keepalive"),
+        ({"socket_timeout": "0"}, "socket_timeout"),
+        ({"socket_timeout": "-3"}, "socket_timeout"),
+        ({"socket_timeout": "nan"}, "socket_timeout"),
+        ({"socket_connect_timeout": "inf"}, "socket_connect_timeout"),
+        ({"health_check_interval": "-1"}, "health_check_interval"),
+        ({"retry_on_timeout": "perhaps"}, "retry_on_timeout"),
+    ],
+)
+def test_bad_url_options_are_configuration_errors_when_the_broker_is_made(
+    make_queue: Callable[..., Queue], redis_url: str, params: dict[str, str], needle: str
+) -> None:
+    if not redis_url.startswith("redis") and "socket_keepalive" in params:
+        pytest.skip("socket_keepalive is refused on unix:// sockets for another reason")
+    with pytest.raises(ConfigurationError, match=needle):
+        make_queue(redis_url=with_params(redis_url, **params))._make_broker()
+
+
+@pytest.mark.parametrize("size", [1, 2])
+async def test_a_worker_refuses_a_pool_it_cannot_run_on(
+    make_queue: Callable[..., Queue], redis_url: str, size: int
+) -> None:
+    """Issue input: a worker with max_connections=1 or 2 started, warned, then never fetched
+    ("No connection available" every 20 s). It refuses to start, naming the minimum."""
+    queue = make_queue(redis_url=with_params(redis_url, max_connections=size))
+    register(queue)
+    try:
+        with pytest.raises(ConfigurationError, match="needs at least 3") as caught:
+            await asyncio.wait_for(make_worker(queue, handle_signals=False).run(), 30)
+        assert "max_connections" in str(caught.value)
+    finally:
+        await queue.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_worker_on_a_tight_pool_warns_and_works(
+    make_queue: Callable[..., Queue], redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """3 connections is tight for a worker (a warning) but it runs its tasks (the producer
+    and its result wait on their own Queue, as in a deployment)."""
+    queue = make_queue(redis_url=with_params(redis_url, max_connections=3))
+    producer = make_queue()
+    register(queue)
+    register(producer)
+    caplog.set_level(logging.WARNING, logger="blitzq.worker")
+    try:
+        async with running(make_worker(queue)):
+            handle = await producer.tasks["conn.echo"].enqueue(7)
+            assert await handle.result(timeout=60) == 7
+        assert any("raise max_connections" in r.getMessage() for r in caplog.records)
+    finally:
+        await queue.close()
+        await producer.close()
+
+
+def test_good_url_options_still_accepted(make_queue: Callable[..., Queue], redis_url: str) -> None:
+    """The checks refuse only bad values: these edge values are fine."""
+    url = with_params(redis_url, max_connections="1", timeout="0.001", socket_timeout="0.5")
+    make_queue(redis_url=url)._make_broker()
+    if redis_url.startswith("redis"):
+        make_queue(redis_url=with_params(redis_url, socket_keepalive="false"))._make_broker()
+    make_queue(redis_url=with_params(redis_url, health_check_interval="0"))._make_broker()
+
+
 async def test_200_concurrent_enqueues_from_one_queue_all_succeed(
     make_queue: Callable[..., Queue], mode: str
 ) -> None:
@@ -306,7 +381,20 @@ async def test_nothing_hangs_on_a_server_that_never_answers() -> None:
 
             elapsed, exc, _ = await _timed(queue.get_results(["a", "b"], timeout=2))
             assert isinstance(exc, BrokerError), exc
-            assert elapsed < 15  # the first read of the records, bounded by the socket timeout
+            assert elapsed < 2 + 3  # the first read of the records keeps the deadline too
+
+            # Issue input: get_results(timeout=2) took the socket timeout (5 s, 15 s with
+            # socket_timeout=15) because its first read of the records had no deadline.
+            slow = Queue(redis_url=url + "?socket_timeout=15", namespace="silent")
+            try:
+                elapsed, exc, _ = await _timed(slow.get_results(["a", "b"], timeout=2))
+                assert isinstance(exc, BrokerError), exc
+                assert elapsed < 2 + 3
+                elapsed, exc, _ = await _timed(slow.get_results(["a"] * 300, timeout=0.5))
+                assert isinstance(exc, BrokerError), exc
+                assert elapsed < 0.5 + 3
+            finally:
+                await slow.close()
 
             # The waits that gave up left no waiter behind on the shared pub/sub listener.
             listener = queue.broker._results  # type: ignore[attr-defined]
@@ -332,6 +420,10 @@ def test_result_sync_keeps_its_timeout_on_a_server_that_never_answers() -> None:
             with pytest.raises(BrokerError):
                 queue.get_result_sync("some-id", timeout=2)
             assert time.monotonic() - started < 2 + 3
+            started = time.monotonic()
+            with pytest.raises(BrokerError):  # issue input: took the socket timeout
+                queue.get_results_sync(["a", "b", "c"], timeout=0.5)
+            assert time.monotonic() - started < 0.5 + 3
         finally:
             queue.close_sync()
 

@@ -16,11 +16,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, TypeVar
 
 from ..exceptions import BrokerError, SerializationError
-from ..limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
+from ..limits import DEAD_MESSAGE_SAMPLE, DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
 from ..serialization import decode_envelope, dumps, loads
 from .base import Broker, Completion, DeadLetterFields, Delivery, Guarantee, Scheduled
 from .memory_control import MemoryControl
@@ -54,6 +54,20 @@ def _wake(waiters: list[_Waiter] | None) -> None:
     for loop, fut in waiters or ():
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits there any more
             loop.call_soon_threadsafe(_resolve, fut)
+
+
+def _fit_dead_letter(fields: DeadLetterFields, max_bytes: int) -> DeadLetterFields:
+    """``fields`` of a dead letter over ``max_bytes`` (message + error + 64), cut as the Redis
+    brokers' ``dl_note`` does: the message to its first :data:`~blitzq.limits.DEAD_MESSAGE_SAMPLE`
+    bytes (fewer when the bound is smaller), the error to as many characters plus a note."""
+    message = fields.message
+    error = (
+        f"{fields.error[:DEAD_MESSAGE_SAMPLE]}; dead letter over dead_letter_max_bytes="
+        f"{max_bytes}: only the first {DEAD_MESSAGE_SAMPLE} bytes of its {len(message)}-byte "
+        "message are kept"
+    )[: max(0, max_bytes - 64)]
+    message = message[: min(DEAD_MESSAGE_SAMPLE, max(0, max_bytes - len(error) - 64))]
+    return replace(fields, message=message, error=error)
 
 
 class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
@@ -162,6 +176,10 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
             del until[task_id]  # replayed or purged
         for task_id in [t for t, at in until.items() if at <= now]:
             del dead[task_id], until[task_id]
+        bound = self.dead_letter_max_bytes
+        for task_id, fields in dead.items():  # one dead letter never outgrows the bound
+            if len(fields.message) + len(fields.error) + 64 > bound:
+                dead[task_id] = _fit_dead_letter(fields, bound)
         newest = self._newest_first()
         total = sum(len(f.message) + len(f.error) + 64 for f in dead.values())
         while newest and (len(newest) > self.dead_letter_cap or total > self.dead_letter_max_bytes):

@@ -49,6 +49,11 @@ EXIT_RESTART = 75
 #: unregister and to write progress updates in flight.
 FETCH_GRACE = 2.0
 
+#: Fewest connections (URL ``max_connections``) a worker's broker pool must allow: the events
+#: listener holds one for good and a worker with two never fetched (measured); a pool under
+#: ``len(queues) + 6`` works but is tight (a start-up warning).
+MIN_POOL_CONNECTIONS = 3
+
 #: Longest ``block_timeout`` in seconds: a stopping worker waits up to that long for a
 #: blocked fetch to return.
 MAX_BLOCK_TIMEOUT = 60.0
@@ -225,6 +230,9 @@ class Worker:
         """Run until :meth:`stop` (or a signal, or cancellation), then shut down gracefully.
 
         Raises:
+            ConfigurationError: the broker's pool (URL ``max_connections``) is below
+                :data:`MIN_POOL_CONNECTIONS`, with which the worker could never fetch (a pool
+                under ``len(queues) + 6`` only logs a warning).
             BrokerError: the broker could not be reached at start.
         """
         loop = asyncio.get_running_loop()
@@ -246,6 +254,14 @@ class Worker:
         broker = self.broker
         await check_eviction(broker, strict=self.strict_memory_policy)
         size = getattr(broker, "pool_size", None)
+        if size is not None and size < MIN_POOL_CONNECTIONS:
+            # The events listener holds one connection for good and the fetch loops, flusher
+            # and maintenance need the others: below this nothing is ever fetched.
+            raise ConfigurationError(
+                f"the broker's pool allows {size} connection(s); a worker needs at least "
+                f"{MIN_POOL_CONNECTIONS} (at least {len(self.queues) + 6} recommended for its "
+                f"{len(self.queues)} queue(s)): raise max_connections in the URL"
+            )
         if size is not None and size < len(self.queues) + 6:
             logger.warning(
                 "the broker's pool allows %d connections for %d fetch loops and the worker's "

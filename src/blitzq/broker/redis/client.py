@@ -34,6 +34,7 @@ always wins over the default. ``docs/configuration.md`` lists them.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 from urllib.parse import parse_qs, urlsplit
@@ -128,13 +129,68 @@ def make_client(url: str) -> aioredis.Redis:
             defaults (see the module docstring).
 
     Raises:
-        ValueError: a query parameter has an invalid value (redis-py's message).
+        ValueError: a query parameter is unknown (a typo) or has an invalid or out-of-range
+            value: ``max_connections < 1``; ``timeout``, ``socket_timeout`` or
+            ``socket_connect_timeout`` not a finite number ``> 0``; a negative
+            ``health_check_interval``; a boolean option (``socket_keepalive`` ...) not one of
+            true/false, yes/no, 1/0.
     """
     query = parse_qs(urlsplit(url).query)
     if "socket_keepalive" in query and urlsplit(url).scheme == "unix":
         raise ValueError("socket_keepalive applies to TCP connections, not unix:// sockets")
+    for name in _BOOLEAN_OPTIONS & query.keys():
+        for text in query[name]:
+            if text.strip().lower() not in _BOOLEAN_TEXTS:
+                raise ValueError(f"{name}={text!r} is not a boolean (true/false, yes/no, 1/0)")
+    for text in query.get("max_connections", []):
+        # redis-py reads 0 as "no limit" (2**31 connections): refused like a negative one.
+        if text.strip().lstrip("+-").isdigit() and int(text) < 1:
+            raise ValueError(f"max_connections={text!r} must be at least 1")
     pool = BoundedPool.from_url(url, decode_responses=False, **connection_options(url))
+    _check_pool(pool)
     return aioredis.Redis.from_pool(pool)
+
+
+#: URL options redis-py reads as booleans (anything not "false"-like is true to it).
+_BOOLEAN_OPTIONS = frozenset(
+    {"socket_keepalive", "retry_on_timeout", "ssl_check_hostname", "legacy_responses"}
+)
+_BOOLEAN_TEXTS = frozenset({"1", "0", "t", "f", "true", "false", "y", "n", "yes", "no"})
+
+
+def _positive(name: str, value: Any, allow_zero: bool = False) -> None:
+    """Raise ``ValueError`` unless ``value`` is ``None`` or a finite number ``> 0``
+    (``>= 0`` with ``allow_zero``)."""
+    if value is None:
+        return
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name}={value!r} must be a finite number {bound}")
+
+
+def _check_pool(pool: aioredis.BlockingConnectionPool) -> None:
+    """Refuse a pool whose options would fail on first use or on every command.
+
+    Unknown option names (a typo such as ``max_connection``) are found by building one
+    connection object from the pool's connection arguments, without connecting (redis-py
+    raises ``TypeError`` for an unknown keyword argument only then).
+
+    Raises:
+        ValueError: an unknown option, ``max_connections < 1``, a pool ``timeout`` or a socket
+            timeout that is not a finite number ``> 0``, a negative ``health_check_interval``.
+    """
+    try:
+        pool.connection_class(**pool.connection_kwargs)
+    except TypeError as exc:
+        raise ValueError(f"unknown or invalid option: {exc}") from None
+    if not isinstance(pool.max_connections, int) or pool.max_connections < 1:
+        raise ValueError(f"max_connections={pool.max_connections!r} must be at least 1")
+    _positive("timeout", pool.timeout)
+    kwargs = pool.connection_kwargs
+    _positive("socket_timeout", kwargs.get("socket_timeout"))
+    _positive("socket_connect_timeout", kwargs.get("socket_connect_timeout"))
+    _positive("health_check_interval", kwargs.get("health_check_interval"), allow_zero=True)
 
 
 def socket_timeout(client: Any) -> float | None:

@@ -100,6 +100,24 @@ async def _bounded(wait: Coroutine[Any, Any, R], timeout: float) -> R:
         ) from None
 
 
+#: ``reason`` of a dead-letter entry whose key holds another type than a hash.
+UNREADABLE_DEAD_LETTER = "unreadable entry"
+
+
+def _unreadable_dead_letter() -> DeadLetterFields:
+    """The fields shown for a dead-letter entry whose key is not a hash (reading it gave
+    ``WRONGTYPE``): marked :data:`UNREADABLE_DEAD_LETTER`, with an empty message."""
+    return DeadLetterFields(
+        message=b"",
+        reason=UNREADABLE_DEAD_LETTER,
+        error="the dead-letter key is not a hash (planted or damaged); purge it",
+        task="",
+        queue="",
+        failed_at=0.0,
+        kind="",
+    )
+
+
 class RedisBroker(RedisControl, Broker):
     """Base of the Redis brokers.
 
@@ -603,9 +621,16 @@ class RedisBroker(RedisControl, Broker):
             async with self.client.pipeline(transaction=False) as pipe:
                 for raw_id in ids:
                     pipe.hgetall(self.keys.dead_letter(raw_id.decode(errors="replace")))
-                rows = await pipe.execute()
+                # An entry of the wrong type (a planted or damaged key) is marked, not fatal.
+                rows = await pipe.execute(raise_on_error=False)
             for raw_id, row in zip(ids, rows, strict=True):
-                fields = self._dead_letter_fields(row)
+                if isinstance(row, ResponseError) and "WRONGTYPE" not in str(row):
+                    raise row
+                fields = (
+                    _unreadable_dead_letter()
+                    if isinstance(row, ResponseError)
+                    else self._dead_letter_fields(row)
+                )
                 if fields is not None:  # None: expired meanwhile
                     out.append((raw_id.decode(errors="replace"), fields))
             position += len(ids)
@@ -615,8 +640,15 @@ class RedisBroker(RedisControl, Broker):
 
     @translate_errors
     async def get_dead_letter(self, task_id: str) -> DeadLetterFields | None:
-        """One dead letter, or ``None``."""
-        return self._dead_letter_fields(await self.client.hgetall(self.keys.dead_letter(task_id)))
+        """One dead letter, or ``None``; an entry whose key is not a hash (planted or damaged)
+        comes back marked ``reason="unreadable entry"`` with an empty message."""
+        try:
+            raw = await self.client.hgetall(self.keys.dead_letter(task_id))
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            return _unreadable_dead_letter()
+        return self._dead_letter_fields(raw)
 
     @translate_errors
     async def dead_letter_count(self) -> int:

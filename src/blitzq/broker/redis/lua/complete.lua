@@ -228,7 +228,7 @@ for _, c in ipairs(batch) do
       redis.call('HSET', prefix .. 'd:' .. task_id, 'message', dead[1], 'reason', dead[2],
         'error', dead[3], 'task', dead[4], 'queue', dead[5], 'failed_at', dead[6], 'kind', kind)
       redis.call('ZADD', KEYS[3], dead[6], task_id)
-      dl_note(prefix, task_id, #dead[1] + #dead[3] + 64, dl_ttl)
+      dl_note(prefix, task_id, #dead[1] + #dead[3] + 64, dl_ttl, dl_bytes)
       dead_added = dead_added + 1
     end
     if requeue ~= '' then

@@ -3,10 +3,26 @@
 -- the retention TTL; its id is in the zset {ns}:dlq scored by failure time (Unix seconds),
 -- its size in bytes in the hash {ns}:dlq:size, and the sum of those sizes in {ns}:dlq:bytes.
 
--- A dead letter of `size` bytes was just written under `id`: expire it after ttl seconds
--- and count its bytes (replacing the count of an older one with the same id).
-local function dl_note(prefix, id, size, ttl)
-  redis.call('EXPIRE', prefix .. 'd:' .. id, ttl)
+-- A dead letter of `size` bytes (message + error + 64) was just written under `id`: expire
+-- it after ttl seconds and count its bytes (replacing the count of an older one with the same
+-- id). One bigger than the byte bound max_bytes is cut first, as the worker cuts an oversized
+-- message: its message to its first 1024 bytes (DEAD_MESSAGE_SAMPLE, fewer when the bound is
+-- smaller), its error to 1024 bytes plus a note of the cut, so that one dead letter never
+-- evicts all the others.
+local function dl_note(prefix, id, size, ttl, max_bytes)
+  local key = prefix .. 'd:' .. id
+  max_bytes = tonumber(max_bytes)
+  if max_bytes and size > max_bytes then
+    local got = redis.call('HMGET', key, 'message', 'error')
+    local message, err = got[1] or '', got[2] or ''
+    err = string.sub(string.sub(err, 1, 1024) .. '; dead letter over dead_letter_max_bytes=' ..
+      max_bytes .. ': only the first 1024 bytes of its ' .. #message ..
+      '-byte message are kept', 1, math.max(0, max_bytes - 64))
+    message = string.sub(message, 1, math.min(1024, math.max(0, max_bytes - #err - 64)))
+    redis.call('HSET', key, 'message', message, 'error', err)
+    size = #message + #err + 64
+  end
+  redis.call('EXPIRE', key, ttl)
   local sizes = prefix .. 'dlq:size'
   local old = tonumber(redis.call('HGET', sizes, id) or 0)
   redis.call('HSET', sizes, id, size)

@@ -22,7 +22,7 @@ for _, id in ipairs(ids) do
       'error', 'schedule entry is not <kind><queue>\\n<message>', 'task', '', 'queue', '',
       'failed_at', now)
     redis.call('ZADD', prefix .. 'dlq', now, id)
-    dl_note(prefix, id, #value + 64, ARGV[4])
+    dl_note(prefix, id, #value + 64, ARGV[4], ARGV[5])
     dead = dead + 1
     redis.call('HDEL', KEYS[2], id)
   elseif value then

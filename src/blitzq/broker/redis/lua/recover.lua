@@ -29,7 +29,7 @@ for _, entry in ipairs(claimed[2]) do
       'error', 'stream entry has no "m" field', 'task', '', 'queue', queue, 'failed_at', now,
       'kind', 's')
     redis.call('ZADD', KEYS[2], now, id)
-    dl_note(prefix, id, #raw + 64, ARGV[11])
+    dl_note(prefix, id, #raw + 64, ARGV[11], ARGV[12])
     dead = dead + 1
   elseif message then
     if deliveries >= max_deliveries then
@@ -45,7 +45,7 @@ for _, entry in ipairs(claimed[2]) do
         'reason', 'max deliveries exceeded', 'error', err, 'task', task, 'queue', queue,
         'failed_at', now, 'kind', 's')
       redis.call('ZADD', KEYS[2], now, task_id)
-      dl_note(prefix, task_id, #message + #err + 64, ARGV[11])
+      dl_note(prefix, task_id, #message + #err + 64, ARGV[11], ARGV[12])
       local record = cmsgpack.pack({id = task_id, task = task, queue = queue,
         state = 'dead_lettered', attempts = deliveries, error_type = 'MaxDeliveriesExceeded',
         error = err, finished_at = tonumber(now)})
