@@ -473,6 +473,7 @@ class Runner:
             self._reaping = asyncio.ensure_future(asyncio.to_thread(reap))
         reaping = self._reaping
         if reaping is None or reaping.done():
+            self._reaping = None
             slots.release()
         else:
             reaping.add_done_callback(lambda _: slots.release())
