@@ -94,7 +94,10 @@ def test_thousand_tasks_at_50_per_second_over_three_processes(
         assert len(starts) == TASKS
         # Never faster than the limit; the upper bound is generous (a busy machine).
         assert EXPECTED * 0.95 <= duration <= EXPECTED * 1.25, duration
-        assert window <= 100, window
+        # Starts are stamped when the body runs, after its token was taken on the server: a
+        # start delayed by a busy machine can land in the next window, so a few over
+        # burst + rate are scheduling jitter, not extra tokens (the bucket is exact).
+        assert window <= 105, window
         assert len(pids) >= 2, "the tasks should have been shared by the worker processes"
         # Each task ran exactly once, as its first attempt (rate limiting is not a retry).
         records = [queue.inspect_sync(h.id) for h in handles[:: TASKS // 20]]
