@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 from .context import TaskContext, reset_current, set_current
 from .exceptions import BlitzQError, TaskCancelled, TaskFailed, TaskTimeout, describe_error
 from .serialization import encode_envelope, loads
-from .signals import Handler, Signal, SignalEvent, Signals
+from .signals import Signal, SignalEvent, Signals
 
 if TYPE_CHECKING:
     from .broker.base import Completion
@@ -450,49 +450,9 @@ def hooks_of(queue: Any) -> QueueHooks:
     return hooks
 
 
-class MiddlewareOperations:
-    """Mixin of :class:`~blitzq.Queue`: middleware and signal registration."""
-
-    def add_middleware(self, middleware: Middleware) -> None:
-        """Register ``middleware`` (see :mod:`blitzq.middleware`); register before the worker
-        starts or the producer enqueues.
-
-        Raises:
-            TypeError: not a :class:`Middleware` instance.
-        """
-        hooks_of(self).add(middleware)
-
-    @property
-    def middleware(self) -> tuple[Middleware, ...]:
-        """The registered middleware, in registration order."""
-        return tuple(hooks_of(self).middleware)
-
-    @property
-    def signals(self) -> Signals:
-        """The Queue's signal handlers; ``queue.signals.emit(signal, event)`` emits one."""
-        return hooks_of(self).signals
-
-    def on(self, signal: Signal | str) -> Callable[[Handler], Handler]:
-        """Decorator registering a signal handler (plain function or coroutine function)::
-
-            @queue.on(Signal.TASK_FAILED)
-            async def alert(event: SignalEvent) -> None: ...
-
-        Raises:
-            ValueError: an unknown signal.
-        """
-        sig = Signal(signal)
-
-        def register(handler: Handler) -> Handler:
-            return hooks_of(self).signals.connect(sig, handler)
-
-        return register
-
-
 __all__ = [
     "EnqueueRefused",
     "Middleware",
-    "MiddlewareOperations",
     "QueueHooks",
     "hooks_of",
 ]

@@ -19,26 +19,18 @@ flight can never overwrite a newer one (each write carries its time and the brok
 newest). Process tasks (``executor="process"``) have no task context and cannot report
 progress.
 
-This module holds the :class:`Progress` type, the stored form (:func:`encode_progress`,
-:func:`decode_progress`) and the Queue's reads (``get_progress``, ``watch_progress``).
+This module holds the :class:`Progress` type and the stored form (:func:`encode_progress`,
+:func:`decode_progress`); the Queue's reads (``get_progress``, ``watch_progress``) are in
+:mod:`blitzq.client.results`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
-import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from .client.sync import Portal, blocking
-from .exceptions import ConfigurationError, ResultTimeout, SerializationError
-from .records import TaskRecord
+from .exceptions import ConfigurationError, SerializationError
 from .serialization import dumps, loads
-
-if TYPE_CHECKING:
-    from .broker.base import Broker
 
 #: Longest progress message kept, in characters.
 MAX_MESSAGE = 1000
@@ -107,97 +99,9 @@ def decode_progress(data: bytes) -> tuple[Progress, bool]:
     return Progress(raw[0], raw[1], raw[2], float(raw[3])), final
 
 
-class ProgressOperations:
-    """Mixin of :class:`~blitzq.Queue`: reading and following progress."""
-
-    _portal: Portal
-
-    @property
-    def broker(self) -> Broker:  # provided by Queue
-        raise NotImplementedError
-
-    async def get_progress(self, task_id: str) -> Progress | None:
-        """The latest progress a task reported, or ``None`` (none reported, or expired).
-
-        Raises:
-            BrokerError: the broker could not be reached.
-        """
-        data = await self.broker.get_progress(task_id)
-        if data is None:
-            return None
-        return decode_progress(data)[0]
-
-    get_progress_sync = blocking(get_progress)
-
-    async def watch_progress(
-        self, task_id: str, timeout: float | None = None
-    ) -> AsyncIterator[Progress]:
-        """Yield a task's progress updates as they are pushed, until the task ends.
-
-        The latest stored update (if any) comes first; then each update published (pub/sub,
-        not polling; with a re-read every second as a fallback should the connection drop).
-        Updates coalesced by the worker are not all seen, but the newest always is. The
-        iterator ends when the task reaches a final state (succeeded, failed,
-        dead-lettered, cancelled), after yielding the update written with its end.
-
-        A task that writes no record when it succeeds (``store_result=False`` without
-        ``track_state``) and never reports progress gives no sign of its end: pass a
-        ``timeout``.
-
-        Args:
-            task_id: the task's id.
-            timeout: seconds to follow at most; ``None`` for no limit.
-
-        Raises:
-            ResultTimeout: the task did not end within ``timeout`` seconds.
-            BrokerError: the broker could not be reached.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        last_at = -math.inf
-        events = self.broker.watch_progress(task_id)
-        try:
-            while True:
-                if deadline is None:
-                    kind, data = await anext(events)
-                else:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise ResultTimeout(f"task {task_id} did not end within {timeout} s")
-                    try:
-                        kind, data = await asyncio.wait_for(anext(events), left)
-                    except TimeoutError:
-                        raise ResultTimeout(
-                            f"task {task_id} did not end within {timeout} s"
-                        ) from None
-                if kind == "progress":
-                    try:
-                        progress, final = decode_progress(data)
-                    except SerializationError:
-                        continue
-                    if progress.updated_at > last_at:
-                        last_at = progress.updated_at
-                        yield progress
-                    if final:
-                        return
-                elif kind == "record":
-                    try:
-                        record = TaskRecord.from_bytes(data)
-                    except SerializationError:
-                        continue
-                    if record.state.is_final:
-                        # The run's last update is written with its completion: read it now.
-                        latest = await self.get_progress(task_id)
-                        if latest is not None and latest.updated_at > last_at:
-                            yield latest
-                        return
-        finally:
-            await events.aclose()
-
-
 __all__ = [
     "MAX_MESSAGE",
     "Progress",
-    "ProgressOperations",
     "decode_progress",
     "encode_progress",
 ]

@@ -12,15 +12,17 @@ import dataclasses
 import datetime
 import os
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from ._checks import flag, integer, seconds
-from ._enqueue import EnqueueOperations
-from ._operations import QueueOperations
-from .batch import BatchOperations
 from .broker.base import Broker
-from .client.sync import Portal
+from .client.admin import Admin
+from .client.delegate import delegate
+from .client.publish import Producer
+from .client.results import Results
+from .client.sync import Portal, blocking
+from .client.workflows import Workflows
 from .exceptions import (
     ConfigurationError,
     SerializationError,
@@ -32,12 +34,12 @@ from .limits import (
     DEFAULT_DEAD_LETTER_TTL,
     DEFAULT_MAX_RESULT_SIZE,
 )
-from .middleware import MiddlewareOperations
-from .progress import ProgressOperations
+from .middleware import Middleware, hooks_of
 from .ratelimit import RateLimit
 from .retries import DEFAULT_RETRY_POLICY, RetryPolicy
 from .routing import Priority, Routes, check_name, route
-from .task import BoundTask, Executor, Task, default_task_name
+from .signals import Handler, Signal, Signals
+from .task import BoundTask, Executor, Task, TaskHandle, default_task_name
 from .workflow.engine import attach as attach_workflow
 
 if TYPE_CHECKING:
@@ -50,7 +52,6 @@ R = TypeVar("R")
 Mode = Literal["reliable", "fast"]
 #: Default largest message accepted, in bytes.
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
-_FOREVER = 10 * 365 * 86400.0
 
 
 Hook = Callable[[], Awaitable[None]]
@@ -67,14 +68,13 @@ class Hooks(list[Hook]):
         return hook
 
 
-class Queue(
-    EnqueueOperations,
-    QueueOperations,
-    MiddlewareOperations,
-    ProgressOperations,
-    BatchOperations,
-):
+class Queue:
     """A task queue: register tasks, enqueue them, read results and dead letters.
+
+    The Queue holds the configuration and the task registry; what it does with them is done
+    by the clients it is made of (:mod:`blitzq.client`), whose methods it offers as its own:
+    the producer (``send``), results (``get_result``, ``inspect``, ``cancel``, progress),
+    admin (dead letters, purges, ``stats``) and workflows.
 
     Args:
         name: default queue for tasks registered here.
@@ -184,11 +184,14 @@ class Queue(
         self._brokers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Broker] = (
             weakref.WeakKeyDictionary()
         )
-        self._known_queues: set[str] = set()
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.periodic_tasks: dict[str, PeriodicTask] = {}
-        self._portal = Portal()
         self._url: str | None = None
+        self._portal = Portal()  # the sync API's loop; every *_sync twin runs on it
+        self._producer = Producer(self, self._portal)
+        self._results = Results(self)
+        self._admin = Admin(self)
+        self._workflows = Workflows(self)
         self.on_startup = Hooks()
         self.on_shutdown = Hooks()
         #: Coroutines that see each batch before it is published (see :mod:`blitzq.hooks`).
@@ -219,6 +222,13 @@ class Queue(
                 )
             self._url = url
         return self._url
+
+    def _connect_to(self, url: str) -> None:
+        """Use the broker at ``url`` instead of the configured one (the CLI's ``--redis-url``);
+        call it before the Queue is used. Not for a Queue given a ready ``broker=``.
+        """
+        self._redis_url = url
+        self._url = None
 
     def _make_broker(self) -> Broker:
         url = self.url
@@ -498,6 +508,91 @@ class Queue(
             return self.tasks[name]
         except KeyError:
             raise UnknownTask(f"no task named {name!r} is registered") from None
+
+    # --------------------------------------------------- middleware and signals
+    def add_middleware(self, middleware: Middleware) -> None:
+        """Register ``middleware`` (see :mod:`blitzq.middleware`); register before the worker
+        starts or the producer enqueues.
+
+        Raises:
+            TypeError: not a :class:`Middleware` instance.
+        """
+        hooks_of(self).add(middleware)
+
+    @property
+    def middleware(self) -> tuple[Middleware, ...]:
+        """The registered middleware, in registration order."""
+        return tuple(hooks_of(self).middleware)
+
+    @property
+    def signals(self) -> Signals:
+        """The Queue's signal handlers; ``queue.signals.emit(signal, event)`` emits one."""
+        return hooks_of(self).signals
+
+    def on(self, signal: Signal | str) -> Callable[[Handler], Handler]:
+        """Decorator registering a signal handler (plain function or coroutine function)::
+
+            @queue.on(Signal.TASK_FAILED)
+            async def alert(event: SignalEvent) -> None: ...
+
+        Raises:
+            ValueError: an unknown signal.
+        """
+        sig = Signal(signal)
+
+        def register(handler: Handler) -> Handler:
+            return hooks_of(self).signals.connect(sig, handler)
+
+        return register
+
+    # ------------------------------------------ the clients' methods (blitzq.client)
+    # Each is the client's own method (docstring and signature included; see delegate());
+    # each *_sync twin is made by blocking() from its async partner.
+    # (ignore: mypy sees ``self`` as a possible keyword of ``**options``, as for Task.enqueue)
+    send = delegate("_producer", Producer.send)  # type: ignore[arg-type]
+    send_sync = blocking(send)
+
+    inspect = delegate("_results", Results.inspect)
+    inspect_sync = blocking(inspect)
+    get_result = delegate("_results", Results.get_result)
+    get_result_sync = blocking(get_result)
+    get_results = delegate("_results", Results.get_results)
+    run = delegate("_results", Results.run)
+    run_sync = blocking(run)
+    cancel = delegate("_results", Results.cancel)
+    cancel_sync = blocking(cancel)
+    get_progress = delegate("_results", Results.get_progress)
+    get_progress_sync = blocking(get_progress)
+    watch_progress = delegate("_results", Results.watch_progress)
+
+    dead_letters = delegate("_admin", Admin.dead_letters)
+    dead_letters_sync = blocking(dead_letters)
+    dead_letter_count = delegate("_admin", Admin.dead_letter_count)
+    dead_letter_count_sync = blocking(dead_letter_count)
+    retry = delegate("_admin", Admin.retry)
+    retry_sync = blocking(retry)
+    purge_dead_letters = delegate("_admin", Admin.purge_dead_letters)
+    purge_dead_letters_sync = blocking(purge_dead_letters)
+    purge_queue = delegate("_admin", Admin.purge_queue)
+    purge_queue_sync = blocking(purge_queue)
+    stats = delegate("_admin", Admin.stats)
+    stats_sync = blocking(stats)
+
+    sig = delegate("_workflows", Workflows.sig)
+    apply = delegate("_workflows", Workflows.apply)
+    apply_sync = blocking(apply)
+    workflow = delegate("_workflows", Workflows.workflow)
+
+    def get_results_sync(
+        self,
+        tasks: Iterable[str | TaskHandle[Any]],
+        timeout: float | None = None,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """Blocking :meth:`get_results`."""
+        # By hand, not blocking(): ``tasks`` (perhaps a generator) is consumed here, in the
+        # caller's thread, not on the background loop's.
+        return self._portal.call(self.get_results(list(tasks), timeout, return_exceptions))
 
     async def close(self) -> None:
         """Close the current event loop's broker connections."""

@@ -174,7 +174,7 @@ def make_periodic(
 def build_message(owner: Queue, entry: PeriodicTask, occurrence: float, now: float) -> bytes:
     """The encoded message of one occurrence, made by the Queue's own envelope code."""
     opts = CallOptions(task_id=entry.task_id(occurrence), queue=entry.target_queue())
-    env = owner._envelope(
+    env = owner._producer.envelope(
         entry.task.name, entry.target_queue(), entry.args, entry.kwargs, opts, now
     )
     return encode_envelope(env, owner.max_message_size)

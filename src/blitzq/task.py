@@ -26,7 +26,6 @@ from .retries import RetryPolicy
 from .routing import check_name, check_priority
 
 if TYPE_CHECKING:
-    from ._operations import QueueOperations
     from .client.sync import Portal
     from .hooks import Finisher, StartCheck
     from .queue import Queue
@@ -274,7 +273,7 @@ class Task(Generic[P, R]):
     @property
     def _portal(self) -> Portal:
         """The owning Queue's sync-API loop (what the ``*_sync`` twins run on)."""
-        return self.owner._portal
+        return self.owner._producer.portal
 
     async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """Send one call to the queue; returns at once with a handle.
@@ -284,7 +283,7 @@ class Task(Generic[P, R]):
             MessageTooLarge: the encoded message is over the queue's limit.
             BrokerError: the broker could not be reached.
         """
-        return await self.owner._enqueue(self, args, kwargs, _NO_OPTIONS)
+        return await self.owner._producer.enqueue(self, args, kwargs, _NO_OPTIONS)
 
     # mypy flags ``self`` as a possible keyword of ``P.kwargs`` (enqueue's ``self`` is not
     # positional-only, and making it so would change the public signature); the twin's type
@@ -305,7 +304,7 @@ class Task(Generic[P, R]):
         Raises:
             SerializationError, MessageTooLarge: before anything is published.
         """
-        return await self.owner._enqueue_many(self, calls, _NO_OPTIONS)
+        return await self.owner._producer.enqueue_many(self, calls, _NO_OPTIONS)
 
     enqueue_many_sync = blocking(enqueue_many)
 
@@ -354,11 +353,11 @@ class BoundTask(Generic[P, R]):
     @property
     def _portal(self) -> Portal:
         """The owning Queue's sync-API loop (what the ``*_sync`` twins run on)."""
-        return self.task.owner._portal
+        return self.task.owner._producer.portal
 
     async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """:meth:`Task.enqueue` with the bound options."""
-        return await self.task.owner._enqueue(self.task, args, kwargs, self.call_options)
+        return await self.task.owner._producer.enqueue(self.task, args, kwargs, self.call_options)
 
     enqueue_sync = blocking(enqueue)  # type: ignore[arg-type]  # as Task.enqueue_sync
 
@@ -366,7 +365,7 @@ class BoundTask(Generic[P, R]):
         self, calls: Iterable[tuple[Any, ...] | tuple[tuple[Any, ...], dict[str, Any]]]
     ) -> list[TaskHandle[R]]:
         """:meth:`Task.enqueue_many` with the bound options (``task_id`` is not allowed)."""
-        return await self.task.owner._enqueue_many(self.task, calls, self.call_options)
+        return await self.task.owner._producer.enqueue_many(self.task, calls, self.call_options)
 
     enqueue_many_sync = blocking(enqueue_many)
 
@@ -390,7 +389,7 @@ class TaskHandle(Generic[R]):
 
     def __init__(
         self,
-        owner: QueueOperations,
+        owner: Queue,
         task_id: str,
         queue: str,
         task: str,
@@ -410,7 +409,7 @@ class TaskHandle(Generic[R]):
     @property
     def _portal(self) -> Portal:
         """The owning Queue's sync-API loop (what the ``*_sync`` twins run on)."""
-        return self._owner._portal
+        return self._owner._producer.portal
 
     async def result(self, timeout: float | None = None) -> R:
         """Wait for the task's result.
@@ -426,7 +425,7 @@ class TaskHandle(Generic[R]):
             ResultTimeout: no final record within ``timeout``.
         """
         if self.stores_result is False:
-            value: R = await self._owner._no_stored_result(self.id)
+            value: R = await self._owner._results.no_stored_result(self.id)
             return value
         value = await self._owner.get_result(self.id, timeout=timeout)
         return value

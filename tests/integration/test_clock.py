@@ -1,7 +1,7 @@
 """One clock decides when things run: the server's (``TIME`` inside the scripts).
 
 A skewed producer, worker or scheduler is simulated in-process by replacing the ``time``
-module seen by *that* side only (the producer's ``blitzq._enqueue``, the worker's
+module seen by *that* side only (the producer's ``blitzq.client.publish``, the worker's
 ``blitzq.worker.*``), or through the scheduler's own ``clock=``. The broker is the real
 Redis/Valkey; every assertion compares due times with the server's own ``TIME``.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from blitzq import Queue, Retry
-from blitzq import _enqueue as enqueue_module
+from blitzq.client import publish as enqueue_module
 from blitzq.scheduler import Scheduler
 from blitzq.worker import execution as execution_module
 from blitzq.worker import maintenance as maintenance_module

@@ -79,7 +79,7 @@ async def test_twin_refuses_a_running_event_loop_and_closes_the_coroutine(thing:
 def test_the_public_twins_are_made_by_blocking() -> None:
     """Each twin made by the helper shows the helper's docstring; the ones kept by hand (see
     their comments) are listed here, so a new hand-written twin is a deliberate choice."""
-    by_hand = {"close_sync", "get_results_sync", "send_sync"}
+    by_hand = {"close_sync", "get_results_sync"}
     made = {
         name
         for name in dir(Queue)

@@ -269,8 +269,7 @@ def use_running_server(queue: Queue) -> None:
     if queue._shared_broker is None and not (
         queue._redis_url or os.environ.get("BLITZQ_REDIS_URL")
     ):
-        queue._redis_url = running_server_url()
-        queue._url = None
+        queue._connect_to(running_server_url())
 
 
 def run_with_queue(fn: Callable[[Queue], Awaitable[T]], queue: Queue | None = None) -> T:

@@ -132,8 +132,7 @@ def _override(queue: Queue, s: Settings) -> None:
     if "redis_url" in s.from_command_line and s.redis_url is not None:
         if queue._shared_broker is not None:
             raise _usage("--redis-url cannot apply: the application's Queue was given a broker")
-        queue._redis_url = s.redis_url
-        queue._url = None
+        queue._connect_to(s.redis_url)
 
 
 def _split_queues(value: str | None) -> list[str] | None:

@@ -367,7 +367,7 @@ async def apply_workflow(queue: Queue, workflow: Node) -> WorkflowHandle:
     ]
     ops += [("workflow_step", workflow_id, "", target, data) for target, data in messages]
     broker = queue.broker
-    known = queue._known_queues
+    known = queue._producer.known_queues
     new = sorted({target for _, target, _ in planner.steps} - known)
     if new:
         remember = getattr(broker, "remember_queues", None)

@@ -26,8 +26,8 @@ from ..serialization import loads
 from ..task import TaskHandle
 
 if TYPE_CHECKING:
-    from .._operations import QueueOperations
     from ..client.sync import Portal
+    from ..queue import Queue
 
 _FOREVER = 10 * 365 * 86400.0
 #: Seconds between checks, while waiting, for a step that ended without advancing its
@@ -51,7 +51,7 @@ class WorkflowHandle:
     __slots__ = ("_owner", "_steps", "id")
 
     def __init__(
-        self, owner: QueueOperations, workflow_id: str, steps: list[list[str]] | None = None
+        self, owner: Queue, workflow_id: str, steps: list[list[str]] | None = None
     ) -> None:
         self._owner = owner
         self.id = workflow_id

@@ -1,64 +1,83 @@
-"""The enqueue path of a :class:`~blitzq.Queue`: envelopes, filters, publishing, ``send``.
+"""The producer side of a :class:`~blitzq.Queue`: envelopes, filters, publishing, ``send``.
 
-Kept apart from ``queue.py`` (configuration and registration) so each stays about one thing.
-A single ``enqueue`` of a known queue with no filters is one broker round-trip.
+A :class:`Producer` belongs to one Queue and reads its configuration (default queue, routes,
+limits, filters and observers) from it, so changes to the Queue's settings apply at once. A
+single ``enqueue`` of a known queue with no filters is one broker round-trip.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from . import records
-from .batch import item_options
-from .broker.base import Broker, Completion, Scheduled
-from .context import current_task
-from .exceptions import ConfigurationError
-from .hooks import EnqueueFilter, EnqueueObserver, Outgoing
-from .limits import CHUNK_WRITES
-from .routing import Routes, physical_queue, route
-from .serialization import (
-    Envelope,
-    encode_envelope,
-    plain_args,
-    plain_kwargs,
-    to_plain,
-)
-from .task import _NO_OPTIONS, CallOptions, Task, TaskHandle
+from .. import records
+from ..broker.base import Completion, Scheduled
+from ..context import current_task
+from ..exceptions import ConfigurationError
+from ..hooks import Outgoing
+from ..limits import CHUNK_WRITES
+from ..routing import physical_queue, route
+from ..serialization import Envelope, encode_envelope, plain_args, plain_kwargs, to_plain
+from ..task import _NO_OPTIONS, CallOptions, Task, TaskHandle
 
 if TYPE_CHECKING:
-    from ._portal import Portal
-    from .queue import Queue
+    from ..queue import Queue
+    from .sync import Portal
 
 
-class EnqueueOperations:
-    """Mixin of :class:`~blitzq.Queue`: building and publishing messages."""
+def item_options(options: CallOptions, extra: Mapping[str, Any]) -> CallOptions:
+    """The options of one ``enqueue_many`` item: ``options`` with ``extra`` applied.
 
-    name: str
-    routes: Routes | None
-    track_state: bool
-    store_results: bool
-    result_ttl: int
-    max_message_size: int
-    tasks: dict[str, Task[Any, Any]]
-    enqueue_filters: list[EnqueueFilter]
-    enqueue_observers: list[EnqueueObserver]
-    _known_queues: set[str]
-    _portal: Portal
+    Args:
+        options: the options bound to the task (``task.options(...)``).
+        extra: per-item options, any field of :class:`~blitzq.task.CallOptions` (``delay``,
+            ``eta``, ``task_id``, ``headers``, ``timeout``, ``queue``, ``correlation_id``,
+            ``priority``).
 
-    @property
-    def broker(self) -> Broker:  # provided by Queue
-        raise NotImplementedError
+    Raises:
+        ConfigurationError: an unknown option name or an invalid value.
+    """
+    if not isinstance(extra, Mapping):
+        raise ConfigurationError(f"per-item options must be a dict, got {extra!r}")
+    try:
+        return dataclasses.replace(options, **dict(extra))
+    except TypeError as exc:
+        fields = ", ".join(f.name for f in dataclasses.fields(CallOptions))
+        raise ConfigurationError(f"bad per-item option ({exc}); use some of: {fields}") from None
 
-    def _as_queue(self) -> Queue:
-        return cast("Queue", self)
 
-    # --------------------------------------------------------------- enqueue
-    def _envelope(
+class Producer:
+    """Builds and publishes the messages of one Queue.
+
+    Args:
+        queue: the Queue whose configuration, broker and filters it uses.
+        portal: the Queue's sync-API loop (what the ``*_sync`` twins of tasks run on).
+
+    Attributes:
+        queue: that Queue.
+        portal: that loop.
+        known_queues: physical queues already registered with the broker by this process
+            (a publish to one of them skips the registration).
+    """
+
+    def __init__(self, queue: Queue, portal: Portal) -> None:
+        self.queue = queue
+        self.portal = portal
+        self.known_queues: set[str] = set()
+
+    def envelope(
         self, task: str, queue: str, args: Any, kwargs: Any, opts: CallOptions, now: float
     ) -> Envelope:
+        """The envelope of one call of ``task`` to the physical ``queue``, made at Unix time
+        ``now`` (seconds); inside a running task it carries that task's correlation id and
+        headers.
+
+        Raises:
+            SerializationError: an argument or header is not plain data.
+        """
         headers: Mapping[str, Any] | None = opts.headers
         correlation_id = opts.correlation_id
         parent = current_task()
@@ -82,13 +101,13 @@ class EnqueueOperations:
             max_age=opts.max_age,
         )
 
-    def _stores_result(self, task: Task[Any, Any] | None) -> bool | None:
+    def stores_result(self, task: Task[Any, Any] | None) -> bool | None:
         """Whether ``task`` stores its return value (``None``: unknown task)."""
         if task is None:
             return None
-        return self.store_results if task.store_result is None else task.store_result
+        return self.queue.store_results if task.store_result is None else task.store_result
 
-    async def _publish(
+    async def publish(
         self, outgoing: list[Outgoing], explicit: frozenset[str] = frozenset()
     ) -> None:
         """Publish a batch: filters, fresh starts, state records, registry of queues, then
@@ -97,24 +116,29 @@ class EnqueueOperations:
         ``explicit``: ids the caller chose (``task_id=``). A task published under one starts
         afresh: what an earlier task of that id left (record, cancel mark, progress) is
         forgotten first, so its handle never answers with the old outcome.
+
+        Raises:
+            EnqueueRefused: a filter (middleware) refused the batch; nothing is published.
+            BrokerError: the broker could not be reached.
         """
-        for check in self.enqueue_filters:
-            await check(self._as_queue(), outgoing)
+        owner = self.queue
+        for check in owner.enqueue_filters:
+            await check(owner, outgoing)
         batch = [o for o in outgoing if o.existing_id is None]
         items = [(o.envelope, o.data, o.due) for o in batch]
-        broker = self.broker
+        broker = owner.broker
         if explicit:
             fresh = [o.envelope.id for o in batch if o.envelope.id in explicit]
             if fresh:
                 await broker.reset_tasks(fresh)
-        if self.track_state:  # written before publishing, so a fast worker cannot overtake it
+        if owner.track_state:  # written before publishing, so a fast worker cannot overtake it
             writes = [
                 Completion(
                     env.queue, None, env.id,
                     records.queued(
                         env.id, env.task, env.queue, env.created_at, due is not None
                     ),
-                    self.result_ttl,
+                    owner.result_ttl,
                 )
                 for env, _, due in items
             ]  # fmt: skip
@@ -130,68 +154,84 @@ class EnqueueOperations:
                 later.append(Scheduled(env.id, env.queue, o.data, delay=o.delay))
             else:
                 later.append(Scheduled(env.id, env.queue, o.data, eta=o.due))
-        new = [q for q in now_items if q not in self._known_queues]
+        new = [q for q in now_items if q not in self.known_queues]
         if later:
-            new += [s.queue for s in later if s.queue not in self._known_queues]
+            new += [s.queue for s in later if s.queue not in self.known_queues]
         if new:
             remember = getattr(broker, "remember_queues", None)
             if remember is not None:
                 await remember(sorted(set(new)))
-            self._known_queues.update(new)
+            self.known_queues.update(new)
         for queue, messages in now_items.items():
             await broker.publish(queue, messages)
         if later:
             await broker.schedule(later)
-        for observer in self.enqueue_observers:
-            await observer(self._as_queue(), batch)
+        for observer in owner.enqueue_observers:
+            await observer(owner, batch)
 
-    async def _enqueue(
+    async def enqueue(
         self,
         task: Task[Any, Any] | str,
         args: Any,
         kwargs: Any,
         opts: CallOptions,
     ) -> TaskHandle[Any]:
+        """Publish one call of ``task`` (a registered task, or a task name) with ``opts``.
+
+        Raises:
+            SerializationError: an argument is not plain data.
+            MessageTooLarge: the encoded message is over the Queue's ``max_message_size``.
+            EnqueueRefused: a filter refused it.
+            BrokerError: the broker could not be reached.
+        """
+        owner = self.queue
         now = time.time()
         if isinstance(task, str):
             name = task
             queue = physical_queue(
-                opts.queue or route(self.routes, name) or self.name, opts.priority or "normal"
+                opts.queue or route(owner.routes, name) or owner.name, opts.priority or "normal"
             )
         else:
             name = task.name
             queue = physical_queue(opts.queue or task.queue, opts.priority or task.priority)
-        env = self._envelope(name, queue, args, kwargs, opts, now)
-        data = encode_envelope(env, self.max_message_size)
+        env = self.envelope(name, queue, args, kwargs, opts, now)
+        data = encode_envelope(env, owner.max_message_size)
         due = opts.due_time(now) if opts is not _NO_OPTIONS else None
-        registered = task if isinstance(task, Task) else self.tasks.get(name)
-        stores = self._stores_result(registered)
+        registered = task if isinstance(task, Task) else owner.tasks.get(name)
+        stores = self.stores_result(registered)
         if (
             due is None
-            and queue in self._known_queues
-            and not self.track_state
-            and not self.enqueue_filters
-            and not self.enqueue_observers
+            and queue in self.known_queues
+            and not owner.track_state
+            and not owner.enqueue_filters
+            and not owner.enqueue_observers
             and opts.task_id is None
         ):
-            await self.broker.publish(queue, (data,))
-            return TaskHandle(self._as_queue(), env.id, queue, name, stores_result=stores)
+            await owner.broker.publish(queue, (data,))
+            return TaskHandle(owner, env.id, queue, name, stores_result=stores)
         out = Outgoing(env, data, due, registered, delay=opts.relative_delay())
         explicit = frozenset((env.id,)) if opts.task_id is not None else frozenset()
-        await self._publish([out], explicit)
+        await self.publish([out], explicit)
         if out.existing_id is not None:
             return TaskHandle(
-                self._as_queue(), out.existing_id, queue, name, duplicate=True,
-                stores_result=stores,
-            )  # fmt: skip
-        return TaskHandle(self._as_queue(), env.id, queue, name, stores_result=stores)
+                owner, out.existing_id, queue, name, duplicate=True, stores_result=stores
+            )
+        return TaskHandle(owner, env.id, queue, name, stores_result=stores)
 
-    async def _enqueue_many(
+    async def enqueue_many(
         self,
         task: Task[Any, Any],
         calls: Iterable[tuple[Any, ...] | tuple[tuple[Any, ...], dict[str, Any]]],
         opts: CallOptions,
     ) -> list[TaskHandle[Any]]:
+        """Publish many calls of ``task`` in one batch; see :meth:`blitzq.Task.enqueue_many`.
+
+        Raises:
+            ConfigurationError: a bad item or per-item option, a bound ``task_id``, or the
+                same ``task_id`` given to several items.
+            SerializationError, MessageTooLarge: before anything is published.
+            EnqueueRefused, BrokerError: as for :meth:`enqueue`.
+        """
         if opts.task_id is not None:
             raise ConfigurationError("task_id cannot be bound for enqueue_many")
         now = time.time()
@@ -199,13 +239,13 @@ class EnqueueOperations:
         queue = physical_queue(opts.queue or task.queue, opts.priority or task.priority)
         items = []
         explicit: set[str] = set()
-        limit = self.max_message_size
+        limit = self.queue.max_message_size
         for call in calls:
             if not isinstance(call, tuple):
                 raise ConfigurationError(f"enqueue_many takes tuples of arguments, got {call!r}")
             item_opts, item_due, item_queue = opts, due, queue
             if len(call) == 3 and isinstance(call[0], tuple) and isinstance(call[2], Mapping):
-                args, kwargs, extra = call  # per-item options (blitzq.batch.item_options)
+                args, kwargs, extra = call  # per-item options (see item_options)
                 item_opts = item_options(opts, extra)
                 item_due = item_opts.due_time(now)
                 item_queue = physical_queue(
@@ -215,7 +255,7 @@ class EnqueueOperations:
                 args, kwargs = call
             else:
                 args, kwargs = call, {}
-            env = self._envelope(task.name, item_queue, args, kwargs or {}, item_opts, now)
+            env = self.envelope(task.name, item_queue, args, kwargs or {}, item_opts, now)
             if item_opts.task_id is not None:
                 explicit.add(env.id)
             data = encode_envelope(env, limit)
@@ -224,11 +264,11 @@ class EnqueueOperations:
         if len({o.envelope.id for o in items}) < len(items):
             raise ConfigurationError("enqueue_many: the same task_id is given to several items")
         if items:
-            await self._publish(items, frozenset(explicit))
-        stores = self._stores_result(task)
+            await self.publish(items, frozenset(explicit))
+        stores = self.stores_result(task)
         return [
             TaskHandle(
-                self._as_queue(), o.existing_id or o.envelope.id, o.envelope.queue, task.name,
+                self.queue, o.existing_id or o.envelope.id, o.envelope.queue, task.name,
                 duplicate=o.existing_id is not None, stores_result=stores,
             )
             for o in items
@@ -262,7 +302,7 @@ class EnqueueOperations:
             raise ConfigurationError(f"send: args must be a tuple or list, got {args!r}")
         if kwargs is not None and not isinstance(kwargs, Mapping):
             raise ConfigurationError(f"send: kwargs must be a dict, got {kwargs!r}")
-        registered = self.tasks.get(name)
+        registered = self.queue.tasks.get(name)
         if registered is not None:
             opts = CallOptions(
                 **{
@@ -271,14 +311,7 @@ class EnqueueOperations:
                     "priority": opts.priority or registered.priority,
                 }
             )
-        return await self._enqueue(name, tuple(args), dict(kwargs or {}), opts)
+        return await self.enqueue(name, tuple(args), dict(kwargs or {}), opts)
 
-    def send_sync(
-        self,
-        name: str,
-        args: tuple[Any, ...] | list[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        **options: Any,
-    ) -> TaskHandle[Any]:
-        """Blocking :meth:`send`."""
-        return self._portal.call(self.send(name, args, kwargs, **options))
+
+__all__ = ["Producer", "item_options"]

@@ -1,0 +1,350 @@
+"""The reading side of a :class:`~blitzq.Queue`: results (one or many), records, cancellation,
+progress and workflows.
+
+A :class:`Results` belongs to one Queue and uses its broker of the running event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .. import records
+from ..exceptions import (
+    BrokerError,
+    ResultNotStored,
+    ResultTimeout,
+    SerializationError,
+    TaskCancelled,
+    TaskExpired,
+    TaskFailed,
+)
+from ..progress import Progress, decode_progress
+from ..records import TaskRecord, TaskState
+from ..task import BoundTask, Task, TaskHandle
+
+if TYPE_CHECKING:
+    from ..queue import Queue
+
+R = TypeVar("R")
+
+_FOREVER = 10 * 365 * 86400.0
+#: Result waits ``get_results`` runs at once; the others start as these end.
+WAIT_FANOUT = 100
+
+
+def _raise_final(task_id: str, record: TaskRecord) -> None:
+    """Raise the error of a record in a final state other than succeeded; else return."""
+    if record.state is TaskState.CANCELLED:
+        raise TaskCancelled(task_id, record.state.value, record.error_type, record.error, None)
+    if record.state is TaskState.EXPIRED:
+        raise TaskExpired(task_id, record.state.value, record.error_type, record.error, None)
+    if record.state.is_final:
+        raise TaskFailed(
+            task_id, record.state.value, record.error_type, record.error, record.traceback
+        )
+
+
+def final_result(task_id: str, record: TaskRecord) -> Any:
+    """The result of a task whose ``record`` is final.
+
+    Raises:
+        TaskCancelled, TaskExpired: the task was cancelled, or expired before it ran.
+        TaskFailed: it failed or was dead-lettered (carries the error).
+        ResultNotStored: it succeeded without storing its result.
+    """
+    if record.state is TaskState.SUCCEEDED:
+        if not record.result_stored:
+            raise ResultNotStored(task_id)
+        return record.result
+    _raise_final(task_id, record)
+    raise ValueError(f"record of task {task_id} is not final: {record.state.value}")
+
+
+class Results:
+    """Results, records, cancellation, progress and workflows of one Queue.
+
+    Args:
+        queue: the Queue whose broker and settings it uses.
+    """
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+
+    # ---------------------------------------------------------------- results
+    async def inspect(self, task_id: str) -> TaskRecord | None:
+        """The task's stored record (state, attempts, result or error, times), or ``None``."""
+        data = await self.queue.broker.get_record(task_id)
+        return TaskRecord.from_bytes(data) if data is not None else None
+
+    async def get_result(self, task_id: str, timeout: float | None = None) -> Any:
+        """Wait for a task's final record and return its result.
+
+        Args:
+            task_id: the id from the task handle.
+            timeout: seconds to wait; ``None`` waits without limit.
+
+        Raises:
+            TaskFailed: the task ended failed or dead-lettered (carries the error).
+            TaskExpired: the task waited longer than its ``max_age`` and never ran.
+            ResultNotStored: the task succeeded without storing its result (its record
+                says so: ``store_result=False`` with ``track_state=True``).
+            ResultTimeout: no final record arrived in time (the task may still run; with
+                ``store_result=False`` and no ``track_state`` a success writes no record,
+                so only the task's handle can tell at once: ``handle.result()``).
+        """
+        wait = _FOREVER if timeout is None else max(0.0, timeout)
+        deadline = time.monotonic() + wait
+        broker = self.queue.broker
+        while True:
+            try:
+                data = await broker.wait_for_record(task_id, max(0.0, deadline - time.monotonic()))
+            except BrokerError as exc:
+                # The server restarting: keep waiting (re-reading) until the deadline.
+                if not exc.transient or time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+                continue
+            if data is None:
+                raise ResultTimeout(f"no result for task {task_id} within {timeout} s")
+            record = TaskRecord.from_bytes(data)
+            if record.state.is_final:
+                return final_result(task_id, record)
+            if time.monotonic() >= deadline:
+                raise ResultTimeout(f"task {task_id} is {record.state.value} after {timeout} s")
+            await asyncio.sleep(0.05)
+
+    async def no_stored_result(self, task_id: str) -> Any:
+        """``result()`` of a task known not to store its result: raise at once.
+
+        Raises:
+            TaskFailed: a final failure (or cancellation, expiry) is already recorded.
+            ResultNotStored: otherwise.
+        """
+        data = await self.queue.broker.get_record(task_id)
+        if data is not None:
+            record = TaskRecord.from_bytes(data)
+            if record.state is not TaskState.SUCCEEDED:
+                _raise_final(task_id, record)
+        raise ResultNotStored(task_id)
+
+    async def get_results(
+        self,
+        tasks: Iterable[str | TaskHandle[Any]],
+        timeout: float | None = None,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """Wait for the results of many tasks; return them in the order given.
+
+        The records are read first in a few round trips (MGET in chunks); the tasks not yet
+        final are then waited for, at most ``WAIT_FANOUT`` (100) at once, all sharing one
+        deadline. Like ``asyncio.gather``:
+
+        - ``return_exceptions=False`` (default): the first failure to happen is raised at
+          once (:class:`~blitzq.TaskFailed`, :class:`~blitzq.TaskCancelled`, or
+          :class:`~blitzq.ResultTimeout` when the deadline passes) and the other waits are
+          stopped (the tasks themselves go on).
+        - ``return_exceptions=True``: every position holds its result or its exception
+          (a ResultTimeout for tasks not finished by the deadline); nothing is raised for a
+          task.
+
+        Args:
+            tasks: task ids or handles.
+            timeout: seconds to wait for all of them; ``None`` waits without limit.
+            return_exceptions: see above.
+
+        Raises:
+            TaskFailed, ResultTimeout: with ``return_exceptions=False``, as above.
+            ResultNotStored: a handle's task does not store its result (see
+                :meth:`blitzq.TaskHandle.result`).
+            BrokerError: the broker could not be reached.
+        """
+        items = list(tasks)
+        if not items:
+            return []
+        ids = [t.id if isinstance(t, TaskHandle) else t for t in items]
+        deadline = time.monotonic() + (_FOREVER if timeout is None else max(0.0, timeout))
+        # One read of every record first (MGET in chunks): what is already final costs no wait.
+        known: dict[str, Any] = {}
+        # The pre-read keeps the caller's deadline too (plus the same 1 s grace as the waits):
+        # a server that accepts and never answers must not hold it for the socket timeout.
+        try:
+            async with asyncio.timeout(None if timeout is None else max(0.0, timeout) + 1.0):
+                raws = await self.queue.broker.get_records(ids)
+        except TimeoutError:
+            raise BrokerError(
+                f"Redis did not answer within {max(0.0, timeout or 0.0) + 1.0:.1f} s (get_results)",
+                True,
+            ) from None
+        for task_id, raw in zip(ids, raws, strict=True):
+            if raw is None:
+                continue
+            try:
+                record = TaskRecord.from_bytes(raw)
+            except SerializationError:
+                continue  # the wait reads it again and reports it
+            if record.state.is_final:
+                try:
+                    known[task_id] = (True, final_result(task_id, record))
+                except (TaskFailed, ResultNotStored) as exc:
+                    if not return_exceptions:
+                        raise
+                    known[task_id] = (False, exc)
+        # Then wait for the others, at most WAIT_FANOUT at once (each wait reads its record
+        # when it starts and on every push): bounded bursts of reads, whatever len(ids).
+        gate = asyncio.Semaphore(WAIT_FANOUT)
+
+        async def one(task: str | TaskHandle[Any]) -> Any:
+            task_id = task.id if isinstance(task, TaskHandle) else task
+            if task_id in known:
+                ok, value = known[task_id]
+                if ok:
+                    return value
+                raise value
+            async with gate:
+                left = max(0.0, deadline - time.monotonic())
+                try:
+                    if isinstance(task, TaskHandle):  # knows whether a result is stored
+                        return await task.result(timeout=left)
+                    return await self.get_result(task, timeout=left)
+                except ResultTimeout:
+                    raise ResultTimeout(
+                        f"no result for task {task_id} within {timeout} s (get_results)"
+                    ) from None
+
+        waits = [asyncio.ensure_future(one(task)) for task in items]
+        try:
+            return list(await asyncio.gather(*waits, return_exceptions=return_exceptions))
+        finally:
+            for wait in waits:
+                if not wait.done():
+                    wait.cancel()
+            # Let the cancelled waits unwind (their unsubscribes go on in the background).
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    async def run(
+        self,
+        task: Task[Any, R] | BoundTask[Any, R],
+        /,
+        *args: Any,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> R:
+        """Enqueue one call of ``task`` and wait for its result.
+
+        Per-call options go through ``task.options(...)``: ``queue.run(add.options(
+        priority="high"), 1, 2)``. ``timeout`` is the wait, not the task's run time limit
+        (a task argument named ``timeout`` needs ``enqueue`` and ``result`` instead).
+
+        Args:
+            task: a registered task, or one with bound options.
+            args, kwargs: the call's arguments.
+            timeout: seconds to wait for the result; ``None`` waits without limit.
+
+        Raises:
+            TaskFailed: the task ended failed, dead-lettered or cancelled.
+            ResultTimeout: no result within ``timeout`` (the task goes on).
+            SerializationError, MessageTooLarge, BrokerError: as for ``enqueue``.
+        """
+        handle = await task.enqueue(*args, **kwargs)
+        return await handle.result(timeout=timeout)
+
+    # ----------------------------------------------------------- cancellation
+    async def cancel(self, task_id: str) -> str:
+        """Cancel a task.
+
+        A scheduled (delayed, retrying or rate-limited) task is taken off the schedule and
+        never starts. A queued one is marked revoked: every worker skips it. A running one
+        is cancelled by its worker at once: an async task is cancelled, a thread task sees
+        ``current_task().cancelled``, a process task is terminated. Its record becomes
+        ``cancelled`` and ``result()`` raises :class:`TaskCancelled`.
+
+        Returns:
+            What the task was: ``"scheduled"``, ``"queued"``, ``"running"``, ``"pending"``
+            (queued or running: without ``track_state`` the two cannot be told apart) or
+            ``"finished"`` (already final: nothing changed).
+        """
+        record = records.cancel_request(task_id, time.time())
+        return await self.queue.broker.cancel(task_id, record, self.queue.result_ttl)
+
+    # --------------------------------------------------------------- progress
+    async def get_progress(self, task_id: str) -> Progress | None:
+        """The latest progress a task reported, or ``None`` (none reported, or expired).
+
+        Raises:
+            BrokerError: the broker could not be reached.
+        """
+        data = await self.queue.broker.get_progress(task_id)
+        if data is None:
+            return None
+        return decode_progress(data)[0]
+
+    async def watch_progress(
+        self, task_id: str, timeout: float | None = None
+    ) -> AsyncIterator[Progress]:
+        """Yield a task's progress updates as they are pushed, until the task ends.
+
+        The latest stored update (if any) comes first; then each update published (pub/sub,
+        not polling; with a re-read every second as a fallback should the connection drop).
+        Updates coalesced by the worker are not all seen, but the newest always is. The
+        iterator ends when the task reaches a final state (succeeded, failed,
+        dead-lettered, cancelled), after yielding the update written with its end.
+
+        A task that writes no record when it succeeds (``store_result=False`` without
+        ``track_state``) and never reports progress gives no sign of its end: pass a
+        ``timeout``.
+
+        Args:
+            task_id: the task's id.
+            timeout: seconds to follow at most; ``None`` for no limit.
+
+        Raises:
+            ResultTimeout: the task did not end within ``timeout`` seconds.
+            BrokerError: the broker could not be reached.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last_at = -math.inf
+        events = self.queue.broker.watch_progress(task_id)
+        try:
+            while True:
+                if deadline is None:
+                    kind, data = await anext(events)
+                else:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ResultTimeout(f"task {task_id} did not end within {timeout} s")
+                    try:
+                        kind, data = await asyncio.wait_for(anext(events), left)
+                    except TimeoutError:
+                        raise ResultTimeout(
+                            f"task {task_id} did not end within {timeout} s"
+                        ) from None
+                if kind == "progress":
+                    try:
+                        progress, final = decode_progress(data)
+                    except SerializationError:
+                        continue
+                    if progress.updated_at > last_at:
+                        last_at = progress.updated_at
+                        yield progress
+                    if final:
+                        return
+                elif kind == "record":
+                    try:
+                        record = TaskRecord.from_bytes(data)
+                    except SerializationError:
+                        continue
+                    if record.state.is_final:
+                        # The run's last update is written with its completion: read it now.
+                        latest = await self.get_progress(task_id)
+                        if latest is not None and latest.updated_at > last_at:
+                            yield latest
+                        return
+        finally:
+            await events.aclose()
+
+
+__all__ = ["WAIT_FANOUT", "Results", "final_result"]
