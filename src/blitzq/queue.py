@@ -19,7 +19,7 @@ from ._checks import flag, integer, seconds
 from ._enqueue import EnqueueOperations
 from ._operations import QueueOperations
 from .batch import BatchOperations
-from .broker.base import Broker
+from .broker.base import Broker, Guarantee
 from .client.sync import Portal
 from .exceptions import (
     ConfigurationError,
@@ -221,21 +221,24 @@ class Queue(
         return self._url
 
     def _make_broker(self) -> Broker:
-        url = self.url
-        if url.startswith("memory://"):
-            from .broker.memory import MemoryBroker
+        url, namespace = self.url, self.namespace
+        memory = url.startswith("memory://")
+        if memory:  # the same Redis code and Lua, on this process's private Valkey server
+            from .broker.redis.ephemeral import ensure_server, memory_namespace
 
-            memory = MemoryBroker.named(url.removeprefix("memory://") or "default")
-            for name, value in self._dead_letter_limits().items():  # shared: last Queue wins
-                setattr(memory, name, value)
-            return memory
+            url, namespace = ensure_server(), memory_namespace(url.removeprefix("memory://"))
+        broker: Broker
         if self.mode == "reliable":
             from .broker.redis.reliable import ReliableRedisBroker
 
-            return ReliableRedisBroker(url, self.namespace, **self._dead_letter_limits())
-        from .broker.redis.fast import FastRedisBroker
+            broker = ReliableRedisBroker(url, namespace, **self._dead_letter_limits())
+        else:
+            from .broker.redis.fast import FastRedisBroker
 
-        return FastRedisBroker(url, self.namespace, **self._dead_letter_limits())
+            broker = FastRedisBroker(url, namespace, **self._dead_letter_limits())
+        if memory:
+            broker.guarantee = Guarantee.EPHEMERAL  # whatever the mode: gone with the process
+        return broker
 
     def _dead_letter_limits(self) -> dict[str, Any]:
         return {

@@ -9,17 +9,13 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import logging
-import time
 import uuid
 from collections.abc import Callable
-from types import ModuleType
 from zoneinfo import ZoneInfo
 
 import pytest
 
 from blitzq import ConfigurationError, Queue, SerializationError
-from blitzq.broker import base as base_module
-from blitzq.broker import memory as memory_module
 from blitzq.scheduler import PeriodicTask, Scheduler, build_message
 from blitzq.schedules import Cron, Every
 from blitzq.serialization import decode_envelope
@@ -409,55 +405,35 @@ def test_scheduler_refuses_bad_settings(queue: Queue) -> None:
         Scheduler(queue, max_catch_up=0)
 
 
-# ------------------------------------------------------------ memory broker
-async def test_memory_broker_claims_each_occurrence_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The in-process broker (``memory://``) keeps the same compare-and-set contract, on
-    this process's clock (set by hand here)."""
-    clock = FakeTime(T0 + 1)
-    clock.mono = 1000.0
-    monkeypatch.setattr(memory_module, "time", clock)
-    monkeypatch.setattr(base_module, "time", clock)
+# ------------------------------------------------------------ memory://
+async def test_memory_queues_of_one_name_claim_each_occurrence_once() -> None:
+    """``memory://`` runs the Redis claim (same Lua) on this process's private server:
+    schedulers of Queues sharing a memory URL dispatch each occurrence once, on the server's
+    clock, and a Queue of another memory name keeps a history of its own."""
     url = f"memory://periodic-{uuid.uuid4().hex}"
     queues = [Queue(redis_url=url) for _ in range(3)]
-    for q in queues:
-        q.periodic(Every(60), name="beat", missed="run_all")(lambda: None)
-    schedulers = [Scheduler(q, monotonic=clock.monotonic) for q in queues]
-    for s in schedulers:
-        assert await s.tick() == 0
-    clock.now, clock.mono = T0 + 181, 1180.0  # three minutes of real time
-    assert sum([await s.tick() for s in schedulers]) == 3
-    broker = queues[0].broker
-    # An occurrence not yet due by the broker's clock is refused whoever asks.
-    assert not await broker.claim_periodic("beat", T0 + 240, b"early", "default")
-    clock.now, clock.mono = T0 + 10, 1181.0  # the clock steps back: restart from now
-    assert sum([await s.tick() for s in schedulers]) == 0
-    assert await broker.periodic_last(["beat", "other"]) == {"beat": T0 + 180}
-    clock.now, clock.mono = T0 + 60.5, 1231.5
-    assert sum([await s.tick() for s in schedulers]) == 1  # T0 + 60 again, once
-    # The clock jumps 10 minutes ahead of real time: one catch-up run, not ten.
-    clock.now, clock.mono = T0 + 660.5, 1232.5
-    assert sum([await s.tick() for s in schedulers]) == 1
-    deliveries = await broker.fetch("default", 10, 0)
-    assert [decode_envelope(d.payload).id for d in deliveries] == [
-        f"periodic:beat:{int(T0 + 60 * k)}" for k in (1, 2, 3, 1, 11)
-    ]
-
-
-class FakeTime(ModuleType):
-    """Stands in for the ``time`` module: a wall clock and a monotonic clock set by hand."""
-
-    def __init__(self, now: float) -> None:
-        super().__init__("time")
-        self.now = now
-        self.mono = 1000.0
-
-    def time(self) -> float:
-        return self.now
-
-    def monotonic(self) -> float:
-        return self.mono
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(time, name)
+    other = Queue(redis_url=url + "-other")
+    try:
+        broker = queues[0].broker
+        now = await broker.server_time()
+        # Daily, 12 h either side of now: nothing comes due while the test runs.
+        schedule = Every(86400, offset=(now + 43200.0) % 86400.0)
+        for q in [*queues, other]:
+            q.periodic(schedule, name="beat", missed="run_all")(lambda: None)
+        last = schedule.next_after(now) - 86400.0  # the newest occurrence before now
+        # A last run three days back: the state a scheduler down for three days leaves.
+        assert await broker.claim_periodic("beat", last - 3 * 86400, b"old", "default")
+        schedulers = [Scheduler(q) for q in queues]
+        assert sum([await s.tick() for s in schedulers]) == 3
+        assert sum([await s.tick() for s in schedulers]) == 0
+        # An occurrence not yet due by the server's clock is refused whoever asks.
+        assert not await broker.claim_periodic("beat", last + 86400, b"early", "default")
+        assert await broker.periodic_last(["beat", "none"]) == {"beat": last}
+        stats = await broker.queue_stats(["default"])
+        assert stats["default"]["waiting"] == 4  # "old" and the three catch-up runs
+        assert await Scheduler(other).tick() == 0  # no history of its own: starts from now
+        assert await other.broker.periodic_last(["beat"]) == {}
+        assert (await other.broker.queue_stats(["default"]))["default"]["waiting"] == 0
+    finally:
+        for q in [*queues, other]:
+            await q.close()
