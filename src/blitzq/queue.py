@@ -79,9 +79,9 @@ class Queue(
     Args:
         name: default queue for tasks registered here.
         redis_url: ``redis://host:port/db``, ``rediss://…``, ``unix:///path.sock`` or
-            ``memory://[name]`` (in-process broker). ``None`` reads ``BLITZQ_REDIS_URL``, and
-            without it starts (or reuses) the embedded Valkey server in ``./.blitzq``
-            (``BLITZQ_DATA_DIR`` moves it).
+            ``memory://[name]`` (in-process: the same code on a private Valkey, one namespace
+            per name). ``None`` reads ``BLITZQ_REDIS_URL``, and without it starts (or reuses)
+            the embedded Valkey server in ``./.blitzq`` (``BLITZQ_DATA_DIR`` moves it).
         namespace: prefix of every key (``{namespace}:…``); apps sharing a server use
             different namespaces. ``BLITZQ_NAMESPACE`` overrides the default.
         mode: ``"reliable"`` (Redis Streams, at-least-once) or ``"fast"`` (lists,

@@ -3,7 +3,8 @@
 What a user of ``memory://`` relies on: Queues of one name share their tasks within the
 process (whatever their ``namespace=``), queues of different names never see each other's,
 ``mode=`` picks the reliable or fast code as on any server, the broker says its messages are
-ephemeral, and the server is started once per process.
+ephemeral, the server is started once per process, and schedulers of one name claim each
+periodic occurrence once.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import pytest
 from blitzq import Queue
 from blitzq.broker.base import Guarantee
 from blitzq.broker.redis import FastRedisBroker, ReliableRedisBroker, ephemeral
+from blitzq.scheduler import Scheduler
+from blitzq.schedules import Every
 
 from .proc_tasks import make_worker, running
 
@@ -95,3 +98,36 @@ async def test_one_server_per_process_shared_by_every_name_and_loop() -> None:
     finally:
         await first.close()
         await second.close()
+
+
+async def test_memory_queues_of_one_name_claim_each_occurrence_once() -> None:
+    """``memory://`` runs the Redis claim (same Lua) on this process's private server:
+    schedulers of Queues sharing a memory URL dispatch each occurrence once, on the server's
+    clock, and a Queue of another memory name keeps a history of its own."""
+    url = memory_url()
+    queues = [Queue(redis_url=url) for _ in range(3)]
+    other = Queue(redis_url=url + "-other")
+    try:
+        broker = queues[0].broker
+        now = await broker.server_time()
+        # Daily, 12 h either side of now: nothing comes due while the test runs.
+        schedule = Every(86400, offset=(now + 43200.0) % 86400.0)
+        for q in [*queues, other]:
+            q.periodic(schedule, name="beat", missed="run_all")(lambda: None)
+        last = schedule.next_after(now) - 86400.0  # the newest occurrence before now
+        # A last run three days back: the state a scheduler down for three days leaves.
+        assert await broker.claim_periodic("beat", last - 3 * 86400, b"old", "default")
+        schedulers = [Scheduler(q) for q in queues]
+        assert sum([await s.tick() for s in schedulers]) == 3
+        assert sum([await s.tick() for s in schedulers]) == 0
+        # An occurrence not yet due by the server's clock is refused whoever asks.
+        assert not await broker.claim_periodic("beat", last + 86400, b"early", "default")
+        assert await broker.periodic_last(["beat", "none"]) == {"beat": last}
+        stats = await broker.queue_stats(["default"])
+        assert stats["default"]["waiting"] == 4  # "old" and the three catch-up runs
+        assert await Scheduler(other).tick() == 0  # no history of its own: starts from now
+        assert await other.broker.periodic_last(["beat"]) == {}
+        assert (await other.broker.queue_stats(["default"]))["default"]["waiting"] == 0
+    finally:
+        for q in [*queues, other]:
+            await q.close()
