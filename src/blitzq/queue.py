@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from ._checks import flag, integer, seconds
-from .broker.base import Broker
+from .broker.base import Broker, Guarantee
 from .client.admin import Admin
 from .client.delegate import delegate
 from .client.publish import Producer
@@ -79,9 +79,9 @@ class Queue:
     Args:
         name: default queue for tasks registered here.
         redis_url: ``redis://host:port/db``, ``rediss://…``, ``unix:///path.sock`` or
-            ``memory://[name]`` (in-process broker). ``None`` reads ``BLITZQ_REDIS_URL``, and
-            without it starts (or reuses) the embedded Valkey server in ``./.blitzq``
-            (``BLITZQ_DATA_DIR`` moves it).
+            ``memory://[name]`` (in-process: the same code on a private Valkey, one namespace
+            per name). ``None`` reads ``BLITZQ_REDIS_URL``, and without it starts (or reuses)
+            the embedded Valkey server in ``./.blitzq`` (``BLITZQ_DATA_DIR`` moves it).
         namespace: prefix of every key (``{namespace}:…``); apps sharing a server use
             different namespaces. ``BLITZQ_NAMESPACE`` overrides the default.
         mode: ``"reliable"`` (Redis Streams, at-least-once) or ``"fast"`` (lists,
@@ -231,21 +231,24 @@ class Queue:
         self._url = None
 
     def _make_broker(self) -> Broker:
-        url = self.url
-        if url.startswith("memory://"):
-            from .broker.memory import MemoryBroker
+        url, namespace = self.url, self.namespace
+        memory = url.startswith("memory://")
+        if memory:  # the same Redis code and Lua, on this process's private Valkey server
+            from .broker.redis.ephemeral import ensure_server, memory_namespace
 
-            memory = MemoryBroker.named(url.removeprefix("memory://") or "default")
-            for name, value in self._dead_letter_limits().items():  # shared: last Queue wins
-                setattr(memory, name, value)
-            return memory
+            url, namespace = ensure_server(), memory_namespace(url.removeprefix("memory://"))
+        broker: Broker
         if self.mode == "reliable":
             from .broker.redis.reliable import ReliableRedisBroker
 
-            return ReliableRedisBroker(url, self.namespace, **self._dead_letter_limits())
-        from .broker.redis.fast import FastRedisBroker
+            broker = ReliableRedisBroker(url, namespace, **self._dead_letter_limits())
+        else:
+            from .broker.redis.fast import FastRedisBroker
 
-        return FastRedisBroker(url, self.namespace, **self._dead_letter_limits())
+            broker = FastRedisBroker(url, namespace, **self._dead_letter_limits())
+        if memory:
+            broker.guarantee = Guarantee.EPHEMERAL  # whatever the mode: gone with the process
+        return broker
 
     def _dead_letter_limits(self) -> dict[str, Any]:
         return {

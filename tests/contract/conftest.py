@@ -1,10 +1,9 @@
-"""Fixtures of the broker contract suite: one parametrized broker, four backends.
+"""Fixtures of the broker contract suite: one parametrized broker, three backends.
 
-``broker`` is a MemoryBroker (a unique ``MemoryBroker.named(...)`` per test), a
-ReliableRedisBroker or a FastRedisBroker on the test Redis in the test's namespace, or
-(``ephemeral``) a ReliableRedisBroker on this process's private ephemeral Valkey
-(:mod:`blitzq.broker.redis.ephemeral`) in a namespace of its own. Every contract test runs
-unchanged against each of them.
+``broker`` is a ReliableRedisBroker or a FastRedisBroker on the test Redis in the test's
+namespace, or (``ephemeral``) a ReliableRedisBroker on this process's private ephemeral Valkey
+(:mod:`blitzq.broker.redis.ephemeral`) in a namespace of its own: the server and code behind
+``memory://``. Every contract test runs unchanged against each of them.
 """
 
 from __future__ import annotations
@@ -17,10 +16,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from blitzq.broker.base import Broker
-from blitzq.broker.memory import MemoryBroker
 from blitzq.broker.redis import FastRedisBroker, ReliableRedisBroker, ephemeral
 
-BROKER_KINDS = ["memory", "reliable", "fast", "ephemeral"]
+BROKER_KINDS = ["reliable", "fast", "ephemeral"]
 
 
 @pytest.fixture(params=BROKER_KINDS)
@@ -33,35 +31,27 @@ def broker_kind(request: pytest.FixtureRequest) -> str:
 async def make_broker(
     broker_kind: str, request: pytest.FixtureRequest
 ) -> AsyncIterator[Callable[[], Broker]]:
-    """Factory of broker instances sharing one store (same memory name / Redis namespace).
+    """Factory of broker instances sharing one store (one Redis namespace).
 
-    Each call returns a new instance (a second "process" for Redis); all are closed after the
-    test. The test-Redis fixtures are only requested for the ``reliable`` and ``fast`` backends;
+    Each call returns a new instance (a second "process"); all are closed after the test.
+    The test-Redis fixtures are only requested for the ``reliable`` and ``fast`` backends;
     the ``ephemeral`` one deletes its namespace's keys afterwards.
     """
     made: list[Broker] = []
     cleanup: tuple[str, str] | None = None
-    if broker_kind == "memory":
-        name = "contract-" + uuid.uuid4().hex
-
-        def factory() -> Broker:
-            broker = MemoryBroker.named(name)
-            made.append(broker)
-            return broker
+    if broker_kind == "ephemeral":
+        url = ephemeral.ensure_server()
+        namespace = "contract-" + uuid.uuid4().hex[:12]
+        cleanup = (url, namespace)
     else:
-        if broker_kind == "ephemeral":
-            url = ephemeral.ensure_server()
-            namespace = "contract-" + uuid.uuid4().hex[:12]
-            cleanup = (url, namespace)
-        else:
-            url = request.getfixturevalue("redis_url")
-            namespace = request.getfixturevalue("namespace")
-        cls: Any = FastRedisBroker if broker_kind == "fast" else ReliableRedisBroker
+        url = request.getfixturevalue("redis_url")
+        namespace = request.getfixturevalue("namespace")
+    cls: Any = FastRedisBroker if broker_kind == "fast" else ReliableRedisBroker
 
-        def factory() -> Broker:
-            broker: Broker = cls(url, namespace)
-            made.append(broker)
-            return broker
+    def factory() -> Broker:
+        broker: Broker = cls(url, namespace)
+        made.append(broker)
+        return broker
 
     yield factory
     for broker in made:

@@ -1,6 +1,7 @@
 """The broker contract: every backend passes this one module unchanged.
 
-Runs against MemoryBroker, ReliableRedisBroker and FastRedisBroker (see ``conftest.py``).
+Runs against ReliableRedisBroker and FastRedisBroker, the code behind every URL including
+``memory://`` (see ``conftest.py``).
 Capability-dependent tests (leases, heartbeat, recovery) skip where ``supports_recovery`` is
 false, with the reason given.
 """
@@ -42,7 +43,7 @@ def dead_letter(task_id: str, failed_at: float, reason: str = "failed") -> DeadL
 
 def origin(broker: Broker) -> str:
     """The kind of queue a broker records as a dead letter's origin: "s" (a reliable-mode
-    stream), "l" (a fast-mode list), "" (the memory broker has one kind of queue)."""
+    stream), "l" (a fast-mode list), "" (a broker with one kind of queue)."""
     return str(getattr(broker, "kind", ""))
 
 

@@ -6,8 +6,9 @@ overwrite the record, dead-letter a succeeded task, retry, requeue, free unique 
 places, store progress or advance a workflow: ``complete()`` checks ownership in the same
 atomic step, returns the stale completions and counts them in ``counters()``.
 
-Every test runs on the memory broker and reliable Redis; fast mode (lists, at-most-once) has
-no leases and so nothing to fence (its tests only check that completions still apply).
+Every test runs on reliable Redis (the test server and the ephemeral Valkey); fast mode (lists,
+at-most-once) has no leases and so nothing to fence (its tests only check that completions still
+apply).
 """
 
 from __future__ import annotations

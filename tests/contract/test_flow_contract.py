@@ -1,7 +1,7 @@
 """Broker contract of the flow-control operations, on every backend.
 
 fetch_first (priority levels), acquire_rate (token buckets), cancel / revoked, and the event
-channel. Runs against MemoryBroker, ReliableRedisBroker and FastRedisBroker through the
+channel. Runs against ReliableRedisBroker and FastRedisBroker (the ``memory://`` code) through the
 ``broker`` fixture of ``conftest.py``.
 """
 

@@ -1,4 +1,4 @@
-"""Contract: the workflow completion ops and reads, on every broker (memory, reliable, fast).
+"""Contract: the workflow completion ops and reads, on every broker (reliable, fast, ephemeral).
 
 The ops carry opaque bytes; these tests check what a broker does with them: a workflow's
 state is created, ended once and announced; a step is published only while the workflow

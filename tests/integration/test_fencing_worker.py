@@ -26,7 +26,7 @@ from .proc_tasks import eventually, make_worker, running
 async def queue(
     request: pytest.FixtureRequest, make_queue: Callable[..., Queue]
 ) -> AsyncIterator[Queue]:
-    """A reliable Redis Queue, or one on a fresh memory broker."""
+    """A reliable Redis Queue, or one on a fresh ``memory://`` name (the private Valkey)."""
     if request.param == "memory":
         q = Queue(redis_url="memory://fence-" + uuid.uuid4().hex)
     else:

@@ -28,7 +28,7 @@ from .proc_tasks import eventually, make_worker, running
 
 @pytest.fixture(params=["reliable", "fast", "memory"])
 def mode(request: pytest.FixtureRequest) -> str:
-    """Broker of the Queue under test: Redis in either mode, or the memory broker."""
+    """Broker of the Queue under test: Redis in either mode, or ``memory://`` (reliable)."""
     return str(request.param)
 
 

@@ -1,4 +1,4 @@
-"""Workflows against a real Redis in both modes (and the memory broker): chains pass results,
+"""Workflows against a real Redis in both modes (and memory://): chains pass results,
 groups and chords gather them in member order, nested shapes work, limits hold at build
 time, a failed step fails the workflow at once, handles follow, cancel and re-attach.
 

@@ -66,7 +66,6 @@ IMPORT_PATHS: tuple[str, ...] = (
     "blitzq.broker.base:Delivery",
     "blitzq.broker.base:DeadLetterFields",
     "blitzq.broker.base:Guarantee",
-    "blitzq.broker.memory:MemoryBroker",
     "blitzq.broker.redis:ReliableRedisBroker",
     "blitzq.broker.redis:FastRedisBroker",
     "blitzq.broker.redis:embedded",

@@ -9,17 +9,12 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import logging
-import time
-import uuid
 from collections.abc import Callable
-from types import ModuleType
 from zoneinfo import ZoneInfo
 
 import pytest
 
 from blitzq import ConfigurationError, Queue, SerializationError
-from blitzq.broker import base as base_module
-from blitzq.broker import memory as memory_module
 from blitzq.scheduler import PeriodicTask, Scheduler, build_message
 from blitzq.schedules import Cron, Every
 from blitzq.serialization import decode_envelope
@@ -407,57 +402,3 @@ def test_scheduler_refuses_bad_settings(queue: Queue) -> None:
         Scheduler(queue, poll_interval=0)
     with pytest.raises(ConfigurationError):
         Scheduler(queue, max_catch_up=0)
-
-
-# ------------------------------------------------------------ memory broker
-async def test_memory_broker_claims_each_occurrence_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The in-process broker (``memory://``) keeps the same compare-and-set contract, on
-    this process's clock (set by hand here)."""
-    clock = FakeTime(T0 + 1)
-    clock.mono = 1000.0
-    monkeypatch.setattr(memory_module, "time", clock)
-    monkeypatch.setattr(base_module, "time", clock)
-    url = f"memory://periodic-{uuid.uuid4().hex}"
-    queues = [Queue(redis_url=url) for _ in range(3)]
-    for q in queues:
-        q.periodic(Every(60), name="beat", missed="run_all")(lambda: None)
-    schedulers = [Scheduler(q, monotonic=clock.monotonic) for q in queues]
-    for s in schedulers:
-        assert await s.tick() == 0
-    clock.now, clock.mono = T0 + 181, 1180.0  # three minutes of real time
-    assert sum([await s.tick() for s in schedulers]) == 3
-    broker = queues[0].broker
-    # An occurrence not yet due by the broker's clock is refused whoever asks.
-    assert not await broker.claim_periodic("beat", T0 + 240, b"early", "default")
-    clock.now, clock.mono = T0 + 10, 1181.0  # the clock steps back: restart from now
-    assert sum([await s.tick() for s in schedulers]) == 0
-    assert await broker.periodic_last(["beat", "other"]) == {"beat": T0 + 180}
-    clock.now, clock.mono = T0 + 60.5, 1231.5
-    assert sum([await s.tick() for s in schedulers]) == 1  # T0 + 60 again, once
-    # The clock jumps 10 minutes ahead of real time: one catch-up run, not ten.
-    clock.now, clock.mono = T0 + 660.5, 1232.5
-    assert sum([await s.tick() for s in schedulers]) == 1
-    deliveries = await broker.fetch("default", 10, 0)
-    assert [decode_envelope(d.payload).id for d in deliveries] == [
-        f"periodic:beat:{int(T0 + 60 * k)}" for k in (1, 2, 3, 1, 11)
-    ]
-
-
-class FakeTime(ModuleType):
-    """Stands in for the ``time`` module: a wall clock and a monotonic clock set by hand."""
-
-    def __init__(self, now: float) -> None:
-        super().__init__("time")
-        self.now = now
-        self.mono = 1000.0
-
-    def time(self) -> float:
-        return self.now
-
-    def monotonic(self) -> float:
-        return self.mono
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(time, name)

@@ -113,7 +113,7 @@ class Completion:
 #: - ``("publish", kind, queue, message)``: publish ``message`` (bytes) to ``queue``, where
 #:   ``kind`` is ``"s"`` or ``"l"`` as the broker's own, or ``""`` for the broker's mode.
 #:
-#: Features add theirs here, in ``lua/complete.lua`` and in ``MemoryBroker._OPS``.
+#: Features add theirs here and in ``lua/complete.lua``.
 COMPLETION_OPS: dict[str, str] = {
     "publish": "publish a message to a queue together with the completion",
     # Workflows (blitzq.workflow): the state hash of a workflow and its chord joins.

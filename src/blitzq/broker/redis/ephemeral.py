@@ -22,16 +22,20 @@ through ``sys.exit`` and its inherited :mod:`atexit` handlers) leaves it running
 process has exited and the server with it, a child's next :func:`ensure_server` starts a server
 of its own. A process started with ``spawn`` (a fresh interpreter) always starts its own.
 
-The contract suite runs the Redis brokers on it (``tests/contract``); the ``memory://`` backend
-is meant to move onto it.
+**memory://.** A ``Queue(redis_url="memory://[name]")`` runs the Redis brokers (the same Lua)
+on this server, in the key namespace :func:`memory_namespace` derives from ``name``: queues of
+one name share their tasks within the process, queues of different names never see each other's.
+The contract suite runs the Redis brokers on it too (``tests/contract``).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import logging
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -45,7 +49,7 @@ from pathlib import Path
 from ...exceptions import BrokerError
 from .server_proc import log_tail, pid_alive, ping, socket_url, spawn, valkey_binary
 
-__all__ = ["DIR_PREFIX", "ensure_server", "stop_server"]
+__all__ = ["DIR_PREFIX", "ensure_server", "memory_namespace", "stop_server"]
 
 logger = logging.getLogger("blitzq.ephemeral")
 
@@ -53,6 +57,7 @@ logger = logging.getLogger("blitzq.ephemeral")
 DIR_PREFIX = "blitzq-ephemeral-"
 _MAX_BASE_BYTES = 55  # longer temp dir: use /tmp (a socket path is limited to 103-107 bytes)
 _POLL = 0.01  # seconds between readiness checks (a server is up in ~70 ms)
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +132,22 @@ def stop_server(timeout: float = 5.0) -> bool:
         _server = None
         _stop(server, timeout)
         return True
+
+
+def memory_namespace(name: str) -> str:
+    """The key namespace of the ``memory://<name>`` queues on this server.
+
+    Args:
+        name: what follows ``memory://`` (str, any text); ``""`` means ``"default"``.
+
+    Returns ``"memory-<name>"`` (str) when ``name`` holds only letters, digits, ``.``, ``_``
+    and ``-``; otherwise ``"memory~"`` and 32 hex digits of its SHA-256, so that braces, glob
+    characters or spaces never reach a key, and two different names never share a namespace.
+    """
+    name = name or "default"
+    if _PLAIN_NAME.fullmatch(name):
+        return "memory-" + name
+    return "memory~" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def _base_dir() -> Path:
