@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from . import records
 from .batch import item_options
-from .broker.base import Broker, Completion, Scheduled
+from .broker import Broker, Completion, Scheduled
 from .context import current_task
 from .exceptions import ConfigurationError
 from .hooks import EnqueueFilter, EnqueueObserver, Outgoing
@@ -134,9 +134,7 @@ class EnqueueOperations:
         if later:
             new += [s.queue for s in later if s.queue not in self._known_queues]
         if new:
-            remember = getattr(broker, "remember_queues", None)
-            if remember is not None:
-                await remember(sorted(set(new)))
+            await broker.remember_queues(sorted(set(new)))
             self._known_queues.update(new)
         for queue, messages in now_items.items():
             await broker.publish(queue, messages)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from . import records
-from .broker.base import Broker
+from .broker import Broker
 from .client.sync import Portal, blocking
 from .controls import DEFAULT_UNIQUE_TTL
 from .exceptions import (

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._operations import final_result
-from .broker.base import Broker
+from .broker import Broker
 from .client.sync import Portal, blocking
 from .exceptions import (
     BrokerError,

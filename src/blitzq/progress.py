@@ -38,7 +38,7 @@ from .records import TaskRecord
 from .serialization import dumps, loads
 
 if TYPE_CHECKING:
-    from .broker.base import Broker
+    from .broker import Broker
 
 #: Longest progress message kept, in characters.
 MAX_MESSAGE = 1000

@@ -19,7 +19,7 @@ from ._checks import flag, integer, seconds
 from ._enqueue import EnqueueOperations
 from ._operations import QueueOperations
 from .batch import BatchOperations
-from .broker.base import Broker
+from .broker import Broker
 from .client.sync import Portal
 from .exceptions import (
     ConfigurationError,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from blitzq.broker.base import Broker
+from blitzq.broker import Broker
 from blitzq.broker.memory import MemoryBroker
 from blitzq.broker.redis import FastRedisBroker, ReliableRedisBroker, ephemeral
 

@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from blitzq.broker import memory
-from blitzq.broker.base import Completion, DeadLetterFields, Guarantee, Scheduled
+from blitzq.broker import Completion, DeadLetterFields, Guarantee, Scheduled, memory
 from blitzq.broker.memory import MemoryBroker
 from blitzq.serialization import Envelope, encode_envelope, loads
 

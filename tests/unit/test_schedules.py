@@ -18,8 +18,8 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from blitzq import ConfigurationError, Queue, SerializationError
-from blitzq.broker import base as base_module
 from blitzq.broker import memory as memory_module
+from blitzq.broker import state as state_module
 from blitzq.scheduler import PeriodicTask, Scheduler, build_message
 from blitzq.schedules import Cron, Every
 from blitzq.serialization import decode_envelope
@@ -418,7 +418,7 @@ async def test_memory_broker_claims_each_occurrence_once(
     clock = FakeTime(T0 + 1)
     clock.mono = 1000.0
     monkeypatch.setattr(memory_module, "time", clock)
-    monkeypatch.setattr(base_module, "time", clock)
+    monkeypatch.setattr(state_module, "time", clock)
     url = f"memory://periodic-{uuid.uuid4().hex}"
     queues = [Queue(redis_url=url) for _ in range(3)]
     for q in queues:

@@ -22,10 +22,11 @@ from typing import Any, ClassVar, TypeVar
 from ..exceptions import BrokerError, SerializationError
 from ..limits import DEAD_MESSAGE_SAMPLE, DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
 from ..serialization import decode_envelope, dumps, loads
-from .base import Broker, Completion, DeadLetterFields, Delivery, Guarantee, Scheduled
+from . import Broker, Completion, DeadLetterFields, Delivery, Guarantee, Scheduled
 from .memory_control import MemoryControl
 from .memory_progress import MemoryProgress
 from .memory_workflows import MemoryWorkflows
+from .ops import encode_op
 
 T = TypeVar("T")
 
@@ -302,8 +303,8 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
                     dead_added = True
                 if c.requeue:
                     self._push(c.queue, c.requeue, 1, head=True)
-                for op in c.ops:
-                    handler = self._OPS.get(op[0])
+                for op in map(encode_op, c.ops):
+                    handler = self._OPS.get(str(op[0]))
                     if handler is None:
                         raise BrokerError(f"unknown completion op {op[0]!r}", transient=False)
                     handler(self, op)
@@ -322,7 +323,7 @@ class MemoryBroker(MemoryControl, MemoryProgress, MemoryWorkflows, Broker):
         self._queues.add(op[2])
         self._push(op[2], op[3], 1)
 
-    #: Completion op handlers by name (see ``blitzq.broker.base.COMPLETION_OPS``).
+    #: Completion op handlers by wire name (see :mod:`blitzq.broker.ops`).
     _OPS: ClassVar[dict[str, Callable[[MemoryBroker, tuple[Any, ...]], None]]] = {
         "publish": _op_publish,
         "unique_release": MemoryControl._op_unique_release,

@@ -26,7 +26,8 @@ from ...limits import (
     DEFAULT_DEAD_LETTER_TTL,
     NOTIFY_INLINE_MAX,
 )
-from ..base import Broker, Completion, DeadLetterFields, Scheduled
+from .. import Broker, Completion, DeadLetterFields, Scheduled
+from ..ops import encode_op
 from .client import REDIS_ERRORS, broker_error, make_client, max_block, pool_size, translate_errors
 from .control import RedisControl
 from .keys import GROUP, Keys
@@ -226,7 +227,7 @@ class RedisBroker(RedisControl, Broker):
                     if d
                     else _EMPTY,
                     _lua_bytes(c.requeue) if c.requeue else _EMPTY,
-                    [_lua_op(op) for op in c.ops] if c.ops else _EMPTY,
+                    [_lua_op(encode_op(op)) for op in c.ops] if c.ops else _EMPTY,
                     _lua_bytes(c.fence) if c.fence else _EMPTY,
                 )
             )

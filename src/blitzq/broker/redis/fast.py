@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from ...limits import CHUNK_ITEMS
-from ..base import Delivery, Guarantee
+from .. import Delivery, Guarantee
 from .client import translate_errors
 from .common import RedisBroker
 

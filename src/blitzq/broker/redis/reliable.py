@@ -18,7 +18,7 @@ from typing import ClassVar
 from redis.exceptions import OutOfMemoryError, ResponseError
 
 from ...limits import CHUNK_ITEMS
-from ..base import Delivery, Guarantee
+from .. import Delivery, Guarantee
 from .client import translate_errors
 from .common import RedisBroker
 from .keys import GROUP, MESSAGE_FIELD
