@@ -2,17 +2,18 @@
 
 Nothing coordinates a workflow from outside. Each step's message carries, in its ``flow``
 field, what comes after it; when a step ends for good, a finisher (:func:`finish_step`,
-registered on every task) turns that into completion ops applied atomically *with the ack*:
+registered on every task) turns that into completion effects (:mod:`blitzq.broker.ops`)
+applied atomically *with the ack*:
 
-- more steps in its chain: ``workflow_step`` publishes the next step's message (with the
+- more steps in its chain: ``WorkflowStep`` publishes the next step's message (with the
   result prepended to its arguments unless it is immutable), unless the workflow has ended;
-- last step of a chord member: ``chord`` records the result under the member's index (at
+- last step of a chord member: ``ChordMember`` records the result under the member's index (at
   most once, so a redelivered member does not count twice) and, when every member is in and
   the chord has not fired yet, fires it: publishes the callback's message with the list of
   results spliced into its arguments, or, for a group that ends the workflow, stores the
   list as the workflow's result;
-- last step of the workflow: ``workflow_done`` stores the result and wakes ``get()``;
-- a failure for good (retries exhausted, dead-lettered, cancelled): ``workflow_fail`` stores
+- last step of the workflow: ``WorkflowDone`` stores the result and wakes ``get()``;
+- a failure for good (retries exhausted, dead-lettered, cancelled): ``WorkflowFail`` stores
   the step's error and wakes ``get()``; what would have come next is never published.
 
 The flow of a step is plain data::
@@ -170,7 +171,7 @@ class _Messages:
     def chord_op(
         self, join: dict[str, Any], result: bytes, member_queue: str, ttl: int
     ) -> ChordMember:
-        """The ``chord`` op of one member's result (see the module docstring)."""
+        """The ``ChordMember`` effect of one member's result (see the module docstring)."""
         size = int(join["k"])
         callback, rest, parent = join.get("c"), list(join.get("n") or ()), join.get("j")
         if callback is None:
