@@ -43,7 +43,7 @@ from typing import Any
 import redis
 
 from blitzq import Queue
-from blitzq.broker.base import Completion, DeadLetterFields
+from blitzq.broker import Completion, DeadLetterFields
 from blitzq.limits import COMPLETION_BATCH_ITEMS
 
 

@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import records
-from .broker.base import Completion, DeadLetterFields
+from .broker import Completion, DeadLetterFields
 
 if TYPE_CHECKING:
     from .hooks import StartCheck

@@ -2,7 +2,7 @@
 
 - **Start checks** (``Task.checks``): coroutines a worker awaits before it runs a task (a lock,
   an age limit, …). One returns ``None`` to let the task start, or a
-  :class:`~blitzq.broker.base.Completion` that ends this delivery instead (for example
+  :class:`~blitzq.broker.state.Completion` that ends this delivery instead (for example
   :meth:`~blitzq.worker.runner.Runner.reschedule`, which puts the task back on the schedule
   without spending an attempt or holding a slot).
 - **Finishers** (``Task.finishers``): called with every completion of the task's deliveries
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .broker.base import Completion
+    from .broker import Completion
     from .queue import Queue
     from .serialization import Envelope
     from .task import Task

@@ -31,7 +31,8 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .broker.base import Completion
+from .broker import Completion
+from .broker.ops import LockRelease
 from .exceptions import BrokerError, ConfigurationError
 
 if TYPE_CHECKING:
@@ -189,7 +190,7 @@ class _Keeper:
         def done(_: Any) -> None:
             entry = self.drop(job)
             if entry is not None:
-                op = ("lock_release", entry[0], entry[1])
+                op = LockRelease(entry[0], entry[1])
                 self.runner.flusher.add(
                     Completion(job.delivery.queue, None, job.envelope.id, ops=(op,))
                 )
@@ -226,5 +227,5 @@ def release_lock(
         return completion
     entry = keeper.drop(job)
     if entry is not None:
-        completion.ops = (*completion.ops, ("lock_release", entry[0], entry[1]))
+        completion.ops = (*completion.ops, LockRelease(entry[0], entry[1]))
     return completion

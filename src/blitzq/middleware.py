@@ -66,7 +66,7 @@ from .serialization import encode_envelope, loads
 from .signals import Signal, SignalEvent, Signals
 
 if TYPE_CHECKING:
-    from .broker.base import Completion
+    from .broker import Completion
     from .hooks import EnqueueFilter, EnqueueObserver, Outgoing
     from .queue import Queue
     from .worker.execution import Job

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from ._checks import flag, integer, seconds
-from .broker.base import Broker, Guarantee
+from .broker import Broker, Guarantee
 from .client.admin import Admin
 from .client.delegate import delegate
 from .client.publish import Producer

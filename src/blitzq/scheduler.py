@@ -366,9 +366,7 @@ class Scheduler:
     async def _remember_queues(self, entries: list[PeriodicTask]) -> None:
         new = {e.target_queue() for e in entries} - self._known_queues
         if new:
-            remember = getattr(self.queue.broker, "remember_queues", None)
-            if remember is not None:
-                await remember(sorted(new))
+            await self.queue.broker.remember_queues(sorted(new))
             self._known_queues.update(new)
 
     def next_wakeup(self, now: float) -> float:

@@ -4,7 +4,7 @@
 of ``[task name, args, sorted kwargs]`` (as :mod:`blitzq.serialization` encodes them), or the
 per-call ``task.options(unique_key="...")``. At enqueue the queue's filter
 (:func:`unique_filter`) claims the keys of a whole batch in one atomic broker call
-(``SET NX`` per key, :meth:`~blitzq.broker.base.Broker.claim_unique`). A claimed key holds
+(``SET NX`` per key, :meth:`~blitzq.broker.state.StateStore.claim_unique`). A claimed key holds
 the new task's id; a call whose key is already held publishes nothing and its handle points
 at the holder (``handle.duplicate is True``).
 
@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .broker.base import Completion
+from .broker import Completion
+from .broker.ops import UniqueRelease
 from .exceptions import ConfigurationError
 from .serialization import dumps, encode_envelope
 
@@ -89,8 +90,8 @@ async def unique_filter(queue: Queue, batch: list[Outgoing]) -> None:
             out.existing_id = holder
 
 
-def _release_op(env: Envelope) -> tuple[str, str, str]:
-    return ("unique_release", broker_key(env), env.id)
+def _release_op(env: Envelope) -> UniqueRelease:
+    return UniqueRelease(broker_key(env), env.id)
 
 
 async def release_at_start(runner: Runner, job: Job) -> Completion | None:

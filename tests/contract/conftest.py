@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from blitzq.broker.base import Broker
+from blitzq.broker import Broker
 from blitzq.broker.redis import FastRedisBroker, ReliableRedisBroker, ephemeral
 
 BROKER_KINDS = ["reliable", "fast", "ephemeral"]

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from blitzq.broker.base import Broker, Completion, DeadLetterFields, Delivery, Scheduled
+from blitzq.broker import Broker, Completion, DeadLetterFields, Delivery, Scheduled
 from blitzq.records import TaskRecord, TaskState
 from blitzq.serialization import Envelope, decode_envelope, encode_envelope
 

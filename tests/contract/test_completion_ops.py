@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from blitzq import BrokerError
-from blitzq.broker.base import Broker, Completion
+from blitzq.broker import Broker, Completion
+from blitzq.broker.ops import Publish
 from blitzq.serialization import Envelope, decode_envelope, encode_envelope
 
 
@@ -19,7 +22,7 @@ async def test_a_publish_op_publishes_together_with_the_ack(broker: Broker) -> N
     (delivery,) = await broker.fetch("first", 1, 0)
     follow_up = message("b", "next")
     await broker.complete(
-        [Completion("first", delivery.token, "a", ops=(("publish", "", "next", follow_up),))]
+        [Completion("first", delivery.token, "a", ops=(Publish("next", follow_up),))]
     )
     (published,) = await broker.fetch("next", 1, 0)
     assert decode_envelope(published.payload).id == "b"
@@ -30,6 +33,7 @@ async def test_a_publish_op_publishes_together_with_the_ack(broker: Broker) -> N
 
 async def test_an_unknown_op_is_refused_as_a_permanent_error(broker: Broker) -> None:
     await broker.prepare_consumer(["first"], "c1")
+    unknown: Any = object()  # no completion effect
     with pytest.raises(BrokerError) as refused:
-        await broker.complete([Completion("first", None, "x", ops=(("no-such-op",),))])
+        await broker.complete([Completion("first", None, "x", ops=(unknown,))])
     assert refused.value.transient is False

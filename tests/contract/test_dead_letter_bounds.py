@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from blitzq.broker.base import Broker, Completion, DeadLetterFields
+from blitzq.broker import Broker, Completion, DeadLetterFields
 from blitzq.limits import DEAD_MESSAGE_SAMPLE
 
 

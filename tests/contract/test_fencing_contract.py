@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 import pytest
 
-from blitzq.broker.base import Broker, Completion, DeadLetterFields, Delivery
+from blitzq.broker import Broker, Completion, DeadLetterFields, Delivery
+from blitzq.broker.ops import LockRelease, Progress, Publish, UniqueRelease
 from blitzq.broker.redis import ReliableRedisBroker
 from blitzq.records import TaskRecord, TaskState
 from blitzq.serialization import dumps
@@ -94,10 +95,10 @@ async def test_late_failure_writes_no_record_dead_letter_retry_or_ops(
         Completion(
             Q, old.token, "t2",
             ops=(
-                ("unique_release", "u-key", "t2"),
-                ("lock_release", "lk", "t2@new"),
-                ("progress", "t2", "5.0", b"late", 60),
-                ("publish", "", "side", message("side", "side")),
+                UniqueRelease("u-key", "t2"),
+                LockRelease("lk", "t2@new"),
+                Progress("t2", 5.0, b"late", 60),
+                Publish("side", message("side", "side")),
             ),
         ),
     ]  # fmt: skip

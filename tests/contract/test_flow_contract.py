@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from blitzq.broker.base import Broker, Completion, Delivery, Scheduled
+from blitzq.broker import Broker, Completion, Delivery, Scheduled
 from blitzq.records import TaskRecord, TaskState
 from blitzq.serialization import Envelope, decode_envelope, dumps, encode_envelope
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator
 
-from blitzq.broker.base import Broker, Completion
+from blitzq.broker import Broker, Completion
+from blitzq.broker.ops import Progress
 from blitzq.progress import decode_progress, encode_progress
 from blitzq.serialization import dumps
 
@@ -25,9 +26,7 @@ async def test_the_newest_update_wins_whatever_order_writes_arrive_in(broker: Br
     assert stored is not None
     assert decode_progress(stored)[0].message == "two"
     # The completion op obeys the same rule.
-    await broker.complete(
-        [Completion("q", None, "p1", ops=(("progress", "p1", "150.0", older, 60),))]
-    )
+    await broker.complete([Completion("q", None, "p1", ops=(Progress("p1", 150.0, older, 60),))])
     stored = await broker.get_progress("p1")
     assert stored is not None
     assert decode_progress(stored)[0].current == 2
@@ -48,7 +47,7 @@ async def test_watchers_get_the_stored_state_then_pushed_updates_and_records(
         last = encode_progress(3, 3, "done", 3.0, final=True)
         record = dumps({"id": "p2", "task": "t", "queue": "q", "state": "succeeded"})
         await broker.complete(
-            [Completion("q", None, "p2", record, 60, ops=(("progress", "p2", "3.0", last, 60),))]
+            [Completion("q", None, "p2", record, 60, ops=(Progress("p2", 3.0, last, 60),))]
         )
         seen = [await next_event(events), await next_event(events)]
         assert sorted(kind for kind, _ in seen) == ["progress", "record"]

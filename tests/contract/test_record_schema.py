@@ -8,7 +8,7 @@ import re
 from importlib import resources
 
 from blitzq import records
-from blitzq.broker.base import Broker
+from blitzq.broker import Broker
 from blitzq.serialization import loads
 from tests.contract.test_broker_contract import Q, consumer, message, needs_recovery
 

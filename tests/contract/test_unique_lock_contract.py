@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from blitzq.broker.base import Broker, Completion
+from blitzq.broker import Broker, Completion
+from blitzq.broker.ops import LockRelease, UniqueRelease
 from blitzq.serialization import Envelope, encode_envelope
 
 
@@ -43,12 +44,12 @@ async def test_claim_unique_answers_the_holder_of_a_taken_key(broker: Broker) ->
 async def test_unique_release_frees_a_key_only_for_its_holder(broker: Broker) -> None:
     await broker.prepare_consumer(["q"], "c1")
     assert await broker.claim_unique([("t:k", "id-1", 60)]) == [None]
-    await broker.complete([Completion("q", None, "id-2", ops=(("unique_release", "t:k", "id-2"),))])
+    await broker.complete([Completion("q", None, "id-2", ops=(UniqueRelease("t:k", "id-2"),))])
     assert await broker.claim_unique([("t:k", "id-9", 60)]) == ["id-1"]
     await broker.publish("q", [message("id-1")])
     (delivery,) = await broker.fetch("q", 1, 0)
     await broker.complete(
-        [Completion("q", delivery.token, "id-1", ops=(("unique_release", "t:k", "id-1"),))]
+        [Completion("q", delivery.token, "id-1", ops=(UniqueRelease("t:k", "id-1"),))]
     )
     assert await broker.claim_unique([("t:k", "id-9", 60)]) == [None]
     assert await broker.fetch("q", 1, 0) == []
@@ -85,7 +86,7 @@ async def test_lock_release_op_frees_a_place_with_the_ack(broker: Broker) -> Non
     (delivery,) = await broker.fetch("q", 1, 0)
     assert await broker.acquire_lock("k", "a", 1, 30) == 0.0
     assert await broker.acquire_lock("k", "b", 1, 30) > 0
-    await broker.complete([Completion("q", delivery.token, "a", ops=(("lock_release", "k", "a"),))])
+    await broker.complete([Completion("q", delivery.token, "a", ops=(LockRelease("k", "a"),))])
     assert await broker.acquire_lock("k", "b", 1, 30) == 0.0
     assert (await broker.queue_stats(["q"]))["q"]["in_flight"] == 0
 
@@ -106,6 +107,6 @@ async def test_renew_locks_renews_only_places_still_held(broker: Broker) -> None
     assert await broker.renew_locks([("k", "a", 30), ("k", "ghost", 30)]) == 1
     await asyncio.sleep(2.3)  # past the first lease: the renewal must have extended it
     assert await broker.acquire_lock("k", "b", 1, 30) > 1
-    await broker.complete([Completion("q", None, "a", ops=(("lock_release", "k", "a"),))])
+    await broker.complete([Completion("q", None, "a", ops=(LockRelease("k", "a"),))])
     assert await broker.renew_locks([("k", "a", 30)]) == 0
     assert await broker.acquire_lock("k", "b", 1, 30) == 0.0

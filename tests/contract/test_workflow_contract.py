@@ -11,24 +11,32 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
 
-from blitzq.broker.base import COMPLETION_OPS, Broker, Completion
+from blitzq.broker import Broker, Completion
+from blitzq.broker.ops import (
+    COMPLETION_OPS,
+    ChordMember,
+    Op,
+    WorkflowDone,
+    WorkflowFail,
+    WorkflowStart,
+    WorkflowStep,
+)
 
 TTL = 600
 
 
-def now() -> str:
-    return repr(time.time())
+def now() -> float:
+    return time.time()
 
 
-async def apply(broker: Broker, *ops: tuple[Any, ...], queue: str = "q") -> None:
+async def apply(broker: Broker, *ops: Op, queue: str = "q") -> None:
     """Apply ``ops`` in one token-less completion (as ``queue.apply`` and handles do)."""
     await broker.complete([Completion(queue, None, "wf-op", ops=ops)])
 
 
-def start(workflow_id: str) -> tuple[Any, ...]:
-    return ("workflow_start", workflow_id, b"\x90", TTL, now())
+def start(workflow_id: str) -> WorkflowStart:
+    return WorkflowStart(workflow_id, b"\x90", TTL, now())
 
 
 def chord_op(
@@ -38,9 +46,9 @@ def chord_op(
     size: int = 2,
     queue: str = "cb",
     splice: int = 1,
-) -> tuple[Any, ...]:
-    return (
-        "chord", workflow_id, "j1", str(index), size, result, TTL, "", queue, b"<head>",
+) -> ChordMember:
+    return ChordMember(
+        workflow_id, "j1", str(index), size, result, TTL, "", queue, b"<head>",
         b"<tail>", now(), splice, TTL,
     )  # fmt: skip
 
@@ -57,13 +65,13 @@ async def drain(broker: Broker, queue: str) -> list[bytes]:
 
 
 def test_the_workflow_ops_are_registered() -> None:
-    for name in ("workflow_start", "workflow_step", "workflow_done", "workflow_fail", "chord"):
-        assert name in COMPLETION_OPS
+    for op in (WorkflowStart, WorkflowStep, WorkflowDone, WorkflowFail, ChordMember):
+        assert op in COMPLETION_OPS
 
 
 async def test_start_then_steps_publish_while_running(broker: Broker) -> None:
     await broker.prepare_consumer(["q", "cb"], "c1")
-    await apply(broker, start("w1"), ("workflow_step", "w1", "", "q", b"step-1"))
+    await apply(broker, start("w1"), WorkflowStep("w1", "q", b"step-1"))
     state = await broker.workflow_state("w1")
     assert state is not None
     assert state["state"] == b"running"
@@ -81,15 +89,15 @@ async def test_done_stores_the_result_once_and_wakes_a_waiter(
     await asyncio.sleep(0.1)
     assert not waiting.done()
     began = time.monotonic()
-    await apply(worker_side, ("workflow_done", "w2", b"\x2a", TTL, now()))
+    await apply(worker_side, WorkflowDone("w2", b"\x2a", TTL, now()))
     state = await asyncio.wait_for(waiting, 5.0)
     assert time.monotonic() - began < 0.9, "the waiter was polled, not woken"
     assert state is not None
     assert state["state"] == b"succeeded"
     assert state["result"] == b"\x2a"
     # An ended workflow stays as it ended.
-    await apply(worker_side, ("workflow_done", "w2", b"\x01", TTL, now()))
-    await apply(worker_side, ("workflow_fail", "w2", "failed", "E", "late", "s9", TTL, now()))
+    await apply(worker_side, WorkflowDone("w2", b"\x01", TTL, now()))
+    await apply(worker_side, WorkflowFail("w2", "failed", "E", "late", "s9", TTL, now()))
     again = await worker_side.workflow_state("w2")
     assert again is not None
     assert (again["state"], again["result"]) == (b"succeeded", b"\x2a")
@@ -98,20 +106,18 @@ async def test_done_stores_the_result_once_and_wakes_a_waiter(
 async def test_fail_ends_the_workflow_and_no_later_step_is_published(broker: Broker) -> None:
     await broker.prepare_consumer(["q", "cb"], "c1")
     await apply(broker, start("w3"))
-    await apply(broker, ("workflow_fail", "w3", "failed", "ValueError", "bad", "s2", TTL, now()))
+    await apply(broker, WorkflowFail("w3", "failed", "ValueError", "bad", "s2", TTL, now()))
     state = await broker.wait_for_workflow("w3", 1.0)
     assert state is not None
     assert state["state"] == b"failed"
     assert (state["error_type"], state["error"], state["step"]) == (b"ValueError", b"bad", b"s2")
-    await apply(broker, ("workflow_step", "w3", "", "q", b"too-late"))
+    await apply(broker, WorkflowStep("w3", "q", b"too-late"))
     await apply(broker, chord_op("w3", 0, b"\x01", size=1))
     assert await drain(broker, "q") == []
     assert await drain(broker, "cb") == []
     cancelled = "w3c"
     await apply(broker, start(cancelled))
-    await apply(
-        broker, ("workflow_fail", cancelled, "cancelled", "TaskCancelled", "", "", TTL, now())
-    )
+    await apply(broker, WorkflowFail(cancelled, "cancelled", "TaskCancelled", "", "", TTL, now()))
     state = await broker.workflow_state(cancelled)
     assert state is not None
     assert state["state"] == b"cancelled"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from blitzq import Queue, TaskCancelled
-from blitzq.broker.base import Completion
+from blitzq.broker import Completion
 from blitzq.worker import maintenance
 
 from .proc_tasks import make_worker, running

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from blitzq import Queue, TaskState, current_task
-from blitzq.broker.base import Broker
+from blitzq.broker import Broker
 from blitzq.broker.redis import ReliableRedisBroker
 
 from .proc_tasks import eventually, make_worker, running

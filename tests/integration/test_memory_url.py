@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from blitzq import Queue
-from blitzq.broker.base import Guarantee
+from blitzq.broker import Guarantee
 from blitzq.broker.redis import FastRedisBroker, ReliableRedisBroker, ephemeral
 from blitzq.scheduler import Scheduler
 from blitzq.schedules import Every

@@ -24,7 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from blitzq.broker.base import Completion, Scheduled
+from blitzq.broker import Completion, Scheduled
 from blitzq.broker.redis import FastRedisBroker, ReliableRedisBroker, ephemeral, scripts
 from blitzq.broker.redis.client import broker_error
 from blitzq.broker.redis.common import RedisBroker

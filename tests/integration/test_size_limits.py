@@ -19,7 +19,7 @@ import redis
 from click.testing import CliRunner
 
 from blitzq import ConfigurationError, Queue, ResultTooLarge, TaskFailed, chord, group
-from blitzq.broker.base import Completion, DeadLetterFields
+from blitzq.broker import Completion, DeadLetterFields
 from blitzq.broker.redis.keys import MESSAGE_FIELD, Keys
 from blitzq.cli import cli
 from blitzq.limits import DEAD_MESSAGE_SAMPLE, NOTIFY_INLINE_MAX

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from blitzq import Queue, TaskFailed, group
-from blitzq.broker.base import Completion, DeadLetterFields
+from blitzq.broker import Completion, DeadLetterFields
 from blitzq.broker.redis.keys import Keys
 from blitzq.limits import CHUNK_ITEMS, CHUNK_WRITES
 from blitzq.serialization import dumps

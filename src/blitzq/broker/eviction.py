@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 
 from ..exceptions import BrokerError, ConfigurationError
-from .base import Broker
+from . import Broker
 
 logger = logging.getLogger("blitzq.broker")
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import records
-from ..broker.base import Completion, Scheduled
+from ..broker import Completion, Scheduled
 from ..context import current_task
 from ..exceptions import ConfigurationError
 from ..hooks import Outgoing
@@ -158,9 +158,7 @@ class Producer:
         if later:
             new += [s.queue for s in later if s.queue not in self.known_queues]
         if new:
-            remember = getattr(broker, "remember_queues", None)
-            if remember is not None:
-                await remember(sorted(set(new)))
+            await broker.remember_queues(sorted(set(new)))
             self.known_queues.update(new)
         for queue, messages in now_items.items():
             await broker.publish(queue, messages)

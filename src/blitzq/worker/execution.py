@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from .. import records
-from ..broker.base import Completion, DeadLetterFields, Delivery
+from ..broker import Completion, DeadLetterFields, Delivery
 from ..context import TaskContext
 from ..exceptions import ResultTooLarge, Retry, SerializationError, TaskTimeout, describe_error
 from ..limits import DEAD_MESSAGE_SAMPLE, DEFAULT_MAX_RESULT_SIZE, clip_text

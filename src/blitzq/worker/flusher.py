@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from .. import records
-from ..broker.base import Broker, Completion
+from ..broker import Broker, Completion
+from ..broker.ops import Op, op_size
 from ..exceptions import BrokerError, describe_error
 from ..limits import COMPLETION_BATCH_BYTES, COMPLETION_BATCH_ITEMS, clip_text
 
@@ -45,14 +45,10 @@ def completion_size(c: Completion) -> int:
         if c.dead_letter is not None:
             size += len(c.dead_letter.message) + len(c.dead_letter.error)
         for op in c.ops:
-            size += _op_size(op)
+            size += op_size(op)
     except Exception:
         return 64
     return size
-
-
-def _op_size(op: tuple[Any, ...]) -> int:
-    return sum(len(item) if isinstance(item, bytes | str) else 8 for item in op)
 
 
 class Flusher:
@@ -258,7 +254,7 @@ def _replacement(completion: Completion, size: int, error: BrokerError) -> Compl
         error_type,
         clip_text(f"the broker refused this task's completion ({size} bytes): {message}"),
     )
-    ops = tuple(op for op in completion.ops if _op_size(op) <= _SMALL_OP)
+    ops = tuple(op for op in completion.ops if _small(op))
     return Completion(
         completion.queue,
         completion.token,
@@ -267,6 +263,15 @@ def _replacement(completion: Completion, size: int, error: BrokerError) -> Compl
         completion.record_ttl or 86400,
         ops=ops,
     )
+
+
+def _small(op: Op) -> bool:
+    """Whether ``op`` is kept in a replacement (see :data:`_SMALL_OP`); a value that is no
+    completion effect is kept too, so the broker refuses it as before."""
+    try:
+        return op_size(op) <= _SMALL_OP
+    except BrokerError:
+        return True
 
 
 def _unsendable(exc: Exception) -> BrokerError:

@@ -23,7 +23,7 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from ..broker.base import Broker
+from ..broker import Broker
 from ..exceptions import BrokerError, describe_error
 
 if TYPE_CHECKING:
@@ -221,9 +221,7 @@ class Maintenance:
             await asyncio.sleep(self.interval)
 
     async def _prune(self, q: str, vt: float) -> None:
-        prune = getattr(self.broker, "prune_consumers", None)
-        if prune is not None:
-            await prune(q, max(600.0, 10 * vt))
+        await self.broker.prune_consumers(q, max(600.0, 10 * vt))
 
     async def _recover(self, q: str, vt: float) -> None:
         queue = self.worker.queue

@@ -26,12 +26,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..broker.base import Completion
+from ..broker import Completion
+from ..broker.ops import Progress
 from ..exceptions import BrokerError
 from ..progress import decode_progress, encode_progress
 
 if TYPE_CHECKING:
-    from ..broker.base import Broker
+    from ..broker import Broker
     from .execution import Job
 
 logger = logging.getLogger("blitzq.progress")
@@ -166,7 +167,7 @@ class ProgressReporter:
             data = encode_progress(
                 progress.current, progress.total, progress.message, state.at, True
             )
-        completion.ops = (*completion.ops, ("progress", task_id, repr(state.at), data, self.ttl))
+        completion.ops = (*completion.ops, Progress(task_id, state.at, data, self.ttl))
         return completion
 
     async def close(self) -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..broker.base import Broker, Completion, Delivery
+from ..broker import Broker, Completion, Delivery
 from ..context import TaskContext, set_current
 from ..exceptions import BrokerError, SerializationError, describe_error
 from ..expiry import checks_with_expiry

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 from .._checks import flag, integer, seconds, text
-from ..broker.base import Broker, Delivery
+from ..broker import Broker, Delivery
 from ..broker.eviction import check_eviction
 from ..exceptions import BrokerError, ConfigurationError
 from ..queue import Queue

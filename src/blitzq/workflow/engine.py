@@ -2,17 +2,18 @@
 
 Nothing coordinates a workflow from outside. Each step's message carries, in its ``flow``
 field, what comes after it; when a step ends for good, a finisher (:func:`finish_step`,
-registered on every task) turns that into completion ops applied atomically *with the ack*:
+registered on every task) turns that into completion effects (:mod:`blitzq.broker.ops`)
+applied atomically *with the ack*:
 
-- more steps in its chain: ``workflow_step`` publishes the next step's message (with the
+- more steps in its chain: ``WorkflowStep`` publishes the next step's message (with the
   result prepended to its arguments unless it is immutable), unless the workflow has ended;
-- last step of a chord member: ``chord`` records the result under the member's index (at
+- last step of a chord member: ``ChordMember`` records the result under the member's index (at
   most once, so a redelivered member does not count twice) and, when every member is in and
   the chord has not fired yet, fires it: publishes the callback's message with the list of
   results spliced into its arguments, or, for a group that ends the workflow, stores the
   list as the workflow's result;
-- last step of the workflow: ``workflow_done`` stores the result and wakes ``get()``;
-- a failure for good (retries exhausted, dead-lettered, cancelled): ``workflow_fail`` stores
+- last step of the workflow: ``WorkflowDone`` stores the result and wakes ``get()``;
+- a failure for good (retries exhausted, dead-lettered, cancelled): ``WorkflowFail`` stores
   the step's error and wakes ``get()``; what would have come next is never published.
 
 The flow of a step is plain data::
@@ -35,7 +36,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from ..broker.base import Completion
+from ..broker import Completion
+from ..broker.ops import ChordMember, Op, WorkflowDone, WorkflowFail, WorkflowStart, WorkflowStep
 from ..exceptions import ConfigurationError, ResultTooLarge, SerializationError, describe_error
 from ..limits import CHUNK_ITEMS, DEFAULT_MAX_RESULT_SIZE
 from ..routing import physical_queue, route
@@ -168,8 +170,8 @@ class _Messages:
 
     def chord_op(
         self, join: dict[str, Any], result: bytes, member_queue: str, ttl: int
-    ) -> tuple[Any, ...]:
-        """The ``chord`` op of one member's result (see the module docstring)."""
+    ) -> ChordMember:
+        """The ``ChordMember`` effect of one member's result (see the module docstring)."""
         size = int(join["k"])
         callback, rest, parent = join.get("c"), list(join.get("n") or ()), join.get("j")
         if callback is None:
@@ -205,10 +207,10 @@ class _Messages:
         head: bytes,
         tail: bytes,
         splice: int,
-    ) -> tuple[Any, ...]:
-        return (
-            "chord", self.workflow_id, str(join["i"]), str(join["x"]), size, result, ttl,
-            "", queue, head, tail, repr(self.now), splice, self.result_ttl,
+    ) -> ChordMember:
+        return ChordMember(
+            self.workflow_id, str(join["i"]), str(join["x"]), size, result, ttl,
+            "", queue, head, tail, self.now, splice, self.result_ttl,
             self.max_size if queue else self.max_result_size,
         )  # fmt: skip
 
@@ -250,10 +252,8 @@ def _fail(
     step: str,
     queue: Queue,
     now: float,
-) -> tuple[Any, ...]:
-    return (
-        "workflow_fail", workflow_id, state, error_type, error, step, queue.result_ttl, repr(now)
-    )  # fmt: skip
+) -> WorkflowFail:
+    return WorkflowFail(workflow_id, state, error_type, error, step, queue.result_ttl, now)
 
 
 def _follow_ups(
@@ -263,7 +263,7 @@ def _follow_ups(
     flow: dict[str, Any],
     queue: Queue,
     now: float,
-) -> tuple[tuple[Any, ...], ...]:
+) -> tuple[Op, ...]:
     from ..worker.execution import NO_RESULT
 
     workflow_id = str(flow["w"])
@@ -281,12 +281,12 @@ def _follow_ups(
         rest, join = list(flow.get("n") or ()), flow.get("j")
         if rest:
             return tuple(
-                ("workflow_step", workflow_id, "", target, data)
+                WorkflowStep(workflow_id, target, data)
                 for target, data in build.start(rest[0], job.result, rest[1:], join)
             )
         if join:
             return (build.chord_op(join, result, job.delivery.queue, _running_ttl(queue)),)
-        return (("workflow_done", workflow_id, result, queue.result_ttl, repr(now)),)
+        return (WorkflowDone(workflow_id, result, queue.result_ttl, now),)
     state, error_type, message = "failed", "", ""
     if completion.record is not None:
         try:
@@ -362,17 +362,13 @@ async def apply_workflow(queue: Queue, workflow: Node) -> WorkflowHandle:
     root = planner.node(workflow)
     now = time.time()
     messages = _Messages(workflow_id, now, queue.max_message_size).start(root, _NONE, [], None)
-    ops: list[tuple[Any, ...]] = [
-        ("workflow_start", workflow_id, dumps(planner.steps), _running_ttl(queue), repr(now))
-    ]
-    ops += [("workflow_step", workflow_id, "", target, data) for target, data in messages]
+    ops: list[Op] = [WorkflowStart(workflow_id, dumps(planner.steps), _running_ttl(queue), now)]
+    ops += [WorkflowStep(workflow_id, target, data) for target, data in messages]
     broker = queue.broker
     known = queue._producer.known_queues
     new = sorted({target for _, target, _ in planner.steps} - known)
     if new:
-        remember = getattr(broker, "remember_queues", None)
-        if remember is not None:
-            await remember(new)
+        await broker.remember_queues(new)
         known.update(new)
     # The state and the first steps go in one atomic call; a workflow starting more than
     # CHUNK_ITEMS steps at once (a big group) publishes the rest in further calls of that

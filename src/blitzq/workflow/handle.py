@@ -11,7 +11,8 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..broker.base import Completion
+from ..broker import Completion
+from ..broker.ops import WorkflowFail
 from ..client.sync import blocking
 from ..exceptions import (
     BlitzQError,
@@ -165,10 +166,7 @@ class WorkflowHandle:
 
     async def _apply_end(self, state: str, error_type: str, error: str, step: str) -> None:
         owner = self._owner
-        op = (
-            "workflow_fail", self.id, state, error_type, error, step, owner.result_ttl,
-            repr(time.time()),
-        )  # fmt: skip
+        op = WorkflowFail(self.id, state, error_type, error, step, owner.result_ttl, time.time())
         await owner.broker.complete([Completion(owner.name, None, self.id, ops=(op,))])
 
     get_sync = blocking(get)

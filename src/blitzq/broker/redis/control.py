@@ -2,11 +2,11 @@
 
 - Unique keys ``{ns}:u:<task>:<key>`` hold the id of the task that claimed them, with a TTL.
   :meth:`RedisControl.claim_unique` claims a batch in one script run per 1000 keys; the
-  completion op ``unique_release`` (``lua/complete.lua``) deletes a key only while it holds
-  the given id.
+  completion effect :class:`~blitzq.broker.ops.UniqueRelease` (``lua/complete.lua``) deletes
+  a key only while it holds the given id.
 - Locks ``{ns}:lk:<key>`` are sorted sets of holder -> lease expiry (server time).
   :meth:`RedisControl.acquire_lock` takes a place, :meth:`RedisControl.renew_locks` renews
-  leases, and the completion op ``lock_release`` removes a holder.
+  leases, and the completion effect :class:`~blitzq.broker.ops.LockRelease` removes a holder.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 A message is popped from the list by exactly one worker and is gone from Redis at that moment:
 no ack, no lease, no recovery. A worker that crashes loses the messages it was running (and
 never runs one twice). Retries, results and dead letters work as in reliable mode.
+
+This module is the lists :class:`~blitzq.broker.transport.Transport`; the state store is
+:class:`~.common.RedisBroker`'s.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from ...limits import CHUNK_ITEMS
-from ..base import Delivery, Guarantee
+from .. import Delivery, Guarantee
 from .client import translate_errors
 from .common import RedisBroker
 

@@ -6,6 +6,9 @@ that dies leaves its entries pending; once idle longer than the visibility timeo
 worker's :meth:`recover` re-adds them to the stream with their delivery count, or
 dead-letters them after ``max_deliveries``. A worker renews the leases of the entries it still
 runs (:meth:`heartbeat`), and a renewal never takes an entry back from another consumer.
+
+This module is the streams :class:`~blitzq.broker.transport.Transport`; the state store it
+completes into is :class:`~.common.RedisBroker`'s.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import ClassVar
 from redis.exceptions import OutOfMemoryError, ResponseError
 
 from ...limits import CHUNK_ITEMS
-from ..base import Delivery, Guarantee
+from .. import Delivery, Guarantee
 from .client import translate_errors
 from .common import RedisBroker
 from .keys import GROUP, MESSAGE_FIELD

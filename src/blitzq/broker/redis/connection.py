@@ -1,0 +1,111 @@
+"""The connection every part of a Redis broker shares (client, keys, scripts, listener).
+
+:class:`RedisConnection` is the base of the parts of :class:`~.common.RedisBroker` -- the
+state store (``state.py``, ``records.py``, ``dead_letters.py``, ``inspection.py``,
+``control.py``) and the transports built on it (``reliable.py``, ``fast.py``). Every Redis
+command blitzq sends lives under this package.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import redis.asyncio as aioredis
+
+from ...exceptions import ConfigurationError
+from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
+from .client import make_client, max_block, pool_size, translate_errors
+from .keys import Keys
+from .results import ResultListener
+from .scripts import Scripts
+
+#: Dead letters kept per namespace before the oldest are dropped.
+DEFAULT_DEAD_LETTER_CAP = 100_000
+
+
+def _raw(response: Any, **_: Any) -> Any:
+    return response
+
+
+class RedisConnection:
+    """What every part of a Redis broker builds on: the client, the key table, the scripts
+    and the shared pub/sub listener, with the settings of dead letters.
+
+    Args:
+        url: a ``redis://``, ``rediss://`` or ``unix://`` URL.
+        namespace: key namespace; every key is prefixed ``{namespace}:``.
+        dead_letter_cap: dead letters kept before the oldest are dropped.
+        dead_letter_ttl: seconds a dead letter is kept.
+        dead_letter_max_bytes: total bytes of dead letters kept before the oldest are
+            dropped.
+        client: an existing ``redis.asyncio.Redis`` to use instead of ``url`` (not closed by
+            the broker).
+
+    Raises:
+        ConfigurationError: a query parameter of ``url`` has an invalid value.
+    """
+
+    kind: ClassVar[str]
+    """``"s"`` for streams, ``"l"`` for lists: where this mode keeps a queue's messages."""
+    consumer: str = ""
+    """This process's consumer name in the streams' group (reliable mode; fencing)."""
+
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        *,
+        dead_letter_cap: int = DEFAULT_DEAD_LETTER_CAP,
+        client: aioredis.Redis | None = None,
+        dead_letter_ttl: int = DEFAULT_DEAD_LETTER_TTL,
+        dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
+    ) -> None:
+        self.url = url
+        self.keys = Keys(namespace)
+        self.dead_letter_cap = dead_letter_cap
+        self.dead_letter_ttl = int(dead_letter_ttl)
+        self.dead_letter_max_bytes = dead_letter_max_bytes
+        self._owns_client = client is None
+        # Typed as Any: redis-py's stubs type replies as bytes | str whatever decode_responses is.
+        if client is None:
+            try:  # a bounded blocking pool with timeouts: see client.py
+                client = make_client(url)
+            except ValueError as exc:
+                raise ConfigurationError(f"bad broker URL {url!r}: {exc}") from None
+        self.client: Any = client
+        #: Longest BLOCK a blocking read may ask for: under the socket timeout (None: any).
+        self.max_block = max_block(client)
+        for command in ("XREADGROUP", "XAUTOCLAIM", "BLMPOP", "LPOP"):
+            self.client.set_response_callback(command, _raw)
+        #: Runs the Lua scripts (EVALSHA, reloaded on NOSCRIPT): see scripts.py.
+        self.scripts = Scripts(self.client)
+        self._results = ResultListener(self.client)
+
+    def queue_key(self, queue: str) -> str:
+        """Key where ``queue``'s messages wait in this mode."""
+        raise NotImplementedError
+
+    def block_for(self, timeout: float) -> float:
+        """``timeout`` (seconds) cut to :attr:`max_block`, for a blocking command.
+
+        A block longer than the socket timeout would end in a read timeout; the fetch loop
+        simply fetches again after a shorter one.
+        """
+        limit = self.max_block
+        return timeout if limit is None or timeout <= limit else limit
+
+    @translate_errors
+    async def ping(self) -> None:
+        """Raise BrokerError unless the server answers PING."""
+        await self.client.ping()
+
+    @property
+    def pool_size(self) -> int | None:
+        """Most connections this broker opens (``max_connections``), ``None`` when unknown."""
+        return pool_size(self.client)
+
+    async def close(self) -> None:
+        """Close the result listener and, when the broker made it, the client."""
+        await self._results.close()
+        if self._owns_client:
+            await self.client.aclose()

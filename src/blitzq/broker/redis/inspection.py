@@ -1,0 +1,99 @@
+"""The Redis state store's registries and inspection: queues, workers, counters, memory.
+
+What the CLI and monitoring read; nothing here is on a task's path except
+:meth:`RedisInspection.remember_queues`, which a producer calls once per new queue name.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from redis.exceptions import OutOfMemoryError, ResponseError
+
+from .client import translate_errors
+from .connection import RedisConnection
+
+logger = logging.getLogger("blitzq.broker")
+
+
+class RedisInspection(RedisConnection):
+    """Known queues, live workers, counters, the memory policy (a part of
+    :class:`~.common.RedisBroker`)."""
+
+    # ------------------------------------------------------------- inspection
+    @translate_errors
+    async def known_queues(self) -> list[str]:
+        """Queues recorded by producers and workers."""
+        names = await self.client.smembers(self.keys.queues)
+        return sorted(name.decode() for name in names)
+
+    @translate_errors
+    async def remember_queues(self, queues: Sequence[str]) -> None:
+        """Add queue names to the registry of known queues.
+
+        A server out of memory (``noeviction`` at ``maxmemory``) refuses the SADD even for
+        names already there; the registry only serves inspection, so that refusal is logged
+        (when a name is really missing) and not raised: a worker still starts.
+        """
+        if not queues:
+            return
+        try:
+            await self.client.sadd(self.keys.queues, *queues)
+        except OutOfMemoryError as exc:
+            known = await self.client.smismember(self.keys.queues, list(queues))
+            missing = [q for q, there in zip(queues, known, strict=True) if not there]
+            if missing:
+                logger.warning("could not register queue(s) %s: %s", ", ".join(missing), exc)
+
+    @translate_errors
+    async def register_worker(self, worker_id: str, info: bytes, ttl: float) -> None:
+        """Record a live worker until ``ttl`` seconds from now."""
+        keys = self.keys
+        now = time.time()
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.workers, worker_id, info)
+            pipe.zadd(keys.worker_beats, {worker_id: now + ttl})
+            await pipe.execute()
+
+    @translate_errors
+    async def unregister_worker(self, worker_id: str) -> None:
+        """Remove a worker's registration."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hdel(self.keys.workers, worker_id)
+            pipe.zrem(self.keys.worker_beats, worker_id)
+            await pipe.execute()
+
+    @translate_errors
+    async def workers(self) -> dict[str, bytes]:
+        """Live workers; expired registrations are removed on the way."""
+        keys = self.keys
+        expired = await self.client.zrangebyscore(keys.worker_beats, "-inf", time.time())
+        if expired:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.hdel(keys.workers, *expired)
+                pipe.zrem(keys.worker_beats, *expired)
+                await pipe.execute()
+        raw: dict[bytes, bytes] = await self.client.hgetall(keys.workers)
+        return {k.decode(): v for k, v in raw.items()}
+
+    @translate_errors
+    async def counters(self) -> dict[str, int]:
+        """The namespace's counters (one HGETALL of ``{ns}:stats``)."""
+        raw = await self.client.hgetall(self.keys.stats)
+        return {k.decode(): int(v) for k, v in raw.items()}
+
+    @translate_errors
+    async def memory_policy(self) -> tuple[str, int] | None:
+        """``(maxmemory-policy, maxmemory bytes)`` from INFO memory (read-only; ``None``
+        when the server refuses INFO, as some managed services do)."""
+        try:
+            info = await self.client.info("memory")
+        except ResponseError:
+            return None
+        policy = info.get("maxmemory_policy")
+        if policy is None:
+            return None
+        policy = policy.decode() if isinstance(policy, bytes) else str(policy)
+        return policy, int(info.get("maxmemory", 0) or 0)

@@ -1,0 +1,253 @@
+"""The Redis state store's reads and waits: records, workflow state, progress.
+
+A wait subscribes on the shared listener (``results.py``) and re-reads every second, so a
+lost push costs a second, never a result; every wait is bounded by its timeout plus
+:data:`WAIT_GRACE` whatever the network does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, Coroutine, Sequence
+from typing import Any, TypeVar
+
+from ...exceptions import BrokerError
+from .client import REDIS_ERRORS, broker_error, translate_errors
+from .connection import RedisConnection
+from .keys import GROUP
+
+R = TypeVar("R")
+
+#: Keys read by one MGET (a bounded reply, a short server call).
+READ_CHUNK = 100
+
+#: Seconds a result or workflow wait may overrun its timeout while a command is in flight.
+WAIT_GRACE = 1.0
+
+
+async def _bounded(wait: Coroutine[Any, Any, R], timeout: float) -> R:
+    """Run ``wait``; past ``timeout`` + :data:`WAIT_GRACE` seconds cancel it.
+
+    Raises:
+        BrokerError: (transient) the deadline passed with a command still unanswered.
+    """
+    try:
+        async with asyncio.timeout(max(0.0, timeout) + WAIT_GRACE):
+            return await wait
+    except TimeoutError:
+        raise BrokerError(
+            f"Redis did not answer within {max(0.0, timeout) + WAIT_GRACE:.1f} s", True
+        ) from None
+
+
+class RedisRecords(RedisConnection):
+    """Task records, workflow state and progress (a part of :class:`~.common.RedisBroker`)."""
+
+    # --------------------------------------------------------------- progress
+    @translate_errors
+    async def set_progress(
+        self,
+        task_id: str,
+        data: bytes,
+        at: float,
+        ttl: int,
+        fence: tuple[str, bytes] | None = None,
+    ) -> bool:
+        """Store and publish a progress update unless a newer one is stored (one script);
+        with ``fence`` only while that delivery is leased to this consumer (reliable mode)."""
+        keys = self.keys
+        script_keys = [keys.progress(task_id)]
+        args: list[Any] = [repr(float(at)), data, ttl, keys.progress_channel(task_id)]
+        if fence is not None and self.kind == "s":
+            script_keys.append(keys.stream(fence[0]))
+            args += (GROUP, self.consumer, fence[1])
+        done = await self.scripts.call("progress", keys=script_keys, args=args)
+        return bool(done)
+
+    @translate_errors
+    async def get_progress(self, task_id: str) -> bytes | None:
+        """The latest stored progress update of a task, or ``None``."""
+        value: bytes | None = await self.client.hget(self.keys.progress(task_id), "v")
+        return value
+
+    async def watch_progress(self, task_id: str) -> AsyncGenerator[tuple[str, bytes], None]:
+        """Follow a task's progress and record over the broker's shared pub/sub connection.
+
+        A watcher holds no connection of its own (many watchers would otherwise use up the
+        pool); it is woken by the next message on either channel, then subscribes again.
+        An update published in between is not lost for good: the stored one is re-read after
+        a second without news.
+        """
+        keys = self.keys
+        progress_channel = keys.progress_channel(task_id)
+        done_channel = keys.done_channel(task_id)
+        listener = self._results
+        try:
+            progress_fut = await listener.subscribe(progress_channel)
+            try:
+                done_fut = await listener.subscribe(done_channel)
+            except BaseException:
+                listener.release(progress_channel, progress_fut)
+                raise
+        except REDIS_ERRORS as exc:
+            raise broker_error(exc) from exc
+        try:
+            fresh = True
+            while True:
+                try:
+                    if fresh:  # after subscribing, and after a second without news
+                        progress = await self.client.hget(keys.progress(task_id), "v")
+                        if progress is not None:
+                            yield "progress", progress
+                        record = await self.client.get(keys.record(task_id))
+                        if record is not None:
+                            yield "record", record
+                    done, _ = await asyncio.wait(
+                        (progress_fut, done_fut), timeout=1.0, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    fresh = not done
+                    if progress_fut.done():
+                        data = None if progress_fut.cancelled() else progress_fut.result()
+                        listener.release(progress_channel, progress_fut)
+                        progress_fut = await listener.subscribe(progress_channel)
+                        if data is not None:
+                            yield "progress", data
+                    if done_fut.done():
+                        listener.release(done_channel, done_fut)
+                        done_fut = await listener.subscribe(done_channel)
+                        record = await self.client.get(keys.record(task_id))
+                        if record is not None:
+                            yield "record", record
+                except REDIS_ERRORS as exc:
+                    raise broker_error(exc) from exc
+        finally:
+            listener.release(progress_channel, progress_fut)
+            listener.release(done_channel, done_fut)
+
+    # -------------------------------------------------------------- workflows
+    @translate_errors
+    async def workflow_state(self, workflow_id: str) -> dict[str, bytes] | None:
+        """The fields of a workflow's state hash (one HGETALL), or ``None``."""
+        raw = await self.client.hgetall(self.keys.workflow(workflow_id))
+        return {k.decode(): v for k, v in raw.items()} if raw else None
+
+    async def wait_for_workflow(self, workflow_id: str, timeout: float) -> dict[str, bytes] | None:
+        """Wait (pushed on the workflow's channel, re-read every second) until it ends.
+
+        Returns or raises within ``timeout`` + :data:`WAIT_GRACE` seconds whatever the
+        network does.
+
+        Raises:
+            BrokerError: the server could not be reached, or did not answer in that time
+                (transient).
+        """
+        return await _bounded(self._wait_for_workflow(workflow_id, timeout), timeout)
+
+    @translate_errors
+    async def _wait_for_workflow(self, workflow_id: str, timeout: float) -> dict[str, bytes] | None:
+        state = await self.workflow_state(workflow_id)
+        if timeout <= 0 or state is None or state.get("state") != b"running":
+            return state
+        deadline = time.monotonic() + timeout
+        channel = self.keys.workflow_channel(workflow_id)
+        fut = await self._results.subscribe(channel)
+        try:
+            while True:
+                state = await self.workflow_state(workflow_id)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or state is None or state.get("state") != b"running":
+                    return state
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(fut), timeout=min(remaining, 1.0))
+                if fut.done():
+                    self._results.release(channel, fut)
+                    fut = await self._results.subscribe(channel)
+        finally:
+            self._results.release(channel, fut)
+
+    # ---------------------------------------------------------------- records
+    @translate_errors
+    async def get_record(self, task_id: str) -> bytes | None:
+        """The stored record of a task, or ``None``."""
+        value: bytes | None = await self.client.get(self.keys.record(task_id))
+        return value
+
+    @translate_errors
+    async def get_records(self, task_ids: Sequence[str]) -> list[bytes | None]:
+        """The stored records of ``task_ids`` in order: one MGET per :data:`READ_CHUNK` ids."""
+        out: list[bytes | None] = []
+        record = self.keys.record
+        for start in range(0, len(task_ids), READ_CHUNK):
+            chunk = task_ids[start : start + READ_CHUNK]
+            out += await self.client.mget([record(task_id) for task_id in chunk])
+        return out
+
+    @translate_errors
+    async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
+        """Store a record for ``ttl`` seconds and publish its completion channel."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.record(task_id), record, ex=ttl)
+            pipe.publish(self.keys.done_channel(task_id), b"1")
+            await pipe.execute()
+
+    @translate_errors
+    async def reset_tasks(self, task_ids: Sequence[str]) -> None:
+        """DEL the records and progress, ZREM the cancel marks (one MULTI/EXEC)."""
+        if not task_ids:
+            return
+        keys = self.keys
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.delete(*(keys.record(i) for i in task_ids), *(keys.progress(i) for i in task_ids))
+            pipe.zrem(keys.revoked, *task_ids)
+            await pipe.execute()
+
+    async def wait_for_record(self, task_id: str, timeout: float) -> bytes | None:
+        """Wait (pushed, with a 1 s re-read fallback) until a record exists.
+
+        The subscription and the first read go out together; only when that read misses
+        does the waiter need the confirmed subscription, read again and wait. Unsubscribing
+        happens in the background, off the caller's path. Returns or raises within
+        ``timeout`` + :data:`WAIT_GRACE` seconds whatever the network does (a silent server,
+        a pool with no free connection).
+
+        Raises:
+            BrokerError: the server could not be reached, or did not answer in that time
+                (transient).
+        """
+        return await _bounded(self._wait_for_record(task_id, timeout), timeout)
+
+    @translate_errors
+    async def _wait_for_record(self, task_id: str, timeout: float) -> bytes | None:
+        if timeout <= 0:
+            return await self.get_record(task_id)
+        deadline = time.monotonic() + timeout
+        channel = self.keys.done_channel(task_id)
+        subscribing = asyncio.ensure_future(self._results.subscribe(channel))
+        try:
+            record = await self.get_record(task_id)
+        except BaseException:
+            subscribing.add_done_callback(self._results.release_later(channel))
+            raise
+        if record is not None:
+            subscribing.add_done_callback(self._results.release_later(channel))
+            return record
+        fut = await subscribing
+        try:
+            while True:
+                record = await self.get_record(task_id)
+                remaining = deadline - time.monotonic()
+                if record is not None or remaining <= 0:
+                    return record
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(fut), timeout=min(remaining, 1.0))
+                if fut.done():
+                    pushed = None if fut.cancelled() else fut.result()
+                    if pushed and pushed != b"1":
+                        return pushed  # the completion script publishes the record itself
+                    # A bare notification: read again; if already expired, wait anew.
+                    self._results.release(channel, fut)
+                    fut = await self._results.subscribe(channel)
+        finally:
+            self._results.release(channel, fut)

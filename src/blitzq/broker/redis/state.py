@@ -1,0 +1,253 @@
+"""The Redis state store's writes: completions, rate limits, schedule, cancel, periodic.
+
+:meth:`RedisState.complete` sends a batch of completions (and their typed effects, encoded by
+:func:`~blitzq.broker.ops.encode_op`) as one MessagePack argument to ``lua/complete.lua``;
+the schedule is a sorted set promoted on the server's clock (``promote.lua``); cancel marks
+and the event channel tell workers what to skip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import msgspec
+
+from ...limits import CHUNK_ITEMS, CHUNK_WRITES, NOTIFY_INLINE_MAX
+from .. import Completion, Scheduled
+from ..ops import encode_op
+from .client import REDIS_ERRORS, broker_error, translate_errors
+from .connection import RedisConnection
+from .keys import GROUP
+
+#: Prefix of a message on the event channel -> the kind ``events()`` yields.
+_EVENT_KINDS = {"r": "revoke", "s": "schedule"}
+
+_batch_encoder = msgspec.msgpack.Encoder()
+
+
+def _lua_bytes(data: bytes) -> msgspec.Raw:
+    """``data`` as a MessagePack *str*: the ``cmsgpack`` in Redis/Valkey Lua rejects *bin*.
+
+    Lua strings are byte strings, so the bytes arrive unchanged.
+    """
+    n = len(data)
+    if n < 256:
+        return msgspec.Raw(b"\xd9" + n.to_bytes(1, "big") + data)
+    if n < 65536:
+        return msgspec.Raw(b"\xda" + n.to_bytes(2, "big") + data)
+    return msgspec.Raw(b"\xdb" + n.to_bytes(4, "big") + data)
+
+
+_EMPTY = msgspec.Raw(b"\xa0")
+
+
+def _lua_op(op: tuple[Any, ...]) -> list[Any]:
+    """A completion op with its bytes items made Lua-readable (see :func:`_lua_bytes`)."""
+    return [
+        _lua_bytes(item)
+        if isinstance(item, bytes)
+        else _lua_op(item)
+        if isinstance(item, tuple)
+        else item
+        for item in op
+    ]
+
+
+class RedisState(RedisConnection):
+    """Completions, rate limits, the schedule, cancellation and periodic claims (a part of
+    :class:`~.common.RedisBroker`)."""
+
+    # ------------------------------------------------------------ completions
+    @translate_errors
+    async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
+        """Apply a batch of completions in one Lua call (one round-trip, atomic).
+
+        The batch travels as one MessagePack argument that the script unpacks with
+        ``cmsgpack``: building a handful of arguments per completion in redis-py cost more
+        than the whole server-side work. Stream completions are fenced in the script (see
+        :meth:`Broker.complete`); the stale ones are returned.
+        """
+        if not completions:
+            return []
+        entries: list[Any] = []
+        acks: dict[str, list[bytes]] = {}
+        kind = self.kind
+        for c in completions:
+            if (
+                c.record is None
+                and c.reschedule is None
+                and c.dead_letter is None
+                and c.requeue is None
+                and not c.ops
+            ):
+                if c.token is not None:
+                    acks.setdefault(c.queue, []).append(c.token)
+                continue
+            d = c.dead_letter
+            entries.append(
+                (
+                    "C",
+                    kind,
+                    c.queue,
+                    _lua_bytes(c.token) if c.token else _EMPTY,
+                    c.task_id,
+                    _lua_bytes(c.record) if c.record else _EMPTY,
+                    c.record_ttl,
+                    _lua_bytes(c.reschedule) if c.reschedule else _EMPTY,
+                    float(c.delay),
+                    (_lua_bytes(d.message), d.reason, d.error, d.task, d.queue, d.failed_at)
+                    if d
+                    else _EMPTY,
+                    _lua_bytes(c.requeue) if c.requeue else _EMPTY,
+                    [_lua_op(encode_op(op)) for op in c.ops] if c.ops else _EMPTY,
+                    _lua_bytes(c.fence) if c.fence else _EMPTY,
+                )
+            )
+        for queue, tokens in acks.items():
+            entries.append(("A", queue, [_lua_bytes(t) for t in tokens]))
+        if not entries:
+            return []
+        keys = self.keys
+        stale = await self.scripts.call(
+            "complete",
+            keys=[keys.schedule, keys.schedule_data, keys.dead_letters],
+            args=[
+                keys.prefix, GROUP, self.dead_letter_cap, _batch_encoder.encode(entries),
+                self.dead_letter_ttl, self.dead_letter_max_bytes, NOTIFY_INLINE_MAX,
+                self.consumer,
+            ],
+        )  # fmt: skip
+        if not stale:
+            return []
+        wanted = {(q.decode(), bytes(t)) for q, t in stale}
+        return [c for c in completions if (c.queue, c.token or c.fence) in wanted]
+
+    @translate_errors
+    async def acquire_rate(self, buckets: Sequence[tuple[str, float, float]]) -> tuple[bool, float]:
+        """Reserve a token from each bucket in one script run on server time."""
+        keys = [self.keys.rate_limit(key) for key, _, _ in buckets]
+        args: list[float] = []
+        for _, rate, capacity in buckets:
+            args += (rate, capacity)
+        reserved, wait = await self.scripts.call("rate_acquire", keys=keys, args=args)
+        return reserved in (b"1", "1", 1), float(wait)
+
+    # --------------------------------------------------------------- schedule
+    @translate_errors
+    async def schedule(self, items: Sequence[Scheduled]) -> None:
+        """Put messages on the schedule; due times on the server's clock.
+
+        One script run per :data:`~blitzq.limits.CHUNK_WRITES` items (each item is atomic, a
+        large batch is not), so no call holds the server long.
+        """
+        keys = self.keys
+        kind = self.kind.encode()
+        for start in range(0, len(items), CHUNK_WRITES):
+            args: list[Any] = [keys.events]
+            for item in items[start : start + CHUNK_WRITES]:
+                args += (
+                    item.task_id,
+                    "" if item.eta is None else repr(float(item.eta)),
+                    repr(float(item.delay)),
+                    kind + item.queue.encode() + b"\n" + item.message,
+                )
+            await self.scripts.call("schedule", keys=[keys.schedule, keys.schedule_data], args=args)
+
+    @translate_errors
+    async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
+        """Cancel atomically (one script): off the schedule, or revoked and announced."""
+        keys = self.keys
+        answer = await self.scripts.call(
+            "cancel",
+            keys=[keys.schedule, keys.schedule_data, keys.revoked, keys.record(task_id)],
+            args=[keys.prefix, task_id, repr(time.time()), ttl, record],
+        )
+        return answer.decode() if isinstance(answer, bytes) else str(answer)
+
+    @translate_errors
+    async def revoked(self) -> dict[str, float]:
+        """Revoked ids whose mark has not expired, read :data:`~blitzq.limits.CHUNK_ITEMS` per
+        call (pages by offset), so a mass cancel makes no single long read."""
+        out: dict[str, float] = {}
+        now, offset = time.time(), 0
+        while True:
+            rows = await self.client.zrangebyscore(
+                self.keys.revoked, now, "+inf", start=offset, num=CHUNK_ITEMS, withscores=True
+            )
+            out.update((member.decode(errors="replace"), float(score)) for member, score in rows)
+            if len(rows) < CHUNK_ITEMS:
+                return out
+            offset += len(rows)
+
+    async def events(self) -> AsyncIterator[tuple[str, str]]:
+        """Messages of the namespace's event channel, on a pub/sub connection of their own."""
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            try:
+                await pubsub.subscribe(self.keys.events)
+                while True:
+                    message = await pubsub.get_message(timeout=5.0)
+                    if message is None or message.get("type") != "message":
+                        continue
+                    data = message["data"]
+                    # Anyone may publish here: never fail on a payload (the listener
+                    # checks the values).
+                    text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+                    kind, _, value = text.partition(":")
+                    yield _EVENT_KINDS.get(kind, "unknown"), value
+            except REDIS_ERRORS as exc:
+                raise broker_error(exc) from exc
+        finally:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await pubsub.aclose()
+
+    @translate_errors
+    async def promote_due(self, limit: int) -> tuple[int, float | None, float]:
+        """Move messages due by the server's clock to their queues (one Lua call)."""
+        keys = self.keys
+        moved, head, now = await self.scripts.call(
+            "promote",
+            keys=[keys.schedule, keys.schedule_data],
+            args=[
+                keys.prefix, limit,
+                self.dead_letter_cap, self.dead_letter_ttl, self.dead_letter_max_bytes,
+            ],
+        )  # fmt: skip
+        return int(moved), (float(head) if head else None), float(now)
+
+    @translate_errors
+    async def scheduled_count(self) -> int:
+        """Number of messages waiting on the schedule."""
+        return int(await self.client.zcard(self.keys.schedule))
+
+    # --------------------------------------------------------------- periodic
+    @translate_errors
+    async def server_time(self) -> float:
+        """The server's clock, Redis ``TIME`` (Unix seconds)."""
+        seconds, micros = await self.client.time()
+        return float(seconds) + int(micros) / 1_000_000
+
+    @translate_errors
+    async def claim_periodic(
+        self, name: str, occurrence: float, message: bytes, queue: str
+    ) -> bool:
+        """Compare-and-set the last occurrence of ``name`` and publish, in one Lua call on
+        the server's clock (see :meth:`Broker.claim_periodic`)."""
+        keys = self.keys
+        done = await self.scripts.call(
+            "claim_periodic",
+            keys=[keys.periodic, self.queue_key(queue)],
+            args=[name, repr(float(occurrence)), self.kind, message],
+        )
+        return bool(done)
+
+    @translate_errors
+    async def periodic_last(self, names: Sequence[str]) -> dict[str, float]:
+        """Last dispatched occurrence of each name that has one (one HMGET)."""
+        if not names:
+            return {}
+        values = await self.client.hmget(self.keys.periodic, list(names))
+        return {n: float(v) for n, v in zip(names, values, strict=True) if v is not None}

@@ -1,0 +1,404 @@
+"""The state-store seam: everything about a task except moving its message.
+
+A state store keeps task records and results (and the waits on them), the schedule (with its
+promotion on the store's clock), periodic claims, cancel marks, dead letters, workflow,
+unique-key, lock, rate-limit and progress state, the queue and worker registries, and applies
+a :class:`Completion` -- its ack, record, retry, dead letter, requeue and typed effects
+(:mod:`blitzq.broker.ops`) -- atomically (:meth:`StateStore.complete`).
+
+The Redis state store is its Lua scripts (``redis/lua/``). It pairs with the Redis transports
+(streams or lists) on the same server, where a completion's ack is one more write of the same
+script, and is meant to pair with a RabbitMQ transport (:mod:`blitzq.broker.transport`) too:
+then the facade :class:`~blitzq.broker.Broker` applies the state effects here (fenced by the
+delivery's token as the transport reports its lease) and acks on the transport, and the
+schedule's promotion and ``publish`` effects reach the queues through that transport. Every
+method is a coroutine that raises :class:`~blitzq.exceptions.BrokerError` when the server
+cannot be reached.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from .ops import Op
+
+
+class Scheduled(NamedTuple):
+    """A message to put on the schedule (see :meth:`StateStore.schedule`).
+
+    Attributes:
+        task_id: the task's id (keys the schedule entry).
+        queue: physical queue it goes to when due.
+        message: the encoded message.
+        delay: seconds from when the broker stores it until it is due (a ``delay=``, a
+            backoff), counted on the broker's clock; ignored when ``eta`` is set.
+        eta: absolute due time (Unix seconds, an ``eta=``), compared with the broker's
+            clock, or ``None`` for ``delay``.
+    """
+
+    task_id: str
+    queue: str
+    message: bytes
+    delay: float = 0.0
+    eta: float | None = None
+
+
+@dataclass(slots=True)
+class Completion:
+    """Everything that must happen, atomically, when a worker is done with one delivery.
+
+    The delivery is acknowledged (and removed) together with whatever else is set:
+
+    Attributes:
+        queue: physical queue the delivery came from.
+        token: the delivery's token (``None`` for brokers that need no ack).
+        task_id: the task's id (keys the record and dead letter).
+        record: encoded task record to store, or ``None``.
+        record_ttl: seconds the record lives.
+        reschedule: encoded message to put on the schedule (a retry), or ``None``.
+        delay: seconds until the rescheduled message becomes due, counted on the broker's
+            clock from when the completion is applied (never a worker's wall clock).
+        dead_letter: fields of a dead letter to store, or ``None``.
+        requeue: encoded message to put back at the head of ``queue`` now, or ``None``.
+        ops: further effects applied in the same atomic step (typed values of
+            :mod:`blitzq.broker.ops`), in order.
+        fence: the token of the delivery these writes belong to when ``token`` is ``None``
+            (a ``running`` record, a unique key freed at start): checked like ``token``
+            (see *Fencing* in :meth:`StateStore.complete`) but not acknowledged.
+
+    Fencing: a completion whose ``token`` (or ``fence``) names a delivery this consumer no
+    longer holds (its lease lapsed and the message was recovered) is *stale*; the broker
+    applies none of its writes.
+    """
+
+    queue: str
+    token: bytes | None
+    task_id: str
+    record: bytes | None = None
+    record_ttl: int = 0
+    reschedule: bytes | None = None
+    delay: float = 0.0
+    dead_letter: DeadLetterFields | None = None
+    requeue: bytes | None = None
+    ops: tuple[Op, ...] = ()
+    fence: bytes | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class DeadLetterFields:
+    """What a broker stores for one dead letter.
+
+    Attributes:
+        message: the original encoded message (may be malformed bytes).
+        reason: short machine-readable cause ("failed", "malformed message", "unknown task",
+            "max deliveries exceeded", "message too large").
+        error: human-readable detail.
+        task: task name, or "" when the message could not be decoded.
+        queue: physical queue it came from.
+        failed_at: Unix time (seconds).
+        kind: where the message came from in that queue: ``"s"`` (a reliable-mode stream) or
+            ``"l"`` (a fast-mode list); ``""`` when unknown (a dead letter written before
+            blitzq recorded it, or by a broker with one kind of queue). A replay goes there.
+    """
+
+    message: bytes
+    reason: str
+    error: str
+    task: str
+    queue: str
+    failed_at: float
+    kind: str = ""
+
+
+class StateStore(abc.ABC):
+    """Task state and completion effects. See the module docstring."""
+
+    # ------------------------------------------------- rate, unique, lock state
+    async def acquire_rate(self, buckets: Sequence[tuple[str, float, float]]) -> tuple[bool, float]:
+        """Take one token from each ``(key, rate per second, capacity)`` token bucket.
+
+        Returns:
+            ``(reserved, wait)``: with ``reserved`` the tokens are taken (possibly on credit)
+            and the caller may start after ``wait`` seconds without asking again; without it
+            nothing was taken and the caller should ask again after ``wait`` seconds.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support rate limits")
+
+    async def claim_unique(self, items: Sequence[tuple[str, str, float]]) -> list[str | None]:
+        """Claim unique-task keys: for each ``(key, task_id, ttl seconds)``, atomically set
+        ``key`` to ``task_id`` for ``ttl`` seconds unless it is already held.
+
+        Returns:
+            Per item, ``None`` when this call claimed the key, else the id holding it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support unique tasks")
+
+    async def acquire_lock(self, key: str, holder: str, limit: int, lease: float) -> float:
+        """Take one of ``limit`` places of lock ``key`` for ``holder`` for ``lease`` seconds.
+
+        Expired leases are dropped first; a holder already present renews its place.
+
+        Returns:
+            ``0.0`` when the place is taken, else seconds until the earliest lease expires.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support task locks")
+
+    async def renew_locks(self, items: Sequence[tuple[str, str, float]]) -> int:
+        """Renew ``(key, holder, lease seconds)`` places still held (a lapsed one is not
+        taken back); return how many were renewed."""
+        raise NotImplementedError(f"{type(self).__name__} does not support task locks")
+
+    # ------------------------------------------------------------ completions
+    @abc.abstractmethod
+    async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
+        """Apply completions; each one atomically, a batch in as few round-trips as possible.
+
+        Fencing: a completion whose delivery (``token``, else ``fence``) is no longer leased
+        to this consumer -- its lease lapsed and another worker recovered the message -- is
+        stale: none of its writes (ack, record, retry, dead letter, requeue, ops) is applied,
+        the check and the writes being one atomic step. Each stale completion adds 1 to the
+        namespace's ``stale_completions`` counter (:meth:`counters`). Brokers without leases
+        (fast mode) have nothing to check.
+
+        Returns:
+            The stale completions (not applied), in no particular order; usually empty.
+        """
+
+    # --------------------------------------------------------------- schedule
+    @abc.abstractmethod
+    async def schedule(self, items: Sequence[Scheduled]) -> None:
+        """Put messages on the schedule (keyed by task id: a later one replaces an earlier).
+
+        Each item's due time is decided on the broker's clock (Redis ``TIME``): ``now +
+        delay`` for a relative delay, or its absolute ``eta`` compared with that clock.
+        """
+
+    @abc.abstractmethod
+    async def promote_due(self, limit: int) -> tuple[int, float | None, float]:
+        """Move up to ``limit`` messages that are due by the broker's clock to their queues.
+
+        Returns:
+            ``(moved, next_eta, now)``: how many moved, the earliest due time still waiting
+            (Unix seconds on the broker's clock, ``None`` when none waits), and the broker's
+            clock when it looked. Sleep ``next_eta - now`` seconds, never ``next_eta -
+            time.time()``: the caller's clock may differ from the broker's.
+        """
+
+    @abc.abstractmethod
+    async def scheduled_count(self) -> int:
+        """Number of messages on the schedule."""
+
+    # --------------------------------------------------------------- periodic
+    async def server_time(self) -> float:
+        """The broker's clock (Unix seconds): what decides when anything is due.
+
+        Redis ``TIME`` for the Redis brokers; this process's ``time.time()`` for in-process
+        brokers (where producers, workers and schedulers share the process's clock).
+
+        Raises:
+            BrokerError: the broker could not be reached.
+        """
+        return time.time()
+
+    async def claim_periodic(
+        self, name: str, occurrence: float, message: bytes, queue: str
+    ) -> bool:
+        """Dispatch one occurrence of the periodic task ``name``, at most once.
+
+        Atomically, on the broker's clock: refuse an ``occurrence`` (Unix seconds) later than
+        that clock (not due yet); otherwise, when the stored last occurrence of ``name`` is
+        missing or older, store ``occurrence`` and publish ``message`` to ``queue``. However
+        many schedulers race, one of them wins. A stored occurrence later than the broker's
+        clock means that clock was stepped back since it was claimed: an older occurrence is
+        then accepted, so a periodic task does not stop for the length of the step.
+
+        Returns:
+            ``True`` when this call dispatched the occurrence.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support periodic tasks")
+
+    async def periodic_last(self, names: Sequence[str]) -> dict[str, float]:
+        """The last dispatched occurrence (Unix seconds) of each name that has one."""
+        raise NotImplementedError(f"{type(self).__name__} does not support periodic tasks")
+
+    # ----------------------------------------------------------- cancellation
+    async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
+        """Cancel a task and store ``record`` (state cancelled) for ``ttl`` seconds.
+
+        Returns:
+            ``"scheduled"`` (removed from the schedule: it never starts), ``"queued"`` or
+            ``"pending"`` (marked revoked: a worker skips it), ``"running"`` (workers are told
+            to cancel it), or ``"finished"`` (already in a final state: nothing changed).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support cancellation")
+
+    async def revoked(self) -> dict[str, float]:
+        """Cancelled task ids still marked, with the Unix time their mark expires."""
+        raise NotImplementedError(f"{type(self).__name__} does not support cancellation")
+
+    def events(self) -> AsyncIterator[tuple[str, str]]:
+        """Push notifications for workers: ``("revoke", task_id)`` and ``("schedule", eta)``
+        (``("unknown", text)`` for anything else published there).
+
+        The iterator ends (or raises BrokerError) when the connection is lost; callers
+        resubscribe and resynchronise.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no event channel")
+
+    # -------------------------------------------------------------- workflows
+    async def workflow_state(self, workflow_id: str) -> dict[str, bytes] | None:
+        """The fields of a workflow's state hash (``state``, ``result``, …), or ``None``."""
+        raise NotImplementedError(f"{type(self).__name__} does not support workflows")
+
+    async def wait_for_workflow(self, workflow_id: str, timeout: float) -> dict[str, bytes] | None:
+        """Like :meth:`workflow_state`, returning once ``state`` is no longer ``running`` or
+        after ``timeout`` seconds (pushed by the ``workflow_*`` ops, not polled)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support workflows")
+
+    # --------------------------------------------------------------- progress
+    async def set_progress(
+        self,
+        task_id: str,
+        data: bytes,
+        at: float,
+        ttl: int,
+        fence: tuple[str, bytes] | None = None,
+    ) -> bool:
+        """Store a task's progress update ``data`` made at Unix time ``at`` for ``ttl``
+        seconds and publish it to watchers, unless a newer update is stored already.
+
+        ``fence``: ``(queue, token)`` of the run's delivery; nothing is stored unless it is
+        still leased to this consumer (as for :meth:`complete`; ignored without leases).
+
+        Returns:
+            Whether it was stored.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support progress")
+
+    async def get_progress(self, task_id: str) -> bytes | None:
+        """The latest stored progress update of a task, or ``None``."""
+        raise NotImplementedError(f"{type(self).__name__} does not support progress")
+
+    def watch_progress(self, task_id: str) -> AsyncGenerator[tuple[str, bytes], None]:
+        """Follow a task: yields ``("progress", update)`` and ``("record", record)`` items.
+
+        After subscribing it yields the stored update and record (those that exist), then
+        each update published and each record written, and both again after a second
+        without news (a fallback should pushes be lost). The caller decides when to stop
+        and closes the generator.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support progress")
+
+    # ---------------------------------------------------------------- records
+    @abc.abstractmethod
+    async def get_record(self, task_id: str) -> bytes | None:
+        """The stored record of a task, or ``None``."""
+
+    async def get_records(self, task_ids: Sequence[str]) -> list[bytes | None]:
+        """The stored records of ``task_ids``, in order, ``None`` where there is none.
+
+        A backend reads them in a few round trips (the Redis brokers: MGET in chunks); this
+        default reads one after the other, never all at once.
+        """
+        return [await self.get_record(task_id) for task_id in task_ids]
+
+    @abc.abstractmethod
+    async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
+        """Store a record for ``ttl`` seconds and wake anyone waiting for it."""
+
+    async def reset_tasks(self, task_ids: Sequence[str]) -> None:
+        """Forget what earlier tasks of these ids left (record, cancel mark, progress), in
+        one atomic step: a task enqueued again under an explicit id starts afresh."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reset task ids")
+
+    @abc.abstractmethod
+    async def wait_for_record(self, task_id: str, timeout: float) -> bytes | None:
+        """Return the record once one is stored, or ``None`` after ``timeout`` seconds."""
+
+    # ----------------------------------------------------------- dead letters
+    @abc.abstractmethod
+    async def dead_letters(self, offset: int, limit: int) -> list[tuple[str, DeadLetterFields]]:
+        """Dead letters, newest first, as ``(task_id, fields)``."""
+
+    @abc.abstractmethod
+    async def get_dead_letter(self, task_id: str) -> DeadLetterFields | None:
+        """One dead letter, or ``None``."""
+
+    @abc.abstractmethod
+    async def dead_letter_count(self) -> int:
+        """Number of stored dead letters."""
+
+    @abc.abstractmethod
+    async def replay_dead_letter(
+        self,
+        task_id: str,
+        queue: str,
+        message: bytes,
+        kind: str = "",
+        unique: tuple[str, float] | None = None,
+    ) -> bool | str:
+        """Atomically remove a dead letter and publish ``message`` to ``queue``.
+
+        Args:
+            task_id: the dead letter's task id.
+            queue: physical queue to publish to.
+            message: the encoded message.
+            kind: ``"s"`` (stream) or ``"l"`` (list) to publish to; ``""``: the broker's own.
+            unique: ``(unique key, ttl seconds)`` of a unique task: the key is claimed for
+                ``task_id`` in the same atomic step, unless another task holds it.
+
+        Returns ``True`` when replayed; ``False`` (and publishes nothing) when the dead letter
+        no longer exists, so two concurrent replays publish once; or the id (str) of another
+        task holding the unique key, in which case nothing changed (the dead letter stays).
+        """
+
+    @abc.abstractmethod
+    async def purge_dead_letters(self) -> int:
+        """Delete all dead letters; return how many."""
+
+    # ------------------------------------------------------------- inspection
+    @abc.abstractmethod
+    async def known_queues(self) -> list[str]:
+        """Queues that producers or workers have used in this namespace."""
+
+    async def remember_queues(self, queues: Sequence[str]) -> None:
+        """Add queue names to the registry of known queues (:meth:`known_queues`).
+
+        The registry only serves inspection: a store may log rather than raise when it
+        cannot write it. The default does nothing (a store whose transport lists its queues).
+        """
+        return
+
+    @abc.abstractmethod
+    async def register_worker(self, worker_id: str, info: bytes, ttl: float) -> None:
+        """Record a live worker for ``ttl`` seconds (refreshed by its maintenance loop)."""
+
+    @abc.abstractmethod
+    async def unregister_worker(self, worker_id: str) -> None:
+        """Remove a worker's registration."""
+
+    @abc.abstractmethod
+    async def workers(self) -> dict[str, bytes]:
+        """Live workers: id to the info they registered."""
+
+    async def counters(self) -> dict[str, int]:
+        """Namespace-wide event counters kept by the broker, e.g. ``{"stale_completions": 2}``
+        (completions dropped by fencing, see :meth:`complete`); absent counters are 0."""
+        return {}
+
+    async def ping(self) -> None:
+        """Check that the store answers; raise BrokerError otherwise."""
+        return
+
+    async def memory_policy(self) -> tuple[str, int] | None:
+        """The server's ``(maxmemory-policy, maxmemory in bytes)``, or ``None`` when the
+        backend has no such setting or does not tell (see :mod:`blitzq.broker.eviction`)."""
+        return None
+
+    async def close(self) -> None:
+        """Release connections. The store may be used again afterwards (it reconnects)."""
+        return
