@@ -1,4 +1,4 @@
-"""Brokers: the only layer that talks to Redis (or keeps messages in memory).
+"""Brokers: the only layer that talks to Redis (a transport and a state store behind one facade).
 
 Two seams: :class:`~blitzq.broker.transport.Transport` (publish, fetch, leases) and
 :class:`~blitzq.broker.state.StateStore` (records, schedule, dead letters, feature state and
