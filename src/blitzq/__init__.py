@@ -21,7 +21,7 @@ from .exceptions import (
     TaskTimeout,
     UnknownTask,
 )
-from .middleware import EnqueueRefused, Middleware
+from .extensions.middleware import EnqueueRefused, Middleware
 from .progress import Progress
 from .queue import Queue
 from .ratelimit import RateLimit
@@ -29,7 +29,7 @@ from .records import DeadLetter, TaskRecord, TaskState
 from .retries import RetryPolicy
 from .scheduler import Scheduler
 from .schedules import Cron, Every
-from .signals import Signal, SignalEvent
+from .extensions.signals import Signal, SignalEvent
 from .task import BoundTask, Task, TaskHandle
 from .worker import Worker
 from .workflow import Signature, WorkflowHandle, WorkflowNotFound, chain, chord, group

@@ -28,7 +28,7 @@ from .records import DeadLetter, TaskRecord, TaskState
 from .routing import check_name
 from .serialization import decode_envelope, encode_envelope
 from .task import TaskHandle
-from .uniqueness import broker_key
+from .extensions.unique import broker_key
 
 if TYPE_CHECKING:
     from .task import Task

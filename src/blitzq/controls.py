@@ -19,7 +19,7 @@ from .exceptions import ConfigurationError
 from .limits import MAX_SECONDS
 
 if TYPE_CHECKING:
-    from .locks import LockSpec
+    from .extensions.locks import LockSpec
     from .task import Task
 
 #: Default seconds a unique key is held at most (a crashed run cannot keep it longer).
@@ -139,7 +139,7 @@ def install_controls(task: Task[Any, Any], options: Mapping[str, Any]) -> TaskCo
     lock_ttl = _seconds(name, "lock_ttl", options.get("lock_ttl"))
     spec: LockSpec | None = None
     if lock is not None:
-        from .locks import LockSpec
+        from .extensions.locks import LockSpec
 
         spec = LockSpec.parse(task, lock, limit, lock_ttl)
     controls = TaskControls(
@@ -156,16 +156,16 @@ def install_controls(task: Task[Any, Any], options: Mapping[str, Any]) -> TaskCo
     # Start checks run in this order: an expired task takes no lock; a locked-out task keeps
     # its unique key until it really starts.
     if max_age is not None:
-        from .expiry import check_expiry
+        from .extensions.expiry import check_expiry
 
         task.checks.append(check_expiry)
     if spec is not None:
-        from .locks import release_lock
+        from .extensions.locks import release_lock
 
         task.checks.append(spec.acquire)
         task.finishers.append(release_lock)
     if unique:
-        from .uniqueness import install_unique
+        from .extensions.unique import install_unique
 
         install_unique(task, until)
     return controls

@@ -32,7 +32,7 @@ from .limits import (
     DEFAULT_DEAD_LETTER_TTL,
     DEFAULT_MAX_RESULT_SIZE,
 )
-from .middleware import MiddlewareOperations
+from .extensions.middleware import MiddlewareOperations
 from .progress import ProgressOperations
 from .ratelimit import RateLimit
 from .retries import DEFAULT_RETRY_POLICY, RetryPolicy

@@ -20,8 +20,8 @@ import msgspec
 from ..broker.base import Broker, Completion, Delivery
 from ..context import TaskContext, set_current
 from ..exceptions import BrokerError, SerializationError, describe_error
-from ..expiry import checks_with_expiry
-from ..middleware import hooks_of
+from ..extensions.expiry import checks_with_expiry
+from ..extensions.middleware import hooks_of
 from ..routing import base_queue
 from ..serialization import Envelope, decode_envelope, encode_envelope, envelope_head
 from ..task import Task

@@ -31,7 +31,7 @@ from ..exceptions import BrokerError, ConfigurationError
 from ..queue import Queue
 from ..routing import base_queue, levels
 from ..serialization import dumps
-from ..signals import Signal, SignalEvent
+from ..extensions.signals import Signal, SignalEvent
 from .flusher import Flusher
 from .limiter import Limiter, Slots
 from .maintenance import Maintenance

@@ -31,13 +31,13 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .broker.base import Completion
-from .exceptions import BrokerError, ConfigurationError
+from ..broker.base import Completion
+from ..exceptions import BrokerError, ConfigurationError
 
 if TYPE_CHECKING:
-    from .task import Task
-    from .worker.execution import Job
-    from .worker.runner import Runner
+    from ..task import Task
+    from ..worker.execution import Job
+    from ..worker.runner import Runner
 
 logger = logging.getLogger("blitzq.worker")
 

@@ -25,17 +25,17 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .broker.base import Completion
-from .exceptions import ConfigurationError
-from .serialization import dumps, encode_envelope
+from ..broker.base import Completion
+from ..exceptions import ConfigurationError
+from ..serialization import dumps, encode_envelope
 
 if TYPE_CHECKING:
-    from .hooks import Outgoing
-    from .queue import Queue
-    from .serialization import Envelope
-    from .task import Task
-    from .worker.execution import Job
-    from .worker.runner import Runner
+    from ..hooks import Outgoing
+    from ..queue import Queue
+    from ..serialization import Envelope
+    from ..task import Task
+    from ..worker.execution import Job
+    from ..worker.runner import Runner
 
 
 def canonical_key(name: str, args: list[Any], kwargs: dict[str, Any]) -> str:

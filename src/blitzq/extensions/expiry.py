@@ -14,14 +14,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from . import records
-from .broker.base import Completion, DeadLetterFields
+from .. import records
+from ..broker.base import Completion, DeadLetterFields
 
 if TYPE_CHECKING:
-    from .hooks import StartCheck
-    from .task import Task
-    from .worker.execution import Job
-    from .worker.runner import Runner
+    from ..hooks import StartCheck
+    from ..task import Task
+    from ..worker.execution import Job
+    from ..worker.runner import Runner
 
 
 def max_age_of(job: Job) -> float | None:
