@@ -24,11 +24,11 @@ from .exceptions import (
     TaskExpired,
     TaskFailed,
 )
+from .extensions.unique import broker_key
 from .records import DeadLetter, TaskRecord, TaskState
 from .routing import check_name
 from .serialization import decode_envelope, encode_envelope
 from .task import TaskHandle
-from .extensions.unique import broker_key
 
 if TYPE_CHECKING:
     from .task import Task

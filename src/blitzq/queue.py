@@ -26,13 +26,13 @@ from .exceptions import (
     SerializationError,
     UnknownTask,
 )
+from .extensions.middleware import MiddlewareOperations
 from .hooks import EnqueueFilter, EnqueueObserver
 from .limits import (
     DEFAULT_DEAD_LETTER_MAX_BYTES,
     DEFAULT_DEAD_LETTER_TTL,
     DEFAULT_MAX_RESULT_SIZE,
 )
-from .extensions.middleware import MiddlewareOperations
 from .progress import ProgressOperations
 from .ratelimit import RateLimit
 from .retries import DEFAULT_RETRY_POLICY, RetryPolicy
