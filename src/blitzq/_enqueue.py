@@ -16,7 +16,7 @@ from .batch import item_options
 from .broker.base import Broker, Completion, Scheduled
 from .context import current_task
 from .exceptions import ConfigurationError
-from .hooks import EnqueueFilter, EnqueueObserver, Outgoing
+from .extensions.middleware import EnqueueFilter, EnqueueObserver, Outgoing
 from .limits import CHUNK_WRITES
 from .routing import Routes, physical_queue, route
 from .serialization import (

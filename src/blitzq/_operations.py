@@ -14,7 +14,6 @@ import msgspec
 from . import records
 from .broker.base import Broker
 from .client.sync import Portal, blocking
-from .controls import DEFAULT_UNIQUE_TTL
 from .exceptions import (
     BrokerError,
     ResultNotStored,
@@ -24,7 +23,7 @@ from .exceptions import (
     TaskExpired,
     TaskFailed,
 )
-from .extensions.unique import broker_key
+from .extensions.unique import DEFAULT_UNIQUE_TTL, broker_key
 from .records import DeadLetter, TaskRecord, TaskState
 from .routing import check_name
 from .serialization import decode_envelope, encode_envelope

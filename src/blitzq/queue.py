@@ -26,8 +26,8 @@ from .exceptions import (
     SerializationError,
     UnknownTask,
 )
-from .extensions.middleware import MiddlewareOperations
-from .hooks import EnqueueFilter, EnqueueObserver
+from .extensions.middleware import EnqueueFilter, EnqueueObserver, MiddlewareOperations
+from .extensions.registry import Extensions
 from .limits import (
     DEFAULT_DEAD_LETTER_MAX_BYTES,
     DEFAULT_DEAD_LETTER_TTL,
@@ -191,10 +191,13 @@ class Queue(
         self._url: str | None = None
         self.on_startup = Hooks()
         self.on_shutdown = Hooks()
-        #: Coroutines that see each batch before it is published (see :mod:`blitzq.hooks`).
+        #: Coroutines that see each batch before it is published (see
+        #: :mod:`blitzq.extensions.middleware`).
         self.enqueue_filters: list[EnqueueFilter] = []
-        #: Coroutines called with what was published (see :mod:`blitzq.hooks`).
+        #: Coroutines called with what was published (same).
         self.enqueue_observers: list[EnqueueObserver] = []
+        #: Registered middleware and signal handlers (see :mod:`blitzq.extensions.registry`).
+        self._extensions = Extensions(self)
 
     def __repr__(self) -> str:
         return f"<Queue {self.name} namespace={self.namespace} mode={self.mode}>"
@@ -350,9 +353,14 @@ class Queue(
         Raises:
             ConfigurationError: a bad option, or a second task with the same name.
         """
+        # Every keyword above, by name: the one place they are gathered (blitzq.options).
+        given = {k: v for k, v in locals().items() if k not in ("self", "fn")}
 
         def register(function: Callable[..., Any]) -> Task[Any, Any]:
             import inspect
+
+            from .extensions import builtin_middleware
+            from .options import build_options
 
             chosen: Executor = executor or (
                 "async" if inspect.iscoroutinefunction(function) else "thread"
@@ -360,6 +368,7 @@ class Queue(
             task_name = name or default_task_name(function)
             if task_name in self.tasks and self.tasks[task_name].fn is not function:
                 raise ConfigurationError(f"a task named {task_name!r} is already registered")
+            options = build_options(task_name, given, builtin_middleware())
             registered: Task[Any, Any] = Task(
                 self,
                 function,
@@ -374,12 +383,7 @@ class Queue(
                 priority=priority,
                 rate_limit=rate_limit,
                 rate_key=rate_key,
-                controls={
-                    "unique": unique, "unique_until": unique_until, "unique_ttl": unique_ttl,
-                    "lock": lock, "lock_limit": lock_limit, "lock_ttl": lock_ttl,
-                    "soft_timeout": soft_timeout, "hard_timeout": hard_timeout,
-                    "max_age": max_age,
-                },
+                options=options,
             )  # fmt: skip
             self.tasks[task_name] = registered
             attach_workflow(registered)  # its finisher advances workflows it is a step of

@@ -16,7 +16,7 @@ hook                                            when
                                                 retried in ``delay`` seconds
 ==============================================  ===============================================
 
-``message`` is a :class:`~blitzq.hooks.Outgoing` (``message.envelope`` has the id, task name,
+``message`` is an :class:`Outgoing` (``message.envelope`` has the id, task name,
 queue, args, kwargs and headers; ``message.due`` is the Unix time it becomes due or ``None``).
 A before-enqueue hook may replace ``message.envelope`` (``msgspec.structs.replace(env,
 headers=...)``) to change the arguments or headers; the message is then re-encoded. ``context``
@@ -49,31 +49,46 @@ the acknowledgement, and cannot change the stored result.
 
 A Queue without middleware and signal handlers pays nothing: the worker checks one boolean
 per run.
+
+Per-task options: a middleware declares the options of ``@queue.task(...)`` it handles in
+:attr:`Middleware.task_options` (name → :class:`~blitzq.options.Option`: default and check);
+:func:`blitzq.options.build_options` checks each value once with the declaring middleware's
+check and rejects an option nobody declares (:class:`~blitzq.ConfigurationError`), and
+:meth:`Middleware.setup_task` then plugs the middleware into each task that uses it. The
+built-in middleware (:mod:`blitzq.extensions.expiry`, :mod:`~blitzq.extensions.locks`,
+:mod:`~blitzq.extensions.unique`) work this way, through the per-task extension points below
+and the narrow :class:`WorkerContext` the worker exposes (see docs/architecture.md, "Adding a
+per-task option"):
+
+- **start checks** (``task.checks``, :class:`StartCheck`): awaited before a task starts; one
+  returns ``None`` to let it start, or a completion that ends this delivery instead (e.g.
+  :meth:`WorkerContext.reschedule`: back on the schedule, no attempt spent, no slot held);
+- **finishers** (``task.finishers``, :class:`Finisher`): called with every completion of the
+  task before it is written; one may add atomic operations (``Completion.ops``);
+- **enqueue filters / observers** (``queue.enqueue_filters`` / ``enqueue_observers``): see a
+  batch of :class:`Outgoing` messages before / after it is published.
+
+A task or queue without any of these pays nothing for them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import inspect
-import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
-from ..context import TaskContext, reset_current, set_current
-from ..exceptions import BlitzQError, TaskCancelled, TaskFailed, TaskTimeout, describe_error
-from ..serialization import encode_envelope, loads
-from .signals import Handler, Signal, SignalEvent, Signals
+from ..exceptions import BlitzQError
+from .signals import Handler, Signal, Signals
 
 if TYPE_CHECKING:
-    from ..broker.base import Completion
-    from ..hooks import EnqueueFilter, EnqueueObserver, Outgoing
+    from ..broker.base import Broker, Completion
+    from ..context import TaskContext
+    from ..options import Option, TaskOptions
     from ..queue import Queue
+    from ..serialization import Envelope
+    from ..task import Task
     from ..worker.execution import Job
-    from ..worker.limiter import Slots
-    from ..worker.runner import Runner
-
-logger = logging.getLogger("blitzq.middleware")
+    from .registry import Extensions
 
 
 class EnqueueRefused(BlitzQError):
@@ -83,11 +98,151 @@ class EnqueueRefused(BlitzQError):
     """
 
 
+@dataclass(slots=True)
+class Outgoing:
+    """One message about to be published.
+
+    Attributes:
+        envelope: the decoded message.
+        data: its encoded bytes (re-encode with ``encode_envelope`` after changing
+            ``envelope``).
+        due: Unix time it becomes due by the producer's clock (an estimate for filters and
+            observers), or ``None`` for now. What decides is the broker's clock: see
+            ``delay``.
+        task: the registered task, or ``None`` for ``queue.send`` of an unknown name.
+        existing_id: set by a filter to the id of an existing task this one duplicates; the
+            message is then not published and the caller's handle points at that task.
+        delay: for a ``delay=``, its seconds, sent as such so that the broker adds them to
+            its own clock; ``None`` for an absolute ``eta=`` (``due``), which the broker
+            compares with its clock as given.
+    """
+
+    envelope: Envelope
+    data: bytes
+    due: float | None
+    task: Task[Any, Any] | None
+    existing_id: str | None = None
+    delay: float | None = None
+
+
+#: What happened to a run, as the worker's middleware and signals see it.
+OutcomeKind = Literal["succeeded", "failed", "dead_lettered", "retried", "cancelled", "requeued"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The outcome of one run, handed by the worker to the after-hooks and signals.
+
+    Attributes:
+        kind: what the completion written for the run means.
+        error: the run's exception when the worker has it, else ``None`` (the hooks then get
+            an exception made from ``error_type`` and ``error_message``).
+        error_type: qualified type name of the error as stored in the record, or ``None``.
+        error_message: the error's message as stored, or ``None``.
+        delay: seconds until the retry of a ``"retried"`` run, else ``None``.
+    """
+
+    kind: OutcomeKind
+    error: BaseException | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    delay: float | None = None
+
+
+class WorkerContext(Protocol):
+    """What a worker exposes to middleware on its side (start checks, finishers); the
+    runner implements it. Nothing else of the worker is theirs to reach.
+
+    Attributes:
+        worker_id: id of the worker (written in records).
+        broker: the worker's broker (lock, rate and unique operations).
+        result_ttl: seconds task records live.
+        visibility_timeout: seconds a delivery's lease lasts (the default lock lease).
+    """
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def result_ttl(self) -> int: ...
+
+    @property
+    def visibility_timeout(self) -> float: ...
+
+    def reschedule(self, job: Job, delay: float, reserved: bool | None = None) -> Completion:
+        """Completion putting ``job`` back on the schedule for ``delay`` seconds, unstarted
+        (attempt unchanged, no slot held while it waits)."""
+        ...
+
+    def write(self, completion: Completion) -> None:
+        """Hand ``completion`` to the worker's writer (written with the next group commit)."""
+        ...
+
+
+class StartCheck(Protocol):
+    """A coroutine awaited before a task starts: ``None`` to let it start, else the
+    completion that ends this delivery instead."""
+
+    async def __call__(self, worker: WorkerContext, job: Job) -> Completion | None: ...
+
+
+class Finisher(Protocol):
+    """Called with each completion of a task before it is written.
+
+    Args:
+        job: the delivery that ended.
+        completion: what will be written.
+        final: whether the task reached a final state (succeeded, failed, dead-lettered,
+            cancelled) rather than a retry, a requeue or a reschedule.
+        error: the exception of a failed attempt, else ``None``.
+    """
+
+    def __call__(
+        self, job: Job, completion: Completion, final: bool, error: BaseException | None
+    ) -> Completion: ...
+
+
+class EnqueueFilter(Protocol):
+    """A coroutine that sees each batch before it is published; it may raise to refuse the
+    enqueue, or set ``Outgoing.existing_id`` to mark a duplicate."""
+
+    async def __call__(self, queue: Queue, batch: list[Outgoing]) -> None: ...
+
+
+class EnqueueObserver(Protocol):
+    """Called with each batch that was published (duplicates left out)."""
+
+    async def __call__(self, queue: Queue, batch: list[Outgoing]) -> None: ...
+
+
 class Middleware:
     """Base class of middleware; every hook does nothing unless overridden.
 
     See the module docstring for when each hook runs, their order and error handling.
+
+    Attributes:
+        task_options: the per-task options (of ``@queue.task``) this middleware handles:
+            name → :class:`~blitzq.options.Option` (default and check). Declared once on the
+            class; see :func:`blitzq.options.build_options`.
     """
+
+    task_options: ClassVar[Mapping[str, Option]] = {}
+
+    def setup_task(self, task: Task[Any, Any], options: TaskOptions) -> None:
+        """Called once per registered task with its checked options: plug this
+        middleware's start checks and finishers into the tasks that use its options.
+
+        Args:
+            task: the task being registered (``task.checks``, ``task.finishers``,
+                ``task.owner.enqueue_filters`` may be extended).
+            options: the task's options; ``options.get(name)`` for this middleware's own.
+
+        Raises:
+            ConfigurationError: an option value that does not fit the task.
+        """
 
     async def before_enqueue(self, message: Outgoing) -> None:
         """Before ``message`` is published; raise to refuse the enqueue.
@@ -103,7 +258,8 @@ class Middleware:
         """Before the task body runs; raising fails the attempt with that exception.
 
         Args:
-            context: the run's task context (id, task name, queue, attempt, headers).
+            context: the run's :class:`~blitzq.TaskContext` (id, task name, queue, attempt,
+                headers).
         """
 
     async def after_execute(self, context: TaskContext, result: Any) -> None:
@@ -122,332 +278,11 @@ class Middleware:
         """After :meth:`on_error` when the task will run again in ``delay`` seconds."""
 
 
-_HOOK_NAMES = (
-    "before_enqueue",
-    "after_enqueue",
-    "before_execute",
-    "after_execute",
-    "on_error",
-    "on_retry",
-)
-
-
-def _overrides(m: Middleware, name: str) -> bool:
-    return getattr(type(m), name) is not getattr(Middleware, name)
-
-
-async def _call(hook: Callable[..., Any], *args: Any) -> None:
-    outcome = hook(*args)
-    if inspect.isawaitable(outcome):
-        await outcome
-
-
-def _owner(hook: Callable[..., Any]) -> str:
-    owner = getattr(hook, "__self__", None)
-    return type(owner).__name__ if owner is not None else getattr(hook, "__qualname__", "hook")
-
-
-_FINAL_STATES = {"succeeded", "failed", "dead_lettered", "cancelled"}
-
-
-class QueueHooks:
-    """Middleware and signal handlers of one Queue, and the calls that run them.
-
-    Made on first use by :func:`hooks_of`. ``enabled`` is the one boolean the worker checks
-    per run.
-    """
-
-    def __init__(self, queue: Queue) -> None:
-        self.queue = queue
-        self.middleware: list[Middleware] = []
-        self.signals = Signals(self._refresh)
-        #: Whether runs need the execution hooks at all (middleware or signal handlers).
-        self.enabled = False
-        self._hooks: dict[str, list[Callable[..., Any]]] = {name: [] for name in _HOOK_NAMES}
-        self._filter_installed = False
-        self._observer_installed = False
-
-    # ----------------------------------------------------------- registration
-    def add(self, middleware: Middleware) -> None:
-        """Register ``middleware`` after those already registered.
-
-        Raises:
-            TypeError: ``middleware`` is not a :class:`Middleware`.
-        """
-        if not isinstance(middleware, Middleware):
-            raise TypeError(f"expected a blitzq.Middleware instance, got {middleware!r}")
-        self.middleware.append(middleware)
-        self._refresh()
-
-    def _refresh(self) -> None:
-        for name in _HOOK_NAMES:
-            ordered = self.middleware if name.startswith("before") else self.middleware[::-1]
-            self._hooks[name] = [getattr(m, name) for m in ordered if _overrides(m, name)]
-        hooks = self._hooks
-        self.enabled = bool(self.signals) or any(
-            hooks[n] for n in ("before_execute", "after_execute", "on_error", "on_retry")
-        )
-        queue = self.queue
-        if hooks["before_enqueue"] and not self._filter_installed:
-            # First, so a refusal comes before any other filter claims anything.
-            enqueue_filter: EnqueueFilter = self._filter
-            queue.enqueue_filters.insert(0, enqueue_filter)
-            self._filter_installed = True
-        if (
-            hooks["after_enqueue"] or self.signals.has(Signal.TASK_ENQUEUED)
-        ) and not self._observer_installed:
-            observer: EnqueueObserver = self._observe
-            queue.enqueue_observers.append(observer)
-            self._observer_installed = True
-
-    # ---------------------------------------------------------------- enqueue
-    async def _filter(self, queue: Queue, batch: list[Outgoing]) -> None:
-        hooks = self._hooks["before_enqueue"]
-        for out in batch:
-            if out.existing_id is not None:
-                continue
-            for hook in hooks:
-                env = out.envelope
-                try:
-                    await _call(hook, out)
-                except BlitzQError:
-                    raise
-                except Exception as exc:
-                    raise EnqueueRefused(
-                        f"middleware {_owner(hook)} refused to enqueue task {env.task} "
-                        f"({env.id}): {type(exc).__name__}: {exc}"
-                    ) from exc
-                if out.envelope is not env:
-                    out.data = encode_envelope(out.envelope, queue.max_message_size)
-
-    async def _observe(self, queue: Queue, batch: list[Outgoing]) -> None:
-        hooks = self._hooks["after_enqueue"]
-        signals = self.signals
-        emit = signals.has(Signal.TASK_ENQUEUED)
-        for out in batch:
-            for hook in hooks:
-                try:
-                    await _call(hook, out)
-                except Exception:
-                    logger.exception("middleware %s.after_enqueue failed", _owner(hook))
-            if emit:
-                env = out.envelope
-                await signals.emit(
-                    Signal.TASK_ENQUEUED,
-                    SignalEvent(
-                        Signal.TASK_ENQUEUED,
-                        env.id,
-                        env.task,
-                        env.queue,
-                        env.attempt,
-                        extra={"due": out.due} if out.due is not None else {},
-                    ),
-                )
-
-    # -------------------------------------------------------------- execution
-    def starting(self, runner: Runner, job: Job, slots: Slots) -> None:
-        """Run the before-execute hooks, emit TASK_STARTED, then start the run.
-
-        Without before-execute middleware the run starts at once; otherwise the hooks are
-        awaited in a task first (the delivery keeps its slot meanwhile).
-        """
-        env, d = job.envelope, job.delivery
-        job.context = TaskContext(
-            env.id, env.task, d.queue, job.attempt, job.task.max_attempts,
-            env.correlation_id, env.headers,
-        )  # fmt: skip
-        if not self._hooks["before_execute"]:
-            self._started(runner, job)
-            runner.run(job, slots, True)
-            return
-        # The hooks run in a fresh copy of the worker's base context; what they set there
-        # (a trace context, ...) is what the task body starts with.
-        pending = asyncio.get_running_loop().create_task(
-            self._before(runner, job, slots), context=runner.base_context.copy()
-        )
-        runner.hold_start(pending, job.delivery)
-
-    async def _before(self, runner: Runner, job: Job, slots: Slots) -> None:
-        context = job.context
-        assert context is not None
-        token = set_current(context)
-        try:
-            for hook in self._hooks["before_execute"]:
-                await _call(hook, context)
-        except asyncio.CancelledError:
-            slots.release()  # cancelled at shutdown: the worker hands the message back
-            raise
-        except BaseException as exc:  # SystemExit too: it fails the attempt, not the worker
-            reset_current(token)
-            logger.info(
-                "before_execute of %s refused task %s: %s: %s",
-                _owner(hook), context.id, *describe_error(exc),
-            )  # fmt: skip
-            try:
-                runner.finish(job, None, exc)
-            finally:
-                slots.release()
-            return
-        reset_current(token)
-        # A copy: this task's own context stays entered until it returns.
-        job.scope = contextvars.copy_context()
-        if runner.revoked and job.envelope.id in runner.revoked:
-            runner._skip_cancelled(job, slots)
-            return
-        self._started(runner, job)
-        runner.run(job, slots, True)
-
-    def _started(self, runner: Runner, job: Job) -> None:
-        signals = self.signals
-        if signals.has(Signal.TASK_STARTED):
-            env = job.envelope
-            signals.emit_soon(
-                Signal.TASK_STARTED,
-                SignalEvent(
-                    Signal.TASK_STARTED,
-                    env.id,
-                    env.task,
-                    job.delivery.queue,
-                    job.attempt,
-                    worker=runner.worker.id,
-                ),
-            )
-
-    def committed(
-        self,
-        runner: Runner,
-        job: Job,
-        completion: Completion | None,
-        error: BaseException | None,
-    ) -> None:
-        """Called by the runner with each completion of a run: schedule the after-hooks and
-        the signals that the completion implies (see the module docstrings)."""
-        kind, delay = _classify(job, completion, error)
-        if kind is None:
-            return
-        # After-hooks see the run's context as the task left it (a copy: a thread task
-        # abandoned after its timeout may still be inside it).
-        scope = job.scope.copy() if job.scope is not None else runner.base_context.copy()
-        task = asyncio.get_running_loop().create_task(
-            self._after(runner, job, completion, error, kind, delay), context=scope
-        )
-        self.signals.track(task)
-
-    async def _after(
-        self,
-        runner: Runner,
-        job: Job,
-        completion: Completion | None,
-        error: BaseException | None,
-        kind: str,
-        delay: float | None,
-    ) -> None:
-        from ..worker.execution import NO_RESULT
-
-        env = job.envelope
-        error_type = message = None
-        if kind != "succeeded" and completion is not None and completion.record is not None:
-            try:
-                stored = loads(completion.record)
-                error_type, message = stored.get("error_type"), stored.get("error")
-            except Exception:  # an unreadable record: the event just has no error text
-                pass
-        if error is None and kind not in ("succeeded", "requeued"):
-            if kind == "cancelled":
-                error = TaskCancelled(env.id, "cancelled", "TaskCancelled", "cancelled by request")
-            elif job.timed_out:
-                error = TaskTimeout(message or f"task {env.task} ran longer than its timeout")
-            else:
-                error = TaskFailed(env.id, kind, error_type, message)
-        elif kind == "requeued":
-            error = asyncio.CancelledError("the worker stopped; the task was put back on its queue")
-        if error is not None and error_type is None and kind != "requeued":
-            error_type, message = describe_error(error)
-        result = getattr(job, "result", None)
-        if result is NO_RESULT:
-            result = None
-        context = job.context
-        if context is not None:
-            token = set_current(context)
-            try:
-                if kind == "succeeded":
-                    await self._safely("after_execute", context, result)
-                else:
-                    await self._safely("on_error", context, error)
-                    if kind == "retried":
-                        await self._safely("on_retry", context, error, delay or 0.0)
-            finally:
-                reset_current(token)
-        signals = self.signals
-        names = _SIGNALS.get(kind, ())
-        for signal in names:
-            if signals.has(signal):
-                await signals.emit(
-                    signal,
-                    SignalEvent(
-                        signal,
-                        env.id,
-                        env.task,
-                        job.delivery.queue,
-                        job.attempt,
-                        error=error if kind != "succeeded" else None,
-                        error_type=error_type,
-                        error_message=message,
-                        result=result if kind == "succeeded" else None,
-                        delay=delay,
-                        worker=runner.worker.id,
-                    ),
-                )
-
-    async def _safely(self, name: str, *args: Any) -> None:
-        for hook in self._hooks[name]:
-            try:
-                await _call(hook, *args)
-            except asyncio.CancelledError:
-                raise
-            except BaseException:  # SystemExit too: logged, the worker goes on
-                logger.exception("middleware %s.%s failed", _owner(hook), name)
-
-
-_SIGNALS: dict[str, tuple[Signal, ...]] = {
-    "succeeded": (Signal.TASK_SUCCEEDED,),
-    "failed": (Signal.TASK_FAILED,),
-    "dead_lettered": (Signal.TASK_FAILED, Signal.TASK_DEAD_LETTERED),
-    "retried": (Signal.TASK_RETRIED,),
-    "cancelled": (Signal.TASK_CANCELLED,),
-}
-
-
-def _classify(
-    job: Job, completion: Completion | None, error: BaseException | None
-) -> tuple[str | None, float | None]:
-    """What a completion means: ``(kind, retry delay)``; kind ``None`` for nothing to report
-    (a reschedule that did not start the task, a record of a state others report)."""
-    if completion is None:
-        return ("succeeded" if error is None else "failed"), None
-    if completion.requeue is not None:
-        return "requeued", None
-    if completion.reschedule is not None:
-        if error is not None or job.timed_out:
-            return "retried", max(0.0, completion.delay)
-        return None, None
-    if completion.dead_letter is not None:
-        return "dead_lettered", None
-    if completion.record is not None:
-        try:
-            state = loads(completion.record).get("state")
-        except Exception:
-            return None, None
-        return (state if state in _FINAL_STATES else None), None
-    return ("succeeded" if error is None else "failed"), None
-
-
-def hooks_of(queue: Any) -> QueueHooks:
-    """The :class:`QueueHooks` of ``queue``, made on first use."""
-    hooks: QueueHooks | None = queue.__dict__.get("_blitzq_hooks")
-    if hooks is None:
-        hooks = queue.__dict__["_blitzq_hooks"] = QueueHooks(queue)
-    return hooks
+def hooks_of(queue: Any) -> Extensions:
+    """The middleware registry (:class:`~blitzq.extensions.registry.Extensions`) of
+    ``queue``."""
+    extensions: Extensions = queue._extensions
+    return extensions
 
 
 class MiddlewareOperations:
@@ -490,9 +325,15 @@ class MiddlewareOperations:
 
 
 __all__ = [
+    "EnqueueFilter",
+    "EnqueueObserver",
     "EnqueueRefused",
+    "Finisher",
     "Middleware",
     "MiddlewareOperations",
-    "QueueHooks",
+    "Outcome",
+    "Outgoing",
+    "StartCheck",
+    "WorkerContext",
     "hooks_of",
 ]
