@@ -226,7 +226,10 @@ class Middleware:
     Attributes:
         task_options: the per-task options (of ``@queue.task``) this middleware handles:
             name → :class:`~blitzq.options.Option` (default and check). Declared once on the
-            class; see :func:`blitzq.options.build_options`.
+            class; see :func:`blitzq.options.build_options`. Those of the built-in
+            middleware (:func:`blitzq.extensions.builtin_middleware`) are what
+            ``@queue.task`` accepts; its keywords are the public API, so a new option is also
+            named in its signature.
     """
 
     task_options: ClassVar[Mapping[str, Option]] = {}
