@@ -21,7 +21,8 @@ from .exceptions import (
     TaskTimeout,
     UnknownTask,
 )
-from .middleware import EnqueueRefused, Middleware
+from .extensions.middleware import EnqueueRefused, Middleware
+from .extensions.signals import Signal, SignalEvent
 from .progress import Progress
 from .queue import Queue
 from .ratelimit import RateLimit
@@ -29,7 +30,6 @@ from .records import DeadLetter, TaskRecord, TaskState
 from .retries import RetryPolicy
 from .scheduler import Scheduler
 from .schedules import Cron, Every
-from .signals import Signal, SignalEvent
 from .task import BoundTask, Task, TaskHandle
 from .worker import Worker
 from .workflow import Signature, WorkflowHandle, WorkflowNotFound, chain, chord, group

@@ -28,17 +28,17 @@ from .exceptions import (
     SerializationError,
     UnknownTask,
 )
-from .hooks import EnqueueFilter, EnqueueObserver
+from .extensions.middleware import EnqueueFilter, EnqueueObserver, Middleware
+from .extensions.registry import Extensions
+from .extensions.signals import Handler, Signal, Signals
 from .limits import (
     DEFAULT_DEAD_LETTER_MAX_BYTES,
     DEFAULT_DEAD_LETTER_TTL,
     DEFAULT_MAX_RESULT_SIZE,
 )
-from .middleware import Middleware, hooks_of
 from .ratelimit import RateLimit
 from .retries import DEFAULT_RETRY_POLICY, RetryPolicy
 from .routing import Priority, Routes, check_name, route
-from .signals import Handler, Signal, Signals
 from .task import BoundTask, Executor, Task, TaskHandle, default_task_name
 from .workflow.engine import attach as attach_workflow
 
@@ -194,10 +194,13 @@ class Queue:
         self._workflows = Workflows(self)
         self.on_startup = Hooks()
         self.on_shutdown = Hooks()
-        #: Coroutines that see each batch before it is published (see :mod:`blitzq.hooks`).
+        #: Coroutines that see each batch before it is published (see
+        #: :mod:`blitzq.extensions.middleware`).
         self.enqueue_filters: list[EnqueueFilter] = []
-        #: Coroutines called with what was published (see :mod:`blitzq.hooks`).
+        #: Coroutines called with what was published (same).
         self.enqueue_observers: list[EnqueueObserver] = []
+        #: Registered middleware and signal handlers (see :mod:`blitzq.extensions.registry`).
+        self._extensions = Extensions(self)
 
     def __repr__(self) -> str:
         return f"<Queue {self.name} namespace={self.namespace} mode={self.mode}>"
@@ -363,9 +366,14 @@ class Queue:
         Raises:
             ConfigurationError: a bad option, or a second task with the same name.
         """
+        # Every keyword above, by name: the one place they are gathered (blitzq.options).
+        given = {k: v for k, v in locals().items() if k not in ("self", "fn")}
 
         def register(function: Callable[..., Any]) -> Task[Any, Any]:
             import inspect
+
+            from .extensions import builtin_middleware
+            from .options import build_options
 
             chosen: Executor = executor or (
                 "async" if inspect.iscoroutinefunction(function) else "thread"
@@ -373,6 +381,7 @@ class Queue:
             task_name = name or default_task_name(function)
             if task_name in self.tasks and self.tasks[task_name].fn is not function:
                 raise ConfigurationError(f"a task named {task_name!r} is already registered")
+            options = build_options(task_name, given, builtin_middleware())
             registered: Task[Any, Any] = Task(
                 self,
                 function,
@@ -387,12 +396,7 @@ class Queue:
                 priority=priority,
                 rate_limit=rate_limit,
                 rate_key=rate_key,
-                controls={
-                    "unique": unique, "unique_until": unique_until, "unique_ttl": unique_ttl,
-                    "lock": lock, "lock_limit": lock_limit, "lock_ttl": lock_ttl,
-                    "soft_timeout": soft_timeout, "hard_timeout": hard_timeout,
-                    "max_age": max_age,
-                },
+                options=options,
             )  # fmt: skip
             self.tasks[task_name] = registered
             attach_workflow(registered)  # its finisher advances workflows it is a step of
@@ -520,17 +524,17 @@ class Queue:
         Raises:
             TypeError: not a :class:`Middleware` instance.
         """
-        hooks_of(self).add(middleware)
+        self._extensions.add(middleware)
 
     @property
     def middleware(self) -> tuple[Middleware, ...]:
         """The registered middleware, in registration order."""
-        return tuple(hooks_of(self).middleware)
+        return tuple(self._extensions.middleware)
 
     @property
     def signals(self) -> Signals:
         """The Queue's signal handlers; ``queue.signals.emit(signal, event)`` emits one."""
-        return hooks_of(self).signals
+        return self._extensions.signals
 
     def on(self, signal: Signal | str) -> Callable[[Handler], Handler]:
         """Decorator registering a signal handler (plain function or coroutine function)::
@@ -544,7 +548,7 @@ class Queue:
         sig = Signal(signal)
 
         def register(handler: Handler) -> Handler:
-            return hooks_of(self).signals.connect(sig, handler)
+            return self._extensions.signals.connect(sig, handler)
 
         return register
 

@@ -27,7 +27,8 @@ from .routing import check_name, check_priority
 
 if TYPE_CHECKING:
     from .client.sync import Portal
-    from .hooks import Finisher, StartCheck
+    from .extensions.middleware import Finisher, StartCheck
+    from .options import TaskOptions
     from .queue import Queue
     from .workflow.signature import Signature
 
@@ -82,7 +83,7 @@ class CallOptions:
         priority: ``"high"``, ``"normal"`` or ``"low"``, overriding the task's.
         unique_key: key of a ``unique=True`` task's call instead of the hash of its arguments.
         max_age: seconds the call may wait before it starts, overriding the task's
-            ``max_age`` (see :mod:`blitzq.expiry`).
+            ``max_age`` (see :mod:`blitzq.extensions.expiry`).
     """
 
     delay: float | None = None
@@ -184,7 +185,7 @@ class Task(Generic[P, R]):
         priority: str = "normal",
         rate_limit: str | RateLimit | None = None,
         rate_key: str | None = None,
-        controls: Mapping[str, Any] | None = None,
+        options: TaskOptions | None = None,
     ) -> None:
         if executor not in EXECUTORS:
             raise ConfigurationError(f"executor must be one of {sorted(EXECUTORS)}")
@@ -218,16 +219,31 @@ class Task(Generic[P, R]):
         if rate_key is not None and rate_limit is None:
             raise ConfigurationError(f"task {name}: rate_key= needs a rate_limit=")
         self.signature = inspect.signature(fn)
-        #: Coroutines awaited before each start (see :mod:`blitzq.hooks`).
+        #: Coroutines awaited before each start (see :mod:`blitzq.extensions.middleware`).
         self.checks: list[StartCheck] = []
-        #: Called with each completion before it is written (see :mod:`blitzq.hooks`).
+        #: Called with each completion before it is written (same).
         self.finishers: list[Finisher] = []
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
-        from .controls import install_controls  # unique, locks, timeouts, max_age
+        from .extensions import builtin_middleware
+        from .options import build_options
 
-        #: Unique, lock, timeout and max_age settings (see :mod:`blitzq.controls`).
-        self.controls = install_controls(self, controls or {})
+        builtins = builtin_middleware()
+        if options is None:
+            options = build_options(name, {}, builtins)
+        if options.hard_timeout is not None:
+            if self.timeout is not None and self.timeout != options.hard_timeout:
+                raise ConfigurationError(f"task {name}: give timeout= or hard_timeout=, not both")
+            self.timeout = options.hard_timeout
+        if options.soft_timeout is not None and executor == "process":
+            raise ConfigurationError(
+                f"task {name}: soft_timeout is not supported for process tasks (use hard_timeout)"
+            )
+        #: The task's options, checked (see :mod:`blitzq.options`); the middleware-declared
+        #: ones read as ``task.controls.get("max_age")``.
+        self.controls = options
+        for middleware in builtins:  # each plugs in where the task uses its options
+            middleware.setup_task(self, options)
 
     @property
     def max_attempts(self) -> int:

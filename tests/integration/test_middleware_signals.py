@@ -37,7 +37,7 @@ from blitzq import (
     current_task,
 )
 from blitzq.cli import cli
-from blitzq.hooks import Outgoing
+from blitzq.middleware import Outgoing
 
 from .proc_tasks import eventually, make_worker, running
 

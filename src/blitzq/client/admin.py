@@ -12,13 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..controls import DEFAULT_UNIQUE_TTL
 from ..exceptions import SerializationError
+from ..extensions.unique import DEFAULT_UNIQUE_TTL, broker_key
 from ..records import DeadLetter
 from ..routing import check_name
 from ..serialization import decode_envelope, encode_envelope
 from ..task import TaskHandle
-from ..uniqueness import broker_key
 
 if TYPE_CHECKING:
     from ..queue import Queue

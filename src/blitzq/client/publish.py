@@ -17,7 +17,7 @@ from .. import records
 from ..broker import Completion, Scheduled
 from ..context import current_task
 from ..exceptions import ConfigurationError
-from ..hooks import Outgoing
+from ..extensions.middleware import Outgoing
 from ..limits import CHUNK_WRITES
 from ..routing import physical_queue, route
 from ..serialization import Envelope, encode_envelope, plain_args, plain_kwargs, to_plain

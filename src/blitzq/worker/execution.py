@@ -50,6 +50,14 @@ def format_traceback(exc: BaseException) -> str:
     return text[-MAX_TRACEBACK_CHARS:]
 
 
+def cause_of(exc: BaseException) -> BaseException:
+    """The error a failed run is recorded under: the cause of a :class:`~blitzq.Retry`, else
+    ``exc`` itself."""
+    if isinstance(exc, Retry):
+        return exc.__cause__ or exc.__context__ or exc
+    return exc
+
+
 class Job:
     """One delivery being run.
 
@@ -65,12 +73,15 @@ class Job:
         result: the return value of a successful run, else :data:`NO_RESULT`.
         scope: the run's own :class:`contextvars.Context` (a copy of the worker's base
             context, with the before-execute middleware's changes), once it started.
+        encode_error: the error that storing the return value raised (it failed the run),
+            else ``None``.
     """
 
     __slots__ = (
         "attempt",
         "context",
         "delivery",
+        "encode_error",
         "envelope",
         "finished",
         "handle",
@@ -96,6 +107,7 @@ class Job:
         self.scope: contextvars.Context | None = None
         #: The return value once the run succeeded (finishers read it), else NO_RESULT.
         self.result: Any = NO_RESULT
+        self.encode_error: BaseException | None = None
 
 
 class Outcomes:
@@ -158,6 +170,7 @@ class Outcomes:
                 raise ResultTooLarge(len(record), self.max_result_size)
         except SerializationError as exc:
             job.result = NO_RESULT  # finishers (workflows) must not pass the value on
+            job.encode_error = exc
             return self.failure(job, exc, retry=False)
         return Completion(d.queue, d.token, job.envelope.id, record, self.result_ttl)
 
@@ -170,12 +183,8 @@ class Outcomes:
         """
         task, env, d = job.task, job.envelope, job.delivery
         policy = task.retry_policy
-        if isinstance(exc, Retry):
-            cause: BaseException = exc.__cause__ or exc.__context__ or exc
-            wants_retry = retry
-        else:
-            cause = exc
-            wants_retry = retry and policy.should_retry(exc)
+        cause = cause_of(exc)
+        wants_retry = retry if isinstance(exc, Retry) else retry and policy.should_retry(exc)
         if wants_retry and job.attempt < task.max_attempts:
             delay = (
                 exc.delay

@@ -19,25 +19,21 @@ import msgspec
 
 from ..broker import Broker, Completion, Delivery
 from ..context import TaskContext, set_current
-from ..exceptions import BrokerError, SerializationError, describe_error
-from ..expiry import checks_with_expiry
-from ..middleware import hooks_of
-from ..routing import base_queue
-from ..serialization import Envelope, decode_envelope, encode_envelope, envelope_head
-from ..task import Task
+from ..exceptions import SerializationError
+from ..extensions.middleware import hooks_of
+from ..serialization import decode_envelope, encode_envelope
+from . import admission, outcomes
 from .execution import Job, Outcomes
-from .executors import ProcessPool, ThreadPool, start_eagerly, unwrap
+from .executors import ProcessPool, ThreadPool, start_eagerly
 from .flusher import Flusher
 from .limiter import Slots
 from .progress import ProgressReporter
 from .timeouts import (
     abandon_thread,
-    forget,
     interruptible,
     kill_process_run,
     soft_timeout,
     start_timers,
-    thread_returned,
 )
 from .timeouts import timeout_error as _timeout_error
 
@@ -46,13 +42,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("blitzq.worker")
 
-_NO_BUCKETS: list[tuple[str, float, float]] = []
-
 #: Seconds the worker's close waits for start checks that ignore their cancellation.
 _CLOSE_GRACE = 1.0
-
-#: A rate-limit answer below this many seconds starts the task at once.
-_RATE_SLACK = 0.002
 
 
 def _enter(context: TaskContext, fn: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -62,7 +53,11 @@ def _enter(context: TaskContext, fn: Any, args: list[Any], kwargs: dict[str, Any
 
 
 class Runner:
-    """Starts deliveries and commits their outcomes for one worker.
+    """Starts deliveries and commits their outcomes for one worker; the
+    :class:`~blitzq.extensions.middleware.WorkerContext` its middleware see.
+
+    Admission (cancel marks, rate limits, start checks) is in :mod:`.admission`, the end of
+    a run (finishers, writer, middleware outcome) in :mod:`.outcomes`.
 
     Args:
         worker: the owning worker (its queue, id and pool sizes).
@@ -73,8 +68,11 @@ class Runner:
     def __init__(self, worker: Worker, broker: Broker, flusher: Flusher) -> None:
         queue = worker.queue
         self.worker = worker
+        self.worker_id: str = worker.id
         self.broker = broker
         self.flusher = flusher
+        self.result_ttl: int = queue.result_ttl
+        self.visibility_timeout: float = queue.visibility_timeout
         self.tasks = queue.tasks
         self.max_message_size = queue.max_message_size
         self.track_state = queue.track_state
@@ -91,9 +89,11 @@ class Runner:
         #: Pool processes killed (hard timeout, cancel) and not yet reaped: the slot of the
         #: run that caused it is freed only once they are.
         self.killed_processes: list[Any] = []
-        self._reaping: asyncio.Future[None] | None = None
-        self._limits: dict[tuple[str, str], list[tuple[str, float, float]]] = {}
-        self._queue_limits = bool(queue.queue_rate_limits)
+        #: The join of killed pool processes in progress, if any.
+        self.reaping: asyncio.Future[None] | None = None
+        #: Token buckets per ``(task, physical queue)`` (see :func:`.admission.buckets_of`).
+        self.limits: dict[tuple[str, str], list[tuple[str, float, float]]] = {}
+        self.queue_rate_limits = queue.queue_rate_limits
         #: Starts awaiting their checks or before-execute hooks, with their delivery: not
         #: started yet, but leased (renewed like running tasks) and requeued at shutdown.
         self._pending: dict[asyncio.Task[None], Delivery] = {}
@@ -102,7 +102,8 @@ class Runner:
         self.abandoned: set[Job] = set()
         #: Thread runs abandoned since the worker started.
         self.abandoned_total = 0
-        self._marks: asyncio.Future[dict[str, float]] | None = None
+        #: The broker's cancel marks being read for this fetch batch, if any.
+        self.marks: asyncio.Future[dict[str, float]] | None = None
         #: Middleware and signal handlers; ``hooks.enabled`` is checked once per run.
         self.hooks = hooks_of(queue)
         #: Progress writer of this worker (``current_task().update_progress``).
@@ -113,39 +114,8 @@ class Runner:
 
     # ------------------------------------------------------------- starting
     def start(self, d: Delivery, slots: Slots) -> None:
-        """Begin one delivery that holds one slot of ``slots``."""
-        if len(d.payload) > self.max_message_size:
-            ident, name = envelope_head(d.payload) or (None, "")
-            self.reject(d, "message too large", f"{len(d.payload)} bytes", slots, ident, name)
-            return
-        try:
-            env = decode_envelope(d.payload)
-        except SerializationError as exc:
-            # When its id can be read, it is dead-lettered under it with a final record, so
-            # a waiter on its result learns its fate instead of waiting forever.
-            ident, name = envelope_head(d.payload) or (None, "")
-            error = str(exc).removeprefix("malformed message: ")
-            self.reject(d, "malformed message", error, slots, ident, name)
-            return
-        task = self.tasks.get(env.task)
-        if task is None:
-            error = f"no task named {env.task!r} is registered in this worker"
-            self.reject(d, "unknown task", error, slots, env.id, env.task)
-            return
-        if self.revoked and env.id in self.revoked:
-            self._skip_cancelled(Job(d, env, task), slots)
-            return
-        self._admit(d, env, task, slots)
-
-    def _admit(self, d: Delivery, env: Envelope, task: Task[Any, Any], slots: Slots) -> None:
-        """Rate limits and start checks when the task has any, then run it."""
-        buckets = self._buckets(task, d.queue) if not env.reserved else None
-        if buckets or task.checks or env.max_age is not None:
-            self.hold_start(
-                asyncio.ensure_future(self._start_checked(d, env, task, slots, buckets)), d
-            )
-            return
-        self.run(Job(d, env, task), slots)
+        """Begin one delivery that holds one slot of ``slots`` (:func:`.admission.start`)."""
+        admission.start(self, d, slots)
 
     def hold_start(self, pending: asyncio.Task[None], d: Delivery) -> None:
         """Track ``pending``, a coroutine that will start (or end) delivery ``d``."""
@@ -163,72 +133,6 @@ class Runner:
         except SerializationError:
             task_id = (d.token or b"").decode() or "unknown"
         self.flusher.add(Completion(d.queue, d.token, task_id, requeue=d.payload))
-
-    def _buckets(self, task: Task[Any, Any], physical: str) -> list[tuple[str, float, float]]:
-        if task.rate_limit is None and not self._queue_limits:
-            return _NO_BUCKETS  # the common case: no tuple key, no lookup per task
-        cache_key = (task.name, physical)
-        buckets = self._limits.get(cache_key)
-        if buckets is None:
-            buckets = []
-            if task.rate_limit is not None:
-                limit = task.rate_limit
-                buckets.append((limit.key or task.name, limit.rate, limit.capacity))
-            queue_limit = self.worker.queue.queue_rate_limits.get(base_queue(physical))
-            if queue_limit is not None:
-                buckets.append((queue_limit.key or "", queue_limit.rate, queue_limit.capacity))
-            self._limits[cache_key] = buckets
-        return buckets
-
-    async def _start_checked(
-        self,
-        d: Delivery,
-        env: Envelope,
-        task: Task[Any, Any],
-        slots: Slots,
-        buckets: list[tuple[str, float, float]] | None,
-    ) -> None:
-        """Rate limits, then the task's start checks; run, or end this delivery as told.
-
-        A check that cannot reach the broker puts the task back on the schedule for a second.
-        """
-        job = Job(d, env, task)
-        try:
-            completion: Completion | None = None
-            if buckets:
-                completion = await self._rate_check(job, buckets)
-            checks = task.checks if env.max_age is None else checks_with_expiry(task)
-            for check in checks:
-                if completion is not None:
-                    break
-                try:
-                    completion = await check(self, job)
-                except BrokerError as exc:
-                    logger.warning("start check of %s failed, retry in 1 s: %s", env.id, exc)
-                    completion = self.reschedule(job, 1.0)
-            if completion is None:
-                self.run(job, slots)
-                return
-        except Exception:  # a bug must not leak the slot; the lease recovers the message
-            logger.exception("could not start task %s", env.id)
-            slots.release()
-            return
-        self.flusher.add(completion)
-        slots.release()
-
-    async def _rate_check(
-        self, job: Job, buckets: list[tuple[str, float, float]]
-    ) -> Completion | None:
-        """Ask the token buckets: ``None`` to start now, else a reschedule for the wait."""
-        try:
-            reserved, wait = await self.broker.acquire_rate(buckets)
-        except BrokerError as exc:
-            logger.warning("rate limit check of %s failed, retry in 1 s: %s", job.envelope.id, exc)
-            reserved, wait = False, 1.0
-        if reserved and wait <= _RATE_SLACK:
-            job.envelope = msgspec.structs.replace(job.envelope, reserved=True)
-            return None
-        return self.reschedule(job, wait, reserved=reserved)
 
     def reschedule(self, job: Job, delay: float, reserved: bool | None = None) -> Completion:
         """Completion putting ``job`` back on the schedule for ``delay`` seconds, unstarted.
@@ -248,15 +152,28 @@ class Runner:
         data = encode_envelope(again, max(self.max_message_size, len(d.payload) * 2))
         return Completion(d.queue, d.token, env.id, reschedule=data, delay=delay)
 
+    def write(self, completion: Completion) -> None:
+        """Hand ``completion`` to the flusher (written with the next group commit)."""
+        self.flusher.add(completion)
+
     def run(self, job: Job, slots: Slots, hooked: bool = False) -> None:
         """Run ``job`` on its task's executor.
 
-        ``hooked``: the queue's before-execute middleware already ran (see
-        :mod:`blitzq.middleware`, which calls back here).
+        ``hooked``: the queue's middleware already saw the start (see
+        :mod:`blitzq.extensions.registry`).
         """
         if not hooked and self.hooks.enabled:
-            self.hooks.starting(self, job, slots)
-            return
+            self.hooks.context_for(job)
+            if not self.hooks.has_before:
+                self.hooks.started(job, self.worker_id)
+            else:
+                # The hooks run in a fresh copy of the worker's base context; what they set
+                # there (a trace context, ...) is what the task body starts with.
+                pending = asyncio.get_running_loop().create_task(
+                    self._before_execute(job, slots), context=self.base_context.copy()
+                )
+                self.hold_start(pending, job.delivery)
+                return
         env, task = job.envelope, job.task
         job.started_at = time.time()
         context = job.context
@@ -302,7 +219,29 @@ class Runner:
         self.jobs.add(job)
         if env.timeout or task.timeout or task.controls.soft_timeout:
             start_timers(self, job, slots)  # hard and soft timeouts (worker/timeouts.py)
-        handle.add_done_callback(functools.partial(self.on_done, job, slots))
+        handle.add_done_callback(functools.partial(outcomes.run_ended, self, job, slots))
+
+    async def _before_execute(self, job: Job, slots: Slots) -> None:
+        """Await the before-execute middleware (the delivery keeps its slot meanwhile), then
+        run ``job``, or fail the attempt with the exception of a hook that refused it."""
+        try:
+            refused = await self.hooks.before_execute(job)
+        except asyncio.CancelledError:
+            slots.release()  # cancelled at shutdown: the worker hands the message back
+            raise
+        if refused is not None:
+            try:
+                self.finish(job, None, refused)
+            finally:
+                slots.release()
+            return
+        # A copy: this task's own context stays entered until it returns.
+        job.scope = contextvars.copy_context()
+        if self.revoked and job.envelope.id in self.revoked:
+            admission.skip_cancelled(self, job, slots)
+            return
+        self.hooks.started(job, self.worker_id)
+        self.run(job, slots, True)
 
     def _submit(self, job: Job, scope: contextvars.Context) -> asyncio.Future[Any]:
         """Hand a sync task's call to the thread pool (run in ``scope``) or the process pool."""
@@ -334,59 +273,20 @@ class Runner:
     def finish(
         self, job: Job, result: Any, error: BaseException | None, retry: bool = True
     ) -> None:
-        """Commit the outcome of a run that returned ``result`` or raised ``error``.
-
-        ``retry=False`` fails it at once whatever the retry policy says (a bad call).
-        """
-        if error is None:
-            try:
-                completion = self.outcomes.success(job, result, self.track_state)
-            except Exception as exc:  # the encoder failed in an unexpected way (a bug)
-                error, retry = exc, False
-            else:
-                job.result = result
-                self.processed += 1
-        if error is not None:
-            try:
-                completion = self.outcomes.failure(
-                    job, error, retry=retry, track_state=self.track_state
-                )
-            except Exception:  # a retry policy or encoder that raises: fail without retry
-                logger.exception("could not build the retry of task %s", job.envelope.id)
-                completion = self.outcomes.failure(job, error, False, self.track_state)
-            self.failed += 1
-            if logger.isEnabledFor(logging.INFO):
-                logger.info(
-                    "task %s %s attempt %d failed: %s: %s",
-                    job.envelope.task, job.envelope.id, job.attempt, *describe_error(error),
-                )  # fmt: skip
-        self.commit(job, completion, error)
+        """Commit the outcome of a run that returned ``result`` or raised ``error``
+        (:func:`.outcomes.finish`; ``retry=False``: a bad call, no retry)."""
+        outcomes.finish(self, job, result, error, retry)
 
     def commit(
-        self, job: Job, completion: Completion | None, error: BaseException | None = None
+        self,
+        job: Job,
+        completion: Completion | None,
+        error: BaseException | None = None,
+        cancelled: bool = False,
     ) -> None:
-        """Hand a job's completion to the flusher, through the task's finishers if any.
-
-        ``completion`` may be ``None`` (nothing to write: a fast-mode success without a
-        record); finishers then get a bare one to add their operations to.
-        """
-        finishers = job.task.finishers
-        if finishers:
-            d = job.delivery
-            bare = None
-            if completion is None:
-                completion = bare = Completion(d.queue, d.token, job.envelope.id)
-            final = completion.reschedule is None and completion.requeue is None
-            for finisher in finishers:
-                completion = finisher(job, completion, final, error)
-            if completion is bare and not bare.ops and bare.record is None and d.token is None:
-                completion = None  # the finishers added nothing: still nothing to write
-        if self.progress.active:  # the run's last progress update goes with its completion
-            completion = self.progress.finish(job, completion)
-        if self.hooks.enabled:
-            self.hooks.committed(self, job, completion, error)
-        if completion is not None:
-            self.flusher.add(completion)
+        """Hand a job's completion on, through its finishers and middleware
+        (:func:`.outcomes.commit`)."""
+        outcomes.commit(self, job, completion, error, cancelled)
 
     def on_timeout(self, job: Job, soft: bool = False, slots: Slots | None = None) -> None:
         """The run passed its hard timeout (or its soft one, ``soft=True``).
@@ -414,123 +314,7 @@ class Runner:
         elif slots is not None:
             abandon_thread(self, job, slots)
 
-    @staticmethod
-    def _timeout_of(job: Job) -> float:
-        return job.envelope.timeout or job.task.timeout or 0.0
-
-    def on_done(self, job: Job, slots: Slots, handle: asyncio.Future[Any]) -> None:
-        """The run really ended: free the slot and commit, unless already committed."""
-        if self.abandoned and job in self.abandoned:
-            thread_returned(self, job)  # its slot was freed at the timeout
-            forget(job)
-            if not handle.cancelled():
-                handle.exception()
-            return
-        self.jobs.discard(job)
-        if job.timer is not None:
-            job.timer.cancel()
-        if job.task.executor == "process" and (self.killed_processes or self._reaping):
-            self._release_once_reaped(slots)
-        else:
-            slots.release()
-        if job.finished:
-            forget(job)
-            if not handle.cancelled():
-                handle.exception()  # retrieved, so asyncio does not log it as never retrieved
-            return
-        job.finished = True
-        if job.timed_out and handle.cancelled():
-            self.failed += 1
-            expired = _timeout_error(job)
-            self.commit(job, self.outcomes.failure(job, expired), expired)
-        elif job.context is not None and job.context.cancelled:
-            if not handle.cancelled():
-                handle.exception()  # retrieved: a killed process pool's error is expected here
-            self.commit(job, self.outcomes.cancelled(job.delivery, job.envelope, job.attempt))
-        elif handle.cancelled():
-            # Not cancelled by the worker (that marks the job first): the task cancelled
-            # itself, which counts as a failure rather than a silent requeue loop.
-            self.finish(job, None, asyncio.CancelledError("the task was cancelled"))
-        else:
-            error = handle.exception()
-            if error is None:
-                self.finish(job, handle.result(), None)
-            else:
-                self.finish(job, None, unwrap(error))
-        forget(job)
-
-    def _release_once_reaped(self, slots: Slots) -> None:
-        """Free a process run's slot once the pool processes killed (for it or a sibling
-        in the same pool) have exited: joined in a thread, since a SIGKILLed process may
-        still be exiting when its pool reports it broken."""
-        if self.killed_processes:
-            killed, self.killed_processes = self.killed_processes, []
-
-            def reap() -> None:
-                for process in killed:
-                    process.join(10.0)
-
-            self._reaping = asyncio.ensure_future(asyncio.to_thread(reap))
-        reaping = self._reaping
-        if reaping is None or reaping.done():
-            self._reaping = None
-            slots.release()
-        else:
-            reaping.add_done_callback(lambda _: slots.release())
-
-    def reject(
-        self,
-        d: Delivery,
-        reason: str,
-        error: str,
-        slots: Slots,
-        task_id: str | None = None,
-        task: str = "",
-    ) -> None:
-        """Dead-letter a message that cannot run (malformed, unknown task, too large)."""
-        logger.warning("dead-lettering message from %s: %s (%s)", d.queue, reason, error)
-        self.flusher.add(self.outcomes.rejected(d, reason, error, task_id, task))
-        self.failed += 1
-        slots.release()
-
     # --------------------------------------------------------- cancellation
-    def _skip_cancelled(self, job: Job, slots: Slots) -> None:
-        """The id has a cancel mark here: confirm it in the broker, then skip the task.
-
-        A task enqueued again under the same explicit id clears the mark in the broker
-        (``reset_tasks``) before it is published, while this worker's copy of the marks may
-        be older: the broker's answer decides. Marks read by one fetch batch share one read.
-        """
-        if self._marks is None:
-            self._marks = asyncio.ensure_future(self.broker.revoked())
-            asyncio.get_running_loop().call_soon(self._forget_marks)
-        self.hold_start(
-            asyncio.ensure_future(self._skip_if_marked(job, slots, self._marks)), job.delivery
-        )
-
-    def _forget_marks(self) -> None:
-        self._marks = None
-
-    async def _skip_if_marked(
-        self, job: Job, slots: Slots, marks: asyncio.Future[dict[str, float]]
-    ) -> None:
-        env = job.envelope
-        try:
-            marked = env.id in await asyncio.shield(marks)
-        except Exception as exc:  # the broker unreachable: trust this worker's copy
-            logger.warning("could not confirm the cancel mark of %s: %s", env.id, exc)
-            marked = True
-        if not marked:
-            self.revoked.pop(env.id, None)
-            try:
-                self._admit(job.delivery, env, job.task, slots)
-            except Exception:  # as in the fetch loop: the lease recovers the message
-                logger.exception("could not start task %s", env.id)
-                slots.release()
-            return
-        self.commit(job, self.outcomes.cancelled(job.delivery, env, job.attempt))
-        slots.release()
-
     def cancel(self, task_id: str) -> bool:
         """Cancel a running task of this worker; return whether one was running here.
 

@@ -28,10 +28,10 @@ from .._checks import flag, integer, seconds, text
 from ..broker import Broker, Delivery
 from ..broker.eviction import check_eviction
 from ..exceptions import BrokerError, ConfigurationError
+from ..extensions.signals import Signal, SignalEvent
 from ..queue import Queue
 from ..routing import base_queue, levels
 from ..serialization import dumps
-from ..signals import Signal, SignalEvent
 from .flusher import Flusher
 from .limiter import Limiter, Slots
 from .maintenance import Maintenance

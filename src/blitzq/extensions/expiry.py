@@ -12,43 +12,59 @@ worker reaches it, not on the second its age passes.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from . import records
-from .broker import Completion, DeadLetterFields
+from .. import records
+from ..broker import Completion, DeadLetterFields
+from ..options import Option, positive_seconds
+from .middleware import Middleware
 
 if TYPE_CHECKING:
-    from .hooks import StartCheck
-    from .task import Task
-    from .worker.execution import Job
-    from .worker.runner import Runner
+    from collections.abc import Mapping
+
+    from ..options import TaskOptions
+    from ..task import Task
+    from ..worker.execution import Job
+    from .middleware import StartCheck, WorkerContext
+
+
+class Expiry(Middleware):
+    """Built-in middleware of the ``max_age`` option: seconds a call may wait before it
+    starts (``None``: no limit)."""
+
+    task_options: ClassVar[Mapping[str, Option]] = {
+        "max_age": Option(None, positive_seconds),
+    }
+
+    def setup_task(self, task: Task[Any, Any], options: TaskOptions) -> None:
+        """Add the expiry start check to a task with a ``max_age``."""
+        if options.get("max_age") is not None:
+            task.checks.append(check_expiry)
 
 
 def max_age_of(job: Job) -> float | None:
     """The call's ``max_age`` (per-call option first, then the task's), in seconds."""
-    return job.envelope.max_age or job.task.controls.max_age
+    return job.envelope.max_age or job.task.controls.get("max_age")
 
 
-def expired_completion(runner: Runner, job: Job, age: float, max_age: float) -> Completion:
+def expired_completion(worker: WorkerContext, job: Job, age: float, max_age: float) -> Completion:
     """Completion acking ``job`` with an ``expired`` record and, if wanted, a dead letter."""
     env, d = job.envelope, job.delivery
     now = time.time()
     error = f"waited {age:.3f} s before it could start, over its max_age of {max_age} s"
     record = records.expired(
         env.id, env.task, d.queue, max(0, job.attempt - 1), env.created_at, now,
-        runner.worker.id, error,
+        worker.worker_id, error,
     )  # fmt: skip
     dead = (
         DeadLetterFields(d.payload, "expired", error, env.task, d.queue, now)
         if job.task.dead_letter
         else None
     )
-    return Completion(
-        d.queue, d.token, env.id, record, runner.worker.queue.result_ttl, dead_letter=dead
-    )
+    return Completion(d.queue, d.token, env.id, record, worker.result_ttl, dead_letter=dead)
 
 
-async def check_expiry(runner: Runner, job: Job) -> Completion | None:
+async def check_expiry(worker: WorkerContext, job: Job) -> Completion | None:
     """Start check: ``None`` to start, or the expired completion (finishers applied)."""
     max_age = max_age_of(job)
     created = job.envelope.created_at
@@ -57,7 +73,7 @@ async def check_expiry(runner: Runner, job: Job) -> Completion | None:
     age = time.time() - created
     if age <= max_age:
         return None
-    completion = expired_completion(runner, job, age, max_age)
+    completion = expired_completion(worker, job, age, max_age)
     for finisher in job.task.finishers:  # a final state: free unique keys and the like
         completion = finisher(job, completion, True, None)
     return completion

@@ -15,28 +15,70 @@ The key is freed (only while it still holds this task's id):
   completion (succeeded, failed, dead-lettered, cancelled, expired);
 - in any case after ``unique_ttl`` seconds (plus the delay of a delayed call), so a crashed
   worker or a lost message never keeps it forever.
+
+The options are declared by the built-in middleware :class:`Unique`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 
-from .broker import Completion
-from .broker.ops import UniqueRelease
-from .exceptions import ConfigurationError
-from .serialization import dumps, encode_envelope
+from ..broker import Completion
+from ..broker.ops import UniqueRelease
+from ..exceptions import ConfigurationError
+from ..options import Option, positive_seconds
+from ..serialization import dumps, encode_envelope
+from .middleware import Middleware
 
 if TYPE_CHECKING:
-    from .hooks import Outgoing
-    from .queue import Queue
-    from .serialization import Envelope
-    from .task import Task
-    from .worker.execution import Job
-    from .worker.runner import Runner
+    from collections.abc import Mapping
+
+    from ..options import TaskOptions
+    from ..queue import Queue
+    from ..serialization import Envelope
+    from ..task import Task
+    from ..worker.execution import Job
+    from .middleware import Outgoing, WorkerContext
+
+#: Default seconds a unique key is held at most (a crashed run cannot keep it longer).
+DEFAULT_UNIQUE_TTL = 3600.0
+
+
+def _until(label: str, value: Any) -> str:
+    if value not in ("start", "completion"):
+        raise ConfigurationError(f"{label} must be 'start' or 'completion', got {value!r}")
+    return str(value)
+
+
+def _ttl(label: str, value: Any) -> float:
+    return positive_seconds(label, value) or DEFAULT_UNIQUE_TTL
+
+
+class Unique(Middleware):
+    """Built-in middleware of the ``unique``, ``unique_until`` and ``unique_ttl`` options
+    (see the module docstring)."""
+
+    task_options: ClassVar[Mapping[str, Option]] = {
+        "unique": Option(False, lambda label, value: bool(value)),
+        "unique_until": Option("completion", _until),
+        "unique_ttl": Option(DEFAULT_UNIQUE_TTL, _ttl),
+    }
+
+    def setup_task(self, task: Task[Any, Any], options: TaskOptions) -> None:
+        """Add the key's release (at start or with the final completion) to a unique task,
+        and the claiming enqueue filter to its queue (once)."""
+        if not options.get("unique"):
+            return
+        if options.get("unique_until") == "start":
+            task.checks.append(release_at_start)
+        task.finishers.append(release_when_final)
+        filters = task.owner.enqueue_filters
+        if unique_filter not in filters:
+            filters.append(unique_filter)
 
 
 def canonical_key(name: str, args: list[Any], kwargs: dict[str, Any]) -> str:
@@ -66,7 +108,7 @@ async def unique_filter(queue: Queue, batch: list[Outgoing]) -> None:
     for out in batch:
         env = out.envelope
         task = out.task
-        if task is None or not task.controls.unique:
+        if task is None or not task.controls.get("unique"):
             if env.unique_key is not None:
                 raise ConfigurationError(
                     f"unique_key= needs a task registered with unique=True ({env.task})"
@@ -77,7 +119,7 @@ async def unique_filter(queue: Queue, batch: list[Outgoing]) -> None:
                 env, unique_key=canonical_key(env.task, env.args, env.kwargs)
             )
             out.data = encode_envelope(env, queue.max_message_size)
-        ttl = task.controls.unique_ttl
+        ttl: float = task.controls.get("unique_ttl")
         if out.due is not None:
             ttl += max(0.0, out.due - now)
         claims.append((broker_key(env), env.id, ttl))
@@ -94,7 +136,7 @@ def _release_op(env: Envelope) -> UniqueRelease:
     return UniqueRelease(broker_key(env), env.id)
 
 
-async def release_at_start(runner: Runner, job: Job) -> Completion | None:
+async def release_at_start(worker: WorkerContext, job: Job) -> Completion | None:
     """Start check of ``unique_until="start"``: free the key as the task starts.
 
     The release travels with the next group commit (no extra round trip here), fenced by
@@ -102,9 +144,7 @@ async def release_at_start(runner: Runner, job: Job) -> Completion | None:
     """
     env, d = job.envelope, job.delivery
     if env.unique_key is not None:
-        runner.flusher.add(
-            Completion(d.queue, None, env.id, ops=(_release_op(env),), fence=d.token)
-        )
+        worker.write(Completion(d.queue, None, env.id, ops=(_release_op(env),), fence=d.token))
     return None
 
 
@@ -116,13 +156,3 @@ def release_when_final(
     if final and env.unique_key is not None:
         completion.ops = (*completion.ops, _release_op(env))
     return completion
-
-
-def install_unique(task: Task[Any, Any], until: str) -> None:
-    """Hook unique handling into ``task`` and its queue (filter added once per queue)."""
-    if until == "start":
-        task.checks.append(release_at_start)
-    task.finishers.append(release_when_final)
-    filters = task.owner.enqueue_filters
-    if unique_filter not in filters:
-        filters.append(unique_filter)

@@ -5,9 +5,11 @@ call's arguments (bound with the function's signature, so positional and keyword
 and defaults all work). ``lock_limit=1`` is a mutex, ``N`` a semaphore; tasks using the same
 key share it.
 
+The options are declared by the built-in middleware :class:`Locks`.
+
 - A start check (:meth:`LockSpec.acquire`) takes a place atomically in the broker: a sorted
   set of holders scored by lease expiry; expired holders are dropped first. A task that gets
-  no place is put back on the schedule (``Runner.reschedule``) for a short wait: it holds no
+  no place is put back on the schedule (``WorkerContext.reschedule``) for a short wait: it holds no
   slot and spends no attempt.
 - A finisher (:func:`release_lock`) gives the place back with the completion of every
   attempt (success, failure, retry, timeout, requeue at shutdown). A thread that passed its
@@ -29,16 +31,21 @@ import time
 import uuid
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from .broker import Completion
-from .broker.ops import LockRelease
-from .exceptions import BrokerError, ConfigurationError
+from ..broker import Completion
+from ..broker.ops import LockRelease
+from ..exceptions import BrokerError, ConfigurationError
+from ..options import Option, positive_seconds
+from .middleware import Middleware
 
 if TYPE_CHECKING:
-    from .task import Task
-    from .worker.execution import Job
-    from .worker.runner import Runner
+    from collections.abc import Mapping
+
+    from ..options import TaskOptions
+    from ..task import Task
+    from ..worker.execution import Job
+    from .middleware import WorkerContext
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -48,6 +55,37 @@ RETRY_CEILING = 0.2
 RETRY_FLOOR = 0.02
 
 _FIELD = re.compile(r"[^.\[]*")
+
+
+def _limit(label: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"{label} must be an int >= 1, got {value!r}")
+    return value
+
+
+class Locks(Middleware):
+    """Built-in middleware of the ``lock``, ``lock_limit`` and ``lock_ttl`` options (see the
+    module docstring)."""
+
+    task_options: ClassVar[Mapping[str, Option]] = {
+        "lock": Option(None),
+        "lock_limit": Option(1, _limit),
+        "lock_ttl": Option(None, positive_seconds),
+    }
+
+    def setup_task(self, task: Task[Any, Any], options: TaskOptions) -> None:
+        """Check the lock template against the task's parameters; add the acquiring start
+        check and the releasing finisher.
+
+        Raises:
+            ConfigurationError: see :meth:`LockSpec.parse`.
+        """
+        template = options.get("lock")
+        if template is None:
+            return
+        spec = LockSpec.parse(task, template, options.get("lock_limit"), options.get("lock_ttl"))
+        task.checks.append(spec.acquire)
+        task.finishers.append(release_lock)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,21 +143,21 @@ class LockSpec:
         bound.apply_defaults()
         return self.template.format(**bound.arguments)
 
-    async def acquire(self, runner: Runner, job: Job) -> Completion | None:
+    async def acquire(self, worker: WorkerContext, job: Job) -> Completion | None:
         """Start check: take a place, or put the task back on the schedule for a short wait."""
         env = job.envelope
         try:
             key = self.key(env.args, env.kwargs)
         except (TypeError, LookupError, AttributeError, ValueError):
             return None  # a call that does not fit: it fails on its own when run
-        lease = self.ttl or runner.worker.queue.visibility_timeout
+        lease = self.ttl or worker.visibility_timeout
         holder = holder_of(job)
-        wait = await runner.broker.acquire_lock(key, holder, self.limit, lease)
+        wait = await worker.broker.acquire_lock(key, holder, self.limit, lease)
         if wait <= 0:
-            _keeper(runner).hold(job, key, holder, lease)
+            _keeper(worker).hold(job, key, holder, lease)
             return None
         delay = min(max(wait, RETRY_FLOOR), RETRY_CEILING) * random.uniform(0.7, 1.3)
-        return runner.reschedule(job, delay)
+        return worker.reschedule(job, delay)
 
 
 def holder_of(job: Job) -> str:
@@ -136,10 +174,10 @@ def holder_of(job: Job) -> str:
 
 
 class _Keeper:
-    """Renews the lock leases of one runner's running tasks, in one call per round."""
+    """Renews the lock leases of one worker's running tasks, in one call per round."""
 
-    def __init__(self, runner: Runner) -> None:
-        self.runner = runner
+    def __init__(self, worker: WorkerContext) -> None:
+        self.worker = worker
         self.held: dict[Job, tuple[str, str, float, float]] = {}
         self.loop_task: asyncio.Task[None] | None = None
         self.idle = asyncio.Event()  # set when nothing is held: the renewal loop ends
@@ -180,7 +218,7 @@ class _Keeper:
                     self.drop(job)
             if items:
                 try:
-                    await self.runner.broker.renew_locks(items)
+                    await self.worker.broker.renew_locks(items)
                 except BrokerError as exc:
                     logger.warning("lock lease renewal failed: %s", exc)
 
@@ -191,21 +229,19 @@ class _Keeper:
             entry = self.drop(job)
             if entry is not None:
                 op = LockRelease(entry[0], entry[1])
-                self.runner.flusher.add(
-                    Completion(job.delivery.queue, None, job.envelope.id, ops=(op,))
-                )
+                self.worker.write(Completion(job.delivery.queue, None, job.envelope.id, ops=(op,)))
 
         handle.add_done_callback(done)
 
 
-_KEEPERS: weakref.WeakKeyDictionary[Runner, _Keeper] = weakref.WeakKeyDictionary()
+_KEEPERS: weakref.WeakKeyDictionary[WorkerContext, _Keeper] = weakref.WeakKeyDictionary()
 _OWNERS: dict[Job, _Keeper] = {}
 
 
-def _keeper(runner: Runner) -> _Keeper:
-    keeper = _KEEPERS.get(runner)
+def _keeper(worker: WorkerContext) -> _Keeper:
+    keeper = _KEEPERS.get(worker)
     if keeper is None:
-        keeper = _KEEPERS[runner] = _Keeper(runner)
+        keeper = _KEEPERS[worker] = _Keeper(worker)
     return keeper
 
 

@@ -1,0 +1,33 @@
+"""The one extension mechanism: middleware (which declares the per-task options it handles)
+with signals as a thin observer layer on it, and the built-in middleware.
+
+- :mod:`.middleware`: the :class:`~.middleware.Middleware` base, its extension points and the
+  narrow :class:`~.middleware.WorkerContext` the worker exposes to it;
+- :mod:`.registry`: a Queue's registered middleware and signal handlers, run by the producer
+  and the worker;
+- :mod:`.signals`: the signals;
+- built-in middleware, in the order their start checks run: :mod:`.expiry` (``max_age``),
+  :mod:`.locks` (``lock``), :mod:`.unique` (``unique``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .middleware import Middleware
+
+
+@functools.cache
+def builtin_middleware() -> tuple[Middleware, ...]:
+    """The built-in middleware, one instance each, in the order their start checks run (an
+    expired task takes no lock; a locked-out task keeps its unique key until it starts)."""
+    from .expiry import Expiry
+    from .locks import Locks
+    from .unique import Unique
+
+    return (Expiry(), Locks(), Unique())
+
+
+__all__ = ["builtin_middleware"]

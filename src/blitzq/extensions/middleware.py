@@ -1,0 +1,301 @@
+"""Middleware: code that runs around every enqueue and every task run of a Queue.
+
+Subclass :class:`Middleware`, override the hooks you need and register an instance with
+``queue.add_middleware(m)``. Hooks are coroutines (a plain ``def`` works too):
+
+==============================================  ===============================================
+hook                                            when
+==============================================  ===============================================
+``before_enqueue(message)``                     producer, before a message is published; raise
+                                                to refuse the enqueue (nothing is published)
+``after_enqueue(message)``                      producer, after it was published
+``before_execute(context)``                     worker, before the task body starts
+``after_execute(context, result)``              worker, after a run returned ``result``
+``on_error(context, exc)``                      worker, after a run failed (each attempt)
+``on_retry(context, exc, delay)``               worker, after ``on_error`` when the task will be
+                                                retried in ``delay`` seconds
+==============================================  ===============================================
+
+``message`` is an :class:`Outgoing` (``message.envelope`` has the id, task name,
+queue, args, kwargs and headers; ``message.due`` is the Unix time it becomes due or ``None``).
+A before-enqueue hook may replace ``message.envelope`` (``msgspec.structs.replace(env,
+headers=...)``) to change the arguments or headers; the message is then re-encoded. ``context``
+is the run's :class:`~blitzq.TaskContext` (the same object ``current_task()`` returns inside
+the task).
+
+Order: ``before_*`` hooks run in registration order, ``after_*``, ``on_error`` and
+``on_retry`` in reverse order (the first middleware registered wraps all others).
+
+Errors:
+
+- ``before_enqueue`` raising refuses the whole enqueue call (all messages of an
+  ``enqueue_many``): a :class:`~blitzq.BlitzQError` (such as :class:`EnqueueRefused`)
+  propagates as it is, any other exception is wrapped in :class:`EnqueueRefused` naming the
+  middleware and the task.
+- ``before_execute`` raising fails the attempt with that exception without running the task
+  body (the retry policy applies; ``on_error`` hooks run as for any failure).
+- ``after_enqueue``, ``after_execute``, ``on_error`` and ``on_retry`` raising is logged
+  (logger ``blitzq.middleware``) and changes nothing: the enqueue succeeds, the worker goes on.
+
+Every run whose before-execute hooks ran ends with exactly one call of either ``after_execute``
+(success) or ``on_error`` (failure, timeout, cancellation, or being put back on the queue at
+worker shutdown).
+
+Sync tasks (``executor="thread"`` or ``"process"``): ``before_execute`` runs on the worker's
+event loop, as a coroutine, before the call is submitted to the thread or process pool; the
+after-hooks run on the loop too, after the call returned. After-hooks and signal handlers run
+after the run's completion was handed to the writer, concurrently with it: they never delay
+the acknowledgement, and cannot change the stored result.
+
+A Queue without middleware and signal handlers pays nothing: the worker checks one boolean
+per run.
+
+Per-task options: a middleware declares the options of ``@queue.task(...)`` it handles in
+:attr:`Middleware.task_options` (name → :class:`~blitzq.options.Option`: default and check);
+:func:`blitzq.options.build_options` checks each value once with the declaring middleware's
+check and rejects an option nobody declares (:class:`~blitzq.ConfigurationError`), and
+:meth:`Middleware.setup_task` then plugs the middleware into each task that uses it. The
+built-in middleware (:mod:`blitzq.extensions.expiry`, :mod:`~blitzq.extensions.locks`,
+:mod:`~blitzq.extensions.unique`) work this way, through the per-task extension points below
+and the narrow :class:`WorkerContext` the worker exposes (see docs/architecture.md, "Adding a
+per-task option"):
+
+- **start checks** (``task.checks``, :class:`StartCheck`): awaited before a task starts; one
+  returns ``None`` to let it start, or a completion that ends this delivery instead (e.g.
+  :meth:`WorkerContext.reschedule`: back on the schedule, no attempt spent, no slot held);
+- **finishers** (``task.finishers``, :class:`Finisher`): called with every completion of the
+  task before it is written; one may add atomic operations (``Completion.ops``);
+- **enqueue filters / observers** (``queue.enqueue_filters`` / ``enqueue_observers``): see a
+  batch of :class:`Outgoing` messages before / after it is published.
+
+A task or queue without any of these pays nothing for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+
+from ..exceptions import BlitzQError
+
+if TYPE_CHECKING:
+    from ..broker import Broker, Completion
+    from ..context import TaskContext
+    from ..options import Option, TaskOptions
+    from ..queue import Queue
+    from ..serialization import Envelope
+    from ..task import Task
+    from ..worker.execution import Job
+    from .registry import Extensions
+
+
+class EnqueueRefused(BlitzQError):
+    """A before-enqueue middleware hook refused the enqueue; nothing was published.
+
+    Raise it (or any exception) from :meth:`Middleware.before_enqueue` to refuse.
+    """
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """One message about to be published.
+
+    Attributes:
+        envelope: the decoded message.
+        data: its encoded bytes (re-encode with ``encode_envelope`` after changing
+            ``envelope``).
+        due: Unix time it becomes due by the producer's clock (an estimate for filters and
+            observers), or ``None`` for now. What decides is the broker's clock: see
+            ``delay``.
+        task: the registered task, or ``None`` for ``queue.send`` of an unknown name.
+        existing_id: set by a filter to the id of an existing task this one duplicates; the
+            message is then not published and the caller's handle points at that task.
+        delay: for a ``delay=``, its seconds, sent as such so that the broker adds them to
+            its own clock; ``None`` for an absolute ``eta=`` (``due``), which the broker
+            compares with its clock as given.
+    """
+
+    envelope: Envelope
+    data: bytes
+    due: float | None
+    task: Task[Any, Any] | None
+    existing_id: str | None = None
+    delay: float | None = None
+
+
+#: What happened to a run, as the worker's middleware and signals see it.
+OutcomeKind = Literal["succeeded", "failed", "dead_lettered", "retried", "cancelled", "requeued"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The outcome of one run, handed by the worker to the after-hooks and signals.
+
+    Attributes:
+        kind: what the completion written for the run means.
+        error: the run's exception when the worker has it, else ``None`` (the hooks then get
+            an exception made from ``error_type`` and ``error_message``).
+        error_type: qualified type name of the error as stored in the record, or ``None``.
+        error_message: the error's message as stored, or ``None``.
+        delay: seconds until the retry of a ``"retried"`` run, else ``None``.
+    """
+
+    kind: OutcomeKind
+    error: BaseException | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    delay: float | None = None
+
+
+class WorkerContext(Protocol):
+    """What a worker exposes to middleware on its side (start checks, finishers); the
+    runner implements it. Nothing else of the worker is theirs to reach.
+
+    Attributes:
+        worker_id: id of the worker (written in records).
+        broker: the worker's broker (lock, rate and unique operations).
+        result_ttl: seconds task records live.
+        visibility_timeout: seconds a delivery's lease lasts (the default lock lease).
+    """
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def result_ttl(self) -> int: ...
+
+    @property
+    def visibility_timeout(self) -> float: ...
+
+    def reschedule(self, job: Job, delay: float, reserved: bool | None = None) -> Completion:
+        """Completion putting ``job`` back on the schedule for ``delay`` seconds, unstarted
+        (attempt unchanged, no slot held while it waits)."""
+        ...
+
+    def write(self, completion: Completion) -> None:
+        """Hand ``completion`` to the worker's writer (written with the next group commit)."""
+        ...
+
+
+class StartCheck(Protocol):
+    """A coroutine awaited before a task starts: ``None`` to let it start, else the
+    completion that ends this delivery instead."""
+
+    async def __call__(self, worker: WorkerContext, job: Job) -> Completion | None: ...
+
+
+class Finisher(Protocol):
+    """Called with each completion of a task before it is written.
+
+    Args:
+        job: the delivery that ended.
+        completion: what will be written.
+        final: whether the task reached a final state (succeeded, failed, dead-lettered,
+            cancelled) rather than a retry, a requeue or a reschedule.
+        error: the exception of a failed attempt, else ``None``.
+    """
+
+    def __call__(
+        self, job: Job, completion: Completion, final: bool, error: BaseException | None
+    ) -> Completion: ...
+
+
+class EnqueueFilter(Protocol):
+    """A coroutine that sees each batch before it is published; it may raise to refuse the
+    enqueue, or set ``Outgoing.existing_id`` to mark a duplicate."""
+
+    async def __call__(self, queue: Queue, batch: list[Outgoing]) -> None: ...
+
+
+class EnqueueObserver(Protocol):
+    """Called with each batch that was published (duplicates left out)."""
+
+    async def __call__(self, queue: Queue, batch: list[Outgoing]) -> None: ...
+
+
+class Middleware:
+    """Base class of middleware; every hook does nothing unless overridden.
+
+    See the module docstring for when each hook runs, their order and error handling.
+
+    Attributes:
+        task_options: the per-task options (of ``@queue.task``) this middleware handles:
+            name → :class:`~blitzq.options.Option` (default and check). Declared once on the
+            class; see :func:`blitzq.options.build_options`. Those of the built-in
+            middleware (:func:`blitzq.extensions.builtin_middleware`) are what
+            ``@queue.task`` accepts; its keywords are the public API, so a new option is also
+            named in its signature.
+    """
+
+    task_options: ClassVar[Mapping[str, Option]] = {}
+
+    def setup_task(self, task: Task[Any, Any], options: TaskOptions) -> None:
+        """Called once per registered task with its checked options: plug this
+        middleware's start checks and finishers into the tasks that use its options.
+
+        Args:
+            task: the task being registered (``task.checks``, ``task.finishers``,
+                ``task.owner.enqueue_filters`` may be extended).
+            options: the task's options; ``options.get(name)`` for this middleware's own.
+
+        Raises:
+            ConfigurationError: an option value that does not fit the task.
+        """
+
+    async def before_enqueue(self, message: Outgoing) -> None:
+        """Before ``message`` is published; raise to refuse the enqueue.
+
+        Args:
+            message: the outgoing message (``message.envelope`` may be replaced).
+        """
+
+    async def after_enqueue(self, message: Outgoing) -> None:
+        """After ``message`` was published (errors are logged, not raised)."""
+
+    async def before_execute(self, context: TaskContext) -> None:
+        """Before the task body runs; raising fails the attempt with that exception.
+
+        Args:
+            context: the run's :class:`~blitzq.TaskContext` (id, task name, queue, attempt,
+                headers).
+        """
+
+    async def after_execute(self, context: TaskContext, result: Any) -> None:
+        """After a successful run that returned ``result`` (errors are logged)."""
+
+    async def on_error(self, context: TaskContext, exc: BaseException) -> None:
+        """After a failed run (each attempt), with the exception (errors are logged).
+
+        ``exc`` is the task's exception; a :class:`~blitzq.TaskTimeout` for a timeout, a
+        :class:`~blitzq.TaskCancelled` for a cancellation, ``asyncio.CancelledError`` for a
+        run put back on its queue at shutdown, or a :class:`~blitzq.TaskFailed` describing
+        the stored error when the exception object is not available.
+        """
+
+    async def on_retry(self, context: TaskContext, exc: BaseException, delay: float) -> None:
+        """After :meth:`on_error` when the task will run again in ``delay`` seconds."""
+
+
+def hooks_of(queue: Any) -> Extensions:
+    """The middleware registry (:class:`~blitzq.extensions.registry.Extensions`) of
+    ``queue``."""
+    extensions: Extensions = queue._extensions
+    return extensions
+
+
+__all__ = [
+    "EnqueueFilter",
+    "EnqueueObserver",
+    "EnqueueRefused",
+    "Finisher",
+    "Middleware",
+    "Outcome",
+    "Outgoing",
+    "StartCheck",
+    "WorkerContext",
+    "hooks_of",
+]

@@ -1,0 +1,294 @@
+"""The middleware registry of one Queue (``queue._extensions``) and the calls that run it.
+
+The producer reaches it through the queue's enqueue filter and observer it installs; the
+worker through four calls, in this order per run: :meth:`Extensions.context_for`,
+:meth:`~Extensions.before_execute` (when any middleware has a before-execute hook),
+:meth:`~Extensions.started`, and :meth:`~Extensions.committed` with the run's typed
+:class:`~blitzq.extensions.middleware.Outcome`. It never calls back into the worker. Signals
+(:mod:`blitzq.extensions.signals`) are emitted from here, after the middleware hooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..context import TaskContext, reset_current, set_current
+from ..exceptions import BlitzQError, TaskCancelled, TaskFailed, TaskTimeout, describe_error
+from ..serialization import encode_envelope
+from .middleware import EnqueueRefused, Middleware
+from .signals import Signal, SignalEvent, Signals
+
+if TYPE_CHECKING:
+    from ..queue import Queue
+    from ..worker.execution import Job
+    from .middleware import EnqueueFilter, EnqueueObserver, Outcome, Outgoing
+
+logger = logging.getLogger("blitzq.middleware")
+
+_HOOK_NAMES = (
+    "before_enqueue",
+    "after_enqueue",
+    "before_execute",
+    "after_execute",
+    "on_error",
+    "on_retry",
+)
+
+
+def _overrides(m: Middleware, name: str) -> bool:
+    return getattr(type(m), name) is not getattr(Middleware, name)
+
+
+async def _call(hook: Callable[..., Any], *args: Any) -> None:
+    outcome = hook(*args)
+    if inspect.isawaitable(outcome):
+        await outcome
+
+
+def _owner(hook: Callable[..., Any]) -> str:
+    owner = getattr(hook, "__self__", None)
+    return type(owner).__name__ if owner is not None else getattr(hook, "__qualname__", "hook")
+
+
+class Extensions:
+    """Middleware and signal handlers of one Queue, and the calls that run them.
+
+    Args:
+        queue: the owning Queue (its enqueue filters and observers get the producer hooks).
+
+    Attributes:
+        middleware: registered middleware, in registration order.
+        signals: the Queue's signal handlers.
+        enabled: whether runs need the execution hooks at all (middleware with execution
+            hooks, or signal handlers): the one boolean the worker checks per run.
+        has_before: whether any middleware has a ``before_execute`` hook.
+    """
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.middleware: list[Middleware] = []
+        self.signals = Signals(self._refresh)
+        self.enabled = False
+        self.has_before = False
+        self._hooks: dict[str, list[Callable[..., Any]]] = {name: [] for name in _HOOK_NAMES}
+        self._filter_installed = False
+        self._observer_installed = False
+
+    # ----------------------------------------------------------- registration
+    def add(self, middleware: Middleware) -> None:
+        """Register ``middleware`` after those already registered.
+
+        Raises:
+            TypeError: ``middleware`` is not a :class:`Middleware`.
+        """
+        if not isinstance(middleware, Middleware):
+            raise TypeError(f"expected a blitzq.Middleware instance, got {middleware!r}")
+        self.middleware.append(middleware)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        for name in _HOOK_NAMES:
+            ordered = self.middleware if name.startswith("before") else self.middleware[::-1]
+            self._hooks[name] = [getattr(m, name) for m in ordered if _overrides(m, name)]
+        hooks = self._hooks
+        self.has_before = bool(hooks["before_execute"])
+        self.enabled = bool(self.signals) or any(
+            hooks[n] for n in ("before_execute", "after_execute", "on_error", "on_retry")
+        )
+        queue = self.queue
+        if hooks["before_enqueue"] and not self._filter_installed:
+            # First, so a refusal comes before any other filter claims anything.
+            enqueue_filter: EnqueueFilter = self._filter
+            queue.enqueue_filters.insert(0, enqueue_filter)
+            self._filter_installed = True
+        if (
+            hooks["after_enqueue"] or self.signals.has(Signal.TASK_ENQUEUED)
+        ) and not self._observer_installed:
+            observer: EnqueueObserver = self._observe
+            queue.enqueue_observers.append(observer)
+            self._observer_installed = True
+
+    # ---------------------------------------------------------------- enqueue
+    async def _filter(self, queue: Queue, batch: list[Outgoing]) -> None:
+        hooks = self._hooks["before_enqueue"]
+        for out in batch:
+            if out.existing_id is not None:
+                continue
+            for hook in hooks:
+                env = out.envelope
+                try:
+                    await _call(hook, out)
+                except BlitzQError:
+                    raise
+                except Exception as exc:
+                    raise EnqueueRefused(
+                        f"middleware {_owner(hook)} refused to enqueue task {env.task} "
+                        f"({env.id}): {type(exc).__name__}: {exc}"
+                    ) from exc
+                if out.envelope is not env:
+                    out.data = encode_envelope(out.envelope, queue.max_message_size)
+
+    async def _observe(self, queue: Queue, batch: list[Outgoing]) -> None:
+        hooks = self._hooks["after_enqueue"]
+        signals = self.signals
+        emit = signals.has(Signal.TASK_ENQUEUED)
+        for out in batch:
+            for hook in hooks:
+                try:
+                    await _call(hook, out)
+                except Exception:
+                    logger.exception("middleware %s.after_enqueue failed", _owner(hook))
+            if emit:
+                env = out.envelope
+                await signals.emit(
+                    Signal.TASK_ENQUEUED,
+                    SignalEvent(
+                        Signal.TASK_ENQUEUED,
+                        env.id,
+                        env.task,
+                        env.queue,
+                        env.attempt,
+                        extra={"due": out.due} if out.due is not None else {},
+                    ),
+                )
+
+    # -------------------------------------------------------------- execution
+    @staticmethod
+    def context_for(job: Job) -> TaskContext:
+        """Make the run's :class:`~blitzq.TaskContext` (``job.context``) before its hooks."""
+        env, d = job.envelope, job.delivery
+        context = job.context = TaskContext(
+            env.id, env.task, d.queue, job.attempt, job.task.max_attempts,
+            env.correlation_id, env.headers,
+        )  # fmt: skip
+        return context
+
+    async def before_execute(self, job: Job) -> BaseException | None:
+        """Run the before-execute hooks with ``job.context`` current; return the exception
+        of the hook that refused the run (it fails the attempt), else ``None``.
+
+        Raises:
+            asyncio.CancelledError: cancelled (worker shutdown); the run must not start.
+        """
+        context = job.context
+        assert context is not None
+        token = set_current(context)
+        hook: Callable[..., Any] | None = None
+        try:
+            for hook in self._hooks["before_execute"]:
+                await _call(hook, context)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # SystemExit too: it fails the attempt, not the worker
+            reset_current(token)
+            logger.info(
+                "before_execute of %s refused task %s: %s: %s",
+                _owner(hook) if hook is not None else "hook", context.id, *describe_error(exc),
+            )  # fmt: skip
+            return exc
+        reset_current(token)
+        return None
+
+    def started(self, job: Job, worker_id: str) -> None:
+        """Emit ``TASK_STARTED`` for ``job`` (in the background) if anyone listens."""
+        signals = self.signals
+        if signals.has(Signal.TASK_STARTED):
+            env = job.envelope
+            signals.emit_soon(
+                Signal.TASK_STARTED,
+                SignalEvent(
+                    Signal.TASK_STARTED,
+                    env.id,
+                    env.task,
+                    job.delivery.queue,
+                    job.attempt,
+                    worker=worker_id,
+                ),
+            )
+
+    def committed(
+        self, job: Job, outcome: Outcome, scope: contextvars.Context, worker_id: str
+    ) -> None:
+        """Schedule the after-hooks and the signals of a run's ``outcome`` (run in
+        ``scope``, a copy of the run's context as the task left it), in the background."""
+        task = asyncio.get_running_loop().create_task(
+            self._after(job, outcome, worker_id), context=scope
+        )
+        self.signals.track(task)
+
+    async def _after(self, job: Job, outcome: Outcome, worker_id: str) -> None:
+        from ..worker.execution import NO_RESULT
+
+        env = job.envelope
+        kind = outcome.kind
+        error, error_type, message = outcome.error, outcome.error_type, outcome.error_message
+        if error is None and kind not in ("succeeded", "requeued"):
+            if kind == "cancelled":
+                error = TaskCancelled(env.id, "cancelled", "TaskCancelled", "cancelled by request")
+            elif job.timed_out:
+                error = TaskTimeout(message or f"task {env.task} ran longer than its timeout")
+            else:
+                error = TaskFailed(env.id, kind, error_type, message)
+        elif kind == "requeued":
+            error = asyncio.CancelledError("the worker stopped; the task was put back on its queue")
+        if error is not None and error_type is None and kind != "requeued":
+            error_type, message = describe_error(error)
+        result = job.result
+        if result is NO_RESULT:
+            result = None
+        context = job.context
+        if context is not None:
+            token = set_current(context)
+            try:
+                if kind == "succeeded":
+                    await self._safely("after_execute", context, result)
+                else:
+                    await self._safely("on_error", context, error)
+                    if kind == "retried":
+                        await self._safely("on_retry", context, error, outcome.delay or 0.0)
+            finally:
+                reset_current(token)
+        signals = self.signals
+        for signal in _SIGNALS.get(kind, ()):
+            if signals.has(signal):
+                await signals.emit(
+                    signal,
+                    SignalEvent(
+                        signal,
+                        env.id,
+                        env.task,
+                        job.delivery.queue,
+                        job.attempt,
+                        error=error if kind != "succeeded" else None,
+                        error_type=error_type,
+                        error_message=message,
+                        result=result if kind == "succeeded" else None,
+                        delay=outcome.delay,
+                        worker=worker_id,
+                    ),
+                )
+
+    async def _safely(self, name: str, *args: Any) -> None:
+        for hook in self._hooks[name]:
+            try:
+                await _call(hook, *args)
+            except asyncio.CancelledError:
+                raise
+            except BaseException:  # SystemExit too: logged, the worker goes on
+                logger.exception("middleware %s.%s failed", _owner(hook), name)
+
+
+_SIGNALS: dict[str, tuple[Signal, ...]] = {
+    "succeeded": (Signal.TASK_SUCCEEDED,),
+    "failed": (Signal.TASK_FAILED,),
+    "dead_lettered": (Signal.TASK_FAILED, Signal.TASK_DEAD_LETTERED),
+    "retried": (Signal.TASK_RETRIED,),
+    "cancelled": (Signal.TASK_CANCELLED,),
+}
+
+__all__ = ["Extensions"]

@@ -1,0 +1,194 @@
+"""Signals: named moments in a task's and a worker's life that handlers can follow.
+
+Register a handler with ``@queue.on(Signal.TASK_FAILED)``; it receives one
+:class:`SignalEvent`. Handlers may be plain functions or coroutines. A handler that raises is
+logged (logger ``blitzq.signals``) and never breaks the enqueue or the worker that emitted the
+signal; the other handlers still run.
+
+Where each signal comes from:
+
+- ``TASK_ENQUEUED``: the producer, once per published message (``enqueue``, ``send``,
+  ``enqueue_many``), before the enqueue call returns. Not emitted for retries, periodic
+  dispatches or messages a unique-task filter did not publish.
+- ``TASK_STARTED``: the worker, when a run starts (after the before-execute middleware).
+- ``TASK_SUCCEEDED`` / ``TASK_FAILED`` / ``TASK_RETRIED`` / ``TASK_DEAD_LETTERED`` /
+  ``TASK_CANCELLED``: the worker, from the completion it writes for a run. A dead-lettered
+  task emits ``TASK_FAILED`` and then ``TASK_DEAD_LETTERED``. ``TASK_CANCELLED`` fires when a
+  worker skips or stops a cancelled task (a task cancelled while still on the schedule never
+  reaches a worker and emits nothing).
+- ``WORKER_STARTED`` / ``WORKER_STOPPED``: the worker, after it started fetching and after its
+  shutdown (completions written).
+- ``TASK_EXPIRED`` and ``WORKFLOW_STEP_DONE``: emitted by the expiry and workflow features
+  through :meth:`Signals.emit` / :meth:`Signals.emit_soon`.
+
+Execution signals are emitted after the completion was handed to the writer: handlers run
+concurrently with the write and never delay it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger("blitzq.signals")
+
+
+class Signal(enum.StrEnum):
+    """The signals blitzq emits; see the module docstring for where each comes from."""
+
+    TASK_ENQUEUED = "task_enqueued"
+    TASK_STARTED = "task_started"
+    TASK_SUCCEEDED = "task_succeeded"
+    TASK_FAILED = "task_failed"
+    TASK_RETRIED = "task_retried"
+    TASK_DEAD_LETTERED = "task_dead_lettered"
+    TASK_CANCELLED = "task_cancelled"
+    TASK_EXPIRED = "task_expired"
+    WORKER_STARTED = "worker_started"
+    WORKER_STOPPED = "worker_stopped"
+    WORKFLOW_STEP_DONE = "workflow_step_done"
+
+
+@dataclass(frozen=True, slots=True)
+class SignalEvent:
+    """What a signal handler receives.
+
+    Attributes:
+        signal: the signal emitted.
+        task_id: the task's id (``None`` for worker signals).
+        task: the task's name.
+        queue: the physical queue of the message.
+        attempt: 1-based attempt number of the run (``None`` where no run is involved).
+        error: the exception of a failed, retried or dead-lettered run, when known.
+        error_type: qualified type name of the error (also set when only the stored record
+            knows it).
+        error_message: the error's message.
+        result: the return value of a succeeded run.
+        delay: seconds until the retry of a ``TASK_RETRIED`` run.
+        worker: id of the worker emitting it (``None`` on the producer side).
+        extra: further fields a feature adds (workflow id, step, …).
+        time: Unix time (seconds) the event was made.
+    """
+
+    signal: Signal
+    task_id: str | None = None
+    task: str | None = None
+    queue: str | None = None
+    attempt: int | None = None
+    error: BaseException | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    result: Any = None
+    delay: float | None = None
+    worker: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    time: float = field(default_factory=time.time)
+
+
+#: A signal handler: a plain function or a coroutine function taking the event.
+Handler = Callable[[SignalEvent], "Awaitable[None] | None"]
+
+
+class Signals:
+    """The signal handlers of one Queue (``queue.signals``).
+
+    Args:
+        changed: called after every (dis)connect, so the owner can refresh its flags.
+    """
+
+    def __init__(self, changed: Callable[[], None] | None = None) -> None:
+        self._handlers: dict[Signal, list[Handler]] = {}
+        self._changed = changed
+        self._pending: set[asyncio.Task[None]] = set()
+
+    def connect(self, signal: Signal | str, handler: Handler) -> Handler:
+        """Register ``handler`` for ``signal``; return it unchanged.
+
+        Raises:
+            ValueError: ``signal`` is not a :class:`Signal` (or its value).
+            TypeError: ``handler`` is not callable.
+        """
+        sig = Signal(signal)
+        if not callable(handler):
+            raise TypeError(f"a signal handler must be callable, got {handler!r}")
+        self._handlers.setdefault(sig, []).append(handler)
+        if self._changed is not None:
+            self._changed()
+        return handler
+
+    def disconnect(self, signal: Signal | str, handler: Handler) -> bool:
+        """Remove ``handler`` from ``signal``; return whether it was registered."""
+        handlers = self._handlers.get(Signal(signal))
+        if not handlers or handler not in handlers:
+            return False
+        handlers.remove(handler)
+        if not handlers:
+            del self._handlers[Signal(signal)]
+        if self._changed is not None:
+            self._changed()
+        return True
+
+    def has(self, signal: Signal) -> bool:
+        """Whether any handler is registered for ``signal`` (cheap; check before building an
+        event)."""
+        return signal in self._handlers
+
+    def __bool__(self) -> bool:
+        """Whether any handler is registered at all."""
+        return bool(self._handlers)
+
+    async def emit(self, signal: Signal, event: SignalEvent) -> None:
+        """Call every handler of ``signal`` with ``event``, in registration order.
+
+        Coroutine handlers are awaited. A handler that raises (anything, ``SystemExit``
+        included) is logged and skipped; this method never raises because of a handler
+        (cancellation excepted).
+        """
+        for handler in tuple(self._handlers.get(signal, ())):
+            try:
+                outcome = handler(event)
+                if inspect.isawaitable(outcome):
+                    await outcome
+            except asyncio.CancelledError:
+                raise
+            except BaseException:  # SystemExit too: logged, the emitter goes on
+                logger.exception("signal handler %s for %s failed", _name(handler), signal.value)
+
+    def emit_soon(self, signal: Signal, event: SignalEvent) -> None:
+        """:meth:`emit` from synchronous code on the running event loop: the handlers run in
+        a background task (kept referenced until it ends; :meth:`drain` awaits them).
+
+        Does nothing when ``signal`` has no handler.
+
+        Raises:
+            RuntimeError: no event loop is running in this thread.
+        """
+        if signal not in self._handlers:
+            return
+        self.track(asyncio.get_running_loop().create_task(self.emit(signal, event)))
+
+    def track(self, task: asyncio.Task[None]) -> None:
+        """Keep ``task`` referenced until it ends, so :meth:`drain` can await it."""
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def drain(self, timeout: float = 5.0) -> None:
+        """Wait up to ``timeout`` seconds for handlers still running in the background of
+        the current event loop."""
+        loop = asyncio.get_running_loop()
+        mine = [t for t in self._pending if t.get_loop() is loop]
+        if mine:
+            await asyncio.wait(mine, timeout=timeout)
+
+
+def _name(handler: Callable[..., Any]) -> str:
+    return getattr(handler, "__qualname__", None) or repr(handler)
+
+
+__all__ = ["Handler", "Signal", "SignalEvent", "Signals"]

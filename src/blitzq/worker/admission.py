@@ -1,0 +1,201 @@
+"""Admitting a delivery before it runs: decoding (dead-lettering what cannot run), cancel
+marks, rate limits and the task's start checks.
+
+The common case (no limit, no check, no mark) never comes here: :meth:`Runner.start
+<blitzq.worker.runner.Runner.start>` runs the task at once. Otherwise the start is awaited in
+a task the runner tracks (leased like a running task, handed back at shutdown). A delivery
+that must wait (a rate limit, a lock) goes back on the schedule and frees its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ..broker import Completion, Delivery
+from ..exceptions import BrokerError, SerializationError
+from ..extensions.expiry import checks_with_expiry
+from ..routing import base_queue
+from ..serialization import Envelope, decode_envelope, envelope_head
+from ..task import Task
+from .execution import Job
+from .limiter import Slots
+
+if TYPE_CHECKING:
+    from .runner import Runner
+
+logger = logging.getLogger("blitzq.worker")
+
+_NO_BUCKETS: list[tuple[str, float, float]] = []
+
+#: A rate-limit answer below this many seconds starts the task at once.
+_RATE_SLACK = 0.002
+
+
+def start(runner: Runner, d: Delivery, slots: Slots) -> None:
+    """Begin one delivery that holds one slot of ``slots``."""
+    if len(d.payload) > runner.max_message_size:
+        ident, name = envelope_head(d.payload) or (None, "")
+        reject(runner, d, "message too large", f"{len(d.payload)} bytes", slots, ident, name)
+        return
+    try:
+        env = decode_envelope(d.payload)
+    except SerializationError as exc:
+        # When its id can be read, it is dead-lettered under it with a final record, so
+        # a waiter on its result learns its fate instead of waiting forever.
+        ident, name = envelope_head(d.payload) or (None, "")
+        error = str(exc).removeprefix("malformed message: ")
+        reject(runner, d, "malformed message", error, slots, ident, name)
+        return
+    task = runner.tasks.get(env.task)
+    if task is None:
+        error = f"no task named {env.task!r} is registered in this worker"
+        reject(runner, d, "unknown task", error, slots, env.id, env.task)
+        return
+    if runner.revoked and env.id in runner.revoked:
+        skip_cancelled(runner, Job(d, env, task), slots)
+        return
+    admit(runner, d, env, task, slots)
+
+
+def reject(
+    runner: Runner,
+    d: Delivery,
+    reason: str,
+    error: str,
+    slots: Slots,
+    task_id: str | None = None,
+    task: str = "",
+) -> None:
+    """Dead-letter a message that cannot run (malformed, unknown task, too large)."""
+    logger.warning("dead-lettering message from %s: %s (%s)", d.queue, reason, error)
+    runner.flusher.add(runner.outcomes.rejected(d, reason, error, task_id, task))
+    runner.failed += 1
+    slots.release()
+
+
+def admit(runner: Runner, d: Delivery, env: Envelope, task: Task[Any, Any], slots: Slots) -> None:
+    """Rate limits and start checks when the task has any, then run it."""
+    buckets = buckets_of(runner, task, d.queue) if not env.reserved else None
+    if buckets or task.checks or env.max_age is not None:
+        runner.hold_start(
+            asyncio.ensure_future(start_checked(runner, d, env, task, slots, buckets)), d
+        )
+        return
+    runner.run(Job(d, env, task), slots)
+
+
+def buckets_of(
+    runner: Runner, task: Task[Any, Any], physical: str
+) -> list[tuple[str, float, float]]:
+    """``(key, rate, capacity)`` of the token buckets a start of ``task`` from queue
+    ``physical`` takes a token of (its own limit, then its queue's), cached per pair."""
+    if task.rate_limit is None and not runner.queue_rate_limits:
+        return _NO_BUCKETS  # the common case: no tuple key, no lookup per task
+    cache_key = (task.name, physical)
+    buckets = runner.limits.get(cache_key)
+    if buckets is None:
+        buckets = []
+        if task.rate_limit is not None:
+            limit = task.rate_limit
+            buckets.append((limit.key or task.name, limit.rate, limit.capacity))
+        queue_limit = runner.queue_rate_limits.get(base_queue(physical))
+        if queue_limit is not None:
+            buckets.append((queue_limit.key or "", queue_limit.rate, queue_limit.capacity))
+        runner.limits[cache_key] = buckets
+    return buckets
+
+
+async def start_checked(
+    runner: Runner,
+    d: Delivery,
+    env: Envelope,
+    task: Task[Any, Any],
+    slots: Slots,
+    buckets: list[tuple[str, float, float]] | None,
+) -> None:
+    """Rate limits, then the task's start checks; run, or end this delivery as told.
+
+    A check that cannot reach the broker puts the task back on the schedule for a second.
+    """
+    job = Job(d, env, task)
+    try:
+        completion: Completion | None = None
+        if buckets:
+            completion = await rate_check(runner, job, buckets)
+        checks = task.checks if env.max_age is None else checks_with_expiry(task)
+        for check in checks:
+            if completion is not None:
+                break
+            try:
+                completion = await check(runner, job)
+            except BrokerError as exc:
+                logger.warning("start check of %s failed, retry in 1 s: %s", env.id, exc)
+                completion = runner.reschedule(job, 1.0)
+        if completion is None:
+            runner.run(job, slots)
+            return
+    except Exception:  # a bug must not leak the slot; the lease recovers the message
+        logger.exception("could not start task %s", env.id)
+        slots.release()
+        return
+    runner.flusher.add(completion)
+    slots.release()
+
+
+async def rate_check(
+    runner: Runner, job: Job, buckets: list[tuple[str, float, float]]
+) -> Completion | None:
+    """Ask the token buckets: ``None`` to start now, else a reschedule for the wait."""
+    try:
+        reserved, wait = await runner.broker.acquire_rate(buckets)
+    except BrokerError as exc:
+        logger.warning("rate limit check of %s failed, retry in 1 s: %s", job.envelope.id, exc)
+        reserved, wait = False, 1.0
+    if reserved and wait <= _RATE_SLACK:
+        job.envelope = msgspec.structs.replace(job.envelope, reserved=True)
+        return None
+    return runner.reschedule(job, wait, reserved=reserved)
+
+
+def skip_cancelled(runner: Runner, job: Job, slots: Slots) -> None:
+    """The id has a cancel mark here: confirm it in the broker, then skip the task.
+
+    A task enqueued again under the same explicit id clears the mark in the broker
+    (``reset_tasks``) before it is published, while this worker's copy of the marks may
+    be older: the broker's answer decides. Marks read by one fetch batch share one read.
+    """
+    if runner.marks is None:
+        runner.marks = asyncio.ensure_future(runner.broker.revoked())
+        asyncio.get_running_loop().call_soon(_forget_marks, runner)
+    runner.hold_start(
+        asyncio.ensure_future(_skip_if_marked(runner, job, slots, runner.marks)), job.delivery
+    )
+
+
+def _forget_marks(runner: Runner) -> None:
+    runner.marks = None
+
+
+async def _skip_if_marked(
+    runner: Runner, job: Job, slots: Slots, marks: asyncio.Future[dict[str, float]]
+) -> None:
+    env = job.envelope
+    try:
+        marked = env.id in await asyncio.shield(marks)
+    except Exception as exc:  # the broker unreachable: trust this worker's copy
+        logger.warning("could not confirm the cancel mark of %s: %s", env.id, exc)
+        marked = True
+    if not marked:
+        runner.revoked.pop(env.id, None)
+        try:
+            admit(runner, job.delivery, env, job.task, slots)
+        except Exception:  # as in the fetch loop: the lease recovers the message
+            logger.exception("could not start task %s", env.id)
+            slots.release()
+        return
+    runner.commit(job, runner.outcomes.cancelled(job.delivery, env, job.attempt), cancelled=True)
+    slots.release()

@@ -1,0 +1,196 @@
+"""The end of a run: its slot freed, its completion through the task's finishers to the
+writer, and its typed :class:`~blitzq.extensions.middleware.Outcome` to the middleware and
+signals.
+
+The runner knows what happened to each run (returned, raised, timed out, cancelled, put
+back); :func:`outcome_of` says it as a value, so the after-hooks never read the record back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from .. import records
+from ..broker import Completion
+from ..exceptions import describe_error
+from ..extensions.middleware import Outcome, OutcomeKind
+from .execution import Job, cause_of
+from .executors import unwrap
+from .limiter import Slots
+from .timeouts import forget, thread_returned
+from .timeouts import timeout_error as _timeout_error
+
+if TYPE_CHECKING:
+    from .runner import Runner
+
+logger = logging.getLogger("blitzq.worker")
+
+
+def outcome_of(
+    job: Job, completion: Completion | None, error: BaseException | None, cancelled: bool
+) -> Outcome | None:
+    """What ``completion`` means for ``job``; ``None`` for nothing to report (a reschedule
+    that did not start the task).
+
+    Args:
+        job: the run.
+        completion: what is written for it (``None``: nothing to write, a success).
+        error: the run's exception, or ``None``.
+        cancelled: the completion records a cancellation.
+    """
+    if completion is None:
+        return Outcome("succeeded" if error is None else "failed", error)
+    if completion.requeue is not None:
+        return Outcome("requeued")
+    if completion.reschedule is not None:
+        if error is None and not job.timed_out:
+            return None
+        error_type = message = None
+        if completion.record is not None and error is not None:
+            error_type, message = describe_error(cause_of(error))
+        return Outcome("retried", error, error_type, message, max(0.0, completion.delay))
+    if cancelled:
+        return Outcome("cancelled", None, records.CANCELLED_TYPE, records.CANCELLED_MESSAGE)
+    failed = error if error is not None else job.encode_error
+    if completion.dead_letter is None and failed is None:
+        return Outcome("succeeded")
+    kind: OutcomeKind = "dead_lettered" if completion.dead_letter is not None else "failed"
+    error_type = message = None
+    if completion.record is not None and failed is not None:
+        error_type, message = describe_error(cause_of(failed))
+    return Outcome(kind, error, error_type, message)
+
+
+def finish(
+    runner: Runner, job: Job, result: Any, error: BaseException | None, retry: bool = True
+) -> None:
+    """Commit the outcome of a run that returned ``result`` or raised ``error``.
+
+    ``retry=False`` fails it at once whatever the retry policy says (a bad call).
+    """
+    outcomes, track_state = runner.outcomes, runner.track_state
+    if error is None:
+        try:
+            completion = outcomes.success(job, result, track_state)
+        except Exception as exc:  # the encoder failed in an unexpected way (a bug)
+            error, retry = exc, False
+        else:
+            job.result = result
+            runner.processed += 1
+    if error is not None:
+        try:
+            completion = outcomes.failure(job, error, retry=retry, track_state=track_state)
+        except Exception:  # a retry policy or encoder that raises: fail without retry
+            logger.exception("could not build the retry of task %s", job.envelope.id)
+            completion = outcomes.failure(job, error, False, track_state)
+        runner.failed += 1
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "task %s %s attempt %d failed: %s: %s",
+                job.envelope.task, job.envelope.id, job.attempt, *describe_error(error),
+            )  # fmt: skip
+    commit(runner, job, completion, error)
+
+
+def commit(
+    runner: Runner,
+    job: Job,
+    completion: Completion | None,
+    error: BaseException | None = None,
+    cancelled: bool = False,
+) -> None:
+    """Hand a job's completion to the flusher, through the task's finishers if any, and its
+    outcome to the middleware and signals when the queue has any.
+
+    ``completion`` may be ``None`` (nothing to write: a fast-mode success without a
+    record); finishers then get a bare one to add their operations to. ``cancelled``: the
+    completion records a cancellation.
+    """
+    finishers = job.task.finishers
+    if finishers:
+        d = job.delivery
+        bare = None
+        if completion is None:
+            completion = bare = Completion(d.queue, d.token, job.envelope.id)
+        final = completion.reschedule is None and completion.requeue is None
+        for finisher in finishers:
+            completion = finisher(job, completion, final, error)
+        if completion is bare and not bare.ops and bare.record is None and d.token is None:
+            completion = None  # the finishers added nothing: still nothing to write
+    if runner.progress.active:  # the run's last progress update goes with its completion
+        completion = runner.progress.finish(job, completion)
+    extensions = runner.hooks
+    if extensions.enabled:
+        outcome = outcome_of(job, completion, error, cancelled)
+        if outcome is not None:
+            # After-hooks see the run's context as the task left it (a copy: a thread task
+            # abandoned after its timeout may still be inside it).
+            scope = job.scope if job.scope is not None else runner.base_context
+            extensions.committed(job, outcome, scope.copy(), runner.worker_id)
+    if completion is not None:
+        runner.flusher.add(completion)
+
+
+def run_ended(runner: Runner, job: Job, slots: Slots, handle: asyncio.Future[Any]) -> None:
+    """The run really ended: free the slot and commit, unless already committed."""
+    if runner.abandoned and job in runner.abandoned:
+        thread_returned(runner, job)  # its slot was freed at the timeout
+        forget(job)
+        if not handle.cancelled():
+            handle.exception()
+        return
+    runner.jobs.discard(job)
+    if job.timer is not None:
+        job.timer.cancel()
+    if job.task.executor == "process" and (runner.killed_processes or runner.reaping):
+        _release_once_reaped(runner, slots)
+    else:
+        slots.release()
+    if job.finished:
+        forget(job)
+        if not handle.cancelled():
+            handle.exception()  # retrieved, so asyncio does not log it as never retrieved
+        return
+    job.finished = True
+    if job.timed_out and handle.cancelled():
+        runner.failed += 1
+        expired = _timeout_error(job)
+        commit(runner, job, runner.outcomes.failure(job, expired), expired)
+    elif job.context is not None and job.context.cancelled:
+        if not handle.cancelled():
+            handle.exception()  # retrieved: a killed process pool's error is expected here
+        cancelled = runner.outcomes.cancelled(job.delivery, job.envelope, job.attempt)
+        commit(runner, job, cancelled, cancelled=True)
+    elif handle.cancelled():
+        # Not cancelled by the worker (that marks the job first): the task cancelled
+        # itself, which counts as a failure rather than a silent requeue loop.
+        finish(runner, job, None, asyncio.CancelledError("the task was cancelled"))
+    else:
+        error = handle.exception()
+        if error is None:
+            finish(runner, job, handle.result(), None)
+        else:
+            finish(runner, job, None, unwrap(error))
+    forget(job)
+
+
+def _release_once_reaped(runner: Runner, slots: Slots) -> None:
+    """Free a process run's slot once the pool processes killed (for it or a sibling
+    in the same pool) have exited: joined in a thread, since a SIGKILLed process may
+    still be exiting when its pool reports it broken."""
+    if runner.killed_processes:
+        killed, runner.killed_processes = runner.killed_processes, []
+
+        def reap() -> None:
+            for process in killed:
+                process.join(10.0)
+
+        runner.reaping = asyncio.ensure_future(asyncio.to_thread(reap))
+    reaping = runner.reaping
+    if reaping is None or reaping.done():
+        runner.reaping = None
+        slots.release()
+    else:
+        reaping.add_done_callback(lambda _: slots.release())
