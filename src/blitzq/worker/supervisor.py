@@ -20,20 +20,15 @@ The supervisor
 - forwards SIGTERM / SIGINT to every worker (a graceful stop), waits for them, SIGKILLs what is
   left ``shutdown_timeout + 5`` seconds after the signal, and exits 0. A second signal kills at
   once;
-- leaves no orphan. Every worker leads its own process group, which its process-pool children
-  join, and the supervisor SIGKILLs the whole group when the worker ends. On Linux every worker
-  gets ``PR_SET_PDEATHSIG = SIGKILL``, so it dies with the supervisor even when the supervisor is
-  SIGKILLed; a small *guard* process (``python -m blitzq.supervisor``) holds the read end of a
-  pipe whose write end only the supervisor holds, learns the process group of each worker
-  through it, and SIGKILLs those groups when the pipe reaches end-of-file, that is when the
-  supervisor is gone, however it went. The guard is what takes the process-pool children of
-  workers down with a SIGKILLed supervisor.
+- leaves no orphan: every worker leads its own process group, which the supervisor SIGKILLs
+  when the worker ends; a worker dies with the supervisor, and a small *guard* process takes
+  the workers' process groups down with a SIGKILLed supervisor (see
+  :mod:`~blitzq.worker.processes`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import json
 import logging
@@ -44,19 +39,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import IO
 
-from .worker.worker import EXIT_RESTART
+from .processes import Guard, _prctl, die_with_parent, group_alive, killpg, signal_name
+from .restarts import RestartBudget
+from .worker import EXIT_RESTART
 
-__all__ = ["RestartBudget", "Supervisor", "die_with_parent", "supervise", "worker_command"]
+__all__ = ["Supervisor", "supervise"]
 
 logger = logging.getLogger("blitzq.supervisor")
 
-#: ``prctl`` option: signal this process gets when the thread that created it exits.
-PR_SET_PDEATHSIG = 1
 #: Exit code of a worker that hit a usage or configuration error (never restarted).
 EXIT_USAGE = 2
 #: Seconds after a stop signal's ``shutdown_timeout`` before workers are SIGKILLed.
@@ -68,100 +62,6 @@ GROUP_GRACE = 1.0
 PLANNED_RESTART_INTERVAL = 1.0
 
 
-@functools.cache
-def _prctl() -> Callable[..., int] | None:
-    """libc's ``prctl`` (Linux only), looked up once, before any fork."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # pragma: no cover - every Linux libc has prctl
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-def die_with_parent(parent_pid: int | None = None, sig: int = signal.SIGKILL) -> bool:
-    """Ask Linux to send ``sig`` to this process when its parent exits (``PR_SET_PDEATHSIG``).
-
-    Safe in a ``preexec_fn`` (after fork, before exec) when the parent called it, or
-    :func:`_prctl`, once before forking, and as the ``initializer`` of a process pool. The
-    signal follows the *thread* that created the process: create children from a thread that
-    lives as long as the parent (the main thread).
-
-    Args:
-        parent_pid: pid of the expected parent; if this process already has another parent
-            (the parent died before the call), it exits at once with code 1.
-        sig: the signal number (default SIGKILL).
-
-    Returns:
-        Whether the request was made (``False`` on systems other than Linux).
-    """
-    prctl = _prctl()
-    if prctl is None:
-        return False
-    prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
-    if parent_pid is not None and os.getppid() != parent_pid:
-        os._exit(1)
-    return True
-
-
-def worker_command(
-    app: str,
-    *,
-    queues: str | None = None,
-    concurrency: int = 100,
-    shutdown_timeout: float = 30.0,
-    log_level: str = "info",
-    log_format: str = "text",
-    redis_url: str | None = None,
-    namespace: str | None = None,
-    mode: str | None = None,
-    json_output: bool = False,
-    extra: Sequence[str] = (),
-) -> list[str]:
-    """The argv of one single-worker process: ``python -m blitzq worker APP … --workers 1``.
-
-    Args:
-        app: ``MODULE:ATTR`` of the application's Queue.
-        queues: ``-Q`` value (comma-separated names) or ``None``.
-        concurrency: ``-c`` value.
-        shutdown_timeout: ``--shutdown-timeout`` in seconds.
-        log_level, log_format: the logging options.
-        redis_url, namespace, mode: global options typed on the supervisor's command line
-            (``None``: not given; the worker inherits the environment instead).
-        json_output: pass ``--json``.
-        extra: more options appended as they are (e.g. ``["--scheduler"]``).
-    """
-    argv = [
-        sys.executable,
-        "-m",
-        "blitzq",
-        "worker",
-        app,
-        "--workers",
-        "1",
-        "--concurrency",
-        str(concurrency),
-        "--shutdown-timeout",
-        repr(float(shutdown_timeout)),
-        "--log-level",
-        log_level,
-        "--log-format",
-        log_format,
-    ]
-    if queues is not None:
-        argv += ["--queues", queues]
-    for option, value in (("--redis-url", redis_url), ("--namespace", namespace), ("--mode", mode)):
-        if value is not None:
-            argv += [option, value]
-    if json_output:
-        argv.append("--json")
-    argv += extra
-    return argv
-
-
 def supervise(
     command: Sequence[str], workers: int, shutdown_timeout: float, json_output: bool = False
 ) -> int:
@@ -171,7 +71,7 @@ def supervise(
     ``json_output``), then the supervision until a stop signal.
 
     Args:
-        command: argv of one worker (see :func:`worker_command`).
+        command: argv of one worker (see :func:`~blitzq.worker.processes.worker_command`).
         workers: number of worker processes.
         shutdown_timeout: seconds the workers get to stop gracefully.
         json_output: announce as ``{"event": "supervisor_started", …}``.
@@ -185,42 +85,6 @@ def supervise(
         print(f"blitzq supervisor pid={os.getpid()} workers={workers}")
     sys.stdout.flush()
     return Supervisor(command, workers, shutdown_timeout).run()
-
-
-class RestartBudget:
-    """How many restarts a slot may still make, and how long to wait before each.
-
-    Args:
-        limit: restarts allowed within ``window`` seconds.
-        window: the sliding window in seconds.
-        base_delay: seconds before the first restart of a window; doubles with each restart.
-        max_delay: the longest delay in seconds.
-        clock: monotonic time source (seconds).
-    """
-
-    def __init__(
-        self,
-        limit: int = 5,
-        window: float = 60.0,
-        base_delay: float = 0.25,
-        max_delay: float = 5.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.limit = limit
-        self.window = window
-        self.base_delay = base_delay
-        self.max_delay = max_delay
-        self._clock = clock
-        self._times: list[float] = []
-
-    def next_delay(self) -> float | None:
-        """Record one restart; return the seconds to wait first, or ``None`` when spent."""
-        now = self._clock()
-        self._times = [t for t in self._times if now - t < self.window]
-        if len(self._times) >= self.limit:
-            return None
-        self._times.append(now)
-        return min(self.base_delay * 2.0 ** (len(self._times) - 1), self.max_delay)
 
 
 @dataclass
@@ -285,8 +149,7 @@ class Supervisor:
         #: process groups of ended workers that may still hold members: pgid -> kill time.
         self._groups: dict[int, float] = {}
         self._live_groups: set[int] = set()
-        self._guard: subprocess.Popen[bytes] | None = None
-        self._guard_pipe: IO[bytes] | None = None
+        self._guard = Guard(self.env, lambda: self._live_groups | set(self._groups))
 
     # ------------------------------------------------------------------ public
     def run(self) -> int:
@@ -306,7 +169,7 @@ class Supervisor:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
         previous_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         try:
-            self._start_guard()
+            self._guard.start()
             for slot in self.slots:
                 self._spawn(slot)
             return self._loop(wake_r)
@@ -317,7 +180,7 @@ class Supervisor:
                 signal.signal(sig, handler)
             os.close(wake_r)
             os.close(wake_w)
-            self._stop_guard()
+            self._guard.stop()
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Ask for a graceful stop as if ``sig`` had arrived (call from the supervising thread)."""
@@ -338,7 +201,8 @@ class Supervisor:
                 if not self._stopping and slot.restart_at is not None and now >= slot.restart_at:
                     self._spawn(slot)
             self._sweep_groups(now)
-            self._check_guard()
+            if not self._stopping:
+                self._guard.check()
             if self._stopping:
                 if all(s.proc is None for s in self.slots) and not self._groups:
                     logger.info("supervisor stopped: every worker exited")
@@ -378,12 +242,12 @@ class Supervisor:
         while self._signals:
             sig = self._signals.pop(0)
             if self._stopping:
-                logger.warning("second stop signal (%s): killing the workers now", _name(sig))
+                logger.warning("second stop signal (%s): killing the workers now", signal_name(sig))
                 self._kill_workers()
                 continue
             self._stopping = True
             self._kill_at = time.monotonic() + self.shutdown_timeout + KILL_GRACE
-            logger.info("supervisor got %s: stopping the workers", _name(sig))
+            logger.info("supervisor got %s: stopping the workers", signal_name(sig))
             for slot in self.slots:
                 slot.restart_at = None
                 if slot.proc is not None and slot.proc.poll() is None:
@@ -410,7 +274,7 @@ class Supervisor:
         slot.started_at = time.monotonic()
         slot.pids.append(proc.pid)
         self._live_groups.add(proc.pid)
-        self._tell_guard(f"+{proc.pid}")
+        self._guard.tell(f"+{proc.pid}")
         logger.info("worker slot %d started: pid %d", slot.index, proc.pid)
 
     def _ended(self, slot: _Slot, now: float) -> None:
@@ -421,7 +285,7 @@ class Supervisor:
         self._live_groups.discard(proc.pid)
         # A clean exit shut its pool down; give stragglers (resource tracker) a moment.
         self._groups[proc.pid] = now + (GROUP_GRACE if code == 0 else 0.0)
-        how = f"signal {_name(-code)}" if code < 0 else f"code {code}"
+        how = f"signal {signal_name(-code)}" if code < 0 else f"code {code}"
         if self._stopping:
             logger.info("worker slot %d (pid %d) exited with %s", slot.index, proc.pid, how)
             return
@@ -465,21 +329,21 @@ class Supervisor:
     # ---------------------------------------------------------- process groups
     def _sweep_groups(self, now: float) -> None:
         for pgid, kill_at in list(self._groups.items()):
-            if not _group_alive(pgid):
+            if not group_alive(pgid):
                 del self._groups[pgid]
             elif now >= kill_at:
-                _killpg(pgid)
+                killpg(pgid)
                 del self._groups[pgid]
             else:
                 continue
-            self._tell_guard(f"-{pgid}")
+            self._guard.tell(f"-{pgid}")
 
     def _kill_workers(self) -> None:
         for slot in self.slots:
             if slot.proc is not None:
-                _killpg(slot.proc.pid)
+                killpg(slot.proc.pid)
         for pgid in self._groups:
-            _killpg(pgid)
+            killpg(pgid)
 
     def _kill_everything(self) -> None:
         """Last resort on the way out (also after an exception): nothing may outlive us."""
@@ -490,100 +354,6 @@ class Supervisor:
                     slot.proc.wait(5.0)
                 slot.proc = None
         for pgid in list(self._groups):
-            self._tell_guard(f"-{pgid}")
+            self._guard.tell(f"-{pgid}")
         self._groups.clear()
         self._live_groups.clear()
-
-    # ------------------------------------------------------------------ guard
-    def _start_guard(self) -> None:
-        read_end, write_end = os.pipe()
-        try:
-            self._guard = subprocess.Popen(
-                [sys.executable, "-m", "blitzq.supervisor"],
-                stdin=read_end,
-                process_group=0,
-                env=self.env,
-            )
-        except OSError as exc:
-            os.close(write_end)
-            logger.warning("could not start the guard process: %s", exc)
-            return
-        finally:
-            os.close(read_end)
-        self._guard_pipe = os.fdopen(write_end, "wb", buffering=0)
-        for pgid in sorted(self._live_groups | set(self._groups)):
-            self._tell_guard(f"+{pgid}")
-
-    def _check_guard(self) -> None:
-        if self._guard is not None and self._guard.poll() is not None and not self._stopping:
-            logger.warning("guard process exited with %s: restarting it", self._guard.returncode)
-            self._stop_guard()
-            self._start_guard()
-
-    def _tell_guard(self, line: str) -> None:
-        if self._guard_pipe is None:
-            return
-        try:
-            self._guard_pipe.write(line.encode() + b"\n")
-        except OSError:
-            logger.warning("guard process unreachable")
-            self._guard_pipe = None
-
-    def _stop_guard(self) -> None:
-        pipe, self._guard_pipe = self._guard_pipe, None
-        if pipe is not None:
-            with contextlib.suppress(OSError):
-                pipe.close()
-        guard, self._guard = self._guard, None
-        if guard is not None:
-            try:
-                guard.wait(5.0)
-            except subprocess.TimeoutExpired:
-                guard.kill()
-                guard.wait()
-
-
-def _name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return str(sig)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _killpg(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def _guard_main(stream: IO[bytes]) -> None:
-    """The guard process: track worker process groups; SIGKILL them when ``stream`` ends.
-
-    Lines are ``+PGID`` (a worker group started) and ``-PGID`` (it is gone). End-of-file
-    means the supervisor is gone, however it went.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    groups: set[int] = set()
-    for raw in stream:
-        line = raw.strip()
-        with contextlib.suppress(ValueError):
-            if line.startswith(b"+"):
-                groups.add(int(line[1:]))
-            elif line.startswith(b"-"):
-                groups.discard(int(line[1:]))
-    for pgid in groups:
-        _killpg(pgid)
-
-
-if __name__ == "__main__":
-    _guard_main(sys.stdin.buffer)
