@@ -1,4 +1,4 @@
-"""What users read back about tasks: states, records and dead letters.
+"""What users read back about tasks: states and records (dead letters: :mod:`blitzq.dead_letters`).
 
 This module is the one reader (:class:`TaskRecord`) **and writer** (the builders below) of
 task records: every record blitzq stores, except the one ``recover.lua`` writes for a
@@ -20,8 +20,9 @@ from typing import Any, Final
 
 import msgspec
 
+from .dead_letters import DeadLetter as DeadLetter
 from .exceptions import SerializationError
-from .serialization import _TOO_DEEP, decode_envelope, loads, not_utf8, to_plain
+from .serialization import _TOO_DEEP, loads, not_utf8, to_plain
 
 
 class TaskState(enum.StrEnum):
@@ -141,77 +142,6 @@ class TaskRecord:
             "finished_at": self.finished_at,
             "worker": self.worker,
             "result_stored": self.result_stored,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """One dead-lettered task, as listed by ``queue.dead_letters()``.
-
-    Attributes:
-        id: task id.
-        task: task name ("" when the message could not be decoded).
-        queue: physical queue it came from.
-        reason: why it was dead-lettered ("failed", "malformed message", "unknown task",
-            "max deliveries exceeded", "message too large").
-        error: detail of the last error.
-        failed_at: Unix time in seconds.
-        args, kwargs: the task's arguments when the message decodes, else ``None``.
-        message: the original message bytes.
-        mode: the mode of the queue it came from, where a replay puts it back:
-            ``"reliable"``, ``"fast"``, or ``None`` when unknown (written before blitzq
-            recorded it; a replay then uses the replaying Queue's mode).
-    """
-
-    id: str
-    task: str
-    queue: str
-    reason: str
-    error: str
-    failed_at: float
-    args: list[Any] | None
-    kwargs: dict[str, Any] | None
-    message: bytes
-    mode: str | None = None
-
-    @classmethod
-    def from_fields(
-        cls,
-        task_id: str,
-        message: bytes,
-        reason: str,
-        error: str,
-        task: str,
-        queue: str,
-        failed_at: float,
-        kind: str = "",
-    ) -> DeadLetter:
-        """Build from broker fields, decoding the message when it is well-formed (``kind``:
-        ``"s"`` reliable, ``"l"`` fast, ``""`` unknown)."""
-        args: list[Any] | None = None
-        kwargs: dict[str, Any] | None = None
-        try:
-            env = decode_envelope(message)
-        except SerializationError:
-            pass
-        else:
-            args, kwargs = env.args, env.kwargs
-            task = task or env.task
-        mode = {"s": "reliable", "l": "fast"}.get(kind)
-        return cls(task_id, task, queue, reason, error, failed_at, args, kwargs, message, mode)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-dict form (for ``--json`` output); the message bytes are left out."""
-        return {
-            "id": self.id,
-            "task": self.task,
-            "queue": self.queue,
-            "reason": self.reason,
-            "error": self.error,
-            "failed_at": self.failed_at,
-            "args": self.args,
-            "kwargs": self.kwargs,
-            "mode": self.mode,
         }
 
 

@@ -280,10 +280,11 @@ def worker_command(
     with cli_errors(s.redis_url):
         configure_logging(log_level, "json" if log_format == "json" else "text")
     if workers > 1:  # a supervisor runs N copies of this command with --workers 1
-        from .. import supervisor
+        from ..worker.processes import worker_command
+        from ..worker.supervisor import supervise
 
         typed = {n: getattr(s, n) if n in s.from_command_line else None for n in _ENV}
-        argv = supervisor.worker_command(
+        argv = worker_command(
             app,
             queues=queues,
             concurrency=concurrency,
@@ -297,7 +298,7 @@ def worker_command(
             + ["--max-abandoned-threads", str(max_abandoned_threads)],
             **typed,
         )
-        sys.exit(supervisor.supervise(argv, workers, shutdown_timeout, json_output=s.json))
+        sys.exit(supervise(argv, workers, shutdown_timeout, json_output=s.json))
     _export_settings(s)
     queue = load_queue(app)
     _override(queue, s)

@@ -1,4 +1,5 @@
-"""The worker process: fetch loops, executors, group commit and background loops."""
+"""The worker process: lifecycle, fetch loops, executors, group commit, background loops and
+the supervisor of worker processes."""
 
 from .worker import Worker
 

@@ -336,7 +336,7 @@ class ProcessPool:
         if pool is not None and getattr(pool, "_broken", False):
             self.shutdown(kill=True)
         if self._pool is None:
-            from ..supervisor import die_with_parent
+            from .processes import die_with_parent
 
             # Pool processes die with this worker, even when it is SIGKILLed (Linux).
             self._pool = concurrent.futures.ProcessPoolExecutor(

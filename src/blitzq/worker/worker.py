@@ -1,15 +1,10 @@
-"""The worker: lifecycle, fetch loops and graceful shutdown.
+"""The worker: lifecycle (start, run, graceful shutdown, signals, registration record).
 
-One fetch loop per subscribed queue reserves slots from the queue's and the global limiter
-*before* it fetches, takes up to that many messages from the queue's priority levels
-(``<q>:high``, ``<q>``, ``<q>:low``, in that order) without blocking, and blocks for a single
-message on all levels at once (at most ``block_timeout`` seconds) only when they are empty;
-what that read returns beyond the slots free at that moment is handed back at once, so the
-worker never holds a message it cannot start. Excess work stays in Redis. The
-:class:`~blitzq.worker.runner.Runner` runs what was fetched; completions go to the
-:class:`~blitzq.worker.flusher.Flusher`; background loops
-(:mod:`~blitzq.worker.maintenance`) promote scheduled messages, follow cancellations, register
-the worker, renew leases and recover abandoned messages.
+A running worker owns the :class:`~blitzq.worker.fetch.Fetcher` (one fetch loop per subscribed
+queue, slots reserved before each fetch), the :class:`~blitzq.worker.runner.Runner` that runs
+what was fetched, the :class:`~blitzq.worker.flusher.Flusher` that writes completions, and the
+background loops of :mod:`~blitzq.worker.maintenance` (promote scheduled messages, follow
+cancellations, register the worker, renew leases, recover abandoned messages).
 """
 
 from __future__ import annotations
@@ -25,13 +20,14 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 from .._checks import flag, integer, seconds, text
-from ..broker import Broker, Delivery
+from ..broker import Broker
 from ..broker.eviction import check_eviction
 from ..exceptions import BrokerError, ConfigurationError
 from ..extensions.signals import Signal, SignalEvent
 from ..queue import Queue
 from ..routing import base_queue, levels
 from ..serialization import dumps
+from .fetch import Fetcher
 from .flusher import Flusher
 from .limiter import Limiter, Slots
 from .maintenance import Maintenance
@@ -155,7 +151,6 @@ class Worker:
         self.id = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._stop_event: asyncio.Event | None = None
         self._stopping = False
-        self._fetching: dict[str, bool] = {}
         self._runner: Runner | None = None
         self._started = time.time()
 
@@ -216,9 +211,6 @@ class Worker:
             self.restart_reason = reason
             logger.error("worker %s restarts: %s", self.id, reason)
         self.stop()
-
-    def _stop_requested(self) -> bool:
-        return self._stopping
 
     def stop(self) -> None:
         """Ask the worker to stop gracefully; safe from signal handlers and other coroutines."""
@@ -284,10 +276,8 @@ class Worker:
         self._maintenance = Maintenance(self, broker)
         flusher_task = asyncio.create_task(self._flusher.run(), name="blitzq-flusher")
         background = await self._maintenance.start()
-        fetchers = {
-            q: asyncio.create_task(self._fetch_loop(q), name=f"blitzq-fetch-{q}")
-            for q in self.queues
-        }
+        self._fetcher = Fetcher(self, broker, self._runner, self._slots)
+        self._fetcher.start()
         logger.info(
             "worker %s started: queues=%s concurrency=%d mode=%s",
             self.id, ",".join(self.queues), self.concurrency, self.queue.mode,
@@ -298,98 +288,9 @@ class Worker:
             await self._stop_event.wait()
         except asyncio.CancelledError:
             self._stopping = True
-            await self._shutdown(fetchers, background, flusher_task)
+            await self._shutdown(background, flusher_task)
             raise
-        await self._shutdown(fetchers, background, flusher_task)
-
-    # ------------------------------------------------------------- fetching
-    async def _fetch_loop(self, queue: str) -> None:
-        slots = self._slots[queue]
-        runner = self.runner
-        batch = self.batch_size
-        backoff = 0.1
-        while not self._stop_requested():
-            n = await slots.reserve(batch)
-            if self._stop_requested():
-                slots.release(n)
-                return
-            # While this flag is set the loop may hold messages, so shutdown waits for it
-            # instead of cancelling it.
-            self._fetching[queue] = True
-            try:
-                deliveries = await self._fetch(queue, slots, n)
-            except Exception as exc:  # the loop must outlive any error; BrokerError is usual
-                if isinstance(exc, BrokerError):
-                    logger.warning("fetch from %s failed, retry in %.1f s: %s", queue, backoff, exc)
-                else:
-                    logger.exception("fetch from %s failed, retrying in %.1f s", queue, backoff)
-                self._fetching[queue] = False
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-                continue
-            finally:
-                self._fetching[queue] = False
-            backoff = 0.1
-            if self._stop_requested():
-                # Fetched after the stop: put back untouched, never dropped.
-                for d in deliveries:
-                    runner.hand_back(d)
-                slots.release(len(deliveries))
-                return
-            for d in deliveries:
-                try:
-                    runner.start(d, slots)
-                except Exception:  # a bug here must not stop the queue; the lease recovers it
-                    logger.exception("could not start a message from %s", queue)
-                    slots.release()
-
-    async def _fetch(self, queue: str, slots: Slots, n: int) -> list[Delivery]:
-        """Fetch with ``n`` reserved slots; on return, exactly one slot is held per delivery.
-
-        Takes what is waiting on the queue's levels without blocking. When all are empty it
-        blocks on all levels at once holding only the queue's own slot, so an idle queue
-        never keeps global capacity from busy ones. What arrives gets the slots free at that
-        moment; the rest is handed back to its queue at once (see :meth:`_grant`). So the
-        loop never waits for a slot while it holds a message: a message it has not started
-        is never left here with a lease nobody renews.
-        """
-        broker, names = self.broker, self.levels[queue]
-        try:
-            deliveries = await broker.fetch_first(names, n, 0)
-        except Exception:
-            slots.release(n)
-            raise
-        if deliveries or self._stop_requested():
-            slots.release(n - len(deliveries))
-            return deliveries
-        slots.release(n - 1)
-        slots.global_limiter.release(1)
-        try:
-            deliveries = await broker.fetch_first(names, 1, self.block_timeout)
-        except Exception:
-            slots.release_queue(1)
-            raise
-        if not deliveries:
-            slots.release_queue(1)
-            return deliveries
-        return self._grant(queue, slots, deliveries)
-
-    def _grant(self, queue: str, slots: Slots, deliveries: list[Delivery]) -> list[Delivery]:
-        """Keep the deliveries of a blocking fetch that free slots allow; hand back the rest.
-
-        A blocking read over several levels returns one entry from *each* level that got
-        data on Redis >= 7.2 and Valkey (the promoter may move several due messages at
-        once), and the worker's slots may have filled up while the read was blocked. The
-        levels come in priority order, so the most urgent ones are kept.
-        """
-        granted = slots.grant(len(deliveries), 1)
-        if granted < len(deliveries):
-            surplus = deliveries[granted:]
-            for d in surplus:
-                self.runner.hand_back(d)
-            logger.debug("no free slot for %d message(s) from %s: handed back", len(surplus), queue)
-            self.handed_back += len(surplus)
-        return deliveries[:granted]
+        await self._shutdown(background, flusher_task)
 
     def running_tokens(self, queue: str) -> list[bytes]:
         """Delivery tokens of the jobs from physical ``queue`` still running (leases)."""
@@ -417,7 +318,6 @@ class Worker:
     # -------------------------------------------------------------- shutdown
     async def _shutdown(
         self,
-        fetchers: dict[str, asyncio.Task[None]],
         background: list[asyncio.Task[None]],
         flusher_task: asyncio.Task[None],
     ) -> None:
@@ -429,17 +329,7 @@ class Worker:
         #    handed back); any other loop holds no message and is cancelled. A fetch gets
         #    block_timeout + FETCH_GRACE at least; a server that stopped answering does not
         #    hold the exit past that.
-        for q, t in fetchers.items():
-            if not self._fetching.get(q):
-                t.cancel()
-        fetch_wait = max(self.shutdown_timeout, self.block_timeout + FETCH_GRACE)
-        _, stuck = await asyncio.wait(fetchers.values(), timeout=fetch_wait)
-        for t in stuck:
-            logger.warning("a fetch still running %.1f s after the stop: cancelled", fetch_wait)
-            t.cancel()
-        for t in fetchers.values():
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await self._fetcher.stop(max(self.shutdown_timeout, self.block_timeout + FETCH_GRACE))
         # 2. Let running tasks finish, up to shutdown_timeout after the stop.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._global.drained(), timeout=max(0.0, deadline - loop.time()))

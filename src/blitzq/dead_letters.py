@@ -1,0 +1,88 @@
+"""Dead letters as users read them back: :class:`DeadLetter`, one per dead-lettered task.
+
+The broker stores each dead letter as its fields (the original message, the reason, the last
+error, the queue and the time); :meth:`DeadLetter.from_fields` turns those into the value that
+``queue.dead_letters()`` and ``blitzq dead-letters`` list. Task *records* are
+:mod:`blitzq.records`, which re-exports this class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .exceptions import SerializationError
+from .serialization import decode_envelope
+
+__all__ = ["DeadLetter"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One dead-lettered task, as listed by ``queue.dead_letters()``.
+
+    Attributes:
+        id: task id.
+        task: task name ("" when the message could not be decoded).
+        queue: physical queue it came from.
+        reason: why it was dead-lettered ("failed", "malformed message", "unknown task",
+            "max deliveries exceeded", "message too large").
+        error: detail of the last error.
+        failed_at: Unix time in seconds.
+        args, kwargs: the task's arguments when the message decodes, else ``None``.
+        message: the original message bytes.
+        mode: the mode of the queue it came from, where a replay puts it back:
+            ``"reliable"``, ``"fast"``, or ``None`` when unknown (written before blitzq
+            recorded it; a replay then uses the replaying Queue's mode).
+    """
+
+    id: str
+    task: str
+    queue: str
+    reason: str
+    error: str
+    failed_at: float
+    args: list[Any] | None
+    kwargs: dict[str, Any] | None
+    message: bytes
+    mode: str | None = None
+
+    @classmethod
+    def from_fields(
+        cls,
+        task_id: str,
+        message: bytes,
+        reason: str,
+        error: str,
+        task: str,
+        queue: str,
+        failed_at: float,
+        kind: str = "",
+    ) -> DeadLetter:
+        """Build from broker fields, decoding the message when it is well-formed (``kind``:
+        ``"s"`` reliable, ``"l"`` fast, ``""`` unknown)."""
+        args: list[Any] | None = None
+        kwargs: dict[str, Any] | None = None
+        try:
+            env = decode_envelope(message)
+        except SerializationError:
+            pass
+        else:
+            args, kwargs = env.args, env.kwargs
+            task = task or env.task
+        mode = {"s": "reliable", "l": "fast"}.get(kind)
+        return cls(task_id, task, queue, reason, error, failed_at, args, kwargs, message, mode)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form (for ``--json`` output); the message bytes are left out."""
+        return {
+            "id": self.id,
+            "task": self.task,
+            "queue": self.queue,
+            "reason": self.reason,
+            "error": self.error,
+            "failed_at": self.failed_at,
+            "args": self.args,
+            "kwargs": self.kwargs,
+            "mode": self.mode,
+        }

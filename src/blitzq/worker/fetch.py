@@ -1,0 +1,169 @@
+"""The fetch loops of a worker: one per subscribed queue, slots reserved before every fetch.
+
+A loop reserves slots from its queue's and the global limiter *before* it fetches, takes up
+to that many messages from the queue's priority levels (``<q>:high``, ``<q>``, ``<q>:low``, in
+that order) without blocking, and blocks for a single message on all levels at once (at most
+``block_timeout`` seconds) only when they are empty; what that read returns beyond the slots
+free at that moment is handed back at once, so the worker never holds a message it cannot
+start. Excess work stays in the broker. What is fetched goes to the
+:class:`~blitzq.worker.runner.Runner`, which frees the slots when the run ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from ..broker import Broker, Delivery
+from ..exceptions import BrokerError
+from .limiter import Slots
+from .runner import Runner
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+logger = logging.getLogger("blitzq.worker")
+
+
+class Fetcher:
+    """Runs and stops the fetch loops of one worker.
+
+    Args:
+        worker: the owning worker (its ``levels``, ``batch_size``, ``block_timeout`` and
+            ``stopping`` flag are read; its ``handed_back`` counter is raised).
+        broker: the broker fetched from.
+        runner: the runner that starts (or hands back) every fetched delivery.
+        slots: the slots of each base queue name the worker consumes.
+    """
+
+    def __init__(
+        self, worker: Worker, broker: Broker, runner: Runner, slots: Mapping[str, Slots]
+    ) -> None:
+        self.worker = worker
+        self.broker = broker
+        self.runner = runner
+        self.slots = slots
+        self._fetching: dict[str, bool] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(self) -> None:
+        """Start one fetch loop per queue of :attr:`slots`."""
+        self._tasks = {
+            q: asyncio.create_task(self._loop(q), name=f"blitzq-fetch-{q}") for q in self.slots
+        }
+
+    async def stop(self, wait: float) -> None:
+        """End every fetch loop; call after the worker's stop was requested.
+
+        A loop inside a fetch command finishes it (its messages are handed back); any other
+        loop holds no message and is cancelled. A fetch still running ``wait`` seconds later
+        (a server that stopped answering) is cancelled too.
+        """
+        for q, t in self._tasks.items():
+            if not self._fetching.get(q):
+                t.cancel()
+        if not self._tasks:
+            return
+        _, stuck = await asyncio.wait(self._tasks.values(), timeout=wait)
+        for t in stuck:
+            logger.warning("a fetch still running %.1f s after the stop: cancelled", wait)
+            t.cancel()
+        for t in self._tasks.values():
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+    def _stop_requested(self) -> bool:
+        # A call, not the property: a property read would be narrowed by mypy across awaits.
+        return self.worker.stopping
+
+    async def _loop(self, queue: str) -> None:
+        worker = self.worker
+        slots = self.slots[queue]
+        runner = self.runner
+        batch = worker.batch_size
+        backoff = 0.1
+        while not self._stop_requested():
+            n = await slots.reserve(batch)
+            if self._stop_requested():
+                slots.release(n)
+                return
+            # While this flag is set the loop may hold messages, so shutdown waits for it
+            # instead of cancelling it.
+            self._fetching[queue] = True
+            try:
+                deliveries = await self._fetch(queue, slots, n)
+            except Exception as exc:  # the loop must outlive any error; BrokerError is usual
+                if isinstance(exc, BrokerError):
+                    logger.warning("fetch from %s failed, retry in %.1f s: %s", queue, backoff, exc)
+                else:
+                    logger.exception("fetch from %s failed, retrying in %.1f s", queue, backoff)
+                self._fetching[queue] = False
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            finally:
+                self._fetching[queue] = False
+            backoff = 0.1
+            if self._stop_requested():
+                # Fetched after the stop: put back untouched, never dropped.
+                for d in deliveries:
+                    runner.hand_back(d)
+                slots.release(len(deliveries))
+                return
+            for d in deliveries:
+                try:
+                    runner.start(d, slots)
+                except Exception:  # a bug here must not stop the queue; the lease recovers it
+                    logger.exception("could not start a message from %s", queue)
+                    slots.release()
+
+    async def _fetch(self, queue: str, slots: Slots, n: int) -> list[Delivery]:
+        """Fetch with ``n`` reserved slots; on return, exactly one slot is held per delivery.
+
+        Takes what is waiting on the queue's levels without blocking. When all are empty it
+        blocks on all levels at once holding only the queue's own slot, so an idle queue
+        never keeps global capacity from busy ones. What arrives gets the slots free at that
+        moment; the rest is handed back to its queue at once (see :meth:`_grant`). So the
+        loop never waits for a slot while it holds a message: a message it has not started
+        is never left here with a lease nobody renews.
+        """
+        broker, names = self.broker, self.worker.levels[queue]
+        try:
+            deliveries = await broker.fetch_first(names, n, 0)
+        except Exception:
+            slots.release(n)
+            raise
+        if deliveries or self._stop_requested():
+            slots.release(n - len(deliveries))
+            return deliveries
+        slots.release(n - 1)
+        slots.global_limiter.release(1)
+        try:
+            deliveries = await broker.fetch_first(names, 1, self.worker.block_timeout)
+        except Exception:
+            slots.release_queue(1)
+            raise
+        if not deliveries:
+            slots.release_queue(1)
+            return deliveries
+        return self._grant(queue, slots, deliveries)
+
+    def _grant(self, queue: str, slots: Slots, deliveries: list[Delivery]) -> list[Delivery]:
+        """Keep the deliveries of a blocking fetch that free slots allow; hand back the rest.
+
+        A blocking read over several levels returns one entry from *each* level that got
+        data on Redis >= 7.2 and Valkey (the promoter may move several due messages at
+        once), and the worker's slots may have filled up while the read was blocked. The
+        levels come in priority order, so the most urgent ones are kept.
+        """
+        granted = slots.grant(len(deliveries), 1)
+        if granted < len(deliveries):
+            surplus = deliveries[granted:]
+            for d in surplus:
+                self.runner.hand_back(d)
+            logger.debug("no free slot for %d message(s) from %s: handed back", len(surplus), queue)
+            self.worker.handed_back += len(surplus)
+        return deliveries[:granted]

@@ -1,0 +1,359 @@
+"""Run N worker processes and keep them running: ``blitzq worker MODULE:ATTR --workers N``.
+
+Each worker is a fresh interpreter running the single-worker command line
+(``python -m blitzq worker … --workers 1``), started with :func:`subprocess.Popen`: the
+application module is imported from scratch in every worker (no fork of an interpreter that
+already holds threads, event loops or connections), a crash stays in its process, and what runs
+under the supervisor is exactly what runs without it.
+
+The supervisor
+
+- restarts a worker that exits while no stop was asked, after a short backoff
+  (0.25 s, 0.5 s, 1 s, … at most 5 s), and gives up on a slot after ``max_restarts`` restarts
+  within ``restart_window`` seconds (an error is logged; the other slots go on; when every slot
+  has given up the supervisor exits 1). A worker that exits with code 2 (a usage or
+  configuration error) is not restarted: that would fail again. A worker that exits with
+  code 75 (``EXIT_RESTART``: it stopped gracefully to be replaced, e.g. too many threads
+  abandoned at their hard timeout) is a *planned* restart, not a crash: it is logged as such,
+  does not count toward the restart budget, and is restarted at most once per
+  ``PLANNED_RESTART_INTERVAL`` (1 s) per slot, so it cannot spin hot;
+- forwards SIGTERM / SIGINT to every worker (a graceful stop), waits for them, SIGKILLs what is
+  left ``shutdown_timeout + 5`` seconds after the signal, and exits 0. A second signal kills at
+  once;
+- leaves no orphan: every worker leads its own process group, which the supervisor SIGKILLs
+  when the worker ends; a worker dies with the supervisor, and a small *guard* process takes
+  the workers' process groups down with a SIGKILLed supervisor (see
+  :mod:`~blitzq.worker.processes`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import math
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+
+from .processes import Guard, _prctl, die_with_parent, group_alive, killpg, signal_name
+from .restarts import RestartBudget
+from .worker import EXIT_RESTART
+
+__all__ = ["Supervisor", "supervise"]
+
+logger = logging.getLogger("blitzq.supervisor")
+
+#: Exit code of a worker that hit a usage or configuration error (never restarted).
+EXIT_USAGE = 2
+#: Seconds after a stop signal's ``shutdown_timeout`` before workers are SIGKILLed.
+KILL_GRACE = 5.0
+#: Seconds a worker that exited cleanly gives its process group to empty itself.
+GROUP_GRACE = 1.0
+#: Least seconds between two starts of one slot when its worker asked to be restarted
+#: (exit code ``EXIT_RESTART``); such planned restarts are not counted in the restart budget.
+PLANNED_RESTART_INTERVAL = 1.0
+
+
+def supervise(
+    command: Sequence[str], workers: int, shutdown_timeout: float, json_output: bool = False
+) -> int:
+    """Announce and run a :class:`Supervisor` of ``workers`` copies of ``command``.
+
+    What ``blitzq worker … --workers N`` runs: one line on stdout (a JSON document with
+    ``json_output``), then the supervision until a stop signal.
+
+    Args:
+        command: argv of one worker (see :func:`~blitzq.worker.processes.worker_command`).
+        workers: number of worker processes.
+        shutdown_timeout: seconds the workers get to stop gracefully.
+        json_output: announce as ``{"event": "supervisor_started", …}``.
+
+    Returns:
+        The exit code (see :meth:`Supervisor.run`).
+    """
+    if json_output:
+        print(json.dumps({"event": "supervisor_started", "workers": workers, "pid": os.getpid()}))
+    else:
+        print(f"blitzq supervisor pid={os.getpid()} workers={workers}")
+    sys.stdout.flush()
+    return Supervisor(command, workers, shutdown_timeout).run()
+
+
+@dataclass
+class _Slot:
+    index: int
+    budget: RestartBudget
+    proc: subprocess.Popen[bytes] | None = None
+    restart_at: float | None = None
+    gave_up: bool = False
+    usage_error: bool = False
+    pids: list[int] = field(default_factory=list)
+    started_at: float = -math.inf
+    planned_restarts: int = 0
+
+
+class Supervisor:
+    """Keep ``workers`` copies of ``command`` running; see the module docstring.
+
+    Args:
+        command: argv of one worker process.
+        workers: number of worker processes (>= 1).
+        shutdown_timeout: seconds the workers get to stop gracefully after a stop signal; what
+            still runs ``KILL_GRACE`` (5) seconds later is SIGKILLed with its process group.
+        max_restarts: restarts of one slot allowed within ``restart_window`` seconds.
+        restart_window: seconds of the restart budget's sliding window.
+        backoff: seconds before the first restart in a window (doubling, at most
+            ``max_backoff``).
+        max_backoff: the longest restart delay in seconds.
+        env: environment of the workers (default: this process's); each also gets
+            ``BLITZQ_WORKER_SLOT`` (0 … workers-1).
+
+    Raises:
+        ValueError: ``workers`` < 1 or an empty command.
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        workers: int,
+        shutdown_timeout: float = 30.0,
+        *,
+        max_restarts: int = 5,
+        restart_window: float = 60.0,
+        backoff: float = 0.25,
+        max_backoff: float = 5.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        if not command:
+            raise ValueError("command must not be empty")
+        self.command = list(command)
+        self.shutdown_timeout = shutdown_timeout
+        self.env = dict(os.environ if env is None else env)
+        self.slots = [
+            _Slot(i, RestartBudget(max_restarts, restart_window, backoff, max_backoff))
+            for i in range(workers)
+        ]
+        self._signals: list[int] = []
+        self._stopping = False
+        self._kill_at: float | None = None
+        #: process groups of ended workers that may still hold members: pgid -> kill time.
+        self._groups: dict[int, float] = {}
+        self._live_groups: set[int] = set()
+        self._guard = Guard(self.env, lambda: self._live_groups | set(self._groups))
+
+    # ------------------------------------------------------------------ public
+    def run(self) -> int:
+        """Start the workers and supervise them until a stop signal or until every slot gave up.
+
+        Must run in the main thread (it installs signal handlers).
+
+        Returns:
+            0 after a stop signal once every worker has exited; 2 when every slot gave up on a
+            usage error, 1 when every slot gave up otherwise.
+        """
+        _prctl()  # look libc up before forking
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        handled = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
+        previous_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        try:
+            self._guard.start()
+            for slot in self.slots:
+                self._spawn(slot)
+            return self._loop(wake_r)
+        finally:
+            self._kill_everything()
+            signal.set_wakeup_fd(previous_fd)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            os.close(wake_r)
+            os.close(wake_w)
+            self._guard.stop()
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Ask for a graceful stop as if ``sig`` had arrived (call from the supervising thread)."""
+        self._signals.append(sig)
+
+    # ---------------------------------------------------------------- the loop
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if signum != signal.SIGCHLD:
+            self._signals.append(signum)
+
+    def _loop(self, wake_r: int) -> int:
+        while True:
+            self._handle_signals()
+            now = time.monotonic()
+            for slot in self.slots:
+                if slot.proc is not None and slot.proc.poll() is not None:
+                    self._ended(slot, now)
+                if not self._stopping and slot.restart_at is not None and now >= slot.restart_at:
+                    self._spawn(slot)
+            self._sweep_groups(now)
+            if not self._stopping:
+                self._guard.check()
+            if self._stopping:
+                if all(s.proc is None for s in self.slots) and not self._groups:
+                    logger.info("supervisor stopped: every worker exited")
+                    return 0
+                if self._kill_at is not None and now >= self._kill_at:
+                    logger.error(
+                        "workers still running %.1f s after the stop signal: killing them",
+                        self.shutdown_timeout + KILL_GRACE,
+                    )
+                    self._kill_at = None
+                    self._kill_workers()
+            elif all(s.gave_up for s in self.slots):
+                logger.error("every worker slot gave up: supervisor exits")
+                return EXIT_USAGE if all(s.usage_error for s in self.slots) else 1
+            self._wait(wake_r, self._next_deadline(now) - now)
+
+    def _next_deadline(self, now: float) -> float:
+        deadlines = [now + 1.0]
+        deadlines += [s.restart_at for s in self.slots if s.restart_at is not None]
+        deadlines += list(self._groups.values())
+        if self._kill_at is not None:
+            deadlines.append(self._kill_at)
+        # Group membership is polled: look again soon while a group empties itself.
+        if self._groups:
+            deadlines.append(now + 0.05)
+        return min(deadlines)
+
+    @staticmethod
+    def _wait(wake_r: int, timeout: float) -> None:
+        with contextlib.suppress(InterruptedError):
+            select.select([wake_r], [], [], max(0.0, timeout))
+        with contextlib.suppress(BlockingIOError):
+            while os.read(wake_r, 512):
+                pass
+
+    def _handle_signals(self) -> None:
+        while self._signals:
+            sig = self._signals.pop(0)
+            if self._stopping:
+                logger.warning("second stop signal (%s): killing the workers now", signal_name(sig))
+                self._kill_workers()
+                continue
+            self._stopping = True
+            self._kill_at = time.monotonic() + self.shutdown_timeout + KILL_GRACE
+            logger.info("supervisor got %s: stopping the workers", signal_name(sig))
+            for slot in self.slots:
+                slot.restart_at = None
+                if slot.proc is not None and slot.proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(slot.proc.pid, sig)
+
+    # ------------------------------------------------------------------ slots
+    def _spawn(self, slot: _Slot) -> None:
+        slot.restart_at = None
+        env = {**self.env, "BLITZQ_WORKER_SLOT": str(slot.index)}
+        try:
+            proc = subprocess.Popen(
+                self.command,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                process_group=0,
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
+            )
+        except OSError as exc:
+            logger.error("worker slot %d could not start: %s", slot.index, exc)
+            self._schedule_restart(slot, time.monotonic())
+            return
+        slot.proc = proc
+        slot.started_at = time.monotonic()
+        slot.pids.append(proc.pid)
+        self._live_groups.add(proc.pid)
+        self._guard.tell(f"+{proc.pid}")
+        logger.info("worker slot %d started: pid %d", slot.index, proc.pid)
+
+    def _ended(self, slot: _Slot, now: float) -> None:
+        proc = slot.proc
+        assert proc is not None
+        slot.proc = None
+        code = proc.returncode
+        self._live_groups.discard(proc.pid)
+        # A clean exit shut its pool down; give stragglers (resource tracker) a moment.
+        self._groups[proc.pid] = now + (GROUP_GRACE if code == 0 else 0.0)
+        how = f"signal {signal_name(-code)}" if code < 0 else f"code {code}"
+        if self._stopping:
+            logger.info("worker slot %d (pid %d) exited with %s", slot.index, proc.pid, how)
+            return
+        if code == EXIT_USAGE:
+            slot.gave_up = slot.usage_error = True
+            logger.error(
+                "worker slot %d (pid %d) exited with a usage or configuration error "
+                "(code 2): not restarting it",
+                slot.index,
+                proc.pid,
+            )
+            return
+        if code == EXIT_RESTART:
+            # Planned: the worker stopped gracefully to be replaced. Not a crash, so the
+            # crash budget is untouched; the interval keeps a slot from restarting hot.
+            slot.planned_restarts += 1
+            slot.restart_at = max(now, slot.started_at + PLANNED_RESTART_INTERVAL)
+            logger.warning(
+                "worker slot %d (pid %d) asked to be restarted (code %d): planned restart "
+                "#%d in %.2f s, not counted as a crash",
+                slot.index, proc.pid, code, slot.planned_restarts, slot.restart_at - now,
+            )  # fmt: skip
+            return
+        logger.warning("worker slot %d (pid %d) exited with %s", slot.index, proc.pid, how)
+        self._schedule_restart(slot, now)
+
+    def _schedule_restart(self, slot: _Slot, now: float) -> None:
+        delay = slot.budget.next_delay()
+        if delay is None:
+            slot.gave_up = True
+            logger.error(
+                "worker slot %d restarted %d times within %.0f s: giving up on it",
+                slot.index,
+                slot.budget.limit,
+                slot.budget.window,
+            )
+            return
+        slot.restart_at = now + delay
+        logger.info("restarting worker slot %d in %.2f s", slot.index, delay)
+
+    # ---------------------------------------------------------- process groups
+    def _sweep_groups(self, now: float) -> None:
+        for pgid, kill_at in list(self._groups.items()):
+            if not group_alive(pgid):
+                del self._groups[pgid]
+            elif now >= kill_at:
+                killpg(pgid)
+                del self._groups[pgid]
+            else:
+                continue
+            self._guard.tell(f"-{pgid}")
+
+    def _kill_workers(self) -> None:
+        for slot in self.slots:
+            if slot.proc is not None:
+                killpg(slot.proc.pid)
+        for pgid in self._groups:
+            killpg(pgid)
+
+    def _kill_everything(self) -> None:
+        """Last resort on the way out (also after an exception): nothing may outlive us."""
+        self._kill_workers()
+        for slot in self.slots:
+            if slot.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    slot.proc.wait(5.0)
+                slot.proc = None
+        for pgid in list(self._groups):
+            self._guard.tell(f"-{pgid}")
+        self._groups.clear()
+        self._live_groups.clear()
