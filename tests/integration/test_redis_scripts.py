@@ -10,6 +10,7 @@ Checked on a private Redis (``redis-server`` on a free port: ``SCRIPT FLUSH`` an
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import subprocess
 import time
@@ -42,7 +43,8 @@ CALLED = {
 
 # ------------------------------------------------------------------ loader (no server)
 def test_every_script_is_read_once_with_its_includes_expanded() -> None:
-    library = scripts.load("dead_letters").source
+    lua = resources.files("blitzq.broker.redis").joinpath("lua")
+    library = lua.joinpath("dead_letters.lua").read_text().rstrip("\n")
     assert set(scripts.names()) == CALLED | {"dead_letters"}
     for name in scripts.names():
         script = scripts.load(name)
@@ -50,12 +52,14 @@ def test_every_script_is_read_once_with_its_includes_expanded() -> None:
         assert scripts.load(name) is script  # cached for the process
         assert not any(line.startswith("--@include") for line in script.source.splitlines())
         assert script.sha == hashlib.sha1(script.source.encode()).hexdigest()
-        raw = resources.files("blitzq.broker.redis").joinpath("lua", f"{name}.lua").read_text()
+        raw = lua.joinpath(f"{name}.lua").read_text()
         if "--@include dead_letters.lua" in raw:
             assert library in script.source
             assert "local function dl_note(" in script.source
-        else:
-            assert script.source == raw
+        else:  # the key builders it calls (none: no prelude), then the file as it is
+            used = re.findall(r"\bKEY\.(\w+)\(", raw)
+            assert script.source == scripts.prelude(used) + raw
+            assert bool(used) == script.source.startswith("-- Key builders generated")
 
 
 def test_an_unknown_script_name_is_an_error() -> None:

@@ -2,8 +2,13 @@
 
 - :func:`load` reads a script once per process: its text, with each line
   ``--@include <file>.lua`` replaced by that file's text (shared functions such as the
-  dead-letter retention of ``dead_letters.lua``), and its SHA1 digest. Every broker of the
-  process shares that :class:`Script`.
+  dead-letter retention of ``dead_letters.lua``), after the generated key prelude
+  (:func:`prelude`), and its SHA1 digest. Every broker of the process shares that
+  :class:`Script`.
+- The scripts build every key name with ``KEY.<name>(prefix, <parts>...)``, functions that
+  :func:`prelude` generates from ``keys.TABLE`` (the ones a script uses, nothing else): a key's
+  suffix is written only in ``keys.py``, and ``KEY.record(prefix, id)`` is the name
+  ``Keys(ns).record(id)`` makes in Python.
 - :class:`Scripts` runs them on one client: ``EVALSHA``, and on ``NOSCRIPT`` (a server that
   restarted, failed over or flushed its script cache, or that never saw the script)
   ``SCRIPT LOAD`` then ``EVALSHA`` again. Plain EVALSHA works on every supported server
@@ -15,15 +20,21 @@ A script is named by its file name without ``.lua`` (``"complete"`` is ``lua/com
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 from redis.exceptions import NoScriptError
 
+from .keys import TABLE
+
 INCLUDE = "--@include "
 """A line starting with this is replaced by the text of the file it names."""
+
+_USES = re.compile(r"\bKEY\.(\w+)\(")
+"""A call of a key builder in a script: ``KEY.<name>(``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +67,40 @@ def _read(file: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def prelude(names: Iterable[str]) -> str:
+    """Lua defining ``KEY.<name>(prefix, <parts>...)`` for each key of ``names``.
+
+    Each function returns ``prefix .. <pattern with its parts filled in>``, the pattern being
+    that of ``keys.TABLE[name]`` (``KEY.workflow_join(prefix, workflow_id, join_id)`` is
+    ``prefix .. 'wf:' .. workflow_id .. ':j:' .. join_id``). Empty when ``names`` is.
+
+    Args:
+        names: key names of ``keys.TABLE`` (repeats are fine).
+
+    Raises:
+        KeyError: a name that is not in ``keys.TABLE`` (a script calling an unknown builder).
+        ValueError: a pattern with characters a plain quoted string cannot hold as is.
+    """
+    wanted = sorted(set(names))
+    if not wanted:
+        return ""
+    lines = ["-- Key builders generated from broker/redis/keys.py (TABLE); prefix is '{ns}:'.",
+             "local KEY = {}"]  # fmt: skip
+    for name in wanted:
+        key = TABLE[name]
+        pieces = ["prefix"]
+        for literal, part in zip(key.literals, [*key.parts, None], strict=True):
+            if not re.fullmatch(r"[\w:.-]*", literal):
+                raise ValueError(f"key {name!r}: {literal!r} is not a plain Lua string")
+            if literal:
+                pieces.append(repr(literal))
+            if part is not None:
+                pieces.append(part)
+        args = ", ".join(["prefix", *key.parts])
+        lines.append(f"function KEY.{name}({args}) return {' .. '.join(pieces)} end")
+    return "\n".join(lines) + "\n"
+
+
 def load(name: str) -> Script:
     """The script ``lua/<name>.lua``, read and hashed once per process.
 
@@ -64,10 +109,13 @@ def load(name: str) -> Script:
 
     Raises:
         FileNotFoundError: no such script ships with blitzq (a programming error).
+        KeyError: the script calls a ``KEY`` builder not in ``keys.TABLE`` (a programming
+            error).
     """
     script = _loaded.get(name)
     if script is None:
-        source = _read(f"{name}.lua")
+        text = _read(f"{name}.lua")
+        source = prelude(_USES.findall(text)) + text
         script = Script(name, source, hashlib.sha1(source.encode()).hexdigest())
         _loaded[name] = script
     return script
