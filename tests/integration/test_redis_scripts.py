@@ -29,6 +29,7 @@ from blitzq.broker.base import Completion, Scheduled
 from blitzq.broker.redis import FastRedisBroker, ReliableRedisBroker, ephemeral, scripts
 from blitzq.broker.redis.client import broker_error
 from blitzq.broker.redis.common import RedisBroker
+from blitzq.broker.redis.keys import TABLE, Keys
 from blitzq.exceptions import BrokerError
 
 from ..conftest import free_port
@@ -145,6 +146,23 @@ async def reliable(own_url: str, admin: aioredis.Redis) -> AsyncIterator[Reliabl
     await broker.close()
     async for key in admin.scan_iter(match=f"{namespace}:*"):
         await admin.delete(key)
+
+
+async def test_the_lua_key_builders_make_the_names_keys_makes(admin: aioredis.Redis) -> None:
+    """Every ``KEY.<name>`` of the generated prelude, run by the server, builds the name
+    :class:`Keys` builds in Python (each part filled with its own name)."""
+    names = sorted(TABLE)
+    calls = [
+        f"KEY.{name}(ARGV[1]" + "".join(f", '<{part}>'" for part in TABLE[name].parts) + ")"
+        for name in names
+    ]
+    lua = scripts.prelude(names) + "return {" + ", ".join(calls) + "}"
+    built = await admin.eval(lua, 0, Keys("n s").prefix)
+    keys = Keys("n s")
+    for name, value in zip(names, built, strict=True):
+        member = getattr(keys, name)
+        expected = member(*(f"<{p}>" for p in TABLE[name].parts)) if TABLE[name].parts else member
+        assert value.decode() == expected, name
 
 
 async def _loaded(admin: aioredis.Redis, names: list[str]) -> list[bool]:

@@ -1,0 +1,138 @@
+"""The one key table (``broker/redis/keys.py``): the Lua scripts build every key name from it,
+and every key in it is documented (in the table, in each script's header, in the docs).
+
+No server: the scripts are read as text.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from blitzq.broker.redis import scripts
+from blitzq.broker.redis.keys import TABLE, Keys
+
+LUA = resources.files("blitzq.broker.redis").joinpath("lua")
+ARCHITECTURE = Path(__file__).parents[2] / "docs" / "architecture.md"
+
+#: Redis types a key may have (``channel``: a pub/sub channel, no key is stored).
+TYPES = {"stream", "list", "string", "hash", "zset", "set", "channel"}
+
+#: A Lua string literal, or a comment (skipped).
+_TOKEN = re.compile(r"""'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*"|--[^\n]*""")
+#: The prefix (or an ARGV holding it) joined to a literal: a key made outside the table.
+_CONCAT = re.compile(r"""(?:\bprefix|ARGV\[\d+\])\s*\.\.\s*['"]""")
+#: The tags of the events channel's payloads ('r:<id>', 's:<due>'), which are not key names,
+#: written right after the channel in a PUBLISH.
+_EVENT_TAG = re.compile(r"""'PUBLISH',\s*[^,]+,\s*'[rs]:'\s*\.\.""")
+
+#: Every literal piece of a key pattern: a Lua string equal to one is a hand-made key.
+_KEY_TEXT = {literal for key in TABLE.values() for literal in key.literals if literal}
+
+
+def _code(text: str) -> str:
+    """``text`` without its comments (strings kept)."""
+    return _TOKEN.sub(lambda m: "" if m.group().startswith("--") else m.group(), text)
+
+
+def _offences(text: str) -> list[str]:
+    """Lines of a Lua text that make a key name from a literal instead of ``KEY``."""
+    found = []
+    for line in text.splitlines():
+        code = _code(line)
+        literals = [m.group()[1:-1] for m in _TOKEN.finditer(code)]
+        for literal in literals:
+            if (literal in _KEY_TEXT or literal.endswith(":")) and not _EVENT_TAG.search(code):
+                found.append(f"{literal!r}: {line.strip()}")
+        if _CONCAT.search(code):
+            found.append(f"concatenated key: {line.strip()}")
+    return found
+
+
+def _header(text: str) -> str:
+    """The comment block a script starts with."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("--") or line.startswith("--@include"):
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _pattern(key_text: str) -> str:
+    """A key pattern with its placeholders' names dropped (``t:<id>`` is ``t:<task_id>``)."""
+    return re.sub(r"<[^<>]*>", "<>", key_text)
+
+
+def test_the_check_catches_a_key_made_by_hand() -> None:
+    assert _offences("redis.call('GET', prefix .. 't:' .. id)")
+    assert _offences("local k = ARGV[1] .. 'dlq'")
+    assert _offences("local k = p .. 'newkey:' .. id")
+    assert _offences("redis.call('DEL', 'sched:m')")
+    assert not _offences("redis.call('GET', KEY.record(prefix, id))  -- not prefix .. 't:'")
+    assert not _offences("redis.call('PUBLISH', KEY.events(prefix), 's:' .. due)")
+    assert not _offences("redis.call('HSET', key, 'state', 'running')")
+
+
+@pytest.mark.parametrize("name", scripts.names())
+def test_no_script_makes_a_key_outside_the_table(name: str) -> None:
+    assert _offences(LUA.joinpath(f"{name}.lua").read_text()) == []
+
+
+@pytest.mark.parametrize("name", scripts.names())
+def test_every_script_header_documents_its_keys_arguments_and_answer(name: str) -> None:
+    raw = LUA.joinpath(f"{name}.lua").read_text()
+    header = _header(raw)
+    code = _code(raw)
+    assert header.startswith(f"-- {name}.lua: ")
+    for number in {int(n) for n in re.findall(r"\bKEYS\[(\d+)\]", code)}:
+        assert f"KEYS[{number}] {{ns}}:" in header, f"KEYS[{number}] undocumented"
+    if re.search(r"\bKEYS\b", code) and "KEYS[" not in code:
+        assert "KEYS[i] {ns}:" in header
+    for number in {int(n) for n in re.findall(r"\bARGV\[(\d+)\]", code)}:
+        assert re.search(rf"ARGV\[{number}(\]|\.\.)", header) or "ARGV[2i" in header, number
+    assert "Returns" in header or name == "dead_letters"
+    # Every key it builds, its included files' among them, by its pattern.
+    used = set(re.findall(r"\bKEY\.(\w+)\(", _code(scripts.load(name).source)))
+    documented = _pattern(header)
+    for key in sorted(used):
+        assert _pattern("{ns}:" + TABLE[key].pattern) in documented, f"{key} undocumented"
+
+
+def test_every_key_of_the_table_is_documented_and_is_what_keys_builds() -> None:
+    keys = Keys("ns")
+    methods = {n for n in dir(Keys) if not n.startswith("_")} - {"prefix", "namespace"}
+    assert methods == set(TABLE)
+    docs = ARCHITECTURE.read_text()
+    section = docs[docs.index("## Redis keys") :]
+    documented = {_pattern(k) for k in re.findall(r"`(\{ns\}:[^`]*)`", section)}
+    for name, key in TABLE.items():
+        assert key.type in TYPES, name
+        assert len(key.holds) > 10, name
+        assert all(part.isidentifier() for part in key.parts), name
+        member = getattr(keys, name)
+        built = member(*(f"<{part}>" for part in key.parts)) if key.parts else member
+        assert built == "{ns}:" + key.pattern, name
+        assert _pattern("{ns}:" + key.pattern) in documented, f"{name} not in architecture.md"
+
+
+def test_the_prelude_builds_the_names_keys_builds() -> None:
+    lua = scripts.prelude(TABLE)
+    for name, key in TABLE.items():
+        (line,) = [x for x in lua.splitlines() if x.startswith(f"function KEY.{name}(")]
+        body = line.split(" return ", 1)[1].removesuffix(" end")
+        # Evaluate the Lua concatenation with the parts' own names as values.
+        values = {"prefix": "{ns}:", **{part: f"<{part}>" for part in key.parts}}
+        pieces = [
+            piece[1:-1] if piece.startswith("'") else values[piece] for piece in body.split(" .. ")
+        ]
+        assert "".join(pieces) == "{ns}:" + key.pattern, name
+
+
+def test_an_unknown_key_builder_is_refused() -> None:
+    with pytest.raises(KeyError):
+        scripts.prelude(["no_such_key"])
+    assert scripts.prelude([]) == ""
