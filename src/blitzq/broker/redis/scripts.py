@@ -12,7 +12,9 @@
 - :class:`Scripts` runs them on one client: ``EVALSHA``, and on ``NOSCRIPT`` (a server that
   restarted, failed over or flushed its script cache, or that never saw the script)
   ``SCRIPT LOAD`` then ``EVALSHA`` again. Plain EVALSHA works on every supported server
-  (Redis 6 and 7, Valkey); Redis Functions are not used.
+  (Redis 6 and 7, Valkey). Redis Functions (``FUNCTION LOAD``, Redis >= 7) are not used: a
+  library is named and persisted, so processes of two blitzq versions sharing a server would
+  replace each other's library, while a script is addressed by the digest of its own text.
 
 A script is named by its file name without ``.lua`` (``"complete"`` is ``lua/complete.lua``).
 """
