@@ -45,7 +45,7 @@ CALLED = {
 # ------------------------------------------------------------------ loader (no server)
 def test_every_script_is_read_once_with_its_includes_expanded() -> None:
     lua = resources.files("blitzq.broker.redis").joinpath("lua")
-    library = lua.joinpath("dead_letters.lua").read_text().rstrip("\n")
+    library = scripts.expand_keys(lua.joinpath("dead_letters.lua").read_text()).rstrip("\n")
     assert set(scripts.names()) == CALLED | {"dead_letters"}
     for name in scripts.names():
         script = scripts.load(name)
@@ -57,10 +57,9 @@ def test_every_script_is_read_once_with_its_includes_expanded() -> None:
         if "--@include dead_letters.lua" in raw:
             assert library in script.source
             assert "local function dl_note(" in script.source
-        else:  # the key builders it calls (none: no prelude), then the file as it is
-            used = re.findall(r"\bKEY\.(\w+)\(", raw)
-            assert script.source == scripts.prelude(used) + raw
-            assert bool(used) == script.source.startswith("-- Key builders generated")
+        else:  # the file as it is, its KEY calls expanded
+            assert script.source == scripts.expand_keys(raw)
+        assert not re.search(r"\bKEY\.\w+\(", script.source)  # none left to the server
 
 
 def test_an_unknown_script_name_is_an_error() -> None:
@@ -148,21 +147,17 @@ async def reliable(own_url: str, admin: aioredis.Redis) -> AsyncIterator[Reliabl
         await admin.delete(key)
 
 
-async def test_the_lua_key_builders_make_the_names_keys_makes(admin: aioredis.Redis) -> None:
-    """Every ``KEY.<name>`` of the generated prelude, run by the server, builds the name
+async def test_the_expanded_key_calls_make_the_names_keys_makes(admin: aioredis.Redis) -> None:
+    """Every ``KEY.<name>`` call, expanded and run by the server, builds the name
     :class:`Keys` builds in Python (each part filled with its own name)."""
-    names = sorted(TABLE)
-    calls = [
-        f"KEY.{name}(ARGV[1]" + "".join(f", '<{part}>'" for part in TABLE[name].parts) + ")"
-        for name in names
-    ]
-    lua = scripts.prelude(names) + "return {" + ", ".join(calls) + "}"
-    built = await admin.eval(lua, 0, Keys("n s").prefix)
     keys = Keys("n s")
-    for name, value in zip(names, built, strict=True):
+    for name, key in TABLE.items():
+        args = ", ".join(f"ARGV[{i}]" for i in range(1, len(key.parts) + 2))
+        lua = scripts.expand_keys(f"return KEY.{name}({args})")
+        parts = [f"<{part}>" for part in key.parts]
+        built = await admin.eval(lua, 0, keys.prefix, *parts)
         member = getattr(keys, name)
-        expected = member(*(f"<{p}>" for p in TABLE[name].parts)) if TABLE[name].parts else member
-        assert value.decode() == expected, name
+        assert built.decode() == (member(*parts) if parts else member), name
 
 
 async def _loaded(admin: aioredis.Redis, names: list[str]) -> list[bool]:

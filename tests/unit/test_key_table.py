@@ -52,6 +52,13 @@ def _offences(text: str) -> list[str]:
     return found
 
 
+def _with_includes(name: str) -> str:
+    """The text of ``lua/<name>.lua`` with its included files' text after it."""
+    raw = LUA.joinpath(f"{name}.lua").read_text()
+    included = re.findall(r"^--@include (\S+)$", raw, re.M)
+    return "\n".join([raw, *(LUA.joinpath(file).read_text() for file in included)])
+
+
 def _header(text: str) -> str:
     """The comment block a script starts with."""
     lines = []
@@ -96,7 +103,7 @@ def test_every_script_header_documents_its_keys_arguments_and_answer(name: str) 
         assert re.search(rf"ARGV\[{number}(\]|\.\.)", header) or "ARGV[2i" in header, number
     assert "Returns" in header or name == "dead_letters"
     # Every key it builds, its included files' among them, by its pattern.
-    used = set(re.findall(r"\bKEY\.(\w+)\(", _code(scripts.load(name).source)))
+    used = set(re.findall(r"\bKEY\.(\w+)\(", _code(_with_includes(name))))
     documented = _pattern(header)
     for key in sorted(used):
         assert _pattern("{ns}:" + TABLE[key].pattern) in documented, f"{key} undocumented"
@@ -119,20 +126,27 @@ def test_every_key_of_the_table_is_documented_and_is_what_keys_builds() -> None:
         assert _pattern("{ns}:" + key.pattern) in documented, f"{name} not in architecture.md"
 
 
-def test_the_prelude_builds_the_names_keys_builds() -> None:
-    lua = scripts.prelude(TABLE)
-    for name, key in TABLE.items():
-        (line,) = [x for x in lua.splitlines() if x.startswith(f"function KEY.{name}(")]
-        body = line.split(" return ", 1)[1].removesuffix(" end")
-        # Evaluate the Lua concatenation with the parts' own names as values.
+def test_a_key_call_becomes_the_concatenation_of_its_pattern() -> None:
+    expand = scripts.expand_keys
+    assert expand("KEY.record(prefix, id)") == "(prefix .. 't:' .. id)"
+    assert expand("KEY.dead_letters(ARGV[1])") == "(ARGV[1] .. 'dlq')"
+    assert (
+        expand("redis.call('HSET', KEY.workflow_join(prefix, op[2], op[3]), 'f', 1)")
+        == "redis.call('HSET', (prefix .. 'wf:' .. op[2] .. ':j:' .. op[3]), 'f', 1)"
+    )
+    for name, key in TABLE.items():  # each pattern, evaluated as Lua would concatenate it
+        args = ["prefix", *key.parts]
+        body = expand(f"KEY.{name}({', '.join(args)})").removeprefix("(").removesuffix(")")
         values = {"prefix": "{ns}:", **{part: f"<{part}>" for part in key.parts}}
-        pieces = [
-            piece[1:-1] if piece.startswith("'") else values[piece] for piece in body.split(" .. ")
-        ]
+        pieces = [p[1:-1] if p.startswith("'") else values[p] for p in body.split(" .. ")]
         assert "".join(pieces) == "{ns}:" + key.pattern, name
 
 
-def test_an_unknown_key_builder_is_refused() -> None:
+def test_a_key_call_the_table_cannot_make_is_refused() -> None:
     with pytest.raises(KeyError):
-        scripts.prelude(["no_such_key"])
-    assert scripts.prelude([]) == ""
+        scripts.expand_keys("KEY.no_such_key(prefix, id)")
+    with pytest.raises(ValueError, match="takes"):
+        scripts.expand_keys("KEY.record(prefix)")
+    with pytest.raises(ValueError, match="line 2"):
+        scripts.expand_keys("local a = 1\nreturn KEY.record(prefix, a .. b)")
+    assert scripts.expand_keys("return KEYS[1]") == "return KEYS[1]"

@@ -2,8 +2,8 @@
 
 All keys of a namespace start with ``{ns}:``, whose braces are a Redis Cluster hash tag, so
 every Lua script touches one cluster slot. :class:`Keys` builds the names on the Python side;
-the Lua scripts build theirs with the ``KEY`` functions ``scripts.py`` generates from the same
-table (``KEY.record(prefix, id)`` is ``Keys(ns).record(id)``), so a suffix is written once.
+the Lua scripts write ``KEY.record(prefix, id)``, which ``scripts.py`` expands from the same
+table to what ``Keys(ns).record(id)`` makes, so a suffix is written once.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Key:
 
 
 # fmt: off
-#: Every key of a namespace by name (the :class:`Keys` method and the Lua ``KEY`` function).
+#: Every key of a namespace by name (the :class:`Keys` member and the Lua ``KEY.<name>`` call).
 TABLE: Final[dict[str, Key]] = {
     "stream": Key("s:<queue>", "stream",
         "reliable-mode messages of a physical queue, group `blitzq`: `m` message, `d` deliveries"),

@@ -2,13 +2,13 @@
 
 - :func:`load` reads a script once per process: its text, with each line
   ``--@include <file>.lua`` replaced by that file's text (shared functions such as the
-  dead-letter retention of ``dead_letters.lua``), after the generated key prelude
-  (:func:`prelude`), and its SHA1 digest. Every broker of the process shares that
+  dead-letter retention of ``dead_letters.lua``) and its ``KEY`` calls expanded
+  (:func:`expand_keys`), and its SHA1 digest. Every broker of the process shares that
   :class:`Script`.
-- The scripts build every key name with ``KEY.<name>(prefix, <parts>...)``, functions that
-  :func:`prelude` generates from ``keys.TABLE`` (the ones a script uses, nothing else): a key's
-  suffix is written only in ``keys.py``, and ``KEY.record(prefix, id)`` is the name
-  ``Keys(ns).record(id)`` makes in Python.
+- The scripts build every key name with ``KEY.<name>(prefix, <parts>...)``, which the loader
+  replaces by the concatenation ``keys.TABLE`` gives (``KEY.record(prefix, id)`` becomes
+  ``(prefix .. 't:' .. id)``, the name ``Keys(ns).record(id)`` makes in Python): a key's
+  suffix is written only in ``keys.py``, and building a key costs no Lua function call.
 - :class:`Scripts` runs them on one client: ``EVALSHA``, and on ``NOSCRIPT`` (a server that
   restarted, failed over or flushed its script cache, or that never saw the script)
   ``SCRIPT LOAD`` then ``EVALSHA`` again. Plain EVALSHA works on every supported server
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -35,8 +35,10 @@ from .keys import TABLE
 INCLUDE = "--@include "
 """A line starting with this is replaced by the text of the file it names."""
 
-_USES = re.compile(r"\bKEY\.(\w+)\(")
-"""A call of a key builder in a script: ``KEY.<name>(``."""
+_ARG = r"[A-Za-z_]\w*(?:\[\w+\])?"
+_CALL = re.compile(rf"\bKEY\.(\w+)\(\s*({_ARG}(?:\s*,\s*{_ARG})*)\s*\)")
+"""A key built in a script: ``KEY.<name>(prefix, <parts>...)``, each argument a plain name."""
+_ANY_CALL = re.compile(r"\bKEY\.\w+\s*\(")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,38 +71,45 @@ def _read(file: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def prelude(names: Iterable[str]) -> str:
-    """Lua defining ``KEY.<name>(prefix, <parts>...)`` for each key of ``names``.
+def expand_keys(text: str) -> str:
+    """``text`` with each call ``KEY.<name>(prefix, <parts>...)`` replaced by the name it builds.
 
-    Each function returns ``prefix .. <pattern with its parts filled in>``, the pattern being
-    that of ``keys.TABLE[name]`` (``KEY.workflow_join(prefix, workflow_id, join_id)`` is
-    ``prefix .. 'wf:' .. workflow_id .. ':j:' .. join_id``). Empty when ``names`` is.
+    The name is ``prefix`` followed by the pattern of ``keys.TABLE[name]`` with the parts
+    filled in: ``KEY.workflow_join(prefix, op[2], op[3])`` becomes
+    ``(prefix .. 'wf:' .. op[2] .. ':j:' .. op[3])``. Expanded once, when the script is read,
+    so building a key costs the script nothing more than the concatenation written by hand.
 
     Args:
-        names: key names of ``keys.TABLE`` (repeats are fine).
+        text: Lua source. Each argument of a ``KEY`` call is a name, optionally indexed once
+            (``id``, ``ARGV[1]``, ``c[3]``).
 
     Raises:
-        KeyError: a name that is not in ``keys.TABLE`` (a script calling an unknown builder).
-        ValueError: a pattern with characters a plain quoted string cannot hold as is.
+        KeyError: a name that is not in ``keys.TABLE`` (a script calling an unknown key).
+        ValueError: a call with the wrong number of parts or with other arguments, or a
+            pattern that a plain quoted Lua string cannot hold as is.
     """
-    wanted = sorted(set(names))
-    if not wanted:
-        return ""
-    lines = ["-- Key builders generated from broker/redis/keys.py (TABLE); prefix is '{ns}:'.",
-             "local KEY = {}"]  # fmt: skip
-    for name in wanted:
-        key = TABLE[name]
-        pieces = ["prefix"]
-        for literal, part in zip(key.literals, [*key.parts, None], strict=True):
+
+    def expand(call: re.Match[str]) -> str:
+        key = TABLE[call.group(1)]
+        prefix, *parts = (arg.strip() for arg in call.group(2).split(","))
+        if len(parts) != len(key.parts):
+            raise ValueError(f"{call.group()}: {call.group(1)} takes {key.parts} after prefix")
+        pieces = [prefix]
+        for literal, part in zip(key.literals, [*parts, None], strict=True):
             if not re.fullmatch(r"[\w:.-]*", literal):
-                raise ValueError(f"key {name!r}: {literal!r} is not a plain Lua string")
+                raise ValueError(f"{call.group(1)}: {literal!r} is not a plain Lua string")
             if literal:
                 pieces.append(repr(literal))
             if part is not None:
                 pieces.append(part)
-        args = ", ".join(["prefix", *key.parts])
-        lines.append(f"function KEY.{name}({args}) return {' .. '.join(pieces)} end")
-    return "\n".join(lines) + "\n"
+        return "(" + " .. ".join(pieces) + ")"
+
+    out = _CALL.sub(expand, text)
+    left = _ANY_CALL.search(out)
+    if left is not None:
+        line = out[: left.start()].count("\n") + 1
+        raise ValueError(f"line {line}: a KEY call takes prefix and parts as plain names")
+    return out
 
 
 def load(name: str) -> Script:
@@ -111,13 +120,12 @@ def load(name: str) -> Script:
 
     Raises:
         FileNotFoundError: no such script ships with blitzq (a programming error).
-        KeyError: the script calls a ``KEY`` builder not in ``keys.TABLE`` (a programming
+        KeyError, ValueError: a ``KEY`` call :func:`expand_keys` refuses (a programming
             error).
     """
     script = _loaded.get(name)
     if script is None:
-        text = _read(f"{name}.lua")
-        source = prelude(_USES.findall(text)) + text
+        source = expand_keys(_read(f"{name}.lua"))
         script = Script(name, source, hashlib.sha1(source.encode()).hexdigest())
         _loaded[name] = script
     return script

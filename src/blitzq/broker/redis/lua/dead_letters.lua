@@ -5,9 +5,8 @@
 --   {ns}:dlq           dead-letter index (zset: task id -> failure time, Unix seconds)
 --   {ns}:dlq:size      each dead letter's size in bytes (hash: task id -> bytes)
 --   {ns}:dlq:bytes     the sum of those sizes (string, bytes)
--- No KEYS or ARGV of its own; the including script must define KEY.dead_letter,
--- KEY.dead_letters, KEY.dead_letter_sizes and KEY.dead_letter_bytes (scripts.py does: the
--- included text's KEY calls are the including script's). Returns nothing.
+-- No KEYS or ARGV of its own (scripts.py expands its KEY calls as the including script's).
+-- Returns nothing: it defines dl_note, dl_drop and dl_trim.
 
 -- A dead letter of `size` bytes (message + error + 64) was just written under `id`: expire
 -- it after ttl seconds and count its bytes (replacing the count of an older one with the same
