@@ -47,7 +47,7 @@ class Script:
 
     Attributes:
         name: file name without ``.lua``.
-        source: the text with ``--@include`` lines expanded.
+        source: the text with its ``--@include`` lines and ``KEY`` calls expanded.
         sha: SHA1 hex digest of ``source`` encoded as UTF-8 (the ``EVALSHA`` argument).
     """
 
