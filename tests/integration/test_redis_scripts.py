@@ -10,6 +10,7 @@ Checked on a private Redis (``redis-server`` on a free port: ``SCRIPT FLUSH`` an
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import subprocess
 import time
@@ -28,6 +29,7 @@ from blitzq.broker import Completion, Scheduled
 from blitzq.broker.redis import FastRedisBroker, ReliableRedisBroker, ephemeral, scripts
 from blitzq.broker.redis.client import broker_error
 from blitzq.broker.redis.common import RedisBroker
+from blitzq.broker.redis.keys import TABLE, Keys
 from blitzq.exceptions import BrokerError
 
 from ..conftest import free_port
@@ -42,7 +44,8 @@ CALLED = {
 
 # ------------------------------------------------------------------ loader (no server)
 def test_every_script_is_read_once_with_its_includes_expanded() -> None:
-    library = scripts.load("dead_letters").source
+    lua = resources.files("blitzq.broker.redis").joinpath("lua")
+    library = scripts.expand_keys(lua.joinpath("dead_letters.lua").read_text()).rstrip("\n")
     assert set(scripts.names()) == CALLED | {"dead_letters"}
     for name in scripts.names():
         script = scripts.load(name)
@@ -50,12 +53,13 @@ def test_every_script_is_read_once_with_its_includes_expanded() -> None:
         assert scripts.load(name) is script  # cached for the process
         assert not any(line.startswith("--@include") for line in script.source.splitlines())
         assert script.sha == hashlib.sha1(script.source.encode()).hexdigest()
-        raw = resources.files("blitzq.broker.redis").joinpath("lua", f"{name}.lua").read_text()
+        raw = lua.joinpath(f"{name}.lua").read_text()
         if "--@include dead_letters.lua" in raw:
             assert library in script.source
             assert "local function dl_note(" in script.source
-        else:
-            assert script.source == raw
+        else:  # the file as it is, its KEY calls expanded
+            assert script.source == scripts.expand_keys(raw)
+        assert not re.search(r"\bKEY\.\w+\(", script.source)  # none left to the server
 
 
 def test_an_unknown_script_name_is_an_error() -> None:
@@ -141,6 +145,19 @@ async def reliable(own_url: str, admin: aioredis.Redis) -> AsyncIterator[Reliabl
     await broker.close()
     async for key in admin.scan_iter(match=f"{namespace}:*"):
         await admin.delete(key)
+
+
+async def test_the_expanded_key_calls_make_the_names_keys_makes(admin: aioredis.Redis) -> None:
+    """Every ``KEY.<name>`` call, expanded and run by the server, builds the name
+    :class:`Keys` builds in Python (each part filled with its own name)."""
+    keys = Keys("n s")
+    for name, key in TABLE.items():
+        args = ", ".join(f"ARGV[{i}]" for i in range(1, len(key.parts) + 2))
+        lua = scripts.expand_keys(f"return KEY.{name}({args})")
+        parts = [f"<{part}>" for part in key.parts]
+        built = await admin.eval(lua, 0, keys.prefix, *parts)
+        member = getattr(keys, name)
+        assert built.decode() == (member(*parts) if parts else member), name
 
 
 async def _loaded(admin: aioredis.Redis, names: list[str]) -> list[bool]:

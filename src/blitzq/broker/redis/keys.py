@@ -1,13 +1,16 @@
-"""Every Redis key name blitzq uses, made in one place.
+"""Every Redis key name blitzq uses, made in one place: :data:`TABLE`.
 
-All keys of a namespace share the hash tag ``{ns}`` so every Lua script touches one cluster
-slot. Scripts receive :attr:`Keys.prefix` and derive the per-queue and per-task names from it
-with the same suffixes defined here (``s:``, ``l:``, ``t:``, ``d:``, ``done:``).
+All keys of a namespace start with ``{ns}:``, whose braces are a Redis Cluster hash tag, so
+every Lua script touches one cluster slot. :class:`Keys` builds the names on the Python side;
+the Lua scripts write ``KEY.record(prefix, id)``, which ``scripts.py`` expands from the same
+table to what ``Keys(ns).record(id)`` makes, so a suffix is written once.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Final
 
 #: The consumer group every reliable-mode stream uses.
 GROUP = "blitzq"
@@ -16,8 +19,99 @@ MESSAGE_FIELD = b"m"
 
 
 @dataclass(frozen=True, slots=True)
+class Key:
+    """One key (or pub/sub channel) of a namespace: ``{ns}:`` followed by :attr:`pattern`.
+
+    Attributes:
+        pattern: the name after ``{ns}:``; a ``<part>`` is filled in by the caller, e.g.
+            ``"t:<task_id>"`` or ``"wf:<workflow_id>:j:<join_id>"``; none for a fixed key.
+        type: the Redis type (``stream``, ``list``, ``string``, ``hash``, ``zset``, ``set``)
+            or ``channel`` for a pub/sub channel.
+        holds: what it holds, with its units.
+    """
+
+    pattern: str
+    type: str
+    holds: str
+
+    @property
+    def parts(self) -> list[str]:
+        """Names of the ``<part>`` placeholders, in order (empty for a fixed key)."""
+        return re.findall(r"<(\w+)>", self.pattern)
+
+    @property
+    def literals(self) -> list[str]:
+        """The literal text around the placeholders: one more item than :attr:`parts`."""
+        return re.split(r"<\w+>", self.pattern)
+
+
+# fmt: off
+#: Every key of a namespace by name (the :class:`Keys` member and the Lua ``KEY.<name>`` call).
+TABLE: Final[dict[str, Key]] = {
+    "stream": Key("s:<queue>", "stream",
+        "reliable-mode messages of a physical queue, group `blitzq`: `m` message, `d` deliveries"),
+    "list": Key("l:<queue>", "list",
+        "fast-mode messages of one physical queue"),
+    "record": Key("t:<task_id>", "string",
+        "a task's record (MessagePack map); expires after result_ttl"),
+    "done_channel": Key("done:<task_id>", "channel",
+        "published when the record is written: the record itself (small) or `1`"),
+    "dead_letter": Key("d:<task_id>", "hash",
+        "a dead letter: message, reason, error, task, queue, failed_at, kind; dead_letter_ttl"),
+    "unique": Key("u:<key>", "string",
+        "unique-task key `<task>:<key>`: id of the task holding it; TTL in ms"),
+    "unique_owner": Key("ub:<task_id>", "string",
+        "the unique key a task holds (so a cancel can free it); same TTL"),
+    "lock": Key("lk:<key>", "zset",
+        "holders of a task lock scored by lease expiry (Unix seconds, server clock)"),
+    "workflow": Key("wf:<workflow_id>", "hash",
+        "a workflow: state, steps, created_at, result, error_type, error, step, finished_at"),
+    "workflow_join": Key("wf:<workflow_id>:j:<join_id>", "hash",
+        "a chord's member results by index, plus `f` (fired at, Unix seconds)"),
+    "workflow_channel": Key("done:wf:<workflow_id>", "channel",
+        "published (`1`) when a workflow reaches a final state"),
+    "progress": Key("p:<task_id>", "hash",
+        "a task's latest progress: `at` (Unix seconds) and `v` (encoded update)"),
+    "progress_channel": Key("progress:<task_id>", "channel",
+        "each progress update written for a task"),
+    "rate_limit": Key("rl:<key>", "hash",
+        "a token bucket (task name, rate_key or `queue:<q>`): `t` tokens, `ts` server time (s)"),
+    "dead_letters": Key("dlq", "zset",
+        "dead-lettered task ids scored by failure time (Unix seconds)"),
+    "dead_letter_sizes": Key("dlq:size", "hash",
+        "dead-lettered task id to its size in bytes (lua/dead_letters.lua)"),
+    "dead_letter_bytes": Key("dlq:bytes", "string",
+        "sum of dead_letter_sizes in bytes, held under dead_letter_max_bytes"),
+    "schedule": Key("sched", "zset",
+        "scheduled task ids scored by due time (Unix seconds, server clock)"),
+    "schedule_data": Key("sched:m", "hash",
+        "scheduled task id to `<kind><queue>\\n<message>`, kind `s` stream or `l` list"),
+    "periodic": Key("periodic", "hash",
+        "periodic task name to its last dispatched occurrence (Unix seconds)"),
+    "revoked": Key("revoked", "zset",
+        "cancelled task ids scored by when the mark expires (Unix seconds)"),
+    "events": Key("events", "channel",
+        "`r:<id>` a task was cancelled, `s:<due>` a message was scheduled"),
+    "stats": Key("stats", "hash",
+        "namespace-wide counters: `stale_completions` (completions fenced off)"),
+    "queues": Key("queues", "set",
+        "queue names producers and workers have used"),
+    "workers": Key("workers", "hash",
+        "worker id to registration info (MessagePack); liveness in workers:exp"),
+    "worker_beats": Key("workers:exp", "zset",
+        "worker ids scored by registration expiry (Unix seconds)"),
+}
+# fmt: on
+
+
+#: Each key's literal text around its parts, e.g. ``["wf:", ":j:", ""]`` (built once).
+_TEXT: Final[dict[str, list[str]]] = {name: key.literals for name, key in TABLE.items()}
+_S, _L, _T = _TEXT["stream"][0], _TEXT["list"][0], _TEXT["record"][0]
+
+
+@dataclass(frozen=True, slots=True)
 class Keys:
-    """Key names of one namespace.
+    """Key names of one namespace (each method is the :data:`TABLE` entry of its name).
 
     Args:
         namespace: the application namespace (any non-empty string without ``{`` or ``}``).
@@ -27,117 +121,131 @@ class Keys:
 
     @property
     def prefix(self) -> str:
-        """``{ns}:`` — the start of every key."""
+        """``{ns}:`` — the start of every key; the scripts' ``prefix`` argument."""
         return "{" + self.namespace + "}:"
+
+    def _one(self, name: str, part: str) -> str:
+        """``{ns}:`` + the key ``name`` with its one part filled in."""
+        before, after = _TEXT[name]
+        return self.prefix + before + part + after
+
+    def _fixed(self, name: str) -> str:
+        """The fixed key ``name`` (one without parts)."""
+        return self.prefix + _TEXT[name][0]
 
     def stream(self, queue: str) -> str:
         """Reliable-mode stream of a queue."""
-        return f"{self.prefix}s:{queue}"
+        return self.prefix + _S + queue
 
     def list(self, queue: str) -> str:
         """Fast-mode list of a queue."""
-        return f"{self.prefix}l:{queue}"
+        return self.prefix + _L + queue
 
     def record(self, task_id: str) -> str:
         """A task's record."""
-        return f"{self.prefix}t:{task_id}"
+        return self.prefix + _T + task_id
 
     def done_channel(self, task_id: str) -> str:
         """Pub/sub channel announcing that a task's record was written."""
-        return f"{self.prefix}done:{task_id}"
+        return self._one("done_channel", task_id)
 
     def dead_letter(self, task_id: str) -> str:
         """Hash holding one dead letter's fields."""
-        return f"{self.prefix}d:{task_id}"
+        return self._one("dead_letter", task_id)
 
     def unique(self, key: str) -> str:
         """Unique-task key ``<task>:<key>``: the id of the task holding it, with a TTL."""
-        return f"{self.prefix}u:{key}"
+        return self._one("unique", key)
+
+    def unique_owner(self, task_id: str) -> str:
+        """The unique key a task holds (written by ``unique_claim.lua`` and ``replay.lua``)."""
+        return self._one("unique_owner", task_id)
 
     def lock(self, key: str) -> str:
         """Sorted set of a task lock's holders scored by lease expiry (Unix seconds)."""
-        return f"{self.prefix}lk:{key}"
+        return self._one("lock", key)
 
     def workflow(self, workflow_id: str) -> str:
         """Hash of a workflow's state (state, result, error, steps); see ``blitzq.workflow``."""
-        return f"{self.prefix}wf:{workflow_id}"
+        return self._one("workflow", workflow_id)
 
     def workflow_join(self, workflow_id: str, join_id: str) -> str:
         """Hash of a chord's member results by index, plus its ``f`` (fired) flag."""
-        return f"{self.prefix}wf:{workflow_id}:j:{join_id}"
+        first, middle, last = _TEXT["workflow_join"]
+        return self.prefix + first + workflow_id + middle + join_id + last
 
     def workflow_channel(self, workflow_id: str) -> str:
         """Pub/sub channel announcing that a workflow reached a final state."""
-        return f"{self.prefix}done:wf:{workflow_id}"
+        return self._one("workflow_channel", workflow_id)
 
     def progress(self, task_id: str) -> str:
         """Hash of a task's latest progress: ``at`` (Unix time) and ``v`` (encoded update)."""
-        return f"{self.prefix}p:{task_id}"
+        return self._one("progress", task_id)
 
     def progress_channel(self, task_id: str) -> str:
         """Pub/sub channel carrying each progress update written for a task."""
-        return f"{self.prefix}progress:{task_id}"
+        return self._one("progress_channel", task_id)
 
     def rate_limit(self, key: str) -> str:
         """Token bucket of a rate limit (a task name, a shared ``rate_key``, ``queue:<q>``)."""
-        return f"{self.prefix}rl:{key}"
+        return self._one("rate_limit", key)
 
     @property
     def dead_letters(self) -> str:
         """Sorted set of dead-lettered task ids scored by failure time."""
-        return f"{self.prefix}dlq"
+        return self._fixed("dead_letters")
 
     @property
     def dead_letter_sizes(self) -> str:
         """Hash of dead-lettered task id to its size in bytes (``lua/dead_letters.lua``)."""
-        return f"{self.prefix}dlq:size"
+        return self._fixed("dead_letter_sizes")
 
     @property
     def dead_letter_bytes(self) -> str:
         """Sum of :attr:`dead_letter_sizes`, held under ``dead_letter_max_bytes``."""
-        return f"{self.prefix}dlq:bytes"
+        return self._fixed("dead_letter_bytes")
 
     @property
     def schedule(self) -> str:
         """Sorted set of scheduled task ids scored by due time."""
-        return f"{self.prefix}sched"
+        return self._fixed("schedule")
 
     @property
     def schedule_data(self) -> str:
         """Hash of scheduled task id to ``<kind><queue>\\n<message>``."""
-        return f"{self.prefix}sched:m"
+        return self._fixed("schedule_data")
 
     @property
     def periodic(self) -> str:
         """Hash of periodic task name to its last dispatched occurrence (Unix seconds)."""
-        return f"{self.prefix}periodic"
+        return self._fixed("periodic")
 
     @property
     def revoked(self) -> str:
         """Sorted set of cancelled task ids scored by when the mark expires."""
-        return f"{self.prefix}revoked"
+        return self._fixed("revoked")
 
     @property
     def events(self) -> str:
         """Pub/sub channel: ``r:<id>`` a task was cancelled, ``s:<eta>`` one was scheduled."""
-        return f"{self.prefix}events"
+        return self._fixed("events")
 
     @property
     def stats(self) -> str:
         """Hash of namespace-wide counters (``stale_completions``: completions fenced off)."""
-        return f"{self.prefix}stats"
+        return self._fixed("stats")
 
     @property
     def queues(self) -> str:
         """Set of known queue names."""
-        return f"{self.prefix}queues"
+        return self._fixed("queues")
 
     @property
     def workers(self) -> str:
         """Hash of worker id to registration info; liveness in :attr:`worker_beats`."""
-        return f"{self.prefix}workers"
+        return self._fixed("workers")
 
     @property
     def worker_beats(self) -> str:
         """Sorted set of worker id scored by registration expiry (Unix seconds)."""
-        return f"{self.prefix}workers:exp"
+        return self._fixed("worker_beats")

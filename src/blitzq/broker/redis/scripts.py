@@ -2,12 +2,19 @@
 
 - :func:`load` reads a script once per process: its text, with each line
   ``--@include <file>.lua`` replaced by that file's text (shared functions such as the
-  dead-letter retention of ``dead_letters.lua``), and its SHA1 digest. Every broker of the
-  process shares that :class:`Script`.
+  dead-letter retention of ``dead_letters.lua``) and its ``KEY`` calls expanded
+  (:func:`expand_keys`), and its SHA1 digest. Every broker of the process shares that
+  :class:`Script`.
+- The scripts build every key name with ``KEY.<name>(prefix, <parts>...)``, which the loader
+  replaces by the concatenation ``keys.TABLE`` gives (``KEY.record(prefix, id)`` becomes
+  ``(prefix .. 't:' .. id)``, the name ``Keys(ns).record(id)`` makes in Python): a key's
+  suffix is written only in ``keys.py``, and building a key costs no Lua function call.
 - :class:`Scripts` runs them on one client: ``EVALSHA``, and on ``NOSCRIPT`` (a server that
   restarted, failed over or flushed its script cache, or that never saw the script)
   ``SCRIPT LOAD`` then ``EVALSHA`` again. Plain EVALSHA works on every supported server
-  (Redis 6 and 7, Valkey); Redis Functions are not used.
+  (Redis 6 and 7, Valkey). Redis Functions (``FUNCTION LOAD``, Redis >= 7) are not used: a
+  library is named and persisted, so processes of two blitzq versions sharing a server would
+  replace each other's library, while a script is addressed by the digest of its own text.
 
 A script is named by its file name without ``.lua`` (``"complete"`` is ``lua/complete.lua``).
 """
@@ -15,6 +22,7 @@ A script is named by its file name without ``.lua`` (``"complete"`` is ``lua/com
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -22,8 +30,15 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
+from .keys import TABLE
+
 INCLUDE = "--@include "
 """A line starting with this is replaced by the text of the file it names."""
+
+_ARG = r"[A-Za-z_]\w*(?:\[\w+\])?"
+_CALL = re.compile(rf"\bKEY\.(\w+)\(\s*({_ARG}(?:\s*,\s*{_ARG})*)\s*\)")
+"""A key built in a script: ``KEY.<name>(prefix, <parts>...)``, each argument a plain name."""
+_ANY_CALL = re.compile(r"\bKEY\.\w+\s*\(")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +47,7 @@ class Script:
 
     Attributes:
         name: file name without ``.lua``.
-        source: the text with ``--@include`` lines expanded.
+        source: the text with its ``--@include`` lines and ``KEY`` calls expanded.
         sha: SHA1 hex digest of ``source`` encoded as UTF-8 (the ``EVALSHA`` argument).
     """
 
@@ -56,6 +71,47 @@ def _read(file: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def expand_keys(text: str) -> str:
+    """``text`` with each call ``KEY.<name>(prefix, <parts>...)`` replaced by the name it builds.
+
+    The name is ``prefix`` followed by the pattern of ``keys.TABLE[name]`` with the parts
+    filled in: ``KEY.workflow_join(prefix, op[2], op[3])`` becomes
+    ``(prefix .. 'wf:' .. op[2] .. ':j:' .. op[3])``. Expanded once, when the script is read,
+    so building a key costs the script nothing more than the concatenation written by hand.
+
+    Args:
+        text: Lua source. Each argument of a ``KEY`` call is a name, optionally indexed once
+            (``id``, ``ARGV[1]``, ``c[3]``).
+
+    Raises:
+        KeyError: a name that is not in ``keys.TABLE`` (a script calling an unknown key).
+        ValueError: a call with the wrong number of parts or with other arguments, or a
+            pattern that a plain quoted Lua string cannot hold as is.
+    """
+
+    def expand(call: re.Match[str]) -> str:
+        key = TABLE[call.group(1)]
+        prefix, *parts = (arg.strip() for arg in call.group(2).split(","))
+        if len(parts) != len(key.parts):
+            raise ValueError(f"{call.group()}: {call.group(1)} takes {key.parts} after prefix")
+        pieces = [prefix]
+        for literal, part in zip(key.literals, [*parts, None], strict=True):
+            if not re.fullmatch(r"[\w:.-]*", literal):
+                raise ValueError(f"{call.group(1)}: {literal!r} is not a plain Lua string")
+            if literal:
+                pieces.append(repr(literal))
+            if part is not None:
+                pieces.append(part)
+        return "(" + " .. ".join(pieces) + ")"
+
+    out = _CALL.sub(expand, text)
+    left = _ANY_CALL.search(out)
+    if left is not None:
+        line = out[: left.start()].count("\n") + 1
+        raise ValueError(f"line {line}: a KEY call takes prefix and parts as plain names")
+    return out
+
+
 def load(name: str) -> Script:
     """The script ``lua/<name>.lua``, read and hashed once per process.
 
@@ -64,10 +120,12 @@ def load(name: str) -> Script:
 
     Raises:
         FileNotFoundError: no such script ships with blitzq (a programming error).
+        KeyError, ValueError: a ``KEY`` call :func:`expand_keys` refuses (a programming
+            error).
     """
     script = _loaded.get(name)
     if script is None:
-        source = _read(f"{name}.lua")
+        source = expand_keys(_read(f"{name}.lua"))
         script = Script(name, source, hashlib.sha1(source.encode()).hexdigest())
         _loaded[name] = script
     return script

@@ -1,6 +1,12 @@
--- Cancel a task. KEYS[1] schedule zset, KEYS[2] schedule data hash, KEYS[3] revoked zset,
--- KEYS[4] the task's record. ARGV[1] key prefix, ARGV[2] task id, ARGV[3] now (s),
--- ARGV[4] ttl (s), ARGV[5] the cancelled record to store.
+-- cancel.lua: cancel a task, whatever state it is in.
+-- KEYS[1] {ns}:sched      schedule (zset: task id -> due time)
+-- KEYS[2] {ns}:sched:m    schedule data (hash: task id -> message)
+-- KEYS[3] {ns}:revoked    revoked marks (zset: task id -> mark expiry, Unix seconds)
+-- KEYS[4] {ns}:t:<task_id> the task's record (string)
+-- ARGV[1] key prefix "{ns}:"; ARGV[2] task id; ARGV[3] now (Unix seconds, the caller's clock);
+-- ARGV[4] ttl of the record and the mark (seconds); ARGV[5] the cancelled record to store.
+-- Also reads or writes: {ns}:done:<task_id> (PUBLISH '1'), {ns}:ub:<task_id> and the key
+-- {ns}:u:<key> it names (freed while still this task's), {ns}:events (PUBLISH 'r:<id>').
 -- Returns what the task was: "finished" (already final: nothing done), "scheduled" (taken off
 -- the schedule: it will never start), else it is marked revoked (workers skip it, or cancel
 -- it if running) and the answer is "running", "queued" or, without state tracking,
@@ -18,12 +24,13 @@ if state == 'succeeded' or state == 'failed' or state == 'dead_lettered'
 end
 local function store_record()
   redis.call('SET', KEYS[4], ARGV[5], 'EX', ttl)
-  redis.call('PUBLISH', prefix .. 'done:' .. id, '1')
+  redis.call('PUBLISH', KEY.done_channel(prefix, id), '1')
   -- A unique task's key is freed now: a cancelled task may never reach a worker.
-  local unique_key = redis.call('GET', prefix .. 'ub:' .. id)
+  local owner = KEY.unique_owner(prefix, id)
+  local unique_key = redis.call('GET', owner)
   if unique_key then
     if redis.call('GET', unique_key) == id then redis.call('DEL', unique_key) end
-    redis.call('DEL', prefix .. 'ub:' .. id)
+    redis.call('DEL', owner)
   end
 end
 if redis.call('ZREM', KEYS[1], id) == 1 then
@@ -34,7 +41,7 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 redis.call('ZADD', KEYS[3], now + ttl, id)
 store_record()
-redis.call('PUBLISH', prefix .. 'events', 'r:' .. id)
+redis.call('PUBLISH', KEY.events(prefix), 'r:' .. id)
 if state == 'running' then return 'running' end
 if state then return 'queued' end
 return 'pending'

@@ -1,5 +1,7 @@
--- Dispatch one occurrence of a periodic task, at most once however many schedulers race.
--- KEYS[1] periodic hash (name -> last dispatched occurrence), KEYS[2] the queue's stream or list
+-- claim_periodic.lua: dispatch one occurrence of a periodic task, at most once however many
+-- schedulers race.
+-- KEYS[1] {ns}:periodic   periodic hash (task name -> last dispatched occurrence, Unix s)
+-- KEYS[2] {ns}:s:<queue> (kind "s") or {ns}:l:<queue> (kind "l")   the queue to publish to
 -- ARGV[1] periodic task name, ARGV[2] occurrence (Unix seconds), ARGV[3] kind ("s"/"l"),
 -- ARGV[4] message
 -- Decided on the server's clock (TIME), never a scheduler's:

@@ -1,25 +1,40 @@
--- Apply a batch of completions atomically (blitzq group commit).
--- KEYS[1] schedule zset, KEYS[2] schedule data hash, KEYS[3] dead-letter zset
--- ARGV[1] key prefix "{ns}:", ARGV[2] consumer group, ARGV[3] dead-letter cap,
+-- complete.lua: apply a batch of completions atomically (blitzq group commit).
+-- KEYS[1] {ns}:sched      schedule (zset: task id -> due time, Unix seconds, server clock)
+-- KEYS[2] {ns}:sched:m    schedule data (hash: task id -> "<kind><queue>\n<message>")
+-- KEYS[3] {ns}:dlq        dead-letter index (zset: task id -> failure time, Unix seconds)
+-- ARGV[1] key prefix "{ns}:", ARGV[2] consumer group, ARGV[3] dead-letter cap (count),
 -- ARGV[4] the batch as one MessagePack array (one argument, so the client encodes no
 -- per-completion arguments), ARGV[5] dead-letter TTL (s), ARGV[6] dead-letter byte bound,
--- ARGV[7] largest record pushed whole on its done channel (bytes; larger: '1'), of entries:
+-- ARGV[7] largest record pushed whole on its done channel (bytes; larger: '1'),
+-- ARGV[8] this consumer's name. The batch's entries:
 --   {"A", queue, {id1, id2, ...}}   reliable acks without anything else (XACK + XDEL)
 --   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops,
 --    fence}
---     kind "s" (stream) or "l" (list); "" means absent; eta is the reschedule's delay in
---     seconds, made a due time here on the server's clock (TIME); dead is "" or
---     {message, reason, error, task, queue, failed_at} (stored with the kind: its origin);
---     fence: a token checked, not acked
--- ARGV[8] this consumer's name.
+--     kind "s" (stream) or "l" (list); "" means absent; ttl in seconds; eta is the
+--     reschedule's delay in seconds, made a due time here on the server's clock (TIME); dead
+--     is "" or {message, reason, error, task, queue, failed_at} (stored with the kind: its
+--     origin); fence: a token checked, not acked; ops: see OPS below.
+-- Also reads or writes:
+--   {ns}:s:<queue>    XACK/XDEL of acks and tokens, XPENDING of fences, XADD of requeues
+--   {ns}:l:<queue>    LPUSH of requeues (fast mode)
+--   {ns}:t:<task_id>  SET of the record (EX ttl); {ns}:done:<task_id> PUBLISH of it or '1'
+--   {ns}:events       PUBLISH 's:<due>' of a reschedule
+--   {ns}:d:<task_id>  a dead letter (HSET); {ns}:dlq:size, {ns}:dlq:bytes its bytes
+--                     (dead_letters.lua)
+--   {ns}:stats        HINCRBY stale_completions
+--   ops: {ns}:s:<queue>, {ns}:l:<queue> (publish), {ns}:wf:<workflow_id> and
+--   {ns}:wf:<workflow_id>:j:<join_id> (workflows, chords), {ns}:done:wf:<workflow_id>,
+--   {ns}:u:<key> (unique_release), {ns}:lk:<key> (lock_release), {ns}:p:<task_id> and
+--   {ns}:progress:<task_id> (progress)
 -- Fencing: a stream completion applies only while its entry (token, else fence) is still in
 -- the group's pending list (PEL) of this consumer; else it is stale and writes nothing but
--- the counter {ns}:stats stale_completions. Returns the stale ones as {queue, token} pairs.
+-- the counter {ns}:stats stale_completions.
 -- For an entry it acknowledges, the answer of XACK is the check (1: it was pending), at no
 -- extra cost: an entry is only ever pending under the consumer that read it, because
 -- recover.lua acks what it claims in the same script and renew.lua claims only entries the
 -- renewing consumer already holds (tests/contract/test_fencing_contract.py guards this). A
 -- fence without an ack (nothing to XACK) is checked with XPENDING and the consumer name.
+-- Returns the stale completions as {queue, token} pairs (an empty array when none).
 local prefix, group, cap = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local batch = cmsgpack.unpack(ARGV[4])
 local consumer = ARGV[8]
@@ -37,7 +52,7 @@ end
 -- with a token is acknowledged here.
 local function fenced(c)
   if c[2] ~= 's' then return false end
-  local id, stream = c[4], prefix .. 's:' .. c[3]
+  local id, stream = c[4], KEY.stream(prefix, c[3])
   if id ~= '' then
     if redis.call('XACK', stream, group, id) == 1 then return false end
   else
@@ -57,9 +72,9 @@ OPS['publish'] = function(op, kind)
   local k = op[2]
   if k == '' then k = kind end
   if k == 's' then
-    redis.call('XADD', prefix .. 's:' .. op[3], '*', 'm', op[4])
+    redis.call('XADD', KEY.stream(prefix, op[3]), '*', 'm', op[4])
   else
-    redis.call('RPUSH', prefix .. 'l:' .. op[3], op[4])
+    redis.call('RPUSH', KEY.list(prefix, op[3]), op[4])
   end
 end
 
@@ -67,30 +82,30 @@ end
 -- chord joins {ns}:wf:<id>:j:<join> (member index -> result, 'f' once fired), and the
 -- channel {ns}:done:wf:<id> that wakes waiters when a workflow ends.
 local function wf_open(id)
-  local state = redis.call('HGET', prefix .. 'wf:' .. id, 'state')
+  local state = redis.call('HGET', KEY.workflow(prefix, id), 'state')
   return (not state) or state == 'running'
 end
 
 local function wf_push(k, kind, queue, message)
   if k == '' then k = kind end
   if k == 's' then
-    redis.call('XADD', prefix .. 's:' .. queue, '*', 'm', message)
+    redis.call('XADD', KEY.stream(prefix, queue), '*', 'm', message)
   else
-    redis.call('RPUSH', prefix .. 'l:' .. queue, message)
+    redis.call('RPUSH', KEY.list(prefix, queue), message)
   end
 end
 
 local function wf_end(id, fields, ttl)
   if not wf_open(id) then return end
-  local key = prefix .. 'wf:' .. id
+  local key = KEY.workflow(prefix, id)
   redis.call('HSET', key, unpack(fields))
   redis.call('EXPIRE', key, ttl)
-  redis.call('PUBLISH', prefix .. 'done:wf:' .. id, '1')
+  redis.call('PUBLISH', KEY.workflow_channel(prefix, id), '1')
 end
 
 -- {"workflow_start", id, steps, ttl, now}
 OPS['workflow_start'] = function(op, kind)
-  local key = prefix .. 'wf:' .. op[2]
+  local key = KEY.workflow(prefix, op[2])
   redis.call('HSET', key, 'state', 'running', 'steps', op[3], 'created_at', op[5])
   redis.call('EXPIRE', key, op[4])
 end
@@ -118,7 +133,7 @@ end
 -- or stored as the workflow's result when queue is ''. A body over max_bytes (when given)
 -- is never built: the workflow fails with ResultTooLarge instead.
 OPS['chord'] = function(op, kind)
-  local key = prefix .. 'wf:' .. op[2] .. ':j:' .. op[3]
+  local key = KEY.workflow_join(prefix, op[2], op[3])
   local size = tonumber(op[5])
   redis.call('HSETNX', key, op[4], op[6])
   redis.call('EXPIRE', key, op[7])
@@ -157,25 +172,25 @@ end
 
 -- {"unique_release", key, task_id}: free a unique-task key while it holds task_id.
 OPS['unique_release'] = function(op, kind)
-  local key = prefix .. 'u:' .. op[2]
+  local key = KEY.unique(prefix, op[2])
   if redis.call('GET', key) == op[3] then redis.call('DEL', key) end
 end
 
 -- {"lock_release", key, holder}: give back a holder's place of a task lock.
 OPS['lock_release'] = function(op, kind)
-  redis.call('ZREM', prefix .. 'lk:' .. op[2], op[3])
+  redis.call('ZREM', KEY.lock(prefix, op[2]), op[3])
 end
 
 -- {"progress", task_id, at, data, ttl}: a run's last progress update (as progress.lua).
 OPS['progress'] = function(op, kind)
-  local key = prefix .. 'p:' .. op[2]
+  local key = KEY.progress(prefix, op[2])
   local stored = redis.call('HGET', key, 'at')
   if stored and tonumber(stored) > tonumber(op[3]) then
     return
   end
   redis.call('HSET', key, 'at', op[3], 'v', op[4])
   redis.call('EXPIRE', key, op[5])
-  redis.call('PUBLISH', prefix .. 'progress:' .. op[2], op[4])
+  redis.call('PUBLISH', KEY.progress_channel(prefix, op[2]), op[4])
 end
 
 local function ack(stream, ids, queue)
@@ -199,21 +214,21 @@ end
 
 for _, c in ipairs(batch) do
   if c[1] == 'A' then
-    ack(prefix .. 's:' .. c[2], c[3], c[2])
+    ack(KEY.stream(prefix, c[2]), c[3], c[2])
   elseif fenced(c) then
     -- stale: its lease was lost and the message recovered; nothing is written
   else
     local kind, queue, token, task_id = c[2], c[3], c[4], c[5]
     local record, ttl, reschedule, eta, dead, requeue = c[6], c[7], c[8], c[9], c[10], c[11]
     if token ~= '' then  -- acknowledged by fenced()
-      redis.call('XDEL', prefix .. 's:' .. queue, token)
+      redis.call('XDEL', KEY.stream(prefix, queue), token)
     end
     if record ~= '' then
-      redis.call('SET', prefix .. 't:' .. task_id, record, 'EX', ttl)
+      redis.call('SET', KEY.record(prefix, task_id), record, 'EX', ttl)
       if #record <= inline_max then
-        redis.call('PUBLISH', prefix .. 'done:' .. task_id, record)
+        redis.call('PUBLISH', KEY.done_channel(prefix, task_id), record)
       else  -- a big body would overflow the subscriber's output buffer: announce only
-        redis.call('PUBLISH', prefix .. 'done:' .. task_id, '1')
+        redis.call('PUBLISH', KEY.done_channel(prefix, task_id), '1')
       end
     end
     if reschedule ~= '' then
@@ -222,10 +237,10 @@ for _, c in ipairs(batch) do
       local due = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000 + eta)
       redis.call('ZADD', KEYS[1], due, task_id)
       redis.call('HSET', KEYS[2], task_id, kind .. queue .. '\n' .. reschedule)
-      redis.call('PUBLISH', prefix .. 'events', 's:' .. due)
+      redis.call('PUBLISH', KEY.events(prefix), 's:' .. due)
     end
     if dead ~= '' then
-      redis.call('HSET', prefix .. 'd:' .. task_id, 'message', dead[1], 'reason', dead[2],
+      redis.call('HSET', KEY.dead_letter(prefix, task_id), 'message', dead[1], 'reason', dead[2],
         'error', dead[3], 'task', dead[4], 'queue', dead[5], 'failed_at', dead[6], 'kind', kind)
       redis.call('ZADD', KEYS[3], dead[6], task_id)
       dl_note(prefix, task_id, #dead[1] + #dead[3] + 64, dl_ttl, dl_bytes)
@@ -233,9 +248,9 @@ for _, c in ipairs(batch) do
     end
     if requeue ~= '' then
       if kind == 's' then
-        redis.call('XADD', prefix .. 's:' .. queue, '*', 'm', requeue)
+        redis.call('XADD', KEY.stream(prefix, queue), '*', 'm', requeue)
       else
-        redis.call('LPUSH', prefix .. 'l:' .. queue, requeue)
+        redis.call('LPUSH', KEY.list(prefix, queue), requeue)
       end
     end
     local ops = c[12]
@@ -255,6 +270,6 @@ if dead_added > 0 then
   dl_trim(prefix, cap, dl_bytes)
 end
 if #stale > 0 then
-  redis.call('HINCRBY', prefix .. 'stats', 'stale_completions', #stale)
+  redis.call('HINCRBY', KEY.stats(prefix), 'stale_completions', #stale)
 end
 return stale

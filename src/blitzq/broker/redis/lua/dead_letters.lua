@@ -1,7 +1,12 @@
--- Dead-letter retention, included by the scripts that add or remove dead letters (a line
--- "--@include dead_letters.lua"). A dead letter is the hash {ns}:d:<id>, which expires after
--- the retention TTL; its id is in the zset {ns}:dlq scored by failure time (Unix seconds),
--- its size in bytes in the hash {ns}:dlq:size, and the sum of those sizes in {ns}:dlq:bytes.
+-- dead_letters.lua: dead-letter retention, included by the scripts that add or remove dead
+-- letters (a line "--@include dead_letters.lua"); not called on its own. Its functions take
+-- the key prefix "{ns}:" and read or write:
+--   {ns}:d:<task_id>   a dead letter (hash), which expires after the retention TTL
+--   {ns}:dlq           dead-letter index (zset: task id -> failure time, Unix seconds)
+--   {ns}:dlq:size      each dead letter's size in bytes (hash: task id -> bytes)
+--   {ns}:dlq:bytes     the sum of those sizes (string, bytes)
+-- No KEYS or ARGV of its own (scripts.py expands its KEY calls as the including script's).
+-- Returns nothing: it defines dl_note, dl_drop and dl_trim.
 
 -- A dead letter of `size` bytes (message + error + 64) was just written under `id`: expire
 -- it after ttl seconds and count its bytes (replacing the count of an older one with the same
@@ -10,7 +15,7 @@
 -- smaller), its error to 1024 bytes plus a note of the cut, so that one dead letter never
 -- evicts all the others.
 local function dl_note(prefix, id, size, ttl, max_bytes)
-  local key = prefix .. 'd:' .. id
+  local key = KEY.dead_letter(prefix, id)
   max_bytes = tonumber(max_bytes)
   if max_bytes and size > max_bytes then
     local got = redis.call('HMGET', key, 'message', 'error')
@@ -23,21 +28,21 @@ local function dl_note(prefix, id, size, ttl, max_bytes)
     size = #message + #err + 64
   end
   redis.call('EXPIRE', key, ttl)
-  local sizes = prefix .. 'dlq:size'
+  local sizes = KEY.dead_letter_sizes(prefix)
   local old = tonumber(redis.call('HGET', sizes, id) or 0)
   redis.call('HSET', sizes, id, size)
-  redis.call('INCRBY', prefix .. 'dlq:bytes', size - old)
+  redis.call('INCRBY', KEY.dead_letter_bytes(prefix), size - old)
 end
 
 -- Delete one dead letter's hash and its byte count (the caller removes it from the zset).
 local function dl_drop(prefix, id)
-  local sizes = prefix .. 'dlq:size'
+  local sizes = KEY.dead_letter_sizes(prefix)
   local size = redis.call('HGET', sizes, id)
   if size then
     redis.call('HDEL', sizes, id)
-    redis.call('DECRBY', prefix .. 'dlq:bytes', size)
+    redis.call('DECRBY', KEY.dead_letter_bytes(prefix), size)
   end
-  redis.call('DEL', prefix .. 'd:' .. id)
+  redis.call('DEL', KEY.dead_letter(prefix, id))
 end
 
 -- Drop the oldest dead letters while the oldest has expired (its hash outlived the TTL),
@@ -45,10 +50,10 @@ end
 -- for each reason per call, so that one call stays short whatever the backlog (the next
 -- call goes on). Clock-free: expiry is the hash's own TTL, not the failure time.
 local function dl_trim(prefix, cap, max_bytes)
-  local index = prefix .. 'dlq'
+  local index = KEY.dead_letters(prefix)
   for _ = 1, 1000 do
     local head = redis.call('ZRANGE', index, 0, 0)
-    if #head == 0 or redis.call('EXISTS', prefix .. 'd:' .. head[1]) == 1 then break end
+    if #head == 0 or redis.call('EXISTS', KEY.dead_letter(prefix, head[1])) == 1 then break end
     redis.call('ZREM', index, head[1])
     dl_drop(prefix, head[1])
   end
@@ -57,7 +62,7 @@ local function dl_trim(prefix, cap, max_bytes)
     local popped = redis.call('ZPOPMIN', index, excess)
     for j = 1, #popped, 2 do dl_drop(prefix, popped[j]) end
   end
-  local total = prefix .. 'dlq:bytes'
+  local total = KEY.dead_letter_bytes(prefix)
   local n = 0
   while n < 1000 and tonumber(redis.call('GET', total) or 0) > tonumber(max_bytes) do
     local popped = redis.call('ZPOPMIN', index, 1)
@@ -66,6 +71,6 @@ local function dl_trim(prefix, cap, max_bytes)
     n = n + 1
   end
   if redis.call('ZCARD', index) == 0 then
-    redis.call('DEL', total, prefix .. 'dlq:size')  -- empty: start the count afresh
+    redis.call('DEL', total, KEY.dead_letter_sizes(prefix))  -- empty: start the count afresh
   end
 end

@@ -1,9 +1,11 @@
--- Take up to ARGV[3] new messages from several streams, in the order given (priority levels:
--- "<q>:high", "<q>", "<q>:low"), without blocking: one round-trip for every level.
--- KEYS: the streams; ARGV[1] group, ARGV[2] consumer, ARGV[3] count
+-- fetch_levels.lua: take up to ARGV[3] new messages from several streams, in the order given
+-- (priority levels: "<q>:high", "<q>", "<q>:low"), without blocking: one round-trip for
+-- every level.
+-- KEYS[i] {ns}:s:<queue>  the streams, highest level first
+-- ARGV[1] group, ARGV[2] consumer, ARGV[3] most messages in all (count)
+-- A stream without the group (deleted by hand or flushed) gets it created again (MKSTREAM).
 -- Returns a flat array: one count per stream, then the entries in stream order as
--- {n1, n2, n3, id1, fields1, id2, fields2, ...}. A stream without the group (deleted by hand
--- or flushed) gets it created again.
+-- {n1, n2, n3, id1, fields1, id2, fields2, ...}.
 local remaining = tonumber(ARGV[3])
 local counts, out = {}, {}
 for i, key in ipairs(KEYS) do

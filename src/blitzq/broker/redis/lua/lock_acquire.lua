@@ -1,8 +1,9 @@
--- Take one holder place of a lock (mutex: limit 1, semaphore: limit N).
--- KEYS[1] the lock's sorted set ({ns}:lk:<key>): holder -> lease expiry (server time, s)
--- ARGV[1] holder (a task id), ARGV[2] limit, ARGV[3] lease in seconds
+-- lock_acquire.lua: take one holder place of a lock (mutex: limit 1, semaphore: limit N).
+-- KEYS[1] {ns}:lk:<key>   the lock (zset: holder -> lease expiry, Unix seconds, server clock)
+-- ARGV[1] holder (a task id), ARGV[2] limit (holders), ARGV[3] lease (seconds)
 -- Holders whose lease expired are removed first (a crashed worker's lock is freed that way).
 -- A holder already present renews its place (a redelivered task after its worker crashed).
+-- The key expires a second after its last lease would.
 -- Returns "0" when the place is taken, else the seconds until the earliest lease expires.
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) + tonumber(now_parts[2]) / 1000000

@@ -1,5 +1,6 @@
--- Renew the leases of lock holders that still hold their place.
--- KEYS[i] a lock's sorted set; ARGV[2i-1] the holder, ARGV[2i] the new lease in seconds.
+-- lock_renew.lua: renew the leases of lock holders that still hold their place.
+-- KEYS[i] {ns}:lk:<key>   a lock (zset: holder -> lease expiry, Unix seconds, server clock)
+-- ARGV[2i-1] the holder of KEYS[i], ARGV[2i] its new lease (seconds)
 -- A holder whose place is gone (lease expired and taken over) is not put back.
 -- Returns how many leases were renewed.
 local now_parts = redis.call('TIME')

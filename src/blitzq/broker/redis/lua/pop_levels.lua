@@ -1,7 +1,9 @@
--- Pop up to ARGV[1] messages from several lists, in the order given (priority levels),
--- without blocking: one round-trip for every level.
--- KEYS: the lists. Returns a flat array: first one count per list, then the messages in
--- list order ({n1, n2, n3, m1, m2, ...}), which the client splits without per-item work.
+-- pop_levels.lua: pop up to ARGV[1] messages from several lists, in the order given
+-- (priority levels), without blocking: one round-trip for every level.
+-- KEYS[i] {ns}:l:<queue>  the lists, highest level first
+-- ARGV[1] most messages in all (count)
+-- Returns a flat array: first one count per list, then the messages in list order
+-- ({n1, n2, n3, m1, m2, ...}), which the client splits without per-item work.
 local remaining = tonumber(ARGV[1])
 local counts, out = {}, {}
 for i, key in ipairs(KEYS) do

@@ -1,11 +1,12 @@
--- Store a task's progress update unless a newer one is stored, and publish it.
--- KEYS[1] progress hash {ns}:p:<id>, KEYS[2] (optional) the stream of the run's delivery
--- ARGV[1] update time (Unix seconds, as a string), ARGV[2] encoded update, ARGV[3] ttl,
--- ARGV[4] pub/sub channel {ns}:progress:<id>
+-- progress.lua: store a task's progress update unless a newer one is stored, and publish it.
+-- KEYS[1] {ns}:p:<task_id>  the progress hash: at (Unix seconds), v (encoded update)
+-- KEYS[2] {ns}:s:<queue>    (optional) the stream of the run's delivery
+-- ARGV[1] update time (Unix seconds, as a string), ARGV[2] encoded update, ARGV[3] ttl (s),
+-- ARGV[4] the channel {ns}:progress:<task_id>
 -- With KEYS[2]: ARGV[5] group, ARGV[6] consumer, ARGV[7] the delivery's entry id: fencing,
 -- nothing is written unless that entry is still pending under this consumer.
--- Returns 1 when stored, 0 when a newer update was already there (or the lease is lost).
 -- The same logic is OPS['progress'] in complete.lua.
+-- Returns 1 when stored, 0 when a newer update was already there (or the lease is lost).
 if KEYS[2] then
   local p = redis.call('XPENDING', KEYS[2], ARGV[5], ARGV[7], ARGV[7], 1)
   if p[1] == nil or p[1][2] ~= ARGV[6] then return 0 end

@@ -1,11 +1,17 @@
--- Move scheduled messages that are due by the server's clock (TIME) to their queues.
--- KEYS[1] schedule zset, KEYS[2] schedule data hash
--- ARGV[1] key prefix, ARGV[2] limit,
--- ARGV[3] dead-letter cap, ARGV[4] dead-letter TTL (s), ARGV[5] dead-letter byte bound
--- Schedule data values are "<kind><queue>\n<message>", kind "s" (stream) or "l" (list).
+-- promote.lua: move scheduled messages that are due by the server's clock (TIME) to their
+-- queues.
+-- KEYS[1] {ns}:sched      schedule (zset: task id -> due time, Unix seconds, server clock)
+-- KEYS[2] {ns}:sched:m    schedule data (hash: task id -> "<kind><queue>\n<message>", kind
+--                         "s" stream or "l" list)
+-- ARGV[1] key prefix "{ns}:", ARGV[2] most messages to move (count),
+-- ARGV[3] dead-letter cap (count), ARGV[4] dead-letter TTL (s), ARGV[5] dead-letter byte bound
+-- Also writes: {ns}:s:<queue> (XADD) or {ns}:l:<queue> (RPUSH) of each due message; a
+-- malformed schedule entry becomes a dead letter: {ns}:d:<task_id>, {ns}:dlq, {ns}:dlq:size,
+-- {ns}:dlq:bytes (dead_letters.lua).
 -- "Now" is the server's TIME, never the caller's clock, so a worker or scheduler whose clock
 -- is ahead cannot release anything early.
--- Returns {moved, next_due_or_false, now} (times as strings: Lua numbers become integers).
+-- Returns {moved, next_due_or_false, now} (times as strings of Unix seconds: Lua numbers
+-- become integers).
 local prefix = ARGV[1]
 local t = redis.call('TIME')
 local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
@@ -18,10 +24,10 @@ for _, id in ipairs(ids) do
   local kind = value and string.sub(value, 1, 1)
   if value and (not nl or (kind ~= 's' and kind ~= 'l')) then
     -- Not "<kind><queue>\n<message>": keep it as a dead letter instead of failing every run.
-    redis.call('HSET', prefix .. 'd:' .. id, 'message', value, 'reason', 'malformed message',
+    redis.call('HSET', KEY.dead_letter(prefix, id), 'message', value, 'reason', 'malformed message',
       'error', 'schedule entry is not <kind><queue>\\n<message>', 'task', '', 'queue', '',
       'failed_at', now)
-    redis.call('ZADD', prefix .. 'dlq', now, id)
+    redis.call('ZADD', KEY.dead_letters(prefix), now, id)
     dl_note(prefix, id, #value + 64, ARGV[4], ARGV[5])
     dead = dead + 1
     redis.call('HDEL', KEYS[2], id)
@@ -29,9 +35,9 @@ for _, id in ipairs(ids) do
     local queue = string.sub(value, 2, nl - 1)
     local message = string.sub(value, nl + 1)
     if kind == 's' then
-      redis.call('XADD', prefix .. 's:' .. queue, '*', 'm', message)
+      redis.call('XADD', KEY.stream(prefix, queue), '*', 'm', message)
     else
-      redis.call('RPUSH', prefix .. 'l:' .. queue, message)
+      redis.call('RPUSH', KEY.list(prefix, queue), message)
     end
     redis.call('HDEL', KEYS[2], id)
   end

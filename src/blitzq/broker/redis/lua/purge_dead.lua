@@ -1,9 +1,13 @@
--- Delete up to ARGV[2] of the oldest dead letters (one chunk of a purge); return how many.
--- KEYS[1] dead-letter zset; ARGV[1] key prefix, ARGV[2] most to delete
+-- purge_dead.lua: delete up to ARGV[2] of the oldest dead letters (one chunk of a purge).
+-- KEYS[1] {ns}:dlq        dead-letter index (zset: task id -> failure time, Unix seconds)
+-- ARGV[1] key prefix "{ns}:", ARGV[2] most to delete (count)
+-- Also deletes: {ns}:d:<task_id> of each, its count in {ns}:dlq:size and {ns}:dlq:bytes
+-- (dead_letters.lua), and both of those once the index is empty.
+-- Returns how many were deleted.
 --@include dead_letters.lua
 local popped = redis.call('ZPOPMIN', KEYS[1], ARGV[2])
 for j = 1, #popped, 2 do dl_drop(ARGV[1], popped[j]) end
 if redis.call('ZCARD', KEYS[1]) == 0 then
-  redis.call('DEL', ARGV[1] .. 'dlq:bytes', ARGV[1] .. 'dlq:size')
+  redis.call('DEL', KEY.dead_letter_bytes(ARGV[1]), KEY.dead_letter_sizes(ARGV[1]))
 end
 return #popped / 2

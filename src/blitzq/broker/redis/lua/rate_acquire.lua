@@ -1,10 +1,12 @@
--- Reserve one token from each of several token buckets; return the seconds to wait.
--- KEYS: one hash per bucket ({ns}:rl:<key>) with fields t (tokens) and ts (server time, s)
--- ARGV: rate1, capacity1, rate2, capacity2, ... (tokens per second, bucket size)
+-- rate_acquire.lua: reserve one token from each of several token buckets.
+-- KEYS[i] {ns}:rl:<key>   a bucket (hash: t tokens, ts server time of the last update, s)
+-- ARGV[2i-1] rate of KEYS[i] (tokens per second), ARGV[2i] its capacity (tokens)
 -- Time comes from the server (TIME), never from the caller. Tokens may go negative: that is
 -- the reservation queue. The wait is the longest any bucket needs to cover its debt. If a
 -- bucket is already owed more than a minute of tokens (or 1000, whichever is more), nothing
--- is reserved and the caller is told to come back when the debt has shrunk.
+-- is reserved and the caller is told to come back when the debt has shrunk. A bucket expires
+-- once it would be full again, plus 60 s.
+-- Returns {reserved ("1"/"0"), seconds to wait (a string)}.
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) + tonumber(now_parts[2]) / 1000000
 local n = #KEYS

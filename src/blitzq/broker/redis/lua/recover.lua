@@ -1,11 +1,16 @@
--- Put abandoned stream entries back on their queue, or dead-letter them.
--- KEYS[1] stream, KEYS[2] dead-letter zset
--- ARGV[1] group, ARGV[2] consumer, ARGV[3] min idle (ms), ARGV[4] count,
--- ARGV[5] max deliveries, ARGV[6] now, ARGV[7] key prefix, ARGV[8] queue name,
--- ARGV[9] dead-letter cap, ARGV[10] record ttl (seconds), ARGV[11] dead-letter TTL (s),
--- ARGV[12] dead-letter byte bound
+-- recover.lua: put abandoned stream entries back on their queue, or dead-letter them.
+-- KEYS[1] {ns}:s:<queue>  the stream (consumer group ARGV[1])
+-- KEYS[2] {ns}:dlq        dead-letter index (zset: task id -> failure time, Unix seconds)
+-- ARGV[1] group, ARGV[2] consumer that claims, ARGV[3] min idle (ms), ARGV[4] most entries
+-- to claim (count), ARGV[5] max deliveries, ARGV[6] now (Unix seconds, the caller's clock),
+-- ARGV[7] key prefix "{ns}:", ARGV[8] queue name, ARGV[9] dead-letter cap (count),
+-- ARGV[10] record ttl (s), ARGV[11] dead-letter TTL (s), ARGV[12] dead-letter byte bound
+-- Also writes, for an entry dead-lettered: {ns}:d:<task_id>, {ns}:dlq:size, {ns}:dlq:bytes
+-- (dead_letters.lua), its record {ns}:t:<task_id> (SET EX) and {ns}:done:<task_id>
+-- (PUBLISH '1').
 -- An entry's delivery count travels in its "d" field (absent = 1) because the entry is
 -- re-added with a new id; one past max deliveries is dead-lettered with a record.
+-- Returns {requeued, dead_lettered} (counts).
 local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 local max_deliveries, now, prefix, queue = tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8]
 --@include dead_letters.lua
@@ -25,7 +30,7 @@ for _, entry in ipairs(claimed[2]) do
   if not message and fields then
     -- An entry without a message field: keep what it held as a dead letter, with a reason.
     local raw = cmsgpack.pack(fields)
-    redis.call('HSET', prefix .. 'd:' .. id, 'message', raw, 'reason', 'malformed message',
+    redis.call('HSET', KEY.dead_letter(prefix, id), 'message', raw, 'reason', 'malformed message',
       'error', 'stream entry has no "m" field', 'task', '', 'queue', queue, 'failed_at', now,
       'kind', 's')
     redis.call('ZADD', KEYS[2], now, id)
@@ -41,7 +46,7 @@ for _, entry in ipairs(claimed[2]) do
       end
       local err = 'delivered ' .. deliveries .. ' times without completing (max_deliveries=' ..
         max_deliveries .. '); the worker running it probably crashed'
-      redis.call('HSET', prefix .. 'd:' .. task_id, 'message', message,
+      redis.call('HSET', KEY.dead_letter(prefix, task_id), 'message', message,
         'reason', 'max deliveries exceeded', 'error', err, 'task', task, 'queue', queue,
         'failed_at', now, 'kind', 's')
       redis.call('ZADD', KEYS[2], now, task_id)
@@ -49,8 +54,8 @@ for _, entry in ipairs(claimed[2]) do
       local record = cmsgpack.pack({id = task_id, task = task, queue = queue,
         state = 'dead_lettered', attempts = deliveries, error_type = 'MaxDeliveriesExceeded',
         error = err, finished_at = tonumber(now)})
-      redis.call('SET', prefix .. 't:' .. task_id, record, 'EX', ARGV[10])
-      redis.call('PUBLISH', prefix .. 'done:' .. task_id, '1')
+      redis.call('SET', KEY.record(prefix, task_id), record, 'EX', ARGV[10])
+      redis.call('PUBLISH', KEY.done_channel(prefix, task_id), '1')
       dead = dead + 1
     else
       redis.call('XADD', stream, '*', 'm', message, 'd', deliveries + 1)

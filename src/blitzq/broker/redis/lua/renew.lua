@@ -1,5 +1,7 @@
--- Renew the leases a consumer still owns, never taking back one another consumer holds.
--- KEYS[1] stream; ARGV[1] group, ARGV[2] consumer, ARGV[3..] entry ids
+-- renew.lua: renew the leases a consumer still owns, never taking back one another consumer
+-- holds.
+-- KEYS[1] {ns}:s:<queue>  the stream
+-- ARGV[1] group, ARGV[2] consumer, ARGV[3..] entry ids
 -- Returns the number of leases renewed.
 local renewed = 0
 for i = 3, #ARGV do

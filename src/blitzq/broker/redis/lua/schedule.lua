@@ -1,6 +1,8 @@
--- Put messages on the schedule; their due times are decided on the server's clock (TIME).
--- KEYS[1] schedule zset, KEYS[2] schedule data hash
--- ARGV[1] events channel, then 4 arguments per message:
+-- schedule.lua: put messages on the schedule; their due times are decided on the server's
+-- clock (TIME).
+-- KEYS[1] {ns}:sched      schedule (zset: task id -> due time, Unix seconds, server clock)
+-- KEYS[2] {ns}:sched:m    schedule data (hash: task id -> "<kind><queue>\n<message>")
+-- ARGV[1] the channel {ns}:events, then 4 arguments per message:
 --   task_id, eta (absolute Unix seconds, or '' for a relative delay), delay (seconds),
 --   value ("<kind><queue>\n<message>", as promote.lua reads it)
 -- A relative delay becomes TIME + delay here, so the producer's clock never decides when a
