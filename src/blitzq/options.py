@@ -22,7 +22,6 @@ from .limits import MAX_SECONDS
 
 if TYPE_CHECKING:
     from .extensions.middleware import Middleware
-    from .ratelimit import RateLimit
     from .retries import RetryPolicy
 
 
@@ -70,7 +69,7 @@ class TaskOptions:
 
     Attributes:
         name, queue, retries, retry_policy, timeout, executor, store_result, dead_letter,
-        priority, rate_limit, rate_key: the core options, as given (see
+        priority: the core options, as given (see
             :meth:`blitzq.Queue.task`; the task holds their resolved values).
         soft_timeout: seconds before SoftTimeoutError is raised in the task, or ``None``.
         hard_timeout: seconds after which the run is stopped (alias of ``timeout``), or
@@ -89,8 +88,6 @@ class TaskOptions:
     store_result: bool | None = None
     dead_letter: bool = True
     priority: str = "normal"
-    rate_limit: str | RateLimit | None = None
-    rate_key: str | None = None
     soft_timeout: float | None = None
     hard_timeout: float | None = None
     extensions: Mapping[str, Any] = field(default_factory=dict)

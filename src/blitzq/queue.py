@@ -29,6 +29,7 @@ from .exceptions import (
     UnknownTask,
 )
 from .extensions.middleware import EnqueueFilter, EnqueueObserver, Middleware
+from .extensions.ratelimit import queue_limits
 from .extensions.registry import Extensions
 from .extensions.signals import Handler, Signal, Signals
 from .limits import (
@@ -162,8 +163,6 @@ class Queue:
             raise ConfigurationError(f"redis_url must be a str, got {redis_url!r}")
         if routes is not None and not (callable(routes) or isinstance(routes, Mapping)):
             raise ConfigurationError(f"routes must be a dict or a callable, got {routes!r}")
-        if queue_rate_limits is not None and not isinstance(queue_rate_limits, Mapping):
-            raise ConfigurationError(f"queue_rate_limits must be a dict, got {queue_rate_limits!r}")
         self.visibility_timeout = float(visibility_timeout)
         self.max_deliveries = max_deliveries
         self.store_results = store_results
@@ -174,10 +173,7 @@ class Queue:
         self.dead_letter_ttl = int(dead_letter_ttl)
         self.dead_letter_max_bytes = dead_letter_max_bytes
         self.routes = routes
-        self.queue_rate_limits = {
-            check_name("queue name", q): RateLimit.parse(limit, key=f"queue:{q}")
-            for q, limit in (queue_rate_limits or {}).items()
-        }
+        self.queue_rate_limits = queue_limits(queue_rate_limits)
         self.track_state = track_state
         self._redis_url = redis_url
         self._shared_broker = broker
@@ -394,8 +390,6 @@ class Queue:
                 store_result=store_result,
                 dead_letter=dead_letter,
                 priority=priority,
-                rate_limit=rate_limit,
-                rate_key=rate_key,
                 options=options,
             )  # fmt: skip
             self.tasks[task_name] = registered

@@ -12,6 +12,9 @@ reservation without asking again. So a backlog of N rate-limited tasks is resche
 each instead of retrying in a herd. The bucket takes time from the Redis server inside the
 script (never from the workers' clocks) so skewed clocks or reordered calls cannot let extra
 tasks through.
+
+This module is the spec (:class:`RateLimit`); the worker applies limits through the built-in
+middleware :mod:`blitzq.extensions.ratelimit`.
 """
 
 from __future__ import annotations

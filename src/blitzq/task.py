@@ -20,7 +20,6 @@ from ._checks import flag, integer, seconds, text
 from .client.sync import blocking
 from .exceptions import ConfigurationError
 from .limits import MAX_SECONDS
-from .ratelimit import RateLimit
 from .records import TaskRecord
 from .retries import RetryPolicy
 from .routing import check_name, check_priority
@@ -30,6 +29,7 @@ if TYPE_CHECKING:
     from .extensions.middleware import Finisher, StartCheck
     from .options import TaskOptions
     from .queue import Queue
+    from .ratelimit import RateLimit
     from .workflow.signature import Signature
 
 P = ParamSpec("P")
@@ -183,8 +183,6 @@ class Task(Generic[P, R]):
         store_result: bool | None,
         dead_letter: bool,
         priority: str = "normal",
-        rate_limit: str | RateLimit | None = None,
-        rate_key: str | None = None,
         options: TaskOptions | None = None,
     ) -> None:
         if executor not in EXECUTORS:
@@ -199,7 +197,6 @@ class Task(Generic[P, R]):
         flag(f"task {name}: dead_letter", dead_letter)
         if store_result is not None:
             flag(f"task {name}: store_result", store_result)
-        text(f"task {name}: rate_key", rate_key)
         if timeout is not None:
             timeout = seconds(f"task {name}: timeout", timeout)
         self.owner = owner
@@ -213,11 +210,8 @@ class Task(Generic[P, R]):
         self.store_result = store_result
         self.dead_letter = dead_letter
         self.priority = check_priority(priority)
-        self.rate_limit = (
-            RateLimit.parse(rate_limit, key=rate_key or name) if rate_limit is not None else None
-        )
-        if rate_key is not None and rate_limit is None:
-            raise ConfigurationError(f"task {name}: rate_key= needs a rate_limit=")
+        #: Its rate limit (keyed), set by :mod:`blitzq.extensions.ratelimit`, or ``None``.
+        self.rate_limit: RateLimit | None = None
         self.signature = inspect.signature(fn)
         #: Coroutines awaited before each start (see :mod:`blitzq.extensions.middleware`).
         self.checks: list[StartCheck] = []

@@ -6,8 +6,9 @@ with signals as a thin observer layer on it, and the built-in middleware.
 - :mod:`.registry`: a Queue's registered middleware and signal handlers, run by the producer
   and the worker;
 - :mod:`.signals`: the signals;
-- built-in middleware, in the order their start checks run: :mod:`.expiry` (``max_age``),
-  :mod:`.locks` (``lock``), :mod:`.unique` (``unique``).
+- built-in middleware, in the order their start checks run: :mod:`.ratelimit`
+  (``rate_limit``, ``rate_key``, the Queue's ``queue_rate_limits``), :mod:`.expiry`
+  (``max_age``), :mod:`.locks` (``lock``), :mod:`.unique` (``unique``).
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ if TYPE_CHECKING:
 
 @functools.cache
 def builtin_middleware() -> tuple[Middleware, ...]:
-    """The built-in middleware, one instance each, in the order their start checks run (an
-    expired task takes no lock; a locked-out task keeps its unique key until it starts)."""
+    """The built-in middleware, one instance each, in the order their start checks run (a
+    task waiting for its rate-limit token holds nothing else; an expired task takes no lock;
+    a locked-out task keeps its unique key until it starts)."""
     from .expiry import Expiry
     from .locks import Locks
+    from .ratelimit import RateLimits
     from .unique import Unique
 
-    return (Expiry(), Locks(), Unique())
+    return (RateLimits(), Expiry(), Locks(), Unique())
 
 
 __all__ = ["builtin_middleware"]

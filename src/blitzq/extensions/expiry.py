@@ -18,6 +18,7 @@ from .. import records
 from ..broker import Completion, DeadLetterFields
 from ..options import Option, positive_seconds
 from .middleware import Middleware
+from .ratelimit import RateCheck
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -80,7 +81,10 @@ async def check_expiry(worker: WorkerContext, job: Job) -> Completion | None:
 
 
 def checks_with_expiry(task: Task[Any, Any]) -> list[StartCheck]:
-    """The task's start checks with the expiry check first (for a per-call ``max_age``)."""
-    if check_expiry in task.checks:
-        return task.checks
-    return [check_expiry, *task.checks]
+    """The task's start checks with the expiry check added (for a per-call ``max_age``):
+    where :class:`Expiry` puts it, after the rate-limit check and before the others."""
+    checks = task.checks
+    if check_expiry in checks:
+        return checks
+    lead = 1 if checks and isinstance(checks[0], RateCheck) else 0
+    return [*checks[:lead], check_expiry, *checks[lead:]]

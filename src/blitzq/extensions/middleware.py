@@ -55,10 +55,10 @@ Per-task options: a middleware declares the options of ``@queue.task(...)`` it h
 :func:`blitzq.options.build_options` checks each value once with the declaring middleware's
 check and rejects an option nobody declares (:class:`~blitzq.ConfigurationError`), and
 :meth:`Middleware.setup_task` then plugs the middleware into each task that uses it. The
-built-in middleware (:mod:`blitzq.extensions.expiry`, :mod:`~blitzq.extensions.locks`,
-:mod:`~blitzq.extensions.unique`) work this way, through the per-task extension points below
-and the narrow :class:`WorkerContext` the worker exposes (see docs/architecture.md, "Adding a
-per-task option"):
+built-in middleware (:mod:`blitzq.extensions.ratelimit`, :mod:`~blitzq.extensions.expiry`,
+:mod:`~blitzq.extensions.locks`, :mod:`~blitzq.extensions.unique`) work this way, through
+the per-task extension points below and the narrow :class:`WorkerContext` the worker exposes
+(see docs/architecture.md, "Adding a per-task option"):
 
 - **start checks** (``task.checks``, :class:`StartCheck`): awaited before a task starts; one
   returns ``None`` to let it start, or a completion that ends this delivery instead (e.g.

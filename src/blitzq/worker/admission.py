@@ -1,10 +1,10 @@
 """Admitting a delivery before it runs: decoding (dead-lettering what cannot run), cancel
-marks, rate limits and the task's start checks.
+marks and the task's start checks (rate limits, expiry, locks, unique keys: the built-in
+middleware in :mod:`blitzq.extensions`).
 
-The common case (no limit, no check, no mark) never comes here: :meth:`Runner.start
-<blitzq.worker.runner.Runner.start>` runs the task at once. Otherwise the start is awaited in
-a task the runner tracks (leased like a running task, handed back at shutdown). A delivery
-that must wait (a rate limit, a lock) goes back on the schedule and frees its slot.
+The common case (no start check, no mark) runs the task at once. Otherwise the start is
+awaited in a task the runner tracks (leased like a running task, handed back at shutdown). A
+delivery that must wait (a rate limit, a lock) goes back on the schedule and frees its slot.
 """
 
 from __future__ import annotations
@@ -13,12 +13,9 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from ..broker import Completion, Delivery
 from ..exceptions import BrokerError, SerializationError
 from ..extensions.expiry import checks_with_expiry
-from ..routing import base_queue
 from ..serialization import Envelope, decode_envelope, envelope_head
 from ..task import Task
 from .execution import Job
@@ -28,11 +25,6 @@ if TYPE_CHECKING:
     from .runner import Runner
 
 logger = logging.getLogger("blitzq.worker")
-
-_NO_BUCKETS: list[tuple[str, float, float]] = []
-
-#: A rate-limit answer below this many seconds starts the task at once.
-_RATE_SLACK = 0.002
 
 
 def start(runner: Runner, d: Delivery, slots: Slots) -> None:
@@ -78,63 +70,33 @@ def reject(
 
 
 def admit(runner: Runner, d: Delivery, env: Envelope, task: Task[Any, Any], slots: Slots) -> None:
-    """Rate limits and start checks when the task has any, then run it."""
-    buckets = buckets_of(runner, task, d.queue) if not env.reserved else None
-    if buckets or task.checks or env.max_age is not None:
-        runner.hold_start(
-            asyncio.ensure_future(start_checked(runner, d, env, task, slots, buckets)), d
-        )
+    """Start checks when the task has any (or the call a ``max_age``), then run it."""
+    if task.checks or env.max_age is not None:
+        runner.hold_start(asyncio.ensure_future(start_checked(runner, d, env, task, slots)), d)
         return
     runner.run(Job(d, env, task), slots)
 
 
-def buckets_of(
-    runner: Runner, task: Task[Any, Any], physical: str
-) -> list[tuple[str, float, float]]:
-    """``(key, rate, capacity)`` of the token buckets a start of ``task`` from queue
-    ``physical`` takes a token of (its own limit, then its queue's), cached per pair."""
-    if task.rate_limit is None and not runner.queue_rate_limits:
-        return _NO_BUCKETS  # the common case: no tuple key, no lookup per task
-    cache_key = (task.name, physical)
-    buckets = runner.limits.get(cache_key)
-    if buckets is None:
-        buckets = []
-        if task.rate_limit is not None:
-            limit = task.rate_limit
-            buckets.append((limit.key or task.name, limit.rate, limit.capacity))
-        queue_limit = runner.queue_rate_limits.get(base_queue(physical))
-        if queue_limit is not None:
-            buckets.append((queue_limit.key or "", queue_limit.rate, queue_limit.capacity))
-        runner.limits[cache_key] = buckets
-    return buckets
-
-
 async def start_checked(
-    runner: Runner,
-    d: Delivery,
-    env: Envelope,
-    task: Task[Any, Any],
-    slots: Slots,
-    buckets: list[tuple[str, float, float]] | None,
+    runner: Runner, d: Delivery, env: Envelope, task: Task[Any, Any], slots: Slots
 ) -> None:
-    """Rate limits, then the task's start checks; run, or end this delivery as told.
+    """The task's start checks, in order; run, or end this delivery as the first check that
+    answers tells.
 
     A check that cannot reach the broker puts the task back on the schedule for a second.
     """
     job = Job(d, env, task)
     try:
         completion: Completion | None = None
-        if buckets:
-            completion = await rate_check(runner, job, buckets)
         checks = task.checks if env.max_age is None else checks_with_expiry(task)
         for check in checks:
-            if completion is not None:
-                break
             try:
                 completion = await check(runner, job)
             except BrokerError as exc:
                 logger.warning("start check of %s failed, retry in 1 s: %s", env.id, exc)
                 completion = runner.reschedule(job, 1.0)
+            if completion is not None:
+                break
         if completion is None:
             runner.run(job, slots)
             return
@@ -144,21 +106,6 @@ async def start_checked(
         return
     runner.flusher.add(completion)
     slots.release()
-
-
-async def rate_check(
-    runner: Runner, job: Job, buckets: list[tuple[str, float, float]]
-) -> Completion | None:
-    """Ask the token buckets: ``None`` to start now, else a reschedule for the wait."""
-    try:
-        reserved, wait = await runner.broker.acquire_rate(buckets)
-    except BrokerError as exc:
-        logger.warning("rate limit check of %s failed, retry in 1 s: %s", job.envelope.id, exc)
-        reserved, wait = False, 1.0
-    if reserved and wait <= _RATE_SLACK:
-        job.envelope = msgspec.structs.replace(job.envelope, reserved=True)
-        return None
-    return runner.reschedule(job, wait, reserved=reserved)
 
 
 def skip_cancelled(runner: Runner, job: Job, slots: Slots) -> None:

@@ -1,6 +1,6 @@
 """Running deliveries: checks before a start, the executors, and what happens at the end.
 
-The per-task hot path lives here: decode → look up → (revoked? rate-limited?) → run on the
+The per-task hot path lives here: decode → look up → (revoked? start checks?) → run on the
 task's executor with :func:`~blitzq.current_task` set → turn the outcome into a completion for
 the flusher. A slot taken by the fetch loop is released exactly once per delivery, when the
 code has really stopped running.
@@ -56,8 +56,8 @@ class Runner:
     """Starts deliveries and commits their outcomes for one worker; the
     :class:`~blitzq.extensions.middleware.WorkerContext` its middleware see.
 
-    Admission (cancel marks, rate limits, start checks) is in :mod:`.admission`, the end of
-    a run (finishers, writer, middleware outcome) in :mod:`.outcomes`.
+    Admission (cancel marks, start checks such as rate limits) is in :mod:`.admission`, the
+    end of a run (finishers, writer, middleware outcome) in :mod:`.outcomes`.
 
     Args:
         worker: the owning worker (its queue, id and pool sizes).
@@ -91,9 +91,6 @@ class Runner:
         self.killed_processes: list[Any] = []
         #: The join of killed pool processes in progress, if any.
         self.reaping: asyncio.Future[None] | None = None
-        #: Token buckets per ``(task, physical queue)`` (see :func:`.admission.buckets_of`).
-        self.limits: dict[tuple[str, str], list[tuple[str, float, float]]] = {}
-        self.queue_rate_limits = queue.queue_rate_limits
         #: Starts awaiting their checks or before-execute hooks, with their delivery: not
         #: started yet, but leased (renewed like running tasks) and requeued at shutdown.
         self._pending: dict[asyncio.Task[None], Delivery] = {}
@@ -380,7 +377,7 @@ class Runner:
         return tokens
 
     async def close(self, killed: bool) -> None:
-        """Wait for rate-limit checks in flight; stop the thread and process pools."""
+        """Wait for start checks in flight; stop the thread and process pools."""
         if self._pending:  # cancelled by requeue_unfinished when the shutdown timed out
             _, stuck = await asyncio.wait(list(self._pending), timeout=_CLOSE_GRACE)
             for pending in stuck:  # ignores its cancellation: hand its message back anyway
