@@ -28,6 +28,7 @@ import pytest
 import redis
 
 from tests.conftest import free_port
+from tests.polling import wait_until
 
 from .chaos_app import key
 from .invariants import Figures
@@ -37,24 +38,6 @@ RUNNER = Path(__file__).resolve().parent / "run_chaos.py"
 
 #: Figures of every scenario run in this session, printed at its end.
 FIGURES: list[Figures] = []
-
-
-def wait_until(
-    predicate: Callable[[], Any], timeout: float, message: str, interval: float = 0.05
-) -> Any:
-    """Poll ``predicate`` until it returns something truthy; return that value.
-
-    Raises:
-        AssertionError: ``timeout`` seconds passed first (``message`` says what was awaited).
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for: {message}")
-        time.sleep(interval)
 
 
 @dataclass(frozen=True)

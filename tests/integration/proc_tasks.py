@@ -2,7 +2,7 @@
 
 The module-level functions run in ``executor="process"`` tasks: a spawned pool process imports
 them by module and qualified name, so they must live at module level in an importable module.
-``running`` and ``eventually`` are shared by the integration test modules.
+``running``, ``worker_thread`` and ``eventually`` are shared by the integration test modules.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from blitzq import Queue, Worker
@@ -51,6 +52,24 @@ def make_worker(queue: Queue, **options: Any) -> Worker:
     """
     options.setdefault("block_timeout", 0.2)
     return Worker(queue, **options)
+
+
+@contextlib.contextmanager
+def worker_thread(queue: Queue, **options: Any) -> Iterator[Worker]:
+    """Run a Worker (:func:`make_worker` with ``options``) for ``queue`` in a thread with its
+    own event loop, for the ``*_sync`` API; stop it, then close the queue, on exit."""
+    worker = make_worker(queue, **options)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(worker.run(),), daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        loop.call_soon_threadsafe(worker.stop)
+        thread.join(15)
+        assert not thread.is_alive()
+        loop.run_until_complete(queue.close())
+        loop.close()
 
 
 @contextlib.asynccontextmanager

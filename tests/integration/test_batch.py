@@ -8,17 +8,15 @@ publishing each queue's messages in one round-trip.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
-from blitzq import ConfigurationError, Queue, ResultTimeout, TaskFailed, Worker
+from blitzq import ConfigurationError, Queue, ResultTimeout, TaskFailed
 
-from .proc_tasks import make_worker, running
+from .proc_tasks import make_worker, running, worker_thread
 
 
 @pytest.fixture(params=["reliable", "fast"])
@@ -153,23 +151,6 @@ async def test_enqueue_many_refuses_bad_per_item_options_before_publishing(queue
 
 
 # ------------------------------------------------------------------- sync twins
-@contextlib.contextmanager
-def worker_thread(queue: Queue) -> Iterator[Worker]:
-    """Run a Worker for ``queue`` in a thread with its own event loop."""
-    worker = make_worker(queue)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(worker.run(),), daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        loop.call_soon_threadsafe(worker.stop)
-        thread.join(15)
-        assert not thread.is_alive()
-        loop.run_until_complete(queue.close())
-        loop.close()
-
-
 def test_sync_twins(make_queue: Callable[..., Queue], mode: str) -> None:
     queue = make_queue(name="bs", mode=mode)
 

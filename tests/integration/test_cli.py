@@ -31,6 +31,7 @@ from blitzq.cli import cli
 from blitzq.cli._common import mask_url
 from blitzq.logconfig import JsonFormatter, configure_logging
 from tests.conftest import free_port
+from tests.polling import wait_until
 
 # The CLI reads these; the tests pass everything explicitly.
 _CLEAN_ENV: dict[str, str | None] = {
@@ -41,18 +42,6 @@ _CLEAN_ENV: dict[str, str | None] = {
 
 
 # ------------------------------------------------------------------ helpers
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    """Poll ``predicate`` every 20 ms until it returns something truthy, or fail."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
-
-
 @contextlib.contextmanager
 def running_worker(queue: Queue, **kwargs: Any) -> Iterator[Worker]:
     """Run a Worker for ``queue`` on its own event loop in a thread; stop it on exit."""
@@ -97,7 +86,7 @@ def final_record(queue: Queue, task_id: str) -> TaskRecord:
         record = queue.inspect_sync(task_id)
         return record if record is not None and record.state.is_final else None
 
-    return wait_for(check, what=f"a final record for {task_id}")
+    return wait_until(check, 30.0, f"a final record for {task_id}", interval=0.02)
 
 
 @pytest.fixture
@@ -296,7 +285,9 @@ def test_queue_stats_counts_waiting_scheduled_and_live_workers(
             doc = json_out(invoke("queue", "stats", "--json"))
             return doc if doc["workers"] and doc["queues"]["default"]["waiting"] == 0 else None
 
-        doc = wait_for(registered, what="the worker to register and drain 'default'")
+        doc = wait_until(
+            registered, 30.0, "the worker to register and drain 'default'", interval=0.02
+        )
         assert [w["id"] for w in doc["workers"]] == [worker.id]
         assert doc["workers"][0]["queues"] == ["default"]
         human = invoke("queue", "stats")
@@ -485,7 +476,9 @@ def test_worker_process_runs_tasks_and_stops_gracefully_on_sigterm(
 
         # SIGTERM while a task runs: the worker lets it finish, then exits 0.
         slow = producer.send_sync("cli_app.slow", [f"{prefix}:slow"])
-        wait_for(lambda: client.exists(f"{prefix}:slow:started"), what="the slow task to start")
+        wait_until(
+            lambda: client.exists(f"{prefix}:slow:started"), 30.0, "the slow task to start", 0.02
+        )
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
         assert client.get(f"{prefix}:slow:done") == b"1"

@@ -9,11 +9,9 @@ Worker runs the tasks they enqueue.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -22,7 +20,10 @@ import pytest
 
 from blitzq import BrokerError, Queue, SerializationError, Worker
 from blitzq.integrations.asgi import BlitzQLifespan, lifespan
-from tests.integration.proc_tasks import running
+from tests.integration.proc_tasks import running, worker_thread
+
+#: The Worker of the sync-API tests.
+WORKER: dict[str, Any] = {"concurrency": 4, "block_timeout": 0.1, "shutdown_timeout": 2.0}
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -41,29 +42,6 @@ def load_example(
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@contextlib.contextmanager
-def worker_thread(queue: Queue) -> Iterator[Worker]:
-    """Run a Worker for ``queue`` on its own event loop in a thread; stop it on exit."""
-    worker = Worker(queue, concurrency=4, block_timeout=0.1, shutdown_timeout=2.0)
-    loop = asyncio.new_event_loop()
-
-    async def main() -> None:
-        try:
-            await worker.run()
-        finally:
-            await queue.close()
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        loop.call_soon_threadsafe(worker.stop)
-        thread.join(15)
-        assert not thread.is_alive(), "worker did not stop"
-        loop.close()
 
 
 def has_broker(queue: Queue) -> bool:
@@ -234,7 +212,7 @@ def test_django_enqueues_only_after_commit(
             assert waiting() == 0  # not before the commit
         assert waiting() == 1
 
-        with worker_thread(queue):
+        with worker_thread(queue, **WORKER):
             assert queue.get_result_sync(task_id, timeout=10) == 1
 
         # Outside a transaction (autocommit) the task goes at once; bound options are kept.
@@ -310,7 +288,7 @@ def test_flask_example_enqueues_with_the_sync_api(
     assert portal._thread is not None
     assert portal._thread.is_alive()
 
-    with worker_thread(queue):
+    with worker_thread(queue, **WORKER):
         done = client.get(f"/thumbnails/{task_id}?wait=10").get_json()
     assert done == {"task_id": task_id, "state": "succeeded", "result": [160, 120], "error": None}
 

@@ -9,12 +9,11 @@ ends with the task, a tight loop of updates is coalesced to about 20 writes per 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,12 +25,11 @@ from blitzq import (
     Queue,
     ResultTimeout,
     TaskFailed,
-    Worker,
     current_task,
 )
 from blitzq.cli import cli
 
-from .proc_tasks import eventually, make_worker, running
+from .proc_tasks import eventually, make_worker, running, worker_thread
 
 
 @pytest.fixture(params=["reliable", "fast"])
@@ -263,23 +261,6 @@ async def test_progress_on_the_memory_broker() -> None:
 
 
 # ------------------------------------------------------------------------ CLI
-@contextlib.contextmanager
-def worker_thread(queue: Queue) -> Iterator[Worker]:
-    """Run a Worker for ``queue`` in a thread with its own event loop."""
-    worker = make_worker(queue)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(worker.run(),), daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        loop.call_soon_threadsafe(worker.stop)
-        thread.join(15)
-        assert not thread.is_alive()
-        loop.run_until_complete(queue.close())
-        loop.close()
-
-
 def test_task_inspect_shows_progress(
     make_queue: Callable[..., Queue], mode: str, redis_url: str, namespace: str
 ) -> None:

@@ -33,6 +33,7 @@ from blitzq.cli import cli
 from blitzq.scheduler import Scheduler
 from blitzq.schedules import Every
 from blitzq.serialization import decode_envelope
+from tests.polling import wait_until
 
 
 async def server_now(raw_redis: Any) -> float:
@@ -417,17 +418,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> tuple[int, str, str]:
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
-def _wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-
-
 def test_worker_with_scheduler_flag_runs_a_periodic_task_repeatedly(
     tmp_path: Path,
     app_module: str,
@@ -447,7 +437,7 @@ def test_worker_with_scheduler_flag_runs_a_periodic_task_repeatedly(
         return [r.id for r in records if r is not None and r.state is TaskState.SUCCEEDED]
 
     try:
-        runs = _wait_for(lambda: len(succeeded()) >= 2 and succeeded(), 30, "two periodic runs")
+        runs = wait_until(lambda: len(succeeded()) >= 2 and succeeded(), 30, "two periodic runs")
         stamps = sorted(int(task_id.rsplit(":", 1)[1]) for task_id in runs)
         assert len(set(stamps)) == len(stamps)
     finally:
@@ -480,7 +470,7 @@ def test_scheduler_command_dispatches_and_stops_on_sigterm(
         return found.count("cli.tick")
 
     try:
-        _wait_for(lambda: ticks() >= 2, 30, "two dispatched cli.tick messages")
+        wait_until(lambda: ticks() >= 2, 30, "two dispatched cli.tick messages")
     finally:
         code, out, err = _stop(proc)
         messages = [decode_envelope(f[b"m"]) for _, f in client.xrange(stream)]

@@ -22,28 +22,11 @@ import redis
 
 from blitzq import Queue, TaskRecord
 from tests.conftest import free_port
+from tests.polling import wait_until
 
 from .reliability_app import build_queue, obs_key
 
 RUNNER = Path(__file__).resolve().parent / "run_worker.py"
-
-
-def wait_until(
-    predicate: Callable[[], Any], timeout: float, message: str, interval: float = 0.05
-) -> Any:
-    """Poll ``predicate`` until it returns something truthy; return that value.
-
-    Raises:
-        AssertionError: ``timeout`` seconds passed first (``message`` says what was awaited).
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for: {message}")
-        time.sleep(interval)
 
 
 class WorkerProcess:

@@ -25,6 +25,7 @@ import redis
 from blitzq import Queue
 from blitzq.supervisor import RestartBudget
 from blitzq.worker import executors
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -64,18 +65,6 @@ HANG = f"{__name__}.hang"
 
 
 # ------------------------------------------------------------------ helpers
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``predicate`` every 50 ms until it returns something truthy; return it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-
-
 def _stat(pid: int) -> tuple[str, int] | None:
     """(state, ppid) of ``pid`` from /proc, or None when it does not exist."""
     try:
