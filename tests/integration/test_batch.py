@@ -72,11 +72,10 @@ async def test_get_results_raises_the_first_failure_or_returns_exceptions(queue:
     bad = await fail.enqueue("nope")
     pending = await slow.options(delay=60).enqueue(0)  # not due during the test
     async with running(make_worker(queue)):
-        started = time.monotonic()
         with pytest.raises(TaskFailed, match="nope") as failed:
             await queue.get_results([ok, pending, bad], timeout=10)
+        # It did not wait for the pending one: that wait would end in ResultTimeout instead.
         assert failed.value.task_id == bad.id
-        assert time.monotonic() - started < 5  # did not wait for the pending one
         results = await queue.get_results([ok, bad, pending], timeout=0.5, return_exceptions=True)
     assert results[0] == 3
     assert isinstance(results[1], TaskFailed)
