@@ -16,6 +16,10 @@ import contextvars
 import time
 from typing import Any
 
+#: The result of a run that has not returned a value (``Job.result`` until it does; a
+#: failed run keeps it), told apart from a task that returned ``None``.
+NO_RESULT: Any = object()
+
 
 class TaskContext:
     """The running task's identity and attempt.

@@ -60,16 +60,6 @@ NOT_IN_MAP_YET: set[str] = set()
 #: Violations on main, each its own xfail test: (rule, violation) -> reason.
 BROKEN_ON_MAIN: dict[tuple[str, str], str] = {
     ("lines", "broker/state.py"): "404 lines on main (the StateStore ABC); over the limit of 400",
-    ("shims", "blitzq.broker.redis.server_proc -> blitzq.supervisor"): (
-        "server_proc.py:163 imports _prctl/die_with_parent from the blitzq.supervisor shim"
-    ),
-    ("broker", "blitzq.broker.redis.server_proc -> blitzq.supervisor"): (
-        "server_proc.py:163 reaches the worker layer (blitzq.supervisor re-exports "
-        "worker/processes.py); the parent-death helpers belong below both"
-    ),
-    ("extensions", "blitzq.extensions.registry -> blitzq.worker.execution"): (
-        "registry.py:225 imports NO_RESULT from worker/execution.py at run time"
-    ),
 }
 
 

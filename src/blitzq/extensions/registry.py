@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..context import TaskContext, reset_current, set_current
+from ..context import NO_RESULT, TaskContext, reset_current, set_current
 from ..exceptions import BlitzQError, TaskCancelled, TaskFailed, TaskTimeout, describe_error
 from ..serialization import encode_envelope
 from .middleware import EnqueueRefused, Middleware
@@ -222,8 +222,6 @@ class Extensions:
         self.signals.track(task)
 
     async def _after(self, job: Job, outcome: Outcome, worker_id: str) -> None:
-        from ..worker.execution import NO_RESULT
-
         env = job.envelope
         kind = outcome.kind
         error, error_type, message = outcome.error, outcome.error_type, outcome.error_message

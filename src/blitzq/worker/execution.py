@@ -16,14 +16,11 @@ import msgspec
 
 from .. import records
 from ..broker import Completion, DeadLetterFields, Delivery
-from ..context import TaskContext
+from ..context import NO_RESULT, TaskContext
 from ..exceptions import ResultTooLarge, Retry, SerializationError, TaskTimeout, describe_error
 from ..limits import DEAD_MESSAGE_SAMPLE, DEFAULT_MAX_RESULT_SIZE, clip_text
 from ..serialization import Envelope, encode_envelope
 from ..task import Task
-
-#: :attr:`Job.result` of a job that has not returned a value.
-NO_RESULT: Any = object()
 
 #: Most characters of a formatted traceback kept in a record (its end is kept), and of any
 #: one part of it (a frame, an exception's message line).

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..broker import Completion
 from ..broker.ops import ChordMember, Op, WorkflowDone, WorkflowFail, WorkflowStart, WorkflowStep
+from ..context import NO_RESULT
 from ..exceptions import ConfigurationError, ResultTooLarge, SerializationError, describe_error
 from ..limits import CHUNK_ITEMS, DEFAULT_MAX_RESULT_SIZE
 from ..routing import physical_queue, route
@@ -264,8 +265,6 @@ def _follow_ups(
     queue: Queue,
     now: float,
 ) -> tuple[Op, ...]:
-    from ..worker.execution import NO_RESULT
-
     workflow_id = str(flow["w"])
     step = job.envelope.id
     if error is None and job.result is not NO_RESULT:

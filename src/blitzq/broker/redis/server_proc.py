@@ -160,8 +160,8 @@ def spawn(
     """
     preexec = None
     if die_with_parent:
-        from ...supervisor import _prctl
-        from ...supervisor import die_with_parent as pdeathsig
+        from ...parent_death import _prctl
+        from ...parent_death import die_with_parent as pdeathsig
 
         if _prctl() is not None:  # look libc up here, not in the forked child
             preexec = functools.partial(pdeathsig, os.getpid())
