@@ -149,7 +149,8 @@ def build_options(
         task_name: the task's name (for error messages).
         given: option name → value, as ``@queue.task`` received them.
         middleware: the middleware whose declared options are understood (the built-in
-            ones, :func:`blitzq.extensions.builtin_middleware`).
+            ones, :func:`blitzq.extensions.builtin_middleware`, then the Queue's:
+            :func:`blitzq.registration.task_middleware`).
 
     Raises:
         ConfigurationError: an unknown option, or a value its middleware's check refuses.

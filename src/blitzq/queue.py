@@ -33,6 +33,7 @@ from .limits import (
     DEFAULT_DEAD_LETTER_TTL,
     DEFAULT_MAX_RESULT_SIZE,
 )
+from .options import declared_options
 from .ratelimit import RateLimit
 from .routing import Routes, check_name
 from .task import BoundTask, Task, TaskHandle
@@ -257,8 +258,18 @@ class Queue:
 
         Raises:
             TypeError: not a :class:`Middleware` instance.
+            ConfigurationError: it declares a per-task option another registered or built-in
+                middleware declares too.
+
+        Its per-task options (``Middleware.task_options``) can be given to the tasks
+        registered after this call; the tasks registered before it get their defaults, and
+        its ``setup_task`` runs for every task either way (see
+        :func:`blitzq.registration.adopt_middleware`).
         """
+        if isinstance(middleware, Middleware):  # a second declaration of an option: refused
+            declared_options((*registration.task_middleware(self), middleware))
         self._extensions.add(middleware)
+        registration.adopt_middleware(self, middleware)
 
     @property
     def middleware(self) -> tuple[Middleware, ...]:

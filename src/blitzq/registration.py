@@ -1,12 +1,18 @@
 """How ``@queue.task`` makes a :class:`~blitzq.task.Task`: the decorator :func:`task` (the
-Queue offers it as ``Queue.task``) and the default task name.
+Queue offers it as ``Queue.task``), the default task name, and the middleware whose per-task
+options a task may be given.
 
 A task's options are checked once, when it is registered, by :func:`blitzq.options.build_options`
-against the built-in middleware; an option nobody declares is rejected there.
+against the built-in middleware and those registered on the Queue at that moment
+(``queue.add_middleware`` before the ``@queue.task`` line); an option nobody declares is
+rejected there. A middleware added after some tasks were registered is plugged into them by
+:func:`adopt_middleware`: they get its options' defaults and its ``setup_task`` call (they
+could not have been given its options: registering them would have failed).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 from collections.abc import Callable, Coroutine
@@ -14,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, ov
 
 from .exceptions import ConfigurationError
 from .extensions import builtin_middleware
+from .extensions.middleware import Middleware
 from .options import build_options
 from .ratelimit import RateLimit
 from .retries import DEFAULT_RETRY_POLICY, RetryPolicy
@@ -80,6 +87,7 @@ def task(
     soft_timeout: float | None = None,
     hard_timeout: float | None = None,
     max_age: float | None = None,
+    **options: Any,
 ) -> TaskDecorator: ...
 
 
@@ -108,6 +116,7 @@ def task(
     soft_timeout: float | None = None,
     hard_timeout: float | None = None,
     max_age: float | None = None,
+    **options: Any,
 ) -> Task[Any, Any] | TaskDecorator:
     """Register a function as a task; use bare (``@queue.task``) or with options.
 
@@ -139,12 +148,17 @@ def task(
         soft_timeout: seconds after which SoftTimeoutError is raised inside the task.
         hard_timeout: seconds after which the run is stopped (``timeout=`` is its alias).
         max_age: seconds a call may wait before it starts; older ones are expired.
+        options: the options of middleware registered with ``queue.add_middleware`` before
+            this line (each declares its own in ``Middleware.task_options``), by name; see
+            docs/architecture.md, "Adding a per-task option".
 
     Raises:
-        ConfigurationError: a bad option, or a second task with the same name.
+        ConfigurationError: a bad option, an option no middleware declares, or a second task
+            with the same name.
     """
-    # Every keyword above, by name: the one place they are gathered (blitzq.options).
-    given = {k: v for k, v in locals().items() if k not in ("self", "fn")}
+    # Every keyword above, by name, and the extra ones: the one place they are gathered.
+    given = {k: v for k, v in locals().items() if k not in ("self", "fn", "options")}
+    given.update(options)  # no overlap: Python refuses a keyword given twice
 
     def register(function: Callable[..., Any]) -> Task[Any, Any]:
         chosen: Executor = executor or (
@@ -153,7 +167,8 @@ def task(
         task_name = name or default_task_name(function)
         if task_name in self.tasks and self.tasks[task_name].fn is not function:
             raise ConfigurationError(f"a task named {task_name!r} is already registered")
-        checked = build_options(task_name, given, builtin_middleware())
+        middleware = task_middleware(self)
+        checked = build_options(task_name, given, middleware)
         registered: Task[Any, Any] = Task(
             self,
             function,
@@ -169,6 +184,7 @@ def task(
             rate_limit=rate_limit,
             rate_key=rate_key,
             options=checked,
+            middleware=middleware,
         )  # fmt: skip
         self.tasks[task_name] = registered
         attach_workflow(registered)  # its finisher advances workflows it is a step of
@@ -177,6 +193,28 @@ def task(
     if fn is not None:
         return register(fn)
     return register
+
+
+def task_middleware(queue: Queue) -> tuple[Middleware, ...]:
+    """The middleware whose per-task options ``queue``'s tasks may be given, in the order
+    their ``setup_task`` runs: the built-in ones, then those registered on ``queue``."""
+    return (*builtin_middleware(), *queue.middleware)
+
+
+def adopt_middleware(queue: Queue, middleware: Middleware) -> None:
+    """Plug ``middleware``, just registered with ``queue.add_middleware``, into the tasks
+    registered before it: each gets the defaults of the options it declares (in
+    ``task.controls``) and then its :meth:`~blitzq.Middleware.setup_task` call.
+
+    Raises:
+        ConfigurationError: its ``setup_task`` refuses a task.
+    """
+    for registered in queue.tasks.values():
+        extra = build_options(registered.name, {}, (middleware,)).extensions
+        if extra:
+            merged = {**registered.controls.extensions, **extra}
+            registered.controls = dataclasses.replace(registered.controls, extensions=merged)
+        middleware.setup_task(registered, registered.controls)
 
 
 class TaskDecorator(Protocol):
@@ -191,4 +229,4 @@ class TaskDecorator(Protocol):
     def __call__(self, fn: Callable[..., Any], /) -> Task[Any, Any]: ...
 
 
-__all__ = ["TaskDecorator", "default_task_name", "task"]
+__all__ = ["TaskDecorator", "adopt_middleware", "default_task_name", "task", "task_middleware"]

@@ -28,7 +28,7 @@ from .routing import check_priority
 
 if TYPE_CHECKING:
     from .client.sync import Portal
-    from .extensions.middleware import Finisher, StartCheck
+    from .extensions.middleware import Finisher, Middleware, StartCheck
     from .options import TaskOptions
     from .queue import Queue
     from .workflow.signature import Signature
@@ -64,6 +64,7 @@ class Task(Generic[P, R]):
         rate_limit: str | RateLimit | None = None,
         rate_key: str | None = None,
         options: TaskOptions | None = None,
+        middleware: tuple[Middleware, ...] | None = None,
     ) -> None:
         if executor not in EXECUTORS:
             raise ConfigurationError(f"executor must be one of {sorted(EXECUTORS)}")
@@ -106,9 +107,10 @@ class Task(Generic[P, R]):
         from .extensions import builtin_middleware
         from .options import build_options
 
-        builtins = builtin_middleware()
+        if middleware is None:  # the built-in ones (registration passes the Queue's too)
+            middleware = builtin_middleware()
         if options is None:
-            options = build_options(name, {}, builtins)
+            options = build_options(name, {}, middleware)
         if options.hard_timeout is not None:
             if self.timeout is not None and self.timeout != options.hard_timeout:
                 raise ConfigurationError(f"task {name}: give timeout= or hard_timeout=, not both")
@@ -120,8 +122,8 @@ class Task(Generic[P, R]):
         #: The task's options, checked (see :mod:`blitzq.options`); the middleware-declared
         #: ones read as ``task.controls.get("max_age")``.
         self.controls = options
-        for middleware in builtins:  # each plugs in where the task uses its options
-            middleware.setup_task(self, options)
+        for m in middleware:  # each plugs in where the task uses its options
+            m.setup_task(self, options)
 
     @property
     def max_attempts(self) -> int:
