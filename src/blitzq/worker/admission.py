@@ -17,7 +17,7 @@ import msgspec
 
 from ..broker import Completion, Delivery
 from ..exceptions import BrokerError, SerializationError
-from ..extensions.expiry import checks_with_expiry
+from ..extensions.expiry import start_checks
 from ..routing import base_queue
 from ..serialization import Envelope, decode_envelope, envelope_head
 from ..task import Task
@@ -25,6 +25,7 @@ from .execution import Job
 from .limiter import Slots
 
 if TYPE_CHECKING:
+    from ..extensions.middleware import StartCheck
     from .runner import Runner
 
 logger = logging.getLogger("blitzq.worker")
@@ -80,9 +81,10 @@ def reject(
 def admit(runner: Runner, d: Delivery, env: Envelope, task: Task[Any, Any], slots: Slots) -> None:
     """Rate limits and start checks when the task has any, then run it."""
     buckets = buckets_of(runner, task, d.queue) if not env.reserved else None
-    if buckets or task.checks or env.max_age is not None:
+    checks = start_checks(task, env)
+    if buckets or checks:
         runner.hold_start(
-            asyncio.ensure_future(start_checked(runner, d, env, task, slots, buckets)), d
+            asyncio.ensure_future(start_checked(runner, d, env, task, slots, buckets, checks)), d
         )
         return
     runner.run(Job(d, env, task), slots)
@@ -116,8 +118,10 @@ async def start_checked(
     task: Task[Any, Any],
     slots: Slots,
     buckets: list[tuple[str, float, float]] | None,
+    checks: list[StartCheck],
 ) -> None:
-    """Rate limits, then the task's start checks; run, or end this delivery as told.
+    """Rate limits, then the start checks (:func:`~blitzq.extensions.expiry.start_checks`);
+    run, or end this delivery as told.
 
     A check that cannot reach the broker puts the task back on the schedule for a second.
     """
@@ -126,7 +130,6 @@ async def start_checked(
         completion: Completion | None = None
         if buckets:
             completion = await rate_check(runner, job, buckets)
-        checks = task.checks if env.max_age is None else checks_with_expiry(task)
         for check in checks:
             if completion is not None:
                 break
