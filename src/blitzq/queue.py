@@ -256,15 +256,15 @@ class Queue:
         """Register ``middleware`` (see :mod:`blitzq.middleware`); register before the worker
         starts or the producer enqueues.
 
-        Raises:
-            TypeError: not a :class:`Middleware` instance.
-            ConfigurationError: it declares a per-task option another registered or built-in
-                middleware declares too.
-
         Its per-task options (``Middleware.task_options``) can be given to the tasks
         registered after this call; the tasks registered before it get their defaults, and
         its ``setup_task`` runs for every task either way (see
         :func:`blitzq.registration.adopt_middleware`).
+
+        Raises:
+            TypeError: not a :class:`Middleware` instance.
+            ConfigurationError: it declares a per-task option another registered or built-in
+                middleware declares too.
         """
         if isinstance(middleware, Middleware):  # a second declaration of an option: refused
             declared_options((*registration.task_middleware(self), middleware))
