@@ -81,13 +81,18 @@ async def check_expiry(worker: WorkerContext, job: Job) -> Completion | None:
 
 
 def start_checks(task: Task[Any, Any], envelope: Envelope) -> list[StartCheck]:
-    """The start checks of one delivery: the task's own, with the expiry check first when the
-    call carries its own ``max_age`` (``task.options(max_age=...)``) and the task has none.
+    """The start checks of one delivery: the task's own, plus the expiry check when the call
+    carries its own ``max_age`` (``task.options(max_age=...)``; see :func:`checks_with_expiry`).
 
     Args:
         task: the registered task.
         envelope: the delivery's decoded message.
     """
-    if envelope.max_age is None or check_expiry in task.checks:
+    return task.checks if envelope.max_age is None else checks_with_expiry(task)
+
+
+def checks_with_expiry(task: Task[Any, Any]) -> list[StartCheck]:
+    """The task's start checks with the expiry check first (for a per-call ``max_age``)."""
+    if check_expiry in task.checks:
         return task.checks
     return [check_expiry, *task.checks]

@@ -25,7 +25,6 @@ from .execution import Job
 from .limiter import Slots
 
 if TYPE_CHECKING:
-    from ..extensions.middleware import StartCheck
     from .runner import Runner
 
 logger = logging.getLogger("blitzq.worker")
@@ -81,10 +80,9 @@ def reject(
 def admit(runner: Runner, d: Delivery, env: Envelope, task: Task[Any, Any], slots: Slots) -> None:
     """Rate limits and start checks when the task has any, then run it."""
     buckets = buckets_of(runner, task, d.queue) if not env.reserved else None
-    checks = start_checks(task, env)
-    if buckets or checks:
+    if buckets or start_checks(task, env):
         runner.hold_start(
-            asyncio.ensure_future(start_checked(runner, d, env, task, slots, buckets, checks)), d
+            asyncio.ensure_future(start_checked(runner, d, env, task, slots, buckets)), d
         )
         return
     runner.run(Job(d, env, task), slots)
@@ -118,10 +116,8 @@ async def start_checked(
     task: Task[Any, Any],
     slots: Slots,
     buckets: list[tuple[str, float, float]] | None,
-    checks: list[StartCheck],
 ) -> None:
-    """Rate limits, then the start checks (:func:`~blitzq.extensions.expiry.start_checks`);
-    run, or end this delivery as told.
+    """Rate limits, then the task's start checks; run, or end this delivery as told.
 
     A check that cannot reach the broker puts the task back on the schedule for a second.
     """
@@ -130,6 +126,7 @@ async def start_checked(
         completion: Completion | None = None
         if buckets:
             completion = await rate_check(runner, job, buckets)
+        checks = start_checks(task, env)
         for check in checks:
             if completion is not None:
                 break
