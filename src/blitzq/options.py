@@ -7,18 +7,24 @@ option belongs to the middleware that declares it (:attr:`Middleware.task_option
 checks its value here and then plugs itself into the task (:meth:`Middleware.setup_task
 <blitzq.extensions.middleware.Middleware.setup_task>`). An option nobody declares is
 rejected here, with :class:`~blitzq.ConfigurationError`.
+
+The options of one enqueue (``task.options(delay=..., ...)``) are :class:`CallOptions`, checked
+when they are made.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._checks import seconds, text
 from .exceptions import ConfigurationError
 from .limits import MAX_SECONDS
+from .routing import check_name, check_priority
 
 if TYPE_CHECKING:
     from .extensions.middleware import Middleware
@@ -140,7 +146,8 @@ def build_options(
         task_name: the task's name (for error messages).
         given: option name → value, as ``@queue.task`` received them.
         middleware: the middleware whose declared options are understood (the built-in
-            ones, :func:`blitzq.extensions.builtin_middleware`).
+            ones, :func:`blitzq.extensions.builtin_middleware`, then the Queue's:
+            :func:`blitzq.registration.task_middleware`).
 
     Raises:
         ConfigurationError: an unknown option, or a value its middleware's check refuses.
@@ -161,8 +168,114 @@ def build_options(
     return TaskOptions(**core, extensions=extensions)
 
 
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+@dataclass(frozen=True, slots=True)
+class CallOptions:
+    """Options of one enqueue, bound with :meth:`Task.options <blitzq.Task.options>`.
+
+    Every option is checked when the options are made (ConfigurationError): numbers must be
+    real numbers (not ``bool``), finite, and durations at most ``MAX_SECONDS`` (10 years);
+    strings must be non-empty ``str``.
+
+    Attributes:
+        delay: seconds from now before the task may start (``countdown`` in Celery),
+            0 to 10 years.
+        eta: absolute start time (aware datetime, or Unix seconds), at most 10 years ahead
+            (checked at enqueue; a past eta runs at once).
+        task_id: id to use instead of a random one.
+        headers: plain-data metadata carried with the message.
+        timeout: seconds the task may run, overriding the task's ``timeout``.
+        queue: queue to publish to, overriding the task's.
+        correlation_id: id shared by related tasks, a non-empty ``str`` (default: inherited
+            from the task that enqueues, if any).
+        priority: ``"high"``, ``"normal"`` or ``"low"``, overriding the task's.
+        unique_key: key of a ``unique=True`` task's call instead of the hash of its arguments.
+        max_age: seconds the call may wait before it starts, overriding the task's
+            ``max_age`` (see :mod:`blitzq.extensions.expiry`).
+    """
+
+    delay: float | None = None
+    eta: _dt.datetime | float | None = None
+    task_id: str | None = None
+    headers: Mapping[str, Any] | None = None
+    timeout: float | None = None
+    queue: str | None = None
+    correlation_id: str | None = None
+    priority: str | None = None
+    unique_key: str | None = None
+    max_age: float | None = None
+
+    def __post_init__(self) -> None:
+        # Every option is checked here, where it enters (not in a worker's loop later):
+        # numbers are real (not bool), finite and within MAX_SECONDS; strings are str.
+        if self.delay is not None:
+            seconds("delay", self.delay, strict=False)
+        if (
+            self.eta is not None
+            and not isinstance(self.eta, _dt.datetime)
+            and (isinstance(self.eta, bool) or not _finite(self.eta))
+        ):
+            raise ConfigurationError(
+                f"eta must be an aware datetime or a finite Unix time, got {self.eta!r}"
+            )
+        if self.timeout is not None:
+            seconds("timeout", self.timeout)
+        if self.task_id is not None:
+            check_name("task_id", self.task_id)
+        if self.queue is not None:
+            check_name("queue", self.queue)
+        if self.priority is not None:
+            check_priority(self.priority)
+        text("unique_key", self.unique_key)
+        text("correlation_id", self.correlation_id)
+        if self.headers is not None and not isinstance(self.headers, Mapping):
+            raise ConfigurationError(
+                f"headers must be a dict with str keys, got {type(self.headers).__name__}"
+            )
+        if self.max_age is not None:
+            seconds("max_age", self.max_age)
+
+    def due_time(self, now: float) -> float | None:
+        """Unix time the message becomes due by the clock that gave ``now``, or ``None`` to
+        publish at once.
+
+        A ``delay`` gives ``now + delay`` (the broker receives the delay itself and counts
+        it on its own clock; see :meth:`relative_delay`). An ``eta`` is returned as is, even
+        when it looks past by ``now``: the broker compares it with its own clock.
+
+        Raises:
+            ConfigurationError: a naive datetime, an eta more than ``MAX_SECONDS`` (10
+                years) ahead, or both delay and eta.
+        """
+        if self.delay is not None and self.eta is not None:
+            raise ConfigurationError("give delay= or eta=, not both")
+        if self.delay is not None:
+            return now + self.delay if self.delay > 0 else None
+        if self.eta is None:
+            return None
+        if isinstance(self.eta, _dt.datetime):
+            if self.eta.tzinfo is None:
+                raise ConfigurationError("eta must be a timezone-aware datetime")
+            due = self.eta.timestamp()
+        else:
+            due = float(self.eta)
+        if due - now > MAX_SECONDS:
+            raise ConfigurationError(
+                f"eta must be at most {MAX_SECONDS} s (10 years) ahead, got {self.eta!r}"
+            )
+        return due
+
+    def relative_delay(self) -> float | None:
+        """Seconds of ``delay`` to send the broker, or ``None`` for none or an ``eta``."""
+        return self.delay if self.delay is not None and self.delay > 0 else None
+
+
 __all__ = [
     "CORE_OPTIONS",
+    "CallOptions",
     "Option",
     "TaskOptions",
     "build_options",

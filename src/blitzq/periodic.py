@@ -1,16 +1,18 @@
 """Periodic-task entries: what runs when, validated once, and the message of each occurrence.
 
-``Queue.periodic`` / ``Queue.add_periodic`` build a :class:`PeriodicTask` with
-:func:`make_periodic`; the :class:`~blitzq.scheduler.Scheduler` decides which occurrences are
-due and dispatches :func:`build_message` for each; :func:`periodic_status` describes the
-entries for ``blitzq scheduler list``. The missed-run policies are described in
+``Queue.periodic`` / ``Queue.add_periodic`` (:func:`periodic`, :func:`add_periodic`, which the
+Queue offers as its methods) register a :class:`PeriodicTask` built by :func:`make_periodic`;
+the :class:`~blitzq.scheduler.Scheduler` decides which occurrences are due and dispatches
+:func:`build_message` for each; :func:`periodic_status` describes the entries for ``blitzq
+scheduler list``. The missed-run policies are described in
 :mod:`blitzq.scheduler`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -22,13 +24,16 @@ from .task import CallOptions, Task
 
 if TYPE_CHECKING:
     from .queue import Queue
+    from .registration import TaskDecorator
 
 __all__ = [
     "MissedPolicy",
     "PeriodicTask",
+    "add_periodic",
     "as_schedule",
     "build_message",
     "make_periodic",
+    "periodic",
     "periodic_status",
 ]
 
@@ -137,6 +142,105 @@ def make_periodic(
         queue=check_name("queue name", queue) if queue is not None else None,
         priority=priority,
     )
+
+
+def periodic(
+    self: Queue,
+    schedule: Schedule | str | float | _dt.timedelta,
+    *,
+    tz: str | None = None,
+    missed: MissedPolicy = "run_once",
+    args: tuple[Any, ...] | list[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    name: str | None = None,
+    queue: str | None = None,
+    priority: str | None = None,
+    **task_options: Any,
+) -> TaskDecorator:
+    """Register a function as a task (like ``Queue.task``) that a Scheduler runs periodically.
+
+    Args:
+        schedule: ``Every(seconds)``, ``Cron("*/5 * * * *", tz=...)``, a cron string
+            (evaluated in ``tz``) or an interval in seconds.
+        tz: IANA zone of a cron string (default UTC).
+        missed: what a scheduler does with occurrences missed while none ran:
+            ``"run_once"`` (the newest only), ``"run_all"`` (each, up to 100) or
+            ``"skip"`` (none); see :mod:`blitzq.scheduler`.
+        args, kwargs: arguments of every periodic call (plain data).
+        name: task name (default ``module.qualname``), also the periodic entry's name.
+        queue: queue its messages go to (default: this Queue's ``name``).
+        priority: ``"high"``, ``"normal"`` or ``"low"`` for the periodic messages
+            (``None``: the task's own priority).
+        task_options: any other option of ``Queue.task`` (retries, timeout, ...).
+
+    Raises:
+        ConfigurationError: a bad schedule or option, or a name already registered.
+        SerializationError: ``args`` or ``kwargs`` are not plain data.
+    """
+
+    def register(fn: Callable[..., Any]) -> Task[Any, Any]:
+        registered: Task[Any, Any] = self.task(name=name, queue=queue, **task_options)(fn)
+        self.add_periodic(
+            registered,
+            schedule,
+            tz=tz,
+            missed=missed,
+            args=args,
+            kwargs=kwargs,
+            priority=priority,
+        )
+        return registered
+
+    return register
+
+
+def add_periodic(
+    self: Queue,
+    task: Task[Any, Any],
+    schedule: Schedule | str | float | _dt.timedelta,
+    *,
+    tz: str | None = None,
+    missed: MissedPolicy = "run_once",
+    args: tuple[Any, ...] | list[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    name: str | None = None,
+    queue: str | None = None,
+    priority: str | None = None,
+) -> PeriodicTask:
+    """Run an already registered task periodically; see ``Queue.periodic`` for the options.
+
+    Args:
+        name: the periodic entry's name (default: the task's name); give distinct names to
+            run one task on several schedules or with different arguments.
+        queue: queue to publish to (default: the task's queue).
+
+    Raises:
+        ConfigurationError: a bad option, or another periodic entry with the same name (the
+            same task on another schedule or with other arguments included; registering
+            an identical entry again changes nothing).
+        SerializationError: ``args`` or ``kwargs`` are not plain data.
+    """
+    entry = make_periodic(
+        task,
+        schedule,
+        tz=tz,
+        missed=missed,
+        args=args,
+        kwargs=kwargs,
+        name=name,
+        queue=queue,
+        priority=priority,
+    )
+    existing = self.periodic_tasks.get(entry.name)
+    if existing is not None and (
+        existing.task.fn is not task.fn or dataclasses.replace(existing, task=task) != entry
+    ):  # the very same entry registered again (same function, schedule, ...) is a no-op
+        raise ConfigurationError(
+            f"a periodic task named {entry.name!r} is already registered (give each "
+            "schedule of a task its own name=)"
+        )
+    self.periodic_tasks[entry.name] = entry
+    return entry
 
 
 def build_message(owner: Queue, entry: PeriodicTask, occurrence: float, now: float) -> bytes:

@@ -8,26 +8,23 @@ background loop and a worker alike.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import datetime
 import os
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, overload
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
+from . import periodic as periodic_entries
+from . import registration
 from ._checks import flag, integer, seconds
-from .broker import Broker, Guarantee
+from .broker import Broker
+from .broker.factory import make_broker, resolve_url
 from .client.admin import Admin
 from .client.delegate import delegate
 from .client.publish import Producer
 from .client.results import Results
 from .client.sync import Portal, blocking
 from .client.workflows import Workflows
-from .exceptions import (
-    ConfigurationError,
-    SerializationError,
-    UnknownTask,
-)
+from .exceptions import ConfigurationError, SerializationError, UnknownTask
 from .extensions.middleware import EnqueueFilter, EnqueueObserver, Middleware
 from .extensions.ratelimit import queue_limits
 from .extensions.registry import Extensions
@@ -37,18 +34,13 @@ from .limits import (
     DEFAULT_DEAD_LETTER_TTL,
     DEFAULT_MAX_RESULT_SIZE,
 )
+from .options import declared_options
 from .ratelimit import RateLimit
-from .retries import DEFAULT_RETRY_POLICY, RetryPolicy
-from .routing import Priority, Routes, check_name, route
-from .task import BoundTask, Executor, Task, TaskHandle, default_task_name
-from .workflow.engine import attach as attach_workflow
+from .routing import Routes, check_name
+from .task import BoundTask, Task, TaskHandle
 
 if TYPE_CHECKING:
-    from .scheduler import MissedPolicy, PeriodicTask
-    from .schedules import Schedule
-
-P = ParamSpec("P")
-R = TypeVar("R")
+    from .periodic import PeriodicTask
 
 Mode = Literal["reliable", "fast"]
 #: Default largest message accepted, in bytes.
@@ -206,20 +198,7 @@ class Queue:
     def url(self) -> str:
         """The broker URL in use (resolving it may start the embedded server)."""
         if self._url is None:
-            url = self._redis_url or os.environ.get("BLITZQ_REDIS_URL")
-            if not url:
-                from .broker.redis.embedded import ensure_server
-
-                url = ensure_server()
-            if url.startswith("valkey://"):
-                url = "redis://" + url.removeprefix("valkey://")
-            elif url.startswith("valkeys://"):
-                url = "rediss://" + url.removeprefix("valkeys://")
-            if not url.startswith(("redis://", "rediss://", "unix://", "memory://")):
-                raise ConfigurationError(
-                    f"unsupported broker URL {url!r}: use redis://, rediss://, unix:// or memory://"
-                )
-            self._url = url
+            self._url = resolve_url(self._redis_url)
         return self._url
 
     def _connect_to(self, url: str) -> None:
@@ -230,31 +209,13 @@ class Queue:
         self._url = None
 
     def _make_broker(self) -> Broker:
-        url, namespace = self.url, self.namespace
-        memory = url.startswith("memory://")
-        if memory:  # the same Redis code and Lua, on this process's private Valkey server
-            from .broker.redis.ephemeral import ensure_server, memory_namespace
-
-            url, namespace = ensure_server(), memory_namespace(url.removeprefix("memory://"))
-        broker: Broker
-        if self.mode == "reliable":
-            from .broker.redis.reliable import ReliableRedisBroker
-
-            broker = ReliableRedisBroker(url, namespace, **self._dead_letter_limits())
-        else:
-            from .broker.redis.fast import FastRedisBroker
-
-            broker = FastRedisBroker(url, namespace, **self._dead_letter_limits())
-        if memory:
-            broker.guarantee = Guarantee.EPHEMERAL  # whatever the mode: gone with the process
-        return broker
-
-    def _dead_letter_limits(self) -> dict[str, Any]:
-        return {
+        """A new broker for this Queue's URL, namespace, mode and dead-letter limits."""
+        limits = {
             "dead_letter_cap": self.dead_letter_cap,
             "dead_letter_ttl": self.dead_letter_ttl,
             "dead_letter_max_bytes": self.dead_letter_max_bytes,
         }
+        return make_broker(self.url, self.namespace, self.mode, limits)
 
     @property
     def broker(self) -> Broker:
@@ -268,236 +229,12 @@ class Queue:
         return broker
 
     # ----------------------------------------------------------- registration
-    @overload
-    def task(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
-
-    @overload
-    def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
-
-    @overload
-    def task(
-        self,
-        fn: None = None,
-        /,
-        *,
-        name: str | None = None,
-        queue: str | None = None,
-        retries: int = 3,
-        retry_policy: RetryPolicy | None = None,
-        timeout: float | None = None,
-        executor: Executor | None = None,
-        store_result: bool | None = None,
-        dead_letter: bool = True,
-        priority: Priority = "normal",
-        rate_limit: str | RateLimit | None = None,
-        rate_key: str | None = None,
-        unique: bool = False,
-        unique_until: Literal["start", "completion"] = "completion",
-        unique_ttl: float = 3600.0,
-        lock: str | None = None,
-        lock_limit: int = 1,
-        lock_ttl: float | None = None,
-        soft_timeout: float | None = None,
-        hard_timeout: float | None = None,
-        max_age: float | None = None,
-    ) -> _TaskDecorator: ...
-
-    def task(
-        self,
-        fn: Callable[..., Any] | None = None,
-        /,
-        *,
-        name: str | None = None,
-        queue: str | None = None,
-        retries: int = 3,
-        retry_policy: RetryPolicy | None = None,
-        timeout: float | None = None,
-        executor: Executor | None = None,
-        store_result: bool | None = None,
-        dead_letter: bool = True,
-        priority: Priority = "normal",
-        rate_limit: str | RateLimit | None = None,
-        rate_key: str | None = None,
-        unique: bool = False,
-        unique_until: Literal["start", "completion"] = "completion",
-        unique_ttl: float = 3600.0,
-        lock: str | None = None,
-        lock_limit: int = 1,
-        lock_ttl: float | None = None,
-        soft_timeout: float | None = None,
-        hard_timeout: float | None = None,
-        max_age: float | None = None,
-    ) -> Task[Any, Any] | _TaskDecorator:
-        """Register a function as a task; use bare (``@queue.task``) or with options.
-
-        Args:
-            name: task name workers look up (default ``module.qualname``).
-            queue: queue its messages go to (default: this Queue's ``name``).
-            retries: retries after a failed attempt (``retry_policy.max_retries`` wins).
-            retry_policy: backoff and which errors retry; see :class:`RetryPolicy`.
-            timeout: seconds one attempt may run; over it the attempt fails with TaskTimeout.
-            executor: ``"async"`` (coroutines, the default for ``async def``), ``"thread"``
-                (the default for plain functions) or ``"process"`` (a process pool; the
-                function must be importable at module level).
-            store_result: store the return value (default: the Queue's ``store_results``).
-            dead_letter: dead-letter the task when its retries are exhausted (else it ends
-                ``failed`` with its record only).
-            priority: ``"high"``, ``"normal"`` or ``"low"``: published to ``<queue>:high``,
-                ``<queue>`` or ``<queue>:low``, which workers of ``<queue>`` take in that order.
-            rate_limit: ``"10/s"``, ``"100/m"``, ``"1000/hour"`` or a :class:`RateLimit`: task
-                starts per period across all workers; a task over it waits on the schedule.
-            rate_key: bucket name shared by several tasks (default: the task name).
-            unique, unique_until, unique_ttl: a call equal to one already waiting (same
-                arguments, or the same ``unique_key=`` call option) is not enqueued again
-                until the first one starts (``"start"``) or ends (``"completion"``), or
-                ``unique_ttl`` seconds pass; see docs/control.md.
-            lock, lock_limit, lock_ttl: a key over the task's arguments (``"user:{user_id}"``)
-                that at most ``lock_limit`` runs hold at once; ``lock_ttl`` seconds is the
-                lease a crashed worker's place is freed after (default: the queue's
-                ``visibility_timeout``).
-            soft_timeout: seconds after which SoftTimeoutError is raised inside the task.
-            hard_timeout: seconds after which the run is stopped (``timeout=`` is its alias).
-            max_age: seconds a call may wait before it starts; older ones are expired.
-
-        Raises:
-            ConfigurationError: a bad option, or a second task with the same name.
-        """
-        # Every keyword above, by name: the one place they are gathered (blitzq.options).
-        given = {k: v for k, v in locals().items() if k not in ("self", "fn")}
-
-        def register(function: Callable[..., Any]) -> Task[Any, Any]:
-            import inspect
-
-            from .extensions import builtin_middleware
-            from .options import build_options
-
-            chosen: Executor = executor or (
-                "async" if inspect.iscoroutinefunction(function) else "thread"
-            )
-            task_name = name or default_task_name(function)
-            if task_name in self.tasks and self.tasks[task_name].fn is not function:
-                raise ConfigurationError(f"a task named {task_name!r} is already registered")
-            options = build_options(task_name, given, builtin_middleware())
-            registered: Task[Any, Any] = Task(
-                self,
-                function,
-                name=task_name,
-                queue=check_name("queue name", queue or route(self.routes, task_name) or self.name),
-                retries=retries,
-                retry_policy=retry_policy or DEFAULT_RETRY_POLICY,
-                timeout=timeout,
-                executor=chosen,
-                store_result=store_result,
-                dead_letter=dead_letter,
-                priority=priority,
-                options=options,
-            )  # fmt: skip
-            self.tasks[task_name] = registered
-            attach_workflow(registered)  # its finisher advances workflows it is a step of
-            return registered
-
-        if fn is not None:
-            return register(fn)
-        return register
-
-    def periodic(
-        self,
-        schedule: Schedule | str | float | datetime.timedelta,
-        *,
-        tz: str | None = None,
-        missed: MissedPolicy = "run_once",
-        args: tuple[Any, ...] | list[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        name: str | None = None,
-        queue: str | None = None,
-        priority: str | None = None,
-        **task_options: Any,
-    ) -> _TaskDecorator:
-        """Register a function as a task (like :meth:`task`) that a Scheduler runs periodically.
-
-        Args:
-            schedule: ``Every(seconds)``, ``Cron("*/5 * * * *", tz=...)``, a cron string
-                (evaluated in ``tz``) or an interval in seconds.
-            tz: IANA zone of a cron string (default UTC).
-            missed: what a scheduler does with occurrences missed while none ran:
-                ``"run_once"`` (the newest only), ``"run_all"`` (each, up to 100) or
-                ``"skip"`` (none); see :mod:`blitzq.scheduler`.
-            args, kwargs: arguments of every periodic call (plain data).
-            name: task name (default ``module.qualname``), also the periodic entry's name.
-            queue: queue its messages go to (default: this Queue's ``name``).
-            priority: ``"high"``, ``"normal"`` or ``"low"`` for the periodic messages
-                (``None``: the task's own priority).
-            task_options: any other option of :meth:`task` (retries, timeout, ...).
-
-        Raises:
-            ConfigurationError: a bad schedule or option, or a name already registered.
-            SerializationError: ``args`` or ``kwargs`` are not plain data.
-        """
-
-        def register(fn: Callable[..., Any]) -> Task[Any, Any]:
-            registered: Task[Any, Any] = self.task(name=name, queue=queue, **task_options)(fn)
-            self.add_periodic(
-                registered,
-                schedule,
-                tz=tz,
-                missed=missed,
-                args=args,
-                kwargs=kwargs,
-                priority=priority,
-            )
-            return registered
-
-        return register
-
-    def add_periodic(
-        self,
-        task: Task[Any, Any],
-        schedule: Schedule | str | float | datetime.timedelta,
-        *,
-        tz: str | None = None,
-        missed: MissedPolicy = "run_once",
-        args: tuple[Any, ...] | list[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        name: str | None = None,
-        queue: str | None = None,
-        priority: str | None = None,
-    ) -> PeriodicTask:
-        """Run an already registered task periodically; see :meth:`periodic` for the options.
-
-        Args:
-            name: the periodic entry's name (default: the task's name); give distinct names to
-                run one task on several schedules or with different arguments.
-            queue: queue to publish to (default: the task's queue).
-
-        Raises:
-            ConfigurationError: a bad option, or another periodic entry with the same name (the
-                same task on another schedule or with other arguments included; registering
-                an identical entry again changes nothing).
-            SerializationError: ``args`` or ``kwargs`` are not plain data.
-        """
-        from .scheduler import make_periodic
-
-        entry = make_periodic(
-            task,
-            schedule,
-            tz=tz,
-            missed=missed,
-            args=args,
-            kwargs=kwargs,
-            name=name,
-            queue=queue,
-            priority=priority,
-        )
-        existing = self.periodic_tasks.get(entry.name)
-        if existing is not None and (
-            existing.task.fn is not task.fn or dataclasses.replace(existing, task=task) != entry
-        ):  # the very same entry registered again (same function, schedule, ...) is a no-op
-            raise ConfigurationError(
-                f"a periodic task named {entry.name!r} is already registered (give each "
-                "schedule of a task its own name=)"
-            )
-        self.periodic_tasks[entry.name] = entry
-        return entry
+    # Defined with the Queue as ``self`` in the modules that do the work, and offered here as
+    # methods (signature, overloads and docstring are theirs): ``@queue.task`` in
+    # blitzq.registration, ``periodic`` and ``add_periodic`` in blitzq.periodic.
+    task = registration.task
+    periodic = periodic_entries.periodic
+    add_periodic = periodic_entries.add_periodic
 
     def get_task(self, name: str) -> Task[Any, Any]:
         """The task registered under ``name``.
@@ -515,10 +252,20 @@ class Queue:
         """Register ``middleware`` (see :mod:`blitzq.middleware`); register before the worker
         starts or the producer enqueues.
 
+        Its per-task options (``Middleware.task_options``) can be given to the tasks
+        registered after this call; the tasks registered before it get their defaults, and
+        its ``setup_task`` runs for every task either way (see
+        :func:`blitzq.registration.adopt_middleware`).
+
         Raises:
             TypeError: not a :class:`Middleware` instance.
+            ConfigurationError: it declares a per-task option another registered or built-in
+                middleware declares too.
         """
+        if isinstance(middleware, Middleware):  # a second declaration of an option: refused
+            declared_options((*registration.task_middleware(self), middleware))
         self._extensions.add(middleware)
+        registration.adopt_middleware(self, middleware)
 
     @property
     def middleware(self) -> tuple[Middleware, ...]:
@@ -612,18 +359,6 @@ class Queue:
         """Close the sync API's connections and stop its background loop."""
         # By hand, not blocking(close): this one also stops the loop it runs on.
         self._portal.close(self.close())
-
-
-class _TaskDecorator(Protocol):
-    """Type of ``queue.task(...)`` called with options: a decorator making a Task."""
-
-    @overload
-    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
-
-    @overload
-    def __call__(self, fn: Callable[P, R], /) -> Task[P, R]: ...
-
-    def __call__(self, fn: Callable[..., Any], /) -> Task[Any, Any]: ...
 
 
 __all__ = ["BoundTask", "Mode", "Queue", "SerializationError"]

@@ -14,9 +14,9 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import pytest
@@ -25,6 +25,7 @@ from click.testing import CliRunner
 
 from blitzq import (
     BlitzQError,
+    ConfigurationError,
     EnqueueRefused,
     Middleware,
     Queue,
@@ -38,6 +39,8 @@ from blitzq import (
 )
 from blitzq.cli import cli
 from blitzq.middleware import Outgoing
+from blitzq.options import Option, TaskOptions
+from blitzq.task import Task
 
 from .proc_tasks import eventually, make_worker, running
 
@@ -56,6 +59,13 @@ async def queue(make_queue: Callable[..., Queue], mode: str) -> Any:
     q = make_queue(name="mw", mode=mode)
     yield q
     await q.close()
+
+
+def check_tenant(label: str, value: Any) -> str | None:
+    """The ``tenant`` option's check: ``None`` or a non-empty ``str``."""
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigurationError(f"{label} must be a non-empty str, got {value!r}")
+    return value
 
 
 class Recorder(Middleware):
@@ -322,6 +332,46 @@ async def test_without_middleware_or_handlers_runs_skip_the_hooks(queue: Queue) 
     async with running(make_worker(queue)) as worker:
         assert await handle.result(timeout=10) == 1
         assert worker.runner.hooks.enabled is False
+
+
+class Tenant(Middleware):
+    """A user middleware declaring a per-task option, as docs/architecture.md's worked
+    example does: ``@queue.task(tenant="acme")``, seen at run time."""
+
+    task_options: ClassVar[Mapping[str, Option]] = {"tenant": Option(None, check_tenant)}
+
+    def __init__(self) -> None:
+        self.tenants: dict[str, str | None] = {}
+        self.runs: list[tuple[str, str | None]] = []
+
+    def setup_task(self, task: Task[Any, Any], options: TaskOptions) -> None:
+        self.tenants[task.name] = options.get("tenant")
+
+    async def before_execute(self, context: TaskContext) -> None:
+        self.runs.append((context.task, self.tenants.get(context.task)))
+
+
+async def test_a_user_middleware_declares_a_task_option_seen_on_a_real_worker(
+    queue: Queue,
+) -> None:
+    tenant = Tenant()
+    queue.add_middleware(tenant)  # before the tasks that use its option
+
+    @queue.task(name="mw.tenant", tenant="acme")
+    async def billed(x: int) -> int:
+        return x + 1
+
+    @queue.task(name="mw.no-tenant")
+    async def free() -> int:
+        return 0
+
+    assert billed.controls.get("tenant") == "acme"
+    with pytest.raises(ConfigurationError, match="tenant must be a non-empty str"):
+        queue.task(name="mw.bad-tenant", tenant="")(lambda: None)
+    async with running(make_worker(queue)):
+        assert await (await billed.enqueue(1)).result(timeout=10) == 2
+        assert await (await free.enqueue()).result(timeout=10) == 0
+    assert tenant.runs == [("mw.tenant", "acme"), ("mw.no-tenant", None)]
 
 
 # --------------------------------------------------------------------- signals

@@ -69,3 +69,44 @@ def test_queue_task_builds_the_options_once() -> None:
     assert len(t.checks) == 2  # expiry, then the lock
     with pytest.raises(ConfigurationError, match=r"task o\.bad: lock_limit must be an int >= 1"):
         queue.task(name="o.bad", lock="k", lock_limit=0)(lambda: None)
+
+
+def test_queue_task_takes_the_options_of_registered_middleware() -> None:
+    """An option a middleware declares is a keyword of ``@queue.task`` once the middleware is
+    registered (nothing else names it), checked by that middleware's check."""
+    queue = Queue(redis_url="memory://test-options", namespace="opts")
+    with pytest.raises(
+        ConfigurationError, match=r"task o\.early: unknown options \['slow_after'\]"
+    ):
+        queue.task(name="o.early", slow_after=2)(lambda: None)
+    slow = SlowAfter()
+    queue.add_middleware(slow)
+
+    @queue.task(name="o.slow", slow_after=2)
+    def t() -> None: ...
+
+    assert t.controls.get("slow_after") == 2.0
+    assert queue.task(name="o.default")(lambda: None).controls.get("slow_after") is None
+    mine = [seen for seen in slow.seen if seen[0].startswith("o.")]  # not workflow's own
+    assert mine == [("o.slow", 2.0), ("o.default", None)]  # setup_task for each task
+    with pytest.raises(ConfigurationError, match=r"task o\.neg: slow_after must be > 0"):
+        queue.task(name="o.neg", slow_after=-1)(lambda: None)
+    with pytest.raises(ConfigurationError, match=r"unknown options \['slow_aftr'\]"):
+        queue.task(name="o.typo", slow_aftr=2)(lambda: None)
+    every = queue.periodic(60, name="o.periodic", slow_after=3)(lambda: None)
+    assert every.controls.get("slow_after") == 3.0
+
+
+def test_middleware_added_after_a_task_gives_it_the_defaults() -> None:
+    """A middleware added later is plugged into the tasks registered before it (defaults and
+    ``setup_task``); a second declaration of one option is refused and registers nothing."""
+    queue = Queue(redis_url="memory://test-options", namespace="opts")
+    early = queue.task(name="o.before")(lambda: None)
+    slow = SlowAfter()
+    queue.add_middleware(slow)
+    assert early.controls.get("slow_after") is None
+    assert early.controls.get("max_age") is None  # the task's other options are kept
+    assert ("o.before", None) in slow.seen
+    with pytest.raises(ConfigurationError, match="declared twice"):
+        queue.add_middleware(SlowAfter())
+    assert queue.middleware == (slow,)

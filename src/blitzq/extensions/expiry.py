@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from ..options import TaskOptions
+    from ..serialization import Envelope
     from ..task import Task
     from ..worker.execution import Job
     from .middleware import StartCheck, WorkerContext
@@ -78,6 +79,17 @@ async def check_expiry(worker: WorkerContext, job: Job) -> Completion | None:
     for finisher in job.task.finishers:  # a final state: free unique keys and the like
         completion = finisher(job, completion, True, None)
     return completion
+
+
+def start_checks(task: Task[Any, Any], envelope: Envelope) -> list[StartCheck]:
+    """The start checks of one delivery: the task's own, plus the expiry check when the call
+    carries its own ``max_age`` (``task.options(max_age=...)``; see :func:`checks_with_expiry`).
+
+    Args:
+        task: the registered task.
+        envelope: the delivery's decoded message.
+    """
+    return task.checks if envelope.max_age is None else checks_with_expiry(task)
 
 
 def checks_with_expiry(task: Task[Any, Any]) -> list[StartCheck]:

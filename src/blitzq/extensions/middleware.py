@@ -51,7 +51,8 @@ A Queue without middleware and signal handlers pays nothing: the worker checks o
 per run.
 
 Per-task options: a middleware declares the options of ``@queue.task(...)`` it handles in
-:attr:`Middleware.task_options` (name → :class:`~blitzq.options.Option`: default and check);
+:attr:`Middleware.task_options` (name → :class:`~blitzq.options.Option`: default and check),
+built-in or registered with ``queue.add_middleware`` before the task;
 :func:`blitzq.options.build_options` checks each value once with the declaring middleware's
 check and rejects an option nobody declares (:class:`~blitzq.ConfigurationError`), and
 :meth:`Middleware.setup_task` then plugs the middleware into each task that uses it. The
@@ -225,10 +226,10 @@ class Middleware:
     Attributes:
         task_options: the per-task options (of ``@queue.task``) this middleware handles:
             name → :class:`~blitzq.options.Option` (default and check). Declared once on the
-            class; see :func:`blitzq.options.build_options`. Those of the built-in
-            middleware (:func:`blitzq.extensions.builtin_middleware`) are what
-            ``@queue.task`` accepts; its keywords are the public API, so a new option is also
-            named in its signature.
+            class; see :func:`blitzq.options.build_options`. ``@queue.task`` accepts those of
+            the built-in middleware (:func:`blitzq.extensions.builtin_middleware`, named in
+            its signature) and those of the middleware registered with
+            ``queue.add_middleware`` before it (through its ``**options``).
     """
 
     task_options: ClassVar[Mapping[str, Option]] = {}
@@ -236,6 +237,10 @@ class Middleware:
     def setup_task(self, task: Task[Any, Any], options: TaskOptions) -> None:
         """Called once per registered task with its checked options: plug this
         middleware's start checks and finishers into the tasks that use its options.
+
+        A middleware registered with ``queue.add_middleware`` gets this call for each task of
+        that Queue: at its registration for the tasks registered after it, and at
+        ``add_middleware`` (with its options' defaults) for those registered before.
 
         Args:
             task: the task being registered (``task.checks``, ``task.finishers``,

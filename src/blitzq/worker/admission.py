@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..broker import Completion, Delivery
 from ..exceptions import BrokerError, SerializationError
-from ..extensions.expiry import checks_with_expiry
+from ..extensions.expiry import start_checks
 from ..serialization import Envelope, decode_envelope, envelope_head
 from ..task import Task
 from .execution import Job
@@ -70,8 +70,8 @@ def reject(
 
 
 def admit(runner: Runner, d: Delivery, env: Envelope, task: Task[Any, Any], slots: Slots) -> None:
-    """Start checks when the task has any (or the call a ``max_age``), then run it."""
-    if task.checks or env.max_age is not None:
+    """Start checks when the task has any (rate limits, expiry, locks, unique), then run it."""
+    if start_checks(task, env):
         runner.hold_start(asyncio.ensure_future(start_checked(runner, d, env, task, slots)), d)
         return
     runner.run(Job(d, env, task), slots)
@@ -88,7 +88,7 @@ async def start_checked(
     job = Job(d, env, task)
     try:
         completion: Completion | None = None
-        checks = task.checks if env.max_age is None else checks_with_expiry(task)
+        checks = start_checks(task, env)
         for check in checks:
             try:
                 completion = await check(runner, job)

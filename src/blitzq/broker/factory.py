@@ -1,0 +1,89 @@
+"""From a Queue's settings to a broker: the broker URL (:func:`resolve_url`) and the broker
+made for it (:func:`make_broker`).
+
+A :class:`~blitzq.Queue` calls these once per event loop (``Queue.broker``); the URL schemes
+and which broker class serves which mode are decided here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from ..exceptions import ConfigurationError
+from . import Broker, Guarantee
+
+#: URL schemes a Queue accepts (``valkey://`` and ``valkeys://`` are read as the redis ones).
+SCHEMES = ("redis://", "rediss://", "unix://", "memory://")
+
+
+def resolve_url(configured: str | None) -> str:
+    """The broker URL to use.
+
+    Args:
+        configured: the Queue's ``redis_url`` (or the CLI's ``--redis-url``); ``None`` reads
+            ``BLITZQ_REDIS_URL``, and without it starts (or reuses) the embedded Valkey
+            server.
+
+    Returns:
+        A ``redis://``, ``rediss://``, ``unix://`` or ``memory://`` URL (``valkey://`` and
+        ``valkeys://`` rewritten to ``redis://`` and ``rediss://``).
+
+    Raises:
+        ConfigurationError: any other scheme.
+    """
+    url = configured or os.environ.get("BLITZQ_REDIS_URL")
+    if not url:
+        from .redis.embedded import ensure_server
+
+        url = ensure_server()
+    if url.startswith("valkey://"):
+        url = "redis://" + url.removeprefix("valkey://")
+    elif url.startswith("valkeys://"):
+        url = "rediss://" + url.removeprefix("valkeys://")
+    if not url.startswith(SCHEMES):
+        raise ConfigurationError(
+            f"unsupported broker URL {url!r}: use redis://, rediss://, unix:// or memory://"
+        )
+    return url
+
+
+def make_broker(
+    url: str,
+    namespace: str,
+    mode: Literal["reliable", "fast"],
+    dead_letter_limits: dict[str, Any],
+) -> Broker:
+    """A new broker (its own connections) for ``url``.
+
+    Args:
+        url: a URL from :func:`resolve_url`; ``memory://[name]`` runs the same Redis code and
+            Lua on this process's private Valkey server, in a namespace per name.
+        namespace: the key prefix.
+        mode: ``"reliable"`` (streams) or ``"fast"`` (lists).
+        dead_letter_limits: ``dead_letter_cap``, ``dead_letter_ttl`` (seconds) and
+            ``dead_letter_max_bytes`` of the Queue.
+
+    Raises:
+        ConfigurationError: a bad connection parameter in the URL.
+    """
+    memory = url.startswith("memory://")
+    if memory:  # the same Redis code and Lua, on this process's private Valkey server
+        from .redis.ephemeral import ensure_server, memory_namespace
+
+        url, namespace = ensure_server(), memory_namespace(url.removeprefix("memory://"))
+    broker: Broker
+    if mode == "reliable":
+        from .redis.reliable import ReliableRedisBroker
+
+        broker = ReliableRedisBroker(url, namespace, **dead_letter_limits)
+    else:
+        from .redis.fast import FastRedisBroker
+
+        broker = FastRedisBroker(url, namespace, **dead_letter_limits)
+    if memory:
+        broker.guarantee = Guarantee.EPHEMERAL  # whatever the mode: gone with the process
+    return broker
+
+
+__all__ = ["SCHEMES", "make_broker", "resolve_url"]

@@ -1,0 +1,93 @@
+"""What an enqueue returns: :class:`TaskHandle`, a task's id and queue and the ways to follow it
+(wait for its result, read its record, cancel it)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from .client.sync import blocking
+
+if TYPE_CHECKING:
+    from .client.sync import Portal
+    from .queue import Queue
+    from .records import TaskRecord
+
+R = TypeVar("R")
+
+
+class TaskHandle(Generic[R]):
+    """What an enqueue returns: the task's id and queue, and ways to follow it.
+
+    Attributes:
+        id: the task id.
+        queue: the physical queue it was published to.
+        task: the task name.
+        duplicate: ``True`` when nothing was published because the call duplicated a task
+            that already exists (``id`` is that task's id; see unique tasks).
+        stores_result: whether the task stores its return value (``False``:
+            ``store_result=False``, so :meth:`result` raises
+            :class:`~blitzq.ResultNotStored` at once); ``None`` when unknown (a handle made
+            from an id, or ``queue.send`` of a task this process has not registered).
+    """
+
+    __slots__ = ("_owner", "duplicate", "id", "queue", "stores_result", "task")
+
+    def __init__(
+        self,
+        owner: Queue,
+        task_id: str,
+        queue: str,
+        task: str,
+        duplicate: bool = False,
+        stores_result: bool | None = None,
+    ) -> None:
+        self._owner = owner
+        self.id = task_id
+        self.queue = queue
+        self.task = task
+        self.duplicate = duplicate
+        self.stores_result = stores_result
+
+    def __repr__(self) -> str:
+        return f"<TaskHandle {self.task} id={self.id} queue={self.queue}>"
+
+    @property
+    def _portal(self) -> Portal:
+        """The owning Queue's sync-API loop (what the ``*_sync`` twins run on)."""
+        return self._owner._producer.portal
+
+    async def result(self, timeout: float | None = None) -> R:
+        """Wait for the task's result.
+
+        Args:
+            timeout: seconds to wait; ``None`` waits without limit.
+
+        Raises:
+            TaskFailed: the task ended failed or dead-lettered.
+            ResultNotStored: the task does not store its result (``store_result=False``):
+                raised at once, without waiting (a failure already recorded raises
+                TaskFailed instead).
+            ResultTimeout: no final record within ``timeout``.
+        """
+        if self.stores_result is False:
+            value: R = await self._owner._results.no_stored_result(self.id)
+            return value
+        value = await self._owner.get_result(self.id, timeout=timeout)
+        return value
+
+    result_sync = blocking(result)
+
+    async def cancel(self) -> str:
+        """Cancel the task; see :meth:`blitzq.Queue.cancel` for what happens and the answer."""
+        return await self._owner.cancel(self.id)
+
+    cancel_sync = blocking(cancel)
+
+    async def status(self) -> TaskRecord | None:
+        """The task's record, or ``None`` when none is stored (queued, or expired)."""
+        return await self._owner.inspect(self.id)
+
+    status_sync = blocking(status)
+
+
+__all__ = ["TaskHandle"]

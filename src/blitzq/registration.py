@@ -1,0 +1,230 @@
+"""How ``@queue.task`` makes a :class:`~blitzq.task.Task`: the decorator :func:`task` (the
+Queue offers it as ``Queue.task``), the default task name, and the middleware whose per-task
+options a task may be given.
+
+A task's options are checked once, when it is registered, by :func:`blitzq.options.build_options`
+against the built-in middleware and those registered on the Queue at that moment
+(``queue.add_middleware`` before the ``@queue.task`` line); an option nobody declares is
+rejected there. A middleware added after some tasks were registered is plugged into them by
+:func:`adopt_middleware`: they get its options' defaults and its ``setup_task`` call (they
+could not have been given its options: registering them would have failed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, overload
+
+from .exceptions import ConfigurationError
+from .extensions import builtin_middleware
+from .extensions.middleware import Middleware
+from .options import build_options
+from .ratelimit import RateLimit
+from .retries import DEFAULT_RETRY_POLICY, RetryPolicy
+from .routing import Priority, check_name, route
+from .task import Executor, Task
+from .workflow.engine import attach as attach_workflow
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def default_task_name(fn: Callable[..., Any]) -> str:
+    """``module.qualname`` of a function; a script run as ``__main__`` uses its file stem.
+
+    So that a producer script and a worker importing the same file agree on the name.
+    """
+    module = fn.__module__
+    if module in ("__main__", "__mp_main__"):
+        main = sys.modules.get("__main__")
+        spec = getattr(main, "__spec__", None)
+        if spec is not None and spec.name:
+            module = spec.name
+        else:
+            path = getattr(main, "__file__", None)
+            if path:
+                module = path.rsplit("/", 1)[-1].removesuffix(".py")
+    return f"{module}.{fn.__qualname__}"
+
+
+@overload
+def task(self: Queue, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
+
+
+@overload
+def task(self: Queue, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+
+@overload
+def task(
+    self: Queue,
+    fn: None = None,
+    /,
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    retries: int = 3,
+    retry_policy: RetryPolicy | None = None,
+    timeout: float | None = None,
+    executor: Executor | None = None,
+    store_result: bool | None = None,
+    dead_letter: bool = True,
+    priority: Priority = "normal",
+    rate_limit: str | RateLimit | None = None,
+    rate_key: str | None = None,
+    unique: bool = False,
+    unique_until: Literal["start", "completion"] = "completion",
+    unique_ttl: float = 3600.0,
+    lock: str | None = None,
+    lock_limit: int = 1,
+    lock_ttl: float | None = None,
+    soft_timeout: float | None = None,
+    hard_timeout: float | None = None,
+    max_age: float | None = None,
+    **options: Any,
+) -> TaskDecorator: ...
+
+
+def task(
+    self: Queue,
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    retries: int = 3,
+    retry_policy: RetryPolicy | None = None,
+    timeout: float | None = None,
+    executor: Executor | None = None,
+    store_result: bool | None = None,
+    dead_letter: bool = True,
+    priority: Priority = "normal",
+    rate_limit: str | RateLimit | None = None,
+    rate_key: str | None = None,
+    unique: bool = False,
+    unique_until: Literal["start", "completion"] = "completion",
+    unique_ttl: float = 3600.0,
+    lock: str | None = None,
+    lock_limit: int = 1,
+    lock_ttl: float | None = None,
+    soft_timeout: float | None = None,
+    hard_timeout: float | None = None,
+    max_age: float | None = None,
+    **options: Any,
+) -> Task[Any, Any] | TaskDecorator:
+    """Register a function as a task; use bare (``@queue.task``) or with options.
+
+    Args:
+        name: task name workers look up (default ``module.qualname``).
+        queue: queue its messages go to (default: this Queue's ``name``).
+        retries: retries after a failed attempt (``retry_policy.max_retries`` wins).
+        retry_policy: backoff and which errors retry; see :class:`RetryPolicy`.
+        timeout: seconds one attempt may run; over it the attempt fails with TaskTimeout.
+        executor: ``"async"`` (coroutines, the default for ``async def``), ``"thread"``
+            (the default for plain functions) or ``"process"`` (a process pool; the
+            function must be importable at module level).
+        store_result: store the return value (default: the Queue's ``store_results``).
+        dead_letter: dead-letter the task when its retries are exhausted (else it ends
+            ``failed`` with its record only).
+        priority: ``"high"``, ``"normal"`` or ``"low"``: published to ``<queue>:high``,
+            ``<queue>`` or ``<queue>:low``, which workers of ``<queue>`` take in that order.
+        rate_limit: ``"10/s"``, ``"100/m"``, ``"1000/hour"`` or a :class:`RateLimit`: task
+            starts per period across all workers; a task over it waits on the schedule.
+        rate_key: bucket name shared by several tasks (default: the task name).
+        unique, unique_until, unique_ttl: a call equal to one already waiting (same
+            arguments, or the same ``unique_key=`` call option) is not enqueued again
+            until the first one starts (``"start"``) or ends (``"completion"``), or
+            ``unique_ttl`` seconds pass; see docs/control.md.
+        lock, lock_limit, lock_ttl: a key over the task's arguments (``"user:{user_id}"``)
+            that at most ``lock_limit`` runs hold at once; ``lock_ttl`` seconds is the
+            lease a crashed worker's place is freed after (default: the queue's
+            ``visibility_timeout``).
+        soft_timeout: seconds after which SoftTimeoutError is raised inside the task.
+        hard_timeout: seconds after which the run is stopped (``timeout=`` is its alias).
+        max_age: seconds a call may wait before it starts; older ones are expired.
+        options: the options of middleware registered with ``queue.add_middleware`` before
+            this line (each declares its own in ``Middleware.task_options``), by name; see
+            docs/architecture.md, "Adding a per-task option".
+
+    Raises:
+        ConfigurationError: a bad option, an option no middleware declares, or a second task
+            with the same name.
+    """
+    # Every keyword above, by name, and the extra ones: the one place they are gathered.
+    given = {k: v for k, v in locals().items() if k not in ("self", "fn", "options")}
+    given.update(options)  # no overlap: Python refuses a keyword given twice
+
+    def register(function: Callable[..., Any]) -> Task[Any, Any]:
+        chosen: Executor = executor or (
+            "async" if inspect.iscoroutinefunction(function) else "thread"
+        )
+        task_name = name or default_task_name(function)
+        if task_name in self.tasks and self.tasks[task_name].fn is not function:
+            raise ConfigurationError(f"a task named {task_name!r} is already registered")
+        middleware = task_middleware(self)
+        checked = build_options(task_name, given, middleware)
+        registered: Task[Any, Any] = Task(
+            self,
+            function,
+            name=task_name,
+            queue=check_name("queue name", queue or route(self.routes, task_name) or self.name),
+            retries=retries,
+            retry_policy=retry_policy or DEFAULT_RETRY_POLICY,
+            timeout=timeout,
+            executor=chosen,
+            store_result=store_result,
+            dead_letter=dead_letter,
+            priority=priority,
+            options=checked,
+            middleware=middleware,
+        )  # fmt: skip
+        self.tasks[task_name] = registered
+        attach_workflow(registered)  # its finisher advances workflows it is a step of
+        return registered
+
+    if fn is not None:
+        return register(fn)
+    return register
+
+
+def task_middleware(queue: Queue) -> tuple[Middleware, ...]:
+    """The middleware whose per-task options ``queue``'s tasks may be given, in the order
+    their ``setup_task`` runs: the built-in ones, then those registered on ``queue``."""
+    return (*builtin_middleware(), *queue.middleware)
+
+
+def adopt_middleware(queue: Queue, middleware: Middleware) -> None:
+    """Plug ``middleware``, just registered with ``queue.add_middleware``, into the tasks
+    registered before it: each gets the defaults of the options it declares (in
+    ``task.controls``) and then its :meth:`~blitzq.Middleware.setup_task` call.
+
+    Raises:
+        ConfigurationError: its ``setup_task`` refuses a task.
+    """
+    for registered in queue.tasks.values():
+        extra = build_options(registered.name, {}, (middleware,)).extensions
+        if extra:
+            merged = {**registered.controls.extensions, **extra}
+            registered.controls = dataclasses.replace(registered.controls, extensions=merged)
+        middleware.setup_task(registered, registered.controls)
+
+
+class TaskDecorator(Protocol):
+    """Type of ``queue.task(...)`` called with options: a decorator making a Task."""
+
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+    def __call__(self, fn: Callable[..., Any], /) -> Task[Any, Any]: ...
+
+
+__all__ = ["TaskDecorator", "adopt_middleware", "default_task_name", "task", "task_middleware"]
