@@ -7,13 +7,15 @@ a :class:`Completion` -- its ack, record, retry, dead letter, requeue and typed 
 (:mod:`blitzq.broker.ops`) -- atomically (:meth:`StateStore.complete`).
 
 The Redis state store is its Lua scripts (``redis/lua/``). It pairs with the Redis transports
-(streams or lists) on the same server, where a completion's ack is one more write of the same
-script, and is meant to pair with a RabbitMQ transport (:mod:`blitzq.broker.transport`) too:
-then the facade :class:`~blitzq.broker.Broker` applies the state effects here (fenced by the
-delivery's token as the transport reports its lease) and acks on the transport, and the
-schedule's promotion and ``publish`` effects reach the queues through that transport. Every
-method is a coroutine that raises :class:`~blitzq.exceptions.BrokerError` when the server
-cannot be reached.
+(streams or lists) on the same connection, where a completion's ack is one more write of the
+same script (:meth:`StateStore.acks` answers ``True``), and is meant to pair with a RabbitMQ
+transport (:mod:`blitzq.broker.transport`) too: then the facade :class:`~blitzq.broker.Broker`
+applies the state effects here and acks on the transport afterwards. What the store writes
+into queues -- a promotion of the schedule, a ``publish`` effect, a requeue, a replay, a
+periodic claim -- goes to the queues of the kind its connection names (a stream or a list);
+a store paired with a separate transport must route those through that transport instead
+(work of the RabbitMQ backend). Every method is a coroutine that raises
+:class:`~blitzq.exceptions.BrokerError` when the server cannot be reached.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .ops import Op
+from .transport import Transport
 
 
 class Scheduled(NamedTuple):
@@ -117,6 +120,15 @@ class DeadLetterFields:
 class StateStore(abc.ABC):
     """Task state and completion effects. See the module docstring."""
 
+    def acks(self, transport: Transport) -> bool:
+        """Whether :meth:`complete` acknowledges ``transport``'s deliveries itself, in the
+        same atomic step as its writes (and fences on their leases).
+
+        ``True`` lets the facade call :meth:`complete` alone; ``False`` (the default) has it
+        call :meth:`Transport.ack` after :meth:`complete` (see :mod:`blitzq.broker.transport`).
+        """
+        return False
+
     # ------------------------------------------------- rate, unique, lock state
     async def acquire_rate(self, buckets: Sequence[tuple[str, float, float]]) -> tuple[bool, float]:
         """Take one token from each ``(key, rate per second, capacity)`` token bucket.
@@ -163,6 +175,15 @@ class StateStore(abc.ABC):
         the check and the writes being one atomic step. Each stale completion adds 1 to the
         namespace's ``stale_completions`` counter (:meth:`counters`). Brokers without leases
         (fast mode) have nothing to check.
+
+        ``token`` and fencing with a transport whose ack is separate (:meth:`acks` is
+        ``False``, e.g. RabbitMQ): ``token`` is the transport's delivery tag, which the
+        facade acks after this call; the store does not ack it and cannot see its lease, so
+        it fences nothing (returns no stale completion) unless it keeps a lease of its own
+        for the delivery. Effects are then at-least-once: a message redelivered after a
+        crash between commit and ack completes again, so effects must be idempotent per
+        task id (records are overwritten, chord members counted once, unique and lock
+        releases compare the holder).
 
         Returns:
             The stale completions (not applied), in no particular order; usually empty.

@@ -19,7 +19,7 @@ from ...limits import CHUNK_ITEMS, CHUNK_WRITES, NOTIFY_INLINE_MAX
 from .. import Completion, Scheduled
 from ..ops import encode_op
 from .client import REDIS_ERRORS, broker_error, translate_errors
-from .connection import RedisConnection
+from .connection import RedisPart
 from .keys import GROUP
 
 #: Prefix of a message on the event channel -> the kind ``events()`` yields.
@@ -56,9 +56,9 @@ def _lua_op(op: tuple[Any, ...]) -> list[Any]:
     ]
 
 
-class RedisState(RedisConnection):
+class RedisState(RedisPart):
     """Completions, rate limits, the schedule, cancellation and periodic claims (a part of
-    :class:`~.common.RedisBroker`)."""
+    :class:`~.store.RedisStateStore`)."""
 
     # ------------------------------------------------------------ completions
     @translate_errors
