@@ -75,6 +75,9 @@ class RedisState(RedisPart):
         entries: list[Any] = []
         acks: dict[str, list[bytes]] = {}
         kind = self.kind
+        # Only stream entries are acked (and fenced) here; a token of a list completion or of
+        # a separate transport (acked by the facade afterwards) is not this store's to touch.
+        streams = kind == "s"
         for c in completions:
             if (
                 c.record is None
@@ -83,7 +86,7 @@ class RedisState(RedisPart):
                 and c.requeue is None
                 and not c.ops
             ):
-                if c.token is not None:
+                if c.token is not None and streams:
                     acks.setdefault(c.queue, []).append(c.token)
                 continue
             d = c.dead_letter
@@ -92,7 +95,7 @@ class RedisState(RedisPart):
                     "C",
                     kind,
                     c.queue,
-                    _lua_bytes(c.token) if c.token else _EMPTY,
+                    _lua_bytes(c.token) if c.token and streams else _EMPTY,
                     c.task_id,
                     _lua_bytes(c.record) if c.record else _EMPTY,
                     c.record_ttl,
