@@ -11,13 +11,15 @@ pairings. The same pairing by hand::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import redis.asyncio as aioredis
 
 from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
 from ..facade import Broker
-from .connection import DEFAULT_DEAD_LETTER_CAP, RedisConnection, RedisPart
+from ..transport import Transport
+from .connection import DEFAULT_DEAD_LETTER_CAP, RedisConnection
 from .store import RedisStateStore
 
 __all__ = ["DEFAULT_DEAD_LETTER_CAP", "RedisBroker"]
@@ -44,9 +46,8 @@ class RedisBroker(Broker):
         ConfigurationError: a query parameter of ``url`` has an invalid value.
     """
 
-    transport_class: ClassVar[type[RedisPart]]
-    """The mode's transport, made on the connection (a :class:`~.connection.RedisPart` that
-    is a :class:`~blitzq.broker.transport.Transport`)."""
+    transport_class: ClassVar[Callable[[RedisConnection], Transport]]
+    """Makes the mode's transport on the connection (``StreamsTransport``, ``ListsTransport``)."""
     kind: ClassVar[str]
     """``"s"`` (streams) or ``"l"`` (lists): the connection's kind for this mode."""
 
@@ -69,8 +70,7 @@ class RedisBroker(Broker):
             dead_letter_max_bytes=dead_letter_max_bytes,
             kind=self.kind,
         )
-        transport: Any = self.transport_class(conn)
-        super().__init__(transport, RedisStateStore(conn))
+        super().__init__(type(self).transport_class(conn), RedisStateStore(conn))
         self.conn = conn
         self.url = conn.url
         self.keys = conn.keys

@@ -7,10 +7,12 @@ reliable mode).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
+from ..transport import Transport
 from .common import RedisBroker
-from .connection import RedisPart
+from .connection import RedisConnection
 from .lists import ListsTransport
 
 __all__ = ["FastRedisBroker"]
@@ -19,5 +21,5 @@ __all__ = ["FastRedisBroker"]
 class FastRedisBroker(RedisBroker):
     """At-most-once broker on Redis lists. See :class:`~.common.RedisBroker` for arguments."""
 
-    transport_class: ClassVar[type[RedisPart]] = ListsTransport
+    transport_class: ClassVar[Callable[[RedisConnection], Transport]] = ListsTransport
     kind: ClassVar[str] = "l"

@@ -7,10 +7,12 @@ writes, fenced by its lease.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
+from ..transport import Transport
 from .common import RedisBroker
-from .connection import RedisPart
+from .connection import RedisConnection
 from .streams import StreamsTransport
 
 __all__ = ["ReliableRedisBroker"]
@@ -20,5 +22,5 @@ class ReliableRedisBroker(RedisBroker):
     """At-least-once broker on Redis Streams. See :class:`~.common.RedisBroker` for
     arguments."""
 
-    transport_class: ClassVar[type[RedisPart]] = StreamsTransport
+    transport_class: ClassVar[Callable[[RedisConnection], Transport]] = StreamsTransport
     kind: ClassVar[str] = "s"
