@@ -16,6 +16,9 @@ fences on its lease), ``complete`` is the store's. Otherwise (a RabbitMQ transpo
 Redis state store) ``complete`` applies the completions in the store, then acks the
 deliveries whose completion was applied on the transport: at-least-once, see
 :meth:`StateStore.complete` for what ``token`` and fencing mean then.
+
+Every pairing passes the contract suite (``tests/contract/``) unchanged; docs/architecture.md
+("Adding a broker") says which half a new backend implements.
 """
 
 from __future__ import annotations
