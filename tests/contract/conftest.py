@@ -28,24 +28,36 @@ def broker_kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def make_broker(
+async def location(
     broker_kind: str, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[str, str]]:
+    """``(url, namespace)`` of the store this run uses: the test Redis in the test's namespace,
+    or (``ephemeral``) the ephemeral Valkey in a namespace of its own, deleted afterwards.
+
+    The test-Redis fixtures are only requested for the ``reliable`` and ``fast`` backends.
+    """
+    if broker_kind != "ephemeral":
+        yield request.getfixturevalue("redis_url"), request.getfixturevalue("namespace")
+        return
+    url = ephemeral.ensure_server()
+    namespace = "contract-" + uuid.uuid4().hex[:12]
+    yield url, namespace
+    async with aioredis.Redis.from_url(url) as client:
+        keys = [key async for key in client.scan_iter(match="{" + namespace + "}:*")]
+        if keys:
+            await client.delete(*keys)
+
+
+@pytest.fixture
+async def make_broker(
+    broker_kind: str, location: tuple[str, str]
 ) -> AsyncIterator[Callable[[], Broker]]:
     """Factory of broker instances sharing one store (one Redis namespace).
 
     Each call returns a new instance (a second "process"); all are closed after the test.
-    The test-Redis fixtures are only requested for the ``reliable`` and ``fast`` backends;
-    the ``ephemeral`` one deletes its namespace's keys afterwards.
     """
     made: list[Broker] = []
-    cleanup: tuple[str, str] | None = None
-    if broker_kind == "ephemeral":
-        url = ephemeral.ensure_server()
-        namespace = "contract-" + uuid.uuid4().hex[:12]
-        cleanup = (url, namespace)
-    else:
-        url = request.getfixturevalue("redis_url")
-        namespace = request.getfixturevalue("namespace")
+    url, namespace = location
     cls: Any = FastRedisBroker if broker_kind == "fast" else ReliableRedisBroker
 
     def factory() -> Broker:
@@ -56,12 +68,6 @@ async def make_broker(
     yield factory
     for broker in made:
         await broker.close()
-    if cleanup is not None:
-        url, namespace = cleanup
-        async with aioredis.Redis.from_url(url) as client:
-            keys = [key async for key in client.scan_iter(match="{" + namespace + "}:*")]
-            if keys:
-                await client.delete(*keys)
 
 
 @pytest.fixture

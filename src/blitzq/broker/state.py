@@ -7,13 +7,15 @@ a :class:`Completion` -- its ack, record, retry, dead letter, requeue and typed 
 (:mod:`blitzq.broker.ops`) -- atomically (:meth:`StateStore.complete`).
 
 The Redis state store is its Lua scripts (``redis/lua/``). It pairs with the Redis transports
-(streams or lists) on the same server, where a completion's ack is one more write of the same
-script, and is meant to pair with a RabbitMQ transport (:mod:`blitzq.broker.transport`) too:
-then the facade :class:`~blitzq.broker.Broker` applies the state effects here (fenced by the
-delivery's token as the transport reports its lease) and acks on the transport, and the
-schedule's promotion and ``publish`` effects reach the queues through that transport. Every
-method is a coroutine that raises :class:`~blitzq.exceptions.BrokerError` when the server
-cannot be reached.
+(streams or lists) on the same connection, where a completion's ack is one more write of the
+same script (:meth:`StateStore.acks` answers ``True``), and is meant to pair with a RabbitMQ
+transport (:mod:`blitzq.broker.transport`) too: then the facade :class:`~blitzq.broker.Broker`
+applies the state effects here and acks on the transport afterwards. What the store writes
+into queues -- a promotion of the schedule, a ``publish`` effect, a requeue, a replay, a
+periodic claim -- goes to the queues of the kind its connection names (a stream or a list);
+a store paired with a separate transport must route those through that transport instead
+(work of the RabbitMQ backend). Every method is a coroutine that raises
+:class:`~blitzq.exceptions.BrokerError` when the server cannot be reached.
 """
 
 from __future__ import annotations
@@ -21,101 +23,24 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
 
-from .ops import Op
+from .transport import Transport
+from .values import Completion, DeadLetterFields, Scheduled
 
-
-class Scheduled(NamedTuple):
-    """A message to put on the schedule (see :meth:`StateStore.schedule`).
-
-    Attributes:
-        task_id: the task's id (keys the schedule entry).
-        queue: physical queue it goes to when due.
-        message: the encoded message.
-        delay: seconds from when the broker stores it until it is due (a ``delay=``, a
-            backoff), counted on the broker's clock; ignored when ``eta`` is set.
-        eta: absolute due time (Unix seconds, an ``eta=``), compared with the broker's
-            clock, or ``None`` for ``delay``.
-    """
-
-    task_id: str
-    queue: str
-    message: bytes
-    delay: float = 0.0
-    eta: float | None = None
-
-
-@dataclass(slots=True)
-class Completion:
-    """Everything that must happen, atomically, when a worker is done with one delivery.
-
-    The delivery is acknowledged (and removed) together with whatever else is set:
-
-    Attributes:
-        queue: physical queue the delivery came from.
-        token: the delivery's token (``None`` for brokers that need no ack).
-        task_id: the task's id (keys the record and dead letter).
-        record: encoded task record to store, or ``None``.
-        record_ttl: seconds the record lives.
-        reschedule: encoded message to put on the schedule (a retry), or ``None``.
-        delay: seconds until the rescheduled message becomes due, counted on the broker's
-            clock from when the completion is applied (never a worker's wall clock).
-        dead_letter: fields of a dead letter to store, or ``None``.
-        requeue: encoded message to put back at the head of ``queue`` now, or ``None``.
-        ops: further effects applied in the same atomic step (typed values of
-            :mod:`blitzq.broker.ops`), in order.
-        fence: the token of the delivery these writes belong to when ``token`` is ``None``
-            (a ``running`` record, a unique key freed at start): checked like ``token``
-            (see *Fencing* in :meth:`StateStore.complete`) but not acknowledged.
-
-    Fencing: a completion whose ``token`` (or ``fence``) names a delivery this consumer no
-    longer holds (its lease lapsed and the message was recovered) is *stale*; the broker
-    applies none of its writes.
-    """
-
-    queue: str
-    token: bytes | None
-    task_id: str
-    record: bytes | None = None
-    record_ttl: int = 0
-    reschedule: bytes | None = None
-    delay: float = 0.0
-    dead_letter: DeadLetterFields | None = None
-    requeue: bytes | None = None
-    ops: tuple[Op, ...] = ()
-    fence: bytes | None = None
-
-
-@dataclass(slots=True, frozen=True)
-class DeadLetterFields:
-    """What a broker stores for one dead letter.
-
-    Attributes:
-        message: the original encoded message (may be malformed bytes).
-        reason: short machine-readable cause ("failed", "malformed message", "unknown task",
-            "max deliveries exceeded", "message too large").
-        error: human-readable detail.
-        task: task name, or "" when the message could not be decoded.
-        queue: physical queue it came from.
-        failed_at: Unix time (seconds).
-        kind: where the message came from in that queue: ``"s"`` (a reliable-mode stream) or
-            ``"l"`` (a fast-mode list); ``""`` when unknown (a dead letter written before
-            blitzq recorded it, or by a broker with one kind of queue). A replay goes there.
-    """
-
-    message: bytes
-    reason: str
-    error: str
-    task: str
-    queue: str
-    failed_at: float
-    kind: str = ""
+__all__ = ["Completion", "DeadLetterFields", "Scheduled", "StateStore"]
 
 
 class StateStore(abc.ABC):
     """Task state and completion effects. See the module docstring."""
+
+    def acks(self, transport: Transport) -> bool:
+        """Whether :meth:`complete` acknowledges ``transport``'s deliveries itself, in the
+        same atomic step as its writes (and fences on their leases).
+
+        ``True`` lets the facade call :meth:`complete` alone; ``False`` (the default) has it
+        call :meth:`Transport.ack` after :meth:`complete` (see :mod:`blitzq.broker.transport`).
+        """
+        return False
 
     # ------------------------------------------------- rate, unique, lock state
     async def acquire_rate(self, buckets: Sequence[tuple[str, float, float]]) -> tuple[bool, float]:
@@ -163,6 +88,15 @@ class StateStore(abc.ABC):
         the check and the writes being one atomic step. Each stale completion adds 1 to the
         namespace's ``stale_completions`` counter (:meth:`counters`). Brokers without leases
         (fast mode) have nothing to check.
+
+        ``token`` and fencing with a transport whose ack is separate (:meth:`acks` is
+        ``False``, e.g. RabbitMQ): ``token`` is the transport's delivery tag, which the
+        facade acks after this call; the store does not ack it and cannot see its lease, so
+        it fences nothing (returns no stale completion) unless it keeps a lease of its own
+        for the delivery. Effects are then at-least-once: a message redelivered after a
+        crash between commit and ack completes again, so effects must be idempotent per
+        task id (records are overwritten, chord members counted once, unique and lock
+        releases compare the holder).
 
         Returns:
             The stale completions (not applied), in no particular order; usually empty.

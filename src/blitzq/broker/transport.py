@@ -8,11 +8,25 @@ redelivery) each do natively. Everything else -- records, results, the schedule,
 workflow/unique/lock/rate/progress state and the atomic completion -- is the other seam,
 :class:`~blitzq.broker.state.StateStore`.
 
-The Redis brokers implement both seams on one server (so a completion acks and writes state in
-one script). A RabbitMQ transport pairs with the Redis state store: the facade
-:class:`~blitzq.broker.Broker` then applies a completion's state effects in the store and acks
-the delivery on the transport. Every method is a coroutine that raises
-:class:`~blitzq.exceptions.BrokerError` when the server cannot be reached.
+A transport is paired with a state store by the facade :class:`~blitzq.broker.Broker`
+(``Broker(transport, state)``). How the ack of a delivery meets the store's writes decides
+what a completion guarantees:
+
+- **Fused** (the Redis transports with the Redis state store, on one connection): the store
+  acks in the same atomic step as its writes (``complete.lua`` XACKs and XDELs the stream
+  entry with the record write, and refuses the whole completion when the entry is no longer
+  leased to this consumer: fencing). :meth:`Transport.ack` and :meth:`Transport.nack` exist
+  for such a transport but are not on its hot path. The store says so by
+  :meth:`~blitzq.broker.state.StateStore.acks`.
+- **Separate** (a RabbitMQ transport with the Redis state store): the facade has the store
+  commit a completion first, then calls :meth:`Transport.ack` with the delivery tokens of the
+  completions it applied. A crash (or a lost channel) in between redelivers the message and
+  its effects are applied again: at-least-once, as the transport promises. A requeue becomes
+  :meth:`Transport.nack`. The store cannot fence on a lease it does not see; what
+  ``Completion.token`` means then is in :meth:`~blitzq.broker.state.StateStore.complete`.
+
+Every method is a coroutine that raises :class:`~blitzq.exceptions.BrokerError` when the
+server cannot be reached. New backends pass the contract suite (``tests/contract/``).
 """
 
 from __future__ import annotations
@@ -64,9 +78,9 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
-        """Create whatever a consumer named ``consumer`` needs to fetch from ``queues``
-        (a consumer group, a queue declaration) and remember the queues (see
-        :meth:`~blitzq.broker.state.StateStore.remember_queues`)."""
+        """Create whatever a consumer named ``consumer`` needs to fetch from ``queues`` (a
+        consumer group, a queue declaration). The facade then registers the queues in the
+        state store (:meth:`~blitzq.broker.state.StateStore.remember_queues`)."""
 
     @abc.abstractmethod
     async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
@@ -86,6 +100,25 @@ class Transport(abc.ABC):
         on all of them at once (0 = do not block) and returns what arrives first (a few
         messages at most, possibly from more than one queue).
         """
+
+    async def ack(self, queue: str, tokens: Sequence[bytes]) -> None:
+        """Acknowledge deliveries of ``queue`` for good: they are never delivered again.
+
+        The facade calls it after the state store committed their completions, for a
+        transport the store does not ack itself (see the module docstring). A token no longer
+        held (its lease lapsed, the channel closed) is ignored. Default: nothing to ack (a
+        transport without leases).
+        """
+        return
+
+    async def nack(self, queue: str, tokens: Sequence[bytes]) -> None:
+        """Hand deliveries of ``queue`` back unfinished so they are delivered again
+        (RabbitMQ ``basic.nack`` with ``requeue``; Redis streams: made recoverable at once).
+
+        Raises:
+            NotImplementedError: the transport has no leases (a popped list message is gone).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no leases to hand back")
 
     async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
         """Renew the leases of deliveries this consumer still owns; return how many it renewed.

@@ -1,34 +1,119 @@
-"""The Redis broker both modes share: the Redis state store put together.
+"""The Redis brokers: a Redis transport and the Redis state store on one connection.
 
-The two modes differ only in where a queue's messages wait (a stream with a consumer group, or
-a list) and so in publish, fetch, ack, heartbeat and recovery -- the transport; see
-``reliable.py`` and ``fast.py``. Everything else is the state store, in parts by concern:
-``state.py`` (completions, schedule, cancel, periodic, rate limits), ``records.py`` (records,
-workflow state, progress), ``dead_letters.py``, ``inspection.py`` (registries, counters) and
-``control.py`` (unique keys, locks), all on ``connection.py``.
+:class:`RedisBroker` makes one :class:`~.connection.RedisConnection` and composes the mode's
+transport (``streams.py`` or ``lists.py``) with the :class:`~.store.RedisStateStore` on it, in
+the facade :class:`~blitzq.broker.Broker`; ``reliable.py`` and ``fast.py`` name the two
+pairings. The same pairing by hand::
+
+    conn = RedisConnection(url, namespace, kind="s")
+    broker = Broker(StreamsTransport(conn), RedisStateStore(conn))
 """
 
 from __future__ import annotations
 
-from .. import Broker
-from .connection import DEFAULT_DEAD_LETTER_CAP
-from .control import RedisControl
-from .dead_letters import RedisDeadLetters
-from .inspection import RedisInspection
-from .records import RedisRecords
-from .state import RedisState
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import redis.asyncio as aioredis
+
+from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
+from ..facade import Broker
+from ..transport import Transport
+from .connection import DEFAULT_DEAD_LETTER_CAP, RedisConnection
+from .store import RedisStateStore
 
 __all__ = ["DEFAULT_DEAD_LETTER_CAP", "RedisBroker"]
 
 
-class RedisBroker(
-    RedisState, RedisRecords, RedisDeadLetters, RedisInspection, RedisControl, Broker
-):
-    """Base of the Redis brokers: the Redis state store; a mode adds its transport.
+class RedisBroker(Broker):
+    """A Redis transport and the Redis state store sharing one connection.
 
     Args:
-        See :class:`~.connection.RedisConnection`.
+        url: a ``redis://``, ``rediss://`` or ``unix://`` URL.
+        namespace: key namespace; every key is prefixed ``{namespace}:``.
+        dead_letter_cap: dead letters kept before the oldest are dropped.
+        client: an existing ``redis.asyncio.Redis`` to use instead of ``url`` (not closed by
+            the broker).
+        dead_letter_ttl: seconds a dead letter is kept.
+        dead_letter_max_bytes: total bytes of dead letters kept before the oldest are
+            dropped.
+
+    Attributes:
+        conn: the shared :class:`~.connection.RedisConnection`; ``url``, ``keys``, ``client``
+            and ``kind`` are its own.
 
     Raises:
         ConfigurationError: a query parameter of ``url`` has an invalid value.
     """
+
+    transport_class: ClassVar[Callable[[RedisConnection], Transport]]
+    """Makes the mode's transport on the connection (``StreamsTransport``, ``ListsTransport``)."""
+    kind: ClassVar[str]
+    """``"s"`` (streams) or ``"l"`` (lists): the connection's kind for this mode."""
+
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        *,
+        dead_letter_cap: int = DEFAULT_DEAD_LETTER_CAP,
+        client: aioredis.Redis | None = None,
+        dead_letter_ttl: int = DEFAULT_DEAD_LETTER_TTL,
+        dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
+    ) -> None:
+        conn = RedisConnection(
+            url,
+            namespace,
+            dead_letter_cap=dead_letter_cap,
+            client=client,
+            dead_letter_ttl=dead_letter_ttl,
+            dead_letter_max_bytes=dead_letter_max_bytes,
+            kind=self.kind,
+        )
+        super().__init__(type(self).transport_class(conn), RedisStateStore(conn))
+        self.conn = conn
+        self.url = conn.url
+        self.keys = conn.keys
+        self.client: Any = conn.client
+        self._results = conn._results
+
+    @property
+    def pool_size(self) -> int | None:
+        """Most connections this broker opens (``max_connections``), ``None`` when unknown."""
+        return self.conn.pool_size
+
+    @property
+    def dead_letter_cap(self) -> int:
+        """Dead letters kept before the oldest are dropped (settable)."""
+        return self.conn.dead_letter_cap
+
+    @dead_letter_cap.setter
+    def dead_letter_cap(self, value: int) -> None:
+        self.conn.dead_letter_cap = value
+
+    @property
+    def dead_letter_ttl(self) -> int:
+        """Seconds a dead letter is kept (settable)."""
+        return self.conn.dead_letter_ttl
+
+    @dead_letter_ttl.setter
+    def dead_letter_ttl(self, value: int) -> None:
+        self.conn.dead_letter_ttl = int(value)
+
+    @property
+    def dead_letter_max_bytes(self) -> int:
+        """Total bytes of dead letters kept before the oldest are dropped (settable)."""
+        return self.conn.dead_letter_max_bytes
+
+    @dead_letter_max_bytes.setter
+    def dead_letter_max_bytes(self, value: int) -> None:
+        self.conn.dead_letter_max_bytes = value
+
+    async def ping(self) -> None:
+        """Raise BrokerError unless the server answers PING (one PING: both halves share
+        the connection)."""
+        await self.conn.ping()
+
+    async def close(self) -> None:
+        """Close the shared connection once (see :meth:`.RedisConnection.close`)."""
+        await self.conn.close()

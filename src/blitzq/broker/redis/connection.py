@@ -1,14 +1,15 @@
-"""The connection every part of a Redis broker shares (client, keys, scripts, listener).
+"""The connection a Redis transport and the Redis state store share (client, keys, scripts).
 
-:class:`RedisConnection` is the base of the parts of :class:`~.common.RedisBroker` -- the
-state store (``state.py``, ``records.py``, ``dead_letters.py``, ``inspection.py``,
-``control.py``) and the transports built on it (``reliable.py``, ``fast.py``). Every Redis
-command blitzq sends lives under this package.
+:class:`RedisConnection` is made once per broker and handed to both halves: the transport
+(``streams.py`` or ``lists.py``) and the state store (``store.py``, in parts ``state.py``,
+``records.py``, ``dead_letters.py``, ``inspection.py``, ``control.py``). Each half derives
+from :class:`RedisPart`, which reads the connection's client, key table, scripts and listener
+as its own attributes. Every Redis command blitzq sends lives under this package.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -40,15 +41,17 @@ class RedisConnection:
             dropped.
         client: an existing ``redis.asyncio.Redis`` to use instead of ``url`` (not closed by
             the broker).
+        kind: ``"s"`` (streams) or ``"l"`` (lists): where the transport on this connection
+            keeps a queue's messages. The state store's scripts write there too (a
+            promotion, a ``publish`` effect, a requeue) and fence by it (streams only).
 
     Raises:
         ConfigurationError: a query parameter of ``url`` has an invalid value.
     """
 
-    kind: ClassVar[str]
-    """``"s"`` for streams, ``"l"`` for lists: where this mode keeps a queue's messages."""
     consumer: str = ""
-    """This process's consumer name in the streams' group (reliable mode; fencing)."""
+    """This process's consumer name in the streams' group, set by the streams transport's
+    ``prepare_consumer`` and read by the state store's fencing (reliable mode)."""
 
     def __init__(
         self,
@@ -59,8 +62,12 @@ class RedisConnection:
         client: aioredis.Redis | None = None,
         dead_letter_ttl: int = DEFAULT_DEAD_LETTER_TTL,
         dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
+        kind: str = "s",
     ) -> None:
+        if kind not in ("s", "l"):
+            raise ConfigurationError(f"kind must be 's' (streams) or 'l' (lists), not {kind!r}")
         self.url = url
+        self.kind = kind
         self.keys = Keys(namespace)
         self.dead_letter_cap = dead_letter_cap
         self.dead_letter_ttl = int(dead_letter_ttl)
@@ -82,8 +89,8 @@ class RedisConnection:
         self._results = ResultListener(self.client)
 
     def queue_key(self, queue: str) -> str:
-        """Key where ``queue``'s messages wait in this mode."""
-        raise NotImplementedError
+        """Key where ``queue``'s messages wait: its stream (kind ``"s"``) or list (``"l"``)."""
+        return self.keys.stream(queue) if self.kind == "s" else self.keys.list(queue)
 
     def block_for(self, timeout: float) -> float:
         """``timeout`` (seconds) cut to :attr:`max_block`, for a blocking command.
@@ -105,7 +112,66 @@ class RedisConnection:
         return pool_size(self.client)
 
     async def close(self) -> None:
-        """Close the result listener and, when the broker made it, the client."""
+        """Close the result listener and, when the broker made it, the client.
+
+        Both halves of a broker close their shared connection: a second call is harmless
+        (and the connection reconnects on its next command).
+        """
         await self._results.close()
         if self._owns_client:
             await self.client.aclose()
+
+
+class RedisPart:
+    """Base of the halves of a Redis broker: a transport or (a part of) the state store on a
+    shared :class:`RedisConnection`, whose client, keys, scripts and listener it reads as
+    its own attributes.
+
+    Args:
+        conn: the connection shared with the other half.
+    """
+
+    def __init__(self, conn: RedisConnection) -> None:
+        self.conn = conn
+        self.url = conn.url
+        self.keys = conn.keys
+        self.client: Any = conn.client
+        self.scripts = conn.scripts
+        self.kind = conn.kind
+        self._results = conn._results
+
+    @property
+    def consumer(self) -> str:
+        """This process's consumer name (see :attr:`RedisConnection.consumer`)."""
+        return self.conn.consumer
+
+    @property
+    def dead_letter_cap(self) -> int:
+        """Dead letters kept before the oldest are dropped (the connection's setting)."""
+        return self.conn.dead_letter_cap
+
+    @property
+    def dead_letter_ttl(self) -> int:
+        """Seconds a dead letter is kept (the connection's setting)."""
+        return self.conn.dead_letter_ttl
+
+    @property
+    def dead_letter_max_bytes(self) -> int:
+        """Total bytes of dead letters kept (the connection's setting)."""
+        return self.conn.dead_letter_max_bytes
+
+    def queue_key(self, queue: str) -> str:
+        """See :meth:`RedisConnection.queue_key`."""
+        return self.conn.queue_key(queue)
+
+    def block_for(self, timeout: float) -> float:
+        """See :meth:`RedisConnection.block_for`."""
+        return self.conn.block_for(timeout)
+
+    async def ping(self) -> None:
+        """Raise BrokerError unless the server answers PING."""
+        await self.conn.ping()
+
+    async def close(self) -> None:
+        """Close the shared connection (see :meth:`RedisConnection.close`)."""
+        await self.conn.close()

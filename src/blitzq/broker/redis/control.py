@@ -1,4 +1,4 @@
-"""Redis side of unique tasks and locks (mixed into :class:`~.common.RedisBroker`).
+"""Redis side of unique tasks and locks (mixed into :class:`~.store.RedisStateStore`).
 
 - Unique keys ``{ns}:u:<task>:<key>`` hold the id of the task that claimed them, with a TTL.
   :meth:`RedisControl.claim_unique` claims a batch in one script run per 1000 keys; the

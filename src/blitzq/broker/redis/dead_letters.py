@@ -11,7 +11,7 @@ from redis.exceptions import ResponseError
 from ...limits import CHUNK_ITEMS, CHUNK_WRITES
 from .. import DeadLetterFields
 from .client import translate_errors
-from .connection import RedisConnection
+from .connection import RedisPart
 
 #: ``reason`` of a dead-letter entry whose key holds another type than a hash.
 UNREADABLE_DEAD_LETTER = "unreadable entry"
@@ -31,8 +31,8 @@ def _unreadable_dead_letter() -> DeadLetterFields:
     )
 
 
-class RedisDeadLetters(RedisConnection):
-    """Dead letters (a part of :class:`~.common.RedisBroker`)."""
+class RedisDeadLetters(RedisPart):
+    """Dead letters (a part of :class:`~.store.RedisStateStore`)."""
 
     # ----------------------------------------------------------- dead letters
     @staticmethod

@@ -1,104 +1,25 @@
-"""Fast mode: Redis lists (at-most-once).
+"""Fast mode: the lists transport with the Redis state store (at-most-once).
 
-A message is popped from the list by exactly one worker and is gone from Redis at that moment:
-no ack, no lease, no recovery. A worker that crashes loses the messages it was running (and
-never runs one twice). Retries, results and dead letters work as in reliable mode.
-
-This module is the lists :class:`~blitzq.broker.transport.Transport`; the state store is
-:class:`~.common.RedisBroker`'s.
+See ``lists.py`` for the delivery (a popped message is gone from Redis: no ack, no lease,
+no recovery) and ``store.py`` for the state (retries, results and dead letters work as in
+reliable mode).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import ClassVar
 
-from ...limits import CHUNK_ITEMS
-from .. import Delivery, Guarantee
-from .client import translate_errors
+from ..transport import Transport
 from .common import RedisBroker
+from .connection import RedisConnection
+from .lists import ListsTransport
+
+__all__ = ["FastRedisBroker"]
 
 
 class FastRedisBroker(RedisBroker):
-    """At-most-once broker on Redis lists. See :class:`RedisBroker` for arguments."""
+    """At-most-once broker on Redis lists. See :class:`~.common.RedisBroker` for arguments."""
 
-    guarantee = Guarantee.AT_MOST_ONCE
-    supports_recovery = False
+    transport_class: ClassVar[Callable[[RedisConnection], Transport]] = ListsTransport
     kind: ClassVar[str] = "l"
-
-    def queue_key(self, queue: str) -> str:
-        """The list of ``queue``."""
-        return self.keys.list(queue)
-
-    @translate_errors
-    async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
-        """RPUSH the messages to the queue's list, :data:`~blitzq.limits.CHUNK_ITEMS` per
-        command (in order)."""
-        key = self.keys.list(queue)
-        for start in range(0, len(messages), CHUNK_ITEMS):
-            await self.client.execute_command("RPUSH", key, *messages[start : start + CHUNK_ITEMS])
-
-    @translate_errors
-    async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
-        """Register the queues as known; lists need no setup."""
-        await self.remember_queues(queues)
-
-    @translate_errors
-    async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
-        """LPOP up to ``count``; when empty, BLMPOP blocking up to ``timeout`` seconds."""
-        key = self.keys.list(queue)
-        items = await self.client.execute_command("LPOP", key, count)
-        if not items and timeout > 0:
-            reply = await self.client.execute_command(
-                "BLMPOP", self.block_for(timeout), 1, key, "LEFT", "COUNT", count
-            )
-            items = reply[1] if reply else None
-        if not items:
-            return []
-        return [Delivery(queue, None, item, 1) for item in items]
-
-    @translate_errors
-    async def fetch_first(
-        self, queues: Sequence[str], count: int, timeout: float
-    ) -> list[Delivery]:
-        """Pop from the lists in order in one script call; block on all of them at once."""
-        keys = [self.keys.list(q) for q in queues]
-        rows = await self.scripts.call("pop_levels", keys=keys, args=[count])
-        n = len(keys)
-        if len(rows) > n or timeout <= 0:
-            out: list[Delivery] = []
-            start = n
-            for queue, taken in zip(queues, rows[:n], strict=True):
-                if taken:
-                    out += [Delivery(queue, None, item, 1) for item in rows[start : start + taken]]
-                    start += taken
-            return out
-        reply = await self.client.execute_command(
-            "BLMPOP", self.block_for(timeout), len(keys), *keys, "LEFT", "COUNT", 1
-        )
-        if not reply:
-            return []
-        queue = queues[[k.encode() for k in keys].index(reply[0])]
-        return [Delivery(queue, None, item, 1) for item in reply[1]]
-
-    @translate_errors
-    async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
-        """Waiting messages per queue (fast mode has nothing in flight in Redis)."""
-        async with self.client.pipeline(transaction=False) as pipe:
-            for queue in queues:
-                pipe.llen(self.keys.list(queue))
-            lengths = await pipe.execute()
-        return {
-            q: {"waiting": int(n), "in_flight": 0} for q, n in zip(queues, lengths, strict=True)
-        }
-
-    @translate_errors
-    async def purge_queue(self, queue: str) -> int:
-        """Delete the queue's list (UNLINK: a long list is freed off the server's main
-        thread)."""
-        key = self.keys.list(queue)
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.llen(key)
-            pipe.unlink(key)
-            length, _ = await pipe.execute()
-        return int(length)

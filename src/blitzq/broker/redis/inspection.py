@@ -13,14 +13,14 @@ from collections.abc import Sequence
 from redis.exceptions import OutOfMemoryError, ResponseError
 
 from .client import translate_errors
-from .connection import RedisConnection
+from .connection import RedisPart
 
 logger = logging.getLogger("blitzq.broker")
 
 
-class RedisInspection(RedisConnection):
+class RedisInspection(RedisPart):
     """Known queues, live workers, counters, the memory policy (a part of
-    :class:`~.common.RedisBroker`)."""
+    :class:`~.store.RedisStateStore`)."""
 
     # ------------------------------------------------------------- inspection
     @translate_errors

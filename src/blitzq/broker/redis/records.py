@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from ...exceptions import BrokerError
 from .client import REDIS_ERRORS, broker_error, translate_errors
-from .connection import RedisConnection
+from .connection import RedisPart
 from .keys import GROUP
 
 R = TypeVar("R")
@@ -42,8 +42,8 @@ async def _bounded(wait: Coroutine[Any, Any, R], timeout: float) -> R:
         ) from None
 
 
-class RedisRecords(RedisConnection):
-    """Task records, workflow state and progress (a part of :class:`~.common.RedisBroker`)."""
+class RedisRecords(RedisPart):
+    """Task records, workflow state and progress (a part of :class:`~.store.RedisStateStore`)."""
 
     # --------------------------------------------------------------- progress
     @translate_errors

@@ -1,251 +1,26 @@
-"""Reliable mode: Redis Streams with one consumer group per queue (at-least-once).
+"""Reliable mode: the streams transport with the Redis state store (at-least-once).
 
-A fetched entry stays in the group's pending list, leased to its consumer, until the completion
-acknowledges and deletes it (XACK + XDEL in the same script as the record write). A consumer
-that dies leaves its entries pending; once idle longer than the visibility timeout, any live
-worker's :meth:`recover` re-adds them to the stream with their delivery count, or
-dead-letters them after ``max_deliveries``. A worker renews the leases of the entries it still
-runs (:meth:`heartbeat`), and a renewal never takes an entry back from another consumer.
-
-This module is the streams :class:`~blitzq.broker.transport.Transport`; the state store it
-completes into is :class:`~.common.RedisBroker`'s.
+See ``streams.py`` for the delivery (consumer groups, leases, recovery) and ``store.py`` for
+the state; ``complete.lua`` acks a stream entry in the same script as the completion's
+writes, fenced by its lease.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import ClassVar
 
-from redis.exceptions import OutOfMemoryError, ResponseError
-
-from ...limits import CHUNK_ITEMS
-from .. import Delivery, Guarantee
-from .client import translate_errors
+from ..transport import Transport
 from .common import RedisBroker
-from .keys import GROUP, MESSAGE_FIELD
+from .connection import RedisConnection
+from .streams import StreamsTransport
 
-logger = logging.getLogger("blitzq.broker")
-
-
-def _delivery(queue: str, entry_id: bytes, fields: list[bytes]) -> Delivery:
-    """A Delivery from a stream entry's fields ("m" the message, "d" the delivery count)."""
-    if len(fields) == 2 and fields[0] == MESSAGE_FIELD:
-        return Delivery(queue, entry_id, fields[1], 1)
-    payload, deliveries = b"", 1
-    for j in range(0, len(fields) - 1, 2):
-        if fields[j] == MESSAGE_FIELD:
-            payload = fields[j + 1]
-        elif fields[j] == b"d":
-            try:  # written by recover.lua; anything else is planted: count it as one
-                deliveries = max(1, min(int(fields[j + 1]), 1_000_000))
-            except ValueError:
-                deliveries = 1
-    return Delivery(queue, entry_id, payload, deliveries)
+__all__ = ["ReliableRedisBroker"]
 
 
 class ReliableRedisBroker(RedisBroker):
-    """At-least-once broker on Redis Streams. See :class:`RedisBroker` for arguments."""
+    """At-least-once broker on Redis Streams. See :class:`~.common.RedisBroker` for
+    arguments."""
 
-    guarantee = Guarantee.AT_LEAST_ONCE
-    supports_recovery = True
+    transport_class: ClassVar[Callable[[RedisConnection], Transport]] = StreamsTransport
     kind: ClassVar[str] = "s"
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.consumer = "unnamed"
-
-    def queue_key(self, queue: str) -> str:
-        """The stream of ``queue``."""
-        return self.keys.stream(queue)
-
-    @translate_errors
-    async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
-        """XADD each message to the queue's stream, in one round-trip."""
-        key = self.keys.stream(queue)
-        if len(messages) == 1:
-            await self.client.execute_command("XADD", key, "*", MESSAGE_FIELD, messages[0])
-            return
-        # One script call instead of a pipeline of XADDs: redis-py's per-command cost
-        # dominates, its per-argument cost is small.
-        for start in range(0, len(messages), CHUNK_ITEMS):
-            chunk = list(messages[start : start + CHUNK_ITEMS])
-            await self.scripts.call("publish", keys=[key], args=chunk)
-
-    @translate_errors
-    async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
-        """Create each queue's stream and consumer group if missing; name this consumer."""
-        self.consumer = consumer
-        for queue in queues:
-            key = self.keys.stream(queue)
-            try:
-                await self.client.xgroup_create(key, GROUP, "0", mkstream=True)
-            except OutOfMemoryError as exc:
-                # noeviction at maxmemory refuses XGROUP CREATE even when the group exists:
-                # look (a read), and leave a missing group to the fetch, which creates it
-                # once memory is freed. Never a reason not to start and drain the rest.
-                if not await self._has_group(key):
-                    logger.warning("could not create the consumer group of %s: %s", queue, exc)
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
-        await self.remember_queues(queues)
-
-    async def _has_group(self, key: str) -> bool:
-        try:
-            groups = await self.client.xinfo_groups(key)
-        except ResponseError:  # no such key
-            return False
-        return any(g.get("name") in (GROUP, GROUP.encode()) for g in groups)
-
-    @translate_errors
-    async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
-        """XREADGROUP up to ``count`` new entries, blocking up to ``timeout`` s when empty."""
-        key = self.keys.stream(queue)
-        args: list[object] = ["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", count]
-        if timeout > 0:
-            args += ("BLOCK", max(1, int(self.block_for(timeout) * 1000)))
-        args += ("STREAMS", key, ">")
-        try:
-            reply = await self.client.execute_command(*args)
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            # The stream was deleted (purge, FLUSHDB): recreate the group and report nothing.
-            await self.prepare_consumer([queue], self.consumer)
-            return []
-        if not reply:
-            return []
-        # RESP3 answers a map of stream to entries, RESP2 a list of [stream, entries].
-        entries = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
-        return [_delivery(queue, entry_id, fields) for entry_id, fields in entries if fields]
-
-    @translate_errors
-    async def fetch_first(
-        self, queues: Sequence[str], count: int, timeout: float
-    ) -> list[Delivery]:
-        """Take from the streams in order in one script call; block on all of them at once."""
-        keys = [self.keys.stream(q) for q in queues]
-        rows = await self.scripts.call(
-            "fetch_levels", keys=keys, args=[GROUP, self.consumer, count]
-        )
-        n = len(keys)
-        if len(rows) > n or timeout <= 0:
-            out: list[Delivery] = []
-            start = n
-            for queue, taken in zip(queues, rows[:n], strict=True):
-                end = start + 2 * taken
-                out += [_delivery(queue, rows[j], rows[j + 1]) for j in range(start, end, 2)]
-                start = end
-            return out
-        block = max(1, int(self.block_for(timeout) * 1000))
-        reply = await self.client.execute_command(
-            "XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 1,
-            "BLOCK", block, "STREAMS", *keys, *(">" for _ in keys),
-        )  # fmt: skip
-        if not reply:
-            return []
-        by_key = reply.items() if isinstance(reply, dict) else reply
-        names = dict(zip((k.encode() for k in keys), queues, strict=True))
-        return [
-            _delivery(names[key], entry_id, fields)
-            for key, entries in by_key
-            for entry_id, fields in entries
-            if fields is not None
-        ]
-
-    @translate_errors
-    async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
-        """Renew leases this consumer still owns (ownership-checked script, one call per
-        :data:`~blitzq.limits.CHUNK_ITEMS` tokens)."""
-        renewed = 0
-        for start in range(0, len(tokens), CHUNK_ITEMS):
-            chunk = tokens[start : start + CHUNK_ITEMS]
-            renewed += int(
-                await self.scripts.call(
-                    "renew", keys=[self.keys.stream(queue)], args=[GROUP, self.consumer, *chunk]
-                )
-            )
-        return renewed
-
-    @translate_errors
-    async def recover(
-        self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
-    ) -> tuple[int, int]:
-        """Re-add entries idle over ``min_idle`` seconds, or dead-letter them (one script)."""
-        requeued, dead = await self.scripts.call(
-            "recover",
-            keys=[self.keys.stream(queue), self.keys.dead_letters],
-            args=[
-                GROUP,
-                self.consumer,
-                max(1, int(min_idle * 1000)),
-                count,
-                max_deliveries,
-                repr(time.time()),
-                self.keys.prefix,
-                queue,
-                self.dead_letter_cap,
-                record_ttl,
-                self.dead_letter_ttl,
-                self.dead_letter_max_bytes,
-            ],
-        )
-        return int(requeued), int(dead)
-
-    @translate_errors
-    async def prune_consumers(self, queue: str, idle: float) -> int:
-        """Delete group consumers idle over ``idle`` seconds that hold nothing; return count.
-
-        Keeps the group from growing by one consumer per worker process ever started.
-        """
-        removed = await self.scripts.call(
-            "prune",
-            keys=[self.keys.stream(queue)],
-            args=[GROUP, max(1, int(idle * 1000)), self.consumer],
-        )
-        return int(removed)
-
-    @translate_errors
-    async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
-        """Waiting (not yet delivered) and in-flight (pending) entries per queue."""
-        out: dict[str, dict[str, int]] = {}
-        for queue in queues:
-            key = self.keys.stream(queue)
-            length = int(await self.client.xlen(key))
-            pending = 0
-            try:
-                groups = await self.client.xinfo_groups(key)
-            except ResponseError:
-                groups = []
-            for group in groups:
-                if group.get("name") in (GROUP, GROUP.encode()):
-                    pending = int(group.get("pending", 0))
-            out[queue] = {"waiting": max(0, length - pending), "in_flight": pending}
-        return out
-
-    @translate_errors
-    async def purge_queue(self, queue: str) -> int:
-        """Delete waiting entries of the stream (in-flight ones stay until completed)."""
-        key = self.keys.stream(queue)
-        stats = await self.queue_stats([queue])
-        waiting = stats[queue]["waiting"]
-        if waiting == 0:
-            return 0
-        # Undelivered entries are those after the group's last-delivered id.
-        groups = await self.client.xinfo_groups(key)
-        last = b"0-0"
-        for group in groups:
-            if group.get("name") in (GROUP, GROUP.encode()):
-                last = group.get("last-delivered-id", b"0-0")
-        removed = 0
-        start = last if isinstance(last, bytes) else str(last).encode()
-        while True:
-            entries = await self.client.xrange(key, min=b"(" + start, count=1000)
-            if not entries:
-                break
-            ids = [entry_id for entry_id, _ in entries]
-            removed += int(await self.client.xdel(key, *ids))
-            start = ids[-1]
-        return removed

@@ -19,7 +19,7 @@ from ...limits import CHUNK_ITEMS, CHUNK_WRITES, NOTIFY_INLINE_MAX
 from .. import Completion, Scheduled
 from ..ops import encode_op
 from .client import REDIS_ERRORS, broker_error, translate_errors
-from .connection import RedisConnection
+from .connection import RedisPart
 from .keys import GROUP
 
 #: Prefix of a message on the event channel -> the kind ``events()`` yields.
@@ -56,9 +56,9 @@ def _lua_op(op: tuple[Any, ...]) -> list[Any]:
     ]
 
 
-class RedisState(RedisConnection):
+class RedisState(RedisPart):
     """Completions, rate limits, the schedule, cancellation and periodic claims (a part of
-    :class:`~.common.RedisBroker`)."""
+    :class:`~.store.RedisStateStore`)."""
 
     # ------------------------------------------------------------ completions
     @translate_errors
@@ -75,6 +75,9 @@ class RedisState(RedisConnection):
         entries: list[Any] = []
         acks: dict[str, list[bytes]] = {}
         kind = self.kind
+        # Only stream entries are acked (and fenced) here; a token of a list completion or of
+        # a separate transport (acked by the facade afterwards) is not this store's to touch.
+        streams = kind == "s"
         for c in completions:
             if (
                 c.record is None
@@ -83,7 +86,7 @@ class RedisState(RedisConnection):
                 and c.requeue is None
                 and not c.ops
             ):
-                if c.token is not None:
+                if c.token is not None and streams:
                     acks.setdefault(c.queue, []).append(c.token)
                 continue
             d = c.dead_letter
@@ -92,7 +95,7 @@ class RedisState(RedisConnection):
                     "C",
                     kind,
                     c.queue,
-                    _lua_bytes(c.token) if c.token else _EMPTY,
+                    _lua_bytes(c.token) if c.token and streams else _EMPTY,
                     c.task_id,
                     _lua_bytes(c.record) if c.record else _EMPTY,
                     c.record_ttl,

@@ -1,0 +1,301 @@
+"""The broker facade: one :class:`Transport` and one :class:`StateStore`, composed.
+
+:class:`Broker` is the one object the queue, workers, scheduler and CLI call. It holds a
+transport (how messages travel and are leased) and a state store (everything else, and the
+atomic completion) and delegates each method to the one that owns it, explicitly: a method
+here is the seam's method of the same name and signature.
+
+The hot paths are not wrapped: ``publish``, ``fetch`` and ``fetch_first`` are the transport's
+own bound methods, and ``complete`` is the state store's -- set on the instance when it is made
+-- so a call costs what the backend's method costs, with no frame in between.
+
+Pairing. When the state store acknowledges the transport's deliveries in the same atomic step
+as its writes (:meth:`StateStore.acks`: the Redis state store with a Redis transport on the
+same connection, where ``complete.lua`` XACKs the stream entry with the record write and
+fences on its lease), ``complete`` is the store's. Otherwise (a RabbitMQ transport with the
+Redis state store) ``complete`` applies the completions in the store, then acks the
+deliveries whose completion was applied on the transport: at-least-once, see
+:meth:`StateStore.complete` for what ``token`` and fencing mean then.
+
+Every pairing passes the contract suite (``tests/contract/``) unchanged; docs/architecture.md
+("Adding a broker") says which half a new backend implements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+
+from .state import Completion, DeadLetterFields, Scheduled, StateStore
+from .transport import Delivery, Guarantee, Transport
+
+
+class Broker:
+    """A transport and a state store behind one object (see the module docstring).
+
+    Args:
+        transport: delivers the messages (publish, fetch, ack, leases).
+        state: keeps everything else and applies completions atomically.
+
+    Attributes:
+        transport: the transport given.
+        state: the state store given.
+        guarantee: the transport's :class:`Guarantee` (an instance attribute: a deployment
+            may weaken it, as ``memory://`` does to ``EPHEMERAL``).
+        supports_recovery: whether abandoned deliveries can be recovered (leases).
+    """
+
+    def __init__(self, transport: Transport, state: StateStore) -> None:
+        self.transport = transport
+        self.state = state
+        self.guarantee: Guarantee = transport.guarantee
+        self.supports_recovery: bool = transport.supports_recovery
+        # The hot paths: the components' bound methods themselves, one call deep.
+        self.publish = transport.publish  # type: ignore[method-assign]
+        self.fetch = transport.fetch  # type: ignore[method-assign]
+        self.fetch_first = transport.fetch_first  # type: ignore[method-assign]
+        if state.acks(transport):
+            self.complete = state.complete  # type: ignore[method-assign]
+
+    # ============================================================ transport
+    async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
+        """See :meth:`Transport.publish`."""
+        await self.transport.publish(queue, messages)
+
+    async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
+        """:meth:`Transport.prepare_consumer`, then :meth:`StateStore.remember_queues`."""
+        await self.transport.prepare_consumer(queues, consumer)
+        await self.state.remember_queues(queues)
+
+    async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
+        """See :meth:`Transport.fetch`."""
+        return await self.transport.fetch(queue, count, timeout)
+
+    async def fetch_first(
+        self, queues: Sequence[str], count: int, timeout: float
+    ) -> list[Delivery]:
+        """See :meth:`Transport.fetch_first`."""
+        return await self.transport.fetch_first(queues, count, timeout)
+
+    async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
+        """See :meth:`Transport.heartbeat`."""
+        return await self.transport.heartbeat(queue, tokens)
+
+    async def recover(
+        self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
+    ) -> tuple[int, int]:
+        """See :meth:`Transport.recover`."""
+        return await self.transport.recover(queue, min_idle, count, max_deliveries, record_ttl)
+
+    async def prune_consumers(self, queue: str, idle: float) -> int:
+        """See :meth:`Transport.prune_consumers`."""
+        return await self.transport.prune_consumers(queue, idle)
+
+    async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
+        """See :meth:`Transport.queue_stats`."""
+        return await self.transport.queue_stats(queues)
+
+    async def purge_queue(self, queue: str) -> int:
+        """See :meth:`Transport.purge_queue`."""
+        return await self.transport.purge_queue(queue)
+
+    # ============================================================ completion
+    async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
+        """See :meth:`StateStore.complete`; the store's own method when it acks this
+        transport's deliveries (:meth:`StateStore.acks`).
+
+        Otherwise: the store applies the batch, then the deliveries of the completions it
+        applied are acked on the transport (per queue, in one call each). A crash between
+        the two leaves the deliveries unacked: the transport delivers them again and the
+        store's writes are applied again (at-least-once).
+        """
+        stale = await self.state.complete(completions)
+        dropped = {id(c) for c in stale}
+        tokens: dict[str, list[bytes]] = {}
+        for c in completions:
+            if c.token is not None and id(c) not in dropped:
+                tokens.setdefault(c.queue, []).append(c.token)
+        for queue, acked in tokens.items():
+            await self.transport.ack(queue, acked)
+        return stale
+
+    # ====================================================== rate, unique, lock
+    async def acquire_rate(self, buckets: Sequence[tuple[str, float, float]]) -> tuple[bool, float]:
+        """See :meth:`StateStore.acquire_rate`."""
+        return await self.state.acquire_rate(buckets)
+
+    async def claim_unique(self, items: Sequence[tuple[str, str, float]]) -> list[str | None]:
+        """See :meth:`StateStore.claim_unique`."""
+        return await self.state.claim_unique(items)
+
+    async def acquire_lock(self, key: str, holder: str, limit: int, lease: float) -> float:
+        """See :meth:`StateStore.acquire_lock`."""
+        return await self.state.acquire_lock(key, holder, limit, lease)
+
+    async def renew_locks(self, items: Sequence[tuple[str, str, float]]) -> int:
+        """See :meth:`StateStore.renew_locks`."""
+        return await self.state.renew_locks(items)
+
+    # ============================================================== schedule
+    async def schedule(self, items: Sequence[Scheduled]) -> None:
+        """See :meth:`StateStore.schedule`."""
+        await self.state.schedule(items)
+
+    async def promote_due(self, limit: int) -> tuple[int, float | None, float]:
+        """See :meth:`StateStore.promote_due`."""
+        return await self.state.promote_due(limit)
+
+    async def scheduled_count(self) -> int:
+        """See :meth:`StateStore.scheduled_count`."""
+        return await self.state.scheduled_count()
+
+    async def server_time(self) -> float:
+        """See :meth:`StateStore.server_time`."""
+        return await self.state.server_time()
+
+    async def claim_periodic(
+        self, name: str, occurrence: float, message: bytes, queue: str
+    ) -> bool:
+        """See :meth:`StateStore.claim_periodic`."""
+        return await self.state.claim_periodic(name, occurrence, message, queue)
+
+    async def periodic_last(self, names: Sequence[str]) -> dict[str, float]:
+        """See :meth:`StateStore.periodic_last`."""
+        return await self.state.periodic_last(names)
+
+    # ========================================================== cancellation
+    async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
+        """See :meth:`StateStore.cancel`."""
+        return await self.state.cancel(task_id, record, ttl)
+
+    async def revoked(self) -> dict[str, float]:
+        """See :meth:`StateStore.revoked`."""
+        return await self.state.revoked()
+
+    def events(self) -> AsyncIterator[tuple[str, str]]:
+        """See :meth:`StateStore.events`."""
+        return self.state.events()
+
+    # ============================================================= workflows
+    async def workflow_state(self, workflow_id: str) -> dict[str, bytes] | None:
+        """See :meth:`StateStore.workflow_state`."""
+        return await self.state.workflow_state(workflow_id)
+
+    async def wait_for_workflow(self, workflow_id: str, timeout: float) -> dict[str, bytes] | None:
+        """See :meth:`StateStore.wait_for_workflow`."""
+        return await self.state.wait_for_workflow(workflow_id, timeout)
+
+    # ============================================================== progress
+    async def set_progress(
+        self,
+        task_id: str,
+        data: bytes,
+        at: float,
+        ttl: int,
+        fence: tuple[str, bytes] | None = None,
+    ) -> bool:
+        """See :meth:`StateStore.set_progress`."""
+        return await self.state.set_progress(task_id, data, at, ttl, fence)
+
+    async def get_progress(self, task_id: str) -> bytes | None:
+        """See :meth:`StateStore.get_progress`."""
+        return await self.state.get_progress(task_id)
+
+    def watch_progress(self, task_id: str) -> AsyncGenerator[tuple[str, bytes], None]:
+        """See :meth:`StateStore.watch_progress`."""
+        return self.state.watch_progress(task_id)
+
+    # =============================================================== records
+    async def get_record(self, task_id: str) -> bytes | None:
+        """See :meth:`StateStore.get_record`."""
+        return await self.state.get_record(task_id)
+
+    async def get_records(self, task_ids: Sequence[str]) -> list[bytes | None]:
+        """See :meth:`StateStore.get_records`."""
+        return await self.state.get_records(task_ids)
+
+    async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
+        """See :meth:`StateStore.set_record`."""
+        await self.state.set_record(task_id, record, ttl)
+
+    async def reset_tasks(self, task_ids: Sequence[str]) -> None:
+        """See :meth:`StateStore.reset_tasks`."""
+        await self.state.reset_tasks(task_ids)
+
+    async def wait_for_record(self, task_id: str, timeout: float) -> bytes | None:
+        """See :meth:`StateStore.wait_for_record`."""
+        return await self.state.wait_for_record(task_id, timeout)
+
+    # ========================================================== dead letters
+    async def dead_letters(self, offset: int, limit: int) -> list[tuple[str, DeadLetterFields]]:
+        """See :meth:`StateStore.dead_letters`."""
+        return await self.state.dead_letters(offset, limit)
+
+    async def get_dead_letter(self, task_id: str) -> DeadLetterFields | None:
+        """See :meth:`StateStore.get_dead_letter`."""
+        return await self.state.get_dead_letter(task_id)
+
+    async def dead_letter_count(self) -> int:
+        """See :meth:`StateStore.dead_letter_count`."""
+        return await self.state.dead_letter_count()
+
+    async def replay_dead_letter(
+        self,
+        task_id: str,
+        queue: str,
+        message: bytes,
+        kind: str = "",
+        unique: tuple[str, float] | None = None,
+    ) -> bool | str:
+        """See :meth:`StateStore.replay_dead_letter`."""
+        return await self.state.replay_dead_letter(task_id, queue, message, kind, unique)
+
+    async def purge_dead_letters(self) -> int:
+        """See :meth:`StateStore.purge_dead_letters`."""
+        return await self.state.purge_dead_letters()
+
+    # ============================================================ inspection
+    async def known_queues(self) -> list[str]:
+        """See :meth:`StateStore.known_queues`."""
+        return await self.state.known_queues()
+
+    async def remember_queues(self, queues: Sequence[str]) -> None:
+        """See :meth:`StateStore.remember_queues`."""
+        await self.state.remember_queues(queues)
+
+    async def register_worker(self, worker_id: str, info: bytes, ttl: float) -> None:
+        """See :meth:`StateStore.register_worker`."""
+        await self.state.register_worker(worker_id, info, ttl)
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        """See :meth:`StateStore.unregister_worker`."""
+        await self.state.unregister_worker(worker_id)
+
+    async def workers(self) -> dict[str, bytes]:
+        """See :meth:`StateStore.workers`."""
+        return await self.state.workers()
+
+    async def counters(self) -> dict[str, int]:
+        """See :meth:`StateStore.counters`."""
+        return await self.state.counters()
+
+    async def memory_policy(self) -> tuple[str, int] | None:
+        """See :meth:`StateStore.memory_policy`."""
+        return await self.state.memory_policy()
+
+    # ============================================================ lifecycle
+    async def ping(self) -> None:
+        """Check that the transport and the state store answer.
+
+        Raises:
+            BrokerError: either could not be reached.
+        """
+        await self.transport.ping()
+        await self.state.ping()
+
+    async def close(self) -> None:
+        """Close the transport, then the state store (both may be used again afterwards:
+        they reconnect)."""
+        try:
+            await self.transport.close()
+        finally:
+            await self.state.close()

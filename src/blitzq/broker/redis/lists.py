@@ -1,0 +1,113 @@
+"""The lists transport of fast mode: Redis lists (at-most-once).
+
+A message is popped from the list by exactly one worker and is gone from Redis at that moment:
+no ack, no lease, no recovery. A worker that crashes loses the messages it was running (and
+never runs one twice). Retries, results and dead letters work as in reliable mode.
+
+:class:`ListsTransport` is a :class:`~blitzq.broker.transport.Transport` on a
+:class:`~.connection.RedisConnection` of kind ``"l"``, paired with the
+:class:`~.store.RedisStateStore` on the same connection by :class:`~.fast.FastRedisBroker`.
+It has nothing to ack (:meth:`~blitzq.broker.transport.Transport.ack` does nothing) and
+nothing to hand back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ...exceptions import ConfigurationError
+from ...limits import CHUNK_ITEMS
+from ..transport import Delivery, Guarantee, Transport
+from .client import translate_errors
+from .connection import RedisConnection, RedisPart
+
+
+class ListsTransport(RedisPart, Transport):
+    """At-most-once delivery on Redis lists.
+
+    Args:
+        conn: the connection (kind ``"l"``), shared with the state store.
+
+    Raises:
+        ConfigurationError: ``conn`` is of another kind.
+    """
+
+    guarantee = Guarantee.AT_MOST_ONCE
+    supports_recovery = False
+
+    def __init__(self, conn: RedisConnection) -> None:
+        if conn.kind != "l":
+            raise ConfigurationError("a lists transport needs a connection of kind 'l'")
+        super().__init__(conn)
+
+    @translate_errors
+    async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
+        """RPUSH the messages to the queue's list, :data:`~blitzq.limits.CHUNK_ITEMS` per
+        command (in order)."""
+        key = self.keys.list(queue)
+        for start in range(0, len(messages), CHUNK_ITEMS):
+            await self.client.execute_command("RPUSH", key, *messages[start : start + CHUNK_ITEMS])
+
+    async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
+        """Nothing: lists need no setup (the facade registers the queues)."""
+        return
+
+    @translate_errors
+    async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
+        """LPOP up to ``count``; when empty, BLMPOP blocking up to ``timeout`` seconds."""
+        key = self.keys.list(queue)
+        items = await self.client.execute_command("LPOP", key, count)
+        if not items and timeout > 0:
+            reply = await self.client.execute_command(
+                "BLMPOP", self.block_for(timeout), 1, key, "LEFT", "COUNT", count
+            )
+            items = reply[1] if reply else None
+        if not items:
+            return []
+        return [Delivery(queue, None, item, 1) for item in items]
+
+    @translate_errors
+    async def fetch_first(
+        self, queues: Sequence[str], count: int, timeout: float
+    ) -> list[Delivery]:
+        """Pop from the lists in order in one script call; block on all of them at once."""
+        keys = [self.keys.list(q) for q in queues]
+        rows = await self.scripts.call("pop_levels", keys=keys, args=[count])
+        n = len(keys)
+        if len(rows) > n or timeout <= 0:
+            out: list[Delivery] = []
+            start = n
+            for queue, taken in zip(queues, rows[:n], strict=True):
+                if taken:
+                    out += [Delivery(queue, None, item, 1) for item in rows[start : start + taken]]
+                    start += taken
+            return out
+        reply = await self.client.execute_command(
+            "BLMPOP", self.block_for(timeout), len(keys), *keys, "LEFT", "COUNT", 1
+        )
+        if not reply:
+            return []
+        queue = queues[[k.encode() for k in keys].index(reply[0])]
+        return [Delivery(queue, None, item, 1) for item in reply[1]]
+
+    @translate_errors
+    async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
+        """Waiting messages per queue (fast mode has nothing in flight in Redis)."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for queue in queues:
+                pipe.llen(self.keys.list(queue))
+            lengths = await pipe.execute()
+        return {
+            q: {"waiting": int(n), "in_flight": 0} for q, n in zip(queues, lengths, strict=True)
+        }
+
+    @translate_errors
+    async def purge_queue(self, queue: str) -> int:
+        """Delete the queue's list (UNLINK: a long list is freed off the server's main
+        thread)."""
+        key = self.keys.list(queue)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.llen(key)
+            pipe.unlink(key)
+            length, _ = await pipe.execute()
+        return int(length)

@@ -1,0 +1,38 @@
+"""The Redis state store: records, results, schedule, dead letters, feature state, completions.
+
+:class:`RedisStateStore` is the :class:`~blitzq.broker.state.StateStore` of every Redis
+deployment, put together from parts by concern: ``state.py`` (completions, schedule, cancel,
+periodic, rate limits), ``records.py`` (records, workflow state, progress), ``dead_letters.py``,
+``inspection.py`` (registries, counters) and ``control.py`` (unique keys, locks), all reading
+one :class:`~.connection.RedisConnection`. Its logic is the Lua in ``lua/``.
+"""
+
+from __future__ import annotations
+
+from ..state import StateStore
+from ..transport import Transport
+from .connection import RedisPart
+from .control import RedisControl
+from .dead_letters import RedisDeadLetters
+from .inspection import RedisInspection
+from .records import RedisRecords
+from .state import RedisState
+
+__all__ = ["RedisStateStore"]
+
+
+class RedisStateStore(
+    RedisState, RedisRecords, RedisDeadLetters, RedisInspection, RedisControl, StateStore
+):
+    """The Redis state store on a connection it may share with a Redis transport.
+
+    Args:
+        conn: the :class:`~.connection.RedisConnection` (its ``kind`` says where the
+            store's writes into queues go, and whether completions are fenced by stream
+            leases).
+    """
+
+    def acks(self, transport: Transport) -> bool:
+        """``True`` for a Redis transport on this store's connection: ``complete.lua`` acks
+        (XACK + XDEL) and fences its stream entries in the same script as the writes."""
+        return isinstance(transport, RedisPart) and transport.conn is self.conn

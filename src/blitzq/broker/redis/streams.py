@@ -1,0 +1,283 @@
+"""The streams transport of reliable mode: one consumer group per queue (at-least-once).
+
+A fetched entry stays in the group's pending list, leased to its consumer, until the completion
+acknowledges and deletes it (XACK + XDEL in the same script as the record write). A consumer
+that dies leaves its entries pending; once idle longer than the visibility timeout, any live
+worker's :meth:`recover` re-adds them to the stream with their delivery count, or
+dead-letters them after ``max_deliveries``. A worker renews the leases of the entries it still
+runs (:meth:`heartbeat`), and a renewal never takes an entry back from another consumer.
+
+:class:`StreamsTransport` is a :class:`~blitzq.broker.transport.Transport` on a
+:class:`~.connection.RedisConnection` of kind ``"s"``; paired with the
+:class:`~.store.RedisStateStore` on the same connection (:class:`~.reliable.ReliableRedisBroker`)
+its completions are acked and fenced by ``complete.lua``, so :meth:`StreamsTransport.ack` and
+:meth:`StreamsTransport.nack` serve a state store that does not ack (not the Redis one).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from redis.exceptions import OutOfMemoryError, ResponseError
+
+from ...exceptions import ConfigurationError
+from ...limits import CHUNK_ITEMS
+from ..transport import Delivery, Guarantee, Transport
+from .client import translate_errors
+from .connection import RedisConnection, RedisPart
+from .keys import GROUP, MESSAGE_FIELD
+
+logger = logging.getLogger("blitzq.broker")
+
+#: Idle time (ms) a nack gives an entry: past any visibility timeout, under the server's clock.
+_HANDED_BACK_MS = 10 * 365 * 86400 * 1000
+
+
+def _delivery(queue: str, entry_id: bytes, fields: list[bytes]) -> Delivery:
+    """A Delivery from a stream entry's fields ("m" the message, "d" the delivery count)."""
+    if len(fields) == 2 and fields[0] == MESSAGE_FIELD:
+        return Delivery(queue, entry_id, fields[1], 1)
+    payload, deliveries = b"", 1
+    for j in range(0, len(fields) - 1, 2):
+        if fields[j] == MESSAGE_FIELD:
+            payload = fields[j + 1]
+        elif fields[j] == b"d":
+            try:  # written by recover.lua; anything else is planted: count it as one
+                deliveries = max(1, min(int(fields[j + 1]), 1_000_000))
+            except ValueError:
+                deliveries = 1
+    return Delivery(queue, entry_id, payload, deliveries)
+
+
+class StreamsTransport(RedisPart, Transport):
+    """At-least-once delivery on Redis Streams.
+
+    Args:
+        conn: the connection (kind ``"s"``), shared with the state store.
+
+    Raises:
+        ConfigurationError: ``conn`` is of another kind.
+    """
+
+    guarantee = Guarantee.AT_LEAST_ONCE
+    supports_recovery = True
+
+    def __init__(self, conn: RedisConnection) -> None:
+        if conn.kind != "s":
+            raise ConfigurationError("a streams transport needs a connection of kind 's'")
+        super().__init__(conn)
+        conn.consumer = "unnamed"
+
+    @translate_errors
+    async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
+        """XADD each message to the queue's stream, in one round-trip."""
+        key = self.keys.stream(queue)
+        if len(messages) == 1:
+            await self.client.execute_command("XADD", key, "*", MESSAGE_FIELD, messages[0])
+            return
+        # One script call instead of a pipeline of XADDs: redis-py's per-command cost
+        # dominates, its per-argument cost is small.
+        for start in range(0, len(messages), CHUNK_ITEMS):
+            chunk = list(messages[start : start + CHUNK_ITEMS])
+            await self.scripts.call("publish", keys=[key], args=chunk)
+
+    @translate_errors
+    async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
+        """Create each queue's stream and consumer group if missing; name this consumer (on
+        the connection, where the state store's fencing reads it)."""
+        self.conn.consumer = consumer
+        for queue in queues:
+            key = self.keys.stream(queue)
+            try:
+                await self.client.xgroup_create(key, GROUP, "0", mkstream=True)
+            except OutOfMemoryError as exc:
+                # noeviction at maxmemory refuses XGROUP CREATE even when the group exists:
+                # look (a read), and leave a missing group to the fetch, which creates it
+                # once memory is freed. Never a reason not to start and drain the rest.
+                if not await self._has_group(key):
+                    logger.warning("could not create the consumer group of %s: %s", queue, exc)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    async def _has_group(self, key: str) -> bool:
+        try:
+            groups = await self.client.xinfo_groups(key)
+        except ResponseError:  # no such key
+            return False
+        return any(g.get("name") in (GROUP, GROUP.encode()) for g in groups)
+
+    @translate_errors
+    async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
+        """XREADGROUP up to ``count`` new entries, blocking up to ``timeout`` s when empty."""
+        key = self.keys.stream(queue)
+        args: list[object] = ["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", count]
+        if timeout > 0:
+            args += ("BLOCK", max(1, int(self.block_for(timeout) * 1000)))
+        args += ("STREAMS", key, ">")
+        try:
+            reply = await self.client.execute_command(*args)
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            # The stream was deleted (purge, FLUSHDB): recreate the group and report nothing.
+            await self.prepare_consumer([queue], self.consumer)
+            return []
+        if not reply:
+            return []
+        # RESP3 answers a map of stream to entries, RESP2 a list of [stream, entries].
+        entries = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
+        return [_delivery(queue, entry_id, fields) for entry_id, fields in entries if fields]
+
+    @translate_errors
+    async def fetch_first(
+        self, queues: Sequence[str], count: int, timeout: float
+    ) -> list[Delivery]:
+        """Take from the streams in order in one script call; block on all of them at once."""
+        keys = [self.keys.stream(q) for q in queues]
+        rows = await self.scripts.call(
+            "fetch_levels", keys=keys, args=[GROUP, self.consumer, count]
+        )
+        n = len(keys)
+        if len(rows) > n or timeout <= 0:
+            out: list[Delivery] = []
+            start = n
+            for queue, taken in zip(queues, rows[:n], strict=True):
+                end = start + 2 * taken
+                out += [_delivery(queue, rows[j], rows[j + 1]) for j in range(start, end, 2)]
+                start = end
+            return out
+        block = max(1, int(self.block_for(timeout) * 1000))
+        reply = await self.client.execute_command(
+            "XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 1,
+            "BLOCK", block, "STREAMS", *keys, *(">" for _ in keys),
+        )  # fmt: skip
+        if not reply:
+            return []
+        by_key = reply.items() if isinstance(reply, dict) else reply
+        names = dict(zip((k.encode() for k in keys), queues, strict=True))
+        return [
+            _delivery(names[key], entry_id, fields)
+            for key, entries in by_key
+            for entry_id, fields in entries
+            if fields is not None
+        ]
+
+    @translate_errors
+    async def ack(self, queue: str, tokens: Sequence[bytes]) -> None:
+        """XACK and XDEL the entries (one MULTI/EXEC). Not on reliable mode's path: there
+        ``complete.lua`` acks with the completion's writes, fenced."""
+        if not tokens:
+            return
+        key = self.keys.stream(queue)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.xack(key, GROUP, *tokens)
+            pipe.xdel(key, *tokens)
+            await pipe.execute()
+
+    async def nack(self, queue: str, tokens: Sequence[bytes]) -> None:
+        """Hand back entries this consumer still owns: their idle time is set past any
+        visibility timeout, so the next :meth:`recover` (of any worker) re-adds them with
+        their delivery count. Entries another consumer took over are left alone."""
+        await self._set_idle(queue, tokens, _HANDED_BACK_MS)
+
+    async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
+        """Renew leases this consumer still owns (ownership-checked script, one call per
+        :data:`~blitzq.limits.CHUNK_ITEMS` tokens)."""
+        return await self._set_idle(queue, tokens, 0)
+
+    @translate_errors
+    async def _set_idle(self, queue: str, tokens: Sequence[bytes], idle_ms: int) -> int:
+        changed = 0
+        key, consumer = self.keys.stream(queue), self.consumer
+        for start in range(0, len(tokens), CHUNK_ITEMS):
+            chunk = tokens[start : start + CHUNK_ITEMS]
+            changed += int(
+                await self.scripts.call(
+                    "renew", keys=[key], args=[GROUP, consumer, idle_ms, *chunk]
+                )
+            )
+        return changed
+
+    @translate_errors
+    async def recover(
+        self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
+    ) -> tuple[int, int]:
+        """Re-add entries idle over ``min_idle`` seconds, or dead-letter them (one script)."""
+        requeued, dead = await self.scripts.call(
+            "recover",
+            keys=[self.keys.stream(queue), self.keys.dead_letters],
+            args=[
+                GROUP,
+                self.consumer,
+                max(1, int(min_idle * 1000)),
+                count,
+                max_deliveries,
+                repr(time.time()),
+                self.keys.prefix,
+                queue,
+                self.dead_letter_cap,
+                record_ttl,
+                self.dead_letter_ttl,
+                self.dead_letter_max_bytes,
+            ],
+        )
+        return int(requeued), int(dead)
+
+    @translate_errors
+    async def prune_consumers(self, queue: str, idle: float) -> int:
+        """Delete group consumers idle over ``idle`` seconds that hold nothing; return count.
+
+        Keeps the group from growing by one consumer per worker process ever started.
+        """
+        removed = await self.scripts.call(
+            "prune",
+            keys=[self.keys.stream(queue)],
+            args=[GROUP, max(1, int(idle * 1000)), self.consumer],
+        )
+        return int(removed)
+
+    @translate_errors
+    async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
+        """Waiting (not yet delivered) and in-flight (pending) entries per queue."""
+        out: dict[str, dict[str, int]] = {}
+        for queue in queues:
+            key = self.keys.stream(queue)
+            length = int(await self.client.xlen(key))
+            pending = 0
+            try:
+                groups = await self.client.xinfo_groups(key)
+            except ResponseError:
+                groups = []
+            for group in groups:
+                if group.get("name") in (GROUP, GROUP.encode()):
+                    pending = int(group.get("pending", 0))
+            out[queue] = {"waiting": max(0, length - pending), "in_flight": pending}
+        return out
+
+    @translate_errors
+    async def purge_queue(self, queue: str) -> int:
+        """Delete waiting entries of the stream (in-flight ones stay until completed)."""
+        key = self.keys.stream(queue)
+        stats = await self.queue_stats([queue])
+        waiting = stats[queue]["waiting"]
+        if waiting == 0:
+            return 0
+        # Undelivered entries are those after the group's last-delivered id.
+        groups = await self.client.xinfo_groups(key)
+        last = b"0-0"
+        for group in groups:
+            if group.get("name") in (GROUP, GROUP.encode()):
+                last = group.get("last-delivered-id", b"0-0")
+        removed = 0
+        start = last if isinstance(last, bytes) else str(last).encode()
+        while True:
+            entries = await self.client.xrange(key, min=b"(" + start, count=1000)
+            if not entries:
+                break
+            ids = [entry_id for entry_id, _ in entries]
+            removed += int(await self.client.xdel(key, *ids))
+            start = ids[-1]
+        return removed

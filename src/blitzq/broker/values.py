@@ -1,0 +1,106 @@
+"""The values that cross the state seam: what a completion does, what a schedule entry and a
+dead letter hold (:class:`Completion`, :class:`Scheduled`, :class:`DeadLetterFields`).
+
+Re-exported by :mod:`blitzq.broker.state` and :mod:`blitzq.broker`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from .ops import Op
+
+__all__ = ["Completion", "DeadLetterFields", "Scheduled"]
+
+
+class Scheduled(NamedTuple):
+    """A message to put on the schedule (see :meth:`~blitzq.broker.state.StateStore.schedule`).
+
+    Attributes:
+        task_id: the task's id (keys the schedule entry).
+        queue: physical queue it goes to when due.
+        message: the encoded message.
+        delay: seconds from when the broker stores it until it is due (a ``delay=``, a
+            backoff), counted on the broker's clock; ignored when ``eta`` is set.
+        eta: absolute due time (Unix seconds, an ``eta=``), compared with the broker's
+            clock, or ``None`` for ``delay``.
+    """
+
+    task_id: str
+    queue: str
+    message: bytes
+    delay: float = 0.0
+    eta: float | None = None
+
+
+@dataclass(slots=True)
+class Completion:
+    """Everything that must happen, atomically, when a worker is done with one delivery.
+
+    The delivery is acknowledged (and removed) together with whatever else is set:
+
+    Attributes:
+        queue: physical queue the delivery came from.
+        token: the delivery's token (``None`` for brokers that need no ack).
+        task_id: the task's id (keys the record and dead letter).
+        record: encoded task record to store, or ``None``.
+        record_ttl: seconds the record lives.
+        reschedule: encoded message to put on the schedule (a retry), or ``None``.
+        delay: seconds until the rescheduled message becomes due, counted on the broker's
+            clock from when the completion is applied (never a worker's wall clock).
+        dead_letter: fields of a dead letter to store, or ``None``.
+        requeue: encoded message to put back at the head of ``queue`` now, or ``None``.
+        ops: further effects applied in the same atomic step (typed values of
+            :mod:`blitzq.broker.ops`), in order.
+        fence: the token of the delivery these writes belong to when ``token`` is ``None``
+            (a ``running`` record, a unique key freed at start): checked like ``token``
+            (see *Fencing* in :meth:`~blitzq.broker.state.StateStore.complete`) but not
+            acknowledged.
+
+    Fencing: a completion whose ``token`` (or ``fence``) names a delivery this consumer no
+    longer holds (its lease lapsed and the message was recovered) is *stale*; the broker
+    applies none of its writes. That holds where the state store acks the transport's
+    deliveries itself (:meth:`~blitzq.broker.state.StateStore.acks`, the Redis pairings).
+    With a separate ack (RabbitMQ), ``token`` is the transport's delivery tag, acked by the
+    facade after the store applied the completion, and nothing is fenced (see
+    :meth:`~blitzq.broker.state.StateStore.complete`).
+    """
+
+    queue: str
+    token: bytes | None
+    task_id: str
+    record: bytes | None = None
+    record_ttl: int = 0
+    reschedule: bytes | None = None
+    delay: float = 0.0
+    dead_letter: DeadLetterFields | None = None
+    requeue: bytes | None = None
+    ops: tuple[Op, ...] = ()
+    fence: bytes | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class DeadLetterFields:
+    """What a broker stores for one dead letter.
+
+    Attributes:
+        message: the original encoded message (may be malformed bytes).
+        reason: short machine-readable cause ("failed", "malformed message", "unknown task",
+            "max deliveries exceeded", "message too large").
+        error: human-readable detail.
+        task: task name, or "" when the message could not be decoded.
+        queue: physical queue it came from.
+        failed_at: Unix time (seconds).
+        kind: where the message came from in that queue: ``"s"`` (a reliable-mode stream) or
+            ``"l"`` (a fast-mode list); ``""`` when unknown (a dead letter written before
+            blitzq recorded it, or by a broker with one kind of queue). A replay goes there.
+    """
+
+    message: bytes
+    reason: str
+    error: str
+    task: str
+    queue: str
+    failed_at: float
+    kind: str = ""
