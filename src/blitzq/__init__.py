@@ -4,6 +4,7 @@ The public surface is what ``__all__`` lists; everything else may change between
 """
 
 from .context import TaskContext, current_task
+from .dead_letters import DeadLetter
 from .exceptions import (
     BlitzQError,
     BrokerError,
@@ -26,7 +27,7 @@ from .extensions.signals import Signal, SignalEvent
 from .progress import Progress
 from .queue import Queue
 from .ratelimit import RateLimit
-from .records import DeadLetter, TaskRecord, TaskState
+from .records import TaskRecord, TaskState
 from .retries import RetryPolicy
 from .scheduler import Scheduler
 from .schedules import Cron, Every

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from .exceptions import ConfigurationError
-from .routing import physical_queue
+from .routing import PRIORITIES, physical_queue
 from .schedules import Cron, Every, Schedule
 from .serialization import dumps, encode_envelope, plain_args, plain_kwargs
 from .task import CallOptions, Task
@@ -39,7 +39,6 @@ __all__ = [
 
 MissedPolicy = Literal["run_once", "run_all", "skip"]
 _POLICIES: frozenset[str] = frozenset({"run_once", "run_all", "skip"})
-_PRIORITIES: frozenset[str] = frozenset({"high", "normal", "low"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +121,8 @@ def make_periodic(
 
     if missed not in _POLICIES:
         raise ConfigurationError(f"missed must be one of {sorted(_POLICIES)}, got {missed!r}")
-    if priority is not None and priority not in _PRIORITIES:
-        raise ConfigurationError(f"priority must be one of {sorted(_PRIORITIES)}, got {priority!r}")
+    if priority is not None and priority not in PRIORITIES:
+        raise ConfigurationError(f"priority must be one of {sorted(PRIORITIES)}, got {priority!r}")
     if not isinstance(args, tuple | list):
         raise ConfigurationError(f"periodic args must be a tuple or list, got {args!r}")
     if kwargs is not None and not isinstance(kwargs, Mapping):

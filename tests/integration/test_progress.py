@@ -234,7 +234,7 @@ async def test_bad_progress_values_fail_the_call_in_the_task(queue: Queue) -> No
     assert issubclass(ConfigurationError, ValueError)
 
 
-async def test_progress_on_the_memory_broker() -> None:
+async def test_progress_on_a_memory_url() -> None:
     queue = Queue(redis_url="memory://progress-" + os.urandom(4).hex(), name="mem")
     gate = asyncio.Event()
 

@@ -166,7 +166,7 @@ async def _loaded(admin: aioredis.Redis, names: list[str]) -> list[bool]:
 
 async def _round(broker: RedisBroker, tag: str) -> None:
     """Publish, fetch and complete one task with a record, claim a unique key, take a lock:
-    scripts from common.py, reliable.py and control.py."""
+    scripts from state.py, reliable.py and control.py."""
     queue = f"q-{tag}"
     await broker.prepare_consumer([queue], "c1")
     await broker.publish(queue, [tag.encode(), b"second " + tag.encode()])  # publish.lua (2)

@@ -353,7 +353,7 @@ async def test_sync_twins(app: App) -> None:
     app.queue.close_sync()
 
 
-async def test_memory_broker_runs_workflows_too() -> None:
+async def test_memory_url_runs_workflows_too() -> None:
     queue = Queue(redis_url=f"memory://wf-{time.monotonic_ns()}")
     app = App(queue)
     async with running(make_worker(queue)):

@@ -14,10 +14,11 @@ from rich.table import Table
 from rich.text import Text
 
 from ..broker.eviction import check_eviction
+from ..dead_letters import DeadLetter
 from ..exceptions import SerializationError
 from ..progress import Progress
 from ..queue import DEFAULT_MAX_MESSAGE_SIZE, Queue
-from ..records import DeadLetter, TaskRecord, TaskState
+from ..records import TaskRecord, TaskState
 from ..serialization import loads
 from ..task import TaskHandle
 from ._common import (

@@ -20,8 +20,9 @@ from rich.text import Text
 
 from ..exceptions import BlitzQError
 from ..logconfig import configure_logging
+from ..periodic import periodic_status
 from ..queue import Queue
-from ..scheduler import Scheduler, periodic_status
+from ..scheduler import Scheduler
 from ._common import (
     Seconds,
     cli_errors,

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ..dead_letters import DeadLetter
 from ..exceptions import SerializationError
 from ..extensions.unique import DEFAULT_UNIQUE_TTL, broker_key
-from ..records import DeadLetter
 from ..routing import check_name
 from ..serialization import decode_envelope, encode_envelope
 from ..task import TaskHandle

@@ -1,8 +1,9 @@
-"""Turning one delivery into a run and its outcome into a Completion.
+"""One run (:class:`Job`) and the completions it can end with (:class:`Outcomes`).
 
-Kept apart from the worker's lifecycle so that the per-task path is easy to read and profile:
-decode → look up → run on the task's executor → build the completion (ack, record, retry or
-dead letter).
+The values of the per-task path, kept apart from the code that moves them (admission,
+runner, outcomes) so that the path is easy to read and profile: a :class:`Job` is a decoded
+delivery and its task; :class:`Outcomes` builds the completion of each way a run ends (ack,
+record, retry, dead letter, requeue).
 """
 
 from __future__ import annotations

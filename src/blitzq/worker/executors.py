@@ -37,8 +37,6 @@ from typing import Any
 from ..exceptions import SerializationError, describe_error
 from .execution import format_traceback
 
-_PENDING: Any = object()
-
 #: Types of return values sent back from a pool process without checking they unpickle.
 _PLAIN = frozenset({type(None), bool, int, float, str, bytes, list, dict, tuple})
 

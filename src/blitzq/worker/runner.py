@@ -1,9 +1,10 @@
-"""Running deliveries: checks before a start, the executors, and what happens at the end.
+"""Running deliveries: the executors, timeouts, cancel and shutdown of runs.
 
-The per-task hot path lives here: decode → look up → (revoked? start checks?) → run on the
-task's executor with :func:`~blitzq.current_task` set → turn the outcome into a completion for
-the flusher. A slot taken by the fetch loop is released exactly once per delivery, when the
-code has really stopped running.
+The per-task hot path goes through here: :mod:`.admission` decodes and looks up the
+delivery (cancel marks, rate limits, start checks), the :class:`Runner` runs it on the
+task's executor with :func:`~blitzq.current_task` set, and :mod:`.outcomes` turns the end of
+the run into a completion for the flusher (built by :mod:`.execution`). A slot taken by the
+fetch loop is released exactly once per delivery, when the code has really stopped running.
 """
 
 from __future__ import annotations
