@@ -331,7 +331,7 @@ async def test_without_middleware_or_handlers_runs_skip_the_hooks(queue: Queue) 
     assert queue.enqueue_observers == []
     async with running(make_worker(queue)) as worker:
         assert await handle.result(timeout=10) == 1
-        assert worker.runner.hooks.enabled is False
+        assert worker.runner.extensions.enabled is False
 
 
 class Tenant(Middleware):

@@ -55,8 +55,7 @@ ABOVE_BROKER = (
 NOT_IN_MAP_YET: set[str] = set()
 
 #: Violations on main, each its own xfail test: (rule, violation) -> reason.
-BROKEN_ON_MAIN: dict[tuple[str, str], str] = {
-}
+BROKEN_ON_MAIN: dict[tuple[str, str], str] = {}
 
 
 # ------------------------------------------------------------------------------ reading src

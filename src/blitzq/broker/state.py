@@ -190,7 +190,8 @@ class StateStore(abc.ABC):
 
     async def wait_for_workflow(self, workflow_id: str, timeout: float) -> dict[str, bytes] | None:
         """Like :meth:`workflow_state`, returning once ``state`` is no longer ``running`` or
-        after ``timeout`` seconds (pushed by the ``workflow_*`` ops, not polled)."""
+        after ``timeout`` seconds (pushed by the ``WorkflowDone`` / ``WorkflowFail`` effects,
+        not polled)."""
         raise NotImplementedError(f"{type(self).__name__} does not support workflows")
 
     # --------------------------------------------------------------- progress

@@ -285,7 +285,7 @@ class Middleware:
         """After :meth:`on_error` when the task will run again in ``delay`` seconds."""
 
 
-def hooks_of(queue: Any) -> Extensions:
+def extensions_of(queue: Any) -> Extensions:
     """The middleware registry (:class:`~blitzq.extensions.registry.Extensions`) of
     ``queue``."""
     extensions: Extensions = queue._extensions
@@ -302,5 +302,5 @@ __all__ = [
     "Outgoing",
     "StartCheck",
     "WorkerContext",
-    "hooks_of",
+    "extensions_of",
 ]

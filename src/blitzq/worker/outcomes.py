@@ -121,7 +121,7 @@ def commit(
             completion = None  # the finishers added nothing: still nothing to write
     if runner.progress.active:  # the run's last progress update goes with its completion
         completion = runner.progress.finish(job, completion)
-    extensions = runner.hooks
+    extensions = runner.extensions
     if extensions.enabled:
         outcome = outcome_of(job, completion, error, cancelled)
         if outcome is not None:

@@ -21,7 +21,7 @@ import msgspec
 from ..broker import Broker, Completion, Delivery
 from ..context import TaskContext, set_current
 from ..exceptions import SerializationError
-from ..extensions.middleware import hooks_of
+from ..extensions.middleware import extensions_of
 from ..serialization import decode_envelope, encode_envelope
 from . import admission, outcomes
 from .execution import Job, Outcomes
@@ -103,7 +103,7 @@ class Runner:
         #: The broker's cancel marks being read for this fetch batch, if any.
         self.marks: asyncio.Future[dict[str, float]] | None = None
         #: Middleware and signal handlers; ``hooks.enabled`` is checked once per run.
-        self.hooks = hooks_of(queue)
+        self.extensions = extensions_of(queue)
         #: Progress writer of this worker (``current_task().update_progress``).
         self.progress = ProgressReporter(broker, queue.result_ttl, self.lease_of)
         #: The worker's base context (taken when the worker starts): every run gets a
@@ -160,10 +160,10 @@ class Runner:
         ``hooked``: the queue's middleware already saw the start (see
         :mod:`blitzq.extensions.registry`).
         """
-        if not hooked and self.hooks.enabled:
-            self.hooks.context_for(job)
-            if not self.hooks.has_before:
-                self.hooks.started(job, self.worker_id)
+        if not hooked and self.extensions.enabled:
+            self.extensions.context_for(job)
+            if not self.extensions.has_before:
+                self.extensions.started(job, self.worker_id)
             else:
                 # The hooks run in a fresh copy of the worker's base context; what they set
                 # there (a trace context, ...) is what the task body starts with.
@@ -223,7 +223,7 @@ class Runner:
         """Await the before-execute middleware (the delivery keeps its slot meanwhile), then
         run ``job``, or fail the attempt with the exception of a hook that refused it."""
         try:
-            refused = await self.hooks.before_execute(job)
+            refused = await self.extensions.before_execute(job)
         except asyncio.CancelledError:
             slots.release()  # cancelled at shutdown: the worker hands the message back
             raise
@@ -238,7 +238,7 @@ class Runner:
         if self.revoked and job.envelope.id in self.revoked:
             admission.skip_cancelled(self, job, slots)
             return
-        self.hooks.started(job, self.worker_id)
+        self.extensions.started(job, self.worker_id)
         self.run(job, slots, True)
 
     def _submit(self, job: Job, scope: contextvars.Context) -> asyncio.Future[Any]:
