@@ -118,7 +118,7 @@ def make_periodic(
             tuple or list, ``kwargs`` not a mapping.
         SerializationError: an argument that is not plain data or cannot be encoded.
     """
-    from .routing import check_name
+    from .routing import check_name, check_queue_name
 
     if missed not in _POLICIES:
         raise ConfigurationError(f"missed must be one of {sorted(_POLICIES)}, got {missed!r}")
@@ -139,7 +139,7 @@ def make_periodic(
         missed=missed,  # type: ignore[arg-type]
         args=args,
         kwargs=kwargs,
-        queue=check_name("queue name", queue) if queue is not None else None,
+        queue=check_queue_name("queue name", queue) if queue is not None else None,
         priority=priority,
     )
 

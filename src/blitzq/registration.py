@@ -24,7 +24,7 @@ from .extensions.middleware import Middleware
 from .options import build_options
 from .ratelimit import RateLimit
 from .retries import DEFAULT_RETRY_POLICY, RetryPolicy
-from .routing import Priority, check_name, route
+from .routing import Priority, check_queue_name, route
 from .task import Executor, Task
 from .workflow.engine import attach as attach_workflow
 
@@ -167,13 +167,14 @@ def task(
         task_name = name or default_task_name(function)
         if task_name in self.tasks and self.tasks[task_name].fn is not function:
             raise ConfigurationError(f"a task named {task_name!r} is already registered")
+        target = queue or route(self.routes, task_name) or self.name
         middleware = task_middleware(self)
         checked = build_options(task_name, given, middleware)
         registered: Task[Any, Any] = Task(
             self,
             function,
             name=task_name,
-            queue=check_name("queue name", queue or route(self.routes, task_name) or self.name),
+            queue=check_queue_name("queue name", target),
             retries=retries,
             retry_policy=retry_policy or DEFAULT_RETRY_POLICY,
             timeout=timeout,
