@@ -153,14 +153,19 @@ def task(
             docs/architecture.md, "Adding a per-task option".
 
     Raises:
-        ConfigurationError: a bad option, an option no middleware declares, or a second task
-            with the same name.
+        ConfigurationError: a bad option, an option no middleware declares, a second task
+            with the same name, or the decorator applied to a Task (decorated twice).
     """
     # Every keyword above, by name, and the extra ones: the one place they are gathered.
     given = {k: v for k, v in locals().items() if k not in ("self", "fn", "options")}
     given.update(options)  # no overlap: Python refuses a keyword given twice
 
     def register(function: Callable[..., Any]) -> Task[Any, Any]:
+        if isinstance(function, Task):  # @queue.task twice: it has no __qualname__ to name
+            raise ConfigurationError(
+                f"{function.name!r} is already a task: apply @queue.task once, with all its "
+                "options (use @queue.periodic(...) alone to make it periodic too)"
+            )
         chosen: Executor = executor or (
             "async" if inspect.iscoroutinefunction(function) else "thread"
         )
