@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ._checks import seconds, text
 from .exceptions import ConfigurationError
 from .limits import MAX_SECONDS
-from .routing import check_name, check_priority
+from .routing import check_name, check_priority, check_queue_name
 
 if TYPE_CHECKING:
     from .extensions.middleware import Middleware
@@ -226,7 +226,7 @@ class CallOptions:
         if self.task_id is not None:
             check_name("task_id", self.task_id)
         if self.queue is not None:
-            check_name("queue", self.queue)
+            check_queue_name("queue", self.queue)
         if self.priority is not None:
             check_priority(self.priority)
         text("unique_key", self.unique_key)

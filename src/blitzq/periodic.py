@@ -117,7 +117,7 @@ def make_periodic(
             tuple or list, ``kwargs`` not a mapping.
         SerializationError: an argument that is not plain data or cannot be encoded.
     """
-    from .routing import check_name
+    from .routing import check_name, check_queue_name
 
     if missed not in _POLICIES:
         raise ConfigurationError(f"missed must be one of {sorted(_POLICIES)}, got {missed!r}")
@@ -138,7 +138,7 @@ def make_periodic(
         missed=missed,  # type: ignore[arg-type]
         args=args,
         kwargs=kwargs,
-        queue=check_name("queue name", queue) if queue is not None else None,
+        queue=check_queue_name("queue name", queue) if queue is not None else None,
         priority=priority,
     )
 
@@ -173,11 +173,18 @@ def periodic(
         task_options: any other option of ``Queue.task`` (retries, timeout, ...).
 
     Raises:
-        ConfigurationError: a bad schedule or option, or a name already registered.
+        ConfigurationError: a bad schedule or option, a name already registered, or the
+            decorator applied to a Task (stacked on ``@queue.task``).
         SerializationError: ``args`` or ``kwargs`` are not plain data.
     """
 
     def register(fn: Callable[..., Any]) -> Task[Any, Any]:
+        if isinstance(fn, Task):  # stacked on @queue.task
+            raise ConfigurationError(
+                f"@queue.periodic(...) was applied to {fn.name!r}, already a task: use "
+                "@queue.periodic(...) instead of @queue.task (it registers the task too, with "
+                "the same options), or queue.add_periodic(task, schedule) for a registered task"
+            )
         registered: Task[Any, Any] = self.task(name=name, queue=queue, **task_options)(fn)
         self.add_periodic(
             registered,

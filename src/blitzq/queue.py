@@ -36,7 +36,7 @@ from .limits import (
 )
 from .options import declared_options
 from .ratelimit import RateLimit
-from .routing import Routes, check_name
+from .routing import Routes, check_name, check_queue_name
 from .task import BoundTask, Task, TaskHandle
 
 if TYPE_CHECKING:
@@ -109,7 +109,9 @@ class Queue:
 
     Raises:
         ConfigurationError: an invalid argument (a bool, NaN or infinite number, a value out
-            of range, or a value of the wrong type).
+            of range, or a value of the wrong type), or a queue name (``name``, a route's,
+            a ``queue_rate_limits`` key) that looks like a URL or ends in ``":high"`` /
+            ``":low"`` (see :func:`blitzq.routing.check_queue_name`).
     """
 
     def __init__(
@@ -132,7 +134,7 @@ class Queue:
         dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
         dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
     ) -> None:
-        self.name = check_name("queue name", name)
+        self.name = check_queue_name("queue name", name)
         self.namespace = check_name(
             "namespace", namespace or os.environ.get("BLITZQ_NAMESPACE") or "blitzq"
         )
@@ -155,6 +157,8 @@ class Queue:
             raise ConfigurationError(f"redis_url must be a str, got {redis_url!r}")
         if routes is not None and not (callable(routes) or isinstance(routes, Mapping)):
             raise ConfigurationError(f"routes must be a dict or a callable, got {routes!r}")
+        for target in routes.values() if isinstance(routes, Mapping) else ():
+            check_queue_name("queue name of a route", target)
         self.visibility_timeout = float(visibility_timeout)
         self.max_deliveries = max_deliveries
         self.store_results = store_results

@@ -24,7 +24,7 @@ from .extensions.middleware import Middleware
 from .options import build_options
 from .ratelimit import RateLimit
 from .retries import DEFAULT_RETRY_POLICY, RetryPolicy
-from .routing import Priority, check_name, route
+from .routing import Priority, check_queue_name, route
 from .task import Executor, Task
 from .workflow.engine import attach as attach_workflow
 
@@ -153,27 +153,33 @@ def task(
             docs/architecture.md, "Adding a per-task option".
 
     Raises:
-        ConfigurationError: a bad option, an option no middleware declares, or a second task
-            with the same name.
+        ConfigurationError: a bad option, an option no middleware declares, a second task
+            with the same name, or the decorator applied to a Task (decorated twice).
     """
     # Every keyword above, by name, and the extra ones: the one place they are gathered.
     given = {k: v for k, v in locals().items() if k not in ("self", "fn", "options")}
     given.update(options)  # no overlap: Python refuses a keyword given twice
 
     def register(function: Callable[..., Any]) -> Task[Any, Any]:
+        if isinstance(function, Task):  # @queue.task twice: it has no __qualname__ to name
+            raise ConfigurationError(
+                f"{function.name!r} is already a task: apply @queue.task once, with all its "
+                "options (use @queue.periodic(...) alone to make it periodic too)"
+            )
         chosen: Executor = executor or (
             "async" if inspect.iscoroutinefunction(function) else "thread"
         )
         task_name = name or default_task_name(function)
         if task_name in self.tasks and self.tasks[task_name].fn is not function:
             raise ConfigurationError(f"a task named {task_name!r} is already registered")
+        target = queue or route(self.routes, task_name) or self.name
         middleware = task_middleware(self)
         checked = build_options(task_name, given, middleware)
         registered: Task[Any, Any] = Task(
             self,
             function,
             name=task_name,
-            queue=check_name("queue name", queue or route(self.routes, task_name) or self.name),
+            queue=check_queue_name("queue name", target),
             retries=retries,
             retry_policy=retry_policy or DEFAULT_RETRY_POLICY,
             timeout=timeout,

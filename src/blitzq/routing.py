@@ -38,6 +38,36 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
+def check_queue_name(kind: str, value: str) -> str:
+    """Return ``value`` if it is usable as a *logical* queue name (what a Queue, a task, a
+    route or a periodic entry names; the priority lanes are derived from it).
+
+    Args:
+        kind: what the value is, for the message (``"queue name"``, ``"queue"``).
+        value: the name given.
+
+    Raises:
+        ConfigurationError: what :func:`check_name` refuses, a URL (``"://"``: the first
+            argument of ``Queue`` is its name, the server is ``redis_url=``), or a name ending
+            in a priority lane suffix (``":high"``, ``":low"``), which would share the physical
+            queue of another queue's lane.
+    """
+    check_name(kind, value)
+    if "://" in value:
+        raise ConfigurationError(
+            f"{kind} {value!r} looks like a URL; a queue name is a plain name "
+            f"(give the server as Queue(redis_url={value!r}))"
+        )
+    for priority, suffix in _SUFFIX.items():
+        if suffix and value.endswith(suffix):
+            raise ConfigurationError(
+                f"{kind} {value!r} ends in {suffix!r}, the suffix of the {priority}-priority "
+                f"lane of queue {value[: -len(suffix)]!r}; use priority={priority!r} "
+                "or another name"
+            )
+    return value
+
+
 def check_priority(priority: str) -> Priority:
     """Return ``priority`` if it is a known level.
 

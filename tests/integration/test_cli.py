@@ -344,6 +344,38 @@ def test_invalid_option_values_exit_2_without_traceback(redis_url: str) -> None:
         assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["queue", "stats"],
+        ["dead-letter", "list"],
+        ["worker", "tests.nowhere:queue"],
+        ["scheduler", "list", "tests.nowhere:queue"],
+    ],
+)
+def test_memory_url_is_refused_with_exit_2(args: list[str]) -> None:
+    """A memory:// server is private to the CLI process: refused, typed or from the env."""
+    runner = CliRunner()
+    for result in (
+        runner.invoke(cli, ["--redis-url", "memory://x", *args], env=_CLEAN_ENV),
+        runner.invoke(cli, args, env={**_CLEAN_ENV, "BLITZQ_REDIS_URL": "memory://x"}),
+    ):
+        assert result.exit_code == 2, (args, result.output)
+        assert "private to the one process" in result.stderr, result.stderr
+        assert "redis://" in result.stderr
+        assert "embedded server" in result.stderr
+        assert "Traceback" not in result.output
+
+
+def test_redis_url_help_lists_every_scheme() -> None:
+    from blitzq.broker.factory import SCHEMES
+
+    help_text = " ".join(CliRunner().invoke(cli, ["--help"]).stdout.split())
+    for scheme in (*SCHEMES, "valkey://", "valkeys://"):
+        if scheme != "memory://":
+            assert scheme in help_text, scheme
+
+
 def test_mask_url_hides_passwords() -> None:
     assert mask_url("redis://user:pw@host:6379/0") == "redis://user:***@host:6379/0"
     assert mask_url("rediss://:pw@host/1") == "rediss://:***@host/1"

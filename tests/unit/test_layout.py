@@ -34,6 +34,7 @@ OVER_MAX_LINES: dict[str, int] = {}
 #: The re-export shims that keep users' old import paths working; nothing in src imports them.
 SHIMS: dict[str, str] = {
     "blitzq.middleware": "blitzq.extensions.middleware",
+    "blitzq.hooks": "blitzq.extensions.middleware",
     "blitzq.signals": "blitzq.extensions.signals",
     "blitzq.supervisor": "blitzq.worker",
     "blitzq.broker.base": "blitzq.broker",
@@ -408,3 +409,22 @@ def test_module_map_names_every_module() -> None:
         if name not in named and name not in NOT_IN_MAP_YET
     )
     assert not missing, f"not in docs/architecture.md's module map: {missing}"
+
+
+# --------------------------------------------------------------------------- old import paths
+
+
+def test_hooks_old_path_reexports_the_hook_types() -> None:
+    """``blitzq.hooks`` (documented before issue 9) gives the types of
+    :mod:`blitzq.extensions.middleware`."""
+    import blitzq.extensions.middleware as middleware
+    import blitzq.hooks as hooks
+
+    for name in ("Outgoing", "StartCheck", "Finisher", "EnqueueFilter", "EnqueueObserver"):
+        assert getattr(hooks, name) is getattr(middleware, name)
+
+
+def test_removed_memory_broker_points_to_the_memory_url() -> None:
+    """``blitzq.broker.memory`` is gone on purpose; its import says what replaces it."""
+    with pytest.raises(ImportError, match=r"Queue\(redis_url='memory://name'\).*Valkey"):
+        import blitzq.broker.memory  # noqa: F401

@@ -121,6 +121,14 @@ def _store(ctx: click.Context, param: click.Parameter, value: Any) -> None:
     name = param.name
     if name is None or value is None or value is False:
         return
+    if name == "redis_url" and str(value).startswith("memory://"):
+        raise click.BadParameter(
+            f"{value!r}: a memory:// server is private to the one process that starts it, so "
+            "a command (or worker) would run against an empty server nobody else can reach; "
+            "leave --redis-url out to use the embedded server, or give a redis:// URL",
+            ctx=ctx,
+            param=param,
+        )
     typed = ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
     if name in settings.from_command_line and not typed:
         return
@@ -139,7 +147,10 @@ def global_options(fn: F) -> F:
             expose_value=False,
             callback=_store,
             metavar="URL",
-            help="Broker URL (redis://, rediss://, unix://). Default: the embedded server.",
+            help=(
+                "Broker URL (redis://, rediss://, unix://, valkey://, valkeys://). "
+                "Default: the embedded server."
+            ),
         ),
         click.option(
             "--namespace",

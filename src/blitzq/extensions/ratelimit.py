@@ -36,7 +36,7 @@ from .._checks import text
 from ..exceptions import BrokerError, ConfigurationError
 from ..options import Option
 from ..ratelimit import RateLimit
-from ..routing import base_queue, check_name
+from ..routing import base_queue, check_queue_name
 from .middleware import Middleware
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def queue_limits(given: Mapping[str, str | RateLimit] | None) -> dict[str, RateL
     if given is not None and not isinstance(given, Mapping):
         raise ConfigurationError(f"queue_rate_limits must be a dict, got {given!r}")
     return {
-        check_name("queue name", q): RateLimit.parse(limit, key=f"queue:{q}")
+        check_queue_name("queue name", q): RateLimit.parse(limit, key=f"queue:{q}")
         for q, limit in (given or {}).items()
     }
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._checks import seconds
 from ..exceptions import ConfigurationError
-from ..routing import check_name, check_priority
+from ..routing import check_priority, check_queue_name
 from ..serialization import plain_args, plain_kwargs
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class Signature:
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"a signature needs a task name, got {name!r}")
         if queue is not None:
-            check_name("queue", queue)
+            check_queue_name("queue", queue)
         if priority is not None:
             check_priority(priority)
         if timeout is not None:  # not bool, NaN, inf or over 10 years
