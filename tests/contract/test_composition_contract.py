@@ -88,6 +88,43 @@ async def test_a_store_that_does_not_ack_gets_commit_then_ack(compose: Compose) 
     assert await broker.fetch(Q, 1, 0) == []
 
 
+@pytest.mark.parametrize("state_kind", ["s", "l"])
+async def test_a_separate_store_never_fences_on_the_transports_tokens(
+    broker_kind: str, location: tuple[str, str], state_kind: str
+) -> None:
+    """The transport's delivery tags are not the store's leases, whatever the kind of the
+    store's own connection: with a streams-kind store a foreign tag used to read as a lost
+    stream lease, and every completion was dropped as stale (found by a newcomer pairing an
+    in-process transport with the Redis store). The transport here keeps its queues in a
+    namespace of its own, so its tags mean nothing to the store, as a RabbitMQ tag would."""
+    url, namespace = location
+    kind = "l" if broker_kind == "fast" else "s"
+    conn = RedisConnection(url, namespace + "-t", kind=kind)
+    transport: Transport = StreamsTransport(conn) if kind == "s" else ListsTransport(conn)
+    broker = Broker(transport, RedisStateStore(RedisConnection(url, namespace, kind=state_kind)))
+    try:
+        await consumer(broker)
+        await broker.publish(Q, [message("a"), message("b")])
+        got = await broker.fetch(Q, 2, 0)
+        done = [
+            Completion(d.queue, d.token, tid, record(tid, "succeeded", "w"), 60, fence=d.token)
+            for d, tid in zip(got, ["a", "b"], strict=True)
+        ]
+        assert await broker.complete(done) == []
+        for tid in ("a", "b"):
+            raw = await broker.get_record(tid)
+            assert raw is not None
+            assert TaskRecord.from_bytes(raw).state is TaskState.SUCCEEDED
+        # Acked on the transport: nothing waits or is leased there.
+        assert (await broker.queue_stats([Q]))[Q] == {"waiting": 0, "in_flight": 0}
+    finally:
+        client = conn.client
+        keys = [k async for k in client.scan_iter(match="{" + namespace + "-t}:*")]
+        if keys:
+            await client.delete(*keys)
+        await broker.close()
+
+
 async def test_nack_hands_a_streams_delivery_back(compose: Compose) -> None:
     broker = await consumer(compose())
     if not broker.supports_recovery:

@@ -24,6 +24,7 @@ Every pairing passes the contract suite (``tests/contract/``) unchanged; docs/ar
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from dataclasses import replace
 
 from .state import Completion, DeadLetterFields, Scheduled, StateStore
 from .transport import Delivery, Guarantee, Transport
@@ -108,15 +109,25 @@ class Broker:
         the two leaves the deliveries unacked: the transport delivers them again and the
         store's writes are applied again (at-least-once).
         """
-        stale = await self.state.complete(completions)
+        # The tokens are the transport's, not the store's: the store sees none, so it never
+        # acks or fences on them (a Redis store on a streams connection would otherwise read
+        # a foreign delivery tag as a lost stream lease and drop the whole completion).
+        stripped = [
+            c if c.token is None and c.fence is None else replace(c, token=None, fence=None)
+            for c in completions
+        ]
+        stale = await self.state.complete(stripped)
         dropped = {id(c) for c in stale}
         tokens: dict[str, list[bytes]] = {}
-        for c in completions:
-            if c.token is not None and id(c) not in dropped:
+        refused: list[Completion] = []
+        for c, sent in zip(completions, stripped, strict=True):
+            if id(sent) in dropped:
+                refused.append(c)
+            elif c.token is not None:
                 tokens.setdefault(c.queue, []).append(c.token)
         for queue, acked in tokens.items():
             await self.transport.ack(queue, acked)
-        return stale
+        return refused
 
     # ====================================================== rate, unique, lock
     async def acquire_rate(self, buckets: Sequence[tuple[str, float, float]]) -> tuple[bool, float]:
