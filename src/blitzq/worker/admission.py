@@ -50,7 +50,11 @@ def start(runner: Runner, d: Delivery, slots: Slots) -> None:
     if runner.revoked and env.id in runner.revoked:
         skip_cancelled(runner, Job(d, env, task), slots)
         return
-    admit(runner, d, env, task, slots)
+    # admit(), inlined: this is once per delivery on the worker's hot path.
+    if start_checks(task, env):
+        runner.hold_start(asyncio.ensure_future(start_checked(runner, d, env, task, slots)), d)
+        return
+    runner.run(Job(d, env, task), slots)
 
 
 def reject(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..broker import Broker, Delivery
 from ..exceptions import BrokerError
+from . import admission
 from .limiter import Slots
 from .runner import Runner
 
@@ -113,9 +114,10 @@ class Fetcher:
                     runner.hand_back(d)
                 slots.release(len(deliveries))
                 return
+            start = admission.start  # the per-delivery entry, looked up once per batch
             for d in deliveries:
                 try:
-                    runner.start(d, slots)
+                    start(runner, d, slots)
                 except Exception:  # a bug here must not stop the queue; the lease recovers it
                     logger.exception("could not start a message from %s", queue)
                     slots.release()
