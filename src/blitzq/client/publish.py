@@ -237,11 +237,13 @@ class Producer:
         queue = physical_queue(opts.queue or task.queue, opts.priority or task.priority)
         items = []
         explicit: set[str] = set()
+        explicit_items = 0  # items given a task_id; generated ids (uuid4) never repeat
         limit = self.queue.max_message_size
+        delay = opts.relative_delay()
         for call in calls:
             if not isinstance(call, tuple):
                 raise ConfigurationError(f"enqueue_many takes tuples of arguments, got {call!r}")
-            item_opts, item_due, item_queue = opts, due, queue
+            item_opts, item_due, item_queue, item_delay = opts, due, queue, delay
             if len(call) == 3 and isinstance(call[0], tuple) and isinstance(call[2], Mapping):
                 args, kwargs, extra = call  # per-item options (see item_options)
                 item_opts = item_options(opts, extra)
@@ -249,6 +251,7 @@ class Producer:
                 item_queue = physical_queue(
                     item_opts.queue or task.queue, item_opts.priority or task.priority
                 )
+                item_delay = item_opts.relative_delay()
             elif len(call) == 2 and isinstance(call[0], tuple) and isinstance(call[1], dict):
                 args, kwargs = call
             else:
@@ -256,10 +259,10 @@ class Producer:
             env = self.envelope(task.name, item_queue, args, kwargs or {}, item_opts, now)
             if item_opts.task_id is not None:
                 explicit.add(env.id)
+                explicit_items += 1
             data = encode_envelope(env, limit)
-            delay = item_opts.relative_delay()
-            items.append(Outgoing(env, data, item_due, task, delay=delay))
-        if len({o.envelope.id for o in items}) < len(items):
+            items.append(Outgoing(env, data, item_due, task, delay=item_delay))
+        if len(explicit) < explicit_items:
             raise ConfigurationError("enqueue_many: the same task_id is given to several items")
         if items:
             await self.publish(items, frozenset(explicit))
