@@ -199,7 +199,7 @@ class Runner:
                 return
             result, error, started = start_eagerly(coro, scope)
             if started is None:
-                self.finish(job, result, error)
+                outcomes.finish(self, job, result, error)
                 slots.release()
                 return
             handle: asyncio.Future[Any] = started
