@@ -30,8 +30,8 @@ _REASONS = (
 )
 
 
-def _table(table_id: str, headers: list[str]) -> str:
-    cells = "".join(f"<th>{escape(h)}</th>" for h in headers)
+def _table(table_id: str, headers: list[str], numeric: tuple[str, ...] = ()) -> str:
+    cells = "".join(f"<th{' class=num' if h in numeric else ''}>{escape(h)}</th>" for h in headers)
     return (
         f'<table id="{table_id}"><thead><tr>{cells}</tr></thead>'
         f'<tbody><tr><td colspan="{len(headers)}" class="empty">loading…</td></tr></tbody>'
@@ -58,7 +58,11 @@ def _queues(root: str) -> str:
     return (
         f'<section class="cards">{summary}{dead}</section>'
         "<h2>Queues</h2>"
-        + _table("queues", ["queue", "waiting", "running", "depth change / s"])
+        + _table(
+            "queues",
+            ["queue", "waiting", "running", "depth change / s"],
+            ("waiting", "running", "depth change / s"),
+        )
         + '<p class="hint">Running counts messages taken by a worker and not yet acknowledged '
         "(reliable mode). Rates compare the workers' counters over the last 30 s.</p>"
     )
@@ -111,6 +115,7 @@ def _workers() -> str:
             "started",
             "last heartbeat",
         ],
+        ("pid", "concurrency", "running", "finished", "failed"),
     )
 
 

@@ -86,15 +86,16 @@
     line.className = error ? "bad" : "ok";
   }
 
-  // Poll `load` every `refresh` ms; `render` runs only when the answer changed.
-  function live(load, render) {
+  // Poll `load` every `refresh` ms; `render` runs when the answer changed (or every time
+  // with `always`, for pages showing times relative to now).
+  function live(load, render, always) {
     let last = null;
     let timer = null;
     async function tick() {
       try {
         const doc = await load();
         const key = JSON.stringify(doc);
-        if (key !== last) { last = key; render(doc); }
+        if (always || key !== last) { last = key; render(doc); }
         status(null);
       } catch (error) { status(error); }
       clearTimeout(timer);
@@ -270,7 +271,7 @@
       el("td", { class: "num" }, w.failed ?? "–"),
       el("td", {}, time(w.started_at)),
       el("td", {}, w.heartbeat_at ? `${time(w.heartbeat_at)} (${ago(w.heartbeat_at)})` : "–"))),
-    "no live workers"));
+    "no live workers"), true);
   }
 
   function periodicPage() {
