@@ -21,7 +21,7 @@ pytest.importorskip("starlette", reason="the dashboard needs the 'dashboard' ext
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from blitzq import Queue
+from blitzq import Queue, current_task
 from blitzq.cli import cli
 from blitzq.dashboard import create_app
 from blitzq.records import TaskState
@@ -51,6 +51,11 @@ async def queue(make_queue: Callable[..., Queue]) -> AsyncIterator[Queue]:
     @q.task(name="add")
     async def add(a: int, b: int) -> int:
         return a + b
+
+    @q.task(name="steps")
+    async def steps(n: int) -> int:
+        current_task().update_progress(n, 2 * n, "half <b>way</b>")
+        return n
 
     @q.task(name="boom", retries=0)
     async def boom(payload: str) -> None:
@@ -89,10 +94,13 @@ async def test_queues_overview_counts_waiting_tasks(queue: Queue) -> None:
 
 async def test_task_record_and_unknown_and_bad_ids(queue: Queue) -> None:
     handle = await queue.tasks["add"].enqueue(2, 3)
+    stepped = await queue.tasks["steps"].enqueue(3)
     async with running(make_worker(queue)):
         assert await handle.result(timeout=20) == 5
+        assert await stepped.result(timeout=20) == 3
         async with client(create_app(queue)) as c:
             doc = (await c.get(f"/api/tasks/{handle.id}")).json()
+            progress = (await c.get(f"/api/tasks/{stepped.id}")).json()["progress"]
             missing = await c.get("/api/tasks/no-such-task")
             too_long = await c.get("/api/tasks/" + "x" * 600)
             workers = (await c.get("/api/workers")).json()["workers"]
@@ -101,6 +109,11 @@ async def test_task_record_and_unknown_and_bad_ids(queue: Queue) -> None:
     assert doc["attempts"] == 1
     assert doc["duration"] is not None
     assert doc["wait"] is not None
+    assert doc["progress"] is None
+    assert progress["current"] == 3
+    assert progress["total"] == 6
+    assert progress["fraction"] == 0.5
+    assert progress["message"] == "half <b>way</b>"
     assert missing.status_code == 404
     assert "no record" in missing.json()["error"]
     assert too_long.status_code == 400

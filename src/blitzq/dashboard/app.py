@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .._checks import seconds
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, SerializationError
 from ..integrations.asgi import close_queue, warm_up
 from . import data, pages
@@ -47,7 +48,7 @@ MAX_LIMIT = 500
 _STATIC = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"}
 _CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "connect-src 'self'; form-action 'self'; base-uri 'none'"
+    "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'self'"
 )
 
 
@@ -207,8 +208,7 @@ def create_app(
     Raises:
         ConfigurationError: ``refresh`` out of range, or an empty user or password.
     """
-    if not isinstance(refresh, int | float) or not 0.2 <= refresh <= 3600:
-        raise ConfigurationError(f"refresh must be 0.2 to 3600 seconds, not {refresh!r}")
+    refresh = seconds("refresh", refresh, minimum=0.2, strict=False, maximum=3600.0)
     sampler = data.RateSampler()
 
     def page(name: str) -> Any:
