@@ -182,7 +182,7 @@ async def test_periodic_entries_in_their_time_zone(queue: Queue) -> None:
     assert row["last_run"] is None
 
 
-async def test_basic_auth_and_mounting_under_a_prefix(queue: Queue) -> None:
+async def test_basic_auth_loopback_names_and_mounting_under_a_prefix(queue: Queue) -> None:
     guarded = create_app(queue, basic_auth=("admin", "s3cret"))
     async with client(guarded) as c:
         none = await c.get("/api/queues")
@@ -194,6 +194,14 @@ async def test_basic_auth_and_mounting_under_a_prefix(queue: Queue) -> None:
     assert wrong.status_code == 401
     assert garbage.status_code == 401
     assert right.status_code == 200
+    local = create_app(queue, loopback_only=True)
+    async with client(local) as c:
+        rebound = await c.get("/api/queues", headers={"Host": "evil.example:8080"})
+        by_ip = await c.get("/api/queues", headers={"Host": "127.0.0.1:8080"})
+        by_v6 = await c.get("/api/queues", headers={"Host": "[::1]:8080"})
+        by_name = await c.get("/api/queues", headers={"Host": "localhost"})
+    assert rebound.status_code == 421
+    assert [r.status_code for r in (by_ip, by_v6, by_name)] == [200, 200, 200]
     host = Starlette(routes=[Mount("/ops/blitzq", app=create_app(queue))])
     async with client(host) as c:
         page = await c.get("/ops/blitzq/dead-letters")

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("starlette", reason="the dashboard needs the 'dashboard' extra")
 
 from blitzq import ConfigurationError, Queue
-from blitzq.cli.dashboard import is_loopback
+from blitzq._checks import is_loopback
 from blitzq.dashboard import BasicAuth, create_app
 from blitzq.dashboard.data import RateSampler
 from blitzq.dashboard.pages import render

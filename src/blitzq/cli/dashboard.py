@@ -7,11 +7,11 @@ and may listen on any address. Needs the ``dashboard`` extra (starlette, uvicorn
 
 from __future__ import annotations
 
-import ipaddress
 import os
 
 import click
 
+from .._checks import is_loopback
 from ..logconfig import configure_logging
 from ._common import (
     CliUsageError,
@@ -24,20 +24,10 @@ from ._common import (
 )
 from .worker import _export_settings, _override, load_queue
 
-__all__ = ["PASSWORD_ENV", "USER_ENV", "dashboard_command", "is_loopback"]
+__all__ = ["PASSWORD_ENV", "USER_ENV", "credentials", "dashboard_command"]
 
 USER_ENV = "BLITZQ_DASHBOARD_USER"
 PASSWORD_ENV = "BLITZQ_DASHBOARD_PASSWORD"
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or ``localhost``) reaches this machine only."""
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def credentials() -> tuple[str, str] | None:
@@ -111,7 +101,7 @@ def dashboard_command(app: str, host: str, port: int, log_level: str, log_format
     )
     with cli_errors(queue._redis_url or s.redis_url):
         uvicorn.run(
-            create_app(queue, basic_auth=creds),
+            create_app(queue, basic_auth=creds, loopback_only=creds is None),
             host=host,
             port=port,
             log_level=log_level.lower(),

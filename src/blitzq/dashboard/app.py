@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .._checks import seconds
+from .._checks import flag, is_loopback, seconds
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, SerializationError
 from ..integrations.asgi import close_queue, warm_up
 from . import data, pages
@@ -150,6 +150,29 @@ class _Headers:
         await self.app(scope, receive, sending)
 
 
+class _LoopbackOnly:
+    """ASGI middleware refusing (421) HTTP requests whose ``Host`` is not a loopback name:
+    a page of another site that rebinds its DNS name to 127.0.0.1 (DNS rebinding) sends its
+    own name as ``Host``, so it cannot reach an unguarded dashboard on this machine."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+            name = host.rpartition(":")[0] if host.rpartition(":")[2].isdigit() else host
+            if not is_loopback(name):
+                response = Response(
+                    "this dashboard answers loopback names only (127.0.0.1, localhost)\n",
+                    421,
+                    media_type="text/plain",
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def _task_id(raw: str) -> str:
     task_id = raw.strip()
     if not task_id or len(task_id) > MAX_ID or not task_id.isprintable():
@@ -191,6 +214,7 @@ def create_app(
     *,
     basic_auth: tuple[str, str] | None = None,
     refresh: float = 2.0,
+    loopback_only: bool = False,
 ) -> ASGIApp:
     """The dashboard of ``queue`` as an ASGI application.
 
@@ -204,6 +228,9 @@ def create_app(
         queue: the application's Queue (its namespace, mode and periodic entries are shown).
         basic_auth: ``(user, password)`` to require HTTP basic auth, or ``None``.
         refresh: seconds between two live updates of a page (0.2 to 3600).
+        loopback_only: answer only requests whose ``Host`` is a loopback name (127.0.0.1,
+            ``[::1]``, localhost; others get 421), against DNS rebinding; what ``blitzq
+            dashboard`` sets when it runs without credentials.
 
     Raises:
         ConfigurationError: ``refresh`` out of range, or an empty user or password.
@@ -319,7 +346,8 @@ def create_app(
         exception_handlers={ApiError: api_error, BlitzQError: api_error},
         lifespan=lifespan,
     )
-    app = _Headers(app)
     if basic_auth is not None:
         app = BasicAuth(app, *basic_auth)
-    return app
+    if flag("loopback_only", loopback_only):
+        app = _LoopbackOnly(app)
+    return _Headers(app)
