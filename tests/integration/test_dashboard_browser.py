@@ -281,3 +281,20 @@ def test_basic_auth_refused_without_credentials(app: App, browser: Any) -> None:
         expect(page.locator('#queues tr[data-queue="reports"]')).to_be_visible()
     finally:
         allowed.close()
+
+
+def test_purge_asks_for_the_namespace(app: App, page: Any) -> None:
+    """Last in the module: it deletes the dead letters the tests above look at."""
+    page.goto(app.url + "/dead-letters")
+    expect(page.locator(f'#letters tr[data-id="{app.ids[XSS]}"]')).to_be_visible()
+    page.locator("#purge-start").click()
+    delete = page.locator("#purge-do")
+    expect(delete).to_be_disabled()
+    page.locator("#purge-input").fill("not-the-namespace")
+    expect(delete).to_be_disabled()
+    page.locator("#purge-input").fill(app.queue.namespace)
+    expect(delete).to_be_enabled()
+    delete.click()
+    expect(page.locator("#dl-message")).to_have_text("purged 1 dead letter(s)")
+    expect(page.locator("#letters tbody")).to_have_text("no dead letters")
+    assert off_loop(app.queue.dead_letter_count_sync) == 0
