@@ -9,6 +9,7 @@ docs/configuration.md, "Validation").
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from typing import Any
 
@@ -98,3 +99,16 @@ def text(name: str, value: Any, *, optional: bool = True) -> str | None:
     if not isinstance(value, str) or not value:
         raise ConfigurationError(f"{name} must be a non-empty str, got {value!r}")
     return value
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP address, bracketed or not, or ``localhost``) names this machine
+    only: ``127.0.0.0/8``, ``::1``, ``localhost``. A host name other than ``localhost`` is not
+    resolved and counts as not loopback."""
+    name = host.strip().lower().rstrip(".")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name.removeprefix("[").removesuffix("]")).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,109 @@
+"""``blitzq dashboard MODULE:ATTR``: serve the web dashboard of an application's Queue.
+
+Without credentials it listens on a loopback address only and asks for none; with
+``BLITZQ_DASHBOARD_USER`` and ``BLITZQ_DASHBOARD_PASSWORD`` set it requires HTTP basic auth
+and may listen on any address. Needs the ``dashboard`` extra (starlette, uvicorn).
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from .._checks import is_loopback
+from ..logconfig import configure_logging
+from ._common import (
+    CliUsageError,
+    cli_errors,
+    global_options,
+    log_options,
+    mask_url,
+    settings,
+    use_running_server,
+)
+from .worker import _export_settings, _override, load_queue
+
+__all__ = ["PASSWORD_ENV", "USER_ENV", "credentials", "dashboard_command"]
+
+USER_ENV = "BLITZQ_DASHBOARD_USER"
+PASSWORD_ENV = "BLITZQ_DASHBOARD_PASSWORD"
+
+
+def credentials() -> tuple[str, str] | None:
+    """``(user, password)`` from the environment, or ``None`` when neither is set.
+
+    Raises:
+        CliUsageError: only one of the two is set, or one is empty.
+    """
+    user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
+    if user is None and password is None:
+        return None
+    if not user or not password:
+        raise CliUsageError(f"set both {USER_ENV} and {PASSWORD_ENV} (non-empty), or neither")
+    return user, password
+
+
+@click.command("dashboard", short_help="Serve the web dashboard of MODULE:ATTR.")
+@click.argument("app", metavar="MODULE:ATTR")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on; a non-loopback one needs the credentials below.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="TCP port to listen on.",
+)
+@log_options
+@global_options
+def dashboard_command(app: str, host: str, port: int, log_level: str, log_format: str) -> None:
+    """Serve the dashboard of the blitzq.Queue at MODULE:ATTR until SIGTERM/SIGINT.
+
+    Pages: queues, tasks, dead letters (replay, purge), workers, periodic entries; a JSON
+    API under /api. With BLITZQ_DASHBOARD_USER and BLITZQ_DASHBOARD_PASSWORD set, every
+    request needs HTTP basic auth with them and --host may be any address; without them the
+    dashboard asks for nothing and --host must be a loopback address (127.0.0.1, ::1,
+    localhost). Without a broker URL it uses the running embedded server.
+    """
+    creds = credentials()
+    if creds is None and not is_loopback(host):
+        raise CliUsageError(
+            f"--host {host} is reachable from other machines and the dashboard has no "
+            f"credentials: set {USER_ENV} and {PASSWORD_ENV} (HTTP basic auth), or listen "
+            "on 127.0.0.1"
+        )
+    try:
+        import uvicorn
+
+        from ..dashboard import create_app
+    except ImportError as exc:
+        raise CliUsageError(
+            f"the dashboard needs the 'dashboard' extra (pip install 'blitzq[dashboard]'): {exc}"
+        ) from None
+    s = settings()
+    with cli_errors(s.redis_url):
+        configure_logging(log_level, "json" if log_format == "json" else "text")
+    _export_settings(s)
+    queue = load_queue(app)
+    _override(queue, s)
+    use_running_server(queue)
+    where = f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
+    click.echo(
+        click.style("blitzq dashboard", bold=True)
+        + f" {where} namespace={queue.namespace} broker={mask_url(queue.url)}"
+        + (" (basic auth)" if creds else " (no auth: loopback only)"),
+        err=True,
+    )
+    with cli_errors(queue._redis_url or s.redis_url):
+        uvicorn.run(
+            create_app(queue, basic_auth=creds, loopback_only=creds is None),
+            host=host,
+            port=port,
+            log_level=log_level.lower(),
+            access_log=log_level.lower() == "debug",
+        )

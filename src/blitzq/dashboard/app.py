@@ -1,0 +1,353 @@
+"""The dashboard's ASGI application (Starlette): the pages, their static files and the JSON API.
+
+:func:`create_app` builds it for one :class:`~blitzq.Queue`. Mount it in a host application
+(``app.mount("/blitzq", create_app(queue))``), which then guards it as it guards its other
+routes, or run it alone with ``blitzq dashboard``; ``basic_auth=`` makes it ask for HTTP basic
+credentials itself (what the command does when ``BLITZQ_DASHBOARD_USER`` / ``_PASSWORD`` are
+set).
+
+The pages are HTML shells rendered here (:mod:`.pages`); their tables are filled and kept
+current by ``static/app.js``, which polls the JSON API and writes user data only as text
+nodes. Every response says ``nosniff``; the pages allow scripts and styles from this app
+only (Content-Security-Policy ``script-src 'self'``). State-changing calls are POSTs that must
+carry ``Content-Type: application/json``, which a cross-site form cannot send.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hmac
+import json
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .._checks import flag, is_loopback, seconds
+from ..exceptions import BlitzQError, BrokerError, ConfigurationError, SerializationError
+from ..integrations.asgi import close_queue, warm_up
+from . import data, pages
+
+if TYPE_CHECKING:
+    from ..queue import Queue
+
+__all__ = ["BasicAuth", "create_app"]
+
+#: Longest task id the API accepts (characters).
+MAX_ID = 512
+#: Most dead letters one API call returns.
+MAX_LIMIT = 500
+
+_STATIC = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"}
+_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'self'"
+)
+
+
+class ApiError(Exception):
+    """A request the API refuses: answered as ``{"error": message}`` with ``status``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Json(JSONResponse):
+    """JSON that also encodes task data of any plain type (bytes, sets, …)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, default=data.jsonable, ensure_ascii=False).encode()
+
+
+def _json(content: Any, status: int = 200) -> Response:
+    return _Json(content, status, headers={"Cache-Control": "no-store"})
+
+
+class BasicAuth:
+    """ASGI middleware asking for HTTP basic credentials (RFC 7617) before ``app``.
+
+    Both the user and the password are compared in constant time (``hmac.compare_digest``).
+
+    Args:
+        app: the application to guard.
+        user: the user name expected.
+        password: the password expected.
+        realm: the realm named in the ``WWW-Authenticate`` challenge.
+
+    Raises:
+        ConfigurationError: an empty user or password.
+    """
+
+    def __init__(self, app: ASGIApp, user: str, password: str, realm: str = "blitzq") -> None:
+        if not user or not password:
+            raise ConfigurationError("dashboard basic auth needs a user and a password")
+        self.app = app
+        self._expected = (user.encode(), password.encode())
+        self._realm = realm
+
+    def _allowed(self, header: bytes | None) -> bool:
+        if header is None or header[:6].lower() != b"basic ":
+            return False
+        try:
+            decoded = base64.b64decode(header[6:].strip(), validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        user, sep, password = decoded.partition(b":")
+        ok_user = hmac.compare_digest(user, self._expected[0])
+        ok_password = hmac.compare_digest(password, self._expected[1])
+        return bool(sep) and ok_user and ok_password
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass authorized HTTP requests on; answer others 401 with a challenge."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header = dict(scope.get("headers") or []).get(b"authorization")
+        if self._allowed(header):
+            await self.app(scope, receive, send)
+            return
+        response = Response(
+            "authentication required\n",
+            401,
+            headers={"WWW-Authenticate": f'Basic realm="{self._realm}", charset="UTF-8"'},
+            media_type="text/plain",
+        )
+        await response(scope, receive, send)
+
+
+class _Headers:
+    """ASGI middleware adding ``X-Content-Type-Options``, ``Referrer-Policy`` and (on HTML)
+    the Content-Security-Policy to every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers") or [])
+                headers += [
+                    (b"x-content-type-options", b"nosniff"),
+                    (b"referrer-policy", b"no-referrer"),
+                ]
+                if any(k == b"content-type" and v.startswith(b"text/html") for k, v in headers):
+                    headers.append((b"content-security-policy", _CSP.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, sending)
+
+
+class _LoopbackOnly:
+    """ASGI middleware refusing (421) HTTP requests whose ``Host`` is not a loopback name:
+    a page of another site that rebinds its DNS name to 127.0.0.1 (DNS rebinding) sends its
+    own name as ``Host``, so it cannot reach an unguarded dashboard on this machine."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+            name = host.rpartition(":")[0] if host.rpartition(":")[2].isdigit() else host
+            if not is_loopback(name):
+                response = Response(
+                    "this dashboard answers loopback names only (127.0.0.1, localhost)\n",
+                    421,
+                    media_type="text/plain",
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _task_id(raw: str) -> str:
+    task_id = raw.strip()
+    if not task_id or len(task_id) > MAX_ID or not task_id.isprintable():
+        raise ApiError(400, f"not a task id (1 to {MAX_ID} printable characters)")
+    return task_id
+
+
+def _int(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, f"{name} must be an integer") from None
+    if not low <= value <= high:
+        raise ApiError(400, f"{name} must be in [{low}, {high}]")
+    return value
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise ApiError(415, "send Content-Type: application/json")
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise ApiError(400, "the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return body
+
+
+def create_app(
+    queue: Queue,
+    *,
+    basic_auth: tuple[str, str] | None = None,
+    refresh: float = 2.0,
+    loopback_only: bool = False,
+) -> ASGIApp:
+    """The dashboard of ``queue`` as an ASGI application.
+
+    Mount it in a host app (Starlette/FastAPI: ``app.mount("/blitzq", create_app(queue))``)
+    or serve it alone (``uvicorn``, ``blitzq dashboard``). Run alone, its lifespan connects
+    ``queue`` at start and closes its connections at shutdown; mounted, the queue connects
+    on first use. It asks for no credentials unless ``basic_auth`` is given: guard it as the
+    host app guards its admin routes.
+
+    Args:
+        queue: the application's Queue (its namespace, mode and periodic entries are shown).
+        basic_auth: ``(user, password)`` to require HTTP basic auth, or ``None``.
+        refresh: seconds between two live updates of a page (0.2 to 3600).
+        loopback_only: answer only requests whose ``Host`` is a loopback name (127.0.0.1,
+            ``[::1]``, localhost; others get 421), against DNS rebinding; what ``blitzq
+            dashboard`` sets when it runs without credentials.
+
+    Raises:
+        ConfigurationError: ``refresh`` out of range, or an empty user or password.
+    """
+    refresh = seconds("refresh", refresh, minimum=0.2, strict=False, maximum=3600.0)
+    sampler = data.RateSampler()
+
+    def page(name: str) -> Any:
+        async def endpoint(request: Request) -> Response:
+            task_id = request.path_params.get("task_id") or request.query_params.get("id", "")
+            html = pages.render(
+                name,
+                root=request.scope.get("root_path", "").rstrip("/"),
+                namespace=queue.namespace,
+                refresh_ms=int(refresh * 1000),
+                task_id=task_id[:MAX_ID],
+            )
+            return Response(
+                html, media_type="text/html; charset=utf-8", headers={"Cache-Control": "no-store"}
+            )
+
+        return endpoint
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in _STATIC:
+            return Response("not found\n", 404, media_type="text/plain")
+        body = resources.files(__package__).joinpath("static", name).read_bytes()
+        return Response(body, media_type=_STATIC[name], headers={"Cache-Control": "no-cache"})
+
+    async def api_queues(request: Request) -> Response:
+        return _json(await data.queues_doc(queue, sampler))
+
+    async def api_task(request: Request) -> Response:
+        task_id = _task_id(request.path_params["task_id"])
+        doc = await data.task_doc(queue, task_id)
+        if doc is None:
+            raise ApiError(404, f"no record of task {task_id} (unknown, not started, or expired)")
+        return _json(doc)
+
+    async def api_dead_letters(request: Request) -> Response:
+        p = request.query_params
+        flt = data.DeadLetterFilter(
+            task=p.get("task") or None,
+            queue=p.get("queue") or None,
+            reason=p.get("reason") or None,
+            text=p.get("q") or None,
+        )
+        limit = _int(request, "limit", 50, 1, MAX_LIMIT)
+        offset = _int(request, "offset", 0, 0, 10**9)
+        doc = await data.dead_letters_page(queue, flt, limit, offset)
+        return _json(doc | {"namespace": queue.namespace, "limit": limit, "offset": offset})
+
+    async def api_replay(request: Request) -> Response:
+        await _body(request)
+        task_id = _task_id(request.path_params["task_id"])
+        try:
+            handle = await queue.retry(task_id)
+        except SerializationError as exc:
+            raise ApiError(422, f"dead letter {task_id} cannot be replayed: {exc}") from None
+        if handle is None:
+            raise ApiError(404, f"no dead letter with id {task_id}")
+        if handle.duplicate:
+            raise ApiError(409, f"not replayed: task {handle.id} holds its unique key")
+        return _json({"replayed": True, "id": handle.id, "queue": handle.queue})
+
+    async def api_purge(request: Request) -> Response:
+        body = await _body(request)
+        if body.get("confirm") != queue.namespace:
+            raise ApiError(
+                400, 'purging needs {"confirm": "<namespace>"}: the namespace of the queue'
+            )
+        return _json({"purged": await queue.purge_dead_letters()})
+
+    async def api_workers(request: Request) -> Response:
+        return _json({"workers": await data.workers_doc(queue)})
+
+    async def api_periodic(request: Request) -> Response:
+        return _json({"periodic": await data.periodic_doc(queue)})
+
+    async def api_error(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, ApiError):
+            return _json({"error": str(exc)}, exc.status)
+        status = 503 if isinstance(exc, BrokerError) else 400
+        return _json({"error": f"{type(exc).__name__}: {exc}"}, status)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await warm_up(queue)
+        try:
+            yield
+        finally:
+            await close_queue(queue)
+
+    routes = [
+        Route("/", page("queues")),
+        Route("/tasks", page("tasks")),
+        Route("/tasks/{task_id:path}", page("tasks")),
+        Route("/dead-letters", page("dead-letters")),
+        Route("/workers", page("workers")),
+        Route("/periodic", page("periodic")),
+        Route("/static/{name}", static),
+        Route("/api/queues", api_queues),
+        Route("/api/tasks/{task_id:path}", api_task),
+        Route("/api/dead-letters", api_dead_letters),
+        Route("/api/dead-letters/purge", api_purge, methods=["POST"]),
+        Route("/api/dead-letters/{task_id:path}/replay", api_replay, methods=["POST"]),
+        Route("/api/workers", api_workers),
+        Route("/api/periodic", api_periodic),
+    ]
+    app: ASGIApp = Starlette(
+        routes=routes,
+        exception_handlers={ApiError: api_error, BlitzQError: api_error},
+        lifespan=lifespan,
+    )
+    if basic_auth is not None:
+        app = BasicAuth(app, *basic_auth)
+    if flag("loopback_only", loopback_only):
+        app = _LoopbackOnly(app)
+    return _Headers(app)

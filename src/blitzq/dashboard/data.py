@@ -1,0 +1,369 @@
+"""What the dashboard shows, as JSON-ready dicts: queues (with rates), one task, dead letters
+(filtered), workers and periodic entries.
+
+Every function here takes the :class:`~blitzq.Queue` and reads through its public client
+methods (``stats``, ``inspect``, ``get_progress``, ``dead_letters``, ``periodic_status``) or
+the broker's read-only inspection (``workers``, ``get_dead_letter``). Times are Unix seconds
+(``float``) unless a field's name ends in ``_local`` (an ISO 8601 date with its offset).
+Nothing here depends on the web framework, so the CLI may reuse it.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
+
+from ..dead_letters import DeadLetter
+from ..exceptions import SerializationError
+from ..periodic import periodic_status
+from ..records import TaskRecord, TaskState
+from ..schedules import Cron
+from ..serialization import loads
+
+if TYPE_CHECKING:
+    from ..queue import Queue
+
+__all__ = [
+    "DEAD_LETTER_SCAN",
+    "DeadLetterFilter",
+    "RateSampler",
+    "dead_letters_page",
+    "jsonable",
+    "periodic_doc",
+    "task_doc",
+    "workers_doc",
+]
+
+#: Most dead letters (newest first) a filtered listing reads to find its matches.
+DEAD_LETTER_SCAN = 5000
+_CHUNK = 500
+
+
+def jsonable(value: Any) -> Any:
+    """``json.dumps``'s ``default``: bytes as text (or ``{"base64": ...}``), other values as
+    their ``repr``; task arguments and results are user data of any plain type."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(raw).decode()}
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return repr(value)
+
+
+# ------------------------------------------------------------------ queues and rates
+@dataclass
+class _Sample:
+    at: float
+    workers: dict[str, tuple[int, int]]  # worker id -> (processed, failed)
+    waiting: dict[str, int]
+
+
+@dataclass
+class RateSampler:
+    """Rates from successive overview reads: tasks finished and failed per second (from the
+    workers' counters) and each queue's change of depth per second.
+
+    The rates compare the newest sample with the oldest one kept (at most ``window`` seconds
+    old); a worker that restarted (its counter went down) or is new counts from its next
+    sample. Rates are ``None`` until two samples at least one second apart exist.
+
+    Args:
+        window: seconds of samples kept.
+    """
+
+    window: float = 30.0
+    _samples: deque[_Sample] = field(default_factory=deque)
+
+    def add(
+        self, workers: Mapping[str, tuple[int, int]], waiting: Mapping[str, int], now: float
+    ) -> dict[str, Any]:
+        """Record a sample taken at ``now`` (monotonic seconds) and return the rates:
+        ``{"window": s, "completed_per_s": x, "failed_per_s": x, "depth_per_s": {queue: x}}``.
+        """
+        self._samples.append(_Sample(now, dict(workers), dict(waiting)))
+        while len(self._samples) > 2 and now - self._samples[1].at >= self.window:
+            self._samples.popleft()
+        while len(self._samples) > 256:
+            self._samples.popleft()
+        first = self._samples[0]
+        span = now - first.at
+        if span < 1.0:
+            return {
+                "window": None,
+                "completed_per_s": None,
+                "failed_per_s": None,
+                "depth_per_s": {},
+            }
+        done = failed = 0
+        for wid, (processed, failures) in workers.items():
+            before = first.workers.get(wid)
+            if before is not None and processed >= before[0] and failures >= before[1]:
+                done += processed - before[0]
+                failed += failures - before[1]
+        depth = {
+            q: round((n - first.waiting[q]) / span, 3)
+            for q, n in waiting.items()
+            if q in first.waiting
+        }
+        return {
+            "window": round(span, 1),
+            "completed_per_s": round(done / span, 3),
+            "failed_per_s": round(failed / span, 3),
+            "depth_per_s": depth,
+        }
+
+
+def _worker_info(worker_id: str, raw: bytes) -> dict[str, Any]:
+    try:
+        info = loads(raw)
+    except SerializationError:
+        info = None
+    doc: dict[str, Any] = dict(info) if isinstance(info, dict) else {}
+    doc["id"] = worker_id
+    return doc
+
+
+async def workers_doc(queue: Queue) -> list[dict[str, Any]]:
+    """The live workers, sorted by id: ``id``, ``host``, ``pid``, ``queues``,
+    ``concurrency``, ``running``, ``processed``, ``failed``, ``started_at``,
+    ``heartbeat_at`` (Unix seconds; ``None`` from a worker too old to report it), ``mode``.
+
+    Raises:
+        BrokerError: the broker could not be reached.
+    """
+    raw = await queue.broker.workers()
+    docs = [_worker_info(wid, info) for wid, info in raw.items()]
+    for d in docs:
+        for key in (
+            "host",
+            "pid",
+            "queues",
+            "concurrency",
+            "running",
+            "processed",
+            "failed",
+            "started_at",
+            "heartbeat_at",
+            "mode",
+        ):
+            d.setdefault(key, None)
+    return sorted(docs, key=lambda d: str(d["id"]))
+
+
+async def queues_doc(queue: Queue, sampler: RateSampler) -> dict[str, Any]:
+    """The start page: every queue's ``waiting`` and ``in_flight`` (running) messages and
+    depth change per second, the namespace's ``scheduled`` tasks, dead letters, workers,
+    and the tasks finished and failed per second (see :class:`RateSampler`).
+
+    Raises:
+        BrokerError: the broker could not be reached.
+    """
+    stats = await queue.stats()
+    workers = await workers_doc(queue)
+    counts = {str(w["id"]): (int(w["processed"] or 0), int(w["failed"] or 0)) for w in workers}
+    waiting = {q: int(c.get("waiting", 0)) for q, c in stats["queues"].items()}
+    rates = sampler.add(counts, waiting, time.monotonic())
+    rows = [
+        {
+            "name": name,
+            "waiting": int(c.get("waiting", 0)),
+            "in_flight": int(c.get("in_flight", 0)),
+            "depth_per_s": rates["depth_per_s"].get(name),
+        }
+        for name, c in sorted(stats["queues"].items())
+    ]
+    return {
+        "namespace": queue.namespace,
+        "mode": queue.mode,
+        "queues": rows,
+        "scheduled": stats["scheduled"],
+        "dead_letters": stats["dead_letters"],
+        "workers": len(workers),
+        "running": sum(int(w["running"] or 0) for w in workers),
+        "stale_completions": stats["stale_completions"],
+        "rates": {k: v for k, v in rates.items() if k != "depth_per_s"},
+    }
+
+
+# ------------------------------------------------------------------------------- tasks
+async def task_doc(queue: Queue, task_id: str) -> dict[str, Any] | None:
+    """One task: its record (state, attempts, result or error with traceback, times), its
+    latest progress, and its arguments when it is a dead letter (records do not keep them).
+
+    Returns:
+        ``None`` when nothing is known of the task (no record, progress or dead letter:
+        never enqueued, not started yet without state tracking, or expired).
+
+    Raises:
+        BrokerError: the broker could not be reached.
+    """
+    record = await queue.inspect(task_id)
+    progress = await queue.get_progress(task_id)
+    fields = await queue.broker.get_dead_letter(task_id)
+    letter = (
+        DeadLetter.from_fields(
+            task_id,
+            fields.message,
+            fields.reason,
+            fields.error,
+            fields.task,
+            fields.queue,
+            fields.failed_at,
+            fields.kind,
+        )
+        if fields is not None
+        else None
+    )
+    if record is None and progress is None and letter is None:
+        return None
+    if record is None:
+        state = TaskState.DEAD_LETTERED if letter is not None else TaskState.RUNNING
+        record = TaskRecord(
+            task_id, letter.task if letter else "", letter.queue if letter else "", state
+        )
+    doc = record.to_dict()
+    started, finished, enqueued = record.started_at, record.finished_at, record.enqueued_at
+    doc["duration"] = None if started is None or finished is None else finished - started
+    doc["wait"] = None if started is None or enqueued is None else started - enqueued
+    doc["progress"] = None
+    if progress is not None:
+        doc["progress"] = {
+            "current": progress.current,
+            "total": progress.total,
+            "fraction": progress.fraction,
+            "message": progress.message,
+            "updated_at": progress.updated_at,
+        }
+    doc["dead_letter"] = None
+    doc["args"] = doc["kwargs"] = None
+    if letter is not None:
+        doc["dead_letter"] = {
+            "reason": letter.reason,
+            "error": letter.error,
+            "failed_at": letter.failed_at,
+        }
+        doc["args"], doc["kwargs"] = letter.args, letter.kwargs
+    return doc
+
+
+# ------------------------------------------------------------------------ dead letters
+@dataclass(frozen=True)
+class DeadLetterFilter:
+    """Which dead letters a listing keeps (every given field must match).
+
+    Attributes:
+        task: exact task name.
+        queue: exact physical queue.
+        reason: exact reason (``"failed"``, ``"unknown task"``, …).
+        text: case-insensitive substring of the id, task name or error.
+    """
+
+    task: str | None = None
+    queue: str | None = None
+    reason: str | None = None
+    text: str | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether any field is set."""
+        return any((self.task, self.queue, self.reason, self.text))
+
+    def matches(self, d: DeadLetter) -> bool:
+        """Whether dead letter ``d`` passes every set field."""
+        if self.task and d.task != self.task:
+            return False
+        if self.queue and d.queue != self.queue:
+            return False
+        if self.reason and d.reason != self.reason:
+            return False
+        if self.text:
+            needle = self.text.lower()
+            return any(needle in s.lower() for s in (d.id, d.task, d.error))
+        return True
+
+
+def _letter_doc(d: DeadLetter) -> dict[str, Any]:
+    return d.to_dict()
+
+
+async def dead_letters_page(
+    queue: Queue, flt: DeadLetterFilter, limit: int, offset: int
+) -> dict[str, Any]:
+    """A page of dead letters, newest first, filtered.
+
+    Without a filter this is one read of ``limit`` entries from ``offset``. With one, the
+    newest :data:`DEAD_LETTER_SCAN` dead letters are read in chunks and filtered;
+    ``truncated`` says that older ones exist and were not looked at.
+
+    Returns:
+        ``{"total": stored, "matched": n, "truncated": bool, "items": [...]}``, each item a
+        :meth:`DeadLetter.to_dict`.
+
+    Raises:
+        BrokerError: the broker could not be reached.
+    """
+    total = await queue.dead_letter_count()
+    if not flt.active:
+        items = await queue.dead_letters(limit, offset)
+        return {
+            "total": total,
+            "matched": total,
+            "truncated": False,
+            "items": [_letter_doc(d) for d in items],
+        }
+    matched: list[DeadLetter] = []
+    scanned = 0
+    while scanned < min(total, DEAD_LETTER_SCAN):
+        chunk = await queue.dead_letters(_CHUNK, scanned)
+        if not chunk:
+            break
+        scanned += len(chunk)
+        matched.extend(d for d in chunk if flt.matches(d))
+    return {
+        "total": total,
+        "matched": len(matched),
+        "truncated": scanned < total,
+        "items": [_letter_doc(d) for d in matched[offset : offset + limit]],
+    }
+
+
+# ---------------------------------------------------------------------------- periodic
+def _local(ts: float | None, zone: str) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, ZoneInfo(zone)).isoformat(timespec="seconds")
+
+
+async def periodic_doc(queue: Queue) -> list[dict[str, Any]]:
+    """Each periodic entry: the rows of :func:`~blitzq.periodic.periodic_status` plus ``tz``
+    (the schedule's IANA zone: a cron's own, UTC for an interval) and ``next_run_local`` /
+    ``last_run_local`` (ISO 8601 in that zone).
+
+    Raises:
+        BrokerError: the broker could not be reached.
+    """
+    rows = await periodic_status(queue)
+    out = []
+    for row in rows:
+        entry = queue.periodic_tasks.get(row["name"])
+        zone = (
+            entry.schedule.tz if entry is not None and isinstance(entry.schedule, Cron) else "UTC"
+        )
+        out.append(
+            row
+            | {
+                "tz": zone,
+                "next_run_local": _local(row["next_run"], zone),
+                "last_run_local": _local(row["last_run"], zone),
+            }
+        )
+    return out
