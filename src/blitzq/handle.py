@@ -73,6 +73,9 @@ class TaskHandle(Generic[R]):
             value: R = await self._owner._results.no_stored_result(self.id)
             return value
         value = await self._owner._results.wait_result(self.id, timeout, self.queue)
+        registered = self._owner.tasks.get(self.task)
+        if registered is not None and registered.arguments is not None:
+            value = registered.arguments.decode_result(value)  # a rich return annotation
         return value
 
     result_sync = blocking(result)
