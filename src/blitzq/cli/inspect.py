@@ -324,7 +324,7 @@ def queue_stats(queues: str | None) -> None:
     )
     if settings().json:
         for d in worker_docs:
-            for key in ("started_at", "updated_at"):
+            for key in ("started_at", "heartbeat_at"):
                 if isinstance(d.get(key), int | float):
                     d[key] = iso(d[key])
         emit_json(
@@ -363,7 +363,7 @@ def queue_stats(queues: str | None) -> None:
         table.add_column("started", no_wrap=True)
         table.add_column("as of", no_wrap=True)
         for d in worker_docs:
-            started, updated = d.get("started_at"), d.get("updated_at")
+            started, updated = d.get("started_at"), d.get("heartbeat_at")
             table.add_row(
                 Text(str(d["id"])),
                 Text(",".join(map(str, d.get("queues") or []))),

@@ -312,7 +312,7 @@ class Worker:
                 "abandoned_threads": self.abandoned_threads,
                 "started_at": self._started,
                 "mode": self.queue.mode,
-                "updated_at": time.time(),
+                "heartbeat_at": time.time(),
             }
         )
 
