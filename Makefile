@@ -3,19 +3,26 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+RUNTIME := $(VENV)/.runtime
 
 .PHONY: demo test test-valkey chaos-long lint bench install clean
 
-$(STAMP): pyproject.toml
+## The project and its run-time dependencies only (what `make demo` needs).
+$(RUNTIME): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $(RUNTIME)
+
+## Plus the development set (test runners, linters, the frameworks the tests cover).
+$(STAMP): $(RUNTIME) pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
 ## README command 1: hash every file of the Python standard library through a real worker.
-demo: $(STAMP)
+demo: $(RUNTIME)
 	$(PY) examples/stdlib_hash/run_demo.py
 
 ## README command 2: lint, type-check and run the whole test suite against Redis.

@@ -3,7 +3,7 @@
 Run it from the repository root (``BLITZQ_REDIS_URL=redis://localhost:6379/0`` to use a Redis
 server; without it both processes share the embedded server in ``./.blitzq``)::
 
-    pip install "blitzq[fastapi]" uvicorn
+    pip install -e ".[fastapi]"    # from the checkout: FastAPI and uvicorn
     blitzq worker examples.fastapi_app:queue &
     uvicorn examples.fastapi_app:app --port 8000 &
     curl -s -X POST localhost:8000/reports -H 'content-type: application/json' \\

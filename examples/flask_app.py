@@ -3,7 +3,7 @@
 Run it from the repository root (``BLITZQ_REDIS_URL=redis://localhost:6379/0`` to use a Redis
 server; without it both processes share the embedded server in ``./.blitzq``)::
 
-    pip install "blitzq[flask]"
+    pip install -e ".[flask]"    # from the checkout
     blitzq worker examples.flask_app:queue &
     flask --app examples.flask_app run --port 5000 &
     curl -s -X POST localhost:5000/thumbnails -H 'content-type: application/json' \\

@@ -3,7 +3,7 @@
 Run it from this directory (``BLITZQ_REDIS_URL=redis://localhost:6379/0`` to use a Redis server;
 without it both processes share the embedded server in ``./.blitzq``)::
 
-    pip install "blitzq[django]"
+    pip install -e "../..[django]"    # from the checkout
     blitzq worker tasks:queue &
     python app.py runserver 8000 --noreload &
     curl -s -X POST localhost:8000/signup -d name=ada

@@ -72,7 +72,10 @@ class TaskHandle(Generic[R]):
         if self.stores_result is False:
             value: R = await self._owner._results.no_stored_result(self.id)
             return value
-        value = await self._owner.get_result(self.id, timeout=timeout)
+        value = await self._owner._results.wait_result(self.id, timeout, self.queue)
+        registered = self._owner.tasks.get(self.task)
+        if registered is not None and registered.arguments is not None:
+            value = registered.arguments.decode_result(value)  # a rich return annotation
         return value
 
     result_sync = blocking(result)

@@ -77,6 +77,9 @@ class TaskRecord:
         worker: id of the worker that wrote the record.
         result_stored: ``False`` for a succeeded record written without the return value
             (the task does not store results); ``True`` otherwise.
+        due_at: for a task waiting on the schedule (a delay, an eta, a retry's backoff):
+            when it is due, Unix seconds on the broker's clock; ``None`` otherwise. Not
+            stored: ``inspect`` reads it from the schedule.
     """
 
     id: str
@@ -93,6 +96,7 @@ class TaskRecord:
     finished_at: float | None = None
     worker: str | None = None
     result_stored: bool = True
+    due_at: float | None = None
 
     @classmethod
     def from_bytes(cls, data: bytes) -> TaskRecord:
@@ -142,6 +146,7 @@ class TaskRecord:
             "finished_at": self.finished_at,
             "worker": self.worker,
             "result_stored": self.result_stored,
+            "due_at": self.due_at,
         }
 
 

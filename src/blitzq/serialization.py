@@ -2,7 +2,10 @@
 
 Only plain data crosses the broker: ``None``, ``bool``, ``int`` (64-bit), ``float``, ``str``,
 ``bytes``, ``list``, ``tuple`` (decoded as ``list``), ``dict`` with ``str`` keys, plus
-``datetime``, ``date``, ``UUID`` and ``Decimal`` through explicit MessagePack extension types.
+``datetime``, ``date``, ``UUID`` and ``Decimal`` through explicit MessagePack extension types
+(a ``datetime`` in a ``ZoneInfo`` zone keeps its zone: extension 5). Richer values -- Structs,
+dataclasses, enums, sets, ``timedelta``, pydantic models -- travel as plain data for the
+parameters annotated with them (:mod:`blitzq.arguments`).
 Anything else raises :class:`~blitzq.exceptions.SerializationError` where the value enters the
 system (enqueue, or a task's return value). Nothing read from the broker is ever unpickled.
 
@@ -18,6 +21,7 @@ import datetime as _dt
 import decimal
 import uuid
 from typing import Any, Final
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
 
@@ -28,6 +32,8 @@ EXT_DATETIME: Final = 1
 EXT_DATE: Final = 2
 EXT_UUID: Final = 3
 EXT_DECIMAL: Final = 4
+#: A datetime in an IANA time zone: ISO 8601 with offset, then ``[zone key]`` (RFC 9557).
+EXT_ZONED_DATETIME: Final = 5
 
 _SCALARS: Final = frozenset({str, int, float, bool, type(None), bytes})
 _TOO_DEEP: Final = "value is nested deeper than the recursion limit allows"
@@ -102,6 +108,11 @@ def _to_ext(value: Any) -> Any:
             out[key] = _to_ext(item)
         return out
     if kind is _dt.datetime:
+        zone = value.tzinfo
+        if type(zone) is ZoneInfo and zone.key:  # keeps its zone, not only the offset
+            return msgspec.msgpack.Ext(
+                EXT_ZONED_DATETIME, f"{value.isoformat()}[{zone.key}]".encode()
+            )
         return msgspec.msgpack.Ext(EXT_DATETIME, value.isoformat().encode())
     if kind is _dt.date:
         return msgspec.msgpack.Ext(EXT_DATE, value.isoformat().encode())
@@ -172,6 +183,13 @@ def _ext_hook(code: int, data: memoryview) -> Any:
         return uuid.UUID(bytes=bytes(data))
     if code == EXT_DECIMAL:
         return decimal.Decimal(bytes(data).decode())
+    if code == EXT_ZONED_DATETIME:
+        text, _, key = bytes(data).decode().rstrip("]").partition("[")
+        try:
+            zone = ZoneInfo(key)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise SerializationError(f"unknown time zone {key!r}") from exc
+        return _dt.datetime.fromisoformat(text).astimezone(zone)
     raise SerializationError(f"unknown extension type {code}")
 
 

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar
 
 from ._checks import flag, integer, seconds, text
+from .arguments import TypedCall
 from .client.sync import blocking
 from .exceptions import ConfigurationError
 from .handle import TaskHandle
@@ -93,6 +94,9 @@ class Task(Generic[P, R]):
         #: Its rate limit (keyed), set by :mod:`blitzq.extensions.ratelimit`, or ``None``.
         self.rate_limit: RateLimit | None = None
         self.signature = inspect.signature(fn)
+        #: How rich annotated arguments and results travel, or ``None`` (plain data only;
+        #: see :mod:`blitzq.arguments`).
+        self.arguments = TypedCall.of(fn)
         #: Coroutines awaited before each start (see :mod:`blitzq.extensions.middleware`).
         self.checks: list[StartCheck] = []
         #: Called with each completion before it is written (same).
@@ -208,15 +212,24 @@ class Task(Generic[P, R]):
         """
         from .workflow.signature import Signature
 
-        return Signature(self.name, args, kwargs, queue=self.queue, priority=self.priority)
+        if self.arguments is None:
+            return Signature(self.name, args, kwargs, queue=self.queue, priority=self.priority)
+        wire_args, wire_kwargs = self.arguments.encode_step(args, kwargs)
+        return Signature(
+            self.name, wire_args, wire_kwargs, queue=self.queue, priority=self.priority
+        )
 
     def si(self, *args: Any, **kwargs: Any) -> Signature:
         """An immutable workflow step: like :meth:`s`, but it ignores the previous result."""
         from .workflow.signature import Signature
 
-        return Signature(
-            self.name, args, kwargs, immutable=True, queue=self.queue, priority=self.priority
+        wire_args, wire_kwargs = (
+            self.arguments.encode(args, kwargs) if self.arguments is not None else (args, kwargs)
         )
+        return Signature(
+            self.name, wire_args, wire_kwargs, immutable=True, queue=self.queue,
+            priority=self.priority,
+        )  # fmt: skip
 
 
 _NO_OPTIONS = CallOptions()

@@ -159,6 +159,10 @@ class Broker:
         """See :meth:`StateStore.scheduled_count`."""
         return await self.state.scheduled_count()
 
+    async def scheduled_entry(self, task_id: str) -> tuple[float, str, bytes] | None:
+        """See :meth:`StateStore.scheduled_entry`."""
+        return await self.state.scheduled_entry(task_id)
+
     async def server_time(self) -> float:
         """See :meth:`StateStore.server_time`."""
         return await self.state.server_time()

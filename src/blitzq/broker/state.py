@@ -126,6 +126,12 @@ class StateStore(abc.ABC):
     async def scheduled_count(self) -> int:
         """Number of messages on the schedule."""
 
+    @abc.abstractmethod
+    async def scheduled_entry(self, task_id: str) -> tuple[float, str, bytes] | None:
+        """Where ``task_id`` waits on the schedule: ``(due, queue, message)`` -- the due time
+        (Unix seconds, the broker's clock), the physical queue it will be published to, and
+        the encoded message -- or ``None`` when it is not on the schedule."""
+
     # --------------------------------------------------------------- periodic
     async def server_time(self) -> float:
         """The broker's clock (Unix seconds): what decides when anything is due.

@@ -64,7 +64,7 @@ def task_group() -> None:
 def record_doc(record: TaskRecord) -> dict[str, Any]:
     """A record as a JSON-ready dict, times as ISO dates and a ``duration`` in seconds."""
     doc = record.to_dict()
-    for key in ("enqueued_at", "started_at", "finished_at"):
+    for key in ("enqueued_at", "started_at", "finished_at", "due_at"):
         doc[key] = iso(doc[key])
     if record.started_at is not None and record.finished_at is not None:
         doc["duration"] = round(record.finished_at - record.started_at, 6)
@@ -79,9 +79,10 @@ def record_doc(record: TaskRecord) -> dict[str, Any]:
 def task_inspect(task_id: str) -> None:
     """Show the stored record of TASK_ID: state, attempts, result or error, times, worker.
 
-    Shows the task's latest progress report too, when it made one. Exits 1 when neither a
-    record nor progress exists (never enqueued, not started yet in fast mode, or expired
-    after result_ttl).
+    Shows the task's latest progress report too, when it made one, and for a task waiting
+    on the schedule (a delay, an eta, a retry's backoff) when it is due. Exits 1 when
+    nothing is known of it (never enqueued, waiting in its queue without track_state, or
+    expired after result_ttl).
     """
 
     async def fetch(q: Queue) -> tuple[TaskRecord | None, Progress | None]:
@@ -91,7 +92,10 @@ def task_inspect(task_id: str) -> None:
     if record is None and progress is not None:  # running without a record (fast mode)
         record = TaskRecord(task_id, "", "", TaskState.RUNNING)
     if record is None:
-        raise CliError(f"no record for task {task_id} (unknown, not started, or expired)")
+        raise CliError(
+            f"no record for task {task_id} (unknown, waiting in its queue without "
+            "track_state, or expired after result_ttl)"
+        )
     doc = record_doc(record)
     doc["progress"] = None
     if progress is not None:
@@ -118,6 +122,8 @@ def task_inspect(task_id: str) -> None:
         table.add_row("result", Text(_short(record.result, 2000)))
     if record.error_type or record.error:
         table.add_row("error", Text(f"{record.error_type or 'error'}: {record.error or ''}"))
+    if doc["due_at"]:
+        table.add_row("due", Text(doc["due_at"]))
     for key in ("enqueued_at", "started_at", "finished_at"):
         table.add_row(key.replace("_at", ""), Text(doc[key] or "-"))
     if doc["duration"] is not None:
@@ -318,8 +324,9 @@ def queue_stats(queues: str | None) -> None:
     )
     if settings().json:
         for d in worker_docs:
-            if isinstance(d.get("started_at"), int | float):
-                d["started_at"] = iso(d["started_at"])
+            for key in ("started_at", "heartbeat_at"):
+                if isinstance(d.get(key), int | float):
+                    d[key] = iso(d[key])
         emit_json(
             {
                 "namespace": queue.namespace,
@@ -354,12 +361,21 @@ def queue_stats(queues: str | None) -> None:
         for header in ("slots", "running", "done", "failed"):
             table.add_column(header, justify="right", no_wrap=True)
         table.add_column("started", no_wrap=True)
+        table.add_column("as of", no_wrap=True)
         for d in worker_docs:
-            started = d.get("started_at")
+            started, updated = d.get("started_at"), d.get("heartbeat_at")
             table.add_row(
                 Text(str(d["id"])),
                 Text(",".join(map(str, d.get("queues") or []))),
                 *(str(d.get(c, "-")) for c in ("concurrency", "running", "processed", "failed")),
                 short_time(started) if isinstance(started, int | float) else "-",
+                short_time(updated) if isinstance(updated, int | float) else "-",
             )
         out.print(table)
+        out.print(
+            Text(
+                "running/done/failed are each worker's own counts as of its last registration "
+                "(renewed every few seconds)",
+                style="dim",
+            )
+        )

@@ -25,6 +25,7 @@ from ..exceptions import (
 from ..progress import Progress, decode_progress
 from ..records import TaskRecord, TaskState
 from ..task import BoundTask, Task, TaskHandle
+from . import lookup
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -76,9 +77,19 @@ class Results:
 
     # ---------------------------------------------------------------- results
     async def inspect(self, task_id: str) -> TaskRecord | None:
-        """The task's stored record (state, attempts, result or error, times), or ``None``."""
-        data = await self.queue.broker.get_record(task_id)
-        return TaskRecord.from_bytes(data) if data is not None else None
+        """The task's record (state, attempts, result or error, times), or ``None`` when
+        nothing is known of it.
+
+        A task waiting on the schedule (a delay, an eta, a retry's backoff) is reported as
+        ``scheduled`` (or its stored ``retrying`` record) with ``due_at`` set, even without
+        ``track_state``; a task waiting in its queue has no record unless the Queue tracks
+        state (``track_state=True``), so it reads ``None``.
+        """
+        return await lookup.inspect(self.queue.broker, task_id)
+
+    async def why_no_result(self, task_id: str, queue: str | None = None) -> str:
+        """See :func:`~blitzq.client.lookup.why_no_result` (the hint of a result timeout)."""
+        return await lookup.why_no_result(self.queue.broker, self.queue.namespace, task_id, queue)
 
     async def get_result(self, task_id: str, timeout: float | None = None) -> Any:
         """Wait for a task's final record and return its result.
@@ -96,6 +107,13 @@ class Results:
                 ``store_result=False`` and no ``track_state`` a success writes no record,
                 so only the task's handle can tell at once: ``handle.result()``).
         """
+        return await self.wait_result(task_id, timeout)
+
+    async def wait_result(
+        self, task_id: str, timeout: float | None, queue: str | None = None
+    ) -> Any:
+        """:meth:`get_result`, given the task's physical ``queue`` when the caller knows it (a
+        handle does), so that a timeout can say that no worker consumes that queue."""
         wait = _FOREVER if timeout is None else max(0.0, timeout)
         deadline = time.monotonic() + wait
         broker = self.queue.broker
@@ -109,12 +127,17 @@ class Results:
                 await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
                 continue
             if data is None:
-                raise ResultTimeout(f"no result for task {task_id} within {timeout} s")
+                hint = await self.why_no_result(task_id, queue)
+                raise ResultTimeout(f"no result for task {task_id} within {timeout} s{hint}")
             record = TaskRecord.from_bytes(data)
             if record.state.is_final:
                 return final_result(task_id, record)
             if time.monotonic() >= deadline:
-                raise ResultTimeout(f"task {task_id} is {record.state.value} after {timeout} s")
+                waiting = record.state is not TaskState.RUNNING
+                hint = await self.why_no_result(task_id, queue) if waiting else ""
+                raise ResultTimeout(
+                    f"task {task_id} is {record.state.value} after {timeout} s{hint}"
+                )
             await asyncio.sleep(0.05)
 
     async def no_stored_result(self, task_id: str) -> Any:

@@ -21,6 +21,9 @@ from ..task import Task
 from .execution import Job
 from .limiter import Slots
 
+#: A task call's positional and keyword arguments.
+Call = tuple[list[Any], dict[str, Any]]
+
 if TYPE_CHECKING:
     from .runner import Runner
 
@@ -110,6 +113,29 @@ async def start_checked(
         return
     runner.flusher.add(completion)
     slots.release()
+
+
+def call_arguments(runner: Runner, job: Job, slots: Slots) -> Call | None:
+    """The arguments to call ``job``'s task with: rich annotated values converted (see
+    :mod:`blitzq.arguments`), and a sync task's call checked against its signature before a
+    thread or process is used on it.
+
+    Returns:
+        ``(args, kwargs)``, or ``None`` when the call cannot be made: the attempt then failed
+        at once, without retries (the same message would not fit again), and its slot is
+        released.
+    """
+    env, task = job.envelope, job.task
+    try:
+        typed = task.arguments
+        call = typed.decode(env.args, env.kwargs) if typed else (env.args, env.kwargs)
+        if task.executor != "async":
+            task.signature.bind(*call[0], **call[1])
+    except (TypeError, SerializationError) as exc:
+        runner.finish(job, None, exc, retry=False)
+        slots.release()
+        return None
+    return call
 
 
 def skip_cancelled(runner: Runner, job: Job, slots: Slots) -> None:

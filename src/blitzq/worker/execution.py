@@ -160,6 +160,9 @@ class Outcomes:
             return Completion(d.queue, d.token, job.envelope.id)
         env = job.envelope
         try:
+            typed = job.task.arguments
+            if typed is not None and typed.returns is not None:
+                value = typed.encode_result(value)
             record = records.succeeded(
                 env.id, env.task, d.queue, job.attempt, env.created_at,
                 job.started_at or None, self.worker_id, value,

@@ -77,6 +77,9 @@ def finish(
         except Exception as exc:  # the encoder failed in an unexpected way (a bug)
             error, retry = exc, False
         else:
+            typed = job.task.arguments
+            if typed is not None and typed.returns is not None:
+                result = typed.encode_result(result)  # finishers (workflows) pass it on plain
             job.result = result
             runner.processed += 1
     if error is not None:

@@ -189,9 +189,15 @@ class Runner:
         scope = job.scope
         if scope is None:  # else made by the middleware hooks
             scope = job.scope = self.base_context.copy()
+        args, kwargs = env.args, env.kwargs
+        if task.arguments is not None or executor != "async":
+            call = admission.call_arguments(self, job, slots)
+            if call is None:
+                return
+            args, kwargs = call
         if executor == "async":
             try:
-                coro = scope.run(_enter, context, task.fn, env.args, env.kwargs)
+                coro = scope.run(_enter, context, task.fn, args, kwargs)
             except BaseException as exc:
                 # A TypeError here is a call that does not fit the signature: no retry.
                 self.finish(job, None, exc, retry=not isinstance(exc, TypeError))
@@ -203,12 +209,10 @@ class Runner:
                 slots.release()
                 return
             handle: asyncio.Future[Any] = started
-        elif not self._arguments_fit(job, slots):
-            return
         else:
             scope.run(set_current, context)
             try:
-                handle = self._submit(job, scope)
+                handle = self._submit(job, scope, (args, kwargs))
             except Exception as exc:  # the pool refused the call: a failed attempt
                 self.finish(job, None, exc)
                 slots.release()
@@ -241,31 +245,21 @@ class Runner:
         self.extensions.started(job, self.worker_id)
         self.run(job, slots, True)
 
-    def _submit(self, job: Job, scope: contextvars.Context) -> asyncio.Future[Any]:
+    def _submit(
+        self, job: Job, scope: contextvars.Context, call: admission.Call
+    ) -> asyncio.Future[Any]:
         """Hand a sync task's call to the thread pool (run in ``scope``) or the process pool."""
-        env, task = job.envelope, job.task
+        task, (args, kwargs) = job.task, call
         if task.executor == "thread":
             if self._threads is None:
                 self._threads = ThreadPool(self.worker.thread_pool_size, "blitzq-task")
-            call = functools.partial(task.fn, *env.args, **env.kwargs)
+            run = functools.partial(task.fn, *args, **kwargs)
             if task.controls.soft_timeout:
-                call = interruptible(job, call)
-            return asyncio.get_running_loop().run_in_executor(self._threads, scope.run, call)
+                run = interruptible(job, run)
+            return asyncio.get_running_loop().run_in_executor(self._threads, scope.run, run)
         if self._processes is None:
             self._processes = ProcessPool(self.worker.process_pool_size)
-        return self._processes.submit(task.fn, env.args, env.kwargs)
-
-    def _arguments_fit(self, job: Job, slots: Slots) -> bool:
-        """Check a sync task's arguments against its signature before using a thread or
-        process on it; a call that cannot bind fails at once, without retries."""
-        env = job.envelope
-        try:
-            job.task.signature.bind(*env.args, **env.kwargs)
-        except TypeError as exc:
-            self.finish(job, None, exc, retry=False)
-            slots.release()
-            return False
-        return True
+        return self._processes.submit(task.fn, args, kwargs)
 
     # ------------------------------------------------------------ finishing
     def finish(

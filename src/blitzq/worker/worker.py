@@ -313,6 +313,7 @@ class Worker:
                 "started_at": self._started,
                 "heartbeat_at": time.time(),
                 "mode": self.queue.mode,
+                "heartbeat_at": time.time(),
             }
         )
 

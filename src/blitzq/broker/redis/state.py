@@ -226,6 +226,21 @@ class RedisState(RedisPart):
         """Number of messages waiting on the schedule."""
         return int(await self.client.zcard(self.keys.schedule))
 
+    @translate_errors
+    async def scheduled_entry(self, task_id: str) -> tuple[float, str, bytes] | None:
+        """The due time, queue and message of a scheduled task (ZSCORE + HGET, one pipeline);
+        ``None`` when it is not on the schedule (or its entry is unreadable)."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.zscore(self.keys.schedule, task_id)
+            pipe.hget(self.keys.schedule_data, task_id)
+            due, entry = await pipe.execute()
+        if due is None or not entry:
+            return None
+        head, sep, message = bytes(entry).partition(b"\n")
+        if not sep or len(head) < 2:
+            return None
+        return float(due), head[1:].decode("utf-8", "replace"), message
+
     # --------------------------------------------------------------- periodic
     @translate_errors
     async def server_time(self) -> float:

@@ -1,0 +1,108 @@
+"""What the client can tell about a task that has no final record yet: whether it waits on
+the schedule (and until when), and why a result wait may have timed out.
+
+Both read the state store only; :class:`~blitzq.client.results.Results` offers them as
+``inspect`` (the scheduled part) and as the hint of a :class:`~blitzq.ResultTimeout`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from ..exceptions import BrokerError, SerializationError
+from ..records import TaskRecord, TaskState
+from ..routing import base_queue
+from ..serialization import decode_envelope, loads
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+
+#: Record states (or no record) of a task that may be waiting on the schedule.
+_MAY_BE_SCHEDULED = frozenset({TaskState.SCHEDULED, TaskState.RETRYING, TaskState.QUEUED})
+
+
+async def inspect(broker: Broker, task_id: str) -> TaskRecord | None:
+    """The task's stored record, completed from the schedule when it waits there.
+
+    Args:
+        broker: the Queue's broker of the running loop.
+        task_id: the task's id.
+
+    Returns:
+        The stored record (with ``due_at`` set when the task is on the schedule); for a task
+        on the schedule without a record, a ``scheduled`` record made from its message (task
+        name, queue, attempts so far, created time, ``due_at``); ``None`` when nothing is
+        known of it.
+
+    Raises:
+        BrokerError: the server cannot be reached.
+        SerializationError: the stored record is not a record.
+    """
+    data = await broker.get_record(task_id)
+    record = TaskRecord.from_bytes(data) if data is not None else None
+    if record is not None and record.state not in _MAY_BE_SCHEDULED:
+        return record
+    entry = await broker.scheduled_entry(task_id)
+    if entry is None:
+        return record
+    due, queue, message = entry
+    if record is not None:
+        return dataclasses.replace(record, due_at=due)
+    try:
+        envelope = decode_envelope(message)
+    except SerializationError:  # listed as scheduled all the same: it is on the schedule
+        return TaskRecord(id=task_id, task="", queue=queue, state=TaskState.SCHEDULED, due_at=due)
+    return TaskRecord(
+        id=task_id,
+        task=envelope.task,
+        queue=queue,
+        state=TaskState.SCHEDULED,
+        attempts=envelope.attempt - 1,
+        enqueued_at=envelope.created_at,
+        due_at=due,
+    )
+
+
+async def why_no_result(broker: Broker, namespace: str, task_id: str, queue: str | None) -> str:
+    """A hint for a result wait that timed out without any record, or ``""``.
+
+    Args:
+        broker: the Queue's broker of the running loop.
+        namespace: the Queue's namespace (named in the hint).
+        task_id: the task waited for.
+        queue: its physical queue when the caller knows it (a handle does), else ``None``.
+
+    Returns:
+        ``""`` or a clause starting with ``"; "``: the task is on the schedule (due in N s);
+        no worker runs in the namespace at all; or none of the live workers consumes the
+        task's queue -- the usual reasons a first task "never runs". A failure to read the
+        state store gives no hint (the timeout stands on its own).
+    """
+    try:
+        entry = await broker.scheduled_entry(task_id)
+        if entry is not None:
+            wait = entry[0] - await broker.server_time()
+            return f"; it is scheduled, due in {wait:.1f} s" if wait > 0 else "; it is due"
+        workers = await broker.workers()
+    except BrokerError:
+        return ""
+    if not workers:
+        return (
+            f"; no worker is running in namespace {namespace!r}: start one, e.g. "
+            "`blitzq worker MODULE:QUEUE_OBJECT`"
+        )
+    if queue is None:
+        return ""
+    wanted = base_queue(queue)
+    for raw in workers.values():
+        try:
+            info = loads(raw)
+        except SerializationError:
+            continue
+        if isinstance(info, dict) and wanted in (info.get("queues") or ()):
+            return ""
+    return (
+        f"; no live worker consumes queue {wanted!r} in namespace {namespace!r} "
+        f"({len(workers)} worker(s) run other queues: start one with -Q {wanted})"
+    )

@@ -1,0 +1,103 @@
+"""What a newcomer sees when a task "never runs" (issue 12, the newcomer's path).
+
+- A result wait that times out says why when the product knows: no worker runs in the
+  namespace, no live worker consumes the task's queue, or the task waits on the schedule.
+- ``inspect`` of a task enqueued with a delay shows it ``scheduled`` with its due time (and
+  so does ``blitzq task inspect``), with or without ``track_state``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from click.testing import CliRunner
+
+from blitzq import Queue, ResultTimeout, TaskState
+from blitzq.cli import cli as cli_main
+
+from .proc_tasks import eventually, make_worker, running
+
+
+@pytest.fixture(params=[False, True], ids=["no-state", "track-state"])
+async def queue(
+    make_queue: Callable[..., Queue], request: pytest.FixtureRequest
+) -> AsyncIterator[Queue]:
+    """A Queue on the test server, with or without ``track_state``."""
+    q = make_queue(track_state=request.param)
+    yield q
+    await q.close()
+
+
+async def test_timeout_without_any_worker_says_to_start_one(queue: Queue) -> None:
+    @queue.task(name="hint.add")
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    handle = await add.enqueue(1, 2)
+    with pytest.raises(ResultTimeout, match="no worker is running in namespace"):
+        await handle.result(timeout=0.2)
+    with pytest.raises(ResultTimeout, match="no worker is running in namespace"):
+        await queue.get_result(handle.id, timeout=0.2)
+
+
+async def test_timeout_names_the_queue_no_live_worker_consumes(queue: Queue) -> None:
+    @queue.task(name="hint.mail", queue="emails")
+    async def mail(to: str) -> str:
+        return to
+
+    async with running(make_worker(queue, queues=["default"], concurrency=1)):
+        await eventually(queue.broker.workers, bool)  # registered
+        handle = await mail.enqueue("a@example.org")
+        with pytest.raises(ResultTimeout, match="no live worker consumes queue 'emails'"):
+            await handle.result(timeout=0.2)
+        # The priority level is the same queue for the workers: named without its suffix.
+        high = await mail.options(priority="high").enqueue("b@example.org")
+        with pytest.raises(ResultTimeout, match="-Q emails"):
+            await high.result(timeout=0.2)
+
+
+async def test_scheduled_task_is_inspected_with_its_due_time(queue: Queue) -> None:
+    @queue.task(name="hint.later")
+    async def later() -> None:
+        return None
+
+    now = await queue.broker.server_time()
+    handle = await later.options(delay=600).enqueue()
+    record = await queue.inspect(handle.id)
+    assert record is not None
+    assert record.state is TaskState.SCHEDULED
+    assert record.task == "hint.later"
+    assert record.queue == "default"
+    assert record.attempts == 0
+    assert record.due_at is not None
+    assert now + 590 < record.due_at < now + 610
+    with pytest.raises(ResultTimeout, match="it is scheduled, due in"):
+        await handle.result(timeout=0.2)
+    # Nothing known of an id never enqueued.
+    assert await queue.inspect("never-enqueued") is None
+
+
+def test_cli_task_inspect_shows_a_scheduled_task(
+    make_queue: Callable[..., Queue], server_url: str, namespace: str
+) -> None:
+    queue = make_queue()
+
+    @queue.task(name="hint.cli")
+    async def later() -> None:
+        return None
+
+    handle = later.options(delay=600).enqueue_sync()
+    queue.close_sync()
+    args = ["--redis-url", server_url, "--namespace", namespace]
+    result = CliRunner().invoke(cli_main, [*args, "--json", "task", "inspect", handle.id])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["state"] == "scheduled"
+    assert doc["task"] == "hint.cli"
+    assert doc["due_at"]
+    text = CliRunner().invoke(cli_main, [*args, "task", "inspect", handle.id])
+    assert text.exit_code == 0, text.output
+    assert "scheduled" in text.output
+    assert "due" in text.output
