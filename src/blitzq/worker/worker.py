@@ -311,7 +311,6 @@ class Worker:
                 "failed": self.failed,
                 "abandoned_threads": self.abandoned_threads,
                 "started_at": self._started,
-                "heartbeat_at": time.time(),
                 "mode": self.queue.mode,
                 "heartbeat_at": time.time(),
             }
