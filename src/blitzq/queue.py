@@ -18,6 +18,7 @@ from . import registration
 from ._checks import flag, integer, seconds
 from .broker import Broker
 from .broker.factory import make_broker, resolve_url
+from .client import testmode
 from .client.admin import Admin
 from .client.delegate import delegate
 from .client.publish import Producer
@@ -176,6 +177,7 @@ class Queue:
         self._brokers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Broker] = (
             weakref.WeakKeyDictionary()
         )
+        self._mode_generation = testmode.generation
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.periodic_tasks: dict[str, PeriodicTask] = {}
         self._url: str | None = None
@@ -200,7 +202,10 @@ class Queue:
     # ---------------------------------------------------------------- broker
     @property
     def url(self) -> str:
-        """The broker URL in use (resolving it may start the embedded server)."""
+        """The broker URL in use (resolving it may start the embedded server; in the test
+        mode of :mod:`blitzq.testing`, the memory backend instead)."""
+        if testmode.forced_url is not None:
+            return testmode.forced_url(self)
         if self._url is None:
             self._url = resolve_url(self._redis_url)
         return self._url
@@ -226,6 +231,9 @@ class Queue:
         """The broker of the running event loop (made on first use in each loop)."""
         if self._shared_broker is not None:
             return self._shared_broker
+        if self._mode_generation != testmode.generation:  # blitzq.testing switched modes
+            self._brokers = weakref.WeakKeyDictionary()
+            self._mode_generation = testmode.generation
         loop = asyncio.get_running_loop()
         broker = self._brokers.get(loop)
         if broker is None:

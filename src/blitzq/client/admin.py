@@ -18,6 +18,7 @@ from ..extensions.unique import DEFAULT_UNIQUE_TTL, broker_key
 from ..routing import check_name
 from ..serialization import decode_envelope, encode_envelope
 from ..task import TaskHandle
+from . import testmode
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -97,6 +98,8 @@ class Admin:
         outcome = await broker.replay_dead_letter(task_id, queue, data, fields.kind, unique)
         if outcome is False:
             return None
+        if testmode.after_enqueue is not None:
+            await testmode.after_enqueue(owner)
         if isinstance(outcome, str):
             return TaskHandle(owner, outcome, queue, env.task, duplicate=True)
         return TaskHandle(owner, env.id, queue, env.task)

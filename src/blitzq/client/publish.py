@@ -22,6 +22,7 @@ from ..limits import CHUNK_WRITES
 from ..routing import physical_queue, route
 from ..serialization import Envelope, encode_envelope, plain_args, plain_kwargs, to_plain
 from ..task import _NO_OPTIONS, CallOptions, Task, TaskHandle
+from . import testmode
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -208,10 +209,14 @@ class Producer:
             and opts.task_id is None
         ):
             await owner.broker.publish(queue, (data,))
+            if testmode.after_enqueue is not None:
+                await testmode.after_enqueue(owner)
             return TaskHandle(owner, env.id, queue, name, stores_result=stores)
         out = Outgoing(env, data, due, registered, delay=opts.relative_delay())
         explicit = frozenset((env.id,)) if opts.task_id is not None else frozenset()
         await self.publish([out], explicit)
+        if testmode.after_enqueue is not None:
+            await testmode.after_enqueue(owner)
         if out.existing_id is not None:
             return TaskHandle(
                 owner, out.existing_id, queue, name, duplicate=True, stores_result=stores
@@ -270,6 +275,8 @@ class Producer:
             raise ConfigurationError("enqueue_many: the same task_id is given to several items")
         if items:
             await self.publish(items, frozenset(explicit))
+            if testmode.after_enqueue is not None:
+                await testmode.after_enqueue(self.queue)
         stores = self.stores_result(task)
         return [
             TaskHandle(

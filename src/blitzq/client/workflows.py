@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from . import testmode
+
 if TYPE_CHECKING:
     from ..queue import Queue
     from ..workflow.canvas import Node
@@ -47,7 +49,10 @@ class Workflows:
         """
         from ..workflow.engine import apply_workflow
 
-        return await apply_workflow(self.queue, workflow)
+        handle = await apply_workflow(self.queue, workflow)
+        if testmode.after_enqueue is not None:
+            await testmode.after_enqueue(self.queue)
+        return handle
 
     def workflow(self, workflow_id: str) -> WorkflowHandle:
         """A handle to the workflow ``workflow_id`` (re-attach from any process)."""

@@ -357,6 +357,10 @@ class Runner:
                 return job.delivery.queue, job.delivery.token
         return None
 
+    def busy(self) -> bool:
+        """Whether a delivery is starting or running, or a completion is not yet written."""
+        return bool(self.jobs or self._pending or self.flusher.backlog)
+
     def running_tokens(self, queue: str) -> list[bytes]:
         """Delivery tokens from physical ``queue`` this worker holds: running jobs, and
         deliveries still waiting for their start checks or before-execute hooks."""

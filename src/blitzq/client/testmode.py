@@ -1,0 +1,40 @@
+"""The process-wide switches of the test mode (set by :mod:`blitzq.testing`, never by an app).
+
+While ``blitzq.testing.eager()`` (the ``blitzq_eager`` pytest fixture) is active, every
+:class:`~blitzq.Queue` of the process that has no ready ``broker=`` uses the in-process memory
+backend (``memory://``, a namespace per Queue and per activation) instead of its URL, and each
+enqueue runs what it published in this process before it returns. Outside it these are
+``None`` and cost one global read per enqueue.
+
+Attributes:
+    generation: bumped at each switch; a Queue drops the brokers it made under another one.
+    forced_url: ``f(queue) -> URL`` while active (``None`` otherwise).
+    after_enqueue: awaited with the Queue after each enqueue, replay or workflow start while
+        active (``None`` otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..queue import Queue
+
+generation = 0
+forced_url: Callable[[Queue], str] | None = None
+after_enqueue: Callable[[Queue], Awaitable[None]] | None = None
+
+
+def switch(
+    url: Callable[[Queue], str] | None, hook: Callable[[Queue], Awaitable[None]] | None
+) -> None:
+    """Turn the test mode on (both given) or off (both ``None``).
+
+    Args:
+        url: the broker URL of each Queue while on.
+        hook: awaited with the Queue after each enqueue while on.
+    """
+    global generation, forced_url, after_enqueue
+    generation += 1
+    forced_url, after_enqueue = url, hook
