@@ -186,7 +186,8 @@ async def test_a_relay_killed_between_take_and_publish_loses_nothing(app: App) -
     assert relay is not None
     # A relay "dies" right after the move: its batch is taken, under a short lease.
     taken = await relay.outbox.take("dead-relay", Q, 10, 0.2)
-    assert taken is not None and len(taken[1]) == 1
+    assert taken is not None
+    assert len(taken[1]) == 1
     assert await relay.outbox.waiting([Q]) == {Q: 0}
     assert await app.waiting_on_transport() == 0
     # A worker's relay puts the lapsed batch back and publishes it: the task runs.
