@@ -163,10 +163,21 @@ async def test_a_dead_letter_replay_runs_on_the_transport(app: App) -> None:
     async with running(make_worker(app.queue, concurrency=2)):
         handle = await app.fragile.enqueue(42)
         await eventually(app.queue.dead_letter_count, lambda n: n == 1)
-        replayed = await app.queue.retry(handle.id)
-        assert replayed is not None
+    # No worker runs (as with `blitzq dead-letter replay`): the replay relays it itself.
+    replayed = await app.queue.retry(handle.id)
+    assert replayed is not None
+    assert await app.waiting_on_transport() == 1
+    async with running(make_worker(app.queue, concurrency=2)):
         assert await replayed.result(timeout=30) == 42
     assert app.runs["fragile"] == 2
+
+
+async def test_stats_and_purge_count_the_outbox(app: App) -> None:
+    await outbox_message(app, "counted")
+    await app.pairing.publish(Q, [encode_envelope(Envelope("direct", "ob.add", Q, [1, 2]), 1024)])
+    assert (await app.pairing.queue_stats([Q]))[Q]["waiting"] == 2
+    assert await app.pairing.purge_queue(Q) == 2
+    assert (await app.pairing.queue_stats([Q]))[Q] == {"waiting": 0, "in_flight": 0}
 
 
 async def outbox_message(app: App, task_id: str) -> None:

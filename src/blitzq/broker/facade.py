@@ -106,12 +106,20 @@ class Broker:
         return await self.transport.prune_consumers(queue, idle)
 
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
-        """See :meth:`Transport.queue_stats`."""
-        return await self.transport.queue_stats(queues)
+        """See :meth:`Transport.queue_stats`; with a relay, ``waiting`` also counts the
+        messages in each queue's outbox (not yet on the transport)."""
+        stats = await self.transport.queue_stats(queues)
+        if self.relay is not None and queues:
+            for queue, n in (await self.relay.outbox.waiting(queues)).items():
+                stats[queue]["waiting"] += n
+        return stats
 
     async def purge_queue(self, queue: str) -> int:
-        """See :meth:`Transport.purge_queue`."""
-        return await self.transport.purge_queue(queue)
+        """See :meth:`Transport.purge_queue`; with a relay, the queue's outbox too."""
+        purged = await self.transport.purge_queue(queue)
+        if self.relay is not None:
+            purged += await self.relay.outbox.purge(queue)
+        return purged
 
     # ============================================================ completion
     async def complete(self, completions: Sequence[Completion]) -> list[Completion]:

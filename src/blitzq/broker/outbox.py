@@ -105,6 +105,11 @@ class Outbox(abc.ABC):
     async def waiting(self, queues: Sequence[str]) -> dict[str, int]:
         """Messages in the outbox of each of ``queues`` (not counting taken batches)."""
 
+    @abc.abstractmethod
+    async def purge(self, queue: str) -> int:
+        """Delete the messages in ``queue``'s outbox (not a batch a relay has taken);
+        return how many."""
+
 
 class Relay:
     """Moves an :class:`Outbox`'s messages to a transport, at-least-once (module docstring).

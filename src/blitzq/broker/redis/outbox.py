@@ -76,6 +76,18 @@ class RedisOutbox(RedisPart, Outbox):
             lengths = await pipe.execute()
         return {q: int(n) for q, n in zip(queues, lengths, strict=True)}
 
+    @translate_errors
+    async def purge(self, queue: str) -> int:
+        """LLEN and UNLINK of the queue's outbox, SREM from ``{ns}:outboxes`` (one
+        MULTI/EXEC)."""
+        key = self.keys.outbox(queue)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.llen(key)
+            pipe.unlink(key)
+            pipe.srem(self.keys.outboxes, queue)
+            length, _, _ = await pipe.execute()
+        return int(length)
+
     async def close(self) -> None:
         """Nothing: the connection is the state store's, closed with it."""
         return
