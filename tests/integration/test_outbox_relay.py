@@ -12,6 +12,7 @@ dies between taking a batch and releasing it has the batch put back and publishe
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -72,11 +73,22 @@ class App:
                 raise ValueError("first run fails")
             return value
 
+        self.gate = asyncio.Event()
+        self.started = asyncio.Event()
+
+        @queue.task(name="ob.gated")
+        async def gated(value: int) -> int:
+            runs["gated"] += 1
+            self.started.set()
+            await self.gate.wait()
+            return value
+
         @queue.periodic(Every(3600), name="ob.beat", missed="run_all")
         async def beat() -> None:
             runs["beat"] += 1
 
         self.add, self.total, self.flaky, self.fragile = add, total, flaky, fragile
+        self.gated = gated
 
     async def count(self, name: str) -> int:
         """Runs of ``name`` so far (a coroutine, for ``eventually``)."""
@@ -170,6 +182,22 @@ async def test_a_dead_letter_replay_runs_on_the_transport(app: App) -> None:
     async with running(make_worker(app.queue, concurrency=2)):
         assert await replayed.result(timeout=30) == 42
     assert app.runs["fragile"] == 2
+
+
+async def test_a_requeue_at_shutdown_goes_through_the_outbox(app: App) -> None:
+    """A task still running when a graceful stop times out is requeued: the store writes its
+    message to the outbox with the ack of the delivery (no ``Transport.nack``), and the final
+    flush relays it to the transport, where the next worker runs it."""
+    async with running(make_worker(app.queue, concurrency=1, shutdown_timeout=0.2)):
+        handle = await app.gated.enqueue(5)
+        await asyncio.wait_for(app.started.wait(), 30)
+    assert await app.waiting_on_transport() == 1
+    assert app.pairing.relay is not None
+    assert await app.pairing.relay.outbox.waiting([Q]) == {Q: 0}
+    app.gate.set()
+    async with running(make_worker(app.queue, concurrency=1)):
+        assert await handle.result(timeout=30) == 5
+    assert app.runs["gated"] == 2
 
 
 async def test_stats_and_purge_count_the_outbox(app: App) -> None:

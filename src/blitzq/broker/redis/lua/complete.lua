@@ -11,7 +11,8 @@
 --   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops,
 --    fence}
 --     kind "s" (stream), "l" (list) or "o" (the outbox of a store paired with a foreign
---     transport: every message written goes there, whatever an op names); "" means absent; ttl in seconds; eta is the
+--     transport: every message written goes there, whatever an op names); "" means absent;
+--     ttl in seconds; eta is the
 --     reschedule's delay in seconds, made a due time here on the server's clock (TIME); dead
 --     is "" or {message, reason, error, task, queue, failed_at} (stored with the kind: its
 --     origin); fence: a token checked, not acked; ops: see OPS below.
