@@ -77,7 +77,14 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
-        """Append encoded messages to the tail of ``queue`` in one round-trip."""
+        """Append encoded messages to the tail of ``queue`` in one round-trip.
+
+        Returns once the transport holds them (durably where it promises at-least-once:
+        RabbitMQ publisher confirms): the outbox relay deletes its batch after this returns
+        (:mod:`blitzq.broker.outbox`). A queue no consumer has prepared yet accepts them
+        (producers and the relay publish before any worker starts). Raises BrokerError when
+        they may not all be held: the caller publishes them again (duplicates possible).
+        """
 
     @abc.abstractmethod
     async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
