@@ -27,15 +27,13 @@ class ForeignPairing(Broker):
     """``Broker(StreamsTransport on <namespace>-transport, RedisStateStore on <namespace>)``.
 
     The dead-letter settings the contract suite sets on a broker go to the store's
-    connection; ``kind`` is what the store records as a dead letter's origin (``"o"``: its
-    outbox).
+    connection. It has no ``kind``: a store in outbox mode records a dead letter's origin as
+    ``""`` (a transport with one kind of queue), as for any foreign pairing.
 
     Args:
         url: the Redis URL of both halves.
         namespace: the store's namespace; the transport's is ``namespace + TRANSPORT_SUFFIX``.
     """
-
-    kind = "o"
 
     def __init__(self, url: str, namespace: str, **settings: Any) -> None:
         self.store_conn = RedisConnection(url, namespace, kind="l", **settings)
