@@ -1,9 +1,12 @@
-"""Fixtures of the broker contract suite: one parametrized broker, three backends.
+"""Fixtures of the broker contract suite: one parametrized broker, four backends.
 
 ``broker`` is a ReliableRedisBroker or a FastRedisBroker on the test Redis in the test's
 namespace, or (``ephemeral``) a ReliableRedisBroker on this process's private ephemeral Valkey
 (:mod:`blitzq.broker.redis.ephemeral`) in a namespace of its own: the server and code behind
-``memory://``. Every contract test runs unchanged against each of them.
+``memory://``; or (``foreign``) a foreign pairing (``tests/foreign.py``): the Redis state
+store in the test's namespace and a streams transport on another connection and namespace,
+joined by the outbox relay as a RabbitMQ transport would be. Every contract test runs
+unchanged against each of them.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import redis.asyncio as aioredis
 
 from blitzq.broker import Broker
 from blitzq.broker.redis import FastRedisBroker, ReliableRedisBroker, ephemeral
+from tests.foreign import TRANSPORT_SUFFIX, ForeignPairing, delete_namespace
 
-BROKER_KINDS = ["reliable", "fast", "ephemeral"]
+BROKER_KINDS = ["reliable", "fast", "ephemeral", "foreign"]
 
 
 @pytest.fixture(params=BROKER_KINDS)
@@ -58,7 +62,9 @@ async def make_broker(
     """
     made: list[Broker] = []
     url, namespace = location
-    cls: Any = FastRedisBroker if broker_kind == "fast" else ReliableRedisBroker
+    cls: Any = {"fast": FastRedisBroker, "foreign": ForeignPairing}.get(
+        broker_kind, ReliableRedisBroker
+    )
 
     def factory() -> Broker:
         broker: Broker = cls(url, namespace)
@@ -68,6 +74,8 @@ async def make_broker(
     yield factory
     for broker in made:
         await broker.close()
+    if broker_kind == "foreign":
+        await delete_namespace(url, namespace + TRANSPORT_SUFFIX)
 
 
 @pytest.fixture

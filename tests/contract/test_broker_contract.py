@@ -88,6 +88,13 @@ def needs_recovery(broker: Broker) -> None:
         pytest.skip(f"{type(broker).__name__} has no leases (at-most-once): no recovery")
 
 
+def needs_fused(broker: Broker, what: str) -> None:
+    """Skip unless the state store acks the transport's deliveries itself (a fused pairing);
+    ``what`` says what a foreign pairing lacks (docs/architecture.md, "Adding a broker")."""
+    if not broker.state.acks(broker.transport):
+        pytest.skip(f"a state store paired with a foreign transport: {what}")
+
+
 # ------------------------------------------------------------------------------ publish / fetch
 async def test_publish_one_and_many_fetch_in_order(broker: Broker) -> None:
     await consumer(broker)
@@ -588,6 +595,7 @@ async def test_recover_requeues_an_idle_delivery(broker: Broker) -> None:
 
 async def test_recover_dead_letters_at_max_deliveries(broker: Broker) -> None:
     needs_recovery(broker)
+    needs_fused(broker, "the transport's recovery dead-letters in its own storage")
     await consumer(broker)
     await broker.publish(Q, [message("poison")])
     (d,) = await broker.fetch(Q, 1, 0)

@@ -8,7 +8,9 @@ atomic step, returns the stale completions and counts them in ``counters()``.
 
 Every test runs on reliable Redis (the test server and the ephemeral Valkey); fast mode (lists,
 at-most-once) has no leases and so nothing to fence (its tests only check that completions still
-apply).
+apply). A state store paired with a foreign transport cannot see that transport's leases and
+fences nothing (at-least-once, unfenced: docs/architecture.md, "Adding a broker"), so the
+fencing tests skip there.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from blitzq.broker.redis import ReliableRedisBroker
 from blitzq.records import TaskRecord, TaskState
 from blitzq.serialization import dumps
 
-from .test_broker_contract import CONSUMER, Q, consumer, message, needs_recovery
+from .test_broker_contract import CONSUMER, Q, consumer, message, needs_fused, needs_recovery
 
 
 def record(task_id: str, state: str, worker: str, result: object = None) -> bytes:
@@ -51,6 +53,12 @@ async def lose_lease(broker: Broker, rescuer: Broker, task_id: str) -> tuple[Del
     return old, new
 
 
+def needs_fencing(broker: Broker) -> None:
+    """Skip unless the broker has leases and its store fences on them (a fused pairing)."""
+    needs_recovery(broker)
+    needs_fused(broker, "it cannot see the transport's leases, so it fences nothing")
+
+
 async def stale_count(broker: Broker) -> int:
     """The namespace's ``stale_completions`` counter."""
     return (await broker.counters()).get("stale_completions", 0)
@@ -59,7 +67,7 @@ async def stale_count(broker: Broker) -> int:
 async def test_late_success_does_not_overwrite_the_recovered_run(
     broker: Broker, make_broker: Callable[[], Broker]
 ) -> None:
-    needs_recovery(broker)
+    needs_fencing(broker)
     rescuer = make_broker()
     old, new = await lose_lease(broker, rescuer, "t1")
     theirs = Completion(Q, new.token, "t1", record("t1", "succeeded", "w2", 2), 60)
@@ -76,7 +84,7 @@ async def test_late_success_does_not_overwrite_the_recovered_run(
 async def test_late_failure_writes_no_record_dead_letter_retry_or_ops(
     broker: Broker, make_broker: Callable[[], Broker]
 ) -> None:
-    needs_recovery(broker)
+    needs_fencing(broker)
     rescuer = make_broker()
     old, new = await lose_lease(broker, rescuer, "t2")
     assert await broker.claim_unique([("u-key", "t2", 60)]) == [None]
@@ -123,7 +131,7 @@ async def test_late_failure_writes_no_record_dead_letter_retry_or_ops(
 async def test_a_stale_ack_leaves_the_redelivery_in_flight(
     broker: Broker, make_broker: Callable[[], Broker]
 ) -> None:
-    needs_recovery(broker)
+    needs_fencing(broker)
     rescuer = make_broker()
     old, new = await lose_lease(broker, rescuer, "t3")
     bare = Completion(Q, old.token, "t3")
@@ -137,7 +145,7 @@ async def test_a_stale_ack_leaves_the_redelivery_in_flight(
 async def test_a_mixed_batch_applies_only_what_is_still_owned(
     broker: Broker, make_broker: Callable[[], Broker]
 ) -> None:
-    needs_recovery(broker)
+    needs_fencing(broker)
     rescuer = make_broker()
     old, _ = await lose_lease(broker, rescuer, "lost")
     await broker.publish(Q, [message("kept"), message("kept-bare")])
@@ -156,7 +164,7 @@ async def test_a_mixed_batch_applies_only_what_is_still_owned(
 
 
 async def test_a_completion_of_an_already_completed_delivery_is_stale(broker: Broker) -> None:
-    needs_recovery(broker)
+    needs_fencing(broker)
     await consumer(broker)
     await broker.publish(Q, [message("twice")])
     (d,) = await broker.fetch(Q, 1, 0)
@@ -172,7 +180,7 @@ async def test_a_completion_of_an_already_completed_delivery_is_stale(broker: Br
 async def test_fence_checks_without_acknowledging(
     broker: Broker, make_broker: Callable[[], Broker]
 ) -> None:
-    needs_recovery(broker)
+    needs_fencing(broker)
     rescuer = make_broker()
     old, new = await lose_lease(broker, rescuer, "t4")
     running = Completion(Q, None, "t4", record("t4", "running", "w1"), 60, fence=old.token)
@@ -190,7 +198,7 @@ async def test_fence_checks_without_acknowledging(
 async def test_progress_writes_are_fenced(
     broker: Broker, make_broker: Callable[[], Broker]
 ) -> None:
-    needs_recovery(broker)
+    needs_fencing(broker)
     rescuer = make_broker()
     old, new = await lose_lease(broker, rescuer, "t5")
     assert old.token is not None

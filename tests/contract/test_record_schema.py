@@ -10,7 +10,7 @@ from importlib import resources
 from blitzq import records
 from blitzq.broker import Broker
 from blitzq.serialization import loads
-from tests.contract.test_broker_contract import Q, consumer, message, needs_recovery
+from tests.contract.test_broker_contract import Q, consumer, message, needs_fused, needs_recovery
 
 _LUA = resources.files("blitzq.broker.redis") / "lua" / "recover.lua"
 
@@ -27,6 +27,7 @@ def test_recover_lua_record_keys_are_record_fields() -> None:
 
 async def test_recover_writes_the_builders_record(broker: Broker) -> None:
     needs_recovery(broker)
+    needs_fused(broker, "the transport's recovery writes records in its own storage")
     await consumer(broker)
     await broker.publish(Q, [message("exhausted")])
     await broker.fetch(Q, 1, 0)

@@ -34,11 +34,12 @@ from blitzq.exceptions import BrokerError
 
 from ..conftest import free_port
 
-#: Scripts the brokers call (every file in lua/ except the included library).
+#: Scripts the brokers call (every file in lua/ except the included libraries).
 CALLED = {
     "cancel", "claim_periodic", "complete", "fetch_levels", "lock_acquire", "lock_renew",
-    "pop_levels", "progress", "promote", "prune", "publish", "purge_dead", "rate_acquire",
-    "recover", "renew", "replay", "schedule", "trim_dead", "unique_claim",
+    "outbox_restore", "outbox_take", "pop_levels", "progress", "promote", "prune", "publish",
+    "purge_dead", "rate_acquire", "recover", "renew", "replay", "schedule", "trim_dead",
+    "unique_claim",
 }  # fmt: skip
 
 
@@ -46,7 +47,8 @@ CALLED = {
 def test_every_script_is_read_once_with_its_includes_expanded() -> None:
     lua = resources.files("blitzq.broker.redis").joinpath("lua")
     library = scripts.expand_keys(lua.joinpath("dead_letters.lua").read_text()).rstrip("\n")
-    assert set(scripts.names()) == CALLED | {"dead_letters"}
+    outbox = scripts.expand_keys(lua.joinpath("outbox.lua").read_text()).rstrip("\n")
+    assert set(scripts.names()) == CALLED | {"dead_letters", "outbox"}
     for name in scripts.names():
         script = scripts.load(name)
         assert script.name == name
@@ -54,10 +56,13 @@ def test_every_script_is_read_once_with_its_includes_expanded() -> None:
         assert not any(line.startswith("--@include") for line in script.source.splitlines())
         assert script.sha == hashlib.sha1(script.source.encode()).hexdigest()
         raw = lua.joinpath(f"{name}.lua").read_text()
+        if "--@include outbox.lua" in raw:
+            assert outbox in script.source
+            assert "local function ob_push(" in script.source
         if "--@include dead_letters.lua" in raw:
             assert library in script.source
             assert "local function dl_note(" in script.source
-        else:  # the file as it is, its KEY calls expanded
+        elif "--@include" not in raw:  # the file as it is, its KEY calls expanded
             assert script.source == scripts.expand_keys(raw)
         assert not re.search(r"\bKEY\.\w+\(", script.source)  # none left to the server
 

@@ -4,12 +4,15 @@ Two seams: :class:`~blitzq.broker.transport.Transport` (publish, fetch, leases) 
 :class:`~blitzq.broker.state.StateStore` (records, schedule, dead letters, feature state and
 the atomic completion, whose effects are the typed values of :mod:`blitzq.broker.ops`).
 :class:`Broker` (``facade.py``) is the one object the rest of blitzq calls: one transport and
-one state store, composed (``Broker(transport, state)``) and delegated to explicitly.
+one state store, composed (``Broker(transport, state)``) and delegated to explicitly; for a
+store that does not ack its transport, :mod:`blitzq.broker.outbox` (``Outbox``, ``Relay``)
+carries what the store writes into queues to the transport.
 """
 
 from __future__ import annotations
 
 from .facade import Broker
+from .outbox import Outbox, Relay
 from .state import Completion, DeadLetterFields, Scheduled, StateStore
 from .transport import Delivery, Guarantee, Transport
 
@@ -19,6 +22,8 @@ __all__ = [
     "DeadLetterFields",
     "Delivery",
     "Guarantee",
+    "Outbox",
+    "Relay",
     "Scheduled",
     "StateStore",
     "Transport",

@@ -15,7 +15,11 @@ same connection, where ``complete.lua`` XACKs the stream entry with the record w
 fences on its lease), ``complete`` is the store's. Otherwise (a RabbitMQ transport with the
 Redis state store) ``complete`` applies the completions in the store, then acks the
 deliveries whose completion was applied on the transport: at-least-once, see
-:meth:`StateStore.complete` for what ``token`` and fencing mean then.
+:meth:`StateStore.complete` for what ``token`` and fencing mean then. Such a store is also
+switched to its outbox (:meth:`StateStore.use_outbox`) and :attr:`Broker.relay` publishes
+what it writes into queues on the transport (:mod:`blitzq.broker.outbox`): right after the
+facade's own ``promote_due``, ``claim_periodic``, ``replay_dead_letter`` and ``complete``,
+and in every worker's relay loop.
 
 Every pairing passes the contract suite (``tests/contract/``) unchanged; docs/architecture.md
 ("Adding a broker") says which half a new backend implements.
@@ -23,9 +27,11 @@ Every pairing passes the contract suite (``tests/contract/``) unchanged; docs/ar
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from dataclasses import replace
 
+from .ops import ChordMember, Publish, WorkflowStep
+from .outbox import Relay
 from .state import Completion, DeadLetterFields, Scheduled, StateStore
 from .transport import Delivery, Guarantee, Transport
 
@@ -43,6 +49,9 @@ class Broker:
         guarantee: the transport's :class:`Guarantee` (an instance attribute: a deployment
             may weaken it, as ``memory://`` does to ``EPHEMERAL``).
         supports_recovery: whether abandoned deliveries can be recovered (leases).
+        relay: the :class:`~blitzq.broker.outbox.Relay` from the store's outbox to the
+            transport, for a store that does not ack the transport's deliveries and writes
+            into queues itself; ``None`` otherwise (a fused pairing).
     """
 
     def __init__(self, transport: Transport, state: StateStore) -> None:
@@ -54,8 +63,13 @@ class Broker:
         self.publish = transport.publish  # type: ignore[method-assign]
         self.fetch = transport.fetch  # type: ignore[method-assign]
         self.fetch_first = transport.fetch_first  # type: ignore[method-assign]
+        self.relay: Relay | None = None
         if state.acks(transport):
             self.complete = state.complete  # type: ignore[method-assign]
+        else:
+            outbox = state.use_outbox()
+            if outbox is not None:
+                self.relay = Relay(outbox, transport)
 
     # ============================================================ transport
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
@@ -92,12 +106,20 @@ class Broker:
         return await self.transport.prune_consumers(queue, idle)
 
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
-        """See :meth:`Transport.queue_stats`."""
-        return await self.transport.queue_stats(queues)
+        """See :meth:`Transport.queue_stats`; with a relay, ``waiting`` also counts the
+        messages in each queue's outbox (not yet on the transport)."""
+        stats = await self.transport.queue_stats(queues)
+        if self.relay is not None and queues:
+            for queue, n in (await self.relay.outbox.waiting(queues)).items():
+                stats[queue]["waiting"] += n
+        return stats
 
     async def purge_queue(self, queue: str) -> int:
-        """See :meth:`Transport.purge_queue`."""
-        return await self.transport.purge_queue(queue)
+        """See :meth:`Transport.purge_queue`; with a relay, the queue's outbox too."""
+        purged = await self.transport.purge_queue(queue)
+        if self.relay is not None:
+            purged += await self.relay.outbox.purge(queue)
+        return purged
 
     # ============================================================ completion
     async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
@@ -127,6 +149,10 @@ class Broker:
                 tokens.setdefault(c.queue, []).append(c.token)
         for queue, acked in tokens.items():
             await self.transport.ack(queue, acked)
+        if self.relay is not None:
+            pushed = _pushed_queues(c for c in completions if id(c) not in dropped)
+            if pushed:
+                await self.relay.pushed(pushed)
         return refused
 
     # ====================================================== rate, unique, lock
@@ -152,8 +178,11 @@ class Broker:
         await self.state.schedule(items)
 
     async def promote_due(self, limit: int) -> tuple[int, float | None, float]:
-        """See :meth:`StateStore.promote_due`."""
-        return await self.state.promote_due(limit)
+        """See :meth:`StateStore.promote_due`; then the relay, when something moved."""
+        promoted = await self.state.promote_due(limit)
+        if promoted[0] and self.relay is not None:
+            await self.relay.pushed()
+        return promoted
 
     async def scheduled_count(self) -> int:
         """See :meth:`StateStore.scheduled_count`."""
@@ -170,8 +199,11 @@ class Broker:
     async def claim_periodic(
         self, name: str, occurrence: float, message: bytes, queue: str
     ) -> bool:
-        """See :meth:`StateStore.claim_periodic`."""
-        return await self.state.claim_periodic(name, occurrence, message, queue)
+        """See :meth:`StateStore.claim_periodic`; then the relay, when claimed."""
+        claimed = await self.state.claim_periodic(name, occurrence, message, queue)
+        if claimed and self.relay is not None:
+            await self.relay.pushed([queue])
+        return claimed
 
     async def periodic_last(self, names: Sequence[str]) -> dict[str, float]:
         """See :meth:`StateStore.periodic_last`."""
@@ -261,8 +293,11 @@ class Broker:
         kind: str = "",
         unique: tuple[str, float] | None = None,
     ) -> bool | str:
-        """See :meth:`StateStore.replay_dead_letter`."""
-        return await self.state.replay_dead_letter(task_id, queue, message, kind, unique)
+        """See :meth:`StateStore.replay_dead_letter`; then the relay, when replayed."""
+        done = await self.state.replay_dead_letter(task_id, queue, message, kind, unique)
+        if done is True and self.relay is not None:
+            await self.relay.pushed([queue])
+        return done
 
     async def purge_dead_letters(self) -> int:
         """See :meth:`StateStore.purge_dead_letters`."""
@@ -314,3 +349,16 @@ class Broker:
             await self.transport.close()
         finally:
             await self.state.close()
+
+
+def _pushed_queues(completions: Iterable[Completion]) -> set[str]:
+    """Queues the completions write messages into: a requeue, a ``Publish``, a
+    ``WorkflowStep`` or a chord's callback (its ``queue``)."""
+    queues: set[str] = set()
+    for c in completions:
+        if c.requeue is not None:
+            queues.add(c.queue)
+        for op in c.ops:
+            if isinstance(op, Publish | WorkflowStep) or (isinstance(op, ChordMember) and op.queue):
+                queues.add(op.queue)
+    return queues

@@ -13,8 +13,9 @@ transport (:mod:`blitzq.broker.transport`) too: then the facade :class:`~blitzq.
 applies the state effects here and acks on the transport afterwards. What the store writes
 into queues -- a promotion of the schedule, a ``publish`` effect, a requeue, a replay, a
 periodic claim -- goes to the queues of the kind its connection names (a stream or a list);
-a store paired with a separate transport must route those through that transport instead
-(work of the RabbitMQ backend). Every method is a coroutine that raises
+paired with a transport it does not ack, the facade switches it to its outbox
+(:meth:`StateStore.use_outbox`), from which a relay publishes those messages on the
+transport (:mod:`blitzq.broker.outbox`). Every method is a coroutine that raises
 :class:`~blitzq.exceptions.BrokerError` when the server cannot be reached.
 """
 
@@ -24,6 +25,7 @@ import abc
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
+from .outbox import Outbox
 from .transport import Transport
 from .values import Completion, DeadLetterFields, Scheduled
 
@@ -41,6 +43,16 @@ class StateStore(abc.ABC):
         call :meth:`Transport.ack` after :meth:`complete` (see :mod:`blitzq.broker.transport`).
         """
         return False
+
+    def use_outbox(self) -> Outbox | None:
+        """Write every message this store puts into queues to its outbox from now on, and
+        return that outbox (:mod:`blitzq.broker.outbox`).
+
+        The facade calls it once, for a transport the store does not ack (:meth:`acks` is
+        ``False``), and relays the outbox to that transport. ``None`` (the default): the
+        store writes nothing into queues itself, so there is nothing to relay.
+        """
+        return None
 
     # ------------------------------------------------- rate, unique, lock state
     async def acquire_rate(self, buckets: Sequence[tuple[str, float, float]]) -> tuple[bool, float]:

@@ -21,7 +21,10 @@ what a completion guarantees:
 - **Separate** (a RabbitMQ transport with the Redis state store): the facade has the store
   commit a completion first, then calls :meth:`Transport.ack` with the delivery tokens of the
   completions it applied. A crash (or a lost channel) in between redelivers the message and
-  its effects are applied again: at-least-once, as the transport promises. A requeue becomes
+  its effects are applied again: at-least-once, as the transport promises. What the store
+  writes into queues (promotions, requeues, workflow steps, replays, periodic claims) goes to
+  its outbox, which the facade's relay publishes here (:mod:`blitzq.broker.outbox`); a
+  requeue is such a message plus the ack of the original delivery, not a
   :meth:`Transport.nack`. The store cannot fence on a lease it does not see; what
   ``Completion.token`` means then is in :meth:`~blitzq.broker.state.StateStore.complete`.
 
@@ -74,7 +77,14 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
-        """Append encoded messages to the tail of ``queue`` in one round-trip."""
+        """Append encoded messages to the tail of ``queue`` in one round-trip.
+
+        Returns once the transport holds them (durably where it promises at-least-once:
+        RabbitMQ publisher confirms): the outbox relay deletes its batch after this returns
+        (:mod:`blitzq.broker.outbox`). A queue no consumer has prepared yet accepts them
+        (producers and the relay publish before any worker starts). Raises BrokerError when
+        they may not all be held: the caller publishes them again (duplicates possible).
+        """
 
     @abc.abstractmethod
     async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
@@ -114,6 +124,11 @@ class Transport(abc.ABC):
     async def nack(self, queue: str, tokens: Sequence[bytes]) -> None:
         """Hand deliveries of ``queue`` back unfinished so they are delivered again
         (RabbitMQ ``basic.nack`` with ``requeue``; Redis streams: made recoverable at once).
+
+        The worker does not call it: a requeue (a delivery handed back at shutdown) is a
+        completion whose message the state store writes -- to a foreign transport's queue
+        through the outbox relay (:mod:`blitzq.broker.outbox`) -- and whose delivery is acked,
+        so it is atomic with the completion's other effects and counts no extra delivery.
 
         Raises:
             NotImplementedError: the transport has no leases (a popped list message is gone).

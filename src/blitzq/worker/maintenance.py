@@ -12,6 +12,10 @@
   skipped; any error makes the listener subscribe again.
 - Maintenance registers the worker and, in reliable mode, renews the leases of running tasks
   every ``visibility_timeout / 3`` and recovers messages abandoned by dead workers.
+- The outbox relay (only for a state store paired with a transport it does not ack:
+  ``broker.relay``, :mod:`blitzq.broker.outbox`) publishes on the transport what the store
+  wrote into queues: woken by this process's own writes, and sweeping every queue's outbox
+  and lapsed relay leases every second.
 """
 
 from __future__ import annotations
@@ -71,11 +75,14 @@ class Maintenance:
             await self._sync_revocations()
         except Exception as exc:  # the periodic resynchronisation tries again
             logger.warning("could not read cancelled tasks: %s", exc)
-        return [
+        loops = [
             asyncio.create_task(self._promote_loop(), name="blitzq-promoter"),
             asyncio.create_task(self._event_loop(), name="blitzq-events"),
             asyncio.create_task(self._maintain_loop(), name="blitzq-maintenance"),
         ]
+        if self.broker.relay is not None:  # a foreign transport: relay the store's outbox
+            loops.append(asyncio.create_task(self.broker.relay.run(), name="blitzq-relay"))
+        return loops
 
     def schedule_changed(self, eta: float) -> None:
         """Wake the promoter if ``eta`` (Unix seconds, broker's clock) is before its next

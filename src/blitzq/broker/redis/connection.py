@@ -161,8 +161,9 @@ class RedisPart:
         return self.conn.dead_letter_max_bytes
 
     def queue_key(self, queue: str) -> str:
-        """See :meth:`RedisConnection.queue_key`."""
-        return self.conn.queue_key(queue)
+        """See :meth:`RedisConnection.queue_key`; a state store in outbox mode (kind
+        ``"o"``, see ``outbox.py``) writes to the queue's outbox instead."""
+        return self.keys.outbox(queue) if self.kind == "o" else self.conn.queue_key(queue)
 
     def block_for(self, timeout: float) -> float:
         """See :meth:`RedisConnection.block_for`."""

@@ -122,7 +122,8 @@ class RedisDeadLetters(RedisPart):
         unique: tuple[str, float] | None = None,
     ) -> bool | str:
         """Atomically remove the dead letter and publish ``message`` (compare-and-delete) to
-        the stream (``kind`` "s") or list ("l", ``""``: this broker's mode) of ``queue``,
+        the stream (``kind`` "s") or list ("l", ``""``: this broker's mode) of ``queue`` (a
+        store in outbox mode: to its outbox, whatever ``kind`` says),
         claiming the ``unique`` key in the same script; see :meth:`Broker.replay_dead_letter`.
         """
         key, ttl = unique if unique is not None else ("", 0.0)
@@ -132,7 +133,7 @@ class RedisDeadLetters(RedisPart):
             args=[
                 self.keys.prefix,
                 task_id,
-                kind if kind in ("s", "l") else self.kind,
+                kind if kind in ("s", "l") and self.kind != "o" else self.kind,
                 queue,
                 message,
                 key,

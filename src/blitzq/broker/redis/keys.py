@@ -52,6 +52,14 @@ TABLE: Final[dict[str, Key]] = {
         "reliable-mode messages of a physical queue, group `blitzq`: `m` message, `d` deliveries"),
     "list": Key("l:<queue>", "list",
         "fast-mode messages of one physical queue"),
+    "outbox": Key("outbox:<queue>", "list",
+        "messages the state store wrote for a queue of a foreign transport, awaiting a relay"),
+    "outboxes": Key("outboxes", "set",
+        "queues whose outbox may hold messages (a queue leaves once its outbox is empty)"),
+    "relay": Key("relay:<relay_id>", "list",
+        "a relay's taken batch: the queue, then its messages, until published and released"),
+    "relays": Key("relays", "zset",
+        "relay ids scored by lease expiry (Unix seconds, server clock) while they hold a batch"),
     "record": Key("t:<task_id>", "string",
         "a task's record (MessagePack map); expires after result_ttl"),
     "done_channel": Key("done:<task_id>", "channel",
@@ -85,7 +93,7 @@ TABLE: Final[dict[str, Key]] = {
     "schedule": Key("sched", "zset",
         "scheduled task ids scored by due time (Unix seconds, server clock)"),
     "schedule_data": Key("sched:m", "hash",
-        "scheduled task id to `<kind><queue>\\n<message>`, kind `s` stream or `l` list"),
+        "scheduled task id to `<kind><queue>\\n<message>`, kind `s` stream, `l` list, `o` outbox"),
     "periodic": Key("periodic", "hash",
         "periodic task name to its last dispatched occurrence (Unix seconds)"),
     "revoked": Key("revoked", "zset",
@@ -140,6 +148,24 @@ class Keys:
     def list(self, queue: str) -> str:
         """Fast-mode list of a queue."""
         return self.prefix + _L + queue
+
+    def outbox(self, queue: str) -> str:
+        """Outbox of a queue: what the state store wrote for a foreign transport's queue."""
+        return self._one("outbox", queue)
+
+    @property
+    def outboxes(self) -> str:
+        """Set of the queues whose outbox may hold messages."""
+        return self._fixed("outboxes")
+
+    def relay(self, relay_id: str) -> str:
+        """A relay's taken batch (the queue, then its messages) until it is released."""
+        return self._one("relay", relay_id)
+
+    @property
+    def relays(self) -> str:
+        """Sorted set of relay ids scored by lease expiry (Unix seconds, server clock)."""
+        return self._fixed("relays")
 
     def record(self, task_id: str) -> str:
         """A task's record."""

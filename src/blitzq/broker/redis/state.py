@@ -257,8 +257,8 @@ class RedisState(RedisPart):
         keys = self.keys
         done = await self.scripts.call(
             "claim_periodic",
-            keys=[keys.periodic, self.queue_key(queue)],
-            args=[name, repr(float(occurrence)), self.kind, message],
+            keys=[keys.periodic, self.queue_key(queue), keys.outboxes],
+            args=[name, repr(float(occurrence)), self.kind, message, queue],
         )
         return bool(done)
 

@@ -9,12 +9,14 @@ one :class:`~.connection.RedisConnection`. Its logic is the Lua in ``lua/``.
 
 from __future__ import annotations
 
+from ..outbox import Outbox
 from ..state import StateStore
 from ..transport import Transport
 from .connection import RedisPart
 from .control import RedisControl
 from .dead_letters import RedisDeadLetters
 from .inspection import RedisInspection
+from .outbox import RedisOutbox
 from .records import RedisRecords
 from .state import RedisState
 
@@ -36,3 +38,12 @@ class RedisStateStore(
         """``True`` for a Redis transport on this store's connection: ``complete.lua`` acks
         (XACK + XDEL) and fences its stream entries in the same script as the writes."""
         return isinstance(transport, RedisPart) and transport.conn is self.conn
+
+    def use_outbox(self) -> Outbox:
+        """Switch this store to outbox mode (kind ``"o"``) and return its
+        :class:`~.outbox.RedisOutbox`: every message its scripts write into a queue goes to
+        ``{ns}:outbox:<queue>`` from now on, whatever the connection's kind, and completions
+        are never fenced (the transport's leases are not this store's). For good: a store in
+        outbox mode serves one pairing."""
+        self.kind = "o"
+        return RedisOutbox(self.conn)

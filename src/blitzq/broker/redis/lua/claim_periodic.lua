@@ -1,9 +1,11 @@
 -- claim_periodic.lua: dispatch one occurrence of a periodic task, at most once however many
 -- schedulers race.
 -- KEYS[1] {ns}:periodic   periodic hash (task name -> last dispatched occurrence, Unix s)
--- KEYS[2] {ns}:s:<queue> (kind "s") or {ns}:l:<queue> (kind "l")   the queue to publish to
--- ARGV[1] periodic task name, ARGV[2] occurrence (Unix seconds), ARGV[3] kind ("s"/"l"),
--- ARGV[4] message
+-- KEYS[2] {ns}:s:<queue> (kind "s"), {ns}:l:<queue> (kind "l") or {ns}:outbox:<queue>
+--         (kind "o": the outbox of a store paired with a foreign transport)   where to publish
+-- KEYS[3] {ns}:outboxes   queues whose outbox may hold messages (set; written for kind "o")
+-- ARGV[1] periodic task name, ARGV[2] occurrence (Unix seconds), ARGV[3] kind ("s"/"l"/"o"),
+-- ARGV[4] message, ARGV[5] the queue's name
 -- Decided on the server's clock (TIME), never a scheduler's:
 -- * an occurrence later than TIME is refused (not due yet: a scheduler's fast clock cannot
 --   dispatch early);
@@ -26,6 +28,9 @@ end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 if ARGV[3] == 's' then
   redis.call('XADD', KEYS[2], '*', 'm', ARGV[4])
+elseif ARGV[3] == 'o' then
+  redis.call('RPUSH', KEYS[2], ARGV[4])
+  redis.call('SADD', KEYS[3], ARGV[5])
 else
   redis.call('RPUSH', KEYS[2], ARGV[4])
 end

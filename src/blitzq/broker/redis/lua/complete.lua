@@ -10,13 +10,17 @@
 --   {"A", queue, {id1, id2, ...}}   reliable acks without anything else (XACK + XDEL)
 --   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops,
 --    fence}
---     kind "s" (stream) or "l" (list); "" means absent; ttl in seconds; eta is the
+--     kind "s" (stream), "l" (list) or "o" (the outbox of a store paired with a foreign
+--     transport: every message written goes there, whatever an op names); "" means absent;
+--     ttl in seconds; eta is the
 --     reschedule's delay in seconds, made a due time here on the server's clock (TIME); dead
 --     is "" or {message, reason, error, task, queue, failed_at} (stored with the kind: its
---     origin); fence: a token checked, not acked; ops: see OPS below.
+--     origin; "" for "o", a transport with one kind of queue); fence: a token checked, not
+--     acked; ops: see OPS below.
 -- Also reads or writes:
 --   {ns}:s:<queue>    XACK/XDEL of acks and tokens, XPENDING of fences, XADD of requeues
 --   {ns}:l:<queue>    LPUSH of requeues (fast mode)
+--   {ns}:outbox:<queue>, {ns}:outboxes   kind "o": every message written (outbox.lua)
 --   {ns}:t:<task_id>  SET of the record (EX ttl); {ns}:done:<task_id> PUBLISH of it or '1'
 --   {ns}:events       PUBLISH 's:<due>' of a reschedule
 --   {ns}:d:<task_id>  a dead letter (HSET); {ns}:dlq:size, {ns}:dlq:bytes its bytes
@@ -41,6 +45,7 @@ local consumer = ARGV[8]
 local dead_added = 0
 local dl_ttl, dl_bytes, inline_max = ARGV[5], ARGV[6], tonumber(ARGV[7])
 --@include dead_letters.lua
+--@include outbox.lua
 local stale = {}
 
 local function owned(stream, id)
@@ -70,9 +75,11 @@ local OPS = {}
 -- {"publish", kind, queue, message}: publish a message with the completion.
 OPS['publish'] = function(op, kind)
   local k = op[2]
-  if k == '' then k = kind end
+  if k == '' or kind == 'o' then k = kind end
   if k == 's' then
     redis.call('XADD', KEY.stream(prefix, op[3]), '*', 'm', op[4])
+  elseif k == 'o' then
+    ob_push(prefix, op[3], op[4], false)
   else
     redis.call('RPUSH', KEY.list(prefix, op[3]), op[4])
   end
@@ -87,9 +94,11 @@ local function wf_open(id)
 end
 
 local function wf_push(k, kind, queue, message)
-  if k == '' then k = kind end
+  if k == '' or kind == 'o' then k = kind end
   if k == 's' then
     redis.call('XADD', KEY.stream(prefix, queue), '*', 'm', message)
+  elseif k == 'o' then
+    ob_push(prefix, queue, message, false)
   else
     redis.call('RPUSH', KEY.list(prefix, queue), message)
   end
@@ -241,7 +250,8 @@ for _, c in ipairs(batch) do
     end
     if dead ~= '' then
       redis.call('HSET', KEY.dead_letter(prefix, task_id), 'message', dead[1], 'reason', dead[2],
-        'error', dead[3], 'task', dead[4], 'queue', dead[5], 'failed_at', dead[6], 'kind', kind)
+        'error', dead[3], 'task', dead[4], 'queue', dead[5], 'failed_at', dead[6],
+        'kind', kind == 'o' and '' or kind)
       redis.call('ZADD', KEYS[3], dead[6], task_id)
       dl_note(prefix, task_id, #dead[1] + #dead[3] + 64, dl_ttl, dl_bytes)
       dead_added = dead_added + 1
@@ -249,6 +259,8 @@ for _, c in ipairs(batch) do
     if requeue ~= '' then
       if kind == 's' then
         redis.call('XADD', KEY.stream(prefix, queue), '*', 'm', requeue)
+      elseif kind == 'o' then
+        ob_push(prefix, queue, requeue, true)
       else
         redis.call('LPUSH', KEY.list(prefix, queue), requeue)
       end

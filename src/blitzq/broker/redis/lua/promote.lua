@@ -2,10 +2,11 @@
 -- queues.
 -- KEYS[1] {ns}:sched      schedule (zset: task id -> due time, Unix seconds, server clock)
 -- KEYS[2] {ns}:sched:m    schedule data (hash: task id -> "<kind><queue>\n<message>", kind
---                         "s" stream or "l" list)
+--                         "s" stream, "l" list or "o" outbox)
 -- ARGV[1] key prefix "{ns}:", ARGV[2] most messages to move (count),
 -- ARGV[3] dead-letter cap (count), ARGV[4] dead-letter TTL (s), ARGV[5] dead-letter byte bound
--- Also writes: {ns}:s:<queue> (XADD) or {ns}:l:<queue> (RPUSH) of each due message; a
+-- Also writes: {ns}:s:<queue> (XADD) or {ns}:l:<queue> (RPUSH) of each due message, or (kind
+-- "o") {ns}:outbox:<queue> and {ns}:outboxes (outbox.lua); a
 -- malformed schedule entry becomes a dead letter: {ns}:d:<task_id>, {ns}:dlq, {ns}:dlq:size,
 -- {ns}:dlq:bytes (dead_letters.lua).
 -- "Now" is the server's TIME, never the caller's clock, so a worker or scheduler whose clock
@@ -17,12 +18,13 @@ local t = redis.call('TIME')
 local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
 local dead = 0
 --@include dead_letters.lua
+--@include outbox.lua
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 for _, id in ipairs(ids) do
   local value = redis.call('HGET', KEYS[2], id)
   local nl = value and string.find(value, '\n', 1, true)
   local kind = value and string.sub(value, 1, 1)
-  if value and (not nl or (kind ~= 's' and kind ~= 'l')) then
+  if value and (not nl or (kind ~= 's' and kind ~= 'l' and kind ~= 'o')) then
     -- Not "<kind><queue>\n<message>": keep it as a dead letter instead of failing every run.
     redis.call('HSET', KEY.dead_letter(prefix, id), 'message', value, 'reason', 'malformed message',
       'error', 'schedule entry is not <kind><queue>\\n<message>', 'task', '', 'queue', '',
@@ -36,6 +38,8 @@ for _, id in ipairs(ids) do
     local message = string.sub(value, nl + 1)
     if kind == 's' then
       redis.call('XADD', KEY.stream(prefix, queue), '*', 'm', message)
+    elseif kind == 'o' then
+      ob_push(prefix, queue, message, false)
     else
       redis.call('RPUSH', KEY.list(prefix, queue), message)
     end

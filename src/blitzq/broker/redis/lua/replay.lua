@@ -2,16 +2,19 @@
 -- exists.
 -- KEYS[1] {ns}:dlq        dead-letter index (zset: task id -> failure time, Unix seconds)
 -- ARGV[1] key prefix "{ns}:", ARGV[2] task id, ARGV[3] kind ("s" stream of a reliable-mode
--- queue, "l" list of a fast-mode one: where the dead letter came from), ARGV[4] queue,
+-- queue, "l" list of a fast-mode one: where the dead letter came from; "o" the outbox of a
+-- store paired with a foreign transport), ARGV[4] queue,
 -- ARGV[5] message, ARGV[6] unique key "<task>:<key>" ("" for none), ARGV[7] its TTL (ms).
 -- Also reads or writes: {ns}:d:<task_id> (deleted), {ns}:dlq:size and {ns}:dlq:bytes
 -- (dead_letters.lua), {ns}:u:<key> and {ns}:ub:<task_id> (claimed), {ns}:t:<task_id>
--- (deleted: the task starts afresh), {ns}:s:<queue> (XADD) or {ns}:l:<queue> (RPUSH).
+-- (deleted: the task starts afresh), {ns}:s:<queue> (XADD) or {ns}:l:<queue> (RPUSH), or
+-- {ns}:outbox:<queue> and {ns}:outboxes (kind "o", outbox.lua).
 -- A unique key is claimed for the task as unique_claim.lua does; when another task holds it,
 -- nothing changes and the holder's id is returned.
 -- Returns 1 (replayed), 0 (no such dead letter: a concurrent replay took it) or the id of
 -- the task holding the unique key.
 --@include dead_letters.lua
+--@include outbox.lua
 local key = KEY.dead_letter(ARGV[1], ARGV[2])
 if redis.call('EXISTS', key) == 0 then
   return 0
@@ -31,6 +34,8 @@ dl_drop(ARGV[1], ARGV[2])
 redis.call('DEL', KEY.record(ARGV[1], ARGV[2]))
 if ARGV[3] == 's' then
   redis.call('XADD', KEY.stream(ARGV[1], ARGV[4]), '*', 'm', ARGV[5])
+elseif ARGV[3] == 'o' then
+  ob_push(ARGV[1], ARGV[4], ARGV[5], false)
 else
   redis.call('RPUSH', KEY.list(ARGV[1], ARGV[4]), ARGV[5])
 end
