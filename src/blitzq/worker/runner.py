@@ -252,7 +252,10 @@ class Runner:
                 call = interruptible(job, call)
             return asyncio.get_running_loop().run_in_executor(self._threads, scope.run, call)
         if self._processes is None:
-            self._processes = ProcessPool(self.worker.process_pool_size)
+            w = self.worker
+            self._processes = ProcessPool(
+                w.process_pool_size, w.max_tasks_per_child, w.max_memory_per_child
+            )
         return self._processes.submit(task.fn, env.args, env.kwargs)
 
     def _arguments_fit(self, job: Job, slots: Slots) -> bool:
