@@ -1,11 +1,12 @@
 """Recycling worker processes past a task count or a memory size (``--max-tasks-per-child``,
 ``--max-memory-per-child``; Celery's names): the guard against leaks in task code.
 
-- **The worker process.** :class:`Recycler` runs in the worker beside its maintenance loops:
-  every :data:`CHECK_INTERVAL` seconds it compares the tasks the worker ran (succeeded plus
-  failed attempts) with ``max_tasks_per_child`` and the process's resident memory with
-  ``max_memory_per_child``; past either, the worker stops gracefully (it stops fetching,
-  finishes its running tasks, puts back what it fetched and did not start) and
+- **The worker process.** The runner counts the runs it starts: as the
+  ``max_tasks_per_child``-th starts, :func:`recycle_after` stops the worker; and
+  :class:`Recycler` runs beside the maintenance loops, comparing the process's resident
+  memory with ``max_memory_per_child`` every :data:`CHECK_INTERVAL` seconds. Either way the
+  worker stops gracefully (it stops fetching at once, finishes its running tasks, puts back
+  what it fetched and did not start) and
   ``blitzq worker`` exits with :data:`~blitzq.worker.worker.EXIT_RESTART` (75), which the
   supervisor takes as a planned restart, not a crash.
 - **Process-pool children** (``executor="process"``). ``max_tasks_per_child`` is the pool's
@@ -64,23 +65,30 @@ def pool_over_memory(pids: Iterable[int], limit: int) -> bool:
     return False
 
 
+def recycle_after(worker: Worker, started: int) -> None:
+    """Ask ``worker`` for a planned restart as its ``started``-th run starts (the last one
+    ``max_tasks_per_child`` allows): it stops fetching at once and finishes that run."""
+    worker.request_restart(
+        f"started {started} task(s), max-tasks-per-child is {started} (recycling)",
+        level=logging.WARNING,
+    )
+
+
 class Recycler:
-    """Stop ``worker`` to be restarted past its task count or memory; see the module docstring.
+    """Stop ``worker`` to be restarted past its memory limit; see the module docstring.
 
     Args:
         worker: the running worker.
-        max_tasks: tasks (succeeded plus failed attempts) after which it recycles, or ``None``.
-        max_memory: resident bytes above which it recycles, or ``None``.
+        max_memory: resident bytes above which it recycles.
     """
 
-    def __init__(self, worker: Worker, max_tasks: int | None, max_memory: int | None) -> None:
+    def __init__(self, worker: Worker, max_memory: int) -> None:
         self.worker = worker
-        self.max_tasks = max_tasks
         self.max_memory = max_memory
 
     async def run(self) -> None:
-        """Check every :data:`CHECK_INTERVAL` seconds until the first limit is passed (then ask
-        the worker for a planned restart) or until cancelled."""
+        """Check every :data:`CHECK_INTERVAL` seconds until the limit is passed (then ask the
+        worker for a planned restart) or until cancelled."""
         worker = self.worker
         while not worker.stopping:
             reason = self.reason()
@@ -91,14 +99,10 @@ class Recycler:
 
     def reason(self) -> str | None:
         """Why the worker must be recycled now, or ``None``."""
-        ran = self.worker.processed + self.worker.failed
-        if self.max_tasks is not None and ran >= self.max_tasks:
-            return f"ran {ran} task(s), max-tasks-per-child is {self.max_tasks} (recycling)"
-        if self.max_memory is not None:
-            rss = rss_bytes()
-            if rss is not None and rss > self.max_memory:
-                return (
-                    f"resident memory {rss / MB:.0f} MB is above max-memory-per-child "
-                    f"{self.max_memory / MB:.0f} MB (recycling)"
-                )
+        rss = rss_bytes()
+        if rss is not None and rss > self.max_memory:
+            return (
+                f"resident memory {rss / MB:.0f} MB is above max-memory-per-child "
+                f"{self.max_memory / MB:.0f} MB (recycling)"
+            )
         return None

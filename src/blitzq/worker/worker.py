@@ -291,9 +291,8 @@ class Worker:
         self._maintenance = Maintenance(self, broker)
         flusher_task = asyncio.create_task(self._flusher.run(), name="blitzq-flusher")
         background = await self._maintenance.start()
-        if self.max_tasks_per_child or self.max_memory_per_child:
-            mb = self.max_memory_per_child
-            recycler = Recycler(self, self.max_tasks_per_child, mb * MB if mb else None)
+        if self.max_memory_per_child:
+            recycler = Recycler(self, self.max_memory_per_child * MB)
             background.append(asyncio.create_task(recycler.run(), name="blitzq-recycler"))
         self._fetcher = Fetcher(self, broker, self._runner, self._slots)
         self._fetcher.start()
