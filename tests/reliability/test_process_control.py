@@ -168,18 +168,32 @@ def test_autoscale_adds_processes_under_a_burst_and_removes_idle_ones(
     )  # fmt: skip
     workers_are(sup, client, namespace, 1)
     path = tmp_path / "runs.txt"
-    handles = [producer.send_sync(WORK, (str(path), str(i), 0.3)) for i in range(40)]
+    handles = [producer.send_sync(WORK, (str(path), str(i), 0.3)) for i in range(48)]
     wait_until(lambda: len(sup.workers()) == 3, 40, f"3 processes\n{sup.output()}")
     pids = {h.result_sync(timeout=60) for h in handles}
     assert len(pids) > 1  # the added processes took tasks
     # Idle for a second: the added processes are removed (gracefully), down to the minimum.
     wait_until(lambda: len(sup.workers()) == 1, 40, f"back to 1 process\n{sup.output()}")
     tokens = [t for t, _ in runs(path)]
-    assert sorted(tokens, key=int) == [str(i) for i in range(40)]  # each ran once
+    assert sorted(tokens, key=int) == [str(i) for i in range(48)]  # each ran once
     assert "autoscale: adding worker slot" in sup.output()
     assert "autoscale: removing worker slot" in sup.output()
     sup.proc.send_signal(signal.SIGTERM)
     assert sup.proc.wait(20) == 0, sup.output()
+
+
+def test_process_control_options_are_checked_before_anything_starts(redis_url: str) -> None:
+    runner = CliRunner()
+    result = runner.invoke(cli, ["worker", APP, "--autoscale", "5,2", "--redis-url", redis_url])
+    assert result.exit_code == 2, result.output
+    assert "above the maximum" in result.output
+    result = runner.invoke(cli, ["worker", APP, "--autoscale", "1,x", "--redis-url", redis_url])
+    assert result.exit_code == 2, result.output
+    result = runner.invoke(
+        cli, ["worker", APP, "--autoscale", "1,2"], env={"BLITZQ_REDIS_URL": None}
+    )
+    assert result.exit_code == 2, result.output
+    assert "needs --redis-url" in result.output
 
 
 def test_control_scale_is_applied_read_back_and_refused_out_of_range(

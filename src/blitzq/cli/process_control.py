@@ -84,6 +84,7 @@ def process_control_options(fn: F) -> F:
             "--autoscale-backlog",
             type=click.IntRange(min=1),
             default=10,
+            metavar="N",
             show_default=True,
             help="Messages waiting per worker process above which one is added.",
         ),
@@ -173,7 +174,7 @@ def supervisor_arguments(
                 latency=control["autoscale_latency"],
             )
             kwargs.update(redis_url=s.redis_url, namespace=s.namespace, mode=s.mode, queues=queues)
-            workers = low
+            workers = min(max(workers, low), high)  # --workers: the starting count
         if control.get("reload"):
             from ..worker.reload import SourceWatcher, app_directory
 

@@ -283,6 +283,9 @@ def worker_command(
     The module is imported with the current directory on sys.path. The worker stops
     gracefully on SIGTERM or SIGINT (exit code 0): it stops fetching, waits up to
     --shutdown-timeout for running tasks and puts the rest back on their queues.
+
+    With --workers N > 1, --autoscale, --reload or a --max-*-per-child option the command
+    supervises worker processes instead; SIGHUP to it reloads them gracefully.
     """
     s = settings()
     with cli_errors(s.redis_url):
