@@ -67,9 +67,7 @@ class Elastic:
     def _reload_all(self, why: str) -> None:
         self._reload = None
         logger.warning("reloading every worker (%s): new workers start, old ones finish", why)
-        for slot in self.slots:
-            if slot.gave_up and not slot.usage_error:
-                continue
+        for slot in self.slots:  # a slot that gave up gets its chance with the new code
             slot.gave_up = slot.usage_error = False
             self._retire(slot)
             self._spawn(slot)

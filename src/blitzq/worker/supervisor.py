@@ -192,7 +192,7 @@ class Supervisor(Elastic):
     def reload(self, why: str) -> None:
         """Ask for a graceful reload of every worker (safe from any thread): each slot starts
         a new worker and the old one gets SIGTERM, finishing what it runs; a slot that gave
-        up on a usage error (an import that failed) is started again. ``why`` is logged."""
+        up (an import that failed, a crash loop) is started again. ``why`` is logged."""
         self._reload = why
         self._wake()
 
