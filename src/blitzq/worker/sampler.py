@@ -121,6 +121,9 @@ class Sampler:
                     if not failing:
                         logger.warning("autoscale: could not sample the broker: %s", exc)
                     failing = True
+                except Exception:  # a bug must not end the sampling for good
+                    logger.exception("autoscale: sampling failed")
+                    failing = True
                 else:
                     if failing:
                         logger.info("autoscale: sampling the broker again")
