@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import sys
 
+from .worker.launch import supervise
 from .worker.processes import _prctl as _prctl
 from .worker.processes import die_with_parent, guard_main, worker_command
 from .worker.restarts import RestartBudget
-from .worker.supervisor import Supervisor, supervise
+from .worker.supervisor import Supervisor
 
 __all__ = ["RestartBudget", "Supervisor", "die_with_parent", "supervise", "worker_command"]
 

@@ -114,6 +114,10 @@ class Broker:
                 stats[queue]["waiting"] += n
         return stats
 
+    async def oldest_waiting(self, queues: Sequence[str]) -> dict[str, float]:
+        """See :meth:`Transport.oldest_waiting`."""
+        return await self.transport.oldest_waiting(queues)
+
     async def purge_queue(self, queue: str) -> int:
         """See :meth:`Transport.purge_queue`; with a relay, the queue's outbox too."""
         purged = await self.transport.purge_queue(queue)
@@ -327,6 +331,30 @@ class Broker:
     async def counters(self) -> dict[str, int]:
         """See :meth:`StateStore.counters`."""
         return await self.state.counters()
+
+    async def set_scale(self, minimum: int, maximum: int) -> None:
+        """See :meth:`StateStore.set_scale`."""
+        await self.state.set_scale(minimum, maximum)
+
+    async def clear_scale(self) -> bool:
+        """See :meth:`StateStore.clear_scale`."""
+        return await self.state.clear_scale()
+
+    async def scale(self) -> tuple[int, int, float] | None:
+        """See :meth:`StateStore.scale`."""
+        return await self.state.scale()
+
+    async def publish_supervisor(self, supervisor_id: str, status: bytes, ttl: float) -> None:
+        """See :meth:`StateStore.publish_supervisor`."""
+        await self.state.publish_supervisor(supervisor_id, status, ttl)
+
+    async def unpublish_supervisor(self, supervisor_id: str) -> None:
+        """See :meth:`StateStore.unpublish_supervisor`."""
+        await self.state.unpublish_supervisor(supervisor_id)
+
+    async def supervisors(self) -> dict[str, bytes]:
+        """See :meth:`StateStore.supervisors`."""
+        return await self.state.supervisors()
 
     async def memory_policy(self) -> tuple[str, int] | None:
         """See :meth:`StateStore.memory_policy`."""

@@ -338,6 +338,32 @@ class StateStore(abc.ABC):
     async def workers(self) -> dict[str, bytes]:
         """Live workers: id to the info they registered."""
 
+    # ------------------------------------------------- supervisors (autoscale)
+    async def set_scale(self, minimum: int, maximum: int) -> None:
+        """Store the namespace's autoscale setpoint (``minimum`` <= ``maximum`` processes per
+        supervisor; the caller checks the range)."""
+        raise NotImplementedError(f"{type(self).__name__} does not keep an autoscale setpoint")
+
+    async def clear_scale(self) -> bool:
+        """Remove the autoscale setpoint; return whether there was one."""
+        raise NotImplementedError(f"{type(self).__name__} does not keep an autoscale setpoint")
+
+    async def scale(self) -> tuple[int, int, float] | None:
+        """The autoscale setpoint ``(min, max, set at in Unix seconds)``, or ``None``."""
+        return None
+
+    async def publish_supervisor(self, supervisor_id: str, status: bytes, ttl: float) -> None:
+        """Record a supervisor's status for ``ttl`` seconds (refreshed every sample)."""
+        return
+
+    async def unpublish_supervisor(self, supervisor_id: str) -> None:
+        """Remove a supervisor's status."""
+        return
+
+    async def supervisors(self) -> dict[str, bytes]:
+        """Live supervisors: id to the status they published."""
+        return {}
+
     async def counters(self) -> dict[str, int]:
         """Namespace-wide event counters kept by the broker, e.g. ``{"stale_completions": 2}``
         (completions dropped by fencing, see :meth:`complete`); absent counters are 0."""

@@ -168,6 +168,13 @@ class Transport(abc.ABC):
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
         """Per queue: ``{"waiting": n, "in_flight": n}`` (in_flight is 0 without leases)."""
 
+    async def oldest_waiting(self, queues: Sequence[str]) -> dict[str, float]:
+        """Per queue with messages waiting: when its oldest waiting message was enqueued,
+        Unix seconds on the broker's clock (what the supervisor's autoscaler reads as
+        latency). The default knows none (an empty dict): a transport that cannot tell
+        without decoding messages leaves it out."""
+        return {}
+
     @abc.abstractmethod
     async def purge_queue(self, queue: str) -> int:
         """Delete waiting messages of ``queue``; return how many."""

@@ -15,6 +15,7 @@ import click
 
 from .. import __version__
 from ._common import global_options
+from .control import control_group
 from .dashboard import dashboard_command
 from .inspect import dead_letter_group, queue_group, task_group
 from .scheduler import scheduler_group
@@ -38,6 +39,7 @@ cli.add_command(queue_group)
 cli.add_command(server_group)
 cli.add_command(scheduler_group)
 cli.add_command(dashboard_command)
+cli.add_command(control_group)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

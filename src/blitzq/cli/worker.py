@@ -31,6 +31,12 @@ from ._common import (
     mask_url,
     settings,
 )
+from .process_control import (
+    needs_supervisor,
+    process_control_options,
+    supervisor_arguments,
+    worker_arguments,
+)
 
 logger = logging.getLogger("blitzq.cli")
 
@@ -256,6 +262,7 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
     help="Refuse to start when the server's maxmemory-policy can evict blitzq's keys "
     "(default: log a warning).",
 )
+@process_control_options
 @global_options
 def worker_command(
     app: str,
@@ -269,19 +276,23 @@ def worker_command(
     configure: tuple[str, ...] = (),
     max_abandoned_threads: int = 10,
     strict_memory_policy: bool = False,
+    **control: Any,
 ) -> None:
     """Run a worker for the blitzq.Queue at MODULE:ATTR (for example myapp.tasks:queue).
 
     The module is imported with the current directory on sys.path. The worker stops
     gracefully on SIGTERM or SIGINT (exit code 0): it stops fetching, waits up to
     --shutdown-timeout for running tasks and puts the rest back on their queues.
+
+    With --workers N > 1, --autoscale, --reload or a --max-*-per-child option the command
+    supervises worker processes instead; SIGHUP to it reloads them gracefully.
     """
     s = settings()
     with cli_errors(s.redis_url):
         configure_logging(log_level, "json" if log_format == "json" else "text")
-    if workers > 1:  # a supervisor runs N copies of this command with --workers 1
+    if needs_supervisor(workers, control):  # it runs copies of this command, --workers 1
+        from ..worker.launch import supervise
         from ..worker.processes import worker_command
-        from ..worker.supervisor import supervise
 
         typed = {n: getattr(s, n) if n in s.from_command_line else None for n in _ENV}
         argv = worker_command(
@@ -295,10 +306,12 @@ def worker_command(
             extra=(["--scheduler"] if with_scheduler else [])
             + (["--strict-memory-policy"] if strict_memory_policy else [])
             + [arg for spec in configure for arg in ("--configure", spec)]
-            + ["--max-abandoned-threads", str(max_abandoned_threads)],
+            + ["--max-abandoned-threads", str(max_abandoned_threads)]
+            + worker_arguments(control),
             **typed,
         )
-        sys.exit(supervise(argv, workers, shutdown_timeout, json_output=s.json))
+        workers, more = supervisor_arguments(app, workers, _split_queues(queues), s, control)
+        sys.exit(supervise(argv, workers, shutdown_timeout, json_output=s.json, **more))
     _export_settings(s)
     queue = load_queue(app)
     _override(queue, s)
@@ -313,6 +326,8 @@ def worker_command(
             handle_signals=True,
             max_abandoned_threads=max_abandoned_threads,
             strict_memory_policy=strict_memory_policy,
+            max_tasks_per_child=control.get("max_tasks_per_child"),
+            max_memory_per_child=control.get("max_memory_per_child"),
         )
         asyncio.run(_serve(worker, with_scheduler))
     # A worker that stopped to be restarted (too many abandoned threads) says so.

@@ -36,6 +36,7 @@ from typing import Any
 
 from ..exceptions import SerializationError, describe_error
 from .execution import format_traceback
+from .recycling import MB, pool_over_memory
 
 #: Types of return values sent back from a pool process without checking they unpickle.
 _PLAIN = frozenset({type(None), bool, int, float, str, bytes, list, dict, tuple})
@@ -316,11 +317,22 @@ class ProcessPool:
 
     Args:
         size: number of processes.
+        max_tasks_per_child: calls after which a process is replaced (``None``: never).
+        max_memory_per_child: megabytes (MiB) of resident memory of a process past which,
+            after a call, the pool is replaced (running calls finish in the old one).
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(
+        self,
+        size: int,
+        max_tasks_per_child: int | None = None,
+        max_memory_per_child: int | None = None,
+    ) -> None:
         self.size = size
+        self.max_tasks_per_child = max_tasks_per_child
+        self.max_memory = max_memory_per_child * MB if max_memory_per_child else None
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._retired: list[concurrent.futures.ProcessPoolExecutor] = []
 
     def submit(
         self, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]
@@ -342,9 +354,25 @@ class ProcessPool:
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=die_with_parent,
                 initargs=(os.getpid(),),
+                max_tasks_per_child=self.max_tasks_per_child,
             )
-        future = self._pool.submit(_run_by_reference, fn.__module__, fn.__qualname__, args, kwargs)
-        return asyncio.wrap_future(future)
+        pool = self._pool
+        future = asyncio.wrap_future(
+            pool.submit(_run_by_reference, fn.__module__, fn.__qualname__, args, kwargs)
+        )
+        if self.max_memory is not None:
+            future.add_done_callback(lambda _: self._check_memory(pool))
+        return future
+
+    def _check_memory(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
+        """Replace ``pool`` (still the current one) when a process is past the memory limit."""
+        assert self.max_memory is not None
+        over = pool_over_memory(getattr(pool, "_processes", None) or {}, self.max_memory)
+        if not over or pool is not self._pool:
+            return
+        self._pool = None
+        self._retired = [p for p in self._retired if getattr(p, "_processes", None)] + [pool]
+        pool.shutdown(wait=False)
 
     def shutdown(self, kill: bool = False) -> list[multiprocessing.process.BaseProcess]:
         """Stop the pool; ``kill=True`` terminates running processes at once.
@@ -353,13 +381,16 @@ class ProcessPool:
             The processes killed (empty without ``kill``): a SIGKILLed process may still be
             exiting when its pool reports it gone, so whoever must know it is gone joins them.
         """
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return []
+        pools = [*self._retired, self._pool]
+        self._pool, self._retired = None, []
         killed: list[multiprocessing.process.BaseProcess] = []
-        if kill:
-            killed = list(getattr(pool, "_processes", {}).values())
-            for process in killed:
-                process.kill()
-        pool.shutdown(wait=not kill, cancel_futures=True)
+        for pool in pools:
+            if pool is None:
+                continue
+            if kill:
+                found = list((getattr(pool, "_processes", None) or {}).values())
+                for process in found:
+                    process.kill()
+                killed += found
+            pool.shutdown(wait=not kill, cancel_futures=True)
         return killed

@@ -29,6 +29,7 @@ from .executors import ProcessPool, ThreadPool, start_eagerly
 from .flusher import Flusher
 from .limiter import Slots
 from .progress import ProgressReporter
+from .recycling import recycle_after
 from .timeouts import (
     abandon_thread,
     interruptible,
@@ -85,6 +86,7 @@ class Runner:
         self.revoked: dict[str, float] = {}
         self.processed = 0
         self.failed = 0
+        self.started, self.start_limit = 0, worker.max_tasks_per_child or 0  # see .recycling
         self._threads: ThreadPool | None = None
         self._processes: ProcessPool | None = None
         #: Pool processes killed (hard timeout, cancel) and not yet reaped: the slot of the
@@ -174,6 +176,9 @@ class Runner:
                 return
         env, task = job.envelope, job.task
         job.started_at = time.time()
+        self.started += 1
+        if self.started == self.start_limit:
+            recycle_after(self.worker, self.started)
         context = job.context
         if context is None:  # else made by the middleware hooks
             context = TaskContext(
@@ -258,7 +263,10 @@ class Runner:
                 run = interruptible(job, run)
             return asyncio.get_running_loop().run_in_executor(self._threads, scope.run, run)
         if self._processes is None:
-            self._processes = ProcessPool(self.worker.process_pool_size)
+            w = self.worker
+            self._processes = ProcessPool(
+                w.process_pool_size, w.max_tasks_per_child, w.max_memory_per_child
+            )
         return self._processes.submit(task.fn, args, kwargs)
 
     # ------------------------------------------------------------ finishing

@@ -23,31 +23,37 @@ The supervisor
 - leaves no orphan: every worker leads its own process group, which the supervisor SIGKILLs
   when the worker ends; a worker dies with the supervisor, and a small *guard* process takes
   the workers' process groups down with a SIGKILLed supervisor (see
-  :mod:`~blitzq.worker.processes`).
+  :mod:`~blitzq.worker.processes`);
+- reloads every worker on SIGHUP or :meth:`Supervisor.reload` (``--reload``,
+  :mod:`~blitzq.worker.reload`): a new worker starts in each slot and the old one gets
+  SIGTERM (it finishes what it runs); and with ``autoscale`` adds and removes slots as
+  :mod:`~blitzq.worker.autoscale` decides from the samples of
+  :mod:`~blitzq.worker.sampler`, a removed worker stopping the same graceful way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
-import math
 import os
 import select
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from types import FrameType
 
+from .autoscale import Autoscaler, AutoscaleSettings, Sample
+from .elastic import Elastic, _Slot
 from .processes import Guard, _prctl, die_with_parent, group_alive, killpg, signal_name
+from .reload import SourceWatcher
 from .restarts import RestartBudget
+from .sampler import Sampler
 from .worker import EXIT_RESTART
 
-__all__ = ["Supervisor", "supervise"]
+__all__ = ["Supervisor"]
 
 logger = logging.getLogger("blitzq.supervisor")
 
@@ -62,45 +68,7 @@ GROUP_GRACE = 1.0
 PLANNED_RESTART_INTERVAL = 1.0
 
 
-def supervise(
-    command: Sequence[str], workers: int, shutdown_timeout: float, json_output: bool = False
-) -> int:
-    """Announce and run a :class:`Supervisor` of ``workers`` copies of ``command``.
-
-    What ``blitzq worker … --workers N`` runs: one line on stdout (a JSON document with
-    ``json_output``), then the supervision until a stop signal.
-
-    Args:
-        command: argv of one worker (see :func:`~blitzq.worker.processes.worker_command`).
-        workers: number of worker processes.
-        shutdown_timeout: seconds the workers get to stop gracefully.
-        json_output: announce as ``{"event": "supervisor_started", …}``.
-
-    Returns:
-        The exit code (see :meth:`Supervisor.run`).
-    """
-    if json_output:
-        print(json.dumps({"event": "supervisor_started", "workers": workers, "pid": os.getpid()}))
-    else:
-        print(f"blitzq supervisor pid={os.getpid()} workers={workers}")
-    sys.stdout.flush()
-    return Supervisor(command, workers, shutdown_timeout).run()
-
-
-@dataclass
-class _Slot:
-    index: int
-    budget: RestartBudget
-    proc: subprocess.Popen[bytes] | None = None
-    restart_at: float | None = None
-    gave_up: bool = False
-    usage_error: bool = False
-    pids: list[int] = field(default_factory=list)
-    started_at: float = -math.inf
-    planned_restarts: int = 0
-
-
-class Supervisor:
+class Supervisor(Elastic):
     """Keep ``workers`` copies of ``command`` running; see the module docstring.
 
     Args:
@@ -114,7 +82,14 @@ class Supervisor:
             ``max_backoff``).
         max_backoff: the longest restart delay in seconds.
         env: environment of the workers (default: this process's); each also gets
-            ``BLITZQ_WORKER_SLOT`` (0 … workers-1).
+            ``BLITZQ_WORKER_SLOT`` (0 … workers-1; the lowest free index for a slot added).
+        autoscale: scale between its bounds (``workers`` is then the starting count).
+        sampler: makes the sampler the autoscaler reads, given the ``processes``, ``status``
+            and ``wake`` callbacks (see :class:`~blitzq.worker.sampler.Sampler`); required with
+            ``autoscale``.
+        watch: reload every worker when a ``.py`` file under it changes
+            (:class:`~blitzq.worker.reload.SourceWatcher`); a slot that gave up on a usage
+            error then starts again, and the supervisor does not exit over such slots.
 
     Raises:
         ValueError: ``workers`` < 1 or an empty command.
@@ -131,6 +106,9 @@ class Supervisor:
         backoff: float = 0.25,
         max_backoff: float = 5.0,
         env: Mapping[str, str] | None = None,
+        autoscale: AutoscaleSettings | None = None,
+        sampler: Callable[..., Sampler] | None = None,
+        watch: Path | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
@@ -139,10 +117,28 @@ class Supervisor:
         self.command = list(command)
         self.shutdown_timeout = shutdown_timeout
         self.env = dict(os.environ if env is None else env)
-        self.slots = [
-            _Slot(i, RestartBudget(max_restarts, restart_window, backoff, max_backoff))
-            for i in range(workers)
-        ]
+        self._budget = functools.partial(
+            RestartBudget, max_restarts, restart_window, backoff, max_backoff
+        )
+        self.slots = [_Slot(i, self._budget()) for i in range(workers)]
+        #: workers replaced or removed, stopping gracefully.
+        self._retiring: list[subprocess.Popen[bytes]] = []
+        self._reload: str | None = None
+        self._wake_w = -1
+        self.autoscaler = Autoscaler(autoscale) if autoscale is not None else None
+        self._sampler = None
+        if sampler is not None:
+            self._sampler = sampler(
+                processes=self._started_map, status=self._status, wake=self._wake
+            )
+        self._sample: Sample | None = None
+        self._watching = watch is not None
+        self._watcher = (
+            SourceWatcher(watch, lambda paths: self.reload("changed: " + ", ".join(paths)))
+            if watch is not None
+            else None
+        )
+        self._bounds = (autoscale.minimum, autoscale.maximum) if autoscale else (workers,) * 2
         self._signals: list[int] = []
         self._stopping = False
         self._kill_at: float | None = None
@@ -165,15 +161,22 @@ class Supervisor:
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
-        handled = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)
+        self._wake_w = wake_w
+        handled = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
         previous_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         try:
             self._guard.start()
             for slot in self.slots:
                 self._spawn(slot)
+            for helper in (self._sampler, self._watcher):
+                if helper is not None:
+                    helper.start()
             return self._loop(wake_r)
         finally:
+            for helper in (self._watcher, self._sampler):
+                if helper is not None:
+                    helper.stop()
             self._kill_everything()
             signal.set_wakeup_fd(previous_fd)
             for sig, handler in previous.items():
@@ -186,9 +189,22 @@ class Supervisor:
         """Ask for a graceful stop as if ``sig`` had arrived (call from the supervising thread)."""
         self._signals.append(sig)
 
+    def reload(self, why: str) -> None:
+        """Ask for a graceful reload of every worker (safe from any thread): each slot starts
+        a new worker and the old one gets SIGTERM, finishing what it runs; a slot that gave
+        up (an import that failed, a crash loop) is started again. ``why`` is logged."""
+        self._reload = why
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"\0")
+
     # ---------------------------------------------------------------- the loop
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if signum != signal.SIGCHLD:
+        if signum == signal.SIGHUP:
+            self._reload = "SIGHUP"
+        elif signum != signal.SIGCHLD:
             self._signals.append(signum)
 
     def _loop(self, wake_r: int) -> int:
@@ -200,11 +216,21 @@ class Supervisor:
                     self._ended(slot, now)
                 if not self._stopping and slot.restart_at is not None and now >= slot.restart_at:
                     self._spawn(slot)
+            for proc in [p for p in self._retiring if p.poll() is not None]:
+                self._retiring.remove(proc)
+                self._live_groups.discard(proc.pid)
+                self._groups[proc.pid] = now + (GROUP_GRACE if proc.returncode == 0 else 0.0)
+                logger.info("retired worker (pid %d) exited with %s", proc.pid, proc.returncode)
+            if self._reload is not None and not self._stopping:
+                self._reload_all(self._reload)
+            if self.autoscaler is not None and not self._stopping:
+                self._autoscale(now)
             self._sweep_groups(now)
             if not self._stopping:
                 self._guard.check()
             if self._stopping:
-                if all(s.proc is None for s in self.slots) and not self._groups:
+                idle = all(s.proc is None for s in self.slots) and not self._retiring
+                if idle and not self._groups:
                     logger.info("supervisor stopped: every worker exited")
                     return 0
                 if self._kill_at is not None and now >= self._kill_at:
@@ -214,7 +240,9 @@ class Supervisor:
                     )
                     self._kill_at = None
                     self._kill_workers()
-            elif all(s.gave_up for s in self.slots):
+            elif all(s.gave_up for s in self.slots) and not (
+                self._watching and all(s.usage_error for s in self.slots)
+            ):
                 logger.error("every worker slot gave up: supervisor exits")
                 return EXIT_USAGE if all(s.usage_error for s in self.slots) else 1
             self._wait(wake_r, self._next_deadline(now) - now)
@@ -339,20 +367,20 @@ class Supervisor:
             self._guard.tell(f"-{pgid}")
 
     def _kill_workers(self) -> None:
-        for slot in self.slots:
-            if slot.proc is not None:
-                killpg(slot.proc.pid)
+        for proc in [s.proc for s in self.slots if s.proc is not None] + self._retiring:
+            killpg(proc.pid)
         for pgid in self._groups:
             killpg(pgid)
 
     def _kill_everything(self) -> None:
         """Last resort on the way out (also after an exception): nothing may outlive us."""
         self._kill_workers()
+        for proc in [s.proc for s in self.slots if s.proc is not None] + self._retiring:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5.0)
         for slot in self.slots:
-            if slot.proc is not None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    slot.proc.wait(5.0)
-                slot.proc = None
+            slot.proc = None
+        self._retiring.clear()
         for pgid in list(self._groups):
             self._guard.tell(f"-{pgid}")
         self._groups.clear()

@@ -31,6 +31,7 @@ from .fetch import Fetcher
 from .flusher import Flusher
 from .limiter import Limiter, Slots
 from .maintenance import Maintenance
+from .recycling import MB, Recycler
 from .runner import Runner
 
 logger = logging.getLogger("blitzq.worker")
@@ -80,6 +81,12 @@ class Worker:
         strict_memory_policy: refuse to start (ConfigurationError) when the server's
             ``maxmemory-policy`` can evict blitzq's keys; by default a WARNING is logged
             (see :mod:`blitzq.broker.eviction`).
+        max_tasks_per_child: after this many tasks (succeeded plus failed attempts) the
+            worker stops gracefully asking to be restarted, and a process-pool child is
+            replaced after this many calls (``None``: never; see :mod:`.recycling`).
+        max_memory_per_child: resident memory in megabytes (MiB) past which the worker stops
+            gracefully asking to be restarted, and past which, after a call, the process
+            pool is replaced (``None``: never; Linux only).
 
     Every numeric option must be a real number (``int`` for counts; never ``bool``), finite
     and in range (``block_timeout`` at most 60 s, ``shutdown_timeout`` at most ten years), so
@@ -105,6 +112,8 @@ class Worker:
         name: str | None = None,
         max_abandoned_threads: int = 10,
         strict_memory_policy: bool = False,
+        max_tasks_per_child: int | None = None,
+        max_memory_per_child: int | None = None,
     ) -> None:
         # Numbers are real numbers (never bool, NaN or infinite) in range: a NaN shutdown
         # timeout would make a stop unbounded (or instant), a NaN bound never trips.
@@ -117,6 +126,12 @@ class Worker:
             integer("thread_pool_size", thread_pool_size, minimum=1)
         if process_pool_size is not None:
             integer("process_pool_size", process_pool_size, minimum=1)
+        if max_tasks_per_child is not None:
+            integer("max_tasks_per_child", max_tasks_per_child, minimum=1)
+        if max_memory_per_child is not None:
+            integer("max_memory_per_child", max_memory_per_child, minimum=1)
+        self.max_tasks_per_child = max_tasks_per_child
+        self.max_memory_per_child = max_memory_per_child
         for q, n in (queue_concurrency or {}).items():
             integer(f"queue_concurrency[{q!r}]", n, minimum=1)
         flag("handle_signals", handle_signals)
@@ -204,12 +219,12 @@ class Worker:
         """Whether the worker stopped (or is stopping) to be restarted."""
         return self.restart_reason is not None
 
-    def request_restart(self, reason: str) -> None:
+    def request_restart(self, reason: str, level: int = logging.ERROR) -> None:
         """Stop gracefully and ask to be restarted (``blitzq worker`` exits with
-        :data:`EXIT_RESTART`); ``reason`` is logged."""
+        :data:`EXIT_RESTART`); ``reason`` is logged at ``level``."""
         if self.restart_reason is None:
             self.restart_reason = reason
-            logger.error("worker %s restarts: %s", self.id, reason)
+            logger.log(level, "worker %s restarts: %s", self.id, reason)
         self.stop()
 
     def stop(self) -> None:
@@ -276,6 +291,9 @@ class Worker:
         self._maintenance = Maintenance(self, broker)
         flusher_task = asyncio.create_task(self._flusher.run(), name="blitzq-flusher")
         background = await self._maintenance.start()
+        if self.max_memory_per_child:
+            recycler = Recycler(self, self.max_memory_per_child * MB)
+            background.append(asyncio.create_task(recycler.run(), name="blitzq-recycler"))
         self._fetcher = Fetcher(self, broker, self._runner, self._slots)
         self._fetcher.start()
         logger.info(

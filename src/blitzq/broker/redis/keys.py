@@ -108,6 +108,12 @@ TABLE: Final[dict[str, Key]] = {
         "worker id to registration info (MessagePack); liveness in workers:exp"),
     "worker_beats": Key("workers:exp", "zset",
         "worker ids scored by registration expiry (Unix seconds)"),
+    "scale": Key("scale", "hash",
+        "autoscale setpoint of the namespace's supervisors: `min`, `max` processes, `at` (s)"),
+    "supervisors": Key("supervisors", "hash",
+        "supervisor id to its status (JSON: processes, min, max, queues); see supervisors:exp"),
+    "supervisor_beats": Key("supervisors:exp", "zset",
+        "supervisor ids scored by status expiry (Unix seconds)"),
 }
 # fmt: on
 
@@ -275,3 +281,18 @@ class Keys:
     def worker_beats(self) -> str:
         """Sorted set of worker id scored by registration expiry (Unix seconds)."""
         return self._fixed("worker_beats")
+
+    @property
+    def scale(self) -> str:
+        """Hash of the autoscale setpoint: ``min``, ``max`` processes, ``at`` (Unix seconds)."""
+        return self._fixed("scale")
+
+    @property
+    def supervisors(self) -> str:
+        """Hash of supervisor id to its status; liveness in :attr:`supervisor_beats`."""
+        return self._fixed("supervisors")
+
+    @property
+    def supervisor_beats(self) -> str:
+        """Sorted set of supervisor id scored by status expiry (Unix seconds)."""
+        return self._fixed("supervisor_beats")

@@ -3,7 +3,8 @@
 :class:`RedisStateStore` is the :class:`~blitzq.broker.state.StateStore` of every Redis
 deployment, put together from parts by concern: ``state.py`` (completions, schedule, cancel,
 periodic, rate limits), ``records.py`` (records, workflow state, progress), ``dead_letters.py``,
-``inspection.py`` (registries, counters) and ``control.py`` (unique keys, locks), all reading
+``inspection.py`` (registries, counters), ``control.py`` (unique keys, locks) and
+``scaling.py`` (autoscale setpoint, supervisor status), all reading
 one :class:`~.connection.RedisConnection`. Its logic is the Lua in ``lua/``.
 """
 
@@ -18,13 +19,20 @@ from .dead_letters import RedisDeadLetters
 from .inspection import RedisInspection
 from .outbox import RedisOutbox
 from .records import RedisRecords
+from .scaling import RedisScaling
 from .state import RedisState
 
 __all__ = ["RedisStateStore"]
 
 
 class RedisStateStore(
-    RedisState, RedisRecords, RedisDeadLetters, RedisInspection, RedisControl, StateStore
+    RedisState,
+    RedisRecords,
+    RedisDeadLetters,
+    RedisInspection,
+    RedisControl,
+    RedisScaling,
+    StateStore,
 ):
     """The Redis state store on a connection it may share with a Redis transport.
 

@@ -258,6 +258,30 @@ class StreamsTransport(RedisPart, Transport):
         return out
 
     @translate_errors
+    async def oldest_waiting(self, queues: Sequence[str]) -> dict[str, float]:
+        """When the oldest waiting (undelivered) entry of each queue was added: Unix seconds
+        on the server's clock, read from its stream entry id; a queue with nothing waiting
+        is left out."""
+        out: dict[str, float] = {}
+        for queue in queues:
+            key = self.keys.stream(queue)
+            last = b"0-0"
+            try:
+                groups = await self.client.xinfo_groups(key)
+            except ResponseError:
+                groups = []
+            for group in groups:
+                if group.get("name") in (GROUP, GROUP.encode()):
+                    found = group.get("last-delivered-id", b"0-0")
+                    last = found if isinstance(found, bytes) else str(found).encode()
+            entries = await self.client.xrange(key, min=b"(" + last, count=1)
+            if entries:
+                entry_id = entries[0][0]
+                text = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+                out[queue] = int(text.split("-")[0]) / 1000.0
+        return out
+
+    @translate_errors
     async def purge_queue(self, queue: str) -> int:
         """Delete waiting entries of the stream (in-flight ones stay until completed)."""
         key = self.keys.stream(queue)
