@@ -256,6 +256,22 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
     help="Refuse to start when the server's maxmemory-policy can evict blitzq's keys "
     "(default: log a warning).",
 )
+@click.option(
+    "--burst",
+    is_flag=True,
+    default=False,
+    help="Drain the queues (waiting and due scheduled messages), then exit 0 once they are "
+    "empty and nothing runs.",
+)
+@click.option(
+    "--unknown-task-grace",
+    type=Seconds(minimum=0.0),
+    default=300.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A task this worker does not know goes back on the schedule for a worker that "
+    "knows it, for this long after its enqueue; then it is dead-lettered (0: at once).",
+)
 @global_options
 def worker_command(
     app: str,
@@ -269,6 +285,8 @@ def worker_command(
     configure: tuple[str, ...] = (),
     max_abandoned_threads: int = 10,
     strict_memory_policy: bool = False,
+    burst: bool = False,
+    unknown_task_grace: float = 300.0,
 ) -> None:
     """Run a worker for the blitzq.Queue at MODULE:ATTR (for example myapp.tasks:queue).
 
@@ -279,6 +297,8 @@ def worker_command(
     s = settings()
     with cli_errors(s.redis_url):
         configure_logging(log_level, "json" if log_format == "json" else "text")
+    if workers > 1 and burst:
+        raise CliUsageError("--burst runs one worker process: leave --workers out")
     if workers > 1:  # a supervisor runs N copies of this command with --workers 1
         from ..worker.processes import worker_command
         from ..worker.supervisor import supervise
@@ -295,7 +315,8 @@ def worker_command(
             extra=(["--scheduler"] if with_scheduler else [])
             + (["--strict-memory-policy"] if strict_memory_policy else [])
             + [arg for spec in configure for arg in ("--configure", spec)]
-            + ["--max-abandoned-threads", str(max_abandoned_threads)],
+            + ["--max-abandoned-threads", str(max_abandoned_threads)]
+            + ["--unknown-task-grace", repr(unknown_task_grace)],
             **typed,
         )
         sys.exit(supervise(argv, workers, shutdown_timeout, json_output=s.json))
@@ -313,6 +334,8 @@ def worker_command(
             handle_signals=True,
             max_abandoned_threads=max_abandoned_threads,
             strict_memory_policy=strict_memory_policy,
+            burst=burst,
+            unknown_task_grace=unknown_task_grace,
         )
         asyncio.run(_serve(worker, with_scheduler))
     # A worker that stopped to be restarted (too many abandoned threads) says so.

@@ -115,6 +115,11 @@ class Runner:
         """Begin one delivery that holds one slot of ``slots`` (:func:`.admission.start`)."""
         admission.start(self, d, slots)
 
+    @property
+    def idle(self) -> bool:
+        """Whether nothing runs here and no start is pending (burst mode asks)."""
+        return not self.jobs and not self._pending
+
     def hold_start(self, pending: asyncio.Task[None], d: Delivery) -> None:
         """Track ``pending``, a coroutine that will start (or end) delivery ``d``."""
         self._pending[pending] = d

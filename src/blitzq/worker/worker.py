@@ -27,6 +27,7 @@ from ..extensions.signals import Signal, SignalEvent
 from ..queue import Queue
 from ..routing import base_queue, levels
 from ..serialization import dumps
+from .burst import drain
 from .fetch import Fetcher
 from .flusher import Flusher
 from .limiter import Limiter, Slots
@@ -80,6 +81,12 @@ class Worker:
         strict_memory_policy: refuse to start (ConfigurationError) when the server's
             ``maxmemory-policy`` can evict blitzq's keys; by default a WARNING is logged
             (see :mod:`blitzq.broker.eviction`).
+        burst: drain the queues and stop once they are empty and nothing runs (see
+            :mod:`blitzq.worker.burst`; ``blitzq worker --burst``).
+        unknown_task_grace: seconds, from a message's first enqueue, during which a task
+            this worker does not know is put back on the schedule for a worker that knows it
+            (a rolling deploy); after that it is dead-lettered with reason
+            ``"unknown task"``. 0 dead-letters at once (see :mod:`blitzq.worker.unknown`).
 
     Every numeric option must be a real number (``int`` for counts; never ``bool``), finite
     and in range (``block_timeout`` at most 60 s, ``shutdown_timeout`` at most ten years), so
@@ -105,6 +112,8 @@ class Worker:
         name: str | None = None,
         max_abandoned_threads: int = 10,
         strict_memory_policy: bool = False,
+        burst: bool = False,
+        unknown_task_grace: float = 300.0,
     ) -> None:
         # Numbers are real numbers (never bool, NaN or infinite) in range: a NaN shutdown
         # timeout would make a stop unbounded (or instant), a NaN bound never trips.
@@ -121,6 +130,8 @@ class Worker:
             integer(f"queue_concurrency[{q!r}]", n, minimum=1)
         flag("handle_signals", handle_signals)
         flag("strict_memory_policy", strict_memory_policy)
+        flag("burst", burst)
+        seconds("unknown_task_grace", unknown_task_grace, strict=False)
         text("name", name)
         if isinstance(queues, str):
             raise ConfigurationError(f"queues must be a list of queue names, got {queues!r}")
@@ -148,6 +159,8 @@ class Worker:
         #: Messages a blocking fetch returned that found no free slot and went back at once.
         self.handed_back = 0
         self.strict_memory_policy = strict_memory_policy
+        self.burst = burst
+        self.unknown_task_grace = float(unknown_task_grace)
         self.id = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._stop_event: asyncio.Event | None = None
         self._stopping = False
@@ -278,6 +291,9 @@ class Worker:
         background = await self._maintenance.start()
         self._fetcher = Fetcher(self, broker, self._runner, self._slots)
         self._fetcher.start()
+        if self.burst:  # stops the worker once its queues are drained
+            burst = drain(self, self._fetcher, self._flusher)
+            background.append(asyncio.create_task(burst, name="blitzq-burst"))
         logger.info(
             "worker %s started: queues=%s concurrency=%d mode=%s",
             self.id, ",".join(self.queues), self.concurrency, self.queue.mode,
