@@ -8,11 +8,14 @@ a real Redis (a private ``redis-server`` where a test needs a server configured 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -20,7 +23,8 @@ from click.testing import CliRunner, Result
 
 from blitzq import Queue
 from blitzq.cli import cli
-from tests.integration.proc_tasks import eventually, make_worker, running
+from tests.integration.proc_tasks import eventually, make_worker, running, worker_thread
+from tests.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.integration.ops_app:queue"
@@ -137,3 +141,100 @@ async def test_an_unknown_task_is_dead_lettered_after_the_grace(
     assert "deploy.nobody_knows" in dead[0].error
     assert "0.5 s" in dead[0].error
     await queue.close()
+
+
+# -------------------------------------------------------------- dead letters
+def json_out(result: Result) -> Any:
+    """The JSON document a ``--json`` command printed (exit code 0 checked)."""
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.timeout(90)
+def test_dead_letter_filters_show_replay_purge_and_summary(
+    make_queue: Callable[..., Queue], invoke: Callable[..., Result], redis_url: str
+) -> None:
+    queue = make_queue(name="dl")
+
+    @queue.task(name="dl.value", retries=0)
+    async def value(n: int) -> None:
+        raise ValueError(f"bad {n}")
+
+    @queue.task(name="dl.key", retries=0, queue="dl2")
+    async def key(n: int) -> None:
+        raise KeyError(n)
+
+    with worker_thread(queue, queues=["dl", "dl2"], unknown_task_grace=0):
+        for n in range(3):
+            value.enqueue_sync(n)
+        key.enqueue_sync(1)
+        key.options(priority="high").enqueue_sync(2)
+        queue.send_sync("dl.gone", (0,))
+        wait_until(lambda: queue.dead_letter_count_sync() == 6, 30, "six dead letters")
+    old = queue.dead_letters_sync(task="dl.value", limit=1)[0]
+    with redis.Redis.from_url(redis_url) as client:  # one of them failed two hours ago
+        client.hset(f"{{{queue.namespace}}}:d:{old.id}", "failed_at", time.time() - 7200)
+
+    def ids(*args: str) -> set[str]:
+        doc = json_out(invoke("dead-letter", "list", "--json", *args))
+        return {d["id"] for d in doc["dead_letters"]}
+
+    assert len(ids("--task", "dl.value")) == 3
+    assert len(ids("--error-type", "ValueError")) == 3
+    assert len(ids("--error-type", "builtins.KeyError")) == 0  # builtins are unqualified
+    assert len(ids("--queue", "dl2")) == 2  # its :high level included
+    assert len(ids("--queue", "dl2:high")) == 1
+    assert len(ids("--reason", "unknown task", "--task", "dl.gone")) == 1
+    assert ids("--older-than", "1h") == {old.id}
+    assert len(ids("--newer-than", "1h")) == 5
+    assert len(ids("--task", "dl.value", "--limit", "2")) == 2
+    assert invoke("dead-letter", "list", "--older-than", "soon").exit_code == 2
+    human = invoke("dead-letter", "list", "--task", "nobody")
+    assert "no dead letters match" in human.stdout
+
+    shown = json_out(invoke("dead-letter", "show", old.id, "--json"))
+    assert shown["task"] == "dl.value"
+    assert shown["error_type"] == "ValueError"
+    assert shown["args"] == old.args
+    assert "ValueError" in invoke("dead-letter", "show", old.id).stdout
+    assert invoke("dead-letter", "show", "no-such-id").exit_code == 1
+
+    summary = json_out(invoke("dead-letter", "summary", "--json"))
+    assert summary["total"] == 6
+    assert summary["by_task"] == {"dl.value": 3, "dl.key": 2, "dl.gone": 1}
+    assert summary["by_reason"] == {"failed": 5, "unknown task": 1}
+    assert summary["by_error_type"] == {"ValueError": 3, "KeyError": 2, "": 1}
+    assert "dl.value" in invoke("dead-letter", "summary").stdout
+
+    dry = json_out(
+        invoke("dead-letter", "replay", "--all", "--task", "dl.key", "--dry-run", "--json")
+    )
+    assert [o["outcome"] for o in dry["outcomes"]] == ["dry run", "dry run"]
+    assert queue.dead_letter_count_sync() == 6
+    one = invoke("dead-letter", "replay", old.id, "--dry-run")
+    assert one.exit_code == 0
+    assert "would replay" in one.stdout
+    assert invoke("dead-letter", "replay", "--all", old.id).exit_code == 2
+    assert invoke("dead-letter", "replay", "--all", "--rate", "fast").exit_code == 2
+
+    replayed = json_out(
+        invoke("dead-letter", "replay", "--all", "--task", "dl.key", "--rate", "50/s", "--json")
+    )
+    assert sorted(o["outcome"] for o in replayed["outcomes"]) == ["replayed", "replayed"]
+    assert queue.dead_letter_count_sync() == 4
+    stats = queue.stats_sync(["dl2", "dl2:high"])["queues"]
+    assert stats["dl2"]["waiting"] + stats["dl2:high"]["waiting"] == 2
+
+    declined = invoke("dead-letter", "purge", "--error-type", "ValueError", input="n\n")
+    assert declined.exit_code == 1
+    assert "Delete 3 matching dead letter(s)" in declined.output
+    purged = invoke("dead-letter", "purge", "--error-type", "ValueError", input="y\n")
+    assert purged.exit_code == 0
+    assert "purged 3" in purged.stdout
+    assert json_out(
+        invoke("dead-letter", "purge", "--reason", "unknown task", "--yes", "--json")
+    ) == {"purged": 1}
+    assert queue.dead_letter_count_sync() == 0
+    queue.purge_queue_sync("dl2")
+    queue.purge_queue_sync("dl2:high")
+    queue.close_sync()

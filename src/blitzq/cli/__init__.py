@@ -15,7 +15,8 @@ import click
 
 from .. import __version__
 from ._common import global_options
-from .inspect import dead_letter_group, queue_group, task_group
+from .dead_letters import dead_letter_group
+from .inspect import queue_group, task_group
 from .scheduler import scheduler_group
 from .server import server_group
 from .worker import worker_command

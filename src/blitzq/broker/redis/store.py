@@ -3,7 +3,8 @@
 :class:`RedisStateStore` is the :class:`~blitzq.broker.state.StateStore` of every Redis
 deployment, put together from parts by concern: ``state.py`` (completions, schedule, cancel,
 periodic, rate limits), ``records.py`` (records, workflow state, progress), ``dead_letters.py``,
-``inspection.py`` (registries, counters) and ``control.py`` (unique keys, locks), all reading
+``inspection.py`` (registries, counters), ``control.py`` (unique keys, locks) and
+``schedules.py`` (run-time periodic entries), all reading
 one :class:`~.connection.RedisConnection`. Its logic is the Lua in ``lua/``.
 """
 
@@ -16,13 +17,20 @@ from .control import RedisControl
 from .dead_letters import RedisDeadLetters
 from .inspection import RedisInspection
 from .records import RedisRecords
+from .schedules import RedisSchedules
 from .state import RedisState
 
 __all__ = ["RedisStateStore"]
 
 
 class RedisStateStore(
-    RedisState, RedisRecords, RedisDeadLetters, RedisInspection, RedisControl, StateStore
+    RedisState,
+    RedisRecords,
+    RedisDeadLetters,
+    RedisInspection,
+    RedisControl,
+    RedisSchedules,
+    StateStore,
 ):
     """The Redis state store on a connection it may share with a Redis transport.
 
