@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 import redis
@@ -23,6 +26,7 @@ from click.testing import CliRunner, Result
 
 from blitzq import Queue
 from blitzq.cli import cli
+from blitzq.serialization import decode_envelope
 from tests.integration.proc_tasks import eventually, make_worker, running, worker_thread
 from tests.polling import wait_until
 
@@ -238,3 +242,92 @@ def test_dead_letter_filters_show_replay_purge_and_summary(
     queue.purge_queue_sync("dl2")
     queue.purge_queue_sync("dl2:high")
     queue.close_sync()
+
+
+# ------------------------------------------------------------ run-time schedules
+def _dispatched(client: redis.Redis, namespace: str, name: str) -> list[int]:
+    """Occurrences (Unix seconds) of periodic entry ``name`` dispatched to queue ``ops``."""
+    out = []
+    for _, fields in client.xrange("{" + namespace + "}:s:ops"):
+        task_id = decode_envelope(fields[b"m"]).id
+        prefix = f"periodic:{name}:"
+        if task_id.startswith(prefix):
+            out.append(int(task_id.removeprefix(prefix)))
+    return sorted(out)
+
+
+@pytest.mark.timeout(90)
+def test_runtime_schedules_are_picked_up_by_a_running_scheduler(
+    invoke: Callable[..., Result], redis_url: str, namespace: str
+) -> None:
+    proc = subprocess.Popen(
+        blitzq(redis_url, namespace, "scheduler", "run", APP, "--poll-interval", "0.2"),
+        cwd=ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    client = redis.Redis.from_url(redis_url)
+    try:
+        added = invoke(
+            "schedule", "add", "rt.add", "--task", "ops.add", "--every", "1",
+            "--args", "[40, 2]", "--json",
+        )  # fmt: skip
+        assert json_out(added) == {"added": True, "name": "rt.add", "schedule": "every 1s"}
+        berlin = invoke(
+            "schedule", "add", "rt.berlin", "--task", "ops.add", "--cron", "0 9 * * *",
+            "--tz", "Europe/Berlin", "--kwargs", '{"a": 1, "b": 2}',
+        )  # fmt: skip
+        assert berlin.exit_code == 0, berlin.output
+        # The running scheduler dispatches the new entry without a restart.
+        wait_until(lambda: len(_dispatched(client, namespace, "rt.add")) >= 2, 30, "rt.add runs")
+        envelope = decode_envelope(client.xrange("{" + namespace + "}:s:ops", count=1)[0][1][b"m"])
+        assert envelope.task == "ops.add"
+        assert envelope.args == [40, 2]
+
+        listed = {s["name"]: s for s in json_out(invoke("schedule", "list", "--json"))["schedules"]}
+        assert sorted(listed) == ["rt.add", "rt.berlin"]
+        assert listed["rt.add"]["last_run"] is not None
+        assert listed["rt.berlin"]["zone"] == "Europe/Berlin"
+        next_berlin = datetime.fromisoformat(listed["rt.berlin"]["next_run"])
+        assert next_berlin.astimezone(ZoneInfo("Europe/Berlin")).hour == 9
+        assert listed["rt.berlin"]["kwargs"] == {"a": 1, "b": 2}
+        human = invoke("schedule", "list").stdout
+        assert "09:00:00 Europe/Berlin" in human
+        # `scheduler list` shows code-defined and run-time entries, times with their zone.
+        rows = json_out(invoke("scheduler", "list", APP, "--json"))["periodic_tasks"]
+        assert {r["name"]: r["source"] for r in rows} == {
+            "ops.hourly": "code", "rt.add": "runtime", "rt.berlin": "runtime",
+        }  # fmt: skip
+        assert "Europe/Berlin" in invoke("scheduler", "list", APP).stdout
+
+        removed = invoke("schedule", "remove", "rt.add")
+        assert removed.exit_code == 0, removed.output
+        after = client.time()[0]
+        assert invoke("schedule", "remove", "rt.add").exit_code == 1
+        # Once a later entry runs, the scheduler has read the entries without rt.add.
+        assert (
+            invoke("schedule", "add", "rt.later", "--task", "ops.add", "--every", "1").exit_code
+            == 0
+        )
+        wait_until(
+            lambda: [t for t in _dispatched(client, namespace, "rt.later") if t > after + 1],
+            30,
+            "rt.later runs",
+        )
+        assert not [t for t in _dispatched(client, namespace, "rt.add") if t > after + 1]
+        assert (
+            invoke("schedule", "add", "bad", "--task", "ops.add", "--cron", "nope").exit_code == 2
+        )
+        assert invoke("schedule", "add", "bad", "--task", "ops.add").exit_code == 2
+        assert (
+            invoke("schedule", "add", "bad", "--task", "x", "--every", "1", "--args", "{").exit_code
+            == 2
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        client.close()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert b"run-time schedule rt.add added" in err
+    assert b"run-time schedule rt.add removed" in err

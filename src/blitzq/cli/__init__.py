@@ -17,6 +17,7 @@ from .. import __version__
 from ._common import global_options
 from .dead_letters import dead_letter_group
 from .inspect import queue_group, task_group
+from .schedule import schedule_group
 from .scheduler import scheduler_group
 from .server import server_group
 from .worker import worker_command
@@ -37,6 +38,7 @@ cli.add_command(dead_letter_group)
 cli.add_command(queue_group)
 cli.add_command(server_group)
 cli.add_command(scheduler_group)
+cli.add_command(schedule_group)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
