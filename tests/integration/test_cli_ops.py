@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from click.testing import CliRunner, Result
 from blitzq import Queue
 from blitzq.cli import cli
 from blitzq.serialization import decode_envelope
+from tests.conftest import SessionRedis, free_port
 from tests.integration.proc_tasks import eventually, make_worker, running, worker_thread
 from tests.polling import wait_until
 
@@ -331,3 +333,72 @@ def test_runtime_schedules_are_picked_up_by_a_running_scheduler(
     assert proc.returncode == 0, err.decode()[-2000:]
     assert b"run-time schedule rt.add added" in err
     assert b"run-time schedule rt.add removed" in err
+
+
+# -------------------------------------------------------------------- check
+def _checks(result: Result) -> dict[str, dict[str, str]]:
+    doc = json.loads(result.stdout)
+    assert doc["exit_code"] == result.exit_code
+    return {c["name"]: c for c in doc["checks"]}
+
+
+@pytest.mark.timeout(60)
+def test_check_exit_codes_and_findings(
+    invoke: Callable[..., Result], make_queue: Callable[..., Queue], redis_url: str, namespace: str
+) -> None:
+    # 0: a reachable server that evicts nothing; warnings for what deserves a look.
+    queue = make_queue(name="ops")
+    with redis.Redis.from_url(redis_url) as client:
+        if client.config_get("maxmemory-policy")["maxmemory-policy"] != "noeviction":
+            pytest.skip("the shared server evicts keys")
+        for name, task in (("rt.stale", "ops.add"), ("rt.alien", "other.app")):
+            added = invoke("schedule", "add", name, "--task", task, "--every", "60")
+            assert added.exit_code == 0, added.output
+        client.hset("{" + namespace + "}:periodic", "rt.stale", time.time() - 3600)
+        with worker_thread(queue, queues=["ops"]):
+            wait_until(lambda: queue.stats_sync()["workers"] == 1, 30, "the worker registered")
+            before = sorted(client.scan_iter(match="{" + namespace + "}:*"))
+            result = invoke("check", APP, "--json")
+            after = sorted(client.scan_iter(match="{" + namespace + "}:*"))
+        assert after == before  # read-only: no key made
+    assert result.exit_code == 0, result.output
+    checks = _checks(result)
+    assert checks["connectivity"]["status"] == "ok"
+    assert checks["server"]["status"] == "ok"
+    assert checks["eviction"]["status"] == "ok"
+    assert checks["workers"]["detail"] == "1 live worker(s)"
+    assert "queue ops" not in checks  # consumed by the worker
+    assert checks["periodic ops.hourly"]["status"] == "warn"  # never dispatched
+    assert "no scheduler is dispatching it" in checks["periodic rt.stale"]["detail"]
+    assert checks["periodic rt.alien"]["status"] == "warn"
+    human = invoke("check", APP)
+    assert human.exit_code == 0
+    assert "WARN  periodic rt.stale" in human.stdout
+
+    # 1: nothing listens there.
+    unreachable = invoke("check", APP, "--json", url=f"redis://127.0.0.1:{free_port()}/0")
+    assert unreachable.exit_code == 1
+    assert _checks(unreachable)["connectivity"]["status"] == "fail"
+
+
+@pytest.mark.timeout(60)
+def test_check_exits_78_when_the_server_can_evict_keys(invoke: Callable[..., Result]) -> None:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("no redis-server binary")
+    server = SessionRedis(binary)
+    try:
+        assert server.wait_ready()
+        with redis.Redis.from_url(server.url) as client:
+            client.config_set("maxmemory", 64 * 1024 * 1024)
+            client.config_set("maxmemory-policy", "allkeys-lru")
+        result = invoke("check", APP, "--json", url=server.url)
+        assert result.exit_code == 78, result.output
+        eviction = _checks(result)["eviction"]
+        assert eviction["status"] == "fail"
+        assert "allkeys-lru" in eviction["detail"]
+        human = invoke("check", APP, url=server.url)
+        assert human.exit_code == 78
+        assert "FAIL  eviction" in human.stdout
+    finally:
+        server.stop()

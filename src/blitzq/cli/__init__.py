@@ -15,6 +15,7 @@ import click
 
 from .. import __version__
 from ._common import global_options
+from .check import check_command
 from .dead_letters import dead_letter_group
 from .inspect import queue_group, task_group
 from .schedule import schedule_group
@@ -39,6 +40,7 @@ cli.add_command(queue_group)
 cli.add_command(server_group)
 cli.add_command(scheduler_group)
 cli.add_command(schedule_group)
+cli.add_command(check_command)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
