@@ -8,6 +8,7 @@ a real Redis (a private ``redis-server`` where a test needs a server configured 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -402,3 +403,21 @@ def test_check_exits_78_when_the_server_can_evict_keys(invoke: Callable[..., Res
         assert "FAIL  eviction" in human.stdout
     finally:
         server.stop()
+
+
+async def test_a_burst_worker_in_fast_mode_returns_once_drained(
+    make_queue: Callable[..., Queue],
+) -> None:
+    queue = make_queue(name="burst", mode="fast")
+
+    @queue.task(name="burst.double")
+    async def double(x: int) -> int:
+        return 2 * x
+
+    handles = [await double.enqueue(i) for i in range(30)]
+    worker = make_worker(queue, queues=["burst"], burst=True, concurrency=5)
+    await asyncio.wait_for(worker.run(), 60)  # returns by itself
+    assert worker.processed == 30
+    assert [await h.result(timeout=5) for h in handles] == [2 * i for i in range(30)]
+    assert (await queue.stats(["burst"]))["queues"]["burst"] == {"waiting": 0, "in_flight": 0}
+    await queue.close()
