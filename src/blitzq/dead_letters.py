@@ -8,6 +8,7 @@ error, the queue and the time); :meth:`DeadLetter.from_fields` turns those into 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,9 @@ from .exceptions import SerializationError
 from .serialization import decode_envelope
 
 __all__ = ["DeadLetter"]
+
+#: A (dotted) exception type name, as ``describe_error`` writes it before ``": "``.
+_TYPE_NAME = re.compile(r"[A-Za-z_][\w.]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,15 @@ class DeadLetter:
         mode = {"s": "reliable", "l": "fast"}.get(kind)
         return cls(task_id, task, queue, reason, error, failed_at, args, kwargs, message, mode)
 
+    @property
+    def error_type(self) -> str:
+        """The exception type of a task that failed (reason ``"failed"``), as its record
+        names it (``"ValueError"``, ``"myapp.errors.Gone"``); ``""`` for the other reasons."""
+        if self.reason != "failed":
+            return ""
+        head, sep, _ = self.error.partition(": ")
+        return head if sep and _TYPE_NAME.fullmatch(head) else ""
+
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (for ``--json`` output); the message bytes are left out."""
         return {
@@ -81,6 +94,7 @@ class DeadLetter:
             "queue": self.queue,
             "reason": self.reason,
             "error": self.error,
+            "error_type": self.error_type,
             "failed_at": self.failed_at,
             "args": self.args,
             "kwargs": self.kwargs,

@@ -258,24 +258,31 @@ def build_message(owner: Queue, entry: PeriodicTask, occurrence: float, now: flo
     return encode_envelope(env, owner.max_message_size)
 
 
-async def periodic_status(queue: Queue, now: float | None = None) -> list[dict[str, Any]]:
-    """Each periodic entry of ``queue`` with its schedule, next and last run.
+async def periodic_status(
+    queue: Queue, now: float | None = None, extra: Sequence[PeriodicTask] = ()
+) -> list[dict[str, Any]]:
+    """Each periodic entry of ``queue`` (and of ``extra``) with its schedule, next and last
+    run.
 
     Args:
         queue: the Queue whose entries to describe.
         now: the time to compute the next runs from (Unix seconds); default the broker's
             clock, which is what decides when they run.
+        extra: more entries (the run-time ones a scheduler of ``queue`` dispatches).
 
     Returns:
         One dict per entry, sorted by name: ``name``, ``task``, ``schedule`` (text),
-        ``missed``, ``queue``, ``next_run`` and ``last_run`` (Unix seconds or ``None``).
+        ``missed``, ``queue``, ``next_run`` and ``last_run`` (Unix seconds or ``None``),
+        ``zone`` (the IANA zone of a cron schedule, else ``None``) and ``source``
+        (``"code"``, or ``"runtime"`` for ``extra``).
 
     Raises:
         BrokerError: the broker could not be reached.
     """
     if now is None:
         now = await queue.broker.server_time()
-    entries = sorted(queue.periodic_tasks.values(), key=lambda e: e.name)
+    code = set(queue.periodic_tasks)
+    entries = sorted([*queue.periodic_tasks.values(), *extra], key=lambda e: e.name)
     history = await queue.broker.periodic_last([e.name for e in entries]) if entries else {}
     rows = []
     for entry in entries:
@@ -292,6 +299,8 @@ async def periodic_status(queue: Queue, now: float | None = None) -> list[dict[s
                 "queue": entry.target_queue(),
                 "next_run": next_run,
                 "last_run": history.get(entry.name),
+                "zone": entry.schedule.tz if isinstance(entry.schedule, Cron) else None,
+                "source": "code" if entry.name in code else "runtime",
             }
         )
     return rows

@@ -21,7 +21,8 @@ Missed-run policies, for the occurrences due since the last dispatched one:
   seconds old (it is "due now"); older ones are dropped (logged once per occurrence).
 
 The entries themselves (:class:`~blitzq.periodic.PeriodicTask`, their validation and their
-messages) live in :mod:`blitzq.periodic`; this module re-exports them.
+messages) live in :mod:`blitzq.periodic`; this module re-exports them. Each tick also reads
+the run-time entries (``blitzq schedule add``, :mod:`blitzq.runtime_schedules`).
 
 A periodic task with no history (never dispatched in this namespace) starts from the moment a
 scheduler first sees it: nothing before that is treated as missed.
@@ -58,6 +59,7 @@ from .periodic import MissedPolicy, PeriodicTask, periodic_status
 from .periodic import as_schedule as as_schedule
 from .periodic import build_message as build_message
 from .periodic import make_periodic as make_periodic
+from .runtime_schedules import RuntimeEntries
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -135,6 +137,8 @@ class Scheduler:
         self._known_queues: set[str] = set()
         self._stopping = False
         self._wake: asyncio.Event | None = None
+        #: The run-time entries (``blitzq schedule add``), read again on each tick.
+        self.runtime = RuntimeEntries(queue)
 
     def __repr__(self) -> str:
         return f"<Scheduler {self.queue.name} entries={len(self.queue.periodic_tasks)}>"
@@ -221,7 +225,8 @@ class Scheduler:
         """
         queue = self.queue
         broker = queue.broker
-        entries = list(queue.periodic_tasks.values())
+        runtime = await self.runtime.refresh()  # `blitzq schedule add`: picked up here
+        entries = [*queue.periodic_tasks.values(), *runtime.values()]
         dispatched = 0
         if entries:
             await self._remember_queues(entries)
@@ -259,7 +264,7 @@ class Scheduler:
         """Seconds to sleep after a tick at ``now`` (the broker's time): up to the next
         occurrence, at most ``poll_interval``."""
         wait = self.poll_interval
-        for entry in self.queue.periodic_tasks.values():
+        for entry in [*self.queue.periodic_tasks.values(), *self.runtime.entries.values()]:
             try:
                 wait = min(wait, entry.schedule.next_after(now) - now)
             except ConfigurationError:

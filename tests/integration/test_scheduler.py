@@ -387,7 +387,7 @@ async def test_scheduler_list_shows_schedule_next_and_last_run(
     assert (
         lines["cli.beat"]
         .rstrip()
-        .endswith(datetime.fromtimestamp(t0 + 60).strftime("%Y-%m-%d %H:%M:%S"))
+        .endswith(datetime.fromtimestamp(t0 + 60).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z"))
     )
 
 

@@ -108,7 +108,7 @@ async def app(make_queue: Callable[..., Queue], mode: str) -> AsyncIterator[App]
     """The test app on a Queue in ``mode``, with an in-process worker running."""
     queue = make_queue(mode=mode)
     made = App(queue)
-    async with running(make_worker(queue, concurrency=20)):
+    async with running(make_worker(queue, concurrency=20, unknown_task_grace=0)):
         yield made
     await queue.close()
 

@@ -213,6 +213,18 @@ class Broker:
         """See :meth:`StateStore.periodic_last`."""
         return await self.state.periodic_last(names)
 
+    async def runtime_periodic(self) -> dict[str, bytes]:
+        """See :meth:`StateStore.runtime_periodic`."""
+        return await self.state.runtime_periodic()
+
+    async def set_runtime_periodic(self, name: str, definition: bytes) -> None:
+        """See :meth:`StateStore.set_runtime_periodic`."""
+        await self.state.set_runtime_periodic(name, definition)
+
+    async def remove_runtime_periodic(self, name: str) -> bool:
+        """See :meth:`StateStore.remove_runtime_periodic`."""
+        return await self.state.remove_runtime_periodic(name)
+
     # ========================================================== cancellation
     async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
         """See :meth:`StateStore.cancel`."""
@@ -307,6 +319,10 @@ class Broker:
         """See :meth:`StateStore.purge_dead_letters`."""
         return await self.state.purge_dead_letters()
 
+    async def delete_dead_letters(self, task_ids: Sequence[str]) -> int:
+        """See :meth:`StateStore.delete_dead_letters`."""
+        return await self.state.delete_dead_letters(task_ids)
+
     # ============================================================ inspection
     async def known_queues(self) -> list[str]:
         """See :meth:`StateStore.known_queues`."""
@@ -359,6 +375,10 @@ class Broker:
     async def memory_policy(self) -> tuple[str, int] | None:
         """See :meth:`StateStore.memory_policy`."""
         return await self.state.memory_policy()
+
+    async def server_info(self) -> dict[str, str]:
+        """See :meth:`StateStore.server_info`."""
+        return await self.state.server_info()
 
     # ============================================================ lifecycle
     async def ping(self) -> None:

@@ -177,6 +177,20 @@ class StateStore(abc.ABC):
         """The last dispatched occurrence (Unix seconds) of each name that has one."""
         raise NotImplementedError(f"{type(self).__name__} does not support periodic tasks")
 
+    async def runtime_periodic(self) -> dict[str, bytes]:
+        """Periodic entries defined at run time (``blitzq schedule add``): name to its
+        definition (opaque bytes)."""
+        return {}
+
+    async def set_runtime_periodic(self, name: str, definition: bytes) -> None:
+        """Store (or replace) the run-time periodic entry ``name``."""
+        raise NotImplementedError(f"{type(self).__name__} does not store periodic entries")
+
+    async def remove_runtime_periodic(self, name: str) -> bool:
+        """Delete the run-time periodic entry ``name`` and its last-run record; ``True``
+        when it existed."""
+        raise NotImplementedError(f"{type(self).__name__} does not store periodic entries")
+
     # ----------------------------------------------------------- cancellation
     async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
         """Cancel a task and store ``record`` (state cancelled) for ``ttl`` seconds.
@@ -313,6 +327,11 @@ class StateStore(abc.ABC):
     async def purge_dead_letters(self) -> int:
         """Delete all dead letters; return how many."""
 
+    async def delete_dead_letters(self, task_ids: Sequence[str]) -> int:
+        """Delete the dead letters of ``task_ids`` (a filtered purge); return how many
+        existed."""
+        raise NotImplementedError(f"{type(self).__name__} cannot delete single dead letters")
+
     # ------------------------------------------------------------- inspection
     @abc.abstractmethod
     async def known_queues(self) -> list[str]:
@@ -377,6 +396,12 @@ class StateStore(abc.ABC):
         """The server's ``(maxmemory-policy, maxmemory in bytes)``, or ``None`` when the
         backend has no such setting or does not tell (see :mod:`blitzq.broker.eviction`)."""
         return None
+
+    async def server_info(self) -> dict[str, str]:
+        """What the server says about itself for ``blitzq check`` (read-only): ``server``,
+        ``version``, ``aof_enabled``, ``save`` (RDB snapshot rules), ``rdb_last_bgsave_status``,
+        ``role``; keys the backend does not know are absent."""
+        return {}
 
     async def close(self) -> None:
         """Release connections. The store may be used again afterwards (it reconnects)."""

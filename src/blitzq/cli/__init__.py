@@ -15,9 +15,12 @@ import click
 
 from .. import __version__
 from ._common import global_options
+from .check import check_command
 from .control import control_group
 from .dashboard import dashboard_command
-from .inspect import dead_letter_group, queue_group, task_group
+from .dead_letters import dead_letter_group
+from .inspect import queue_group, task_group
+from .schedule import schedule_group
 from .scheduler import scheduler_group
 from .server import server_group
 from .worker import worker_command
@@ -40,6 +43,8 @@ cli.add_command(server_group)
 cli.add_command(scheduler_group)
 cli.add_command(dashboard_command)
 cli.add_command(control_group)
+cli.add_command(schedule_group)
+cli.add_command(check_command)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,4 +1,5 @@
-"""Inspection commands: ``task inspect|cancel``, ``dead-letter list|replay|purge``, ``queue stats``.
+"""Inspection commands: ``task inspect|cancel`` and ``queue stats`` (``dead-letter``: in
+``dead_letters.py``).
 
 They need no application module: each builds a Queue from the global options and talks to
 the broker directly.
@@ -14,13 +15,11 @@ from rich.table import Table
 from rich.text import Text
 
 from ..broker.eviction import check_eviction
-from ..dead_letters import DeadLetter
 from ..exceptions import SerializationError
 from ..progress import Progress
-from ..queue import DEFAULT_MAX_MESSAGE_SIZE, Queue
+from ..queue import Queue
 from ..records import TaskRecord, TaskState
 from ..serialization import loads
-from ..task import TaskHandle
 from ._common import (
     CliError,
     console,
@@ -160,128 +159,6 @@ def task_cancel(task_id: str) -> None:
     text = _CANCEL_ANSWERS.get(answer, answer)
     style = "" if answer == "finished" else "yellow"
     console().print(Text(f"task {task_id} was {answer}: {text}", style=style))
-
-
-# ----------------------------------------------------------- dead letters
-@click.group("dead-letter")
-@global_options
-def dead_letter_group() -> None:
-    """List, replay and purge dead-lettered tasks."""
-
-
-def dead_letter_doc(dl: DeadLetter) -> dict[str, Any]:
-    """A dead letter as a JSON-ready dict (``failed_at`` as an ISO date)."""
-    doc = dl.to_dict()
-    doc["failed_at"] = iso(dl.failed_at)
-    return doc
-
-
-@dead_letter_group.command("list")
-@click.option(
-    "--limit",
-    type=click.IntRange(min=1),
-    default=50,
-    show_default=True,
-    help="Most dead letters to show, newest first.",
-)
-@click.option("--offset", type=click.IntRange(min=0), default=0, help="Dead letters to skip.")
-@global_options
-def dead_letter_list(limit: int, offset: int) -> None:
-    """List dead letters, newest first."""
-
-    async def fetch(q: Queue) -> tuple[list[DeadLetter], int]:
-        return await q.dead_letters(limit, offset), await q.dead_letter_count()
-
-    letters, total = run_with_queue(fetch)
-    if settings().json:
-        emit_json({"total": total, "dead_letters": [dead_letter_doc(d) for d in letters]})
-        return
-    out = console()
-    if not letters:
-        out.print("no dead letters" if total == 0 else f"no dead letters past offset {offset}")
-        return
-    out.print(Text(f"dead letters: {len(letters)} of {total}, newest first", style="bold"))
-    for d in letters:
-        head = Text(d.id, style="bold")
-        where = f"{d.queue} ({d.mode})" if d.mode else d.queue
-        head.append(f"  {d.task or '?'}  queue {where}  {short_time(d.failed_at)}")
-        out.print(head)
-        out.print(Text(f"    {d.reason}: {_short(d.error, 300)}", style="red"))
-
-
-@dead_letter_group.command("replay", short_help="Replay one dead letter.")
-@click.argument("task_id")
-@click.option(
-    "--max-message-size",
-    type=click.IntRange(min=64),
-    default=DEFAULT_MAX_MESSAGE_SIZE,
-    show_default=True,
-    metavar="BYTES",
-    help="Largest message replayed (set it as the application's Queue does).",
-)
-@global_options
-def dead_letter_replay(task_id: str, max_message_size: int) -> None:
-    """Publish dead letter TASK_ID again with fresh attempts, removing it from the list.
-
-    It goes back to the queue it came from, in the mode it came from (a fast-mode list or a
-    reliable-mode stream; --mode only for dead letters stored before blitzq recorded it). A
-    unique task claims its key again. Exits 1, keeping the dead letter, when its message is
-    malformed or over --max-message-size, or when another task holds its unique key; exits 1
-    when there is no such dead letter (or a concurrent replay took it first).
-    """
-    queue = make_queue()
-    queue.max_message_size = max_message_size
-
-    async def replay(q: Queue) -> tuple[TaskHandle[Any], str] | None:
-        fields = await q.broker.get_dead_letter(task_id)
-        if fields is None:
-            return None
-        mode = {"s": "reliable", "l": "fast"}.get(fields.kind, q.mode)  # where retry() goes
-        try:
-            handle = await q.retry(task_id)
-        except SerializationError as exc:
-            raise CliError(f"dead letter {task_id} cannot be replayed: {exc}") from None
-        return None if handle is None else (handle, mode)
-
-    replayed = run_with_queue(replay, queue)
-    if replayed is None:
-        raise CliError(f"no dead letter with id {task_id}")
-    handle, mode = replayed
-    if handle.duplicate:
-        raise CliError(
-            f"dead letter {task_id} not replayed: task {handle.id} holds its unique key "
-            "(the dead letter is kept; replay it once that task is done)"
-        )
-    if settings().json:
-        emit_json({"replayed": True, "id": handle.id, "queue": handle.queue, "mode": mode})
-    else:
-        console().print(Text(f"replayed {handle.id} to queue {handle.queue} ({mode} mode)"))
-
-
-@dead_letter_group.command("purge")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-@global_options
-def dead_letter_purge(yes: bool) -> None:
-    """Delete every dead letter of the namespace."""
-    queue = make_queue()
-    if not yes:
-        count = run_with_queue(lambda q: q.dead_letter_count(), queue)
-        if count == 0:
-            _purged(0)
-            return
-        click.confirm(
-            f"Delete {count} dead letter(s) in namespace {queue.namespace!r}?",
-            abort=True,
-            err=True,
-        )
-    _purged(run_with_queue(lambda q: q.purge_dead_letters(), queue))
-
-
-def _purged(count: int) -> None:
-    if settings().json:
-        emit_json({"purged": count})
-    else:
-        console().print(f"purged {count} dead letter(s)")
 
 
 # ------------------------------------------------------------------ queue

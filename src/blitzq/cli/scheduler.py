@@ -22,6 +22,7 @@ from ..exceptions import BlitzQError
 from ..logconfig import configure_logging
 from ..periodic import periodic_status
 from ..queue import Queue
+from ..runtime_schedules import RuntimeEntries
 from ..scheduler import Scheduler
 from ._common import (
     Seconds,
@@ -29,14 +30,13 @@ from ._common import (
     console,
     emit_json,
     global_options,
-    iso,
     log_options,
     mask_url,
     run_with_queue,
     settings,
-    short_time,
     use_running_server,
 )
+from .schedule import zoned_iso, zoned_time
 from .worker import _export_settings, _override, load_queue
 
 __all__ = ["scheduler_group"]
@@ -122,22 +122,32 @@ def run_command(app: str, poll_interval: float, log_level: str, log_format: str)
         asyncio.run(_serve(scheduler))
 
 
+async def _status(queue: Queue) -> list[dict[str, Any]]:
+    runtime = await RuntimeEntries(queue).refresh()  # those of `blitzq schedule add`
+    return await periodic_status(queue, extra=list(runtime.values()))
+
+
 @scheduler_group.command("list", short_help="Show periodic tasks, next and last runs.")
 @click.argument("app", metavar="MODULE:ATTR")
 @global_options
 def list_command(app: str) -> None:
-    """Show each periodic task of MODULE:ATTR: schedule, missed-run policy, next and last run.
+    """Show each periodic task of MODULE:ATTR: schedule, missed-run policy, next and last run
+    (in the entry's time zone: a cron's zone, else the local one), run-time entries included.
 
     Without a broker URL it uses the running embedded server (it never starts one).
     """
     queue = _load(app)
     use_running_server(queue)
-    rows: list[dict[str, Any]] = run_with_queue(periodic_status, queue)
+    rows: list[dict[str, Any]] = run_with_queue(_status, queue)
     if settings().json:
         emit_json(
             {
                 "periodic_tasks": [
-                    row | {"next_run": iso(row["next_run"]), "last_run": iso(row["last_run"])}
+                    row
+                    | {
+                        "next_run": zoned_iso(row["next_run"], row["zone"]),
+                        "last_run": zoned_iso(row["last_run"], row["zone"]),
+                    }
                     for row in rows
                 ]
             }
@@ -160,7 +170,7 @@ def list_command(app: str) -> None:
             Text(row["schedule"]),
             row["missed"],
             Text(row["queue"]),
-            short_time(row["next_run"]),
-            short_time(row["last_run"]),
+            zoned_time(row["next_run"], row["zone"]),
+            zoned_time(row["last_run"], row["zone"]),
         )
     out.print(table)

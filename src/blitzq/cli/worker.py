@@ -263,6 +263,22 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
     "(default: log a warning).",
 )
 @process_control_options
+@click.option(
+    "--burst",
+    is_flag=True,
+    default=False,
+    help="Drain the queues (waiting and due scheduled messages), then exit 0 once they are "
+    "empty and nothing runs.",
+)
+@click.option(
+    "--unknown-task-grace",
+    type=Seconds(minimum=0.0),
+    default=300.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A task this worker does not know goes back on the schedule for a worker that "
+    "knows it, for this long after its enqueue; then it is dead-lettered (0: at once).",
+)
 @global_options
 def worker_command(
     app: str,
@@ -276,6 +292,8 @@ def worker_command(
     configure: tuple[str, ...] = (),
     max_abandoned_threads: int = 10,
     strict_memory_policy: bool = False,
+    burst: bool = False,
+    unknown_task_grace: float = 300.0,
     **control: Any,
 ) -> None:
     """Run a worker for the blitzq.Queue at MODULE:ATTR (for example myapp.tasks:queue).
@@ -290,6 +308,8 @@ def worker_command(
     s = settings()
     with cli_errors(s.redis_url):
         configure_logging(log_level, "json" if log_format == "json" else "text")
+    if burst and needs_supervisor(workers, control):
+        raise CliUsageError("--burst runs one worker process: leave --workers out")
     if needs_supervisor(workers, control):  # it runs copies of this command, --workers 1
         from ..worker.launch import supervise
         from ..worker.processes import worker_command
@@ -307,6 +327,7 @@ def worker_command(
             + (["--strict-memory-policy"] if strict_memory_policy else [])
             + [arg for spec in configure for arg in ("--configure", spec)]
             + ["--max-abandoned-threads", str(max_abandoned_threads)]
+            + ["--unknown-task-grace", repr(unknown_task_grace)]
             + worker_arguments(control),
             **typed,
         )
@@ -328,6 +349,8 @@ def worker_command(
             strict_memory_policy=strict_memory_policy,
             max_tasks_per_child=control.get("max_tasks_per_child"),
             max_memory_per_child=control.get("max_memory_per_child"),
+            burst=burst,
+            unknown_task_grace=unknown_task_grace,
         )
         asyncio.run(_serve(worker, with_scheduler))
     # A worker that stopped to be restarted (too many abandoned threads) says so.

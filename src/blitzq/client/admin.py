@@ -6,19 +6,23 @@ An :class:`Admin` belongs to one Queue and uses its broker of the running event 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from .._checks import integer
 from ..dead_letters import DeadLetter
-from ..exceptions import SerializationError
+from ..exceptions import ConfigurationError, MessageTooLarge, SerializationError
 from ..extensions.unique import DEFAULT_UNIQUE_TTL, broker_key
+from ..ratelimit import RateLimit
 from ..routing import check_name
 from ..serialization import decode_envelope, encode_envelope
 from ..task import TaskHandle
 from . import testmode
+from .dead_letter_query import DeadLetterFilter, ReplayOutcome, scan, summarize
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -35,20 +39,134 @@ class Admin:
         self.queue = queue
 
     # ----------------------------------------------------------- dead letters
-    async def dead_letters(self, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
-        """Dead letters, newest first.
+    async def dead_letters(
+        self,
+        limit: int = 100,
+        offset: int = 0,
+        *,
+        task: str | None = None,
+        queue: str | None = None,
+        reason: str | None = None,
+        error_type: str | None = None,
+        older_than: float | None = None,
+        newer_than: float | None = None,
+    ) -> list[DeadLetter]:
+        """Dead letters, newest first, those matching every criterion given.
 
         Args:
             limit: most entries to return.
-            offset: entries to skip.
+            offset: matching entries to skip.
+            task, queue, reason, error_type: what they must be (see
+                :class:`~blitzq.client.dead_letter_query.DeadLetterFilter`: a base queue
+                name matches its priority levels, an error type its dotted name's last part).
+            older_than, newer_than: their age bounds, in seconds.
+
+        A call with a criterion reads every stored dead letter (page by page) to find the
+        matches.
+
+        Raises:
+            ConfigurationError: a criterion of the wrong type, or a negative, NaN or infinite
+                age.
+            BrokerError: the broker could not be reached.
         """
-        rows = await self.queue.broker.dead_letters(offset, limit)
-        return [
-            DeadLetter.from_fields(
-                task_id, f.message, f.reason, f.error, f.task, f.queue, f.failed_at, f.kind
-            )
-            for task_id, f in rows
-        ]
+        flt = DeadLetterFilter(task, queue, reason, error_type, older_than, newer_than)
+        if flt.empty:
+            rows = await self.queue.broker.dead_letters(offset, limit)
+            return [
+                DeadLetter.from_fields(
+                    task_id, f.message, f.reason, f.error, f.task, f.queue, f.failed_at, f.kind
+                )
+                for task_id, f in rows
+            ]
+        out: list[DeadLetter] = []
+        async for dl in scan(self.queue.broker, flt):
+            if offset > 0:
+                offset -= 1
+                continue
+            if len(out) >= limit:
+                break
+            out.append(dl)
+        return out
+
+    async def dead_letter_summary(
+        self,
+        *,
+        task: str | None = None,
+        queue: str | None = None,
+        reason: str | None = None,
+        error_type: str | None = None,
+        older_than: float | None = None,
+        newer_than: float | None = None,
+    ) -> dict[str, Any]:
+        """Counts of the dead letters matching the criteria (those of :meth:`dead_letters`),
+        grouped: ``{"total": n, "by_task": {name: n}, "by_reason": {...}, "by_error_type":
+        {...}, "by_queue": {...}}``, each group largest first.
+
+        Raises:
+            ConfigurationError: an invalid criterion (see :meth:`dead_letters`).
+            BrokerError: the broker could not be reached.
+        """
+        flt = DeadLetterFilter(task, queue, reason, error_type, older_than, newer_than)
+        return summarize([dl async for dl in scan(self.queue.broker, flt)])
+
+    async def retry_dead_letters(
+        self,
+        *,
+        task: str | None = None,
+        queue: str | None = None,
+        reason: str | None = None,
+        error_type: str | None = None,
+        older_than: float | None = None,
+        newer_than: float | None = None,
+        rate: float | str | None = None,
+        limit: int | None = None,
+        dry_run: bool = False,
+    ) -> list[ReplayOutcome]:
+        """Replay every dead letter matching the criteria (those of :meth:`dead_letters`),
+        oldest first, each as :meth:`retry` does.
+
+        Args:
+            rate: most replays per second (a number, or a rate like ``"10/s"``, ``"100/m"``);
+                ``None``: as fast as the broker answers.
+            limit: most dead letters to replay (``None``: all that match).
+            dry_run: replay nothing; report each match as ``"dry run"``.
+
+        Returns:
+            One :class:`~blitzq.client.dead_letter_query.ReplayOutcome` per match.
+
+        Raises:
+            ConfigurationError: an invalid criterion, rate or limit.
+            BrokerError: the broker could not be reached (those replayed so far stay so).
+        """
+        flt = DeadLetterFilter(task, queue, reason, error_type, older_than, newer_than)
+        per_second = _rate(rate)
+        if limit is not None:
+            integer("limit", limit, minimum=0)
+        matches = [dl async for dl in scan(self.queue.broker, flt)]
+        matches.reverse()  # oldest first: the order they failed in
+        if limit is not None:
+            matches = matches[:limit]
+        out: list[ReplayOutcome] = []
+        started = time.monotonic()
+        for n, dl in enumerate(matches):
+            if dry_run:
+                out.append(ReplayOutcome(dl.id, dl.task, dl.queue, "dry run"))
+                continue
+            if per_second is not None:  # the n-th replay waits for its slot
+                await asyncio.sleep(max(0.0, started + n / per_second - time.monotonic()))
+            out.append(await self._replay_one(dl))
+        return out
+
+    async def _replay_one(self, dl: DeadLetter) -> ReplayOutcome:
+        try:
+            handle = await self.retry(dl.id)
+        except (SerializationError, MessageTooLarge) as exc:
+            return ReplayOutcome(dl.id, dl.task, dl.queue, "refused", str(exc))
+        if handle is None:
+            return ReplayOutcome(dl.id, dl.task, dl.queue, "gone")
+        if handle.duplicate:
+            return ReplayOutcome(dl.id, dl.task, handle.queue, "held", handle.id)
+        return ReplayOutcome(dl.id, dl.task, handle.queue, "replayed")
 
     async def dead_letter_count(self) -> int:
         """Number of stored dead letters."""
@@ -104,9 +222,29 @@ class Admin:
             return TaskHandle(owner, outcome, queue, env.task, duplicate=True)
         return TaskHandle(owner, env.id, queue, env.task)
 
-    async def purge_dead_letters(self) -> int:
-        """Delete every dead letter; return how many."""
-        return await self.queue.broker.purge_dead_letters()
+    async def purge_dead_letters(
+        self,
+        *,
+        task: str | None = None,
+        queue: str | None = None,
+        reason: str | None = None,
+        error_type: str | None = None,
+        older_than: float | None = None,
+        newer_than: float | None = None,
+    ) -> int:
+        """Delete the dead letters matching the criteria (those of :meth:`dead_letters`;
+        none given: every dead letter); return how many were deleted.
+
+        Raises:
+            ConfigurationError: an invalid criterion (see :meth:`dead_letters`).
+            BrokerError: the broker could not be reached.
+        """
+        flt = DeadLetterFilter(task, queue, reason, error_type, older_than, newer_than)
+        broker = self.queue.broker
+        if flt.empty:
+            return await broker.purge_dead_letters()
+        ids = [dl.id async for dl in scan(broker, flt)]
+        return await broker.delete_dead_letters(ids) if ids else 0
 
     # ----------------------------------------------------------------- queues
     async def purge_queue(self, queue: str | None = None) -> int:
@@ -142,6 +280,17 @@ class Admin:
             "workers": len(await broker.workers()),
             "stale_completions": (await broker.counters()).get("stale_completions", 0),
         }
+
+
+def _rate(rate: float | str | None) -> float | None:
+    """Replays per second from a number or a rate text (``"10/s"``), or ``None``."""
+    if rate is None:
+        return None
+    if isinstance(rate, str):
+        return RateLimit.parse(rate).rate
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < 1e9:
+        raise ConfigurationError(f"rate must be a positive number per second, got {rate!r}")
+    return float(rate)
 
 
 __all__ = ["Admin"]

@@ -13,30 +13,19 @@ from typing import Any
 
 from ..queue import Queue
 from ..worker import Worker
+from ..worker.burst import settled
 
 #: Seconds between two looks at the queues while draining.
 POLL = 0.01
-
-
-async def _idle(worker: Worker, horizon: float) -> bool:
-    """Whether nothing waits, runs or is due within ``horizon`` seconds for ``worker``."""
-    if worker.runner.busy():
-        return False
-    broker = worker.queue.broker
-    stats = await broker.queue_stats(worker.physical_queues)
-    if any(counts["waiting"] or counts["in_flight"] for counts in stats.values()):
-        return False
-    _, head, now = await broker.promote_due(0)  # moves nothing: reads the next due time
-    return head is None or head - now > horizon
 
 
 async def drain(worker: Worker, *, horizon: float = 5.0, timeout: float = 60.0) -> None:
     """Wait until ``worker`` (running in this loop) has nothing left to do.
 
     Done when none of its queues holds a waiting or unacknowledged message, it runs and
-    starts nothing and has written every completion, and nothing on the schedule (a retry's
-    backoff, a delay) is due within ``horizon`` seconds -- twice in a row, so a message
-    between two states is not missed.
+    starts nothing and has written every completion, no fetch holds a message, and nothing
+    on the schedule (a retry's backoff, a delay) is due within ``horizon`` seconds -- twice
+    in a row (the checks of burst mode, :func:`blitzq.worker.burst.settled`).
 
     Args:
         worker: a running worker (``WorkerHarness.worker``, or one started by hand).
@@ -54,7 +43,7 @@ async def drain(worker: Worker, *, horizon: float = 5.0, timeout: float = 60.0) 
     while calm < 2:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the worker's queues were not drained within {timeout} s")
-        calm = calm + 1 if await _idle(worker, horizon) else 0
+        calm = calm + 1 if await settled(worker, horizon) else 0
         await asyncio.sleep(POLL)
 
 

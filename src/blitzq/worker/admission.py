@@ -20,6 +20,7 @@ from ..serialization import Envelope, decode_envelope, envelope_head
 from ..task import Task
 from .execution import Job
 from .limiter import Slots
+from .unknown import unknown_task
 
 #: A task call's positional and keyword arguments.
 Call = tuple[list[Any], dict[str, Any]]
@@ -46,9 +47,8 @@ def start(runner: Runner, d: Delivery, slots: Slots) -> None:
         reject(runner, d, "malformed message", error, slots, ident, name)
         return
     task = runner.tasks.get(env.task)
-    if task is None:
-        error = f"no task named {env.task!r} is registered in this worker"
-        reject(runner, d, "unknown task", error, slots, env.id, env.task)
+    if task is None:  # a rolling deploy: deferred for a worker that knows it, then rejected
+        unknown_task(runner, d, env, slots)
         return
     if runner.revoked and env.id in runner.revoked:
         skip_cancelled(runner, Job(d, env, task), slots)

@@ -49,6 +49,9 @@ class Fetcher:
         self.slots = slots
         self._fetching: dict[str, bool] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        #: Fetches that returned (or failed), per queue; fetches that returned messages.
+        self.done: dict[str, int] = dict.fromkeys(slots, 0)
+        self.delivered = 0
 
     def start(self) -> None:
         """Start one fetch loop per queue of :attr:`slots`."""
@@ -75,6 +78,10 @@ class Fetcher:
         for t in self._tasks.values():
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+
+    def in_fetch(self) -> dict[str, int]:
+        """Queues whose loop is inside a fetch command, with their :attr:`done` count."""
+        return {q: self.done[q] for q, busy in self._fetching.items() if busy}
 
     def _stop_requested(self) -> bool:
         # A call, not the property: a property read would be narrowed by mypy across awaits.
@@ -107,7 +114,10 @@ class Fetcher:
                 continue
             finally:
                 self._fetching[queue] = False
+                self.done[queue] += 1
             backoff = 0.1
+            if deliveries:
+                self.delivered += 1
             if self._stop_requested():
                 # Fetched after the stop: put back untouched, never dropped.
                 for d in deliveries:

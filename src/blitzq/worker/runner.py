@@ -117,6 +117,11 @@ class Runner:
         """Begin one delivery that holds one slot of ``slots`` (:func:`.admission.start`)."""
         admission.start(self, d, slots)
 
+    @property
+    def idle(self) -> bool:
+        """Whether nothing runs here and no start is pending (burst mode asks)."""
+        return not self.jobs and not self._pending
+
     def hold_start(self, pending: asyncio.Task[None], d: Delivery) -> None:
         """Track ``pending``, a coroutine that will start (or end) delivery ``d``."""
         self._pending[pending] = d
@@ -364,10 +369,6 @@ class Runner:
             if job.envelope.id == task_id and job.delivery.token is not None:
                 return job.delivery.queue, job.delivery.token
         return None
-
-    def busy(self) -> bool:
-        """Whether a delivery is starting or running, or a completion is not yet written."""
-        return bool(self.jobs or self._pending or self.flusher.backlog)
 
     def running_tokens(self, queue: str) -> list[bytes]:
         """Delivery tokens from physical ``queue`` this worker holds: running jobs, and

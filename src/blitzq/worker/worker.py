@@ -10,7 +10,6 @@ cancellations, register the worker, renew leases, recover abandoned messages).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -22,17 +21,19 @@ from collections.abc import Mapping, Sequence
 from .._checks import flag, integer, seconds, text
 from ..broker import Broker
 from ..broker.eviction import check_eviction
-from ..exceptions import BrokerError, ConfigurationError
+from ..exceptions import ConfigurationError
 from ..extensions.signals import Signal, SignalEvent
 from ..queue import Queue
 from ..routing import base_queue, levels
 from ..serialization import dumps
+from .burst import drain
 from .fetch import Fetcher
 from .flusher import Flusher
 from .limiter import Limiter, Slots
 from .maintenance import Maintenance
 from .recycling import MB, Recycler
 from .runner import Runner
+from .shutdown import shut_down
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -41,10 +42,6 @@ logger = logging.getLogger("blitzq.worker")
 #: a process manager a restart policy that covers it (systemd ``Restart=on-failure``).
 EXIT_RESTART = 75
 
-#: Seconds beyond ``block_timeout`` a stopping worker lets a fetch command in flight finish
-#: before it cancels it (a server that stopped answering); also the most it waits to
-#: unregister and to write progress updates in flight.
-FETCH_GRACE = 2.0
 
 #: Fewest connections (URL ``max_connections``) a worker's broker pool must allow: the events
 #: listener holds one for good and a worker with two never fetched (measured); a pool under
@@ -87,6 +84,12 @@ class Worker:
         max_memory_per_child: resident memory in megabytes (MiB) past which the worker stops
             gracefully asking to be restarted, and past which, after a call, the process
             pool is replaced (``None``: never; Linux only).
+        burst: drain the queues and stop once they are empty and nothing runs (see
+            :mod:`blitzq.worker.burst`; ``blitzq worker --burst``).
+        unknown_task_grace: seconds, from a message's first enqueue, during which a task
+            this worker does not know is put back on the schedule for a worker that knows it
+            (a rolling deploy); after that it is dead-lettered with reason
+            ``"unknown task"``. 0 dead-letters at once (see :mod:`blitzq.worker.unknown`).
 
     Every numeric option must be a real number (``int`` for counts; never ``bool``), finite
     and in range (``block_timeout`` at most 60 s, ``shutdown_timeout`` at most ten years), so
@@ -114,6 +117,8 @@ class Worker:
         strict_memory_policy: bool = False,
         max_tasks_per_child: int | None = None,
         max_memory_per_child: int | None = None,
+        burst: bool = False,
+        unknown_task_grace: float = 300.0,
     ) -> None:
         # Numbers are real numbers (never bool, NaN or infinite) in range: a NaN shutdown
         # timeout would make a stop unbounded (or instant), a NaN bound never trips.
@@ -136,6 +141,8 @@ class Worker:
             integer(f"queue_concurrency[{q!r}]", n, minimum=1)
         flag("handle_signals", handle_signals)
         flag("strict_memory_policy", strict_memory_policy)
+        flag("burst", burst)
+        seconds("unknown_task_grace", unknown_task_grace, strict=False)
         text("name", name)
         if isinstance(queues, str):
             raise ConfigurationError(f"queues must be a list of queue names, got {queues!r}")
@@ -163,6 +170,8 @@ class Worker:
         #: Messages a blocking fetch returned that found no free slot and went back at once.
         self.handed_back = 0
         self.strict_memory_policy = strict_memory_policy
+        self.burst = burst
+        self.unknown_task_grace = float(unknown_task_grace)
         self.id = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._stop_event: asyncio.Event | None = None
         self._stopping = False
@@ -296,6 +305,9 @@ class Worker:
             background.append(asyncio.create_task(recycler.run(), name="blitzq-recycler"))
         self._fetcher = Fetcher(self, broker, self._runner, self._slots)
         self._fetcher.start()
+        if self.burst:  # stops the worker once its queues are drained
+            burst = drain(self, self._fetcher, self._flusher)
+            background.append(asyncio.create_task(burst, name="blitzq-burst"))
         logger.info(
             "worker %s started: queues=%s concurrency=%d mode=%s",
             self.id, ",".join(self.queues), self.concurrency, self.queue.mode,
@@ -306,9 +318,9 @@ class Worker:
             await self._stop_event.wait()
         except asyncio.CancelledError:
             self._stopping = True
-            await self._shutdown(background, flusher_task)
+            await shut_down(self, background, flusher_task)
             raise
-        await self._shutdown(background, flusher_task)
+        await shut_down(self, background, flusher_task)
 
     def running_tokens(self, queue: str) -> list[bytes]:
         """Delivery tokens of the jobs from physical ``queue`` still running (leases)."""
@@ -335,61 +347,6 @@ class Worker:
         )
 
     # -------------------------------------------------------------- shutdown
-    async def _shutdown(
-        self,
-        background: list[asyncio.Task[None]],
-        flusher_task: asyncio.Task[None],
-    ) -> None:
-        runner = self.runner
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.shutdown_timeout
-        logger.info("worker %s stopping: %d task(s) running", self.id, len(runner.jobs))
-        # 1. Stop fetching. A loop inside a fetch command finishes it (its messages are
-        #    handed back); any other loop holds no message and is cancelled. A fetch gets
-        #    block_timeout + FETCH_GRACE at least; a server that stopped answering does not
-        #    hold the exit past that.
-        await self._fetcher.stop(max(self.shutdown_timeout, self.block_timeout + FETCH_GRACE))
-        # 2. Let running tasks finish, up to shutdown_timeout after the stop.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._global.drained(), timeout=max(0.0, deadline - loop.time()))
-        # 3. Requeue what is still running or waiting to start.
-        leftover = runner.requeue_unfinished()
-        if leftover:
-            logger.warning("requeued %d task(s) still running at shutdown", leftover)
-        await asyncio.sleep(0)
-        # redis-py can swallow a cancellation that lands while it opens a connection (the
-        # command then returns normally), so cancel again until every loop has ended.
-        remaining = set(background)
-        while remaining:
-            for t in remaining:
-                t.cancel()
-            _, remaining = await asyncio.wait(remaining, timeout=0.5)
-        for t in background:
-            if not t.cancelled() and t.exception() is not None:
-                logger.error("background loop %s failed", t.get_name(), exc_info=t.exception())
-        await runner.close(killed=bool(leftover))
-        # 4. Write every completion (bounded: unwritten acks are redelivered, never lost).
-        self._flusher.close()
-        try:
-            await asyncio.wait_for(flusher_task, timeout=max(5.0, self.shutdown_timeout))
-        except TimeoutError:
-            logger.error("could not write %d completion(s) at shutdown", self._flusher.backlog)
-        # A server that stopped answering must not hold the exit (the record expires).
-        with contextlib.suppress(BrokerError, TimeoutError):
-            await asyncio.wait_for(self.broker.unregister_worker(self.id), FETCH_GRACE)
-        for hook in self.queue.on_shutdown:
-            try:
-                await hook()
-            except Exception:
-                logger.exception("shutdown hook failed")
-        await self.queue.signals.drain()  # after-hooks and signal handlers still running
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(runner.progress.close(), FETCH_GRACE)
-        await self._emit(Signal.WORKER_STOPPED)
-        logger.info(
-            "worker %s stopped: %d succeeded, %d failed", self.id, self.processed, self.failed
-        )
-
     async def _emit(self, signal: Signal) -> None:
         signals = self.queue.signals
         if signals.has(signal):

@@ -6,6 +6,8 @@ time); the cap, TTL and byte bound are applied by the scripts that write and tri
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from redis.exceptions import ResponseError
 
 from ...limits import CHUNK_ITEMS, CHUNK_WRITES
@@ -162,4 +164,19 @@ class RedisDeadLetters(RedisPart):
             if n == 0:
                 break
             removed += n
+        return removed
+
+    @translate_errors
+    async def delete_dead_letters(self, task_ids: Sequence[str]) -> int:
+        """Delete the dead letters of ``task_ids``, :data:`~blitzq.limits.CHUNK_WRITES` per
+        script call (``lua/drop_dead.lua``); return how many were still there."""
+        keys = self.keys
+        removed = 0
+        for start in range(0, len(task_ids), CHUNK_WRITES):
+            chunk = list(task_ids[start : start + CHUNK_WRITES])
+            removed += int(
+                await self.scripts.call(
+                    "drop_dead", keys=[keys.dead_letters], args=[keys.prefix, *chunk]
+                )
+            )
         return removed

@@ -97,3 +97,26 @@ class RedisInspection(RedisPart):
             return None
         policy = policy.decode() if isinstance(policy, bytes) else str(policy)
         return policy, int(info.get("maxmemory", 0) or 0)
+
+    @translate_errors
+    async def server_info(self) -> dict[str, str]:
+        """Server name and version, persistence and role from INFO (read-only), and the RDB
+        ``save`` rules from CONFIG GET when the server allows it (managed services often
+        refuse CONFIG: ``save`` is then absent)."""
+        info = await self.client.info()
+        out: dict[str, str] = {}
+        valkey = info.get("valkey_version")
+        out["server"] = "valkey" if valkey else "redis"
+        out["version"] = str(valkey or info.get("redis_version", ""))
+        for name in ("aof_enabled", "rdb_last_bgsave_status", "role", "maxmemory_policy"):
+            if name in info:
+                value = info[name]
+                out[name] = value.decode() if isinstance(value, bytes) else str(value)
+        try:
+            saved = await self.client.config_get("save")
+        except ResponseError:
+            return out
+        save = saved.get("save", saved.get(b"save"))
+        if save is not None:
+            out["save"] = save.decode() if isinstance(save, bytes) else str(save)
+        return out

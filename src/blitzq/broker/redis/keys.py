@@ -96,6 +96,8 @@ TABLE: Final[dict[str, Key]] = {
         "scheduled task id to `<kind><queue>\\n<message>`, kind `s` stream, `l` list, `o` outbox"),
     "periodic": Key("periodic", "hash",
         "periodic task name to its last dispatched occurrence (Unix seconds)"),
+    "periodic_runtime": Key("periodic:rt", "hash",
+        "run-time periodic entry name (`blitzq schedule add`) to its definition (MessagePack)"),
     "revoked": Key("revoked", "zset",
         "cancelled task ids scored by when the mark expires (Unix seconds)"),
     "events": Key("events", "channel",
@@ -251,6 +253,11 @@ class Keys:
     def periodic(self) -> str:
         """Hash of periodic task name to its last dispatched occurrence (Unix seconds)."""
         return self._fixed("periodic")
+
+    @property
+    def periodic_runtime(self) -> str:
+        """Hash of run-time periodic entry name to its definition (``blitzq schedule``)."""
+        return self._fixed("periodic_runtime")
 
     @property
     def revoked(self) -> str:

@@ -3,8 +3,9 @@
 :class:`RedisStateStore` is the :class:`~blitzq.broker.state.StateStore` of every Redis
 deployment, put together from parts by concern: ``state.py`` (completions, schedule, cancel,
 periodic, rate limits), ``records.py`` (records, workflow state, progress), ``dead_letters.py``,
-``inspection.py`` (registries, counters), ``control.py`` (unique keys, locks) and
-``scaling.py`` (autoscale setpoint, supervisor status), all reading
+``inspection.py`` (registries, counters), ``control.py`` (unique keys, locks),
+``scaling.py`` (autoscale setpoint, supervisor status) and ``schedules.py`` (run-time
+periodic entries), all reading
 one :class:`~.connection.RedisConnection`. Its logic is the Lua in ``lua/``.
 """
 
@@ -20,6 +21,7 @@ from .inspection import RedisInspection
 from .outbox import RedisOutbox
 from .records import RedisRecords
 from .scaling import RedisScaling
+from .schedules import RedisSchedules
 from .state import RedisState
 
 __all__ = ["RedisStateStore"]
@@ -32,6 +34,7 @@ class RedisStateStore(
     RedisInspection,
     RedisControl,
     RedisScaling,
+    RedisSchedules,
     StateStore,
 ):
     """The Redis state store on a connection it may share with a Redis transport.

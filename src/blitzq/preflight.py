@@ -1,0 +1,221 @@
+"""The read-only preflight of ``blitzq check MODULE:ATTR``: can this application run here?
+
+:func:`preflight` asks the broker (never writes: no key is created or changed) and returns one
+:class:`Finding` per check, each ``ok``, ``warn`` (worth a look, not blocking) or ``fail``
+(blocking: the application would lose work or not run):
+
+* ``connectivity``: the server answers (when it does not, nothing else is checked).
+* ``server``: name and version; ``fail`` below Redis :data:`MIN_REDIS` (the commands blitzq
+  sends need it) and on a read-only replica.
+* ``eviction``: ``fail`` when ``maxmemory-policy`` with a ``maxmemory`` set can evict
+  blitzq's keys (:mod:`blitzq.broker.eviction`).
+* ``persistence``: ``warn`` when neither AOF nor RDB snapshots are on (a restart of the
+  server loses every queue) or the last snapshot failed.
+* ``workers``: how many live workers are registered.
+* ``queue <name>``: ``warn`` for a queue the namespace has used (or the application's) that
+  no live worker consumes, with its waiting messages.
+* ``periodic <name>``: each periodic entry (code-defined and run-time), ``warn`` when it was
+  never dispatched, or when an occurrence due more than :data:`SCHEDULER_GRACE` seconds ago
+  was not (no scheduler is dispatching it), or when a run-time entry names a task the
+  application does not register.
+
+The exit codes of the command follow SwarmQ's: 0 nothing blocking, 78 (``EX_CONFIG``) a
+blocking finding, 1 the server unreachable.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from .broker.eviction import eviction_risk
+from .exceptions import BlitzQError, BrokerError, ConfigurationError
+from .periodic import PeriodicTask
+from .routing import base_queue
+from .runtime_schedules import RuntimeEntries
+from .serialization import loads
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+__all__ = ["EXIT_BLOCKING", "MIN_REDIS", "SCHEDULER_GRACE", "Finding", "exit_code", "preflight"]
+
+#: Oldest Redis version blitzq runs on (XAUTOCLAIM, GETDEL, ZRANGE ... REV: Redis 6.2).
+MIN_REDIS = (6, 2)
+#: Seconds an occurrence may be overdue before ``check`` says no scheduler dispatches it.
+SCHEDULER_GRACE = 60.0
+#: Exit code of a blocking finding (``EX_CONFIG`` of sysexits.h, as SwarmQ uses).
+EXIT_BLOCKING = 78
+
+Status = Literal["ok", "warn", "fail"]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One check's answer.
+
+    Attributes:
+        name: what was checked (``"eviction"``, ``"queue emails"``, ``"periodic nightly"``).
+        status: ``"ok"``, ``"warn"`` (not blocking) or ``"fail"`` (blocking).
+        detail: what was found, in a sentence.
+    """
+
+    name: str
+    status: Status
+    detail: str
+
+    def to_dict(self) -> dict[str, str]:
+        """Plain-dict form (for ``--json`` output)."""
+        return {"name": self.name, "status": self.status, "detail": self.detail}
+
+
+def exit_code(findings: Sequence[Finding]) -> int:
+    """1 when the server was unreachable, :data:`EXIT_BLOCKING` (78) when any finding
+    fails, else 0."""
+    if any(f.name == "connectivity" and f.status == "fail" for f in findings):
+        return 1
+    return EXIT_BLOCKING if any(f.status == "fail" for f in findings) else 0
+
+
+async def preflight(queue: Queue) -> list[Finding]:
+    """Run every check against ``queue``'s broker (read-only) and return the findings.
+
+    Never raises for a server that cannot be reached: that is the ``connectivity`` finding
+    (``fail``), and the only one.
+    """
+    broker = queue.broker
+    try:
+        await broker.ping()
+        info = await broker.server_info()
+    except BrokerError as exc:
+        return [Finding("connectivity", "fail", f"the server does not answer: {exc}")]
+    findings = [Finding("connectivity", "ok", "the server answers")]
+    findings += _server(info)
+    try:
+        findings.append(await _eviction(queue))
+        findings.append(_persistence(info))
+        findings += await _queues(queue)
+        findings += await _periodic(queue)
+    except BrokerError as exc:
+        findings.append(Finding("connectivity", "fail", f"the server stopped answering: {exc}"))
+    return findings
+
+
+def _server(info: dict[str, str]) -> list[Finding]:
+    name, version = info.get("server", "redis"), info.get("version", "")
+    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    out = []
+    if name == "redis" and len(parts) == 2 and parts < MIN_REDIS:
+        need = ".".join(map(str, MIN_REDIS))
+        out.append(Finding("server", "fail", f"Redis {version}: blitzq needs Redis >= {need}"))
+    else:
+        out.append(Finding("server", "ok", f"{name} {version or '(version not told)'}"))
+    if info.get("role") in ("slave", "replica"):
+        out.append(Finding("role", "fail", "a read-only replica: point blitzq at the primary"))
+    return out
+
+
+async def _eviction(queue: Queue) -> Finding:
+    found = await queue.broker.memory_policy()
+    if found is None:
+        return Finding("eviction", "warn", "the server does not tell its maxmemory-policy")
+    policy, maxmemory = found
+    risk = eviction_risk(policy, maxmemory)
+    if risk is not None:
+        return Finding(
+            "eviction",
+            "fail",
+            f"maxmemory-policy {policy} with maxmemory {maxmemory} bytes can evict {risk}; "
+            "set it to noeviction",
+        )
+    limit = f"maxmemory {maxmemory} bytes" if maxmemory else "no maxmemory"
+    return Finding("eviction", "ok", f"maxmemory-policy {policy}, {limit}: nothing is evicted")
+
+
+def _persistence(info: dict[str, str]) -> Finding:
+    aof = info.get("aof_enabled") == "1"
+    save = info.get("save")
+    rdb = bool(save and save.strip())
+    if info.get("rdb_last_bgsave_status", "ok") != "ok":
+        return Finding("persistence", "warn", "the last RDB snapshot failed (see the server log)")
+    if aof or rdb:
+        kinds = [k for k, on in (("AOF", aof), (f"RDB (save {save})", rdb)) if on]
+        return Finding("persistence", "ok", " and ".join(kinds))
+    if save is None and not aof:
+        return Finding("persistence", "warn", "AOF is off and the RDB rules are not readable")
+    return Finding(
+        "persistence", "warn", "neither AOF nor RDB snapshots: a server restart loses all work"
+    )
+
+
+async def _queues(queue: Queue) -> list[Finding]:
+    broker = queue.broker
+    workers = await broker.workers()
+    consumed: set[str] = set()
+    for raw in workers.values():
+        try:
+            doc: Any = loads(raw)
+        except BlitzQError:
+            continue
+        if isinstance(doc, dict):
+            consumed.update(str(q) for q in doc.get("queues") or [])
+    names = {base_queue(q) for q in await broker.known_queues()} | {queue.name}
+    names |= {t.queue for t in queue.tasks.values()}
+    out = [Finding("workers", "ok" if workers else "warn", f"{len(workers)} live worker(s)")]
+    idle = sorted(names - consumed)
+    stats = await broker.queue_stats(idle) if idle else {}
+    for name in idle:
+        waiting = stats.get(name, {}).get("waiting", 0)
+        out.append(
+            Finding(f"queue {name}", "warn", f"no live worker consumes it ({waiting} waiting)")
+        )
+    return out
+
+
+async def _periodic(queue: Queue) -> list[Finding]:
+    broker = queue.broker
+    runtime = RuntimeEntries(queue)
+    entries: list[PeriodicTask] = [
+        *queue.periodic_tasks.values(),
+        *(await runtime.refresh()).values(),
+    ]
+    out = []
+    stored = await broker.runtime_periodic()
+    for name in sorted(stored.keys() - runtime.entries.keys() - queue.periodic_tasks.keys()):
+        out.append(
+            Finding(f"periodic {name}", "warn", "run-time entry this application cannot run")
+        )
+    if not entries:
+        return out
+    last = await broker.periodic_last([e.name for e in entries])
+    now = await broker.server_time()
+    for entry in sorted(entries, key=lambda e: e.name):
+        out.append(_entry(entry, last.get(entry.name), now))
+    return out
+
+
+def _entry(entry: PeriodicTask, last: float | None, now: float) -> Finding:
+    name = f"periodic {entry.name}"
+    schedule = entry.schedule
+    try:
+        upcoming = _iso(schedule.next_after(now))
+        if last is None:
+            return Finding(
+                name, "warn", f"never dispatched in this namespace (next {upcoming}): "
+                "is a scheduler running?"
+            )  # fmt: skip
+        missed = schedule.latest(last, now - SCHEDULER_GRACE, 1)
+    except ConfigurationError as exc:  # a cron with no time left
+        return Finding(name, "warn", str(exc))
+    if missed:
+        return Finding(
+            name, "warn", f"last run {_iso(last)} but {_iso(missed[0])} was due: no "
+            "scheduler is dispatching it"
+        )  # fmt: skip
+    return Finding(name, "ok", f"{schedule.describe()}: last run {_iso(last)}, next {upcoming}")
+
+
+def _iso(ts: float) -> str:
+    return _dt.datetime.fromtimestamp(ts, _dt.UTC).isoformat(timespec="seconds")

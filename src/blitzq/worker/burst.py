@@ -1,0 +1,96 @@
+"""Burst mode (``Worker(burst=True)``, ``blitzq worker --burst``): drain the queues, then stop.
+
+A burst worker runs like any other and, next to its fetch loops, watches for the moment its
+work is done. It stops (gracefully, exit code 0 from the CLI) once all of these hold at once:
+
+* nothing runs in the worker and no start is pending (start checks, cancel confirmations);
+* every completion is written (the flusher is idle);
+* no scheduled message is due by the broker's clock, nor due within :data:`BURST_HORIZON`
+  seconds (short waits: rate-limit tokens, lock waits, quick retries); ones due later stay
+  scheduled for the next worker;
+* the worker's physical queues hold no waiting and no in-flight message (in reliable mode
+  that includes messages another worker holds: a burst worker waits for them too, since a
+  lost lease would come back to the queue);
+* every fetch that was in a fetch command when the queues were read has returned empty
+  since (a fast-mode pop leaves the list before the worker sees the message).
+
+Work enqueued after the worker stopped is left for the next one. Scheduled messages due
+later than the horizon (delays, long retry backoffs, unknown tasks deferred during a rolling
+deploy) are not waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from ..exceptions import BrokerError
+
+if TYPE_CHECKING:
+    from .fetch import Fetcher
+    from .flusher import Flusher
+    from .worker import Worker
+
+logger = logging.getLogger("blitzq.worker")
+
+#: Scheduled messages due within this many seconds count as work a burst worker waits for.
+BURST_HORIZON = 2.0
+
+#: Seconds between two idleness checks of a burst worker.
+CHECK_INTERVAL = 0.1
+
+
+async def drain(worker: Worker, fetcher: Fetcher, flusher: Flusher) -> None:
+    """Stop ``worker`` (:meth:`~blitzq.worker.Worker.stop`) once its queues are drained.
+
+    Call it as a task next to the fetch loops of a running worker (``fetcher``: its fetch
+    loops, ``flusher``: its completion writer); it returns when the worker stops for any
+    reason. A broker error only delays the check (logged, tried again).
+    """
+    while not worker.stopping:
+        await asyncio.sleep(CHECK_INTERVAL)
+        try:
+            if await _drained(worker, fetcher, flusher):
+                logger.info("worker %s drained its queues (burst): stopping", worker.id)
+                worker.stop()
+                return
+        except BrokerError as exc:
+            logger.warning("burst check failed, trying again: %s", exc)
+
+
+async def settled(worker: Worker, horizon: float = BURST_HORIZON) -> bool:
+    """Whether the running ``worker`` has nothing left to do (the conditions of the module
+    docstring, with scheduled messages due within ``horizon`` seconds counted as work); due
+    scheduled messages are promoted on the way. Used by :mod:`blitzq.testing` too.
+
+    Raises:
+        BrokerError: the broker could not be reached.
+        RuntimeError: the worker is not running.
+    """
+    return await _drained(worker, worker._fetcher, worker._flusher, horizon)
+
+
+async def _drained(
+    worker: Worker, fetcher: Fetcher, flusher: Flusher, horizon: float = BURST_HORIZON
+) -> bool:
+    runner = worker.runner
+    if not runner.idle:
+        return False
+    seen = fetcher.delivered
+    await flusher.flush()
+    moved, next_eta, now = await worker.broker.promote_due(1000)
+    if moved or (next_eta is not None and next_eta - now <= horizon):
+        return False
+    stats = await worker.broker.queue_stats(worker.physical_queues)
+    if any(counts.get("waiting") or counts.get("in_flight") for counts in stats.values()):
+        return False
+    # A fetch inside its command when the queues were read may hold what they no longer show.
+    fetching = fetcher.in_fetch()
+    for _ in range(int((worker.block_timeout + 5.0) / 0.01)):  # a fetch returns by then
+        if worker.stopping or all(fetcher.done[q] > n for q, n in fetching.items()):
+            break
+        await asyncio.sleep(0.01)
+    else:
+        return False
+    return fetcher.delivered == seen and runner.idle and flusher.backlog == 0
