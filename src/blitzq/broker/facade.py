@@ -30,13 +30,14 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from dataclasses import replace
 
+from .operations import OperationsFacade
 from .ops import ChordMember, Publish, WorkflowStep
 from .outbox import Relay
 from .state import Completion, DeadLetterFields, Scheduled, StateStore
 from .transport import Delivery, Guarantee, Transport
 
 
-class Broker:
+class Broker(OperationsFacade):
     """A transport and a state store behind one object (see the module docstring).
 
     Args:
@@ -213,18 +214,6 @@ class Broker:
         """See :meth:`StateStore.periodic_last`."""
         return await self.state.periodic_last(names)
 
-    async def runtime_periodic(self) -> dict[str, bytes]:
-        """See :meth:`StateStore.runtime_periodic`."""
-        return await self.state.runtime_periodic()
-
-    async def set_runtime_periodic(self, name: str, definition: bytes) -> None:
-        """See :meth:`StateStore.set_runtime_periodic`."""
-        await self.state.set_runtime_periodic(name, definition)
-
-    async def remove_runtime_periodic(self, name: str) -> bool:
-        """See :meth:`StateStore.remove_runtime_periodic`."""
-        return await self.state.remove_runtime_periodic(name)
-
     # ========================================================== cancellation
     async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
         """See :meth:`StateStore.cancel`."""
@@ -348,37 +337,9 @@ class Broker:
         """See :meth:`StateStore.counters`."""
         return await self.state.counters()
 
-    async def set_scale(self, minimum: int, maximum: int) -> None:
-        """See :meth:`StateStore.set_scale`."""
-        await self.state.set_scale(minimum, maximum)
-
-    async def clear_scale(self) -> bool:
-        """See :meth:`StateStore.clear_scale`."""
-        return await self.state.clear_scale()
-
-    async def scale(self) -> tuple[int, int, float] | None:
-        """See :meth:`StateStore.scale`."""
-        return await self.state.scale()
-
-    async def publish_supervisor(self, supervisor_id: str, status: bytes, ttl: float) -> None:
-        """See :meth:`StateStore.publish_supervisor`."""
-        await self.state.publish_supervisor(supervisor_id, status, ttl)
-
-    async def unpublish_supervisor(self, supervisor_id: str) -> None:
-        """See :meth:`StateStore.unpublish_supervisor`."""
-        await self.state.unpublish_supervisor(supervisor_id)
-
-    async def supervisors(self) -> dict[str, bytes]:
-        """See :meth:`StateStore.supervisors`."""
-        return await self.state.supervisors()
-
     async def memory_policy(self) -> tuple[str, int] | None:
         """See :meth:`StateStore.memory_policy`."""
         return await self.state.memory_policy()
-
-    async def server_info(self) -> dict[str, str]:
-        """See :meth:`StateStore.server_info`."""
-        return await self.state.server_info()
 
     # ============================================================ lifecycle
     async def ping(self) -> None:

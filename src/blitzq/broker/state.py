@@ -25,6 +25,7 @@ import abc
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
+from .operations import OperationsState
 from .outbox import Outbox
 from .transport import Transport
 from .values import Completion, DeadLetterFields, Scheduled
@@ -32,7 +33,7 @@ from .values import Completion, DeadLetterFields, Scheduled
 __all__ = ["Completion", "DeadLetterFields", "Scheduled", "StateStore"]
 
 
-class StateStore(abc.ABC):
+class StateStore(OperationsState):
     """Task state and completion effects. See the module docstring."""
 
     def acks(self, transport: Transport) -> bool:
@@ -176,20 +177,6 @@ class StateStore(abc.ABC):
     async def periodic_last(self, names: Sequence[str]) -> dict[str, float]:
         """The last dispatched occurrence (Unix seconds) of each name that has one."""
         raise NotImplementedError(f"{type(self).__name__} does not support periodic tasks")
-
-    async def runtime_periodic(self) -> dict[str, bytes]:
-        """Periodic entries defined at run time (``blitzq schedule add``): name to its
-        definition (opaque bytes)."""
-        return {}
-
-    async def set_runtime_periodic(self, name: str, definition: bytes) -> None:
-        """Store (or replace) the run-time periodic entry ``name``."""
-        raise NotImplementedError(f"{type(self).__name__} does not store periodic entries")
-
-    async def remove_runtime_periodic(self, name: str) -> bool:
-        """Delete the run-time periodic entry ``name`` and its last-run record; ``True``
-        when it existed."""
-        raise NotImplementedError(f"{type(self).__name__} does not store periodic entries")
 
     # ----------------------------------------------------------- cancellation
     async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
@@ -357,32 +344,6 @@ class StateStore(abc.ABC):
     async def workers(self) -> dict[str, bytes]:
         """Live workers: id to the info they registered."""
 
-    # ------------------------------------------------- supervisors (autoscale)
-    async def set_scale(self, minimum: int, maximum: int) -> None:
-        """Store the namespace's autoscale setpoint (``minimum`` <= ``maximum`` processes per
-        supervisor; the caller checks the range)."""
-        raise NotImplementedError(f"{type(self).__name__} does not keep an autoscale setpoint")
-
-    async def clear_scale(self) -> bool:
-        """Remove the autoscale setpoint; return whether there was one."""
-        raise NotImplementedError(f"{type(self).__name__} does not keep an autoscale setpoint")
-
-    async def scale(self) -> tuple[int, int, float] | None:
-        """The autoscale setpoint ``(min, max, set at in Unix seconds)``, or ``None``."""
-        return None
-
-    async def publish_supervisor(self, supervisor_id: str, status: bytes, ttl: float) -> None:
-        """Record a supervisor's status for ``ttl`` seconds (refreshed every sample)."""
-        return
-
-    async def unpublish_supervisor(self, supervisor_id: str) -> None:
-        """Remove a supervisor's status."""
-        return
-
-    async def supervisors(self) -> dict[str, bytes]:
-        """Live supervisors: id to the status they published."""
-        return {}
-
     async def counters(self) -> dict[str, int]:
         """Namespace-wide event counters kept by the broker, e.g. ``{"stale_completions": 2}``
         (completions dropped by fencing, see :meth:`complete`); absent counters are 0."""
@@ -396,12 +357,6 @@ class StateStore(abc.ABC):
         """The server's ``(maxmemory-policy, maxmemory in bytes)``, or ``None`` when the
         backend has no such setting or does not tell (see :mod:`blitzq.broker.eviction`)."""
         return None
-
-    async def server_info(self) -> dict[str, str]:
-        """What the server says about itself for ``blitzq check`` (read-only): ``server``,
-        ``version``, ``aof_enabled``, ``save`` (RDB snapshot rules), ``rdb_last_bgsave_status``,
-        ``role``; keys the backend does not know are absent."""
-        return {}
 
     async def close(self) -> None:
         """Release connections. The store may be used again afterwards (it reconnects)."""
