@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from .._checks import flag, integer, seconds, text
 from ..broker import Broker
 from ..broker.eviction import check_eviction
+from ..dependencies import Resources
 from ..exceptions import BrokerError, ConfigurationError
 from ..extensions.signals import Signal, SignalEvent
 from ..queue import Queue
@@ -153,6 +154,8 @@ class Worker:
         self._stopping = False
         self._runner: Runner | None = None
         self._started = time.time()
+        #: What the Queue's lifespans yielded, for ``Depends()`` parameters.
+        self.resources = Resources()
 
     # --------------------------------------------------------------- control
     @property
@@ -263,6 +266,7 @@ class Worker:
         await broker.prepare_consumer(self.physical_queues, self.id)
         for hook in self.queue.on_startup:
             await hook()
+        await self.resources.open(self.queue.lifespan)  # closed by _shutdown
         self._global = Limiter(self.concurrency)
         self._slots = {
             q: Slots(
@@ -364,6 +368,10 @@ class Worker:
                 await hook()
             except Exception:
                 logger.exception("shutdown hook failed")
+        try:
+            await self.resources.close()
+        except Exception:
+            logger.exception("a lifespan failed while closing")
         await self.queue.signals.drain()  # after-hooks and signal handlers still running
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(runner.progress.close(), FETCH_GRACE)
