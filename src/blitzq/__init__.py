@@ -5,6 +5,7 @@ The public surface is what ``__all__`` lists; everything else may change between
 
 from .context import TaskContext, current_task
 from .dead_letters import DeadLetter
+from .dependencies import Depends
 from .exceptions import (
     BlitzQError,
     BrokerError,
@@ -44,6 +45,7 @@ __all__ = [
     "ConfigurationError",
     "Cron",
     "DeadLetter",
+    "Depends",
     "EnqueueRefused",
     "Every",
     "MessageTooLarge",

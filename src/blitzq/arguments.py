@@ -34,7 +34,7 @@ import inspect
 import logging
 import typing
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Final
 
 import msgspec
@@ -154,9 +154,10 @@ class TypedCall:
         self.returns = returns
 
     @classmethod
-    def of(cls, fn: Callable[..., Any]) -> TypedCall | None:
+    def of(cls, fn: Callable[..., Any], skip: Collection[str] = ()) -> TypedCall | None:
         """The typed call of ``fn``, or ``None`` when none of its annotations is rich (or
-        they cannot be resolved: the task then takes plain data, as before)."""
+        they cannot be resolved: the task then takes plain data, as before). Parameters
+        named in ``skip`` (filled by the worker, not by messages) are left out."""
         try:
             hints = typing.get_type_hints(fn)
             signature = inspect.signature(fn)
@@ -167,7 +168,7 @@ class TypedCall:
         keyword: dict[str, Any] = {}
         var_positional = var_keyword = None
         for name, param in signature.parameters.items():
-            tp = hints.get(name)
+            tp = None if name in skip else hints.get(name)
             rich = tp if tp is not None and _is_rich(tp) else None
             if param.kind is param.VAR_POSITIONAL:
                 var_positional = rich

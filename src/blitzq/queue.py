@@ -25,6 +25,7 @@ from .client.publish import Producer
 from .client.results import Results
 from .client.sync import Portal, blocking
 from .client.workflows import Workflows
+from .dependencies import Lifespans
 from .exceptions import ConfigurationError, SerializationError, UnknownTask
 from .extensions.middleware import EnqueueFilter, EnqueueObserver, Middleware
 from .extensions.ratelimit import queue_limits
@@ -188,6 +189,8 @@ class Queue:
         self._workflows = Workflows(self)
         self.on_startup = Hooks()
         self.on_shutdown = Hooks()
+        #: Per-worker resources for ``Depends()`` parameters (:mod:`blitzq.dependencies`).
+        self.lifespan = Lifespans()
         #: Coroutines that see each batch before it is published (see
         #: :mod:`blitzq.extensions.middleware`).
         self.enqueue_filters: list[EnqueueFilter] = []

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar
 from ._checks import flag, integer, seconds, text
 from .arguments import TypedCall
 from .client.sync import blocking
+from .dependencies import injected_parameters, refuse_given
 from .exceptions import ConfigurationError
 from .handle import TaskHandle
 from .options import CallOptions
@@ -94,9 +95,19 @@ class Task(Generic[P, R]):
         #: Its rate limit (keyed), set by :mod:`blitzq.extensions.ratelimit`, or ``None``.
         self.rate_limit: RateLimit | None = None
         self.signature = inspect.signature(fn)
+        #: Parameters the worker fills with its resources (``Depends()``), by name: their
+        #: types (see :mod:`blitzq.dependencies`).
+        self.injected = injected_parameters(fn)
+        if self.injected and executor == "process":
+            raise ConfigurationError(
+                f"task {name}: a process task cannot take Depends() parameters (resources "
+                "live in the worker's process)"
+            )
         #: How rich annotated arguments and results travel, or ``None`` (plain data only;
         #: see :mod:`blitzq.arguments`).
-        self.arguments = TypedCall.of(fn)
+        self.arguments = TypedCall.of(fn, skip=self.injected)
+        #: Whether a call needs more than the message's arguments (conversion, resources).
+        self.prepared_call = self.arguments is not None or bool(self.injected)
         #: Coroutines awaited before each start (see :mod:`blitzq.extensions.middleware`).
         self.checks: list[StartCheck] = []
         #: Called with each completion before it is written (same).
@@ -123,6 +134,20 @@ class Task(Generic[P, R]):
         self.controls = options
         for m in middleware:  # each plugs in where the task uses its options
             m.setup_task(self, options)
+
+    def call_arguments(self, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """The arguments of one call as they go into its message: rich values as plain data
+        (:mod:`blitzq.arguments`); none for a ``Depends()`` parameter.
+
+        Raises:
+            ConfigurationError: a value is given for a ``Depends()`` parameter.
+            SerializationError: a rich value cannot be encoded.
+        """
+        if self.injected:
+            refuse_given(self.name, self.injected, self.signature, args, kwargs)
+        if self.arguments is None:
+            return args, kwargs
+        return self.arguments.encode(args, kwargs)
 
     @property
     def max_attempts(self) -> int:

@@ -193,8 +193,8 @@ class Producer:
         else:
             name = task.name
             queue = physical_queue(opts.queue or task.queue, opts.priority or task.priority)
-            if task.arguments is not None:
-                args, kwargs = task.arguments.encode(args, kwargs)
+            if task.prepared_call:
+                args, kwargs = task.call_arguments(args, kwargs)
         env = self.envelope(name, queue, args, kwargs, opts, now)
         data = encode_envelope(env, owner.max_message_size)
         due = opts.due_time(now) if opts is not _NO_OPTIONS else None
@@ -263,8 +263,8 @@ class Producer:
                 args, kwargs = call
             else:
                 args, kwargs = call, {}
-            if task.arguments is not None:
-                args, kwargs = task.arguments.encode(args, kwargs or {})
+            if task.prepared_call:
+                args, kwargs = task.call_arguments(args, kwargs or {})
             env = self.envelope(task.name, item_queue, args, kwargs or {}, item_opts, now)
             if item_opts.task_id is not None:
                 explicit.add(env.id)

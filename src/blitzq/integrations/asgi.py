@@ -84,7 +84,12 @@ class QueueLifespan:
         self.queue = queue
 
     def __call__(self, app: object) -> QueueLifespan:
-        """Return a new context manager for one start-up / shut-down cycle of ``app``."""
+        """Return a new context manager for one start-up / shut-down cycle of ``app``, and
+        keep the queue on the app (``app.state.blitzq_queue``, where the app has a ``state``:
+        FastAPI, Starlette) for :func:`blitzq.integrations.fastapi.get_queue`."""
+        state = getattr(app, "state", None)
+        if state is not None:
+            state.blitzq_queue = self.queue
         return QueueLifespan(self.queue)
 
     async def __aenter__(self) -> None:

@@ -14,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..broker import Completion, Delivery
-from ..exceptions import BrokerError, SerializationError
+from ..exceptions import BrokerError, ConfigurationError, SerializationError
 from ..extensions.expiry import start_checks
 from ..serialization import Envelope, decode_envelope, envelope_head
 from ..task import Task
@@ -129,9 +129,11 @@ def call_arguments(runner: Runner, job: Job, slots: Slots) -> Call | None:
     try:
         typed = task.arguments
         call = typed.decode(env.args, env.kwargs) if typed else (env.args, env.kwargs)
+        if task.injected:  # the worker's resources (blitzq.dependencies)
+            call = (call[0], {**call[1], **runner.worker.resources.resolve(task.injected)})
         if task.executor != "async":
             task.signature.bind(*call[0], **call[1])
-    except (TypeError, SerializationError) as exc:
+    except (TypeError, SerializationError, ConfigurationError) as exc:
         runner.finish(job, None, exc, retry=False)
         slots.release()
         return None

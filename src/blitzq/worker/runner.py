@@ -200,7 +200,7 @@ class Runner:
         if scope is None:  # else made by the middleware hooks
             scope = job.scope = self.base_context.copy()
         args, kwargs = env.args, env.kwargs
-        if task.arguments is not None or executor != "async":
+        if task.prepared_call or executor != "async":
             call = admission.call_arguments(self, job, slots)
             if call is None:
                 return

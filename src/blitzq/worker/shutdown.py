@@ -1,6 +1,6 @@
 """A worker's graceful shutdown, in order: stop fetching, let runs finish (up to
 ``shutdown_timeout``), requeue the rest, stop the background loops, write every completion,
-unregister, then the shutdown hooks, lifespans and signals.
+unregister, then the shutdown hooks, the lifespans (:mod:`blitzq.dependencies`) and signals.
 """
 
 from __future__ import annotations
@@ -71,6 +71,10 @@ async def shut_down(
             await hook()
         except Exception:
             logger.exception("shutdown hook failed")
+    try:
+        await worker.resources.close()
+    except Exception:
+        logger.exception("a lifespan failed while closing")
     await worker.queue.signals.drain()  # after-hooks and signal handlers still running
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(runner.progress.close(), FETCH_GRACE)

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from .._checks import flag, integer, seconds, text
 from ..broker import Broker
 from ..broker.eviction import check_eviction
+from ..dependencies import Resources
 from ..exceptions import ConfigurationError
 from ..extensions.signals import Signal, SignalEvent
 from ..queue import Queue
@@ -177,6 +178,8 @@ class Worker:
         self._stopping = False
         self._runner: Runner | None = None
         self._started = time.time()
+        #: What the Queue's lifespans yielded, for ``Depends()`` parameters.
+        self.resources = Resources()
 
     # --------------------------------------------------------------- control
     @property
@@ -287,6 +290,7 @@ class Worker:
         await broker.prepare_consumer(self.physical_queues, self.id)
         for hook in self.queue.on_startup:
             await hook()
+        await self.resources.open(self.queue.lifespan)  # closed by _shutdown
         self._global = Limiter(self.concurrency)
         self._slots = {
             q: Slots(

@@ -1,0 +1,134 @@
+"""Per-worker resources (issue 12, "Dependencies for tasks"): ``@queue.lifespan`` opened once
+per worker, given to tasks through ``Depends()`` parameters, closed after the runs; and the
+FastAPI dependency that gives endpoints the Queue."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from blitzq import ConfigurationError, Depends, Queue, TaskFailed
+from blitzq.integrations.asgi import lifespan
+from blitzq.integrations.fastapi import QueueDep, get_queue
+
+from .proc_tasks import make_worker, running
+
+
+@dataclasses.dataclass
+class Pool:
+    """Stands for a database pool: counts its opens and closes."""
+
+    opened: int = 0
+    closed: int = 0
+    used: int = 0
+
+
+class Client:
+    """A second resource type."""
+
+
+@pytest.fixture
+async def queue(make_queue: Callable[..., Queue]) -> AsyncIterator[Queue]:
+    """A Queue on the test server."""
+    q = make_queue()
+    yield q
+    await q.close()
+
+
+async def test_lifespan_resources_reach_tasks_once_per_worker(queue: Queue) -> None:
+    pool = Pool()
+    events: list[str] = []
+
+    @queue.lifespan
+    async def database() -> AsyncIterator[Pool]:
+        pool.opened += 1
+        events.append("open db")
+        yield pool
+        pool.closed += 1
+        events.append("close db")
+
+    @queue.lifespan
+    async def http() -> AsyncIterator[Client]:
+        events.append("open http")
+        yield Client()
+        events.append("close http")
+
+    @queue.task(name="di.use")
+    async def use(n: int, db: Pool = Depends()) -> int:
+        db.used += 1
+        return n
+
+    @queue.task(name="di.use_in_thread")
+    def use_in_thread(db: Annotated[Pool, Depends()], client: Annotated[Client, Depends()]) -> str:
+        db.used += 1
+        return type(client).__name__
+
+    async with running(make_worker(queue, concurrency=4)):
+        handles = [await use.enqueue(i) for i in range(5)]
+        assert [await h.result(timeout=30) for h in handles] == list(range(5))
+        assert await (await use_in_thread.enqueue()).result(timeout=30) == "Client"
+        assert pool.opened == 1
+        assert pool.closed == 0
+    assert pool.used == 6
+    assert pool.closed == 1
+    assert events == ["open db", "open http", "close http", "close db"]
+
+
+async def test_a_value_for_a_depends_parameter_is_refused_at_enqueue(queue: Queue) -> None:
+    @queue.task(name="di.refuse")
+    async def refuse(n: int, db: Pool = Depends()) -> int:
+        return n
+
+    with pytest.raises(ConfigurationError, match="filled by the worker"):
+        await refuse.enqueue(1, db=Pool())
+    with pytest.raises(ConfigurationError, match="filled by the worker"):
+        await refuse.enqueue(1, Pool())
+
+
+async def test_a_missing_resource_fails_the_task_without_retries(queue: Queue) -> None:
+    @queue.task(name="di.missing", retries=3)
+    async def missing(db: Pool = Depends()) -> None:
+        return None
+
+    async with running(make_worker(queue, concurrency=1)):
+        handle = await missing.enqueue()
+        with pytest.raises(TaskFailed, match="no lifespan of this Queue yields a Pool"):
+            await handle.result(timeout=30)
+        record = await queue.inspect(handle.id)
+        assert record is not None
+        assert record.attempts == 1
+
+
+def test_bad_declarations_are_refused_at_registration(queue: Queue) -> None:
+    with pytest.raises(ConfigurationError, match="process task cannot take Depends"):
+        queue.task(name="di.proc", executor="process")(_process_task)
+    with pytest.raises(ConfigurationError, match="async generator function"):
+        queue.lifespan(_not_a_generator)  # type: ignore[arg-type]
+
+
+def _process_task(db: Pool = Depends()) -> None:
+    return None
+
+
+async def _not_a_generator() -> Pool:
+    return Pool()
+
+
+def test_fastapi_endpoint_gets_the_queue(queue: Queue) -> None:
+    app = FastAPI(lifespan=lifespan(queue))
+
+    @app.get("/namespace")
+    async def namespace(q: QueueDep) -> dict[str, str]:
+        return {"namespace": q.namespace}
+
+    with TestClient(app) as client:
+        assert client.get("/namespace").json() == {"namespace": queue.namespace}
+    other = Queue(redis_url="memory://di-override", namespace="override")
+    app.dependency_overrides[get_queue] = lambda: other
+    with TestClient(app) as client:
+        assert client.get("/namespace").json() == {"namespace": "override"}
