@@ -19,6 +19,7 @@ from ..logconfig import configure_logging
 from ..queue import Queue
 from ..routing import check_name
 from ..worker import Worker
+from ..worker.ops import slot_port
 from ..worker.worker import EXIT_RESTART
 from ._common import (
     CliUsageError,
@@ -256,6 +257,41 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
     help="Refuse to start when the server's maxmemory-policy can evict blitzq's keys "
     "(default: log a warning).",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    envvar="BLITZQ_METRICS_PORT",
+    show_envvar=True,
+    metavar="PORT",
+    help="Serve Prometheus metrics on /metrics at this port (with --workers N: one port per "
+    "worker process, PORT + its slot index 0..N-1). Needs blitzq[metrics].",
+)
+@click.option(
+    "--health-port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    envvar="BLITZQ_HEALTH_PORT",
+    show_envvar=True,
+    metavar="PORT",
+    help="Serve /health and /ready at this port (with --workers N: PORT + slot index); the "
+    "metrics port may be the same. Needs blitzq[ops].",
+)
+@click.option(
+    "--ops-host",
+    default="0.0.0.0",
+    show_default=True,
+    metavar="HOST",
+    help="Address the metrics and health endpoints listen on.",
+)
+@click.option(
+    "--configure-logging/--no-configure-logging",
+    "configure_logs",
+    default=True,
+    show_default=True,
+    help="Install blitzq's stderr log handler on the root logger; --no-configure-logging "
+    "leaves logging to the application.",
+)
 @global_options
 def worker_command(
     app: str,
@@ -269,6 +305,10 @@ def worker_command(
     configure: tuple[str, ...] = (),
     max_abandoned_threads: int = 10,
     strict_memory_policy: bool = False,
+    metrics_port: int | None = None,
+    health_port: int | None = None,
+    ops_host: str = "0.0.0.0",
+    configure_logs: bool = True,
 ) -> None:
     """Run a worker for the blitzq.Queue at MODULE:ATTR (for example myapp.tasks:queue).
 
@@ -277,8 +317,10 @@ def worker_command(
     --shutdown-timeout for running tasks and puts the rest back on their queues.
     """
     s = settings()
-    with cli_errors(s.redis_url):
-        configure_logging(log_level, "json" if log_format == "json" else "text")
+    if configure_logs:
+        with cli_errors(s.redis_url):
+            configure_logging(log_level, "json" if log_format == "json" else "text")
+    ops = _ops_options(metrics_port, health_port, ops_host, configure_logs)
     if workers > 1:  # a supervisor runs N copies of this command with --workers 1
         from ..worker.processes import worker_command
         from ..worker.supervisor import supervise
@@ -295,7 +337,8 @@ def worker_command(
             extra=(["--scheduler"] if with_scheduler else [])
             + (["--strict-memory-policy"] if strict_memory_policy else [])
             + [arg for spec in configure for arg in ("--configure", spec)]
-            + ["--max-abandoned-threads", str(max_abandoned_threads)],
+            + ["--max-abandoned-threads", str(max_abandoned_threads)]
+            + ops,
             **typed,
         )
         sys.exit(supervise(argv, workers, shutdown_timeout, json_output=s.json))
@@ -313,6 +356,9 @@ def worker_command(
             handle_signals=True,
             max_abandoned_threads=max_abandoned_threads,
             strict_memory_policy=strict_memory_policy,
+            metrics_port=slot_port(metrics_port),
+            health_port=slot_port(health_port),
+            ops_host=ops_host,
         )
         asyncio.run(_serve(worker, with_scheduler))
     # A worker that stopped to be restarted (too many abandoned threads) says so.
@@ -320,6 +366,21 @@ def worker_command(
     _exit_past_abandoned_threads(code)
     if code:
         sys.exit(code)
+
+
+def _ops_options(
+    metrics_port: int | None, health_port: int | None, host: str, configure_logs: bool
+) -> list[str]:
+    """The metrics, health and logging options as a supervisor passes them to its workers
+    (each worker adds its slot index to the ports, :func:`~blitzq.worker.ops.slot_port`)."""
+    argv = [] if configure_logs else ["--no-configure-logging"]
+    if metrics_port is not None:
+        argv += ["--metrics-port", str(metrics_port)]
+    if health_port is not None:
+        argv += ["--health-port", str(health_port)]
+    if metrics_port is not None or health_port is not None:
+        argv += ["--ops-host", host]
+    return argv
 
 
 def _exit_past_abandoned_threads(code: int = 0) -> None:

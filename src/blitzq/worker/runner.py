@@ -39,6 +39,7 @@ from .timeouts import (
 from .timeouts import timeout_error as _timeout_error
 
 if TYPE_CHECKING:
+    from .metrics import RunMetrics
     from .worker import Worker
 
 logger = logging.getLogger("blitzq.worker")
@@ -109,6 +110,8 @@ class Runner:
         #: The worker's base context (taken when the worker starts): every run gets a
         #: fresh copy of it, so context variables never leak from one task to the next.
         self.base_context = contextvars.copy_context()
+        #: The worker's metrics (``Worker(metrics_port=...)``), told of every run; else None.
+        self.observer: RunMetrics | None = None
 
     # ------------------------------------------------------------- starting
     def start(self, d: Delivery, slots: Slots) -> None:
@@ -174,6 +177,8 @@ class Runner:
                 return
         env, task = job.envelope, job.task
         job.started_at = time.time()
+        if self.observer is not None:
+            self.observer.started(job)
         context = job.context
         if context is None:  # else made by the middleware hooks
             context = TaskContext(

@@ -24,6 +24,7 @@ from ..broker import Broker
 from ..broker.eviction import check_eviction
 from ..exceptions import BrokerError, ConfigurationError
 from ..extensions.signals import Signal, SignalEvent
+from ..logcontext import reset_worker_id, set_worker_id
 from ..queue import Queue
 from ..routing import base_queue, levels
 from ..serialization import dumps
@@ -31,6 +32,7 @@ from .fetch import Fetcher
 from .flusher import Flusher
 from .limiter import Limiter, Slots
 from .maintenance import Maintenance
+from .ops import Ops, check_ops_options
 from .runner import Runner
 
 logger = logging.getLogger("blitzq.worker")
@@ -80,6 +82,9 @@ class Worker:
         strict_memory_policy: refuse to start (ConfigurationError) when the server's
             ``maxmemory-policy`` can evict blitzq's keys; by default a WARNING is logged
             (see :mod:`blitzq.broker.eviction`).
+        metrics_port, health_port, ops_host: serve Prometheus ``/metrics`` and ``/health``,
+            ``/ready`` on these TCP ports of ``ops_host`` (0: any free port; see
+            :class:`~blitzq.worker.ops.Ops`, :attr:`ops` and docs/operations.md).
 
     Every numeric option must be a real number (``int`` for counts; never ``bool``), finite
     and in range (``block_timeout`` at most 60 s, ``shutdown_timeout`` at most ten years), so
@@ -105,6 +110,9 @@ class Worker:
         name: str | None = None,
         max_abandoned_threads: int = 10,
         strict_memory_policy: bool = False,
+        metrics_port: int | None = None,
+        health_port: int | None = None,
+        ops_host: str = "0.0.0.0",
     ) -> None:
         # Numbers are real numbers (never bool, NaN or infinite) in range: a NaN shutdown
         # timeout would make a stop unbounded (or instant), a NaN bound never trips.
@@ -122,6 +130,7 @@ class Worker:
         flag("handle_signals", handle_signals)
         flag("strict_memory_policy", strict_memory_policy)
         text("name", name)
+        check_ops_options(metrics_port, health_port, ops_host)
         if isinstance(queues, str):
             raise ConfigurationError(f"queues must be a list of queue names, got {queues!r}")
         self.queue = queue
@@ -148,11 +157,16 @@ class Worker:
         #: Messages a blocking fetch returned that found no free slot and went back at once.
         self.handed_back = 0
         self.strict_memory_policy = strict_memory_policy
+        self.metrics_port = metrics_port
+        self.health_port = health_port
+        self.ops_host = ops_host
         self.id = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._stop_event: asyncio.Event | None = None
         self._stopping = False
         self._runner: Runner | None = None
         self._started = time.time()
+        #: The metrics and health endpoints (addresses once running).
+        self.ops = Ops(self)
 
     # --------------------------------------------------------------- control
     @property
@@ -234,9 +248,11 @@ class Worker:
         if self.handle_signals:  # before anything slow, so an early SIGTERM is graceful too
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
+        token = set_worker_id(self.id)  # log records of its tasks carry it (logcontext)
         try:
             await self._run()
         finally:
+            reset_worker_id(token)
             if self.handle_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
@@ -273,10 +289,12 @@ class Worker:
         }
         self._flusher = Flusher(broker)
         self._runner = Runner(self, broker, self._flusher)
+        self._fetcher = Fetcher(self, broker, self._runner, self._slots)
+        self._runner.observer = self.ops.metrics  # None without metrics: nothing installed
+        served = await self.ops.start(self._fetcher)
         self._maintenance = Maintenance(self, broker)
         flusher_task = asyncio.create_task(self._flusher.run(), name="blitzq-flusher")
-        background = await self._maintenance.start()
-        self._fetcher = Fetcher(self, broker, self._runner, self._slots)
+        background = await self._maintenance.start() + served
         self._fetcher.start()
         logger.info(
             "worker %s started: queues=%s concurrency=%d mode=%s",
@@ -366,6 +384,7 @@ class Worker:
         await self.queue.signals.drain()  # after-hooks and signal handlers still running
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(runner.progress.close(), FETCH_GRACE)
+        await self.ops.stop()
         await self._emit(Signal.WORKER_STOPPED)
         logger.info(
             "worker %s stopped: %d succeeded, %d failed", self.id, self.processed, self.failed
