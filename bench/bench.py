@@ -75,7 +75,7 @@ DRAIN_CONCURRENCY = 200
 RAW_FETCH = 500
 RESULT_TTL = 86400
 DEADLINE = 120.0
-MEASUREMENTS = ("enqueue", "enqueue_many", "drain", "latency", "memory", "rss")
+MEASUREMENTS = ("enqueue", "enqueue_many", "drain", "metrics", "latency", "memory", "rss")
 
 
 @dataclass(frozen=True)
@@ -422,8 +422,11 @@ async def _broker_done(client: aioredis.Redis, bench: Bench, store: bool, last_i
     return not store or bool(replies[-1])
 
 
-async def drain_blitzq(url: str, client: aioredis.Redis, mode: str, store: bool, n: int) -> float:
-    """Tasks/s of one in-process Worker draining ``n`` pre-enqueued no-op tasks to completion."""
+async def drain_blitzq(
+    url: str, client: aioredis.Redis, mode: str, store: bool, n: int, metrics: bool = False
+) -> float:
+    """Tasks/s of one in-process Worker draining ``n`` pre-enqueued no-op tasks to completion
+    (``metrics``: with Prometheus metrics on, served on a free port of 127.0.0.1)."""
     bench = Bench(url, mode, store, "drain")
     try:
         handles = []
@@ -431,7 +434,8 @@ async def drain_blitzq(url: str, client: aioredis.Redis, mode: str, store: bool,
             handles += await bench.task.enqueue_many([()] * min(BATCH, n - start))
         last_id = handles[-1].id
         bench.target = n
-        worker = Worker(bench.queue, concurrency=DRAIN_CONCURRENCY)
+        ops: dict[str, Any] = {"metrics_port": 0, "ops_host": "127.0.0.1"} if metrics else {}
+        worker = Worker(bench.queue, concurrency=DRAIN_CONCURRENCY, **ops)
         t0 = time.perf_counter()
         runner = await _run_worker(worker)
         waiter = asyncio.create_task(bench.all_ran.wait())
@@ -512,6 +516,22 @@ async def measure_drain(url: str, client: aioredis.Redis, sizes: Sizes) -> list[
                 r.append(await drain_raw(client, mode, store, sizes.drain))
             label = "results stored" if store else "no results"
             rows.append(_median_rows(f"drain {sizes.drain:,} no-op, {mode}, {label}", b, r))
+    return rows
+
+
+async def measure_metrics(url: str, client: aioredis.Redis, sizes: Sizes) -> list[Row]:
+    """The drain with metrics on against the same drain with metrics off, paired (A B A B);
+    the "raw" column is the worker without metrics here."""
+    rows = []
+    for mode in ("reliable", "fast"):
+        for store in (True, False):
+            on, off = [], []
+            for _ in range(sizes.reps):
+                on.append(await drain_blitzq(url, client, mode, store, sizes.drain, metrics=True))
+                off.append(await drain_blitzq(url, client, mode, store, sizes.drain))
+            label = "results stored" if store else "no results"
+            name = f"drain {sizes.drain:,} no-op, {mode}, {label}: metrics on (raw: off)"
+            rows.append(_median_rows(name, on, off))
     return rows
 
 
@@ -749,6 +769,7 @@ RUNNERS: dict[str, Callable[[str, aioredis.Redis, Sizes], Awaitable[list[Row]]]]
     "enqueue": measure_enqueue,
     "enqueue_many": measure_enqueue_many,
     "drain": measure_drain,
+    "metrics": measure_metrics,
     "latency": measure_latency,
     "memory": measure_memory,
     "rss": measure_rss,

@@ -78,7 +78,8 @@ class Readiness:
         self._checks: dict[str, dict[str, Any]] = {}
         self._probing_since: float | None = None
 
-    async def _ping(self, name: str, ping: Callable[[], Awaitable[None]], backend: str) -> None:
+    @staticmethod
+    async def _ping(ping: Callable[[], Awaitable[None]], backend: str) -> dict[str, Any]:
         try:
             await asyncio.wait_for(ping(), PROBE_TIMEOUT)
         except Exception as exc:
@@ -86,20 +87,22 @@ class Readiness:
                 error = f"no answer within {PROBE_TIMEOUT:.0f} s"
             else:
                 error = f"{type(exc).__name__}: {exc}"
-            self._checks[name] = {"ok": False, "backend": backend, "error": error}
-        else:
-            self._checks[name] = {"ok": True, "backend": backend}
+            return {"ok": False, "backend": backend, "error": error}
+        return {"ok": True, "backend": backend}
 
     async def probe(self) -> None:
         """Ping the transport and the state store once, each bounded by
-        :data:`PROBE_TIMEOUT`."""
+        :data:`PROBE_TIMEOUT`; the answers replace the previous ones together."""
         broker = self.worker.broker
         self._probing_since = time.monotonic()
         try:
-            await self._ping("broker", broker.transport.ping, _backend(broker.transport))
-            await self._ping("state_store", broker.state.ping, _backend(broker.state))
+            checks = {
+                "broker": await self._ping(broker.transport.ping, _backend(broker.transport)),
+                "state_store": await self._ping(broker.state.ping, _backend(broker.state)),
+            }
         finally:
             self._probing_since = None
+        self._checks = checks
 
     async def probe_loop(self) -> None:
         """:meth:`probe` every :data:`PROBE_INTERVAL` seconds until cancelled."""
