@@ -25,15 +25,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
+from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import ConfigurationError
 
 try:
-    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client import CollectorRegistry, Gauge
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ConfigurationError(
@@ -63,14 +69,51 @@ OUTCOMES = ("succeeded", "failed", "retried", "dead_lettered", "cancelled", "exp
 BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 
 
-class _WorkerCounters(Collector):
-    """This worker's own counters, read at scrape time (plain ints of the running worker)."""
+#: Index of a histogram's sum in its list (after one count per bucket and +Inf).
+_SUM = len(BUCKETS) + 1
 
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
+
+class _RunCollector(Collector):
+    """Hands the plain counts :class:`RunMetrics` keeps per run to prometheus-client when it
+    scrapes (in its server's thread), with this worker's own counters (plain ints of the
+    running worker).
+
+    The event loop is the one writer; a scrape copies each dict and list first (one C call
+    each, under the GIL), so it reads values from a few microseconds apart at worst.
+    """
+
+    def __init__(self, metrics: RunMetrics) -> None:
+        self.metrics = metrics
 
     def collect(self) -> Iterator[Any]:
-        worker = self.worker
+        """The metric families of one scrape."""
+        m, worker = self.metrics, self.metrics.worker
+        tasks = CounterMetricFamily(
+            "blitzq_tasks",
+            "Task attempts by final outcome (each attempt counted once).",
+            labels=("queue", "task", "outcome"),
+        )
+        for labels, count in list(m.counts.items()):
+            tasks.add_metric(labels, count)
+        yield tasks
+        yield _histogram(
+            "blitzq_task_duration_seconds",
+            "Seconds from the start of a run to its completion.",
+            ("queue", "task"),
+            m.durations,
+        )
+        yield _histogram(
+            "blitzq_task_queue_latency_seconds",
+            "Seconds from the (latest) enqueue of a message to the start of its run.",
+            ("queue",),
+            {(queue,): h for queue, h in list(m.latencies.items())},
+        )
+        running = GaugeMetricFamily(
+            "blitzq_tasks_in_progress", "Runs started and not ended.", labels=("queue",)
+        )
+        for queue, count in list(m.running.items()):
+            running.add_metric((queue,), count)
+        yield running
         yield CounterMetricFamily(
             "blitzq_stale_completions",
             "Completions of this worker the broker refused as stale (lease lost; fencing).",
@@ -88,43 +131,49 @@ class _WorkerCounters(Collector):
         )
 
 
+def _histogram(
+    name: str, doc: str, labels: tuple[str, ...], data: dict[Any, list[float]]
+) -> HistogramMetricFamily:
+    """A histogram family from per-label lists of bucket counts (the last is +Inf) and sum."""
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    for key, values in list(data.items()):
+        values = list(values)
+        cumulative, buckets = 0.0, []
+        for bound, count in zip((*BUCKETS, math.inf), values, strict=False):
+            cumulative += count
+            buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), cumulative))
+        family.add_metric(key, buckets, values[_SUM])
+    return family
+
+
 class RunMetrics:
     """The metrics of one worker, and the run observer the runner calls.
+
+    The per-run figures are plain dicts of ints and lists (one ``bisect`` per histogram
+    sample), turned into Prometheus metrics only when Prometheus scrapes: a run costs about a
+    microsecond, where prometheus-client's own locked metric objects cost several.
 
     Args:
         worker: the worker measured (its queues, namespace, broker and counters are read).
 
     Attributes:
         registry: the ``prometheus_client.CollectorRegistry`` holding every metric.
+        counts: attempts by ``(queue, task, outcome)``.
+        durations: run durations by ``(queue, task)``: counts per bucket, then the sum.
+        latencies: queue latencies by queue, as ``durations``.
+        running: runs in progress by queue.
     """
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self.namespace = worker.queue.namespace
         registry = self.registry = CollectorRegistry()
-        self.tasks_total = Counter(
-            "blitzq_tasks",
-            "Task attempts by final outcome (each attempt counted once).",
-            ("queue", "task", "outcome"),
-            registry=registry,
-        )
-        self.duration = Histogram(
-            "blitzq_task_duration_seconds",
-            "Seconds from the start of a run to its completion.",
-            ("queue", "task"),
-            registry=registry,
-            buckets=BUCKETS,
-        )
-        self.latency = Histogram(
-            "blitzq_task_queue_latency_seconds",
-            "Seconds from the (latest) enqueue of a message to the start of its run.",
-            ("queue",),
-            registry=registry,
-            buckets=BUCKETS,
-        )
-        self.in_progress = Gauge(
-            "blitzq_tasks_in_progress", "Runs started and not ended.", ("queue",), registry=registry
-        )
+        self.counts: dict[tuple[str, str, str], int] = {}
+        self.durations: dict[tuple[str, str], list[float]] = {}
+        self.latencies: dict[str, list[float]] = {}
+        self.running: dict[str, int] = {}
+        self._labels: dict[str, str] = {}  # task name -> its label value (capped)
+        registry.register(_RunCollector(self))
         self.depth = Gauge(
             "blitzq_queue_depth",
             "Messages per queue and state (sampled from the broker's queue stats).",
@@ -143,60 +192,53 @@ class RunMetrics:
             ("namespace",),
             registry=registry,
         )
-        registry.register(_WorkerCounters(worker))
-        self._names: set[str] = set()
-        # Children by label values: labels() takes a lock and builds a tuple each call.
-        self._counts: dict[tuple[str, str, str], Any] = {}
-        self._durations: dict[tuple[str, str], Any] = {}
-        self._latencies: dict[str, Any] = {}
-        self._running: dict[str, Any] = {}
 
     # ------------------------------------------------------------- per run
     def _task(self, name: str) -> str:
-        if name in self._names:
-            return name
-        if len(self._names) >= MAX_TASK_NAMES or not name:
-            return OTHER_TASK
-        self._names.add(name)
-        return name
-
-    def _count(self, queue: str, task: str, outcome: str) -> None:
-        key = (queue, task, outcome)
-        child = self._counts.get(key)
-        if child is None:
-            child = self._counts[key] = self.tasks_total.labels(queue, self._task(task), outcome)
-        child.inc()
+        label = self._labels.get(name)
+        if label is None:
+            if len(self._labels) >= MAX_TASK_NAMES or not name:
+                return OTHER_TASK
+            label = self._labels[name] = name
+        return label
 
     def started(self, job: Job) -> None:
         """A run of ``job`` started (``job.started_at`` set): in progress, queue latency."""
         queue = job.delivery.queue
-        running = self._running.get(queue)
-        if running is None:
-            running = self._running[queue] = self.in_progress.labels(queue)
-            self._latencies[queue] = self.latency.labels(queue)
-        running.inc()
+        running = self.running
+        running[queue] = running.get(queue, 0) + 1
         enqueued = job.envelope.enqueued_at
         if enqueued:
-            self._latencies[queue].observe(max(0.0, job.started_at - enqueued))
+            latency = max(0.0, job.started_at - enqueued)
+            h = self.latencies.get(queue)
+            if h is None:
+                h = self.latencies[queue] = [0] * (_SUM + 1)
+            h[bisect_left(BUCKETS, latency)] += 1
+            h[_SUM] += latency
 
     def committed(self, job: Job, outcome: Outcome | None) -> None:
         """``job``'s completion was handed to the writer with ``outcome`` (``None``: a
         reschedule that did not start the task)."""
-        queue, task = job.delivery.queue, job.envelope.task
+        queue = job.delivery.queue
+        task = self._task(job.envelope.task)
         if job.started_at:
-            self._running[queue].dec()
+            self.running[queue] -= 1
+            duration = max(0.0, time.time() - job.started_at)
             key = (queue, task)
-            child = self._durations.get(key)
-            if child is None:
-                child = self._durations[key] = self.duration.labels(queue, self._task(task))
-            child.observe(max(0.0, time.time() - job.started_at))
+            h = self.durations.get(key)
+            if h is None:
+                h = self.durations[key] = [0] * (_SUM + 1)
+            h[bisect_left(BUCKETS, duration)] += 1
+            h[_SUM] += duration
         if outcome is not None and outcome.kind != "requeued":
-            self._count(queue, task, outcome.kind)
+            counts, counted = self.counts, (queue, task, outcome.kind)
+            counts[counted] = counts.get(counted, 0) + 1
 
     def ended(self, queue: str, task: str, outcome: str) -> None:
         """A delivery from physical ``queue`` ended before it ran: ``"expired"`` or
         ``"rejected"`` (``task`` may be ``""`` for a message that could not be read)."""
-        self._count(queue, task, outcome)
+        key = (queue, self._task(task), outcome)
+        self.counts[key] = self.counts.get(key, 0) + 1
 
     # ------------------------------------------------------------- sampled
     async def sample(self) -> None:
