@@ -47,7 +47,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 if TYPE_CHECKING:
-    from ..extensions.middleware import Outcome
+    from ..extensions.middleware import OutcomeKind
     from .execution import Job
     from .worker import Worker
 
@@ -111,7 +111,7 @@ class _RunCollector(Collector):
         running = GaugeMetricFamily(
             "blitzq_tasks_in_progress", "Runs started and not ended.", labels=("queue",)
         )
-        for queue, count in list(m.running.items()):
+        for queue, count in m.in_progress().items():
             running.add_metric((queue,), count)
         yield running
         yield CounterMetricFamily(
@@ -161,7 +161,6 @@ class RunMetrics:
         counts: attempts by ``(queue, task, outcome)``.
         durations: run durations by ``(queue, task)``: counts per bucket, then the sum.
         latencies: queue latencies by queue, as ``durations``.
-        running: runs in progress by queue.
     """
 
     def __init__(self, worker: Worker) -> None:
@@ -171,7 +170,6 @@ class RunMetrics:
         self.counts: dict[tuple[str, str, str], int] = {}
         self.durations: dict[tuple[str, str], list[float]] = {}
         self.latencies: dict[str, list[float]] = {}
-        self.running: dict[str, int] = {}
         self._labels: dict[str, str] = {}  # task name -> its label value (capped)
         registry.register(_RunCollector(self))
         self.depth = Gauge(
@@ -202,36 +200,46 @@ class RunMetrics:
             label = self._labels[name] = name
         return label
 
+    def in_progress(self) -> dict[str, int]:
+        """Runs of this worker started and not ended, by queue (read at scrape time from
+        the runner's running jobs, so a run pays nothing for it)."""
+        running: dict[str, int] = dict.fromkeys(self.latencies, 0)
+        try:
+            jobs = list(self.worker.runner.jobs)  # one C call: no concurrent change seen
+        except RuntimeError:  # the worker is not running
+            jobs = []
+        for job in jobs:
+            queue = job.delivery.queue
+            running[queue] = running.get(queue, 0) + 1
+        return running
+
     def started(self, job: Job) -> None:
-        """A run of ``job`` started (``job.started_at`` set): in progress, queue latency."""
-        queue = job.delivery.queue
-        running = self.running
-        running[queue] = running.get(queue, 0) + 1
+        """A run of ``job`` started (``job.started_at`` set): its queue latency."""
         enqueued = job.envelope.enqueued_at
         if enqueued:
-            latency = max(0.0, job.started_at - enqueued)
-            h = self.latencies.get(queue)
+            latency = job.started_at - enqueued
+            h = self.latencies.get(job.delivery.queue)
             if h is None:
-                h = self.latencies[queue] = [0] * (_SUM + 1)
+                h = self.latencies[job.delivery.queue] = [0] * (_SUM + 1)
             h[bisect_left(BUCKETS, latency)] += 1
-            h[_SUM] += latency
+            h[_SUM] += latency if latency > 0.0 else 0.0
 
-    def committed(self, job: Job, outcome: Outcome | None) -> None:
-        """``job``'s completion was handed to the writer with ``outcome`` (``None``: a
-        reschedule that did not start the task)."""
+    def committed(self, job: Job, kind: OutcomeKind | None) -> None:
+        """``job``'s completion was handed to the writer; ``kind`` is its outcome's kind
+        (:func:`~blitzq.worker.outcomes.outcome_kind`; ``None``: a reschedule that did not
+        start the task)."""
         queue = job.delivery.queue
         task = self._task(job.envelope.task)
         if job.started_at:
-            self.running[queue] -= 1
-            duration = max(0.0, time.time() - job.started_at)
+            duration = time.time() - job.started_at
             key = (queue, task)
             h = self.durations.get(key)
             if h is None:
                 h = self.durations[key] = [0] * (_SUM + 1)
             h[bisect_left(BUCKETS, duration)] += 1
-            h[_SUM] += duration
-        if outcome is not None and outcome.kind != "requeued":
-            counts, counted = self.counts, (queue, task, outcome.kind)
+            h[_SUM] += duration if duration > 0.0 else 0.0
+        if kind is not None and kind != "requeued":
+            counts, counted = self.counts, (queue, task, kind)
             counts[counted] = counts.get(counted, 0) + 1
 
     def ended(self, queue: str, task: str, outcome: str) -> None:
