@@ -2,12 +2,15 @@
 --metrics-port``); needs the ``metrics`` extra (``prometheus-client``).
 
 Per-run metrics are fed by the runner through :class:`RunMetrics`, the worker's run
-observer: :meth:`RunMetrics.started` when a run starts, :meth:`RunMetrics.committed` with the
-run's typed :class:`~blitzq.extensions.middleware.Outcome` when its completion is handed to
-the writer (the same value the after-hooks get, from :func:`blitzq.worker.outcomes.outcome_of`),
-and :meth:`RunMetrics.ended` for a delivery that ends before it runs (``expired`` by its
-``max_age`` start check, ``rejected``: malformed, too large or of an unknown task). A worker
-without metrics has no observer: the runner checks one attribute for ``None`` per run.
+observer: :meth:`RunMetrics.started` when a run starts (queue latency),
+:meth:`RunMetrics.committed` when its completion is handed to the writer, with the kind of the
+run's :class:`~blitzq.extensions.middleware.Outcome` (the value the after-hooks get;
+:func:`blitzq.worker.outcomes.outcome_kind`), and :meth:`RunMetrics.ended` for a delivery that
+ends before it runs (``expired`` by its ``max_age`` start check, ``rejected``: malformed, too
+large or of an unknown task). A worker without metrics has no observer: the runner checks one
+attribute for ``None`` per run. The figures are plain counts and per-bucket lists, made into
+Prometheus metric families only when Prometheus scrapes; runs in progress are counted from
+the runner's running jobs then.
 
 Broker-wide values (queue depths, dead letters, registered workers, the namespace's stale
 completions) are sampled every :data:`SAMPLE_INTERVAL` seconds by :meth:`RunMetrics.sample_loop`
