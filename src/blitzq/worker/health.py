@@ -11,10 +11,10 @@
 
 The checks run in :meth:`Readiness.probe_loop`, in the worker's event loop, every
 :data:`PROBE_INTERVAL` seconds, each PING bounded by :data:`PROBE_TIMEOUT`; ``/ready``
-answers from the last probe, and a probe in flight longer than :data:`PROBE_TIMEOUT` counts
-as failed (a PING stuck in a reconnect). So a server that went down is reported within
-``PROBE_INTERVAL + PROBE_TIMEOUT`` seconds (5 s), and one that came back within
-``PROBE_INTERVAL`` seconds of answering again.
+answers from the last probe, and a probe in flight longer than :data:`PROBE_TIMEOUT` + 1 s
+counts as failed (a PING stuck in a reconnect that ignores its cancellation). So a server that
+went down is reported within ``PROBE_INTERVAL + PROBE_TIMEOUT + 1`` seconds (6 s), and one
+that came back within about as long of answering again.
 
 The app is a small Starlette application served by a ``uvicorn.Server`` task inside the
 worker's event loop (uvicorn's own signal handling is left out: the worker handles
@@ -91,18 +91,18 @@ class Readiness:
         return {"ok": True, "backend": backend}
 
     async def probe(self) -> None:
-        """Ping the transport and the state store once, each bounded by
+        """Ping the transport and the state store once, at the same time, each bounded by
         :data:`PROBE_TIMEOUT`; the answers replace the previous ones together."""
         broker = self.worker.broker
         self._probing_since = time.monotonic()
         try:
-            checks = {
-                "broker": await self._ping(broker.transport.ping, _backend(broker.transport)),
-                "state_store": await self._ping(broker.state.ping, _backend(broker.state)),
-            }
+            transport, state = await asyncio.gather(
+                self._ping(broker.transport.ping, _backend(broker.transport)),
+                self._ping(broker.state.ping, _backend(broker.state)),
+            )
         finally:
             self._probing_since = None
-        self._checks = checks
+        self._checks = {"broker": transport, "state_store": state}
 
     async def probe_loop(self) -> None:
         """:meth:`probe` every :data:`PROBE_INTERVAL` seconds until cancelled."""
@@ -115,8 +115,8 @@ class Readiness:
         worker = self.worker
         checks = {name: dict(check) for name, check in self._checks.items()}
         since = self._probing_since
-        if since is not None and time.monotonic() - since > PROBE_TIMEOUT:
-            for check in checks.values():  # a probe stuck past its bound
+        if since is not None and time.monotonic() - since > PROBE_TIMEOUT + 1.0:
+            for check in checks.values():  # a PING stuck past its bound (a swallowed cancel)
                 check.update(ok=False, error=f"no answer for {time.monotonic() - since:.0f} s")
         if not checks:
             checks["broker"] = {"ok": False, "error": "not probed yet"}
