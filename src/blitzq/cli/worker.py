@@ -32,6 +32,7 @@ from ._common import (
     mask_url,
     settings,
 )
+from ._ops import ops_argv, ops_options
 
 logger = logging.getLogger("blitzq.cli")
 
@@ -257,41 +258,7 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
     help="Refuse to start when the server's maxmemory-policy can evict blitzq's keys "
     "(default: log a warning).",
 )
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(min=0, max=65535),
-    default=None,
-    envvar="BLITZQ_METRICS_PORT",
-    show_envvar=True,
-    metavar="PORT",
-    help="Serve Prometheus metrics on /metrics at this port (with --workers N: one port per "
-    "worker process, PORT + its slot index 0..N-1). Needs blitzq[metrics].",
-)
-@click.option(
-    "--health-port",
-    type=click.IntRange(min=0, max=65535),
-    default=None,
-    envvar="BLITZQ_HEALTH_PORT",
-    show_envvar=True,
-    metavar="PORT",
-    help="Serve /health and /ready at this port (with --workers N: PORT + slot index); the "
-    "metrics port may be the same. Needs blitzq[ops].",
-)
-@click.option(
-    "--ops-host",
-    default="0.0.0.0",
-    show_default=True,
-    metavar="HOST",
-    help="Address the metrics and health endpoints listen on.",
-)
-@click.option(
-    "--configure-logging/--no-configure-logging",
-    "configure_logs",
-    default=True,
-    show_default=True,
-    help="Install blitzq's stderr log handler on the root logger; --no-configure-logging "
-    "leaves logging to the application.",
-)
+@ops_options
 @global_options
 def worker_command(
     app: str,
@@ -320,7 +287,7 @@ def worker_command(
     if configure_logs:
         with cli_errors(s.redis_url):
             configure_logging(log_level, "json" if log_format == "json" else "text")
-    ops = _ops_options(metrics_port, health_port, ops_host, configure_logs)
+    ops = ops_argv(metrics_port, health_port, ops_host, configure_logs)
     if workers > 1:  # a supervisor runs N copies of this command with --workers 1
         from ..worker.processes import worker_command
         from ..worker.supervisor import supervise
@@ -366,21 +333,6 @@ def worker_command(
     _exit_past_abandoned_threads(code)
     if code:
         sys.exit(code)
-
-
-def _ops_options(
-    metrics_port: int | None, health_port: int | None, host: str, configure_logs: bool
-) -> list[str]:
-    """The metrics, health and logging options as a supervisor passes them to its workers
-    (each worker adds its slot index to the ports, :func:`~blitzq.worker.ops.slot_port`)."""
-    argv = [] if configure_logs else ["--no-configure-logging"]
-    if metrics_port is not None:
-        argv += ["--metrics-port", str(metrics_port)]
-    if health_port is not None:
-        argv += ["--health-port", str(health_port)]
-    if metrics_port is not None or health_port is not None:
-        argv += ["--ops-host", host]
-    return argv
 
 
 def _exit_past_abandoned_threads(code: int = 0) -> None:
