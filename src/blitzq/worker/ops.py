@@ -23,6 +23,7 @@ from ..exceptions import ConfigurationError
 
 if TYPE_CHECKING:
     from .fetch import Fetcher
+    from .health import Readiness
     from .metrics import RunMetrics
     from .worker import Worker
 
@@ -59,6 +60,10 @@ class Ops:
         worker: the worker; its ``metrics_port``, ``health_port`` and ``ops_host`` say what
             to serve.
 
+    Raises:
+        ConfigurationError: a port is given and its extra (``metrics``: prometheus-client;
+            ``ops``: starlette and uvicorn) is not installed.
+
     Attributes:
         metrics: the worker's metrics (the runner's observer), or ``None``.
         metrics_address: ``(host, port)`` the metrics are served on, or ``None``.
@@ -72,10 +77,15 @@ class Ops:
         self.health_address: tuple[str, int] | None = None
         self._metrics_server: tuple[Any, Any] | None = None
         self._health_server: tuple[Any, asyncio.Task[None]] | None = None
+        self._readiness: type[Readiness] | None = None
         if worker.metrics_port is not None:
             from .metrics import RunMetrics
 
             self.metrics = RunMetrics(worker)
+        if worker.health_port is not None:  # a missing extra is refused here, not at run()
+            from .health import Readiness
+
+            self._readiness = Readiness
 
     async def start(self, fetcher: Fetcher) -> list[asyncio.Task[None]]:
         """Serve the endpoints; return the background tasks (sampling, probing) for the
@@ -97,10 +107,10 @@ class Ops:
                     metrics.registry, host, worker.metrics_port or 0
                 )
                 self.metrics_address = (host, int(server.server_address[1]))
-        if health_port is not None:
-            from .health import Readiness, make_app, serve_health
+        if health_port is not None and self._readiness is not None:
+            from .health import make_app, serve_health
 
-            readiness = Readiness(worker, fetcher.running)
+            readiness = self._readiness(worker, fetcher.running)
             app = make_app(readiness, metrics.registry if shared and metrics else None)
             server, _ = self._health_server = await serve_health(app, host, health_port)
             port = int(server.servers[0].sockets[0].getsockname()[1])
