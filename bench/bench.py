@@ -75,7 +75,7 @@ DRAIN_CONCURRENCY = 200
 RAW_FETCH = 500
 RESULT_TTL = 86400
 DEADLINE = 120.0
-MEASUREMENTS = ("enqueue", "enqueue_many", "drain", "latency", "memory", "rss")
+MEASUREMENTS = ("enqueue", "enqueue_many", "drain", "metrics", "latency", "memory", "rss")
 
 
 @dataclass(frozen=True)
@@ -424,6 +424,14 @@ async def _broker_done(client: aioredis.Redis, bench: Bench, store: bool, last_i
 
 async def drain_blitzq(url: str, client: aioredis.Redis, mode: str, store: bool, n: int) -> float:
     """Tasks/s of one in-process Worker draining ``n`` pre-enqueued no-op tasks to completion."""
+    return (await drain_measured(url, client, mode, store, n))[0]
+
+
+async def drain_measured(
+    url: str, client: aioredis.Redis, mode: str, store: bool, n: int, metrics: bool = False
+) -> tuple[float, float]:
+    """:func:`drain_blitzq`'s tasks/s, and this process's CPU seconds over the same span
+    (``metrics``: with Prometheus metrics on, served on a free port of 127.0.0.1)."""
     bench = Bench(url, mode, store, "drain")
     try:
         handles = []
@@ -431,7 +439,9 @@ async def drain_blitzq(url: str, client: aioredis.Redis, mode: str, store: bool,
             handles += await bench.task.enqueue_many([()] * min(BATCH, n - start))
         last_id = handles[-1].id
         bench.target = n
-        worker = Worker(bench.queue, concurrency=DRAIN_CONCURRENCY)
+        ops: dict[str, Any] = {"metrics_port": 0, "ops_host": "127.0.0.1"} if metrics else {}
+        worker = Worker(bench.queue, concurrency=DRAIN_CONCURRENCY, **ops)
+        cpu0 = time.process_time()
         t0 = time.perf_counter()
         runner = await _run_worker(worker)
         waiter = asyncio.create_task(bench.all_ran.wait())
@@ -445,8 +455,9 @@ async def drain_blitzq(url: str, client: aioredis.Redis, mode: str, store: bool,
             raise TimeoutError(f"only {bench.ran} of {n} tasks ran")
         await wait_until(lambda: _broker_done(client, bench, store, last_id), "completions", 0.001)
         elapsed = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
         await _stop_worker(worker, runner)
-        return n / elapsed
+        return n / elapsed, cpu
     finally:
         await bench.close(client)
 
@@ -512,6 +523,28 @@ async def measure_drain(url: str, client: aioredis.Redis, sizes: Sizes) -> list[
                 r.append(await drain_raw(client, mode, store, sizes.drain))
             label = "results stored" if store else "no results"
             rows.append(_median_rows(f"drain {sizes.drain:,} no-op, {mode}, {label}", b, r))
+    return rows
+
+
+async def measure_metrics(url: str, client: aioredis.Redis, sizes: Sizes) -> list[Row]:
+    """The drain with metrics on against the same drain with metrics off, paired (A B A B):
+    tasks/s, and CPU microseconds of this process per task (the worker runs in it), which a
+    busy machine disturbs less than wall time. The "raw" column is metrics off here."""
+    rows = []
+    for mode in ("reliable", "fast"):
+        for store in (True, False):
+            on, off, cpu_on, cpu_off = [], [], [], []
+            for _ in range(sizes.reps):
+                for metrics, rates, cpus in ((True, on, cpu_on), (False, off, cpu_off)):
+                    rate, cpu = await drain_measured(url, client, mode, store, sizes.drain, metrics)
+                    rates.append(rate)
+                    cpus.append(cpu / sizes.drain * 1e6)
+            label = "results stored" if store else "no results"
+            name = f"drain {sizes.drain:,}, {mode}, {label}, metrics on (raw: off)"
+            rows.append(_median_rows(name, on, off))
+            cpu_row = _median_rows(f"{name}, CPU", cpu_on, cpu_off, unit="us/task")
+            cpu_row.lower_is_better = True
+            rows.append(cpu_row)
     return rows
 
 
@@ -749,6 +782,7 @@ RUNNERS: dict[str, Callable[[str, aioredis.Redis, Sizes], Awaitable[list[Row]]]]
     "enqueue": measure_enqueue,
     "enqueue_many": measure_enqueue_many,
     "drain": measure_drain,
+    "metrics": measure_metrics,
     "latency": measure_latency,
     "memory": measure_memory,
     "rss": measure_rss,

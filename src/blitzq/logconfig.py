@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from .exceptions import ConfigurationError
+from .logcontext import NonBlockingHandler, TaskContextFilter
 
 __all__ = ["LEVELS", "JsonFormatter", "TextFormatter", "configure_logging"]
 
@@ -99,6 +100,11 @@ def configure_logging(level: str, fmt: Literal["text", "json"]) -> None:
     replaces the handler a previous call installed, so calling it twice does not duplicate
     lines. Meant for the CLI; libraries and applications configure logging themselves.
 
+    The handler is a :class:`~blitzq.logcontext.NonBlockingHandler` (a ``QueueHandler``: a
+    listener thread writes to stderr, so a slow stderr never blocks the caller) with a
+    :class:`~blitzq.logcontext.TaskContextFilter`: records emitted while a task runs carry
+    ``task_id``, ``task``, ``queue``, ``attempt`` and ``worker_id``, shown as fields.
+
     Args:
         level: a level name, case-insensitive: debug, info, warning, error or critical.
         fmt: ``"text"`` (``time level logger: message key=value``) or ``"json"`` (one object
@@ -122,8 +128,13 @@ def configure_logging(level: str, fmt: Literal["text", "json"]) -> None:
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, _MARK, False)]:
         root.removeHandler(old)
-    handler = _StderrHandler()
-    handler.setFormatter(formatter)
+        old.close()
+    stderr = _StderrHandler()
+    stderr.setFormatter(formatter)
+    # Written by a listener thread (a slow stderr never stalls the event loop); the task
+    # fields are added in the emitting thread, where the task's context is.
+    handler = NonBlockingHandler(stderr)
+    handler.addFilter(TaskContextFilter())
     setattr(handler, _MARK, True)
     root.addHandler(handler)
     root.setLevel(getattr(logging, name))

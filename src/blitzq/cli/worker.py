@@ -19,6 +19,7 @@ from ..logconfig import configure_logging
 from ..queue import Queue
 from ..routing import check_name
 from ..worker import Worker
+from ..worker.ops import slot_port
 from ..worker.worker import EXIT_RESTART
 from ._common import (
     CliUsageError,
@@ -31,6 +32,7 @@ from ._common import (
     mask_url,
     settings,
 )
+from ._ops import ops_argv, ops_options
 from .process_control import (
     needs_supervisor,
     process_control_options,
@@ -279,6 +281,7 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
     help="A task this worker does not know goes back on the schedule for a worker that "
     "knows it, for this long after its enqueue; then it is dead-lettered (0: at once).",
 )
+@ops_options
 @global_options
 def worker_command(
     app: str,
@@ -294,6 +297,10 @@ def worker_command(
     strict_memory_policy: bool = False,
     burst: bool = False,
     unknown_task_grace: float = 300.0,
+    metrics_port: int | None = None,
+    health_port: int | None = None,
+    ops_host: str = "0.0.0.0",
+    configure_logs: bool = True,
     **control: Any,
 ) -> None:
     """Run a worker for the blitzq.Queue at MODULE:ATTR (for example myapp.tasks:queue).
@@ -306,8 +313,10 @@ def worker_command(
     supervises worker processes instead; SIGHUP to it reloads them gracefully.
     """
     s = settings()
-    with cli_errors(s.redis_url):
-        configure_logging(log_level, "json" if log_format == "json" else "text")
+    if configure_logs:
+        with cli_errors(s.redis_url):
+            configure_logging(log_level, "json" if log_format == "json" else "text")
+    ops = ops_argv(metrics_port, health_port, ops_host, configure_logs)
     if burst and needs_supervisor(workers, control):
         raise CliUsageError("--burst runs one worker process: leave --workers out")
     if needs_supervisor(workers, control):  # it runs copies of this command, --workers 1
@@ -328,7 +337,8 @@ def worker_command(
             + [arg for spec in configure for arg in ("--configure", spec)]
             + ["--max-abandoned-threads", str(max_abandoned_threads)]
             + ["--unknown-task-grace", repr(unknown_task_grace)]
-            + worker_arguments(control),
+            + worker_arguments(control)
+            + ops,
             **typed,
         )
         workers, more = supervisor_arguments(app, workers, _split_queues(queues), s, control)
@@ -351,6 +361,9 @@ def worker_command(
             max_memory_per_child=control.get("max_memory_per_child"),
             burst=burst,
             unknown_task_grace=unknown_task_grace,
+            metrics_port=slot_port(metrics_port),
+            health_port=slot_port(health_port),
+            ops_host=ops_host,
         )
         asyncio.run(_serve(worker, with_scheduler))
     # A worker that stopped to be restarted (too many abandoned threads) says so.

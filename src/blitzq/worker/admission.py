@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..broker import Completion, Delivery
 from ..exceptions import BrokerError, ConfigurationError, SerializationError
-from ..extensions.expiry import start_checks
+from ..extensions.expiry import check_expiry, start_checks
 from ..serialization import Envelope, decode_envelope, envelope_head
 from ..task import Task
 from .execution import Job
@@ -72,6 +72,8 @@ def reject(
     """Dead-letter a message that cannot run (malformed, unknown task, too large)."""
     logger.warning("dead-lettering message from %s: %s (%s)", d.queue, reason, error)
     runner.flusher.add(runner.outcomes.rejected(d, reason, error, task_id, task))
+    if runner.observer is not None:
+        runner.observer.ended(d.queue, task, "rejected")
     runner.failed += 1
     slots.release()
 
@@ -111,6 +113,8 @@ async def start_checked(
         logger.exception("could not start task %s", env.id)
         slots.release()
         return
+    if runner.observer is not None and check is check_expiry and completion.reschedule is None:
+        runner.observer.ended(d.queue, env.task, "expired")
     runner.flusher.add(completion)
     slots.release()
 

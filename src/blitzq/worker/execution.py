@@ -175,6 +175,22 @@ class Outcomes:
             return self.failure(job, exc, retry=False)
         return Completion(d.queue, d.token, job.envelope.id, record, self.result_ttl)
 
+    def reschedule(self, job: Job, delay: float, reserved: bool | None = None) -> Completion:
+        """Completion putting ``job`` back on the schedule for ``delay`` seconds, unstarted
+        (the attempt unchanged).
+
+        Args:
+            job: the delivery to put back.
+            delay: seconds.
+            reserved: keep (``None``), set or clear the rate-limit reservation.
+        """
+        env, d = job.envelope, job.delivery
+        again = msgspec.structs.replace(
+            env, enqueued_at=time.time(), reserved=env.reserved if reserved is None else reserved
+        )
+        data = encode_envelope(again, max(self.max_message_size, len(d.payload) * 2))
+        return Completion(d.queue, d.token, env.id, reschedule=data, delay=delay)
+
     def failure(
         self, job: Job, exc: BaseException, retry: bool = True, track_state: bool = False
     ) -> Completion:

@@ -59,6 +59,10 @@ class Fetcher:
             q: asyncio.create_task(self._loop(q), name=f"blitzq-fetch-{q}") for q in self.slots
         }
 
+    def running(self) -> dict[str, bool]:
+        """Whether each fetch loop runs, by queue name (the readiness check reads it)."""
+        return {q: not t.done() for q, t in self._tasks.items()}
+
     async def stop(self, wait: float) -> None:
         """End every fetch loop; call after the worker's stop was requested.
 

@@ -63,6 +63,22 @@ def outcome_of(
     return Outcome(kind, error, error_type, message)
 
 
+def outcome_kind(
+    job: Job, completion: Completion | None, error: BaseException | None, cancelled: bool
+) -> OutcomeKind | None:
+    """``outcome_of(...).kind`` (``None`` likewise), without building the
+    :class:`~blitzq.extensions.middleware.Outcome` for the common success (the metrics' path)."""
+    plain = completion is None or (
+        completion.requeue is None
+        and completion.reschedule is None
+        and completion.dead_letter is None
+    )
+    if plain and error is None and not cancelled and job.encode_error is None:
+        return "succeeded"
+    outcome = outcome_of(job, completion, error, cancelled)
+    return outcome.kind if outcome is not None else None
+
+
 def finish(
     runner: Runner, job: Job, result: Any, error: BaseException | None, retry: bool = True
 ) -> None:
@@ -125,6 +141,8 @@ def commit(
     if runner.progress.active:  # the run's last progress update goes with its completion
         completion = runner.progress.finish(job, completion)
     extensions = runner.extensions
+    if runner.observer is not None:  # metrics: the kind of the outcome the middleware get
+        runner.observer.committed(job, outcome_kind(job, completion, error, cancelled))
     if extensions.enabled:
         outcome = outcome_of(job, completion, error, cancelled)
         if outcome is not None:

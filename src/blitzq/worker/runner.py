@@ -16,13 +16,11 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from ..broker import Broker, Completion, Delivery
 from ..context import TaskContext, set_current
 from ..exceptions import SerializationError
 from ..extensions.middleware import extensions_of
-from ..serialization import decode_envelope, encode_envelope
+from ..serialization import decode_envelope
 from . import admission, outcomes
 from .execution import Job, Outcomes
 from .executors import ProcessPool, ThreadPool, start_eagerly
@@ -40,6 +38,7 @@ from .timeouts import (
 from .timeouts import timeout_error as _timeout_error
 
 if TYPE_CHECKING:
+    from .metrics import RunMetrics
     from .worker import Worker
 
 logger = logging.getLogger("blitzq.worker")
@@ -111,6 +110,8 @@ class Runner:
         #: The worker's base context (taken when the worker starts): every run gets a
         #: fresh copy of it, so context variables never leak from one task to the next.
         self.base_context = contextvars.copy_context()
+        #: The worker's metrics (``Worker(metrics_port=...)``), told of every run; else None.
+        self.observer: RunMetrics | None = None
 
     # ------------------------------------------------------------- starting
     def start(self, d: Delivery, slots: Slots) -> None:
@@ -144,18 +145,9 @@ class Runner:
 
         The attempt is unchanged and no slot is held while it waits (rate limits, locks).
 
-        Args:
-            job: the delivery to put back.
-            delay: seconds.
-            reserved: keep (``None``), set or clear the rate-limit reservation.
+        Args: see :meth:`.execution.Outcomes.reschedule`.
         """
-        env, d = job.envelope, job.delivery
-        now = time.time()
-        again = msgspec.structs.replace(
-            env, enqueued_at=now, reserved=env.reserved if reserved is None else reserved
-        )
-        data = encode_envelope(again, max(self.max_message_size, len(d.payload) * 2))
-        return Completion(d.queue, d.token, env.id, reschedule=data, delay=delay)
+        return self.outcomes.reschedule(job, delay, reserved)
 
     def write(self, completion: Completion) -> None:
         """Hand ``completion`` to the flusher (written with the next group commit)."""
@@ -184,6 +176,8 @@ class Runner:
         self.started += 1
         if self.started == self.start_limit:
             recycle_after(self.worker, self.started)
+        if self.observer is not None:
+            self.observer.started(job)
         context = job.context
         if context is None:  # else made by the middleware hooks
             context = TaskContext(

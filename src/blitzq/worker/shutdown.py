@@ -78,6 +78,7 @@ async def shut_down(
     await worker.queue.signals.drain()  # after-hooks and signal handlers still running
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(runner.progress.close(), FETCH_GRACE)
+    await worker.ops.stop()
     await worker._emit(Signal.WORKER_STOPPED)
     logger.info(
         "worker %s stopped: %d succeeded, %d failed", worker.id, worker.processed, worker.failed

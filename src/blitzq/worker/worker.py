@@ -24,6 +24,7 @@ from ..broker.eviction import check_eviction
 from ..dependencies import Resources
 from ..exceptions import ConfigurationError
 from ..extensions.signals import Signal, SignalEvent
+from ..logcontext import reset_worker_id, set_worker_id
 from ..queue import Queue
 from ..routing import base_queue, levels
 from ..serialization import dumps
@@ -32,6 +33,7 @@ from .fetch import Fetcher
 from .flusher import Flusher
 from .limiter import Limiter, Slots
 from .maintenance import Maintenance
+from .ops import Ops, check_ops_options
 from .recycling import MB, Recycler
 from .runner import Runner
 from .shutdown import shut_down
@@ -91,6 +93,9 @@ class Worker:
             this worker does not know is put back on the schedule for a worker that knows it
             (a rolling deploy); after that it is dead-lettered with reason
             ``"unknown task"``. 0 dead-letters at once (see :mod:`blitzq.worker.unknown`).
+        metrics_port, health_port, ops_host: serve Prometheus ``/metrics`` and ``/health``,
+            ``/ready`` on these TCP ports of ``ops_host`` (0: any free port; see
+            :class:`~blitzq.worker.ops.Ops`, :attr:`ops` and docs/operations.md).
 
     Every numeric option must be a real number (``int`` for counts; never ``bool``), finite
     and in range (``block_timeout`` at most 60 s, ``shutdown_timeout`` at most ten years), so
@@ -120,6 +125,9 @@ class Worker:
         max_memory_per_child: int | None = None,
         burst: bool = False,
         unknown_task_grace: float = 300.0,
+        metrics_port: int | None = None,
+        health_port: int | None = None,
+        ops_host: str = "0.0.0.0",
     ) -> None:
         # Numbers are real numbers (never bool, NaN or infinite) in range: a NaN shutdown
         # timeout would make a stop unbounded (or instant), a NaN bound never trips.
@@ -145,6 +153,7 @@ class Worker:
         flag("burst", burst)
         seconds("unknown_task_grace", unknown_task_grace, strict=False)
         text("name", name)
+        check_ops_options(metrics_port, health_port, ops_host)
         if isinstance(queues, str):
             raise ConfigurationError(f"queues must be a list of queue names, got {queues!r}")
         self.queue = queue
@@ -173,6 +182,9 @@ class Worker:
         self.strict_memory_policy = strict_memory_policy
         self.burst = burst
         self.unknown_task_grace = float(unknown_task_grace)
+        self.metrics_port = metrics_port
+        self.health_port = health_port
+        self.ops_host = ops_host
         self.id = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._stop_event: asyncio.Event | None = None
         self._stopping = False
@@ -180,6 +192,8 @@ class Worker:
         self._started = time.time()
         #: What the Queue's lifespans yielded, for ``Depends()`` parameters.
         self.resources = Resources()
+        #: The metrics and health endpoints (addresses once running).
+        self.ops = Ops(self)
 
     # --------------------------------------------------------------- control
     @property
@@ -261,9 +275,11 @@ class Worker:
         if self.handle_signals:  # before anything slow, so an early SIGTERM is graceful too
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
+        token = set_worker_id(self.id)  # log records of its tasks carry it (logcontext)
         try:
             await self._run()
         finally:
+            reset_worker_id(token)
             if self.handle_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
@@ -301,13 +317,15 @@ class Worker:
         }
         self._flusher = Flusher(broker)
         self._runner = Runner(self, broker, self._flusher)
+        self._fetcher = Fetcher(self, broker, self._runner, self._slots)
+        self._runner.observer = self.ops.metrics  # None without metrics: nothing installed
+        served = await self.ops.start(self._fetcher)
         self._maintenance = Maintenance(self, broker)
         flusher_task = asyncio.create_task(self._flusher.run(), name="blitzq-flusher")
-        background = await self._maintenance.start()
+        background = await self._maintenance.start() + served
         if self.max_memory_per_child:
             recycler = Recycler(self, self.max_memory_per_child * MB)
             background.append(asyncio.create_task(recycler.run(), name="blitzq-recycler"))
-        self._fetcher = Fetcher(self, broker, self._runner, self._slots)
         self._fetcher.start()
         if self.burst:  # stops the worker once its queues are drained
             burst = drain(self, self._fetcher, self._flusher)
