@@ -191,7 +191,7 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
 
 
 @click.command("worker", short_help="Run a worker for the Queue at MODULE:ATTR.")
-@click.argument("app", metavar="MODULE:ATTR")
+@click.argument("app", metavar="MODULE:ATTR", required=False)
 @click.option(
     "-Q",
     "--queues",
@@ -256,9 +256,17 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
     help="Refuse to start when the server's maxmemory-policy can evict blitzq's keys "
     "(default: log a warning).",
 )
+@click.option(
+    "--django",
+    "django",
+    is_flag=True,
+    default=False,
+    help="Run the tasks of Django's tasks framework (TASKS with the blitzq backend; needs "
+    "DJANGO_SETTINGS_MODULE) instead of MODULE:ATTR.",
+)
 @global_options
 def worker_command(
-    app: str,
+    app: str | None,
     queues: str | None,
     concurrency: int,
     shutdown_timeout: float,
@@ -269,6 +277,7 @@ def worker_command(
     configure: tuple[str, ...] = (),
     max_abandoned_threads: int = 10,
     strict_memory_policy: bool = False,
+    django: bool = False,
 ) -> None:
     """Run a worker for the blitzq.Queue at MODULE:ATTR (for example myapp.tasks:queue).
 
@@ -279,13 +288,16 @@ def worker_command(
     s = settings()
     with cli_errors(s.redis_url):
         configure_logging(log_level, "json" if log_format == "json" else "text")
+    if bool(app) == django:
+        both = "not both" if django else "for example myapp.tasks:queue"
+        raise _usage(f"give MODULE:ATTR or --django (Django's tasks framework), {both}")
     if workers > 1:  # a supervisor runs N copies of this command with --workers 1
         from ..worker.processes import worker_command
         from ..worker.supervisor import supervise
 
         typed = {n: getattr(s, n) if n in s.from_command_line else None for n in _ENV}
         argv = worker_command(
-            app,
+            app or "--django",  # the APP slot carries the flag: `worker --django --workers 1`
             queues=queues,
             concurrency=concurrency,
             shutdown_timeout=shutdown_timeout,
@@ -300,19 +312,27 @@ def worker_command(
         )
         sys.exit(supervise(argv, workers, shutdown_timeout, json_output=s.json))
     _export_settings(s)
-    queue = load_queue(app)
+    default_queues, worker_name = None, None
+    if django:  # blitzq.integrations.django_worker: the Queue of the TASKS backend
+        from ..integrations.django_worker import django_queue
+
+        with cli_errors(s.redis_url):
+            queue, default_queues, worker_name = django_queue(queues is not None)
+    else:
+        queue = load_queue(app or "")
     _override(queue, s)
     for spec in configure:
         configure_queue(queue, spec)
     with cli_errors(queue._redis_url or s.redis_url):
         worker = Worker(
             queue,
-            queues=_split_queues(queues),
+            queues=_split_queues(queues) or default_queues,
             concurrency=concurrency,
             shutdown_timeout=shutdown_timeout,
             handle_signals=True,
             max_abandoned_threads=max_abandoned_threads,
             strict_memory_policy=strict_memory_policy,
+            name=worker_name,
         )
         asyncio.run(_serve(worker, with_scheduler))
     # A worker that stopped to be restarted (too many abandoned threads) says so.
