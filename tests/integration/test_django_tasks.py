@@ -205,14 +205,17 @@ def test_enqueue_on_commit(project: Any, worker: Path) -> None:
             project.add.get_result(kept.id)
     assert finished(kept).return_value == 11
 
-    class Rollback(Exception):
-        pass
+    dropped: list[Any] = []
 
-    with pytest.raises(Rollback), transaction.atomic():
-        dropped = project.add.enqueue(20, 2)
-        raise Rollback
+    def rolled_back() -> None:
+        with transaction.atomic():
+            dropped.append(project.add.enqueue(20, 2))
+            raise LookupError("roll back")
+
+    with pytest.raises(LookupError):
+        rolled_back()
     with pytest.raises(TaskResultDoesNotExist):
-        project.add.get_result(dropped.id)
+        project.add.get_result(dropped[0].id)
     queue = project.add.get_backend().queue
     assert queue.stats_sync(["default"])["queues"]["default"]["waiting"] == 0
 
