@@ -267,6 +267,39 @@ def test_bad_options_are_refused(project: Any) -> None:
         BlitzqTaskBackend("x", {"QUEUES": ["mail:high"]})
 
 
+def test_worker_command_line_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from blitzq.cli import cli
+
+    monkeypatch.delenv("DJANGO_SETTINGS_MODULE", raising=False)
+    runner = CliRunner()
+    neither = runner.invoke(cli, ["worker"])
+    assert neither.exit_code == 2
+    assert "give MODULE:ATTR or --django" in neither.output
+    both = runner.invoke(cli, ["worker", "app:queue", "--django"])
+    assert both.exit_code == 2
+    assert "not both" in both.output
+    unset = runner.invoke(cli, ["worker", "--django"])
+    assert unset.exit_code == 2
+    assert "--django needs DJANGO_SETTINGS_MODULE" in unset.output
+
+
+def test_threads_share_one_queue(project: Any) -> None:
+    """Django makes a backend per thread; they share one Queue (connections, sync loop)."""
+    import threading
+
+    from blitzq.integrations.django_tasks import framework
+
+    here = framework.task_backends["default"]
+    there: list[Any] = []
+    thread = threading.Thread(target=lambda: there.append(framework.task_backends["default"]))
+    thread.start()
+    thread.join(10)
+    assert there[0] is not here
+    assert there[0].queue is here.queue
+
+
 @pytest.mark.timeout(180)
 def test_django6_interpreter() -> None:
     """This file again under Django 6 (Python >= 3.12), when ``BLITZQ_TEST_DJANGO6_PYTHON``

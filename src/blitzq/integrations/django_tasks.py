@@ -26,6 +26,7 @@ from __future__ import annotations
 import builtins
 import functools
 import importlib
+import threading
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -200,6 +201,23 @@ def result_from_record(task: Any, record: TaskRecord, alias: str) -> Any:
 
 
 _BaseTaskBackend: Any = _backends.BaseTaskBackend
+_queues: dict[str, Queue] = {}
+_queues_lock = threading.Lock()
+
+
+def shared_queue(name: str, options: dict[str, Any]) -> Queue:
+    """The process's one Queue for a backend's settings (Django makes a backend per thread;
+    they share the Queue, its connections and its sync-API loop).
+
+    Raises:
+        ConfigurationError: a bad option (as for :class:`~blitzq.Queue`).
+    """
+    key = repr((name, sorted(options.items())))
+    with _queues_lock:
+        queue = _queues.get(key)
+        if queue is None:
+            queue = _queues[key] = Queue(name, store_results=True, track_state=True, **options)
+        return queue
 
 
 class BlitzqTaskBackend(_BaseTaskBackend):  # type: ignore[misc]
@@ -242,8 +260,7 @@ class BlitzqTaskBackend(_BaseTaskBackend):  # type: ignore[misc]
         try:
             for name in self.queues:
                 check_queue_name("queue name", name)
-            first = min(self.queues) if self.queues else "default"
-            self.queue = Queue(first, store_results=True, track_state=True, **self.options)
+            self.queue = shared_queue(min(self.queues) if self.queues else "default", self.options)
         except BlitzQError as exc:
             raise InvalidTaskBackend(f"TASKS[{alias!r}]: {exc}") from exc
 
