@@ -253,6 +253,8 @@ async def test_async_api(project: Any, worker: Path) -> None:
             break
         await asyncio.sleep(0.05)
     assert result.return_value == 11
+    with pytest.raises(RuntimeError):  # the sync API refuses to block the event loop
+        project.add.enqueue(1, 1)
     await project.add.get_backend().queue.close()
 
 
