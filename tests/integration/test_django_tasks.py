@@ -267,6 +267,8 @@ def test_bad_options_are_refused(project: Any) -> None:
         BlitzqTaskBackend("x", {"OPTIONS": {"mode": "turbo"}})
     with pytest.raises(InvalidTaskBackend, match="ends in"):
         BlitzqTaskBackend("x", {"QUEUES": ["mail:high"]})
+    with pytest.raises(TypeError):  # the framework's rule: arguments are JSON data
+        project.add.enqueue(object(), 1)
 
 
 def test_worker_command_line_errors(monkeypatch: pytest.MonkeyPatch) -> None:

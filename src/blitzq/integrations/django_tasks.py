@@ -276,29 +276,32 @@ class BlitzqTaskBackend(_BaseTaskBackend):  # type: ignore[misc]
         except BlitzQError as exc:
             raise InvalidTask(str(exc)) from None
 
-    def _message(self, task: Any, args: Any, kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        """Validate ``task`` and build its first ``TaskResult`` (``READY``) and the options
-        of its blitzq message."""
+    def _message(self, task: Any, args: Any, kwargs: Any) -> tuple[Any, Any, dict[str, Any]]:
+        """Validate ``task`` and its arguments (JSON data, as the framework requires); return
+        the arguments normalized and the options of the blitzq message."""
         self.validate_task(task)
         if not _same_task(task):
             raise InvalidTask(
                 f"{task.module_path} is not the Task itself: a worker finds a task by its "
                 "module path, so decorate the function where it is defined"
             )
-        now = timezone.now()
-        result = TaskResult(
-            task=task, id=uuid.uuid4().hex, status=TaskResultStatus.READY, enqueued_at=now,
-            started_at=None, finished_at=None, last_attempted_at=None, args=list(args),
-            kwargs=dict(kwargs), backend=self.alias, errors=[], worker_ids=[],
-        )  # fmt: skip
         options: dict[str, Any] = {
             "queue": task.queue_name,
             "priority": priority_level(task.priority),
-            "task_id": result.id,
         }
         if task.run_after is not None:
             options["eta"] = eta_of(task.run_after)
-        return result, options
+        return normalize_json(list(args)), normalize_json(dict(kwargs)), options
+
+    def _ready(self, task: Any, result_id: str, args: Any, kwargs: Any) -> Any:
+        """The ``TaskResult`` of a call just enqueued (``READY``); sends ``task_enqueued``."""
+        result = TaskResult(
+            task=task, id=result_id, status=TaskResultStatus.READY, enqueued_at=timezone.now(),
+            started_at=None, finished_at=None, last_attempted_at=None, args=args,
+            kwargs=kwargs, backend=self.alias, errors=[], worker_ids=[],
+        )  # fmt: skip
+        _signals.task_enqueued.send(type(self), task_result=result)
+        return result
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         """Publish one call of Django ``task``; return its ``TaskResult`` (``READY``).
@@ -308,29 +311,28 @@ class BlitzqTaskBackend(_BaseTaskBackend):  # type: ignore[misc]
 
         Raises:
             InvalidTask: a task the backend cannot run.
-            TypeError: an argument that is not JSON data (the framework's check).
+            TypeError, ValueError: an argument that is not JSON data (the framework's check).
             SerializationError, MessageTooLarge, BrokerError: as for a blitzq enqueue.
         """
-        result, options = self._message(task, args, kwargs)
-        send = functools.partial(
-            self.queue.send_sync, task.module_path, result.args, result.kwargs, **options
-        )
+        args, kwargs, options = self._message(task, args, kwargs)
         if self.enqueue_on_commit and transaction.get_connection().in_atomic_block:
+            result_id = uuid.uuid4().hex  # chosen now: the caller gets it before the commit
+            send = functools.partial(
+                self.queue.send_sync, task.module_path, args, kwargs, task_id=result_id, **options
+            )
             transaction.on_commit(send)
         else:
-            send()
-        _signals.task_enqueued.send(type(self), task_result=result)
-        return result
+            result_id = self.queue.send_sync(task.module_path, args, kwargs, **options).id
+        return self._ready(task, result_id, args, kwargs)
 
     async def aenqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         """:meth:`enqueue` from async code (on the running loop; with ``ENQUEUE_ON_COMMIT``
         through the framework's ``sync_to_async``, where the transaction is)."""
         if self.enqueue_on_commit:
             return await super().aenqueue(task, args, kwargs)
-        result, options = self._message(task, args, kwargs)
-        await self.queue.send(task.module_path, result.args, result.kwargs, **options)
-        _signals.task_enqueued.send(type(self), task_result=result)
-        return result
+        args, kwargs, options = self._message(task, args, kwargs)
+        handle = await self.queue.send(task.module_path, args, kwargs, **options)
+        return self._ready(task, handle.id, args, kwargs)
 
     def get_result(self, result_id: str) -> Any:
         """The ``TaskResult`` of task ``result_id`` from its blitzq record.
