@@ -70,6 +70,7 @@ def project(redis_url: str, ns: str) -> Iterator[Any]:
         from tests.integration.djtasks import tasks
 
         yield tasks
+        tasks.add.get_backend().queue.close_sync()  # the sync API's loop and connections
     finally:
         override.disable()
 
@@ -94,7 +95,12 @@ def worker(project: Any, redis_url: str, ns: str, tmp_path_factory: Any) -> Iter
             stderr=subprocess.STDOUT,
         )
     try:
-        wait_until(lambda: "blitzq worker" in log.read_text(), 30, "the worker to start")
+        wait_until(
+            lambda: "blitzq worker" in log.read_text() or proc.poll() is not None,
+            30,
+            "the worker to start",
+        )
+        assert proc.poll() is None, log.read_text()
         yield log
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -182,7 +188,7 @@ def test_run_after_defers_the_task(project: Any, worker: Path) -> None:
     from django.utils import timezone
 
     queue = project.add.get_backend().queue
-    when = timezone.now() + timedelta(seconds=1.5)
+    when = timezone.now() + timedelta(seconds=2.5)
     result = project.add.using(run_after=when).enqueue(4, 4)
     record = queue.inspect_sync(result.id)
     assert record.state == "scheduled"
