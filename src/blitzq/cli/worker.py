@@ -284,6 +284,9 @@ def worker_command(
     The module is imported with the current directory on sys.path. The worker stops
     gracefully on SIGTERM or SIGINT (exit code 0): it stops fetching, waits up to
     --shutdown-timeout for running tasks and puts the rest back on their queues.
+
+    With --django instead of MODULE:ATTR (and DJANGO_SETTINGS_MODULE set) it runs the tasks
+    of Django's tasks framework whose TASKS backend is blitzq's.
     """
     s = settings()
     with cli_errors(s.redis_url):
