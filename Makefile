@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUNTIME := $(VENV)/.runtime
 
-.PHONY: demo test test-valkey chaos-long lint bench install clean
+.PHONY: demo test test-valkey test-django6 chaos-long lint bench install clean
 
 ## The project and its run-time dependencies only (what `make demo` needs).
 $(RUNTIME): pyproject.toml
@@ -25,15 +25,38 @@ install: $(STAMP)
 demo: $(RUNTIME)
 	$(PY) examples/stdlib_hash/run_demo.py
 
-## README command 2: lint, type-check and run the whole test suite against Redis.
+## README command 2: lint, type-check and run the whole test suite against Redis (and the
+## Django tasks tests again under Django 6 when a Python >= 3.12 is there: test-django6).
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory test-django6
 
 ## The same suite on the embedded Valkey server instead of Redis.
 test-valkey: $(STAMP)
 	BLITZQ_TEST_REDIS_URL=embedded $(PY) -m pytest -q
+
+## tests/integration/test_django_tasks.py under Django 6's django.tasks, which needs Python >=
+## 3.12: a venv of its own in .venv-dj6 (made once). Without such a Python it says so and skips.
+PY312 ?= $(shell for p in python3.13 python3.12 $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python; do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1 && { echo $$p; break; }; \
+	done)
+VENV_DJ6 ?= .venv-dj6
+
+$(VENV_DJ6)/.installed: pyproject.toml
+	$(PY312) -m venv $(VENV_DJ6)
+	$(VENV_DJ6)/bin/python -m pip install -q -e . "django>=6" "pytest>=8.2" \
+		"pytest-asyncio>=0.24" "pytest-timeout>=2.3"
+	touch $@
+
+ifeq ($(strip $(PY312)),)
+test-django6:
+	@echo "test-django6: skipped: no Python >= 3.12 found (Django 6 needs it); set PY312=..."
+else
+test-django6: $(VENV_DJ6)/.installed
+	$(VENV_DJ6)/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_django_tasks.py
+endif
 
 ## The long form of the chaos suite (docs/testing.md); `make test` runs its short form.
 chaos-long: $(STAMP)
@@ -48,4 +71,4 @@ bench: $(STAMP)
 	$(PY) bench/bench.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_DJ6) .pytest_cache .mypy_cache .ruff_cache

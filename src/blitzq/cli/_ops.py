@@ -1,5 +1,6 @@
-"""The operations options of ``blitzq worker``: metrics and health ports, their address, and
-whether the CLI configures logging (docs/operations.md, "Metrics", "Health", "Logs")."""
+"""The operations options of ``blitzq worker``: metrics and health ports, their address,
+whether the CLI configures logging (docs/operations.md, "Metrics", "Health", "Logs"), burst
+mode, the grace of unknown tasks, and ``--django`` (Django's tasks framework)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from typing import Any, TypeVar
 
 import click
 
+from ._common import Seconds
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def ops_options(command: F) -> F:
-    """Add ``--metrics-port``, ``--health-port``, ``--ops-host`` and
-    ``--configure-logging/--no-configure-logging`` to a click command."""
+    """Add ``--metrics-port``, ``--health-port``, ``--ops-host``,
+    ``--configure-logging/--no-configure-logging``, ``--burst``, ``--unknown-task-grace`` and
+    ``--django`` to a click command."""
     for option in reversed(_OPTIONS):
         command = option(command)
     return command
@@ -54,6 +58,30 @@ _OPTIONS = [
         show_default=True,
         help="Install blitzq's stderr log handler on the root logger; --no-configure-logging "
         "leaves logging to the application.",
+    ),
+    click.option(
+        "--burst",
+        is_flag=True,
+        default=False,
+        help="Drain the queues (waiting and due scheduled messages), then exit 0 once they "
+        "are empty and nothing runs.",
+    ),
+    click.option(
+        "--unknown-task-grace",
+        type=Seconds(minimum=0.0),
+        default=300.0,
+        show_default=True,
+        metavar="SECONDS",
+        help="A task this worker does not know goes back on the schedule for a worker that "
+        "knows it, for this long after its enqueue; then it is dead-lettered (0: at once).",
+    ),
+    click.option(
+        "--django",
+        "django",
+        is_flag=True,
+        default=False,
+        help="Run the tasks of Django's tasks framework (TASKS with the blitzq backend; needs "
+        "DJANGO_SETTINGS_MODULE) instead of MODULE:ATTR.",
     ),
 ]
 

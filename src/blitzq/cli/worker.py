@@ -199,7 +199,7 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
 
 
 @click.command("worker", short_help="Run a worker for the Queue at MODULE:ATTR.")
-@click.argument("app", metavar="MODULE:ATTR")
+@click.argument("app", metavar="MODULE:ATTR", required=False)
 @click.option(
     "-Q",
     "--queues",
@@ -265,26 +265,10 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
     "(default: log a warning).",
 )
 @process_control_options
-@click.option(
-    "--burst",
-    is_flag=True,
-    default=False,
-    help="Drain the queues (waiting and due scheduled messages), then exit 0 once they are "
-    "empty and nothing runs.",
-)
-@click.option(
-    "--unknown-task-grace",
-    type=Seconds(minimum=0.0),
-    default=300.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="A task this worker does not know goes back on the schedule for a worker that "
-    "knows it, for this long after its enqueue; then it is dead-lettered (0: at once).",
-)
 @ops_options
 @global_options
 def worker_command(
-    app: str,
+    app: str | None,
     queues: str | None,
     concurrency: int,
     shutdown_timeout: float,
@@ -301,6 +285,7 @@ def worker_command(
     health_port: int | None = None,
     ops_host: str = "0.0.0.0",
     configure_logs: bool = True,
+    django: bool = False,
     **control: Any,
 ) -> None:
     """Run a worker for the blitzq.Queue at MODULE:ATTR (for example myapp.tasks:queue).
@@ -310,12 +295,17 @@ def worker_command(
     --shutdown-timeout for running tasks and puts the rest back on their queues.
 
     With --workers N > 1, --autoscale, --reload or a --max-*-per-child option the command
-    supervises worker processes instead; SIGHUP to it reloads them gracefully.
+    supervises worker processes instead; SIGHUP to it reloads them gracefully. With --django
+    instead of MODULE:ATTR (and DJANGO_SETTINGS_MODULE set) it runs the tasks of Django's
+    tasks framework whose TASKS backend is blitzq's.
     """
     s = settings()
     if configure_logs:
         with cli_errors(s.redis_url):
             configure_logging(log_level, "json" if log_format == "json" else "text")
+    if bool(app) == django:
+        both = "not both" if django else "for example myapp.tasks:queue"
+        raise _usage(f"give MODULE:ATTR or --django (Django's tasks framework), {both}")
     ops = ops_argv(metrics_port, health_port, ops_host, configure_logs)
     if burst and needs_supervisor(workers, control):
         raise CliUsageError("--burst runs one worker process: leave --workers out")
@@ -325,7 +315,7 @@ def worker_command(
 
         typed = {n: getattr(s, n) if n in s.from_command_line else None for n in _ENV}
         argv = worker_command(
-            app,
+            app or "--django",  # the APP slot carries the flag: `worker --django --workers 1`
             queues=queues,
             concurrency=concurrency,
             shutdown_timeout=shutdown_timeout,
@@ -341,17 +331,26 @@ def worker_command(
             + ops,
             **typed,
         )
-        workers, more = supervisor_arguments(app, workers, _split_queues(queues), s, control)
+        # --reload with --django watches the package of the settings module.
+        watched = app or os.environ.get("DJANGO_SETTINGS_MODULE", "")
+        workers, more = supervisor_arguments(watched, workers, _split_queues(queues), s, control)
         sys.exit(supervise(argv, workers, shutdown_timeout, json_output=s.json, **more))
     _export_settings(s)
-    queue = load_queue(app)
+    default_queues, worker_name = None, None
+    if django:  # blitzq.integrations.django_worker: the Queue of the TASKS backend
+        from ..integrations.django_worker import django_queue
+
+        with cli_errors(s.redis_url):
+            queue, default_queues, worker_name = django_queue(queues is not None)
+    else:
+        queue = load_queue(app or "")
     _override(queue, s)
     for spec in configure:
         configure_queue(queue, spec)
     with cli_errors(queue._redis_url or s.redis_url):
         worker = Worker(
             queue,
-            queues=_split_queues(queues),
+            queues=_split_queues(queues) or default_queues,
             concurrency=concurrency,
             shutdown_timeout=shutdown_timeout,
             handle_signals=True,
@@ -364,6 +363,7 @@ def worker_command(
             metrics_port=slot_port(metrics_port),
             health_port=slot_port(health_port),
             ops_host=ops_host,
+            name=worker_name,
         )
         asyncio.run(_serve(worker, with_scheduler))
     # A worker that stopped to be restarted (too many abandoned threads) says so.
