@@ -3,7 +3,10 @@
 ``broker`` is a ReliableRedisBroker or a FastRedisBroker on the test Redis in the test's
 namespace, or (``ephemeral``) a ReliableRedisBroker on this process's private ephemeral Valkey
 (:mod:`blitzq.broker.redis.ephemeral`) in a namespace of its own: the server and code behind
-``memory://``. Every contract test runs unchanged against each of them.
+``memory://``. ``cluster-reliable`` and ``cluster-fast`` are the Redis brokers on the
+session's local 3-primary Redis Cluster (``redis_cluster`` in tests/conftest.py), reached
+through a node that does not own the namespace's slot. Every contract test runs unchanged
+against each of them.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from blitzq.broker import Broker
 from blitzq.broker.redis import FastRedisBroker, ReliableRedisBroker, ephemeral
 
-BROKER_KINDS = ["reliable", "fast", "ephemeral"]
+BROKER_KINDS = ["reliable", "fast", "ephemeral", "cluster-reliable", "cluster-fast"]
 
 
 @pytest.fixture(params=BROKER_KINDS)
@@ -36,6 +40,17 @@ async def location(
 
     The test-Redis fixtures are only requested for the ``reliable`` and ``fast`` backends.
     """
+    if broker_kind.startswith("cluster-"):
+        cluster = request.getfixturevalue("redis_cluster")
+        namespace = "contract-" + uuid.uuid4().hex[:12]
+        owner = cluster.owner("{" + namespace + "}:")
+        yield cluster.url(next(p for p in cluster.ports if p != owner)), namespace
+        async with RedisCluster.from_url(cluster.url()) as client:
+            for pattern in ("{" + namespace + "}:*", "{" + namespace + "-t}:*"):
+                keys = [key async for key in client.scan_iter(match=pattern)]
+                for key in keys:
+                    await client.delete(key)
+        return
     if broker_kind != "ephemeral":
         yield request.getfixturevalue("redis_url"), request.getfixturevalue("namespace")
         return
@@ -58,7 +73,7 @@ async def make_broker(
     """
     made: list[Broker] = []
     url, namespace = location
-    cls: Any = FastRedisBroker if broker_kind == "fast" else ReliableRedisBroker
+    cls: Any = FastRedisBroker if broker_kind.endswith("fast") else ReliableRedisBroker
 
     def factory() -> Broker:
         broker: Broker = cls(url, namespace)
