@@ -134,3 +134,71 @@ class LocalCluster:
                 proc.kill()
                 proc.wait(10)
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def node_id(client: redis.Redis) -> str:
+    """The cluster node id of the node ``client`` talks to."""
+    raw = client.execute_command("CLUSTER", "MYID")
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+class SlotMigration:
+    """Moving one slot to another node while clients keep using it, in the steps
+    ``redis-cli --cluster reshard`` takes: :meth:`begin` (``SETSLOT IMPORTING`` on the target,
+    ``MIGRATING`` on the source), :meth:`move_keys` (``MIGRATE`` without ``REPLACE``),
+    :meth:`end` (``SETSLOT NODE`` on the target, the source, then the others).
+
+    Args:
+        cluster: the cluster.
+        slot: the slot to move.
+        target: port of the node that receives it.
+    """
+
+    def __init__(self, cluster: LocalCluster, slot: int, target: int) -> None:
+        self.cluster, self.slot, self.target = cluster, slot, target
+        with cluster.node(cluster.ports[0]) as first:
+            self.source = next(
+                int(primary[1])
+                for start, end, primary, *_ in first.execute_command("CLUSTER", "SLOTS")
+                if int(start) <= slot <= int(end)
+            )
+        assert self.source != target
+        with cluster.node(self.source) as src, cluster.node(target) as dst:
+            self.source_id, self.target_id = node_id(src), node_id(dst)
+
+    def begin(self) -> None:
+        """Mark the slot importing on the target and migrating on the source."""
+        with self.cluster.node(self.target) as dst:
+            dst.execute_command("CLUSTER", "SETSLOT", self.slot, "IMPORTING", self.source_id)
+        with self.cluster.node(self.source) as src:
+            src.execute_command("CLUSTER", "SETSLOT", self.slot, "MIGRATING", self.target_id)
+
+    def move_keys(self, batch: int = 1) -> int:
+        """MIGRATE the slot's keys ``batch`` at a time until none is left; how many moved.
+
+        Raises:
+            redis.ResponseError: a ``MIGRATE`` refused (e.g. ``BUSYKEY``).
+        """
+        moved = 0
+        with self.cluster.node(self.source) as src:
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", self.slot, batch):
+                src.execute_command("MIGRATE", "127.0.0.1", self.target, "", 0, 5000, "KEYS", *keys)
+                moved += len(keys)
+        return moved
+
+    def end(self) -> None:
+        """Give the slot to the target on every node (the target first)."""
+        others = [p for p in self.cluster.ports if p not in (self.source, self.target)]
+        for port in [self.target, self.source, *others]:
+            with self.cluster.node(port) as node:
+                node.execute_command("CLUSTER", "SETSLOT", self.slot, "NODE", self.target_id)
+
+
+def migrate_slot(cluster: LocalCluster, slot: int, target: int, batch: int = 1) -> int:
+    """Move ``slot`` to the node on port ``target`` (:class:`SlotMigration`, all steps);
+    returns the number of keys moved."""
+    migration = SlotMigration(cluster, slot, target)
+    migration.begin()
+    moved = migration.move_keys(batch)
+    migration.end()
+    return moved

@@ -88,6 +88,7 @@ def probe(url: str) -> bool:
         parsed = redis.ConnectionPool.from_url(url)
         kwargs = {k: v for k, v in parsed.connection_kwargs.items() if k not in _POOL_ONLY}
         kwargs.update(
+            db=0,  # a cluster node refuses SELECT: a database in the URL is refused later
             socket_connect_timeout=PROBE_TIMEOUT,
             socket_timeout=PROBE_TIMEOUT,
             retry=SyncRetry(NoBackoff(), 0),
@@ -122,6 +123,9 @@ def make_cluster_client(url: str, options: dict[str, Any]) -> RedisCluster:
     plain = plain_url(url)
     if urlsplit(plain).scheme not in ("redis", "rediss"):
         raise ValueError("a Redis Cluster is reached over TCP: redis[s]+cluster:// or redis[s]://")
+    database = urlsplit(plain).path.strip("/") or "0"
+    if database != "0":
+        raise ValueError(f"a Redis Cluster has only database 0, not {database}")
     if "timeout" in parse_qs(urlsplit(plain).query):
         raise ValueError("timeout (the pool wait) does not apply to a cluster client")
     kwargs = {k: v for k, v in options.items() if k not in ("timeout", "retry")}

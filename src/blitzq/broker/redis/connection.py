@@ -17,6 +17,7 @@ from ...exceptions import ConfigurationError
 from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
 from .client import make_client, max_block, pool_size, translate_errors
 from .cluster import is_cluster, node_of
+from .cluster_scripts import ClusterScripts
 from .keys import Keys
 from .results import ResultListener
 from .scripts import Scripts
@@ -90,8 +91,9 @@ class RedisConnection:
         self.max_block = max_block(client)
         for command in ("XREADGROUP", "XAUTOCLAIM", "BLMPOP", "LPOP"):
             self.client.set_response_callback(command, _raw)
-        #: Runs the Lua scripts (EVALSHA, reloaded on NOSCRIPT): see scripts.py.
-        self.scripts = Scripts(self.client)
+        #: Runs the Lua scripts (EVALSHA, reloaded on NOSCRIPT): see scripts.py; on a
+        #: cluster node by node, never across a slot migration (cluster_scripts.py).
+        self.scripts = ClusterScripts(self.client) if self.cluster else Scripts(self.client)
         self._results = ResultListener(self.client)
 
     def queue_key(self, queue: str) -> str:
