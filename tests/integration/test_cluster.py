@@ -26,6 +26,7 @@ import redis
 from redis.asyncio.cluster import RedisCluster
 
 from blitzq import Queue, RetryPolicy, TaskState, chord, current_task
+from blitzq.broker.factory import resolve_url
 from blitzq.broker.redis import ReliableRedisBroker
 from blitzq.broker.redis.cluster import plain_url, wants_cluster
 from blitzq.exceptions import ConfigurationError
@@ -71,6 +72,7 @@ def test_cluster_urls_are_told_apart(redis_cluster: LocalCluster, redis_url: str
     assert not wants_cluster(redis_url)  # the single test server
     assert not wants_cluster("unix:///nonexistent.sock")
     assert plain_url("rediss+cluster://u:p@h:7000/0") == "rediss://u:p@h:7000/0"
+    assert resolve_url("redis+cluster://h:7000/0") == "redis+cluster://h:7000/0"
     with pytest.raises(ConfigurationError, match="database"):
         ReliableRedisBroker(redis_cluster.url().replace("/0", "/3"), "x")
     with pytest.raises(ConfigurationError, match="timeout"):
@@ -151,16 +153,17 @@ def test_sigkilled_workers_on_a_cluster_lose_no_task(
         interrupted: list[str] = []
         for _ in range(2):
             victim = workers[0]
-            running_now = wait_until(
-                lambda v=victim: harness.in_flight(v.pid), 30.0, "a busy victim"
-            )
+            wait_until(lambda v=victim: harness.in_flight(v.pid), 30.0, "a busy victim")
             assert victim.kill() == -signal.SIGKILL
-            interrupted += running_now
+            # Started by the victim and never returned: killed mid-run (read before the
+            # visibility timeout lets another worker start them again).
+            interrupted += harness.in_flight(victim.pid)
             workers = [*workers[1:], harness.spawn(concurrency=3, vt=1.5)]
         wait_until(lambda: harness.all_final(labels), 60.0, "every task final")
         states = harness.states(labels)
         assert all(r is not None and r.state is TaskState.SUCCEEDED for r in states.values())
         runs = harness.runs()
+        assert interrupted
         assert all(runs[label] >= 2 for label in interrupted), (interrupted, runs)
     except BaseException:
         print(harness.logs())
