@@ -19,8 +19,9 @@ Layouts:
   slots spread over the shards.
 
 Beside each rate, the split of the Redis commands over the shards (``INFO commandstats``
-calls, delta over the drain). The machine and the client process are shared by every
-server, so expect the CPU to cap the figures: compare the splits more than the rates.
+calls) and the CPU seconds each shard's server used (``INFO cpu``), over all the runs. The
+machine and the client process are shared by every server, so expect the CPU to cap the
+figures: compare the splits more than the rates.
 """
 
 from __future__ import annotations
@@ -119,11 +120,14 @@ def servers() -> Iterator[tuple[int, list[int]]]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def command_calls(port: int) -> int:
-    """Commands the server on ``port`` has run so far (sum of INFO commandstats calls)."""
+def command_calls(port: int) -> tuple[int, float]:
+    """Commands the server on ``port`` has run so far (sum of INFO commandstats calls) and
+    the CPU seconds it used (user + system)."""
     with redis.Redis(port=port) as client:
         stats = client.info("commandstats")
-    return sum(int(v["calls"]) for v in stats.values())
+        cpu = client.info("cpu")
+    calls = sum(int(v["calls"]) for v in stats.values())
+    return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 async def drain(url: str, layout: Layout, tasks: int) -> float:
@@ -183,15 +187,18 @@ def spread(ports: list[int], count: int) -> list[str]:
 
 def run_layout(
     url: str, ports: list[int], layout: Layout, args: argparse.Namespace
-) -> tuple[float, list[int]]:
-    """Median tasks/s over ``--reps`` runs and each shard's share of the commands (%)."""
+) -> tuple[float, list[int], list[float]]:
+    """Median tasks/s over ``--reps`` runs, each shard's share of the commands (%) and the
+    CPU seconds each shard used, over all the runs."""
     rates, before = [], [command_calls(p) for p in ports]
     for _ in range(args.reps):
         fresh = list(zip(spread(ports, len(layout)), [names for _, names in layout], strict=True))
         rates.append(asyncio.run(drain(url, fresh, args.tasks)))
-    calls = [command_calls(p) - b for p, b in zip(ports, before, strict=True)]
+    after = [command_calls(p) for p in ports]
+    calls = [a[0] - b[0] for a, b in zip(after, before, strict=True)]
+    cpu = [round(a[1] - b[1], 1) for a, b in zip(after, before, strict=True)]
     total = sum(calls) or 1
-    return statistics.median(rates), [round(100 * c / total) for c in calls]
+    return statistics.median(rates), [round(100 * c / total) for c in calls], cpu
 
 
 def main() -> None:
@@ -210,11 +217,12 @@ def main() -> None:
              [("", [n]) for n in names]),
         ]  # fmt: skip
         print(f"{args.queues} queues x {args.tasks} no-op tasks, reliable mode", file=sys.stderr)
-        print("| layout | drain tasks/s (median) | commands per shard |")
-        print("|---|---|---|")
+        print("| layout | drain tasks/s (median) | commands per shard | server CPU s per shard |")
+        print("|---|---|---|---|")
         for label, url, ports, layout in rows:
-            rate, split = run_layout(url, ports, layout, args)
-            print(f"| {label} | {rate:,.0f} | {' / '.join(f'{s}%' for s in split)} |", flush=True)
+            rate, split, cpu = run_layout(url, ports, layout, args)
+            shares = " / ".join(f"{s}%" for s in split)
+            print(f"| {label} | {rate:,.0f} | {shares} | {' / '.join(map(str, cpu))} |", flush=True)
 
 
 if __name__ == "__main__":
