@@ -76,7 +76,27 @@ def test_cluster_urls_are_told_apart(redis_cluster: LocalCluster, redis_url: str
     with pytest.raises(ConfigurationError, match="database"):
         ReliableRedisBroker(redis_cluster.url().replace("/0", "/3"), "x")
     with pytest.raises(ConfigurationError, match="timeout"):
-        ReliableRedisBroker(redis_cluster.url() + "?timeout=3", "x")
+        ReliableRedisBroker(redis_cluster.url() + "?timeout=0", "x")
+
+
+async def test_load_waits_for_a_connection_on_a_cluster(
+    redis_cluster: LocalCluster, cluster_ns: str
+) -> None:
+    """50 enqueues at once through a client allowed 2 commands in flight all succeed (the
+    callers past 2 wait their turn, as on a single server)."""
+    url = redis_cluster.url() + "?max_connections=2&timeout=20"
+    queue = Queue(redis_url=url, namespace=cluster_ns)
+    try:
+
+        @queue.task(name="c.nothing")
+        async def nothing() -> None:
+            return None
+
+        handles = await asyncio.gather(*(nothing.enqueue() for _ in range(50)))
+        assert len({h.id for h in handles}) == 50
+        assert queue.broker.transport.client.max_connections == 2  # type: ignore[attr-defined]
+    finally:
+        await queue.close()
 
 
 async def test_a_worker_runs_through_a_node_that_does_not_own_the_namespace(

@@ -143,7 +143,7 @@ def make_client(url: str) -> Any:
             value: ``max_connections < 1``; ``timeout``, ``socket_timeout`` or
             ``socket_connect_timeout`` not a finite number ``> 0``; a negative
             ``health_check_interval``; a boolean option (``socket_keepalive`` ...) not one of
-            true/false, yes/no, 1/0; on a cluster a database other than 0 or ``timeout``.
+            true/false, yes/no, 1/0; on a cluster a database other than 0.
     """
     query = parse_qs(urlsplit(url).query)
     if "socket_keepalive" in query and urlsplit(url).scheme == "unix":
@@ -226,12 +226,12 @@ def max_block(client: Any) -> float | None:
 
 
 def pool_size(client: Any) -> int | None:
-    """``max_connections`` of ``client``'s pool (per node on a cluster), or ``None`` when
-    unknown."""
+    """``max_connections`` of ``client``'s pool (on a cluster: of the commands in flight),
+    or ``None`` when unknown."""
     pool = getattr(client, "connection_pool", None)
     size = getattr(pool, "max_connections", None)
-    if pool is None:  # a RedisCluster
-        size = (getattr(client, "connection_kwargs", {}) or {}).get("max_connections")
+    if pool is None:  # a cluster client: commands in flight (cluster.BoundedCluster)
+        size = getattr(client, "max_connections", None)
     return int(size) if isinstance(size, int) else None
 
 

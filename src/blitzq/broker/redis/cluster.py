@@ -21,9 +21,9 @@ each command to the primary owning its key's slot, follows ``MOVED`` (updating i
 ``TRYAGAIN`` and ``CLUSTERDOWN``, and gives up with an error after that, never looping. TLS
 (``rediss``), the ACL user and password of the URL, and the connection options of the URL
 (``socket_timeout``, ``socket_connect_timeout``, ``health_check_interval``,
-``max_connections`` -- per node on a cluster -- ...) apply to every node's connections as to
-a single server's. ``timeout`` (the wait for a free connection of the single-server pool) has
-no cluster equivalent: a node's pool that is full raises at once.
+...) apply to every node's connections as to a single server's; ``max_connections`` bounds
+the commands of the client in flight and ``timeout`` how long a caller waits for a turn, as
+the single server's pool does (:class:`BoundedCluster`).
 
 Scripts (``EVALSHA``) go to the node of their first key; every key of a namespace shares its
 hash tag, so a script's keys are in one slot. ``SCRIPT LOAD`` after ``NOSCRIPT`` goes to every
@@ -33,13 +33,18 @@ every node: a subscriber on any node hears a publish made on any other.
 
 from __future__ import annotations
 
-from typing import Any
-from urllib.parse import parse_qs, urlsplit
+import asyncio
+import contextlib
+import math
+from collections.abc import AsyncIterator
+from typing import Any, cast
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry as SyncRetry
 
 #: URL schemes that name a Redis Cluster explicitly (no probe), and the scheme each becomes.
@@ -48,6 +53,8 @@ CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 PROBE_TIMEOUT = 2.0
 #: Retries of a command on a cluster after a connection error, a timeout or CLUSTERDOWN.
 CLUSTER_RETRIES = 3
+#: Connections each node's pool holds beyond ``max_connections`` (pub/sub, pipelines).
+NODE_HEADROOM = 8
 #: URL options of the single-server pool that a cluster client has no use for.
 _POOL_ONLY = frozenset({"timeout", "max_connections"})
 
@@ -107,33 +114,95 @@ def probe(url: str) -> bool:
     return "cluster_enabled:1" in text
 
 
-def make_cluster_client(url: str, options: dict[str, Any]) -> RedisCluster:
-    """A :class:`~redis.asyncio.cluster.RedisCluster` started from the node ``url`` names.
+class BoundedCluster(RedisCluster):
+    """redis-py's cluster client with the single server's bounded wait for a connection.
+
+    redis-py's cluster client fails a command at once (``MaxConnectionsError``) when the
+    node's pool is full. Here at most ``commands`` commands (and script calls) of this client
+    are in flight at once, over all nodes; a caller past that waits up to ``wait`` seconds
+    for a turn, then gets ``redis.exceptions.ConnectionError`` (a transient
+    :class:`~blitzq.BrokerError` once translated), as on a single server. Each node's pool
+    holds :data:`NODE_HEADROOM` connections more than ``commands``, for the pub/sub
+    connections and pipelines, which take theirs outside the gate.
+
+    Args:
+        gate: most commands in flight (the URL's ``max_connections``).
+        wait: seconds a caller waits for its turn (the URL's ``timeout``).
+        kwargs: passed to :class:`~redis.asyncio.cluster.RedisCluster`.
+    """
+
+    def __init__(self, *args: Any, gate: int = 50, wait: float = 20.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_connections = gate
+        self._wait = wait
+        self._gate = asyncio.Semaphore(gate)
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        """Hold one of the ``gate`` turns (waiting up to ``wait`` seconds for it).
+
+        Raises:
+            redis.exceptions.ConnectionError: no turn within ``wait`` seconds.
+        """
+        gate = self._gate
+        if gate.locked():
+            try:
+                await asyncio.wait_for(gate.acquire(), self._wait)
+            except TimeoutError:
+                raise RedisConnectionError(
+                    f"no connection available within {self._wait} s "
+                    f"(max_connections={self.max_connections})"
+                ) from None
+        else:
+            await gate.acquire()
+        try:
+            yield
+        finally:
+            gate.release()
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        """See :meth:`redis.asyncio.cluster.RedisCluster.execute_command`; waits for a turn
+        first (:meth:`turn`)."""
+        async with self.turn():
+            return await super().execute_command(*args, **kwargs)
+
+
+def make_cluster_client(url: str, options: dict[str, Any]) -> BoundedCluster:
+    """A :class:`BoundedCluster` started from the node ``url`` names.
 
     Args:
         url: a cluster node's URL (any of the schemes of :func:`wants_cluster` but
             ``unix://``); database 0 only.
         options: blitzq's connection defaults (``client.connection_options``); the URL's
-            query parameters are applied over them; the single-server pool's ``timeout``
-            and retry object are replaced by the cluster's own.
+            query parameters are applied over them. ``max_connections`` and ``timeout``
+            bound the commands in flight and the wait for a turn (:class:`BoundedCluster`);
+            the single server's retry object is replaced by the cluster's own.
 
     Raises:
         ValueError: an unknown or invalid option, a database other than 0, a Unix socket.
     """
-    plain = plain_url(url)
-    if urlsplit(plain).scheme not in ("redis", "rediss"):
+    split = urlsplit(plain_url(url))
+    if split.scheme not in ("redis", "rediss"):
         raise ValueError("a Redis Cluster is reached over TCP: redis[s]+cluster:// or redis[s]://")
-    database = urlsplit(plain).path.strip("/") or "0"
+    database = split.path.strip("/") or "0"
     if database != "0":
         raise ValueError(f"a Redis Cluster has only database 0, not {database}")
-    if "timeout" in parse_qs(urlsplit(plain).query):
-        raise ValueError("timeout (the pool wait) does not apply to a cluster client")
-    kwargs = {k: v for k, v in options.items() if k not in ("timeout", "retry")}
+    query = parse_qs(split.query)
+    wait = float(query.pop("timeout", [options["timeout"]])[-1])
+    gate = int(query.pop("max_connections", [options["max_connections"]])[-1])
+    if not math.isfinite(wait) or wait <= 0:
+        raise ValueError(f"timeout={wait!r} must be a finite number > 0")
+    rest = urlunsplit(split._replace(query=urlencode(query, doseq=True)))
+    kwargs = {k: v for k, v in options.items() if k not in ("timeout", "retry", "max_connections")}
     kwargs["retry"] = Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), CLUSTER_RETRIES)
+    kwargs["max_connections"] = gate + NODE_HEADROOM
     try:
-        return RedisCluster.from_url(plain, decode_responses=False, **kwargs)
+        client = BoundedCluster.from_url(
+            rest, decode_responses=False, gate=gate, wait=wait, **kwargs
+        )
     except (TypeError, redis.exceptions.RedisClusterException) as exc:
         raise ValueError(str(exc)) from None
+    return cast(BoundedCluster, client)  # from_url makes an instance of the class called
 
 
 def is_cluster(client: Any) -> bool:

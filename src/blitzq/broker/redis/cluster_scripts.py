@@ -26,6 +26,7 @@ before the migration or wholly on the target after it, never across it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 from collections.abc import Sequence
@@ -40,6 +41,7 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from .cluster import BoundedCluster
 from .scripts import Script, Scripts, load
 
 #: Seconds a script call waits at most for its slot's migration to end.
@@ -66,6 +68,12 @@ def guarded(name: str) -> Script:
         script = Script(name, source, hashlib.sha1(source.encode()).hexdigest())
         _guarded[name] = script
     return script
+
+
+def turn(client: Any) -> contextlib.AbstractAsyncContextManager[None]:
+    """One of ``client``'s turns (:meth:`BoundedCluster.turn`); nothing to wait for on
+    another cluster client (one given to the broker ready-made)."""
+    return client.turn() if isinstance(client, BoundedCluster) else contextlib.nullcontext()
 
 
 def _migrating(exc: BaseException) -> bool:
@@ -103,7 +111,8 @@ class ClusterScripts(Scripts):
         while True:
             node = client.get_node_from_key(keys[0])
             try:
-                return await self._run(node, script, keys, args)
+                async with turn(client):
+                    return await self._run(node, script, keys, args)
             except MovedError as exc:  # the migration ended: the new owner, at once
                 await client.nodes_manager.move_slot(exc)
                 continue
