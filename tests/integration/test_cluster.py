@@ -24,10 +24,12 @@ from typing import Any
 import pytest
 import redis
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ClusterError, RedisClusterException, TryAgainError
 
 from blitzq import Queue, RetryPolicy, TaskState, chord, current_task
 from blitzq.broker.factory import resolve_url
 from blitzq.broker.redis import ReliableRedisBroker
+from blitzq.broker.redis.client import broker_error
 from blitzq.broker.redis.cluster import plain_url, wants_cluster
 from blitzq.exceptions import ConfigurationError
 from tests.cluster_server import LocalCluster, SlotMigration, migrate_slot
@@ -73,6 +75,10 @@ def test_cluster_urls_are_told_apart(redis_cluster: LocalCluster, redis_url: str
     assert not wants_cluster("unix:///nonexistent.sock")
     assert plain_url("rediss+cluster://u:p@h:7000/0") == "rediss://u:p@h:7000/0"
     assert resolve_url("redis+cluster://h:7000/0") == "redis+cluster://h:7000/0"
+    # Errors a slot migration or a failover raises are transient; a refused command is not.
+    assert broker_error(TryAgainError("TRYAGAIN")).transient
+    assert broker_error(ClusterError("TTL exhausted.")).transient
+    assert not broker_error(RedisClusterException("keys in request don't hash")).transient
     with pytest.raises(ConfigurationError, match="database"):
         ReliableRedisBroker(redis_cluster.url().replace("/0", "/3"), "x")
     with pytest.raises(ConfigurationError, match="timeout"):
