@@ -25,9 +25,9 @@ each command to the primary owning its key's slot, follows ``MOVED`` (updating i
 the commands of the client in flight and ``timeout`` how long a caller waits for a turn, as
 the single server's pool does (:class:`BoundedCluster`).
 
-Scripts (``EVALSHA``) go to the node of their first key; every key of a namespace shares its
-hash tag, so a script's keys are in one slot. ``SCRIPT LOAD`` after ``NOSCRIPT`` goes to every
-primary. Pub/sub is the classic kind (``PUBLISH``/``SUBSCRIBE``), which a cluster forwards to
+Scripts (``EVALSHA``) go to the node of their first key, and never run across a migration
+of their slot (``cluster_scripts.py``); every key of a namespace shares its hash tag, so a
+script's keys are in one slot. Pub/sub is the classic kind (``PUBLISH``/``SUBSCRIBE``), which a cluster forwards to
 every node: a subscriber on any node hears a publish made on any other.
 """
 
