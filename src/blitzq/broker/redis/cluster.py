@@ -27,8 +27,9 @@ the single server's pool does (:class:`BoundedCluster`).
 
 Scripts (``EVALSHA``) go to the node of their first key, and never run across a migration
 of their slot (``cluster_scripts.py``); every key of a namespace shares its hash tag, so a
-script's keys are in one slot. Pub/sub is the classic kind (``PUBLISH``/``SUBSCRIBE``), which a cluster forwards to
-every node: a subscriber on any node hears a publish made on any other.
+script's keys are in one slot. Pub/sub is the classic kind (``PUBLISH``/``SUBSCRIBE``),
+which a cluster forwards to every node: a subscriber on any node hears a publish made on any
+other.
 """
 
 from __future__ import annotations

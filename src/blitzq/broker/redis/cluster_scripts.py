@@ -46,6 +46,8 @@ from .scripts import Script, Scripts, load
 
 #: Seconds a script call waits at most for its slot's migration to end.
 MIGRATION_WAIT = 30.0
+#: ``MOVED`` replies a script call follows before raising (redis-py's bound for a command).
+MAX_MOVES = 16
 #: Connection errors a script call survives (reconnecting to the slot's node) before raising.
 CONNECT_RETRIES = 3
 #: The guard each script starts with on a cluster (see the module docstring).
@@ -99,21 +101,24 @@ class ClusterScripts(Scripts):
         Raises:
             redis.exceptions.RedisError: the server refused the call or the script raised;
                 the slot was still migrating after :data:`MIGRATION_WAIT` seconds
-                (``TryAgainError``, ``AskError`` or the refusal); the node stayed
-                unreachable.
+                (``TryAgainError``, ``AskError`` or the refusal); more than
+                :data:`MAX_MOVES` ``MOVED`` replies; the node stayed unreachable.
             FileNotFoundError: no script of that name ships with blitzq.
         """
         script = _guarded.get(name) or guarded(name)
         client = self._client
         await client.initialize()  # a no-op once the slot map is loaded
         deadline = time.monotonic() + MIGRATION_WAIT
-        delay, failures = 0.02, 0
+        delay, failures, moves = 0.02, 0, 0
         while True:
             node = client.get_node_from_key(keys[0])
             try:
                 async with turn(client):
                     return await self._run(node, script, keys, args)
             except MovedError as exc:  # the migration ended: the new owner, at once
+                moves += 1
+                if moves > MAX_MOVES:
+                    raise
                 await client.nodes_manager.move_slot(exc)
                 continue
             except RedisConnectionError:
