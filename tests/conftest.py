@@ -222,3 +222,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[Any]:
+    """A local 3-primary Redis Cluster of this session (``tests/cluster_server.py``), started
+    on first use and stopped at session end; skips where ``redis-server``/``redis-cli`` are
+    absent."""
+    server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if server is None or cli is None:
+        pytest.skip("redis-server and redis-cli are needed to start a local Redis Cluster")
+    from tests.cluster_server import LocalCluster
+
+    cluster = LocalCluster(server, cli)
+    try:
+        if not cluster.start():
+            pytest.fail("the local Redis Cluster did not start")
+        yield cluster
+    finally:
+        cluster.stop()

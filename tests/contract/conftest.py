@@ -5,8 +5,10 @@ namespace, or (``ephemeral``) a ReliableRedisBroker on this process's private ep
 (:mod:`blitzq.broker.redis.ephemeral`) in a namespace of its own: the server and code behind
 ``memory://``; or (``foreign``) a foreign pairing (``tests/foreign.py``): the Redis state
 store in the test's namespace and a streams transport on another connection and namespace,
-joined by the outbox relay as a RabbitMQ transport would be. Every contract test runs
-unchanged against each of them.
+joined by the outbox relay as a RabbitMQ transport would be. ``cluster-reliable`` and
+``cluster-fast`` are the Redis brokers on the session's local 3-primary Redis Cluster
+(``redis_cluster`` in tests/conftest.py), reached through a node that does not own the
+namespace's slot. Every contract test runs unchanged against each of them.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from blitzq.broker import Broker
 from blitzq.broker.redis import FastRedisBroker, ReliableRedisBroker, ephemeral
 from tests.foreign import TRANSPORT_SUFFIX, ForeignPairing, delete_namespace
 
-BROKER_KINDS = ["reliable", "fast", "ephemeral", "foreign"]
+BROKER_KINDS = ["reliable", "fast", "ephemeral", "foreign", "cluster-reliable", "cluster-fast"]
 
 
 @pytest.fixture(params=BROKER_KINDS)
@@ -40,6 +43,17 @@ async def location(
 
     The test-Redis fixtures are only requested for the ``reliable`` and ``fast`` backends.
     """
+    if broker_kind.startswith("cluster-"):
+        cluster = request.getfixturevalue("redis_cluster")
+        namespace = "contract-" + uuid.uuid4().hex[:12]
+        owner = cluster.owner("{" + namespace + "}:")
+        yield cluster.url(next(p for p in cluster.ports if p != owner)), namespace
+        async with RedisCluster.from_url(cluster.url()) as client:
+            for pattern in ("{" + namespace + "}:*", "{" + namespace + "-t}:*"):
+                keys = [key async for key in client.scan_iter(match=pattern)]
+                for key in keys:
+                    await client.delete(key)
+        return
     if broker_kind != "ephemeral":
         yield request.getfixturevalue("redis_url"), request.getfixturevalue("namespace")
         return
@@ -62,8 +76,10 @@ async def make_broker(
     """
     made: list[Broker] = []
     url, namespace = location
-    cls: Any = {"fast": FastRedisBroker, "foreign": ForeignPairing}.get(
-        broker_kind, ReliableRedisBroker
+    cls: Any = (
+        ForeignPairing
+        if broker_kind == "foreign"
+        else (FastRedisBroker if broker_kind.endswith("fast") else ReliableRedisBroker)
     )
 
     def factory() -> Broker:

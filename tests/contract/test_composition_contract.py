@@ -33,7 +33,7 @@ async def compose(broker_kind: str, location: tuple[str, str]) -> AsyncIterator[
     ``fast``) and a Redis state store, on one connection or (``separate``) on a second one
     whose store does not ack the transport's deliveries. Closed after the test."""
     url, namespace = location
-    kind = "l" if broker_kind == "fast" else "s"
+    kind = "l" if broker_kind.endswith("fast") else "s"
     made: list[Broker] = []
 
     def factory(separate: bool = False) -> Broker:
@@ -98,7 +98,7 @@ async def test_a_separate_store_never_fences_on_the_transports_tokens(
     in-process transport with the Redis store). The transport here keeps its queues in a
     namespace of its own, so its tags mean nothing to the store, as a RabbitMQ tag would."""
     url, namespace = location
-    kind = "l" if broker_kind == "fast" else "s"
+    kind = "l" if broker_kind.endswith("fast") else "s"
     conn = RedisConnection(url, namespace + "-t", kind=kind)
     transport: Transport = StreamsTransport(conn) if kind == "s" else ListsTransport(conn)
     broker = Broker(transport, RedisStateStore(RedisConnection(url, namespace, kind=state_kind)))

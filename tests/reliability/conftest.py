@@ -24,7 +24,7 @@ from blitzq import Queue, TaskRecord
 from tests.conftest import free_port
 from tests.polling import wait_until
 
-from .reliability_app import build_queue, obs_key
+from .reliability_app import build_queue, obs_key, sync_redis
 
 RUNNER = Path(__file__).resolve().parent / "run_worker.py"
 
@@ -94,7 +94,7 @@ class Harness:
         """A sync client on the test server (made on first use)."""
         if self._client is None:
             assert self.url is not None, "set harness.url first"
-            self._client = redis.Redis.from_url(self.url, socket_timeout=5.0)
+            self._client = sync_redis(self.url, socket_timeout=5.0)
         return self._client
 
     def close_client(self) -> None:

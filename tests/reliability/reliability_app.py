@@ -37,6 +37,21 @@ FENCED = "rel.fenced"
 OBSERVE_RETRY_FOR = 20.0
 
 
+def sync_redis(url: str, **kwargs: Any) -> Any:
+    """A sync client on ``url``: a cluster client for ``redis+cluster://`` (the cluster
+    tests' worker URL), else a plain one."""
+    if url.startswith("redis+cluster://"):
+        return redis.RedisCluster.from_url("redis://" + url.partition("://")[2], **kwargs)
+    return redis.Redis.from_url(url, **kwargs)
+
+
+def async_redis(url: str) -> Any:
+    """An asyncio client on ``url`` (a cluster client for ``redis+cluster://``)."""
+    if url.startswith("redis+cluster://"):
+        return aioredis.RedisCluster.from_url("redis://" + url.partition("://")[2])
+    return aioredis.Redis.from_url(url)
+
+
 def obs_key(namespace: str, kind: str) -> str:
     """Key of one observation structure (``runs``, ``pid``, ``done``, ``ready``)."""
     return "{" + namespace + "}:obs:" + kind
@@ -75,13 +90,13 @@ def build_queue(
     def async_client() -> aioredis.Redis:
         client = state.get("async")
         if client is None:
-            client = state["async"] = aioredis.Redis.from_url(queue.url)
+            client = state["async"] = async_redis(queue.url)
         return client
 
     def sync_client() -> redis.Redis:
         client = state.get("sync")
         if client is None:
-            client = state["sync"] = redis.Redis.from_url(queue.url)
+            client = state["sync"] = sync_redis(queue.url)
         return client
 
     async def observe(label: str, key: str, pid: bool) -> None:

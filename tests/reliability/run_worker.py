@@ -20,8 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import redis.asyncio as aioredis
-from reliability_app import build_queue, obs_key
+from reliability_app import async_redis, build_queue, obs_key
 
 from blitzq import Worker
 
@@ -51,7 +50,7 @@ async def main(args: argparse.Namespace) -> None:
     )
 
     async def announce() -> None:
-        client = aioredis.Redis.from_url(queue.url)
+        client = async_redis(queue.url)
         try:
             await client.sadd(obs_key(args.namespace, "ready"), os.getpid())
         finally:

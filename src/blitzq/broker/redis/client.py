@@ -42,11 +42,19 @@ from urllib.parse import parse_qs, urlsplit
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import (
+    AskError,
+    ClusterError,
+    RedisClusterException,
+    RedisError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...exceptions import BrokerError
+from .cluster import make_cluster_client, plain_url, wants_cluster
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -121,19 +129,21 @@ def connection_options(url: str) -> dict[str, Any]:
     return options
 
 
-def make_client(url: str) -> aioredis.Redis:
-    """A ``redis.asyncio.Redis`` on a bounded blocking pool with blitzq's defaults.
+def make_client(url: str) -> Any:
+    """A ``redis.asyncio.Redis`` on a bounded blocking pool with blitzq's defaults, or on a
+    Redis Cluster node a ``redis.asyncio.cluster.RedisCluster`` (see ``cluster.py``).
 
     Args:
-        url: a ``redis://``, ``rediss://`` or ``unix://`` URL; query parameters override the
-            defaults (see the module docstring).
+        url: a ``redis://``, ``rediss://``, ``redis+cluster://``, ``rediss+cluster://`` or
+            ``unix://`` URL; query parameters override the defaults (see the module
+            docstring).
 
     Raises:
         ValueError: a query parameter is unknown (a typo) or has an invalid or out-of-range
             value: ``max_connections < 1``; ``timeout``, ``socket_timeout`` or
             ``socket_connect_timeout`` not a finite number ``> 0``; a negative
             ``health_check_interval``; a boolean option (``socket_keepalive`` ...) not one of
-            true/false, yes/no, 1/0.
+            true/false, yes/no, 1/0; on a cluster a database other than 0.
     """
     query = parse_qs(urlsplit(url).query)
     if "socket_keepalive" in query and urlsplit(url).scheme == "unix":
@@ -146,6 +156,8 @@ def make_client(url: str) -> aioredis.Redis:
         # redis-py reads 0 as "no limit" (2**31 connections): refused like a negative one.
         if text.strip().lstrip("+-").isdigit() and int(text) < 1:
             raise ValueError(f"max_connections={text!r} must be at least 1")
+    if wants_cluster(url):
+        return make_cluster_client(url, connection_options(plain_url(url)))
     pool = BoundedPool.from_url(url, decode_responses=False, **connection_options(url))
     _check_pool(pool)
     return aioredis.Redis.from_pool(pool)
@@ -195,7 +207,7 @@ def _check_pool(pool: aioredis.BlockingConnectionPool) -> None:
 
 def socket_timeout(client: Any) -> float | None:
     """The read timeout (seconds) of ``client``'s connections, ``None`` for none."""
-    pool = getattr(client, "connection_pool", None)
+    pool = getattr(client, "connection_pool", client)  # a RedisCluster: its own kwargs
     kwargs = getattr(pool, "connection_kwargs", {}) or {}
     value = kwargs.get("socket_timeout")
     return float(value) if value is not None else None
@@ -214,16 +226,21 @@ def max_block(client: Any) -> float | None:
 
 
 def pool_size(client: Any) -> int | None:
-    """``max_connections`` of ``client``'s pool, or ``None`` when unknown."""
+    """``max_connections`` of ``client``'s pool (on a cluster: of the commands in flight),
+    or ``None`` when unknown."""
     pool = getattr(client, "connection_pool", None)
     size = getattr(pool, "max_connections", None)
+    if pool is None:  # a cluster client: commands in flight (cluster.BoundedCluster)
+        size = getattr(client, "max_connections", None)
     return int(size) if isinstance(size, int) else None
 
 
 # ------------------------------------------------------------------ errors
 #: What a Redis call may raise that :func:`broker_error` translates (``BrokerError`` itself is
 #: an ``OSError``: it passes through unchanged).
-REDIS_ERRORS = (RedisError, OSError)
+REDIS_ERRORS = (RedisError, OSError, RedisClusterException)
+#: Cluster errors that trying again may cure: a slot moving or a cluster failing over.
+_CLUSTER = (ClusterError, AskError, TryAgainError, SlotNotCoveredError)
 
 
 def broker_error(exc: BaseException) -> BrokerError:
@@ -235,13 +252,14 @@ def broker_error(exc: BaseException) -> BrokerError:
 
     Returns:
         A ``BrokerError`` whose message names the original type, ``transient`` when trying
-        again may succeed (a connection error, a timeout, an ``OSError``) and not when the
+        again may succeed (a connection error, a timeout, an ``OSError``, a cluster's
+        ``MOVED``/``ASK`` past the redirect limit, ``TRYAGAIN``, ``CLUSTERDOWN``) and not when the
         server refused the command (a ``ResponseError``: a script error, ``OOM``, ``NOPERM``...).
         Raise it ``from exc``.
     """
     if isinstance(exc, BrokerError):
         return exc
-    transient = isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError))
+    transient = isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError, *_CLUSTER))
     return BrokerError(f"{type(exc).__name__}: {exc}", transient)
 
 

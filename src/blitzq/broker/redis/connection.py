@@ -16,6 +16,8 @@ import redis.asyncio as aioredis
 from ...exceptions import ConfigurationError
 from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
 from .client import make_client, max_block, pool_size, translate_errors
+from .cluster import is_cluster, node_of
+from .cluster_scripts import ClusterScripts
 from .keys import Keys
 from .results import ResultListener
 from .scripts import Scripts
@@ -33,14 +35,16 @@ class RedisConnection:
     and the shared pub/sub listener, with the settings of dead letters.
 
     Args:
-        url: a ``redis://``, ``rediss://`` or ``unix://`` URL.
+        url: a ``redis://``, ``rediss://``, ``unix://`` URL, or a Redis Cluster node's
+            (``redis+cluster://``, or a ``redis://`` that answers ``cluster_enabled:1``:
+            ``cluster.py``).
         namespace: key namespace; every key is prefixed ``{namespace}:``.
         dead_letter_cap: dead letters kept before the oldest are dropped.
         dead_letter_ttl: seconds a dead letter is kept.
         dead_letter_max_bytes: total bytes of dead letters kept before the oldest are
             dropped.
-        client: an existing ``redis.asyncio.Redis`` to use instead of ``url`` (not closed by
-            the broker).
+        client: an existing ``redis.asyncio.Redis`` or ``RedisCluster`` to use instead of
+            ``url`` (not closed by the broker).
         kind: ``"s"`` (streams) or ``"l"`` (lists): where the transport on this connection
             keeps a queue's messages. The state store's scripts write there too (a
             promotion, a ``publish`` effect, a requeue) and fence by it (streams only).
@@ -80,17 +84,26 @@ class RedisConnection:
             except ValueError as exc:
                 raise ConfigurationError(f"bad broker URL {url!r}: {exc}") from None
         self.client: Any = client
+        #: Whether the client is a Redis Cluster client (keyless commands go to the
+        #: namespace's node: :meth:`node_kwargs`).
+        self.cluster = is_cluster(client)
         #: Longest BLOCK a blocking read may ask for: under the socket timeout (None: any).
         self.max_block = max_block(client)
         for command in ("XREADGROUP", "XAUTOCLAIM", "BLMPOP", "LPOP"):
             self.client.set_response_callback(command, _raw)
-        #: Runs the Lua scripts (EVALSHA, reloaded on NOSCRIPT): see scripts.py.
-        self.scripts = Scripts(self.client)
+        #: Runs the Lua scripts (EVALSHA, reloaded on NOSCRIPT): see scripts.py; on a
+        #: cluster node by node, never across a slot migration (cluster_scripts.py).
+        self.scripts = ClusterScripts(self.client) if self.cluster else Scripts(self.client)
         self._results = ResultListener(self.client)
 
     def queue_key(self, queue: str) -> str:
         """Key where ``queue``'s messages wait: its stream (kind ``"s"``) or list (``"l"``)."""
         return self.keys.stream(queue) if self.kind == "s" else self.keys.list(queue)
+
+    def node_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for a keyless command (``TIME``, ``INFO``): on a cluster, the
+        primary owning the namespace's slot; nothing on a single server."""
+        return node_of(self.client, self.keys.prefix) if self.cluster else {}
 
     def block_for(self, timeout: float) -> float:
         """``timeout`` (seconds) cut to :attr:`max_block`, for a blocking command.

@@ -89,7 +89,7 @@ class RedisInspection(RedisPart):
         """``(maxmemory-policy, maxmemory bytes)`` from INFO memory (read-only; ``None``
         when the server refuses INFO, as some managed services do)."""
         try:
-            info = await self.client.info("memory")
+            info = await self.client.info("memory", **self.conn.node_kwargs())
         except ResponseError:
             return None
         policy = info.get("maxmemory_policy")

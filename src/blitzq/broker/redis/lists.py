@@ -108,6 +108,6 @@ class ListsTransport(RedisPart, Transport):
         key = self.keys.list(queue)
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.llen(key)
-            pipe.unlink(key)
+            pipe.execute_command("UNLINK", key)  # a cluster pipeline splits unlink()
             length, _ = await pipe.execute()
         return int(length)

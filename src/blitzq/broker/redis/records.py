@@ -186,7 +186,15 @@ class RedisRecords(RedisPart):
 
     @translate_errors
     async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
-        """Store a record for ``ttl`` seconds and publish its completion channel."""
+        """Store a record for ``ttl`` seconds and publish its completion channel.
+
+        On a cluster (whose pipelines refuse the keyless PUBLISH) the two are sent one after
+        the other: a waiter subscribes before it reads, so it sees the record or the message.
+        """
+        if self.conn.cluster:
+            await self.client.set(self.keys.record(task_id), record, ex=ttl)
+            await self.client.publish(self.keys.done_channel(task_id), b"1")
+            return
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.set(self.keys.record(task_id), record, ex=ttl)
             pipe.publish(self.keys.done_channel(task_id), b"1")
@@ -199,7 +207,9 @@ class RedisRecords(RedisPart):
             return
         keys = self.keys
         async with self.client.pipeline(transaction=True) as pipe:
-            pipe.delete(*(keys.record(i) for i in task_ids), *(keys.progress(i) for i in task_ids))
+            pipe.execute_command(  # DEL as a command: a cluster pipeline splits delete()
+                "DEL", *(keys.record(i) for i in task_ids), *(keys.progress(i) for i in task_ids)
+            )
             pipe.zrem(keys.revoked, *task_ids)
             await pipe.execute()
 

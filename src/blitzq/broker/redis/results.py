@@ -17,6 +17,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from .client import REDIS_ERRORS
+from .cluster import ready
 
 logger = logging.getLogger("blitzq.broker")
 
@@ -69,6 +70,7 @@ class ResultListener:
         try:
             async with self._lock:
                 if self._pubsub is None:
+                    await ready(self._client)  # a cluster client: its slot map first
                     self._pubsub = self._client.pubsub()
                 await self._pubsub.subscribe(key)
                 if self._reader is None or self._reader.done():

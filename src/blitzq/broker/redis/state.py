@@ -19,6 +19,7 @@ from ...limits import CHUNK_ITEMS, CHUNK_WRITES, NOTIFY_INLINE_MAX
 from .. import Completion, Scheduled
 from ..ops import encode_op
 from .client import REDIS_ERRORS, broker_error, translate_errors
+from .cluster import ready
 from .connection import RedisPart
 from .keys import GROUP
 
@@ -190,6 +191,7 @@ class RedisState(RedisPart):
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         try:
             try:
+                await ready(self.client)  # a cluster client: its slot map first
                 await pubsub.subscribe(self.keys.events)
                 while True:
                     message = await pubsub.get_message(timeout=5.0)
@@ -245,7 +247,7 @@ class RedisState(RedisPart):
     @translate_errors
     async def server_time(self) -> float:
         """The server's clock, Redis ``TIME`` (Unix seconds)."""
-        seconds, micros = await self.client.time()
+        seconds, micros = await self.client.time(**self.conn.node_kwargs())
         return float(seconds) + int(micros) / 1_000_000
 
     @translate_errors

@@ -1,0 +1,229 @@
+"""Drain throughput of N queues on one Redis node vs a local 3-primary Redis Cluster.
+
+Usage::
+
+    .venv/bin/python bench/cluster.py [--queues 6] [--tasks 2000] [--reps 3]
+
+Starts its own servers on free ports (never the shared 6379): one ``redis-server`` and a
+3-primary cluster (``--cluster-enabled yes`` x3, ``redis-cli --cluster create``), all with
+``--save '' --appendonly no``, and stops them at the end. For each layout, ``--tasks`` no-op
+tasks are enqueued on each of ``--queues`` queues (reliable mode), then workers in this
+process drain them all; the figure is tasks/s from the workers' start to the last record.
+
+Layouts:
+
+- ``1 node``: one namespace, N queues, one Worker serving them all, on the single server;
+- ``cluster, 1 namespace``: the same on the cluster (every key of a namespace is in one slot,
+  so one shard does all the work);
+- ``cluster, N namespaces``: one namespace (one Queue, one Worker) per queue, so the queues'
+  slots spread over the shards.
+
+Beside each rate, the split of the Redis commands over the shards (``INFO commandstats``
+calls) and the CPU seconds each shard's server used (``INFO cpu``), over all the runs. The
+machine and the client process are shared by every server, so expect the CPU to cap the
+figures: compare the splits more than the rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import redis
+from redis.crc import key_slot
+
+from blitzq import Queue, Worker
+
+CONCURRENCY = 200
+
+
+def _port() -> int:
+    """A free port whose cluster bus port (+10000) is free too."""
+    while True:
+        port = random.randrange(20000, 45000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        return port
+
+
+def _server(workdir: Path, port: int, cluster: bool) -> subprocess.Popen[bytes]:
+    args = ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
+    args += ["--appendonly", "no", "--dir", str(workdir), "--logfile", str(workdir / f"{port}.log")]
+    if cluster:
+        args += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _wait(port: int, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with redis.Redis(port=port, socket_timeout=2) as client:
+                text = client.execute_command("CLUSTER", "INFO") if what == "cluster" else "ok"
+                if what != "cluster" and client.ping():
+                    return
+                if b"cluster_state:ok" in text:
+                    return
+        except (redis.RedisError, OSError):
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"server on port {port} not ready ({what})")
+
+
+@contextlib.contextmanager
+def servers() -> Iterator[tuple[int, list[int]]]:
+    """(single server's port, the cluster's ports), stopped on exit."""
+    workdir = Path(tempfile.mkdtemp(prefix="blitzq-bench-cluster-"))
+    ports = [_port() for _ in range(4)]
+    procs = [_server(workdir, ports[0], False)] + [_server(workdir, p, True) for p in ports[1:]]
+    try:
+        for port in ports:
+            _wait(port, "ping")
+        nodes = [f"127.0.0.1:{p}" for p in ports[1:]]
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *nodes,
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        for port in ports[1:]:
+            _wait(port, "cluster")
+        yield ports[0], ports[1:]
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def command_calls(port: int) -> tuple[int, float]:
+    """Commands the server on ``port`` has run so far (sum of INFO commandstats calls) and
+    the CPU seconds it used (user + system)."""
+    with redis.Redis(port=port) as client:
+        stats = client.info("commandstats")
+        cpu = client.info("cpu")
+    calls = sum(int(v["calls"]) for v in stats.values())
+    return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+async def drain(url: str, layout: Layout, tasks: int) -> float:
+    """Tasks/s draining ``tasks`` no-op tasks per queue; ``layout``: (namespace, queues)."""
+    queues, workers = [], []
+    total = tasks * sum(len(names) for _, names in layout)
+    ran = [0]
+    all_ran = asyncio.Event()
+    for namespace, names in layout:
+        queue = Queue(names[0], redis_url=url, namespace=namespace)
+
+        @queue.task(name="noop")
+        async def noop() -> None:
+            ran[0] += 1
+            if ran[0] == total:
+                all_ran.set()
+
+        for name in names:
+            for start in range(0, tasks, 1000):
+                await noop.options(queue=name).enqueue_many([()] * min(1000, tasks - start))
+        queues.append((queue, noop, names))
+        workers.append(Worker(queue, queues=names, concurrency=CONCURRENCY // len(layout) or 1))
+    t0 = time.perf_counter()
+    runners = [asyncio.create_task(w.run()) for w in workers]
+    await asyncio.wait_for(all_ran.wait(), 600)
+    for w in workers:
+        w.stop()  # a graceful stop flushes the last completions
+    await asyncio.gather(*runners)
+    elapsed = time.perf_counter() - t0
+    for queue, _, _ in queues:
+        await queue.close()
+    return total / elapsed
+
+
+Layout = list[tuple[str, list[str]]]
+
+
+def spread(ports: list[int], count: int) -> list[str]:
+    """``count`` fresh namespace names whose slots fall on the nodes in turn (one node only:
+    any names)."""
+    if len(ports) == 1:
+        return [f"b-{uuid.uuid4().hex[:8]}" for _ in range(count)]
+    with redis.Redis(port=ports[0]) as client:
+        owners = {
+            (int(start), int(end)): int(primary[1])
+            for start, end, primary, *_ in client.execute_command("CLUSTER", "SLOTS")
+        }
+    names: list[str] = []
+    while len(names) < count:
+        name = f"b-{uuid.uuid4().hex[:8]}"
+        slot = key_slot(("{" + name + "}:").encode())
+        owner = next(p for (a, b), p in owners.items() if a <= slot <= b)
+        if owner == ports[len(names) % len(ports)]:
+            names.append(name)
+    return names
+
+
+def run_layout(
+    url: str, ports: list[int], layout: Layout, args: argparse.Namespace
+) -> tuple[float, list[int], list[float]]:
+    """Median tasks/s over ``--reps`` runs, each shard's share of the commands (%) and the
+    CPU seconds each shard used, over all the runs."""
+    rates, before = [], [command_calls(p) for p in ports]
+    for _ in range(args.reps):
+        fresh = list(zip(spread(ports, len(layout)), [names for _, names in layout], strict=True))
+        rates.append(asyncio.run(drain(url, fresh, args.tasks)))
+    after = [command_calls(p) for p in ports]
+    calls = [a[0] - b[0] for a, b in zip(after, before, strict=True)]
+    cpu = [round(a[1] - b[1], 1) for a, b in zip(after, before, strict=True)]
+    total = sum(calls) or 1
+    return statistics.median(rates), [round(100 * c / total) for c in calls], cpu
+
+
+def main() -> None:
+    """Run every layout and print a Markdown table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--queues", type=int, default=6)
+    parser.add_argument("--tasks", type=int, default=2000, help="tasks per queue")
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    names = [f"q{i}" for i in range(args.queues)]
+    with servers() as (single, cluster):
+        rows = [
+            ("1 node, 1 namespace", f"redis://127.0.0.1:{single}/0", [single], [("", names)]),
+            ("cluster, 1 namespace", f"redis://127.0.0.1:{cluster[0]}/0", cluster, [("", names)]),
+            ("cluster, N namespaces", f"redis://127.0.0.1:{cluster[0]}/0", cluster,
+             [("", [n]) for n in names]),
+        ]  # fmt: skip
+        print(f"{args.queues} queues x {args.tasks} no-op tasks, reliable mode", file=sys.stderr)
+        print("| layout | drain tasks/s (median) | commands per shard | server CPU s per shard |")
+        print("|---|---|---|---|")
+        for label, url, ports, layout in rows:
+            rate, split, cpu = run_layout(url, ports, layout, args)
+            shares = " / ".join(f"{s}%" for s in split)
+            print(f"| {label} | {rate:,.0f} | {shares} | {' / '.join(map(str, cpu))} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

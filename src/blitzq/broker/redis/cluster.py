@@ -1,0 +1,225 @@
+"""Redis Cluster: telling a cluster node from a single server, and the client made for it.
+
+A broker URL names one server. :func:`wants_cluster` decides whether it is a node of a Redis
+Cluster:
+
+- ``redis+cluster://host:port/0`` (``rediss+cluster://`` with TLS) says so explicitly: no
+  probe is made, and a cluster that is still down when the broker is made is reached once it
+  answers.
+- ``redis://`` and ``rediss://`` are probed once, when the broker is made: one short
+  connection sends ``INFO cluster`` and reads ``cluster_enabled``. A server that does not
+  answer the probe (down, refusing ``INFO``) is taken for a single server: the first command
+  then fails as it would have, and a cluster node met that way answers ``MOVED`` (a
+  :class:`~blitzq.BrokerError`). Name a cluster ``redis+cluster://`` when it may be down at
+  start. The probe is made before any command, never on the command path.
+- ``unix://`` is never a cluster (Redis Cluster has no Unix-socket mode).
+
+On a cluster the broker's client is redis-py's :class:`redis.asyncio.cluster.RedisCluster`
+(:func:`make_cluster_client`): it learns the slot map from the node named in the URL, sends
+each command to the primary owning its key's slot, follows ``MOVED`` (updating its map) and
+``ASK`` (during a slot migration) at most 16 times per command, waits and retries on
+``TRYAGAIN`` and ``CLUSTERDOWN``, and gives up with an error after that, never looping. TLS
+(``rediss``), the ACL user and password of the URL, and the connection options of the URL
+(``socket_timeout``, ``socket_connect_timeout``, ``health_check_interval``,
+...) apply to every node's connections as to a single server's; ``max_connections`` bounds
+the commands of the client in flight and ``timeout`` how long a caller waits for a turn, as
+the single server's pool does (:class:`BoundedCluster`).
+
+Scripts (``EVALSHA``) go to the node of their first key, and never run across a migration
+of their slot (``cluster_scripts.py``); every key of a namespace shares its hash tag, so a
+script's keys are in one slot. Pub/sub is the classic kind (``PUBLISH``/``SUBSCRIBE``),
+which a cluster forwards to every node: a subscriber on any node hears a publish made on any
+other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import AsyncIterator
+from typing import Any, cast
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
+
+import redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.retry import Retry as SyncRetry
+
+#: URL schemes that name a Redis Cluster explicitly (no probe), and the scheme each becomes.
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+#: Seconds the cluster-mode probe waits to connect and for its reply.
+PROBE_TIMEOUT = 2.0
+#: Retries of a command on a cluster after a connection error, a timeout or CLUSTERDOWN.
+CLUSTER_RETRIES = 3
+#: Connections each node's pool holds beyond ``max_connections`` (pub/sub, pipelines).
+NODE_HEADROOM = 8
+#: URL options of the single-server pool that a cluster client has no use for.
+_POOL_ONLY = frozenset({"timeout", "max_connections"})
+
+
+def plain_url(url: str) -> str:
+    """``url`` with a ``redis+cluster``/``rediss+cluster`` scheme rewritten to
+    ``redis``/``rediss`` (any other URL unchanged)."""
+    scheme, sep, rest = url.partition("://")
+    return CLUSTER_SCHEMES[scheme] + sep + rest if scheme in CLUSTER_SCHEMES else url
+
+
+def wants_cluster(url: str) -> bool:
+    """Whether ``url`` names a Redis Cluster node (see the module docstring).
+
+    Args:
+        url: a ``redis://``, ``rediss://``, ``redis+cluster://``, ``rediss+cluster://`` or
+            ``unix://`` URL.
+
+    Returns:
+        True for the ``+cluster`` schemes; for ``redis``/``rediss`` the answer of the
+        server's ``INFO cluster`` (False when the probe fails); False otherwise.
+    """
+    scheme = urlsplit(url).scheme
+    if scheme in CLUSTER_SCHEMES:
+        return True
+    if scheme not in ("redis", "rediss"):
+        return False
+    return probe(url)
+
+
+def probe(url: str) -> bool:
+    """True when the server of ``url`` reports ``cluster_enabled:1`` (one short connection).
+
+    Only the URL's address, TLS and credential options are used (with
+    :data:`PROBE_TIMEOUT`); any error reads as "not a cluster".
+    """
+    try:
+        parsed = redis.ConnectionPool.from_url(url)
+        kwargs = {k: v for k, v in parsed.connection_kwargs.items() if k not in _POOL_ONLY}
+        kwargs.update(
+            db=0,  # a cluster node refuses SELECT: a database in the URL is refused later
+            socket_connect_timeout=PROBE_TIMEOUT,
+            socket_timeout=PROBE_TIMEOUT,
+            retry=SyncRetry(NoBackoff(), 0),
+        )
+        connection = parsed.connection_class(**kwargs)
+    except (TypeError, ValueError):
+        return False
+    try:
+        connection.send_command("INFO", "cluster")
+        info = connection.read_response()
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        connection.disconnect()
+    text = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
+    return "cluster_enabled:1" in text
+
+
+class BoundedCluster(RedisCluster):
+    """redis-py's cluster client with the single server's bounded wait for a connection.
+
+    redis-py's cluster client fails a command at once (``MaxConnectionsError``) when the
+    node's pool is full. Here at most ``commands`` commands (and script calls) of this client
+    are in flight at once, over all nodes; a caller past that waits up to ``wait`` seconds
+    for a turn, then gets ``redis.exceptions.ConnectionError`` (a transient
+    :class:`~blitzq.BrokerError` once translated), as on a single server. Each node's pool
+    holds :data:`NODE_HEADROOM` connections more than ``commands``, for the pub/sub
+    connections and pipelines, which take theirs outside the gate.
+
+    Args:
+        gate: most commands in flight (the URL's ``max_connections``).
+        wait: seconds a caller waits for its turn (the URL's ``timeout``).
+        kwargs: passed to :class:`~redis.asyncio.cluster.RedisCluster`.
+    """
+
+    def __init__(self, *args: Any, gate: int = 50, wait: float = 20.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_connections = gate
+        self._wait = wait
+        self._gate = asyncio.Semaphore(gate)
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        """Hold one of the ``gate`` turns (waiting up to ``wait`` seconds for it).
+
+        Raises:
+            redis.exceptions.ConnectionError: no turn within ``wait`` seconds.
+        """
+        gate = self._gate
+        if gate.locked():
+            try:
+                await asyncio.wait_for(gate.acquire(), self._wait)
+            except TimeoutError:
+                raise RedisConnectionError(
+                    f"no connection available within {self._wait} s "
+                    f"(max_connections={self.max_connections})"
+                ) from None
+        else:
+            await gate.acquire()
+        try:
+            yield
+        finally:
+            gate.release()
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        """See :meth:`redis.asyncio.cluster.RedisCluster.execute_command`; waits for a turn
+        first (:meth:`turn`)."""
+        async with self.turn():
+            return await super().execute_command(*args, **kwargs)
+
+
+def make_cluster_client(url: str, options: dict[str, Any]) -> BoundedCluster:
+    """A :class:`BoundedCluster` started from the node ``url`` names.
+
+    Args:
+        url: a cluster node's URL (any of the schemes of :func:`wants_cluster` but
+            ``unix://``); database 0 only.
+        options: blitzq's connection defaults (``client.connection_options``); the URL's
+            query parameters are applied over them. ``max_connections`` and ``timeout``
+            bound the commands in flight and the wait for a turn (:class:`BoundedCluster`);
+            the single server's retry object is replaced by the cluster's own.
+
+    Raises:
+        ValueError: an unknown or invalid option, a database other than 0, a Unix socket.
+    """
+    split = urlsplit(plain_url(url))
+    if split.scheme not in ("redis", "rediss"):
+        raise ValueError("a Redis Cluster is reached over TCP: redis[s]+cluster:// or redis[s]://")
+    database = split.path.strip("/") or "0"
+    if database != "0":
+        raise ValueError(f"a Redis Cluster has only database 0, not {database}")
+    query = parse_qs(split.query)
+    wait = float(query.pop("timeout", [options["timeout"]])[-1])
+    gate = int(query.pop("max_connections", [options["max_connections"]])[-1])
+    if not math.isfinite(wait) or wait <= 0:
+        raise ValueError(f"timeout={wait!r} must be a finite number > 0")
+    rest = urlunsplit(split._replace(query=urlencode(query, doseq=True)))
+    kwargs = {k: v for k, v in options.items() if k not in ("timeout", "retry", "max_connections")}
+    kwargs["retry"] = Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), CLUSTER_RETRIES)
+    kwargs["max_connections"] = gate + NODE_HEADROOM
+    try:
+        client = BoundedCluster.from_url(
+            rest, decode_responses=False, gate=gate, wait=wait, **kwargs
+        )
+    except (TypeError, redis.exceptions.RedisClusterException) as exc:
+        raise ValueError(str(exc)) from None
+    return cast(BoundedCluster, client)  # from_url makes an instance of the class called
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` is a cluster client."""
+    return isinstance(client, RedisCluster)
+
+
+def node_of(client: RedisCluster, key: str) -> dict[str, Any]:
+    """Keyword arguments sending a keyless command (``TIME``, ``INFO``) to the primary that
+    owns ``key``'s slot now, so that it reads the clock or memory the scripts of that key
+    see."""
+    return {"target_nodes": client.get_node_from_key(key)}
+
+
+async def ready(client: Any) -> None:
+    """Load a cluster client's slot map if it has not been loaded (nothing for a single
+    server's client)."""
+    if isinstance(client, RedisCluster):
+        await client.initialize()
