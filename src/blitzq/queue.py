@@ -8,13 +8,12 @@ background loop and a worker alike.
 from __future__ import annotations
 
 import asyncio
-import os
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+from . import config, registration
 from . import periodic as periodic_entries
-from . import registration
 from ._checks import flag, integer, seconds
 from .broker import Broker
 from .broker.factory import make_broker, resolve_url
@@ -137,10 +136,8 @@ class Queue:
         dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
     ) -> None:
         self.name = check_queue_name("queue name", name)
-        self.namespace = check_name(
-            "namespace", namespace or os.environ.get("BLITZQ_NAMESPACE") or "blitzq"
-        )
-        resolved_mode = mode or os.environ.get("BLITZQ_MODE") or "reliable"
+        self.namespace = check_name("namespace", namespace or config.value("namespace") or "blitzq")
+        resolved_mode = mode or config.value("mode") or "reliable"
         if resolved_mode not in ("reliable", "fast"):
             raise ConfigurationError(f"mode must be 'reliable' or 'fast', got {resolved_mode!r}")
         self.mode: Mode = resolved_mode  # type: ignore[assignment]

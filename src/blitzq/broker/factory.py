@@ -7,9 +7,9 @@ and which broker class serves which mode are decided here and nowhere else.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Literal
 
+from .. import config
 from ..exceptions import ConfigurationError
 from . import Broker, Guarantee
 
@@ -35,7 +35,7 @@ def resolve_url(configured: str | None) -> str:
     Raises:
         ConfigurationError: any other scheme.
     """
-    url = configured or os.environ.get("BLITZQ_REDIS_URL")
+    url = configured or config.value("redis_url")
     if not url:
         from .redis.embedded import ensure_server
 

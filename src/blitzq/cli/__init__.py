@@ -3,8 +3,10 @@ the embedded server.
 
 Every command takes the global options ``--redis-url``, ``--namespace``, ``--mode`` and
 ``--json`` (before or after the subcommand name); environment variables ``BLITZQ_REDIS_URL``,
-``BLITZQ_NAMESPACE`` and ``BLITZQ_MODE`` fill them in. Errors print one red line on stderr and
-exit non-zero (1 for a failed operation, 2 for a usage or configuration error).
+``BLITZQ_NAMESPACE`` and ``BLITZQ_MODE`` fill them in, every other option has its
+``BLITZQ_<COMMAND>_<OPTION>`` variable, and ``[tool.blitzq]`` in pyproject.toml gives
+defaults below them (:mod:`blitzq.config`, ``blitzq config show``). Errors print one red line
+on stderr and exit non-zero (1 for a failed operation, 2 for a usage or configuration error).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import click
 from .. import __version__
 from ._common import global_options
 from .check import check_command
+from .config import ConfiguredGroup, config_group
 from .control import control_group
 from .dashboard import dashboard_command
 from .dead_letters import dead_letter_group
@@ -28,7 +31,10 @@ from .worker import worker_command
 __all__ = ["cli", "main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=ConfiguredGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, "-V", "--version", prog_name="blitzq")
 @global_options
 def cli() -> None:
@@ -45,6 +51,7 @@ cli.add_command(dashboard_command)
 cli.add_command(control_group)
 cli.add_command(schedule_group)
 cli.add_command(check_command)
+cli.add_command(config_group)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

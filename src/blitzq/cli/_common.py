@@ -20,6 +20,7 @@ import click
 from click.core import ParameterSource
 from rich.console import Console
 
+from .. import config
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, EmbeddedServerNotFound
 from ..limits import MAX_SECONDS
 from ..logconfig import LEVELS
@@ -214,7 +215,7 @@ def mask_url(url: str) -> str:
 
 
 def _where(url: str | None) -> str:
-    url = url or os.environ.get("BLITZQ_REDIS_URL")
+    url = url or config.value("redis_url")
     return mask_url(url) if url else "the embedded server"
 
 
@@ -265,7 +266,7 @@ def make_queue() -> Queue:
         CliError: an invalid option value (exit code 2), or no URL and no running server.
     """
     s = settings()
-    url = s.redis_url or os.environ.get("BLITZQ_REDIS_URL") or running_server_url()
+    url = s.redis_url or config.value("redis_url") or running_server_url()
     with cli_errors(url):
         return Queue(redis_url=url, namespace=s.namespace, mode=s.mode)  # type: ignore[arg-type]
 
@@ -277,9 +278,7 @@ def use_running_server(queue: Queue) -> None:
     Raises:
         CliError: no URL and no running embedded server (see :func:`running_server_url`).
     """
-    if queue._shared_broker is None and not (
-        queue._redis_url or os.environ.get("BLITZQ_REDIS_URL")
-    ):
+    if queue._shared_broker is None and not (queue._redis_url or config.value("redis_url")):
         queue._connect_to(running_server_url())
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import redis
 
+from ... import config
 from ...exceptions import BrokerError, ConfigurationError, EmbeddedServerNotFound
 from .server_proc import log_tail, spawn, valkey_binary
 from .server_proc import open_private as _open_private
@@ -57,7 +58,7 @@ _POLL = 0.05  # seconds between readiness / exit checks
 
 def data_dir_from_env() -> Path:
     """Return ``$BLITZQ_DATA_DIR`` or ``./.blitzq`` as an absolute Path (not created here)."""
-    return Path(os.environ.get(DATA_DIR_ENV) or DATA_DIR_NAME).expanduser().resolve()
+    return Path(config.value("data_dir") or DATA_DIR_NAME).expanduser().resolve()
 
 
 def find_data_dir(start: Path | None = None) -> Path | None:
@@ -70,7 +71,7 @@ def find_data_dir(start: Path | None = None) -> Path | None:
     nearest existing ``.blitzq`` directory in ``start`` or one of its parents (the way git
     finds ``.git``); else None. Creates nothing.
     """
-    if os.environ.get(DATA_DIR_ENV):
+    if config.value("data_dir"):
         return data_dir_from_env()
     here = (start or Path.cwd()).expanduser().resolve()
     for directory in (here, *here.parents):

@@ -1,0 +1,172 @@
+"""Settings without code: ``BLITZQ_*`` environment variables and ``[tool.blitzq]``.
+
+A deployment configures blitzq from outside the application's code in two ways, and an
+explicit argument always wins over both. The precedence, first that gives a value wins:
+
+1. an explicit argument: ``Queue(namespace=...)``, a CLI option typed on the command line;
+2. the environment: ``BLITZQ_REDIS_URL``, ``BLITZQ_NAMESPACE``, ... (:data:`SETTINGS`), and
+   for every CLI option ``BLITZQ_<COMMAND>_<OPTION>`` (``BLITZQ_WORKER_CONCURRENCY``,
+   ``BLITZQ_SCHEDULER_RUN_INTERVAL``): click's automatic variables;
+3. the project file: the ``[tool.blitzq]`` table of ``$BLITZQ_CONFIG`` (a TOML file) if set,
+   else of the nearest ``pyproject.toml`` that has one, from the current directory upwards.
+   Its plain keys are the settings of :data:`SETTINGS`; a sub-table per command holds that
+   command's options (``[tool.blitzq.worker]`` ``concurrency = 50``,
+   ``[tool.blitzq.scheduler.run]``), with the option names of ``--help`` (``-`` or ``_``);
+4. the built-in default.
+
+``blitzq config show`` prints every setting with its value and where it came from. A key
+the table does not know is a :class:`~blitzq.exceptions.ConfigurationError` naming the file,
+so a typo never silently falls back to a default. Keep secrets (a password in a URL) in the
+environment, not in a file under version control.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .exceptions import ConfigurationError
+
+#: Environment variable naming the TOML file whose ``[tool.blitzq]`` table is read.
+CONFIG_ENV = "BLITZQ_CONFIG"
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One setting of the plain ``[tool.blitzq]`` keys.
+
+    Attributes:
+        name: its key (``redis_url``).
+        env: its environment variable (``BLITZQ_REDIS_URL``).
+        help: what it sets.
+    """
+
+    name: str
+    env: str
+    help: str
+
+
+#: The settings every part of blitzq reads (the CLI's per-command options come on top).
+SETTINGS: tuple[Setting, ...] = (
+    Setting("redis_url", "BLITZQ_REDIS_URL", "broker URL; unset: the embedded server"),
+    Setting("amqp_url", "BLITZQ_AMQP_URL", "RabbitMQ URL (the delivery transport)"),
+    Setting("namespace", "BLITZQ_NAMESPACE", "key namespace (default: blitzq)"),
+    Setting("mode", "BLITZQ_MODE", "reliable or fast (default: reliable)"),
+    Setting("data_dir", "BLITZQ_DATA_DIR", "the embedded server's directory (./.blitzq)"),
+    Setting("log_level", "BLITZQ_LOG_LEVEL", "blitzq worker's log level (info)"),
+    Setting("log_format", "BLITZQ_LOG_FORMAT", "text or json (text)"),
+)
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def project_file(start: Path | None = None) -> Path | None:
+    """The file whose ``[tool.blitzq]`` table applies: ``$BLITZQ_CONFIG``, else the nearest
+    ``pyproject.toml`` with such a table from ``start`` (default: the current directory)
+    upwards, else ``None``.
+
+    Raises:
+        ConfigurationError: ``$BLITZQ_CONFIG`` names a file that does not exist.
+    """
+    named = os.environ.get(CONFIG_ENV)
+    if named:
+        path = Path(named).expanduser()
+        if not path.is_file():
+            raise ConfigurationError(f"{CONFIG_ENV}={named!r}: no such file")
+        return path.resolve()
+    here = (start or Path.cwd()).resolve()
+    for directory in (here, *here.parents):
+        candidate = directory / "pyproject.toml"
+        if candidate.is_file() and "blitzq" in _read(candidate).get("tool", {}):
+            return candidate
+    return None
+
+
+_cache: dict[tuple[Path, float], dict[str, Any]] = {}
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """The parsed TOML file (cached by path and modification time).
+
+    Raises:
+        ConfigurationError: it is not valid TOML.
+    """
+    key = (path, path.stat().st_mtime)
+    if key not in _cache:
+        try:
+            with path.open("rb") as f:
+                _cache[key] = tomllib.load(f)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigurationError(f"{path}: not valid TOML: {exc}") from exc
+    return _cache[key]
+
+
+def project_table(path: Path | None = None) -> dict[str, Any]:
+    """The ``[tool.blitzq]`` table of :func:`project_file` (``{}`` when there is none).
+
+    Raises:
+        ConfigurationError: the table is not a table, or a plain key is not a setting of
+            :data:`SETTINGS` (nor a sub-table of a command), or its value is not a string.
+    """
+    path = path or project_file()
+    if path is None:
+        return {}
+    table = _read(path).get("tool", {}).get("blitzq", {})
+    if not isinstance(table, dict):
+        raise ConfigurationError(f"{path}: [tool.blitzq] must be a table")
+    for key, value in table.items():
+        if isinstance(value, dict):
+            continue  # a command's options, checked against the command (CLI)
+        if key not in _BY_NAME:
+            known = ", ".join(sorted(_BY_NAME))
+            raise ConfigurationError(
+                f"{path}: unknown setting {key!r} in [tool.blitzq] (settings: {known}; a "
+                "command's options go in a sub-table such as [tool.blitzq.worker])"
+            )
+        if not isinstance(value, str):
+            raise ConfigurationError(f"{path}: [tool.blitzq] {key} must be a string")
+    return table
+
+
+def value(name: str) -> str | None:
+    """The value of setting ``name`` from the environment, else from the project file, else
+    ``None`` (the caller's default applies).
+
+    Raises:
+        KeyError: ``name`` is not a setting of :data:`SETTINGS`.
+        ConfigurationError: the project file is invalid.
+    """
+    setting = _BY_NAME[name]
+    from_env = os.environ.get(setting.env)
+    if from_env:
+        return from_env
+    found = project_table().get(name)
+    return found if isinstance(found, str) and found else None
+
+
+def source(name: str) -> str:
+    """Where setting ``name``'s value comes from: ``"env BLITZQ_…"``, the project file's path
+    with ``[tool.blitzq]``, or ``"default"``.
+
+    Raises:
+        KeyError: ``name`` is not a setting.
+        ConfigurationError: the project file is invalid.
+    """
+    setting = _BY_NAME[name]
+    if os.environ.get(setting.env):
+        return f"env {setting.env}"
+    if project_table().get(name):
+        return f"{project_file()} [tool.blitzq]"
+    return "default"
+
+
+def command_tables() -> dict[str, Any]:
+    """The per-command sub-tables of ``[tool.blitzq]`` (nested as the commands are:
+    ``{"worker": {...}, "scheduler": {"run": {...}}}``).
+
+    Raises:
+        ConfigurationError: the project file is invalid.
+    """
+    return {k: v for k, v in project_table().items() if isinstance(v, dict)}

@@ -1,0 +1,118 @@
+"""Settings without code (issue 12, "Settings"): ``[tool.blitzq]`` in pyproject.toml and the
+``BLITZQ_*`` variables, with their precedence (argument > environment > file > default), and
+``blitzq config show``."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from blitzq import ConfigurationError, Queue
+from blitzq.cli import cli
+
+CLEAN = {"BLITZQ_REDIS_URL": "", "BLITZQ_NAMESPACE": "", "BLITZQ_MODE": "", "BLITZQ_CONFIG": ""}
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project directory (the current directory) with no BLITZQ_* variables set."""
+    for name in CLEAN:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def write(project: Path, text: str) -> None:
+    (project / "pyproject.toml").write_text(textwrap.dedent(text))
+
+
+def test_queue_reads_the_project_table_below_the_environment(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(project, '[tool.blitzq]\nnamespace = "shop"\nmode = "fast"\n')
+    (project / "sub").mkdir()
+    monkeypatch.chdir(project / "sub")  # the nearest pyproject.toml upwards
+    assert Queue().namespace == "shop"
+    assert Queue().mode == "fast"
+    monkeypatch.setenv("BLITZQ_NAMESPACE", "from-env")
+    assert Queue().namespace == "from-env"
+    assert Queue(namespace="explicit").namespace == "explicit"
+
+
+def test_a_typo_in_the_table_is_an_error_naming_the_file(project: Path) -> None:
+    write(project, '[tool.blitzq]\nnamspace = "shop"\n')
+    with pytest.raises(ConfigurationError, match=r"pyproject.toml: unknown setting 'namspace'"):
+        Queue()
+    result = CliRunner().invoke(cli, ["config", "show"])
+    assert result.exit_code == 2
+    assert "unknown setting 'namspace'" in result.output
+
+
+def test_cli_options_come_from_the_command_tables(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(
+        project,
+        """
+        [tool.blitzq]
+        namespace = "shop"
+        [tool.blitzq.worker]
+        concurrency = 7
+        unknown-task-grace = 12.5
+        """,
+    )
+
+    def parsed(*args: str) -> dict[str, object]:
+        root = cli.make_context("blitzq", ["worker", *args])
+        sub = cli.commands["worker"].make_context("worker", list(args), parent=root)
+        return dict(sub.params)
+
+    params = parsed("app:queue")
+    assert params["concurrency"] == 7
+    assert params["unknown_task_grace"] == 12.5
+    monkeypatch.setenv("BLITZQ_WORKER_CONCURRENCY", "9")  # click's automatic variable
+    assert parsed("app:queue")["concurrency"] == 9
+    assert parsed("app:queue", "-c", "11")["concurrency"] == 11
+    write(project, "[tool.blitzq.worker]\nconcurency = 7\n")
+    result = CliRunner().invoke(cli, ["queue", "stats"])
+    assert result.exit_code == 2
+    assert "'concurency', which is not an option of `blitzq worker`" in result.output
+    write(project, "[tool.blitzq.wrker]\nconcurrency = 7\n")
+    result = CliRunner().invoke(cli, ["queue", "stats"])
+    assert result.exit_code == 2
+    assert "[tool.blitzq.wrker] names no command" in result.output
+
+
+def test_cli_global_settings_and_config_show(
+    project: Path, redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(project, f'[tool.blitzq]\nredis_url = "{redis_url}"\nnamespace = "{namespace}"\n')
+    stats = CliRunner().invoke(cli, ["queue", "stats", "--json"])
+    assert stats.exit_code == 0, stats.output
+    assert json.loads(stats.output)["namespace"] == namespace
+    shown = CliRunner().invoke(cli, ["config", "show", "--json"])
+    assert shown.exit_code == 0, shown.output
+    doc = json.loads(shown.output)
+    rows = {row["name"]: row for row in doc["settings"]}
+    assert doc["file"] == str(project / "pyproject.toml")
+    assert rows["namespace"]["value"] == namespace
+    assert rows["namespace"]["source"].endswith("pyproject.toml [tool.blitzq]")
+    assert rows["mode"]["source"] == "default"
+    monkeypatch.setenv("BLITZQ_NAMESPACE", "other")
+    rows = {r["name"]: r for r in json.loads(
+        CliRunner().invoke(cli, ["config", "show", "--json"]).output)["settings"]}  # fmt: skip
+    assert rows["namespace"] == {
+        "name": "namespace", "value": "other", "source": "env BLITZQ_NAMESPACE",
+        "env": "BLITZQ_NAMESPACE",
+    }  # fmt: skip
+    typed = CliRunner().invoke(cli, ["--namespace", "typed", "config", "show"])
+    assert "command line" in typed.output
+    # BLITZQ_CONFIG names another file.
+    other = project / "deploy.toml"
+    other.write_text('[tool.blitzq]\nmode = "fast"\n')
+    monkeypatch.setenv("BLITZQ_CONFIG", str(other))
+    assert Queue(redis_url=redis_url).mode == "fast"
