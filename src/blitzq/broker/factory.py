@@ -14,7 +14,7 @@ from ..exceptions import ConfigurationError
 from . import Broker, Guarantee
 
 #: URL schemes a Queue accepts (``valkey://`` and ``valkeys://`` are read as the redis ones).
-SCHEMES = ("redis://", "rediss://", "unix://", "memory://")
+SCHEMES = ("redis://", "rediss://", "unix://", "memory://", "redis+sentinel://")
 
 
 def resolve_url(configured: str | None) -> str:
@@ -26,8 +26,8 @@ def resolve_url(configured: str | None) -> str:
             server.
 
     Returns:
-        A ``redis://``, ``rediss://``, ``unix://`` or ``memory://`` URL (``valkey://`` and
-        ``valkeys://`` rewritten to ``redis://`` and ``rediss://``).
+        A ``redis://``, ``rediss://``, ``unix://``, ``memory://`` or ``redis+sentinel://``
+        URL (``valkey://`` and ``valkeys://`` rewritten to ``redis://`` and ``rediss://``).
 
     Raises:
         ConfigurationError: any other scheme.
@@ -43,7 +43,8 @@ def resolve_url(configured: str | None) -> str:
         url = "rediss://" + url.removeprefix("valkeys://")
     if not url.startswith(SCHEMES):
         raise ConfigurationError(
-            f"unsupported broker URL {url!r}: use redis://, rediss://, unix:// or memory://"
+            f"unsupported broker URL {url!r}: use redis://, rediss://, unix://, memory:// "
+            "or redis+sentinel://"
         )
     return url
 

@@ -125,8 +125,9 @@ def make_client(url: str) -> aioredis.Redis:
     """A ``redis.asyncio.Redis`` on a bounded blocking pool with blitzq's defaults.
 
     Args:
-        url: a ``redis://``, ``rediss://`` or ``unix://`` URL; query parameters override the
-            defaults (see the module docstring).
+        url: a ``redis://``, ``rediss://``, ``unix://`` or ``redis+sentinel://`` URL
+            (``sentinel.py``); query parameters override the defaults (see the module
+            docstring).
 
     Raises:
         ValueError: a query parameter is unknown (a typo) or has an invalid or out-of-range
@@ -135,6 +136,10 @@ def make_client(url: str) -> aioredis.Redis:
             ``health_check_interval``; a boolean option (``socket_keepalive`` ...) not one of
             true/false, yes/no, 1/0.
     """
+    if urlsplit(url).scheme == "redis+sentinel":  # the primary a set of sentinels names
+        from .sentinel import make_sentinel_client
+
+        return make_sentinel_client(url)
     query = parse_qs(urlsplit(url).query)
     if "socket_keepalive" in query and urlsplit(url).scheme == "unix":
         raise ValueError("socket_keepalive applies to TCP connections, not unix:// sockets")

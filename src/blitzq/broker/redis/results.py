@@ -96,8 +96,9 @@ class ResultListener:
         del self._waiters[key]
         self._confirmed.pop(key, None)
         if self._pubsub is not None:
-            # AttributeError: redis-py's answer when close() shut the connection meanwhile.
-            with contextlib.suppress(*REDIS_ERRORS, AttributeError):
+            # AttributeError: redis-py's answer when close() shut the connection meanwhile;
+            # RuntimeError: the reader is reconnecting the same connection (a failover).
+            with contextlib.suppress(*REDIS_ERRORS, AttributeError, RuntimeError):
                 await self._pubsub.unsubscribe(key)
 
     def release(self, channel: str, fut: asyncio.Future[bytes]) -> None:
