@@ -9,6 +9,12 @@ URL grammar (``[...]`` optional, ``,``-separated sentinels, default port 26379):
 - ``sentinel_password`` and ``sentinel_username`` in the query are the credentials of the
   sentinels themselves (``requirepass`` in ``sentinel.conf``); without them the sentinels
   are asked without authentication.
+- ``wait_replicas`` (an integer ``>= 1``) and ``wait_timeout`` (seconds, ``> 0``, default
+  0.5, under ``socket_timeout``): each single write command of the broker (a script call,
+  ``XADD``, ``RPUSH``/``LPUSH``: an enqueue, a completion) is followed by ``WAIT
+  <wait_replicas> <wait_timeout>`` in the same round trip, and fails with
+  :class:`~blitzq.BrokerError` (transient) when fewer replicas acknowledged it in time: a
+  write a failover could lose is reported instead of acknowledged. Off by default.
 - Every other query parameter is a pool or connection option of a ``redis://`` URL
   (``max_connections``, ``timeout``, ``socket_timeout``...: ``client.py``); the sentinels
   use the same ``socket_timeout`` and ``socket_connect_timeout``.
@@ -43,6 +49,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
+from ...exceptions import BrokerError
 from .client import BoundedPool, _check_pool, connection_options
 
 #: URL scheme of a primary found through Sentinel.
@@ -54,8 +61,16 @@ MASTER_CHECK_INTERVAL = 1.0
 #: Retries of a command (and of taking a connection) across a failover.
 FAILOVER_RETRIES = 24
 
+#: Seconds ``WAIT`` waits for the replicas by default (with ``wait_replicas``).
+DEFAULT_WAIT_TIMEOUT = 0.5
+
 #: Query parameters meant for the sentinels, not the Redis server.
 _SENTINEL_OPTIONS = ("sentinel_password", "sentinel_username")
+#: Query parameters of the WAIT after writes (not the Redis server's connection options).
+_WAIT_OPTIONS = ("wait_replicas", "wait_timeout")
+#: Commands followed by WAIT when ``wait_replicas`` is set: the writes of enqueues and
+#: completions (blocking reads and pipelines are not).
+_WAITED = frozenset({"EVALSHA", "EVAL", "XADD", "RPUSH", "LPUSH"})
 
 
 @dataclass
@@ -68,12 +83,16 @@ class SentinelURL:
         server_url: a ``redis://`` URL with the server's credentials, database and options
             (its host is a placeholder: the sentinels give the real one).
         sentinel_options: ``username``/``password`` for the sentinels.
+        wait_replicas: replicas each write waits for (0: no WAIT).
+        wait_timeout: seconds a WAIT lasts at most.
     """
 
     sentinels: list[tuple[str, int]]
     service: str
     server_url: str
     sentinel_options: dict[str, str] = field(default_factory=dict)
+    wait_replicas: int = 0
+    wait_timeout: float = DEFAULT_WAIT_TIMEOUT
 
 
 def parse_sentinel_url(url: str) -> SentinelURL:
@@ -102,10 +121,22 @@ def parse_sentinel_url(url: str) -> SentinelURL:
         for name in _SENTINEL_OPTIONS
         if name in query
     }
+    wait = {name: query.pop(name)[-1] for name in _WAIT_OPTIONS if name in query}
+    replicas = wait.get("wait_replicas", "0").strip()
+    if not replicas.isdigit():
+        raise ValueError(f"wait_replicas={replicas!r} is not a non-negative integer")
+    try:
+        wait_timeout = float(wait.get("wait_timeout", DEFAULT_WAIT_TIMEOUT))
+    except ValueError:
+        raise ValueError(f"wait_timeout={wait['wait_timeout']!r} is not a number") from None
+    if not 0 < wait_timeout < 3600:
+        raise ValueError(f"wait_timeout={wait_timeout!r} must be a number of seconds > 0")
     authority = f"{userinfo}@sentinel-primary" if userinfo else "sentinel-primary"
     rest = urlencode(query, doseq=True)
     server_url = f"redis://{authority}/{quote(db)}" + (f"?{rest}" if rest else "")
-    return SentinelURL(sentinels, service, server_url, sentinel_options)
+    return SentinelURL(
+        sentinels, service, server_url, sentinel_options, int(replicas), wait_timeout
+    )
 
 
 def _host_port(item: str) -> tuple[str, int]:
@@ -210,6 +241,39 @@ class BoundedSentinelPool(SentinelConnectionPool, BoundedPool):
             await self.sentinel_manager.aclose()
 
 
+class ReplicatedRedis(aioredis.Redis):
+    """A client whose single write commands (:data:`_WAITED`) are each followed by ``WAIT``
+    in the same round trip, when :attr:`wait_replicas` is set.
+
+    Attributes:
+        wait_replicas: replicas that must acknowledge each write (0: no WAIT).
+        wait_timeout: seconds the WAIT lasts at most.
+    """
+
+    wait_replicas: int = 0
+    wait_timeout: float = DEFAULT_WAIT_TIMEOUT
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        """Run one command; a waited write raises :class:`~blitzq.BrokerError` (transient)
+        when fewer than :attr:`wait_replicas` replicas acknowledged it in time."""
+        if not self.wait_replicas or str(args[0]).upper() not in _WAITED:
+            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        pipe = self.pipeline(transaction=False)
+        try:
+            pipe.execute_command(*args, **options)
+            pipe.execute_command("WAIT", self.wait_replicas, int(self.wait_timeout * 1000))
+            reply, acknowledged = await pipe.execute()
+        finally:
+            await pipe.reset()  # type: ignore[no-untyped-call]
+        if int(acknowledged) < self.wait_replicas:
+            raise BrokerError(
+                f"{args[0]} was applied by the primary but acknowledged by {acknowledged} of "
+                f"{self.wait_replicas} replica(s) within {self.wait_timeout} s: a failover "
+                "may lose it"
+            )
+        return reply
+
+
 async def _no_cleanup(_error: BaseException) -> None:
     return None
 
@@ -246,20 +310,31 @@ def make_sentinel_client(url: str) -> aioredis.Redis:
     sentinel_options.update(parsed.sentinel_options)
     manager = Sentinel(parsed.sentinels, sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
     options["connection_class"] = FailoverConnection
-    client: aioredis.Redis = manager.master_for(
-        parsed.service, connection_pool_class=BoundedSentinelPool, **options
+    client: ReplicatedRedis = manager.master_for(
+        parsed.service,
+        redis_class=ReplicatedRedis,
+        connection_pool_class=BoundedSentinelPool,
+        **options,
     )
     _check_pool(client.connection_pool)  # type: ignore[arg-type]
+    timeout = options.get("socket_timeout")
+    if parsed.wait_replicas and timeout is not None and parsed.wait_timeout >= float(timeout):
+        raise ValueError(
+            f"wait_timeout={parsed.wait_timeout} must be under socket_timeout={timeout}"
+        )
+    client.wait_replicas, client.wait_timeout = parsed.wait_replicas, parsed.wait_timeout
     return client
 
 
 __all__ = [
     "DEFAULT_SENTINEL_PORT",
+    "DEFAULT_WAIT_TIMEOUT",
     "FAILOVER_RETRIES",
     "MASTER_CHECK_INTERVAL",
     "SCHEME",
     "BoundedSentinelPool",
     "FailoverConnection",
+    "ReplicatedRedis",
     "SentinelURL",
     "make_sentinel_client",
     "parse_sentinel_url",
