@@ -160,7 +160,9 @@ async def test_failover_loses_no_task(sentinels: SentinelSet) -> None:
     failover loses is redelivered after its (short) visibility timeout.
     """
     namespace = f"sentinel-{uuid.uuid4().hex[:8]}"
-    producer = Queue(redis_url=sentinels.url + "?wait_replicas=1", namespace=namespace)
+    producer = Queue(
+        redis_url=sentinels.url + "?wait_replicas=1&wait_timeout=2", namespace=namespace
+    )
     consumer = Queue(redis_url=sentinels.url, namespace=namespace, visibility_timeout=2.0)
     done: set[int] = set()
 

@@ -57,6 +57,7 @@ try:
     from opentelemetry import context as otel_context
     from opentelemetry import propagate, trace
     from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "blitzq.integrations.opentelemetry needs opentelemetry-api: pip install 'blitzq[otel]'"
@@ -79,6 +80,8 @@ MESSAGING_SYSTEM = "blitzq"
 MAX_OPEN_PUBLISH_SPANS = 10_000
 
 _TRACER_NAME = "blitzq.integrations.opentelemetry"
+#: The link header is always W3C ``traceparent``, whatever the global propagator is.
+_W3C = TraceContextTextMapPropagator()
 
 
 class TracingMiddleware(Middleware):
@@ -140,7 +143,7 @@ class TracingMiddleware(Middleware):
         links = []
         origin = headers.get(LINK_HEADER)
         if isinstance(origin, str):
-            linked = trace.get_current_span(propagate.extract({"traceparent": origin}))
+            linked = trace.get_current_span(_W3C.extract({"traceparent": origin}))
             if linked.get_span_context().is_valid:
                 links.append(Link(linked.get_span_context(), {"blitzq.link": "origin"}))
         span = self.tracer.start_span(
@@ -186,11 +189,14 @@ class TracingMiddleware(Middleware):
         if span is None:
             return completion
         span.set_attribute("blitzq.task.outcome", _outcome(completion, final, error))
-        carrier: dict[str, str] = {}
-        propagate.inject(carrier, context=trace.set_span_in_context(span))
-        traceparent = carrier.get("traceparent")
+        current = trace.set_span_in_context(span)
+        link: dict[str, str] = {}
+        _W3C.inject(link, context=current)
+        traceparent = link.get("traceparent")
         if traceparent is None:
             return completion
+        carrier: dict[str, str] = {}  # a workflow step's parent, in the global format
+        propagate.inject(carrier, context=current)
         changes: dict[str, Any] = {}
         if completion.reschedule is not None:  # the retry: same parent, linked to this one
             changes["reschedule"] = _relink(completion.reschedule, traceparent, None)
