@@ -214,6 +214,15 @@ async def test_failover_loses_no_task(sentinels: SentinelSet) -> None:
         accepted = [h for h in [*before, delayed, *during, *after] if h is not None]
         for handle in accepted:
             await handle.result(timeout=60)
+        # The pub/sub connections (the worker's event listener, the result listener) moved
+        # to the new primary too: it has subscribers on the namespace's channels.
+        new_primary = sentinels.client(sentinels.primary_port())
+
+        async def channels() -> list[str]:
+            names = await asyncio.to_thread(new_primary.pubsub_channels, f"*{namespace}*")
+            return list(names)
+
+        await eventually(channels, bool)
     await producer.close()
     await consumer.close()
     assert 1000 in done
