@@ -29,6 +29,8 @@ from ..polling import wait_until
 from .proc_tasks import eventually, make_worker, running
 
 SERVICE = "blitzqtest"
+#: The Redis servers' password (``requirepass``), and the sentinels' own.
+SERVER_PASSWORD, SENTINEL_PASSWORD = "srv-pw", "sent-pw"
 
 pytestmark = pytest.mark.skipif(
     shutil.which("redis-server") is None, reason="needs the redis-server binary"
@@ -36,7 +38,8 @@ pytestmark = pytest.mark.skipif(
 
 
 class SentinelSet:
-    """A primary, a replica and three sentinels on free ports of 127.0.0.1."""
+    """A primary, a replica and three sentinels on free ports of 127.0.0.1, the servers and
+    the sentinels each with a password of their own."""
 
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="blitzq-sentinel-"))
@@ -47,13 +50,13 @@ class SentinelSet:
     def _server(self, port: int, *extra: str) -> None:
         args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
         args += ["--appendonly", "no", "--repl-diskless-sync-delay", "0", "--dir", str(self.dir)]
-        args += extra
+        args += ["--requirepass", SERVER_PASSWORD, "--masterauth", SERVER_PASSWORD, *extra]
         self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL))
 
     def start(self) -> None:
         # Only the first primary refuses writes without a replica: after the failover the
-        # new primary has none until Sentinel demotes the old one (a test-sized setup; in
-        # production, two replicas and the setting on every server).
+        # new primary has none until Sentinel makes the old one its replica (a test-sized
+        # setup: docs/guarantees.md, "A Sentinel failover").
         self._server(self.primary, "--min-replicas-to-write", "1", "--min-replicas-max-lag", "10")
         self._server(self.replica, "--replicaof", "127.0.0.1", str(self.primary))
         replica = self.client(self.replica)
@@ -71,25 +74,31 @@ class SentinelSet:
                 f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary} 2\n"
                 f"sentinel down-after-milliseconds {SERVICE} 2000\n"
                 f"sentinel failover-timeout {SERVICE} 10000\n"
+                f"sentinel auth-pass {SERVICE} {SERVER_PASSWORD}\n"
+                f"requirepass {SENTINEL_PASSWORD}\nsentinel sentinel-pass {SENTINEL_PASSWORD}\n"
             )
             command = ["redis-server", str(conf), "--sentinel"]
             self.procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL))
         for port in self.sentinels:  # each knows the replica (SENTINEL FAILOVER needs one)
-            sentinel = self.client(port)
+            sentinel = self.client(port, sentinel=True)
             wait_until(
                 lambda s=sentinel: _ask(lambda: s.sentinel_slaves(SERVICE)), 30, "replica known"
             )
 
-    def client(self, port: int) -> redis.Redis:
-        return redis.Redis(port=port, socket_timeout=5, decode_responses=True)
+    def client(self, port: int, sentinel: bool = False) -> redis.Redis:
+        """A client of the server (or, with ``sentinel``, the sentinel) on ``port``."""
+        password = SENTINEL_PASSWORD if sentinel else SERVER_PASSWORD
+        return redis.Redis(port=port, password=password, socket_timeout=5, decode_responses=True)
 
     def primary_port(self) -> int:
-        return int(self.client(self.sentinels[0]).sentinel_get_master_addr_by_name(SERVICE)[1])
+        sentinel = self.client(self.sentinels[0], sentinel=True)
+        return int(sentinel.sentinel_get_master_addr_by_name(SERVICE)[1])
 
-    @property
-    def url(self) -> str:
+    def url(self, query: str = "") -> str:
+        """The ``redis+sentinel://`` URL of the set (``query``: more parameters)."""
         hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinels)
-        return f"redis+sentinel://{hosts}/{SERVICE}/0"
+        url = f"redis+sentinel://:{SERVER_PASSWORD}@{hosts}/{SERVICE}/0"
+        return f"{url}?sentinel_password={SENTINEL_PASSWORD}" + (f"&{query}" if query else "")
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -160,10 +169,8 @@ async def test_failover_loses_no_task(sentinels: SentinelSet) -> None:
     failover loses is redelivered after its (short) visibility timeout.
     """
     namespace = f"sentinel-{uuid.uuid4().hex[:8]}"
-    producer = Queue(
-        redis_url=sentinels.url + "?wait_replicas=1&wait_timeout=2", namespace=namespace
-    )
-    consumer = Queue(redis_url=sentinels.url, namespace=namespace, visibility_timeout=2.0)
+    producer = Queue(redis_url=sentinels.url("wait_replicas=1&wait_timeout=2"), namespace=namespace)
+    consumer = Queue(redis_url=sentinels.url(), namespace=namespace, visibility_timeout=2.0)
     done: set[int] = set()
 
     async def record(n: int) -> int:
@@ -196,7 +203,7 @@ async def test_failover_loses_no_task(sentinels: SentinelSet) -> None:
 
         failover = asyncio.create_task(
             asyncio.to_thread(
-                sentinels.client(sentinels.sentinels[0]).execute_command,
+                sentinels.client(sentinels.sentinels[0], sentinel=True).execute_command,
                 "SENTINEL",
                 "FAILOVER",
                 SERVICE,
