@@ -79,11 +79,9 @@ class SentinelSet:
             )
             command = ["redis-server", str(conf), "--sentinel"]
             self.procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL))
-        for port in self.sentinels:  # each knows the replica (SENTINEL FAILOVER needs one)
+        for port in self.sentinels:  # SENTINEL FAILOVER needs a replica it has just heard
             sentinel = self.client(port, sentinel=True)
-            wait_until(
-                lambda s=sentinel: _ask(lambda: s.sentinel_slaves(SERVICE)), 30, "replica known"
-            )
+            wait_until(lambda s=sentinel: _replica_ready(s), 30, "a replica fit to promote")
 
     def client(self, port: int, sentinel: bool = False) -> redis.Redis:
         """A client of the server (or, with ``sentinel``, the sentinel) on ``port``."""
@@ -110,6 +108,19 @@ class SentinelSet:
                 proc.kill()
                 proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _replica_ready(sentinel: redis.Redis) -> bool:
+    """Whether ``sentinel`` sees a connected, in-sync replica it got INFO from lately (else
+    ``SENTINEL FAILOVER`` answers NOGOODSLAVE)."""
+    replicas = _ask(lambda: sentinel.sentinel_slaves(SERVICE)) or []
+    return any(
+        not r.get("is_disconnected")
+        and not r.get("is_sdown")
+        and r.get("master-link-status") == "ok"
+        and int(r.get("info-refresh", 10**9)) < 5000
+        for r in replicas
+    )
 
 
 def _ask(call: Callable[[], Any]) -> Any:
@@ -213,6 +224,8 @@ async def test_failover_loses_no_task(sentinels: SentinelSet) -> None:
         moved: Callable[[], bool] = lambda: sentinels.primary_port() != old_primary  # noqa: E731
         n = 100
         while not await asyncio.to_thread(moved):
+            if failover.done() and failover.exception() is not None:
+                break  # refused: awaiting it below raises the reason
             during.append(await enqueue(n))
             n += 1
             await asyncio.sleep(0.02)
