@@ -124,15 +124,35 @@ async def test_workflow_step_links_to_the_step_before(
     async def double(x: int) -> int:
         return x * 2
 
+    @queue.task(name="otel.parent")
+    async def parent() -> str:
+        child = await double.enqueue(21)  # from inside a task: a child of this run's span
+        return child.id
+
     async with running(make_worker(queue)):
         flow = await queue.apply(inc.s(1) | double.s())
         assert await flow.get(timeout=30) == 4
+        child_id = await (await parent.enqueue()).result(timeout=30)
         await eventually(
-            lambda: _value(len(by_name(exporter, "otel.double process"))), lambda n: n == 1
+            lambda: _value(len(by_name(exporter, "otel.double process"))), lambda n: n == 2
         )
     await queue.close()
     (step1,) = by_name(exporter, "otel.inc process")
-    (step2,) = by_name(exporter, "otel.double process")
+    step2, child = sorted(
+        by_name(exporter, "otel.double process"),
+        key=lambda span: (span.attributes or {})["messaging.message.id"] == child_id,
+    )
+    (parent_run,) = by_name(exporter, "otel.parent process")
+    (child_publish,) = [
+        span
+        for span in by_name(exporter, "otelwf publish")
+        if (span.attributes or {})["messaging.message.id"] == child_id
+    ]
+    assert child_publish.parent is not None
+    assert child_publish.parent.span_id == parent_run.context.span_id
+    assert child.parent is not None
+    assert child.parent.span_id == child_publish.context.span_id
+    assert not child.links  # a fresh enqueue links to nothing
     assert [link.context.span_id for link in step2.links] == [step1.context.span_id]
     assert step2.parent is not None
     assert step2.parent.span_id == step1.context.span_id
