@@ -171,7 +171,8 @@ async def test_instrument_all_queues_and_uninstrument(
         assert instrumentor.is_instrumented
         assert len(queue.middleware) == 1
     finally:
-        instrumentor.uninstrument()
+        BlitzqInstrumentor().uninstrument()  # the same instrumentor: a singleton
+    assert BlitzqInstrumentor() is instrumentor
     assert not instrumentor.is_instrumented
     assert Queue(redis_url=server_url, namespace=namespace).middleware == ()
 

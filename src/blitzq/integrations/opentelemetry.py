@@ -42,7 +42,7 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 
@@ -254,20 +254,31 @@ def _attributes(
 class BlitzqInstrumentor:
     """Trace blitzq enqueues and task runs with OpenTelemetry (see the module docstring).
 
-    One instance instruments any number of Queues; ``instrument()`` twice on one Queue adds
-    one middleware. Thread-safe enough for start-up code; not meant to be toggled per
-    request.
+    A singleton, as the ``opentelemetry-instrumentation`` instrumentors are:
+    ``BlitzqInstrumentor()`` always returns the same object, so ``BlitzqInstrumentor()
+    .uninstrument()`` undoes what another ``BlitzqInstrumentor().instrument()`` did.
+    ``instrument()`` twice on one Queue with the same provider adds one middleware. Meant for
+    start-up code, not to be toggled per request.
     """
 
-    def __init__(self) -> None:
-        self._middleware: TracingMiddleware | None = None
-        self._queues: list[Queue] = []
-        self._original_init: Callable[..., None] | None = None
+    _instance: ClassVar[BlitzqInstrumentor | None] = None
+    _made: list[TracingMiddleware]
+    _current: TracingMiddleware | None
+    _provider: trace.TracerProvider | None
+    _original_init: Callable[..., None] | None
+
+    def __new__(cls) -> BlitzqInstrumentor:
+        if cls._instance is None:
+            instance = super().__new__(cls)
+            instance._made, instance._current, instance._provider = [], None, None
+            instance._original_init = None
+            cls._instance = instance
+        return cls._instance
 
     @property
     def is_instrumented(self) -> bool:
         """Whether :meth:`instrument` was called and :meth:`uninstrument` not since."""
-        return self._middleware is not None and self._middleware.enabled
+        return self._current is not None
 
     def instrument(
         self, queue: Queue | None = None, *, tracer_provider: trace.TracerProvider | None = None
@@ -279,45 +290,49 @@ class BlitzqInstrumentor:
                 (``Queue.__init__`` is wrapped until :meth:`uninstrument`); Queues made
                 before it must be passed one by one.
             tracer_provider: the provider of the tracer; default: the global one
-                (``opentelemetry.trace.set_tracer_provider``).
+                (``opentelemetry.trace.set_tracer_provider``). A Queue instrumented twice
+                with different providers makes its spans twice.
 
         Raises:
             ConfigurationError: ``queue`` is not a :class:`~blitzq.Queue`.
         """
         if queue is not None and not isinstance(queue, Queue):
             raise ConfigurationError(f"instrument(queue=...) takes a blitzq.Queue, not {queue!r}")
-        if self._middleware is None or not self._middleware.enabled:
+        if self._current is None or tracer_provider is not self._provider:
             tracer = trace.get_tracer(_TRACER_NAME, tracer_provider=tracer_provider)
-            self._middleware = TracingMiddleware(tracer)
-        middleware = self._middleware
+            self._current, self._provider = TracingMiddleware(tracer), tracer_provider
+            self._made.append(self._current)
+        middleware = self._current
         if queue is not None:
-            self._add(queue, middleware)
+            _add(queue, middleware)
             return
-        if self._original_init is None:
-            original = self._original_init = Queue.__init__
-            add = self._add
+        self._restore_init()
+        original = self._original_init = Queue.__init__
 
-            def init(this: Queue, *args: Any, **kwargs: Any) -> None:
-                original(this, *args, **kwargs)
-                add(this, middleware)
+        def init(this: Queue, *args: Any, **kwargs: Any) -> None:
+            original(this, *args, **kwargs)
+            _add(this, middleware)
 
-            Queue.__init__ = init  # type: ignore[method-assign,assignment]
+        Queue.__init__ = init  # type: ignore[method-assign,assignment]
 
-    def _add(self, queue: Queue, middleware: TracingMiddleware) -> None:
-        if middleware not in queue.middleware:
-            queue.add_middleware(middleware)
-            self._queues.append(queue)
+    def _restore_init(self) -> None:
+        if self._original_init is not None:
+            Queue.__init__ = self._original_init  # type: ignore[method-assign]
+            self._original_init = None
 
     def uninstrument(self) -> None:
         """Stop tracing: the middleware added stays registered but does nothing, and Queues
         made from now on are not traced (``Queue.__init__`` restored)."""
-        if self._original_init is not None:
-            Queue.__init__ = self._original_init  # type: ignore[method-assign]
-            self._original_init = None
-        if self._middleware is not None:
-            self._middleware.enabled = False
-            self._middleware = None
-        self._queues.clear()
+        self._restore_init()
+        for middleware in self._made:
+            middleware.enabled = False
+        self._made.clear()
+        self._current = self._provider = None
+
+
+def _add(queue: Queue, middleware: TracingMiddleware) -> None:
+    if middleware not in queue.middleware:
+        queue.add_middleware(middleware)
 
 
 __all__ = [
