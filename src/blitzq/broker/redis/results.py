@@ -123,7 +123,9 @@ class ResultListener:
         while self._waiters:
             try:
                 message = await pubsub.get_message(timeout=1.0)
-            except REDIS_ERRORS as exc:
+            # RuntimeError: a subscribe reconnected the connection at the same time (redis-py
+            # reads the handshake in both); the next read goes on with the connection made.
+            except (*REDIS_ERRORS, RuntimeError) as exc:
                 logger.debug("result listener read failed: %s", exc)
                 await asyncio.sleep(0.2)
                 continue

@@ -217,18 +217,41 @@ class BoundedSentinelPool(SentinelConnectionPool, BoundedPool):
             super().get_connection, _no_cleanup, is_retryable=_not_pool_timeout
         )
 
+    async def get_master_address(self) -> Any:
+        """The primary's ``(host, port)`` as the sentinels name it now; when it moved, the
+        connections to the old one are dropped (see :meth:`_moved_to`).
+
+        Raises:
+            redis.exceptions.ConnectionError: no sentinel names a primary (``MasterNotFoundError``).
+        """
+        address = await self.sentinel_manager.discover_master(self.service_name)
+        await self._moved_to(address)
+        return address
+
     async def _check_master(self) -> None:
         try:
             address = await self.sentinel_manager.discover_master(self.service_name)
         except (RedisError, OSError):
             return  # connections stay where they are; a failing command moves them
-        if self.master_address is None or address == self.master_address:
+        await self._moved_to(address)
+
+    async def _moved_to(self, address: Any) -> None:
+        """Record the primary's ``address``; when it moved, take the idle connections out of
+        the pool before closing them (redis-py's ``disconnect(inuse_connections=False)``
+        closes them in place, under a caller that may take one meanwhile) and mark the busy
+        ones to be closed when released."""
+        known = self.master_address
+        if address == known:
             return
         self.master_address = address
-        for connection in list(self._in_use_connections):
-            connection.mark_for_reconnect()  # type: ignore[no-untyped-call]  # closed on release
-        with contextlib.suppress(RedisError, OSError):
-            await self.disconnect(inuse_connections=False)
+        if known is None:
+            return
+        stale = list(self._available_connections)
+        self._available_connections.clear()
+        for connection in self._in_use_connections:
+            if (connection.host, connection.port) != tuple(address):  # type: ignore[attr-defined]
+                connection.mark_for_reconnect()  # type: ignore[no-untyped-call]
+        await asyncio.gather(*(c.disconnect() for c in stale), return_exceptions=True)
 
     async def aclose(self) -> None:
         """Stop a check in flight and close every connection (the sentinels' too)."""
