@@ -383,6 +383,10 @@ def test_mask_url_hides_passwords() -> None:
     assert mask_url("unix:///tmp/r.sock?db=1&password=pw") == "unix:///tmp/r.sock?db=1&password=***"
     assert mask_url("unix:///tmp/r.sock") == "unix:///tmp/r.sock"
     assert mask_url("redis://host:6379/0") == "redis://host:6379/0"
+    assert (
+        mask_url("redis+sentinel://:pw@h1,h2:26380/m?sentinel_password=s&timeout=2")
+        == "redis+sentinel://:***@h1,h2:26380/m?sentinel_password=***&timeout=2"
+    )
 
 
 # ------------------------------------------------------------------ logging

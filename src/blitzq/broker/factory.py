@@ -16,6 +16,7 @@ from . import Broker, Guarantee
 #: URL schemes a Queue accepts (``valkey://`` and ``valkeys://`` are read as the redis ones).
 SCHEMES = (
     "redis://", "rediss://", "unix://", "memory://", "redis+cluster://", "rediss+cluster://",
+    "redis+sentinel://",
 )  # fmt: skip
 
 
@@ -28,9 +29,9 @@ def resolve_url(configured: str | None) -> str:
             server.
 
     Returns:
-        A ``redis://``, ``rediss://``, ``unix://`` or ``memory://`` URL, or a Redis Cluster
-        node's ``redis+cluster://``/``rediss+cluster://`` (``valkey://`` and ``valkeys://``
-        rewritten to ``redis://`` and ``rediss://``).
+        A ``redis://``, ``rediss://``, ``unix://``, ``memory://`` or ``redis+sentinel://``
+        URL, or a Redis Cluster node's ``redis+cluster://``/``rediss+cluster://``
+        (``valkey://`` and ``valkeys://`` rewritten to ``redis://`` and ``rediss://``).
 
     Raises:
         ConfigurationError: any other scheme.
@@ -46,8 +47,8 @@ def resolve_url(configured: str | None) -> str:
         url = "rediss://" + url.removeprefix("valkeys://")
     if not url.startswith(SCHEMES):
         raise ConfigurationError(
-            f"unsupported broker URL {url!r}: use redis://, rediss://, unix://, memory:// "
-            "or redis+cluster://"
+            f"unsupported broker URL {url!r}: use redis://, rediss://, unix://, memory://, "
+            "redis+cluster:// or redis+sentinel://"
         )
     return url
 

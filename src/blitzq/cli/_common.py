@@ -149,7 +149,8 @@ def global_options(fn: F) -> F:
             callback=_store,
             metavar="URL",
             help=(
-                "Broker URL (redis://, rediss://, unix://, valkey://, valkeys://). "
+                "Broker URL (redis://, rediss://, unix://, valkey://, valkeys://, "
+                "redis+cluster://, rediss+cluster://, redis+sentinel://). "
                 "Default: the embedded server."
             ),
         ),
@@ -192,7 +193,8 @@ def settings() -> Settings:
 
 # ----------------------------------------------------------------- errors
 def mask_url(url: str) -> str:
-    """``url`` with its password (userinfo or ``?password=`` query) replaced by ``***``."""
+    """``url`` with its passwords (userinfo, ``?password=`` and ``?sentinel_password=``)
+    replaced by ``***``."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
@@ -208,7 +210,9 @@ def mask_url(url: str) -> str:
         authority = f"{userinfo}@{host}"
     if query:
         query = "&".join(
-            "password=***" if part.split("=", 1)[0] == "password" else part
+            f"{part.split('=', 1)[0]}=***"
+            if part.split("=", 1)[0] in ("password", "sentinel_password")
+            else part
             for part in query.split("&")
         )
     return f"{scheme}{sep}{authority}{slash}{path}{qmark}{query}"

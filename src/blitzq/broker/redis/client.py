@@ -134,8 +134,9 @@ def make_client(url: str) -> Any:
     Redis Cluster node a ``redis.asyncio.cluster.RedisCluster`` (see ``cluster.py``).
 
     Args:
-        url: a ``redis://``, ``rediss://``, ``redis+cluster://``, ``rediss+cluster://`` or
-            ``unix://`` URL; query parameters override the defaults (see the module
+        url: a ``redis://``, ``rediss://``, ``redis+cluster://``, ``rediss+cluster://``,
+            ``unix://`` or ``redis+sentinel://`` URL (``sentinel.py``); query parameters
+            override the defaults (see the module
             docstring).
 
     Raises:
@@ -145,6 +146,10 @@ def make_client(url: str) -> Any:
             ``health_check_interval``; a boolean option (``socket_keepalive`` ...) not one of
             true/false, yes/no, 1/0; on a cluster a database other than 0.
     """
+    if urlsplit(url).scheme == "redis+sentinel":  # the primary a set of sentinels names
+        from .sentinel import make_sentinel_client
+
+        return make_sentinel_client(url)
     query = parse_qs(urlsplit(url).query)
     if "socket_keepalive" in query and urlsplit(url).scheme == "unix":
         raise ValueError("socket_keepalive applies to TCP connections, not unix:// sockets")

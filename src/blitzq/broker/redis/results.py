@@ -98,8 +98,9 @@ class ResultListener:
         del self._waiters[key]
         self._confirmed.pop(key, None)
         if self._pubsub is not None:
-            # AttributeError: redis-py's answer when close() shut the connection meanwhile.
-            with contextlib.suppress(*REDIS_ERRORS, AttributeError):
+            # AttributeError: redis-py's answer when close() shut the connection meanwhile;
+            # RuntimeError: the reader is reconnecting the same connection (a failover).
+            with contextlib.suppress(*REDIS_ERRORS, AttributeError, RuntimeError):
                 await self._pubsub.unsubscribe(key)
 
     def release(self, channel: str, fut: asyncio.Future[bytes]) -> None:
@@ -124,7 +125,9 @@ class ResultListener:
         while self._waiters:
             try:
                 message = await pubsub.get_message(timeout=1.0)
-            except REDIS_ERRORS as exc:
+            # RuntimeError: a subscribe reconnected the connection at the same time (redis-py
+            # reads the handshake in both); the next read goes on with the connection made.
+            except (*REDIS_ERRORS, RuntimeError) as exc:
                 logger.debug("result listener read failed: %s", exc)
                 await asyncio.sleep(0.2)
                 continue

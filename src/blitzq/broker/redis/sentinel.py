@@ -1,0 +1,364 @@
+"""A Redis primary found through Redis Sentinel: the ``redis+sentinel://`` URL and its client.
+
+URL grammar (``[...]`` optional, ``,``-separated sentinels, default port 26379)::
+
+    redis+sentinel://[[username:]password@]host[:port][,host[:port]...]/service[/db][?query]
+
+- The userinfo and ``db`` are the Redis server's (the primary's) credentials and database,
+  as in a ``redis://`` URL; ``?password=`` and ``?username=`` work too.
+- ``sentinel_password`` and ``sentinel_username`` in the query are the credentials of the
+  sentinels themselves (``requirepass`` in ``sentinel.conf``); without them the sentinels
+  are asked without authentication.
+- ``wait_replicas`` (an integer ``>= 1``) and ``wait_timeout`` (seconds, ``> 0``, default
+  0.5, under ``socket_timeout``): each single write command of the broker (a script call,
+  ``XADD``, ``RPUSH``/``LPUSH``: an enqueue, a completion) is followed by ``WAIT
+  <wait_replicas> <wait_timeout>`` in the same round trip, and fails with
+  :class:`~blitzq.BrokerError` (transient) when fewer replicas acknowledged it in time: a
+  write a failover could lose is reported instead of acknowledged. Off by default.
+- Every other query parameter is a pool or connection option of a ``redis://`` URL
+  (``max_connections``, ``timeout``, ``socket_timeout``...: ``client.py``); the sentinels
+  use the same ``socket_timeout`` and ``socket_connect_timeout``.
+
+Following a failover (redis-py's ``redis.asyncio.sentinel`` underneath):
+
+- A new connection asks the sentinels for the primary's address first.
+- At most every :data:`MASTER_CHECK_INTERVAL` seconds (while the broker sends commands) the
+  pool asks the sentinels again; when the primary moved, idle connections are closed and
+  busy ones are closed when they are released, so every command after that reaches the new
+  primary (a pub/sub connection moves when the old primary drops it as Sentinel demotes it).
+- A command that meets a connection error, a ``READONLY`` reply (the old primary, demoted)
+  or a ``NOREPLICAS`` reply (the old primary lost its replica, with ``min-replicas-to-write``
+  set) is sent again on a fresh connection, up to :data:`FAILOVER_RETRIES` times with
+  jittered backoff of 50 ms to 0.5 s (about 10 s in all); then it raises
+  :class:`~blitzq.BrokerError` (transient).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.connection import parse_url
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+
+from ...exceptions import BrokerError
+from .client import BoundedPool, _check_pool, connection_options
+
+#: URL scheme of a primary found through Sentinel.
+SCHEME = "redis+sentinel"
+#: Port of a sentinel named without one.
+DEFAULT_SENTINEL_PORT = 26379
+#: Seconds between two questions to the sentinels about the primary's address.
+MASTER_CHECK_INTERVAL = 1.0
+#: Retries of a command (and of taking a connection) across a failover.
+FAILOVER_RETRIES = 24
+
+#: Seconds ``WAIT`` waits for the replicas by default (with ``wait_replicas``).
+DEFAULT_WAIT_TIMEOUT = 0.5
+
+#: Query parameters meant for the sentinels, not the Redis server.
+_SENTINEL_OPTIONS = ("sentinel_password", "sentinel_username")
+#: Query parameters of the WAIT after writes (not the Redis server's connection options).
+_WAIT_OPTIONS = ("wait_replicas", "wait_timeout")
+#: Commands followed by WAIT when ``wait_replicas`` is set: the writes of enqueues and
+#: completions (blocking reads and pipelines are not).
+_WAITED = frozenset({"EVALSHA", "EVAL", "XADD", "RPUSH", "LPUSH"})
+
+
+@dataclass
+class SentinelURL:
+    """A parsed ``redis+sentinel://`` URL.
+
+    Attributes:
+        sentinels: ``(host, port)`` of each sentinel, in the URL's order.
+        service: the monitored primary's name (``sentinel monitor <service> ...``).
+        server_url: a ``redis://`` URL with the server's credentials, database and options
+            (its host is a placeholder: the sentinels give the real one).
+        sentinel_options: ``username``/``password`` for the sentinels.
+        wait_replicas: replicas each write waits for (0: no WAIT).
+        wait_timeout: seconds a WAIT lasts at most.
+    """
+
+    sentinels: list[tuple[str, int]]
+    service: str
+    server_url: str
+    sentinel_options: dict[str, str] = field(default_factory=dict)
+    wait_replicas: int = 0
+    wait_timeout: float = DEFAULT_WAIT_TIMEOUT
+
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """Split a ``redis+sentinel://`` URL (grammar in the module docstring).
+
+    Raises:
+        ValueError: another scheme, no sentinel, a bad port, no service name, a ``db`` that
+            is not an integer, or more path segments than ``/service/db``.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != SCHEME:
+        raise ValueError(f"not a {SCHEME}:// URL")
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    sentinels = [_host_port(item) for item in hosts.split(",") if item.strip()]
+    if not sentinels:
+        raise ValueError("no sentinel address (redis+sentinel://host:26379,.../service)")
+    segments = [unquote(s) for s in parts.path.split("/") if s]
+    if not segments or len(segments) > 2:
+        raise ValueError("the path must be /<service name> or /<service name>/<db>")
+    service, db = segments[0], segments[1] if len(segments) == 2 else ""
+    if db and not db.isdigit():
+        raise ValueError(f"db {db!r} is not a non-negative integer")
+    query = parse_qs(parts.query, keep_blank_values=True)
+    sentinel_options = {
+        name.removeprefix("sentinel_"): query.pop(name)[-1]
+        for name in _SENTINEL_OPTIONS
+        if name in query
+    }
+    wait = {name: query.pop(name)[-1] for name in _WAIT_OPTIONS if name in query}
+    replicas = wait.get("wait_replicas", "0").strip()
+    if not replicas.isdigit():
+        raise ValueError(f"wait_replicas={replicas!r} is not a non-negative integer")
+    try:
+        wait_timeout = float(wait.get("wait_timeout", DEFAULT_WAIT_TIMEOUT))
+    except ValueError:
+        raise ValueError(f"wait_timeout={wait['wait_timeout']!r} is not a number") from None
+    if not 0 < wait_timeout < 3600:
+        raise ValueError(f"wait_timeout={wait_timeout!r} must be a number of seconds > 0")
+    authority = f"{userinfo}@sentinel-primary" if userinfo else "sentinel-primary"
+    rest = urlencode(query, doseq=True)
+    server_url = f"redis://{authority}/{quote(db)}" + (f"?{rest}" if rest else "")
+    return SentinelURL(
+        sentinels, service, server_url, sentinel_options, int(replicas), wait_timeout
+    )
+
+
+def _host_port(item: str) -> tuple[str, int]:
+    item = item.strip()
+    if item.startswith("["):  # [ipv6]:port
+        host, _, port = item[1:].partition("]")
+        port = port.removeprefix(":")
+    else:
+        host, _, port = item.partition(":")
+    if not host:
+        raise ValueError(f"sentinel address {item!r} has no host")
+    if not port:
+        return host, DEFAULT_SENTINEL_PORT
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"sentinel address {item!r} has a bad port")
+    return host, int(port)
+
+
+class FailoverConnection(SentinelManagedConnection):
+    """A connection to the primary the sentinels name, which reads a ``NOREPLICAS`` reply
+    (the old primary cut off from its replicas by a failover, with ``min-replicas-to-write``)
+    like redis-py reads ``READONLY``: as a connection error, after closing the connection,
+    so the command is retried on a connection to the new primary."""
+
+    async def connect(self) -> None:
+        """Connect to the primary the sentinels name now, once (the callers retry)."""
+        await self.connect_check_health(check_health=self.connection_pool.check_connection)
+
+    async def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        """Connect (once) to the primary the sentinels name now, unless connected.
+
+        redis-py reconnects a dropped connection through this method, not ``connect``: the
+        address is asked for here, so a reconnection after a failover reaches the new
+        primary instead of the old one.
+        """
+        if self.is_connected:
+            return
+        if self.connection_pool.is_master:
+            self.host, self.port = await self.connection_pool.get_master_address()
+        await super().connect_check_health(check_health, retry_socket_connect=False)
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        """The reply; ``NOREPLICAS`` becomes ``redis.ConnectionError``."""
+        try:
+            return await super().read_response(*args, **kwargs)
+        except ResponseError as exc:
+            if "NOREPLICAS" not in str(exc) or not self.connection_pool.is_master:
+                raise
+            await self.disconnect()
+            raise RedisConnectionError(f"the primary has no replica left: {exc}") from exc
+
+
+class BoundedSentinelPool(SentinelConnectionPool, BoundedPool):
+    """The bounded blocking pool of ``client.py`` on the primary the sentinels name.
+
+    Taking a connection is retried across a failover (a fresh address each time); every
+    :data:`MASTER_CHECK_INTERVAL` seconds of use the sentinels are asked again in the
+    background, and connections to a primary that is no longer one are closed.
+    """
+
+    def __init__(self, service_name: str, sentinel_manager: Sentinel, **kwargs: Any) -> None:
+        super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
+        self._checked_at = -MASTER_CHECK_INTERVAL
+        self._check: asyncio.Task[None] | None = None
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        """A connection to the current primary; waits up to ``timeout`` seconds when all
+        are in use; retried (a fresh address each time) while the primary is unreachable."""
+        now = asyncio.get_running_loop().time()
+        if now - self._checked_at >= MASTER_CHECK_INTERVAL and self.master_address is not None:
+            self._checked_at = now
+            if self._check is None or self._check.done():
+                self._check = asyncio.create_task(self._check_master(), name="blitzq-sentinel")
+        retry = self.connection_kwargs["retry"]
+        return await retry.call_with_retry(
+            super().get_connection, _no_cleanup, is_retryable=_not_pool_timeout
+        )
+
+    async def get_master_address(self) -> Any:
+        """The primary's ``(host, port)`` as the sentinels name it now; when it moved, the
+        connections to the old one are dropped (see :meth:`_moved_to`).
+
+        Raises:
+            redis.exceptions.ConnectionError: no sentinel names a primary (``MasterNotFoundError``).
+        """
+        address = await self.sentinel_manager.discover_master(self.service_name)
+        await self._moved_to(address)
+        return address
+
+    async def _check_master(self) -> None:
+        try:
+            address = await self.sentinel_manager.discover_master(self.service_name)
+        except (RedisError, OSError):
+            return  # connections stay where they are; a failing command moves them
+        await self._moved_to(address)
+
+    async def _moved_to(self, address: Any) -> None:
+        """Record the primary's ``address``; when it moved, take the idle connections out of
+        the pool before closing them (redis-py's ``disconnect(inuse_connections=False)``
+        closes them in place, under a caller that may take one meanwhile) and mark the busy
+        ones to be closed when released."""
+        known = self.master_address
+        if address == known:
+            return
+        self.master_address = address
+        if known is None:
+            return
+        stale = list(self._available_connections)
+        self._available_connections.clear()
+        for connection in self._in_use_connections:
+            if (connection.host, connection.port) != tuple(address):  # type: ignore[attr-defined]
+                connection.mark_for_reconnect()  # type: ignore[no-untyped-call]
+        await asyncio.gather(*(c.disconnect() for c in stale), return_exceptions=True)
+
+    async def aclose(self) -> None:
+        """Stop a check in flight and close every connection (the sentinels' too)."""
+        if self._check is not None:
+            self._check.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._check
+        await super().aclose()
+        with contextlib.suppress(RedisError, OSError):
+            await self.sentinel_manager.aclose()
+
+
+class ReplicatedRedis(aioredis.Redis):
+    """A client whose single write commands (:data:`_WAITED`) are each followed by ``WAIT``
+    in the same round trip, when :attr:`wait_replicas` is set.
+
+    Attributes:
+        wait_replicas: replicas that must acknowledge each write (0: no WAIT).
+        wait_timeout: seconds the WAIT lasts at most.
+    """
+
+    wait_replicas: int = 0
+    wait_timeout: float = DEFAULT_WAIT_TIMEOUT
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        """Run one command; a waited write raises :class:`~blitzq.BrokerError` (transient)
+        when fewer than :attr:`wait_replicas` replicas acknowledged it in time."""
+        if not self.wait_replicas or str(args[0]).upper() not in _WAITED:
+            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        pipe = self.pipeline(transaction=False)
+        try:
+            pipe.execute_command(*args, **options)
+            pipe.execute_command("WAIT", self.wait_replicas, int(self.wait_timeout * 1000))
+            reply, acknowledged = await pipe.execute()
+        finally:
+            await pipe.reset()  # type: ignore[no-untyped-call]
+        if int(acknowledged) < self.wait_replicas:
+            raise BrokerError(
+                f"{args[0]} was applied by the primary but acknowledged by {acknowledged} of "
+                f"{self.wait_replicas} replica(s) within {self.wait_timeout} s: a failover "
+                "may lose it"
+            )
+        return reply
+
+
+async def _no_cleanup(_error: BaseException) -> None:
+    return None
+
+
+def _not_pool_timeout(error: BaseException) -> bool:
+    """False for the blocking pool's "no connection available" (all in use for ``timeout``
+    seconds: waiting again would only double it)."""
+    return not isinstance(error.__cause__, TimeoutError)
+
+
+def make_sentinel_client(url: str) -> aioredis.Redis:
+    """A ``redis.asyncio.Redis`` on the primary the sentinels of ``url`` name, on a bounded
+    blocking pool with the defaults of ``client.py`` (see the module docstring).
+
+    Raises:
+        ValueError: a malformed URL, or a bad pool/connection option (as ``make_client``).
+    """
+    parsed = parse_sentinel_url(url)
+    options = connection_options(parsed.server_url)
+    options["retry"] = Retry(
+        ExponentialWithJitterBackoff(base=0.05, cap=0.5),
+        FAILOVER_RETRIES,
+        supported_errors=(RedisConnectionError,),
+    )
+    server = parse_url(parsed.server_url)
+    server.pop("host", None)
+    server.pop("port", None)
+    options.update(server)
+    sentinel_options: dict[str, Any] = {
+        key: options[key]
+        for key in ("socket_timeout", "socket_connect_timeout")
+        if options.get(key) is not None
+    }
+    sentinel_options.update(parsed.sentinel_options)
+    manager = Sentinel(parsed.sentinels, sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
+    options["connection_class"] = FailoverConnection
+    client: ReplicatedRedis = manager.master_for(
+        parsed.service,
+        redis_class=ReplicatedRedis,
+        connection_pool_class=BoundedSentinelPool,
+        **options,
+    )
+    _check_pool(client.connection_pool)  # type: ignore[arg-type]
+    timeout = options.get("socket_timeout")
+    if parsed.wait_replicas and timeout is not None and parsed.wait_timeout >= float(timeout):
+        raise ValueError(
+            f"wait_timeout={parsed.wait_timeout} must be under socket_timeout={timeout}"
+        )
+    client.wait_replicas, client.wait_timeout = parsed.wait_replicas, parsed.wait_timeout
+    return client
+
+
+__all__ = [
+    "DEFAULT_SENTINEL_PORT",
+    "DEFAULT_WAIT_TIMEOUT",
+    "FAILOVER_RETRIES",
+    "MASTER_CHECK_INTERVAL",
+    "SCHEME",
+    "BoundedSentinelPool",
+    "FailoverConnection",
+    "ReplicatedRedis",
+    "SentinelURL",
+    "make_sentinel_client",
+    "parse_sentinel_url",
+]

@@ -1,0 +1,252 @@
+"""Redis Sentinel: a Queue on ``redis+sentinel://`` follows a failover without a restart.
+
+The test starts its own primary, one replica and three sentinels on free ports (stopped at
+the end) and runs a worker through the sentinel URL while ``SENTINEL FAILOVER`` moves the
+primary. The original primary has ``min-replicas-to-write 1``: once its replica is promoted
+it refuses writes (NOREPLICAS) instead of acknowledging writes that the resynchronisation
+would drop (docs/guarantees.md, "Across a Sentinel failover").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from blitzq import BrokerError, ConfigurationError, Queue
+from blitzq.broker.redis.sentinel import parse_sentinel_url
+
+from ..conftest import free_port
+from ..polling import wait_until
+from .proc_tasks import eventually, make_worker, running
+
+SERVICE = "blitzqtest"
+#: The Redis servers' password (``requirepass``), and the sentinels' own.
+SERVER_PASSWORD, SENTINEL_PASSWORD = "srv-pw", "sent-pw"
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("redis-server") is None, reason="needs the redis-server binary"
+)
+
+
+class SentinelSet:
+    """A primary, a replica and three sentinels on free ports of 127.0.0.1, the servers and
+    the sentinels each with a password of their own."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="blitzq-sentinel-"))
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.primary, self.replica = free_port(), free_port()
+        self.sentinels = [free_port() for _ in range(3)]
+
+    def _server(self, port: int, *extra: str) -> None:
+        args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--repl-diskless-sync-delay", "0", "--dir", str(self.dir)]
+        args += ["--requirepass", SERVER_PASSWORD, "--masterauth", SERVER_PASSWORD, *extra]
+        self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL))
+
+    def start(self) -> None:
+        # Only the first primary refuses writes without a replica: after the failover the
+        # new primary has none until Sentinel makes the old one its replica (a test-sized
+        # setup: docs/guarantees.md, "A Sentinel failover").
+        self._server(self.primary, "--min-replicas-to-write", "1", "--min-replicas-max-lag", "10")
+        self._server(self.replica, "--replicaof", "127.0.0.1", str(self.primary))
+        replica = self.client(self.replica)
+        wait_until(
+            lambda: (
+                (_ask(lambda: replica.info("replication")) or {}).get("master_link_status") == "up"
+            ),
+            30,
+            "the replica in sync",
+        )
+        for port in self.sentinels:
+            conf = self.dir / f"sentinel-{port}.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self.dir}\nlogfile {self.dir}/s{port}.log\n"
+                f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary} 2\n"
+                f"sentinel down-after-milliseconds {SERVICE} 2000\n"
+                f"sentinel failover-timeout {SERVICE} 10000\n"
+                f"sentinel auth-pass {SERVICE} {SERVER_PASSWORD}\n"
+                f"requirepass {SENTINEL_PASSWORD}\nsentinel sentinel-pass {SENTINEL_PASSWORD}\n"
+            )
+            command = ["redis-server", str(conf), "--sentinel"]
+            self.procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL))
+        for port in self.sentinels:  # SENTINEL FAILOVER needs a replica it has just heard
+            sentinel = self.client(port, sentinel=True)
+            wait_until(lambda s=sentinel: _replica_ready(s), 30, "a replica fit to promote")
+
+    def client(self, port: int, sentinel: bool = False) -> redis.Redis:
+        """A client of the server (or, with ``sentinel``, the sentinel) on ``port``."""
+        password = SENTINEL_PASSWORD if sentinel else SERVER_PASSWORD
+        return redis.Redis(port=port, password=password, socket_timeout=5, decode_responses=True)
+
+    def primary_port(self) -> int:
+        sentinel = self.client(self.sentinels[0], sentinel=True)
+        return int(sentinel.sentinel_get_master_addr_by_name(SERVICE)[1])
+
+    def url(self, query: str = "") -> str:
+        """The ``redis+sentinel://`` URL of the set (``query``: more parameters)."""
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinels)
+        url = f"redis+sentinel://:{SERVER_PASSWORD}@{hosts}/{SERVICE}/0"
+        return f"{url}?sentinel_password={SENTINEL_PASSWORD}" + (f"&{query}" if query else "")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _replica_ready(sentinel: redis.Redis) -> bool:
+    """Whether ``sentinel`` sees a connected, in-sync replica it got INFO from lately (else
+    ``SENTINEL FAILOVER`` answers NOGOODSLAVE)."""
+    replicas = _ask(lambda: sentinel.sentinel_slaves(SERVICE)) or []
+    return any(
+        not r.get("is_disconnected")
+        and not r.get("is_sdown")
+        and r.get("master-link-status") == "ok"
+        and int(r.get("info-refresh", 10**9)) < 5000
+        for r in replicas
+    )
+
+
+def _ask(call: Callable[[], Any]) -> Any:
+    """``call()``, or ``None`` while the server does not answer yet."""
+    try:
+        return call()
+    except (redis.RedisError, OSError):
+        return None
+
+
+@pytest.fixture
+def sentinels() -> Iterator[SentinelSet]:
+    """A started :class:`SentinelSet`, stopped after the test."""
+    servers = SentinelSet()
+    try:
+        servers.start()
+        yield servers
+    finally:
+        servers.stop()
+
+
+async def test_url_grammar() -> None:
+    """The URL forms of docs/configuration.md and their errors."""
+    parsed = parse_sentinel_url(
+        "redis+sentinel://user:s%40cret@h1:26380,h2,[::1]:26381/mymaster/3"
+        "?sentinel_password=spw&socket_timeout=2"
+    )
+    assert parsed.sentinels == [("h1", 26380), ("h2", 26379), ("::1", 26381)]
+    assert parsed.service == "mymaster"
+    assert parsed.sentinel_options == {"password": "spw"}
+    assert parsed.server_url == "redis://user:s%40cret@sentinel-primary/3?socket_timeout=2"
+    waited = parse_sentinel_url("redis+sentinel://h1/m?wait_replicas=2&wait_timeout=0.25")
+    assert (waited.wait_replicas, waited.wait_timeout) == (2, 0.25)
+    assert waited.server_url == "redis://sentinel-primary/"
+    for bad in (
+        "redis+sentinel://h1/m?wait_replicas=x",
+        "redis+sentinel://h1/m?wait_replicas=1&wait_timeout=0",
+        "redis+sentinel://h1/m?wait_replicas=1&wait_timeout=9&socket_timeout=5",
+        "redis+sentinel:///mymaster",
+        "redis+sentinel://h1:26379/",
+        "redis+sentinel://h1:notaport/mymaster",
+        "redis+sentinel://h1/mymaster/zero",
+        "redis+sentinel://h1/mymaster/0/extra",
+    ):
+        with pytest.raises(ConfigurationError):
+            Queue(redis_url=bad).broker  # noqa: B018 -- the broker is made on first use
+
+
+async def test_failover_loses_no_task(sentinels: SentinelSet) -> None:
+    """Tasks enqueued before, during and after ``SENTINEL FAILOVER`` all complete; a delayed
+    task due during it runs; an enqueue during it succeeds or raises BrokerError.
+
+    The producer waits for its replica (``wait_replicas=1``): an enqueue the old primary
+    applied in the instant before it saw its replica go is reported, not acknowledged. With
+    one replica, the new primary has none until Sentinel makes the old one its replica, so
+    enqueues raise BrokerError until then. The worker does not wait: a completion the
+    failover loses is redelivered after its (short) visibility timeout.
+    """
+    namespace = f"sentinel-{uuid.uuid4().hex[:8]}"
+    producer = Queue(redis_url=sentinels.url("wait_replicas=1&wait_timeout=2"), namespace=namespace)
+    consumer = Queue(redis_url=sentinels.url(), namespace=namespace, visibility_timeout=2.0)
+    done: set[int] = set()
+
+    async def record(n: int) -> int:
+        done.add(n)
+        return n
+
+    send = producer.task(name="sentinel.record")(record)
+    consumer.task(name="sentinel.record")(record)
+    refused = 0
+
+    async def enqueue(n: int, **options: Any) -> Any:
+        nonlocal refused
+        try:
+            return await send.options(**options).enqueue(n)
+        except BrokerError:
+            refused += 1  # a clear, typed error is allowed during the failover
+            return None
+
+    async def enqueue_until_accepted(n: int) -> Any:
+        async def attempt() -> Any:
+            return await enqueue(n)
+
+        return await eventually(attempt, lambda handle: handle is not None)
+
+    old_primary = sentinels.primary_port()
+    async with running(make_worker(consumer, concurrency=4)):
+        before = [await send.enqueue(n) for n in range(20)]
+        assert await before[0].result(timeout=30) == 0
+        delayed = await send.options(delay=0.5).enqueue(1000)  # due during the failover
+
+        failover = asyncio.create_task(
+            asyncio.to_thread(
+                sentinels.client(sentinels.sentinels[0], sentinel=True).execute_command,
+                "SENTINEL",
+                "FAILOVER",
+                SERVICE,
+            )
+        )
+        during: list[Any] = []
+        moved: Callable[[], bool] = lambda: sentinels.primary_port() != old_primary  # noqa: E731
+        n = 100
+        while not await asyncio.to_thread(moved):
+            if failover.done() and failover.exception() is not None:
+                break  # refused: awaiting it below raises the reason
+            during.append(await enqueue(n))
+            n += 1
+            await asyncio.sleep(0.02)
+        await failover
+        after = [await enqueue_until_accepted(n) for n in range(10_000, 10_005)]
+        accepted = [h for h in [*before, delayed, *during, *after] if h is not None]
+        for handle in accepted:
+            await handle.result(timeout=60)
+        # The pub/sub connections (the worker's event listener, the result listener) moved
+        # to the new primary too: it has subscribers on the namespace's channels.
+        new_primary = sentinels.client(sentinels.primary_port())
+
+        async def channels() -> list[str]:
+            names = await asyncio.to_thread(new_primary.pubsub_channels, f"*{namespace}*")
+            return list(names)
+
+        await eventually(channels, bool)
+    await producer.close()
+    await consumer.close()
+    assert 1000 in done
+    assert {*range(20), *range(10_000, 10_005)} <= done
+    assert {h.id for h in accepted} >= {h.id for h in during if h is not None}
+    assert sentinels.primary_port() != old_primary
+    assert during  # the loop ran at least once during the failover
