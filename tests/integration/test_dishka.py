@@ -16,6 +16,7 @@ from dishka import Provider, Scope, make_async_container
 
 from blitzq import ConfigurationError, Queue, TaskContext, TaskFailed
 from blitzq.integrations.dishka import BlitzqProvider, FromDishka, setup_dishka
+from blitzq.testing import eager
 
 from .proc_tasks import eventually, make_worker, running
 
@@ -183,3 +184,20 @@ async def test_refused_early(queue: Queue, make_queue: Callable[..., Queue]) -> 
 
 def _process_task(session: FromDishka[Session]) -> None:
     return None
+
+
+async def test_eager_mode_fills_dishka_parameters() -> None:
+    recorder = Recorder()
+    queue = Queue(namespace="dishka-eager")
+    setup_dishka(make_async_container(providers(recorder), BlitzqProvider()), queue)
+
+    @queue.task(name="dishka.eager")
+    async def use(n: int, session: FromDishka[Session]) -> int:
+        return n + session.number
+
+    with eager():
+        handle = await use.enqueue(10)
+        assert await handle.result(timeout=30) == 10
+        await eventually(lambda: _all_closed(recorder), lambda open_: not open_)
+    await queue.close()
+    assert recorder.pools[0].closed  # each drain's worker closes the container
