@@ -86,6 +86,10 @@ async def _all_closed(recorder: Recorder) -> list[Session]:
     return recorder.open_sessions()
 
 
+async def _sessions(recorder: Recorder) -> list[Session]:
+    return recorder.sessions
+
+
 async def test_app_once_per_worker_request_per_run(queue: Queue) -> None:
     recorder = Recorder()
     setup_dishka(make_async_container(providers(recorder), BlitzqProvider()), queue)
@@ -118,6 +122,25 @@ async def test_app_once_per_worker_request_per_run(queue: Queue) -> None:
         assert not recorder.pools[0].closed
     assert recorder.pools[0].closed  # the container was closed at worker shutdown
     assert len(recorder.pools) == 1
+    async with running(make_worker(queue, concurrency=1)):  # a new worker: a new pool
+        assert await (await in_thread.enqueue(2)).result(timeout=30) is True
+        assert len(recorder.pools) == 2
+    assert recorder.pools[1].closed
+
+
+async def test_a_run_put_back_at_shutdown_closes_its_scope(queue: Queue) -> None:
+    recorder = Recorder()
+    setup_dishka(make_async_container(providers(recorder), BlitzqProvider()), queue)
+
+    @queue.task(name="dishka.stuck")
+    async def stuck(session: FromDishka[Session]) -> None:
+        await asyncio.Event().wait()
+
+    async with running(make_worker(queue, concurrency=1, shutdown_timeout=0.2)):
+        await stuck.enqueue()
+        await eventually(lambda: _sessions(recorder), lambda sessions: len(sessions) == 1)
+    await eventually(lambda: _all_closed(recorder), lambda open_: not open_)
+    assert recorder.pools[0].closed
 
 
 async def test_a_failing_or_timed_out_run_still_closes_its_scope(queue: Queue) -> None:
@@ -175,10 +198,13 @@ async def test_refused_early(queue: Queue, make_queue: Callable[..., Queue]) -> 
 
     other = make_queue()  # a process task registered before setup_dishka
     other.task(name="dishka.proc", executor="process")(_process_task)
-    with pytest.raises(ConfigurationError, match="process task cannot take session"):
+    with pytest.raises(ConfigurationError, match="process task cannot take its FromDishka"):
         setup_dishka(make_async_container(Provider()), other)
+    assert not other.middleware  # nothing half-installed
     with pytest.raises(TypeError, match="AsyncContainer"):
         setup_dishka(object(), other)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="already called"):
+        setup_dishka(make_async_container(Provider()), queue)
     await other.close()
 
 

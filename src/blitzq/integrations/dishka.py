@@ -34,7 +34,7 @@ last one, when several workers of one process share it). A task of the Queue wit
 
 Refused early (:class:`~blitzq.ConfigurationError`): a ``FromDishka`` parameter on a
 ``process`` task (at registration, or at ``setup_dishka`` for a task registered before), a
-value given for one at enqueue. A dependency Dishka cannot build fails the attempt (the
+value given for one at enqueue, a second ``setup_dishka`` on one Queue. A dependency Dishka cannot build fails the attempt (the
 retry policy applies), as a before-execute hook that raises does.
 
 Follows the pattern of Dishka's own integrations (``setup_dishka(container, app)``, a
@@ -205,12 +205,20 @@ def setup_dishka(container: AsyncContainer, queue: Queue) -> DishkaMiddleware:
     Raises:
         TypeError: ``container`` is not a Dishka ``AsyncContainer``.
         ConfigurationError: a ``process`` task already registered has ``FromDishka``
-            parameters.
+            parameters, or ``queue`` was already set up.
     """
     if not isinstance(container, AsyncContainer):
         raise TypeError(
             f"setup_dishka needs the AsyncContainer of make_async_container(...), got {container!r}"
         )
+    if any(isinstance(m, DishkaMiddleware) for m in queue.middleware):
+        raise ConfigurationError("setup_dishka was already called for this Queue")
+    for task in queue.tasks.values():  # refused before anything is registered on the Queue
+        if task.executor == "process" and dishka_parameters(task.fn):
+            raise ConfigurationError(
+                f"task {task.name}: a process task cannot take its FromDishka parameters "
+                "(filled by the worker in its own process); use an async or thread task"
+            )
     middleware = DishkaMiddleware(container)
     queue.add_middleware(middleware)
     queue.lifespan(middleware.lifespan)
