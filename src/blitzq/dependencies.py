@@ -28,6 +28,10 @@ executor cannot take one (refused when the task is registered).
 
 The convention follows FastAPI's ``Depends`` and the lifespans of ASGI apps; it is resolved
 once per task at registration, so a task without such parameters costs nothing more.
+
+An extension can fill parameters of its own the same way (:class:`Provided`,
+:func:`provide`): :mod:`blitzq.integrations.dishka` fills ``FromDishka[T]`` parameters from
+a Dishka container's request scope.
 """
 
 from __future__ import annotations
@@ -36,9 +40,13 @@ import contextlib
 import inspect
 import typing
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from .context import TaskContext
+    from .task import Task
 
 #: A lifespan: an async generator function yielding one resource.
 Lifespan = Callable[[], AsyncIterator[Any]]
@@ -120,8 +128,68 @@ def refuse_given(
     passed = sorted(set(given) & set(injected))
     if passed:
         raise ConfigurationError(
-            f"task {task}: {', '.join(passed)} is filled by the worker (Depends()); do not pass it"
+            f"task {task}: {', '.join(passed)} is filled by the worker (Depends() or an "
+            "extension such as FromDishka); do not pass it"
         )
+
+
+class Provided:
+    """Where an extension's injected parameter gets its value at each run (the
+    ``task.injected`` entry :func:`provide` sets, in place of a ``Depends()`` type).
+
+    Subclass it and implement :meth:`value`.
+    """
+
+    __slots__ = ()
+
+    def value(self, name: str, context: TaskContext | None) -> Any:
+        """The value of parameter ``name`` for the run of ``context`` (called on the worker's
+        event loop when the call is built, after the before-execute middleware ran;
+        ``context`` is ``None`` only outside a worker run).
+
+        Raises:
+            ConfigurationError: no value for this run (the attempt fails without retries).
+        """
+        raise NotImplementedError
+
+
+def provide(task: Task[Any, Any], sources: dict[str, Provided]) -> None:
+    """Have the worker fill ``task``'s parameters named in ``sources`` at each run (an
+    extension's marker, such as Dishka's ``FromDishka``): like ``Depends()`` parameters they
+    are refused at enqueue and left out of rich-argument conversion. Meant for
+    :meth:`~blitzq.Middleware.setup_task`.
+
+    Args:
+        task: a registered task.
+        sources: parameter name → its :class:`Provided` source.
+
+    Raises:
+        ConfigurationError: ``task`` is a ``process`` task (the values live in the worker's
+            process), or a name is not a keyword-passable parameter of it.
+    """
+    if not sources:
+        return
+    if task.executor == "process":
+        raise ConfigurationError(
+            f"task {task.name}: a process task cannot take {', '.join(sorted(sources))} "
+            "(filled by the worker in its own process); use an async or thread task"
+        )
+    params = task.signature.parameters
+    for name in sources:
+        param = params.get(name)
+        if param is None or param.kind in (
+            param.POSITIONAL_ONLY,
+            param.VAR_POSITIONAL,
+            param.VAR_KEYWORD,
+        ):
+            raise ConfigurationError(
+                f"task {task.name}: injected parameter {name!r} must be passable by keyword"
+            )
+    from .arguments import TypedCall
+
+    task.injected = {**task.injected, **sources}
+    task.arguments = TypedCall.of(task.fn, skip=task.injected)
+    task.prepared_call = True
 
 
 class Resources:
@@ -150,14 +218,22 @@ class Resources:
         self.values.clear()
         await self._stack.aclose()
 
-    def resolve(self, injected: dict[str, Any]) -> dict[str, Any]:
-        """Keyword arguments giving each injected parameter its resource.
+    def resolve(
+        self, injected: dict[str, Any], context: TaskContext | None = None
+    ) -> dict[str, Any]:
+        """Keyword arguments giving each injected parameter its resource (or, for an
+        extension's parameter, the value its :class:`Provided` gives for the run of
+        ``context``).
 
         Raises:
-            ConfigurationError: no resource of a parameter's type (no lifespan yields one).
+            ConfigurationError: no resource of a parameter's type (no lifespan yields one),
+                or a :class:`Provided` has no value.
         """
         out = {}
         for name, kind in injected.items():
+            if isinstance(kind, Provided):
+                out[name] = kind.value(name, context)
+                continue
             for value in self.values:
                 if type(value) is kind:
                     break

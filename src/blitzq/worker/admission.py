@@ -134,7 +134,8 @@ def call_arguments(runner: Runner, job: Job, slots: Slots) -> Call | None:
         typed = task.arguments
         call = typed.decode(env.args, env.kwargs) if typed else (env.args, env.kwargs)
         if task.injected:  # the worker's resources (blitzq.dependencies)
-            call = (call[0], {**call[1], **runner.worker.resources.resolve(task.injected)})
+            resolved = runner.worker.resources.resolve(task.injected, job.context)
+            call = (call[0], {**call[1], **resolved})
         if task.executor != "async":
             task.signature.bind(*call[0], **call[1])
     except (TypeError, SerializationError, ConfigurationError) as exc:
