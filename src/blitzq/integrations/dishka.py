@@ -34,8 +34,9 @@ last one, when several workers of one process share it). A task of the Queue wit
 
 Refused early (:class:`~blitzq.ConfigurationError`): a ``FromDishka`` parameter on a
 ``process`` task (at registration, or at ``setup_dishka`` for a task registered before), a
-value given for one at enqueue, a second ``setup_dishka`` on one Queue. A dependency Dishka cannot build fails the attempt (the
-retry policy applies), as a before-execute hook that raises does.
+value given for one at enqueue, a second ``setup_dishka`` on one Queue. A dependency Dishka
+cannot build fails the attempt (the retry policy applies), as a before-execute hook that
+raises does.
 
 Follows the pattern of Dishka's own integrations (``setup_dishka(container, app)``, a
 request scope per unit of work, dependencies marked with ``FromDishka``). Needs the
