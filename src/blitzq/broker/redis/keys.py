@@ -100,6 +100,10 @@ TABLE: Final[dict[str, Key]] = {
         "worker id to registration info (MessagePack); liveness in workers:exp"),
     "worker_beats": Key("workers:exp", "zset",
         "worker ids scored by registration expiry (Unix seconds)"),
+    "custody": Key("ac:<queue>", "hash",
+        "RabbitMQ deliveries held for long tasks: custody id to `<deliveries>\\n<message>`"),
+    "custody_leases": Key("acl:<queue>", "zset",
+        "custody ids scored by lease expiry (Unix seconds, server clock)"),
 }
 # fmt: on
 
@@ -249,3 +253,12 @@ class Keys:
     def worker_beats(self) -> str:
         """Sorted set of worker id scored by registration expiry (Unix seconds)."""
         return self._fixed("worker_beats")
+
+    def custody(self, queue: str) -> str:
+        """Hash of RabbitMQ deliveries of ``queue`` in the state store's custody (long tasks:
+        ``broker/amqp/custody.py``)."""
+        return self._one("custody", queue)
+
+    def custody_leases(self, queue: str) -> str:
+        """Sorted set of the custody ids of ``queue`` scored by lease expiry."""
+        return self._one("custody_leases", queue)

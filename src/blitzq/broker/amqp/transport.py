@@ -1,0 +1,386 @@
+"""The RabbitMQ transport: quorum queues, publisher confirms, manual acks (at-least-once).
+
+:class:`AmqpTransport` is a :class:`~blitzq.broker.transport.Transport` on RabbitMQ through
+aio-pika, paired with the Redis state store (``broker.py``). How it meets the contract:
+
+- **publish**: every message is published persistent and ``mandatory`` on a channel in
+  publisher-confirm mode, the batch in flight at once; the call returns once RabbitMQ
+  confirmed every message. A ``basic.nack``, a ``basic.return`` (no such queue) or a lost
+  channel raises :class:`~blitzq.exceptions.BrokerError`: a publish is never lost silently.
+- **fetch**: one consumer (``basic.consume``, manual ack) per consumed queue, on a channel of
+  its own whose prefetch (``basic.qos``) is the ``count`` of the first fetch -- the worker's
+  free slots when it starts, i.e. its concurrency -- unless ``prefetch`` is given. What the
+  consumer received waits in a local buffer; a non-blocking fetch that finds it short tops it
+  up with ``basic.get``, so a message published a moment ago is seen at once. ``fetch_first``
+  drains the levels in order and, when all are empty, waits on all of them at once: a
+  message on any level wakes it (no polling delay). ``Delivery.token`` names the delivery
+  (``<epoch>.<channel>.<delivery tag>``) and ``deliveries`` is the quorum queue's
+  ``x-delivery-count`` + 1 (+ the deliveries before a custody recovery, see
+  ``custody.py``).
+- **ack / nack**: ``basic.ack`` / ``basic.nack(requeue)`` of the held delivery; a token whose
+  channel closed since is skipped (RabbitMQ redelivers that message).
+- **reconnects**: a closed connection or consumer channel is re-opened by the next fetch,
+  and its consumer started again (``channels.py``).
+- **long tasks**: a delivery held longer than the visibility timeout is handed to the state
+  store's custody (``custody.py``), so RabbitMQ's ``consumer_timeout`` never fires on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+
+from ...exceptions import BrokerError
+from ..transport import Delivery, Guarantee, Transport
+from .channels import DELIVERIES, AmqpLink, header_int, settle, translate
+
+if TYPE_CHECKING:
+    from .custody import Custody
+
+logger = logging.getLogger("blitzq.broker.amqp")
+
+
+#: Messages of one publish in flight at once (awaiting their confirms).
+PUBLISH_WINDOW = 1000
+
+
+class Held:
+    """A delivery this process holds: received, not yet acked.
+
+    Attributes:
+        queue: physical queue.
+        message: the aio-pika message (acked through its own channel).
+        since: ``time.monotonic()`` when it was received.
+        beat: ``time.monotonic()`` of its last heartbeat (or its receipt).
+        deliveries: its delivery count (:attr:`Delivery.deliveries`).
+        state: ``"held"`` (unacked on RabbitMQ), ``"handing"`` (being handed to custody),
+            ``"custody"`` (acked on RabbitMQ, kept by the state store) or ``"done"`` (acked
+            while it was being handed over).
+    """
+
+    __slots__ = ("beat", "deliveries", "message", "queue", "since", "state")
+
+    def __init__(self, queue: str, message: AbstractIncomingMessage, deliveries: int) -> None:
+        self.queue = queue
+        self.message = message
+        self.since = self.beat = time.monotonic()
+        self.deliveries = deliveries
+        self.state = "held"
+
+
+class _Consumer:
+    """One queue's consumer: its channel, tag and buffer of received messages."""
+
+    __slots__ = ("amqp_queue", "buffer", "channel", "epoch", "tag")
+
+    def __init__(self, channel: AbstractChannel, amqp_queue: AbstractQueue, epoch: int) -> None:
+        self.channel = channel
+        self.amqp_queue = amqp_queue
+        self.epoch = epoch
+        self.tag = ""
+        self.buffer: collections.deque[AbstractIncomingMessage] = collections.deque()
+
+
+class AmqpTransport(Transport):
+    """At-least-once delivery on RabbitMQ quorum queues (see the module docstring).
+
+    Args:
+        url: ``amqp://user:password@host:port/vhost`` (``amqps://`` for TLS).
+        namespace: prefix of the queue names (``<namespace>.<queue>``).
+        max_deliveries: deliveries of one message before it is dead-lettered (the queues'
+            ``x-delivery-limit`` is one less: RabbitMQ counts returns).
+        prefetch: unacked messages RabbitMQ sends each consumer ahead; ``None``: the
+            ``count`` of the first fetch of that queue (a worker's free slots).
+        custody: the state store's custody of long-held deliveries (``custody.py``); without
+            it nothing is handed over and :meth:`recover` only reports ``(0, 0)``.
+    """
+
+    guarantee = Guarantee.AT_LEAST_ONCE
+    supports_recovery = True
+
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        *,
+        max_deliveries: int = 5,
+        prefetch: int | None = None,
+        custody: Custody | None = None,
+    ) -> None:
+        self.link = AmqpLink(url, namespace, max_deliveries)
+        self.prefetch = prefetch
+        self.custody = custody
+        self.held: dict[bytes, Held] = {}
+        self._consumers: dict[str, _Consumer] = {}
+        self._arrived = asyncio.Event()
+
+    # --------------------------------------------------------------- publish
+    async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
+        """Publish ``messages`` to ``queue`` and wait for RabbitMQ's confirms.
+
+        Raises:
+            BrokerError: a message was not confirmed (nacked, returned, channel lost).
+            ConfigurationError: the queue exists with other arguments.
+        """
+        await self.publish_with(queue, messages, 0)
+
+    async def publish_with(self, queue: str, messages: Sequence[bytes], deliveries: int) -> None:
+        """:meth:`publish`, the messages marked as delivered ``deliveries`` times before."""
+        if not messages:
+            return
+        await self.link.declare(queue)
+        channel = await self.link.publisher()
+        exchange = channel.default_exchange
+        name = self.link.name(queue)
+        headers: dict[str, Any] | None = {DELIVERIES: deliveries} if deliveries else None
+        persistent = aio_pika.DeliveryMode.PERSISTENT
+        for start in range(0, len(messages), PUBLISH_WINDOW):
+            sends = [
+                exchange.publish(
+                    aio_pika.Message(body, delivery_mode=persistent, headers=headers),
+                    routing_key=name,
+                    mandatory=True,
+                )
+                for body in messages[start : start + PUBLISH_WINDOW]
+            ]
+            results = await asyncio.gather(*sends, return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise translate(result, f"publishing to {name!r}") from None
+                if not isinstance(result, aiormq.spec.Basic.Ack):
+                    raise BrokerError(f"RabbitMQ did not confirm a message to {name!r}: {result}")
+
+    # ------------------------------------------------------------- consuming
+    async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
+        """Declare the queues (consumption itself starts with the first fetch)."""
+        for queue in queues:
+            await self.link.declare(queue)
+
+    async def _consumer(self, queue: str, count: int) -> _Consumer:
+        """The running consumer of ``queue``, (re)started when missing or its channel closed."""
+        consumer = self._consumers.get(queue)
+        if consumer is not None and not consumer.channel.is_closed and self.link.connected:
+            return consumer
+        await self.link.declare(queue)
+        if self.prefetch is None:
+            self.prefetch = max(1, count)
+        channel = await self.link.consumer_channel(self.prefetch)
+        try:
+            amqp_queue = await channel.get_queue(self.link.name(queue), ensure=False)
+        except aiormq.exceptions.AMQPError as exc:
+            raise translate(exc, f"opening queue {self.link.name(queue)!r}") from None
+        consumer = _Consumer(channel, amqp_queue, self.link.epoch)
+        buffer, arrived = consumer.buffer, self._arrived
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            buffer.append(message)
+            arrived.set()
+
+        try:
+            consumer.tag = await amqp_queue.consume(on_message, no_ack=False)
+        except aiormq.exceptions.AMQPError as exc:
+            raise translate(exc, f"consuming from {self.link.name(queue)!r}") from None
+        channel.close_callbacks.add(lambda *_: arrived.set())
+        self._consumers[queue] = consumer
+        if consumer.epoch > 1:
+            logger.info("consuming from %s again (connection %d)", queue, consumer.epoch)
+        return consumer
+
+    def _deliver(
+        self, queue: str, consumer: _Consumer, message: AbstractIncomingMessage
+    ) -> Delivery:
+        headers = message.headers
+        deliveries = header_int(headers, "x-delivery-count") + 1 + header_int(headers, DELIVERIES)
+        token = f"{consumer.epoch}.{consumer.channel.number}.{message.delivery_tag}".encode()
+        self.held[token] = Held(queue, message, deliveries)
+        return Delivery(queue, token, message.body, deliveries)
+
+    async def _take(
+        self, queue: str, consumer: _Consumer, room: int, top_up: bool
+    ) -> list[Delivery]:
+        """Up to ``room`` messages of ``queue`` in order: the buffer's, then (``top_up``)
+        ``basic.get`` until the queue is empty.
+
+        Deliveries and gets of one channel share its delivery-tag sequence, and what RabbitMQ
+        dispatched to the consumer before it answered a get arrives first: sorting by tag
+        after the gets (and a loop turn for the consumer's callbacks) keeps FIFO order; what
+        does not fit goes back to the front of the buffer.
+        """
+        buffer = consumer.buffer
+        if consumer.channel.is_closed:  # RabbitMQ delivers them again
+            buffer.clear()
+            return []
+        taken: list[AbstractIncomingMessage] = []
+        while buffer and len(taken) < room:
+            taken.append(buffer.popleft())
+        if top_up and len(taken) < room:
+            got: list[AbstractIncomingMessage] = []
+            while len(taken) + len(got) < room:
+                try:
+                    message = await consumer.amqp_queue.get(no_ack=False, fail=False)
+                except aiormq.exceptions.AMQPError as exc:
+                    raise translate(exc, f"reading {self.link.name(queue)!r}") from None
+                if message is None:
+                    break
+                got.append(message)
+            for _ in range(3):  # the consumer's callbacks of frames read before the answer
+                await asyncio.sleep(0)
+            got += buffer
+            buffer.clear()
+            got.sort(key=_tag)
+            free = room - len(taken)
+            taken += got[:free]
+            buffer.extend(got[free:])
+        return [self._deliver(queue, consumer, message) for message in taken]
+
+    async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
+        """Take up to ``count`` messages of ``queue``; wait up to ``timeout`` seconds for one."""
+        return await self.fetch_first([queue], count, timeout)
+
+    async def fetch_first(
+        self, queues: Sequence[str], count: int, timeout: float
+    ) -> list[Delivery]:
+        """Take up to ``count`` messages from ``queues``, earlier ones first; when all are
+        empty, wait up to ``timeout`` seconds for a message on any of them.
+
+        Raises:
+            BrokerError: RabbitMQ could not be reached.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            self._arrived.clear()
+            out: list[Delivery] = []
+            try:
+                for queue in queues:
+                    consumer = await self._consumer(queue, count)
+                    out += await self._take(queue, consumer, count - len(out), True)
+                    if len(out) >= count:
+                        break
+            except (TimeoutError, aiormq.exceptions.AMQPError, ConnectionError) as exc:
+                if isinstance(exc, BrokerError):
+                    raise
+                raise translate(exc, "fetching") from None
+            left = deadline - time.monotonic()
+            if out or left <= 0:
+                return out
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except TimeoutError:
+                return []
+
+    # ---------------------------------------------------------------- ack
+    async def ack(self, queue: str, tokens: Sequence[bytes]) -> None:
+        """``basic.ack`` the deliveries (a delivery in custody is released from it instead);
+        tokens no longer held are ignored."""
+        released: list[bytes] = []
+        for token in tokens:
+            held = self.held.pop(token, None)
+            if held is None:
+                continue
+            if held.state == "held":
+                await settle(held.message, True)
+            elif held.state == "handing":
+                held.state = "done"  # the hand-over releases it when it is through
+            elif held.state == "custody":
+                released.append(token)
+        if released and self.custody is not None:
+            await self.custody.release(queue, released)
+
+    async def nack(self, queue: str, tokens: Sequence[bytes]) -> None:
+        """Hand deliveries back: ``basic.nack`` with requeue (RabbitMQ counts it as a
+        delivery); one in custody is published again and released."""
+        for token in tokens:
+            held = self.held.pop(token, None)
+            if held is None:
+                continue
+            if held.state == "held":
+                await settle(held.message, False)
+            elif held.state == "custody" and self.custody is not None:
+                await self.publish_with(queue, [held.message.body], held.deliveries)
+                await self.custody.release(queue, [token])
+
+    # ------------------------------------------------------- custody (leases)
+    async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
+        """Mark the deliveries ``tokens`` of ``queue`` as still running (so :meth:`recover`
+        does not hand them back) and renew the custody leases of those in custody; return
+        how many are still held."""
+        now = time.monotonic()
+        renewed = 0
+        kept: list[bytes] = []
+        for token in tokens:
+            held = self.held.get(token)
+            if held is None or held.queue != queue or held.state == "done":
+                continue
+            held.beat = now
+            if held.state == "custody":
+                kept.append(token)
+            else:
+                renewed += 1
+        if kept and self.custody is not None:
+            renewed += await self.custody.renew(queue, kept)
+        return renewed
+
+    async def recover(
+        self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
+    ) -> tuple[int, int]:
+        """Hand deliveries held over ``min_idle`` seconds (and heartbeated) to custody;
+        publish again (or dead-letter past ``max_deliveries``) deliveries whose custody lease
+        lapsed and this process's deliveries not heartbeated for ``min_idle`` seconds; drain
+        RabbitMQ's dead-letter queue into the state store (see ``custody.py``).
+
+        Returns:
+            ``(requeued, dead_lettered)``.
+        """
+        if self.custody is None:
+            return (0, 0)
+        return await self.custody.maintain(queue, min_idle, count, max_deliveries, record_ttl)
+
+    # ---------------------------------------------------------- inspection
+    async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
+        """Per queue: ``waiting`` (ready messages, from a passive declaration) and
+        ``in_flight`` (the deliveries this process holds). Waiting counts the messages this
+        process's consumer received but nobody fetched yet; another process's are in
+        neither count."""
+        out: dict[str, dict[str, int]] = {}
+        for queue in queues:
+            held = sum(1 for h in self.held.values() if h.queue == queue)
+            consumer = self._consumers.get(queue)
+            buffered = len(consumer.buffer) if consumer is not None else 0
+            waiting = await self.link.message_count(queue) + buffered
+            out[queue] = {"waiting": waiting, "in_flight": held}
+        return out
+
+    async def purge_queue(self, queue: str) -> int:
+        """Delete the ready messages of ``queue`` and those this process's consumer received
+        but nobody fetched (acked); return how many. Messages another worker process has
+        prefetched are not purged (at most its prefetch)."""
+        purged = await self.link.purge(queue)
+        consumer = self._consumers.get(queue)
+        if consumer is not None:
+            while consumer.buffer:
+                await settle(consumer.buffer.popleft(), True)
+                purged += 1
+        return purged
+
+    async def ping(self) -> None:
+        """Raise BrokerError unless RabbitMQ accepts a connection and a channel."""
+        await self.link.publisher()
+
+    async def close(self) -> None:
+        """Close the connection: unacked deliveries go back to their queues (RabbitMQ
+        redelivers them). The transport connects again on its next call."""
+        self._consumers.clear()
+        self.held.clear()
+        await self.link.close()
+
+
+def _tag(message: AbstractIncomingMessage) -> int:
+    return message.delivery_tag or 0
