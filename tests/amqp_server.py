@@ -26,6 +26,7 @@ import pytest
 
 from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.amqp.channels import AmqpLink
+from tests.conftest import free_port
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 RABBITMQ_SERVER = "/usr/sbin/rabbitmq-server"
@@ -69,21 +70,16 @@ async def delete_amqp_queues(url: str, brokers: Iterable[Any]) -> None:
         await link.close()
 
 
-def free_port() -> int:
-    """A TCP port free at the time of the call."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class PrivateNode:
     """A RabbitMQ node of this test on free ports (``rabbitmq-server``), with ``config``
     lines added to its ``rabbitmq.conf`` (e.g. ``consumer_timeout = 10000``).
 
-    Call :meth:`start` (skips the test when the node cannot start here), then :meth:`stop`.
+    ``advanced``: an Erlang-term ``advanced.config`` (e.g. a short ``channel_tick_interval``,
+    how often a channel checks its consumers' timeouts). Call :meth:`start` (skips the test
+    when the node cannot start here), then :meth:`stop`.
     """
 
-    def __init__(self, config: str = "") -> None:
+    def __init__(self, config: str = "", advanced: str = "") -> None:
         self.port = free_port()
         self.dist_port = free_port()
         self.name = f"blitzq{uuid.uuid4().hex[:8]}@localhost"
@@ -92,6 +88,7 @@ class PrivateNode:
         (self.dir / "rabbit.conf").write_text(
             f"listeners.tcp.default = {self.port}\nloopback_users = none\n{config}\n"
         )
+        (self.dir / "advanced.config").write_text(advanced or "[].\n")
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -108,6 +105,7 @@ class PrivateNode:
             RABBITMQ_MNESIA_BASE=str(self.dir / "mnesia"),
             RABBITMQ_LOG_BASE=str(self.dir / "log"),
             RABBITMQ_CONFIG_FILE=str(self.dir / "rabbit"),
+            RABBITMQ_ADVANCED_CONFIG_FILE=str(self.dir / "advanced.config"),
             RABBITMQ_ENABLED_PLUGINS_FILE=str(self.dir / "plugins"),
             RABBITMQ_FEATURE_FLAGS_FILE=str(self.dir / "feature_flags"),
             RABBITMQ_PID_FILE=str(self.dir / "pid"),

@@ -78,6 +78,7 @@ class AmqpLink:
         """Counts the connections made: a delivery of an older epoch can no longer be acked."""
         self._conn: aio_pika.abc.AbstractConnection | None = None
         self._publisher: AbstractChannel | None = None
+        self._publisher_epoch = 0
         self._declared: dict[str, AbstractQueue] = {}
         self.used: set[str] = set()
         """Every RabbitMQ queue name this link declared (for a teardown that deletes them)."""
@@ -112,7 +113,7 @@ class AmqpLink:
     @property
     def connected(self) -> bool:
         """Whether the connection is open."""
-        return self._conn is not None and not self._conn.is_closed
+        return self._conn is not None and _alive(self._conn)
 
     async def ensure(self) -> aio_pika.abc.AbstractConnection:
         """The open connection, made (a new epoch) when there is none or it closed.
@@ -121,10 +122,10 @@ class AmqpLink:
             BrokerError: RabbitMQ could not be reached or refused the login.
         """
         conn = self._conn
-        if conn is not None and not conn.is_closed:
+        if conn is not None and _alive(conn):
             return conn
         async with self._lock:
-            if self._conn is not None and not self._conn.is_closed:
+            if self._conn is not None and _alive(self._conn):
                 return self._conn
             await self._drop()
             try:
@@ -142,13 +143,19 @@ class AmqpLink:
     async def publisher(self) -> AbstractChannel:
         """The channel publishing (confirm mode, unroutable messages returned as errors)."""
         channel = self._publisher
-        if channel is None or channel.is_closed:
+        if (
+            channel is None
+            or channel.is_closed
+            or not self.connected
+            or self._publisher_epoch != self.epoch
+        ):
             conn = await self.ensure()
             try:
                 channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
             except aiormq.exceptions.AMQPError as exc:
                 raise translate(exc, "opening a channel") from None
             self._publisher = channel
+            self._publisher_epoch = self.epoch
             self._declared.clear()
         return channel
 
@@ -169,10 +176,10 @@ class AmqpLink:
             ConfigurationError: it exists with other arguments.
             BrokerError: RabbitMQ could not be reached.
         """
+        channel = await self.publisher()  # a channel opened again forgets the declarations
         declared = self._declared.get(queue)
-        if declared is not None and self._publisher is not None and not self._publisher.is_closed:
+        if declared is not None:
             return declared
-        channel = await self.publisher()
         try:
             if DEAD_LETTER_SUFFIX not in self._declared:
                 self._declared[DEAD_LETTER_SUFFIX] = await channel.declare_queue(
@@ -190,8 +197,8 @@ class AmqpLink:
 
     async def dead_letters(self) -> AbstractQueue:
         """The declared dead-letter queue."""
-        if DEAD_LETTER_SUFFIX not in self._declared or self._publisher is None:
-            channel = await self.publisher()
+        channel = await self.publisher()
+        if DEAD_LETTER_SUFFIX not in self._declared:
             try:
                 self._declared[DEAD_LETTER_SUFFIX] = await channel.declare_queue(
                     self.dead_letter_queue, durable=True, arguments={"x-queue-type": "quorum"}
@@ -244,7 +251,7 @@ class AmqpLink:
         self._declared.clear()
         if conn is not None and not conn.is_closed:
             try:
-                await conn.close()
+                await asyncio.wait_for(conn.close(), CONNECT_TIMEOUT)
             except Exception:  # already going: nothing to release
                 return
 
@@ -271,6 +278,12 @@ def header_int(headers: dict[str, Any] | None, name: str) -> int:
     """The integer header ``name`` of a message (0 when absent or not an integer)."""
     value = (headers or {}).get(name)
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _alive(conn: aio_pika.abc.AbstractConnection) -> bool:
+    """Whether ``conn`` is open: aio-pika clears ``connected`` when the server closes a
+    connection, before (or without) marking it closed."""
+    return not conn.is_closed and conn.connected.is_set()
 
 
 def _masked(url: str) -> str:

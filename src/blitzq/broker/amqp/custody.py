@@ -145,6 +145,7 @@ class Custody:
         transport = self.transport
         if transport is None:
             return 0
+        transport.forget_lost(queue)
         limit = time.monotonic() - min_idle
         due = [
             (token, held)

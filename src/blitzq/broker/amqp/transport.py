@@ -61,15 +61,20 @@ class Held:
         since: ``time.monotonic()`` when it was received.
         beat: ``time.monotonic()`` of its last heartbeat (or its receipt).
         deliveries: its delivery count (:attr:`Delivery.deliveries`).
+        epoch: the connection it came on (:attr:`.channels.AmqpLink.epoch`): once that
+            connection is gone RabbitMQ has put the message back, and it is no longer held.
         state: ``"held"`` (unacked on RabbitMQ), ``"handing"`` (being handed to custody),
             ``"custody"`` (acked on RabbitMQ, kept by the state store) or ``"done"`` (acked
             while it was being handed over).
     """
 
-    __slots__ = ("beat", "deliveries", "message", "queue", "since", "state")
+    __slots__ = ("beat", "deliveries", "epoch", "message", "queue", "since", "state")
 
-    def __init__(self, queue: str, message: AbstractIncomingMessage, deliveries: int) -> None:
+    def __init__(
+        self, queue: str, message: AbstractIncomingMessage, deliveries: int, epoch: int
+    ) -> None:
         self.queue = queue
+        self.epoch = epoch
         self.message = message
         self.since = self.beat = time.monotonic()
         self.deliveries = deliveries
@@ -167,7 +172,7 @@ class AmqpTransport(Transport):
     async def _consumer(self, queue: str, count: int) -> _Consumer:
         """The running consumer of ``queue``, (re)started when missing or its channel closed."""
         consumer = self._consumers.get(queue)
-        if consumer is not None and not consumer.channel.is_closed and self.link.connected:
+        if consumer is not None and self._alive(consumer):
             return consumer
         await self.link.declare(queue)
         if self.prefetch is None:
@@ -194,13 +199,19 @@ class AmqpTransport(Transport):
             logger.info("consuming from %s again (connection %d)", queue, consumer.epoch)
         return consumer
 
+    def _alive(self, consumer: _Consumer) -> bool:
+        """Whether ``consumer`` still consumes: its channel open on the current connection
+        (aio-pika may not mark a channel closed when the server closed its connection)."""
+        link = self.link
+        return consumer.epoch == link.epoch and link.connected and not consumer.channel.is_closed
+
     def _deliver(
         self, queue: str, consumer: _Consumer, message: AbstractIncomingMessage
     ) -> Delivery:
         headers = message.headers
         deliveries = header_int(headers, "x-delivery-count") + 1 + header_int(headers, DELIVERIES)
         token = f"{consumer.epoch}.{consumer.channel.number}.{message.delivery_tag}".encode()
-        self.held[token] = Held(queue, message, deliveries)
+        self.held[token] = Held(queue, message, deliveries, consumer.epoch)
         return Delivery(queue, token, message.body, deliveries)
 
     async def _take(
@@ -215,7 +226,7 @@ class AmqpTransport(Transport):
         does not fit goes back to the front of the buffer.
         """
         buffer = consumer.buffer
-        if consumer.channel.is_closed:  # RabbitMQ delivers them again
+        if not self._alive(consumer):  # RabbitMQ delivers them again
             buffer.clear()
             return []
         taken: list[AbstractIncomingMessage] = []
@@ -286,7 +297,8 @@ class AmqpTransport(Transport):
             if held is None:
                 continue
             if held.state == "held":
-                await settle(held.message, True)
+                if held.epoch == self.link.epoch:  # else RabbitMQ put it back already
+                    await settle(held.message, True)
             elif held.state == "handing":
                 held.state = "done"  # the hand-over releases it when it is through
             elif held.state == "custody":
@@ -302,10 +314,24 @@ class AmqpTransport(Transport):
             if held is None:
                 continue
             if held.state == "held":
-                await settle(held.message, False)
+                if held.epoch == self.link.epoch:
+                    await settle(held.message, False)
             elif held.state == "custody" and self.custody is not None:
                 await self.publish_with(queue, [held.message.body], held.deliveries)
                 await self.custody.release(queue, [token])
+
+    def forget_lost(self, queue: str) -> int:
+        """Drop the unacked deliveries of ``queue`` whose connection is gone (RabbitMQ put
+        them back: another delivery follows); return how many."""
+        epoch = self.link.epoch if self.link.connected else -1
+        lost = [
+            token
+            for token, held in self.held.items()
+            if held.queue == queue and held.state == "held" and held.epoch != epoch
+        ]
+        for token in lost:
+            del self.held[token]
+        return len(lost)
 
     # ------------------------------------------------------- custody (leases)
     async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:

@@ -1,0 +1,223 @@
+"""The RabbitMQ transport end to end: a Queue with ``amqp_url`` and a Worker, on the shared
+RabbitMQ (skipped when it does not answer) with the state on the test Redis.
+
+Covers publisher confirms, priority order, redelivery when a holder's connection dies before
+its ack, RabbitMQ's delivery limit ending in blitzq's dead letters, reconnection after the
+server closed an idle worker's connection, and a task longer than ``consumer_timeout`` (on a
+private node configured with a short one) running once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from blitzq import Queue
+from blitzq.broker.amqp import AmqpBroker
+from blitzq.broker.amqp.channels import AmqpLink
+from blitzq.exceptions import BrokerError
+from blitzq.serialization import Envelope, encode_envelope
+from tests.amqp_server import (
+    PrivateNode,
+    amqp_or_skip,
+    close_connection_named,
+    delete_amqp_queues,
+)
+
+from .proc_tasks import eventually, make_worker, running
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def message(task_id: str, queue: str = "q") -> bytes:
+    """An encoded message of a task nobody runs (transport-level tests)."""
+    return encode_envelope(Envelope(task_id, "tests.amqp.noop", queue, []), 1 << 20)
+
+
+@pytest.fixture
+async def amqp(server_url: str, namespace: str) -> AsyncIterator[Callable[..., AmqpBroker]]:
+    """Factory of AmqpBrokers on the shared RabbitMQ and the test Redis namespace; their
+    RabbitMQ queues are deleted afterwards."""
+    url = amqp_or_skip()
+    made: list[AmqpBroker] = []
+
+    def factory(**options: Any) -> AmqpBroker:
+        broker = AmqpBroker(url, server_url, namespace, **options)
+        made.append(broker)
+        return broker
+
+    yield factory
+    await delete_amqp_queues(url, made)
+    for broker in made:
+        await broker.close()
+
+
+@pytest.fixture
+async def queue(amqp: Callable[..., AmqpBroker]) -> AsyncIterator[Queue]:
+    """A Queue ``aq`` whose broker is an AmqpBroker (visibility timeout 2 s)."""
+    broker = amqp()
+    q = Queue("aq", broker=broker, visibility_timeout=2.0)
+    yield q
+    await q.close()
+
+
+async def test_enqueue_runs_on_a_worker_and_stores_the_result(queue: Queue) -> None:
+    @queue.task(name="amqp.add")
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    handles = [await add.enqueue(i, i) for i in range(5)]
+    async with running(make_worker(queue, concurrency=4)):
+        results = [await h.result(timeout=30) for h in handles]
+    assert results == [0, 2, 4, 6, 8]
+    stats = (await queue.broker.queue_stats(["aq"]))["aq"]
+    assert stats == {"waiting": 0, "in_flight": 0}
+
+
+async def test_queue_amqp_url_builds_the_pairing(server_url: str, namespace: str) -> None:
+    url = amqp_or_skip()
+    q = Queue("aq", redis_url=server_url, namespace=namespace, amqp_url=url, max_deliveries=3)
+    try:
+        broker = q.broker
+        assert isinstance(broker, AmqpBroker)
+        assert broker.amqp.link.max_deliveries == 3
+        await broker.ping()
+    finally:
+        await q.close()
+
+
+async def test_publish_returns_once_confirmed_and_an_unroutable_message_raises(
+    amqp: Callable[..., AmqpBroker],
+) -> None:
+    broker = amqp()
+    await broker.publish("conf", [message(f"c{i}") for i in range(20)])
+    assert (await broker.queue_stats(["conf"]))["conf"]["waiting"] == 20
+    # The queue disappears under the publisher: RabbitMQ returns the message (mandatory).
+    other = AmqpLink(broker.amqp.link.url, broker.amqp.link.namespace, 5)
+    try:
+        await other.delete([broker.amqp.link.name("conf")])
+    finally:
+        await other.close()
+    with pytest.raises(BrokerError, match=r"NO_ROUTE|confirm|publish"):
+        await broker.publish("conf", [message("lost")])
+
+
+async def test_priorities_run_high_then_normal_then_low(queue: Queue) -> None:
+    order: list[str] = []
+
+    @queue.task(name="amqp.step")
+    async def step(label: str) -> None:
+        order.append(label)
+
+    await step.options(priority="low").enqueue("low")
+    await step.enqueue("normal")
+    await step.options(priority="high").enqueue("high")
+    async with running(make_worker(queue, concurrency=1)):
+        await eventually(lambda: asyncio.sleep(0, len(order)), lambda n: n == 3)
+    assert order == ["high", "normal", "low"]
+
+
+async def test_a_delivery_whose_connection_died_before_its_ack_is_delivered_again(
+    amqp: Callable[..., AmqpBroker],
+) -> None:
+    first, second = amqp(), amqp()
+    await first.publish("redo", [message("r1")])
+    (d,) = await first.fetch("redo", 1, 5)
+    assert d.deliveries == 1
+    await first.amqp.link.close()  # the holder is gone without an ack
+    (again,) = await second.fetch("redo", 1, 10)
+    assert again.payload == d.payload
+    assert again.deliveries == 2
+
+
+async def test_a_task_redelivered_after_its_connection_was_closed_runs_again(
+    amqp: Callable[..., AmqpBroker],
+) -> None:
+    # A visibility timeout long enough that the delivery is still RabbitMQ's (not yet
+    # handed to the state store's custody) when its connection is closed.
+    queue = Queue("aq", broker=amqp(), visibility_timeout=60.0)
+    runs: list[int] = []
+    release = asyncio.Event()
+
+    @queue.task(name="amqp.slow")
+    async def slow() -> str:
+        runs.append(1)
+        await release.wait()
+        return "done"
+
+    handle = await slow.enqueue()
+    async with running(make_worker(queue, concurrency=2)):
+        await eventually(lambda: asyncio.sleep(0, len(runs)), lambda n: n == 1)
+        link = queue.broker.transport.link  # type: ignore[attr-defined]
+        assert await asyncio.to_thread(close_connection_named, link.connection_name) >= 1
+        # The worker reconnects, RabbitMQ redelivers the unacked message: it runs again.
+        await eventually(lambda: asyncio.sleep(0, len(runs)), lambda n: n == 2)
+        release.set()
+        assert await handle.result(timeout=30) == "done"
+
+
+async def test_an_idle_worker_consumes_again_after_the_server_closed_its_connection(
+    queue: Queue,
+) -> None:
+    @queue.task(name="amqp.echo")
+    async def echo(x: int) -> int:
+        return x
+
+    async with running(make_worker(queue, concurrency=2)):
+        assert await (await echo.enqueue(1)).result(timeout=30) == 1
+        link = queue.broker.transport.link  # type: ignore[attr-defined]
+        epoch = link.epoch
+        assert await asyncio.to_thread(close_connection_named, link.connection_name) >= 1
+        assert await (await echo.enqueue(2)).result(timeout=30) == 2
+        assert link.epoch > epoch
+
+
+async def test_past_the_delivery_limit_a_message_becomes_a_blitzq_dead_letter(
+    amqp: Callable[..., AmqpBroker],
+) -> None:
+    broker = amqp(max_deliveries=2)
+    await broker.publish("poison", [message("p1")])
+    for deliveries in (1, 2):
+        (d,) = await broker.fetch("poison", 1, 10)
+        assert d.deliveries == deliveries
+        assert d.token is not None
+        await broker.transport.nack("poison", [d.token])
+    # RabbitMQ dead-letters it into <ns>.dead-letter; maintenance moves it to blitzq's.
+    await eventually(
+        lambda: broker.recover("poison", 60, 10, 2, 60), lambda r: r[1] == 1, timeout=30
+    )
+    fields = await broker.get_dead_letter("p1")
+    assert fields is not None
+    assert fields.reason == "max deliveries exceeded"
+    assert fields.queue == "poison"
+    assert fields.task == "tests.amqp.noop"
+    assert await broker.fetch("poison", 1, 0) == []
+
+
+async def test_a_task_longer_than_consumer_timeout_runs_once(
+    server_url: str, namespace: str
+) -> None:
+    node = PrivateNode("consumer_timeout = 5000", "[{rabbit, [{channel_tick_interval, 1000}]}].\n")
+    url = await asyncio.to_thread(node.start)
+    broker = AmqpBroker(url, server_url, namespace)
+    q = Queue("long", broker=broker, visibility_timeout=1.0)
+    runs: list[int] = []
+    try:
+
+        @q.task(name="amqp.long")
+        async def long_task() -> str:
+            runs.append(1)
+            await asyncio.sleep(8)  # RabbitMQ would close the channel after 5-6 s unacked
+            return "ok"
+
+        handle = await long_task.enqueue()
+        async with running(make_worker(q, concurrency=2)):
+            assert await handle.result(timeout=60) == "ok"
+            assert (await broker.queue_stats(["long"]))["long"]["waiting"] == 0
+        assert runs == [1]
+    finally:
+        await q.close()
+        await asyncio.to_thread(node.stop)
