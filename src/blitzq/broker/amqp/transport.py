@@ -28,7 +28,6 @@ aio-pika, paired with the Redis state store (``broker.py``). How it meets the co
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from collections.abc import Sequence
@@ -36,11 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 import aio_pika
 import aiormq
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+from aio_pika.abc import AbstractIncomingMessage
 
 from ...exceptions import BrokerError
 from ..transport import Delivery, Guarantee, Transport
 from .channels import DELIVERIES, AmqpLink, header_int, settle, translate
+from .deliveries import Consumer, Held, by_tag
 
 if TYPE_CHECKING:
     from .custody import Custody
@@ -50,48 +50,6 @@ logger = logging.getLogger("blitzq.broker.amqp")
 
 #: Messages of one publish in flight at once (awaiting their confirms).
 PUBLISH_WINDOW = 1000
-
-
-class Held:
-    """A delivery this process holds: received, not yet acked.
-
-    Attributes:
-        queue: physical queue.
-        message: the aio-pika message (acked through its own channel).
-        since: ``time.monotonic()`` when it was received.
-        beat: ``time.monotonic()`` of its last heartbeat (or its receipt).
-        deliveries: its delivery count (:attr:`Delivery.deliveries`).
-        epoch: the connection it came on (:attr:`.channels.AmqpLink.epoch`): once that
-            connection is gone RabbitMQ has put the message back, and it is no longer held.
-        state: ``"held"`` (unacked on RabbitMQ), ``"handing"`` (being handed to custody),
-            ``"custody"`` (acked on RabbitMQ, kept by the state store) or ``"done"`` (acked
-            while it was being handed over).
-    """
-
-    __slots__ = ("beat", "deliveries", "epoch", "message", "queue", "since", "state")
-
-    def __init__(
-        self, queue: str, message: AbstractIncomingMessage, deliveries: int, epoch: int
-    ) -> None:
-        self.queue = queue
-        self.epoch = epoch
-        self.message = message
-        self.since = self.beat = time.monotonic()
-        self.deliveries = deliveries
-        self.state = "held"
-
-
-class _Consumer:
-    """One queue's consumer: its channel, tag and buffer of received messages."""
-
-    __slots__ = ("amqp_queue", "buffer", "channel", "epoch", "tag")
-
-    def __init__(self, channel: AbstractChannel, amqp_queue: AbstractQueue, epoch: int) -> None:
-        self.channel = channel
-        self.amqp_queue = amqp_queue
-        self.epoch = epoch
-        self.tag = ""
-        self.buffer: collections.deque[AbstractIncomingMessage] = collections.deque()
 
 
 class AmqpTransport(Transport):
@@ -124,7 +82,7 @@ class AmqpTransport(Transport):
         self.prefetch = prefetch
         self.custody = custody
         self.held: dict[bytes, Held] = {}
-        self._consumers: dict[str, _Consumer] = {}
+        self._consumers: dict[str, Consumer] = {}
         self._arrived = asyncio.Event()
 
     # --------------------------------------------------------------- publish
@@ -169,7 +127,7 @@ class AmqpTransport(Transport):
         for queue in queues:
             await self.link.declare(queue)
 
-    async def _consumer(self, queue: str, count: int) -> _Consumer:
+    async def _consumer(self, queue: str, count: int) -> Consumer:
         """The running consumer of ``queue``, (re)started when missing or its channel closed."""
         consumer = self._consumers.get(queue)
         if consumer is not None and self._alive(consumer):
@@ -182,7 +140,7 @@ class AmqpTransport(Transport):
             amqp_queue = await channel.get_queue(self.link.name(queue), ensure=False)
         except aiormq.exceptions.AMQPError as exc:
             raise translate(exc, f"opening queue {self.link.name(queue)!r}") from None
-        consumer = _Consumer(channel, amqp_queue, self.link.epoch)
+        consumer = Consumer(channel, amqp_queue, self.link.epoch)
         buffer, arrived = consumer.buffer, self._arrived
 
         async def on_message(message: AbstractIncomingMessage) -> None:
@@ -199,14 +157,14 @@ class AmqpTransport(Transport):
             logger.info("consuming from %s again (connection %d)", queue, consumer.epoch)
         return consumer
 
-    def _alive(self, consumer: _Consumer) -> bool:
+    def _alive(self, consumer: Consumer) -> bool:
         """Whether ``consumer`` still consumes: its channel open on the current connection
         (aio-pika may not mark a channel closed when the server closed its connection)."""
         link = self.link
         return consumer.epoch == link.epoch and link.connected and not consumer.channel.is_closed
 
     def _deliver(
-        self, queue: str, consumer: _Consumer, message: AbstractIncomingMessage
+        self, queue: str, consumer: Consumer, message: AbstractIncomingMessage
     ) -> Delivery:
         headers = message.headers
         deliveries = header_int(headers, "x-delivery-count") + 1 + header_int(headers, DELIVERIES)
@@ -215,7 +173,7 @@ class AmqpTransport(Transport):
         return Delivery(queue, token, message.body, deliveries)
 
     async def _take(
-        self, queue: str, consumer: _Consumer, room: int, top_up: bool
+        self, queue: str, consumer: Consumer, room: int, top_up: bool
     ) -> list[Delivery]:
         """Up to ``room`` messages of ``queue`` in order: the buffer's, then (``top_up``)
         ``basic.get`` until the queue is empty.
@@ -246,7 +204,7 @@ class AmqpTransport(Transport):
                 await asyncio.sleep(0)
             got += buffer
             buffer.clear()
-            got.sort(key=_tag)
+            got.sort(key=by_tag)
             free = room - len(taken)
             taken += got[:free]
             buffer.extend(got[free:])
@@ -406,7 +364,3 @@ class AmqpTransport(Transport):
         self._consumers.clear()
         self.held.clear()
         await self.link.close()
-
-
-def _tag(message: AbstractIncomingMessage) -> int:
-    return message.delivery_tag or 0

@@ -1,0 +1,61 @@
+"""What the RabbitMQ transport holds in memory: its deliveries and its consumers.
+
+:class:`Held` is one delivery received and not yet acked (or in the state store's custody,
+``custody.py``); :class:`Consumer` is one queue's consumer, its channel and the buffer of
+messages RabbitMQ pushed to it that no fetch has taken yet.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+
+
+class Held:
+    """A delivery this process holds: received, not yet acked.
+
+    Attributes:
+        queue: physical queue.
+        message: the aio-pika message (acked through its own channel).
+        since: ``time.monotonic()`` when it was received.
+        beat: ``time.monotonic()`` of its last heartbeat (or its receipt).
+        deliveries: its delivery count (:attr:`Delivery.deliveries`).
+        epoch: the connection it came on (:attr:`.channels.AmqpLink.epoch`): once that
+            connection is gone RabbitMQ has put the message back, and it is no longer held.
+        state: ``"held"`` (unacked on RabbitMQ), ``"handing"`` (being handed to custody),
+            ``"custody"`` (acked on RabbitMQ, kept by the state store) or ``"done"`` (acked
+            while it was being handed over).
+    """
+
+    __slots__ = ("beat", "deliveries", "epoch", "message", "queue", "since", "state")
+
+    def __init__(
+        self, queue: str, message: AbstractIncomingMessage, deliveries: int, epoch: int
+    ) -> None:
+        self.queue = queue
+        self.epoch = epoch
+        self.message = message
+        self.since = self.beat = time.monotonic()
+        self.deliveries = deliveries
+        self.state = "held"
+
+
+class Consumer:
+    """One queue's consumer: its channel, tag and buffer of received messages."""
+
+    __slots__ = ("amqp_queue", "buffer", "channel", "epoch", "tag")
+
+    def __init__(self, channel: AbstractChannel, amqp_queue: AbstractQueue, epoch: int) -> None:
+        self.channel = channel
+        self.amqp_queue = amqp_queue
+        self.epoch = epoch
+        self.tag = ""
+        self.buffer: collections.deque[AbstractIncomingMessage] = collections.deque()
+
+
+def by_tag(message: AbstractIncomingMessage) -> int:
+    """Sort key of the messages of one channel: their delivery tag (the order RabbitMQ
+    delivered them in, gets and consumer deliveries alike)."""
+    return message.delivery_tag or 0
