@@ -39,7 +39,6 @@ AMQP_XFAIL: dict[str, str] = {
     "test_reschedule_then_promote_when_due": _OUTBOX,
     "test_schedule_and_promote_respect_due_order_and_limit": _OUTBOX,
     "test_schedule_is_keyed_by_task_id": _OUTBOX,
-    "test_complete_requeue_puts_the_message_back": _OUTBOX,
     "test_replay_dead_letter_is_atomic_and_publishes_once": _OUTBOX,
     "test_concurrent_replays_publish_once": _OUTBOX,
     "test_replay_claims_the_unique_key_or_keeps_the_dead_letter": _OUTBOX,

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from blitzq import Queue
+from blitzq.broker import Completion
 from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.amqp.channels import AmqpLink
 from blitzq.exceptions import BrokerError
@@ -180,11 +181,11 @@ async def test_past_the_delivery_limit_a_message_becomes_a_blitzq_dead_letter(
 ) -> None:
     broker = amqp(max_deliveries=2)
     await broker.publish("poison", [message("p1")])
-    for deliveries in (1, 2):
-        (d,) = await broker.fetch("poison", 1, 10)
+    for deliveries in (1, 2):  # each holder dies before its ack
+        holder = amqp(max_deliveries=2)
+        (d,) = await holder.fetch("poison", 1, 10)
         assert d.deliveries == deliveries
-        assert d.token is not None
-        await broker.transport.nack("poison", [d.token])
+        await holder.amqp.link.close()
     # RabbitMQ dead-letters it into <ns>.dead-letter; maintenance moves it to blitzq's.
     await eventually(
         lambda: broker.recover("poison", 60, 10, 2, 60), lambda r: r[1] == 1, timeout=30
@@ -195,6 +196,21 @@ async def test_past_the_delivery_limit_a_message_becomes_a_blitzq_dead_letter(
     assert fields.queue == "poison"
     assert fields.task == "tests.amqp.noop"
     assert await broker.fetch("poison", 1, 0) == []
+
+
+async def test_a_hand_back_publishes_again_without_spending_a_delivery(
+    amqp: Callable[..., AmqpBroker],
+) -> None:
+    broker = amqp()
+    await broker.publish("back", [message("b1")])
+    (d,) = await broker.fetch("back", 1, 10)
+    assert d.token is not None
+    # What a worker does with a message it did not start (shutdown, no free slot).
+    assert await broker.complete([Completion("back", d.token, "b1", requeue=d.payload)]) == []
+    (again,) = await broker.fetch("back", 1, 10)
+    assert again.payload == d.payload
+    assert again.deliveries == 1
+    assert (await broker.queue_stats(["back"]))["back"] == {"waiting": 0, "in_flight": 1}
 
 
 async def test_a_task_longer_than_consumer_timeout_runs_once(

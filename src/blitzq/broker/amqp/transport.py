@@ -17,8 +17,9 @@ aio-pika, paired with the Redis state store (``broker.py``). How it meets the co
   (``<epoch>.<channel>.<delivery tag>``) and ``deliveries`` is the quorum queue's
   ``x-delivery-count`` + 1 (+ the deliveries before a custody recovery, see
   ``custody.py``).
-- **ack / nack**: ``basic.ack`` / ``basic.nack(requeue)`` of the held delivery; a token whose
-  channel closed since is skipped (RabbitMQ redelivers that message).
+- **ack / nack**: ``basic.ack`` of the held delivery (a token whose connection closed since
+  is skipped: RabbitMQ redelivers that message); ``nack`` (a hand-back) publishes the message
+  again, confirmed, then acks it, so the quorum queue's delivery count is not spent.
 - **reconnects**: a closed connection or consumer channel is re-opened by the next fetch,
   and its consumer started again (``channels.py``).
 - **long tasks**: a delivery held longer than the visibility timeout is handed to the state
@@ -265,18 +266,21 @@ class AmqpTransport(Transport):
             await self.custody.release(queue, released)
 
     async def nack(self, queue: str, tokens: Sequence[bytes]) -> None:
-        """Hand deliveries back: ``basic.nack`` with requeue (RabbitMQ counts it as a
-        delivery); one in custody is published again and released."""
+        """Hand deliveries back unfinished: each is published again (confirmed), marked
+        with its deliveries so far minus one, then acked (or released from custody) -- so a
+        hand-back does not spend the delivery budget as ``basic.nack`` on a quorum queue
+        would. A crash in between leaves both copies (at-least-once)."""
         for token in tokens:
-            held = self.held.pop(token, None)
-            if held is None:
+            held = self.held.get(token)
+            if held is None or held.state in ("handing", "done"):
                 continue
-            if held.state == "held":
-                if held.epoch == self.link.epoch:
-                    await settle(held.message, False)
-            elif held.state == "custody" and self.custody is not None:
-                await self.publish_with(queue, [held.message.body], held.deliveries)
-                await self.custody.release(queue, [token])
+            await self.publish_with(queue, [held.message.body], held.deliveries - 1)
+            del self.held[token]
+            if held.state == "custody":
+                if self.custody is not None:
+                    await self.custody.release(queue, [token])
+            elif held.epoch == self.link.epoch:
+                await settle(held.message, True)
 
     def forget_lost(self, queue: str) -> int:
         """Drop the unacked deliveries of ``queue`` whose connection is gone (RabbitMQ put
@@ -337,10 +341,26 @@ class AmqpTransport(Transport):
         for queue in queues:
             held = sum(1 for h in self.held.values() if h.queue == queue)
             consumer = self._consumers.get(queue)
-            buffered = len(consumer.buffer) if consumer is not None else 0
-            waiting = await self.link.message_count(queue) + buffered
+            if consumer is not None and self._alive(consumer):
+                ready = await self._settled_count(queue, consumer)
+                waiting = ready + len(consumer.buffer)
+            else:
+                waiting = await self.link.message_count(queue)
             out[queue] = {"waiting": waiting, "in_flight": held}
         return out
+
+    async def _settled_count(self, queue: str, consumer: Consumer) -> int:
+        """Ready messages of ``queue``, read on the consumer's own channel: what RabbitMQ
+        dispatched to the consumer before it answered arrives first, so after a loop turn
+        every message is either counted ready or in the consumer's buffer."""
+        try:
+            raw = await consumer.channel.get_underlay_channel()
+            ok = await raw.queue_declare(self.link.name(queue), passive=True)
+        except aiormq.exceptions.AMQPError as exc:
+            raise translate(exc, f"counting queue {self.link.name(queue)!r}") from None
+        for _ in range(3):  # the consumer's callbacks of the frames read before the answer
+            await asyncio.sleep(0)
+        return int(ok.message_count or 0)
 
     async def purge_queue(self, queue: str) -> int:
         """Delete the ready messages of ``queue`` and those this process's consumer received
