@@ -10,10 +10,15 @@ private node configured with a short one) running once.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
+import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+import redis
 
 from blitzq import Queue
 from blitzq.broker import Completion
@@ -27,6 +32,8 @@ from tests.amqp_server import (
     close_connection_named,
     delete_amqp_queues,
 )
+from tests.conftest import free_port
+from tests.polling import wait_until
 
 from .proc_tasks import eventually, make_worker, running
 
@@ -237,3 +244,80 @@ async def test_a_task_longer_than_consumer_timeout_runs_once(
     finally:
         await q.close()
         await asyncio.to_thread(node.stop)
+
+
+class _Redis:
+    """A ``redis-server`` of this test on one port, stopped and started again at will."""
+
+    def __init__(self, tmp: str) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.dir = tmp
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.skip("no redis-server to stop and restart")
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_until(lambda: _pings(self.url), 20, "the test's redis-server answers")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(20)
+
+
+def _pings(url: str) -> bool:
+    try:
+        with redis.Redis.from_url(url, socket_connect_timeout=1) as client:
+            return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+
+
+async def test_with_the_state_store_down_a_delivery_waits_without_spending_deliveries(
+    tmp_path: Any,
+) -> None:
+    url = amqp_or_skip()
+    server = _Redis(str(tmp_path))
+    server.start()
+    broker = AmqpBroker(url, server.url, "redis-down-" + uuid.uuid4().hex[:8])
+    q = Queue("rd", broker=broker, visibility_timeout=1.0)
+    runs: list[int] = []
+
+    @q.task(name="amqp.once")
+    async def once(x: int) -> int:
+        runs.append(x)
+        return x
+
+    try:
+        first = await once.enqueue(0)
+        async with running(make_worker(q, concurrency=2)):
+            assert await first.result(timeout=30) == 0
+            server.stop()
+            handle = await once.enqueue(1)  # RabbitMQ only: the queue is known already
+            await eventually(lambda: asyncio.sleep(0, list(runs)), lambda r: r == [0, 1])
+            # Its completion cannot be committed: the delivery stays unacked while the
+            # worker's maintenance rounds (every 1/3 s) fail on Redis, well past the
+            # visibility timeout, and is neither handed back nor handed over.
+            held = broker.amqp.held
+            await eventually(
+                lambda: asyncio.sleep(0, [time.monotonic() - h.since for h in held.values()]),
+                lambda ages: bool(ages) and min(ages) > 3.0,
+            )
+            server.start()
+            assert await handle.result(timeout=30) == 1
+            record = await handle.status()
+            assert record is not None
+            assert record.attempts == 1
+        assert runs == [0, 1]
+        assert (await broker.queue_stats(["rd"]))["rd"] == {"waiting": 0, "in_flight": 0}
+    finally:
+        await delete_amqp_queues(url, [broker])
+        await q.close()
+        server.stop()
