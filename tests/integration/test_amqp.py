@@ -19,11 +19,13 @@ from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
 
-from blitzq import Queue
+from blitzq import ConfigurationError, Queue
 from blitzq.broker import Completion
 from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.amqp.channels import AmqpLink
+from blitzq.cli import cli
 from blitzq.exceptions import BrokerError
 from blitzq.serialization import Envelope, encode_envelope
 from tests.amqp_server import (
@@ -321,3 +323,24 @@ async def test_with_the_state_store_down_a_delivery_waits_without_spending_deliv
         await delete_amqp_queues(url, [broker])
         await q.close()
         server.stop()
+
+
+async def test_amqp_url_from_the_environment_and_bad_schemes(
+    server_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ConfigurationError, match="amqp://"):
+        Queue(redis_url=server_url, amqp_url="http://127.0.0.1:5672/")
+    monkeypatch.setenv("BLITZQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+    q = Queue(redis_url=server_url, namespace=namespace)
+    try:
+        assert isinstance(q.broker, AmqpBroker)  # made lazily: nothing connects here
+    finally:
+        await q.close()
+    monkeypatch.setenv("BLITZQ_AMQP_URL", "ftp://nowhere/")
+    result = CliRunner().invoke(
+        cli, ["--redis-url", server_url, "--namespace", namespace, "task", "inspect", "x"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "amqp://" in result.output
+    result = CliRunner().invoke(cli, ["--help"])
+    assert "--amqp-url" in result.output
