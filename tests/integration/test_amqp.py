@@ -222,6 +222,21 @@ async def test_a_hand_back_publishes_again_without_spending_a_delivery(
     assert (await broker.queue_stats(["back"]))["back"] == {"waiting": 0, "in_flight": 1}
 
 
+async def test_closing_hands_back_prefetched_messages_without_spending_deliveries(
+    amqp: Callable[..., AmqpBroker],
+) -> None:
+    first, second = amqp(prefetch=10), amqp()
+    await first.publish("pre", [message(f"m{i}") for i in range(5)])
+    (d,) = await first.fetch("pre", 1, 10)
+    assert d.token is not None
+    await first.complete([Completion("pre", d.token, "m0")])
+    await first.close()  # its consumer may hold the other four, prefetched
+    rest: list[Any] = []
+    while len(rest) < 4:
+        rest += await second.fetch("pre", 4 - len(rest), 10)
+    assert sorted(r.deliveries for r in rest) == [1, 1, 1, 1]
+
+
 async def test_a_task_longer_than_consumer_timeout_runs_once(
     server_url: str, namespace: str
 ) -> None:

@@ -7,6 +7,7 @@ messages RabbitMQ pushed to it that no fetch has taken yet.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import time
 
@@ -53,6 +54,39 @@ class Consumer:
         self.epoch = epoch
         self.tag = ""
         self.buffer: collections.deque[AbstractIncomingMessage] = collections.deque()
+
+    async def take(self, room: int, top_up: bool) -> list[AbstractIncomingMessage]:
+        """Up to ``room`` messages in queue order: the buffer's, then (``top_up``)
+        ``basic.get`` until the queue is empty.
+
+        Deliveries and gets of one channel share its delivery-tag sequence, and what RabbitMQ
+        dispatched to the consumer before it answered a get arrives first: sorting by tag
+        after the gets (and a loop turn for the consumer's callbacks) keeps FIFO order; what
+        does not fit goes back to the front of the buffer.
+
+        Raises:
+            aiormq.exceptions.AMQPError: the get failed (the caller translates it).
+        """
+        buffer = self.buffer
+        taken: list[AbstractIncomingMessage] = []
+        while buffer and len(taken) < room:
+            taken.append(buffer.popleft())
+        if top_up and len(taken) < room:
+            got: list[AbstractIncomingMessage] = []
+            while len(taken) + len(got) < room:
+                message = await self.amqp_queue.get(no_ack=False, fail=False)
+                if message is None:
+                    break
+                got.append(message)
+            for _ in range(3):  # the consumer's callbacks of frames read before the answer
+                await asyncio.sleep(0)
+            got += buffer
+            buffer.clear()
+            got.sort(key=by_tag)
+            free = room - len(taken)
+            taken += got[:free]
+            buffer.extend(got[free:])
+        return taken
 
 
 def by_tag(message: AbstractIncomingMessage) -> int:

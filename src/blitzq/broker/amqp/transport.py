@@ -41,7 +41,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from ...exceptions import BrokerError
 from ..transport import Delivery, Guarantee, Transport
 from .channels import DELIVERIES, AmqpLink, header_int, settle, translate
-from .deliveries import Consumer, Held, by_tag
+from .deliveries import Consumer, Held
 
 if TYPE_CHECKING:
     from .custody import Custody
@@ -84,7 +84,7 @@ class AmqpTransport(Transport):
         self.custody = custody
         self.held: dict[bytes, Held] = {}
         self._consumers: dict[str, Consumer] = {}
-        self._arrived = asyncio.Event()
+        self._waiters: set[asyncio.Event] = set()  # one per fetch waiting for a message
 
     # --------------------------------------------------------------- publish
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
@@ -142,21 +142,26 @@ class AmqpTransport(Transport):
         except aiormq.exceptions.AMQPError as exc:
             raise translate(exc, f"opening queue {self.link.name(queue)!r}") from None
         consumer = Consumer(channel, amqp_queue, self.link.epoch)
-        buffer, arrived = consumer.buffer, self._arrived
+        buffer, wake = consumer.buffer, self._wake
 
         async def on_message(message: AbstractIncomingMessage) -> None:
             buffer.append(message)
-            arrived.set()
+            wake()
 
         try:
             consumer.tag = await amqp_queue.consume(on_message, no_ack=False)
         except aiormq.exceptions.AMQPError as exc:
             raise translate(exc, f"consuming from {self.link.name(queue)!r}") from None
-        channel.close_callbacks.add(lambda *_: arrived.set())
+        channel.close_callbacks.add(lambda *_: wake())
         self._consumers[queue] = consumer
         if consumer.epoch > 1:
             logger.info("consuming from %s again (connection %d)", queue, consumer.epoch)
         return consumer
+
+    def _wake(self) -> None:
+        """Wake every fetch waiting for a message (a message arrived, a channel closed)."""
+        for waiter in self._waiters:
+            waiter.set()
 
     def _alive(self, consumer: Consumer) -> bool:
         """Whether ``consumer`` still consumes: its channel open on the current connection
@@ -176,39 +181,14 @@ class AmqpTransport(Transport):
     async def _take(
         self, queue: str, consumer: Consumer, room: int, top_up: bool
     ) -> list[Delivery]:
-        """Up to ``room`` messages of ``queue`` in order: the buffer's, then (``top_up``)
-        ``basic.get`` until the queue is empty.
-
-        Deliveries and gets of one channel share its delivery-tag sequence, and what RabbitMQ
-        dispatched to the consumer before it answered a get arrives first: sorting by tag
-        after the gets (and a loop turn for the consumer's callbacks) keeps FIFO order; what
-        does not fit goes back to the front of the buffer.
-        """
-        buffer = consumer.buffer
+        """Up to ``room`` messages of ``queue`` in order (see :meth:`Consumer.take`)."""
         if not self._alive(consumer):  # RabbitMQ delivers them again
-            buffer.clear()
+            consumer.buffer.clear()
             return []
-        taken: list[AbstractIncomingMessage] = []
-        while buffer and len(taken) < room:
-            taken.append(buffer.popleft())
-        if top_up and len(taken) < room:
-            got: list[AbstractIncomingMessage] = []
-            while len(taken) + len(got) < room:
-                try:
-                    message = await consumer.amqp_queue.get(no_ack=False, fail=False)
-                except aiormq.exceptions.AMQPError as exc:
-                    raise translate(exc, f"reading {self.link.name(queue)!r}") from None
-                if message is None:
-                    break
-                got.append(message)
-            for _ in range(3):  # the consumer's callbacks of frames read before the answer
-                await asyncio.sleep(0)
-            got += buffer
-            buffer.clear()
-            got.sort(key=by_tag)
-            free = room - len(taken)
-            taken += got[:free]
-            buffer.extend(got[free:])
+        try:
+            taken = await consumer.take(room, top_up)
+        except aiormq.exceptions.AMQPError as exc:
+            raise translate(exc, f"reading {self.link.name(queue)!r}") from None
         return [self._deliver(queue, consumer, message) for message in taken]
 
     async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
@@ -225,26 +205,35 @@ class AmqpTransport(Transport):
             BrokerError: RabbitMQ could not be reached.
         """
         deadline = time.monotonic() + timeout
-        while True:
-            self._arrived.clear()
-            out: list[Delivery] = []
-            try:
-                for queue in queues:
-                    consumer = await self._consumer(queue, count)
-                    out += await self._take(queue, consumer, count - len(out), True)
-                    if len(out) >= count:
-                        break
-            except (TimeoutError, aiormq.exceptions.AMQPError, ConnectionError) as exc:
-                if isinstance(exc, BrokerError):
-                    raise
-                raise translate(exc, "fetching") from None
-            left = deadline - time.monotonic()
-            if out or left <= 0:
-                return out
-            try:
-                await asyncio.wait_for(self._arrived.wait(), left)
-            except TimeoutError:
-                return []
+        arrived = asyncio.Event()
+        self._waiters.add(arrived)
+        try:
+            while True:
+                arrived.clear()
+                out = await self._take_first(queues, count)
+                left = deadline - time.monotonic()
+                if out or left <= 0:
+                    return out
+                try:
+                    await asyncio.wait_for(arrived.wait(), left)
+                except TimeoutError:
+                    return []
+        finally:
+            self._waiters.discard(arrived)
+
+    async def _take_first(self, queues: Sequence[str], count: int) -> list[Delivery]:
+        out: list[Delivery] = []
+        try:
+            for queue in queues:
+                consumer = await self._consumer(queue, count)
+                out += await self._take(queue, consumer, count - len(out), True)
+                if len(out) >= count:
+                    break
+        except (TimeoutError, aiormq.exceptions.AMQPError, ConnectionError) as exc:
+            if isinstance(exc, BrokerError):
+                raise
+            raise translate(exc, "fetching") from None
+        return out
 
     # ---------------------------------------------------------------- ack
     async def ack(self, queue: str, tokens: Sequence[bytes]) -> None:
@@ -379,8 +368,30 @@ class AmqpTransport(Transport):
         await self.link.publisher()
 
     async def close(self) -> None:
-        """Close the connection: unacked deliveries go back to their queues (RabbitMQ
+        """Stop consuming, hand back what the consumers received that no fetch took (published
+        again, then acked: a channel closing with them would spend a delivery of each), and
+        close the connection. Deliveries still unacked go back to their queues (RabbitMQ
         redelivers them). The transport connects again on its next call."""
-        self._consumers.clear()
+        consumers, self._consumers = self._consumers, {}
+        for queue, consumer in consumers.items():
+            try:
+                await self._release_buffer(queue, consumer)
+            except (BrokerError, aiormq.exceptions.AMQPError, ConnectionError) as exc:
+                logger.warning("could not hand back the prefetched messages of %s: %s", queue, exc)
         self.held.clear()
         await self.link.close()
+
+    async def _release_buffer(self, queue: str, consumer: Consumer) -> None:
+        if not self._alive(consumer):
+            return
+        await consumer.amqp_queue.cancel(consumer.tag)  # deliveries before cancel-ok came first
+        for _ in range(3):
+            await asyncio.sleep(0)
+        buffered = list(consumer.buffer)
+        consumer.buffer.clear()
+        for message in buffered:
+            deliveries = header_int(message.headers, "x-delivery-count") + header_int(
+                message.headers, DELIVERIES
+            )
+            await self.publish_with(queue, [message.body], deliveries)
+            await settle(message, True)
