@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("blitzq.broker.amqp")
 
 
+#: Seconds a published message may wait for RabbitMQ's confirm (then the publish fails).
+CONFIRM_TIMEOUT = 30.0
 #: Messages of one publish in flight at once (awaiting their confirms).
 PUBLISH_WINDOW = 1000
 
@@ -91,7 +93,8 @@ class AmqpTransport(Transport):
         """Publish ``messages`` to ``queue`` and wait for RabbitMQ's confirms.
 
         Raises:
-            BrokerError: a message was not confirmed (nacked, returned, channel lost).
+            BrokerError: a message was not confirmed (nacked, returned, channel lost, or no
+                confirm within :data:`CONFIRM_TIMEOUT` seconds).
             ConfigurationError: the queue exists with other arguments.
         """
         await self.publish_with(queue, messages, 0)
@@ -112,6 +115,7 @@ class AmqpTransport(Transport):
                     aio_pika.Message(body, delivery_mode=persistent, headers=headers),
                     routing_key=name,
                     mandatory=True,
+                    timeout=CONFIRM_TIMEOUT,
                 )
                 for body in messages[start : start + PUBLISH_WINDOW]
             ]
@@ -192,7 +196,7 @@ class AmqpTransport(Transport):
         return [self._deliver(queue, consumer, message) for message in taken]
 
     async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
-        """Take up to ``count`` messages of ``queue``; wait up to ``timeout`` seconds for one."""
+        """:meth:`fetch_first` of the one queue ``queue``."""
         return await self.fetch_first([queue], count, timeout)
 
     async def fetch_first(
@@ -390,8 +394,7 @@ class AmqpTransport(Transport):
         buffered = list(consumer.buffer)
         consumer.buffer.clear()
         for message in buffered:
-            deliveries = header_int(message.headers, "x-delivery-count") + header_int(
-                message.headers, DELIVERIES
-            )
-            await self.publish_with(queue, [message.body], deliveries)
+            before = header_int(message.headers, "x-delivery-count")
+            before += header_int(message.headers, DELIVERIES)
+            await self.publish_with(queue, [message.body], before)
             await settle(message, True)
