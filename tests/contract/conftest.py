@@ -117,10 +117,10 @@ async def make_broker(
         return broker
 
     yield factory
-    if amqp_url:
-        await delete_amqp_queues(amqp_url, made)
     for broker in made:
         await broker.close()
+    if amqp_url:  # after the close, which may publish back what a consumer had prefetched
+        await delete_amqp_queues(amqp_url, made)
 
 
 @pytest.fixture

@@ -60,9 +60,9 @@ async def amqp(server_url: str, namespace: str) -> AsyncIterator[Callable[..., A
         return broker
 
     yield factory
-    await delete_amqp_queues(url, made)
     for broker in made:
         await broker.close()
+    await delete_amqp_queues(url, made)  # after the close, which may publish back
 
 
 @pytest.fixture
@@ -335,8 +335,8 @@ async def test_with_the_state_store_down_a_delivery_waits_without_spending_deliv
         assert runs == [0, 1]
         assert (await broker.queue_stats(["rd"]))["rd"] == {"waiting": 0, "in_flight": 0}
     finally:
-        await delete_amqp_queues(url, [broker])
         await q.close()
+        await delete_amqp_queues(url, [broker])
         server.stop()
 
 
