@@ -77,6 +77,7 @@ class Custody:
         self.store = store
         self.transport: AmqpTransport | None = None
         self._lease = 60.0
+        self._store_lost = False
 
     @translate_errors
     async def _now(self) -> float:
@@ -103,12 +104,29 @@ class Custody:
             BrokerError: Redis or RabbitMQ could not be reached.
         """
         self._lease = min_idle
-        await self._now()  # Redis first: with the store down, nothing is handed back
+        await self.check_store()  # Redis first: with the store down, nothing is handed back
         await self.hand_over(queue, min_idle)
         requeued, dead = await self._recover(queue, count, max_deliveries, record_ttl)
         again, lost = await self.abandon(queue, min_idle, max_deliveries, record_ttl)
         dead += await self.drain_dead_letters(count, record_ttl)
         return requeued + again, dead + lost
+
+    async def check_store(self) -> None:
+        """Raise BrokerError while Redis does not answer. The first round after an outage
+        counts every held delivery as heartbeated now: completions the worker could not
+        commit meanwhile get a visibility timeout to land before a delivery is taken for
+        abandoned (else it would be handed back and run again, spending a delivery).
+        """
+        try:
+            await self._now()
+        except BrokerError:
+            self._store_lost = True
+            raise
+        if self._store_lost and self.transport is not None:
+            self._store_lost = False
+            now = time.monotonic()
+            for held in self.transport.held.values():
+                held.beat = max(held.beat, now)
 
     async def abandon(
         self, queue: str, min_idle: float, max_deliveries: int, record_ttl: int
@@ -191,7 +209,11 @@ class Custody:
         lease is never taken back)."""
         if not tokens:
             return 0
-        expiry = await self._now() + self._lease
+        try:
+            expiry = await self._now() + self._lease
+        except BrokerError:
+            self._store_lost = True
+            raise
         leases = self.keys.custody_leases(queue)
         async with self.client.pipeline(transaction=False) as pipe:
             for token in tokens:
