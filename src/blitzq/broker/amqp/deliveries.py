@@ -56,8 +56,9 @@ class Consumer:
         self.buffer: collections.deque[AbstractIncomingMessage] = collections.deque()
 
     async def take(self, room: int, top_up: bool) -> list[AbstractIncomingMessage]:
-        """Up to ``room`` messages in queue order: the buffer's, then (``top_up``)
-        ``basic.get`` until the queue is empty.
+        """Up to ``room`` messages in queue order: the buffer's, then (``top_up``) what a
+        ``basic.get`` brings and flushes into the buffer, repeated while it finds messages
+        and ``room`` is not filled.
 
         Deliveries and gets of one channel share its delivery-tag sequence, and what RabbitMQ
         dispatched to the consumer before it answered a get arrives first: sorting by tag
@@ -73,13 +74,15 @@ class Consumer:
             taken.append(buffer.popleft())
         if top_up and len(taken) < room:
             got: list[AbstractIncomingMessage] = []
-            while len(taken) + len(got) < room:
+            while True:  # usually one get: it flushes what was dispatched to the consumer
                 message = await self.amqp_queue.get(no_ack=False, fail=False)
+                for _ in range(3):  # the consumer's callbacks of frames read before the answer
+                    await asyncio.sleep(0)
                 if message is None:
                     break
                 got.append(message)
-            for _ in range(3):  # the consumer's callbacks of frames read before the answer
-                await asyncio.sleep(0)
+                if len(taken) + len(got) + len(buffer) >= room:
+                    break
             got += buffer
             buffer.clear()
             got.sort(key=by_tag)

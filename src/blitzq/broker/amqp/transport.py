@@ -329,7 +329,8 @@ class AmqpTransport(Transport):
         """Per queue: ``waiting`` (ready messages, from a passive declaration) and
         ``in_flight`` (the deliveries this process holds). Waiting counts the messages this
         process's consumer received but nobody fetched yet; another process's are in
-        neither count."""
+        neither count. While a consumer runs, a message RabbitMQ dispatches to it as the
+        count is read may be counted twice or not at all: an estimate, exact when idle."""
         out: dict[str, dict[str, int]] = {}
         for queue in queues:
             held = sum(1 for h in self.held.values() if h.queue == queue)
@@ -344,15 +345,12 @@ class AmqpTransport(Transport):
 
     async def _settled_count(self, queue: str, consumer: Consumer) -> int:
         """Ready messages of ``queue``, read on the consumer's own channel: what RabbitMQ
-        dispatched to the consumer before it answered arrives first, so after a loop turn
-        every message is either counted ready or in the consumer's buffer."""
+        dispatched to the consumer before it answered arrives first (in the buffer)."""
         try:
             raw = await consumer.channel.get_underlay_channel()
             ok = await raw.queue_declare(self.link.name(queue), passive=True)
         except aiormq.exceptions.AMQPError as exc:
             raise translate(exc, f"counting queue {self.link.name(queue)!r}") from None
-        for _ in range(3):  # the consumer's callbacks of the frames read before the answer
-            await asyncio.sleep(0)
         return int(ok.message_count or 0)
 
     async def purge_queue(self, queue: str) -> int:
