@@ -146,7 +146,8 @@ class Broker:
             return completions
         tokens: dict[str, list[bytes]] = {}
         for c in plain:
-            tokens.setdefault(c.queue, []).append(c.token)  # type: ignore[arg-type]
+            if c.token is not None:
+                tokens.setdefault(c.queue, []).append(c.token)
         try:
             for queue, handed in tokens.items():
                 await self.transport.nack(queue, handed)
