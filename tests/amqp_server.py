@@ -27,6 +27,7 @@ import pytest
 from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.amqp.channels import AmqpLink
 from tests.conftest import free_port
+from tests.polling import wait_until
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 RABBITMQ_SERVER = "/usr/sbin/rabbitmq-server"
@@ -149,7 +150,23 @@ class PrivateNode:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
+        # The VM writes its files until it is gone (it runs as another user, in no group of
+        # ours): wait for every process of this node to exit, then delete the directory.
+        wait_until(lambda: not _node_processes(self.name), 60, "the RabbitMQ node exits")
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _node_processes(name: str) -> list[int]:
+    """Pids whose command line names the node ``name``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if name.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
 
 
 def close_connection_named(name: str, timeout: float = 30.0) -> int:
