@@ -237,27 +237,33 @@ async def test_closing_hands_back_prefetched_messages_without_spending_deliverie
     assert sorted(r.deliveries for r in rest) == [1, 1, 1, 1]
 
 
-async def test_a_task_longer_than_consumer_timeout_runs_once(
-    server_url: str, namespace: str
-) -> None:
-    node = PrivateNode("consumer_timeout = 5000", "[{rabbit, [{channel_tick_interval, 1000}]}].\n")
+async def test_tasks_longer_than_consumer_timeout_run_once(server_url: str, namespace: str) -> None:
+    # consumer_timeout 3 s, checked every 0.5 s: a delivery left unacked 3.5 s closes its
+    # channel. Two 5 s tasks on one slot: the first is handed to the state store's custody
+    # while it runs, the second waits prefetched in the consumer (handed back each round).
+    node = PrivateNode("consumer_timeout = 3000", "[{rabbit, [{channel_tick_interval, 500}]}].\n")
     url = await asyncio.to_thread(node.start)
     broker = AmqpBroker(url, server_url, namespace)
     q = Queue("long", broker=broker, visibility_timeout=1.0)
-    runs: list[int] = []
+    runs: list[str] = []
     try:
 
         @q.task(name="amqp.long")
-        async def long_task() -> str:
-            runs.append(1)
-            await asyncio.sleep(8)  # RabbitMQ would close the channel after 5-6 s unacked
-            return "ok"
+        async def long_task(label: str) -> str:
+            runs.append(label)
+            await asyncio.sleep(5)
+            return label
 
-        handle = await long_task.enqueue()
-        async with running(make_worker(q, concurrency=2)):
-            assert await handle.result(timeout=60) == "ok"
+        first, second = await long_task.enqueue("a"), await long_task.enqueue("b")
+        async with running(make_worker(q, concurrency=1)):
+            assert await first.result(timeout=60) == "a"
+            assert await second.result(timeout=60) == "b"
             assert (await broker.queue_stats(["long"]))["long"]["waiting"] == 0
-        assert runs == [1]
+        assert runs == ["a", "b"]
+        for handle in (first, second):
+            record = await handle.status()
+            assert record is not None
+            assert record.attempts == 1  # no delivery was spent by a closed channel
     finally:
         await q.close()
         await asyncio.to_thread(node.stop)

@@ -106,6 +106,7 @@ class Custody:
         self._lease = min_idle
         await self.check_store()  # Redis first: with the store down, nothing is handed back
         await self.hand_over(queue, min_idle)
+        await self.release_stale(queue, min_idle)
         requeued, dead = await self._recover(queue, count, max_deliveries, record_ttl)
         again, lost = await self.abandon(queue, min_idle, max_deliveries, record_ttl)
         dead += await self.drain_dead_letters(count, record_ttl)
@@ -156,6 +157,24 @@ class Custody:
                 await settle(held.message, False)
                 requeued += 1
         return requeued, dead
+
+    async def release_stale(self, queue: str, age: float) -> int:
+        """Hand back what ``queue``'s consumer prefetched over ``age`` seconds ago and no
+        fetch took (every slot busy, e.g. with long tasks whose deliveries custody acked):
+        published again, then acked, so RabbitMQ's ``consumer_timeout`` never fires on them
+        and no delivery is spent; another worker with free slots may take them. Returns
+        how many."""
+        transport = self.transport
+        consumer = transport.consumers.get(queue) if transport is not None else None
+        if transport is None or consumer is None or consumer.epoch != transport.link.epoch:
+            return 0
+        stale = consumer.stale(age)
+        for message in stale:
+            before = header_int(message.headers, "x-delivery-count")
+            before += header_int(message.headers, DELIVERIES)
+            await transport.publish_with(queue, [message.body], before)
+            await settle(message, True)
+        return len(stale)
 
     async def hand_over(self, queue: str, min_idle: float) -> int:
         """Move deliveries of ``queue`` held over ``min_idle`` seconds into custody, then

@@ -44,9 +44,10 @@ class Held:
 
 
 class Consumer:
-    """One queue's consumer: its channel, tag and buffer of received messages."""
+    """One queue's consumer: its channel, tag and buffer of received messages (with when
+    each arrived, by delivery tag)."""
 
-    __slots__ = ("amqp_queue", "buffer", "channel", "epoch", "tag")
+    __slots__ = ("amqp_queue", "arrived", "buffer", "channel", "epoch", "tag")
 
     def __init__(self, channel: AbstractChannel, amqp_queue: AbstractQueue, epoch: int) -> None:
         self.channel = channel
@@ -54,6 +55,21 @@ class Consumer:
         self.epoch = epoch
         self.tag = ""
         self.buffer: collections.deque[AbstractIncomingMessage] = collections.deque()
+        self.arrived: dict[int, float] = {}
+
+    def stale(self, age: float) -> list[AbstractIncomingMessage]:
+        """Remove and return the buffered messages that arrived over ``age`` seconds ago
+        (no fetch took them: the worker's slots are all busy)."""
+        now = time.monotonic()
+        arrived = self.arrived
+        old = [m for m in self.buffer if now - arrived.setdefault(by_tag(m), now) > age]
+        if old:
+            keep = [m for m in self.buffer if now - arrived[by_tag(m)] <= age]
+            self.buffer.clear()
+            self.buffer.extend(keep)
+            for m in old:
+                arrived.pop(by_tag(m), None)
+        return old
 
     async def take(self, room: int, top_up: bool) -> list[AbstractIncomingMessage]:
         """Up to ``room`` messages in queue order: the buffer's, then (``top_up``) what a
@@ -89,6 +105,8 @@ class Consumer:
             free = room - len(taken)
             taken += got[:free]
             buffer.extend(got[free:])
+        for message in taken:
+            self.arrived.pop(by_tag(message), None)
         return taken
 
 

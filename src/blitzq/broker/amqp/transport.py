@@ -85,7 +85,7 @@ class AmqpTransport(Transport):
         self.prefetch = prefetch
         self.custody = custody
         self.held: dict[bytes, Held] = {}
-        self._consumers: dict[str, Consumer] = {}
+        self.consumers: dict[str, Consumer] = {}  # by physical queue
         self._waiters: set[asyncio.Event] = set()  # one per fetch waiting for a message
 
     # --------------------------------------------------------------- publish
@@ -134,7 +134,7 @@ class AmqpTransport(Transport):
 
     async def _consumer(self, queue: str, count: int) -> Consumer:
         """The running consumer of ``queue``, (re)started when missing or its channel closed."""
-        consumer = self._consumers.get(queue)
+        consumer = self.consumers.get(queue)
         if consumer is not None and self._alive(consumer):
             return consumer
         await self.link.declare(queue)
@@ -150,6 +150,7 @@ class AmqpTransport(Transport):
 
         async def on_message(message: AbstractIncomingMessage) -> None:
             buffer.append(message)
+            consumer.arrived[message.delivery_tag or 0] = time.monotonic()
             wake()
 
         try:
@@ -157,7 +158,7 @@ class AmqpTransport(Transport):
         except aiormq.exceptions.AMQPError as exc:
             raise translate(exc, f"consuming from {self.link.name(queue)!r}") from None
         channel.close_callbacks.add(lambda *_: wake())
-        self._consumers[queue] = consumer
+        self.consumers[queue] = consumer
         if consumer.epoch > 1:
             logger.info("consuming from %s again (connection %d)", queue, consumer.epoch)
         return consumer
@@ -334,7 +335,7 @@ class AmqpTransport(Transport):
         out: dict[str, dict[str, int]] = {}
         for queue in queues:
             held = sum(1 for h in self.held.values() if h.queue == queue)
-            consumer = self._consumers.get(queue)
+            consumer = self.consumers.get(queue)
             if consumer is not None and self._alive(consumer):
                 ready = await self._settled_count(queue, consumer)
                 waiting = ready + len(consumer.buffer)
@@ -358,7 +359,7 @@ class AmqpTransport(Transport):
         but nobody fetched (acked); return how many. Messages another worker process has
         prefetched are not purged (at most its prefetch)."""
         purged = await self.link.purge(queue)
-        consumer = self._consumers.get(queue)
+        consumer = self.consumers.get(queue)
         if consumer is not None:
             while consumer.buffer:
                 await settle(consumer.buffer.popleft(), True)
@@ -374,7 +375,7 @@ class AmqpTransport(Transport):
         again, then acked: a channel closing with them would spend a delivery of each), and
         close the connection. Deliveries still unacked go back to their queues (RabbitMQ
         redelivers them). The transport connects again on its next call."""
-        consumers, self._consumers = self._consumers, {}
+        consumers, self.consumers = self.consumers, {}
         for queue, consumer in consumers.items():
             try:
                 await self._release_buffer(queue, consumer)
