@@ -16,7 +16,7 @@ from . import config, registration
 from . import periodic as periodic_entries
 from ._checks import flag, integer, seconds
 from .broker import Broker
-from .broker.factory import make_broker, resolve_url
+from .broker.factory import make_broker, resolve_amqp_url, resolve_url
 from .client import testmode
 from .client.admin import Admin
 from .client.delegate import delegate
@@ -103,6 +103,10 @@ class Queue:
         dead_letter_ttl: seconds a dead letter is kept.
         dead_letter_max_bytes: total bytes of stored dead letters; beyond it the oldest
             are dropped.
+        amqp_url: ``amqp://user:password@host:port/vhost`` (or ``amqps://``): messages
+            travel through RabbitMQ quorum queues (at-least-once) while ``redis_url`` keeps
+            records, results, the schedule and dead letters. ``None`` reads
+            ``BLITZQ_AMQP_URL``; without it messages travel through Redis.
 
     Every numeric option must be a real number (``int`` where a count or size is asked for;
     never ``bool``), finite and in range, and every duration at most ten years
@@ -134,6 +138,7 @@ class Queue:
         max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
         dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
         dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
+        amqp_url: str | None = None,
     ) -> None:
         self.name = check_queue_name("queue name", name)
         self.namespace = check_name("namespace", namespace or config.value("namespace") or "blitzq")
@@ -154,6 +159,10 @@ class Queue:
         flag("track_state", track_state)
         if redis_url is not None and not isinstance(redis_url, str):
             raise ConfigurationError(f"redis_url must be a str, got {redis_url!r}")
+        if amqp_url is not None and not isinstance(amqp_url, str):
+            raise ConfigurationError(f"amqp_url must be a str, got {amqp_url!r}")
+        if amqp_url:
+            resolve_amqp_url(amqp_url)  # a bad scheme is refused here, not at first use
         if routes is not None and not (callable(routes) or isinstance(routes, Mapping)):
             raise ConfigurationError(f"routes must be a dict or a callable, got {routes!r}")
         for target in routes.values() if isinstance(routes, Mapping) else ():
@@ -171,6 +180,7 @@ class Queue:
         self.queue_rate_limits = queue_limits(queue_rate_limits)
         self.track_state = track_state
         self._redis_url = redis_url
+        self._amqp_url = amqp_url
         self._shared_broker = broker
         self._brokers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Broker] = (
             weakref.WeakKeyDictionary()
@@ -224,7 +234,9 @@ class Queue:
             "dead_letter_ttl": self.dead_letter_ttl,
             "dead_letter_max_bytes": self.dead_letter_max_bytes,
         }
-        return make_broker(self.url, self.namespace, self.mode, limits)
+        # The eager test mode keeps everything on its memory backend (blitzq.testing).
+        amqp = None if testmode.forced_url is not None else resolve_amqp_url(self._amqp_url)
+        return make_broker(self.url, self.namespace, self.mode, limits, amqp, self.max_deliveries)
 
     @property
     def broker(self) -> Broker:

@@ -5,10 +5,13 @@ namespace, or (``ephemeral``) a ReliableRedisBroker on this process's private ep
 (:mod:`blitzq.broker.redis.ephemeral`) in a namespace of its own: the server and code behind
 ``memory://``; or (``foreign``) a foreign pairing (``tests/foreign.py``): the Redis state
 store in the test's namespace and a streams transport on another connection and namespace,
-joined by the outbox relay as a RabbitMQ transport would be. ``cluster-reliable`` and
+joined by the outbox relay as a RabbitMQ transport is. ``cluster-reliable`` and
 ``cluster-fast`` are the Redis brokers on the session's local 3-primary Redis Cluster
 (``redis_cluster`` in tests/conftest.py), reached through a node that does not own the
-namespace's slot. Every contract test runs unchanged against each of them.
+namespace's slot. ``amqp`` is the RabbitMQ transport with the Redis state store
+(:class:`~blitzq.broker.amqp.AmqpBroker`), skipped when RabbitMQ does not answer at
+``BLITZQ_TEST_AMQP_URL`` (default ``amqp://guest:guest@127.0.0.1:5672/``); its queues are
+deleted after the test. Every contract test runs unchanged against each of them.
 """
 
 from __future__ import annotations
@@ -22,10 +25,37 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from blitzq.broker import Broker
+from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.redis import FastRedisBroker, ReliableRedisBroker, ephemeral
+from tests.amqp_server import amqp_or_skip, delete_amqp_queues
 from tests.foreign import TRANSPORT_SUFFIX, ForeignPairing, delete_namespace
 
-BROKER_KINDS = ["reliable", "fast", "ephemeral", "foreign", "cluster-reliable", "cluster-fast"]
+BROKER_KINDS = [
+    "reliable", "fast", "ephemeral", "foreign", "cluster-reliable", "cluster-fast", "amqp",
+]  # fmt: skip
+
+#: Contract tests the ``amqp`` pairing is known to fail, with why (marked xfail, not strict).
+#: Fencing tests skip on every separate-ack pairing (``needs_fused``): RabbitMQ's leases are
+#: not the store's, so a late completion is applied (docs/guarantees.md).
+AMQP_XFAIL: dict[str, str] = {
+    "test_recovered_lease_is_never_taken_back": (
+        "RabbitMQ gives an unacked delivery to another consumer only once its holder's "
+        "channel closes; another process cannot recover it while the holder lives"
+    ),
+    "test_queue_stats_waiting_and_in_flight": (
+        "waiting on RabbitMQ is the ready count plus this process's prefetched buffer, and a "
+        "message dispatched to the consumer while the count is read is counted twice or not "
+        "at all (about one run in ten)"
+    ),
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the ``amqp`` runs of :data:`AMQP_XFAIL` as expected failures."""
+    for item in items:
+        name, _, param = item.name.partition("[")
+        if param.startswith("amqp") and name in AMQP_XFAIL:
+            item.add_marker(pytest.mark.xfail(reason=AMQP_XFAIL[name], strict=False))
 
 
 @pytest.fixture(params=BROKER_KINDS)
@@ -81,9 +111,10 @@ async def make_broker(
         if broker_kind == "foreign"
         else (FastRedisBroker if broker_kind.endswith("fast") else ReliableRedisBroker)
     )
+    amqp_url = amqp_or_skip() if broker_kind == "amqp" else ""
 
     def factory() -> Broker:
-        broker: Broker = cls(url, namespace)
+        broker: Broker = AmqpBroker(amqp_url, url, namespace) if amqp_url else cls(url, namespace)
         made.append(broker)
         return broker
 
@@ -92,6 +123,8 @@ async def make_broker(
         await broker.close()
     if broker_kind == "foreign":
         await delete_namespace(url, namespace + TRANSPORT_SUFFIX)
+    if amqp_url:  # after the close, which may publish back what a consumer had prefetched
+        await delete_amqp_queues(amqp_url, made)
 
 
 @pytest.fixture

@@ -131,11 +131,14 @@ class Broker(OperationsFacade):
         """See :meth:`StateStore.complete`; the store's own method when it acks this
         transport's deliveries (:meth:`StateStore.acks`).
 
-        Otherwise: the store applies the batch, then the deliveries of the completions it
+        Otherwise: a completion that only requeues its delivery (a worker handing back a
+        message it did not start) is given to :meth:`Transport.nack` (unless the transport
+        has none); the store applies the rest, then the deliveries of the completions it
         applied are acked on the transport (per queue, in one call each). A crash between
         the two leaves the deliveries unacked: the transport delivers them again and the
         store's writes are applied again (at-least-once).
         """
+        completions = await self._hand_back(completions)
         # The tokens are the transport's, not the store's: the store sees none, so it never
         # acks or fences on them (a Redis store on a streams connection would otherwise read
         # a foreign delivery tag as a lost stream lease and drop the whole completion).
@@ -159,6 +162,30 @@ class Broker(OperationsFacade):
             if pushed:
                 await self.relay.pushed(pushed)
         return refused
+
+    async def _hand_back(self, completions: Sequence[Completion]) -> Sequence[Completion]:
+        """Give the transport back the deliveries whose completion only requeues them (a
+        worker handing back what it did not start) with :meth:`Transport.nack`; return the
+        other completions. A transport without ``nack`` leaves them to the store."""
+        plain = [
+            c
+            for c in completions
+            if c.requeue is not None and c.token is not None and c.record is None
+            and c.reschedule is None and c.dead_letter is None and not c.ops
+        ]  # fmt: skip
+        if not plain:
+            return completions
+        tokens: dict[str, list[bytes]] = {}
+        for c in plain:
+            if c.token is not None:
+                tokens.setdefault(c.queue, []).append(c.token)
+        try:
+            for queue, handed in tokens.items():
+                await self.transport.nack(queue, handed)
+        except NotImplementedError:
+            return completions
+        done = {id(c) for c in plain}
+        return [c for c in completions if id(c) not in done]
 
     # ====================================================== rate, unique, lock
     async def acquire_rate(self, buckets: Sequence[tuple[str, float, float]]) -> tuple[bool, float]:

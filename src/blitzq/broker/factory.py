@@ -19,6 +19,28 @@ SCHEMES = (
     "redis+sentinel://",
 )  # fmt: skip
 
+#: URL schemes of ``amqp_url`` (RabbitMQ).
+AMQP_SCHEMES = ("amqp://", "amqps://")
+
+
+def resolve_amqp_url(configured: str | None) -> str | None:
+    """The RabbitMQ URL to use, if any.
+
+    Args:
+        configured: the Queue's ``amqp_url`` (or the CLI's ``--amqp-url``); ``None`` reads
+            ``BLITZQ_AMQP_URL``.
+
+    Returns:
+        An ``amqp://`` or ``amqps://`` URL, or ``None`` (messages travel through Redis).
+
+    Raises:
+        ConfigurationError: any other scheme.
+    """
+    url = configured or config.value("amqp_url") or None
+    if url is not None and not url.startswith(AMQP_SCHEMES):
+        raise ConfigurationError(f"unsupported amqp_url {url!r}: use amqp:// or amqps://")
+    return url
+
 
 def resolve_url(configured: str | None) -> str:
     """The broker URL to use.
@@ -58,6 +80,8 @@ def make_broker(
     namespace: str,
     mode: Literal["reliable", "fast"],
     dead_letter_limits: dict[str, Any],
+    amqp_url: str | None = None,
+    max_deliveries: int = 5,
 ) -> Broker:
     """A new broker (its own connections) for ``url``.
 
@@ -68,6 +92,10 @@ def make_broker(
         mode: ``"reliable"`` (streams) or ``"fast"`` (lists).
         dead_letter_limits: ``dead_letter_cap``, ``dead_letter_ttl`` (seconds) and
             ``dead_letter_max_bytes`` of the Queue.
+        amqp_url: a URL from :func:`resolve_amqp_url`: messages travel through RabbitMQ
+            (:class:`~blitzq.broker.amqp.AmqpBroker`, at-least-once whatever ``mode``) and
+            ``url`` keeps the state.
+        max_deliveries: the Queue's ``max_deliveries`` (RabbitMQ's ``x-delivery-limit``).
 
     Raises:
         ConfigurationError: a bad connection parameter in the URL.
@@ -78,7 +106,13 @@ def make_broker(
 
         url, namespace = ensure_server(), memory_namespace(url.removeprefix("memory://"))
     broker: Broker
-    if mode == "reliable":
+    if amqp_url is not None:
+        from .amqp import AmqpBroker
+
+        broker = AmqpBroker(
+            amqp_url, url, namespace, max_deliveries=max_deliveries, **dead_letter_limits
+        )
+    elif mode == "reliable":
         from .redis.reliable import ReliableRedisBroker
 
         broker = ReliableRedisBroker(url, namespace, **dead_letter_limits)
@@ -91,4 +125,4 @@ def make_broker(
     return broker
 
 
-__all__ = ["SCHEMES", "make_broker", "resolve_url"]
+__all__ = ["AMQP_SCHEMES", "SCHEMES", "make_broker", "resolve_amqp_url", "resolve_url"]

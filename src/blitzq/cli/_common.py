@@ -111,6 +111,7 @@ class Settings:
     """
 
     redis_url: str | None = None
+    amqp_url: str | None = None
     namespace: str | None = None
     mode: str | None = None
     json: bool = False
@@ -139,7 +140,8 @@ def _store(ctx: click.Context, param: click.Parameter, value: Any) -> None:
 
 
 def global_options(fn: F) -> F:
-    """Decorate a command or group with ``--redis-url``, ``--namespace``, ``--mode``, ``--json``."""
+    """Decorate a command or group with ``--redis-url``, ``--amqp-url``, ``--namespace``,
+    ``--mode``, ``--json``."""
     options = [
         click.option(
             "--redis-url",
@@ -152,6 +154,18 @@ def global_options(fn: F) -> F:
                 "Broker URL (redis://, rediss://, unix://, valkey://, valkeys://, "
                 "redis+cluster://, rediss+cluster://, redis+sentinel://). "
                 "Default: the embedded server."
+            ),
+        ),
+        click.option(
+            "--amqp-url",
+            envvar="BLITZQ_AMQP_URL",
+            show_envvar=True,
+            expose_value=False,
+            callback=_store,
+            metavar="URL",
+            help=(
+                "RabbitMQ URL (amqp://, amqps://): messages travel through RabbitMQ, state "
+                "stays on the Redis broker. Default: none."
             ),
         ),
         click.option(
@@ -272,7 +286,12 @@ def make_queue() -> Queue:
     s = settings()
     url = s.redis_url or config.value("redis_url") or running_server_url()
     with cli_errors(url):
-        return Queue(redis_url=url, namespace=s.namespace, mode=s.mode)  # type: ignore[arg-type]
+        return Queue(
+            redis_url=url,
+            namespace=s.namespace,
+            mode=s.mode,  # type: ignore[arg-type]
+            amqp_url=s.amqp_url,
+        )
 
 
 def use_running_server(queue: Queue) -> None:

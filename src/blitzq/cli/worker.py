@@ -43,7 +43,12 @@ from .process_control import (
 logger = logging.getLogger("blitzq.cli")
 
 #: Environment variables a Queue reads as defaults, per global option.
-_ENV = {"redis_url": "BLITZQ_REDIS_URL", "namespace": "BLITZQ_NAMESPACE", "mode": "BLITZQ_MODE"}
+_ENV = {
+    "redis_url": "BLITZQ_REDIS_URL",
+    "amqp_url": "BLITZQ_AMQP_URL",
+    "namespace": "BLITZQ_NAMESPACE",
+    "mode": "BLITZQ_MODE",
+}
 
 
 def _usage(message: str) -> CliUsageError:
@@ -141,6 +146,10 @@ def _override(queue: Queue, s: Settings) -> None:
         if queue._shared_broker is not None:
             raise _usage("--redis-url cannot apply: the application's Queue was given a broker")
         queue._connect_to(s.redis_url)
+    if "amqp_url" in s.from_command_line and s.amqp_url is not None:
+        if queue._shared_broker is not None:
+            raise _usage("--amqp-url cannot apply: the application's Queue was given a broker")
+        queue._amqp_url = s.amqp_url
 
 
 def _split_queues(value: str | None) -> list[str] | None:

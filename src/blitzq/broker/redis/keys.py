@@ -116,6 +116,10 @@ TABLE: Final[dict[str, Key]] = {
         "supervisor id to its status (JSON: processes, min, max, queues); see supervisors:exp"),
     "supervisor_beats": Key("supervisors:exp", "zset",
         "supervisor ids scored by status expiry (Unix seconds)"),
+    "custody": Key("ac:<queue>", "hash",
+        "RabbitMQ deliveries held for long tasks: custody id to `<deliveries>\\n<message>`"),
+    "custody_leases": Key("acl:<queue>", "zset",
+        "custody ids scored by lease expiry (Unix seconds, server clock)"),
 }
 # fmt: on
 
@@ -303,3 +307,12 @@ class Keys:
     def supervisor_beats(self) -> str:
         """Sorted set of supervisor id scored by status expiry (Unix seconds)."""
         return self._fixed("supervisor_beats")
+
+    def custody(self, queue: str) -> str:
+        """Hash of RabbitMQ deliveries of ``queue`` in the state store's custody (long tasks:
+        ``broker/amqp/custody.py``)."""
+        return self._one("custody", queue)
+
+    def custody_leases(self, queue: str) -> str:
+        """Sorted set of the custody ids of ``queue`` scored by lease expiry."""
+        return self._one("custody_leases", queue)

@@ -1,0 +1,109 @@
+"""The RabbitMQ pairing: :class:`~.transport.AmqpTransport` with the Redis state store.
+
+:class:`AmqpBroker` is ``Broker(AmqpTransport(...), RedisStateStore(conn))`` with ``conn`` a
+:class:`~blitzq.broker.redis.connection.RedisConnection` of kind ``"l"``: records, results,
+the schedule, dead letters and workflow/unique/lock/rate/progress state stay on Redis (or the
+embedded or ``memory://`` Valkey); messages travel through RabbitMQ. The store does not ack
+RabbitMQ deliveries (:meth:`~blitzq.broker.state.StateStore.acks` is ``False``), so the facade
+commits a completion in Redis first and acks it on RabbitMQ after: at-least-once.
+
+What the store itself writes into queues (promoted delays and retries, requeues, workflow
+steps, replays, periodic claims) lands in the Redis lists of the namespace: the outbox that a
+relay moves to RabbitMQ (see docs/architecture.md, "Adding a broker").
+"""
+
+from __future__ import annotations
+
+from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
+from ..facade import Broker
+from ..redis.connection import DEFAULT_DEAD_LETTER_CAP, RedisConnection
+from ..redis.store import RedisStateStore
+from .custody import Custody
+from .transport import AmqpTransport
+
+__all__ = ["AmqpBroker"]
+
+
+class AmqpBroker(Broker):
+    """RabbitMQ delivery with the Redis state store.
+
+    Args:
+        amqp_url: ``amqp://user:password@host:port/vhost`` (``amqps://`` for TLS).
+        redis_url: the state store's ``redis://``, ``rediss://`` or ``unix://`` URL.
+        namespace: Redis key namespace and RabbitMQ queue-name prefix.
+        max_deliveries: deliveries of one message before it is dead-lettered (>= 1).
+        prefetch: unacked messages RabbitMQ sends a consumer ahead (``None``: the worker's
+            free slots at its first fetch).
+        dead_letter_cap: dead letters kept before the oldest are dropped.
+        dead_letter_ttl: seconds a dead letter is kept.
+        dead_letter_max_bytes: total bytes of dead letters kept.
+
+    Attributes:
+        conn: the state store's Redis connection (kind ``"l"``).
+        kind: ``""``: the broker has one kind of queue (RabbitMQ's), the origin its dead
+            letters record; the store's own queue writes go to its outbox, relayed to RabbitMQ
+            (:mod:`blitzq.broker.outbox`).
+
+    Raises:
+        ConfigurationError: a bad query parameter in ``redis_url``.
+    """
+
+    kind = ""
+
+    def __init__(
+        self,
+        amqp_url: str,
+        redis_url: str,
+        namespace: str,
+        *,
+        max_deliveries: int = 5,
+        prefetch: int | None = None,
+        dead_letter_cap: int = DEFAULT_DEAD_LETTER_CAP,
+        dead_letter_ttl: int = DEFAULT_DEAD_LETTER_TTL,
+        dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
+    ) -> None:
+        conn = RedisConnection(
+            redis_url,
+            namespace,
+            dead_letter_cap=dead_letter_cap,
+            dead_letter_ttl=dead_letter_ttl,
+            dead_letter_max_bytes=dead_letter_max_bytes,
+            kind="l",
+        )
+        store = RedisStateStore(conn)
+        custody = Custody(conn, store)
+        transport = AmqpTransport(
+            amqp_url, namespace, max_deliveries=max_deliveries, prefetch=prefetch, custody=custody
+        )
+        custody.transport = transport
+        super().__init__(transport, store)
+        self.conn = conn
+        self.amqp: AmqpTransport = transport
+        self.url = conn.url
+
+    @property
+    def dead_letter_cap(self) -> int:
+        """Dead letters kept before the oldest are dropped (settable)."""
+        return self.conn.dead_letter_cap
+
+    @dead_letter_cap.setter
+    def dead_letter_cap(self, value: int) -> None:
+        self.conn.dead_letter_cap = value
+
+    @property
+    def dead_letter_ttl(self) -> int:
+        """Seconds a dead letter is kept (settable)."""
+        return self.conn.dead_letter_ttl
+
+    @dead_letter_ttl.setter
+    def dead_letter_ttl(self, value: int) -> None:
+        self.conn.dead_letter_ttl = int(value)
+
+    @property
+    def dead_letter_max_bytes(self) -> int:
+        """Total bytes of dead letters kept before the oldest are dropped (settable)."""
+        return self.conn.dead_letter_max_bytes
+
+    @dead_letter_max_bytes.setter
+    def dead_letter_max_bytes(self, value: int) -> None:
+        self.conn.dead_letter_max_bytes = value

@@ -1,0 +1,298 @@
+"""The AMQP side of the RabbitMQ transport: one connection, its channels, queue declarations.
+
+:class:`AmqpLink` owns an aio-pika connection made on first use and re-made after it closed
+(a server restart, ``rabbitmqctl close_connection``): every call first checks it
+(:meth:`AmqpLink.ensure`), and each re-made connection is a new *epoch* whose consumers the
+transport starts again. It has one channel in publisher-confirm mode for publishing and
+declaring, one channel per consumed queue (a channel closed by the server -- a
+``consumer_timeout``, a refused ack -- costs that queue's consumer only), and declares the
+queues blitzq uses:
+
+- ``<namespace>.<physical queue>`` (``app.emails``, ``app.emails:high``): a durable quorum
+  queue (``x-queue-type: quorum``) with ``x-delivery-limit`` = ``max_deliveries - 1``
+  (RabbitMQ counts *returns*: a limit of L allows L + 1 deliveries) and at-least-once
+  dead-lettering (``x-dead-letter-strategy: at-least-once``, which needs ``x-overflow:
+  reject-publish``) through the default exchange into
+- ``<namespace>.dead-letter``: a durable quorum queue the transport drains into the state
+  store's dead letters (``custody.py``).
+
+A declaration is idempotent while the arguments agree; a queue declared earlier with other
+arguments (another ``max_deliveries``) is refused by RabbitMQ (``PRECONDITION_FAILED``),
+reported as a :class:`~blitzq.exceptions.ConfigurationError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+
+from ...exceptions import BrokerError, ConfigurationError
+
+logger = logging.getLogger("blitzq.broker.amqp")
+
+#: Suffix of the namespace's dead-letter queue (``<namespace>.dead-letter``).
+DEAD_LETTER_SUFFIX = "dead-letter"
+
+#: Header carrying the deliveries a message had before it was published again from the
+#: state store's custody (``custody.py``).
+DELIVERIES = "x-blitzq-deliveries"
+
+#: Seconds to wait for RabbitMQ to accept a connection.
+CONNECT_TIMEOUT = 10.0
+
+
+def translate(exc: BaseException, what: str) -> Exception:
+    """The blitzq error for an aio-pika/aiormq failure while doing ``what``."""
+    if isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed):
+        return ConfigurationError(
+            f"RabbitMQ refused {what}: {exc} (a queue of this name was declared with other "
+            "arguments, e.g. another max_deliveries: delete it or use another namespace)"
+        )
+    if isinstance(exc, aiormq.exceptions.ChannelAccessRefused):
+        return BrokerError(f"RabbitMQ refused {what}: {exc}", transient=False)
+    return BrokerError(f"RabbitMQ: {what} failed: {type(exc).__name__}: {exc}")
+
+
+class AmqpLink:
+    """An AMQP connection with its channels and declared queues (see the module docstring).
+
+    Args:
+        url: an ``amqp://`` or ``amqps://`` URL (user, password, host, port, vhost).
+        namespace: prefix of every queue name (``<namespace>.<queue>``).
+        max_deliveries: deliveries of one message before RabbitMQ dead-letters it (>= 1).
+    """
+
+    def __init__(self, url: str, namespace: str, max_deliveries: int) -> None:
+        self.url = url
+        self.namespace = namespace
+        self.max_deliveries = max_deliveries
+        self.epoch = 0
+        self.connection_name = f"blitzq {namespace} pid {os.getpid()}"
+        """The name RabbitMQ shows for the connection (``rabbitmqctl list_connections``)."""
+        """Counts the connections made: a delivery of an older epoch can no longer be acked."""
+        self._conn: aio_pika.abc.AbstractConnection | None = None
+        self._publisher: AbstractChannel | None = None
+        self._publisher_epoch = 0
+        self._declared: dict[str, AbstractQueue] = {}
+        self.used: set[str] = set()
+        """Every RabbitMQ queue name this link declared (for a teardown that deletes them)."""
+        self._lock = asyncio.Lock()
+
+    # ----------------------------------------------------------------- names
+    def name(self, queue: str) -> str:
+        """The RabbitMQ queue of the physical queue ``queue``."""
+        return f"{self.namespace}.{queue}"
+
+    def physical(self, name: str) -> str:
+        """The physical queue of the RabbitMQ queue ``name`` (the inverse of :meth:`name`)."""
+        return name.removeprefix(self.namespace + ".")
+
+    @property
+    def dead_letter_queue(self) -> str:
+        """``<namespace>.dead-letter``."""
+        return f"{self.namespace}.{DEAD_LETTER_SUFFIX}"
+
+    def arguments(self) -> dict[str, Any]:
+        """Declaration arguments of a blitzq queue."""
+        return {
+            "x-queue-type": "quorum",
+            "x-delivery-limit": self.max_deliveries - 1,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": self.dead_letter_queue,
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",
+        }
+
+    # ------------------------------------------------------------ connection
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is open."""
+        return self._conn is not None and _alive(self._conn)
+
+    async def ensure(self) -> aio_pika.abc.AbstractConnection:
+        """The open connection, made (a new epoch) when there is none or it closed.
+
+        Raises:
+            BrokerError: RabbitMQ could not be reached or refused the login.
+        """
+        conn = self._conn
+        if conn is not None and _alive(conn):
+            return conn
+        async with self._lock:
+            if self._conn is not None and _alive(self._conn):
+                return self._conn
+            await self._drop()
+            try:
+                conn = await aio_pika.connect(
+                    self.url,
+                    timeout=CONNECT_TIMEOUT,
+                    client_properties={"connection_name": self.connection_name},
+                )
+            except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
+                raise translate(exc, f"connecting to {_masked(self.url)}") from None
+            self._conn = conn
+            self.epoch += 1
+            return conn
+
+    async def publisher(self) -> AbstractChannel:
+        """The channel publishing (confirm mode, unroutable messages returned as errors)."""
+        channel = self._publisher
+        if (
+            channel is None
+            or channel.is_closed
+            or not self.connected
+            or self._publisher_epoch != self.epoch
+        ):
+            conn = await self.ensure()
+            try:
+                channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
+            except aiormq.exceptions.AMQPError as exc:
+                raise translate(exc, "opening a channel") from None
+            self._publisher = channel
+            self._publisher_epoch = self.epoch
+            self._declared.clear()
+        return channel
+
+    async def consumer_channel(self, prefetch: int) -> AbstractChannel:
+        """A new channel for one consumer, its prefetch (``basic.qos``) set to ``prefetch``."""
+        conn = await self.ensure()
+        try:
+            channel = await conn.channel(publisher_confirms=False)
+            await channel.set_qos(prefetch_count=prefetch)
+        except aiormq.exceptions.AMQPError as exc:
+            raise translate(exc, "opening a consumer channel") from None
+        return channel
+
+    async def declare(self, queue: str) -> AbstractQueue:
+        """Declare the quorum queue of ``queue`` (and the dead-letter queue) once per channel.
+
+        Raises:
+            ConfigurationError: it exists with other arguments.
+            BrokerError: RabbitMQ could not be reached.
+        """
+        channel = await self.publisher()  # a channel opened again forgets the declarations
+        declared = self._declared.get(queue)
+        if declared is not None:
+            return declared
+        try:
+            if DEAD_LETTER_SUFFIX not in self._declared:
+                self._declared[DEAD_LETTER_SUFFIX] = await channel.declare_queue(
+                    self.dead_letter_queue, durable=True, arguments={"x-queue-type": "quorum"}
+                )
+            declared = await channel.declare_queue(
+                self.name(queue), durable=True, arguments=self.arguments()
+            )
+        except aiormq.exceptions.AMQPError as exc:
+            self._publisher = None  # a refused declaration closes the channel
+            raise translate(exc, f"declaring queue {self.name(queue)!r}") from None
+        self._declared[queue] = declared
+        self.used |= {self.name(queue), self.dead_letter_queue}
+        return declared
+
+    async def dead_letters(self) -> AbstractQueue:
+        """The declared dead-letter queue."""
+        channel = await self.publisher()
+        if DEAD_LETTER_SUFFIX not in self._declared:
+            try:
+                self._declared[DEAD_LETTER_SUFFIX] = await channel.declare_queue(
+                    self.dead_letter_queue, durable=True, arguments={"x-queue-type": "quorum"}
+                )
+            except aiormq.exceptions.AMQPError as exc:
+                self._publisher = None
+                raise translate(exc, "declaring the dead-letter queue") from None
+        return self._declared[DEAD_LETTER_SUFFIX]
+
+    async def message_count(self, queue: str) -> int:
+        """Messages ready in ``queue`` (a passive declaration: 0 when it does not exist)."""
+        channel = await self.publisher()
+        try:
+            ok = await (await channel.get_underlay_channel()).queue_declare(
+                self.name(queue), passive=True
+            )
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            self._publisher = None  # the refusal closed the channel
+            return 0
+        except aiormq.exceptions.AMQPError as exc:
+            raise translate(exc, f"counting queue {self.name(queue)!r}") from None
+        return int(ok.message_count or 0)
+
+    async def purge(self, queue: str) -> int:
+        """Delete the ready messages of ``queue``; return how many (0 when it does not exist)."""
+        channel = await self.publisher()
+        try:
+            ok = await (await channel.get_underlay_channel()).queue_purge(self.name(queue))
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            self._publisher = None
+            return 0
+        except aiormq.exceptions.AMQPError as exc:
+            raise translate(exc, f"purging queue {self.name(queue)!r}") from None
+        return int(ok.message_count or 0)
+
+    async def delete(self, queues: list[str]) -> None:
+        """Delete RabbitMQ queues by their full names (tests and teardown)."""
+        channel = await self.publisher()
+        for name in queues:
+            try:
+                await (await channel.get_underlay_channel()).queue_delete(
+                    name, if_unused=False, if_empty=False
+                )
+            except aiormq.exceptions.AMQPError as exc:
+                raise translate(exc, f"deleting queue {name!r}") from None
+        self._declared.clear()
+
+    async def _drop(self) -> None:
+        conn, self._conn, self._publisher = self._conn, None, None
+        self._declared.clear()
+        if conn is not None and not conn.is_closed:
+            try:
+                await asyncio.wait_for(conn.close(), CONNECT_TIMEOUT)
+            except Exception:  # already going: nothing to release
+                return
+
+    async def close(self) -> None:
+        """Close the connection (the next call connects again)."""
+        await self._drop()
+
+
+async def settle(message: AbstractIncomingMessage, ack: bool) -> None:
+    """Ack (or nack with requeue) ``message``; a closed channel is not an error (RabbitMQ
+    redelivers the message)."""
+    if message.channel.is_closed:
+        return
+    try:
+        if ack:
+            await message.ack()
+        else:
+            await message.nack(requeue=True)
+    except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
+        logger.debug("could not settle delivery %s: %s", message.delivery_tag, exc)
+
+
+def header_int(headers: dict[str, Any] | None, name: str) -> int:
+    """The integer header ``name`` of a message (0 when absent or not an integer)."""
+    value = (headers or {}).get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _alive(conn: aio_pika.abc.AbstractConnection) -> bool:
+    """Whether ``conn`` is open: aio-pika clears ``connected`` when the server closes a
+    connection, before (or without) marking it closed."""
+    return not conn.is_closed and conn.connected.is_set()
+
+
+def _masked(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not at:
+        return url
+    user = userinfo.partition(":")[0]
+    return f"{scheme}{sep}{user}:***@{host}"
+
+
+__all__ = ["DEAD_LETTER_SUFFIX", "DELIVERIES", "AmqpLink", "header_int", "settle", "translate"]

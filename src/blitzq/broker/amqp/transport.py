@@ -1,0 +1,399 @@
+"""The RabbitMQ transport: quorum queues, publisher confirms, manual acks (at-least-once).
+
+:class:`AmqpTransport` is a :class:`~blitzq.broker.transport.Transport` on RabbitMQ through
+aio-pika, paired with the Redis state store (``broker.py``). How it meets the contract:
+
+- **publish**: every message is published persistent and ``mandatory`` on a channel in
+  publisher-confirm mode, the batch in flight at once; the call returns once RabbitMQ
+  confirmed every message. A ``basic.nack``, a ``basic.return`` (no such queue) or a lost
+  channel raises :class:`~blitzq.exceptions.BrokerError`: a publish is never lost silently.
+- **fetch**: one consumer (``basic.consume``, manual ack) per consumed queue, on a channel of
+  its own whose prefetch (``basic.qos``) is the ``count`` of the first fetch -- the worker's
+  free slots when it starts, i.e. its concurrency -- unless ``prefetch`` is given. What the
+  consumer received waits in a local buffer; a non-blocking fetch that finds it short tops it
+  up with ``basic.get``, so a message published a moment ago is seen at once. ``fetch_first``
+  drains the levels in order and, when all are empty, waits on all of them at once: a
+  message on any level wakes it (no polling delay). ``Delivery.token`` names the delivery
+  (``<epoch>.<channel>.<delivery tag>``) and ``deliveries`` is the quorum queue's
+  ``x-delivery-count`` + 1 (+ the deliveries before a custody recovery, see
+  ``custody.py``).
+- **ack / nack**: ``basic.ack`` of the held delivery (a token whose connection closed since
+  is skipped: RabbitMQ redelivers that message); ``nack`` (a hand-back) publishes the message
+  again, confirmed, then acks it, so the quorum queue's delivery count is not spent.
+- **reconnects**: a closed connection or consumer channel is re-opened by the next fetch,
+  and its consumer started again (``channels.py``).
+- **long tasks**: a delivery held longer than the visibility timeout is handed to the state
+  store's custody (``custody.py``), so RabbitMQ's ``consumer_timeout`` never fires on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractIncomingMessage
+
+from ...exceptions import BrokerError
+from ..transport import Delivery, Guarantee, Transport
+from .channels import DELIVERIES, AmqpLink, header_int, settle, translate
+from .deliveries import Consumer, Held
+
+if TYPE_CHECKING:
+    from .custody import Custody
+
+logger = logging.getLogger("blitzq.broker.amqp")
+
+
+#: Seconds a published message may wait for RabbitMQ's confirm (then the publish fails).
+CONFIRM_TIMEOUT = 30.0
+#: Messages of one publish in flight at once (awaiting their confirms).
+PUBLISH_WINDOW = 1000
+
+
+class AmqpTransport(Transport):
+    """At-least-once delivery on RabbitMQ quorum queues (see the module docstring).
+
+    Args:
+        url: ``amqp://user:password@host:port/vhost`` (``amqps://`` for TLS).
+        namespace: prefix of the queue names (``<namespace>.<queue>``).
+        max_deliveries: deliveries of one message before it is dead-lettered (the queues'
+            ``x-delivery-limit`` is one less: RabbitMQ counts returns).
+        prefetch: unacked messages RabbitMQ sends each consumer ahead; ``None``: the
+            ``count`` of the first fetch of that queue (a worker's free slots).
+        custody: the state store's custody of long-held deliveries (``custody.py``); without
+            it nothing is handed over and :meth:`recover` only reports ``(0, 0)``.
+    """
+
+    guarantee = Guarantee.AT_LEAST_ONCE
+    supports_recovery = True
+
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        *,
+        max_deliveries: int = 5,
+        prefetch: int | None = None,
+        custody: Custody | None = None,
+    ) -> None:
+        self.link = AmqpLink(url, namespace, max_deliveries)
+        self.prefetch = prefetch
+        self.custody = custody
+        self.held: dict[bytes, Held] = {}
+        self.consumers: dict[str, Consumer] = {}  # by physical queue
+        self._waiters: set[asyncio.Event] = set()  # one per fetch waiting for a message
+
+    # --------------------------------------------------------------- publish
+    async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
+        """Publish ``messages`` to ``queue`` and wait for RabbitMQ's confirms.
+
+        Raises:
+            BrokerError: a message was not confirmed (nacked, returned, channel lost, or no
+                confirm within :data:`CONFIRM_TIMEOUT` seconds).
+            ConfigurationError: the queue exists with other arguments.
+        """
+        await self.publish_with(queue, messages, 0)
+
+    async def publish_with(self, queue: str, messages: Sequence[bytes], deliveries: int) -> None:
+        """:meth:`publish`, the messages marked as delivered ``deliveries`` times before."""
+        if not messages:
+            return
+        await self.link.declare(queue)
+        channel = await self.link.publisher()
+        exchange = channel.default_exchange
+        name = self.link.name(queue)
+        headers: dict[str, Any] | None = {DELIVERIES: deliveries} if deliveries else None
+        persistent = aio_pika.DeliveryMode.PERSISTENT
+        for start in range(0, len(messages), PUBLISH_WINDOW):
+            sends = [
+                exchange.publish(
+                    aio_pika.Message(body, delivery_mode=persistent, headers=headers),
+                    routing_key=name,
+                    mandatory=True,
+                    timeout=CONFIRM_TIMEOUT,
+                )
+                for body in messages[start : start + PUBLISH_WINDOW]
+            ]
+            results = await asyncio.gather(*sends, return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise translate(result, f"publishing to {name!r}") from None
+                if not isinstance(result, aiormq.spec.Basic.Ack):
+                    raise BrokerError(f"RabbitMQ did not confirm a message to {name!r}: {result}")
+
+    # ------------------------------------------------------------- consuming
+    async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
+        """Declare the queues (consumption itself starts with the first fetch)."""
+        for queue in queues:
+            await self.link.declare(queue)
+
+    async def _consumer(self, queue: str, count: int) -> Consumer:
+        """The running consumer of ``queue``, (re)started when missing or its channel closed."""
+        consumer = self.consumers.get(queue)
+        if consumer is not None and self._alive(consumer):
+            return consumer
+        await self.link.declare(queue)
+        if self.prefetch is None:
+            self.prefetch = max(1, count)
+        channel = await self.link.consumer_channel(self.prefetch)
+        try:
+            amqp_queue = await channel.get_queue(self.link.name(queue), ensure=False)
+        except aiormq.exceptions.AMQPError as exc:
+            raise translate(exc, f"opening queue {self.link.name(queue)!r}") from None
+        consumer = Consumer(channel, amqp_queue, self.link.epoch)
+        buffer, wake = consumer.buffer, self._wake
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            buffer.append(message)
+            consumer.arrived[message.delivery_tag or 0] = time.monotonic()
+            wake()
+
+        try:
+            consumer.tag = await amqp_queue.consume(on_message, no_ack=False)
+        except aiormq.exceptions.AMQPError as exc:
+            raise translate(exc, f"consuming from {self.link.name(queue)!r}") from None
+        channel.close_callbacks.add(lambda *_: wake())
+        self.consumers[queue] = consumer
+        if consumer.epoch > 1:
+            logger.info("consuming from %s again (connection %d)", queue, consumer.epoch)
+        return consumer
+
+    def _wake(self) -> None:
+        """Wake every fetch waiting for a message (a message arrived, a channel closed)."""
+        for waiter in self._waiters:
+            waiter.set()
+
+    def _alive(self, consumer: Consumer) -> bool:
+        """Whether ``consumer`` still consumes: its channel open on the current connection
+        (aio-pika may not mark a channel closed when the server closed its connection)."""
+        link = self.link
+        return consumer.epoch == link.epoch and link.connected and not consumer.channel.is_closed
+
+    def _deliver(
+        self, queue: str, consumer: Consumer, message: AbstractIncomingMessage
+    ) -> Delivery:
+        headers = message.headers
+        deliveries = header_int(headers, "x-delivery-count") + 1 + header_int(headers, DELIVERIES)
+        token = f"{consumer.epoch}.{consumer.channel.number}.{message.delivery_tag}".encode()
+        self.held[token] = Held(queue, message, deliveries, consumer.epoch)
+        return Delivery(queue, token, message.body, deliveries)
+
+    async def _take(
+        self, queue: str, consumer: Consumer, room: int, top_up: bool
+    ) -> list[Delivery]:
+        """Up to ``room`` messages of ``queue`` in order (see :meth:`Consumer.take`)."""
+        if not self._alive(consumer):  # RabbitMQ delivers them again
+            consumer.buffer.clear()
+            return []
+        try:
+            taken = await consumer.take(room, top_up)
+        except aiormq.exceptions.AMQPError as exc:
+            raise translate(exc, f"reading {self.link.name(queue)!r}") from None
+        return [self._deliver(queue, consumer, message) for message in taken]
+
+    async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
+        """:meth:`fetch_first` of the one queue ``queue``."""
+        return await self.fetch_first([queue], count, timeout)
+
+    async def fetch_first(
+        self, queues: Sequence[str], count: int, timeout: float
+    ) -> list[Delivery]:
+        """Take up to ``count`` messages from ``queues``, earlier ones first; when all are
+        empty, wait up to ``timeout`` seconds for a message on any of them.
+
+        Raises:
+            BrokerError: RabbitMQ could not be reached.
+        """
+        deadline = time.monotonic() + timeout
+        arrived = asyncio.Event()
+        self._waiters.add(arrived)
+        try:
+            while True:
+                arrived.clear()
+                out = await self._take_first(queues, count)
+                left = deadline - time.monotonic()
+                if out or left <= 0:
+                    return out
+                try:
+                    await asyncio.wait_for(arrived.wait(), left)
+                except TimeoutError:
+                    return []
+        finally:
+            self._waiters.discard(arrived)
+
+    async def _take_first(self, queues: Sequence[str], count: int) -> list[Delivery]:
+        out: list[Delivery] = []
+        try:
+            for queue in queues:
+                consumer = await self._consumer(queue, count)
+                out += await self._take(queue, consumer, count - len(out), True)
+                if len(out) >= count:
+                    break
+        except (TimeoutError, aiormq.exceptions.AMQPError, ConnectionError) as exc:
+            if isinstance(exc, BrokerError):
+                raise
+            raise translate(exc, "fetching") from None
+        return out
+
+    # ---------------------------------------------------------------- ack
+    async def ack(self, queue: str, tokens: Sequence[bytes]) -> None:
+        """``basic.ack`` the deliveries (a delivery in custody is released from it instead);
+        tokens no longer held are ignored."""
+        released: list[bytes] = []
+        for token in tokens:
+            held = self.held.pop(token, None)
+            if held is None:
+                continue
+            if held.state == "held":
+                if held.epoch == self.link.epoch:  # else RabbitMQ put it back already
+                    await settle(held.message, True)
+            elif held.state == "handing":
+                held.state = "done"  # the hand-over releases it when it is through
+            elif held.state == "custody":
+                released.append(token)
+        if released and self.custody is not None:
+            await self.custody.release(queue, released)
+
+    async def nack(self, queue: str, tokens: Sequence[bytes]) -> None:
+        """Hand deliveries back unfinished: each is published again (confirmed), marked
+        with its deliveries so far minus one, then acked (or released from custody) -- so a
+        hand-back does not spend the delivery budget as ``basic.nack`` on a quorum queue
+        would. A crash in between leaves both copies (at-least-once)."""
+        for token in tokens:
+            held = self.held.get(token)
+            if held is None or held.state in ("handing", "done"):
+                continue
+            await self.publish_with(queue, [held.message.body], held.deliveries - 1)
+            del self.held[token]
+            if held.state == "custody":
+                if self.custody is not None:
+                    await self.custody.release(queue, [token])
+            elif held.epoch == self.link.epoch:
+                await settle(held.message, True)
+
+    def forget_lost(self, queue: str) -> int:
+        """Drop the unacked deliveries of ``queue`` whose connection is gone (RabbitMQ put
+        them back: another delivery follows); return how many."""
+        epoch = self.link.epoch if self.link.connected else -1
+        lost = [
+            token
+            for token, held in self.held.items()
+            if held.queue == queue and held.state == "held" and held.epoch != epoch
+        ]
+        for token in lost:
+            del self.held[token]
+        return len(lost)
+
+    # ------------------------------------------------------- custody (leases)
+    async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
+        """Mark the deliveries ``tokens`` of ``queue`` as still running (so :meth:`recover`
+        does not hand them back) and renew the custody leases of those in custody; return
+        how many are still held."""
+        now = time.monotonic()
+        renewed = 0
+        kept: list[bytes] = []
+        for token in tokens:
+            held = self.held.get(token)
+            if held is None or held.queue != queue or held.state == "done":
+                continue
+            held.beat = now
+            if held.state == "custody":
+                kept.append(token)
+            else:
+                renewed += 1
+        if kept and self.custody is not None:
+            renewed += await self.custody.renew(queue, kept)
+        return renewed
+
+    async def recover(
+        self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
+    ) -> tuple[int, int]:
+        """Hand deliveries held over ``min_idle`` seconds (and heartbeated) to custody;
+        publish again (or dead-letter past ``max_deliveries``) deliveries whose custody lease
+        lapsed and this process's deliveries not heartbeated for ``min_idle`` seconds; drain
+        RabbitMQ's dead-letter queue into the state store (see ``custody.py``).
+
+        Returns:
+            ``(requeued, dead_lettered)``.
+        """
+        if self.custody is None:
+            return (0, 0)
+        return await self.custody.maintain(queue, min_idle, count, max_deliveries, record_ttl)
+
+    # ---------------------------------------------------------- inspection
+    async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
+        """Per queue: ``waiting`` (ready messages, from a passive declaration) and
+        ``in_flight`` (the deliveries this process holds). Waiting counts the messages this
+        process's consumer received but nobody fetched yet; another process's are in
+        neither count. While a consumer runs, a message RabbitMQ dispatches to it as the
+        count is read may be counted twice or not at all: an estimate, exact when idle."""
+        out: dict[str, dict[str, int]] = {}
+        for queue in queues:
+            held = sum(1 for h in self.held.values() if h.queue == queue)
+            consumer = self.consumers.get(queue)
+            if consumer is not None and self._alive(consumer):
+                ready = await self._settled_count(queue, consumer)
+                waiting = ready + len(consumer.buffer)
+            else:
+                waiting = await self.link.message_count(queue)
+            out[queue] = {"waiting": waiting, "in_flight": held}
+        return out
+
+    async def _settled_count(self, queue: str, consumer: Consumer) -> int:
+        """Ready messages of ``queue``, read on the consumer's own channel: what RabbitMQ
+        dispatched to the consumer before it answered arrives first (in the buffer)."""
+        try:
+            raw = await consumer.channel.get_underlay_channel()
+            ok = await raw.queue_declare(self.link.name(queue), passive=True)
+        except aiormq.exceptions.AMQPError as exc:
+            raise translate(exc, f"counting queue {self.link.name(queue)!r}") from None
+        return int(ok.message_count or 0)
+
+    async def purge_queue(self, queue: str) -> int:
+        """Delete the ready messages of ``queue`` and those this process's consumer received
+        but nobody fetched (acked); return how many. Messages another worker process has
+        prefetched are not purged (at most its prefetch)."""
+        purged = await self.link.purge(queue)
+        consumer = self.consumers.get(queue)
+        if consumer is not None:
+            while consumer.buffer:
+                await settle(consumer.buffer.popleft(), True)
+                purged += 1
+        return purged
+
+    async def ping(self) -> None:
+        """Raise BrokerError unless RabbitMQ accepts a connection and a channel."""
+        await self.link.publisher()
+
+    async def close(self) -> None:
+        """Stop consuming, hand back what the consumers received that no fetch took (published
+        again, then acked: a channel closing with them would spend a delivery of each), and
+        close the connection. Deliveries still unacked go back to their queues (RabbitMQ
+        redelivers them). The transport connects again on its next call."""
+        consumers, self.consumers = self.consumers, {}
+        for queue, consumer in consumers.items():
+            try:
+                await self._release_buffer(queue, consumer)
+            except (BrokerError, aiormq.exceptions.AMQPError, ConnectionError) as exc:
+                logger.warning("could not hand back the prefetched messages of %s: %s", queue, exc)
+        self.held.clear()
+        await self.link.close()
+
+    async def _release_buffer(self, queue: str, consumer: Consumer) -> None:
+        if not self._alive(consumer):
+            return
+        await consumer.amqp_queue.cancel(consumer.tag)  # deliveries before cancel-ok came first
+        for _ in range(3):
+            await asyncio.sleep(0)
+        buffered = list(consumer.buffer)
+        consumer.buffer.clear()
+        for message in buffered:
+            before = header_int(message.headers, "x-delivery-count")
+            before += header_int(message.headers, DELIVERIES)
+            await self.publish_with(queue, [message.body], before)
+            await settle(message, True)

@@ -1,0 +1,367 @@
+"""The RabbitMQ transport end to end: a Queue with ``amqp_url`` and a Worker, on the shared
+RabbitMQ (skipped when it does not answer) with the state on the test Redis.
+
+Covers publisher confirms, priority order, redelivery when a holder's connection dies before
+its ack, RabbitMQ's delivery limit ending in blitzq's dead letters, reconnection after the
+server closed an idle worker's connection, and a task longer than ``consumer_timeout`` (on a
+private node configured with a short one) running once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from blitzq import ConfigurationError, Queue
+from blitzq.broker import Completion
+from blitzq.broker.amqp import AmqpBroker
+from blitzq.broker.amqp.channels import AmqpLink
+from blitzq.cli import cli
+from blitzq.exceptions import BrokerError
+from blitzq.serialization import Envelope, encode_envelope
+from tests.amqp_server import (
+    PrivateNode,
+    amqp_or_skip,
+    close_connection_named,
+    delete_amqp_queues,
+)
+from tests.conftest import free_port
+from tests.polling import wait_until
+
+from .proc_tasks import eventually, make_worker, running
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def message(task_id: str, queue: str = "q") -> bytes:
+    """An encoded message of a task nobody runs (transport-level tests)."""
+    return encode_envelope(Envelope(task_id, "tests.amqp.noop", queue, []), 1 << 20)
+
+
+@pytest.fixture
+async def amqp(server_url: str, namespace: str) -> AsyncIterator[Callable[..., AmqpBroker]]:
+    """Factory of AmqpBrokers on the shared RabbitMQ and the test Redis namespace; their
+    RabbitMQ queues are deleted afterwards."""
+    url = amqp_or_skip()
+    made: list[AmqpBroker] = []
+
+    def factory(**options: Any) -> AmqpBroker:
+        broker = AmqpBroker(url, server_url, namespace, **options)
+        made.append(broker)
+        return broker
+
+    yield factory
+    for broker in made:
+        await broker.close()
+    await delete_amqp_queues(url, made)  # after the close, which may publish back
+
+
+@pytest.fixture
+async def queue(amqp: Callable[..., AmqpBroker]) -> AsyncIterator[Queue]:
+    """A Queue ``aq`` whose broker is an AmqpBroker (visibility timeout 2 s)."""
+    broker = amqp()
+    q = Queue("aq", broker=broker, visibility_timeout=2.0)
+    yield q
+    await q.close()
+
+
+async def test_enqueue_runs_on_a_worker_and_stores_the_result(queue: Queue) -> None:
+    @queue.task(name="amqp.add")
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    handles = [await add.enqueue(i, i) for i in range(5)]
+    async with running(make_worker(queue, concurrency=4)):
+        results = [await h.result(timeout=30) for h in handles]
+    assert results == [0, 2, 4, 6, 8]
+    stats = (await queue.broker.queue_stats(["aq"]))["aq"]
+    assert stats == {"waiting": 0, "in_flight": 0}
+
+
+async def test_queue_amqp_url_builds_the_pairing(server_url: str, namespace: str) -> None:
+    url = amqp_or_skip()
+    q = Queue("aq", redis_url=server_url, namespace=namespace, amqp_url=url, max_deliveries=3)
+    try:
+        broker = q.broker
+        assert isinstance(broker, AmqpBroker)
+        assert broker.amqp.link.max_deliveries == 3
+        await broker.ping()
+    finally:
+        await q.close()
+
+
+async def test_publish_returns_once_confirmed_and_an_unroutable_message_raises(
+    amqp: Callable[..., AmqpBroker],
+) -> None:
+    broker = amqp()
+    await broker.publish("conf", [message(f"c{i}") for i in range(20)])
+    assert (await broker.queue_stats(["conf"]))["conf"]["waiting"] == 20
+    # The queue disappears under the publisher: RabbitMQ returns the message (mandatory).
+    other = AmqpLink(broker.amqp.link.url, broker.amqp.link.namespace, 5)
+    try:
+        await other.delete([broker.amqp.link.name("conf")])
+    finally:
+        await other.close()
+    with pytest.raises(BrokerError, match=r"NO_ROUTE|confirm|publish"):
+        await broker.publish("conf", [message("lost")])
+
+
+async def test_priorities_run_high_then_normal_then_low(queue: Queue) -> None:
+    order: list[str] = []
+
+    @queue.task(name="amqp.step")
+    async def step(label: str) -> None:
+        order.append(label)
+
+    await step.options(priority="low").enqueue("low")
+    await step.enqueue("normal")
+    await step.options(priority="high").enqueue("high")
+    async with running(make_worker(queue, concurrency=1)):
+        await eventually(lambda: asyncio.sleep(0, len(order)), lambda n: n == 3)
+    assert order == ["high", "normal", "low"]
+
+
+async def test_a_delivery_whose_connection_died_before_its_ack_is_delivered_again(
+    amqp: Callable[..., AmqpBroker],
+) -> None:
+    first, second = amqp(), amqp()
+    await first.publish("redo", [message("r1")])
+    (d,) = await first.fetch("redo", 1, 5)
+    assert d.deliveries == 1
+    await first.amqp.link.close()  # the holder is gone without an ack
+    (again,) = await second.fetch("redo", 1, 10)
+    assert again.payload == d.payload
+    assert again.deliveries == 2
+
+
+async def test_a_task_redelivered_after_its_connection_was_closed_runs_again(
+    amqp: Callable[..., AmqpBroker],
+) -> None:
+    # A visibility timeout long enough that the delivery is still RabbitMQ's (not yet
+    # handed to the state store's custody) when its connection is closed.
+    queue = Queue("aq", broker=amqp(), visibility_timeout=60.0)
+    runs: list[int] = []
+    release = asyncio.Event()
+
+    @queue.task(name="amqp.slow")
+    async def slow() -> str:
+        runs.append(1)
+        await release.wait()
+        return "done"
+
+    handle = await slow.enqueue()
+    async with running(make_worker(queue, concurrency=2)):
+        await eventually(lambda: asyncio.sleep(0, len(runs)), lambda n: n == 1)
+        link = queue.broker.transport.link  # type: ignore[attr-defined]
+        assert await asyncio.to_thread(close_connection_named, link.connection_name) >= 1
+        # The worker reconnects, RabbitMQ redelivers the unacked message: it runs again.
+        await eventually(lambda: asyncio.sleep(0, len(runs)), lambda n: n == 2)
+        release.set()
+        assert await handle.result(timeout=30) == "done"
+
+
+async def test_an_idle_worker_consumes_again_after_the_server_closed_its_connection(
+    queue: Queue,
+) -> None:
+    @queue.task(name="amqp.echo")
+    async def echo(x: int) -> int:
+        return x
+
+    async with running(make_worker(queue, concurrency=2)):
+        assert await (await echo.enqueue(1)).result(timeout=30) == 1
+        link = queue.broker.transport.link  # type: ignore[attr-defined]
+        epoch = link.epoch
+        assert await asyncio.to_thread(close_connection_named, link.connection_name) >= 1
+        assert await (await echo.enqueue(2)).result(timeout=30) == 2
+        assert link.epoch > epoch
+
+
+async def test_past_the_delivery_limit_a_message_becomes_a_blitzq_dead_letter(
+    amqp: Callable[..., AmqpBroker],
+) -> None:
+    broker = amqp(max_deliveries=2)
+    await broker.publish("poison", [message("p1")])
+    for deliveries in (1, 2):  # each holder dies before its ack
+        holder = amqp(max_deliveries=2)
+        (d,) = await holder.fetch("poison", 1, 10)
+        assert d.deliveries == deliveries
+        await holder.amqp.link.close()
+    # RabbitMQ dead-letters it into <ns>.dead-letter; maintenance moves it to blitzq's.
+    await eventually(
+        lambda: broker.recover("poison", 60, 10, 2, 60), lambda r: r[1] == 1, timeout=30
+    )
+    fields = await broker.get_dead_letter("p1")
+    assert fields is not None
+    assert fields.reason == "max deliveries exceeded"
+    assert fields.queue == "poison"
+    assert fields.task == "tests.amqp.noop"
+    assert await broker.fetch("poison", 1, 0) == []
+
+
+async def test_a_hand_back_publishes_again_without_spending_a_delivery(
+    amqp: Callable[..., AmqpBroker],
+) -> None:
+    broker = amqp()
+    await broker.publish("back", [message("b1")])
+    (d,) = await broker.fetch("back", 1, 10)
+    assert d.token is not None
+    # What a worker does with a message it did not start (shutdown, no free slot).
+    assert await broker.complete([Completion("back", d.token, "b1", requeue=d.payload)]) == []
+    (again,) = await broker.fetch("back", 1, 10)
+    assert again.payload == d.payload
+    assert again.deliveries == 1
+    assert (await broker.queue_stats(["back"]))["back"] == {"waiting": 0, "in_flight": 1}
+
+
+async def test_closing_hands_back_prefetched_messages_without_spending_deliveries(
+    amqp: Callable[..., AmqpBroker],
+) -> None:
+    first, second = amqp(prefetch=10), amqp()
+    await first.publish("pre", [message(f"m{i}") for i in range(5)])
+    (d,) = await first.fetch("pre", 1, 10)
+    assert d.token is not None
+    await first.complete([Completion("pre", d.token, "m0")])
+    await first.close()  # its consumer may hold the other four, prefetched
+    rest: list[Any] = []
+    while len(rest) < 4:
+        rest += await second.fetch("pre", 4 - len(rest), 10)
+    assert sorted(r.deliveries for r in rest) == [1, 1, 1, 1]
+
+
+async def test_tasks_longer_than_consumer_timeout_run_once(server_url: str, namespace: str) -> None:
+    # consumer_timeout 3 s, checked every 0.5 s: a delivery left unacked 3.5 s closes its
+    # channel. Two 5 s tasks on one slot: the first is handed to the state store's custody
+    # while it runs, the second waits prefetched in the consumer (handed back each round).
+    node = PrivateNode("consumer_timeout = 3000", "[{rabbit, [{channel_tick_interval, 500}]}].\n")
+    url = await asyncio.to_thread(node.start)
+    broker = AmqpBroker(url, server_url, namespace)
+    q = Queue("long", broker=broker, visibility_timeout=1.0)
+    runs: list[str] = []
+    try:
+
+        @q.task(name="amqp.long")
+        async def long_task(label: str) -> str:
+            runs.append(label)
+            await asyncio.sleep(5)
+            return label
+
+        first, second = await long_task.enqueue("a"), await long_task.enqueue("b")
+        async with running(make_worker(q, concurrency=1)):
+            assert await first.result(timeout=60) == "a"
+            assert await second.result(timeout=60) == "b"
+            assert (await broker.queue_stats(["long"]))["long"]["waiting"] == 0
+        assert runs == ["a", "b"]
+        for handle in (first, second):
+            record = await handle.status()
+            assert record is not None
+            assert record.attempts == 1  # no delivery was spent by a closed channel
+    finally:
+        await q.close()
+        await asyncio.to_thread(node.stop)
+
+
+class _Redis:
+    """A ``redis-server`` of this test on one port, stopped and started again at will."""
+
+    def __init__(self, tmp: str) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.dir = tmp
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.skip("no redis-server to stop and restart")
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_until(lambda: _pings(self.url), 20, "the test's redis-server answers")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(20)
+
+
+def _pings(url: str) -> bool:
+    try:
+        with redis.Redis.from_url(url, socket_connect_timeout=1) as client:
+            return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+
+
+async def test_with_the_state_store_down_a_delivery_waits_without_spending_deliveries(
+    tmp_path: Any,
+) -> None:
+    url = amqp_or_skip()
+    server = _Redis(str(tmp_path))
+    server.start()
+    broker = AmqpBroker(url, server.url, "redis-down-" + uuid.uuid4().hex[:8])
+    q = Queue("rd", broker=broker, visibility_timeout=1.0)
+    runs: list[int] = []
+
+    @q.task(name="amqp.once")
+    async def once(x: int) -> int:
+        runs.append(x)
+        return x
+
+    try:
+        first = await once.enqueue(0)
+        async with running(make_worker(q, concurrency=2)):
+            assert await first.result(timeout=30) == 0
+            server.stop()
+            handle = await once.enqueue(1)  # RabbitMQ only: the queue is known already
+            await eventually(lambda: asyncio.sleep(0, list(runs)), lambda r: r == [0, 1])
+            # Its completion cannot be committed: the delivery stays unacked while the
+            # worker's maintenance rounds (every 1/3 s) fail on Redis, well past the
+            # visibility timeout, and is neither handed back nor handed over.
+            held = broker.amqp.held
+            await eventually(
+                lambda: asyncio.sleep(0, [time.monotonic() - h.since for h in held.values()]),
+                lambda ages: bool(ages) and min(ages) > 3.0,
+            )
+            server.start()
+            assert await handle.result(timeout=30) == 1
+            record = await handle.status()
+            assert record is not None
+            assert record.attempts == 1
+        assert runs == [0, 1]
+        assert (await broker.queue_stats(["rd"]))["rd"] == {"waiting": 0, "in_flight": 0}
+    finally:
+        await q.close()
+        await delete_amqp_queues(url, [broker])
+        server.stop()
+
+
+async def test_amqp_url_from_the_environment_and_bad_schemes(
+    server_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ConfigurationError, match="amqp://"):
+        Queue(redis_url=server_url, amqp_url="http://127.0.0.1:5672/")
+    monkeypatch.setenv("BLITZQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+    q = Queue(redis_url=server_url, namespace=namespace)
+    try:
+        assert isinstance(q.broker, AmqpBroker)  # made lazily: nothing connects here
+    finally:
+        await q.close()
+    monkeypatch.setenv("BLITZQ_AMQP_URL", "ftp://nowhere/")
+    result = CliRunner().invoke(
+        cli, ["--redis-url", server_url, "--namespace", namespace, "task", "inspect", "x"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "amqp://" in result.output
+    result = CliRunner().invoke(cli, ["--help"])
+    assert "--amqp-url" in result.output
