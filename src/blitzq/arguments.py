@@ -8,8 +8,10 @@ dataclass, an ``enum.Enum``, a ``NamedTuple`` or ``TypedDict``, ``set``/``frozen
 type:
 
 - at enqueue, the argument given for such a parameter is turned into plain data with
-  ``msgspec.to_builtins`` (a pydantic model with ``model_dump(mode="json")``); a rich value
-  given for a parameter *not* annotated with a rich type stays a
+  ``msgspec.to_builtins`` (a pydantic model with ``model_dump(mode="json")``) and checked
+  against the annotation (a value that does not fit -- a dict missing a field -- is a
+  :class:`~blitzq.exceptions.SerializationError` there, not a failure in the worker); a rich
+  value given for a parameter *not* annotated with a rich type stays a
   :class:`~blitzq.exceptions.SerializationError` there, as before;
 - in the worker, the plain value is converted back with msgspec's typed conversion
   (``msgspec.convert``; pydantic models with ``model_validate``) before the function runs: a
@@ -126,6 +128,21 @@ def from_wire(value: Any, tp: Any) -> Any:
         raise SerializationError(f"cannot read {value!r} as {tp!r}: {exc}") from exc
 
 
+def _checked(value: Any, tp: Any) -> Any:
+    """``value`` as plain data for a parameter annotated ``tp`` (``None``: plain, as it is),
+    refused here when the worker could not read it back as ``tp``.
+
+    Raises:
+        SerializationError: it cannot be encoded, or does not fit ``tp`` (a dict missing a
+            Struct's field, a str for an int field, ...): at enqueue, not in the worker.
+    """
+    if tp is None:
+        return value
+    wire = to_wire(value)
+    from_wire(wire, tp)
+    return wire
+
+
 class TypedCall:
     """Which parameters (and whether the return value) of one task carry rich types.
 
@@ -200,10 +217,8 @@ class TypedCall:
         Raises:
             SerializationError: a rich parameter's value cannot be encoded.
         """
-        out_args = [to_wire(a) if self._type_at(i) is not None else a for i, a in enumerate(args)]
-        out_kwargs = {
-            k: to_wire(v) if self._type_of(k) is not None else v for k, v in kwargs.items()
-        }
+        out_args = [_checked(a, self._type_at(i)) for i, a in enumerate(args)]
+        out_kwargs = {k: _checked(v, self._type_of(k)) for k, v in kwargs.items()}
         return out_args, out_kwargs
 
     def encode_step(
@@ -219,7 +234,7 @@ class TypedCall:
         out_args = [
             to_wire(a) if self._type_at(i) is not None or self._type_at(i + 1) is not None else a
             for i, a in enumerate(args)
-        ]
+        ]  # not checked: the position the value will run at is not known yet
         return out_args, self.encode((), kwargs)[1]
 
     def decode(self, args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:

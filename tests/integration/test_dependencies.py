@@ -132,3 +132,23 @@ def test_fastapi_endpoint_gets_the_queue(queue: Queue) -> None:
     app.dependency_overrides[get_queue] = lambda: other
     with TestClient(app) as client:
         assert client.get("/namespace").json() == {"namespace": "override"}
+
+
+async def test_a_message_passing_a_depends_parameter_fails_without_retries(queue: Queue) -> None:
+    pool = Pool()
+
+    @queue.lifespan
+    async def database() -> AsyncIterator[Pool]:
+        yield pool
+
+    @queue.task(name="di.sent", retries=3)
+    async def sent(db: Pool = Depends()) -> int:
+        return db.used
+
+    async with running(make_worker(queue, concurrency=1)):
+        handle = await queue.send("di.sent", kwargs={"db": {"used": 99}})
+        with pytest.raises(TaskFailed, match="filled by the worker"):
+            await handle.result(timeout=30)
+        record = await queue.inspect(handle.id)
+        assert record is not None
+        assert record.attempts == 1

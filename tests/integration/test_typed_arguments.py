@@ -103,3 +103,14 @@ async def test_a_value_that_does_not_fit_fails_without_retries(queue: Queue) -> 
         record = await queue.inspect(handle.id)
         assert record is not None
         assert record.attempts == 1
+
+
+async def test_a_value_that_does_not_fit_is_refused_at_enqueue(queue: Queue) -> None:
+    @queue.task(name="typed.greet")
+    async def greet(user: tt.User, at: tt.Point) -> str:
+        return user.name
+
+    with pytest.raises(SerializationError, match="cannot read"):
+        await greet.enqueue({"name": 1}, tt.Point(1, 2))  # pydantic: born missing, name an int
+    with pytest.raises(SerializationError, match="cannot read"):
+        await greet.enqueue(tt.User(name="ada", born=dt.date(1815, 12, 10)), {"x": 1})

@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..broker import Completion, Delivery
+from ..dependencies import refuse_given
 from ..exceptions import BrokerError, ConfigurationError, SerializationError
 from ..extensions.expiry import check_expiry, start_checks
 from ..serialization import Envelope, decode_envelope, envelope_head
@@ -134,6 +135,8 @@ def call_arguments(runner: Runner, job: Job, slots: Slots) -> Call | None:
         typed = task.arguments
         call = typed.decode(env.args, env.kwargs) if typed else (env.args, env.kwargs)
         if task.injected:  # the worker's resources (blitzq.dependencies)
+            # A message passing one (queue.send by name) is refused, never silently replaced.
+            refuse_given(task.name, task.injected, task.signature, call[0], call[1])
             resolved = runner.worker.resources.resolve(task.injected, job.context)
             call = (call[0], {**call[1], **resolved})
         if task.executor != "async":
