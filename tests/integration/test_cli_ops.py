@@ -368,6 +368,7 @@ def test_check_exit_codes_and_findings(
     checks = _checks(result)
     assert checks["connectivity"]["status"] == "ok"
     assert checks["server"]["status"] == "ok"
+    assert checks["role"] == {"name": "role", "status": "ok", "detail": "master: it accepts writes"}
     assert checks["eviction"]["status"] == "ok"
     assert checks["workers"]["detail"] == "1 live worker(s)"
     assert "queue ops" not in checks  # consumed by the worker
@@ -377,6 +378,7 @@ def test_check_exit_codes_and_findings(
     human = invoke("check", APP)
     assert human.exit_code == 0
     assert "WARN  periodic rt.stale" in human.stdout
+    assert "  OK  role: master" in human.stdout  # printed when it passes, as every check
 
     # 1: nothing listens there.
     unreachable = invoke("check", APP, "--json", url=f"redis://127.0.0.1:{free_port()}/0")
