@@ -29,9 +29,9 @@ APP = "tests.integration.dashboard_app:queue"
 
 def _dashboard(url: str) -> subprocess.CompletedProcess[str]:
     """``blitzq --redis-url URL dashboard APP --port <free>``, run to its end."""
+    port = str(free_port())
     return subprocess.run(
-        [sys.executable, "-m", "blitzq", "--redis-url", url, "dashboard", APP]
-        + ["--port", str(free_port())],
+        [sys.executable, "-m", "blitzq", "--redis-url", url, "dashboard", APP, "--port", port],
         cwd=ROOT,
         env=subprocess_env(),
         capture_output=True,
