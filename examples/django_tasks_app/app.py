@@ -10,6 +10,8 @@ server; without it both processes share the embedded server in ``./.blitzq``)::
     # {"signup_id": 1, "result_id": "5d0a…"}
     curl -s localhost:8000/result/5d0a…
     # {"status": "SUCCESSFUL", "return_value": "Welcome, ada! (signup #1)"}
+    curl -s localhost:8000/result/no-such-id
+    # 404 {"error": "no task result with id no-such-id"}
 
 The view saves a row and enqueues ``send_welcome`` inside ``transaction.atomic()``; with
 ``ENQUEUE_ON_COMMIT`` the message is published once the row is committed.
@@ -40,10 +42,14 @@ def signup(request: HttpRequest) -> JsonResponse:
 
 
 def result(request: HttpRequest, result_id: str) -> JsonResponse:
-    """The framework's view of a task: its status and, once it succeeded, its return value."""
-    from tasks import send_welcome
+    """The framework's view of a task: its status and, once it succeeded, its return value;
+    404 with a JSON error for an id the backend has no record of (unknown, or expired)."""
+    from tasks import TaskResultDoesNotExist, send_welcome
 
-    found = send_welcome.get_result(result_id)
+    try:
+        found = send_welcome.get_result(result_id)
+    except TaskResultDoesNotExist:
+        return JsonResponse({"error": f"no task result with id {result_id}"}, status=404)
     value = found.return_value if found.status == "SUCCESSFUL" else None
     return JsonResponse({"status": found.status, "return_value": value})
 

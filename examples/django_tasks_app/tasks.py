@@ -6,8 +6,12 @@ from django.db import connection
 
 try:
     from django.tasks import task
+    from django.tasks.exceptions import TaskResultDoesNotExist
 except ImportError:  # Django < 6: the django-tasks backport
     from django_tasks import task  # type: ignore[no-redef]
+    from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
+
+__all__ = ["TaskResultDoesNotExist", "send_welcome"]
 
 
 @task(priority=10)

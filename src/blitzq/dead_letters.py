@@ -12,10 +12,24 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .exceptions import SerializationError
+from .broker.values import DEAD_LETTER_REASONS
+from .exceptions import ConfigurationError, SerializationError
 from .serialization import decode_envelope
 
-__all__ = ["DeadLetter"]
+__all__ = ["DEAD_LETTER_REASONS", "DeadLetter", "check_reason"]
+
+
+def check_reason(reason: str | None) -> str | None:
+    """``reason`` itself when it is ``None`` or one of :data:`DEAD_LETTER_REASONS`.
+
+    Raises:
+        ConfigurationError: any other value (the message names the valid reasons).
+    """
+    if reason is not None and reason not in DEAD_LETTER_REASONS:
+        valid = ", ".join(DEAD_LETTER_REASONS)
+        raise ConfigurationError(f"reason {reason!r} is not a dead-letter reason (one of: {valid})")
+    return reason
+
 
 #: A (dotted) exception type name, as ``describe_error`` writes it before ``": "``.
 _TYPE_NAME = re.compile(r"[A-Za-z_][\w.]*")
@@ -29,8 +43,9 @@ class DeadLetter:
         id: task id.
         task: task name ("" when the message could not be decoded).
         queue: physical queue it came from.
-        reason: why it was dead-lettered ("failed", "malformed message", "unknown task",
-            "max deliveries exceeded", "message too large").
+        reason: why it was dead-lettered, one of :data:`DEAD_LETTER_REASONS` (``"failed"``,
+            ``"expired"``, ``"unknown task"``, ``"malformed message"``, ``"message too
+            large"``, ``"max deliveries exceeded"``, ``"unreadable entry"``).
         error: detail of the last error.
         failed_at: Unix time in seconds.
         args, kwargs: the task's arguments when the message decodes, else ``None``.

@@ -112,8 +112,13 @@ def _server(info: dict[str, str]) -> list[Finding]:
         out.append(Finding("server", "fail", f"Redis {version}: blitzq needs Redis >= {need}"))
     else:
         out.append(Finding("server", "ok", f"{name} {version or '(version not told)'}"))
-    if info.get("role") in ("slave", "replica"):
+    role = info.get("role")
+    if role in ("slave", "replica"):
         out.append(Finding("role", "fail", "a read-only replica: point blitzq at the primary"))
+    elif role:
+        out.append(Finding("role", "ok", f"{role}: it accepts writes"))
+    else:
+        out.append(Finding("role", "warn", "the server does not tell its role"))
     return out
 
 

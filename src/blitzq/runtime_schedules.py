@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import BlitzQError, ConfigurationError, SerializationError
-from .periodic import _POLICIES, PeriodicTask, make_periodic
+from .periodic import _POLICIES, PeriodicTask, make_periodic, periodic_status
 from .routing import check_name, check_queue_name
 from .schedules import Cron, Every, Schedule
 from .serialization import dumps, loads, plain_args, plain_kwargs
@@ -34,6 +34,7 @@ __all__ = [
     "RuntimeEntries",
     "RuntimeSchedule",
     "add_schedule",
+    "all_periodic_status",
     "remove_schedule",
     "runtime_schedules",
 ]
@@ -291,3 +292,22 @@ class RuntimeEntries:
             logger.info("run-time schedule %s removed", name)
         self._stored, self.entries = stored, entries
         return entries
+
+
+async def all_periodic_status(
+    queue: Queue, runtime: RuntimeEntries | None = None
+) -> list[dict[str, Any]]:
+    """The rows of :func:`~blitzq.periodic.periodic_status` for every entry a scheduler of
+    ``queue`` dispatches: the code-defined ones (``source`` ``"code"``) and the run-time ones
+    of ``blitzq schedule add`` (``source`` ``"runtime"``) whose task ``queue`` registers.
+
+    Args:
+        queue: the application's Queue.
+        runtime: the :class:`RuntimeEntries` to refresh (keep one across calls so that an
+            entry it cannot dispatch is logged once); default a fresh one.
+
+    Raises:
+        BrokerError: the broker could not be reached.
+    """
+    entries = await (runtime or RuntimeEntries(queue)).refresh()
+    return await periodic_status(queue, extra=list(entries.values()))

@@ -304,7 +304,16 @@ def test_runtime_schedules_are_picked_up_by_a_running_scheduler(
         assert {r["name"]: r["source"] for r in rows} == {
             "ops.hourly": "code", "rt.add": "runtime", "rt.berlin": "runtime",
         }  # fmt: skip
-        assert "Europe/Berlin" in invoke("scheduler", "list", APP).stdout
+        table = invoke("scheduler", "list", APP).stdout
+        assert "Europe/Berlin" in table
+        header = next(line for line in table.splitlines() if "schedule" in line).split()
+        assert header[:3] == ["name", "task", "schedule"]
+        assert header[-1] == "source"
+        berlin_row = next(line for line in table.splitlines() if "rt.berlin" in line).split()
+        assert berlin_row[1] == "ops.add"
+        assert berlin_row[-1] == "run-time"
+        hourly_row = next(line for line in table.splitlines() if "ops.hourly" in line).split()
+        assert hourly_row[-1] == "code"
 
         removed = invoke("schedule", "remove", "rt.add")
         assert removed.exit_code == 0, removed.output
@@ -368,6 +377,7 @@ def test_check_exit_codes_and_findings(
     checks = _checks(result)
     assert checks["connectivity"]["status"] == "ok"
     assert checks["server"]["status"] == "ok"
+    assert checks["role"] == {"name": "role", "status": "ok", "detail": "master: it accepts writes"}
     assert checks["eviction"]["status"] == "ok"
     assert checks["workers"]["detail"] == "1 live worker(s)"
     assert "queue ops" not in checks  # consumed by the worker
@@ -377,6 +387,7 @@ def test_check_exit_codes_and_findings(
     human = invoke("check", APP)
     assert human.exit_code == 0
     assert "WARN  periodic rt.stale" in human.stdout
+    assert "  OK  role: master" in human.stdout  # printed when it passes, as every check
 
     # 1: nothing listens there.
     unreachable = invoke("check", APP, "--json", url=f"redis://127.0.0.1:{free_port()}/0")

@@ -254,6 +254,7 @@ def test_workers_and_periodic_pages(app: App, page: Any) -> None:
     morning = page.locator('#periodic tr[data-name="morning-report"]')
     expect(morning).to_contain_text("America/New_York")
     expect(morning).to_contain_text("06:30:00")
+    expect(morning.locator("td").last).to_have_text("code")  # the source column
     expect(page.locator('#periodic tr[data-name="refresh"]')).to_contain_text("UTC")
     shot(page, "periodic")
 

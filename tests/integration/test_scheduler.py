@@ -381,6 +381,8 @@ async def test_scheduler_list_shows_schedule_next_and_last_run(
     text = await asyncio.to_thread(invoke, f"{app_module}:queue")
     assert text.exit_code == 0, text.output
     lines = {line.split()[0]: line.strip() for line in text.output.splitlines() if "cli." in line}
+    assert all(line.endswith(" code") for line in lines.values())  # the source column
+    lines = {name: line.removesuffix(" code").rstrip() for name, line in lines.items()}
     assert "every 60s" in lines["cli.beat"]
     assert "cron 0 9 * * 1-5 (Europe/Berlin)" in lines["cli.report"]
     assert lines["cli.report"].endswith("-")  # never ran

@@ -46,6 +46,27 @@ def test_samples_older_than_the_window_are_dropped() -> None:
     assert rates["window"] <= 12.0
 
 
+def test_a_sample_older_than_the_window_is_not_used() -> None:
+    sampler = RateSampler(window=30.0)
+    sampler.add({"w": (0, 0)}, {"q": 0}, now=1000.0)
+    sparse = sampler.add({"w": (300, 0)}, {"q": 9}, now=1149.6)  # the previous one is stale
+    assert sparse == {
+        "window": None,
+        "completed_per_s": None,
+        "failed_per_s": None,
+        "depth_per_s": {},
+    }
+    rates = sampler.add({"w": (310, 2)}, {"q": 7}, now=1151.6)
+    assert rates == {
+        "window": 2.0,
+        "completed_per_s": 5.0,
+        "failed_per_s": 1.0,
+        "depth_per_s": {"q": -1.0},
+    }
+    exactly = sampler.add({"w": (400, 2)}, {"q": 7}, now=1179.6)  # 1149.6 is 30 s old: kept
+    assert exactly["window"] == 30.0
+
+
 def test_page_values_are_escaped() -> None:
     html = render(
         "tasks",

@@ -11,7 +11,23 @@ from typing import NamedTuple
 
 from .ops import Op
 
-__all__ = ["Completion", "DeadLetterFields", "Scheduled"]
+__all__ = ["DEAD_LETTER_REASONS", "Completion", "DeadLetterFields", "Scheduled"]
+
+#: Every ``reason`` a dead letter can have, as the writers store it: the worker (``failed``,
+#: ``expired`` (past ``max_age``), ``unknown task``, ``malformed message``, ``message too
+#: large``), the Redis scripts and the AMQP custody (``max deliveries exceeded``, ``malformed
+#: message``), and a listing that meets a key of another type (``unreadable entry``). The
+#: filters of ``blitzq dead-letter``, ``queue.dead_letters()`` and the dashboard accept these
+#: only; tests/unit/test_dead_letter_reasons.py checks the writers and the docs against it.
+DEAD_LETTER_REASONS: tuple[str, ...] = (
+    "failed",
+    "expired",
+    "unknown task",
+    "malformed message",
+    "message too large",
+    "max deliveries exceeded",
+    "unreadable entry",
+)
 
 
 class Scheduled(NamedTuple):
@@ -86,8 +102,7 @@ class DeadLetterFields:
 
     Attributes:
         message: the original encoded message (may be malformed bytes).
-        reason: short machine-readable cause ("failed", "malformed message", "unknown task",
-            "max deliveries exceeded", "message too large").
+        reason: short machine-readable cause, one of :data:`DEAD_LETTER_REASONS`.
         error: human-readable detail.
         task: task name, or "" when the message could not be decoded.
         queue: physical queue it came from.

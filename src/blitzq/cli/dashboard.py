@@ -7,11 +7,15 @@ and may listen on any address. Needs the ``dashboard`` extra (starlette, uvicorn
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+from typing import TYPE_CHECKING
 
 import click
 
 from .._checks import is_loopback
+from ..exceptions import BlitzQError
 from ..logconfig import configure_logging
 from ._common import (
     CliUsageError,
@@ -23,6 +27,9 @@ from ._common import (
     use_running_server,
 )
 from .worker import _export_settings, _override, load_queue
+
+if TYPE_CHECKING:
+    from ..queue import Queue
 
 __all__ = ["PASSWORD_ENV", "USER_ENV", "credentials", "dashboard_command"]
 
@@ -42,6 +49,20 @@ def credentials() -> tuple[str, str] | None:
     if not user or not password:
         raise CliUsageError(f"set both {USER_ENV} and {PASSWORD_ENV} (non-empty), or neither")
     return user, password
+
+
+async def _check_broker(queue: Queue) -> None:
+    """Ping ``queue``'s broker once, then close that connection (uvicorn's loop opens its own).
+
+    Raises:
+        BrokerError: the broker cannot be reached or refuses the credentials.
+        ConfigurationError: the broker URL is invalid.
+    """
+    try:
+        await queue.broker.ping()
+    finally:
+        with contextlib.suppress(BlitzQError):
+            await queue.close()
 
 
 @click.command("dashboard", short_help="Serve the web dashboard of MODULE:ATTR.")
@@ -92,6 +113,8 @@ def dashboard_command(app: str, host: str, port: int, log_level: str, log_format
     queue = load_queue(app)
     _override(queue, s)
     use_running_server(queue)
+    with cli_errors(queue._redis_url or s.redis_url):
+        asyncio.run(_check_broker(queue))
     where = f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
     click.echo(
         click.style("blitzq dashboard", bold=True)

@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..client.dead_letter_query import ReplayOutcome
-from ..dead_letters import DeadLetter
+from ..dead_letters import DEAD_LETTER_REASONS, DeadLetter
 from ..exceptions import ConfigurationError, SerializationError
 from ..queue import DEFAULT_MAX_MESSAGE_SIZE, Queue
 from ..ratelimit import RateLimit
@@ -70,7 +70,12 @@ def filter_options(fn: F) -> F:
         click.option(
             "--queue", metavar="QUEUE", help="Only this queue (a base name: all its levels)."
         ),
-        click.option("--reason", help="Only this reason (failed, unknown task, ...)."),
+        click.option(
+            "--reason",
+            type=click.Choice(DEAD_LETTER_REASONS),
+            metavar="REASON",
+            help="Only this reason: " + ", ".join(DEAD_LETTER_REASONS) + ".",
+        ),
         click.option(
             "--error-type", metavar="TYPE", help="Only failures raising this exception type."
         ),

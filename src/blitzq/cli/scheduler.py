@@ -20,9 +20,8 @@ from rich.text import Text
 
 from ..exceptions import BlitzQError
 from ..logconfig import configure_logging
-from ..periodic import periodic_status
 from ..queue import Queue
-from ..runtime_schedules import RuntimeEntries
+from ..runtime_schedules import all_periodic_status
 from ..scheduler import Scheduler
 from ._common import (
     Seconds,
@@ -122,11 +121,6 @@ def run_command(app: str, poll_interval: float, log_level: str, log_format: str)
         asyncio.run(_serve(scheduler))
 
 
-async def _status(queue: Queue) -> list[dict[str, Any]]:
-    runtime = await RuntimeEntries(queue).refresh()  # those of `blitzq schedule add`
-    return await periodic_status(queue, extra=list(runtime.values()))
-
-
 @scheduler_group.command("list", short_help="Show periodic tasks, next and last runs.")
 @click.argument("app", metavar="MODULE:ATTR")
 @global_options
@@ -138,7 +132,7 @@ def list_command(app: str) -> None:
     """
     queue = _load(app)
     use_running_server(queue)
-    rows: list[dict[str, Any]] = run_with_queue(_status, queue)
+    rows: list[dict[str, Any]] = run_with_queue(all_periodic_status, queue)
     if settings().json:
         emit_json(
             {
@@ -159,18 +153,22 @@ def list_command(app: str) -> None:
         return
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("name", overflow="fold")
+    table.add_column("task", overflow="fold")
     table.add_column("schedule", overflow="fold")
     table.add_column("missed", no_wrap=True)
     table.add_column("queue", overflow="fold")
     table.add_column("next run", no_wrap=True)
     table.add_column("last run", no_wrap=True)
+    table.add_column("source", no_wrap=True)
     for row in rows:
         table.add_row(
             Text(row["name"]),
+            Text(row["task"]),
             Text(row["schedule"]),
             row["missed"],
             Text(row["queue"]),
             zoned_time(row["next_run"], row["zone"]),
             zoned_time(row["last_run"], row["zone"]),
+            "run-time" if row["source"] == "runtime" else row["source"],
         )
     out.print(table)

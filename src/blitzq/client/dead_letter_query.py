@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from .._checks import seconds, text
 from ..broker import Broker
-from ..dead_letters import DeadLetter
+from ..dead_letters import DeadLetter, check_reason
 from ..routing import base_queue
 
 __all__ = ["PAGE", "DeadLetterFilter", "ReplayOutcome", "scan", "summarize"]
@@ -36,15 +36,16 @@ class DeadLetterFilter:
         task: the task name, exactly.
         queue: the queue it came from: a physical name (``emails:high``) matches exactly, a
             base name (``emails``) matches all its priority levels.
-        reason: the reason, exactly (``"failed"``, ``"unknown task"``, ``"malformed
-            message"``, ``"max deliveries exceeded"``, ``"message too large"``).
+        reason: the reason, exactly: one of :data:`~blitzq.dead_letters.DEAD_LETTER_REASONS`
+            (``"failed"``, ``"expired"``, ``"unknown task"``, ...).
         error_type: the exception type of a failed task (:attr:`DeadLetter.error_type`): the
             full dotted name, or its last part (``Gone`` matches ``myapp.errors.Gone``).
         older_than: dead-lettered at least this many seconds ago.
         newer_than: dead-lettered at most this many seconds ago.
 
     Raises:
-        ConfigurationError: a criterion that is not a string, or an age that is not a
+        ConfigurationError: a criterion that is not a string, a reason not in
+            :data:`~blitzq.dead_letters.DEAD_LETTER_REASONS`, or an age that is not a
             finite number of seconds >= 0.
     """
 
@@ -64,6 +65,7 @@ class DeadLetterFilter:
         )
         for name, given in criteria:
             text(name, given)
+        check_reason(self.reason)
         for name, value in (("older_than", self.older_than), ("newer_than", self.newer_than)):
             if value is not None:
                 seconds(name, value, strict=False)

@@ -20,6 +20,7 @@ import binascii
 import contextlib
 import hmac
 import json
+import logging
 from collections.abc import AsyncIterator
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -33,12 +34,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from .._checks import flag, is_loopback, seconds
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, SerializationError
 from ..integrations.asgi import close_queue, warm_up
+from ..runtime_schedules import RuntimeEntries
 from . import data, pages
 
 if TYPE_CHECKING:
     from ..queue import Queue
 
 __all__ = ["BasicAuth", "create_app"]
+
+logger = logging.getLogger(__name__)
 
 #: Longest task id the API accepts (characters).
 MAX_ID = 512
@@ -220,7 +224,8 @@ def create_app(
 
     Mount it in a host app (Starlette/FastAPI: ``app.mount("/blitzq", create_app(queue))``)
     or serve it alone (``uvicorn``, ``blitzq dashboard``). Run alone, its lifespan connects
-    ``queue`` at start and closes its connections at shutdown; mounted, the queue connects
+    ``queue`` at start (a broker that does not answer is logged, not fatal: the API answers
+    503 until it does) and closes its connections at shutdown; mounted, the queue connects
     on first use. It asks for no credentials unless ``basic_auth`` is given: guard it as the
     host app guards its admin routes.
 
@@ -237,6 +242,7 @@ def create_app(
     """
     refresh = seconds("refresh", refresh, minimum=0.2, strict=False, maximum=3600.0)
     sampler = data.RateSampler()
+    runtime = RuntimeEntries(queue)
 
     def page(name: str) -> Any:
         async def endpoint(request: Request) -> Response:
@@ -309,7 +315,7 @@ def create_app(
         return _json({"workers": await data.workers_doc(queue)})
 
     async def api_periodic(request: Request) -> Response:
-        return _json({"periodic": await data.periodic_doc(queue)})
+        return _json({"periodic": await data.periodic_doc(queue, runtime)})
 
     async def api_error(request: Request, exc: Exception) -> Response:
         if isinstance(exc, ApiError):
@@ -319,7 +325,10 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await warm_up(queue)
+        try:  # a broker down now is no reason not to serve: the pages answer 503 until it is back
+            await warm_up(queue)
+        except BrokerError as exc:
+            logger.warning("dashboard: the broker does not answer yet: %s", exc)
         try:
             yield
         finally:

@@ -19,11 +19,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-from ..dead_letters import DeadLetter
+from ..dead_letters import DeadLetter, check_reason
 from ..exceptions import SerializationError
-from ..periodic import periodic_status
 from ..records import TaskRecord, TaskState
-from ..schedules import Cron
+from ..runtime_schedules import RuntimeEntries, all_periodic_status
 from ..serialization import loads
 
 if TYPE_CHECKING:
@@ -72,9 +71,10 @@ class RateSampler:
     """Rates from successive overview reads: tasks finished and failed per second (from the
     workers' counters) and each queue's change of depth per second.
 
-    The rates compare the newest sample with the oldest one kept (at most ``window`` seconds
-    old); a worker that restarted (its counter went down) or is new counts from its next
-    sample. Rates are ``None`` until two samples at least one second apart exist.
+    The rates compare the newest sample with the oldest one kept; a sample older than
+    ``window`` seconds is dropped, so after a pause in polling the rates are ``None`` until
+    two samples at least one second apart exist inside the window again. A worker that
+    restarted (its counter went down) or is new counts from its next sample.
 
     Args:
         window: seconds of samples kept.
@@ -90,7 +90,7 @@ class RateSampler:
         ``{"window": s, "completed_per_s": x, "failed_per_s": x, "depth_per_s": {queue: x}}``.
         """
         self._samples.append(_Sample(now, dict(workers), dict(waiting)))
-        while len(self._samples) > 2 and now - self._samples[1].at >= self.window:
+        while now - self._samples[0].at > self.window:
             self._samples.popleft()
         while len(self._samples) > 256:
             self._samples.popleft()
@@ -263,14 +263,20 @@ class DeadLetterFilter:
     Attributes:
         task: exact task name.
         queue: exact physical queue.
-        reason: exact reason (``"failed"``, ``"unknown task"``, …).
+        reason: exact reason, one of :data:`~blitzq.dead_letters.DEAD_LETTER_REASONS`.
         text: case-insensitive substring of the id, task name or error.
+
+    Raises:
+        ConfigurationError: ``reason`` is not a dead-letter reason (the API answers 400).
     """
 
     task: str | None = None
     queue: str | None = None
     reason: str | None = None
     text: str | None = None
+
+    def __post_init__(self) -> None:
+        check_reason(self.reason)
 
     @property
     def active(self) -> bool:
@@ -343,21 +349,24 @@ def _local(ts: float | None, zone: str) -> str | None:
     return datetime.fromtimestamp(ts, ZoneInfo(zone)).isoformat(timespec="seconds")
 
 
-async def periodic_doc(queue: Queue) -> list[dict[str, Any]]:
-    """Each periodic entry: the rows of :func:`~blitzq.periodic.periodic_status` plus ``tz``
-    (the schedule's IANA zone: a cron's own, UTC for an interval) and ``next_run_local`` /
-    ``last_run_local`` (ISO 8601 in that zone).
+async def periodic_doc(queue: Queue, runtime: RuntimeEntries | None = None) -> list[dict[str, Any]]:
+    """Each periodic entry a scheduler of ``queue`` dispatches, code-defined and run-time
+    (``blitzq schedule add``): the rows of
+    :func:`~blitzq.runtime_schedules.all_periodic_status` (``source`` ``"code"`` or
+    ``"runtime"``) plus ``tz`` (the schedule's IANA zone: a cron's own, UTC for an interval)
+    and ``next_run_local`` / ``last_run_local`` (ISO 8601 in that zone).
+
+    Args:
+        queue: the dashboard's Queue.
+        runtime: the run-time entries reader to refresh (one per app: see
+            :func:`~blitzq.runtime_schedules.all_periodic_status`).
 
     Raises:
         BrokerError: the broker could not be reached.
     """
-    rows = await periodic_status(queue)
     out = []
-    for row in rows:
-        entry = queue.periodic_tasks.get(row["name"])
-        zone = (
-            entry.schedule.tz if entry is not None and isinstance(entry.schedule, Cron) else "UTC"
-        )
+    for row in await all_periodic_status(queue, runtime):
+        zone = row["zone"] or "UTC"
         out.append(
             row
             | {

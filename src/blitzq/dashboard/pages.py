@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from html import escape
 
+from ..dead_letters import DEAD_LETTER_REASONS
+
 __all__ = ["PAGES", "render"]
 
 #: Page name -> (path under the app's root, title in the navigation).
@@ -20,14 +22,6 @@ PAGES: dict[str, tuple[str, str]] = {
     "workers": ("/workers", "Workers"),
     "periodic": ("/periodic", "Periodic"),
 }
-
-_REASONS = (
-    "failed",
-    "unknown task",
-    "malformed message",
-    "max deliveries exceeded",
-    "message too large",
-)
 
 
 def _table(table_id: str, headers: list[str], numeric: tuple[str, ...] = ()) -> str:
@@ -80,7 +74,9 @@ def _tasks(task_id: str) -> str:
 
 
 def _dead_letters() -> str:
-    reasons = "".join(f'<option value="{escape(r)}">{escape(r)}</option>' for r in _REASONS)
+    reasons = "".join(
+        f'<option value="{escape(r)}">{escape(r)}</option>' for r in DEAD_LETTER_REASONS
+    )
     return (
         '<form id="filters" class="bar" autocomplete="off">'
         '<input name="task" placeholder="task name" spellcheck="false">'
@@ -132,9 +128,11 @@ def _periodic() -> str:
                 "queue",
                 "next run",
                 "last run",
+                "source",
             ],
         )
-        + '<p class="hint">Times are given in each schedule\'s own time zone.</p>'
+        + '<p class="hint">Times are given in each schedule\'s own time zone. Source: code '
+        "(<code>Queue.periodic</code>) or run-time (<code>blitzq schedule add</code>).</p>"
     )
 
 

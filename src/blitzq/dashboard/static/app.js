@@ -284,7 +284,8 @@
       el("td", {}, p.missed),
       el("td", {}, p.queue),
       el("td", {}, local(p.next_run_local)),
-      el("td", {}, local(p.last_run_local)))),
+      el("td", {}, local(p.last_run_local)),
+      el("td", {}, p.source === "runtime" ? "run-time" : p.source))),
     "no periodic tasks registered on this Queue"));
   }
 
