@@ -70,5 +70,9 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/bench.py
 
+.PHONY: bench-metrics
+bench-metrics: $(STAMP)  ## the paired metrics-on/off drain (bench/README.md, "Metrics cost")
+	$(PY) bench/metrics_cost.py
+
 clean:
 	rm -rf $(VENV) $(VENV_DJ6) .pytest_cache .mypy_cache .ruff_cache

@@ -151,9 +151,9 @@ async def test_each_outcome_is_counted_once_with_its_labels(
 async def test_task_names_past_the_cap_share_one_label(
     make_queue: Callable[..., Queue], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from blitzq.worker import metrics
+    from blitzq.worker import tally
 
-    monkeypatch.setattr(metrics, "MAX_TASK_NAMES", 2)
+    monkeypatch.setattr(tally, "MAX_TASK_NAMES", 2)
     queue = make_queue(name="cap")
     names = [f"t{n}" for n in range(4)]
     for name in names:

@@ -1,16 +1,13 @@
 """Prometheus metrics of one worker (``Worker(metrics_port=...)``, ``blitzq worker
 --metrics-port``); needs the ``metrics`` extra (``prometheus-client``).
 
-Per-run metrics are fed by the runner through :class:`RunMetrics`, the worker's run
-observer: :meth:`RunMetrics.started` when a run starts (queue latency),
-:meth:`RunMetrics.committed` when its completion is handed to the writer, with the kind of the
-run's :class:`~blitzq.extensions.middleware.Outcome` (the value the after-hooks get;
-:func:`blitzq.worker.outcomes.outcome_kind`), and :meth:`RunMetrics.ended` for a delivery that
-ends before it runs (``expired`` by its ``max_age`` start check, ``rejected``: malformed, too
-large or of an unknown task). A worker without metrics has no observer: the runner checks one
-attribute for ``None`` per run. The figures are plain counts and per-bucket lists, made into
-Prometheus metric families only when Prometheus scrapes; runs in progress are counted from
-the runner's running jobs then.
+Per-run metrics are counted by :class:`RunMetrics`, the worker's run observer, through the
+methods of its base :class:`~blitzq.worker.tally.RunTally` (:mod:`blitzq.worker.tally`: the
+runner calls it when a run starts, when its completion is committed, and for a delivery that
+ends before it runs, each time doing only plain-Python arithmetic on preallocated counters).
+A worker without metrics has no observer: the runner checks one attribute for ``None`` at a
+run's start and at its commit. The counts are made into Prometheus metric families only when
+Prometheus scrapes; runs in progress are counted from the runner's running jobs then.
 
 Broker-wide values (queue depths, dead letters, registered workers, the namespace's stale
 completions) are sampled every :data:`SAMPLE_INTERVAL` seconds by :meth:`RunMetrics.sample_loop`
@@ -29,8 +26,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import time
-from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -49,31 +44,17 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "metrics need prometheus-client: pip install 'blitzq[metrics]'"
     ) from exc
 
+from .tally import BUCKETS, MAX_TASK_NAMES, OUTCOMES, RunTally
+
 if TYPE_CHECKING:
-    from ..extensions.middleware import OutcomeKind
-    from .execution import Job
     from .worker import Worker
 
 logger = logging.getLogger("blitzq.worker")
 
 #: Seconds between two samples of the broker-wide gauges.
 SAMPLE_INTERVAL = 5.0
-#: Most distinct task names used as label values; later names count as ``_other``.
-MAX_TASK_NAMES = 100
-#: The label value of task names past :data:`MAX_TASK_NAMES` (and of unreadable messages).
-OTHER_TASK = "_other"
 #: The ``queue`` label of the schedule, which is one set for the whole namespace.
 ALL_QUEUES = "*"
-
-#: Outcomes counted in ``blitzq_tasks_total`` (a run put back at shutdown is not counted).
-OUTCOMES = ("succeeded", "failed", "retried", "dead_lettered", "cancelled", "expired", "rejected")
-
-#: Histogram buckets of task durations and queue latency, seconds.
-BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
-
-
-#: Index of a histogram's sum in its list (after one count per bucket and +Inf).
-_SUM = len(BUCKETS) + 1
 
 
 class _RunCollector(Collector):
@@ -81,8 +62,8 @@ class _RunCollector(Collector):
     scrapes (in its server's thread), with this worker's own counters (plain ints of the
     running worker).
 
-    The event loop is the one writer; a scrape copies each dict and list first (one C call
-    each, under the GIL), so it reads values from a few microseconds apart at worst.
+    The event loop is the one writer; a scrape reads a copy
+    (:meth:`~blitzq.worker.tally.RunTally.snapshot`).
     """
 
     def __init__(self, metrics: RunMetrics) -> None:
@@ -91,25 +72,26 @@ class _RunCollector(Collector):
     def collect(self) -> Iterator[Any]:
         """The metric families of one scrape."""
         m, worker = self.metrics, self.metrics.worker
+        counts, durations, latencies = m.snapshot()
         tasks = CounterMetricFamily(
             "blitzq_tasks",
             "Task attempts by final outcome (each attempt counted once).",
             labels=("queue", "task", "outcome"),
         )
-        for labels, count in list(m.counts.items()):
+        for labels, count in counts.items():
             tasks.add_metric(labels, count)
         yield tasks
         yield _histogram(
             "blitzq_task_duration_seconds",
             "Seconds from the start of a run to its completion.",
             ("queue", "task"),
-            m.durations,
+            durations,
         )
         yield _histogram(
             "blitzq_task_queue_latency_seconds",
             "Seconds from the (latest) enqueue of a message to the start of its run.",
             ("queue",),
-            {(queue,): h for queue, h in list(m.latencies.items())},
+            {(queue,): h for queue, h in latencies.items()},
         )
         running = GaugeMetricFamily(
             "blitzq_tasks_in_progress", "Runs started and not ended.", labels=("queue",)
@@ -135,45 +117,39 @@ class _RunCollector(Collector):
 
 
 def _histogram(
-    name: str, doc: str, labels: tuple[str, ...], data: dict[Any, list[float]]
+    name: str, doc: str, labels: tuple[str, ...], data: dict[Any, tuple[list[int], float]]
 ) -> HistogramMetricFamily:
-    """A histogram family from per-label lists of bucket counts (the last is +Inf) and sum."""
+    """A histogram family from per-label bucket counts (not cumulative; the last is +Inf)
+    and sums."""
     family = HistogramMetricFamily(name, doc, labels=labels)
-    for key, values in list(data.items()):
-        values = list(values)
+    for key, (counts, total) in data.items():
         cumulative, buckets = 0.0, []
-        for bound, count in zip((*BUCKETS, math.inf), values, strict=False):
+        for bound, count in zip((*BUCKETS, math.inf), counts, strict=True):
             cumulative += count
             buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), cumulative))
-        family.add_metric(key, buckets, values[_SUM])
+        family.add_metric(key, buckets, total)
     return family
 
 
-class RunMetrics:
+class RunMetrics(RunTally):
     """The metrics of one worker, and the run observer the runner calls.
 
-    The per-run figures are plain dicts of ints and lists (one ``bisect`` per histogram
-    sample), turned into Prometheus metrics only when Prometheus scrapes: a run costs about a
-    microsecond, where prometheus-client's own locked metric objects cost several.
+    The per-run figures are the plain counts of its base :class:`~blitzq.worker.tally.RunTally`
+    (its ``started``, ``committed`` and ``ended`` are what the runner calls), turned into
+    Prometheus metrics only when Prometheus scrapes (bench/README.md, "Metrics cost").
 
     Args:
         worker: the worker measured (its queues, namespace, broker and counters are read).
 
     Attributes:
         registry: the ``prometheus_client.CollectorRegistry`` holding every metric.
-        counts: attempts by ``(queue, task, outcome)``.
-        durations: run durations by ``(queue, task)``: counts per bucket, then the sum.
-        latencies: queue latencies by queue, as ``durations``.
     """
 
     def __init__(self, worker: Worker) -> None:
+        super().__init__()
         self.worker = worker
         self.namespace = worker.queue.namespace
         registry = self.registry = CollectorRegistry()
-        self.counts: dict[tuple[str, str, str], int] = {}
-        self.durations: dict[tuple[str, str], list[float]] = {}
-        self.latencies: dict[str, list[float]] = {}
-        self._labels: dict[str, str] = {}  # task name -> its label value (capped)
         registry.register(_RunCollector(self))
         self.depth = Gauge(
             "blitzq_queue_depth",
@@ -194,15 +170,7 @@ class RunMetrics:
             registry=registry,
         )
 
-    # ------------------------------------------------------------- per run
-    def _task(self, name: str) -> str:
-        label = self._labels.get(name)
-        if label is None:
-            if len(self._labels) >= MAX_TASK_NAMES or not name:
-                return OTHER_TASK
-            label = self._labels[name] = name
-        return label
-
+    # ------------------------------------------------------------- scrape
     def in_progress(self) -> dict[str, int]:
         """Runs of this worker started and not ended, by queue (read at scrape time from
         the runner's running jobs, so a run pays nothing for it)."""
@@ -215,41 +183,6 @@ class RunMetrics:
             queue = job.delivery.queue
             running[queue] = running.get(queue, 0) + 1
         return running
-
-    def started(self, job: Job) -> None:
-        """A run of ``job`` started (``job.started_at`` set): its queue latency."""
-        enqueued = job.envelope.enqueued_at
-        if enqueued:
-            latency = job.started_at - enqueued
-            h = self.latencies.get(job.delivery.queue)
-            if h is None:
-                h = self.latencies[job.delivery.queue] = [0] * (_SUM + 1)
-            h[bisect_left(BUCKETS, latency)] += 1
-            h[_SUM] += latency if latency > 0.0 else 0.0
-
-    def committed(self, job: Job, kind: OutcomeKind | None) -> None:
-        """``job``'s completion was handed to the writer; ``kind`` is its outcome's kind
-        (:func:`~blitzq.worker.outcomes.outcome_kind`; ``None``: a reschedule that did not
-        start the task)."""
-        queue = job.delivery.queue
-        task = self._task(job.envelope.task)
-        if job.started_at:
-            duration = time.time() - job.started_at
-            key = (queue, task)
-            h = self.durations.get(key)
-            if h is None:
-                h = self.durations[key] = [0] * (_SUM + 1)
-            h[bisect_left(BUCKETS, duration)] += 1
-            h[_SUM] += duration if duration > 0.0 else 0.0
-        if kind is not None and kind != "requeued":
-            counts, counted = self.counts, (queue, task, kind)
-            counts[counted] = counts.get(counted, 0) + 1
-
-    def ended(self, queue: str, task: str, outcome: str) -> None:
-        """A delivery from physical ``queue`` ended before it ran: ``"expired"`` or
-        ``"rejected"`` (``task`` may be ``""`` for a message that could not be read)."""
-        key = (queue, self._task(task), outcome)
-        self.counts[key] = self.counts.get(key, 0) + 1
 
     # ------------------------------------------------------------- sampled
     async def sample(self) -> None:

@@ -141,8 +141,8 @@ def commit(
     if runner.progress.active:  # the run's last progress update goes with its completion
         completion = runner.progress.finish(job, completion)
     extensions = runner.extensions
-    if runner.observer is not None:  # metrics: the kind of the outcome the middleware get
-        runner.observer.committed(job, outcome_kind(job, completion, error, cancelled))
+    if runner.observer is not None:  # metrics: counts the outcome the middleware get
+        runner.observer.committed(job, completion, error, cancelled)
     if extensions.enabled:
         outcome = outcome_of(job, completion, error, cancelled)
         if outcome is not None:
