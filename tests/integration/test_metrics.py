@@ -274,3 +274,54 @@ def test_supervised_workers_each_serve_base_port_plus_slot(
             proc.kill()
             proc.wait()
         producer.close_sync()
+
+
+@pytest.mark.parametrize("fail_first", [False, True], ids=["late-success", "late-failure"])
+async def test_a_stale_completion_is_not_counted_under_its_outcome(
+    make_queue: Callable[..., Queue], fail_first: bool
+) -> None:
+    """An attempt whose completion the broker refuses as stale (its lease was recovered) is
+    counted only in the stale counter: the redelivery's outcome is the task's outcome."""
+    from blitzq import current_task
+    from blitzq.broker.redis import ReliableRedisBroker
+
+    queue = make_queue(mode="reliable")
+    started, gate = asyncio.Event(), asyncio.Event()
+
+    @queue.task(name="fenced", retries=0)
+    async def fenced() -> str:
+        context = current_task()
+        assert context is not None
+        if context.attempt > 1:
+            return "redelivery"
+        started.set()
+        await gate.wait()
+        if fail_first:
+            raise RuntimeError("the first run failed late")
+        return "first run"
+
+    broker = queue.broker
+    assert isinstance(broker, ReliableRedisBroker)
+    thief = ReliableRedisBroker(broker.url, broker.keys.namespace)
+    await thief.prepare_consumer(["default"], "thief")
+    worker = make_worker(queue, metrics_port=0, ops_host="127.0.0.1", concurrency=4)
+    try:
+        async with running(worker):
+            handle = await fenced.enqueue()
+            await asyncio.wait_for(started.wait(), 10)
+            await eventually(lambda: thief.recover("default", 0.001, 10, 5), lambda r: r == (1, 0))
+            assert await handle.result(timeout=10) == "redelivery"
+            gate.set()
+            samples = await eventually(
+                lambda: scrape(worker),
+                lambda s: value(s, "blitzq_stale_completions_total") == 1,
+            )
+            assert value(
+                samples, "blitzq_tasks_total", queue="default", task="fenced", outcome="succeeded"
+            ) == 1  # fmt: skip
+            assert not value(
+                samples, "blitzq_tasks_total", queue="default", task="fenced", outcome="failed"
+            )  # fmt: skip
+    finally:
+        await thief.close()
+        await queue.close()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from .. import records
 from ..broker import Broker, Completion
@@ -77,6 +78,8 @@ class Flusher:
         self._closing = False
         #: Completions the broker refused as stale (fencing), since this flusher started.
         self.stale = 0
+        #: Called with each batch of stale completions (the worker's metrics), or ``None``.
+        self.on_stale: Callable[[list[Completion]], None] | None = None
 
     def add(self, completion: Completion) -> None:
         """Queue a completion for the next batch."""
@@ -140,6 +143,8 @@ class Flusher:
     def _report(self, stale: list[Completion]) -> None:
         """Count and log completions the broker dropped because their lease was lost."""
         self.stale += len(stale)
+        if self.on_stale is not None:  # the worker's metrics take back what they counted
+            self.on_stale(stale)
         for c in stale:
             logger.warning(
                 "stale completion of task %s from queue %s dropped: this worker lost the "

@@ -45,6 +45,7 @@ def worker_command(
     redis_url: str | None = None,
     namespace: str | None = None,
     mode: str | None = None,
+    amqp_url: str | None = None,
     json_output: bool = False,
     extra: Sequence[str] = (),
 ) -> list[str]:
@@ -56,8 +57,8 @@ def worker_command(
         concurrency: ``-c`` value.
         shutdown_timeout: ``--shutdown-timeout`` in seconds.
         log_level, log_format: the logging options.
-        redis_url, namespace, mode: global options typed on the supervisor's command line
-            (``None``: not given; the worker inherits the environment instead).
+        redis_url, namespace, mode, amqp_url: global options typed on the supervisor's
+            command line (``None``: not given; the worker inherits the environment instead).
         json_output: pass ``--json``.
         extra: more options appended as they are (e.g. ``["--scheduler"]``).
     """
@@ -80,7 +81,10 @@ def worker_command(
     ]
     if queues is not None:
         argv += ["--queues", queues]
-    for option, value in (("--redis-url", redis_url), ("--namespace", namespace), ("--mode", mode)):
+    for option, value in (
+        ("--redis-url", redis_url), ("--namespace", namespace), ("--mode", mode),
+        ("--amqp-url", amqp_url),
+    ):  # fmt: skip
         if value is not None:
             argv += [option, value]
     if json_output:

@@ -175,10 +175,28 @@ class RunTally:
             )
         ):
             slot.succeeded += 1
+            if completion is not None and completion.token is not None:  # may prove stale
+                completion.counted = (job.delivery.queue, job.envelope.task, "succeeded")
             return
         kind = outcome_kind(job, completion, error, cancelled)
         if kind is not None and kind != "requeued":
             slot.outcomes[kind] = slot.outcomes.get(kind, 0) + 1
+            if completion is not None and completion.token is not None:
+                completion.counted = (job.delivery.queue, job.envelope.task, kind)
+
+    def stale(self, completions: list[Completion]) -> None:
+        """The broker refused ``completions`` as stale (fencing: another worker recovered
+        the delivery and its run's completion counts): take back the outcome each was
+        counted under, so that an attempt is counted once, under its final outcome."""
+        for c in completions:
+            if c.counted is None:
+                continue
+            queue, task, kind = c.counted
+            slot = self.slot(queue, task)
+            if kind == "succeeded":
+                slot.succeeded -= 1
+            else:
+                slot.outcomes[kind] = slot.outcomes.get(kind, 0) - 1
 
     def ended(self, queue: str, task: str, outcome: str) -> None:
         """A delivery from physical ``queue`` ended before it ran: ``"expired"`` or

@@ -319,6 +319,8 @@ class Worker:
         self._runner = Runner(self, broker, self._flusher)
         self._fetcher = Fetcher(self, broker, self._runner, self._slots)
         self._runner.observer = self.ops.metrics  # None without metrics: nothing installed
+        if self.ops.metrics is not None:
+            self._flusher.on_stale = self.ops.metrics.stale
         served = await self.ops.start(self._fetcher)
         self._maintenance = Maintenance(self, broker)
         flusher_task = asyncio.create_task(self._flusher.run(), name="blitzq-flusher")
