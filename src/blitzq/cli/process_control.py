@@ -215,14 +215,18 @@ def supervisor_arguments(
     return workers, kwargs
 
 
-def app_queue(app: str | None, s: Settings) -> Queue:
+def app_queue(app: str | None, s: Settings, queues: str | None = None) -> Queue:
     """The Queue a worker of ``blitzq worker`` builds: the one at ``app`` (``MODULE:ATTR``)
     or, with ``app=None`` (``--django``), the Django backend's; the command-line options of
     ``s`` applied as the worker applies them. What ``--autoscale`` samples.
 
+    ``queues``: the command's ``-Q`` value (``None``: not given; ``--django`` then needs the
+    backend's ``QUEUES``).
+
     Raises:
         CliError: (exit code 2) the application cannot be loaded (see
-            :func:`~blitzq.cli.worker.load_queue`).
+            :func:`~blitzq.cli.worker.load_queue` and
+            :func:`~blitzq.integrations.django_worker.django_queue`).
     """
     from .worker import _override, load_queue  # the worker's own loading (import cycle)
 
@@ -230,7 +234,7 @@ def app_queue(app: str | None, s: Settings) -> Queue:
         from ..integrations.django_worker import django_queue
 
         with cli_errors(s.redis_url):
-            queue = django_queue()[0]
+            queue = django_queue(queues is not None)[0]
     else:
         queue = load_queue(app)
     _override(queue, s)

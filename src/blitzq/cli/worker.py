@@ -345,7 +345,7 @@ def worker_command(
         # --reload with --django watches the package of the settings module.
         watched = app or os.environ.get("DJANGO_SETTINGS_MODULE", "")
         workers, more = supervisor_arguments(
-            watched, workers, _split_queues(queues), control, lambda: app_queue(app, s)
+            watched, workers, _split_queues(queues), control, lambda: app_queue(app, s, queues)
         )
         sys.exit(supervise(argv, workers, shutdown_timeout, json_output=s.json, **more))
     _export_settings(s)
