@@ -31,7 +31,7 @@ from tests.reliability.test_supervisor import ROOT, Supervised, alive, children,
 
 pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"),
-    pytest.mark.timeout(90),
+    pytest.mark.timeout(120),
 ]
 
 APP = "tests.reliability.test_process_control:queue"
@@ -81,7 +81,7 @@ def start(redis_url: str, namespace: str, tmp_path: Path) -> Iterator[Callable[.
     """Start ``blitzq worker APP …``; SIGKILL whatever is left at the end."""
     started: list[Supervised] = []
 
-    def run(*extra: str, app: str = APP, cwd: Path = ROOT) -> Supervised:
+    def run(*extra: str, app: str = APP, cwd: Path = ROOT, typed_ns: bool = True) -> Supervised:
         log = tmp_path / f"supervisor-{len(started)}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
         env.update(PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
@@ -89,7 +89,8 @@ def start(redis_url: str, namespace: str, tmp_path: Path) -> Iterator[Callable[.
             [str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")]
         )
         cmd = [sys.executable, "-m", "blitzq", "worker", app, "--redis-url", redis_url]
-        cmd += ["--namespace", namespace, "--shutdown-timeout", "10", *extra]
+        cmd += ["--namespace", namespace] if typed_ns else []
+        cmd += ["--shutdown-timeout", "10", *extra]
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
         sup = Supervised(proc, log)
@@ -182,6 +183,46 @@ def test_autoscale_adds_processes_under_a_burst_and_removes_idle_ones(
     assert sup.proc.wait(20) == 0, sup.output()
 
 
+NS_APP_SOURCE = """
+import asyncio
+
+from blitzq import Queue
+
+queue = Queue("pcns", namespace={namespace!r}, visibility_timeout=1.5)
+
+
+@queue.task
+async def nap(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+"""
+
+
+def test_autoscale_samples_the_namespace_the_app_sets_in_code(
+    start: Callable[..., Supervised],
+    make_queue: Callable[..., Queue],
+    client: redis.Redis,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    module = f"ns_app_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(NS_APP_SOURCE.format(namespace=namespace))
+    sup = start(
+        "--autoscale", "1,3", "-c", "2", "--autoscale-interval", "0.2",
+        "--autoscale-cooldown", "0.3", "--autoscale-backlog", "2",
+        app=f"{module}:queue", cwd=tmp_path, typed_ns=False,
+    )  # fmt: skip
+    workers_are(sup, client, namespace, 1)
+    producer = make_queue(name="pcns")
+    try:
+        handles = [producer.send_sync(f"{module}.nap", (0.3,)) for _ in range(40)]
+        wait_until(lambda: len(sup.workers()) == 3, 40, f"3 processes\n{sup.output()}")
+        for h in handles:
+            h.result_sync(timeout=60)
+    finally:
+        producer.close_sync()
+    assert "autoscale: adding worker slot" in sup.output()
+
+
 def test_process_control_options_are_checked_before_anything_starts(redis_url: str) -> None:
     runner = CliRunner()
     result = runner.invoke(cli, ["worker", APP, "--autoscale", "5,2", "--redis-url", redis_url])
@@ -189,11 +230,55 @@ def test_process_control_options_are_checked_before_anything_starts(redis_url: s
     assert "above the maximum" in result.output
     result = runner.invoke(cli, ["worker", APP, "--autoscale", "1,x", "--redis-url", redis_url])
     assert result.exit_code == 2, result.output
-    result = runner.invoke(
-        cli, ["worker", APP, "--autoscale", "1,2"], env={"BLITZQ_REDIS_URL": None}
+    assert "'1,x'" in result.output
+    # The format is checked first, whatever the rest of the command line lacks.
+    for bad in ("2", "1,2,3"):
+        result = runner.invoke(
+            cli, ["worker", APP, "--autoscale", bad], env={"BLITZQ_REDIS_URL": None}
+        )
+        assert result.exit_code == 2, result.output
+        assert "Invalid value for '--autoscale'" in result.output
+        assert f"expects MIN,MAX (e.g. 2,8), got {bad!r}" in result.output
+        assert "redis-url" not in result.output
+    assert "--workers N" in runner.invoke(cli, ["worker", APP, "--autoscale", "2"]).output
+
+
+def test_autoscale_without_a_shared_server_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The app's own URL (in code) is what the workers use: an in-process one cannot be shared.
+    module = f"mem_app_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(
+        f"from blitzq import Queue\n\nqueue = Queue('m', redis_url='memory://{module}')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = CliRunner().invoke(
+        cli, ["worker", f"{module}:queue", "--autoscale", "1,2"], env={"BLITZQ_REDIS_URL": None}
     )
     assert result.exit_code == 2, result.output
-    assert "needs --redis-url" in result.output
+    assert "--autoscale needs a Redis server its workers share" in result.output
+    assert f"memory://{module}" in result.output
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--max-tasks-per-child", "3"], "--max-tasks-per-child"),
+        (["--max-memory-per-child", "100"], "--max-memory-per-child"),
+        (["--workers", "2"], "--workers 2"),
+        (["--autoscale", "1,2"], "--autoscale"),
+        (["--workers", "2", "--max-tasks-per-child", "3"], "--workers 2, --max-tasks-per-child"),
+    ],
+)
+def test_burst_names_the_options_it_conflicts_with(
+    redis_url: str, extra: list[str], named: str
+) -> None:
+    result = CliRunner().invoke(cli, ["--redis-url", redis_url, "worker", APP, "--burst", *extra])
+    assert result.exit_code == 2, result.output
+    assert f"--burst runs one worker process: not with {named}" in result.output
+    if "--workers" not in extra:
+        assert "--workers" not in result.output
 
 
 def test_control_scale_is_applied_read_back_and_refused_out_of_range(
@@ -245,16 +330,17 @@ def test_max_tasks_per_child_recycles_without_losing_or_repeating_a_task(
     namespace: str,
     tmp_path: Path,
 ) -> None:
-    sup = start("--max-tasks-per-child", "3", "-c", "1")
+    # Concurrency far above the limit: a fetch batch brings more than 5 deliveries, and
+    # the ones past the 5th start must be handed back, not run.
+    sup = start("--max-tasks-per-child", "5", "-c", "20")
     workers_are(sup, client, namespace, 1)
     path = tmp_path / "runs.txt"
-    handles = [producer.send_sync(WORK, (str(path), str(i), 0.05)) for i in range(10)]
-    pids = [h.result_sync(timeout=60) for h in handles]
-    assert len(set(pids)) >= 2, pids  # recycled at least once
+    handles = [producer.send_sync(WORK, (str(path), str(i), 0.2)) for i in range(40)]
+    pids = [h.result_sync(timeout=80) for h in handles]
     lines = runs(path)
-    assert sorted(t for t, _ in lines) == sorted(str(i) for i in range(10))  # each ran once
+    assert sorted(t for t, _ in lines) == sorted(str(i) for i in range(40))  # each ran once
     per_pid = {pid: sum(1 for _, p in lines if p == pid) for pid in set(pids)}
-    assert max(per_pid.values()) <= 3, per_pid  # the third start stops the fetching
+    assert sorted(per_pid.values()) == [5] * 8, per_pid  # exactly 5 starts per process
     assert "planned restart" in sup.output()
 
 

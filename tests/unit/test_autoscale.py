@@ -29,8 +29,8 @@ def test_range_checks_and_parsing() -> None:
     assert "above the maximum" in str(check_range(3, 2))
     assert "hard cap" in str(check_range(1, HARD_CAP + 1))
     assert parse_range("2,8") == (2, 8)
-    assert parse_range(" 3 ") == (3, 3)
-    for bad in ("", "a,b", "1,2,3", "0,2", "5,2"):
+    assert parse_range(" 3 , 4 ") == (3, 4)
+    for bad in ("", "3", "a,b", "1,2,3", "0,2", "5,2"):
         with pytest.raises(ConfigurationError):
             parse_range(bad)
 

@@ -9,13 +9,16 @@ and :func:`supervisor_arguments` (what the supervisor does).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from ..exceptions import ConfigurationError
+from ..exceptions import BlitzQError, ConfigurationError
 from ..worker.autoscale import HARD_CAP, AutoscaleSettings, parse_range
-from ._common import CliUsageError, Seconds, Settings
+from ._common import CliUsageError, Seconds, Settings, cli_errors
+
+if TYPE_CHECKING:
+    from ..queue import Queue
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -46,7 +49,9 @@ def process_control_options(fn: F) -> F:
             show_envvar=True,
             help="Run between MIN and MAX worker processes, added on queue backlog or latency "
             f"and removed when idle (at most {HARD_CAP}); `blitzq control scale` changes the "
-            "bounds at run time. Needs --redis-url or BLITZQ_REDIS_URL.",
+            "bounds at run time. The supervisor samples the broker, namespace and mode of "
+            "the application's Queue (command-line options winning).",
+            callback=_autoscale_range,
         ),
         click.option(
             "--autoscale-interval",
@@ -127,6 +132,28 @@ def process_control_options(fn: F) -> F:
     return fn
 
 
+def _autoscale_range(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> tuple[int, int] | None:
+    """``--autoscale`` parsed and checked as the command line is read (before anything)."""
+    if not value:
+        return None
+    try:
+        return parse_range(value)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc).removeprefix("--autoscale "), ctx, param) from None
+
+
+def burst_conflicts(workers: int, control: Mapping[str, Any]) -> list[str]:
+    """The options given with ``--burst`` that need a supervisor (``--burst`` runs one worker
+    process): ``--workers N`` (N > 1), ``--autoscale``, ``--reload``, ``--max-*-per-child``."""
+    given = [f"--workers {workers}"] if workers > 1 else []
+    for name in ("autoscale", "reload", "max_tasks_per_child", "max_memory_per_child"):
+        if control.get(name):
+            given.append("--" + name.replace("_", "-"))
+    return given
+
+
 def needs_supervisor(workers: int, control: Mapping[str, Any]) -> bool:
     """Whether the command runs a supervisor rather than the worker itself."""
     if control.get("supervised"):
@@ -145,24 +172,28 @@ def worker_arguments(control: Mapping[str, Any]) -> list[str]:
 
 
 def supervisor_arguments(
-    app: str, workers: int, queues: list[str] | None, s: Settings, control: Mapping[str, Any]
+    app: str,
+    workers: int,
+    queues: list[str] | None,
+    control: Mapping[str, Any],
+    app_queue: Callable[[], Queue],
 ) -> tuple[int, dict[str, Any]]:
     """The worker count and the keyword arguments of
     :func:`~blitzq.worker.launch.supervise` for the options given.
 
+    ``app_queue`` returns the Queue the workers will build, command-line options applied;
+    with ``--autoscale`` it is called (the application imported in the supervisor) to read
+    the broker URL, namespace and mode the autoscaler samples (:func:`autoscale_target`).
+
     Raises:
-        CliUsageError: a malformed ``--autoscale``, one without a broker URL, or a
-            ``--reload`` that cannot watch the application.
+        CliUsageError: an ``--autoscale`` without a broker the supervisor can sample, an
+            application that cannot be loaded, or a ``--reload`` that cannot watch it.
     """
     kwargs: dict[str, Any] = {}
     try:
         if control.get("autoscale"):
-            low, high = parse_range(control["autoscale"])
-            if not s.redis_url:
-                raise CliUsageError(
-                    "--autoscale needs --redis-url or BLITZQ_REDIS_URL: the supervisor reads "
-                    "the queues without importing the application"
-                )
+            low, high = control["autoscale"]  # parsed by _autoscale_range
+            kwargs.update(autoscale_target(app_queue()), queues=queues)
             kwargs["autoscale"] = AutoscaleSettings(
                 low,
                 high,
@@ -173,7 +204,6 @@ def supervisor_arguments(
                 backlog=control["autoscale_backlog"],
                 latency=control["autoscale_latency"],
             )
-            kwargs.update(redis_url=s.redis_url, namespace=s.namespace, mode=s.mode, queues=queues)
             workers = min(max(workers, low), high)  # --workers: the starting count
         if control.get("reload"):
             from ..worker.reload import SourceWatcher, app_directory
@@ -183,3 +213,55 @@ def supervisor_arguments(
     except ConfigurationError as exc:
         raise CliUsageError(str(exc)) from None
     return workers, kwargs
+
+
+def app_queue(app: str | None, s: Settings, queues: str | None = None) -> Queue:
+    """The Queue a worker of ``blitzq worker`` builds: the one at ``app`` (``MODULE:ATTR``)
+    or, with ``app=None`` (``--django``), the Django backend's; the command-line options of
+    ``s`` applied as the worker applies them. What ``--autoscale`` samples.
+
+    ``queues``: the command's ``-Q`` value (``None``: not given; ``--django`` then needs the
+    backend's ``QUEUES``).
+
+    Raises:
+        CliError: (exit code 2) the application cannot be loaded (see
+            :func:`~blitzq.cli.worker.load_queue` and
+            :func:`~blitzq.integrations.django_worker.django_queue`).
+    """
+    from .worker import _override, load_queue  # the worker's own loading (import cycle)
+
+    if app is None:
+        from ..integrations.django_worker import django_queue
+
+        with cli_errors(s.redis_url):
+            queue = django_queue(queues is not None)[0]
+    else:
+        queue = load_queue(app)
+    _override(queue, s)
+    return queue
+
+
+def autoscale_target(queue: Queue) -> dict[str, Any]:
+    """``redis_url``, ``namespace`` and ``mode`` for the autoscaler's sampler: those of the
+    workers' ``queue`` (its URL resolved as a worker resolves it: the Queue's own,
+    ``BLITZQ_REDIS_URL``, else the embedded server, which this may start).
+
+    Raises:
+        CliUsageError: the Queue was given a ready ``broker=`` or uses an in-process
+            ``memory://`` URL (no server the supervisor shares with its workers), or its URL
+            cannot be resolved.
+    """
+    if queue._shared_broker is not None:
+        raise CliUsageError(
+            "--autoscale cannot sample the queues: the application's Queue was given a "
+            "ready broker=, give it a redis_url (or --redis-url) instead"
+        )
+    try:
+        url = queue.url
+    except BlitzQError as exc:
+        raise CliUsageError(f"--autoscale: no broker to sample the queues on: {exc}") from None
+    if url.startswith("memory://"):
+        raise CliUsageError(
+            f"--autoscale needs a Redis server its workers share, not the in-process {url!r}"
+        )
+    return {"redis_url": url, "namespace": queue.namespace, "mode": queue.mode}

@@ -34,6 +34,8 @@ from ._common import (
 )
 from ._ops import ops_argv, ops_options
 from .process_control import (
+    app_queue,
+    burst_conflicts,
     needs_supervisor,
     process_control_options,
     supervisor_arguments,
@@ -316,8 +318,8 @@ def worker_command(
         both = "not both" if django else "for example myapp.tasks:queue"
         raise _usage(f"give MODULE:ATTR or --django (Django's tasks framework), {both}")
     ops = ops_argv(metrics_port, health_port, ops_host, configure_logs)
-    if burst and needs_supervisor(workers, control):
-        raise CliUsageError("--burst runs one worker process: leave --workers out")
+    if burst and (conflicts := burst_conflicts(workers, control)):
+        raise CliUsageError(f"--burst runs one worker process: not with {', '.join(conflicts)}")
     if needs_supervisor(workers, control):  # it runs copies of this command, --workers 1
         from ..worker.launch import supervise
         from ..worker.processes import worker_command
@@ -342,7 +344,9 @@ def worker_command(
         )
         # --reload with --django watches the package of the settings module.
         watched = app or os.environ.get("DJANGO_SETTINGS_MODULE", "")
-        workers, more = supervisor_arguments(watched, workers, _split_queues(queues), s, control)
+        workers, more = supervisor_arguments(
+            watched, workers, _split_queues(queues), control, lambda: app_queue(app, s, queues)
+        )
         sys.exit(supervise(argv, workers, shutdown_timeout, json_output=s.json, **more))
     _export_settings(s)
     default_queues, worker_name = None, None

@@ -21,6 +21,7 @@ from ..serialization import Envelope, decode_envelope, envelope_head
 from ..task import Task
 from .execution import Job
 from .limiter import Slots
+from .recycling import give_back
 from .unknown import unknown_task
 
 #: A task call's positional and keyword arguments.
@@ -34,6 +35,9 @@ logger = logging.getLogger("blitzq.worker")
 
 def start(runner: Runner, d: Delivery, slots: Slots) -> None:
     """Begin one delivery that holds one slot of ``slots``."""
+    if runner.start_limit and runner.started >= runner.start_limit:
+        give_back(runner, d, slots)  # max-tasks-per-child reached: never started here
+        return
     if len(d.payload) > runner.max_message_size:
         ident, name = envelope_head(d.payload) or (None, "")
         reject(runner, d, "message too large", f"{len(d.payload)} bytes", slots, ident, name)

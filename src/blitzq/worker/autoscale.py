@@ -53,20 +53,21 @@ def check_range(minimum: int, maximum: int) -> str | None:
 
 
 def parse_range(text: str) -> tuple[int, int]:
-    """Parse ``"MIN,MAX"`` (or ``"N"`` for ``N,N``).
+    """Parse ``"MIN,MAX"``: two whole numbers separated by a comma.
 
     Raises:
-        ConfigurationError: not two whole numbers, or out of range (:func:`check_range`).
+        ConfigurationError: not two whole numbers (a single ``"N"`` too: a fixed count is
+            ``--workers N``), or out of range (:func:`check_range`); the message names
+            ``text``.
     """
     parts = [p.strip() for p in text.split(",")]
     try:
         numbers = [int(p) for p in parts]
     except ValueError:
-        raise ConfigurationError(f"--autoscale expects MIN,MAX (e.g. 2,8), got {text!r}") from None
-    if len(numbers) == 1:
-        numbers *= 2
+        numbers = []
     if len(numbers) != 2:
-        raise ConfigurationError(f"--autoscale expects MIN,MAX (e.g. 2,8), got {text!r}")
+        fixed = " (a fixed number of processes is --workers N)" if len(parts) == 1 else ""
+        raise ConfigurationError(f"--autoscale expects MIN,MAX (e.g. 2,8), got {text!r}{fixed}")
     reason = check_range(numbers[0], numbers[1])
     if reason:
         raise ConfigurationError(f"--autoscale {text}: {reason}")

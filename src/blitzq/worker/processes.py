@@ -43,9 +43,9 @@ def worker_command(
     log_level: str = "info",
     log_format: str = "text",
     redis_url: str | None = None,
+    amqp_url: str | None = None,
     namespace: str | None = None,
     mode: str | None = None,
-    amqp_url: str | None = None,
     json_output: bool = False,
     extra: Sequence[str] = (),
 ) -> list[str]:
@@ -57,8 +57,8 @@ def worker_command(
         concurrency: ``-c`` value.
         shutdown_timeout: ``--shutdown-timeout`` in seconds.
         log_level, log_format: the logging options.
-        redis_url, namespace, mode, amqp_url: global options typed on the supervisor's
-            command line (``None``: not given; the worker inherits the environment instead).
+        redis_url, amqp_url, namespace, mode: global options typed on the supervisor's command line
+            (``None``: not given; the worker inherits the environment instead).
         json_output: pass ``--json``.
         extra: more options appended as they are (e.g. ``["--scheduler"]``).
     """
@@ -82,9 +82,11 @@ def worker_command(
     if queues is not None:
         argv += ["--queues", queues]
     for option, value in (
-        ("--redis-url", redis_url), ("--namespace", namespace), ("--mode", mode),
+        ("--redis-url", redis_url),
         ("--amqp-url", amqp_url),
-    ):  # fmt: skip
+        ("--namespace", namespace),
+        ("--mode", mode),
+    ):
         if value is not None:
             argv += [option, value]
     if json_output:

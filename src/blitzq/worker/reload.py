@@ -2,11 +2,11 @@
 its workers when a ``.py`` file changes (for development).
 
 :func:`app_directory` finds the directory of ``MODULE:ATTR`` without running the module (the
-supervisor never imports the application): the top-level package's directory, or the
-directory holding a top-level module file. :class:`SourceWatcher` watches it in a daemon
-thread with ``watchfiles`` (the optional extra ``blitzq[reload]``), which debounces a burst of
-writes into one change, and calls back once per change; the supervisor then starts new
-workers and stops the old ones gracefully (see :meth:`Supervisor.reload
+supervisor imports the application only for ``--autoscale``): the top-level package's
+directory, or the directory holding a top-level module file. :class:`SourceWatcher` watches
+it in a daemon thread with ``watchfiles`` (the optional extra ``blitzq[reload]``), which
+debounces a burst of writes into one change, and calls back once per change; the supervisor
+then starts new workers and stops the old ones gracefully (see :meth:`Supervisor.reload
 <blitzq.worker.supervisor.Supervisor.reload>`).
 """
 

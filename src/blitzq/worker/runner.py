@@ -27,7 +27,7 @@ from .executors import ProcessPool, ThreadPool, start_eagerly
 from .flusher import Flusher
 from .limiter import Slots
 from .progress import ProgressReporter
-from .recycling import recycle_after
+from .recycling import count_start
 from .timeouts import (
     abandon_thread,
     interruptible,
@@ -85,7 +85,8 @@ class Runner:
         self.revoked: dict[str, float] = {}
         self.processed = 0
         self.failed = 0
-        self.started, self.start_limit = 0, worker.max_tasks_per_child or 0  # see .recycling
+        #: Runs started, counted only under a ``max_tasks_per_child`` limit (.recycling).
+        self.started, self.start_limit = 0, worker.max_tasks_per_child or 0
         self._threads: ThreadPool | None = None
         self._processes: ProcessPool | None = None
         #: Pool processes killed (hard timeout, cancel) and not yet reaped: the slot of the
@@ -159,6 +160,8 @@ class Runner:
         ``hooked``: the queue's middleware already saw the start (see
         :mod:`blitzq.extensions.registry`).
         """
+        if not hooked and self.start_limit and not count_start(self, job, slots):
+            return  # past max-tasks-per-child: handed back, not started (.recycling)
         if not hooked and self.extensions.enabled:
             self.extensions.context_for(job)
             if not self.extensions.has_before:
@@ -173,9 +176,6 @@ class Runner:
                 return
         env, task = job.envelope, job.task
         job.started_at = time.time()
-        self.started += 1
-        if self.started == self.start_limit:
-            recycle_after(self.worker, self.started)
         if self.observer is not None:
             self.observer.started(job)
         context = job.context

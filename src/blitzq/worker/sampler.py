@@ -1,8 +1,9 @@
 """The autoscaling supervisor's sampler: a thread that reads the broker once per interval.
 
-The supervisor's loop is synchronous and never imports the application; the sampler runs its
-own event loop in a daemon thread with a :class:`~blitzq.Queue` made from the supervisor's
-URL, namespace and mode (never the application's), and each interval
+The supervisor's loop is synchronous; the sampler runs its own event loop in a daemon thread
+with a :class:`~blitzq.Queue` made from the URL, namespace and mode the supervisor read from
+the application's Queue (``blitzq worker`` loads it for that alone, command-line options
+winning: see :func:`blitzq.cli.process_control.autoscale_target`), and each interval
 
 1. reads the setpoint of ``blitzq control scale`` (:meth:`~blitzq.broker.Broker.scale`);
 2. reads the registrations of the supervisor's own worker processes (matched by host and
