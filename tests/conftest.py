@@ -18,6 +18,7 @@ skipped when the session's server is Valkey already. Fixtures built on ``server_
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -241,3 +242,17 @@ def redis_cluster() -> Iterator[Any]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_cli_log_handler_left() -> Iterator[None]:
+    """A command run in-process (click's CliRunner) installs blitzq's stderr handler on the
+    root logger (``logconfig.configure_logging``); take it off after the test, with the
+    root level, so that later tests' log lines do not reach the terminal."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    for handler in [h for h in root.handlers if getattr(h, "_blitzq_cli_handler", False)]:
+        root.removeHandler(handler)
+        handler.close()
+    root.setLevel(level)
