@@ -65,6 +65,8 @@ async def test_a_rabbitmq_restart_mid_run_loses_no_task(
                 expected = [*range(30), 100]
             except BrokerError:
                 expected = list(range(30))
+            handles.append(await step.enqueue(200))  # the client connects again
+            expected.append(200)
             results = [await h.result(timeout=90) for h in handles]
         assert results == expected
         assert set(runs) == set(expected)  # at least once each; a held one may run twice
