@@ -141,7 +141,13 @@ class PrivateNode:
     def stop(self) -> None:
         """Stop the node (its whole process group) and delete its directory."""
         self.halt()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        # The VM's last files (``clean.dot`` at shutdown) may land while the tree is being
+        # deleted: delete again until the directory is gone (give up after 10 s).
+        deadline = time.monotonic() + 10.0
+        while self.dir.exists() and time.monotonic() < deadline:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            if self.dir.exists():
+                time.sleep(0.1)
 
     def halt(self) -> None:
         """Stop the node and wait until every process of it has exited, keeping its
