@@ -69,6 +69,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/bench.py
+	$(PY) bench/amqp.py
 
 .PHONY: bench-metrics
 bench-metrics: $(STAMP)  ## the paired metrics-on/off drain (bench/README.md, "Metrics cost")

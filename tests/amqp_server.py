@@ -94,7 +94,8 @@ class PrivateNode:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0) -> str:
-        """Start the node and wait until it accepts connections; return its URL."""
+        """Start (or, after :meth:`halt`, restart) the node and wait until it accepts
+        connections; return its URL."""
         if not Path(RABBITMQ_SERVER).exists():
             pytest.skip(f"no {RABBITMQ_SERVER} to start a private RabbitMQ node")
         env = dict(
@@ -112,6 +113,7 @@ class PrivateNode:
             RABBITMQ_PID_FILE=str(self.dir / "pid"),
             RABBITMQ_LOGS="-",
         )
+        (self.dir / "out.txt").unlink(missing_ok=True)  # a restart waits for its own line
         self.proc = subprocess.Popen(
             [RABBITMQ_SERVER],
             env=env,
@@ -138,6 +140,18 @@ class PrivateNode:
 
     def stop(self) -> None:
         """Stop the node (its whole process group) and delete its directory."""
+        self.halt()
+        # The VM's last files (``clean.dot`` at shutdown) may land while the tree is being
+        # deleted: delete again until the directory is gone (give up after 10 s).
+        deadline = time.monotonic() + 10.0
+        while self.dir.exists() and time.monotonic() < deadline:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            if self.dir.exists():
+                time.sleep(0.1)
+
+    def halt(self) -> None:
+        """Stop the node and wait until every process of it has exited, keeping its
+        directory: :meth:`start` then restarts it with its durable queues and messages."""
         proc = self.proc
         if proc is not None and proc.poll() is None:
             pid_file = self.dir / "pid"
@@ -153,7 +167,6 @@ class PrivateNode:
         # The VM writes its files until it is gone (it runs as another user, in no group of
         # ours): wait for every process of this node to exit, then delete the directory.
         wait_until(lambda: not _node_processes(self.name), 60, "the RabbitMQ node exits")
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _node_processes(name: str) -> list[int]:

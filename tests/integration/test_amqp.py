@@ -185,6 +185,21 @@ async def test_an_idle_worker_consumes_again_after_the_server_closed_its_connect
         assert link.epoch > epoch
 
 
+async def test_a_completion_whose_channel_closed_is_committed_without_an_ack(
+    amqp: Callable[..., AmqpBroker],
+) -> None:
+    # RabbitMQ going away between a delivery and its completion: the ack cannot be sent
+    # (RabbitMQ redelivers), which is no reason to refuse the completion committed in Redis.
+    first, second = amqp(), amqp()
+    await first.publish("gone", [message("g1")])
+    (d,) = await first.fetch("gone", 1, 5)
+    assert d.token is not None
+    await first.amqp.link.close()
+    assert await first.complete([Completion("gone", d.token, "g1")]) == []
+    (again,) = await second.fetch("gone", 1, 10)
+    assert again.deliveries == 2
+
+
 async def test_past_the_delivery_limit_a_message_becomes_a_blitzq_dead_letter(
     amqp: Callable[..., AmqpBroker],
 ) -> None:

@@ -262,10 +262,11 @@ class AmqpLink:
 
 async def settle(message: AbstractIncomingMessage, ack: bool) -> None:
     """Ack (or nack with requeue) ``message``; a closed channel is not an error (RabbitMQ
-    redelivers the message)."""
-    if message.channel.is_closed:
-        return
+    redelivers the message). aio-pika's ``message.channel`` itself raises
+    ``ChannelInvalidStateError`` (a RuntimeError) once the channel is closed."""
     try:
+        if message.channel.is_closed:
+            return
         if ack:
             await message.ack()
         else:

@@ -1,0 +1,149 @@
+"""The reliability invariants on the RabbitMQ transport (``BLITZQ_AMQP_URL`` set for the
+test process and its worker subprocesses; state on the test Redis): a SIGKILLed worker's
+unacked deliveries come back, a task that kills its worker every time is dead-lettered
+after ``max_deliveries``, a message that is not a blitzq envelope is dead-lettered as
+malformed while the worker goes on, and a SIGTERM mid-run loses nothing.
+
+Skipped when the shared RabbitMQ does not answer. The RabbitMQ queues of the test's
+namespace are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Iterator
+
+import aio_pika
+import pytest
+
+from blitzq import Queue, TaskFailed
+from blitzq.broker.amqp import AmqpBroker
+from blitzq.broker.amqp.channels import DEAD_LETTER_SUFFIX, AmqpLink
+from tests.amqp_server import amqp_or_skip
+from tests.polling import wait_until
+
+from .conftest import Harness
+from .reliability_app import POISON, WORK
+from .test_poison import MAX_DELIVERIES, VT, _supervise
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def amqp(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The shared RabbitMQ's URL, set as ``BLITZQ_AMQP_URL`` for the harness's queues and
+    workers; afterwards the workers are killed and the namespace's RabbitMQ queues deleted."""
+    url = amqp_or_skip()
+    monkeypatch.setenv("BLITZQ_AMQP_URL", url)
+    harness.env["BLITZQ_AMQP_URL"] = url
+    yield url
+    for w in harness.workers:
+        if w.alive():
+            w.kill()
+    names = [f"{harness.namespace}.{q}" for q in ("default", DEAD_LETTER_SUFFIX)]
+    asyncio.run(_delete(url, names))
+
+
+async def _delete(url: str, names: list[str]) -> None:
+    link = AmqpLink(url, "cleanup", 1)
+    try:
+        await link.delete(names)
+    finally:
+        await link.close()
+
+
+def _queue(harness: Harness, max_deliveries: int = 5) -> Queue:
+    """The suite's Queue, checked to be on the RabbitMQ transport."""
+    queue = harness.queue(vt=VT, max_deliveries=max_deliveries)
+    assert isinstance(asyncio.run(_broker_of(queue)), AmqpBroker)
+    return queue
+
+
+async def _broker_of(queue: Queue) -> object:
+    broker = queue.broker
+    await broker.close()
+    return broker
+
+
+def _all_succeeded(harness: Harness, ids: list[str]) -> None:
+    states = harness.states(ids)
+    bad = {i: r and r.state for i, r in states.items() if r is None or r.state != "succeeded"}
+    assert not bad, bad
+
+
+def test_a_sigkilled_workers_deliveries_come_back(harness: Harness, amqp: str) -> None:
+    queue = _queue(harness)
+    first = harness.spawn(concurrency=4, vt=VT)
+    ids = [f"k{i}" for i in range(20)]
+    harness.enqueue(queue, WORK, [(i, 0.3) for i in ids])
+    wait_until(lambda: len(harness.runs()) >= 4, 30, "the first worker runs tasks")
+    first.kill()  # SIGKILL: its unacked deliveries go back to the quorum queue
+    harness.spawn(concurrency=4, vt=VT)
+    wait_until(lambda: harness.all_final(ids), 60, "every task is final")
+    _all_succeeded(harness, ids)
+    assert set(harness.done()) == set(ids)
+
+
+def test_a_task_killing_its_worker_is_dead_lettered(harness: Harness, amqp: str) -> None:
+    queue = _queue(harness, MAX_DELIVERIES)
+    workers = [harness.spawn(concurrency=2, vt=VT, max_deliveries=MAX_DELIVERIES)]
+    before = [f"b{i}" for i in range(10)]
+    harness.enqueue(queue, WORK, [(label, 0.02) for label in before])
+    handle = queue.tasks[POISON].options(task_id="poison").enqueue_sync("poison", 0.3)
+    _supervise(harness, workers, ["poison", *before], timeout=60.0)
+    assert harness.runs()["poison"] == MAX_DELIVERIES
+    with pytest.raises(TaskFailed) as info:
+        handle.result_sync(timeout=1.0)
+    assert info.value.state == "dead_lettered"
+    letters = {d.id: d for d in queue.dead_letters_sync()}
+    assert letters["poison"].reason == "max deliveries exceeded"
+    assert letters["poison"].task == POISON
+    _all_succeeded(harness, before)
+    after = [f"a{i}" for i in range(10)]
+    harness.enqueue(queue, WORK, [(label, 0.02) for label in after])
+    _supervise(harness, workers, after, timeout=30.0)
+    _all_succeeded(harness, after)
+    assert harness.runs()["poison"] == MAX_DELIVERIES  # never ran again
+
+
+def test_a_malformed_message_is_dead_lettered_and_the_worker_goes_on(
+    harness: Harness, amqp: str
+) -> None:
+    queue = _queue(harness)
+    worker = harness.spawn(concurrency=2, vt=VT)
+    harness.enqueue(queue, WORK, [("m0", 0.01)])  # declares the RabbitMQ queue
+    wait_until(lambda: harness.all_final(["m0"]), 30, "the first task is final")
+    asyncio.run(_publish_raw(amqp, f"{harness.namespace}.default", b"not an envelope"))
+    wait_until(
+        lambda: any(d.reason == "malformed message" for d in queue.dead_letters_sync()),
+        30,
+        "the malformed message is dead-lettered",
+    )
+    harness.enqueue(queue, WORK, [("m1", 0.01)])
+    wait_until(lambda: harness.all_final(["m1"]), 30, "a task after it is final")
+    _all_succeeded(harness, ["m0", "m1"])
+    assert worker.alive()
+
+
+async def _publish_raw(url: str, queue: str, body: bytes) -> None:
+    conn = await aio_pika.connect(url)
+    try:
+        channel = await conn.channel()
+        message = aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+        await channel.default_exchange.publish(message, routing_key=queue)
+    finally:
+        await conn.close()
+
+
+def test_sigterm_mid_run_loses_nothing(harness: Harness, amqp: str) -> None:
+    queue = _queue(harness)
+    first = harness.spawn(concurrency=4, vt=VT, shutdown_timeout=5.0)
+    ids = [f"t{i}" for i in range(20)]
+    harness.enqueue(queue, WORK, [(i, 0.3) for i in ids])
+    wait_until(lambda: len(harness.runs()) >= 4, 30, "the worker runs tasks")
+    first.signal(signal.SIGTERM)
+    assert first.wait(30) == 0  # a graceful stop
+    harness.spawn(concurrency=4, vt=VT)
+    wait_until(lambda: harness.all_final(ids), 60, "every task is final")
+    _all_succeeded(harness, ids)
