@@ -87,7 +87,9 @@ class TaskHandle(Generic[R]):
     cancel_sync = blocking(cancel)
 
     async def status(self) -> TaskRecord | None:
-        """The task's record, or ``None`` when none is stored (queued, or expired)."""
+        """The task's record (see :meth:`blitzq.Queue.inspect`: a task on the schedule reads
+        ``scheduled`` with ``due_at``), or ``None`` when nothing is known of it (waiting in
+        its queue without ``track_state``, or expired)."""
         return await self._owner.inspect(self.id)
 
     status_sync = blocking(status)

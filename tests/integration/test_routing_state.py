@@ -214,8 +214,12 @@ async def test_without_track_state_only_final_records_exist(
 
     handle = await plain.enqueue()
     later = await plain.options(delay=30).enqueue()
-    assert await handle.status() is None
-    assert await later.status() is None
+    assert await handle.status() is None  # waiting in its queue: no record
+    # On the schedule: no record either, but inspect tells it is scheduled and when.
+    scheduled = await later.status()
+    assert scheduled is not None
+    assert scheduled.state is TaskState.SCHEDULED
+    assert scheduled.due_at is not None
     async with running(make_worker(queue)):
         assert await handle.result(timeout=5) == 1
     await queue.close()

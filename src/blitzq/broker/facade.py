@@ -132,13 +132,14 @@ class Broker(OperationsFacade):
         transport's deliveries (:meth:`StateStore.acks`).
 
         Otherwise: a completion that only requeues its delivery (a worker handing back a
-        message it did not start) is given to :meth:`Transport.nack` (unless the transport
-        has none); the store applies the rest, then the deliveries of the completions it
-        applied are acked on the transport (per queue, in one call each). A crash between
-        the two leaves the deliveries unacked: the transport delivers them again and the
-        store's writes are applied again (at-least-once).
+        message it did not start) is given to :meth:`Transport.nack` when the transport
+        :attr:`~Transport.hands_back`; the store applies the rest, then the deliveries of the
+        completions it applied are acked on the transport (per queue, in one call each). A
+        crash between the two leaves the deliveries unacked: the transport delivers them again
+        and the store's writes are applied again (at-least-once).
         """
-        completions = await self._hand_back(completions)
+        if self.transport.hands_back:
+            completions = await self._hand_back(completions)
         # The tokens are the transport's, not the store's: the store sees none, so it never
         # acks or fences on them (a Redis store on a streams connection would otherwise read
         # a foreign delivery tag as a lost stream lease and drop the whole completion).
@@ -165,8 +166,8 @@ class Broker(OperationsFacade):
 
     async def _hand_back(self, completions: Sequence[Completion]) -> Sequence[Completion]:
         """Give the transport back the deliveries whose completion only requeues them (a
-        worker handing back what it did not start) with :meth:`Transport.nack`; return the
-        other completions. A transport without ``nack`` leaves them to the store."""
+        worker handing back what it did not start) with :meth:`Transport.nack` (called for a
+        transport that :attr:`~Transport.hands_back`); return the other completions."""
         plain = [
             c
             for c in completions
@@ -179,11 +180,8 @@ class Broker(OperationsFacade):
         for c in plain:
             if c.token is not None:
                 tokens.setdefault(c.queue, []).append(c.token)
-        try:
-            for queue, handed in tokens.items():
-                await self.transport.nack(queue, handed)
-        except NotImplementedError:
-            return completions
+        for queue, handed in tokens.items():
+            await self.transport.nack(queue, handed)
         done = {id(c) for c in plain}
         return [c for c in completions if id(c) not in done]
 

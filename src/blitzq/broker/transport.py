@@ -74,6 +74,11 @@ class Transport(abc.ABC):
     guarantee: Guarantee
     supports_recovery: bool = False
     """Whether abandoned deliveries can be recovered (leases, heartbeat, recover)."""
+    hands_back: bool = False
+    """Whether :meth:`nack` puts a delivery back on its queue at once without spending its
+    delivery budget (RabbitMQ: republish, then ack). The facade then hands a worker's unstarted
+    deliveries back through it; otherwise such a requeue is a message the state store writes
+    (its outbox, relayed)."""
 
     @abc.abstractmethod
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:

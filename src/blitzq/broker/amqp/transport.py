@@ -71,6 +71,7 @@ class AmqpTransport(Transport):
 
     guarantee = Guarantee.AT_LEAST_ONCE
     supports_recovery = True
+    hands_back = True  # nack: republish with confirms, then ack (no delivery spent)
 
     def __init__(
         self,
