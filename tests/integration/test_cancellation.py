@@ -254,16 +254,16 @@ def test_cli_task_cancel(make_queue: Callable[..., Queue], redis_url: str, names
         queued = job.enqueue_sync()
         result = invoke("task", "cancel", later.id, "--json")
         assert result.exit_code == 0, result.output
-        assert json.loads(result.output) == {"id": later.id, "was": "scheduled", "cancelled": True}
+        assert json.loads(result.stdout) == {"id": later.id, "was": "scheduled", "cancelled": True}
         human = invoke("task", "cancel", queued.id)
         assert human.exit_code == 0, human.output
         assert f"task {queued.id} was pending" in human.output
         again = invoke("--json", "task", "cancel", later.id)
-        assert json.loads(again.output)["was"] == "finished"
-        assert json.loads(again.output)["cancelled"] is False
+        assert json.loads(again.stdout)["was"] == "finished"
+        assert json.loads(again.stdout)["cancelled"] is False
         assert "already finished" in invoke("task", "cancel", later.id).output
         inspected = invoke("task", "inspect", later.id, "--json")
-        assert json.loads(inspected.output)["state"] == "cancelled"
+        assert json.loads(inspected.stdout)["state"] == "cancelled"
         assert queue.inspect_sync(queued.id).state is TaskState.CANCELLED  # type: ignore[union-attr]
     finally:
         queue.close_sync()

@@ -93,10 +93,10 @@ def test_cli_global_settings_and_config_show(
     write(project, f'[tool.blitzq]\nredis_url = "{redis_url}"\nnamespace = "{namespace}"\n')
     stats = CliRunner().invoke(cli, ["queue", "stats", "--json"])
     assert stats.exit_code == 0, stats.output
-    assert json.loads(stats.output)["namespace"] == namespace
+    assert json.loads(stats.stdout)["namespace"] == namespace
     shown = CliRunner().invoke(cli, ["config", "show", "--json"])
     assert shown.exit_code == 0, shown.output
-    doc = json.loads(shown.output)
+    doc = json.loads(shown.stdout)
     rows = {row["name"]: row for row in doc["settings"]}
     assert doc["file"] == str(project / "pyproject.toml")
     assert rows["namespace"]["value"] == namespace

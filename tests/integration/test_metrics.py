@@ -95,7 +95,7 @@ async def test_each_outcome_is_counted_once_with_its_labels(
         await flaky.enqueue()
         await doomed.enqueue()
         await quiet.enqueue()
-        await old.enqueue(delay=0.3)  # promoted 0.3 s after its enqueue: past its max_age
+        await old.options(delay=0.3).enqueue()  # promoted 0.3 s later: past its max_age
         await queue.send("no.such.task", queue="m")
         waiting = await waits.enqueue()
         await eventually(

@@ -93,7 +93,7 @@ def test_cli_task_inspect_shows_a_scheduled_task(
     args = ["--redis-url", server_url, "--namespace", namespace]
     result = CliRunner().invoke(cli_main, [*args, "--json", "task", "inspect", handle.id])
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    doc = json.loads(result.stdout)
     assert doc["state"] == "scheduled"
     assert doc["task"] == "hint.cli"
     assert doc["due_at"]

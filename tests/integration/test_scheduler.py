@@ -360,7 +360,7 @@ async def test_scheduler_list_shows_schedule_next_and_last_run(
     before = time.time()
     result = await asyncio.to_thread(invoke, f"{app_module}:queue", "--json")
     assert result.exit_code == 0, result.output
-    rows = {row["name"]: row for row in json.loads(result.output)["periodic_tasks"]}
+    rows = {row["name"]: row for row in json.loads(result.stdout)["periodic_tasks"]}
     assert sorted(rows) == ["cli.beat", "cli.report", "cli.tick"]
     beat, report = rows["cli.beat"], rows["cli.report"]
     assert beat["schedule"] == "every 60s"
