@@ -27,8 +27,9 @@ class ForeignPairing(DeadLetterLimits, Broker):
     """``Broker(StreamsTransport on <namespace>-transport, RedisStateStore on <namespace>)``.
 
     The dead-letter settings the contract suite sets on a broker go to the store's
-    connection (``conn``, :class:`DeadLetterLimits`). It has no ``kind``: a store in outbox mode records a dead letter's origin as
-    ``""`` (a transport with one kind of queue), as for any foreign pairing.
+    connection (``conn``, :class:`DeadLetterLimits`). It has no ``kind``: a store in outbox
+    mode records a dead letter's origin as ``""`` (a transport with one kind of queue), as
+    for any foreign pairing.
 
     Args:
         url: the Redis URL of both halves.
