@@ -43,7 +43,6 @@ class ForeignPairing(DeadLetterLimits, Broker):
         self.keys = self.store_conn.keys
 
 
-
 async def delete_namespace(url: str, namespace: str) -> None:
     """Delete every key of ``namespace`` (the transport's, which the test fixtures do not
     know about)."""
