@@ -15,7 +15,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from blitzq.broker import Broker
-from blitzq.broker.redis.connection import RedisConnection
+from blitzq.broker.redis.connection import DeadLetterLimits, RedisConnection
 from blitzq.broker.redis.store import RedisStateStore
 from blitzq.broker.redis.streams import StreamsTransport
 
@@ -23,12 +23,13 @@ from blitzq.broker.redis.streams import StreamsTransport
 TRANSPORT_SUFFIX = "-transport"
 
 
-class ForeignPairing(Broker):
+class ForeignPairing(DeadLetterLimits, Broker):
     """``Broker(StreamsTransport on <namespace>-transport, RedisStateStore on <namespace>)``.
 
     The dead-letter settings the contract suite sets on a broker go to the store's
-    connection. It has no ``kind``: a store in outbox mode records a dead letter's origin as
-    ``""`` (a transport with one kind of queue), as for any foreign pairing.
+    connection (``conn``, :class:`DeadLetterLimits`). It has no ``kind``: a store in outbox
+    mode records a dead letter's origin as ``""`` (a transport with one kind of queue), as
+    for any foreign pairing.
 
     Args:
         url: the Redis URL of both halves.
@@ -36,37 +37,10 @@ class ForeignPairing(Broker):
     """
 
     def __init__(self, url: str, namespace: str, **settings: Any) -> None:
-        self.store_conn = RedisConnection(url, namespace, kind="l", **settings)
+        self.store_conn = self.conn = RedisConnection(url, namespace, kind="l", **settings)
         self.transport_conn = RedisConnection(url, namespace + TRANSPORT_SUFFIX, kind="s")
         super().__init__(StreamsTransport(self.transport_conn), RedisStateStore(self.store_conn))
         self.keys = self.store_conn.keys
-
-    @property
-    def dead_letter_cap(self) -> int:
-        """The store's dead-letter cap (settable)."""
-        return self.store_conn.dead_letter_cap
-
-    @dead_letter_cap.setter
-    def dead_letter_cap(self, value: int) -> None:
-        self.store_conn.dead_letter_cap = value
-
-    @property
-    def dead_letter_ttl(self) -> int:
-        """The store's dead-letter TTL in seconds (settable)."""
-        return self.store_conn.dead_letter_ttl
-
-    @dead_letter_ttl.setter
-    def dead_letter_ttl(self, value: int) -> None:
-        self.store_conn.dead_letter_ttl = int(value)
-
-    @property
-    def dead_letter_max_bytes(self) -> int:
-        """The store's dead-letter byte bound (settable)."""
-        return self.store_conn.dead_letter_max_bytes
-
-    @dead_letter_max_bytes.setter
-    def dead_letter_max_bytes(self, value: int) -> None:
-        self.store_conn.dead_letter_max_bytes = value
 
 
 async def delete_namespace(url: str, namespace: str) -> None:

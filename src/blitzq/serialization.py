@@ -17,6 +17,7 @@ with the defaults.
 
 from __future__ import annotations
 
+import base64
 import datetime as _dt
 import decimal
 import uuid
@@ -334,3 +335,23 @@ def loads(data: bytes) -> Any:
         return _any_decoder.decode(data)
     except (msgspec.DecodeError, ValueError, ArithmeticError, RecursionError) as exc:
         raise SerializationError(f"malformed data: {exc}") from exc
+
+
+def jsonable(value: Any) -> Any:
+    """``json.dumps``'s ``default`` for user data shown as JSON (the CLI's ``--json``, the
+    dashboard's API): bytes as text, or ``{"base64": ...}`` when not UTF-8; ``datetime`` and
+    ``date`` in ISO 8601; ``UUID`` and ``Decimal`` as strings; sets and tuples as lists; any
+    other value as its ``repr``."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(raw).decode()}
+    if isinstance(value, _dt.date):  # datetime too
+        return value.isoformat()
+    if isinstance(value, uuid.UUID | decimal.Decimal):
+        return str(value)
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return repr(value)

@@ -39,12 +39,14 @@ def test_sigkilled_workers_lose_no_task(harness: Harness) -> None:
     while kills < 4 and not harness.all_final(labels):
         victim = rng.choice(workers)
         try:
-            running = wait_until(lambda v=victim: harness.in_flight(v.pid), 30.0, "a busy victim")
+            wait_until(lambda v=victim: harness.in_flight(v.pid), 30.0, "a busy victim")
         except AssertionError:
             break  # the backlog drained first
         assert victim.kill() == -signal.SIGKILL
         kills += 1
-        interrupted += running
+        # Read after the kill: a body that returned (and whose completion was written)
+        # between the check above and the kill was not interrupted.
+        interrupted += harness.in_flight(victim.pid)
         workers.remove(victim)
         workers.append(harness.spawn(concurrency=3, vt=VT))
 

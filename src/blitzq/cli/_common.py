@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import math
@@ -12,9 +11,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from decimal import Decimal
 from typing import IO, TYPE_CHECKING, Any, TypeVar
-from uuid import UUID
 
 import click
 from click.core import ParameterSource
@@ -25,6 +22,7 @@ from ..exceptions import BlitzQError, BrokerError, ConfigurationError, EmbeddedS
 from ..limits import MAX_SECONDS
 from ..logconfig import LEVELS
 from ..queue import Queue
+from ..serialization import jsonable
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -343,25 +341,9 @@ def short_time(ts: float | None) -> str:
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, bytes | bytearray | memoryview):
-        raw = bytes(value)
-        try:
-            return raw.decode()
-        except UnicodeDecodeError:
-            return {"base64": base64.b64encode(raw).decode()}
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, UUID | Decimal):
-        return str(value)
-    if isinstance(value, set | frozenset):
-        return list(value)
-    return repr(value)
-
-
 def emit_json(doc: Any) -> None:
     """Print ``doc`` as one JSON document on stdout."""
-    click.echo(json.dumps(doc, default=_jsonable, ensure_ascii=False, indent=2))
+    click.echo(json.dumps(doc, default=jsonable, ensure_ascii=False, indent=2))
 
 
 def console(stderr: bool = False) -> Console:

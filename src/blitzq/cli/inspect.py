@@ -15,11 +15,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ..broker.eviction import check_eviction
-from ..exceptions import SerializationError
+from ..client.admin import worker_document
 from ..progress import Progress
 from ..queue import Queue
 from ..records import TaskRecord, TaskState
-from ..serialization import loads
 from ._common import (
     CliError,
     console,
@@ -168,16 +167,6 @@ def queue_group() -> None:
     """Look at queues."""
 
 
-def _worker_doc(worker_id: str, raw: bytes) -> dict[str, Any]:
-    try:
-        info = loads(raw)
-    except SerializationError:
-        info = None
-    doc: dict[str, Any] = dict(info) if isinstance(info, dict) else {}
-    doc["id"] = worker_id
-    return doc
-
-
 @queue_group.command("stats")
 @click.option(
     "-Q",
@@ -197,7 +186,7 @@ def queue_stats(queues: str | None) -> None:
     queue = make_queue()
     stats, workers, warning = run_with_queue(collect, queue)
     worker_docs = sorted(
-        (_worker_doc(wid, raw) for wid, raw in workers.items()), key=lambda d: str(d["id"])
+        (worker_document(wid, raw) for wid, raw in workers.items()), key=lambda d: str(d["id"])
     )
     if settings().json:
         for d in worker_docs:

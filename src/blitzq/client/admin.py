@@ -19,13 +19,25 @@ from ..exceptions import ConfigurationError, MessageTooLarge, SerializationError
 from ..extensions.unique import DEFAULT_UNIQUE_TTL, broker_key
 from ..ratelimit import RateLimit
 from ..routing import check_name
-from ..serialization import decode_envelope, encode_envelope
+from ..serialization import decode_envelope, encode_envelope, loads
 from ..task import TaskHandle
 from . import testmode
 from .dead_letter_query import DeadLetterFilter, ReplayOutcome, scan, summarize
 
 if TYPE_CHECKING:
     from ..queue import Queue
+
+
+def worker_document(worker_id: str, raw: bytes) -> dict[str, Any]:
+    """A worker's registration (what :meth:`Broker.workers` maps its id to) as a dict with
+    its ``id``; registration bytes that do not decode give just the ``id``."""
+    try:
+        info = loads(raw)
+    except SerializationError:
+        info = None
+    doc: dict[str, Any] = dict(info) if isinstance(info, dict) else {}
+    doc["id"] = worker_id
+    return doc
 
 
 class Admin:

@@ -10,7 +10,6 @@ Nothing here depends on the web framework, so the CLI may reuse it.
 
 from __future__ import annotations
 
-import base64
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -19,11 +18,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
+from ..client.admin import worker_document
 from ..dead_letters import DeadLetter, check_reason
-from ..exceptions import SerializationError
 from ..records import TaskRecord, TaskState
 from ..runtime_schedules import RuntimeEntries, all_periodic_status
-from ..serialization import loads
+from ..serialization import jsonable
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -42,20 +41,6 @@ __all__ = [
 #: Most dead letters (newest first) a filtered listing reads to find its matches.
 DEAD_LETTER_SCAN = 5000
 _CHUNK = 500
-
-
-def jsonable(value: Any) -> Any:
-    """``json.dumps``'s ``default``: bytes as text (or ``{"base64": ...}``), other values as
-    their ``repr``; task arguments and results are user data of any plain type."""
-    if isinstance(value, bytes | bytearray | memoryview):
-        raw = bytes(value)
-        try:
-            return raw.decode()
-        except UnicodeDecodeError:
-            return {"base64": base64.b64encode(raw).decode()}
-    if isinstance(value, set | frozenset | tuple):
-        return list(value)
-    return repr(value)
 
 
 # ------------------------------------------------------------------ queues and rates
@@ -122,16 +107,6 @@ class RateSampler:
         }
 
 
-def _worker_info(worker_id: str, raw: bytes) -> dict[str, Any]:
-    try:
-        info = loads(raw)
-    except SerializationError:
-        info = None
-    doc: dict[str, Any] = dict(info) if isinstance(info, dict) else {}
-    doc["id"] = worker_id
-    return doc
-
-
 async def workers_doc(queue: Queue) -> list[dict[str, Any]]:
     """The live workers, sorted by id: ``id``, ``host``, ``pid``, ``queues``,
     ``concurrency``, ``running``, ``processed``, ``failed``, ``started_at``,
@@ -141,7 +116,7 @@ async def workers_doc(queue: Queue) -> list[dict[str, Any]]:
         BrokerError: the broker could not be reached.
     """
     raw = await queue.broker.workers()
-    docs = [_worker_info(wid, info) for wid, info in raw.items()]
+    docs = [worker_document(wid, info) for wid, info in raw.items()]
     for d in docs:
         for key in (
             "host",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
 from ..facade import Broker
-from ..redis.connection import DEFAULT_DEAD_LETTER_CAP, RedisConnection
+from ..redis.connection import DEFAULT_DEAD_LETTER_CAP, DeadLetterLimits, RedisConnection
 from ..redis.store import RedisStateStore
 from .custody import Custody
 from .transport import AmqpTransport
@@ -24,7 +24,7 @@ from .transport import AmqpTransport
 __all__ = ["AmqpBroker"]
 
 
-class AmqpBroker(Broker):
+class AmqpBroker(DeadLetterLimits, Broker):
     """RabbitMQ delivery with the Redis state store.
 
     Args:
@@ -80,30 +80,3 @@ class AmqpBroker(Broker):
         self.conn = conn
         self.amqp: AmqpTransport = transport
         self.url = conn.url
-
-    @property
-    def dead_letter_cap(self) -> int:
-        """Dead letters kept before the oldest are dropped (settable)."""
-        return self.conn.dead_letter_cap
-
-    @dead_letter_cap.setter
-    def dead_letter_cap(self, value: int) -> None:
-        self.conn.dead_letter_cap = value
-
-    @property
-    def dead_letter_ttl(self) -> int:
-        """Seconds a dead letter is kept (settable)."""
-        return self.conn.dead_letter_ttl
-
-    @dead_letter_ttl.setter
-    def dead_letter_ttl(self, value: int) -> None:
-        self.conn.dead_letter_ttl = int(value)
-
-    @property
-    def dead_letter_max_bytes(self) -> int:
-        """Total bytes of dead letters kept before the oldest are dropped (settable)."""
-        return self.conn.dead_letter_max_bytes
-
-    @dead_letter_max_bytes.setter
-    def dead_letter_max_bytes(self, value: int) -> None:
-        self.conn.dead_letter_max_bytes = value

@@ -19,13 +19,13 @@ import redis.asyncio as aioredis
 from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
 from ..facade import Broker
 from ..transport import Transport
-from .connection import DEFAULT_DEAD_LETTER_CAP, RedisConnection
+from .connection import DEFAULT_DEAD_LETTER_CAP, DeadLetterLimits, RedisConnection
 from .store import RedisStateStore
 
 __all__ = ["DEFAULT_DEAD_LETTER_CAP", "RedisBroker"]
 
 
-class RedisBroker(Broker):
+class RedisBroker(DeadLetterLimits, Broker):
     """A Redis transport and the Redis state store sharing one connection.
 
     Args:
@@ -81,33 +81,6 @@ class RedisBroker(Broker):
     def pool_size(self) -> int | None:
         """Most connections this broker opens (``max_connections``), ``None`` when unknown."""
         return self.conn.pool_size
-
-    @property
-    def dead_letter_cap(self) -> int:
-        """Dead letters kept before the oldest are dropped (settable)."""
-        return self.conn.dead_letter_cap
-
-    @dead_letter_cap.setter
-    def dead_letter_cap(self, value: int) -> None:
-        self.conn.dead_letter_cap = value
-
-    @property
-    def dead_letter_ttl(self) -> int:
-        """Seconds a dead letter is kept (settable)."""
-        return self.conn.dead_letter_ttl
-
-    @dead_letter_ttl.setter
-    def dead_letter_ttl(self, value: int) -> None:
-        self.conn.dead_letter_ttl = int(value)
-
-    @property
-    def dead_letter_max_bytes(self) -> int:
-        """Total bytes of dead letters kept before the oldest are dropped (settable)."""
-        return self.conn.dead_letter_max_bytes
-
-    @dead_letter_max_bytes.setter
-    def dead_letter_max_bytes(self, value: int) -> None:
-        self.conn.dead_letter_max_bytes = value
 
     async def ping(self) -> None:
         """Raise BrokerError unless the server answers PING (one PING: both halves share

@@ -189,3 +189,37 @@ class RedisPart:
     async def close(self) -> None:
         """Close the shared connection (see :meth:`RedisConnection.close`)."""
         await self.conn.close()
+
+
+class DeadLetterLimits:
+    """The dead-letter bounds of a broker whose state store is on :attr:`conn`, as settable
+    attributes of the broker (the contract suite and ``Queue`` set them there)."""
+
+    conn: RedisConnection
+
+    @property
+    def dead_letter_cap(self) -> int:
+        """Dead letters kept before the oldest are dropped (settable)."""
+        return self.conn.dead_letter_cap
+
+    @dead_letter_cap.setter
+    def dead_letter_cap(self, value: int) -> None:
+        self.conn.dead_letter_cap = value
+
+    @property
+    def dead_letter_ttl(self) -> int:
+        """Seconds a dead letter is kept (settable)."""
+        return self.conn.dead_letter_ttl
+
+    @dead_letter_ttl.setter
+    def dead_letter_ttl(self, value: int) -> None:
+        self.conn.dead_letter_ttl = int(value)
+
+    @property
+    def dead_letter_max_bytes(self) -> int:
+        """Total bytes of dead letters kept before the oldest are dropped (settable)."""
+        return self.conn.dead_letter_max_bytes
+
+    @dead_letter_max_bytes.setter
+    def dead_letter_max_bytes(self, value: int) -> None:
+        self.conn.dead_letter_max_bytes = value
