@@ -57,11 +57,14 @@ def amqp_or_skip() -> str:
 
 
 async def delete_amqp_queues(url: str, brokers: Iterable[Any]) -> None:
-    """Delete every RabbitMQ queue the given :class:`AmqpBroker` instances declared."""
+    """Delete every RabbitMQ queue the given :class:`AmqpBroker` instances declared, with
+    the other priority levels of each (a worker in another process declares those)."""
     names: set[str] = set()
     for broker in brokers:
         if isinstance(broker, AmqpBroker):
-            names |= broker.amqp.link.used
+            for name in broker.amqp.link.used:
+                base = name.removesuffix(":high").removesuffix(":low")
+                names |= {name, base, base + ":high", base + ":low"}
     if not names:
         return
     link = AmqpLink(url, "cleanup", 1)

@@ -41,7 +41,8 @@ def amqp(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     for w in harness.workers:
         if w.alive():
             w.kill()
-    names = [f"{harness.namespace}.{q}" for q in ("default", DEAD_LETTER_SUFFIX)]
+    queues = ("default", "default:high", "default:low", DEAD_LETTER_SUFFIX)  # every level
+    names = [f"{harness.namespace}.{q}" for q in queues]
     asyncio.run(_delete(url, names))
 
 
