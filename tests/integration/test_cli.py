@@ -177,6 +177,27 @@ def test_task_inspect_unknown_id_exits_1_with_message(invoke: Callable[..., Resu
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("task", "inspect", "no-such-task"),
+        ("dead-letter", "show", "no-such-task"),
+        ("check", "no_such_module_xyz:app"),
+    ],
+)
+def test_json_errors_are_one_json_document_on_stdout(
+    invoke: Callable[..., Result], args: tuple[str, ...]
+) -> None:
+    """Under --json a failing command still prints one JSON document on stdout (a script
+    parses stdout), with the error, and keeps the human line on stderr and its exit code."""
+    result = invoke("--json", *args)
+    assert result.exit_code in (1, 2)
+    doc = json.loads(result.stdout)
+    assert doc["exit_code"] == result.exit_code
+    assert doc["error"] and doc["error"].splitlines()[0] in result.stderr
+    assert "Traceback" not in result.output
+
+
 # -------------------------------------------------------------- dead letters
 def test_dead_letter_list_replay_and_purge(app_queue: Queue, invoke: Callable[..., Result]) -> None:
     first = app_queue.send_sync("boom", [1])

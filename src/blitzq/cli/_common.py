@@ -78,7 +78,9 @@ class Seconds(_FloatParam):
 
 
 class CliError(click.ClickException):
-    """A failed operation reported at the edge: one red ``Error: …`` line on stderr, exit 1.
+    """A failed operation reported at the edge: one red ``Error: …`` line on stderr, exit 1;
+    under ``--json`` also ``{"error": message, "exit_code": n}`` on stdout, so a script
+    reading stdout always gets one JSON document.
 
     Args:
         message: what went wrong (its first line is shown in red, the rest below it).
@@ -86,8 +88,16 @@ class CliError(click.ClickException):
 
     exit_code = EXIT_FAILURE
 
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        ctx = click.get_current_context(silent=True)  # the command's: show() runs after it
+        found = ctx.find_object(Settings) if ctx is not None else None
+        self.as_json = found is not None and found.json
+
     def show(self, file: IO[Any] | None = None) -> None:
-        """Print the message to stderr (``file`` overrides)."""
+        """Print the message to stderr (``file`` overrides), and the JSON document."""
+        if self.as_json:
+            emit_json({"error": self.format_message(), "exit_code": self.exit_code})
         first, _, rest = self.format_message().partition("\n")
         click.secho(f"Error: {first}", file=file, err=True, fg="red")
         if rest:

@@ -59,6 +59,20 @@ def translate(exc: BaseException, what: str) -> Exception:
     return BrokerError(f"RabbitMQ: {what} failed: {type(exc).__name__}: {exc}")
 
 
+def unconfirmed(exc: BaseException, what: str) -> Exception:
+    """:func:`translate` for a publish that failed after its message was sent (connection
+    or channel lost, confirm timed out): RabbitMQ may have queued the message before the
+    confirm was lost, so the error says that the outcome is unknown. A refusal
+    (:class:`~blitzq.exceptions.ConfigurationError`, a non-transient error) is kept as is."""
+    error = translate(exc, what)
+    if isinstance(error, BrokerError) and error.transient:
+        return BrokerError(
+            f"{error} (unconfirmed: the message may still have reached RabbitMQ and run; "
+            "enqueue again with the same task_id if a duplicate matters)"
+        )
+    return error
+
+
 class AmqpLink:
     """An AMQP connection with its channels and declared queues (see the module docstring).
 

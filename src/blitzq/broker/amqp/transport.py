@@ -40,7 +40,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from ...exceptions import BrokerError
 from ..transport import Delivery, Guarantee, Transport
-from .channels import DELIVERIES, AmqpLink, header_int, settle, translate
+from .channels import DELIVERIES, AmqpLink, header_int, settle, translate, unconfirmed
 from .deliveries import Consumer, Held
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class AmqpTransport(Transport):
 
         Raises:
             BrokerError: a message was not confirmed (nacked, returned, channel lost, or no
-                confirm within :data:`CONFIRM_TIMEOUT` seconds).
+                confirm in :data:`CONFIRM_TIMEOUT` s; then its outcome is unknown, as it says).
             ConfigurationError: the queue exists with other arguments.
         """
         await self.publish_with(queue, messages, 0)
@@ -123,7 +123,7 @@ class AmqpTransport(Transport):
             results = await asyncio.gather(*sends, return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException):
-                    raise translate(result, f"publishing to {name!r}") from None
+                    raise unconfirmed(result, f"publishing to {name!r}") from None
                 if not isinstance(result, aiormq.spec.Basic.Ack):
                     raise BrokerError(f"RabbitMQ did not confirm a message to {name!r}: {result}")
 
