@@ -194,7 +194,8 @@ def test_json_errors_are_one_json_document_on_stdout(
     assert result.exit_code in (1, 2)
     doc = json.loads(result.stdout)
     assert doc["exit_code"] == result.exit_code
-    assert doc["error"] and doc["error"].splitlines()[0] in result.stderr
+    assert doc["error"]
+    assert doc["error"].splitlines()[0] in result.stderr
     assert "Traceback" not in result.output
 
 

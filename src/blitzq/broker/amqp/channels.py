@@ -61,11 +61,15 @@ def translate(exc: BaseException, what: str) -> Exception:
 
 def unconfirmed(exc: BaseException, what: str) -> Exception:
     """:func:`translate` for a publish that failed after its message was sent (connection
-    or channel lost, confirm timed out): RabbitMQ may have queued the message before the
-    confirm was lost, so the error says that the outcome is unknown. A refusal
-    (:class:`~blitzq.exceptions.ConfigurationError`, a non-transient error) is kept as is."""
+    or channel lost, confirm timed out, ``basic.nack``): RabbitMQ may have queued the message
+    all the same (a quorum queue may nack a publish its log commits later), so the error says
+    that the outcome is unknown. A refusal (:class:`~blitzq.exceptions.ConfigurationError`, a
+    non-transient error) and a returned (unroutable) message are certain: kept as is."""
     error = translate(exc, what)
-    if isinstance(error, BrokerError) and error.transient:
+    returned = isinstance(exc, aiormq.exceptions.DeliveryError) and isinstance(
+        exc.frame, aiormq.spec.Basic.Return
+    )  # unroutable: certainly not queued (a nack from a quorum queue is not that certain)
+    if isinstance(error, BrokerError) and error.transient and not returned:
         return BrokerError(
             f"{error} (unconfirmed: the message may still have reached RabbitMQ and run; "
             "enqueue again with the same task_id if a duplicate matters)"

@@ -124,8 +124,8 @@ class AmqpTransport(Transport):
             for result in results:
                 if isinstance(result, BaseException):
                     raise unconfirmed(result, f"publishing to {name!r}") from None
-                if not isinstance(result, aiormq.spec.Basic.Ack):
-                    raise BrokerError(f"RabbitMQ did not confirm a message to {name!r}: {result}")
+                if not isinstance(result, aiormq.spec.Basic.Ack):  # returned: not routed
+                    raise BrokerError(f"RabbitMQ did not queue a message to {name!r}: {result}")
 
     # ------------------------------------------------------------- consuming
     async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
