@@ -26,8 +26,9 @@ the commands of the client in flight and ``timeout`` how long a caller waits for
 the single server's pool does (:class:`BoundedCluster`).
 
 Scripts (``EVALSHA``) go to the node of their first key, and never run across a migration
-of their slot (``cluster_scripts.py``); every key of a namespace shares its hash tag, so a
-script's keys are in one slot. Pub/sub is the classic kind (``PUBLISH``/``SUBSCRIBE``),
+of their slot (``cluster_scripts.py``); a script's keys share one hash tag (the namespace's,
+or on the spread layout one queue's: ``spread.py``), so they are in one slot. The layout is
+the URL's ``layout`` option (:func:`split_layout`), read by the broker factory. Pub/sub is the classic kind (``PUBLISH``/``SUBSCRIBE``),
 which a cluster forwards to every node: a subscriber on any node hears a publish made on any
 other.
 """

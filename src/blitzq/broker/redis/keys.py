@@ -1,7 +1,8 @@
 """Every Redis key name blitzq uses, made in one place: :data:`TABLE`.
 
 All keys of a namespace start with ``{ns}:``, whose braces are a Redis Cluster hash tag, so
-every Lua script touches one cluster slot. :class:`Keys` builds the names on the Python side;
+every Lua script touches one cluster slot (the spread layout's queue keys, under a tag per
+queue, are made by ``spread.SpreadKeys``). :class:`Keys` builds the names on the Python side;
 the Lua scripts write ``KEY.record(prefix, id)``, which ``scripts.py`` expands from the same
 table to what ``Keys(ns).record(id)`` makes, so a suffix is written once.
 """
