@@ -3,14 +3,14 @@
 ``broker`` is a ReliableRedisBroker or a FastRedisBroker on the test Redis in the test's
 namespace, or (``ephemeral``) a ReliableRedisBroker on this process's private ephemeral Valkey
 (:mod:`blitzq.broker.redis.ephemeral`) in a namespace of its own: the server and code behind
-``memory://``; or (``foreign``) a foreign pairing (``tests/foreign.py``): the Redis state
-store in the test's namespace and a streams transport on another connection and namespace,
-joined by the outbox relay as a RabbitMQ transport is. ``cluster-reliable`` and
-``cluster-fast`` are the Redis brokers on the session's local 3-primary Redis Cluster
-(``redis_cluster`` in tests/conftest.py) on phase A's one-slot layout (``?layout=slot``),
-reached through a node that does not own the namespace's slot; ``cluster-spread`` is
-reliable mode on the spread layout there (``broker/redis/spread.py``: each queue in a slot of
-its own, the state store in the namespace's). ``amqp`` is the RabbitMQ transport with the Redis state store
+``memory://``; or (``foreign``) a foreign pairing (``tests/foreign.py``): the Redis state store
+in the test's namespace and a streams transport on another connection and namespace, joined by
+the outbox relay as a RabbitMQ transport is. ``cluster-reliable`` and ``cluster-fast`` are the
+Redis brokers on the session's local 3-primary Redis Cluster (``redis_cluster`` in
+tests/conftest.py) on phase A's one-slot layout (``?layout=slot``), reached through a node that
+does not own the namespace's slot; ``cluster-spread`` is reliable mode on the spread layout
+there (``broker/redis/spread.py``: each queue in a slot of its own, the state store in the
+namespace's). ``amqp`` is the RabbitMQ transport with the Redis state store
 (:class:`~blitzq.broker.amqp.AmqpBroker`), skipped when RabbitMQ does not answer at
 ``BLITZQ_TEST_AMQP_URL`` (default ``amqp://guest:guest@127.0.0.1:5672/``); its queues are
 deleted after the test. Every contract test runs unchanged against each of them.

@@ -1,8 +1,9 @@
 """blitzq on a Redis Cluster (the session's local 3-primary cluster, ``redis_cluster``).
 
-- A Queue given the plain ``redis://`` URL (``?layout=slot``) of a node that does not own the
-  namespace's slot detects cluster mode and runs tasks end to end: results, a delayed task, a retry, a chord,
-  progress pushed over pub/sub, a cancel announced on the events channel.
+- A Queue given the plain ``redis://`` URL (``?layout=slot``) of a node that does not own
+  the namespace's slot detects cluster mode and runs tasks end to end: results, a delayed
+  task, a retry, a chord, progress pushed over pub/sub, a cancel announced on the events
+  channel.
 - Worker processes SIGKILLed mid-run on a cluster (``redis+cluster://`` URL) lose no task,
   on the spread layout (the default) and the one-slot layout (``?layout=slot``).
 - A script sent while its slot migrates is refused before its first write and waits: it

@@ -25,12 +25,12 @@ each command to the primary owning its key's slot, follows ``MOVED`` (updating i
 the commands of the client in flight and ``timeout`` how long a caller waits for a turn, as
 the single server's pool does (:class:`BoundedCluster`).
 
-Scripts (``EVALSHA``) go to the node of their first key, and never run across a migration
-of their slot (``cluster_scripts.py``); a script's keys share one hash tag (the namespace's,
-or on the spread layout one queue's: ``spread.py``), so they are in one slot. The layout is
-the URL's ``layout`` option (:func:`split_layout`), read by the broker factory. Pub/sub is the classic kind (``PUBLISH``/``SUBSCRIBE``),
-which a cluster forwards to every node: a subscriber on any node hears a publish made on any
-other.
+Scripts (``EVALSHA``) go to the node of their first key, and never run across a migration of
+their slot (``cluster_scripts.py``); a script's keys share one hash tag (the namespace's, or on
+the spread layout one queue's: ``spread.py``), so they are in one slot. The layout is the URL's
+``layout`` option (:func:`split_layout`), read by the broker factory. Pub/sub is the classic
+kind (``PUBLISH``/``SUBSCRIBE``), which a cluster forwards to every node: a subscriber on any
+node hears a publish made on any other.
 """
 
 from __future__ import annotations
