@@ -22,7 +22,8 @@ Layouts (run in turn within each round, so the rounds pair them):
 
 Beside each rate, the split of the Redis commands over the shards (``INFO commandstats``
 calls, deltas) and the CPU seconds each shard's server used (``INFO cpu``), over all the
-runs. The
+runs, and the CPU the benchmark's own process (producers and workers) used while draining, as
+a share of one core. The
 machine and the client process are shared by every server, so expect the CPU to cap the
 figures: compare the splits more than the rates.
 """
@@ -133,8 +134,9 @@ def command_calls(port: int) -> tuple[int, float]:
     return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
-async def drain(url: str, layout: Layout, tasks: int) -> float:
-    """Tasks/s draining ``tasks`` no-op tasks per queue; ``layout``: (namespace, queues)."""
+async def drain(url: str, layout: Layout, tasks: int) -> tuple[float, float]:
+    """Tasks/s draining ``tasks`` no-op tasks per queue, and the CPU this process used
+    meanwhile as a share of one core; ``layout``: (namespace, queues)."""
     queues, workers = [], []
     total = tasks * sum(len(names) for _, names in layout)
     ran = [0]
@@ -153,16 +155,17 @@ async def drain(url: str, layout: Layout, tasks: int) -> float:
                 await noop.options(queue=name).enqueue_many([()] * min(1000, tasks - start))
         queues.append((queue, noop, names))
         workers.append(Worker(queue, queues=names, concurrency=CONCURRENCY // len(layout) or 1))
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     runners = [asyncio.create_task(w.run()) for w in workers]
     await asyncio.wait_for(all_ran.wait(), 600)
     for w in workers:
         w.stop()  # a graceful stop flushes the last completions
     await asyncio.gather(*runners)
     elapsed = time.perf_counter() - t0
+    busy = (time.process_time() - cpu0) / elapsed
     for queue, _, _ in queues:
         await queue.close()
-    return total / elapsed
+    return total / elapsed, busy
 
 
 Layout = list[tuple[str, list[str]]]
@@ -198,6 +201,7 @@ def run_rows(rows: list[Row], names: list[str], args: argparse.Namespace) -> lis
     per row: median tasks/s, its ratio to the first row, each shard's share of the commands
     (%) and the CPU seconds each shard's server used, over all the rounds."""
     rates: list[list[float]] = [[] for _ in rows]
+    client: list[list[float]] = [[] for _ in rows]
     calls = [[0] * len(ports) for _, _, ports, _ in rows]
     cpu = [[0.0] * len(ports) for _, _, ports, _ in rows]
     for _ in range(args.reps):
@@ -207,7 +211,9 @@ def run_rows(rows: list[Row], names: list[str], args: argparse.Namespace) -> lis
                 layout = list(zip(spread(ports, len(names)), [[n] for n in names], strict=True))
             else:
                 layout = [(spread(ports, 1)[0], names)]
-            rates[i].append(asyncio.run(drain(url, layout, args.tasks)))
+            rate, busy = asyncio.run(drain(url, layout, args.tasks))
+            rates[i].append(rate)
+            client[i].append(busy)
             after = [command_calls(p) for p in ports]
             for j, (a, b) in enumerate(zip(after, before, strict=True)):
                 calls[i][j] += a[0] - b[0]
@@ -221,7 +227,8 @@ def run_rows(rows: list[Row], names: list[str], args: argparse.Namespace) -> lis
         cpus = " / ".join(f"{c:.1f}" for c in cpu[i])
         lines.append(
             f"| {label} | {rate:,.0f} | {rate / base:.2f} (paired median "
-            f"{statistics.median(ratios):.2f}) | {shares} | {cpus} |"
+            f"{statistics.median(ratios):.2f}) | {shares} | {cpus} | "
+            f"{statistics.median(client[i]):.0%} |"
         )
     return lines
 
@@ -246,8 +253,8 @@ def main() -> None:
                 ("cluster, slot layout, N namespaces", first + "?layout=slot", cluster, True)
             )
         print("| queues | layout | drain tasks/s (median) | vs 1 node | commands per shard "
-              "| server CPU s per shard |")  # fmt: skip
-        print("|---|---|---|---|---|---|")
+              "| server CPU s per shard | client CPU (of one core) |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
         for count in (int(n) for n in args.queues.split(",")):
             print(f"{count} queues x {args.tasks} no-op tasks, reliable mode", file=sys.stderr)
             for line in run_rows(rows, [f"q{i}" for i in range(count)], args):
