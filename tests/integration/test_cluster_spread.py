@@ -199,3 +199,26 @@ async def test_a_relay_that_died_after_publishing_publishes_nothing_twice(
         assert await broker.client.xlen(stream) == 4
     finally:
         await broker.close()
+
+
+async def test_a_batch_too_old_to_publish_safely_is_dead_lettered(
+    redis_cluster: LocalCluster, cluster_ns: str
+) -> None:
+    """A batch a relay could not publish for MAX_AGE seconds is refused by the queue's slot
+    and dead-lettered through the store (reason ``expired``), not published."""
+    broker = SpreadRedisBroker(redis_cluster.url(), cluster_ns)
+    try:
+        relay = broker.relay
+        assert relay is not None
+        keys = broker.keys
+        header = f"77 {time.time() - MAX_AGE - 5:.6f}"  # taken long ago, never published
+        await broker.client.rpush(keys.relay(relay.id), "hq", header, message("old", "hq"))
+        await broker.client.zadd(keys.relays, {relay.id: time.time() + 60})
+        assert await relay.drain(["hq"]) == 0
+        assert await broker.client.xlen(broker.spread.keys.stream("hq")) == 0
+        fields = await broker.get_dead_letter("old")
+        assert fields is not None
+        assert (fields.reason, fields.queue) == ("expired", "hq")
+        assert await broker.client.exists(keys.relay(relay.id)) == 0  # released
+    finally:
+        await broker.close()
