@@ -9,6 +9,8 @@
   relay died) is kept whole when its lease lapses, and the relay that takes it over
   publishes nothing more; a batch older than ``MAX_AGE`` is refused.
 
+- A queue's own slot is resharded mid-run: the clients and the scripts follow it.
+
 The SIGKILL crash test runs on both layouts in test_cluster.py.
 """
 
@@ -28,7 +30,7 @@ from blitzq.broker.redis.handoff import MAX_AGE, SpreadOutbox
 from blitzq.broker.redis.spread import SpreadKeys, SpreadRedisBroker
 from blitzq.broker.values import Scheduled
 from blitzq.exceptions import ConfigurationError
-from tests.cluster_server import LocalCluster
+from tests.cluster_server import LocalCluster, migrate_slot
 from tests.contract.test_broker_contract import message
 
 from .proc_tasks import eventually, make_worker, running
@@ -222,3 +224,44 @@ async def test_a_batch_too_old_to_publish_safely_is_dead_lettered(
         assert await broker.client.exists(keys.relay(relay.id)) == 0  # released
     finally:
         await broker.close()
+
+
+async def test_a_resharded_queue_slot_is_followed_mid_run(
+    redis_cluster: LocalCluster, cluster_ns: str
+) -> None:
+    """A queue's own slot (its streams and hand-off marks) moves to another node while a
+    worker drains 200 tasks, some of them delayed (relayed from the store's slot), and a
+    producer adds more: every task succeeds once."""
+    queue = Queue(redis_url=redis_cluster.url(), namespace=cluster_ns)
+    keys = SpreadKeys(cluster_ns)
+
+    @queue.task(name="sp.slow")
+    async def slow(i: int) -> int:
+        await asyncio.sleep(0.002)
+        return i
+
+    tag = keys.queue_tag("default")
+    source = redis_cluster.owner(tag)
+    target = next(p for p in redis_cluster.ports if p != source)
+    with redis_cluster.node(source) as node:
+        slot = int(node.execute_command("CLUSTER", "KEYSLOT", tag))
+    try:
+        async with running(make_worker(queue, concurrency=4)):
+            handles = [await slow.enqueue(i) for i in range(200)]
+            handles += [await slow.options(delay=0.2).enqueue(200 + i) for i in range(20)]
+            await eventually(
+                lambda: handles[20].status(), lambda r: r is not None and r.state.is_final
+            )
+            moving = asyncio.get_running_loop().run_in_executor(
+                None, migrate_slot, redis_cluster, slot, target
+            )
+            while not moving.done():  # produce while the keys move
+                handles.append(await slow.enqueue(len(handles)))
+            assert await moving > 0
+            for _ in range(20):
+                handles.append(await slow.enqueue(len(handles)))
+            results = [await h.result(timeout=60) for h in handles]
+        assert results == list(range(len(handles)))
+        assert redis_cluster.owner(tag) == target
+    finally:
+        await queue.close()
