@@ -179,10 +179,15 @@ class SpreadStateStore(RedisStateStore):
     idempotently (:class:`SpreadOutbox`), and it counts the completions the broker fenced
     off before they reached it (:meth:`count_stale`)."""
 
+    outbox: SpreadOutbox
+    """The store's outbox, once :meth:`use_outbox` was called (by the facade)."""
+
     def use_outbox(self) -> Outbox:
-        """See :meth:`RedisStateStore.use_outbox`; the outbox is a :class:`SpreadOutbox`."""
+        """See :meth:`RedisStateStore.use_outbox`; the outbox is a :class:`SpreadOutbox`
+        (also kept as :attr:`outbox`)."""
         super().use_outbox()
-        return SpreadOutbox(self.conn, self)
+        self.outbox = SpreadOutbox(self.conn, self)
+        return self.outbox
 
     @translate_errors
     async def count_stale(self, n: int) -> None:

@@ -53,7 +53,7 @@ from ..values import Completion, DeadLetterFields
 from .client import make_client, translate_errors
 from .cluster import is_cluster, split_layout
 from .connection import DEFAULT_DEAD_LETTER_CAP, DeadLetterLimits, RedisConnection
-from .handoff import HandoffRelay, SpreadOutbox, SpreadStateStore
+from .handoff import HandoffRelay, SpreadStateStore
 from .keys import GROUP, Keys
 from .streams import StreamsTransport
 
@@ -209,10 +209,8 @@ class SpreadRedisBroker(DeadLetterLimits, Broker):
         self.transport_conn.keys = SpreadKeys(namespace)
         transport = SpreadStreamsTransport(self.transport_conn)
         self.store = SpreadStateStore(conn)
-        super().__init__(transport, self.store)
-        outbox = self.relay.outbox if self.relay is not None else None
-        assert isinstance(outbox, SpreadOutbox)
-        self.relay = HandoffRelay(outbox, transport)
+        super().__init__(transport, self.store)  # a foreign pairing: use_outbox is called
+        self.relay = HandoffRelay(self.store.outbox, transport)
         self.spread: SpreadStreamsTransport = transport
         self.url = conn.url
         self.keys = conn.keys
@@ -239,10 +237,10 @@ class SpreadRedisBroker(DeadLetterLimits, Broker):
         if not over:
             return requeued, 0
         now = time.time()
-        dead: list[Completion] = []
-        for token, message, deliveries in over:
-            dead.append(_dead_letter(queue, token, message, deliveries, max_deliveries, now))
-            dead[-1].record_ttl = record_ttl if dead[-1].record is not None else 0
+        dead = [
+            _dead_letter(queue, token, message, deliveries, max_deliveries, now, record_ttl)
+            for token, message, deliveries in over
+        ]
         await self.state.complete(dead)
         await self.spread.ack(queue, [token for token, _, _ in over])
         return requeued, len(over)
@@ -289,10 +287,11 @@ class SpreadRedisBroker(DeadLetterLimits, Broker):
 
 
 def _dead_letter(
-    queue: str, token: bytes, message: bytes, deliveries: int, limit: int, now: float
+    queue: str, token: bytes, message: bytes, deliveries: int, limit: int, now: float, ttl: int
 ) -> Completion:
     """The completion dead-lettering a recovered entry past its budget (``deliveries`` 0: an
-    entry without a message field, ``message`` its fields), as ``recover.lua`` writes it."""
+    entry without a message field, ``message`` its fields), as ``recover.lua`` writes it:
+    the dead letter and a ``dead_lettered`` record kept ``ttl`` seconds."""
     entry = token.decode()
     if deliveries == 0:
         fields = DeadLetterFields(
@@ -307,7 +306,7 @@ def _dead_letter(
     )
     record = deliveries_exceeded(task_id, task, queue, deliveries, error, now)
     fields = DeadLetterFields(message, MAX_DELIVERIES_REASON, error, task, queue, now)
-    return Completion(queue, None, task_id, record, 0, dead_letter=fields)
+    return Completion(queue, None, task_id, record, ttl, dead_letter=fields)
 
 
 def reliable_broker(url: str, namespace: str, **settings: Any) -> Broker:
