@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python bench/cluster.py [--queues 6] [--tasks 2000] [--reps 3]
+    .venv/bin/python bench/cluster.py [--queues 4,8] [--tasks 2000] [--reps 3] [--namespaces]
 
 Starts its own servers on free ports (never the shared 6379): one ``redis-server`` and a
 3-primary cluster (``--cluster-enabled yes`` x3, ``redis-cli --cluster create``), all with
@@ -10,16 +10,20 @@ Starts its own servers on free ports (never the shared 6379): one ``redis-server
 tasks are enqueued on each of ``--queues`` queues (reliable mode), then workers in this
 process drain them all; the figure is tasks/s from the workers' start to the last record.
 
-Layouts:
+Layouts (run in turn within each round, so the rounds pair them):
 
 - ``1 node``: one namespace, N queues, one Worker serving them all, on the single server;
-- ``cluster, 1 namespace``: the same on the cluster (every key of a namespace is in one slot,
-  so one shard does all the work);
-- ``cluster, N namespaces``: one namespace (one Queue, one Worker) per queue, so the queues'
-  slots spread over the shards.
+- ``cluster, spread layout``: the same on the cluster (the default there: each queue in a
+  slot of its own, the state store in the namespace's; ``broker/redis/spread.py``);
+- ``cluster, slot layout``: the same with ``?layout=slot`` (every key in one slot, so one
+  shard does all the work);
+- with ``--namespaces``, ``cluster, slot layout, N namespaces``: one namespace (one Queue,
+  one Worker) per queue, whose slots fall on the shards in turn.
 
 Beside each rate, the split of the Redis commands over the shards (``INFO commandstats``
-calls) and the CPU seconds each shard's server used (``INFO cpu``), over all the runs. The
+calls, deltas) and the CPU seconds each shard's server used (``INFO cpu``), over all the
+runs, and the CPU the benchmark's own process (producers and workers) used while draining, as
+a share of one core. The
 machine and the client process are shared by every server, so expect the CPU to cap the
 figures: compare the splits more than the rates.
 """
@@ -130,8 +134,9 @@ def command_calls(port: int) -> tuple[int, float]:
     return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
-async def drain(url: str, layout: Layout, tasks: int) -> float:
-    """Tasks/s draining ``tasks`` no-op tasks per queue; ``layout``: (namespace, queues)."""
+async def drain(url: str, layout: Layout, tasks: int) -> tuple[float, float]:
+    """Tasks/s draining ``tasks`` no-op tasks per queue, and the CPU this process used
+    meanwhile as a share of one core; ``layout``: (namespace, queues)."""
     queues, workers = [], []
     total = tasks * sum(len(names) for _, names in layout)
     ran = [0]
@@ -150,16 +155,17 @@ async def drain(url: str, layout: Layout, tasks: int) -> float:
                 await noop.options(queue=name).enqueue_many([()] * min(1000, tasks - start))
         queues.append((queue, noop, names))
         workers.append(Worker(queue, queues=names, concurrency=CONCURRENCY // len(layout) or 1))
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     runners = [asyncio.create_task(w.run()) for w in workers]
     await asyncio.wait_for(all_ran.wait(), 600)
     for w in workers:
         w.stop()  # a graceful stop flushes the last completions
     await asyncio.gather(*runners)
     elapsed = time.perf_counter() - t0
+    busy = (time.process_time() - cpu0) / elapsed
     for queue, _, _ in queues:
         await queue.close()
-    return total / elapsed
+    return total / elapsed, busy
 
 
 Layout = list[tuple[str, list[str]]]
@@ -185,44 +191,74 @@ def spread(ports: list[int], count: int) -> list[str]:
     return names
 
 
-def run_layout(
-    url: str, ports: list[int], layout: Layout, args: argparse.Namespace
-) -> tuple[float, list[int], list[float]]:
-    """Median tasks/s over ``--reps`` runs, each shard's share of the commands (%) and the
-    CPU seconds each shard used, over all the runs."""
-    rates, before = [], [command_calls(p) for p in ports]
+Row = tuple[str, str, list[int], bool]
+"""(label, URL, the ports of its servers, one namespace per queue)."""
+
+
+def run_rows(rows: list[Row], names: list[str], args: argparse.Namespace) -> list[str]:
+    """``--reps`` rounds, each running every row once in turn (A B C A B C: paired and
+    interleaved, so a slower moment of the shared machine hits every row); one Markdown line
+    per row: median tasks/s, its ratio to the first row, each shard's share of the commands
+    (%) and the CPU seconds each shard's server used, over all the rounds."""
+    rates: list[list[float]] = [[] for _ in rows]
+    client: list[list[float]] = [[] for _ in rows]
+    calls = [[0] * len(ports) for _, _, ports, _ in rows]
+    cpu = [[0.0] * len(ports) for _, _, ports, _ in rows]
     for _ in range(args.reps):
-        fresh = list(zip(spread(ports, len(layout)), [names for _, names in layout], strict=True))
-        rates.append(asyncio.run(drain(url, fresh, args.tasks)))
-    after = [command_calls(p) for p in ports]
-    calls = [a[0] - b[0] for a, b in zip(after, before, strict=True)]
-    cpu = [round(a[1] - b[1], 1) for a, b in zip(after, before, strict=True)]
-    total = sum(calls) or 1
-    return statistics.median(rates), [round(100 * c / total) for c in calls], cpu
+        for i, (_, url, ports, per_queue) in enumerate(rows):
+            before = [command_calls(p) for p in ports]
+            if per_queue:
+                layout = list(zip(spread(ports, len(names)), [[n] for n in names], strict=True))
+            else:
+                layout = [(spread(ports, 1)[0], names)]
+            rate, busy = asyncio.run(drain(url, layout, args.tasks))
+            rates[i].append(rate)
+            client[i].append(busy)
+            after = [command_calls(p) for p in ports]
+            for j, (a, b) in enumerate(zip(after, before, strict=True)):
+                calls[i][j] += a[0] - b[0]
+                cpu[i][j] += a[1] - b[1]
+    lines, base = [], statistics.median(rates[0])
+    for i, (label, _, _, _) in enumerate(rows):
+        rate = statistics.median(rates[i])
+        ratios = [r / b for r, b in zip(rates[i], rates[0], strict=True)]
+        total = sum(calls[i]) or 1
+        shares = " / ".join(f"{round(100 * c / total)}%" for c in calls[i])
+        cpus = " / ".join(f"{c:.1f}" for c in cpu[i])
+        lines.append(
+            f"| {label} | {rate:,.0f} | {rate / base:.2f} (paired median "
+            f"{statistics.median(ratios):.2f}) | {shares} | {cpus} | "
+            f"{statistics.median(client[i]):.0%} |"
+        )
+    return lines
 
 
 def main() -> None:
-    """Run every layout and print a Markdown table."""
+    """Run every layout for each number of queues and print a Markdown table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--queues", type=int, default=6)
+    parser.add_argument("--queues", default="4,8", help="numbers of queues, comma-separated")
     parser.add_argument("--tasks", type=int, default=2000, help="tasks per queue")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--namespaces", action="store_true", help="add one namespace per queue")
     args = parser.parse_args()
-    names = [f"q{i}" for i in range(args.queues)]
     with servers() as (single, cluster):
-        rows = [
-            ("1 node, 1 namespace", f"redis://127.0.0.1:{single}/0", [single], [("", names)]),
-            ("cluster, 1 namespace", f"redis://127.0.0.1:{cluster[0]}/0", cluster, [("", names)]),
-            ("cluster, N namespaces", f"redis://127.0.0.1:{cluster[0]}/0", cluster,
-             [("", [n]) for n in names]),
-        ]  # fmt: skip
-        print(f"{args.queues} queues x {args.tasks} no-op tasks, reliable mode", file=sys.stderr)
-        print("| layout | drain tasks/s (median) | commands per shard | server CPU s per shard |")
-        print("|---|---|---|---|")
-        for label, url, ports, layout in rows:
-            rate, split, cpu = run_layout(url, ports, layout, args)
-            shares = " / ".join(f"{s}%" for s in split)
-            print(f"| {label} | {rate:,.0f} | {shares} | {' / '.join(map(str, cpu))} |", flush=True)
+        node, first = f"redis://127.0.0.1:{single}/0", f"redis://127.0.0.1:{cluster[0]}/0"
+        rows: list[Row] = [
+            ("1 node", node, [single], False),
+            ("cluster, spread layout", first, cluster, False),
+            ("cluster, slot layout", first + "?layout=slot", cluster, False),
+        ]
+        if args.namespaces:
+            rows.append(
+                ("cluster, slot layout, N namespaces", first + "?layout=slot", cluster, True)
+            )
+        print("| queues | layout | drain tasks/s (median) | vs 1 node | commands per shard "
+              "| server CPU s per shard | client CPU (of one core) |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
+        for count in (int(n) for n in args.queues.split(",")):
+            print(f"{count} queues x {args.tasks} no-op tasks, reliable mode", file=sys.stderr)
+            for line in run_rows(rows, [f"q{i}" for i in range(count)], args):
+                print(f"| {count} {line}", flush=True)
 
 
 if __name__ == "__main__":

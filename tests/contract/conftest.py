@@ -3,12 +3,14 @@
 ``broker`` is a ReliableRedisBroker or a FastRedisBroker on the test Redis in the test's
 namespace, or (``ephemeral``) a ReliableRedisBroker on this process's private ephemeral Valkey
 (:mod:`blitzq.broker.redis.ephemeral`) in a namespace of its own: the server and code behind
-``memory://``; or (``foreign``) a foreign pairing (``tests/foreign.py``): the Redis state
-store in the test's namespace and a streams transport on another connection and namespace,
-joined by the outbox relay as a RabbitMQ transport is. ``cluster-reliable`` and
-``cluster-fast`` are the Redis brokers on the session's local 3-primary Redis Cluster
-(``redis_cluster`` in tests/conftest.py), reached through a node that does not own the
-namespace's slot. ``amqp`` is the RabbitMQ transport with the Redis state store
+``memory://``; or (``foreign``) a foreign pairing (``tests/foreign.py``): the Redis state store
+in the test's namespace and a streams transport on another connection and namespace, joined by
+the outbox relay as a RabbitMQ transport is. ``cluster-reliable`` and ``cluster-fast`` are the
+Redis brokers on the session's local 3-primary Redis Cluster (``redis_cluster`` in
+tests/conftest.py) on phase A's one-slot layout (``?layout=slot``), reached through a node that
+does not own the namespace's slot; ``cluster-spread`` is reliable mode on the spread layout
+there (``broker/redis/spread.py``: each queue in a slot of its own, the state store in the
+namespace's). ``amqp`` is the RabbitMQ transport with the Redis state store
 (:class:`~blitzq.broker.amqp.AmqpBroker`), skipped when RabbitMQ does not answer at
 ``BLITZQ_TEST_AMQP_URL`` (default ``amqp://guest:guest@127.0.0.1:5672/``); its queues are
 deleted after the test. Every contract test runs unchanged against each of them.
@@ -27,11 +29,13 @@ from redis.asyncio.cluster import RedisCluster
 from blitzq.broker import Broker
 from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.redis import FastRedisBroker, ReliableRedisBroker, ephemeral
+from blitzq.broker.redis.spread import SpreadRedisBroker
 from tests.amqp_server import amqp_or_skip, delete_amqp_queues
 from tests.foreign import TRANSPORT_SUFFIX, ForeignPairing, delete_namespace
 
 BROKER_KINDS = [
-    "reliable", "fast", "ephemeral", "foreign", "cluster-reliable", "cluster-fast", "amqp",
+    "reliable", "fast", "ephemeral", "foreign", "cluster-reliable", "cluster-fast",
+    "cluster-spread", "amqp",
 ]  # fmt: skip
 
 #: Contract tests the ``amqp`` pairing is known to fail, with why (marked xfail, not strict).
@@ -77,9 +81,14 @@ async def location(
         cluster = request.getfixturevalue("redis_cluster")
         namespace = "contract-" + uuid.uuid4().hex[:12]
         owner = cluster.owner("{" + namespace + "}:")
-        yield cluster.url(next(p for p in cluster.ports if p != owner)), namespace
+        url = cluster.url(next(p for p in cluster.ports if p != owner))
+        yield (url if broker_kind == "cluster-spread" else url + "?layout=slot"), namespace
         async with RedisCluster.from_url(cluster.url()) as client:
-            for pattern in ("{" + namespace + "}:*", "{" + namespace + "-t}:*"):
+            for pattern in (
+                "{" + namespace + "}:*",
+                "{" + namespace + "-t}:*",
+                "{" + namespace + ":q:*",
+            ):
                 keys = [key async for key in client.scan_iter(match=pattern)]
                 for key in keys:
                     await client.delete(key)
@@ -111,6 +120,8 @@ async def make_broker(
         if broker_kind == "foreign"
         else (FastRedisBroker if broker_kind.endswith("fast") else ReliableRedisBroker)
     )
+    if broker_kind == "cluster-spread":
+        cls = SpreadRedisBroker
     amqp_url = amqp_or_skip() if broker_kind == "amqp" else ""
 
     def factory() -> Broker:

@@ -23,6 +23,7 @@ import pytest
 from blitzq.broker import Broker, Completion, DeadLetterFields, Delivery
 from blitzq.broker.ops import LockRelease, Progress, Publish, UniqueRelease
 from blitzq.broker.redis import ReliableRedisBroker
+from blitzq.broker.redis.spread import SpreadRedisBroker
 from blitzq.records import TaskRecord, TaskState
 from blitzq.serialization import dumps
 
@@ -51,6 +52,13 @@ async def lose_lease(broker: Broker, rescuer: Broker, task_id: str) -> tuple[Del
     (new,) = await rescuer.fetch(Q, 1, 0)
     assert new.deliveries == 2
     return old, new
+
+
+def stream_key(broker: ReliableRedisBroker | SpreadRedisBroker) -> str:
+    """The key of queue ``Q``'s stream (on the spread layout, under the queue's own tag)."""
+    if isinstance(broker, SpreadRedisBroker):
+        return broker.transport_conn.keys.stream(Q)
+    return broker.keys.stream(Q)
 
 
 def needs_fencing(broker: Broker) -> None:
@@ -224,12 +232,12 @@ async def test_an_entry_pending_under_another_consumer_is_not_ours(
 ) -> None:
     """A write fenced by an entry another consumer holds (XCLAIM) is refused: the check
     without an ack compares consumer names (XPENDING)."""
-    if not isinstance(broker, ReliableRedisBroker):
+    if not isinstance(broker, ReliableRedisBroker | SpreadRedisBroker):
         pytest.skip("consumer names in a pending list are a Redis Streams notion")
     await consumer(broker)
     await broker.publish(Q, [message("claimed")])
     (d,) = await broker.fetch(Q, 1, 0)
-    stream = broker.keys.stream(Q)
+    stream = stream_key(broker)
     await broker.client.execute_command("XCLAIM", stream, "blitzq", "consumer-2", 0, d.token)
     running = Completion(Q, None, "claimed", record("claimed", "running", "w1"), 60, fence=d.token)
     assert await broker.complete([running]) == [running]
@@ -248,14 +256,14 @@ async def test_an_entry_is_only_ever_pending_under_the_consumer_that_read_it(
     and deletes what it claims in the same script, and a renewal never claims another
     consumer's entry; so no entry is ever left pending under a consumer that did not read
     it, and a stale consumer's XACK finds nothing."""
-    if not isinstance(broker, ReliableRedisBroker):
+    if not isinstance(broker, ReliableRedisBroker | SpreadRedisBroker):
         pytest.skip("consumer names in a pending list are a Redis Streams notion")
     rescuer = make_broker()
     old, new = await lose_lease(broker, rescuer, "inv")
     assert old.token is not None
     assert new.token is not None
     assert await broker.heartbeat(Q, [old.token, new.token]) == 0
-    stream = broker.keys.stream(Q)
+    stream = stream_key(broker)
     pending = await broker.client.xpending_range(stream, "blitzq", "-", "+", 10)
     assert [(p["message_id"], p["consumer"]) for p in pending] == [(new.token, b"consumer-2")]
     assert await broker.client.exists(stream) == 1

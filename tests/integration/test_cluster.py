@@ -1,9 +1,11 @@
 """blitzq on a Redis Cluster (the session's local 3-primary cluster, ``redis_cluster``).
 
-- A Queue given the plain ``redis://`` URL of a node that does not own the namespace's slot
-  detects cluster mode and runs tasks end to end: results, a delayed task, a retry, a chord,
-  progress pushed over pub/sub, a cancel announced on the events channel.
-- Worker processes SIGKILLed mid-run on a cluster (``redis+cluster://`` URL) lose no task.
+- A Queue given the plain ``redis://`` URL (``?layout=slot``) of a node that does not own
+  the namespace's slot detects cluster mode and runs tasks end to end: results, a delayed
+  task, a retry, a chord, progress pushed over pub/sub, a cancel announced on the events
+  channel.
+- Worker processes SIGKILLed mid-run on a cluster (``redis+cluster://`` URL) lose no task,
+  on the spread layout (the default) and the one-slot layout (``?layout=slot``).
 - A script sent while its slot migrates is refused before its first write and waits: it
   runs wholly on the new owner once the migration ends.
 - The namespace's slot is migrated to another node mid-run (``SETSLOT MIGRATING/IMPORTING``,
@@ -48,8 +50,9 @@ def cluster_ns(redis_cluster: LocalCluster) -> Iterator[str]:
     ns = "cl-" + uuid.uuid4().hex[:12]
     yield ns
     with redis.RedisCluster.from_url(redis_cluster.url()) as client:
-        for key in client.scan_iter(match="{" + ns + "}:*", target_nodes="all"):
-            client.delete(key)
+        for pattern in ("{" + ns + "}:*", "{" + ns + ":q:*"):  # the spread layout's queues
+            for key in client.scan_iter(match=pattern, target_nodes="all"):
+                client.delete(key)
 
 
 def elsewhere(cluster: LocalCluster, ns: str) -> int:
@@ -60,10 +63,10 @@ def elsewhere(cluster: LocalCluster, ns: str) -> int:
 
 @pytest.fixture
 async def queue(redis_cluster: LocalCluster, cluster_ns: str) -> AsyncIterator[Queue]:
-    """A reliable-mode Queue on a node that does not own the namespace's slot."""
-    q = Queue(
-        redis_url=redis_cluster.url(elsewhere(redis_cluster, cluster_ns)), namespace=cluster_ns
-    )
+    """A reliable-mode Queue on the one-slot layout (``?layout=slot``) through a node that
+    does not own the namespace's slot."""
+    url = redis_cluster.url(elsewhere(redis_cluster, cluster_ns)) + "?layout=slot"
+    q = Queue(redis_url=url, namespace=cluster_ns)
     yield q
     await q.close()
 
@@ -163,13 +166,16 @@ async def test_a_worker_runs_through_a_node_that_does_not_own_the_namespace(
         assert bool(found) == (port == owner), port
 
 
+@pytest.mark.parametrize("layout", ["spread", "slot"])
 def test_sigkilled_workers_on_a_cluster_lose_no_task(
-    redis_cluster: LocalCluster, cluster_ns: str, tmp_path: Path
+    redis_cluster: LocalCluster, cluster_ns: str, tmp_path: Path, layout: str
 ) -> None:
-    """The reliability suite's crash pattern on the cluster: 120 tasks, two workers, one
-    SIGKILLed mid-task twice; every task succeeds, the interrupted ones ran again."""
+    """The reliability suite's crash pattern on the cluster, on each layout: 120 tasks, two
+    workers, one SIGKILLed mid-task twice; every task succeeds, the interrupted ones ran
+    again."""
     port = elsewhere(redis_cluster, cluster_ns)
     harness = Harness(f"redis+cluster://127.0.0.1:{port}/0", cluster_ns, tmp_path)
+    harness.worker_url = f"redis+cluster://127.0.0.1:{port}/0?layout={layout}"
     try:
         queue = harness.queue(vt=1.5)
         rng = random.Random(11)

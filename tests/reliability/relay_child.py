@@ -2,10 +2,12 @@
 
 Usage::
 
-    python tests/reliability/relay_child.py URL NAMESPACE POINT LEASE
+    python tests/reliability/relay_child.py URL NAMESPACE POINT LEASE [spread]
 
 It pairs the Redis state store on ``NAMESPACE`` with a streams transport on
-``NAMESPACE-transport`` (``tests/foreign.py``) and relays every outbox, with a lease of
+``NAMESPACE-transport`` (``tests/foreign.py``), or with ``spread`` builds the spread layout's
+broker (``SpreadRedisBroker``: the hand-off publishes each batch once), and relays every
+outbox, with a lease of
 ``LEASE`` seconds, killing itself (SIGKILL: no cleanup runs) at ``POINT``:
 ``after_take`` (the batch is taken, nothing published) or ``after_publish`` (the batch is
 on the transport, not released).
@@ -22,6 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from blitzq.broker.redis.spread import SpreadRedisBroker
 from tests.foreign import ForeignPairing
 
 
@@ -30,9 +33,11 @@ def die(*_: Any) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-async def main(url: str, namespace: str, point: str, lease: float) -> None:
+async def main(url: str, namespace: str, point: str, lease: float, layout: str) -> None:
     """Relay until killed at ``point``."""
-    pairing = ForeignPairing(url, namespace)
+    pairing = (
+        SpreadRedisBroker(url, namespace) if layout == "spread" else ForeignPairing(url, namespace)
+    )
     relay = pairing.relay
     assert relay is not None
     relay.lease = lease
@@ -42,6 +47,7 @@ async def main(url: str, namespace: str, point: str, lease: float) -> None:
             die()
 
         pairing.transport.publish = publish  # type: ignore[method-assign]
+        pairing.transport.publish_once = publish  # type: ignore[attr-defined]
     else:
         real_release = relay.outbox.release
 
@@ -56,4 +62,5 @@ async def main(url: str, namespace: str, point: str, lease: float) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])))
+    layout = sys.argv[5] if len(sys.argv) > 5 else "foreign"
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), layout))

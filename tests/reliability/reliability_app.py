@@ -25,6 +25,7 @@ import redis
 import redis.asyncio as aioredis
 
 from blitzq import Queue, current_task
+from blitzq.broker.redis.cluster import split_layout
 
 #: Names of the tasks (explicit, so the test process and the workers agree).
 WORK = "rel.work"
@@ -39,7 +40,8 @@ OBSERVE_RETRY_FOR = 20.0
 
 def sync_redis(url: str, **kwargs: Any) -> Any:
     """A sync client on ``url``: a cluster client for ``redis+cluster://`` (the cluster
-    tests' worker URL), else a plain one."""
+    tests' worker URL), else a plain one; a ``layout`` option is the broker's, dropped."""
+    url = split_layout(url)[0]
     if url.startswith("redis+cluster://"):
         return redis.RedisCluster.from_url("redis://" + url.partition("://")[2], **kwargs)
     return redis.Redis.from_url(url, **kwargs)
@@ -47,6 +49,7 @@ def sync_redis(url: str, **kwargs: Any) -> Any:
 
 def async_redis(url: str) -> Any:
     """An asyncio client on ``url`` (a cluster client for ``redis+cluster://``)."""
+    url = split_layout(url)[0]
     if url.startswith("redis+cluster://"):
         return aioredis.RedisCluster.from_url("redis://" + url.partition("://")[2])
     return aioredis.Redis.from_url(url)

@@ -113,9 +113,9 @@ def make_broker(
             amqp_url, url, namespace, max_deliveries=max_deliveries, **dead_letter_limits
         )
     elif mode == "reliable":
-        from .redis.reliable import ReliableRedisBroker
+        from .redis.spread import reliable_broker
 
-        broker = ReliableRedisBroker(url, namespace, **dead_letter_limits)
+        broker = reliable_broker(url, namespace, **dead_letter_limits)
     else:
         from .redis.fast import FastRedisBroker
 

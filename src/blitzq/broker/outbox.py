@@ -223,7 +223,7 @@ class Relay:
                         if restored:
                             logger.warning(
                                 "outbox relay: put back %d message(s) of relays whose lease "
-                                "lapsed (they may be published twice)",
+                                "lapsed (published again unless the hand-off is idempotent)",
                                 restored,
                             )
                         await self.drain()

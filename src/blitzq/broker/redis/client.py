@@ -54,7 +54,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...exceptions import BrokerError
-from .cluster import make_cluster_client, plain_url, wants_cluster
+from .cluster import make_cluster_client, plain_url, split_layout, wants_cluster
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -146,6 +146,7 @@ def make_client(url: str) -> Any:
             ``health_check_interval``; a boolean option (``socket_keepalive`` ...) not one of
             true/false, yes/no, 1/0; on a cluster a database other than 0.
     """
+    url = split_layout(url)[0]  # the broker's choice (``factory.py``), not the client's
     if urlsplit(url).scheme == "redis+sentinel":  # the primary a set of sentinels names
         from .sentinel import make_sentinel_client
 

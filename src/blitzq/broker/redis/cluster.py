@@ -25,11 +25,12 @@ each command to the primary owning its key's slot, follows ``MOVED`` (updating i
 the commands of the client in flight and ``timeout`` how long a caller waits for a turn, as
 the single server's pool does (:class:`BoundedCluster`).
 
-Scripts (``EVALSHA``) go to the node of their first key, and never run across a migration
-of their slot (``cluster_scripts.py``); every key of a namespace shares its hash tag, so a
-script's keys are in one slot. Pub/sub is the classic kind (``PUBLISH``/``SUBSCRIBE``),
-which a cluster forwards to every node: a subscriber on any node hears a publish made on any
-other.
+Scripts (``EVALSHA``) go to the node of their first key, and never run across a migration of
+their slot (``cluster_scripts.py``); a script's keys share one hash tag (the namespace's, or on
+the spread layout one queue's: ``spread.py``), so they are in one slot. The layout is the URL's
+``layout`` option (:func:`split_layout`), read by the broker factory. Pub/sub is the classic
+kind (``PUBLISH``/``SUBSCRIBE``), which a cluster forwards to every node: a subscriber on any
+node hears a publish made on any other.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import contextlib
 import math
 from collections.abc import AsyncIterator
 from typing import Any, cast
-from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.asyncio.cluster import RedisCluster
@@ -58,6 +59,31 @@ CLUSTER_RETRIES = 3
 NODE_HEADROOM = 8
 #: URL options of the single-server pool that a cluster client has no use for.
 _POOL_ONLY = frozenset({"timeout", "max_connections"})
+
+
+#: Key layouts of reliable mode (the URL option ``layout``): ``spread`` puts each queue in
+#: a slot of its own (``spread.py``, the default on a cluster), ``slot`` the whole namespace
+#: in one slot (one script per completion; the only layout of a single server by default).
+LAYOUTS = ("spread", "slot")
+
+
+def split_layout(url: str) -> tuple[str, str | None]:
+    """``url`` without its ``layout`` option, and that option (``None`` when absent).
+
+    Raises:
+        ValueError: a ``layout`` other than those of :data:`LAYOUTS`.
+    """
+    if "layout=" not in url:
+        return url, None
+    split = urlsplit(url)
+    query = parse_qsl(split.query, keep_blank_values=True)
+    chosen = [value for name, value in query if name == "layout"]
+    if not chosen:
+        return url, None
+    if chosen[-1] not in LAYOUTS:
+        raise ValueError(f"layout={chosen[-1]!r} must be one of {', '.join(LAYOUTS)}")
+    rest = urlencode([(name, value) for name, value in query if name != "layout"])
+    return urlunsplit(split._replace(query=rest)), chosen[-1]
 
 
 def plain_url(url: str) -> str:

@@ -76,7 +76,8 @@ class RedisConnection:
         self.dead_letter_cap = dead_letter_cap
         self.dead_letter_ttl = int(dead_letter_ttl)
         self.dead_letter_max_bytes = dead_letter_max_bytes
-        self._owns_client = client is None
+        self.owns_client = client is None
+        """Whether :meth:`close` closes the client (the broker made it)."""
         # Typed as Any: redis-py's stubs type replies as bytes | str whatever decode_responses is.
         if client is None:
             try:  # a bounded blocking pool with timeouts: see client.py
@@ -131,7 +132,7 @@ class RedisConnection:
         (and the connection reconnects on its next command).
         """
         await self._results.close()
-        if self._owns_client:
+        if self.owns_client:
             await self.client.aclose()
 
 

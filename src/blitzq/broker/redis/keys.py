@@ -1,7 +1,8 @@
 """Every Redis key name blitzq uses, made in one place: :data:`TABLE`.
 
 All keys of a namespace start with ``{ns}:``, whose braces are a Redis Cluster hash tag, so
-every Lua script touches one cluster slot. :class:`Keys` builds the names on the Python side;
+every Lua script touches one cluster slot (the spread layout's queue keys, under a tag per
+queue, are made by ``spread.SpreadKeys``). :class:`Keys` builds the names on the Python side;
 the Lua scripts write ``KEY.record(prefix, id)``, which ``scripts.py`` expands from the same
 table to what ``Keys(ns).record(id)`` makes, so a suffix is written once.
 """
@@ -60,6 +61,10 @@ TABLE: Final[dict[str, Key]] = {
         "a relay's taken batch: the queue, then its messages, until published and released"),
     "relays": Key("relays", "zset",
         "relay ids scored by lease expiry (Unix seconds, server clock) while they hold a batch"),
+    "handoffs": Key("handoff:lapsed", "list",
+        "spread layout: lapsed relays' batches (MessagePack: queue, header, messages)"),
+    "handoff_seq": Key("handoff:seq", "string",
+        "spread layout: the last batch id a relay was given (INCR)"),
     "record": Key("t:<task_id>", "string",
         "a task's record (MessagePack map); expires after result_ttl"),
     "done_channel": Key("done:<task_id>", "channel",
@@ -178,6 +183,16 @@ class Keys:
     def relays(self) -> str:
         """Sorted set of relay ids scored by lease expiry (Unix seconds, server clock)."""
         return self._fixed("relays")
+
+    @property
+    def handoffs(self) -> str:
+        """Spread layout: lapsed relays' batches awaiting another relay, whole (``spread.py``)."""
+        return self._fixed("handoffs")
+
+    @property
+    def handoff_seq(self) -> str:
+        """Spread layout: counter of the batch ids relays are given (``handoff.py``)."""
+        return self._fixed("handoff_seq")
 
     def record(self, task_id: str) -> str:
         """A task's record."""

@@ -83,7 +83,7 @@ class RedisOutbox(RedisPart, Outbox):
         key = self.keys.outbox(queue)
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.llen(key)
-            pipe.unlink(key)
+            pipe.execute_command("UNLINK", key)  # a cluster pipeline's unlink() is a coroutine
             pipe.srem(self.keys.outboxes, queue)
             length, _, _ = await pipe.execute()
         return int(length)

@@ -1,0 +1,340 @@
+"""The spread layout: a namespace's queues spread over a Redis Cluster's slots.
+
+On one slot (phase A's layout, ``?layout=slot``) every key of a namespace shares the hash
+tag ``{ns}``, so one namespace lives on one shard. The spread layout (the default on a
+cluster) splits a broker in two halves that never share a script:
+
+- the **transport** (:class:`SpreadStreamsTransport`, reliable mode's streams) keeps each
+  queue in a slot of its own: every priority level's stream and consumer group and the
+  relay's hand-off marks of a queue ``q`` are under the tag ``{<ns>:q:<q>}``
+  (:class:`SpreadKeys`), so a fetch still reads the levels of one queue in one script;
+- the **state store** (:class:`~.handoff.SpreadStateStore`) keeps everything else
+  (records, schedule, dead letters, workflows, unique keys, locks, rate buckets, periodic
+  claims, registries, the outbox) under ``{<ns>}``, as on one slot.
+
+They are joined as any *foreign pairing* is (``state.acks(transport)`` is ``False``): a
+completion is applied in the store, then acked on the transport (at-least-once); what the
+store writes into queues goes to its outbox, which the relay hands to the queue's slot
+idempotently (``handoff.py``: each batch has a stable id and is published under a mark in
+the queue's slot, so a relay that dies after publishing never doubles it). Two steps of
+the transport that wrote into the namespace's keys are split here:
+
+- **recovery** (:meth:`SpreadRedisBroker.recover`): ``recover_split.lua`` re-adds entries
+  under their delivery budget and returns the ones past it, still pending; the broker
+  dead-letters those through the store (with their ``dead_lettered`` record), then acks
+  them. A crash in between leaves them pending: recovered again, dead-lettered again under
+  the same task id (idempotent), never lost.
+- **fencing** (:meth:`SpreadRedisBroker.complete`): before the store applies a batch of
+  completions, ``hold.lua`` keeps those whose delivery this consumer still holds and renews
+  their leases (a full visibility timeout to apply and ack them); the others are stale,
+  refused whole and counted in ``stale_completions``, as on one slot.
+
+Every script works on one slot: a transport script on one queue's tag, a store script on
+``{ns}``. docs/architecture.md ("Redis Cluster") says why no cross-slot step loses or
+doubles a task.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from ...exceptions import ConfigurationError
+from ...limits import CHUNK_ITEMS, DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
+from ...records import deliveries_exceeded
+from ...routing import base_queue
+from ...serialization import envelope_head
+from ..facade import Broker
+from ..values import Completion, DeadLetterFields
+from .client import make_client, translate_errors
+from .cluster import is_cluster, split_layout
+from .connection import DEFAULT_DEAD_LETTER_CAP, DeadLetterLimits, RedisConnection
+from .handoff import HandoffRelay, SpreadStateStore
+from .keys import GROUP, Keys
+from .streams import StreamsTransport
+
+__all__ = ["SpreadKeys", "SpreadRedisBroker", "SpreadStreamsTransport", "reliable_broker"]
+
+#: Reason and error of a dead letter recovery writes (the same as ``recover.lua``'s).
+MAX_DELIVERIES_REASON = "max deliveries exceeded"
+
+
+@dataclass(frozen=True, slots=True)
+class SpreadKeys(Keys):
+    """The transport's key names on the spread layout: a queue's keys under its own tag.
+
+    ``stream("q:high")`` is ``{<ns>:q:q}:s:q:high``: the levels ``q:high``, ``q``, ``q:low``
+    share the tag of their queue ``q`` (``routing.base_queue``), so a fetch of every level
+    (``fetch_levels.lua``) stays in one slot. Every other key is the namespace's.
+    """
+
+    def queue_tag(self, queue: str) -> str:
+        """``{<ns>:q:<queue>}:`` for a physical queue of ``queue`` (any priority level)."""
+        return "{" + self.namespace + ":q:" + base_queue(queue) + "}:"
+
+    def stream(self, queue: str) -> str:
+        """The stream of the physical queue ``queue``, under its queue's tag."""
+        return self.queue_tag(queue) + "s:" + queue
+
+    def mark(self, queue: str, batch: str) -> str:
+        """The hand-off mark of relay batch ``batch`` published on ``queue``
+        (``handoff_publish.lua``), in the queue's slot."""
+        return self.queue_tag(queue) + "h:" + batch
+
+
+class SpreadStreamsTransport(StreamsTransport):
+    """The streams transport with each queue in its own slot (:class:`SpreadKeys`).
+
+    Fetch, publish, heartbeat, nack, ack, stats and purge are the streams transport's; they
+    name only the stream keys of one queue. Recovery and the hand-off are the spread
+    layout's (:meth:`recover_split`, :meth:`publish_once`, :meth:`held`).
+
+    Args:
+        conn: a connection of kind ``"s"`` whose ``keys`` are :class:`SpreadKeys`.
+    """
+
+    keys: SpreadKeys
+
+    @translate_errors
+    async def recover_split(
+        self, queue: str, min_idle: float, count: int, max_deliveries: int
+    ) -> tuple[int, list[tuple[bytes, bytes, int]]]:
+        """Re-add entries idle over ``min_idle`` seconds under their delivery budget; return
+        how many, and ``(entry id, message, deliveries)`` of those at the budget (still
+        pending, now this consumer's; deliveries 0: an entry without a message field, its
+        fields as MessagePack) for the caller to dead-letter and ack (``recover_split.lua``).
+        """
+        reply = await self.scripts.call(
+            "recover_split",
+            keys=[self.keys.stream(queue)],
+            args=[GROUP, self.consumer, max(1, int(min_idle * 1000)), count, max_deliveries],
+        )
+        over = [(reply[i], reply[i + 1], int(reply[i + 2])) for i in range(1, len(reply), 3)]
+        return int(reply[0]), over
+
+    async def recover(
+        self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
+    ) -> tuple[int, int]:
+        """Not on this layout: the broker recovers (:meth:`SpreadRedisBroker.recover`), as
+        the entries past their budget are dead-lettered in the store."""
+        raise NotImplementedError("use SpreadRedisBroker.recover (the store dead-letters)")
+
+    @translate_errors
+    async def held(self, queue: str, tokens: Sequence[bytes]) -> set[bytes]:
+        """The entries of ``tokens`` this consumer still holds, their leases renewed
+        (``hold.lua``, one call per :data:`~blitzq.limits.CHUNK_ITEMS` tokens)."""
+        out: set[bytes] = set()
+        key, consumer = self.keys.stream(queue), self.consumer
+        for start in range(0, len(tokens), CHUNK_ITEMS):
+            chunk = list(tokens[start : start + CHUNK_ITEMS])
+            out.update(await self.scripts.call("hold", keys=[key], args=[GROUP, consumer, *chunk]))
+        return out
+
+    @translate_errors
+    async def publish_once(
+        self, queue: str, batch: str, taken_at: float, messages: Sequence[bytes]
+    ) -> int:
+        """Publish relay batch ``batch`` on ``queue`` unless it was published before
+        (``handoff_publish.lua``: a mark in the queue's slot and the XADDs in one step).
+
+        Args:
+            queue: the physical queue.
+            batch: the batch id the store gave it (``handoff_take.lua``).
+            taken_at: when it was first taken (Unix seconds, the store node's clock).
+            messages: the batch, at most 1000 messages.
+
+        Returns:
+            Messages added; 0 when the batch was published before; -1 when it is older than
+            :data:`~.handoff.MAX_AGE` (refused: its mark may be gone).
+        """
+        from .handoff import MARK_TTL, MAX_AGE
+
+        return int(
+            await self.scripts.call(
+                "handoff_publish",
+                keys=[self.keys.stream(queue), self.keys.mark(queue, batch)],
+                args=[MARK_TTL, repr(float(taken_at)), MAX_AGE, *messages],
+            )
+        )
+
+
+class SpreadRedisBroker(DeadLetterLimits, Broker):
+    """Reliable mode on the spread layout (see the module docstring): a
+    :class:`SpreadStreamsTransport` with each queue in its own slot and the Redis state store
+    in the namespace's slot, sharing one client.
+
+    Args:
+        url: a Redis Cluster node's URL (any URL of a Redis server works: a single server
+            holds every slot).
+        namespace: the namespace (no ``{`` or ``}``).
+        dead_letter_cap: dead letters kept before the oldest are dropped.
+        client: an existing client to use instead of ``url`` (not closed by the broker).
+        dead_letter_ttl: seconds a dead letter is kept.
+        dead_letter_max_bytes: total bytes of dead letters kept.
+
+    Attributes:
+        conn: the state store's connection (keys under ``{ns}``); ``keys``, ``client`` and
+            ``url`` are its own.
+        transport_conn: the transport's connection (same client, :class:`SpreadKeys`).
+
+    Raises:
+        ConfigurationError: a query parameter of ``url`` has an invalid value.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        *,
+        dead_letter_cap: int = DEFAULT_DEAD_LETTER_CAP,
+        client: aioredis.Redis | None = None,
+        dead_letter_ttl: int = DEFAULT_DEAD_LETTER_TTL,
+        dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
+    ) -> None:
+        conn = RedisConnection(
+            url,
+            namespace,
+            dead_letter_cap=dead_letter_cap,
+            client=client,
+            dead_letter_ttl=dead_letter_ttl,
+            dead_letter_max_bytes=dead_letter_max_bytes,
+            kind="l",  # the store in outbox mode writes no list: kind "o" once paired
+        )
+        self.conn = conn
+        self.transport_conn = RedisConnection(url, namespace, client=conn.client, kind="s")
+        self.transport_conn.keys = SpreadKeys(namespace)
+        transport = SpreadStreamsTransport(self.transport_conn)
+        self.store = SpreadStateStore(conn)
+        super().__init__(transport, self.store)  # a foreign pairing: use_outbox is called
+        self.relay = HandoffRelay(self.store.outbox, transport)
+        self.spread: SpreadStreamsTransport = transport
+        self.url = conn.url
+        self.keys = conn.keys
+        self.client: Any = conn.client
+
+    @property
+    def fences(self) -> bool:
+        """``True``: a completion of a delivery this consumer lost is refused (``hold.lua``
+        before the store applies it), as on one slot."""
+        return True
+
+    @property
+    def pool_size(self) -> int | None:
+        """Most connections this broker opens (``max_connections``), ``None`` when unknown."""
+        return self.conn.pool_size
+
+    async def recover(
+        self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
+    ) -> tuple[int, int]:
+        """See :meth:`Transport.recover <blitzq.broker.transport.Transport.recover>`: the
+        transport re-adds what is under budget; the entries past it are dead-lettered in the
+        store with their ``dead_lettered`` record (one ``complete`` call), then acked."""
+        requeued, over = await self.spread.recover_split(queue, min_idle, count, max_deliveries)
+        if not over:
+            return requeued, 0
+        now = time.time()
+        dead = [
+            _dead_letter(queue, token, message, deliveries, max_deliveries, now, record_ttl)
+            for token, message, deliveries in over
+        ]
+        await self.state.complete(dead)
+        await self.spread.ack(queue, [token for token, _, _ in over])
+        return requeued, len(over)
+
+    async def set_progress(
+        self,
+        task_id: str,
+        data: bytes,
+        at: float,
+        ttl: int,
+        fence: tuple[str, bytes] | None = None,
+    ) -> bool:
+        """See :meth:`StateStore.set_progress <blitzq.broker.state.StateStore.set_progress>`;
+        with ``fence``, stored only while this consumer holds that delivery (``hold.lua``
+        first, which renews its lease)."""
+        if fence is not None and not await self.spread.held(fence[0], [fence[1]]):
+            return False
+        return await self.state.set_progress(task_id, data, at, ttl)
+
+    async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
+        """Fence, then complete as a foreign pairing does (:meth:`Broker.complete`): the
+        completions whose delivery (``token`` or ``fence``) this consumer no longer holds
+        are refused whole and counted as ``stale_completions``; the rest are applied in
+        the store and acked on the transport."""
+        asked: dict[str, list[bytes]] = {}
+        for c in completions:
+            token = c.token if c.token is not None else c.fence
+            if token is not None:
+                asked.setdefault(c.queue, []).append(token)
+        if not asked:
+            return await super().complete(completions)
+        held: set[tuple[str, bytes]] = set()
+        for queue, tokens in asked.items():
+            held.update((queue, t) for t in await self.spread.held(queue, tokens))
+        fresh: list[Completion] = []
+        stale: list[Completion] = []
+        for c in completions:
+            token = c.token if c.token is not None else c.fence
+            (fresh if token is None or (c.queue, token) in held else stale).append(c)
+        if stale:
+            await self.store.count_stale(len(stale))
+        refused = await super().complete(fresh) if fresh else []
+        return stale + refused
+
+
+def _dead_letter(
+    queue: str, token: bytes, message: bytes, deliveries: int, limit: int, now: float, ttl: int
+) -> Completion:
+    """The completion dead-lettering a recovered entry past its budget (``deliveries`` 0: an
+    entry without a message field, ``message`` its fields), as ``recover.lua`` writes it:
+    the dead letter and a ``dead_lettered`` record kept ``ttl`` seconds."""
+    entry = token.decode()
+    if deliveries == 0:
+        fields = DeadLetterFields(
+            message, "malformed message", 'stream entry has no "m" field', "", queue, now
+        )
+        return Completion(queue, None, entry, dead_letter=fields)
+    head = envelope_head(message)
+    task_id, task = head if head is not None else (entry, "")
+    error = (
+        f"delivered {deliveries} times without completing (max_deliveries={limit}); "
+        "the worker running it probably crashed"
+    )
+    record = deliveries_exceeded(task_id, task, queue, deliveries, error, now)
+    fields = DeadLetterFields(message, MAX_DELIVERIES_REASON, error, task, queue, now)
+    return Completion(queue, None, task_id, record, ttl, dead_letter=fields)
+
+
+def reliable_broker(url: str, namespace: str, **settings: Any) -> Broker:
+    """Reliable mode's broker for ``url``: the spread layout on a Redis Cluster (or with
+    ``?layout=spread``), the one-slot :class:`~.reliable.ReliableRedisBroker` on a single
+    server (or with ``?layout=slot``). One client is made, and the broker owns it.
+
+    Args:
+        url: a broker URL (``client.make_client``); its ``layout`` option chooses.
+        namespace: the namespace.
+        settings: the dead-letter settings of :class:`SpreadRedisBroker`.
+
+    Raises:
+        ConfigurationError: a bad option in ``url`` (``layout`` among them).
+    """
+    from .reliable import ReliableRedisBroker
+
+    try:
+        layout = split_layout(url)[1]
+        client = make_client(url) if layout != "slot" else None
+    except ValueError as exc:
+        raise ConfigurationError(f"bad broker URL {url!r}: {exc}") from None
+    if client is None:
+        return ReliableRedisBroker(url, namespace, **settings)
+    broker: SpreadRedisBroker | ReliableRedisBroker
+    if layout == "spread" or is_cluster(client):
+        broker = SpreadRedisBroker(url, namespace, client=client, **settings)
+    else:
+        broker = ReliableRedisBroker(url, namespace, client=client, **settings)
+    broker.conn.owns_client = True
+    return broker
