@@ -365,3 +365,22 @@ async def test_memory_url_runs_workflows_too() -> None:
         with pytest.raises(TaskFailed):
             await failing.get(timeout=10)
         assert await failing.status() == "failed"
+
+
+async def test_apply_registers_the_steps_queues_not_their_task_names(
+    make_queue: Callable[..., Queue], mode: str
+) -> None:
+    """What apply() adds to the registry of known queues (``queue stats``, ``check``) are the
+    queues its steps wait in, never their task names: with no worker running, the chain's
+    first step shows as waiting in its queue."""
+    queue = make_queue(mode=mode)
+    App(queue)
+    other = Signature("wf.add", (1, 2), {}, queue="wf-other")
+    await queue.apply(chain(other, Signature("wf.add", (10,), {})))
+    await queue.apply(chord(group(Signature("wf.mul", (2, 3), {})), Signature("wf.total")))
+    known = set(await queue.broker.known_queues())
+    assert {"wf-other", queue.name} <= known
+    assert not known & {"wf.add", "wf.mul", "wf.total"}
+    stats = await queue.stats()
+    assert stats["queues"]["wf-other"]["waiting"] == 1
+    await queue.close()

@@ -365,7 +365,7 @@ async def apply_workflow(queue: Queue, workflow: Node) -> WorkflowHandle:
     ops += [WorkflowStep(workflow_id, target, data) for target, data in messages]
     broker = queue.broker
     known = queue._producer.known_queues
-    new = sorted({target for _, target, _ in planner.steps} - known)
+    new = sorted({target for _, _, target in planner.steps} - known)
     if new:
         await broker.remember_queues(new)
         known.update(new)
