@@ -282,3 +282,24 @@ __all__ = [
     "declared_options",
     "positive_seconds",
 ]
+
+
+def call_options(changes: Mapping[str, Any], base: CallOptions | None = None) -> CallOptions:
+    """``base`` (default: no options) with ``changes`` applied, every name checked first.
+
+    Args:
+        changes: option names (the fields of :class:`CallOptions`) to their values.
+        base: the options to start from.
+
+    Raises:
+        ConfigurationError: a name that is no call option (the message names it and lists
+            the options), or an invalid value.
+    """
+    names = {f.name for f in dataclasses.fields(CallOptions)}
+    unknown = sorted(str(name) for name in changes if name not in names)
+    if unknown:
+        listed = ", ".join(f.name for f in dataclasses.fields(CallOptions))
+        raise ConfigurationError(
+            f"unknown call option {', '.join(map(repr, unknown))} (options: {listed})"
+        )
+    return dataclasses.replace(base if base is not None else CallOptions(), **changes)

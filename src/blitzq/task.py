@@ -14,7 +14,6 @@ import datetime as _dt
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar
 
 from ._checks import flag, integer, seconds, text
@@ -23,7 +22,7 @@ from .client.sync import blocking
 from .dependencies import injected_parameters, refuse_given
 from .exceptions import ConfigurationError
 from .handle import TaskHandle
-from .options import CallOptions
+from .options import CallOptions, call_options
 from .ratelimit import RateLimit
 from .retries import RetryPolicy
 from .routing import check_priority
@@ -273,11 +272,7 @@ class BoundTask(Generic[P, R]):
         Raises:
             ConfigurationError: an unknown option name or an invalid value.
         """
-        try:
-            options = replace(self.call_options, **changes)
-        except TypeError as exc:  # an unknown option name
-            raise ConfigurationError(f"unknown call option: {exc}") from None
-        return BoundTask(self.task, options)
+        return BoundTask(self.task, call_options(changes, self.call_options))
 
     @property
     def _portal(self) -> Portal:

@@ -330,8 +330,37 @@ def test_unknown_bound_option_is_a_configuration_error(make_queue: Callable[...,
     async def bound() -> None:
         return None
 
-    with pytest.raises(ConfigurationError, match="unknown call option"):
+    with pytest.raises(ConfigurationError, match=r"unknown call option 'nope'.*options: delay"):
         bound.options(delay=1).options(nope=2)
+
+
+async def test_an_unknown_option_is_named_on_every_path(make_queue: Callable[..., Queue]) -> None:
+    """``send(**options)`` and ``enqueue_many``'s per-item dict refuse an unknown option with
+    one message naming it and listing the options (never a dataclass's ``__init__`` text);
+    ``Task.options`` has typed keywords, so a type checker (and Python) refuses it there."""
+    queue = make_queue()
+
+    @queue.task(name="bad.named")
+    async def named(x: int) -> int:
+        return x
+
+    try:
+        refusals = []
+        with pytest.raises(ConfigurationError) as sent:
+            await queue.send("bad.named", args=(1,), countdown=3)
+        refusals.append(str(sent.value))
+        with pytest.raises(ConfigurationError) as many:
+            await named.enqueue_many([((1,), {}), ((2,), {}, {"countdown": 3})])  # type: ignore[list-item]
+        refusals.append(str(many.value))
+        for text in refusals:
+            assert "unknown call option 'countdown'" in text
+            assert "delay" in text
+            assert "__init__" not in text
+        with pytest.raises(TypeError):
+            named.options(countdown=3)  # type: ignore[call-arg]
+        assert (await queue.stats())["queues"].get("bad.named") is None  # nothing published
+    finally:
+        await queue.close()
 
 
 UNENCODABLE: list[Any] = ["\ud800", ["ok", "a\udcffb"], {"k": "\ud800"}, _deep(5000)]

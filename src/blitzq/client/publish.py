@@ -7,7 +7,6 @@ single ``enqueue`` of a known queue with no filters is one broker round-trip.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -19,6 +18,7 @@ from ..context import current_task
 from ..exceptions import ConfigurationError
 from ..extensions.middleware import Outgoing
 from ..limits import CHUNK_WRITES
+from ..options import call_options
 from ..routing import physical_queue, route
 from ..serialization import Envelope, encode_envelope, plain_args, plain_kwargs, to_plain
 from ..task import _NO_OPTIONS, CallOptions, Task, TaskHandle
@@ -43,11 +43,7 @@ def item_options(options: CallOptions, extra: Mapping[str, Any]) -> CallOptions:
     """
     if not isinstance(extra, Mapping):
         raise ConfigurationError(f"per-item options must be a dict, got {extra!r}")
-    try:
-        return dataclasses.replace(options, **dict(extra))
-    except TypeError as exc:
-        fields = ", ".join(f.name for f in dataclasses.fields(CallOptions))
-        raise ConfigurationError(f"bad per-item option ({exc}); use some of: {fields}") from None
+    return call_options(extra, options)
 
 
 class Producer:
@@ -306,10 +302,7 @@ class Producer:
                 a tuple or list, ``kwargs`` that are not a mapping.
             SerializationError, MessageTooLarge, BrokerError: as for ``Task.enqueue``.
         """
-        try:
-            opts = CallOptions(**options)
-        except TypeError as exc:
-            raise ConfigurationError(str(exc)) from None
+        opts = call_options(options)
         if not isinstance(args, tuple | list):
             raise ConfigurationError(f"send: args must be a tuple or list, got {args!r}")
         if kwargs is not None and not isinstance(kwargs, Mapping):
