@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import aio_pika
@@ -101,6 +102,7 @@ class AmqpLink:
         self.used: set[str] = set()
         """Every RabbitMQ queue name this link declared (for a teardown that deletes them)."""
         self._lock = asyncio.Lock()
+        self._closer: AsyncGenerator[None, None] | None = None
 
     # ----------------------------------------------------------------- names
     def name(self, queue: str) -> str:
@@ -156,6 +158,9 @@ class AmqpLink:
                 raise translate(exc, f"connecting to {_masked(self.url)}") from None
             self._conn = conn
             self.epoch += 1
+            if self._closer is None:  # once per link: it closes whichever connection is open
+                self._closer = _close_at_loop_end(self)
+                await anext(self._closer)
             return conn
 
     async def publisher(self) -> AbstractChannel:
@@ -276,6 +281,17 @@ class AmqpLink:
     async def close(self) -> None:
         """Close the connection (the next call connects again)."""
         await self._drop()
+
+
+async def _close_at_loop_end(link: AmqpLink) -> AsyncGenerator[None, None]:
+    """Close ``link`` when its event loop shuts down (``asyncio.run`` finalizes the async
+    generators still suspended), so a program that never closed its Queue does not leave
+    aio-pika's close callbacks pending on a closed loop (``Task was destroyed but it is
+    pending!`` at exit)."""
+    try:
+        yield
+    finally:
+        await link.close()
 
 
 async def settle(message: AbstractIncomingMessage, ack: bool) -> None:
