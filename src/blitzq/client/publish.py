@@ -208,10 +208,14 @@ class Producer:
             and not owner.enqueue_observers
             and opts.task_id is None
         ):
-            await owner.broker.publish(queue, (data,))
+            broker = owner.broker
+            since = broker.result_token()  # before the send: see StateStore.result_token
+            await broker.publish(queue, (data,))
             if testmode.after_enqueue is not None:
                 await testmode.after_enqueue(owner)
-            return TaskHandle(owner, env.id, queue, name, stores_result=stores)
+            handle: TaskHandle[Any] = TaskHandle(owner, env.id, queue, name, stores_result=stores)
+            handle._since = since
+            return handle
         out = Outgoing(env, data, due, registered, delay=opts.relative_delay())
         explicit = frozenset((env.id,)) if opts.task_id is not None else frozenset()
         await self.publish([out], explicit)
