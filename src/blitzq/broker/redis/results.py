@@ -6,23 +6,16 @@ the record, so a waiter can never miss it. A fallback re-read every ``poll_inter
 keeps waiters live if the pub/sub connection drops (Redis restart).
 
 Pattern mode (a single server, not a cluster): waits on completion channels are served by one
-``PSUBSCRIBE {ns}:done:*`` kept while this process waits for results and for
-:data:`PATTERN_LINGER` seconds after its last wait, so a sequence of round trips costs no
-SUBSCRIBE/UNSUBSCRIBE per task: once the pattern is confirmed a wait registers locally (no
-command) and reads the record once. The price is that the pattern also brings the completions
-nobody here waits for; when more than :data:`FLOOD_LIMIT` of those arrive within a second (a
-busy namespace), the listener drops the pattern for :data:`FLOOD_PAUSE` seconds and goes back
-to one channel per wait (its pattern waiters are woken to read again and subscribe anew).
+``PSUBSCRIBE {ns}:done:*`` kept while this process waits and :data:`PATTERN_LINGER` s after,
+so round trips cost no SUBSCRIBE/UNSUBSCRIBE: a wait registers locally and reads once. Over
+:data:`FLOOD_LIMIT` completions a second that nobody here waits for pause the pattern for
+:data:`FLOOD_PAUSE` s (its waiters read again and subscribe to their own channel).
 
-Vouched waits: while the pattern is confirmed, :meth:`ResultListener.token` marks a point in
-its stream of completions; a producer takes one just before it sends a message (the fast
-enqueue path). A later wait for that task, given the token, needs no read at all as long as
-the listener can vouch that it saw every completion since: the same unbroken subscription
-(:attr:`~ResultListener._epoch`) and none of the recent completions it keeps
-(:data:`RECENT`, the latest per channel) dropped since the token. Then the record is either
-among the recent completions or not written yet, and its push will come. Anything else (a
-reconnect, a pause, the linger ended, the recent list overflowed) ends the vouching and the
-wait reads as usual.
+Vouched waits: :meth:`ResultListener.token` marks a point in the completions seen, taken just
+before a message is sent; a wait given it reads nothing while the listener vouches that it
+saw every completion since (same subscription, :attr:`~ResultListener._epoch`; none of the
+:data:`RECENT` completions it keeps dropped): the record is among them or its push will come.
+A reconnect, a pause, the linger's end or an overflow ends the vouching.
 """
 
 from __future__ import annotations
@@ -35,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from .client import REDIS_ERRORS
 from .cluster import ready
@@ -241,6 +235,15 @@ class ResultListener:
         self._forget()
         self._wake_pattern_waiters()
 
+    def _refuse_pattern(self, error: Exception, on: asyncio.Future[None]) -> None:
+        """The server refused the PSUBSCRIBE (an ACL without that pattern): one channel per
+        wait from now on; the pattern's waiters read again and subscribe so."""
+        logger.warning("completion pattern refused (%s): waiting channel by channel", error)
+        self._prefix = None
+        self._pattern_on = None
+        on.set_result(None)
+        self._wake_pattern_waiters()
+
     def _wake_pattern_waiters(self) -> None:
         """Wake every pattern waiter with a bare notification: each reads its record again."""
         for waiters in self._pattern_waiters.values():
@@ -320,6 +323,9 @@ class ResultListener:
             except (*REDIS_ERRORS, RuntimeError) as exc:
                 logger.debug("result listener read failed: %s", exc)
                 self._forget()
+                on = self._pattern_on
+                if isinstance(exc, ResponseError) and on is not None and not on.done():
+                    self._refuse_pattern(exc, on)
                 await asyncio.sleep(0.2)
                 continue
             if message is None:
