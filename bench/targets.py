@@ -12,7 +12,7 @@ alternates (A B, B A, ...):
 * ``enqueue one at a time``: ``await task.enqueue()`` of a no-argument task (reliable mode,
   5,000 calls) beside redis-py's own loop doing one awaited ``XADD`` per call with a freshly
   encoded message of the same size, on a ``redis.asyncio`` client of the same kind (a pooled
-  TCP connection, hiredis parser) to the same server; the two sides alternate in 10 slices
+  TCP connection, hiredis parser) to the same server; the two sides alternate in 50 slices
   within each pair. Ratio: blitzq's calls/s / redis-py's; goal >= 0.9.
 * the drain rows, when ``bench/ceiling_ratio.py`` is there: that script is run on the same
   server (``--redis-url``) and its rows are added to the summary.
@@ -150,11 +150,11 @@ def measure_round_trip(url: str, pairs: int, trips: int) -> list[Line]:
 
 
 async def _enqueue_pairs(url: str, pairs: int, n: int) -> list[float]:
-    """Per pair: ``n`` calls of each side in 10 interleaved slices (A B A B ...), so that a
+    """Per pair: ``n`` calls of each side in 50 interleaved slices (A B A B ...), so that a
     change of the machine's load during the pair hits both sides alike."""
     client = aioredis.Redis.from_url(url)
     ratios = []
-    slices, part = 10, max(1, n // 10)
+    slices, part = 50, max(1, n // 50)
     try:
         for i in range(pairs):
             bench = harness.Bench(url, "reliable", True, "targets-enq")

@@ -8,8 +8,8 @@ single ``enqueue`` of a known queue with no filters is one broker round-trip.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -87,7 +87,7 @@ class Producer:
             if parent.headers:
                 headers = {**parent.headers, **(headers or {})}
         return Envelope(
-            opts.task_id or uuid.uuid4().hex,
+            opts.task_id or os.urandom(16).hex(),  # 128 random bits; uuid4().hex costs 7x
             task,
             queue,
             plain_args(args),
@@ -248,7 +248,7 @@ class Producer:
         queue = physical_queue(opts.queue or task.queue, opts.priority or task.priority)
         items = []
         explicit: set[str] = set()
-        explicit_items = 0  # items given a task_id; generated ids (uuid4) never repeat
+        explicit_items = 0  # items given a task_id; generated ids (128 random bits) never repeat
         limit = self.queue.max_message_size
         delay = opts.relative_delay()
         for call in calls:
