@@ -72,6 +72,15 @@ def test_glob_escape_matches_the_namespace_literally() -> None:
     assert glob_escape("{plain}:done:") == "{plain}:done:"
 
 
+def test_a_mark_of_one_listener_never_vouches_in_another() -> None:
+    """Two brokers (two event loops) of one Queue: their marks' epochs never meet."""
+    first, second = ResultListener(None, "{a}:done:"), ResultListener(None, "{a}:done:")  # type: ignore[arg-type]
+    assert first._epoch != second._epoch
+    epoch = first._epoch
+    first._forget()
+    assert first._epoch not in (epoch, second._epoch)
+
+
 async def test_sequential_round_trips_use_the_pattern_and_answer_each_task(
     queues: tuple[Queue, Queue],
 ) -> None:

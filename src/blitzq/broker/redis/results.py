@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -45,6 +46,7 @@ FLOOD_PAUSE = 30.0
 #: Completions the pattern brought that the listener keeps (the latest per channel), so a
 #: vouched wait that starts after its task's completion still finds it.
 RECENT = 1024
+_EPOCHS = itertools.count()
 
 
 def glob_escape(text: str) -> str:
@@ -70,15 +72,13 @@ class ResultListener:
         self._pattern_waiters: dict[bytes, list[asyncio.Future[bytes]]] = {}
         #: Resolved once the server confirmed the pattern; ``None`` while not subscribed.
         self._pattern_on: asyncio.Future[None] | None = None
-        self._pattern_idle_since = 0.0
-        self._pattern_paused_until = 0.0
+        self._pattern_idle_since = self._pattern_paused_until = self._unwanted_since = 0.0
         self._unwanted = 0
-        self._unwanted_since = 0.0
-        #: Bumped whenever completions may have been missed (reconnect, pause, linger end).
-        self._epoch = 0
+        #: Renewed whenever completions may have been missed (reconnect, pause, linger end);
+        #: unique in the process, so a mark of another listener (loop) never vouches here.
+        self._epoch = next(_EPOCHS)
         #: Completions seen through the pattern; the newest dropped from ``_recent``.
-        self._seq = 0
-        self._dropped = 0
+        self._seq = self._dropped = 0
         self._recent: dict[bytes, tuple[int, bytes]] = {}
         self._pubsub: Any = None
         self._reader: asyncio.Task[None] | None = None
@@ -88,10 +88,8 @@ class ResultListener:
         self._background: set[asyncio.Future[None]] = set()
 
     async def subscribe(self, channel: str) -> asyncio.Future[bytes]:
-        """Subscribe and return a future resolved with the next message on ``channel``.
-
-        Returns only once the server has confirmed the subscription.
-        """
+        """Subscribe and return a future resolved with the next message on ``channel``;
+        returns only once the server has confirmed the subscription (or the pattern)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bytes] = loop.create_future()
         key = channel.encode()
@@ -175,7 +173,7 @@ class ResultListener:
 
     def _forget(self) -> None:
         """Completions may have been missed: end every token's vouching."""
-        self._epoch += 1
+        self._epoch = next(_EPOCHS)
         self._recent.clear()
 
     def _uses_pattern(self, key: bytes) -> bool:
