@@ -71,10 +71,13 @@ class Line:
     passed: bool | None = None
     note: str = ""
     measured: str = ""
+    verdict: str = ""
 
     def cells(self) -> list[str]:
         """Markdown cells of the row."""
-        verdict = "skipped" if self.passed is None else "PASS" if self.passed else "MISS"
+        verdict = self.verdict or (
+            "skipped" if self.passed is None else "PASS" if self.passed else "MISS"
+        )
         each = ", ".join(f"{r:.2f}" for r in self.ratios)
         measured = self.measured or (
             f"{statistics.median(self.ratios):.2f}" if self.ratios else "-"
@@ -237,7 +240,9 @@ def parse_drain_table(text: str) -> list[Line]:
         line.measured = cells[3]
         line.passed = {"PASS": True, "MISS": False}.get(verdict)
         if line.passed is None:
-            line.note = cells[4]
+            line.verdict = verdict or "-"
+            if not ratios:
+                line.note = cells[4]
         lines.append(line)
     return lines
 
