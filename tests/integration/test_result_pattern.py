@@ -179,3 +179,21 @@ async def test_a_result_too_big_to_push_is_read(
         record = producer.broker.keys.record(handle.id)  # type: ignore[attr-defined]
         await eventually(lambda: raw_redis.exists(record), lambda n: n == 1)
         assert await handle.result(timeout=20) == "x" * 20_000
+
+
+async def test_the_pattern_goes_after_the_linger_and_comes_back_for_the_next_wait(
+    queues: tuple[Queue, Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(listener_module, "PATTERN_LINGER", 0.05)
+    producer, consumer = queues
+    double, _, _ = register(producer, consumer)
+    async with running(make_worker(consumer, concurrency=4)):
+        old = await double.enqueue(1)
+        assert await old.result(timeout=20) == 2
+        listener = listener_of(producer)
+        await eventually(_tick, lambda _: listener._pattern_on is None)  # PUNSUBSCRIBEd
+        assert listener.token() is None
+        assert await old.result(timeout=20) == 2  # its mark no longer vouches: read
+        for i in range(3):
+            assert await (await double.enqueue(i)).result(timeout=20) == 2 * i
+        assert listener._pattern_on is not None

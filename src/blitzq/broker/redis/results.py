@@ -223,11 +223,8 @@ class ResultListener:
 
     def _pause_pattern(self) -> None:
         """Too many completions nobody here waits for: serve waits by channel for a while.
-
-        The pattern's waiters are woken with a bare notification (they read the record
-        again and subscribe anew, now to their own channel); the PUNSUBSCRIBE follows in
-        the reader.
-        """
+        The pattern's waiters are woken with a bare notification (they read the record again
+        and subscribe anew, now to their own channel); the reader sends the PUNSUBSCRIBE."""
         logger.debug("completion pattern paused for %.0f s: busy namespace", FLOOD_PAUSE)
         self._pattern_paused_until = time.monotonic() + FLOOD_PAUSE
         self._forget()
@@ -253,8 +250,11 @@ class ResultListener:
         """PUNSUBSCRIBE (idle past the linger, or paused); runs in the reader. Under the
         lock, so a PSUBSCRIBE asked for meanwhile goes out after it."""
         async with self._lock:
-            if not self._pattern_done():  # a wait came meanwhile
+            on = self._pattern_on
+            if on is None or not self._pattern_done():  # a wait came meanwhile
                 return
+            if not on.done():
+                on.set_result(None)
             self._pattern_on = None
             self._forget()
             with contextlib.suppress(*REDIS_ERRORS, AttributeError, RuntimeError):
