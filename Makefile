@@ -70,6 +70,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/bench.py
 	$(PY) bench/amqp.py
+	$(PY) bench/targets.py
 
 .PHONY: bench-metrics
 bench-metrics: $(STAMP)  ## the paired metrics-on/off drain (bench/README.md, "Metrics cost")

@@ -30,7 +30,7 @@ class TaskHandle(Generic[R]):
             from an id, or ``queue.send`` of a task this process has not registered).
     """
 
-    __slots__ = ("_owner", "duplicate", "id", "queue", "stores_result", "task")
+    __slots__ = ("_owner", "_since", "duplicate", "id", "queue", "stores_result", "task")
 
     def __init__(
         self,
@@ -47,6 +47,8 @@ class TaskHandle(Generic[R]):
         self.task = task
         self.duplicate = duplicate
         self.stores_result = stores_result
+        #: The broker's mark taken just before the message was sent (a hint for result()).
+        self._since: object | None = None
 
     def __repr__(self) -> str:
         return f"<TaskHandle {self.task} id={self.id} queue={self.queue}>"
@@ -72,7 +74,7 @@ class TaskHandle(Generic[R]):
         if self.stores_result is False:
             value: R = await self._owner._results.no_stored_result(self.id)
             return value
-        value = await self._owner._results.wait_result(self.id, timeout, self.queue)
+        value = await self._owner._results.wait_result(self.id, timeout, self.queue, self._since)
         registered = self._owner.tasks.get(self.task)
         if registered is not None and registered.arguments is not None:
             value = registered.arguments.decode_result(value)  # a rich return annotation

@@ -399,9 +399,10 @@ async def test_nothing_hangs_on_a_server_that_never_answers() -> None:
             # The waits that gave up left no waiter behind on the shared pub/sub listener.
             listener = queue.broker._results  # type: ignore[attr-defined]
             deadline = time.monotonic() + 10
-            while listener._waiters and time.monotonic() < deadline:
+            while (listener._waiters or listener._pattern_waiters) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             assert listener._waiters == {}
+            assert listener._pattern_waiters == {}
         finally:
             await queue.close()
 

@@ -27,7 +27,7 @@ Every pairing passes the contract suite (``tests/contract/``) unchanged; docs/ar
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import replace
 
 from .operations import OperationsFacade
@@ -51,8 +51,7 @@ class Broker(OperationsFacade):
             may weaken it, as ``memory://`` does to ``EPHEMERAL``).
         supports_recovery: whether abandoned deliveries can be recovered (leases).
         relay: the :class:`~blitzq.broker.outbox.Relay` from the store's outbox to the
-            transport, for a store that does not ack the transport's deliveries and writes
-            into queues itself; ``None`` otherwise (a fused pairing).
+            transport (a store that does not ack its deliveries); ``None`` for a fused pair.
     """
 
     def __init__(self, transport: Transport, state: StateStore) -> None:
@@ -64,6 +63,7 @@ class Broker(OperationsFacade):
         self.publish = transport.publish  # type: ignore[method-assign]
         self.fetch = transport.fetch  # type: ignore[method-assign]
         self.fetch_first = transport.fetch_first  # type: ignore[method-assign]
+        self.result_token: Callable[[], object | None] = state.result_token  # see StateStore
         self.relay: Relay | None = None
         if state.acks(transport):
             self.complete = state.complete  # type: ignore[method-assign]
@@ -298,9 +298,11 @@ class Broker(OperationsFacade):
         """See :meth:`StateStore.reset_tasks`."""
         await self.state.reset_tasks(task_ids)
 
-    async def wait_for_record(self, task_id: str, timeout: float) -> bytes | None:
+    async def wait_for_record(
+        self, task_id: str, timeout: float, since: object | None = None
+    ) -> bytes | None:
         """See :meth:`StateStore.wait_for_record`."""
-        return await self.state.wait_for_record(task_id, timeout)
+        return await self.state.wait_for_record(task_id, timeout, since)
 
     # ========================================================== dead letters
     async def dead_letters(self, offset: int, limit: int) -> list[tuple[str, DeadLetterFields]]:

@@ -270,8 +270,18 @@ class StateStore(OperationsState):
         raise NotImplementedError(f"{type(self).__name__} cannot reset task ids")
 
     @abc.abstractmethod
-    async def wait_for_record(self, task_id: str, timeout: float) -> bytes | None:
-        """Return the record once one is stored, or ``None`` after ``timeout`` seconds."""
+    async def wait_for_record(
+        self, task_id: str, timeout: float, since: object | None = None
+    ) -> bytes | None:
+        """Return the record once one is stored, or ``None`` after ``timeout`` seconds.
+
+        ``since``: what :meth:`result_token` returned just before the task's message was
+        sent, if anything; a store may use it to skip its first read (a hint only)."""
+
+    def result_token(self) -> object | None:
+        """A mark to take just before sending a message and pass to :meth:`wait_for_record`
+        as ``since``; ``None`` (the default) when the store has no use for one."""
+        return None
 
     # ----------------------------------------------------------- dead letters
     @abc.abstractmethod

@@ -7,8 +7,8 @@ single ``enqueue`` of a known queue with no filters is one broker round-trip.
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -83,7 +83,7 @@ class Producer:
             if parent.headers:
                 headers = {**parent.headers, **(headers or {})}
         return Envelope(
-            opts.task_id or uuid.uuid4().hex,
+            opts.task_id or os.urandom(16).hex(),  # 128 random bits; uuid4().hex costs 7x
             task,
             queue,
             plain_args(args),
@@ -204,10 +204,14 @@ class Producer:
             and not owner.enqueue_observers
             and opts.task_id is None
         ):
-            await owner.broker.publish(queue, (data,))
+            broker = owner.broker
+            since = broker.result_token()  # before the send: see StateStore.result_token
+            await broker.publish(queue, (data,))
             if testmode.after_enqueue is not None:
                 await testmode.after_enqueue(owner)
-            return TaskHandle(owner, env.id, queue, name, stores_result=stores)
+            handle: TaskHandle[Any] = TaskHandle(owner, env.id, queue, name, stores_result=stores)
+            handle._since = since
+            return handle
         out = Outgoing(env, data, due, registered, delay=opts.relative_delay())
         explicit = frozenset((env.id,)) if opts.task_id is not None else frozenset()
         await self.publish([out], explicit)
@@ -240,7 +244,7 @@ class Producer:
         queue = physical_queue(opts.queue or task.queue, opts.priority or task.priority)
         items = []
         explicit: set[str] = set()
-        explicit_items = 0  # items given a task_id; generated ids (uuid4) never repeat
+        explicit_items = 0  # items given a task_id; generated ids (128 random bits) never repeat
         limit = self.queue.max_message_size
         delay = opts.relative_delay()
         for call in calls:

@@ -110,16 +110,23 @@ class Results:
         return await self.wait_result(task_id, timeout)
 
     async def wait_result(
-        self, task_id: str, timeout: float | None, queue: str | None = None
+        self,
+        task_id: str,
+        timeout: float | None,
+        queue: str | None = None,
+        since: object | None = None,
     ) -> Any:
         """:meth:`get_result`, given the task's physical ``queue`` when the caller knows it (a
-        handle does), so that a timeout can say that no worker consumes that queue."""
+        handle does), so that a timeout can say that no worker consumes that queue, and the
+        broker's ``since`` mark taken when the task was sent (see
+        :meth:`~blitzq.broker.StateStore.wait_for_record`)."""
         wait = _FOREVER if timeout is None else max(0.0, timeout)
         deadline = time.monotonic() + wait
         broker = self.queue.broker
         while True:
             try:
-                data = await broker.wait_for_record(task_id, max(0.0, deadline - time.monotonic()))
+                left = max(0.0, deadline - time.monotonic())
+                data = await broker.wait_for_record(task_id, left, since)
             except BrokerError as exc:
                 # The server restarting: keep waiting (re-reading) until the deadline.
                 if not exc.transient or time.monotonic() >= deadline:

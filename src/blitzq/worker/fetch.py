@@ -135,6 +135,10 @@ class Fetcher:
                 except Exception:  # a bug here must not stop the queue; the lease recovers it
                     logger.exception("could not start a message from %s", queue)
                     slots.release()
+            if deliveries:
+                # Let the runs' first steps and the flusher go before the next fetch: a task
+                # that ended at once has its completion written first (the round trip's path).
+                await asyncio.sleep(0)
 
     async def _fetch(self, queue: str, slots: Slots, n: int) -> list[Delivery]:
         """Fetch with ``n`` reserved slots; on return, exactly one slot is held per delivery.

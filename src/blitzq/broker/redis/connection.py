@@ -95,7 +95,10 @@ class RedisConnection:
         #: Runs the Lua scripts (EVALSHA, reloaded on NOSCRIPT): see scripts.py; on a
         #: cluster node by node, never across a slot migration (cluster_scripts.py).
         self.scripts = ClusterScripts(self.client) if self.cluster else Scripts(self.client)
-        self._results = ResultListener(self.client)
+        # One completion pattern per process on a single server (see results.py); a cluster
+        # client subscribes channel by channel.
+        done = None if self.cluster else self.keys.done_channel("")
+        self._results = ResultListener(self.client, done)
 
     def queue_key(self, queue: str) -> str:
         """Key where ``queue``'s messages wait: its stream (kind ``"s"``) or list (``"l"``)."""

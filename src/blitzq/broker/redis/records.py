@@ -213,12 +213,22 @@ class RedisRecords(RedisPart):
             pipe.zrem(keys.revoked, *task_ids)
             await pipe.execute()
 
-    async def wait_for_record(self, task_id: str, timeout: float) -> bytes | None:
+    def result_token(self) -> object | None:
+        """The result listener's mark (see ``results.py``, vouched waits), or ``None``."""
+        return self._results.token()
+
+    async def wait_for_record(
+        self, task_id: str, timeout: float, since: object | None = None
+    ) -> bytes | None:
         """Wait (pushed, with a 1 s re-read fallback) until a record exists.
 
-        The subscription and the first read go out together; only when that read misses
-        does the waiter need the confirmed subscription, read again and wait. Unsubscribing
-        happens in the background, off the caller's path. Returns or raises within
+        With the listener's completion pattern confirmed, the wait registers locally and
+        reads once; given ``since`` (a :meth:`result_token` taken before the task's message
+        was sent) that the listener still vouches for, it reads nothing and takes the push
+        (or the completion already seen). Otherwise the subscription and the first read go
+        out together; only when that read misses does the waiter need the confirmed
+        subscription, read again and wait. Unsubscribing happens in the background, off the
+        caller's path. Returns or raises within
         ``timeout`` + :data:`WAIT_GRACE` seconds whatever the network does (a silent server,
         a pool with no free connection).
 
@@ -226,38 +236,55 @@ class RedisRecords(RedisPart):
             BrokerError: the server could not be reached, or did not answer in that time
                 (transient).
         """
-        return await _bounded(self._wait_for_record(task_id, timeout), timeout)
+        return await _bounded(self._wait_for_record(task_id, timeout, since), timeout)
 
     @translate_errors
-    async def _wait_for_record(self, task_id: str, timeout: float) -> bytes | None:
+    async def _wait_for_record(
+        self, task_id: str, timeout: float, since: object | None
+    ) -> bytes | None:
         if timeout <= 0:
             return await self.get_record(task_id)
         deadline = time.monotonic() + timeout
         channel = self.keys.done_channel(task_id)
-        subscribing = asyncio.ensure_future(self._results.subscribe(channel))
-        try:
-            record = await self.get_record(task_id)
-        except BaseException:
-            subscribing.add_done_callback(self._results.release_later(channel))
-            raise
-        if record is not None:
-            subscribing.add_done_callback(self._results.release_later(channel))
-            return record
-        fut = await subscribing
+        listener = self._results
+        read = True  # False: the listener vouches that no read is needed
+        fut = None
+        if isinstance(since, tuple):
+            seen = listener.vouched(channel, since)
+            if isinstance(seen, bytes):
+                return seen
+            if seen is not None:
+                fut, read = seen, False
+        if fut is None:  # the confirmed completion pattern serves it without a command
+            fut = listener.register(channel)
+        if fut is None:
+            subscribing = asyncio.ensure_future(listener.subscribe(channel))
+            try:
+                record = await self.get_record(task_id)
+            except BaseException:
+                subscribing.add_done_callback(listener.release_later(channel))
+                raise
+            if record is not None:
+                subscribing.add_done_callback(listener.release_later(channel))
+                return record
+            fut = await subscribing
         try:
             while True:
-                record = await self.get_record(task_id)
+                record = await self.get_record(task_id) if read else None
+                read = True
                 remaining = deadline - time.monotonic()
                 if record is not None or remaining <= 0:
                     return record
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(fut), timeout=min(remaining, 1.0))
+                if not fut.done():
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(min(remaining, 1.0)):
+                            await asyncio.shield(fut)
                 if fut.done():
                     pushed = None if fut.cancelled() else fut.result()
                     if pushed and pushed != b"1":
                         return pushed  # the completion script publishes the record itself
                     # A bare notification: read again; if already expired, wait anew.
-                    self._results.release(channel, fut)
-                    fut = await self._results.subscribe(channel)
+                    listener.release(channel, fut)
+                    fut = await listener.subscribe(channel)
         finally:
-            self._results.release(channel, fut)
+            listener.release(channel, fut)

@@ -4,22 +4,54 @@ A waiter subscribes to ``{ns}:done:<id>``, waits for the server's confirmation, 
 record; the completion script publishes on that channel in the same transaction that writes
 the record, so a waiter can never miss it. A fallback re-read every ``poll_interval`` seconds
 keeps waiters live if the pub/sub connection drops (Redis restart).
+
+Pattern mode (a single server, not a cluster): waits on completion channels are served by one
+``PSUBSCRIBE {ns}:done:*`` kept while this process waits and :data:`PATTERN_LINGER` s after,
+so round trips cost no SUBSCRIBE/UNSUBSCRIBE: a wait registers locally and reads once. Over
+:data:`FLOOD_LIMIT` completions a second that nobody here waits for pause the pattern for
+:data:`FLOOD_PAUSE` s (its waiters read again and subscribe to their own channel).
+
+Vouched waits: :meth:`ResultListener.token` marks a point in the completions seen, taken just
+before a message is sent; a wait given it reads nothing while the listener vouches that it
+saw every completion since (same subscription, :attr:`~ResultListener._epoch`; none of the
+:data:`RECENT` completions it keeps dropped): the record is among them or its push will come.
+A reconnect, a pause, the linger's end or an overflow ends the vouching.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from .client import REDIS_ERRORS
 from .cluster import ready
 
 logger = logging.getLogger("blitzq.broker")
+
+#: Seconds the completion pattern stays subscribed after the last wait it served.
+PATTERN_LINGER = 2.0
+#: Completions nobody here waits for, within one second, that make the listener drop the
+#: pattern (each costs a little of this process's CPU and of the server's output).
+FLOOD_LIMIT = 500
+#: Seconds the listener uses one channel per wait after dropping the pattern for a flood.
+FLOOD_PAUSE = 30.0
+#: Completions the pattern brought that the listener keeps (the latest per channel), so a
+#: vouched wait that starts after its task's completion still finds it.
+RECENT = 1024
+_EPOCHS = itertools.count()
+
+
+def glob_escape(text: str) -> str:
+    """``text`` with Redis glob specials (``* ? [ ] \\``) escaped, to match it literally."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 class ResultListener:
@@ -27,10 +59,27 @@ class ResultListener:
 
     Args:
         client: the broker's redis client (the pub/sub connection comes from its pool).
+        done_prefix: the completion channels' common start (``{ns}:done:``) to serve with
+            one pattern subscription (pattern mode, see the module docs); ``None`` (a
+            cluster): one channel per wait always.
     """
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, done_prefix: str | None = None) -> None:
         self._client = client
+        self._prefix = done_prefix.encode() if done_prefix else None
+        self._pattern = (glob_escape(done_prefix) + "*").encode() if done_prefix else b""
+        #: Waiters served by the pattern, by channel (no SUBSCRIBE of their own).
+        self._pattern_waiters: dict[bytes, list[asyncio.Future[bytes]]] = {}
+        #: Resolved once the server confirmed the pattern; ``None`` while not subscribed.
+        self._pattern_on: asyncio.Future[None] | None = None
+        self._pattern_idle_since = self._pattern_paused_until = self._unwanted_since = 0.0
+        self._unwanted = 0
+        #: Renewed whenever completions may have been missed (reconnect, pause, linger end);
+        #: unique in the process, so a mark of another listener (loop) never vouches here.
+        self._epoch = next(_EPOCHS)
+        #: Completions seen through the pattern; the newest dropped from ``_recent``.
+        self._seq = self._dropped = 0
+        self._recent: dict[bytes, tuple[int, bytes]] = {}
         self._pubsub: Any = None
         self._reader: asyncio.Task[None] | None = None
         self._waiters: dict[bytes, list[asyncio.Future[bytes]]] = {}
@@ -39,18 +88,23 @@ class ResultListener:
         self._background: set[asyncio.Future[None]] = set()
 
     async def subscribe(self, channel: str) -> asyncio.Future[bytes]:
-        """Subscribe and return a future resolved with the next message on ``channel``.
-
-        Returns only once the server has confirmed the subscription.
-        """
+        """Subscribe and return a future resolved with the next message on ``channel``;
+        returns only once the server has confirmed the subscription (or the pattern)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bytes] = loop.create_future()
+        key = channel.encode()
+        if self._uses_pattern(key):
+            self._pattern_waiters.setdefault(key, []).append(fut)
+            try:
+                await self._ensure_pattern(loop)
+            except (Exception, asyncio.CancelledError):
+                fut.cancel()
+                self._drop_pattern_waiter(key, fut)
+                raise
+            return fut
         try:
-            return await self._subscribe(channel.encode(), fut, loop)
-        except (
-            Exception,
-            asyncio.CancelledError,
-        ):  # a caller's deadline, or failed: no waiter left
+            return await self._subscribe(key, fut, loop)
+        except (Exception, asyncio.CancelledError):  # a deadline, or failed: no waiter left
             fut.cancel()
             self.release(channel, fut)
             raise
@@ -85,9 +139,141 @@ class ResultListener:
             logger.warning("no confirmation of subscription to %s; falling back to polling", key)
         return fut
 
+    def register(self, channel: str) -> asyncio.Future[bytes] | None:
+        """A waiter on ``channel`` at once, without a command, when the confirmed pattern
+        serves it; else ``None`` (then :meth:`subscribe`)."""
+        key = channel.encode()
+        on = self._pattern_on
+        if on is None or not on.done() or not self._uses_pattern(key):
+            return None
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._pattern_waiters.setdefault(key, []).append(fut)
+        return fut
+
+    def token(self) -> tuple[int, int] | None:
+        """A mark in the completions seen, for a message about to be sent; ``None`` when the
+        listener could not vouch for what follows (the pattern is not confirmed)."""
+        on = self._pattern_on
+        if on is None or not on.done() or time.monotonic() < self._pattern_paused_until:
+            return None
+        return (self._epoch, self._seq)
+
+    def vouched(self, channel: str, token: tuple[int, int]) -> bytes | asyncio.Future[bytes] | None:
+        """For a task sent after ``token`` was taken: its completion pushed since (bytes),
+        or a waiter registered for it with no read needed (a future), or ``None`` when the
+        listener cannot vouch any more (read and wait as usual)."""
+        epoch, seq = token
+        if epoch != self._epoch or self._dropped > seq or self.token() is None:
+            return None
+        key = channel.encode()
+        seen = self._recent.get(key)
+        if seen is not None and seen[0] > seq:  # ``1``: too big to push, read it
+            return seen[1] if seen[1] != b"1" else None
+        return self.register(channel)
+
+    def _forget(self) -> None:
+        """Completions may have been missed: end every token's vouching."""
+        self._epoch = next(_EPOCHS)
+        self._recent.clear()
+
+    def _uses_pattern(self, key: bytes) -> bool:
+        return (
+            self._prefix is not None
+            and key.startswith(self._prefix)
+            and time.monotonic() >= self._pattern_paused_until
+        )
+
+    async def _ensure_pattern(self, loop: asyncio.AbstractEventLoop) -> None:
+        """PSUBSCRIBE the completion pattern unless done; wait for the confirmation (at most
+        5 s: then the waiter relies on its re-reads)."""
+        on = self._pattern_on
+        if on is None:
+            on = self._pattern_on = loop.create_future()
+            try:
+                async with self._lock:
+                    if self._pubsub is None:
+                        await ready(self._client)
+                        self._pubsub = self._client.pubsub()
+                    await self._pubsub.psubscribe(self._pattern)
+                    if self._reader is None or self._reader.done():
+                        self._reader = asyncio.create_task(self._read(), name="blitzq-results")
+            except (Exception, asyncio.CancelledError):
+                if self._pattern_on is on:
+                    self._pattern_on = None
+                if not on.done():  # waiters that joined this one fall back to polling
+                    on.set_result(None)
+                raise
+        if not on.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(on), timeout=5.0)
+            except TimeoutError:
+                logger.warning("no confirmation of the completion pattern; polling meanwhile")
+
+    def _drop_pattern_waiter(self, key: bytes, fut: asyncio.Future[bytes]) -> bool:
+        """Remove a pattern waiter; whether it was one."""
+        waiters = self._pattern_waiters.get(key)
+        if waiters is None or fut not in waiters:
+            return False
+        waiters.remove(fut)
+        if not waiters:
+            del self._pattern_waiters[key]
+            if not self._pattern_waiters:
+                self._pattern_idle_since = time.monotonic()
+        return True
+
+    def _pause_pattern(self) -> None:
+        """Too many completions nobody here waits for: serve waits by channel for a while.
+        The pattern's waiters are woken with a bare notification (they read the record again
+        and subscribe anew, now to their own channel); the reader sends the PUNSUBSCRIBE."""
+        logger.debug("completion pattern paused for %.0f s: busy namespace", FLOOD_PAUSE)
+        self._pattern_paused_until = time.monotonic() + FLOOD_PAUSE
+        self._forget()
+        self._wake_pattern_waiters()
+
+    def _refuse_pattern(self, error: Exception, on: asyncio.Future[None]) -> None:
+        """The server refused the PSUBSCRIBE (an ACL without that pattern): one channel per
+        wait from now on; the pattern's waiters read again and subscribe so."""
+        logger.warning("completion pattern refused (%s): waiting channel by channel", error)
+        self._prefix = None
+        self._pattern_on = None
+        on.set_result(None)
+        self._wake_pattern_waiters()
+
+    def _wake_pattern_waiters(self) -> None:
+        """Wake every pattern waiter with a bare notification: each reads its record again."""
+        for waiters in self._pattern_waiters.values():
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(b"1")
+
+    async def _leave_pattern(self) -> None:
+        """PUNSUBSCRIBE (idle past the linger, or paused); runs in the reader. Under the
+        lock, so a PSUBSCRIBE asked for meanwhile goes out after it."""
+        async with self._lock:
+            on = self._pattern_on
+            if on is None or not self._pattern_done():  # a wait came meanwhile
+                return
+            if not on.done():
+                on.set_result(None)
+            self._pattern_on = None
+            self._forget()
+            with contextlib.suppress(*REDIS_ERRORS, AttributeError, RuntimeError):
+                await self._pubsub.punsubscribe(self._pattern)
+
+    def _pattern_done(self) -> bool:
+        """Whether the subscribed pattern should go: paused, or idle past the linger."""
+        if self._pattern_on is None:
+            return False
+        now = time.monotonic()
+        if now < self._pattern_paused_until:
+            return True
+        return not self._pattern_waiters and now - self._pattern_idle_since > PATTERN_LINGER
+
     async def unsubscribe(self, channel: str, fut: asyncio.Future[bytes]) -> None:
         """Drop one waiter; unsubscribe from the channel when it was the last."""
         key = channel.encode()
+        if self._drop_pattern_waiter(key, fut):
+            return
         waiters = self._waiters.get(key)
         if waiters is None:
             return
@@ -105,6 +291,8 @@ class ResultListener:
 
     def release(self, channel: str, fut: asyncio.Future[bytes]) -> None:
         """Drop a waiter without waiting: the unsubscribe runs in the background."""
+        if self._drop_pattern_waiter(channel.encode(), fut):
+            return
         task = asyncio.ensure_future(self.unsubscribe(channel, fut))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -122,13 +310,20 @@ class ResultListener:
 
     async def _read(self) -> None:
         pubsub = self._pubsub
-        while self._waiters:
+        while self._waiters or self._pattern_on is not None:
+            if self._pattern_done():
+                await self._leave_pattern()
+                continue
             try:
                 message = await pubsub.get_message(timeout=1.0)
             # RuntimeError: a subscribe reconnected the connection at the same time (redis-py
             # reads the handshake in both); the next read goes on with the connection made.
             except (*REDIS_ERRORS, RuntimeError) as exc:
                 logger.debug("result listener read failed: %s", exc)
+                self._forget()
+                on = self._pattern_on
+                if isinstance(exc, ResponseError) and on is not None and not on.done():
+                    self._refuse_pattern(exc, on)
                 await asyncio.sleep(0.2)
                 continue
             if message is None:
@@ -143,6 +338,38 @@ class ResultListener:
                 for fut in self._waiters.get(channel, ()):
                     if not fut.done():
                         fut.set_result(message["data"])
+            elif kind == "pmessage":
+                self._pattern_message(channel, message["data"])
+            elif kind == "psubscribe":
+                on = self._pattern_on
+                if on is not None and not on.done():
+                    on.set_result(None)
+                else:  # subscribed again after a reconnect: pushes may have been lost
+                    self._forget()
+                    self._wake_pattern_waiters()
+
+    def _pattern_message(self, channel: bytes, data: bytes) -> None:
+        """A completion through the pattern: keep it among the recent ones, wake its
+        waiters, or count it as unwanted."""
+        self._seq += 1
+        recent = self._recent
+        recent.pop(channel, None)
+        recent[channel] = (self._seq, data)
+        if len(recent) > RECENT:
+            oldest = next(iter(recent))
+            self._dropped = recent.pop(oldest)[0]
+        waiters = self._pattern_waiters.get(channel)
+        if waiters:
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(data)
+            return
+        now = time.monotonic()
+        if now - self._unwanted_since > 1.0:
+            self._unwanted_since, self._unwanted = now, 0
+        self._unwanted += 1
+        if self._unwanted > FLOOD_LIMIT and now >= self._pattern_paused_until:
+            self._pause_pattern()
 
     async def close(self) -> None:
         """Stop the reader and close the pub/sub connection."""
@@ -155,12 +382,17 @@ class ResultListener:
             with contextlib.suppress(*REDIS_ERRORS):
                 await self._pubsub.aclose()
             self._pubsub = None
-        for waiters in self._waiters.values():
+        for waiters in (*self._waiters.values(), *self._pattern_waiters.values()):
             for fut in waiters:
                 if not fut.done():
                     fut.cancel()
         for confirmed in self._confirmed.values():  # subscribes in flight return at once
             if not confirmed.done():
                 confirmed.set_result(None)
+        if self._pattern_on is not None and not self._pattern_on.done():
+            self._pattern_on.set_result(None)
+        self._pattern_on = None
+        self._forget()
+        self._pattern_waiters.clear()
         self._waiters.clear()
         self._confirmed.clear()

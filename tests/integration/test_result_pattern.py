@@ -1,0 +1,199 @@
+"""Result waits served by the completion pattern (``broker/redis/results.py``, issue 13).
+
+A producer waiting for results keeps one ``PSUBSCRIBE {ns}:done:*``; a handle from the fast
+enqueue path carries a mark that lets its wait skip the first read. What a user relies on:
+every wait gets its task's result, whether it starts before or after the completion, twice on
+the same handle, while other tasks' completions flood the pattern (it is then paused), and
+across a reconnect of the listener's connection. No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from blitzq import Queue
+from blitzq.broker.redis import results as listener_module
+from blitzq.broker.redis.results import ResultListener, glob_escape
+
+from .proc_tasks import eventually, make_worker, running
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(params=["reliable", "fast"])
+async def queues(
+    request: pytest.FixtureRequest, make_queue: Callable[..., Queue]
+) -> AsyncIterator[tuple[Queue, Queue]]:
+    """A producer Queue and a worker Queue (two brokers, two listeners) on one namespace."""
+    producer = make_queue(mode=request.param)
+    consumer = make_queue(mode=request.param)
+    yield producer, consumer
+    await producer.close()
+    await consumer.close()
+
+
+async def _tick() -> None:
+    """A probe for :func:`eventually` that only lets the loop run."""
+    await asyncio.sleep(0)
+
+
+def listener_of(queue: Queue) -> ResultListener:
+    """The Queue's result listener (of this loop's broker)."""
+    found: ResultListener = queue.broker._results  # type: ignore[attr-defined]
+    return found
+
+
+def register(producer: Queue, consumer: Queue) -> tuple[Any, Any, asyncio.Event]:
+    """The same two tasks on both Queues: ``double`` and ``gated`` (waits for the event)."""
+    gate = asyncio.Event()
+    tasks = []
+    for q in (producer, consumer):
+
+        @q.task(name="pattern.double")
+        async def double(x: int) -> int:
+            return 2 * x
+
+        @q.task(name="pattern.gated")
+        async def gated(x: int) -> int:
+            await gate.wait()
+            return x
+
+        tasks.append((double, gated))
+    return tasks[0][0], tasks[0][1], gate
+
+
+def test_glob_escape_matches_the_namespace_literally() -> None:
+    assert glob_escape("{a*b?[c]\\d}:done:") == "{a\\*b\\?\\[c\\]\\\\d}:done:"
+    assert glob_escape("{plain}:done:") == "{plain}:done:"
+
+
+def test_a_mark_of_one_listener_never_vouches_in_another() -> None:
+    """Two brokers (two event loops) of one Queue: their marks' epochs never meet."""
+    first, second = ResultListener(None, "{a}:done:"), ResultListener(None, "{a}:done:")  # type: ignore[arg-type]
+    assert first._epoch != second._epoch
+    epoch = first._epoch
+    first._forget()
+    assert first._epoch not in (epoch, second._epoch)
+
+
+async def test_sequential_round_trips_use_the_pattern_and_answer_each_task(
+    queues: tuple[Queue, Queue],
+) -> None:
+    producer, consumer = queues
+    double, _, _ = register(producer, consumer)
+    async with running(make_worker(consumer, concurrency=4)):
+        for i in range(40):
+            handle = await double.enqueue(i)
+            assert await handle.result(timeout=20) == 2 * i
+        listener = listener_of(producer)
+        assert listener._pattern_on is not None
+        assert listener._pattern_on.done()
+        assert handle._since is not None  # the fast path marked it: its wait read nothing
+        assert listener._waiters == {}  # no channel of its own was subscribed
+        assert listener._pattern_waiters == {}
+
+
+async def test_a_wait_that_starts_after_the_completion_still_gets_the_result(
+    queues: tuple[Queue, Queue], raw_redis: Any
+) -> None:
+    producer, consumer = queues
+    double, _, _ = register(producer, consumer)
+    async with running(make_worker(consumer, concurrency=4)):
+        assert await (await double.enqueue(0)).result(timeout=20) == 0  # the pattern is on
+        handle = await double.enqueue(21)
+        record = producer.broker.keys.record(handle.id)  # type: ignore[attr-defined]
+        await eventually(lambda: raw_redis.exists(record), lambda n: n == 1)
+        assert await handle.result(timeout=20) == 42
+        assert await handle.result(timeout=20) == 42  # twice on the same handle
+        # The recent completions forgotten (as after a reconnect): the wait reads instead.
+        listener_of(producer)._forget()
+        assert await handle.result(timeout=20) == 42
+        assert await producer.get_result(handle.id, timeout=20) == 42
+
+
+async def test_a_flood_of_other_completions_pauses_the_pattern_and_waits_still_answer(
+    queues: tuple[Queue, Queue], raw_redis: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(listener_module, "FLOOD_LIMIT", 5)
+    producer, consumer = queues
+    double, gated, gate = register(producer, consumer)
+    async with running(make_worker(consumer, concurrency=4)):
+        assert await (await double.enqueue(1)).result(timeout=20) == 2
+        pending = await gated.enqueue(7)
+        waiting = asyncio.create_task(pending.result(timeout=30))
+        listener = listener_of(producer)
+        await eventually(_tick, lambda _: bool(listener._pattern_waiters))
+        keys = producer.broker.keys  # type: ignore[attr-defined]
+        for _ in range(20):  # completions nobody here waits for
+            await raw_redis.publish(keys.done_channel(uuid.uuid4().hex), b"1")
+        await eventually(_tick, lambda _: listener.token() is None)  # paused
+        gate.set()
+        assert await waiting == 7
+        for i in range(5):  # now one channel per wait
+            assert await (await double.enqueue(i)).result(timeout=20) == 2 * i
+
+
+async def test_a_reconnect_of_the_listener_loses_no_result(
+    queues: tuple[Queue, Queue], raw_redis: Any
+) -> None:
+    producer, consumer = queues
+    double, gated, gate = register(producer, consumer)
+    async with running(make_worker(consumer, concurrency=4)):
+        assert await (await double.enqueue(1)).result(timeout=20) == 2
+        pending = await gated.enqueue(9)
+        waiting = asyncio.create_task(pending.result(timeout=30))
+        listener = listener_of(producer)
+        await eventually(_tick, lambda _: bool(listener._pattern_waiters))
+        epoch = listener._epoch
+        sockname = listener._pubsub.connection._writer.get_extra_info("sockname")
+        addr = f"{sockname[0]}:{sockname[1]}"
+        assert await raw_redis.execute_command("CLIENT", "KILL", "ADDR", addr) in (b"OK", "OK", 1)
+        gate.set()
+        assert await waiting == 9
+        # The listener saw the pattern subscribed again: marks taken before no longer vouch.
+        await eventually(_tick, lambda _: listener._epoch > epoch)
+        for i in range(5):
+            assert await (await double.enqueue(i)).result(timeout=20) == 2 * i
+
+
+async def test_a_result_too_big_to_push_is_read(
+    queues: tuple[Queue, Queue], raw_redis: Any
+) -> None:
+    """A record over 4096 bytes is announced with ``1``, not pushed: the wait reads it."""
+    producer, consumer = queues
+    for q in (producer, consumer):
+
+        @q.task(name="pattern.big")
+        async def big(n: int) -> str:
+            return "x" * n
+
+    async with running(make_worker(consumer, concurrency=4)):
+        assert await (await big.enqueue(10)).result(timeout=20) == "x" * 10
+        assert await (await big.enqueue(10_000)).result(timeout=20) == "x" * 10_000
+        handle = await big.enqueue(20_000)
+        record = producer.broker.keys.record(handle.id)  # type: ignore[attr-defined]
+        await eventually(lambda: raw_redis.exists(record), lambda n: n == 1)
+        assert await handle.result(timeout=20) == "x" * 20_000
+
+
+async def test_the_pattern_goes_after_the_linger_and_comes_back_for_the_next_wait(
+    queues: tuple[Queue, Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(listener_module, "PATTERN_LINGER", 0.05)
+    producer, consumer = queues
+    double, _, _ = register(producer, consumer)
+    async with running(make_worker(consumer, concurrency=4)):
+        old = await double.enqueue(1)
+        assert await old.result(timeout=20) == 2
+        listener = listener_of(producer)
+        await eventually(_tick, lambda _: listener._pattern_on is None)  # PUNSUBSCRIBEd
+        assert listener.token() is None
+        assert await old.result(timeout=20) == 2  # its mark no longer vouches: read
+        for i in range(3):
+            assert await (await double.enqueue(i)).result(timeout=20) == 2 * i
+        assert listener._pattern_on is not None
