@@ -27,15 +27,20 @@ demo: $(RUNTIME)
 
 ## README command 2: lint, type-check and run the whole test suite against Redis (and the
 ## Django tasks tests again under Django 6 when a Python >= 3.12 is there: test-django6).
+## The suite runs in three pytest-xdist worker processes, one test file per worker at a time
+## (docs/testing.md, "Worker processes"); PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 3
+PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_PARALLEL)
 	$(MAKE) --no-print-directory test-django6
 
 ## The same suite on the embedded Valkey server instead of Redis.
 test-valkey: $(STAMP)
-	BLITZQ_TEST_REDIS_URL=embedded $(PY) -m pytest -q
+	BLITZQ_TEST_REDIS_URL=embedded $(PY) -m pytest -q $(PYTEST_PARALLEL)
 
 ## tests/integration/test_django_tasks.py under Django 6's django.tasks, which needs Python >=
 ## 3.12: a venv of its own in .venv-dj6 (made once). Without such a Python it says so and skips.

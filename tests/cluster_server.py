@@ -7,9 +7,7 @@ Three ``redis-server --cluster-enabled yes`` on free ports in one temporary dire
 
 from __future__ import annotations
 
-import random
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -17,18 +15,13 @@ from pathlib import Path
 
 import redis
 
+from tests.ports import free_port
+
 
 def cluster_port() -> int:
-    """A port free on 127.0.0.1 whose cluster bus port (``port + 10000``) is free too."""
-    while True:
-        port = random.randrange(20000, 45000)
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 10000))
-        except OSError:
-            continue
-        return port
+    """A port free on 127.0.0.1 whose cluster bus port (``port + 10000``) is free too, from
+    this xdist worker's block (``tests/ports.py``)."""
+    return free_port(with_bus=True)
 
 
 class LocalCluster:

@@ -217,12 +217,11 @@ async def raw_redis(server_url: str) -> AsyncIterator[Any]:
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    import socket
+    """A TCP port free on 127.0.0.1 right now, from this xdist worker's own block of ports
+    (``tests/ports.py``), so that two workers never start servers on one port."""
+    from tests.ports import free_port as _free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return _free_port()
 
 
 @pytest.fixture(scope="session")
@@ -245,6 +244,20 @@ def redis_cluster() -> Iterator[Any]:
 
 
 @pytest.fixture(autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """Put ``os.environ`` back as it was before the test. A worker command run in-process
+    (click's CliRunner) exports its command-line options (``--redis-url`` ->
+    ``BLITZQ_REDIS_URL``, ``cli/worker.py``), and CliRunner restores only the variables it
+    was given: left behind, they would send a later test's ``Queue()`` to another server.
+    Which test runs later in the same process depends on pytest-xdist's distribution."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
 def _no_cli_log_handler_left() -> Iterator[None]:
     """A command run in-process (click's CliRunner) installs blitzq's stderr handler on the
     root logger (``logconfig.configure_logging``); take it off after the test, with the
@@ -256,3 +269,51 @@ def _no_cli_log_handler_left() -> Iterator[None]:
         root.removeHandler(handler)
         handler.close()
     root.setLevel(level)
+
+
+#: Under pytest-xdist, the test directories whose files run first, slowest kind first: each
+#: of their files takes 10-100 s (worker processes, kills, restarts), most other files a few
+#: seconds. ``make test`` runs ``--dist loadfile --no-loadscope-reorder``: whole files, handed
+#: out in collection order, so these start early and the short files fill the gaps at the
+#: end, instead of one worker finishing a long file alone (xdist's own order, by number of
+#: tests per file, puts the slow files, which have few tests, last).
+SLOW_FIRST = ("tests/chaos/", "tests/reliability/")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker, move the files of :data:`SLOW_FIRST` to the front (a stable sort:
+    every worker collects the same order, as xdist requires); one process keeps pytest's
+    order."""
+    if not hasattr(config, "workerinput"):
+        return
+
+    def rank(item: pytest.Item) -> int:
+        starts = [i for i, d in enumerate(SLOW_FIRST) if item.nodeid.startswith(d)]
+        return starts[0] if starts else len(SLOW_FIRST)
+
+    items.sort(key=rank)
+
+
+#: Figures of the chaos scenarios run in this session (``tests/chaos``), as plain data taken
+#: from their tests' teardown reports (``tests/chaos/conftest.py``'s ``record_figures``): in
+#: one process, and in pytest-xdist's controller, which gets the workers' reports.
+_CHAOS_FIGURES: list[dict[str, Any]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Keep the chaos figures a test's teardown report carries."""
+    if report.when == "teardown":
+        _CHAOS_FIGURES.extend(
+            data for name, data in report.user_properties if name == "chaos_figures"
+        )
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print the figures of every chaos scenario that ran (docs/testing.md, chaos suite)."""
+    if not _CHAOS_FIGURES:
+        return
+    from tests.chaos.invariants import summary_lines
+
+    terminalreporter.section("chaos figures")
+    for line in summary_lines(_CHAOS_FIGURES):
+        terminalreporter.write_line(line)

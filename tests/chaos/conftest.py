@@ -12,6 +12,7 @@ free loopback port, persisted with AOF (``appendfsync always``), never the share
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -36,7 +37,7 @@ from .proxy import FaultProxy
 
 RUNNER = Path(__file__).resolve().parent / "run_chaos.py"
 
-#: Figures of every scenario run in this session, printed at its end.
+#: Figures of every scenario checked in this process (``record_figures`` sends them on).
 FIGURES: list[Figures] = []
 
 
@@ -358,25 +359,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print the figures of every chaos scenario that ran."""
-    if not FIGURES:
-        return
-    terminalreporter.section("chaos figures")
-    for figures in FIGURES:
-        terminalreporter.write_line(figures.line())
-        for problem in figures.unexplained[:10]:
-            terminalreporter.write_line(f"    unexplained duplicate: {problem}")
-    total = Figures("total", FIGURES[0].seed)
-    for f in FIGURES:
-        total.tasks += f.tasks
-        total.chords += f.chords
-        total.occurrences += f.occurrences
-        total.executions += f.executions
-        total.faults.update(f.faults)
-        total.duplicates += f.duplicates
-        total.duplicated_tasks += f.duplicated_tasks
-        total.unexplained += f.unexplained
-        total.seconds += f.seconds
-        total.peak_concurrency = max(total.peak_concurrency, f.peak_concurrency)
-    terminalreporter.write_line(total.line())
+#: Name of the user property that carries a scenario's figures on its test's reports.
+FIGURES_PROPERTY = "chaos_figures"
+
+
+def record_figures(item: pytest.Item, figures: Figures) -> None:
+    """Attach ``figures`` to ``item``'s later reports (its teardown's), as plain data.
+
+    ``tests/conftest.py`` collects them from the reports and prints them at the end of the
+    session: under pytest-xdist a scenario runs in a worker process, and only its reports
+    reach the controller, which prints the summary (and never loads this conftest).
+    """
+    data = dataclasses.asdict(figures)
+    data["faults"] = dict(figures.faults)
+    item.user_properties.append((FIGURES_PROPERTY, data))

@@ -22,6 +22,7 @@ import collections
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,34 @@ class Figures:
             f"{len(self.unexplained)} unexplained; peak concurrency of a worker "
             f"{self.peak_concurrency}; {self.seconds:.0f} s"
         )
+
+
+def summary_lines(recorded: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The session summary's lines: one per scenario, its first unexplained duplicates, and
+    a total; from figures recorded as plain data (``dataclasses.asdict``, faults a dict).
+
+    Args:
+        recorded: the figures of each scenario run, in order; not empty.
+    """
+    scenarios = [Figures(**{**d, "faults": collections.Counter(d["faults"])}) for d in recorded]
+    lines: list[str] = []
+    for figures in scenarios:
+        lines.append(figures.line())
+        lines += [f"    unexplained duplicate: {u}" for u in figures.unexplained[:10]]
+    total = Figures("total", scenarios[0].seed)
+    for f in scenarios:
+        total.tasks += f.tasks
+        total.chords += f.chords
+        total.occurrences += f.occurrences
+        total.executions += f.executions
+        total.faults.update(f.faults)
+        total.duplicates += f.duplicates
+        total.duplicated_tasks += f.duplicated_tasks
+        total.unexplained += f.unexplained
+        total.seconds += f.seconds
+        total.peak_concurrency = max(total.peak_concurrency, f.peak_concurrency)
+    lines.append(total.line())
+    return lines
 
 
 def check_duplicates(

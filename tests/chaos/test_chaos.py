@@ -29,7 +29,7 @@ from blitzq import TaskRecord, chord
 from blitzq.workflow import WorkflowHandle
 
 from .chaos_app import JOIN, MEMBER, TICK_EVERY, WORK, build_queue
-from .conftest import FIGURES, ChaosSettings, Cluster, Proc, wait_until
+from .conftest import FIGURES, ChaosSettings, Cluster, Proc, record_figures, wait_until
 from .invariants import (
     Fault,
     Figures,
@@ -242,8 +242,11 @@ class Run:
 
 
 @pytest.fixture
-def make_run(make_cluster: Callable[[float], Cluster], chaos: ChaosSettings) -> Any:
-    """Factory ``make_run(scenario, visibility_timeout) -> Run``; closed after the test."""
+def make_run(
+    make_cluster: Callable[[float], Cluster], chaos: ChaosSettings, request: pytest.FixtureRequest
+) -> Any:
+    """Factory ``make_run(scenario, visibility_timeout) -> Run``; closed after the test, its
+    figures attached to the test's reports (``record_figures``) for the session summary."""
     runs: list[Run] = []
 
     def make(scenario: str, visibility_timeout: float) -> Run:
@@ -254,6 +257,8 @@ def make_run(make_cluster: Callable[[float], Cluster], chaos: ChaosSettings) -> 
     yield make
     for run in runs:
         run.close()
+        if run.figures in FIGURES:
+            record_figures(request.node, run.figures)
 
 
 NETWORK_FAULTS = ("latency", "cut", "half_open", "partition")

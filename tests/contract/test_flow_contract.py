@@ -108,44 +108,56 @@ async def test_fetch_first_times_out_empty(broker: Broker) -> None:
 
 
 # ---------------------------------------------------------------------------- acquire_rate
+# The bucket runs on the server's clock, so time that passes between two calls (a busy
+# machine may take a few hundred ms) refills it: the rates are slow enough that it cannot
+# change what is checked, and each wait's lower bound allows for the time measured since the
+# bucket was first used.
+
+
 async def test_acquire_rate_grants_the_burst_then_reserves_with_a_wait(broker: Broker) -> None:
-    bucket = [("contract-bucket", 10.0, 5.0)]
+    bucket = [("contract-bucket", 0.5, 5.0)]
+    started = time.monotonic()
     for _ in range(5):
         assert await broker.acquire_rate(bucket) == (True, 0.0)
     waits = []
-    for _ in range(3):
+    for expected in (2.0, 4.0, 6.0):  # the 6th, 7th, 8th tokens (0.5/s, the bucket full at 0)
         reserved, wait = await broker.acquire_rate(bucket)
+        elapsed = time.monotonic() - started
         assert reserved
+        assert expected - elapsed - 0.05 <= wait <= expected + 0.001, (expected, wait, elapsed)
         waits.append(wait)
-    # The 6th, 7th, 8th tokens exist 0.1, 0.2, 0.3 s from now (10/s).
     assert waits == sorted(waits)
-    for expected, wait in zip((0.1, 0.2, 0.3), waits, strict=True):
-        assert expected - 0.05 <= wait <= expected + 0.001, waits
     # Another bucket is independent.
-    assert await broker.acquire_rate([("other-bucket", 10.0, 5.0)]) == (True, 0.0)
+    assert await broker.acquire_rate([("other-bucket", 0.5, 5.0)]) == (True, 0.0)
 
 
 async def test_acquire_rate_refills_over_time(broker: Broker) -> None:
-    bucket = [("refill", 20.0, 2.0)]
+    bucket = [("refill", 4.0, 2.0)]
+    started = time.monotonic()
     assert (await broker.acquire_rate(bucket))[1] == 0.0
     assert (await broker.acquire_rate(bucket))[1] == 0.0
-    assert (await broker.acquire_rate(bucket))[1] > 0.0
-    await asyncio.sleep(0.25)  # 5 tokens' worth of time refills the debt and the bucket
+    _, wait = await broker.acquire_rate(bucket)  # the 3rd token: 0.25 s after the first call
+    assert wait >= 0.25 - (time.monotonic() - started) - 0.05, wait
+    await asyncio.sleep(0.75)  # 3 tokens' worth of time refills the debt and one more
     assert await broker.acquire_rate(bucket) == (True, 0.0)
 
 
 async def test_acquire_rate_takes_from_every_bucket_and_waits_for_the_slowest(
     broker: Broker,
 ) -> None:
-    quick, slow = ("multi-quick", 10.0, 1.0), ("multi-slow", 2.0, 1.0)
+    quick, slow = ("multi-quick", 2.0, 1.0), ("multi-slow", 0.4, 1.0)
+    started = time.monotonic()
     assert await broker.acquire_rate([quick, slow]) == (True, 0.0)
     reserved, wait = await broker.acquire_rate([quick, slow])
+    elapsed = time.monotonic() - started
     assert reserved
-    assert 0.4 <= wait <= 0.5 + 0.001, wait  # the slow bucket's 0.5 s, not the quick 0.1 s
-    # The quick bucket's token was taken too: two tokens owed now, 0.2 s (not 0.1 s).
+    # The slow bucket's 2.5 s, not the quick one's 0.5 s.
+    assert 2.5 - elapsed - 0.05 <= wait <= 2.5 + 0.001, (wait, elapsed)
+    # The quick bucket's token was taken too: two tokens owed now, 1 s (not 0.5 s).
     reserved, wait = await broker.acquire_rate([quick])
+    elapsed = time.monotonic() - started
     assert reserved
-    assert 0.15 <= wait <= 0.2 + 0.001, wait
+    assert 1.0 - elapsed - 0.05 <= wait <= 1.0 + 0.001, (wait, elapsed)
 
 
 # ---------------------------------------------------------------------- cancel and revoked

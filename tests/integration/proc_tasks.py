@@ -88,7 +88,7 @@ async def running(worker: Worker, stop_timeout: float = 30.0) -> AsyncIterator[W
 
 
 async def eventually(
-    probe: Callable[[], Awaitable[T]], accept: Callable[[T], bool], timeout: float = 30.0
+    probe: Callable[[], Awaitable[T]], accept: Callable[[T], bool], timeout: float = 60.0
 ) -> T:
     """Poll ``probe`` every 20 ms until ``accept`` holds for its value.
 

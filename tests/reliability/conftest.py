@@ -148,7 +148,7 @@ class Harness:
             self.wait_ready(worker)
         return worker
 
-    def wait_ready(self, worker: WorkerProcess, timeout: float = 20.0) -> None:
+    def wait_ready(self, worker: WorkerProcess, timeout: float = 60.0) -> None:
         """Wait until ``worker`` announced itself in ``{ns}:obs:ready``.
 
         Raises:

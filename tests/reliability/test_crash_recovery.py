@@ -51,7 +51,7 @@ def test_sigkilled_workers_lose_no_task(harness: Harness) -> None:
         workers.append(harness.spawn(concurrency=3, vt=VT))
 
     assert kills >= 2, "the backlog drained before the workers could be killed mid-run"
-    wait_until(lambda: harness.all_final(labels), 30.0, "every task to reach a final state")
+    wait_until(lambda: harness.all_final(labels), 60.0, "every task to reach a final state")
     states = harness.states(labels)
     not_succeeded = {i: r for i, r in states.items() if r is None or r.state != TaskState.SUCCEEDED}
     assert not not_succeeded, f"tasks lost or failed: {not_succeeded}"
@@ -61,7 +61,7 @@ def test_sigkilled_workers_lose_no_task(harness: Harness) -> None:
     for label in interrupted:
         # Killed mid-run, so its body started again on another worker and finished there.
         assert runs[label] >= 2, (label, runs[label])
-    wait_until(lambda: _stream_counts(harness) == (0, 0), 30.0, "an empty stream")
+    wait_until(lambda: _stream_counts(harness) == (0, 0), 60.0, "an empty stream")
     for w in workers:
         assert w.alive()
 
