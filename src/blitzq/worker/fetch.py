@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("blitzq.worker")
 
+#: Turns of the event loop a fetch waits, holding the free slots it has, for runs still
+#: going to end when it could fill more (see ``Fetcher._gather``).
+_GATHER_TURNS = 2
+
 
 class Fetcher:
     """Runs and stops the fetch loops of one worker.
@@ -99,6 +103,8 @@ class Fetcher:
         backoff = 0.1
         while not self._stop_requested():
             n = await slots.reserve(batch)
+            if n < batch and runner.jobs:
+                n += await self._gather(slots, batch - n)
             if self._stop_requested():
                 slots.release(n)
                 return
@@ -135,6 +141,19 @@ class Fetcher:
                 except Exception:  # a bug here must not stop the queue; the lease recovers it
                     logger.exception("could not start a message from %s", queue)
                     slots.release()
+
+    async def _gather(self, slots: Slots, wanted: int) -> int:
+        """Let runs whose replies already arrived end (two turns of the event loop: the
+        reply's read, then the task's step), and take the slots they free, so that at low
+        concurrency one fetch serves several ended runs instead of one. Returns the slots
+        taken (up to ``wanted``)."""
+        taken = 0
+        for _ in range(_GATHER_TURNS):
+            await asyncio.sleep(0)
+            taken += slots.take(wanted - taken)
+            if taken >= wanted:
+                break
+        return taken
 
     async def _fetch(self, queue: str, slots: Slots, n: int) -> list[Delivery]:
         """Fetch with ``n`` reserved slots; on return, exactly one slot is held per delivery.
