@@ -17,7 +17,7 @@ from ..broker import Completion, Delivery
 from ..dependencies import refuse_given
 from ..exceptions import BrokerError, ConfigurationError, SerializationError
 from ..extensions.expiry import check_expiry, start_checks
-from ..serialization import Envelope, decode_envelope, envelope_head
+from ..serialization import Envelope, decode_envelope, decode_envelope_unchecked, envelope_head
 from ..task import Task
 from .execution import Job
 from .limiter import Slots
@@ -43,7 +43,10 @@ def start(runner: Runner, d: Delivery, slots: Slots) -> None:
         reject(runner, d, "message too large", f"{len(d.payload)} bytes", slots, ident, name)
         return
     try:
-        env = decode_envelope(d.payload)
+        try:
+            env = decode_envelope_unchecked(d.payload)
+        except Exception:  # decoded again for the error decode_envelope makes of it
+            env = decode_envelope(d.payload)
     except SerializationError as exc:
         # When its id can be read, it is dead-lettered under it with a final record, so
         # a waiter on its result learns its fate instead of waiting forever.
