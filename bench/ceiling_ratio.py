@@ -58,8 +58,9 @@ _RATE = re.compile(r"drain.*?([0-9][0-9,]*)/s")
 class Target:
     """One row: how to run each side, and the ratio it must reach."""
 
+    key: str
     name: str
-    goal: float
+    goal: float | None  # None: a reference row, no verdict
     product: list[str]
     reference: list[str] | None
     reference_python: str = sys.executable
@@ -113,7 +114,8 @@ def _run(python: str, argv: list[str], url: str, project: bool) -> float:
 
 
 def targets(anchor: Path, only: set[str] | None, incr_n: int) -> list[Target]:
-    """The rows to measure (``only``: a subset of ``results``, ``no-results``, ``incr``)."""
+    """The rows to measure (``only``: a subset of ``results``, ``no-results``, ``incr``,
+    ``incr-bare``)."""
     me = str(Path(__file__).resolve())
     ceiling = anchor / "ceiling"
     rows = []
@@ -125,6 +127,7 @@ def targets(anchor: Path, only: set[str] | None, incr_n: int) -> list[Target]:
         label = "results stored" if store else "no results"
         rows.append(
             Target(
+                key,
                 f"reliable drain x20000, {label} / ceiling/{script}",
                 goal,
                 [me, "--child", "reliable", "1" if store else "0", "20000"],
@@ -132,12 +135,12 @@ def targets(anchor: Path, only: set[str] | None, incr_n: int) -> list[Target]:
                 note="" if path.exists() else f"skipped: {path} not found",
             )
         )
-        rows[-1].name = key + "|" + rows[-1].name
     anchor_py = ANCHOR_VENV / "bin" / "python"
     incr = [str(HERE / "drain_incr.py"), "reliable", str(incr_n), "10"]
     rows.append(
         Target(
-            f"incr|reliable drain x{incr_n} at concurrency 10, one INCR each / blitzq 1.1.0",
+            "incr",
+            f"reliable drain x{incr_n} at concurrency 10, one INCR each / blitzq 1.1.0",
             3.0,
             incr,
             incr if anchor_py.exists() else None,
@@ -148,7 +151,17 @@ def targets(anchor: Path, only: set[str] | None, incr_n: int) -> list[Target]:
             "(needs Python >= 3.12; run ../shared/bench-anchor/compare.sh once to make it)",
         )
     )
-    return [t for t in rows if only is None or t.name.split("|")[0] in only]
+    bare = [str(HERE / "drain_incr.py"), "bare", str(incr_n), "10"]
+    rows.append(
+        Target(
+            "incr-bare",
+            f"the same INCR drain / {incr_n} INCRs by 10 bare coroutines (no queue)",
+            None,
+            incr,
+            bare,
+        )
+    )
+    return [t for t in rows if only is None or t.key in only]
 
 
 def measure(rows: list[Target], url: str, pairs: int) -> None:
@@ -165,7 +178,7 @@ def measure(rows: list[Target], url: str, pairs: int) -> None:
                 value = _run(python, argv, url, project)
                 (t.ours if side == "ours" else t.theirs).append(value)
             print(
-                f"pair {i + 1}: {t.name.split('|')[1]}: {t.ours[-1]:,.0f} / {t.theirs[-1]:,.0f}",
+                f"pair {i + 1}: {t.name}: {t.ours[-1]:,.0f} / {t.theirs[-1]:,.0f}",
                 file=sys.stderr,
             )
 
@@ -177,17 +190,18 @@ def render(rows: list[Target]) -> str:
         "|---|---:|---:|---:|---|---:|---|",
     ]
     for t in rows:
-        name = t.name.split("|")[1]
+        name = t.name
+        goal = "-" if t.goal is None else f">= {t.goal}"
         if not t.ours or not t.theirs:
-            out.append(f"| {name} | - | - | - | {t.note} | >= {t.goal} | skipped |")
+            out.append(f"| {name} | - | - | - | {t.note} | {goal} | skipped |")
             continue
         ratios = [a / b for a, b in zip(t.ours, t.theirs, strict=True)]
         ratio = statistics.median(ratios)
-        verdict = "PASS" if ratio >= t.goal else "MISS"
+        verdict = "-" if t.goal is None else "PASS" if ratio >= t.goal else "MISS"
         each = ", ".join(f"{r:.2f}" for r in ratios)
         out.append(
             f"| {name} | {statistics.median(t.ours):,.0f} | {statistics.median(t.theirs):,.0f} "
-            f"| {ratio:.2f} | {each} | >= {t.goal} | {verdict} |"
+            f"| {ratio:.2f} | {each} | {goal} | {verdict} |"
         )
     return "\n".join(out)
 
@@ -217,7 +231,9 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=5, help="pairs per row (default 5)")
-    parser.add_argument("--only", help="rows: results, no-results, incr (comma-separated)")
+    parser.add_argument(
+        "--only", help="rows: results, no-results, incr, incr-bare (comma-separated)"
+    )
     parser.add_argument("--anchor", type=Path, default=DEFAULT_ANCHOR, help="bench-anchor dir")
     parser.add_argument("--incr-tasks", type=int, default=10000, help="tasks of the INCR row")
     parser.add_argument("--make-anchor", action="store_true", help="make the 1.1.0 venv")

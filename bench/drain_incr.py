@@ -8,7 +8,8 @@ run (blitzq 1.1.0 offers no way to see its completions written); every body's ``
 checked against ``N`` at the end. Results are stored (both libraries' default) unless
 argv[4] is ``0``.
 
-argv: mode (reliable|fast), N, concurrency[, store (1|0)].
+argv: mode (reliable|fast|bare), N, concurrency[, store (1|0)]. ``bare``: no queue, the
+same N INCRs made by ``concurrency`` coroutines on one client (the body's own ceiling).
 Env: ``BARS_REDIS_URL`` (the private server).
 """
 
@@ -29,7 +30,13 @@ store = len(sys.argv) < 5 or sys.argv[4] == "1"
 URL = os.environ["BARS_REDIS_URL"]
 NS = "incr" + uuid.uuid4().hex[:8]
 COUNTER = f"{NS}:counter"
-queue = Queue(name="default", redis_url=URL, namespace=NS, mode=mode, store_results=store)
+queue = Queue(
+    name="default",
+    redis_url=URL,
+    namespace=NS,
+    mode="reliable" if mode == "bare" else mode,
+    store_results=store,
+)
 client = aioredis.Redis.from_url(URL)
 done = 0
 finished = asyncio.Event()
@@ -42,6 +49,24 @@ async def bump() -> None:
     done += 1
     if done == n:
         finished.set()
+
+
+async def bare() -> None:
+    """The reference without a queue: ``conc`` coroutines sharing ``n`` INCRs on one client."""
+    await client.ping()
+    left = [n]
+
+    async def loop() -> None:
+        while left[0] > 0:
+            left[0] -= 1
+            await client.incr(COUNTER)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(loop() for _ in range(conc)))
+    elapsed = time.perf_counter() - t0
+    await client.delete(COUNTER)
+    await client.aclose()
+    print(json.dumps({"mode": "bare", "n": n, "drain_per_s": round(n / elapsed)}))
 
 
 async def main() -> None:
@@ -68,4 +93,4 @@ async def main() -> None:
     print(json.dumps({"mode": mode, "n": n, "drain_per_s": round(n / elapsed)}))
 
 
-asyncio.run(main())
+asyncio.run(bare() if mode == "bare" else main())
