@@ -70,6 +70,11 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/bench.py
 	$(PY) bench/amqp.py
+	$(PY) bench/ceiling_ratio.py
+
+.PHONY: bench-workers
+bench-workers: $(STAMP)  ## one vs two worker processes on one queue (bench/README.md)
+	$(PY) bench/two_workers.py
 
 .PHONY: bench-metrics
 bench-metrics: $(STAMP)  ## the paired metrics-on/off drain (bench/README.md, "Metrics cost")
