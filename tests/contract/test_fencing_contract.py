@@ -163,6 +163,31 @@ async def test_a_mixed_batch_applies_only_what_is_still_owned(
     assert await stale_count(broker) == 2
 
 
+async def test_a_stale_record_among_owned_ones_writes_only_the_owned_records(
+    broker: Broker, make_broker: Callable[[], Broker]
+) -> None:
+    """Completions that only ack and store a record go to the broker together (one ack for
+    the batch); a stale one between owned ones must still write nothing, and only it."""
+    needs_fencing(broker)
+    rescuer = make_broker()
+    old, _ = await lose_lease(broker, rescuer, "lost")
+    await broker.publish(Q, [message(f"kept-{i}") for i in range(3)])
+    kept = await broker.fetch(Q, 3, 0)
+    owned = [
+        Completion(Q, d.token, f"kept-{i}", record(f"kept-{i}", "succeeded", "w1", i), 60)
+        for i, d in enumerate(kept)
+    ]
+    late = Completion(Q, old.token, "lost", record("lost", "succeeded", "w1"), 60)
+    stale = await broker.complete([owned[0], late, owned[1], owned[2]])
+    assert stale == [late]
+    for i in range(3):
+        raw = await broker.get_record(f"kept-{i}")
+        assert raw is not None
+        assert TaskRecord.from_bytes(raw).result == i
+    assert await broker.get_record("lost") is None
+    assert (await broker.queue_stats([Q]))[Q] == {"waiting": 0, "in_flight": 1}
+
+
 async def test_a_completion_of_an_already_completed_delivery_is_stale(broker: Broker) -> None:
     needs_fencing(broker)
     await consumer(broker)
