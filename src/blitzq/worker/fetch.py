@@ -104,7 +104,11 @@ class Fetcher:
         while not self._stop_requested():
             n = await slots.reserve(batch)
             if n < batch and runner.jobs:
-                n += await self._gather(slots, batch - n)
+                try:
+                    n += await self._gather(slots, batch - n)
+                except asyncio.CancelledError:  # stopped meanwhile: the slots held go back
+                    slots.release(n)
+                    raise
             if self._stop_requested():
                 slots.release(n)
                 return
@@ -148,11 +152,15 @@ class Fetcher:
         concurrency one fetch serves several ended runs instead of one. Returns the slots
         taken (up to ``wanted``)."""
         taken = 0
-        for _ in range(_GATHER_TURNS):
-            await asyncio.sleep(0)
-            taken += slots.take(wanted - taken)
-            if taken >= wanted:
-                break
+        try:
+            for _ in range(_GATHER_TURNS):
+                await asyncio.sleep(0)
+                taken += slots.take(wanted - taken)
+                if taken >= wanted:
+                    break
+        except asyncio.CancelledError:
+            slots.release(taken)
+            raise
         return taken
 
     async def _fetch(self, queue: str, slots: Slots, n: int) -> list[Delivery]:
