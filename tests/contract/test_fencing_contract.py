@@ -188,6 +188,38 @@ async def test_a_stale_record_among_owned_ones_writes_only_the_owned_records(
     assert (await broker.queue_stats([Q]))[Q] == {"waiting": 0, "in_flight": 1}
 
 
+async def test_a_batch_writes_one_task_s_records_in_order(broker: Broker) -> None:
+    """A task's ``running`` record and its retry in one batch: the later record stays (the
+    plain record completions travel grouped, but in their place in the batch)."""
+    await consumer(broker)
+    running = Completion(Q, None, "ordered", record("ordered", "running", "w1"), 60)
+    retry = Completion(
+        Q, None, "ordered", record("ordered", "retrying", "w1"), 60,
+        reschedule=message("ordered"), delay=60.0,
+    )  # fmt: skip
+    assert await broker.complete([running, retry]) == []
+    raw = await broker.get_record("ordered")
+    assert raw is not None
+    assert TaskRecord.from_bytes(raw).state is TaskState.RETRYING
+
+
+async def test_a_second_completion_of_one_delivery_in_the_same_batch_is_stale(
+    broker: Broker,
+) -> None:
+    needs_fencing(broker)
+    await consumer(broker)
+    await broker.publish(Q, [message("dup")])
+    (d,) = await broker.fetch(Q, 1, 0)
+    first = Completion(Q, d.token, "dup", record("dup", "succeeded", "w1", 1), 60)
+    again = Completion(Q, d.token, "dup", record("dup", "failed", "w1"), 60)
+    # The stale ones are told by (queue, token), which both share: only the count is exact.
+    assert again in await broker.complete([first, again])
+    assert await stale_count(broker) == 1
+    raw = await broker.get_record("dup")
+    assert raw is not None
+    assert TaskRecord.from_bytes(raw).state is TaskState.SUCCEEDED
+
+
 async def test_a_completion_of_an_already_completed_delivery_is_stale(broker: Broker) -> None:
     needs_fencing(broker)
     await consumer(broker)

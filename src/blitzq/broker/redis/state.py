@@ -93,9 +93,14 @@ class RedisState(RedisPart):
             return []
         entries: list[Any] = []
         acks: dict[str, list[bytes]] = {}
-        # Completions that only ack and store a record (the common success), by queue and
-        # TTL: token ids, task ids, records; sent as one "R" entry each.
-        stored: dict[tuple[str, int], tuple[list[str], list[str], list[bytes]]] = {}
+        # A run of consecutive completions that only ack and store a record (the common
+        # success), of one queue and TTL: sent as one "R" entry, in its place in the batch
+        # (a task's "running" record must not land after its final one).
+        run_key: tuple[str, int] | None = None
+        ids: list[str] = []
+        task_ids: list[str] = []
+        recs: list[bytes] = []
+        seen: set[str] = set()
         kind = self.kind
         # Only stream entries are acked (and fenced) here; a token of a list completion or of
         # a separate transport (acked by the facade afterwards) is not this store's to touch.
@@ -108,14 +113,23 @@ class RedisState(RedisPart):
                         acks.setdefault(c.queue, []).append(token)
                     continue
                 if c.fence is None and (token is not None or not streams):
-                    group = stored.get((c.queue, c.record_ttl))
-                    if group is None:
-                        group = stored[c.queue, c.record_ttl] = ([], [], [])
-                    if token is not None and streams:
-                        group[0].append(token.decode())  # a stream entry id is ASCII
-                    group[1].append(c.task_id)
-                    group[2].append(record)
+                    key = (c.queue, c.record_ttl)
+                    entry_id = token.decode() if token is not None and streams else None
+                    # A second completion of one delivery starts a new entry, so that it is
+                    # found stale after the first acked and deleted it (as a "C" entry is).
+                    if key != run_key or (entry_id is not None and entry_id in seen):
+                        if run_key is not None:
+                            entries.append(("R", *run_key, ids, task_ids, _lua_array(recs)))
+                        run_key, ids, task_ids, recs, seen = key, [], [], [], set()
+                    if entry_id is not None:  # a stream entry id is ASCII
+                        ids.append(entry_id)
+                        seen.add(entry_id)
+                    task_ids.append(c.task_id)
+                    recs.append(record)
                     continue
+            if run_key is not None:
+                entries.append(("R", *run_key, ids, task_ids, _lua_array(recs)))
+                run_key = None
             d = c.dead_letter
             entries.append(
                 (
@@ -136,10 +150,8 @@ class RedisState(RedisPart):
                     _lua_bytes(c.fence) if c.fence else _EMPTY,
                 )
             )
-        # After the "C" entries: the order of a task's "running" record (a "C" entry with a
-        # fence) and its final one is kept.
-        for (queue, ttl), (ids, task_ids, recs) in stored.items():
-            entries.append(("R", queue, ttl, ids, task_ids, _lua_array(recs)))
+        if run_key is not None:
+            entries.append(("R", *run_key, ids, task_ids, _lua_array(recs)))
         for queue, tokens in acks.items():
             entries.append(("A", queue, [t.decode() for t in tokens]))
         if not entries:
