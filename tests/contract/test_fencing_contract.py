@@ -206,7 +206,11 @@ async def test_a_batch_writes_one_task_s_records_in_order(broker: Broker) -> Non
 async def test_a_second_completion_of_one_delivery_in_the_same_batch_is_stale(
     broker: Broker,
 ) -> None:
+    """Where the store acks in the completion script itself (a fused Redis pairing), the
+    second completion of one delivery in a batch finds it acked and writes nothing."""
     needs_fencing(broker)
+    if not isinstance(broker, ReliableRedisBroker):
+        pytest.skip("only where the completion script acks the stream entry itself")
     await consumer(broker)
     await broker.publish(Q, [message("dup")])
     (d,) = await broker.fetch(Q, 1, 0)
