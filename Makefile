@@ -77,6 +77,10 @@ bench: $(STAMP)
 	$(PY) bench/amqp.py
 	$(PY) bench/targets.py
 
+.PHONY: bench-workers
+bench-workers: $(STAMP)  ## one vs two worker processes on one queue (bench/README.md)
+	$(PY) bench/two_workers.py
+
 .PHONY: bench-metrics
 bench-metrics: $(STAMP)  ## the paired metrics-on/off drain (bench/README.md, "Metrics cost")
 	$(PY) bench/metrics_cost.py

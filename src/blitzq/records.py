@@ -22,7 +22,7 @@ import msgspec
 
 from .dead_letters import DeadLetter as DeadLetter
 from .exceptions import SerializationError
-from .serialization import _TOO_DEEP, loads, not_utf8, to_plain
+from .serialization import _SCALARS, _TOO_DEEP, loads, not_utf8, to_plain
 
 
 class TaskState(enum.StrEnum):
@@ -231,13 +231,16 @@ def succeeded(
         SerializationError: ``result`` is not plain data (or is nested too deep, or an
             integer beyond 64 bits).
     """
-    if result is not _UNSET:
+    if result is not _UNSET and type(result) not in _SCALARS:
         result = to_plain(result)
     record = _Stored(
         task_id, task, queue, "succeeded", attempts, enqueued_at, started_at, time.time(), worker,
         result,
     )  # fmt: skip
-    return _encode_checked(record)
+    try:  # _encode_checked, inlined: once per task on the worker's hot path
+        return _encode(record)
+    except (UnicodeEncodeError, TypeError, OverflowError, RecursionError):
+        return _encode_checked(record)
 
 
 def retrying(

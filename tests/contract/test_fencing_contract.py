@@ -171,6 +171,67 @@ async def test_a_mixed_batch_applies_only_what_is_still_owned(
     assert await stale_count(broker) == 2
 
 
+async def test_a_stale_record_among_owned_ones_writes_only_the_owned_records(
+    broker: Broker, make_broker: Callable[[], Broker]
+) -> None:
+    """Completions that only ack and store a record go to the broker together (one ack for
+    the batch); a stale one between owned ones must still write nothing, and only it."""
+    needs_fencing(broker)
+    rescuer = make_broker()
+    old, _ = await lose_lease(broker, rescuer, "lost")
+    await broker.publish(Q, [message(f"kept-{i}") for i in range(3)])
+    kept = await broker.fetch(Q, 3, 0)
+    owned = [
+        Completion(Q, d.token, f"kept-{i}", record(f"kept-{i}", "succeeded", "w1", i), 60)
+        for i, d in enumerate(kept)
+    ]
+    late = Completion(Q, old.token, "lost", record("lost", "succeeded", "w1"), 60)
+    stale = await broker.complete([owned[0], late, owned[1], owned[2]])
+    assert stale == [late]
+    for i in range(3):
+        raw = await broker.get_record(f"kept-{i}")
+        assert raw is not None
+        assert TaskRecord.from_bytes(raw).result == i
+    assert await broker.get_record("lost") is None
+    assert (await broker.queue_stats([Q]))[Q] == {"waiting": 0, "in_flight": 1}
+
+
+async def test_a_batch_writes_one_task_s_records_in_order(broker: Broker) -> None:
+    """A task's ``running`` record and its retry in one batch: the later record stays (the
+    plain record completions travel grouped, but in their place in the batch)."""
+    await consumer(broker)
+    running = Completion(Q, None, "ordered", record("ordered", "running", "w1"), 60)
+    retry = Completion(
+        Q, None, "ordered", record("ordered", "retrying", "w1"), 60,
+        reschedule=message("ordered"), delay=60.0,
+    )  # fmt: skip
+    assert await broker.complete([running, retry]) == []
+    raw = await broker.get_record("ordered")
+    assert raw is not None
+    assert TaskRecord.from_bytes(raw).state is TaskState.RETRYING
+
+
+async def test_a_second_completion_of_one_delivery_in_the_same_batch_is_stale(
+    broker: Broker,
+) -> None:
+    """Where the store acks in the completion script itself (a fused Redis pairing), the
+    second completion of one delivery in a batch finds it acked and writes nothing."""
+    needs_fencing(broker)
+    if not isinstance(broker, ReliableRedisBroker):
+        pytest.skip("only where the completion script acks the stream entry itself")
+    await consumer(broker)
+    await broker.publish(Q, [message("dup")])
+    (d,) = await broker.fetch(Q, 1, 0)
+    first = Completion(Q, d.token, "dup", record("dup", "succeeded", "w1", 1), 60)
+    again = Completion(Q, d.token, "dup", record("dup", "failed", "w1"), 60)
+    # The stale ones are told by (queue, token), which both share: only the count is exact.
+    assert again in await broker.complete([first, again])
+    assert await stale_count(broker) == 1
+    raw = await broker.get_record("dup")
+    assert raw is not None
+    assert TaskRecord.from_bytes(raw).state is TaskState.SUCCEEDED
+
+
 async def test_a_completion_of_an_already_completed_delivery_is_stale(broker: Broker) -> None:
     needs_fencing(broker)
     await consumer(broker)

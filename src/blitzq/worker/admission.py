@@ -17,7 +17,7 @@ from ..broker import Completion, Delivery
 from ..dependencies import refuse_given
 from ..exceptions import BrokerError, ConfigurationError, SerializationError
 from ..extensions.expiry import check_expiry, start_checks
-from ..serialization import Envelope, decode_envelope, envelope_head
+from ..serialization import Envelope, decode_envelope, decode_envelope_unchecked, envelope_head
 from ..task import Task
 from .execution import Job
 from .limiter import Slots
@@ -43,7 +43,10 @@ def start(runner: Runner, d: Delivery, slots: Slots) -> None:
         reject(runner, d, "message too large", f"{len(d.payload)} bytes", slots, ident, name)
         return
     try:
-        env = decode_envelope(d.payload)
+        try:
+            env = decode_envelope_unchecked(d.payload)
+        except Exception:  # decoded again for the error decode_envelope makes of it
+            env = decode_envelope(d.payload)
     except SerializationError as exc:
         # When its id can be read, it is dead-lettered under it with a final record, so
         # a waiter on its result learns its fate instead of waiting forever.
@@ -59,7 +62,7 @@ def start(runner: Runner, d: Delivery, slots: Slots) -> None:
         skip_cancelled(runner, Job(d, env, task), slots)
         return
     # admit(), inlined: this is once per delivery on the worker's hot path.
-    if start_checks(task, env):
+    if (task.checks or env.max_age is not None) and start_checks(task, env):
         runner.hold_start(asyncio.ensure_future(start_checked(runner, d, env, task, slots)), d)
         return
     runner.run(Job(d, env, task), slots)

@@ -4,17 +4,15 @@ Sync tasks run on a :class:`ThreadPool` of daemon threads that grows by one thre
 call abandoned at its hard timeout (see :mod:`~blitzq.worker.timeouts`), so hung calls never
 take the threads the worker's free slots need, and never keep the process from exiting.
 
-Async tasks start *eagerly*: the coroutine's first step runs inline in the worker, and only a
-coroutine that actually suspends gets an ``asyncio.Task`` (the same idea as Python 3.12's
-``asyncio.eager_task_factory``, done by hand so it also works on 3.11). A task that completes
-without suspending costs no task object, no scheduling and no done-callback.
+Async tasks start *eagerly* (:mod:`.eager`): the coroutine's first step runs inline in the
+worker, and only a coroutine that actually suspends gets an ``asyncio.Task``.
 
 Isolation: every run gets a :class:`contextvars.Context` of its own (the runner passes a copy
 of the worker's base context), so a context variable a task sets is never seen by the next
 one; a pool process runs each call in a fresh copy of its own base context. Whatever task
 code raises ends as that run's exception: ``SystemExit`` and ``KeyboardInterrupt``, which
 asyncio would re-raise out of the event loop (ending the worker), travel wrapped in
-:class:`TaskExit`; an exception a pool process cannot send back (it does not pickle, or not
+:class:`~.eager.TaskExit`; an exception a pool process cannot send back (it does not pickle, or not
 back) arrives as a :class:`RemoteError` describing it.
 """
 
@@ -31,7 +29,7 @@ import pickle
 import queue
 import sys
 import threading
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable
 from typing import Any
 
 from ..exceptions import SerializationError, describe_error
@@ -40,20 +38,6 @@ from .recycling import MB, pool_over_memory
 
 #: Types of return values sent back from a pool process without checking they unpickle.
 _PLAIN = frozenset({type(None), bool, int, float, str, bytes, list, dict, tuple})
-
-
-class TaskExit(Exception):
-    """Carries a ``SystemExit`` or ``KeyboardInterrupt`` raised by an async task after its
-    first step out of the ``asyncio.Task`` running it (asyncio re-raises those two out of
-    the event loop, which would end the worker). The runner unwraps it.
-
-    Args:
-        error: the exception the task raised.
-    """
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(error)
-        self.error = error
 
 
 class RemoteError(Exception):
@@ -76,74 +60,6 @@ class RemoteError(Exception):
 
     def __str__(self) -> str:
         return f"{self.error_type}: {self.message}"
-
-
-class _Resume:
-    """Awaitable that continues a coroutine whose first step already ran."""
-
-    __slots__ = ("coro", "first")
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
-        self.coro = coro
-        self.first = first
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro = self.coro
-        value = self.first
-        self.first = None
-        while True:
-            try:
-                sent = yield value
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:
-                try:
-                    value = coro.throw(exc)
-                except StopIteration as stop:
-                    return stop.value
-            else:
-                try:
-                    value = coro.send(sent)
-                except StopIteration as stop:
-                    return stop.value
-
-
-async def _continue(coro: Coroutine[Any, Any, Any], first: Any) -> Any:
-    try:
-        return await _Resume(coro, first)
-    except (SystemExit, KeyboardInterrupt) as exc:
-        raise TaskExit(exc) from None
-
-
-def start_eagerly(
-    coro: Coroutine[Any, Any, Any], context: contextvars.Context
-) -> tuple[Any, BaseException | None, asyncio.Task[Any] | None]:
-    """Run ``coro``'s first step now, in ``context``.
-
-    Args:
-        coro: the task's coroutine, not started.
-        context: the run's own context; the first step and the ``asyncio.Task`` that
-            continues the coroutine both run in it.
-
-    Returns:
-        ``(result, None, None)`` if it returned, ``(None, exc, None)`` if it raised, or
-        ``(None, None, task)`` with an ``asyncio.Task`` that continues it if it suspended.
-        The task's exception is a :class:`TaskExit` for ``SystemExit``/``KeyboardInterrupt``.
-    """
-    try:
-        first = context.run(coro.send, None)
-    except StopIteration as stop:
-        return stop.value, None, None
-    except BaseException as exc:
-        return None, exc, None
-    task = asyncio.get_running_loop().create_task(_continue(coro, first), context=context)
-    return None, None, task
-
-
-def unwrap(error: BaseException) -> BaseException:
-    """The exception task code raised, from the exception its run's future ended with."""
-    return error.error if type(error) is TaskExit else error
 
 
 def _sendable(exc: BaseException) -> BaseException:

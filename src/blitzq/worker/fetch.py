@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("blitzq.worker")
 
+#: Turns of the event loop a fetch waits, holding the free slots it has, for runs still
+#: going to end when it could fill more (see ``Fetcher._gather``).
+_GATHER_TURNS = 2
+
 
 class Fetcher:
     """Runs and stops the fetch loops of one worker.
@@ -99,6 +103,12 @@ class Fetcher:
         backoff = 0.1
         while not self._stop_requested():
             n = await slots.reserve(batch)
+            if n < batch and runner.jobs:
+                try:
+                    n += await self._gather(slots, batch - n)
+                except asyncio.CancelledError:  # stopped meanwhile: the slots held go back
+                    slots.release(n)
+                    raise
             if self._stop_requested():
                 slots.release(n)
                 return
@@ -139,6 +149,23 @@ class Fetcher:
                 # Let the runs' first steps and the flusher go before the next fetch: a task
                 # that ended at once has its completion written first (the round trip's path).
                 await asyncio.sleep(0)
+
+    async def _gather(self, slots: Slots, wanted: int) -> int:
+        """Let runs whose replies already arrived end (two turns of the event loop: the
+        reply's read, then the task's step), and take the slots they free, so that at low
+        concurrency one fetch serves several ended runs instead of one. Returns the slots
+        taken (up to ``wanted``)."""
+        taken = 0
+        try:
+            for _ in range(_GATHER_TURNS):
+                await asyncio.sleep(0)
+                taken += slots.take(wanted - taken)
+                if taken >= wanted:
+                    break
+        except asyncio.CancelledError:
+            slots.release(taken)
+            raise
+        return taken
 
     async def _fetch(self, queue: str, slots: Slots, n: int) -> list[Delivery]:
         """Fetch with ``n`` reserved slots; on return, exactly one slot is held per delivery.

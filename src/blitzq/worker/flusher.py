@@ -34,6 +34,9 @@ logger = logging.getLogger("blitzq.worker")
 #: and lock releases, small workflow steps); bigger ones (a huge result) are dropped.
 _SMALL_OP = 64 * 1024
 
+#: Types of a completion's record whose size ``_take`` reads in place.
+_RECORD_TYPES = frozenset({bytes, type(None)})
+
 
 def completion_size(c: Completion) -> int:
     """Approximate bytes ``c`` sends to the broker (its records, messages and op bytes).
@@ -83,9 +86,11 @@ class Flusher:
 
     def add(self, completion: Completion) -> None:
         """Queue a completion for the next batch."""
-        self._pending.append(completion)
-        self._idle.clear()
-        self._wake.set()
+        pending = self._pending
+        if not pending:  # else the writer is busy, will look again, and is not idle
+            self._idle.clear()
+            self._wake.set()
+        pending.append(completion)
 
     @property
     def backlog(self) -> int:
@@ -96,10 +101,21 @@ class Flusher:
         """The next batch: the oldest completions within ``max_batch`` and ``max_bytes``."""
         pending = self._pending
         n = min(len(pending), self.max_batch)
-        total = 0
+        total, limit = 0, self.max_bytes
         for i in range(n):
-            total += completion_size(pending[i])
-            if total > self.max_bytes and i > 0:
+            c = pending[i]
+            record = c.record
+            if (
+                c.reschedule is None
+                and c.requeue is None
+                and c.dead_letter is None
+                and not c.ops
+                and type(record) in _RECORD_TYPES
+            ):  # completion_size() of the common completion, inlined
+                total += 64 + (len(record) if record is not None else 0)
+            else:
+                total += completion_size(c)
+            if total > limit and i > 0:
                 n = i
                 break
         return pending[:n]

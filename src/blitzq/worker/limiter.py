@@ -78,6 +78,18 @@ class Slots:
                 g.take(n)
                 return n
 
+    def take(self, wanted: int) -> int:
+        """Take up to ``wanted`` slots free in both limiters now, without waiting; return how
+        many were taken (0 when either is full)."""
+        g, q = self.global_limiter, self.queue_limiter
+        n = min(wanted, g.free) if q is None else min(wanted, g.free, q.free)
+        if n <= 0:
+            return 0
+        if q is not None:
+            q.take(n)
+        g.take(n)
+        return n
+
     def grant(self, wanted: int, queue_held: int) -> int:
         """Turn messages that arrived during a blocking fetch into held slots, without waiting.
 

@@ -16,8 +16,8 @@ from .. import records
 from ..broker import Completion
 from ..exceptions import describe_error
 from ..extensions.middleware import Outcome, OutcomeKind
+from .eager import unwrap
 from .execution import Job, cause_of
-from .executors import unwrap
 from .limiter import Slots
 from .timeouts import forget, thread_returned
 from .timeouts import timeout_error as _timeout_error

@@ -22,8 +22,9 @@ from ..exceptions import SerializationError
 from ..extensions.middleware import extensions_of
 from ..serialization import decode_envelope
 from . import admission, outcomes
+from .eager import start_eagerly
 from .execution import Job, Outcomes
-from .executors import ProcessPool, ThreadPool, start_eagerly
+from .executors import ProcessPool, ThreadPool
 from .flusher import Flusher
 from .limiter import Slots
 from .progress import ProgressReporter
@@ -45,12 +46,6 @@ logger = logging.getLogger("blitzq.worker")
 
 #: Seconds the worker's close waits for start checks that ignore their cancellation.
 _CLOSE_GRACE = 1.0
-
-
-def _enter(context: TaskContext, fn: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
-    """Inside a run's own context: make ``context`` the current task and call ``fn``."""
-    set_current(context)
-    return fn(*args, **kwargs)
 
 
 class Runner:
@@ -201,13 +196,12 @@ class Runner:
             args, kwargs = call
         if executor == "async":
             try:
-                coro = scope.run(_enter, context, task.fn, args, kwargs)
+                result, error, started = start_eagerly(scope, context, task.fn, args, kwargs)
             except BaseException as exc:
                 # A TypeError here is a call that does not fit the signature: no retry.
                 self.finish(job, None, exc, retry=not isinstance(exc, TypeError))
                 slots.release()
                 return
-            result, error, started = start_eagerly(coro, scope)
             if started is None:
                 outcomes.finish(self, job, result, error)
                 slots.release()

@@ -44,6 +44,24 @@ def _lua_bytes(data: bytes) -> msgspec.Raw:
 
 _EMPTY = msgspec.Raw(b"\xa0")
 
+#: The MessagePack *str* header of each length under 256 (``str8``).
+_STR8 = [b"\xd9" + bytes([n]) for n in range(256)]
+
+
+def _lua_array(items: list[bytes]) -> msgspec.Raw:
+    """``items`` as one MessagePack array of *str* (see :func:`_lua_bytes`), built without a
+    Python call per item for items under 256 bytes (a typical record)."""
+    n = len(items)
+    if n < 16:
+        head = bytes([0x90 | n])
+    else:
+        head = b"\xdc" + n.to_bytes(2, "big") if n < 65536 else b"\xdd" + n.to_bytes(4, "big")
+    str8 = _STR8
+    body = b"".join(
+        [str8[len(item)] + item if len(item) < 256 else _lua_bytes(item) for item in items]
+    )
+    return msgspec.Raw(head + body)
+
 
 def _lua_op(op: tuple[Any, ...]) -> list[Any]:
     """A completion op with its bytes items made Lua-readable (see :func:`_lua_bytes`)."""
@@ -75,21 +93,43 @@ class RedisState(RedisPart):
             return []
         entries: list[Any] = []
         acks: dict[str, list[bytes]] = {}
+        # A run of consecutive completions that only ack and store a record (the common
+        # success), of one queue and TTL: sent as one "R" entry, in its place in the batch
+        # (a task's "running" record must not land after its final one).
+        run_key: tuple[str, int] | None = None
+        ids: list[str] = []
+        task_ids: list[str] = []
+        recs: list[bytes] = []
+        seen: set[str] = set()
         kind = self.kind
         # Only stream entries are acked (and fenced) here; a token of a list completion or of
         # a separate transport (acked by the facade afterwards) is not this store's to touch.
         streams = kind == "s"
         for c in completions:
-            if (
-                c.record is None
-                and c.reschedule is None
-                and c.dead_letter is None
-                and c.requeue is None
-                and not c.ops
-            ):
-                if c.token is not None and streams:
-                    acks.setdefault(c.queue, []).append(c.token)
-                continue
+            if c.reschedule is None and c.dead_letter is None and c.requeue is None and not c.ops:
+                token, record = c.token, c.record
+                if not record:
+                    if token is not None and streams:
+                        acks.setdefault(c.queue, []).append(token)
+                    continue
+                if c.fence is None and (token is not None or not streams):
+                    key = (c.queue, c.record_ttl)
+                    entry_id = token.decode() if token is not None and streams else None
+                    # A second completion of one delivery starts a new entry, so that it is
+                    # found stale after the first acked and deleted it (as a "C" entry is).
+                    if key != run_key or (entry_id is not None and entry_id in seen):
+                        if run_key is not None:
+                            entries.append(("R", *run_key, ids, task_ids, _lua_array(recs)))
+                        run_key, ids, task_ids, recs, seen = key, [], [], [], set()
+                    if entry_id is not None:  # a stream entry id is ASCII
+                        ids.append(entry_id)
+                        seen.add(entry_id)
+                    task_ids.append(c.task_id)
+                    recs.append(record)
+                    continue
+            if run_key is not None:
+                entries.append(("R", *run_key, ids, task_ids, _lua_array(recs)))
+                run_key = None
             d = c.dead_letter
             entries.append(
                 (
@@ -110,8 +150,10 @@ class RedisState(RedisPart):
                     _lua_bytes(c.fence) if c.fence else _EMPTY,
                 )
             )
+        if run_key is not None:
+            entries.append(("R", *run_key, ids, task_ids, _lua_array(recs)))
         for queue, tokens in acks.items():
-            entries.append(("A", queue, [_lua_bytes(t) for t in tokens]))
+            entries.append(("A", queue, [t.decode() for t in tokens]))
         if not entries:
             return []
         keys = self.keys

@@ -146,7 +146,13 @@ class StreamsTransport(RedisPart, Transport):
             start = n
             for queue, taken in zip(queues, rows[:n], strict=True):
                 end = start + 2 * taken
-                out += [_delivery(queue, rows[j], rows[j + 1]) for j in range(start, end, 2)]
+                # _delivery() inlined for the usual entry (the message field alone).
+                out += [
+                    Delivery(queue, rows[j], f[1], 1)
+                    if len(f := rows[j + 1]) == 2 and f[0] == MESSAGE_FIELD
+                    else _delivery(queue, rows[j], f)
+                    for j in range(start, end, 2)
+                ]
                 start = end
             return out
         block = max(1, int(self.block_for(timeout) * 1000))

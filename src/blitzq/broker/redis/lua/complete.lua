@@ -8,6 +8,9 @@
 -- ARGV[7] largest record pushed whole on its done channel (bytes; larger: '1'),
 -- ARGV[8] this consumer's name. The batch's entries:
 --   {"A", queue, {id1, id2, ...}}   reliable acks without anything else (XACK + XDEL)
+--   {"R", queue, ttl, {id1, ...}, {task_id1, ...}, {record1, ...}}   completions that only
+--     ack (ids: stream entry ids, empty for a list or the outbox) and store a record (the
+--     common success): one XACK and one XDEL for all, then SET + PUBLISH per record, as "C"
 --   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops,
 --    fence}
 --     kind "s" (stream), "l" (list) or "o" (the outbox of a store paired with a foreign
@@ -202,9 +205,12 @@ OPS['progress'] = function(op, kind)
   redis.call('PUBLISH', KEY.progress_channel(prefix, op[2]), op[4])
 end
 
+-- Acknowledge and delete ids of a stream; returns the set of positions found stale (nil
+-- when none).
 local function ack(stream, ids, queue)
   -- unpack() is limited by the Lua stack; chunk large id lists.
   local s, n = 1, #ids
+  local lost = nil
   while s <= n do
     local e = math.min(n, s + 999)
     if redis.call('XACK', stream, group, unpack(ids, s, e)) < e - s + 1 then
@@ -213,16 +219,40 @@ local function ack(stream, ids, queue)
       for i = s, e do
         if #redis.call('XRANGE', stream, ids[i], ids[i]) == 0 then
           stale[#stale + 1] = {queue, ids[i]}
+          lost = lost or {}
+          lost[i] = true
         end
       end
     end
     redis.call('XDEL', stream, unpack(ids, s, e))
     s = e + 1
   end
+  return lost
+end
+
+-- An "R" entry: ack all its ids at once (fenced as "A"), then store and publish the records
+-- of those that were still this consumer's, exactly as a "C" entry with only a record.
+local function records(c)
+  local queue, ttl, ids, task_ids, recs = c[2], c[3], c[4], c[5], c[6]
+  local lost = nil
+  if #ids > 0 then lost = ack(KEY.stream(prefix, queue), ids, queue) end
+  for i = 1, #task_ids do
+    if lost == nil or not lost[i] then
+      local task_id, record = task_ids[i], recs[i]
+      redis.call('SET', KEY.record(prefix, task_id), record, 'EX', ttl)
+      if #record <= inline_max then
+        redis.call('PUBLISH', KEY.done_channel(prefix, task_id), record)
+      else
+        redis.call('PUBLISH', KEY.done_channel(prefix, task_id), '1')
+      end
+    end
+  end
 end
 
 for _, c in ipairs(batch) do
-  if c[1] == 'A' then
+  if c[1] == 'R' then
+    records(c)
+  elseif c[1] == 'A' then
     ack(KEY.stream(prefix, c[2]), c[3], c[2])
   elseif fenced(c) then
     -- stale: its lease was lost and the message recovered; nothing is written
