@@ -284,7 +284,7 @@ async def test_unreachable_sentinels_fail_fast_with_one_line() -> None:
 async def test_dead_sentinel_listed_first(sentinels: SentinelSet) -> None:
     """A sentinel that refuses connections, listed before the live ones, does not stop the
     broker: enqueues and results work (the live sentinel is asked first after the first
-    discovery)."""
+    discovery). A service no sentinel monitors (a typo) fails at once, not transient."""
     namespace = f"sentinel-{uuid.uuid4().hex[:8]}"
     queue = Queue(redis_url=sentinels.url(dead=free_port()), namespace=namespace)
     send = queue.task(name="sentinel.identity")(_identity)
@@ -292,6 +292,15 @@ async def test_dead_sentinel_listed_first(sentinels: SentinelSet) -> None:
         handles = [await send.enqueue(n) for n in range(5)]
         assert [await h.result(timeout=30) for h in handles] == list(range(5))
     await queue.close()
+    typo = Queue(redis_url=sentinels.url().replace(f"/{SERVICE}/", "/nosuchservice/"))
+    try:
+        with pytest.raises(BrokerError) as raised:
+            await typo.task(name="sentinel.identity")(_identity).enqueue(1)
+    finally:
+        await typo.close()
+    assert not raised.value.transient
+    assert "'nosuchservice'" in str(raised.value)
+    assert "does not monitor it" in str(raised.value)
 
 
 async def _identity(n: int) -> int:

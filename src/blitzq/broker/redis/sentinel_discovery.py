@@ -166,7 +166,9 @@ class SentinelDiscovery(Sentinel):
                 masters = await sentinel.sentinel_masters()
             except (RedisError, OSError) as exc:
                 failures.append(f"{address}: {describe_failure(exc)}")
-                misconfigured = misconfigured and isinstance(exc, ResponseError)
+                misconfigured = misconfigured and isinstance(
+                    exc, (ResponseError, AuthenticationError)
+                )
                 continue
             state = masters.get(service_name) if isinstance(masters, dict) else None
             if state is None:
