@@ -92,9 +92,11 @@ class SentinelSet:
         sentinel = self.client(self.sentinels[0], sentinel=True)
         return int(sentinel.sentinel_get_master_addr_by_name(SERVICE)[1])
 
-    def url(self, query: str = "") -> str:
-        """The ``redis+sentinel://`` URL of the set (``query``: more parameters)."""
-        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinels)
+    def url(self, query: str = "", dead: int | None = None) -> str:
+        """The ``redis+sentinel://`` URL of the set (``query``: more parameters; ``dead``: a
+        port where nothing listens, listed before the live sentinels)."""
+        ports = ([dead] if dead is not None else []) + self.sentinels
+        hosts = ",".join(f"127.0.0.1:{port}" for port in ports)
         url = f"redis+sentinel://:{SERVER_PASSWORD}@{hosts}/{SERVICE}/0"
         return f"{url}?sentinel_password={SENTINEL_PASSWORD}" + (f"&{query}" if query else "")
 
@@ -250,3 +252,56 @@ async def test_failover_loses_no_task(sentinels: SentinelSet) -> None:
     assert {h.id for h in accepted} >= {h.id for h in during if h is not None}
     assert sentinels.primary_port() != old_primary
     assert during  # the loop ran at least once during the failover
+
+
+@pytest.mark.timeout(60)
+async def test_unreachable_sentinels_fail_fast_with_one_line() -> None:
+    """Sentinels that refuse connections make ``enqueue`` raise BrokerError within the
+    documented bound (about 10 s; redis-py's nested retries took minutes), with a short
+    message naming the service and each sentinel tried, not redis-py's client repr."""
+    dead = [free_port(), free_port()]
+    hosts = ",".join(f"127.0.0.1:{port}" for port in dead)
+    queue = Queue(redis_url=f"redis+sentinel://{hosts}/{SERVICE}", namespace="sentinel-dead")
+    send = queue.task(name="sentinel.dead")(_identity)
+    try:
+        with pytest.raises(BrokerError) as raised:
+            await send.enqueue(1)
+        # A second call within the same outage fails after one attempt (no second 10 s).
+        with pytest.raises(BrokerError):
+            await send.enqueue(2)
+    finally:
+        await queue.close()
+    message = str(raised.value)
+    assert raised.value.transient
+    assert repr(SERVICE) in message
+    for port in dead:
+        assert f"127.0.0.1:{port}: connection refused" in message
+    assert len(message) < 300
+    assert "ConnectionPool" not in message
+
+
+@pytest.mark.timeout(120)
+async def test_dead_sentinel_listed_first(sentinels: SentinelSet) -> None:
+    """A sentinel that refuses connections, listed before the live ones, does not stop the
+    broker: enqueues and results work (the live sentinel is asked first after the first
+    discovery). A service no sentinel monitors (a typo) fails at once, not transient."""
+    namespace = f"sentinel-{uuid.uuid4().hex[:8]}"
+    queue = Queue(redis_url=sentinels.url(dead=free_port()), namespace=namespace)
+    send = queue.task(name="sentinel.identity")(_identity)
+    async with running(make_worker(queue, concurrency=2)):
+        handles = [await send.enqueue(n) for n in range(5)]
+        assert [await h.result(timeout=30) for h in handles] == list(range(5))
+    await queue.close()
+    typo = Queue(redis_url=sentinels.url().replace(f"/{SERVICE}/", "/nosuchservice/"))
+    try:
+        with pytest.raises(BrokerError) as raised:
+            await typo.task(name="sentinel.identity")(_identity).enqueue(1)
+    finally:
+        await typo.close()
+    assert not raised.value.transient
+    assert "'nosuchservice'" in str(raised.value)
+    assert "does not monitor it" in str(raised.value)
+
+
+async def _identity(n: int) -> int:
+    return n

@@ -17,20 +17,24 @@ URL grammar (``[...]`` optional, ``,``-separated sentinels, default port 26379):
   write a failover could lose is reported instead of acknowledged. Off by default.
 - Every other query parameter is a pool or connection option of a ``redis://`` URL
   (``max_connections``, ``timeout``, ``socket_timeout``...: ``client.py``); the sentinels
-  use the same ``socket_timeout`` and ``socket_connect_timeout``.
+  use the same ``socket_timeout`` and ``socket_connect_timeout``, cut to 1 s and 0.5 s
+  (``sentinel_discovery.py``).
 
 Following a failover (redis-py's ``redis.asyncio.sentinel`` underneath):
 
-- A new connection asks the sentinels for the primary's address first.
+- A new connection asks the sentinels for the primary's address first, one sentinel after
+  another, the one that answered last first (``sentinel_discovery.SentinelDiscovery``).
 - At most every :data:`MASTER_CHECK_INTERVAL` seconds (while the broker sends commands) the
   pool asks the sentinels again; when the primary moved, idle connections are closed and
   busy ones are closed when they are released, so every command after that reaches the new
   primary (a pub/sub connection moves when the old primary drops it as Sentinel demotes it).
-- A command that meets a connection error, a ``READONLY`` reply (the old primary, demoted)
-  or a ``NOREPLICAS`` reply (the old primary lost its replica, with ``min-replicas-to-write``
-  set) is sent again on a fresh connection, up to :data:`FAILOVER_RETRIES` times with
-  jittered backoff of 50 ms to 0.5 s (about 10 s in all); then it raises
-  :class:`~blitzq.BrokerError` (transient).
+- A command (or the taking of a connection) that meets a connection error, no sentinel
+  naming a primary, a ``READONLY`` reply (the old primary, demoted) or a ``NOREPLICAS``
+  reply (the old primary lost its replica, with ``min-replicas-to-write``) is sent again on
+  a fresh connection with jittered backoff of 50 ms to 0.5 s for
+  :data:`~.sentinel_discovery.FAILOVER_SECONDS` (10 s, from the call's start or the
+  client's first failure, whichever is earlier: ``sentinel_discovery.DeadlineRetry``); then
+  it raises :class:`~blitzq.BrokerError` (transient) with a one-line message.
 """
 
 from __future__ import annotations
@@ -43,14 +47,13 @@ from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import parse_url
-from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
-from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from ...exceptions import BrokerError
 from .client import BoundedPool, _check_pool, connection_options
+from .sentinel_discovery import FAILOVER_SECONDS, DeadlineRetry, SentinelDiscovery
 
 #: URL scheme of a primary found through Sentinel.
 SCHEME = "redis+sentinel"
@@ -58,9 +61,6 @@ SCHEME = "redis+sentinel"
 DEFAULT_SENTINEL_PORT = 26379
 #: Seconds between two questions to the sentinels about the primary's address.
 MASTER_CHECK_INTERVAL = 1.0
-#: Retries of a command (and of taking a connection) across a failover.
-FAILOVER_RETRIES = 24
-
 #: Seconds ``WAIT`` waits for the replicas by default (with ``wait_replicas``).
 DEFAULT_WAIT_TIMEOUT = 0.5
 
@@ -223,6 +223,8 @@ class BoundedSentinelPool(SentinelConnectionPool, BoundedPool):
 
         Raises:
             redis.exceptions.ConnectionError: no sentinel names a primary (``MasterNotFoundError``).
+            redis.exceptions.ResponseError: every sentinel answered, none monitors the service
+                or accepts the credentials (``SentinelConfigError``).
         """
         address = await self.sentinel_manager.discover_master(self.service_name)
         await self._moved_to(address)
@@ -316,11 +318,7 @@ def make_sentinel_client(url: str) -> aioredis.Redis:
     """
     parsed = parse_sentinel_url(url)
     options = connection_options(parsed.server_url)
-    options["retry"] = Retry(
-        ExponentialWithJitterBackoff(base=0.05, cap=0.5),
-        FAILOVER_RETRIES,
-        supported_errors=(RedisConnectionError,),
-    )
+    options["retry"] = DeadlineRetry(FAILOVER_SECONDS)
     server = parse_url(parsed.server_url)
     server.pop("host", None)
     server.pop("port", None)
@@ -331,7 +329,7 @@ def make_sentinel_client(url: str) -> aioredis.Redis:
         if options.get(key) is not None
     }
     sentinel_options.update(parsed.sentinel_options)
-    manager = Sentinel(parsed.sentinels, sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
+    manager = SentinelDiscovery(parsed.sentinels, sentinel_options)
     options["connection_class"] = FailoverConnection
     client: ReplicatedRedis = manager.master_for(
         parsed.service,
@@ -352,7 +350,7 @@ def make_sentinel_client(url: str) -> aioredis.Redis:
 __all__ = [
     "DEFAULT_SENTINEL_PORT",
     "DEFAULT_WAIT_TIMEOUT",
-    "FAILOVER_RETRIES",
+    "FAILOVER_SECONDS",
     "MASTER_CHECK_INTERVAL",
     "SCHEME",
     "BoundedSentinelPool",
