@@ -18,6 +18,7 @@ from click.core import ParameterSource
 from rich.console import Console
 
 from .. import config
+from ..broker.factory import mask_url as mask_url  # re-exported to the commands
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, EmbeddedServerNotFound
 from ..limits import MAX_SECONDS
 from ..logconfig import LEVELS
@@ -214,32 +215,6 @@ def settings() -> Settings:
 
 
 # ----------------------------------------------------------------- errors
-def mask_url(url: str) -> str:
-    """``url`` with its passwords (userinfo, ``?password=`` and ``?sentinel_password=``)
-    replaced by ``***``."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    rest, qmark, query = rest.partition("?")
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        userinfo, _, host = authority.rpartition("@")
-        user, colon, _password = userinfo.partition(":")
-        if colon:
-            userinfo = f"{user}:***"
-        elif user:
-            userinfo = "***"  # redis://secret@host: a bare userinfo is the password
-        authority = f"{userinfo}@{host}"
-    if query:
-        query = "&".join(
-            f"{part.split('=', 1)[0]}=***"
-            if part.split("=", 1)[0] in ("password", "sentinel_password")
-            else part
-            for part in query.split("&")
-        )
-    return f"{scheme}{sep}{authority}{slash}{path}{qmark}{query}"
-
-
 def _where(url: str | None) -> str:
     url = url or config.value("redis_url")
     return mask_url(url) if url else "the embedded server"

@@ -34,6 +34,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from ...exceptions import BrokerError, ConfigurationError
+from ..factory import mask_url
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
@@ -155,7 +156,7 @@ class AmqpLink:
                     client_properties={"connection_name": self.connection_name},
                 )
             except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
-                raise translate(exc, f"connecting to {_masked(self.url)}") from None
+                raise translate(exc, f"connecting to {mask_url(self.url)}") from None
             self._conn = conn
             self.epoch += 1
             if self._closer is None:  # once per link: it closes whichever connection is open
@@ -319,15 +320,6 @@ def _alive(conn: aio_pika.abc.AbstractConnection) -> bool:
     """Whether ``conn`` is open: aio-pika clears ``connected`` when the server closes a
     connection, before (or without) marking it closed."""
     return not conn.is_closed and conn.connected.is_set()
-
-
-def _masked(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not at:
-        return url
-    user = userinfo.partition(":")[0]
-    return f"{scheme}{sep}{user}:***@{host}"
 
 
 __all__ = ["DEAD_LETTER_SUFFIX", "DELIVERIES", "AmqpLink", "header_int", "settle", "translate"]
