@@ -236,7 +236,15 @@ class Queue:
         }
         # The eager test mode keeps everything on its memory backend (blitzq.testing).
         amqp = None if testmode.forced_url is not None else resolve_amqp_url(self._amqp_url)
-        return make_broker(self.url, self.namespace, self.mode, limits, amqp, self.max_deliveries)
+        return make_broker(
+            self.url,
+            self.namespace,
+            self.mode,
+            limits,
+            amqp,
+            self.max_deliveries,
+            self.visibility_timeout,
+        )
 
     @property
     def broker(self) -> Broker:

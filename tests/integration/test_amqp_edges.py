@@ -73,3 +73,20 @@ def test_the_cli_reports_a_malformed_amqp_url_as_json_with_exit_2(
     assert "bad amqp_url 'amqp://guest:***@127.0.0.1:notaport/'" in doc["error"]
     assert "s3cret" not in result.output
     assert "Traceback" not in result.output
+
+
+def test_the_amqp_heartbeat_follows_the_visibility_timeout_unless_the_url_sets_it() -> None:
+    from blitzq.broker.amqp import AmqpBroker
+
+    def heartbeat(vt: float, url: str = "amqp://127.0.0.1/") -> int | None:
+        q = Queue(redis_url="redis://127.0.0.1:6379/0", amqp_url=url, visibility_timeout=vt)
+        broker = q._make_broker()  # nothing connects until used
+        assert isinstance(broker, AmqpBroker)
+        return broker.amqp.link.heartbeat
+
+    assert heartbeat(1.0) == 2  # the least
+    assert heartbeat(4.0) == 2
+    assert heartbeat(30.0) == 10
+    assert heartbeat(60.0) == 20  # the default visibility timeout
+    assert heartbeat(3600.0) == 60  # the most (aio-pika's default)
+    assert heartbeat(4.0, "amqp://127.0.0.1/?heartbeat=30") is None  # the URL's wins

@@ -140,6 +140,7 @@ def make_broker(
     dead_letter_limits: dict[str, Any],
     amqp_url: str | None = None,
     max_deliveries: int = 5,
+    visibility_timeout: float | None = None,
 ) -> Broker:
     """A new broker (its own connections) for ``url``.
 
@@ -154,6 +155,8 @@ def make_broker(
             (:class:`~blitzq.broker.amqp.AmqpBroker`, at-least-once whatever ``mode``) and
             ``url`` keeps the state.
         max_deliveries: the Queue's ``max_deliveries`` (RabbitMQ's ``x-delivery-limit``).
+        visibility_timeout: the Queue's visibility timeout in seconds (RabbitMQ's connection
+            heartbeat is derived from it).
 
     Raises:
         ConfigurationError: a bad connection parameter in the URL.
@@ -168,7 +171,12 @@ def make_broker(
         from .amqp import AmqpBroker
 
         broker = AmqpBroker(
-            amqp_url, url, namespace, max_deliveries=max_deliveries, **dead_letter_limits
+            amqp_url,
+            url,
+            namespace,
+            max_deliveries=max_deliveries,
+            visibility_timeout=visibility_timeout,
+            **dead_letter_limits,
         )
     elif mode == "reliable":
         from .redis.spread import reliable_broker

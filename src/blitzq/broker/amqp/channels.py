@@ -16,6 +16,12 @@ queues blitzq uses:
 - ``<namespace>.dead-letter``: a durable quorum queue the transport drains into the state
   store's dead letters (``custody.py``).
 
+The connection's heartbeat timeout is a third of the visibility timeout (2 to 60 s,
+:func:`heartbeat_for`; a ``?heartbeat=`` in the URL wins), so RabbitMQ closes the connection of
+a frozen (``SIGSTOP``, stopped in a debugger) worker and redelivers its unacked messages after
+about the visibility timeout; aio-pika answers heartbeats from the event loop, which a
+responsive worker keeps running.
+
 A declaration is idempotent while the arguments agree; a queue declared earlier with other
 arguments (another ``max_deliveries``) is refused by RabbitMQ (``PRECONDITION_FAILED``),
 reported as a :class:`~blitzq.exceptions.ConfigurationError`.
@@ -47,6 +53,19 @@ DELIVERIES = "x-blitzq-deliveries"
 
 #: Seconds to wait for RabbitMQ to accept a connection.
 CONNECT_TIMEOUT = 10.0
+
+#: Longest AMQP heartbeat timeout blitzq asks for (seconds; aio-pika's own default).
+MAX_HEARTBEAT = 60
+
+
+def heartbeat_for(visibility_timeout: float) -> int:
+    """The AMQP heartbeat timeout (whole seconds) for a Queue's visibility timeout: a third
+    of it, at least 2 and at most :data:`MAX_HEARTBEAT`. RabbitMQ closes a connection that
+    sent nothing for two to three heartbeat timeouts (measured on RabbitMQ 3.x: 3 x) -- a
+    frozen or paused process; a responsive event loop sends one every half timeout -- and
+    redelivers its unacked messages, so a frozen worker's deliveries come back after about
+    the visibility timeout (at least some 6 s)."""
+    return max(2, min(MAX_HEARTBEAT, round(visibility_timeout / 3)))
 
 
 def translate(exc: BaseException, what: str) -> Exception:
@@ -86,10 +105,15 @@ class AmqpLink:
         url: an ``amqp://`` or ``amqps://`` URL (user, password, host, port, vhost).
         namespace: prefix of every queue name (``<namespace>.<queue>``).
         max_deliveries: deliveries of one message before RabbitMQ dead-letters it (>= 1).
+        heartbeat: the connection's heartbeat timeout in seconds (see :func:`heartbeat_for`),
+            unless the URL gives ``?heartbeat=``; ``None``: aio-pika's default (60 s).
     """
 
-    def __init__(self, url: str, namespace: str, max_deliveries: int) -> None:
+    def __init__(
+        self, url: str, namespace: str, max_deliveries: int, heartbeat: int | None = None
+    ) -> None:
         self.url = url
+        self.heartbeat = None if "heartbeat=" in url.partition("?")[2] else heartbeat
         self.namespace = namespace
         self.max_deliveries = max_deliveries
         self.epoch = 0
@@ -150,19 +174,23 @@ class AmqpLink:
                 return self._conn
             await self._drop()
             try:
-                conn = await aio_pika.connect(
+                options: dict[str, Any] = {}
+                if self.heartbeat is not None:
+                    options["heartbeat"] = self.heartbeat
+                made: aio_pika.abc.AbstractConnection = await aio_pika.connect(
                     self.url,
                     timeout=CONNECT_TIMEOUT,
                     client_properties={"connection_name": self.connection_name},
+                    **options,
                 )
             except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
                 raise translate(exc, f"connecting to {mask_url(self.url)}") from None
-            self._conn = conn
+            self._conn = made
             self.epoch += 1
             if self._closer is None:  # once per link: it closes whichever connection is open
                 self._closer = _close_at_loop_end(self)
                 await anext(self._closer)
-            return conn
+            return made
 
     async def publisher(self) -> AbstractChannel:
         """The channel publishing (confirm mode, unroutable messages returned as errors)."""

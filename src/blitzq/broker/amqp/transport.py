@@ -20,8 +20,7 @@ aio-pika, paired with the Redis state store (``broker.py``). How it meets the co
 - **ack / nack**: ``basic.ack`` of the held delivery (a token whose connection closed since
   is skipped: RabbitMQ redelivers that message); ``nack`` (a hand-back) publishes the message
   again, confirmed, then acks it, so the quorum queue's delivery count is not spent.
-- **reconnects**: a closed connection or consumer channel is re-opened by the next fetch,
-  and its consumer started again (``channels.py``).
+- **reconnects**: the next fetch re-opens a closed connection (``channels.py``) or channel.
 - **long tasks**: a delivery held longer than the visibility timeout is handed to the state
   store's custody (``custody.py``), so RabbitMQ's ``consumer_timeout`` never fires on it.
 """
@@ -48,7 +47,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
-
 #: Seconds a published message may wait for RabbitMQ's confirm (then the publish fails).
 CONFIRM_TIMEOUT = 30.0
 #: Messages of one publish in flight at once (awaiting their confirms).
@@ -67,6 +65,7 @@ class AmqpTransport(Transport):
             ``count`` of the first fetch of that queue (a worker's free slots).
         custody: the state store's custody of long-held deliveries (``custody.py``); without
             it nothing is handed over and :meth:`recover` only reports ``(0, 0)``.
+        heartbeat: AMQP heartbeat timeout, seconds (``None``: 60; ``?heartbeat=`` wins).
     """
 
     guarantee = Guarantee.AT_LEAST_ONCE
@@ -81,8 +80,9 @@ class AmqpTransport(Transport):
         max_deliveries: int = 5,
         prefetch: int | None = None,
         custody: Custody | None = None,
+        heartbeat: int | None = None,
     ) -> None:
-        self.link = AmqpLink(url, namespace, max_deliveries)
+        self.link = AmqpLink(url, namespace, max_deliveries, heartbeat)
         self.prefetch = prefetch
         self.custody = custody
         self.held: dict[bytes, Held] = {}
