@@ -9,12 +9,16 @@ The tests that connect use the shared RabbitMQ (skipped when it does not answer)
 from __future__ import annotations
 
 import json
+import uuid
+from urllib.parse import urlsplit
 
 import pytest
 from click.testing import CliRunner
 
 from blitzq import ConfigurationError, Queue
 from blitzq.cli import cli
+from blitzq.exceptions import BrokerError
+from tests.amqp_server import amqp_or_skip
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -90,3 +94,29 @@ def test_the_amqp_heartbeat_follows_the_visibility_timeout_unless_the_url_sets_i
     assert heartbeat(60.0) == 20  # the default visibility timeout
     assert heartbeat(3600.0) == 60  # the most (aio-pika's default)
     assert heartbeat(4.0, "amqp://127.0.0.1/?heartbeat=30") is None  # the URL's wins
+
+
+@pytest.mark.parametrize(
+    ("path", "userinfo", "code", "needle"),
+    [
+        ("ae-novhost-{}", "guest:guest", "530 NOT_ALLOWED", "vhost ae-novhost-{} not found"),
+        ("", "guest:wrong-{}", "403 ACCESS_REFUSED", "Login was refused"),
+    ],
+)
+async def test_rabbitmq_refusing_the_vhost_or_login_is_reported_in_its_words(
+    server_url: str, namespace: str, path: str, userinfo: str, code: str, needle: str
+) -> None:
+    base = urlsplit(amqp_or_skip())
+    tag = uuid.uuid4().hex[:8]
+    url = f"amqp://{userinfo.format(tag)}@{base.hostname}:{base.port or 5672}/{path.format(tag)}"
+    q = Queue(redis_url=server_url, namespace=namespace, amqp_url=url)
+    try:
+        with pytest.raises(BrokerError) as info:
+            await q.broker.ping()
+    finally:
+        await q.close()
+    message = str(info.value)
+    assert f"{code} - {needle.format(tag)}" in message, message
+    assert "InvalidFrameError" not in message
+    assert not info.value.transient  # a retry does not cure it
+    assert f"wrong-{tag}" not in message

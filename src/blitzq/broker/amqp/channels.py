@@ -68,8 +68,39 @@ def heartbeat_for(visibility_timeout: float) -> int:
     return max(2, min(MAX_HEARTBEAT, round(visibility_timeout / 3)))
 
 
+#: Reply codes of a ``connection.close`` that no retry cures (a wrong vhost or login).
+REFUSALS = {403: "ACCESS_REFUSED", 530: "NOT_ALLOWED"}
+
+
+def server_close(exc: BaseException) -> tuple[int, str] | None:
+    """The ``(reply_code, reply_text)`` of the ``connection.close`` RabbitMQ answered a
+    connection attempt with, when ``exc`` came from it: aiormq reports a close in reply to
+    ``connection.open`` (an unknown vhost, a vhost the user may not use) as an
+    ``InvalidFrameError`` naming only the frame's class, so the frame is looked up in the
+    frames of the traceback (``None`` when not found)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame.f_locals.get("frame")
+        if isinstance(frame, aiormq.spec.Connection.Close):
+            return int(frame.reply_code or 0), str(frame.reply_text or "")
+        tb = tb.tb_next
+    return None
+
+
 def translate(exc: BaseException, what: str) -> Exception:
-    """The blitzq error for an aio-pika/aiormq failure while doing ``what``."""
+    """The blitzq error for an aio-pika/aiormq failure while doing ``what``: RabbitMQ's
+    refusal of a login or vhost in its own words, and not transient."""
+    closed = server_close(exc) if isinstance(exc, aiormq.exceptions.AMQPError) else None
+    if closed is not None:
+        code, text = closed
+        return BrokerError(
+            f"RabbitMQ closed the connection ({what}): {code} {text}",
+            transient=code not in REFUSALS,
+        )
+    if isinstance(
+        exc, (aiormq.exceptions.ProbableAuthenticationError, aiormq.exceptions.AuthenticationError)
+    ):
+        return BrokerError(f"RabbitMQ refused {what}: {exc}", transient=False)
     if isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed):
         return ConfigurationError(
             f"RabbitMQ refused {what}: {exc} (a queue of this name was declared with other "
