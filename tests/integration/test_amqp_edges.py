@@ -8,17 +8,23 @@ The tests that connect use the shared RabbitMQ (skipped when it does not answer)
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 from click.testing import CliRunner
 
 from blitzq import ConfigurationError, Queue
+from blitzq.broker.amqp.channels import DEAD_LETTER_SUFFIX, AmqpLink
 from blitzq.cli import cli
 from blitzq.exceptions import BrokerError
-from tests.amqp_server import amqp_or_skip
+from tests.amqp_server import amqp_or_skip, delete_amqp_queues
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -120,3 +126,91 @@ async def test_rabbitmq_refusing_the_vhost_or_login_is_reported_in_its_words(
     assert "InvalidFrameError" not in message
     assert not info.value.transient  # a retry does not cure it
     assert f"wrong-{tag}" not in message
+
+
+def _app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module defining ``queue = Queue()`` importable from the current directory."""
+    name = f"amqp_edges_app_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text("from blitzq import Queue\n\nqueue = Queue()\n")
+    monkeypatch.chdir(tmp_path)
+    return f"{name}:queue"
+
+
+def _wrong_password(url: str) -> str:
+    base = urlsplit(url)
+    return f"amqp://{base.username or 'guest'}:wrong-pw@{base.hostname}:{base.port or 5672}/"
+
+
+def test_check_tests_rabbitmq_on_its_own_line(
+    server_url: str, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = amqp_or_skip()
+    app = _app(tmp_path, monkeypatch)
+    common = ["--json", "--redis-url", server_url, "--namespace", namespace]
+    wrong = CliRunner().invoke(cli, [*common, "--amqp-url", _wrong_password(url), "check", app])
+    assert wrong.exit_code == 1, wrong.output
+    doc = json.loads(wrong.stdout)
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert checks["connectivity"]["status"] == "ok"  # Redis answers
+    assert checks["rabbitmq"]["status"] == "fail"
+    assert "403 ACCESS_REFUSED" in checks["rabbitmq"]["detail"]
+    assert "wrong-pw" not in wrong.output
+    assert doc["amqp"].endswith(":***@" + _wrong_password(url).rpartition("@")[2])
+    good = CliRunner().invoke(cli, [*common, "--amqp-url", url, "check", app])
+    assert good.exit_code == 0, good.output
+    checks = {c["name"]: c for c in json.loads(good.stdout)["checks"]}
+    assert checks["rabbitmq"]["status"] == "ok"
+
+
+async def test_a_rabbitmq_error_is_labelled_with_the_amqp_url(
+    server_url: str, namespace: str
+) -> None:
+    url = amqp_or_skip()
+    q = Queue(redis_url=server_url, namespace=namespace, amqp_url=url)
+
+    @q.task(name="edges.noop")
+    async def noop() -> None:
+        return None
+
+    try:
+        await noop.enqueue()  # the namespace now uses queue "default" (on RabbitMQ)
+        args = ["--redis-url", server_url, "--namespace", namespace]
+        args += ["--amqp-url", _wrong_password(url), "queue", "stats"]
+        result = await asyncio.to_thread(CliRunner().invoke, cli, args, env=_CLEAN_ENV)
+    finally:
+        await delete_amqp_queues(url, [q.broker])
+        await q.close()
+    assert result.exit_code == 1, result.output
+    first = result.stderr.strip().splitlines()[0]
+    assert first.startswith("Error: broker error (amqp://"), first
+    assert "redis://" not in first
+    assert "403 ACCESS_REFUSED" in first
+    assert "wrong-pw" not in result.output
+
+
+def test_the_worker_start_line_names_rabbitmq(
+    server_url: str, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = amqp_or_skip()
+    app = _app(tmp_path, monkeypatch)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
+    env["PYTHONPATH"] = os.pathsep.join([*sys.path])
+    cmd = [sys.executable, "-m", "blitzq", "--redis-url", server_url, "--namespace", namespace]
+    cmd += ["--amqp-url", url, "worker", app, "--burst"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, timeout=45, env=env, cwd=tmp_path)
+    finally:
+        names = [f"{namespace}.{q}" for q in ("default", "default:high", "default:low")]
+        asyncio.run(_delete(url, [*names, f"{namespace}.{DEAD_LETTER_SUFFIX}"]))
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    first = done.stdout.decode().splitlines()[0]
+    assert f"broker={server_url}" in first or "broker=redis" in first
+    assert "amqp=amqp://" in first, first
+
+
+async def _delete(url: str, names: list[str]) -> None:
+    link = AmqpLink(url, "cleanup", 1)
+    try:
+        await link.delete(names)
+    finally:
+        await link.close()

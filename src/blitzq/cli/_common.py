@@ -215,9 +215,27 @@ def settings() -> Settings:
 
 
 # ----------------------------------------------------------------- errors
-def _where(url: str | None) -> str:
+def _where(url: str | None, exc: BrokerError) -> str:
+    """The server a broker error is about: RabbitMQ's URL for the RabbitMQ transport's
+    errors (their message starts with "RabbitMQ"), else the Redis one."""
+    if str(exc).startswith("RabbitMQ"):
+        ctx = click.get_current_context(silent=True)
+        typed = ctx.find_object(Settings) if ctx is not None else None
+        amqp_url = (typed.amqp_url if typed else None) or config.value("amqp_url")
+        return mask_url(amqp_url) if amqp_url else "RabbitMQ"
     url = url or config.value("redis_url")
     return mask_url(url) if url else "the embedded server"
+
+
+def amqp_of(queue: Queue) -> str | None:
+    """The RabbitMQ URL (password masked) of ``queue``'s broker, or ``None`` when its
+    messages travel through Redis."""
+    if queue._shared_broker is not None:  # a ready broker: its own transport, if any
+        link = getattr(getattr(queue._shared_broker, "amqp", None), "link", None)
+        url = getattr(link, "url", None)
+        return mask_url(url) if isinstance(url, str) else None
+    url = queue._amqp_url or config.value("amqp_url")
+    return mask_url(url) if url else None
 
 
 @contextlib.contextmanager
@@ -234,7 +252,7 @@ def cli_errors(url: str | None = None) -> Iterator[None]:
     except EmbeddedServerNotFound as exc:
         raise CliError(str(exc)) from None
     except BrokerError as exc:
-        raise CliError(f"broker error ({_where(url)}): {exc}") from None
+        raise CliError(f"broker error ({_where(url, exc)}): {exc}") from None
     except BlitzQError as exc:
         raise CliError(str(exc)) from None
 
