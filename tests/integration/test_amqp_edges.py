@@ -20,11 +20,13 @@ from urllib.parse import urlsplit
 import pytest
 from click.testing import CliRunner
 
-from blitzq import ConfigurationError, Queue
+from blitzq import ConfigurationError, Queue, TaskFailed
 from blitzq.broker.amqp.channels import DEAD_LETTER_SUFFIX, AmqpLink
 from blitzq.cli import cli
 from blitzq.exceptions import BrokerError
 from tests.amqp_server import amqp_or_skip, delete_amqp_queues
+
+from .proc_tasks import make_worker, running
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -214,3 +216,25 @@ async def _delete(url: str, names: list[str]) -> None:
         await link.delete(names)
     finally:
         await link.close()
+
+
+async def test_a_dead_letter_of_the_rabbitmq_transport_records_mode_reliable(
+    server_url: str, namespace: str
+) -> None:
+    url = amqp_or_skip()
+    q = Queue(redis_url=server_url, namespace=namespace, amqp_url=url, visibility_timeout=5)
+
+    @q.task(name="edges.fails", retries=0)
+    async def fails() -> None:
+        raise ValueError("no")
+
+    try:
+        handle = await fails.enqueue()
+        async with running(make_worker(q, concurrency=1)):
+            with pytest.raises(TaskFailed):
+                await handle.result(timeout=30)
+        (letter,) = await q.dead_letters()
+        assert (letter.id, letter.reason, letter.mode) == (handle.id, "failed", "reliable")
+    finally:
+        await delete_amqp_queues(url, [q.broker])
+        await q.close()
