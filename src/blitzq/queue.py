@@ -162,7 +162,7 @@ class Queue:
         if amqp_url is not None and not isinstance(amqp_url, str):
             raise ConfigurationError(f"amqp_url must be a str, got {amqp_url!r}")
         if amqp_url:
-            resolve_amqp_url(amqp_url)  # a bad scheme is refused here, not at first use
+            resolve_amqp_url(amqp_url, self.name)  # refused here, not at first use
         if routes is not None and not (callable(routes) or isinstance(routes, Mapping)):
             raise ConfigurationError(f"routes must be a dict or a callable, got {routes!r}")
         for target in routes.values() if isinstance(routes, Mapping) else ():

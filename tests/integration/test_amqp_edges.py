@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from blitzq import ConfigurationError, Queue, TaskFailed
+from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.amqp.channels import DEAD_LETTER_SUFFIX, AmqpLink
 from blitzq.cli import cli
 from blitzq.exceptions import BrokerError
@@ -238,3 +239,46 @@ async def test_a_dead_letter_of_the_rabbitmq_transport_records_mode_reliable(
     finally:
         await delete_amqp_queues(url, [q.broker])
         await q.close()
+
+
+async def test_the_queue_name_dead_letter_is_refused_on_rabbitmq(
+    server_url: str, namespace: str
+) -> None:
+    url = amqp_or_skip()
+    with pytest.raises(ConfigurationError, match="reserved on RabbitMQ"):
+        Queue("dead-letter", redis_url=server_url, namespace=namespace, amqp_url=url)
+    Queue("dead-letter", redis_url=server_url, namespace=namespace)  # fine on Redis
+    q = Queue(redis_url=server_url, namespace=namespace, amqp_url=url)
+
+    @q.task(name="edges.clash", queue="dead-letter")
+    async def clash() -> None:
+        return None
+
+    try:
+        with pytest.raises(ConfigurationError, match="dead-letter queue"):
+            await clash.enqueue()
+        assert await q.dead_letter_count() == 0  # nothing reached the namespace's DLQ
+    finally:
+        await delete_amqp_queues(url, [q.broker])
+        await q.close()
+
+
+async def test_a_name_clash_with_another_namespaces_queue_is_explained(
+    server_url: str, namespace: str
+) -> None:
+    """Namespace ``a`` with queue ``x.q`` and namespace ``a.x`` with queue ``q`` share the
+    RabbitMQ queue ``a.x.q`` (documented); declared with other arguments, the refusal says
+    that this may be the cause."""
+    url = amqp_or_skip()
+    first = AmqpBroker(url, server_url, namespace, max_deliveries=5)
+    second = AmqpBroker(url, server_url, namespace + ".x", max_deliveries=3)
+    try:
+        await first.publish("x.q", [b"m"])
+        with pytest.raises(ConfigurationError, match="another namespace's queue") as info:
+            await second.publish("q", [b"m"])
+        assert "PRECONDITION_FAILED" in str(info.value)
+    finally:
+        await delete_amqp_queues(url, [first, second])
+        await _delete(url, [f"{namespace}.x.{DEAD_LETTER_SUFFIX}"])  # declared before the refusal
+        await first.close()
+        await second.close()

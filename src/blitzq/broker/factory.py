@@ -24,23 +24,46 @@ SCHEMES = (
 AMQP_SCHEMES = ("amqp://", "amqps://")
 
 
-def resolve_amqp_url(configured: str | None) -> str | None:
+#: The queue name the RabbitMQ transport keeps for the namespace's dead-letter queue
+#: (``<namespace>.dead-letter``).
+AMQP_RESERVED_QUEUE = "dead-letter"
+
+
+def resolve_amqp_url(configured: str | None, queue: str | None = None) -> str | None:
     """The RabbitMQ URL to use, if any.
 
     Args:
         configured: the Queue's ``amqp_url`` (or the CLI's ``--amqp-url``); ``None`` reads
             ``BLITZQ_AMQP_URL``.
+        queue: the Queue's name, refused when it is :data:`AMQP_RESERVED_QUEUE` and a URL
+            is found.
 
     Returns:
         An ``amqp://`` or ``amqps://`` URL, or ``None`` (messages travel through Redis).
 
     Raises:
-        ConfigurationError: any other scheme, or a URL :func:`check_amqp_url` refuses.
+        ConfigurationError: any other scheme, a URL :func:`check_amqp_url` refuses, or the
+            reserved queue name.
     """
     url = configured or config.value("amqp_url") or None
     if url is not None:
         check_amqp_url(url)
+        if queue is not None:
+            check_amqp_queue(queue)
     return url
+
+
+def check_amqp_queue(queue: str) -> None:
+    """Refuse the queue name the RabbitMQ transport keeps for its dead-letter queue.
+
+    Raises:
+        ConfigurationError: ``queue`` is :data:`AMQP_RESERVED_QUEUE`.
+    """
+    if queue == AMQP_RESERVED_QUEUE:
+        raise ConfigurationError(
+            f"queue name {queue!r} is reserved on RabbitMQ: <namespace>.{queue} is the "
+            "namespace's dead-letter queue; use another queue name"
+        )
 
 
 def check_amqp_url(url: str) -> None:
@@ -192,6 +215,6 @@ def make_broker(
 
 
 __all__ = [
-    "AMQP_SCHEMES", "SCHEMES", "check_amqp_url", "make_broker", "mask_url", "resolve_amqp_url",
-    "resolve_url",
+    "AMQP_RESERVED_QUEUE", "AMQP_SCHEMES", "SCHEMES", "check_amqp_queue", "check_amqp_url",
+    "make_broker", "mask_url", "resolve_amqp_url", "resolve_url",
 ]  # fmt: skip

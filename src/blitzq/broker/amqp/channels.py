@@ -40,12 +40,12 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from ...exceptions import BrokerError, ConfigurationError
-from ..factory import mask_url
+from ..factory import AMQP_RESERVED_QUEUE, check_amqp_queue, mask_url
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
 #: Suffix of the namespace's dead-letter queue (``<namespace>.dead-letter``).
-DEAD_LETTER_SUFFIX = "dead-letter"
+DEAD_LETTER_SUFFIX = AMQP_RESERVED_QUEUE
 
 #: Header carrying the deliveries a message had before it was published again from the
 #: state store's custody (``custody.py``).
@@ -104,7 +104,9 @@ def translate(exc: BaseException, what: str) -> Exception:
     if isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed):
         return ConfigurationError(
             f"RabbitMQ refused {what}: {exc} (a queue of this name was declared with other "
-            "arguments, e.g. another max_deliveries: delete it or use another namespace)"
+            "arguments: another max_deliveries, or it is another namespace's queue -- "
+            "namespace 'a' with queue 'x.q' and namespace 'a.x' with queue 'q' are both "
+            "'a.x.q' -- or not blitzq's; delete it or use another namespace or queue name)"
         )
     if isinstance(exc, aiormq.exceptions.ChannelAccessRefused):
         return BrokerError(f"RabbitMQ refused {what}: {exc}", transient=False)
@@ -162,7 +164,12 @@ class AmqpLink:
 
     # ----------------------------------------------------------------- names
     def name(self, queue: str) -> str:
-        """The RabbitMQ queue of the physical queue ``queue``."""
+        """The RabbitMQ queue of the physical queue ``queue``.
+
+        Raises:
+            ConfigurationError: ``queue`` is ``dead-letter`` (the dead-letter queue's name).
+        """
+        check_amqp_queue(queue)
         return f"{self.namespace}.{queue}"
 
     def physical(self, name: str) -> str:
@@ -256,9 +263,11 @@ class AmqpLink:
         """Declare the quorum queue of ``queue`` (and the dead-letter queue) once per channel.
 
         Raises:
-            ConfigurationError: it exists with other arguments.
+            ConfigurationError: it exists with other arguments, or ``queue`` is the reserved
+                ``dead-letter``.
             BrokerError: RabbitMQ could not be reached.
         """
+        name = self.name(queue)  # a reserved name is refused before anything is declared
         channel = await self.publisher()  # a channel opened again forgets the declarations
         declared = self._declared.get(queue)
         if declared is not None:
@@ -268,14 +277,12 @@ class AmqpLink:
                 self._declared[DEAD_LETTER_SUFFIX] = await channel.declare_queue(
                     self.dead_letter_queue, durable=True, arguments={"x-queue-type": "quorum"}
                 )
-            declared = await channel.declare_queue(
-                self.name(queue), durable=True, arguments=self.arguments()
-            )
+            declared = await channel.declare_queue(name, durable=True, arguments=self.arguments())
         except aiormq.exceptions.AMQPError as exc:
             self._publisher = None  # a refused declaration closes the channel
-            raise translate(exc, f"declaring queue {self.name(queue)!r}") from None
+            raise translate(exc, f"declaring queue {name!r}") from None
         self._declared[queue] = declared
-        self.used |= {self.name(queue), self.dead_letter_queue}
+        self.used |= {name, self.dead_letter_queue}
         return declared
 
     async def dead_letters(self) -> AbstractQueue:
