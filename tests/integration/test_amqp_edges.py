@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -25,9 +27,9 @@ from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.amqp.channels import DEAD_LETTER_SUFFIX, AmqpLink
 from blitzq.cli import cli
 from blitzq.exceptions import BrokerError
-from tests.amqp_server import amqp_or_skip, delete_amqp_queues
+from tests.amqp_server import amqp_or_skip, close_connection_named, delete_amqp_queues
 
-from .proc_tasks import make_worker, running
+from .proc_tasks import eventually, make_worker, running
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -282,3 +284,39 @@ async def test_a_name_clash_with_another_namespaces_queue_is_explained(
         await _delete(url, [f"{namespace}.x.{DEAD_LETTER_SUFFIX}"])  # declared before the refusal
         await first.close()
         await second.close()
+
+
+async def test_a_server_closed_connection_is_one_warning_and_noticed_at_once(
+    server_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``rabbitmqctl close_connection`` under an idle worker whose fetch waits 10 s: one
+    WARNING line with RabbitMQ's reply (no aiormq traceback), and the worker connects again
+    well before its fetch would have timed out."""
+    url = amqp_or_skip()
+    if shutil.which("rabbitmqctl") is None:
+        pytest.skip("rabbitmqctl is not installed")
+    q = Queue(redis_url=server_url, namespace=namespace, amqp_url=url, visibility_timeout=60)
+
+    @q.task(name="edges.echo")
+    async def echo(x: int) -> int:
+        return x
+
+    caplog.set_level(logging.INFO)
+    try:
+        async with running(make_worker(q, concurrency=1, block_timeout=10.0)):
+            assert await (await echo.enqueue(1)).result(timeout=30) == 1
+            link = q.broker.amqp.link  # type: ignore[attr-defined]
+            epoch = link.epoch
+            await asyncio.sleep(0.5)  # the fetch is waiting now
+            caplog.clear()
+            assert await asyncio.to_thread(close_connection_named, link.connection_name) >= 1
+            await eventually(lambda: asyncio.sleep(0, link.epoch), lambda e: e > epoch, 4.0)
+            closing = [r for r in caplog.records if r.levelno >= logging.WARNING]
+            assert await (await echo.enqueue(2)).result(timeout=30) == 2
+    finally:
+        await delete_amqp_queues(url, [q.broker])
+        await q.close()
+    assert [(r.name, r.exc_info) for r in closing] == [("blitzq.broker.amqp", None)], [
+        r.getMessage() for r in closing
+    ]
+    assert "320 CONNECTION_FORCED" in closing[0].getMessage()

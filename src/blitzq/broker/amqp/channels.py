@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import aio_pika
@@ -41,6 +41,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from ...exceptions import BrokerError, ConfigurationError
 from ..factory import AMQP_RESERVED_QUEUE, check_amqp_queue, mask_url
+from .closing import CloseNotice, describe
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
@@ -110,7 +111,7 @@ def translate(exc: BaseException, what: str) -> Exception:
         )
     if isinstance(exc, aiormq.exceptions.ChannelAccessRefused):
         return BrokerError(f"RabbitMQ refused {what}: {exc}", transient=False)
-    return BrokerError(f"RabbitMQ: {what} failed: {type(exc).__name__}: {exc}")
+    return BrokerError(f"RabbitMQ: {what} failed: {describe(exc)}")
 
 
 def unconfirmed(exc: BaseException, what: str) -> Exception:
@@ -157,6 +158,8 @@ class AmqpLink:
         self._publisher: AbstractChannel | None = None
         self._publisher_epoch = 0
         self._declared: dict[str, AbstractQueue] = {}
+        self.listeners: list[Callable[[], None]] = []
+        """Called when a connection closed (the transport wakes its waiting fetches)."""
         self.used: set[str] = set()
         """Every RabbitMQ queue name this link declared (for a teardown that deletes them)."""
         self._lock = asyncio.Lock()
@@ -225,6 +228,7 @@ class AmqpLink:
                 raise translate(exc, f"connecting to {mask_url(self.url)}") from None
             self._conn = made
             self.epoch += 1
+            CloseNotice(made, self.connection_name, lambda: self._conn is not made, self.listeners)
             if self._closer is None:  # once per link: it closes whichever connection is open
                 self._closer = _close_at_loop_end(self)
                 await anext(self._closer)
