@@ -44,15 +44,15 @@ class AmqpBroker(DeadLetterLimits, Broker):
 
     Attributes:
         conn: the state store's Redis connection (kind ``"l"``).
-        kind: ``""``: the broker has one kind of queue (RabbitMQ's), the origin its dead
-            letters record; the store's own queue writes go to its outbox, relayed to RabbitMQ
-            (:mod:`blitzq.broker.outbox`).
+        kind: ``"s"``, the origin its dead letters record (``DeadLetter.mode`` "reliable":
+            RabbitMQ delivery is at-least-once); the store's own queue writes go to its
+            outbox, relayed to RabbitMQ (:mod:`blitzq.broker.outbox`).
 
     Raises:
         ConfigurationError: a bad query parameter in ``redis_url``.
     """
 
-    kind = ""
+    kind = "s"
 
     def __init__(
         self,
