@@ -27,14 +27,16 @@ class ForeignPairing(DeadLetterLimits, Broker):
     """``Broker(StreamsTransport on <namespace>-transport, RedisStateStore on <namespace>)``.
 
     The dead-letter settings the contract suite sets on a broker go to the store's
-    connection (``conn``, :class:`DeadLetterLimits`). It has no ``kind``: a store in outbox
-    mode records a dead letter's origin as ``""`` (a transport with one kind of queue), as
-    for any foreign pairing.
+    connection (``conn``, :class:`DeadLetterLimits`). Its ``kind`` is ``"s"``: a store in
+    outbox mode records a dead letter's origin as ``"s"`` (``DeadLetter.mode`` "reliable":
+    the transports an outbox serves are at-least-once), as for any foreign pairing.
 
     Args:
         url: the Redis URL of both halves.
         namespace: the store's namespace; the transport's is ``namespace + TRANSPORT_SUFFIX``.
     """
+
+    kind = "s"
 
     def __init__(self, url: str, namespace: str, **settings: Any) -> None:
         self.store_conn = self.conn = RedisConnection(url, namespace, kind="l", **settings)

@@ -5,6 +5,9 @@
 (blocking: the application would lose work or not run):
 
 * ``connectivity``: the server answers (when it does not, nothing else is checked).
+* ``rabbitmq``: with ``amqp_url``, RabbitMQ accepts a connection (``fail`` with RabbitMQ's
+  reason, e.g. a refused login, exit 1 like ``connectivity``; the queue counts, which need
+  it, are then skipped).
 * ``server``: name and version; ``fail`` below Redis :data:`MIN_REDIS` (the commands blitzq
   sends need it) and on a read-only replica.
 * ``eviction``: ``fail`` when ``maxmemory-policy`` with a ``maxmemory`` set can evict
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from .broker.eviction import eviction_risk
+from .broker.factory import mask_url
 from .exceptions import BlitzQError, BrokerError, ConfigurationError
 from .periodic import PeriodicTask
 from .routing import base_queue
@@ -74,7 +78,7 @@ class Finding:
 def exit_code(findings: Sequence[Finding]) -> int:
     """1 when the server was unreachable, :data:`EXIT_BLOCKING` (78) when any finding
     fails, else 0."""
-    if any(f.name == "connectivity" and f.status == "fail" for f in findings):
+    if any(f.name in ("connectivity", "rabbitmq") and f.status == "fail" for f in findings):
         return 1
     return EXIT_BLOCKING if any(f.status == "fail" for f in findings) else 0
 
@@ -86,21 +90,40 @@ async def preflight(queue: Queue) -> list[Finding]:
     (``fail``), and the only one.
     """
     broker = queue.broker
+    amqp = _amqp_url(queue)
     try:
-        await broker.ping()
+        await (broker.state.ping() if amqp else broker.ping())  # RabbitMQ: its own line
         info = await broker.server_info()
     except BrokerError as exc:
         return [Finding("connectivity", "fail", f"the server does not answer: {exc}")]
     findings = [Finding("connectivity", "ok", "the server answers")]
+    rabbitmq = await _rabbitmq(queue, amqp) if amqp else None
+    findings += [rabbitmq] if rabbitmq is not None else []
     findings += _server(info)
     try:
         findings.append(await _eviction(queue))
         findings.append(_persistence(info))
-        findings += await _queues(queue)
+        if rabbitmq is None or rabbitmq.status == "ok":
+            findings += await _queues(queue)
         findings += await _periodic(queue)
     except BrokerError as exc:
         findings.append(Finding("connectivity", "fail", f"the server stopped answering: {exc}"))
     return findings
+
+
+def _amqp_url(queue: Queue) -> str | None:
+    """The RabbitMQ URL of ``queue``'s broker (``None``: messages travel through Redis)."""
+    url = getattr(getattr(getattr(queue.broker, "amqp", None), "link", None), "url", None)
+    return url if isinstance(url, str) else None
+
+
+async def _rabbitmq(queue: Queue, url: str) -> Finding:
+    """Whether RabbitMQ at ``url`` accepts a connection and a channel."""
+    try:
+        await queue.broker.transport.ping()
+    except BrokerError as exc:
+        return Finding("rabbitmq", "fail", str(exc))
+    return Finding("rabbitmq", "ok", f"{mask_url(url)} answers")
 
 
 def _server(info: dict[str, str]) -> list[Finding]:

@@ -162,7 +162,7 @@ class Queue:
         if amqp_url is not None and not isinstance(amqp_url, str):
             raise ConfigurationError(f"amqp_url must be a str, got {amqp_url!r}")
         if amqp_url:
-            resolve_amqp_url(amqp_url)  # a bad scheme is refused here, not at first use
+            resolve_amqp_url(amqp_url, self.name)  # refused here, not at first use
         if routes is not None and not (callable(routes) or isinstance(routes, Mapping)):
             raise ConfigurationError(f"routes must be a dict or a callable, got {routes!r}")
         for target in routes.values() if isinstance(routes, Mapping) else ():
@@ -236,7 +236,15 @@ class Queue:
         }
         # The eager test mode keeps everything on its memory backend (blitzq.testing).
         amqp = None if testmode.forced_url is not None else resolve_amqp_url(self._amqp_url)
-        return make_broker(self.url, self.namespace, self.mode, limits, amqp, self.max_deliveries)
+        return make_broker(
+            self.url,
+            self.namespace,
+            self.mode,
+            limits,
+            amqp,
+            self.max_deliveries,
+            self.visibility_timeout,
+        )
 
     @property
     def broker(self) -> Broker:

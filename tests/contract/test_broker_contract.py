@@ -43,7 +43,8 @@ def dead_letter(task_id: str, failed_at: float, reason: str = "failed") -> DeadL
 
 def origin(broker: Broker) -> str:
     """The kind of queue a broker records as a dead letter's origin: "s" (a reliable-mode
-    stream), "l" (a fast-mode list), "" (a broker with one kind of queue)."""
+    stream, and any pairing whose store writes to an outbox: RabbitMQ, the spread layout),
+    "l" (a fast-mode list)."""
     return str(getattr(broker, "kind", ""))
 
 

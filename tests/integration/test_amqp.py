@@ -218,6 +218,7 @@ async def test_past_the_delivery_limit_a_message_becomes_a_blitzq_dead_letter(
     assert fields is not None
     assert fields.reason == "max deliveries exceeded"
     assert fields.queue == "poison"
+    assert fields.kind == "s"  # DeadLetter.mode "reliable": RabbitMQ is at-least-once
     assert fields.task == "tests.amqp.noop"
     assert await broker.fetch("poison", 1, 0) == []
 

@@ -24,7 +24,7 @@ from tests.amqp_server import amqp_or_skip
 from tests.polling import wait_until
 
 from .conftest import Harness
-from .reliability_app import POISON, WORK
+from .reliability_app import BLOCKING, POISON, WORK
 from .test_poison import MAX_DELIVERIES, VT, _supervise
 
 pytestmark = pytest.mark.timeout(90)
@@ -148,3 +148,52 @@ def test_sigterm_mid_run_loses_nothing(harness: Harness, amqp: str) -> None:
     harness.spawn(concurrency=4, vt=VT)
     wait_until(lambda: harness.all_final(ids), 60, "every task is final")
     _all_succeeded(harness, ids)
+
+
+def test_a_paused_workers_delivery_comes_back_after_about_the_visibility_timeout(
+    harness: Harness, amqp: str
+) -> None:
+    """A worker frozen (SIGSTOP) while it holds a task sends no AMQP heartbeats: RabbitMQ
+    closes its connection after two to three heartbeat timeouts (a third of the visibility
+    timeout each, at least 2 s) and redelivers the task to another worker; once resumed, the
+    frozen worker finishes its own run, connects again and goes on. Nothing is lost, the
+    record ends succeeded. With aio-pika's 60 s heartbeat the redelivery takes some 3 min."""
+    vt = 4.0
+    queue = harness.queue(vt=vt)
+    paused = harness.spawn(concurrency=1, vt=vt)
+    harness.enqueue(queue, WORK, [("p0", 2.0)])
+    wait_until(lambda: harness.runs().get("p0") == 1, 30, "the first worker starts p0")
+    paused.signal(signal.SIGSTOP)
+    try:
+        other = harness.spawn(concurrency=2, vt=vt)
+        ids = [f"o{i}" for i in range(6)]
+        harness.enqueue(queue, WORK, [(i, 0.05) for i in ids])
+        wait_until(lambda: harness.runs().get("p0") == 2, 40, "another worker runs p0")
+        assert harness.pids()["p0"] == other.pid
+        wait_until(lambda: harness.all_final(["p0", *ids]), 30, "every task is final")
+    finally:
+        paused.signal(signal.SIGCONT)
+    wait_until(lambda: harness.done().get("p0") == 2, 30, "the resumed worker ends its run")
+    other.kill()  # the resumed worker alone must take what comes next
+    after = [f"a{i}" for i in range(4)]
+    harness.enqueue(queue, WORK, [(i, 0.05) for i in after])
+    wait_until(lambda: harness.all_final(after), 40, "the resumed worker runs new tasks")
+    _all_succeeded(harness, ["p0", *ids, *after])
+    assert paused.alive()
+    assert {harness.pids()[i] for i in after} == {paused.pid}
+
+
+def test_a_responsive_worker_is_not_cut_off_by_the_short_heartbeat(
+    harness: Harness, amqp: str
+) -> None:
+    """With a 4 s visibility timeout (a 2 s AMQP heartbeat, the least), tasks running
+    several heartbeat timeouts -- in a thread and on the event loop -- run once: the event
+    loop keeps answering RabbitMQ's heartbeats."""
+    vt = 4.0
+    queue = harness.queue(vt=vt)
+    harness.spawn(concurrency=2, vt=vt)
+    harness.enqueue(queue, BLOCKING, [("thread", 9.0)])
+    harness.enqueue(queue, WORK, [("loop", 9.0)])
+    wait_until(lambda: harness.all_final(["thread", "loop"]), 60, "both tasks are final")
+    _all_succeeded(harness, ["thread", "loop"])
+    assert harness.runs() == {"thread": 1, "loop": 1}

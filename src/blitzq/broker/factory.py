@@ -8,6 +8,7 @@ and which broker class serves which mode are decided here and nowhere else.
 from __future__ import annotations
 
 from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
 
 from .. import config
 from ..exceptions import ConfigurationError
@@ -23,23 +24,103 @@ SCHEMES = (
 AMQP_SCHEMES = ("amqp://", "amqps://")
 
 
-def resolve_amqp_url(configured: str | None) -> str | None:
+#: The queue name the RabbitMQ transport keeps for the namespace's dead-letter queue
+#: (``<namespace>.dead-letter``).
+AMQP_RESERVED_QUEUE = "dead-letter"
+
+
+def resolve_amqp_url(configured: str | None, queue: str | None = None) -> str | None:
     """The RabbitMQ URL to use, if any.
 
     Args:
         configured: the Queue's ``amqp_url`` (or the CLI's ``--amqp-url``); ``None`` reads
             ``BLITZQ_AMQP_URL``.
+        queue: the Queue's name, refused when it is :data:`AMQP_RESERVED_QUEUE` and a URL
+            is found.
 
     Returns:
         An ``amqp://`` or ``amqps://`` URL, or ``None`` (messages travel through Redis).
 
     Raises:
-        ConfigurationError: any other scheme.
+        ConfigurationError: any other scheme, a URL :func:`check_amqp_url` refuses, or the
+            reserved queue name.
     """
     url = configured or config.value("amqp_url") or None
-    if url is not None and not url.startswith(AMQP_SCHEMES):
-        raise ConfigurationError(f"unsupported amqp_url {url!r}: use amqp:// or amqps://")
+    if url is not None:
+        check_amqp_url(url)
+        if queue is not None:
+            check_amqp_queue(queue)
     return url
+
+
+def check_amqp_queue(queue: str) -> None:
+    """Refuse the queue name the RabbitMQ transport keeps for its dead-letter queue.
+
+    Raises:
+        ConfigurationError: ``queue`` is :data:`AMQP_RESERVED_QUEUE`.
+    """
+    if queue == AMQP_RESERVED_QUEUE:
+        raise ConfigurationError(
+            f"queue name {queue!r} is reserved on RabbitMQ: <namespace>.{queue} is the "
+            "namespace's dead-letter queue; use another queue name"
+        )
+
+
+def check_amqp_url(url: str) -> None:
+    """Refuse an AMQP URL that aio-pika could not connect with, before any connection.
+
+    Args:
+        url: ``amqp://user:password@host:port/vhost`` or ``amqps://...`` (the vhost one path
+            segment, ``%2F`` for ``/``; no vhost: ``/``).
+
+    Raises:
+        ConfigurationError: another scheme, no host, a port that is not an integer in
+            1-65535, or a vhost with an unescaped ``/``; the message names the URL with its
+            password masked.
+    """
+    shown = mask_url(url)
+    if not url.startswith(AMQP_SCHEMES):
+        raise ConfigurationError(f"unsupported amqp_url {shown!r}: use amqp:// or amqps://")
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigurationError(f"bad amqp_url {shown!r}: {exc}") from None
+    if not parts.hostname:
+        raise ConfigurationError(f"bad amqp_url {shown!r}: no host")
+    if port == 0:
+        raise ConfigurationError(f"bad amqp_url {shown!r}: port 0")
+    if "/" in parts.path[1:] and parts.path != "//":  # aio-pika reads "//" as vhost "/"
+        raise ConfigurationError(
+            f"bad amqp_url {shown!r}: the vhost {unquote(parts.path[1:])!r} has an unescaped "
+            "'/' (write it as %2F, e.g. amqp://host/%2F for the default vhost)"
+        )
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its passwords (userinfo, ``?password=`` and ``?sentinel_password=``)
+    replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    rest, qmark, query = rest.partition("?")
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        userinfo, _, host = authority.rpartition("@")
+        user, colon, _password = userinfo.partition(":")
+        if colon:
+            userinfo = f"{user}:***"
+        elif user:
+            userinfo = "***"  # redis://secret@host: a bare userinfo is the password
+        authority = f"{userinfo}@{host}"
+    if query:
+        query = "&".join(
+            f"{part.split('=', 1)[0]}=***"
+            if part.split("=", 1)[0] in ("password", "sentinel_password")
+            else part
+            for part in query.split("&")
+        )
+    return f"{scheme}{sep}{authority}{slash}{path}{qmark}{query}"
 
 
 def resolve_url(configured: str | None) -> str:
@@ -82,6 +163,7 @@ def make_broker(
     dead_letter_limits: dict[str, Any],
     amqp_url: str | None = None,
     max_deliveries: int = 5,
+    visibility_timeout: float | None = None,
 ) -> Broker:
     """A new broker (its own connections) for ``url``.
 
@@ -96,6 +178,8 @@ def make_broker(
             (:class:`~blitzq.broker.amqp.AmqpBroker`, at-least-once whatever ``mode``) and
             ``url`` keeps the state.
         max_deliveries: the Queue's ``max_deliveries`` (RabbitMQ's ``x-delivery-limit``).
+        visibility_timeout: the Queue's visibility timeout in seconds (RabbitMQ's connection
+            heartbeat is derived from it).
 
     Raises:
         ConfigurationError: a bad connection parameter in the URL.
@@ -110,7 +194,12 @@ def make_broker(
         from .amqp import AmqpBroker
 
         broker = AmqpBroker(
-            amqp_url, url, namespace, max_deliveries=max_deliveries, **dead_letter_limits
+            amqp_url,
+            url,
+            namespace,
+            max_deliveries=max_deliveries,
+            visibility_timeout=visibility_timeout,
+            **dead_letter_limits,
         )
     elif mode == "reliable":
         from .redis.spread import reliable_broker
@@ -125,4 +214,7 @@ def make_broker(
     return broker
 
 
-__all__ = ["AMQP_SCHEMES", "SCHEMES", "make_broker", "resolve_amqp_url", "resolve_url"]
+__all__ = [
+    "AMQP_RESERVED_QUEUE", "AMQP_SCHEMES", "SCHEMES", "check_amqp_queue", "check_amqp_url",
+    "make_broker", "mask_url", "resolve_amqp_url", "resolve_url",
+]  # fmt: skip

@@ -113,7 +113,9 @@ class DeadLetterFields:
         failed_at: Unix time (seconds).
         kind: where the message came from in that queue: ``"s"`` (a reliable-mode stream) or
             ``"l"`` (a fast-mode list); ``""`` when unknown (a dead letter written before
-            blitzq recorded it, or by a broker with one kind of queue). A replay goes there.
+            blitzq recorded it). A store paired with another transport (RabbitMQ, the spread
+            layout: at-least-once) records ``"s"``. A replay goes there (a store paired with
+            another transport publishes to its outbox whatever the kind).
     """
 
     message: bytes

@@ -18,6 +18,7 @@ from click.core import ParameterSource
 from rich.console import Console
 
 from .. import config
+from ..broker.factory import mask_url as mask_url  # re-exported to the commands
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, EmbeddedServerNotFound
 from ..limits import MAX_SECONDS
 from ..logconfig import LEVELS
@@ -214,35 +215,27 @@ def settings() -> Settings:
 
 
 # ----------------------------------------------------------------- errors
-def mask_url(url: str) -> str:
-    """``url`` with its passwords (userinfo, ``?password=`` and ``?sentinel_password=``)
-    replaced by ``***``."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    rest, qmark, query = rest.partition("?")
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        userinfo, _, host = authority.rpartition("@")
-        user, colon, _password = userinfo.partition(":")
-        if colon:
-            userinfo = f"{user}:***"
-        elif user:
-            userinfo = "***"  # redis://secret@host: a bare userinfo is the password
-        authority = f"{userinfo}@{host}"
-    if query:
-        query = "&".join(
-            f"{part.split('=', 1)[0]}=***"
-            if part.split("=", 1)[0] in ("password", "sentinel_password")
-            else part
-            for part in query.split("&")
-        )
-    return f"{scheme}{sep}{authority}{slash}{path}{qmark}{query}"
-
-
-def _where(url: str | None) -> str:
+def _where(url: str | None, exc: BrokerError) -> str:
+    """The server a broker error is about: RabbitMQ's URL for the RabbitMQ transport's
+    errors (their message starts with "RabbitMQ"), else the Redis one."""
+    if str(exc).startswith("RabbitMQ"):
+        ctx = click.get_current_context(silent=True)
+        typed = ctx.find_object(Settings) if ctx is not None else None
+        amqp_url = (typed.amqp_url if typed else None) or config.value("amqp_url")
+        return mask_url(amqp_url) if amqp_url else "RabbitMQ"
     url = url or config.value("redis_url")
     return mask_url(url) if url else "the embedded server"
+
+
+def amqp_of(queue: Queue) -> str | None:
+    """The RabbitMQ URL (password masked) of ``queue``'s broker, or ``None`` when its
+    messages travel through Redis."""
+    if queue._shared_broker is not None:  # a ready broker: its own transport, if any
+        link = getattr(getattr(queue._shared_broker, "amqp", None), "link", None)
+        url = getattr(link, "url", None)
+        return mask_url(url) if isinstance(url, str) else None
+    url = queue._amqp_url or config.value("amqp_url")
+    return mask_url(url) if url else None
 
 
 @contextlib.contextmanager
@@ -259,7 +252,7 @@ def cli_errors(url: str | None = None) -> Iterator[None]:
     except EmbeddedServerNotFound as exc:
         raise CliError(str(exc)) from None
     except BrokerError as exc:
-        raise CliError(f"broker error ({_where(url)}): {exc}") from None
+        raise CliError(f"broker error ({_where(url, exc)}): {exc}") from None
     except BlitzQError as exc:
         raise CliError(str(exc)) from None
 

@@ -17,6 +17,7 @@ from ..exceptions import BlitzQError
 from ..preflight import Finding, exit_code, preflight
 from ..queue import Queue
 from ._common import (
+    amqp_of,
     cli_errors,
     console,
     emit_json,
@@ -64,12 +65,15 @@ def check_command(app: str) -> None:
                 "exit_code": code,
                 "namespace": queue.namespace,
                 "broker": mask_url(queue.url),
+                "amqp": amqp_of(queue),
                 "checks": [f.to_dict() for f in findings],
             }
         )
     else:
         out = console()
-        out.print(Text(f"blitzq check {queue.namespace} at {mask_url(queue.url)}", "bold"))
+        amqp = amqp_of(queue)
+        where = mask_url(queue.url) + (f" with RabbitMQ {amqp}" if amqp else "")
+        out.print(Text(f"blitzq check {queue.namespace} at {where}", "bold"))
         for f in findings:
             line = Text(f"{f.status.upper():>4}  ", style=_STYLE[f.status])
             line.append(f"{f.name}: ", style="bold")

@@ -25,6 +25,7 @@ from ._common import (
     CliUsageError,
     Seconds,
     Settings,
+    amqp_of,
     cli_errors,
     emit_json,
     global_options,
@@ -175,6 +176,7 @@ def _startup(worker: Worker, url: str) -> None:
         "mode": queue.mode,
         "namespace": queue.namespace,
         "broker": mask_url(url),
+        "amqp": amqp_of(queue),
         "pid": os.getpid(),
     }
     if settings().json:
@@ -184,6 +186,7 @@ def _startup(worker: Worker, url: str) -> None:
         click.style(f"blitzq worker {worker.id}", bold=True)
         + f" queues={','.join(worker.queues)} concurrency={worker.concurrency}"
         f" mode={queue.mode} namespace={queue.namespace} broker={mask_url(url)}"
+        + (f" amqp={doc['amqp']}" if doc["amqp"] else "")
     )
 
 
@@ -387,10 +390,8 @@ def worker_command(
 
 
 def _exit_past_abandoned_threads(code: int = 0) -> None:
-    """Exit now, with ``code``, if a non-daemon thread outlived the shutdown timeout.
-
-    A thread cannot be interrupted, and the interpreter would otherwise wait for it at exit.
-    """
+    """Exit now, with ``code``, if a non-daemon thread outlived the shutdown timeout (a
+    thread cannot be interrupted, and the interpreter would otherwise wait for it at exit)."""
     main = threading.main_thread()
     if any(t is not main and t.is_alive() and not t.daemon for t in threading.enumerate()):
         logging.shutdown()

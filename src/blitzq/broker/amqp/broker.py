@@ -18,6 +18,7 @@ from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
 from ..facade import Broker
 from ..redis.connection import DEFAULT_DEAD_LETTER_CAP, DeadLetterLimits, RedisConnection
 from ..redis.store import RedisStateStore
+from .channels import heartbeat_for
 from .custody import Custody
 from .transport import AmqpTransport
 
@@ -37,18 +38,21 @@ class AmqpBroker(DeadLetterLimits, Broker):
         dead_letter_cap: dead letters kept before the oldest are dropped.
         dead_letter_ttl: seconds a dead letter is kept.
         dead_letter_max_bytes: total bytes of dead letters kept.
+        visibility_timeout: the Queue's visibility timeout (seconds): the AMQP heartbeat is
+            derived from it (``channels.heartbeat_for``), so RabbitMQ takes back a frozen
+            worker's deliveries after about that long; ``None``: aio-pika's 60 s heartbeat.
 
     Attributes:
         conn: the state store's Redis connection (kind ``"l"``).
-        kind: ``""``: the broker has one kind of queue (RabbitMQ's), the origin its dead
-            letters record; the store's own queue writes go to its outbox, relayed to RabbitMQ
-            (:mod:`blitzq.broker.outbox`).
+        kind: ``"s"``, the origin its dead letters record (``DeadLetter.mode`` "reliable":
+            RabbitMQ delivery is at-least-once); the store's own queue writes go to its
+            outbox, relayed to RabbitMQ (:mod:`blitzq.broker.outbox`).
 
     Raises:
         ConfigurationError: a bad query parameter in ``redis_url``.
     """
 
-    kind = ""
+    kind = "s"
 
     def __init__(
         self,
@@ -61,6 +65,7 @@ class AmqpBroker(DeadLetterLimits, Broker):
         dead_letter_cap: int = DEFAULT_DEAD_LETTER_CAP,
         dead_letter_ttl: int = DEFAULT_DEAD_LETTER_TTL,
         dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
+        visibility_timeout: float | None = None,
     ) -> None:
         conn = RedisConnection(
             redis_url,
@@ -72,8 +77,14 @@ class AmqpBroker(DeadLetterLimits, Broker):
         )
         store = RedisStateStore(conn)
         custody = Custody(conn, store)
+        heartbeat = None if visibility_timeout is None else heartbeat_for(visibility_timeout)
         transport = AmqpTransport(
-            amqp_url, namespace, max_deliveries=max_deliveries, prefetch=prefetch, custody=custody
+            amqp_url,
+            namespace,
+            max_deliveries=max_deliveries,
+            prefetch=prefetch,
+            custody=custody,
+            heartbeat=heartbeat,
         )
         custody.transport = transport
         super().__init__(transport, store)

@@ -16,6 +16,12 @@ queues blitzq uses:
 - ``<namespace>.dead-letter``: a durable quorum queue the transport drains into the state
   store's dead letters (``custody.py``).
 
+The connection's heartbeat timeout is a third of the visibility timeout (2 to 60 s,
+:func:`heartbeat_for`; a ``?heartbeat=`` in the URL wins), so RabbitMQ closes the connection of
+a frozen (``SIGSTOP``, stopped in a debugger) worker and redelivers its unacked messages after
+about the visibility timeout; aio-pika answers heartbeats from the event loop, which a
+responsive worker keeps running.
+
 A declaration is idempotent while the arguments agree; a queue declared earlier with other
 arguments (another ``max_deliveries``) is refused by RabbitMQ (``PRECONDITION_FAILED``),
 reported as a :class:`~blitzq.exceptions.ConfigurationError`.
@@ -26,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import aio_pika
@@ -34,11 +40,13 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from ...exceptions import BrokerError, ConfigurationError
+from ..factory import AMQP_RESERVED_QUEUE, check_amqp_queue, mask_url
+from .closing import CloseNotice, describe
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
 #: Suffix of the namespace's dead-letter queue (``<namespace>.dead-letter``).
-DEAD_LETTER_SUFFIX = "dead-letter"
+DEAD_LETTER_SUFFIX = AMQP_RESERVED_QUEUE
 
 #: Header carrying the deliveries a message had before it was published again from the
 #: state store's custody (``custody.py``).
@@ -47,17 +55,63 @@ DELIVERIES = "x-blitzq-deliveries"
 #: Seconds to wait for RabbitMQ to accept a connection.
 CONNECT_TIMEOUT = 10.0
 
+#: Longest AMQP heartbeat timeout blitzq asks for (seconds; aio-pika's own default).
+MAX_HEARTBEAT = 60
+
+
+def heartbeat_for(visibility_timeout: float) -> int:
+    """The AMQP heartbeat timeout (whole seconds) for a Queue's visibility timeout: a third
+    of it, at least 2 and at most :data:`MAX_HEARTBEAT`. RabbitMQ closes a connection that
+    sent nothing for two to three heartbeat timeouts (measured on RabbitMQ 3.x: 3 x) -- a
+    frozen or paused process; a responsive event loop sends one every half timeout -- and
+    redelivers its unacked messages, so a frozen worker's deliveries come back after about
+    the visibility timeout (at least some 6 s)."""
+    return max(2, min(MAX_HEARTBEAT, round(visibility_timeout / 3)))
+
+
+#: Reply codes of a ``connection.close`` that no retry cures (a wrong vhost or login).
+REFUSALS = {403: "ACCESS_REFUSED", 530: "NOT_ALLOWED"}
+
+
+def server_close(exc: BaseException) -> tuple[int, str] | None:
+    """The ``(reply_code, reply_text)`` of the ``connection.close`` RabbitMQ answered a
+    connection attempt with, when ``exc`` came from it: aiormq reports a close in reply to
+    ``connection.open`` (an unknown vhost, a vhost the user may not use) as an
+    ``InvalidFrameError`` naming only the frame's class, so the frame is looked up in the
+    frames of the traceback (``None`` when not found)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame.f_locals.get("frame")
+        if isinstance(frame, aiormq.spec.Connection.Close):
+            return int(frame.reply_code or 0), str(frame.reply_text or "")
+        tb = tb.tb_next
+    return None
+
 
 def translate(exc: BaseException, what: str) -> Exception:
-    """The blitzq error for an aio-pika/aiormq failure while doing ``what``."""
+    """The blitzq error for an aio-pika/aiormq failure while doing ``what``: RabbitMQ's
+    refusal of a login or vhost in its own words, and not transient."""
+    closed = server_close(exc) if isinstance(exc, aiormq.exceptions.AMQPError) else None
+    if closed is not None:
+        code, text = closed
+        return BrokerError(
+            f"RabbitMQ closed the connection ({what}): {code} {text}",
+            transient=code not in REFUSALS,
+        )
+    if isinstance(
+        exc, (aiormq.exceptions.ProbableAuthenticationError, aiormq.exceptions.AuthenticationError)
+    ):
+        return BrokerError(f"RabbitMQ refused {what}: {exc}", transient=False)
     if isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed):
         return ConfigurationError(
             f"RabbitMQ refused {what}: {exc} (a queue of this name was declared with other "
-            "arguments, e.g. another max_deliveries: delete it or use another namespace)"
+            "arguments: another max_deliveries, or it is another namespace's queue -- "
+            "namespace 'a' with queue 'x.q' and namespace 'a.x' with queue 'q' are both "
+            "'a.x.q' -- or not blitzq's; delete it or use another namespace or queue name)"
         )
     if isinstance(exc, aiormq.exceptions.ChannelAccessRefused):
         return BrokerError(f"RabbitMQ refused {what}: {exc}", transient=False)
-    return BrokerError(f"RabbitMQ: {what} failed: {type(exc).__name__}: {exc}")
+    return BrokerError(f"RabbitMQ: {what} failed: {describe(exc)}")
 
 
 def unconfirmed(exc: BaseException, what: str) -> Exception:
@@ -85,10 +139,15 @@ class AmqpLink:
         url: an ``amqp://`` or ``amqps://`` URL (user, password, host, port, vhost).
         namespace: prefix of every queue name (``<namespace>.<queue>``).
         max_deliveries: deliveries of one message before RabbitMQ dead-letters it (>= 1).
+        heartbeat: the connection's heartbeat timeout in seconds (see :func:`heartbeat_for`),
+            unless the URL gives ``?heartbeat=``; ``None``: aio-pika's default (60 s).
     """
 
-    def __init__(self, url: str, namespace: str, max_deliveries: int) -> None:
+    def __init__(
+        self, url: str, namespace: str, max_deliveries: int, heartbeat: int | None = None
+    ) -> None:
         self.url = url
+        self.heartbeat = None if "heartbeat=" in url.partition("?")[2] else heartbeat
         self.namespace = namespace
         self.max_deliveries = max_deliveries
         self.epoch = 0
@@ -99,6 +158,8 @@ class AmqpLink:
         self._publisher: AbstractChannel | None = None
         self._publisher_epoch = 0
         self._declared: dict[str, AbstractQueue] = {}
+        self.listeners: list[Callable[[], None]] = []
+        """Called when a connection closed (the transport wakes its waiting fetches)."""
         self.used: set[str] = set()
         """Every RabbitMQ queue name this link declared (for a teardown that deletes them)."""
         self._lock = asyncio.Lock()
@@ -106,7 +167,12 @@ class AmqpLink:
 
     # ----------------------------------------------------------------- names
     def name(self, queue: str) -> str:
-        """The RabbitMQ queue of the physical queue ``queue``."""
+        """The RabbitMQ queue of the physical queue ``queue``.
+
+        Raises:
+            ConfigurationError: ``queue`` is ``dead-letter`` (the dead-letter queue's name).
+        """
+        check_amqp_queue(queue)
         return f"{self.namespace}.{queue}"
 
     def physical(self, name: str) -> str:
@@ -149,19 +215,24 @@ class AmqpLink:
                 return self._conn
             await self._drop()
             try:
-                conn = await aio_pika.connect(
+                options: dict[str, Any] = {}
+                if self.heartbeat is not None:
+                    options["heartbeat"] = self.heartbeat
+                made: aio_pika.abc.AbstractConnection = await aio_pika.connect(
                     self.url,
                     timeout=CONNECT_TIMEOUT,
                     client_properties={"connection_name": self.connection_name},
+                    **options,
                 )
             except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
-                raise translate(exc, f"connecting to {_masked(self.url)}") from None
-            self._conn = conn
+                raise translate(exc, f"connecting to {mask_url(self.url)}") from None
+            self._conn = made
             self.epoch += 1
+            CloseNotice(made, self.connection_name, lambda: self._conn is not made, self.listeners)
             if self._closer is None:  # once per link: it closes whichever connection is open
                 self._closer = _close_at_loop_end(self)
                 await anext(self._closer)
-            return conn
+            return made
 
     async def publisher(self) -> AbstractChannel:
         """The channel publishing (confirm mode, unroutable messages returned as errors)."""
@@ -196,9 +267,11 @@ class AmqpLink:
         """Declare the quorum queue of ``queue`` (and the dead-letter queue) once per channel.
 
         Raises:
-            ConfigurationError: it exists with other arguments.
+            ConfigurationError: it exists with other arguments, or ``queue`` is the reserved
+                ``dead-letter``.
             BrokerError: RabbitMQ could not be reached.
         """
+        name = self.name(queue)  # a reserved name is refused before anything is declared
         channel = await self.publisher()  # a channel opened again forgets the declarations
         declared = self._declared.get(queue)
         if declared is not None:
@@ -208,14 +281,12 @@ class AmqpLink:
                 self._declared[DEAD_LETTER_SUFFIX] = await channel.declare_queue(
                     self.dead_letter_queue, durable=True, arguments={"x-queue-type": "quorum"}
                 )
-            declared = await channel.declare_queue(
-                self.name(queue), durable=True, arguments=self.arguments()
-            )
+            declared = await channel.declare_queue(name, durable=True, arguments=self.arguments())
         except aiormq.exceptions.AMQPError as exc:
             self._publisher = None  # a refused declaration closes the channel
-            raise translate(exc, f"declaring queue {self.name(queue)!r}") from None
+            raise translate(exc, f"declaring queue {name!r}") from None
         self._declared[queue] = declared
-        self.used |= {self.name(queue), self.dead_letter_queue}
+        self.used |= {name, self.dead_letter_queue}
         return declared
 
     async def dead_letters(self) -> AbstractQueue:
@@ -319,15 +390,6 @@ def _alive(conn: aio_pika.abc.AbstractConnection) -> bool:
     """Whether ``conn`` is open: aio-pika clears ``connected`` when the server closes a
     connection, before (or without) marking it closed."""
     return not conn.is_closed and conn.connected.is_set()
-
-
-def _masked(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not at:
-        return url
-    user = userinfo.partition(":")[0]
-    return f"{scheme}{sep}{user}:***@{host}"
 
 
 __all__ = ["DEAD_LETTER_SUFFIX", "DELIVERIES", "AmqpLink", "header_int", "settle", "translate"]

@@ -13,15 +13,13 @@ aio-pika, paired with the Redis state store (``broker.py``). How it meets the co
   consumer received waits in a local buffer; a non-blocking fetch that finds it short tops it
   up with ``basic.get``, so a message published a moment ago is seen at once. ``fetch_first``
   drains the levels in order and, when all are empty, waits on all of them at once: a
-  message on any level wakes it (no polling delay). ``Delivery.token`` names the delivery
-  (``<epoch>.<channel>.<delivery tag>``) and ``deliveries`` is the quorum queue's
-  ``x-delivery-count`` + 1 (+ the deliveries before a custody recovery, see
-  ``custody.py``).
+  message on any level, or the connection closing, wakes it. ``Delivery.token`` is
+  ``<epoch>.<channel>.<delivery tag>``; ``deliveries`` is the quorum queue's
+  ``x-delivery-count`` + 1 (+ the deliveries before a custody recovery, ``custody.py``).
 - **ack / nack**: ``basic.ack`` of the held delivery (a token whose connection closed since
   is skipped: RabbitMQ redelivers that message); ``nack`` (a hand-back) publishes the message
   again, confirmed, then acks it, so the quorum queue's delivery count is not spent.
-- **reconnects**: a closed connection or consumer channel is re-opened by the next fetch,
-  and its consumer started again (``channels.py``).
+- **reconnects**: the next fetch re-opens a closed connection (``channels.py``) or channel.
 - **long tasks**: a delivery held longer than the visibility timeout is handed to the state
   store's custody (``custody.py``), so RabbitMQ's ``consumer_timeout`` never fires on it.
 """
@@ -48,7 +46,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
-
 #: Seconds a published message may wait for RabbitMQ's confirm (then the publish fails).
 CONFIRM_TIMEOUT = 30.0
 #: Messages of one publish in flight at once (awaiting their confirms).
@@ -67,6 +64,7 @@ class AmqpTransport(Transport):
             ``count`` of the first fetch of that queue (a worker's free slots).
         custody: the state store's custody of long-held deliveries (``custody.py``); without
             it nothing is handed over and :meth:`recover` only reports ``(0, 0)``.
+        heartbeat: AMQP heartbeat timeout, seconds (``None``: 60; ``?heartbeat=`` wins).
     """
 
     guarantee = Guarantee.AT_LEAST_ONCE
@@ -81,13 +79,15 @@ class AmqpTransport(Transport):
         max_deliveries: int = 5,
         prefetch: int | None = None,
         custody: Custody | None = None,
+        heartbeat: int | None = None,
     ) -> None:
-        self.link = AmqpLink(url, namespace, max_deliveries)
+        self.link = AmqpLink(url, namespace, max_deliveries, heartbeat)
         self.prefetch = prefetch
         self.custody = custody
         self.held: dict[bytes, Held] = {}
         self.consumers: dict[str, Consumer] = {}  # by physical queue
         self._waiters: set[asyncio.Event] = set()  # one per fetch waiting for a message
+        self.link.listeners.append(self._wake)  # a closed connection: reconnect at once
 
     # --------------------------------------------------------------- publish
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
@@ -235,8 +235,8 @@ class AmqpTransport(Transport):
                 out += await self._take(queue, consumer, count - len(out), True)
                 if len(out) >= count:
                     break
-        except (TimeoutError, aiormq.exceptions.AMQPError, ConnectionError) as exc:
-            if isinstance(exc, BrokerError):
+        except (TimeoutError, RuntimeError, aiormq.exceptions.AMQPError, ConnectionError) as exc:
+            if isinstance(exc, BrokerError):  # aio-pika: RuntimeError on a closed connection
                 raise
             raise translate(exc, "fetching") from None
         return out

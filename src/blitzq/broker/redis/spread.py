@@ -180,10 +180,13 @@ class SpreadRedisBroker(DeadLetterLimits, Broker):
         conn: the state store's connection (keys under ``{ns}``); ``keys``, ``client`` and
             ``url`` are its own.
         transport_conn: the transport's connection (same client, :class:`SpreadKeys`).
+        kind: ``"s"``, the origin its dead letters record (``DeadLetter.mode`` "reliable").
 
     Raises:
         ConfigurationError: a query parameter of ``url`` has an invalid value.
     """
+
+    kind = "s"
 
     def __init__(
         self,

@@ -18,7 +18,8 @@
 --     ttl in seconds; eta is the
 --     reschedule's delay in seconds, made a due time here on the server's clock (TIME); dead
 --     is "" or {message, reason, error, task, queue, failed_at} (stored with the kind: its
---     origin; "" for "o", a transport with one kind of queue); fence: a token checked, not
+--     origin; "s" for "o": the transports an outbox serves -- RabbitMQ, the Redis Cluster
+--     spread layout -- are at-least-once, "reliable"); fence: a token checked, not
 --     acked; ops: see OPS below.
 -- Also reads or writes:
 --   {ns}:s:<queue>    XACK/XDEL of acks and tokens, XPENDING of fences, XADD of requeues
@@ -281,7 +282,7 @@ for _, c in ipairs(batch) do
     if dead ~= '' then
       redis.call('HSET', KEY.dead_letter(prefix, task_id), 'message', dead[1], 'reason', dead[2],
         'error', dead[3], 'task', dead[4], 'queue', dead[5], 'failed_at', dead[6],
-        'kind', kind == 'o' and '' or kind)
+        'kind', kind == 'o' and 's' or kind)
       redis.call('ZADD', KEYS[3], dead[6], task_id)
       dl_note(prefix, task_id, #dead[1] + #dead[3] + 64, dl_ttl, dl_bytes)
       dead_added = dead_added + 1
