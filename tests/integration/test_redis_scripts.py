@@ -40,6 +40,8 @@ CALLED = {
     "lock_renew", "outbox_restore", "outbox_take", "pop_levels", "progress", "promote", "prune",
     "publish", "purge_dead", "rate_acquire", "recover", "renew", "replay", "schedule",
     "trim_dead", "unique_claim",
+    # the spread layout of a Redis Cluster (spread.py, handoff.py)
+    "handoff_publish", "handoff_restore", "handoff_take", "hold", "recover_split",
 }  # fmt: skip
 
 
