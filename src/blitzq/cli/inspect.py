@@ -79,8 +79,8 @@ def task_inspect(task_id: str) -> None:
 
     Shows the task's latest progress report too, when it made one, and for a task waiting
     on the schedule (a delay, an eta, a retry's backoff) when it is due. Exits 1 when
-    nothing is known of it (never enqueued, waiting in its queue without track_state, or
-    expired after result_ttl).
+    nothing is known of it (never enqueued, waiting in its queue or running without
+    track_state, or expired after result_ttl).
     """
 
     async def fetch(q: Queue) -> tuple[TaskRecord | None, Progress | None]:
@@ -91,8 +91,9 @@ def task_inspect(task_id: str) -> None:
         record = TaskRecord(task_id, "", "", TaskState.RUNNING)
     if record is None:
         raise CliError(
-            f"no record for task {task_id} (unknown, waiting in its queue without "
-            "track_state, or expired after result_ttl)"
+            f"no record for task {task_id} (unknown, waiting in its queue or running without "
+            "track_state, or expired after result_ttl; Queue(track_state=True) records "
+            "queued and running tasks too)"
         )
     doc = record_doc(record)
     doc["progress"] = None
