@@ -78,7 +78,16 @@ def test_a_killed_holders_lock_is_freed_when_its_lease_expires(
     started = obs(namespace, "started")
     wait_until(lambda: client.lrange(started, 0, -1) == [b"holder"], 30.0, "holder started")
     waiter = locked.enqueue_sync("r1", "waiter", 0.05)
-    time.sleep(0.3)  # the waiter is fetched, locked out, and put back on the schedule
+
+    def parked() -> bool:
+        """The waiter was fetched, locked out and put back on the schedule, not due for a
+        while: a worker killed now holds nothing of it (fast mode loses what it holds)."""
+        record = queue.inspect_sync(waiter.id)
+        return (
+            record is not None and record.due_at is not None and record.due_at - time.time() > 0.15
+        )
+
+    wait_until(parked, 30.0, "the waiter locked out and on the schedule", interval=0.02)
     assert client.lrange(started, 0, -1) == [b"holder"]
     os.kill(first.pid, signal.SIGKILL)
     first.wait(10)
