@@ -100,6 +100,33 @@ async def test_fetch_first_blocks_on_every_level_at_once(broker: Broker, level: 
     assert latency < 3.0, latency  # woken, not timed out after its 5 s
 
 
+async def test_fetch_first_without_a_look_keeps_the_level_order(broker: Broker) -> None:
+    # The idle worker's blocking fetch skips its look (look_first=False): what arrived since
+    # its last look is returned at once, the most urgent level first, at most one per level.
+    await ready(broker)
+    await broker.publish("flow:low", [message("l")])
+    await broker.publish("flow", [message("n")])
+    await broker.publish("flow:high", [message("h")])
+    got = await asyncio.wait_for(broker.fetch_first(LEVELS, 1, 5.0, look_first=False), 5.0)
+    assert ids(got)[0] == "h"
+    queues = [d.queue for d in got]
+    assert queues == sorted(set(queues), key=LEVELS.index), queues
+    rest = await broker.fetch_first(LEVELS, 10, 0)
+    assert sorted(ids(got) + ids(rest)) == ["h", "l", "n"]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+async def test_fetch_first_without_a_look_blocks_on_every_level(broker: Broker, level: str) -> None:
+    await ready(broker)
+    fetch = asyncio.ensure_future(broker.fetch_first(LEVELS, 1, 5.0, look_first=False))
+    await asyncio.sleep(0.1)
+    assert not fetch.done()
+    await broker.publish(level, [message("wake")])
+    got = await asyncio.wait_for(fetch, 5.0)
+    assert ids(got) == ["wake"]
+    assert got[0].queue == level
+
+
 async def test_fetch_first_times_out_empty(broker: Broker) -> None:
     await ready(broker)
     started = time.monotonic()

@@ -87,10 +87,10 @@ class Broker(OperationsFacade):
         return await self.transport.fetch(queue, count, timeout)
 
     async def fetch_first(
-        self, queues: Sequence[str], count: int, timeout: float
+        self, queues: Sequence[str], count: int, timeout: float, *, look_first: bool = True
     ) -> list[Delivery]:
         """See :meth:`Transport.fetch_first`."""
-        return await self.transport.fetch_first(queues, count, timeout)
+        return await self.transport.fetch_first(queues, count, timeout, look_first=look_first)
 
     async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
         """See :meth:`Transport.heartbeat`."""

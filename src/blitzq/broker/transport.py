@@ -107,13 +107,19 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     async def fetch_first(
-        self, queues: Sequence[str], count: int, timeout: float
+        self, queues: Sequence[str], count: int, timeout: float, *, look_first: bool = True
     ) -> list[Delivery]:
         """Take up to ``count`` messages from ``queues`` in the order given (priority levels).
 
         Earlier queues are drained first. When all are empty, blocks up to ``timeout`` seconds
         on all of them at once (0 = do not block) and returns what arrives first (a few
         messages at most, possibly from more than one queue).
+
+        ``look_first=False`` (with ``timeout`` > 0) tells that the caller's non-blocking call
+        on the same queues just found them all empty: a transport may then go straight to
+        its blocking read, one command less (the idle worker's fetch); the blocking read
+        still returns at once, earlier queues first, what arrived in between. A transport
+        may ignore it.
         """
 
     async def ack(self, queue: str, tokens: Sequence[bytes]) -> None:

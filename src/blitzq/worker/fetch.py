@@ -189,7 +189,11 @@ class Fetcher:
         slots.release(n - 1)
         slots.global_limiter.release(1)
         try:
-            deliveries = await broker.fetch_first(names, 1, self.worker.block_timeout)
+            # The levels were empty a moment ago: block at once, one command less per idle
+            # fetch; what arrived meanwhile comes back at once, most urgent level first.
+            deliveries = await broker.fetch_first(
+                names, 1, self.worker.block_timeout, look_first=False
+            )
         except Exception:
             slots.release_queue(1)
             raise

@@ -202,10 +202,10 @@ class AmqpTransport(Transport):
         return await self.fetch_first([queue], count, timeout)
 
     async def fetch_first(
-        self, queues: Sequence[str], count: int, timeout: float
+        self, queues: Sequence[str], count: int, timeout: float, *, look_first: bool = True
     ) -> list[Delivery]:
         """Take up to ``count`` messages from ``queues``, earlier ones first; when all are
-        empty, wait up to ``timeout`` seconds for a message on any of them.
+        empty, wait up to ``timeout`` seconds for any of them (``look_first`` is ignored).
 
         Raises:
             BrokerError: RabbitMQ could not be reached.

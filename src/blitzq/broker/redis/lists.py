@@ -14,6 +14,7 @@ nothing to hand back.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ...exceptions import ConfigurationError
 from ...limits import CHUNK_ITEMS
@@ -68,11 +69,15 @@ class ListsTransport(RedisPart, Transport):
 
     @translate_errors
     async def fetch_first(
-        self, queues: Sequence[str], count: int, timeout: float
+        self, queues: Sequence[str], count: int, timeout: float, *, look_first: bool = True
     ) -> list[Delivery]:
-        """Pop from the lists in order in one script call; block on all of them at once."""
+        """Pop from the lists in order in one script call; block on all of them at once (at
+        once, without the script, when ``look_first`` is false and ``timeout`` > 0: BLMPOP
+        pops from the first non-empty list, so the order holds)."""
         keys = [self.keys.list(q) for q in queues]
-        rows = await self.scripts.call("pop_levels", keys=keys, args=[count])
+        rows: list[Any] = []  # the caller's script just found every list empty
+        if look_first or timeout <= 0:
+            rows = await self.scripts.call("pop_levels", keys=keys, args=[count])
         n = len(keys)
         if len(rows) > n or timeout <= 0:
             out: list[Delivery] = []

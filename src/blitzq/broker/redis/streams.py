@@ -133,13 +133,17 @@ class StreamsTransport(RedisPart, Transport):
 
     @translate_errors
     async def fetch_first(
-        self, queues: Sequence[str], count: int, timeout: float
+        self, queues: Sequence[str], count: int, timeout: float, *, look_first: bool = True
     ) -> list[Delivery]:
-        """Take from the streams in order in one script call; block on all of them at once."""
+        """Take from the streams in order in one script call; block on all of them at once
+        (at once, without the script, when ``look_first`` is false and ``timeout`` > 0)."""
         keys = [self.keys.stream(q) for q in queues]
-        rows = await self.scripts.call(
-            "fetch_levels", keys=keys, args=[GROUP, self.consumer, count]
-        )
+        if look_first or timeout <= 0:
+            rows = await self.scripts.call(
+                "fetch_levels", keys=keys, args=[GROUP, self.consumer, count]
+            )
+        else:  # the caller's script just found every level empty
+            rows = []
         n = len(keys)
         if len(rows) > n or timeout <= 0:
             out: list[Delivery] = []
@@ -155,6 +159,8 @@ class StreamsTransport(RedisPart, Transport):
                 ]
                 start = end
             return out
+        # What arrived since the script is returned at once, one entry per stream that has
+        # some, in the order of the keys; the worker keeps the most urgent (Fetcher._grant).
         block = max(1, int(self.block_for(timeout) * 1000))
         reply = await self.client.execute_command(
             "XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 1,
