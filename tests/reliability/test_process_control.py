@@ -318,6 +318,16 @@ def test_autoscale_without_a_shared_server_is_refused(
     assert f"memory://{module}" in result.output
 
 
+def test_control_starts_no_embedded_server(tmp_path: Path) -> None:
+    data_dir = tmp_path / "none"
+    env = {"BLITZQ_REDIS_URL": None, "BLITZQ_NAMESPACE": None, "BLITZQ_DATA_DIR": str(data_dir)}
+    for args in (["status"], ["status", APP], ["scale", APP, "--min", "1", "--max", "2"]):
+        result = CliRunner().invoke(cli, ["control", *args], env=env)
+        assert result.exit_code == 1, result.output
+        assert "embedded server" in result.output, result.output
+    assert not data_dir.exists()
+
+
 @pytest.mark.parametrize(
     ("extra", "named"),
     [
