@@ -399,24 +399,55 @@ def test_check_exit_codes_and_findings(
 
 
 @pytest.mark.timeout(60)
-def test_check_exits_78_when_the_server_can_evict_keys(invoke: Callable[..., Result]) -> None:
+def test_check_exits_78_when_the_server_can_evict_keys(
+    invoke: Callable[..., Result], namespace: str
+) -> None:
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.skip("no redis-server binary")
-    server = SessionRedis(binary)
+    server = SessionRedis(binary)  # --save "" --appendonly no: no persistence
     try:
         assert server.wait_ready()
+        # Three messages on a queue no worker consumes.
+        producer = Queue(redis_url=server.url, namespace=namespace, name="ops")
+        try:
+            for i in range(3):
+                producer.send_sync("ops.add", (i, 1))
+        finally:
+            producer.close_sync()
         with redis.Redis.from_url(server.url) as client:
             client.config_set("maxmemory", 64 * 1024 * 1024)
             client.config_set("maxmemory-policy", "allkeys-lru")
-        result = invoke("check", APP, "--json", url=server.url)
-        assert result.exit_code == 78, result.output
-        eviction = _checks(result)["eviction"]
-        assert eviction["status"] == "fail"
-        assert "allkeys-lru" in eviction["detail"]
-        human = invoke("check", APP, url=server.url)
-        assert human.exit_code == 78
-        assert "FAIL  eviction" in human.stdout
+            result = invoke("check", APP, "--json", url=server.url)
+            assert result.exit_code == 78, result.output
+            checks = _checks(result)
+            eviction = checks["eviction"]
+            assert eviction["status"] == "fail"
+            assert "allkeys-lru" in eviction["detail"]
+            assert checks["server"]["status"] == "ok"
+            assert checks["persistence"] == {
+                "name": "persistence",
+                "status": "warn",
+                "detail": "neither AOF nor RDB snapshots: a server restart loses all work",
+            }
+            assert checks["workers"]["status"] == "warn"
+            assert checks["queue ops"] == {
+                "name": "queue ops",
+                "status": "warn",
+                "detail": "no live worker consumes it (3 waiting)",
+            }
+            human = invoke("check", APP, url=server.url)
+            assert human.exit_code == 78
+            assert "FAIL  eviction" in human.stdout
+            # Warnings alone do not block: back to noeviction, AOF on, exit code 0.
+            client.config_set("maxmemory-policy", "noeviction")
+            client.config_set("appendonly", "yes")
+            result = invoke("check", APP, "--json", url=server.url)
+            assert result.exit_code == 0, result.output
+            checks = _checks(result)
+            assert checks["persistence"]["status"] == "ok"
+            assert checks["persistence"]["detail"].startswith("AOF")
+            assert checks["queue ops"]["status"] == "warn"
     finally:
         server.stop()
 

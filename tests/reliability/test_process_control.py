@@ -147,6 +147,18 @@ def control(redis_url: str, namespace: str, *args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+def control_app(redis_url: str, app: str, *args: str) -> tuple[int, str]:
+    """Run ``blitzq control SUBCOMMAND APP …`` with no ``--namespace`` (none in the
+    environment either): the namespace is the application's; return (exit code, output)."""
+    sub, *rest = args
+    result = CliRunner().invoke(
+        cli,
+        ["--redis-url", redis_url, "control", sub, app, *rest],
+        env={"BLITZQ_NAMESPACE": None, "BLITZQ_REDIS_URL": None},
+    )
+    return result.exit_code, result.output
+
+
 def runs(path: Path) -> list[tuple[str, int]]:
     """The ``(token, pid)`` lines the ``work`` task wrote."""
     if not path.exists():
@@ -202,7 +214,9 @@ def test_autoscale_samples_the_namespace_the_app_sets_in_code(
     make_queue: Callable[..., Queue],
     client: redis.Redis,
     namespace: str,
+    redis_url: str,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     module = f"ns_app_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{module}.py").write_text(NS_APP_SOURCE.format(namespace=namespace))
@@ -221,6 +235,49 @@ def test_autoscale_samples_the_namespace_the_app_sets_in_code(
     finally:
         producer.close_sync()
     assert "autoscale: adding worker slot" in sup.output()
+
+    # `blitzq control` given the application, no --namespace: it reaches this supervisor.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    app = f"{module}:queue"
+    code, out = control_app(redis_url, app, "scale", "--min", "1", "--max", "1")
+    assert code == 0, out
+    assert f"setpoint min=1 max=1 (namespace {namespace})" in out
+    workers_are(sup, client, namespace, 1)  # the surplus removed
+
+    def status() -> dict | None:
+        code, out = control_app(redis_url, app, "status", "--json")
+        assert code == 0, out
+        doc = json.loads(out)
+        sups = doc["supervisors"]
+        return doc if sups and sups[0]["processes"] == 1 and sups[0]["max"] == 1 else None
+
+    doc = wait_until(status, 20, "status with 1 process")
+    assert doc["namespace"] == namespace
+    assert doc["setpoint"] == {"min": 1, "max": 1}
+    assert doc["supervisors"][0]["pid"] == sup.proc.pid
+    code, out = control_app(redis_url, app, "status")
+    assert code == 0, out
+    assert f"namespace: {namespace}" in out, out
+    assert "setpoint: min=1 max=1" in out, out
+    code, out = control_app(redis_url, app, "scale", "--reset")
+    assert code == 0, out
+    assert f"setpoint removed (namespace {namespace})" in out
+    # Without the application (and no --namespace), the default namespace is meant.
+    result = CliRunner().invoke(
+        cli,
+        ["--redis-url", redis_url, "--json", "control", "status"],
+        env={"BLITZQ_NAMESPACE": None},
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["namespace"] == "blitzq"
+    # An application that does not load is a usage error (exit code 2), nothing stored.
+    code, out = control_app(
+        redis_url, "no_such_module_x:queue", "scale", "--min", "2", "--max", "2"
+    )
+    assert code == 2, out
+    assert "no_such_module_x" in out
+    assert client.exists("{" + namespace + "}:scale") == 0
 
 
 def test_process_control_options_are_checked_before_anything_starts(redis_url: str) -> None:
@@ -259,6 +316,16 @@ def test_autoscale_without_a_shared_server_is_refused(
     assert result.exit_code == 2, result.output
     assert "--autoscale needs a Redis server its workers share" in result.output
     assert f"memory://{module}" in result.output
+
+
+def test_control_starts_no_embedded_server(tmp_path: Path) -> None:
+    data_dir = tmp_path / "none"
+    env = {"BLITZQ_REDIS_URL": None, "BLITZQ_NAMESPACE": None, "BLITZQ_DATA_DIR": str(data_dir)}
+    for args in (["status"], ["status", APP], ["scale", APP, "--min", "1", "--max", "2"]):
+        result = CliRunner().invoke(cli, ["control", *args], env=env)
+        assert result.exit_code == 1, result.output
+        assert "embedded server" in result.output, result.output
+    assert not data_dir.exists()
 
 
 @pytest.mark.parametrize(
@@ -320,7 +387,7 @@ def test_control_scale_is_applied_read_back_and_refused_out_of_range(
     assert sup.proc.wait(20) == 0, sup.output()
     # The stopped supervisor removed its status.
     _, out = control(redis_url, namespace, "--json", "status")
-    assert json.loads(out) == {"setpoint": None, "supervisors": []}
+    assert json.loads(out) == {"namespace": namespace, "setpoint": None, "supervisors": []}
 
 
 def test_max_tasks_per_child_recycles_without_losing_or_repeating_a_task(
@@ -344,6 +411,20 @@ def test_max_tasks_per_child_recycles_without_losing_or_repeating_a_task(
     assert "planned restart" in sup.output()
 
 
+def test_max_tasks_per_child_recycles_process_pool_children(
+    start: Callable[..., Supervised], producer: Queue, client: redis.Redis, namespace: str
+) -> None:
+    # One task at a time, each in a process-pool child: no child (and no worker) serves
+    # more than 2 calls, and every call is answered.
+    sup = start("--max-tasks-per-child", "2", "-c", "1")
+    workers_are(sup, client, namespace, 1)
+    pool_pids = [producer.send_sync(POOL_HOG, (0,)).result_sync(timeout=60) for _ in range(6)]
+    per_child = {pid: pool_pids.count(pid) for pid in pool_pids}
+    assert len(per_child) >= 3, per_child
+    assert max(per_child.values()) <= 2, per_child
+    assert "planned restart" in sup.output()
+
+
 def test_max_memory_per_child_recycles_the_worker_and_the_pool(
     start: Callable[..., Supervised], producer: Queue, client: redis.Redis, namespace: str
 ) -> None:
@@ -362,14 +443,16 @@ def test_max_memory_per_child_recycles_the_worker_and_the_pool(
 
 
 APP_SOURCE = """
+import os
+
 from blitzq import Queue
 
 queue = Queue("reload", visibility_timeout=1.5)
 
 
 @queue.task
-async def version() -> str:
-    return {value!r}
+async def version() -> list:
+    return [{value!r}, os.getpid()]
 """
 
 
@@ -390,7 +473,7 @@ def test_reload_after_a_source_edit_runs_the_new_code(
     (old,) = workers_are(sup, client, namespace, 1)
     producer = make_queue(name="reload")
     try:
-        assert producer.send_sync(f"{module}.version").result_sync(timeout=30) == "first"
+        assert producer.send_sync(f"{module}.version").result_sync(timeout=30) == ["first", old]
         source.write_text(APP_SOURCE.format(value="second, edited"))
         wait_until(
             lambda: (
@@ -401,9 +484,10 @@ def test_reload_after_a_source_edit_runs_the_new_code(
             40,
             f"a new worker, the old one gone\n{sup.output()}",
         )
-        workers_are(sup, client, namespace, 1)
+        (new,) = workers_are(sup, client, namespace, 1)
         answer = producer.send_sync(f"{module}.version").result_sync(timeout=30)
-        assert answer == "second, edited"
+        assert answer == ["second, edited", new]  # a new process serves, with the new code
+        assert new != old
         assert "reloading every worker (changed:" in sup.output()
     finally:
         producer.close_sync()

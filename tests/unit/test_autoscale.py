@@ -77,6 +77,9 @@ def test_an_idle_old_process_is_removed_never_below_the_minimum() -> None:
     young = Autoscaler(SETTINGS)
     assert young.decide(0.0, {1: 0.0, 2: 0.0}, Sample(busy={1: False, 2: False})).remove == ()
     assert young.decide(15.0, {1: 0.0, 2: 0.0}, Sample(busy={1: False, 2: False})).remove == ()
+    # Idle past the window since 10 s: removed once 20 s old (the minimum age), not before.
+    assert young.decide(19.9, {1: 0.0, 2: 0.0}, Sample(busy={1: False, 2: False})).remove == ()
+    assert young.decide(20.0, {1: 0.0, 2: 0.0}, Sample(busy={1: False, 2: False})).remove != ()
     # At the minimum nothing is removed.
     alone = Autoscaler(SETTINGS)
     alone.decide(0.0, {1: 0.0}, Sample(busy={1: False}))
