@@ -302,6 +302,21 @@ def test_the_backend_path_of_the_settings(project: Any) -> None:
     assert {import_string(p) for p in BACKEND_PATHS} == {BlitzqTaskBackend}
 
 
+def test_the_worker_finds_a_blitzq_backend_under_either_path(
+    project: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``blitzq worker --django`` serves the only blitzq alias of ``TASKS``, whichever of the
+    two paths names it."""
+    from blitzq.integrations import django_worker
+
+    handler = django_worker.fw.framework.task_backends
+    monkeypatch.delenv("BLITZQ_DJANGO_BACKEND", raising=False)
+    for path in sorted(django_worker.BACKEND_PATHS):
+        other = {"BACKEND": "somewhere.else.Backend"}
+        monkeypatch.setattr(handler, "settings", {"default": other, "jobs": {"BACKEND": path}})
+        assert django_worker._backend_alias() == "jobs"
+
+
 def test_worker_command_line_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 
