@@ -33,7 +33,8 @@ from django.db import transaction
 from ..serialization import plain_args, plain_kwargs
 from ..task import BoundTask, Task
 
-__all__ = ["BlitzqTaskBackend", "enqueue_on_commit", "enqueue_on_commit_using"]
+# BlitzqTaskBackend is left out of __all__: a star import must not need the tasks framework.
+__all__ = ["enqueue_on_commit", "enqueue_on_commit_using"]
 
 if TYPE_CHECKING:
     from .django_tasks import BlitzqTaskBackend
