@@ -37,7 +37,7 @@ from ..task import BoundTask, Task
 __all__ = ["enqueue_on_commit", "enqueue_on_commit_using"]
 
 if TYPE_CHECKING:
-    from .django_tasks import BlitzqTaskBackend
+    from .django_tasks import BlitzqTaskBackend as BlitzqTaskBackend
 
 P = ParamSpec("P")
 R = TypeVar("R")
