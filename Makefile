@@ -42,7 +42,7 @@ test: $(STAMP)
 test-valkey: $(STAMP)
 	BLITZQ_TEST_REDIS_URL=embedded $(PY) -m pytest -q $(PYTEST_PARALLEL)
 
-## tests/integration/test_django_tasks.py under Django 6's django.tasks, which needs Python >=
+## tests/integration/test_django_tasks.py (and test_django_example.py) under Django 6's django.tasks, which needs Python >=
 ## 3.12: a venv of its own in .venv-dj6 (made once). Without such a Python it says so and skips.
 PY312 ?= $(shell for p in python3.13 python3.12 $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python; do \
 	$$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1 && { echo $$p; break; }; \
@@ -60,7 +60,8 @@ test-django6:
 	@echo "test-django6: skipped: no Python >= 3.12 found (Django 6 needs it); set PY312=..."
 else
 test-django6: $(VENV_DJ6)/.installed
-	$(VENV_DJ6)/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_django_tasks.py
+	$(VENV_DJ6)/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_django_tasks.py \
+		tests/integration/test_django_example.py
 endif
 
 ## The long form of the chaos suite (docs/testing.md); `make test` runs its short form.

@@ -25,7 +25,7 @@ DATABASES = {
 }
 TASKS = {
     "default": {
-        "BACKEND": "blitzq.integrations.django_tasks.BlitzqTaskBackend",
+        "BACKEND": "blitzq.integrations.django.BlitzqTaskBackend",
         "QUEUES": ["default"],
         "ENQUEUE_ON_COMMIT": True,
         "OPTIONS": {"redis_url": os.environ.get("BLITZQ_REDIS_URL")},

@@ -124,7 +124,9 @@ def _to_ext(value: Any) -> Any:
     raise SerializationError(
         f"value of type {kind.__module__}.{kind.__qualname__} is not plain data "
         "(allowed: None, bool, int, float, str, bytes, list, tuple, dict with str keys, "
-        "datetime, date, UUID, Decimal)"
+        "datetime, date, UUID, Decimal); a msgspec Struct, dataclass, Enum, set, frozenset, "
+        "timedelta or pydantic model travels when the task's parameter (or return value) is "
+        "annotated with its type (docs/arguments.md)"
     )
 
 

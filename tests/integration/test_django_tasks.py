@@ -287,6 +287,36 @@ def test_bad_options_are_refused(project: Any) -> None:
         project.add.enqueue(object(), 1)
 
 
+def test_the_backend_path_of_the_settings(project: Any) -> None:
+    """``TASKS`` names ``blitzq.integrations.django.BlitzqTaskBackend`` (the settings here and
+    in the worker subprocess do); the class lives in ``django_tasks``, under either path."""
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    from blitzq.integrations.django_tasks import BlitzqTaskBackend
+    from blitzq.integrations.django_worker import BACKEND_PATHS
+
+    path = settings.TASKS["default"]["BACKEND"]
+    assert path == "blitzq.integrations.django.BlitzqTaskBackend"
+    assert type(project.add.get_backend()) is BlitzqTaskBackend
+    assert {import_string(p) for p in BACKEND_PATHS} == {BlitzqTaskBackend}
+
+
+def test_the_worker_finds_a_blitzq_backend_under_either_path(
+    project: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``blitzq worker --django`` serves the only blitzq alias of ``TASKS``, whichever of the
+    two paths names it."""
+    from blitzq.integrations import django_worker
+
+    handler = django_worker.fw.framework.task_backends
+    monkeypatch.delenv("BLITZQ_DJANGO_BACKEND", raising=False)
+    for path in sorted(django_worker.BACKEND_PATHS):
+        other = {"BACKEND": "somewhere.else.Backend"}
+        monkeypatch.setattr(handler, "settings", {"default": other, "jobs": {"BACKEND": path}})
+        assert django_worker._backend_alias() == "jobs"
+
+
 def test_worker_command_line_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 

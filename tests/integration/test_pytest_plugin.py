@@ -1,100 +1,138 @@
 """A user's pytest file run under blitzq's installed pytest plugin (issue 12).
 
-The file below is the example of docs/testing.md ("Testing your tasks"): its tests use the
-``blitzq_eager`` and ``blitzq_worker`` fixtures without any configuration. It runs in a
-fresh pytest process in a temporary directory; no embedded server may appear there.
+The files are read from docs/testing.md ("Testing your tasks"): ``tasks.py`` and the user's
+``test_signup.py``, whose tests use the ``blitzq_eager`` and ``blitzq_worker`` fixtures without
+any configuration. They run in a fresh pytest process in an empty temporary directory, with
+one more test file of ours beside them that records the processes the eager mode started: the
+embedded server must not start; the memory backend's private ``valkey-server`` child (Unix
+socket only) is the one server process, and it is gone once pytest has exited.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
+import re
 import subprocess
 import sys
-import textwrap
+import tomllib
 from pathlib import Path
 
-TASKS = """
-from blitzq import Queue
-
-queue = Queue()  # no URL: in production the embedded server or BLITZQ_REDIS_URL
-
-
-@queue.task(name="signup.welcome")
-async def send_welcome(address: str) -> str:
-    return f"sent to {address}"
-
-
-@queue.task(name="signup.count")
-def count_letters(word: str) -> int:
-    return len(word)
-"""
-
-USER_TESTS = """
 import pytest
 
-from blitzq import SerializationError
-from tasks import count_letters, queue, send_welcome
+from tests.polling import wait_until
+from tests.procfs import pid_gone
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGIN = "blitzq.testing.pytest_plugin"
+
+#: Ours, not the user's: after an eager enqueue, the child processes of this pytest process.
+PROBE = """
+import json
+import os
+from pathlib import Path
+
+from tasks import count_letters
 
 
-def test_welcome_sync(blitzq_eager):
-    handle = send_welcome.enqueue_sync("ada@example.org")
-    assert handle.result_sync(timeout=5) == "sent to ada@example.org"
+def _children():
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            if int(stat[1]) != os.getpid():
+                continue
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\\0", b" ")
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:
+            continue
+        found.append({"pid": int(entry), "cmdline": cmdline.decode().strip(), "cwd": cwd})
+    return found
 
 
-@pytest.mark.asyncio
-async def test_welcome_async(blitzq_eager):
-    handle = await send_welcome.enqueue("grace@example.org")
-    assert await handle.result(timeout=5) == "sent to grace@example.org"
-
-
-@pytest.mark.asyncio
-async def test_unserializable_argument_fails_as_in_production(blitzq_eager):
-    with pytest.raises(SerializationError):
-        await count_letters.enqueue(object())
-
-
-@pytest.mark.asyncio
-async def test_with_a_real_worker(blitzq_worker):
-    async with blitzq_worker(queue, concurrency=4) as w:
-        handles = await count_letters.enqueue_many([("a",), ("bb",), ("ccc",)])
-        await w.drain()
-    assert [await h.result(timeout=5) for h in handles] == [1, 2, 3]
+def test_probe_processes(blitzq_eager):
+    assert count_letters.enqueue_sync("abcd").result_sync(timeout=5) == 4
+    Path(os.environ["PLUGIN_PROBE_OUT"]).write_text(json.dumps(_children()))
 """
+
+
+def user_files() -> dict[str, str]:
+    """The ``python`` blocks of docs/testing.md that start with ``# <file>.py``, by file name."""
+    text = (ROOT / "docs" / "testing.md").read_text()
+    files = {}
+    for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):
+        first = block.split("\n", 1)[0]
+        if match := re.fullmatch(r"# (\w+\.py)", first.strip()):
+            files[match.group(1)] = block
+    return files
 
 
 def _plugin_installed() -> bool:
     """Whether the pytest11 entry point is installed (else the test loads it with -p)."""
-    return any(
-        ep.value == "blitzq.testing.pytest_plugin"
-        for ep in importlib.metadata.entry_points(group="pytest11")
-    )
+    return any(ep.value == PLUGIN for ep in importlib.metadata.entry_points(group="pytest11"))
+
+
+def test_the_plugin_is_a_pytest11_entry_point() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["pytest11"] == {"blitzq": PLUGIN}
+    import blitzq.testing.pytest_plugin as plugin
+
+    assert callable(plugin.blitzq_eager)
+    assert callable(plugin.blitzq_worker)
+    try:
+        importlib.metadata.distribution("blitzq")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("blitzq is not installed here (a bare checkout): no entry points to read")
+    assert _plugin_installed(), "blitzq is installed without its pytest11 entry point"
 
 
 def test_a_users_test_file_runs_under_the_plugin(
     tmp_path: Path, redis_url: str, namespace: str
 ) -> None:
-    (tmp_path / "tasks.py").write_text(textwrap.dedent(TASKS))
-    (tmp_path / "test_signup.py").write_text(textwrap.dedent(USER_TESTS))
-    src = Path(__file__).resolve().parents[2] / "src"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(src), str(tmp_path)])
+    files = user_files()
+    assert set(files) == {"tasks.py", "test_signup.py"}, "docs/testing.md lost its example"
+    for name, body in files.items():
+        (tmp_path / name).write_text(body)
+    (tmp_path / "test_probe.py").write_text(PROBE)
+    probe_out = tmp_path / "probe.json"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("BLITZQ_") and k != "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
+    }
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(tmp_path)])
+    env["PLUGIN_PROBE_OUT"] = str(probe_out)
     args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     if not _plugin_installed():
-        args += ["-p", "blitzq.testing.pytest_plugin"]
+        args += ["-p", PLUGIN]
 
-    def run(selection: str, extra_env: dict[str, str]) -> str:
+    def run(selection: str, extra_env: dict[str, str], *paths: str) -> str:
         done = subprocess.run(
-            [*args, "-k", selection, "test_signup.py"], cwd=tmp_path, env={**env, **extra_env},
+            [*args, "-k", selection, *paths], cwd=tmp_path, env={**env, **extra_env},
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
-    # The eager tests: no server configured, and none may be started (memory backend).
-    assert "3 passed" in run("not real_worker", {})
-    assert not (tmp_path / ".blitzq").exists()
+    # The eager tests: no server configured, and none may be started but the memory backend.
+    out = run("not real_worker", {}, "test_signup.py", "test_probe.py")
+    assert "4 passed" in out, out
+    assert not (tmp_path / ".blitzq").exists()  # the embedded server's data directory
+    children = json.loads(probe_out.read_text())
+    servers = [c for c in children if re.search(r"(valkey|redis)-server", c["cmdline"])]
+    assert len(servers) == 1, children  # only the memory backend's private Valkey
+    (server,) = servers
+    assert Path(server["cwd"]).name.startswith("blitzq-ephemeral-"), server
+    assert "unixsocket:" in server["cmdline"], server  # no TCP port
+    assert str(tmp_path) not in server["cwd"] + server["cmdline"], server
+    wait_until(lambda: pid_gone(server["pid"]), 30, "the private Valkey to end with pytest")
     # The worker test runs on a real server, in the test's namespace.
-    assert "1 passed" in run(
-        "real_worker", {"BLITZQ_REDIS_URL": redis_url, "BLITZQ_NAMESPACE": namespace}
+    out = run(
+        "real_worker",
+        {"BLITZQ_REDIS_URL": redis_url, "BLITZQ_NAMESPACE": namespace},
+        "test_signup.py",
     )
+    assert "1 passed" in out, out

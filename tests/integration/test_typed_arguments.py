@@ -58,6 +58,52 @@ async def test_rich_arguments_arrive_as_their_annotated_types(queue: Queue, exec
         assert await handle.result(timeout=30) == EXPECTED
 
 
+@pytest.mark.parametrize("executor", ["thread", "process"])
+async def test_nested_rich_arguments_arrive_as_annotated(queue: Queue, executor: str) -> None:
+    """list[Struct], Optional[Enum] (a member, then None), dict[str, timedelta], a dataclass
+    whose datetime field is in a ZoneInfo zone, a top-level set, tuple[int, ...] and a
+    TypedDict (checked against it: a missing key is refused at enqueue)."""
+    nested = queue.task(name=f"typed.nested.{executor}", executor=executor)(tt.nested)
+    meeting = tt.Meeting("standup", WHEN)
+    every = {"short": dt.timedelta(minutes=5), "long": dt.timedelta(days=2, microseconds=7)}
+    async with running(make_worker(queue, concurrency=2)):
+        with_color = await nested.enqueue([tt.Point(1, 2), tt.Point(3, 4)], tt.Color.BLUE,
+                                          every, meeting, {"b", "a"}, span=[3, 1],
+                                          info={"name": "n", "size": 2})  # fmt: skip
+        without = await nested.enqueue([], None, {}, meeting, set())
+        got = await with_color.result(timeout=30)
+        assert got == {
+            "points": ["Point", "Point"],
+            "color": "BLUE",
+            "every": {"short": ["timedelta", 300.0], "long": ["timedelta", 172800.000007]},
+            "meeting": "Meeting",
+            "zone": "zoneinfo.ZoneInfo(key='America/New_York')",
+            "at": WHEN.isoformat(),  # the second 01:30 of that night: fold kept
+            "seen": ["set", "a", "b"],
+            "span": ["tuple", 3, 1],
+            "info": {"name": "n", "size": 2},
+        }
+        other = await without.result(timeout=30)
+        assert other["color"] is None
+        assert other["points"] == []
+        assert other["seen"] == ["set"]
+        with pytest.raises(SerializationError, match="cannot read"):
+            await nested.enqueue([], None, {}, meeting, set(), info={"name": "n"})
+
+
+async def test_a_dataclass_result_keeps_its_zoned_datetime(queue: Queue) -> None:
+    @queue.task(name="typed.later")
+    async def later(meeting: tt.Meeting, by: dt.timedelta) -> tt.Meeting:
+        return tt.Meeting(meeting.title, meeting.at + by)
+
+    async with running(make_worker(queue, concurrency=1)):
+        handle = await later.enqueue(tt.Meeting("review", WHEN), dt.timedelta(hours=2))
+        back = await handle.result(timeout=30)
+    assert isinstance(back, tt.Meeting)
+    assert back.at.tzinfo is ZONE
+    assert back.at == WHEN + dt.timedelta(hours=2)
+
+
 async def test_async_task_rich_result_comes_back_typed(queue: Queue) -> None:
     @queue.task(name="typed.moved")
     async def moved(at: tt.Point, by: int) -> tt.Point:
@@ -78,15 +124,37 @@ async def test_async_task_rich_result_comes_back_typed(queue: Queue) -> None:
         assert tt.Point(**await flow.get(timeout=30)) == tt.Point(11, 11)
 
 
-async def test_rich_value_for_a_plain_parameter_is_refused_at_enqueue(queue: Queue) -> None:
+RICH_VALUES = {
+    "struct": tt.Point(1, 2),
+    "dataclass": tt.Meeting("m", WHEN),
+    "enum": tt.Color.RED,
+    "set": {1, 2},
+    "frozenset": frozenset({"a"}),
+    "timedelta": dt.timedelta(seconds=1),
+    "pydantic": tt.User(name="ada", born=dt.date(1815, 12, 10)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RICH_VALUES))
+async def test_rich_value_for_a_plain_parameter_is_refused_at_enqueue(
+    queue: Queue, kind: str
+) -> None:
     @queue.task(name="typed.plain")
-    async def plain(value: dict) -> None:  # type: ignore[type-arg]
+    async def plain(value: dict, other=None) -> None:  # type: ignore[no-untyped-def,type-arg]
         return None
 
-    with pytest.raises(SerializationError, match="not plain data"):
-        await plain.enqueue(tt.Point(1, 2))
-    with pytest.raises(SerializationError, match="not plain data"):
-        await queue.send("typed.plain", args=(tt.Color.RED,))
+    value = RICH_VALUES[kind]
+    name = type(value).__qualname__
+    for enqueue in (
+        lambda: plain.enqueue(value),  # a parameter annotated with a plain type
+        lambda: plain.enqueue({}, other=value),  # a parameter without annotation
+        lambda: plain.enqueue({"nested": [value]}),
+        lambda: queue.send("typed.plain", args=(value,)),  # by name: plain data only
+    ):
+        with pytest.raises(SerializationError, match=f"{name} is not plain data") as refused:
+            await enqueue()
+        assert "annotated" in str(refused.value)  # says how to pass it
+    assert (await queue.stats(["default"]))["queues"]["default"]["waiting"] == 0  # none sent
 
 
 async def test_a_value_that_does_not_fit_fails_without_retries(queue: Queue) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict
 
 import msgspec
 import pydantic
@@ -45,6 +45,44 @@ class User(pydantic.BaseModel):
 
     name: str
     born: dt.date
+
+
+class Info(TypedDict):
+    """A TypedDict argument."""
+
+    name: str
+    size: int
+
+
+@dataclasses.dataclass
+class Meeting:
+    """A dataclass with a zoned datetime field (its ZoneInfo must survive)."""
+
+    title: str
+    at: dt.datetime
+
+
+def nested(
+    points: list[Point],
+    color: Color | None,
+    every: dict[str, dt.timedelta],
+    meeting: Meeting,
+    seen: set[str],
+    span: tuple[int, ...] = (),
+    info: Info | None = None,
+) -> dict[str, object]:
+    """What nested rich arguments arrived as: type names, the enum member, the zone."""
+    return {
+        "points": [type(p).__name__ for p in points],
+        "color": color.name if color is not None else None,
+        "every": {k: [type(v).__name__, v.total_seconds()] for k, v in every.items()},
+        "meeting": type(meeting).__name__,
+        "zone": repr(meeting.at.tzinfo),
+        "at": meeting.at.isoformat(),
+        "seen": [type(seen).__name__, *sorted(seen)],
+        "span": [type(span).__name__, *span],
+        "info": info,
+    }
 
 
 def describe(

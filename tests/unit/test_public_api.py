@@ -84,6 +84,7 @@ IMPORT_PATHS: tuple[str, ...] = (
     "blitzq.integrations.asgi:lifespan",
     "blitzq.integrations.asgi:BlitzQLifespan",
     "blitzq.integrations.django:enqueue_on_commit",
+    "blitzq.integrations.django:BlitzqTaskBackend",
     "blitzq.integrations.django_tasks:BlitzqTaskBackend",
     "blitzq.integrations.flask:get_queue",
     "blitzq.integrations.flask:init_app",

@@ -1,4 +1,5 @@
-"""Django integration: enqueue a task only once the surrounding transaction has committed.
+"""Django integration: enqueue a task only once the surrounding transaction has committed,
+and (as ``BlitzqTaskBackend``) the backend of Django's tasks framework.
 
 A view that saves a row and enqueues a task about it inside ``transaction.atomic()`` must not
 let a worker see the task before the row exists, nor run it if the transaction rolls back::
@@ -15,20 +16,28 @@ so a :class:`~blitzq.SerializationError` surfaces inside the transaction and rol
 The task id is chosen up front and returned, so the view can hand it out before the commit.
 An error of the enqueue itself (broker unreachable) propagates from the commit, as Django does
 for any ``on_commit`` callback: the data is committed by then.
+
+``blitzq.integrations.django.BlitzqTaskBackend`` is the ``TASKS`` backend of Django's tasks
+framework (:mod:`blitzq.integrations.django_tasks`, also importable from there); it is loaded
+on first access, so ``enqueue_on_commit`` needs neither Django 6 nor the django-tasks backport.
 """
 
 from __future__ import annotations
 
 import functools
 import uuid
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from django.db import transaction
 
 from ..serialization import plain_args, plain_kwargs
 from ..task import BoundTask, Task
 
+# BlitzqTaskBackend is left out of __all__: a star import must not need the tasks framework.
 __all__ = ["enqueue_on_commit", "enqueue_on_commit_using"]
+
+if TYPE_CHECKING:
+    from .django_tasks import BlitzqTaskBackend as BlitzqTaskBackend
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -89,3 +98,18 @@ def _schedule(
 
 def _enqueue(bound: BoundTask[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     bound.enqueue_sync(*args, **kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    """``BlitzqTaskBackend``, imported on first access (it needs Django's tasks framework:
+    Django >= 6, or the django-tasks backport).
+
+    Raises:
+        AttributeError: any other name.
+        ImportError: neither ``django.tasks`` nor ``django_tasks`` is installed.
+    """
+    if name == "BlitzqTaskBackend":
+        from .django_tasks import BlitzqTaskBackend
+
+        return BlitzqTaskBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,7 +5,7 @@ backport (``django_tasks``, Django 4.2-5.2), which has the same API::
 
     TASKS = {
         "default": {
-            "BACKEND": "blitzq.integrations.django_tasks.BlitzqTaskBackend",
+            "BACKEND": "blitzq.integrations.django.BlitzqTaskBackend",
             "QUEUES": ["default", "emails"],
             "OPTIONS": {"redis_url": "redis://localhost:6379/0", "namespace": "myapp"},
         }

@@ -42,6 +42,13 @@ from . import django_tasks as fw
 
 logger = logging.getLogger("blitzq.django")
 
+#: The ``BACKEND`` paths of blitzq's task backend (the same class).
+BACKEND_PATHS = frozenset(
+    {
+        "blitzq.integrations.django.BlitzqTaskBackend",
+        "blitzq.integrations.django_tasks.BlitzqTaskBackend",
+    }
+)
 #: A dotted module path of a function (``app.tasks.send_mail``).
 _DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
@@ -186,9 +193,8 @@ def _backend_alias() -> str:
     wanted = os.environ.get("BLITZQ_DJANGO_BACKEND")
     if wanted:
         return wanted
-    ours = "blitzq.integrations.django_tasks.BlitzqTaskBackend"
     configured: dict[str, Any] = fw.framework.task_backends.settings
-    aliases = [a for a, p in configured.items() if p.get("BACKEND") == ours]
+    aliases = [a for a, p in configured.items() if p.get("BACKEND") in BACKEND_PATHS]
     if "default" in aliases or not aliases:
         return "default"
     if len(aliases) > 1:
@@ -229,7 +235,7 @@ def django_queue(queues_given: bool = False) -> tuple[Queue, list[str] | None, s
     if not isinstance(backend, fw.BlitzqTaskBackend):
         raise ConfigurationError(
             f"TASKS[{alias!r}] is {type(backend).__name__}, not "
-            "blitzq.integrations.django_tasks.BlitzqTaskBackend"
+            "blitzq.integrations.django.BlitzqTaskBackend"
         )
     if not backend.queues and not queues_given:
         raise ConfigurationError(

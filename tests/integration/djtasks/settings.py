@@ -19,7 +19,7 @@ def tasks_setting(redis_url: str, namespace: str) -> dict[str, Any]:
     """The ``TASKS`` setting of the test project on ``redis_url`` / ``namespace``."""
     return {
         "default": {
-            "BACKEND": "blitzq.integrations.django_tasks.BlitzqTaskBackend",
+            "BACKEND": "blitzq.integrations.django.BlitzqTaskBackend",
             "QUEUES": ["default", "emails"],
             "ENQUEUE_ON_COMMIT": True,
             "OPTIONS": {"redis_url": redis_url, "namespace": namespace},
