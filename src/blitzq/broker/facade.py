@@ -324,9 +324,10 @@ class Broker(OperationsFacade):
         message: bytes,
         kind: str = "",
         unique: tuple[str, float] | None = None,
+        failed_at: float | None = None,
     ) -> bool | str:
         """See :meth:`StateStore.replay_dead_letter`; then the relay, when replayed."""
-        done = await self.state.replay_dead_letter(task_id, queue, message, kind, unique)
+        done = await self.state.replay_dead_letter(task_id, queue, message, kind, unique, failed_at)
         if done is True and self.relay is not None:
             await self.relay.pushed([queue])
         return done

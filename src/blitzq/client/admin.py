@@ -7,6 +7,7 @@ An :class:`Admin` belongs to one Queue and uses its broker of the running event 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -170,8 +171,8 @@ class Admin:
         return out
 
     async def _replay_one(self, dl: DeadLetter) -> ReplayOutcome:
-        try:
-            handle = await self.retry(dl.id)
+        try:  # only the dead letter the scan matched: not a newer one of the same id
+            handle = await self._take(dl.id, dl.failed_at)
         except (SerializationError, MessageTooLarge) as exc:
             return ReplayOutcome(dl.id, dl.task, dl.queue, "refused", str(exc))
         if handle is None:
@@ -197,17 +198,30 @@ class Admin:
         Returns:
             A handle to the replayed task; a handle with ``duplicate=True`` naming the task
             that holds the unique key (nothing replayed); or ``None`` when no such dead
-            letter exists (or a concurrent replay took it first).
+            letter exists (or a concurrent replay took it first: the dead letter read here
+            is replayed only while it is still stored, not a newer one of the same id that
+            another caller's replay left after the task failed again).
 
         Raises:
             SerializationError: the dead letter's message is malformed and cannot be replayed.
             MessageTooLarge: the message is over this Queue's ``max_message_size`` (bytes);
                 the dead letter stays.
         """
+        return await self._take(task_id, None)
+
+    async def _take(self, task_id: str, failed_at: float | None) -> TaskHandle[Any] | None:
+        """:meth:`retry` of the dead letter of ``task_id`` that failed at ``failed_at`` (Unix
+        seconds, as listed), or of whichever is stored (``None``); ``None`` when that one is
+        gone. The replay script compares the failure time it reads here (compare-and-delete),
+        so one dead letter is replayed once however many callers race for it."""
         owner = self.queue
         broker = owner.broker
         fields = await broker.get_dead_letter(task_id)
         if fields is None:
+            return None
+        # A planted entry's failure time may be no finite number: it then matches any.
+        stamp = fields.failed_at if math.isfinite(fields.failed_at) else None
+        if stamp is not None and failed_at is not None and stamp != failed_at:
             return None
         if fields.reason == "unreadable entry" and not fields.message:  # its key is no hash
             raise SerializationError(f"dead letter {task_id} is unreadable: {fields.error}")
@@ -225,7 +239,7 @@ class Admin:
             task = owner.tasks.get(env.task)
             ttl = task.controls.unique_ttl if task is not None else DEFAULT_UNIQUE_TTL
             unique = (broker_key(env), ttl)
-        outcome = await broker.replay_dead_letter(task_id, queue, data, fields.kind, unique)
+        outcome = await broker.replay_dead_letter(task_id, queue, data, fields.kind, unique, stamp)
         if outcome is False:
             return None
         if testmode.after_enqueue is not None:
