@@ -227,36 +227,77 @@ def test_command_refuses_a_public_address_without_credentials(
     assert "set both" in result.output
 
 
-def test_command_serves_with_basic_auth(server_url: str, namespace: str) -> None:
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses a TCP socket listens on at ``port``, from ``/proc/net/tcp{,6}``
+    (``127.0.0.1``, ``0.0.0.0``, or an IPv6 address in the kernel's hex)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, _, hex_port = local.partition(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    if len(address) == 8:
+                        address = ".".join(str(b) for b in reversed(bytes.fromhex(address)))
+                    found.add(address)
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's /proc/net/tcp")
+@pytest.mark.parametrize("guarded", [False, True], ids=["no-credentials", "basic-auth"])
+def test_command_serves_loopback_only_or_with_basic_auth_anywhere(
+    guarded: bool, server_url: str, namespace: str
+) -> None:
+    """Without credentials ``blitzq dashboard`` listens on 127.0.0.1 only and asks for none
+    (and answers loopback names only); with them it asks for basic auth and may listen on
+    every address (``--host 0.0.0.0``)."""
     port = free_port()
-    env = os.environ | {
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_DASHBOARD_")} | {
         "BLITZQ_REDIS_URL": server_url,
         "BLITZQ_NAMESPACE": namespace,
-        "BLITZQ_DASHBOARD_USER": "ops",
-        "BLITZQ_DASHBOARD_PASSWORD": "pa:ss word",
         "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
     }
+    args = ["--port", str(port), "--log-level", "warning"]
+    if guarded:
+        env |= {"BLITZQ_DASHBOARD_USER": "ops", "BLITZQ_DASHBOARD_PASSWORD": "pa:ss word"}
+        args += ["--host", "0.0.0.0"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "blitzq", "dashboard", "tests.integration.dashboard_app:queue",
-         "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+         *args],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}/api/periodic"
 
     def answer() -> httpx.Response | None:
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         try:
             return httpx.get(url, timeout=2)
         except httpx.TransportError:
             return None
 
+    token = base64.b64encode(b"ops:pa:ss word").decode()
+    credentials = {"Authorization": f"Basic {token}"}
     try:
-        refused = wait_until(answer, 30, "the dashboard to listen")
-        token = base64.b64encode(b"ops:pa:ss word").decode()
-        ok = httpx.get(url, headers={"Authorization": f"Basic {token}"}, timeout=5)
+        anonymous = wait_until(answer, 30, "the dashboard to listen")
+        bound = listening_addresses(port)
+        authorized = httpx.get(url, headers=credentials, timeout=5)
+        start = httpx.get(f"http://127.0.0.1:{port}/", headers=credentials, timeout=5)
+        by_other_name = httpx.get(url, headers=credentials | {"Host": "dash.example:80"})
     finally:
         proc.terminate()
-        proc.wait(15)
-    assert refused.status_code == 401
-    assert ok.status_code == 200
-    assert ok.json()["periodic"][0]["tz"] == "Asia/Tokyo"
+        _, err = proc.communicate(timeout=15)
+    assert authorized.status_code == 200
+    assert authorized.json()["periodic"][0]["tz"] == "Asia/Tokyo"
+    assert start.status_code == 200
+    assert 'href="/dead-letters"' in start.text  # the start page links to the dead letters
+    if guarded:
+        assert anonymous.status_code == 401
+        assert anonymous.headers["www-authenticate"].startswith("Basic ")
+        assert bound == {"0.0.0.0"}
+        assert by_other_name.status_code == 200
+        assert "(basic auth)" in err
+    else:
+        assert anonymous.status_code == 200  # asks for nothing
+        assert bound == {"127.0.0.1"}
+        assert by_other_name.status_code == 421  # a rebound DNS name is refused
+        assert "(no auth: loopback only)" in err
