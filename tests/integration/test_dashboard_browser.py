@@ -284,6 +284,22 @@ def test_basic_auth_refused_without_credentials(app: App, browser: Any) -> None:
         allowed.close()
 
 
+def test_filter_the_dead_letters(app: App, page: Any) -> None:
+    page.goto(app.url + "/dead-letters")
+    row = page.locator(f'#letters tr[data-id="{app.ids[XSS]}"]')
+    expect(row).to_be_visible()
+    page.locator('#filters select[name="reason"]').select_option("expired")  # filters at once
+    expect(row).to_have_count(0)
+    expect(page.locator("#letters tbody")).to_have_text("no dead letters")
+    expect(page.locator("#dl-summary")).to_contain_text("0 of ")
+    page.locator('#filters select[name="reason"]').select_option("")
+    page.locator('#filters input[name="task"]').fill("billing.charge")
+    page.locator('#filters input[name="q"]').fill("declined for <img")  # the text filter
+    page.locator("#filters button").click()
+    expect(row).to_be_visible()
+    expect(page.locator("#letters tbody tr")).to_have_count(1)  # not ada's, if still there
+
+
 def test_purge_asks_for_the_namespace(app: App, page: Any) -> None:
     """Last in the module: it deletes the dead letters the tests above look at."""
     page.goto(app.url + "/dead-letters")
