@@ -110,6 +110,8 @@ async def test_task_record_and_unknown_and_bad_ids(queue: Queue) -> None:
     assert doc["duration"] is not None
     assert doc["wait"] is not None
     assert doc["progress"] is None
+    assert doc["args"] is None  # finished: its message is gone, records do not keep them
+    assert doc["args_from"] is None
     assert progress["current"] == 3
     assert progress["total"] == 6
     assert progress["fraction"] == 0.5
@@ -123,6 +125,17 @@ async def test_task_record_and_unknown_and_bad_ids(queue: Queue) -> None:
     assert w["concurrency"] >= 1
     assert w["heartbeat_at"] is not None
     assert w["host"]
+
+
+async def test_a_task_waiting_on_the_schedule_shows_its_arguments(queue: Queue) -> None:
+    later = await queue.tasks["add"].options(delay=3600).enqueue(20, b=22)
+    async with client(create_app(queue)) as c:
+        doc = (await c.get(f"/api/tasks/{later.id}")).json()
+    assert doc["state"] == "scheduled"
+    assert doc["args"] == [20]
+    assert doc["kwargs"] == {"b": 22}
+    assert doc["args_from"] == "schedule"
+    assert doc["due_at"] is not None
 
 
 async def test_dead_letters_filter_replay_purge_and_escaping(queue: Queue) -> None:
@@ -153,6 +166,7 @@ async def test_dead_letters_filter_replay_purge_and_escaping(queue: Queue) -> No
     doc = task.json()
     assert doc["state"] == "dead_lettered"
     assert doc["args"] == [XSS]
+    assert doc["args_from"] == "dead letter"
     assert XSS in doc["error"]
     assert doc["dead_letter"]["reason"] == "failed"
     assert "ValueError" in (doc["traceback"] or "")

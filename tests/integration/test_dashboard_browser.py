@@ -242,6 +242,12 @@ def test_look_up_a_task_by_id(app: App, page: Any) -> None:
     page.locator("#task-id").fill("no-such-task")
     page.locator("#search button").click()
     expect(page.locator("#task-missing")).to_contain_text("no record of task no-such-task")
+    build = app.queue.tasks["reports.build"]
+    later = off_loop(lambda: build.options(delay=3600).enqueue_sync("next-quarter"))
+    page.locator("#task-id").fill(later.id)
+    page.locator("#search button").click()
+    expect(page.locator("#task-state")).to_have_text("scheduled")
+    expect(page.locator("#task")).to_contain_text('["next-quarter"]')  # its args, from the message
 
 
 def test_workers_and_periodic_pages(app: App, page: Any) -> None:

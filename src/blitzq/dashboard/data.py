@@ -20,9 +20,10 @@ from zoneinfo import ZoneInfo
 
 from ..client.admin import worker_document
 from ..dead_letters import DeadLetter, check_reason
+from ..exceptions import SerializationError
 from ..records import TaskRecord, TaskState
 from ..runtime_schedules import RuntimeEntries, all_periodic_status
-from ..serialization import jsonable
+from ..serialization import decode_envelope, jsonable
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -172,7 +173,9 @@ async def queues_doc(queue: Queue, sampler: RateSampler) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- tasks
 async def task_doc(queue: Queue, task_id: str) -> dict[str, Any] | None:
     """One task: its record (state, attempts, result or error with traceback, times), its
-    latest progress, and its arguments when it is a dead letter (records do not keep them).
+    latest progress, and its arguments when its message can be read: a dead letter's, or
+    that of a task waiting on the schedule (records do not keep them); ``args_from`` says
+    which (``"dead letter"``, ``"schedule"``, or ``None``).
 
     Returns:
         ``None`` when nothing is known of the task (no record, progress or dead letter:
@@ -219,7 +222,7 @@ async def task_doc(queue: Queue, task_id: str) -> dict[str, Any] | None:
             "updated_at": progress.updated_at,
         }
     doc["dead_letter"] = None
-    doc["args"] = doc["kwargs"] = None
+    doc["args"] = doc["kwargs"] = doc["args_from"] = None
     if letter is not None:
         doc["dead_letter"] = {
             "reason": letter.reason,
@@ -227,7 +230,24 @@ async def task_doc(queue: Queue, task_id: str) -> dict[str, Any] | None:
             "failed_at": letter.failed_at,
         }
         doc["args"], doc["kwargs"] = letter.args, letter.kwargs
+        doc["args_from"] = "dead letter"
+    elif record.due_at is not None:  # on the schedule (a delay, a retry's backoff): its message
+        await _scheduled_args(queue, task_id, doc)
     return doc
+
+
+async def _scheduled_args(queue: Queue, task_id: str, doc: dict[str, Any]) -> None:
+    """Set ``doc``'s ``args`` and ``kwargs`` from the message of ``task_id`` waiting on the
+    schedule (left ``None`` when it left the schedule meanwhile or cannot be decoded)."""
+    entry = await queue.broker.scheduled_entry(task_id)
+    if entry is None:
+        return
+    try:
+        envelope = decode_envelope(entry[2])
+    except SerializationError:
+        return
+    doc["args"], doc["kwargs"] = envelope.args, envelope.kwargs
+    doc["args_from"] = "schedule"
 
 
 # ------------------------------------------------------------------------ dead letters
