@@ -1,6 +1,6 @@
 """``blitzq dead-letter replay --all`` run from two shells at once: each dead letter is
 replayed once (the replay script's compare-and-delete), also when the task fails again and is
-dead-lettered anew under its id before the slower shell reaches it.
+dead-lettered anew under its id before the slower shell reaches it; and its ``--rate`` cap.
 
 Both shells are the real command: ``python -m blitzq`` subprocesses, or click's runner for
 the one whose listing the test holds back; a real Worker and Redis.
@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+import redis
 from click.testing import CliRunner
 
 import blitzq.client.admin as admin_module
@@ -24,6 +25,7 @@ from blitzq import Queue
 from blitzq.broker import Broker
 from blitzq.cli import cli
 from blitzq.client.dead_letter_query import DeadLetterFilter
+from blitzq.serialization import decode_envelope
 from tests.integration.proc_tasks import worker_thread
 from tests.integration.test_cli_ops import _CLEAN_ENV, ROOT, blitzq, subprocess_env
 from tests.polling import wait_until
@@ -79,6 +81,7 @@ def test_two_shells_replaying_all_replay_each_dead_letter_once(
     assert {o["outcome"] for o in first + second} <= {"replayed", "gone"}
     assert runs == Counter(dict.fromkeys(range(count), 2))
     assert queue.dead_letter_count_sync() == 0
+    queue.close_sync()
 
 
 def test_a_shell_does_not_replay_a_dead_letter_that_failed_again_since_it_listed(
@@ -140,3 +143,39 @@ def test_a_shell_does_not_replay_a_dead_letter_that_failed_again_since_it_listed
         assert kept.id == handle.id
         assert kept.failed_at > before
         assert runs == [7, 7]  # its first life and shell A's replay; none from shell B
+    queue.close_sync()
+
+
+def test_replay_all_with_a_rate_replays_every_match_oldest_first(
+    make_queue: Callable[..., Queue], redis_url: str
+) -> None:
+    """``--rate 20/s`` (its pacing: tests/unit/test_replay_pacing.py): every match is
+    replayed, oldest first, into the stream it came from."""
+    queue = make_queue(name="paced")
+
+    @queue.task(name="race.down", retries=0)
+    async def down(n: int) -> None:
+        raise RuntimeError(f"down {n}")
+
+    count = 5
+    with worker_thread(queue, queues=["paced"], concurrency=2):
+        for n in range(count):
+            down.enqueue_sync(n)
+        wait_until(lambda: queue.dead_letter_count_sync() == count, 60, "the dead letters")
+    oldest_first = [d.id for d in reversed(queue.dead_letters_sync())]
+    result = CliRunner().invoke(
+        cli,
+        ["--redis-url", redis_url, "--namespace", queue.namespace,
+         "dead-letter", "replay", "--all", "--rate", "20/s", "--json"],
+        env=_CLEAN_ENV,
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    outcomes = json.loads(result.stdout)["outcomes"]
+    assert [o["id"] for o in outcomes] == oldest_first
+    assert {o["outcome"] for o in outcomes} == {"replayed"}
+    with redis.Redis.from_url(redis_url) as client:
+        entries = client.xrange("{" + queue.namespace + "}:s:paced")
+    assert [decode_envelope(fields[b"m"]).id for _, fields in entries] == oldest_first
+    assert queue.dead_letter_count_sync() == 0
+    queue.close_sync()

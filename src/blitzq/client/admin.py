@@ -6,7 +6,6 @@ An :class:`Admin` belongs to one Queue and uses its broker of the running event 
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Iterable
@@ -23,7 +22,7 @@ from ..routing import check_name
 from ..serialization import decode_envelope, encode_envelope, loads
 from ..task import TaskHandle
 from . import testmode
-from .dead_letter_query import DeadLetterFilter, ReplayOutcome, scan, summarize
+from .dead_letter_query import DeadLetterFilter, Pacer, ReplayOutcome, scan, summarize
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -139,8 +138,9 @@ class Admin:
         oldest first, each as :meth:`retry` does.
 
         Args:
-            rate: most replays per second (a number, or a rate like ``"10/s"``, ``"100/m"``);
-                ``None``: as fast as the broker answers.
+            rate: most replays per second (a number, or a rate like ``"10/s"``, ``"100/m"``):
+                each starts ``1 / rate`` s after the one before at least, with no burst to
+                catch up after a slow one; ``None``: as fast as the broker answers.
             limit: most dead letters to replay (``None``: all that match).
             dry_run: replay nothing; report each match as ``"dry run"``.
 
@@ -160,13 +160,13 @@ class Admin:
         if limit is not None:
             matches = matches[:limit]
         out: list[ReplayOutcome] = []
-        started = time.monotonic()
-        for n, dl in enumerate(matches):
+        pace = Pacer(per_second) if per_second is not None else None
+        for dl in matches:
             if dry_run:
                 out.append(ReplayOutcome(dl.id, dl.task, dl.queue, "dry run"))
                 continue
-            if per_second is not None:  # the n-th replay waits for its slot
-                await asyncio.sleep(max(0.0, started + n / per_second - time.monotonic()))
+            if pace is not None:  # each replay starts 1/rate s after the one before, at least
+                await pace.wait()
             out.append(await self._replay_one(dl))
         return out
 
