@@ -146,6 +146,16 @@ async def test_dead_letters_filter_replay_purge_and_escaping(queue: Queue) -> No
         by_text = (await c.get("/api/dead-letters", params={"q": "plain"})).json()
         by_reason = (await c.get("/api/dead-letters", params={"reason": "unknown task"})).json()
         by_task = (await c.get("/api/dead-letters", params={"task": "boom", "limit": 1})).json()
+        by_kind = [
+            (await c.get("/api/dead-letters", params=params)).json()["matched"]
+            for params in (
+                {"error_type": "ValueError"},
+                {"error_type": "KeyError"},
+                {"newer_than": "3600", "queue": "default"},
+                {"older_than": "3600"},
+            )
+        ]
+        bad_age = await c.get("/api/dead-letters", params={"older_than": "-1"})
         task = await c.get(f"/api/tasks/{first}")
         bad_limit = await c.get("/api/dead-letters", params={"limit": "0"})
         no_json = await c.post(f"/api/dead-letters/{second}/replay", content=b"{}")
@@ -159,6 +169,8 @@ async def test_dead_letters_filter_replay_purge_and_escaping(queue: Queue) -> No
     assert [d["id"] for d in by_text["items"]] == [second]
     assert by_reason["matched"] == 0
     assert by_task["matched"] == 2
+    assert by_kind == [2, 0, 2, 0]  # the criteria of `blitzq dead-letter list`
+    assert bad_age.status_code == 400
     assert len(by_task["items"]) == 1
     # User data comes back verbatim, as JSON that a browser will not sniff as HTML.
     assert task.headers["content-type"].startswith("application/json")

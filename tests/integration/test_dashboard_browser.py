@@ -304,6 +304,13 @@ def test_filter_the_dead_letters(app: App, page: Any) -> None:
     page.locator("#filters button").click()
     expect(row).to_be_visible()
     expect(page.locator("#letters tbody tr")).to_have_count(1)  # not ada's, if still there
+    page.locator('#filters select[name="older_than"]').select_option("86400")
+    expect(row).to_have_count(0)  # it failed seconds ago
+    page.locator('#filters select[name="older_than"]').select_option("")
+    page.locator('#filters select[name="newer_than"]').select_option("3600")
+    page.locator('#filters input[name="error_type"]').fill("RuntimeError")
+    page.locator("#filters button").click()
+    expect(row).to_be_visible()
 
 
 def test_purge_asks_for_the_namespace(app: App, page: Any) -> None:
