@@ -433,6 +433,28 @@ async def test_concurrent_replays_publish_once(
     assert ids(await fetch_all(broker)) == ["y"]
 
 
+async def test_replay_takes_only_the_dead_letter_that_was_read(broker: Broker) -> None:
+    """Two operators list the same dead letter; one replays it, the task fails again and is
+    dead-lettered anew under its id: the other's replay of what it listed finds it gone and
+    leaves the new dead letter alone (compare-and-delete on the failure time)."""
+    await consumer(broker)
+    first, second = 1_764_583_097.123456, 1_764_583_101.654321  # Unix seconds, as stamped
+    await broker.complete([Completion(Q, None, "z", dead_letter=dead_letter("z", first))])
+    listed = await broker.get_dead_letter("z")
+    assert listed is not None
+    assert listed.failed_at == first
+    assert await broker.replay_dead_letter("z", Q, message("z"), failed_at=first) is True
+    assert ids(await fetch_all(broker)) == ["z"]
+    await broker.complete([Completion(Q, None, "z", dead_letter=dead_letter("z", second))])
+    assert await broker.replay_dead_letter("z", Q, message("z"), failed_at=first) is False
+    assert await broker.fetch(Q, 10, 0) == []
+    kept = await broker.get_dead_letter("z")
+    assert kept is not None
+    assert kept.failed_at == second
+    assert await broker.replay_dead_letter("z", Q, message("z"), failed_at=second) is True
+    assert ids(await fetch_all(broker)) == ["z"]
+
+
 async def test_replay_of_missing_dead_letter_publishes_nothing(broker: Broker) -> None:
     await consumer(broker)
     assert await broker.replay_dead_letter("ghost", Q, message("ghost")) is False

@@ -110,6 +110,8 @@ async def test_task_record_and_unknown_and_bad_ids(queue: Queue) -> None:
     assert doc["duration"] is not None
     assert doc["wait"] is not None
     assert doc["progress"] is None
+    assert doc["args"] is None  # finished: its message is gone, records do not keep them
+    assert doc["args_from"] is None
     assert progress["current"] == 3
     assert progress["total"] == 6
     assert progress["fraction"] == 0.5
@@ -125,6 +127,17 @@ async def test_task_record_and_unknown_and_bad_ids(queue: Queue) -> None:
     assert w["host"]
 
 
+async def test_a_task_waiting_on_the_schedule_shows_its_arguments(queue: Queue) -> None:
+    later = await queue.tasks["add"].options(delay=3600).enqueue(20, b=22)
+    async with client(create_app(queue)) as c:
+        doc = (await c.get(f"/api/tasks/{later.id}")).json()
+    assert doc["state"] == "scheduled"
+    assert doc["args"] == [20]
+    assert doc["kwargs"] == {"b": 22}
+    assert doc["args_from"] == "schedule"
+    assert doc["due_at"] is not None
+
+
 async def test_dead_letters_filter_replay_purge_and_escaping(queue: Queue) -> None:
     first = await dead_letter(queue, XSS)
     second = await dead_letter(queue, "plain")
@@ -133,6 +146,16 @@ async def test_dead_letters_filter_replay_purge_and_escaping(queue: Queue) -> No
         by_text = (await c.get("/api/dead-letters", params={"q": "plain"})).json()
         by_reason = (await c.get("/api/dead-letters", params={"reason": "unknown task"})).json()
         by_task = (await c.get("/api/dead-letters", params={"task": "boom", "limit": 1})).json()
+        by_kind = [
+            (await c.get("/api/dead-letters", params=params)).json()["matched"]
+            for params in (
+                {"error_type": "ValueError"},
+                {"error_type": "KeyError"},
+                {"newer_than": "3600", "queue": "default"},
+                {"older_than": "3600"},
+            )
+        ]
+        bad_age = await c.get("/api/dead-letters", params={"older_than": "-1"})
         task = await c.get(f"/api/tasks/{first}")
         bad_limit = await c.get("/api/dead-letters", params={"limit": "0"})
         no_json = await c.post(f"/api/dead-letters/{second}/replay", content=b"{}")
@@ -146,6 +169,8 @@ async def test_dead_letters_filter_replay_purge_and_escaping(queue: Queue) -> No
     assert [d["id"] for d in by_text["items"]] == [second]
     assert by_reason["matched"] == 0
     assert by_task["matched"] == 2
+    assert by_kind == [2, 0, 2, 0]  # the criteria of `blitzq dead-letter list`
+    assert bad_age.status_code == 400
     assert len(by_task["items"]) == 1
     # User data comes back verbatim, as JSON that a browser will not sniff as HTML.
     assert task.headers["content-type"].startswith("application/json")
@@ -153,6 +178,7 @@ async def test_dead_letters_filter_replay_purge_and_escaping(queue: Queue) -> No
     doc = task.json()
     assert doc["state"] == "dead_lettered"
     assert doc["args"] == [XSS]
+    assert doc["args_from"] == "dead letter"
     assert XSS in doc["error"]
     assert doc["dead_letter"]["reason"] == "failed"
     assert "ValueError" in (doc["traceback"] or "")
@@ -227,36 +253,77 @@ def test_command_refuses_a_public_address_without_credentials(
     assert "set both" in result.output
 
 
-def test_command_serves_with_basic_auth(server_url: str, namespace: str) -> None:
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses a TCP socket listens on at ``port``, from ``/proc/net/tcp{,6}``
+    (``127.0.0.1``, ``0.0.0.0``, or an IPv6 address in the kernel's hex)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, _, hex_port = local.partition(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    if len(address) == 8:
+                        address = ".".join(str(b) for b in reversed(bytes.fromhex(address)))
+                    found.add(address)
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's /proc/net/tcp")
+@pytest.mark.parametrize("guarded", [False, True], ids=["no-credentials", "basic-auth"])
+def test_command_serves_loopback_only_or_with_basic_auth_anywhere(
+    guarded: bool, server_url: str, namespace: str
+) -> None:
+    """Without credentials ``blitzq dashboard`` listens on 127.0.0.1 only and asks for none
+    (and answers loopback names only); with them it asks for basic auth and may listen on
+    every address (``--host 0.0.0.0``)."""
     port = free_port()
-    env = os.environ | {
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_DASHBOARD_")} | {
         "BLITZQ_REDIS_URL": server_url,
         "BLITZQ_NAMESPACE": namespace,
-        "BLITZQ_DASHBOARD_USER": "ops",
-        "BLITZQ_DASHBOARD_PASSWORD": "pa:ss word",
         "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
     }
+    args = ["--port", str(port), "--log-level", "warning"]
+    if guarded:
+        env |= {"BLITZQ_DASHBOARD_USER": "ops", "BLITZQ_DASHBOARD_PASSWORD": "pa:ss word"}
+        args += ["--host", "0.0.0.0"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "blitzq", "dashboard", "tests.integration.dashboard_app:queue",
-         "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+         *args],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}/api/periodic"
 
     def answer() -> httpx.Response | None:
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         try:
             return httpx.get(url, timeout=2)
         except httpx.TransportError:
             return None
 
+    token = base64.b64encode(b"ops:pa:ss word").decode()
+    credentials = {"Authorization": f"Basic {token}"}
     try:
-        refused = wait_until(answer, 30, "the dashboard to listen")
-        token = base64.b64encode(b"ops:pa:ss word").decode()
-        ok = httpx.get(url, headers={"Authorization": f"Basic {token}"}, timeout=5)
+        anonymous = wait_until(answer, 30, "the dashboard to listen")
+        bound = listening_addresses(port)
+        authorized = httpx.get(url, headers=credentials, timeout=5)
+        start = httpx.get(f"http://127.0.0.1:{port}/", headers=credentials, timeout=5)
+        by_other_name = httpx.get(url, headers=credentials | {"Host": "dash.example:80"})
     finally:
         proc.terminate()
-        proc.wait(15)
-    assert refused.status_code == 401
-    assert ok.status_code == 200
-    assert ok.json()["periodic"][0]["tz"] == "Asia/Tokyo"
+        _, err = proc.communicate(timeout=15)
+    assert authorized.status_code == 200
+    assert authorized.json()["periodic"][0]["tz"] == "Asia/Tokyo"
+    assert start.status_code == 200
+    assert 'href="/dead-letters"' in start.text  # the start page links to the dead letters
+    if guarded:
+        assert anonymous.status_code == 401
+        assert anonymous.headers["www-authenticate"].startswith("Basic ")
+        assert bound == {"0.0.0.0"}
+        assert by_other_name.status_code == 200
+        assert "(basic auth)" in err
+    else:
+        assert anonymous.status_code == 200  # asks for nothing
+        assert bound == {"127.0.0.1"}
+        assert by_other_name.status_code == 421  # a rebound DNS name is refused
+        assert "(no auth: loopback only)" in err

@@ -242,6 +242,12 @@ def test_look_up_a_task_by_id(app: App, page: Any) -> None:
     page.locator("#task-id").fill("no-such-task")
     page.locator("#search button").click()
     expect(page.locator("#task-missing")).to_contain_text("no record of task no-such-task")
+    build = app.queue.tasks["reports.build"]
+    later = off_loop(lambda: build.options(delay=3600).enqueue_sync("next-quarter"))
+    page.locator("#task-id").fill(later.id)
+    page.locator("#search button").click()
+    expect(page.locator("#task-state")).to_have_text("scheduled")
+    expect(page.locator("#task")).to_contain_text('["next-quarter"]')  # its args, from the message
 
 
 def test_workers_and_periodic_pages(app: App, page: Any) -> None:
@@ -282,6 +288,29 @@ def test_basic_auth_refused_without_credentials(app: App, browser: Any) -> None:
         expect(page.locator('#queues tr[data-queue="reports"]')).to_be_visible()
     finally:
         allowed.close()
+
+
+def test_filter_the_dead_letters(app: App, page: Any) -> None:
+    page.goto(app.url + "/dead-letters")
+    row = page.locator(f'#letters tr[data-id="{app.ids[XSS]}"]')
+    expect(row).to_be_visible()
+    page.locator('#filters select[name="reason"]').select_option("expired")  # filters at once
+    expect(row).to_have_count(0)
+    expect(page.locator("#letters tbody")).to_have_text("no dead letters")
+    expect(page.locator("#dl-summary")).to_contain_text("0 of ")
+    page.locator('#filters select[name="reason"]').select_option("")
+    page.locator('#filters input[name="task"]').fill("billing.charge")
+    page.locator('#filters input[name="q"]').fill("declined for <img")  # the text filter
+    page.locator("#filters button").click()
+    expect(row).to_be_visible()
+    expect(page.locator("#letters tbody tr")).to_have_count(1)  # not ada's, if still there
+    page.locator('#filters select[name="older_than"]').select_option("86400")
+    expect(row).to_have_count(0)  # it failed seconds ago
+    page.locator('#filters select[name="older_than"]').select_option("")
+    page.locator('#filters select[name="newer_than"]').select_option("3600")
+    page.locator('#filters input[name="error_type"]').fill("RuntimeError")
+    page.locator("#filters button").click()
+    expect(row).to_be_visible()
 
 
 def test_purge_asks_for_the_namespace(app: App, page: Any) -> None:

@@ -304,6 +304,7 @@ class StateStore(OperationsState):
         message: bytes,
         kind: str = "",
         unique: tuple[str, float] | None = None,
+        failed_at: float | None = None,
     ) -> bool | str:
         """Atomically remove a dead letter and publish ``message`` to ``queue``.
 
@@ -314,10 +315,14 @@ class StateStore(OperationsState):
             kind: ``"s"`` (stream) or ``"l"`` (list) to publish to; ``""``: the broker's own.
             unique: ``(unique key, ttl seconds)`` of a unique task: the key is claimed for
                 ``task_id`` in the same atomic step, unless another task holds it.
+            failed_at: the failure time (Unix seconds) of the dead letter the caller read;
+                ``None``: whichever is stored. A dead letter of ``task_id`` stored since
+                (replayed by another caller, failed again) is not the one read: it stays.
 
         Returns ``True`` when replayed; ``False`` (and publishes nothing) when the dead letter
-        no longer exists, so two concurrent replays publish once; or the id (str) of another
-        task holding the unique key, in which case nothing changed (the dead letter stays).
+        no longer exists or is not the one that failed at ``failed_at``, so concurrent
+        replays of one dead letter publish it once; or the id (str) of another task holding
+        the unique key, in which case nothing changed (the dead letter stays).
         """
 
     @abc.abstractmethod

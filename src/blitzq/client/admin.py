@@ -6,7 +6,7 @@ An :class:`Admin` belongs to one Queue and uses its broker of the running event 
 
 from __future__ import annotations
 
-import asyncio
+import math
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -22,7 +22,7 @@ from ..routing import check_name
 from ..serialization import decode_envelope, encode_envelope, loads
 from ..task import TaskHandle
 from . import testmode
-from .dead_letter_query import DeadLetterFilter, ReplayOutcome, scan, summarize
+from .dead_letter_query import DeadLetterFilter, Pacer, ReplayOutcome, scan, summarize
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -138,8 +138,9 @@ class Admin:
         oldest first, each as :meth:`retry` does.
 
         Args:
-            rate: most replays per second (a number, or a rate like ``"10/s"``, ``"100/m"``);
-                ``None``: as fast as the broker answers.
+            rate: most replays per second (a number, or a rate like ``"10/s"``, ``"100/m"``):
+                each starts ``1 / rate`` s after the one before at least, with no burst to
+                catch up after a slow one; ``None``: as fast as the broker answers.
             limit: most dead letters to replay (``None``: all that match).
             dry_run: replay nothing; report each match as ``"dry run"``.
 
@@ -159,19 +160,19 @@ class Admin:
         if limit is not None:
             matches = matches[:limit]
         out: list[ReplayOutcome] = []
-        started = time.monotonic()
-        for n, dl in enumerate(matches):
+        pace = Pacer(per_second) if per_second is not None else None
+        for dl in matches:
             if dry_run:
                 out.append(ReplayOutcome(dl.id, dl.task, dl.queue, "dry run"))
                 continue
-            if per_second is not None:  # the n-th replay waits for its slot
-                await asyncio.sleep(max(0.0, started + n / per_second - time.monotonic()))
+            if pace is not None:  # each replay starts 1/rate s after the one before, at least
+                await pace.wait()
             out.append(await self._replay_one(dl))
         return out
 
     async def _replay_one(self, dl: DeadLetter) -> ReplayOutcome:
-        try:
-            handle = await self.retry(dl.id)
+        try:  # only the dead letter the scan matched: not a newer one of the same id
+            handle = await self._take(dl.id, dl.failed_at)
         except (SerializationError, MessageTooLarge) as exc:
             return ReplayOutcome(dl.id, dl.task, dl.queue, "refused", str(exc))
         if handle is None:
@@ -197,17 +198,30 @@ class Admin:
         Returns:
             A handle to the replayed task; a handle with ``duplicate=True`` naming the task
             that holds the unique key (nothing replayed); or ``None`` when no such dead
-            letter exists (or a concurrent replay took it first).
+            letter exists (or a concurrent replay took it first: the dead letter read here
+            is replayed only while it is still stored, not a newer one of the same id that
+            another caller's replay left after the task failed again).
 
         Raises:
             SerializationError: the dead letter's message is malformed and cannot be replayed.
             MessageTooLarge: the message is over this Queue's ``max_message_size`` (bytes);
                 the dead letter stays.
         """
+        return await self._take(task_id, None)
+
+    async def _take(self, task_id: str, failed_at: float | None) -> TaskHandle[Any] | None:
+        """:meth:`retry` of the dead letter of ``task_id`` that failed at ``failed_at`` (Unix
+        seconds, as listed), or of whichever is stored (``None``); ``None`` when that one is
+        gone. The replay script compares the failure time it reads here (compare-and-delete),
+        so one dead letter is replayed once however many callers race for it."""
         owner = self.queue
         broker = owner.broker
         fields = await broker.get_dead_letter(task_id)
         if fields is None:
+            return None
+        # A planted entry's failure time may be no finite number: it then matches any.
+        stamp = fields.failed_at if math.isfinite(fields.failed_at) else None
+        if stamp is not None and failed_at is not None and stamp != failed_at:
             return None
         if fields.reason == "unreadable entry" and not fields.message:  # its key is no hash
             raise SerializationError(f"dead letter {task_id} is unreadable: {fields.error}")
@@ -225,7 +239,7 @@ class Admin:
             task = owner.tasks.get(env.task)
             ttl = task.controls.unique_ttl if task is not None else DEFAULT_UNIQUE_TTL
             unique = (broker_key(env), ttl)
-        outcome = await broker.replay_dead_letter(task_id, queue, data, fields.kind, unique)
+        outcome = await broker.replay_dead_letter(task_id, queue, data, fields.kind, unique, stamp)
         if outcome is False:
             return None
         if testmode.after_enqueue is not None:

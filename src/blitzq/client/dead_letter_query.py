@@ -11,9 +11,10 @@ and keeps those that match, so its cost grows with the number stored (at most
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,7 +23,7 @@ from ..broker import Broker
 from ..dead_letters import DeadLetter, check_reason
 from ..routing import base_queue
 
-__all__ = ["PAGE", "DeadLetterFilter", "ReplayOutcome", "scan", "summarize"]
+__all__ = ["PAGE", "DeadLetterFilter", "Pacer", "ReplayOutcome", "scan", "summarize"]
 
 #: Dead letters read per broker call while a filter is applied.
 PAGE = 500
@@ -180,3 +181,35 @@ class ReplayOutcome:
             "outcome": self.outcome,
             "detail": self.detail,
         }
+
+
+class Pacer:
+    """Spaces the starts of successive calls at least ``1 / rate`` seconds apart: the cap of
+    ``retry_dead_letters(rate=...)``. A call that started late (a slow broker, a busy
+    machine) does not let the next ones catch up in a burst: each waits its interval from
+    the start of the one before.
+
+    Args:
+        rate: most starts per second (> 0).
+        clock: monotonic seconds (``time.monotonic``; a test passes its own).
+        sleep: awaited with the seconds to wait (``asyncio.sleep``).
+    """
+
+    def __init__(
+        self,
+        rate: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._interval = 1.0 / rate
+        self._clock = clock
+        self._sleep = sleep
+        self._next: float | None = None
+
+    async def wait(self) -> None:
+        """Return when the next call may start (at once for the first)."""
+        if self._next is not None:
+            delay = self._next - self._clock()
+            if delay > 0:
+                await self._sleep(delay)
+        self._next = self._clock() + self._interval

@@ -197,6 +197,19 @@ def _int(request: Request, name: str, default: int, low: int, high: int) -> int:
     return value
 
 
+def _age(request: Request, name: str) -> float | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ApiError(400, f"{name} must be a number of seconds") from None
+    if not 0 <= value < 1e12:  # also refuses nan
+        raise ApiError(400, f"{name} must be a number of seconds >= 0")
+    return value
+
+
 async def _body(request: Request) -> dict[str, Any]:
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/json":
@@ -284,6 +297,9 @@ def create_app(
             queue=p.get("queue") or None,
             reason=p.get("reason") or None,
             text=p.get("q") or None,
+            error_type=p.get("error_type") or None,
+            older_than=_age(request, "older_than"),
+            newer_than=_age(request, "newer_than"),
         )
         limit = _int(request, "limit", 50, 1, MAX_LIMIT)
         offset = _int(request, "offset", 0, 0, 10**9)

@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from ..client.admin import worker_document
-from ..dead_letters import DeadLetter, check_reason
+from ..client.dead_letter_query import DeadLetterFilter as Criteria
+from ..dead_letters import DeadLetter
+from ..exceptions import SerializationError
 from ..records import TaskRecord, TaskState
 from ..runtime_schedules import RuntimeEntries, all_periodic_status
-from ..serialization import jsonable
+from ..serialization import decode_envelope, jsonable
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -172,7 +174,9 @@ async def queues_doc(queue: Queue, sampler: RateSampler) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- tasks
 async def task_doc(queue: Queue, task_id: str) -> dict[str, Any] | None:
     """One task: its record (state, attempts, result or error with traceback, times), its
-    latest progress, and its arguments when it is a dead letter (records do not keep them).
+    latest progress, and its arguments when its message can be read: a dead letter's, or
+    that of a task waiting on the schedule (records do not keep them); ``args_from`` says
+    which (``"dead letter"``, ``"schedule"``, or ``None``).
 
     Returns:
         ``None`` when nothing is known of the task (no record, progress or dead letter:
@@ -219,7 +223,7 @@ async def task_doc(queue: Queue, task_id: str) -> dict[str, Any] | None:
             "updated_at": progress.updated_at,
         }
     doc["dead_letter"] = None
-    doc["args"] = doc["kwargs"] = None
+    doc["args"] = doc["kwargs"] = doc["args_from"] = None
     if letter is not None:
         doc["dead_letter"] = {
             "reason": letter.reason,
@@ -227,44 +231,75 @@ async def task_doc(queue: Queue, task_id: str) -> dict[str, Any] | None:
             "failed_at": letter.failed_at,
         }
         doc["args"], doc["kwargs"] = letter.args, letter.kwargs
+        doc["args_from"] = "dead letter"
+    elif record.due_at is not None:  # on the schedule (a delay, a retry's backoff): its message
+        await _scheduled_args(queue, task_id, doc)
     return doc
+
+
+async def _scheduled_args(queue: Queue, task_id: str, doc: dict[str, Any]) -> None:
+    """Set ``doc``'s ``args`` and ``kwargs`` from the message of ``task_id`` waiting on the
+    schedule (left ``None`` when it left the schedule meanwhile or cannot be decoded)."""
+    entry = await queue.broker.scheduled_entry(task_id)
+    if entry is None:
+        return
+    try:
+        envelope = decode_envelope(entry[2])
+    except SerializationError:
+        return
+    doc["args"], doc["kwargs"] = envelope.args, envelope.kwargs
+    doc["args_from"] = "schedule"
 
 
 # ------------------------------------------------------------------------ dead letters
 @dataclass(frozen=True)
 class DeadLetterFilter:
-    """Which dead letters a listing keeps (every given field must match).
+    """Which dead letters a listing keeps (every given field must match): the criteria of
+    ``queue.dead_letters(...)`` and ``blitzq dead-letter list``
+    (:class:`~blitzq.client.dead_letter_query.DeadLetterFilter`), plus a text search.
 
     Attributes:
         task: exact task name.
-        queue: exact physical queue.
+        queue: the queue it came from: a physical name matches exactly, a base name all
+            its priority levels.
         reason: exact reason, one of :data:`~blitzq.dead_letters.DEAD_LETTER_REASONS`.
         text: case-insensitive substring of the id, task name or error.
+        error_type: exception type of a failed task (full name, or its last part).
+        older_than: dead-lettered at least this many seconds ago.
+        newer_than: dead-lettered at most this many seconds ago.
 
     Raises:
-        ConfigurationError: ``reason`` is not a dead-letter reason (the API answers 400).
+        ConfigurationError: ``reason`` is not a dead-letter reason, or an age is not a
+            finite number of seconds >= 0 (the API answers 400).
     """
 
     task: str | None = None
     queue: str | None = None
     reason: str | None = None
     text: str | None = None
+    error_type: str | None = None
+    older_than: float | None = None
+    newer_than: float | None = None
 
     def __post_init__(self) -> None:
-        check_reason(self.reason)
+        _ = self.criteria  # validates them
+
+    @property
+    def criteria(self) -> Criteria:
+        """The criteria shared with the client and the CLI (all but ``text``)."""
+        return Criteria(
+            self.task, self.queue, self.reason, self.error_type, self.older_than, self.newer_than
+        )
 
     @property
     def active(self) -> bool:
         """Whether any field is set."""
-        return any((self.task, self.queue, self.reason, self.text))
+        return bool(self.text) or not self.criteria.empty
 
-    def matches(self, d: DeadLetter) -> bool:
-        """Whether dead letter ``d`` passes every set field."""
-        if self.task and d.task != self.task:
-            return False
-        if self.queue and d.queue != self.queue:
-            return False
-        if self.reason and d.reason != self.reason:
+    def matches(self, d: DeadLetter, now: float | None = None) -> bool:
+        """Whether dead letter ``d`` passes every set field, ages measured from ``now``
+        (Unix seconds; default ``time.time()``)."""
+        if not self.criteria.matches(d, time.time() if now is None else now):
             return False
         if self.text:
             needle = self.text.lower()
@@ -303,12 +338,13 @@ async def dead_letters_page(
         }
     matched: list[DeadLetter] = []
     scanned = 0
+    now = time.time()
     while scanned < min(total, DEAD_LETTER_SCAN):
         chunk = await queue.dead_letters(_CHUNK, scanned)
         if not chunk:
             break
         scanned += len(chunk)
-        matched.extend(d for d in chunk if flt.matches(d))
+        matched.extend(d for d in chunk if flt.matches(d, now))
     return {
         "total": total,
         "matched": len(matched),

@@ -122,11 +122,13 @@ class RedisDeadLetters(RedisPart):
         message: bytes,
         kind: str = "",
         unique: tuple[str, float] | None = None,
+        failed_at: float | None = None,
     ) -> bool | str:
         """Atomically remove the dead letter and publish ``message`` (compare-and-delete) to
         the stream (``kind`` "s") or list ("l", ``""``: this broker's mode) of ``queue`` (a
         store in outbox mode: to its outbox, whatever ``kind`` says),
-        claiming the ``unique`` key in the same script; see :meth:`Broker.replay_dead_letter`.
+        claiming the ``unique`` key in the same script, only while it is the one that failed
+        at ``failed_at``; see :meth:`StateStore.replay_dead_letter`.
         """
         key, ttl = unique if unique is not None else ("", 0.0)
         done = await self.scripts.call(
@@ -140,6 +142,7 @@ class RedisDeadLetters(RedisPart):
                 message,
                 key,
                 max(1, int(ttl * 1000)),
+                "" if failed_at is None else repr(float(failed_at)),
             ],
         )
         if isinstance(done, bytes | str):

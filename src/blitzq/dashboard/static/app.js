@@ -150,8 +150,9 @@
       field(list, "args", json(d.args), "mono");
       field(list, "kwargs", json(d.kwargs), "mono");
     } else {
-      field(list, "args", "not kept (arguments live in the message only; shown for dead letters)", "muted");
+      field(list, "args", "not kept (arguments live in the message only; shown while it waits on the schedule, and for dead letters)", "muted");
     }
+    if (d.due_at !== null && d.due_at !== undefined) field(list, "due", time(d.due_at));
     if (d.state === "succeeded") {
       field(list, "result", d.result_stored ? json(d.result) : "not stored", "mono");
     }

@@ -4,20 +4,29 @@
 -- ARGV[1] key prefix "{ns}:", ARGV[2] task id, ARGV[3] kind ("s" stream of a reliable-mode
 -- queue, "l" list of a fast-mode one: where the dead letter came from; "o" the outbox of a
 -- store paired with a foreign transport), ARGV[4] queue,
--- ARGV[5] message, ARGV[6] unique key "<task>:<key>" ("" for none), ARGV[7] its TTL (ms).
+-- ARGV[5] message, ARGV[6] unique key "<task>:<key>" ("" for none), ARGV[7] its TTL (ms),
+-- ARGV[8] the failure time (Unix seconds) of the dead letter the caller read ("" for any):
+-- a dead letter of that id stored since (the task replayed by someone else, failed again and
+-- dead-lettered anew) is another dead letter, and is left alone (compare-and-delete).
 -- Also reads or writes: {ns}:d:<task_id> (deleted), {ns}:dlq:size and {ns}:dlq:bytes
 -- (dead_letters.lua), {ns}:u:<key> and {ns}:ub:<task_id> (claimed), {ns}:t:<task_id>
 -- (deleted: the task starts afresh), {ns}:s:<queue> (XADD) or {ns}:l:<queue> (RPUSH), or
 -- {ns}:outbox:<queue> and {ns}:outboxes (kind "o", outbox.lua).
 -- A unique key is claimed for the task as unique_claim.lua does; when another task holds it,
 -- nothing changes and the holder's id is returned.
--- Returns 1 (replayed), 0 (no such dead letter: a concurrent replay took it) or the id of
--- the task holding the unique key.
+-- Returns 1 (replayed), 0 (no such dead letter, or not the one read: a concurrent replay
+-- took it) or the id of the task holding the unique key.
 --@include dead_letters.lua
 --@include outbox.lua
 local key = KEY.dead_letter(ARGV[1], ARGV[2])
 if redis.call('EXISTS', key) == 0 then
   return 0
+end
+if ARGV[8] ~= '' then
+  local stored = tonumber(redis.call('HGET', key, 'failed_at') or '0') or 0
+  if stored ~= tonumber(ARGV[8]) then
+    return 0
+  end
 end
 if ARGV[6] ~= '' then
   local ukey = KEY.unique(ARGV[1], ARGV[6])
