@@ -319,6 +319,33 @@ def test_queue_stats_counts_waiting_scheduled_and_live_workers(
     assert doc["queues"]["other"]["waiting"] == 1  # not subscribed: left alone
 
 
+def test_queue_stats_text_and_json_show_the_same_worker_counts(
+    app_queue: Queue, invoke: Callable[..., Result]
+) -> None:
+    # The issue: the table said "done 0" while --json a moment later said 206 processed.
+    for n in range(5):
+        app_queue.send_sync("add", [n, n])
+    app_queue.send_sync("boom", [1])
+    with running_worker(app_queue) as worker:
+
+        def counted() -> Any:
+            docs = json_out(invoke("queue", "stats", "--json"))["workers"]
+            done = docs and docs[0]["processed"] == 5 and docs[0]["failed"] == 1
+            return docs[0] if done else None
+
+        doc = wait_until(counted, 30.0, "the worker's registration to count 5 + 1 runs")
+        assert doc["id"] == worker.id
+        human = invoke("queue", "stats")
+        assert human.exit_code == 0, human.output
+    lines = human.stdout.splitlines()
+    header = next(line.split() for line in lines if line.split()[:1] == ["worker"])
+    row = next(line.split() for line in lines if line.split()[:1] == [worker.id])
+    assert header[:6] == ["worker", "queues", "slots", "running", "processed", "failed"]
+    counts = dict(zip(header[2:6], row[2:6], strict=True))
+    assert counts == {"slots": "4", "running": "0", "processed": "5", "failed": "1"}
+    assert "the same numbers as --json" in human.stdout
+
+
 def test_global_options_before_or_after_the_command_and_from_env(
     redis_url: str, namespace: str
 ) -> None:
