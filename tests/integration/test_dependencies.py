@@ -4,6 +4,7 @@ FastAPI dependency that gives endpoints the Queue."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated
@@ -16,7 +17,7 @@ from blitzq import ConfigurationError, Depends, Queue, TaskFailed
 from blitzq.integrations.asgi import lifespan
 from blitzq.integrations.fastapi import QueueDep, get_queue
 
-from .proc_tasks import make_worker, running
+from .proc_tasks import make_worker, running, worker_thread
 
 
 @dataclasses.dataclass
@@ -77,6 +78,49 @@ async def test_lifespan_resources_reach_tasks_once_per_worker(queue: Queue) -> N
     assert pool.used == 6
     assert pool.closed == 1
     assert events == ["open db", "open http", "close http", "close db"]
+
+
+async def test_each_worker_opens_once_however_many_runs_share_it(queue: Queue) -> None:
+    """Two tasks x concurrency 3 on each of two workers: all six runs at once, one open per
+    worker, every run of a worker holding that worker's resource."""
+    pools: list[Pool] = []
+
+    @queue.lifespan
+    async def database() -> AsyncIterator[Pool]:
+        pool = Pool()
+        pools.append(pool)
+        pool.opened += 1
+        yield pool
+        pool.closed += 1
+
+    running_now, all_in = 0, asyncio.Event()
+
+    async def hold(db: Pool) -> int:
+        nonlocal running_now
+        db.used += 1
+        running_now += 1
+        if running_now == 6:
+            all_in.set()
+        await asyncio.wait_for(all_in.wait(), 30)  # six at once: each worker's 3 slots busy
+        return id(db)
+
+    @queue.task(name="di.first")
+    async def first(db: Pool = Depends()) -> int:
+        return await hold(db)
+
+    @queue.task(name="di.second")
+    async def second(db: Annotated[Pool, Depends()]) -> int:
+        return await hold(db)
+
+    workers = [make_worker(queue, concurrency=3), make_worker(queue, concurrency=3)]
+    async with running(workers[0]), running(workers[1]):
+        handles = [await task.enqueue() for task in (first, second) for _ in range(3)]
+        seen = [await h.result(timeout=60) for h in handles]
+    assert len(pools) == 2
+    assert [p.opened for p in pools] == [1, 1]
+    assert [p.closed for p in pools] == [1, 1]
+    assert [p.used for p in pools] == [3, 3]
+    assert sorted(seen.count(id(p)) for p in pools) == [3, 3]
 
 
 async def test_a_value_for_a_depends_parameter_is_refused_at_enqueue(queue: Queue) -> None:
@@ -152,3 +196,37 @@ async def test_a_message_passing_a_depends_parameter_fails_without_retries(queue
         record = await queue.inspect(handle.id)
         assert record is not None
         assert record.attempts == 1
+
+
+def test_fastapi_endpoint_enqueues_through_the_queue_dependency(
+    make_queue: Callable[..., Queue],
+) -> None:
+    """A user's app: an endpoint takes the Queue as ``QueueDep``, enqueues on the test Redis,
+    a worker (with its lifespan resource) runs the task, the endpoint returns its result."""
+    queue = make_queue()
+    pool = Pool()
+
+    @queue.lifespan
+    async def database() -> AsyncIterator[Pool]:
+        pool.opened += 1
+        yield pool
+
+    @queue.task(name="di.report")
+    async def report(month: str, db: Pool = Depends()) -> str:
+        db.used += 1
+        return f"report {month} ({db.used})"
+
+    app = FastAPI(lifespan=lifespan(queue))
+
+    @app.post("/reports/{month}")
+    async def create_report(month: str, q: QueueDep) -> dict[str, str]:
+        handle = await q.send("di.report", args=(month,))
+        return {"task_id": handle.id, "result": await handle.result(timeout=30)}
+
+    with worker_thread(queue, concurrency=2), TestClient(app) as client:
+        first = client.post("/reports/2026-11").json()
+        second = client.post("/reports/2026-12").json()
+    assert first["result"] == "report 2026-11 (1)"
+    assert second["result"] == "report 2026-12 (2)"
+    assert first["task_id"] != second["task_id"]
+    assert pool.opened == 1
