@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 from pathlib import Path
 
@@ -73,6 +74,10 @@ def test_cli_options_come_from_the_command_tables(
 
     params = parsed("app:queue")
     assert params["concurrency"] == 7
+    (project / "pyproject.toml").unlink()  # no file: the option's own default
+    default = next(p.default for p in cli.commands["worker"].params if p.name == "concurrency")
+    assert parsed("app:queue")["concurrency"] == default != 7
+    write(project, "[tool.blitzq.worker]\nconcurrency = 7\n")
     assert params["unknown_task_grace"] == 12.5
     monkeypatch.setenv("BLITZQ_WORKER_CONCURRENCY", "9")  # click's automatic variable
     assert parsed("app:queue")["concurrency"] == 9
@@ -116,3 +121,37 @@ def test_cli_global_settings_and_config_show(
     other.write_text('[tool.blitzq]\nmode = "fast"\n')
     monkeypatch.setenv("BLITZQ_CONFIG", str(other))
     assert Queue(redis_url=redis_url).mode == "fast"
+
+
+def test_each_level_of_the_precedence_for_an_application_module(
+    project: Path, redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a deployment meets it: ``blitzq check MODULE:ATTR`` on a module whose Queue passes
+    its own namespace (``coded``) and one that leaves it unset (``plain``). A typed flag wins
+    over the module; the environment and the file only fill in what the module left unset."""
+    module = f"precedence_app_{namespace.replace('-', '_')}"
+    (project / f"{module}.py").write_text(
+        'from blitzq import Queue\n\ncoded = Queue(namespace="from-code")\nplain = Queue()\n'
+    )
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the CLI puts the cwd first on it
+
+    def namespace_of(attr: str, *flags: str, **env: str) -> str:
+        sys.modules.pop(module, None)  # a fresh import: a typed flag changes the module's Queue
+        variables: dict[str, str | None] = dict.fromkeys((*CLEAN, "BLITZQ_AMQP_URL"))
+        variables.update(env, BLITZQ_REDIS_URL=redis_url)
+        result = CliRunner().invoke(
+            cli, [*flags, "--json", "check", f"{module}:{attr}"], env=variables
+        )
+        assert result.exit_code in (0, 78), result.output  # 78: a warning of the shared server
+        return str(json.loads(result.stdout)["namespace"])
+
+    assert namespace_of("plain") == "blitzq"  # the default
+    assert namespace_of("coded") == "from-code"
+    write(project, '[tool.blitzq]\nnamespace = "from-file"\n')
+    assert namespace_of("plain") == "from-file"
+    assert namespace_of("coded") == "from-code"
+    assert namespace_of("plain", BLITZQ_NAMESPACE="from-env") == "from-env"
+    assert namespace_of("coded", BLITZQ_NAMESPACE="from-env") == "from-code"
+    for attr in ("plain", "coded"):
+        assert namespace_of(attr, "--namespace", "typed", BLITZQ_NAMESPACE="from-env") == "typed"
+    sys.modules.pop(module, None)
