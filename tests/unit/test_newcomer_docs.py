@@ -105,5 +105,22 @@ def test_quick_start_starts_a_worker_before_enqueueing() -> None:
     quick = _section((ROOT / "README.md").read_text(), "Quick start")
     worker = quick.index("blitzq worker tasks:queue")
     assert quick.index("Start a worker first") < worker < quick.index("# main.py")
+    # Where the command is, and that the producer runs beside the worker (embedded server).
+    assert ".venv/bin/blitzq" in quick
+    assert "from the same directory" in quick
+    assert ".venv/bin/python main.py" in quick
     assert "ResultTimeout" in quick
     assert "troubleshooting" in quick
+
+
+def test_troubleshooting_covers_a_task_that_never_runs() -> None:
+    text = (ROOT / "docs" / "troubleshooting.md").read_text()
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert any("worker" in h and "queue" in h for h in headings)  # the queue nobody reads
+    assert any("same server" in h for h in headings)  # the embedded server of the cwd
+    assert any("namespace" in h for h in headings)
+    assert "./.blitzq" in text
+    assert "BLITZQ_DATA_DIR" in text
+    assert "-Q emails" in text
+    readme = (ROOT / "README.md").read_text()
+    assert "docs/troubleshooting.md" in _section(readme, "Quick start")
