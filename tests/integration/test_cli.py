@@ -343,6 +343,8 @@ def test_queue_stats_text_and_json_show_the_same_worker_counts(
     assert header[:6] == ["worker", "queues", "slots", "running", "processed", "failed"]
     counts = dict(zip(header[2:6], row[2:6], strict=True))
     assert counts == {"slots": "4", "running": "0", "processed": "5", "failed": "1"}
+    zone = datetime.now().astimezone().strftime("%Z")
+    assert row[-1] == row[-4] == zone  # started and "as of" name their time zone
     assert "the same numbers as --json" in human.stdout
 
 
