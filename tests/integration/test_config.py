@@ -107,6 +107,16 @@ def test_cli_global_settings_and_config_show(
     assert rows["namespace"]["value"] == namespace
     assert rows["namespace"]["source"].endswith("pyproject.toml [tool.blitzq]")
     assert rows["mode"]["source"] == "default"
+    assert rows["mode"]["value"] == "reliable"  # the value that applies, not a blank
+    assert rows["amqp_url"]["value"] is None
+    assert rows["amqp_url"]["unset"].startswith("none")
+    human = CliRunner().invoke(cli, ["config", "show"])
+    assert human.exit_code == 0, human.output
+    lines = {line.split()[0]: line for line in human.stdout.splitlines() if line.strip()}
+    assert f"{project / 'pyproject.toml'} [tool.blitzq]" in lines["namespace"]  # not eaten
+    assert lines["mode"].split()[1:3] == ["reliable", "default"]
+    assert "- (the embedded server)" not in lines["redis_url"]  # set in the file
+    assert "(none: messages travel on the Redis server)" in lines["amqp_url"]
     monkeypatch.setenv("BLITZQ_NAMESPACE", "other")
     rows = {r["name"]: r for r in json.loads(
         CliRunner().invoke(cli, ["config", "show", "--json"]).output)["settings"]}  # fmt: skip

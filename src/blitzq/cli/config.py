@@ -110,10 +110,13 @@ def config_show() -> None:
         typed = settings()
         for s in config.SETTINGS:
             given = getattr(typed, s.name, None) if s.name in typed.from_command_line else None
-            found = given or config.value(s.name)
+            found = given or config.value(s.name) or s.default
             shown = mask_url(found) if found and s.name.endswith("_url") else found
             origin = "command line" if given else config.source(s.name)
-            rows.append({"name": s.name, "value": shown, "source": origin, "env": s.env})
+            rows.append(
+                {"name": s.name, "value": shown, "source": origin, "env": s.env}
+                | ({} if found else {"unset": s.unset})
+            )
         tables = config.command_tables()
     except ConfigurationError as exc:
         raise CliUsageError(str(exc)) from None
@@ -126,8 +129,8 @@ def config_show() -> None:
     for header in ("setting", "value", "from", "variable"):
         table.add_column(header, overflow="fold")
     for row in rows:
-        value = row["value"] if row["value"] is not None else "-"
-        table.add_row(row["name"], Text(str(value)), row["source"], row["env"])
+        value = row["value"] if row["value"] is not None else f"- ({row['unset']})"
+        table.add_row(row["name"], Text(str(value)), Text(str(row["source"])), row["env"])
     out.print(table)
     for name, options in sorted(tables.items()):
         out.print(Text(f"[tool.blitzq.{name}] {options}"))
