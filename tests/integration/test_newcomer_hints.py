@@ -108,3 +108,20 @@ def test_cli_task_inspect_shows_a_scheduled_task(
     assert text.exit_code == 0, text.output
     assert "scheduled" in text.output
     assert "due" in text.output
+
+
+def test_sync_result_wait_without_a_worker_says_to_start_one(
+    make_queue: Callable[..., Queue],
+) -> None:
+    """The last line of the README's main.py: ``add.enqueue_sync(1, 2).result_sync(...)``."""
+    queue = make_queue()
+
+    @queue.task(name="hint.sync_add")
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    try:
+        with pytest.raises(ResultTimeout, match=r"no worker is running in namespace .*start one"):
+            add.enqueue_sync(1, 2).result_sync(timeout=0.2)
+    finally:
+        queue.close_sync()
