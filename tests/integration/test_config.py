@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -165,3 +166,28 @@ def test_each_level_of_the_precedence_for_an_application_module(
     for attr in ("plain", "coded"):
         assert namespace_of(attr, "--namespace", "typed", BLITZQ_NAMESPACE="from-env") == "typed"
     sys.modules.pop(module, None)
+
+
+def test_a_subcommand_of_a_group_reads_its_nested_table_and_variable(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(
+        project,
+        '[tool.blitzq]\nlog_level = "debug"\n[tool.blitzq.scheduler.run]\npoll-interval = 2.5\n',
+    )
+    monkeypatch.delenv("BLITZQ_SCHEDULER_RUN_POLL_INTERVAL", raising=False)
+    monkeypatch.delenv("BLITZQ_LOG_LEVEL", raising=False)
+    group = cli.commands["scheduler"]
+    assert isinstance(group, click.Group)
+
+    def parsed(*flags: str) -> dict[str, object]:
+        root = cli.make_context("blitzq", ["scheduler", "run", "app:queue", *flags])
+        middle = group.make_context("scheduler", ["run", "app:queue"], parent=root)
+        run = group.commands["run"].make_context("run", ["app:queue", *flags], parent=middle)
+        return {"poll_interval": run.params["poll_interval"], "log_level": run.params["log_level"]}
+
+    assert parsed() == {"poll_interval": 2.5, "log_level": "debug"}  # the file
+    monkeypatch.setenv("BLITZQ_SCHEDULER_RUN_POLL_INTERVAL", "4")
+    monkeypatch.setenv("BLITZQ_LOG_LEVEL", "warning")
+    assert parsed() == {"poll_interval": 4.0, "log_level": "warning"}  # the environment
+    assert parsed("--poll-interval", "0.5")["poll_interval"] == 0.5  # the command line
