@@ -243,7 +243,7 @@ def queue_stats(queues: str | None) -> None:
             Text(
                 "running/processed/failed are each worker's own counts (processed: runs that "
                 "succeeded; the same numbers as --json) as of its last registration, the "
-                "'as of' time; a worker renews it every visibility_timeout/3 s, at most 10 s",
+                "'as of' time: about a second behind a busy worker",
                 style="dim",
             )
         )
