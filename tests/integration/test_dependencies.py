@@ -230,3 +230,34 @@ def test_fastapi_endpoint_enqueues_through_the_queue_dependency(
     assert second["result"] == "report 2026-12 (2)"
     assert first["task_id"] != second["task_id"]
     assert pool.opened == 1
+
+
+async def test_eager_mode_and_the_worker_harness_open_the_lifespans(queue: Queue) -> None:
+    """docs/dependencies.md, "Tests": the testing helpers run real workers, so a task's
+    ``Depends()`` parameter is filled there too (the eager mode: once per drain)."""
+    from blitzq.testing import WorkerHarness, eager
+
+    pools: list[Pool] = []
+
+    @queue.lifespan
+    async def database() -> AsyncIterator[Pool]:
+        pool = Pool(opened=1)
+        pools.append(pool)
+        yield pool
+        pool.closed += 1
+
+    @queue.task(name="di.eager")
+    async def use(n: int, db: Pool = Depends()) -> int:
+        db.used += 1
+        return n * 10
+
+    with eager():
+        assert await (await use.enqueue(1)).result(timeout=30) == 10
+        assert await (await use.enqueue(2)).result(timeout=30) == 20
+    assert [(p.used, p.closed) for p in pools] == [(1, 1), (1, 1)]  # a drain per enqueue
+    pools.clear()
+    async with WorkerHarness(queue, concurrency=2) as harness:
+        handles = [await use.enqueue(n) for n in range(3)]
+        await harness.drain()
+    assert [await h.result(timeout=30) for h in handles] == [0, 10, 20]
+    assert [(p.used, p.closed) for p in pools] == [(3, 1)]
