@@ -261,3 +261,23 @@ async def test_eager_mode_and_the_worker_harness_open_the_lifespans(queue: Queue
         await harness.drain()
     assert [await h.result(timeout=30) for h in handles] == [0, 10, 20]
     assert [(p.used, p.closed) for p in pools] == [(3, 1)]
+
+
+async def test_a_lifespan_that_fails_at_start_stops_the_worker_start(queue: Queue) -> None:
+    events: list[str] = []
+
+    @queue.lifespan
+    async def first() -> AsyncIterator[Pool]:
+        events.append("open first")
+        yield Pool()
+        events.append("close first")
+
+    @queue.lifespan
+    async def broken() -> AsyncIterator[Client]:
+        raise RuntimeError("database unreachable")
+        yield Client()  # an async generator all the same
+
+    with pytest.raises(RuntimeError, match="database unreachable"):
+        await asyncio.wait_for(make_worker(queue, concurrency=1).run(), 30)
+    assert events == ["open first", "close first"]  # what was open is closed again
+    assert await queue.broker.workers() == {}  # it never registered
