@@ -6,16 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Annotated
 
 import pytest
+import redis
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from blitzq import ConfigurationError, Depends, Queue, TaskFailed
 from blitzq.integrations.asgi import lifespan
 from blitzq.integrations.fastapi import QueueDep, get_queue
+from tests.polling import wait_until
 
 from .proc_tasks import make_worker, running, worker_thread
 
@@ -281,3 +288,83 @@ async def test_a_lifespan_that_fails_at_start_stops_the_worker_start(queue: Queu
         await asyncio.wait_for(make_worker(queue, concurrency=1).run(), 30)
     assert events == ["open first", "close first"]  # what was open is closed again
     assert await queue.broker.workers() == {}  # it never registered
+
+
+PROCESS_APP = """
+import dataclasses
+import os
+import uuid
+
+import redis.asyncio
+
+from blitzq import Depends, Queue
+
+queue = Queue()  # URL and namespace: BLITZQ_REDIS_URL, BLITZQ_NAMESPACE
+
+
+@dataclasses.dataclass
+class Resource:
+    token: str
+
+
+@queue.lifespan
+async def resource():
+    client = redis.asyncio.Redis.from_url(os.environ["BLITZQ_REDIS_URL"])
+    key = "{" + os.environ["BLITZQ_NAMESPACE"] + "}:test:opens"
+    token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    await client.rpush(key, "open " + token)
+    try:
+        yield Resource(token)
+    finally:
+        await client.rpush(key, "close " + token)
+        await client.aclose()
+
+
+@queue.task(name="di.where")
+async def where(res: Resource = Depends()) -> str:
+    return res.token
+"""
+
+
+def test_each_worker_process_opens_its_own_resources(
+    tmp_path: Path, redis_url: str, namespace: str, make_queue: Callable[..., Queue]
+) -> None:
+    """``blitzq worker --workers 2``: one open per worker process (none in the supervisor),
+    every run holding its own process's resource, each closed once at shutdown."""
+    (tmp_path / "di_proc_app.py").write_text(PROCESS_APP)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env.update(BLITZQ_REDIS_URL=redis_url, BLITZQ_NAMESPACE=namespace, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "blitzq", "worker", "di_proc_app:queue", "--workers", "2"]
+    cmd += ["-c", "3", "--shutdown-timeout", "2"]
+    log = tmp_path / "supervisor.log"
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    key = "{" + namespace + "}:test:opens"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    producer = make_queue()
+    try:
+
+        def two_opened() -> list[str] | None:
+            entries: list[str] = client.lrange(key, 0, -1)
+            return entries if len(entries) >= 2 else None
+
+        opened = wait_until(two_opened, 60.0, "two worker processes to open their resources")
+        tokens = {entry.removeprefix("open ") for entry in opened}
+        assert len({t.split("-")[0] for t in tokens}) == 2  # two processes
+        assert str(proc.pid) not in {t.split("-")[0] for t in tokens}  # not the supervisor
+        handles = [producer.send_sync("di.where") for _ in range(12)]
+        assert {h.result_sync(timeout=30) for h in handles} <= tokens
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()[-3000:]
+        entries = client.lrange(key, 0, -1)
+        assert sorted(entries) == sorted(
+            [f"open {t}" for t in tokens] + [f"close {t}" for t in tokens]
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        producer.close_sync()
+        client.close()
