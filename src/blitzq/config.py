@@ -166,6 +166,27 @@ def value(name: str) -> str | None:
     return found if isinstance(found, str) and found else None
 
 
+def data_dir() -> Path | None:
+    """The ``data_dir`` setting as an absolute path, or ``None`` when nothing sets it.
+
+    ``$BLITZQ_DATA_DIR`` is relative to the current directory; a relative ``data_dir`` of
+    ``[tool.blitzq]`` is relative to the directory of the file that holds it, so every
+    command run anywhere below the project meets the same embedded server.
+
+    Raises:
+        ConfigurationError: the project file is invalid.
+    """
+    from_env = os.environ.get(_BY_NAME["data_dir"].env)
+    if from_env:
+        return Path(from_env).expanduser().resolve()
+    found = project_table().get("data_dir")
+    if not found:
+        return None
+    where = project_file()
+    base = where.parent if where is not None else Path.cwd()
+    return (base / Path(found).expanduser()).resolve()
+
+
 def source(name: str) -> str:
     """Where setting ``name``'s value comes from: ``"env BLITZQ_…"``, the project file's path
     with ``[tool.blitzq]``, or ``"default"``.

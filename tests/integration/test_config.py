@@ -191,3 +191,30 @@ def test_a_subcommand_of_a_group_reads_its_nested_table_and_variable(
     monkeypatch.setenv("BLITZQ_LOG_LEVEL", "warning")
     assert parsed() == {"poll_interval": 4.0, "log_level": "warning"}  # the environment
     assert parsed("--poll-interval", "0.5")["poll_interval"] == 0.5  # the command line
+
+
+def test_a_relative_data_dir_of_the_file_is_relative_to_the_file(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command run in a subdirectory of the project meets the same embedded server as a
+    worker run at its root (the "my task never runs" trap of a cwd-relative data dir)."""
+    from blitzq.broker.redis.embedded import data_dir_from_env, find_data_dir
+
+    monkeypatch.delenv("BLITZQ_DATA_DIR", raising=False)
+    write(project, '[tool.blitzq]\ndata_dir = "var/bq"\n')
+    (project / "src" / "app").mkdir(parents=True)
+    for cwd in (project, project / "src" / "app"):
+        monkeypatch.chdir(cwd)
+        assert data_dir_from_env() == project / "var" / "bq"
+        assert find_data_dir() == project / "var" / "bq"
+        root = cli.make_context("blitzq", ["server", "status"])
+        server = cli.commands["server"]
+        assert isinstance(server, click.Group)
+        middle = server.make_context("server", ["status"], parent=root)
+        status = server.commands["status"].make_context("status", [], parent=middle)
+        assert status.params["data_dir"] == project / "var" / "bq"  # --data-dir's default
+        shown = json.loads(CliRunner().invoke(cli, ["config", "show", "--json"]).stdout)
+        row = next(r for r in shown["settings"] if r["name"] == "data_dir")
+        assert row["value"] == str(project / "var" / "bq")
+    monkeypatch.setenv("BLITZQ_DATA_DIR", "here")  # the variable: relative to the cwd
+    assert data_dir_from_env() == project / "src" / "app" / "here"
