@@ -368,3 +368,14 @@ def test_each_worker_process_opens_its_own_resources(
             proc.wait(10)
         producer.close_sync()
         client.close()
+
+
+def test_without_fastapi_the_import_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # as if the extra were not installed
+    monkeypatch.delitem(sys.modules, "blitzq.integrations.fastapi")
+    with pytest.raises(ImportError, match=r"needs FastAPI: pip install fastapi .*\.\[fastapi\]"):
+        importlib.import_module("blitzq.integrations.fastapi")
