@@ -130,6 +130,47 @@ async def test_each_worker_opens_once_however_many_runs_share_it(queue: Queue) -
     assert sorted(seen.count(id(p)) for p in pools) == [3, 3]
 
 
+class ReadPool(Pool):
+    """A subclass: matched by an annotation of its base when no exact match exists."""
+
+
+async def test_the_resource_of_exactly_the_type_else_an_instance_of_it(queue: Queue) -> None:
+    exact, derived = Pool(), ReadPool()
+
+    @queue.lifespan
+    async def replica() -> AsyncIterator[ReadPool]:
+        yield derived
+
+    @queue.lifespan
+    async def primary() -> AsyncIterator[Pool]:
+        yield exact
+
+    @queue.task(name="di.which")
+    async def which(db: Pool = Depends(), read: ReadPool = Depends()) -> list[str]:
+        return [
+            "exact" if db is exact else "derived",
+            "derived" if read is derived else "exact",
+        ]
+
+    async with running(make_worker(queue, concurrency=1)):
+        assert await (await which.enqueue()).result(timeout=30) == ["exact", "derived"]
+
+
+async def test_a_base_class_parameter_takes_an_instance_of_a_subclass(queue: Queue) -> None:
+    derived = ReadPool()
+
+    @queue.lifespan
+    async def replica() -> AsyncIterator[ReadPool]:
+        yield derived
+
+    @queue.task(name="di.base")
+    async def base(db: Pool = Depends()) -> bool:
+        return db is derived
+
+    async with running(make_worker(queue, concurrency=1)):
+        assert await (await base.enqueue()).result(timeout=30) is True
+
+
 async def test_a_value_for_a_depends_parameter_is_refused_at_enqueue(queue: Queue) -> None:
     @queue.task(name="di.refuse")
     async def refuse(n: int, db: Pool = Depends()) -> int:
