@@ -42,22 +42,42 @@ class Setting:
         name: its key (``redis_url``).
         env: its environment variable (``BLITZQ_REDIS_URL``).
         help: what it sets.
+        default: the value that applies when nothing sets it, or ``None`` when there is no
+            such value (``unset`` then says what happens).
+        unset: what an unset setting without a default means (``the embedded server``).
     """
 
     name: str
     env: str
     help: str
+    default: str | None = None
+    unset: str = ""
 
 
 #: The settings every part of blitzq reads (the CLI's per-command options come on top).
 SETTINGS: tuple[Setting, ...] = (
-    Setting("redis_url", "BLITZQ_REDIS_URL", "broker URL; unset: the embedded server"),
-    Setting("amqp_url", "BLITZQ_AMQP_URL", "RabbitMQ URL (the delivery transport)"),
-    Setting("namespace", "BLITZQ_NAMESPACE", "key namespace (default: blitzq)"),
-    Setting("mode", "BLITZQ_MODE", "reliable or fast (default: reliable)"),
-    Setting("data_dir", "BLITZQ_DATA_DIR", "the embedded server's directory (./.blitzq)"),
-    Setting("log_level", "BLITZQ_LOG_LEVEL", "blitzq worker's log level (info)"),
-    Setting("log_format", "BLITZQ_LOG_FORMAT", "text or json (text)"),
+    Setting(
+        "redis_url",
+        "BLITZQ_REDIS_URL",
+        "broker URL; unset: the embedded server",
+        unset="the embedded server",
+    ),
+    Setting(
+        "amqp_url",
+        "BLITZQ_AMQP_URL",
+        "RabbitMQ URL (the delivery transport)",
+        unset="none: messages travel on the Redis server",
+    ),
+    Setting("namespace", "BLITZQ_NAMESPACE", "key namespace (default: blitzq)", "blitzq"),
+    Setting("mode", "BLITZQ_MODE", "reliable or fast (default: reliable)", "reliable"),
+    Setting(
+        "data_dir",
+        "BLITZQ_DATA_DIR",
+        "the embedded server's directory (./.blitzq)",
+        unset="./.blitzq of the current directory",
+    ),
+    Setting("log_level", "BLITZQ_LOG_LEVEL", "blitzq worker's log level (info)", "info"),
+    Setting("log_format", "BLITZQ_LOG_FORMAT", "text or json (text)", "text"),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -144,6 +164,27 @@ def value(name: str) -> str | None:
         return from_env
     found = project_table().get(name)
     return found if isinstance(found, str) and found else None
+
+
+def data_dir() -> Path | None:
+    """The ``data_dir`` setting as an absolute path, or ``None`` when nothing sets it.
+
+    ``$BLITZQ_DATA_DIR`` is relative to the current directory; a relative ``data_dir`` of
+    ``[tool.blitzq]`` is relative to the directory of the file that holds it, so every
+    command run anywhere below the project meets the same embedded server.
+
+    Raises:
+        ConfigurationError: the project file is invalid.
+    """
+    from_env = os.environ.get(_BY_NAME["data_dir"].env)
+    if from_env:
+        return Path(from_env).expanduser().resolve()
+    found = project_table().get("data_dir")
+    if not found:
+        return None
+    where = project_file()
+    base = where.parent if where is not None else Path.cwd()
+    return (base / Path(found).expanduser()).resolve()
 
 
 def source(name: str) -> str:

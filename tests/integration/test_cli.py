@@ -319,6 +319,75 @@ def test_queue_stats_counts_waiting_scheduled_and_live_workers(
     assert doc["queues"]["other"]["waiting"] == 1  # not subscribed: left alone
 
 
+def test_queue_stats_text_and_json_show_the_same_worker_counts(
+    app_queue: Queue, invoke: Callable[..., Result]
+) -> None:
+    # The issue: the table said "done 0" while --json a moment later said 206 processed.
+    for n in range(5):
+        app_queue.send_sync("add", [n, n])
+    app_queue.send_sync("boom", [1])
+    with running_worker(app_queue) as worker:
+
+        def counted() -> Any:
+            docs = json_out(invoke("queue", "stats", "--json"))["workers"]
+            done = docs and docs[0]["processed"] == 5 and docs[0]["failed"] == 1
+            return docs[0] if done else None
+
+        doc = wait_until(counted, 30.0, "the worker's registration to count 5 + 1 runs")
+        assert doc["id"] == worker.id
+        human = invoke("queue", "stats")
+        assert human.exit_code == 0, human.output
+    lines = human.stdout.splitlines()
+    header = next(line.split() for line in lines if line.split()[:1] == ["worker"])
+    row = next(line.split() for line in lines if line.split()[:1] == [worker.id])
+    assert header[:6] == ["worker", "queues", "slots", "running", "processed", "failed"]
+    counts = dict(zip(header[2:6], row[2:6], strict=True))
+    assert counts == {"slots": "4", "running": "0", "processed": "5", "failed": "1"}
+    zone = datetime.now().astimezone().strftime("%Z")
+    assert row[-1] == row[-4] == zone  # started and "as of" name their time zone
+    assert "the same numbers as --json" in human.stdout
+
+
+def test_queue_stats_follows_a_busy_worker_between_maintenance_rounds(
+    make_queue: Callable[..., Queue],
+    invoke: Callable[..., Result],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The maintenance round (which registers the worker) is an hour apart here: the counts
+    # can only arrive through the refresh that follows them.
+    from blitzq.worker import maintenance, worker
+
+    class HourlyMaintenance(maintenance.Maintenance):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            self.interval = 3600.0
+
+    monkeypatch.setattr(worker, "Maintenance", HourlyMaintenance)
+    queue = make_queue()
+
+    @queue.task(name="add")
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    with running_worker(queue) as running:
+
+        def registered() -> Any:
+            docs = json_out(invoke("queue", "stats", "--json"))["workers"]
+            return docs[0] if docs else None
+
+        assert wait_until(registered, 30.0, "the worker's registration")["processed"] == 0
+        for n in range(4):
+            queue.send_sync("add", [n, n])
+
+        def counted() -> Any:
+            doc = registered()
+            return doc if doc is not None and doc["processed"] == 4 else None
+
+        doc = wait_until(counted, 30.0, "the registration to count the 4 runs")
+        assert doc["id"] == running.id
+        assert doc["running"] == 0
+
+
 def test_global_options_before_or_after_the_command_and_from_env(
     redis_url: str, namespace: str
 ) -> None:

@@ -5,9 +5,11 @@
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -73,6 +75,10 @@ def test_cli_options_come_from_the_command_tables(
 
     params = parsed("app:queue")
     assert params["concurrency"] == 7
+    (project / "pyproject.toml").unlink()  # no file: the option's own default
+    default = next(p.default for p in cli.commands["worker"].params if p.name == "concurrency")
+    assert parsed("app:queue")["concurrency"] == default != 7
+    write(project, "[tool.blitzq.worker]\nconcurrency = 7\n")
     assert params["unknown_task_grace"] == 12.5
     monkeypatch.setenv("BLITZQ_WORKER_CONCURRENCY", "9")  # click's automatic variable
     assert parsed("app:queue")["concurrency"] == 9
@@ -102,6 +108,16 @@ def test_cli_global_settings_and_config_show(
     assert rows["namespace"]["value"] == namespace
     assert rows["namespace"]["source"].endswith("pyproject.toml [tool.blitzq]")
     assert rows["mode"]["source"] == "default"
+    assert rows["mode"]["value"] == "reliable"  # the value that applies, not a blank
+    assert rows["amqp_url"]["value"] is None
+    assert rows["amqp_url"]["unset"].startswith("none")
+    human = CliRunner().invoke(cli, ["config", "show"])
+    assert human.exit_code == 0, human.output
+    lines = {line.split()[0]: line for line in human.stdout.splitlines() if line.strip()}
+    assert f"{project / 'pyproject.toml'} [tool.blitzq]" in lines["namespace"]  # not eaten
+    assert lines["mode"].split()[1:3] == ["reliable", "default"]
+    assert "- (the embedded server)" not in lines["redis_url"]  # set in the file
+    assert "(none: messages travel on the Redis server)" in lines["amqp_url"]
     monkeypatch.setenv("BLITZQ_NAMESPACE", "other")
     rows = {r["name"]: r for r in json.loads(
         CliRunner().invoke(cli, ["config", "show", "--json"]).output)["settings"]}  # fmt: skip
@@ -116,3 +132,89 @@ def test_cli_global_settings_and_config_show(
     other.write_text('[tool.blitzq]\nmode = "fast"\n')
     monkeypatch.setenv("BLITZQ_CONFIG", str(other))
     assert Queue(redis_url=redis_url).mode == "fast"
+
+
+def test_each_level_of_the_precedence_for_an_application_module(
+    project: Path, redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a deployment meets it: ``blitzq check MODULE:ATTR`` on a module whose Queue passes
+    its own namespace (``coded``) and one that leaves it unset (``plain``). A typed flag wins
+    over the module; the environment and the file only fill in what the module left unset."""
+    module = f"precedence_app_{namespace.replace('-', '_')}"
+    (project / f"{module}.py").write_text(
+        'from blitzq import Queue\n\ncoded = Queue(namespace="from-code")\nplain = Queue()\n'
+    )
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the CLI puts the cwd first on it
+
+    def namespace_of(attr: str, *flags: str, **env: str) -> str:
+        sys.modules.pop(module, None)  # a fresh import: a typed flag changes the module's Queue
+        variables: dict[str, str | None] = dict.fromkeys((*CLEAN, "BLITZQ_AMQP_URL"))
+        variables.update(env, BLITZQ_REDIS_URL=redis_url)
+        result = CliRunner().invoke(
+            cli, [*flags, "--json", "check", f"{module}:{attr}"], env=variables
+        )
+        assert result.exit_code in (0, 78), result.output  # 78: a warning of the shared server
+        return str(json.loads(result.stdout)["namespace"])
+
+    assert namespace_of("plain") == "blitzq"  # the default
+    assert namespace_of("coded") == "from-code"
+    write(project, '[tool.blitzq]\nnamespace = "from-file"\n')
+    assert namespace_of("plain") == "from-file"
+    assert namespace_of("coded") == "from-code"
+    assert namespace_of("plain", BLITZQ_NAMESPACE="from-env") == "from-env"
+    assert namespace_of("coded", BLITZQ_NAMESPACE="from-env") == "from-code"
+    for attr in ("plain", "coded"):
+        assert namespace_of(attr, "--namespace", "typed", BLITZQ_NAMESPACE="from-env") == "typed"
+    sys.modules.pop(module, None)
+
+
+def test_a_subcommand_of_a_group_reads_its_nested_table_and_variable(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(
+        project,
+        '[tool.blitzq]\nlog_level = "debug"\n[tool.blitzq.scheduler.run]\npoll-interval = 2.5\n',
+    )
+    monkeypatch.delenv("BLITZQ_SCHEDULER_RUN_POLL_INTERVAL", raising=False)
+    monkeypatch.delenv("BLITZQ_LOG_LEVEL", raising=False)
+    group = cli.commands["scheduler"]
+    assert isinstance(group, click.Group)
+
+    def parsed(*flags: str) -> dict[str, object]:
+        root = cli.make_context("blitzq", ["scheduler", "run", "app:queue", *flags])
+        middle = group.make_context("scheduler", ["run", "app:queue"], parent=root)
+        run = group.commands["run"].make_context("run", ["app:queue", *flags], parent=middle)
+        return {"poll_interval": run.params["poll_interval"], "log_level": run.params["log_level"]}
+
+    assert parsed() == {"poll_interval": 2.5, "log_level": "debug"}  # the file
+    monkeypatch.setenv("BLITZQ_SCHEDULER_RUN_POLL_INTERVAL", "4")
+    monkeypatch.setenv("BLITZQ_LOG_LEVEL", "warning")
+    assert parsed() == {"poll_interval": 4.0, "log_level": "warning"}  # the environment
+    assert parsed("--poll-interval", "0.5")["poll_interval"] == 0.5  # the command line
+
+
+def test_a_relative_data_dir_of_the_file_is_relative_to_the_file(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command run in a subdirectory of the project meets the same embedded server as a
+    worker run at its root (the "my task never runs" trap of a cwd-relative data dir)."""
+    from blitzq.broker.redis.embedded import data_dir_from_env, find_data_dir
+
+    monkeypatch.delenv("BLITZQ_DATA_DIR", raising=False)
+    write(project, '[tool.blitzq]\ndata_dir = "var/bq"\n')
+    (project / "src" / "app").mkdir(parents=True)
+    for cwd in (project, project / "src" / "app"):
+        monkeypatch.chdir(cwd)
+        assert data_dir_from_env() == project / "var" / "bq"
+        assert find_data_dir() == project / "var" / "bq"
+        root = cli.make_context("blitzq", ["server", "status"])
+        server = cli.commands["server"]
+        assert isinstance(server, click.Group)
+        middle = server.make_context("server", ["status"], parent=root)
+        status = server.commands["status"].make_context("status", [], parent=middle)
+        assert status.params["data_dir"] == project / "var" / "bq"  # --data-dir's default
+        shown = json.loads(CliRunner().invoke(cli, ["config", "show", "--json"]).stdout)
+        row = next(r for r in shown["settings"] if r["name"] == "data_dir")
+        assert row["value"] == str(project / "var" / "bq")
+    monkeypatch.setenv("BLITZQ_DATA_DIR", "here")  # the variable: relative to the cwd
+    assert data_dir_from_env() == project / "src" / "app" / "here"

@@ -227,3 +227,13 @@ async def test_eager_mode_fills_dishka_parameters() -> None:
         await eventually(lambda: _all_closed(recorder), lambda open_: not open_)
     await queue.close()
     assert recorder.pools[0].closed  # each drain's worker closes the container
+
+
+def test_without_dishka_the_import_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+    import sys
+
+    monkeypatch.setitem(sys.modules, "dishka", None)  # as if the extra were not installed
+    monkeypatch.delitem(sys.modules, "blitzq.integrations.dishka")
+    with pytest.raises(ImportError, match=r"needs dishka: pip install dishka .*\.\[dishka\]"):
+        importlib.import_module("blitzq.integrations.dishka")

@@ -9,7 +9,9 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -36,8 +38,13 @@ async def test_timeout_without_any_worker_says_to_start_one(queue: Queue) -> Non
         return a + b
 
     handle = await add.enqueue(1, 2)
-    with pytest.raises(ResultTimeout, match="no worker is running in namespace"):
+    with pytest.raises(ResultTimeout, match="no worker is running in namespace") as caught:
         await handle.result(timeout=0.2)
+    # The README's Quick start quotes this message (in the default namespace).
+    readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
+    quoted = re.search(r"`ResultTimeout: \.\.\. ([^`]+)`", readme)
+    assert quoted is not None
+    assert quoted.group(1) in str(caught.value).replace(repr(queue.namespace), "'blitzq'")
     with pytest.raises(ResultTimeout, match="no worker is running in namespace"):
         await queue.get_result(handle.id, timeout=0.2)
 
@@ -101,3 +108,20 @@ def test_cli_task_inspect_shows_a_scheduled_task(
     assert text.exit_code == 0, text.output
     assert "scheduled" in text.output
     assert "due" in text.output
+
+
+def test_sync_result_wait_without_a_worker_says_to_start_one(
+    make_queue: Callable[..., Queue],
+) -> None:
+    """The last line of the README's main.py: ``add.enqueue_sync(1, 2).result_sync(...)``."""
+    queue = make_queue()
+
+    @queue.task(name="hint.sync_add")
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    try:
+        with pytest.raises(ResultTimeout, match=r"no worker is running in namespace .*start one"):
+            add.enqueue_sync(1, 2).result_sync(timeout=0.2)
+    finally:
+        queue.close_sync()

@@ -338,10 +338,11 @@ def iso(ts: float | None) -> str | None:
 
 
 def short_time(ts: float | None) -> str:
-    """Unix time (seconds) as ``YYYY-MM-DD HH:MM:SS`` local time, for tables; ``-`` for None."""
+    """Unix time (seconds) as ``YYYY-MM-DD HH:MM:SS ZONE`` local time (the zone's abbreviation,
+    ``CET``, ``UTC``), for tables; ``-`` for None."""
     if ts is None:
         return "-"
-    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
 def emit_json(doc: Any) -> None:

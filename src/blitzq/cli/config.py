@@ -8,6 +8,7 @@ then its environment variable, then the table, then the option's default.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -32,8 +33,15 @@ def default_map(root: click.Command) -> dict[str, Any]:
             command's table is none of its options.
     """
     table = config.project_table()
-    plain = {k: v for k, v in table.items() if not isinstance(v, dict)}
     where = config.project_file()
+
+    def anchored(name: str, value: Any) -> Any:
+        """A relative ``data_dir`` of the file is relative to the file's directory."""
+        if name != "data_dir" or not isinstance(value, str) or where is None:
+            return value
+        return str((where.parent / Path(value).expanduser()).resolve())
+
+    plain = {k: anchored(k, v) for k, v in table.items() if not isinstance(v, dict)}
 
     def build(command: click.Command, own: dict[str, Any], path: str) -> dict[str, Any]:
         names = {p.name for p in command.params if p.name}
@@ -57,7 +65,7 @@ def default_map(root: click.Command) -> dict[str, Any]:
                     f"{where}: [{path}] has {key!r}, which is not an option of "
                     f"`{path.removeprefix('tool.').replace('.', ' ')}` (options: {options})"
                 )
-            out[name] = item
+            out[name] = anchored(name, item)
         for name, sub in commands.items():
             nested = own.get(name, {})
             out[name] = build(sub, nested if isinstance(nested, dict) else {}, f"{path}.{name}")
@@ -110,10 +118,15 @@ def config_show() -> None:
         typed = settings()
         for s in config.SETTINGS:
             given = getattr(typed, s.name, None) if s.name in typed.from_command_line else None
-            found = given or config.value(s.name)
+            found = given or config.value(s.name) or s.default
+            if s.name == "data_dir" and found and not given:
+                found = str(config.data_dir())  # resolved as the embedded server uses it
             shown = mask_url(found) if found and s.name.endswith("_url") else found
             origin = "command line" if given else config.source(s.name)
-            rows.append({"name": s.name, "value": shown, "source": origin, "env": s.env})
+            rows.append(
+                {"name": s.name, "value": shown, "source": origin, "env": s.env}
+                | ({} if found else {"unset": s.unset})
+            )
         tables = config.command_tables()
     except ConfigurationError as exc:
         raise CliUsageError(str(exc)) from None
@@ -126,8 +139,8 @@ def config_show() -> None:
     for header in ("setting", "value", "from", "variable"):
         table.add_column(header, overflow="fold")
     for row in rows:
-        value = row["value"] if row["value"] is not None else "-"
-        table.add_row(row["name"], Text(str(value)), row["source"], row["env"])
+        value = row["value"] if row["value"] is not None else f"- ({row['unset']})"
+        table.add_row(row["name"], Text(str(value)), Text(str(row["source"])), row["env"])
     out.print(table)
     for name, options in sorted(tables.items()):
         out.print(Text(f"[tool.blitzq.{name}] {options}"))

@@ -104,7 +104,8 @@ def dashboard_command(app: str, host: str, port: int, log_level: str, log_format
         from ..dashboard import create_app
     except ImportError as exc:
         raise CliUsageError(
-            f"the dashboard needs the 'dashboard' extra (pip install 'blitzq[dashboard]'): {exc}"
+            "the dashboard needs the 'dashboard' extra (pip install starlette uvicorn, or "
+            f"pip install -e '.[dashboard]' in blitzq's checkout): {exc}"
         ) from None
     s = settings()
     with cli_errors(s.redis_url):

@@ -225,7 +225,7 @@ def queue_stats(queues: str | None) -> None:
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
         table.add_column("worker", no_wrap=True)
         table.add_column("queues", overflow="fold")
-        for header in ("slots", "running", "done", "failed"):
+        for header in ("slots", "running", "processed", "failed"):
             table.add_column(header, justify="right", no_wrap=True)
         table.add_column("started", no_wrap=True)
         table.add_column("as of", no_wrap=True)
@@ -241,8 +241,9 @@ def queue_stats(queues: str | None) -> None:
         out.print(table)
         out.print(
             Text(
-                "running/done/failed are each worker's own counts as of its last registration "
-                "(renewed every few seconds)",
+                "running/processed/failed are each worker's own counts (processed: runs that "
+                "succeeded; the same numbers as --json) as of its last registration, the "
+                "'as of' time: about a second behind a busy worker",
                 style="dim",
             )
         )

@@ -3,7 +3,7 @@ periodic entries, with a JSON API behind it ([dashboard](../../docs/dashboard.md
 
 ``create_app(queue)`` returns an ASGI application (Starlette) to mount in a host app or to
 serve alone (``blitzq dashboard MODULE:ATTR``). Needs the ``dashboard`` extra
-(``pip install 'blitzq[dashboard]'``: starlette, uvicorn).
+(``pip install -e '.[dashboard]'`` in the checkout: starlette, uvicorn).
 """
 
 from __future__ import annotations

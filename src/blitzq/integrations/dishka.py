@@ -50,8 +50,14 @@ import typing
 from collections.abc import AsyncIterator
 from typing import Any
 
-from dishka import AsyncContainer, FromDishka, Provider, Scope, from_context
-from dishka.integrations.base import default_parse_dependency
+try:
+    from dishka import AsyncContainer, FromDishka, Provider, Scope, from_context
+    from dishka.integrations.base import default_parse_dependency
+except ImportError as exc:  # the optional extra is not installed
+    raise ImportError(
+        "blitzq.integrations.dishka needs dishka: pip install dishka (or install blitzq from "
+        "its checkout with the extra: pip install -e '.[dishka]')"
+    ) from exc
 
 from ..context import TaskContext
 from ..dependencies import Provided, provide

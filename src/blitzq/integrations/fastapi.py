@@ -21,7 +21,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+try:
+    from fastapi import Depends, Request
+except ImportError as exc:  # the optional extra is not installed
+    raise ImportError(
+        "blitzq.integrations.fastapi needs FastAPI: pip install fastapi (or install blitzq "
+        "from its checkout with the extra: pip install -e '.[fastapi]', uvicorn included)"
+    ) from exc
 
 from ..queue import Queue
 

@@ -60,7 +60,9 @@ try:
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "blitzq.integrations.opentelemetry needs opentelemetry-api: pip install 'blitzq[otel]'"
+        "blitzq.integrations.opentelemetry needs opentelemetry-api: pip install "
+        "opentelemetry-api (or install blitzq from its checkout with the extra: "
+        "pip install -e '.[otel]')"
     ) from exc
 
 if TYPE_CHECKING:

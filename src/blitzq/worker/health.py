@@ -40,7 +40,8 @@ try:
     from starlette.routing import Route
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ConfigurationError(
-        "health endpoints need starlette and uvicorn: pip install 'blitzq[ops]'"
+        "health endpoints need starlette and uvicorn: pip install starlette uvicorn (or "
+        "install blitzq from its checkout with the extra: pip install -e '.[ops]')"
     ) from exc
 
 if TYPE_CHECKING:

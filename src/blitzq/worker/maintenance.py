@@ -11,7 +11,10 @@
   lost push, cancelling running tasks it finds cancelled. A malformed push is logged and
   skipped; any error makes the listener subscribe again.
 - Maintenance registers the worker and, in reliable mode, renews the leases of running tasks
-  every ``visibility_timeout / 3`` and recovers messages abandoned by dead workers.
+  every ``visibility_timeout / 3`` and recovers messages abandoned by dead workers. Between
+  those rounds the registration is written again once a second while the worker's counts
+  (running, processed, failed) change, so ``queue stats`` and the dashboard are at most about
+  a second behind a busy worker; an idle worker writes nothing more.
 - The outbox relay (only for a state store paired with a transport it does not ack:
   ``broker.relay``, :mod:`blitzq.broker.outbox`) publishes on the transport what the store
   wrote into queues: woken by this process's own writes, and sweeping every queue's outbox
@@ -43,6 +46,8 @@ PROMOTE_BATCH = 1000
 RECOVER_BATCH = 200
 #: Seconds between full re-reads of the cancelled task ids.
 REVOCATION_SYNC = 5.0
+#: Seconds between registrations while the worker's counts change (between maintenance rounds).
+COUNTS_REFRESH = 1.0
 #: Seconds the event listener waits before subscribing again after an error (doubling).
 EVENT_RETRY_MIN = 0.5
 EVENT_RETRY_MAX = 5.0
@@ -80,6 +85,8 @@ class Maintenance:
             asyncio.create_task(self._event_loop(), name="blitzq-events"),
             asyncio.create_task(self._maintain_loop(), name="blitzq-maintenance"),
         ]
+        if self.interval > COUNTS_REFRESH:
+            loops.append(asyncio.create_task(self._counts_loop(), name="blitzq-counts"))
         if self.broker.relay is not None:  # a foreign transport: relay the store's outbox
             loops.append(asyncio.create_task(self.broker.relay.run(), name="blitzq-relay"))
         return loops
@@ -226,6 +233,24 @@ class Maintenance:
                 except Exception:
                     logger.exception("maintenance: reading cancelled tasks failed")
             await asyncio.sleep(self.interval)
+
+    async def _counts_loop(self) -> None:
+        """Register the worker again each second its counts changed (the maintenance loop
+        registers it every ``interval`` regardless)."""
+        worker = self.worker
+        last = (worker.processed, worker.failed, len(worker.runner.jobs))
+        while True:
+            await asyncio.sleep(COUNTS_REFRESH)
+            now = (worker.processed, worker.failed, len(worker.runner.jobs))
+            if now == last:
+                continue
+            last = now
+            try:
+                await self.broker.register_worker(
+                    worker.id, worker.info(), ttl=3 * self.interval + 5
+                )
+            except BrokerError as exc:
+                logger.debug("could not refresh the worker's registration: %s", exc)
 
     async def _prune(self, q: str, vt: float) -> None:
         await self.broker.prune_consumers(q, max(600.0, 10 * vt))

@@ -41,7 +41,8 @@ try:
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ConfigurationError(
-        "metrics need prometheus-client: pip install 'blitzq[metrics]'"
+        "metrics need prometheus-client: pip install prometheus-client (or install blitzq "
+        "from its checkout with the extra: pip install -e '.[metrics]')"
     ) from exc
 
 from .tally import BUCKETS, MAX_TASK_NAMES, OUTCOMES, RunTally

@@ -56,7 +56,8 @@ class SourceWatcher:
         on_change: called from the watcher's thread with the changed paths (sorted).
 
     Raises:
-        ConfigurationError: ``watchfiles`` is not installed (``pip install 'blitzq[reload]'``).
+        ConfigurationError: ``watchfiles`` is not installed (``pip install watchfiles``, or
+            the ``reload`` extra from the checkout: ``pip install -e '.[reload]'``).
     """
 
     def __init__(self, directory: Path, on_change: Callable[[list[str]], None]) -> None:
@@ -64,7 +65,8 @@ class SourceWatcher:
             import watchfiles  # noqa: F401
         except ImportError:
             raise ConfigurationError(
-                "--reload needs watchfiles: pip install 'blitzq[reload]'"
+                "--reload needs watchfiles: pip install watchfiles (or install blitzq from its "
+                "checkout with the extra: pip install -e '.[reload]')"
             ) from None
         self.directory = directory
         self._on_change = on_change

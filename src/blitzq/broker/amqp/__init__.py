@@ -5,7 +5,7 @@
 connection the server closed: one warning, fetches woken), ``custody.py``
 (long-held deliveries kept by the state store; RabbitMQ's dead letters drained into the
 store's) and ``broker.py`` (:class:`AmqpBroker`: the pairing a ``Queue(amqp_url=...)`` uses).
-Needs the ``amqp`` extra (``pip install 'blitzq[amqp]'``).
+Needs the ``amqp`` extra (``pip install -e '.[amqp]'`` in the checkout: aio-pika).
 """
 
 from __future__ import annotations

@@ -57,8 +57,9 @@ _POLL = 0.05  # seconds between readiness / exit checks
 
 
 def data_dir_from_env() -> Path:
-    """Return ``$BLITZQ_DATA_DIR`` or ``./.blitzq`` as an absolute Path (not created here)."""
-    return Path(config.value("data_dir") or DATA_DIR_NAME).expanduser().resolve()
+    """Return the ``data_dir`` setting (``$BLITZQ_DATA_DIR``, else ``[tool.blitzq]``'s, relative
+    to its file) or ``./.blitzq`` as an absolute Path (not created here)."""
+    return config.data_dir() or Path(DATA_DIR_NAME).resolve()
 
 
 def find_data_dir(start: Path | None = None) -> Path | None:
@@ -67,12 +68,13 @@ def find_data_dir(start: Path | None = None) -> Path | None:
     Args:
         start: directory (Path) to search from; None means the current directory.
 
-    Returns ``$BLITZQ_DATA_DIR`` (absolute Path) when set, whether it exists or not; else the
-    nearest existing ``.blitzq`` directory in ``start`` or one of its parents (the way git
-    finds ``.git``); else None. Creates nothing.
+    Returns the ``data_dir`` setting (absolute Path, see :func:`data_dir_from_env`) when
+    set, whether it exists or not; else the nearest existing ``.blitzq`` directory in
+    ``start`` or one of its parents (the way git finds ``.git``); else None. Creates nothing.
     """
-    if config.value("data_dir"):
-        return data_dir_from_env()
+    configured = config.data_dir()
+    if configured is not None:
+        return configured
     here = (start or Path.cwd()).expanduser().resolve()
     for directory in (here, *here.parents):
         candidate = directory / DATA_DIR_NAME
