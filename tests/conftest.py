@@ -36,6 +36,10 @@ from blitzq import Queue
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
+# CI machines export COLUMNS=80; every run does, so a test that passes here passes there
+# (the CLI's output off a terminal must not depend on it: cli/_common.py, console()).
+os.environ["COLUMNS"] = "80"
+
 
 def _answers(url: str) -> bool:
     try:

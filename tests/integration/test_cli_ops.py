@@ -39,9 +39,8 @@ _CLEAN_ENV: dict[str, str | None] = {
     "BLITZQ_REDIS_URL": None,
     "BLITZQ_NAMESPACE": None,
     "BLITZQ_MODE": None,
-    # The tables are 200 wide on a pipe unless COLUMNS says otherwise: ignore the caller's
-    # (pytest-xdist workers and some terminals set it to 80, which folds the cells).
-    "COLUMNS": None,
+    # A pipe is never folded, whatever COLUMNS says (CI machines export COLUMNS=80).
+    "COLUMNS": "80",
 }
 
 

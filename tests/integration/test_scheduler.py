@@ -352,7 +352,7 @@ async def test_scheduler_list_shows_schedule_next_and_last_run(
                 "BLITZQ_REDIS_URL": None,
                 "BLITZQ_NAMESPACE": None,
                 "BLITZQ_MODE": None,
-                "COLUMNS": "200",
+                "COLUMNS": "80",  # not a terminal: never folded, whatever COLUMNS says
             },
             catch_exceptions=False,
         )

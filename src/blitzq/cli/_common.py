@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import math
-import os
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -353,12 +352,19 @@ def emit_json(doc: Any) -> None:
 def console(stderr: bool = False) -> Console:
     """A rich Console on the current stdout (or stderr).
 
-    Output that is not a terminal (a pipe, a file) gets a wide page instead of rich's
-    default 80 columns, so table cells are not broken mid-word; ``COLUMNS`` still wins.
+    On a terminal, rich fits tables to its width (``COLUMNS`` overrides it). Output that is
+    not a terminal (a pipe, a file, a test's runner) is never wrapped or cut, whatever
+    ``COLUMNS`` says: ``blitzq queue stats | grep <worker id>`` must find the whole id, so
+    tables there take their natural width.
     """
     stream = sys.stderr if stderr else sys.stdout
-    wide = not stream.isatty() and "COLUMNS" not in os.environ
-    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=200 if wide else None)
+    width = None if stream.isatty() else _UNWRAPPED_WIDTH
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
+
+
+# Columns for output that is not a terminal: wider than any row blitzq prints (a table is as
+# wide as its content, not the page, so this only lifts the cap).
+_UNWRAPPED_WIDTH = 10_000
 
 
 def log_options(command: F) -> F:
