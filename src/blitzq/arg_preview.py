@@ -92,7 +92,9 @@ class _Walk:
         if isinstance(v, int):
             v = int(v)
             if not _INT64[0] <= v <= _INT64[1]:
-                return self.clipped(_safe_repr(v) if abs(v) < 1 << 4000 else f"<int of {v.bit_length()} bits>")
+                return self.clipped(
+                    _safe_repr(v) if abs(v) < 1 << 4000 else f"<int of {v.bit_length()} bits>"
+                )
             self.left -= len(str(v))
             return v
         if isinstance(v, float):
