@@ -247,7 +247,6 @@ def test_look_up_a_task_by_id(app: App, page: Any) -> None:
     expect(page.locator("#task-args-note")).to_contain_text(
         "a succeeded task keeps no arguments unless track_state is on"
     )
-    shot(page, "task")
     page.locator("#task-id").fill("no-such-task")
     page.locator("#search button").click()
     expect(page.locator("#task-missing")).to_contain_text("no record of task no-such-task")
@@ -258,6 +257,7 @@ def test_look_up_a_task_by_id(app: App, page: Any) -> None:
     expect(page.locator("#task-state")).to_have_text("scheduled")
     expect(page.locator("#task-args")).to_have_text('["next-quarter"]')  # from the message
     expect(page.locator("#task")).to_contain_text("(from the schedule)")
+    shot(page, "task")
 
 
 def test_workers_and_periodic_pages(app: App, page: Any) -> None:
