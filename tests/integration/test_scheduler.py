@@ -411,7 +411,8 @@ async def test_scheduler_list_shows_schedule_next_and_last_run(
     last_beat = datetime.fromtimestamp(t0 + 60, ZoneInfo("UTC"))
     assert lines["cli.beat"].endswith(last_beat.strftime("%Y-%m-%d %H:%M:%S UTC"))
     local_name = datetime.fromtimestamp(t0 + 60).astimezone().tzname()
-    assert local_name and local_name not in text.output, far_local_zone  # not the local zone
+    assert local_name
+    assert local_name not in text.output, far_local_zone  # not the local zone
 
 
 def _blitzq_command() -> list[str]:
