@@ -45,6 +45,10 @@ def _tasks(q: Queue, started: asyncio.Event | None = None, go: asyncio.Event | N
     async def flaky(n: int) -> None:
         raise Retry(delay=3600)
 
+    @q.task(name="size")
+    async def size(text: str) -> int:
+        return len(text)
+
     @q.task(name="waits")
     async def waits(label: str) -> str:
         assert started is not None
@@ -233,3 +237,25 @@ async def test_task_inspect_prints_the_arguments_and_where_they_came_from(
     assert plain_doc["args_from"] is None
     assert "track_state" in plain_doc["args_note"]
     assert "not kept: a succeeded task keeps no arguments" in " ".join(plain.stdout.split())
+
+
+async def test_the_preview_never_fails_a_run_over_max_result_size(
+    make_queue: Callable[..., Queue],
+) -> None:
+    q = make_queue(track_state=True, max_result_size=1000)
+    _tasks(q)
+    try:
+        small = await q.tasks["add"].enqueue(1, b=2)
+        big = await q.tasks["size"].enqueue("x" * 5000)
+        async with running(make_worker(q)):
+            assert await small.result(timeout=20) == 3
+            assert await big.result(timeout=20) == 5000  # not ResultTooLarge
+        small_record = await q.inspect(small.id)
+        big_record = await q.inspect(big.id)
+    finally:
+        await q.close()
+    assert small_record is not None
+    assert small_record.args == [1]  # fits: kept
+    assert big_record is not None
+    assert big_record.state is TaskState.SUCCEEDED
+    assert big_record.args is None  # the preview alone would pass the limit: left out

@@ -141,7 +141,8 @@ class Outcomes:
         and so does a record over ``max_result_size`` (ResultTooLarge, not retried: the
         same call would return as much again).
         With ``track_state`` a ``succeeded`` record (without the value, when results are not
-        stored) replaces the ``running`` one.
+        stored) replaces the ``running`` one, with the arguments' preview unless that alone
+        would take it over ``max_result_size``.
         """
         d = job.delivery
         store = job.task.store_result
@@ -168,6 +169,11 @@ class Outcomes:
                 job.started_at or None, self.worker_id, value,
                 call=(env.args, env.kwargs) if track_state else None,
             )  # fmt: skip
+            if len(record) > self.max_result_size and track_state:  # drop the preview first
+                record = records.succeeded(
+                    env.id, env.task, d.queue, job.attempt, env.created_at,
+                    job.started_at or None, self.worker_id, value,
+                )  # fmt: skip
             if len(record) > self.max_result_size:
                 raise ResultTooLarge(len(record), self.max_result_size)
         except SerializationError as exc:
