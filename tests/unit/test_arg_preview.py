@@ -1,5 +1,6 @@
 """blitzq.arg_preview: a JSON-able preview of (args, kwargs), at most 2048 bytes as JSON, cut
-with clear marks, and never raising whatever the values."""
+with clear marks, and never raising whatever the values; and the note that says why a task
+shows none (blitzq.client.task_args.args_note)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 import pytest
 
 from blitzq.arg_preview import CUT, MAX_PREVIEW_BYTES, preview
+from blitzq.client.task_args import args_note
+from blitzq.records import TaskRecord, TaskState
 from blitzq.serialization import dumps, loads
 
 
@@ -133,3 +136,22 @@ def test_arguments_of_any_shape_never_raise(args: Any, kwargs: Any) -> None:
 def test_a_smaller_limit() -> None:
     out = check(("y" * 500, "z" * 500), {"w": "v" * 500}, limit=200)
     assert out["truncated"] is True
+
+
+# ---------------------------------------------------------------- why none are shown
+@pytest.mark.parametrize(
+    ("record", "letter", "says"),
+    [
+        (TaskRecord("t", "app.add", "q", TaskState.SUCCEEDED), False, "unless track_state is on"),
+        (TaskRecord("t", "", "", TaskState.RUNNING), False, "in its message only"),
+        (TaskRecord("t", "", "", TaskState.CANCELLED), False, "cancelled before a worker"),
+        (TaskRecord("t", "app.add", "q", TaskState.DEAD_LETTERED), False, "dead letter is gone"),
+        (TaskRecord("t", "app.add", "q", TaskState.DEAD_LETTERED), True, "could not be decoded"),
+        (TaskRecord("t", "app.add", "q", TaskState.QUEUED), False, "unless track_state is on"),
+        (TaskRecord("t", "app.add", "q", TaskState.FAILED), False, "did not keep them"),
+    ],
+)
+def test_the_note_says_why_no_arguments_are_shown(
+    record: TaskRecord, letter: bool, says: str
+) -> None:
+    assert says in args_note(record, letter)

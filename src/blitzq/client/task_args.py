@@ -48,7 +48,9 @@ def args_note(record: TaskRecord, dead_letter: bool = False) -> str:
         )
     if state is TaskState.CANCELLED and not record.task:
         return (
-            "a task cancelled before a worker took it keeps no arguments (its message was dropped)"
+            "a task cancelled before a worker took it keeps no arguments: its message was "
+            "dropped from the schedule, or waits in its queue for a worker to skip it (the "
+            "record that worker writes keeps them)"
         )
     if state is TaskState.DEAD_LETTERED:
         return (
