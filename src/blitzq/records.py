@@ -20,6 +20,7 @@ from typing import Any, Final
 
 import msgspec
 
+from .arg_preview import preview
 from .dead_letters import DeadLetter as DeadLetter
 from .exceptions import SerializationError
 from .serialization import _SCALARS, _TOO_DEEP, loads, not_utf8, to_plain
@@ -80,6 +81,11 @@ class TaskRecord:
         due_at: for a task waiting on the schedule (a delay, an eta, a retry's backoff):
             when it is due, Unix seconds on the broker's clock; ``None`` otherwise. Not
             stored: ``inspect`` reads it from the schedule.
+        args, kwargs: a preview of the call's arguments (:func:`blitzq.arg_preview.preview`,
+            at most 2048 bytes), or ``None``. Kept by failed, dead-lettered, retrying, expired
+            and worker-cancelled records; with ``track_state`` by queued, scheduled, running
+            and succeeded ones too. Stored as one key, ``call``.
+        args_truncated: the preview was cut to fit (its cut parts are marked ``…``).
     """
 
     id: str
@@ -97,6 +103,9 @@ class TaskRecord:
     worker: str | None = None
     result_stored: bool = True
     due_at: float | None = None
+    args: list[Any] | None = None
+    kwargs: dict[str, Any] | None = None
+    args_truncated: bool = False
 
     @classmethod
     def from_bytes(cls, data: bytes) -> TaskRecord:
@@ -127,6 +136,7 @@ class TaskRecord:
             finished_at=raw.get("finished_at"),
             worker=raw.get("worker"),
             result_stored=state is not TaskState.SUCCEEDED or "result" in raw,
+            **_call_fields(raw.get("call")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -147,7 +157,21 @@ class TaskRecord:
             "worker": self.worker,
             "result_stored": self.result_stored,
             "due_at": self.due_at,
+            "args": self.args,
+            "kwargs": self.kwargs,
+            "args_truncated": self.args_truncated,
         }
+
+
+def _call_fields(call: Any) -> dict[str, Any]:
+    """:class:`TaskRecord`'s ``args``, ``kwargs`` and ``args_truncated`` from a stored
+    ``call`` (``{}`` when the record keeps none, or they are not a preview's types)."""
+    if not isinstance(call, dict):
+        return {}
+    args, kwargs = call.get("args"), call.get("kwargs")
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        return {}
+    return {"args": args, "kwargs": kwargs, "args_truncated": bool(call.get("truncated"))}
 
 
 # ------------------------------------------------------------------------------ writer
@@ -155,8 +179,9 @@ class TaskRecord:
 # ``attempts`` (this run's attempt number); ``enqueued_at`` (Unix seconds the message was
 # created), ``started_at`` (Unix seconds the run started, ``None`` when not known);
 # ``worker`` (the writing worker's id); ``error_type``/``error`` (qualified type or reason,
-# and message). Builders of a record that ends a run or an attempt set ``finished_at`` to
-# now unless they take it as an argument.
+# and message); ``call`` (the message's ``(args, kwargs)``: the record keeps their preview,
+# see :mod:`blitzq.arg_preview`; ``None``: no arguments kept). Builders of a record that ends
+# a run or an attempt set ``finished_at`` to now unless they take it as an argument.
 
 
 class _Stored(msgspec.Struct, gc=False):
@@ -176,6 +201,9 @@ class _Stored(msgspec.Struct, gc=False):
     error_type: Any = msgspec.UNSET
     error: Any = msgspec.UNSET
     traceback: Any = msgspec.UNSET
+    call: Any = msgspec.UNSET  # the arguments' preview: {"args", "kwargs", "truncated"}
+    # msgspec writes a map16 header once a Struct has more than 15 fields, written or not:
+    # a 16th field would change the bytes of every record (the default success included).
 
 
 #: Every key a task record may have, in the order the builders write them.
@@ -201,31 +229,43 @@ def _encode_checked(record: _Stored) -> bytes:
         raise SerializationError(_TOO_DEEP) from None
 
 
+def _keep(record: _Stored, call: tuple[Any, Any] | None) -> _Stored:
+    """``record`` with the preview of ``call`` (``(args, kwargs)``; ``None``: unchanged)."""
+    if call is not None:
+        record.call = preview(*call)
+    return record
+
+
 def queued(
-    task_id: str, task: str, queue: str, enqueued_at: float, scheduled: bool = False
-) -> bytes:
+    task_id: str, task: str, queue: str, enqueued_at: float, scheduled: bool = False,
+    call: tuple[Any, Any] | None = None,
+) -> bytes:  # fmt: skip
     """The record of a task just enqueued (``track_state``): ``queued``, or ``scheduled``
     when it waits on the schedule (a delay or eta) first; ``attempts`` 0."""
     state = "scheduled" if scheduled else "queued"
-    return _encode(_Stored(task_id, task, queue, state, attempts=0, enqueued_at=enqueued_at))
+    record = _Stored(task_id, task, queue, state, attempts=0, enqueued_at=enqueued_at)
+    return _encode(_keep(record, call))
 
 
 def running(
     task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
-    started_at: float | None, worker: str,
+    started_at: float | None, worker: str, call: tuple[Any, Any] | None = None,
 ) -> bytes:  # fmt: skip
     """The record of a task a worker started (``track_state``); ``finished_at`` is ``None``."""
-    return _encode(
-        _Stored(task_id, task, queue, "running", attempts, enqueued_at, started_at, None, worker)
+    record = _Stored(
+        task_id, task, queue, "running", attempts, enqueued_at, started_at, None, worker
     )
+    return _encode(_keep(record, call))
 
 
 def succeeded(
     task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
     started_at: float | None, worker: str, result: Any = _UNSET,
+    call: tuple[Any, Any] | None = None,
 ) -> bytes:  # fmt: skip
     """The ``succeeded`` record of a run that returned ``result``. Without ``result`` the
-    record has no ``result`` key (the task does not store results).
+    record has no ``result`` key (the task does not store results). Without ``call`` (the
+    default: no ``track_state``) it keeps no arguments.
 
     Raises:
         SerializationError: ``result`` is not plain data (or is nested too deep, or an
@@ -237,6 +277,8 @@ def succeeded(
         task_id, task, queue, "succeeded", attempts, enqueued_at, started_at, time.time(), worker,
         result,
     )  # fmt: skip
+    if call is not None:
+        _keep(record, call)
     try:  # _encode_checked, inlined: once per task on the worker's hot path
         return _encode(record)
     except (UnicodeEncodeError, TypeError, OverflowError, RecursionError):
@@ -246,19 +288,20 @@ def succeeded(
 def retrying(
     task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
     started_at: float | None, worker: str, error_type: str, error: str,
+    call: tuple[Any, Any] | None = None,
 ) -> bytes:  # fmt: skip
     """The ``retrying`` record of an attempt that failed and will run again."""
     record = _Stored(
         task_id, task, queue, "retrying", attempts, enqueued_at, started_at, time.time(), worker,
         error_type=error_type, error=error,
     )  # fmt: skip
-    return _encode(record)
+    return _encode(_keep(record, call))
 
 
 def failed(
     task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
     started_at: float | None, worker: str, error_type: str, error: str, traceback: str,
-    dead_lettered: bool = False,
+    dead_lettered: bool = False, call: tuple[Any, Any] | None = None,
 ) -> bytes:  # fmt: skip
     """The final record of a run that failed for good, with its formatted ``traceback``:
     ``failed``, or ``dead_lettered`` when a dead letter is written with it."""
@@ -267,18 +310,19 @@ def failed(
         task_id, task, queue, state, attempts, enqueued_at, started_at, time.time(), worker,
         error_type=error_type, error=error, traceback=traceback,
     )  # fmt: skip
-    return _encode(record)
+    return _encode(_keep(record, call))
 
 
 def cancelled(
-    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float, worker: str
-) -> bytes:
+    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float, worker: str,
+    call: tuple[Any, Any] | None = None,
+) -> bytes:  # fmt: skip
     """The ``cancelled`` record a worker writes for a task it cancelled (no ``started_at``)."""
     record = _Stored(
         task_id, task, queue, "cancelled", attempts, enqueued_at, finished_at=time.time(),
         worker=worker, error_type=CANCELLED_TYPE, error=CANCELLED_MESSAGE,
     )  # fmt: skip
-    return _encode(record)
+    return _encode(_keep(record, call))
 
 
 def cancel_request(task_id: str, finished_at: float) -> bytes:
@@ -307,7 +351,7 @@ def rejected(
 
 def expired(
     task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
-    finished_at: float, worker: str, error: str,
+    finished_at: float, worker: str, error: str, call: tuple[Any, Any] | None = None,
 ) -> bytes:  # fmt: skip
     """The ``expired`` record of a task that waited longer than its ``max_age`` and never
     ran: ``attempts`` made before this delivery, ``finished_at`` the Unix time it was found
@@ -316,13 +360,14 @@ def expired(
         task_id, task, queue, "expired", attempts, enqueued_at, finished_at=finished_at,
         worker=worker, error_type="TaskExpired", error=error,
     )  # fmt: skip
-    return _encode(record)
+    return _encode(_keep(record, call))
 
 
 def refused(task_id: str, queue: str, previous: bytes | None, error_type: str, error: str) -> bytes:
     """The small ``failed`` record written instead of a completion the broker refused, the
-    broker's error in ``error_type``/``error``. Task name, attempts, times and worker come
-    from ``previous``, the refused record (``None`` or unreadable: left empty)."""
+    broker's error in ``error_type``/``error``. Task name, attempts, times, worker and the
+    arguments' preview come from ``previous``, the refused record (``None`` or unreadable:
+    left empty)."""
     fields: dict[str, Any] = {}
     if previous is not None:
         try:
@@ -336,6 +381,8 @@ def refused(task_id: str, queue: str, previous: bytes | None, error_type: str, e
         task_id, str(get("task", "")), queue, "failed", get("attempts", 0), get("enqueued_at"),
         get("started_at"), time.time(), get("worker"), error_type=error_type, error=error,
     )  # fmt: skip
+    if isinstance(get("call"), dict):
+        record.call = get("call")
     return _encode_checked(record)
 
 

@@ -295,6 +295,8 @@ def test_runtime_schedules_are_picked_up_by_a_running_scheduler(
         listed = {s["name"]: s for s in json_out(invoke("schedule", "list", "--json"))["schedules"]}
         assert sorted(listed) == ["rt.add", "rt.berlin"]
         assert listed["rt.add"]["last_run"] is not None
+        assert listed["rt.add"]["tz"] == "UTC"  # an --every entry: UTC, as on the dashboard
+        assert listed["rt.add"]["last_run"].endswith("+00:00")
         assert listed["rt.berlin"]["zone"] == "Europe/Berlin"
         next_berlin = datetime.fromisoformat(listed["rt.berlin"]["next_run"])
         assert next_berlin.astimezone(ZoneInfo("Europe/Berlin")).hour == 9

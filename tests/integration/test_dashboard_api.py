@@ -110,8 +110,9 @@ async def test_task_record_and_unknown_and_bad_ids(queue: Queue) -> None:
     assert doc["duration"] is not None
     assert doc["wait"] is not None
     assert doc["progress"] is None
-    assert doc["args"] is None  # finished: its message is gone, records do not keep them
+    assert doc["args"] is None  # a default success record keeps no arguments
     assert doc["args_from"] is None
+    assert "track_state" in doc["args_note"]
     assert progress["current"] == 3
     assert progress["total"] == 6
     assert progress["fraction"] == 0.5
@@ -178,7 +179,7 @@ async def test_dead_letters_filter_replay_purge_and_escaping(queue: Queue) -> No
     doc = task.json()
     assert doc["state"] == "dead_lettered"
     assert doc["args"] == [XSS]
-    assert doc["args_from"] == "dead letter"
+    assert doc["args_from"] == "record"  # a failed record keeps them
     assert XSS in doc["error"]
     assert doc["dead_letter"]["reason"] == "failed"
     assert "ValueError" in (doc["traceback"] or "")

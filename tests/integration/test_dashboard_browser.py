@@ -226,6 +226,11 @@ def test_user_data_is_shown_as_text(app: App, page: Any) -> None:
     expect(row.locator("img")).to_have_count(0)
     page.goto(app.url + "/tasks/" + task_id)
     expect(page.locator("#task")).to_contain_text(XSS)
+    # The dead-lettered task's record keeps its arguments: shown as text, with their source.
+    expect(page.locator("#task-args")).to_have_text(f'["{XSS}",1250]')
+    expect(page.locator("#task")).to_contain_text("(from the record)")
+    expect(page.locator("#task-kwargs")).to_have_text("{}")
+    expect(page.locator("#task img")).to_have_count(0)
     assert page.evaluate("window.__xss") is None
 
 
@@ -238,7 +243,10 @@ def test_look_up_a_task_by_id(app: App, page: Any) -> None:
     expect(page.locator("#task-state")).to_have_text("succeeded")
     expect(page.locator("#task")).to_contain_text('"report weekly"')
     expect(page).to_have_url(f"{app.url}/tasks/{task_id}")
-    shot(page, "task")
+    # A default success record keeps no arguments: the page says why.
+    expect(page.locator("#task-args-note")).to_contain_text(
+        "a succeeded task keeps no arguments unless track_state is on"
+    )
     page.locator("#task-id").fill("no-such-task")
     page.locator("#search button").click()
     expect(page.locator("#task-missing")).to_contain_text("no record of task no-such-task")
@@ -247,7 +255,9 @@ def test_look_up_a_task_by_id(app: App, page: Any) -> None:
     page.locator("#task-id").fill(later.id)
     page.locator("#search button").click()
     expect(page.locator("#task-state")).to_have_text("scheduled")
-    expect(page.locator("#task")).to_contain_text('["next-quarter"]')  # its args, from the message
+    expect(page.locator("#task-args")).to_have_text('["next-quarter"]')  # from the message
+    expect(page.locator("#task")).to_contain_text("(from the schedule)")
+    shot(page, "task")
 
 
 def test_workers_and_periodic_pages(app: App, page: Any) -> None:

@@ -333,7 +333,25 @@ def app_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
     sys.modules.pop(name, None)
 
 
+@pytest.fixture
+def far_local_zone() -> Iterator[str]:
+    """The process's local zone set to one far from UTC (and back afterwards), so a time
+    printed in the local zone instead of UTC shows."""
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "Pacific/Auckland"
+    time.tzset()
+    try:
+        yield "Pacific/Auckland"
+    finally:
+        if before is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = before
+        time.tzset()
+
+
 async def test_scheduler_list_shows_schedule_next_and_last_run(
+    far_local_zone: str,
     app_module: str,
     make_queue: Callable[..., Queue],
     redis_url: str,
@@ -368,6 +386,10 @@ async def test_scheduler_list_shows_schedule_next_and_last_run(
     assert beat["queue"] == "default"
     assert beat["missed"] == "run_once"
     assert datetime.fromisoformat(beat["last_run"]).timestamp() == t0 + 60
+    # An interval entry's times are in UTC, as on the dashboard, whatever the local zone.
+    assert beat["zone"] is None
+    assert beat["tz"] == "UTC"
+    assert beat["last_run"].endswith("+00:00")
     next_beat = datetime.fromisoformat(beat["next_run"]).timestamp()
     assert before < next_beat <= before + 60
     assert next_beat % 60 == 0
@@ -386,11 +408,11 @@ async def test_scheduler_list_shows_schedule_next_and_last_run(
     assert "every 60s" in lines["cli.beat"]
     assert "cron 0 9 * * 1-5 (Europe/Berlin)" in lines["cli.report"]
     assert lines["cli.report"].endswith("-")  # never ran
-    assert (
-        lines["cli.beat"]
-        .rstrip()
-        .endswith(datetime.fromtimestamp(t0 + 60).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z"))
-    )
+    last_beat = datetime.fromtimestamp(t0 + 60, ZoneInfo("UTC"))
+    assert lines["cli.beat"].endswith(last_beat.strftime("%Y-%m-%d %H:%M:%S UTC"))
+    local_name = datetime.fromtimestamp(t0 + 60).astimezone().tzname()
+    assert local_name
+    assert local_name not in text.output, far_local_zone  # not the local zone
 
 
 def _blitzq_command() -> list[str]:

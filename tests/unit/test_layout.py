@@ -249,7 +249,7 @@ OTHER_MEANINGS: dict[tuple[str, str], str] = {
     ("broker/redis/records.py", "progress"): "watch_progress's event kind; progress.lua's name",
     ("client/results.py", "progress"): "watch_progress's event kind",
     ("cli/inspect.py", "progress"): "the progress field of `blitzq inspect`'s JSON",
-    ("dashboard/data.py", "progress"): "the progress field of the dashboard's task JSON",
+    ("dashboard/tasks.py", "progress"): "the progress field of the dashboard's task JSON",
     ("broker/redis/keys.py", "progress"): "the name of the progress key in keys.TABLE",
 }
 

@@ -41,8 +41,10 @@ def run_fields(state: str, finished: bool = True) -> dict[str, Any]:
 
 def test_record_fields_are_task_record_fields() -> None:
     names = [f.name for f in dataclasses.fields(TaskRecord)]
-    # result_stored is derived from the stored fields, due_at read from the schedule.
-    assert set(RECORD_FIELDS) == set(names) - {"result_stored", "due_at"}
+    # result_stored is derived from the stored fields, due_at read from the schedule, and
+    # args, kwargs, args_truncated from the one stored key "call" (the arguments' preview).
+    derived = {"result_stored", "due_at", "args", "kwargs", "args_truncated"}
+    assert set(RECORD_FIELDS) == set(names) - derived | {"call"}
 
 
 @pytest.mark.parametrize("scheduled", [False, True])
@@ -176,3 +178,51 @@ def test_records_written_before_the_builders_still_read() -> None:
     old_map, new_map = loads(old_success), loads(new)
     old_map["finished_at"] = new_map["finished_at"]
     assert dumps(old_map) == new  # the same bytes as before, key order included
+
+
+# ------------------------------------------------------------------- the arguments' preview
+CALL = ([1, "two"], {"three": b"\x03"})
+SHOWN = {"args": [1, "two"], "kwargs": {"three": "b'\\x03'"}, "truncated": False}
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda call: records.queued(ID, TASK, QUEUE, T0, False, call),
+        lambda call: records.running(ID, TASK, QUEUE, 2, T0, T1, WORKER, call),
+        lambda call: records.succeeded(ID, TASK, QUEUE, 2, T0, T1, WORKER, 5, call=call),
+        lambda call: records.succeeded(ID, TASK, QUEUE, 2, T0, T1, WORKER, call=call),
+        lambda call: records.retrying(ID, TASK, QUEUE, 2, T0, T1, WORKER, "E", "m", call),
+        lambda call: records.failed(ID, TASK, QUEUE, 2, T0, T1, WORKER, "E", "m", "", call=call),
+        lambda call: records.failed(ID, TASK, QUEUE, 2, T0, T1, WORKER, "E", "m", "", True, call),
+        lambda call: records.cancelled(ID, TASK, QUEUE, 3, T0, WORKER, call),
+        lambda call: records.expired(ID, TASK, QUEUE, 0, T0, T1, WORKER, "waited", call),
+    ],
+)
+def test_a_record_keeps_the_preview_of_its_call_as_its_last_key(build: Any) -> None:
+    without, with_call = loads(build(None)), loads(build(CALL))
+    assert list(with_call) == [k for k in RECORD_FIELDS if k in with_call]
+    assert "call" not in without
+    assert list(with_call)[-1] == "call"
+    assert with_call["call"] == SHOWN
+    record = TaskRecord.from_bytes(build(CALL))
+    assert (record.args, record.kwargs, record.args_truncated) == (
+        SHOWN["args"], SHOWN["kwargs"], False,
+    )  # fmt: skip
+    assert record.to_dict()["args"] == SHOWN["args"]
+    assert TaskRecord.from_bytes(build(None)).args is None
+
+
+def test_a_cut_preview_reads_as_truncated_and_refused_keeps_it() -> None:
+    previous = records.succeeded(ID, TASK, QUEUE, 2, T0, T1, WORKER, 1, call=(["x" * 9000], {}))
+    record = TaskRecord.from_bytes(previous)
+    assert record.args_truncated is True
+    assert record.args is not None
+    assert record.args[0].endswith("…")
+    refused = TaskRecord.from_bytes(records.refused(ID, QUEUE, previous, "E", "too big"))
+    assert (refused.args, refused.args_truncated) == (record.args, True)
+
+
+def test_a_stored_call_of_the_wrong_shape_reads_as_none() -> None:
+    odd = dumps(run_fields("failed") | {"call": {"args": "not a list", "kwargs": {}}})
+    assert TaskRecord.from_bytes(odd).args is None

@@ -7,6 +7,7 @@ the broker directly.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import click
@@ -16,9 +17,11 @@ from rich.text import Text
 
 from ..broker.eviction import check_eviction
 from ..client.admin import worker_document
+from ..client.task_args import dead_letter_of, task_arguments
 from ..progress import Progress
 from ..queue import Queue
 from ..records import TaskRecord, TaskState
+from ..serialization import jsonable
 from ._common import (
     CliError,
     console,
@@ -75,27 +78,34 @@ def record_doc(record: TaskRecord) -> dict[str, Any]:
 @click.argument("task_id")
 @global_options
 def task_inspect(task_id: str) -> None:
-    """Show the stored record of TASK_ID: state, attempts, result or error, times, worker.
+    """Show the stored record of TASK_ID: state, attempts, arguments, result or error, times,
+    worker.
 
     Shows the task's latest progress report too, when it made one, and for a task waiting
-    on the schedule (a delay, an eta, a retry's backoff) when it is due. Exits 1 when
-    nothing is known of it (never enqueued, waiting in its queue or running without
+    on the schedule (a delay, an eta, a retry's backoff) when it is due. The arguments are
+    a preview (at most 2048 bytes) from the record, else the dead letter or the scheduled
+    message (``args_from`` says which); when none has them, ``args_note`` says why. Exits 1
+    when nothing is known of it (never enqueued, waiting in its queue or running without
     track_state, or expired after result_ttl).
     """
 
-    async def fetch(q: Queue) -> tuple[TaskRecord | None, Progress | None]:
-        return await q.inspect(task_id), await q.get_progress(task_id)
+    async def fetch(q: Queue) -> tuple[TaskRecord | None, Progress | None, dict[str, Any]]:
+        record, progress = await q.inspect(task_id), await q.get_progress(task_id)
+        if record is None and progress is not None:  # running without a record (fast mode)
+            record = TaskRecord(task_id, "", "", TaskState.RUNNING)
+        if record is None:
+            return None, None, {}
+        letter = await dead_letter_of(q.broker, task_id)
+        return record, progress, await task_arguments(q.broker, record, letter)
 
-    record, progress = run_with_queue(fetch)
-    if record is None and progress is not None:  # running without a record (fast mode)
-        record = TaskRecord(task_id, "", "", TaskState.RUNNING)
+    record, progress, arguments = run_with_queue(fetch)
     if record is None:
         raise CliError(
             f"no record for task {task_id} (unknown, waiting in its queue or running without "
             "track_state, or expired after result_ttl; Queue(track_state=True) records "
             "queued and running tasks too)"
         )
-    doc = record_doc(record)
+    doc = record_doc(record) | arguments
     doc["progress"] = None
     if progress is not None:
         doc["progress"] = {
@@ -117,6 +127,14 @@ def task_inspect(task_id: str) -> None:
     table.add_row("attempts", str(record.attempts))
     if progress is not None:
         table.add_row("progress", Text(_progress_text(progress)))
+    if arguments["args_from"] is None:
+        table.add_row("args", Text(f"not kept: {arguments['args_note']}", style="dim"))
+    else:
+        for key in ("args", "kwargs"):
+            shown = json.dumps(arguments[key], default=jsonable, ensure_ascii=False)
+            table.add_row(key, Text(shown))
+        cut = ", cut to 2048 bytes (cuts marked …)" if arguments["args_truncated"] else ""
+        table.add_row("args from", Text(f"the {arguments['args_from']}{cut}", style="dim"))
     if record.state is TaskState.SUCCEEDED:
         table.add_row("result", Text(_short(record.result, 2000)))
     if record.error_type or record.error:

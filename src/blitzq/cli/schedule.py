@@ -3,7 +3,8 @@
 The entries live in the broker (:mod:`blitzq.runtime_schedules`); every running ``blitzq
 scheduler`` picks them up within one poll interval, alongside its code-defined entries. Like
 the inspection commands, these need no application module. Times are printed in the entry's
-zone (a cron's ``--tz``, else the local zone), with the zone named.
+zone (a cron's ``--tz``; UTC for an ``--every`` entry, as the dashboard shows them), with the
+zone named.
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ from ._common import (
     settings,
 )
 
-__all__ = ["schedule_group", "zoned_iso", "zoned_time"]
+__all__ = ["schedule_group", "shown_zone", "zoned_iso", "zoned_time"]
+
+
+def shown_zone(zone: str | None) -> str:
+    """The IANA zone an entry's times are shown in: a cron's own ``zone``, else (an interval
+    entry: ``None``) ``"UTC"``, as on the dashboard's periodic page."""
+    return zone or "UTC"
 
 
 def _zone(zone: str | None) -> Any:
@@ -143,7 +150,7 @@ def schedule_remove(name: str) -> None:
 @global_options
 def schedule_list() -> None:
     """List the run-time periodic entries: task, schedule, zone, queue, next and last run
-    (times in the entry's zone)."""
+    (times in the entry's zone: a cron's --tz, UTC for an --every entry; --json: ``tz``)."""
 
     async def fetch(q: Queue) -> tuple[list[RuntimeSchedule], dict[str, float], float]:
         entries = await runtime_schedules(q)
@@ -169,13 +176,14 @@ def schedule_list() -> None:
                         "task": e.task,
                         "schedule": text,
                         "zone": zone,
+                        "tz": shown_zone(zone),
                         "args": e.args,
                         "kwargs": e.kwargs,
                         "queue": e.queue,
                         "missed": e.missed,
-                        "next_run": zoned_iso(next_run, zone),
-                        "last_run": zoned_iso(last_run, zone),
-                        "added_at": zoned_iso(e.added_at, zone),
+                        "next_run": zoned_iso(next_run, shown_zone(zone)),
+                        "last_run": zoned_iso(last_run, shown_zone(zone)),
+                        "added_at": zoned_iso(e.added_at, shown_zone(zone)),
                     }
                     for e, text, zone, next_run, last_run in rows
                 ]
@@ -195,7 +203,7 @@ def schedule_list() -> None:
             Text(e.task),
             Text(text),
             Text(e.queue or "(task's)"),
-            zoned_time(next_run, zone),
-            zoned_time(last_run, zone),
+            zoned_time(next_run, shown_zone(zone)),
+            zoned_time(last_run, shown_zone(zone)),
         )
     out.print(table)

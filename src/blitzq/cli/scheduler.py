@@ -35,7 +35,7 @@ from ._common import (
     settings,
     use_running_server,
 )
-from .schedule import zoned_iso, zoned_time
+from .schedule import shown_zone, zoned_iso, zoned_time
 from .worker import _export_settings, _override, load_queue
 
 __all__ = ["scheduler_group"]
@@ -126,7 +126,8 @@ def run_command(app: str, poll_interval: float, log_level: str, log_format: str)
 @global_options
 def list_command(app: str) -> None:
     """Show each periodic task of MODULE:ATTR: schedule, missed-run policy, next and last run
-    (in the entry's time zone: a cron's zone, else the local one), run-time entries included.
+    (in the entry's time zone: a cron's zone, UTC for an interval, as on the dashboard;
+    --json: ``tz``), run-time entries included.
 
     Without a broker URL it uses the running embedded server (it never starts one).
     """
@@ -139,8 +140,9 @@ def list_command(app: str) -> None:
                 "periodic_tasks": [
                     row
                     | {
-                        "next_run": zoned_iso(row["next_run"], row["zone"]),
-                        "last_run": zoned_iso(row["last_run"], row["zone"]),
+                        "tz": shown_zone(row["zone"]),
+                        "next_run": zoned_iso(row["next_run"], shown_zone(row["zone"])),
+                        "last_run": zoned_iso(row["last_run"], shown_zone(row["zone"])),
                     }
                     for row in rows
                 ]
@@ -167,8 +169,8 @@ def list_command(app: str) -> None:
             Text(row["schedule"]),
             row["missed"],
             Text(row["queue"]),
-            zoned_time(row["next_run"], row["zone"]),
-            zoned_time(row["last_run"], row["zone"]),
+            zoned_time(row["next_run"], shown_zone(row["zone"])),
+            zoned_time(row["last_run"], shown_zone(row["zone"])),
             "run-time" if row["source"] == "runtime" else row["source"],
         )
     out.print(table)

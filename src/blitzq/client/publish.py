@@ -133,7 +133,8 @@ class Producer:
                 Completion(
                     env.queue, None, env.id,
                     records.queued(
-                        env.id, env.task, env.queue, env.created_at, due is not None
+                        env.id, env.task, env.queue, env.created_at, due is not None,
+                        (env.args, env.kwargs),
                     ),
                     owner.result_ttl,
                 )

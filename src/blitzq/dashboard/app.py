@@ -35,7 +35,7 @@ from .._checks import flag, is_loopback, seconds
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, SerializationError
 from ..integrations.asgi import close_queue, warm_up
 from ..runtime_schedules import RuntimeEntries
-from . import data, pages
+from . import data, pages, tasks
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -285,7 +285,7 @@ def create_app(
 
     async def api_task(request: Request) -> Response:
         task_id = _task_id(request.path_params["task_id"])
-        doc = await data.task_doc(queue, task_id)
+        doc = await tasks.task_doc(queue, task_id)
         if doc is None:
             raise ApiError(404, f"no record of task {task_id} (unknown, not started, or expired)")
         return _json(doc)

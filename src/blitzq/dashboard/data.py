@@ -1,5 +1,5 @@
-"""What the dashboard shows, as JSON-ready dicts: queues (with rates), one task, dead letters
-(filtered), workers and periodic entries.
+"""What the dashboard shows, as JSON-ready dicts: queues (with rates), dead letters (filtered),
+workers and periodic entries (one task: :mod:`blitzq.dashboard.tasks`).
 
 Every function here takes the :class:`~blitzq.Queue` and reads through its public client
 methods (``stats``, ``inspect``, ``get_progress``, ``dead_letters``, ``periodic_status``) or
@@ -21,10 +21,8 @@ from zoneinfo import ZoneInfo
 from ..client.admin import worker_document
 from ..client.dead_letter_query import DeadLetterFilter as Criteria
 from ..dead_letters import DeadLetter
-from ..exceptions import SerializationError
-from ..records import TaskRecord, TaskState
 from ..runtime_schedules import RuntimeEntries, all_periodic_status
-from ..serialization import decode_envelope, jsonable
+from ..serialization import jsonable
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -36,7 +34,6 @@ __all__ = [
     "dead_letters_page",
     "jsonable",
     "periodic_doc",
-    "task_doc",
     "workers_doc",
 ]
 
@@ -169,86 +166,6 @@ async def queues_doc(queue: Queue, sampler: RateSampler) -> dict[str, Any]:
         "stale_completions": stats["stale_completions"],
         "rates": {k: v for k, v in rates.items() if k != "depth_per_s"},
     }
-
-
-# ------------------------------------------------------------------------------- tasks
-async def task_doc(queue: Queue, task_id: str) -> dict[str, Any] | None:
-    """One task: its record (state, attempts, result or error with traceback, times), its
-    latest progress, and its arguments when its message can be read: a dead letter's, or
-    that of a task waiting on the schedule (records do not keep them); ``args_from`` says
-    which (``"dead letter"``, ``"schedule"``, or ``None``).
-
-    Returns:
-        ``None`` when nothing is known of the task (no record, progress or dead letter:
-        never enqueued, not started yet without state tracking, or expired).
-
-    Raises:
-        BrokerError: the broker could not be reached.
-    """
-    record = await queue.inspect(task_id)
-    progress = await queue.get_progress(task_id)
-    fields = await queue.broker.get_dead_letter(task_id)
-    letter = (
-        DeadLetter.from_fields(
-            task_id,
-            fields.message,
-            fields.reason,
-            fields.error,
-            fields.task,
-            fields.queue,
-            fields.failed_at,
-            fields.kind,
-        )
-        if fields is not None
-        else None
-    )
-    if record is None and progress is None and letter is None:
-        return None
-    if record is None:
-        state = TaskState.DEAD_LETTERED if letter is not None else TaskState.RUNNING
-        record = TaskRecord(
-            task_id, letter.task if letter else "", letter.queue if letter else "", state
-        )
-    doc = record.to_dict()
-    started, finished, enqueued = record.started_at, record.finished_at, record.enqueued_at
-    doc["duration"] = None if started is None or finished is None else finished - started
-    doc["wait"] = None if started is None or enqueued is None else started - enqueued
-    doc["progress"] = None
-    if progress is not None:
-        doc["progress"] = {
-            "current": progress.current,
-            "total": progress.total,
-            "fraction": progress.fraction,
-            "message": progress.message,
-            "updated_at": progress.updated_at,
-        }
-    doc["dead_letter"] = None
-    doc["args"] = doc["kwargs"] = doc["args_from"] = None
-    if letter is not None:
-        doc["dead_letter"] = {
-            "reason": letter.reason,
-            "error": letter.error,
-            "failed_at": letter.failed_at,
-        }
-        doc["args"], doc["kwargs"] = letter.args, letter.kwargs
-        doc["args_from"] = "dead letter"
-    elif record.due_at is not None:  # on the schedule (a delay, a retry's backoff): its message
-        await _scheduled_args(queue, task_id, doc)
-    return doc
-
-
-async def _scheduled_args(queue: Queue, task_id: str, doc: dict[str, Any]) -> None:
-    """Set ``doc``'s ``args`` and ``kwargs`` from the message of ``task_id`` waiting on the
-    schedule (left ``None`` when it left the schedule meanwhile or cannot be decoded)."""
-    entry = await queue.broker.scheduled_entry(task_id)
-    if entry is None:
-        return
-    try:
-        envelope = decode_envelope(entry[2])
-    except SerializationError:
-        return
-    doc["args"], doc["kwargs"] = envelope.args, envelope.kwargs
-    doc["args_from"] = "schedule"
 
 
 # ------------------------------------------------------------------------ dead letters

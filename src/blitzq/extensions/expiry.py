@@ -56,7 +56,7 @@ def expired_completion(worker: WorkerContext, job: Job, age: float, max_age: flo
     error = f"waited {age:.3f} s before it could start, over its max_age of {max_age} s"
     record = records.expired(
         env.id, env.task, d.queue, max(0, job.attempt - 1), env.created_at, now,
-        worker.worker_id, error,
+        worker.worker_id, error, (env.args, env.kwargs),
     )  # fmt: skip
     dead = (
         DeadLetterFields(d.payload, "expired", error, env.task, d.queue, now)

@@ -169,9 +169,10 @@ def eta_of(run_after: datetime) -> datetime:
 def result_from_record(task: Any, record: TaskRecord, alias: str) -> Any:
     """The framework's ``TaskResult`` of a blitzq ``record`` of Django ``task``.
 
-    ``args`` and ``kwargs`` are empty: blitzq's record does not keep the arguments (they
-    travel in the message only). ``worker_ids`` has one entry per attempt, so ``attempts``
-    is blitzq's count; only the last attempt's worker is recorded, earlier entries are ``""``.
+    ``args`` and ``kwargs`` are empty: blitzq's record keeps only a preview of the arguments
+    (cut at 2048 bytes, non-JSON values as text), not the values. ``worker_ids`` has one
+    entry per attempt, so ``attempts`` is blitzq's count; only the last attempt's worker is
+    recorded, earlier entries are ``""``.
     """
     errors = []
     if record.state is not TaskState.SUCCEEDED and record.error_type is not None:

@@ -141,7 +141,8 @@ class Outcomes:
         and so does a record over ``max_result_size`` (ResultTooLarge, not retried: the
         same call would return as much again).
         With ``track_state`` a ``succeeded`` record (without the value, when results are not
-        stored) replaces the ``running`` one.
+        stored) replaces the ``running`` one, with the arguments' preview unless that alone
+        would take it over ``max_result_size``.
         """
         d = job.delivery
         store = job.task.store_result
@@ -152,7 +153,7 @@ class Outcomes:
                 env = job.envelope
                 record = records.succeeded(
                     env.id, env.task, d.queue, job.attempt, env.created_at,
-                    job.started_at or None, self.worker_id,
+                    job.started_at or None, self.worker_id, call=(env.args, env.kwargs),
                 )  # fmt: skip
                 return Completion(d.queue, d.token, job.envelope.id, record, self.result_ttl)
             if d.token is None:
@@ -166,7 +167,13 @@ class Outcomes:
             record = records.succeeded(
                 env.id, env.task, d.queue, job.attempt, env.created_at,
                 job.started_at or None, self.worker_id, value,
+                call=(env.args, env.kwargs) if track_state else None,
             )  # fmt: skip
+            if len(record) > self.max_result_size and track_state:  # drop the preview first
+                record = records.succeeded(
+                    env.id, env.task, d.queue, job.attempt, env.created_at,
+                    job.started_at or None, self.worker_id, value,
+                )  # fmt: skip
             if len(record) > self.max_result_size:
                 raise ResultTooLarge(len(record), self.max_result_size)
         except SerializationError as exc:
@@ -220,6 +227,7 @@ class Outcomes:
                 record = records.retrying(
                     env.id, env.task, d.queue, job.attempt, env.created_at,
                     job.started_at or None, self.worker_id, error_type, message,
+                    (env.args, env.kwargs),
                 )  # fmt: skip
             return Completion(
                 d.queue, d.token, env.id, record, self.result_ttl, reschedule=data, delay=delay
@@ -234,6 +242,7 @@ class Outcomes:
         record = records.failed(
             env.id, env.task, d.queue, job.attempt, env.created_at, job.started_at or None,
             self.worker_id, error_type, message, trace, dead_lettered=dead is not None,
+            call=(env.args, env.kwargs),
         )  # fmt: skip
         return Completion(d.queue, d.token, env.id, record, self.result_ttl, dead_letter=dead)
 
@@ -278,15 +287,16 @@ class Outcomes:
         d, env = job.delivery, job.envelope
         record = records.running(
             env.id, env.task, d.queue, job.attempt, env.created_at, job.started_at or None,
-            self.worker_id,
+            self.worker_id, (env.args, env.kwargs),
         )  # fmt: skip
         return Completion(d.queue, None, job.envelope.id, record, self.result_ttl, fence=d.token)
 
     def cancelled(self, d: Delivery, env: Envelope, attempt: int) -> Completion:
         """Completion acking a cancelled task with a ``cancelled`` record."""
         record = records.cancelled(
-            env.id, env.task, d.queue, attempt, env.created_at, self.worker_id
-        )
+            env.id, env.task, d.queue, attempt, env.created_at, self.worker_id,
+            (env.args, env.kwargs),
+        )  # fmt: skip
         return Completion(d.queue, d.token, env.id, record, self.result_ttl)
 
     @staticmethod

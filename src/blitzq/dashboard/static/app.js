@@ -146,11 +146,12 @@
       const done = p.total === null ? `${p.current}` : `${p.current} / ${p.total}`;
       field(list, "progress", el("span", {}, bar, ` ${done} ${p.message || ""} (${ago(p.updated_at)})`));
     }
-    if (d.args !== null || d.kwargs !== null) {
-      field(list, "args", json(d.args), "mono");
-      field(list, "kwargs", json(d.kwargs), "mono");
+    if (d.args_from) {
+      const from = `from the ${d.args_from}` + (d.args_truncated ? "; cut to 2048 bytes, cuts marked …" : "");
+      field(list, "args", el("span", {}, el("code", { id: "task-args" }, json(d.args)), " ", el("small", { class: "muted" }, `(${from})`)), "mono");
+      field(list, "kwargs", el("code", { id: "task-kwargs" }, json(d.kwargs)), "mono");
     } else {
-      field(list, "args", "not kept (arguments live in the message only; shown while it waits on the schedule, and for dead letters)", "muted");
+      field(list, "args", el("span", { id: "task-args-note" }, `not kept: ${d.args_note || "unknown"}`), "muted");
     }
     if (d.due_at !== null && d.due_at !== undefined) field(list, "due", time(d.due_at));
     if (d.state === "succeeded") {
