@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import threading
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -16,9 +18,25 @@ import pytest
 from blitzq import Queue, TaskExpired, TaskFailed, Worker
 
 from .proc_tasks import eventually, make_worker, running
+from .test_health import PrivateRedis
 from .test_metrics import Samples, scrape, value
 
 pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def own_redis() -> Iterator[PrivateRedis]:
+    """A ``redis-server`` of this test (it pauses its writes), stopped at the end."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("no redis-server binary")
+    server = PrivateRedis(binary)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(server.dir, ignore_errors=True)
 
 
 class Watch:
@@ -70,16 +88,22 @@ def tasks_total(samples: Samples, task: str, outcome: str, queue: str = "default
 
 @pytest.mark.parametrize("fail_first", [False, True], ids=["late-success", "late-failure"])
 async def test_a_stale_completion_never_makes_a_counter_go_down(
-    make_queue: Callable[..., Queue], fail_first: bool
+    own_redis: PrivateRedis, fail_first: bool
 ) -> None:
     """The first run's completion is refused as stale (its delivery was recovered and run
-    again): scraped all along, no counter ever decreases, and the attempt that counts is the
-    redelivery's."""
+    again). While its write is held up (the test's own server pauses writes) a scrape must
+    not count it, and once the broker refused it no counter went down: the attempt that
+    counts is the redelivery's, counted once (it used to be counted at once and taken back,
+    so the counter read 2 and then 1)."""
+    import redis.asyncio as aioredis
+
     from blitzq import current_task
     from blitzq.broker.redis import ReliableRedisBroker
 
-    queue = make_queue(mode="reliable")
-    started, gate = asyncio.Event(), asyncio.Event()
+    queue = Queue(
+        redis_url=own_redis.url, namespace="stale-" + uuid.uuid4().hex[:8], mode="reliable"
+    )
+    started, gate, returned = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     @queue.task(name="fenced", retries=0)
     async def fenced() -> str:
@@ -89,6 +113,7 @@ async def test_a_stale_completion_never_makes_a_counter_go_down(
             return "redelivery"
         started.set()
         await gate.wait()
+        returned.set()
         if fail_first:
             raise RuntimeError("the first run failed late")
         return "first run"
@@ -97,6 +122,7 @@ async def test_a_stale_completion_never_makes_a_counter_go_down(
     assert isinstance(broker, ReliableRedisBroker)
     thief = ReliableRedisBroker(broker.url, broker.keys.namespace)
     await thief.prepare_consumer(["default"], "thief")
+    admin = aioredis.Redis.from_url(own_redis.url)
     worker = make_worker(queue, metrics_port=0, ops_host="127.0.0.1", concurrency=4)
     try:
         async with running(worker), watching(worker) as watch:
@@ -104,20 +130,31 @@ async def test_a_stale_completion_never_makes_a_counter_go_down(
             await asyncio.wait_for(started.wait(), 10)
             await eventually(lambda: thief.recover("default", 0.001, 10, 5), lambda r: r == (1, 0))
             assert await handle.result(timeout=10) == "redelivery"
-            gate.set()
+            await eventually(
+                lambda: scrape(worker), lambda s: tasks_total(s, "fenced", "succeeded") == 1
+            )
+            # Hold every write (the completion script included) while the first run ends.
+            await admin.execute_command("CLIENT", "PAUSE", 20000, "WRITE")
+            try:
+                gate.set()
+                await asyncio.wait_for(returned.wait(), 10)
+                await eventually(lambda: _value(len(worker.runner.jobs)), lambda n: n == 0)
+                held = await scrape(worker)  # committed, its write not applied yet
+            finally:
+                await admin.execute_command("CLIENT", "UNPAUSE")
             samples = await eventually(
                 lambda: scrape(worker),
                 lambda s: value(s, "blitzq_stale_completions_total") == 1,
             )
             pages = watch.pages
             await eventually(lambda: _value(watch.pages), lambda n: n >= pages + 3)
+        assert tasks_total(held, "fenced", "succeeded") == 1
+        assert tasks_total(held, "fenced", "failed") == 0
         assert tasks_total(samples, "fenced", "succeeded") == 1
         assert tasks_total(samples, "fenced", "failed") == 0
         assert watch.decreases == []
-        assert watch.last[("blitzq_tasks_total", frozenset(
-            {"queue": "default", "task": "fenced", "outcome": "succeeded"}.items()
-        ))] == 1  # fmt: skip
     finally:
+        await admin.aclose()
         await thief.close()
         await queue.close()
 
