@@ -1,7 +1,8 @@
 """Prometheus metrics of a real worker, scraped over HTTP as Prometheus does: counters never go
 down and count each outcome once (a completion refused as stale counts nothing, whatever its
 outcome: success, failure, expiry before start); the sampled gauges are on the first page
-served; the abandoned-thread counters show a sync task that ignores its timeout."""
+served; the abandoned-thread counters show a sync task that ignores its timeout; the RabbitMQ
+pairing counts what it applied."""
 
 from __future__ import annotations
 
@@ -283,3 +284,45 @@ async def test_an_abandoned_thread_shows_on_a_scrape(
         assert value(samples, "blitzq_abandoned_threads_total") == 1
     assert watch.decreases == []
     await queue.close()
+
+
+async def test_outcomes_over_rabbitmq_are_counted_once_applied(
+    server_url: str, namespace: str
+) -> None:
+    """The RabbitMQ pairing (its completions carry the transport's delivery tags, acked after
+    the store applied them): each outcome is counted once the completion was written."""
+    from blitzq.broker.amqp import AmqpBroker
+    from tests.amqp_server import amqp_or_skip, delete_amqp_queues
+
+    url = amqp_or_skip()
+    broker = AmqpBroker(url, server_url, namespace)
+    queue = Queue("mq", broker=broker, visibility_timeout=5.0)
+
+    @queue.task(name="mq.ok")
+    async def ok(n: int) -> int:
+        return n
+
+    @queue.task(name="mq.bad", retries=0)
+    async def bad() -> None:
+        raise ValueError("no")
+
+    worker = make_worker(queue, metrics_port=0, ops_host="127.0.0.1")
+    try:
+        async with running(worker), watching(worker) as watch:
+            handles = [await ok.enqueue(n) for n in range(5)]
+            failed = await bad.enqueue()
+            assert [await h.result(timeout=20) for h in handles] == list(range(5))
+            with pytest.raises(TaskFailed):
+                await failed.result(timeout=20)
+            samples = await eventually(
+                lambda: scrape(worker),
+                lambda s: (
+                    tasks_total(s, "mq.ok", "succeeded", queue="mq") == 5
+                    and tasks_total(s, "mq.bad", "dead_lettered", queue="mq") == 1
+                ),
+            )
+        assert value(samples, "blitzq_stale_completions_total") == 0
+        assert watch.decreases == []
+    finally:
+        await queue.close()
+        await delete_amqp_queues(url, [broker])
