@@ -1,49 +1,133 @@
-"""One drain of N no-op tasks (reliable mode, results stored) with the blitzq the interpreter
-imports, printing tasks/s and process CPU microseconds per task; ``METRICS=1`` turns the
-worker's Prometheus metrics on. Run it alternately with ``PYTHONPATH=<tree>/src`` for the
-round-1 tree (0ee3fda, which has no metrics) and this one, to pair them in one run
-(bench/README.md, "Metrics cost").
+"""The round-1 drain against this tree with metrics on and off, paired in one run.
+
+Usage::
+
+    git -C /work/main archive 0ee3fda src | tar -x -C /tmp/round1     # round 1's final tree
+    .venv/bin/python bench/drain_vs_round1.py --round1 /tmp/round1/src [--rounds 3] [--tasks 20000]
+
+Starts a private ``redis-server`` (``bench.py``'s, never the shared 6379) and runs, each round,
+three child processes in a rotating order: round 1's tree (``PYTHONPATH=<round1>``, which has
+no metrics), this tree with metrics on (``Worker(metrics_port=0)``) and this tree with them
+off. Each child drains ``--tasks`` pre-enqueued no-op tasks (reliable mode, results stored,
+concurrency 100, one in-process worker) and prints its tasks/s and the CPU microseconds per
+task of its process. Reported: every round, the medians of the per-round ratios (metrics on /
+round 1, metrics on / off, of tasks/s and of CPU per task) and the median CPU difference on -
+off per task (the cost of metrics), with the load average (the machine is shared).
+
+``python bench/drain_vs_round1.py --child`` is one drain (``N``, ``METRICS=1``, ``REDIS_URL``
+from the environment), with whichever blitzq the interpreter imports.
 """
 
+from __future__ import annotations
+
+import argparse
 import asyncio
 import os
+import statistics
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
-from blitzq import Queue, Worker
-
-N = int(os.environ.get("N", "20000"))
-METRICS = os.environ.get("METRICS") == "1"
+HERE = Path(__file__).resolve().parent
 
 
-async def main() -> None:
+async def child() -> None:
+    """One drain; prints ``tasks/s CPU-us-per-task``."""
+    from blitzq import Queue, Worker
+
+    n = int(os.environ.get("N", "20000"))
+    metrics = os.environ.get("METRICS") == "1"
     ns = "pair-" + uuid.uuid4().hex[:8]
-    q = Queue(redis_url="redis://127.0.0.1:6379/0", namespace=ns)
+    q = Queue(redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), namespace=ns)
 
     @q.task(name="noop")
     async def noop() -> None:
         return None
 
-    for start in range(0, N, 1000):
-        await noop.enqueue_many([() for _ in range(min(1000, N - start))])
-    kw = {"metrics_port": 0, "ops_host": "127.0.0.1"} if METRICS else {}
-    w = Worker(q, concurrency=100, block_timeout=0.05, **kw)
+    for start in range(0, n, 1000):
+        await noop.enqueue_many([() for _ in range(min(1000, n - start))])
+    kw = {"metrics_port": 0, "ops_host": "127.0.0.1"} if metrics else {}
+    w = Worker(q, concurrency=100, block_timeout=0.05, **kw)  # type: ignore[arg-type]
     t0 = time.perf_counter()
     c0 = time.process_time()
     task = asyncio.create_task(w.run())
-    while w.processed < N:
+    while w.processed < n:
         await asyncio.sleep(0.005)
     t1 = time.perf_counter()
     c1 = time.process_time()
     w.stop()
     await task
-    r = q.broker  # this tree: broker.state.client; round 1: broker.client
-    client = r.state.client if hasattr(r, "state") else r.client
+    r: object = q.broker  # this tree: broker.state.client; round 1: broker.client
+    client = r.state.client if hasattr(r, "state") else r.client  # type: ignore[attr-defined]
     keys = [k async for k in client.scan_iter(match="{" + ns + "}*")]
     for i in range(0, len(keys), 500):
         await client.delete(*keys[i : i + 500])
     await q.close()
-    print(f"{N / (t1 - t0):.0f} {1e6 * (c1 - c0) / N:.2f}")
+    print(f"{n / (t1 - t0):.0f} {1e6 * (c1 - c0) / n:.2f}")
 
 
-asyncio.run(main())
+def run_side(src: Path, metrics: bool, url: str, tasks: int) -> tuple[float, float]:
+    """One child drain with ``src`` first on ``PYTHONPATH``: ``(tasks/s, CPU us/task)``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
+    env.update(PYTHONPATH=str(src), N=str(tasks), REDIS_URL=url, METRICS="1" if metrics else "0")
+    out = subprocess.run(
+        [sys.executable, str(HERE / "drain_vs_round1.py"), "--child"],
+        env=env, capture_output=True, text=True, check=True, timeout=300,
+    )  # fmt: skip
+    rate, cpu = out.stdout.split()
+    return float(rate), float(cpu)
+
+
+def main() -> None:
+    """Parse arguments; a child drain, or the paired rounds."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--child", action="store_true", help="one drain (see the docstring)")
+    parser.add_argument("--round1", type=Path, help="round 1's src directory")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tasks", type=int, default=20_000)
+    args = parser.parse_args()
+    if args.child:
+        asyncio.run(child())
+        return
+    if args.round1 is None:
+        parser.error("--round1 is required (round 1's src directory)")
+    sys.path.insert(0, str(HERE))
+    import bench as harness  # the sibling script: its private server
+
+    this = HERE.parent / "src"
+    sides = {"round1": (args.round1, False), "on": (this, True), "off": (this, False)}
+    order = list(sides)
+    got: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
+    loads = [os.getloadavg()[0]]
+    with harness.private_redis() as url:
+        run_side(this, True, url, 2000)  # warm-up
+        for r in range(args.rounds):
+            line = []
+            for name in order[r % 3 :] + order[: r % 3]:
+                src, metrics = sides[name]
+                got[name].append(run_side(src, metrics, url, args.tasks))
+            for name in sides:
+                rate, cpu = got[name][-1]
+                line.append(f"{name} {rate:,.0f}/s {cpu:.2f} us")
+            loads.append(os.getloadavg()[0])
+            print(f"  round {r + 1}: " + ", ".join(line), file=sys.stderr)
+    med = statistics.median
+
+    def ratio(a: str, b: str, i: int) -> float:
+        return med(x[i] / y[i] for x, y in zip(got[a], got[b], strict=True))
+
+    cpu = {name: med(c for _, c in got[name]) for name in sides}
+    diff = med(on[1] - off[1] for on, off in zip(got["on"], got["off"], strict=True))
+    print(f"drain {args.tasks:,} no-op, reliable, results stored, c=100, {args.rounds} rounds")
+    print(f"load average (1 min) during the run: {min(loads):.1f} - {max(loads):.1f}")
+    print(f"tasks/s, median of per-round ratios: on/round1 {ratio('on', 'round1', 0):.3f}, "
+          f"on/off {ratio('on', 'off', 0):.3f}")  # fmt: skip
+    print(f"CPU us/task, medians: round1 {cpu['round1']:.2f}, on {cpu['on']:.2f}, "
+          f"off {cpu['off']:.2f}; on/off ratio {ratio('on', 'off', 1):.3f}, "
+          f"on - off {diff:+.2f} us/task")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

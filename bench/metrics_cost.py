@@ -15,8 +15,11 @@ Starts a private ``redis-server`` like ``bench.py`` (never the shared 6379). Mod
   average (the machine is shared).
 - ``--profile``: one drain of each under ``cProfile``; prints the top frames by own time and
   every frame of ``blitzq/worker/metrics.py``, ``tally.py`` and ``outcomes.outcome_kind``.
-- ``--micro``: the observer alone (``started`` + ``committed`` of one real ``Job``), timed
-  with ``timeit``: the per-task cost without the rest of the worker around it.
+- ``--micro``: the observer alone, timed with ``timeit``: the per-task cost without the rest
+  of the worker around it. Two paths: a completion without a delivery token (fast mode:
+  ``started`` + ``committed``, counted at once) and a fenced one (reliable mode: ``started`` +
+  ``committed``, which marks it, + ``written`` of its batch, which counts it once the broker
+  applied it, called here per batch of 100 as the flusher does).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench as harness  # the sibling script: its server and drain
 
 from blitzq import Queue, Worker
+from blitzq.broker import Completion
 from blitzq.broker.transport import Delivery
 from blitzq.serialization import Envelope
 from blitzq.worker.execution import Job
@@ -104,7 +108,7 @@ async def profile(url: str, tasks: int) -> None:
 
 
 def micro(number: int = 200_000) -> None:
-    """The observer's two calls per run on one real job, timed alone."""
+    """The observer's calls per run on one real job, timed alone (both paths)."""
     from blitzq.worker.metrics import RunMetrics
 
     queue = Queue(redis_url="redis://127.0.0.1:1", namespace="micro")
@@ -120,12 +124,25 @@ def micro(number: int = 200_000) -> None:
     job = Job(Delivery("default", b"1-0", b"", 1), envelope, noop)
     job.started_at = now
 
-    def one() -> None:
+    def unfenced() -> None:
         metrics.started(job)
         metrics.committed(job, None, None, False)
 
-    best = min(timeit.repeat(one, number=number, repeat=5))
-    print(f"observer alone: {best / number * 1e9:.0f} ns per run (started + committed)")
+    best = min(timeit.repeat(unfenced, number=number, repeat=5))
+    print(f"observer alone, no token: {best / number * 1e9:.0f} ns per run (started + committed)")
+    times = []
+    for _ in range(5):  # fresh completions each time: committed marks them, written counts
+        batch = [Completion("default", b"1-0", "id-1", b"record") for _ in range(number)]
+        t0 = time.perf_counter()
+        for i in range(0, number, 100):  # the flusher's batches (up to 100 when busy)
+            part = batch[i : i + 100]
+            for c in part:
+                metrics.started(job)
+                metrics.committed(job, c, None, False)
+            metrics.written(part, [])
+        times.append(time.perf_counter() - t0)
+    print(f"observer alone, fenced: {min(times) / number * 1e9:.0f} ns per run (started + "
+          "committed, written per batch of 100; the batch loop included)")  # fmt: skip
 
 
 def main() -> None:

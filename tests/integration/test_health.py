@@ -5,11 +5,12 @@ within 10 s of the server going down and 200 again once it is back; ``/health`` 
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,30 @@ async def test_ready_flips_with_redis_and_back(private_redis: PrivateRedis) -> N
             lambda: _probe(port, "/ready"), lambda r: r[0] == 200, timeout=30
         )
         assert body["failing"] == []
+    await queue.close()
+
+
+async def test_ready_names_a_fetch_loop_that_died(make_queue: Callable[..., Queue]) -> None:
+    """A fetch loop that ended (here its task, ``blitzq-fetch-<queue>``, is cancelled, as an
+    escaped error would end it) makes ``/ready`` answer 503 naming ``fetch_loops`` and the
+    queue, within the detection bound; the broker parts stay ok and ``/health`` stays 200."""
+    queue = make_queue(name="loops")
+    port = free_port()
+    worker = make_worker(queue, health_port=port, ops_host="127.0.0.1")
+    async with running(worker):
+        await eventually(lambda: _probe(port, "/ready"), lambda r: r[0] == 200)
+        loop_task = next(t for t in asyncio.all_tasks() if t.get_name() == "blitzq-fetch-loops")
+        loop_task.cancel()
+        _, body = await eventually(
+            lambda: _probe(port, "/ready"), lambda r: r[0] == 503, timeout=DETECTION
+        )
+        assert body["status"] == "not ready"
+        assert body["failing"] == ["fetch_loops"]
+        assert body["checks"]["fetch_loops"] == {
+            "ok": False, "queues": ["loops"], "stopped": ["loops"]
+        }  # fmt: skip
+        assert body["checks"]["broker"]["ok"] is True
+        assert (await get(port, "/health"))[0] == 200
     await queue.close()
 
 

@@ -1,5 +1,6 @@
 """Log records of running tasks carry the task's fields (a real worker on a real Redis), the
-CLI's JSON lines show them, its handler is a QueueHandler that a blocked stderr cannot stall,
+CLI's JSON lines show them (in process, and from ``blitzq worker --log-format json`` run as a
+subprocess), its handler is a QueueHandler that a blocked stderr cannot stall,
 and ``--no-configure-logging`` installs nothing."""
 
 from __future__ import annotations
@@ -8,8 +9,12 @@ import io
 import json
 import logging
 import logging.handlers
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -25,6 +30,7 @@ from .proc_tasks import make_worker, running
 pytestmark = pytest.mark.timeout(60)
 
 app_log = logging.getLogger("tests.app")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Capture(logging.Handler):
@@ -177,3 +183,69 @@ def test_no_configure_logging_installs_no_handler(cli_handler: None) -> None:
     added = [h for h in root.handlers if h not in before]
     assert len(added) == 1
     assert isinstance(added[0], NonBlockingHandler)
+
+
+LOG_APP = """
+import logging
+import threading
+
+import blitzq
+
+queue = blitzq.Queue(name="jsoncli")
+log = logging.getLogger("jsoncli.app")
+
+
+@queue.task(name="jsoncli.charge")
+async def charge(amount):
+    log.info("charged %s", amount, extra={"amount": amount})
+    return amount
+
+
+@queue.task(name="jsoncli.sync")
+def sync_charge():
+    log.warning("from a thread %s", threading.current_thread().name)
+"""
+
+
+def test_the_cli_worker_writes_json_lines_with_the_task_fields(
+    tmp_path: Path, server_url: str, namespace: str, make_queue: Callable[..., Queue]
+) -> None:
+    """``blitzq worker --log-format json`` as a user runs it (a subprocess): a line the task
+    logs (async, and in a thread task) is one JSON object with ``task_id``, ``task``,
+    ``queue``, ``attempt`` and ``worker_id`` as keys, beside its own ``extra=`` fields; the
+    worker's own lines outside a task carry none of them."""
+    (tmp_path / "jsoncli_app.py").write_text(LOG_APP)
+    producer = make_queue(name="jsoncli")
+    first = producer.send_sync("jsoncli.charge", [7])
+    second = producer.send_sync("jsoncli.sync")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-m", "blitzq", "--redis-url", server_url, "--namespace", namespace,
+         "worker", "jsoncli_app:queue", "--burst", "--log-format", "json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
+    by_message = {d["message"]: d for d in lines}
+    started = next(d for d in lines if str(d["message"]).startswith("worker "))
+    charged = by_message["charged 7"]
+    assert charged["task_id"] == first.id
+    assert (charged["task"], charged["queue"], charged["attempt"]) == (
+        "jsoncli.charge",
+        "jsoncli",
+        1,
+    )
+    assert charged["amount"] == 7
+    assert charged["logger"] == "jsoncli.app"
+    assert charged["level"] == "INFO"
+    worker_id = charged["worker_id"]
+    assert isinstance(worker_id, str)
+    assert worker_id in started["message"]
+    threaded = next(d for d in lines if str(d["message"]).startswith("from a thread"))
+    assert threaded["task_id"] == second.id
+    assert (threaded["task"], threaded["attempt"], threaded["worker_id"]) == (
+        "jsoncli.sync", 1, worker_id
+    )  # fmt: skip
+    assert not any(field in started for field in TASK_FIELDS)
+    producer.close_sync()

@@ -244,3 +244,30 @@ def test_consumer_span_in_a_worker_process_joins_the_producer_trace(
 async def _value(value: Any) -> Any:
     """``value``, awaitable (for :func:`eventually`)."""
     return value
+
+
+def test_with_only_the_api_installed_tasks_run_untraced_without_errors(
+    server_url: str, namespace: str
+) -> None:
+    """``opentelemetry.sdk`` unimportable and no provider configured (only the API, as the
+    ``otel`` extra installs): an instrumented Queue's enqueues and runs (success, retry,
+    failure, an enqueue from a task) go through the API's no-op tracer, results as without
+    tracing, no error logged (``tests/integration/otel_api_only.py``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
+    env.update(
+        BLITZQ_REDIS_URL=server_url,
+        BLITZQ_NAMESPACE=namespace,
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")]),
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.integration.otel_api_only"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "API-ONLY OK" in done.stdout
+    assert "Traceback" not in done.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import time
 from bisect import bisect_left
+from dataclasses import replace
 
 import pytest
 
@@ -97,9 +98,15 @@ def test_the_outcome_counted_is_the_kind_the_middleware_get(
     if encode_error:
         job.encode_error = TypeError("not encodable")
     error = ValueError("boom") if failed else None
-    t.committed(job, COMPLETIONS[completion], error, cancelled)
-    kind = outcome_kind(job, COMPLETIONS[completion], error, cancelled)
+    c = COMPLETIONS[completion]
+    c = replace(c) if c is not None else None  # a fresh copy: counted marks it
+    t.committed(job, c, error, cancelled)
+    kind = outcome_kind(job, c, error, cancelled)
     expected = {} if kind in (None, "requeued") else {("q", "tally.noop", kind): 1}
+    if c is not None:  # fenced (it has a token): counted once the broker applied it
+        assert t.snapshot()[0] == {}
+        t.written([c], [])
+        t.written([c], [])  # a mark is counted once
     got, durations, _ = t.snapshot()
     assert got == expected
     assert (("q", "tally.noop") in durations) == bool(started)
@@ -109,11 +116,37 @@ def test_ended_counts_deliveries_that_never_ran() -> None:
     t = RunTally()
     t.ended("q", "tally.noop", "expired")
     t.ended("q", "", "rejected")
-    t.ended("q", "", "rejected")
+    fenced = Completion("q", b"1-0", "id-1")
+    t.ended("q", "", "rejected", fenced)
+    assert t.snapshot()[0] == {("q", "tally.noop", "expired"): 1, ("q", OTHER_TASK, "rejected"): 1}
+    t.written([fenced], [])
     got, durations, latencies = t.snapshot()
     assert got == {("q", "tally.noop", "expired"): 1, ("q", OTHER_TASK, "rejected"): 2}
     assert durations == {}
     assert latencies == {}
+
+
+@pytest.mark.parametrize("outcome", ["succeeded", "failed", "expired", "rejected"])
+def test_a_stale_completion_is_never_counted_and_no_count_goes_down(outcome: str) -> None:
+    """The broker refused the completion (another worker recovered the delivery): this
+    worker counts nothing for it, neither now nor later, and takes nothing back."""
+    t = RunTally()
+    applied, stale = Completion("q", b"1-0", "id-1"), Completion("q", b"2-0", "id-2")
+    for c in (applied, stale):
+        if outcome in ("expired", "rejected"):
+            t.ended("q", "tally.noop", outcome, c)
+        else:
+            t.committed(make_job(), c, ValueError("x") if outcome == "failed" else None, False)
+    before = t.snapshot()[0]
+    t.written([applied, stale], [stale])
+    after = t.snapshot()[0]
+    assert all(after.get(k, 0) >= v for k, v in before.items())
+    kind = outcome
+    if outcome == "failed":
+        kind = str(outcome_kind(make_job(), applied, ValueError("x"), False))
+    assert after == {("q", "tally.noop", kind): 1}
+    t.written([stale], [])  # even if seen again: its mark is gone
+    assert t.snapshot()[0] == after
 
 
 def test_task_names_past_the_cap_share_one_label(monkeypatch: pytest.MonkeyPatch) -> None:

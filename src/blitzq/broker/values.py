@@ -7,7 +7,7 @@ Re-exported by :mod:`blitzq.broker.state` and :mod:`blitzq.broker`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .ops import Op
 
@@ -73,9 +73,9 @@ class Completion:
             (a ``running`` record, a unique key freed at start): checked like ``token``
             (see *Fencing* in :meth:`~blitzq.broker.state.StateStore.complete`) but not
             acknowledged.
-        counted: ``(queue, task, outcome)`` the worker's metrics counted this completion
-            under (set only with metrics on), taken back if the broker refuses it as stale;
-            never sent to the broker.
+        counted: the worker's metrics' mark of the outcome to count once this completion
+            is applied (an opaque ``(slot, outcome)``, set only with metrics on; a stale
+            completion is never counted); never sent to the broker.
 
     Fencing: a completion whose ``token`` (or ``fence``) names a delivery this consumer no
     longer holds (its lease lapsed and the message was recovered) is *stale*; the broker
@@ -97,7 +97,7 @@ class Completion:
     requeue: bytes | None = None
     ops: tuple[Op, ...] = ()
     fence: bytes | None = None
-    counted: tuple[str, str, str] | None = None
+    counted: tuple[Any, str] | None = None
 
 
 @dataclass(slots=True, frozen=True)

@@ -79,9 +79,10 @@ def reject(
 ) -> None:
     """Dead-letter a message that cannot run (malformed, unknown task, too large)."""
     logger.warning("dead-lettering message from %s: %s (%s)", d.queue, reason, error)
-    runner.flusher.add(runner.outcomes.rejected(d, reason, error, task_id, task))
-    if runner.observer is not None:
-        runner.observer.ended(d.queue, task, "rejected")
+    completion = runner.outcomes.rejected(d, reason, error, task_id, task)
+    if runner.observer is not None:  # counted once the broker applied it
+        runner.observer.ended(d.queue, task, "rejected", completion)
+    runner.flusher.add(completion)
     runner.failed += 1
     slots.release()
 
@@ -122,7 +123,7 @@ async def start_checked(
         slots.release()
         return
     if runner.observer is not None and check is check_expiry and completion.reschedule is None:
-        runner.observer.ended(d.queue, env.task, "expired")
+        runner.observer.ended(d.queue, env.task, "expired", completion)
     runner.flusher.add(completion)
     slots.release()
 

@@ -81,8 +81,9 @@ class Flusher:
         self._closing = False
         #: Completions the broker refused as stale (fencing), since this flusher started.
         self.stale = 0
-        #: Called with each batch of stale completions (the worker's metrics), or ``None``.
-        self.on_stale: Callable[[list[Completion]], None] | None = None
+        #: Called with each batch the broker applied and the stale completions it refused
+        #: (the worker's metrics count the applied ones), or ``None``.
+        self.on_written: Callable[[list[Completion], list[Completion]], None] | None = None
 
     def add(self, completion: Completion) -> None:
         """Queue a completion for the next batch."""
@@ -153,14 +154,14 @@ class Flusher:
                 continue
             delay = 0.05
             del self._pending[: len(batch)]
+            if self.on_written is not None:
+                self.on_written(batch, stale)
             if stale:
                 self._report(stale)
 
     def _report(self, stale: list[Completion]) -> None:
         """Count and log completions the broker dropped because their lease was lost."""
         self.stale += len(stale)
-        if self.on_stale is not None:  # the worker's metrics take back what they counted
-            self.on_stale(stale)
         for c in stale:
             logger.warning(
                 "stale completion of task %s from queue %s dropped: this worker lost the "
@@ -223,6 +224,8 @@ class Flusher:
             return exc
         except Exception as exc:  # cannot even be sent (a bug): refused, never retried whole
             return _unsendable(exc)
+        if self.on_written is not None:
+            self.on_written(part, stale)
         if stale:
             self._report(stale)
         return None
@@ -276,6 +279,7 @@ def _replacement(completion: Completion, size: int, error: BrokerError) -> Compl
         clip_text(f"the broker refused this task's completion ({size} bytes): {message}"),
     )
     ops = tuple(op for op in completion.ops if _small(op))
+    counted = completion.counted  # the metrics count what is written instead: a failure
     return Completion(
         completion.queue,
         completion.token,
@@ -283,6 +287,7 @@ def _replacement(completion: Completion, size: int, error: BrokerError) -> Compl
         record,
         completion.record_ttl or 86400,
         ops=ops,
+        counted=(counted[0], "failed") if counted is not None else None,
     )
 
 

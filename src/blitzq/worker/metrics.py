@@ -10,9 +10,10 @@ run's start and at its commit. The counts are made into Prometheus metric famili
 Prometheus scrapes; runs in progress are counted from the runner's running jobs then.
 
 Broker-wide values (queue depths, dead letters, registered workers, the namespace's stale
-completions) are sampled every :data:`SAMPLE_INTERVAL` seconds by :meth:`RunMetrics.sample_loop`
-in the worker's event loop, never per task; this worker's own counters (stale completions,
-abandoned threads) are read when Prometheus scrapes.
+completions) are sampled once before the endpoint is served (:meth:`RunMetrics.first_sample`,
+so the first scrape never shows empty gauges), then every :data:`SAMPLE_INTERVAL` seconds by
+:meth:`RunMetrics.sample_loop` in the worker's event loop, never per task; this worker's own
+counters (stale completions, abandoned threads) are read when Prometheus scrapes.
 
 Every metric lives in a registry of its own per worker (not prometheus-client's global one),
 so two workers in one process do not clash. Label values are bounded: queues are the
@@ -54,6 +55,8 @@ logger = logging.getLogger("blitzq.worker")
 
 #: Seconds between two samples of the broker-wide gauges.
 SAMPLE_INTERVAL = 5.0
+#: Seconds the sample taken before the endpoint is served may take (then it is served anyway).
+FIRST_SAMPLE_TIMEOUT = 5.0
 #: The ``queue`` label of the schedule, which is one set for the whole namespace.
 ALL_QUEUES = "*"
 
@@ -173,9 +176,10 @@ class RunMetrics(RunTally):
 
     # ------------------------------------------------------------- scrape
     def in_progress(self) -> dict[str, int]:
-        """Runs of this worker started and not ended, by queue (read at scrape time from
-        the runner's running jobs, so a run pays nothing for it)."""
-        running: dict[str, int] = dict.fromkeys(self.latencies, 0)
+        """Runs of this worker started and not ended, by queue, every physical queue it
+        consumes included from the start (read at scrape time from the runner's running
+        jobs, so a run pays nothing for it)."""
+        running: dict[str, int] = dict.fromkeys(self.worker.physical_queues, 0)
         try:
             jobs = list(self.worker.runner.jobs)  # one C call: no concurrent change seen
         except RuntimeError:  # the worker is not running
@@ -199,19 +203,31 @@ class RunMetrics(RunTally):
             self.depth.labels(queue, "in_flight").set(counts.get("in_flight", 0))
         self.depth.labels(ALL_QUEUES, "scheduled").set(await broker.scheduled_count())
         self.dead_letters.labels(ns).set(await broker.dead_letter_count())
-        self.workers.labels(ns).set(len(await broker.workers()))
+        # This worker is live even before its first registration is written (at start).
+        registered = await broker.workers()
+        self.workers.labels(ns).set(len(registered) + (self.worker.id not in registered))
         counters = await broker.counters()
         self.namespace_stale.labels(ns).set(counters.get("stale_completions", 0))
 
+    async def first_sample(self, timeout: float = FIRST_SAMPLE_TIMEOUT) -> None:
+        """:meth:`sample` once, bounded by ``timeout`` seconds, before the endpoint is
+        served: the first scrape then shows the queues' depths, not empty gauges. A failure
+        is logged at DEBUG and leaves the gauges to :meth:`sample_loop`."""
+        try:
+            await asyncio.wait_for(self.sample(), timeout)
+        except Exception as exc:  # the loop samples again
+            logger.debug("first metrics sample failed: %s", exc)
+
     async def sample_loop(self, interval: float = SAMPLE_INTERVAL) -> None:
-        """:meth:`sample` every ``interval`` seconds until cancelled; errors are logged at
-        DEBUG (the health endpoint reports an unreachable broker)."""
+        """:meth:`sample` every ``interval`` seconds, the first one ``interval`` seconds
+        after :meth:`first_sample`, until cancelled; errors are logged at DEBUG (the health
+        endpoint reports an unreachable broker)."""
         while True:
+            await asyncio.sleep(interval)
             try:
                 await self.sample()
             except Exception as exc:  # the next sample tries again
                 logger.debug("metrics sample failed: %s", exc)
-            await asyncio.sleep(interval)
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[Any, Any]:

@@ -99,6 +99,7 @@ class Ops:
         metrics, health_port = self.metrics, worker.health_port
         shared = metrics is not None and health_port == worker.metrics_port
         if metrics is not None:
+            await metrics.first_sample()  # before serving: the first scrape has the gauges
             tasks.append(asyncio.create_task(metrics.sample_loop(), name="blitzq-metrics"))
             if not shared:
                 from .metrics import serve_metrics

@@ -4,8 +4,10 @@
 :class:`~blitzq.worker.metrics.RunMetrics`). The runner calls it twice per run, synchronously
 in the event loop: :meth:`RunTally.started` when the run starts and :meth:`RunTally.committed`
 when its completion is handed to the writer; :meth:`RunTally.ended` counts a delivery that
-ends before it runs. A worker without metrics has no observer, so a run pays one ``is None``
-check at its start and one at its commit, nothing else.
+ends before it runs; the writer (:class:`~blitzq.worker.flusher.Flusher`) calls
+:meth:`RunTally.written` with each batch the broker applied. A worker without metrics has
+no observer, so a run pays one ``is None`` check at its start and one at its commit, nothing
+else.
 
 Per run the tally does only plain-Python arithmetic on preallocated objects, and never builds
 a Prometheus object (that happens when Prometheus scrapes, from :meth:`RunTally.snapshot`):
@@ -19,6 +21,12 @@ a Prometheus object (that happens when Prometheus scrapes, from :meth:`RunTally.
   ``enqueued_at``): no clock read; the duration takes one ``time.time()``;
 - a plain success is recognised in place; only the rare other outcomes call
   :func:`~blitzq.worker.outcomes.outcome_kind`.
+
+A completion the broker may refuse as stale (fencing: it carries a delivery token) is not
+counted when it is committed but marked (``Completion.counted``) and counted by
+:meth:`RunTally.written` once the writer's batch was applied, skipping the stale ones: each
+attempt is counted once, under the outcome actually written, and no count ever goes down
+(a Prometheus counter that decreases reads as a restart of the worker).
 
 Label values are bounded: task names are capped at :data:`MAX_TASK_NAMES` distinct values
 per worker, later ones counted under :data:`OTHER_TASK`.
@@ -174,35 +182,60 @@ class RunTally:
                 )
             )
         ):
-            slot.succeeded += 1
-            if completion is not None and completion.token is not None:  # may prove stale
-                completion.counted = (job.delivery.queue, job.envelope.task, "succeeded")
+            if completion is not None and (
+                completion.token is not None or completion.fence is not None
+            ):  # may prove stale: counted once the broker applied it (written)
+                completion.counted = (slot, "succeeded")
+            else:
+                slot.succeeded += 1
             return
         kind = outcome_kind(job, completion, error, cancelled)
         if kind is not None and kind != "requeued":
+            self._count(slot, kind, completion)
+
+    @staticmethod
+    def _count(slot: Slot, kind: str, completion: Completion | None) -> None:
+        """Count ``kind`` in ``slot`` now, or mark ``completion`` to be counted once written
+        when it is fenced (it has a ``token`` or a ``fence``: the broker may refuse it)."""
+        if completion is not None and (
+            completion.token is not None or completion.fence is not None
+        ):
+            completion.counted = (slot, kind)
+        elif kind == "succeeded":
+            slot.succeeded += 1
+        else:
             slot.outcomes[kind] = slot.outcomes.get(kind, 0) + 1
-            if completion is not None and completion.token is not None:
-                completion.counted = (job.delivery.queue, job.envelope.task, kind)
 
-    def stale(self, completions: list[Completion]) -> None:
-        """The broker refused ``completions`` as stale (fencing: another worker recovered
-        the delivery and its run's completion counts): take back the outcome each was
-        counted under, so that an attempt is counted once, under its final outcome."""
+    def written(self, completions: list[Completion], stale: list[Completion]) -> None:
+        """The broker applied ``completions`` except ``stale`` (refused by fencing: another
+        worker recovered the delivery, and its run's completion is the one counted): count
+        the outcome each applied one was marked with (``Completion.counted``), once.
+
+        Nothing is ever taken back: a count only grows, as a Prometheus counter must.
+        """
+        refused = {id(c) for c in stale} if stale else None
         for c in completions:
-            if c.counted is None:
+            counted = c.counted
+            if counted is None:
                 continue
-            queue, task, kind = c.counted
-            slot = self.slot(queue, task)
+            c.counted = None  # counted once, whatever happens to this object next
+            if refused is not None and id(c) in refused:
+                continue
+            slot, kind = counted
             if kind == "succeeded":
-                slot.succeeded -= 1
+                slot.succeeded += 1
             else:
-                slot.outcomes[kind] = slot.outcomes.get(kind, 0) - 1
+                slot.outcomes[kind] = slot.outcomes.get(kind, 0) + 1
 
-    def ended(self, queue: str, task: str, outcome: str) -> None:
+    def ended(
+        self, queue: str, task: str, outcome: str, completion: Completion | None = None
+    ) -> None:
         """A delivery from physical ``queue`` ended before it ran: ``"expired"`` or
-        ``"rejected"`` (``task`` may be ``""`` for a message that could not be read)."""
-        outcomes = self.slot(queue, task).outcomes
-        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        ``"rejected"`` (``task`` may be ``""`` for a message that could not be read), with
+        ``completion`` written for it: counted once the broker applied it (a stale one, whose
+        delivery another worker recovered, is not counted here), or now when there is none
+        or it cannot be refused."""
+        self._count(self.slot(queue, task), outcome, completion)
 
     def snapshot(
         self,

@@ -320,7 +320,7 @@ class Worker:
         self._fetcher = Fetcher(self, broker, self._runner, self._slots)
         self._runner.observer = self.ops.metrics  # None without metrics: nothing installed
         if self.ops.metrics is not None:
-            self._flusher.on_stale = self.ops.metrics.stale
+            self._flusher.on_written = self.ops.metrics.written
         served = await self.ops.start(self._fetcher)
         self._maintenance = Maintenance(self, broker)
         flusher_task = asyncio.create_task(self._flusher.run(), name="blitzq-flusher")
