@@ -4,18 +4,21 @@ Usage::
 
     git -C /work/main archive 0ee3fda src | tar -x -C /tmp/round1     # round 1's final tree
     .venv/bin/python bench/drain_vs_round1.py --round1 /tmp/round1/src [--rounds 3] [--tasks 20000]
+    .venv/bin/python bench/drain_vs_round1.py --round1 /tmp/round1/src --cells all   # 4 cells
 
 Starts a private ``redis-server`` (``bench.py``'s, never the shared 6379) and runs, each round,
 three child processes in a rotating order: round 1's tree (``PYTHONPATH=<round1>``, which has
 no metrics), this tree with metrics on (``Worker(metrics_port=0)``) and this tree with them
-off. Each child drains ``--tasks`` pre-enqueued no-op tasks (reliable mode, results stored,
-concurrency 100, one in-process worker) and prints its tasks/s and the CPU microseconds per
-task of its process. Reported: every round, the medians of the per-round ratios (metrics on /
+off. Each child drains ``--tasks`` pre-enqueued no-op tasks (concurrency 100, one in-process
+worker; by default reliable mode with results stored, ``--cells`` picks others:
+``reliable-results``, ``reliable-none``, ``fast-results``, ``fast-none`` or ``all``, each cell
+measured in its own rounds) and prints its tasks/s and the CPU microseconds per task of its
+process. Reported: every round, the medians of the per-round ratios (metrics on /
 round 1, metrics on / off, of tasks/s and of CPU per task) and the median CPU difference on -
 off per task (the cost of metrics), with the load average (the machine is shared).
 
-``python bench/drain_vs_round1.py --child`` is one drain (``N``, ``METRICS=1``, ``REDIS_URL``
-from the environment), with whichever blitzq the interpreter imports.
+``python bench/drain_vs_round1.py --child`` is one drain (``N``, ``METRICS=1``, ``MODE``,
+``STORE=0|1``, ``REDIS_URL`` from the environment), with whichever blitzq the interpreter imports.
 """
 
 from __future__ import annotations
@@ -40,7 +43,12 @@ async def child() -> None:
     n = int(os.environ.get("N", "20000"))
     metrics = os.environ.get("METRICS") == "1"
     ns = "pair-" + uuid.uuid4().hex[:8]
-    q = Queue(redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), namespace=ns)
+    q = Queue(
+        redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+        namespace=ns,
+        mode=os.environ.get("MODE", "reliable"),  # type: ignore[arg-type]
+        store_results=os.environ.get("STORE", "1") == "1",
+    )
 
     @q.task(name="noop")
     async def noop() -> None:
@@ -68,10 +76,26 @@ async def child() -> None:
     print(f"{n / (t1 - t0):.0f} {1e6 * (c1 - c0) / n:.2f}")
 
 
-def run_side(src: Path, metrics: bool, url: str, tasks: int) -> tuple[float, float]:
-    """One child drain with ``src`` first on ``PYTHONPATH``: ``(tasks/s, CPU us/task)``."""
+#: ``--cells`` names: (mode, results stored).
+CELLS = {
+    "reliable-results": ("reliable", True),
+    "reliable-none": ("reliable", False),
+    "fast-results": ("fast", True),
+    "fast-none": ("fast", False),
+}
+
+
+def run_side(
+    src: Path, metrics: bool, url: str, tasks: int, cell: str = "reliable-results"
+) -> tuple[float, float]:
+    """One child drain with ``src`` first on ``PYTHONPATH``: ``(tasks/s, CPU us/task)``.
+
+    ``cell`` is a key of :data:`CELLS` (mode and whether results are stored).
+    """
+    mode, store = CELLS[cell]
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
     env.update(PYTHONPATH=str(src), N=str(tasks), REDIS_URL=url, METRICS="1" if metrics else "0")
+    env.update(MODE=mode, STORE="1" if store else "0")
     out = subprocess.run(
         [sys.executable, str(HERE / "drain_vs_round1.py"), "--child"],
         env=env, capture_output=True, text=True, check=True, timeout=300,
@@ -87,6 +111,9 @@ def main() -> None:
     parser.add_argument("--round1", type=Path, help="round 1's src directory")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument(
+        "--cells", default="reliable-results", help=f"comma list of {', '.join(CELLS)}, or all"
+    )
     args = parser.parse_args()
     if args.child:
         asyncio.run(child())
@@ -97,22 +124,32 @@ def main() -> None:
     import bench as harness  # the sibling script: its private server
 
     this = HERE.parent / "src"
-    sides = {"round1": (args.round1, False), "on": (this, True), "off": (this, False)}
+    cells = list(CELLS) if args.cells == "all" else args.cells.split(",")
+    for cell in cells:
+        if cell not in CELLS:
+            parser.error(f"unknown cell {cell!r}: choose from {', '.join(CELLS)} or all")
+    with harness.private_redis() as url:
+        run_side(this, True, url, 2000)  # warm-up
+        for cell in cells:
+            measure_cell(cell, args.round1, this, url, args.rounds, args.tasks)
+
+
+def measure_cell(cell: str, round1: Path, this: Path, url: str, rounds: int, tasks: int) -> None:
+    """The paired rounds of one cell (see :data:`CELLS`); prints its summary lines."""
+    sides = {"round1": (round1, False), "on": (this, True), "off": (this, False)}
     order = list(sides)
     got: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
     loads = [os.getloadavg()[0]]
-    with harness.private_redis() as url:
-        run_side(this, True, url, 2000)  # warm-up
-        for r in range(args.rounds):
-            line = []
-            for name in order[r % 3 :] + order[: r % 3]:
-                src, metrics = sides[name]
-                got[name].append(run_side(src, metrics, url, args.tasks))
-            for name in sides:
-                rate, cpu = got[name][-1]
-                line.append(f"{name} {rate:,.0f}/s {cpu:.2f} us")
-            loads.append(os.getloadavg()[0])
-            print(f"  round {r + 1}: " + ", ".join(line), file=sys.stderr)
+    for r in range(rounds):
+        line = []
+        for name in order[r % 3 :] + order[: r % 3]:
+            src, metrics = sides[name]
+            got[name].append(run_side(src, metrics, url, tasks, cell))
+        for name in sides:
+            rate, cpu = got[name][-1]
+            line.append(f"{name} {rate:,.0f}/s {cpu:.2f} us")
+        loads.append(os.getloadavg()[0])
+        print(f"  {cell} round {r + 1}: " + ", ".join(line), file=sys.stderr)
     med = statistics.median
 
     def ratio(a: str, b: str, i: int) -> float:
@@ -120,7 +157,9 @@ def main() -> None:
 
     cpu = {name: med(c for _, c in got[name]) for name in sides}
     diff = med(on[1] - off[1] for on, off in zip(got["on"], got["off"], strict=True))
-    print(f"drain {args.tasks:,} no-op, reliable, results stored, c=100, {args.rounds} rounds")
+    mode, store = CELLS[cell]
+    stored = "results stored" if store else "no results"
+    print(f"drain {tasks:,} no-op, {mode}, {stored}, c=100, {rounds} rounds")
     print(f"load average (1 min) during the run: {min(loads):.1f} - {max(loads):.1f}")
     print(f"tasks/s, median of per-round ratios: on/round1 {ratio('on', 'round1', 0):.3f}, "
           f"on/off {ratio('on', 'off', 0):.3f}")  # fmt: skip
