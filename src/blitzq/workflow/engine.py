@@ -34,15 +34,27 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from ..broker import Completion
 from ..broker.ops import ChordMember, Op, WorkflowDone, WorkflowFail, WorkflowStart, WorkflowStep
 from ..context import NO_RESULT
 from ..exceptions import ConfigurationError, ResultTooLarge, SerializationError, describe_error
+from ..extensions.middleware import OutgoingWorkflow
 from ..limits import CHUNK_ITEMS, DEFAULT_MAX_RESULT_SIZE
 from ..routing import physical_queue, route
-from ..serialization import Envelope, dumps, encode_envelope, loads, plain_args, to_plain
+from ..serialization import (
+    Envelope,
+    decode_envelope,
+    dumps,
+    encode_envelope,
+    loads,
+    plain_args,
+    to_plain,
+)
 from .canvas import Chain, Chord, Group, Node
 from .handle import WorkflowHandle
 from .signature import Signature
@@ -103,6 +115,10 @@ class _Messages:
         result_ttl: seconds a finished workflow's state is kept.
         max_result_size: largest result in bytes stored as a workflow's result (a chord's
             joined results included).
+        headers: headers of every message built, or ``None``.
+
+    Attributes:
+        built: the envelope of every message built, in order.
     """
 
     def __init__(
@@ -112,12 +128,15 @@ class _Messages:
         max_size: int,
         result_ttl: int = 86400,
         max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
+        headers: dict[str, Any] | None = None,
     ) -> None:
         self.workflow_id = workflow_id
         self.now = now
         self.max_size = max_size
         self.result_ttl = result_ttl
         self.max_result_size = max_result_size
+        self.headers = headers or None
+        self.built: list[Envelope] = []
 
     def start(
         self, node: dict[str, Any], prev: Any, rest: list[Any], join: Any
@@ -164,9 +183,11 @@ class _Messages:
             created_at=self.now,
             enqueued_at=self.now,
             correlation_id=self.workflow_id,
+            headers=dict(self.headers) if self.headers else None,
             timeout=node.get("t"),
             flow=to_plain({"w": self.workflow_id, "n": rest, "j": join}),
         )
+        self.built.append(env)
         return target, encode_envelope(env, self.max_size)
 
     def chord_op(
@@ -189,13 +210,9 @@ class _Messages:
         if callback.get("m"):
             target, data = self.message(callback, _NONE, rest, parent, queue)
             return self._chord(join, result, size, ttl, target, data, b"", 0)
-        marker = b"\x00blitzq-chord-results:" + uuid.uuid4().bytes
+        marker = _marker()
         target, data = self.message(callback, marker, rest, parent, queue)
-        encoded = dumps(marker)
-        at = data.find(encoded)
-        if at < 0:  # pragma: no cover - the marker is always encoded as is
-            raise SerializationError("could not place the chord results in the callback")
-        head, tail = data[:at] + _array_header(size), data[at + len(encoded) :]
+        head, tail = _split(data, marker, size)
         return self._chord(join, result, size, ttl, target, head, tail, 1)
 
     def _chord(
@@ -214,6 +231,45 @@ class _Messages:
             "", queue, head, tail, self.now, splice, self.result_ttl,
             self.max_size if queue else self.max_result_size,
         )  # fmt: skip
+
+
+def _marker() -> bytes:
+    """A fresh placeholder argument marking where a chord's results go in its callback."""
+    return b"\x00blitzq-chord-results:" + uuid.uuid4().bytes
+
+
+def _split(data: bytes, marker: bytes, size: int) -> tuple[bytes, bytes]:
+    """``head`` and ``tail`` of a callback message ``data`` holding ``marker`` as the
+    argument the ``size`` results replace."""
+    encoded = dumps(marker)
+    at = data.find(encoded)
+    if at < 0:  # pragma: no cover - the marker is always encoded as is
+        raise SerializationError("could not place the chord results in the callback")
+    return data[:at] + _array_header(size), data[at + len(encoded) :]
+
+
+def rewrite_chord_callback(
+    op: ChordMember, change: Callable[[Envelope], Envelope], max_size: int
+) -> ChordMember:
+    """``op`` with the message of the chord callback it may fire replaced by
+    ``change(envelope)`` (for a finisher that edits the callback's headers, say); ``op``
+    itself when it fires no callback (a group ending the workflow).
+
+    Raises:
+        MessageTooLarge: the changed message is over ``max_size`` bytes.
+    """
+    if not op.queue:
+        return op
+    if not op.splice:
+        env = change(decode_envelope(op.head + op.tail))
+        return msgspec.structs.replace(op, head=encode_envelope(env, max_size), tail=b"")
+    header = _array_header(op.size)
+    if not op.head.endswith(header):  # pragma: no cover - built by _Messages.chord_op
+        raise SerializationError("not a chord callback message")
+    marker = _marker()
+    env = change(decode_envelope(op.head[: -len(header)] + dumps(marker) + op.tail))
+    head, tail = _split(encode_envelope(env, max_size), marker, op.size)
+    return msgspec.structs.replace(op, head=head, tail=tail)
 
 
 def _running_ttl(queue: Queue) -> int:
@@ -360,7 +416,16 @@ async def apply_workflow(queue: Queue, workflow: Node) -> WorkflowHandle:
     planner = _Planner(queue)
     root = planner.node(workflow)
     now = time.time()
-    messages = _Messages(workflow_id, now, queue.max_message_size).start(root, _NONE, [], None)
+    build = _Messages(workflow_id, now, queue.max_message_size)
+    messages = build.start(root, _NONE, [], None)
+    extensions = queue._extensions
+    outgoing: OutgoingWorkflow | None = None
+    if extensions.has_apply_hooks:
+        outgoing = OutgoingWorkflow(workflow_id, queue.name, tuple(build.built))
+        await extensions.before_apply(outgoing)
+        if outgoing.headers:
+            build = _Messages(workflow_id, now, queue.max_message_size, headers=outgoing.headers)
+            messages = build.start(root, _NONE, [], None)
     ops: list[Op] = [WorkflowStart(workflow_id, dumps(planner.steps), _running_ttl(queue), now)]
     ops += [WorkflowStep(workflow_id, target, data) for target, data in messages]
     broker = queue.broker
@@ -375,4 +440,6 @@ async def apply_workflow(queue: Queue, workflow: Node) -> WorkflowHandle:
     for start in range(0, len(ops), CHUNK_ITEMS):
         chunk = tuple(ops[start : start + CHUNK_ITEMS])
         await broker.complete([Completion(queue.name, None, workflow_id, ops=chunk)])
+    if outgoing is not None:
+        await extensions.after_apply(outgoing)
     return WorkflowHandle(queue, workflow_id, planner.steps)
