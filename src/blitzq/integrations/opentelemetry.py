@@ -1,4 +1,5 @@
-"""OpenTelemetry tracing of enqueues and task runs (needs only ``opentelemetry-api``).
+"""OpenTelemetry tracing of enqueues, workflow starts and task runs (needs only
+``opentelemetry-api``).
 
 ::
 
@@ -12,28 +13,46 @@ them), without depending on ``opentelemetry-instrumentation``: ``instrument()`` 
 ``uninstrument()``, idempotent, ``tracer_provider=`` to use a provider other than the global
 one. The SDK, exporters and sampling are the application's to configure.
 
-What is traced, through the middleware of :mod:`blitzq.extensions.middleware` (nothing in the
-core knows about tracing):
+Spans follow the messaging semantic conventions (v1.26 and later: ``messaging.operation.type``
+``send`` / ``process``, span names ``{operation} {destination}``), made through the middleware
+of :mod:`blitzq.extensions.middleware` (nothing in the core knows about tracing):
 
-- **enqueue**: a span ``<queue> publish`` (kind ``PRODUCER``), a child of the caller's current
-  span, from the before-enqueue hook to the after-enqueue hook; its context is written into the
-  message envelope's ``headers`` with the global text-map propagator (W3C ``traceparent`` /
-  ``tracestate`` by default);
-- **each attempt**: a span ``<task> process`` (kind ``CONSUMER``) around the run, whose parent
-  is the context in the message's headers (the producer span), current while the task body
-  runs (so the task's own spans and the tasks it enqueues are its children);
-- **a retry's** message carries the attempt's span context in the header :data:`LINK_HEADER`:
-  the next attempt's span links to the previous attempt's; **a workflow step** published by a
-  finished step carries that step's span context as its parent and as a link (the first steps
-  of ``queue.apply`` start new traces: they are not enqueued through the middleware).
+- **enqueue** (``enqueue``, ``enqueue_many``, ``send``, an enqueue from inside a task): a span
+  ``send <queue>`` (kind ``PRODUCER``), a child of the caller's current span, from the
+  before-enqueue hook to the after-enqueue hook; its context is written into the message's
+  ``headers`` with the global text-map propagator (W3C ``traceparent`` / ``tracestate`` by
+  default);
+- **workflow start** (``queue.apply``): a span ``send <queue>`` (``send`` alone when the first
+  steps go to several queues; kind ``PRODUCER``), a child of the caller's current span, from
+  the before-apply to the after-apply hook; its context goes into the headers of every first
+  step, and its W3C ``traceparent`` into the header :data:`ORIGIN_HEADER`, which every later
+  step of the workflow carries too: the workflow's *origin*;
+- **each attempt**: a span ``process <queue>`` (kind ``CONSUMER``) around the run, whose
+  parent is the context in the message's headers, current while the task body runs (the
+  task's own spans and the tasks it enqueues are its children). The parent is the producer
+  span of the enqueue or workflow start; for a workflow step published by a worker (the next
+  step of a chain, a chord's callback) it is the consumer span of the step whose completion
+  published it (for a chord callback: the member that finished last and fired it).
 
-Attributes: ``messaging.system`` = ``"blitzq"``, ``messaging.destination.name`` (the queue),
-``messaging.message.id`` (the task id), ``messaging.operation`` / ``messaging.operation.type``
-(``"send"`` for the publish span, the semantic conventions' name since 1.26, or
-``"process"``), ``blitzq.task.name``, ``blitzq.task.attempt`` and, on a
-consumer span, ``blitzq.task.outcome`` (``succeeded``, ``failed``, ``retried``,
-``dead_lettered``, ``cancelled``, ``requeued``). A failed attempt records its exception on the
-span, with status ``ERROR``.
+Links of a consumer span: a retry's message carries the previous attempt's span context in
+the header :data:`LINK_HEADER`, and the next attempt's span links to it
+(``blitzq.link.type`` = ``previous_attempt``); a workflow step whose parent is not the origin
+itself (a chain's later steps, a chord callback and their retries) links to the origin
+(``blitzq.link.type`` = ``workflow_origin``); a first step, a child of the origin, does not.
+A chord callback is not linked to every member (the broker joins the members' results, not
+their trace contexts): it is a child of the member that fired it and linked to the origin.
+
+Attributes: ``messaging.system`` = ``"blitzq"`` (:data:`MESSAGING_SYSTEM`: the same whichever
+broker, Redis or AMQP, carries the messages), ``messaging.operation.name`` and
+``messaging.operation.type`` (``"send"`` or ``"process"``), ``messaging.destination.name``
+(the physical queue), ``messaging.message.id`` (the task id),
+``messaging.message.conversation_id`` (the correlation id: a workflow step's is its
+workflow's id),
+``blitzq.task.name``, ``blitzq.task.attempt`` and, on a consumer span, ``blitzq.task.outcome``
+(``succeeded``, ``failed``, ``retried``, ``dead_lettered``, ``cancelled``, ``requeued``). A
+workflow start's span has ``blitzq.workflow.id`` and, instead of the message attributes when it
+publishes more than one step, ``messaging.batch.message_count``. A failed attempt records its
+exception on the span, with status ``ERROR``.
 """
 
 from __future__ import annotations
@@ -46,12 +65,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 
-from ..broker.ops import Publish, WorkflowStep
+from ..broker.ops import ChordMember, Op, Publish, WorkflowStep
 from ..exceptions import ConfigurationError, TaskCancelled
-from ..extensions.middleware import Middleware, Outgoing
+from ..extensions.middleware import Middleware, Outgoing, OutgoingWorkflow
 from ..queue import Queue
 from ..serialization import Envelope, decode_envelope, encode_envelope
-from ..workflow.engine import finish_step
+from ..workflow.engine import finish_step, rewrite_chord_callback
 
 try:
     from opentelemetry import context as otel_context
@@ -72,9 +91,18 @@ if TYPE_CHECKING:
     from ..task import Task
     from ..worker.execution import Job
 
-#: Header carrying the W3C ``traceparent`` of the span a consumer span links to (the previous
-#: attempt of a retry, the step that published a workflow step).
+#: Header carrying the W3C ``traceparent`` of a retry's previous attempt (its consumer span).
 LINK_HEADER = "blitzq-trace-link"
+#: Header carrying the W3C ``traceparent`` of a workflow's origin (its start's producer span),
+#: on every step of the workflow.
+ORIGIN_HEADER = "blitzq-trace-origin"
+#: Attribute names of blitzq's own (the ``messaging.*`` ones are the semantic conventions').
+TASK_NAME = "blitzq.task.name"
+TASK_ATTEMPT = "blitzq.task.attempt"
+TASK_OUTCOME = "blitzq.task.outcome"
+WORKFLOW_ID = "blitzq.workflow.id"
+#: Attribute of a link: ``previous_attempt`` or ``workflow_origin``.
+LINK_TYPE = "blitzq.link.type"
 #: ``messaging.system`` of every span.
 MESSAGING_SYSTEM = "blitzq"
 #: Producer spans kept open between the before- and after-enqueue hooks at most (a publish
@@ -82,6 +110,8 @@ MESSAGING_SYSTEM = "blitzq"
 MAX_OPEN_PUBLISH_SPANS = 10_000
 
 _TRACER_NAME = "blitzq.integrations.opentelemetry"
+#: Headers a published step's trace headers replace (the global propagator's own fields too).
+_TRACE_HEADERS = frozenset({"traceparent", "tracestate", LINK_HEADER, ORIGIN_HEADER})
 #: The link header is always W3C ``traceparent``, whatever the global propagator is.
 _W3C = TraceContextTextMapPropagator()
 
@@ -109,24 +139,29 @@ class TracingMiddleware(Middleware):
         if self._finish not in task.finishers:
             task.finishers.append(self._finish)
 
-    async def before_enqueue(self, message: Outgoing) -> None:
-        """Start the ``<queue> publish`` span and write its context into the headers."""
-        if not self.enabled:
-            return
-        env = message.envelope
-        span = self.tracer.start_span(
-            f"{env.queue} publish",
-            kind=SpanKind.PRODUCER,
-            attributes=_attributes(env.queue, env.id, "send", env.task, env.attempt),
-        )
-        headers = {k: v for k, v in (env.headers or {}).items() if k != LINK_HEADER}
-        propagate.inject(headers, context=trace.set_span_in_context(span))
-        message.envelope = _with_headers(env, headers)
-        self._publishing[env.id] = span
+    def _opened(self, key: str, span: trace.Span) -> None:
+        self._publishing[key] = span
         while len(self._publishing) > MAX_OPEN_PUBLISH_SPANS:
             _, stale = self._publishing.popitem(last=False)
             stale.set_status(Status(StatusCode.ERROR, "publish not confirmed"))
             stale.end()
+
+    async def before_enqueue(self, message: Outgoing) -> None:
+        """Start the ``send <queue>`` span and write its context into the headers."""
+        if not self.enabled:
+            return
+        env = message.envelope
+        attributes = _attributes("send", env.queue, env.id, env.correlation_id)
+        attributes.update({TASK_NAME: env.task, TASK_ATTEMPT: env.attempt})
+        span = self.tracer.start_span(
+            f"send {env.queue}", kind=SpanKind.PRODUCER, attributes=attributes
+        )
+        headers = {
+            k: v for k, v in (env.headers or {}).items() if k not in (LINK_HEADER, ORIGIN_HEADER)
+        }
+        propagate.inject(headers, context=trace.set_span_in_context(span))
+        message.envelope = _with_headers(env, headers)
+        self._opened(env.id, span)
 
     async def after_enqueue(self, message: Outgoing) -> None:
         """End the publish span of ``message``."""
@@ -134,28 +169,63 @@ class TracingMiddleware(Middleware):
         if span is not None:
             span.end()
 
+    async def before_apply(self, workflow: OutgoingWorkflow) -> None:
+        """Start the workflow start's ``send`` span; write its context (and the origin
+        header) into the headers of the first steps."""
+        if not self.enabled:
+            return
+        steps = workflow.steps
+        queues = sorted({env.queue for env in steps})
+        single = steps[0] if len(steps) == 1 else None
+        attributes = _attributes(
+            "send",
+            queues[0] if len(queues) == 1 else None,
+            single.id if single is not None else None,
+            workflow.workflow_id,
+        )
+        attributes[WORKFLOW_ID] = workflow.workflow_id
+        if single is not None:
+            attributes[TASK_NAME] = single.task
+        else:
+            attributes["messaging.batch.message_count"] = len(steps)
+        name = f"send {queues[0]}" if len(queues) == 1 else "send"
+        span = self.tracer.start_span(name, kind=SpanKind.PRODUCER, attributes=attributes)
+        current = trace.set_span_in_context(span)
+        propagate.inject(workflow.headers, context=current)
+        origin: dict[str, str] = {}
+        _W3C.inject(origin, context=current)
+        if "traceparent" in origin:
+            workflow.headers[ORIGIN_HEADER] = origin["traceparent"]
+        self._opened(f"workflow:{workflow.workflow_id}", span)
+
+    async def after_apply(self, workflow: OutgoingWorkflow) -> None:
+        """End the workflow start's span."""
+        span = self._publishing.pop(f"workflow:{workflow.workflow_id}", None)
+        if span is not None:
+            span.end()
+
     # ------------------------------------------------------------- consumer
     async def before_execute(self, context: TaskContext) -> None:
-        """Start the ``<task> process`` span, child of the producer's context, and make it
-        the current span of the run."""
+        """Start the ``process <queue>`` span, child of the context in the headers, and make
+        it the current span of the run."""
         if not self.enabled:
             return
         headers = context.headers or {}
         parent = propagate.extract(headers)
+        parent_id = trace.get_current_span(parent).get_span_context().span_id
         links = []
-        origin = headers.get(LINK_HEADER)
-        if isinstance(origin, str):
-            linked = trace.get_current_span(_W3C.extract({"traceparent": origin}))
-            if linked.get_span_context().is_valid:
-                links.append(Link(linked.get_span_context(), {"blitzq.link": "origin"}))
+        for header, kind in ((LINK_HEADER, "previous_attempt"), (ORIGIN_HEADER, "workflow_origin")):
+            linked = _span_context(headers.get(header))
+            if linked is not None and linked.span_id != parent_id:
+                links.append(Link(linked, {LINK_TYPE: kind}))
+        attributes = _attributes("process", context.queue, context.id, context.correlation_id)
+        attributes.update({TASK_NAME: context.task, TASK_ATTEMPT: context.attempt})
         span = self.tracer.start_span(
-            f"{context.task} process",
+            f"process {context.queue}",
             context=parent,
             kind=SpanKind.CONSUMER,
             links=links,
-            attributes=_attributes(
-                context.queue, context.id, "process", context.task, context.attempt
-            ),
+            attributes=attributes,
         )
         self._running[(context.id, context.attempt)] = span
         # The hooks run in the run's own context copy: the task body starts inside the span.
@@ -165,7 +235,7 @@ class TracingMiddleware(Middleware):
         """End the run's span (outcome ``succeeded``)."""
         span = self._running.pop((context.id, context.attempt), None)
         if span is not None:
-            span.set_attribute("blitzq.task.outcome", "succeeded")
+            span.set_attribute(TASK_OUTCOME, "succeeded")
             span.end()
 
     async def on_error(self, context: TaskContext, exc: BaseException) -> None:
@@ -174,10 +244,10 @@ class TracingMiddleware(Middleware):
         if span is None:
             return
         if isinstance(exc, asyncio.CancelledError):
-            span.set_attribute("blitzq.task.outcome", "requeued")
+            span.set_attribute(TASK_OUTCOME, "requeued")
         else:
             if isinstance(exc, TaskCancelled):
-                span.set_attribute("blitzq.task.outcome", "cancelled")
+                span.set_attribute(TASK_OUTCOME, "cancelled")
             span.record_exception(exc)
             span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
         span.end()
@@ -186,43 +256,63 @@ class TracingMiddleware(Middleware):
         self, job: Job, completion: Completion, final: bool, error: BaseException | None
     ) -> Completion:
         """Finisher: name the outcome, and carry this attempt's span context into the retry
-        and the workflow steps the completion publishes."""
+        (as its link) and into the workflow steps the completion publishes (as their
+        parent, with the workflow's origin)."""
         span = self._running.get((job.envelope.id, job.attempt))
         if span is None:
             return completion
-        span.set_attribute("blitzq.task.outcome", _outcome(completion, final, error))
+        span.set_attribute(TASK_OUTCOME, _outcome(completion, final, error))
         current = trace.set_span_in_context(span)
         link: dict[str, str] = {}
         _W3C.inject(link, context=current)
         traceparent = link.get("traceparent")
         if traceparent is None:
             return completion
-        carrier: dict[str, str] = {}  # a workflow step's parent, in the global format
+        carrier: dict[str, Any] = {}  # a published step's parent, in the global format
         propagate.inject(carrier, context=current)
+        origin = (job.envelope.headers or {}).get(ORIGIN_HEADER)
+        if isinstance(origin, str):
+            carrier[ORIGIN_HEADER] = origin
         changes: dict[str, Any] = {}
         if completion.reschedule is not None:  # the retry: same parent, linked to this one
-            changes["reschedule"] = _relink(completion.reschedule, traceparent, None)
-        if any(isinstance(op, Publish | WorkflowStep) for op in completion.ops):
-            changes["ops"] = tuple(
-                msgspec.structs.replace(op, message=_relink(op.message, traceparent, carrier))
-                if isinstance(op, Publish | WorkflowStep)
-                else op
-                for op in completion.ops
-            )
+            env = decode_envelope(completion.reschedule)
+            headers = {**(env.headers or {}), LINK_HEADER: traceparent}
+            changes["reschedule"] = _encode(_with_headers(env, headers), completion.reschedule)
+        if any(isinstance(op, Publish | WorkflowStep | ChordMember) for op in completion.ops):
+            limit = job.task.owner.max_message_size
+            changes["ops"] = tuple(_carry(op, carrier, limit) for op in completion.ops)
         return replace(completion, **changes) if changes else completion
 
 
-def _relink(data: bytes, traceparent: str, parent: dict[str, str] | None) -> bytes:
-    """``data`` (an encoded envelope) with the link header set to ``traceparent`` and, when
-    ``parent`` is given, its trace context replaced by ``parent``'s headers."""
-    env = decode_envelope(data)
-    headers = dict(env.headers or {})
-    if parent is not None:
-        for key in ("traceparent", "tracestate"):
-            headers.pop(key, None)
-        headers.update(parent)
-    headers[LINK_HEADER] = traceparent
-    return encode_envelope(_with_headers(env, headers), len(data) + 1024)
+def _carry(op: Op, carrier: dict[str, Any], limit: int) -> Op:
+    """``op`` with the message it publishes (a step, a chord callback) given the trace
+    headers of ``carrier`` (its parent and origin) instead of its own."""
+
+    def change(env: Envelope) -> Envelope:
+        headers = {k: v for k, v in (env.headers or {}).items() if k not in _TRACE_HEADERS}
+        headers.update(carrier)
+        return _with_headers(env, headers)
+
+    if isinstance(op, Publish | WorkflowStep):
+        return msgspec.structs.replace(
+            op, message=_encode(change(decode_envelope(op.message)), op.message)
+        )
+    if isinstance(op, ChordMember):
+        return rewrite_chord_callback(op, change, max(limit, len(op.head) + len(op.tail) + 1024))
+    return op
+
+
+def _encode(env: Envelope, before: bytes) -> bytes:
+    return encode_envelope(env, len(before) + 1024)
+
+
+def _span_context(traceparent: Any) -> trace.SpanContext | None:
+    """The span context of a W3C ``traceparent`` value, or ``None`` if it is not one."""
+    if not isinstance(traceparent, str):
+        return None
+    linked = trace.get_current_span(_W3C.extract({"traceparent": traceparent}))
+    span_context = linked.get_span_context()
+    return span_context if span_context.is_valid else None
 
 
 def _with_headers(env: Envelope, headers: dict[str, Any]) -> Envelope:
@@ -240,17 +330,20 @@ def _outcome(completion: Completion, final: bool, error: BaseException | None) -
 
 
 def _attributes(
-    queue: str, message_id: str, operation: str, task: str, attempt: int
+    operation: str, queue: str | None, message_id: str | None, conversation_id: str | None
 ) -> dict[str, Any]:
-    return {
+    attributes: dict[str, Any] = {
         "messaging.system": MESSAGING_SYSTEM,
-        "messaging.destination.name": queue,
-        "messaging.message.id": message_id,
-        "messaging.operation": operation,
+        "messaging.operation.name": operation,
         "messaging.operation.type": operation,
-        "blitzq.task.name": task,
-        "blitzq.task.attempt": attempt,
     }
+    if queue is not None:
+        attributes["messaging.destination.name"] = queue
+    if message_id is not None:
+        attributes["messaging.message.id"] = message_id
+    if conversation_id is not None:
+        attributes["messaging.message.conversation_id"] = conversation_id
+    return attributes
 
 
 class BlitzqInstrumentor:
@@ -339,8 +432,10 @@ def _add(queue: Queue, middleware: TracingMiddleware) -> None:
 
 __all__ = [
     "LINK_HEADER",
+    "LINK_TYPE",
     "MAX_OPEN_PUBLISH_SPANS",
     "MESSAGING_SYSTEM",
+    "ORIGIN_HEADER",
     "BlitzqInstrumentor",
     "TracingMiddleware",
 ]
