@@ -34,10 +34,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-import msgspec
 
 from ..broker import Completion
 from ..broker.ops import ChordMember, Op, WorkflowDone, WorkflowFail, WorkflowStart, WorkflowStep
@@ -46,15 +43,8 @@ from ..exceptions import ConfigurationError, ResultTooLarge, SerializationError,
 from ..extensions.middleware import OutgoingWorkflow
 from ..limits import CHUNK_ITEMS, DEFAULT_MAX_RESULT_SIZE
 from ..routing import physical_queue, route
-from ..serialization import (
-    Envelope,
-    decode_envelope,
-    dumps,
-    encode_envelope,
-    loads,
-    plain_args,
-    to_plain,
-)
+from ..serialization import Envelope, dumps, encode_envelope, loads, plain_args, to_plain
+from .callback import array_header, marker, split
 from .canvas import Chain, Chord, Group, Node
 from .handle import WorkflowHandle
 from .signature import Signature
@@ -90,15 +80,6 @@ def attach(task: Task[Any, Any]) -> None:
     queue = task.owner
     if task.name != COLLECT and COLLECT not in queue.tasks:
         queue.task(name=COLLECT, retries=0)(_collect)
-
-
-def _array_header(n: int) -> bytes:
-    """MessagePack header of an array of ``n`` items."""
-    if n < 16:
-        return bytes([0x90 | n])
-    if n < 65536:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
 
 
 def _is_sig(node: Any) -> bool:
@@ -198,7 +179,7 @@ class _Messages:
         callback, rest, parent = join.get("c"), list(join.get("n") or ()), join.get("j")
         if callback is None:
             if not rest and parent is None:  # the group ends the workflow: its list is the result
-                return self._chord(join, result, size, ttl, "", _array_header(size), b"", 1)
+                return self._chord(join, result, size, ttl, "", array_header(size), b"", 1)
             if rest and _is_sig(rest[0]):  # group | signature: the signature is the callback
                 callback, rest = rest[0], rest[1:]
             else:
@@ -210,9 +191,9 @@ class _Messages:
         if callback.get("m"):
             target, data = self.message(callback, _NONE, rest, parent, queue)
             return self._chord(join, result, size, ttl, target, data, b"", 0)
-        marker = _marker()
-        target, data = self.message(callback, marker, rest, parent, queue)
-        head, tail = _split(data, marker, size)
+        placeholder = marker()
+        target, data = self.message(callback, placeholder, rest, parent, queue)
+        head, tail = split(data, placeholder, size)
         return self._chord(join, result, size, ttl, target, head, tail, 1)
 
     def _chord(
@@ -231,45 +212,6 @@ class _Messages:
             "", queue, head, tail, self.now, splice, self.result_ttl,
             self.max_size if queue else self.max_result_size,
         )  # fmt: skip
-
-
-def _marker() -> bytes:
-    """A fresh placeholder argument marking where a chord's results go in its callback."""
-    return b"\x00blitzq-chord-results:" + uuid.uuid4().bytes
-
-
-def _split(data: bytes, marker: bytes, size: int) -> tuple[bytes, bytes]:
-    """``head`` and ``tail`` of a callback message ``data`` holding ``marker`` as the
-    argument the ``size`` results replace."""
-    encoded = dumps(marker)
-    at = data.find(encoded)
-    if at < 0:  # pragma: no cover - the marker is always encoded as is
-        raise SerializationError("could not place the chord results in the callback")
-    return data[:at] + _array_header(size), data[at + len(encoded) :]
-
-
-def rewrite_chord_callback(
-    op: ChordMember, change: Callable[[Envelope], Envelope], max_size: int
-) -> ChordMember:
-    """``op`` with the message of the chord callback it may fire replaced by
-    ``change(envelope)`` (for a finisher that edits the callback's headers, say); ``op``
-    itself when it fires no callback (a group ending the workflow).
-
-    Raises:
-        MessageTooLarge: the changed message is over ``max_size`` bytes.
-    """
-    if not op.queue:
-        return op
-    if not op.splice:
-        env = change(decode_envelope(op.head + op.tail))
-        return msgspec.structs.replace(op, head=encode_envelope(env, max_size), tail=b"")
-    header = _array_header(op.size)
-    if not op.head.endswith(header):  # pragma: no cover - built by _Messages.chord_op
-        raise SerializationError("not a chord callback message")
-    marker = _marker()
-    env = change(decode_envelope(op.head[: -len(header)] + dumps(marker) + op.tail))
-    head, tail = _split(encode_envelope(env, max_size), marker, op.size)
-    return msgspec.structs.replace(op, head=head, tail=tail)
 
 
 def _running_ttl(queue: Queue) -> int:
