@@ -4,9 +4,10 @@
 set. Before anything imports OpenTelemetry, an import hook makes ``opentelemetry.sdk`` (and
 every module under it) unimportable, as in an environment where only the API is installed; no
 tracer provider is configured, so the API's no-op tracer is the one used. The program
-instruments a Queue, runs a success, a failure that is retried once, a dead-lettered failure
-and a task enqueued from inside a task through a burst worker, checks their results and that
-the SDK was never imported, and prints ``API-ONLY OK``. A log record at ERROR or above (a
+instruments a Queue, runs a success, a failure that is retried once, a dead-lettered failure,
+a task enqueued from inside a task and a workflow (a chord, then a step) through a burst
+worker, checks their results and that the SDK was never imported, and prints
+``API-ONLY OK``. A log record at ERROR or above (a
 tracing hook that raised, say) makes it exit 1.
 """
 
@@ -47,6 +48,7 @@ async def main() -> int:
 
     from blitzq import Queue, RetryPolicy, TaskFailed, Worker
     from blitzq.integrations.opentelemetry import BlitzqInstrumentor
+    from blitzq.workflow import chord
 
     errors = _Errors()
     logging.getLogger().addHandler(errors)
@@ -57,6 +59,10 @@ async def main() -> int:
     @queue.task(name="apionly.add")
     async def add(a: int, b: int) -> int:
         return a + b
+
+    @queue.task(name="apionly.total")
+    async def total(values: list[int]) -> int:
+        return sum(values)
 
     @queue.task(name="apionly.flaky", retries=1, retry_policy=RetryPolicy(base=0.01, jitter="none"))
     async def flaky() -> str:
@@ -76,7 +82,9 @@ async def main() -> int:
 
     handles = [await add.enqueue(2, 3), await flaky.enqueue(), await doomed.enqueue()]
     spawned = await parent.enqueue()
+    flow = await queue.apply(chord([add.s(1, 2), add.s(3, 4)], total.s()) | add.s(1100))
     await Worker(queue, burst=True, block_timeout=0.2).run()
+    assert await flow.get(timeout=10) == 1110
     assert await handles[0].result(timeout=10) == 5
     assert await handles[1].result(timeout=10) == "second"
     failure: TaskFailed | None = None

@@ -1,53 +1,60 @@
-"""The app of the cross-process tracing test: a traced Queue whose spans are written to a file.
+"""The app of the cross-process tracing test: a traced Queue whose spans stay in memory.
 
-``python -m blitzq worker tests.integration.otel_app:queue`` with ``BLITZQ_TEST_SPANS`` (the
-file: one JSON object per finished span), ``BLITZQ_REDIS_URL`` and ``BLITZQ_NAMESPACE`` set.
+``python -m blitzq worker tests.integration.otel_app:queue`` with ``BLITZQ_TEST_SPANS`` (a
+file path), ``BLITZQ_REDIS_URL`` and ``BLITZQ_NAMESPACE`` set. The worker's spans go to the
+SDK's ``InMemorySpanExporter``; when the worker has stopped (``WORKER_STOPPED``: its runs'
+after-hooks, which end the consumer spans, have finished), every finished span is written to
+the file as one JSON list of :func:`tests.integration.otel_spans.record` records (written to a
+temporary file first, then renamed: the file is complete once it exists).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
 
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from blitzq import Queue
+from blitzq import Queue, RetryPolicy, Signal, SignalEvent
 from blitzq.integrations.opentelemetry import BlitzqInstrumentor
 
+from .otel_spans import record
 
-class FileExporter(SpanExporter):
-    """Append each span as a JSON line (name, kind, ids, parent ids, attributes)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        with open(self.path, "a", encoding="utf-8") as out:
-            for span in spans:
-                ctx, parent = span.get_span_context(), span.parent
-                assert ctx is not None
-                line = {
-                    "name": span.name,
-                    "kind": span.kind.name,
-                    "trace_id": ctx.trace_id,
-                    "span_id": ctx.span_id,
-                    "parent_trace_id": parent.trace_id if parent else None,
-                    "parent_span_id": parent.span_id if parent else None,
-                    "attributes": dict(span.attributes or {}),
-                }
-                out.write(json.dumps(line) + "\n")
-        return SpanExportResult.SUCCESS
-
-
+exporter = InMemorySpanExporter()
 provider = TracerProvider()
-provider.add_span_processor(SimpleSpanProcessor(FileExporter(os.environ["BLITZQ_TEST_SPANS"])))
+provider.add_span_processor(SimpleSpanProcessor(exporter))
 queue = Queue(name="otel")
 BlitzqInstrumentor().instrument(queue=queue, tracer_provider=provider)
+_tries: dict[int, int] = {}
 
 
 @queue.task(name="otel.add")
 async def add(a: int, b: int) -> int:
     """Return ``a + b``."""
     return a + b
+
+
+@queue.task(name="otel.total")
+async def total(values: list[int]) -> int:
+    """Return the sum of ``values`` (a chord callback)."""
+    return sum(values)
+
+
+@queue.task(name="otel.flaky", retries=1, retry_policy=RetryPolicy(base=0.01, jitter="none"))
+async def flaky(x: int) -> int:
+    """Fail the first attempt for ``x``, return ``x`` on the next."""
+    _tries[x] = _tries.get(x, 0) + 1
+    if _tries[x] == 1:
+        raise ValueError("first attempt fails")
+    return x
+
+
+@queue.on(Signal.WORKER_STOPPED)
+def dump_spans(event: SignalEvent) -> None:
+    """Write the worker's finished spans to ``BLITZQ_TEST_SPANS``."""
+    path = os.environ["BLITZQ_TEST_SPANS"]
+    with open(f"{path}.tmp", "w", encoding="utf-8") as out:
+        json.dump([record(span) for span in exporter.get_finished_spans()], out)
+    os.replace(f"{path}.tmp", path)

@@ -38,9 +38,10 @@ from blitzq import (
     current_task,
 )
 from blitzq.cli import cli
-from blitzq.middleware import Outgoing
+from blitzq.middleware import Outgoing, OutgoingWorkflow
 from blitzq.options import Option, TaskOptions
 from blitzq.task import Task
+from blitzq.workflow import chord
 
 from .proc_tasks import eventually, make_worker, running
 
@@ -242,6 +243,49 @@ async def test_before_enqueue_may_change_the_message(queue: Queue) -> None:
     handle = await tenant.enqueue()
     async with running(make_worker(queue)):
         assert await handle.result(timeout=10) == "acme"
+
+
+async def test_apply_hooks_see_the_first_steps_and_head_their_messages(queue: Queue) -> None:
+    """``before_apply`` sees the first steps (every member of a group, not the callback),
+    its headers reach those steps' runs only; ``after_apply`` follows the publish; a raising
+    ``before_apply`` refuses the start (nothing published)."""
+    log: list[tuple[str, Any]] = []
+
+    class Stamp(Middleware):
+        async def before_apply(self, workflow: OutgoingWorkflow) -> None:
+            log.append(("before", [env.task for env in workflow.steps]))
+            if workflow.steps[0].args == [666]:
+                raise ValueError("no devils")
+            assert all(env.correlation_id == workflow.workflow_id for env in workflow.steps)
+            workflow.headers["tenant"] = "acme"
+
+        async def after_apply(self, workflow: OutgoingWorkflow) -> None:
+            log.append(("after", workflow.workflow_id))
+
+    queue.add_middleware(Stamp())
+
+    @queue.task(name="mw.wf.tag")
+    async def tag(x: int) -> list[Any]:
+        ctx = current_task()
+        assert ctx is not None
+        return [x, (ctx.headers or {}).get("tenant")]
+
+    @queue.task(name="mw.wf.join")
+    async def join(results: list[Any]) -> list[Any]:
+        ctx = current_task()
+        assert ctx is not None
+        return [results, (ctx.headers or {}).get("tenant")]
+
+    flow = await queue.apply(chord([tag.s(1), tag.s(2)], join.s()))
+    assert log == [("before", ["mw.wf.tag", "mw.wf.tag"]), ("after", flow.id)]
+    with pytest.raises(EnqueueRefused, match="no devils"):
+        await queue.apply(tag.s(666) | tag.si(1))
+    assert log[-1] == ("before", ["mw.wf.tag"])
+    stats = await queue.stats(["mw"])
+    assert stats["queues"]["mw"]["waiting"] == 2  # the two members; the refused start: nothing
+    async with running(make_worker(queue)):
+        # The members got the header; the callback, published by a worker, did not.
+        assert await flow.get(timeout=30) == [[[1, "acme"], [2, "acme"]], None]
 
 
 async def test_a_raising_before_execute_fails_the_attempt_without_running_the_task(

@@ -1,14 +1,17 @@
 """OpenTelemetry tracing (issue 11, "Tracing"): spans read back from the SDK's in-memory
-exporter (in-process worker) and from a file a worker process writes.
+exporter, in this process (in-process worker) and in a worker process (dumped as JSON when
+it stops).
 
-A producer span per enqueue, a consumer span per attempt whose parent is the producer's
-context, a retry's span linked to the previous attempt's, a workflow step's span linked to the
-step before it, the exception of a failed attempt recorded with status ERROR; and across a
-worker process, the consumer span in the producer's trace.
+A producer span ``send <queue>`` per enqueue and per workflow start, a consumer span
+``process <queue>`` per attempt whose parent is the producer's context, a retry's span
+linked to the previous attempt's, the steps of a workflow in the trace of its ``apply`` and
+linked to it, the exception of a failed attempt recorded with status ERROR; and across a
+worker process, one span tree.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -26,8 +29,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from blitzq import ConfigurationError, Queue, RetryPolicy
 from blitzq.integrations.opentelemetry import BlitzqInstrumentor
+from blitzq.workflow import chord
 
-from ..polling import wait_until
+from .otel_spans import SpanTree, record
 from .proc_tasks import eventually, make_worker, running
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,31 +77,38 @@ async def test_producer_consumer_retry_and_error(
         with tracer.start_as_current_span("client") as client:
             handle = await flaky.enqueue(7)
         assert await handle.result(timeout=30) == 7
-        await eventually(
-            lambda: _value(len(by_name(exporter, "otel.flaky process"))), lambda n: n == 2
-        )
+        await eventually(lambda: _value(len(by_name(exporter, "process otelq"))), lambda n: n == 2)
     await queue.close()
 
-    (publish,) = by_name(exporter, "otelq publish")
+    (publish,) = by_name(exporter, "send otelq")
     assert publish.kind is SpanKind.PRODUCER
     assert publish.parent is not None
     assert publish.parent.span_id == client.get_span_context().span_id
-    attrs = publish.attributes or {}
-    assert attrs["messaging.system"] == "blitzq"
-    assert attrs["messaging.destination.name"] == "otelq"
-    assert attrs["messaging.message.id"] == handle.id
-    assert attrs["messaging.operation"] == attrs["messaging.operation.type"] == "send"
+    assert dict(publish.attributes or {}) == {
+        "messaging.system": "blitzq",
+        "messaging.operation.name": "send",
+        "messaging.operation.type": "send",
+        "messaging.destination.name": "otelq",
+        "messaging.message.id": handle.id,
+        "blitzq.task.name": "otel.flaky",
+        "blitzq.task.attempt": 1,
+    }
 
-    first, second = by_name(exporter, "otel.flaky process")
+    first, second = by_name(exporter, "process otelq")
     for span, attempt in ((first, 1), (second, 2)):
         assert span.kind is SpanKind.CONSUMER
         assert span.parent is not None
         # Both attempts are children of the producer span, in the client's trace.
         assert span.parent.span_id == publish.context.span_id
         assert span.context.trace_id == client.get_span_context().trace_id
-        assert (span.attributes or {})["blitzq.task.attempt"] == attempt
-        assert (span.attributes or {})["messaging.operation"] == "process"
-        assert (span.attributes or {})["messaging.message.id"] == handle.id
+        attrs = span.attributes or {}
+        assert attrs["messaging.system"] == "blitzq"
+        assert attrs["messaging.operation.name"] == attrs["messaging.operation.type"] == "process"
+        assert attrs["messaging.destination.name"] == "otelq"
+        assert attrs["messaging.message.id"] == handle.id
+        assert attrs["blitzq.task.name"] == "otel.flaky"
+        assert attrs["blitzq.task.attempt"] == attempt
+        assert "messaging.operation" not in attrs  # the deprecated name
     assert (first.attributes or {})["blitzq.task.outcome"] == "retried"
     assert first.status.status_code is StatusCode.ERROR
     assert [e.name for e in first.events] == ["exception"]
@@ -105,13 +116,17 @@ async def test_producer_consumer_retry_and_error(
     assert (second.attributes or {})["blitzq.task.outcome"] == "succeeded"
     assert second.status.status_code is not StatusCode.ERROR
     # The retry's span links to the previous attempt's.
-    assert [link.context.span_id for link in second.links] == [first.context.span_id]
+    assert SpanTree.links(record(second)) == {"previous_attempt": f"{first.context.span_id:016x}"}
     assert not first.links
 
 
-async def test_workflow_step_links_to_the_step_before(
+async def test_workflow_steps_carry_the_origin_of_apply(
     make_queue: Callable[..., Queue], traced: tuple[TracerProvider, InMemorySpanExporter]
 ) -> None:
+    """``queue.apply`` makes a producer span; the first steps are its children, a chain's
+    later step is a child of the step before and links to the origin, as does a chord's
+    callback (a child of the member that fired it); a task enqueued from a task is a child
+    of that task's span and links to nothing."""
     provider, exporter = traced
     queue = make_queue(name="otelwf")
     BlitzqInstrumentor().instrument(queue=queue, tracer_provider=provider)
@@ -124,38 +139,95 @@ async def test_workflow_step_links_to_the_step_before(
     async def double(x: int) -> int:
         return x * 2
 
+    @queue.task(name="otel.total")
+    async def total(values: list[int]) -> int:
+        return sum(values)
+
+    @queue.task(name="otel.done")
+    async def done() -> str:
+        return "done"
+
     @queue.task(name="otel.parent")
     async def parent() -> str:
         child = await double.enqueue(21)  # from inside a task: a child of this run's span
         return child.id
 
+    tracer = provider.get_tracer("test")
     async with running(make_worker(queue)):
-        flow = await queue.apply(inc.s(1) | double.s())
-        assert await flow.get(timeout=30) == 4
+        with tracer.start_as_current_span("client") as client:
+            line = await queue.apply(inc.s(1) | double.s())
+            fan = await queue.apply(chord([inc.s(1), inc.s(2)], total.s()) | double.s())
+            fixed = await queue.apply(chord([inc.s(5)], done.si()))  # immutable callback
+        assert await line.get(timeout=30) == 4
+        assert await fan.get(timeout=30) == 10
+        assert await fixed.get(timeout=30) == "done"
         child_id = await (await parent.enqueue()).result(timeout=30)
         await eventually(
-            lambda: _value(len(by_name(exporter, "otel.double process"))), lambda n: n == 2
+            lambda: _value(len(by_name(exporter, "process otelwf"))), lambda n: n == 10
         )
+        line_ids = [h.id for h in await line.children()]
+        fan_ids = [h.id for h in await fan.children()]
+        fixed_ids = [h.id for h in await fixed.children()]
     await queue.close()
-    (step1,) = by_name(exporter, "otel.inc process")
-    step2, child = sorted(
-        by_name(exporter, "otel.double process"),
-        key=lambda span: (span.attributes or {})["messaging.message.id"] == child_id,
-    )
-    (parent_run,) = by_name(exporter, "otel.parent process")
-    (child_publish,) = [
-        span
-        for span in by_name(exporter, "otelwf publish")
-        if (span.attributes or {})["messaging.message.id"] == child_id
-    ]
-    assert child_publish.parent is not None
-    assert child_publish.parent.span_id == parent_run.context.span_id
-    assert child.parent is not None
-    assert child.parent.span_id == child_publish.context.span_id
-    assert not child.links  # a fresh enqueue links to nothing
-    assert [link.context.span_id for link in step2.links] == [step1.context.span_id]
-    assert step2.parent is not None
-    assert step2.parent.span_id == step1.context.span_id
+    tree = SpanTree(record(span) for span in exporter.get_finished_spans())
+    client_id = f"{client.get_span_context().span_id:016x}"
+    trace_id = f"{client.get_span_context().trace_id:032x}"
+
+    # A chain: its start's producer span, step 1 its child, step 2 the child of step 1.
+    start = tree.one("send otelwf", blitzq_workflow_id=line.id)
+    assert start["kind"] == "PRODUCER"
+    assert start["parent_span_id"] == client_id
+    assert start["attributes"] == {
+        "messaging.system": "blitzq",
+        "messaging.operation.name": "send",
+        "messaging.operation.type": "send",
+        "messaging.destination.name": "otelwf",
+        "messaging.message.id": line_ids[0],
+        "messaging.message.conversation_id": line.id,
+        "blitzq.workflow.id": line.id,
+        "blitzq.task.name": "otel.inc",
+    }
+    step1 = tree.one("process otelwf", messaging_message_id=line_ids[0])
+    step2 = tree.one("process otelwf", messaging_message_id=line_ids[1])
+    assert step1["parent_span_id"] == start["span_id"]
+    assert not step1["links"]  # its parent is the origin
+    assert step2["parent_span_id"] == step1["span_id"]
+    assert tree.links(step2) == {"workflow_origin": start["span_id"]}
+    for span in (step1, step2):
+        assert span["trace_id"] == trace_id
+        assert span["attributes"]["messaging.message.conversation_id"] == line.id
+
+    # A chord, then a step: two members under the start, the callback under one of them.
+    start = tree.one("send otelwf", blitzq_workflow_id=fan.id)
+    assert start["attributes"]["messaging.batch.message_count"] == 2
+    assert "messaging.message.id" not in start["attributes"]
+    members = [tree.one("process otelwf", messaging_message_id=i) for i in fan_ids[:2]]
+    callback = tree.one("process otelwf", messaging_message_id=fan_ids[2])
+    after = tree.one("process otelwf", messaging_message_id=fan_ids[3])
+    for member in members:
+        assert member["parent_span_id"] == start["span_id"]
+        assert not member["links"]
+    assert callback["attributes"]["blitzq.task.name"] == "otel.total"
+    assert callback["parent_span_id"] in {member["span_id"] for member in members}
+    assert tree.links(callback) == {"workflow_origin": start["span_id"]}
+    assert after["parent_span_id"] == callback["span_id"]
+    assert tree.links(after) == {"workflow_origin": start["span_id"]}
+    assert {span["trace_id"] for span in (*members, callback, after)} == {trace_id}
+    # An immutable callback (no results spliced into it) is carried the same way.
+    start = tree.one("send otelwf", blitzq_workflow_id=fixed.id)
+    member = tree.one("process otelwf", messaging_message_id=fixed_ids[0])
+    callback = tree.one("process otelwf", messaging_message_id=fixed_ids[1])
+    assert member["parent_span_id"] == start["span_id"]
+    assert callback["parent_span_id"] == member["span_id"]
+    assert tree.links(callback) == {"workflow_origin": start["span_id"]}
+
+    # A task enqueued from inside a task.
+    parent_run = tree.one("process otelwf", blitzq_task_name="otel.parent")
+    child_publish = tree.one("send otelwf", messaging_message_id=child_id)
+    child = tree.one("process otelwf", messaging_message_id=child_id)
+    assert child_publish["parent_span_id"] == parent_run["span_id"]
+    assert child["parent_span_id"] == child_publish["span_id"]
+    assert not child["links"]  # a fresh enqueue links to nothing
 
 
 async def test_instrument_all_queues_and_uninstrument(
@@ -185,21 +257,19 @@ async def test_instrument_all_queues_and_uninstrument(
     assert exporter.get_finished_spans() == ()
 
 
-def test_consumer_span_in_a_worker_process_joins_the_producer_trace(
+async def test_one_span_tree_across_a_worker_process(
     server_url: str,
     namespace: str,
     tmp_path: Path,
     traced: tuple[TracerProvider, InMemorySpanExporter],
 ) -> None:
+    """The producer spans in this process's in-memory exporter, the consumer spans in the
+    worker process's (dumped as JSON when it stopped): one tree, parent/child and links
+    across the two processes."""
     provider, exporter = traced
-    spans_file = tmp_path / "spans.jsonl"
+    spans_file = tmp_path / "spans.json"
     queue = Queue(redis_url=server_url, namespace=namespace, name="otel")
     BlitzqInstrumentor().instrument(queue=queue, tracer_provider=provider)
-
-    @queue.task(name="otel.add")
-    async def add(a: int, b: int) -> int:
-        return a + b
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
     env.update(
         BLITZQ_TEST_SPANS=str(spans_file),
@@ -207,38 +277,74 @@ def test_consumer_span_in_a_worker_process_joins_the_producer_trace(
         BLITZQ_NAMESPACE=namespace,
         PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")]),
     )
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "blitzq", "worker", "tests.integration.otel_app:queue"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "blitzq", "worker", "tests.integration.otel_app:queue",
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    tracer = provider.get_tracer("test")
     try:
-        handle = add.enqueue_sync(2, 3)
-        assert handle.result_sync(timeout=60) == 5
-
-        def consumer_span() -> dict[str, Any] | None:
-            if not spans_file.exists():
-                return None
-            for line in spans_file.read_text().splitlines():
-                span = json.loads(line)
-                if span["name"] == "otel.add process":
-                    return dict(span)
-            return None
-
-        consumed = wait_until(consumer_span, 30, "the worker process's consumer span")
+        with tracer.start_as_current_span("client") as client:
+            handle = await queue.send("otel.flaky", [5])
+            flow = await queue.apply(
+                chord([queue.sig("otel.add", 1, 2), queue.sig("otel.add", 3, 4)],
+                      queue.sig("otel.total")) | queue.sig("otel.add", 100)
+            )  # fmt: skip
+        assert await handle.result(timeout=60) == 5
+        assert await flow.get(timeout=60) == 110
+        steps = [h.id for h in await flow.children()]
     finally:
-        worker.terminate()
-        _, stderr = worker.communicate(timeout=30)
-    queue.close_sync()
-    (publish,) = by_name(exporter, "otel publish")
-    assert consumed["kind"] == "CONSUMER", stderr
-    assert consumed["parent_trace_id"] == publish.context.trace_id
-    assert consumed["trace_id"] == publish.context.trace_id
-    assert consumed["parent_span_id"] == publish.context.span_id
-    assert consumed["attributes"]["messaging.message.id"] == handle.id
-    assert consumed["attributes"]["blitzq.task.outcome"] == "succeeded"
+        worker.terminate()  # a graceful stop: the worker dumps its spans once stopped
+        _, errors = await asyncio.wait_for(worker.communicate(), 60)
+    await queue.close()
+    stderr = errors.decode(errors="replace")
+    assert worker.returncode == 0, stderr
+    remote = json.loads(spans_file.read_text())
+    assert remote, stderr
+    assert all(span["kind"] == "CONSUMER" for span in remote)
+    local = [record(span) for span in exporter.get_finished_spans()]
+    tree = SpanTree([*local, *remote])
+    client_id = f"{client.get_span_context().span_id:016x}"
+    trace_id = f"{client.get_span_context().trace_id:032x}"
+    assert {span["trace_id"] for span in tree.spans} == {trace_id}  # one trace
+
+    # The retried task: a producer span here, both attempts under it there, linked.
+    publish = tree.one("send otel", messaging_message_id=handle.id)
+    assert publish["kind"] == "PRODUCER"
+    root = tree.one("client")
+    assert root["span_id"] == client_id
+    assert tree.parent(root) is None
+    assert tree.parent(publish) is root
+    first = tree.one("process otel", messaging_message_id=handle.id, blitzq_task_attempt=1)
+    second = tree.one("process otel", messaging_message_id=handle.id, blitzq_task_attempt=2)
+    assert tree.parent(first) is publish
+    assert tree.parent(second) is publish
+    assert first["attributes"]["blitzq.task.outcome"] == "retried"
+    assert first["status"] == "ERROR"
+    assert first["events"] == ["exception"]
+    assert second["attributes"]["blitzq.task.outcome"] == "succeeded"
+    assert tree.links(second) == {"previous_attempt": first["span_id"]}
+    assert not first["links"]
+
+    # The workflow: its start here, the members under it, the callback under the member
+    # that fired it, the last step under the callback; the later steps linked to the start.
+    start = tree.one("send otel", blitzq_workflow_id=flow.id)
+    assert start["kind"] == "PRODUCER"
+    assert tree.parent(start) is root
+    members = [tree.one("process otel", messaging_message_id=i) for i in steps[:2]]
+    callback = tree.one("process otel", messaging_message_id=steps[2])
+    last = tree.one("process otel", messaging_message_id=steps[3])
+    for member in members:
+        assert tree.parent(member) is start
+        assert not member["links"]
+    assert callback["attributes"]["blitzq.task.name"] == "otel.total"
+    assert any(tree.parent(callback) is member for member in members)
+    assert tree.links(callback) == {"workflow_origin": start["span_id"]}
+    assert tree.parent(last) is callback
+    assert tree.links(last) == {"workflow_origin": start["span_id"]}
+    for span in (*members, callback, last):
+        assert span["attributes"]["messaging.message.conversation_id"] == flow.id
+        assert span["attributes"]["blitzq.task.outcome"] == "succeeded"
+    assert len(remote) == 6  # two attempts, four steps: nothing else
 
 
 async def _value(value: Any) -> Any:

@@ -14,10 +14,17 @@ hook                                            when
 ``on_error(context, exc)``                      worker, after a run failed (each attempt)
 ``on_retry(context, exc, delay)``               worker, after ``on_error`` when the task will be
                                                 retried in ``delay`` seconds
+``before_apply(workflow)``                      producer, before ``queue.apply`` publishes a
+                                                workflow's first steps; raise to refuse it
+``after_apply(workflow)``                       producer, after they were published
 ==============================================  ===============================================
 
 ``message`` is an :class:`Outgoing` (``message.envelope`` has the id, task name,
 queue, args, kwargs and headers; ``message.due`` is the Unix time it becomes due or ``None``).
+``workflow`` is an :class:`OutgoingWorkflow`: the first steps of a workflow go through the
+apply hooks, not the enqueue hooks; headers a before-apply hook puts in ``workflow.headers``
+are written into every first step's message (the steps a worker publishes later get none
+from it: their finishers may add their own).
 A before-enqueue hook may replace ``message.envelope`` (``msgspec.structs.replace(env,
 headers=...)``) to change the arguments or headers; the message is then re-encoded. ``context``
 is the run's :class:`~blitzq.TaskContext` (the same object ``current_task()`` returns inside
@@ -28,14 +35,16 @@ Order: ``before_*`` hooks run in registration order, ``after_*``, ``on_error`` a
 
 Errors:
 
+- ``before_apply`` raising refuses the ``apply`` call in the same way (nothing is published).
 - ``before_enqueue`` raising refuses the whole enqueue call (all messages of an
   ``enqueue_many``): a :class:`~blitzq.BlitzQError` (such as :class:`EnqueueRefused`)
   propagates as it is, any other exception is wrapped in :class:`EnqueueRefused` naming the
   middleware and the task.
 - ``before_execute`` raising fails the attempt with that exception without running the task
   body (the retry policy applies; ``on_error`` hooks run as for any failure).
-- ``after_enqueue``, ``after_execute``, ``on_error`` and ``on_retry`` raising is logged
-  (logger ``blitzq.middleware``) and changes nothing: the enqueue succeeds, the worker goes on.
+- ``after_enqueue``, ``after_apply``, ``after_execute``, ``on_error`` and ``on_retry``
+  raising is logged (logger ``blitzq.middleware``) and changes nothing: the enqueue succeeds,
+  the worker goes on.
 
 Every run whose before-execute hooks ran ends with exactly one call of either ``after_execute``
 (success) or ``on_error`` (failure, timeout, cancellation, or being put back on the queue at
@@ -75,7 +84,7 @@ A task or queue without any of these pays nothing for them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from ..exceptions import BlitzQError
@@ -123,6 +132,25 @@ class Outgoing:
     task: Task[Any, Any] | None
     existing_id: str | None = None
     delay: float | None = None
+
+
+@dataclass(slots=True)
+class OutgoingWorkflow:
+    """A workflow ``queue.apply`` is about to start.
+
+    Attributes:
+        workflow_id: the workflow's id (the correlation id of every step).
+        queue: name of the Queue applying it.
+        steps: the messages of the steps the start publishes (the first step of a chain, every
+            member of a group), as built, without ``headers``; read-only.
+        headers: headers written into every one of those messages; a before-apply hook may
+            add to it (plain values, ``str`` keys).
+    """
+
+    workflow_id: str
+    queue: str
+    steps: tuple[Envelope, ...]
+    headers: dict[str, Any] = field(default_factory=dict)
 
 
 #: What happened to a run, as the worker's middleware and signals see it.
@@ -261,6 +289,16 @@ class Middleware:
     async def after_enqueue(self, message: Outgoing) -> None:
         """After ``message`` was published (errors are logged, not raised)."""
 
+    async def before_apply(self, workflow: OutgoingWorkflow) -> None:
+        """Before ``queue.apply`` publishes ``workflow``'s first steps; raise to refuse it.
+
+        Args:
+            workflow: the workflow (``workflow.headers`` may be added to).
+        """
+
+    async def after_apply(self, workflow: OutgoingWorkflow) -> None:
+        """After ``workflow``'s first steps were published (errors are logged, not raised)."""
+
     async def before_execute(self, context: TaskContext) -> None:
         """Before the task body runs; raising fails the attempt with that exception.
 
@@ -300,6 +338,7 @@ __all__ = [
     "Middleware",
     "Outcome",
     "Outgoing",
+    "OutgoingWorkflow",
     "StartCheck",
     "WorkerContext",
     "extensions_of",

@@ -26,13 +26,15 @@ from .signals import Signal, SignalEvent, Signals
 if TYPE_CHECKING:
     from ..queue import Queue
     from ..worker.execution import Job
-    from .middleware import EnqueueFilter, EnqueueObserver, Outcome, Outgoing
+    from .middleware import EnqueueFilter, EnqueueObserver, Outcome, Outgoing, OutgoingWorkflow
 
 logger = logging.getLogger("blitzq.middleware")
 
 _HOOK_NAMES = (
     "before_enqueue",
     "after_enqueue",
+    "before_apply",
+    "after_apply",
     "before_execute",
     "after_execute",
     "on_error",
@@ -156,6 +158,38 @@ class Extensions:
                         extra={"due": out.due} if out.due is not None else {},
                     ),
                 )
+
+    # -------------------------------------------------------------- workflows
+    @property
+    def has_apply_hooks(self) -> bool:
+        """Whether any middleware has a ``before_apply`` or ``after_apply`` hook."""
+        return bool(self._hooks["before_apply"] or self._hooks["after_apply"])
+
+    async def before_apply(self, workflow: OutgoingWorkflow) -> None:
+        """Run the before-apply hooks on ``workflow``.
+
+        Raises:
+            BlitzQError: a hook raised one (it propagates as it is).
+            EnqueueRefused: a hook raised anything else.
+        """
+        for hook in self._hooks["before_apply"]:
+            try:
+                await _call(hook, workflow)
+            except BlitzQError:
+                raise
+            except Exception as exc:
+                raise EnqueueRefused(
+                    f"middleware {_owner(hook)} refused to apply workflow "
+                    f"{workflow.workflow_id}: {type(exc).__name__}: {exc}"
+                ) from exc
+
+    async def after_apply(self, workflow: OutgoingWorkflow) -> None:
+        """Run the after-apply hooks on ``workflow`` (errors are logged)."""
+        for hook in self._hooks["after_apply"]:
+            try:
+                await _call(hook, workflow)
+            except Exception:
+                logger.exception("middleware %s.after_apply failed", _owner(hook))
 
     # -------------------------------------------------------------- execution
     @staticmethod

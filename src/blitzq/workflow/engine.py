@@ -40,9 +40,11 @@ from ..broker import Completion
 from ..broker.ops import ChordMember, Op, WorkflowDone, WorkflowFail, WorkflowStart, WorkflowStep
 from ..context import NO_RESULT
 from ..exceptions import ConfigurationError, ResultTooLarge, SerializationError, describe_error
+from ..extensions.middleware import OutgoingWorkflow
 from ..limits import CHUNK_ITEMS, DEFAULT_MAX_RESULT_SIZE
 from ..routing import physical_queue, route
 from ..serialization import Envelope, dumps, encode_envelope, loads, plain_args, to_plain
+from .callback import array_header, marker, split
 from .canvas import Chain, Chord, Group, Node
 from .handle import WorkflowHandle
 from .signature import Signature
@@ -80,15 +82,6 @@ def attach(task: Task[Any, Any]) -> None:
         queue.task(name=COLLECT, retries=0)(_collect)
 
 
-def _array_header(n: int) -> bytes:
-    """MessagePack header of an array of ``n`` items."""
-    if n < 16:
-        return bytes([0x90 | n])
-    if n < 65536:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
-
-
 def _is_sig(node: Any) -> bool:
     return isinstance(node, dict) and "s" in node
 
@@ -103,6 +96,10 @@ class _Messages:
         result_ttl: seconds a finished workflow's state is kept.
         max_result_size: largest result in bytes stored as a workflow's result (a chord's
             joined results included).
+        headers: headers of every message built, or ``None``.
+
+    Attributes:
+        built: the envelope of every message built, in order.
     """
 
     def __init__(
@@ -112,12 +109,15 @@ class _Messages:
         max_size: int,
         result_ttl: int = 86400,
         max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
+        headers: dict[str, Any] | None = None,
     ) -> None:
         self.workflow_id = workflow_id
         self.now = now
         self.max_size = max_size
         self.result_ttl = result_ttl
         self.max_result_size = max_result_size
+        self.headers = headers or None
+        self.built: list[Envelope] = []
 
     def start(
         self, node: dict[str, Any], prev: Any, rest: list[Any], join: Any
@@ -164,9 +164,11 @@ class _Messages:
             created_at=self.now,
             enqueued_at=self.now,
             correlation_id=self.workflow_id,
+            headers=dict(self.headers) if self.headers else None,
             timeout=node.get("t"),
             flow=to_plain({"w": self.workflow_id, "n": rest, "j": join}),
         )
+        self.built.append(env)
         return target, encode_envelope(env, self.max_size)
 
     def chord_op(
@@ -177,7 +179,7 @@ class _Messages:
         callback, rest, parent = join.get("c"), list(join.get("n") or ()), join.get("j")
         if callback is None:
             if not rest and parent is None:  # the group ends the workflow: its list is the result
-                return self._chord(join, result, size, ttl, "", _array_header(size), b"", 1)
+                return self._chord(join, result, size, ttl, "", array_header(size), b"", 1)
             if rest and _is_sig(rest[0]):  # group | signature: the signature is the callback
                 callback, rest = rest[0], rest[1:]
             else:
@@ -189,13 +191,9 @@ class _Messages:
         if callback.get("m"):
             target, data = self.message(callback, _NONE, rest, parent, queue)
             return self._chord(join, result, size, ttl, target, data, b"", 0)
-        marker = b"\x00blitzq-chord-results:" + uuid.uuid4().bytes
-        target, data = self.message(callback, marker, rest, parent, queue)
-        encoded = dumps(marker)
-        at = data.find(encoded)
-        if at < 0:  # pragma: no cover - the marker is always encoded as is
-            raise SerializationError("could not place the chord results in the callback")
-        head, tail = data[:at] + _array_header(size), data[at + len(encoded) :]
+        placeholder = marker()
+        target, data = self.message(callback, placeholder, rest, parent, queue)
+        head, tail = split(data, placeholder, size)
         return self._chord(join, result, size, ttl, target, head, tail, 1)
 
     def _chord(
@@ -360,7 +358,16 @@ async def apply_workflow(queue: Queue, workflow: Node) -> WorkflowHandle:
     planner = _Planner(queue)
     root = planner.node(workflow)
     now = time.time()
-    messages = _Messages(workflow_id, now, queue.max_message_size).start(root, _NONE, [], None)
+    build = _Messages(workflow_id, now, queue.max_message_size)
+    messages = build.start(root, _NONE, [], None)
+    extensions = queue._extensions
+    outgoing: OutgoingWorkflow | None = None
+    if extensions.has_apply_hooks:
+        outgoing = OutgoingWorkflow(workflow_id, queue.name, tuple(build.built))
+        await extensions.before_apply(outgoing)
+        if outgoing.headers:
+            build = _Messages(workflow_id, now, queue.max_message_size, headers=outgoing.headers)
+            messages = build.start(root, _NONE, [], None)
     ops: list[Op] = [WorkflowStart(workflow_id, dumps(planner.steps), _running_ttl(queue), now)]
     ops += [WorkflowStep(workflow_id, target, data) for target, data in messages]
     broker = queue.broker
@@ -375,4 +382,6 @@ async def apply_workflow(queue: Queue, workflow: Node) -> WorkflowHandle:
     for start in range(0, len(ops), CHUNK_ITEMS):
         chunk = tuple(ops[start : start + CHUNK_ITEMS])
         await broker.complete([Completion(queue.name, None, workflow_id, ops=chunk)])
+    if outgoing is not None:
+        await extensions.after_apply(outgoing)
     return WorkflowHandle(queue, workflow_id, planner.steps)
