@@ -202,3 +202,31 @@ async def test_the_pattern_goes_after_the_linger_and_comes_back_for_the_next_wai
         for i in range(3):
             assert await (await double.enqueue(i)).result(timeout=20) == 2 * i
         assert listener._pattern_on is not None
+
+
+async def test_a_pool_with_no_free_connection_still_subscribes_and_gets_the_push(
+    make_queue: Callable[..., Queue], server_url: str, raw_redis: Any
+) -> None:
+    """Every connection of the producer's pool busy (as when hundreds of waits poll at once,
+    the stdlib demo's case): the completion pattern's subscriber has a connection of its own,
+    so its PSUBSCRIBE is confirmed and the push arrives without waiting for the pool (it
+    used to wait the pool's whole timeout, and every wait in the meantime fell back to
+    re-reading, each logging that the pattern was not confirmed)."""
+    sep = "&" if "?" in server_url else "?"
+    producer = make_queue(redis_url=f"{server_url}{sep}max_connections=1&timeout=60")
+    try:
+        listener = listener_of(producer)
+        pool = listener._client.connection_pool
+        held = await pool.get_connection()  # the pool's only connection
+        try:
+            channel = producer.broker.keys.done_channel(uuid.uuid4().hex)  # type: ignore[attr-defined]
+            fut = await asyncio.wait_for(listener.subscribe(channel), timeout=15)
+            assert listener._pattern_on is not None
+            assert listener._pattern_on.done()
+            await raw_redis.publish(channel, b"pushed")
+            assert await asyncio.wait_for(fut, timeout=15) == b"pushed"
+            listener.release(channel, fut)
+        finally:
+            await pool.release(held)
+    finally:
+        await producer.close()

@@ -40,6 +40,7 @@ from typing import Any, ParamSpec, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import (
@@ -167,6 +168,32 @@ def make_client(url: str) -> Any:
     pool = BoundedPool.from_url(url, decode_responses=False, **connection_options(url))
     _check_pool(pool)
     return aioredis.Redis.from_pool(pool)
+
+
+def subscriber(client: Any, **kwargs: Any) -> Any:
+    """A ``PubSub`` of ``client`` whose connection is its own, outside the command pool.
+
+    A subscriber holds its connection for as long as it listens, and its SUBSCRIBE must go
+    out even while every connection of the bounded pool is busy with commands (hundreds of
+    result waits polling): taken from that pool, it would hold one of its slots for good and
+    wait up to the pool ``timeout`` behind the commands, so that no push arrives and every
+    wait falls back to re-reading. Its connection is therefore made from the same connection
+    class and arguments (URL, timeouts, credentials, TLS) in a pool of its own. A client
+    whose pool is not blitzq's :class:`BoundedPool` (Sentinel, Cluster) keeps redis-py's
+    own ``client.pubsub()``.
+
+    Args:
+        client: a client from :func:`make_client`.
+        **kwargs: ``PubSub`` options (``ignore_subscribe_messages=True`` ...).
+
+    Returns:
+        A ``redis.asyncio.client.PubSub``; its ``aclose()`` closes the connection.
+    """
+    pool = getattr(client, "connection_pool", None)
+    if type(pool) is not BoundedPool:
+        return client.pubsub(**kwargs)
+    own = aioredis.ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
+    return PubSub(own, **kwargs)
 
 
 #: URL options redis-py reads as booleans (anything not "false"-like is true to it).

@@ -31,7 +31,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from .client import REDIS_ERRORS
+from .client import REDIS_ERRORS, subscriber
 from .cluster import ready
 
 logger = logging.getLogger("blitzq.broker")
@@ -58,7 +58,8 @@ class ResultListener:
     """Multiplexes per-task completion channels over one pub/sub connection.
 
     Args:
-        client: the broker's redis client (the pub/sub connection comes from its pool).
+        client: the broker's redis client (the pub/sub connection is made from its pool's
+            connection arguments, outside the pool: :func:`~.client.subscriber`).
         done_prefix: the completion channels' common start (``{ns}:done:``) to serve with
             one pattern subscription (pattern mode, see the module docs); ``None`` (a
             cluster): one channel per wait always.
@@ -72,6 +73,8 @@ class ResultListener:
         self._pattern_waiters: dict[bytes, list[asyncio.Future[bytes]]] = {}
         #: Resolved once the server confirmed the pattern; ``None`` while not subscribed.
         self._pattern_on: asyncio.Future[None] | None = None
+        #: The last ``_pattern_on`` whose confirmation was logged as late (logged once).
+        self._pattern_unconfirmed: asyncio.Future[None] | None = None
         self._pattern_idle_since = self._pattern_paused_until = self._unwanted_since = 0.0
         self._unwanted = 0
         #: Renewed whenever completions may have been missed (reconnect, pause, linger end);
@@ -125,7 +128,7 @@ class ResultListener:
             async with self._lock:
                 if self._pubsub is None:
                     await ready(self._client)  # a cluster client: its slot map first
-                    self._pubsub = self._client.pubsub()
+                    self._pubsub = subscriber(self._client)
                 await self._pubsub.subscribe(key)
                 if self._reader is None or self._reader.done():
                     self._reader = asyncio.create_task(self._read(), name="blitzq-results")
@@ -193,7 +196,7 @@ class ResultListener:
                 async with self._lock:
                     if self._pubsub is None:
                         await ready(self._client)
-                        self._pubsub = self._client.pubsub()
+                        self._pubsub = subscriber(self._client)
                     await self._pubsub.psubscribe(self._pattern)
                     if self._reader is None or self._reader.done():
                         self._reader = asyncio.create_task(self._read(), name="blitzq-results")
@@ -207,7 +210,9 @@ class ResultListener:
             try:
                 await asyncio.wait_for(asyncio.shield(on), timeout=5.0)
             except TimeoutError:
-                logger.warning("no confirmation of the completion pattern; polling meanwhile")
+                if on is not self._pattern_unconfirmed:  # once per subscription, not per wait
+                    self._pattern_unconfirmed = on
+                    logger.warning("no confirmation of the completion pattern; polling meanwhile")
 
     def _drop_pattern_waiter(self, key: bytes, fut: asyncio.Future[bytes]) -> bool:
         """Remove a pattern waiter; whether it was one."""

@@ -18,7 +18,7 @@ import msgspec
 from ...limits import CHUNK_ITEMS, CHUNK_WRITES, NOTIFY_INLINE_MAX
 from .. import Completion, Scheduled
 from ..ops import encode_op
-from .client import REDIS_ERRORS, broker_error, translate_errors
+from .client import REDIS_ERRORS, broker_error, subscriber, translate_errors
 from .cluster import ready
 from .connection import RedisPart
 from .keys import GROUP
@@ -230,7 +230,7 @@ class RedisState(RedisPart):
 
     async def events(self) -> AsyncIterator[tuple[str, str]]:
         """Messages of the namespace's event channel, on a pub/sub connection of their own."""
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        pubsub = subscriber(self.client, ignore_subscribe_messages=True)
         try:
             try:
                 await ready(self.client)  # a cluster client: its slot map first
