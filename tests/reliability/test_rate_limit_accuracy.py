@@ -95,9 +95,13 @@ def test_thousand_tasks_at_50_per_second_over_three_processes(
         # Never faster than the limit; the upper bound is generous (a busy machine).
         assert EXPECTED * 0.95 <= duration <= EXPECTED * 1.25, duration
         # Starts are stamped when the body runs, after its token was taken on the server: a
-        # start delayed by a busy machine can land in the next window, so a few over
-        # burst + rate are scheduling jitter, not extra tokens (the bucket is exact).
-        assert window <= 105, window
+        # start delayed by a busy machine lands in a later window, so starts over burst +
+        # rate in one window are scheduling delay, not extra tokens (the bucket's grants are
+        # exact: tests/contract/test_flow_contract.py, and the duration above shows no token
+        # more than the limit over the whole run). Allowed: half a second of the rate (on a
+        # loaded 2-core CI machine, 3 test processes beside these 3 workers and Redis, up to
+        # 116 were seen); a bucket that let a second burst through would show 150.
+        assert window <= 100 + 25, window
         assert len(pids) >= 2, "the tasks should have been shared by the worker processes"
         # Each task ran exactly once, as its first attempt (rate limiting is not a retry).
         records = [queue.inspect_sync(h.id) for h in handles[:: TASKS // 20]]
