@@ -49,6 +49,23 @@ def test_no_file_points_at_the_blitzq_of_the_package_index() -> None:
     )
 
 
+#: ``blitzq[metrics]`` written as what to install: the index's package with an extra.
+EXTRA_OF_INDEX = re.compile(r"\bblitzq\[[a-z]")
+
+
+def test_no_file_names_an_extra_as_blitzq_of_the_index() -> None:
+    """A help text or table saying "needs blitzq[metrics]" sends a user to the index too."""
+    offending = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in _read_by_users()
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if EXTRA_OF_INDEX.search(line) and not WARNING.search(line)
+    ]
+    assert offending == [], "name the extra of the checkout (pip install -e '.[extra]'):\n" + (
+        "\n".join(offending)
+    )
+
+
 def test_the_pattern_catches_the_forms_users_type() -> None:
     for line in (
         "pip install blitzq",

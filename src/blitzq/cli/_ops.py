@@ -32,7 +32,8 @@ _OPTIONS = [
         show_envvar=True,
         metavar="PORT",
         help="Serve Prometheus metrics on /metrics at this port (with --workers N: one port per "
-        "worker process, PORT + its slot index 0..N-1). Needs blitzq[metrics].",
+        "worker process, PORT + its slot index 0..N-1). Needs the metrics extra (pip install "
+        "-e '.[metrics]' in the checkout).",
     ),
     click.option(
         "--health-port",
@@ -42,7 +43,8 @@ _OPTIONS = [
         show_envvar=True,
         metavar="PORT",
         help="Serve /health and /ready at this port (with --workers N: PORT + slot index); the "
-        "metrics port may be the same. Needs blitzq[ops].",
+        "metrics port may be the same. Needs the ops extra (pip install -e '.[ops]' in the "
+        "checkout).",
     ),
     click.option(
         "--ops-host",

@@ -123,7 +123,8 @@ def process_control_options(fn: F) -> F:
             is_flag=True,
             default=False,
             help="Reload the workers gracefully when a .py file under the application's "
-            "directory changes (development; needs blitzq[reload]).",
+            "directory changes (development; needs the reload extra: pip install -e "
+            "'.[reload]' in the checkout).",
         ),
         click.option("--supervised", is_flag=True, default=False, hidden=True),
     ]

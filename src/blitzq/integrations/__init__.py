@@ -1,7 +1,8 @@
 """Helpers that tie a :class:`~blitzq.Queue` to the life cycle of web frameworks.
 
 Each submodule imports its framework lazily or not at all, so ``import blitzq`` never needs
-one; install the matching extra (``blitzq[fastapi]``, ``blitzq[django]``, ``blitzq[flask]``):
+one; install the matching extra of the checkout (``fastapi``, ``django``, ``flask``, e.g.
+``pip install -e '.[fastapi]'``):
 
 - :mod:`blitzq.integrations.asgi`: ``lifespan(queue)`` for FastAPI / Starlette and
   ``BlitzQLifespan(app, queue)`` for any ASGI app (no framework import);

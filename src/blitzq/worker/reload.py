@@ -4,7 +4,8 @@ its workers when a ``.py`` file changes (for development).
 :func:`app_directory` finds the directory of ``MODULE:ATTR`` without running the module (the
 supervisor imports the application only for ``--autoscale``): the top-level package's
 directory, or the directory holding a top-level module file. :class:`SourceWatcher` watches
-it in a daemon thread with ``watchfiles`` (the optional extra ``blitzq[reload]``), which
+it in a daemon thread with ``watchfiles`` (the optional extra ``reload`` of the checkout:
+``pip install -e '.[reload]'``), which
 debounces a burst of writes into one change, and calls back once per change; the supervisor
 then starts new workers and stops the old ones gracefully (see :meth:`Supervisor.reload
 <blitzq.worker.supervisor.Supervisor.reload>`).
