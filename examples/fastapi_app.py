@@ -13,7 +13,9 @@ server; without it both processes share the embedded server in ``./.blitzq``)::
     # {"task_id":"3f2c…","state":"succeeded","result":{"month":"2024-05","rows":31},"error":null}
 
 ``lifespan(queue)`` connects to the broker when the server starts (a wrong URL stops it at
-once) and closes the connections when it stops.
+once) and closes the connections when it stops. An endpoint that needs the Queue itself
+takes a parameter typed ``QueueDep`` (``blitzq.integrations.fastapi``), which tests can swap
+with ``app.dependency_overrides[get_queue]``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pydantic import BaseModel
 
 from blitzq import Queue, ResultTimeout, TaskFailed
 from blitzq.integrations.asgi import lifespan
+from blitzq.integrations.fastapi import QueueDep
 
 queue = Queue("reports")
 
@@ -57,12 +60,12 @@ async def create_report(body: ReportRequest) -> dict[str, str]:
 
 
 @app.get("/reports/{task_id}")
-async def get_report(task_id: str, wait: float = 0.0) -> dict[str, Any]:
+async def get_report(task_id: str, reports: QueueDep, wait: float = 0.0) -> dict[str, Any]:
     """State and result of a report task; ``?wait=SECONDS`` waits (at most 30 s) for the end."""
     if wait > 0:
         with contextlib.suppress(ResultTimeout, TaskFailed):
-            await queue.get_result(task_id, timeout=min(wait, 30.0))
-    record = await queue.inspect(task_id)
+            await reports.get_result(task_id, timeout=min(wait, 30.0))
+    record = await reports.inspect(task_id)
     if record is None:  # no record yet: still waiting in the queue (or an unknown id)
         return {"task_id": task_id, "state": "pending", "result": None, "error": None}
     return {
