@@ -305,3 +305,28 @@ async def test_dead_sentinel_listed_first(sentinels: SentinelSet) -> None:
 
 async def _identity(n: int) -> int:
     return n
+
+
+async def test_result_pushes_arrive_while_every_pooled_connection_is_busy(
+    sentinels: SentinelSet,
+) -> None:
+    """Through Sentinel too, the result listener's pub/sub connection is its own (a Sentinel
+    pool of its own on the same service): with the command pool's only connection held, the
+    completion pattern is confirmed and a push arrives."""
+    namespace = f"sentinel-{uuid.uuid4().hex[:8]}"
+    producer = Queue(redis_url=sentinels.url("max_connections=1&timeout=60"), namespace=namespace)
+    try:
+        listener = producer.broker._results  # type: ignore[attr-defined]
+        pool = listener._client.connection_pool
+        held = await pool.get_connection()
+        try:
+            channel = producer.broker.keys.done_channel(uuid.uuid4().hex)  # type: ignore[attr-defined]
+            fut = await asyncio.wait_for(listener.subscribe(channel), timeout=15)
+            publisher = sentinels.client(sentinels.primary_port())
+            await asyncio.to_thread(publisher.publish, channel, b"pushed")
+            assert await asyncio.wait_for(fut, timeout=15) == b"pushed"
+            listener.release(channel, fut)
+        finally:
+            await pool.release(held)
+    finally:
+        await producer.close()

@@ -178,9 +178,9 @@ def subscriber(client: Any, **kwargs: Any) -> Any:
     result waits polling): taken from that pool, it would hold one of its slots for good and
     wait up to the pool ``timeout`` behind the commands, so that no push arrives and every
     wait falls back to re-reading. Its connection is therefore made from the same connection
-    class and arguments (URL, timeouts, credentials, TLS) in a pool of its own. A client
-    whose pool is not blitzq's :class:`BoundedPool` (Sentinel, Cluster) keeps redis-py's
-    own ``client.pubsub()``.
+    class and arguments (URL, timeouts, credentials, TLS) in a pool of its own; through
+    Sentinel, a Sentinel pool of its own on the same service and sentinels (it follows a
+    failover as the commands do). A cluster client keeps redis-py's own ``client.pubsub()``.
 
     Args:
         client: a client from :func:`make_client`.
@@ -189,10 +189,25 @@ def subscriber(client: Any, **kwargs: Any) -> Any:
     Returns:
         A ``redis.asyncio.client.PubSub``; its ``aclose()`` closes the connection.
     """
+    from redis.asyncio.sentinel import SentinelConnectionPool
+
     pool = getattr(client, "connection_pool", None)
-    if type(pool) is not BoundedPool:
+    if isinstance(pool, SentinelConnectionPool):
+        options = {k: v for k, v in pool.connection_kwargs.items() if k != "connection_pool"}
+        own: Any = SentinelConnectionPool(  # type: ignore[no-untyped-call]
+            pool.service_name,
+            pool.sentinel_manager,
+            connection_class=pool.connection_class,
+            is_master=pool.is_master,
+            check_connection=pool.check_connection,
+            **options,
+        )
+    elif isinstance(pool, BoundedPool):
+        own = aioredis.ConnectionPool(
+            connection_class=pool.connection_class, **pool.connection_kwargs
+        )
+    else:
         return client.pubsub(**kwargs)
-    own = aioredis.ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
     return PubSub(own, **kwargs)
 
 
