@@ -4,6 +4,7 @@ and a real Worker; basic auth, mounting under a prefix, escaping; and ``blitzq d
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import subprocess
@@ -126,6 +127,35 @@ async def test_task_record_and_unknown_and_bad_ids(queue: Queue) -> None:
     assert w["concurrency"] >= 1
     assert w["heartbeat_at"] is not None
     assert w["host"]
+
+
+async def test_a_running_task_known_by_its_progress_has_no_attempts(queue: Queue) -> None:
+    release = asyncio.Event()
+
+    @queue.task(name="held")
+    async def held() -> str:
+        current_task().update_progress(1, 2, "waiting")
+        await release.wait()
+        return "released"
+
+    handle = await held.enqueue()
+    async with running(make_worker(queue)), client(create_app(queue)) as c:
+
+        async def doc() -> Any:
+            r = await c.get(f"/api/tasks/{handle.id}")
+            return r.json() if r.status_code == 200 else None
+
+        during = await eventually(doc, lambda d: d is not None, timeout=20)
+        release.set()
+        assert await handle.result(timeout=20) == "released"
+        after = await doc()
+    # Without track_state there is no record while it runs: its progress is all there is.
+    assert during["state"] == "running"
+    assert during["progress"]["message"] == "waiting"
+    assert during["attempts"] is None  # unknown, not 0
+    assert during["started_at"] is None
+    assert after["state"] == "succeeded"
+    assert after["attempts"] == 1
 
 
 async def test_a_task_waiting_on_the_schedule_shows_its_arguments(queue: Queue) -> None:

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +28,7 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
-from blitzq import Queue, RetryPolicy, TaskState
+from blitzq import Queue, RetryPolicy, TaskState, Worker, current_task
 from blitzq.schedules import Cron, Every
 from tests.conftest import free_port
 from tests.integration.proc_tasks import worker_thread
@@ -54,6 +57,7 @@ IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
 SCREENSHOTS = os.environ.get("BLITZQ_DASHBOARD_SCREENSHOTS") == "1"
 XSS = "<img src=x onerror=window.__xss=1>"
 USER, PASSWORD = "admin", "s3cret"
+NO_VALUE = "\u2013"  # what the pages show for a value they do not have (an en dash)
 
 sync_api.expect.set_options(timeout=20_000)
 expect = sync_api.expect
@@ -66,13 +70,15 @@ def shot(page: Any, name: str) -> None:
 
 
 class App:
-    """The server under test: its URL, Queue, a raw Redis client and the tasks' ids."""
+    """The server under test: its URL, Queue, a raw Redis client, the Worker and the tasks'
+    ids."""
 
-    def __init__(self, url: str, queue: Queue, raw: redis.Redis, flag: str) -> None:
+    def __init__(self, url: str, queue: Queue, raw: redis.Redis, flag: str, worker: Worker) -> None:
         self.url = url
         self.queue = queue
         self.raw = raw
         self.flag = flag
+        self.worker = worker
         self.ids: dict[str, str] = {}
 
 
@@ -87,6 +93,49 @@ def state(app: App, task_id: str) -> TaskState | None:
     """The state of ``task_id``'s record, or ``None`` while it has none."""
     record = off_loop(lambda: app.queue.inspect_sync(task_id))
     return None if record is None else record.state
+
+
+def field(page: Any, name: str) -> Any:
+    """The value shown on the task page for the API's field ``name`` (its ``dd``)."""
+    return page.locator(f'#task dd[data-field="{name}"]')
+
+
+def when(ts: float) -> str:
+    """A Unix time as the pages show it (``time()`` in app.js: whole milliseconds, in the
+    browser's zone, UTC in these tests)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(int(ts * 1000) // 1000))
+
+
+def span(s: float) -> str:
+    """A number of seconds as the pages show it (``seconds()`` in app.js)."""
+    return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.3f} s"
+
+
+class Gate:
+    """A ``reports.stepped`` task in the ``gated`` queue that reports progress step by step,
+    each step waiting (BLPOP) on a Redis list until the test opens it."""
+
+    def __init__(self, app: App, steps: int) -> None:
+        self.app = app
+        self.steps = steps
+        self.key = f"{{{app.queue.namespace}}}:test:gate:{uuid.uuid4().hex[:8]}"
+        stepped = app.queue.tasks["reports.stepped"]
+        self.id = off_loop(lambda: stepped.enqueue_sync(self.key, steps)).id
+
+    def open(self, times: int = 1) -> None:
+        """Let the task past ``times`` more steps."""
+        self.app.raw.rpush(self.key, *([1] * times))
+
+
+@contextlib.contextmanager
+def gated(app: App, steps: int = 1) -> Iterator[Gate]:
+    """Enqueue a gated task; on exit open its every step, so that it ends whatever the test
+    did (the tests wait for its end themselves)."""
+    gate = Gate(app, steps)
+    try:
+        yield gate
+    finally:
+        gate.open(steps)
 
 
 @contextlib.contextmanager
@@ -109,7 +158,8 @@ def serving(app: Any) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def app(redis_url: str) -> Iterator[App]:
-    """A Queue with a task that fails until a Redis flag is set, a Worker, and the server."""
+    """A Queue with a task that fails until a Redis flag is set, one that fails for good, a
+    gated one reporting progress, a Worker, and the server."""
     namespace = "test-dash-" + uuid.uuid4().hex[:10]
     queue = Queue(redis_url=redis_url, namespace=namespace)
     raw = redis.Redis.from_url(redis_url)
@@ -132,6 +182,25 @@ def app(redis_url: str) -> Iterator[App]:
     async def build(name: str) -> str:
         return f"report {name}"
 
+    @queue.task(name="billing.refund", retries=1, retry_policy=RetryPolicy(base=0.05),
+                dead_letter=False)  # fmt: skip
+    async def refund(customer: str, cents: int) -> None:
+        raise ValueError(f"refund of {cents} cents over the limit for {customer}")
+
+    @queue.task(name="reports.stepped", queue="gated")
+    async def stepped(gate: str, steps: int) -> str:
+        import redis.asyncio as aioredis
+
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            for n in range(1, steps + 1):
+                current_task().update_progress(n, steps, f"step {n} of {steps}")
+                if await client.blpop([gate], timeout=60) is None:
+                    raise TimeoutError(f"gate {gate} never opened")
+        finally:
+            await client.aclose()
+        return f"{steps} steps"
+
     queue.add_periodic(build, Cron("30 6 * * *", tz="America/New_York"), name="morning-report",
                        args=("daily",))  # fmt: skip
     queue.add_periodic(build, Every(300), name="refresh", args=("5min",))
@@ -143,8 +212,11 @@ def app(redis_url: str) -> Iterator[App]:
         lifespan=lifespan(queue),
     )
     try:
-        with worker_thread(queue, queues=["default"], concurrency=4), serving(host) as url:
-            state = App(url, queue, raw, flag)
+        with (
+            worker_thread(queue, queues=["default", "gated"], concurrency=4) as worker,
+            serving(host) as url,
+        ):
+            state = App(url, queue, raw, flag, worker)
             for customer in ("ada", XSS):
                 handle = charge.enqueue_sync(customer, 1250)
                 state.ids[customer] = handle.id
@@ -173,8 +245,8 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    """A fresh page (its own context) that fails the test on any script error."""
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    """A fresh page (its own context, in UTC) that fails the test on any script error."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, timezone_id="UTC")
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -194,6 +266,30 @@ def test_start_page_shows_queue_counts_live(app: App, page: Any) -> None:
     expect(waiting).to_have_text("4")  # no reload: the page polls the API
     page.locator("#dead-link").click()
     expect(page).to_have_url(app.url + "/dead-letters")
+
+
+def test_start_page_shows_scheduled_and_running_counts_live(app: App, page: Any) -> None:
+    scheduled_before = off_loop(app.queue.stats_sync)["scheduled"]
+    page.goto(app.url + "/")
+    page.evaluate("window.__same_page = 1")  # gone if the page reloads
+    scheduled, running = page.locator("#s-scheduled"), page.locator("#s-running")
+    expect(scheduled).to_have_text(str(scheduled_before))
+    expect(running).to_have_text("0")
+    build = app.queue.tasks["reports.build"]
+    later = off_loop(lambda: build.options(delay=3600).enqueue_sync("next-year"))
+    expect(scheduled).to_have_text(str(scheduled_before + 1))
+    with gated(app) as gate:
+        row = page.locator('#queues tr[data-queue="gated"]')
+        expect(row.locator("td.running")).to_have_text("1")  # taken, not yet acknowledged
+        expect(row.locator("td.waiting")).to_have_text("0")
+        expect(running).to_have_text("1")  # the workers' count
+        gate.open()
+        expect(row.locator("td.running")).to_have_text("0")
+        expect(running).to_have_text("0")
+    assert off_loop(lambda: app.queue.cancel_sync(later.id)) == "scheduled"
+    expect(scheduled).to_have_text(str(scheduled_before))
+    assert page.evaluate("window.__same_page") == 1
+    wait_until(lambda: state(app, gate.id) is TaskState.SUCCEEDED, 30, "the gated task to end")
 
 
 def test_replay_a_dead_letter_and_see_the_task_run(app: App, page: Any) -> None:
@@ -260,12 +356,87 @@ def test_look_up_a_task_by_id(app: App, page: Any) -> None:
     shot(page, "task")
 
 
-def test_workers_and_periodic_pages(app: App, page: Any) -> None:
+def test_a_failed_task_shows_its_error_traceback_attempts_and_timings(app: App, page: Any) -> None:
+    refund = app.queue.tasks["billing.refund"]
+    task_id = off_loop(lambda: refund.enqueue_sync("grace", 990)).id
+    wait_until(lambda: state(app, task_id) is TaskState.FAILED, 30, "the refund to fail")
+    record = off_loop(lambda: app.queue.inspect_sync(task_id))
+    assert record is not None
+    started, enqueued, finished = record.started_at, record.enqueued_at, record.finished_at
+    assert started is not None
+    assert enqueued is not None
+    assert finished is not None
+    page.goto(app.url + "/tasks")
+    page.locator("#task-id").fill(task_id)
+    page.locator("#search button").click()
+    expect(page.locator("#task-state")).to_have_text("failed")
+    message = "refund of 990 cents over the limit for grace"
+    expect(field(page, "error")).to_have_text(f"ValueError: {message}")
+    traceback = page.locator("#task-traceback")
+    expect(traceback).to_contain_text("Traceback (most recent call last)")
+    expect(traceback).to_contain_text(", in refund")  # the task's own frame
+    expect(traceback).to_contain_text(f"ValueError: {message}")
+    expect(field(page, "attempts")).to_have_text("2")  # the first run and its one retry
+    expect(field(page, "enqueued_at")).to_have_text(when(enqueued))
+    expect(field(page, "started_at")).to_have_text(when(started))  # the last attempt's
+    expect(field(page, "finished_at")).to_have_text(when(finished))
+    expect(field(page, "wait")).to_have_text(span(started - enqueued))
+    expect(field(page, "duration")).to_have_text(span(finished - started))
+    expect(field(page, "worker")).to_have_text(app.worker.id)
+    expect(page.locator("#task-args")).to_have_text('["grace",990]')  # a failed record keeps them
+    expect(field(page, "result")).to_have_count(0)
+    expect(field(page, "dead_letter")).to_have_count(0)  # dead_letter=False
+
+
+def test_a_running_task_shows_its_progress_live(app: App, page: Any) -> None:
+    with gated(app, steps=3) as gate:
+        page.goto(f"{app.url}/tasks/{gate.id}")
+        page.evaluate("window.__same_page = 1")  # gone if the page reloads
+        progress = field(page, "progress")
+        expect(page.locator("#task-state")).to_have_text("running")
+        expect(progress.locator(".done")).to_have_text("1 / 3")
+        expect(progress.locator(".message")).to_have_text("step 1 of 3")
+        expect(progress.locator("progress")).to_have_js_property("value", 1 / 3)
+        # Without track_state a running task has no record: known by its progress only.
+        expect(field(page, "attempts")).to_have_text(NO_VALUE)
+        # The time since the report keeps counting while the task waits at its gate.
+        since = progress.locator(".ago").inner_text()
+        expect(progress.locator(".ago")).not_to_have_text(since)
+        expect(progress.locator(".done")).to_have_text("1 / 3")
+        gate.open()
+        expect(progress.locator(".done")).to_have_text("2 / 3")
+        expect(progress.locator(".message")).to_have_text("step 2 of 3")
+        expect(progress.locator("progress")).to_have_js_property("value", 2 / 3)
+        gate.open(2)
+        expect(page.locator("#task-state")).to_have_text("succeeded")
+        expect(progress.locator(".done")).to_have_text("3 / 3")
+        expect(field(page, "result")).to_have_text('"3 steps"')
+        expect(field(page, "attempts")).to_have_text("1")
+    assert page.evaluate("window.__same_page") == 1
+
+
+def test_workers_page_shows_each_live_worker(app: App, page: Any) -> None:
+    worker = app.worker
     page.goto(app.url + "/workers")
-    row = page.locator("#workers tbody tr").first
-    expect(row).to_contain_text(str(os.getpid()))
-    expect(row).to_contain_text("s ago")
-    shot(page, "workers")
+    page.evaluate("window.__same_page = 1")  # gone if the page reloads
+    row = page.locator(f'#workers tr[data-id="{worker.id}"]')
+    expect(row.locator("td.id")).to_have_text(worker.id)
+    expect(row.locator("td.host")).to_have_text(socket.gethostname())
+    expect(row.locator("td.pid")).to_have_text(str(os.getpid()))
+    expect(row.locator("td.queues")).to_have_text("default, gated")
+    expect(row.locator("td.concurrency")).to_have_text("4")
+    expect(row.locator("td.running")).to_have_text("0")
+    heartbeat = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(\d+ s ago\)$")
+    expect(row.locator("td.heartbeat")).to_have_text(heartbeat)
+    with gated(app) as gate:
+        expect(row.locator("td.running")).to_have_text("1")  # reported within a second
+        shot(page, "workers")
+        gate.open()
+        expect(row.locator("td.running")).to_have_text("0")
+    assert page.evaluate("window.__same_page") == 1
+
+
+def test_periodic_page(app: App, page: Any) -> None:
     page.goto(app.url + "/periodic")
     morning = page.locator('#periodic tr[data-name="morning-report"]')
     expect(morning).to_contain_text("America/New_York")

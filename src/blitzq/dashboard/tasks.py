@@ -23,7 +23,9 @@ async def task_doc(queue: Queue, task_id: str) -> dict[str, Any] | None:
     latest progress, its dead letter, and its arguments (see
     :func:`~blitzq.client.task_args.task_arguments`): ``args``, ``kwargs``,
     ``args_truncated``, ``args_from`` (``"record"``, ``"dead letter"``, ``"schedule"`` or
-    ``None``) and ``args_note`` (why there are none, else ``None``).
+    ``None``) and ``args_note`` (why there are none, else ``None``). A task without a stored
+    record (running with ``track_state`` off, known by its progress; or known by its dead
+    letter only) reads ``running`` or ``dead_lettered`` with ``attempts`` ``None``.
 
     Returns:
         ``None`` when nothing is known of the task (no record, progress or dead letter:
@@ -37,12 +39,15 @@ async def task_doc(queue: Queue, task_id: str) -> dict[str, Any] | None:
     letter = await dead_letter_of(queue.broker, task_id)
     if record is None and progress is None and letter is None:
         return None
+    stored = record is not None
     if record is None:
         state = TaskState.DEAD_LETTERED if letter is not None else TaskState.RUNNING
         record = TaskRecord(
             task_id, letter.task if letter else "", letter.queue if letter else "", state
         )
     doc = record.to_dict()
+    if not stored:  # a made-up record knows no attempts (not 0: the task ran or runs)
+        doc["attempts"] = None
     started, finished, enqueued = record.started_at, record.finished_at, record.enqueued_at
     doc["duration"] = None if started is None or finished is None else finished - started
     doc["wait"] = None if started is None or enqueued is None else started - enqueued

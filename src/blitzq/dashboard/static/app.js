@@ -86,6 +86,15 @@
     line.className = error ? "bad" : "ok";
   }
 
+  // Relative times ("3 s ago") written as <span data-ago="<unix seconds>">: kept current on
+  // every poll, also when the answer did not change (no re-render, so a selection stays).
+  const agoSpan = (ts) => el("span", { class: "ago", "data-ago": ts }, ago(ts));
+  function refreshAgo() {
+    for (const node of document.querySelectorAll("[data-ago]")) {
+      node.textContent = ago(Number(node.dataset.ago));
+    }
+  }
+
   // Poll `load` every `refresh` ms; `render` runs when the answer changed (or every time
   // with `always`, for pages showing times relative to now).
   function live(load, render, always) {
@@ -96,6 +105,7 @@
         const doc = await load();
         const key = JSON.stringify(doc);
         if (always || key !== last) { last = key; render(doc); }
+        refreshAgo();
         status(null);
       } catch (error) { status(error); }
       clearTimeout(timer);
@@ -123,48 +133,51 @@
   }
 
   // ------------------------------------------------------------------- tasks
-  function field(list, label, value, cls) {
-    list.append(el("dt", {}, label), el("dd", { class: cls }, value));
+  // One line of the record; `key` (the API's field name) is the dd's data-field.
+  function field(list, key, label, value, cls) {
+    list.append(el("dt", {}, label), el("dd", { class: cls, "data-field": key }, value));
   }
 
   function renderTask(d) {
     const list = el("dl", { class: "record" });
-    field(list, "id", d.id, "mono");
-    field(list, "task", d.task || "–");
-    field(list, "queue", d.queue || "–");
-    field(list, "state", el("span", { class: `state state-${d.state}`, id: "task-state" }, d.state));
-    field(list, "attempts", d.attempts);
-    field(list, "worker", d.worker || "–", "mono");
-    field(list, "enqueued", time(d.enqueued_at));
-    field(list, "started", time(d.started_at));
-    field(list, "finished", time(d.finished_at));
-    field(list, "waited", seconds(d.wait));
-    field(list, "ran for", seconds(d.duration));
+    field(list, "id", "id", d.id, "mono");
+    field(list, "task", "task", d.task || "–");
+    field(list, "queue", "queue", d.queue || "–");
+    field(list, "state", "state", el("span", { class: `state state-${d.state}`, id: "task-state" }, d.state));
+    field(list, "attempts", "attempts", d.attempts ?? "–");
+    field(list, "worker", "worker", d.worker || "–", "mono");
+    field(list, "enqueued_at", "enqueued", time(d.enqueued_at));
+    field(list, "started_at", "started", time(d.started_at));
+    field(list, "finished_at", "finished", time(d.finished_at));
+    field(list, "wait", "waited", seconds(d.wait));
+    field(list, "duration", "ran for", seconds(d.duration));
     if (d.progress) {
       const p = d.progress;
       const bar = el("progress", { max: 1, value: p.fraction === null ? 0 : p.fraction });
       const done = p.total === null ? `${p.current}` : `${p.current} / ${p.total}`;
-      field(list, "progress", el("span", {}, bar, ` ${done} ${p.message || ""} (${ago(p.updated_at)})`));
+      field(list, "progress", "progress", el("span", {}, bar, " ", el("span", { class: "done" }, done),
+        p.message ? " " : null, p.message ? el("span", { class: "message" }, p.message) : null,
+        " (", agoSpan(p.updated_at), ")"));
     }
     if (d.args_from) {
       const from = `from the ${d.args_from}` + (d.args_truncated ? "; cut to 2048 bytes, cuts marked …" : "");
-      field(list, "args", el("span", {}, el("code", { id: "task-args" }, json(d.args)), " ", el("small", { class: "muted" }, `(${from})`)), "mono");
-      field(list, "kwargs", el("code", { id: "task-kwargs" }, json(d.kwargs)), "mono");
+      field(list, "args", "args", el("span", {}, el("code", { id: "task-args" }, json(d.args)), " ", el("small", { class: "muted" }, `(${from})`)), "mono");
+      field(list, "kwargs", "kwargs", el("code", { id: "task-kwargs" }, json(d.kwargs)), "mono");
     } else {
-      field(list, "args", el("span", { id: "task-args-note" }, `not kept: ${d.args_note || "unknown"}`), "muted");
+      field(list, "args", "args", el("span", { id: "task-args-note" }, `not kept: ${d.args_note || "unknown"}`), "muted");
     }
-    if (d.due_at !== null && d.due_at !== undefined) field(list, "due", time(d.due_at));
+    if (d.due_at !== null && d.due_at !== undefined) field(list, "due_at", "due", time(d.due_at));
     if (d.state === "succeeded") {
-      field(list, "result", d.result_stored ? json(d.result) : "not stored", "mono");
+      field(list, "result", "result", d.result_stored ? json(d.result) : "not stored", "mono");
     }
     if (d.error_type || d.error) {
-      field(list, "error", `${d.error_type || "error"}: ${d.error || ""}`, "bad mono");
+      field(list, "error", "error", `${d.error_type || "error"}: ${d.error || ""}`, "bad mono");
     }
     if (d.dead_letter) {
-      field(list, "dead letter", `${d.dead_letter.reason} at ${time(d.dead_letter.failed_at)}`);
+      field(list, "dead_letter", "dead letter", `${d.dead_letter.reason} at ${time(d.dead_letter.failed_at)}`);
     }
     const parts = [list];
-    if (d.traceback) parts.push(el("h3", {}, "Traceback"), el("pre", { class: "traceback" }, d.traceback));
+    if (d.traceback) parts.push(el("h3", {}, "Traceback"), el("pre", { class: "traceback", id: "task-traceback" }, d.traceback));
     $("#task").replaceChildren(...parts);
   }
 
@@ -263,16 +276,16 @@
   // ------------------------------------------------------- workers, periodic
   function workersPage() {
     live(() => api("workers"), (d) => fill("#workers", d.workers.map((w) => el("tr", { "data-id": w.id },
-      el("td", { class: "mono" }, w.id),
-      el("td", {}, w.host || "–"),
-      el("td", { class: "num" }, w.pid ?? "–"),
-      el("td", {}, (w.queues || []).join(", ")),
-      el("td", { class: "num" }, w.concurrency ?? "–"),
-      el("td", { class: "num" }, w.running ?? "–"),
-      el("td", { class: "num" }, w.processed ?? "–"),
-      el("td", { class: "num" }, w.failed ?? "–"),
-      el("td", {}, time(w.started_at)),
-      el("td", {}, w.heartbeat_at ? `${time(w.heartbeat_at)} (${ago(w.heartbeat_at)})` : "–"))),
+      el("td", { class: "mono id" }, w.id),
+      el("td", { class: "host" }, w.host || "–"),
+      el("td", { class: "num pid" }, w.pid ?? "–"),
+      el("td", { class: "queues" }, (w.queues || []).join(", ")),
+      el("td", { class: "num concurrency" }, w.concurrency ?? "–"),
+      el("td", { class: "num running" }, w.running ?? "–"),
+      el("td", { class: "num finished" }, w.processed ?? "–"),
+      el("td", { class: "num failed" }, w.failed ?? "–"),
+      el("td", { class: "started" }, time(w.started_at)),
+      el("td", { class: "heartbeat" }, w.heartbeat_at ? `${time(w.heartbeat_at)} (${ago(w.heartbeat_at)})` : "–"))),
     "no live workers"), true);
   }
 
