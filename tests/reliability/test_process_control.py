@@ -59,6 +59,15 @@ async def work(path: str, token: str, seconds: float) -> int:
 
 
 @queue.task
+async def gated(path: str, token: str, gate: str) -> int:
+    """Append ``token pid`` to ``path``, wait until the file ``gate`` exists, return the pid."""
+    _append(path, f"{token} {os.getpid()}\n")
+    while not os.path.exists(gate):  # noqa: ASYNC240 - a test task polling a local file
+        await asyncio.sleep(0.05)
+    return os.getpid()
+
+
+@queue.task
 def hog(megabytes: int) -> int:
     """Hold ``megabytes`` of touched memory in this process for good; return the pid."""
     _HELD.append(b"\x01" * (megabytes * MB))
@@ -72,7 +81,7 @@ def pool_hog(megabytes: int) -> int:
     return os.getpid()
 
 
-WORK, HOG, POOL_HOG = (f"{__name__}.{n}" for n in ("work", "hog", "pool_hog"))
+WORK, GATED, HOG, POOL_HOG = (f"{__name__}.{n}" for n in ("work", "gated", "hog", "pool_hog"))
 
 
 # ------------------------------------------------------------------ fixtures
@@ -180,11 +189,17 @@ def test_autoscale_adds_processes_under_a_burst_and_removes_idle_ones(
         "--autoscale-backlog", "2",
     )  # fmt: skip
     workers_are(sup, client, namespace, 1)
-    path = tmp_path / "runs.txt"
-    handles = [producer.send_sync(WORK, (str(path), str(i), 0.3)) for i in range(48)]
-    wait_until(lambda: len(sup.workers()) == 3, 40, f"3 processes\n{sup.output()}")
+    path, gate = tmp_path / "runs.txt", tmp_path / "gate"
+    # The tasks wait for the gate, so the backlog lasts until the added processes have
+    # started and taken tasks, however slowly a busy machine starts them.
+    handles = [producer.send_sync(GATED, (str(path), str(i), str(gate))) for i in range(48)]
+    added = workers_are(sup, client, namespace, 3)
+    wait_until(
+        lambda: {pid for _, pid in runs(path)} == set(added), 40, f"3 running\n{sup.output()}"
+    )
+    gate.touch()
     pids = {h.result_sync(timeout=60) for h in handles}
-    assert len(pids) > 1  # the added processes took tasks
+    assert pids == set(added)  # the added processes took tasks
     # Idle for a second: the added processes are removed (gracefully), down to the minimum.
     wait_until(lambda: len(sup.workers()) == 1, 40, f"back to 1 process\n{sup.output()}")
     tokens = [t for t, _ in runs(path)]
