@@ -18,7 +18,8 @@ import pytest
 
 from blitzq import Queue
 from blitzq.broker.redis import results as listener_module
-from blitzq.broker.redis.results import ResultListener, glob_escape
+from blitzq.broker.redis.keys import glob_escape
+from blitzq.broker.redis.results import ResultListener
 
 from .proc_tasks import eventually, make_worker, running
 

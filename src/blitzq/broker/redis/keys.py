@@ -331,3 +331,9 @@ class Keys:
     def custody_leases(self, queue: str) -> str:
         """Sorted set of the custody ids of ``queue`` scored by lease expiry."""
         return self._one("custody_leases", queue)
+
+
+def glob_escape(text: str) -> str:
+    """``text`` with Redis glob specials (``* ? [ ] \\``) escaped, to match it literally (a
+    ``PSUBSCRIBE`` or ``SCAN MATCH`` pattern over names that start with ``text``)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

@@ -33,6 +33,7 @@ from redis.exceptions import ResponseError
 
 from .client import REDIS_ERRORS, subscriber
 from .cluster import ready
+from .keys import glob_escape
 
 logger = logging.getLogger("blitzq.broker")
 
@@ -49,17 +50,11 @@ RECENT = 1024
 _EPOCHS = itertools.count()
 
 
-def glob_escape(text: str) -> str:
-    """``text`` with Redis glob specials (``* ? [ ] \\``) escaped, to match it literally."""
-    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
-
-
 class ResultListener:
     """Multiplexes per-task completion channels over one pub/sub connection.
 
     Args:
-        client: the broker's redis client (the pub/sub connection is made from its pool's
-            connection arguments, outside the pool: :func:`~.client.subscriber`).
+        client: the broker's redis client (pub/sub beside its pool: ``client.subscriber``).
         done_prefix: the completion channels' common start (``{ns}:done:``) to serve with
             one pattern subscription (pattern mode, see the module docs); ``None`` (a
             cluster): one channel per wait always.
@@ -73,8 +68,7 @@ class ResultListener:
         self._pattern_waiters: dict[bytes, list[asyncio.Future[bytes]]] = {}
         #: Resolved once the server confirmed the pattern; ``None`` while not subscribed.
         self._pattern_on: asyncio.Future[None] | None = None
-        #: The last ``_pattern_on`` whose confirmation was logged as late (logged once).
-        self._pattern_unconfirmed: asyncio.Future[None] | None = None
+        self._pattern_unconfirmed: asyncio.Future[None] | None = None  # logged as late
         self._pattern_idle_since = self._pattern_paused_until = self._unwanted_since = 0.0
         self._unwanted = 0
         #: Renewed whenever completions may have been missed (reconnect, pause, linger end);
@@ -126,12 +120,8 @@ class ResultListener:
         self._confirmed[key] = confirmed
         try:
             async with self._lock:
-                if self._pubsub is None:
-                    await ready(self._client)  # a cluster client: its slot map first
-                    self._pubsub = subscriber(self._client)
-                await self._pubsub.subscribe(key)
-                if self._reader is None or self._reader.done():
-                    self._reader = asyncio.create_task(self._read(), name="blitzq-results")
+                await (await self._opened()).subscribe(key)
+                self._ensure_reader()
         except (Exception, asyncio.CancelledError):
             if not confirmed.done():  # waiters that joined this one fall back to polling
                 confirmed.set_result(None)
@@ -141,6 +131,17 @@ class ResultListener:
         except TimeoutError:
             logger.warning("no confirmation of subscription to %s; falling back to polling", key)
         return fut
+
+    async def _opened(self) -> Any:
+        """The pub/sub connection, opened beside the pool (``subscriber``) at first use."""
+        if self._pubsub is None:
+            await ready(self._client)  # a cluster client: its slot map first
+            self._pubsub = subscriber(self._client)
+        return self._pubsub
+
+    def _ensure_reader(self) -> None:
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.create_task(self._read(), name="blitzq-results")
 
     def register(self, channel: str) -> asyncio.Future[bytes] | None:
         """A waiter on ``channel`` at once, without a command, when the confirmed pattern
@@ -194,12 +195,8 @@ class ResultListener:
             on = self._pattern_on = loop.create_future()
             try:
                 async with self._lock:
-                    if self._pubsub is None:
-                        await ready(self._client)
-                        self._pubsub = subscriber(self._client)
-                    await self._pubsub.psubscribe(self._pattern)
-                    if self._reader is None or self._reader.done():
-                        self._reader = asyncio.create_task(self._read(), name="blitzq-results")
+                    await (await self._opened()).psubscribe(self._pattern)
+                    self._ensure_reader()
             except (Exception, asyncio.CancelledError):
                 if self._pattern_on is on:
                     self._pattern_on = None
