@@ -69,6 +69,30 @@ async def test_fetch_first_drains_levels_in_the_order_given(broker: Broker) -> N
     assert ids(await broker.fetch_first(LEVELS, 1, 0)) == ["n4"]
 
 
+async def test_large_fetches_keep_the_order_of_levels(broker: Broker) -> None:
+    # Batches of 32 messages or more from levels that had a backlog: the streams transport
+    # then reads the levels one plain XREADGROUP each instead of its script.
+    await ready(broker)
+    await broker.publish("flow", [message(f"n{i}") for i in range(150)])
+    first = await broker.fetch_first(LEVELS, 40, 0)  # a backlog: the next one reads plainly
+    assert ids(first) == [f"n{i}" for i in range(40)]
+    await broker.publish("flow:low", [message(f"l{i}") for i in range(50)])
+    await broker.publish("flow:high", [message(f"h{i}") for i in range(30)])
+    second = await broker.fetch_first(LEVELS, 40, 0)
+    assert ids(second) == [f"h{i}" for i in range(30)] + [f"n{i}" for i in range(40, 50)]
+    assert [d.queue for d in second] == ["flow:high"] * 30 + ["flow"] * 10
+    third = await broker.fetch_first(LEVELS, 120, 0)
+    assert ids(third) == [f"n{i}" for i in range(50, 150)] + [f"l{i}" for i in range(20)]
+    fourth = await broker.fetch_first(LEVELS, 40, 0)
+    assert ids(fourth) == [f"l{i}" for i in range(20, 50)]
+    assert await broker.fetch_first(LEVELS, 40, 0) == []
+    got = first + second + third + fourth
+    assert all(d.deliveries == 1 for d in got)
+    assert len(got) == 230
+    leases = [(d.queue, d.token) for d in got if d.token is not None]  # fast mode has none
+    assert len(set(leases)) == len(leases)
+
+
 async def test_fetch_first_deliveries_complete_like_fetch(broker: Broker) -> None:
     await ready(broker)
     await broker.publish("flow:high", [message("h")])

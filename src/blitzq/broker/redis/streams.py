@@ -34,6 +34,11 @@ logger = logging.getLogger("blitzq.broker")
 #: Idle time (ms) a nack gives an entry: past any visibility timeout, under the server's clock.
 _HANDED_BACK_MS = 10 * 365 * 86400 * 1000
 
+#: A non-blocking fetch of at least this many messages, on levels whose last fetch found a
+#: backlog, reads the levels with one plain ``XREADGROUP`` each instead of ``fetch_levels.lua``
+#: (see :meth:`StreamsTransport.fetch_first`).
+_PLAIN_READS_MIN = 32
+
 
 def _delivery(queue: str, entry_id: bytes, fields: list[bytes]) -> Delivery:
     """A Delivery from a stream entry's fields ("m" the message, "d" the delivery count)."""
@@ -69,6 +74,9 @@ class StreamsTransport(RedisPart, Transport):
             raise ConfigurationError("a streams transport needs a connection of kind 's'")
         super().__init__(conn)
         conn.consumer = "unnamed"
+        #: Whether the last non-blocking fetch of each set of levels (by its first level)
+        #: took all it asked for: a backlog, where plain reads cost the server less.
+        self._backlog: dict[str, bool] = {}
 
     @translate_errors
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
@@ -136,8 +144,27 @@ class StreamsTransport(RedisPart, Transport):
         self, queues: Sequence[str], count: int, timeout: float, *, look_first: bool = True
     ) -> list[Delivery]:
         """Take from the streams in order in one script call; block on all of them at once
-        (at once, without the script, when ``look_first`` is false and ``timeout`` > 0)."""
+        (at once, without the script, when ``look_first`` is false and ``timeout`` > 0).
+
+        A large fetch (:data:`_PLAIN_READS_MIN` messages or more) from levels that had a
+        backlog last time reads them with one plain ``XREADGROUP`` each instead, in order,
+        until it has ``count``: the server's cost of the script is mostly converting the
+        entries to Lua and back (about 3 us a message, against about 1.1 us for the read
+        itself), far more than one more command per batch costs. The order is the same:
+        every message waiting on a level when its read starts is taken before any of a
+        later level, and a higher level is always read first.
+        """
         keys = [self.keys.stream(q) for q in queues]
+        if (
+            count >= _PLAIN_READS_MIN
+            and self._backlog.get(queues[0])
+            and (look_first or timeout <= 0)
+        ):
+            taken = await self._read_levels(queues, keys, count)
+            self._backlog[queues[0]] = len(taken) >= count
+            if taken or timeout <= 0:
+                return taken
+            look_first = False  # every level was empty a moment ago: block at once
         if look_first or timeout <= 0:
             rows = await self.scripts.call(
                 "fetch_levels", keys=keys, args=[GROUP, self.consumer, count]
@@ -146,6 +173,8 @@ class StreamsTransport(RedisPart, Transport):
             rows = []
         n = len(keys)
         if len(rows) > n or timeout <= 0:
+            if count >= _PLAIN_READS_MIN:
+                self._backlog[queues[0]] = sum(rows[:n]) >= count
             out: list[Delivery] = []
             start = n
             for queue, taken in zip(queues, rows[:n], strict=True):
@@ -176,6 +205,46 @@ class StreamsTransport(RedisPart, Transport):
             for entry_id, fields in entries
             if fields is not None
         ]
+
+    async def _read_levels(
+        self, queues: Sequence[str], keys: list[str], count: int
+    ) -> list[Delivery]:
+        """Up to ``count`` new entries from the streams in order, one ``XREADGROUP`` each,
+        without blocking. A read that fails after earlier ones took entries ends the fetch
+        with those (they are leased to this consumer: never left unseen)."""
+        out: list[Delivery] = []
+        for queue, key in zip(queues, keys, strict=True):
+            try:
+                reply = await self.client.execute_command(
+                    "XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", count - len(out),
+                    "STREAMS", key, ">",
+                )  # fmt: skip
+            except ResponseError as exc:
+                if out:
+                    return out
+                if "NOGROUP" not in str(exc):
+                    raise
+                # The stream was deleted (purge, FLUSHDB): recreate the group, read on.
+                await self.prepare_consumer([queue], self.consumer)
+                continue
+            except Exception:
+                if out:
+                    return out
+                raise
+            if not reply:
+                continue
+            # RESP3 answers a map of stream to entries, RESP2 a list of [stream, entries].
+            entries = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
+            out += [
+                Delivery(queue, entry_id, f[1], 1)
+                if len(f) == 2 and f[0] == MESSAGE_FIELD
+                else _delivery(queue, entry_id, f)
+                for entry_id, f in entries
+                if f
+            ]
+            if len(out) >= count:
+                break
+        return out
 
     @translate_errors
     async def ack(self, queue: str, tokens: Sequence[bytes]) -> None:
