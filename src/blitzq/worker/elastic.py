@@ -52,7 +52,7 @@ class Elastic:
     _bounds: tuple[int, int]
     _budget: Callable[[], RestartBudget]
 
-    def _spawn(self, slot: _Slot) -> None:
+    def _spawn(self, slot: _Slot, *, first: bool = False) -> None:
         raise NotImplementedError
 
     # ------------------------------------------------------ reload, autoscale

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import socket
 import time
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import ConfigurationError
+from .ops import PortInUse
 
 try:
     import uvicorn
@@ -170,7 +172,8 @@ def _bind(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port`` (uvicorn listens on it).
 
     Raises:
-        ConfigurationError: the address cannot be bound (in use, no permission, bad host).
+        ConfigurationError: the address cannot be bound (no permission, bad host; a
+            :class:`~blitzq.worker.ops.PortInUse` when another socket holds it).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -179,7 +182,8 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ConfigurationError(f"cannot serve health endpoints on {host}:{port}: {exc}") from None
+        kind = PortInUse if exc.errno == errno.EADDRINUSE else ConfigurationError
+        raise kind(f"cannot serve health endpoints on {host}:{port}: {exc}") from None
     return sock
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import math
 from collections.abc import Iterator
@@ -46,6 +47,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "from its checkout with the extra: pip install -e '.[metrics]')"
     ) from exc
 
+from .ops import PortInUse
 from .tally import BUCKETS, MAX_TASK_NAMES, OUTCOMES, RunTally
 
 if TYPE_CHECKING:
@@ -235,14 +237,16 @@ def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[An
     server (a daemon thread); return ``(server, thread)``.
 
     Raises:
-        ConfigurationError: the address cannot be bound (in use, no permission).
+        ConfigurationError: the address cannot be bound (no permission; a
+            :class:`~blitzq.worker.ops.PortInUse` when another socket holds it).
     """
     from prometheus_client import start_http_server
 
     try:
         return start_http_server(port, host, registry)
     except OSError as exc:
-        raise ConfigurationError(f"cannot serve metrics on {host}:{port}: {exc}") from None
+        kind = PortInUse if exc.errno == errno.EADDRINUSE else ConfigurationError
+        raise kind(f"cannot serve metrics on {host}:{port}: {exc}") from None
 
 
 def stop_metrics(server: Any, thread: Any) -> None:

@@ -10,18 +10,32 @@ and pays nothing (the runner's observer stays ``None``).
 
 Under ``blitzq worker --workers N`` every worker process serves its own ports: the base
 port plus its slot index (0 … N-1, from ``BLITZQ_WORKER_SLOT``); see :func:`slot_port`.
+A worker the supervisor starts to *replace* another in its slot (a reload, a recycle, a
+restart) finds the slot's ports still held while its predecessor finishes its runs: the
+supervisor sets ``BLITZQ_OPS_PORT_WAIT`` (seconds) for it, and a port in use is then retried in
+the background every :data:`RETRY_INTERVAL` seconds while the worker runs its tasks, until it
+is free; still in use after that long, the worker logs an ERROR and stops with a
+:class:`ConfigurationError` (exit code 2). Without the variable (a first start) a port in use
+fails at once. The port is bound exclusively either way (no ``SO_REUSEPORT``): two live
+processes never share it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import math
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 from .._checks import integer, text
 from ..exceptions import ConfigurationError
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from .fetch import Fetcher
     from .health import Readiness
     from .metrics import RunMetrics
@@ -29,6 +43,26 @@ if TYPE_CHECKING:
 
 #: Environment variable the supervisor sets to each worker process's slot index.
 SLOT_ENV = "BLITZQ_WORKER_SLOT"
+#: Environment variable the supervisor sets for a worker replacing another in its slot: the
+#: seconds a port still in use is retried before it counts as a configuration error.
+PORT_WAIT_ENV = "BLITZQ_OPS_PORT_WAIT"
+#: Seconds between two tries of a port still in use.
+RETRY_INTERVAL = 0.25
+
+logger = logging.getLogger("blitzq.worker")
+
+
+class PortInUse(ConfigurationError):
+    """An ops port is held by another socket (``EADDRINUSE``)."""
+
+
+def port_wait() -> float:
+    """Seconds to retry a port in use (``BLITZQ_OPS_PORT_WAIT``; 0: fail at once)."""
+    try:
+        wait = float(os.environ.get(PORT_WAIT_ENV, ""))
+    except ValueError:
+        return 0.0
+    return wait if math.isfinite(wait) and wait > 0 else 0.0
 
 
 def slot_port(base: int | None) -> int | None:
@@ -75,9 +109,15 @@ class Ops:
         self.metrics: RunMetrics | None = None
         self.metrics_address: tuple[str, int] | None = None
         self.health_address: tuple[str, int] | None = None
+        #: seconds a port in use is retried (:func:`port_wait`).
+        self.port_wait = port_wait()
+        #: the error that stopped the worker: a port still in use after :attr:`port_wait`.
+        self.error: ConfigurationError | None = None
         self._metrics_server: tuple[Any, Any] | None = None
         self._health_server: tuple[Any, asyncio.Task[None]] | None = None
         self._readiness: type[Readiness] | None = None
+        self._app: Any = None
+        self._retry: asyncio.Task[None] | None = None
         if worker.metrics_port is not None:
             from .metrics import RunMetrics
 
@@ -87,42 +127,110 @@ class Ops:
 
             self._readiness = Readiness
 
+    @property
+    def _shared(self) -> bool:
+        return self.metrics is not None and self.worker.health_port == self.worker.metrics_port
+
     async def start(self, fetcher: Fetcher) -> list[asyncio.Task[None]]:
         """Serve the endpoints; return the background tasks (sampling, probing) for the
-        worker to cancel at shutdown.
+        worker to cancel at shutdown. A port in use is retried in the background for
+        :attr:`port_wait` seconds when that is above 0 (see the module docstring).
 
         Raises:
-            ConfigurationError: a port cannot be bound, or an extra is not installed.
+            ConfigurationError: a port cannot be bound (in use and no wait), or an extra is
+                not installed.
         """
-        worker, host = self.worker, self.worker.ops_host
+        worker = self.worker
         tasks: list[asyncio.Task[None]] = []
-        metrics, health_port = self.metrics, worker.health_port
-        shared = metrics is not None and health_port == worker.metrics_port
+        metrics, shared = self.metrics, self._shared
+        serves: list[Callable[[], Awaitable[None]]] = []
         if metrics is not None:
             await metrics.first_sample()  # before serving: the first scrape has the gauges
             tasks.append(asyncio.create_task(metrics.sample_loop(), name="blitzq-metrics"))
             if not shared:
-                from .metrics import serve_metrics
-
-                server, _ = self._metrics_server = serve_metrics(
-                    metrics.registry, host, worker.metrics_port or 0
-                )
-                self.metrics_address = (host, int(server.server_address[1]))
-        if health_port is not None and self._readiness is not None:
-            from .health import make_app, serve_health
+                serves.append(self._serve_metrics)
+        if worker.health_port is not None and self._readiness is not None:
+            from .health import make_app
 
             readiness = self._readiness(worker, fetcher.running)
-            app = make_app(readiness, metrics.registry if shared and metrics else None)
-            server, _ = self._health_server = await serve_health(app, host, health_port)
-            port = int(server.servers[0].sockets[0].getsockname()[1])
-            self.health_address = (host, port)
-            if shared:
-                self.metrics_address = self.health_address
+            self._app = make_app(readiness, metrics.registry if shared and metrics else None)
+            serves.append(self._serve_health)
             tasks.append(asyncio.create_task(readiness.probe_loop(), name="blitzq-readiness"))
+        waiting: list[tuple[Callable[[], Awaitable[None]], PortInUse]] = []
+        for serve in serves:
+            try:
+                await serve()
+            except PortInUse as exc:
+                if self.port_wait <= 0:
+                    raise
+                waiting.append((serve, exc))
+        if waiting:
+            logger.warning(
+                "%s: presumably the previous worker of this slot, still finishing its runs; "
+                "this worker runs its tasks meanwhile and retries for up to %.0f s",
+                "; ".join(str(exc) for _, exc in waiting), self.port_wait,
+            )  # fmt: skip
+            self._retry = asyncio.create_task(self._retry_loop(waiting), name="blitzq-ops-bind")
         return tasks
+
+    async def _serve_metrics(self) -> None:
+        from .metrics import serve_metrics
+
+        assert self.metrics is not None
+        host = self.worker.ops_host
+        server, _ = self._metrics_server = serve_metrics(
+            self.metrics.registry, host, self.worker.metrics_port or 0
+        )
+        self.metrics_address = (host, int(server.server_address[1]))
+
+    async def _serve_health(self) -> None:
+        from .health import serve_health
+
+        host, port = self.worker.ops_host, self.worker.health_port
+        assert port is not None
+        server, _ = self._health_server = await serve_health(self._app, host, port)
+        self.health_address = (host, int(server.servers[0].sockets[0].getsockname()[1]))
+        if self._shared:
+            self.metrics_address = self.health_address
+
+    async def _retry_loop(
+        self, waiting: list[tuple[Callable[[], Awaitable[None]], PortInUse]]
+    ) -> None:
+        """Try the ports in use again until bound; past :attr:`port_wait` seconds, log an
+        ERROR, keep it in :attr:`error` and stop the worker (which raises it)."""
+        deadline = time.monotonic() + self.port_wait
+        while waiting:
+            await asyncio.sleep(RETRY_INTERVAL)
+            still = []
+            for serve, _ in waiting:
+                try:
+                    await serve()
+                except PortInUse as exc:
+                    still.append((serve, exc))
+                except ConfigurationError as exc:
+                    self._fail(str(exc))
+                    return
+            waiting = still
+            if waiting and time.monotonic() >= deadline:
+                self._fail(f"{waiting[0][1]} (still in use after {self.port_wait:.0f} s)")
+                return
+        logger.info(
+            "ops endpoints served now: metrics %s, health %s",
+            self.metrics_address, self.health_address,
+        )  # fmt: skip
+
+    def _fail(self, message: str) -> None:
+        logger.error("%s: the worker stops", message)
+        self.error = ConfigurationError(message)
+        self.worker.stop()
 
     async def stop(self) -> None:
         """Stop serving (bounded); safe to call when nothing was started."""
+        if self._retry is not None:
+            self._retry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retry
+            self._retry = None
         if self._metrics_server is not None:
             from .metrics import stop_metrics
 
@@ -137,4 +245,12 @@ class Ops:
             await stop_health(server, task)
 
 
-__all__ = ["SLOT_ENV", "Ops", "check_ops_options", "slot_port"]
+__all__ = [
+    "PORT_WAIT_ENV",
+    "SLOT_ENV",
+    "Ops",
+    "PortInUse",
+    "check_ops_options",
+    "port_wait",
+    "slot_port",
+]

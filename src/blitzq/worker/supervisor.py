@@ -47,6 +47,7 @@ from types import FrameType
 
 from .autoscale import Autoscaler, AutoscaleSettings, Sample
 from .elastic import Elastic, _Slot
+from .ops import PORT_WAIT_ENV
 from .processes import Guard, _prctl, die_with_parent, group_alive, killpg, signal_name
 from .reload import SourceWatcher
 from .restarts import RestartBudget
@@ -66,6 +67,9 @@ GROUP_GRACE = 1.0
 #: Least seconds between two starts of one slot when its worker asked to be restarted
 #: (exit code ``EXIT_RESTART``); such planned restarts are not counted in the restart budget.
 PLANNED_RESTART_INTERVAL = 1.0
+#: Seconds past ``2 * shutdown_timeout + KILL_GRACE`` a replacement worker retries a port its
+#: predecessor still holds (``BLITZQ_OPS_PORT_WAIT``, :mod:`~blitzq.worker.ops`).
+PORT_WAIT_MARGIN = 30.0
 
 
 class Supervisor(Elastic):
@@ -168,7 +172,7 @@ class Supervisor(Elastic):
         try:
             self._guard.start()
             for slot in self.slots:
-                self._spawn(slot)
+                self._spawn(slot, first=True)
             for helper in (self._sampler, self._watcher):
                 if helper is not None:
                     helper.start()
@@ -283,9 +287,18 @@ class Supervisor(Elastic):
                         os.kill(slot.proc.pid, sig)
 
     # ------------------------------------------------------------------ slots
-    def _spawn(self, slot: _Slot) -> None:
+    @property
+    def port_wait(self) -> float:
+        """Seconds a replacement worker retries a port its predecessor still holds."""
+        return 2 * self.shutdown_timeout + KILL_GRACE + PORT_WAIT_MARGIN
+
+    def _spawn(self, slot: _Slot, *, first: bool = False) -> None:
+        """Start a worker in ``slot``; any but a ``first`` one waits for the slot's ports."""
         slot.restart_at = None
         env = {**self.env, "BLITZQ_WORKER_SLOT": str(slot.index)}
+        env.pop(PORT_WAIT_ENV, None)
+        if not first:
+            env[PORT_WAIT_ENV] = repr(self.port_wait)
         try:
             proc = subprocess.Popen(
                 self.command,

@@ -345,6 +345,8 @@ class Worker:
             await shut_down(self, background, flusher_task)
             raise
         await shut_down(self, background, flusher_task)
+        if self.ops.error is not None:  # a port still in use after the wait (Ops)
+            raise self.ops.error
 
     def running_tokens(self, queue: str) -> list[bytes]:
         """Delivery tokens of the jobs from physical ``queue`` still running (leases)."""
