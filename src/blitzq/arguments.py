@@ -125,7 +125,14 @@ def from_wire(value: Any, tp: Any) -> Any:
     try:
         return msgspec.convert(value, tp, builtin_types=_PASSED_THROUGH, dec_hook=_dec_hook)
     except (msgspec.ValidationError, TypeError, ValueError, NotImplementedError) as exc:
-        raise SerializationError(f"cannot read {value!r} as {tp!r}: {exc}") from exc
+        hint = ""
+        if "Enums must contain either all str or all int values" in str(exc):
+            hint = (
+                " (an annotated Enum parameter needs members whose values are all str or all "
+                "int: change the Enum's values, or annotate the parameter with the values' "
+                "type and pass the member's .value)"
+            )
+        raise SerializationError(f"cannot read {value!r} as {tp!r}: {exc}{hint}") from exc
 
 
 def _checked(value: Any, tp: Any) -> Any:

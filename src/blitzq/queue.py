@@ -141,10 +141,19 @@ class Queue:
         amqp_url: str | None = None,
     ) -> None:
         self.name = check_queue_name("queue name", name)
-        self.namespace = check_name("namespace", namespace or config.value("namespace") or "blitzq")
+        if namespace is not None:
+            self.namespace = check_name("namespace", namespace)
+        else:
+            try:
+                self.namespace = check_name("namespace", config.value("namespace") or "blitzq")
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"{config.source('namespace')}: {exc}") from None
         resolved_mode = mode or config.value("mode") or "reliable"
         if resolved_mode not in ("reliable", "fast"):
-            raise ConfigurationError(f"mode must be 'reliable' or 'fast', got {resolved_mode!r}")
+            where = "" if mode else f"{config.source('mode')}: "
+            raise ConfigurationError(
+                f"{where}mode must be 'reliable' or 'fast', got {resolved_mode!r}"
+            )
         self.mode: Mode = resolved_mode  # type: ignore[assignment]
         # Numbers are real numbers (not bool), finite and in range; see blitzq._checks.
         seconds("visibility_timeout", visibility_timeout)

@@ -218,3 +218,73 @@ def test_a_relative_data_dir_of_the_file_is_relative_to_the_file(
         assert row["value"] == str(project / "var" / "bq")
     monkeypatch.setenv("BLITZQ_DATA_DIR", "here")  # the variable: relative to the cwd
     assert data_dir_from_env() == project / "src" / "app" / "here"
+
+
+def test_an_invalid_setting_names_its_origin_and_config_show_marks_it(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(project, '[tool.blitzq]\nmode = "fsat"\n[tool.blitzq.worker]\nshutdown_timeout = "abc"\n')
+    where = f"{project / 'pyproject.toml'} [tool.blitzq]"
+    with pytest.raises(ConfigurationError, match=r"pyproject.toml \[tool.blitzq\]: mode must"):
+        Queue()
+    refused = CliRunner().invoke(cli, ["queue", "stats"])
+    assert refused.exit_code == 2
+    assert f"Invalid value for '--mode' (from {where} mode)" in refused.stderr
+    assert "env var" not in refused.stderr
+    monkeypatch.setenv("BLITZQ_MODE", "x")
+    assert "(from env var BLITZQ_MODE)" in CliRunner().invoke(cli, ["queue", "stats"]).stderr
+    assert (
+        "(from the command line)" in CliRunner().invoke(cli, ["--mode", "y", "task", "list"]).stderr
+    )
+    monkeypatch.delenv("BLITZQ_MODE")
+    shown = CliRunner().invoke(cli, ["--json", "config", "show"])
+    assert shown.exit_code == 0, shown.output
+    doc = json.loads(shown.stdout)
+    mode = next(r for r in doc["settings"] if r["name"] == "mode")
+    assert mode["value"] == "fsat"
+    assert mode["source"] == where
+    assert mode["error"] == "'fsat' is not one of 'reliable', 'fast'"
+    assert doc["errors"] == {"worker.shutdown_timeout": "'abc' is not a number of seconds"}
+    human = CliRunner().invoke(cli, ["config", "show"])
+    assert human.exit_code == 0, human.output
+    assert "INVALID: 'fsat' is not one of 'reliable', 'fast'" in human.stdout
+    assert "shutdown_timeout: INVALID: 'abc' is not a number of seconds" in human.stdout
+
+
+def test_an_empty_global_option_is_refused_not_a_fallback(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BLITZQ_NAMESPACE", "from-env")
+    for option in ("--namespace", "--redis-url", "--amqp-url"):
+        result = CliRunner().invoke(cli, [option, "", "queue", "stats"])
+        assert result.exit_code == 2, (option, result.output)
+        assert f"Invalid value for '{option}' (from the command line): must not be empty" in (
+            result.stderr
+        )
+    with pytest.raises(ConfigurationError, match="namespace must be a non-empty"):
+        Queue(namespace="")
+
+
+def test_usage_errors_under_json_print_the_error_document(project: Path) -> None:
+    for argv in (
+        ["--json", "dead-letter", "list", "--reason", "bogus"],
+        ["dead-letter", "list", "--json", "--reason", "bogus"],
+        ["--json", "schedule", "add", "n", "--task", "t", "--every", "0.5"],
+        ["--json", "task", "list", "--no-such-option"],
+        ["--json", "no-such-command"],
+    ):
+        result = CliRunner().invoke(cli, argv)
+        assert result.exit_code == 2, (argv, result.output)
+        doc = json.loads(result.stdout)
+        assert doc["exit_code"] == 2
+        assert doc["error"]
+    every = CliRunner().invoke(
+        cli, ["--json", "schedule", "add", "n", "--task", "t", "--every", "0.5"]
+    )
+    assert "range 1 to" in json.loads(every.stdout)["error"]
+    nan = CliRunner().invoke(
+        cli,
+        ["--json", "schedule", "add", "n", "--task", "t", "--every", "5", "--args", '[{"x": NaN}]'],
+    )
+    assert nan.exit_code == 2
+    assert "NaN is not a JSON number" in json.loads(nan.stdout)["error"]

@@ -117,3 +117,14 @@ def test_unknown_zone_is_a_serialization_error() -> None:
     bad = msgspec.msgpack.Ext(EXT_ZONED_DATETIME, b"2024-01-01T00:00:00+00:00[No/Such_Zone]")
     with pytest.raises(SerializationError, match="unknown time zone"):
         loads(msgspec.msgpack.encode([bad]))
+
+
+def test_a_mixed_value_enum_says_what_to_do() -> None:
+    from blitzq.arguments import from_wire
+
+    class Mixed(enum.Enum):
+        RED = "red"
+        BLUE = 2
+
+    with pytest.raises(SerializationError, match=r"all str or all int.*pass the member's .value"):
+        from_wire(2, Mixed)

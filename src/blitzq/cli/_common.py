@@ -124,6 +124,25 @@ class Settings:
     mode: str | None = None
     json: bool = False
     from_command_line: set[str] = field(default_factory=set)
+    #: ``blitzq config show`` runs: an invalid global option is recorded, not refused.
+    lenient: bool = False
+    #: the invalid global options seen when lenient: name -> the error naming its origin.
+    invalid: dict[str, str] = field(default_factory=dict)
+
+
+class _SettingChoice(click.Choice):  # type: ignore[type-arg]
+    """``click.Choice`` that, under ``config show`` (:attr:`Settings.lenient`), records an
+    invalid value in :attr:`Settings.invalid` instead of refusing to run."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter as exc:
+            found = ctx.find_object(Settings) if ctx is not None else None
+            if found is None or not found.lenient or param is None or not param.name:
+                raise
+            found.invalid[param.name] = f"{value!r}: {exc.message}"
+            return None
 
 
 def _store(ctx: click.Context, param: click.Parameter, value: Any) -> None:
@@ -131,6 +150,13 @@ def _store(ctx: click.Context, param: click.Parameter, value: Any) -> None:
     name = param.name
     if name is None or value is None or value is False:
         return
+    if value == "":
+        if settings.lenient:
+            settings.invalid[name] = "'': must not be empty"
+            return
+        raise click.BadParameter(
+            "must not be empty (leave the option out for the default)", ctx=ctx, param=param
+        )
     if name == "redis_url" and str(value).startswith("memory://"):
         raise click.BadParameter(
             f"{value!r}: a memory:// server is private to the one process that starts it, so "
@@ -186,7 +212,7 @@ def global_options(fn: F) -> F:
         ),
         click.option(
             "--mode",
-            type=click.Choice(["reliable", "fast"]),
+            type=_SettingChoice(["reliable", "fast"]),
             envvar="BLITZQ_MODE",
             show_envvar=True,
             expose_value=False,
@@ -346,7 +372,21 @@ def short_time(ts: float | None) -> str:
 
 def emit_json(doc: Any) -> None:
     """Print ``doc`` as one JSON document on stdout."""
-    click.echo(json.dumps(doc, default=jsonable, ensure_ascii=False, indent=2))
+    click.echo(
+        json.dumps(_finite(doc), default=jsonable, ensure_ascii=False, indent=2, allow_nan=False)
+    )
+
+
+def _finite(doc: Any) -> Any:
+    """``doc`` with every non-finite float (``nan``, ``inf``) as its string ``"nan"``,
+    ``"inf"``, ``"-inf"``, so that the document stays valid JSON."""
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return str(doc)
+    if isinstance(doc, dict):
+        return {k: _finite(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [_finite(v) for v in doc]
+    return doc
 
 
 def console(stderr: bool = False) -> Console:

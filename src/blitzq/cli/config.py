@@ -8,16 +8,18 @@ then its environment variable, then the table, then the option's default.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import click
+from click.core import ParameterSource
 from rich.table import Table
 from rich.text import Text
 
 from .. import config
 from ..exceptions import ConfigurationError
-from ._common import CliUsageError, console, emit_json, global_options, settings
+from ._common import CliUsageError, Settings, console, emit_json, global_options, settings
 
 #: Prefix of click's automatic environment variables of every option.
 ENV_PREFIX = "BLITZQ"
@@ -92,11 +94,94 @@ class ConfiguredGroup(click.Group):
         """
         if parent is None:
             extra.setdefault("auto_envvar_prefix", ENV_PREFIX)
+            self._json_asked = (
+                "--json" in args[: args.index("--")] if "--" in args else ("--json" in args)
+            )
+            words = [a for a in args if not a.startswith("-")]
+            if any(words[i : i + 2] == ["config", "show"] for i in range(len(words))):
+                extra.setdefault("obj", Settings(lenient=True))  # show, never refuse
             try:
                 extra.setdefault("default_map", default_map(self))
             except ConfigurationError as exc:
-                raise click.UsageError(str(exc)) from None
-        return super().make_context(info_name, args, parent, **extra)
+                raise JsonUsageError(str(exc), as_json=self._json_asked) from None
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            raise self._reframe(exc) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; a usage error of a subcommand is reframed as in make_context."""
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise self._reframe(exc) from None
+
+    def _reframe(self, exc: click.UsageError) -> click.UsageError:
+        """``exc`` naming where a bad value came from, and printed as a JSON document too
+        under ``--json``."""
+        if isinstance(exc, JsonUsageError):
+            return exc
+        ctx = exc.ctx
+        found = ctx.find_object(Settings) if ctx is not None else None
+        as_json = bool(getattr(self, "_json_asked", False) or (found and found.json))
+        if type(exc) is click.BadParameter and exc.param is not None and ctx is not None:
+            origin = value_origin(ctx, exc.param)
+            hint = exc.param_hint or exc.param.get_error_hint(ctx).split(" (env var")[0]
+            if not isinstance(hint, str):
+                hint = " / ".join(repr(h) for h in hint)
+            message = f"Invalid value for {hint}{f' (from {origin})' if origin else ''}: "
+            message += exc.message
+            return JsonUsageError(message, ctx=ctx, as_json=as_json)
+        return JsonUsageError(exc.format_message(), ctx=ctx, as_json=as_json)
+
+
+class JsonUsageError(click.UsageError):
+    """A usage error (exit 2) printed as click prints one, and under ``--json`` also as
+    ``{"error": message, "exit_code": 2}`` on stdout (as :class:`CliError` does)."""
+
+    def __init__(
+        self, message: str, ctx: click.Context | None = None, *, as_json: bool = False
+    ) -> None:
+        super().__init__(message, ctx)
+        self.as_json = as_json
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        """Print the JSON document (under ``--json``), then click's usage and error lines."""
+        if self.as_json:
+            emit_json({"error": self.format_message(), "exit_code": self.exit_code})
+        super().show(file)
+
+
+def value_origin(ctx: click.Context, param: click.Parameter) -> str | None:
+    """Where ``param``'s value came from in ``ctx``: ``the command line``, ``env var X``, the
+    project file's table and key, or ``None`` (a default)."""
+    source = ctx.get_parameter_source(param.name) if param.name else None
+    if source is ParameterSource.COMMANDLINE:
+        return "the command line"
+    if source is ParameterSource.ENVIRONMENT:
+        names: list[str] = []
+        if isinstance(param, click.Option) and param.envvar:
+            names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar)
+        elif ctx.auto_envvar_prefix and param.name:
+            names = [f"{ctx.auto_envvar_prefix}_{param.name.upper()}"]
+        named = [n for n in names if os.environ.get(n)] or names
+        return f"env var {named[0]}" if named else "an environment variable"
+    if source is ParameterSource.DEFAULT_MAP:
+        path = ctx.command_path.split(" ")[1:]
+        table = ".".join(["tool.blitzq", *path])
+        key = param.name or ""
+        try:
+            where = config.project_file()
+        except ConfigurationError:
+            where = None
+        # a plain setting lives in [tool.blitzq] itself, unless the command's table sets it
+        own: Any = config.command_tables() if where else {}
+        for part in path:
+            own = own.get(part, {}) if isinstance(own, dict) else {}
+        if isinstance(own, dict) and not ({key, key.replace("_", "-")} & own.keys()):
+            table = "tool.blitzq"
+        return f"{where} [{table}] {key}"
+    return None
 
 
 @click.group("config")
@@ -123,15 +208,24 @@ def config_show() -> None:
                 found = str(config.data_dir())  # resolved as the embedded server uses it
             shown = mask_url(found) if found and s.name.endswith("_url") else found
             origin = "command line" if given else config.source(s.name)
+            error = _setting_error(s.name, found) if found else None
             rows.append(
                 {"name": s.name, "value": shown, "source": origin, "env": s.env}
                 | ({} if found else {"unset": s.unset})
+                | ({"error": error} if error else {})
             )
+        for row in rows:  # a global option refused under config show (typed or a variable)
+            if row["name"] in typed.invalid and "error" not in row:
+                row["error"] = typed.invalid[row["name"]]
         tables = config.command_tables()
+        errors = _table_errors(click.get_current_context().find_root().command, tables)
     except ConfigurationError as exc:
         raise CliUsageError(str(exc)) from None
     if settings().json:
-        emit_json({"file": str(where) if where else None, "settings": rows, "commands": tables})
+        emit_json(
+            {"file": str(where) if where else None, "settings": rows, "commands": tables}
+            | ({"errors": errors} if errors else {})
+        )
         return
     out = console()
     out.print(Text(f"project file: {where or 'none (no [tool.blitzq] found)'}", style="bold"))
@@ -140,7 +234,68 @@ def config_show() -> None:
         table.add_column(header, overflow="fold")
     for row in rows:
         value = row["value"] if row["value"] is not None else f"- ({row['unset']})"
-        table.add_row(row["name"], Text(str(value)), Text(str(row["source"])), row["env"])
+        shown = Text(str(value))
+        if "error" in row:
+            shown.append(f"  INVALID: {row['error']}", style="red")
+        table.add_row(row["name"], shown, Text(str(row["source"])), row["env"])
     out.print(table)
-    for name, options in sorted(tables.items()):
+    for name, options in sorted(_flat(tables).items()):
         out.print(Text(f"[tool.blitzq.{name}] {options}"))
+        for key in options:
+            if f"{name}.{key}" in errors:
+                out.print(Text(f"  {key}: INVALID: {errors[f'{name}.{key}']}", style="red"))
+
+
+def _setting_error(name: str, value: str) -> str | None:
+    """What is wrong with ``value`` of setting ``name`` (``None``: nothing we can tell)."""
+    from ..logconfig import LEVELS
+    from ..routing import check_name
+
+    if name == "mode" and value not in ("reliable", "fast"):
+        return f"{value!r} is not one of 'reliable', 'fast'"
+    if name == "namespace":
+        try:
+            check_name("namespace", value)
+        except ConfigurationError as exc:
+            return str(exc)
+    if name == "log_format" and value not in ("text", "json"):
+        return f"{value!r} is not one of 'text', 'json'"
+    if name == "log_level" and value.lower() not in {n.lower() for n in LEVELS}:
+        return f"{value!r} is not a log level ({', '.join(n.lower() for n in LEVELS)})"
+    return None
+
+
+def _flat(tables: dict[str, Any], prefix: str = "") -> dict[str, dict[str, Any]]:
+    """``{"scheduler": {"run": {...}}}`` as ``{"scheduler.run": {...}}`` (only the tables
+    that hold options)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, table in tables.items():
+        plain = {k: v for k, v in table.items() if not isinstance(v, dict)}
+        if plain:
+            out[f"{prefix}{name}"] = plain
+        nested = {k: v for k, v in table.items() if isinstance(v, dict)}
+        out |= _flat(nested, f"{prefix}{name}.")
+    return out
+
+
+def _table_errors(root: click.Command, tables: dict[str, Any]) -> dict[str, str]:
+    """``{"worker.shutdown_timeout": error}`` for each value of a command's table that its
+    option refuses (converted as the command would)."""
+    errors: dict[str, str] = {}
+    for name, options in _flat(tables).items():
+        command: click.Command | None = root
+        for part in name.split("."):
+            command = command.commands.get(part) if isinstance(command, click.Group) else None
+        if command is None:
+            continue
+        params = {p.name: p for p in command.params if p.name}
+        ctx = click.Context(command)
+        for key, item in options.items():
+            param = params.get(key.replace("-", "_"))
+            if param is None:
+                continue
+            try:
+                param.type_cast_value(ctx, item)
+            except click.BadParameter as exc:
+                errors[f"{name}.{key}"] = exc.message
+    return errors

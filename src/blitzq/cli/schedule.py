@@ -70,11 +70,16 @@ def schedule_group() -> None:
     """Add, list and remove periodic entries at run time (no restart of the schedulers)."""
 
 
+def _no_constant(name: str) -> Any:
+    """Refuse ``NaN``, ``Infinity`` and ``-Infinity``: not JSON, and no output could show them."""
+    raise ValueError(f"{name} is not a JSON number (only finite numbers are)")
+
+
 def _json_arg(name: str, value: str | None, kind: type) -> Any:
     if value is None:
         return kind()
     try:
-        parsed = json.loads(value)
+        parsed = json.loads(value, parse_constant=_no_constant)
     except ValueError as exc:
         raise CliUsageError(f"--{name}: not JSON: {exc}") from None
     if not isinstance(parsed, kind):
@@ -87,7 +92,10 @@ def _json_arg(name: str, value: str | None, kind: type) -> Any:
 @click.option("--task", "task", required=True, metavar="TASK", help="Registered task name.")
 @click.option("--cron", metavar="EXPR", help="Cron expression (5 fields), in --tz.")
 @click.option(
-    "--every", type=Seconds(minimum=0.001), metavar="SECONDS", help="Interval in seconds."
+    "--every",
+    type=Seconds(minimum=1.0),
+    metavar="SECONDS",
+    help="Interval in seconds (at least 1).",
 )
 @click.option("--tz", metavar="ZONE", help="IANA time zone of --cron (default UTC).")
 @click.option("--args", "args_json", metavar="JSON", help="Positional arguments, a JSON list.")
