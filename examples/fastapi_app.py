@@ -25,14 +25,16 @@ import calendar
 import contextlib
 from typing import Any
 
-from fastapi import FastAPI
-from pydantic import BaseModel
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, Field, field_validator
 
 from blitzq import Queue, ResultTimeout, TaskFailed
 from blitzq.integrations.asgi import lifespan
 from blitzq.integrations.fastapi import QueueDep
 
-queue = Queue("reports")
+#: ``track_state``: a record is written at enqueue (``queued``) and kept current, so the
+#: status endpoint can tell a report waiting its turn from an id nobody enqueued.
+queue = Queue("reports", track_state=True)
 
 
 @queue.task(retries=2)
@@ -47,9 +49,18 @@ app = FastAPI(title="reports", lifespan=lifespan(queue))
 
 
 class ReportRequest(BaseModel):
-    """Body of ``POST /reports``."""
+    """Body of ``POST /reports``: a bad month is answered 422 here, never enqueued (a task
+    would fail the same way on every retry and end as a dead letter)."""
 
-    month: str
+    month: str = Field(pattern=r"^\d{4}-\d{2}$", examples=["2024-05"])
+
+    @field_validator("month")
+    @classmethod
+    def _real_month(cls, value: str) -> str:
+        year, number = (int(part) for part in value.split("-"))
+        if not (year >= 1 and 1 <= number <= 12):
+            raise ValueError("month must be YYYY-MM with a month 01-12 and a year from 0001")
+        return value
 
 
 @app.post("/reports", status_code=202)
@@ -66,8 +77,8 @@ async def get_report(task_id: str, reports: QueueDep, wait: float = 0.0) -> dict
         with contextlib.suppress(ResultTimeout, TaskFailed):
             await reports.get_result(task_id, timeout=min(wait, 30.0))
     record = await reports.inspect(task_id)
-    if record is None:  # no record yet: still waiting in the queue (or an unknown id)
-        return {"task_id": task_id, "state": "pending", "result": None, "error": None}
+    if record is None:  # with track_state every enqueued task has one: an unknown id
+        raise HTTPException(404, f"no report task {task_id!r} (unknown, or expired)")
     return {
         "task_id": task_id,
         "state": record.state.value,

@@ -152,7 +152,14 @@ async def test_fastapi_example_enqueues_and_a_worker_runs_it(
         assert response.status_code == 202
         task_id = response.json()["task_id"]
         pending = await client.get(f"/reports/{task_id}")
-        assert pending.json()["state"] in ("pending", "queued")
+        assert pending.json()["state"] == "queued"  # track_state: recorded at enqueue
+        for month in ("2024-13", "abc", "0000-01"):  # refused at the edge, never enqueued
+            bad = await client.post("/reports", json={"month": month})
+            assert bad.status_code == 422, (month, bad.text)
+        unknown = await client.get("/reports/no-such-task")
+        assert unknown.status_code == 404
+        stats = await queue.stats(["reports"])
+        assert stats["queues"]["reports"]["waiting"] == 1  # only the good one was enqueued
         async with running(Worker(queue, block_timeout=0.1, shutdown_timeout=2.0)):
             done = await client.get(f"/reports/{task_id}", params={"wait": 10})
         assert done.status_code == 200
