@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .exceptions import ConfigurationError
+
+T = TypeVar("T")
 
 #: Environment variable naming the TOML file whose ``[tool.blitzq]`` table is read.
 CONFIG_ENV = "BLITZQ_CONFIG"
@@ -201,6 +204,36 @@ def source(name: str) -> str:
     if project_table().get(name):
         return f"{project_file()} [tool.blitzq]"
     return "default"
+
+
+def check_mode(mode: Any) -> Any:
+    """``mode`` itself when it is ``"reliable"`` or ``"fast"``.
+
+    Raises:
+        ConfigurationError: any other value.
+    """
+    if mode not in ("reliable", "fast"):
+        raise ConfigurationError(f"mode must be 'reliable' or 'fast', got {mode!r}")
+    return mode
+
+
+def resolve(name: str, given: T | None, default: T, check: Callable[[Any], T]) -> T:
+    """Setting ``name``: ``given`` when not ``None``, else its configured value (environment,
+    then project file), else ``default``; passed through ``check``.
+
+    Raises:
+        ConfigurationError: ``check`` refused the value; for a configured one, the message
+            starts with where it came from (:func:`source`).
+    """
+    if given is not None:
+        return check(given)
+    configured = value(name)
+    try:
+        return check(configured or default)
+    except ConfigurationError as exc:
+        if not configured:
+            raise
+        raise ConfigurationError(f"{source(name)}: {exc}") from None
 
 
 def command_tables() -> dict[str, Any]:

@@ -141,20 +141,10 @@ class Queue:
         amqp_url: str | None = None,
     ) -> None:
         self.name = check_queue_name("queue name", name)
-        if namespace is not None:
-            self.namespace = check_name("namespace", namespace)
-        else:
-            try:
-                self.namespace = check_name("namespace", config.value("namespace") or "blitzq")
-            except ConfigurationError as exc:
-                raise ConfigurationError(f"{config.source('namespace')}: {exc}") from None
-        resolved_mode = mode or config.value("mode") or "reliable"
-        if resolved_mode not in ("reliable", "fast"):
-            where = "" if mode else f"{config.source('mode')}: "
-            raise ConfigurationError(
-                f"{where}mode must be 'reliable' or 'fast', got {resolved_mode!r}"
-            )
-        self.mode: Mode = resolved_mode  # type: ignore[assignment]
+        self.namespace = config.resolve(
+            "namespace", namespace, "blitzq", lambda v: check_name("namespace", v)
+        )
+        self.mode: Mode = config.resolve("mode", mode or None, "reliable", config.check_mode)
         # Numbers are real numbers (not bool), finite and in range; see blitzq._checks.
         seconds("visibility_timeout", visibility_timeout)
         integer("max_deliveries", max_deliveries, minimum=1)
