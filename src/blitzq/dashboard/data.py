@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
@@ -57,8 +58,11 @@ class RateSampler:
 
     The rates compare the newest sample with the oldest one kept; a sample older than
     ``window`` seconds is dropped, so after a pause in polling the rates are ``None`` until
-    two samples at least one second apart exist inside the window again. A worker that
-    restarted (its counter went down) or is new counts from its next sample.
+    two samples at least one second apart exist inside the window again. Each worker's
+    increments between successive samples are added up: a worker (process) that appears
+    after the oldest sample counts from the first sample that has it, one that went away
+    (stopped, recycled by ``--max-tasks-per-child``) keeps what it did while seen, and one
+    that restarted under the same id (its counter went down) counts from its next sample.
 
     Args:
         window: seconds of samples kept.
@@ -88,11 +92,17 @@ class RateSampler:
                 "depth_per_s": {},
             }
         done = failed = 0
-        for wid, (processed, failures) in workers.items():
-            before = first.workers.get(wid)
-            if before is not None and processed >= before[0] and failures >= before[1]:
-                done += processed - before[0]
-                failed += failures - before[1]
+        # Sum each worker's increments between successive samples, so a worker counts from
+        # the first sample it appears in (not only if the oldest sample has it), and one
+        # that went away (stopped, recycled) keeps what it did while it was seen. A counter
+        # that went down (the same id restarted) counts from its new value.
+        for prev, cur in pairwise(self._samples):
+            for wid, (processed, failures) in cur.workers.items():
+                before = prev.workers.get(wid)
+                if before is None:
+                    continue
+                done += max(0, processed - before[0])
+                failed += max(0, failures - before[1])
         depth = {
             q: round((n - first.waiting[q]) / span, 3)
             for q, n in waiting.items()
