@@ -1,25 +1,32 @@
 // blitzq dashboard: fills each page from the JSON API and keeps it current by polling.
 // User data (ids, arguments, errors) is only ever written as text (append/textContent),
-// never as markup.
+// never as markup, and through visible(): bidirectional overrides and control characters
+// are shown escaped, so a task's text cannot reorder or hide what the page shows.
 "use strict";
 (function () {
   const body = document.body;
   const root = body.dataset.root || "";
   const refresh = Number(body.dataset.refresh) || 2000;
   const $ = (selector) => document.querySelector(selector);
+  // C0 controls but tab and newline, DEL, C1 controls, and the bidi marks, embeddings,
+  // overrides and isolates (U+061C, U+200E-F, U+202A-E, U+2066-9).
+  const HIDDEN = /[\u0000-\u0008\u000B-\u001F\u007F-\u009F\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069]/g;
+  const visible = (text) =>
+    String(text).replace(HIDDEN, (c) => "\\u" + c.charCodeAt(0).toString(16).padStart(4, "0"));
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
     for (const [key, value] of Object.entries(attrs || {})) {
       if (value === undefined || value === null) continue;
       if (key === "class") node.className = value;
-      else if (key === "href" || key.startsWith("data-") || key === "title") {
+      else if (key === "title") node.setAttribute(key, visible(value));
+      else if (key === "href" || key.startsWith("data-")) {
         node.setAttribute(key, value);
       } else node[key] = value;
     }
     for (const child of children) {
       if (child === undefined || child === null) continue;
-      node.append(child instanceof Node ? child : String(child));
+      node.append(child instanceof Node ? child : visible(child));
     }
     return node;
   }
@@ -82,7 +89,7 @@
 
   function status(error) {
     const line = $("#status");
-    line.textContent = error ? `⚠ ${error.message}` : `live · ${new Date().toLocaleTimeString()}`;
+    line.textContent = error ? `⚠ ${visible(error.message)}` : `live · ${new Date().toLocaleTimeString()}`;
     line.className = error ? "bad" : "ok";
   }
 
