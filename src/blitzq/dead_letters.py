@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .arg_preview import preview
 from .broker.values import DEAD_LETTER_REASONS
 from .exceptions import ConfigurationError, SerializationError
 from .serialization import decode_envelope
@@ -115,3 +116,17 @@ class DeadLetter:
             "kwargs": self.kwargs,
             "mode": self.mode,
         }
+
+    def to_summary(self) -> dict[str, Any]:
+        """:meth:`to_dict` with a bounded preview of the arguments instead of them all
+        (:func:`blitzq.arg_preview.preview`, at most 2048 bytes, cuts marked), and
+        ``args_truncated``: for lists (``dead-letter list --json``, the dashboard), which a
+        page polls; :meth:`to_dict` (``dead-letter show``) keeps them whole."""
+        doc = self.to_dict()
+        if self.args is not None:
+            shown = preview(self.args, self.kwargs or {})
+            doc["args"], doc["kwargs"] = shown["args"], shown["kwargs"]
+            doc["args_truncated"] = shown["truncated"]
+        else:
+            doc["args_truncated"] = False
+        return doc

@@ -469,3 +469,41 @@ async def test_a_burst_worker_in_fast_mode_returns_once_drained(
     assert [await h.result(timeout=5) for h in handles] == [2 * i for i in range(30)]
     assert (await queue.stats(["burst"]))["queues"]["burst"] == {"waiting": 0, "in_flight": 0}
     await queue.close()
+
+
+@pytest.mark.timeout(90)
+def test_dead_letter_lists_carry_a_preview_and_show_the_whole_arguments(
+    make_queue: Callable[..., Queue], invoke: Callable[..., Result]
+) -> None:
+    """A dead letter whose argument is 500 KB: ``dead-letter list --json`` and the
+    dashboard's page (both polled) carry the 2048-byte preview, ``dead-letter show --json``
+    the whole arguments."""
+    from blitzq.dashboard.data import DeadLetterFilter, dead_letters_page
+
+    queue = make_queue(name="dlbig")
+
+    @queue.task(name="dl.big", retries=0)
+    async def big(blob: str, tag: str = "t") -> None:
+        raise ValueError("no")
+
+    blob = "x" * 500_000
+    with worker_thread(queue, queues=["dlbig"]):
+        handle = big.enqueue_sync(blob, tag="kept")
+        wait_until(lambda: queue.dead_letter_count_sync() == 1, 30, "one dead letter")
+
+    listed = invoke("dead-letter", "list", "--json")
+    assert len(listed.stdout) < 8_000, len(listed.stdout)
+    (doc,) = json_out(listed)["dead_letters"]
+    assert doc["id"] == handle.id
+    assert doc["args_truncated"] is True
+    assert len(json.dumps([doc["args"], doc["kwargs"]])) <= 2048
+    assert doc["args"][0].startswith("xxx")
+
+    shown = json_out(invoke("dead-letter", "show", handle.id, "--json"))
+    assert shown["args"] == [blob]
+    assert shown["kwargs"] == {"tag": "kept"}
+
+    page = asyncio.run(dead_letters_page(queue, DeadLetterFilter(), 50, 0))
+    (item,) = page["items"]
+    assert item["args_truncated"] is True
+    assert len(json.dumps(item)) < 8_000

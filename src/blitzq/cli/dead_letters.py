@@ -102,9 +102,10 @@ def dead_letter_group() -> None:
     """List, show, replay, purge and summarize dead-lettered tasks."""
 
 
-def dead_letter_doc(dl: DeadLetter) -> dict[str, Any]:
-    """A dead letter as a JSON-ready dict (``failed_at`` as an ISO date)."""
-    doc = dl.to_dict()
+def dead_letter_doc(dl: DeadLetter, summary: bool = False) -> dict[str, Any]:
+    """A dead letter as a JSON-ready dict (``failed_at`` as an ISO date); with ``summary``
+    its arguments as a bounded preview (:meth:`DeadLetter.to_summary`, for lists)."""
+    doc = dl.to_summary() if summary else dl.to_dict()
     doc["failed_at"] = iso(dl.failed_at)
     return doc
 
@@ -134,7 +135,8 @@ def dead_letter_list(limit: int, offset: int, **kwargs: Any) -> None:
     letters, total = run_with_queue(fetch)
     filtered = any(v is not None for v in filters.values())
     if settings().json:
-        emit_json({"total": total, "dead_letters": [dead_letter_doc(d) for d in letters]})
+        docs = [dead_letter_doc(d, summary=True) for d in letters]
+        emit_json({"total": total, "dead_letters": docs})
         return
     out = console()
     if not letters:

@@ -235,7 +235,7 @@ class DeadLetterFilter:
 
 
 def _letter_doc(d: DeadLetter) -> dict[str, Any]:
-    return d.to_dict()
+    return d.to_summary()  # a bounded preview of the arguments: the page re-polls the list
 
 
 async def dead_letters_page(
@@ -249,7 +249,7 @@ async def dead_letters_page(
 
     Returns:
         ``{"total": stored, "matched": n, "truncated": bool, "items": [...]}``, each item a
-        :meth:`DeadLetter.to_dict`.
+        :meth:`DeadLetter.to_summary` (the arguments' preview).
 
     Raises:
         BrokerError: the broker could not be reached.
