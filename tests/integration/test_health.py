@@ -139,7 +139,15 @@ async def test_ready_names_a_fetch_loop_that_died(make_queue: Callable[..., Queu
     async with running(worker):
         await eventually(lambda: _probe(port, "/ready"), lambda r: r[0] == 200)
         loop_task = next(t for t in asyncio.all_tasks() if t.get_name() == "blitzq-fetch-loops")
-        loop_task.cancel()
+
+        # A cancel that meets the blocking read's own timeout can end as that timeout, which
+        # the loop outlives (it retries a failed fetch): cancel until the task has ended.
+        async def stopped() -> bool:
+            loop_task.cancel()
+            await asyncio.sleep(0.05)
+            return loop_task.done()
+
+        await eventually(stopped, bool, timeout=30)
         _, body = await eventually(
             lambda: _probe(port, "/ready"), lambda r: r[0] == 503, timeout=DETECTION
         )
