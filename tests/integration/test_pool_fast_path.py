@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from blitzq.broker.redis import client as redis_client
+from blitzq.broker.redis import pool as redis_pool
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -78,5 +79,32 @@ async def test_the_fast_path_keeps_the_pool_counts(client: Any) -> None:
 
 def test_redis_py_full_path_where_connections_need_it() -> None:
     # A credential provider may re-authenticate connections as they are released.
-    assert not redis_client._lean_path_allowed({"credential_provider": object()})
-    assert redis_client._lean_path_allowed({"host": "127.0.0.1"})
+    assert not redis_pool._lean_path_allowed({"credential_provider": object()})
+    assert redis_pool._lean_path_allowed({"host": "127.0.0.1"})
+
+
+async def test_a_command_larger_than_the_socket_buffer_is_written_whole(client: Any) -> None:
+    # 24 MB: far more than the kernel takes at once, so the write waits for the rest.
+    key = f"pool-big-{os.urandom(4).hex()}"
+    value = os.urandom(1024) * (24 * 1024)
+    try:
+        await client.set(key, value)
+        assert await client.strlen(key) == len(value)
+        assert await client.get(key) == value
+        assert await client.ping()
+    finally:
+        await client.delete(key)
+
+
+async def test_a_connection_the_server_closed_is_replaced_and_the_command_runs(
+    client: Any, raw_redis: Any
+) -> None:
+    key = f"pool-killed-{os.urandom(4).hex()}"
+    own_id = await client.client_id()  # the pool's one connection
+    await raw_redis.client_kill_filter(_id=own_id)
+    try:
+        assert await client.set(key, b"after") is True
+        assert await client.get(key) == b"after"
+        assert await client.client_id() != own_id
+    finally:
+        await client.delete(key)

@@ -12,8 +12,8 @@ a query parameter of the broker URL (redis-py's names), e.g.
 ``redis://host:6379/0?max_connections=200&timeout=5&socket_timeout=10``; a parameter in the URL
 always wins over the default. ``docs/configuration.md`` lists them.
 
-- The pool is a :class:`redis.asyncio.BlockingConnectionPool` (:class:`BoundedPool`, with a
-  fast path while nobody waits): when all ``max_connections``
+- The pool is a :class:`redis.asyncio.BlockingConnectionPool` (:class:`BoundedPool` of
+  ``pool.py``, with a fast path while nobody waits): when all ``max_connections``
   are in use, a caller waits up to ``timeout`` seconds for one to be released instead of
   failing at once (redis-py's plain pool raises "Too many connections"). Waiting that long
   without a free connection raises :class:`~blitzq.BrokerError` (transient).
@@ -56,6 +56,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...exceptions import BrokerError
 from .cluster import make_cluster_client, plain_url, split_layout, wants_cluster
+from .pool import BoundedPool
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -74,92 +75,6 @@ DEFAULT_KEEPALIVE = True
 DEFAULT_HEALTH_CHECK_INTERVAL = 30
 #: Retries of a command that met a connection error (not a timeout).
 DEFAULT_RETRIES = 3
-
-
-class BoundedPool(aioredis.BlockingConnectionPool):
-    """redis-py's blocking pool with a fast path when nobody waits.
-
-    The blocking pool takes an ``asyncio.Condition`` and arms a timeout for every command
-    (about 40 µs here, most of a producer's per-``enqueue`` overhead). While a connection is
-    free and no caller is queued, taking and returning one needs neither: the plain pool's
-    path is used. Queued callers keep their turn: the fast path is off while any waits.
-
-    On that path a connection that is already open and has nothing unread is taken and
-    returned without the plain pool's lock, its connect-with-retry call and its per-call
-    observability records and release event (11 µs of CPU a command against 0.4 µs,
-    measured with redis-py 8.1; ``bench/README.md``). A connection holding unread bytes (a
-    reply left behind) is closed and opened again, never handed on. Anything else (a
-    closed connection, a credential provider that re-authenticates connections on release,
-    redis-py's own OpenTelemetry metrics enabled when the pool was made) takes redis-py's
-    full path.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._lean = _lean_path_allowed(self.connection_kwargs)
-
-    def _nobody_waits(self) -> bool:
-        waiters = getattr(self._condition, "_waiters", None)
-        return waiters is not None and not waiters and not getattr(self, "_in_maintenance", True)
-
-    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        """A connection; waits up to ``timeout`` seconds when all are in use."""
-        if self._available_connections and self._nobody_waits():
-            if self._lean:
-                connection = self._available_connections.pop()
-                if connection.is_connected:
-                    if not await _has_unread(connection):
-                        self._in_use_connections.add(connection)
-                        return connection
-                    # A reply nobody read (redis-py's full path would hand the connection
-                    # on as it is while its maintenance notifications are on): reopen it.
-                    await connection.disconnect(nowait=True)
-                self._available_connections.append(connection)  # taken again just below
-            return await aioredis.ConnectionPool.get_connection(self)  # type: ignore[no-untyped-call]
-        return await super().get_connection()  # type: ignore[no-untyped-call]
-
-    async def release(self, connection: Any) -> None:
-        """Return ``connection``; wake a queued caller if there is one."""
-        if self._nobody_waits():
-            if self._lean and not _reconnect_due(connection):
-                self._in_use_connections.remove(connection)
-                self._available_connections.append(connection)
-                return
-            await aioredis.ConnectionPool.release(self, connection)
-        else:
-            await super().release(connection)
-
-
-def _lean_path_allowed(connection_kwargs: dict[str, Any]) -> bool:
-    """Whether :class:`BoundedPool` may skip redis-py's per-call pool bookkeeping: no
-    credential provider (a streaming one re-authenticates connections as they are released)
-    and redis-py's own metrics not enabled."""
-    if connection_kwargs.get("credential_provider") is not None:
-        return False
-    try:
-        from redis.asyncio.observability.recorder import _get_or_create_collector
-    except ImportError:  # a redis-py without observability: nothing is recorded anyway
-        return True
-    try:
-        return _get_or_create_collector() is None
-    except Exception:  # an observability set-up that fails here would fail on every call
-        return False
-
-
-def _reconnect_due(connection: Any) -> bool:
-    """Whether redis-py marked ``connection`` to be reopened on release (maintenance
-    notifications; redis-py < 6 has no such mark)."""
-    due = getattr(connection, "should_reconnect", None)
-    return bool(due()) if due is not None else False
-
-
-async def _has_unread(connection: Any) -> bool:
-    """Whether an open pooled connection holds unread bytes (a reply left by a cancelled
-    call) or is at EOF; an error reading that counts as unread (the full path reconnects)."""
-    try:
-        return bool(await connection.can_read())
-    except Exception:
-        return True
 
 
 def connection_options(url: str) -> dict[str, Any]:

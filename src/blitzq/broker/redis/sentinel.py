@@ -52,7 +52,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from ...exceptions import BrokerError
-from .client import BoundedPool, _check_pool, connection_options
+from .client import _check_pool, connection_options
+from .pool import BoundedPool
 from .sentinel_discovery import FAILOVER_SECONDS, DeadlineRetry, SentinelDiscovery
 
 #: URL scheme of a primary found through Sentinel.

@@ -1,0 +1,145 @@
+"""The bounded pool of the Redis brokers: redis-py's blocking pool, with a fast path.
+
+:class:`BoundedPool` is what :func:`~blitzq.broker.redis.client.make_client` puts under every
+``redis.asyncio.Redis`` it makes (and, mixed with redis-py's sentinel pool, ``sentinel.py``'s).
+Its connections write each command straight to the socket (:class:`_DirectWrite`). Both fast
+paths were measured with redis-py 8.1 on Python 3.11 (``bench/README.md``, "Round 4").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aioredis
+
+
+class BoundedPool(aioredis.BlockingConnectionPool):
+    """redis-py's blocking pool with a fast path when nobody waits.
+
+    The blocking pool takes an ``asyncio.Condition`` and arms a timeout for every command
+    (about 40 µs here, most of a producer's per-``enqueue`` overhead). While a connection is
+    free and no caller is queued, taking and returning one needs neither: the plain pool's
+    path is used. Queued callers keep their turn: the fast path is off while any waits.
+
+    On that path a connection that is already open and has nothing unread is taken and
+    returned without the plain pool's lock, its connect-with-retry call and its per-call
+    observability records and release event (11 µs of CPU a command against 0.4 µs,
+    measured with redis-py 8.1; ``bench/README.md``). A connection holding unread bytes (a
+    reply left behind) is closed and opened again, never handed on. Anything else (a
+    closed connection, a credential provider that re-authenticates connections on release,
+    redis-py's own OpenTelemetry metrics enabled when the pool was made) takes redis-py's
+    full path.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lean = _lean_path_allowed(self.connection_kwargs)
+        self.connection_class = direct_write(self.connection_class)
+
+    def _nobody_waits(self) -> bool:
+        waiters = getattr(self._condition, "_waiters", None)
+        return waiters is not None and not waiters and not getattr(self, "_in_maintenance", True)
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        """A connection; waits up to ``timeout`` seconds when all are in use."""
+        if self._available_connections and self._nobody_waits():
+            if self._lean:
+                connection = self._available_connections.pop()
+                if connection.is_connected:
+                    if not await _has_unread(connection):
+                        self._in_use_connections.add(connection)
+                        return connection
+                    # A reply nobody read (redis-py's full path would hand the connection
+                    # on as it is while its maintenance notifications are on): reopen it.
+                    await connection.disconnect(nowait=True)
+                self._available_connections.append(connection)  # taken again just below
+            return await aioredis.ConnectionPool.get_connection(self)  # type: ignore[no-untyped-call]
+        return await super().get_connection()  # type: ignore[no-untyped-call]
+
+    async def release(self, connection: Any) -> None:
+        """Return ``connection``; wake a queued caller if there is one."""
+        if self._nobody_waits():
+            if self._lean and not _reconnect_due(connection):
+                self._in_use_connections.remove(connection)
+                self._available_connections.append(connection)
+                return
+            await aioredis.ConnectionPool.release(self, connection)
+        else:
+            await super().release(connection)
+
+
+class _DirectWrite:
+    """Mixin of a redis-py connection class: a command is written to the socket directly,
+    and only a write the kernel did not take at once is waited for (under
+    ``socket_timeout``, by redis-py's own path).
+
+    redis-py wraps every write in ``asyncio.wait_for``, which on Python 3.11 makes a task and
+    costs a turn of the event loop per command (10-20 µs of CPU here, ``bench/README.md``);
+    the write itself almost never waits. Errors are redis-py's: a closed or closing
+    connection, and any wait, go through its path.
+    """
+
+    _writer: Any
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        """Write ``command`` (bytes or a list of bytes); see the class docstring."""
+        writer = self._writer
+        if writer is None or writer.transport.is_closing() or isinstance(command, str):
+            await super().send_packed_command(command, check_health)  # type: ignore[misc]
+            return
+        if check_health:
+            await self.check_health()  # type: ignore[attr-defined]
+            writer = self._writer
+            if writer is None or writer.transport.is_closing():
+                await super().send_packed_command(command, False)  # type: ignore[misc]
+                return
+        writer.writelines([command] if isinstance(command, bytes) else command)
+        if writer.transport.get_write_buffer_size():
+            await super().send_packed_command([], False)  # type: ignore[misc]
+
+
+_DIRECT: dict[type, type] = {}
+
+
+def direct_write(connection_class: type) -> type:
+    """``connection_class`` with :class:`_DirectWrite` mixed in (made once per class)."""
+    if issubclass(connection_class, _DirectWrite):
+        return connection_class
+    made = _DIRECT.get(connection_class)
+    if made is None:
+        made = _DIRECT[connection_class] = type(
+            connection_class.__name__, (_DirectWrite, connection_class), {}
+        )
+    return made
+
+
+def _lean_path_allowed(connection_kwargs: dict[str, Any]) -> bool:
+    """Whether :class:`BoundedPool` may skip redis-py's per-call pool bookkeeping: no
+    credential provider (a streaming one re-authenticates connections as they are released)
+    and redis-py's own metrics not enabled."""
+    if connection_kwargs.get("credential_provider") is not None:
+        return False
+    try:
+        from redis.asyncio.observability.recorder import _get_or_create_collector
+    except ImportError:  # a redis-py without observability: nothing is recorded anyway
+        return True
+    try:
+        return _get_or_create_collector() is None
+    except Exception:  # an observability set-up that fails here would fail on every call
+        return False
+
+
+def _reconnect_due(connection: Any) -> bool:
+    """Whether redis-py marked ``connection`` to be reopened on release (maintenance
+    notifications; redis-py < 6 has no such mark)."""
+    due = getattr(connection, "should_reconnect", None)
+    return bool(due()) if due is not None else False
+
+
+async def _has_unread(connection: Any) -> bool:
+    """Whether an open pooled connection holds unread bytes (a reply left by a cancelled
+    call) or is at EOF; an error reading that counts as unread (the full path reconnects)."""
+    try:
+        return bool(await connection.can_read())
+    except Exception:
+        return True
