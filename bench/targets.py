@@ -8,7 +8,10 @@ alternates (A B, B A, ...):
   this tree, beside the same file under blitzq 1.1.0 (the venv that
   ``../shared/bench-anchor/compare.sh`` makes under ``/tmp/blitzq-bench-anchor``, Python >=
   3.12). Ratio: this tree's p50 / blitzq 1.1.0's p50 of the same pair; goal <= 0.5. Without
-  that venv the row is skipped with a note (``--make-anchor`` makes it).
+  that venv the row is skipped with a note (``--make-anchor`` makes it). Beside them, in
+  the same rotation, ``bench/round_trip_floor.py``: the same trip by two bare processes with
+  no queue (one pipelined ``XADD`` + ``BLPOP``, ``XREADGROUP`` + ``LPUSH``), a reference row
+  (this tree's p50 / the floor's) that says how much of the trip the machine itself costs.
 * ``enqueue one at a time``: ``await task.enqueue()`` of a no-argument task (reliable mode,
   5,000 calls) beside redis-py's own loop doing one awaited ``XADD`` per call with a freshly
   encoded message of the same size, on a ``redis.asyncio`` client of the same kind (a pooled
@@ -48,6 +51,7 @@ import bench as harness  # noqa: E402  (the sibling script: its private server a
 ANCHOR_VENV = Path(os.environ.get("BENCH_HOME", "/tmp/blitzq-bench-anchor")) / "anchor"
 ANCHOR_PYTHON = ANCHOR_VENV / "bin" / "python"
 ROUND_TRIP = HERE / "round_trip_one.py"
+FLOOR = HERE / "round_trip_floor.py"
 DRAIN_SCRIPT = HERE / "ceiling_ratio.py"
 
 
@@ -95,14 +99,16 @@ def _env(url: str, project: bool) -> dict[str, str]:
     return env
 
 
-def round_trip_once(python: str, url: str, project: bool, trips: int) -> dict[str, float]:
-    """p50/p99 (ms) of one ``round_trip_one.py`` run with ``python``.
+def round_trip_once(
+    python: str, url: str, project: bool, trips: int, script: Path = ROUND_TRIP
+) -> dict[str, float]:
+    """p50/p99 (ms) of one run of ``script`` (``round_trip_one.py``) with ``python``.
 
     Raises:
         RuntimeError: the child failed or printed no figures.
     """
     done = subprocess.run(
-        [python, str(ROUND_TRIP), str(trips)],
+        [python, str(script), str(trips)],
         env=_env(url, project),
         capture_output=True,
         text=True,
@@ -114,42 +120,66 @@ def round_trip_once(python: str, url: str, project: bool, trips: int) -> dict[st
         if line.startswith("{"):
             figures: dict[str, float] = json.loads(line)
             return figures
-    raise RuntimeError(f"round_trip_one.py failed: {done.stderr[-2000:]}")
+    raise RuntimeError(f"{script.name} failed: {done.stderr[-2000:]}")
 
 
 def measure_round_trip(url: str, pairs: int, trips: int) -> list[Line]:
-    """The round-trip row: this tree against blitzq 1.1.0, ``pairs`` pairs."""
+    """The round-trip rows: this tree against blitzq 1.1.0 (the target), and against the
+    floor of ``round_trip_floor.py`` (two processes, no queue: a reference), ``pairs``
+    rounds whose order rotates."""
     line = Line("round trip p50 (worker in a 2nd process)", "blitzq 1.1.0, same run", "<= 0.5")
+    floor_line = Line(
+        "the same round trip p50",
+        "the floor: XADD + BLPOP, XREADGROUP + LPUSH, no queue (round_trip_floor.py)",
+        "-",
+        verdict="-",
+    )
     ours: list[dict[str, float]] = []
-    if not ANCHOR_PYTHON.exists():
+    floors: list[dict[str, float]] = []
+    have_anchor = ANCHOR_PYTHON.exists()
+    if not have_anchor:
         line.note = (
             f"blitzq 1.1.0 skipped: no venv at {ANCHOR_VENV} (Python >= 3.12; "
             "--make-anchor or ../shared/bench-anchor/compare.sh makes it)"
         )
-        for _ in range(pairs):
-            ours.append(round_trip_once(sys.executable, url, True, trips))
-    else:
-        for i in range(pairs):
-            sides = [(sys.executable, True), (str(ANCHOR_PYTHON), False)]
-            if i % 2:
-                sides.reverse()
-            got = {project: round_trip_once(py, url, project, trips) for py, project in sides}
-            ours.append(got[True])
-            line.ratios.append(got[True]["p50_ms"] / got[False]["p50_ms"])
-            print(
-                f"pair {i + 1}: round trip p50 {got[True]['p50_ms']:.3f} ms / "
-                f"{got[False]['p50_ms']:.3f} ms (blitzq 1.1.0)",
-                file=sys.stderr,
-            )
+    for i in range(pairs):
+        sides = [
+            ("ours", sys.executable, ROUND_TRIP, True),
+            ("floor", sys.executable, FLOOR, False),
+        ]
+        if have_anchor:
+            sides.append(("anchor", str(ANCHOR_PYTHON), ROUND_TRIP, False))
+        shift = i % len(sides)
+        sides = sides[shift:] + sides[:shift]
+        got = {
+            name: round_trip_once(py, url, project, trips, script)
+            for name, py, script, project in sides
+        }
+        ours.append(got["ours"])
+        floors.append(got["floor"])
+        floor_line.ratios.append(got["ours"]["p50_ms"] / got["floor"]["p50_ms"])
+        text = f"pair {i + 1}: round trip p50 {got['ours']['p50_ms']:.3f} ms"
+        if have_anchor:
+            line.ratios.append(got["ours"]["p50_ms"] / got["anchor"]["p50_ms"])
+            text += f" / {got['anchor']['p50_ms']:.3f} ms (blitzq 1.1.0)"
+        print(f"{text}; floor {got['floor']['p50_ms']:.3f} ms", file=sys.stderr)
+    if have_anchor:
         line.passed = statistics.median(line.ratios) <= 0.5
-    p50 = statistics.median(o["p50_ms"] for o in ours)
-    p99 = statistics.median(o["p99_ms"] for o in ours)
+
+    def medians(runs: list[dict[str, float]]) -> tuple[float, float]:
+        return (
+            statistics.median(r["p50_ms"] for r in runs),
+            statistics.median(r["p99_ms"] for r in runs),
+        )
+
+    (p50, p99), (floor_p50, floor_p99) = medians(ours), medians(floors)
     absolute = (
-        f"this tree p50 {p50:.3f} ms, p99 {p99:.3f} ms (medians of runs; "
-        f"load average {os.getloadavg()[0]:.2f}: absolute figures only when idle)"
+        f"this tree p50 {p50:.3f} ms, p99 {p99:.3f} ms; the floor p50 {floor_p50:.3f} ms, "
+        f"p99 {floor_p99:.3f} ms (medians of runs; load average {os.getloadavg()[0]:.2f}: "
+        "absolute figures only when idle)"
     )
     line.note = "; ".join(x for x in (line.note, absolute) if x)
-    return [line]
+    return [line, floor_line]
 
 
 def _payload() -> bytes:
