@@ -231,3 +231,31 @@ async def test_a_pool_with_no_free_connection_still_subscribes_and_gets_the_push
             await pool.release(held)
     finally:
         await producer.close()
+
+
+@pytest.mark.parametrize("served_by", ["pattern", "channel"])
+async def test_a_wait_outliving_its_one_second_rereads_keeps_its_subscription(
+    queues: tuple[Queue, Queue], served_by: str
+) -> None:
+    """Each second a wait reads its record again; its waiter is replaced in place (no new
+    SUBSCRIBE, no waiter left behind) and the push still ends the wait."""
+    producer, consumer = queues
+    double, gated, gate = register(producer, consumer)
+    listener = listener_of(producer)
+    if served_by == "channel":
+        listener._prefix = None  # as when the server refuses the pattern: a channel per wait
+    renewed = []
+    renew = listener.renew
+    listener.renew = lambda channel, fut: renewed.append(channel) or renew(channel, fut)  # type: ignore[method-assign]
+    async with running(make_worker(consumer, concurrency=4)):
+        assert await (await double.enqueue(1)).result(timeout=20) == 2
+        pending = await gated.enqueue(5)
+        waiting = asyncio.create_task(pending.result(timeout=60))
+        await eventually(_tick, lambda _: len(renewed) >= 2)  # two re-reads went by
+        waiters = listener._pattern_waiters if served_by == "pattern" else listener._waiters
+        assert [len(w) for w in waiters.values()] == [1]
+        if served_by == "channel":
+            assert len(listener._confirmed) == 1  # still the one subscription
+        gate.set()
+        assert await waiting == 5
+        await eventually(_tick, lambda _: not waiters)

@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...exceptions import BrokerError
 from .client import REDIS_ERRORS, broker_error, translate_errors
 from .connection import RedisPart
 from .keys import GROUP
+
+if TYPE_CHECKING:
+    from .results import ResultListener
 
 R = TypeVar("R")
 
@@ -40,6 +43,18 @@ async def _bounded(wait: Coroutine[Any, Any, R], timeout: float) -> R:
         raise BrokerError(
             f"Redis did not answer within {max(0.0, timeout) + WAIT_GRACE:.1f} s", True
         ) from None
+
+
+def _release_later(
+    listener: ResultListener, channel: str
+) -> Callable[[asyncio.Future[asyncio.Future[bytes]]], None]:
+    """Done-callback for a pending ``listener.subscribe`` whose waiter is no longer needed."""
+
+    def done(subscribing: asyncio.Future[asyncio.Future[bytes]]) -> None:
+        if not subscribing.cancelled() and subscribing.exception() is None:
+            listener.release(channel, subscribing.result())
+
+    return done
 
 
 class RedisRecords(RedisPart):
@@ -262,10 +277,10 @@ class RedisRecords(RedisPart):
             try:
                 record = await self.get_record(task_id)
             except BaseException:
-                subscribing.add_done_callback(listener.release_later(channel))
+                subscribing.add_done_callback(_release_later(listener, channel))
                 raise
             if record is not None:
-                subscribing.add_done_callback(listener.release_later(channel))
+                subscribing.add_done_callback(_release_later(listener, channel))
                 return record
             fut = await subscribing
         try:
@@ -276,9 +291,16 @@ class RedisRecords(RedisPart):
                 if record is not None or remaining <= 0:
                     return record
                 if not fut.done():
+                    # Awaited directly (a shield costs two more turns of the event loop on
+                    # the result's path); this wait's own timeout cancels the waiter, which
+                    # is then replaced on the same subscription, and the record read again.
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(min(remaining, 1.0)):
-                            await asyncio.shield(fut)
+                            await fut
+                    if fut.cancelled():
+                        renewed = listener.renew(channel, fut)
+                        fut = renewed if renewed is not None else await listener.subscribe(channel)
+                        continue
                 if fut.done():
                     pushed = None if fut.cancelled() else fut.result()
                     if pushed and pushed != b"1":

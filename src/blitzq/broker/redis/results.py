@@ -25,7 +25,6 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -153,6 +152,17 @@ class ResultListener:
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._pattern_waiters.setdefault(key, []).append(fut)
         return fut
+
+    def renew(self, channel: str, fut: asyncio.Future[bytes]) -> asyncio.Future[bytes] | None:
+        """A fresh waiter in the place of ``fut`` (cancelled by its wait's own timeout), with
+        no command; ``None`` when ``fut`` is no waiter any more (then :meth:`subscribe`)."""
+        key = channel.encode()
+        for waiters in (self._pattern_waiters.get(key), self._waiters.get(key)):
+            if waiters is not None and fut in waiters:
+                new: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+                waiters[waiters.index(fut)] = new
+                return new
+        return None
 
     def token(self) -> tuple[int, int] | None:
         """A mark in the completions seen, for a message about to be sent; ``None`` when the
@@ -299,17 +309,6 @@ class ResultListener:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def release_later(
-        self, channel: str
-    ) -> Callable[[asyncio.Future[asyncio.Future[bytes]]], None]:
-        """Done-callback for a pending :meth:`subscribe` whose waiter is no longer needed."""
-
-        def done(subscribing: asyncio.Future[asyncio.Future[bytes]]) -> None:
-            if not subscribing.cancelled() and subscribing.exception() is None:
-                self.release(channel, subscribing.result())
-
-        return done
-
     async def _read(self) -> None:
         pubsub = self._pubsub
         while self._waiters or self._pattern_on is not None:
@@ -340,8 +339,9 @@ class ResultListener:
                 for fut in self._waiters.get(channel, ()):
                     if not fut.done():
                         fut.set_result(message["data"])
-            elif kind == "pmessage":
-                self._pattern_message(channel, message["data"])
+                await asyncio.sleep(0)  # the woken waiters go first (the result's path)
+            elif kind == "pmessage" and self._pattern_message(channel, message["data"]):
+                await asyncio.sleep(0)
             elif kind == "psubscribe":
                 on = self._pattern_on
                 if on is not None and not on.done():
@@ -350,28 +350,28 @@ class ResultListener:
                     self._forget()
                     self._wake_pattern_waiters()
 
-    def _pattern_message(self, channel: bytes, data: bytes) -> None:
+    def _pattern_message(self, channel: bytes, data: bytes) -> bool:
         """A completion through the pattern: keep it among the recent ones, wake its
-        waiters, or count it as unwanted."""
+        waiters, or count it as unwanted. Whether it had waiters."""
         self._seq += 1
         recent = self._recent
         recent.pop(channel, None)
         recent[channel] = (self._seq, data)
         if len(recent) > RECENT:
-            oldest = next(iter(recent))
-            self._dropped = recent.pop(oldest)[0]
+            self._dropped = recent.pop(next(iter(recent)))[0]  # the oldest
         waiters = self._pattern_waiters.get(channel)
         if waiters:
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(data)
-            return
+            return True
         now = time.monotonic()
         if now - self._unwanted_since > 1.0:
             self._unwanted_since, self._unwanted = now, 0
         self._unwanted += 1
         if self._unwanted > FLOOD_LIMIT and now >= self._pattern_paused_until:
             self._pause_pattern()
+        return False
 
     async def close(self) -> None:
         """Stop the reader and close the pub/sub connection."""
