@@ -11,7 +11,8 @@ alternates (A B, B A, ...):
   that venv the row is skipped with a note (``--make-anchor`` makes it). Beside them, in
   the same rotation, ``bench/round_trip_floor.py``: the same trip by two bare processes with
   no queue (one pipelined ``XADD`` + ``BLPOP``, ``XREADGROUP`` + ``LPUSH``), a reference row
-  (this tree's p50 / the floor's) that says how much of the trip the machine itself costs.
+  (this tree's p50 / the floor's, the floor being the faster of two runs of it) that says
+  how much of the trip the machine itself costs.
 * ``enqueue one at a time``: ``await task.enqueue()`` of a no-argument task (reliable mode,
   5,000 calls) beside redis-py's own loop doing one awaited ``XADD`` per call with a freshly
   encoded message of the same size, on a ``redis.asyncio`` client of the same kind (a pooled
@@ -155,6 +156,11 @@ def measure_round_trip(url: str, pairs: int, trips: int) -> list[Line]:
             name: round_trip_once(py, url, project, trips, script)
             for name, py, script, project in sides
         }
+        # The floor is bimodal on this VM (0.5 or 1.4 ms by how the scheduler places the
+        # three processes, run by run): a floor is the faster of two runs.
+        again = round_trip_once(sys.executable, url, False, trips, FLOOR)
+        if again["p50_ms"] < got["floor"]["p50_ms"]:
+            got["floor"] = again
         ours.append(got["ours"])
         floors.append(got["floor"])
         floor_line.ratios.append(got["ours"]["p50_ms"] / got["floor"]["p50_ms"])
