@@ -8,11 +8,13 @@ never reused as it is; the next command on the pool gets its own reply.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from blitzq.broker.redis import client as redis_client
 from blitzq.broker.redis import pool as redis_pool
@@ -108,3 +110,46 @@ async def test_a_connection_the_server_closed_is_replaced_and_the_command_runs(
         assert await client.client_id() != own_id
     finally:
         await client.delete(key)
+
+
+async def test_a_write_on_a_lost_connection_opens_it_again_without_asyncio_warnings(
+    client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    pool = client.connection_pool
+    await client.ping()
+    connection = await pool.get_connection()
+    try:
+        connection._writer.transport.abort()  # lost: asyncio drops writes to it (and logs)
+        with caplog.at_level(logging.WARNING, logger="asyncio"):
+            for _ in range(6):
+                await connection.send_command("PING")
+                assert await connection.read_response() == b"PONG"
+        assert not [r for r in caplog.records if r.name == "asyncio"]
+    finally:
+        await pool.release(connection)
+
+
+async def test_a_write_on_a_closed_connection_opens_it_first(client: Any) -> None:
+    pool = client.connection_pool
+    await client.ping()
+    connection = await pool.get_connection()
+    try:
+        await connection.disconnect()
+        await connection.send_command("ECHO", b"reopened")
+        assert await connection.read_response() == b"reopened"
+    finally:
+        await pool.release(connection)
+
+
+async def test_a_pubsub_connection_reset_meanwhile_is_a_connection_error(client: Any) -> None:
+    async def reset_by_the_reader() -> None:
+        raise AttributeError("'NoneType' object has no attribute 'writelines'")
+
+    with pytest.raises(RedisConnectionError):
+        await redis_client.pubsub_send(reset_by_the_reader())
+    pubsub = redis_client.subscriber(client)
+    try:
+        await redis_client.pubsub_send(pubsub.subscribe("pool-fast-channel"))  # passes through
+        assert await pubsub.get_message(timeout=5) is not None  # the confirmation
+    finally:
+        await pubsub.aclose()

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -263,6 +263,21 @@ def pool_size(client: Any) -> int | None:
 REDIS_ERRORS = (RedisError, OSError, RedisClusterException)
 #: Cluster errors that trying again may cure: a slot moving or a cluster failing over.
 _CLUSTER = (ClusterError, AskError, TryAgainError, SlotNotCoveredError)
+
+
+async def pubsub_send(command: Awaitable[Any]) -> Any:
+    """Await ``command`` (a SUBSCRIBE or PSUBSCRIBE) on a pub/sub connection that another task
+    reads; the ``AttributeError`` or ``RuntimeError`` redis-py raises when that task reset
+    or reconnected the connection meanwhile is raised as the connection error it is.
+
+    Raises:
+        redis.exceptions.ConnectionError: the connection was reset meanwhile; any error of
+            ``command`` otherwise.
+    """
+    try:
+        return await command
+    except (AttributeError, RuntimeError) as exc:
+        raise RedisConnectionError(f"the pub/sub connection was reset: {exc}") from exc
 
 
 def broker_error(exc: BaseException) -> BrokerError:

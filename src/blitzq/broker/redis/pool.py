@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 
 class BoundedPool(aioredis.BlockingConnectionPool):
@@ -75,27 +76,45 @@ class _DirectWrite:
 
     redis-py wraps every write in ``asyncio.wait_for``, which on Python 3.11 makes a task and
     costs a turn of the event loop per command (10-20 µs of CPU here, ``bench/README.md``);
-    the write itself almost never waits. Errors are redis-py's: a closed or closing
-    connection, and any wait, go through its path.
+    the write itself almost never waits. That task also runs a turn later, when another task
+    sharing the connection (a pub/sub reader) may have reset it: redis-py then raised
+    ``AttributeError`` (no writer). Here a closed connection is opened first (as redis-py's
+    own write path opens it), a lost one is closed and opened again (a write to it would
+    be dropped), and one reset while this write waited to start raises the connection error
+    that redis-py retries.
     """
 
     _writer: Any
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        """Write ``command`` (bytes or a list of bytes); see the class docstring."""
-        writer = self._writer
-        if writer is None or writer.transport.is_closing() or isinstance(command, str):
+        """Write ``command`` (bytes or a list of bytes); see the class docstring.
+
+        Raises:
+            redis.exceptions.ConnectionError: the connection could not be opened, or was
+                reset by another task meanwhile; ``TimeoutError``: a write that had to wait
+                did not finish within ``socket_timeout``.
+        """
+        if isinstance(command, str):
             await super().send_packed_command(command, check_health)  # type: ignore[misc]
             return
+        writer = self._writer
+        if writer is not None and writer.transport.is_closing():
+            await self.disconnect(nowait=True)  # type: ignore[attr-defined]
+            writer = None
+        if writer is None:  # opened as redis-py's own write path opens it
+            opening = getattr(self, "connect_check_health", None)
+            await (opening(check_health=False) if opening else self.connect())  # type: ignore[attr-defined]
         if check_health:
             await self.check_health()  # type: ignore[attr-defined]
-            writer = self._writer
-            if writer is None or writer.transport.is_closing():
-                await super().send_packed_command(command, False)  # type: ignore[misc]
-                return
+        writer = self._writer
+        if writer is None or writer.transport.is_closing():
+            raise RedisConnectionError("the connection was reset while a command was sent")
         writer.writelines([command] if isinstance(command, bytes) else command)
         if writer.transport.get_write_buffer_size():
-            await super().send_packed_command([], False)  # type: ignore[misc]
+            try:
+                await super().send_packed_command([], False)  # type: ignore[misc]
+            except AttributeError as exc:  # its write task met a reset by another task
+                raise RedisConnectionError("the connection was reset during a write") from exc
 
 
 _DIRECT: dict[type, type] = {}

@@ -30,7 +30,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from .client import REDIS_ERRORS, subscriber
+from .client import REDIS_ERRORS, pubsub_send, subscriber
 from .cluster import ready
 from .keys import glob_escape
 
@@ -119,7 +119,7 @@ class ResultListener:
         self._confirmed[key] = confirmed
         try:
             async with self._lock:
-                await (await self._opened()).subscribe(key)
+                await pubsub_send((await self._opened()).subscribe(key))
                 self._ensure_reader()
         except (Exception, asyncio.CancelledError):
             if not confirmed.done():  # waiters that joined this one fall back to polling
@@ -205,7 +205,7 @@ class ResultListener:
             on = self._pattern_on = loop.create_future()
             try:
                 async with self._lock:
-                    await (await self._opened()).psubscribe(self._pattern)
+                    await pubsub_send((await self._opened()).psubscribe(self._pattern))
                     self._ensure_reader()
             except (Exception, asyncio.CancelledError):
                 if self._pattern_on is on:
