@@ -7,6 +7,15 @@ that order) without blocking, and blocks for a single message on all levels at o
 free at that moment is handed back at once, so the worker never holds a message it cannot
 start. Excess work stays in the broker. What is fetched goes to the
 :class:`~blitzq.worker.runner.Runner`, which frees the slots when the run ends.
+
+While a backlog lasts (the last fetch filled every slot it had, :data:`_OVERLAP_MIN` or
+more), the completions of the batch just started wait for the next fetch to return
+(:meth:`~blitzq.worker.flusher.Flusher.hold`) and go out before that fetch's messages
+start: the server applies one batch's completions while the worker starts the next, where
+it would otherwise apply them first and answer the fetch after, each side idle while the
+other works (a drain with results stored: about 1.2x, see ``bench/README.md``). At light
+load the completions go first, before the next fetch (the round trip's path), and a fetch
+that finds the levels empty releases the hold before it blocks.
 """
 
 from __future__ import annotations
@@ -32,6 +41,10 @@ logger = logging.getLogger("blitzq.worker")
 #: going to end when it could fill more (see ``Fetcher._gather``).
 _GATHER_TURNS = 2
 
+#: Fewest messages a full fetch must have brought for the next one to overlap the
+#: completions (smaller batches gain little, and their results go out first).
+_OVERLAP_MIN = 32
+
 
 class Fetcher:
     """Runs and stops the fetch loops of one worker.
@@ -52,6 +65,7 @@ class Fetcher:
         self.runner = runner
         self.slots = slots
         self._fetching: dict[str, bool] = {}
+        self._holding: dict[str, bool] = {}  # whose fetch holds the flusher's next batch
         self._tasks: dict[str, asyncio.Task[None]] = {}
         #: Fetches that returned (or failed), per queue; fetches that returned messages.
         self.done: dict[str, int] = dict.fromkeys(slots, 0)
@@ -101,6 +115,7 @@ class Fetcher:
         runner = self.runner
         batch = worker.batch_size
         backoff = 0.1
+        backlog = False  # the last fetch filled every slot it had (at least _OVERLAP_MIN)
         while not self._stop_requested():
             n = await slots.reserve(batch)
             if n < batch and runner.jobs:
@@ -116,7 +131,13 @@ class Fetcher:
             # instead of cancelling it.
             self._fetching[queue] = True
             try:
+                if backlog:
+                    self._holding[queue] = True
+                    runner.flusher.hold()
                 deliveries = await self._fetch(queue, slots, n)
+                if deliveries and self._holding.get(queue):
+                    self._release_hold(queue)
+                    await asyncio.sleep(0)  # the held completions go to the server first
             except Exception as exc:  # the loop must outlive any error; BrokerError is usual
                 if isinstance(exc, BrokerError):
                     logger.warning("fetch from %s failed, retry in %.1f s: %s", queue, backoff, exc)
@@ -127,6 +148,7 @@ class Fetcher:
                 backoff = min(backoff * 2, 5.0)
                 continue
             finally:
+                self._release_hold(queue)
                 self._fetching[queue] = False
                 self.done[queue] += 1
             backoff = 0.1
@@ -138,6 +160,7 @@ class Fetcher:
                     runner.hand_back(d)
                 slots.release(len(deliveries))
                 return
+            backlog = len(deliveries) == n >= _OVERLAP_MIN
             start = admission.start  # the per-delivery entry, looked up once per batch
             for d in deliveries:
                 try:
@@ -145,10 +168,15 @@ class Fetcher:
                 except Exception:  # a bug here must not stop the queue; the lease recovers it
                     logger.exception("could not start a message from %s", queue)
                     slots.release()
-            if deliveries:
+            if deliveries and not backlog:
                 # Let the runs' first steps and the flusher go before the next fetch: a task
                 # that ended at once has its completion written first (the round trip's path).
                 await asyncio.sleep(0)
+
+    def _release_hold(self, queue: str) -> None:
+        """Let the flusher's held batch go, if this queue's fetch holds it."""
+        if self._holding.pop(queue, False):
+            self.runner.flusher.release()
 
     async def _gather(self, slots: Slots, wanted: int) -> int:
         """Let runs whose replies already arrived end (two turns of the event loop: the
@@ -188,6 +216,7 @@ class Fetcher:
             return deliveries
         slots.release(n - 1)
         slots.global_limiter.release(1)
+        self._release_hold(queue)  # never hold completions while blocked on empty levels
         try:
             # The levels were empty a moment ago: block at once, one command less per idle
             # fetch; what arrived meanwhile comes back at once, most urgent level first.

@@ -10,6 +10,11 @@ it will not take, such as an argument over its ``proto-max-bulk-len``, while it 
 PING) is split: the other completions commit, and a completion refused on its own is
 replaced by a small one that acknowledges the delivery with a ``failed`` record saying why.
 
+While the worker fetches from a backlog, the next batch may be *held* until the fetch in
+flight returns (:meth:`Flusher.hold`, at most :data:`MAX_HOLD` seconds): the server then
+answers the fetch first and applies the completions while the worker starts what it fetched,
+instead of the worker waiting for both in turn (see :mod:`.fetch`).
+
 Fencing: the broker applies a completion only while its delivery is still leased to this
 worker. The stale ones it hands back (the lease lapsed, e.g. the process was paused, and
 another worker recovered the message) are counted in :attr:`Flusher.stale` and each is
@@ -33,6 +38,9 @@ logger = logging.getLogger("blitzq.worker")
 #: Ops of a refused completion up to this many bytes are kept in its replacement (unique-key
 #: and lock releases, small workflow steps); bigger ones (a huge result) are dropped.
 _SMALL_OP = 64 * 1024
+
+#: Longest a batch waits for a hold to be released (seconds); then it goes anyway.
+MAX_HOLD = 0.05
 
 #: Types of a completion's record whose size ``_take`` reads in place.
 _RECORD_TYPES = frozenset({bytes, type(None)})
@@ -79,6 +87,9 @@ class Flusher:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closing = False
+        #: Holds taken and not yet released (:meth:`hold`), and what a held writer awaits.
+        self._holds = 0
+        self._released: asyncio.Future[None] | None = None
         #: Completions the broker refused as stale (fencing), since this flusher started.
         self.stale = 0
         #: Called with each batch the broker applied and the stale completions it refused
@@ -92,6 +103,35 @@ class Flusher:
             self._idle.clear()
             self._wake.set()
         pending.append(completion)
+
+    def hold(self) -> None:
+        """Keep the next batch back until :meth:`release` (each hold released once), at
+        most :data:`MAX_HOLD` seconds; a batch already sent is not affected."""
+        self._holds += 1
+
+    def release(self) -> None:
+        """End one :meth:`hold`; the last one lets the held batch go at the next turn of
+        the event loop."""
+        self._holds -= 1
+        released = self._released
+        if not self._holds and released is not None and not released.done():
+            released.set_result(None)
+
+    @property
+    def held(self) -> int:
+        """Holds taken and not yet released."""
+        return self._holds
+
+    async def _held(self) -> None:
+        """Return once every hold is released, or after :data:`MAX_HOLD` seconds."""
+        loop = asyncio.get_running_loop()
+        released = self._released = loop.create_future()
+        timer = loop.call_later(MAX_HOLD, _resolve, released)
+        try:
+            await released
+        finally:
+            timer.cancel()
+            self._released = None
 
     @property
     def backlog(self) -> int:
@@ -132,6 +172,8 @@ class Flusher:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if self._holds:
+                await self._held()
             batch = self._take()
             try:
                 stale = await self.broker.complete(batch)
@@ -266,6 +308,11 @@ class Flusher:
         """Ask :meth:`run` to return once the backlog is written."""
         self._closing = True
         self._wake.set()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _replacement(completion: Completion, size: int, error: BrokerError) -> Completion:
