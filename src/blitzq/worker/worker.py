@@ -28,6 +28,7 @@ from ..logcontext import reset_worker_id, set_worker_id
 from ..queue import Queue
 from ..routing import base_queue, levels
 from ..serialization import dumps
+from . import heap
 from .burst import drain
 from .fetch import Fetcher
 from .flusher import Flusher
@@ -96,6 +97,9 @@ class Worker:
         metrics_port, health_port, ops_host: serve Prometheus ``/metrics`` and ``/health``,
             ``/ready`` on these TCP ports of ``ops_host`` (0: any free port; see
             :class:`~blitzq.worker.ops.Ops`, :attr:`ops` and docs/operations.md).
+        freeze_gc: move the objects alive when the worker starts fetching out of the
+            garbage collector's passes until it stops (:func:`gc.freeze`, see
+            :mod:`blitzq.worker.heap`); ``False`` leaves the collector alone.
 
     Every numeric option must be a real number (``int`` for counts; never ``bool``), finite
     and in range (``block_timeout`` at most 60 s, ``shutdown_timeout`` at most ten years), so
@@ -128,6 +132,7 @@ class Worker:
         metrics_port: int | None = None,
         health_port: int | None = None,
         ops_host: str = "0.0.0.0",
+        freeze_gc: bool = True,
     ) -> None:
         # Numbers are real numbers (never bool, NaN or infinite) in range: a NaN shutdown
         # timeout would make a stop unbounded (or instant), a NaN bound never trips.
@@ -151,6 +156,8 @@ class Worker:
         flag("handle_signals", handle_signals)
         flag("strict_memory_policy", strict_memory_policy)
         flag("burst", burst)
+        flag("freeze_gc", freeze_gc)
+        self.freeze_gc, self._froze = freeze_gc, False
         seconds("unknown_task_grace", unknown_task_grace, strict=False)
         text("name", name)
         check_ops_options(metrics_port, health_port, ops_host)
@@ -280,6 +287,9 @@ class Worker:
             await self._run()
         finally:
             reset_worker_id(token)
+            if self._froze:
+                self._froze = False
+                heap.thaw()
             if self.handle_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
@@ -328,6 +338,9 @@ class Worker:
         if self.max_memory_per_child:
             recycler = Recycler(self, self.max_memory_per_child * MB)
             background.append(asyncio.create_task(recycler.run(), name="blitzq-recycler"))
+        if self.freeze_gc:
+            heap.freeze()
+            self._froze = True
         self._fetcher.start()
         if self.burst:  # stops the worker once its queues are drained
             burst = drain(self, self._fetcher, self._flusher)
