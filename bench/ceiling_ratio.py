@@ -11,10 +11,14 @@ Starts a private ``redis-server`` (see ``bench.py``) and runs, alternately (A B 
 * ``drain, no results``: the same without results, beside ``ceiling/stream_no_records.py``.
   Target >= 0.8.
 * ``drain x conc 10, one INCR``: ``bench/drain_incr.py`` (10,000 tasks, each body one Redis
-  ``INCR``, ``Worker(concurrency=10)``, results not stored) with this tree, beside the same
-  script under blitzq 1.1.0 (the venv ``../shared/bench-anchor/compare.sh`` makes under
-  ``/tmp/blitzq-bench-anchor``). Target >= 3. Skipped, with a note, when that venv is absent
-  (it needs Python >= 3.12; run ``compare.sh`` once to make it, or ``--make-anchor``).
+  ``INCR``, ``Worker(concurrency=10)``, results stored: both libraries' default) with this
+  tree, beside the same script under blitzq 1.1.0 (the venv that
+  ``../shared/bench-anchor/compare.sh`` makes under ``/tmp/blitzq-bench-anchor``). Target
+  >= 3. Skipped, with a note, when that venv is absent (it needs Python >= 3.12; run
+  ``compare.sh`` once to make it, or ``--make-anchor``).
+  Beside it, the same drain against 10 bare coroutines making the same ``INCR`` commands with no
+  queue (the body's own ceiling), and, from those two rows, what the goal asks: 3x blitzq
+  1.1.0's rate over the bare loop's, pair by pair (1.0: a queue that costs nothing).
 
 The ceiling scripts live in ``../shared/bench-anchor/ceiling/`` (``--anchor`` to move it); a
 row whose script is missing is skipped with a note. Prints a Markdown table: each side's
@@ -203,7 +207,26 @@ def render(rows: list[Target]) -> str:
             f"| {name} | {statistics.median(t.ours):,.0f} | {statistics.median(t.theirs):,.0f} "
             f"| {ratio:.2f} | {each} | {goal} | {verdict} |"
         )
+    out += _goal_over_bare(rows)
     return "\n".join(out)
+
+
+def _goal_over_bare(rows: list[Target]) -> list[str]:
+    """The row saying what the INCR goal asks: per pair, 3x blitzq 1.1.0's rate (the
+    ``incr`` row's reference side) over the bare loop's (the ``incr-bare`` row's, measured
+    in the same pair); empty unless both rows were measured."""
+    by_key = {t.key: t for t in rows}
+    incr, bare = by_key.get("incr"), by_key.get("incr-bare")
+    if incr is None or bare is None or not incr.theirs or len(incr.theirs) != len(bare.theirs):
+        return []
+    goal = [3 * v for v in incr.theirs]
+    ratios = [g / b for g, b in zip(goal, bare.theirs, strict=True)]
+    each = ", ".join(f"{r:.2f}" for r in ratios)
+    return [
+        f"| 3x blitzq 1.1.0's INCR drain (the goal) / the bare loop | "
+        f"{statistics.median(goal):,.0f} | {statistics.median(bare.theirs):,.0f} "
+        f"| {statistics.median(ratios):.2f} | {each} | - | - |"
+    ]
 
 
 def make_anchor() -> None:

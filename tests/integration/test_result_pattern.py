@@ -259,3 +259,25 @@ async def test_a_wait_outliving_its_one_second_rereads_keeps_its_subscription(
         gate.set()
         assert await waiting == 5
         await eventually(_tick, lambda _: not waiters)
+
+
+async def test_closing_ends_a_subscribe_left_running_by_a_wait_that_read_its_record(
+    queues: tuple[Queue, Queue], raw_redis: Any
+) -> None:
+    """A wait whose first read finds the record leaves its subscribe running; the Queue's
+    close ends it (a task left pending died with its event loop, a warning in users' tests)."""
+    producer, consumer = queues
+    double, _, _ = register(producer, consumer)
+    async with running(make_worker(consumer, concurrency=4)):
+        handle = await double.enqueue(21)  # the producer's first wait: no pattern yet
+        record = producer.broker.keys.record(handle.id)  # type: ignore[attr-defined]
+        await eventually(lambda: raw_redis.exists(record), lambda n: n == 1)
+        assert await handle.result(timeout=20) == 42
+        await producer.close()
+    left = [
+        t
+        for t in asyncio.all_tasks()
+        if "ResultListener" in getattr(t.get_coro(), "__qualname__", "")
+    ]
+    assert left == []
+    assert listener_of(producer)._background == set()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...exceptions import BrokerError
@@ -46,15 +46,17 @@ async def _bounded(wait: Coroutine[Any, Any, R], timeout: float) -> R:
 
 
 def _release_later(
-    listener: ResultListener, channel: str
-) -> Callable[[asyncio.Future[asyncio.Future[bytes]]], None]:
-    """Done-callback for a pending ``listener.subscribe`` whose waiter is no longer needed."""
+    listener: ResultListener, channel: str, subscribing: asyncio.Future[asyncio.Future[bytes]]
+) -> None:
+    """Let a pending ``listener.subscribe`` whose waiter is no longer needed end in the
+    background (the listener's close cancels it), then release that waiter."""
 
     def done(subscribing: asyncio.Future[asyncio.Future[bytes]]) -> None:
         if not subscribing.cancelled() and subscribing.exception() is None:
             listener.release(channel, subscribing.result())
 
-    return done
+    listener.in_background(subscribing)
+    subscribing.add_done_callback(done)
 
 
 class RedisRecords(RedisPart):
@@ -277,10 +279,10 @@ class RedisRecords(RedisPart):
             try:
                 record = await self.get_record(task_id)
             except BaseException:
-                subscribing.add_done_callback(_release_later(listener, channel))
+                _release_later(listener, channel, subscribing)
                 raise
             if record is not None:
-                subscribing.add_done_callback(_release_later(listener, channel))
+                _release_later(listener, channel, subscribing)
                 return record
             fut = await subscribing
         try:

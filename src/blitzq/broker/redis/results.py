@@ -1,21 +1,18 @@
 """Push notification of written task records over one pub/sub connection per broker.
 
 A waiter subscribes to ``{ns}:done:<id>``, waits for the server's confirmation, then reads the
-record; the completion script publishes on that channel in the same transaction that writes
-the record, so a waiter can never miss it. A fallback re-read every ``poll_interval`` seconds
-keeps waiters live if the pub/sub connection drops (Redis restart).
+record; the completion script publishes there in the transaction that writes the record, so
+a waiter never misses it; a re-read every ``poll_interval`` s covers a dropped connection.
 
-Pattern mode (a single server, not a cluster): waits on completion channels are served by one
-``PSUBSCRIBE {ns}:done:*`` kept while this process waits and :data:`PATTERN_LINGER` s after,
-so round trips cost no SUBSCRIBE/UNSUBSCRIBE: a wait registers locally and reads once. Over
-:data:`FLOOD_LIMIT` completions a second that nobody here waits for pause the pattern for
-:data:`FLOOD_PAUSE` s (its waiters read again and subscribe to their own channel).
+Pattern mode (a single server, not a cluster): one ``PSUBSCRIBE {ns}:done:*``, kept while
+this process waits and :data:`PATTERN_LINGER` s after, serves every wait (no SUBSCRIBE or
+UNSUBSCRIBE per round trip). Over :data:`FLOOD_LIMIT` completions a second nobody here waits
+for pause it :data:`FLOOD_PAUSE` s (its waiters read again and subscribe to their channel).
 
-Vouched waits: :meth:`ResultListener.token` marks a point in the completions seen, taken just
-before a message is sent; a wait given it reads nothing while the listener vouches that it
-saw every completion since (same subscription, :attr:`~ResultListener._epoch`; none of the
-:data:`RECENT` completions it keeps dropped): the record is among them or its push will come.
-A reconnect, a pause, the linger's end or an overflow ends the vouching.
+Vouched waits: :meth:`ResultListener.token`, taken just before a message is sent, marks a
+point in the completions seen; a wait given it reads nothing while the listener vouches it
+saw every completion since (same :attr:`~ResultListener._epoch`, none of the :data:`RECENT`
+kept dropped). A reconnect, a pause, the linger's end or an overflow ends the vouching.
 """
 
 from __future__ import annotations
@@ -81,7 +78,7 @@ class ResultListener:
         self._waiters: dict[bytes, list[asyncio.Future[bytes]]] = {}
         self._confirmed: dict[bytes, asyncio.Future[None]] = {}
         self._lock = asyncio.Lock()
-        self._background: set[asyncio.Future[None]] = set()
+        self._background: set[asyncio.Future[Any]] = set()
 
     async def subscribe(self, channel: str) -> asyncio.Future[bytes]:
         """Subscribe and return a future resolved with the next message on ``channel``;
@@ -246,8 +243,7 @@ class ResultListener:
         """The server refused the PSUBSCRIBE (an ACL without that pattern): one channel per
         wait from now on; the pattern's waiters read again and subscribe so."""
         logger.warning("completion pattern refused (%s): waiting channel by channel", error)
-        self._prefix = None
-        self._pattern_on = None
+        self._prefix = self._pattern_on = None
         on.set_result(None)
         self._wake_pattern_waiters()
 
@@ -303,9 +299,11 @@ class ResultListener:
 
     def release(self, channel: str, fut: asyncio.Future[bytes]) -> None:
         """Drop a waiter without waiting: the unsubscribe runs in the background."""
-        if self._drop_pattern_waiter(channel.encode(), fut):
-            return
-        task = asyncio.ensure_future(self.unsubscribe(channel, fut))
+        if not self._drop_pattern_waiter(channel.encode(), fut):
+            self.in_background(asyncio.ensure_future(self.unsubscribe(channel, fut)))
+
+    def in_background(self, task: asyncio.Future[Any]) -> None:
+        """Keep ``task`` (nobody awaits it any more) until it ends; :meth:`close` cancels it."""
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -374,20 +372,22 @@ class ResultListener:
         return False
 
     async def close(self) -> None:
-        """Stop the reader and close the pub/sub connection."""
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
-            self._reader = None
+        """Stop the reader and the subscribes and unsubscribes nobody awaits (cancelled), then
+        close the pub/sub connection."""
+        reader = [self._reader] if self._reader is not None else []
+        self._reader = None
+        for _ in range(3):  # a cancelled subscribe releases its waiter: one more unsubscribe
+            left = [*reader, *self._background]
+            for task in left:
+                task.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
         if self._pubsub is not None:
             with contextlib.suppress(*REDIS_ERRORS):
                 await self._pubsub.aclose()
             self._pubsub = None
-        for waiters in (*self._waiters.values(), *self._pattern_waiters.values()):
-            for fut in waiters:
-                if not fut.done():
-                    fut.cancel()
+        for fut in itertools.chain(*self._waiters.values(), *self._pattern_waiters.values()):
+            if not fut.done():
+                fut.cancel()
         for confirmed in self._confirmed.values():  # subscribes in flight return at once
             if not confirmed.done():
                 confirmed.set_result(None)
@@ -395,6 +395,5 @@ class ResultListener:
             self._pattern_on.set_result(None)
         self._pattern_on = None
         self._forget()
-        self._pattern_waiters.clear()
-        self._waiters.clear()
-        self._confirmed.clear()
+        for held in (self._pattern_waiters, self._waiters, self._confirmed):
+            held.clear()
