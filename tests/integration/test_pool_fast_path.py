@@ -14,7 +14,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import DataError
 
 from blitzq.broker.redis import client as redis_client
 from blitzq.broker.redis import pool as redis_pool
@@ -153,3 +157,51 @@ async def test_a_pubsub_connection_reset_meanwhile_is_a_connection_error(client:
         assert await pubsub.get_message(timeout=5) is not None  # the confirmation
     finally:
         await pubsub.aclose()
+
+
+#: The connection class of blitzq's pools, and the redis-py class under it.
+PACKING = redis_pool.direct_write(aioredis.connection.Connection)
+REDIS_PY = aioredis.connection.Connection
+
+
+def _both(*command: Any, **options: Any) -> tuple[bytes, bytes]:
+    """``command`` packed by blitzq's connection class and by redis-py's own."""
+    ours, theirs = PACKING(**options), REDIS_PY(**options)
+    return b"".join(ours.pack_command(*command)), b"".join(theirs.pack_command(*command))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.text(), st.binary(), st.integers(), st.floats()), max_size=12))
+def test_commands_are_packed_to_the_bytes_redis_py_makes(args: list[Any]) -> None:
+    """hiredis packs exactly as redis-py's Python path: text as UTF-8, numbers by ``repr``,
+    bytes as they are."""
+    ours, theirs = _both("EVALSHA", *args)
+    assert ours == theirs
+
+
+def test_what_hiredis_refuses_is_packed_or_refused_as_by_redis_py() -> None:
+    for command in (
+        ("SET", memoryview(b"k"), bytearray(b"v")),  # hiredis takes neither type
+        ("CLIENT SETNAME", "blitzq"),  # a name redis-py splits in two arguments
+        (b"CONFIG GET", b"maxmemory"),
+    ):
+        ours, theirs = _both(*command)
+        assert ours == theirs
+    for bad in (True, None, object()):
+        with pytest.raises(DataError):
+            PACKING().pack_command("SET", "k", bad)
+    ours, theirs = _both("SET", "k", "\u00e9", encoding="latin-1")
+    assert ours == theirs == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n\xe9\r\n"
+
+
+async def test_a_packed_command_round_trips_through_the_server(client: Any) -> None:
+    key = f"pool-pack-{os.urandom(4).hex()}"
+    try:
+        await client.set(key, "na\u00efve \u2713")
+        assert (await client.get(key)).decode() == "na\u00efve \u2713"
+        await client.zadd(key + ":z", {"a": 0.1, "b": 1e100, "c": -3})
+        assert await client.zrange(key + ":z", 0, -1, withscores=True) == [
+            (b"c", -3.0), (b"a", 0.1), (b"b", 1e100),
+        ]  # fmt: skip
+    finally:
+        await client.delete(key, key + ":z")

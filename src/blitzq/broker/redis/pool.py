@@ -2,15 +2,18 @@
 
 :class:`BoundedPool` is what :func:`~blitzq.broker.redis.client.make_client` puts under every
 ``redis.asyncio.Redis`` it makes (and, mixed with redis-py's sentinel pool, ``sentinel.py``'s).
-Its connections write each command straight to the socket (:class:`_DirectWrite`). Both fast
-paths were measured with redis-py 8.1 on Python 3.11 (``bench/README.md``, "Round 4").
+Its connections pack each command with hiredis and write it straight to the socket
+(:class:`_DirectWrite`). The fast paths were measured with redis-py 8.1 on Python 3.11
+(``bench/README.md``, "Round 4" and "Round 6").
 """
 
 from __future__ import annotations
 
+import codecs
 from typing import Any
 
 import redis.asyncio as aioredis
+from hiredis import pack_command as _hiredis_pack  # a dependency (>= 2.3)
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 
@@ -70,9 +73,16 @@ class BoundedPool(aioredis.BlockingConnectionPool):
 
 
 class _DirectWrite:
-    """Mixin of a redis-py connection class: a command is written to the socket directly,
-    and only a write the kernel did not take at once is waited for (under
-    ``socket_timeout``, by redis-py's own path).
+    """Mixin of a redis-py connection class: a command is packed by hiredis (in C) and
+    written to the socket directly, and only a write the kernel did not take at once is
+    waited for (under ``socket_timeout``, by redis-py's own path).
+
+    redis-py's asyncio connections pack commands in Python: 11 us for a completion's
+    ``EVALSHA`` of 13 arguments here, against 1.6 us for ``hiredis.pack_command`` (the same
+    bytes; redis-py's sync client uses it too). Arguments hiredis does not take (a
+    ``memoryview``, a ``bool``, ``None``), a command name with a space (``"CLIENT SETNAME"``)
+    and an encoding other than strict UTF-8 go through redis-py's own packing, whose errors
+    (``DataError``) are unchanged.
 
     redis-py wraps every write in ``asyncio.wait_for``, which on Python 3.11 makes a task and
     costs a turn of the event loop per command (10-20 µs of CPU here, ``bench/README.md``);
@@ -85,6 +95,30 @@ class _DirectWrite:
     """
 
     _writer: Any
+    _packs_utf8: bool | None = None  # the encoder is strict UTF-8 (hiredis's): set at first use
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        """The RESP bytes of one command (a list of one ``bytes``); see the class docstring.
+
+        Raises:
+            redis.exceptions.DataError: an argument redis-py cannot encode either.
+        """
+        name = args[0]
+        if " " not in name if type(name) is str else type(name) is bytes and b" " not in name:
+            utf8 = self._packs_utf8
+            if utf8 is None:
+                encoder = self.encoder  # type: ignore[attr-defined]
+                utf8 = self._packs_utf8 = (
+                    codecs.lookup(encoder.encoding).name == "utf-8"
+                    and encoder.encoding_errors == "strict"
+                )
+            if utf8:
+                try:
+                    return [_hiredis_pack(args)]
+                except TypeError:
+                    pass  # redis-py packs what hiredis refuses, or raises its DataError
+        packed: list[bytes] = super().pack_command(*args)  # type: ignore[misc]
+        return packed
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         """Write ``command`` (bytes or a list of bytes); see the class docstring.
