@@ -190,6 +190,8 @@ def test_what_hiredis_refuses_is_packed_or_refused_as_by_redis_py() -> None:
     for bad in (True, None, object()):
         with pytest.raises(DataError):
             PACKING().pack_command("SET", "k", bad)
+    ours, theirs = _both("SET", b"k", b"v", encoding="no-such-codec")  # redis-py's path
+    assert ours == theirs
     ours, theirs = _both("SET", "k", "\u00e9", encoding="latin-1")
     assert ours == theirs == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n\xe9\r\n"
 

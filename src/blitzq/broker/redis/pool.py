@@ -104,14 +104,13 @@ class _DirectWrite:
             redis.exceptions.DataError: an argument redis-py cannot encode either.
         """
         name = args[0]
-        if " " not in name if type(name) is str else type(name) is bytes and b" " not in name:
+        one_word = (
+            (" " not in name) if type(name) is str else (type(name) is bytes and b" " not in name)
+        )
+        if one_word:
             utf8 = self._packs_utf8
             if utf8 is None:
-                encoder = self.encoder  # type: ignore[attr-defined]
-                utf8 = self._packs_utf8 = (
-                    codecs.lookup(encoder.encoding).name == "utf-8"
-                    and encoder.encoding_errors == "strict"
-                )
+                utf8 = self._packs_utf8 = _strict_utf8(self.encoder)  # type: ignore[attr-defined]
             if utf8:
                 try:
                     return [_hiredis_pack(args)]
@@ -149,6 +148,17 @@ class _DirectWrite:
                 await super().send_packed_command([], False)  # type: ignore[misc]
             except AttributeError as exc:  # its write task met a reset by another task
                 raise RedisConnectionError("the connection was reset during a write") from exc
+
+
+def _strict_utf8(encoder: Any) -> bool:
+    """Whether redis-py's ``encoder`` encodes text as hiredis does (strict UTF-8); an unknown
+    encoding counts as not (redis-py's own packing then reports it)."""
+    try:
+        return bool(
+            codecs.lookup(encoder.encoding).name == "utf-8" and encoder.encoding_errors == "strict"
+        )
+    except LookupError:
+        return False
 
 
 _DIRECT: dict[type, type] = {}
