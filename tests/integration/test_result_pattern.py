@@ -10,13 +10,14 @@ across a reconnect of the listener's connection. No timing is asserted.
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
-from blitzq import Queue
+from blitzq import BrokerError, Queue
 from blitzq.broker.redis import results as listener_module
 from blitzq.broker.redis.keys import glob_escape
 from blitzq.broker.redis.results import ResultListener
@@ -281,3 +282,70 @@ async def test_closing_ends_a_subscribe_left_running_by_a_wait_that_read_its_rec
     ]
     assert left == []
     assert listener_of(producer)._background == set()
+
+
+def _registered(listener: ResultListener) -> int:
+    """Waiters the listener holds (by pattern or by channel)."""
+    by_channel = (*listener._pattern_waiters.values(), *listener._waiters.values())
+    return sum(len(waiters) for waiters in by_channel)
+
+
+async def test_closing_the_queue_ends_the_result_waits_in_flight_with_a_broker_error(
+    queues: tuple[Queue, Queue],
+) -> None:
+    """Waits blocked on a task nobody runs, and waits only starting, end with a BrokerError
+    (not transient) when the Queue is closed: never a CancelledError nobody asked for (it
+    escaped ``except Exception``), never a wait that went on to its own timeout on
+    connections it opened again."""
+    producer, consumer = queues
+    double, _, _ = register(producer, consumer)
+    handle = await double.enqueue(1)  # no worker runs it
+    broker = producer.broker
+    listener: ResultListener = broker._results  # type: ignore[attr-defined]
+    blocked = [asyncio.create_task(handle.result(timeout=60)) for _ in range(5)]
+    blocked.append(asyncio.create_task(producer.get_result(handle.id, timeout=60)))
+    await eventually(_tick, lambda _: _registered(listener) == 6)
+    starting = [asyncio.create_task(producer.get_result(f"no-{i}", timeout=60)) for i in range(5)]
+    await asyncio.sleep(0)  # started: in their first read or subscribe
+    async with asyncio.timeout(20):
+        await producer.close()
+        ended = await asyncio.gather(*blocked, *starting, return_exceptions=True)
+    assert [type(e) for e in ended] == [BrokerError] * 11, ended
+    assert not any(e.transient for e in ended)  # type: ignore[union-attr]
+    assert listener.waits._active == 0
+    assert listener._background == set()
+    assert listener._pubsub is None  # no pub/sub connection opened again after the close
+    pool = broker.client.connection_pool  # type: ignore[attr-defined]
+    assert not any(
+        c.is_connected for c in (*pool._available_connections, *pool._in_use_connections)
+    )
+
+
+def test_closing_a_queue_ends_sync_result_waits_in_other_threads(
+    make_queue: Callable[..., Queue],
+) -> None:
+    """``close_sync()`` while threads block in ``result_sync()``: each gets a BrokerError
+    (they got a ``concurrent.futures.CancelledError``)."""
+    queue = make_queue()
+
+    @queue.task(name="pattern.sync_never")
+    def never() -> None: ...
+
+    handle = never.enqueue_sync()  # no worker runs it
+    outcomes: list[BaseException | None] = []
+
+    def wait() -> None:
+        try:
+            handle.result_sync(timeout=60)
+            outcomes.append(None)
+        except BaseException as exc:  # what reaches the user's thread
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=wait) for _ in range(3)]
+    for t in threads:
+        t.start()
+    queue.stats_sync()  # one more call on the same loop: the waits have started by now
+    queue.close_sync()
+    for t in threads:
+        t.join(30)
+    assert [type(e) for e in outcomes] == [BrokerError] * 3, outcomes

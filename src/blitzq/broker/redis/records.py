@@ -261,9 +261,20 @@ class RedisRecords(RedisPart):
     ) -> bytes | None:
         if timeout <= 0:
             return await self.get_record(task_id)
+        waits = self._results.waits  # a close of the broker ends this wait (.waits)
+        generation = waits.begin()
+        try:
+            return await self._wait_in(task_id, timeout, since, generation)
+        finally:
+            waits.done()
+
+    async def _wait_in(
+        self, task_id: str, timeout: float, since: object | None, generation: int
+    ) -> bytes | None:
         deadline = time.monotonic() + timeout
         channel = self.keys.done_channel(task_id)
         listener = self._results
+        check = listener.waits.check
         read = True  # False: the listener vouches that no read is needed
         fut = None
         if isinstance(since, tuple):
@@ -278,6 +289,8 @@ class RedisRecords(RedisPart):
             subscribing = asyncio.ensure_future(listener.subscribe(channel))
             try:
                 record = await self.get_record(task_id)
+                if record is None:
+                    check(generation)
             except BaseException:
                 _release_later(listener, channel, subscribing)
                 raise
@@ -287,6 +300,7 @@ class RedisRecords(RedisPart):
             fut = await subscribing
         try:
             while True:
+                check(generation)
                 record = await self.get_record(task_id) if read else None
                 read = True
                 remaining = deadline - time.monotonic()
@@ -301,6 +315,7 @@ class RedisRecords(RedisPart):
                             await fut
                     if fut.cancelled():
                         renewed = listener.renew(channel, fut)
+                        check(generation)
                         fut = renewed if renewed is not None else await listener.subscribe(channel)
                         continue
                 if fut.done():
@@ -309,6 +324,7 @@ class RedisRecords(RedisPart):
                         return pushed  # the completion script publishes the record itself
                     # A bare notification: read again; if already expired, wait anew.
                     listener.release(channel, fut)
+                    check(generation)
                     fut = await listener.subscribe(channel)
         finally:
             listener.release(channel, fut)

@@ -30,6 +30,7 @@ from redis.exceptions import ResponseError
 from .client import REDIS_ERRORS, pubsub_send, subscriber
 from .cluster import ready
 from .keys import glob_escape
+from .waits import InFlightWaits, fail
 
 logger = logging.getLogger("blitzq.broker")
 
@@ -79,6 +80,7 @@ class ResultListener:
         self._confirmed: dict[bytes, asyncio.Future[None]] = {}
         self._lock = asyncio.Lock()
         self._background: set[asyncio.Future[Any]] = set()
+        self.waits = InFlightWaits()  #: the record waits in flight, ended by :meth:`close`
 
     async def subscribe(self, channel: str) -> asyncio.Future[bytes]:
         """Subscribe and return a future resolved with the next message on ``channel``;
@@ -372,8 +374,9 @@ class ResultListener:
         return False
 
     async def close(self) -> None:
-        """Stop the reader and the subscribes and unsubscribes nobody awaits (cancelled), then
-        close the pub/sub connection."""
+        """End the record waits in flight (:class:`~.waits.InFlightWaits`), stop the reader
+        and the subscribes and unsubscribes nobody awaits, close the pub/sub connection."""
+        await self.waits.end(self._waiters, self._pattern_waiters)
         reader = [self._reader] if self._reader is not None else []
         self._reader = None
         for _ in range(3):  # a cancelled subscribe releases its waiter: one more unsubscribe
@@ -385,9 +388,7 @@ class ResultListener:
             with contextlib.suppress(*REDIS_ERRORS):
                 await self._pubsub.aclose()
             self._pubsub = None
-        for fut in itertools.chain(*self._waiters.values(), *self._pattern_waiters.values()):
-            if not fut.done():
-                fut.cancel()
+        fail(self._waiters, self._pattern_waiters)
         for confirmed in self._confirmed.values():  # subscribes in flight return at once
             if not confirmed.done():
                 confirmed.set_result(None)
