@@ -14,9 +14,13 @@ $(RUNTIME): pyproject.toml
 	$(PY) -m pip install -q -e .
 	touch $(RUNTIME)
 
-## Plus the development set (test runners, linters, the frameworks the tests cover).
-$(STAMP): $(RUNTIME) pyproject.toml
-	$(PY) -m pip install -q -e ".[dev]"
+## Plus the development set (test runners, linters, the frameworks the tests cover), at the exact
+## versions and hashes of the lock (requirements/dev.txt), so a commit tests the same on any day.
+## `make lock` refreshes the lock; `make test-latest` runs the suite on the newest releases.
+LOCK := requirements/dev.txt
+$(STAMP): $(RUNTIME) pyproject.toml $(LOCK)
+	$(PY) -m pip install -q --require-hashes -r $(LOCK)
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 install: $(STAMP)

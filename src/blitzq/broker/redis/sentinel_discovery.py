@@ -25,7 +25,7 @@ import re
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import MasterNotFoundError, Sentinel
@@ -145,7 +145,9 @@ class SentinelDiscovery(Sentinel):
         ):
             options[name] = min(float(options.get(name) or cap), cap)
         options["retry"] = Retry(NoBackoff(), 0)
-        super().__init__(sentinels, sentinel_kwargs=options)  # type: ignore[no-untyped-call]
+        # redis-py types Sentinel.__init__ from 8.2 on (untyped before): called through Any so
+        # that mypy passes on every supported release without a version-specific ignore.
+        cast("Any", super()).__init__(sentinels, sentinel_kwargs=options)
 
     async def discover_master(self, service_name: str) -> tuple[str, int]:
         """The ``(host, port)`` of the primary of ``service_name``, from the first sentinel
