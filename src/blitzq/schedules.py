@@ -215,7 +215,7 @@ class Cron(Schedule):
                 f"invalid cron expression {expression!r}: {len(fields)} fields, a cron "
                 "expression has exactly 5 (minute hour day-of-month month day-of-week)"
             )
-        if not croniter.is_valid(expression):
+        if not croniter.is_valid(expression.strip()):
             raise ConfigurationError(f"invalid cron expression {expression!r}")
         if isinstance(tz, ZoneInfo):
             zone = tz
