@@ -151,7 +151,10 @@ def _refuse_undecodable(args: list[str], *, as_json: bool) -> None:
         try:
             arg.encode("utf-8")
         except UnicodeEncodeError:
-            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            try:  # the bytes typed, escaped (b"a\xff" reads 'a\xff')
+                shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            except UnicodeEncodeError:  # a surrogate that stands for no byte (not from argv)
+                shown = arg.encode("utf-8", "backslashreplace").decode()
             raise JsonUsageError(
                 f"the argument '{shown}' is not valid UTF-8 text (blitzq takes UTF-8 "
                 "arguments only)",
