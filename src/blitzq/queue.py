@@ -37,8 +37,7 @@ from .limits import (
 )
 from .options import declared_options
 from .ratelimit import RateLimit
-from .routing import Routes, check_name, check_queue_name
-from .serialization import lookup_key
+from .routing import Routes, check_namespace, check_queue_name
 from .task import BoundTask, Task, TaskHandle
 
 if TYPE_CHECKING:
@@ -61,20 +60,6 @@ class Hooks(list[Hook]):
         """Register ``hook`` and return it unchanged (decorator form)."""
         self.append(hook)
         return hook
-
-
-def _check_namespace(value: str) -> str:
-    """``value`` if it is usable as a namespace (see :func:`~blitzq.routing.check_name`) and
-    valid Unicode text.
-
-    Raises:
-        ConfigurationError: either not (a lone surrogate, from an environment variable
-            that was not UTF-8, too: the error names where it came from).
-    """
-    try:
-        return lookup_key("namespace", check_name("namespace", value))
-    except SerializationError as exc:
-        raise ConfigurationError(str(exc)) from None
 
 
 class Queue:
@@ -156,7 +141,7 @@ class Queue:
         amqp_url: str | None = None,
     ) -> None:
         self.name = check_queue_name("queue name", name)
-        self.namespace = config.resolve("namespace", namespace, "blitzq", _check_namespace)
+        self.namespace = config.resolve("namespace", namespace, "blitzq", check_namespace)
         self.mode: Mode = config.resolve("mode", mode or None, "reliable", config.check_mode)
         # Numbers are real numbers (not bool), finite and in range; see blitzq._checks.
         seconds("visibility_timeout", visibility_timeout)

@@ -87,9 +87,8 @@ class Results:
         state (``track_state=True``), so it reads ``None``.
 
         Raises:
-            SerializationError: ``task_id`` is not valid Unicode text (a lone surrogate);
-                ConfigurationError: not a ``str`` (see :func:`~blitzq.serialization.lookup_key`).
-            BrokerError: the broker could not be reached.
+            SerializationError, ConfigurationError: a bad ``task_id`` (see
+                :func:`~blitzq.serialization.lookup_key`); BrokerError: no broker.
         """
         return await lookup.inspect(self.queue.broker, lookup_key("task id", task_id))
 
@@ -113,8 +112,7 @@ class Results:
             ResultTimeout: no final record arrived in time (the task may still run; with
                 ``store_result=False`` and no ``track_state`` a success writes no record,
                 so only the task's handle can tell at once: ``handle.result()``).
-            SerializationError, ConfigurationError: ``task_id`` is not valid Unicode text,
-                or not a ``str`` (see :func:`~blitzq.serialization.lookup_key`).
+            SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``).
         """
         return await self.wait_result(task_id, timeout)
 
@@ -163,8 +161,7 @@ class Results:
         Raises:
             TaskFailed: a final failure (or cancellation, expiry) is already recorded.
             ResultNotStored: otherwise.
-            SerializationError, ConfigurationError: a bad ``task_id`` (see
-                :func:`~blitzq.serialization.lookup_key`).
+            SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``).
         """
         data = await self.queue.broker.get_record(lookup_key("task id", task_id))
         if data is not None:
@@ -312,8 +309,7 @@ class Results:
             ``"finished"`` (already final: nothing changed).
 
         Raises:
-            SerializationError, ConfigurationError: ``task_id`` is not valid Unicode text,
-                or not a ``str`` (see :func:`~blitzq.serialization.lookup_key`).
+            SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``).
             BrokerError: the broker could not be reached.
         """
         task_id = lookup_key("task id", task_id)
@@ -326,8 +322,7 @@ class Results:
 
         Raises:
             BrokerError: the broker could not be reached.
-            SerializationError, ConfigurationError: ``task_id`` is not valid Unicode text,
-                or not a ``str`` (see :func:`~blitzq.serialization.lookup_key`).
+            SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``).
         """
         data = await self.queue.broker.get_progress(lookup_key("task id", task_id))
         if data is None:

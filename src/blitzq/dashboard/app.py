@@ -221,8 +221,7 @@ async def _body(request: Request) -> dict[str, Any]:
     deep, holding a non-finite number, or not an object).
 
     Raises:
-        ApiError: 415 without ``Content-Type: application/json``, 413 a body too large, 400
-            a bad ``Content-Length`` or a body that is not a JSON object as above.
+        ApiError: 415 without ``Content-Type: application/json``, 413, 400 as above.
     """
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/json":
