@@ -260,3 +260,19 @@ async def test_a_50_mb_body_is_refused_without_being_read_whole(queue: Queue) ->
         status, doc, taken = await _post_raw(app, [(b"content-length", bad)], 1, b"{}")
         assert (status, taken) == (400, 0), bad
         assert doc["error"].startswith("Content-Length is not a number of bytes")
+
+
+async def test_ids_that_are_not_utf8_in_a_url_are_answered_not_500(queue: Queue) -> None:
+    """Percent-escapes that decode to no UTF-8 text (``%FF``, an encoded surrogate) in a task
+    id or a filter: a JSON answer, never a 500."""
+    async with _client(create_app(queue)) as c:
+        task = await c.get("/api/tasks/a%FFb")
+        surrogate = await c.get("/api/tasks/a%ED%A0%80b")
+        listed_raw = await c.get("/api/dead-letters?task=a%ED%A0%80&queue=%FF")
+        replay = await c.post("/api/dead-letters/a%FF/replay", json={})
+    assert (task.status_code, surrogate.status_code) == (404, 404)
+    assert task.json()["error"].startswith("no record of task a\ufffdb")
+    assert listed_raw.status_code == 200
+    assert listed_raw.json()["items"] == []
+    assert replay.status_code == 404
+    assert replay.json() == {"error": "no dead letter with id a\ufffd"}
