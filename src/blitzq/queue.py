@@ -37,7 +37,7 @@ from .limits import (
 )
 from .options import declared_options
 from .ratelimit import RateLimit
-from .routing import Routes, check_name, check_queue_name
+from .routing import Routes, check_namespace, check_queue_name
 from .task import BoundTask, Task, TaskHandle
 
 if TYPE_CHECKING:
@@ -141,9 +141,7 @@ class Queue:
         amqp_url: str | None = None,
     ) -> None:
         self.name = check_queue_name("queue name", name)
-        self.namespace = config.resolve(
-            "namespace", namespace, "blitzq", lambda v: check_name("namespace", v)
-        )
+        self.namespace = config.resolve("namespace", namespace, "blitzq", check_namespace)
         self.mode: Mode = config.resolve("mode", mode or None, "reliable", config.check_mode)
         # Numbers are real numbers (not bool), finite and in range; see blitzq._checks.
         seconds("visibility_timeout", visibility_timeout)

@@ -16,7 +16,8 @@ import fnmatch
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from .exceptions import ConfigurationError
+from .exceptions import ConfigurationError, SerializationError
+from .serialization import lookup_key
 
 Priority = Literal["high", "normal", "low"]
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
@@ -36,6 +37,20 @@ def check_name(kind: str, value: str) -> str:
             f"{kind} must be a non-empty string without spaces, braces or newlines, got {value!r}"
         )
     return value
+
+
+def check_namespace(value: str) -> str:
+    """Return ``value`` if it is usable as a namespace: what :func:`check_name` takes, in
+    valid Unicode text (:func:`~blitzq.serialization.lookup_key`).
+
+    Raises:
+        ConfigurationError: either not (a lone surrogate too, such as an environment
+            variable that was not UTF-8 gives).
+    """
+    try:
+        return lookup_key("namespace", check_name("namespace", value))
+    except SerializationError as exc:
+        raise ConfigurationError(str(exc)) from None
 
 
 def check_queue_name(kind: str, value: str) -> str:

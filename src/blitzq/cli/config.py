@@ -90,13 +90,15 @@ class ConfiguredGroup(click.Group):
         """Make the root context with the settings' defaults (click's own method otherwise).
 
         Raises:
-            click.UsageError: the project file is invalid (exit 2, the file named).
+            click.UsageError: the project file is invalid, or an argument is not valid UTF-8
+                (exit 2, the file or the argument named).
         """
         if parent is None:
             extra.setdefault("auto_envvar_prefix", ENV_PREFIX)
             self._json_asked = (
                 "--json" in args[: args.index("--")] if "--" in args else ("--json" in args)
             )
+            _refuse_undecodable(args, as_json=self._json_asked)
             words = [a for a in args if not a.startswith("-")]
             if any(words[i : i + 2] == ["config", "show"] for i in range(len(words))):
                 extra.setdefault("obj", Settings(lenient=True))  # show, never refuse
@@ -133,6 +135,31 @@ class ConfiguredGroup(click.Group):
             message += exc.message
             return JsonUsageError(message, ctx=ctx, as_json=as_json)
         return JsonUsageError(exc.format_message(), ctx=ctx, as_json=as_json)
+
+
+def _refuse_undecodable(args: list[str], *, as_json: bool) -> None:
+    """Refuse a command line holding an argument that is not valid UTF-8.
+
+    Python decodes such bytes of ``argv`` to lone surrogates (``surrogateescape``), which no
+    task id, queue or name in the broker can hold; every command refuses them here, before
+    running, as a usage error (exit 2) naming the argument with the bad bytes escaped.
+
+    Raises:
+        JsonUsageError: the first such argument (a JSON document too under ``--json``).
+    """
+    for arg in args:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            try:  # the bytes typed, escaped (b"a\xff" reads 'a\xff')
+                shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            except UnicodeEncodeError:  # a surrogate that stands for no byte (not from argv)
+                shown = arg.encode("utf-8", "backslashreplace").decode()
+            raise JsonUsageError(
+                f"the argument '{shown}' is not valid UTF-8 text (blitzq takes UTF-8 "
+                "arguments only)",
+                as_json=as_json,
+            ) from None
 
 
 class JsonUsageError(click.UsageError):
