@@ -19,7 +19,16 @@ from rich.text import Text
 
 from .. import config
 from ..exceptions import ConfigurationError
-from ._common import CliUsageError, Settings, console, emit_json, global_options, settings
+from ..redaction import mask_url
+from ._common import (
+    CliUsageError,
+    Settings,
+    console,
+    emit_json,
+    global_options,
+    redact_cli,
+    settings,
+)
 
 #: Prefix of click's automatic environment variables of every option.
 ENV_PREFIX = "BLITZQ"
@@ -142,7 +151,7 @@ class JsonUsageError(click.UsageError):
     def __init__(
         self, message: str, ctx: click.Context | None = None, *, as_json: bool = False
     ) -> None:
-        super().__init__(message, ctx)
+        super().__init__(redact_cli(message), ctx)
         self.as_json = as_json
 
     def show(self, file: IO[Any] | None = None) -> None:
@@ -195,8 +204,6 @@ def config_show() -> None:
     """Print each setting with its value and where it comes from (an option on the command
     line, an environment variable, [tool.blitzq] of the project file, or the default), and the
     per-command tables of the project file. Passwords in URLs are masked."""
-    from ._common import mask_url
-
     try:
         where = config.project_file()
         rows = []
@@ -217,7 +224,7 @@ def config_show() -> None:
         for row in rows:  # a global option refused under config show (typed or a variable)
             if row["name"] in typed.invalid and "error" not in row:
                 row["error"] = typed.invalid[row["name"]]
-        tables = config.command_tables()
+        tables = _masked(config.command_tables())
         errors = _table_errors(click.get_current_context().find_root().command, tables)
     except ConfigurationError as exc:
         raise CliUsageError(str(exc)) from None
@@ -263,6 +270,17 @@ def _setting_error(name: str, value: str) -> str | None:
     if name == "log_level" and value.lower() not in {n.lower() for n in LEVELS}:
         return f"{value!r} is not a log level ({', '.join(n.lower() for n in LEVELS)})"
     return None
+
+
+def _masked(table: dict[str, Any]) -> dict[str, Any]:
+    """``table`` (nested) with the passwords of its URL values masked (``--redis-url`` may
+    be set in a command's table)."""
+    return {
+        key: _masked(item)
+        if isinstance(item, dict)
+        else (mask_url(item) if isinstance(item, str) and "://" in item else item)
+        for key, item in table.items()
+    }
 
 
 def _flat(tables: dict[str, Any], prefix: str = "") -> dict[str, dict[str, Any]]:

@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from .._checks import flag, is_loopback, seconds
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, SerializationError
 from ..integrations.asgi import close_queue, warm_up
+from ..redaction import redact
 from ..runtime_schedules import RuntimeEntries
 from . import data, pages, tasks
 
@@ -335,9 +336,9 @@ def create_app(
 
     async def api_error(request: Request, exc: Exception) -> Response:
         if isinstance(exc, ApiError):
-            return _json({"error": str(exc)}, exc.status)
+            return _json({"error": redact(str(exc))}, exc.status)
         status = 503 if isinstance(exc, BrokerError) else 400
-        return _json({"error": f"{type(exc).__name__}: {exc}"}, status)
+        return _json({"error": redact(f"{type(exc).__name__}: {exc}")}, status)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
