@@ -203,9 +203,13 @@ def config_group() -> None:
 def config_show() -> None:
     """Print each setting with its value and where it comes from (an option on the command
     line, an environment variable, [tool.blitzq] of the project file, or the default), and the
-    per-command tables of the project file. Passwords in URLs are masked."""
+    per-command tables of the project file. Passwords in URLs are masked.
+
+    The project file used is named first (BLITZQ_CONFIG, else the project's pyproject.toml,
+    never one above the project root), then any pyproject.toml refused as another user's."""
     try:
-        where = config.project_file()
+        found_file = config.search()
+        where = found_file.file
         rows = []
         typed = settings()
         for s in config.SETTINGS:
@@ -228,14 +232,21 @@ def config_show() -> None:
         errors = _table_errors(click.get_current_context().find_root().command, tables)
     except ConfigurationError as exc:
         raise CliUsageError(str(exc)) from None
+    refused = [{"file": str(path), "reason": why} for path, why in found_file.refused]
+    root = str(found_file.root) if found_file.root else None
     if settings().json:
         emit_json(
-            {"file": str(where) if where else None, "settings": rows, "commands": tables}
+            {"file": str(where) if where else None, "root": root, "refused": refused}
+            | {"settings": rows, "commands": tables}
             | ({"errors": errors} if errors else {})
         )
         return
     out = console()
     out.print(Text(f"project file: {where or 'none (no [tool.blitzq] found)'}", style="bold"))
+    if root and not where:
+        out.print(Text(f"project root: {root} (nothing above it is read)"))
+    for item in refused:
+        out.print(Text(f"refused: {item['file']}: {item['reason']}", style="yellow"))
     table = Table(box=None, pad_edge=False)
     for header in ("setting", "value", "from", "variable"):
         table.add_column(header, overflow="fold")
