@@ -3,6 +3,11 @@ masked in what ``mask_url`` shows and nowhere left in what ``redact`` returns.""
 
 from __future__ import annotations
 
+import ast
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from blitzq.redaction import mask_url, redact
@@ -95,3 +100,69 @@ def test_redact_leaves_text_without_urls_alone() -> None:
     text = "queue default: 3 waiting, password policy unchanged"
     assert redact(text) == text
     assert redact(text, None, "redis://host/0") == text
+
+
+# ------------------------------------------------------------------ the sites, statically
+SRC = Path(__file__).resolve().parents[2] / "src" / "blitzq"
+LOG_METHODS = {"debug", "info", "warning", "error", "exception", "critical", "log"}
+OUTPUT_CALLS = {"echo", "secho", "print", "emit_json", "repr", "str"}
+#: (module, kind) of the places allowed to show a URL as it is, with the reason.
+ALLOWED = {
+    ("cli/server.py", "echo"): "the embedded server's unix:// URL, made by blitzq: no password",
+}
+
+
+def _names_a_url(node: ast.expr) -> bool:
+    """An expression that is a URL by its name (``url``, ``redis_url``, ``self.url``)."""
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+    return isinstance(name, str) and name.lower().endswith("url")
+
+
+def _unmasked(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """``(line, kind)`` of each place ``tree`` puts a URL variable into text itself (not
+    through ``mask_url``/``redact``): an f-string, a ``%`` or ``.format`` argument, a log
+    call's argument, an output or ``repr``/``str`` call."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FormattedValue) and _names_a_url(node.value):
+            yield node.lineno, "f-string"
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+            values = node.right.elts if isinstance(node.right, ast.Tuple) else [node.right]
+            if isinstance(node.left, ast.Constant) and any(_names_a_url(v) for v in values):
+                yield node.lineno, "%"
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+            args = [*node.args, *(k.value for k in node.keywords)]
+            if not any(_names_a_url(a) for a in args):
+                continue
+            if isinstance(func, ast.Attribute) and name in LOG_METHODS:
+                yield node.lineno, "log"
+            elif name == "format" or name in OUTPUT_CALLS:
+                yield node.lineno, name
+
+
+def test_no_module_puts_a_url_into_text_unmasked() -> None:
+    """Every site found (errors, logs, reprs, output) masks; a new one that does not fails
+    here with its place."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        module = path.relative_to(SRC).as_posix()
+        for line, kind in _unmasked(ast.parse(path.read_text(), str(path))):
+            if (module, kind) not in ALLOWED:
+                found.append(f"{module}:{line} ({kind})")
+    assert not found, "a URL reaches text without mask_url/redact: " + ", ".join(found)
+
+
+def test_the_static_check_sees_each_kind_of_site() -> None:
+    source = textwrap.dedent(
+        """
+        raise ValueError(f"bad {url!r}")
+        logger.warning("cannot reach %s", self.redis_url)
+        text = "at %s" % queue.url
+        print(amqp_url)
+        shown = "{}".format(url)
+        fine = f"bad {mask_url(url)!r}"
+        """
+    )
+    kinds = [kind for _line, kind in _unmasked(ast.parse(source))]
+    assert sorted(kinds) == ["%", "f-string", "format", "log", "print"]
