@@ -18,10 +18,10 @@ explicit argument always wins over both. The precedence, first that gives a valu
 4. the built-in default.
 
 ``blitzq config show`` names the file used (and any refused), and prints every setting with
-its value and where it came from. A key
-the table does not know is a :class:`~blitzq.exceptions.ConfigurationError` naming the file,
-so a typo never silently falls back to a default. Keep secrets (a password in a URL) in the
-environment, not in a file under version control.
+its value and where it came from. A key the table does not know is a
+:class:`~blitzq.exceptions.ConfigurationError` naming the file, so a typo never silently
+falls back to a default. Keep secrets (a password in a URL) in the environment, not in a
+file under version control.
 """
 
 from __future__ import annotations
