@@ -155,9 +155,9 @@ class Queue:
         integer("dead_letter_max_bytes", dead_letter_max_bytes, minimum=1024, unit="bytes")
         flag("track_state", track_state)
         if redis_url is not None and not isinstance(redis_url, str):
-            raise ConfigurationError(f"redis_url must be a str, got {redis_url!r}")
+            raise ConfigurationError(f"redis_url must be a str, got {type(redis_url).__name__}")
         if amqp_url is not None and not isinstance(amqp_url, str):
-            raise ConfigurationError(f"amqp_url must be a str, got {amqp_url!r}")
+            raise ConfigurationError(f"amqp_url must be a str, got {type(amqp_url).__name__}")
         if amqp_url:
             resolve_amqp_url(amqp_url, self.name)  # refused here, not at first use
         if routes is not None and not (callable(routes) or isinstance(routes, Mapping)):
