@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from .._checks import LOG_LEVELS
 from ..exceptions import BlitzQError
 from ..logconfig import configure_logging
 from ..queue import Queue
@@ -246,6 +247,21 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
 )
 @log_options
 @click.option(
+    "--failure-log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="error",
+    show_default=True,
+    help="Level of the record of a task that failed for good (with its traceback) and of "
+    "a message dead-lettered without running.",
+)
+@click.option(
+    "--retry-log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="warning",
+    show_default=True,
+    help="Level of the record of a failed attempt that will be retried.",
+)
+@click.option(
     "--scheduler",
     "with_scheduler",
     is_flag=True,
@@ -300,6 +316,8 @@ def worker_command(
     ops_host: str = "0.0.0.0",
     configure_logs: bool = True,
     django: bool = False,
+    failure_log_level: str = "error",
+    retry_log_level: str = "warning",
     **control: Any,
 ) -> None:
     """Run a worker for the blitzq.Queue at MODULE:ATTR (for example myapp.tasks:queue).
@@ -341,6 +359,7 @@ def worker_command(
             + [arg for spec in configure for arg in ("--configure", spec)]
             + ["--max-abandoned-threads", str(max_abandoned_threads)]
             + ["--unknown-task-grace", repr(unknown_task_grace)]
+            + ["--failure-log-level", failure_log_level, "--retry-log-level", retry_log_level]
             + worker_arguments(control)
             + ops,
             **typed,
@@ -380,6 +399,8 @@ def worker_command(
             health_port=slot_port(health_port),
             ops_host=ops_host,
             name=worker_name,
+            failure_log_level=failure_log_level,
+            retry_log_level=retry_log_level,
         )
         asyncio.run(_serve(worker, with_scheduler))
     # A worker that stopped to be restarted (too many abandoned threads) says so.
