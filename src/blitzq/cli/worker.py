@@ -14,7 +14,6 @@ from typing import Any
 
 import click
 
-from .._checks import LOG_LEVELS
 from ..exceptions import BlitzQError
 from ..logconfig import configure_logging
 from ..queue import Queue
@@ -34,7 +33,7 @@ from ._common import (
     mask_url,
     settings,
 )
-from ._ops import ops_argv, ops_options
+from ._ops import log_levels, ops_argv, ops_options
 from .process_control import (
     app_queue,
     burst_conflicts,
@@ -55,8 +54,7 @@ _ENV = {
 }
 
 
-def _usage(message: str) -> CliUsageError:
-    return CliUsageError(message)
+_usage = CliUsageError
 
 
 def load_queue(spec: str) -> Queue:
@@ -247,21 +245,6 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
 )
 @log_options
 @click.option(
-    "--failure-log-level",
-    type=click.Choice(LOG_LEVELS, case_sensitive=False),
-    default="error",
-    show_default=True,
-    help="Level of the record of a task that failed for good (with its traceback) and of "
-    "a message dead-lettered without running.",
-)
-@click.option(
-    "--retry-log-level",
-    type=click.Choice(LOG_LEVELS, case_sensitive=False),
-    default="warning",
-    show_default=True,
-    help="Level of the record of a failed attempt that will be retried.",
-)
-@click.option(
     "--scheduler",
     "with_scheduler",
     is_flag=True,
@@ -316,8 +299,6 @@ def worker_command(
     ops_host: str = "0.0.0.0",
     configure_logs: bool = True,
     django: bool = False,
-    failure_log_level: str = "error",
-    retry_log_level: str = "warning",
     **control: Any,
 ) -> None:
     """Run a worker for the blitzq.Queue at MODULE:ATTR (for example myapp.tasks:queue).
@@ -338,7 +319,7 @@ def worker_command(
     if bool(app) == django:
         both = "not both" if django else "for example myapp.tasks:queue"
         raise _usage(f"give MODULE:ATTR or --django (Django's tasks framework), {both}")
-    ops = ops_argv(metrics_port, health_port, ops_host, configure_logs)
+    ops = ops_argv(metrics_port, health_port, ops_host, configure_logs, control)
     if burst and (conflicts := burst_conflicts(workers, control)):
         raise CliUsageError(f"--burst runs one worker process: not with {', '.join(conflicts)}")
     if needs_supervisor(workers, control):  # it runs copies of this command, --workers 1
@@ -359,7 +340,6 @@ def worker_command(
             + [arg for spec in configure for arg in ("--configure", spec)]
             + ["--max-abandoned-threads", str(max_abandoned_threads)]
             + ["--unknown-task-grace", repr(unknown_task_grace)]
-            + ["--failure-log-level", failure_log_level, "--retry-log-level", retry_log_level]
             + worker_arguments(control)
             + ops,
             **typed,
@@ -399,8 +379,7 @@ def worker_command(
             health_port=slot_port(health_port),
             ops_host=ops_host,
             name=worker_name,
-            failure_log_level=failure_log_level,
-            retry_log_level=retry_log_level,
+            **log_levels(control),
         )
         asyncio.run(_serve(worker, with_scheduler))
     # A worker that stopped to be restarted (too many abandoned threads) says so.

@@ -222,7 +222,7 @@ def log_failure(
         fields["delay"] = round(max(0.0, completion.delay), 3)
         outcome_logger.log(
             level,
-            "task %s %s attempt %d failed, retry in %.1f s: %s: %s",
+            "task %s %s attempt %d failed, retry in %.3g s: %s: %s",
             env.task,
             env.id,
             job.attempt,

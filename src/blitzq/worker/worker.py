@@ -100,13 +100,8 @@ class Worker:
         freeze_gc: move the objects alive when the worker starts fetching out of the
             garbage collector's passes until it stops (:func:`gc.freeze`, see
             :mod:`blitzq.worker.heap`); ``False`` leaves the collector alone.
-        failure_log_level: level of the record logged when a task fails for good (failed,
-            dead-lettered, timed out on its last attempt; with its traceback and the task's
-            fields, logger ``blitzq.worker.outcomes``), and of a message dead-lettered
-            without running (malformed, unknown task, too large, past ``max_deliveries``):
-            a name (``"error"``, the default) or a :mod:`logging` level number.
-        retry_log_level: level of the record logged when a failed attempt will be retried
-            (default ``"warning"``); see docs/operations.md, "Logs".
+        failure_log_level, retry_log_level: levels (names or numbers) of the records of a
+            task that failed for good and of a retried attempt (:mod:`.outcomes`).
 
     Every numeric option must be a real number (``int`` for counts; never ``bool``), finite
     and in range (``block_timeout`` at most 60 s, ``shutdown_timeout`` at most ten years), so
@@ -167,7 +162,6 @@ class Worker:
         flag("burst", burst)
         flag("freeze_gc", freeze_gc)
         self.freeze_gc, self._froze = freeze_gc, False
-        #: Level numbers of the final-failure and retry records (see the arguments).
         self.failure_log_level = log_level("failure_log_level", failure_log_level)
         self.retry_log_level = log_level("retry_log_level", retry_log_level)
         seconds("unknown_task_grace", unknown_task_grace, strict=False)
