@@ -33,7 +33,6 @@ from blitzq.cli import cli
 from blitzq.routing import levels
 from blitzq.worker.outcomes import OUTCOME_LOGGER
 
-from ..polling import wait_until
 from .proc_tasks import eventually, make_worker, running
 
 pytestmark = pytest.mark.timeout(90)
@@ -134,7 +133,8 @@ async def test_final_failure_is_an_error_with_traceback_and_a_retry_a_warning(
     assert final.exc_info is not None
     assert final.exc_info[0] is ValueError
     trace = logging.Formatter().formatException(final.exc_info)
-    assert "in broken" in trace and "ValueError: no 3" in trace
+    assert "in broken" in trace
+    assert "ValueError: no 3" in trace
     # A task that fails once, then succeeds: one WARNING, no ERROR.
     (only,) = logs.outcomes(good.id)
     assert only.levelno == logging.WARNING
@@ -201,7 +201,8 @@ async def test_dead_lettered_timed_out_and_unstorable_results_are_errors(
     # A Retry past the last attempt is logged as its cause, with the cause's traceback.
     retried = logs.outcomes(handles[3].id)
     assert [r.levelno for r in retried] == [logging.WARNING, logging.ERROR]
-    assert retried[-1].exc_info is not None and retried[-1].exc_info[0] is OSError
+    assert retried[-1].exc_info is not None
+    assert retried[-1].exc_info[0] is OSError
     assert vars(retried[-1])["error"] == "disk"
 
 
@@ -338,8 +339,10 @@ def test_the_cli_worker_logs_json_at_the_levels_given(
     assert final["task_id"] == handle.id
     assert (final["task"], final["queue"]) == ("flogcli.broken", "flogcli")
     assert (final["error_type"], final["error"]) == ("ValueError", "cli says no")
-    assert isinstance(final["worker_id"], str) and final["worker_id"]
-    assert "Traceback" in final["exc_info"] and "ValueError: cli says no" in final["exc_info"]
+    assert isinstance(final["worker_id"], str)
+    assert final["worker_id"]
+    assert "Traceback" in final["exc_info"]
+    assert "ValueError: cli says no" in final["exc_info"]
     producer.close_sync()
 
 
@@ -358,4 +361,5 @@ def test_the_text_format_shows_the_fields_and_the_traceback(
     line = TextFormatter().format(record)
     assert "ERROR   blitzq.worker.outcomes: task t failed" in line
     assert "task_id='abc' attempt=2 error_type='ValueError'" in line
-    assert "Traceback" in line and "ValueError: text" in line
+    assert "Traceback" in line
+    assert "ValueError: text" in line
