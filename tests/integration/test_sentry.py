@@ -158,7 +158,7 @@ async def test_a_final_failure_is_one_event_and_a_retry_none(
     assert not any(tags(e).get("blitzq.task_id") == good.id for e in sentry.events)
 
 
-async def test_timed_out_and_dead_lettered_for_good(
+async def test_timed_out_dead_lettered_and_unstorable_for_good(
     make_queue: Callable[..., Queue], sentry: MemoryTransport, logging_reports_outcomes: None
 ) -> None:
     queue = make_queue(name="sentto")
@@ -168,14 +168,25 @@ async def test_timed_out_and_dead_lettered_for_good(
     async def slow() -> None:
         await asyncio.Event().wait()
 
+    @queue.task(name="sent.unstorable", retries=0, dead_letter=False)
+    async def unstorable() -> object:
+        return object()
+
     async with running(make_worker(queue)):
         handle = await slow.enqueue()
         await settle(handle)
+        other = await unstorable.enqueue()
+        await settle(other)
     await queue.close()
-    (event,) = sentry.events
-    assert exception_of(event)["type"] == "TaskTimeout"
-    assert tags(event)["blitzq.outcome"] == "dead_lettered"
-    assert tags(event)["blitzq.task_id"] == handle.id
+    by_task = {tags(e)["blitzq.task"]: e for e in sentry.events}
+    assert len(sentry.events) == len(by_task) == 2
+    timed_out = by_task["sent.slow"]
+    assert exception_of(timed_out)["type"] == "TaskTimeout"
+    assert tags(timed_out)["blitzq.outcome"] == "dead_lettered"
+    assert tags(timed_out)["blitzq.task_id"] == handle.id
+    failed = by_task["sent.unstorable"]
+    assert exception_of(failed)["type"] == "SerializationError"  # the encoder's own error
+    assert tags(failed)["blitzq.outcome"] == "failed"
 
 
 async def test_the_trace_context_is_the_runs_opentelemetry_span(

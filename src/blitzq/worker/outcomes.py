@@ -67,7 +67,7 @@ def outcome_of(
     error_type = message = None
     if completion.record is not None and failed is not None:
         error_type, message = describe_error(cause_of(failed))
-    return Outcome(kind, error, error_type, message)
+    return Outcome(kind, failed, error_type, message)
 
 
 def outcome_kind(
