@@ -121,9 +121,15 @@ async def test_final_failure_is_an_error_with_traceback_and_a_retry_a_warning(
     assert retry.levelno == logging.WARNING
     assert retry.exc_info is None
     assert fields(retry) == {
-        "task_id": bad.id, "task": "flog.broken", "queue": "flog", "worker_id": "w-flog",
-        "attempt": 1, "error_type": "ValueError", "error": "no 3", "outcome": "retried",
-    }  # fmt: skip
+        "task_id": bad.id,
+        "task": "flog.broken",
+        "queue": "flog",
+        "worker_id": "w-flog",
+        "attempt": 1,
+        "error_type": "ValueError",
+        "error": "no 3",
+        "outcome": "retried",
+    }
     assert vars(retry)["delay"] >= 0
     assert "attempt 1 failed, retry in" in retry.getMessage()
     assert final.levelno == logging.ERROR
@@ -324,11 +330,31 @@ def test_the_cli_worker_logs_json_at_the_levels_given(
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
     done = subprocess.run(
-        [sys.executable, "-m", "blitzq", "--redis-url", server_url, "--namespace", namespace,
-         "worker", "flogcli_app:queue", "--burst", "--log-format", "json",
-         "--failure-log-level", "critical", "--retry-log-level", "info"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "blitzq",
+            "--redis-url",
+            server_url,
+            "--namespace",
+            namespace,
+            "worker",
+            "flogcli_app:queue",
+            "--burst",
+            "--log-format",
+            "json",
+            "--failure-log-level",
+            "critical",
+            "--retry-log-level",
+            "info",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
     mine = [d for d in lines if d.get("logger") == OUTCOME_LOGGER]
@@ -355,11 +381,40 @@ def test_the_text_format_shows_the_fields_and_the_traceback(
         raise ValueError("text")
     except ValueError:
         record = logging.getLogger(OUTCOME_LOGGER).makeRecord(
-            OUTCOME_LOGGER, logging.ERROR, __file__, 1, "task %s failed", ("t",),
-            sys.exc_info(), extra={"task_id": "abc", "attempt": 2, "error_type": "ValueError"},
-        )  # fmt: skip
+            OUTCOME_LOGGER,
+            logging.ERROR,
+            __file__,
+            1,
+            "task %s failed",
+            ("t",),
+            sys.exc_info(),
+            extra={"task_id": "abc", "attempt": 2, "error_type": "ValueError"},
+        )
     line = TextFormatter().format(record)
     assert "ERROR   blitzq.worker.outcomes: task t failed" in line
     assert "task_id='abc' attempt=2 error_type='ValueError'" in line
     assert "Traceback" in line
     assert "ValueError: text" in line
+
+
+def test_a_supervisor_passes_the_levels_to_its_workers() -> None:
+    from blitzq.cli._ops import ops_argv
+
+    given = {"failure_log_level": "critical", "retry_log_level": "info"}
+    assert ops_argv(None, None, "0.0.0.0", True, given) == [
+        "--failure-log-level",
+        "critical",
+        "--retry-log-level",
+        "info",
+    ]
+    assert ops_argv(9100, None, "::", False) == [
+        "--no-configure-logging",
+        "--failure-log-level",
+        "error",
+        "--retry-log-level",
+        "warning",
+        "--metrics-port",
+        "9100",
+        "--ops-host",
+        "::",
+    ]
