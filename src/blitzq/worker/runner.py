@@ -180,7 +180,7 @@ class Runner:
         if context is None:  # else made by the middleware hooks
             context = TaskContext(
                 env.id, env.task, job.delivery.queue, job.attempt, task.max_attempts,
-                env.correlation_id, env.headers,
+                env.correlation_id, env.headers, flow=env.flow,
             )  # fmt: skip
             job.context = context
         context._reporter = self.progress
