@@ -4,7 +4,8 @@
   ``worker_id`` and (for a workflow step) ``workflow_id`` to every record emitted while a
   task runs (from :func:`~blitzq.current_task` and the worker id the worker sets for its
   runs), and nothing to other records. The CLI's formatters (:mod:`blitzq.logconfig`) print
-  them as fields; an application that configures logging itself adds the filter to its handlers: ``handler.addFilter(TaskContextFilter())``.
+  them as fields; an application that configures logging itself adds the filter to its
+  handlers: ``handler.addFilter(TaskContextFilter())``.
   Process-pool tasks run in another interpreter and get no fields.
 - :class:`NonBlockingHandler` is a :class:`logging.handlers.QueueHandler` feeding a
   listener thread that writes to the real handlers: a slow stderr (a full pipe, a stalled
