@@ -89,6 +89,12 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("log_level", "BLITZQ_LOG_LEVEL", "blitzq worker's log level (info)", "info"),
     Setting("log_format", "BLITZQ_LOG_FORMAT", "text or json (text)", "text"),
+    Setting(
+        "log_queue",
+        "BLITZQ_LOG_QUEUE",
+        "an embedded Queue moves the root logger's handlers behind a non-blocking queue",
+        "false",
+    ),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -306,6 +312,24 @@ def check_mode(mode: Any) -> Any:
     if mode not in ("reliable", "fast"):
         raise ConfigurationError(f"mode must be 'reliable' or 'fast', got {mode!r}")
     return mode
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def check_bool(value: Any) -> bool:
+    """``value`` as a bool: a ``bool`` itself, or (from the environment or a file) one of
+    ``1 true yes on`` / ``0 false no off`` in any case.
+
+    Raises:
+        ConfigurationError: any other value.
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ConfigurationError(f"expected true or false (1/0, yes/no, on/off), got {value!r}")
 
 
 def resolve(name: str, given: T | None, default: T, check: Callable[[Any], T]) -> T:

@@ -107,6 +107,10 @@ class Queue:
             travel through RabbitMQ quorum queues (at-least-once) while ``redis_url`` keeps
             records, results, the schedule and dead letters. ``None`` reads
             ``BLITZQ_AMQP_URL``; without it messages travel through Redis.
+        log_queue: move the root logger's handlers behind a bounded, non-blocking queue
+            written by a listener thread (:func:`blitzq.logcontext.install_log_queue`), so a
+            slow handler never holds the event loop; ``None`` reads ``BLITZQ_LOG_QUEUE``
+            (default off: an application keeps its logging as it set it up).
 
     Every numeric option must be a real number (``int`` where a count or size is asked for;
     never ``bool``), finite and in range, and every duration at most ten years
@@ -139,10 +143,15 @@ class Queue:
         dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
         dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
         amqp_url: str | None = None,
+        log_queue: bool | None = None,
     ) -> None:
         self.name = check_queue_name("queue name", name)
         self.namespace = config.resolve("namespace", namespace, "blitzq", check_namespace)
         self.mode: Mode = config.resolve("mode", mode or None, "reliable", config.check_mode)
+        if config.resolve("log_queue", log_queue, False, config.check_bool):
+            from .logcontext import install_log_queue
+
+            install_log_queue()
         # Numbers are real numbers (not bool), finite and in range; see blitzq._checks.
         seconds("visibility_timeout", visibility_timeout)
         integer("max_deliveries", max_deliveries, minimum=1)

@@ -12,6 +12,7 @@ import click
 
 from .._checks import LOG_LEVELS
 from ._common import Seconds
+from ._logging import logging_argv
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -80,6 +81,15 @@ _OPTIONS = [
         help="Level of the record of a failed attempt that will be retried.",
     ),
     click.option(
+        "--log-lifecycle-level",
+        "lifecycle_log_level",
+        type=click.Choice(LOG_LEVELS, case_sensitive=False),
+        default="debug",
+        show_default=True,
+        help="Level of the task received/started/succeeded records on the blitzq.task "
+        "logger (debug: not shown at the default --log-level info).",
+    ),
+    click.option(
         "--burst",
         is_flag=True,
         default=False,
@@ -107,18 +117,22 @@ _OPTIONS = [
 
 
 class LogLevels(TypedDict):
-    """The levels of failed tasks' records, as :class:`~blitzq.Worker` takes them."""
+    """The levels of failed tasks' records and of the lifecycle records, as
+    :class:`~blitzq.Worker` takes them."""
 
     failure_log_level: str
     retry_log_level: str
+    lifecycle_log_level: str
 
 
 def log_levels(options: Mapping[str, Any]) -> LogLevels:
-    """``failure_log_level`` and ``retry_log_level`` of the command's keyword arguments
+    """``failure_log_level``, ``retry_log_level`` and ``lifecycle_log_level`` of the
+    command's keyword arguments
     ``options`` (their defaults when absent)."""
     return LogLevels(
         failure_log_level=str(options.get("failure_log_level") or "error"),
         retry_log_level=str(options.get("retry_log_level") or "warning"),
+        lifecycle_log_level=str(options.get("lifecycle_log_level") or "debug"),
     )
 
 
@@ -136,6 +150,8 @@ def ops_argv(
     levels = log_levels(options or {})
     argv += ["--failure-log-level", levels["failure_log_level"]]
     argv += ["--retry-log-level", levels["retry_log_level"]]
+    argv += ["--log-lifecycle-level", levels["lifecycle_log_level"]]
+    argv += logging_argv(options or {})
     if metrics_port is not None:
         argv += ["--metrics-port", str(metrics_port)]
     if health_port is not None:

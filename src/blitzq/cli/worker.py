@@ -33,6 +33,7 @@ from ._common import (
     mask_url,
     settings,
 )
+from ._logging import logging_options, logging_settings
 from ._ops import log_levels, ops_argv, ops_options
 from .process_control import (
     app_queue,
@@ -279,6 +280,7 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
 )
 @process_control_options
 @ops_options
+@logging_options
 @global_options
 def worker_command(
     app: str | None,
@@ -315,7 +317,9 @@ def worker_command(
     s = settings()
     if configure_logs:
         with cli_errors(s.redis_url):
-            configure_logging(log_level, "json" if log_format == "json" else "text")
+            configure_logging(
+                log_level, "json" if log_format == "json" else "text", **logging_settings(control)
+            )
     if bool(app) == django:
         both = "not both" if django else "for example myapp.tasks:queue"
         raise _usage(f"give MODULE:ATTR or --django (Django's tasks framework), {both}")

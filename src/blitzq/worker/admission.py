@@ -54,6 +54,8 @@ def start(runner: Runner, d: Delivery, slots: Slots) -> None:
         error = str(exc).removeprefix("malformed message: ")
         reject(runner, d, "malformed message", error, slots, ident, name)
         return
+    if runner.lifecycle.on:
+        runner.lifecycle.event("received", env, d.queue, env.attempt + d.deliveries - 1)
     task = runner.tasks.get(env.task)
     if task is None:  # a rolling deploy: deferred for a worker that knows it, then rejected
         unknown_task(runner, d, env, slots)

@@ -105,6 +105,8 @@ def finish(
                 result = typed.encode_result(result)  # finishers (workflows) pass it on plain
             job.result = result
             runner.processed += 1
+            if runner.lifecycle.on:
+                runner.lifecycle.event("succeeded", job.envelope, job.delivery.queue, job.attempt)
     if error is not None:
         try:
             completion = outcomes.failure(job, error, retry=retry, track_state=track_state)

@@ -102,6 +102,8 @@ class Worker:
             :mod:`blitzq.worker.heap`); ``False`` leaves the collector alone.
         failure_log_level, retry_log_level: levels (names or numbers) of the records of a
             task that failed for good and of a retried attempt (:mod:`.outcomes`).
+        lifecycle_log_level: level of the ``received``/``started``/``succeeded`` records on
+            the ``blitzq.task`` logger (:mod:`.lifecycle`; DEBUG: off under an INFO set-up).
 
     Every numeric option must be a real number (``int`` for counts; never ``bool``), finite
     and in range (``block_timeout`` at most 60 s, ``shutdown_timeout`` at most ten years), so
@@ -137,6 +139,7 @@ class Worker:
         freeze_gc: bool = True,
         failure_log_level: int | str = "error",
         retry_log_level: int | str = "warning",
+        lifecycle_log_level: int | str = "debug",
     ) -> None:
         # Numbers are real numbers (never bool, NaN or infinite) in range: a NaN shutdown
         # timeout would make a stop unbounded (or instant), a NaN bound never trips.
@@ -164,6 +167,7 @@ class Worker:
         self.freeze_gc, self._froze = freeze_gc, False
         self.failure_log_level = log_level("failure_log_level", failure_log_level)
         self.retry_log_level = log_level("retry_log_level", retry_log_level)
+        self.lifecycle_log_level = log_level("lifecycle_log_level", lifecycle_log_level)
         seconds("unknown_task_grace", unknown_task_grace, strict=False)
         text("name", name)
         check_ops_options(metrics_port, health_port, ops_host)
