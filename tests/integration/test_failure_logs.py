@@ -400,12 +400,32 @@ def test_the_text_format_shows_the_fields_and_the_traceback(
 def test_a_supervisor_passes_the_levels_to_its_workers() -> None:
     from blitzq.cli._ops import ops_argv
 
-    given = {"failure_log_level": "critical", "retry_log_level": "info"}
+    given = {
+        "failure_log_level": "critical",
+        "retry_log_level": "info",
+        "lifecycle_log_level": "info",
+        "log_queue_size": 500,
+        "log_drain_timeout": 1.5,
+        "log_config": "logging.yaml",
+        "logger_level": ("aio_pika=WARNING", "app=DEBUG"),
+    }
     assert ops_argv(None, None, "0.0.0.0", True, given) == [
         "--failure-log-level",
         "critical",
         "--retry-log-level",
         "info",
+        "--log-lifecycle-level",
+        "info",
+        "--log-queue-size",
+        "500",
+        "--log-drain-timeout",
+        "1.5",
+        "--log-config",
+        "logging.yaml",
+        "--logger-level",
+        "aio_pika=WARNING",
+        "--logger-level",
+        "app=DEBUG",
     ]
     assert ops_argv(9100, None, "::", False) == [
         "--no-configure-logging",
@@ -413,6 +433,12 @@ def test_a_supervisor_passes_the_levels_to_its_workers() -> None:
         "error",
         "--retry-log-level",
         "warning",
+        "--log-lifecycle-level",
+        "debug",
+        "--log-queue-size",
+        "10000",
+        "--log-drain-timeout",
+        "5.0",
         "--metrics-port",
         "9100",
         "--ops-host",
