@@ -163,7 +163,7 @@ def test_a_bad_dictconfig_file_names_the_file(
 def test_a_bad_logger_level_is_a_configuration_error(
     item: str, root_logging: logging.Logger
 ) -> None:
-    with pytest.raises(ConfigurationError, match="aio_pika|NAME=LEVEL"):
+    with pytest.raises(ConfigurationError, match=r"aio_pika|NAME=LEVEL"):
         configure_logging("info", "text", logger_levels=(item,))
 
 
