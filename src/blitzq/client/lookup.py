@@ -30,7 +30,8 @@ async def inspect(broker: Broker, task_id: str) -> TaskRecord | None:
         task_id: the task's id.
 
     Returns:
-        The stored record (with ``due_at`` set when the task is on the schedule); for a task
+        The stored record (with ``due_at`` set when the task is on the schedule; a
+        ``running`` one read as ``cancelling`` while the task has a cancel mark); for a task
         on the schedule without a record, a ``scheduled`` record made from its message (task
         name, queue, attempts so far, created time, ``due_at``); ``None`` when nothing is
         known of it.
@@ -41,6 +42,10 @@ async def inspect(broker: Broker, task_id: str) -> TaskRecord | None:
     """
     data = await broker.get_record(task_id)
     record = TaskRecord.from_bytes(data) if data is not None else None
+    if record is not None and record.state is TaskState.RUNNING:
+        if await broker.cancel_mark(task_id) is not None:  # a cancel waits for the run's end
+            return dataclasses.replace(record, state=TaskState.CANCELLING)
+        return record
     if record is not None and record.state not in _MAY_BE_SCHEDULED:
         return record
     entry = await broker.scheduled_entry(task_id)
