@@ -31,16 +31,12 @@ class TaskState(enum.StrEnum):
 
     Final states: succeeded, failed, dead_lettered, cancelled, expired (waited longer than
     its ``max_age``; never ran).
-
-    ``cancelling`` is never stored: ``inspect`` reports a ``running`` record so while a
-    cancel of the task is pending (its run has not ended yet; the record becomes
-    ``cancelled``, or the run's own outcome if it ended first, once it has).
     """
 
     SCHEDULED = "scheduled"
     QUEUED = "queued"
     RUNNING = "running"
-    CANCELLING = "cancelling"
+    CANCELLING = "cancelling"  # never stored: inspect() of a running task a cancel waits for
     RETRYING = "retrying"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -322,13 +318,10 @@ def cancelled(
     task_id: str, task: str, queue: str, attempts: int, enqueued_at: float, worker: str,
     call: tuple[Any, Any] | None = None, started_at: float | None = None,
 ) -> bytes:  # fmt: skip
-    """The ``cancelled`` record a worker writes for a task it cancelled: ``started_at`` (Unix
-    seconds) is the run's start when it had started (a running task cancelled), written only
-    when given (a task skipped before it ran has none)."""
+    """A worker's ``cancelled`` record; ``started_at`` (Unix s) when its run had started."""
     record = _Stored(
-        task_id, task, queue, "cancelled", attempts, enqueued_at,
-        _UNSET if started_at is None else started_at, time.time(), worker,
-        error_type=CANCELLED_TYPE, error=CANCELLED_MESSAGE,
+        task_id, task, queue, "cancelled", attempts, enqueued_at, started_at or _UNSET,
+        time.time(), worker, error_type=CANCELLED_TYPE, error=CANCELLED_MESSAGE,
     )  # fmt: skip
     return _encode(_keep(record, call))
 

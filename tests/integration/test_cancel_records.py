@@ -30,7 +30,7 @@ from blitzq import (
     WorkflowNotFound,
     group,
 )
-from blitzq.client import results as results_module
+from blitzq.client import lookup
 
 from .proc_tasks import eventually, make_worker, running
 
@@ -46,8 +46,8 @@ def mode(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def quick_trace(monkeypatch: pytest.MonkeyPatch) -> None:
     """Result waits ask whether their task is still known after 0.1 s (not 2 s)."""
-    monkeypatch.setattr(results_module, "TRACE_FIRST", 0.1)
-    monkeypatch.setattr(results_module, "TRACE_MAX", 0.5)
+    monkeypatch.setattr(lookup, "TRACE_FIRST", 0.1)
+    monkeypatch.setattr(lookup, "TRACE_MAX", 0.5)
 
 
 async def test_cancel_during_cleanup_keeps_started_at_until_the_run_ends(

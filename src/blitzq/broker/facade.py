@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import replace
 
+from .liveness import LivenessFacade
 from .operations import OperationsFacade
 from .ops import ChordMember, Publish, WorkflowStep
 from .outbox import Relay
@@ -37,7 +38,7 @@ from .state import Completion, DeadLetterFields, Scheduled, StateStore
 from .transport import Delivery, Guarantee, Transport
 
 
-class Broker(OperationsFacade):
+class Broker(OperationsFacade, LivenessFacade):
     """A transport and a state store behind one object (see the module docstring).
 
     Args:
@@ -248,10 +249,6 @@ class Broker(OperationsFacade):
         """See :meth:`StateStore.revoked`."""
         return await self.state.revoked()
 
-    async def cancel_mark(self, task_id: str) -> float | None:
-        """See :meth:`StateStore.cancel_mark`."""
-        return await self.state.cancel_mark(task_id)
-
     def events(self) -> AsyncIterator[tuple[str, str]]:
         """See :meth:`StateStore.events`."""
         return self.state.events()
@@ -301,14 +298,6 @@ class Broker(OperationsFacade):
     async def reset_tasks(self, task_ids: Sequence[str]) -> None:
         """See :meth:`StateStore.reset_tasks`."""
         await self.state.reset_tasks(task_ids)
-
-    async def trace_task(self, task_id: str, queue: str) -> bool | None:
-        """See :meth:`StateStore.trace_task`."""
-        return await self.state.trace_task(task_id, queue)
-
-    async def keep_running(self, task_ids: Sequence[str], ttl: int) -> int:
-        """See :meth:`StateStore.keep_running`."""
-        return await self.state.keep_running(task_ids, ttl)
 
     async def wait_for_record(
         self, task_id: str, timeout: float, since: object | None = None

@@ -25,6 +25,7 @@ import abc
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
+from .liveness import LivenessState
 from .operations import OperationsState
 from .outbox import Outbox
 from .transport import Transport
@@ -33,7 +34,7 @@ from .values import Completion, DeadLetterFields, Scheduled
 __all__ = ["Completion", "DeadLetterFields", "Scheduled", "StateStore"]
 
 
-class StateStore(OperationsState):
+class StateStore(OperationsState, LivenessState):
     """Task state and completion effects. See the module docstring."""
 
     def acks(self, transport: Transport) -> bool:
@@ -193,11 +194,6 @@ class StateStore(OperationsState):
         """Cancelled task ids still marked, with the Unix time their mark expires."""
         raise NotImplementedError(f"{type(self).__name__} does not support cancellation")
 
-    async def cancel_mark(self, task_id: str) -> float | None:
-        """When the cancel mark of ``task_id`` expires (Unix seconds), or ``None`` when it
-        has none (the default: no cancellation support)."""
-        return None
-
     def events(self) -> AsyncIterator[tuple[str, str]]:
         """Push notifications for workers: ``("revoke", task_id)`` and ``("schedule", eta)``
         (``("unknown", text)`` for anything else published there).
@@ -287,29 +283,6 @@ class StateStore(OperationsState):
         """A mark to take just before sending a message and pass to :meth:`wait_for_record`
         as ``since``; ``None`` (the default) when the store has no use for one."""
         return None
-
-    async def trace_task(self, task_id: str, queue: str) -> bool | None:
-        """Whether ``task_id`` is known anywhere, in one atomic look: ``True`` when it has a
-        record, waits on the schedule or has a message in its physical ``queue`` (waiting or
-        in flight); ``False`` when it is known nowhere (its result cannot arrive any more);
-        ``None`` when the store cannot tell (the default; the Redis store answers only when
-        the queue is a stream on its own connection and not too long to search).
-
-        Raises:
-            BrokerError: the broker could not be reached.
-        """
-        return None
-
-    async def keep_running(self, task_ids: Sequence[str], ttl: int) -> int:
-        """Give the ``running`` records of ``task_ids`` (runs this worker holds) at least
-        ``ttl`` seconds to live, so a run longer than ``result_ttl`` keeps its record; a
-        record in another state is left alone. Returns how many were extended (the
-        default: none, records expire as written).
-
-        Raises:
-            BrokerError: the broker could not be reached.
-        """
-        return 0
 
     # ----------------------------------------------------------- dead letters
     @abc.abstractmethod

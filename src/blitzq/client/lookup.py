@@ -10,13 +10,18 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from ..exceptions import BrokerError, SerializationError
+from ..exceptions import BrokerError, ResultExpired, SerializationError
 from ..records import TaskRecord, TaskState
 from ..routing import base_queue
 from ..serialization import decode_envelope, loads
 
 if TYPE_CHECKING:
     from ..broker import Broker
+
+#: Seconds a result wait waits before it first asks whether its task is still known
+#: anywhere (:func:`end_if_gone`); the interval doubles up to :data:`TRACE_MAX`.
+TRACE_FIRST = 2.0
+TRACE_MAX = 30.0
 
 #: Record states (or no record) of a task that may be waiting on the schedule.
 _MAY_BE_SCHEDULED = frozenset({TaskState.SCHEDULED, TaskState.RETRYING, TaskState.QUEUED})
@@ -110,4 +115,32 @@ async def why_no_result(broker: Broker, namespace: str, task_id: str, queue: str
     return (
         f"; no live worker consumes queue {wanted!r} in namespace {namespace!r} "
         f"({len(workers)} worker(s) run other queues: start one with -Q {wanted})"
+    )
+
+
+async def end_if_gone(
+    broker: Broker, task_id: str, queue: str, seen: TaskRecord | None, result_ttl: int
+) -> None:
+    """End a result wait that found no record when its task is known nowhere any more:
+    ``broker.trace_task`` (one atomic look: no record, not on the schedule, no message in
+    its physical ``queue``) says ``False``. A wait asks it only of a task known to exist
+    (sent by the caller, or ``seen``: the last record the wait read), every
+    :data:`TRACE_FIRST` s doubling to :data:`TRACE_MAX` s; a store that cannot tell
+    (``None``) or cannot be reached ends nothing: the wait goes on to its timeout.
+
+    Raises:
+        ResultExpired: the task is known nowhere; the message names ``result_ttl`` (s).
+    """
+    try:
+        known = await broker.trace_task(task_id, queue)
+    except BrokerError:
+        return
+    if known is not False:
+        return
+    before = f" (it was {seen.state.value} when this wait read it)" if seen is not None else ""
+    raise ResultExpired(
+        task_id,
+        f"no result can arrive for task {task_id}: its record is gone{before} and it is "
+        f"neither scheduled nor in queue {queue!r}; records expire result_ttl "
+        f"({result_ttl} s) after they are written",
     )

@@ -34,10 +34,6 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 
 _FOREVER = 10 * 365 * 86400.0
-#: Seconds a result wait waits before it first asks whether its task is still known
-#: anywhere (``trace_task``); the interval doubles up to :data:`TRACE_MAX`.
-TRACE_FIRST = 2.0
-TRACE_MAX = 30.0
 #: Result waits ``get_results`` runs at once; the others start as these end.
 WAIT_FANOUT = 100
 
@@ -108,9 +104,8 @@ class Results:
             TaskExpired: the task waited longer than its ``max_age`` and never ran.
             ResultNotStored: the task succeeded without storing its result (its record
                 says so: ``store_result=False`` with ``track_state=True``).
-            ResultExpired: (a ResultTimeout) this wait read a record of the task that is gone
-                now, and the task is known nowhere else: its result cannot arrive (see
-                :meth:`wait_result`); raised before ``timeout``, also with ``None``.
+            ResultExpired: (a ResultTimeout) a record this wait read is gone and the task is
+                known nowhere: no result can arrive (:meth:`wait_result`; ``None`` too).
             ResultTimeout: no final record arrived in time (the task may still run; with
                 ``store_result=False`` and no ``track_state`` a success writes no record,
                 so only the task's handle can tell at once: ``handle.result()``).
@@ -128,20 +123,13 @@ class Results:
         """:meth:`get_result`, given the task's physical ``queue`` when the caller knows it (a
         handle does), so that a timeout can say that no worker consumes that queue, and the
         broker's ``since`` mark taken when the task was sent (see
-        :meth:`~blitzq.broker.StateStore.wait_for_record`).
-
-        The wait ends early with :class:`~blitzq.ResultExpired` once the result cannot
-        arrive: no record is stored, and the task is known nowhere
-        (:meth:`~blitzq.broker.StateStore.trace_task`: not on the schedule, no message in its
-        queue). It asks that only of a task known to exist (``sent``: the caller sent it; or
-        this wait read a record of it), every :data:`TRACE_FIRST` s doubling to
-        :data:`TRACE_MAX` s while no record is found; a store that cannot tell leaves the
-        wait to its timeout.
-        """
+        :meth:`~blitzq.broker.StateStore.wait_for_record`). A task known to exist (``sent``
+        by the caller, or a record read here) that is gone ends it early:
+        :func:`~blitzq.client.lookup.end_if_gone`."""
         wait = _FOREVER if timeout is None else max(0.0, timeout)
         deadline = time.monotonic() + wait
         broker = self.queue.broker
-        trace_every = TRACE_FIRST
+        trace_every = lookup.TRACE_FIRST
         seen: TaskRecord | None = None  # the last record this wait read
         while True:
             left = max(0.0, deadline - time.monotonic())
@@ -162,8 +150,8 @@ class Results:
                     hint = await self.why_no_result(task_id, queue)
                     raise ResultTimeout(f"no result for task {task_id} within {timeout} s{hint}")
                 if traced and where is not None:
-                    await self._end_if_gone(task_id, where, seen)
-                    trace_every = min(TRACE_MAX, trace_every * 2)
+                    await lookup.end_if_gone(broker, task_id, where, seen, self.queue.result_ttl)
+                    trace_every = min(lookup.TRACE_MAX, trace_every * 2)
                 continue
             record = TaskRecord.from_bytes(data)
             if record.state.is_final:
@@ -176,28 +164,6 @@ class Results:
                     f"task {task_id} is {record.state.value} after {timeout} s{hint}"
                 )
             await asyncio.sleep(0.05)
-
-    async def _end_if_gone(self, task_id: str, queue: str, seen: TaskRecord | None) -> None:
-        """Raise :class:`~blitzq.ResultExpired` when the task is known nowhere any more
-        (one ``trace_task``; a failure to ask ends nothing).
-
-        Raises:
-            ResultExpired: no record, not on the schedule, no message in ``queue``.
-        """
-        try:
-            known = await self.queue.broker.trace_task(task_id, queue)
-        except BrokerError:
-            return
-        if known is not False:
-            return
-        ttl = self.queue.result_ttl
-        before = f" (it was {seen.state.value} when this wait read it)" if seen is not None else ""
-        raise ResultExpired(
-            task_id,
-            f"no result can arrive for task {task_id}: its record is gone{before} and it is "
-            f"neither scheduled nor in queue {queue!r}; records expire result_ttl "
-            f"({ttl} s) after they are written",
-        )
 
     async def no_stored_result(self, task_id: str) -> Any:
         """``result()`` of a task known not to store its result: raise at once.
@@ -292,9 +258,9 @@ class Results:
                     if isinstance(task, TaskHandle):  # knows whether a result is stored
                         return await task.result(timeout=left)
                     return await self.get_result(task, timeout=left)
-                except ResultExpired:
-                    raise
-                except ResultTimeout:
+                except ResultTimeout as exc:
+                    if isinstance(exc, ResultExpired):
+                        raise
                     raise ResultTimeout(
                         f"no result for task {task_id} within {timeout} s (get_results)"
                     ) from None
