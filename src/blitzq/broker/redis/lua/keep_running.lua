@@ -1,6 +1,6 @@
 -- keep_running.lua: keep the 'running' records of runs still going from expiring under them
 -- (track_state: a run may last longer than result_ttl).
--- KEYS: the records {ns}:t:<task_id> of the runs a worker holds.
+-- KEYS[i] {ns}:t:<task_id> the records of the runs a worker holds (strings).
 -- ARGV[1] the TTL (seconds) each such record is given when it has less left.
 -- A record in another state (the run's final one written meanwhile, a cancel's) is left
 -- alone. Returns how many records were extended.
