@@ -123,9 +123,8 @@ class Results:
         """:meth:`get_result`, given the task's physical ``queue`` when the caller knows it (a
         handle does), so that a timeout can say that no worker consumes that queue, and the
         broker's ``since`` mark taken when the task was sent (see
-        :meth:`~blitzq.broker.StateStore.wait_for_record`). A task known to exist (``sent``
-        by the caller, or a record read here) that is gone ends it early:
-        :func:`~blitzq.client.lookup.end_if_gone`."""
+        :meth:`~blitzq.broker.StateStore.wait_for_record`); ``sent``: the caller sent it
+        (:func:`~blitzq.client.lookup.end_if_gone` may end the wait early)."""
         wait = _FOREVER if timeout is None else max(0.0, timeout)
         deadline = time.monotonic() + wait
         broker = self.queue.broker
@@ -133,11 +132,10 @@ class Results:
         seen: TaskRecord | None = None  # the last record this wait read
         while True:
             left = max(0.0, deadline - time.monotonic())
-            where = queue if queue is not None else (seen.queue if seen is not None else None)
-            traced = where is not None and (sent or seen is not None)
+            where = (queue or (seen.queue if seen else None) or None) if sent or seen else None
             try:
                 data = await broker.wait_for_record(
-                    task_id, min(left, trace_every) if traced else left, since
+                    task_id, left if where is None else min(left, trace_every), since
                 )
             except BrokerError as exc:
                 # The server restarting: keep waiting (re-reading) until the deadline.
@@ -149,7 +147,7 @@ class Results:
                 if time.monotonic() >= deadline:
                     hint = await self.why_no_result(task_id, queue)
                     raise ResultTimeout(f"no result for task {task_id} within {timeout} s{hint}")
-                if traced and where is not None:
+                if where is not None:  # a task known to exist: is it anywhere still?
                     await lookup.end_if_gone(broker, task_id, where, seen, self.queue.result_ttl)
                     trace_every = min(lookup.TRACE_MAX, trace_every * 2)
                 continue
@@ -309,8 +307,10 @@ class Results:
         A scheduled (delayed, retrying or rate-limited) task is taken off the schedule and
         never starts. A queued one is marked revoked: every worker skips it. A running one
         is cancelled by its worker at once: an async task is cancelled, a thread task sees
-        ``current_task().cancelled``, a process task is terminated. Its record becomes
-        ``cancelled`` and ``result()`` raises :class:`TaskCancelled`.
+        ``current_task().cancelled``, a process task is terminated; its record stays
+        ``running`` (``inspect``: ``cancelling``) until the run ended. Then (at once for
+        the others) the record is ``cancelled`` and ``result()`` raises
+        :class:`TaskCancelled` -- or both give the run's outcome, if it ended first.
 
         Returns:
             What the task was: ``"scheduled"``, ``"queued"``, ``"running"``, ``"pending"``
