@@ -31,6 +31,7 @@ from blitzq import (
     group,
 )
 from blitzq.client import lookup
+from blitzq.worker import maintenance
 
 from .proc_tasks import eventually, make_worker, running
 
@@ -281,9 +282,12 @@ async def test_fast_mode_cannot_tell_and_waits_to_its_timeout(
 
 
 async def test_a_run_longer_than_result_ttl_keeps_its_running_record(
-    make_queue: Callable[..., Queue], mode: str
+    make_queue: Callable[..., Queue], mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    queue = make_queue(name="cr", mode=mode, track_state=True, result_ttl=1)
+    """result_ttl 1 s; running records live 4 s (a margin of 2 s instead of 3 rounds + 5 s)
+    and the worker's maintenance (every 0.5 s) must extend them for a 5 s run."""
+    monkeypatch.setattr(maintenance, "keep_margin", lambda visibility_timeout: 2)
+    queue = make_queue(name="cr", mode=mode, track_state=True, result_ttl=1, visibility_timeout=1.5)
     release = asyncio.Event()
 
     @queue.task(name="cr.long")
@@ -298,7 +302,7 @@ async def test_a_run_longer_than_result_ttl_keeps_its_running_record(
                 handle.status, lambda r: r is not None and r.state is TaskState.RUNNING, 30.0
             )
             assert first is not None
-            end = time.monotonic() + 3.0  # three times result_ttl
+            end = time.monotonic() + 5.0  # past result_ttl and the first record's TTL
             while time.monotonic() < end:
                 record = await handle.status()
                 assert record is not None, "the running record expired under its run"
