@@ -14,6 +14,7 @@ cannot come (issue 28, items 7, 9 and 10), against a real Redis (and the embedde
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -124,25 +125,57 @@ async def test_tasks_cancelled_as_they_finish_agree_with_their_records(
         return i
 
     try:
-        async with running(make_worker(queue, concurrency=count)):
-            handles = await racer.enqueue_many([(i,) for i in range(count)])
-            waits = [asyncio.ensure_future(_outcome(h)) for h in handles]
-            await eventually(lambda: asyncio.sleep(0, len(started)), lambda n: n == count, 30.0)
-            gate.set()
-            answers = await asyncio.gather(*(h.cancel() for h in handles))
-            outcomes = await asyncio.wait_for(asyncio.gather(*waits), 60.0)
-        # The worker stopped: every completion is applied. Read the records now.
-        kinds: dict[str, int] = {}
-        for handle, (kind, value), answer in zip(handles, outcomes, answers, strict=True):
-            record = await queue.inspect(handle.id)
-            assert record is not None, handle.id
-            assert record.state.value == kind, (handle.id, answer, kind, record)
-            if kind == "succeeded":
-                assert value == record.result
-            kinds[kind] = kinds.get(kind, 0) + 1
-        print(f"{mode} track_state={track_state}: {kinds}, cancel answers {set(answers)}")
+        await _race(queue, racer, count, started, gate.set, f"{mode} async {track_state=}")
     finally:
         await queue.close()
+
+
+@pytest.mark.parametrize("track_state", [False, True])
+async def test_thread_tasks_cancelled_as_they_finish_agree_with_their_records(
+    make_queue: Callable[..., Queue], track_state: bool
+) -> None:
+    """Thread tasks are only asked to stop: one returning as the cancel arrives ends
+    ``succeeded`` or ``cancelled``, and ``result()`` says the same as its record."""
+    queue = make_queue(name="cr", track_state=track_state)
+    count = 16
+    gate = threading.Event()
+    started: set[int] = set()
+
+    @queue.task(name="cr.thread_racer")
+    def racer(i: int) -> int:
+        started.add(i)
+        gate.wait(60)
+        return i
+
+    try:
+        await _race(queue, racer, count, started, gate.set, f"thread {track_state=}")
+    finally:
+        await queue.close()
+
+
+async def _race(
+    queue: Queue, task: Any, count: int, started: set[int], release: Callable[[], None], label: str
+) -> None:
+    """Run ``count`` calls of ``task`` (each adds its argument to ``started``, then waits to
+    be released) with result waits already in flight; release them all and cancel them all
+    at once; once the worker has stopped, every answer of ``result()`` must be its record's."""
+    async with running(make_worker(queue, concurrency=count)):
+        handles = await task.enqueue_many([(i,) for i in range(count)])
+        waits = [asyncio.ensure_future(_outcome(h)) for h in handles]
+        await eventually(lambda: asyncio.sleep(0, len(started)), lambda n: n == count, 30.0)
+        release()
+        answers = await asyncio.gather(*(h.cancel() for h in handles))
+        outcomes = await asyncio.wait_for(asyncio.gather(*waits), 60.0)
+    # The worker stopped: every completion is applied. Read the records now.
+    kinds: dict[str, int] = {}
+    for handle, (kind, value), answer in zip(handles, outcomes, answers, strict=True):
+        record = await queue.inspect(handle.id)
+        assert record is not None, handle.id
+        assert record.state.value == kind, (handle.id, answer, kind, record)
+        if kind == "succeeded":
+            assert value == record.result
+        kinds[kind] = kinds.get(kind, 0) + 1
+    print(f"{label}: {kinds}, cancel answers {set(answers)}")
 
 
 async def test_a_cancel_stored_before_a_completion_is_not_overwritten(
