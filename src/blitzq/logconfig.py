@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from .exceptions import ConfigurationError
 from .logcontext import NonBlockingHandler, TaskContextFilter
+from .redaction import redact
 
 __all__ = ["LEVELS", "JsonFormatter", "TextFormatter", "configure_logging"]
 
@@ -39,10 +40,14 @@ def _iso(created: float) -> str:
 
 
 class TextFormatter(logging.Formatter):
-    """``time level logger: message key=value…``, with the traceback below when there is one."""
+    """``time level logger: message key=value…``, with the traceback below when there is one;
+    the passwords of any URL in it masked (:func:`~blitzq.redaction.redact`)."""
 
     def format(self, record: logging.LogRecord) -> str:
         """Render one record as a line of text (plus a traceback, if any)."""
+        return redact(self._line(record))
+
+    def _line(self, record: logging.LogRecord) -> str:
         line = f"{_iso(record.created)} {record.levelname:<7} {record.name}: {record.getMessage()}"
         extras = _extras(record)
         if extras:
@@ -60,10 +65,14 @@ class TextFormatter(logging.Formatter):
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: ``time``, ``level``, ``logger``, ``message``, the ``extra``
-    fields, and ``exc_info`` (the formatted traceback) when an exception is attached."""
+    fields, and ``exc_info`` (the formatted traceback) when an exception is attached; the
+    passwords of any URL in it masked (:func:`~blitzq.redaction.redact`)."""
 
     def format(self, record: logging.LogRecord) -> str:
         """Render one record as a single-line JSON object."""
+        return redact(self._line(record))
+
+    def _line(self, record: logging.LogRecord) -> str:
         doc: dict[str, Any] = {
             "time": _iso(record.created),
             "level": record.levelname,

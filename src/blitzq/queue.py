@@ -37,7 +37,7 @@ from .limits import (
 )
 from .options import declared_options
 from .ratelimit import RateLimit
-from .routing import Routes, check_name, check_queue_name
+from .routing import Routes, check_namespace, check_queue_name
 from .task import BoundTask, Task, TaskHandle
 
 if TYPE_CHECKING:
@@ -141,9 +141,7 @@ class Queue:
         amqp_url: str | None = None,
     ) -> None:
         self.name = check_queue_name("queue name", name)
-        self.namespace = config.resolve(
-            "namespace", namespace, "blitzq", lambda v: check_name("namespace", v)
-        )
+        self.namespace = config.resolve("namespace", namespace, "blitzq", check_namespace)
         self.mode: Mode = config.resolve("mode", mode or None, "reliable", config.check_mode)
         # Numbers are real numbers (not bool), finite and in range; see blitzq._checks.
         seconds("visibility_timeout", visibility_timeout)
@@ -157,9 +155,9 @@ class Queue:
         integer("dead_letter_max_bytes", dead_letter_max_bytes, minimum=1024, unit="bytes")
         flag("track_state", track_state)
         if redis_url is not None and not isinstance(redis_url, str):
-            raise ConfigurationError(f"redis_url must be a str, got {redis_url!r}")
+            raise ConfigurationError(f"redis_url must be a str, got {type(redis_url).__name__}")
         if amqp_url is not None and not isinstance(amqp_url, str):
-            raise ConfigurationError(f"amqp_url must be a str, got {amqp_url!r}")
+            raise ConfigurationError(f"amqp_url must be a str, got {type(amqp_url).__name__}")
         if amqp_url:
             resolve_amqp_url(amqp_url, self.name)  # refused here, not at first use
         if routes is not None and not (callable(routes) or isinstance(routes, Mapping)):

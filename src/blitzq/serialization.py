@@ -26,7 +26,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
 
-from .exceptions import MessageTooLarge, SerializationError
+from .exceptions import ConfigurationError, MessageTooLarge, SerializationError
 
 #: Extension type codes used for the non-native plain types.
 EXT_DATETIME: Final = 1
@@ -46,6 +46,32 @@ def not_utf8(exc: UnicodeEncodeError) -> SerializationError:
         f"str values must be valid Unicode text: {exc.object[exc.start : exc.end]!r} "
         f"at position {exc.start} cannot be encoded as UTF-8 ({exc.reason})"
     )
+
+
+def lookup_key(kind: str, value: Any) -> str:
+    """Return ``value`` if it can name a task, queue or workflow in a call to the broker.
+
+    What every lookup API checks where the id or name enters (``inspect``, ``get_result``,
+    ``cancel``, ``retry``, ``get_progress``, ``purge_queue``, ``stats(queues=)``, …), so a
+    bad one fails as it does at enqueue, not deep in the Redis client.
+
+    Args:
+        kind: what the value is, for the message (``"task id"``, ``"queue name"``).
+        value: the id or name given.
+
+    Raises:
+        ConfigurationError: not a ``str`` (as enqueue's ``task_id=`` refuses one).
+        SerializationError: not valid Unicode text (a lone surrogate such as ``"\\ud800"``,
+            or a command-line argument that was not UTF-8): the error enqueue raises for it.
+    """
+    if not isinstance(value, str):
+        raise ConfigurationError(f"{kind} must be a str, got {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        error = not_utf8(exc)
+        raise SerializationError(f"{kind} {value!r}: {error}") from None
+    return value
 
 
 class Envelope(msgspec.Struct, array_like=True, gc=False):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from ..exceptions import BlitzQError, ConfigurationError
+from ..redaction import mask_url
 from ..worker.autoscale import HARD_CAP, AutoscaleSettings, parse_range
 from ._common import CliUsageError, Seconds, Settings, cli_errors
 
@@ -263,6 +264,7 @@ def autoscale_target(queue: Queue) -> dict[str, Any]:
         raise CliUsageError(f"--autoscale: no broker to sample the queues on: {exc}") from None
     if url.startswith("memory://"):
         raise CliUsageError(
-            f"--autoscale needs a Redis server its workers share, not the in-process {url!r}"
+            "--autoscale needs a Redis server its workers share, not the in-process "
+            f"{mask_url(url)!r}"
         )
     return {"redis_url": url, "namespace": queue.namespace, "mode": queue.mode}

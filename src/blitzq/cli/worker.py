@@ -33,7 +33,7 @@ from ._common import (
     mask_url,
     settings,
 )
-from ._ops import ops_argv, ops_options
+from ._ops import log_levels, ops_argv, ops_options
 from .process_control import (
     app_queue,
     burst_conflicts,
@@ -54,8 +54,7 @@ _ENV = {
 }
 
 
-def _usage(message: str) -> CliUsageError:
-    return CliUsageError(message)
+_usage = CliUsageError
 
 
 def load_queue(spec: str) -> Queue:
@@ -320,7 +319,7 @@ def worker_command(
     if bool(app) == django:
         both = "not both" if django else "for example myapp.tasks:queue"
         raise _usage(f"give MODULE:ATTR or --django (Django's tasks framework), {both}")
-    ops = ops_argv(metrics_port, health_port, ops_host, configure_logs)
+    ops = ops_argv(metrics_port, health_port, ops_host, configure_logs, control)
     if burst and (conflicts := burst_conflicts(workers, control)):
         raise CliUsageError(f"--burst runs one worker process: not with {', '.join(conflicts)}")
     if needs_supervisor(workers, control):  # it runs copies of this command, --workers 1
@@ -380,6 +379,7 @@ def worker_command(
             health_port=slot_port(health_port),
             ops_host=ops_host,
             name=worker_name,
+            **log_levels(control),
         )
         asyncio.run(_serve(worker, with_scheduler))
     # A worker that stopped to be restarted (too many abandoned threads) says so.

@@ -25,6 +25,7 @@ from ..exceptions import (
 )
 from ..progress import Progress, decode_progress
 from ..records import TaskRecord, TaskState
+from ..serialization import lookup_key
 from ..task import BoundTask, Task, TaskHandle
 from . import lookup
 
@@ -85,11 +86,16 @@ class Results:
         ``scheduled`` (or its stored ``retrying`` record) with ``due_at`` set, even without
         ``track_state``; a task waiting in its queue has no record unless the Queue tracks
         state (``track_state=True``), so it reads ``None``.
+
+        Raises:
+            SerializationError, ConfigurationError: a bad ``task_id`` (see
+                :func:`~blitzq.serialization.lookup_key`); BrokerError: no broker.
         """
-        return await lookup.inspect(self.queue.broker, task_id)
+        return await lookup.inspect(self.queue.broker, lookup_key("task id", task_id))
 
     async def why_no_result(self, task_id: str, queue: str | None = None) -> str:
         """See :func:`~blitzq.client.lookup.why_no_result` (the hint of a result timeout)."""
+        task_id = lookup_key("task id", task_id)
         return await lookup.why_no_result(self.queue.broker, self.queue.namespace, task_id, queue)
 
     async def get_result(self, task_id: str, timeout: float | None = None) -> Any:
@@ -109,6 +115,7 @@ class Results:
             ResultTimeout: no final record arrived in time (the task may still run; with
                 ``store_result=False`` and no ``track_state`` a success writes no record,
                 so only the task's handle can tell at once: ``handle.result()``).
+            SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``).
         """
         return await self.wait_result(task_id, timeout)
 
@@ -125,6 +132,7 @@ class Results:
         broker's ``since`` mark taken when the task was sent (see
         :meth:`~blitzq.broker.StateStore.wait_for_record`); ``sent``: the caller sent it
         (:func:`~blitzq.client.lookup.end_if_gone` may end the wait early)."""
+        task_id = lookup_key("task id", task_id)
         wait = _FOREVER if timeout is None else max(0.0, timeout)
         deadline = time.monotonic() + wait
         broker = self.queue.broker
@@ -169,8 +177,9 @@ class Results:
         Raises:
             TaskFailed: a final failure (or cancellation, expiry) is already recorded.
             ResultNotStored: otherwise.
+            SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``).
         """
-        data = await self.queue.broker.get_record(task_id)
+        data = await self.queue.broker.get_record(lookup_key("task id", task_id))
         if data is not None:
             record = TaskRecord.from_bytes(data)
             if record.state is not TaskState.SUCCEEDED:
@@ -207,11 +216,13 @@ class Results:
             ResultNotStored: a handle's task does not store its result (see
                 :meth:`blitzq.TaskHandle.result`).
             BrokerError: the broker could not be reached.
+            SerializationError, ConfigurationError: an id is not valid Unicode text, or not
+                a ``str`` (see :func:`~blitzq.serialization.lookup_key`); nothing is waited for.
         """
         items = list(tasks)
         if not items:
             return []
-        ids = [t.id if isinstance(t, TaskHandle) else t for t in items]
+        ids = [t.id if isinstance(t, TaskHandle) else lookup_key("task id", t) for t in items]
         deadline = time.monotonic() + (_FOREVER if timeout is None else max(0.0, timeout))
         # One read of every record first (MGET in chunks): what is already final costs no wait.
         known: dict[str, Any] = {}
@@ -316,7 +327,12 @@ class Results:
             What the task was: ``"scheduled"``, ``"queued"``, ``"running"``, ``"pending"``
             (queued or running: without ``track_state`` the two cannot be told apart) or
             ``"finished"`` (already final: nothing changed).
+
+        Raises:
+            SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``).
+            BrokerError: the broker could not be reached.
         """
+        task_id = lookup_key("task id", task_id)
         record = records.cancel_request(task_id, time.time())
         return await self.queue.broker.cancel(task_id, record, self.queue.result_ttl)
 
@@ -326,8 +342,9 @@ class Results:
 
         Raises:
             BrokerError: the broker could not be reached.
+            SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``).
         """
-        data = await self.queue.broker.get_progress(task_id)
+        data = await self.queue.broker.get_progress(lookup_key("task id", task_id))
         if data is None:
             return None
         return decode_progress(data)[0]
@@ -354,7 +371,10 @@ class Results:
         Raises:
             ResultTimeout: the task did not end within ``timeout`` seconds.
             BrokerError: the broker could not be reached.
+            SerializationError, ConfigurationError: a bad ``task_id`` (see
+                :func:`~blitzq.serialization.lookup_key`), at the first iteration.
         """
+        task_id = lookup_key("task id", task_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         last_at = -math.inf
         events = self.queue.broker.watch_progress(task_id)

@@ -73,6 +73,9 @@ class Runner:
         self.tasks = queue.tasks
         self.max_message_size = queue.max_message_size
         self.track_state = queue.track_state
+        #: Levels of the records of failed attempts (:func:`.outcomes.log_failure`).
+        self.failure_log_level: int = worker.failure_log_level
+        self.retry_log_level: int = worker.retry_log_level
         self.outcomes = Outcomes(
             worker.id, queue.store_results, queue.result_ttl, queue.max_message_size,
             queue.max_result_size,
