@@ -11,6 +11,7 @@ from .exceptions import (
     BrokerError,
     ConfigurationError,
     MessageTooLarge,
+    ResultExpired,
     ResultNotStored,
     ResultTimeout,
     ResultTooLarge,
@@ -34,7 +35,15 @@ from .scheduler import Scheduler
 from .schedules import Cron, Every
 from .task import BoundTask, Task, TaskHandle
 from .worker import Worker
-from .workflow import Signature, WorkflowHandle, WorkflowNotFound, chain, chord, group
+from .workflow import (
+    Signature,
+    WorkflowExpired,
+    WorkflowHandle,
+    WorkflowNotFound,
+    chain,
+    chord,
+    group,
+)
 
 __version__ = "0.1.0"
 
@@ -53,6 +62,7 @@ __all__ = [
     "Progress",
     "Queue",
     "RateLimit",
+    "ResultExpired",
     "ResultNotStored",
     "ResultTimeout",
     "ResultTooLarge",
@@ -75,6 +85,7 @@ __all__ = [
     "TaskTimeout",
     "UnknownTask",
     "Worker",
+    "WorkflowExpired",
     "WorkflowHandle",
     "WorkflowNotFound",
     "__version__",

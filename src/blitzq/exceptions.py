@@ -14,6 +14,7 @@ recover narrowly::
     ├── TaskTimeout             the task ran longer than its ``timeout``
     │   └── SoftTimeoutError    raised inside a task that passed its ``soft_timeout``
     ├── ResultTimeout           ``result(timeout=...)`` gave up waiting
+    │   └── ResultExpired       the record waited for is gone for good (expired): no result
     ├── ResultNotStored         the task succeeded (or will) without storing its result
     ├── UnknownTask             no task registered under that name
     └── BrokerError             the broker could not be reached or answered an error
@@ -129,6 +130,22 @@ class SoftTimeoutError(TaskTimeout):
 
 class ResultTimeout(BlitzQError, TimeoutError):
     """No final result arrived within the ``timeout`` (seconds) given to ``result()``."""
+
+
+class ResultExpired(ResultTimeout):
+    """A result wait ended before its timeout (``timeout=None`` included) because the result
+    can no longer arrive: the task's record is gone (it expired after ``result_ttl``, or
+    was deleted) and the task is known nowhere else (not on the schedule, not in its queue,
+    not running). A :class:`ResultTimeout`, so code that catches that catches this too.
+    See docs/guarantees.md ("Result waits end").
+
+    Attributes:
+        task_id: the task waited for.
+    """
+
+    def __init__(self, task_id: str, message: str) -> None:
+        super().__init__(message)
+        self.task_id = task_id
 
 
 class ResultNotStored(BlitzQError):

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import replace
 
+from .liveness import LivenessFacade
 from .operations import OperationsFacade
 from .ops import ChordMember, Publish, WorkflowStep
 from .outbox import Relay
@@ -37,7 +38,7 @@ from .state import Completion, DeadLetterFields, Scheduled, StateStore
 from .transport import Delivery, Guarantee, Transport
 
 
-class Broker(OperationsFacade):
+class Broker(OperationsFacade, LivenessFacade):
     """A transport and a state store behind one object (see the module docstring).
 
     Args:

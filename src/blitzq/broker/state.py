@@ -25,6 +25,7 @@ import abc
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
+from .liveness import LivenessState
 from .operations import OperationsState
 from .outbox import Outbox
 from .transport import Transport
@@ -33,7 +34,7 @@ from .values import Completion, DeadLetterFields, Scheduled
 __all__ = ["Completion", "DeadLetterFields", "Scheduled", "StateStore"]
 
 
-class StateStore(OperationsState):
+class StateStore(OperationsState, LivenessState):
     """Task state and completion effects. See the module docstring."""
 
     def acks(self, transport: Transport) -> bool:

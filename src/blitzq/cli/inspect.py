@@ -39,6 +39,7 @@ _STATE_STYLE = {
     TaskState.FAILED: "red",
     TaskState.DEAD_LETTERED: "red",
     TaskState.CANCELLED: "yellow",
+    TaskState.CANCELLING: "yellow",
     TaskState.RETRYING: "yellow",
 }
 

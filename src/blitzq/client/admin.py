@@ -247,8 +247,8 @@ class Admin:
         if testmode.after_enqueue is not None:
             await testmode.after_enqueue(owner)
         if isinstance(outcome, str):
-            return TaskHandle(owner, outcome, queue, env.task, duplicate=True)
-        return TaskHandle(owner, env.id, queue, env.task)
+            return TaskHandle(owner, outcome, queue, env.task, duplicate=True, sent=True)
+        return TaskHandle(owner, env.id, queue, env.task, sent=True)
 
     async def purge_dead_letters(
         self,

@@ -210,7 +210,9 @@ class Producer:
             await broker.publish(queue, (data,))
             if testmode.after_enqueue is not None:
                 await testmode.after_enqueue(owner)
-            handle: TaskHandle[Any] = TaskHandle(owner, env.id, queue, name, stores_result=stores)
+            handle: TaskHandle[Any] = TaskHandle(
+                owner, env.id, queue, name, stores_result=stores, sent=True
+            )
             handle._since = since
             return handle
         out = Outgoing(env, data, due, registered, delay=opts.relative_delay())
@@ -220,9 +222,10 @@ class Producer:
             await testmode.after_enqueue(owner)
         if out.existing_id is not None:
             return TaskHandle(
-                owner, out.existing_id, queue, name, duplicate=True, stores_result=stores
-            )
-        return TaskHandle(owner, env.id, queue, name, stores_result=stores)
+                owner, out.existing_id, queue, name, duplicate=True, stores_result=stores,
+                sent=True,
+            )  # fmt: skip
+        return TaskHandle(owner, env.id, queue, name, stores_result=stores, sent=True)
 
     async def enqueue_many(
         self,
@@ -282,7 +285,7 @@ class Producer:
         return [
             TaskHandle(
                 self.queue, o.existing_id or o.envelope.id, o.envelope.queue, task.name,
-                duplicate=o.existing_id is not None, stores_result=stores,
+                duplicate=o.existing_id is not None, stores_result=stores, sent=True,
             )
             for o in items
         ]  # fmt: skip

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .. import records
 from ..exceptions import (
     BrokerError,
+    ResultExpired,
     ResultNotStored,
     ResultTimeout,
     SerializationError,
@@ -109,6 +110,8 @@ class Results:
             TaskExpired: the task waited longer than its ``max_age`` and never ran.
             ResultNotStored: the task succeeded without storing its result (its record
                 says so: ``store_result=False`` with ``track_state=True``).
+            ResultExpired: (a ResultTimeout) a record this wait read is gone and the task is
+                known nowhere: no result can arrive (:meth:`wait_result`; ``None`` too).
             ResultTimeout: no final record arrived in time (the task may still run; with
                 ``store_result=False`` and no ``track_state`` a success writes no record,
                 so only the task's handle can tell at once: ``handle.result()``).
@@ -122,19 +125,26 @@ class Results:
         timeout: float | None,
         queue: str | None = None,
         since: object | None = None,
+        sent: bool = False,
     ) -> Any:
         """:meth:`get_result`, given the task's physical ``queue`` when the caller knows it (a
         handle does), so that a timeout can say that no worker consumes that queue, and the
         broker's ``since`` mark taken when the task was sent (see
-        :meth:`~blitzq.broker.StateStore.wait_for_record`)."""
+        :meth:`~blitzq.broker.StateStore.wait_for_record`); ``sent``: the caller sent it
+        (:func:`~blitzq.client.lookup.end_if_gone` may end the wait early)."""
         task_id = lookup_key("task id", task_id)
         wait = _FOREVER if timeout is None else max(0.0, timeout)
         deadline = time.monotonic() + wait
         broker = self.queue.broker
+        trace_every = lookup.TRACE_FIRST
+        seen: TaskRecord | None = None  # the last record this wait read
         while True:
+            left = max(0.0, deadline - time.monotonic())
+            where = (queue or (seen.queue if seen else None) or None) if sent or seen else None
             try:
-                left = max(0.0, deadline - time.monotonic())
-                data = await broker.wait_for_record(task_id, left, since)
+                data = await broker.wait_for_record(
+                    task_id, left if where is None else min(left, trace_every), since
+                )
             except BrokerError as exc:
                 # The server restarting: keep waiting (re-reading) until the deadline.
                 if not exc.transient or time.monotonic() >= deadline:
@@ -142,11 +152,17 @@ class Results:
                 await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
                 continue
             if data is None:
-                hint = await self.why_no_result(task_id, queue)
-                raise ResultTimeout(f"no result for task {task_id} within {timeout} s{hint}")
+                if time.monotonic() >= deadline:
+                    hint = await self.why_no_result(task_id, queue)
+                    raise ResultTimeout(f"no result for task {task_id} within {timeout} s{hint}")
+                if where is not None:  # a task known to exist: is it anywhere still?
+                    await lookup.end_if_gone(broker, task_id, where, seen, self.queue.result_ttl)
+                    trace_every = min(lookup.TRACE_MAX, trace_every * 2)
+                continue
             record = TaskRecord.from_bytes(data)
             if record.state.is_final:
                 return final_result(task_id, record)
+            seen = record
             if time.monotonic() >= deadline:
                 waiting = record.state is not TaskState.RUNNING
                 hint = await self.why_no_result(task_id, queue) if waiting else ""
@@ -251,7 +267,9 @@ class Results:
                     if isinstance(task, TaskHandle):  # knows whether a result is stored
                         return await task.result(timeout=left)
                     return await self.get_result(task, timeout=left)
-                except ResultTimeout:
+                except ResultTimeout as exc:
+                    if isinstance(exc, ResultExpired):
+                        raise
                     raise ResultTimeout(
                         f"no result for task {task_id} within {timeout} s (get_results)"
                     ) from None
@@ -300,8 +318,10 @@ class Results:
         A scheduled (delayed, retrying or rate-limited) task is taken off the schedule and
         never starts. A queued one is marked revoked: every worker skips it. A running one
         is cancelled by its worker at once: an async task is cancelled, a thread task sees
-        ``current_task().cancelled``, a process task is terminated. Its record becomes
-        ``cancelled`` and ``result()`` raises :class:`TaskCancelled`.
+        ``current_task().cancelled``, a process task is terminated; its record stays
+        ``running`` (``inspect``: ``cancelling``) until the run ended. Then (at once for
+        the others) the record is ``cancelled`` and ``result()`` raises
+        :class:`TaskCancelled` -- or both give the run's outcome, if it ended first.
 
         Returns:
             What the task was: ``"scheduled"``, ``"queued"``, ``"running"``, ``"pending"``

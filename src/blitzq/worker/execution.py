@@ -133,6 +133,9 @@ class Outcomes:
         self.result_ttl = result_ttl
         self.max_message_size = max_message_size
         self.max_result_size = max_result_size
+        #: Seconds a ``running`` record lives (the worker's maintenance keeps it while the
+        #: run goes on: :func:`~.maintenance.running_record_ttl`).
+        self.running_ttl = result_ttl
 
     def success(self, job: Job, value: Any, track_state: bool = False) -> Completion | None:
         """Completion of a run that returned ``value``; ``None`` when nothing is to be done.
@@ -289,13 +292,16 @@ class Outcomes:
             env.id, env.task, d.queue, job.attempt, env.created_at, job.started_at or None,
             self.worker_id, (env.args, env.kwargs),
         )  # fmt: skip
-        return Completion(d.queue, None, job.envelope.id, record, self.result_ttl, fence=d.token)
+        return Completion(d.queue, None, job.envelope.id, record, self.running_ttl, fence=d.token)
 
-    def cancelled(self, d: Delivery, env: Envelope, attempt: int) -> Completion:
-        """Completion acking a cancelled task with a ``cancelled`` record."""
+    def cancelled(
+        self, d: Delivery, env: Envelope, attempt: int, started_at: float | None = None
+    ) -> Completion:
+        """Completion acking a cancelled task with a ``cancelled`` record; ``started_at``
+        (Unix seconds): when its run started, for a running task cancelled."""
         record = records.cancelled(
             env.id, env.task, d.queue, attempt, env.created_at, self.worker_id,
-            (env.args, env.kwargs),
+            (env.args, env.kwargs), started_at,
         )  # fmt: skip
         return Completion(d.queue, d.token, env.id, record, self.result_ttl)
 

@@ -277,7 +277,9 @@ def run_ended(runner: Runner, job: Job, slots: Slots, handle: asyncio.Future[Any
     elif job.context is not None and job.context.cancelled:
         if not handle.cancelled():
             handle.exception()  # retrieved: a killed process pool's error is expected here
-        cancelled = runner.outcomes.cancelled(job.delivery, job.envelope, job.attempt)
+        cancelled = runner.outcomes.cancelled(
+            job.delivery, job.envelope, job.attempt, job.started_at or None
+        )
         commit(runner, job, cancelled, cancelled=True)
     elif handle.cancelled():
         # Not cancelled by the worker (that marks the job first): the task cancelled

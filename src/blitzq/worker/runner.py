@@ -28,6 +28,7 @@ from .executors import ProcessPool, ThreadPool
 from .flusher import Flusher
 from .lifecycle import Lifecycle
 from .limiter import Slots
+from .maintenance import running_record_ttl
 from .progress import ProgressReporter
 from .recycling import count_start
 from .timeouts import (
@@ -82,6 +83,7 @@ class Runner:
             worker.id, queue.store_results, queue.result_ttl, queue.max_message_size,
             queue.max_result_size,
         )  # fmt: skip
+        self.outcomes.running_ttl = running_record_ttl(queue.result_ttl, queue.visibility_timeout)
         self.jobs: set[Job] = set()
         self.revoked: dict[str, float] = {}
         self.processed = 0

@@ -228,6 +228,15 @@ class RedisState(RedisPart):
                 return out
             offset += len(rows)
 
+    @translate_errors
+    async def cancel_mark(self, task_id: str) -> float | None:
+        """The expiry (Unix seconds) of ``task_id``'s cancel mark (ZSCORE), or ``None`` when
+        it has none or it has expired."""
+        score = await self.client.zscore(self.keys.revoked, task_id)
+        if score is None or float(score) <= time.time():
+            return None
+        return float(score)
+
     async def events(self) -> AsyncIterator[tuple[str, str]]:
         """Messages of the namespace's event channel, on a pub/sub connection of their own."""
         pubsub = subscriber(self.client, ignore_subscribe_messages=True)
