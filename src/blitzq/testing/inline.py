@@ -165,6 +165,12 @@ class InlineWorker:
         self._levels: dict[str, list[str]] = {}
         self._shape: tuple[int, ...] = ()
         self._prepared: set[str] = set()
+        #: Completion batches written so far.
+        self.written = 0
+
+    def _count_written(self, applied: list[Completion], stale: list[Completion]) -> None:
+        """The flusher applied a batch (it may have published: a workflow's next step)."""
+        self.written += 1
 
     def poke(self) -> None:
         """Tell the drain that something was published (callable from any thread)."""
@@ -201,6 +207,7 @@ class InlineWorker:
         worker.resources = Resources()
         await worker.resources.open(queue.lifespan)
         flusher = self.flusher = runner.flusher = Flusher(self.broker)
+        flusher.on_written = self._count_written
         writer = self.loop.create_task(flusher.run(), name="blitzq-eager-flusher")
         try:
             await self._sync_revocations()
@@ -216,6 +223,7 @@ class InlineWorker:
         while True:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the eager mode's drain did not end within {timeout} s")
+            written = self.written
             if await self._start_waiting():
                 hooks_done = False
                 await asyncio.sleep(0)  # first steps and the writer go before the next look
@@ -226,6 +234,8 @@ class InlineWorker:
             if flusher.backlog:
                 await flusher.flush()
                 continue  # a completion may have published (a workflow's next step)
+            if self.written != written:
+                continue  # written while the queues were read: look again
             if runner.extensions.enabled and not hooks_done:
                 await self.queue.signals.drain()  # after-hooks and signals (may enqueue)
                 hooks_done = True
