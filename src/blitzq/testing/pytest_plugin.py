@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from ..exceptions import ConfigurationError
 from ..queue import Queue
 from .eager import EagerMode, eager
 from .harness import WorkerHarness
@@ -39,21 +40,34 @@ def blitzq_eager(request: pytest.FixtureRequest) -> Iterator[EagerMode]:
     arguments of :func:`~blitzq.testing.eager`); ``propagate`` can also be changed on the
     mode the fixture yields (``blitzq_eager.propagate = False``).
 
-    Raises:
-        pytest.UsageError: the marker has positional arguments or an unknown option.
+    A marker with positional arguments, an unknown option or a bad value fails the test's
+    setup with a one-line message naming it (no traceback).
     """
     marker = request.node.get_closest_marker("blitzq_eager")
     options: dict[str, Any] = {}
     if marker is not None:
         unknown = sorted(set(marker.kwargs) - set(MARKER_OPTIONS))
         if marker.args or unknown:
-            raise pytest.UsageError(
-                f"@pytest.mark.blitzq_eager takes keyword options {', '.join(MARKER_OPTIONS)}; "
-                f"got {marker.args!r} {unknown!r}"
+            pytest.fail(
+                f"@pytest.mark.blitzq_eager takes only the keyword options "
+                f"{', '.join(MARKER_OPTIONS)}; got "
+                + ", ".join([*map(repr, marker.args), *unknown]),
+                pytrace=False,
             )
         options = dict(marker.kwargs)
-    with eager(**options) as mode:
+    activation = eager(**options)
+    try:
+        mode = activation.__enter__()  # the options are checked here
+    except ConfigurationError as exc:
+        problem = str(exc)
+    else:
+        problem = ""
+    if problem:
+        pytest.fail(f"@pytest.mark.blitzq_eager: {problem}", pytrace=False)
+    try:
         yield mode
+    finally:
+        activation.__exit__(None, None, None)
 
 
 @pytest.fixture
