@@ -13,10 +13,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from blitzq import (
+    Middleware,
     Queue,
     RateLimit,
     RetryPolicy,
     SerializationError,
+    TaskContext,
     TaskFailed,
     TaskState,
     TaskTimeout,
@@ -316,4 +318,48 @@ async def test_rate_limited_tasks_all_run() -> None:
         handles = await limited.enqueue_many([(i,) for i in range(4)])
         assert sorted(ran) == [0, 1, 2, 3]
         assert await queue.get_results(handles, timeout=5) == [0, 1, 2, 3]
+    await queue.close()
+
+
+async def test_fast_mode_other_queues_and_middleware_hooks() -> None:
+    """The per-delivery path includes the middleware (before, after, on_retry hooks ran
+    before the enqueue returned) and fast mode; an enqueue to a queue no task names runs."""
+    seen: list[tuple[str, str]] = []
+
+    class Trace(Middleware):
+        async def before_execute(self, context: TaskContext) -> None:
+            seen.append(("before", context.task))
+
+        async def after_execute(self, context: TaskContext, result: object) -> None:
+            seen.append(("after", context.task))
+
+        async def on_retry(self, context: TaskContext, exc: BaseException, delay: float) -> None:
+            seen.append(("retry", context.task))
+
+    queue = Queue(namespace="eager-k", mode="fast")
+    queue.add_middleware(Trace())
+    calls = {"n": 0}
+
+    @queue.task(name="e.add")
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    @queue.task(name="e.twice")
+    async def twice() -> int:
+        calls["n"] += 1
+        if calls["n"] < 2:
+            raise RuntimeError("once more")
+        return calls["n"]
+
+    with eager():
+        handle = await add.options(queue="elsewhere", priority="high").enqueue(2, 3)
+        assert seen == [("before", "e.add"), ("after", "e.add")]
+        assert await handle.result(timeout=5) == 5
+        assert await (await twice.enqueue()).result(timeout=5) == 2
+        assert seen[2:] == [
+            ("before", "e.twice"),
+            ("retry", "e.twice"),
+            ("before", "e.twice"),
+            ("after", "e.twice"),
+        ]
     await queue.close()
