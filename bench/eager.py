@@ -106,8 +106,10 @@ async def measure(args: argparse.Namespace) -> list[str]:
 
         started = time.perf_counter()
         await trip(-1)
-        print(f"first enqueue (starts the private Valkey): {time.perf_counter() - started:.2f} s",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"first enqueue (starts the private Valkey): {time.perf_counter() - started:.2f} s",
+            file=sys.stderr,
+        )
         rows.append(summary("async: enqueue + result", await timed(args.n, args.warmup, trip)))
         print("async done", file=sys.stderr)
 
@@ -148,10 +150,11 @@ async def measure(args: argparse.Namespace) -> list[str]:
             raise AssertionError("the task did not fail")
 
         rows.append(
-            summary("failed task: enqueue + result raises", await timed(
-                args.n, args.warmup, failed_trip
-            ))
-        )  # fmt: skip
+            summary(
+                "failed task: enqueue + result raises",
+                await timed(args.n, args.warmup, failed_trip),
+            )
+        )
         print("failed done", file=sys.stderr)
 
         async def retried_trip(i: int) -> None:
@@ -159,10 +162,11 @@ async def measure(args: argparse.Namespace) -> list[str]:
             assert await handle.result(timeout=30) == f"k{i}"
 
         rows.append(
-            summary("3 retries (default policy), then success", await timed(
-                args.retried, 0, retried_trip
-            ))
-        )  # fmt: skip
+            summary(
+                "3 retries (default policy), then success",
+                await timed(args.retried, 0, retried_trip),
+            )
+        )
         await queue.close()
         await tracked.close()
         queue.close_sync()
