@@ -363,3 +363,28 @@ async def test_fast_mode_other_queues_and_middleware_hooks() -> None:
             ("after", "e.twice"),
         ]
     await queue.close()
+
+
+async def test_a_drain_that_does_not_end_raises_timeout_error() -> None:
+    """A task that never ends makes its enqueue raise ``TimeoutError`` after the mode's
+    ``timeout``; the run is put back on its queue (as at a worker's shutdown) and the
+    next activation starts clean."""
+    queue = Queue(namespace="eager-l")
+    started = asyncio.Event()
+
+    @queue.task(name="e.forever")
+    async def forever() -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    @queue.task(name="e.quick")
+    async def quick() -> str:
+        return "done"
+
+    with eager(timeout=0.5):
+        with pytest.raises(TimeoutError, match="did not end within"):
+            await forever.enqueue()
+        assert started.is_set()
+    with eager():
+        assert await (await quick.enqueue()).result(timeout=5) == "done"
+    await queue.close()

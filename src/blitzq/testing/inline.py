@@ -180,7 +180,8 @@ class InlineWorker:
             here = False
         if here:
             self.activity.set()
-        elif not self.loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing to wake
             self.loop.call_soon_threadsafe(self.activity.set)
 
     # ------------------------------------------------------------------ drain
