@@ -388,3 +388,35 @@ async def test_a_drain_that_does_not_end_raises_timeout_error() -> None:
     with eager():
         assert await (await quick.enqueue()).result(timeout=5) == "done"
     await queue.close()
+
+
+async def test_inside_a_task_a_childs_failure_is_task_failed_as_in_production() -> None:
+    """Only the test's own code gets the task's exception: a task waiting for a child that
+    failed sees ``TaskFailed``, as in production, from a coroutine or a thread."""
+    queue = Queue(namespace="eager-m")
+
+    @queue.task(name="e.bad_child", retries=0)
+    async def bad_child() -> None:
+        raise Boom("child")
+
+    @queue.task(name="e.careful")
+    async def careful() -> str:
+        try:
+            await (await bad_child.enqueue()).result(timeout=10)
+        except TaskFailed as exc:
+            return f"caught {exc.error_type}"
+        return "no failure"
+
+    @queue.task(name="e.careful_thread")
+    def careful_thread() -> str:
+        try:
+            bad_child.enqueue_sync().result_sync(timeout=10)
+        except TaskFailed as exc:
+            return f"caught {exc.error_type}"
+        return "no failure"
+
+    with eager():
+        assert (await (await careful.enqueue()).result(timeout=5)).endswith("Boom")
+        assert (await (await careful_thread.enqueue()).result(timeout=5)).endswith("Boom")
+    await queue.close()
+    queue.close_sync()

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from ..context import current_task
+
 if TYPE_CHECKING:
     from ..queue import Queue
 
@@ -51,8 +53,12 @@ def task_error(task_id: str) -> Exception | None:
     """The exception the failed task ``task_id`` raised in this process, while the eager mode
     is on and propagates errors (an :class:`Exception`: a ``SystemExit`` or a cancellation is
     not raised in the caller); ``None`` otherwise. ``result()`` and a workflow's ``get()``
-    raise it instead of :class:`~blitzq.TaskFailed`."""
-    if failure is None:
+    raise it instead of :class:`~blitzq.TaskFailed`.
+
+    Only for the test's own code: inside a running task (a task waiting for another's result)
+    it is ``None``, so the task sees :class:`~blitzq.TaskFailed` as it would in production.
+    """
+    if failure is None or current_task() is not None:
         return None
     error = failure(task_id)
     return error if isinstance(error, Exception) else None
