@@ -161,8 +161,9 @@ class InlineWorker:
         self.runner = Runner(self.worker, self.broker, self.flusher)
         self.keeper = OutcomeKeeper(failures)
         self.runner.observer = self.keeper
-        self._slots: dict[str, Slots] = {}
-        self._levels: dict[str, list[str]] = {}
+        #: The slots every delivery holds (one limiter: ``concurrency`` runs at once).
+        self.slots = Slots(self.limiter, None)
+        self._physical: list[str] = []  # the physical queues served, in fetch order
         self._shape: tuple[int, ...] = ()
         self._prepared: set[str] = set()
         #: Completion batches written so far.
@@ -260,30 +261,28 @@ class InlineWorker:
             await broker.promote_due(PROMOTE_BATCH, wait + 0.001)
 
     async def _start_waiting(self) -> int:
-        """Fetch what waits on every queue, as many as free slots allow, and start each
-        delivery as a fetch loop does; return how many started."""
+        """Fetch what waits on the queues (every queue's levels in one call, each queue's
+        most urgent level first), as many as free slots allow, and start each delivery as
+        a fetch loop does; return how many started."""
         await self._refresh_queues()
-        runner, fetch = self.runner, self.broker.fetch_first
-        started = 0
-        for base, names in self._levels.items():
-            slots = self._slots[base]
-            n = slots.take(BATCH)
-            if not n:
-                continue
+        slots = self.slots
+        n = slots.take(BATCH)
+        if not n:
+            return 0
+        try:
+            deliveries = await self.broker.fetch_first(self._physical, n, 0)
+        except BaseException:
+            slots.release(n)
+            raise
+        slots.release(n - len(deliveries))
+        runner = self.runner
+        for d in deliveries:
             try:
-                deliveries = await fetch(names, n, 0)
-            except BaseException:
-                slots.release(n)
-                raise
-            slots.release(n - len(deliveries))
-            for d in deliveries:
-                try:
-                    admission.start(runner, d, slots)
-                except Exception:  # as in a fetch loop: never leak the slot
-                    logger.exception("could not start a message from %s", base)
-                    slots.release()
-            started += len(deliveries)
-        return started
+                admission.start(runner, d, slots)
+            except Exception:  # as in a fetch loop: never leak the slot
+                logger.exception("could not start a message from %s", d.queue)
+                slots.release()
+        return len(deliveries)
 
     async def _wait_activity(self, deadline: float) -> None:
         """Wait until a slot comes back or something is published (at most :data:`POLL`
@@ -306,15 +305,12 @@ class InlineWorker:
         names = {queue.name} | {t.queue for t in queue.tasks.values()}
         names |= {p.queue for p in queue.periodic_tasks.values() if p.queue}
         names |= {base_queue(q) for q in known}
-        for name in sorted(names):
-            if name not in self._levels:
-                self._levels[name] = levels(name)
-                self._slots[name] = Slots(self.limiter, None)
-        fresh = [p for names_ in self._levels.values() for p in names_ if p not in self._prepared]
+        physical = [p for name in sorted(names) for p in levels(name)]
+        fresh = [p for p in physical if p not in self._prepared]
         if fresh:
             await self.broker.prepare_consumer(fresh, self.worker.id)
             self._prepared.update(fresh)
-        self._shape = shape
+        self._physical, self._shape = physical, shape
 
     async def _sync_revocations(self) -> None:
         """Read the cancel marks (a task cancelled while it waited is skipped)."""
