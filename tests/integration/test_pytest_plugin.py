@@ -179,9 +179,13 @@ def test_a_bad_blitzq_eager_marker_fails_its_test_naming_the_option(tmp_path: Pa
     if not _plugin_installed():
         args += ["-p", PLUGIN]
     done = subprocess.run(
-        [*args, "test_markers.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+        [*args, "test_markers.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=120,
-    )  # fmt: skip
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
     assert "1 passed, 2 errors" in out, out

@@ -152,9 +152,12 @@ class InlineWorker:
         # unknown_task_grace=0: in the eager mode no other worker would take a task this
         # Queue does not know, so it is dead-lettered at once ("unknown task").
         self.worker = Worker(
-            queue, concurrency=concurrency, name=f"eager-{uuid.uuid4().hex[:8]}",
-            unknown_task_grace=0.0, freeze_gc=False,
-        )  # fmt: skip
+            queue,
+            concurrency=concurrency,
+            name=f"eager-{uuid.uuid4().hex[:8]}",
+            unknown_task_grace=0.0,
+            freeze_gc=False,
+        )
         self.activity = asyncio.Event()
         self.limiter = _Watched(concurrency, self.activity)
         self.flusher = Flusher(self.broker)
