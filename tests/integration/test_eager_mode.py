@@ -18,6 +18,7 @@ from blitzq import (
     RateLimit,
     RetryPolicy,
     SerializationError,
+    TaskCancelled,
     TaskContext,
     TaskFailed,
     TaskState,
@@ -420,3 +421,28 @@ async def test_inside_a_task_a_childs_failure_is_task_failed_as_in_production() 
         assert (await (await careful_thread.enqueue()).result(timeout=5)).endswith("Boom")
     await queue.close()
     queue.close_sync()
+
+
+async def test_cancelling_a_running_task_cancels_it() -> None:
+    """``handle.cancel()`` of a task running in the eager mode cancels it at once, as a
+    worker does on the broker's event (the eager mode listens to none)."""
+    queue = Queue(namespace="eager-n")
+    started = asyncio.Event()
+
+    @queue.task(name="e.sleeper")
+    async def sleeper() -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    @queue.task(name="e.canceller")
+    async def canceller() -> list[str]:
+        handle = await sleeper.enqueue()  # the running drain starts it beside this one
+        await asyncio.wait_for(started.wait(), 10)
+        return [handle.id, await handle.cancel()]
+
+    with eager():
+        sleeper_id, was = await (await canceller.enqueue()).result(timeout=5)
+        assert was in ("running", "pending")
+        with pytest.raises(TaskCancelled):
+            await queue.get_result(sleeper_id, timeout=5)
+    await queue.close()

@@ -14,6 +14,8 @@ Attributes:
     failure: ``f(task_id) -> exception`` while active: the exception a failed task raised
         in this process (``None`` when there is none, or when the mode does not propagate
         errors), which ``result()`` raises instead of :class:`~blitzq.TaskFailed`.
+    cancelled: called with the Queue and the task id after each ``cancel`` while active (a
+        worker learns of it from the broker's event channel; the eager mode has none).
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ generation = 0
 forced_url: Callable[[Queue], str] | None = None
 after_enqueue: Callable[[Queue], Awaitable[None]] | None = None
 failure: Callable[[str], BaseException | None] | None = None
+cancelled: Callable[[Queue, str], None] | None = None
 
 
 def switch(
     url: Callable[[Queue], str] | None,
     hook: Callable[[Queue], Awaitable[None]] | None,
     errors: Callable[[str], BaseException | None] | None = None,
+    cancel: Callable[[Queue, str], None] | None = None,
 ) -> None:
     """Turn the test mode on (``url`` and ``hook`` given) or off (all ``None``).
 
@@ -43,10 +47,11 @@ def switch(
         url: the broker URL of each Queue while on.
         hook: awaited with the Queue after each enqueue while on.
         errors: the exception a failed task raised, by task id (see :data:`failure`).
+        cancel: told of each cancellation (see :data:`cancelled`).
     """
-    global generation, forced_url, after_enqueue, failure
+    global generation, forced_url, after_enqueue, failure, cancelled
     generation += 1
-    forced_url, after_enqueue, failure = url, hook, errors
+    forced_url, after_enqueue, failure, cancelled = url, hook, errors, cancel
 
 
 def task_error(task_id: str) -> Exception | None:

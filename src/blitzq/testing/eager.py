@@ -128,6 +128,19 @@ class EagerMode:
             with self._lock:
                 self._draining.pop(key, None)
 
+    def cancelled(self, queue: Queue, task_id: str) -> None:
+        """``task_id`` of ``queue``'s namespace was cancelled: tell the inline workers of
+        that namespace (a running task is cancelled, a waiting one skipped)."""
+        with self._lock:
+            workers = [
+                w
+                for per_loop in self._workers.values()
+                for w in per_loop.values()
+                if w.queue.namespace == queue.namespace
+            ]
+        for worker in workers:
+            worker.revoke(task_id)
+
     def close(self) -> None:
         """Stop the inline workers' thread and process pools."""
         with self._lock:
@@ -168,7 +181,7 @@ def eager(
     if testmode.forced_url is not None:
         raise RuntimeError("blitzq's eager mode is already on")
     mode = EagerMode(float(horizon), concurrency, float(timeout), propagate)
-    testmode.switch(mode.url, mode.run_enqueued, mode.failure)
+    testmode.switch(mode.url, mode.run_enqueued, mode.failure, mode.cancelled)
     try:
         yield mode
     finally:

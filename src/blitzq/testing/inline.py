@@ -188,6 +188,25 @@ class InlineWorker:
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing to wake
             self.loop.call_soon_threadsafe(self.activity.set)
 
+    def revoke(self, task_id: str) -> None:
+        """``task_id`` was cancelled: skip it from now on and cancel its run if it runs here,
+        as a worker does on the broker's ``revoke`` event (callable from any thread)."""
+
+        def apply() -> None:
+            runner = self.runner
+            runner.revoked[task_id] = time.time() + self.queue.result_ttl
+            runner.cancel(task_id)
+
+        try:
+            here = asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            here = False
+        if here:
+            apply()
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing runs
+            self.loop.call_soon_threadsafe(apply)
+
     # ------------------------------------------------------------------ drain
     async def drain(self, horizon: float, timeout: float) -> None:
         """Run what waits, then what the schedule holds within ``horizon`` seconds of
