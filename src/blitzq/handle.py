@@ -70,7 +70,9 @@ class TaskHandle(Generic[R]):
             timeout: seconds to wait; ``None`` waits without limit.
 
         Raises:
-            TaskFailed: the task ended failed or dead-lettered.
+            TaskFailed: the task ended failed or dead-lettered (in the eager test mode,
+                :mod:`blitzq.testing`, the exception the task raised instead, unless that
+                mode was given ``propagate=False`` or this is called inside a task).
             ResultNotStored: the task does not store its result (``store_result=False``):
                 raised at once, without waiting (a failure already recorded raises
                 TaskFailed instead).

@@ -208,9 +208,9 @@ class Broker(OperationsFacade, LivenessFacade):
         """See :meth:`StateStore.schedule`."""
         await self.state.schedule(items)
 
-    async def promote_due(self, limit: int) -> tuple[int, float | None, float]:
+    async def promote_due(self, limit: int, ahead: float = 0.0) -> tuple[int, float | None, float]:
         """See :meth:`StateStore.promote_due`; then the relay, when something moved."""
-        promoted = await self.state.promote_due(limit)
+        promoted = await self.state.promote_due(limit, ahead)
         if promoted[0] and self.relay is not None:
             await self.relay.pushed()
         return promoted

@@ -126,8 +126,12 @@ class StateStore(OperationsState, LivenessState):
         """
 
     @abc.abstractmethod
-    async def promote_due(self, limit: int) -> tuple[int, float | None, float]:
+    async def promote_due(self, limit: int, ahead: float = 0.0) -> tuple[int, float | None, float]:
         """Move up to ``limit`` messages that are due by the broker's clock to their queues.
+
+        ``ahead`` (seconds, default 0): also move those due within that many seconds of the
+        broker's clock. Only the eager test mode (:mod:`blitzq.testing`) passes it, to run
+        delays and retries in virtual time; workers and schedulers never do.
 
         Returns:
             ``(moved, next_eta, now)``: how many moved, the earliest due time still waiting

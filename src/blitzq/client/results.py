@@ -27,7 +27,7 @@ from ..progress import Progress, decode_progress
 from ..records import TaskRecord, TaskState
 from ..serialization import lookup_key
 from ..task import BoundTask, Task, TaskHandle
-from . import lookup
+from . import lookup, testmode
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -46,6 +46,10 @@ def _raise_final(task_id: str, record: TaskRecord) -> None:
     if record.state is TaskState.EXPIRED:
         raise TaskExpired(task_id, record.state.value, record.error_type, record.error, None)
     if record.state.is_final:
+        if testmode.failure is not None:  # the eager test mode: the task's own exception
+            original = testmode.task_error(task_id)
+            if original is not None:
+                raise original
         raise TaskFailed(
             task_id, record.state.value, record.error_type, record.error, record.traceback
         )
@@ -246,7 +250,7 @@ class Results:
             if record.state.is_final:
                 try:
                     known[task_id] = (True, final_result(task_id, record))
-                except (TaskFailed, ResultNotStored) as exc:
+                except Exception as exc:  # TaskFailed, ResultNotStored; eager: the task's own
                     if not return_exceptions:
                         raise
                     known[task_id] = (False, exc)
@@ -334,7 +338,10 @@ class Results:
         """
         task_id = lookup_key("task id", task_id)
         record = records.cancel_request(task_id, time.time())
-        return await self.queue.broker.cancel(task_id, record, self.queue.result_ttl)
+        was = await self.queue.broker.cancel(task_id, record, self.queue.result_ttl)
+        if testmode.cancelled is not None:  # the eager test mode: no worker hears the event
+            testmode.cancelled(self.queue, task_id)
+        return was
 
     # --------------------------------------------------------------- progress
     async def get_progress(self, task_id: str) -> Progress | None:

@@ -41,7 +41,7 @@ from .timeouts import (
 from .timeouts import timeout_error as _timeout_error
 
 if TYPE_CHECKING:
-    from .metrics import RunMetrics
+    from .tally import RunTally
     from .worker import Worker
 
 logger = logging.getLogger("blitzq.worker")
@@ -114,8 +114,9 @@ class Runner:
         #: The worker's base context (taken when the worker starts): every run gets a
         #: fresh copy of it, so context variables never leak from one task to the next.
         self.base_context = contextvars.copy_context()
-        #: The worker's metrics (``Worker(metrics_port=...)``), told of every run; else None.
-        self.observer: RunMetrics | None = None
+        #: The worker's metrics (``Worker(metrics_port=...)``; the eager test mode's outcome
+        #: keeper, :mod:`blitzq.testing.inline`), told of every run; else None.
+        self.observer: RunTally | None = None
 
     # ------------------------------------------------------------- starting
     def start(self, d: Delivery, slots: Slots) -> None:

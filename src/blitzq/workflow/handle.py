@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..broker import Completion
 from ..broker.ops import WorkflowFail
+from ..client import testmode
 from ..client.sync import blocking
 from ..exceptions import (
     BlitzQError,
@@ -103,7 +104,8 @@ class WorkflowHandle:
         """``(True, result)`` for a succeeded workflow, ``(False, None)`` while it runs.
 
         Raises:
-            TaskFailed: the workflow failed (the failed step's id and error).
+            TaskFailed: the workflow failed (the failed step's id and error); in the eager
+                test mode that propagates errors, the step's own exception instead.
             TaskCancelled: the workflow was cancelled.
         """
         value = state.get("state", b"running")
@@ -117,6 +119,10 @@ class WorkflowHandle:
         error = (state.get("error") or b"").decode(errors="replace") or None
         if value == b"cancelled":
             raise TaskCancelled(step, "cancelled", error_type, error)
+        if testmode.failure is not None:  # the eager test mode: the step's own exception
+            original = testmode.task_error(step)
+            if original is not None:
+                raise original
         raise TaskFailed(step, value.decode(errors="replace"), error_type, error)
 
     async def get(self, timeout: float | None = None) -> Any:

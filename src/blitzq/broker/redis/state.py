@@ -261,8 +261,9 @@ class RedisState(RedisPart):
                 await pubsub.aclose()
 
     @translate_errors
-    async def promote_due(self, limit: int) -> tuple[int, float | None, float]:
-        """Move messages due by the server's clock to their queues (one Lua call)."""
+    async def promote_due(self, limit: int, ahead: float = 0.0) -> tuple[int, float | None, float]:
+        """Move messages due by the server's clock (plus ``ahead`` seconds) to their queues
+        (one Lua call)."""
         keys = self.keys
         moved, head, now = await self.scripts.call(
             "promote",
@@ -270,6 +271,7 @@ class RedisState(RedisPart):
             args=[
                 keys.prefix, limit,
                 self.dead_letter_cap, self.dead_letter_ttl, self.dead_letter_max_bytes,
+                repr(float(ahead)) if ahead > 0 else "0",
             ],
         )  # fmt: skip
         return int(moved), (float(head) if head else None), float(now)
