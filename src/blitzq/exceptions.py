@@ -197,6 +197,22 @@ class Retry(Exception):
         self.reason = reason
 
 
+class NoRetry(Exception):
+    """Raise inside a task to fail it for good: no retry, whatever its ``retries`` and
+    retry policy say (SwarmQ's ``NoRetry``; the per-raise form of ``dont_retry_on``).
+
+    The attempt is recorded as failed (dead-lettered when the task dead-letters its
+    failures) under this error; ``raise NoRetry("why") from exc`` records ``exc`` instead.
+
+    Args:
+        reason: a short text recorded as the error's message.
+    """
+
+    def __init__(self, reason: str | None = None) -> None:
+        super().__init__(reason or "the task asked not to be retried")
+        self.reason = reason
+
+
 def describe_error(exc: BaseException) -> tuple[str, str]:
     """Return ``(qualified type name, message)`` for an exception, as stored in records.
 
@@ -236,6 +252,7 @@ __all__ = [
     "BrokerError",
     "ConfigurationError",
     "MessageTooLarge",
+    "NoRetry",
     "ResultNotStored",
     "ResultTimeout",
     "ResultTooLarge",

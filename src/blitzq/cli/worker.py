@@ -294,6 +294,7 @@ def worker_command(
     max_abandoned_threads: int = 10,
     strict_memory_policy: bool = False,
     burst: bool = False,
+    burst_idle_timeout: float = 0.0,
     unknown_task_grace: float = 300.0,
     metrics_port: int | None = None,
     health_port: int | None = None,
@@ -321,6 +322,8 @@ def worker_command(
         both = "not both" if django else "for example myapp.tasks:queue"
         raise _usage(f"give MODULE:ATTR or --django (Django's tasks framework), {both}")
     ops = ops_argv(metrics_port, health_port, ops_host, configure_logs)
+    if burst_idle_timeout and not burst:
+        raise CliUsageError("--burst-idle-timeout applies to --burst only: give --burst too")
     if burst and (conflicts := burst_conflicts(workers, control)):
         raise CliUsageError(f"--burst runs one worker process: not with {', '.join(conflicts)}")
     if needs_supervisor(workers, control):  # it runs copies of this command, --workers 1
@@ -375,6 +378,7 @@ def worker_command(
             max_tasks_per_child=control.get("max_tasks_per_child"),
             max_memory_per_child=control.get("max_memory_per_child"),
             burst=burst,
+            burst_idle_timeout=burst_idle_timeout,
             unknown_task_grace=unknown_task_grace,
             metrics_port=slot_port(metrics_port),
             health_port=slot_port(health_port),

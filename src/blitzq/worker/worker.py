@@ -90,6 +90,9 @@ class Worker:
             pool is replaced (``None``: never; Linux only).
         burst: drain the queues and stop once they are empty and nothing runs (see
             :mod:`blitzq.worker.burst`; ``blitzq worker --burst``).
+        burst_idle_timeout: with ``burst``, seconds the queues must stay drained before the
+            worker stops (work arriving meanwhile is run and restarts the count); 0 stops at
+            the first moment they are drained (``--burst-idle-timeout``).
         unknown_task_grace: seconds, from a message's first enqueue, during which a task
             this worker does not know is put back on the schedule for a worker that knows it
             (a rolling deploy); after that it is dead-lettered with reason
@@ -133,6 +136,7 @@ class Worker:
         health_port: int | None = None,
         ops_host: str = "0.0.0.0",
         freeze_gc: bool = True,
+        burst_idle_timeout: float = 0.0,
     ) -> None:
         # Numbers are real numbers (never bool, NaN or infinite) in range: a NaN shutdown
         # timeout would make a stop unbounded (or instant), a NaN bound never trips.
@@ -159,6 +163,10 @@ class Worker:
         flag("freeze_gc", freeze_gc)
         self.freeze_gc, self._froze = freeze_gc, False
         seconds("unknown_task_grace", unknown_task_grace, strict=False)
+        self.burst_idle_timeout = seconds("burst_idle_timeout", burst_idle_timeout, strict=False)
+        #: Loop time (``loop.time()``) a burst worker last found its queues drained, while they
+        #: stay so; ``None`` otherwise.
+        self.idle_since: float | None = None
         text("name", name)
         check_ops_options(metrics_port, health_port, ops_host)
         if isinstance(queues, str):
