@@ -263,3 +263,14 @@ def test_burst_idle_timeout_needs_burst(invoke: Callable[..., Any]) -> None:
     bad = invoke("worker", "myapp.tasks:queue", "--burst", "--burst-idle-timeout", "nan")
     assert bad.exit_code == 2
     assert "--burst-idle-timeout" in bad.stderr
+
+
+def test_watch_dir_needs_reload_and_an_existing_directory(
+    invoke: Callable[..., Any], tmp_path: Any
+) -> None:
+    result = invoke("worker", "myapp.tasks:queue", "--watch-dir", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    assert "--watch-dir" in result.stderr
+    missing = invoke("worker", "myapp.tasks:queue", "--reload", "--watch-dir", "/no/such/dir")
+    assert missing.exit_code == 2
+    assert "--watch-dir" in missing.stderr

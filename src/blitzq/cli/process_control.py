@@ -1,5 +1,5 @@
 """The process-control options of ``blitzq worker``: ``--autoscale``, ``--max-tasks-per-child``,
-``--max-memory-per-child`` and ``--reload`` (docs/supervisor.md).
+``--max-memory-per-child``, ``--reload`` and ``--watch-dir`` (docs/supervisor.md).
 
 :func:`process_control_options` adds them to the command; the command hands what they asked
 for to :func:`needs_supervisor`, :func:`worker_arguments` (what each supervised worker gets)
@@ -9,6 +9,7 @@ and :func:`supervisor_arguments` (what the supervisor does).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -34,6 +35,7 @@ NAMES = (
     "max_tasks_per_child",
     "max_memory_per_child",
     "reload",
+    "watch_dir",
     "supervised",
 )
 
@@ -126,6 +128,14 @@ def process_control_options(fn: F) -> F:
             "directory changes (development; needs the reload extra: pip install -e "
             "'.[reload]' in the checkout).",
         ),
+        click.option(
+            "--watch-dir",
+            "watch_dir",
+            multiple=True,
+            type=click.Path(exists=True, file_okay=False, path_type=Path),
+            metavar="DIR",
+            help="With --reload: also watch DIR for .py changes (repeatable).",
+        ),
         click.option("--supervised", is_flag=True, default=False, hidden=True),
     ]
     for option in reversed(options):
@@ -153,6 +163,14 @@ def burst_conflicts(workers: int, control: Mapping[str, Any]) -> list[str]:
         if control.get(name):
             given.append("--" + name.replace("_", "-"))
     return given
+
+
+def reload_conflicts(control: Mapping[str, Any]) -> str | None:
+    """Why the reload options given cannot apply (``--watch-dir`` without ``--reload``), or
+    ``None``."""
+    if control.get("watch_dir") and not control.get("reload"):
+        return "--watch-dir applies to --reload only: give --reload too"
+    return None
 
 
 def needs_supervisor(workers: int, control: Mapping[str, Any]) -> bool:
@@ -209,8 +227,9 @@ def supervisor_arguments(
         if control.get("reload"):
             from ..worker.reload import SourceWatcher, app_directory
 
-            kwargs["watch"] = directory = app_directory(app)
-            SourceWatcher(directory, lambda paths: None)  # fails early without watchfiles
+            extra = [d.resolve() for d in control.get("watch_dir", ())]
+            kwargs["watch"] = directories = [app_directory(app), *extra]
+            SourceWatcher(directories, lambda paths: None)  # fails early without watchfiles
     except ConfigurationError as exc:
         raise CliUsageError(str(exc)) from None
     return workers, kwargs

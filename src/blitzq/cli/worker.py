@@ -39,6 +39,7 @@ from .process_control import (
     burst_conflicts,
     needs_supervisor,
     process_control_options,
+    reload_conflicts,
     supervisor_arguments,
     worker_arguments,
 )
@@ -324,6 +325,8 @@ def worker_command(
     ops = ops_argv(metrics_port, health_port, ops_host, configure_logs)
     if burst_idle_timeout and not burst:
         raise CliUsageError("--burst-idle-timeout applies to --burst only: give --burst too")
+    if conflict := reload_conflicts(control):
+        raise CliUsageError(conflict)
     if burst and (conflicts := burst_conflicts(workers, control)):
         raise CliUsageError(f"--burst runs one worker process: not with {', '.join(conflicts)}")
     if needs_supervisor(workers, control):  # it runs copies of this command, --workers 1
