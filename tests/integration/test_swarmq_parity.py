@@ -274,3 +274,36 @@ def test_watch_dir_needs_reload_and_an_existing_directory(
     missing = invoke("worker", "myapp.tasks:queue", "--reload", "--watch-dir", "/no/such/dir")
     assert missing.exit_code == 2
     assert "--watch-dir" in missing.stderr
+
+
+# ---------------------------------------------------------------------- x-delivery-limit
+async def test_quorum_queue_delivery_limit_comes_from_max_deliveries(
+    server_url: str, namespace: str
+) -> None:
+    """The default Queue declares ``x-delivery-limit`` 4 (``max_deliveries`` 5, minus the
+    first delivery), not SwarmQ's 20: RabbitMQ refuses to redeclare it with 20."""
+    import aio_pika
+
+    from blitzq.broker.amqp import AmqpBroker
+    from tests.amqp_server import amqp_or_skip, delete_amqp_queues
+
+    url = amqp_or_skip()
+    queue = Queue("dl", redis_url=server_url, namespace=namespace, amqp_url=url)
+    broker = queue.broker
+    try:
+        assert isinstance(broker, AmqpBroker)
+        assert broker.amqp.link.arguments()["x-delivery-limit"] == 4
+        await queue.send("t.any")  # declares <namespace>.dl
+        connection = await aio_pika.connect(url)
+        try:
+            channel = await connection.channel()
+            args = dict(broker.amqp.link.arguments())
+            await channel.declare_queue(f"{namespace}.dl", durable=True, arguments=args)
+            args["x-delivery-limit"] = 20
+            with pytest.raises(aio_pika.exceptions.ChannelPreconditionFailed):
+                await channel.declare_queue(f"{namespace}.dl", durable=True, arguments=args)
+        finally:
+            await connection.close()
+    finally:
+        await delete_amqp_queues(url, [broker])
+        await queue.close()
