@@ -224,7 +224,7 @@ def _queue_option(ctx: click.Context, param: click.Parameter, value: str | None)
 )
 @click.option(
     "--queue",
-    "target",
+    "queue",
     metavar="QUEUE",
     callback=_queue_option,
     help="Queue to send to (default: the Queue's routes, else the default queue 'default').",
@@ -238,15 +238,15 @@ def _queue_option(ctx: click.Context, param: click.Parameter, value: str | None)
 )
 @global_options
 def task_send(
-    name: str, args: list[Any], kwargs: dict[str, Any], target: str | None, delay: float | None
+    name: str, args: list[Any], kwargs: dict[str, Any], queue: str | None, delay: float | None
 ) -> None:
     """Enqueue the task registered as NAME (no application module needed: the message is
     built by name, as ``queue.send`` does) and print its id; a worker that knows NAME runs
     it. ``--json`` prints ``{"id", "task", "queue"}``. Bad JSON, a bad queue name or delay
     is a usage error (exit 2) naming the option."""
     options: dict[str, Any] = {}
-    if target is not None:
-        options["queue"] = target
+    if queue is not None:
+        options["queue"] = queue
     if delay is not None:
         options["delay"] = delay
     handle = run_with_queue(lambda q: q.send(name, args, kwargs, **options))
