@@ -196,6 +196,12 @@ class Retry(Exception):
         self.delay = delay
         self.reason = reason
 
+    def __reduce__(self) -> tuple[type[Retry], tuple[float | None, str | None]]:
+        """Pickle by ``(delay, reason)``: a ``Retry`` raised in an ``executor="process"``
+        task crosses back to the worker as itself (the default pickling of an exception
+        would call ``Retry(message)`` and fail)."""
+        return (type(self), (self.delay, self.reason))
+
 
 class NoRetry(Exception):
     """Raise inside a task to fail it for good: no retry, whatever its ``retries`` and
@@ -211,6 +217,11 @@ class NoRetry(Exception):
     def __init__(self, reason: str | None = None) -> None:
         super().__init__(reason or "the task asked not to be retried")
         self.reason = reason
+
+    def __reduce__(self) -> tuple[type[NoRetry], tuple[str | None]]:
+        """Pickle by ``reason`` (an ``executor="process"`` task's ``NoRetry`` crosses back to
+        the worker as it was raised)."""
+        return (type(self), (self.reason,))
 
 
 def describe_error(exc: BaseException) -> tuple[str, str]:

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from blitzq import ConfigurationError, NoRetry, Queue, RetryPolicy, TaskFailed, TaskState
 from blitzq.cli import cli
 
+from . import proc_tasks
 from .proc_tasks import eventually, make_worker, running
 
 pytestmark = pytest.mark.timeout(90)
@@ -73,6 +74,33 @@ async def test_no_retry_from_a_cause_records_the_cause(queue: Queue) -> None:
     record = await queue.inspect(handle.id)
     assert record is not None
     assert record.attempts == 1
+
+
+async def test_no_retry_and_retry_cross_back_from_a_process_task(
+    make_queue: Callable[..., Queue], tmp_path: Any
+) -> None:
+    """``NoRetry`` and ``Retry(delay=)`` raised in an ``executor="process"`` task reach the
+    worker as themselves (they pickle by their arguments), not as a generic remote error."""
+    queue = make_queue()
+    never = queue.task(
+        name="t.proc_never", executor="process", retries=5, retry_policy=RetryPolicy(base=60)
+    )(proc_tasks.no_retry_in_process)
+    # a policy backoff of 600 s: only the Retry's own delay lets the second call come soon
+    slow = RetryPolicy(base=600, jitter="none")
+    again = queue.task(name="t.proc_again", executor="process", retries=1, retry_policy=slow)(
+        proc_tasks.retry_once_in_process
+    )
+    try:
+        async with running(make_worker(queue, concurrency=2, process_pool_size=1)):
+            handle = await never.enqueue("from a child")
+            with pytest.raises(TaskFailed) as info:
+                await handle.result(timeout=60)
+            assert info.value.error_type == "blitzq.exceptions.NoRetry"
+            assert info.value.error == "from a child"
+            retried = await again.enqueue(str(tmp_path / "calls"), 0.05)
+            assert await retried.result(timeout=60) == 2
+    finally:
+        await queue.close()
 
 
 async def test_linear_backoff_retries_in_a_worker(queue: Queue) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import random
 import statistics
 
@@ -229,3 +230,24 @@ def test_no_retry_is_never_retried() -> None:
     assert not RetryPolicy(retry_on=(NoRetry,)).should_retry(NoRetry())
     assert str(NoRetry()) == "the task asked not to be retried"
     assert NoRetry("why").reason == "why"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [Retry(), Retry(delay=2.5, reason="later"), Retry(delay=0)],
+    ids=repr,
+)
+def test_retry_pickles_by_its_arguments(error: Retry) -> None:
+    """A Retry crosses back from an ``executor="process"`` task as itself."""
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is Retry
+    assert (back.delay, back.reason, str(back)) == (error.delay, error.reason, str(error))
+
+
+def test_no_retry_pickles_by_its_reason() -> None:
+    from blitzq import NoRetry
+
+    for error in (NoRetry(), NoRetry("bad input")):
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is NoRetry
+        assert (back.reason, str(back)) == (error.reason, str(error))

@@ -59,10 +59,20 @@ def cause_of(exc: BaseException) -> BaseException:
     """The error a failed run is recorded under: the cause of a :class:`~blitzq.Retry`, the
     explicit cause (``raise ... from``) of a :class:`~blitzq.NoRetry`, else ``exc`` itself."""
     if isinstance(exc, Retry):
-        return exc.__cause__ or exc.__context__ or exc
+        return _task_cause(exc) or exc.__context__ or exc
     if isinstance(exc, NoRetry):
-        return exc.__cause__ or exc
+        return _task_cause(exc) or exc
     return exc
+
+
+def _task_cause(exc: BaseException) -> BaseException | None:
+    """``exc.__cause__`` as the task set it: the traceback text a process pool chains onto
+    an exception it sends back (``concurrent.futures.process._RemoteTraceback``) is none."""
+    cause = exc.__cause__
+    kind = type(cause)
+    if kind.__name__ == "_RemoteTraceback" and kind.__module__ == "concurrent.futures.process":
+        return None
+    return cause
 
 
 class Job:
