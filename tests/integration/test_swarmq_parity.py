@@ -145,6 +145,33 @@ async def test_send_many_mixes_tasks_queues_and_options(queue: Queue) -> None:
     assert results == [3, "hello ann!", 7, "hello bob."]
 
 
+async def test_send_many_is_one_publish_per_physical_queue(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Six items for two queues and two delayed ones: one publish per queue, one schedule
+    write (the real broker's methods, counted on the way)."""
+    broker = queue.broker
+    calls: list[tuple[str, int]] = []
+    publish, schedule = broker.publish, broker.schedule
+
+    async def counted_publish(name: str, messages: Any) -> None:
+        calls.append((name, len(messages)))
+        await publish(name, messages)
+
+    async def counted_schedule(items: Any) -> None:
+        calls.append(("schedule", len(items)))
+        await schedule(items)
+
+    monkeypatch.setattr(broker, "publish", counted_publish)
+    monkeypatch.setattr(broker, "schedule", counted_schedule)
+    items: list[Any] = [("t.a", (i,), {}) for i in range(3)]
+    items += [("t.b", (i,), {}, {"queue": "other"}) for i in range(3)]
+    items += [("t.c", (), {}, {"delay": 30}), ("t.c", (), {}, {"delay": 60})]
+    handles = await queue.send_many(items)
+    assert len(handles) == 8
+    assert sorted(calls) == [("default", 3), ("other", 3), ("schedule", 2)]
+
+
 async def test_send_many_refuses_a_bad_item_before_publishing(queue: Queue) -> None:
     bad_items: list[Any] = [
         [("t.a", (), {}), ("t.b", ())],  # too short

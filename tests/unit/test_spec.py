@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -213,6 +214,9 @@ def test_message_schemas_follow_the_structs() -> None:
     schemas = messages["schemas"]
     assert {"Envelope", "TaskRecord", "DeadLetter", "Progress"} <= set(schemas)
     assert len(schemas["Envelope"]["prefixItems"]) == len(Envelope.__struct_fields__)
+    refs = re.findall(r'"\$ref": "#/schemas/([^"]+)"', json.dumps(messages))
+    assert refs, "TaskRecord.state refers to TaskState"
+    assert set(refs) <= set(schemas)  # every reference resolves inside the file
 
 
 def test_llms_txt_links_every_page_and_spec_file() -> None:

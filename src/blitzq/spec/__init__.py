@@ -60,7 +60,7 @@ def _messages() -> dict[str, Any]:
     from ..serialization import Envelope
 
     types = (Envelope, _Stored, TaskRecord, DeadLetter, Progress)
-    _, definitions = msgspec.json.schema_components(types)
+    _, definitions = msgspec.json.schema_components(types, ref_template="#/schemas/{name}")
     described = doc_entries(Envelope.__doc__, "Attributes")
     return {
         "encoding": "MessagePack (msgspec); the schemas describe the decoded values",
