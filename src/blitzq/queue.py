@@ -107,6 +107,10 @@ class Queue:
             travel through RabbitMQ quorum queues (at-least-once) while ``redis_url`` keeps
             records, results, the schedule and dead letters. ``None`` reads
             ``BLITZQ_AMQP_URL``; without it messages travel through Redis.
+        log_queue: move the root logger's handlers behind a bounded, non-blocking queue
+            written by a listener thread (:func:`blitzq.logcontext.install_log_queue`), so a
+            slow handler never holds the event loop; ``None`` reads ``BLITZQ_LOG_QUEUE``
+            (default off: an application keeps its logging as it set it up).
 
     Every numeric option must be a real number (``int`` where a count or size is asked for;
     never ``bool``), finite and in range, and every duration at most ten years
@@ -139,10 +143,15 @@ class Queue:
         dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
         dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
         amqp_url: str | None = None,
+        log_queue: bool | None = None,
     ) -> None:
         self.name = check_queue_name("queue name", name)
         self.namespace = config.resolve("namespace", namespace, "blitzq", check_namespace)
         self.mode: Mode = config.resolve("mode", mode or None, "reliable", config.check_mode)
+        if config.resolve("log_queue", log_queue, False, config.check_bool):
+            from .logcontext import install_log_queue
+
+            install_log_queue()
         # Numbers are real numbers (not bool), finite and in range; see blitzq._checks.
         seconds("visibility_timeout", visibility_timeout)
         integer("max_deliveries", max_deliveries, minimum=1)
@@ -155,9 +164,9 @@ class Queue:
         integer("dead_letter_max_bytes", dead_letter_max_bytes, minimum=1024, unit="bytes")
         flag("track_state", track_state)
         if redis_url is not None and not isinstance(redis_url, str):
-            raise ConfigurationError(f"redis_url must be a str, got {redis_url!r}")
+            raise ConfigurationError(f"redis_url must be a str, got {type(redis_url).__name__}")
         if amqp_url is not None and not isinstance(amqp_url, str):
-            raise ConfigurationError(f"amqp_url must be a str, got {amqp_url!r}")
+            raise ConfigurationError(f"amqp_url must be a str, got {type(amqp_url).__name__}")
         if amqp_url:
             resolve_amqp_url(amqp_url, self.name)  # refused here, not at first use
         if routes is not None and not (callable(routes) or isinstance(routes, Mapping)):

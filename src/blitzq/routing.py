@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Literal
 
 from .exceptions import ConfigurationError, SerializationError
+from .redaction import mask_url, redact
 from .serialization import lookup_key
 
 Priority = Literal["high", "normal", "low"]
@@ -34,7 +35,8 @@ def check_name(kind: str, value: str) -> str:
     """
     if not isinstance(value, str) or not value or any(c in value for c in "{}\n\r\0 "):
         raise ConfigurationError(
-            f"{kind} must be a non-empty string without spaces, braces or newlines, got {value!r}"
+            f"{kind} must be a non-empty string without spaces, braces or newlines, "
+            f"got {redact(repr(value))}"  # a URL given in the wrong place: masked
         )
     return value
 
@@ -69,9 +71,10 @@ def check_queue_name(kind: str, value: str) -> str:
     """
     check_name(kind, value)
     if "://" in value:
+        shown = mask_url(value)
         raise ConfigurationError(
-            f"{kind} {value!r} looks like a URL; a queue name is a plain name "
-            f"(give the server as Queue(redis_url={value!r}))"
+            f"{kind} {shown!r} looks like a URL; a queue name is a plain name "
+            f"(give the server as Queue(redis_url={shown!r}))"
         )
     for priority, suffix in _SUFFIX.items():
         if suffix and value.endswith(suffix):

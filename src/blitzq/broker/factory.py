@@ -12,6 +12,7 @@ from urllib.parse import unquote, urlsplit
 
 from .. import config
 from ..exceptions import ConfigurationError
+from ..redaction import mask_url, redact
 from . import Broker, Guarantee
 
 #: URL schemes a Queue accepts (``valkey://`` and ``valkeys://`` are read as the redis ones).
@@ -85,42 +86,17 @@ def check_amqp_url(url: str) -> None:
     try:
         port = parts.port
     except ValueError as exc:
-        raise ConfigurationError(f"bad amqp_url {shown!r}: {exc}") from None
+        raise ConfigurationError(f"bad amqp_url {shown!r}: {redact(str(exc), url)}") from None
     if not parts.hostname:
         raise ConfigurationError(f"bad amqp_url {shown!r}: no host")
     if port == 0:
         raise ConfigurationError(f"bad amqp_url {shown!r}: port 0")
     if "/" in parts.path[1:] and parts.path != "//":  # aio-pika reads "//" as vhost "/"
+        vhost = redact(repr(unquote(parts.path[1:])), url)  # a password's "/" cuts it here
         raise ConfigurationError(
-            f"bad amqp_url {shown!r}: the vhost {unquote(parts.path[1:])!r} has an unescaped "
+            f"bad amqp_url {shown!r}: the vhost {vhost} has an unescaped "
             "'/' (write it as %2F, e.g. amqp://host/%2F for the default vhost)"
         )
-
-
-def mask_url(url: str) -> str:
-    """``url`` with its passwords (userinfo, ``?password=`` and ``?sentinel_password=``)
-    replaced by ``***``."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    rest, qmark, query = rest.partition("?")
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        userinfo, _, host = authority.rpartition("@")
-        user, colon, _password = userinfo.partition(":")
-        if colon:
-            userinfo = f"{user}:***"
-        elif user:
-            userinfo = "***"  # redis://secret@host: a bare userinfo is the password
-        authority = f"{userinfo}@{host}"
-    if query:
-        query = "&".join(
-            f"{part.split('=', 1)[0]}=***"
-            if part.split("=", 1)[0] in ("password", "sentinel_password")
-            else part
-            for part in query.split("&")
-        )
-    return f"{scheme}{sep}{authority}{slash}{path}{qmark}{query}"
 
 
 def resolve_url(configured: str | None) -> str:
@@ -150,8 +126,8 @@ def resolve_url(configured: str | None) -> str:
         url = "rediss://" + url.removeprefix("valkeys://")
     if not url.startswith(SCHEMES):
         raise ConfigurationError(
-            f"unsupported broker URL {url!r}: use redis://, rediss://, unix://, memory://, "
-            "redis+cluster:// or redis+sentinel://"
+            f"unsupported broker URL {mask_url(url)!r}: use redis://, rediss://, unix://, "
+            "memory://, redis+cluster:// or redis+sentinel://"
         )
     return url
 

@@ -1,23 +1,28 @@
 """The operations options of ``blitzq worker``: metrics and health ports, their address,
-whether the CLI configures logging (docs/operations.md, "Metrics", "Health", "Logs"), burst
-mode, the grace of unknown tasks, and ``--django`` (Django's tasks framework)."""
+whether the CLI configures logging and the levels of failed tasks' records (docs/operations.md,
+"Metrics", "Health", "Logs"), burst mode, the grace of unknown tasks, and ``--django``
+(Django's tasks framework)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypedDict, TypeVar
 
 import click
 
+from .._checks import LOG_LEVELS
 from ._common import Seconds
+from ._logging import logging_argv
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def ops_options(command: F) -> F:
     """Add ``--metrics-port``, ``--health-port``, ``--ops-host``,
-    ``--configure-logging/--no-configure-logging``, ``--burst``, ``--burst-idle-timeout``,
-    ``--unknown-task-grace`` and ``--django`` to a click command."""
+    ``--configure-logging/--no-configure-logging``, ``--failure-log-level``,
+    ``--retry-log-level``, ``--burst``, ``--burst-idle-timeout``, ``--unknown-task-grace`` and
+    ``--django`` to a click command (the two levels reach it in its ``**`` keyword arguments:
+    :func:`log_levels`)."""
     for option in reversed(_OPTIONS):
         command = option(command)
     return command
@@ -62,6 +67,30 @@ _OPTIONS = [
         "leaves logging to the application.",
     ),
     click.option(
+        "--failure-log-level",
+        type=click.Choice(LOG_LEVELS, case_sensitive=False),
+        default="error",
+        show_default=True,
+        help="Level of the record of a task that failed for good (with its traceback) and "
+        "of a message dead-lettered without running.",
+    ),
+    click.option(
+        "--retry-log-level",
+        type=click.Choice(LOG_LEVELS, case_sensitive=False),
+        default="warning",
+        show_default=True,
+        help="Level of the record of a failed attempt that will be retried.",
+    ),
+    click.option(
+        "--log-lifecycle-level",
+        "lifecycle_log_level",
+        type=click.Choice(LOG_LEVELS, case_sensitive=False),
+        default="debug",
+        show_default=True,
+        help="Level of the task received/started/succeeded records on the blitzq.task "
+        "logger (debug: not shown at the default --log-level info).",
+    ),
+    click.option(
         "--burst",
         is_flag=True,
         default=False,
@@ -97,12 +126,42 @@ _OPTIONS = [
 ]
 
 
+class LogLevels(TypedDict):
+    """The levels of failed tasks' records and of the lifecycle records, as
+    :class:`~blitzq.Worker` takes them."""
+
+    failure_log_level: str
+    retry_log_level: str
+    lifecycle_log_level: str
+
+
+def log_levels(options: Mapping[str, Any]) -> LogLevels:
+    """``failure_log_level``, ``retry_log_level`` and ``lifecycle_log_level`` of the
+    command's keyword arguments
+    ``options`` (their defaults when absent)."""
+    return LogLevels(
+        failure_log_level=str(options.get("failure_log_level") or "error"),
+        retry_log_level=str(options.get("retry_log_level") or "warning"),
+        lifecycle_log_level=str(options.get("lifecycle_log_level") or "debug"),
+    )
+
+
 def ops_argv(
-    metrics_port: int | None, health_port: int | None, host: str, configure_logs: bool
+    metrics_port: int | None,
+    health_port: int | None,
+    host: str,
+    configure_logs: bool,
+    options: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """The metrics, health and logging options as a supervisor passes them to its workers
-    (each worker adds its slot index to the ports, :func:`~blitzq.worker.ops.slot_port`)."""
+    (each worker adds its slot index to the ports, :func:`~blitzq.worker.ops.slot_port`);
+    ``options``: the command's other keyword arguments (the log levels, :func:`log_levels`)."""
     argv = [] if configure_logs else ["--no-configure-logging"]
+    levels = log_levels(options or {})
+    argv += ["--failure-log-level", levels["failure_log_level"]]
+    argv += ["--retry-log-level", levels["retry_log_level"]]
+    argv += ["--log-lifecycle-level", levels["lifecycle_log_level"]]
+    argv += logging_argv(options or {})
     if metrics_port is not None:
         argv += ["--metrics-port", str(metrics_port)]
     if health_port is not None:
@@ -112,4 +171,4 @@ def ops_argv(
     return argv
 
 
-__all__ = ["ops_argv", "ops_options"]
+__all__ = ["LogLevels", "log_levels", "ops_argv", "ops_options"]

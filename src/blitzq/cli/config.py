@@ -19,7 +19,16 @@ from rich.text import Text
 
 from .. import config
 from ..exceptions import ConfigurationError
-from ._common import CliUsageError, Settings, console, emit_json, global_options, settings
+from ..redaction import mask_url
+from ._common import (
+    CliUsageError,
+    Settings,
+    console,
+    emit_json,
+    global_options,
+    redact_cli,
+    settings,
+)
 
 #: Prefix of click's automatic environment variables of every option.
 ENV_PREFIX = "BLITZQ"
@@ -169,7 +178,7 @@ class JsonUsageError(click.UsageError):
     def __init__(
         self, message: str, ctx: click.Context | None = None, *, as_json: bool = False
     ) -> None:
-        super().__init__(message, ctx)
+        super().__init__(redact_cli(message), ctx)
         self.as_json = as_json
 
     def show(self, file: IO[Any] | None = None) -> None:
@@ -221,11 +230,13 @@ def config_group() -> None:
 def config_show() -> None:
     """Print each setting with its value and where it comes from (an option on the command
     line, an environment variable, [tool.blitzq] of the project file, or the default), and the
-    per-command tables of the project file. Passwords in URLs are masked."""
-    from ._common import mask_url
+    per-command tables of the project file. Passwords in URLs are masked.
 
+    The project file used is named first (BLITZQ_CONFIG, else the project's pyproject.toml,
+    never one above the project root), then any pyproject.toml refused as another user's."""
     try:
-        where = config.project_file()
+        found_file = config.search()
+        where = found_file.file
         rows = []
         typed = settings()
         for s in config.SETTINGS:
@@ -244,18 +255,25 @@ def config_show() -> None:
         for row in rows:  # a global option refused under config show (typed or a variable)
             if row["name"] in typed.invalid and "error" not in row:
                 row["error"] = typed.invalid[row["name"]]
-        tables = config.command_tables()
+        tables = _masked(config.command_tables())
         errors = _table_errors(click.get_current_context().find_root().command, tables)
     except ConfigurationError as exc:
         raise CliUsageError(str(exc)) from None
+    refused = [{"file": str(path), "reason": why} for path, why in found_file.refused]
+    root = str(found_file.root) if found_file.root else None
     if settings().json:
         emit_json(
-            {"file": str(where) if where else None, "settings": rows, "commands": tables}
+            {"file": str(where) if where else None, "root": root, "refused": refused}
+            | {"settings": rows, "commands": tables}
             | ({"errors": errors} if errors else {})
         )
         return
     out = console()
     out.print(Text(f"project file: {where or 'none (no [tool.blitzq] found)'}", style="bold"))
+    if root and not where:
+        out.print(Text(f"project root: {root} (nothing above it is read)"))
+    for item in refused:
+        out.print(Text(f"refused: {item['file']}: {item['reason']}", style="yellow"))
     table = Table(box=None, pad_edge=False)
     for header in ("setting", "value", "from", "variable"):
         table.add_column(header, overflow="fold")
@@ -290,6 +308,17 @@ def _setting_error(name: str, value: str) -> str | None:
     if name == "log_level" and value.lower() not in {n.lower() for n in LEVELS}:
         return f"{value!r} is not a log level ({', '.join(n.lower() for n in LEVELS)})"
     return None
+
+
+def _masked(table: dict[str, Any]) -> dict[str, Any]:
+    """``table`` (nested) with the passwords of its URL values masked (``--redis-url`` may
+    be set in a command's table)."""
+    return {
+        key: _masked(item)
+        if isinstance(item, dict)
+        else (mask_url(item) if isinstance(item, str) and "://" in item else item)
+        for key, item in table.items()
+    }
 
 
 def _flat(tables: dict[str, Any], prefix: str = "") -> dict[str, dict[str, Any]]:

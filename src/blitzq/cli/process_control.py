@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from ..exceptions import BlitzQError, ConfigurationError
+from ..redaction import mask_url
 from ..worker.autoscale import HARD_CAP, AutoscaleSettings, parse_range
 from ._common import CliUsageError, Seconds, Settings, cli_errors
 
@@ -165,9 +166,16 @@ def burst_conflicts(workers: int, control: Mapping[str, Any]) -> list[str]:
     return given
 
 
-def reload_conflicts(control: Mapping[str, Any]) -> str | None:
-    """Why the reload options given cannot apply (``--watch-dir`` without ``--reload``), or
-    ``None``."""
+def option_conflicts(
+    workers: int, control: Mapping[str, Any], burst: bool, burst_idle_timeout: float
+) -> str | None:
+    """Why the options given cannot go together (a usage error), or ``None``: ``--burst``
+    with options that need a supervisor (:func:`burst_conflicts`), ``--burst-idle-timeout``
+    without ``--burst``, ``--watch-dir`` without ``--reload``."""
+    if burst and (conflicts := burst_conflicts(workers, control)):
+        return f"--burst runs one worker process: not with {', '.join(conflicts)}"
+    if burst_idle_timeout and not burst:
+        return "--burst-idle-timeout applies to --burst only: give --burst too"
     if control.get("watch_dir") and not control.get("reload"):
         return "--watch-dir applies to --reload only: give --reload too"
     return None
@@ -282,6 +290,7 @@ def autoscale_target(queue: Queue) -> dict[str, Any]:
         raise CliUsageError(f"--autoscale: no broker to sample the queues on: {exc}") from None
     if url.startswith("memory://"):
         raise CliUsageError(
-            f"--autoscale needs a Redis server its workers share, not the in-process {url!r}"
+            "--autoscale needs a Redis server its workers share, not the in-process "
+            f"{mask_url(url)!r}"
         )
     return {"redis_url": url, "namespace": queue.namespace, "mode": queue.mode}

@@ -33,13 +33,13 @@ from ._common import (
     mask_url,
     settings,
 )
-from ._ops import ops_argv, ops_options
+from ._logging import logging_options, logging_settings
+from ._ops import log_levels, ops_argv, ops_options
 from .process_control import (
     app_queue,
-    burst_conflicts,
     needs_supervisor,
+    option_conflicts,
     process_control_options,
-    reload_conflicts,
     supervisor_arguments,
     worker_arguments,
 )
@@ -55,8 +55,7 @@ _ENV = {
 }
 
 
-def _usage(message: str) -> CliUsageError:
-    return CliUsageError(message)
+_usage = CliUsageError
 
 
 def load_queue(spec: str) -> Queue:
@@ -281,6 +280,7 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
 )
 @process_control_options
 @ops_options
+@logging_options
 @global_options
 def worker_command(
     app: str | None,
@@ -318,17 +318,15 @@ def worker_command(
     s = settings()
     if configure_logs:
         with cli_errors(s.redis_url):
-            configure_logging(log_level, "json" if log_format == "json" else "text")
+            configure_logging(
+                log_level, "json" if log_format == "json" else "text", **logging_settings(control)
+            )
     if bool(app) == django:
         both = "not both" if django else "for example myapp.tasks:queue"
         raise _usage(f"give MODULE:ATTR or --django (Django's tasks framework), {both}")
-    ops = ops_argv(metrics_port, health_port, ops_host, configure_logs)
-    if burst_idle_timeout and not burst:
-        raise CliUsageError("--burst-idle-timeout applies to --burst only: give --burst too")
-    if conflict := reload_conflicts(control):
+    ops = ops_argv(metrics_port, health_port, ops_host, configure_logs, control)
+    if conflict := option_conflicts(workers, control, burst, burst_idle_timeout):
         raise CliUsageError(conflict)
-    if burst and (conflicts := burst_conflicts(workers, control)):
-        raise CliUsageError(f"--burst runs one worker process: not with {', '.join(conflicts)}")
     if needs_supervisor(workers, control):  # it runs copies of this command, --workers 1
         from ..worker.launch import supervise
         from ..worker.processes import worker_command
@@ -387,6 +385,7 @@ def worker_command(
             health_port=slot_port(health_port),
             ops_host=ops_host,
             name=worker_name,
+            **log_levels(control),
         )
         asyncio.run(_serve(worker, with_scheduler))
     # A worker that stopped to be restarted (too many abandoned threads) says so.

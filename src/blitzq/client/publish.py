@@ -23,6 +23,7 @@ from ..routing import physical_queue, route
 from ..serialization import Envelope, encode_envelope, plain_args, plain_kwargs, to_plain
 from ..task import _NO_OPTIONS, CallOptions, Task, TaskHandle
 from . import testmode
+from .named import named_options, send_many
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -307,36 +308,8 @@ class Producer:
                 a tuple or list, ``kwargs`` that are not a mapping.
             SerializationError, MessageTooLarge, BrokerError: as for ``Task.enqueue``.
         """
-        opts = self._named_options("send", name, args, kwargs, options)
+        opts = named_options(self, "send", name, args, kwargs, options)
         return await self.enqueue(name, tuple(args), dict(kwargs or {}), opts)
-
-    def _named_options(
-        self, what: str, name: Any, args: Any, kwargs: Any, options: Mapping[str, Any]
-    ) -> CallOptions:
-        """The options of one by-name call, the registered task's queue and priority filling
-        in what ``options`` leaves out (``what``: the method named in errors).
-
-        Raises:
-            ConfigurationError: a name that is not a str, args that are not a tuple or list,
-                kwargs that are not a mapping, an unknown option or an invalid value.
-        """
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError(f"{what}: the task name must be a non-empty str, got {name!r}")
-        if not isinstance(args, tuple | list):
-            raise ConfigurationError(f"{what}: args must be a tuple or list, got {args!r}")
-        if kwargs is not None and not isinstance(kwargs, Mapping):
-            raise ConfigurationError(f"{what}: kwargs must be a dict, got {kwargs!r}")
-        opts = call_options(options)
-        registered = self.queue.tasks.get(name)
-        if registered is None:
-            return opts
-        return CallOptions(
-            **{
-                **options,
-                "queue": opts.queue or registered.queue,
-                "priority": opts.priority or registered.priority,
-            }
-        )
 
     async def send_many(self, items: Iterable[Sequence[Any]]) -> list[TaskHandle[Any]]:
         """Enqueue many tasks by name in one batch, mixing tasks, queues and options.
@@ -363,52 +336,7 @@ class Producer:
                 message over ``max_message_size`` (nothing is published).
             EnqueueRefused, BrokerError: as for :meth:`enqueue`.
         """
-        if isinstance(items, str | bytes | Mapping):
-            raise ConfigurationError(f"send_many takes a list of items, got {items!r}")
-        now = time.time()
-        limit = self.queue.max_message_size
-        batch: list[Outgoing] = []
-        explicit: set[str] = set()
-        for index, item in enumerate(list(items)):
-            if not isinstance(item, tuple | list) or len(item) not in (3, 4):
-                raise ConfigurationError(
-                    f"send_many item {index}: expected (name, args, kwargs[, options]), "
-                    f"got {item!r}"
-                )
-            name, args, kwargs = item[0], item[1], item[2]
-            extra = item[3] if len(item) == 4 else {}
-            if not isinstance(extra, Mapping):
-                raise ConfigurationError(
-                    f"send_many item {index}: options must be a dict, got {extra!r}"
-                )
-            opts = self._named_options(f"send_many item {index}", name, args, kwargs, extra)
-            queue = physical_queue(
-                opts.queue or route(self.queue.routes, name) or self.queue.name,
-                opts.priority or "normal",
-            )
-            env = self.envelope(name, queue, tuple(args), dict(kwargs or {}), opts, now)
-            if opts.task_id is not None:
-                if env.id in explicit:
-                    raise ConfigurationError(
-                        f"send_many: the task_id {env.id!r} is given to several items"
-                    )
-                explicit.add(env.id)
-            data = encode_envelope(env, limit)
-            due = opts.due_time(now)
-            registered = self.queue.tasks.get(name)
-            batch.append(Outgoing(env, data, due, registered, delay=opts.relative_delay()))
-        if batch:
-            await self.publish(batch, frozenset(explicit))
-            if testmode.after_enqueue is not None:
-                await testmode.after_enqueue(self.queue)
-        return [
-            TaskHandle(
-                self.queue, o.existing_id or o.envelope.id, o.envelope.queue, o.envelope.task,
-                duplicate=o.existing_id is not None,
-                stores_result=self.stores_result(self.queue.tasks.get(o.envelope.task)),
-            )
-            for o in batch
-        ]  # fmt: skip
+        return await send_many(self, items)
 
 
 __all__ = ["Producer", "item_options"]

@@ -36,6 +36,7 @@ from ..exceptions import BlitzQError, BrokerError, ConfigurationError, Serializa
 from ..integrations.asgi import close_queue, warm_up
 from ..json_input import parse_json
 from ..limits import MAX_REQUEST_BODY
+from ..redaction import redact
 from ..runtime_schedules import RuntimeEntries
 from . import data, pages, tasks
 
@@ -357,9 +358,9 @@ def create_app(
 
     async def api_error(request: Request, exc: Exception) -> Response:
         if isinstance(exc, ApiError):
-            return _json({"error": str(exc)}, exc.status)
+            return _json({"error": redact(str(exc))}, exc.status)
         status = 503 if isinstance(exc, BrokerError) else 400
-        return _json({"error": f"{type(exc).__name__}: {exc}"}, status)
+        return _json({"error": redact(f"{type(exc).__name__}: {exc}")}, status)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

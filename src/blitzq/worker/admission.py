@@ -54,6 +54,8 @@ def start(runner: Runner, d: Delivery, slots: Slots) -> None:
         error = str(exc).removeprefix("malformed message: ")
         reject(runner, d, "malformed message", error, slots, ident, name)
         return
+    if runner.lifecycle.on:
+        runner.lifecycle.event("received", env, d.queue, env.attempt + d.deliveries - 1)
     task = runner.tasks.get(env.task)
     if task is None:  # a rolling deploy: deferred for a worker that knows it, then rejected
         unknown_task(runner, d, env, slots)
@@ -77,8 +79,23 @@ def reject(
     task_id: str | None = None,
     task: str = "",
 ) -> None:
-    """Dead-letter a message that cannot run (malformed, unknown task, too large)."""
-    logger.warning("dead-lettering message from %s: %s (%s)", d.queue, reason, error)
+    """Dead-letter a message that cannot run (malformed, unknown task, too large), logged at
+    the worker's ``failure_log_level`` with its fields (``queue``, ``reason``, ``error``,
+    ``task_id`` and ``task`` when known)."""
+    fields = {"queue": d.queue, "worker_id": runner.worker_id, "outcome": "rejected"}
+    if task_id is not None:
+        fields["task_id"] = task_id
+    if task:
+        fields["task"] = task
+    fields.update(reason=reason, error=error)
+    logger.log(
+        runner.failure_log_level,
+        "dead-lettering message from %s: %s (%s)",
+        d.queue,
+        reason,
+        error,
+        extra=fields,
+    )
     completion = runner.outcomes.rejected(d, reason, error, task_id, task)
     if runner.observer is not None:  # counted once the broker applied it
         runner.observer.ended(d.queue, task, "rejected", completion)

@@ -261,9 +261,23 @@ class Maintenance:
             requeued, dead = await self.broker.recover(
                 q, vt, RECOVER_BATCH, queue.max_deliveries, queue.result_ttl
             )
-            if requeued or dead:
-                logger.warning(
-                    "recovered %d abandoned message(s) on %s, dead-lettered %d", requeued, q, dead
+            if requeued:
+                logger.warning("recovered %d abandoned message(s) on %s", requeued, q)
+            if dead:  # final failures: at the worker's failure level, as a failed task's
+                logger.log(
+                    self.worker.failure_log_level,
+                    "dead-lettered %d abandoned message(s) on %s: delivered more than "
+                    "max_deliveries (%d) times",
+                    dead,
+                    q,
+                    queue.max_deliveries,
+                    extra={
+                        "queue": q,
+                        "worker_id": self.worker.id,
+                        "outcome": "dead_lettered",
+                        "reason": "max deliveries exceeded",
+                        "count": dead,
+                    },
                 )
             if requeued + dead < RECOVER_BATCH:
                 return

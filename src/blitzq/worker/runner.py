@@ -26,6 +26,7 @@ from .eager import start_eagerly
 from .execution import Job, Outcomes
 from .executors import ProcessPool, ThreadPool
 from .flusher import Flusher
+from .lifecycle import Lifecycle
 from .limiter import Slots
 from .progress import ProgressReporter
 from .recycling import count_start
@@ -72,6 +73,11 @@ class Runner:
         self.tasks = queue.tasks
         self.max_message_size = queue.max_message_size
         self.track_state = queue.track_state
+        #: Levels of the records of failed attempts (:func:`.outcomes.log_failure`).
+        self.failure_log_level: int = worker.failure_log_level
+        self.retry_log_level: int = worker.retry_log_level
+        #: The task lifecycle records (received, started, succeeded).
+        self.lifecycle = Lifecycle(worker.lifecycle_log_level, worker.id)
         self.outcomes = Outcomes(
             worker.id, queue.store_results, queue.result_ttl, queue.max_message_size,
             queue.max_result_size,
@@ -171,13 +177,15 @@ class Runner:
                 return
         env, task = job.envelope, job.task
         job.started_at = time.time()
+        if self.lifecycle.on:
+            self.lifecycle.event("started", env, job.delivery.queue, job.attempt)
         if self.observer is not None:
             self.observer.started(job)
         context = job.context
         if context is None:  # else made by the middleware hooks
             context = TaskContext(
                 env.id, env.task, job.delivery.queue, job.attempt, task.max_attempts,
-                env.correlation_id, env.headers,
+                env.correlation_id, env.headers, flow=env.flow,
             )  # fmt: skip
             job.context = context
         context._reporter = self.progress

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 
-from .._checks import flag, integer, seconds, text
+from .._checks import flag, integer, log_level, seconds, text
 from ..broker import Broker
 from ..broker.eviction import check_eviction
 from ..dependencies import Resources
@@ -103,6 +103,10 @@ class Worker:
         freeze_gc: move the objects alive when the worker starts fetching out of the
             garbage collector's passes until it stops (:func:`gc.freeze`, see
             :mod:`blitzq.worker.heap`); ``False`` leaves the collector alone.
+        failure_log_level, retry_log_level: levels (names or numbers) of the records of a
+            task that failed for good and of a retried attempt (:mod:`.outcomes`).
+        lifecycle_log_level: level of the ``received``/``started``/``succeeded`` records on
+            the ``blitzq.task`` logger (:mod:`.lifecycle`; DEBUG: off under an INFO set-up).
 
     Every numeric option must be a real number (``int`` for counts; never ``bool``), finite
     and in range (``block_timeout`` at most 60 s, ``shutdown_timeout`` at most ten years), so
@@ -110,7 +114,7 @@ class Worker:
 
     Raises:
         ConfigurationError: an invalid bound (a bool, NaN, infinite or out-of-range number,
-            or a value of the wrong type) or an empty queue list.
+            or a value of the wrong type), an unknown log level or an empty queue list.
     """
 
     def __init__(
@@ -136,6 +140,9 @@ class Worker:
         health_port: int | None = None,
         ops_host: str = "0.0.0.0",
         freeze_gc: bool = True,
+        failure_log_level: int | str = "error",
+        retry_log_level: int | str = "warning",
+        lifecycle_log_level: int | str = "debug",
         burst_idle_timeout: float = 0.0,
     ) -> None:
         # Numbers are real numbers (never bool, NaN or infinite) in range: a NaN shutdown
@@ -162,11 +169,12 @@ class Worker:
         flag("burst", burst)
         flag("freeze_gc", freeze_gc)
         self.freeze_gc, self._froze = freeze_gc, False
+        self.failure_log_level = log_level("failure_log_level", failure_log_level)
+        self.retry_log_level = log_level("retry_log_level", retry_log_level)
+        self.lifecycle_log_level = log_level("lifecycle_log_level", lifecycle_log_level)
         seconds("unknown_task_grace", unknown_task_grace, strict=False)
         self.burst_idle_timeout = seconds("burst_idle_timeout", burst_idle_timeout, strict=False)
-        #: Loop time (``loop.time()``) a burst worker last found its queues drained, while they
-        #: stay so; ``None`` otherwise.
-        self.idle_since: float | None = None
+        self.idle_since: float | None = None  # loop.time() the queues became drained (burst)
         text("name", name)
         check_ops_options(metrics_port, health_port, ops_host)
         if isinstance(queues, str):

@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 
 from ...exceptions import ConfigurationError
 from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
-from .client import make_client, max_block, pool_size, translate_errors
+from .client import bad_url, make_client, max_block, pool_size, translate_errors
 from .cluster import is_cluster, node_of
 from .cluster_scripts import ClusterScripts
 from .keys import Keys
@@ -83,7 +83,7 @@ class RedisConnection:
             try:  # a bounded blocking pool with timeouts: see client.py
                 client = make_client(url)
             except ValueError as exc:
-                raise ConfigurationError(f"bad broker URL {url!r}: {exc}") from None
+                raise bad_url(url, exc) from None
         self.client: Any = client
         #: Whether the client is a Redis Cluster client (keyless commands go to the
         #: namespace's node: :meth:`node_kwargs`).
