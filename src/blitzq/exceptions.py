@@ -213,6 +213,33 @@ class Retry(Exception):
         self.delay = delay
         self.reason = reason
 
+    def __reduce__(self) -> tuple[type[Retry], tuple[float | None, str | None]]:
+        """Pickle by ``(delay, reason)``: a ``Retry`` raised in an ``executor="process"``
+        task crosses back to the worker as itself (the default pickling of an exception
+        would call ``Retry(message)`` and fail)."""
+        return (type(self), (self.delay, self.reason))
+
+
+class NoRetry(Exception):
+    """Raise inside a task to fail it for good: no retry, whatever its ``retries`` and
+    retry policy say (SwarmQ's ``NoRetry``; the per-raise form of ``dont_retry_on``).
+
+    The attempt is recorded as failed (dead-lettered when the task dead-letters its
+    failures) under this error; ``raise NoRetry("why") from exc`` records ``exc`` instead.
+
+    Args:
+        reason: a short text recorded as the error's message.
+    """
+
+    def __init__(self, reason: str | None = None) -> None:
+        super().__init__(reason or "the task asked not to be retried")
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type[NoRetry], tuple[str | None]]:
+        """Pickle by ``reason`` (an ``executor="process"`` task's ``NoRetry`` crosses back to
+        the worker as it was raised)."""
+        return (type(self), (self.reason,))
+
 
 def describe_error(exc: BaseException) -> tuple[str, str]:
     """Return ``(qualified type name, message)`` for an exception, as stored in records.
@@ -253,6 +280,7 @@ __all__ = [
     "BrokerError",
     "ConfigurationError",
     "MessageTooLarge",
+    "NoRetry",
     "ResultNotStored",
     "ResultTimeout",
     "ResultTooLarge",

@@ -337,6 +337,8 @@ class Queue:
     # (ignore: mypy sees ``self`` as a possible keyword of ``**options``, as for Task.enqueue)
     send = delegate("_producer", Producer.send)  # type: ignore[arg-type]
     send_sync = blocking(send)
+    send_many = delegate("_producer", Producer.send_many)
+    send_many_sync = blocking(send_many)
 
     inspect = delegate("_results", Results.inspect)
     inspect_sync = blocking(inspect)

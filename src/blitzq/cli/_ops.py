@@ -20,8 +20,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 def ops_options(command: F) -> F:
     """Add ``--metrics-port``, ``--health-port``, ``--ops-host``,
     ``--configure-logging/--no-configure-logging``, ``--failure-log-level``,
-    ``--retry-log-level``, ``--burst``, ``--unknown-task-grace`` and ``--django`` to a click
-    command (the two levels reach it in its ``**`` keyword arguments: :func:`log_levels`)."""
+    ``--retry-log-level``, ``--burst``, ``--burst-idle-timeout``, ``--unknown-task-grace`` and
+    ``--django`` to a click command (the two levels reach it in its ``**`` keyword arguments:
+    :func:`log_levels`)."""
     for option in reversed(_OPTIONS):
         command = option(command)
     return command
@@ -95,6 +96,15 @@ _OPTIONS = [
         default=False,
         help="Drain the queues (waiting and due scheduled messages), then exit 0 once they "
         "are empty and nothing runs.",
+    ),
+    click.option(
+        "--burst-idle-timeout",
+        type=Seconds(minimum=0.0, maximum=86400.0),
+        default=0.0,
+        show_default=True,
+        metavar="SECONDS",
+        help="With --burst: exit only once the queues have stayed drained this long (work "
+        "arriving meanwhile runs and restarts the count); 0 exits when first drained.",
     ),
     click.option(
         "--unknown-task-grace",

@@ -37,8 +37,8 @@ from ._logging import logging_options, logging_settings
 from ._ops import log_levels, ops_argv, ops_options
 from .process_control import (
     app_queue,
-    burst_conflicts,
     needs_supervisor,
+    option_conflicts,
     process_control_options,
     supervisor_arguments,
     worker_arguments,
@@ -295,6 +295,7 @@ def worker_command(
     max_abandoned_threads: int = 10,
     strict_memory_policy: bool = False,
     burst: bool = False,
+    burst_idle_timeout: float = 0.0,
     unknown_task_grace: float = 300.0,
     metrics_port: int | None = None,
     health_port: int | None = None,
@@ -324,8 +325,8 @@ def worker_command(
         both = "not both" if django else "for example myapp.tasks:queue"
         raise _usage(f"give MODULE:ATTR or --django (Django's tasks framework), {both}")
     ops = ops_argv(metrics_port, health_port, ops_host, configure_logs, control)
-    if burst and (conflicts := burst_conflicts(workers, control)):
-        raise CliUsageError(f"--burst runs one worker process: not with {', '.join(conflicts)}")
+    if conflict := option_conflicts(workers, control, burst, burst_idle_timeout):
+        raise CliUsageError(conflict)
     if needs_supervisor(workers, control):  # it runs copies of this command, --workers 1
         from ..worker.launch import supervise
         from ..worker.processes import worker_command
@@ -378,6 +379,7 @@ def worker_command(
             max_tasks_per_child=control.get("max_tasks_per_child"),
             max_memory_per_child=control.get("max_memory_per_child"),
             burst=burst,
+            burst_idle_timeout=burst_idle_timeout,
             unknown_task_grace=unknown_task_grace,
             metrics_port=slot_port(metrics_port),
             health_port=slot_port(health_port),

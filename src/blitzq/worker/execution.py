@@ -18,7 +18,14 @@ import msgspec
 from .. import records
 from ..broker import Completion, DeadLetterFields, Delivery
 from ..context import NO_RESULT, TaskContext
-from ..exceptions import ResultTooLarge, Retry, SerializationError, TaskTimeout, describe_error
+from ..exceptions import (
+    NoRetry,
+    ResultTooLarge,
+    Retry,
+    SerializationError,
+    TaskTimeout,
+    describe_error,
+)
 from ..limits import DEAD_MESSAGE_SAMPLE, DEFAULT_MAX_RESULT_SIZE, clip_text
 from ..serialization import Envelope, encode_envelope
 from ..task import Task
@@ -49,11 +56,23 @@ def format_traceback(exc: BaseException) -> str:
 
 
 def cause_of(exc: BaseException) -> BaseException:
-    """The error a failed run is recorded under: the cause of a :class:`~blitzq.Retry`, else
-    ``exc`` itself."""
+    """The error a failed run is recorded under: the cause of a :class:`~blitzq.Retry`, the
+    explicit cause (``raise ... from``) of a :class:`~blitzq.NoRetry`, else ``exc`` itself."""
     if isinstance(exc, Retry):
-        return exc.__cause__ or exc.__context__ or exc
+        return _task_cause(exc) or exc.__context__ or exc
+    if isinstance(exc, NoRetry):
+        return _task_cause(exc) or exc
     return exc
+
+
+def _task_cause(exc: BaseException) -> BaseException | None:
+    """``exc.__cause__`` as the task set it: the traceback text a process pool chains onto
+    an exception it sends back (``concurrent.futures.process._RemoteTraceback``) is none."""
+    cause = exc.__cause__
+    kind = type(cause)
+    if kind.__name__ == "_RemoteTraceback" and kind.__module__ == "concurrent.futures.process":
+        return None
+    return cause
 
 
 class Job:

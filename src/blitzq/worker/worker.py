@@ -90,6 +90,9 @@ class Worker:
             pool is replaced (``None``: never; Linux only).
         burst: drain the queues and stop once they are empty and nothing runs (see
             :mod:`blitzq.worker.burst`; ``blitzq worker --burst``).
+        burst_idle_timeout: with ``burst``, seconds the queues must stay drained before the
+            worker stops (work arriving meanwhile is run and restarts the count); 0 stops at
+            the first moment they are drained (``--burst-idle-timeout``).
         unknown_task_grace: seconds, from a message's first enqueue, during which a task
             this worker does not know is put back on the schedule for a worker that knows it
             (a rolling deploy); after that it is dead-lettered with reason
@@ -140,6 +143,7 @@ class Worker:
         failure_log_level: int | str = "error",
         retry_log_level: int | str = "warning",
         lifecycle_log_level: int | str = "debug",
+        burst_idle_timeout: float = 0.0,
     ) -> None:
         # Numbers are real numbers (never bool, NaN or infinite) in range: a NaN shutdown
         # timeout would make a stop unbounded (or instant), a NaN bound never trips.
@@ -169,6 +173,8 @@ class Worker:
         self.retry_log_level = log_level("retry_log_level", retry_log_level)
         self.lifecycle_log_level = log_level("lifecycle_log_level", lifecycle_log_level)
         seconds("unknown_task_grace", unknown_task_grace, strict=False)
+        self.burst_idle_timeout = seconds("burst_idle_timeout", burst_idle_timeout, strict=False)
+        self.idle_since: float | None = None  # loop.time() the queues became drained (burst)
         text("name", name)
         check_ops_options(metrics_port, health_port, ops_host)
         if isinstance(queues, str):
