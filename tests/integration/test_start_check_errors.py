@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from blitzq import Queue, RetryPolicy, TaskFailed, TaskState
+from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.redis.keys import Keys
+from tests.amqp_server import amqp_or_skip, delete_amqp_queues
 
 from .proc_tasks import make_worker, running
 
@@ -27,18 +29,29 @@ RETRIES = 2
 FAST_RETRIES = RetryPolicy(base=0.01, max_delay=0.05, jitter="none")
 
 
-@pytest.fixture(params=["reliable", "fast"])
+@pytest.fixture(params=["reliable", "fast", "amqp"])
 def mode(request: pytest.FixtureRequest) -> str:
-    """Broker mode of the Queue under test."""
+    """Broker mode of the Queue under test (``amqp``: RabbitMQ transport, state on Redis)."""
     return str(request.param)
 
 
 @pytest.fixture
-async def queue(make_queue: Callable[..., Queue], mode: str) -> Any:
-    """A Queue named ``sc`` in ``mode``, closed after the test."""
-    q = make_queue(name="sc", mode=mode)
+async def queue(
+    make_queue: Callable[..., Queue], mode: str, server_url: str, namespace: str
+) -> Any:
+    """A Queue named ``sc`` in ``mode``, closed after the test (its RabbitMQ queues
+    deleted)."""
+    if mode != "amqp":
+        q = make_queue(name="sc", mode=mode)
+        yield q
+        await q.close()
+        return
+    url = amqp_or_skip()
+    broker = AmqpBroker(url, server_url, namespace)
+    q = Queue("sc", broker=broker)
     yield q
     await q.close()
+    await delete_amqp_queues(url, [broker])
 
 
 @pytest.mark.parametrize("broken", ["rate bucket", "lock key"])

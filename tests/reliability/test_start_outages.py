@@ -23,11 +23,13 @@ import pytest
 
 from blitzq import Queue, TaskState
 from blitzq.broker import Completion
+from blitzq.broker.amqp import AmqpBroker
 from blitzq.extensions.middleware import Middleware, WorkerContext
 from blitzq.options import Option, TaskOptions
 from blitzq.task import Task
 from blitzq.worker.deferral import JITTER
 from blitzq.worker.execution import Job
+from tests.amqp_server import amqp_or_skip, delete_amqp_queues
 from tests.integration.proc_tasks import make_worker, running
 
 from .conftest import PrivateRedis
@@ -99,26 +101,38 @@ async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> 
 
 @pytest.fixture
 def mode() -> str:
-    """Broker mode of the Queue under test (a test parametrizes it to run both)."""
+    """Broker mode of the Queue under test (a test parametrizes it to run them all)."""
     return "reliable"
 
 
 @pytest.fixture
 async def setup(
-    make_queue: Callable[..., Queue], private_redis: PrivateRedis, namespace: str, mode: str
+    make_queue: Callable[..., Queue],
+    private_redis: PrivateRedis,
+    server_url: str,
+    namespace: str,
+    mode: str,
 ) -> Any:
-    """``(queue, middleware)``: a Queue in ``mode`` on the session's server whose tasks with
-    ``outer_bucket=True`` check a bucket on ``private_redis`` (read timeout 60 s); both closed
-    after the test."""
-    queue = make_queue(name="oq", mode=mode)
+    """``(queue, middleware)``: a Queue in ``mode`` (``amqp``: RabbitMQ transport) on the
+    session's server whose tasks with ``outer_bucket=True`` check a bucket on
+    ``private_redis`` (read timeout 60 s); both closed after the test."""
+    broker, url = None, ""
+    if mode == "amqp":
+        url = amqp_or_skip()
+        broker = AmqpBroker(url, server_url, namespace)
+        queue = Queue("oq", broker=broker)
+    else:
+        queue = make_queue(name="oq", mode=mode)
     middleware = OuterBucket(private_redis.url + "?socket_timeout=60", namespace)
     queue.add_middleware(middleware)
     yield queue, middleware
     await queue.close()
     await middleware.outer.close()
+    if broker is not None:
+        await delete_amqp_queues(url, [broker])
 
 
-@pytest.mark.parametrize("mode", ["reliable", "fast"])
+@pytest.mark.parametrize("mode", ["reliable", "fast", "amqp"])
 async def test_outage_defers_with_growing_delays_and_runs_once_after_the_restart(
     setup: tuple[Queue, OuterBucket],
     private_redis: PrivateRedis,
