@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from blitzq import Queue, RetryPolicy, TaskFailed, TaskState
+from blitzq import Queue, RetryPolicy, Signal, SignalEvent, TaskFailed, TaskState
 from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.redis.keys import Keys
 from tests.amqp_server import amqp_or_skip, delete_amqp_queues
@@ -78,6 +78,14 @@ async def test_wrongtype_at_a_start_check_key_dead_letters_after_the_retries(
     async def plain(n: int) -> int:
         return n
 
+    signals: list[tuple[str, int]] = []
+
+    @queue.on(Signal.TASK_RETRIED)
+    @queue.on(Signal.TASK_DEAD_LETTERED)
+    async def seen(event: SignalEvent) -> None:
+        if event.task == "sc.broken":
+            signals.append((event.signal.name, event.attempt))
+
     keys = Keys(namespace)
     key = keys.rate_limit("sc.broken") if broken == "rate bucket" else keys.lock("item:7")
     await raw_redis.set(key, "not a hash")  # the WRONGTYPE planted where the check looks
@@ -109,3 +117,5 @@ async def test_wrongtype_at_a_start_check_key_dead_letters_after_the_retries(
     assert all(getattr(r, "task_id", None) == handle.id for r in replies)
     assert not [r for r in caplog.records if "could not reach the broker" in r.getMessage()]
     assert await raw_redis.get(key) == b"not a hash"  # nothing overwrote it
+    expected = [("TASK_RETRIED", n) for n in range(1, RETRIES + 1)]
+    assert sorted(signals) == sorted([*expected, ("TASK_DEAD_LETTERED", RETRIES + 1)])
