@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from blitzq import BrokerError, ConfigurationError, Queue, Worker
 from blitzq.broker.redis.client import broker_error
 from blitzq.cli import cli
+from blitzq.cli._ops import deferral_argv
 from blitzq.serialization import Envelope, decode_envelope, encode_envelope
 from blitzq.worker.deferral import JITTER, OutageBackoff, is_outage
 
@@ -148,3 +149,28 @@ def test_the_count_travels_in_the_envelope_and_costs_nothing_when_unset() -> Non
     assert decode_envelope(data).deferrals is None
     assert len(msgspec.msgpack.decode(data)) == 8  # no trailing field: the message is as small
     assert len(msgspec.msgpack.decode(encode_envelope(deferred, 1 << 20))) == 16
+
+
+def test_cli_options_from_the_environment_and_to_supervised_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def parsed(*args: str) -> dict[str, object]:
+        root = cli.make_context("blitzq", ["worker", *args])
+        sub = cli.commands["worker"].make_context("worker", list(args), parent=root)
+        return dict(sub.params)
+
+    defaults = parsed("app:queue")
+    assert (
+        defaults["defer_base_delay"],
+        defaults["defer_max_delay"],
+        defaults["start_check_timeout"],
+    ) == (1.0, 60.0, 10.0)
+    monkeypatch.setenv("BLITZQ_WORKER_DEFER_MAX_DELAY", "30")  # click's automatic variable
+    assert parsed("app:queue")["defer_max_delay"] == 30.0
+    # What a supervisor passes to each worker process parses back to the same values.
+    again = parsed("app:queue", *deferral_argv(0.25, 7.5, 2.0))
+    assert (
+        again["defer_base_delay"],
+        again["defer_max_delay"],
+        again["start_check_timeout"],
+    ) == (0.25, 7.5, 2.0)
