@@ -91,6 +91,7 @@ async def test_wrongtype_at_a_start_check_key_dead_letters_after_the_retries(
     await raw_redis.set(key, "not a hash")  # the WRONGTYPE planted where the check looks
 
     caplog.set_level(logging.WARNING, logger="blitzq.worker")
+    caplog.set_level(logging.WARNING, logger="blitzq.worker.outcomes")
     handle = await broken_task.enqueue(7)
     others = [await limited.enqueue(i) for i in range(5)] + [
         await plain.enqueue(i) for i in range(5)
@@ -111,10 +112,13 @@ async def test_wrongtype_at_a_start_check_key_dead_letters_after_the_retries(
     letters = await queue.dead_letters(task="sc.broken")
     assert [(d.id, d.reason) for d in letters] == [(handle.id, "failed")]
     assert "WRONGTYPE" in letters[0].error
-    # One warning per attempt, not one per second.
-    replies = [r for r in caplog.records if "got an error reply" in r.getMessage()]
-    assert len(replies) == RETRIES + 1
-    assert all(getattr(r, "task_id", None) == handle.id for r in replies)
+    # One record per attempt (as any failed attempt), not one per second.
+    failures = [
+        getattr(r, "outcome", None)
+        for r in caplog.records
+        if r.name == "blitzq.worker.outcomes" and getattr(r, "task_id", None) == handle.id
+    ]
+    assert failures == ["retried"] * RETRIES + ["dead_lettered"]
     assert not [r for r in caplog.records if "could not reach the broker" in r.getMessage()]
     assert await raw_redis.get(key) == b"not a hash"  # nothing overwrote it
     expected = [("TASK_RETRIED", n) for n in range(1, RETRIES + 1)]

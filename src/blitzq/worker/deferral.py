@@ -18,7 +18,8 @@ starts. When it raises, :func:`check_failed` tells two kinds apart (:func:`is_ou
   a script error; a bug in a middleware's check): the attempt fails with that error, as if
   the task had raised it. The task's retry policy applies, and once its ``retries`` are
   spent it fails, dead-lettered with reason ``"failed"`` and the error's text (unless
-  ``dead_letter=False``), so a broken key never loops.
+  ``dead_letter=False``), so a broken key never loops. Each such attempt is logged as any
+  failed attempt is (:func:`~blitzq.worker.outcomes.log_failure`).
 
 Either way the task's finishers run with the completion (a lock place taken by an earlier
 check is given back).
@@ -127,21 +128,11 @@ def check_failed(runner: Runner, job: Job, exc: Exception, deferrals: int) -> No
         exc: the error (a ``TimeoutError`` when the check passed ``start_check_timeout``).
         deferrals: the message's deferrals in a row before this one (:func:`take_deferrals`).
     """
-    env = job.envelope
-    error_type, message = describe_error(exc)
-    if not is_outage(exc):
-        logger.warning(
-            "start check of task %s (%s) got an error reply, attempt %d of %d fails: %s: %s",
-            env.id,
-            env.task,
-            job.attempt,
-            job.task.max_attempts,
-            error_type,
-            message,
-            extra={"task_id": env.id, "task": env.task, "error_type": error_type},
-        )
+    if not is_outage(exc):  # logged as a failed attempt (blitzq.worker.outcomes)
         runner.finish(job, None, exc)
         return
+    env = job.envelope
+    error_type, message = describe_error(exc)
     backoff: OutageBackoff = runner.worker.outage_backoff
     count = deferrals + 1
     delay = backoff.delay(count)
