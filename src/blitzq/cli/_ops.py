@@ -114,7 +114,7 @@ _OPTIONS = [
         show_default=True,
         metavar="SECONDS",
         help="A task whose start check (rate limit, lock) cannot reach the broker goes back on "
-        "the schedule for this long, doubling with each deferral in a row (+-20 %% jitter), "
+        "the schedule for this long, doubling with each deferral in a row (+-20 % jitter), "
         "without spending an attempt.",
     ),
     click.option(
