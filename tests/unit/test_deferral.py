@@ -174,3 +174,27 @@ def test_cli_options_from_the_environment_and_to_supervised_workers(
         again["defer_max_delay"],
         again["start_check_timeout"],
     ) == (0.25, 7.5, 2.0)
+
+
+def test_a_supervisor_passes_the_deferral_options_to_its_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from blitzq.worker import launch
+
+    seen: list[list[str]] = []
+
+    def supervise(argv: list[str], *args: object, **kwargs: object) -> int:
+        seen.append(list(argv))
+        return 0
+
+    monkeypatch.setattr(launch, "supervise", supervise)
+    options = ["--defer-base-delay", "0.25", "--defer-max-delay", "7.5"]
+    result = CliRunner().invoke(
+        cli,
+        ["--redis-url", "redis://127.0.0.1:1/0", "worker", "app:queue", "--workers", "2", *options],
+    )
+    assert result.exit_code == 0, result.output
+    (argv,) = seen
+    given = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--defer")}
+    assert given == {"--defer-base-delay": "0.25", "--defer-max-delay": "7.5"}
+    assert argv[argv.index("--start-check-timeout") + 1] == "10.0"
