@@ -95,6 +95,9 @@ class Envelope(msgspec.Struct, array_like=True, gc=False):
             ``None`` for a task outside any workflow.
         unique_key: per-call unique key of a unique task (``None``: derived from the call).
         max_age: per-call ``max_age`` in seconds overriding the task's, or ``None``.
+        deferrals: times in a row this copy was put back on the schedule because a start
+            check could not reach the broker (``None``: none; see
+            :mod:`blitzq.worker.deferral`); it sets the next deferral's delay.
     """
 
     id: str
@@ -112,6 +115,7 @@ class Envelope(msgspec.Struct, array_like=True, gc=False):
     flow: Any = None
     unique_key: str | None = None
     max_age: float | None = None
+    deferrals: int | None = None
 
 
 #: Fields always encoded (id … enqueued_at); the optional ones after them may be omitted.

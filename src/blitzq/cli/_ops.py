@@ -1,6 +1,7 @@
 """The operations options of ``blitzq worker``: metrics and health ports, their address,
 whether the CLI configures logging and the levels of failed tasks' records (docs/operations.md,
-"Metrics", "Health", "Logs"), burst mode, the grace of unknown tasks, and ``--django``
+"Metrics", "Health", "Logs"), burst mode, the grace of unknown tasks, the deferral of tasks
+whose start check meets a broker outage (:mod:`blitzq.worker.deferral`), and ``--django``
 (Django's tasks framework)."""
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 def ops_options(command: F) -> F:
     """Add ``--metrics-port``, ``--health-port``, ``--ops-host``,
     ``--configure-logging/--no-configure-logging``, ``--failure-log-level``,
-    ``--retry-log-level``, ``--burst``, ``--burst-idle-timeout``, ``--unknown-task-grace`` and
-    ``--django`` to a click command (the two levels reach it in its ``**`` keyword arguments:
+    ``--retry-log-level``, ``--burst``, ``--burst-idle-timeout``, ``--unknown-task-grace``,
+    ``--defer-base-delay``, ``--defer-max-delay``, ``--start-check-timeout`` and ``--django``
+    to a click command (the two levels reach it in its ``**`` keyword arguments:
     :func:`log_levels`)."""
     for option in reversed(_OPTIONS):
         command = option(command)
@@ -116,6 +118,32 @@ _OPTIONS = [
         "knows it, for this long after its enqueue; then it is dead-lettered (0: at once).",
     ),
     click.option(
+        "--defer-base-delay",
+        type=Seconds(minimum=0.001),
+        default=1.0,
+        show_default=True,
+        metavar="SECONDS",
+        help="A task whose start check (rate limit, lock) cannot reach the broker goes back on "
+        "the schedule for this long, doubling with each deferral in a row (+-20 % jitter), "
+        "without spending an attempt.",
+    ),
+    click.option(
+        "--defer-max-delay",
+        type=Seconds(minimum=0.001),
+        default=60.0,
+        show_default=True,
+        metavar="SECONDS",
+        help="Longest deferral of a task whose start check cannot reach the broker.",
+    ),
+    click.option(
+        "--start-check-timeout",
+        type=Seconds(minimum=0.001),
+        default=10.0,
+        show_default=True,
+        metavar="SECONDS",
+        help="A start check that takes longer counts as a broker outage (the task is deferred).",
+    ),
+    click.option(
         "--django",
         "django",
         is_flag=True,
@@ -146,6 +174,13 @@ def log_levels(options: Mapping[str, Any]) -> LogLevels:
     )
 
 
+def deferral_argv(base: float, ceiling: float, timeout: float) -> list[str]:
+    """``--defer-base-delay``, ``--defer-max-delay`` and ``--start-check-timeout`` as a
+    supervisor passes them to its workers."""
+    argv = ["--defer-base-delay", repr(base), "--defer-max-delay", repr(ceiling)]
+    return [*argv, "--start-check-timeout", repr(timeout)]
+
+
 def ops_argv(
     metrics_port: int | None,
     health_port: int | None,
@@ -171,4 +206,4 @@ def ops_argv(
     return argv
 
 
-__all__ = ["LogLevels", "log_levels", "ops_argv", "ops_options"]
+__all__ = ["LogLevels", "deferral_argv", "log_levels", "ops_argv", "ops_options"]

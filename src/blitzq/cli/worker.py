@@ -19,6 +19,7 @@ from ..logconfig import configure_logging
 from ..queue import Queue
 from ..routing import check_name
 from ..worker import Worker
+from ..worker.deferral import OutageBackoff
 from ..worker.ops import slot_port
 from ..worker.worker import EXIT_RESTART
 from ._common import (
@@ -34,7 +35,7 @@ from ._common import (
     settings,
 )
 from ._logging import logging_options, logging_settings
-from ._ops import log_levels, ops_argv, ops_options
+from ._ops import deferral_argv, log_levels, ops_argv, ops_options
 from .process_control import (
     app_queue,
     needs_supervisor,
@@ -297,6 +298,9 @@ def worker_command(
     burst: bool = False,
     burst_idle_timeout: float = 0.0,
     unknown_task_grace: float = 300.0,
+    defer_base_delay: float = 1.0,
+    defer_max_delay: float = 60.0,
+    start_check_timeout: float = 10.0,
     metrics_port: int | None = None,
     health_port: int | None = None,
     ops_host: str = "0.0.0.0",
@@ -324,7 +328,11 @@ def worker_command(
     if bool(app) == django:
         both = "not both" if django else "for example myapp.tasks:queue"
         raise _usage(f"give MODULE:ATTR or --django (Django's tasks framework), {both}")
+    deferral = (defer_base_delay, defer_max_delay, start_check_timeout)
+    with cli_errors(s.redis_url):
+        OutageBackoff.checked(*deferral)  # before any worker process starts
     ops = ops_argv(metrics_port, health_port, ops_host, configure_logs, control)
+    ops += deferral_argv(*deferral)
     if conflict := option_conflicts(workers, control, burst, burst_idle_timeout):
         raise CliUsageError(conflict)
     if needs_supervisor(workers, control):  # it runs copies of this command, --workers 1
@@ -381,6 +389,9 @@ def worker_command(
             burst=burst,
             burst_idle_timeout=burst_idle_timeout,
             unknown_task_grace=unknown_task_grace,
+            defer_base_delay=defer_base_delay,
+            defer_max_delay=defer_max_delay,
+            start_check_timeout=start_check_timeout,
             metrics_port=slot_port(metrics_port),
             health_port=slot_port(health_port),
             ops_host=ops_host,

@@ -30,6 +30,7 @@ from ..routing import base_queue, levels
 from ..serialization import dumps
 from . import heap
 from .burst import drain
+from .deferral import OutageBackoff
 from .fetch import Fetcher
 from .flusher import Flusher
 from .limiter import Limiter, Slots
@@ -107,6 +108,13 @@ class Worker:
             task that failed for good and of a retried attempt (:mod:`.outcomes`).
         lifecycle_log_level: level of the ``received``/``started``/``succeeded`` records on
             the ``blitzq.task`` logger (:mod:`.lifecycle`; DEBUG: off under an INFO set-up).
+        defer_base_delay, defer_max_delay: seconds a task whose start check (rate limit,
+            lock, ...) could not reach the broker goes back on the schedule for: the base,
+            doubling with each deferral of the message in a row, +-20 % jitter, up to the
+            maximum (default 1 s and 60 s); no attempt is spent (see
+            :mod:`blitzq.worker.deferral`).
+        start_check_timeout: seconds one start check may take before it counts as an
+            outage (default 10).
 
     Every numeric option must be a real number (``int`` for counts; never ``bool``), finite
     and in range (``block_timeout`` at most 60 s, ``shutdown_timeout`` at most ten years), so
@@ -144,6 +152,9 @@ class Worker:
         retry_log_level: int | str = "warning",
         lifecycle_log_level: int | str = "debug",
         burst_idle_timeout: float = 0.0,
+        defer_base_delay: float = 1.0,
+        defer_max_delay: float = 60.0,
+        start_check_timeout: float = 10.0,
     ) -> None:
         # Numbers are real numbers (never bool, NaN or infinite) in range: a NaN shutdown
         # timeout would make a stop unbounded (or instant), a NaN bound never trips.
@@ -175,6 +186,9 @@ class Worker:
         seconds("unknown_task_grace", unknown_task_grace, strict=False)
         self.burst_idle_timeout = seconds("burst_idle_timeout", burst_idle_timeout, strict=False)
         self.idle_since: float | None = None  # loop.time() the queues became drained (burst)
+        self.outage_backoff = OutageBackoff.checked(
+            defer_base_delay, defer_max_delay, start_check_timeout
+        )
         text("name", name)
         check_ops_options(metrics_port, health_port, ops_host)
         if isinstance(queues, str):
