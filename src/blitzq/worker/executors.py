@@ -1,8 +1,9 @@
 """Where task code runs: coroutines on the loop, threads, or a process pool.
 
 Sync tasks run on a :class:`ThreadPool` of daemon threads that grows by one thread for each
-call abandoned at its hard timeout (see :mod:`~blitzq.worker.timeouts`), so hung calls never
-take the threads the worker's free slots need, and never keep the process from exiting.
+call abandoned at its hard timeout (see :mod:`~blitzq.worker.timeouts`; the call keeps its
+slot until it returns), so hung calls never take the threads the other slots need, and never
+keep the process from exiting.
 
 Async tasks start *eagerly* (:mod:`.eager`): the coroutine's first step runs inline in the
 worker, and only a coroutine that actually suspends gets an ``asyncio.Task``.
@@ -115,9 +116,10 @@ class ThreadPool(concurrent.futures.Executor):
     Like :class:`concurrent.futures.ThreadPoolExecutor` (threads start on demand and an idle
     one is reused first), with two differences a worker needs. Its threads are daemons, so a
     call that never returns does not hold up the process's exit. And :meth:`abandon` raises
-    the thread limit by one while an abandoned call still occupies its thread, so the calls
-    the worker still counts always find a thread; :meth:`returned` lowers it again, and a
-    thread over the limit exits once it finishes its call.
+    the thread limit by one while an abandoned call still occupies its thread, so the runs
+    of the other slots always find a thread (also with ``size`` below the worker's
+    concurrency); :meth:`returned` lowers it again, and a thread over the limit exits once
+    it finishes its call. The pool bounds threads, not running calls: the worker's slots do.
 
     Args:
         size: threads when nothing is abandoned (>= 1).
