@@ -243,7 +243,9 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
     default=10,
     show_default=True,
     help="Sync-task threads past their hard timeout and still running that the worker "
-    f"tolerates; one more and it stops gracefully and exits {EXIT_RESTART} to be restarted.",
+    f"tolerates; one more and it stops gracefully and exits {EXIT_RESTART} to be restarted. "
+    "Such a thread keeps its slot until it returns: the worker exits the same way once they "
+    "hold all its slots.",
 )
 @log_options
 @click.option(

@@ -8,6 +8,7 @@ record, retry, dead letter, requeue).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextvars
 import time
 import traceback as tb
@@ -92,6 +93,8 @@ class Job:
             context, with the before-execute middleware's changes), once it started.
         encode_error: the error that storing the return value raised (it failed the run),
             else ``None``.
+        pool_call: a thread task's call in the thread pool (cancelled at the hard timeout
+            when it has not started), else ``None``.
     """
 
     __slots__ = (
@@ -102,6 +105,7 @@ class Job:
         "envelope",
         "finished",
         "handle",
+        "pool_call",
         "result",
         "scope",
         "started_at",
@@ -125,6 +129,7 @@ class Job:
         #: The return value once the run succeeded (finishers read it), else NO_RESULT.
         self.result: Any = NO_RESULT
         self.encode_error: BaseException | None = None
+        self.pool_call: concurrent.futures.Future[Any] | None = None
 
 
 class Outcomes:

@@ -252,7 +252,8 @@ def log_failure(
 def run_ended(runner: Runner, job: Job, slots: Slots, handle: asyncio.Future[Any]) -> None:
     """The run really ended: free the slot and commit, unless already committed."""
     if runner.abandoned and job in runner.abandoned:
-        thread_returned(runner, job)  # its slot was freed at the timeout
+        thread_returned(runner, job)  # committed at the timeout; it kept its slot till now
+        slots.release()
         forget(job)
         if not handle.cancelled():
             handle.exception()

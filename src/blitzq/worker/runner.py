@@ -101,8 +101,9 @@ class Runner:
         #: started yet, but leased (renewed like running tasks) and requeued at shutdown.
         self._pending: dict[asyncio.Task[None], Delivery] = {}
         self._given_back: set[asyncio.Task[None]] = set()  # of those, handed back at shutdown
-        #: Thread runs past their hard timeout whose thread has not returned (slot freed).
-        self.abandoned: set[Job] = set()
+        #: Thread runs past their hard timeout whose thread has not returned, with the
+        #: slots each keeps until it does.
+        self.abandoned: dict[Job, Slots] = {}
         #: Thread runs abandoned since the worker started.
         self.abandoned_total = 0
         #: The broker's cancel marks being read for this fetch batch, if any.
@@ -265,7 +266,8 @@ class Runner:
             run = functools.partial(task.fn, *args, **kwargs)
             if task.controls.soft_timeout:
                 run = interruptible(job, run)
-            return asyncio.get_running_loop().run_in_executor(self._threads, scope.run, run)
+            job.pool_call = self._threads.submit(scope.run, run)
+            return asyncio.wrap_future(job.pool_call)
         if self._processes is None:
             w = self.worker
             self._processes = ProcessPool(
@@ -295,10 +297,12 @@ class Runner:
     def on_timeout(self, job: Job, soft: bool = False, slots: Slots | None = None) -> None:
         """The run passed its hard timeout (or its soft one, ``soft=True``).
 
-        Hard: cancel an async task; for a thread task record the failure now and free its
-        slot (the thread is *abandoned*, see :func:`~blitzq.worker.timeouts.abandon_thread`);
-        terminate a process task (its slot is freed once the process is gone). Soft: see
-        :func:`~blitzq.worker.timeouts.soft_timeout`. ``slots``: those the run holds.
+        Hard: cancel an async task; for a thread task record the failure now; its thread
+        is *abandoned* and keeps its slot until the call returns (see
+        :func:`~blitzq.worker.timeouts.abandon_thread`), or its call is cancelled if the
+        pool had not started it; terminate a process task (its slot is freed once the
+        process is reaped). Soft: see :func:`~blitzq.worker.timeouts.soft_timeout`.
+        ``slots``: those the run holds.
         """
         if job.finished:
             return
@@ -315,6 +319,8 @@ class Runner:
         self.commit(job, self.outcomes.failure(job, error), error)
         if job.task.executor == "process":
             kill_process_run(self, job)
+        elif job.pool_call is not None and job.pool_call.cancel():
+            pass  # never started, so it never runs: its slot is freed by run_ended
         elif slots is not None:
             abandon_thread(self, job, slots)
 

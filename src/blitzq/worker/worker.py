@@ -42,9 +42,10 @@ from .shutdown import shut_down
 
 logger = logging.getLogger("blitzq.worker")
 
-#: Exit code of ``blitzq worker`` after a worker stopped to be restarted (too many abandoned
-#: threads): ``EX_TEMPFAIL`` of sysexits.h. The supervisor (``--workers N``) restarts it; give
-#: a process manager a restart policy that covers it (systemd ``Restart=on-failure``).
+#: Exit code of ``blitzq worker`` after a worker stopped to be restarted (abandoned threads
+#: holding its slots, or too many of them; recycling): ``EX_TEMPFAIL`` of sysexits.h. The
+#: supervisor (``--workers N``) restarts it; give a process manager a restart policy that
+#: covers it (systemd ``Restart=on-failure``).
 EXIT_RESTART = 75
 
 
@@ -76,7 +77,9 @@ class Worker:
         max_abandoned_threads: sync-task threads abandoned at their hard timeout and still
             running that the worker tolerates; one more and it stops gracefully, asking to be
             restarted (:attr:`restart_requested`; ``blitzq worker`` exits with
-            :data:`EXIT_RESTART`). Default 10; 0 restarts at the first.
+            :data:`EXIT_RESTART`). Default 10; 0 restarts at the first. An abandoned thread
+            keeps its slot until it returns, so the worker also restarts as soon as they
+            hold all ``concurrency`` slots, or all of a queue's ``queue_concurrency``.
         process_pool_size: processes for ``executor="process"`` tasks (default: CPU count).
         handle_signals: stop gracefully on SIGTERM / SIGINT (the CLI turns this on).
         name: worker id shown in records and stats (default ``host:pid:random``).
