@@ -132,6 +132,18 @@ def resolve_url(configured: str | None) -> str:
     return url
 
 
+def describe_connection(connection: Any) -> str:
+    """Where an injected ``redis=`` connection goes, as a URL without credentials.
+
+    Raises:
+        ConfigurationError: not a ``redis.asyncio.Redis`` or ``ConnectionPool``, a Redis
+            Cluster client, or one that decodes replies (:mod:`.redis.injected`).
+    """
+    from .redis.injected import describe_injected
+
+    return describe_injected(connection)
+
+
 def make_broker(
     url: str,
     namespace: str,
@@ -140,8 +152,9 @@ def make_broker(
     amqp_url: str | None = None,
     max_deliveries: int = 5,
     visibility_timeout: float | None = None,
+    connection: Any = None,
 ) -> Broker:
-    """A new broker (its own connections) for ``url``.
+    """A new broker (its own connections) for ``url``, or on an application's ``connection``.
 
     Args:
         url: a URL from :func:`resolve_url`; ``memory://[name]`` runs the same Redis code and
@@ -156,10 +169,33 @@ def make_broker(
         max_deliveries: the Queue's ``max_deliveries`` (RabbitMQ's ``x-delivery-limit``).
         visibility_timeout: the Queue's visibility timeout in seconds (RabbitMQ's connection
             heartbeat is derived from it).
+        connection: the Queue's ``redis=`` (a ``redis.asyncio.Redis`` or ``ConnectionPool``
+            of the application): the broker works over its pool, never closes it, and keeps
+            the one-slot layout (:mod:`.redis.injected`); ``url`` is then only its name.
 
     Raises:
-        ConfigurationError: a bad connection parameter in the URL.
+        ConfigurationError: a bad connection parameter in the URL; ``connection`` with
+            ``amqp_url`` (not supported) or of a kind :func:`.redis.injected.injected_pool`
+            refuses.
     """
+    if connection is not None:
+        if amqp_url is not None:
+            raise ConfigurationError(
+                "redis= (an injected connection) with amqp_url is not supported: give "
+                "redis_url= for the state store of the RabbitMQ transport"
+            )
+        from .redis.fast import FastRedisBroker
+        from .redis.injected import injected_client, listener_client
+        from .redis.reliable import ReliableRedisBroker
+
+        broker_class = ReliableRedisBroker if mode == "reliable" else FastRedisBroker
+        return broker_class(
+            url,
+            namespace,
+            client=injected_client(connection),
+            listener_client=listener_client(connection),
+            **dead_letter_limits,
+        )
     memory = url.startswith("memory://")
     if memory:  # the same Redis code and Lua, on this process's private Valkey server
         from .redis.ephemeral import ensure_server, memory_namespace
@@ -192,5 +228,5 @@ def make_broker(
 
 __all__ = [
     "AMQP_RESERVED_QUEUE", "AMQP_SCHEMES", "SCHEMES", "check_amqp_queue", "check_amqp_url",
-    "make_broker", "mask_url", "resolve_amqp_url", "resolve_url",
+    "describe_connection", "make_broker", "mask_url", "resolve_amqp_url", "resolve_url",
 ]  # fmt: skip

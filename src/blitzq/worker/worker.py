@@ -196,6 +196,12 @@ class Worker:
         check_ops_options(metrics_port, health_port, ops_host)
         if isinstance(queues, str):
             raise ConfigurationError(f"queues must be a list of queue names, got {queues!r}")
+        if queue.connection_injected:
+            raise ConfigurationError(
+                "a worker needs connections of its own (blocking reads, a result listener, "
+                "leases), and this Queue works over an application's connection (redis=): give "
+                "the worker's Queue redis_url= (the CLI's --redis-url does)"
+            )
         self.queue = queue
         if queues is None:
             names = {queue.name} | {t.queue for t in queue.tasks.values()}
