@@ -38,6 +38,7 @@ from .ops import Ops, check_ops_options
 from .recycling import MB, Recycler
 from .runner import Runner
 from .shutdown import shut_down
+from .unknown import Knowers
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -186,6 +187,10 @@ class Worker:
         self.restart_reason: str | None = None
         #: Messages a blocking fetch returned that found no free slot and went back at once.
         self.handed_back = 0
+        #: Messages of tasks unknown here handed to a worker that knows them (``unknown``).
+        self.handed_over = 0
+        #: Which live workers know which task (read from their registrations when needed).
+        self.knowers = Knowers(self)
         self.strict_memory_policy = strict_memory_policy
         self.burst = burst
         self.unknown_task_grace = float(unknown_task_grace)
@@ -374,6 +379,8 @@ class Worker:
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "queues": self.queues,
+                "tasks": sorted(self.queue.tasks),
+                "handed_over": self.handed_over,
                 "concurrency": self.concurrency,
                 "running": len(runner.jobs) if runner else 0,
                 "processed": self.processed,
@@ -384,6 +391,10 @@ class Worker:
                 "heartbeat_at": time.time(),
             }
         )
+
+    def slots_of(self, queue: str) -> Slots:
+        """The slots of the physical queue ``queue`` (shared by its priority levels)."""
+        return self._slots[base_queue(queue)]
 
     # -------------------------------------------------------------- shutdown
     async def _emit(self, signal: Signal) -> None:

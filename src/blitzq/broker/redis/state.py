@@ -24,7 +24,7 @@ from .connection import RedisPart
 from .keys import GROUP
 
 #: Prefix of a message on the event channel -> the kind ``events()`` yields.
-_EVENT_KINDS = {"r": "revoke", "s": "schedule"}
+_EVENT_KINDS = {"r": "revoke", "s": "schedule", "h": "handed"}
 
 _batch_encoder = msgspec.msgpack.Encoder()
 
