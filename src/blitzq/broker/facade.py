@@ -92,14 +92,6 @@ class Broker(OperationsFacade):
         """See :meth:`Transport.fetch_first`."""
         return await self.transport.fetch_first(queues, count, timeout, look_first=look_first)
 
-    async def hand_over(self, queue: str, token: bytes, consumer: str, ttl: float) -> bool:
-        """See :meth:`Transport.hand_over`."""
-        return await self.transport.hand_over(queue, token, consumer, ttl)
-
-    async def take_handed(self, queue: str, count: int) -> list[Delivery]:
-        """See :meth:`Transport.take_handed`."""
-        return await self.transport.take_handed(queue, count)
-
     async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
         """See :meth:`Transport.heartbeat`."""
         return await self.transport.heartbeat(queue, tokens)
@@ -235,12 +227,7 @@ class Broker(OperationsFacade):
         return await self.state.server_time()
 
     async def claim_periodic(
-        self,
-        name: str,
-        occurrence: float,
-        message: bytes,
-        queue: str,
-        until: float | None = None,
+        self, name: str, occurrence: float, message: bytes, queue: str, until: float | None = None
     ) -> bool:
         """See :meth:`StateStore.claim_periodic`; then the relay, when claimed."""
         claimed = await self.state.claim_periodic(name, occurrence, message, queue, until)

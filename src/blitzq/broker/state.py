@@ -158,12 +158,7 @@ class StateStore(OperationsState):
         return time.time()
 
     async def claim_periodic(
-        self,
-        name: str,
-        occurrence: float,
-        message: bytes,
-        queue: str,
-        until: float | None = None,
+        self, name: str, occurrence: float, message: bytes, queue: str, until: float | None = None
     ) -> bool:
         """Dispatch one occurrence of the periodic task ``name``, at most once.
 

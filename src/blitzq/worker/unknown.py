@@ -71,6 +71,8 @@ class Knowers:
         self._lock = asyncio.Lock()
         #: Hand-overs in flight (kept referenced until they end).
         self.pending: set[asyncio.Task[None]] = set()
+        #: Messages of tasks unknown here that this worker handed to a worker knowing them.
+        self.handed_over = 0
 
     async def find(self, queue: str, task: str) -> list[str]:
         """Ids of the other live reliable-mode workers that consume ``queue`` (a base queue
@@ -148,8 +150,8 @@ async def _hand_over(
         if knowers:
             other = random.choice(knowers)
             ttl = 10 * worker.queue.visibility_timeout
-            if await worker.broker.hand_over(d.queue, d.token, other, ttl):
-                worker.handed_over += 1
+            if await worker.broker.transport.hand_over(d.queue, d.token, other, ttl):
+                worker.knowers.handed_over += 1
                 logger.info(
                     "task %s (%s) is unknown here: handed to worker %s, which knows it",
                     env.id,
@@ -200,14 +202,14 @@ async def take_handed(worker: Worker) -> int:
 
     runner, taken = worker.runner, 0
     for queue in worker.physical_queues:
-        slots = worker.slots_of(queue)
+        slots = worker._slots[base_queue(queue)]
         while not _stopping(worker):
             n = await slots.reserve(HANDED_BATCH)
             if _stopping(worker):
                 slots.release(n)
                 break
             try:
-                got = await worker.broker.take_handed(queue, n)
+                got = await worker.broker.transport.take_handed(queue, n)
             except BaseException:
                 slots.release(n)
                 raise

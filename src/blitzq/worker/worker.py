@@ -187,9 +187,7 @@ class Worker:
         self.restart_reason: str | None = None
         #: Messages a blocking fetch returned that found no free slot and went back at once.
         self.handed_back = 0
-        #: Messages of tasks unknown here handed to a worker that knows them (``unknown``).
-        self.handed_over = 0
-        #: Which live workers know which task (read from their registrations when needed).
+        #: Which live workers know which task, and how many messages were handed to them.
         self.knowers = Knowers(self)
         self.strict_memory_policy = strict_memory_policy
         self.burst = burst
@@ -380,7 +378,7 @@ class Worker:
                 "pid": os.getpid(),
                 "queues": self.queues,
                 "tasks": sorted(self.queue.tasks),
-                "handed_over": self.handed_over,
+                "handed_over": self.knowers.handed_over,
                 "concurrency": self.concurrency,
                 "running": len(runner.jobs) if runner else 0,
                 "processed": self.processed,
@@ -391,10 +389,6 @@ class Worker:
                 "heartbeat_at": time.time(),
             }
         )
-
-    def slots_of(self, queue: str) -> Slots:
-        """The slots of the physical queue ``queue`` (shared by its priority levels)."""
-        return self._slots[base_queue(queue)]
 
     # -------------------------------------------------------------- shutdown
     async def _emit(self, signal: Signal) -> None:

@@ -294,12 +294,7 @@ class RedisState(RedisPart):
 
     @translate_errors
     async def claim_periodic(
-        self,
-        name: str,
-        occurrence: float,
-        message: bytes,
-        queue: str,
-        until: float | None = None,
+        self, name: str, occurrence: float, message: bytes, queue: str, until: float | None = None
     ) -> bool:
         """Compare-and-set the last occurrence of ``name`` and publish, in one Lua call on
         the server's clock (see :meth:`Broker.claim_periodic`)."""

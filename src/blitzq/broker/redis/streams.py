@@ -27,6 +27,7 @@ from ...limits import CHUNK_ITEMS
 from ..transport import Delivery, Guarantee, Transport
 from .client import translate_errors
 from .connection import RedisConnection, RedisPart
+from .handed import HandOver
 from .keys import GROUP, MESSAGE_FIELD
 
 logger = logging.getLogger("blitzq.broker")
@@ -56,7 +57,7 @@ def _delivery(queue: str, entry_id: bytes, fields: list[bytes]) -> Delivery:
     return Delivery(queue, entry_id, payload, deliveries)
 
 
-class StreamsTransport(RedisPart, Transport):
+class StreamsTransport(HandOver, RedisPart, Transport):
     """At-least-once delivery on Redis Streams.
 
     Args:
@@ -268,29 +269,6 @@ class StreamsTransport(RedisPart, Transport):
         """Renew leases this consumer still owns (ownership-checked script, one call per
         :data:`~blitzq.limits.CHUNK_ITEMS` tokens)."""
         return await self._set_idle(queue, tokens, 0)
-
-    @translate_errors
-    async def hand_over(self, queue: str, token: bytes, consumer: str, ttl: float) -> bool:
-        """Move the entry to ``consumer``'s pending list and handed set, and wake it on the
-        event channel (``hand_over.lua``, ownership-checked)."""
-        done = await self.scripts.call(
-            "hand_over",
-            keys=[self.keys.stream(queue), self.keys.handed(queue, consumer)],
-            args=[GROUP, self.consumer, consumer, token, max(1, int(ttl)), self.keys.prefix],
-        )
-        return bool(done)
-
-    @translate_errors
-    async def take_handed(self, queue: str, count: int) -> list[Delivery]:
-        """The entries handed to this consumer (``take_handed.lua``)."""
-        if not self.consumer:
-            return []
-        rows = await self.scripts.call(
-            "take_handed",
-            keys=[self.keys.stream(queue), self.keys.handed(queue, self.consumer)],
-            args=[GROUP, self.consumer, count],
-        )
-        return [_delivery(queue, rows[j], rows[j + 1]) for j in range(0, len(rows), 2)]
 
     @translate_errors
     async def _set_idle(self, queue: str, tokens: Sequence[bytes], idle_ms: int) -> int:
