@@ -179,3 +179,35 @@ def test_with_no_knower_alive_an_unknown_task_waits_for_the_grace_then_dead_lett
     log = (tmp_path / f"{old_app}.log").read_text(errors="replace")
     assert "back on the schedule" in log  # deferred while no worker knew it
     assert "handed to worker" not in log
+
+
+@pytest.mark.both_servers
+async def test_a_handed_delivery_is_taken_once_by_its_consumer_only(
+    make_queue: Callable[..., Queue],
+) -> None:
+    old, new, third = (make_queue(name="deploy") for _ in range(3))
+    try:
+        for queue, consumer in ((old, "w-old"), (new, "w-new"), (third, "w-third")):
+            await queue.broker.prepare_consumer(["deploy"], consumer)
+        handle = await old.send("deploy.new", (1,))
+        [delivery] = await old.broker.fetch("deploy", 10, 0)
+        assert delivery.token is not None
+        # Only the consumer holding the delivery can hand it over.
+        assert not await third.broker.transport.hand_over("deploy", delivery.token, "w-new", 60)
+        assert await old.broker.transport.hand_over("deploy", delivery.token, "w-new", 60)
+        assert not await old.broker.transport.hand_over("deploy", delivery.token, "w-new", 60)
+        assert await third.broker.transport.take_handed("deploy", 10) == []
+        [taken] = await new.broker.transport.take_handed("deploy", 10)
+        assert (taken.token, taken.payload, taken.deliveries) == (
+            delivery.token,
+            delivery.payload,
+            1,  # a hand-over spends no delivery
+        )
+        assert await new.broker.transport.take_handed("deploy", 10) == []  # once
+        # It is leased to the new consumer now: its lease renews there, not here.
+        assert await new.broker.heartbeat("deploy", [delivery.token]) == 1
+        assert await old.broker.heartbeat("deploy", [delivery.token]) == 0
+        assert handle.id in delivery.payload.decode(errors="replace")
+    finally:
+        for queue in (old, new, third):
+            await queue.close()
