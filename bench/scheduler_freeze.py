@@ -5,7 +5,8 @@ Method
 Starts ``--schedulers`` ``blitzq scheduler`` processes (2) on a Redis (``--redis-url``,
 default 127.0.0.1:6379, a fresh namespace) for an application with ``--entries`` (400)
 ``Every(1)`` entries of each policy, ``missed="skip"`` and ``missed="run_once"``. Once every
-entry has run twice, all schedulers are stopped with SIGSTOP for ``--frozen`` (4.5) seconds
+entry has run twice, all schedulers are stopped with SIGSTOP (half-way through a tick when
+the periodic hash shows one within 10 s) for ``--frozen`` (4.5) seconds
 of server time, then resumed with SIGCONT. Nothing consumes the queue, so the stream keeps
 every dispatched message; its stream id is the server time (ms) of the claim.
 
@@ -63,13 +64,27 @@ def server_now(client: redis.Redis) -> float:
     return float(seconds) + micros / 1e6
 
 
-def dispatches(client: redis.Redis, stream: str) -> dict[str, list[tuple[int, int]]]:
-    """Each entry's (occurrence, claim ms) pairs, in claim order."""
-    out: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for entry_id, fields in client.xrange(stream):
-        _, name, stamp = decode_envelope(fields[b"m"]).id.split(":")
-        out[name].append((int(stamp), int(entry_id.split(b"-")[0])))
-    return out
+class Dispatches:
+    """Each entry's (occurrence, claim ms) pairs, in claim order, read from the stream
+    incrementally (only what was added since the previous read)."""
+
+    def __init__(self, client: redis.Redis, stream: str) -> None:
+        self.client, self.stream = client, stream
+        self.found: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        self._after = "-"
+
+    def read(self) -> dict[str, list[tuple[int, int]]]:
+        """Read the new entries; return every entry's dispatches so far."""
+        while True:
+            rows = self.client.xrange(self.stream, min=self._after, count=10_000)
+            if self._after != "-":
+                rows = rows[1:]  # the last one read before
+            if not rows:
+                return self.found
+            for entry_id, fields in rows:
+                _, name, stamp = decode_envelope(fields[b"m"]).id.split(":")
+                self.found[name].append((int(stamp), int(entry_id.split(b"-")[0])))
+            self._after = rows[-1][0].decode()
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float) -> None:
@@ -78,7 +93,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float) -> None:
     while not predicate():
         if time.monotonic() > deadline:
             raise SystemExit("timed out")
-        time.sleep(0.05)
+        time.sleep(0.2)
 
 
 def main() -> None:
@@ -103,10 +118,16 @@ def main() -> None:
         for _ in range(opts.schedulers)
     ]
     client = redis.Redis.from_url(opts.redis_url)
-    stream = "{" + namespace + "}:s:default"
+    seen = Dispatches(client, "{" + namespace + "}:s:default")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the finally stops the schedulers
     names = [f"{p}-{i:04d}" for i in range(opts.entries) for p in ("skip", "once")]
     try:
-        wait_for(lambda: all(len(dispatches(client, stream)[n]) >= 2 for n in names), 120)
+        wait_for(lambda: all(len(seen.read()[n]) >= 2 for n in names), 120)
+        periodic = "{" + namespace + "}:periodic"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # freeze them half-way through a tick if we can
+            if len({int(float(v)) for v in client.hvals(periodic)}) > 1:
+                break
         for p in procs:
             p.send_signal(signal.SIGSTOP)
         stopped = server_now(client)
@@ -116,7 +137,7 @@ def main() -> None:
             p.send_signal(signal.SIGCONT)
 
         def again() -> bool:
-            found = dispatches(client, stream)
+            found = seen.read()
             return all(any(o > resumed + 2 for o, _ in found[n]) for n in names)
 
         wait_for(again, 120)
@@ -125,7 +146,7 @@ def main() -> None:
             p.send_signal(signal.SIGCONT)
             p.send_signal(signal.SIGTERM)
             p.wait(30)
-    found = dispatches(client, stream)
+    found = seen.read()
     keys = list(client.scan_iter(match="{" + namespace + "}:*"))
     if keys:
         client.delete(*keys)
