@@ -167,8 +167,12 @@ class Transport(abc.ABC):
 
     async def take_handed(self, queue: str, count: int) -> list[Delivery]:
         """Up to ``count`` deliveries of ``queue`` handed to this consumer by
-        :meth:`hand_over` (their leases renewed); ``[]`` by default."""
-        return []
+        :meth:`hand_over` (their leases renewed).
+
+        Raises:
+            NotImplementedError: the transport cannot hand deliveries over (the default).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot hand a delivery over")
 
     async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
         """Renew the leases of deliveries this consumer still owns; return how many it renewed.
