@@ -25,11 +25,15 @@ import subprocess
 import sys
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis
 
+from blitzq import Queue
+from blitzq.scheduler import Scheduler
+from blitzq.schedules import Every
 from blitzq.serialization import decode_envelope
 from tests.polling import wait_until
 from tests.procfs import proc_state
@@ -166,3 +170,42 @@ def test_frozen_schedulers_resume_skip_on_time_and_run_once_with_one_catch_up(
             # One catch-up: the newest missed occurrence, or (when the scheduler came round
             # to the entry only after the next one was due) that next one, never two.
             assert len(missed) <= 1, (name, missed, resumed_at)
+
+
+@pytest.mark.both_servers
+async def test_a_claim_is_refused_once_its_occurrence_is_superseded(
+    make_queue: Callable[..., Queue],
+) -> None:
+    queue = make_queue()
+    broker = queue.broker
+    try:
+        now = await broker.server_time()
+        # Decided before a pause: the next occurrence came due meanwhile (until passed).
+        assert not await broker.claim_periodic("beat", now - 2, b"stale", "default", until=now)
+        assert await broker.periodic_last(["beat"]) == {}
+        assert await broker.claim_periodic("beat", now - 1, b"due", "default", until=now + 60)
+        assert await broker.periodic_last(["beat"]) == {"beat": now - 1}
+        # run_all passes no limit: an older occurrence is still refused by the compare-and-set.
+        assert not await broker.claim_periodic("beat", now - 2, b"older", "default")
+    finally:
+        await queue.close()
+
+
+def test_each_policy_limits_its_claim(make_queue: Callable[..., Queue]) -> None:
+    queue = make_queue()
+
+    @queue.task(name="freeze.limited")
+    async def limited() -> None:
+        return None
+
+    scheduler = Scheduler(queue, poll_interval=1.0, grace=1.0)
+    entries = {
+        policy: queue.add_periodic(limited, Every(10), name=f"limited-{policy}", missed=policy)
+        for policy in ("run_all", "run_once", "skip")
+    }
+    assert scheduler.claim_until(entries["run_all"], 100.0, jumped=False) is None
+    # After a forward step every policy dispatches one occurrence: the newest.
+    assert scheduler.claim_until(entries["run_all"], 100.0, jumped=True) == 110.0
+    assert scheduler.claim_until(entries["run_once"], 100.0, jumped=False) == 110.0
+    assert scheduler.claim_until(entries["skip"], 100.0, jumped=False) == 102.0  # 1 s + 1 s
+    queue.close_sync()
