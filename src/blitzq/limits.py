@@ -59,3 +59,12 @@ def clip_text(text: str, limit: int = MAX_ERROR_CHARS) -> str:
 #: ahead an ``eta`` may be, task and call timeouts, ``max_age``, TTLs, the visibility timeout
 #: and the worker's shutdown timeout. Longer values are refused with ConfigurationError.
 MAX_SECONDS: Final = 10 * 365 * 86400
+
+#: Deepest nesting of lists and objects in JSON a user hands blitzq (``blitzq schedule add
+#: --args``/``--kwargs``, the dashboard's request bodies); deeper is refused with
+#: ConfigurationError (CLI exit 2, dashboard 400) before it can exhaust the recursion limit.
+MAX_JSON_DEPTH: Final = 32
+
+#: Largest request body the dashboard's JSON API reads (bytes); a larger one is answered 413
+#: without being read whole.
+MAX_REQUEST_BODY: Final = 64 * 1024

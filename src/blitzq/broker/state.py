@@ -25,6 +25,7 @@ import abc
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
+from .liveness import LivenessState
 from .operations import OperationsState
 from .outbox import Outbox
 from .transport import Transport
@@ -33,7 +34,7 @@ from .values import Completion, DeadLetterFields, Scheduled
 __all__ = ["Completion", "DeadLetterFields", "Scheduled", "StateStore"]
 
 
-class StateStore(OperationsState):
+class StateStore(OperationsState, LivenessState):
     """Task state and completion effects. See the module docstring."""
 
     def acks(self, transport: Transport) -> bool:
@@ -125,8 +126,12 @@ class StateStore(OperationsState):
         """
 
     @abc.abstractmethod
-    async def promote_due(self, limit: int) -> tuple[int, float | None, float]:
+    async def promote_due(self, limit: int, ahead: float = 0.0) -> tuple[int, float | None, float]:
         """Move up to ``limit`` messages that are due by the broker's clock to their queues.
+
+        ``ahead`` (seconds, default 0): also move those due within that many seconds of the
+        broker's clock. Only the eager test mode (:mod:`blitzq.testing`) passes it, to run
+        delays and retries in virtual time; workers and schedulers never do.
 
         Returns:
             ``(moved, next_eta, now)``: how many moved, the earliest due time still waiting
