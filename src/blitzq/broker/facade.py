@@ -228,10 +228,10 @@ class Broker(OperationsFacade, LivenessFacade):
         return await self.state.server_time()
 
     async def claim_periodic(
-        self, name: str, occurrence: float, message: bytes, queue: str
+        self, name: str, occurrence: float, message: bytes, queue: str, until: float | None = None
     ) -> bool:
         """See :meth:`StateStore.claim_periodic`; then the relay, when claimed."""
-        claimed = await self.state.claim_periodic(name, occurrence, message, queue)
+        claimed = await self.state.claim_periodic(name, occurrence, message, queue, until)
         if claimed and self.relay is not None:
             await self.relay.pushed([queue])
         return claimed

@@ -163,12 +163,14 @@ class StateStore(OperationsState, LivenessState):
         return time.time()
 
     async def claim_periodic(
-        self, name: str, occurrence: float, message: bytes, queue: str
+        self, name: str, occurrence: float, message: bytes, queue: str, until: float | None = None
     ) -> bool:
         """Dispatch one occurrence of the periodic task ``name``, at most once.
 
         Atomically, on the broker's clock: refuse an ``occurrence`` (Unix seconds) later than
-        that clock (not due yet); otherwise, when the stored last occurrence of ``name`` is
+        that clock (not due yet), or when that clock has reached ``until`` (Unix seconds;
+        ``None``: no limit), the moment the occurrence stops being the one to dispatch (a
+        newer one came due); otherwise, when the stored last occurrence of ``name`` is
         missing or older, store ``occurrence`` and publish ``message`` to ``queue``. However
         many schedulers race, one of them wins. A stored occurrence later than the broker's
         clock means that clock was stepped back since it was claimed: an older occurrence is

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from ..broker import Broker
 from ..exceptions import BrokerError, describe_error
+from .unknown import take_handed
 
 if TYPE_CHECKING:
     from .execution import Job
@@ -92,6 +93,7 @@ class Maintenance:
         #: Running jobs (track_state) and the Unix time their record lives until at least.
         self._kept: dict[Job, float] = {}
         self._wake = asyncio.Event()
+        self._handed = asyncio.Event()
         self._next_wake = 0.0
         #: Pushes on the event channel that were ignored as malformed.
         self.malformed_events = 0
@@ -108,6 +110,8 @@ class Maintenance:
             asyncio.create_task(self._event_loop(), name="blitzq-events"),
             asyncio.create_task(self._maintain_loop(), name="blitzq-maintenance"),
         ]
+        if self.broker.supports_recovery:  # messages other workers hand over (unknown.py)
+            loops.append(asyncio.create_task(self._handed_loop(), name="blitzq-handed"))
         if self.interval > COUNTS_REFRESH:
             loops.append(asyncio.create_task(self._counts_loop(), name="blitzq-counts"))
         if self.broker.relay is not None:  # a foreign transport: relay the store's outbox
@@ -146,6 +150,23 @@ class Maintenance:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=wait)
 
+    async def _handed_loop(self) -> None:
+        """Start the messages other workers hand to this one (a task they do not know:
+        :mod:`blitzq.worker.unknown`) as soon as the event channel says so, and every
+        ``interval`` in case a push was lost."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._handed.wait(), timeout=self.interval)
+            self._handed.clear()
+            try:
+                await take_handed(self.worker)
+            except NotImplementedError:
+                return
+            except BrokerError as exc:
+                logger.warning("taking handed messages: %s", exc)
+            except Exception:  # a bug must not end the loop: the leases recover the messages
+                logger.exception("taking handed messages failed")
+
     async def _event_loop(self) -> None:
         """Follow the event channel for good: a malformed push is logged and skipped, any
         error ends the subscription, which is made again (cancellations published in
@@ -177,6 +198,10 @@ class Maintenance:
                 runner.revoked[value] = time.time() + self.worker.queue.result_ttl
                 if runner.cancel(value):
                     logger.info("cancelled running task %s", value)
+                return
+            if kind == "handed":  # another worker handed this one a message (unknown.py)
+                if value == self.worker.id:
+                    self._handed.set()
                 return
             if kind == "schedule":
                 eta = float(value)

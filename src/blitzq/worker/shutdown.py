@@ -50,7 +50,7 @@ async def shut_down(
     await asyncio.sleep(0)
     # redis-py can swallow a cancellation that lands while it opens a connection (the
     # command then returns normally), so cancel again until every loop has ended.
-    remaining = set(background)
+    remaining = set(background) | worker.knowers.pending  # hand-overs still in flight
     while remaining:
         for t in remaining:
             t.cancel()

@@ -39,6 +39,7 @@ from .ops import Ops, check_ops_options
 from .recycling import MB, Recycler
 from .runner import Runner
 from .shutdown import shut_down
+from .unknown import Knowers
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -225,6 +226,8 @@ class Worker:
         self.restart_reason: str | None = None
         #: Messages a blocking fetch returned that found no free slot and went back at once.
         self.handed_back = 0
+        #: Which live workers know which task, and how many messages were handed to them.
+        self.knowers = Knowers(self)
         self.strict_memory_policy = strict_memory_policy
         self.burst = burst
         self.unknown_task_grace = float(unknown_task_grace)
@@ -413,6 +416,8 @@ class Worker:
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "queues": self.queues,
+                "tasks": sorted(self.queue.tasks),
+                "handed_over": self.knowers.handed_over,
                 "concurrency": self.concurrency,
                 "running": len(runner.jobs) if runner else 0,
                 "processed": self.processed,

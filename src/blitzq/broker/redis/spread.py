@@ -79,6 +79,10 @@ class SpreadKeys(Keys):
         """The stream of the physical queue ``queue``, under its queue's tag."""
         return self.queue_tag(queue) + "s:" + queue
 
+    def handed(self, queue: str, consumer: str) -> str:
+        """Entry ids of ``queue``'s stream handed to ``consumer``, in the queue's slot."""
+        return self.queue_tag(queue) + "handed:" + queue + ":" + consumer
+
     def mark(self, queue: str, batch: str) -> str:
         """The hand-off mark of relay batch ``batch`` published on ``queue``
         (``handoff_publish.lua``), in the queue's slot."""

@@ -24,7 +24,7 @@ from .connection import RedisPart
 from .keys import GROUP
 
 #: Prefix of a message on the event channel -> the kind ``events()`` yields.
-_EVENT_KINDS = {"r": "revoke", "s": "schedule"}
+_EVENT_KINDS = {"r": "revoke", "s": "schedule", "h": "handed"}
 
 _batch_encoder = msgspec.msgpack.Encoder()
 
@@ -305,15 +305,16 @@ class RedisState(RedisPart):
 
     @translate_errors
     async def claim_periodic(
-        self, name: str, occurrence: float, message: bytes, queue: str
+        self, name: str, occurrence: float, message: bytes, queue: str, until: float | None = None
     ) -> bool:
         """Compare-and-set the last occurrence of ``name`` and publish, in one Lua call on
         the server's clock (see :meth:`Broker.claim_periodic`)."""
         keys = self.keys
+        limit = "" if until is None else repr(float(until))
         done = await self.scripts.call(
             "claim_periodic",
             keys=[keys.periodic, self.queue_key(queue), keys.outboxes],
-            args=[name, repr(float(occurrence)), self.kind, message, queue],
+            args=[name, repr(float(occurrence)), self.kind, message, queue, limit],
         )
         return bool(done)
 
