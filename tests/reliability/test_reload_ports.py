@@ -210,7 +210,7 @@ def test_a_replacement_gives_up_on_a_port_still_held_after_its_wait(
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
     cmd = [sys.executable, "-m", "blitzq", "worker", "tests.reliability.test_process_control:queue"]
     cmd += ["--redis-url", redis_url, "--namespace", namespace, "--health-port", str(port)]
-    cmd += ["--ops-host", HOST]
+    cmd += ["--ops-host", HOST, "--no-supervise"]  # a supervisor's first start does not wait
     done = subprocess.run(
         cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
     )

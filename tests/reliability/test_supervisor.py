@@ -378,7 +378,7 @@ def test_sigkilled_single_worker_takes_its_pool_child_along(
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
     cmd = [sys.executable, "-m", "blitzq", "worker", APP, "--redis-url", redis_url]
-    cmd += ["--namespace", namespace]
+    cmd += ["--namespace", namespace, "--no-supervise"]  # this process is the worker
     worker = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     pool = None
     try:

@@ -413,6 +413,8 @@ def worker_command(
     if needs_supervisor(workers, control, burst):  # it runs copies of this command, --workers 1
         if app:
             precheck_app(app)  # the common mistakes exit 78 here, once, not in every worker
+        elif not os.environ.get("DJANGO_SETTINGS_MODULE"):
+            raise _config("--django needs DJANGO_SETTINGS_MODULE (your project's settings)")
         from ..worker.launch import supervise
         from ..worker.processes import worker_command
 
