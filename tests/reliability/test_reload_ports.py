@@ -1,7 +1,8 @@
 """A replacement worker and the ops ports of its slot (``--health-port``, ``--metrics-port``):
 on a reload (SIGHUP) or a recycle the new worker starts while its predecessor still serves the
 slot's ports, keeps running tasks and binds them once the predecessor released them
-(docs/supervisor.md, "Reload"); a first start on a port another socket holds still exits 78 (a configuration error).
+(docs/supervisor.md, "Reload"); a first start on a port another socket holds still exits 78
+(a configuration error).
 
 Real processes and the shared Redis, each test on its own namespace.
 """

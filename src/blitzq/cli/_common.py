@@ -32,8 +32,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 EXIT_FAILURE = 1
 #: Exit code of a usage or configuration error (click uses 2 for bad arguments too).
 EXIT_USAGE = 2
-#: Exit code of a configuration error of ``blitzq worker`` and ``blitzq check`` (``EX_CONFIG``
-#: of sysexits.h: systemd's ``RestartPreventExitStatus=78`` stops restarting on it).
+#: Exit code of a configuration error of ``blitzq worker``, ``blitzq scheduler run`` and
+#: ``blitzq check`` (``EX_CONFIG`` of sysexits.h: systemd's ``RestartPreventExitStatus=78``
+#: stops restarting on it), and of an application that does not load.
 EXIT_CONFIG = 78
 
 
@@ -296,8 +297,9 @@ def cli_errors(url: str | None = None, *, config_exit: int = EXIT_USAGE) -> Iter
     Args:
         url: the broker URL in use, named (password masked) in broker errors.
         config_exit: exit code of a :class:`~blitzq.exceptions.ConfigurationError`:
-            :data:`EXIT_USAGE` (2), or :data:`EXIT_CONFIG` (78) for ``blitzq worker`` and
-            ``blitzq check``. Broker (connection) errors exit 1.
+            :data:`EXIT_USAGE` (2), or :data:`EXIT_CONFIG` (78) for the services and their
+            preflight (``blitzq worker``, ``blitzq scheduler run``, ``blitzq check``). Broker
+            (connection) errors exit 1.
     """
     try:
         yield

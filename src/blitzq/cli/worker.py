@@ -404,7 +404,7 @@ def worker_command(
         both = "not both" if django else "for example myapp.tasks:queue"
         raise _usage(f"give MODULE:ATTR or --django (Django's tasks framework), {both}")
     deferral = (defer_base_delay, defer_max_delay, start_check_timeout)
-    with cli_errors(s.redis_url, config_exit=EXIT_CONFIG):
+    with cli_errors(s.redis_url):  # options that contradict each other: a usage error, 2
         OutageBackoff.checked(*deferral)  # before any worker process starts
     ops = ops_argv(metrics_port, health_port, ops_host, configure_logs, control)
     ops += deferral_argv(*deferral)

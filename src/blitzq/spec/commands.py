@@ -56,8 +56,8 @@ def exit_codes() -> list[dict[str, Any]]:
         },
         {
             "code": EXIT_CONFIG,
-            "commands": "worker, check (an application that does not load: also scheduler, "
-            "dashboard, control)",
+            "commands": "worker, scheduler run, check (an application that does not load: "
+            "also scheduler list, dashboard, control)",
             "meaning": "a configuration error, EX_CONFIG, not restarted by the supervisor "
             "(systemd: RestartPreventExitStatus=78): an application or --configure that does "
             "not load, a ConfigurationError (a bad broker URL, a port held at the first start, "
