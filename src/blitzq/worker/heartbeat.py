@@ -67,4 +67,6 @@ def start_beating() -> asyncio.Task[None] | None:
     os.environ.pop(HEARTBEAT_ENV, None)
     if channel is None:
         return None
+    with contextlib.suppress(OSError):  # programs this worker runs do not hold the pipe
+        os.set_inheritable(channel[0], False)
     return asyncio.get_running_loop().create_task(beat(*channel), name="blitzq-heartbeat")
