@@ -315,3 +315,18 @@ def test_heartbeat_pipe_does_not_leak_into_the_environment() -> None:
     finally:
         os.environ.pop(HEARTBEAT_ENV, None)
         os.close(read_end)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--workers", "2"], ["--autoscale", "1,2"], ["--max-tasks-per-child", "5"], ["--reload"]],
+)
+def test_no_supervise_refuses_what_needs_a_supervisor(extra: list[str]) -> None:
+    from click.testing import CliRunner
+
+    from blitzq.cli import cli
+
+    result = CliRunner().invoke(cli, ["worker", APP, "--no-supervise", *extra])
+    assert result.exit_code == 2, result.output
+    assert "--no-supervise runs one worker in this process" in result.output
+    assert extra[0] in result.output
