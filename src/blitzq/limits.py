@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Final
 
-#: Default ``Queue(max_result_size=)``: largest encoded task record (its return value
-#: included); a larger result fails the task with ``ResultTooLarge``.
+#: Default ``Queue(max_result_size=)``: largest encoded return value (without the record's
+#: own fields: exactly 8 MiB of bytes fit); a larger result fails the task with
+#: ``ResultTooLarge``.
 DEFAULT_MAX_RESULT_SIZE: Final = 8 * 1024 * 1024
 
 #: Default ``Queue(dead_letter_ttl=)``: seconds a dead letter is kept (7 days).

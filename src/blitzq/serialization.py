@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import decimal
-import math
 import re
 import uuid
 from typing import Any, Final
@@ -29,7 +28,6 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import msgspec
 
 from .exceptions import MessageTooLarge, SerializationError
-from .limits import MAX_ATTEMPT, MAX_CLOCK_AHEAD, MAX_SECONDS
 
 #: Extension type codes used for the non-native plain types.
 EXT_DATETIME: Final = 1
@@ -267,54 +265,6 @@ def _name_field(error: str) -> str:
     if found is None or int(found.group(1)) >= len(fields):
         return error
     return f"{error} ({fields[int(found.group(1))]})"
-
-
-def envelope_fault(env: Envelope, now: float) -> str | None:
-    """What makes a decoded envelope's times or numbers unusable, or ``None`` when they are
-    all usable. The worker checks every message here, once, before anything reads them: a
-    message failing it is dead-lettered as ``malformed message`` with this text (which names
-    the field) instead of waiting, retrying or timing out on a value that never settles.
-
-    Args:
-        env: the decoded message.
-        now: the worker's clock, Unix seconds.
-
-    Returns:
-        ``None``, or the first bad field, its value and its allowed range:
-
-        - ``created_at``, ``enqueued_at``: finite Unix seconds, >= 0 and at most
-          :data:`~blitzq.limits.MAX_CLOCK_AHEAD` seconds past ``now`` (0 is an unknown time);
-        - ``attempt``: an int from 1 to :data:`~blitzq.limits.MAX_ATTEMPT`;
-        - ``timeout``, ``max_age``: ``None``, or finite seconds > 0 and at most
-          :data:`~blitzq.limits.MAX_SECONDS` (what :class:`~blitzq.options.CallOptions`
-          accepts from a producer).
-    """
-    latest = now + MAX_CLOCK_AHEAD
-    # NaN fails every comparison, so each line below refuses it along with the range.
-    if (
-        0.0 <= env.created_at <= latest
-        and 0.0 <= env.enqueued_at <= latest
-        and 1 <= env.attempt <= MAX_ATTEMPT
-        and env.timeout is None
-        and env.max_age is None
-    ):
-        return None  # the common message: no per-call timeout or max_age
-    for name in ("created_at", "enqueued_at"):
-        value = getattr(env, name)
-        if not math.isfinite(value) or value < 0.0:
-            return f"{name} is {value!r}: not a finite Unix time >= 0"
-        if value > latest:
-            return (
-                f"{name} is {value!r}: {value - now:.0f} s ahead of this worker's clock "
-                f"(at most {MAX_CLOCK_AHEAD:g} s ahead is accepted)"
-            )
-    if not 1 <= env.attempt <= MAX_ATTEMPT:
-        return f"attempt is {env.attempt!r}: not an attempt number from 1 to {MAX_ATTEMPT}"
-    for name in ("timeout", "max_age"):
-        value = getattr(env, name)
-        if value is not None and not 0.0 < value <= MAX_SECONDS:
-            return f"{name} is {value!r}: not a finite number of seconds > 0 and <= {MAX_SECONDS}"
-    return None
 
 
 def _read_str(data: bytes, pos: int) -> tuple[str, int] | None:

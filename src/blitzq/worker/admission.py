@@ -1,5 +1,5 @@
 """Admitting a delivery before it runs: decoding and checking its times and numbers
-(dead-lettering what cannot run: :func:`~blitzq.serialization.envelope_fault`), cancel
+(dead-lettering what cannot run: :func:`~blitzq.envelope_checks.envelope_fault`), cancel
 marks and the task's start checks (rate limits, expiry, locks, unique keys: the built-in
 middleware in :mod:`blitzq.extensions`).
 
@@ -17,15 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..broker import Completion, Delivery
 from ..dependencies import refuse_given
+from ..envelope_checks import envelope_fault
 from ..exceptions import BrokerError, ConfigurationError, SerializationError
 from ..extensions.expiry import check_expiry, start_checks
-from ..serialization import (
-    Envelope,
-    decode_envelope,
-    decode_envelope_unchecked,
-    envelope_fault,
-    envelope_head,
-)
+from ..serialization import Envelope, decode_envelope, decode_envelope_unchecked, envelope_head
 from ..task import Task
 from .execution import Job
 from .limiter import Slots
