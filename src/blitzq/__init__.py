@@ -11,6 +11,8 @@ from .exceptions import (
     BrokerError,
     ConfigurationError,
     MessageTooLarge,
+    NoRetry,
+    ResultExpired,
     ResultNotStored,
     ResultTimeout,
     ResultTooLarge,
@@ -34,7 +36,15 @@ from .scheduler import Scheduler
 from .schedules import Cron, Every
 from .task import BoundTask, Task, TaskHandle
 from .worker import Worker
-from .workflow import Signature, WorkflowHandle, WorkflowNotFound, chain, chord, group
+from .workflow import (
+    Signature,
+    WorkflowExpired,
+    WorkflowHandle,
+    WorkflowNotFound,
+    chain,
+    chord,
+    group,
+)
 
 __version__ = "0.1.0"
 
@@ -50,9 +60,11 @@ __all__ = [
     "Every",
     "MessageTooLarge",
     "Middleware",
+    "NoRetry",
     "Progress",
     "Queue",
     "RateLimit",
+    "ResultExpired",
     "ResultNotStored",
     "ResultTimeout",
     "ResultTooLarge",
@@ -75,6 +87,7 @@ __all__ = [
     "TaskTimeout",
     "UnknownTask",
     "Worker",
+    "WorkflowExpired",
     "WorkflowHandle",
     "WorkflowNotFound",
     "__version__",

@@ -10,6 +10,7 @@ docs/configuration.md, "Validation").
 from __future__ import annotations
 
 import ipaddress
+import logging
 import math
 from typing import Any
 
@@ -99,6 +100,31 @@ def text(name: str, value: Any, *, optional: bool = True) -> str | None:
     if not isinstance(value, str) or not value:
         raise ConfigurationError(f"{name} must be a non-empty str, got {value!r}")
     return value
+
+
+#: Level names :func:`log_level` accepts (case-insensitive), as ``--log-level`` does.
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def log_level(name: str, value: Any) -> int:
+    """Return ``value`` as a :mod:`logging` level number.
+
+    Args:
+        name: the option's name, used in the error message.
+        value: a level name of :data:`LOG_LEVELS` (case-insensitive: ``"warning"``,
+            ``"ERROR"``) or a level number of at least 1 (``logging.WARNING``, a custom one).
+
+    Raises:
+        ConfigurationError: another name, a number below 1, a bool or another type.
+    """
+    if isinstance(value, str) and value.lower() in LOG_LEVELS:
+        return int(getattr(logging, value.upper()))
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise ConfigurationError(
+        f"{name} must be a log level ({', '.join(LOG_LEVELS)}) or a level number >= 1, "
+        f"got {value!r}"
+    )
 
 
 def is_loopback(host: str) -> bool:

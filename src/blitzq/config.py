@@ -8,21 +8,27 @@ explicit argument always wins over both. The precedence, first that gives a valu
    for every CLI option ``BLITZQ_<COMMAND>_<OPTION>`` (``BLITZQ_WORKER_CONCURRENCY``,
    ``BLITZQ_SCHEDULER_RUN_INTERVAL``): click's automatic variables;
 3. the project file: the ``[tool.blitzq]`` table of ``$BLITZQ_CONFIG`` (a TOML file) if set,
-   else of the nearest ``pyproject.toml`` that has one, from the current directory upwards.
-   Its plain keys are the settings of :data:`SETTINGS`; a sub-table per command holds that
-   command's options (``[tool.blitzq.worker]`` ``concurrency = 50``,
-   ``[tool.blitzq.scheduler.run]``), with the option names of ``--help`` (``-`` or ``_``);
+   else of the project's ``pyproject.toml`` (:func:`search`): the nearest one from the
+   current directory upwards, never above the project root (the first directory holding
+   ``.git`` or a ``pyproject.toml`` of the current user or root), and never one another
+   user owns or every user may write (refused with a warning). Its plain keys are the
+   settings of :data:`SETTINGS`; a sub-table per command holds that command's options
+   (``[tool.blitzq.worker]`` ``concurrency = 50``, ``[tool.blitzq.scheduler.run]``), with
+   the option names of ``--help`` (``-`` or ``_``);
 4. the built-in default.
 
-``blitzq config show`` prints every setting with its value and where it came from. A key
-the table does not know is a :class:`~blitzq.exceptions.ConfigurationError` naming the file,
-so a typo never silently falls back to a default. Keep secrets (a password in a URL) in the
-environment, not in a file under version control.
+``blitzq config show`` names the file used (and any refused), and prints every setting with
+its value and where it came from. A key the table does not know is a
+:class:`~blitzq.exceptions.ConfigurationError` naming the file, so a typo never silently
+falls back to a default. Keep secrets (a password in a URL) in the environment, not in a
+file under version control.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +38,8 @@ from typing import Any, TypeVar
 from .exceptions import ConfigurationError
 
 T = TypeVar("T")
+
+logger = logging.getLogger("blitzq.config")
 
 #: Environment variable naming the TOML file whose ``[tool.blitzq]`` table is read.
 CONFIG_ENV = "BLITZQ_CONFIG"
@@ -81,30 +89,119 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("log_level", "BLITZQ_LOG_LEVEL", "blitzq worker's log level (info)", "info"),
     Setting("log_format", "BLITZQ_LOG_FORMAT", "text or json (text)", "text"),
+    Setting(
+        "log_queue",
+        "BLITZQ_LOG_QUEUE",
+        "an embedded Queue moves the root logger's handlers behind a non-blocking queue",
+        "false",
+    ),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 
 
-def project_file(start: Path | None = None) -> Path | None:
-    """The file whose ``[tool.blitzq]`` table applies: ``$BLITZQ_CONFIG``, else the nearest
-    ``pyproject.toml`` with such a table from ``start`` (default: the current directory)
-    upwards, else ``None``.
+def distrust(path: Path, uid: int | None = None) -> str | None:
+    """Why the file at ``path`` must not configure this process, or ``None`` when it may.
+
+    A file may when it (and, for a symbolic link, the link too) is owned by ``uid`` or by
+    root, and is not writable by every user: anything else another local user could have
+    planted or changed, and its settings choose the broker and the code a worker imports
+    (``[tool.blitzq.worker] configure``).
+
+    Args:
+        path: the file (it exists).
+        uid: the user trusted besides root (default: the effective uid of this process).
+
+    Returns:
+        ``None``, or a sentence saying whose the file is (``"owned by uid 1001, not by you
+        (uid 1000) or root"``) or that every user may write it.
+    """
+    uid = os.geteuid() if uid is None else uid
+    for st in (os.lstat(path), os.stat(path)):
+        if st.st_uid not in (uid, 0):
+            return f"owned by uid {st.st_uid}, not by you (uid {uid}) or root"
+        if stat.S_ISREG(st.st_mode) and st.st_mode & stat.S_IWOTH:
+            return f"writable by every user (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Search:
+    """What :func:`search` found.
+
+    Attributes:
+        file: the file whose ``[tool.blitzq]`` table applies, or ``None``.
+        root: the project root the search stopped at (``None``: it reached ``/``); for
+            ``$BLITZQ_CONFIG``, ``None``.
+        refused: ``(path, why)`` of each ``pyproject.toml`` skipped as another user's
+            (:func:`distrust`).
+    """
+
+    file: Path | None
+    root: Path | None = None
+    refused: tuple[tuple[Path, str], ...] = ()
+
+
+_warned: set[Path] = set()
+
+
+def search(start: Path | None = None, uid: int | None = None) -> Search:
+    """Find the project file: ``$BLITZQ_CONFIG`` when set (the user named it: used whoever
+    owns it), else the ``pyproject.toml`` of the project ``start`` (default: the current
+    directory) is in.
+
+    From ``start`` upwards, each directory's ``pyproject.toml`` is looked at: one that
+    :func:`distrust` refuses is skipped, with a warning (logger ``blitzq.config``, once per
+    file and process); the first other one ends the search, and it is the project file when
+    it has a ``[tool.blitzq]`` table (none otherwise). A directory holding ``.git`` ends the
+    search too: nothing above the project root is read.
+
+    Args:
+        start: the directory to search from.
+        uid: the user trusted besides root (default: this process's effective uid).
 
     Raises:
-        ConfigurationError: ``$BLITZQ_CONFIG`` names a file that does not exist.
+        ConfigurationError: ``$BLITZQ_CONFIG`` names a file that does not exist, or the
+            project file is not valid TOML.
     """
     named = os.environ.get(CONFIG_ENV)
     if named:
         path = Path(named).expanduser()
         if not path.is_file():
             raise ConfigurationError(f"{CONFIG_ENV}={named!r}: no such file")
-        return path.resolve()
+        return Search(path.resolve())
     here = (start or Path.cwd()).resolve()
+    refused: list[tuple[Path, str]] = []
     for directory in (here, *here.parents):
         candidate = directory / "pyproject.toml"
-        if candidate.is_file() and "blitzq" in _read(candidate).get("tool", {}):
-            return candidate
-    return None
+        if candidate.is_file():
+            why = distrust(candidate, uid)
+            if why is None:
+                found = candidate if "blitzq" in _read(candidate).get("tool", {}) else None
+                return Search(found, directory, tuple(refused))
+            refused.append((candidate, why))
+            if candidate not in _warned:
+                _warned.add(candidate)
+                logger.warning(
+                    "ignoring %s: it is %s; another local user could have set the broker "
+                    "URL or the code a worker imports in it (make it yours, or name it in "
+                    "%s to use it anyway)",
+                    candidate,
+                    why,
+                    CONFIG_ENV,
+                )
+        if (directory / ".git").exists():
+            return Search(None, directory, tuple(refused))
+    return Search(None, None, tuple(refused))
+
+
+def project_file(start: Path | None = None) -> Path | None:
+    """The file whose ``[tool.blitzq]`` table applies (:func:`search`), else ``None``.
+
+    Raises:
+        ConfigurationError: ``$BLITZQ_CONFIG`` names a file that does not exist, or a
+            ``pyproject.toml`` on the way is not valid TOML.
+    """
+    return search(start).file
 
 
 _cache: dict[tuple[Path, float], dict[str, Any]] = {}
@@ -215,6 +312,24 @@ def check_mode(mode: Any) -> Any:
     if mode not in ("reliable", "fast"):
         raise ConfigurationError(f"mode must be 'reliable' or 'fast', got {mode!r}")
     return mode
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def check_bool(value: Any) -> bool:
+    """``value`` as a bool: a ``bool`` itself, or (from the environment or a file) one of
+    ``1 true yes on`` / ``0 false no off`` in any case.
+
+    Raises:
+        ConfigurationError: any other value.
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ConfigurationError(f"expected true or false (1/0, yes/no, on/off), got {value!r}")
 
 
 def resolve(name: str, given: T | None, default: T, check: Callable[[Any], T]) -> T:

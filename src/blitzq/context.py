@@ -32,8 +32,13 @@ class TaskContext:
         max_attempts: attempts allowed in all (``retries + 1``).
         correlation_id: id shared by related tasks, or ``None``.
         headers: the message's headers (plain data), or ``None``.
+        workflow_id: the id of the workflow this run is a step of, or ``None``.
         cancelled: set by the worker when ``cancel()`` was called for this task; a thread
             task should check it now and then and stop.
+
+    The constructor takes the attributes above in order (the worker makes it) and, keyword
+    only, ``flow``: the message's workflow part (a dict whose ``"w"`` is the workflow id), of
+    which only ``workflow_id`` is kept.
     """
 
     __slots__ = (
@@ -46,6 +51,7 @@ class TaskContext:
         "max_attempts",
         "queue",
         "task",
+        "workflow_id",
     )
 
     def __init__(
@@ -57,6 +63,8 @@ class TaskContext:
         max_attempts: int,
         correlation_id: str | None,
         headers: dict[str, Any] | None,
+        *,
+        flow: Any = None,
     ) -> None:
         self.id = task_id
         self.task = task
@@ -65,6 +73,8 @@ class TaskContext:
         self.max_attempts = max_attempts
         self.correlation_id = correlation_id
         self.headers = headers
+        workflow = flow.get("w") if isinstance(flow, dict) else None
+        self.workflow_id: str | None = str(workflow) if workflow else None
         self.cancelled = False
         #: Where :meth:`update_progress` goes (set by the worker; ``None`` once finished).
         self._reporter: Any = None

@@ -14,6 +14,7 @@ recover narrowly::
     ├── TaskTimeout             the task ran longer than its ``timeout``
     │   └── SoftTimeoutError    raised inside a task that passed its ``soft_timeout``
     ├── ResultTimeout           ``result(timeout=...)`` gave up waiting
+    │   └── ResultExpired       the record waited for is gone for good (expired): no result
     ├── ResultNotStored         the task succeeded (or will) without storing its result
     ├── UnknownTask             no task registered under that name
     └── BrokerError             the broker could not be reached or answered an error
@@ -141,6 +142,22 @@ class ResultTimeout(BlitzQError, TimeoutError):
     """No final result arrived within the ``timeout`` (seconds) given to ``result()``."""
 
 
+class ResultExpired(ResultTimeout):
+    """A result wait ended before its timeout (``timeout=None`` included) because the result
+    can no longer arrive: the task's record is gone (it expired after ``result_ttl``, or
+    was deleted) and the task is known nowhere else (not on the schedule, not in its queue,
+    not running). A :class:`ResultTimeout`, so code that catches that catches this too.
+    See docs/guarantees.md ("Result waits end").
+
+    Attributes:
+        task_id: the task waited for.
+    """
+
+    def __init__(self, task_id: str, message: str) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+
+
 class ResultNotStored(BlitzQError):
     """The task does not store its return value (``store_result=False``, or the Queue's
     ``store_results=False``), so there is no result to return.
@@ -206,6 +223,33 @@ class Retry(Exception):
         self.delay = delay
         self.reason = reason
 
+    def __reduce__(self) -> tuple[type[Retry], tuple[float | None, str | None]]:
+        """Pickle by ``(delay, reason)``: a ``Retry`` raised in an ``executor="process"``
+        task crosses back to the worker as itself (the default pickling of an exception
+        would call ``Retry(message)`` and fail)."""
+        return (type(self), (self.delay, self.reason))
+
+
+class NoRetry(Exception):
+    """Raise inside a task to fail it for good: no retry, whatever its ``retries`` and
+    retry policy say (SwarmQ's ``NoRetry``; the per-raise form of ``dont_retry_on``).
+
+    The attempt is recorded as failed (dead-lettered when the task dead-letters its
+    failures) under this error; ``raise NoRetry("why") from exc`` records ``exc`` instead.
+
+    Args:
+        reason: a short text recorded as the error's message.
+    """
+
+    def __init__(self, reason: str | None = None) -> None:
+        super().__init__(reason or "the task asked not to be retried")
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type[NoRetry], tuple[str | None]]:
+        """Pickle by ``reason`` (an ``executor="process"`` task's ``NoRetry`` crosses back to
+        the worker as it was raised)."""
+        return (type(self), (self.reason,))
+
 
 def describe_error(exc: BaseException) -> tuple[str, str]:
     """Return ``(qualified type name, message)`` for an exception, as stored in records.
@@ -246,6 +290,7 @@ __all__ = [
     "BrokerError",
     "ConfigurationError",
     "MessageTooLarge",
+    "NoRetry",
     "ResultNotStored",
     "ResultTimeout",
     "ResultTooLarge",

@@ -30,7 +30,9 @@ class TaskHandle(Generic[R]):
             from an id, or ``queue.send`` of a task this process has not registered).
     """
 
-    __slots__ = ("_owner", "_since", "duplicate", "id", "queue", "stores_result", "task")
+    __slots__ = (
+        "_owner", "_sent", "_since", "duplicate", "id", "queue", "stores_result", "task",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -40,8 +42,11 @@ class TaskHandle(Generic[R]):
         task: str,
         duplicate: bool = False,
         stores_result: bool | None = None,
+        sent: bool = False,
     ) -> None:
         self._owner = owner
+        #: Whether this process sent the task (so a wait may end once it is known nowhere).
+        self._sent = sent
         self.id = task_id
         self.queue = queue
         self.task = task
@@ -65,16 +70,24 @@ class TaskHandle(Generic[R]):
             timeout: seconds to wait; ``None`` waits without limit.
 
         Raises:
-            TaskFailed: the task ended failed or dead-lettered.
+            TaskFailed: the task ended failed or dead-lettered (in the eager test mode,
+                :mod:`blitzq.testing`, the exception the task raised instead, unless that
+                mode was given ``propagate=False`` or this is called inside a task).
             ResultNotStored: the task does not store its result (``store_result=False``):
                 raised at once, without waiting (a failure already recorded raises
                 TaskFailed instead).
+            ResultExpired: (a ResultTimeout) the result cannot arrive any more: no record is
+                stored (it expired after ``result_ttl``) and the task is known nowhere
+                else; raised early, also with ``timeout=None`` (docs/guarantees.md, "Result
+                waits end").
             ResultTimeout: no final record within ``timeout``.
         """
         if self.stores_result is False:
             value: R = await self._owner._results.no_stored_result(self.id)
             return value
-        value = await self._owner._results.wait_result(self.id, timeout, self.queue, self._since)
+        value = await self._owner._results.wait_result(
+            self.id, timeout, self.queue, self._since, self._sent
+        )
         registered = self._owner.tasks.get(self.task)
         if registered is not None and registered.arguments is not None:
             value = registered.arguments.decode_result(value)  # a rich return annotation

@@ -70,3 +70,12 @@ MAX_CLOCK_AHEAD: Final = 3600.0
 #: Largest ``attempt`` number a message may carry (1-based); a larger one, zero or a negative
 #: one is dead-lettered as malformed.
 MAX_ATTEMPT: Final = 2**31 - 1
+
+#: Deepest nesting of lists and objects in JSON a user hands blitzq (``blitzq schedule add
+#: --args``/``--kwargs``, the dashboard's request bodies); deeper is refused with
+#: ConfigurationError (CLI exit 2, dashboard 400) before it can exhaust the recursion limit.
+MAX_JSON_DEPTH: Final = 32
+
+#: Largest request body the dashboard's JSON API reads (bytes); a larger one is answered 413
+#: without being read whole.
+MAX_REQUEST_BODY: Final = 64 * 1024

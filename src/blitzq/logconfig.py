@@ -11,11 +11,19 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Literal
 
 from .exceptions import ConfigurationError
-from .logcontext import NonBlockingHandler, TaskContextFilter
+from .logcontext import (
+    DEFAULT_LOG_DRAIN_TIMEOUT,
+    DEFAULT_LOG_QUEUE_SIZE,
+    NonBlockingHandler,
+    TaskContextFilter,
+)
+from .redaction import redact
 
 __all__ = ["LEVELS", "JsonFormatter", "TextFormatter", "configure_logging"]
 
@@ -39,10 +47,14 @@ def _iso(created: float) -> str:
 
 
 class TextFormatter(logging.Formatter):
-    """``time level logger: message key=value…``, with the traceback below when there is one."""
+    """``time level logger: message key=value…``, with the traceback below when there is one;
+    the passwords of any URL in it masked (:func:`~blitzq.redaction.redact`)."""
 
     def format(self, record: logging.LogRecord) -> str:
         """Render one record as a line of text (plus a traceback, if any)."""
+        return redact(self._line(record))
+
+    def _line(self, record: logging.LogRecord) -> str:
         line = f"{_iso(record.created)} {record.levelname:<7} {record.name}: {record.getMessage()}"
         extras = _extras(record)
         if extras:
@@ -60,10 +72,14 @@ class TextFormatter(logging.Formatter):
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: ``time``, ``level``, ``logger``, ``message``, the ``extra``
-    fields, and ``exc_info`` (the formatted traceback) when an exception is attached."""
+    fields, and ``exc_info`` (the formatted traceback) when an exception is attached; the
+    passwords of any URL in it masked (:func:`~blitzq.redaction.redact`)."""
 
     def format(self, record: logging.LogRecord) -> str:
         """Render one record as a single-line JSON object."""
+        return redact(self._line(record))
+
+    def _line(self, record: logging.LogRecord) -> str:
         doc: dict[str, Any] = {
             "time": _iso(record.created),
             "level": record.levelname,
@@ -93,7 +109,15 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
-def configure_logging(level: str, fmt: Literal["text", "json"]) -> None:
+def configure_logging(
+    level: str,
+    fmt: Literal["text", "json"],
+    *,
+    config_file: str | None = None,
+    logger_levels: Sequence[str] = (),
+    queue_size: int = DEFAULT_LOG_QUEUE_SIZE,
+    drain_timeout: float = DEFAULT_LOG_DRAIN_TIMEOUT,
+) -> None:
     """Send log records of ``level`` and above to stderr, as text or JSON lines.
 
     Installs one handler on the root logger (so the user's task loggers print too) and
@@ -101,40 +125,121 @@ def configure_logging(level: str, fmt: Literal["text", "json"]) -> None:
     lines. Meant for the CLI; libraries and applications configure logging themselves.
 
     The handler is a :class:`~blitzq.logcontext.NonBlockingHandler` (a ``QueueHandler``: a
-    listener thread writes to stderr, so a slow stderr never blocks the caller) with a
+    listener thread writes to stderr, so a slow stderr never blocks the caller; its queue is
+    bounded and drops records below WARNING first when full) with a
     :class:`~blitzq.logcontext.TaskContextFilter`: records emitted while a task runs carry
-    ``task_id``, ``task``, ``queue``, ``attempt`` and ``worker_id``, shown as fields.
+    ``task_id``, ``task``, ``queue``, ``attempt``, ``worker_id`` (and ``workflow_id``),
+    shown as fields.
 
     Args:
         level: a level name, case-insensitive: debug, info, warning, error or critical.
         fmt: ``"text"`` (``time level logger: message key=value``) or ``"json"`` (one object
             per line with time, level, logger, message and any ``extra`` fields).
+        config_file: a :func:`logging.config.dictConfig` document, JSON (``.json``) or YAML
+            (``.yaml``/``.yml``, needs PyYAML), used instead of blitzq's stderr handler
+            (``--log-config``); ``level`` and ``fmt`` then do nothing.
+        logger_levels: ``"NAME=LEVEL"`` items setting one logger's level each
+            (``--logger-level aio_pika=WARNING``), applied last.
+        queue_size: records the handler's queue holds (``--log-queue-size``, >= 10).
+        drain_timeout: seconds the handler's close waits to write what is queued
+            (``--log-drain-timeout``).
 
     Raises:
-        ConfigurationError: an unknown level or format.
+        ConfigurationError: an unknown level or format, a ``logger_levels`` item that is not
+            ``NAME=LEVEL``, a ``config_file`` that cannot be read or that dictConfig
+            refuses, a ``queue_size`` or ``drain_timeout`` out of range.
+    """
+    name = _level(level, "log level")
+    named = [_logger_level(item) for item in logger_levels]
+    root = logging.getLogger()
+    if config_file is not None:
+        _apply_config_file(config_file)
+    else:
+        formatter: logging.Formatter
+        if fmt == "text":
+            formatter = TextFormatter()
+        elif fmt == "json":
+            formatter = JsonFormatter()
+        else:
+            raise ConfigurationError(f"log format must be 'text' or 'json', got {fmt!r}")
+        stderr = _StderrHandler()
+        stderr.setFormatter(formatter)
+        # Written by a listener thread (a slow stderr never stalls the event loop); the task
+        # fields are added in the emitting thread, where the task's context is.
+        handler = NonBlockingHandler(stderr, queue_size=queue_size, drain_timeout=drain_timeout)
+        handler.addFilter(TaskContextFilter())
+        setattr(handler, _MARK, True)
+        for old in [h for h in root.handlers if getattr(h, _MARK, False)]:
+            root.removeHandler(old)
+            old.close()
+        root.addHandler(handler)
+        root.setLevel(getattr(logging, name))
+    for logger_name, logger_level in named:
+        logging.getLogger(logger_name).setLevel(logger_level)
+
+
+def _level(level: object, what: str) -> str:
+    """``level``'s upper-case name, checked.
+
+    Raises:
+        ConfigurationError: not one of :data:`LEVELS` (any case).
     """
     name = level.upper() if isinstance(level, str) else ""
     if name not in LEVELS:
         raise ConfigurationError(
-            f"log level must be one of {', '.join(n.lower() for n in LEVELS)}, got {level!r}"
+            f"{what} must be one of {', '.join(n.lower() for n in LEVELS)}, got {level!r}"
         )
-    formatter: logging.Formatter
-    if fmt == "text":
-        formatter = TextFormatter()
-    elif fmt == "json":
-        formatter = JsonFormatter()
+    return name
+
+
+def _logger_level(item: str) -> tuple[str, int]:
+    """``("aio_pika", logging.WARNING)`` from ``"aio_pika=WARNING"``.
+
+    Raises:
+        ConfigurationError: not ``NAME=LEVEL`` with a known level.
+    """
+    logger_name, sep, level = str(item).partition("=")
+    logger_name = logger_name.strip()
+    if not sep or not logger_name:
+        raise ConfigurationError(f"--logger-level takes NAME=LEVEL, got {item!r}")
+    return logger_name, getattr(logging, _level(level.strip(), f"the level of {logger_name}"))
+
+
+def _apply_config_file(path: str) -> None:
+    """Apply the dictConfig document in ``path`` (JSON or YAML, by its suffix).
+
+    Raises:
+        ConfigurationError: unreadable, not a mapping, YAML without PyYAML, or refused by
+            :func:`logging.config.dictConfig` (each names the file).
+    """
+    import logging.config
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(f"--log-config {path}: cannot read it: {exc}") from exc
+    document: Any
+    if path.endswith((".yaml", ".yml")):
+        try:
+            import yaml
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"--log-config {path}: a YAML file needs PyYAML (pip install pyyaml), or "
+                "give the same document as JSON"
+            ) from exc
+        try:
+            document = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigurationError(f"--log-config {path}: not valid YAML: {exc}") from exc
     else:
-        raise ConfigurationError(f"log format must be 'text' or 'json', got {fmt!r}")
-    root = logging.getLogger()
-    for old in [h for h in root.handlers if getattr(h, _MARK, False)]:
-        root.removeHandler(old)
-        old.close()
-    stderr = _StderrHandler()
-    stderr.setFormatter(formatter)
-    # Written by a listener thread (a slow stderr never stalls the event loop); the task
-    # fields are added in the emitting thread, where the task's context is.
-    handler = NonBlockingHandler(stderr)
-    handler.addFilter(TaskContextFilter())
-    setattr(handler, _MARK, True)
-    root.addHandler(handler)
-    root.setLevel(getattr(logging, name))
+        try:
+            document = json.loads(text)
+        except ValueError as exc:
+            raise ConfigurationError(f"--log-config {path}: not valid JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise ConfigurationError(f"--log-config {path}: the document must be a mapping")
+    document.setdefault("version", 1)
+    try:
+        logging.config.dictConfig(document)
+    except (ValueError, TypeError, AttributeError, ImportError) as exc:
+        raise ConfigurationError(f"--log-config {path}: dictConfig refused it: {exc}") from exc

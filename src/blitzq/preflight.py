@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from .broker.eviction import eviction_risk
-from .broker.factory import mask_url
 from .exceptions import BlitzQError, BrokerError, ConfigurationError
 from .periodic import PeriodicTask
+from .redaction import mask_url
 from .routing import base_queue
 from .runtime_schedules import RuntimeEntries
 from .serialization import loads

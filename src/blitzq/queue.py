@@ -16,7 +16,7 @@ from . import config, registration
 from . import periodic as periodic_entries
 from ._checks import flag, integer, seconds
 from .broker import Broker
-from .broker.factory import make_broker, resolve_amqp_url, resolve_url
+from .broker.factory import describe_connection, make_broker, resolve_amqp_url, resolve_url
 from .client import testmode
 from .client.admin import Admin
 from .client.delegate import delegate
@@ -37,7 +37,7 @@ from .limits import (
 )
 from .options import declared_options
 from .ratelimit import RateLimit
-from .routing import Routes, check_name, check_queue_name
+from .routing import Routes, check_namespace, check_queue_name
 from .task import BoundTask, Task, TaskHandle
 
 if TYPE_CHECKING:
@@ -107,6 +107,18 @@ class Queue:
             travel through RabbitMQ quorum queues (at-least-once) while ``redis_url`` keeps
             records, results, the schedule and dead letters. ``None`` reads
             ``BLITZQ_AMQP_URL``; without it messages travel through Redis.
+        redis: the application's own ``redis.asyncio.Redis`` or ``ConnectionPool`` to use
+            instead of ``redis_url`` (``decode_responses=False``, the default): enqueues and
+            result reads share its connections, and blitzq never closes it. For producers:
+            a :class:`~blitzq.Worker` refuses such a Queue (it needs connections of its own),
+            and the connection serves the event loop it is first used in (the ``*_sync``
+            twins, which run on a loop of their own, raise ``ConfigurationError`` there).
+            Not with ``redis_url``, ``broker`` or ``amqp_url``; not a Redis Cluster client
+            (give its URL).
+        log_queue: move the root logger's handlers behind a bounded, non-blocking queue
+            written by a listener thread (:func:`blitzq.logcontext.install_log_queue`), so a
+            slow handler never holds the event loop; ``None`` reads ``BLITZQ_LOG_QUEUE``
+            (default off: an application keeps its logging as it set it up).
 
     Every numeric option must be a real number (``int`` where a count or size is asked for;
     never ``bool``), finite and in range, and every duration at most ten years
@@ -139,12 +151,16 @@ class Queue:
         dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
         dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
         amqp_url: str | None = None,
+        log_queue: bool | None = None,
+        redis: Any = None,
     ) -> None:
         self.name = check_queue_name("queue name", name)
-        self.namespace = config.resolve(
-            "namespace", namespace, "blitzq", lambda v: check_name("namespace", v)
-        )
+        self.namespace = config.resolve("namespace", namespace, "blitzq", check_namespace)
         self.mode: Mode = config.resolve("mode", mode or None, "reliable", config.check_mode)
+        if config.resolve("log_queue", log_queue, False, config.check_bool):
+            from .logcontext import install_log_queue
+
+            install_log_queue()
         # Numbers are real numbers (not bool), finite and in range; see blitzq._checks.
         seconds("visibility_timeout", visibility_timeout)
         integer("max_deliveries", max_deliveries, minimum=1)
@@ -157,11 +173,21 @@ class Queue:
         integer("dead_letter_max_bytes", dead_letter_max_bytes, minimum=1024, unit="bytes")
         flag("track_state", track_state)
         if redis_url is not None and not isinstance(redis_url, str):
-            raise ConfigurationError(f"redis_url must be a str, got {redis_url!r}")
+            raise ConfigurationError(f"redis_url must be a str, got {type(redis_url).__name__}")
         if amqp_url is not None and not isinstance(amqp_url, str):
-            raise ConfigurationError(f"amqp_url must be a str, got {amqp_url!r}")
+            raise ConfigurationError(f"amqp_url must be a str, got {type(amqp_url).__name__}")
         if amqp_url:
             resolve_amqp_url(amqp_url, self.name)  # refused here, not at first use
+        self._injected: Any = None
+        self._injected_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+        if redis is not None:
+            if redis_url is not None or broker is not None or amqp_url:
+                raise ConfigurationError(
+                    "give one of redis= (a connection), redis_url= or broker=; redis= does "
+                    "not go with amqp_url= either"
+                )
+            describe_connection(redis)  # refused here, not at first use
+            self._injected = redis
         if routes is not None and not (callable(routes) or isinstance(routes, Mapping)):
             raise ConfigurationError(f"routes must be a dict or a callable, got {routes!r}")
         for target in routes.values() if isinstance(routes, Mapping) else ():
@@ -216,8 +242,16 @@ class Queue:
         if testmode.forced_url is not None:
             return testmode.forced_url(self)
         if self._url is None:
-            self._url = resolve_url(self._redis_url)
+            injected = self._injected
+            self._url = (
+                resolve_url(self._redis_url) if injected is None else describe_connection(injected)
+            )
         return self._url
+
+    @property
+    def connection_injected(self) -> bool:
+        """Whether this Queue works over an application's connection (``redis=``)."""
+        return self._injected is not None
 
     def _connect_to(self, url: str) -> None:
         """Use the broker at ``url`` instead of the configured one (the CLI's ``--redis-url``);
@@ -225,6 +259,7 @@ class Queue:
         """
         self._redis_url = url
         self._url = None
+        self._injected = None  # the URL given wins over an injected connection
 
     def _make_broker(self) -> Broker:
         """A new broker for this Queue's URL, namespace, mode and dead-letter limits."""
@@ -235,6 +270,18 @@ class Queue:
         }
         # The eager test mode keeps everything on its memory backend (blitzq.testing).
         amqp = None if testmode.forced_url is not None else resolve_amqp_url(self._amqp_url)
+        injected = None if testmode.forced_url is not None else self._injected
+        if injected is not None:
+            loop = asyncio.get_running_loop()
+            first = self._injected_loop() if self._injected_loop is not None else None
+            if first is not None and first is not loop:
+                raise ConfigurationError(
+                    "this Queue works over an injected redis= connection, which serves the "
+                    "event loop it was first used in; this is another loop (the *_sync "
+                    "methods run on one of their own): use the async API there, or give "
+                    "the Queue redis_url= instead"
+                )
+            self._injected_loop = weakref.ref(loop)
         return make_broker(
             self.url,
             self.namespace,
@@ -243,6 +290,7 @@ class Queue:
             amqp,
             self.max_deliveries,
             self.visibility_timeout,
+            injected,
         )
 
     @property
@@ -330,6 +378,8 @@ class Queue:
     # (ignore: mypy sees ``self`` as a possible keyword of ``**options``, as for Task.enqueue)
     send = delegate("_producer", Producer.send)  # type: ignore[arg-type]
     send_sync = blocking(send)
+    send_many = delegate("_producer", Producer.send_many)
+    send_many_sync = blocking(send_many)
 
     inspect = delegate("_results", Results.inspect)
     inspect_sync = blocking(inspect)

@@ -36,6 +36,7 @@ class TaskState(enum.StrEnum):
     SCHEDULED = "scheduled"
     QUEUED = "queued"
     RUNNING = "running"
+    CANCELLING = "cancelling"  # never stored: inspect() of a running task a cancel waits for
     RETRYING = "retrying"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -315,12 +316,12 @@ def failed(
 
 def cancelled(
     task_id: str, task: str, queue: str, attempts: int, enqueued_at: float, worker: str,
-    call: tuple[Any, Any] | None = None,
+    call: tuple[Any, Any] | None = None, started_at: float | None = None,
 ) -> bytes:  # fmt: skip
-    """The ``cancelled`` record a worker writes for a task it cancelled (no ``started_at``)."""
+    """A worker's ``cancelled`` record; ``started_at`` (Unix s) when its run had started."""
     record = _Stored(
-        task_id, task, queue, "cancelled", attempts, enqueued_at, finished_at=time.time(),
-        worker=worker, error_type=CANCELLED_TYPE, error=CANCELLED_MESSAGE,
+        task_id, task, queue, "cancelled", attempts, enqueued_at, started_at or _UNSET,
+        time.time(), worker, error_type=CANCELLED_TYPE, error=CANCELLED_MESSAGE,
     )  # fmt: skip
     return _encode(_keep(record, call))
 

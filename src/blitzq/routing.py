@@ -16,7 +16,9 @@ import fnmatch
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from .exceptions import ConfigurationError
+from .exceptions import ConfigurationError, SerializationError
+from .redaction import mask_url, redact
+from .serialization import lookup_key
 
 Priority = Literal["high", "normal", "low"]
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
@@ -33,9 +35,24 @@ def check_name(kind: str, value: str) -> str:
     """
     if not isinstance(value, str) or not value or any(c in value for c in "{}\n\r\0 "):
         raise ConfigurationError(
-            f"{kind} must be a non-empty string without spaces, braces or newlines, got {value!r}"
+            f"{kind} must be a non-empty string without spaces, braces or newlines, "
+            f"got {redact(repr(value))}"  # a URL given in the wrong place: masked
         )
     return value
+
+
+def check_namespace(value: str) -> str:
+    """Return ``value`` if it is usable as a namespace: what :func:`check_name` takes, in
+    valid Unicode text (:func:`~blitzq.serialization.lookup_key`).
+
+    Raises:
+        ConfigurationError: either not (a lone surrogate too, such as an environment
+            variable that was not UTF-8 gives).
+    """
+    try:
+        return lookup_key("namespace", check_name("namespace", value))
+    except SerializationError as exc:
+        raise ConfigurationError(str(exc)) from None
 
 
 def check_queue_name(kind: str, value: str) -> str:
@@ -54,9 +71,10 @@ def check_queue_name(kind: str, value: str) -> str:
     """
     check_name(kind, value)
     if "://" in value:
+        shown = mask_url(value)
         raise ConfigurationError(
-            f"{kind} {value!r} looks like a URL; a queue name is a plain name "
-            f"(give the server as Queue(redis_url={value!r}))"
+            f"{kind} {shown!r} looks like a URL; a queue name is a plain name "
+            f"(give the server as Queue(redis_url={shown!r}))"
         )
     for priority, suffix in _SUFFIX.items():
         if suffix and value.endswith(suffix):

@@ -25,7 +25,7 @@ from .exceptions import BlitzQError, ConfigurationError, SerializationError
 from .periodic import _POLICIES, PeriodicTask, make_periodic, periodic_status
 from .routing import check_name, check_queue_name
 from .schedules import Cron, Every, Schedule
-from .serialization import dumps, loads, plain_args, plain_kwargs
+from .serialization import dumps, loads, lookup_key, plain_args, plain_kwargs
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -87,9 +87,10 @@ class RuntimeSchedule:
         Raises:
             ConfigurationError: a bad name, task, schedule, zone, queue or policy, or both
                 or neither of ``cron`` and ``every``.
-            SerializationError: arguments that are not plain data.
+            SerializationError: arguments that are not plain data, or a name that is not
+                valid Unicode text (a lone surrogate).
         """
-        check_name("schedule name", self.name)
+        lookup_key("schedule name", check_name("schedule name", self.name))
         check_name("task name", self.task)
         if (self.cron is None) == (self.every is None):
             raise ConfigurationError("give exactly one of a cron expression and an interval")
@@ -224,9 +225,11 @@ async def remove_schedule(queue: Queue, name: str) -> bool:
     """Delete the run-time entry ``name`` (and its last run); ``True`` when it existed.
 
     Raises:
+        SerializationError, ConfigurationError: ``name`` is not valid Unicode text, or not a
+            ``str`` (see :func:`~blitzq.serialization.lookup_key`).
         BrokerError: the broker could not be reached.
     """
-    return await queue.broker.remove_runtime_periodic(name)
+    return await queue.broker.remove_runtime_periodic(lookup_key("schedule name", name))
 
 
 async def runtime_schedules(queue: Queue) -> list[RuntimeSchedule]:

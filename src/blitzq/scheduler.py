@@ -24,6 +24,13 @@ The entries themselves (:class:`~blitzq.periodic.PeriodicTask`, their validation
 messages) live in :mod:`blitzq.periodic`; this module re-exports them. Each tick also reads
 the run-time entries (``blitzq schedule add``, :mod:`blitzq.runtime_schedules`).
 
+The claim enforces ``run_once`` and ``skip`` on the server's clock too (see
+:meth:`Scheduler.claim_until`): an occurrence is refused once a newer one is due (``skip``:
+also once it is ``poll_interval + grace`` late), and each entry of a tick is decided on the
+broker's time as of that entry. So schedulers frozen together (SIGSTOP, a VM pause), even
+half-way through a tick, resume with ``skip`` entries on time and one catch-up per
+``run_once`` entry: what was decided before the freeze is not dispatched after it.
+
 A periodic task with no history (never dispatched in this namespace) starts from the moment a
 scheduler first sees it: nothing before that is treated as missed.
 
@@ -136,6 +143,8 @@ class Scheduler:
         self._last_tick: tuple[float, float] | None = None
         self._known_queues: set[str] = set()
         self._stopping = False
+        #: A claim of the last tick was refused as superseded: tick again at once.
+        self._behind = False
         self._wake: asyncio.Event | None = None
         #: The run-time entries (``blitzq schedule add``), read again on each tick.
         self.runtime = RuntimeEntries(queue)
@@ -200,6 +209,32 @@ class Scheduler:
             return []
         return found
 
+    def claim_until(self, entry: PeriodicTask, occurrence: float, jumped: bool) -> float | None:
+        """The broker time from which the claim of ``occurrence`` is refused, or ``None``.
+
+        ``run_once`` (and any policy after a forward step) dispatches only the newest due
+        occurrence: its claim is refused once the next one is due. ``skip`` also refuses it
+        once it is more than ``poll_interval + grace`` late. ``run_all`` dispatches every
+        due occurrence: no limit. The limit is checked by the claim itself, on the broker's
+        clock, so a scheduler paused between its decision and its claim (SIGSTOP, a VM
+        pause) cannot dispatch a decision made before the pause.
+
+        Args:
+            entry: the periodic entry.
+            occurrence: the occurrence to claim (Unix seconds).
+            jumped: the broker's clock stepped forward since the previous tick.
+        """
+        if entry.missed == "run_all" and not jumped:
+            return None
+        try:
+            until = entry.schedule.next_after(occurrence)
+        except ConfigurationError:  # no later occurrence: nothing can supersede it
+            until = None
+        if entry.missed == "skip":
+            late = occurrence + self.poll_interval + self.grace
+            until = late if until is None else min(until, late)
+        return until
+
     def _forward_step(self, now: float, mono: float) -> bool:
         """Whether the broker's clock ran ahead of real time since the previous tick."""
         previous, self._last_tick = self._last_tick, (now, mono)
@@ -225,6 +260,7 @@ class Scheduler:
         """
         queue = self.queue
         broker = queue.broker
+        self._behind = False
         runtime = await self.runtime.refresh()  # `blitzq schedule add`: picked up here
         entries = [*queue.periodic_tasks.values(), *runtime.values()]
         dispatched = 0
@@ -234,22 +270,31 @@ class Scheduler:
             # Read after the history, so every stored occurrence was claimed at or before
             # ``now``: one later than ``now`` then really means the clock stepped back.
             now = await broker.server_time()
-            jumped = self._forward_step(now, self.monotonic())
-            stamp = self.clock()
+            mono = self.monotonic()
+            jumped = self._forward_step(now, mono)
             for entry in entries:
+                # The broker's time as of this entry (its clock at the read plus the real
+                # time since): a tick over many entries, or one paused half-way (SIGSTOP, a
+                # VM pause), decides each entry on the time it claims at, not the tick's.
+                at = now + max(0.0, self.monotonic() - mono)
                 try:
-                    due = self.due(entry, history.get(entry.name), now, jumped)
+                    due = self.due(entry, history.get(entry.name), at, jumped)
                 except ConfigurationError as exc:  # e.g. a cron with no time left
                     logger.warning("periodic %s: %s", entry.name, exc)
                     continue
                 for occurrence in due:
-                    message = build_message(queue, entry, occurrence, stamp)
+                    message = build_message(queue, entry, occurrence, self.clock())
+                    until = self.claim_until(entry, occurrence, jumped)
                     if await broker.claim_periodic(
-                        entry.name, occurrence, message, entry.target_queue()
+                        entry.name, occurrence, message, entry.target_queue(), until=until
                     ):
                         dispatched += 1
                         self.dispatched += 1
                         logger.debug("periodic %s: dispatched %s", entry.name, _iso(occurrence))
+                    elif until is not None and now + self.monotonic() - mono >= until:
+                        # Refused as superseded (the claim came too late): tick again at
+                        # once for the newer occurrence instead of sleeping to the next.
+                        self._behind = True
         if self.promote:
             await broker.promote_due(1000)
         return dispatched
@@ -299,7 +344,9 @@ class Scheduler:
                 except Exception as exc:  # broker down, a bug in one entry: keep going
                     logger.warning("scheduler tick failed: %s: %s", type(exc).__name__, exc)
                 wait = self.poll_interval
-                if self._last_tick is not None:  # server-relative: the broker's clock decides
+                if self._behind:
+                    wait = 0.005
+                elif self._last_tick is not None:  # server-relative: the broker's clock
                     server_now, mono = self._last_tick
                     elapsed = self.monotonic() - mono
                     wait = self.next_wakeup(server_now + elapsed)

@@ -33,9 +33,13 @@ from croniter import CroniterError, croniter
 
 from .exceptions import ConfigurationError
 
-__all__ = ["Cron", "Every", "Schedule"]
+__all__ = ["CRON_ALIASES", "Cron", "Every", "Schedule"]
 
 _UTC = _dt.UTC
+#: The shorthands a cron expression may be instead of its five fields (any case).
+CRON_ALIASES = frozenset(
+    {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
+)
 #: Candidate wall times one :meth:`Cron.next_after` call may examine before giving up.
 _MAX_CRON_STEPS = 100_000
 #: How far around an instant :meth:`Cron.next_after` looks for a UTC-offset change (seconds);
@@ -165,8 +169,11 @@ class Every(Schedule):
 class Cron(Schedule):
     """A cron expression evaluated on the wall clock of an IANA time zone.
 
-    Standard five fields (``minute hour day-of-month month day-of-week``), the ``@hourly`` /
-    ``@daily`` shorthands, and croniter's optional sixth field for seconds.
+    Exactly the five standard fields (``minute hour day-of-month month day-of-week``), or one
+    of the shorthands :data:`CRON_ALIASES` (``@hourly``, ``@daily``, ``@midnight``,
+    ``@weekly``, ``@monthly``, ``@yearly``, ``@annually``). croniter's extensions that change
+    the meaning of the fields (a sixth field for seconds, a seventh for years) are refused,
+    so an expression means what cron(8) says it means.
 
     Daylight saving (the policy; see also ``docs/periodic.md``):
 
@@ -186,14 +193,29 @@ class Cron(Schedule):
         tz: IANA zone name (``"Europe/Berlin"``) or a ``ZoneInfo``; default UTC.
 
     Raises:
-        ConfigurationError: an invalid expression, an unknown zone, or an expression that
-            never matches (``0 0 30 2 *``).
+        ConfigurationError: an invalid expression (not five fields nor a shorthand, or a
+            field out of range), an unknown zone, or an expression that never matches
+            (``0 0 30 2 *``).
     """
 
     __slots__ = ("_every_hour", "_zone", "expression", "tz")
 
     def __init__(self, expression: str, tz: str | ZoneInfo | None = None) -> None:
-        if not isinstance(expression, str) or not croniter.is_valid(expression):
+        if not isinstance(expression, str):
+            raise ConfigurationError(f"a cron expression must be a str, got {expression!r}")
+        fields = expression.split()
+        if len(fields) == 1 and fields[0].startswith("@"):
+            if fields[0].lower() not in CRON_ALIASES:
+                raise ConfigurationError(
+                    f"invalid cron expression {expression!r}: the shorthands are "
+                    f"{', '.join(sorted(CRON_ALIASES))}"
+                )
+        elif len(fields) != 5:
+            raise ConfigurationError(
+                f"invalid cron expression {expression!r}: {len(fields)} fields, a cron "
+                "expression has exactly 5 (minute hour day-of-month month day-of-week)"
+            )
+        if not croniter.is_valid(expression.strip()):
             raise ConfigurationError(f"invalid cron expression {expression!r}")
         if isinstance(tz, ZoneInfo):
             zone = tz

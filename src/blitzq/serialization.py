@@ -27,7 +27,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
 
-from .exceptions import MessageTooLarge, SerializationError
+from .exceptions import ConfigurationError, MessageTooLarge, SerializationError
 
 #: Extension type codes used for the non-native plain types.
 EXT_DATETIME: Final = 1
@@ -47,6 +47,32 @@ def not_utf8(exc: UnicodeEncodeError) -> SerializationError:
         f"str values must be valid Unicode text: {exc.object[exc.start : exc.end]!r} "
         f"at position {exc.start} cannot be encoded as UTF-8 ({exc.reason})"
     )
+
+
+def lookup_key(kind: str, value: Any) -> str:
+    """Return ``value`` if it can name a task, queue or workflow in a call to the broker.
+
+    What every lookup API checks where the id or name enters (``inspect``, ``get_result``,
+    ``cancel``, ``retry``, ``get_progress``, ``purge_queue``, ``stats(queues=)``, …), so a
+    bad one fails as it does at enqueue, not deep in the Redis client.
+
+    Args:
+        kind: what the value is, for the message (``"task id"``, ``"queue name"``).
+        value: the id or name given.
+
+    Raises:
+        ConfigurationError: not a ``str`` (as enqueue's ``task_id=`` refuses one).
+        SerializationError: not valid Unicode text (a lone surrogate such as ``"\\ud800"``,
+            or a command-line argument that was not UTF-8): the error enqueue raises for it.
+    """
+    if not isinstance(value, str):
+        raise ConfigurationError(f"{kind} must be a str, got {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        error = not_utf8(exc)
+        raise SerializationError(f"{kind} {value!r}: {error}") from None
+    return value
 
 
 class Envelope(msgspec.Struct, array_like=True, gc=False):
@@ -70,6 +96,9 @@ class Envelope(msgspec.Struct, array_like=True, gc=False):
             ``None`` for a task outside any workflow.
         unique_key: per-call unique key of a unique task (``None``: derived from the call).
         max_age: per-call ``max_age`` in seconds overriding the task's, or ``None``.
+        deferrals: times in a row this copy was put back on the schedule because a start
+            check could not reach the broker (``None``: none; see
+            :mod:`blitzq.worker.deferral`); it sets the next deferral's delay.
     """
 
     id: str
@@ -87,6 +116,7 @@ class Envelope(msgspec.Struct, array_like=True, gc=False):
     flow: Any = None
     unique_key: str | None = None
     max_age: float | None = None
+    deferrals: int | None = None
 
 
 #: Fields always encoded (id … enqueued_at); the optional ones after them may be omitted.

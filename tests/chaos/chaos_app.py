@@ -186,8 +186,10 @@ def log_claims(queue: Queue, observer: Observer) -> None:
     broker: Any = queue.broker
     claim = broker.claim_periodic
 
-    async def counted(name: str, occurrence: float, message: bytes, target: str) -> bool:
-        won = bool(await claim(name, occurrence, message, target))
+    async def counted(
+        name: str, occurrence: float, message: bytes, target: str, until: float | None = None
+    ) -> bool:
+        won = bool(await claim(name, occurrence, message, target, until))
         if won:  # one field per claim won (idempotent if the write is retried)
             field = f"{int(occurrence)}|{os.getpid()}|{next(observer.claims)}"
             await observer.write(("HSET", key(observer.namespace, "claims"), field, "1"))

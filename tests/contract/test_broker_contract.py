@@ -322,6 +322,26 @@ async def test_schedule_and_promote_respect_due_order_and_limit(broker: Broker) 
     assert await broker.scheduled_count() == 1
 
 
+async def test_promote_ahead_moves_what_is_due_within_that_many_seconds(broker: Broker) -> None:
+    """``promote_due(limit, ahead)`` (the eager test mode's virtual time) also moves what is
+    due within ``ahead`` seconds of the broker's clock; what is due later stays, and the
+    clock reported is the broker's own."""
+    await consumer(broker)
+    await broker.schedule(
+        [
+            Scheduled("soon", Q, message("soon"), delay=30.0),
+            Scheduled("later", Q, message("later"), delay=500.0),
+        ]
+    )
+    assert (await broker.promote_due(100))[0] == 0
+    moved, next_eta, now = await broker.promote_due(100, 60.0)
+    assert moved == 1
+    assert next_eta is not None
+    assert 400.0 < next_eta - now <= 500.0  # ``now`` is not moved ahead
+    assert ids(await broker.fetch(Q, 10, 0)) == ["soon"]
+    assert await broker.scheduled_count() == 1
+
+
 async def test_schedule_is_keyed_by_task_id(broker: Broker) -> None:
     await broker.schedule([Scheduled("same", Q, message("same", Q, 1), delay=50.0)])
     await broker.schedule([Scheduled("same", Q, message("same", Q, 2), eta=1_000_000_000.0)])

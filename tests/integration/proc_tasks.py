@@ -35,6 +35,27 @@ def fail_in_process(message: str) -> None:
     raise ValueError(message)
 
 
+def no_retry_in_process(reason: str) -> None:
+    """Raise ``NoRetry(reason)`` inside a pool process."""
+    from blitzq import NoRetry
+
+    raise NoRetry(reason)
+
+
+def retry_once_in_process(path: str, delay: float) -> int:
+    """Append a line to ``path``; on the first call raise ``Retry(delay=delay)``, after it
+    return how many calls there were (runs in a pool process)."""
+    from blitzq import Retry
+
+    with open(path, "a") as f:
+        f.write("call\n")
+    with open(path) as f:
+        calls = len(f.readlines())
+    if calls == 1:
+        raise Retry(delay=delay, reason="first call")
+    return calls
+
+
 def sleep_with_pid_file(path: str, seconds: float) -> None:
     """Write this pool process's pid to ``path``, then sleep ``seconds`` (a cancellable task)."""
     with open(path + ".tmp", "w") as f:

@@ -265,3 +265,24 @@ async def test_a_resharded_queue_slot_is_followed_mid_run(
         assert redis_cluster.owner(tag) == target
     finally:
         await queue.close()
+
+
+async def test_a_delivery_is_handed_to_another_consumer_in_its_queue_slot(
+    redis_cluster: LocalCluster, cluster_ns: str
+) -> None:
+    # Rolling deploys (worker/unknown.py): the handed set lives in the queue's own slot.
+    name = spread_queues(redis_cluster, cluster_ns)[0]
+    old, new = (Queue(redis_url=redis_cluster.url(), namespace=cluster_ns) for _ in range(2))
+    try:
+        await old.broker.prepare_consumer([name], "w-old")
+        await new.broker.prepare_consumer([name], "w-new")
+        await old.broker.publish(name, [message("handed")])
+        [delivery] = await old.broker.fetch(name, 10, 0)
+        assert delivery.token is not None
+        assert await old.broker.transport.hand_over(name, delivery.token, "w-new", 60)
+        [taken] = await new.broker.transport.take_handed(name, 10)
+        assert (taken.token, taken.payload) == (delivery.token, delivery.payload)
+        assert await new.broker.transport.take_handed(name, 10) == []
+    finally:
+        await old.close()
+        await new.close()

@@ -5,6 +5,7 @@ an unknown reason), and run-time schedules on the periodic page (with their sour
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -18,6 +19,7 @@ pytest.importorskip("starlette", reason="the dashboard needs the 'dashboard' ext
 from blitzq import ConfigurationError, Queue
 from blitzq.dashboard import create_app
 from blitzq.dead_letters import DEAD_LETTER_REASONS
+from blitzq.limits import MAX_REQUEST_BODY
 from blitzq.runtime_schedules import add_schedule
 from tests.conftest import free_port
 from tests.integration.test_cli_ops import ROOT, subprocess_env
@@ -150,3 +152,127 @@ async def test_periodic_api_includes_run_time_schedules(queue: Queue) -> None:
     assert nightly["next_run_local"].endswith(("+01:00", "+02:00"))
     assert "T03:00:00" in nightly["next_run_local"]
     assert "<th>source</th>" in page.text
+
+
+# ------------------------------------------------------------- request bodies
+_PURGE = "/api/dead-letters/purge"
+_JSON = {"Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        (b'{"a": ' + b"[" * 40 + b"]" * 40 + b"}", "the body: nested deeper than 32 levels"),
+        (b"[" * 30_000 + b"]" * 30_000, "the body: nested deeper than 32 levels"),
+        (b'{"confirm": 1e999}', "the body: 1e999 is not a finite number"),
+        (b'{"confirm": -1e999}', "the body: -1e999 is not a finite number"),
+        (b'{"confirm": NaN}', "the body: NaN is not a JSON number"),
+        (b'{"confirm": Infinity}', "the body: Infinity is not a JSON number"),
+        (b'{"confirm": 18446744073709551616}', "the body: 18446744073709551616 is outside"),
+        (b'{"confirm": "\\ud800"}', "the body: the string '\\ud800' is not valid Unicode"),
+        (b"[1]", "the body: expected a JSON object, got a list"),
+        (b'"x"', "the body: expected a JSON object, got a string"),
+        (b"{", "the body: not JSON: "),
+        (b'{"confirm": "\xff"}', "the body: not JSON: "),
+    ],
+    ids=lambda v: repr(v)[:32] if isinstance(v, bytes) else None,
+)
+async def test_a_bad_json_body_is_a_400_with_a_json_error(
+    queue: Queue, body: bytes, error: str
+) -> None:
+    replay = "/api/dead-letters/some-id/replay"
+    async with _client(create_app(queue)) as c:
+        for path in (_PURGE, replay):
+            r = await c.post(path, content=body, headers=_JSON)
+            assert r.status_code == 400, (path, r.text)
+            assert r.json()["error"].startswith(error), r.json()
+            assert r.headers["content-type"].startswith("application/json")
+
+
+async def test_a_body_over_the_limit_is_a_413_and_one_at_the_limit_is_read(
+    queue: Queue,
+) -> None:
+    over = b'{"pad": "' + b"x" * MAX_REQUEST_BODY + b'"}'
+    confirm = b'{"confirm": "' + queue.namespace.encode() + b'", "pad": "'
+    at_limit = confirm + b"x" * (MAX_REQUEST_BODY - len(confirm) - 2) + b'"}'
+    assert len(at_limit) == MAX_REQUEST_BODY
+    async with _client(create_app(queue)) as c:
+        refused = await c.post(_PURGE, content=over, headers=_JSON)
+        read = await c.post(_PURGE, content=at_limit, headers=_JSON)
+    assert refused.status_code == 413
+    assert refused.json() == {"error": f"the body is larger than {MAX_REQUEST_BODY} bytes"}
+    assert read.status_code == 200, read.text
+    assert read.json() == {"purged": 0}
+
+
+async def _post_raw(
+    app: Any, headers: list[tuple[bytes, bytes]], chunks: int, chunk: bytes
+) -> tuple[int, dict[str, Any], int]:
+    """POST to the purge route through the ASGI interface, the body coming as ``chunks``
+    pieces of ``chunk`` (``more_body`` until the last); return the status, the JSON answer
+    and how many pieces the app took."""
+    taken = 0
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal taken
+        if taken >= chunks:
+            return {"type": "http.disconnect"}
+        taken += 1
+        return {"type": "http.request", "body": chunk, "more_body": taken < chunks}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": _PURGE,
+        "raw_path": _PURGE.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"dash"), (b"content-type", b"application/json"), *headers],
+        "client": ("127.0.0.1", 1),
+        "server": ("dash", 80),
+    }
+    await asyncio.wait_for(app(scope, receive, send), 30)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, json.loads(body), taken
+
+
+async def test_a_50_mb_body_is_refused_without_being_read_whole(queue: Queue) -> None:
+    app = create_app(queue)
+    piece = b" " * 65536
+    pieces = 50 * 1024 * 1024 // len(piece)  # 50 MiB, streamed without a Content-Length
+    status, doc, taken = await _post_raw(app, [], pieces, piece)
+    assert (status, doc) == (413, {"error": f"the body is larger than {MAX_REQUEST_BODY} bytes"})
+    assert taken <= MAX_REQUEST_BODY // len(piece) + 1  # stopped at the first piece too many
+    # Announced by its Content-Length: refused before a byte of it is read.
+    declared = [(b"content-length", str(pieces * len(piece)).encode())]
+    status, doc, taken = await _post_raw(app, declared, pieces, piece)
+    assert (status, taken) == (413, 0)
+    # A Content-Length that is no number of bytes is a 400, also before reading.
+    for bad in (b"lots", b"-1", "\N{SUPERSCRIPT TWO}".encode("latin-1")):
+        status, doc, taken = await _post_raw(app, [(b"content-length", bad)], 1, b"{}")
+        assert (status, taken) == (400, 0), bad
+        assert doc["error"].startswith("Content-Length is not a number of bytes")
+
+
+async def test_ids_that_are_not_utf8_in_a_url_are_answered_not_500(queue: Queue) -> None:
+    """Percent-escapes that decode to no UTF-8 text (``%FF``, an encoded surrogate) in a task
+    id or a filter: a JSON answer, never a 500."""
+    async with _client(create_app(queue)) as c:
+        task = await c.get("/api/tasks/a%FFb")
+        surrogate = await c.get("/api/tasks/a%ED%A0%80b")
+        listed_raw = await c.get("/api/dead-letters?task=a%ED%A0%80&queue=%FF")
+        replay = await c.post("/api/dead-letters/a%FF/replay", json={})
+    assert (task.status_code, surrogate.status_code) == (404, 404)
+    assert task.json()["error"].startswith("no record of task a\ufffdb")
+    assert listed_raw.status_code == 200
+    assert listed_raw.json()["items"] == []
+    assert replay.status_code == 404
+    assert replay.json() == {"error": "no dead letter with id a\ufffd"}

@@ -8,10 +8,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from blitzq import Queue, RetryPolicy, SerializationError, TaskState
+from blitzq import (
+    Middleware,
+    Queue,
+    RateLimit,
+    RetryPolicy,
+    SerializationError,
+    TaskCancelled,
+    TaskContext,
+    TaskFailed,
+    TaskState,
+    TaskTimeout,
+)
 from blitzq.testing import WorkerHarness, eager
 
 
@@ -122,4 +134,315 @@ async def test_worker_harness_drains_on_the_queues_own_backend(
         assert sorted(done) == list(range(20))
     with pytest.raises(RuntimeError, match="inside"):
         await w.drain()
+    await queue.close()
+
+
+# ---------------------------------------------------------------- issue 27, item 2
+
+
+class Boom(Exception):
+    """A user's own exception type."""
+
+
+async def test_result_raises_the_tasks_own_exception_or_task_failed() -> None:
+    """``result()`` of a failed task raises what the task raised (``pytest.raises(Boom)``
+    works); the record is production's; ``propagate=False`` gives ``TaskFailed``."""
+    queue = Queue(namespace="eager-e")
+
+    @queue.task(name="e.boom", retries=0)
+    async def boom(n: int) -> None:
+        raise Boom(f"no {n}")
+
+    @queue.task(name="e.boom_sync", retries=0)
+    def boom_sync() -> None:
+        raise KeyError("k")
+
+    @queue.task(name="e.ok")
+    async def ok() -> int:
+        return 1
+
+    with eager() as mode:
+        handle = await boom.enqueue(1)
+        with pytest.raises(Boom, match="no 1"):
+            await handle.result(timeout=5)
+        with pytest.raises(KeyError):
+            await (await boom_sync.enqueue()).result(timeout=5)
+        record = await queue.inspect(handle.id)
+        assert record is not None
+        assert record.state is TaskState.DEAD_LETTERED  # the default: dead_letter=True
+        assert record.error_type is not None
+        assert record.error_type.endswith("Boom")
+        handles = [await ok.enqueue(), handle]
+        one, failed = await queue.get_results(handles, timeout=5, return_exceptions=True)
+        assert one == 1
+        assert isinstance(failed, Boom)
+        with pytest.raises(Boom):
+            await queue.get_results(handles, timeout=5)
+        mode.propagate = False  # the fixture's mode can be switched in a test
+        with pytest.raises(TaskFailed) as info:
+            await handle.result(timeout=5)
+        assert info.value.error_type == record.error_type
+    with eager(propagate=False), pytest.raises(TaskFailed, match="no 2"):
+        await (await boom.enqueue(2)).result(timeout=5)
+    await queue.close()
+
+
+def test_sync_result_and_a_workflow_raise_the_tasks_own_exception() -> None:
+    queue = Queue(namespace="eager-f")
+
+    @queue.task(name="e.double")
+    def double(x: int) -> int:
+        return 2 * x
+
+    @queue.task(name="e.refuse", retries=0)
+    def refuse(x: int) -> int:
+        raise Boom(f"refused {x}")
+
+    with eager():
+        with pytest.raises(Boom, match="refused 3"):
+            refuse.enqueue_sync(3).result_sync(timeout=5)
+        flow = queue.apply_sync(double.s(1) | refuse.s() | double.s())
+        with pytest.raises(Boom, match="refused 2"):
+            flow.get_sync(timeout=5)
+    with eager(propagate=False):
+        flow = queue.apply_sync(double.s(1) | refuse.s())
+        with pytest.raises(TaskFailed):
+            flow.get_sync(timeout=5)
+    queue.close_sync()
+
+
+async def test_retries_delays_and_etas_run_in_virtual_time() -> None:
+    """The default retry policy (3 retries, backoff up to 4 s), a delay of a minute and an
+    eta an hour away... within the horizon run before the enqueue returns, with production's
+    attempts and records; no timing is asserted (the test just ends)."""
+    queue = Queue(namespace="eager-g")
+    calls: dict[str, int] = {}
+
+    @queue.task(name="e.flaky")  # the default retries
+    async def flaky(key: str) -> str:
+        calls[key] = calls.get(key, 0) + 1
+        if calls[key] <= 3:
+            raise Boom(f"attempt {calls[key]}")
+        return key
+
+    @queue.task(name="e.hopeless")
+    async def hopeless() -> None:
+        raise Boom("never")
+
+    @queue.task(name="e.stamp")
+    async def stamp(label: str) -> str:
+        return label
+
+    with eager(horizon=3600):
+        handle = await flaky.enqueue("a")
+        assert calls["a"] == 4  # ran, with its three retries, before enqueue returned
+        assert await handle.result(timeout=5) == "a"
+        record = await queue.inspect(handle.id)
+        assert record is not None
+        assert (record.state, record.attempts) == (TaskState.SUCCEEDED, 4)
+        failed = await hopeless.enqueue()
+        with pytest.raises(Boom, match="never"):
+            await failed.result(timeout=5)
+        record = await queue.inspect(failed.id)
+        assert record is not None
+        assert (record.state, record.attempts) == (TaskState.DEAD_LETTERED, 4)
+        delayed = await stamp.options(delay=60).enqueue("delay")
+        assert await delayed.result(timeout=5) == "delay"
+        at = datetime.now(UTC) + timedelta(minutes=50)
+        timed = await stamp.options(eta=at).enqueue("eta")
+        assert await timed.result(timeout=5) == "eta"
+        later = await stamp.options(delay=7200).enqueue("later")  # past the horizon
+        record = await queue.inspect(later.id)
+        assert record is not None
+        assert record.state is TaskState.SCHEDULED
+    with eager(horizon=0):  # no virtual time at all: a retry's backoff is waited for
+        slow = await stamp.options(delay=600).enqueue("slow")
+        record = await queue.inspect(slow.id)
+        assert record is not None
+        assert record.state is TaskState.SCHEDULED
+    await queue.close()
+
+
+async def test_a_task_waiting_for_a_child_and_a_thread_task_enqueuing() -> None:
+    """A task may enqueue another and wait for its result (the drain runs the child
+    meanwhile), from a coroutine or a thread (the sync API's loop tells the drain)."""
+    queue = Queue(namespace="eager-h")
+
+    @queue.task(name="e.child")
+    async def child(n: int) -> int:
+        return n + 1
+
+    @queue.task(name="e.parent")
+    async def parent(n: int) -> int:
+        handle = await child.enqueue(n)
+        return 10 * await handle.result(timeout=10)
+
+    @queue.task(name="e.thread_parent")
+    def thread_parent(n: int) -> int:
+        return 100 * child.enqueue_sync(n).result_sync(timeout=10)
+
+    with eager():
+        assert await (await parent.enqueue(1)).result(timeout=5) == 20
+        assert await (await thread_parent.enqueue(2)).result(timeout=5) == 300
+    await queue.close()
+    queue.close_sync()
+
+
+async def test_an_unknown_task_fails_at_once_and_a_hard_timeout_raises() -> None:
+    queue = Queue(namespace="eager-i")
+
+    @queue.task(name="e.sleepy", timeout=0.2, retries=0)
+    async def sleepy() -> None:
+        await asyncio.sleep(30)
+
+    with eager():
+        handle = await queue.send("e.nobody")  # no Queue of this process registers it
+        with pytest.raises(TaskFailed, match="unknown task"):
+            await handle.result(timeout=5)
+        with pytest.raises(TaskTimeout):
+            await (await sleepy.enqueue()).result(timeout=30)
+    await queue.close()
+
+
+async def test_rate_limited_tasks_all_run() -> None:
+    """A rate limit's wait keeps real time (the server's token bucket): the drain waits for
+    it instead of skipping it, and every task runs."""
+    queue = Queue(namespace="eager-j")
+    ran: list[int] = []
+
+    @queue.task(name="e.limited", rate_limit=RateLimit(5, 1.0, burst=2))
+    async def limited(i: int) -> int:
+        ran.append(i)
+        return i
+
+    with eager():
+        handles = await limited.enqueue_many([(i,) for i in range(4)])
+        assert sorted(ran) == [0, 1, 2, 3]
+        assert await queue.get_results(handles, timeout=5) == [0, 1, 2, 3]
+    await queue.close()
+
+
+async def test_fast_mode_other_queues_and_middleware_hooks() -> None:
+    """The per-delivery path includes the middleware (before, after, on_retry hooks ran
+    before the enqueue returned) and fast mode; an enqueue to a queue no task names runs."""
+    seen: list[tuple[str, str]] = []
+
+    class Trace(Middleware):
+        async def before_execute(self, context: TaskContext) -> None:
+            seen.append(("before", context.task))
+
+        async def after_execute(self, context: TaskContext, result: object) -> None:
+            seen.append(("after", context.task))
+
+        async def on_retry(self, context: TaskContext, exc: BaseException, delay: float) -> None:
+            seen.append(("retry", context.task))
+
+    queue = Queue(namespace="eager-k", mode="fast")
+    queue.add_middleware(Trace())
+    calls = {"n": 0}
+
+    @queue.task(name="e.add")
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    @queue.task(name="e.twice")
+    async def twice() -> int:
+        calls["n"] += 1
+        if calls["n"] < 2:
+            raise RuntimeError("once more")
+        return calls["n"]
+
+    with eager():
+        handle = await add.options(queue="elsewhere", priority="high").enqueue(2, 3)
+        assert seen == [("before", "e.add"), ("after", "e.add")]
+        assert await handle.result(timeout=5) == 5
+        assert await (await twice.enqueue()).result(timeout=5) == 2
+        assert seen[2:] == [
+            ("before", "e.twice"),
+            ("retry", "e.twice"),
+            ("before", "e.twice"),
+            ("after", "e.twice"),
+        ]
+    await queue.close()
+
+
+async def test_a_drain_that_does_not_end_raises_timeout_error() -> None:
+    """A task that never ends makes its enqueue raise ``TimeoutError`` after the mode's
+    ``timeout``; the run is put back on its queue (as at a worker's shutdown) and the
+    next activation starts clean."""
+    queue = Queue(namespace="eager-l")
+    started = asyncio.Event()
+
+    @queue.task(name="e.forever")
+    async def forever() -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    @queue.task(name="e.quick")
+    async def quick() -> str:
+        return "done"
+
+    with eager(timeout=0.5):
+        with pytest.raises(TimeoutError, match="did not end within"):
+            await forever.enqueue()
+        assert started.is_set()
+    with eager():
+        assert await (await quick.enqueue()).result(timeout=5) == "done"
+    await queue.close()
+
+
+async def test_inside_a_task_a_childs_failure_is_task_failed_as_in_production() -> None:
+    """Only the test's own code gets the task's exception: a task waiting for a child that
+    failed sees ``TaskFailed``, as in production, from a coroutine or a thread."""
+    queue = Queue(namespace="eager-m")
+
+    @queue.task(name="e.bad_child", retries=0)
+    async def bad_child() -> None:
+        raise Boom("child")
+
+    @queue.task(name="e.careful")
+    async def careful() -> str:
+        try:
+            await (await bad_child.enqueue()).result(timeout=10)
+        except TaskFailed as exc:
+            return f"caught {exc.error_type}"
+        return "no failure"
+
+    @queue.task(name="e.careful_thread")
+    def careful_thread() -> str:
+        try:
+            bad_child.enqueue_sync().result_sync(timeout=10)
+        except TaskFailed as exc:
+            return f"caught {exc.error_type}"
+        return "no failure"
+
+    with eager():
+        assert (await (await careful.enqueue()).result(timeout=5)).endswith("Boom")
+        assert (await (await careful_thread.enqueue()).result(timeout=5)).endswith("Boom")
+    await queue.close()
+    queue.close_sync()
+
+
+async def test_cancelling_a_running_task_cancels_it() -> None:
+    """``handle.cancel()`` of a task running in the eager mode cancels it at once, as a
+    worker does on the broker's event (the eager mode listens to none)."""
+    queue = Queue(namespace="eager-n")
+    started = asyncio.Event()
+
+    @queue.task(name="e.sleeper")
+    async def sleeper() -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    @queue.task(name="e.canceller")
+    async def canceller() -> list[str]:
+        handle = await sleeper.enqueue()  # the running drain starts it beside this one
+        await asyncio.wait_for(started.wait(), 10)
+        return [handle.id, await handle.cancel()]
+
+    with eager():
+        sleeper_id, was = await (await canceller.enqueue()).result(timeout=5)
+        assert was in ("running", "pending")
+        with pytest.raises(TaskCancelled):
+            await queue.get_result(sleeper_id, timeout=5)
     await queue.close()

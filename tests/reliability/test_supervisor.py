@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import redis
 
-from blitzq import Queue
+from blitzq import Queue, TaskFailed
 from blitzq.supervisor import RestartBudget
 from blitzq.worker import executors
 from tests.polling import wait_until
@@ -59,9 +59,43 @@ def hang(seconds: float) -> None:
     time.sleep(seconds)
 
 
+def _enter(directory: str) -> Path:
+    """Count this task body as running in this process: a file ``<pid>-<random>.run`` in
+    ``directory``; then append to ``peaks`` how many such files of this pid exist (the
+    bodies of this process running at once, this one included)."""
+    here = Path(directory)
+    me = here / f"{os.getpid()}-{os.urandom(6).hex()}.run"
+    me.touch()
+    now = len(list(here.glob(f"{os.getpid()}-*.run")))
+    with open(here / "peaks", "a") as f:
+        f.write(f"{os.getpid()} {now}\n")
+    return me
+
+
+@queue.task(executor="thread", timeout=0.5, retries=0, dead_letter=False)
+def gated_hang(directory: str) -> None:
+    """A counted body that blocks past its hard timeout until the test creates
+    ``directory/release`` (or its worker process is replaced, which kills it)."""
+    me = _enter(directory)
+    release = Path(directory) / "release"
+    deadline = time.monotonic() + 120
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    me.unlink()
+
+
+@queue.task(executor="thread")
+def gated_quick(directory: str, i: int) -> int:
+    """A counted body that returns ``i`` at once."""
+    _enter(directory).unlink()
+    return i
+
+
 WHOAMI = f"{__name__}.whoami"
 HOLD = f"{__name__}.hold_in_pool"
 HANG = f"{__name__}.hang"
+GATED_HANG = f"{__name__}.gated_hang"
+GATED_QUICK = f"{__name__}.gated_quick"
 
 
 # ------------------------------------------------------------------ helpers
@@ -424,6 +458,52 @@ def test_abandoned_thread_restarts_never_stop_the_supervisor(
     # Still serving: the hung tasks are done with, whoami runs on a live worker.
     handle = producer.send_sync(WHOAMI, (0.0,))
     assert handle.result_sync(timeout=60) in set(sup.workers()) | sup.seen
+    sup.proc.send_signal(signal.SIGTERM)
+    assert sup.proc.wait(30) == 0, sup.output()
+
+
+def test_hung_threads_holding_every_slot_get_their_worker_replaced(
+    supervise: Callable[..., Supervised],
+    producer: Queue,
+    client: redis.Redis,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """Issue 28, item 12: ``-c 4`` workers and sync tasks that block past their hard timeout.
+    A hung thread keeps its slot, so no worker process ever runs more than 4 task bodies at
+    once (counted with files per pid); once hung threads hold all 4 slots of a worker (far
+    below ``--max-abandoned-threads`` 10) it exits 75 and the supervisor replaces it, which
+    kills them; every task behind them completes, and the hung ones failed at their
+    timeout."""
+    bodies = tmp_path / "bodies"
+    bodies.mkdir()
+    sup = supervise("-c", "4")
+    wait_ready(sup, client, namespace)
+    hung = [producer.send_sync(GATED_HANG, (str(bodies),)) for _ in range(8)]
+    quick = [producer.send_sync(GATED_QUICK, (str(bodies), i)) for i in range(12)]
+    try:
+        assert [h.result_sync(timeout=90) for h in quick] == list(range(12)), sup.output()
+        for h in hung:
+            with pytest.raises(TaskFailed) as info:
+                h.result_sync(timeout=30)
+            assert info.value.error_type is not None
+            assert info.value.error_type.endswith("TaskTimeout")
+        peaks: dict[str, int] = {}
+        for line in (bodies / "peaks").read_text().splitlines():
+            pid, now = line.split()
+            peaks[pid] = max(peaks.get(pid, 0), int(now))
+        assert max(peaks.values()) <= 4, f"bodies at once per worker pid: {peaks}"
+        wait_until(
+            lambda: "planned restart" in sup.log.read_text(errors="replace"),
+            60,
+            f"a planned restart\n{sup.output()}",
+        )
+        out = sup.log.read_text(errors="replace")
+        assert "slots held by threads abandoned at their hard timeout" in out, out[-4000:]
+        assert "giving up" not in out, out[-4000:]
+    finally:
+        (bodies / "release").touch()
+    assert sup.proc.poll() is None, sup.output()
     sup.proc.send_signal(signal.SIGTERM)
     assert sup.proc.wait(30) == 0, sup.output()
 

@@ -25,9 +25,9 @@ TYPES = {"stream", "list", "string", "hash", "zset", "set", "channel"}
 _TOKEN = re.compile(r"""'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*"|--[^\n]*""")
 #: The prefix (or an ARGV holding it) joined to a literal: a key made outside the table.
 _CONCAT = re.compile(r"""(?:\bprefix|ARGV\[\d+\])\s*\.\.\s*['"]""")
-#: The tags of the events channel's payloads ('r:<id>', 's:<due>'), which are not key names,
-#: written right after the channel in a PUBLISH.
-_EVENT_TAG = re.compile(r"""'PUBLISH',\s*[^,]+,\s*'[rs]:'\s*\.\.""")
+#: The tags of the events channel's payloads ('r:<id>', 's:<due>', 'h:<worker>'), which are
+#: not key names, written right after the channel in a PUBLISH.
+_EVENT_TAG = re.compile(r"""'PUBLISH',\s*[^,]+,\s*'[rsh]:'\s*\.\.""")
 
 #: Every literal piece of a key pattern: a Lua string equal to one is a hand-made key.
 _KEY_TEXT = {literal for key in TABLE.values() for literal in key.literals if literal}

@@ -25,10 +25,12 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "blitzq"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
-MAX_LINES = 400
+#: A review signal, not a wall: a module past it is split by concern (never by count, and
+#: never by packing lines with ``# fmt: skip``).
+MAX_LINES = 600
 
-#: Modules still over MAX_LINES, with the most lines they may have until they are slimmed.
-#: Delete an entry when its module is split.
+#: Modules still over MAX_LINES, with the most lines they may have until they are split by
+#: concern. Delete an entry when its module is split.
 OVER_MAX_LINES: dict[str, int] = {}
 
 #: The re-export shims that keep users' old import paths working; nothing in src imports them.
@@ -297,7 +299,8 @@ RULES = {
 
 
 def test_no_module_over_max_lines() -> None:
-    """No module under src/blitzq is over 400 lines (but those of OVER_MAX_LINES, capped)."""
+    """No module under src/blitzq is over MAX_LINES (600) lines (but those of OVER_MAX_LINES,
+    capped): past it a module is split by the concerns it mixes."""
     check("lines", _lines())
 
 

@@ -110,6 +110,21 @@ def test_cancelled_by_worker() -> None:
     }  # fmt: skip
 
 
+def test_cancelled_by_worker_keeps_when_its_run_started() -> None:
+    data = records.cancelled(ID, TASK, QUEUE, 3, T0, WORKER, started_at=T1)
+    assert written(data) == {
+        "id": ID, "task": TASK, "queue": QUEUE, "state": "cancelled", "attempts": 3,
+        "enqueued_at": T0, "started_at": T1, "finished_at": None, "worker": WORKER,
+        "error_type": "TaskCancelled", "error": "cancelled by request",
+    }  # fmt: skip
+    assert list(loads(data)) == [k for k in records.RECORD_FIELDS if k in loads(data)]
+
+
+def test_cancelling_is_not_final_and_reads_back() -> None:
+    assert not TaskState.CANCELLING.is_final
+    assert TaskState("cancelling") is TaskState.CANCELLING
+
+
 def test_cancel_request() -> None:
     assert loads(records.cancel_request(ID, T1)) == {
         "id": ID, "task": "", "queue": "", "state": "cancelled",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import random
 import statistics
 
@@ -168,3 +169,85 @@ def test_retry_exception_validates_its_delay() -> None:
     for delay in (float("nan"), float("inf"), float("-inf")):
         with pytest.raises(ConfigurationError):
             Retry(delay=delay)
+
+
+# ------------------------------------------------------------------- linear and fixed backoff
+def test_linear_backoff_adds_the_base_per_retry() -> None:
+    policy = RetryPolicy(base=2.0, backoff="linear", max_delay=1000, jitter="none")
+    assert [policy.delay(n) for n in range(1, 6)] == [2.0, 4.0, 6.0, 8.0, 10.0]
+
+
+def test_linear_backoff_with_an_increment() -> None:
+    policy = RetryPolicy(base=1.0, increment=0.5, backoff="linear", jitter="none")
+    assert [policy.delay(n) for n in range(1, 5)] == [1.0, 1.5, 2.0, 2.5]
+    assert policy.delay(0) == policy.delay(-3) == 1.0  # below 1 counts as the first retry
+
+
+def test_linear_backoff_is_capped_and_jittered() -> None:
+    policy = RetryPolicy(base=10.0, backoff="linear", max_delay=25.0, jitter="full")
+    assert policy.delay(2, HIGH) == pytest.approx(20.0)
+    assert policy.delay(3, HIGH) == pytest.approx(25.0)
+    assert policy.delay(10**6, HIGH) == pytest.approx(25.0)
+    assert policy.delay(3, LOW) == 0.0
+    equal = dataclasses.replace(policy, jitter="equal")
+    assert equal.delay(2, LOW) == pytest.approx(10.0)
+
+
+def test_fixed_backoff_ignores_the_factor() -> None:
+    policy = RetryPolicy(base=3.0, factor=5.0, backoff="fixed", jitter="none")
+    assert {policy.delay(n) for n in range(1, 30)} == {3.0}
+    assert RetryPolicy(base=3.0, max_delay=2.0, backoff="fixed", jitter="none").delay(4) == 2.0
+
+
+def test_exponential_stays_the_default_backoff() -> None:
+    policy = RetryPolicy(base=1.0, jitter="none")
+    assert policy.backoff == "exponential"
+    assert [policy.delay(n) for n in range(1, 5)] == [1.0, 2.0, 4.0, 8.0]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"backoff": "quadratic"},
+        {"backoff": ""},
+        {"increment": -1.0},
+        {"increment": float("nan")},
+        {"increment": float("inf")},
+        {"increment": True},
+        {"increment": "1"},
+    ],
+    ids=repr,
+)
+def test_invalid_backoff_arguments_raise_configuration_error(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ConfigurationError):
+        RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_no_retry_is_never_retried() -> None:
+    from blitzq import NoRetry
+
+    assert not RetryPolicy().should_retry(NoRetry("bad input"))
+    assert not RetryPolicy(retry_on=(NoRetry,)).should_retry(NoRetry())
+    assert str(NoRetry()) == "the task asked not to be retried"
+    assert NoRetry("why").reason == "why"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [Retry(), Retry(delay=2.5, reason="later"), Retry(delay=0)],
+    ids=repr,
+)
+def test_retry_pickles_by_its_arguments(error: Retry) -> None:
+    """A Retry crosses back from an ``executor="process"`` task as itself."""
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is Retry
+    assert (back.delay, back.reason, str(back)) == (error.delay, error.reason, str(error))
+
+
+def test_no_retry_pickles_by_its_reason() -> None:
+    from blitzq import NoRetry
+
+    for error in (NoRetry(), NoRetry("bad input")):
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is NoRetry
+        assert (back.reason, str(back)) == (error.reason, str(error))

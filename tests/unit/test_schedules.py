@@ -15,8 +15,9 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from blitzq import ConfigurationError, Queue, SerializationError
+from blitzq.runtime_schedules import RuntimeSchedule
 from blitzq.scheduler import PeriodicTask, Scheduler, build_message
-from blitzq.schedules import Cron, Every
+from blitzq.schedules import CRON_ALIASES, Cron, Every
 from blitzq.serialization import decode_envelope
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -402,3 +403,44 @@ def test_scheduler_refuses_bad_settings(queue: Queue) -> None:
         Scheduler(queue, poll_interval=0)
     with pytest.raises(ConfigurationError):
         Scheduler(queue, max_catch_up=0)
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("0 0 * * * 5", "6 fields, a cron expression has exactly 5"),
+        ("* * * * * */5", "6 fields"),
+        ("0 0 1 1 * 0 2030", "7 fields"),
+        ("0 0 * *", "4 fields"),
+        ("", "0 fields"),
+        ("@reboot", "the shorthands are @annually, @daily"),
+        ("@every 5m", "2 fields"),
+    ],
+)
+def test_cron_takes_exactly_five_fields_or_a_shorthand(expression: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        Cron(expression)
+
+
+@pytest.mark.parametrize("alias", [*sorted(CRON_ALIASES), "@HOURLY", " @daily "])
+def test_cron_shorthands_are_accepted(alias: str) -> None:
+    assert Cron(alias).next_after(utc(2026, 5, 1, 12, 30)) > utc(2026, 5, 1, 12, 30)
+
+
+def test_every_cron_entrance_refuses_a_sixth_field(queue: Queue) -> None:
+    @queue.task(name="six")
+    async def six() -> None: ...
+
+    with pytest.raises(ConfigurationError, match="6 fields"):
+        queue.add_periodic(six, "0 0 * * * 5", name="six")
+    with pytest.raises(ConfigurationError, match="6 fields"):
+        queue.add_periodic(six, Cron("0 0 * * * 5"), name="six")
+
+    with pytest.raises(ConfigurationError, match="6 fields"):
+
+        @queue.periodic("0 0 * * * 5", name="seconds")
+        async def seconds() -> None: ...
+
+    with pytest.raises(ConfigurationError, match="6 fields"):
+        RuntimeSchedule("rt", "six", cron="0 0 * * * 5").check()
+    assert queue.periodic_tasks == {}

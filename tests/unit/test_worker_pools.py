@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -89,3 +90,28 @@ async def test_grant_takes_only_free_slots_and_returns_unused_queue_slots() -> N
     free = Slots(Limiter(2), None)
     assert free.grant(3, 1) == 2
     assert free.global_limiter.free == 0
+
+
+async def test_drained_can_leave_out_the_slots_of_runs_not_waited_for() -> None:
+    """A stopping worker waits for its running tasks, not for the threads abandoned at
+    their hard timeout, which keep their slots (maybe for ever): ``drained(kept=...)``
+    returns once only those are taken, also when a run is abandoned (a ``wake``, no
+    release) while it waits."""
+    limiter = Limiter(4)
+    assert limiter.take(3) == 3
+    abandoned = [1]  # one of the three runs was abandoned
+    waiting = asyncio.ensure_future(limiter.drained(lambda: len(abandoned)))
+    await asyncio.sleep(0)
+    limiter.release(1)
+    await asyncio.sleep(0)
+    assert not waiting.done()  # 2 taken, 1 of them abandoned: one run still going
+    abandoned.append(1)  # the last running one passes its hard timeout
+    limiter.wake()
+    await asyncio.wait_for(waiting, 10)
+    assert limiter.in_use == 2
+    # Without ``kept`` every slot must come back.
+    everything = asyncio.ensure_future(limiter.drained())
+    await asyncio.sleep(0)
+    assert not everything.done()
+    limiter.release(2)
+    await asyncio.wait_for(everything, 10)

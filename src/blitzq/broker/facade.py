@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import replace
 
+from .liveness import LivenessFacade
 from .operations import OperationsFacade
 from .ops import ChordMember, Publish, WorkflowStep
 from .outbox import Relay
@@ -37,7 +38,7 @@ from .state import Completion, DeadLetterFields, Scheduled, StateStore
 from .transport import Delivery, Guarantee, Transport
 
 
-class Broker(OperationsFacade):
+class Broker(OperationsFacade, LivenessFacade):
     """A transport and a state store behind one object (see the module docstring).
 
     Args:
@@ -207,9 +208,9 @@ class Broker(OperationsFacade):
         """See :meth:`StateStore.schedule`."""
         await self.state.schedule(items)
 
-    async def promote_due(self, limit: int) -> tuple[int, float | None, float]:
+    async def promote_due(self, limit: int, ahead: float = 0.0) -> tuple[int, float | None, float]:
         """See :meth:`StateStore.promote_due`; then the relay, when something moved."""
-        promoted = await self.state.promote_due(limit)
+        promoted = await self.state.promote_due(limit, ahead)
         if promoted[0] and self.relay is not None:
             await self.relay.pushed()
         return promoted
@@ -227,10 +228,10 @@ class Broker(OperationsFacade):
         return await self.state.server_time()
 
     async def claim_periodic(
-        self, name: str, occurrence: float, message: bytes, queue: str
+        self, name: str, occurrence: float, message: bytes, queue: str, until: float | None = None
     ) -> bool:
         """See :meth:`StateStore.claim_periodic`; then the relay, when claimed."""
-        claimed = await self.state.claim_periodic(name, occurrence, message, queue)
+        claimed = await self.state.claim_periodic(name, occurrence, message, queue, until)
         if claimed and self.relay is not None:
             await self.relay.pushed([queue])
         return claimed

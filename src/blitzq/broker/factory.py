@@ -12,6 +12,7 @@ from urllib.parse import unquote, urlsplit
 
 from .. import config
 from ..exceptions import ConfigurationError
+from ..redaction import mask_url, redact
 from . import Broker, Guarantee
 
 #: URL schemes a Queue accepts (``valkey://`` and ``valkeys://`` are read as the redis ones).
@@ -85,42 +86,17 @@ def check_amqp_url(url: str) -> None:
     try:
         port = parts.port
     except ValueError as exc:
-        raise ConfigurationError(f"bad amqp_url {shown!r}: {exc}") from None
+        raise ConfigurationError(f"bad amqp_url {shown!r}: {redact(str(exc), url)}") from None
     if not parts.hostname:
         raise ConfigurationError(f"bad amqp_url {shown!r}: no host")
     if port == 0:
         raise ConfigurationError(f"bad amqp_url {shown!r}: port 0")
     if "/" in parts.path[1:] and parts.path != "//":  # aio-pika reads "//" as vhost "/"
+        vhost = redact(repr(unquote(parts.path[1:])), url)  # a password's "/" cuts it here
         raise ConfigurationError(
-            f"bad amqp_url {shown!r}: the vhost {unquote(parts.path[1:])!r} has an unescaped "
+            f"bad amqp_url {shown!r}: the vhost {vhost} has an unescaped "
             "'/' (write it as %2F, e.g. amqp://host/%2F for the default vhost)"
         )
-
-
-def mask_url(url: str) -> str:
-    """``url`` with its passwords (userinfo, ``?password=`` and ``?sentinel_password=``)
-    replaced by ``***``."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    rest, qmark, query = rest.partition("?")
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        userinfo, _, host = authority.rpartition("@")
-        user, colon, _password = userinfo.partition(":")
-        if colon:
-            userinfo = f"{user}:***"
-        elif user:
-            userinfo = "***"  # redis://secret@host: a bare userinfo is the password
-        authority = f"{userinfo}@{host}"
-    if query:
-        query = "&".join(
-            f"{part.split('=', 1)[0]}=***"
-            if part.split("=", 1)[0] in ("password", "sentinel_password")
-            else part
-            for part in query.split("&")
-        )
-    return f"{scheme}{sep}{authority}{slash}{path}{qmark}{query}"
 
 
 def resolve_url(configured: str | None) -> str:
@@ -150,10 +126,22 @@ def resolve_url(configured: str | None) -> str:
         url = "rediss://" + url.removeprefix("valkeys://")
     if not url.startswith(SCHEMES):
         raise ConfigurationError(
-            f"unsupported broker URL {url!r}: use redis://, rediss://, unix://, memory://, "
-            "redis+cluster:// or redis+sentinel://"
+            f"unsupported broker URL {mask_url(url)!r}: use redis://, rediss://, unix://, "
+            "memory://, redis+cluster:// or redis+sentinel://"
         )
     return url
+
+
+def describe_connection(connection: Any) -> str:
+    """Where an injected ``redis=`` connection goes, as a URL without credentials.
+
+    Raises:
+        ConfigurationError: not a ``redis.asyncio.Redis`` or ``ConnectionPool``, a Redis
+            Cluster client, or one that decodes replies (:mod:`.redis.injected`).
+    """
+    from .redis.injected import describe_injected
+
+    return describe_injected(connection)
 
 
 def make_broker(
@@ -164,8 +152,9 @@ def make_broker(
     amqp_url: str | None = None,
     max_deliveries: int = 5,
     visibility_timeout: float | None = None,
+    connection: Any = None,
 ) -> Broker:
-    """A new broker (its own connections) for ``url``.
+    """A new broker (its own connections) for ``url``, or on an application's ``connection``.
 
     Args:
         url: a URL from :func:`resolve_url`; ``memory://[name]`` runs the same Redis code and
@@ -180,10 +169,33 @@ def make_broker(
         max_deliveries: the Queue's ``max_deliveries`` (RabbitMQ's ``x-delivery-limit``).
         visibility_timeout: the Queue's visibility timeout in seconds (RabbitMQ's connection
             heartbeat is derived from it).
+        connection: the Queue's ``redis=`` (a ``redis.asyncio.Redis`` or ``ConnectionPool``
+            of the application): the broker works over its pool, never closes it, and keeps
+            the one-slot layout (:mod:`.redis.injected`); ``url`` is then only its name.
 
     Raises:
-        ConfigurationError: a bad connection parameter in the URL.
+        ConfigurationError: a bad connection parameter in the URL; ``connection`` with
+            ``amqp_url`` (not supported) or of a kind :func:`.redis.injected.injected_pool`
+            refuses.
     """
+    if connection is not None:
+        if amqp_url is not None:
+            raise ConfigurationError(
+                "redis= (an injected connection) with amqp_url is not supported: give "
+                "redis_url= for the state store of the RabbitMQ transport"
+            )
+        from .redis.fast import FastRedisBroker
+        from .redis.injected import injected_client, listener_client
+        from .redis.reliable import ReliableRedisBroker
+
+        broker_class = ReliableRedisBroker if mode == "reliable" else FastRedisBroker
+        return broker_class(
+            url,
+            namespace,
+            client=injected_client(connection),
+            listener_client=listener_client(connection),
+            **dead_letter_limits,
+        )
     memory = url.startswith("memory://")
     if memory:  # the same Redis code and Lua, on this process's private Valkey server
         from .redis.ephemeral import ensure_server, memory_namespace
@@ -216,5 +228,5 @@ def make_broker(
 
 __all__ = [
     "AMQP_RESERVED_QUEUE", "AMQP_SCHEMES", "SCHEMES", "check_amqp_queue", "check_amqp_url",
-    "make_broker", "mask_url", "resolve_amqp_url", "resolve_url",
+    "describe_connection", "make_broker", "mask_url", "resolve_amqp_url", "resolve_url",
 ]  # fmt: skip

@@ -25,6 +25,7 @@ import abc
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
+from .liveness import LivenessState
 from .operations import OperationsState
 from .outbox import Outbox
 from .transport import Transport
@@ -33,7 +34,7 @@ from .values import Completion, DeadLetterFields, Scheduled
 __all__ = ["Completion", "DeadLetterFields", "Scheduled", "StateStore"]
 
 
-class StateStore(OperationsState):
+class StateStore(OperationsState, LivenessState):
     """Task state and completion effects. See the module docstring."""
 
     def acks(self, transport: Transport) -> bool:
@@ -125,8 +126,12 @@ class StateStore(OperationsState):
         """
 
     @abc.abstractmethod
-    async def promote_due(self, limit: int) -> tuple[int, float | None, float]:
+    async def promote_due(self, limit: int, ahead: float = 0.0) -> tuple[int, float | None, float]:
         """Move up to ``limit`` messages that are due by the broker's clock to their queues.
+
+        ``ahead`` (seconds, default 0): also move those due within that many seconds of the
+        broker's clock. Only the eager test mode (:mod:`blitzq.testing`) passes it, to run
+        delays and retries in virtual time; workers and schedulers never do.
 
         Returns:
             ``(moved, next_eta, now)``: how many moved, the earliest due time still waiting
@@ -158,12 +163,14 @@ class StateStore(OperationsState):
         return time.time()
 
     async def claim_periodic(
-        self, name: str, occurrence: float, message: bytes, queue: str
+        self, name: str, occurrence: float, message: bytes, queue: str, until: float | None = None
     ) -> bool:
         """Dispatch one occurrence of the periodic task ``name``, at most once.
 
         Atomically, on the broker's clock: refuse an ``occurrence`` (Unix seconds) later than
-        that clock (not due yet); otherwise, when the stored last occurrence of ``name`` is
+        that clock (not due yet), or when that clock has reached ``until`` (Unix seconds;
+        ``None``: no limit), the moment the occurrence stops being the one to dispatch (a
+        newer one came due); otherwise, when the stored last occurrence of ``name`` is
         missing or older, store ``occurrence`` and publish ``message`` to ``queue``. However
         many schedulers race, one of them wins. A stored occurrence later than the broker's
         clock means that clock was stepped back since it was claimed: an older occurrence is

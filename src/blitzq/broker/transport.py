@@ -146,6 +146,34 @@ class Transport(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} has no leases to hand back")
 
+    async def hand_over(self, queue: str, token: bytes, consumer: str, ttl: float) -> bool:
+        """Hand a delivery this consumer holds to the consumer ``consumer`` (a worker that
+        knows the message's task), still leased, and wake it (rolling deploys).
+
+        Args:
+            queue: the delivery's physical queue.
+            token: its delivery token.
+            consumer: the other worker's consumer name (its worker id).
+            ttl: seconds the record of what was handed to ``consumer`` lives.
+
+        Returns:
+            ``True`` when handed over; ``False`` when this consumer no longer holds it.
+
+        Raises:
+            NotImplementedError: the transport cannot hand a delivery to one consumer (the
+                default; the worker then puts the message back on the schedule).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot hand a delivery over")
+
+    async def take_handed(self, queue: str, count: int) -> list[Delivery]:
+        """Up to ``count`` deliveries of ``queue`` handed to this consumer by
+        :meth:`hand_over` (their leases renewed).
+
+        Raises:
+            NotImplementedError: the transport cannot hand deliveries over (the default).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot hand a delivery over")
+
     async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
         """Renew the leases of deliveries this consumer still owns; return how many it renewed.
 

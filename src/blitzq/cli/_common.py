@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, TypeVar
@@ -13,11 +14,12 @@ import click
 from click.core import ParameterSource
 
 from .. import config
-from ..broker.factory import mask_url as mask_url  # re-exported to the commands
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, EmbeddedServerNotFound
 from ..limits import MAX_SECONDS
 from ..logconfig import LEVELS
 from ..queue import Queue
+from ..redaction import mask_url as mask_url  # re-exported to the commands
+from ..redaction import redact
 from ._output import console as console  # re-exported to the commands, as below
 from ._output import emit_json as emit_json
 from ._output import iso as iso
@@ -82,13 +84,15 @@ class CliError(click.ClickException):
     reading stdout always gets one JSON document.
 
     Args:
-        message: what went wrong (its first line is shown in red, the rest below it).
+        message: what went wrong (its first line is shown in red, the rest below it); a URL
+            in it is shown with its passwords masked (:func:`~blitzq.redaction.redact`), as
+            are the secrets of the broker URLs of the command's settings.
     """
 
     exit_code = EXIT_FAILURE
 
     def __init__(self, message: str) -> None:
-        super().__init__(message)
+        super().__init__(redact_cli(message))
         ctx = click.get_current_context(silent=True)  # the command's: show() runs after it
         found = ctx.find_object(Settings) if ctx is not None else None
         self.as_json = found is not None and found.json
@@ -109,6 +113,18 @@ class CliUsageError(CliError):
     exit_code = EXIT_USAGE
 
 
+def redact_cli(text: str) -> str:
+    """``text`` with every URL masked and every secret of the running command's broker URLs
+    (typed, from the environment or the project file) removed: what the CLI prints of an
+    error goes through here (:func:`~blitzq.redaction.redact`)."""
+    ctx = click.get_current_context(silent=True)
+    found = ctx.find_object(Settings) if ctx is not None else None
+    urls = [found.redis_url, found.amqp_url] if found is not None else []
+    for name in ("BLITZQ_REDIS_URL", "BLITZQ_AMQP_URL"):
+        urls.append(os.environ.get(name))
+    return redact(text, *urls)
+
+
 @dataclass
 class Settings:
     """The global options, merged over the group and the command.
@@ -117,8 +133,8 @@ class Settings:
     came from an environment variable.
     """
 
-    redis_url: str | None = None
-    amqp_url: str | None = None
+    redis_url: str | None = field(default=None, repr=False)  # may hold a password
+    amqp_url: str | None = field(default=None, repr=False)
     namespace: str | None = None
     mode: str | None = None
     json: bool = False
@@ -158,9 +174,9 @@ def _store(ctx: click.Context, param: click.Parameter, value: Any) -> None:
         )
     if name == "redis_url" and str(value).startswith("memory://"):
         raise click.BadParameter(
-            f"{value!r}: a memory:// server is private to the one process that starts it, so "
-            "a command (or worker) would run against an empty server nobody else can reach; "
-            "leave --redis-url out to use the embedded server, or give a redis:// URL",
+            f"{mask_url(str(value))!r}: a memory:// server is private to the one process that "
+            "starts it, so a command (or worker) would run against an empty server nobody else "
+            "can reach; leave --redis-url out to use the embedded server, or give a redis:// URL",
             ctx=ctx,
             param=param,
         )

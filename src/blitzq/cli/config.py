@@ -19,7 +19,16 @@ from rich.text import Text
 
 from .. import config
 from ..exceptions import ConfigurationError
-from ._common import CliUsageError, Settings, console, emit_json, global_options, settings
+from ..redaction import mask_url
+from ._common import (
+    CliUsageError,
+    Settings,
+    console,
+    emit_json,
+    global_options,
+    redact_cli,
+    settings,
+)
 
 #: Prefix of click's automatic environment variables of every option.
 ENV_PREFIX = "BLITZQ"
@@ -90,13 +99,15 @@ class ConfiguredGroup(click.Group):
         """Make the root context with the settings' defaults (click's own method otherwise).
 
         Raises:
-            click.UsageError: the project file is invalid (exit 2, the file named).
+            click.UsageError: the project file is invalid, or an argument is not valid UTF-8
+                (exit 2, the file or the argument named).
         """
         if parent is None:
             extra.setdefault("auto_envvar_prefix", ENV_PREFIX)
             self._json_asked = (
                 "--json" in args[: args.index("--")] if "--" in args else ("--json" in args)
             )
+            _refuse_undecodable(args, as_json=self._json_asked)
             words = [a for a in args if not a.startswith("-")]
             if any(words[i : i + 2] == ["config", "show"] for i in range(len(words))):
                 extra.setdefault("obj", Settings(lenient=True))  # show, never refuse
@@ -135,6 +146,31 @@ class ConfiguredGroup(click.Group):
         return JsonUsageError(exc.format_message(), ctx=ctx, as_json=as_json)
 
 
+def _refuse_undecodable(args: list[str], *, as_json: bool) -> None:
+    """Refuse a command line holding an argument that is not valid UTF-8.
+
+    Python decodes such bytes of ``argv`` to lone surrogates (``surrogateescape``), which no
+    task id, queue or name in the broker can hold; every command refuses them here, before
+    running, as a usage error (exit 2) naming the argument with the bad bytes escaped.
+
+    Raises:
+        JsonUsageError: the first such argument (a JSON document too under ``--json``).
+    """
+    for arg in args:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            try:  # the bytes typed, escaped (b"a\xff" reads 'a\xff')
+                shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            except UnicodeEncodeError:  # a surrogate that stands for no byte (not from argv)
+                shown = arg.encode("utf-8", "backslashreplace").decode()
+            raise JsonUsageError(
+                f"the argument '{shown}' is not valid UTF-8 text (blitzq takes UTF-8 "
+                "arguments only)",
+                as_json=as_json,
+            ) from None
+
+
 class JsonUsageError(click.UsageError):
     """A usage error (exit 2) printed as click prints one, and under ``--json`` also as
     ``{"error": message, "exit_code": 2}`` on stdout (as :class:`CliError` does)."""
@@ -142,7 +178,7 @@ class JsonUsageError(click.UsageError):
     def __init__(
         self, message: str, ctx: click.Context | None = None, *, as_json: bool = False
     ) -> None:
-        super().__init__(message, ctx)
+        super().__init__(redact_cli(message), ctx)
         self.as_json = as_json
 
     def show(self, file: IO[Any] | None = None) -> None:
@@ -194,11 +230,13 @@ def config_group() -> None:
 def config_show() -> None:
     """Print each setting with its value and where it comes from (an option on the command
     line, an environment variable, [tool.blitzq] of the project file, or the default), and the
-    per-command tables of the project file. Passwords in URLs are masked."""
-    from ._common import mask_url
+    per-command tables of the project file. Passwords in URLs are masked.
 
+    The project file used is named first (BLITZQ_CONFIG, else the project's pyproject.toml,
+    never one above the project root), then any pyproject.toml refused as another user's."""
     try:
-        where = config.project_file()
+        found_file = config.search()
+        where = found_file.file
         rows = []
         typed = settings()
         for s in config.SETTINGS:
@@ -217,18 +255,25 @@ def config_show() -> None:
         for row in rows:  # a global option refused under config show (typed or a variable)
             if row["name"] in typed.invalid and "error" not in row:
                 row["error"] = typed.invalid[row["name"]]
-        tables = config.command_tables()
+        tables = _masked(config.command_tables())
         errors = _table_errors(click.get_current_context().find_root().command, tables)
     except ConfigurationError as exc:
         raise CliUsageError(str(exc)) from None
+    refused = [{"file": str(path), "reason": why} for path, why in found_file.refused]
+    root = str(found_file.root) if found_file.root else None
     if settings().json:
         emit_json(
-            {"file": str(where) if where else None, "settings": rows, "commands": tables}
+            {"file": str(where) if where else None, "root": root, "refused": refused}
+            | {"settings": rows, "commands": tables}
             | ({"errors": errors} if errors else {})
         )
         return
     out = console()
     out.print(Text(f"project file: {where or 'none (no [tool.blitzq] found)'}", style="bold"))
+    if root and not where:
+        out.print(Text(f"project root: {root} (nothing above it is read)"))
+    for item in refused:
+        out.print(Text(f"refused: {item['file']}: {item['reason']}", style="yellow"))
     table = Table(box=None, pad_edge=False)
     for header in ("setting", "value", "from", "variable"):
         table.add_column(header, overflow="fold")
@@ -263,6 +308,17 @@ def _setting_error(name: str, value: str) -> str | None:
     if name == "log_level" and value.lower() not in {n.lower() for n in LEVELS}:
         return f"{value!r} is not a log level ({', '.join(n.lower() for n in LEVELS)})"
     return None
+
+
+def _masked(table: dict[str, Any]) -> dict[str, Any]:
+    """``table`` (nested) with the passwords of its URL values masked (``--redis-url`` may
+    be set in a command's table)."""
+    return {
+        key: _masked(item)
+        if isinstance(item, dict)
+        else (mask_url(item) if isinstance(item, str) and "://" in item else item)
+        for key, item in table.items()
+    }
 
 
 def _flat(tables: dict[str, Any], prefix: str = "") -> dict[str, dict[str, Any]]:

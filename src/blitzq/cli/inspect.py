@@ -1,5 +1,5 @@
-"""Inspection commands: ``task inspect|cancel`` and ``queue stats`` (``dead-letter``: in
-``dead_letters.py``).
+"""Task and queue commands: ``task inspect|cancel|send`` and ``queue stats`` (``dead-letter``:
+in ``dead_letters.py``).
 
 They need no application module: each builds a Queue from the global options and talks to
 the broker directly.
@@ -18,12 +18,16 @@ from rich.text import Text
 from ..broker.eviction import check_eviction
 from ..client.admin import worker_document
 from ..client.task_args import dead_letter_of, task_arguments
+from ..exceptions import ConfigurationError
+from ..json_input import parse_json
 from ..progress import Progress
 from ..queue import Queue
 from ..records import TaskRecord, TaskState
+from ..routing import check_queue_name
 from ..serialization import jsonable
 from ._common import (
     CliError,
+    Seconds,
     console,
     emit_json,
     global_options,
@@ -39,6 +43,7 @@ _STATE_STYLE = {
     TaskState.FAILED: "red",
     TaskState.DEAD_LETTERED: "red",
     TaskState.CANCELLED: "yellow",
+    TaskState.CANCELLING: "yellow",
     TaskState.RETRYING: "yellow",
 }
 
@@ -177,6 +182,79 @@ def task_cancel(task_id: str) -> None:
     text = _CANCEL_ANSWERS.get(answer, answer)
     style = "" if answer == "finished" else "yellow"
     console().print(Text(f"task {task_id} was {answer}: {text}", style=style))
+
+
+def _json_option(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """``--args`` / ``--kwargs`` parsed by :func:`~blitzq.json_input.parse_json` (a usage
+    error, exit 2, naming the option when the JSON is bad or of the wrong type)."""
+    if value is None:
+        return [] if param.name == "args" else {}
+    try:
+        if param.name == "args":
+            return parse_json(value, "--args", expect=list)
+        return parse_json(value, f"--{param.name}", expect=dict)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc).partition(": ")[2], ctx, param) from None
+
+
+def _queue_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--queue`` checked as a queue name (usage error, exit 2)."""
+    if value is None:
+        return None
+    try:
+        return check_queue_name("queue", value)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+@task_group.command("send", short_help="Enqueue a task by name.")
+@click.argument("name")
+@click.option(
+    "--args",
+    "args",
+    metavar="JSON",
+    callback=_json_option,
+    help="Positional arguments, a JSON list.",
+)
+@click.option(
+    "--kwargs",
+    "kwargs",
+    metavar="JSON",
+    callback=_json_option,
+    help="Keyword arguments, a JSON object.",
+)
+@click.option(
+    "--queue",
+    "queue",
+    metavar="QUEUE",
+    callback=_queue_option,
+    help="Queue to send to (default: the Queue's routes, else the default queue 'default').",
+)
+@click.option(
+    "--delay",
+    type=Seconds(minimum=0.0),
+    default=None,
+    metavar="SECONDS",
+    help="Seconds to wait before the task becomes due (counted on the broker's clock).",
+)
+@global_options
+def task_send(
+    name: str, args: list[Any], kwargs: dict[str, Any], queue: str | None, delay: float | None
+) -> None:
+    """Enqueue the task registered as NAME (no application module needed: the message is
+    built by name, as ``queue.send`` does) and print its id; a worker that knows NAME runs
+    it. ``--json`` prints ``{"id", "task", "queue"}``. Bad JSON, a bad queue name or delay
+    is a usage error (exit 2) naming the option."""
+    options: dict[str, Any] = {}
+    if queue is not None:
+        options["queue"] = queue
+    if delay is not None:
+        options["delay"] = delay
+    handle = run_with_queue(lambda q: q.send(name, args, kwargs, **options))
+    if settings().json:
+        emit_json({"id": handle.id, "task": name, "queue": handle.queue})
+        return
+    click.echo(handle.id)
 
 
 # ------------------------------------------------------------------ queue

@@ -1,5 +1,5 @@
 """The process-control options of ``blitzq worker``: ``--autoscale``, ``--max-tasks-per-child``,
-``--max-memory-per-child`` and ``--reload`` (docs/supervisor.md).
+``--max-memory-per-child``, ``--reload`` and ``--watch-dir`` (docs/supervisor.md).
 
 :func:`process_control_options` adds them to the command; the command hands what they asked
 for to :func:`needs_supervisor`, :func:`worker_arguments` (what each supervised worker gets)
@@ -9,11 +9,13 @@ and :func:`supervisor_arguments` (what the supervisor does).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from ..exceptions import BlitzQError, ConfigurationError
+from ..redaction import mask_url
 from ..worker.autoscale import HARD_CAP, AutoscaleSettings, parse_range
 from ._common import CliUsageError, Seconds, Settings, cli_errors
 
@@ -34,6 +36,7 @@ NAMES = (
     "max_tasks_per_child",
     "max_memory_per_child",
     "reload",
+    "watch_dir",
     "supervised",
 )
 
@@ -126,6 +129,14 @@ def process_control_options(fn: F) -> F:
             "directory changes (development; needs the reload extra: pip install -e "
             "'.[reload]' in the checkout).",
         ),
+        click.option(
+            "--watch-dir",
+            "watch_dir",
+            multiple=True,
+            type=click.Path(exists=True, file_okay=False, path_type=Path),
+            metavar="DIR",
+            help="With --reload: also watch DIR for .py changes (repeatable).",
+        ),
         click.option("--supervised", is_flag=True, default=False, hidden=True),
     ]
     for option in reversed(options):
@@ -153,6 +164,21 @@ def burst_conflicts(workers: int, control: Mapping[str, Any]) -> list[str]:
         if control.get(name):
             given.append("--" + name.replace("_", "-"))
     return given
+
+
+def option_conflicts(
+    workers: int, control: Mapping[str, Any], burst: bool, burst_idle_timeout: float
+) -> str | None:
+    """Why the options given cannot go together (a usage error), or ``None``: ``--burst``
+    with options that need a supervisor (:func:`burst_conflicts`), ``--burst-idle-timeout``
+    without ``--burst``, ``--watch-dir`` without ``--reload``."""
+    if burst and (conflicts := burst_conflicts(workers, control)):
+        return f"--burst runs one worker process: not with {', '.join(conflicts)}"
+    if burst_idle_timeout and not burst:
+        return "--burst-idle-timeout applies to --burst only: give --burst too"
+    if control.get("watch_dir") and not control.get("reload"):
+        return "--watch-dir applies to --reload only: give --reload too"
+    return None
 
 
 def needs_supervisor(workers: int, control: Mapping[str, Any]) -> bool:
@@ -209,8 +235,9 @@ def supervisor_arguments(
         if control.get("reload"):
             from ..worker.reload import SourceWatcher, app_directory
 
-            kwargs["watch"] = directory = app_directory(app)
-            SourceWatcher(directory, lambda paths: None)  # fails early without watchfiles
+            extra = [d.resolve() for d in control.get("watch_dir", ())]
+            kwargs["watch"] = directories = [app_directory(app), *extra]
+            SourceWatcher(directories, lambda paths: None)  # fails early without watchfiles
     except ConfigurationError as exc:
         raise CliUsageError(str(exc)) from None
     return workers, kwargs
@@ -263,6 +290,7 @@ def autoscale_target(queue: Queue) -> dict[str, Any]:
         raise CliUsageError(f"--autoscale: no broker to sample the queues on: {exc}") from None
     if url.startswith("memory://"):
         raise CliUsageError(
-            f"--autoscale needs a Redis server its workers share, not the in-process {url!r}"
+            "--autoscale needs a Redis server its workers share, not the in-process "
+            f"{mask_url(url)!r}"
         )
     return {"redis_url": url, "namespace": queue.namespace, "mode": queue.mode}

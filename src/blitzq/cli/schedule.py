@@ -9,7 +9,6 @@ zone named.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -20,8 +19,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ..exceptions import ConfigurationError
+from ..json_input import parse_json
 from ..queue import Queue
 from ..runtime_schedules import RuntimeSchedule, add_schedule, remove_schedule, runtime_schedules
+from ..schedules import Cron
 from ._common import (
     CliError,
     CliUsageError,
@@ -70,27 +71,26 @@ def schedule_group() -> None:
     """Add, list and remove periodic entries at run time (no restart of the schedulers)."""
 
 
-def _no_constant(name: str) -> Any:
-    """Refuse ``NaN``, ``Infinity`` and ``-Infinity``: not JSON, and no output could show them."""
-    raise ValueError(f"{name} is not a JSON number (only finite numbers are)")
+def _json_arg(name: str, value: str | None, kind: type[list[Any]] | type[dict[str, Any]]) -> Any:
+    """``--name``'s JSON (see :func:`~blitzq.json_input.parse_json`), or an empty ``kind``.
 
-
-def _json_arg(name: str, value: str | None, kind: type) -> Any:
+    Raises:
+        CliUsageError: not JSON, too deep, a non-finite number, not a ``kind`` (exit 2).
+    """
     if value is None:
         return kind()
     try:
-        parsed = json.loads(value, parse_constant=_no_constant)
-    except ValueError as exc:
-        raise CliUsageError(f"--{name}: not JSON: {exc}") from None
-    if not isinstance(parsed, kind):
-        raise CliUsageError(f"--{name}: expected a JSON {kind.__name__}, got {value}")
-    return parsed
+        return parse_json(value, f"--{name}", expect=kind)
+    except ConfigurationError as exc:
+        raise CliUsageError(str(exc)) from None
 
 
 @schedule_group.command("add", short_help="Add (or replace) a run-time periodic entry.")
 @click.argument("name")
 @click.option("--task", "task", required=True, metavar="TASK", help="Registered task name.")
-@click.option("--cron", metavar="EXPR", help="Cron expression (5 fields), in --tz.")
+@click.option(
+    "--cron", metavar="EXPR", help="Cron expression (5 fields, or @hourly, @daily, ...), in --tz."
+)
 @click.option(
     "--every",
     type=Seconds(minimum=1.0),
@@ -125,6 +125,12 @@ def schedule_add(
     interval; a scheduler dispatches it when its application registers TASK."""
     args = _json_arg("args", args_json, list)
     kwargs = _json_arg("kwargs", kwargs_json, dict)
+    if cron is not None:  # refused before connecting, naming the option
+        for option, zone in (("--cron", None), ("--tz", tz)):
+            try:
+                Cron(cron, tz=zone)
+            except ConfigurationError as exc:
+                raise CliUsageError(f"{option}: {exc}") from None
 
     async def add(q: Queue) -> RuntimeSchedule:  # a ConfigurationError: exit code 2
         return await add_schedule(

@@ -19,6 +19,7 @@ from ..logconfig import configure_logging
 from ..queue import Queue
 from ..routing import check_name
 from ..worker import Worker
+from ..worker.deferral import OutageBackoff
 from ..worker.ops import slot_port
 from ..worker.worker import EXIT_RESTART
 from ._common import (
@@ -33,11 +34,12 @@ from ._common import (
     mask_url,
     settings,
 )
-from ._ops import ops_argv, ops_options
+from ._logging import logging_options, logging_settings
+from ._ops import deferral_argv, log_levels, ops_argv, ops_options
 from .process_control import (
     app_queue,
-    burst_conflicts,
     needs_supervisor,
+    option_conflicts,
     process_control_options,
     supervisor_arguments,
     worker_arguments,
@@ -54,8 +56,7 @@ _ENV = {
 }
 
 
-def _usage(message: str) -> CliUsageError:
-    return CliUsageError(message)
+_usage = CliUsageError
 
 
 def load_queue(spec: str) -> Queue:
@@ -242,7 +243,9 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
     default=10,
     show_default=True,
     help="Sync-task threads past their hard timeout and still running that the worker "
-    f"tolerates; one more and it stops gracefully and exits {EXIT_RESTART} to be restarted.",
+    f"tolerates; one more and it stops gracefully and exits {EXIT_RESTART} to be restarted. "
+    "Such a thread keeps its slot until it returns: the worker exits the same way once they "
+    "hold all its slots.",
 )
 @log_options
 @click.option(
@@ -280,6 +283,7 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
 )
 @process_control_options
 @ops_options
+@logging_options
 @global_options
 def worker_command(
     app: str | None,
@@ -294,7 +298,11 @@ def worker_command(
     max_abandoned_threads: int = 10,
     strict_memory_policy: bool = False,
     burst: bool = False,
+    burst_idle_timeout: float = 0.0,
     unknown_task_grace: float = 300.0,
+    defer_base_delay: float = 1.0,
+    defer_max_delay: float = 60.0,
+    start_check_timeout: float = 10.0,
     metrics_port: int | None = None,
     health_port: int | None = None,
     ops_host: str = "0.0.0.0",
@@ -316,13 +324,19 @@ def worker_command(
     s = settings()
     if configure_logs:
         with cli_errors(s.redis_url):
-            configure_logging(log_level, "json" if log_format == "json" else "text")
+            configure_logging(
+                log_level, "json" if log_format == "json" else "text", **logging_settings(control)
+            )
     if bool(app) == django:
         both = "not both" if django else "for example myapp.tasks:queue"
         raise _usage(f"give MODULE:ATTR or --django (Django's tasks framework), {both}")
-    ops = ops_argv(metrics_port, health_port, ops_host, configure_logs)
-    if burst and (conflicts := burst_conflicts(workers, control)):
-        raise CliUsageError(f"--burst runs one worker process: not with {', '.join(conflicts)}")
+    deferral = (defer_base_delay, defer_max_delay, start_check_timeout)
+    with cli_errors(s.redis_url):
+        OutageBackoff.checked(*deferral)  # before any worker process starts
+    ops = ops_argv(metrics_port, health_port, ops_host, configure_logs, control)
+    ops += deferral_argv(*deferral)
+    if conflict := option_conflicts(workers, control, burst, burst_idle_timeout):
+        raise CliUsageError(conflict)
     if needs_supervisor(workers, control):  # it runs copies of this command, --workers 1
         from ..worker.launch import supervise
         from ..worker.processes import worker_command
@@ -375,11 +389,16 @@ def worker_command(
             max_tasks_per_child=control.get("max_tasks_per_child"),
             max_memory_per_child=control.get("max_memory_per_child"),
             burst=burst,
+            burst_idle_timeout=burst_idle_timeout,
             unknown_task_grace=unknown_task_grace,
+            defer_base_delay=defer_base_delay,
+            defer_max_delay=defer_max_delay,
+            start_check_timeout=start_check_timeout,
             metrics_port=slot_port(metrics_port),
             health_port=slot_port(health_port),
             ops_host=ops_host,
             name=worker_name,
+            **log_levels(control),
         )
         asyncio.run(_serve(worker, with_scheduler))
     # A worker that stopped to be restarted (too many abandoned threads) says so.

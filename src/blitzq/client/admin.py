@@ -19,7 +19,7 @@ from ..exceptions import ConfigurationError, MessageTooLarge, SerializationError
 from ..extensions.unique import DEFAULT_UNIQUE_TTL, broker_key
 from ..ratelimit import RateLimit
 from ..routing import check_name
-from ..serialization import decode_envelope, encode_envelope, loads
+from ..serialization import decode_envelope, encode_envelope, loads, lookup_key
 from ..task import TaskHandle
 from . import testmode
 from .dead_letter_query import DeadLetterFilter, Pacer, ReplayOutcome, scan, summarize
@@ -206,8 +206,10 @@ class Admin:
             SerializationError: the dead letter's message is malformed and cannot be replayed.
             MessageTooLarge: the message is over this Queue's ``max_message_size`` (bytes);
                 the dead letter stays.
+            SerializationError, ConfigurationError: ``task_id`` is not valid Unicode text,
+                or not a ``str`` (see :func:`~blitzq.serialization.lookup_key`).
         """
-        return await self._take(task_id, None)
+        return await self._take(lookup_key("task id", task_id), None)
 
     async def _take(self, task_id: str, failed_at: float | None) -> TaskHandle[Any] | None:
         """:meth:`retry` of the dead letter of ``task_id`` that failed at ``failed_at`` (Unix
@@ -245,8 +247,8 @@ class Admin:
         if testmode.after_enqueue is not None:
             await testmode.after_enqueue(owner)
         if isinstance(outcome, str):
-            return TaskHandle(owner, outcome, queue, env.task, duplicate=True)
-        return TaskHandle(owner, env.id, queue, env.task)
+            return TaskHandle(owner, outcome, queue, env.task, duplicate=True, sent=True)
+        return TaskHandle(owner, env.id, queue, env.task, sent=True)
 
     async def purge_dead_letters(
         self,
@@ -277,8 +279,13 @@ class Admin:
         """Delete the messages waiting in ``queue`` (default: this Queue's ``name``).
 
         Messages already taken by a worker are not touched. Returns how many were deleted.
+
+        Raises:
+            ConfigurationError: not a usable queue name (see :func:`~blitzq.routing.check_name`).
+            SerializationError: a name that is not valid Unicode text (a lone surrogate).
+            BrokerError: the broker could not be reached.
         """
-        name = check_name("queue name", queue or self.queue.name)
+        name = lookup_key("queue name", check_name("queue name", queue or self.queue.name))
         return await self.queue.broker.purge_queue(name)
 
     async def stats(self, queues: Iterable[str] | None = None) -> dict[str, Any]:
@@ -289,8 +296,18 @@ class Admin:
             "dead_letters": n, "workers": n, "stale_completions": n}``; the last counts the
             completions ever refused by fencing in this namespace (a worker that lost its
             lease, see docs/guarantees.md).
+
+        Raises:
+            ConfigurationError: ``queues`` is a ``str`` (one name: pass ``[name]``) or holds
+                something else than ``str`` names.
+            SerializationError: a name that is not valid Unicode text (a lone surrogate).
+            BrokerError: the broker could not be reached.
         """
         broker = self.queue.broker
+        if isinstance(queues, str):
+            raise ConfigurationError(f"queues must be a list of queue names, got {queues!r}")
+        if queues is not None:
+            queues = [lookup_key("queue name", q) for q in queues]
         names = sorted(set(queues) if queues is not None else set(await broker.known_queues()))
         per_queue = await broker.queue_stats(names) if names else {}
         if queues is None:  # empty priority levels are noise in an overview

@@ -10,13 +10,18 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from ..exceptions import BrokerError, SerializationError
+from ..exceptions import BrokerError, ResultExpired, SerializationError
 from ..records import TaskRecord, TaskState
 from ..routing import base_queue
 from ..serialization import decode_envelope, loads
 
 if TYPE_CHECKING:
     from ..broker import Broker
+
+#: Seconds a result wait waits before it first asks whether its task is still known
+#: anywhere (:func:`end_if_gone`); the interval doubles up to :data:`TRACE_MAX`.
+TRACE_FIRST = 2.0
+TRACE_MAX = 30.0
 
 #: Record states (or no record) of a task that may be waiting on the schedule.
 _MAY_BE_SCHEDULED = frozenset({TaskState.SCHEDULED, TaskState.RETRYING, TaskState.QUEUED})
@@ -30,7 +35,8 @@ async def inspect(broker: Broker, task_id: str) -> TaskRecord | None:
         task_id: the task's id.
 
     Returns:
-        The stored record (with ``due_at`` set when the task is on the schedule); for a task
+        The stored record (with ``due_at`` set when the task is on the schedule; a
+        ``running`` one read as ``cancelling`` while the task has a cancel mark); for a task
         on the schedule without a record, a ``scheduled`` record made from its message (task
         name, queue, attempts so far, created time, ``due_at``); ``None`` when nothing is
         known of it.
@@ -41,6 +47,10 @@ async def inspect(broker: Broker, task_id: str) -> TaskRecord | None:
     """
     data = await broker.get_record(task_id)
     record = TaskRecord.from_bytes(data) if data is not None else None
+    if record is not None and record.state is TaskState.RUNNING:
+        if await broker.cancel_mark(task_id) is not None:  # a cancel waits for the run's end
+            return dataclasses.replace(record, state=TaskState.CANCELLING)
+        return record
     if record is not None and record.state not in _MAY_BE_SCHEDULED:
         return record
     entry = await broker.scheduled_entry(task_id)
@@ -105,4 +115,32 @@ async def why_no_result(broker: Broker, namespace: str, task_id: str, queue: str
     return (
         f"; no live worker consumes queue {wanted!r} in namespace {namespace!r} "
         f"({len(workers)} worker(s) run other queues: start one with -Q {wanted})"
+    )
+
+
+async def end_if_gone(
+    broker: Broker, task_id: str, queue: str, seen: TaskRecord | None, result_ttl: int
+) -> None:
+    """End a result wait that found no record when its task is known nowhere any more:
+    ``broker.trace_task`` (one atomic look: no record, not on the schedule, no message in
+    its physical ``queue``) says ``False``. A wait asks it only of a task known to exist
+    (sent by the caller, or ``seen``: the last record the wait read), every
+    :data:`TRACE_FIRST` s doubling to :data:`TRACE_MAX` s; a store that cannot tell
+    (``None``) or cannot be reached ends nothing: the wait goes on to its timeout.
+
+    Raises:
+        ResultExpired: the task is known nowhere; the message names ``result_ttl`` (s).
+    """
+    try:
+        known = await broker.trace_task(task_id, queue)
+    except BrokerError:
+        return
+    if known is not False:
+        return
+    before = f" (it was {seen.state.value} when this wait read it)" if seen is not None else ""
+    raise ResultExpired(
+        task_id,
+        f"no result can arrive for task {task_id}: its record is gone{before} and it is "
+        f"neither scheduled nor in queue {queue!r}; records expire result_ttl "
+        f"({result_ttl} s) after they are written",
     )

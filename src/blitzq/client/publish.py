@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import records
@@ -23,6 +23,7 @@ from ..routing import physical_queue, route
 from ..serialization import Envelope, encode_envelope, plain_args, plain_kwargs, to_plain
 from ..task import _NO_OPTIONS, CallOptions, Task, TaskHandle
 from . import testmode
+from .named import named_options, send_many
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -210,7 +211,9 @@ class Producer:
             await broker.publish(queue, (data,))
             if testmode.after_enqueue is not None:
                 await testmode.after_enqueue(owner)
-            handle: TaskHandle[Any] = TaskHandle(owner, env.id, queue, name, stores_result=stores)
+            handle: TaskHandle[Any] = TaskHandle(
+                owner, env.id, queue, name, stores_result=stores, sent=True
+            )
             handle._since = since
             return handle
         out = Outgoing(env, data, due, registered, delay=opts.relative_delay())
@@ -220,9 +223,10 @@ class Producer:
             await testmode.after_enqueue(owner)
         if out.existing_id is not None:
             return TaskHandle(
-                owner, out.existing_id, queue, name, duplicate=True, stores_result=stores
-            )
-        return TaskHandle(owner, env.id, queue, name, stores_result=stores)
+                owner, out.existing_id, queue, name, duplicate=True, stores_result=stores,
+                sent=True,
+            )  # fmt: skip
+        return TaskHandle(owner, env.id, queue, name, stores_result=stores, sent=True)
 
     async def enqueue_many(
         self,
@@ -282,7 +286,7 @@ class Producer:
         return [
             TaskHandle(
                 self.queue, o.existing_id or o.envelope.id, o.envelope.queue, task.name,
-                duplicate=o.existing_id is not None, stores_result=stores,
+                duplicate=o.existing_id is not None, stores_result=stores, sent=True,
             )
             for o in items
         ]  # fmt: skip
@@ -307,21 +311,35 @@ class Producer:
                 a tuple or list, ``kwargs`` that are not a mapping.
             SerializationError, MessageTooLarge, BrokerError: as for ``Task.enqueue``.
         """
-        opts = call_options(options)
-        if not isinstance(args, tuple | list):
-            raise ConfigurationError(f"send: args must be a tuple or list, got {args!r}")
-        if kwargs is not None and not isinstance(kwargs, Mapping):
-            raise ConfigurationError(f"send: kwargs must be a dict, got {kwargs!r}")
-        registered = self.queue.tasks.get(name)
-        if registered is not None:
-            opts = CallOptions(
-                **{
-                    **options,
-                    "queue": opts.queue or registered.queue,
-                    "priority": opts.priority or registered.priority,
-                }
-            )
+        opts = named_options(self, "send", name, args, kwargs, options)
         return await self.enqueue(name, tuple(args), dict(kwargs or {}), opts)
+
+    async def send_many(self, items: Iterable[Sequence[Any]]) -> list[TaskHandle[Any]]:
+        """Enqueue many tasks by name in one batch, mixing tasks, queues and options.
+
+        Each item is ``(name, args, kwargs)`` or ``(name, args, kwargs, options)``: a
+        registered task name, a tuple or list of positional arguments, a dict of keyword
+        arguments (or ``None``) and a dict of :class:`~blitzq.task.CallOptions` fields
+        (``delay``, ``eta``, ``task_id``, ``queue``, ``priority``, ...). The batch is checked
+        and encoded whole before anything is published, then published as one
+        :meth:`publish` (one write per physical queue, one for the scheduled ones), as
+        :meth:`enqueue_many` does for one task.
+
+        Args:
+            items: the calls, in order; an empty iterable publishes nothing.
+
+        Returns:
+            One handle per item, in the items' order.
+
+        Raises:
+            ConfigurationError: an item that is not such a tuple, an unknown option or an
+                invalid value, or the same ``task_id`` given to several items (nothing is
+                published).
+            SerializationError, MessageTooLarge: an argument that is not plain data or a
+                message over ``max_message_size`` (nothing is published).
+            EnqueueRefused, BrokerError: as for :meth:`enqueue`.
+        """
+        return await send_many(self, items)
 
 
 __all__ = ["Producer", "item_options"]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .. import records
 from ..exceptions import (
     BrokerError,
+    ResultExpired,
     ResultNotStored,
     ResultTimeout,
     SerializationError,
@@ -24,8 +25,9 @@ from ..exceptions import (
 )
 from ..progress import Progress, decode_progress
 from ..records import TaskRecord, TaskState
+from ..serialization import lookup_key
 from ..task import BoundTask, Task, TaskHandle
-from . import lookup
+from . import lookup, testmode
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -44,6 +46,10 @@ def _raise_final(task_id: str, record: TaskRecord) -> None:
     if record.state is TaskState.EXPIRED:
         raise TaskExpired(task_id, record.state.value, record.error_type, record.error, None)
     if record.state.is_final:
+        if testmode.failure is not None:  # the eager test mode: the task's own exception
+            original = testmode.task_error(task_id)
+            if original is not None:
+                raise original
         raise TaskFailed(
             task_id, record.state.value, record.error_type, record.error, record.traceback
         )
@@ -84,11 +90,16 @@ class Results:
         ``scheduled`` (or its stored ``retrying`` record) with ``due_at`` set, even without
         ``track_state``; a task waiting in its queue has no record unless the Queue tracks
         state (``track_state=True``), so it reads ``None``.
+
+        Raises:
+            SerializationError, ConfigurationError: a bad ``task_id`` (see
+                :func:`~blitzq.serialization.lookup_key`); BrokerError: no broker.
         """
-        return await lookup.inspect(self.queue.broker, task_id)
+        return await lookup.inspect(self.queue.broker, lookup_key("task id", task_id))
 
     async def why_no_result(self, task_id: str, queue: str | None = None) -> str:
         """See :func:`~blitzq.client.lookup.why_no_result` (the hint of a result timeout)."""
+        task_id = lookup_key("task id", task_id)
         return await lookup.why_no_result(self.queue.broker, self.queue.namespace, task_id, queue)
 
     async def get_result(self, task_id: str, timeout: float | None = None) -> Any:
@@ -103,9 +114,12 @@ class Results:
             TaskExpired: the task waited longer than its ``max_age`` and never ran.
             ResultNotStored: the task succeeded without storing its result (its record
                 says so: ``store_result=False`` with ``track_state=True``).
+            ResultExpired: (a ResultTimeout) a record this wait read is gone and the task is
+                known nowhere: no result can arrive (:meth:`wait_result`; ``None`` too).
             ResultTimeout: no final record arrived in time (the task may still run; with
                 ``store_result=False`` and no ``track_state`` a success writes no record,
                 so only the task's handle can tell at once: ``handle.result()``).
+            SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``).
         """
         return await self.wait_result(task_id, timeout)
 
@@ -115,18 +129,26 @@ class Results:
         timeout: float | None,
         queue: str | None = None,
         since: object | None = None,
+        sent: bool = False,
     ) -> Any:
         """:meth:`get_result`, given the task's physical ``queue`` when the caller knows it (a
         handle does), so that a timeout can say that no worker consumes that queue, and the
         broker's ``since`` mark taken when the task was sent (see
-        :meth:`~blitzq.broker.StateStore.wait_for_record`)."""
+        :meth:`~blitzq.broker.StateStore.wait_for_record`); ``sent``: the caller sent it
+        (:func:`~blitzq.client.lookup.end_if_gone` may end the wait early)."""
+        task_id = lookup_key("task id", task_id)
         wait = _FOREVER if timeout is None else max(0.0, timeout)
         deadline = time.monotonic() + wait
         broker = self.queue.broker
+        trace_every = lookup.TRACE_FIRST
+        seen: TaskRecord | None = None  # the last record this wait read
         while True:
+            left = max(0.0, deadline - time.monotonic())
+            where = (queue or (seen.queue if seen else None) or None) if sent or seen else None
             try:
-                left = max(0.0, deadline - time.monotonic())
-                data = await broker.wait_for_record(task_id, left, since)
+                data = await broker.wait_for_record(
+                    task_id, left if where is None else min(left, trace_every), since
+                )
             except BrokerError as exc:
                 # The server restarting: keep waiting (re-reading) until the deadline.
                 if not exc.transient or time.monotonic() >= deadline:
@@ -134,11 +156,17 @@ class Results:
                 await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
                 continue
             if data is None:
-                hint = await self.why_no_result(task_id, queue)
-                raise ResultTimeout(f"no result for task {task_id} within {timeout} s{hint}")
+                if time.monotonic() >= deadline:
+                    hint = await self.why_no_result(task_id, queue)
+                    raise ResultTimeout(f"no result for task {task_id} within {timeout} s{hint}")
+                if where is not None:  # a task known to exist: is it anywhere still?
+                    await lookup.end_if_gone(broker, task_id, where, seen, self.queue.result_ttl)
+                    trace_every = min(lookup.TRACE_MAX, trace_every * 2)
+                continue
             record = TaskRecord.from_bytes(data)
             if record.state.is_final:
                 return final_result(task_id, record)
+            seen = record
             if time.monotonic() >= deadline:
                 waiting = record.state is not TaskState.RUNNING
                 hint = await self.why_no_result(task_id, queue) if waiting else ""
@@ -153,8 +181,9 @@ class Results:
         Raises:
             TaskFailed: a final failure (or cancellation, expiry) is already recorded.
             ResultNotStored: otherwise.
+            SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``).
         """
-        data = await self.queue.broker.get_record(task_id)
+        data = await self.queue.broker.get_record(lookup_key("task id", task_id))
         if data is not None:
             record = TaskRecord.from_bytes(data)
             if record.state is not TaskState.SUCCEEDED:
@@ -191,11 +220,13 @@ class Results:
             ResultNotStored: a handle's task does not store its result (see
                 :meth:`blitzq.TaskHandle.result`).
             BrokerError: the broker could not be reached.
+            SerializationError, ConfigurationError: an id is not valid Unicode text, or not
+                a ``str`` (see :func:`~blitzq.serialization.lookup_key`); nothing is waited for.
         """
         items = list(tasks)
         if not items:
             return []
-        ids = [t.id if isinstance(t, TaskHandle) else t for t in items]
+        ids = [t.id if isinstance(t, TaskHandle) else lookup_key("task id", t) for t in items]
         deadline = time.monotonic() + (_FOREVER if timeout is None else max(0.0, timeout))
         # One read of every record first (MGET in chunks): what is already final costs no wait.
         known: dict[str, Any] = {}
@@ -219,7 +250,7 @@ class Results:
             if record.state.is_final:
                 try:
                     known[task_id] = (True, final_result(task_id, record))
-                except (TaskFailed, ResultNotStored) as exc:
+                except Exception as exc:  # TaskFailed, ResultNotStored; eager: the task's own
                     if not return_exceptions:
                         raise
                     known[task_id] = (False, exc)
@@ -240,7 +271,9 @@ class Results:
                     if isinstance(task, TaskHandle):  # knows whether a result is stored
                         return await task.result(timeout=left)
                     return await self.get_result(task, timeout=left)
-                except ResultTimeout:
+                except ResultTimeout as exc:
+                    if isinstance(exc, ResultExpired):
+                        raise
                     raise ResultTimeout(
                         f"no result for task {task_id} within {timeout} s (get_results)"
                     ) from None
@@ -289,16 +322,26 @@ class Results:
         A scheduled (delayed, retrying or rate-limited) task is taken off the schedule and
         never starts. A queued one is marked revoked: every worker skips it. A running one
         is cancelled by its worker at once: an async task is cancelled, a thread task sees
-        ``current_task().cancelled``, a process task is terminated. Its record becomes
-        ``cancelled`` and ``result()`` raises :class:`TaskCancelled`.
+        ``current_task().cancelled``, a process task is terminated; its record stays
+        ``running`` (``inspect``: ``cancelling``) until the run ended. Then (at once for
+        the others) the record is ``cancelled`` and ``result()`` raises
+        :class:`TaskCancelled` -- or both give the run's outcome, if it ended first.
 
         Returns:
             What the task was: ``"scheduled"``, ``"queued"``, ``"running"``, ``"pending"``
             (queued or running: without ``track_state`` the two cannot be told apart) or
             ``"finished"`` (already final: nothing changed).
+
+        Raises:
+            SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``).
+            BrokerError: the broker could not be reached.
         """
+        task_id = lookup_key("task id", task_id)
         record = records.cancel_request(task_id, time.time())
-        return await self.queue.broker.cancel(task_id, record, self.queue.result_ttl)
+        was = await self.queue.broker.cancel(task_id, record, self.queue.result_ttl)
+        if testmode.cancelled is not None:  # the eager test mode: no worker hears the event
+            testmode.cancelled(self.queue, task_id)
+        return was
 
     # --------------------------------------------------------------- progress
     async def get_progress(self, task_id: str) -> Progress | None:
@@ -306,8 +349,9 @@ class Results:
 
         Raises:
             BrokerError: the broker could not be reached.
+            SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``).
         """
-        data = await self.queue.broker.get_progress(task_id)
+        data = await self.queue.broker.get_progress(lookup_key("task id", task_id))
         if data is None:
             return None
         return decode_progress(data)[0]
@@ -334,7 +378,10 @@ class Results:
         Raises:
             ResultTimeout: the task did not end within ``timeout`` seconds.
             BrokerError: the broker could not be reached.
+            SerializationError, ConfigurationError: a bad ``task_id`` (see
+                :func:`~blitzq.serialization.lookup_key`), at the first iteration.
         """
+        task_id = lookup_key("task id", task_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         last_at = -math.inf
         events = self.queue.broker.watch_progress(task_id)

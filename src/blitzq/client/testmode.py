@@ -11,6 +11,11 @@ Attributes:
     forced_url: ``f(queue) -> URL`` while active (``None`` otherwise).
     after_enqueue: awaited with the Queue after each enqueue, replay or workflow start while
         active (``None`` otherwise).
+    failure: ``f(task_id) -> exception`` while active: the exception a failed task raised
+        in this process (``None`` when there is none, or when the mode does not propagate
+        errors), which ``result()`` raises instead of :class:`~blitzq.TaskFailed`.
+    cancelled: called with the Queue and the task id after each ``cancel`` while active (a
+        worker learns of it from the broker's event channel; the eager mode has none).
 """
 
 from __future__ import annotations
@@ -18,23 +23,47 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from ..context import current_task
+
 if TYPE_CHECKING:
     from ..queue import Queue
 
 generation = 0
 forced_url: Callable[[Queue], str] | None = None
 after_enqueue: Callable[[Queue], Awaitable[None]] | None = None
+failure: Callable[[str], BaseException | None] | None = None
+cancelled: Callable[[Queue, str], None] | None = None
 
 
 def switch(
-    url: Callable[[Queue], str] | None, hook: Callable[[Queue], Awaitable[None]] | None
+    url: Callable[[Queue], str] | None,
+    hook: Callable[[Queue], Awaitable[None]] | None,
+    errors: Callable[[str], BaseException | None] | None = None,
+    cancel: Callable[[Queue, str], None] | None = None,
 ) -> None:
-    """Turn the test mode on (both given) or off (both ``None``).
+    """Turn the test mode on (``url`` and ``hook`` given) or off (all ``None``).
 
     Args:
         url: the broker URL of each Queue while on.
         hook: awaited with the Queue after each enqueue while on.
+        errors: the exception a failed task raised, by task id (see :data:`failure`).
+        cancel: told of each cancellation (see :data:`cancelled`).
     """
-    global generation, forced_url, after_enqueue
+    global generation, forced_url, after_enqueue, failure, cancelled
     generation += 1
-    forced_url, after_enqueue = url, hook
+    forced_url, after_enqueue, failure, cancelled = url, hook, errors, cancel
+
+
+def task_error(task_id: str) -> Exception | None:
+    """The exception the failed task ``task_id`` raised in this process, while the eager mode
+    is on and propagates errors (an :class:`Exception`: a ``SystemExit`` or a cancellation is
+    not raised in the caller); ``None`` otherwise. ``result()`` and a workflow's ``get()``
+    raise it instead of :class:`~blitzq.TaskFailed`.
+
+    Only for the test's own code: inside a running task (a task waiting for another's result)
+    it is ``None``, so the task sees :class:`~blitzq.TaskFailed` as it would in production.
+    """
+    if failure is None or current_task() is not None:
+        return None
+    error = failure(task_id)
+    return error if isinstance(error, Exception) else None

@@ -55,10 +55,16 @@ class Workflows:
         return handle
 
     def workflow(self, workflow_id: str) -> WorkflowHandle:
-        """A handle to the workflow ``workflow_id`` (re-attach from any process)."""
+        """A handle to the workflow ``workflow_id`` (re-attach from any process).
+
+        Raises:
+            SerializationError, ConfigurationError: ``workflow_id`` is not valid Unicode
+                text, or not a ``str`` (see :func:`~blitzq.serialization.lookup_key`).
+        """
+        from ..serialization import lookup_key
         from ..workflow.handle import WorkflowHandle
 
-        return WorkflowHandle(self.queue, workflow_id)
+        return WorkflowHandle(self.queue, lookup_key("workflow id", workflow_id))
 
 
 __all__ = ["Workflows"]

@@ -34,6 +34,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from .._checks import flag, is_loopback, seconds
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, SerializationError
 from ..integrations.asgi import close_queue, warm_up
+from ..json_input import parse_json
+from ..limits import MAX_REQUEST_BODY
+from ..redaction import redact
 from ..runtime_schedules import RuntimeEntries
 from . import data, pages, tasks
 
@@ -211,18 +214,38 @@ def _age(request: Request, name: str) -> float | None:
 
 
 async def _body(request: Request) -> dict[str, Any]:
+    """The request's JSON object (``{}`` for an empty body).
+
+    The body is read in chunks and refused (413) as soon as it passes
+    :data:`~blitzq.limits.MAX_REQUEST_BODY` bytes, or at once when ``Content-Length`` says it
+    will; its JSON goes through :func:`~blitzq.json_input.parse_json` (400 when not JSON, too
+    deep, holding a non-finite number, or not an object).
+
+    Raises:
+        ApiError: 415 without ``Content-Type: application/json``, 413, 400 as above.
+    """
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/json":
         raise ApiError(415, "send Content-Type: application/json")
-    raw = await request.body()
+    too_large = f"the body is larger than {MAX_REQUEST_BODY} bytes"
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        digits = declared.strip()
+        if not (digits.isascii() and digits.isdigit()):
+            raise ApiError(400, f"Content-Length is not a number of bytes: {declared[:40]!r}")
+        if int(digits) > MAX_REQUEST_BODY:
+            raise ApiError(413, too_large)
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_REQUEST_BODY:
+            raise ApiError(413, too_large)
     if not raw:
         return {}
     try:
-        body = json.loads(raw)
-    except ValueError:
-        raise ApiError(400, "the body is not JSON") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
+        body: dict[str, Any] = parse_json(bytes(raw), "the body", expect=dict)
+    except ConfigurationError as exc:
+        raise ApiError(400, str(exc)) from None
     return body
 
 
@@ -335,9 +358,9 @@ def create_app(
 
     async def api_error(request: Request, exc: Exception) -> Response:
         if isinstance(exc, ApiError):
-            return _json({"error": str(exc)}, exc.status)
+            return _json({"error": redact(str(exc))}, exc.status)
         status = 503 if isinstance(exc, BrokerError) else 400
-        return _json({"error": f"{type(exc).__name__}: {exc}"}, status)
+        return _json({"error": redact(f"{type(exc).__name__}: {exc}")}, status)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -14,6 +14,10 @@ The options are declared by the built-in middleware :class:`Locks`.
 - A finisher (:func:`release_lock`) gives the place back with the completion of every
   attempt (success, failure, retry, timeout, requeue at shutdown). A thread that passed its
   hard timeout keeps the place until it really returns.
+- A broker error while taking a place is raised to the worker
+  (:mod:`blitzq.worker.deferral`): an outage defers the task with backoff, an error reply
+  fails the attempt. A place taken by a call whose answer was lost (a timeout) is not known
+  here and is freed when its lease expires.
 - A lease lasts ``lock_ttl`` seconds (default: the queue's ``visibility_timeout``). While
   the task runs, its worker renews the lease every third of it; a place held by a killed
   worker is freed when its lease expires.

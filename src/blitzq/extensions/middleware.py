@@ -14,6 +14,9 @@ hook                                            when
 ``on_error(context, exc)``                      worker, after a run failed (each attempt)
 ``on_retry(context, exc, delay)``               worker, after ``on_error`` when the task will be
                                                 retried in ``delay`` seconds
+``on_failure(context, exc, kind)``              worker, after ``on_error`` when the task failed
+                                                for good (``kind``: ``"failed"`` or
+                                                ``"dead_lettered"``): no attempt follows
 ``before_apply(workflow)``                      producer, before ``queue.apply`` publishes a
                                                 workflow's first steps; raise to refuse it
 ``after_apply(workflow)``                       producer, after they were published
@@ -30,8 +33,8 @@ headers=...)``) to change the arguments or headers; the message is then re-encod
 is the run's :class:`~blitzq.TaskContext` (the same object ``current_task()`` returns inside
 the task).
 
-Order: ``before_*`` hooks run in registration order, ``after_*``, ``on_error`` and
-``on_retry`` in reverse order (the first middleware registered wraps all others).
+Order: ``before_*`` hooks run in registration order, ``after_*``, ``on_error``,
+``on_retry`` and ``on_failure`` in reverse order (the first middleware registered wraps all others).
 
 Errors:
 
@@ -42,9 +45,9 @@ Errors:
   middleware and the task.
 - ``before_execute`` raising fails the attempt with that exception without running the task
   body (the retry policy applies; ``on_error`` hooks run as for any failure).
-- ``after_enqueue``, ``after_apply``, ``after_execute``, ``on_error`` and ``on_retry``
-  raising is logged (logger ``blitzq.middleware``) and changes nothing: the enqueue succeeds,
-  the worker goes on.
+- ``after_enqueue``, ``after_apply``, ``after_execute``, ``on_error``, ``on_retry`` and
+  ``on_failure`` raising is logged (logger ``blitzq.middleware``) and changes nothing: the
+  enqueue succeeds, the worker goes on.
 
 Every run whose before-execute hooks ran ends with exactly one call of either ``after_execute``
 (success) or ``on_error`` (failure, timeout, cancellation, or being put back on the queue at
@@ -155,6 +158,8 @@ class OutgoingWorkflow:
 
 #: What happened to a run, as the worker's middleware and signals see it.
 OutcomeKind = Literal["succeeded", "failed", "dead_lettered", "retried", "cancelled", "requeued"]
+#: The outcomes of a run after which the task never runs again because it failed.
+FailureKind = Literal["failed", "dead_lettered"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +327,20 @@ class Middleware:
     async def on_retry(self, context: TaskContext, exc: BaseException, delay: float) -> None:
         """After :meth:`on_error` when the task will run again in ``delay`` seconds."""
 
+    async def on_failure(self, context: TaskContext, exc: BaseException, kind: FailureKind) -> None:
+        """After :meth:`on_error` when the task failed for good: its retries are spent, the
+        retry policy or the error ruled a retry out, or its last attempt timed out; the
+        place for alerts (:mod:`blitzq.integrations.sentry` reports from here). Not called
+        for a retry, a cancellation, or a run put back on its queue at shutdown.
+
+        Args:
+            context: the last run's :class:`~blitzq.TaskContext`.
+            exc: as for :meth:`on_error` (a :class:`~blitzq.Retry` raised past the last
+                attempt keeps its cause in ``__cause__``).
+            kind: ``"failed"`` (a ``failed`` record), or ``"dead_lettered"`` (the task has
+                ``dead_letter=True``: its message went to the dead letters too).
+        """
+
 
 def extensions_of(queue: Any) -> Extensions:
     """The middleware registry (:class:`~blitzq.extensions.registry.Extensions`) of
@@ -334,6 +353,7 @@ __all__ = [
     "EnqueueFilter",
     "EnqueueObserver",
     "EnqueueRefused",
+    "FailureKind",
     "Finisher",
     "Middleware",
     "Outcome",

@@ -17,7 +17,9 @@ gets the start check :class:`RateCheck`, the first of its start checks:
   the task starts, and its copy is marked reserved (so a later start check that puts it back
   does not make it ask again). Not yet: it goes back on the schedule for the wait
   (``WorkerContext.reschedule``: attempt unchanged, no slot held), reserved if the bucket
-  reserved a token for it. A broker error puts it back for 1 s, unreserved.
+  reserved a token for it. A broker error is raised to the worker
+  (:mod:`blitzq.worker.deferral`): an outage defers the task with backoff, unreserved and
+  without spending an attempt; an error reply (a ``WRONGTYPE`` bucket) fails the attempt.
 
 A task without a limit on a Queue without queue limits has no such check and pays nothing
 for rate limits. The buckets of a task are worked out once per physical queue it is taken
@@ -26,14 +28,13 @@ from (``queue:<q>`` keys the queue's bucket unless its ``RateLimit`` names a key
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 
 from .._checks import text
-from ..exceptions import BrokerError, ConfigurationError
+from ..exceptions import ConfigurationError
 from ..options import Option
 from ..ratelimit import RateLimit
 from ..routing import base_queue, check_queue_name
@@ -45,8 +46,6 @@ if TYPE_CHECKING:
     from ..task import Task
     from ..worker.execution import Job
     from .middleware import WorkerContext
-
-logger = logging.getLogger("blitzq.worker")
 
 #: A bucket's wait below this many seconds starts the task at once.
 RATE_SLACK = 0.002
@@ -153,11 +152,7 @@ class RateCheck:
         buckets = self.buckets(job.delivery.queue)
         if not buckets:
             return None
-        try:
-            reserved, wait = await worker.broker.acquire_rate(buckets)
-        except BrokerError as exc:
-            logger.warning("rate limit check of %s failed, retry in 1 s: %s", job.envelope.id, exc)
-            reserved, wait = False, 1.0
+        reserved, wait = await worker.broker.acquire_rate(buckets)
         if reserved and wait <= RATE_SLACK:
             job.envelope = msgspec.structs.replace(job.envelope, reserved=True)
             return None

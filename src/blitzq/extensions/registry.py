@@ -39,6 +39,7 @@ _HOOK_NAMES = (
     "after_execute",
     "on_error",
     "on_retry",
+    "on_failure",
 )
 
 
@@ -100,7 +101,8 @@ class Extensions:
         hooks = self._hooks
         self.has_before = bool(hooks["before_execute"])
         self.enabled = bool(self.signals) or any(
-            hooks[n] for n in ("before_execute", "after_execute", "on_error", "on_retry")
+            hooks[n]
+            for n in ("before_execute", "after_execute", "on_error", "on_retry", "on_failure")
         )
         queue = self.queue
         if hooks["before_enqueue"] and not self._filter_installed:
@@ -198,7 +200,7 @@ class Extensions:
         env, d = job.envelope, job.delivery
         context = job.context = TaskContext(
             env.id, env.task, d.queue, job.attempt, job.task.max_attempts,
-            env.correlation_id, env.headers,
+            env.correlation_id, env.headers, flow=env.flow,
         )  # fmt: skip
         return context
 
@@ -283,6 +285,8 @@ class Extensions:
                     await self._safely("on_error", context, error)
                     if kind == "retried":
                         await self._safely("on_retry", context, error, outcome.delay or 0.0)
+                    elif kind in ("failed", "dead_lettered"):
+                        await self._safely("on_failure", context, error, kind)
             finally:
                 reset_current(token)
         signals = self.signals

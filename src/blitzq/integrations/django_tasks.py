@@ -102,6 +102,7 @@ STATUS_OF: dict[TaskState, str] = {
     TaskState.QUEUED: "READY",
     TaskState.RETRYING: "READY",
     TaskState.RUNNING: "RUNNING",
+    TaskState.CANCELLING: "RUNNING",
     TaskState.SUCCEEDED: "SUCCESSFUL",
     TaskState.FAILED: "FAILED",
     TaskState.DEAD_LETTERED: "FAILED",

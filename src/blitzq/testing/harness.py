@@ -1,7 +1,8 @@
 """Run a real :class:`~blitzq.Worker` in a test and wait until its queues are drained.
 
 :class:`WorkerHarness` is what the ``blitzq_worker`` pytest fixture hands out; :func:`drain`
-is the waiting it shares with the eager mode (:mod:`blitzq.testing.eager`).
+waits until the worker's queues are drained. (The eager mode, :mod:`blitzq.testing.eager`,
+runs no Worker: see :mod:`blitzq.testing.inline`.)
 """
 
 from __future__ import annotations

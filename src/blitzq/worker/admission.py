@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 from ..broker import Completion, Delivery
 from ..dependencies import refuse_given
 from ..envelope_checks import envelope_fault
-from ..exceptions import BrokerError, ConfigurationError, SerializationError
+from ..exceptions import ConfigurationError, SerializationError
 from ..extensions.expiry import check_expiry, start_checks
 from ..serialization import Envelope, decode_envelope, decode_envelope_unchecked, envelope_head
 from ..task import Task
+from .deferral import check_failed, take_deferrals
 from .execution import Job
 from .limiter import Slots
 from .recycling import give_back
@@ -61,6 +62,8 @@ def start(runner: Runner, d: Delivery, slots: Slots) -> None:
     if fault is not None:
         reject(runner, d, "malformed message", fault, slots, env.id, env.task)
         return
+    if runner.lifecycle.on:
+        runner.lifecycle.event("received", env, d.queue, env.attempt + d.deliveries - 1)
     task = runner.tasks.get(env.task)
     if task is None:  # a rolling deploy: deferred for a worker that knows it, then rejected
         unknown_task(runner, d, env, slots)
@@ -84,8 +87,23 @@ def reject(
     task_id: str | None = None,
     task: str = "",
 ) -> None:
-    """Dead-letter a message that cannot run (malformed, unknown task, too large)."""
-    logger.warning("dead-lettering message from %s: %s (%s)", d.queue, reason, error)
+    """Dead-letter a message that cannot run (malformed, unknown task, too large), logged at
+    the worker's ``failure_log_level`` with its fields (``queue``, ``reason``, ``error``,
+    ``task_id`` and ``task`` when known)."""
+    fields = {"queue": d.queue, "worker_id": runner.worker_id, "outcome": "rejected"}
+    if task_id is not None:
+        fields["task_id"] = task_id
+    if task:
+        fields["task"] = task
+    fields.update(reason=reason, error=error)
+    logger.log(
+        runner.failure_log_level,
+        "dead-lettering message from %s: %s (%s)",
+        d.queue,
+        reason,
+        error,
+        extra=fields,
+    )
     completion = runner.outcomes.rejected(d, reason, error, task_id, task)
     if runner.observer is not None:  # counted once the broker applied it
         runner.observer.ended(d.queue, task, "rejected", completion)
@@ -108,18 +126,24 @@ async def start_checked(
     """The task's start checks, in order; run, or end this delivery as the first check that
     answers tells.
 
-    A check that cannot reach the broker puts the task back on the schedule for a second.
+    Each check is bounded by the worker's ``start_check_timeout``. A check that cannot reach
+    the broker defers the task with backoff, one that gets an error reply fails the attempt
+    (:mod:`.deferral`).
     """
     job = Job(d, env, task)
     try:
         completion: Completion | None = None
         checks = start_checks(task, env)
+        deferrals = take_deferrals(job) if env.deferrals else 0
+        timeout = runner.worker.outage_backoff.timeout
         for check in checks:
             try:
-                completion = await check(runner, job)
-            except BrokerError as exc:
-                logger.warning("start check of %s failed, retry in 1 s: %s", env.id, exc)
-                completion = runner.reschedule(job, 1.0)
+                async with asyncio.timeout(timeout):
+                    completion = await check(runner, job)
+            except Exception as exc:  # an outage, an error reply, a bug in a check
+                check_failed(runner, job, exc, deferrals)
+                slots.release()
+                return
             if completion is not None:
                 break
         if completion is None:

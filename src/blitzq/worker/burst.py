@@ -14,7 +14,10 @@ work is done. It stops (gracefully, exit code 0 from the CLI) once all of these 
 * every fetch that was in a fetch command when the queues were read has returned empty
   since (a fast-mode pop leaves the list before the worker sees the message).
 
-Work enqueued after the worker stopped is left for the next one. Scheduled messages due
+With ``burst_idle_timeout`` (``blitzq worker --burst --burst-idle-timeout SECONDS``) the worker
+stops only once these have held for that many seconds in a row: work enqueued in the meantime
+is run, and the count starts again after it. Work enqueued after the worker stopped is left
+for the next one. Scheduled messages due
 later than the horizon (delays, long retry backoffs, unknown tasks deferred during a rolling
 deploy) are not waited for.
 """
@@ -46,17 +49,28 @@ async def drain(worker: Worker, fetcher: Fetcher, flusher: Flusher) -> None:
 
     Call it as a task next to the fetch loops of a running worker (``fetcher``: its fetch
     loops, ``flusher``: its completion writer); it returns when the worker stops for any
-    reason. A broker error only delays the check (logged, tried again).
+    reason. With the worker's ``burst_idle_timeout`` (seconds) it stops once the queues have
+    stayed drained that long in a row (:attr:`Worker.idle_since
+    <blitzq.worker.Worker.idle_since>` is when they last became so). A broker error only
+    delays the check (logged, tried again).
     """
+    loop = asyncio.get_running_loop()
     while not worker.stopping:
         await asyncio.sleep(CHECK_INTERVAL)
         try:
-            if await _drained(worker, fetcher, flusher):
-                logger.info("worker %s drained its queues (burst): stopping", worker.id)
-                worker.stop()
-                return
+            drained = await _drained(worker, fetcher, flusher)
         except BrokerError as exc:
             logger.warning("burst check failed, trying again: %s", exc)
+            continue
+        if not drained:
+            worker.idle_since = None
+            continue
+        if worker.idle_since is None:
+            worker.idle_since = loop.time()
+        if loop.time() - worker.idle_since >= worker.burst_idle_timeout:
+            logger.info("worker %s drained its queues (burst): stopping", worker.id)
+            worker.stop()
+            return
 
 
 async def settled(worker: Worker, horizon: float = BURST_HORIZON) -> bool:

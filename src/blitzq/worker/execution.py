@@ -8,6 +8,7 @@ record, retry, dead letter, requeue).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextvars
 import time
 import traceback as tb
@@ -19,7 +20,14 @@ from .. import records
 from ..broker import Completion, DeadLetterFields, Delivery
 from ..context import NO_RESULT, TaskContext
 from ..envelope_checks import value_size
-from ..exceptions import ResultTooLarge, Retry, SerializationError, TaskTimeout, describe_error
+from ..exceptions import (
+    NoRetry,
+    ResultTooLarge,
+    Retry,
+    SerializationError,
+    TaskTimeout,
+    describe_error,
+)
 from ..limits import DEAD_MESSAGE_SAMPLE, DEFAULT_MAX_RESULT_SIZE, clip_text
 from ..serialization import Envelope, dumps, encode_envelope
 from ..task import Task
@@ -50,11 +58,23 @@ def format_traceback(exc: BaseException) -> str:
 
 
 def cause_of(exc: BaseException) -> BaseException:
-    """The error a failed run is recorded under: the cause of a :class:`~blitzq.Retry`, else
-    ``exc`` itself."""
+    """The error a failed run is recorded under: the cause of a :class:`~blitzq.Retry`, the
+    explicit cause (``raise ... from``) of a :class:`~blitzq.NoRetry`, else ``exc`` itself."""
     if isinstance(exc, Retry):
-        return exc.__cause__ or exc.__context__ or exc
+        return _task_cause(exc) or exc.__context__ or exc
+    if isinstance(exc, NoRetry):
+        return _task_cause(exc) or exc
     return exc
+
+
+def _task_cause(exc: BaseException) -> BaseException | None:
+    """``exc.__cause__`` as the task set it: the traceback text a process pool chains onto
+    an exception it sends back (``concurrent.futures.process._RemoteTraceback``) is none."""
+    cause = exc.__cause__
+    kind = type(cause)
+    if kind.__name__ == "_RemoteTraceback" and kind.__module__ == "concurrent.futures.process":
+        return None
+    return cause
 
 
 class Job:
@@ -74,6 +94,8 @@ class Job:
             context, with the before-execute middleware's changes), once it started.
         encode_error: the error that storing the return value raised (it failed the run),
             else ``None``.
+        pool_call: a thread task's call in the thread pool (cancelled at the hard timeout
+            when it has not started), else ``None``.
     """
 
     __slots__ = (
@@ -84,6 +106,7 @@ class Job:
         "envelope",
         "finished",
         "handle",
+        "pool_call",
         "result",
         "scope",
         "started_at",
@@ -107,6 +130,7 @@ class Job:
         #: The return value once the run succeeded (finishers read it), else NO_RESULT.
         self.result: Any = NO_RESULT
         self.encode_error: BaseException | None = None
+        self.pool_call: concurrent.futures.Future[Any] | None = None
 
 
 class Outcomes:
@@ -135,6 +159,9 @@ class Outcomes:
         self.result_ttl = result_ttl
         self.max_message_size = max_message_size
         self.max_result_size = max_result_size
+        #: Seconds a ``running`` record lives (the worker's maintenance keeps it while the
+        #: run goes on: :func:`~.maintenance.running_record_ttl`).
+        self.running_ttl = result_ttl
 
     def success(self, job: Job, value: Any, track_state: bool = False) -> Completion | None:
         """Completion of a run that returned ``value``; ``None`` when nothing is to be done.
@@ -294,13 +321,16 @@ class Outcomes:
             env.id, env.task, d.queue, job.attempt, env.created_at, job.started_at or None,
             self.worker_id, (env.args, env.kwargs),
         )  # fmt: skip
-        return Completion(d.queue, None, job.envelope.id, record, self.result_ttl, fence=d.token)
+        return Completion(d.queue, None, job.envelope.id, record, self.running_ttl, fence=d.token)
 
-    def cancelled(self, d: Delivery, env: Envelope, attempt: int) -> Completion:
-        """Completion acking a cancelled task with a ``cancelled`` record."""
+    def cancelled(
+        self, d: Delivery, env: Envelope, attempt: int, started_at: float | None = None
+    ) -> Completion:
+        """Completion acking a cancelled task with a ``cancelled`` record; ``started_at``
+        (Unix seconds): when its run started, for a running task cancelled."""
         record = records.cancelled(
             env.id, env.task, d.queue, attempt, env.created_at, self.worker_id,
-            (env.args, env.kwargs),
+            (env.args, env.kwargs), started_at,
         )  # fmt: skip
         return Completion(d.queue, d.token, env.id, record, self.result_ttl)
 

@@ -1,8 +1,9 @@
 """Where task code runs: coroutines on the loop, threads, or a process pool.
 
 Sync tasks run on a :class:`ThreadPool` of daemon threads that grows by one thread for each
-call abandoned at its hard timeout (see :mod:`~blitzq.worker.timeouts`), so hung calls never
-take the threads the worker's free slots need, and never keep the process from exiting.
+call abandoned at its hard timeout (see :mod:`~blitzq.worker.timeouts`; the call keeps its
+slot until it returns), so hung calls never take the threads the other slots need, and never
+keep the process from exiting.
 
 Async tasks start *eagerly* (:mod:`.eager`): the coroutine's first step runs inline in the
 worker, and only a coroutine that actually suspends gets an ``asyncio.Task``.
@@ -115,9 +116,10 @@ class ThreadPool(concurrent.futures.Executor):
     Like :class:`concurrent.futures.ThreadPoolExecutor` (threads start on demand and an idle
     one is reused first), with two differences a worker needs. Its threads are daemons, so a
     call that never returns does not hold up the process's exit. And :meth:`abandon` raises
-    the thread limit by one while an abandoned call still occupies its thread, so the calls
-    the worker still counts always find a thread; :meth:`returned` lowers it again, and a
-    thread over the limit exits once it finishes its call.
+    the thread limit by one while an abandoned call still occupies its thread, so the runs
+    of the other slots always find a thread (also with ``size`` below the worker's
+    concurrency); :meth:`returned` lowers it again, and a thread over the limit exits once
+    it finishes its call. The pool bounds threads, not running calls: the worker's slots do.
 
     Args:
         size: threads when nothing is abandoned (>= 1).
@@ -235,7 +237,8 @@ class ProcessPool:
         size: number of processes.
         max_tasks_per_child: calls after which a process is replaced (``None``: never).
         max_memory_per_child: megabytes (MiB) of resident memory of a process past which,
-            after a call, the pool is replaced (running calls finish in the old one).
+            after a call, the pool is replaced (running calls finish in the old one, which
+            :meth:`shutdown` with ``kill`` still reaches).
     """
 
     def __init__(
@@ -248,7 +251,9 @@ class ProcessPool:
         self.max_tasks_per_child = max_tasks_per_child
         self.max_memory = max_memory_per_child * MB if max_memory_per_child else None
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
-        self._retired: list[concurrent.futures.ProcessPoolExecutor] = []
+        #: Pools replaced past the memory limit, with their processes (a pool shut down
+        #: forgets them, while calls may still run there: a hard timeout must reach them).
+        self._retired: list[_Retired] = []
 
     def submit(
         self, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]
@@ -287,26 +292,38 @@ class ProcessPool:
         if not over or pool is not self._pool:
             return
         self._pool = None
-        self._retired = [p for p in self._retired if getattr(p, "_processes", None)] + [pool]
+        live = [(p, procs) for p, procs in self._retired if any(x.is_alive() for x in procs)]
+        self._retired = [*live, (pool, _processes_of(pool))]
         pool.shutdown(wait=False)
 
     def shutdown(self, kill: bool = False) -> list[multiprocessing.process.BaseProcess]:
-        """Stop the pool; ``kill=True`` terminates running processes at once.
+        """Stop the pool; ``kill=True`` terminates running processes at once, those of
+        pools retired past the memory limit included.
 
         Returns:
             The processes killed (empty without ``kill``): a SIGKILLed process may still be
             exiting when its pool reports it gone, so whoever must know it is gone joins them.
         """
-        pools = [*self._retired, self._pool]
+        pools = list(self._retired)
+        if self._pool is not None:
+            pools.append((self._pool, _processes_of(self._pool)))
         self._pool, self._retired = None, []
         killed: list[multiprocessing.process.BaseProcess] = []
-        for pool in pools:
-            if pool is None:
-                continue
+        for pool, processes in pools:
             if kill:
-                found = list((getattr(pool, "_processes", None) or {}).values())
-                for process in found:
+                for process in processes:
                     process.kill()
-                killed += found
+                killed += processes
             pool.shutdown(wait=not kill, cancel_futures=True)
         return killed
+
+
+#: A retired process pool and the processes it had when it was shut down.
+_Retired = tuple[concurrent.futures.ProcessPoolExecutor, list[multiprocessing.process.BaseProcess]]
+
+
+def _processes_of(
+    pool: concurrent.futures.ProcessPoolExecutor,
+) -> list[multiprocessing.process.BaseProcess]:
+    """The processes of ``pool`` (none once it is shut down: it forgets them then)."""
+    return list((getattr(pool, "_processes", None) or {}).values())

@@ -32,6 +32,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import ConfigurationError
+from ..redaction import redact
 from .ops import PortInUse
 
 try:
@@ -89,7 +90,7 @@ class Readiness:
             if isinstance(exc, TimeoutError):
                 error = f"no answer within {PROBE_TIMEOUT:.0f} s"
             else:
-                error = f"{type(exc).__name__}: {exc}"
+                error = redact(f"{type(exc).__name__}: {exc}")  # no password on a page
             return {"ok": False, "backend": backend, "error": error}
         return {"ok": True, "backend": backend}
 

@@ -28,7 +28,7 @@ def supervise(
     namespace: str | None = None,
     mode: str | None = None,
     queues: Sequence[str] | None = None,
-    watch: Path | None = None,
+    watch: Path | Sequence[Path] | None = None,
 ) -> int:
     """Announce and run a :class:`Supervisor` of ``workers`` copies of ``command``.
 
@@ -43,7 +43,8 @@ def supervise(
         autoscale: scale between its bounds, sampling the broker at ``redis_url``,
             ``namespace`` and ``mode`` (``None``: the environment's) on ``queues`` (``None``:
             those the workers consume).
-        watch: reload the workers when a ``.py`` file under this directory changes.
+        watch: reload the workers when a ``.py`` file under this directory (or these)
+            changes.
 
     Returns:
         The exit code (see :meth:`Supervisor.run`).

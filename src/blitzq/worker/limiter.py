@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 
 class Limiter:
@@ -44,11 +45,22 @@ class Limiter:
         if self.free > 0:
             self._event.set()
 
-    async def drained(self) -> None:
-        """Return once every slot is free (nothing running)."""
-        while self.free < self.capacity:
+    async def drained(self, kept: Callable[[], int] | None = None) -> None:
+        """Return once every slot is free (nothing running).
+
+        Args:
+            kept: with it, return once no more than ``kept()`` slots are taken: the slots
+                of runs that are not waited for (threads abandoned at their hard timeout,
+                which may never return). Asked again at every release and :meth:`wake`.
+        """
+        while self.in_use > (kept() if kept is not None else 0):
             self._event.clear()
             await self._event.wait()
+
+    def wake(self) -> None:
+        """Make the waiters check again: what :meth:`drained` waits for changed without a
+        release (a run was abandoned, keeping its slot)."""
+        self._event.set()
 
 
 class Slots:

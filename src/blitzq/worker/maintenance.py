@@ -32,8 +32,10 @@ from typing import TYPE_CHECKING
 
 from ..broker import Broker
 from ..exceptions import BrokerError, describe_error
+from .unknown import take_handed
 
 if TYPE_CHECKING:
+    from .execution import Job
     from .worker import Worker
 
 logger = logging.getLogger("blitzq.worker")
@@ -53,6 +55,26 @@ EVENT_RETRY_MIN = 0.5
 EVENT_RETRY_MAX = 5.0
 
 
+def maintenance_interval(visibility_timeout: float) -> float:
+    """Seconds between maintenance rounds (lease renewals, recovery checks, the keeping of
+    running records): a third of ``visibility_timeout`` (seconds), so two renewals can fail
+    before a lease lapses; at most 10 s."""
+    return max(0.05, min(visibility_timeout / 3, 10.0))
+
+
+def keep_margin(visibility_timeout: float) -> int:
+    """Seconds of life a ``running`` record (``track_state``) must have left at a
+    maintenance round, or that round extends it: three rounds and 5 s."""
+    return math.ceil(3 * maintenance_interval(visibility_timeout)) + 5
+
+
+def running_record_ttl(result_ttl: int, visibility_timeout: float) -> int:
+    """TTL (seconds) of a ``running`` record: ``result_ttl``, but at least two
+    :func:`keep_margin` s, so the record outlives the rounds that keep it while the run goes
+    on (a run longer than ``result_ttl`` keeps its record; docs/guarantees.md)."""
+    return max(result_ttl, 2 * keep_margin(visibility_timeout))
+
+
 class Maintenance:
     """Runs the worker's background loops.
 
@@ -67,8 +89,11 @@ class Maintenance:
         vt = worker.queue.visibility_timeout
         #: seconds between lease renewals / recovery checks: a third of the visibility
         #: timeout, so two renewals can fail before a lease lapses.
-        self.interval = max(0.05, min(vt / 3, 10.0))
+        self.interval = maintenance_interval(vt)
+        #: Running jobs (track_state) and the Unix time their record lives until at least.
+        self._kept: dict[Job, float] = {}
         self._wake = asyncio.Event()
+        self._handed = asyncio.Event()
         self._next_wake = 0.0
         #: Pushes on the event channel that were ignored as malformed.
         self.malformed_events = 0
@@ -85,6 +110,8 @@ class Maintenance:
             asyncio.create_task(self._event_loop(), name="blitzq-events"),
             asyncio.create_task(self._maintain_loop(), name="blitzq-maintenance"),
         ]
+        if self.broker.supports_recovery:  # messages other workers hand over (unknown.py)
+            loops.append(asyncio.create_task(self._handed_loop(), name="blitzq-handed"))
         if self.interval > COUNTS_REFRESH:
             loops.append(asyncio.create_task(self._counts_loop(), name="blitzq-counts"))
         if self.broker.relay is not None:  # a foreign transport: relay the store's outbox
@@ -123,6 +150,23 @@ class Maintenance:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=wait)
 
+    async def _handed_loop(self) -> None:
+        """Start the messages other workers hand to this one (a task they do not know:
+        :mod:`blitzq.worker.unknown`) as soon as the event channel says so, and every
+        ``interval`` in case a push was lost."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._handed.wait(), timeout=self.interval)
+            self._handed.clear()
+            try:
+                await take_handed(self.worker)
+            except NotImplementedError:
+                return
+            except BrokerError as exc:
+                logger.warning("taking handed messages: %s", exc)
+            except Exception:  # a bug must not end the loop: the leases recover the messages
+                logger.exception("taking handed messages failed")
+
     async def _event_loop(self) -> None:
         """Follow the event channel for good: a malformed push is logged and skipped, any
         error ends the subscription, which is made again (cancellations published in
@@ -154,6 +198,10 @@ class Maintenance:
                 runner.revoked[value] = time.time() + self.worker.queue.result_ttl
                 if runner.cancel(value):
                     logger.info("cancelled running task %s", value)
+                return
+            if kind == "handed":  # another worker handed this one a message (unknown.py)
+                if value == self.worker.id:
+                    self._handed.set()
                 return
             if kind == "schedule":
                 eta = float(value)
@@ -210,6 +258,11 @@ class Maintenance:
                 await broker.register_worker(worker.id, worker.info(), ttl=3 * self.interval + 5)
             except BrokerError as exc:
                 logger.warning("maintenance: could not register the worker: %s", exc)
+            if worker.runner.track_state:
+                try:
+                    await self._keep_records()
+                except BrokerError as exc:
+                    logger.warning("maintenance: could not keep running records: %s", exc)
             try:
                 if broker.supports_recovery:
                     for q in worker.physical_queues:
@@ -233,6 +286,29 @@ class Maintenance:
                 except Exception:
                     logger.exception("maintenance: reading cancelled tasks failed")
             await asyncio.sleep(self.interval)
+
+    async def _keep_records(self) -> None:
+        """Extend the ``running`` records of this worker's runs that have less than
+        :func:`keep_margin` s left (one script for all; none while every record has time)."""
+        runner = self.worker.runner
+        vt = self.worker.queue.visibility_timeout
+        ttl = running_record_ttl(runner.result_ttl, vt)
+        margin = keep_margin(vt)
+        now = time.time()
+        kept = self._kept
+        due: list[Job] = []
+        for job in runner.jobs:
+            if job.finished or not job.started_at:
+                continue
+            until = kept.setdefault(job, job.started_at + ttl)
+            if until - now < margin:
+                due.append(job)
+        for job in [j for j in kept if j not in runner.jobs]:
+            del kept[job]
+        if due:
+            await self.broker.keep_running([job.envelope.id for job in due], ttl)
+            for job in due:
+                kept[job] = now + ttl
 
     async def _counts_loop(self) -> None:
         """Register the worker again each second its counts changed (the maintenance loop
@@ -261,9 +337,23 @@ class Maintenance:
             requeued, dead = await self.broker.recover(
                 q, vt, RECOVER_BATCH, queue.max_deliveries, queue.result_ttl
             )
-            if requeued or dead:
-                logger.warning(
-                    "recovered %d abandoned message(s) on %s, dead-lettered %d", requeued, q, dead
+            if requeued:
+                logger.warning("recovered %d abandoned message(s) on %s", requeued, q)
+            if dead:  # final failures: at the worker's failure level, as a failed task's
+                logger.log(
+                    self.worker.failure_log_level,
+                    "dead-lettered %d abandoned message(s) on %s: delivered more than "
+                    "max_deliveries (%d) times",
+                    dead,
+                    q,
+                    queue.max_deliveries,
+                    extra={
+                        "queue": q,
+                        "worker_id": self.worker.id,
+                        "outcome": "dead_lettered",
+                        "reason": "max deliveries exceeded",
+                        "count": dead,
+                    },
                 )
             if requeued + dead < RECOVER_BATCH:
                 return

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import ConfigurationError
+from ..logcontext import dropped_records
 
 try:
     from prometheus_client import CollectorRegistry, Gauge
@@ -114,6 +115,12 @@ class _RunCollector(Collector):
             "blitzq_abandoned_threads",
             "Sync-task threads abandoned at their hard timeout since the worker started.",
             value=worker.abandoned_threads_total,
+        )
+        yield CounterMetricFamily(
+            "blitzq_log_records_dropped",
+            "Log records this process's non-blocking log queue dropped (full, or not written "
+            "within the drain timeout at exit).",
+            value=dropped_records(),
         )
         yield GaugeMetricFamily(
             "blitzq_abandoned_threads_running",

@@ -27,6 +27,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("blitzq.worker")
 
+#: Logger of each failed attempt's record (:func:`log_failure`): at the worker's
+#: ``failure_log_level`` when the task failed for good, at its ``retry_log_level`` when it is
+#: retried. Its own name, so that an alerting integration that reports the failure itself
+#: (:mod:`blitzq.integrations.sentry`) can leave these records out.
+OUTCOME_LOGGER = "blitzq.worker.outcomes"
+outcome_logger = logging.getLogger(OUTCOME_LOGGER)
+
 
 def outcome_of(
     job: Job, completion: Completion | None, error: BaseException | None, cancelled: bool
@@ -60,7 +67,7 @@ def outcome_of(
     error_type = message = None
     if completion.record is not None and failed is not None:
         error_type, message = describe_error(cause_of(failed))
-    return Outcome(kind, error, error_type, message)
+    return Outcome(kind, failed, error_type, message)
 
 
 def outcome_kind(
@@ -98,6 +105,8 @@ def finish(
                 result = typed.encode_result(result)  # finishers (workflows) pass it on plain
             job.result = result
             runner.processed += 1
+            if runner.lifecycle.on:
+                runner.lifecycle.event("succeeded", job.envelope, job.delivery.queue, job.attempt)
     if error is not None:
         try:
             completion = outcomes.failure(job, error, retry=retry, track_state=track_state)
@@ -105,11 +114,6 @@ def finish(
             logger.exception("could not build the retry of task %s", job.envelope.id)
             completion = outcomes.failure(job, error, False, track_state)
         runner.failed += 1
-        if logger.isEnabledFor(logging.INFO):
-            logger.info(
-                "task %s %s attempt %d failed: %s: %s",
-                job.envelope.task, job.envelope.id, job.attempt, *describe_error(error),
-            )  # fmt: skip
     commit(runner, job, completion, error)
 
 
@@ -138,6 +142,9 @@ def commit(
             completion = finisher(job, completion, final, error)
         if completion is bare and not bare.ops and bare.record is None and d.token is None:
             completion = None  # the finishers added nothing: still nothing to write
+    failed = error if error is not None else job.encode_error
+    if failed is not None and not cancelled:
+        log_failure(runner, job, completion, failed)
     if runner.progress.active:  # the run's last progress update goes with its completion
         completion = runner.progress.finish(job, completion)
     extensions = runner.extensions
@@ -154,10 +161,99 @@ def commit(
         runner.flusher.add(completion)
 
 
+def workflow_id_of(job: Job) -> str | None:
+    """The id of the workflow ``job`` is a step of, or ``None`` outside workflows."""
+    flow = job.envelope.flow
+    if isinstance(flow, dict):
+        workflow = flow.get("w")
+        if workflow:
+            return str(workflow)
+    return None
+
+
+def log_failure(
+    runner: Runner, job: Job, completion: Completion | None, error: BaseException
+) -> None:
+    """Log a failed attempt of ``job`` on :data:`OUTCOME_LOGGER`.
+
+    A retry (``completion`` reschedules the task) is one line at the worker's
+    ``retry_log_level`` (WARNING by default); a final failure (failed, dead-lettered, timed
+    out on its last attempt) is at its ``failure_log_level`` (ERROR by default), with the
+    traceback of the error (``exc_info``). Either record carries the fields ``task_id``,
+    ``task``, ``queue`` (physical), ``worker_id``, ``attempt``, ``outcome`` (``retried``,
+    ``failed`` or ``dead_lettered``), ``error_type``, ``error`` (the message, as stored in the
+    record), ``workflow_id`` for a workflow step, and ``delay`` (seconds) for a retry. A run
+    put back on its queue (``completion.requeue``) is not a failure and logs nothing.
+
+    Args:
+        runner: the worker's runner (its levels and id).
+        job: the run that failed.
+        completion: what is written for it.
+        error: the run's exception (a :class:`~blitzq.Retry` is logged as its cause).
+    """
+    if completion is not None and completion.requeue is not None:
+        return
+    retried = completion is not None and completion.reschedule is not None
+    level = runner.retry_log_level if retried else runner.failure_log_level
+    if not outcome_logger.isEnabledFor(level):
+        return
+    env = job.envelope
+    cause = cause_of(error)
+    error_type, message = describe_error(cause)
+    if retried:
+        kind = "retried"
+    elif completion is not None and completion.dead_letter is not None:
+        kind = "dead_lettered"
+    else:
+        kind = "failed"
+    fields: dict[str, Any] = {
+        "task_id": env.id,
+        "task": env.task,
+        "queue": job.delivery.queue,
+        "worker_id": runner.worker_id,
+        "attempt": job.attempt,
+        "outcome": kind,
+        "error_type": error_type,
+        "error": message,
+    }
+    workflow = workflow_id_of(job)
+    if workflow is not None:
+        fields["workflow_id"] = workflow
+    if retried:
+        assert completion is not None
+        fields["delay"] = round(max(0.0, completion.delay), 3)
+        outcome_logger.log(
+            level,
+            "task %s %s attempt %d failed, retry in %.3g s: %s: %s",
+            env.task,
+            env.id,
+            job.attempt,
+            fields["delay"],
+            error_type,
+            message,
+            extra=fields,
+        )
+        return
+    ending = "dead-lettered" if kind == "dead_lettered" else "failed for good"
+    outcome_logger.log(
+        level,
+        "task %s %s %s on attempt %d: %s: %s",
+        env.task,
+        env.id,
+        ending,
+        job.attempt,
+        error_type,
+        message,
+        exc_info=(type(cause), cause, cause.__traceback__),
+        extra=fields,
+    )
+
+
 def run_ended(runner: Runner, job: Job, slots: Slots, handle: asyncio.Future[Any]) -> None:
     """The run really ended: free the slot and commit, unless already committed."""
     if runner.abandoned and job in runner.abandoned:
-        thread_returned(runner, job)  # its slot was freed at the timeout
+        thread_returned(runner, job)  # committed at the timeout; it kept its slot till now
+        slots.release()
         forget(job)
         if not handle.cancelled():
             handle.exception()
@@ -182,7 +278,9 @@ def run_ended(runner: Runner, job: Job, slots: Slots, handle: asyncio.Future[Any
     elif job.context is not None and job.context.cancelled:
         if not handle.cancelled():
             handle.exception()  # retrieved: a killed process pool's error is expected here
-        cancelled = runner.outcomes.cancelled(job.delivery, job.envelope, job.attempt)
+        cancelled = runner.outcomes.cancelled(
+            job.delivery, job.envelope, job.attempt, job.started_at or None
+        )
         commit(runner, job, cancelled, cancelled=True)
     elif handle.cancelled():
         # Not cancelled by the worker (that marks the job first): the task cancelled

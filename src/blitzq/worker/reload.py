@@ -1,5 +1,6 @@
 """``blitzq worker … --reload``: watch the application's source and have the supervisor reload
-its workers when a ``.py`` file changes (for development).
+its workers when a ``.py`` file changes (for development: a WARNING says so at every start).
+``--watch-dir DIR`` (repeatable) watches more directories next to the application's.
 
 :func:`app_directory` finds the directory of ``MODULE:ATTR`` without running the module (the
 supervisor imports the application only for ``--autoscale``): the top-level package's
@@ -18,7 +19,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..exceptions import ConfigurationError
@@ -53,7 +54,8 @@ class SourceWatcher:
     """Call ``on_change(paths)`` once per change of ``.py`` files under ``directory``.
 
     Args:
-        directory: the directory watched recursively.
+        directory: the directory watched recursively, or several (the application's first,
+            then those of ``--watch-dir``).
         on_change: called from the watcher's thread with the changed paths (sorted).
 
     Raises:
@@ -61,7 +63,9 @@ class SourceWatcher:
             the ``reload`` extra from the checkout: ``pip install -e '.[reload]'``).
     """
 
-    def __init__(self, directory: Path, on_change: Callable[[list[str]], None]) -> None:
+    def __init__(
+        self, directory: Path | Sequence[Path], on_change: Callable[[list[str]], None]
+    ) -> None:
         try:
             import watchfiles  # noqa: F401
         except ImportError:
@@ -69,14 +73,24 @@ class SourceWatcher:
                 "--reload needs watchfiles: pip install watchfiles (or install blitzq from its "
                 "checkout with the extra: pip install -e '.[reload]')"
             ) from None
-        self.directory = directory
+        #: Every directory watched (the first is :attr:`directory`).
+        self.directories = [directory] if isinstance(directory, Path) else list(directory)
+        if not self.directories:
+            raise ConfigurationError("--reload: no directory to watch")
+        self.directory = self.directories[0]
         self._on_change = on_change
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Start watching (returns once the watch is set up, at most 5 s)."""
+        """Start watching (returns once the watch is set up, at most 5 s); logs a WARNING
+        that reload is for development."""
+        logger.warning(
+            "--reload is for development only: every .py change under %s restarts the "
+            "workers; run production workers without it",
+            ", ".join(map(str, self.directories)),
+        )
         self._thread = threading.Thread(target=self._main, name="blitzq-reload", daemon=True)
         self._thread.start()
         self._ready.wait(5.0)
@@ -90,11 +104,12 @@ class SourceWatcher:
     def _main(self) -> None:
         from watchfiles import PythonFilter, watch
 
-        logger.info("reload: watching %s", self.directory)
+        shown = ", ".join(map(str, self.directories))
+        logger.info("reload: watching %s", shown)
         self._ready.set()
         try:
             for changes in watch(
-                self.directory,
+                *self.directories,
                 watch_filter=PythonFilter(),
                 debounce=DEBOUNCE_MS,
                 stop_event=self._stop,
@@ -103,4 +118,4 @@ class SourceWatcher:
             ):
                 self._on_change(sorted({path for _, path in changes}))
         except Exception:
-            logger.exception("reload: watching %s failed", self.directory)
+            logger.exception("reload: watching %s failed", shown)

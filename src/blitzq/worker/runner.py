@@ -26,7 +26,9 @@ from .eager import start_eagerly
 from .execution import Job, Outcomes
 from .executors import ProcessPool, ThreadPool
 from .flusher import Flusher
+from .lifecycle import Lifecycle
 from .limiter import Slots
+from .maintenance import running_record_ttl
 from .progress import ProgressReporter
 from .recycling import count_start
 from .timeouts import (
@@ -39,7 +41,7 @@ from .timeouts import (
 from .timeouts import timeout_error as _timeout_error
 
 if TYPE_CHECKING:
-    from .metrics import RunMetrics
+    from .tally import RunTally
     from .worker import Worker
 
 logger = logging.getLogger("blitzq.worker")
@@ -72,10 +74,16 @@ class Runner:
         self.tasks = queue.tasks
         self.max_message_size = queue.max_message_size
         self.track_state = queue.track_state
+        #: Levels of the records of failed attempts (:func:`.outcomes.log_failure`).
+        self.failure_log_level: int = worker.failure_log_level
+        self.retry_log_level: int = worker.retry_log_level
+        #: The task lifecycle records (received, started, succeeded).
+        self.lifecycle = Lifecycle(worker.lifecycle_log_level, worker.id)
         self.outcomes = Outcomes(
             worker.id, queue.store_results, queue.result_ttl, queue.max_message_size,
             queue.max_result_size,
         )  # fmt: skip
+        self.outcomes.running_ttl = running_record_ttl(queue.result_ttl, queue.visibility_timeout)
         self.jobs: set[Job] = set()
         self.revoked: dict[str, float] = {}
         self.processed = 0
@@ -93,8 +101,9 @@ class Runner:
         #: started yet, but leased (renewed like running tasks) and requeued at shutdown.
         self._pending: dict[asyncio.Task[None], Delivery] = {}
         self._given_back: set[asyncio.Task[None]] = set()  # of those, handed back at shutdown
-        #: Thread runs past their hard timeout whose thread has not returned (slot freed).
-        self.abandoned: set[Job] = set()
+        #: Thread runs past their hard timeout whose thread has not returned, with the
+        #: slots each keeps until it does.
+        self.abandoned: dict[Job, Slots] = {}
         #: Thread runs abandoned since the worker started.
         self.abandoned_total = 0
         #: The broker's cancel marks being read for this fetch batch, if any.
@@ -106,8 +115,9 @@ class Runner:
         #: The worker's base context (taken when the worker starts): every run gets a
         #: fresh copy of it, so context variables never leak from one task to the next.
         self.base_context = contextvars.copy_context()
-        #: The worker's metrics (``Worker(metrics_port=...)``), told of every run; else None.
-        self.observer: RunMetrics | None = None
+        #: The worker's metrics (``Worker(metrics_port=...)``; the eager test mode's outcome
+        #: keeper, :mod:`blitzq.testing.inline`), told of every run; else None.
+        self.observer: RunTally | None = None
 
     # ------------------------------------------------------------- starting
     def start(self, d: Delivery, slots: Slots) -> None:
@@ -171,13 +181,15 @@ class Runner:
                 return
         env, task = job.envelope, job.task
         job.started_at = time.time()
+        if self.lifecycle.on:
+            self.lifecycle.event("started", env, job.delivery.queue, job.attempt)
         if self.observer is not None:
             self.observer.started(job)
         context = job.context
         if context is None:  # else made by the middleware hooks
             context = TaskContext(
                 env.id, env.task, job.delivery.queue, job.attempt, task.max_attempts,
-                env.correlation_id, env.headers,
+                env.correlation_id, env.headers, flow=env.flow,
             )  # fmt: skip
             job.context = context
         context._reporter = self.progress
@@ -254,7 +266,8 @@ class Runner:
             run = functools.partial(task.fn, *args, **kwargs)
             if task.controls.soft_timeout:
                 run = interruptible(job, run)
-            return asyncio.get_running_loop().run_in_executor(self._threads, scope.run, run)
+            job.pool_call = self._threads.submit(scope.run, run)
+            return asyncio.wrap_future(job.pool_call)
         if self._processes is None:
             w = self.worker
             self._processes = ProcessPool(
@@ -284,10 +297,12 @@ class Runner:
     def on_timeout(self, job: Job, soft: bool = False, slots: Slots | None = None) -> None:
         """The run passed its hard timeout (or its soft one, ``soft=True``).
 
-        Hard: cancel an async task; for a thread task record the failure now and free its
-        slot (the thread is *abandoned*, see :func:`~blitzq.worker.timeouts.abandon_thread`);
-        terminate a process task (its slot is freed once the process is gone). Soft: see
-        :func:`~blitzq.worker.timeouts.soft_timeout`. ``slots``: those the run holds.
+        Hard: cancel an async task; for a thread task record the failure now; its thread
+        is *abandoned* and keeps its slot until the call returns (see
+        :func:`~blitzq.worker.timeouts.abandon_thread`), or its call is cancelled if the
+        pool had not started it; terminate a process task (its slot is freed once the
+        process is reaped). Soft: see :func:`~blitzq.worker.timeouts.soft_timeout`.
+        ``slots``: those the run holds.
         """
         if job.finished:
             return
@@ -304,6 +319,8 @@ class Runner:
         self.commit(job, self.outcomes.failure(job, error), error)
         if job.task.executor == "process":
             kill_process_run(self, job)
+        elif job.pool_call is not None and job.pool_call.cancel():
+            pass  # never started, so it never runs: its slot is freed by run_ended
         elif slots is not None:
             abandon_thread(self, job, slots)
 

@@ -38,9 +38,11 @@ async def shut_down(
     #    block_timeout + FETCH_GRACE at least; a server that stopped answering does not
     #    hold the exit past that.
     await worker._fetcher.stop(max(worker.shutdown_timeout, worker.block_timeout + FETCH_GRACE))
-    # 2. Let running tasks finish, up to shutdown_timeout after the stop.
+    # 2. Let running tasks finish, up to shutdown_timeout after the stop; not the threads
+    #    abandoned at their hard timeout (already committed, they may never return).
+    drained = worker._global.drained(lambda: len(runner.abandoned))
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(worker._global.drained(), timeout=max(0.0, deadline - loop.time()))
+        await asyncio.wait_for(drained, timeout=max(0.0, deadline - loop.time()))
     # 3. Requeue what is still running or waiting to start.
     leftover = runner.requeue_unfinished()
     if leftover:
@@ -48,7 +50,7 @@ async def shut_down(
     await asyncio.sleep(0)
     # redis-py can swallow a cancellation that lands while it opens a connection (the
     # command then returns normally), so cancel again until every loop has ended.
-    remaining = set(background)
+    remaining = set(background) | worker.knowers.pending  # hand-overs still in flight
     while remaining:
         for t in remaining:
             t.cancel()

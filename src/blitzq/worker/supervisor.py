@@ -112,7 +112,7 @@ class Supervisor(Elastic):
         env: Mapping[str, str] | None = None,
         autoscale: AutoscaleSettings | None = None,
         sampler: Callable[..., Sampler] | None = None,
-        watch: Path | None = None,
+        watch: Path | Sequence[Path] | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")

@@ -1,14 +1,19 @@
 """Soft and hard timeouts of task runs.
 
 - ``hard_timeout`` (alias ``timeout``): an async task is cancelled; a process task's pool is
-  terminated (other process tasks running in it are requeued, attempt unchanged); a thread
-  task's failure is recorded at once and its thread is *abandoned*: Python cannot kill a
-  thread, so it runs on until its call returns, but its slot is freed at once and the thread
-  pool grows by one thread meanwhile, so hung calls never starve the worker. Its lock place
-  stays held until the call returns. Abandoned threads still running are counted
-  (``Worker.abandoned_threads``, a WARNING each); past ``Worker.max_abandoned_threads`` the
-  worker stops gracefully and asks to be restarted (exit code
-  :data:`~blitzq.worker.worker.EXIT_RESTART` of ``blitzq worker``), which frees them.
+  terminated (other process tasks running in it are requeued, attempt unchanged), and the
+  slots of its runs are freed once the killed processes are reaped; a thread task's failure
+  is recorded (and its message acknowledged) at once and its thread is *abandoned*: Python
+  cannot kill a thread, so it runs on until its call returns, and it **keeps its slot** until
+  then, so the worker's concurrency bound counts it (DESIGN invariant 5). A call the pool had
+  not started yet is cancelled instead, and never runs. The thread pool grows by one thread
+  per abandoned call, so a ``thread_pool_size`` below the concurrency never leaves a slot
+  without a thread. Its lock place stays held until the call returns. Abandoned threads still
+  running are counted (``Worker.abandoned_threads``, a WARNING each). When they hold every
+  slot of the worker (or every slot of a queue with a ``queue_concurrency`` bound), or are
+  more than ``Worker.max_abandoned_threads``, the worker stops gracefully (not waiting for
+  them) and asks to be restarted (exit code :data:`~blitzq.worker.worker.EXIT_RESTART` of
+  ``blitzq worker``, which the supervisor restarts at once): the process exit kills them.
 - ``soft_timeout``: :class:`~blitzq.SoftTimeoutError` is raised inside a thread task, through
   ``PyThreadState_SetAsyncExc``, which takes effect at the next Python bytecode: a thread
   blocked in C code (a long ``time.sleep``, a socket read) sees it only when that call
@@ -29,6 +34,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import SoftTimeoutError, TaskTimeout
+from ..routing import base_queue
 from .execution import Job, Outcomes
 from .limiter import Slots
 
@@ -100,7 +106,8 @@ def interruptible(job: Job, call: Callable[[], Any]) -> functools.partial[Any]:
 def start_timers(runner: Runner, job: Job, slots: Slots) -> None:
     """Arm the hard and soft timers of a run that just started (sets ``job.timer``).
 
-    ``slots``: the slots the run holds (a thread run's are freed at its hard timeout).
+    ``slots``: the slots the run holds (a thread run abandoned at its hard timeout keeps
+    them until its call returns).
     """
     loop = asyncio.get_running_loop()
     handles = []
@@ -166,37 +173,75 @@ def kill_process_run(runner: Runner, job: Job) -> None:
 
 
 def abandon_thread(runner: Runner, job: Job, slots: Slots) -> None:
-    """A thread run passed its hard timeout (its failure is committed): free its slot.
+    """A thread run passed its hard timeout (its failure is committed): abandon its thread,
+    which keeps its slot of ``slots`` until the call returns (:func:`thread_returned`).
 
     The job leaves ``runner.jobs`` for ``runner.abandoned``, the thread pool may start one
-    more thread for as long as this one runs, and the worker is told the new count (it
-    restarts past its bound).
+    more thread for as long as this one runs, and the worker asks to be restarted when the
+    abandoned threads hold all its slots or a queue's (:func:`restart_reason`).
     """
     runner.jobs.discard(job)
     if job.timer is not None:
         job.timer.cancel()
-    runner.abandoned.add(job)
+    runner.abandoned[job] = slots
     runner.abandoned_total += 1
-    slots.release()
     if runner._threads is not None:
         runner._threads.abandon()
-    count = len(runner.abandoned)
+    slots.global_limiter.wake()  # a stopping worker does not wait for this run
     worker = runner.worker
     logger.warning(
-        "task %s %s passed its hard timeout and its thread is still running: slot freed, "
-        "%d abandoned thread(s) now (the worker restarts past %d)",
-        job.envelope.task, job.envelope.id, count, worker.max_abandoned_threads,
-    )  # fmt: skip
+        "task %s %s passed its hard timeout and its thread is still running: it keeps its "
+        "slot until it returns, %d abandoned thread(s) now (%d slot(s) of %d)",
+        job.envelope.task,
+        job.envelope.id,
+        len(runner.abandoned),
+        slots.global_limiter.in_use,
+        slots.global_limiter.capacity,
+    )
+    reason = restart_reason(runner, job, slots)
+    if reason is not None:
+        worker.request_restart(reason)
+
+
+def restart_reason(runner: Runner, job: Job, slots: Slots) -> str | None:
+    """Why the worker must be replaced now that ``job`` was abandoned, or ``None``.
+
+    Abandoned threads keep their slots: once they hold every slot of the worker, or every
+    slot of ``job``'s queue (``queue_concurrency``), nothing of it can run until they return,
+    which may be never; more than ``max_abandoned_threads`` of them is a restart too.
+
+    Args:
+        runner: the worker's runner (``runner.abandoned`` already holds ``job``).
+        job: the run just abandoned.
+        slots: the slots it holds.
+    """
+    count = len(runner.abandoned)
+    worker = runner.worker
     if count > worker.max_abandoned_threads:
-        worker.request_restart(f"{count} abandoned threads (max_abandoned_threads)")
+        return f"{count} abandoned threads (max_abandoned_threads {worker.max_abandoned_threads})"
+    everyone = slots.global_limiter.capacity
+    if count >= everyone:
+        return f"all {everyone} slots held by threads abandoned at their hard timeout"
+    limiter = slots.queue_limiter
+    if limiter is not None:
+        held = sum(1 for s in runner.abandoned.values() if s.queue_limiter is limiter)
+        if held >= limiter.capacity:
+            return (
+                f"all {limiter.capacity} slots of queue {base_queue(job.delivery.queue)!r} "
+                "held by threads abandoned at their hard timeout"
+            )
+    return None
 
 
 def thread_returned(runner: Runner, job: Job) -> None:
-    """The call of an abandoned thread run finally returned: stop counting it."""
-    runner.abandoned.discard(job)
+    """The call of an abandoned thread run finally returned: stop counting it (the caller
+    frees its slot)."""
+    runner.abandoned.pop(job, None)
     if runner._threads is not None:
         runner._threads.returned()
     logger.info(
-        "abandoned thread of task %s %s returned after %.1f s",
-        job.envelope.task, job.envelope.id, time.time() - job.started_at,
-    )  # fmt: skip
+        "abandoned thread of task %s %s returned after %.1f s: its slot is free",
+        job.envelope.task,
+        job.envelope.id,
+        time.time() - job.started_at,
+    )

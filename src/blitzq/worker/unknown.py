@@ -12,29 +12,101 @@ The delay before each return grows with the message's age: half its age, at leas
 :data:`MIN_DELAY` and at most :data:`MAX_DELAY` seconds, with +-20 % jitter, and never past
 the end of the grace (so the last check happens when the grace ends). A fresh message thus
 comes back after about 1 s, one that has waited a minute after about 30 s.
+
+**Steering** (reliable mode on Redis): before deferring, the worker looks for a live worker
+that knows the task. Workers advertise their task names in their registration
+(``{ns}:workers``, read at most once a second, :class:`Knowers`); one that consumes the
+message's queue in reliable mode and registers the task gets the delivery handed over
+(:meth:`~blitzq.broker.Broker.hand_over`: still leased, moved to that worker's pending list,
+the worker woken on the event channel, and it starts the message at once; see
+``Maintenance``). So during a rolling deploy an old worker takes such a message at most once
+and never bounces it back to the queue for backoff luck to decide who takes it next. With no
+knower alive (or on a transport that cannot hand a delivery to one consumer: fast mode,
+RabbitMQ) the message is deferred as above.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from ..broker import Completion, Delivery
-from ..serialization import Envelope, encode_envelope
+from ..exceptions import BlitzQError, BrokerError
+from ..routing import base_queue
+from ..serialization import Envelope, encode_envelope, loads
 from .limiter import Slots
 
 if TYPE_CHECKING:
     from .runner import Runner
+    from .worker import Worker
 
 logger = logging.getLogger("blitzq.worker")
 
 #: Shortest and longest wait (seconds) before an unknown task comes back to its queue.
 MIN_DELAY = 1.0
 MAX_DELAY = 30.0
+#: Seconds a worker reuses what it read of the other workers' registrations.
+KNOWERS_TTL = 1.0
+#: Most handed deliveries a worker takes per queue level in one look.
+HANDED_BATCH = 100
+
+
+class Knowers:
+    """Which live workers know which task, from their registrations (read at most once per
+    :data:`KNOWERS_TTL`).
+
+    Args:
+        worker: the worker asking (it is never its own answer).
+    """
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self._rows: list[tuple[str, frozenset[str], frozenset[str]]] = []
+        self._read_at = -float("inf")
+        self._lock = asyncio.Lock()
+        #: Hand-overs in flight (kept referenced until they end).
+        self.pending: set[asyncio.Task[None]] = set()
+        #: Messages of tasks unknown here that this worker handed to a worker knowing them.
+        self.handed_over = 0
+
+    async def find(self, queue: str, task: str) -> list[str]:
+        """Ids of the other live reliable-mode workers that consume ``queue`` (a base queue
+        name) and register ``task``.
+
+        Raises:
+            BrokerError: the registrations could not be read.
+        """
+        async with self._lock:
+            if time.monotonic() - self._read_at >= KNOWERS_TTL:
+                registrations = await self.worker.broker.workers()
+                rows = (_knower(raw) for raw in registrations.values())
+                self._rows = [row for row in rows if row is not None]
+                self._read_at = time.monotonic()
+        me = self.worker.id
+        return [
+            wid
+            for wid, queues, tasks in self._rows
+            if wid != me and queue in queues and task in tasks
+        ]
+
+
+def _knower(raw: bytes) -> tuple[str, frozenset[str], frozenset[str]] | None:
+    """``(id, queues, tasks)`` of a reliable-mode worker's registration, or ``None``."""
+    try:
+        info: Any = loads(raw)
+    except BlitzQError:
+        return None
+    if not isinstance(info, dict) or info.get("mode") != "reliable":
+        return None
+    wid, queues, tasks = info.get("id"), info.get("queues"), info.get("tasks")
+    if not isinstance(wid, str) or not isinstance(queues, list) or not isinstance(tasks, list):
+        return None
+    return wid, frozenset(map(str, queues)), frozenset(map(str, tasks))
 
 
 def defer_delay(age: float, grace: float) -> float:
@@ -58,6 +130,52 @@ def unknown_task(runner: Runner, d: Delivery, env: Envelope, slots: Slots) -> No
             error += f" (nor in any worker that took it within {grace:g} s)"
         reject(runner, d, "unknown task", error, slots, env.id, env.task)
         return
+    if d.token is not None and runner.worker.broker.supports_recovery:
+        knowers = runner.worker.knowers
+        steer = asyncio.create_task(_hand_over(runner, d, env, slots, age, grace))
+        knowers.pending.add(steer)
+        steer.add_done_callback(knowers.pending.discard)
+        return
+    _defer(runner, d, env, slots, age, grace)
+
+
+async def _hand_over(
+    runner: Runner, d: Delivery, env: Envelope, slots: Slots, age: float, grace: float
+) -> None:
+    """Hand ``d`` to a live worker that knows its task, or defer it (see the module)."""
+    assert d.token is not None
+    worker = runner.worker
+    try:
+        knowers = await worker.knowers.find(base_queue(d.queue), env.task)
+        if knowers:
+            other = random.choice(knowers)
+            ttl = 10 * worker.queue.visibility_timeout
+            if await worker.broker.transport.hand_over(d.queue, d.token, other, ttl):
+                worker.knowers.handed_over += 1
+                logger.info(
+                    "task %s (%s) is unknown here: handed to worker %s, which knows it",
+                    env.id,
+                    env.task,
+                    other,
+                )
+            # else: no longer ours (the lease lapsed and another worker recovered it)
+            slots.release()
+            return
+    except NotImplementedError:
+        pass
+    except BrokerError as exc:
+        logger.warning("could not hand task %s (%s) over: %s", env.id, env.task, exc)
+    except BaseException:
+        slots.release()  # cancelled at shutdown: still leased here, recovered later
+        raise
+    _defer(runner, d, env, slots, age, grace)
+
+
+def _defer(
+    runner: Runner, d: Delivery, env: Envelope, slots: Slots, age: float, grace: float
+) -> None:
+    """Put ``d`` back on the schedule for a worker that knows its task (module docstring)."""
+    now = time.time()
     delay = defer_delay(age, grace)
     logger.warning(
         "task %s (%s) is unknown here: back on the schedule in %.1f s for a worker that "
@@ -68,3 +186,42 @@ def unknown_task(runner: Runner, d: Delivery, env: Envelope, slots: Slots) -> No
     data = encode_envelope(again, max(runner.max_message_size, len(d.payload) * 2))
     runner.flusher.add(Completion(d.queue, d.token, env.id, reschedule=data, delay=delay))
     slots.release()
+
+
+async def take_handed(worker: Worker) -> int:
+    """Start the deliveries other workers handed to ``worker`` (they did not know the task),
+    waiting for free slots while more are handed than it has free; stops taking once the
+    worker is stopping (what is left stays leased to it and is recovered). Returns how
+    many it started.
+
+    Raises:
+        BrokerError: the broker could not be reached.
+        NotImplementedError: the transport cannot hand deliveries over.
+    """
+    from .admission import start
+
+    runner, taken = worker.runner, 0
+    for queue in worker.physical_queues:
+        slots = worker._slots[base_queue(queue)]
+        while not _stopping(worker):
+            n = await slots.reserve(HANDED_BATCH)
+            if _stopping(worker):
+                slots.release(n)
+                break
+            try:
+                got = await worker.broker.transport.take_handed(queue, n)
+            except BaseException:
+                slots.release(n)
+                raise
+            slots.release(n - len(got))
+            for d in got:
+                start(runner, d, slots)
+            taken += len(got)
+            if len(got) < n:
+                break
+    return taken
+
+
+def _stopping(worker: Worker) -> bool:
+    # A call, not the property: mypy would narrow a property read across awaits.
+    return worker.stopping

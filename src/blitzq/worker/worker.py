@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 
-from .._checks import flag, integer, seconds, text
+from .._checks import flag, integer, log_level, seconds, text
 from ..broker import Broker
 from ..broker.eviction import check_eviction
 from ..dependencies import Resources
@@ -30,6 +30,7 @@ from ..routing import base_queue, levels
 from ..serialization import dumps
 from . import heap
 from .burst import drain
+from .deferral import OutageBackoff
 from .fetch import Fetcher
 from .flusher import Flusher
 from .limiter import Limiter, Slots
@@ -38,12 +39,14 @@ from .ops import Ops, check_ops_options
 from .recycling import MB, Recycler
 from .runner import Runner
 from .shutdown import shut_down
+from .unknown import Knowers
 
 logger = logging.getLogger("blitzq.worker")
 
-#: Exit code of ``blitzq worker`` after a worker stopped to be restarted (too many abandoned
-#: threads): ``EX_TEMPFAIL`` of sysexits.h. The supervisor (``--workers N``) restarts it; give
-#: a process manager a restart policy that covers it (systemd ``Restart=on-failure``).
+#: Exit code of ``blitzq worker`` after a worker stopped to be restarted (abandoned threads
+#: holding its slots, or too many of them; recycling): ``EX_TEMPFAIL`` of sysexits.h. The
+#: supervisor (``--workers N``) restarts it; give a process manager a restart policy that
+#: covers it (systemd ``Restart=on-failure``).
 EXIT_RESTART = 75
 
 
@@ -75,7 +78,9 @@ class Worker:
         max_abandoned_threads: sync-task threads abandoned at their hard timeout and still
             running that the worker tolerates; one more and it stops gracefully, asking to be
             restarted (:attr:`restart_requested`; ``blitzq worker`` exits with
-            :data:`EXIT_RESTART`). Default 10; 0 restarts at the first.
+            :data:`EXIT_RESTART`). Default 10; 0 restarts at the first. An abandoned thread
+            keeps its slot until it returns, so the worker also restarts as soon as they
+            hold all ``concurrency`` slots, or all of a queue's ``queue_concurrency``.
         process_pool_size: processes for ``executor="process"`` tasks (default: CPU count).
         handle_signals: stop gracefully on SIGTERM / SIGINT (the CLI turns this on).
         name: worker id shown in records and stats (default ``host:pid:random``).
@@ -90,6 +95,9 @@ class Worker:
             pool is replaced (``None``: never; Linux only).
         burst: drain the queues and stop once they are empty and nothing runs (see
             :mod:`blitzq.worker.burst`; ``blitzq worker --burst``).
+        burst_idle_timeout: with ``burst``, seconds the queues must stay drained before the
+            worker stops (work arriving meanwhile is run and restarts the count); 0 stops at
+            the first moment they are drained (``--burst-idle-timeout``).
         unknown_task_grace: seconds, from a message's first enqueue, during which a task
             this worker does not know is put back on the schedule for a worker that knows it
             (a rolling deploy); after that it is dead-lettered with reason
@@ -100,6 +108,17 @@ class Worker:
         freeze_gc: move the objects alive when the worker starts fetching out of the
             garbage collector's passes until it stops (:func:`gc.freeze`, see
             :mod:`blitzq.worker.heap`); ``False`` leaves the collector alone.
+        failure_log_level, retry_log_level: levels (names or numbers) of the records of a
+            task that failed for good and of a retried attempt (:mod:`.outcomes`).
+        lifecycle_log_level: level of the ``received``/``started``/``succeeded`` records on
+            the ``blitzq.task`` logger (:mod:`.lifecycle`; DEBUG: off under an INFO set-up).
+        defer_base_delay, defer_max_delay: seconds a task whose start check (rate limit,
+            lock, ...) could not reach the broker goes back on the schedule for: the base,
+            doubling with each deferral of the message in a row, +-20 % jitter, up to the
+            maximum (default 1 s and 60 s); no attempt is spent (see
+            :mod:`blitzq.worker.deferral`).
+        start_check_timeout: seconds one start check may take before it counts as an
+            outage (default 10).
 
     Every numeric option must be a real number (``int`` for counts; never ``bool``), finite
     and in range (``block_timeout`` at most 60 s, ``shutdown_timeout`` at most ten years), so
@@ -107,7 +126,7 @@ class Worker:
 
     Raises:
         ConfigurationError: an invalid bound (a bool, NaN, infinite or out-of-range number,
-            or a value of the wrong type) or an empty queue list.
+            or a value of the wrong type), an unknown log level or an empty queue list.
     """
 
     def __init__(
@@ -133,6 +152,13 @@ class Worker:
         health_port: int | None = None,
         ops_host: str = "0.0.0.0",
         freeze_gc: bool = True,
+        failure_log_level: int | str = "error",
+        retry_log_level: int | str = "warning",
+        lifecycle_log_level: int | str = "debug",
+        burst_idle_timeout: float = 0.0,
+        defer_base_delay: float = 1.0,
+        defer_max_delay: float = 60.0,
+        start_check_timeout: float = 10.0,
     ) -> None:
         # Numbers are real numbers (never bool, NaN or infinite) in range: a NaN shutdown
         # timeout would make a stop unbounded (or instant), a NaN bound never trips.
@@ -158,11 +184,25 @@ class Worker:
         flag("burst", burst)
         flag("freeze_gc", freeze_gc)
         self.freeze_gc, self._froze = freeze_gc, False
+        self.failure_log_level = log_level("failure_log_level", failure_log_level)
+        self.retry_log_level = log_level("retry_log_level", retry_log_level)
+        self.lifecycle_log_level = log_level("lifecycle_log_level", lifecycle_log_level)
         seconds("unknown_task_grace", unknown_task_grace, strict=False)
+        self.burst_idle_timeout = seconds("burst_idle_timeout", burst_idle_timeout, strict=False)
+        self.idle_since: float | None = None  # loop.time() the queues became drained (burst)
+        self.outage_backoff = OutageBackoff.checked(
+            defer_base_delay, defer_max_delay, start_check_timeout
+        )
         text("name", name)
         check_ops_options(metrics_port, health_port, ops_host)
         if isinstance(queues, str):
             raise ConfigurationError(f"queues must be a list of queue names, got {queues!r}")
+        if queue.connection_injected:
+            raise ConfigurationError(
+                "a worker needs connections of its own (blocking reads, a result listener, "
+                "leases), and this Queue works over an application's connection (redis=): give "
+                "the worker's Queue redis_url= (the CLI's --redis-url does)"
+            )
         self.queue = queue
         if queues is None:
             names = {queue.name} | {t.queue for t in queue.tasks.values()}
@@ -186,6 +226,8 @@ class Worker:
         self.restart_reason: str | None = None
         #: Messages a blocking fetch returned that found no free slot and went back at once.
         self.handed_back = 0
+        #: Which live workers know which task, and how many messages were handed to them.
+        self.knowers = Knowers(self)
         self.strict_memory_policy = strict_memory_policy
         self.burst = burst
         self.unknown_task_grace = float(unknown_task_grace)
@@ -374,6 +416,8 @@ class Worker:
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "queues": self.queues,
+                "tasks": sorted(self.queue.tasks),
+                "handed_over": self.knowers.handed_over,
                 "concurrency": self.concurrency,
                 "running": len(runner.jobs) if runner else 0,
                 "processed": self.processed,

@@ -18,7 +18,7 @@ from .canvas import (
     set_workflow_limits,
     workflow_limits,
 )
-from .handle import WorkflowHandle, WorkflowNotFound
+from .handle import WorkflowExpired, WorkflowHandle, WorkflowNotFound
 from .signature import Signature
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Group",
     "Node",
     "Signature",
+    "WorkflowExpired",
     "WorkflowHandle",
     "WorkflowLimits",
     "WorkflowNotFound",

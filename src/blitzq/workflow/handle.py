@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..broker import Completion
 from ..broker.ops import WorkflowFail
+from ..client import testmode
 from ..client.sync import blocking
 from ..exceptions import (
     BlitzQError,
@@ -42,6 +43,12 @@ class WorkflowNotFound(BlitzQError, LookupError):
     """No workflow with this id is stored (a wrong id, or its state expired)."""
 
 
+class WorkflowExpired(WorkflowNotFound):
+    """The workflow existed (this handle started it or read its state) but its state is
+    stored no more: it expired, ``result_ttl`` seconds after the workflow ended (a running
+    workflow's state is kept at least 7 days). Its result cannot be read any more."""
+
+
 class WorkflowHandle:
     """What ``queue.apply(workflow)`` returns; ``queue.workflow(id)`` makes one from an id.
 
@@ -49,7 +56,7 @@ class WorkflowHandle:
         id: the workflow id (also the correlation id of every step).
     """
 
-    __slots__ = ("_owner", "_steps", "id")
+    __slots__ = ("_known", "_owner", "_steps", "id")
 
     def __init__(
         self, owner: Queue, workflow_id: str, steps: list[list[str]] | None = None
@@ -57,6 +64,8 @@ class WorkflowHandle:
         self._owner = owner
         self.id = workflow_id
         self._steps = steps
+        #: Whether the workflow is known to have existed (started here, or its state read).
+        self._known = steps is not None
 
     def __repr__(self) -> str:
         return f"<WorkflowHandle {self.id}>"
@@ -69,8 +78,20 @@ class WorkflowHandle:
     async def _state(self) -> dict[str, bytes]:
         state = await self._owner.broker.workflow_state(self.id)
         if state is None:
-            raise WorkflowNotFound(f"no workflow {self.id} is stored (unknown id, or expired)")
+            raise self._not_found()
+        self._known = True
         return state
+
+    def _not_found(self) -> WorkflowNotFound:
+        """The error for a workflow whose state is not stored: :class:`WorkflowExpired`
+        when this handle knows it existed, else :class:`WorkflowNotFound`."""
+        if self._known:
+            return WorkflowExpired(
+                f"the state of workflow {self.id} is stored no more: it expired (kept "
+                f"result_ttl = {self._owner.result_ttl} s after the workflow ended), so its "
+                "result cannot be read"
+            )
+        return WorkflowNotFound(f"no workflow {self.id} is stored (unknown id, or expired)")
 
     async def _step_list(self) -> list[list[str]]:
         if self._steps is None:
@@ -83,7 +104,8 @@ class WorkflowHandle:
         """``(True, result)`` for a succeeded workflow, ``(False, None)`` while it runs.
 
         Raises:
-            TaskFailed: the workflow failed (the failed step's id and error).
+            TaskFailed: the workflow failed (the failed step's id and error); in the eager
+                test mode that propagates errors, the step's own exception instead.
             TaskCancelled: the workflow was cancelled.
         """
         value = state.get("state", b"running")
@@ -97,6 +119,10 @@ class WorkflowHandle:
         error = (state.get("error") or b"").decode(errors="replace") or None
         if value == b"cancelled":
             raise TaskCancelled(step, "cancelled", error_type, error)
+        if testmode.failure is not None:  # the eager test mode: the step's own exception
+            original = testmode.task_error(step)
+            if original is not None:
+                raise original
         raise TaskFailed(step, value.decode(errors="replace"), error_type, error)
 
     async def get(self, timeout: float | None = None) -> Any:
@@ -110,6 +136,8 @@ class WorkflowHandle:
             TaskFailed: a step failed for good (its id, error type and message).
             TaskCancelled: the workflow was cancelled.
             ResultTimeout: not finished within ``timeout``.
+            WorkflowExpired: (a WorkflowNotFound) the workflow existed (started by this
+                handle, or its state read by it) and its state expired.
             WorkflowNotFound: no such workflow is stored.
         """
         wait = _FOREVER if timeout is None else max(0.0, timeout)
@@ -127,7 +155,8 @@ class WorkflowHandle:
                 await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
                 continue
             if state is None:
-                raise WorkflowNotFound(f"no workflow {self.id} is stored (unknown id, or expired)")
+                raise self._not_found()
+            self._known = True
             done, value = self._outcome(state)
             if done:
                 return value

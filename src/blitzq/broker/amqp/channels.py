@@ -40,7 +40,8 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from ...exceptions import BrokerError, ConfigurationError
-from ..factory import AMQP_RESERVED_QUEUE, check_amqp_queue, mask_url
+from ...redaction import mask_url
+from ..factory import AMQP_RESERVED_QUEUE, check_amqp_queue
 from .closing import CloseNotice, describe
 
 logger = logging.getLogger("blitzq.broker.amqp")

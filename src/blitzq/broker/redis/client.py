@@ -55,7 +55,8 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ...exceptions import BrokerError
+from ...exceptions import BrokerError, ConfigurationError
+from ...redaction import mask_url, redact
 from .cluster import make_cluster_client, plain_url, split_layout, wants_cluster
 from .pool import BoundedPool
 
@@ -143,6 +144,13 @@ def make_client(url: str) -> Any:
     pool = BoundedPool.from_url(url, decode_responses=False, **connection_options(url))
     _check_pool(pool)
     return aioredis.Redis.from_pool(pool)
+
+
+def bad_url(url: str, exc: Exception) -> ConfigurationError:
+    """The error for a broker URL :func:`make_client` refused with ``exc``: the URL and the
+    reason, its passwords masked (``redaction.py``), also where the reason quotes a piece
+    of a malformed URL."""
+    return ConfigurationError(f"bad broker URL {mask_url(url)!r}: {redact(str(exc), url)}")
 
 
 def subscriber(client: Any, **kwargs: Any) -> Any:

@@ -37,6 +37,8 @@ class RedisBroker(DeadLetterLimits, Broker):
         dead_letter_ttl: seconds a dead letter is kept.
         dead_letter_max_bytes: total bytes of dead letters kept before the oldest are
             dropped.
+        listener_client: a client of the result listener's own (see
+            :class:`~.connection.RedisConnection`), closed by the broker.
 
     Attributes:
         conn: the shared :class:`~.connection.RedisConnection`; ``url``, ``keys``, ``client``
@@ -60,6 +62,7 @@ class RedisBroker(DeadLetterLimits, Broker):
         client: aioredis.Redis | None = None,
         dead_letter_ttl: int = DEFAULT_DEAD_LETTER_TTL,
         dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
+        listener_client: aioredis.Redis | None = None,
     ) -> None:
         conn = RedisConnection(
             url,
@@ -69,6 +72,7 @@ class RedisBroker(DeadLetterLimits, Broker):
             dead_letter_ttl=dead_letter_ttl,
             dead_letter_max_bytes=dead_letter_max_bytes,
             kind=self.kind,
+            listener_client=listener_client,
         )
         super().__init__(type(self).transport_class(conn), RedisStateStore(conn))
         self.conn = conn

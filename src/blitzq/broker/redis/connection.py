@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 
 from ...exceptions import ConfigurationError
 from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
-from .client import make_client, max_block, pool_size, translate_errors
+from .client import bad_url, make_client, max_block, pool_size, translate_errors
 from .cluster import is_cluster, node_of
 from .cluster_scripts import ClusterScripts
 from .keys import Keys
@@ -48,6 +48,10 @@ class RedisConnection:
         kind: ``"s"`` (streams) or ``"l"`` (lists): where the transport on this connection
             keeps a queue's messages. The state store's scripts write there too (a
             promotion, a ``publish`` effect, a requeue) and fence by it (streams only).
+        listener_client: a client for the result listener alone (its pub/sub connection and
+            the record reads of result waits), closed with this connection: an
+            application's injected ``client`` then carries plain commands only
+            (:mod:`.injected`).
 
     Raises:
         ConfigurationError: a query parameter of ``url`` has an invalid value.
@@ -67,6 +71,7 @@ class RedisConnection:
         dead_letter_ttl: int = DEFAULT_DEAD_LETTER_TTL,
         dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
         kind: str = "s",
+        listener_client: aioredis.Redis | None = None,
     ) -> None:
         if kind not in ("s", "l"):
             raise ConfigurationError(f"kind must be 's' (streams) or 'l' (lists), not {kind!r}")
@@ -83,7 +88,7 @@ class RedisConnection:
             try:  # a bounded blocking pool with timeouts: see client.py
                 client = make_client(url)
             except ValueError as exc:
-                raise ConfigurationError(f"bad broker URL {url!r}: {exc}") from None
+                raise bad_url(url, exc) from None
         self.client: Any = client
         #: Whether the client is a Redis Cluster client (keyless commands go to the
         #: namespace's node: :meth:`node_kwargs`).
@@ -98,7 +103,10 @@ class RedisConnection:
         # One completion pattern per process on a single server (see results.py); a cluster
         # client subscribes channel by channel.
         done = None if self.cluster else self.keys.done_channel("")
-        self._results = ResultListener(self.client, done)
+        #: A client of the result listener's own, closed with this connection (``None``:
+        #: the listener shares :attr:`client`).
+        self.listener_client: Any = listener_client
+        self._results = ResultListener(listener_client or self.client, done)
 
     def queue_key(self, queue: str) -> str:
         """Key where ``queue``'s messages wait: its stream (kind ``"s"``) or list (``"l"``)."""
@@ -135,6 +143,8 @@ class RedisConnection:
         (and the connection reconnects on its next command).
         """
         await self._results.close()
+        if self.listener_client is not None:
+            await self.listener_client.aclose()
         if self.owns_client:
             await self.client.aclose()
 

@@ -53,6 +53,8 @@ TABLE: Final[dict[str, Key]] = {
         "reliable-mode messages of a physical queue, group `blitzq`: `m` message, `d` deliveries"),
     "list": Key("l:<queue>", "list",
         "fast-mode messages of one physical queue"),
+    "handed": Key("handed:<queue>:<consumer>", "set",
+        "entry ids of a queue's stream handed to worker <consumer>, which knows their task"),
     "outbox": Key("outbox:<queue>", "list",
         "messages the state store wrote for a queue of a foreign transport, awaiting a relay"),
     "outboxes": Key("outboxes", "set",
@@ -106,7 +108,8 @@ TABLE: Final[dict[str, Key]] = {
     "revoked": Key("revoked", "zset",
         "cancelled task ids scored by when the mark expires (Unix seconds)"),
     "events": Key("events", "channel",
-        "`r:<id>` a task was cancelled, `s:<due>` a message was scheduled"),
+        "`r:<id>` a task was cancelled, `s:<due>` a message was scheduled, `h:<worker>` one "
+        "was handed to a worker"),
     "stats": Key("stats", "hash",
         "namespace-wide counters: `stale_completions` (completions fenced off)"),
     "queues": Key("queues", "set",
@@ -165,6 +168,11 @@ class Keys:
     def list(self, queue: str) -> str:
         """Fast-mode list of a queue."""
         return self.prefix + _L + queue
+
+    def handed(self, queue: str, consumer: str) -> str:
+        """Entry ids of ``queue``'s stream handed to ``consumer`` (``hand_over.lua``)."""
+        before, middle, after = _TEXT["handed"]
+        return self.prefix + before + queue + middle + consumer + after
 
     def outbox(self, queue: str) -> str:
         """Outbox of a queue: what the state store wrote for a foreign transport's queue."""

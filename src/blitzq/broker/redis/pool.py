@@ -5,6 +5,13 @@
 Its connections pack each command with hiredis and write it straight to the socket
 (:class:`_DirectWrite`). The fast paths were measured with redis-py 8.1 on Python 3.11
 (``bench/README.md``, "Round 4" and "Round 6").
+
+Both fast paths read redis-py internals (private attributes of its pool and connection
+classes, listed in :data:`POOL_INTERNALS` and :data:`CONNECTION_INTERNALS`); ``pyproject.toml``
+bounds redis-py to the releases they were checked with. :func:`missing_internals` names any
+that the installed redis-py lacks, and then the pool and its connections take redis-py's own
+public path (slower, never wrong); ``tests/unit/test_dependency_internals.py`` fails with
+those names, so a new redis-py release that moves them is seen by ``make test-latest``.
 """
 
 from __future__ import annotations
@@ -15,6 +22,42 @@ from typing import Any
 import redis.asyncio as aioredis
 from hiredis import pack_command as _hiredis_pack  # a dependency (>= 2.3)
 from redis.exceptions import ConnectionError as RedisConnectionError
+
+POOL_INTERNALS = ("_available_connections", "_in_use_connections", "_condition")
+"""Attributes of a ``redis.asyncio.BlockingConnectionPool`` the fast path reads (and
+``_condition._waiters``, asyncio's, checked with them)."""
+CONNECTION_INTERNALS = ("_writer", "encoder", "connect", "check_health", "can_read_destructive")
+"""Attributes of a ``redis.asyncio.Connection`` the direct write and the fast path use
+(``can_read`` from redis-py 8 on, ``can_read_destructive`` before it)."""
+
+
+def missing_internals(
+    pool_class: type = aioredis.BlockingConnectionPool, connection_class: type = aioredis.Connection
+) -> list[str]:
+    """The redis-py internals that blitzq's pool uses and the installed redis-py lacks.
+
+    Args:
+        pool_class, connection_class: the classes to look at (redis-py's by default); one of
+            each is made, without any I/O.
+
+    Returns a list of ``"Class.attribute"`` strings, empty when every one is there (the fast
+    paths are on).
+    """
+    pool = pool_class()
+    connection = connection_class()
+    missing = [
+        f"BlockingConnectionPool.{name}" for name in POOL_INTERNALS if not hasattr(pool, name)
+    ]
+    condition = getattr(pool, "_condition", None)
+    if condition is not None and not hasattr(condition, "_waiters"):
+        missing.append("BlockingConnectionPool._condition._waiters")
+    missing += [
+        f"Connection.{name}" for name in CONNECTION_INTERNALS if not hasattr(connection, name)
+    ]
+    return missing
+
+
+_INTERNALS_OK = not missing_internals()
 
 
 class BoundedPool(aioredis.BlockingConnectionPool):
@@ -38,9 +81,12 @@ class BoundedPool(aioredis.BlockingConnectionPool):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._lean = _lean_path_allowed(self.connection_kwargs)
+        self._fast = _INTERNALS_OK
         self.connection_class = direct_write(self.connection_class)
 
     def _nobody_waits(self) -> bool:
+        if not self._fast:
+            return False
         waiters = getattr(self._condition, "_waiters", None)
         return waiters is not None and not waiters and not getattr(self, "_in_maintenance", True)
 
@@ -165,8 +211,10 @@ _DIRECT: dict[type, type] = {}
 
 
 def direct_write(connection_class: type) -> type:
-    """``connection_class`` with :class:`_DirectWrite` mixed in (made once per class)."""
-    if issubclass(connection_class, _DirectWrite):
+    """``connection_class`` with :class:`_DirectWrite` mixed in (made once per class), or
+    ``connection_class`` itself when the installed redis-py lacks what it uses
+    (:func:`missing_internals`)."""
+    if not _INTERNALS_OK or issubclass(connection_class, _DirectWrite):
         return connection_class
     made = _DIRECT.get(connection_class)
     if made is None:
@@ -201,8 +249,11 @@ def _reconnect_due(connection: Any) -> bool:
 
 async def _has_unread(connection: Any) -> bool:
     """Whether an open pooled connection holds unread bytes (a reply left by a cancelled
-    call) or is at EOF; an error reading that counts as unread (the full path reconnects)."""
+    call) or is at EOF; an error reading that counts as unread (the full path reconnects).
+    redis-py < 8 has only ``can_read_destructive``, which may read what is there into the
+    parser: a connection it finds anything on is closed, so nothing read is lost."""
+    can_read = getattr(connection, "can_read", None) or connection.can_read_destructive
     try:
-        return bool(await connection.can_read())
+        return bool(await can_read())
     except Exception:
         return True

@@ -29,6 +29,10 @@ READ_CHUNK = 100
 #: Seconds a result or workflow wait may overrun its timeout while a command is in flight.
 WAIT_GRACE = 1.0
 
+#: Stream entries :meth:`RedisRecords.trace_task` searches at most (a longer stream: it
+#: cannot tell, and the wait goes on).
+TRACE_SCAN = 1000
+
 
 async def _bounded(wait: Coroutine[Any, Any, R], timeout: float) -> R:
     """Run ``wait``; past ``timeout`` + :data:`WAIT_GRACE` seconds cancel it.
@@ -229,6 +233,31 @@ class RedisRecords(RedisPart):
             )
             pipe.zrem(keys.revoked, *task_ids)
             await pipe.execute()
+
+    @translate_errors
+    async def trace_task(self, task_id: str, queue: str) -> bool | None:
+        """Whether the task is known anywhere (``lua/trace.lua``: its record, the schedule,
+        the stream of ``queue`` searched up to :data:`TRACE_SCAN` entries, in one atomic
+        look); ``None`` unless this store acks a stream transport on its own connection
+        (lists pop a running message, an outbox or foreign transport is not searched)."""
+        if self.kind != "s":
+            return None
+        keys = self.keys
+        found = await self.scripts.call(
+            "trace",
+            keys=[keys.record(task_id), keys.schedule, keys.stream(queue)],
+            args=[task_id, TRACE_SCAN],
+        )
+        return None if int(found) < 0 else bool(int(found))
+
+    @translate_errors
+    async def keep_running(self, task_ids: Sequence[str], ttl: int) -> int:
+        """EXPIRE the ``running`` records of ``task_ids`` to ``ttl`` s where they have less
+        (``lua/keep_running.lua``, one call)."""
+        if not task_ids:
+            return 0
+        keys = [self.keys.record(task_id) for task_id in task_ids]
+        return int(await self.scripts.call("keep_running", keys=keys, args=[ttl]))
 
     def result_token(self) -> object | None:
         """The result listener's mark (see ``results.py``, vouched waits), or ``None``."""

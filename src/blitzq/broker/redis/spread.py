@@ -43,14 +43,13 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from ...exceptions import ConfigurationError
 from ...limits import CHUNK_ITEMS, DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
 from ...records import deliveries_exceeded
 from ...routing import base_queue
 from ...serialization import envelope_head
 from ..facade import Broker
 from ..values import Completion, DeadLetterFields
-from .client import make_client, translate_errors
+from .client import bad_url, make_client, translate_errors
 from .cluster import is_cluster, split_layout
 from .connection import DEFAULT_DEAD_LETTER_CAP, DeadLetterLimits, RedisConnection
 from .handoff import HandoffRelay, SpreadStateStore
@@ -79,6 +78,10 @@ class SpreadKeys(Keys):
     def stream(self, queue: str) -> str:
         """The stream of the physical queue ``queue``, under its queue's tag."""
         return self.queue_tag(queue) + "s:" + queue
+
+    def handed(self, queue: str, consumer: str) -> str:
+        """Entry ids of ``queue``'s stream handed to ``consumer``, in the queue's slot."""
+        return self.queue_tag(queue) + "handed:" + queue + ":" + consumer
 
     def mark(self, queue: str, batch: str) -> str:
         """The hand-off mark of relay batch ``batch`` published on ``queue``
@@ -331,7 +334,7 @@ def reliable_broker(url: str, namespace: str, **settings: Any) -> Broker:
         layout = split_layout(url)[1]
         client = make_client(url) if layout != "slot" else None
     except ValueError as exc:
-        raise ConfigurationError(f"bad broker URL {url!r}: {exc}") from None
+        raise bad_url(url, exc) from None
     if client is None:
         return ReliableRedisBroker(url, namespace, **settings)
     broker: SpreadRedisBroker | ReliableRedisBroker

@@ -24,7 +24,7 @@ from .connection import RedisPart
 from .keys import GROUP
 
 #: Prefix of a message on the event channel -> the kind ``events()`` yields.
-_EVENT_KINDS = {"r": "revoke", "s": "schedule"}
+_EVENT_KINDS = {"r": "revoke", "s": "schedule", "h": "handed"}
 
 _batch_encoder = msgspec.msgpack.Encoder()
 
@@ -228,6 +228,15 @@ class RedisState(RedisPart):
                 return out
             offset += len(rows)
 
+    @translate_errors
+    async def cancel_mark(self, task_id: str) -> float | None:
+        """The expiry (Unix seconds) of ``task_id``'s cancel mark (ZSCORE), or ``None`` when
+        it has none or it has expired."""
+        score = await self.client.zscore(self.keys.revoked, task_id)
+        if score is None or float(score) <= time.time():
+            return None
+        return float(score)
+
     async def events(self) -> AsyncIterator[tuple[str, str]]:
         """Messages of the namespace's event channel, on a pub/sub connection of their own."""
         pubsub = subscriber(self.client, ignore_subscribe_messages=True)
@@ -252,8 +261,9 @@ class RedisState(RedisPart):
                 await pubsub.aclose()
 
     @translate_errors
-    async def promote_due(self, limit: int) -> tuple[int, float | None, float]:
-        """Move messages due by the server's clock to their queues (one Lua call)."""
+    async def promote_due(self, limit: int, ahead: float = 0.0) -> tuple[int, float | None, float]:
+        """Move messages due by the server's clock (plus ``ahead`` seconds) to their queues
+        (one Lua call)."""
         keys = self.keys
         moved, head, now = await self.scripts.call(
             "promote",
@@ -261,6 +271,7 @@ class RedisState(RedisPart):
             args=[
                 keys.prefix, limit,
                 self.dead_letter_cap, self.dead_letter_ttl, self.dead_letter_max_bytes,
+                repr(float(ahead)) if ahead > 0 else "0",
             ],
         )  # fmt: skip
         return int(moved), (float(head) if head else None), float(now)
@@ -294,15 +305,16 @@ class RedisState(RedisPart):
 
     @translate_errors
     async def claim_periodic(
-        self, name: str, occurrence: float, message: bytes, queue: str
+        self, name: str, occurrence: float, message: bytes, queue: str, until: float | None = None
     ) -> bool:
         """Compare-and-set the last occurrence of ``name`` and publish, in one Lua call on
         the server's clock (see :meth:`Broker.claim_periodic`)."""
         keys = self.keys
+        limit = "" if until is None else repr(float(until))
         done = await self.scripts.call(
             "claim_periodic",
             keys=[keys.periodic, self.queue_key(queue), keys.outboxes],
-            args=[name, repr(float(occurrence)), self.kind, message, queue],
+            args=[name, repr(float(occurrence)), self.kind, message, queue, limit],
         )
         return bool(done)
 

@@ -27,6 +27,7 @@ from ...limits import CHUNK_ITEMS
 from ..transport import Delivery, Guarantee, Transport
 from .client import translate_errors
 from .connection import RedisConnection, RedisPart
+from .handed import HandOver
 from .keys import GROUP, MESSAGE_FIELD
 
 logger = logging.getLogger("blitzq.broker")
@@ -56,7 +57,7 @@ def _delivery(queue: str, entry_id: bytes, fields: list[bytes]) -> Delivery:
     return Delivery(queue, entry_id, payload, deliveries)
 
 
-class StreamsTransport(RedisPart, Transport):
+class StreamsTransport(HandOver, RedisPart, Transport):
     """At-least-once delivery on Redis Streams.
 
     Args:

@@ -11,6 +11,11 @@
 -- the schedule: it will never start), else it is marked revoked (workers skip it, or cancel
 -- it if running) and the answer is "running", "queued" or, without state tracking,
 -- "pending" (queued or running).
+-- The record: a scheduled, queued or pending task gets the cancelled record (ARGV[5]) now,
+-- and complete.lua never writes a run's record over it while the mark stands (but for the
+-- worker's own cancelled record), so the first final record is the last. A running task
+-- (its record says so) keeps its running record: its worker writes the final one when the
+-- run has really ended (cancelled, or the run's own outcome if it ended first).
 local prefix, id, now, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local state = nil
 local existing = redis.call('GET', KEYS[4])
@@ -40,8 +45,11 @@ if redis.call('ZREM', KEYS[1], id) == 1 then
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 redis.call('ZADD', KEYS[3], now + ttl, id)
+if state == 'running' then
+  redis.call('PUBLISH', KEY.events(prefix), 'r:' .. id)
+  return 'running'
+end
 store_record()
 redis.call('PUBLISH', KEY.events(prefix), 'r:' .. id)
-if state == 'running' then return 'running' end
 if state then return 'queued' end
 return 'pending'

@@ -26,6 +26,7 @@
 --   {ns}:l:<queue>    LPUSH of requeues (fast mode)
 --   {ns}:outbox:<queue>, {ns}:outboxes   kind "o": every message written (outbox.lua)
 --   {ns}:t:<task_id>  SET of the record (EX ttl); {ns}:done:<task_id> PUBLISH of it or '1'
+--   {ns}:revoked      EXISTS, ZSCORE: a cancel's record stands (see below)
 --   {ns}:events       PUBLISH 's:<due>' of a reschedule
 --   {ns}:d:<task_id>  a dead letter (HSET); {ns}:dlq:size, {ns}:dlq:bytes its bytes
 --                     (dead_letters.lua)
@@ -42,6 +43,11 @@
 -- recover.lua acks what it claims in the same script and renew.lua claims only entries the
 -- renewing consumer already holds (tests/contract/test_fencing_contract.py guards this). A
 -- fence without an ack (nothing to XACK) is checked with XPENDING and the consumer name.
+-- A cancel's record is final: while a task's id is marked in {ns}:revoked and its stored
+-- record is 'cancelled' (cancel.lua wrote it, the task was not known to run), a completion
+-- writes no record over it but another 'cancelled' one (its worker's); the rest of the
+-- completion (ack, ops) applies. So result() and the stored record always agree. One EXISTS
+-- per batch while no mark is stored; else one ZSCORE per record.
 -- Returns the stale completions as {queue, token} pairs (an empty array when none).
 local prefix, group, cap = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local batch = cmsgpack.unpack(ARGV[4])
@@ -51,6 +57,30 @@ local dl_ttl, dl_bytes, inline_max = ARGV[5], ARGV[6], tonumber(ARGV[7])
 --@include dead_letters.lua
 --@include outbox.lua
 local stale = {}
+local revoked = KEY.revoked(prefix)
+local marks = redis.call('EXISTS', revoked) == 1
+
+-- Whether a cancel's 'cancelled' record of task_id stands against record (see above).
+local function cancel_stands(task_id, record)
+  if not marks or not redis.call('ZSCORE', revoked, task_id) then return false end
+  local stored = redis.call('GET', KEY.record(prefix, task_id))
+  if not stored then return false end
+  local ok, old = pcall(cmsgpack.unpack, stored)
+  if not ok or type(old) ~= 'table' or old['state'] ~= 'cancelled' then return false end
+  local ok2, new = pcall(cmsgpack.unpack, record)
+  return not (ok2 and type(new) == 'table' and new['state'] == 'cancelled')
+end
+
+-- SET a task's record (EX ttl) and PUBLISH it (or '1' when large), unless a cancel stands.
+local function store(task_id, record, ttl)
+  if marks and cancel_stands(task_id, record) then return end
+  redis.call('SET', KEY.record(prefix, task_id), record, 'EX', ttl)
+  if #record <= inline_max then
+    redis.call('PUBLISH', KEY.done_channel(prefix, task_id), record)
+  else  -- a big body would overflow the subscriber's output buffer: announce only
+    redis.call('PUBLISH', KEY.done_channel(prefix, task_id), '1')
+  end
+end
 
 local function owned(stream, id)
   local p = redis.call('XPENDING', stream, group, id, id, 1)
@@ -239,13 +269,7 @@ local function records(c)
   if #ids > 0 then lost = ack(KEY.stream(prefix, queue), ids, queue) end
   for i = 1, #task_ids do
     if lost == nil or not lost[i] then
-      local task_id, record = task_ids[i], recs[i]
-      redis.call('SET', KEY.record(prefix, task_id), record, 'EX', ttl)
-      if #record <= inline_max then
-        redis.call('PUBLISH', KEY.done_channel(prefix, task_id), record)
-      else
-        redis.call('PUBLISH', KEY.done_channel(prefix, task_id), '1')
-      end
+      store(task_ids[i], recs[i], ttl)
     end
   end
 end
@@ -264,12 +288,7 @@ for _, c in ipairs(batch) do
       redis.call('XDEL', KEY.stream(prefix, queue), token)
     end
     if record ~= '' then
-      redis.call('SET', KEY.record(prefix, task_id), record, 'EX', ttl)
-      if #record <= inline_max then
-        redis.call('PUBLISH', KEY.done_channel(prefix, task_id), record)
-      else  -- a big body would overflow the subscriber's output buffer: announce only
-        redis.call('PUBLISH', KEY.done_channel(prefix, task_id), '1')
-      end
+      store(task_id, record, ttl)
     end
     if reschedule ~= '' then
       -- Due on the server's clock, never the worker's: TIME + the delay sent.

@@ -4,7 +4,9 @@
 -- KEYS[2] {ns}:sched:m    schedule data (hash: task id -> "<kind><queue>\n<message>", kind
 --                         "s" stream, "l" list or "o" outbox)
 -- ARGV[1] key prefix "{ns}:", ARGV[2] most messages to move (count),
--- ARGV[3] dead-letter cap (count), ARGV[4] dead-letter TTL (s), ARGV[5] dead-letter byte bound
+-- ARGV[3] dead-letter cap (count), ARGV[4] dead-letter TTL (s), ARGV[5] dead-letter byte bound,
+-- ARGV[6] optional: seconds ahead of the server's clock that count as due (the eager test
+-- mode's virtual time; 0 or absent in production)
 -- Also writes: {ns}:s:<queue> (XADD) or {ns}:l:<queue> (RPUSH) of each due message, or (kind
 -- "o") {ns}:outbox:<queue> and {ns}:outboxes (outbox.lua); a
 -- malformed schedule entry becomes a dead letter: {ns}:d:<task_id>, {ns}:dlq, {ns}:dlq:size,
@@ -19,7 +21,12 @@ local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
 local dead = 0
 --@include dead_letters.lua
 --@include outbox.lua
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local ahead = tonumber(ARGV[6] or '0') or 0
+local cutoff = now
+if ahead > 0 then
+  cutoff = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000 + ahead)
+end
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff, 'LIMIT', 0, tonumber(ARGV[2]))
 for _, id in ipairs(ids) do
   local value = redis.call('HGET', KEYS[2], id)
   local nl = value and string.find(value, '\n', 1, true)

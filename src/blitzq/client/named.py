@@ -1,0 +1,105 @@
+"""Enqueue by name: the options of a by-name call and ``queue.send_many``, a batch mixing
+tasks by name (see :class:`~blitzq.client.publish.Producer`, whose ``send`` and ``send_many``
+use them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..exceptions import ConfigurationError
+from ..extensions.middleware import Outgoing
+from ..options import call_options
+from ..routing import physical_queue, route
+from ..serialization import encode_envelope
+from ..task import CallOptions, TaskHandle
+from . import testmode
+
+if TYPE_CHECKING:
+    from .publish import Producer
+
+
+def named_options(
+    producer: Producer, what: str, name: Any, args: Any, kwargs: Any, options: Mapping[str, Any]
+) -> CallOptions:
+    """The options of one by-name call, the registered task's queue and priority filling in
+    what ``options`` leaves out (``what``: the method named in errors).
+
+    Raises:
+        ConfigurationError: a name that is not a str, args that are not a tuple or list,
+            kwargs that are not a mapping, an unknown option or an invalid value.
+    """
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(f"{what}: the task name must be a non-empty str, got {name!r}")
+    if not isinstance(args, tuple | list):
+        raise ConfigurationError(f"{what}: args must be a tuple or list, got {args!r}")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise ConfigurationError(f"{what}: kwargs must be a dict, got {kwargs!r}")
+    opts = call_options(options)
+    registered = producer.queue.tasks.get(name)
+    if registered is None:
+        return opts
+    return CallOptions(
+        **{
+            **options,
+            "queue": opts.queue or registered.queue,
+            "priority": opts.priority or registered.priority,
+        }
+    )
+
+
+async def send_many(producer: Producer, items: Iterable[Sequence[Any]]) -> list[TaskHandle[Any]]:
+    """:meth:`Producer.send_many <blitzq.client.publish.Producer.send_many>` (its docstring
+    says what it takes, returns and raises)."""
+    owner = producer.queue
+    if isinstance(items, str | bytes | Mapping):
+        raise ConfigurationError(f"send_many takes a list of items, got {items!r}")
+    now = time.time()
+    batch: list[Outgoing] = []
+    explicit: set[str] = set()
+    for index, item in enumerate(list(items)):
+        what = f"send_many item {index}"
+        if not isinstance(item, tuple | list) or len(item) not in (3, 4):
+            raise ConfigurationError(
+                f"{what}: expected (name, args, kwargs[, options]), got {item!r}"
+            )
+        name, args, kwargs = item[0], item[1], item[2]
+        extra = item[3] if len(item) == 4 else {}
+        if not isinstance(extra, Mapping):
+            raise ConfigurationError(f"{what}: options must be a dict, got {extra!r}")
+        opts = named_options(producer, what, name, args, kwargs, extra)
+        queue = physical_queue(
+            opts.queue or route(owner.routes, name) or owner.name, opts.priority or "normal"
+        )
+        env = producer.envelope(name, queue, tuple(args), dict(kwargs or {}), opts, now)
+        if opts.task_id is not None:
+            if env.id in explicit:
+                raise ConfigurationError(
+                    f"send_many: the task_id {env.id!r} is given to several items"
+                )
+            explicit.add(env.id)
+        data = encode_envelope(env, owner.max_message_size)
+        registered = owner.tasks.get(name)
+        batch.append(
+            Outgoing(env, data, opts.due_time(now), registered, delay=opts.relative_delay())
+        )
+    if batch:
+        await producer.publish(batch, frozenset(explicit))
+        if testmode.after_enqueue is not None:
+            await testmode.after_enqueue(owner)
+    return [
+        TaskHandle(
+            owner,
+            o.existing_id or o.envelope.id,
+            o.envelope.queue,
+            o.envelope.task,
+            duplicate=o.existing_id is not None,
+            stores_result=producer.stores_result(o.task),
+        )
+        for o in batch
+    ]
+
+
+__all__ = ["named_options", "send_many"]
