@@ -24,6 +24,7 @@ import pytest
 from blitzq import Queue, TaskState
 from tests.chaos.proxy import FaultProxy
 from tests.polling import wait_until
+from tests.procfs import proc_state
 
 from .conftest import Harness
 from .reliability_app import WORK
@@ -105,21 +106,24 @@ def test_a_worker_paused_past_its_socket_timeout_loses_no_popped_message(
     pause(worker.pid, PAUSE)
 
     ids = first + rest
-    wait_until(
-        lambda: harness.redis.llen(list_key) == 0 and not harness.in_flight(worker.pid),
-        90.0,
-        "the list to drain",
-    )
-    worker.signal(signal.SIGTERM)  # a graceful stop: what was popped ran and is recorded
+    try:
+        wait_until(lambda: harness.all_final(ids), 90.0, "every task to end")
+    except AssertionError as exc:
+        states = harness.states(ids)
+        lost = sorted(i for i, r in states.items() if r is None)
+        raise AssertionError(
+            f"{exc}: fast mode lost {len(lost)} task(s) to a pause: {lost} "
+            f"({harness.redis.llen(list_key)} waiting, worker state {proc_state(worker.pid)})"
+        ) from None
+    worker.signal(signal.SIGTERM)
     assert worker.wait(30.0) == 0
     assert harness.redis.llen(list_key) == 0
     states = harness.states(ids)
-    lost = sorted(i for i, r in states.items() if r is None)
-    assert lost == [], f"fast mode lost {len(lost)} task(s) to a pause: {lost}"
     assert {r.state for r in states.values() if r is not None} == {TaskState.SUCCEEDED}
-    runs = harness.runs()
+    runs, done = harness.runs(), harness.done()
     assert sorted(runs) == sorted(ids)
-    assert set(runs.values()) == {1}  # at-most-once still: nothing ran twice
+    twice = {i: (n, done.get(i)) for i, n in runs.items() if n != 1}
+    assert twice == {}, f"(runs, returns) of tasks started more than once: {twice}"
 
 
 def test_a_network_stall_past_the_socket_timeout_loses_no_popped_message(
