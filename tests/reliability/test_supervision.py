@@ -130,7 +130,7 @@ def test_stopped_worker_is_replaced_in_its_slot(
     """SIGSTOP: the process lives but beats no more; the supervisor kills its process group
     and starts a new worker in the same slot."""
     producer = make_queue(name=QUEUE_NAME)
-    sup = start("--redis-url", redis_url, "--heartbeat-timeout", "3")
+    sup = start("--redis-url", redis_url, "--heartbeat-timeout", "5")
     first = one_worker(sup)
     assert ask(producer) == (first, "0")
 
@@ -152,7 +152,7 @@ def test_blocked_event_loop_is_replaced(
 ) -> None:
     """A blocking call in an ``async def`` task stops the loop's heartbeat: replaced."""
     producer = make_queue(name=QUEUE_NAME)
-    sup = start("--redis-url", redis_url, "--heartbeat-timeout", "3")
+    sup = start("--redis-url", redis_url, "--heartbeat-timeout", "5")
     first = one_worker(sup)
     marker = tmp_path / "blocked"
     handle = producer.send_sync(f"{__name__}.block_loop_once", (str(marker), 3600.0))
