@@ -291,6 +291,10 @@ class Broker(OperationsFacade, LivenessFacade):
         """See :meth:`StateStore.get_records`."""
         return await self.state.get_records(task_ids)
 
+    async def record_ids(self, limit: int) -> tuple[list[str], bool]:
+        """See :meth:`StateStore.record_ids`."""
+        return await self.state.record_ids(limit)
+
     async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
         """See :meth:`StateStore.set_record`."""
         await self.state.set_record(task_id, record, ttl)
