@@ -361,6 +361,18 @@ class Broker(OperationsFacade, LivenessFacade):
         """See :meth:`StateStore.workers`."""
         return await self.state.workers()
 
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        """See :meth:`StateStore.set_paused`."""
+        return await self.state.set_paused(queue, paused)
+
+    async def paused_queues(self) -> set[str]:
+        """See :meth:`StateStore.paused_queues`."""
+        return await self.state.paused_queues()
+
+    async def request_shutdown(self, worker_id: str) -> None:
+        """See :meth:`StateStore.request_shutdown`."""
+        await self.state.request_shutdown(worker_id)
+
     async def counters(self) -> dict[str, int]:
         """See :meth:`StateStore.counters`."""
         return await self.state.counters()

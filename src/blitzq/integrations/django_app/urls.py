@@ -1,5 +1,8 @@
 """URLs of blitzq's admin page of task records; include them under the admin, before
-``admin.site.urls``: ``path("admin/blitzq/tasks/", include("blitzq.integrations.django_app.urls"))``.
+``admin.site.urls``::
+
+    path("admin/blitzq/tasks/", include("blitzq.integrations.django_app.urls")),
+
 Every view goes through ``admin.site.admin_view`` (staff login required)."""
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ class Command(BaseCommand):  # type: ignore[misc]
         "Run a blitzq worker for the tasks of Django's tasks framework (TASKS backend "
         "blitzq.integrations.django.BlitzqTaskBackend); stops gracefully on SIGTERM/SIGINT."
     )
-    requires_system_checks: list[str] = []  # the worker checks what it needs itself
+    requires_system_checks: tuple[str, ...] = ()  # the worker checks what it needs
 
     def add_arguments(self, parser: CommandParser) -> None:
         """The worker's main options (see the module docstring)."""
