@@ -193,3 +193,18 @@ def test_worker_list_and_a_graceful_remote_shutdown(
         unknown = blitzq(env, "worker", "shutdown", busy["id"])
         assert unknown.returncode == 1
         assert "no live worker" in unknown.stderr
+
+
+def test_a_burst_worker_does_not_wait_for_a_paused_queue(env: dict[str, str], queue: Queue) -> None:
+    assert blitzq(env, "queue", "pause", "qc").returncode == 0
+    held = queue.send_sync("qc.add", [1, 2], {})
+    other = queue.send_sync("qc.add", [3, 4], {}, queue="other")
+    done = blitzq(env, "worker", APP, "-Q", "qc,other", "--burst")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert other.result_sync(timeout=10) == 7
+    assert queue.stats_sync(["qc"])["queues"]["qc"]["waiting"] == 1  # left for after resume
+    assert queue.inspect_sync(held.id) is None
+    assert blitzq(env, "queue", "resume", "qc").returncode == 0
+    again = blitzq(env, "worker", APP, "-Q", "qc", "--burst")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert held.result_sync(timeout=10) == 3
