@@ -39,14 +39,18 @@ async def test_filters_search_and_the_bound(queue: Queue) -> None:
     high = await recent_records(queue.broker, queue="mail:high")
     assert [r.id for r in high.records] == [second.id]
     none = await recent_records(queue.broker, states=[TaskState.FAILED])
-    assert none.records == [] and none.matched == 0
+    assert none.records == []
+    assert none.matched == 0
     prefix = await recent_records(queue.broker, search=first.id[:10])
     assert [r.id for r in prefix.records] == [first.id]
     one = await recent_records(queue.broker, limit=1)
-    assert len(one.records) == 1 and one.matched == 3
+    assert len(one.records) == 1
+    assert one.matched == 3
 
     small = await recent_records(queue.broker, examine=2)
-    assert small.capped and small.examined == 2 and len(small.records) == 2
+    assert small.capped
+    assert small.examined == 2
+    assert len(small.records) == 2
     for task_id in ids:  # an exact id is read directly, past the bound
         found = await recent_records(queue.broker, examine=1, search=task_id)
         assert [r.id for r in found.records] == [task_id]
