@@ -5,6 +5,7 @@ real workers (subprocesses) on the real server: ``blitzq queue purge | pause | r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -208,3 +209,27 @@ def test_a_burst_worker_does_not_wait_for_a_paused_queue(env: dict[str, str], qu
     again = blitzq(env, "worker", APP, "-Q", "qc", "--burst")
     assert again.returncode == 0, again.stdout + again.stderr
     assert held.result_sync(timeout=10) == 3
+
+
+def test_check_warns_only_about_an_entry_that_missed_a_run(
+    env: dict[str, str], redis_url: str, namespace: str
+) -> None:
+    """``blitzq check``: a cron entry whose first run is still ahead is ok; one that was due
+    since it was added and never dispatched warns (issue 27, point 5)."""
+    from blitzq.runtime_schedules import RuntimeSchedule
+
+    for name, when in (("rt.later", ["--cron", "0 0 1 1 *"]), ("rt.missed", ["--every", "60"])):
+        added = blitzq(env, "schedule", "add", name, "--task", "qc.add", "--args", "[1, 2]", *when)
+        assert added.returncode == 0, added.stderr
+    key = "{" + namespace + "}:periodic:rt"
+    with redis.Redis.from_url(redis_url) as client:  # added an hour ago, never dispatched
+        entry = RuntimeSchedule.decode("rt.missed", client.hget(key, "rt.missed"))
+        earlier = dataclasses.replace(entry, added_at=entry.added_at - 3600)
+        client.hset(key, "rt.missed", earlier.encode())
+    done = blitzq(env, "--json", "check", APP)
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    later = checks["periodic rt.later"]
+    assert later["status"] == "ok", later
+    assert "not dispatched yet, first run" in later["detail"]
+    missed = checks["periodic rt.missed"]
+    assert missed["status"] == "warn" and "is a scheduler running?" in missed["detail"], missed
