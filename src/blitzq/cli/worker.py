@@ -393,6 +393,8 @@ def worker_command(
     SIGHUP to the supervisor reloads the workers gracefully. With --django
     instead of MODULE:ATTR (and DJANGO_SETTINGS_MODULE set) it runs the tasks of Django's
     tasks framework whose TASKS backend is blitzq's.
+
+    `blitzq worker list` shows the live workers; `blitzq worker shutdown ID` stops one.
     """
     s = settings()
     if configure_logs:
