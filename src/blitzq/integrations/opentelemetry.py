@@ -162,9 +162,16 @@ class BlitzqInstrumentor:
         self._current = self._provider = None
 
 
-def _add(queue: Queue, middleware: TracingMiddleware) -> None:
-    if middleware not in queue.middleware:
-        queue.add_middleware(middleware)
+def _add(queue: Queue, template: TracingMiddleware) -> None:
+    """Add to ``queue`` a middleware of ``template``'s tracer bound to it (for its broker's
+    address), once per tracer."""
+    for existing in queue.middleware:
+        if isinstance(existing, TracingMiddleware) and existing.tracer is template.tracer:
+            return
+    instance = BlitzqInstrumentor()
+    middleware = TracingMiddleware(template.tracer, queue)
+    instance._made.append(middleware)
+    queue.add_middleware(middleware)
 
 
 __all__ = [
