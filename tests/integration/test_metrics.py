@@ -144,7 +144,20 @@ async def test_each_outcome_is_counted_once_with_its_labels(
         assert value(samples, "blitzq_stale_completions_total") == 0
         assert value(samples, "blitzq_abandoned_threads_total") == 0
         assert value(samples, "blitzq_log_records_dropped_total") == dropped_records()
-        assert value(samples, "blitzq_namespace_stale_completions", namespace=namespace) == 0
+        # A counter now (the sampled namespace count); the gauge of that name is gone.
+        assert value(samples, "blitzq_namespace_stale_completions_total", namespace=namespace) == 0
+        assert value(samples, "blitzq_namespace_stale_completions", namespace=namespace) is None
+        # Each attempt that raised, by exception type (flaky's retry, doomed, quiet).
+        failures = {
+            (dict(labels)["task"], dict(labels)["exception"]): v
+            for (name, labels), v in samples.items()
+            if name == "blitzq_task_failures_total"
+        }
+        assert failures == {
+            ("flaky", "ValueError"): 1,
+            ("doomed", "ValueError"): 1,
+            ("quiet", "ValueError"): 1,
+        }
         # Never a task id in a label.
         assert not any(waiting.id in v for _, labels in samples for _, v in labels)
     await queue.close()
