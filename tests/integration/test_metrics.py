@@ -281,6 +281,9 @@ def test_supervised_workers_each_serve_base_port_plus_slot(
         wait_until(lambda: total() == 20, 30, "20 successes over the two endpoints")
         pages = [_scrape_sync(base), _scrape_sync(base + 1)]
         assert all(p is not None and value(p, "blitzq_workers", namespace=namespace) for p in pages)
+        # Each worker process reports its own process_* (the supervisor's are on no page).
+        assert all(p is not None and value(p, "process_resident_memory_bytes") for p in pages)
+        assert all(p is not None and value(p, "process_start_time_seconds") for p in pages)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
