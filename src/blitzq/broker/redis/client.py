@@ -308,6 +308,25 @@ def broker_error(exc: BaseException) -> BrokerError:
     return BrokerError(f"{type(exc).__name__}: {exc}", transient)
 
 
+async def wrong_type(client: Any, key: str, want: str, queue: str) -> BrokerError:
+    """The :class:`~blitzq.BrokerError` (not transient) for a queue's key that holds another
+    type than ``want``.
+
+    Args:
+        client: the redis-py client (asyncio) the key is read with (one ``TYPE``).
+        key: the key's full name.
+        want: the type blitzq keeps there (``"stream"``, ``"list"``).
+        queue: the physical queue the key belongs to.
+    """
+    kind = await client.type(key)
+    kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+    return BrokerError(
+        f"key {key!r} holds a {kind}, not the {want} of queue {queue!r}: delete or rename it "
+        f"(redis-cli DEL {key}) if nothing else uses it, or use another namespace",
+        transient=False,
+    )
+
+
 def translate_errors(
     fn: Callable[P, Coroutine[Any, Any, R]],
 ) -> Callable[P, Coroutine[Any, Any, R]]:

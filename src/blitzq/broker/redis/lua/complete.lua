@@ -227,8 +227,8 @@ end
 -- {"progress", task_id, at, data, ttl}: a run's last progress update (as progress.lua).
 OPS['progress'] = function(op, kind)
   local key = KEY.progress(prefix, op[2])
-  local stored = redis.call('HGET', key, 'at')
-  if stored and tonumber(stored) > tonumber(op[3]) then
+  local stored = tonumber(redis.call('HGET', key, 'at') or '')  -- garbage: as absent
+  if stored and stored > tonumber(op[3]) then
     return
   end
   redis.call('HSET', key, 'at', op[3], 'v', op[4])
@@ -274,6 +274,20 @@ local function records(c)
   end
 end
 
+-- Checked before the first write (Redis keeps a failed script's earlier writes): every op
+-- of the batch is known, and the counter the dead letters' bytes are added to is sound
+-- (dl_total resets a corrupted one).
+for _, c in ipairs(batch) do
+  if c[1] == 'C' and type(c[12]) == 'table' then
+    for _, op in ipairs(c[12]) do
+      if OPS[op[1]] == nil then
+        return redis.error_reply('unknown completion op ' .. tostring(op[1]))
+      end
+    end
+  end
+end
+dl_total(prefix)
+
 for _, c in ipairs(batch) do
   if c[1] == 'R' then
     records(c)
@@ -318,11 +332,7 @@ for _, c in ipairs(batch) do
     local ops = c[12]
     if type(ops) == 'table' then
       for _, op in ipairs(ops) do
-        local handler = OPS[op[1]]
-        if handler == nil then
-          return redis.error_reply('unknown completion op ' .. tostring(op[1]))
-        end
-        handler(op, kind)
+        OPS[op[1]](op, kind)  -- known: checked above
       end
     end
   end
@@ -332,6 +342,11 @@ if dead_added > 0 then
   dl_trim(prefix, cap, dl_bytes)
 end
 if #stale > 0 then
-  redis.call('HINCRBY', KEY.stats(prefix), 'stale_completions', #stale)
+  -- A counter that is not an integer is reset (to this batch's count), never an error here.
+  if redis.pcall('HINCRBY', KEY.stats(prefix), 'stale_completions', #stale).err then
+    redis.log(redis.LOG_WARNING, 'blitzq: ' .. KEY.stats(prefix) ..
+      ' stale_completions was not an integer: reset')
+    redis.pcall('HSET', KEY.stats(prefix), 'stale_completions', #stale)
+  end
 end
 return stale

@@ -1,0 +1,155 @@
+"""Corrupted state planted in a namespace (a counter that is not an integer, a schedule entry
+without a body, a key of another type): the Lua scripts check or repair what they read before
+they write, so that a script never fails midway (Redis keeps a failed script's earlier
+writes), stats and listings keep working, and the promoter keeps promoting. Each runs on the
+session's server and on the embedded Valkey."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import pytest
+from redis.exceptions import ResponseError
+
+from blitzq import BrokerError, Queue
+from blitzq.broker import Completion, DeadLetterFields
+from blitzq.broker.redis import ReliableRedisBroker, scripts
+from blitzq.broker.redis.keys import GROUP
+
+from .proc_tasks import eventually, make_worker, running
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.both_servers]
+
+
+def _prefix(namespace: str) -> str:
+    return "{" + namespace + "}:"
+
+
+async def test_a_dead_letter_byte_count_that_is_not_an_integer_is_reset_from_the_sizes(
+    make_queue: Callable[..., Queue], raw_redis: Any, namespace: str
+) -> None:
+    p = _prefix(namespace)
+    await raw_redis.zadd(p + "dlq", {"old": time.time()})
+    await raw_redis.hset(p + "d:old", mapping={"message": b"m", "reason": "failed"})
+    await raw_redis.hset(p + "dlq:size", mapping={"old": 100, "bad": "abc"})
+    await raw_redis.set(p + "dlq:bytes", "notanint")
+    queue = make_queue()
+    stats = await queue.stats()  # trims the dead letters: dl_total repairs the count
+    assert stats["dead_letters"] == 1
+    assert [d.id for d in await queue.dead_letters()] == ["old"]
+    assert await raw_redis.get(p + "dlq:bytes") == b"100"
+    assert await raw_redis.hget(p + "dlq:size", "bad") == b"0"
+    assert await raw_redis.hget(p + "stats", "counters_reset") == b"1"
+    await queue.close()
+
+
+async def test_a_completion_with_a_dead_letter_is_applied_whole_over_a_corrupted_count(
+    server_url: str, raw_redis: Any, namespace: str
+) -> None:
+    p = _prefix(namespace)
+    await raw_redis.set(p + "dlq:bytes", "notanint")
+    broker = ReliableRedisBroker(server_url, namespace)
+    try:
+        await broker.prepare_consumer(["q"], "c1")
+        await broker.publish("q", [b"body"])
+        (delivery,) = await broker.fetch_first(["q"], 1, 0)
+        dead = DeadLetterFields(b"body", "failed", "boom", "t.x", "q", time.time())
+        stale = await broker.complete(
+            [Completion("q", delivery.token, "t1", b"rec", 60, dead_letter=dead)]
+        )
+        assert stale == []
+        assert await broker.get_record("t1") == b"rec"
+        assert await raw_redis.zscore(p + "dlq", "t1") is not None
+        size = int(await raw_redis.hget(p + "dlq:size", "t1"))
+        assert int(await raw_redis.get(p + "dlq:bytes")) == size
+        assert await raw_redis.xlen(p + "s:q") == 0  # acked and deleted
+        assert await raw_redis.hget(p + "stats", "stale_completions") is None
+    finally:
+        await broker.close()
+
+
+async def test_an_unknown_op_is_refused_before_anything_is_written(
+    server_url: str, raw_redis: Any, namespace: str
+) -> None:
+    p = _prefix(namespace)
+    broker = ReliableRedisBroker(server_url, namespace)
+    try:
+        await broker.prepare_consumer(["q"], "c1")
+        await broker.publish("q", [b"body"])
+        (delivery,) = await broker.fetch_first(["q"], 1, 0)
+        token = delivery.token.decode() if isinstance(delivery.token, bytes) else delivery.token
+        # A "C" entry that acks, stores a record, then names an op the script does not know.
+        entry = ["C", "s", "q", token, "t1", "rec", 60, "", 0, "", "", [["no_such_op"]], ""]
+        batch = msgspec.msgpack.encode([entry])
+        keys = [p + "sched", p + "sched:m", p + "dlq"]
+        args = [p, GROUP, 100, batch, 60, 10**6, 4096, "c1"]
+        with pytest.raises(ResponseError, match="unknown completion op"):
+            await raw_redis.eval(scripts.load("complete").source, 3, *keys, *args)
+        assert await raw_redis.get(p + "t:t1") is None
+        pending = await raw_redis.xpending(p + "s:q", GROUP)
+        assert pending["pending"] == 1  # not acked
+    finally:
+        await broker.close()
+
+
+async def test_a_corrupted_count_and_a_schedule_entry_without_body_block_no_delay(
+    make_queue: Callable[..., Queue], raw_redis: Any, namespace: str
+) -> None:
+    p = _prefix(namespace)
+    await raw_redis.set(p + "dlq:bytes", "notanint")
+    await raw_redis.zadd(p + "sched", {"g8": 1})
+    await raw_redis.hset(p + "sched:m", "g8", "snonewline")
+    queue = make_queue()
+
+    @queue.task(retries=0)
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    @queue.task(retries=0)
+    async def boom() -> None:
+        raise ValueError("boom")
+
+    async with running(make_worker(queue)):
+        handle = await add.options(delay=0.2).enqueue(1, 1)
+        assert await handle.result(timeout=20) == 2
+        failing = await boom.enqueue()
+        dead = await eventually(
+            queue.dead_letters, lambda d: {x.id for x in d} >= {"g8", failing.id}, timeout=30
+        )
+    reasons = {d.id: d.reason for d in dead}
+    assert reasons == {"g8": "malformed scheduled entry", failing.id: "failed"}
+    assert (await queue.stats())["stale_completions"] == 0
+    assert await raw_redis.zcard(p + "sched") == 0
+    await queue.close()
+
+
+async def test_a_stale_count_that_is_not_an_integer_reads_as_zero(
+    make_queue: Callable[..., Queue], raw_redis: Any, namespace: str
+) -> None:
+    await raw_redis.hset(_prefix(namespace) + "stats", "stale_completions", "abc")
+    queue = make_queue()
+    assert (await queue.stats())["stale_completions"] == 0
+    await queue.close()
+
+
+@pytest.mark.parametrize(
+    ("mode", "key"),
+    [("reliable", "s:default:low"), ("reliable", "s:default"), ("fast", "l:default")],
+)
+async def test_a_queue_key_of_another_type_is_named_when_the_worker_starts(
+    make_queue: Callable[..., Queue], raw_redis: Any, namespace: str, mode: str, key: str
+) -> None:
+    full = _prefix(namespace) + key
+    await raw_redis.set(full, "x")
+    queue = make_queue(mode=mode)
+
+    @queue.task
+    async def noop() -> None:
+        return None
+
+    with pytest.raises(BrokerError, match=rf"key '{{{namespace}}}:{key}' holds a string"):
+        await make_worker(queue).run()
+    await queue.close()
