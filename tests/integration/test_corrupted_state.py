@@ -153,3 +153,24 @@ async def test_a_queue_key_of_another_type_is_named_when_the_worker_starts(
     with pytest.raises(BrokerError, match=rf"key '{{{namespace}}}:{key}' holds a string"):
         await make_worker(queue).run()
     await queue.close()
+
+
+async def test_a_stale_completion_resets_a_stale_count_that_is_not_an_integer(
+    server_url: str, raw_redis: Any, namespace: str
+) -> None:
+    p = _prefix(namespace)
+    await raw_redis.hset(p + "stats", "stale_completions", "abc")
+    broker = ReliableRedisBroker(server_url, namespace)
+    try:
+        await broker.prepare_consumer(["q"], "c1")
+        await broker.publish("q", [b"body"])
+        (delivery,) = await broker.fetch_first(["q"], 1, 0)
+        done = Completion("q", delivery.token, "t1", b"rec", 60)
+        assert await broker.complete([done]) == []
+        again = Completion("q", delivery.token, "t1", b"other", 60, requeue=b"x")
+        assert len(await broker.complete([again])) == 1  # stale: writes nothing
+        assert await broker.get_record("t1") == b"rec"
+        assert await raw_redis.hget(p + "stats", "stale_completions") == b"1"
+        assert await broker.counters() == {"stale_completions": 1}
+    finally:
+        await broker.close()

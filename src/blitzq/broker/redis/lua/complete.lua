@@ -343,7 +343,8 @@ if dead_added > 0 then
 end
 if #stale > 0 then
   -- A counter that is not an integer is reset (to this batch's count), never an error here.
-  if redis.pcall('HINCRBY', KEY.stats(prefix), 'stale_completions', #stale).err then
+  local counted = redis.pcall('HINCRBY', KEY.stats(prefix), 'stale_completions', #stale)
+  if type(counted) == 'table' and counted.err then
     redis.log(redis.LOG_WARNING, 'blitzq: ' .. KEY.stats(prefix) ..
       ' stale_completions was not an integer: reset')
     redis.pcall('HSET', KEY.stats(prefix), 'stale_completions', #stale)
