@@ -16,6 +16,10 @@ it would otherwise apply them first and answer the fetch after, each side idle w
 other works (a drain with results stored: about 1.2x, see ``bench/README.md``). At light
 load the completions go first, before the next fetch (the round trip's path), and a fetch
 that finds the levels empty releases the hold before it blocks.
+
+While the flusher cannot write completions (the server is down or out of memory) or holds
+too many, a loop fetches nothing until it can (:attr:`~blitzq.worker.flusher.Flusher.writable`):
+backpressure, so that the worker pops no work whose outcome it could not record.
 """
 
 from __future__ import annotations
@@ -116,7 +120,11 @@ class Fetcher:
         batch = worker.batch_size
         backoff = 0.1
         backlog = False  # the last fetch filled every slot it had (at least _OVERLAP_MIN)
+        writable = runner.flusher.writable
         while not self._stop_requested():
+            if not writable.is_set():  # completions refused: take no work it cannot record
+                await writable.wait()
+                continue
             n = await slots.reserve(batch)
             if n < batch and runner.jobs:
                 try:

@@ -46,6 +46,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import (
     AskError,
     ClusterError,
+    OutOfMemoryError,
     RedisClusterException,
     RedisError,
     SlotNotCoveredError,
@@ -299,13 +300,15 @@ def broker_error(exc: BaseException) -> BrokerError:
         A ``BrokerError`` whose message names the original type, ``transient`` when trying
         again may succeed (a connection error, a timeout, an ``OSError``, a cluster's
         ``MOVED``/``ASK`` past the redirect limit, ``TRYAGAIN``, ``CLUSTERDOWN``) and not when the
-        server refused the command (a ``ResponseError``: a script error, ``OOM``, ``NOPERM``...).
+        server refused the command (a ``ResponseError``: a script error, ``OOM``, ``NOPERM``...),
+        ``out_of_memory`` for ``OOM`` (the same write succeeds once memory is freed).
         Raise it ``from exc``.
     """
     if isinstance(exc, BrokerError):
         return exc
     transient = isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError, *_CLUSTER))
-    return BrokerError(f"{type(exc).__name__}: {exc}", transient)
+    oom = isinstance(exc, OutOfMemoryError) or str(exc).startswith("OOM ")
+    return BrokerError(f"{type(exc).__name__}: {exc}", transient, out_of_memory=oom)
 
 
 async def wrong_type(client: Any, key: str, want: str, queue: str) -> BrokerError:
