@@ -20,8 +20,9 @@ answers the fetch first and applies the completions while the worker starts what
 instead of the worker waiting for both in turn (see :mod:`.fetch`).
 
 Fencing: the broker applies a completion only while its delivery is still leased to this
-worker. The stale ones it hands back (the lease lapsed, e.g. the process was paused, and
-another worker recovered the message) are counted in :attr:`Flusher.stale` and each is
+worker. The stale ones it hands back (no longer pending under this worker: the lease lapsed,
+e.g. the process was paused, and another worker took the message over; or the server lost
+the delivery, e.g. a restart without persistence) are counted in :attr:`Flusher.stale` and each is
 logged once at WARNING.
 """
 
@@ -242,8 +243,10 @@ class Flusher:
         self.stale += len(stale)
         for c in stale:
             logger.warning(
-                "stale completion of task %s from queue %s dropped: this worker lost the "
-                "delivery's lease (another worker recovered the message), nothing was written",
+                "stale completion of task %s from queue %s dropped, nothing was written: its "
+                "delivery is no longer pending under this worker (its lease lapsed and another "
+                "worker took the message over, or the server lost it: a restart without "
+                "persistence, a flush, a failover)",
                 c.task_id, c.queue,
             )  # fmt: skip
 
