@@ -174,3 +174,26 @@ async def test_a_stale_completion_resets_a_stale_count_that_is_not_an_integer(
         assert await broker.counters() == {"stale_completions": 1}
     finally:
         await broker.close()
+
+
+async def test_a_progress_time_that_is_not_a_number_reads_as_absent(
+    server_url: str, raw_redis: Any, namespace: str
+) -> None:
+    from blitzq.broker.ops import Progress
+
+    p = _prefix(namespace)
+    broker = ReliableRedisBroker(server_url, namespace)
+    try:
+        await raw_redis.hset(p + "p:t1", mapping={"at": "abc", "v": b"old"})
+        assert await broker.set_progress("t1", b"new", time.time(), 60) is True
+        assert await broker.get_progress("t1") == b"new"
+        # The same update as a completion effect (complete.lua's "progress" op).
+        await raw_redis.hset(p + "p:t2", mapping={"at": "abc", "v": b"old"})
+        await broker.prepare_consumer(["q"], "c1")
+        await broker.publish("q", [b"body"])
+        (delivery,) = await broker.fetch_first(["q"], 1, 0)
+        op = Progress("t2", time.time(), b"end", 60)
+        assert await broker.complete([Completion("q", delivery.token, "t2", ops=(op,))]) == []
+        assert await broker.get_progress("t2") == b"end"
+    finally:
+        await broker.close()
