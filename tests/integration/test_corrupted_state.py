@@ -197,3 +197,49 @@ async def test_a_progress_time_that_is_not_a_number_reads_as_absent(
         assert await broker.get_progress("t2") == b"end"
     finally:
         await broker.close()
+
+
+async def test_the_cli_and_the_dashboard_read_a_namespace_with_a_corrupted_count(
+    make_queue: Callable[..., Queue], raw_redis: Any, namespace: str, server_url: str
+) -> None:
+    """Issue input: ``SET {ns}:dlq:bytes notanint`` made ``blitzq queue stats`` and
+    ``blitzq dead-letter list`` fail, and the dashboard's APIs answer 503."""
+    import asyncio
+    import json
+
+    from click.testing import CliRunner
+
+    from blitzq.cli import cli
+
+    p = _prefix(namespace)
+    await raw_redis.zadd(p + "dlq", {"old": time.time()})
+    await raw_redis.hset(p + "d:old", mapping={"message": b"m", "reason": "failed"})
+    await raw_redis.hset(p + "dlq:size", "old", 65)
+    await raw_redis.set(p + "dlq:bytes", "notanint")
+    base = ["--redis-url", server_url, "--namespace", namespace, "--json"]
+
+    def invoke(*args: str) -> Any:
+        result = CliRunner().invoke(cli, [*base, *args])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    assert (await asyncio.to_thread(invoke, "queue", "stats"))["dead_letters"] == 1
+    listed = await asyncio.to_thread(invoke, "dead-letter", "list")
+    assert [d["id"] for d in listed["dead_letters"]] == ["old"]
+    assert await raw_redis.get(p + "dlq:bytes") == b"65"
+
+    pytest.importorskip("starlette", reason="the dashboard needs the 'dashboard' extra")
+    import httpx
+
+    from blitzq.dashboard import create_app
+
+    await raw_redis.set(p + "dlq:bytes", "notanint")
+    queue = make_queue()
+    app = create_app(queue)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://dash") as c:
+        assert (await c.get("/api/queues")).status_code == 200
+        r = await c.get("/api/dead-letters")
+        assert r.status_code == 200
+        assert "old" in r.text
+    await queue.close()
