@@ -243,3 +243,37 @@ async def test_the_cli_and_the_dashboard_read_a_namespace_with_a_corrupted_count
         assert r.status_code == 200
         assert "old" in r.text
     await queue.close()
+
+
+@pytest.mark.parametrize(
+    ("key", "completion"),
+    [
+        ("sched", {"reschedule": b"retry", "delay": 5.0}),
+        ("sched:m", {"reschedule": b"retry", "delay": 5.0}),
+        ("dlq", {"dead": True}),
+        ("d:t1", {"dead": True}),
+    ],
+)
+async def test_a_key_of_another_type_refuses_the_batch_before_anything_is_written(
+    server_url: str, raw_redis: Any, namespace: str, key: str, completion: dict[str, Any]
+) -> None:
+    p = _prefix(namespace)
+    broker = ReliableRedisBroker(server_url, namespace)
+    try:
+        await broker.prepare_consumer(["q"], "c1")
+        await broker.publish("q", [b"first", b"second"])
+        first, second = await broker.fetch_first(["q"], 2, 0)
+        await raw_redis.set(p + key, "planted")
+        if completion.pop("dead", False):
+            completion["dead_letter"] = DeadLetterFields(b"m", "failed", "e", "t", "q", 1.0)
+        batch = [
+            Completion("q", first.token, "t0", b"rec0", 60),
+            Completion("q", second.token, "t1", b"rec1", 60, **completion),
+        ]
+        with pytest.raises(BrokerError, match=rf"key {{{namespace}}}:{key} holds a string"):
+            await broker.complete(batch)
+        assert await broker.get_record("t0") is None  # nothing of the batch was applied
+        assert (await raw_redis.xpending(p + "s:q", GROUP))["pending"] == 2
+        assert await raw_redis.get(p + key) == b"planted"
+    finally:
+        await broker.close()

@@ -275,16 +275,49 @@ local function records(c)
 end
 
 -- Checked before the first write (Redis keeps a failed script's earlier writes): every op
--- of the batch is known, and the counter the dead letters' bytes are added to is sound
--- (dl_total resets a corrupted one).
+-- of the batch is known, every key the batch writes with a type-bound command holds that
+-- type (or nothing), and the counter the dead letters' bytes are added to is sound
+-- (dl_total resets a corrupted one). A batch that fails a check is refused whole.
+local function type_of(key)
+  local t = redis.call('TYPE', key)
+  return type(t) == 'table' and t['ok'] or t
+end
+local checked = {}
+local function wrong(key, want)
+  if checked[key] then return nil end
+  checked[key] = true
+  local t = type_of(key)
+  if t ~= 'none' and t ~= want then
+    return 'key ' .. key .. ' holds a ' .. t .. ', not a ' .. want
+  end
+  return nil
+end
 for _, c in ipairs(batch) do
-  if c[1] == 'C' and type(c[12]) == 'table' then
-    for _, op in ipairs(c[12]) do
-      if OPS[op[1]] == nil then
-        return redis.error_reply('unknown completion op ' .. tostring(op[1]))
+  local err = nil
+  if c[1] == 'R' then
+    if #c[4] > 0 then err = wrong(KEY.stream(prefix, c[2]), 'stream') end
+  elseif c[1] == 'A' then
+    err = wrong(KEY.stream(prefix, c[2]), 'stream')
+  else
+    local kind, queue = c[2], c[3]
+    if c[4] ~= '' then err = wrong(KEY.stream(prefix, queue), 'stream') end
+    if not err and c[8] ~= '' then
+      err = wrong(KEYS[1], 'zset') or wrong(KEYS[2], 'hash')
+    end
+    if not err and c[10] ~= '' then
+      err = wrong(KEYS[3], 'zset') or wrong(KEY.dead_letter(prefix, c[5]), 'hash')
+    end
+    if not err and c[11] ~= '' and (kind == 's' or kind == 'l') then
+      err = wrong(kind == 's' and KEY.stream(prefix, queue) or KEY.list(prefix, queue),
+        kind == 's' and 'stream' or 'list')
+    end
+    if not err and type(c[12]) == 'table' then
+      for _, op in ipairs(c[12]) do
+        if OPS[op[1]] == nil then err = 'unknown completion op ' .. tostring(op[1]) end
       end
     end
   end
+  if err then return redis.error_reply(err) end
 end
 dl_total(prefix)
 
