@@ -194,11 +194,17 @@ class Flusher:
                 stale = await self.broker.complete(batch)
             except BrokerError as exc:
                 if await self._retry_later(exc):
+                    # The first refusal is logged at WARNING (by _refusing), the retries
+                    # of the same outage at DEBUG until a batch is written again.
+                    level = logging.DEBUG if self._refused_since is not None else logging.INFO
                     self._refusing(exc)
-                    logger.warning(
+                    logger.log(
+                        level,
                         "completion batch of %d failed, retrying in %.2f s: %s",
-                        len(batch), delay, exc,
-                    )  # fmt: skip
+                        len(batch),
+                        delay,
+                        exc,
+                    )
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 2.0)
                     continue
