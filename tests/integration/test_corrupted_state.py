@@ -277,3 +277,28 @@ async def test_a_key_of_another_type_refuses_the_batch_before_anything_is_writte
         assert await raw_redis.get(p + key) == b"planted"
     finally:
         await broker.close()
+
+
+async def test_a_fenced_write_after_the_server_lost_the_stream_is_stale_not_an_error(
+    server_url: str, raw_redis: Any, namespace: str
+) -> None:
+    """A server restarted without persistence lost the stream and its group: a write fenced
+    by a delivery of it (the running record, a progress update) used to fail the whole
+    script midway (XPENDING: NOGROUP); it is stale, and the rest of the batch applies."""
+    p = _prefix(namespace)
+    broker = ReliableRedisBroker(server_url, namespace)
+    try:
+        await broker.prepare_consumer(["q"], "c1")
+        await broker.publish("q", [b"body"])
+        (delivery,) = await broker.fetch_first(["q"], 1, 0)
+        await raw_redis.delete(p + "s:q")  # lost with the restart
+        running = Completion("q", None, "t1", b"running", 60, fence=delivery.token)
+        other = Completion("q2", None, "t2", b"rec2", 60)
+        stale = await broker.complete([running, other])
+        assert [c.task_id for c in stale] == ["t1"]
+        assert await broker.get_record("t1") is None
+        assert await broker.get_record("t2") == b"rec2"
+        fence = ("q", delivery.token)
+        assert await broker.set_progress("t1", b"p", time.time(), 60, fence=fence) is False
+    finally:
+        await broker.close()

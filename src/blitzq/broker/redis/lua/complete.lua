@@ -83,7 +83,8 @@ local function store(task_id, record, ttl)
 end
 
 local function owned(stream, id)
-  local p = redis.call('XPENDING', stream, group, id, id, 1)
+  local p = redis.pcall('XPENDING', stream, group, id, id, 1)
+  if p.err then p = {} end  -- no such stream or group (lost in a restart): not pending
   return p[1] ~= nil and p[1][2] == consumer
 end
 
