@@ -45,6 +45,9 @@ logger = logging.getLogger("blitzq.worker")
 #: going to end when it could fill more (see ``Fetcher._gather``).
 _GATHER_TURNS = 2
 
+#: Seconds a fetch loop of a paused queue waits between looks at the pause.
+PAUSE_POLL = 0.2
+
 #: Fewest messages a full fetch must have brought for the next one to overlap the
 #: completions (smaller batches gain little, and their results go out first).
 _OVERLAP_MIN = 32
@@ -124,6 +127,9 @@ class Fetcher:
         while not self._stop_requested():
             if not writable.is_set():  # completions refused: take no work it cannot record
                 await writable.wait()
+                continue
+            if queue in worker.paused:  # `blitzq queue pause` (kept by maintenance.py)
+                await asyncio.sleep(PAUSE_POLL)
                 continue
             n = await slots.reserve(batch)
             if n < batch and runner.jobs:
