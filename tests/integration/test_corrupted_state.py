@@ -302,3 +302,15 @@ async def test_a_fenced_write_after_the_server_lost_the_stream_is_stale_not_an_e
         assert await broker.set_progress("t1", b"p", time.time(), 60, fence=fence) is False
     finally:
         await broker.close()
+
+
+async def test_a_last_periodic_occurrence_that_is_not_a_number_reads_as_none(
+    server_url: str, raw_redis: Any, namespace: str
+) -> None:
+    p = _prefix(namespace)
+    await raw_redis.hset(p + "periodic", mapping={"bad": "notanumber", "good": "12.5"})
+    broker = ReliableRedisBroker(server_url, namespace)
+    try:
+        assert await broker.periodic_last(["bad", "good", "none"]) == {"good": 12.5}
+    finally:
+        await broker.close()
