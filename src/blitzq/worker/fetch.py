@@ -202,8 +202,8 @@ class Fetcher:
             return False
         logger.warning(
             "fetch from %s: no reply read within the client's time limit (%s), yet the server "
-            "answers at once: this process was paused (SIGSTOP, a VM pause) or its event loop "
-            "blocked; fetching again",
+            "answers at once: this process was paused (SIGSTOP, a VM pause), its event loop "
+            "blocked, or the network stalled for a moment; fetching again",
             queue,
             error,
         )
