@@ -235,9 +235,12 @@ class ConfiguredGroup(click.Group):
         found = ctx.find_object(Settings) if ctx is not None else None
         as_json = bool(getattr(self, "_json_asked", False) or (found and found.json))
         if isinstance(exc, FileValueError) and exc.param is not None:
-            hint = exc.param.get_error_hint(ctx).split(" (env var")[0] if ctx else exc.param.name
-            message = f"Invalid value for {hint} (from {exc.origin}): {exc.message}"
-            return JsonUsageError(message, ctx=ctx, as_json=as_json)
+            named = exc.param.get_error_hint(ctx).split(" (env var")[0] if ctx else exc.param.name
+            return JsonUsageError(
+                f"Invalid value for {named} (from {exc.origin}): {exc.message}",
+                ctx=ctx,
+                as_json=as_json,
+            )
         if type(exc) is click.BadParameter and exc.param is not None and ctx is not None:
             origin = value_origin(ctx, exc.param)
             hint = exc.param_hint or exc.param.get_error_hint(ctx).split(" (env var")[0]
@@ -319,6 +322,8 @@ def value_origin(ctx: click.Context, param: click.Parameter) -> str | None:
             own = own.get(part, {}) if isinstance(own, dict) else {}
         if isinstance(own, dict) and not ({key, key.replace("_", "-")} & own.keys()):
             table = "tool.blitzq"
+        elif isinstance(own, dict) and key not in own:
+            key = key.replace("_", "-")  # the key as the file spells it
         return f"{where} [{table}] {key}"
     return None
 
