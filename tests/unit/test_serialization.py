@@ -392,7 +392,7 @@ def test_one_nesting_limit_for_every_encoded_value() -> None:
         encode(at)
         with pytest.raises(SerializationError, match=rf"deeper than {MAX_NESTING} levels"):
             encode(past)
-        with pytest.raises(SerializationError, match="blitzq.limits.MAX_NESTING"):
+        with pytest.raises(SerializationError, match=r"blitzq\.limits\.MAX_NESTING"):
             encode(mixed)  # dicts and lists count alike: 2 levels per round
     assert loads(dumps(at)) == at
 
