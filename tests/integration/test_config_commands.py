@@ -205,3 +205,33 @@ def test_a_list_of_queues_is_their_comma_joined_form(
     doc = first(done.stdout)
     assert doc["queues"] == ["a", "b"]
     assert doc["concurrency"] == 3
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["--redis-url", "redis://127.0.0.1:1/0", "server", "status"], "--redis-url does not"),
+        (["--namespace", "a", "--mode", "fast", "server", "stop"], "--mode, --namespace do not"),
+        (["server", "status", "--namespace", "a"], "No such option '--namespace'"),
+        (["server", "--redis-url", "redis://x", "start"], "No such option '--redis-url'"),
+    ],
+)
+def test_the_server_commands_refuse_the_broker_options(
+    project: Path, argv: list[str], error: str
+) -> None:
+    """``blitzq server ...`` manages the embedded server of a data directory: a typed URL,
+    namespace or mode would be ignored, so it is refused (exit 2); in the environment (set
+    for the other commands) they are left alone."""
+    done = blitzq(project, *argv, env={"BLITZQ_DATA_DIR": str(project / "data")})
+    assert done.returncode == 2, done.stderr
+    assert error in done.stderr
+    assert not (project / "data").exists()  # nothing started
+    (project / "pyproject.toml").write_text('[tool.blitzq.server.status]\nnamespace = "a"\n')
+    done = blitzq(project, "server", "status")
+    assert done.returncode == 2
+    assert "'namespace', which is not an option of `blitzq server status`" in done.stderr
+    (project / "pyproject.toml").unlink()
+    env = {"BLITZQ_REDIS_URL": "redis://127.0.0.1:1/0", "BLITZQ_NAMESPACE": "a"}
+    done = blitzq(project, "--json", "server", "status", env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["running"] is False

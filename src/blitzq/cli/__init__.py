@@ -2,9 +2,10 @@
 the embedded server.
 
 Every command takes the global options ``--redis-url``, ``--namespace``, ``--mode`` and
-``--json`` (before or after the subcommand name); environment variables ``BLITZQ_REDIS_URL``,
-``BLITZQ_NAMESPACE`` and ``BLITZQ_MODE`` fill them in, every other option has its
-``BLITZQ_<COMMAND>_<OPTION>`` variable, and ``[tool.blitzq]`` in pyproject.toml gives
+``--json`` (before or after the subcommand name; ``server ...`` takes ``--json`` alone);
+environment variables ``BLITZQ_REDIS_URL``, ``BLITZQ_NAMESPACE`` and ``BLITZQ_MODE`` fill
+them in, below the command's own ``BLITZQ_<COMMAND>_REDIS_URL`` ..., every other option has
+its ``BLITZQ_<COMMAND>_<OPTION>`` variable, and ``[tool.blitzq]`` in pyproject.toml gives
 defaults below them (:mod:`blitzq.config`, ``blitzq config show``). Errors print one red line
 on stderr and exit non-zero (1 for a failed operation, 2 for a usage or configuration error).
 """
