@@ -81,3 +81,13 @@ async def test_zero_and_a_small_timeout_still_time_out(queue: Queue) -> None:
             await handle.result(timeout=good)
         with pytest.raises(ResultTimeout):
             await queue.get_result(handle.id, timeout=good)
+
+
+def test_wait_cancelled_checks_its_timeout() -> None:
+    from blitzq import TaskContext
+
+    context = TaskContext("id", "t", "q", 1, 1, None, {})
+    for bad in (math.nan, -1, math.inf, True):
+        with pytest.raises(ConfigurationError, match="timeout must be a"):
+            context.wait_cancelled(timeout=bad)
+    assert context.wait_cancelled(timeout=0) is False
