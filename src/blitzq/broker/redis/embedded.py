@@ -320,12 +320,20 @@ def _keep_alive(data_dir: Path) -> None:
 def _watch(data_dir: Path) -> None:
     """The keep-alive loop: restart the server of ``data_dir`` whenever its process is gone
     and no :func:`stop_server` marked it stopped (module docstring)."""
+    last = ""
     while True:
         time.sleep(KEEP_ALIVE_INTERVAL)
+        if not data_dir.is_dir():  # removed: nothing to restart, ever
+            with _kept_lock:
+                _kept.discard((os.getpid(), data_dir))
+            return
         try:
             revive(data_dir)
+            last = ""
         except (BrokerError, ConfigurationError, OSError) as exc:
-            logger.warning("could not restart the embedded server of %s: %s", data_dir, exc)
+            if str(exc) != last:  # once per distinct failure, not every second
+                logger.warning("could not restart the embedded server of %s: %s", data_dir, exc)
+            last = str(exc)
 
 
 def revive(data_dir: Path, timeout: float = 10.0) -> bool:
