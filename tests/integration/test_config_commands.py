@@ -170,6 +170,7 @@ def test_an_option_with_a_variable_of_its_own_reads_the_commands_first(project: 
         ("burst = 1", "1 is not true or false"),
         ('ops-host = ["a"]', "['a'] (list) is not a string"),
         ("ops-host = 5", "5 (int) is not a string"),
+        ("log-level = 10", "10 (int) is not a string"),
         ("queues = []", "[] is not a non-empty list"),
         ('queues = ["a,b"]', "without commas"),
         ("configure = [1]", "[1] is not a string or a list of strings"),

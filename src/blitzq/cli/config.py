@@ -144,8 +144,7 @@ def file_value(param: click.Parameter, value: Any) -> Any:
         raise ValueError(f"{value!r} is not an integer")
     if number and isinstance(value, (int, float)):
         return value
-    expected = "a string" if isinstance(kind, click.types.StringParamType) else f"a {kind.name}"
-    raise ValueError(f"{value!r} ({type(value).__name__}) is not {expected}")
+    raise ValueError(f"{value!r} ({type(value).__name__}) is not a string")
 
 
 def _checked(param: click.Parameter, value: Any, origin: str) -> Any:
