@@ -19,7 +19,7 @@ import click
 from .. import __version__
 from ._common import global_options
 from .check import check_command
-from .config import ConfiguredGroup, config_group
+from .config import ConfiguredGroup, config_group, wire_envvars
 from .control import control_group
 from .dashboard import dashboard_command
 from .dead_letters import dead_letter_group
@@ -53,6 +53,7 @@ cli.add_command(control_group)
 cli.add_command(schedule_group)
 cli.add_command(check_command)
 cli.add_command(config_group)
+wire_envvars(cli)  # BLITZQ_WORKER_LOG_LEVEL before BLITZQ_LOG_LEVEL, ...
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -198,9 +198,6 @@ class ConfiguredGroup(click.Group):
                 (exit 2, the file or the argument named).
         """
         if parent is None:
-            if not getattr(self, "_wired", False):
-                wire_envvars(self)
-                self._wired = True
             extra.setdefault("auto_envvar_prefix", ENV_PREFIX)
             self._json_asked = (
                 "--json" in args[: args.index("--")] if "--" in args else ("--json" in args)
