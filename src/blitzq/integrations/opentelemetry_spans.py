@@ -309,6 +309,8 @@ def _server(url: str) -> dict[str, Any]:
     broker URL; ``{}`` for an in-process ``memory://`` one."""
     parts = urlsplit(url)
     scheme = parts.scheme.split("+")[0]
+    if scheme == "memory":  # in-process: its name is no host
+        return {}
     if scheme == "unix":
         return {SERVER_ADDRESS: parts.path} if parts.path else {}
     host = parts.hostname
