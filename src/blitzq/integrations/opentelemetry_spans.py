@@ -20,6 +20,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from ..broker.factory import resolve_amqp_url
 from ..broker.ops import ChordMember, Op, Publish, WorkflowStep
 from ..broker.redis.keys import GROUP
+from ..client import testmode
 from ..exceptions import TaskCancelled
 from ..extensions.middleware import Middleware, Outgoing, OutgoingWorkflow
 from ..serialization import Envelope, decode_envelope, encode_envelope
@@ -225,7 +226,11 @@ class TracingMiddleware(Middleware):
             self._server = {}
             return self._server
         try:
-            amqp = resolve_amqp_url(getattr(queue, "_amqp_url", None))
+            # As the Queue picks its broker: RabbitMQ when it has an AMQP URL, unless the
+            # test mode of blitzq.testing keeps everything on its memory backend.
+            amqp = None
+            if testmode.forced_url is None:
+                amqp = resolve_amqp_url(getattr(queue, "_amqp_url", None))
             server = _server(amqp or queue.url)
         except Exception:  # tracing never fails a run or an enqueue
             logger.debug("could not read the broker's address", exc_info=True)
