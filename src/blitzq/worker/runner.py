@@ -137,8 +137,9 @@ class Runner:
     def hand_back(self, d: Delivery) -> None:
         """Put a delivery this worker did not start back on its queue, untouched.
 
-        Reliable mode acknowledges it and adds it again at the tail of its stream (delivery
-        count 1) in one atomic completion; fast mode pushes it back to the head of its list.
+        Reliable mode acknowledges it and adds it again at the tail of its stream, with the
+        delivery count it had (a recovered message keeps counting towards max_deliveries), in
+        one atomic completion; fast mode pushes it back to the head of its list.
         """
         try:
             task_id = decode_envelope(d.payload).id
