@@ -19,6 +19,7 @@ import pytest
 from blitzq import Queue, Retry
 from blitzq.client import publish as enqueue_module
 from blitzq.scheduler import Scheduler
+from blitzq.worker import ending as ending_module
 from blitzq.worker import execution as execution_module
 from blitzq.worker import maintenance as maintenance_module
 from blitzq.worker import runner as runner_module
@@ -108,7 +109,7 @@ async def test_a_worker_with_a_fast_clock_never_starts_a_delayed_task_early(
     async def stamp() -> None:
         started.append(await server_now(raw_redis))
 
-    for module in (maintenance_module, runner_module, execution_module):
+    for module in (maintenance_module, runner_module, execution_module, ending_module):
         monkeypatch.setattr(module, "time", SkewedTime(SKEW))
     async with running(make_worker(queue, concurrency=2)):
         handle = await stamp.options(delay=1.0).enqueue()

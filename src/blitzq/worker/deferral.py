@@ -19,7 +19,7 @@ starts. When it raises, :func:`check_failed` tells two kinds apart (:func:`is_ou
   the task had raised it. The task's retry policy applies, and once its ``retries`` are
   spent it fails, dead-lettered with reason ``"failed"`` and the error's text (unless
   ``dead_letter=False``), so a broken key never loops. Each such attempt is logged as any
-  failed attempt is (:func:`~blitzq.worker.outcomes.log_failure`).
+  failed attempt is (:meth:`~blitzq.worker.ending.Ending.log_failure`).
 
 Either way the task's finishers run with the completion (a lock place taken by an earlier
 check is given back).
@@ -129,7 +129,7 @@ def check_failed(runner: Runner, job: Job, exc: Exception, deferrals: int) -> No
         deferrals: the message's deferrals in a row before this one (:func:`take_deferrals`).
     """
     if not is_outage(exc):  # logged as a failed attempt (blitzq.worker.outcomes)
-        runner.finish(job, None, exc)
+        runner.ending.finish(job, None, exc)
         return
     env = job.envelope
     error_type, message = describe_error(exc)
@@ -155,7 +155,7 @@ def check_failed(runner: Runner, job: Job, exc: Exception, deferrals: int) -> No
         },
     )
     job.envelope = msgspec.structs.replace(env, deferrals=count)
-    runner.commit(job, runner.reschedule(job, delay))
+    runner.ending.commit(job, runner.reschedule(job, delay))
 
 
 __all__ = ["JITTER", "OutageBackoff", "check_failed", "is_outage", "take_deferrals"]

@@ -119,8 +119,6 @@ def defer_delay(age: float, grace: float) -> float:
 def unknown_task(runner: Runner, d: Delivery, env: Envelope, slots: Slots) -> None:
     """Defer ``env`` (a delivery holding one slot of ``slots``) for a worker that knows its
     task, or dead-letter it once the worker's ``unknown_task_grace`` has passed."""
-    from .admission import reject
-
     grace = runner.worker.unknown_task_grace
     now = time.time()
     age = max(0.0, now - env.created_at)
@@ -128,7 +126,7 @@ def unknown_task(runner: Runner, d: Delivery, env: Envelope, slots: Slots) -> No
     if age >= grace:
         if grace > 0:
             error += f" (nor in any worker that took it within {grace:g} s)"
-        reject(runner, d, "unknown task", error, slots, env.id, env.task)
+        runner.admission.reject(d, "unknown task", error, slots, env.id, env.task)
         return
     if d.token is not None and runner.worker.broker.supports_recovery:
         knowers = runner.worker.knowers
@@ -184,7 +182,7 @@ def _defer(
     )  # fmt: skip
     again = msgspec.structs.replace(env, enqueued_at=now)
     data = encode_envelope(again, max(runner.max_message_size, len(d.payload) * 2))
-    runner.flusher.add(Completion(d.queue, d.token, env.id, reschedule=data, delay=delay))
+    runner.write(Completion(d.queue, d.token, env.id, reschedule=data, delay=delay))
     slots.release()
 
 
@@ -198,9 +196,8 @@ async def take_handed(worker: Worker) -> int:
         BrokerError: the broker could not be reached.
         NotImplementedError: the transport cannot hand deliveries over.
     """
-    from .admission import start
-
     runner, taken = worker.runner, 0
+    start = runner.admission.start
     for queue in worker.physical_queues:
         slots = worker._slots[base_queue(queue)]
         while not _stopping(worker):
@@ -215,7 +212,7 @@ async def take_handed(worker: Worker) -> int:
                 raise
             slots.release(n - len(got))
             for d in got:
-                start(runner, d, slots)
+                start(d, slots)
             taken += len(got)
             if len(got) < n:
                 break
