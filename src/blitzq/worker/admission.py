@@ -142,7 +142,7 @@ class Admission:
                     async with asyncio.timeout(timeout):
                         completion = await check(runner, job)
                 except Exception as exc:  # an outage, an error reply, a bug in a check
-                    check_failed(runner, job, exc, deferrals)
+                    check_failed(self.ending, runner.worker.outage_backoff, job, exc, deferrals)
                     slots.release()
                     return
                 if completion is not None:
