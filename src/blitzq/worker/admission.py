@@ -25,7 +25,6 @@ from ..task import Task
 from .deferral import check_failed, take_deferrals
 from .execution import Job
 from .limiter import Slots
-from .unknown import unknown_task
 
 #: A task call's positional and keyword arguments.
 Call = tuple[list[Any], dict[str, Any]]
@@ -85,7 +84,7 @@ class Admission:
             self.lifecycle.event("received", env, d.queue, env.attempt + d.deliveries - 1)
         task = self.tasks.get(env.task)
         if task is None:  # a rolling deploy: deferred for a worker that knows it, then rejected
-            unknown_task(self.runner, d, env, slots)
+            self.runner.unknown.take(d, env, slots)
             return
         if self.revoked and env.id in self.revoked:
             self.skip_cancelled(Job(d, env, task), slots)

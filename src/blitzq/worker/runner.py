@@ -35,6 +35,7 @@ from .maintenance import running_record_ttl
 from .progress import ProgressReporter
 from .recycling import recycle_after
 from .timeouts import Timeouts
+from .unknown import UnknownTasks
 
 if TYPE_CHECKING:
     from .tally import RunTally
@@ -124,6 +125,8 @@ class Runner:
         )
         #: The first stage of every delivery (the fetch loops call ``admission.start``).
         self.admission = Admission(self)
+        #: What admission does with a delivery naming a task this worker does not know.
+        self.unknown = UnknownTasks(self)
         self._run_ended = self.run_ended  # bound once: a run's done-callback reuses it
 
     # ------------------------------------------- shared with the stages, kept in step
