@@ -1,4 +1,5 @@
-"""Admitting a delivery before it runs: decoding (dead-lettering what cannot run), cancel
+"""Admitting a delivery before it runs: decoding and checking its times and numbers
+(dead-lettering what cannot run: :func:`~blitzq.envelope_checks.envelope_fault`), cancel
 marks and the task's start checks (rate limits, expiry, locks, unique keys: the built-in
 middleware in :mod:`blitzq.extensions`).
 
@@ -14,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..broker import Completion, Delivery
 from ..dependencies import refuse_given
+from ..envelope_checks import envelope_fault
 from ..exceptions import ConfigurationError, SerializationError
 from ..extensions.expiry import check_expiry, start_checks
 from ..serialization import Envelope, decode_envelope, decode_envelope_unchecked, envelope_head
@@ -79,6 +82,10 @@ class Admission:
             ident, name = envelope_head(d.payload) or (None, "")
             error = str(exc).removeprefix("malformed message: ")
             self.reject(d, "malformed message", error, slots, ident, name)
+            return
+        fault = envelope_fault(env, time.time())  # a time or number nothing could act on
+        if fault is not None:
+            self.reject(d, "malformed message", fault, slots, env.id, env.task)
             return
         if self.lifecycle.on:
             self.lifecycle.event("received", env, d.queue, env.attempt + d.deliveries - 1)

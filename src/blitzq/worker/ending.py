@@ -33,10 +33,11 @@ import msgspec
 from .. import records
 from ..broker import Completion, DeadLetterFields, Delivery
 from ..context import NO_RESULT
+from ..envelope_checks import value_size
 from ..exceptions import ResultTooLarge, Retry, SerializationError, describe_error
 from ..extensions.middleware import Outcome, OutcomeKind
 from ..limits import DEAD_MESSAGE_SAMPLE, DEFAULT_MAX_RESULT_SIZE, clip_text
-from ..serialization import encode_envelope
+from ..serialization import dumps, encode_envelope
 from .eager import unwrap
 from .execution import Job, cause_of, format_traceback
 
@@ -66,8 +67,9 @@ class Completions:
         store_results: the Queue's default for storing return values.
         result_ttl: seconds records live.
         max_message_size: bytes, for re-encoding retries.
-        max_result_size: bytes; a record (return value included) over it fails the task
-            with :class:`~blitzq.exceptions.ResultTooLarge`.
+        max_result_size: bytes; a return value over it (encoded, see
+            :func:`~blitzq.envelope_checks.value_size`) fails the task with
+            :class:`~blitzq.exceptions.ResultTooLarge`.
     """
 
     def __init__(
@@ -91,8 +93,9 @@ class Completions:
         """Completion of a run that returned ``value``; ``None`` when nothing is to be done.
 
         A value that is not plain data turns the run into a failure (SerializationError),
-        and so does a record over ``max_result_size`` (ResultTooLarge, not retried: the
-        same call would return as much again).
+        and so does a return value over ``max_result_size`` (ResultTooLarge, not retried:
+        the same call would return as much again); the limit counts the encoded value
+        (:func:`~blitzq.envelope_checks.value_size`), not the record's own fields.
         With ``track_state`` a ``succeeded`` record (without the value, when results are not
         stored) replaces the ``running`` one, with the arguments' preview unless that alone
         would take it over ``max_result_size``.
@@ -115,8 +118,10 @@ class Completions:
             record = job.succeeded(self.worker_id, value, track_state)
             if len(record) > self.max_result_size and track_state:  # drop the preview first
                 record = job.succeeded(self.worker_id, value)
-            if len(record) > self.max_result_size:
-                raise ResultTooLarge(len(record), self.max_result_size)
+            if len(record) > self.max_result_size:  # the record's own fields are not counted
+                size = value_size(dumps(value))
+                if size > self.max_result_size:
+                    raise ResultTooLarge(size, self.max_result_size)
         except SerializationError as exc:
             job.result = NO_RESULT  # finishers (workflows) must not pass the value on
             job.encode_error = exc
