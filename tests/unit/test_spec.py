@@ -22,6 +22,7 @@ import pytest
 import blitzq
 from blitzq import exceptions
 from blitzq.cli import cli
+from blitzq.cli.workers import worker_admin_group
 from blitzq.serialization import Envelope
 from blitzq.spec import REGENERATE, generate, main, stale
 
@@ -137,7 +138,12 @@ def _contexts() -> list[tuple[click.Command, click.Context]]:
             for name, sub in command.commands.items():
                 walk(sub, click.Context(sub, parent=ctx, info_name=name))
 
-    walk(cli, click.Context(cli, info_name="blitzq", auto_envvar_prefix="BLITZQ"))
+    root = click.Context(cli, info_name="blitzq", auto_envvar_prefix="BLITZQ")
+    walk(cli, root)
+    # `blitzq worker list|shutdown`: the root group resolves them to this group (cli/workers.py).
+    admin = click.Context(worker_admin_group, parent=root, info_name="worker")
+    for name, sub in worker_admin_group.commands.items():
+        walk(sub, click.Context(sub, parent=admin, info_name=name))
     return out
 
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import click
 
 from .. import __version__
+from . import queue_control  # noqa: F401  (adds purge, pause and resume to queue_group)
 from ._common import global_options
 from .check import check_command
 from .config import ConfiguredGroup, config_group
@@ -27,12 +28,25 @@ from .schedule import schedule_group
 from .scheduler import scheduler_group
 from .server import server_group
 from .worker import worker_command
+from .workers import resolve
+
+
+class _Cli(ConfiguredGroup):
+    """The root group; ``worker list`` and ``worker shutdown`` go to
+    :data:`~.workers.worker_admin_group` (``worker MODULE:ATTR`` runs a worker)."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """See :func:`~.workers.resolve`, else click's resolution."""
+        return resolve(args) or super().resolve_command(ctx, args)
+
 
 __all__ = ["cli", "main"]
 
 
 @click.group(
-    cls=ConfiguredGroup,
+    cls=_Cli,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 @click.version_option(__version__, "-V", "--version", prog_name="blitzq")

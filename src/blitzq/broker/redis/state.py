@@ -24,7 +24,9 @@ from .connection import RedisPart
 from .keys import GROUP
 
 #: Prefix of a message on the event channel -> the kind ``events()`` yields.
-_EVENT_KINDS = {"r": "revoke", "s": "schedule", "h": "handed"}
+_EVENT_KINDS = {
+    "r": "revoke", "s": "schedule", "h": "handed", "p": "pause", "u": "resume", "x": "shutdown",
+}  # fmt: skip
 
 _batch_encoder = msgspec.msgpack.Encoder()
 
