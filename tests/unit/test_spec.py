@@ -175,7 +175,9 @@ def test_ranges_and_choices_come_from_click() -> None:
     assert params["--concurrency"]["env"] == ["BLITZQ_WORKER_CONCURRENCY"]
     assert params["--log-format"]["choices"] == ["text", "json"]
     assert params["--burst-idle-timeout"]["range"] == {"finite": True, "max": 86400.0, "min": 0.0}
-    assert params["--workers"]["env"] == ["BLITZQ_WORKERS"]  # its own variable
+    # its own variable, below the command's (which click reads first)
+    assert params["--workers"]["env"] == ["BLITZQ_WORKER_WORKERS", "BLITZQ_WORKERS"]
+    assert params["--redis-url"]["env"] == ["BLITZQ_WORKER_REDIS_URL", "BLITZQ_REDIS_URL"]
     assert params["--watch-dir"]["multiple"] is True
     codes = {c["code"] for c in spec("cli.json")["exit_codes"]}
     assert codes == {0, 1, 2, 75, 78}

@@ -2,9 +2,10 @@
 the embedded server.
 
 Every command takes the global options ``--redis-url``, ``--namespace``, ``--mode`` and
-``--json`` (before or after the subcommand name); environment variables ``BLITZQ_REDIS_URL``,
-``BLITZQ_NAMESPACE`` and ``BLITZQ_MODE`` fill them in, every other option has its
-``BLITZQ_<COMMAND>_<OPTION>`` variable, and ``[tool.blitzq]`` in pyproject.toml gives
+``--json`` (before or after the subcommand name; ``server ...`` takes ``--json`` alone);
+environment variables ``BLITZQ_REDIS_URL``, ``BLITZQ_NAMESPACE`` and ``BLITZQ_MODE`` fill
+them in, below the command's own ``BLITZQ_<COMMAND>_REDIS_URL`` ..., every other option has
+its ``BLITZQ_<COMMAND>_<OPTION>`` variable, and ``[tool.blitzq]`` in pyproject.toml gives
 defaults below them (:mod:`blitzq.config`, ``blitzq config show``). Errors print one red line
 on stderr and exit non-zero (1 for a failed operation, 2 for a usage or configuration error).
 """
@@ -19,7 +20,7 @@ from .. import __version__
 from . import queue_control  # noqa: F401  (adds purge, pause and resume to queue_group)
 from ._common import global_options
 from .check import check_command
-from .config import ConfiguredGroup, config_group
+from .config import ConfiguredGroup, config_group, wire_envvars
 from .control import control_group
 from .dashboard import dashboard_command
 from .dead_letters import dead_letter_group
@@ -66,6 +67,7 @@ cli.add_command(control_group)
 cli.add_command(schedule_group)
 cli.add_command(check_command)
 cli.add_command(config_group)
+wire_envvars(cli)  # BLITZQ_WORKER_LOG_LEVEL before BLITZQ_LOG_LEVEL, ...
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -173,10 +173,15 @@ def configure_queue(queue: Queue, spec: str) -> None:
 
 
 def _export_settings(s: Settings) -> None:
-    """Put options typed on the command line into the environment a Queue reads defaults from."""
+    """Put the global options that apply to the command into the environment a Queue reads
+    its defaults from, before the application's module makes its Queue: typed ones, and those
+    of the command's own variable (``BLITZQ_WORKER_REDIS_URL``) or table
+    (``[tool.blitzq.worker] redis_url``), which win over ``BLITZQ_REDIS_URL`` and the plain
+    key. What the module passes its Queue still wins over all but a typed option
+    (:func:`_override`)."""
     for name, env in _ENV.items():
         value = getattr(s, name)
-        if name in s.from_command_line and value is not None:
+        if value is not None:
             os.environ[env] = value
 
 
