@@ -114,7 +114,8 @@ TABLE: Final[dict[str, Key]] = {
     "paused": Key("paused", "set",
         "queues paused by `blitzq queue pause`: no worker fetches from them until resumed"),
     "stats": Key("stats", "hash",
-        "namespace-wide counters: `stale_completions` (completions fenced off)"),
+        "namespace-wide counters: `stale_completions` (completions fenced off), "
+        "`counters_reset` (corrupted counters recomputed by the scripts)"),
     "queues": Key("queues", "set",
         "queue names producers and workers have used"),
     "workers": Key("workers", "hash",

@@ -5,6 +5,8 @@
 -- {ns}:dlq:bytes (dead_letters.lua), and both of those once the index is empty.
 -- Returns how many were deleted (ids no longer indexed, replayed or purged meanwhile, are
 -- skipped).
+-- Also {ns}:stats (HINCRBY counters_reset, by dead_letters.lua, when it recomputes a
+-- corrupted dead-letter byte count).
 --@include dead_letters.lua
 local n = 0
 for i = 2, #ARGV do

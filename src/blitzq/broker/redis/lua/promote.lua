@@ -15,6 +15,8 @@
 -- is ahead cannot release anything early.
 -- Returns {moved, next_due_or_false, now} (times as strings of Unix seconds: Lua numbers
 -- become integers).
+-- Also {ns}:stats (HINCRBY counters_reset, by dead_letters.lua, when it recomputes a
+-- corrupted dead-letter byte count).
 local prefix = ARGV[1]
 local t = redis.call('TIME')
 local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)

@@ -4,6 +4,8 @@
 -- Also deletes: {ns}:d:<task_id> of each, its count in {ns}:dlq:size and {ns}:dlq:bytes
 -- (dead_letters.lua), and both of those once the index is empty.
 -- Returns how many were deleted.
+-- Also {ns}:stats (HINCRBY counters_reset, by dead_letters.lua, when it recomputes a
+-- corrupted dead-letter byte count).
 --@include dead_letters.lua
 local popped = redis.call('ZPOPMIN', KEYS[1], ARGV[2])
 for j = 1, #popped, 2 do dl_drop(ARGV[1], popped[j]) end

@@ -11,6 +11,8 @@
 -- An entry's delivery count travels in its "d" field (absent = 1) because the entry is
 -- re-added with a new id; one past max deliveries is dead-lettered with a record.
 -- Returns {requeued, dead_lettered} (counts).
+-- Also {ns}:stats (HINCRBY counters_reset, by dead_letters.lua, when it recomputes a
+-- corrupted dead-letter byte count).
 local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 local max_deliveries, now, prefix, queue = tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8]
 --@include dead_letters.lua

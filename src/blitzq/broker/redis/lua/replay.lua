@@ -16,6 +16,8 @@
 -- nothing changes and the holder's id is returned.
 -- Returns 1 (replayed), 0 (no such dead letter, or not the one read: a concurrent replay
 -- took it) or the id of the task holding the unique key.
+-- Also {ns}:stats (HINCRBY counters_reset, by dead_letters.lua, when it recomputes a
+-- corrupted dead-letter byte count).
 --@include dead_letters.lua
 --@include outbox.lua
 local key = KEY.dead_letter(ARGV[1], ARGV[2])

@@ -4,6 +4,8 @@
 -- Also deletes: {ns}:d:<task_id> of each dropped one, its count in {ns}:dlq:size and
 -- {ns}:dlq:bytes (dead_letters.lua).
 -- Returns how many dead letters are left.
+-- Also {ns}:stats (HINCRBY counters_reset, by dead_letters.lua, when it recomputes a
+-- corrupted dead-letter byte count).
 --@include dead_letters.lua
 dl_trim(ARGV[1], ARGV[2], ARGV[3])
 return redis.call('ZCARD', KEYS[1])
