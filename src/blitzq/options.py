@@ -19,7 +19,7 @@ import datetime as _dt
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._checks import seconds, text
 from .exceptions import ConfigurationError
@@ -27,7 +27,8 @@ from .limits import MAX_SECONDS
 from .routing import check_name, check_priority, check_queue_name
 
 if TYPE_CHECKING:
-    from .extensions.middleware import Middleware
+    from collections.abc import Sequence
+
     from .retries import RetryPolicy
 
 
@@ -120,7 +121,17 @@ CORE_OPTIONS: frozenset[str] = frozenset(
 )
 
 
-def declared_options(middleware: tuple[Middleware, ...]) -> dict[str, Option]:
+class DeclaresOptions(Protocol):
+    """What the option checks read of a middleware: the per-task options it declares
+    (:attr:`blitzq.Middleware.task_options`)."""
+
+    @property
+    def task_options(self) -> Mapping[str, Option]:
+        """Option name → its :class:`Option` (default and check)."""
+        ...
+
+
+def declared_options(middleware: Sequence[DeclaresOptions]) -> dict[str, Option]:
     """Every option ``middleware`` declare, by name.
 
     Raises:
@@ -137,7 +148,7 @@ def declared_options(middleware: tuple[Middleware, ...]) -> dict[str, Option]:
 
 
 def build_options(
-    task_name: str, given: Mapping[str, Any], middleware: tuple[Middleware, ...]
+    task_name: str, given: Mapping[str, Any], middleware: Sequence[DeclaresOptions]
 ) -> TaskOptions:
     """Check the options of one task, once: the middleware-declared ones with their
     middleware's check, and reject those nobody declares.

@@ -14,7 +14,7 @@ import datetime as _dt
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, Protocol, TypeVar
 
 from ._checks import flag, integer, seconds, text
 from .arguments import TypedCall
@@ -28,18 +28,60 @@ from .retries import RetryPolicy
 from .routing import check_priority
 
 if TYPE_CHECKING:
+    from .broker import Completion
     from .client.sync import Portal
-    from .extensions.middleware import Finisher, Middleware, StartCheck
-    from .options import TaskOptions
-    from .queue import Queue
+    from .options import Option, TaskOptions
     from .ratelimit import RateLimit
-    from .workflow.signature import Signature
+    from .seams import QueueSettings
+    from .workflow.canvas import Signature
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 Executor = Literal["async", "thread", "process"]
 EXECUTORS: frozenset[str] = frozenset({"async", "thread", "process"})
+
+#: A start check (:class:`blitzq.extensions.middleware.StartCheck`): awaited with the worker's
+#: context and the job before a run starts.
+StartCheck = Callable[..., Awaitable["Completion | None"]]
+#: A finisher (:class:`blitzq.extensions.middleware.Finisher`): called with each completion.
+Finisher = Callable[..., "Completion"]
+
+
+class TaskProducer(Protocol):
+    """What a task sends its calls through: its Queue's producer
+    (:class:`blitzq.client.publish.Producer`)."""
+
+    @property
+    def portal(self) -> Portal:
+        """The sync-API loop the ``*_sync`` twins run on."""
+        ...
+
+    async def enqueue(
+        self, task: Task[Any, Any], args: Any, kwargs: dict[str, Any], opts: CallOptions
+    ) -> TaskHandle[Any]:
+        """Publish one call of ``task``."""
+        ...
+
+    async def enqueue_many(
+        self, task: Task[Any, Any], calls: Iterable[Any], opts: CallOptions
+    ) -> list[TaskHandle[Any]]:
+        """Publish many calls of ``task`` in one round trip."""
+        ...
+
+
+class TaskPlugin(Protocol):
+    """What a task reads of a middleware while it is made: the per-task options it declares
+    and its :meth:`~blitzq.Middleware.setup_task` (a :class:`~blitzq.Middleware` is one)."""
+
+    @property
+    def task_options(self) -> Mapping[str, Option]:
+        """Option name → its :class:`~blitzq.options.Option`."""
+        ...
+
+    def setup_task(self, task: Task[Any, Any], options: TaskOptions) -> None:
+        """Plug into ``task`` where it uses the middleware's options."""
+        ...
 
 
 class Task(Generic[P, R]):
@@ -51,7 +93,7 @@ class Task(Generic[P, R]):
 
     def __init__(
         self,
-        owner: Queue,
+        owner: QueueSettings,
         fn: Callable[P, R] | Callable[P, Awaitable[R]],
         *,
         name: str,
@@ -64,7 +106,8 @@ class Task(Generic[P, R]):
         dead_letter: bool,
         priority: str = "normal",
         options: TaskOptions | None = None,
-        middleware: tuple[Middleware, ...] | None = None,
+        middleware: tuple[TaskPlugin, ...] | None = None,
+        producer: TaskProducer,
     ) -> None:
         if executor not in EXECUTORS:
             raise ConfigurationError(f"executor must be one of {sorted(EXECUTORS)}")
@@ -80,7 +123,10 @@ class Task(Generic[P, R]):
             flag(f"task {name}: store_result", store_result)
         if timeout is not None:
             timeout = seconds(f"task {name}: timeout", timeout)
+        #: The Queue's settings and broker (a narrow view: :class:`blitzq.seams.QueueSettings`).
         self.owner = owner
+        #: What its calls are sent through (its Queue's producer).
+        self.producer = producer
         self.fn = fn
         self.name = name
         self.queue = queue
@@ -117,7 +163,7 @@ class Task(Generic[P, R]):
         from .options import build_options
 
         if middleware is None:  # the built-in ones (registration passes the Queue's too)
-            middleware = builtin_middleware()
+            middleware = tuple(builtin_middleware())
         if options is None:
             options = build_options(name, {}, middleware)
         if options.hard_timeout is not None:
@@ -192,7 +238,7 @@ class Task(Generic[P, R]):
     @property
     def _portal(self) -> Portal:
         """The owning Queue's sync-API loop (what the ``*_sync`` twins run on)."""
-        return self.owner._producer.portal
+        return self.producer.portal
 
     async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """Send one call to the queue; returns at once with a handle.
@@ -202,7 +248,7 @@ class Task(Generic[P, R]):
             MessageTooLarge: the encoded message is over the queue's limit.
             BrokerError: the broker could not be reached.
         """
-        return await self.owner._producer.enqueue(self, args, kwargs, _NO_OPTIONS)
+        return await self.producer.enqueue(self, args, kwargs, _NO_OPTIONS)
 
     # mypy flags ``self`` as a possible keyword of ``P.kwargs`` (enqueue's ``self`` is not
     # positional-only, and making it so would change the public signature); the twin's type
@@ -223,7 +269,7 @@ class Task(Generic[P, R]):
         Raises:
             SerializationError, MessageTooLarge: before anything is published.
         """
-        return await self.owner._producer.enqueue_many(self, calls, _NO_OPTIONS)
+        return await self.producer.enqueue_many(self, calls, _NO_OPTIONS)
 
     enqueue_many_sync = blocking(enqueue_many)
 
@@ -234,7 +280,7 @@ class Task(Generic[P, R]):
         Raises:
             SerializationError: an argument is not plain data.
         """
-        from .workflow.signature import Signature
+        from .workflow.canvas import Signature
 
         if self.arguments is None:
             return Signature(self.name, args, kwargs, queue=self.queue, priority=self.priority)
@@ -245,7 +291,7 @@ class Task(Generic[P, R]):
 
     def si(self, *args: Any, **kwargs: Any) -> Signature:
         """An immutable workflow step: like :meth:`s`, but it ignores the previous result."""
-        from .workflow.signature import Signature
+        from .workflow.canvas import Signature
 
         wire_args, wire_kwargs = (
             self.arguments.encode(args, kwargs) if self.arguments is not None else (args, kwargs)
@@ -277,11 +323,11 @@ class BoundTask(Generic[P, R]):
     @property
     def _portal(self) -> Portal:
         """The owning Queue's sync-API loop (what the ``*_sync`` twins run on)."""
-        return self.task.owner._producer.portal
+        return self.task.producer.portal
 
     async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """:meth:`Task.enqueue` with the bound options."""
-        return await self.task.owner._producer.enqueue(self.task, args, kwargs, self.call_options)
+        return await self.task.producer.enqueue(self.task, args, kwargs, self.call_options)
 
     enqueue_sync = blocking(enqueue)  # type: ignore[arg-type]  # as Task.enqueue_sync
 
@@ -289,7 +335,7 @@ class BoundTask(Generic[P, R]):
         self, calls: Iterable[tuple[Any, ...] | tuple[tuple[Any, ...], dict[str, Any]]]
     ) -> list[TaskHandle[R]]:
         """:meth:`Task.enqueue_many` with the bound options (``task_id`` is not allowed)."""
-        return await self.task.owner._producer.enqueue_many(self.task, calls, self.call_options)
+        return await self.task.producer.enqueue_many(self.task, calls, self.call_options)
 
     enqueue_many_sync = blocking(enqueue_many)
 

@@ -7,18 +7,45 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..exceptions import ConfigurationError
 from ..extensions.middleware import Outgoing
 from ..options import call_options
 from ..routing import physical_queue, route
 from ..serialization import encode_envelope
-from ..task import CallOptions, TaskHandle
+from ..task import CallOptions, Task, TaskHandle
 from . import testmode
 
 if TYPE_CHECKING:
-    from .publish import Producer
+    from ..serialization import Envelope
+    from .context import QueueContext
+
+
+class Producer(Protocol):
+    """What the by-name calls use of their :class:`~blitzq.client.publish.Producer` (which
+    calls them; named here by this protocol, so the two modules import in one direction)."""
+
+    @property
+    def queue(self) -> QueueContext:
+        """The Queue, as its clients see it."""
+        ...
+
+    def envelope(
+        self, task: str, queue: str, args: Any, kwargs: Any, opts: CallOptions, now: float
+    ) -> Envelope:
+        """The envelope of one call (see the producer's)."""
+        ...
+
+    def stores_result(self, task: Task[Any, Any] | None) -> bool | None:
+        """Whether ``task`` stores its return value (``None``: unknown task)."""
+        ...
+
+    async def publish(
+        self, outgoing: list[Outgoing], explicit: frozenset[str] = frozenset()
+    ) -> None:
+        """Publish a batch (see the producer's)."""
+        ...
 
 
 def named_options(

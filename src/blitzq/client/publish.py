@@ -26,7 +26,7 @@ from . import testmode
 from .named import named_options, send_many
 
 if TYPE_CHECKING:
-    from ..queue import Queue
+    from .context import QueueContext
     from .sync import Portal
 
 
@@ -61,7 +61,7 @@ class Producer:
             (a publish to one of them skips the registration).
     """
 
-    def __init__(self, queue: Queue, portal: Portal) -> None:
+    def __init__(self, queue: QueueContext, portal: Portal) -> None:
         self.queue = queue
         self.portal = portal
         self.known_queues: set[str] = set()

@@ -25,9 +25,10 @@ if TYPE_CHECKING:
 
     from ..options import TaskOptions
     from ..serialization import Envelope
+    from ..task import StartCheck as TaskCheck
     from ..task import Task
     from ..worker.execution import Job
-    from .middleware import StartCheck, WorkerContext
+    from .middleware import WorkerContext
 
 
 class Expiry(Middleware):
@@ -81,7 +82,7 @@ async def check_expiry(worker: WorkerContext, job: Job) -> Completion | None:
     return completion
 
 
-def start_checks(task: Task[Any, Any], envelope: Envelope) -> list[StartCheck]:
+def start_checks(task: Task[Any, Any], envelope: Envelope) -> list[TaskCheck]:
     """The start checks of one delivery: the task's own, plus the expiry check when the call
     carries its own ``max_age`` (``task.options(max_age=...)``; see :func:`checks_with_expiry`).
 
@@ -92,7 +93,7 @@ def start_checks(task: Task[Any, Any], envelope: Envelope) -> list[StartCheck]:
     return task.checks if envelope.max_age is None else checks_with_expiry(task)
 
 
-def checks_with_expiry(task: Task[Any, Any]) -> list[StartCheck]:
+def checks_with_expiry(task: Task[Any, Any]) -> list[TaskCheck]:
     """The task's start checks with the expiry check added (for a per-call ``max_age``):
     where :class:`Expiry` puts it, after the rate-limit check and before the others."""
     checks = task.checks

@@ -96,11 +96,10 @@ if TYPE_CHECKING:
     from ..broker import Broker, Completion
     from ..context import TaskContext
     from ..options import Option, TaskOptions
-    from ..queue import Queue
+    from ..seams import QueueSettings
     from ..serialization import Envelope
     from ..task import Task
     from ..worker.execution import Job
-    from .registry import Extensions
 
 
 class EnqueueRefused(BlitzQError):
@@ -242,13 +241,13 @@ class EnqueueFilter(Protocol):
     """A coroutine that sees each batch before it is published; it may raise to refuse the
     enqueue, or set ``Outgoing.existing_id`` to mark a duplicate."""
 
-    async def __call__(self, queue: Queue, batch: list[Outgoing]) -> None: ...
+    async def __call__(self, queue: QueueSettings, batch: list[Outgoing]) -> None: ...
 
 
 class EnqueueObserver(Protocol):
     """Called with each batch that was published (duplicates left out)."""
 
-    async def __call__(self, queue: Queue, batch: list[Outgoing]) -> None: ...
+    async def __call__(self, queue: QueueSettings, batch: list[Outgoing]) -> None: ...
 
 
 class Middleware:
@@ -342,13 +341,6 @@ class Middleware:
         """
 
 
-def extensions_of(queue: Any) -> Extensions:
-    """The middleware registry (:class:`~blitzq.extensions.registry.Extensions`) of
-    ``queue``."""
-    extensions: Extensions = queue._extensions
-    return extensions
-
-
 __all__ = [
     "EnqueueFilter",
     "EnqueueObserver",
@@ -361,5 +353,4 @@ __all__ = [
     "OutgoingWorkflow",
     "StartCheck",
     "WorkerContext",
-    "extensions_of",
 ]

@@ -24,7 +24,8 @@ from .middleware import EnqueueRefused, Middleware
 from .signals import Signal, SignalEvent, Signals
 
 if TYPE_CHECKING:
-    from ..queue import Queue
+    from ..client.context import QueueContext
+    from ..seams import QueueSettings
     from ..worker.execution import Job
     from .middleware import EnqueueFilter, EnqueueObserver, Outcome, Outgoing, OutgoingWorkflow
 
@@ -72,7 +73,7 @@ class Extensions:
         has_before: whether any middleware has a ``before_execute`` hook.
     """
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: QueueContext) -> None:
         self.queue = queue
         self.middleware: list[Middleware] = []
         self.signals = Signals(self._refresh)
@@ -118,7 +119,7 @@ class Extensions:
             self._observer_installed = True
 
     # ---------------------------------------------------------------- enqueue
-    async def _filter(self, queue: Queue, batch: list[Outgoing]) -> None:
+    async def _filter(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
         hooks = self._hooks["before_enqueue"]
         for out in batch:
             if out.existing_id is not None:
@@ -137,7 +138,7 @@ class Extensions:
                 if out.envelope is not env:
                     out.data = encode_envelope(out.envelope, queue.max_message_size)
 
-    async def _observe(self, queue: Queue, batch: list[Outgoing]) -> None:
+    async def _observe(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
         hooks = self._hooks["after_enqueue"]
         signals = self.signals
         emit = signals.has(Signal.TASK_ENQUEUED)
@@ -327,4 +328,11 @@ _SIGNALS: dict[str, tuple[Signal, ...]] = {
     "cancelled": (Signal.TASK_CANCELLED,),
 }
 
-__all__ = ["Extensions"]
+
+def extensions_of(queue: Any) -> Extensions:
+    """The middleware registry (:class:`Extensions`) of ``queue``, a :class:`~blitzq.Queue`."""
+    extensions: Extensions = queue._extensions
+    return extensions
+
+
+__all__ = ["Extensions", "extensions_of"]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..broker import Broker, Completion, Delivery
 from ..context import TaskContext, set_current
 from ..exceptions import SerializationError
-from ..extensions.middleware import extensions_of
+from ..extensions.registry import extensions_of
 from ..serialization import decode_envelope
 from . import admission, outcomes
 from .eager import start_eagerly
