@@ -24,7 +24,7 @@ from .client.context import QueueContext
 from .exceptions import ConfigurationError
 from .extensions import builtin_middleware
 from .extensions.middleware import Middleware
-from .options import build_options
+from .options import build_options, declared_call_options
 from .periodic import MissedPolicy, PeriodicTask, make_periodic
 from .ratelimit import RateLimit
 from .retries import DEFAULT_RETRY_POLICY, RetryPolicy
@@ -42,18 +42,13 @@ R = TypeVar("R")
 
 class RegistryContext(QueueContext, Protocol):
     """A Queue as its :class:`Registrar` sees it: what its clients see
-    (:class:`~blitzq.client.context.QueueContext`), its periodic entries and its middleware.
+    (:class:`~blitzq.client.context.QueueContext`) and its periodic entries.
 
     Attributes:
         periodic_tasks: the periodic entries, by name.
     """
 
     periodic_tasks: dict[str, PeriodicTask]
-
-    @property
-    def middleware(self) -> tuple[Middleware, ...]:
-        """The registered middleware, in registration order."""
-        ...
 
 
 def default_task_name(fn: Callable[..., Any]) -> str:
@@ -358,6 +353,9 @@ def adopt_middleware(queue: RegistryContext, middleware: Middleware) -> None:
         if extra:
             merged = {**registered.controls.extensions, **extra}
             registered.controls = dataclasses.replace(registered.controls, extensions=merged)
+        calls = declared_call_options((middleware,))
+        if calls:
+            registered.call_controls = {**registered.call_controls, **calls}
         middleware.setup_task(registered, registered.controls)
 
 

@@ -79,6 +79,11 @@ class TaskPlugin(Protocol):
         """Option name → its :class:`~blitzq.options.Option`."""
         ...
 
+    @property
+    def call_options(self) -> Mapping[str, Option]:
+        """Per-call option name → its :class:`~blitzq.options.Option`."""
+        ...
+
     def setup_task(self, task: Task[Any, Any], options: TaskOptions) -> None:
         """Plug into ``task`` where it uses the middleware's options."""
         ...
@@ -160,7 +165,7 @@ class Task(Generic[P, R]):
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
         from .extensions import builtin_middleware
-        from .options import build_options
+        from .options import build_options, declared_call_options
 
         if middleware is None:  # the built-in ones (registration passes the Queue's too)
             middleware = tuple(builtin_middleware())
@@ -177,6 +182,9 @@ class Task(Generic[P, R]):
         #: The task's options, checked (see :mod:`blitzq.options`); the middleware-declared
         #: ones read as ``task.controls.get("max_age")``.
         self.controls = options
+        #: The per-call options its middleware declare (``Middleware.call_options``), by
+        #: name: what :meth:`options` accepts besides the core ones.
+        self.call_controls: dict[str, Option] = declared_call_options(middleware)
         for m in middleware:  # each plugs in where the task uses its options
             m.setup_task(self, options)
 
@@ -219,21 +227,26 @@ class Task(Generic[P, R]):
         priority: str | None = None,
         unique_key: str | None = None,
         max_age: float | None = None,
+        **options: Any,
     ) -> BoundTask[P, R]:
         """Bind per-call options; see :class:`CallOptions` for each (seconds for times).
+
+        ``max_age`` (:mod:`blitzq.extensions.expiry`) and ``options`` are the per-call
+        options middleware declare (``Middleware.call_options``; ``max_age`` is named here
+        for type checkers); they travel in the message's ``options`` field.
 
         Raises:
             ConfigurationError: an invalid value (a bool or non-finite number, a duration over
                 10 years, a non-``str`` id, ``headers`` that are not a mapping, an unknown
-                priority).
+                priority), or an option no middleware of the task declares.
         """
-        return BoundTask(
-            self,
-            CallOptions(
-                delay, eta, task_id, headers, timeout, queue, correlation_id, priority,
-                unique_key=unique_key, max_age=max_age,
-            ),
-        )  # fmt: skip
+        core = CallOptions(
+            delay, eta, task_id, headers, timeout, queue, correlation_id, priority, unique_key
+        )
+        declared = {"max_age": max_age, **options}
+        if all(value is None for value in declared.values()):
+            return BoundTask(self, core)
+        return BoundTask(self, call_options(declared, core, self.call_controls))
 
     @property
     def _portal(self) -> Portal:
@@ -318,7 +331,9 @@ class BoundTask(Generic[P, R]):
         Raises:
             ConfigurationError: an unknown option name or an invalid value.
         """
-        return BoundTask(self.task, call_options(changes, self.call_options))
+        return BoundTask(
+            self.task, call_options(changes, self.call_options, self.task.call_controls)
+        )
 
     @property
     def _portal(self) -> Portal:

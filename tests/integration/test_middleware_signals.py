@@ -418,6 +418,50 @@ async def test_a_user_middleware_declares_a_task_option_seen_on_a_real_worker(
     assert tenant.runs == [("mw.tenant", "acme"), ("mw.no-tenant", None)]
 
 
+def check_region(label: str, value: Any) -> Any:
+    if value is not None and value not in ("eu", "us"):
+        raise ConfigurationError(f"{label} must be 'eu' or 'us', got {value!r}")
+    return value
+
+
+class Region(Middleware):
+    """A user middleware declaring a per-call option, as docs/architecture.md's worked
+    example does: ``task.options(region="eu")``, read back at run time from the message's
+    ``options`` field (``context.options``)."""
+
+    call_options: ClassVar[Mapping[str, Option]] = {"region": Option(None, check_region)}
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, Any]] = []
+
+    async def before_execute(self, context: TaskContext) -> None:
+        self.runs.append((context.id, (context.options or {}).get("region")))
+
+
+async def test_a_user_middleware_declares_a_call_option_seen_on_a_real_worker(
+    queue: Queue,
+) -> None:
+    region = Region()
+    queue.add_middleware(region)
+
+    @queue.task(name="mw.region")
+    async def placed(x: int) -> int:
+        return x + 1
+
+    with pytest.raises(ConfigurationError, match="region must be 'eu' or 'us'"):
+        placed.options(region="mars")
+    async with running(make_worker(queue)):
+        eu = await placed.options(region="eu").enqueue(1)
+        plain = await placed.enqueue(2)
+        [us] = await placed.enqueue_many([((3,), {}, {"region": "us"})])
+        named = await queue.send("mw.region", (4,), region="eu")
+        for handle in (eu, plain, us, named):
+            await handle.result(timeout=10)
+    assert sorted(region.runs) == sorted(
+        [(eu.id, "eu"), (plain.id, None), (us.id, "us"), (named.id, "eu")]
+    )
+
+
 # --------------------------------------------------------------------- signals
 async def test_each_signal_fires_once_with_the_right_data(queue: Queue) -> None:
     events: list[SignalEvent] = []

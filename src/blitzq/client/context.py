@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..seams import QueueSettings
 
 if TYPE_CHECKING:
-    from ..extensions.middleware import EnqueueFilter, EnqueueObserver
+    from ..extensions.middleware import EnqueueFilter, EnqueueObserver, Middleware
     from ..handle import ResultReader
     from ..task import Task
     from .sync import Portal
@@ -36,6 +36,11 @@ class QueueContext(QueueSettings, Protocol):
     enqueue_filters: list[EnqueueFilter]
     enqueue_observers: list[EnqueueObserver]
     _portal: Portal
+
+    @property
+    def middleware(self) -> tuple[Middleware, ...]:
+        """The middleware registered on the Queue, in registration order."""
+        ...
 
     @property
     def _results(self) -> ResultReader:

@@ -5,13 +5,15 @@ use them).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..exceptions import ConfigurationError
+from ..extensions import builtin_middleware
 from ..extensions.middleware import Outgoing
-from ..options import call_options
+from ..options import call_options, declared_call_options
 from ..routing import physical_queue, route
 from ..serialization import encode_envelope
 from ..task import CallOptions, Task, TaskHandle
@@ -64,16 +66,16 @@ def named_options(
         raise ConfigurationError(f"{what}: args must be a tuple or list, got {args!r}")
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise ConfigurationError(f"{what}: kwargs must be a dict, got {kwargs!r}")
-    opts = call_options(options)
-    registered = producer.queue.tasks.get(name)
-    if registered is None:
-        return opts
-    return CallOptions(
-        **{
-            **options,
-            "queue": opts.queue or registered.queue,
-            "priority": opts.priority or registered.priority,
-        }
+    queue = producer.queue
+    registered = queue.tasks.get(name)
+    if registered is None:  # a task of another process: any middleware's option
+        declared = declared_call_options((*builtin_middleware(), *queue.middleware))
+        return call_options(options, None, declared)
+    opts = call_options(options, None, registered.call_controls)
+    return dataclasses.replace(
+        opts,
+        queue=opts.queue or registered.queue,
+        priority=opts.priority or registered.priority,
     )
 
 

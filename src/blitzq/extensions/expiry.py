@@ -38,6 +38,10 @@ class Expiry(Middleware):
     task_options: ClassVar[Mapping[str, Option]] = {
         "max_age": Option(None, positive_seconds),
     }
+    #: ``task.options(max_age=...)``: carried in the message's ``options`` field.
+    call_options: ClassVar[Mapping[str, Option]] = {
+        "max_age": Option(None, positive_seconds),
+    }
 
     def setup_task(self, task: Task[Any, Any], options: TaskOptions) -> None:
         """Add the expiry start check to a task with a ``max_age``."""
@@ -45,9 +49,17 @@ class Expiry(Middleware):
             task.checks.append(check_expiry)
 
 
+def call_max_age(envelope: Envelope) -> float | None:
+    """The per-call ``max_age`` a message carries (in its ``options``, or in the field of a
+    message enqueued before them), in seconds, or ``None``."""
+    options = envelope.options
+    given = options.get("max_age") if options else None
+    return given if isinstance(given, int | float) and given > 0 else envelope.max_age
+
+
 def max_age_of(job: Job) -> float | None:
     """The call's ``max_age`` (per-call option first, then the task's), in seconds."""
-    return job.envelope.max_age or job.task.controls.get("max_age")
+    return call_max_age(job.envelope) or job.task.controls.get("max_age")
 
 
 def expired_completion(worker: WorkerContext, job: Job, age: float, max_age: float) -> Completion:
@@ -90,7 +102,7 @@ def start_checks(task: Task[Any, Any], envelope: Envelope) -> list[TaskCheck]:
         task: the registered task.
         envelope: the delivery's decoded message.
     """
-    return task.checks if envelope.max_age is None else checks_with_expiry(task)
+    return task.checks if call_max_age(envelope) is None else checks_with_expiry(task)
 
 
 def checks_with_expiry(task: Task[Any, Any]) -> list[TaskCheck]:

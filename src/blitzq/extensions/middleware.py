@@ -262,9 +262,17 @@ class Middleware:
             the built-in middleware (:func:`blitzq.extensions.builtin_middleware`, named in
             its signature) and those of the middleware registered with
             ``queue.add_middleware`` before it (through its ``**options``).
+        call_options: the per-call options (of ``task.options(...)``, ``enqueue_many``'s
+            per-item options and ``queue.send``) this middleware handles: name →
+            :class:`~blitzq.options.Option` (its check; the default is unused: an option not
+            given is absent). A value given travels in the message's generic ``options``
+            field; the middleware reads it back as ``job.envelope.options[name]`` (``options``
+            is ``None`` when the call has none). Declared once on the class, like
+            ``task_options``; nothing else changes for a new one.
     """
 
     task_options: ClassVar[Mapping[str, Option]] = {}
+    call_options: ClassVar[Mapping[str, Option]] = {}
 
     def setup_task(self, task: Task[Any, Any], options: TaskOptions) -> None:
         """Called once per registered task with its checked options: plug this

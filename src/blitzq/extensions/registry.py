@@ -201,7 +201,7 @@ class Extensions:
         env, d = job.envelope, job.delivery
         context = job.context = TaskContext(
             env.id, env.task, d.queue, job.attempt, job.task.max_attempts,
-            env.correlation_id, env.headers, flow=env.flow,
+            env.correlation_id, env.headers, flow=env.flow, options=env.options,
         )  # fmt: skip
         return context
 

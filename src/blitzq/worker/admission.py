@@ -65,7 +65,9 @@ def start(runner: Runner, d: Delivery, slots: Slots) -> None:
         skip_cancelled(runner, Job(d, env, task), slots)
         return
     # admit(), inlined: this is once per delivery on the worker's hot path.
-    if (task.checks or env.max_age is not None) and start_checks(task, env):
+    # A call with per-call options (or the old max_age field) may need checks of its own.
+    calls = env.options is not None or env.max_age is not None
+    if (task.checks or calls) and start_checks(task, env):
         runner.hold_start(asyncio.ensure_future(start_checked(runner, d, env, task, slots)), d)
         return
     runner.run(Job(d, env, task), slots)

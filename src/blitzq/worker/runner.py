@@ -189,7 +189,7 @@ class Runner:
         if context is None:  # else made by the middleware hooks
             context = TaskContext(
                 env.id, env.task, job.delivery.queue, job.attempt, task.max_attempts,
-                env.correlation_id, env.headers, flow=env.flow,
+                env.correlation_id, env.headers, flow=env.flow, options=env.options,
             )  # fmt: skip
             job.context = context
         context._reporter = self.progress
