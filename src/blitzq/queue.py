@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
 from . import config
@@ -25,6 +25,7 @@ from .client.sync import Portal, blocking
 from .client.workflows import Workflows
 from .dependencies import Lifespans
 from .exceptions import ConfigurationError, SerializationError, UnknownTask
+from .extensions.lifecycle import Hook, Hooks, QueueHooks
 from .extensions.middleware import EnqueueFilter, EnqueueObserver, Middleware
 from .extensions.ratelimit import queue_limits
 from .extensions.registry import Extensions
@@ -55,20 +56,6 @@ if TYPE_CHECKING:
 Mode = Literal["reliable", "fast"]
 #: Default largest message accepted, in bytes.
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
-
-
-Hook = Callable[[], Awaitable[None]]
-
-
-class Hooks(list[Hook]):
-    """Async callables a Worker awaits at start (``on_startup``) or after stopping
-    (``on_shutdown``), in order. Use as a decorator (``@queue.on_startup``) or append.
-    """
-
-    def __call__(self, hook: Hook) -> Hook:
-        """Register ``hook`` and return it unchanged (decorator form)."""
-        self.append(hook)
-        return hook
 
 
 class Queue:
@@ -240,6 +227,10 @@ class Queue:
         self.enqueue_observers: list[EnqueueObserver] = []
         #: Registered middleware and signal handlers (see :mod:`blitzq.extensions.registry`).
         self._extensions = Extensions(self)
+        # on_startup, on_shutdown and lifespan: sugar over one built-in lifecycle middleware.
+        self._extensions.builtin.append(
+            QueueHooks(self.on_startup, self.on_shutdown, self.lifespan)
+        )
         self._workflows = Workflows(self, self._extensions, self._producer.known_queues)
 
     def __repr__(self) -> str:
@@ -497,4 +488,4 @@ class Queue:
         self._portal.close(self.close())
 
 
-__all__ = ["BoundTask", "Mode", "Queue", "SerializationError"]
+__all__ = ["BoundTask", "Hook", "Hooks", "Mode", "Queue", "SerializationError"]

@@ -462,6 +462,68 @@ async def test_a_user_middleware_declares_a_call_option_seen_on_a_real_worker(
     )
 
 
+class Lifecycle(Middleware):
+    """Records the worker-lifecycle hooks, and what the Queue's lifespan gave before."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name = name
+        self.log = log
+
+    async def on_worker_start(self, worker: Any) -> None:
+        self.log.append(f"{self.name} start {worker.id}")
+
+    async def on_worker_stop(self, worker: Any) -> None:
+        self.log.append(f"{self.name} stop {worker.id}")
+
+
+async def test_worker_lifecycle_hooks_run_around_the_queues_sugar_in_order(queue: Queue) -> None:
+    """``on_worker_start`` runs after ``@queue.on_startup`` and ``@queue.lifespan``, in
+    registration order; ``on_worker_stop`` before ``on_shutdown``, in reverse order."""
+    log: list[str] = []
+    queue.add_middleware(Lifecycle("a", log))
+    queue.add_middleware(Lifecycle("b", log))
+
+    @queue.on_startup
+    async def started() -> None:
+        log.append("on_startup")
+
+    @queue.on_shutdown
+    async def stopped() -> None:
+        log.append("on_shutdown")
+
+    @queue.lifespan
+    async def resource() -> Any:
+        log.append("lifespan enter")
+        yield 1
+        log.append("lifespan exit")
+
+    worker = make_worker(queue)
+    async with running(worker):
+        await eventually(lambda: asyncio.sleep(0, log), lambda seen: len(seen) == 4)
+    w = worker.id
+    assert log == [
+        "on_startup",
+        "lifespan enter",
+        f"a start {w}",
+        f"b start {w}",
+        f"b stop {w}",
+        f"a stop {w}",
+        "on_shutdown",
+        "lifespan exit",
+    ]
+
+
+class FailsToStart(Middleware):
+    async def on_worker_start(self, worker: Any) -> None:
+        raise RuntimeError("no database")
+
+
+async def test_a_failing_on_worker_start_fails_the_start(queue: Queue) -> None:
+    queue.add_middleware(FailsToStart())
+    with pytest.raises(RuntimeError, match="no database"):
+        await asyncio.wait_for(make_worker(queue).run(), 30)
+
+
 # --------------------------------------------------------------------- signals
 async def test_each_signal_fires_once_with_the_right_data(queue: Queue) -> None:
     events: list[SignalEvent] = []

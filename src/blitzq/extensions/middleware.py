@@ -20,6 +20,11 @@ hook                                            when
 ``before_apply(workflow)``                      producer, before ``queue.apply`` publishes a
                                                 workflow's first steps; raise to refuse it
 ``after_apply(workflow)``                       producer, after they were published
+``on_worker_start(worker)``                     worker (and the eager test mode), once at start,
+                                                before any task is fetched; raise to fail the
+                                                start
+``on_worker_stop(worker)``                      worker, once after its runs ended and their
+                                                completions were written
 ==============================================  ===============================================
 
 ``message`` is an :class:`Outgoing` (``message.envelope`` has the id, task name,
@@ -35,6 +40,11 @@ the task).
 
 Order: ``before_*`` hooks run in registration order, ``after_*``, ``on_error``,
 ``on_retry`` and ``on_failure`` in reverse order (the first middleware registered wraps all others).
+``on_worker_start`` runs in registration order after the Queue's own lifecycle sugar
+(``@queue.on_startup`` hooks, then ``@queue.lifespan`` entered: the built-in
+:class:`~blitzq.extensions.lifecycle.QueueHooks`), so its resources are ready;
+``on_worker_stop`` runs in reverse order, before the shutdown hooks and the lifespans' close.
+``worker`` is a :class:`RunningWorker` (its ``id``, ``queue`` and ``resources``).
 
 Errors:
 
@@ -45,9 +55,10 @@ Errors:
   middleware and the task.
 - ``before_execute`` raising fails the attempt with that exception without running the task
   body (the retry policy applies; ``on_error`` hooks run as for any failure).
-- ``after_enqueue``, ``after_apply``, ``after_execute``, ``on_error``, ``on_retry`` and
-  ``on_failure`` raising is logged (logger ``blitzq.middleware``) and changes nothing: the
-  enqueue succeeds, the worker goes on.
+- ``on_worker_start`` raising fails the worker's start (nothing is fetched).
+- ``after_enqueue``, ``after_apply``, ``after_execute``, ``on_error``, ``on_retry``,
+  ``on_failure`` and ``on_worker_stop`` raising is logged (logger ``blitzq.middleware``) and
+  changes nothing: the enqueue succeeds, the worker goes on.
 
 Every run whose before-execute hooks ran ends with exactly one call of either ``after_execute``
 (success) or ``on_error`` (failure, timeout, cancellation, or being put back on the queue at
@@ -95,6 +106,7 @@ from ..exceptions import BlitzQError
 if TYPE_CHECKING:
     from ..broker import Broker, Completion
     from ..context import TaskContext
+    from ..dependencies import Resources
     from ..options import Option, TaskOptions
     from ..seams import QueueSettings
     from ..serialization import Envelope
@@ -214,6 +226,26 @@ class WorkerContext(Protocol):
         ...
 
 
+class RunningWorker(Protocol):
+    """What a worker-lifecycle hook sees of the worker (a :class:`~blitzq.Worker`, or the
+    eager test mode's)."""
+
+    @property
+    def id(self) -> str:
+        """The worker's id."""
+        ...
+
+    @property
+    def queue(self) -> QueueSettings:
+        """Its Queue's settings and broker."""
+        ...
+
+    @property
+    def resources(self) -> Resources:
+        """Its per-worker resources (the lifespans' values, ``Depends()``)."""
+        ...
+
+
 class StartCheck(Protocol):
     """A coroutine awaited before a task starts: ``None`` to let it start, else the
     completion that ends this delivery instead."""
@@ -291,6 +323,19 @@ class Middleware:
             ConfigurationError: an option value that does not fit the task.
         """
 
+    async def on_worker_start(self, worker: RunningWorker) -> None:
+        """Once when a worker starts, before it fetches anything (after the Queue's startup
+        hooks and lifespans); the place to open what the middleware needs per worker.
+
+        Raises:
+            Exception: anything raised fails the worker's start.
+        """
+
+    async def on_worker_stop(self, worker: RunningWorker) -> None:
+        """Once when a worker stops, after its runs ended and their completions were
+        written (before the Queue's shutdown hooks and lifespans' close); errors are
+        logged."""
+
     async def before_enqueue(self, message: Outgoing) -> None:
         """Before ``message`` is published; raise to refuse the enqueue.
 
@@ -359,6 +404,7 @@ __all__ = [
     "Outcome",
     "Outgoing",
     "OutgoingWorkflow",
+    "RunningWorker",
     "StartCheck",
     "WorkerContext",
 ]

@@ -27,7 +27,14 @@ if TYPE_CHECKING:
     from ..client.context import QueueContext
     from ..seams import QueueSettings
     from ..worker.execution import Job
-    from .middleware import EnqueueFilter, EnqueueObserver, Outcome, Outgoing, OutgoingWorkflow
+    from .middleware import (
+        EnqueueFilter,
+        EnqueueObserver,
+        Outcome,
+        Outgoing,
+        OutgoingWorkflow,
+        RunningWorker,
+    )
 
 logger = logging.getLogger("blitzq.middleware")
 
@@ -76,6 +83,10 @@ class Extensions:
     def __init__(self, queue: QueueContext) -> None:
         self.queue = queue
         self.middleware: list[Middleware] = []
+        #: Built-in middleware with worker-lifecycle hooks only (the Queue's ``on_startup``,
+        #: ``on_shutdown`` and ``lifespan``: :class:`~.lifecycle.QueueHooks`), outside
+        #: :attr:`middleware`: started before and stopped after the registered ones.
+        self.builtin: list[Middleware] = []
         self.signals = Signals(self._refresh)
         self.enabled = False
         self.has_before = False
@@ -117,6 +128,28 @@ class Extensions:
             observer: EnqueueObserver = self._observe
             queue.enqueue_observers.append(observer)
             self._observer_installed = True
+
+    # --------------------------------------------------------------- lifecycle
+    async def worker_started(self, worker: RunningWorker) -> None:
+        """Run the ``on_worker_start`` hooks: the built-in ones, then the registered
+        middleware's in registration order.
+
+        Raises:
+            Exception: what a hook raised (the worker does not start).
+        """
+        for m in (*self.builtin, *self.middleware):
+            if _overrides(m, "on_worker_start"):
+                await _call(m.on_worker_start, worker)
+
+    async def worker_stopped(self, worker: RunningWorker) -> None:
+        """Run the ``on_worker_stop`` hooks: the registered middleware's in reverse order,
+        then the built-in ones; each error is logged."""
+        for m in (*self.middleware[::-1], *self.builtin[::-1]):
+            if _overrides(m, "on_worker_stop"):
+                try:
+                    await _call(m.on_worker_stop, worker)
+                except Exception:
+                    logger.exception("middleware %s.on_worker_stop failed", type(m).__name__)
 
     # ---------------------------------------------------------------- enqueue
     async def _filter(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
