@@ -30,8 +30,7 @@ from .ratelimit import RateLimit
 from .retries import DEFAULT_RETRY_POLICY, RetryPolicy
 from .routing import Priority, check_queue_name, route
 from .task import Executor, Task, TaskProducer
-from .workflow.engine import COLLECT, collect
-from .workflow.engine import attach as attach_workflow
+from .workflow.engine import COLLECT, WORKFLOW_STEPS, collect
 
 if TYPE_CHECKING:
     from .schedules import Schedule
@@ -220,7 +219,6 @@ class Registrar:
                 producer=self.producer,
             )
             tasks[task_name] = registered
-            attach_workflow(registered)  # its finisher advances workflows it is a step of
             if COLLECT not in tasks:  # the step that collects a group's results, once
                 self.task(name=COLLECT, retries=0)(collect)
             return registered
@@ -336,8 +334,10 @@ class Registrar:
 
 def task_middleware(queue: RegistryContext) -> tuple[Middleware, ...]:
     """The middleware whose per-task options ``queue``'s tasks may be given, in the order
-    their ``setup_task`` runs: the built-in ones, then those registered on ``queue``."""
-    return (*builtin_middleware(), *queue.middleware)
+    their ``setup_task`` runs: the built-in ones, then those registered on ``queue``, then the
+    workflow engine (:class:`~blitzq.workflow.engine.WorkflowSteps`: its finisher after
+    theirs)."""
+    return (*builtin_middleware(), *queue.middleware, WORKFLOW_STEPS)
 
 
 def adopt_middleware(queue: RegistryContext, middleware: Middleware) -> None:

@@ -40,7 +40,7 @@ from ..broker import Completion
 from ..broker.ops import ChordMember, Op, WorkflowDone, WorkflowFail, WorkflowStart, WorkflowStep
 from ..context import NO_RESULT
 from ..exceptions import ConfigurationError, ResultTooLarge, SerializationError, describe_error
-from ..extensions.middleware import OutgoingWorkflow
+from ..extensions.middleware import Middleware, OutgoingWorkflow
 from ..limits import CHUNK_ITEMS, DEFAULT_MAX_RESULT_SIZE
 from ..routing import physical_queue, route
 from ..serialization import Envelope, dumps, encode_envelope, loads, plain_args, to_plain
@@ -51,6 +51,7 @@ from .handle import WorkflowHandle
 if TYPE_CHECKING:
     from ..client.context import QueueContext
     from ..extensions.registry import Extensions
+    from ..options import TaskOptions
     from ..seams import QueueSettings
     from ..task import Task
     from ..worker.execution import Job
@@ -71,14 +72,21 @@ async def collect(results: list[Any]) -> list[Any]:
     return results
 
 
-def attach(task: Task[Any, Any]) -> None:
-    """Make ``task`` able to take part in workflows (called when it is registered).
+class WorkflowSteps(Middleware):
+    """The workflow engine as a built-in middleware: its :meth:`setup_task` makes every task
+    able to take part in workflows (its finisher :func:`finish_step` advances the workflow a
+    step belongs to). Listed last by :func:`blitzq.registration.task_middleware`, so its
+    finisher comes after those of the middleware registered before the task; the registrar
+    registers :data:`COLLECT` (:func:`collect`) on the Queue."""
 
-    Adds :func:`finish_step` to its finishers (the registrar registers :data:`COLLECT`,
-    :func:`collect`, on its Queue).
-    """
-    if finish_step not in task.finishers:
-        task.finishers.append(finish_step)
+    def setup_task(self, task: Task[Any, Any], options: TaskOptions) -> None:
+        """Add :func:`finish_step` to ``task``'s finishers (once)."""
+        if finish_step not in task.finishers:
+            task.finishers.append(finish_step)
+
+
+#: The one instance (it holds nothing).
+WORKFLOW_STEPS = WorkflowSteps()
 
 
 def _is_sig(node: Any) -> bool:
