@@ -267,6 +267,15 @@ class StateStore(OperationsState, LivenessState):
         """
         return [await self.get_record(task_id) for task_id in task_ids]
 
+    async def record_ids(self, limit: int) -> tuple[list[str], bool]:
+        """Ids of stored records, at most ``limit``, in no particular order, and whether
+        more were left (for inspection pages; the Redis stores scan their keys).
+
+        Raises:
+            NotImplementedError: a store that cannot list its records.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot list task records")
+
     @abc.abstractmethod
     async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
         """Store a record for ``ttl`` seconds and wake anyone waiting for it."""
@@ -365,6 +374,26 @@ class StateStore(OperationsState, LivenessState):
     @abc.abstractmethod
     async def workers(self) -> dict[str, bytes]:
         """Live workers: id to the info they registered."""
+
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        """Pause or resume ``queue`` for every worker; whether the state changed.
+
+        Raises:
+            NotImplementedError: a store without queue control.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot pause queues")
+
+    async def paused_queues(self) -> set[str]:
+        """The paused queue names (none where pausing is not supported)."""
+        return set()
+
+    async def request_shutdown(self, worker_id: str) -> None:
+        """Ask a worker to shut down gracefully.
+
+        Raises:
+            NotImplementedError: a store without a control channel.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot reach workers")
 
     async def counters(self) -> dict[str, int]:
         """Namespace-wide event counters kept by the broker, e.g. ``{"stale_completions": 2}``

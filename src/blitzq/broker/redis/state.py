@@ -9,6 +9,7 @@ and the event channel tell workers what to skip.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -23,8 +24,12 @@ from .cluster import ready
 from .connection import RedisPart
 from .keys import GROUP
 
+logger = logging.getLogger("blitzq.broker")
+
 #: Prefix of a message on the event channel -> the kind ``events()`` yields.
-_EVENT_KINDS = {"r": "revoke", "s": "schedule", "h": "handed"}
+_EVENT_KINDS = {
+    "r": "revoke", "s": "schedule", "h": "handed", "p": "pause", "u": "resume", "x": "shutdown",
+}  # fmt: skip
 
 _batch_encoder = msgspec.msgpack.Encoder()
 
@@ -320,8 +325,23 @@ class RedisState(RedisPart):
 
     @translate_errors
     async def periodic_last(self, names: Sequence[str]) -> dict[str, float]:
-        """Last dispatched occurrence of each name that has one (one HMGET)."""
+        """Last dispatched occurrence of each name that has one (one HMGET). A value that is
+        not a number (a corrupted entry) counts as none, with a WARNING naming it; the next
+        claim overwrites it."""
         if not names:
             return {}
         values = await self.client.hmget(self.keys.periodic, list(names))
-        return {n: float(v) for n, v in zip(names, values, strict=True) if v is not None}
+        out: dict[str, float] = {}
+        for name, value in zip(names, values, strict=True):
+            if value is None:
+                continue
+            try:
+                out[name] = float(value)
+            except ValueError:
+                logger.warning(
+                    "last occurrence of periodic %s in %s is not a number (%r): read as none",
+                    name,
+                    self.keys.periodic,
+                    value[:32],
+                )
+        return out
