@@ -35,12 +35,14 @@ class TaskContext:
         correlation_id: id shared by related tasks, or ``None``.
         headers: the message's headers (plain data), or ``None``.
         workflow_id: the id of the workflow this run is a step of, or ``None``.
+        options: the call's per-call options that middleware declare
+            (``Middleware.call_options``), by name, or ``None`` when it has none.
         cancelled: set by the worker when ``cancel()`` was called for this task; a thread
             task should check it now and then and stop.
 
     The constructor takes the attributes above in order (the worker makes it) and, keyword
     only, ``flow``: the message's workflow part (a dict whose ``"w"`` is the workflow id), of
-    which only ``workflow_id`` is kept.
+    which only ``workflow_id`` is kept, and ``options``.
     """
 
     __slots__ = (
@@ -51,6 +53,7 @@ class TaskContext:
         "headers",
         "id",
         "max_attempts",
+        "options",
         "queue",
         "task",
         "workflow_id",
@@ -67,6 +70,7 @@ class TaskContext:
         headers: dict[str, Any] | None,
         *,
         flow: Any = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
         self.id = task_id
         self.task = task
@@ -75,6 +79,7 @@ class TaskContext:
         self.max_attempts = max_attempts
         self.correlation_id = correlation_id
         self.headers = headers
+        self.options = options
         workflow = flow.get("w") if isinstance(flow, dict) else None
         self.workflow_id: str | None = str(workflow) if workflow else None
         self.cancelled = False

@@ -40,13 +40,13 @@ import contextlib
 import inspect
 import typing
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .exceptions import ConfigurationError
 
 if TYPE_CHECKING:
+    from .arguments import TypedCall
     from .context import TaskContext
-    from .task import Task
 
 #: A lifespan: an async generator function yielding one resource.
 Lifespan = Callable[[], AsyncIterator[Any]]
@@ -153,7 +153,35 @@ class Provided:
         raise NotImplementedError
 
 
-def provide(task: Task[Any, Any], sources: dict[str, Provided]) -> None:
+class Injectable(Protocol):
+    """What :func:`provide` reads and sets of a task (a :class:`~blitzq.Task` is one)."""
+
+    injected: dict[str, Any]
+    arguments: TypedCall | None
+    prepared_call: bool
+
+    @property
+    def name(self) -> str:
+        """The task's name."""
+        ...
+
+    @property
+    def executor(self) -> str:
+        """``"async"``, ``"thread"`` or ``"process"``."""
+        ...
+
+    @property
+    def signature(self) -> inspect.Signature:
+        """The function's signature."""
+        ...
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        """The task's function."""
+        ...
+
+
+def provide(task: Injectable, sources: dict[str, Provided]) -> None:
     """Have the worker fill ``task``'s parameters named in ``sources`` at each run (an
     extension's marker, such as Dishka's ``FromDishka``): like ``Depends()`` parameters they
     are refused at enqueue and left out of rich-argument conversion. Meant for

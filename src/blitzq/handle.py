@@ -3,17 +3,60 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from . import _checks
 from .client.sync import blocking
 
 if TYPE_CHECKING:
     from .client.sync import Portal
-    from .queue import Queue
     from .records import TaskRecord
 
 R = TypeVar("R")
+
+
+class ResultReader(Protocol):
+    """What a handle reads its task through: its Queue's results client
+    (:class:`blitzq.client.results.Results`)."""
+
+    async def wait_result(
+        self,
+        task_id: str,
+        timeout: float | None,
+        queue: str | None = None,
+        since: object | None = None,
+        sent: bool = False,
+    ) -> Any:
+        """Wait for the task's result (see :meth:`TaskHandle.result`)."""
+        ...
+
+    async def no_stored_result(self, task_id: str) -> Any:
+        """Raise what a wait for a result that is not stored raises."""
+        ...
+
+    def decode_result(self, task: str, value: Any) -> Any:
+        """``value`` as task ``task`` annotated its return (unchanged when it did not)."""
+        ...
+
+    async def cancel(self, task_id: str) -> str:
+        """Cancel the task (see :meth:`blitzq.Queue.cancel`)."""
+        ...
+
+    async def inspect(self, task_id: str) -> TaskRecord | None:
+        """The task's record (see :meth:`blitzq.Queue.inspect`)."""
+        ...
+
+
+class HandleOwner(Protocol):
+    """Where a handle comes from (a :class:`~blitzq.Queue`, as clients see it): its sync-API
+    loop and its results client."""
+
+    _portal: Portal
+
+    @property
+    def _results(self) -> ResultReader:
+        """The results client."""
+        ...
 
 
 class TaskHandle(Generic[R]):
@@ -32,12 +75,20 @@ class TaskHandle(Generic[R]):
     """
 
     __slots__ = (
-        "_owner", "_sent", "_since", "duplicate", "id", "queue", "stores_result", "task",
-    )  # fmt: skip
+        "_portal",
+        "_results",
+        "_sent",
+        "_since",
+        "duplicate",
+        "id",
+        "queue",
+        "stores_result",
+        "task",
+    )
 
     def __init__(
         self,
-        owner: Queue,
+        owner: HandleOwner,
         task_id: str,
         queue: str,
         task: str,
@@ -45,7 +96,8 @@ class TaskHandle(Generic[R]):
         stores_result: bool | None = None,
         sent: bool = False,
     ) -> None:
-        self._owner = owner
+        self._portal = owner._portal
+        self._results = owner._results
         #: Whether this process sent the task (so a wait may end once it is known nowhere).
         self._sent = sent
         self.id = task_id
@@ -58,11 +110,6 @@ class TaskHandle(Generic[R]):
 
     def __repr__(self) -> str:
         return f"<TaskHandle {self.task} id={self.id} queue={self.queue}>"
-
-    @property
-    def _portal(self) -> Portal:
-        """The owning Queue's sync-API loop (what the ``*_sync`` twins run on)."""
-        return self._owner._producer.portal
 
     async def result(self, timeout: float | None = None) -> R:
         """Wait for the task's result.
@@ -87,21 +134,19 @@ class TaskHandle(Generic[R]):
         """
         timeout = _checks.wait(timeout)
         if self.stores_result is False:
-            value: R = await self._owner._results.no_stored_result(self.id)
+            value: R = await self._results.no_stored_result(self.id)
             return value
-        value = await self._owner._results.wait_result(
+        value = await self._results.wait_result(
             self.id, timeout, self.queue, self._since, self._sent
         )
-        registered = self._owner.tasks.get(self.task)
-        if registered is not None and registered.arguments is not None:
-            value = registered.arguments.decode_result(value)  # a rich return annotation
-        return value
+        decoded: R = self._results.decode_result(self.task, value)  # a rich return annotation
+        return decoded
 
     result_sync = blocking(result)
 
     async def cancel(self) -> str:
         """Cancel the task; see :meth:`blitzq.Queue.cancel` for what happens and the answer."""
-        return await self._owner.cancel(self.id)
+        return await self._results.cancel(self.id)
 
     cancel_sync = blocking(cancel)
 
@@ -109,7 +154,7 @@ class TaskHandle(Generic[R]):
         """The task's record (see :meth:`blitzq.Queue.inspect`: a task on the schedule reads
         ``scheduled`` with ``due_at``), or ``None`` when nothing is known of it (waiting in
         its queue without ``track_state``, or expired)."""
-        return await self._owner.inspect(self.id)
+        return await self._results.inspect(self.id)
 
     status_sync = blocking(status)
 

@@ -19,7 +19,7 @@ import datetime as _dt
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._checks import seconds, text
 from .exceptions import ConfigurationError
@@ -27,7 +27,8 @@ from .limits import MAX_SECONDS
 from .routing import check_name, check_priority, check_queue_name
 
 if TYPE_CHECKING:
-    from .extensions.middleware import Middleware
+    from collections.abc import Sequence
+
     from .retries import RetryPolicy
 
 
@@ -120,7 +121,22 @@ CORE_OPTIONS: frozenset[str] = frozenset(
 )
 
 
-def declared_options(middleware: tuple[Middleware, ...]) -> dict[str, Option]:
+class DeclaresOptions(Protocol):
+    """What the option checks read of a middleware: the per-task options it declares
+    (:attr:`blitzq.Middleware.task_options`)."""
+
+    @property
+    def task_options(self) -> Mapping[str, Option]:
+        """Option name → its :class:`Option` (default and check)."""
+        ...
+
+    @property
+    def call_options(self) -> Mapping[str, Option]:
+        """Per-call option name → its :class:`Option` (the check; the default is unused)."""
+        ...
+
+
+def declared_options(middleware: Sequence[DeclaresOptions]) -> dict[str, Option]:
     """Every option ``middleware`` declare, by name.
 
     Raises:
@@ -136,8 +152,25 @@ def declared_options(middleware: tuple[Middleware, ...]) -> dict[str, Option]:
     return declared
 
 
+def declared_call_options(middleware: Sequence[DeclaresOptions]) -> dict[str, Option]:
+    """Every per-call option ``middleware`` declare (:attr:`blitzq.Middleware.call_options`),
+    by name.
+
+    Raises:
+        ConfigurationError: two middleware declare the same one, or one declares a core call
+            option (a field of :class:`CallOptions`).
+    """
+    declared: dict[str, Option] = {}
+    for m in middleware:
+        for name, option in m.call_options.items():
+            if name in declared or name in CORE_CALL_OPTIONS:
+                raise ConfigurationError(f"per-call option {name!r} is declared twice")
+            declared[name] = option
+    return declared
+
+
 def build_options(
-    task_name: str, given: Mapping[str, Any], middleware: tuple[Middleware, ...]
+    task_name: str, given: Mapping[str, Any], middleware: Sequence[DeclaresOptions]
 ) -> TaskOptions:
     """Check the options of one task, once: the middleware-declared ones with their
     middleware's check, and reject those nobody declares.
@@ -193,8 +226,9 @@ class CallOptions:
             from the task that enqueues, if any).
         priority: ``"high"``, ``"normal"`` or ``"low"``, overriding the task's.
         unique_key: key of a ``unique=True`` task's call instead of the hash of its arguments.
-        max_age: seconds the call may wait before it starts, overriding the task's
-            ``max_age`` (see :mod:`blitzq.extensions.expiry`).
+        extensions: the per-call options middleware declare (``max_age``, see
+            :mod:`blitzq.extensions.expiry`), checked, by name; they travel in the message's
+            ``options`` field, read by their middleware (``job.envelope.options``).
     """
 
     delay: float | None = None
@@ -206,7 +240,7 @@ class CallOptions:
     correlation_id: str | None = None
     priority: str | None = None
     unique_key: str | None = None
-    max_age: float | None = None
+    extensions: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # Every option is checked here, where it enters (not in a worker's loop later):
@@ -235,8 +269,6 @@ class CallOptions:
             raise ConfigurationError(
                 f"headers must be a dict with str keys, got {type(self.headers).__name__}"
             )
-        if self.max_age is not None:
-            seconds("max_age", self.max_age)
 
     def due_time(self, now: float) -> float | None:
         """Unix time the message becomes due by the clock that gave ``now``, or ``None`` to
@@ -273,33 +305,61 @@ class CallOptions:
         return self.delay if self.delay is not None and self.delay > 0 else None
 
 
+#: The core per-call options: fields of :class:`CallOptions` (``extensions`` aside).
+CORE_CALL_OPTIONS: frozenset[str] = frozenset(
+    f.name for f in dataclasses.fields(CallOptions) if f.name != "extensions"
+)
+
+
 __all__ = [
+    "CORE_CALL_OPTIONS",
     "CORE_OPTIONS",
     "CallOptions",
     "Option",
     "TaskOptions",
     "build_options",
+    "declared_call_options",
     "declared_options",
     "positive_seconds",
 ]
 
 
-def call_options(changes: Mapping[str, Any], base: CallOptions | None = None) -> CallOptions:
+def call_options(
+    changes: Mapping[str, Any],
+    base: CallOptions | None = None,
+    declared: Mapping[str, Option] | None = None,
+) -> CallOptions:
     """``base`` (default: no options) with ``changes`` applied, every name checked first.
 
     Args:
-        changes: option names (the fields of :class:`CallOptions`) to their values.
+        changes: option names (the fields of :class:`CallOptions`, or the per-call options
+            ``declared``) to their values; a declared one given ``None`` is dropped.
         base: the options to start from.
+        declared: the per-call options middleware declare (:func:`declared_call_options`),
+            each value checked by its :class:`Option`'s check.
 
     Raises:
         ConfigurationError: a name that is no call option (the message names it and lists
             the options), or an invalid value.
     """
-    names = {f.name for f in dataclasses.fields(CallOptions)}
-    unknown = sorted(str(name) for name in changes if name not in names)
+    declared = declared or {}
+    core = {k: v for k, v in changes.items() if k in CORE_CALL_OPTIONS}
+    unknown = sorted(str(name) for name in changes if name not in core and name not in declared)
     if unknown:
-        listed = ", ".join(f.name for f in dataclasses.fields(CallOptions))
+        listed = ", ".join([*sorted(CORE_CALL_OPTIONS), *sorted(declared)])
         raise ConfigurationError(
             f"unknown call option {', '.join(map(repr, unknown))} (options: {listed})"
         )
-    return dataclasses.replace(base if base is not None else CallOptions(), **changes)
+    base = base if base is not None else CallOptions()
+    extra = {k: v for k, v in changes.items() if k not in core}
+    if extra:
+        merged = dict(base.extensions or {})
+        for name, value in extra.items():
+            check = declared[name].check
+            value = check(name, value) if check is not None and value is not None else value
+            if value is None:
+                merged.pop(name, None)
+            else:
+                merged[name] = value
+        core["extensions"] = merged or None
+    return dataclasses.replace(base, **core)

@@ -1,7 +1,7 @@
 """Periodic-task entries: what runs when, validated once, and the message of each occurrence.
 
-``Queue.periodic`` / ``Queue.add_periodic`` (:func:`periodic`, :func:`add_periodic`, which the
-Queue offers as its methods) register a :class:`PeriodicTask` built by :func:`make_periodic`;
+``Queue.periodic`` / ``Queue.add_periodic`` (:class:`blitzq.registration.Registrar`) register a
+:class:`PeriodicTask` built by :func:`make_periodic`;
 the :class:`~blitzq.scheduler.Scheduler` decides which occurrences are due and dispatches
 :func:`build_message` for each; :func:`periodic_status` describes the entries for ``blitzq
 scheduler list``. The missed-run policies are described in
@@ -10,11 +10,10 @@ scheduler list``. The missed-run policies are described in
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .exceptions import ConfigurationError
 from .routing import PRIORITIES, physical_queue
@@ -23,21 +22,43 @@ from .serialization import dumps, encode_envelope, plain_args, plain_kwargs
 from .task import CallOptions, Task
 
 if TYPE_CHECKING:
-    from .queue import Queue
-    from .registration import TaskDecorator
+    from .broker import Broker
+    from .client.publish import Producer
 
 __all__ = [
     "MissedPolicy",
     "PeriodicTask",
-    "add_periodic",
     "as_schedule",
     "build_message",
     "make_periodic",
-    "periodic",
     "periodic_status",
 ]
 
 MissedPolicy = Literal["run_once", "run_all", "skip"]
+
+
+class PeriodicOwner(Protocol):
+    """What the periodic code reads of a :class:`~blitzq.Queue`: its settings, its periodic
+    entries and its producer (whose envelope code builds each occurrence's message)."""
+
+    periodic_tasks: dict[str, PeriodicTask]
+
+    @property
+    def broker(self) -> Broker:
+        """The broker of the running event loop."""
+        ...
+
+    @property
+    def max_message_size(self) -> int:
+        """Largest encoded message, in bytes."""
+        ...
+
+    @property
+    def _producer(self) -> Producer:
+        """The producer."""
+        ...
+
+
 _POLICIES: frozenset[str] = frozenset({"run_once", "run_all", "skip"})
 
 
@@ -143,113 +164,9 @@ def make_periodic(
     )
 
 
-def periodic(
-    self: Queue,
-    schedule: Schedule | str | float | _dt.timedelta,
-    *,
-    tz: str | None = None,
-    missed: MissedPolicy = "run_once",
-    args: tuple[Any, ...] | list[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
-    name: str | None = None,
-    queue: str | None = None,
-    priority: str | None = None,
-    **task_options: Any,
-) -> TaskDecorator:
-    """Register a function as a task (like ``Queue.task``) that a Scheduler runs periodically.
-
-    Args:
-        schedule: ``Every(seconds)``, ``Cron("*/5 * * * *", tz=...)``, a cron string
-            (evaluated in ``tz``) or an interval in seconds.
-        tz: IANA zone of a cron string (default UTC).
-        missed: what a scheduler does with occurrences missed while none ran:
-            ``"run_once"`` (the newest only), ``"run_all"`` (each, up to 100) or
-            ``"skip"`` (none); see :mod:`blitzq.scheduler`.
-        args, kwargs: arguments of every periodic call (plain data).
-        name: task name (default ``module.qualname``), also the periodic entry's name.
-        queue: queue its messages go to (default: this Queue's ``name``).
-        priority: ``"high"``, ``"normal"`` or ``"low"`` for the periodic messages
-            (``None``: the task's own priority).
-        task_options: any other option of ``Queue.task`` (retries, timeout, ...).
-
-    Raises:
-        ConfigurationError: a bad schedule or option, a name already registered, or the
-            decorator applied to a Task (stacked on ``@queue.task``).
-        SerializationError: ``args`` or ``kwargs`` are not plain data.
-    """
-
-    def register(fn: Callable[..., Any]) -> Task[Any, Any]:
-        if isinstance(fn, Task):  # stacked on @queue.task
-            raise ConfigurationError(
-                f"@queue.periodic(...) was applied to {fn.name!r}, already a task: use "
-                "@queue.periodic(...) instead of @queue.task (it registers the task too, with "
-                "the same options), or queue.add_periodic(task, schedule) for a registered task"
-            )
-        registered: Task[Any, Any] = self.task(name=name, queue=queue, **task_options)(fn)
-        self.add_periodic(
-            registered,
-            schedule,
-            tz=tz,
-            missed=missed,
-            args=args,
-            kwargs=kwargs,
-            priority=priority,
-        )
-        return registered
-
-    return register
-
-
-def add_periodic(
-    self: Queue,
-    task: Task[Any, Any],
-    schedule: Schedule | str | float | _dt.timedelta,
-    *,
-    tz: str | None = None,
-    missed: MissedPolicy = "run_once",
-    args: tuple[Any, ...] | list[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
-    name: str | None = None,
-    queue: str | None = None,
-    priority: str | None = None,
-) -> PeriodicTask:
-    """Run an already registered task periodically; see ``Queue.periodic`` for the options.
-
-    Args:
-        name: the periodic entry's name (default: the task's name); give distinct names to
-            run one task on several schedules or with different arguments.
-        queue: queue to publish to (default: the task's queue).
-
-    Raises:
-        ConfigurationError: a bad option, or another periodic entry with the same name (the
-            same task on another schedule or with other arguments included; registering
-            an identical entry again changes nothing).
-        SerializationError: ``args`` or ``kwargs`` are not plain data.
-    """
-    entry = make_periodic(
-        task,
-        schedule,
-        tz=tz,
-        missed=missed,
-        args=args,
-        kwargs=kwargs,
-        name=name,
-        queue=queue,
-        priority=priority,
-    )
-    existing = self.periodic_tasks.get(entry.name)
-    if existing is not None and (
-        existing.task.fn is not task.fn or dataclasses.replace(existing, task=task) != entry
-    ):  # the very same entry registered again (same function, schedule, ...) is a no-op
-        raise ConfigurationError(
-            f"a periodic task named {entry.name!r} is already registered (give each "
-            "schedule of a task its own name=)"
-        )
-    self.periodic_tasks[entry.name] = entry
-    return entry
-
-
-def build_message(owner: Queue, entry: PeriodicTask, occurrence: float, now: float) -> bytes:
+def build_message(
+    owner: PeriodicOwner, entry: PeriodicTask, occurrence: float, now: float
+) -> bytes:
     """The encoded message of one occurrence, made by the Queue's own envelope code."""
     opts = CallOptions(task_id=entry.task_id(occurrence), queue=entry.target_queue())
     env = owner._producer.envelope(
@@ -259,7 +176,7 @@ def build_message(owner: Queue, entry: PeriodicTask, occurrence: float, now: flo
 
 
 async def periodic_status(
-    queue: Queue, now: float | None = None, extra: Sequence[PeriodicTask] = ()
+    queue: PeriodicOwner, now: float | None = None, extra: Sequence[PeriodicTask] = ()
 ) -> list[dict[str, Any]]:
     """Each periodic entry of ``queue`` (and of ``extra``) with its schedule, next and last
     run.

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
-from . import config, registration
-from . import periodic as periodic_entries
+from . import config
 from ._checks import flag, integer, seconds
 from .broker import Broker
 from .broker.factory import describe_connection, make_broker, resolve_amqp_url, resolve_url
@@ -26,6 +25,7 @@ from .client.sync import Portal, blocking
 from .client.workflows import Workflows
 from .dependencies import Lifespans
 from .exceptions import ConfigurationError, SerializationError, UnknownTask
+from .extensions.lifecycle import Hook, Hooks, QueueHooks
 from .extensions.middleware import EnqueueFilter, EnqueueObserver, Middleware
 from .extensions.ratelimit import queue_limits
 from .extensions.registry import Extensions
@@ -37,29 +37,25 @@ from .limits import (
 )
 from .options import declared_options
 from .ratelimit import RateLimit
+from .registration import Registrar, adopt_middleware, task_middleware
 from .routing import Routes, check_namespace, check_queue_name
 from .task import BoundTask, Task, TaskHandle
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
     from .periodic import PeriodicTask
+    from .registration import TaskDecorator
+    from .retries import RetryPolicy
+    from .routing import Priority
+    from .task import Executor
+
+    P = ParamSpec("P")
+    R = TypeVar("R")
 
 Mode = Literal["reliable", "fast"]
 #: Default largest message accepted, in bytes.
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
-
-
-Hook = Callable[[], Awaitable[None]]
-
-
-class Hooks(list[Hook]):
-    """Async callables a Worker awaits at start (``on_startup``) or after stopping
-    (``on_shutdown``), in order. Use as a decorator (``@queue.on_startup``) or append.
-    """
-
-    def __call__(self, hook: Hook) -> Hook:
-        """Register ``hook`` and return it unchanged (decorator form)."""
-        self.append(hook)
-        return hook
 
 
 class Queue:
@@ -218,7 +214,8 @@ class Queue:
         self._producer = Producer(self, self._portal)
         self._results = Results(self)
         self._admin = Admin(self)
-        self._workflows = Workflows(self)
+        #: Makes the tasks and periodic entries (``task``, ``periodic``, ``add_periodic``).
+        self._registrar = Registrar(self, self._producer)
         self.on_startup = Hooks()
         self.on_shutdown = Hooks()
         #: Per-worker resources for ``Depends()`` parameters (:mod:`blitzq.dependencies`).
@@ -230,6 +227,11 @@ class Queue:
         self.enqueue_observers: list[EnqueueObserver] = []
         #: Registered middleware and signal handlers (see :mod:`blitzq.extensions.registry`).
         self._extensions = Extensions(self)
+        # on_startup, on_shutdown and lifespan: sugar over one built-in lifecycle middleware.
+        self._extensions.builtin.append(
+            QueueHooks(self.on_startup, self.on_shutdown, self.lifespan)
+        )
+        self._workflows = Workflows(self, self._extensions, self._producer.known_queues)
 
     def __repr__(self) -> str:
         return f"<Queue {self.name} namespace={self.namespace} mode={self.mode}>"
@@ -308,12 +310,52 @@ class Queue:
         return broker
 
     # ----------------------------------------------------------- registration
-    # Defined with the Queue as ``self`` in the modules that do the work, and offered here as
-    # methods (signature, overloads and docstring are theirs): ``@queue.task`` in
-    # blitzq.registration, ``periodic`` and ``add_periodic`` in blitzq.periodic.
-    task = registration.task
-    periodic = periodic_entries.periodic
-    add_periodic = periodic_entries.add_periodic
+    # The registrar's own methods (signature, overloads and docstring are theirs; see
+    # delegate()): blitzq.registration.Registrar.
+    # (typed by these overloads, as Registrar.task is: delegate() keeps one signature only)
+    if TYPE_CHECKING:
+
+        @overload
+        def task(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
+
+        @overload
+        def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+        @overload
+        def task(
+            self,
+            fn: None = None,
+            /,
+            *,
+            name: str | None = None,
+            queue: str | None = None,
+            retries: int = 3,
+            retry_policy: RetryPolicy | None = None,
+            timeout: float | None = None,
+            executor: Executor | None = None,
+            store_result: bool | None = None,
+            dead_letter: bool = True,
+            priority: Priority = "normal",
+            rate_limit: str | RateLimit | None = None,
+            rate_key: str | None = None,
+            unique: bool = False,
+            unique_until: Literal["start", "completion"] = "completion",
+            unique_ttl: float = 3600.0,
+            lock: str | None = None,
+            lock_limit: int = 1,
+            lock_ttl: float | None = None,
+            soft_timeout: float | None = None,
+            hard_timeout: float | None = None,
+            max_age: float | None = None,
+            **options: Any,
+        ) -> TaskDecorator: ...
+
+        def task(self, fn: Any = None, /, **options: Any) -> Any: ...
+
+    else:
+        task = delegate("_registrar", Registrar.task)
+    periodic = delegate("_registrar", Registrar.periodic)  # type: ignore[arg-type]  # as send
+    add_periodic = delegate("_registrar", Registrar.add_periodic)
 
     def get_task(self, name: str) -> Task[Any, Any]:
         """The task registered under ``name``.
@@ -342,9 +384,9 @@ class Queue:
                 middleware declares too.
         """
         if isinstance(middleware, Middleware):  # a second declaration of an option: refused
-            declared_options((*registration.task_middleware(self), middleware))
+            declared_options((*task_middleware(self), middleware))
         self._extensions.add(middleware)
-        registration.adopt_middleware(self, middleware)
+        adopt_middleware(self, middleware)
 
     @property
     def middleware(self) -> tuple[Middleware, ...]:
@@ -446,4 +488,4 @@ class Queue:
         self._portal.close(self.close())
 
 
-__all__ = ["BoundTask", "Mode", "Queue", "SerializationError"]
+__all__ = ["BoundTask", "Hook", "Hooks", "Mode", "Queue", "SerializationError"]

@@ -99,10 +99,16 @@ class Envelope(msgspec.Struct, array_like=True, gc=False):
         flow: workflow metadata of a step (plain data, see :mod:`blitzq.workflow`), or
             ``None`` for a task outside any workflow.
         unique_key: per-call unique key of a unique task (``None``: derived from the call).
-        max_age: per-call ``max_age`` in seconds overriding the task's, or ``None``.
+        max_age: the per-call ``max_age`` of a message enqueued before the ``options``
+            field (read by :mod:`blitzq.extensions.expiry`; new messages carry it in
+            ``options``).
         deferrals: times in a row this copy was put back on the schedule because a start
             check could not reach the broker (``None``: none; see
             :mod:`blitzq.worker.deferral`); it sets the next deferral's delay.
+        options: the per-call options middleware declare (``Middleware.call_options``), by
+            name, plain data, or ``None``: one generic field, so a new per-call option is
+            declared and read by its middleware alone (appended last: an older message,
+            without it, decodes with ``None``).
     """
 
     id: str
@@ -121,6 +127,7 @@ class Envelope(msgspec.Struct, array_like=True, gc=False):
     unique_key: str | None = None
     max_age: float | None = None
     deferrals: int | None = None
+    options: dict[str, Any] | None = None
 
 
 #: Fields always encoded (id … enqueued_at); the optional ones after them may be omitted.

@@ -14,7 +14,17 @@ import datetime as _dt
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    Literal,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    overload,
+)
 
 from ._checks import flag, integer, seconds, text
 from .arguments import TypedCall
@@ -28,12 +38,12 @@ from .retries import RetryPolicy
 from .routing import check_priority
 
 if TYPE_CHECKING:
+    from .broker import Completion
     from .client.sync import Portal
-    from .extensions.middleware import Finisher, Middleware, StartCheck
-    from .options import TaskOptions
-    from .queue import Queue
+    from .options import Option, TaskOptions
     from .ratelimit import RateLimit
-    from .workflow.signature import Signature
+    from .seams import QueueSettings
+    from .workflow.canvas import Signature
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -42,6 +52,53 @@ Q = ParamSpec("Q")
 
 Executor = Literal["async", "thread", "process"]
 EXECUTORS: frozenset[str] = frozenset({"async", "thread", "process"})
+
+#: A start check (:class:`blitzq.extensions.middleware.StartCheck`): awaited with the worker's
+#: context and the job before a run starts.
+StartCheck = Callable[..., Awaitable["Completion | None"]]
+#: A finisher (:class:`blitzq.extensions.middleware.Finisher`): called with each completion.
+Finisher = Callable[..., "Completion"]
+
+
+class TaskProducer(Protocol):
+    """What a task sends its calls through: its Queue's producer
+    (:class:`blitzq.client.publish.Producer`)."""
+
+    @property
+    def portal(self) -> Portal:
+        """The sync-API loop the ``*_sync`` twins run on."""
+        ...
+
+    async def enqueue(
+        self, task: Task[Any, Any], args: Any, kwargs: dict[str, Any], opts: CallOptions
+    ) -> TaskHandle[Any]:
+        """Publish one call of ``task``."""
+        ...
+
+    async def enqueue_many(
+        self, task: Task[Any, Any], calls: Iterable[Any], opts: CallOptions
+    ) -> list[TaskHandle[Any]]:
+        """Publish many calls of ``task`` in one round trip."""
+        ...
+
+
+class TaskPlugin(Protocol):
+    """What a task reads of a middleware while it is made: the per-task options it declares
+    and its :meth:`~blitzq.Middleware.setup_task` (a :class:`~blitzq.Middleware` is one)."""
+
+    @property
+    def task_options(self) -> Mapping[str, Option]:
+        """Option name → its :class:`~blitzq.options.Option`."""
+        ...
+
+    @property
+    def call_options(self) -> Mapping[str, Option]:
+        """Per-call option name → its :class:`~blitzq.options.Option`."""
+        ...
+
+    def setup_task(self, task: Task[Any, Any], options: TaskOptions) -> None:
+        """Plug into ``task`` where it uses the middleware's options."""
+        ...
 
 
 class Task(Generic[P, R]):
@@ -53,7 +110,7 @@ class Task(Generic[P, R]):
 
     def __init__(
         self,
-        owner: Queue,
+        owner: QueueSettings,
         fn: Callable[P, R] | Callable[P, Awaitable[R]],
         *,
         name: str,
@@ -66,7 +123,8 @@ class Task(Generic[P, R]):
         dead_letter: bool,
         priority: str = "normal",
         options: TaskOptions | None = None,
-        middleware: tuple[Middleware, ...] | None = None,
+        middleware: tuple[TaskPlugin, ...] | None = None,
+        producer: TaskProducer,
     ) -> None:
         if executor not in EXECUTORS:
             raise ConfigurationError(f"executor must be one of {sorted(EXECUTORS)}")
@@ -82,7 +140,10 @@ class Task(Generic[P, R]):
             flag(f"task {name}: store_result", store_result)
         if timeout is not None:
             timeout = seconds(f"task {name}: timeout", timeout)
+        #: The Queue's settings and broker (a narrow view: :class:`blitzq.seams.QueueSettings`).
         self.owner = owner
+        #: What its calls are sent through (its Queue's producer).
+        self.producer = producer
         self.fn = fn
         self.name = name
         self.queue = queue
@@ -116,10 +177,10 @@ class Task(Generic[P, R]):
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
         from .extensions import builtin_middleware
-        from .options import build_options
+        from .options import build_options, declared_call_options
 
         if middleware is None:  # the built-in ones (registration passes the Queue's too)
-            middleware = builtin_middleware()
+            middleware = tuple(builtin_middleware())
         if options is None:
             options = build_options(name, {}, middleware)
         if options.hard_timeout is not None:
@@ -133,6 +194,9 @@ class Task(Generic[P, R]):
         #: The task's options, checked (see :mod:`blitzq.options`); the middleware-declared
         #: ones read as ``task.controls.get("max_age")``.
         self.controls = options
+        #: The per-call options its middleware declare (``Middleware.call_options``), by
+        #: name: what :meth:`options` accepts besides the core ones.
+        self.call_controls: dict[str, Option] = declared_call_options(middleware)
         for m in middleware:  # each plugs in where the task uses its options
             m.setup_task(self, options)
 
@@ -175,26 +239,31 @@ class Task(Generic[P, R]):
         priority: str | None = None,
         unique_key: str | None = None,
         max_age: float | None = None,
+        **options: Any,
     ) -> BoundTask[P, R]:
         """Bind per-call options; see :class:`CallOptions` for each (seconds for times).
+
+        ``max_age`` (:mod:`blitzq.extensions.expiry`) and ``options`` are the per-call
+        options middleware declare (``Middleware.call_options``; ``max_age`` is named here
+        for type checkers); they travel in the message's ``options`` field.
 
         Raises:
             ConfigurationError: an invalid value (a bool or non-finite number, a duration over
                 10 years, a non-``str`` id, ``headers`` that are not a mapping, an unknown
-                priority).
+                priority), or an option no middleware of the task declares.
         """
-        return BoundTask(
-            self,
-            CallOptions(
-                delay, eta, task_id, headers, timeout, queue, correlation_id, priority,
-                unique_key=unique_key, max_age=max_age,
-            ),
-        )  # fmt: skip
+        core = CallOptions(
+            delay, eta, task_id, headers, timeout, queue, correlation_id, priority, unique_key
+        )
+        declared = {"max_age": max_age, **options}
+        if all(value is None for value in declared.values()):
+            return BoundTask(self, core)
+        return BoundTask(self, call_options(declared, core, self.call_controls))
 
     @property
     def _portal(self) -> Portal:
         """The owning Queue's sync-API loop (what the ``*_sync`` twins run on)."""
-        return self.owner._producer.portal
+        return self.producer.portal
 
     async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """Send one call to the queue; returns at once with a handle.
@@ -204,7 +273,7 @@ class Task(Generic[P, R]):
             MessageTooLarge: the encoded message is over the queue's limit.
             BrokerError: the broker could not be reached.
         """
-        return await self.owner._producer.enqueue(self, args, kwargs, _NO_OPTIONS)
+        return await self.producer.enqueue(self, args, kwargs, _NO_OPTIONS)
 
     # mypy flags ``self`` as a possible keyword of ``P.kwargs`` (enqueue's ``self`` is not
     # positional-only, and making it so would change the public signature); the twin's type
@@ -225,7 +294,7 @@ class Task(Generic[P, R]):
         Raises:
             SerializationError, MessageTooLarge: before anything is published.
         """
-        return await self.owner._producer.enqueue_many(self, calls, _NO_OPTIONS)
+        return await self.producer.enqueue_many(self, calls, _NO_OPTIONS)
 
     enqueue_many_sync = blocking(enqueue_many)
 
@@ -247,7 +316,7 @@ class Task(Generic[P, R]):
         Raises:
             SerializationError: an argument is not plain data.
         """
-        from .workflow.signature import Signature
+        from .workflow.canvas import Signature
 
         if self.arguments is None:
             return Signature(self.name, args, kwargs, queue=self.queue, priority=self.priority)
@@ -259,7 +328,7 @@ class Task(Generic[P, R]):
     def si(self, *args: P.args, **kwargs: P.kwargs) -> Signature:
         """An immutable workflow step: like :meth:`s`, but it ignores the previous result
         (so it takes all of the function's arguments, typed as for :meth:`enqueue`)."""
-        from .workflow.signature import Signature
+        from .workflow.canvas import Signature
 
         wire_args, wire_kwargs = (
             self.arguments.encode(args, kwargs) if self.arguments is not None else (args, kwargs)
@@ -286,16 +355,18 @@ class BoundTask(Generic[P, R]):
         Raises:
             ConfigurationError: an unknown option name or an invalid value.
         """
-        return BoundTask(self.task, call_options(changes, self.call_options))
+        return BoundTask(
+            self.task, call_options(changes, self.call_options, self.task.call_controls)
+        )
 
     @property
     def _portal(self) -> Portal:
         """The owning Queue's sync-API loop (what the ``*_sync`` twins run on)."""
-        return self.task.owner._producer.portal
+        return self.task.producer.portal
 
     async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """:meth:`Task.enqueue` with the bound options."""
-        return await self.task.owner._producer.enqueue(self.task, args, kwargs, self.call_options)
+        return await self.task.producer.enqueue(self.task, args, kwargs, self.call_options)
 
     enqueue_sync = blocking(enqueue)  # type: ignore[arg-type]  # as Task.enqueue_sync
 
@@ -303,7 +374,7 @@ class BoundTask(Generic[P, R]):
         self, calls: Iterable[tuple[Any, ...] | tuple[tuple[Any, ...], dict[str, Any]]]
     ) -> list[TaskHandle[R]]:
         """:meth:`Task.enqueue_many` with the bound options (``task_id`` is not allowed)."""
-        return await self.task.owner._producer.enqueue_many(self.task, calls, self.call_options)
+        return await self.task.producer.enqueue_many(self.task, calls, self.call_options)
 
     enqueue_many_sync = blocking(enqueue_many)
 

@@ -166,5 +166,6 @@ async def test_a_replayed_dead_letter_keeps_its_options(make_queue: Callable[...
     from blitzq.serialization import decode_envelope
 
     env = decode_envelope(dead[0].message)
-    assert (env.max_age, env.headers, env.attempt) == (60, {"tenant": "acme"}, 1)
+    # A per-call option travels in the generic options field (Middleware.call_options).
+    assert (env.options, env.headers, env.attempt) == ({"max_age": 60}, {"tenant": "acme"}, 1)
     await queue.close()

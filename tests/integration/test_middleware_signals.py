@@ -418,6 +418,112 @@ async def test_a_user_middleware_declares_a_task_option_seen_on_a_real_worker(
     assert tenant.runs == [("mw.tenant", "acme"), ("mw.no-tenant", None)]
 
 
+def check_region(label: str, value: Any) -> Any:
+    if value is not None and value not in ("eu", "us"):
+        raise ConfigurationError(f"{label} must be 'eu' or 'us', got {value!r}")
+    return value
+
+
+class Region(Middleware):
+    """A user middleware declaring a per-call option, as docs/architecture.md's worked
+    example does: ``task.options(region="eu")``, read back at run time from the message's
+    ``options`` field (``context.options``)."""
+
+    call_options: ClassVar[Mapping[str, Option]] = {"region": Option(None, check_region)}
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, Any]] = []
+
+    async def before_execute(self, context: TaskContext) -> None:
+        self.runs.append((context.id, (context.options or {}).get("region")))
+
+
+async def test_a_user_middleware_declares_a_call_option_seen_on_a_real_worker(
+    queue: Queue,
+) -> None:
+    region = Region()
+    queue.add_middleware(region)
+
+    @queue.task(name="mw.region")
+    async def placed(x: int) -> int:
+        return x + 1
+
+    with pytest.raises(ConfigurationError, match="region must be 'eu' or 'us'"):
+        placed.options(region="mars")
+    async with running(make_worker(queue)):
+        eu = await placed.options(region="eu").enqueue(1)
+        plain = await placed.enqueue(2)
+        [us] = await placed.enqueue_many([((3,), {}, {"region": "us"})])
+        named = await queue.send("mw.region", (4,), region="eu")
+        for handle in (eu, plain, us, named):
+            await handle.result(timeout=10)
+    assert sorted(region.runs) == sorted(
+        [(eu.id, "eu"), (plain.id, None), (us.id, "us"), (named.id, "eu")]
+    )
+
+
+class Lifecycle(Middleware):
+    """Records the worker-lifecycle hooks, and what the Queue's lifespan gave before."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name = name
+        self.log = log
+
+    async def on_worker_start(self, worker: Any) -> None:
+        self.log.append(f"{self.name} start {worker.id}")
+
+    async def on_worker_stop(self, worker: Any) -> None:
+        self.log.append(f"{self.name} stop {worker.id}")
+
+
+async def test_worker_lifecycle_hooks_run_around_the_queues_sugar_in_order(queue: Queue) -> None:
+    """``on_worker_start`` runs after ``@queue.on_startup`` and ``@queue.lifespan``, in
+    registration order; ``on_worker_stop`` before ``on_shutdown``, in reverse order."""
+    log: list[str] = []
+    queue.add_middleware(Lifecycle("a", log))
+    queue.add_middleware(Lifecycle("b", log))
+
+    @queue.on_startup
+    async def started() -> None:
+        log.append("on_startup")
+
+    @queue.on_shutdown
+    async def stopped() -> None:
+        log.append("on_shutdown")
+
+    @queue.lifespan
+    async def resource() -> Any:
+        log.append("lifespan enter")
+        yield 1
+        log.append("lifespan exit")
+
+    worker = make_worker(queue)
+    async with running(worker):
+        await eventually(lambda: asyncio.sleep(0, log), lambda seen: len(seen) == 4)
+    w = worker.id
+    assert log == [
+        "on_startup",
+        "lifespan enter",
+        f"a start {w}",
+        f"b start {w}",
+        f"b stop {w}",
+        f"a stop {w}",
+        "on_shutdown",
+        "lifespan exit",
+    ]
+
+
+class FailsToStart(Middleware):
+    async def on_worker_start(self, worker: Any) -> None:
+        raise RuntimeError("no database")
+
+
+async def test_a_failing_on_worker_start_fails_the_start(queue: Queue) -> None:
+    queue.add_middleware(FailsToStart())
+    with pytest.raises(RuntimeError, match="no database"):
+        await asyncio.wait_for(make_worker(queue).run(), 30)
+
+
 # --------------------------------------------------------------------- signals
 async def test_each_signal_fires_once_with_the_right_data(queue: Queue) -> None:
     events: list[SignalEvent] = []

@@ -41,6 +41,7 @@ SHIMS: dict[str, str] = {
     "blitzq.supervisor": "blitzq.worker",
     "blitzq.broker.base": "blitzq.broker",
     "blitzq._portal": "blitzq.client.sync",
+    "blitzq.workflow.signature": "blitzq.workflow.canvas",
 }
 
 #: What the broker layer must not import: the layers above it.
@@ -58,7 +59,13 @@ ABOVE_BROKER = (
 NOT_IN_MAP_YET: set[str] = set()
 
 #: Violations on main, each its own xfail test: (rule, violation) -> reason.
-BROKEN_ON_MAIN: dict[tuple[str, str], str] = {}
+BROKEN_ON_MAIN: dict[tuple[str, str], str] = {
+    ("cycles", "blitzq.worker"): "the circle inside worker/ (issue 24, point 2: one owner per "
+    "stage of a run)",
+    ("cycles", "blitzq.broker"): "state <-> operations <-> liveness (issue 24, points 1 and 5)",
+    ("cycles", "blitzq.broker.amqp"): "custody <-> transport (issue 24, point 1)",
+    ("cycles", "blitzq.broker.redis"): "handoff <-> spread (issue 24, point 1)",
+}
 
 
 # ------------------------------------------------------------------------------ reading src
@@ -129,6 +136,87 @@ def imports(path: Path) -> list[Import]:
 
     visit(ast.parse(path.read_text(encoding="utf-8")), False)
     return found
+
+
+def module_imports(path: Path) -> dict[str, int]:
+    """The modules of src/blitzq that ``path`` imports at module level (under ``if``, ``try``
+    and ``if TYPE_CHECKING`` too, so type-only imports count), each with its first line.
+
+    ``from package import module`` counts as an import of ``module`` alone; a name that is not
+    a module counts as its module (``from blitzq.queue import Queue``: ``blitzq.queue``).
+    Imports inside functions are left out: they run late, by design.
+    """
+    known = {dotted(p) for p in modules()}
+    module = dotted(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: dict[str, int] = {}
+
+    def add(target: str, line: int) -> None:
+        while target not in known and "." in target:
+            target = target.rpartition(".")[0]
+        if target in known and target != module:
+            found.setdefault(target, line)
+
+    def visit(statements: list[ast.stmt]) -> None:
+        for node in statements:
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    add(alias.name, node.lineno)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = package.split(".")
+                    base = parts[: len(parts) - (node.level - 1)]
+                    source = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    source = node.module or ""
+                names = [f"{source}.{alias.name}" for alias in node.names]
+                for target in names if all(n in known for n in names) else [source]:
+                    add(target, node.lineno)
+            elif isinstance(node, ast.If | ast.Try | ast.With):
+                for block in ("body", "orelse", "finalbody"):
+                    visit(getattr(node, block, []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")).body)
+    return found
+
+
+def import_cycles() -> list[list[str]]:
+    """The circles of the module-level import graph of src/blitzq (type-only imports
+    included): each strongly connected component of more than one module, sorted."""
+    graph = {dotted(path): module_imports(path) for path in modules()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def connect(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                connect(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            members = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                members.append(member)
+                if member == node:
+                    break
+            if len(members) > 1:
+                circles.append(sorted(members))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return sorted(circles)
 
 
 def under(name: str, prefix: str) -> bool:
@@ -212,6 +300,20 @@ def _extensions() -> list[str]:
 
 def _client() -> list[str]:
     return sorted(set(_edges("blitzq.client", ("blitzq.worker",))))
+
+
+def _cycles() -> list[str]:
+    out = []
+    for circle in import_cycles():
+        parts = [name.split(".") for name in circle]
+        common = []
+        for pieces in zip(*parts, strict=False):
+            if len(set(pieces)) > 1:
+                break
+            common.append(pieces[0])
+        area = ".".join(common) or "blitzq"
+        out.append(f"{area} ({len(circle)} modules: {', '.join(circle)})")
+    return out
 
 
 def _contract_names() -> set[str]:
@@ -309,6 +411,7 @@ RULES = {
     "worker shims": _worker_shims,
     "extensions": _extensions,
     "client": _client,
+    "cycles": _cycles,
     "getattr": _getattr,
     "op literals": _op_literals,
     "runner first": _runner_first,
@@ -349,6 +452,23 @@ def test_extensions_reach_the_worker_only_for_type_checking() -> None:
 def test_client_does_not_import_the_worker() -> None:
     """``blitzq.client.*`` does not import ``blitzq.worker``."""
     check("client", _client())
+
+
+def test_no_import_cycle() -> None:
+    """The module-level import graph of src/blitzq has no circle, type-only imports
+    (``if TYPE_CHECKING``) included: a layer names the one above it only through a protocol
+    of its own or of a leaf module (:mod:`blitzq.seams`, :mod:`blitzq.client.context`)."""
+    check("cycles", _cycles())
+
+
+def test_import_cycles_sees_a_type_only_circle() -> None:
+    """:func:`module_imports` counts an import under ``if TYPE_CHECKING`` and resolves
+    ``from package import module`` to the module (the graph the cycle rule reads)."""
+    queue = PACKAGE / "queue.py"
+    assert "blitzq.registration" in module_imports(queue)
+    assert "blitzq" not in module_imports(queue)  # ``from . import config``: config alone
+    typed = module_imports(PACKAGE / "client" / "context.py")
+    assert {"blitzq.task", "blitzq.handle", "blitzq.seams"} <= set(typed)
 
 
 def test_no_getattr_for_a_contract_method() -> None:

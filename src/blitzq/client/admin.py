@@ -25,7 +25,7 @@ from . import testmode
 from .dead_letter_query import DeadLetterFilter, Pacer, ReplayOutcome, scan, summarize
 
 if TYPE_CHECKING:
-    from ..queue import Queue
+    from .context import QueueContext
 
 
 def worker_document(worker_id: str, raw: bytes) -> dict[str, Any]:
@@ -47,7 +47,7 @@ class Admin:
         queue: the Queue whose broker and settings it uses.
     """
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: QueueContext) -> None:
         self.queue = queue
 
     # ----------------------------------------------------------- dead letters

@@ -5,20 +5,49 @@ use them).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..exceptions import ConfigurationError
+from ..extensions import builtin_middleware
 from ..extensions.middleware import Outgoing
-from ..options import call_options
+from ..options import call_options, declared_call_options
 from ..routing import physical_queue, route
 from ..serialization import encode_envelope
-from ..task import CallOptions, TaskHandle
+from ..task import CallOptions, Task, TaskHandle
 from . import testmode
 
 if TYPE_CHECKING:
-    from .publish import Producer
+    from ..serialization import Envelope
+    from .context import QueueContext
+
+
+class Producer(Protocol):
+    """What the by-name calls use of their :class:`~blitzq.client.publish.Producer` (which
+    calls them; named here by this protocol, so the two modules import in one direction)."""
+
+    @property
+    def queue(self) -> QueueContext:
+        """The Queue, as its clients see it."""
+        ...
+
+    def envelope(
+        self, task: str, queue: str, args: Any, kwargs: Any, opts: CallOptions, now: float
+    ) -> Envelope:
+        """The envelope of one call (see the producer's)."""
+        ...
+
+    def stores_result(self, task: Task[Any, Any] | None) -> bool | None:
+        """Whether ``task`` stores its return value (``None``: unknown task)."""
+        ...
+
+    async def publish(
+        self, outgoing: list[Outgoing], explicit: frozenset[str] = frozenset()
+    ) -> None:
+        """Publish a batch (see the producer's)."""
+        ...
 
 
 def named_options(
@@ -37,16 +66,16 @@ def named_options(
         raise ConfigurationError(f"{what}: args must be a tuple or list, got {args!r}")
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise ConfigurationError(f"{what}: kwargs must be a dict, got {kwargs!r}")
-    opts = call_options(options)
-    registered = producer.queue.tasks.get(name)
-    if registered is None:
-        return opts
-    return CallOptions(
-        **{
-            **options,
-            "queue": opts.queue or registered.queue,
-            "priority": opts.priority or registered.priority,
-        }
+    queue = producer.queue
+    registered = queue.tasks.get(name)
+    if registered is None:  # a task of another process: any middleware's option
+        declared = declared_call_options((*builtin_middleware(), *queue.middleware))
+        return call_options(options, None, declared)
+    opts = call_options(options, None, registered.call_controls)
+    return dataclasses.replace(
+        opts,
+        queue=opts.queue or registered.queue,
+        priority=opts.priority or registered.priority,
     )
 
 

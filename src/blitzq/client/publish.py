@@ -18,7 +18,7 @@ from ..context import current_task
 from ..exceptions import ConfigurationError
 from ..extensions.middleware import Outgoing
 from ..limits import CHUNK_WRITES
-from ..options import call_options
+from ..options import Option, call_options
 from ..routing import physical_queue, route
 from ..serialization import Envelope, encode_envelope, plain_args, plain_kwargs, to_plain
 from ..task import _NO_OPTIONS, CallOptions, Task, TaskHandle
@@ -26,25 +26,28 @@ from . import testmode
 from .named import named_options, send_many
 
 if TYPE_CHECKING:
-    from ..queue import Queue
+    from .context import QueueContext
     from .sync import Portal
 
 
-def item_options(options: CallOptions, extra: Mapping[str, Any]) -> CallOptions:
+def item_options(
+    options: CallOptions, extra: Mapping[str, Any], declared: Mapping[str, Option] | None = None
+) -> CallOptions:
     """The options of one ``enqueue_many`` item: ``options`` with ``extra`` applied.
 
     Args:
         options: the options bound to the task (``task.options(...)``).
         extra: per-item options, any field of :class:`~blitzq.task.CallOptions` (``delay``,
             ``eta``, ``task_id``, ``headers``, ``timeout``, ``queue``, ``correlation_id``,
-            ``priority``).
+            ``priority``), or a per-call option ``declared`` by the task's middleware.
+        declared: the task's per-call options (``task.call_controls``).
 
     Raises:
         ConfigurationError: an unknown option name or an invalid value.
     """
     if not isinstance(extra, Mapping):
         raise ConfigurationError(f"per-item options must be a dict, got {extra!r}")
-    return call_options(extra, options)
+    return call_options(extra, options, declared)
 
 
 class Producer:
@@ -61,7 +64,7 @@ class Producer:
             (a publish to one of them skips the registration).
     """
 
-    def __init__(self, queue: Queue, portal: Portal) -> None:
+    def __init__(self, queue: QueueContext, portal: Portal) -> None:
         self.queue = queue
         self.portal = portal
         self.known_queues: set[str] = set()
@@ -96,7 +99,7 @@ class Producer:
             to_plain(dict(headers)) if headers else None,
             opts.timeout,
             unique_key=opts.unique_key,
-            max_age=opts.max_age,
+            options=to_plain(dict(opts.extensions)) if opts.extensions else None,
         )
 
     def stores_result(self, task: Task[Any, Any] | None) -> bool | None:
@@ -258,7 +261,7 @@ class Producer:
             item_opts, item_due, item_queue, item_delay = opts, due, queue, delay
             if len(call) == 3 and isinstance(call[0], tuple) and isinstance(call[2], Mapping):
                 args, kwargs, extra = call  # per-item options (see item_options)
-                item_opts = item_options(opts, extra)
+                item_opts = item_options(opts, extra, task.call_controls)
                 item_due = item_opts.due_time(now)
                 item_queue = physical_queue(
                     item_opts.queue or task.queue, item_opts.priority or task.priority
@@ -304,7 +307,8 @@ class Producer:
             name: the registered task name (e.g. ``"tasks.add"``).
             args, kwargs: the call's arguments (plain data).
             options: any of :class:`~blitzq.task.CallOptions` (delay, eta, task_id, headers,
-                timeout, queue, correlation_id).
+                timeout, queue, correlation_id), or a per-call option a middleware declares
+                (``Middleware.call_options``, such as ``max_age``).
 
         Raises:
             ConfigurationError: an unknown option or an invalid value, ``args`` that are not

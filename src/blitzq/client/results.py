@@ -30,7 +30,7 @@ from ..task import BoundTask, Task, TaskHandle
 from . import lookup, testmode
 
 if TYPE_CHECKING:
-    from ..queue import Queue
+    from .context import QueueContext
 
 R = TypeVar("R")
 
@@ -78,7 +78,7 @@ class Results:
         queue: the Queue whose broker and settings it uses.
     """
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: QueueContext) -> None:
         self.queue = queue
 
     # ---------------------------------------------------------------- results
@@ -176,6 +176,18 @@ class Results:
                     f"task {task_id} is {record.state.value} after {timeout} s{hint}"
                 )
             await asyncio.sleep(0.05)
+
+    def decode_result(self, task: str, value: Any) -> Any:
+        """``value``, a result of task ``task``, as its return annotation asks (a rich type,
+        :mod:`blitzq.arguments`); unchanged for a task not registered here or without one.
+
+        Raises:
+            SerializationError: the value does not fit the annotation.
+        """
+        registered = self.queue.tasks.get(task)
+        if registered is not None and registered.arguments is not None:
+            return registered.arguments.decode_result(value)
+        return value
 
     async def no_stored_result(self, task_id: str) -> Any:
         """``result()`` of a task known not to store its result: raise at once.

@@ -21,25 +21,22 @@ Attributes:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..context import current_task
 
-if TYPE_CHECKING:
-    from ..queue import Queue
-
 generation = 0
-forced_url: Callable[[Queue], str] | None = None
-after_enqueue: Callable[[Queue], Awaitable[None]] | None = None
+forced_url: Callable[[Any], str] | None = None
+after_enqueue: Callable[[Any], Awaitable[None]] | None = None
 failure: Callable[[str], BaseException | None] | None = None
-cancelled: Callable[[Queue, str], None] | None = None
+cancelled: Callable[[Any, str], None] | None = None
 
 
 def switch(
-    url: Callable[[Queue], str] | None,
-    hook: Callable[[Queue], Awaitable[None]] | None,
+    url: Callable[[Any], str] | None,
+    hook: Callable[[Any], Awaitable[None]] | None,
     errors: Callable[[str], BaseException | None] | None = None,
-    cancel: Callable[[Queue, str], None] | None = None,
+    cancel: Callable[[Any, str], None] | None = None,
 ) -> None:
     """Turn the test mode on (``url`` and ``hook`` given) or off (all ``None``).
 

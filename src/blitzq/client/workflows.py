@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 from . import testmode
 
 if TYPE_CHECKING:
-    from ..queue import Queue
-    from ..workflow.canvas import Node
+    from ..extensions.registry import Extensions
+    from ..workflow.canvas import Node, Signature
     from ..workflow.handle import WorkflowHandle
-    from ..workflow.signature import Signature
+    from .context import QueueContext
 
 
 class Workflows:
@@ -20,10 +20,15 @@ class Workflows:
 
     Args:
         queue: the Queue whose tasks the workflows run.
+        extensions: its middleware registry (the apply hooks run around a start).
+        known_queues: the physical queues its producer registered with the broker (shared
+            with it, so a start registers each new one once).
     """
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: QueueContext, extensions: Extensions, known_queues: set[str]) -> None:
         self.queue = queue
+        self.extensions = extensions
+        self.known_queues = known_queues
 
     def sig(self, name: str, /, *args: Any, **kwargs: Any) -> Signature:
         """A workflow step calling the task registered as ``name`` (it need not be imported
@@ -32,7 +37,7 @@ class Workflows:
         Raises:
             SerializationError: an argument is not plain data.
         """
-        from ..workflow.signature import Signature
+        from ..workflow.canvas import Signature
 
         return Signature(name, args, kwargs)
 
@@ -49,7 +54,7 @@ class Workflows:
         """
         from ..workflow.engine import apply_workflow
 
-        handle = await apply_workflow(self.queue, workflow)
+        handle = await apply_workflow(self.queue, workflow, self.extensions, self.known_queues)
         if testmode.after_enqueue is not None:
             await testmode.after_enqueue(self.queue)
         return handle

@@ -25,9 +25,10 @@ if TYPE_CHECKING:
 
     from ..options import TaskOptions
     from ..serialization import Envelope
+    from ..task import StartCheck as TaskCheck
     from ..task import Task
     from ..worker.execution import Job
-    from .middleware import StartCheck, WorkerContext
+    from .middleware import WorkerContext
 
 
 class Expiry(Middleware):
@@ -37,6 +38,10 @@ class Expiry(Middleware):
     task_options: ClassVar[Mapping[str, Option]] = {
         "max_age": Option(None, positive_seconds),
     }
+    #: ``task.options(max_age=...)``: carried in the message's ``options`` field.
+    call_options: ClassVar[Mapping[str, Option]] = {
+        "max_age": Option(None, positive_seconds),
+    }
 
     def setup_task(self, task: Task[Any, Any], options: TaskOptions) -> None:
         """Add the expiry start check to a task with a ``max_age``."""
@@ -44,9 +49,17 @@ class Expiry(Middleware):
             task.checks.append(check_expiry)
 
 
+def call_max_age(envelope: Envelope) -> float | None:
+    """The per-call ``max_age`` a message carries (in its ``options``, or in the field of a
+    message enqueued before them), in seconds, or ``None``."""
+    options = envelope.options
+    given = options.get("max_age") if options else None
+    return given if isinstance(given, int | float) and given > 0 else envelope.max_age
+
+
 def max_age_of(job: Job) -> float | None:
     """The call's ``max_age`` (per-call option first, then the task's), in seconds."""
-    return job.envelope.max_age or job.task.controls.get("max_age")
+    return call_max_age(job.envelope) or job.task.controls.get("max_age")
 
 
 def expired_completion(worker: WorkerContext, job: Job, age: float, max_age: float) -> Completion:
@@ -81,7 +94,7 @@ async def check_expiry(worker: WorkerContext, job: Job) -> Completion | None:
     return completion
 
 
-def start_checks(task: Task[Any, Any], envelope: Envelope) -> list[StartCheck]:
+def start_checks(task: Task[Any, Any], envelope: Envelope) -> list[TaskCheck]:
     """The start checks of one delivery: the task's own, plus the expiry check when the call
     carries its own ``max_age`` (``task.options(max_age=...)``; see :func:`checks_with_expiry`).
 
@@ -89,10 +102,10 @@ def start_checks(task: Task[Any, Any], envelope: Envelope) -> list[StartCheck]:
         task: the registered task.
         envelope: the delivery's decoded message.
     """
-    return task.checks if envelope.max_age is None else checks_with_expiry(task)
+    return task.checks if call_max_age(envelope) is None else checks_with_expiry(task)
 
 
-def checks_with_expiry(task: Task[Any, Any]) -> list[StartCheck]:
+def checks_with_expiry(task: Task[Any, Any]) -> list[TaskCheck]:
     """The task's start checks with the expiry check added (for a per-call ``max_age``):
     where :class:`Expiry` puts it, after the rate-limit check and before the others."""
     checks = task.checks

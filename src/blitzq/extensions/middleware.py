@@ -20,6 +20,11 @@ hook                                            when
 ``before_apply(workflow)``                      producer, before ``queue.apply`` publishes a
                                                 workflow's first steps; raise to refuse it
 ``after_apply(workflow)``                       producer, after they were published
+``on_worker_start(worker)``                     worker (and the eager test mode), once at start,
+                                                before any task is fetched; raise to fail the
+                                                start
+``on_worker_stop(worker)``                      worker, once after its runs ended and their
+                                                completions were written
 ==============================================  ===============================================
 
 ``message`` is an :class:`Outgoing` (``message.envelope`` has the id, task name,
@@ -35,6 +40,11 @@ the task).
 
 Order: ``before_*`` hooks run in registration order, ``after_*``, ``on_error``,
 ``on_retry`` and ``on_failure`` in reverse order (the first middleware registered wraps all others).
+``on_worker_start`` runs in registration order after the Queue's own lifecycle sugar
+(``@queue.on_startup`` hooks, then ``@queue.lifespan`` entered: the built-in
+:class:`~blitzq.extensions.lifecycle.QueueHooks`), so its resources are ready;
+``on_worker_stop`` runs in reverse order, before the shutdown hooks and the lifespans' close.
+``worker`` is a :class:`RunningWorker` (its ``id``, ``queue`` and ``resources``).
 
 Errors:
 
@@ -45,9 +55,10 @@ Errors:
   middleware and the task.
 - ``before_execute`` raising fails the attempt with that exception without running the task
   body (the retry policy applies; ``on_error`` hooks run as for any failure).
-- ``after_enqueue``, ``after_apply``, ``after_execute``, ``on_error``, ``on_retry`` and
-  ``on_failure`` raising is logged (logger ``blitzq.middleware``) and changes nothing: the
-  enqueue succeeds, the worker goes on.
+- ``on_worker_start`` raising fails the worker's start (nothing is fetched).
+- ``after_enqueue``, ``after_apply``, ``after_execute``, ``on_error``, ``on_retry``,
+  ``on_failure`` and ``on_worker_stop`` raising is logged (logger ``blitzq.middleware``) and
+  changes nothing: the enqueue succeeds, the worker goes on.
 
 Every run whose before-execute hooks ran ends with exactly one call of either ``after_execute``
 (success) or ``on_error`` (failure, timeout, cancellation, or being put back on the queue at
@@ -95,12 +106,12 @@ from ..exceptions import BlitzQError
 if TYPE_CHECKING:
     from ..broker import Broker, Completion
     from ..context import TaskContext
+    from ..dependencies import Resources
     from ..options import Option, TaskOptions
-    from ..queue import Queue
+    from ..seams import QueueSettings
     from ..serialization import Envelope
     from ..task import Task
     from ..worker.execution import Job
-    from .registry import Extensions
 
 
 class EnqueueRefused(BlitzQError):
@@ -215,6 +226,26 @@ class WorkerContext(Protocol):
         ...
 
 
+class RunningWorker(Protocol):
+    """What a worker-lifecycle hook sees of the worker (a :class:`~blitzq.Worker`, or the
+    eager test mode's)."""
+
+    @property
+    def id(self) -> str:
+        """The worker's id."""
+        ...
+
+    @property
+    def queue(self) -> QueueSettings:
+        """Its Queue's settings and broker."""
+        ...
+
+    @property
+    def resources(self) -> Resources:
+        """Its per-worker resources (the lifespans' values, ``Depends()``)."""
+        ...
+
+
 class StartCheck(Protocol):
     """A coroutine awaited before a task starts: ``None`` to let it start, else the
     completion that ends this delivery instead."""
@@ -242,13 +273,13 @@ class EnqueueFilter(Protocol):
     """A coroutine that sees each batch before it is published; it may raise to refuse the
     enqueue, or set ``Outgoing.existing_id`` to mark a duplicate."""
 
-    async def __call__(self, queue: Queue, batch: list[Outgoing]) -> None: ...
+    async def __call__(self, queue: QueueSettings, batch: list[Outgoing]) -> None: ...
 
 
 class EnqueueObserver(Protocol):
     """Called with each batch that was published (duplicates left out)."""
 
-    async def __call__(self, queue: Queue, batch: list[Outgoing]) -> None: ...
+    async def __call__(self, queue: QueueSettings, batch: list[Outgoing]) -> None: ...
 
 
 class Middleware:
@@ -263,9 +294,17 @@ class Middleware:
             the built-in middleware (:func:`blitzq.extensions.builtin_middleware`, named in
             its signature) and those of the middleware registered with
             ``queue.add_middleware`` before it (through its ``**options``).
+        call_options: the per-call options (of ``task.options(...)``, ``enqueue_many``'s
+            per-item options and ``queue.send``) this middleware handles: name →
+            :class:`~blitzq.options.Option` (its check; the default is unused: an option not
+            given is absent). A value given travels in the message's generic ``options``
+            field; the middleware reads it back as ``job.envelope.options[name]`` (``options``
+            is ``None`` when the call has none). Declared once on the class, like
+            ``task_options``; nothing else changes for a new one.
     """
 
     task_options: ClassVar[Mapping[str, Option]] = {}
+    call_options: ClassVar[Mapping[str, Option]] = {}
 
     def setup_task(self, task: Task[Any, Any], options: TaskOptions) -> None:
         """Called once per registered task with its checked options: plug this
@@ -283,6 +322,19 @@ class Middleware:
         Raises:
             ConfigurationError: an option value that does not fit the task.
         """
+
+    async def on_worker_start(self, worker: RunningWorker) -> None:
+        """Once when a worker starts, before it fetches anything (after the Queue's startup
+        hooks and lifespans); the place to open what the middleware needs per worker.
+
+        Raises:
+            Exception: anything raised fails the worker's start.
+        """
+
+    async def on_worker_stop(self, worker: RunningWorker) -> None:
+        """Once when a worker stops, after its runs ended and their completions were
+        written (before the Queue's shutdown hooks and lifespans' close); errors are
+        logged."""
 
     async def before_enqueue(self, message: Outgoing) -> None:
         """Before ``message`` is published; raise to refuse the enqueue.
@@ -342,13 +394,6 @@ class Middleware:
         """
 
 
-def extensions_of(queue: Any) -> Extensions:
-    """The middleware registry (:class:`~blitzq.extensions.registry.Extensions`) of
-    ``queue``."""
-    extensions: Extensions = queue._extensions
-    return extensions
-
-
 __all__ = [
     "EnqueueFilter",
     "EnqueueObserver",
@@ -359,7 +404,7 @@ __all__ = [
     "Outcome",
     "Outgoing",
     "OutgoingWorkflow",
+    "RunningWorker",
     "StartCheck",
     "WorkerContext",
-    "extensions_of",
 ]

@@ -24,9 +24,17 @@ from .middleware import EnqueueRefused, Middleware
 from .signals import Signal, SignalEvent, Signals
 
 if TYPE_CHECKING:
-    from ..queue import Queue
+    from ..client.context import QueueContext
+    from ..seams import QueueSettings
     from ..worker.execution import Job
-    from .middleware import EnqueueFilter, EnqueueObserver, Outcome, Outgoing, OutgoingWorkflow
+    from .middleware import (
+        EnqueueFilter,
+        EnqueueObserver,
+        Outcome,
+        Outgoing,
+        OutgoingWorkflow,
+        RunningWorker,
+    )
 
 logger = logging.getLogger("blitzq.middleware")
 
@@ -72,9 +80,13 @@ class Extensions:
         has_before: whether any middleware has a ``before_execute`` hook.
     """
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: QueueContext) -> None:
         self.queue = queue
         self.middleware: list[Middleware] = []
+        #: Built-in middleware with worker-lifecycle hooks only (the Queue's ``on_startup``,
+        #: ``on_shutdown`` and ``lifespan``: :class:`~.lifecycle.QueueHooks`), outside
+        #: :attr:`middleware`: started before and stopped after the registered ones.
+        self.builtin: list[Middleware] = []
         self.signals = Signals(self._refresh)
         self.enabled = False
         self.has_before = False
@@ -117,8 +129,30 @@ class Extensions:
             queue.enqueue_observers.append(observer)
             self._observer_installed = True
 
+    # --------------------------------------------------------------- lifecycle
+    async def worker_started(self, worker: RunningWorker) -> None:
+        """Run the ``on_worker_start`` hooks: the built-in ones, then the registered
+        middleware's in registration order.
+
+        Raises:
+            Exception: what a hook raised (the worker does not start).
+        """
+        for m in (*self.builtin, *self.middleware):
+            if _overrides(m, "on_worker_start"):
+                await _call(m.on_worker_start, worker)
+
+    async def worker_stopped(self, worker: RunningWorker) -> None:
+        """Run the ``on_worker_stop`` hooks: the registered middleware's in reverse order,
+        then the built-in ones; each error is logged."""
+        for m in (*self.middleware[::-1], *self.builtin[::-1]):
+            if _overrides(m, "on_worker_stop"):
+                try:
+                    await _call(m.on_worker_stop, worker)
+                except Exception:
+                    logger.exception("middleware %s.on_worker_stop failed", type(m).__name__)
+
     # ---------------------------------------------------------------- enqueue
-    async def _filter(self, queue: Queue, batch: list[Outgoing]) -> None:
+    async def _filter(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
         hooks = self._hooks["before_enqueue"]
         for out in batch:
             if out.existing_id is not None:
@@ -137,7 +171,7 @@ class Extensions:
                 if out.envelope is not env:
                     out.data = encode_envelope(out.envelope, queue.max_message_size)
 
-    async def _observe(self, queue: Queue, batch: list[Outgoing]) -> None:
+    async def _observe(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
         hooks = self._hooks["after_enqueue"]
         signals = self.signals
         emit = signals.has(Signal.TASK_ENQUEUED)
@@ -200,7 +234,7 @@ class Extensions:
         env, d = job.envelope, job.delivery
         context = job.context = TaskContext(
             env.id, env.task, d.queue, job.attempt, job.task.max_attempts,
-            env.correlation_id, env.headers, flow=env.flow,
+            env.correlation_id, env.headers, flow=env.flow, options=env.options,
         )  # fmt: skip
         return context
 
@@ -327,4 +361,11 @@ _SIGNALS: dict[str, tuple[Signal, ...]] = {
     "cancelled": (Signal.TASK_CANCELLED,),
 }
 
-__all__ = ["Extensions"]
+
+def extensions_of(queue: Any) -> Extensions:
+    """The middleware registry (:class:`Extensions`) of ``queue``, a :class:`~blitzq.Queue`."""
+    extensions: Extensions = queue._extensions
+    return extensions
+
+
+__all__ = ["Extensions", "extensions_of"]

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from ..options import TaskOptions
-    from ..queue import Queue
+    from ..seams import QueueSettings
     from ..serialization import Envelope
     from ..task import Task
     from ..worker.execution import Job
@@ -95,7 +95,7 @@ def broker_key(env: Envelope) -> str:
     return f"{env.task}:{env.unique_key}"
 
 
-async def unique_filter(queue: Queue, batch: list[Outgoing]) -> None:
+async def unique_filter(queue: QueueSettings, batch: list[Outgoing]) -> None:
     """Enqueue filter: claim the unique keys of a batch; mark duplicates (one round trip).
 
     Raises:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 from ..broker import Completion
 from ..dependencies import Resources
+from ..extensions.registry import extensions_of
 from ..routing import base_queue, levels
 from ..worker import Worker
 from ..worker.execution import Job, cause_of
@@ -226,10 +227,8 @@ class InlineWorker:
         # The context tasks start from: the enqueuer's, as a worker started here would have.
         runner.base_context = contextvars.copy_context()
         await self._refresh_queues()
-        for hook in queue.on_startup:
-            await hook()
         worker.resources = Resources()
-        await worker.resources.open(queue.lifespan)
+        await extensions_of(queue).worker_started(worker)  # on_startup, lifespan, middleware
         flusher = self.flusher = runner.flusher = Flusher(self.broker)
         flusher.on_written = self._count_written
         writer = self.loop.create_task(flusher.run(), name="blitzq-eager-flusher")
@@ -353,15 +352,7 @@ class InlineWorker:
             await asyncio.wait_for(writer, 30.0)
         except TimeoutError:
             logger.error("eager mode: could not write %d completion(s)", self.flusher.backlog)
-        for hook in queue.on_shutdown:
-            try:
-                await hook()
-            except Exception:
-                logger.exception("shutdown hook failed")
-        try:
-            await self.worker.resources.close()
-        except Exception:
-            logger.exception("a lifespan failed while closing")
+        await extensions_of(queue).worker_stopped(self.worker)  # and on_shutdown, lifespans
         await queue.signals.drain()
 
     def close(self) -> None:

@@ -97,7 +97,9 @@ class Admission:
             self.skip_cancelled(Job(d, env, task), slots)
             return
         # admit(), inlined: this is once per delivery on the worker's hot path.
-        if (task.checks or env.max_age is not None) and start_checks(task, env):
+        # A call with per-call options (or the old max_age field) may need checks of its own.
+        calls = env.options is not None or env.max_age is not None
+        if (task.checks or calls) and start_checks(task, env):
             checked = asyncio.ensure_future(self.start_checked(d, env, task, slots))
             self.runner.hold_start(checked, d)
             return

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..broker import Broker, Completion, Delivery
 from ..context import TaskContext, set_current
 from ..exceptions import SerializationError
-from ..extensions.middleware import extensions_of
+from ..extensions.registry import extensions_of
 from ..serialization import decode_envelope
 from .admission import Admission, Call
 from .eager import start_eagerly
@@ -271,6 +271,7 @@ class Runner:
                 env.correlation_id,
                 env.headers,
                 flow=env.flow,
+                options=env.options,
             )
             job.context = context
         context._reporter = self.progress

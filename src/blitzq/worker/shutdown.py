@@ -11,6 +11,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..exceptions import BrokerError
+from ..extensions.registry import extensions_of
 from ..extensions.signals import Signal
 
 if TYPE_CHECKING:
@@ -68,15 +69,8 @@ async def shut_down(
     # A server that stopped answering must not hold the exit (the record expires).
     with contextlib.suppress(BrokerError, TimeoutError):
         await asyncio.wait_for(worker.broker.unregister_worker(worker.id), FETCH_GRACE)
-    for hook in worker.queue.on_shutdown:
-        try:
-            await hook()
-        except Exception:
-            logger.exception("shutdown hook failed")
-    try:
-        await worker.resources.close()
-    except Exception:
-        logger.exception("a lifespan failed while closing")
+    # middleware's on_worker_stop, then on_shutdown hooks and the lifespans' close
+    await extensions_of(worker.queue).worker_stopped(worker)
     await worker.queue.signals.drain()  # after-hooks and signal handlers still running
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(runner.progress.close(), FETCH_GRACE)

@@ -23,6 +23,7 @@ from ..broker import Broker
 from ..broker.eviction import check_eviction
 from ..dependencies import Resources
 from ..exceptions import ConfigurationError
+from ..extensions.registry import extensions_of
 from ..extensions.signals import Signal, SignalEvent
 from ..logcontext import reset_worker_id, set_worker_id
 from ..queue import Queue
@@ -359,9 +360,8 @@ class Worker:
                 size, len(self.queues),
             )  # fmt: skip
         await broker.prepare_consumer(self.physical_queues, self.id)
-        for hook in self.queue.on_startup:
-            await hook()
-        await self.resources.open(self.queue.lifespan)  # closed by _shutdown
+        # on_startup hooks, lifespans (closed by _shutdown), then middleware's on_worker_start
+        await extensions_of(self.queue).worker_started(self)
         self._global = Limiter(self.concurrency)
         self._slots = {
             q: Slots(

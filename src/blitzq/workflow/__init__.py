@@ -11,6 +11,7 @@ from .canvas import (
     Chord,
     Group,
     Node,
+    Signature,
     WorkflowLimits,
     chain,
     chord,
@@ -19,7 +20,6 @@ from .canvas import (
     workflow_limits,
 )
 from .handle import WorkflowExpired, WorkflowHandle, WorkflowNotFound
-from .signature import Signature
 
 __all__ = [
     "Chain",

@@ -41,17 +41,19 @@ from ..broker.ops import ChordMember, Op, WorkflowDone, WorkflowFail, WorkflowSt
 from ..context import NO_RESULT
 from ..envelope_checks import value_size
 from ..exceptions import ConfigurationError, ResultTooLarge, SerializationError, describe_error
-from ..extensions.middleware import OutgoingWorkflow
+from ..extensions.middleware import Middleware, OutgoingWorkflow
 from ..limits import CHUNK_ITEMS, DEFAULT_MAX_RESULT_SIZE
 from ..routing import physical_queue, route
 from ..serialization import Envelope, dumps, encode_envelope, loads, plain_args, to_plain
 from .callback import array_header, marker, split
-from .canvas import Chain, Chord, Group, Node
+from .canvas import Chain, Chord, Group, Node, Signature
 from .handle import WorkflowHandle
-from .signature import Signature
 
 if TYPE_CHECKING:
-    from ..queue import Queue
+    from ..client.context import QueueContext
+    from ..extensions.registry import Extensions
+    from ..options import TaskOptions
+    from ..seams import QueueSettings
     from ..task import Task
     from ..worker.execution import Job
 
@@ -66,21 +68,26 @@ RUNNING_TTL = 7 * 86400
 _NONE: Any = object()  # no previous result
 
 
-async def _collect(results: list[Any]) -> list[Any]:
+async def collect(results: list[Any]) -> list[Any]:
     """Return the list of a group's results unchanged (the :data:`COLLECT` step)."""
     return results
 
 
-def attach(task: Task[Any, Any]) -> None:
-    """Make ``task`` able to take part in workflows (called when it is registered).
+class WorkflowSteps(Middleware):
+    """The workflow engine as a built-in middleware: its :meth:`setup_task` makes every task
+    able to take part in workflows (its finisher :func:`finish_step` advances the workflow a
+    step belongs to). Listed last by :func:`blitzq.registration.task_middleware`, so its
+    finisher comes after those of the middleware registered before the task; the registrar
+    registers :data:`COLLECT` (:func:`collect`) on the Queue."""
 
-    Adds :func:`finish_step` to its finishers and registers :data:`COLLECT` on its Queue.
-    """
-    if finish_step not in task.finishers:
-        task.finishers.append(finish_step)
-    queue = task.owner
-    if task.name != COLLECT and COLLECT not in queue.tasks:
-        queue.task(name=COLLECT, retries=0)(_collect)
+    def setup_task(self, task: Task[Any, Any], options: TaskOptions) -> None:
+        """Add :func:`finish_step` to ``task``'s finishers (once)."""
+        if finish_step not in task.finishers:
+            task.finishers.append(finish_step)
+
+
+#: The one instance (it holds nothing).
+WORKFLOW_STEPS = WorkflowSteps()
 
 
 def _is_sig(node: Any) -> bool:
@@ -215,7 +222,7 @@ class _Messages:
         )  # fmt: skip
 
 
-def _running_ttl(queue: Queue) -> int:
+def _running_ttl(queue: QueueSettings) -> int:
     return max(queue.result_ttl, RUNNING_TTL)
 
 
@@ -250,7 +257,7 @@ def _fail(
     error_type: str,
     error: str,
     step: str,
-    queue: Queue,
+    queue: QueueSettings,
     now: float,
 ) -> WorkflowFail:
     return WorkflowFail(workflow_id, state, error_type, error, step, queue.result_ttl, now)
@@ -261,7 +268,7 @@ def _follow_ups(
     completion: Completion,
     error: BaseException | None,
     flow: dict[str, Any],
-    queue: Queue,
+    queue: QueueSettings,
     now: float,
 ) -> tuple[Op, ...]:
     workflow_id = str(flow["w"])
@@ -306,7 +313,7 @@ def _follow_ups(
 class _Planner:
     """Turns a canvas into plan nodes with fresh step ids and resolved queues."""
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: QueueContext) -> None:
         self.queue = queue
         #: ``[id, task, queue]`` of every step the user wrote, in order.
         self.steps: list[list[str]] = []
@@ -340,7 +347,9 @@ class _Planner:
         return node
 
 
-async def apply_workflow(queue: Queue, workflow: Node) -> WorkflowHandle:
+async def apply_workflow(
+    queue: QueueContext, workflow: Node, extensions: Extensions, known: set[str]
+) -> WorkflowHandle:
     """Start ``workflow`` on ``queue``'s broker; see :meth:`blitzq.Queue.apply`.
 
     The workflow's state and its first steps are written in one atomic broker call (the
@@ -361,7 +370,6 @@ async def apply_workflow(queue: Queue, workflow: Node) -> WorkflowHandle:
     now = time.time()
     build = _Messages(workflow_id, now, queue.max_message_size)
     messages = build.start(root, _NONE, [], None)
-    extensions = queue._extensions
     outgoing: OutgoingWorkflow | None = None
     if extensions.has_apply_hooks:
         outgoing = OutgoingWorkflow(workflow_id, queue.name, tuple(build.built))
@@ -372,7 +380,6 @@ async def apply_workflow(queue: Queue, workflow: Node) -> WorkflowHandle:
     ops: list[Op] = [WorkflowStart(workflow_id, dumps(planner.steps), _running_ttl(queue), now)]
     ops += [WorkflowStep(workflow_id, target, data) for target, data in messages]
     broker = queue.broker
-    known = queue._producer.known_queues
     new = sorted({target for _, _, target in planner.steps} - known)
     if new:
         await broker.remember_queues(new)

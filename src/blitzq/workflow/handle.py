@@ -24,13 +24,13 @@ from ..exceptions import (
     TaskCancelled,
     TaskFailed,
 )
+from ..handle import TaskHandle
 from ..records import TaskRecord, TaskState
 from ..serialization import loads
-from ..task import TaskHandle
 
 if TYPE_CHECKING:
+    from ..client.context import QueueContext
     from ..client.sync import Portal
-    from ..queue import Queue
 
 _FOREVER = 10 * 365 * 86400.0
 #: Seconds between checks, while waiting, for a step that ended without advancing its
@@ -60,7 +60,7 @@ class WorkflowHandle:
     __slots__ = ("_known", "_owner", "_steps", "id")
 
     def __init__(
-        self, owner: Queue, workflow_id: str, steps: list[list[str]] | None = None
+        self, owner: QueueContext, workflow_id: str, steps: list[list[str]] | None = None
     ) -> None:
         self._owner = owner
         self.id = workflow_id
@@ -245,7 +245,7 @@ class WorkflowHandle:
         owner = self._owner
         for start in range(0, len(steps), FANOUT):  # bounded: never one connection per step
             chunk = steps[start : start + FANOUT]
-            await asyncio.gather(*(owner.cancel(step[0]) for step in chunk))
+            await asyncio.gather(*(owner._results.cancel(step[0]) for step in chunk))
         return state
 
     cancel_sync = blocking(cancel)
