@@ -64,7 +64,14 @@ def _release_later(
 
 
 class RedisRecords(RedisPart):
-    """Task records, workflow state and progress (a part of :class:`~.store.RedisStateStore`)."""
+    """Task records and the waits on them, workflow state, progress and task liveness (the
+    ``records`` role of :class:`~.store.RedisStateStore`).
+
+    Args:
+        conn: the store's connection.
+        kind: the store's write kind: progress is fenced and a task traced in its stream
+            only with ``"s"`` (a streams transport on this connection).
+    """
 
     # --------------------------------------------------------------- progress
     @translate_errors

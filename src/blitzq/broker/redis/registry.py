@@ -1,7 +1,7 @@
-"""The Redis state store's registries and inspection: queues, workers, counters, memory.
+"""The Redis state store's registry role: queues, workers, counters, what the server is.
 
 What the CLI and monitoring read; nothing here is on a task's path except
-:meth:`RedisInspection.remember_queues`, which a producer calls once per new queue name.
+:meth:`RedisRegistry.remember_queues`, which a producer calls once per new queue name.
 """
 
 from __future__ import annotations
@@ -15,14 +15,19 @@ from redis.exceptions import OutOfMemoryError, ResponseError
 from .client import translate_errors
 from .connection import RedisPart
 
+__all__ = ["RedisRegistry"]
+
 logger = logging.getLogger("blitzq.broker")
 
 
-class RedisInspection(RedisPart):
-    """Known queues, live workers, counters, the memory policy (a part of
-    :class:`~.store.RedisStateStore`)."""
+class RedisRegistry(RedisPart):
+    """Known queues, live workers, counters, the memory policy and server facts (the
+    ``registry`` role of :class:`~.store.RedisStateStore`).
 
-    # ------------------------------------------------------------- inspection
+    Args:
+        conn: the store's connection.
+    """
+
     @translate_errors
     async def known_queues(self) -> list[str]:
         """Queues recorded by producers and workers."""

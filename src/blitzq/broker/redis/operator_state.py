@@ -1,9 +1,13 @@
-"""The Redis state store's part for supervisors: the autoscale setpoint and their status.
+"""The Redis state store's operations role: state kept for the operator tools.
 
-``blitzq control scale`` writes the setpoint (``{ns}:scale``); every autoscaling supervisor of
-the namespace reads it once per sampling interval, and publishes its status
-(``{ns}:supervisors``, liveness in ``{ns}:supervisors:exp``) the same way workers register
-(see :mod:`~blitzq.worker.autoscale`).
+- Run-time periodic entries (``blitzq schedule add|list|remove``): each is one field of the
+  hash ``{ns}:periodic:rt``, its name to its definition (opaque bytes that
+  :mod:`blitzq.runtime_schedules` encodes). Removing an entry also drops its last-run record
+  from ``{ns}:periodic``, so a new entry of the same name starts afresh.
+- The autoscale setpoint: ``blitzq control scale`` writes it (``{ns}:scale``); every
+  autoscaling supervisor of the namespace reads it once per sampling interval, and publishes
+  its status (``{ns}:supervisors``, liveness in ``{ns}:supervisors:exp``) the same way
+  workers register (see :mod:`~blitzq.worker.autoscale`).
 """
 
 from __future__ import annotations
@@ -13,10 +17,37 @@ import time
 from .client import translate_errors
 from .connection import RedisPart
 
+__all__ = ["RedisOperatorState"]
 
-class RedisScaling(RedisPart):
-    """The autoscale setpoint and supervisor status (a part of
-    :class:`~.store.RedisStateStore`)."""
+
+class RedisOperatorState(RedisPart):
+    """Run-time periodic entries, the autoscale setpoint and supervisor status (the
+    ``operations`` role of :class:`~.store.RedisStateStore`).
+
+    Args:
+        conn: the store's connection.
+    """
+
+    @translate_errors
+    async def runtime_periodic(self) -> dict[str, bytes]:
+        """Every run-time periodic entry: name to definition (one HGETALL)."""
+        raw: dict[bytes, bytes] = await self.client.hgetall(self.keys.periodic_runtime)
+        return {k.decode(errors="replace"): v for k, v in raw.items()}
+
+    @translate_errors
+    async def set_runtime_periodic(self, name: str, definition: bytes) -> None:
+        """Store (or replace) the entry ``name`` (one HSET)."""
+        await self.client.hset(self.keys.periodic_runtime, name, definition)
+
+    @translate_errors
+    async def remove_runtime_periodic(self, name: str) -> bool:
+        """Delete the entry ``name`` and its last run, in one transaction; ``True`` when the
+        entry existed."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hdel(self.keys.periodic_runtime, name)
+            pipe.hdel(self.keys.periodic, name)
+            removed, _ = await pipe.execute()
+        return bool(removed)
 
     @translate_errors
     async def set_scale(self, minimum: int, maximum: int) -> None:
