@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from ...limits import CHUNK_ITEMS
+from ..state import ControlState
 from .client import REDIS_ERRORS, broker_error, subscriber, translate_errors
 from .cluster import ready
 from .connection import RedisPart
@@ -36,7 +37,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class RedisControl(RedisPart):
+class RedisControl(RedisPart, ControlState):
     """Rate limits, unique keys, locks, cancel marks and the event channel (the ``control``
     role of :class:`~.store.RedisStateStore`).
 

@@ -12,6 +12,7 @@ from redis.exceptions import ResponseError
 
 from ...limits import CHUNK_ITEMS, CHUNK_WRITES
 from .. import DeadLetterFields
+from ..state import DeadLetterState
 from .client import translate_errors
 from .connection import RedisPart
 
@@ -33,7 +34,7 @@ def _unreadable_dead_letter() -> DeadLetterFields:
     )
 
 
-class RedisDeadLetters(RedisPart):
+class RedisDeadLetters(RedisPart, DeadLetterState):
     """Dead letters (the ``dead_letter_box`` role of :class:`~.store.RedisStateStore`).
 
     Args:

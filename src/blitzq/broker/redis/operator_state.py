@@ -8,20 +8,25 @@
   autoscaling supervisor of the namespace reads it once per sampling interval, and publishes
   its status (``{ns}:supervisors``, liveness in ``{ns}:supervisors:exp``) the same way
   workers register (see :mod:`~blitzq.worker.autoscale`).
+- What the server tells about itself (``blitzq check``): INFO, and CONFIG GET ``save``.
 """
 
 from __future__ import annotations
 
 import time
 
+from redis.exceptions import ResponseError
+
+from ..state import OperationsState
 from .client import translate_errors
 from .connection import RedisPart
 
 __all__ = ["RedisOperatorState"]
 
 
-class RedisOperatorState(RedisPart):
-    """Run-time periodic entries, the autoscale setpoint and supervisor status (the
+class RedisOperatorState(RedisPart, OperationsState):
+    """Run-time periodic entries, the autoscale setpoint, supervisor status and server
+    facts (the
     ``operations`` role of :class:`~.store.RedisStateStore`).
 
     Args:
@@ -102,3 +107,26 @@ class RedisOperatorState(RedisPart):
                 await pipe.execute()
         raw: dict[bytes, bytes] = await self.client.hgetall(keys.supervisors)
         return {k.decode(): v for k, v in raw.items()}
+
+    @translate_errors
+    async def server_info(self) -> dict[str, str]:
+        """Server name and version, persistence and role from INFO (read-only), and the RDB
+        ``save`` rules from CONFIG GET when the server allows it (managed services often
+        refuse CONFIG: ``save`` is then absent)."""
+        info = await self.client.info()
+        out: dict[str, str] = {}
+        valkey = info.get("valkey_version")
+        out["server"] = "valkey" if valkey else "redis"
+        out["version"] = str(valkey or info.get("redis_version", ""))
+        for name in ("aof_enabled", "rdb_last_bgsave_status", "role", "maxmemory_policy"):
+            if name in info:
+                value = info[name]
+                out[name] = value.decode() if isinstance(value, bytes) else str(value)
+        try:
+            saved = await self.client.config_get("save")
+        except ResponseError:
+            return out
+        save = saved.get("save", saved.get(b"save"))
+        if save is not None:
+            out["save"] = save.decode() if isinstance(save, bytes) else str(save)
+        return out

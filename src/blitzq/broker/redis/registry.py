@@ -1,4 +1,4 @@
-"""The Redis state store's registry role: queues, workers, counters, what the server is.
+"""The Redis state store's registry role: queues, workers, counters, the memory policy.
 
 What the CLI and monitoring read; nothing here is on a task's path except
 :meth:`RedisRegistry.remember_queues`, which a producer calls once per new queue name.
@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from redis.exceptions import OutOfMemoryError, ResponseError
 
+from ..state import RegistryState
 from .client import translate_errors
 from .connection import RedisPart
 
@@ -20,8 +21,8 @@ __all__ = ["RedisRegistry"]
 logger = logging.getLogger("blitzq.broker")
 
 
-class RedisRegistry(RedisPart):
-    """Known queues, live workers, counters, the memory policy and server facts (the
+class RedisRegistry(RedisPart, RegistryState):
+    """Known queues, live workers, counters and the memory policy (the
     ``registry`` role of :class:`~.store.RedisStateStore`).
 
     Args:
@@ -102,26 +103,3 @@ class RedisRegistry(RedisPart):
             return None
         policy = policy.decode() if isinstance(policy, bytes) else str(policy)
         return policy, int(info.get("maxmemory", 0) or 0)
-
-    @translate_errors
-    async def server_info(self) -> dict[str, str]:
-        """Server name and version, persistence and role from INFO (read-only), and the RDB
-        ``save`` rules from CONFIG GET when the server allows it (managed services often
-        refuse CONFIG: ``save`` is then absent)."""
-        info = await self.client.info()
-        out: dict[str, str] = {}
-        valkey = info.get("valkey_version")
-        out["server"] = "valkey" if valkey else "redis"
-        out["version"] = str(valkey or info.get("redis_version", ""))
-        for name in ("aof_enabled", "rdb_last_bgsave_status", "role", "maxmemory_policy"):
-            if name in info:
-                value = info[name]
-                out[name] = value.decode() if isinstance(value, bytes) else str(value)
-        try:
-            saved = await self.client.config_get("save")
-        except ResponseError:
-            return out
-        save = saved.get("save", saved.get(b"save"))
-        if save is not None:
-            out["save"] = save.decode() if isinstance(save, bytes) else str(save)
-        return out

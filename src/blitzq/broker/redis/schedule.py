@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...limits import CHUNK_WRITES
+from ..state import ScheduleState
 from ..values import Scheduled
 from .client import translate_errors
 from .connection import RedisPart
@@ -18,7 +19,7 @@ from .connection import RedisPart
 __all__ = ["RedisSchedule"]
 
 
-class RedisSchedule(RedisPart):
+class RedisSchedule(RedisPart, ScheduleState):
     """The schedule, its promotion and periodic claims (the ``scheduling`` role of
     :class:`~.store.RedisStateStore`).
 

@@ -11,9 +11,9 @@ each taking that connection:
 ``dead_letter_box``           dead letters: list, read, count, replay, purge
 (dead_letters.py)
 ``control`` (control.py)      rate limits, unique keys, locks, cancel marks, events
-``registry`` (registry.py)    known queues, live workers, counters, server facts
+``registry`` (registry.py)    known queues, live workers, counters, memory policy
 ``operations``                run-time periodic entries, the autoscale setpoint,
-(operator_state.py)           supervisor status
+(operator_state.py)           supervisor status, server facts
 ============================  =====================================================
 
 and applies a batch of completions itself (:meth:`RedisStateStore.complete`, one
@@ -312,10 +312,6 @@ class RedisStateStore(StateStore):
         """See :meth:`.RedisRegistry.memory_policy`."""
         return await self.registry.memory_policy()
 
-    async def server_info(self) -> dict[str, str]:
-        """See :meth:`.RedisRegistry.server_info`."""
-        return await self.registry.server_info()
-
     # -------------------------------------------------------------- operations
     async def runtime_periodic(self) -> dict[str, bytes]:
         """See :meth:`.RedisOperatorState.runtime_periodic`."""
@@ -352,6 +348,10 @@ class RedisStateStore(StateStore):
     async def supervisors(self) -> dict[str, bytes]:
         """See :meth:`.RedisOperatorState.supervisors`."""
         return await self.operations.supervisors()
+
+    async def server_info(self) -> dict[str, str]:
+        """See :meth:`.RedisOperatorState.server_info`."""
+        return await self.operations.server_info()
 
     # --------------------------------------------------------------- lifecycle
     async def ping(self) -> None:
