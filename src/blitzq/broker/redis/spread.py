@@ -24,10 +24,10 @@ the transport that wrote into the namespace's keys are split here:
   dead-letters those through the store (with their ``dead_lettered`` record), then acks
   them. A crash in between leaves them pending: recovered again, dead-lettered again under
   the same task id (idempotent), never lost.
-- **fencing** (:meth:`SpreadRedisBroker.complete`): before the store applies a batch of
-  completions, ``hold.lua`` keeps those whose delivery this consumer still holds and renews
-  their leases (a full visibility timeout to apply and ack them); the others are stale,
-  refused whole and counted in ``stale_completions``, as on one slot.
+- **fencing** (:class:`SpreadPairing`, hold-then-commit-then-ack): before the store
+  applies a batch of completions, ``hold.lua`` keeps those whose delivery this consumer
+  still holds and renews their leases (a full visibility timeout to apply and ack them);
+  the others are stale, refused whole and counted in ``stale_completions``, as on one slot.
 
 Every script works on one slot: a transport script on one queue's tag, a store script on
 ``{ns}``. docs/architecture.md ("Redis Cluster") says why no cross-slot step loses or
@@ -48,6 +48,8 @@ from ...records import deliveries_exceeded
 from ...routing import base_queue
 from ...serialization import envelope_head
 from ..facade import Broker
+from ..outbox import Outbox, Relay
+from ..pairing import CommitThenAck
 from ..values import Completion, DeadLetterFields
 from .client import bad_url, make_client, translate_errors
 from .cluster import is_cluster, split_layout
@@ -56,7 +58,13 @@ from .handoff import HandoffRelay, SpreadStateStore
 from .keys import GROUP, Keys
 from .streams import StreamsTransport
 
-__all__ = ["SpreadKeys", "SpreadRedisBroker", "SpreadStreamsTransport", "reliable_broker"]
+__all__ = [
+    "SpreadKeys",
+    "SpreadPairing",
+    "SpreadRedisBroker",
+    "SpreadStreamsTransport",
+    "reliable_broker",
+]
 
 #: Reason and error of a dead letter recovery writes (the same as ``recover.lua``'s).
 MAX_DELIVERIES_REASON = "max deliveries exceeded"
@@ -215,8 +223,7 @@ class SpreadRedisBroker(DeadLetterLimits, Broker):
         self.transport_conn.keys = SpreadKeys(namespace)
         transport = SpreadStreamsTransport(self.transport_conn)
         self.store = SpreadStateStore(conn)
-        super().__init__(transport, self.store)  # a foreign pairing: use_outbox is called
-        self.relay = HandoffRelay(self.store.outbox, transport)
+        super().__init__(transport, self.store, SpreadPairing(transport, self.store))
         self.spread: SpreadStreamsTransport = transport
         self.url = conn.url
         self.keys = conn.keys
@@ -266,29 +273,54 @@ class SpreadRedisBroker(DeadLetterLimits, Broker):
             return False
         return await self.state.set_progress(task_id, data, at, ttl)
 
-    async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
-        """Fence, then complete as a foreign pairing does (:meth:`Broker.complete`): the
-        completions whose delivery (``token`` or ``fence``) this consumer no longer holds
-        are refused whole and counted as ``stale_completions``; the rest are applied in
-        the store and acked on the transport."""
+
+class SpreadPairing(CommitThenAck):
+    """Hold, then commit, then ack: the pairing of the spread layout.
+
+    Before the store applies a batch, the transport keeps the completions whose delivery
+    (``token`` or ``fence``) this consumer still holds and renews their leases
+    (:meth:`SpreadStreamsTransport.held`, ``hold.lua``); the others are stale, refused whole
+    and counted as ``stale_completions``, as on one slot. The rest is
+    :class:`~blitzq.broker.pairing.CommitThenAck`, with the idempotent hand-off relay
+    (:class:`~.handoff.HandoffRelay`).
+
+    Args:
+        transport: the spread layout's streams transport.
+        state: its state store (switched to its outbox here).
+    """
+
+    transport: SpreadStreamsTransport
+    state: SpreadStateStore
+
+    def __init__(self, transport: SpreadStreamsTransport, state: SpreadStateStore) -> None:
+        super().__init__(transport, state)
+        self.complete = self.hold_then_commit
+
+    def make_relay(self, outbox: Outbox) -> Relay:
+        """A :class:`~.handoff.HandoffRelay` from the store's :class:`~.handoff.SpreadOutbox`."""
+        return HandoffRelay(self.state.outbox, self.transport)
+
+    async def hold_then_commit(self, completions: Sequence[Completion]) -> list[Completion]:
+        """Fence, then :meth:`commit_then_ack` the completions this consumer still holds;
+        return the stale ones with those the store refused."""
         asked: dict[str, list[bytes]] = {}
         for c in completions:
             token = c.token if c.token is not None else c.fence
             if token is not None:
                 asked.setdefault(c.queue, []).append(token)
         if not asked:
-            return await super().complete(completions)
+            return await self.commit_then_ack(completions)
         held: set[tuple[str, bytes]] = set()
         for queue, tokens in asked.items():
-            held.update((queue, t) for t in await self.spread.held(queue, tokens))
+            held.update((queue, t) for t in await self.transport.held(queue, tokens))
         fresh: list[Completion] = []
         stale: list[Completion] = []
         for c in completions:
             token = c.token if c.token is not None else c.fence
             (fresh if token is None or (c.queue, token) in held else stale).append(c)
         if stale:
-            await self.store.count_stale(len(stale))
-        refused = await super().complete(fresh) if fresh else []
+            await self.state.count_stale(len(stale))
+        refused = await self.commit_then_ack(fresh) if fresh else []
         return stale + refused
 
 
