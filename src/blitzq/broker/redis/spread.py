@@ -19,8 +19,8 @@ idempotently (``handoff.py``: each batch has a stable id and is published under 
 the queue's slot, so a relay that dies after publishing never doubles it). Two steps of
 the transport that wrote into the namespace's keys are split here:
 
-- **recovery** (:meth:`SpreadRedisBroker.recover`): ``recover_split.lua`` re-adds entries
-  under their delivery budget and returns the ones past it, still pending; the broker
+- **recovery** (:meth:`SpreadStreamsTransport.recover`): ``recover_split.lua`` re-adds entries
+  under their delivery budget and returns the ones past it, still pending; the transport
   dead-letters those through the store (with their ``dead_lettered`` record), then acks
   them. A crash in between leaves them pending: recovered again, dead-lettered again under
   the same task id (idempotent), never lost.
@@ -50,6 +50,7 @@ from ...serialization import envelope_head
 from ..facade import Broker
 from ..outbox import Outbox, Relay
 from ..pairing import CommitThenAck
+from ..state import StateStore
 from ..values import Completion, DeadLetterFields
 from .client import bad_url, make_client, translate_errors
 from .cluster import is_cluster, split_layout
@@ -101,14 +102,20 @@ class SpreadStreamsTransport(StreamsTransport):
     """The streams transport with each queue in its own slot (:class:`SpreadKeys`).
 
     Fetch, publish, heartbeat, nack, ack, stats and purge are the streams transport's; they
-    name only the stream keys of one queue. Recovery and the hand-off are the spread
-    layout's (:meth:`recover_split`, :meth:`publish_once`, :meth:`held`).
+    name only the stream keys of one queue. Recovery (which dead-letters in the store),
+    the fencing check and the hand-off are the spread layout's (:meth:`recover`,
+    :meth:`held`, :meth:`publish_once`).
 
     Args:
         conn: a connection of kind ``"s"`` whose ``keys`` are :class:`SpreadKeys`.
+
+    Attributes:
+        store: the state store that recovery dead-letters in, set once both are made
+            (:func:`spread_parts`).
     """
 
     keys: SpreadKeys
+    store: StateStore
 
     @translate_errors
     async def recover_split(
@@ -130,9 +137,22 @@ class SpreadStreamsTransport(StreamsTransport):
     async def recover(
         self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
     ) -> tuple[int, int]:
-        """Not on this layout: the broker recovers (:meth:`SpreadRedisBroker.recover`), as
-        the entries past their budget are dead-lettered in the store."""
-        raise NotImplementedError("use SpreadRedisBroker.recover (the store dead-letters)")
+        """See :meth:`Transport.recover <blitzq.broker.transport.Transport.recover>`:
+        :meth:`recover_split` re-adds what is under budget; the entries past it are
+        dead-lettered in :attr:`store` with their ``dead_lettered`` record (one ``complete``
+        call), then acked. A crash in between leaves them pending: recovered again,
+        dead-lettered again under the same task id (idempotent), never lost."""
+        requeued, over = await self.recover_split(queue, min_idle, count, max_deliveries)
+        if not over:
+            return requeued, 0
+        now = time.time()
+        dead = [
+            _dead_letter(queue, token, message, deliveries, max_deliveries, now, record_ttl)
+            for token, message, deliveries in over
+        ]
+        await self.store.complete(dead)
+        await self.ack(queue, [token for token, _, _ in over])
+        return requeued, len(over)
 
     @translate_errors
     async def held(self, queue: str, tokens: Sequence[bytes]) -> set[bytes]:
@@ -222,7 +242,8 @@ class SpreadRedisBroker(DeadLetterLimits, Broker):
         self.transport_conn = RedisConnection(url, namespace, client=conn.client, kind="s")
         self.transport_conn.keys = SpreadKeys(namespace)
         transport = SpreadStreamsTransport(self.transport_conn)
-        self.store = SpreadStateStore(conn)
+        self.store = SpreadStateStore(conn, transport.held)
+        transport.store = self.store  # recovery dead-letters in the store
         super().__init__(transport, self.store, SpreadPairing(transport, self.store))
         self.spread: SpreadStreamsTransport = transport
         self.url = conn.url
@@ -239,39 +260,6 @@ class SpreadRedisBroker(DeadLetterLimits, Broker):
     def pool_size(self) -> int | None:
         """Most connections this broker opens (``max_connections``), ``None`` when unknown."""
         return self.conn.pool_size
-
-    async def recover(
-        self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
-    ) -> tuple[int, int]:
-        """See :meth:`Transport.recover <blitzq.broker.transport.Transport.recover>`: the
-        transport re-adds what is under budget; the entries past it are dead-lettered in the
-        store with their ``dead_lettered`` record (one ``complete`` call), then acked."""
-        requeued, over = await self.spread.recover_split(queue, min_idle, count, max_deliveries)
-        if not over:
-            return requeued, 0
-        now = time.time()
-        dead = [
-            _dead_letter(queue, token, message, deliveries, max_deliveries, now, record_ttl)
-            for token, message, deliveries in over
-        ]
-        await self.state.complete(dead)
-        await self.spread.ack(queue, [token for token, _, _ in over])
-        return requeued, len(over)
-
-    async def set_progress(
-        self,
-        task_id: str,
-        data: bytes,
-        at: float,
-        ttl: int,
-        fence: tuple[str, bytes] | None = None,
-    ) -> bool:
-        """See :meth:`StateStore.set_progress <blitzq.broker.state.StateStore.set_progress>`;
-        with ``fence``, stored only while this consumer holds that delivery (``hold.lua``
-        first, which renews its lease)."""
-        if fence is not None and not await self.spread.held(fence[0], [fence[1]]):
-            return False
-        return await self.state.set_progress(task_id, data, at, ttl)
 
 
 class SpreadPairing(CommitThenAck):
