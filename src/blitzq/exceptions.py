@@ -7,7 +7,7 @@ recover narrowly::
     ├── ConfigurationError      bad constructor argument, env var or CLI flag
     ├── SerializationError      an argument or result that is not plain data
     │   ├── MessageTooLarge     an encoded message over ``max_message_size``
-    │   └── ResultTooLarge      a task's encoded result over ``max_result_size``
+    │   └── ResultTooLarge      a task's encoded return value over ``max_result_size``
     ├── TaskFailed              the task ended in a failed / dead-lettered state
     │   ├── TaskCancelled       the task was cancelled
     │   └── TaskExpired         the task waited longer than its ``max_age`` and never ran
@@ -41,7 +41,9 @@ class SerializationError(BlitzQError, TypeError):
 
 
 class MessageTooLarge(SerializationError):
-    """An encoded message is larger than the queue's ``max_message_size`` (bytes).
+    """An encoded message is larger than the queue's ``max_message_size`` (bytes): the
+    limit counts the whole message as it crosses the broker, the arguments and the
+    envelope's own fields (id, task and queue names, times: about 60 bytes and up).
 
     Args:
         size: the encoded size in bytes.
@@ -49,14 +51,19 @@ class MessageTooLarge(SerializationError):
     """
 
     def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"message of {size} bytes is over the limit of {limit} bytes")
+        super().__init__(
+            f"message of {size} bytes is over the limit of {limit} bytes "
+            "(max_message_size counts the whole encoded message: arguments and envelope)"
+        )
         self.size = size
         self.limit = limit
 
 
 class ResultTooLarge(SerializationError):
-    """A task's encoded record (its return value included) is larger than the queue's
-    ``max_result_size`` (bytes); the task fails with this error instead of storing it.
+    """A task's return value, encoded, is larger than the queue's ``max_result_size``
+    (bytes); the task fails with this error instead of storing it. The size counts what the
+    task returned (a ``bytes`` value its length, a ``str`` its UTF-8 length, a list or dict
+    its encoded items), not the record's own fields (:func:`blitzq.envelope_checks.value_size`).
 
     Args:
         size: the encoded size in bytes.
@@ -64,7 +71,10 @@ class ResultTooLarge(SerializationError):
     """
 
     def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"result of {size} bytes is over the limit of {limit} bytes")
+        super().__init__(
+            f"result of {size} bytes is over the limit of {limit} bytes "
+            "(max_result_size counts the encoded value the task returned)"
+        )
         self.size = size
         self.limit = limit
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Final
 
-#: Default ``Queue(max_result_size=)``: largest encoded task record (its return value
-#: included); a larger result fails the task with ``ResultTooLarge``.
+#: Default ``Queue(max_result_size=)``: largest encoded return value (without the record's
+#: own fields: exactly 8 MiB of bytes fit); a larger result fails the task with
+#: ``ResultTooLarge``.
 DEFAULT_MAX_RESULT_SIZE: Final = 8 * 1024 * 1024
 
 #: Default ``Queue(dead_letter_ttl=)``: seconds a dead letter is kept (7 days).
@@ -59,6 +60,16 @@ def clip_text(text: str, limit: int = MAX_ERROR_CHARS) -> str:
 #: ahead an ``eta`` may be, task and call timeouts, ``max_age``, TTLs, the visibility timeout
 #: and the worker's shutdown timeout. Longer values are refused with ConfigurationError.
 MAX_SECONDS: Final = 10 * 365 * 86400
+
+#: Most seconds a time read from a message (``created_at``, ``enqueued_at``: the producer's
+#: clock) may be ahead of the worker's clock; a later one is dead-lettered as malformed. It
+#: bounds how long such a message can be deferred (an unknown task's grace counts from
+#: ``created_at``) and covers any sane clock skew between hosts.
+MAX_CLOCK_AHEAD: Final = 3600.0
+
+#: Largest ``attempt`` number a message may carry (1-based); a larger one, zero or a negative
+#: one is dead-lettered as malformed.
+MAX_ATTEMPT: Final = 2**31 - 1
 
 #: Deepest nesting of lists and objects in JSON a user hands blitzq (``blitzq schedule add
 #: --args``/``--kwargs``, the dashboard's request bodies); deeper is refused with

@@ -86,7 +86,7 @@ class Queue:
             dead-lettered.
         store_results: store return values of successful tasks (failures are always stored).
         result_ttl: seconds a record is kept.
-        max_message_size: largest encoded message in bytes, refused at enqueue.
+        max_message_size: largest encoded message in bytes (envelope included), refused at enqueue.
         broker: a ready :class:`~blitzq.broker.Broker` to use instead of ``redis_url``.
         dead_letter_cap: dead letters kept before the oldest are dropped.
         routes: queue for tasks whose decorator names none: ``{"emails.*": "emails"}``
@@ -98,8 +98,8 @@ class Queue:
         track_state: keep each task's record current through its life (scheduled, queued,
             running, retrying, then its final state) at the cost of a record write per
             step; without it only final states are stored.
-        max_result_size: largest encoded task record in bytes (the return value included);
-            a larger result fails the task with :class:`~blitzq.ResultTooLarge`.
+        max_result_size: largest return value in bytes (encoded, without the record's
+            fields); a larger result fails the task with :class:`~blitzq.ResultTooLarge`.
         dead_letter_ttl: seconds a dead letter is kept.
         dead_letter_max_bytes: total bytes of stored dead letters; beyond it the oldest
             are dropped.

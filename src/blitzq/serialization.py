@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import decimal
+import re
 import uuid
 from typing import Any, Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -280,7 +281,20 @@ def decode_envelope(data: bytes) -> Envelope:
     ) as exc:
         # ArithmeticError: decimal.InvalidOperation from a malformed Decimal extension;
         # RecursionError: arrays or maps nested deeper than the decoder's recursion limit.
-        raise SerializationError(f"malformed message: {exc}") from exc
+        raise SerializationError(f"malformed message: {_name_field(str(exc))}") from exc
+
+
+_FIELD_PATH: Final = re.compile(r"`\$\[(\d+)\]")
+
+
+def _name_field(error: str) -> str:
+    """msgspec's error with the envelope field its path starts at named: ``... - at `$[6]```
+    becomes ``... - at `$[6]` (created_at)``."""
+    found = _FIELD_PATH.search(error)
+    fields = Envelope.__struct_fields__
+    if found is None or int(found.group(1)) >= len(fields):
+        return error
+    return f"{error} ({fields[int(found.group(1))]})"
 
 
 def _read_str(data: bytes, pos: int) -> tuple[str, int] | None:

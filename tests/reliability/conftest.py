@@ -121,8 +121,10 @@ class Harness:
         shutdown_timeout: float = 5.0,
         max_deliveries: int = 5,
         wait_ready: bool = True,
+        block_timeout: float | None = None,
     ) -> WorkerProcess:
-        """Start a worker subprocess; by default wait until it has prepared its consumer."""
+        """Start a worker subprocess; by default wait until it has prepared its consumer
+        (``block_timeout``: the worker's, ``None`` for run_worker.py's 0.5 s)."""
         log = self.tmp_path / f"worker-{time.monotonic_ns()}.log"
         env = {**os.environ, **self.env}
         env.pop("BLITZQ_REDIS_URL", None)
@@ -140,6 +142,8 @@ class Harness:
             "--max-deliveries",
             str(max_deliveries),
         ]
+        if block_timeout is not None:
+            cmd += ["--block-timeout", str(block_timeout)]
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         worker = WorkerProcess(proc, log)

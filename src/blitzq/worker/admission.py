@@ -1,4 +1,5 @@
-"""Admitting a delivery before it runs: decoding (dead-lettering what cannot run), cancel
+"""Admitting a delivery before it runs: decoding and checking its times and numbers
+(dead-lettering what cannot run: :func:`~blitzq.envelope_checks.envelope_fault`), cancel
 marks and the task's start checks (rate limits, expiry, locks, unique keys: the built-in
 middleware in :mod:`blitzq.extensions`).
 
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..broker import Completion, Delivery
 from ..dependencies import refuse_given
+from ..envelope_checks import envelope_fault
 from ..exceptions import ConfigurationError, SerializationError
 from ..extensions.expiry import check_expiry, start_checks
 from ..serialization import Envelope, decode_envelope, decode_envelope_unchecked, envelope_head
@@ -54,6 +57,10 @@ def start(runner: Runner, d: Delivery, slots: Slots) -> None:
         ident, name = envelope_head(d.payload) or (None, "")
         error = str(exc).removeprefix("malformed message: ")
         reject(runner, d, "malformed message", error, slots, ident, name)
+        return
+    fault = envelope_fault(env, time.time())  # a time or number nothing could act on
+    if fault is not None:
+        reject(runner, d, "malformed message", fault, slots, env.id, env.task)
         return
     if runner.lifecycle.on:
         runner.lifecycle.event("received", env, d.queue, env.attempt + d.deliveries - 1)

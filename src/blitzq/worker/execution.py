@@ -19,6 +19,7 @@ import msgspec
 from .. import records
 from ..broker import Completion, DeadLetterFields, Delivery
 from ..context import NO_RESULT, TaskContext
+from ..envelope_checks import value_size
 from ..exceptions import (
     NoRetry,
     ResultTooLarge,
@@ -28,7 +29,7 @@ from ..exceptions import (
     describe_error,
 )
 from ..limits import DEAD_MESSAGE_SAMPLE, DEFAULT_MAX_RESULT_SIZE, clip_text
-from ..serialization import Envelope, encode_envelope
+from ..serialization import Envelope, dumps, encode_envelope
 from ..task import Task
 
 #: Most characters of a formatted traceback kept in a record (its end is kept), and of any
@@ -140,8 +141,9 @@ class Outcomes:
         store_results: the Queue's default for storing return values.
         result_ttl: seconds records live.
         max_message_size: bytes, for re-encoding retries.
-        max_result_size: bytes; a record (return value included) over it fails the task
-            with :class:`~blitzq.exceptions.ResultTooLarge`.
+        max_result_size: bytes; a return value over it (encoded, see
+            :func:`~blitzq.envelope_checks.value_size`) fails the task with
+            :class:`~blitzq.exceptions.ResultTooLarge`.
     """
 
     def __init__(
@@ -165,8 +167,9 @@ class Outcomes:
         """Completion of a run that returned ``value``; ``None`` when nothing is to be done.
 
         A value that is not plain data turns the run into a failure (SerializationError),
-        and so does a record over ``max_result_size`` (ResultTooLarge, not retried: the
-        same call would return as much again).
+        and so does a return value over ``max_result_size`` (ResultTooLarge, not retried:
+        the same call would return as much again); the limit counts the encoded value
+        (:func:`~blitzq.envelope_checks.value_size`), not the record's own fields.
         With ``track_state`` a ``succeeded`` record (without the value, when results are not
         stored) replaces the ``running`` one, with the arguments' preview unless that alone
         would take it over ``max_result_size``.
@@ -201,8 +204,10 @@ class Outcomes:
                     env.id, env.task, d.queue, job.attempt, env.created_at,
                     job.started_at or None, self.worker_id, value,
                 )  # fmt: skip
-            if len(record) > self.max_result_size:
-                raise ResultTooLarge(len(record), self.max_result_size)
+            if len(record) > self.max_result_size:  # the record's own fields are not counted
+                size = value_size(dumps(value))
+                if size > self.max_result_size:
+                    raise ResultTooLarge(size, self.max_result_size)
         except SerializationError as exc:
             job.result = NO_RESULT  # finishers (workflows) must not pass the value on
             job.encode_error = exc

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from ..broker import Completion
 from ..broker.ops import ChordMember, Op, WorkflowDone, WorkflowFail, WorkflowStart, WorkflowStep
 from ..context import NO_RESULT
+from ..envelope_checks import value_size
 from ..exceptions import ConfigurationError, ResultTooLarge, SerializationError, describe_error
 from ..extensions.middleware import OutgoingWorkflow
 from ..limits import CHUNK_ITEMS, DEFAULT_MAX_RESULT_SIZE
@@ -268,8 +269,8 @@ def _follow_ups(
     if error is None and job.result is not NO_RESULT:
         try:
             result = dumps(job.result)
-            if len(result) > queue.max_result_size:
-                raise ResultTooLarge(len(result), queue.max_result_size)
+            if value_size(result) > queue.max_result_size:
+                raise ResultTooLarge(value_size(result), queue.max_result_size)
         except SerializationError as exc:
             return (_fail(workflow_id, "failed", *describe_error(exc), step, queue, now),)
         build = _Messages(

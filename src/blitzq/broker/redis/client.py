@@ -21,7 +21,8 @@ always wins over the default. ``docs/configuration.md`` lists them.
   read of a reply (the connection handshake's included). Blocking
   reads of the product (XREADGROUP BLOCK, BLMPOP) are cut to :func:`max_block` seconds, below
   the socket timeout, so a legitimately idle wait never looks like a dead server; pub/sub reads
-  pass their own read timeout.
+  pass their own read timeout. Fast mode's pops wait longer for their reply, the popped
+  messages' only copy (``popping.py``).
 - TCP keepalive (redis-py's probe settings: idle 30 s, interval 5 s, 3 probes) finds a peer
   that vanished without a FIN; ``health_check_interval`` PINGs a connection idle that long
   before reusing it.

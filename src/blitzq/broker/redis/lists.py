@@ -2,7 +2,9 @@
 
 A message is popped from the list by exactly one worker and is gone from Redis at that moment:
 no ack, no lease, no recovery. A worker that crashes loses the messages it was running (and
-never runs one twice). Retries, results and dead letters work as in reliable mode.
+never runs one twice). Retries, results and dead letters work as in reliable mode. Every pop
+goes through a :class:`~.popping.Popper`, so a worker paused or a network stalled past the
+socket timeout still reads the reply of a pop the server ran (``popping.py``).
 
 :class:`ListsTransport` is a :class:`~blitzq.broker.transport.Transport` on a
 :class:`~.connection.RedisConnection` of kind ``"l"``, paired with the
@@ -21,6 +23,8 @@ from ...limits import CHUNK_ITEMS
 from ..transport import Delivery, Guarantee, Transport
 from .client import translate_errors
 from .connection import RedisConnection, RedisPart
+from .popping import Popper
+from .scripts import Scripts
 
 
 class ListsTransport(RedisPart, Transport):
@@ -40,6 +44,9 @@ class ListsTransport(RedisPart, Transport):
         if conn.kind != "l":
             raise ConfigurationError("a lists transport needs a connection of kind 'l'")
         super().__init__(conn)
+        # Every pop goes through the popper: a pause or a stall cannot drop its reply.
+        self._popper = Popper(self.client)
+        self._pop_scripts = self.scripts if conn.cluster else Scripts(self._popper)
 
     @translate_errors
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
@@ -57,11 +64,11 @@ class ListsTransport(RedisPart, Transport):
     async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
         """LPOP up to ``count``; when empty, BLMPOP blocking up to ``timeout`` seconds."""
         key = self.keys.list(queue)
-        items = await self.client.execute_command("LPOP", key, count)
+        pop = self._popper.execute_command
+        items = await pop("LPOP", key, count)
         if not items and timeout > 0:
-            reply = await self.client.execute_command(
-                "BLMPOP", self.block_for(timeout), 1, key, "LEFT", "COUNT", count
-            )
+            block = self.block_for(timeout)
+            reply = await pop("BLMPOP", block, 1, key, "LEFT", "COUNT", count, block=block)
             items = reply[1] if reply else None
         if not items:
             return []
@@ -77,7 +84,7 @@ class ListsTransport(RedisPart, Transport):
         keys = [self.keys.list(q) for q in queues]
         rows: list[Any] = []  # the caller's script just found every list empty
         if look_first or timeout <= 0:
-            rows = await self.scripts.call("pop_levels", keys=keys, args=[count])
+            rows = await self._pop_scripts.call("pop_levels", keys=keys, args=[count])
         n = len(keys)
         if len(rows) > n or timeout <= 0:
             out: list[Delivery] = []
@@ -87,8 +94,9 @@ class ListsTransport(RedisPart, Transport):
                     out += [Delivery(queue, None, item, 1) for item in rows[start : start + taken]]
                     start += taken
             return out
-        reply = await self.client.execute_command(
-            "BLMPOP", self.block_for(timeout), len(keys), *keys, "LEFT", "COUNT", 1
+        block = self.block_for(timeout)
+        reply = await self._popper.execute_command(
+            "BLMPOP", block, len(keys), *keys, "LEFT", "COUNT", 1, block=block
         )
         if not reply:
             return []
