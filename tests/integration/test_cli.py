@@ -191,7 +191,7 @@ def test_json_errors_are_one_json_document_on_stdout(
     """Under --json a failing command still prints one JSON document on stdout (a script
     parses stdout), with the error, and keeps the human line on stderr and its exit code."""
     result = invoke("--json", *args)
-    assert result.exit_code in (1, 2)
+    assert result.exit_code in (1, 2, 78)  # check: a configuration error is 78
     doc = json.loads(result.stdout)
     assert doc["exit_code"] == result.exit_code
     assert doc["error"]
@@ -578,6 +578,7 @@ def test_worker_process_runs_tasks_and_stops_gracefully_on_sigterm(
             "5",
             "--log-format",
             "json",
+            "--no-supervise",  # this process is the worker: its banner, its exit code
         ],
         cwd=tmp_path,
         env=env,
@@ -638,8 +639,9 @@ BAD_APPS = {
 @pytest.mark.parametrize(
     "params", ["max_connection=5", "bogus_param=1", "socket_timeout=0", "max_connections=2"]
 )
-def test_worker_with_bad_url_option_exits_2(params: str, tmp_path: Path, redis_url: str) -> None:
-    """Issue input: an unknown URL option used to print a redis-py traceback and exit 1."""
+def test_worker_with_bad_url_option_exits_78(params: str, tmp_path: Path, redis_url: str) -> None:
+    """Issue input: an unknown URL option used to print a redis-py traceback and exit 1; it
+    is a configuration error (78), which the supervisor does not restart."""
     (tmp_path / "cli_url_app.py").write_text("from blitzq import Queue\nqueue = Queue()\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
     url = redis_url + ("&" if "?" in redis_url else "?") + params
@@ -652,29 +654,36 @@ def test_worker_with_bad_url_option_exits_2(params: str, tmp_path: Path, redis_u
         timeout=60,
         check=False,
     )
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == 78, result.stderr
+    assert "restarting worker slot" not in result.stderr
     assert params.split("=")[0] in result.stderr
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("supervised", [True, False], ids=["supervised", "no-supervise"])
 @pytest.mark.parametrize("case", sorted(BAD_APPS))
-def test_worker_with_bad_module_attr_exits_2_with_readable_message(
-    case: str, tmp_path: Path, redis_url: str
+def test_worker_with_bad_module_attr_exits_78_with_readable_message(
+    case: str, supervised: bool, tmp_path: Path, redis_url: str
 ) -> None:
+    """A bad application is a configuration error: exit 78 (EX_CONFIG) from the worker and,
+    by default, from its supervisor too (which does not restart it)."""
     spec, needle = BAD_APPS[case]
     (tmp_path / "cli_bad_app.py").write_text("value = 42\n")
     (tmp_path / "cli_broken_app.py").write_text("x = 1 / 0\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
+    cmd = [sys.executable, "-m", "blitzq", "worker", spec, "--redis-url", redis_url]
     result = subprocess.run(
-        [sys.executable, "-m", "blitzq", "worker", spec, "--redis-url", redis_url],
+        cmd if supervised else [*cmd, "--no-supervise"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=60,
         check=False,
     )
-    assert result.returncode == 2, result.stderr
-    assert needle in result.stderr
-    assert result.stderr.startswith("Error: ")
+    assert result.returncode == 78, result.stderr
+    assert result.stderr.count(needle) == 1, result.stderr
     assert "Traceback" not in result.stderr
+    assert "restarting worker slot" not in result.stderr
+    if not supervised:
+        assert result.stderr.startswith("Error: ")

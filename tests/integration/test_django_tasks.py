@@ -331,7 +331,7 @@ def test_worker_command_line_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     assert both.exit_code == 2
     assert "not both" in both.output
     unset = runner.invoke(cli, ["worker", "--django"])
-    assert unset.exit_code == 2
+    assert unset.exit_code == 78  # a configuration error, found before any worker starts
     assert "--django needs DJANGO_SETTINGS_MODULE" in unset.output
 
 

@@ -174,12 +174,13 @@ def test_no_configure_logging_installs_no_handler(cli_handler: None) -> None:
     root = logging.getLogger()
     before = list(root.handlers)
     runner = CliRunner()
-    # A missing app exits 2 after the logging setup; the handlers tell what it installed.
+    # A missing app exits 78 (a configuration error) after the logging setup; the handlers
+    # tell what it installed.
     result = runner.invoke(cli, ["worker", "no_such_module_xyz:queue", "--no-configure-logging"])
-    assert result.exit_code == 2
+    assert result.exit_code == 78
     assert root.handlers == before
     result = runner.invoke(cli, ["worker", "no_such_module_xyz:queue"])
-    assert result.exit_code == 2
+    assert result.exit_code == 78
     added = [h for h in root.handlers if h not in before]
     assert len(added) == 1
     assert isinstance(added[0], NonBlockingHandler)

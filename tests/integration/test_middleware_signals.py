@@ -727,7 +727,7 @@ def test_configure_registers_middleware_and_signals_in_a_cli_worker(
     assert proc.returncode == 0
 
 
-def test_configure_with_a_bad_spec_exits_2_with_a_message(
+def test_configure_with_a_bad_spec_exits_78_with_a_message(
     tmp_path: Path, redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "cfg_app2.py").write_text(APP)
@@ -735,11 +735,12 @@ def test_configure_with_a_bad_spec_exits_2_with_a_message(
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
     base = ["--redis-url", redis_url, "--namespace", namespace, "worker", "cfg_app2:queue"]
+    base.append("--no-supervise")  # the message is this process's (a configuration error)
     for spec, expected in [
         ("cfg_bad:setup", "--configure cfg_bad:setup failed: RuntimeError: nope"),
         ("cfg_bad:missing", "has no attribute 'missing'"),
         ("no_colon", "expects MODULE:CALLABLE"),
     ]:
         result = runner.invoke(cli, [*base, "--configure", spec], env=_clean_env())
-        assert result.exit_code == 2, result.output
+        assert result.exit_code == 78, result.output
         assert expected in result.output

@@ -60,7 +60,7 @@ def _spawn(tmp_path: Path, module: str, url: str, namespace: str, *extra: str) -
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *sys.path])
     log = (tmp_path / f"{module}.log").open("wb")
     args = ["worker", f"{module}:queue", "-Q", "deploy", "-c", "8", "--log-level", "info"]
-    args += ["--redis-url", url, "--namespace", namespace, *extra]
+    args += ["--redis-url", url, "--namespace", namespace, "--no-supervise", *extra]
     return subprocess.Popen(
         [*command, *args], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=log
     )

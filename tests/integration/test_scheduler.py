@@ -469,7 +469,9 @@ def test_worker_with_scheduler_flag_runs_a_periodic_task_repeatedly(
         client.close()
         observer.close_sync()
     assert code == 0, err
-    assert out.startswith("blitzq worker "), out
+    # The supervisor (the default, also with one process) announces itself, then its worker.
+    assert out.startswith("blitzq supervisor "), out
+    assert "\nblitzq worker " in out, out
     assert "scheduler stopped" in err
 
 

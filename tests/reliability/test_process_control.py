@@ -286,11 +286,12 @@ def test_autoscale_samples_the_namespace_the_app_sets_in_code(
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["namespace"] == "blitzq"
-    # An application that does not load is a usage error (exit code 2), nothing stored.
+    # An application that does not load is a configuration error (exit code 78), nothing
+    # stored.
     code, out = control_app(
         redis_url, "no_such_module_x:queue", "scale", "--min", "2", "--max", "2"
     )
-    assert code == 2, out
+    assert code == 78, out
     assert "no_such_module_x" in out
     assert client.exists("{" + namespace + "}:scale") == 0
 

@@ -328,11 +328,11 @@ def test_sigkilled_supervisor_leaves_no_process(
         wait_until(lambda pid=pid: not alive(pid), 30.0, f"pid {pid} ({cmdline(pid)!r}) gone")
 
 
-def test_usage_error_is_not_restarted(
+def test_configuration_error_is_not_restarted(
     supervise: Callable[..., Supervised], client: redis.Redis, namespace: str
 ) -> None:
     sup = supervise(app="tests.reliability.no_such_module:queue")
-    assert sup.proc.wait(20) == 2, sup.output()
+    assert sup.proc.wait(20) == 78, sup.output()
     out = sup.output()
     assert out.count("not restarting it") == 2, out
     assert "restarting worker slot" not in out
@@ -378,7 +378,7 @@ def test_sigkilled_single_worker_takes_its_pool_child_along(
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
     cmd = [sys.executable, "-m", "blitzq", "worker", APP, "--redis-url", redis_url]
-    cmd += ["--namespace", namespace]
+    cmd += ["--namespace", namespace, "--no-supervise"]  # this process is the worker
     worker = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     pool = None
     try:
@@ -511,13 +511,13 @@ def test_hung_threads_holding_every_slot_get_their_worker_replaced(
 def test_strict_memory_policy_refusal_is_a_configuration_error_not_restarted(
     supervise: Callable[..., Supervised], private_redis: Any
 ) -> None:
-    """A worker refusing an evicting maxmemory-policy (--strict-memory-policy) exits 2, so
-    the supervisor does not restart it in a loop; it exits 2 once every slot refused."""
+    """A worker refusing an evicting maxmemory-policy (--strict-memory-policy) exits 78, so
+    the supervisor does not restart it in a loop; it exits 78 once every slot refused."""
     with redis.Redis.from_url(private_redis.url) as c:  # this test's own server
         c.config_set("maxmemory", "40mb")
         c.config_set("maxmemory-policy", "allkeys-lru")
     sup = supervise("--strict-memory-policy", "--redis-url", private_redis.url)
-    assert sup.proc.wait(60) == 2, sup.output()
+    assert sup.proc.wait(60) == 78, sup.output()
     out = sup.output()
     assert out.count("not restarting it") == 2, out
     assert "restarting worker slot" not in out

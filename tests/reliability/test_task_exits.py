@@ -69,6 +69,7 @@ def worker(redis_url: str, namespace: str, tmp_path: Path) -> Iterator[subproces
     env["PYTHONUNBUFFERED"] = "1"
     cmd = [sys.executable, "-m", "blitzq", "worker", APP, "--redis-url", redis_url]
     cmd += ["--namespace", namespace, "-c", "1", "--shutdown-timeout", "2"]
+    cmd += ["--no-supervise"]  # the tests ask this process's own exit code and pid
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:

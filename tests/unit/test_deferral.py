@@ -189,9 +189,11 @@ def test_a_supervisor_passes_the_deferral_options_to_its_workers(
 
     monkeypatch.setattr(launch, "supervise", supervise)
     options = ["--defer-base-delay", "0.25", "--defer-max-delay", "7.5"]
+    # The supervisor checks, without importing it, that the app's top-level module exists.
+    app = "tests.app:queue"
     result = CliRunner().invoke(
         cli,
-        ["--redis-url", "redis://127.0.0.1:1/0", "worker", "app:queue", "--workers", "2", *options],
+        ["--redis-url", "redis://127.0.0.1:1/0", "worker", app, "--workers", "2", *options],
     )
     assert result.exit_code == 0, result.output
     (argv,) = seen

@@ -32,6 +32,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 EXIT_FAILURE = 1
 #: Exit code of a usage or configuration error (click uses 2 for bad arguments too).
 EXIT_USAGE = 2
+#: Exit code of a configuration error of ``blitzq worker``, ``blitzq scheduler run`` and
+#: ``blitzq check`` (``EX_CONFIG`` of sysexits.h: systemd's ``RestartPreventExitStatus=78``
+#: stops restarting on it), and of an application that does not load.
+EXIT_CONFIG = 78
 
 
 if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic; 8.1 cannot subscript it
@@ -111,6 +115,14 @@ class CliUsageError(CliError):
     """A usage or configuration error (bad MODULE:ATTR, invalid setting): exit code 2."""
 
     exit_code = EXIT_USAGE
+
+
+class CliConfigError(CliUsageError):
+    """A configuration error of a long-running command (an application that cannot be
+    loaded, an invalid setting, a server it refuses to run on): exit code 78 (``EX_CONFIG``),
+    which a supervisor or systemd does not restart."""
+
+    exit_code = EXIT_CONFIG
 
 
 def redact_cli(text: str) -> str:
@@ -279,15 +291,21 @@ def amqp_of(queue: Queue) -> str | None:
 
 
 @contextlib.contextmanager
-def cli_errors(url: str | None = None) -> Iterator[None]:
+def cli_errors(url: str | None = None, *, config_exit: int = EXIT_USAGE) -> Iterator[None]:
     """Turn blitzq errors raised inside into :class:`CliError` (no traceback).
 
     Args:
         url: the broker URL in use, named (password masked) in broker errors.
+        config_exit: exit code of a :class:`~blitzq.exceptions.ConfigurationError`:
+            :data:`EXIT_USAGE` (2), or :data:`EXIT_CONFIG` (78) for the services and their
+            preflight (``blitzq worker``, ``blitzq scheduler run``, ``blitzq check``). Broker
+            (connection) errors exit 1.
     """
     try:
         yield
     except ConfigurationError as exc:
+        if config_exit == EXIT_CONFIG:
+            raise CliConfigError(str(exc)) from None
         raise CliUsageError(str(exc)) from None
     except EmbeddedServerNotFound as exc:
         raise CliError(str(exc)) from None

@@ -17,6 +17,7 @@ from ..exceptions import BlitzQError
 from ..preflight import Finding, exit_code, preflight
 from ..queue import Queue
 from ._common import (
+    EXIT_CONFIG,
     amqp_of,
     cli_errors,
     console,
@@ -55,7 +56,7 @@ def check_command(app: str) -> None:
             with contextlib.suppress(BlitzQError):
                 await q.close()
 
-    with cli_errors(queue._redis_url or settings().redis_url):
+    with cli_errors(queue._redis_url or settings().redis_url, config_exit=EXIT_CONFIG):
         findings = asyncio.run(run(queue))
     code = exit_code(findings)
     if settings().json:

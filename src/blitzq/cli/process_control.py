@@ -1,5 +1,6 @@
 """The process-control options of ``blitzq worker``: ``--autoscale``, ``--max-tasks-per-child``,
-``--max-memory-per-child``, ``--reload`` and ``--watch-dir`` (docs/supervisor.md).
+``--max-memory-per-child``, ``--reload``, ``--watch-dir``, ``--no-supervise``,
+``--heartbeat-timeout``, ``--max-restarts`` and ``--restart-window`` (docs/supervisor.md).
 
 :func:`process_control_options` adds them to the command; the command hands what they asked
 for to :func:`needs_supervisor`, :func:`worker_arguments` (what each supervised worker gets)
@@ -37,6 +38,10 @@ NAMES = (
     "max_memory_per_child",
     "reload",
     "watch_dir",
+    "supervise",
+    "heartbeat_timeout",
+    "max_restarts",
+    "restart_window",
     "supervised",
 )
 
@@ -137,6 +142,49 @@ def process_control_options(fn: F) -> F:
             metavar="DIR",
             help="With --reload: also watch DIR for .py changes (repeatable).",
         ),
+        click.option(
+            "--supervise/--no-supervise",
+            "supervise",
+            default=True,
+            show_default=True,
+            envvar="BLITZQ_SUPERVISE",
+            show_envvar=True,
+            help="Run the worker processes under a supervisor that restarts them (also with "
+            "one process). --no-supervise runs the worker in this process, for a process "
+            "manager that restarts it itself (systemd, Kubernetes); --burst always does.",
+        ),
+        click.option(
+            "--heartbeat-timeout",
+            type=Seconds(minimum=0.0, maximum=86400.0),
+            default=30.0,
+            show_default=True,
+            metavar="SECONDS",
+            envvar="BLITZQ_HEARTBEAT_TIMEOUT",
+            show_envvar=True,
+            help="Replace a supervised worker whose event loop sent no heartbeat for this "
+            "long (a stopped process, a blocking call in async code); 0: never.",
+        ),
+        click.option(
+            "--max-restarts",
+            type=click.IntRange(min=0),
+            default=5,
+            show_default=True,
+            metavar="N",
+            envvar="BLITZQ_MAX_RESTARTS",
+            show_envvar=True,
+            help="Crash restarts of one worker slot allowed within --restart-window; one more "
+            "and the supervisor gives up on the slot.",
+        ),
+        click.option(
+            "--restart-window",
+            type=Seconds(minimum=1.0, maximum=7 * 86400.0),
+            default=3600.0,
+            show_default=True,
+            metavar="SECONDS",
+            envvar="BLITZQ_RESTART_WINDOW",
+            show_envvar=True,
+            help="The rolling window of --max-restarts.",
+        ),
         click.option("--supervised", is_flag=True, default=False, hidden=True),
     ]
     for option in reversed(options):
@@ -174,6 +222,8 @@ def option_conflicts(
     without ``--burst``, ``--watch-dir`` without ``--reload``."""
     if burst and (conflicts := burst_conflicts(workers, control)):
         return f"--burst runs one worker process: not with {', '.join(conflicts)}"
+    if not control.get("supervise", True) and (conflicts := burst_conflicts(workers, control)):
+        return f"--no-supervise runs one worker in this process: not with {', '.join(conflicts)}"
     if burst_idle_timeout and not burst:
         return "--burst-idle-timeout applies to --burst only: give --burst too"
     if control.get("watch_dir") and not control.get("reload"):
@@ -181,12 +231,13 @@ def option_conflicts(
     return None
 
 
-def needs_supervisor(workers: int, control: Mapping[str, Any]) -> bool:
-    """Whether the command runs a supervisor rather than the worker itself."""
-    if control.get("supervised"):
+def needs_supervisor(workers: int, control: Mapping[str, Any], burst: bool = False) -> bool:
+    """Whether the command runs a supervisor rather than the worker itself: always, unless
+    it is a supervised worker already, ``--no-supervise`` was given or ``--burst`` (a burst
+    worker exits when the queues are drained; there is nothing to restart)."""
+    if control.get("supervised") or burst:
         return False
-    wanted = ("autoscale", "reload", "max_tasks_per_child", "max_memory_per_child")
-    return workers > 1 or any(control.get(name) for name in wanted)
+    return bool(control.get("supervise", True)) or workers > 1
 
 
 def worker_arguments(control: Mapping[str, Any]) -> list[str]:
@@ -216,7 +267,11 @@ def supervisor_arguments(
         CliUsageError: an ``--autoscale`` without a broker the supervisor can sample, an
             application that cannot be loaded, or a ``--reload`` that cannot watch it.
     """
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {
+        "max_restarts": control.get("max_restarts", 5),
+        "restart_window": control.get("restart_window", 3600.0),
+        "heartbeat_timeout": control.get("heartbeat_timeout", 30.0) or None,
+    }
     try:
         if control.get("autoscale"):
             low, high = control["autoscale"]  # parsed by _autoscale_range

@@ -24,6 +24,7 @@ from ..queue import Queue
 from ..runtime_schedules import all_periodic_status
 from ..scheduler import Scheduler
 from ._common import (
+    EXIT_CONFIG,
     Seconds,
     cli_errors,
     console,
@@ -113,10 +114,10 @@ def run_command(app: str, poll_interval: float, log_level: str, log_format: str)
     also moves due delayed tasks to their queues. Workers run the dispatched tasks.
     """
     s = settings()
-    with cli_errors(s.redis_url):
+    with cli_errors(s.redis_url, config_exit=EXIT_CONFIG):
         configure_logging(log_level, "json" if log_format == "json" else "text")
     queue = _load(app)
-    with cli_errors(queue._redis_url or s.redis_url):
+    with cli_errors(queue._redis_url or s.redis_url, config_exit=EXIT_CONFIG):
         scheduler = Scheduler(queue, poll_interval=poll_interval, handle_signals=True)
         asyncio.run(_serve(scheduler))
 

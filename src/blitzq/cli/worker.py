@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import importlib.util
 import inspect
 import logging
 import os
@@ -14,15 +15,18 @@ from typing import Any
 
 import click
 
-from ..exceptions import BlitzQError
+from ..exceptions import BlitzQError, BrokerError
 from ..logconfig import configure_logging
 from ..queue import Queue
 from ..routing import check_name
 from ..worker import Worker
 from ..worker.deferral import OutageBackoff
+from ..worker.heartbeat import start_beating
 from ..worker.ops import slot_port
 from ..worker.worker import EXIT_RESTART
 from ._common import (
+    EXIT_CONFIG,
+    CliConfigError,
     CliUsageError,
     Seconds,
     Settings,
@@ -57,6 +61,50 @@ _ENV = {
 
 
 _usage = CliUsageError
+#: An application or ``--configure`` that cannot be loaded: a configuration error (exit 78).
+_config = CliConfigError
+
+
+def _parse_app(spec: str) -> tuple[str, str]:
+    """``(module, attribute)`` of ``MODULE:ATTR``, the current directory put first on
+    ``sys.path``.
+
+    Raises:
+        CliError: (exit code 78) a malformed spec or one that looks like a file path.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise _config(f"expected MODULE:ATTR (for example myapp.tasks:queue), got {spec!r}")
+    if module_name.endswith(".py") or "/" in module_name:
+        raise _config(
+            f"{module_name!r} looks like a file path: give the module name (myapp.tasks, not "
+            "myapp/tasks.py), importable from the current directory"
+        )
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    return module_name, attr
+
+
+def precheck_app(spec: str) -> None:
+    """What the supervisor checks of ``MODULE:ATTR`` before it starts worker processes,
+    without importing anything: the spec's form and that its top-level package exists. An
+    error found only on import (in a worker) ends the worker, and so the supervisor, with
+    exit code 78 too.
+
+    Raises:
+        CliError: (exit code 78) a malformed spec, or no such top-level module.
+    """
+    module_name, _ = _parse_app(spec)
+    top = module_name.partition(".")[0]
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise _config(
+            f"cannot import module {module_name!r}: no such module in {os.getcwd()} or on sys.path"
+        )
 
 
 def load_queue(spec: str) -> Queue:
@@ -65,33 +113,25 @@ def load_queue(spec: str) -> Queue:
     ``ATTR`` may be dotted (``app:tasks.queue``).
 
     Raises:
-        CliError: (exit code 2) a malformed spec, a module that cannot be imported or fails
-            while importing, a missing attribute, or an attribute that is not a Queue.
+        CliError: (exit code 78, ``EX_CONFIG``) a malformed spec, a module that cannot be
+            imported or fails while importing, a missing attribute, or an attribute that is
+            not a Queue.
     """
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise _usage(f"expected MODULE:ATTR (for example myapp.tasks:queue), got {spec!r}")
-    if module_name.endswith(".py") or "/" in module_name:
-        raise _usage(
-            f"{module_name!r} looks like a file path: give the module name (myapp.tasks, not "
-            "myapp/tasks.py), importable from the current directory"
-        )
+    module_name, attr = _parse_app(spec)
     cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if missing and (module_name == missing or module_name.startswith(missing + ".")):
-            raise _usage(
+            raise _config(
                 f"cannot import module {module_name!r}: no such module in {cwd} or on sys.path"
             ) from None
         logger.debug("importing %s failed", module_name, exc_info=True)
-        raise _usage(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+        raise _config(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
     except Exception as exc:
         logger.debug("importing %s failed", module_name, exc_info=True)
-        raise _usage(
+        raise _config(
             f"importing {module_name!r} failed: {type(exc).__name__}: {exc} "
             "(--log-level debug shows the traceback)"
         ) from None
@@ -100,9 +140,9 @@ def load_queue(spec: str) -> Queue:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise _usage(f"module {module_name!r} has no attribute {attr!r}") from None
+            raise _config(f"module {module_name!r} has no attribute {attr!r}") from None
     if not isinstance(obj, Queue):
-        raise _usage(f"{spec} is a {type(obj).__name__}, not a blitzq.Queue")
+        raise _config(f"{spec} is a {type(obj).__name__}, not a blitzq.Queue")
     return obj
 
 
@@ -111,25 +151,25 @@ def configure_queue(queue: Queue, spec: str) -> None:
     register middleware and signal handlers without a custom entry point.
 
     Raises:
-        CliError: (exit code 2) a malformed spec, an import that fails, a missing or
-            non-callable attribute, a coroutine function, or a callable that raises.
+        CliError: (exit code 78, ``EX_CONFIG``) a malformed spec, an import that fails, a
+            missing or non-callable attribute, a coroutine function, or a callable that raises.
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise _usage(f"--configure expects MODULE:CALLABLE (myapp.setup:configure), got {spec!r}")
+        raise _config(f"--configure expects MODULE:CALLABLE (myapp.setup:configure), got {spec!r}")
     try:
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
     except Exception as exc:
-        raise _usage(f"--configure {spec}: {type(exc).__name__}: {exc}") from None
+        raise _config(f"--configure {spec}: {type(exc).__name__}: {exc}") from None
     if not callable(obj) or inspect.iscoroutinefunction(obj):
-        raise _usage(f"--configure {spec}: expected a plain function taking the Queue")
+        raise _config(f"--configure {spec}: expected a plain function taking the Queue")
     try:
         obj(queue)
     except Exception as exc:
         logger.debug("--configure %s failed", spec, exc_info=True)
-        raise _usage(f"--configure {spec} failed: {type(exc).__name__}: {exc}") from None
+        raise _config(f"--configure {spec} failed: {type(exc).__name__}: {exc}") from None
 
 
 def _export_settings(s: Settings) -> None:
@@ -191,10 +231,39 @@ def _startup(worker: Worker, url: str) -> None:
     )
 
 
-async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
+#: Seconds between two tries of a supervised worker waiting for its broker at start: the
+#: first, and the longest (doubling in between).
+BROKER_WAIT = (0.5, 30.0)
+
+
+async def _reach_broker(worker: Worker, patient: bool) -> None:
+    """Ping the worker's broker; a supervised (``patient``) worker whose broker is not there
+    yet waits for it, retrying with backoff (logged; no crash, so no restart is spent).
+
+    Raises:
+        BrokerError: the broker does not answer and the worker is not ``patient``.
+        ConfigurationError: the broker cannot be configured (never retried).
+    """
+    delay, longest = BROKER_WAIT
+    while True:
+        try:
+            await worker.queue.broker.ping()
+            return
+        except BrokerError as exc:
+            if not patient:
+                raise
+            logger.warning(
+                "broker not reachable yet (%s): waiting for it, next try in %.1f s", exc, delay
+            )
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, longest)
+
+
+async def _serve(worker: Worker, with_scheduler: bool = False, patient: bool = False) -> None:
     queue = worker.queue
+    beating = start_beating()  # the supervisor's heartbeat, from this loop
     try:
-        await queue.broker.ping()
+        await _reach_broker(worker, patient)
         _startup(worker, queue.url)
         if not with_scheduler:
             await worker.run()
@@ -209,6 +278,8 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
             scheduler.stop()
             await scheduling
     finally:
+        if beating is not None:
+            beating.cancel()
         with contextlib.suppress(BlitzQError):
             await queue.close()
 
@@ -262,7 +333,7 @@ async def _serve(worker: Worker, with_scheduler: bool = False) -> None:
     show_default=True,
     envvar="BLITZQ_WORKERS",
     show_envvar=True,
-    help="Worker processes, run and restarted by a supervisor (1: run in this process).",
+    help="Worker processes, run and restarted by a supervisor (see --no-supervise).",
 )
 @click.option(
     "--configure",
@@ -316,14 +387,16 @@ def worker_command(
     gracefully on SIGTERM or SIGINT (exit code 0): it stops fetching, waits up to
     --shutdown-timeout for running tasks and puts the rest back on their queues.
 
-    With --workers N > 1, --autoscale, --reload or a --max-*-per-child option the command
-    supervises worker processes instead; SIGHUP to it reloads them gracefully. With --django
+    The command supervises its worker processes (also one): it restarts a crashed worker or
+    one whose heartbeat stopped, and a configuration error ends it with exit code 78.
+    --no-supervise (for systemd or Kubernetes) and --burst run the worker in this process.
+    SIGHUP to the supervisor reloads the workers gracefully. With --django
     instead of MODULE:ATTR (and DJANGO_SETTINGS_MODULE set) it runs the tasks of Django's
     tasks framework whose TASKS backend is blitzq's.
     """
     s = settings()
     if configure_logs:
-        with cli_errors(s.redis_url):
+        with cli_errors(s.redis_url, config_exit=EXIT_CONFIG):
             configure_logging(
                 log_level, "json" if log_format == "json" else "text", **logging_settings(control)
             )
@@ -331,13 +404,17 @@ def worker_command(
         both = "not both" if django else "for example myapp.tasks:queue"
         raise _usage(f"give MODULE:ATTR or --django (Django's tasks framework), {both}")
     deferral = (defer_base_delay, defer_max_delay, start_check_timeout)
-    with cli_errors(s.redis_url):
+    with cli_errors(s.redis_url):  # options that contradict each other: a usage error, 2
         OutageBackoff.checked(*deferral)  # before any worker process starts
     ops = ops_argv(metrics_port, health_port, ops_host, configure_logs, control)
     ops += deferral_argv(*deferral)
     if conflict := option_conflicts(workers, control, burst, burst_idle_timeout):
         raise CliUsageError(conflict)
-    if needs_supervisor(workers, control):  # it runs copies of this command, --workers 1
+    if needs_supervisor(workers, control, burst):  # it runs copies of this command, --workers 1
+        if app:
+            precheck_app(app)  # the common mistakes exit 78 here, once, not in every worker
+        elif not os.environ.get("DJANGO_SETTINGS_MODULE"):
+            raise _config("--django needs DJANGO_SETTINGS_MODULE (your project's settings)")
         from ..worker.launch import supervise
         from ..worker.processes import worker_command
 
@@ -370,14 +447,14 @@ def worker_command(
     if django:  # blitzq.integrations.django_worker: the Queue of the TASKS backend
         from ..integrations.django_worker import django_queue
 
-        with cli_errors(s.redis_url):
+        with cli_errors(s.redis_url, config_exit=EXIT_CONFIG):
             queue, default_queues, worker_name = django_queue(queues is not None)
     else:
         queue = load_queue(app or "")
     _override(queue, s)
     for spec in configure:
         configure_queue(queue, spec)
-    with cli_errors(queue._redis_url or s.redis_url):
+    with cli_errors(queue._redis_url or s.redis_url, config_exit=EXIT_CONFIG):
         worker = Worker(
             queue,
             queues=_split_queues(queues) or default_queues,
@@ -400,7 +477,7 @@ def worker_command(
             name=worker_name,
             **log_levels(control),
         )
-        asyncio.run(_serve(worker, with_scheduler))
+        asyncio.run(_serve(worker, with_scheduler, patient=bool(control.get("supervised"))))
     # A worker that stopped to be restarted (too many abandoned threads) says so.
     code = EXIT_RESTART if worker.restart_requested else 0
     _exit_past_abandoned_threads(code)

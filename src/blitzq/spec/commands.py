@@ -20,9 +20,11 @@ ENV_PREFIX = "BLITZQ"
 
 def exit_codes() -> list[dict[str, Any]]:
     """The exit codes of ``blitzq`` commands, from the constants that set them."""
-    from ..cli._common import EXIT_FAILURE, EXIT_USAGE
+    from ..cli._common import EXIT_CONFIG, EXIT_FAILURE, EXIT_USAGE
     from ..preflight import EXIT_BLOCKING
     from ..worker.worker import EXIT_RESTART
+
+    assert EXIT_CONFIG == EXIT_BLOCKING  # both are EX_CONFIG
 
     return [
         {
@@ -42,7 +44,8 @@ def exit_codes() -> list[dict[str, Any]]:
             "commands": "all",
             "meaning": "a usage or configuration error: "
             "a bad option or argument (the option named), an invalid setting or project file, a "
-            "ConfigurationError; a supervisor whose every worker hit one",
+            "ConfigurationError (worker and check: 78); a supervisor whose every worker "
+            "exited 2",
         },
         {
             "code": EXIT_RESTART,
@@ -51,7 +54,16 @@ def exit_codes() -> list[dict[str, Any]]:
             "restarted (too many abandoned threads, --max-tasks-per-child, "
             "--max-memory-per-child): EX_TEMPFAIL",
         },
-        {"code": EXIT_BLOCKING, "commands": "check", "meaning": "a blocking finding: EX_CONFIG"},
+        {
+            "code": EXIT_CONFIG,
+            "commands": "worker, scheduler run, check (an application that does not load: "
+            "also scheduler list, dashboard, control)",
+            "meaning": "a configuration error, EX_CONFIG, not restarted by the supervisor "
+            "(systemd: RestartPreventExitStatus=78): an application or --configure that does "
+            "not load, a ConfigurationError (a bad broker URL, a port held at the first start, "
+            "a refused maxmemory-policy); a supervisor whose every worker exited 78; check: a "
+            "blocking finding",
+        },
     ]
 
 

@@ -37,6 +37,13 @@ class _Slot:
     pids: list[int] = field(default_factory=list)
     started_at: float = -math.inf
     planned_restarts: int = 0
+    #: exit code of the usage or configuration error it gave up on (2 or 78).
+    fatal_code: int = 0
+    #: read end of the worker's heartbeat pipe (-1: none) and when it last beat.
+    beat_fd: int = -1
+    beat_at: float = -math.inf
+    #: whether a beat arrived from the current worker (before that, a startup grace).
+    beating: bool = False
 
 
 class Elastic:
@@ -59,6 +66,10 @@ class Elastic:
     def _retire(self, slot: _Slot) -> None:
         """Stop the slot's worker gracefully (SIGTERM) without restarting it."""
         proc, slot.proc = slot.proc, None
+        if slot.beat_fd >= 0:  # a retiring worker is not watched for beats
+            with contextlib.suppress(OSError):
+                os.close(slot.beat_fd)
+            slot.beat_fd = -1
         if proc is not None:
             self._retiring.append(proc)
             with contextlib.suppress(ProcessLookupError):

@@ -29,6 +29,9 @@ def supervise(
     mode: str | None = None,
     queues: Sequence[str] | None = None,
     watch: Path | Sequence[Path] | None = None,
+    max_restarts: int = 5,
+    restart_window: float = 3600.0,
+    heartbeat_timeout: float | None = 30.0,
 ) -> int:
     """Announce and run a :class:`Supervisor` of ``workers`` copies of ``command``.
 
@@ -45,6 +48,10 @@ def supervise(
             those the workers consume).
         watch: reload the workers when a ``.py`` file under this directory (or these)
             changes.
+        max_restarts, restart_window: crash restarts of one slot allowed within the rolling
+            window (seconds) before the supervisor gives up on it.
+        heartbeat_timeout: seconds without a heartbeat after which a worker is replaced
+            (``None``: not watched).
 
     Returns:
         The exit code (see :meth:`Supervisor.run`).
@@ -69,5 +76,13 @@ def supervise(
             interval=autoscale.interval,
         )
     return Supervisor(
-        command, workers, shutdown_timeout, autoscale=autoscale, sampler=sampler, watch=watch
+        command,
+        workers,
+        shutdown_timeout,
+        max_restarts=max_restarts,
+        restart_window=restart_window,
+        heartbeat_timeout=heartbeat_timeout,
+        autoscale=autoscale,
+        sampler=sampler,
+        watch=watch,
     ).run()

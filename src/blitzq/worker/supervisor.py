@@ -10,13 +10,20 @@ The supervisor
 
 - restarts a worker that exits while no stop was asked, after a short backoff
   (0.25 s, 0.5 s, 1 s, … at most 5 s), and gives up on a slot after ``max_restarts`` restarts
-  within ``restart_window`` seconds (an error is logged; the other slots go on; when every slot
-  has given up the supervisor exits 1). A worker that exits with code 2 (a usage or
-  configuration error) is not restarted: that would fail again. A worker that exits with
+  within ``restart_window`` seconds (a rolling window; an error is logged; the other slots go
+  on; when every slot has given up the supervisor exits 1). A worker that exits with code 2
+  (a usage error) or 78 (``EXIT_CONFIG``, a configuration error) is not restarted: that would
+  fail again; when every slot stopped so, the supervisor exits with that code. A worker that
+  exits with
   code 75 (``EXIT_RESTART``: it stopped gracefully to be replaced, e.g. too many threads
   abandoned at their hard timeout) is a *planned* restart, not a crash: it is logged as such,
   does not count toward the restart budget, and is restarted at most once per
   ``PLANNED_RESTART_INTERVAL`` (1 s) per slot, so it cannot spin hot;
+- replaces a worker whose heartbeat stops (:mod:`~blitzq.worker.heartbeat`: a byte its event
+  loop writes to a pipe every ``heartbeat_timeout / 5`` seconds, at most 1 s): no beat for
+  ``heartbeat_timeout`` seconds (before the first beat: ``max(heartbeat_timeout,
+  STARTUP_GRACE)`` seconds after the start) means a stopped process or a blocked event loop;
+  the worker's process group is SIGKILLed and the slot restarted as after a crash;
 - forwards SIGTERM / SIGINT to every worker (a graceful stop), waits for them, SIGKILLs what is
   left ``shutdown_timeout + 5`` seconds after the signal, and exits 0. A second signal kills at
   once;
@@ -47,6 +54,7 @@ from types import FrameType
 
 from .autoscale import Autoscaler, AutoscaleSettings, Sample
 from .elastic import Elastic, _Slot
+from .heartbeat import HEARTBEAT_ENV
 from .ops import PORT_WAIT_ENV
 from .processes import Guard, _prctl, die_with_parent, group_alive, killpg, signal_name
 from .reload import SourceWatcher
@@ -58,8 +66,13 @@ __all__ = ["Supervisor"]
 
 logger = logging.getLogger("blitzq.supervisor")
 
-#: Exit code of a worker that hit a usage or configuration error (never restarted).
+#: Exit code of a worker that hit a usage error (never restarted).
 EXIT_USAGE = 2
+#: Exit code of a worker that hit a configuration error (``EX_CONFIG``; never restarted).
+EXIT_CONFIG = 78
+#: Seconds a new worker has for its first heartbeat when ``heartbeat_timeout`` is shorter
+#: (importing the application and connecting take time).
+STARTUP_GRACE = 60.0
 #: Seconds after a stop signal's ``shutdown_timeout`` before workers are SIGKILLed.
 KILL_GRACE = 5.0
 #: Seconds a worker that exited cleanly gives its process group to empty itself.
@@ -81,7 +94,9 @@ class Supervisor(Elastic):
         shutdown_timeout: seconds the workers get to stop gracefully after a stop signal; what
             still runs ``KILL_GRACE`` (5) seconds later is SIGKILLed with its process group.
         max_restarts: restarts of one slot allowed within ``restart_window`` seconds.
-        restart_window: seconds of the restart budget's sliding window.
+        restart_window: seconds of the restart budget's rolling window.
+        heartbeat_timeout: seconds without a heartbeat after which a worker is replaced
+            (``None``: no heartbeat is watched).
         backoff: seconds before the first restart in a window (doubling, at most
             ``max_backoff``).
         max_backoff: the longest restart delay in seconds.
@@ -106,7 +121,8 @@ class Supervisor(Elastic):
         shutdown_timeout: float = 30.0,
         *,
         max_restarts: int = 5,
-        restart_window: float = 60.0,
+        restart_window: float = 3600.0,
+        heartbeat_timeout: float | None = 30.0,
         backoff: float = 0.25,
         max_backoff: float = 5.0,
         env: Mapping[str, str] | None = None,
@@ -120,6 +136,7 @@ class Supervisor(Elastic):
             raise ValueError("command must not be empty")
         self.command = list(command)
         self.shutdown_timeout = shutdown_timeout
+        self.heartbeat_timeout = heartbeat_timeout or None
         self.env = dict(os.environ if env is None else env)
         self._budget = functools.partial(
             RestartBudget, max_restarts, restart_window, backoff, max_backoff
@@ -158,8 +175,8 @@ class Supervisor(Elastic):
         Must run in the main thread (it installs signal handlers).
 
         Returns:
-            0 after a stop signal once every worker has exited; 2 when every slot gave up on a
-            usage error, 1 when every slot gave up otherwise.
+            0 after a stop signal once every worker has exited; 78 (2) when every slot gave up
+            on a configuration (usage) error, 1 when every slot gave up otherwise.
         """
         _prctl()  # look libc up before forking
         wake_r, wake_w = os.pipe()
@@ -216,8 +233,11 @@ class Supervisor(Elastic):
             self._handle_signals()
             now = time.monotonic()
             for slot in self.slots:
+                self._read_beats(slot, now)
                 if slot.proc is not None and slot.proc.poll() is not None:
                     self._ended(slot, now)
+                elif slot.proc is not None and not self._stopping:
+                    self._check_heartbeat(slot, now)
                 if not self._stopping and slot.restart_at is not None and now >= slot.restart_at:
                     self._spawn(slot)
             for proc in [p for p in self._retiring if p.poll() is not None]:
@@ -248,8 +268,11 @@ class Supervisor(Elastic):
                 self._watching and all(s.usage_error for s in self.slots)
             ):
                 logger.error("every worker slot gave up: supervisor exits")
-                return EXIT_USAGE if all(s.usage_error for s in self.slots) else 1
-            self._wait(wake_r, self._next_deadline(now) - now)
+                if all(s.usage_error for s in self.slots):
+                    return max(s.fatal_code for s in self.slots)
+                return 1
+            beats = [s.beat_fd for s in self.slots if s.beat_fd >= 0]
+            self._wait(wake_r, self._next_deadline(now) - now, beats)
 
     def _next_deadline(self, now: float) -> float:
         deadlines = [now + 1.0]
@@ -257,15 +280,17 @@ class Supervisor(Elastic):
         deadlines += list(self._groups.values())
         if self._kill_at is not None:
             deadlines.append(self._kill_at)
+        if not self._stopping:
+            deadlines += [self._beat_deadline(s) for s in self.slots if s.beat_fd >= 0]
         # Group membership is polled: look again soon while a group empties itself.
         if self._groups:
             deadlines.append(now + 0.05)
         return min(deadlines)
 
     @staticmethod
-    def _wait(wake_r: int, timeout: float) -> None:
+    def _wait(wake_r: int, timeout: float, beats: Sequence[int] = ()) -> None:
         with contextlib.suppress(InterruptedError):
-            select.select([wake_r], [], [], max(0.0, timeout))
+            select.select([wake_r, *beats], [], [], max(0.0, timeout))
         with contextlib.suppress(BlockingIOError):
             while os.read(wake_r, 512):
                 pass
@@ -297,31 +322,91 @@ class Supervisor(Elastic):
         slot.restart_at = None
         env = {**self.env, "BLITZQ_WORKER_SLOT": str(slot.index)}
         env.pop(PORT_WAIT_ENV, None)
+        env.pop(HEARTBEAT_ENV, None)
         if not first:
             env[PORT_WAIT_ENV] = repr(self.port_wait)
+        self._close_beats(slot)
+        beat_r = beat_w = -1
+        if self.heartbeat_timeout is not None:
+            beat_r, beat_w = os.pipe()
+            os.set_blocking(beat_r, False)
+            env[HEARTBEAT_ENV] = f"{beat_w},{min(1.0, self.heartbeat_timeout / 5)!r}"
         try:
             proc = subprocess.Popen(
                 self.command,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 process_group=0,
+                pass_fds=(beat_w,) if beat_w >= 0 else (),
                 preexec_fn=functools.partial(die_with_parent, os.getpid()),
             )
         except OSError as exc:
             logger.error("worker slot %d could not start: %s", slot.index, exc)
+            for fd in (beat_r, beat_w):
+                if fd >= 0:
+                    os.close(fd)
             self._schedule_restart(slot, time.monotonic())
             return
+        finally:
+            if beat_w >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(beat_w)
+        slot.beat_fd, slot.beating = beat_r, False
         slot.proc = proc
-        slot.started_at = time.monotonic()
+        slot.started_at = slot.beat_at = time.monotonic()
         slot.pids.append(proc.pid)
         self._live_groups.add(proc.pid)
         self._guard.tell(f"+{proc.pid}")
         logger.info("worker slot %d started: pid %d", slot.index, proc.pid)
 
+    # -------------------------------------------------------------- heartbeats
+    def _beat_deadline(self, slot: _Slot) -> float:
+        timeout = self.heartbeat_timeout or 0.0
+        return slot.beat_at + (timeout if slot.beating else max(timeout, STARTUP_GRACE))
+
+    @staticmethod
+    def _close_beats(slot: _Slot) -> None:
+        if slot.beat_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(slot.beat_fd)
+            slot.beat_fd = -1
+
+    def _read_beats(self, slot: _Slot, now: float) -> None:
+        """Take the beats waiting on the slot's pipe; at end-of-file (the worker closed it,
+        e.g. on its way out) stop watching it."""
+        if slot.beat_fd < 0:
+            return
+        try:
+            data = os.read(slot.beat_fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close_beats(slot)
+            return
+        slot.beat_at, slot.beating = now, True
+
+    def _check_heartbeat(self, slot: _Slot, now: float) -> None:
+        """SIGKILL the process group of a worker whose heartbeat stopped; the exit that
+        follows restarts the slot as after a crash."""
+        if slot.beat_fd < 0 or slot.proc is None or now < self._beat_deadline(slot):
+            return
+        logger.error(
+            "worker slot %d (pid %d) sent no heartbeat for %.1f s (process stopped or event "
+            "loop blocked): killing its process group to replace it",
+            slot.index,
+            slot.proc.pid,
+            now - slot.beat_at,
+        )
+        self._close_beats(slot)
+        killpg(slot.proc.pid)
+
     def _ended(self, slot: _Slot, now: float) -> None:
         proc = slot.proc
         assert proc is not None
         slot.proc = None
+        self._close_beats(slot)
         code = proc.returncode
         self._live_groups.discard(proc.pid)
         # A clean exit shut its pool down; give stragglers (resource tracker) a moment.
@@ -330,13 +415,15 @@ class Supervisor(Elastic):
         if self._stopping:
             logger.info("worker slot %d (pid %d) exited with %s", slot.index, proc.pid, how)
             return
-        if code == EXIT_USAGE:
+        if code in (EXIT_USAGE, EXIT_CONFIG):
             slot.gave_up = slot.usage_error = True
+            slot.fatal_code = code
             logger.error(
-                "worker slot %d (pid %d) exited with a usage or configuration error "
-                "(code 2): not restarting it",
+                "worker slot %d (pid %d) exited with a %s error (code %d): not restarting it",
                 slot.index,
                 proc.pid,
+                "configuration" if code == EXIT_CONFIG else "usage",
+                code,
             )
             return
         if code == EXIT_RESTART:
@@ -393,6 +480,7 @@ class Supervisor(Elastic):
                 proc.wait(5.0)
         for slot in self.slots:
             slot.proc = None
+            self._close_beats(slot)
         self._retiring.clear()
         for pgid in list(self._groups):
             self._guard.tell(f"-{pgid}")
