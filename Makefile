@@ -65,7 +65,7 @@ test-django6:
 else
 test-django6: $(VENV_DJ6)/.installed
 	$(VENV_DJ6)/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_django_tasks.py \
-		tests/integration/test_django_example.py
+		tests/integration/test_django_example.py tests/integration/test_django_admin.py
 endif
 
 ## Refresh the locks from pyproject.toml and requirements/*.in: the newest releases within the

@@ -55,6 +55,18 @@ def seconds(
     return float(value)
 
 
+def wait(value: Any, name: str = "timeout") -> float | None:
+    """A wait's ``timeout`` argument (``result``, ``get_result``, ``get_results``,
+    ``watch_progress``, a workflow's ``get``, their ``*_sync`` forms): ``None`` (no limit) or
+    a finite number of seconds ``>= 0`` (0 looks once), at most ten years.
+
+    Raises:
+        ConfigurationError: a bool, NaN, an infinity, a negative number or anything else,
+            before anything is waited for (instead of a ``ResultTimeout`` at once).
+    """
+    return None if value is None else seconds(name, value, strict=False)
+
+
 def _show(number: float) -> str:
     """``number`` without a needless ``.0`` or exponent (``315360000``, ``0.5``)."""
     return str(int(number)) if float(number).is_integer() else repr(float(number))

@@ -16,6 +16,8 @@ import contextvars
 import time
 from typing import Any
 
+from . import _checks
+
 #: The result of a run that has not returned a value (``Job.result`` until it does; a
 #: failed run keeps it), told apart from a task that returned ``None``.
 NO_RESULT: Any = object()
@@ -101,7 +103,12 @@ class TaskContext:
         """Block a thread task up to ``timeout`` seconds (``None``: no limit) until it is
         cancelled, checking every 10 ms; return whether it was. Async tasks are cancelled
         directly and do not need this.
+
+        Raises:
+            ConfigurationError: ``timeout`` is not ``None`` or a finite number of seconds
+                ``>= 0`` (``nan`` would otherwise wait forever).
         """
+        timeout = _checks.wait(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.cancelled:
             if deadline is not None and time.monotonic() >= deadline:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from . import _checks
 from .client.sync import blocking
 
 if TYPE_CHECKING:
@@ -81,7 +82,10 @@ class TaskHandle(Generic[R]):
                 else; raised early, also with ``timeout=None`` (docs/guarantees.md, "Result
                 waits end").
             ResultTimeout: no final record within ``timeout``.
+            ConfigurationError: ``timeout`` is not ``None`` or a finite number of seconds
+                ``>= 0`` (:func:`blitzq._checks.wait`).
         """
+        timeout = _checks.wait(timeout)
         if self.stores_result is False:
             value: R = await self._owner._results.no_stored_result(self.id)
             return value

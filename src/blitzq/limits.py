@@ -8,6 +8,14 @@ from __future__ import annotations
 
 from typing import Final
 
+#: Most levels of lists, tuples and dicts one value may nest (``[[...]]`` is 2): each task
+#: argument, keyword argument, header and return value, checked where it is encoded (at
+#: enqueue, and as a worker stores a result). One number for both sides, well inside the
+#: recursion limits of the encoder and decoder at any stack depth, so an accepted argument
+#: is always decoded and re-encoded by the worker, and a deeper value gets a
+#: ``SerializationError`` naming this limit instead of a ``RecursionError``.
+MAX_NESTING: Final = 100
+
 #: Default ``Queue(max_result_size=)``: largest encoded return value (without the record's
 #: own fields: exactly 8 MiB of bytes fit); a larger result fails the task with
 #: ``ResultTooLarge``.

@@ -17,9 +17,11 @@
 * ``workers``: how many live workers are registered.
 * ``queue <name>``: ``warn`` for a queue the namespace has used (or the application's) that
   no live worker consumes, with its waiting messages.
-* ``periodic <name>``: each periodic entry (code-defined and run-time), ``warn`` when it was
-  never dispatched, or when an occurrence due more than :data:`SCHEDULER_GRACE` seconds ago
-  was not (no scheduler is dispatching it), or when a run-time entry names a task the
+* ``periodic <name>``: each periodic entry (code-defined and run-time), ``warn`` when a run-time
+  entry was never dispatched though an occurrence was due since it was added (an entry whose
+  first run is still ahead is ``ok``: a scheduler counts it from when it first sees it), or
+  when an occurrence due more than :data:`SCHEDULER_GRACE` seconds after its last run was
+  not dispatched (no scheduler is dispatching it), or when a run-time entry names a task the
   application does not register.
 
 The exit codes of the command follow SwarmQ's: 0 nothing blocking, 78 (``EX_CONFIG``) a
@@ -28,17 +30,18 @@ blocking finding, 1 the server unreachable.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from .broker.eviction import eviction_risk
-from .exceptions import BlitzQError, BrokerError, ConfigurationError
+from .exceptions import BlitzQError, BrokerError, ConfigurationError, SerializationError
 from .periodic import PeriodicTask
 from .redaction import mask_url
 from .routing import base_queue
-from .runtime_schedules import RuntimeEntries
+from .runtime_schedules import RuntimeEntries, RuntimeSchedule
 from .serialization import loads
 
 if TYPE_CHECKING:
@@ -219,20 +222,37 @@ async def _periodic(queue: Queue) -> list[Finding]:
         return out
     last = await broker.periodic_last([e.name for e in entries])
     now = await broker.server_time()
+    added: dict[str, float] = {}
+    for name in runtime.entries:
+        with contextlib.suppress(SerializationError):
+            added[name] = RuntimeSchedule.decode(name, stored[name]).added_at or 0.0
     for entry in sorted(entries, key=lambda e: e.name):
-        out.append(_entry(entry, last.get(entry.name), now))
+        out.append(_entry(entry, last.get(entry.name), now, added.get(entry.name)))
     return out
 
 
-def _entry(entry: PeriodicTask, last: float | None, now: float) -> Finding:
+def _entry(
+    entry: PeriodicTask, last: float | None, now: float, added_at: float | None = None
+) -> Finding:
+    """The finding of one entry. Never dispatched is a problem only when an occurrence was
+    due since the entry is known to exist (``added_at``, a run-time entry's): a scheduler
+    counts a new entry from when it first sees it, so an entry whose first run is still
+    ahead has simply not had one yet."""
     name = f"periodic {entry.name}"
     schedule = entry.schedule
     try:
         upcoming = _iso(schedule.next_after(now))
         if last is None:
+            since = added_at or now  # a code-defined entry: when it appeared is unknown
+            missed = schedule.latest(since, now - SCHEDULER_GRACE, 1)
+            if missed:
+                return Finding(
+                    name, "warn", f"never dispatched in this namespace though {_iso(missed[0])} "
+                    "was due: is a scheduler running?"
+                )  # fmt: skip
             return Finding(
-                name, "warn", f"never dispatched in this namespace (next {upcoming}): "
-                "is a scheduler running?"
+                name, "ok", f"{schedule.describe()}: not dispatched yet, first run {upcoming} "
+                "(a scheduler must be running then)"
             )  # fmt: skip
         missed = schedule.latest(last, now - SCHEDULER_GRACE, 1)
     except ConfigurationError as exc:  # a cron with no time left

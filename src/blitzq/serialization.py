@@ -28,6 +28,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import msgspec
 
 from .exceptions import ConfigurationError, MessageTooLarge, SerializationError
+from .limits import MAX_NESTING
 
 #: Extension type codes used for the non-native plain types.
 EXT_DATETIME: Final = 1
@@ -38,7 +39,10 @@ EXT_DECIMAL: Final = 4
 EXT_ZONED_DATETIME: Final = 5
 
 _SCALARS: Final = frozenset({str, int, float, bool, type(None), bytes})
-_TOO_DEEP: Final = "value is nested deeper than the recursion limit allows"
+_TOO_DEEP: Final = (
+    f"value is nested deeper than {MAX_NESTING} levels of lists and dicts "
+    "(blitzq.limits.MAX_NESTING)"
+)
 
 
 def not_utf8(exc: UnicodeEncodeError) -> SerializationError:
@@ -123,13 +127,20 @@ class Envelope(msgspec.Struct, array_like=True, gc=False):
 _REQUIRED_FIELDS: Final = 8
 
 
-def _to_ext(value: Any) -> Any:
-    """Convert one non-scalar value into its wire form, recursing into containers."""
+def _to_ext(value: Any, depth: int = 1) -> Any:
+    """Convert one non-scalar value into its wire form, recursing into containers.
+
+    Raises:
+        SerializationError: not plain data, or containers nested past ``MAX_NESTING``
+            levels (``depth``: the level of ``value`` if it is a container).
+    """
     kind = type(value)
     if kind in _SCALARS:
         return value
+    if (kind is list or kind is tuple or kind is dict) and depth > MAX_NESTING:
+        raise SerializationError(_TOO_DEEP)
     if kind is list or kind is tuple:
-        return [_to_ext(item) for item in value]
+        return [_to_ext(item, depth + 1) for item in value]
     if kind is dict:
         out = {}
         for key, item in value.items():
@@ -137,7 +148,7 @@ def _to_ext(value: Any) -> Any:
                 raise SerializationError(
                     f"dict keys must be str, got {type(key).__name__} key {key!r}"
                 )
-            out[key] = _to_ext(item)
+            out[key] = _to_ext(item, depth + 1)
         return out
     if kind is _dt.datetime:
         zone = value.tzinfo

@@ -14,7 +14,7 @@ import datetime as _dt
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
 
 from ._checks import flag, integer, seconds, text
 from .arguments import TypedCall
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+#: The parameters of a task after its first (a chained step's previous result fills it).
+Q = ParamSpec("Q")
 
 Executor = Literal["async", "thread", "process"]
 EXECUTORS: frozenset[str] = frozenset({"async", "thread", "process"})
@@ -227,9 +229,20 @@ class Task(Generic[P, R]):
 
     enqueue_many_sync = blocking(enqueue_many)
 
+    @overload
+    def s(self, *args: P.args, **kwargs: P.kwargs) -> Signature: ...
+
+    @overload
+    def s(self: Task[Concatenate[Any, Q], Any], *args: Q.args, **kwargs: Q.kwargs) -> Signature: ...
+
     def s(self, *args: Any, **kwargs: Any) -> Signature:
         """A workflow step calling this task; in a chain the previous step's result is
         prepended to ``args`` (see :mod:`blitzq.workflow`).
+
+        Typed against the function: the arguments are either all of its parameters (a first
+        step, a group member) or all but the first (a step after another, a chord's
+        callback, whose first argument is the previous result); anything else is a type
+        error, as for :meth:`enqueue`.
 
         Raises:
             SerializationError: an argument is not plain data.
@@ -243,8 +256,9 @@ class Task(Generic[P, R]):
             self.name, wire_args, wire_kwargs, queue=self.queue, priority=self.priority
         )
 
-    def si(self, *args: Any, **kwargs: Any) -> Signature:
-        """An immutable workflow step: like :meth:`s`, but it ignores the previous result."""
+    def si(self, *args: P.args, **kwargs: P.kwargs) -> Signature:
+        """An immutable workflow step: like :meth:`s`, but it ignores the previous result
+        (so it takes all of the function's arguments, typed as for :meth:`enqueue`)."""
         from .workflow.signature import Signature
 
         wire_args, wire_kwargs = (

@@ -130,6 +130,42 @@ async def test_big_record_is_announced_without_its_body(
 
 
 # ------------------------------------------------------------------ undecodable messages
+async def test_an_argument_at_the_nesting_limit_runs_and_one_past_it_is_refused(
+    make_queue: Callable[..., Queue], mode: str
+) -> None:
+    """One limit for arguments and results: what enqueue accepts, a worker decodes, runs and
+    stores back; a result past the limit fails the task with the limit named."""
+    from blitzq import SerializationError
+    from blitzq.limits import MAX_NESTING
+
+    def nested(levels: int) -> list[Any]:
+        value: list[Any] = []
+        for _ in range(levels - 1):
+            value = [value]
+        return value
+
+    queue = make_queue(mode=mode)
+
+    @queue.task(retries=0)
+    async def same(value: Any) -> Any:
+        return value
+
+    @queue.task(retries=0)
+    async def deeper(value: Any) -> Any:
+        return [value]
+
+    with pytest.raises(SerializationError, match=f"deeper than {MAX_NESTING} levels"):
+        await same.enqueue(nested(MAX_NESTING + 1))
+    async with running(make_worker(queue, concurrency=2)):
+        at = nested(MAX_NESTING)
+        assert await (await same.enqueue(at)).result(timeout=20) == at
+        handle = await deeper.enqueue(at)
+        with pytest.raises(TaskFailed) as failed:
+            await handle.result(timeout=20)
+    assert f"deeper than {MAX_NESTING} levels" in str(failed.value)
+    assert "blitzq.limits.MAX_NESTING" in str(failed.value)
+
+
 async def test_deeply_nested_message_is_a_malformed_dead_letter(
     make_queue: Callable[..., Queue], mode: str, raw_redis: Any
 ) -> None:

@@ -377,6 +377,26 @@ def test_value_nested_too_deep_is_a_serialization_error_not_recursion_error() ->
             encode(deep)
 
 
+def test_one_nesting_limit_for_every_encoded_value() -> None:
+    """``MAX_NESTING`` levels pass, one more is refused with the limit named, whatever the
+    interpreter's recursion limit (arguments, keyword arguments, results and records)."""
+    from blitzq.limits import MAX_NESTING
+
+    at = _nested(MAX_NESTING - 1)  # MAX_NESTING lists, one inside the other
+    past = _nested(MAX_NESTING)
+    mixed: Any = {}
+    for _ in range(MAX_NESTING):
+        mixed = {"k": [mixed]} if isinstance(mixed, dict) else mixed
+    encoders = (dumps, to_plain, lambda v: plain_args((v,)), lambda v: plain_kwargs({"k": v}))
+    for encode in encoders:
+        encode(at)
+        with pytest.raises(SerializationError, match=rf"deeper than {MAX_NESTING} levels"):
+            encode(past)
+        with pytest.raises(SerializationError, match=r"blitzq\.limits\.MAX_NESTING"):
+            encode(mixed)  # dicts and lists count alike: 2 levels per round
+    assert loads(dumps(at)) == at
+
+
 def test_message_nested_too_deep_is_malformed() -> None:
     nested = b"\x94\xa1i\xa1t\xa1q" + b"\x91" * 200_000 + b"\xc0"
     with pytest.raises(SerializationError, match="malformed message"):

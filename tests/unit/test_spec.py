@@ -22,6 +22,7 @@ import pytest
 import blitzq
 from blitzq import exceptions
 from blitzq.cli import cli
+from blitzq.cli.workers import worker_admin_group
 from blitzq.serialization import Envelope
 from blitzq.spec import REGENERATE, generate, main, stale
 
@@ -137,7 +138,12 @@ def _contexts() -> list[tuple[click.Command, click.Context]]:
             for name, sub in command.commands.items():
                 walk(sub, click.Context(sub, parent=ctx, info_name=name))
 
-    walk(cli, click.Context(cli, info_name="blitzq", auto_envvar_prefix="BLITZQ"))
+    root = click.Context(cli, info_name="blitzq", auto_envvar_prefix="BLITZQ")
+    walk(cli, root)
+    # `blitzq worker list|shutdown`: the root group resolves them to this group (cli/workers.py).
+    admin = click.Context(worker_admin_group, parent=root, info_name="worker")
+    for name, sub in worker_admin_group.commands.items():
+        walk(sub, click.Context(sub, parent=admin, info_name=name))
     return out
 
 
@@ -169,7 +175,9 @@ def test_ranges_and_choices_come_from_click() -> None:
     assert params["--concurrency"]["env"] == ["BLITZQ_WORKER_CONCURRENCY"]
     assert params["--log-format"]["choices"] == ["text", "json"]
     assert params["--burst-idle-timeout"]["range"] == {"finite": True, "max": 86400.0, "min": 0.0}
-    assert params["--workers"]["env"] == ["BLITZQ_WORKERS"]  # its own variable
+    # its own variable, below the command's (which click reads first)
+    assert params["--workers"]["env"] == ["BLITZQ_WORKER_WORKERS", "BLITZQ_WORKERS"]
+    assert params["--redis-url"]["env"] == ["BLITZQ_WORKER_REDIS_URL", "BLITZQ_REDIS_URL"]
     assert params["--watch-dir"]["multiple"] is True
     codes = {c["code"] for c in spec("cli.json")["exit_codes"]}
     assert codes == {0, 1, 2, 75, 78}

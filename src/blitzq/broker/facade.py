@@ -244,6 +244,10 @@ class Broker(OperationsFacade, LivenessFacade):
         """See :meth:`StateStore.get_records`."""
         return await self.state.get_records(task_ids)
 
+    async def record_ids(self, limit: int) -> tuple[list[str], bool]:
+        """See :meth:`StateStore.record_ids`."""
+        return await self.state.record_ids(limit)
+
     async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
         """See :meth:`StateStore.set_record`."""
         await self.state.set_record(task_id, record, ttl)
@@ -309,6 +313,18 @@ class Broker(OperationsFacade, LivenessFacade):
     async def workers(self) -> dict[str, bytes]:
         """See :meth:`StateStore.workers`."""
         return await self.state.workers()
+
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        """See :meth:`StateStore.set_paused`."""
+        return await self.state.set_paused(queue, paused)
+
+    async def paused_queues(self) -> set[str]:
+        """See :meth:`StateStore.paused_queues`."""
+        return await self.state.paused_queues()
+
+    async def request_shutdown(self, worker_id: str) -> None:
+        """See :meth:`StateStore.request_shutdown`."""
+        await self.state.request_shutdown(worker_id)
 
     async def counters(self) -> dict[str, int]:
         """See :meth:`StateStore.counters`."""

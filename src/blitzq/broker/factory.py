@@ -119,7 +119,7 @@ def resolve_url(configured: str | None) -> str:
     if not url:
         from .redis.embedded import ensure_server
 
-        url = ensure_server()
+        url = ensure_server(keep_alive=True)  # restarted if it dies (kill -9)
     if url.startswith("valkey://"):
         url = "redis://" + url.removeprefix("valkey://")
     elif url.startswith("valkeys://"):

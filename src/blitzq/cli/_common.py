@@ -261,6 +261,21 @@ def global_options(fn: F) -> F:
     return fn
 
 
+def json_option(fn: F) -> F:
+    """Decorate a command or group with ``--json`` alone: for the commands the broker options
+    do not apply to (``blitzq server ...``: they manage the embedded server of a data
+    directory, whatever URL, namespace or mode the application uses)."""
+    return click.option(
+        "--json",
+        "json",
+        is_flag=True,
+        default=False,
+        expose_value=False,
+        callback=_store,
+        help="Print one JSON document on stdout instead of tables.",
+    )(fn)
+
+
 def settings() -> Settings:
     """The merged global options of the running command."""
     return click.get_current_context().ensure_object(Settings)

@@ -22,6 +22,7 @@ from ..exceptions import ConfigurationError
 from ..redaction import mask_url
 from ._common import (
     CliUsageError,
+    Seconds,
     Settings,
     console,
     emit_json,
@@ -76,13 +77,107 @@ def default_map(root: click.Command) -> dict[str, Any]:
                     f"{where}: [{path}] has {key!r}, which is not an option of "
                     f"`{path.removeprefix('tool.').replace('.', ' ')}` (options: {options})"
                 )
-            out[name] = anchored(name, item)
+            param = next(p for p in command.params if p.name == name)
+            out[name] = _checked(param, anchored(name, item), f"{where} [{path}] {key}")
         for name, sub in commands.items():
             nested = own.get(name, {})
             out[name] = build(sub, nested if isinstance(nested, dict) else {}, f"{path}.{name}")
         return out
 
     return build(root, config.command_tables(), "tool.blitzq")
+
+
+class FileValueError(click.BadParameter):
+    """A value of a command's table whose TOML type the option does not take (a list for a
+    single value, a bool or a fraction for an integer, ...): a usage error (exit 2) naming
+    the file, the table and the key (:attr:`origin`)."""
+
+    def __init__(self, message: str, param: click.Parameter, origin: str) -> None:
+        super().__init__(message, ctx=click.get_current_context(silent=True), param=param)
+        self.origin = origin
+
+
+def file_value(param: click.Parameter, value: Any) -> Any:
+    """``value`` of a command's table, in the form the option's conversion takes, after the
+    checks a TOML value needs besides the ones the command line gets (click then converts it
+    exactly as a typed value: ranges, choices, ``nan``).
+
+    A string goes to the option's conversion as typed text (``concurrency = "7"``). Else:
+    a flag takes ``true``/``false``; an integer option an integer (never a bool, never a
+    fraction: ``-c 2.7`` is refused too); an option of seconds an integer or a float (never a
+    bool); a repeatable option (``configure``, ``watch-dir``) a string or a list of strings;
+    an option taking a comma-separated value (``queues``, ``autoscale``: ``Q1,Q2``,
+    ``MIN,MAX``) also a list, joined with commas (``["a", "b"]`` is ``"a,b"``), whose items
+    are strings or integers without commas. Any other value is refused.
+
+    Raises:
+        ValueError: the value is refused (the message says what the option takes).
+    """
+    if param.multiple:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ValueError(f"{value!r} is not a string or a list of strings")
+        return items
+    if isinstance(param, click.Option) and param.is_flag and not param.count:
+        if not isinstance(value, bool):
+            raise ValueError(f"{value!r} is not true or false")
+        return value
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and "," in (getattr(param, "metavar", None) or ""):
+        good = all(
+            isinstance(i, (str, int)) and not isinstance(i, bool) and "," not in str(i)
+            for i in value
+        )
+        if not value or not good:
+            raise ValueError(
+                f"{value!r} is not a non-empty list of names or numbers without commas"
+            )
+        return ",".join(str(i) for i in value)
+    kind = param.type
+    number = isinstance(kind, (click.types.IntParamType, click.types.FloatParamType, Seconds))
+    if number and isinstance(value, bool):
+        raise ValueError(f"{value!r} is a bool, not a number (a number is never a bool)")
+    if isinstance(kind, click.types.IntParamType):
+        if isinstance(value, int):
+            return value
+        raise ValueError(f"{value!r} is not an integer")
+    if number and isinstance(value, (int, float)):
+        return value
+    raise ValueError(f"{value!r} ({type(value).__name__}) is not a string")
+
+
+def _checked(param: click.Parameter, value: Any, origin: str) -> Any:
+    """``value`` for the default map: :func:`file_value`'s, or, when it refuses the value, a
+    callable the option calls as it reads its default (only the command that runs fails,
+    as for a value its conversion refuses), raising :class:`FileValueError`."""
+    try:
+        return file_value(param, value)
+    except ValueError as exc:
+        message = str(exc)
+
+    def refuse() -> Any:
+        raise FileValueError(message, param, origin)
+
+    return refuse
+
+
+def wire_envvars(command: click.Command, prefix: str = ENV_PREFIX) -> None:
+    """Give each option of ``command``'s subcommands (recursively) that has a variable of
+    its own (``--redis-url``: ``BLITZQ_REDIS_URL``, ``--log-level``: ``BLITZQ_LOG_LEVEL``)
+    its command's automatic variable first: ``BLITZQ_WORKER_REDIS_URL`` wins over
+    ``BLITZQ_REDIS_URL`` for ``blitzq worker``, as the command's table wins over the plain
+    key (click reads the first variable set; ``--help`` lists both)."""
+    for param in command.params:
+        if not isinstance(param, click.Option) or not param.name or not param.envvar:
+            continue
+        own = f"{prefix}_{param.name.upper()}"
+        names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar)
+        if own not in names:
+            param.envvar = [own, *names]
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            wire_envvars(sub, f"{prefix}_{name.upper().replace('-', '_')}")
 
 
 class ConfiguredGroup(click.Group):
@@ -135,6 +230,13 @@ class ConfiguredGroup(click.Group):
         ctx = exc.ctx
         found = ctx.find_object(Settings) if ctx is not None else None
         as_json = bool(getattr(self, "_json_asked", False) or (found and found.json))
+        if isinstance(exc, FileValueError) and exc.param is not None:
+            named = exc.param.get_error_hint(ctx).split(" (env var")[0] if ctx else exc.param.name
+            return JsonUsageError(
+                f"Invalid value for {named} (from {exc.origin}): {exc.message}",
+                ctx=ctx,
+                as_json=as_json,
+            )
         if type(exc) is click.BadParameter and exc.param is not None and ctx is not None:
             origin = value_origin(ctx, exc.param)
             hint = exc.param_hint or exc.param.get_error_hint(ctx).split(" (env var")[0]
@@ -216,6 +318,8 @@ def value_origin(ctx: click.Context, param: click.Parameter) -> str | None:
             own = own.get(part, {}) if isinstance(own, dict) else {}
         if isinstance(own, dict) and not ({key, key.replace("_", "-")} & own.keys()):
             table = "tool.blitzq"
+        elif isinstance(own, dict) and key not in own:
+            key = key.replace("_", "-")  # the key as the file spells it
         return f"{where} [{table}] {key}"
     return None
 
@@ -351,7 +455,9 @@ def _table_errors(root: click.Command, tables: dict[str, Any]) -> dict[str, str]
             if param is None:
                 continue
             try:
-                param.type_cast_value(ctx, item)
+                param.type_cast_value(ctx, file_value(param, item))
             except click.BadParameter as exc:
                 errors[f"{name}.{key}"] = exc.message
+            except ValueError as exc:
+                errors[f"{name}.{key}"] = str(exc)
     return errors

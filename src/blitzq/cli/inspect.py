@@ -261,7 +261,7 @@ def task_send(
 @click.group("queue")
 @global_options
 def queue_group() -> None:
-    """Look at queues."""
+    """Look at queues, purge, pause and resume them."""
 
 
 @queue_group.command("stats")

@@ -311,8 +311,9 @@ def app_queue(app: str | None, s: Settings, queues: str | None = None) -> Queue:
             :func:`~blitzq.cli.worker.load_queue` and
             :func:`~blitzq.integrations.django_worker.django_queue`).
     """
-    from .worker import _override, load_queue  # the worker's own loading (import cycle)
+    from .worker import _export_settings, _override, load_queue  # (import cycle)
 
+    _export_settings(s)
     if app is None:
         from ..integrations.django_worker import django_queue
 

@@ -9,7 +9,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from ._common import cli_errors, console, emit_json, global_options, settings
+from ._common import CliUsageError, cli_errors, console, emit_json, json_option, settings
 
 _DATA_DIR = click.option(
     "--data-dir",
@@ -21,6 +21,24 @@ _DATA_DIR = click.option(
 )
 
 
+def _no_broker_options() -> None:
+    """Refuse ``--redis-url``, ``--amqp-url``, ``--namespace`` or ``--mode`` typed before
+    ``server`` (``blitzq --redis-url X server status``): they do not apply to the embedded
+    server's commands, and ignoring them would hide the mistake.
+
+    Raises:
+        CliUsageError: one was typed (exit 2), naming it.
+    """
+    typed = sorted(settings().from_command_line - {"json"})
+    if typed:
+        names = ", ".join("--" + name.replace("_", "-") for name in typed)
+        raise CliUsageError(
+            f"{names} {'does' if len(typed) == 1 else 'do'} not apply to `blitzq server`: "
+            "it manages the embedded server of "
+            "--data-dir (BLITZQ_DATA_DIR); leave it out"
+        )
+
+
 def _found(data_dir: Path | None) -> Path | None:
     """``--data-dir``, else the nearest ``.blitzq`` upwards, else None (``./.blitzq``)."""
     from ..broker.redis.embedded import find_data_dir
@@ -29,7 +47,7 @@ def _found(data_dir: Path | None) -> Path | None:
 
 
 @click.group("server")
-@global_options
+@json_option
 def server_group() -> None:
     """Start, inspect and stop the embedded Valkey server.
 
@@ -43,11 +61,12 @@ def server_group() -> None:
 
 @server_group.command("start")
 @_DATA_DIR
-@global_options
+@json_option
 def server_start(data_dir: Path | None) -> None:
     """Start the embedded server (or find the running one) and print its URL."""
     from ..broker.redis.embedded import ensure_server, server_status
 
+    _no_broker_options()
     out = console(stderr=settings().json)
     with cli_errors(), out.status("starting the embedded Valkey server…"):
         url = ensure_server(data_dir)
@@ -60,7 +79,7 @@ def server_start(data_dir: Path | None) -> None:
 
 @server_group.command("status")
 @_DATA_DIR
-@global_options
+@json_option
 def server_status_cmd(data_dir: Path | None) -> None:
     """Show whether the embedded server runs, its URL, pid, version, memory and keys.
 
@@ -69,6 +88,7 @@ def server_status_cmd(data_dir: Path | None) -> None:
     """
     from ..broker.redis.embedded import server_status
 
+    _no_broker_options()
     with cli_errors():
         status = server_status(_found(data_dir))
     if settings().json:
@@ -91,7 +111,7 @@ def server_status_cmd(data_dir: Path | None) -> None:
 
 @server_group.command("stop")
 @_DATA_DIR
-@global_options
+@json_option
 def server_stop(data_dir: Path | None) -> None:
     """Shut the embedded server down cleanly (its data stays in the data directory).
 
@@ -100,6 +120,7 @@ def server_stop(data_dir: Path | None) -> None:
     """
     from ..broker.redis.embedded import stop_server
 
+    _no_broker_options()
     with cli_errors():
         stopped = stop_server(_found(data_dir))
     if settings().json:

@@ -173,10 +173,15 @@ def configure_queue(queue: Queue, spec: str) -> None:
 
 
 def _export_settings(s: Settings) -> None:
-    """Put options typed on the command line into the environment a Queue reads defaults from."""
+    """Put the global options that apply to the command into the environment a Queue reads
+    its defaults from, before the application's module makes its Queue: typed ones, and those
+    of the command's own variable (``BLITZQ_WORKER_REDIS_URL``) or table
+    (``[tool.blitzq.worker] redis_url``), which win over ``BLITZQ_REDIS_URL`` and the plain
+    key. What the module passes its Queue still wins over all but a typed option
+    (:func:`_override`)."""
     for name, env in _ENV.items():
         value = getattr(s, name)
-        if name in s.from_command_line and value is not None:
+        if value is not None:
             os.environ[env] = value
 
 
@@ -393,6 +398,8 @@ def worker_command(
     SIGHUP to the supervisor reloads the workers gracefully. With --django
     instead of MODULE:ATTR (and DJANGO_SETTINGS_MODULE set) it runs the tasks of Django's
     tasks framework whose TASKS backend is blitzq's.
+
+    `blitzq worker list` shows the live workers; `blitzq worker shutdown ID` stops one.
     """
     s = settings()
     if configure_logs:

@@ -7,7 +7,9 @@ Both read the state store only; :class:`~blitzq.client.results.Results` offers t
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import weakref
 from typing import TYPE_CHECKING
 
 from ..exceptions import BrokerError, ResultExpired, SerializationError
@@ -19,9 +21,17 @@ if TYPE_CHECKING:
     from ..broker import Broker
 
 #: Seconds a result wait waits before it first asks whether its task is still known
-#: anywhere (:func:`end_if_gone`); the interval doubles up to :data:`TRACE_MAX`.
-TRACE_FIRST = 2.0
-TRACE_MAX = 30.0
+#: anywhere (:func:`end_if_gone`); the interval doubles up to :data:`TRACE_MAX`. A wait that
+#: ends within seconds (nearly all) never asks; thousands of waits gathered at once ask far
+#: apart and, at most :data:`TRACES_AT_ONCE` at a time per event loop, never starve the
+#: connection pool of the work they wait for (a trace searches up to 1000 stream entries).
+TRACE_FIRST = 15.0
+TRACE_MAX = 120.0
+TRACES_AT_ONCE = 2
+
+_tracing: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
 
 #: Record states (or no record) of a task that may be waiting on the schedule.
 _MAY_BE_SCHEDULED = frozenset({TaskState.SCHEDULED, TaskState.RETRYING, TaskState.QUEUED})
@@ -125,14 +135,20 @@ async def end_if_gone(
     ``broker.trace_task`` (one atomic look: no record, not on the schedule, no message in
     its physical ``queue``) says ``False``. A wait asks it only of a task known to exist
     (sent by the caller, or ``seen``: the last record the wait read), every
-    :data:`TRACE_FIRST` s doubling to :data:`TRACE_MAX` s; a store that cannot tell
+    :data:`TRACE_FIRST` s doubling to :data:`TRACE_MAX` s, :data:`TRACES_AT_ONCE` at a time
+    per event loop; a store that cannot tell
     (``None``) or cannot be reached ends nothing: the wait goes on to its timeout.
 
     Raises:
         ResultExpired: the task is known nowhere; the message names ``result_ttl`` (s).
     """
+    loop = asyncio.get_running_loop()
+    gate = _tracing.get(loop)
+    if gate is None:
+        gate = _tracing[loop] = asyncio.Semaphore(TRACES_AT_ONCE)
     try:
-        known = await broker.trace_task(task_id, queue)
+        async with gate:
+            known = await broker.trace_task(task_id, queue)
     except BrokerError:
         return
     if known is not False:

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .. import records
+from .. import _checks, records
 from ..exceptions import (
     BrokerError,
     ResultExpired,
@@ -119,9 +119,10 @@ class Results:
             ResultTimeout: no final record arrived in time (the task may still run; with
                 ``store_result=False`` and no ``track_state`` a success writes no record,
                 so only the task's handle can tell at once: ``handle.result()``).
-            SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``).
+            SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``), or
+                a ``timeout`` that is not ``None`` or a finite number of seconds ``>= 0``.
         """
-        return await self.wait_result(task_id, timeout)
+        return await self.wait_result(task_id, _checks.wait(timeout))
 
     async def wait_result(
         self,
@@ -137,6 +138,7 @@ class Results:
         :meth:`~blitzq.broker.StateStore.wait_for_record`); ``sent``: the caller sent it
         (:func:`~blitzq.client.lookup.end_if_gone` may end the wait early)."""
         task_id = lookup_key("task id", task_id)
+        timeout = _checks.wait(timeout)
         wait = _FOREVER if timeout is None else max(0.0, timeout)
         deadline = time.monotonic() + wait
         broker = self.queue.broker
@@ -221,8 +223,10 @@ class Results:
                 :meth:`blitzq.TaskHandle.result`).
             BrokerError: the broker could not be reached.
             SerializationError, ConfigurationError: an id is not valid Unicode text, or not
-                a ``str`` (see :func:`~blitzq.serialization.lookup_key`); nothing is waited for.
+                a ``str`` (see :func:`~blitzq.serialization.lookup_key`), or ``timeout`` is
+                not ``None`` or a finite number of seconds ``>= 0``; nothing is waited for.
         """
+        timeout = _checks.wait(timeout)
         items = list(tasks)
         if not items:
             return []
@@ -310,8 +314,11 @@ class Results:
         Raises:
             TaskFailed: the task ended failed, dead-lettered or cancelled.
             ResultTimeout: no result within ``timeout`` (the task goes on).
+            ConfigurationError: ``timeout`` is not ``None`` or a finite number of seconds
+                ``>= 0`` (nothing is enqueued).
             SerializationError, MessageTooLarge, BrokerError: as for ``enqueue``.
         """
+        timeout = _checks.wait(timeout)  # before enqueueing: a bad wait sends nothing
         handle = await task.enqueue(*args, **kwargs)
         return await handle.result(timeout=timeout)
 
@@ -377,11 +384,14 @@ class Results:
 
         Raises:
             ResultTimeout: the task did not end within ``timeout`` seconds.
+            ConfigurationError: ``timeout`` is not ``None`` or a finite number of seconds
+                ``>= 0``, at the first iteration.
             BrokerError: the broker could not be reached.
             SerializationError, ConfigurationError: a bad ``task_id`` (see
                 :func:`~blitzq.serialization.lookup_key`), at the first iteration.
         """
         task_id = lookup_key("task id", task_id)
+        timeout = _checks.wait(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         last_at = -math.inf
         events = self.queue.broker.watch_progress(task_id)

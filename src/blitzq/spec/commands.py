@@ -155,6 +155,10 @@ def commands() -> list[dict[str, Any]]:
                 walk(sub, [*path, name], f"{prefix}_{name.upper().replace('-', '_')}")
 
     walk(cli, [], ENV_PREFIX)
+    from ..cli.workers import worker_admin_group  # `worker list|shutdown` (cli/workers.py)
+
+    for name, sub in sorted(worker_admin_group.commands.items()):
+        walk(sub, ["worker", name], f"{ENV_PREFIX}_WORKER_{name.upper()}")
     return sorted(found, key=lambda c: c["command"])
 
 

@@ -8,7 +8,8 @@ work is done. It stops (gracefully, exit code 0 from the CLI) once all of these 
 * no scheduled message is due by the broker's clock, nor due within :data:`BURST_HORIZON`
   seconds (short waits: rate-limit tokens, lock waits, quick retries); ones due later stay
   scheduled for the next worker;
-* the worker's physical queues hold no waiting and no in-flight message (in reliable mode
+* the worker's physical queues (but those of a paused queue: ``blitzq queue pause``) hold
+  no waiting and no in-flight message (in reliable mode
   that includes messages another worker holds: a burst worker waits for them too, since a
   lost lease would come back to the queue);
 * every fetch that was in a fetch command when the queues were read has returned empty
@@ -29,6 +30,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..exceptions import BrokerError
+from ..routing import base_queue
 
 if TYPE_CHECKING:
     from .fetch import Fetcher
@@ -96,7 +98,9 @@ async def _drained(
     moved, next_eta, now = await worker.broker.promote_due(1000)
     if moved or (next_eta is not None and next_eta - now <= horizon):
         return False
-    stats = await worker.broker.queue_stats(worker.physical_queues)
+    # A paused queue (`blitzq queue pause`) is not waited for: nothing will take its messages.
+    physical = [p for p in worker.physical_queues if base_queue(p) not in worker.paused]
+    stats = await worker.broker.queue_stats(physical) if physical else {}
     if any(counts.get("waiting") or counts.get("in_flight") for counts in stats.values()):
         return False
     # A fetch inside its command when the queues were read may hold what they no longer show.

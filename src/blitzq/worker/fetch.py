@@ -41,6 +41,9 @@ logger = logging.getLogger("blitzq.worker")
 #: going to end when it could fill more (see ``Fetcher._gather``).
 _GATHER_TURNS = 2
 
+#: Seconds a fetch loop of a paused queue waits between looks at the pause.
+PAUSE_POLL = 0.2
+
 #: Fewest messages a full fetch must have brought for the next one to overlap the
 #: completions (smaller batches gain little, and their results go out first).
 _OVERLAP_MIN = 32
@@ -117,6 +120,9 @@ class Fetcher:
         backoff = 0.1
         backlog = False  # the last fetch filled every slot it had (at least _OVERLAP_MIN)
         while not self._stop_requested():
+            if queue in worker.paused:  # `blitzq queue pause` (kept by maintenance.py)
+                await asyncio.sleep(PAUSE_POLL)
+                continue
             n = await slots.reserve(batch)
             if n < batch and runner.jobs:
                 try:

@@ -28,7 +28,8 @@ import contextlib
 import logging
 import math
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from ..broker import Broker
 from ..exceptions import BrokerError, describe_error
@@ -53,6 +54,19 @@ COUNTS_REFRESH = 1.0
 #: Seconds the event listener waits before subscribing again after an error (doubling).
 EVENT_RETRY_MIN = 0.5
 EVENT_RETRY_MAX = 5.0
+#: Runs a worker's registration lists at most (``blitzq worker list``).
+REGISTERED_RUNS = 20
+
+
+def running_tasks(jobs: Iterable[Job]) -> list[dict[str, Any]]:
+    """What a registration says the worker runs: ``id``, ``task``, ``queue`` and
+    ``started_at`` (Unix seconds) of its oldest :data:`REGISTERED_RUNS` runs."""
+    runs = sorted(jobs, key=lambda job: job.started_at)[:REGISTERED_RUNS]
+    return [
+        {"id": j.envelope.id, "task": j.envelope.task, "queue": j.envelope.queue,
+         "started_at": j.started_at}
+        for j in runs
+    ]  # fmt: skip
 
 
 def maintenance_interval(visibility_timeout: float) -> float:
@@ -105,6 +119,7 @@ class Maintenance:
             await self._sync_revocations()
         except Exception as exc:  # the periodic resynchronisation tries again
             logger.warning("could not read cancelled tasks: %s", exc)
+        await self._sync_paused()
         loops = [
             asyncio.create_task(self._promote_loop(), name="blitzq-promoter"),
             asyncio.create_task(self._event_loop(), name="blitzq-events"),
@@ -199,6 +214,16 @@ class Maintenance:
                 if runner.cancel(value):
                     logger.info("cancelled running task %s", value)
                 return
+            if kind in ("pause", "resume"):  # blitzq queue pause / resume
+                (self.worker.paused.add if kind == "pause" else self.worker.paused.discard)(value)
+                if value in self.worker.queues:
+                    logger.info("queue %s %s", value, "paused" if kind == "pause" else "resumed")
+                return
+            if kind == "shutdown":  # blitzq worker shutdown ID
+                if value == self.worker.id:
+                    logger.info("shutting down: asked on the event channel")
+                    self.worker.stop()
+                return
             if kind == "handed":  # another worker handed this one a message (unknown.py)
                 if value == self.worker.id:
                     self._handed.set()
@@ -224,6 +249,13 @@ class Maintenance:
             self.malformed_events, kind, value,
             f" ({describe_error(error)[0]}: {describe_error(error)[1][:200]})" if error else "",
         )  # fmt: skip
+
+    async def _sync_paused(self) -> None:
+        """Re-read the paused queues (at start and every round: a push may be lost)."""
+        try:
+            self.worker.paused = await self.broker.paused_queues()
+        except Exception as exc:  # the next round tries again
+            logger.warning("could not read the paused queues: %s", exc)
 
     async def _sync_revocations(self) -> None:
         """Re-read the cancelled ids; cancel running tasks among them (a push was lost)."""
@@ -258,6 +290,7 @@ class Maintenance:
                 await broker.register_worker(worker.id, worker.info(), ttl=3 * self.interval + 5)
             except BrokerError as exc:
                 logger.warning("maintenance: could not register the worker: %s", exc)
+            await self._sync_paused()
             if worker.runner.track_state:
                 try:
                     await self._keep_records()

@@ -34,7 +34,7 @@ from .deferral import OutageBackoff
 from .fetch import Fetcher
 from .flusher import Flusher
 from .limiter import Limiter, Slots
-from .maintenance import Maintenance
+from .maintenance import Maintenance, running_tasks
 from .ops import Ops, check_ops_options
 from .recycling import MB, Recycler
 from .runner import Runner
@@ -211,6 +211,9 @@ class Worker:
         self.queues = list(dict.fromkeys(base_queue(q) for q in queues))
         if not self.queues:
             raise ConfigurationError("a worker needs at least one queue")
+        #: Queues paused by ``blitzq queue pause`` (the fetch loops take nothing from them);
+        #: kept by the maintenance loops from the broker's paused set and event channel.
+        self.paused: set[str] = set()
         self.levels = {q: levels(q) for q in self.queues}
         self.physical_queues = [p for q in self.queues for p in self.levels[q]]
         self.concurrency = concurrency
@@ -420,6 +423,8 @@ class Worker:
                 "handed_over": self.knowers.handed_over,
                 "concurrency": self.concurrency,
                 "running": len(runner.jobs) if runner else 0,
+                "running_tasks": running_tasks(runner.jobs) if runner else [],
+                "paused": sorted(self.paused.intersection(self.queues)),
                 "processed": self.processed,
                 "failed": self.failed,
                 "abandoned_threads": self.abandoned_threads,

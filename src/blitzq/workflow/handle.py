@@ -11,6 +11,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from .. import _checks
 from ..broker import Completion
 from ..broker.ops import WorkflowFail
 from ..client import testmode
@@ -136,10 +137,13 @@ class WorkflowHandle:
             TaskFailed: a step failed for good (its id, error type and message).
             TaskCancelled: the workflow was cancelled.
             ResultTimeout: not finished within ``timeout``.
+            ConfigurationError: ``timeout`` is not ``None`` or a finite number of seconds
+                ``>= 0``.
             WorkflowExpired: (a WorkflowNotFound) the workflow existed (started by this
                 handle, or its state read by it) and its state expired.
             WorkflowNotFound: no such workflow is stored.
         """
+        timeout = _checks.wait(timeout)
         wait = _FOREVER if timeout is None else max(0.0, timeout)
         deadline = time.monotonic() + wait
         interval = LIVENESS_INTERVAL

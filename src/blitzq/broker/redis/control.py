@@ -30,7 +30,14 @@ from .connection import RedisPart
 __all__ = ["RedisControl"]
 
 #: Prefix of a message on the event channel -> the kind ``events()`` yields.
-_EVENT_KINDS = {"r": "revoke", "s": "schedule", "h": "handed"}
+_EVENT_KINDS = {
+    "r": "revoke",
+    "s": "schedule",
+    "h": "handed",
+    "p": "pause",
+    "u": "resume",
+    "x": "shutdown",
+}
 
 
 def _text(value: Any) -> str:

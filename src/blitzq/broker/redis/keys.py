@@ -109,7 +109,10 @@ TABLE: Final[dict[str, Key]] = {
         "cancelled task ids scored by when the mark expires (Unix seconds)"),
     "events": Key("events", "channel",
         "`r:<id>` a task was cancelled, `s:<due>` a message was scheduled, `h:<worker>` one "
-        "was handed to a worker"),
+        "was handed to a worker, `p:<queue>` / `u:<queue>` a queue was paused / resumed, "
+        "`x:<worker>` a worker is asked to shut down"),
+    "paused": Key("paused", "set",
+        "queues paused by `blitzq queue pause`: no worker fetches from them until resumed"),
     "stats": Key("stats", "hash",
         "namespace-wide counters: `stale_completions` (completions fenced off)"),
     "queues": Key("queues", "set",
@@ -293,8 +296,14 @@ class Keys:
 
     @property
     def events(self) -> str:
-        """Pub/sub channel: ``r:<id>`` a task was cancelled, ``s:<eta>`` one was scheduled."""
+        """Pub/sub channel: ``r:<id>`` a task was cancelled, ``s:<eta>`` one was scheduled,
+        ``h:<worker>`` handed, ``p:``/``u:<queue>`` paused/resumed, ``x:<worker>`` shut down."""
         return self._fixed("events")
+
+    @property
+    def paused(self) -> str:
+        """Set of paused queue names (``blitzq queue pause``)."""
+        return self._fixed("paused")
 
     @property
     def stats(self) -> str:

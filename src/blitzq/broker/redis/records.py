@@ -214,6 +214,22 @@ class RedisRecords(RedisPart, RecordsState):
         return out
 
     @translate_errors
+    async def record_ids(self, limit: int) -> tuple[list[str], bool]:
+        """Ids of stored records, found by SCAN over the namespace's record keys (1000 keys
+        examined per call), at most ``limit``: in no particular order, and whether the scan
+        stopped at ``limit`` with keys left. The cost grows with the records kept
+        (``result_ttl``), not the queues: for an inspection page, never a hot path."""
+        prefix = self.keys.record("")
+        pattern = "".join("\\" + c if c in "\\*?[]" else c for c in prefix) + "*"
+        ids: list[str] = []
+        async for key in self.client.scan_iter(match=pattern, count=1000):
+            if len(ids) >= limit:
+                return ids, True
+            text = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
+            ids.append(text[len(prefix) :])
+        return ids, False
+
+    @translate_errors
     async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
         """Store a record for ``ttl`` seconds and publish its completion channel.
 

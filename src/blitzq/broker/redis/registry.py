@@ -85,6 +85,34 @@ class RedisRegistry(RedisPart, RegistryState):
         return {k.decode(): v for k, v in raw.items()}
 
     @translate_errors
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        """Pause (``paused``) or resume a queue for every worker of the namespace: the set
+        ``{ns}:paused`` and a push on the event channel, in one MULTI. Returns whether the
+        state changed (``False``: it already was)."""
+        keys = self.keys
+        push = ("p:" if paused else "u:") + queue
+        if self.conn.cluster:  # a cluster's pipeline refuses the keyless PUBLISH
+            change = self.client.sadd if paused else self.client.srem
+            changed = await change(keys.paused, queue)
+            await self.client.publish(keys.events, push)
+            return bool(changed)
+        async with self.client.pipeline(transaction=True) as pipe:
+            (pipe.sadd if paused else pipe.srem)(keys.paused, queue)
+            pipe.publish(keys.events, push)
+            changed, _ = await pipe.execute()
+        return bool(changed)
+
+    @translate_errors
+    async def paused_queues(self) -> set[str]:
+        """The paused queue names (workers re-read them every maintenance round)."""
+        return {name.decode() for name in await self.client.smembers(self.keys.paused)}
+
+    @translate_errors
+    async def request_shutdown(self, worker_id: str) -> None:
+        """Ask worker ``worker_id`` to shut down gracefully (a push on the event channel)."""
+        await self.client.publish(self.keys.events, "x:" + worker_id)
+
+    @translate_errors
     async def counters(self) -> dict[str, int]:
         """The namespace's counters (one HGETALL of ``{ns}:stats``)."""
         raw = await self.client.hgetall(self.keys.stats)

@@ -11,7 +11,8 @@ each taking that connection:
 ``dead_letter_box``           dead letters: list, read, count, replay, purge
 (dead_letters.py)
 ``control`` (control.py)      rate limits, unique keys, locks, cancel marks, events
-``registry`` (registry.py)    known queues, live workers, counters, memory policy
+``registry`` (registry.py)    known queues, live workers, paused queues, shutdown
+                              requests, counters, memory policy
 ``operations``                run-time periodic entries, the autoscale setpoint,
 (operator_state.py)           supervisor status, server facts
 ============================  =====================================================
@@ -201,6 +202,10 @@ class RedisStateStore(StateStore):
         """See :meth:`.RedisRecords.get_records`."""
         return await self.records.get_records(task_ids)
 
+    async def record_ids(self, limit: int) -> tuple[list[str], bool]:
+        """See :meth:`.RedisRecords.record_ids`."""
+        return await self.records.record_ids(limit)
+
     async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
         """See :meth:`.RedisRecords.set_record`."""
         await self.records.set_record(task_id, record, ttl)
@@ -303,6 +308,18 @@ class RedisStateStore(StateStore):
     async def workers(self) -> dict[str, bytes]:
         """See :meth:`.RedisRegistry.workers`."""
         return await self.registry.workers()
+
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        """See :meth:`.RedisRegistry.set_paused`."""
+        return await self.registry.set_paused(queue, paused)
+
+    async def paused_queues(self) -> set[str]:
+        """See :meth:`.RedisRegistry.paused_queues`."""
+        return await self.registry.paused_queues()
+
+    async def request_shutdown(self, worker_id: str) -> None:
+        """See :meth:`.RedisRegistry.request_shutdown`."""
+        await self.registry.request_shutdown(worker_id)
 
     async def counters(self) -> dict[str, int]:
         """See :meth:`.RedisRegistry.counters`."""

@@ -71,6 +71,15 @@ class RecordsState(abc.ABC):
         """
         return [await self.get_record(task_id) for task_id in task_ids]
 
+    async def record_ids(self, limit: int) -> tuple[list[str], bool]:
+        """Ids of stored records, at most ``limit``, in no particular order, and whether
+        more were left (for inspection pages; the Redis stores scan their keys).
+
+        Raises:
+            NotImplementedError: a store that cannot list its records.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot list task records")
+
     @abc.abstractmethod
     async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
         """Store a record for ``ttl`` seconds and wake anyone waiting for it."""

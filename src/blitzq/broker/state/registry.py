@@ -11,7 +11,8 @@ __all__ = ["RegistryState"]
 
 
 class RegistryState(abc.ABC):
-    """Known queues, live workers, counters, the memory policy."""
+    """Known queues, live workers, paused queues and shutdown requests, counters, the memory
+    policy."""
 
     @abc.abstractmethod
     async def known_queues(self) -> list[str]:
@@ -36,6 +37,26 @@ class RegistryState(abc.ABC):
     @abc.abstractmethod
     async def workers(self) -> dict[str, bytes]:
         """Live workers: id to the info they registered."""
+
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        """Pause or resume ``queue`` for every worker; whether the state changed.
+
+        Raises:
+            NotImplementedError: a store without queue control.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot pause queues")
+
+    async def paused_queues(self) -> set[str]:
+        """The paused queue names (none where pausing is not supported)."""
+        return set()
+
+    async def request_shutdown(self, worker_id: str) -> None:
+        """Ask a worker to shut down gracefully.
+
+        Raises:
+            NotImplementedError: a store without a control channel.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot reach workers")
 
     async def counters(self) -> dict[str, int]:
         """Namespace-wide event counters kept by the broker, e.g. ``{"stale_completions": 2}``
