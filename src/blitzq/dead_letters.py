@@ -46,7 +46,8 @@ class DeadLetter:
         queue: physical queue it came from.
         reason: why it was dead-lettered, one of :data:`DEAD_LETTER_REASONS` (``"failed"``,
             ``"expired"``, ``"unknown task"``, ``"malformed message"``, ``"message too
-            large"``, ``"max deliveries exceeded"``, ``"unreadable entry"``).
+            large"``, ``"max deliveries exceeded"``, ``"malformed scheduled entry"``,
+            ``"unreadable entry"``).
         error: detail of the last error.
         failed_at: Unix time in seconds.
         args, kwargs: the task's arguments when the message decodes, else ``None``.

@@ -185,11 +185,18 @@ class BrokerError(BlitzQError, ConnectionError):
     Attributes:
         transient: ``True`` when trying again may succeed (connection lost, timeout);
             ``False`` when the server refused the command itself.
+        out_of_memory: ``True`` when the server refused a write for lack of memory (Redis
+            ``OOM`` at ``maxmemory`` under ``noeviction``): refused, not transient, yet the
+            same write succeeds once memory is freed, so a worker retries its completions
+            with backoff and never drops them.
     """
 
-    def __init__(self, message: str, transient: bool = True) -> None:
+    def __init__(
+        self, message: str, transient: bool = True, *, out_of_memory: bool = False
+    ) -> None:
         super().__init__(message)
         self.transient = transient
+        self.out_of_memory = out_of_memory
 
 
 class EmbeddedServerNotFound(BrokerError):

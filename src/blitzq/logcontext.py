@@ -6,7 +6,11 @@
   runs), and nothing to other records. The CLI's formatters (:mod:`blitzq.logconfig`) print
   them as fields; an application that configures logging itself adds the filter to its
   handlers: ``handler.addFilter(TaskContextFilter())``.
-  Process-pool tasks run in another interpreter and get no fields.
+  Process-pool tasks run in another interpreter and get no fields. When the application uses
+  OpenTelemetry (``opentelemetry.trace`` imported) and a span is current (the task's
+  ``process`` span of :mod:`blitzq.integrations.opentelemetry`, or one the task started),
+  it adds ``trace_id`` and ``span_id`` too (:data:`TRACE_FIELDS`); without OpenTelemetry
+  that costs one dict lookup per record inside a task.
 - :class:`NonBlockingHandler` is a :class:`logging.handlers.QueueHandler` feeding a
   listener thread that writes to the real handlers: a slow stderr (a full pipe, a stalled
   terminal) holds that thread, never the worker's event loop. Its queue is bounded: when it
@@ -27,6 +31,7 @@ import logging
 import logging.handlers
 import math
 import queue
+import sys
 import threading
 from typing import Any
 
@@ -37,6 +42,7 @@ __all__ = [
     "DEFAULT_LOG_DRAIN_TIMEOUT",
     "DEFAULT_LOG_QUEUE_SIZE",
     "TASK_FIELDS",
+    "TRACE_FIELDS",
     "NonBlockingHandler",
     "TaskContextFilter",
     "current_worker_id",
@@ -49,6 +55,9 @@ __all__ = [
 #: The fields :class:`TaskContextFilter` adds to a record emitted inside a task
 #: (``workflow_id`` only for a workflow step).
 TASK_FIELDS = ("task_id", "task", "queue", "attempt", "worker_id", "workflow_id")
+#: The fields it adds inside a task when an OpenTelemetry span is current: the trace id
+#: (32 lowercase hex digits) and the span id (16), as W3C ``traceparent`` writes them.
+TRACE_FIELDS = ("trace_id", "span_id")
 
 _worker_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "blitzq_worker_id", default=None
@@ -72,9 +81,10 @@ def reset_worker_id(token: contextvars.Token[str | None]) -> None:
 
 
 class TaskContextFilter(logging.Filter):
-    """Adds the running task's fields to each record (see :data:`TASK_FIELDS`); never drops a
-    record. Outside a task it adds nothing. A field the record already has (from ``extra=``)
-    is kept."""
+    """Adds the running task's fields to each record (see :data:`TASK_FIELDS`), and the
+    current OpenTelemetry span's ids (:data:`TRACE_FIELDS`) when the application imported
+    ``opentelemetry.trace`` and a valid span is current; never drops a record. Outside a
+    task it adds nothing. A field the record already has (from ``extra=``) is kept."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Set the task fields on ``record`` when a task is current; always ``True``."""
@@ -88,7 +98,23 @@ class TaskContextFilter(logging.Filter):
             fields.setdefault("worker_id", _worker_id.get())
             if context.workflow_id is not None:
                 fields.setdefault("workflow_id", context.workflow_id)
+            # Never imported here: without OpenTelemetry in use, one dict lookup.
+            otel = sys.modules.get("opentelemetry.trace")
+            if otel is not None:
+                _add_trace_fields(otel, fields)
         return True
+
+
+def _add_trace_fields(otel: Any, fields: dict[str, Any]) -> None:
+    """Set ``trace_id``/``span_id`` from ``otel`` (the ``opentelemetry.trace`` module)'s
+    current span, if valid; a broken or partial OpenTelemetry install adds nothing."""
+    try:
+        span_context = otel.get_current_span().get_span_context()
+        if span_context.is_valid:
+            fields.setdefault("trace_id", format(span_context.trace_id, "032x"))
+            fields.setdefault("span_id", format(span_context.span_id, "016x"))
+    except Exception:  # a log record is never lost to tracing
+        return
 
 
 #: Records a :class:`NonBlockingHandler` holds at most (``--log-queue-size``).

@@ -86,7 +86,7 @@ async def test_a_planted_schedule_entry_is_dead_lettered_and_delays_keep_working
         handle = await add.options(delay=0.2).enqueue(1, 1)
         assert await handle.result(timeout=10) == 2
         dead = await queue.dead_letters()
-        assert [(d.id, d.reason) for d in dead] == [("g1", "malformed message")]
+        assert [(d.id, d.reason) for d in dead] == [("g1", "malformed scheduled entry")]
     await queue.close()
 
 

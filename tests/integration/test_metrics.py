@@ -144,7 +144,20 @@ async def test_each_outcome_is_counted_once_with_its_labels(
         assert value(samples, "blitzq_stale_completions_total") == 0
         assert value(samples, "blitzq_abandoned_threads_total") == 0
         assert value(samples, "blitzq_log_records_dropped_total") == dropped_records()
-        assert value(samples, "blitzq_namespace_stale_completions", namespace=namespace) == 0
+        # A counter now (the sampled namespace count); the gauge of that name is gone.
+        assert value(samples, "blitzq_namespace_stale_completions_total", namespace=namespace) == 0
+        assert value(samples, "blitzq_namespace_stale_completions", namespace=namespace) is None
+        # Each attempt that raised, by exception type (flaky's retry, doomed, quiet).
+        failures = {
+            (dict(labels)["task"], dict(labels)["exception"]): v
+            for (name, labels), v in samples.items()
+            if name == "blitzq_task_failures_total"
+        }
+        assert failures == {
+            ("flaky", "ValueError"): 1,
+            ("doomed", "ValueError"): 1,
+            ("quiet", "ValueError"): 1,
+        }
         # Never a task id in a label.
         assert not any(waiting.id in v for _, labels in samples for _, v in labels)
     await queue.close()
@@ -268,6 +281,9 @@ def test_supervised_workers_each_serve_base_port_plus_slot(
         wait_until(lambda: total() == 20, 30, "20 successes over the two endpoints")
         pages = [_scrape_sync(base), _scrape_sync(base + 1)]
         assert all(p is not None and value(p, "blitzq_workers", namespace=namespace) for p in pages)
+        # Each worker process reports its own process_* (the supervisor's are on no page).
+        assert all(p is not None and value(p, "process_resident_memory_bytes") for p in pages)
+        assert all(p is not None and value(p, "process_start_time_seconds") for p in pages)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from opentelemetry import trace
@@ -52,8 +53,18 @@ def by_name(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
     return [s for s in exporter.get_finished_spans() if s.name == name]
 
 
+def broker_server(url: str) -> dict[str, Any]:
+    """``server.address``/``server.port`` the spans should carry for a Redis URL."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return {"server.address": parts.path}
+    return {"server.address": parts.hostname, "server.port": parts.port or 6379}
+
+
 async def test_producer_consumer_retry_and_error(
-    make_queue: Callable[..., Queue], traced: tuple[TracerProvider, InMemorySpanExporter]
+    make_queue: Callable[..., Queue],
+    traced: tuple[TracerProvider, InMemorySpanExporter],
+    server_url: str,
 ) -> None:
     provider, exporter = traced
     queue = make_queue(name="otelq")
@@ -92,6 +103,7 @@ async def test_producer_consumer_retry_and_error(
         "messaging.message.id": handle.id,
         "blitzq.task.name": "otel.flaky",
         "blitzq.task.attempt": 1,
+        **broker_server(server_url),
     }
 
     first, second = by_name(exporter, "process otelq")
@@ -109,8 +121,13 @@ async def test_producer_consumer_retry_and_error(
         assert attrs["blitzq.task.name"] == "otel.flaky"
         assert attrs["blitzq.task.attempt"] == attempt
         assert "messaging.operation" not in attrs  # the deprecated name
+        # The broker's address and the streams' consumer group (reliable mode on Redis).
+        assert {k: attrs.get(k) for k in broker_server(server_url)} == broker_server(server_url)
+        assert attrs["messaging.consumer.group.name"] == "blitzq"
     assert (first.attributes or {})["blitzq.task.outcome"] == "retried"
     assert first.status.status_code is StatusCode.ERROR
+    assert (first.attributes or {})["error.type"] == "ValueError"
+    assert "error.type" not in (second.attributes or {})
     assert [e.name for e in first.events] == ["exception"]
     assert (first.events[0].attributes or {})["exception.type"] == "ValueError"
     assert (second.attributes or {})["blitzq.task.outcome"] == "succeeded"
@@ -121,7 +138,9 @@ async def test_producer_consumer_retry_and_error(
 
 
 async def test_workflow_steps_carry_the_origin_of_apply(
-    make_queue: Callable[..., Queue], traced: tuple[TracerProvider, InMemorySpanExporter]
+    make_queue: Callable[..., Queue],
+    traced: tuple[TracerProvider, InMemorySpanExporter],
+    server_url: str,
 ) -> None:
     """``queue.apply`` makes a producer span; the first steps are its children, a chain's
     later step is a child of the step before and links to the origin, as does a chord's
@@ -186,6 +205,7 @@ async def test_workflow_steps_carry_the_origin_of_apply(
         "messaging.message.conversation_id": line.id,
         "blitzq.workflow.id": line.id,
         "blitzq.task.name": "otel.inc",
+        **broker_server(server_url),
     }
     step1 = tree.one("process otelwf", messaging_message_id=line_ids[0])
     step2 = tree.one("process otelwf", messaging_message_id=line_ids[1])

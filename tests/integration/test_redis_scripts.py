@@ -91,6 +91,7 @@ def test_broker_error_names_the_cause_and_says_whether_to_retry(
     translated = broker_error(error)
     assert isinstance(translated, BrokerError)
     assert translated.transient is transient
+    assert translated.out_of_memory is isinstance(error, OutOfMemoryError)
     assert str(translated) == f"{type(error).__name__}: {error}"
 
 

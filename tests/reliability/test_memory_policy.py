@@ -217,14 +217,72 @@ async def test_a_new_worker_starts_and_drains_on_a_full_noeviction_server(
             await client.aclose()
         worker = Worker(queue, queues=[queue.name, "never-used"])
         async with running(worker):
-            if mode == "reliable":
-                assert await queue.get_results(handles, timeout=90) == list(range(200))
-            else:
-                # Fast mode runs the backlog too, but its completion script's first write
-                # (the record's SET) is refused at maxmemory: the records are lost (the
-                # completion path's concern, not the start's).
-                await eventually(lambda: asyncio.sleep(0, worker.processed), lambda n: n >= 200, 90)
+            if mode == "fast":
+                # Fast mode's completion script's first write (the record's SET) is refused
+                # at maxmemory: the worker keeps its completions, stops fetching, and writes
+                # them once memory is freed.
+                await eventually(lambda: asyncio.sleep(0, _paused(worker)), bool, 60)
+                await _free(url)
+            assert await queue.get_results(handles, timeout=90) == list(range(200))
         assert worker.processed == 200
         assert not [r for r in caplog.records if "could not start" in r.getMessage()]
+    finally:
+        await queue.close()
+
+
+def _paused(worker: Worker) -> bool:
+    """Whether ``worker``'s completions are refused (its fetch loops then wait)."""
+    flusher = getattr(worker, "_flusher", None)  # made by run()
+    return flusher is not None and not flusher.writable.is_set()
+
+
+async def _free(url: str) -> None:
+    """Lift the (private) server's maxmemory: writes are taken again."""
+    client = aioredis.Redis.from_url(url)
+    try:
+        await client.config_set("maxmemory", 0)
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["fast", "reliable"])
+async def test_completions_refused_for_lack_of_memory_are_kept_and_written_once_freed(
+    server: Callable[..., str], mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue input: 2 fast workers, 300 tasks, the server full (noeviction) for a while, then
+    freed: 236 tasks ran but lost their record (``dropped the completion``) and the workers
+    kept popping work throughout. Now a refused completion is retried with backoff, never
+    dropped, and the workers fetch nothing while their completions are refused."""
+    url = server("--maxmemory-policy", "noeviction")
+    queue = Queue(redis_url=url, namespace="oom", mode=mode)
+    ran: list[int] = []
+
+    @queue.task(name="oom.work")
+    async def work(value: int) -> int:
+        ran.append(value)
+        await asyncio.sleep(0.01)
+        return value
+
+    caplog.set_level(logging.WARNING, logger="blitzq")
+    try:
+        handles = await work.enqueue_many([(i,) for i in range(300)])
+        workers = [Worker(queue, concurrency=8, block_timeout=0.2) for _ in range(2)]
+        async with running(workers[0]), running(workers[1]):
+            await eventually(lambda: asyncio.sleep(0, len(ran)), lambda n: n >= 10, 60)
+            await _overfill(url)
+            if mode == "fast":  # reliable mode's script acks first, then may write past it
+                for w in workers:
+                    await eventually(lambda w=w: asyncio.sleep(0, _paused(w)), bool, 60)
+                paused_at = len(ran)
+                # Paused: no fetch while refused; each worker started at most its
+                # concurrency beyond what it could record.
+                assert paused_at < 300
+            await _free(url)
+            assert await queue.get_results(handles, timeout=120) == list(range(300))
+        assert sorted(ran) == list(range(300))  # each ran once: none lost, none twice
+        assert sum(w.processed for w in workers) == 300
+        assert not [r for r in caplog.records if "dropped the completion" in r.getMessage()]
+        assert not [r for r in caplog.records if "refused the completion" in r.getMessage()]
     finally:
         await queue.close()

@@ -16,9 +16,11 @@ __all__ = ["DEAD_LETTER_REASONS", "Completion", "DeadLetterFields", "Scheduled"]
 #: Every ``reason`` a dead letter can have, as the writers store it: the worker (``failed``,
 #: ``expired`` (past ``max_age``), ``unknown task``, ``malformed message``, ``message too
 #: large``), the Redis scripts and the AMQP custody (``max deliveries exceeded``, ``malformed
-#: message``), and a listing that meets a key of another type (``unreadable entry``). The
-#: filters of ``blitzq dead-letter``, ``queue.dead_letters()`` and the dashboard accept these
-#: only; tests/unit/test_dead_letter_reasons.py checks the writers and the docs against it.
+#: message``; ``malformed scheduled entry``: a schedule entry the promoter cannot read, moved
+#: aside so that it never blocks the others), and a listing that meets a key of another type
+#: (``unreadable entry``). The filters of ``blitzq dead-letter``, ``queue.dead_letters()``
+#: and the dashboard accept these only; tests/unit/test_dead_letter_reasons.py checks the
+#: writers and the docs against it.
 DEAD_LETTER_REASONS: tuple[str, ...] = (
     "failed",
     "expired",
@@ -26,6 +28,7 @@ DEAD_LETTER_REASONS: tuple[str, ...] = (
     "malformed message",
     "message too large",
     "max deliveries exceeded",
+    "malformed scheduled entry",
     "unreadable entry",
 )
 

@@ -51,8 +51,13 @@ workflow's id),
 ``blitzq.task.name``, ``blitzq.task.attempt`` and, on a consumer span, ``blitzq.task.outcome``
 (``succeeded``, ``failed``, ``retried``, ``dead_lettered``, ``cancelled``, ``requeued``). A
 workflow start's span has ``blitzq.workflow.id`` and, instead of the message attributes when it
-publishes more than one step, ``messaging.batch.message_count``. A failed attempt records its
-exception on the span, with status ``ERROR``.
+publishes more than one step, ``messaging.batch.message_count``. ``server.address`` and
+``server.port`` name the broker carrying the messages (the Queue's Redis URL, or its
+``amqp_url``), and a consumer span in reliable mode on Redis has
+``messaging.consumer.group.name`` (the streams' group, ``blitzq``). A failed attempt records
+its exception on the span, sets ``error.type`` (the exception's qualified type name) and the
+status ``ERROR``. Log records a task emits carry the span's ``trace_id`` and ``span_id``
+(:class:`blitzq.logcontext.TaskContextFilter`).
 """
 
 from __future__ import annotations
@@ -162,9 +167,16 @@ class BlitzqInstrumentor:
         self._current = self._provider = None
 
 
-def _add(queue: Queue, middleware: TracingMiddleware) -> None:
-    if middleware not in queue.middleware:
-        queue.add_middleware(middleware)
+def _add(queue: Queue, template: TracingMiddleware) -> None:
+    """Add to ``queue`` a middleware of ``template``'s tracer bound to it (for its broker's
+    address), once per tracer."""
+    for existing in queue.middleware:
+        if isinstance(existing, TracingMiddleware) and existing.tracer is template.tracer:
+            return
+    instance = BlitzqInstrumentor()
+    middleware = TracingMiddleware(template.tracer, queue)
+    instance._made.append(middleware)
+    queue.add_middleware(middleware)
 
 
 __all__ = [

@@ -9,6 +9,7 @@ import logging
 from collections import OrderedDict
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import msgspec
 from opentelemetry import context as otel_context
@@ -16,10 +17,14 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from ..broker.factory import resolve_amqp_url
 from ..broker.ops import ChordMember, Op, Publish, WorkflowStep
+from ..broker.redis.keys import GROUP
+from ..client import testmode
 from ..exceptions import TaskCancelled
 from ..extensions.middleware import Middleware, Outgoing, OutgoingWorkflow
 from ..serialization import Envelope, decode_envelope, encode_envelope
+from ..worker.tally import exception_name
 from ..workflow.callback import rewrite_chord_callback
 from ..workflow.engine import finish_step
 
@@ -27,6 +32,7 @@ if TYPE_CHECKING:
     from ..broker import Completion
     from ..context import TaskContext
     from ..options import TaskOptions
+    from ..queue import Queue
     from ..task import Task
     from ..worker.execution import Job
 
@@ -40,6 +46,12 @@ TASK_NAME = "blitzq.task.name"
 TASK_ATTEMPT = "blitzq.task.attempt"
 TASK_OUTCOME = "blitzq.task.outcome"
 WORKFLOW_ID = "blitzq.workflow.id"
+#: Semantic-convention attributes: the broker's address and port, the stream's consumer group,
+#: the qualified type of the exception a failed attempt raised.
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+CONSUMER_GROUP = "messaging.consumer.group.name"
+ERROR_TYPE = "error.type"
 #: Attribute of a link: ``previous_attempt`` or ``workflow_origin``.
 LINK_TYPE = "blitzq.link.type"
 #: ``messaging.system`` of every span.
@@ -61,10 +73,15 @@ class TracingMiddleware(Middleware):
 
     Args:
         tracer: the ``opentelemetry.trace.Tracer`` making the spans.
+        queue: the Queue it traces, whose broker gives ``server.address``, ``server.port``
+            and ``messaging.consumer.group.name`` (``None``: no such attributes).
     """
 
-    def __init__(self, tracer: trace.Tracer) -> None:
+    def __init__(self, tracer: trace.Tracer, queue: Queue | None = None) -> None:
         self.tracer = tracer
+        self.queue = queue
+        self._server: dict[str, Any] | None = None  # read once the broker is in use
+        self._group: dict[str, Any] = {}
         #: Off after ``uninstrument()``: every hook then returns at once.
         self.enabled = True
         self._publishing: OrderedDict[str, trace.Span] = OrderedDict()
@@ -107,6 +124,7 @@ class TracingMiddleware(Middleware):
         """End the publish span of ``message``."""
         span = self._publishing.pop(message.envelope.id, None)
         if span is not None:
+            span.set_attributes(self._server_attributes())
             span.end()
 
     async def before_apply(self, workflow: OutgoingWorkflow) -> None:
@@ -142,6 +160,7 @@ class TracingMiddleware(Middleware):
         """End the workflow start's span."""
         span = self._publishing.pop(f"workflow:{workflow.workflow_id}", None)
         if span is not None:
+            span.set_attributes(self._server_attributes())
             span.end()
 
     # ------------------------------------------------------------- consumer
@@ -160,6 +179,8 @@ class TracingMiddleware(Middleware):
                 links.append(Link(linked, {LINK_TYPE: kind}))
         attributes = _attributes("process", context.queue, context.id, context.correlation_id)
         attributes.update({TASK_NAME: context.task, TASK_ATTEMPT: context.attempt})
+        attributes.update(self._server_attributes())
+        attributes.update(self._group)
         span = self.tracer.start_span(
             f"process {context.queue}",
             context=parent,
@@ -189,8 +210,35 @@ class TracingMiddleware(Middleware):
             if isinstance(exc, TaskCancelled):
                 span.set_attribute(TASK_OUTCOME, "cancelled")
             span.record_exception(exc)
+            span.set_attribute(ERROR_TYPE, exception_name(type(exc)))
             span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
         span.end()
+
+    def _server_attributes(self) -> dict[str, Any]:
+        """``server.address`` / ``server.port`` of the broker that carries the messages (and
+        the consumer group of reliable mode on Redis), read once, after the Queue first used
+        its broker (never starting one); ``{}`` when unknown."""
+        server = self._server
+        if server is not None:
+            return server
+        queue = self.queue
+        if queue is None:
+            self._server = {}
+            return self._server
+        try:
+            # As the Queue picks its broker: RabbitMQ when it has an AMQP URL, unless the
+            # test mode of blitzq.testing keeps everything on its memory backend.
+            amqp = None
+            if testmode.forced_url is None:
+                amqp = resolve_amqp_url(getattr(queue, "_amqp_url", None))
+            server = _server(amqp or queue.url)
+        except Exception:  # tracing never fails a run or an enqueue
+            logger.debug("could not read the broker's address", exc_info=True)
+            server = {}
+        if queue.mode == "reliable" and not amqp:
+            self._group = {CONSUMER_GROUP: GROUP}
+        self._server = server
+        return server
 
     def _finish(
         self, job: Job, completion: Completion, final: bool, error: BaseException | None
@@ -257,6 +305,29 @@ def _encode(env: Envelope, before: bytes) -> bytes:
     return encode_envelope(env, len(before) + 1024)
 
 
+#: Default ports of the URL schemes whose URLs may leave the port out.
+_DEFAULT_PORTS = {"redis": 6379, "rediss": 6379, "amqp": 5672, "amqps": 5671}
+
+
+def _server(url: str) -> dict[str, Any]:
+    """``server.address`` (host name, IP, or a Unix socket's path) and ``server.port`` of a
+    broker URL; ``{}`` for an in-process ``memory://`` one."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.split("+")[0]
+    if scheme == "memory":  # in-process: its name is no host
+        return {}
+    if scheme == "unix":
+        return {SERVER_ADDRESS: parts.path} if parts.path else {}
+    host = parts.hostname
+    if not host:
+        return {}
+    attributes: dict[str, Any] = {SERVER_ADDRESS: host}
+    port = parts.port or (None if "sentinel" in parts.scheme else _DEFAULT_PORTS.get(scheme))
+    if port is not None:
+        attributes[SERVER_PORT] = port
+    return attributes
+
+
 def _span_context(traceparent: Any) -> trace.SpanContext | None:
     """The span context of a W3C ``traceparent`` value, or ``None`` if it is not one."""
     if not isinstance(traceparent, str):
@@ -298,11 +369,15 @@ def _attributes(
 
 
 __all__ = [
+    "CONSUMER_GROUP",
+    "ERROR_TYPE",
     "LINK_HEADER",
     "LINK_TYPE",
     "MAX_OPEN_PUBLISH_SPANS",
     "MESSAGING_SYSTEM",
     "ORIGIN_HEADER",
+    "SERVER_ADDRESS",
+    "SERVER_PORT",
     "TASK_ATTEMPT",
     "TASK_NAME",
     "TASK_OUTCOME",

@@ -16,6 +16,10 @@ it would otherwise apply them first and answer the fetch after, each side idle w
 other works (a drain with results stored: about 1.2x, see ``bench/README.md``). At light
 load the completions go first, before the next fetch (the round trip's path), and a fetch
 that finds the levels empty releases the hold before it blocks.
+
+While the flusher cannot write completions (the server is down or out of memory) or holds
+too many, a loop fetches nothing until it can (:attr:`~blitzq.worker.flusher.Flusher.writable`):
+backpressure, so that the worker pops no work whose outcome it could not record.
 """
 
 from __future__ import annotations
@@ -119,7 +123,11 @@ class Fetcher:
         batch = worker.batch_size
         backoff = 0.1
         backlog = False  # the last fetch filled every slot it had (at least _OVERLAP_MIN)
+        writable = runner.flusher.writable
         while not self._stop_requested():
+            if not writable.is_set():  # completions refused: take no work it cannot record
+                await writable.wait()
+                continue
             if queue in worker.paused:  # `blitzq queue pause` (kept by maintenance.py)
                 await asyncio.sleep(PAUSE_POLL)
                 continue
@@ -145,11 +153,13 @@ class Fetcher:
                     self._release_hold(queue)
                     await asyncio.sleep(0)  # the held completions go to the server first
             except Exception as exc:  # the loop must outlive any error; BrokerError is usual
+                self._fetching[queue] = False
+                if isinstance(exc, BrokerError) and await self._timed_out_here(queue, exc):
+                    continue
                 if isinstance(exc, BrokerError):
                     logger.warning("fetch from %s failed, retry in %.1f s: %s", queue, backoff, exc)
                 else:
                     logger.exception("fetch from %s failed, retrying in %.1f s", queue, backoff)
-                self._fetching[queue] = False
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
@@ -178,6 +188,26 @@ class Fetcher:
                 # Let the runs' first steps and the flusher go before the next fetch: a task
                 # that ended at once has its completion written first (the round trip's path).
                 await asyncio.sleep(0)
+
+    async def _timed_out_here(self, queue: str, error: BrokerError) -> bool:
+        """Whether a fetch that ended in a client-side timeout met a server that answers at
+        once (then logged as such, and fetched again at once): the reply was not read in
+        time on this side, as after a pause of this process (SIGSTOP, a VM pause) or a
+        blocked event loop, not a failure of the server."""
+        if not str(error).startswith("TimeoutError"):
+            return False
+        try:
+            await self.broker.ping()
+        except Exception:
+            return False
+        logger.warning(
+            "fetch from %s: no reply read within the client's time limit (%s), yet the server "
+            "answers at once: this process was paused (SIGSTOP, a VM pause), its event loop "
+            "blocked, or the network stalled for a moment; fetching again",
+            queue,
+            error,
+        )
+        return True
 
     def _release_hold(self, queue: str) -> None:
         """Let the flusher's held batch go, if this queue's fetch holds it."""

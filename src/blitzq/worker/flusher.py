@@ -4,7 +4,11 @@ Completions queue up while one batch is in flight and all go in the next; there 
 at light load a completion costs one round-trip of latency and under heavy load hundreds share
 one. A batch holds at most ``max_batch`` completions and ``max_bytes`` bytes (at least one).
 
-A batch that fails while the server is down is kept and retried with backoff, never dropped.
+A batch that fails while the server is down, or that it refuses for lack of memory (``OOM`` at
+``maxmemory`` under ``noeviction``), is kept and retried with backoff, never dropped. While
+that lasts, and while more than :data:`MAX_BACKLOG` completions wait, :attr:`Flusher.writable`
+is clear and the fetch loops fetch nothing (backpressure): the worker takes no work it could
+not record, and its backlog stays bounded (about its concurrency).
 A batch the server *refuses* (an error reply, or a connection it drops while reading a write
 it will not take, such as an argument over its ``proto-max-bulk-len``, while it still answers
 PING) is split: the other completions commit, and a completion refused on its own is
@@ -16,8 +20,9 @@ answers the fetch first and applies the completions while the worker starts what
 instead of the worker waiting for both in turn (see :mod:`.fetch`).
 
 Fencing: the broker applies a completion only while its delivery is still leased to this
-worker. The stale ones it hands back (the lease lapsed, e.g. the process was paused, and
-another worker recovered the message) are counted in :attr:`Flusher.stale` and each is
+worker. The stale ones it hands back (no longer pending under this worker: the lease lapsed,
+e.g. the process was paused, and another worker took the message over; or the server lost
+the delivery, e.g. a restart without persistence) are counted in :attr:`Flusher.stale` and each is
 logged once at WARNING.
 """
 
@@ -41,6 +46,9 @@ _SMALL_OP = 64 * 1024
 
 #: Longest a batch waits for a hold to be released (seconds); then it goes anyway.
 MAX_HOLD = 0.05
+
+#: Completions waiting past which the fetch loops pause until the backlog is written.
+MAX_BACKLOG = 4 * COMPLETION_BATCH_ITEMS
 
 #: Types of a completion's record whose size ``_take`` reads in place.
 _RECORD_TYPES = frozenset({bytes, type(None)})
@@ -95,6 +103,11 @@ class Flusher:
         #: Called with each batch the broker applied and the stale completions it refused
         #: (the worker's metrics count the applied ones), or ``None``.
         self.on_written: Callable[[list[Completion], list[Completion]], None] | None = None
+        #: Set while completions can be written and the backlog is under MAX_BACKLOG; the
+        #: fetch loops wait for it before each fetch (backpressure).
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self._refused_since: float | None = None  # the broker refuses writes since then
 
     def add(self, completion: Completion) -> None:
         """Queue a completion for the next batch."""
@@ -103,6 +116,8 @@ class Flusher:
             self._idle.clear()
             self._wake.set()
         pending.append(completion)
+        if len(pending) > MAX_BACKLOG:
+            self.writable.clear()
 
     def hold(self) -> None:
         """Keep the next batch back until :meth:`release` (each hold released once), at
@@ -179,10 +194,17 @@ class Flusher:
                 stale = await self.broker.complete(batch)
             except BrokerError as exc:
                 if await self._retry_later(exc):
-                    logger.warning(
+                    # The first refusal is logged at WARNING (by _refusing), the retries
+                    # of the same outage at DEBUG until a batch is written again.
+                    level = logging.DEBUG if self._refused_since is not None else logging.INFO
+                    self._refusing(exc)
+                    logger.log(
+                        level,
                         "completion batch of %d failed, retrying in %.2f s: %s",
-                        len(batch), delay, exc,
-                    )  # fmt: skip
+                        len(batch),
+                        delay,
+                        exc,
+                    )
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 2.0)
                     continue
@@ -196,25 +218,48 @@ class Flusher:
                 continue
             delay = 0.05
             del self._pending[: len(batch)]
+            self._writing()
             if self.on_written is not None:
                 self.on_written(batch, stale)
             if stale:
                 self._report(stale)
+
+    def _refusing(self, error: BrokerError) -> None:
+        """The broker refuses writes for now (down, or out of memory): pause the fetches."""
+        if self._refused_since is None:
+            self._refused_since = asyncio.get_running_loop().time()
+            logger.warning(
+                "completions cannot be written (%s): fetching paused until they are; they are "
+                "kept and retried, never dropped",
+                error,
+            )
+        self.writable.clear()
+
+    def _writing(self) -> None:
+        """A batch was written: let the fetches go again once the backlog is short."""
+        if self._refused_since is not None:
+            took = asyncio.get_running_loop().time() - self._refused_since
+            self._refused_since = None
+            logger.warning("completions written again after %.1f s: fetching resumed", took)
+        if len(self._pending) <= MAX_BACKLOG:
+            self.writable.set()
 
     def _report(self, stale: list[Completion]) -> None:
         """Count and log completions the broker dropped because their lease was lost."""
         self.stale += len(stale)
         for c in stale:
             logger.warning(
-                "stale completion of task %s from queue %s dropped: this worker lost the "
-                "delivery's lease (another worker recovered the message), nothing was written",
+                "stale completion of task %s from queue %s dropped, nothing was written: its "
+                "delivery is no longer pending under this worker (its lease lapsed and another "
+                "worker took the message over, or the server lost it: a restart without "
+                "persistence, a flush, a failover)",
                 c.task_id, c.queue,
             )  # fmt: skip
 
     async def _retry_later(self, error: BrokerError) -> bool:
         """Whether a failed write should wait and go again whole: the server is down, or
         out of memory (``OOM`` under ``noeviction``: it takes writes again once drained)."""
-        if "OOM " in str(error):
+        if error.out_of_memory or "OOM " in str(error):
             return True
         return error.transient and not await self._answers()
 
@@ -249,6 +294,7 @@ class Flusher:
             if failure is None:
                 continue
             if await self._retry_later(failure):
+                self._refusing(failure)
                 for rest in (part, *parts):
                     self._pending.extend(rest)
                 return
@@ -266,6 +312,7 @@ class Flusher:
             return exc
         except Exception as exc:  # cannot even be sent (a bug): refused, never retried whole
             return _unsendable(exc)
+        self._writing()
         if self.on_written is not None:
             self.on_written(part, stale)
         if stale:
@@ -294,6 +341,7 @@ class Flusher:
         if failure is None:
             return
         if await self._retry_later(failure):
+            self._refusing(failure)
             self._pending.append(replacement)
             return
         logger.error("dropped the completion of task %s: %s", completion.task_id, failure)

@@ -9,9 +9,10 @@ A worker without metrics has no observer: the runner checks one attribute for ``
 run's start and at its commit. The counts are made into Prometheus metric families only when
 Prometheus scrapes; runs in progress are counted from the runner's running jobs then.
 
-Broker-wide values (queue depths, dead letters, registered workers, the namespace's stale
-completions) are sampled once before the endpoint is served (:meth:`RunMetrics.first_sample`,
-so the first scrape never shows empty gauges), then every :data:`SAMPLE_INTERVAL` seconds by
+Broker-wide values (queue depths, the age of each queue's oldest waiting message, dead
+letters, registered workers, the namespace's stale completions) are sampled once before the
+endpoint is served (:meth:`RunMetrics.first_sample`, so the first scrape never shows empty
+gauges), then every :data:`SAMPLE_INTERVAL` seconds by
 :meth:`RunMetrics.sample_loop` in the worker's event loop, never per task; this worker's own
 counters (stale completions, abandoned threads) are read when Prometheus scrapes.
 
@@ -35,7 +36,7 @@ from ..exceptions import ConfigurationError
 from ..logcontext import dropped_records
 
 try:
-    from prometheus_client import CollectorRegistry, Gauge
+    from prometheus_client import CollectorRegistry, Gauge, ProcessCollector
     from prometheus_client.core import (
         CounterMetricFamily,
         GaugeMetricFamily,
@@ -106,6 +107,22 @@ class _RunCollector(Collector):
         for queue, count in m.in_progress().items():
             running.add_metric((queue,), count)
         yield running
+        failures = CounterMetricFamily(
+            "blitzq_task_failures",
+            "Attempts that raised and failed, were retried or dead-lettered, by exception type.",
+            labels=("queue", "task", "exception"),
+        )
+        for labels, count in list(m.exception_counts.items()):
+            failures.add_metric(labels, count)
+        yield failures
+        if m.namespace_stale is not None:
+            stale = CounterMetricFamily(
+                "blitzq_namespace_stale_completions",
+                "Completions refused as stale by fencing in the namespace, all workers (sampled).",
+                labels=("namespace",),
+            )
+            stale.add_metric((m.namespace,), m.namespace_stale)
+            yield stale
         yield CounterMetricFamily(
             "blitzq_stale_completions",
             "Completions of this worker the broker refused as stale (lease lost; fencing).",
@@ -176,12 +193,19 @@ class RunMetrics(RunTally):
         self.workers = Gauge(
             "blitzq_workers", "Registered live workers.", ("namespace",), registry=registry
         )
-        self.namespace_stale = Gauge(
-            "blitzq_namespace_stale_completions",
-            "Completions refused as stale by fencing in the namespace, all workers.",
-            ("namespace",),
+        self.oldest_age = Gauge(
+            "blitzq_queue_oldest_age_seconds",
+            "Seconds the oldest waiting message of each queue has waited (0: none waiting; "
+            "sampled, on the broker's clock).",
+            ("queue",),
             registry=registry,
         )
+        #: The namespace's stale completions as last sampled (``None`` before the first
+        #: sample): the counter ``blitzq_namespace_stale_completions_total``.
+        self.namespace_stale: float | None = None
+        # process_* (CPU, memory, open files, start time) of this process; on platforms
+        # without /proc it reports nothing.
+        ProcessCollector(registry=registry)
 
     # ------------------------------------------------------------- scrape
     def in_progress(self) -> dict[str, int]:
@@ -200,7 +224,8 @@ class RunMetrics(RunTally):
 
     # ------------------------------------------------------------- sampled
     async def sample(self) -> None:
-        """Read queue depths, dead letters, workers and the namespace's counters once.
+        """Read queue depths, the oldest waiting message's age per queue, dead letters,
+        workers and the namespace's counters once.
 
         Raises:
             BrokerError: the broker did not answer (the previous values stay).
@@ -216,7 +241,20 @@ class RunMetrics(RunTally):
         registered = await broker.workers()
         self.workers.labels(ns).set(len(registered) + (self.worker.id not in registered))
         counters = await broker.counters()
-        self.namespace_stale.labels(ns).set(counters.get("stale_completions", 0))
+        self.namespace_stale = float(counters.get("stale_completions", 0))
+        # The oldest message's age only where something waits (one more read per queue).
+        waiting = [q for q, counts in stats.items() if counts.get("waiting", 0)]
+        oldest = await broker.oldest_waiting(waiting) if waiting else {}
+        now = await broker.server_time() if oldest else 0.0
+        for queue in stats:
+            enqueued = oldest.get(queue)
+            if enqueued is not None:
+                self.oldest_age.labels(queue).set(max(0.0, now - enqueued))
+            elif queue not in waiting:
+                self.oldest_age.labels(queue).set(0.0)
+            else:  # the transport cannot tell (fast mode, RabbitMQ): no sample
+                with contextlib.suppress(KeyError):
+                    self.oldest_age.remove(queue)
 
     async def first_sample(self, timeout: float = FIRST_SAMPLE_TIMEOUT) -> None:
         """:meth:`sample` once, bounded by ``timeout`` seconds, before the endpoint is

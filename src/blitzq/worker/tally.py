@@ -29,7 +29,9 @@ attempt is counted once, under the outcome actually written, and no count ever g
 (a Prometheus counter that decreases reads as a restart of the worker).
 
 Label values are bounded: task names are capped at :data:`MAX_TASK_NAMES` distinct values
-per worker, later ones counted under :data:`OTHER_TASK`.
+per worker, later ones counted under :data:`OTHER_TASK`; exception type names (the
+``exception`` label of the failures, counted only on the rare failing path) at
+:data:`MAX_EXCEPTION_NAMES`, later ones under :data:`OTHER_EXCEPTION`.
 """
 
 from __future__ import annotations
@@ -48,6 +50,14 @@ if TYPE_CHECKING:
 MAX_TASK_NAMES = 100
 #: The label value of task names past :data:`MAX_TASK_NAMES` (and of unreadable messages).
 OTHER_TASK = "_other"
+
+#: Most distinct exception type names used as ``exception`` label values per worker; later
+#: ones count as :data:`OTHER_EXCEPTION`.
+MAX_EXCEPTION_NAMES = 50
+#: The ``exception`` label value of exception types past :data:`MAX_EXCEPTION_NAMES`.
+OTHER_EXCEPTION = "other"
+#: The outcomes of an attempt that raised, counted in ``blitzq_task_failures_total``.
+FAILURE_OUTCOMES = frozenset({"failed", "retried", "dead_lettered"})
 
 #: Outcomes counted in ``blitzq_tasks_total`` (a run put back at shutdown is not counted).
 OUTCOMES = ("succeeded", "failed", "retried", "dead_lettered", "cancelled", "expired", "rejected")
@@ -115,12 +125,16 @@ class RunTally:
         slots: the counts by ``(queue, task label)``.
         latencies: queue latency (the message's latest enqueue to the start of its run) by
             queue.
+        exception_counts: attempts that raised and failed, were retried or dead-lettered, by
+            ``(queue, task label, exception label)`` (see :func:`exception_name`).
     """
 
     def __init__(self) -> None:
         self.slots: dict[tuple[str, str], Slot] = {}
         self.latencies: dict[str, Histogram] = {}
+        self.exception_counts: dict[tuple[str, str, str], int] = {}
         self._names: set[str] = set()  # task names that have a label of their own
+        self._exceptions: set[str] = set()  # exception names that have a label of their own
 
     def slot(self, queue: str, task: str) -> Slot:
         """The slot of ``(queue, task)``, made on first use; ``task`` past the cap (or
@@ -192,6 +206,24 @@ class RunTally:
         kind = outcome_kind(job, completion, error, cancelled)
         if kind is not None and kind != "requeued":
             self._count(slot, kind, completion)
+            if error is not None and kind in FAILURE_OUTCOMES:
+                self.failed(job.delivery.queue, job.envelope.task, error)
+
+    def failed(self, queue: str, task: str, error: BaseException) -> None:
+        """Count an attempt of ``task`` from physical ``queue`` that raised ``error`` (and
+        failed, was retried or dead-lettered) under the exception's label: its
+        :func:`exception_name`, or :data:`OTHER_EXCEPTION` past :data:`MAX_EXCEPTION_NAMES`
+        distinct names. Counted when the completion is committed (a completion the broker
+        then refuses as stale included: the run did raise)."""
+        name = exception_name(type(error))
+        if name not in self._exceptions:
+            if len(self._exceptions) < MAX_EXCEPTION_NAMES:
+                self._exceptions.add(name)
+            else:
+                name = OTHER_EXCEPTION
+        label = task if task in self._names else OTHER_TASK
+        key = (queue, label, name)
+        self.exception_counts[key] = self.exception_counts.get(key, 0) + 1
 
     @staticmethod
     def _count(slot: Slot, kind: str, completion: Completion | None) -> None:
@@ -269,4 +301,24 @@ class RunTally:
         return counts, durations, latencies
 
 
-__all__ = ["BUCKETS", "MAX_TASK_NAMES", "OTHER_TASK", "OUTCOMES", "Histogram", "RunTally", "Slot"]
+def exception_name(kind: type[BaseException]) -> str:
+    """The qualified name of an exception type: ``ValueError`` for a builtin,
+    ``module.Class`` (``blitzq.exceptions.TaskTimeout``) otherwise."""
+    module = kind.__module__
+    if module == "builtins":
+        return kind.__qualname__
+    return f"{module}.{kind.__qualname__}"
+
+
+__all__ = [
+    "BUCKETS",
+    "MAX_EXCEPTION_NAMES",
+    "MAX_TASK_NAMES",
+    "OTHER_EXCEPTION",
+    "OTHER_TASK",
+    "OUTCOMES",
+    "Histogram",
+    "RunTally",
+    "Slot",
+    "exception_name",
+]

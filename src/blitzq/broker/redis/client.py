@@ -47,6 +47,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import (
     AskError,
     ClusterError,
+    OutOfMemoryError,
     RedisClusterException,
     RedisError,
     SlotNotCoveredError,
@@ -300,13 +301,34 @@ def broker_error(exc: BaseException) -> BrokerError:
         A ``BrokerError`` whose message names the original type, ``transient`` when trying
         again may succeed (a connection error, a timeout, an ``OSError``, a cluster's
         ``MOVED``/``ASK`` past the redirect limit, ``TRYAGAIN``, ``CLUSTERDOWN``) and not when the
-        server refused the command (a ``ResponseError``: a script error, ``OOM``, ``NOPERM``...).
+        server refused the command (a ``ResponseError``: a script error, ``OOM``, ``NOPERM``...),
+        ``out_of_memory`` for ``OOM`` (the same write succeeds once memory is freed).
         Raise it ``from exc``.
     """
     if isinstance(exc, BrokerError):
         return exc
     transient = isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError, *_CLUSTER))
-    return BrokerError(f"{type(exc).__name__}: {exc}", transient)
+    oom = isinstance(exc, OutOfMemoryError) or str(exc).startswith("OOM ")
+    return BrokerError(f"{type(exc).__name__}: {exc}", transient, out_of_memory=oom)
+
+
+async def wrong_type(client: Any, key: str, want: str, queue: str) -> BrokerError:
+    """The :class:`~blitzq.BrokerError` (not transient) for a queue's key that holds another
+    type than ``want``.
+
+    Args:
+        client: the redis-py client (asyncio) the key is read with (one ``TYPE``).
+        key: the key's full name.
+        want: the type blitzq keeps there (``"stream"``, ``"list"``).
+        queue: the physical queue the key belongs to.
+    """
+    kind = await client.type(key)
+    kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+    return BrokerError(
+        f"key {key!r} holds a {kind}, not the {want} of queue {queue!r}: delete or rename it "
+        f"(redis-cli DEL {key}) if nothing else uses it, or use another namespace",
+        transient=False,
+    )
 
 
 def translate_errors(

@@ -37,6 +37,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from redis.exceptions import ResponseError
+
 from ...serialization import envelope_head
 from ..outbox import Outbox, Relay
 from ..state import StateStore
@@ -215,5 +217,11 @@ class SpreadStateStore(RedisStateStore):
 
     @translate_errors
     async def count_stale(self, n: int) -> None:
-        """Add ``n`` to the namespace's ``stale_completions`` counter."""
-        await self.client.hincrby(self.keys.stats, "stale_completions", n)
+        """Add ``n`` to the namespace's ``stale_completions`` counter (one that is not an
+        integer, a corrupted counter, is reset to ``n``)."""
+        try:
+            await self.client.hincrby(self.keys.stats, "stale_completions", n)
+        except ResponseError as exc:
+            if "not an integer" not in str(exc):
+                raise
+            await self.client.hset(self.keys.stats, "stale_completions", n)

@@ -21,7 +21,7 @@ from typing import Any
 from ...exceptions import ConfigurationError
 from ...limits import CHUNK_ITEMS
 from ..transport import Delivery, Guarantee, Transport
-from .client import translate_errors
+from .client import translate_errors, wrong_type
 from .connection import RedisConnection, RedisPart
 from .popping import Popper
 from .scripts import Scripts
@@ -56,9 +56,19 @@ class ListsTransport(RedisPart, Transport):
         for start in range(0, len(messages), CHUNK_ITEMS):
             await self.client.execute_command("RPUSH", key, *messages[start : start + CHUNK_ITEMS])
 
+    @translate_errors
     async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
-        """Nothing: lists need no setup (the facade registers the queues)."""
-        return
+        """Check that no queue's key holds another type than a list (lists need no setup;
+        the facade registers the queues).
+
+        Raises:
+            BrokerError: (not transient) a queue's key holds another type; the message names
+                the key and its type.
+        """
+        for queue in queues:
+            key = self.keys.list(queue)
+            if (await self.client.type(key)) not in (b"list", b"none", "list", "none"):
+                raise await wrong_type(self.client, key, "list", queue)
 
     @translate_errors
     async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:

@@ -114,9 +114,24 @@ class RedisRegistry(RedisPart, RegistryState):
 
     @translate_errors
     async def counters(self) -> dict[str, int]:
-        """The namespace's counters (one HGETALL of ``{ns}:stats``)."""
+        """The namespace's counters (one HGETALL of ``{ns}:stats``). A field that is not an
+        integer (a corrupted counter) reads as 0, with a WARNING naming it; the scripts that
+        increment it reset it."""
         raw = await self.client.hgetall(self.keys.stats)
-        return {k.decode(): int(v) for k, v in raw.items()}
+        out: dict[str, int] = {}
+        for k, v in raw.items():
+            name = k.decode(errors="replace")
+            try:
+                out[name] = int(v)
+            except ValueError:
+                logger.warning(
+                    "counter %s of %s is not an integer (%r): read as 0",
+                    name,
+                    self.keys.stats,
+                    v[:32],
+                )
+                out[name] = 0
+        return out
 
     @translate_errors
     async def memory_policy(self) -> tuple[str, int] | None:

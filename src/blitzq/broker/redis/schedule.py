@@ -7,6 +7,7 @@ queues. A periodic occurrence is claimed and published in one script (``claim_pe
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,8 @@ from .client import translate_errors
 from .connection import RedisPart
 
 __all__ = ["RedisSchedule"]
+
+logger = logging.getLogger("blitzq.broker")
 
 
 class RedisSchedule(RedisPart, ScheduleState):
@@ -111,8 +114,23 @@ class RedisSchedule(RedisPart, ScheduleState):
 
     @translate_errors
     async def periodic_last(self, names: Sequence[str]) -> dict[str, float]:
-        """Last dispatched occurrence of each name that has one (one HMGET)."""
+        """Last dispatched occurrence of each name that has one (one HMGET). A value that is
+        not a number (a corrupted entry) counts as none, with a WARNING naming it; the next
+        claim overwrites it."""
         if not names:
             return {}
         values = await self.client.hmget(self.keys.periodic, list(names))
-        return {n: float(v) for n, v in zip(names, values, strict=True) if v is not None}
+        out: dict[str, float] = {}
+        for name, value in zip(names, values, strict=True):
+            if value is None:
+                continue
+            try:
+                out[name] = float(value)
+            except ValueError:
+                logger.warning(
+                    "last occurrence of periodic %s in %s is not a number (%r): read as none",
+                    name,
+                    self.keys.periodic,
+                    value[:32],
+                )
+        return out

@@ -25,7 +25,7 @@ from redis.exceptions import OutOfMemoryError, ResponseError
 from ...exceptions import ConfigurationError
 from ...limits import CHUNK_ITEMS
 from ..transport import Delivery, Guarantee, Transport
-from .client import translate_errors
+from .client import translate_errors, wrong_type
 from .connection import RedisConnection, RedisPart
 from .handed import HandOver
 from .keys import GROUP, MESSAGE_FIELD
@@ -95,7 +95,12 @@ class StreamsTransport(HandOver, RedisPart, Transport):
     @translate_errors
     async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
         """Create each queue's stream and consumer group if missing; name this consumer (on
-        the connection, where the state store's fencing reads it)."""
+        the connection, where the state store's fencing reads it).
+
+        Raises:
+            BrokerError: (not transient) a queue's key holds another type than a stream; the
+                message names the key and its type.
+        """
         self.conn.consumer = consumer
         for queue in queues:
             key = self.keys.stream(queue)
@@ -108,6 +113,8 @@ class StreamsTransport(HandOver, RedisPart, Transport):
                 if not await self._has_group(key):
                     logger.warning("could not create the consumer group of %s: %s", queue, exc)
             except ResponseError as exc:
+                if "WRONGTYPE" in str(exc):
+                    raise await wrong_type(self.client, key, "stream", queue) from exc
                 if "BUSYGROUP" not in str(exc):
                     raise
 

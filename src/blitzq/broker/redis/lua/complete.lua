@@ -83,7 +83,8 @@ local function store(task_id, record, ttl)
 end
 
 local function owned(stream, id)
-  local p = redis.call('XPENDING', stream, group, id, id, 1)
+  local p = redis.pcall('XPENDING', stream, group, id, id, 1)
+  if p.err then p = {} end  -- no such stream or group (lost in a restart): not pending
   return p[1] ~= nil and p[1][2] == consumer
 end
 
@@ -227,8 +228,8 @@ end
 -- {"progress", task_id, at, data, ttl}: a run's last progress update (as progress.lua).
 OPS['progress'] = function(op, kind)
   local key = KEY.progress(prefix, op[2])
-  local stored = redis.call('HGET', key, 'at')
-  if stored and tonumber(stored) > tonumber(op[3]) then
+  local stored = tonumber(redis.call('HGET', key, 'at') or '')  -- garbage: as absent
+  if stored and stored > tonumber(op[3]) then
     return
   end
   redis.call('HSET', key, 'at', op[3], 'v', op[4])
@@ -274,6 +275,53 @@ local function records(c)
   end
 end
 
+-- Checked before the first write (Redis keeps a failed script's earlier writes): every op
+-- of the batch is known, every key the batch writes with a type-bound command holds that
+-- type (or nothing), and the counter the dead letters' bytes are added to is sound
+-- (dl_total resets a corrupted one). A batch that fails a check is refused whole.
+local function type_of(key)
+  local t = redis.call('TYPE', key)
+  return type(t) == 'table' and t['ok'] or t
+end
+local checked = {}
+local function wrong(key, want)
+  if checked[key] then return nil end
+  checked[key] = true
+  local t = type_of(key)
+  if t ~= 'none' and t ~= want then
+    return 'key ' .. key .. ' holds a ' .. t .. ', not a ' .. want
+  end
+  return nil
+end
+for _, c in ipairs(batch) do
+  local err = nil
+  if c[1] == 'R' then
+    if #c[4] > 0 then err = wrong(KEY.stream(prefix, c[2]), 'stream') end
+  elseif c[1] == 'A' then
+    err = wrong(KEY.stream(prefix, c[2]), 'stream')
+  else
+    local kind, queue = c[2], c[3]
+    if c[4] ~= '' then err = wrong(KEY.stream(prefix, queue), 'stream') end
+    if not err and c[8] ~= '' then
+      err = wrong(KEYS[1], 'zset') or wrong(KEYS[2], 'hash')
+    end
+    if not err and c[10] ~= '' then
+      err = wrong(KEYS[3], 'zset') or wrong(KEY.dead_letter(prefix, c[5]), 'hash')
+    end
+    if not err and c[11] ~= '' and (kind == 's' or kind == 'l') then
+      err = wrong(kind == 's' and KEY.stream(prefix, queue) or KEY.list(prefix, queue),
+        kind == 's' and 'stream' or 'list')
+    end
+    if not err and type(c[12]) == 'table' then
+      for _, op in ipairs(c[12]) do
+        if OPS[op[1]] == nil then err = 'unknown completion op ' .. tostring(op[1]) end
+      end
+    end
+  end
+  if err then return redis.error_reply(err) end
+end
+dl_total(prefix)
+
 for _, c in ipairs(batch) do
   if c[1] == 'R' then
     records(c)
@@ -318,11 +366,7 @@ for _, c in ipairs(batch) do
     local ops = c[12]
     if type(ops) == 'table' then
       for _, op in ipairs(ops) do
-        local handler = OPS[op[1]]
-        if handler == nil then
-          return redis.error_reply('unknown completion op ' .. tostring(op[1]))
-        end
-        handler(op, kind)
+        OPS[op[1]](op, kind)  -- known: checked above
       end
     end
   end
@@ -332,6 +376,12 @@ if dead_added > 0 then
   dl_trim(prefix, cap, dl_bytes)
 end
 if #stale > 0 then
-  redis.call('HINCRBY', KEY.stats(prefix), 'stale_completions', #stale)
+  -- A counter that is not an integer is reset (to this batch's count), never an error here.
+  local counted = redis.pcall('HINCRBY', KEY.stats(prefix), 'stale_completions', #stale)
+  if type(counted) == 'table' and counted.err then
+    redis.log(redis.LOG_WARNING, 'blitzq: ' .. KEY.stats(prefix) ..
+      ' stale_completions was not an integer: reset')
+    redis.pcall('HSET', KEY.stats(prefix), 'stale_completions', #stale)
+  end
 end
 return stale

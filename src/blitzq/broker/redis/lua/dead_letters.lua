@@ -6,7 +6,45 @@
 --   {ns}:dlq:size      each dead letter's size in bytes (hash: task id -> bytes)
 --   {ns}:dlq:bytes     the sum of those sizes (string, bytes)
 -- No KEYS or ARGV of its own (scripts.py expands its KEY calls as the including script's).
--- Returns nothing: it defines dl_note, dl_drop and dl_trim.
+-- Returns nothing: it defines dl_total, dl_note, dl_drop and dl_trim.
+-- A corrupted counter never fails a script midway (Redis keeps a failed script's earlier
+-- writes): {ns}:dlq:bytes that is not an integer (or not a string) is recomputed from
+-- {ns}:dlq:size, and a size there that is not an integer counts as 0 (dl_total); each reset
+-- is logged at WARNING in the server's log and counted in {ns}:stats counters_reset.
+
+-- Whether v (a reply) is an integer as INCRBY accepts it.
+local function dl_int(v)
+  return type(v) == 'string' and string.match(v, '^%-?%d+$') ~= nil and #v < 19
+end
+
+-- The byte count {ns}:dlq:bytes as a number, reset first when it is corrupted: recomputed
+-- as the sum of the well-formed sizes of {ns}:dlq:size (a malformed one is set to 0).
+local function dl_total(prefix)
+  local total = KEY.dead_letter_bytes(prefix)
+  local raw = redis.pcall('GET', total)
+  if raw == false or raw == nil then return 0 end
+  if dl_int(raw) then return tonumber(raw) end
+  local sizes = KEY.dead_letter_sizes(prefix)
+  local all = redis.pcall('HGETALL', sizes)
+  local sum = 0
+  if type(all) ~= 'table' or all.err then
+    redis.call('DEL', sizes)
+    all = {}
+  end
+  for j = 1, #all, 2 do
+    if dl_int(all[j + 1]) then
+      sum = sum + tonumber(all[j + 1])
+    else
+      redis.call('HSET', sizes, all[j], 0)
+    end
+  end
+  redis.call('DEL', total)
+  redis.call('SET', total, sum)
+  redis.log(redis.LOG_WARNING, 'blitzq: ' .. total .. ' was not an integer: reset to ' ..
+    sum .. ' bytes, the sum of ' .. sizes)
+  redis.pcall('HINCRBY', KEY.stats(prefix), 'counters_reset', 1)
+  return sum
+end
 
 -- A dead letter of `size` bytes (message + error + 64) was just written under `id`: expire
 -- it after ttl seconds and count its bytes (replacing the count of an older one with the same
@@ -29,7 +67,9 @@ local function dl_note(prefix, id, size, ttl, max_bytes)
   end
   redis.call('EXPIRE', key, ttl)
   local sizes = KEY.dead_letter_sizes(prefix)
-  local old = tonumber(redis.call('HGET', sizes, id) or 0)
+  dl_total(prefix)
+  local old = redis.call('HGET', sizes, id)
+  old = dl_int(old) and tonumber(old) or 0
   redis.call('HSET', sizes, id, size)
   redis.call('INCRBY', KEY.dead_letter_bytes(prefix), size - old)
 end
@@ -39,8 +79,9 @@ local function dl_drop(prefix, id)
   local sizes = KEY.dead_letter_sizes(prefix)
   local size = redis.call('HGET', sizes, id)
   if size then
+    dl_total(prefix)
     redis.call('HDEL', sizes, id)
-    redis.call('DECRBY', KEY.dead_letter_bytes(prefix), size)
+    if dl_int(size) then redis.call('DECRBY', KEY.dead_letter_bytes(prefix), size) end
   end
   redis.call('DEL', KEY.dead_letter(prefix, id))
 end
@@ -64,7 +105,7 @@ local function dl_trim(prefix, cap, max_bytes)
   end
   local total = KEY.dead_letter_bytes(prefix)
   local n = 0
-  while n < 1000 and tonumber(redis.call('GET', total) or 0) > tonumber(max_bytes) do
+  while n < 1000 and dl_total(prefix) > tonumber(max_bytes) do
     local popped = redis.call('ZPOPMIN', index, 1)
     if #popped == 0 then break end
     dl_drop(prefix, popped[1])

@@ -10,7 +10,8 @@
 -- XCLAIM with JUSTID counts no delivery, and resets the entry's idle time: the other
 -- consumer has a whole visibility timeout to take it before recovery requeues it.
 -- Returns 1 if handed over, 0 if this consumer no longer holds the entry.
-local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[4], ARGV[4], 1)
+local p = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[4], ARGV[4], 1)
+if p.err then p = {} end  -- no such stream or group (lost in a restart): not pending
 if not p[1] or p[1][2] ~= ARGV[2] then
   return 0
 end

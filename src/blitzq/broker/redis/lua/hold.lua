@@ -8,7 +8,8 @@
 -- Returns the ids held, in the order given.
 local held = {}
 for i = 3, #ARGV do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  local p = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if p.err then p = {} end  -- no such stream or group (lost in a restart): not pending
   if p[1] and p[1][2] == ARGV[2] then
     redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'IDLE', 0, 'JUSTID')
     held[#held + 1] = ARGV[i]

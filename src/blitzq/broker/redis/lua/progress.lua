@@ -8,11 +8,12 @@
 -- The same logic is OPS['progress'] in complete.lua.
 -- Returns 1 when stored, 0 when a newer update was already there (or the lease is lost).
 if KEYS[2] then
-  local p = redis.call('XPENDING', KEYS[2], ARGV[5], ARGV[7], ARGV[7], 1)
+  local p = redis.pcall('XPENDING', KEYS[2], ARGV[5], ARGV[7], ARGV[7], 1)
+  if p.err then p = {} end  -- no such stream or group (lost in a restart): not pending
   if p[1] == nil or p[1][2] ~= ARGV[6] then return 0 end
 end
-local stored = redis.call('HGET', KEYS[1], 'at')
-if stored and tonumber(stored) > tonumber(ARGV[1]) then
+local stored = tonumber(redis.call('HGET', KEYS[1], 'at') or '')  -- garbage: as absent
+if stored and stored > tonumber(ARGV[1]) then
   return 0
 end
 redis.call('HSET', KEYS[1], 'at', ARGV[1], 'v', ARGV[2])

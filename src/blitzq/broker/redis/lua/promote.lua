@@ -33,7 +33,8 @@ for _, id in ipairs(ids) do
   local kind = value and string.sub(value, 1, 1)
   if value and (not nl or (kind ~= 's' and kind ~= 'l' and kind ~= 'o')) then
     -- Not "<kind><queue>\n<message>": keep it as a dead letter instead of failing every run.
-    redis.call('HSET', KEY.dead_letter(prefix, id), 'message', value, 'reason', 'malformed message',
+    redis.call('HSET', KEY.dead_letter(prefix, id), 'message', value,
+      'reason', 'malformed scheduled entry',
       'error', 'schedule entry is not <kind><queue>\\n<message>', 'task', '', 'queue', '',
       'failed_at', now)
     redis.call('ZADD', KEY.dead_letters(prefix), now, id)

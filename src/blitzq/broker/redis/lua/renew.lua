@@ -6,7 +6,8 @@
 -- Returns the number of leases changed.
 local renewed = 0
 for i = 4, #ARGV do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  local p = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if p.err then p = {} end  -- no such stream or group (lost in a restart): not pending
   if p[1] and p[1][2] == ARGV[2] then
     redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'IDLE', ARGV[3], 'JUSTID')
     renewed = renewed + 1

@@ -8,7 +8,8 @@
 local ids = redis.call('SPOP', KEYS[2], tonumber(ARGV[3]))
 local out = {}
 for _, id in ipairs(ids) do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1)
+  local p = redis.pcall('XPENDING', KEYS[1], ARGV[1], id, id, 1)
+  if p.err then p = {} end  -- no such stream or group (lost in a restart): not pending
   if p[1] and p[1][2] == ARGV[2] then
     local entry = redis.call('XRANGE', KEYS[1], id, id)
     if entry[1] then
