@@ -31,7 +31,7 @@ from blitzq import ConfigurationError, Queue, Retry, RetryPolicy, TaskFailed, Wo
 from blitzq.broker.redis import ReliableRedisBroker
 from blitzq.cli import cli
 from blitzq.routing import levels
-from blitzq.worker.outcomes import OUTCOME_LOGGER
+from blitzq.worker.ending import OUTCOME_LOGGER
 
 from .proc_tasks import eventually, make_worker, running
 

@@ -32,7 +32,7 @@ from sentry_sdk.transport import Transport  # noqa: E402
 from blitzq import Queue, RetryPolicy, TaskFailed  # noqa: E402
 from blitzq.integrations.opentelemetry import BlitzqInstrumentor  # noqa: E402
 from blitzq.integrations.sentry import SentryMiddleware, trace_context  # noqa: E402
-from blitzq.worker.outcomes import OUTCOME_LOGGER  # noqa: E402
+from blitzq.worker.ending import OUTCOME_LOGGER  # noqa: E402
 
 from .proc_tasks import make_worker, running  # noqa: E402
 

@@ -23,7 +23,7 @@ SRC = ROOT / "src" / "blitzq"
 #: How the writers spell a reason they store.
 _WRITERS = [
     (".lua", re.compile(r"'reason',\s*'([^']+)'")),  # HSET ... 'reason', 'malformed message'
-    (".py", re.compile(r"reject\(\s*runner,\s*d,\s*\"([^\"]+)\"")),  # worker admission
+    (".py", re.compile(r"reject\(\s*d,\s*\"([^\"]+)\"")),  # worker admission
     (".py", re.compile(r"DeadLetterFields\(\s*[\w.]+,\s*\"([^\"]+)\"")),  # failed, expired
     (
         ".py",

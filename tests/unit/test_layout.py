@@ -292,6 +292,25 @@ def _op_literals() -> list[str]:
     return out
 
 
+def _runner_first() -> list[str]:
+    """``worker/<module>.py:<function>`` for each module-level function under worker/ whose
+    first parameter is annotated ``Runner``: a stage's code is a method of the object that
+    owns the stage (``Admission``, ``Timeouts``, ``Ending``, ``Runner``...), not a free
+    function taking the runner first."""
+    out = []
+    for path in modules():
+        name = relative(path)
+        if not name.startswith("worker/"):
+            continue
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or not node.args.args:
+                continue
+            annotation = node.args.args[0].annotation
+            if annotation is not None and ast.unparse(annotation).strip("'\"") == "Runner":
+                out.append(f"{name}:{node.name}")
+    return out
+
+
 RULES = {
     "lines": _lines,
     "broker": _broker,
@@ -301,6 +320,7 @@ RULES = {
     "client": _client,
     "getattr": _getattr,
     "op literals": _op_literals,
+    "runner first": _runner_first,
 }
 
 
@@ -352,6 +372,13 @@ def test_completion_op_names_only_in_the_registry() -> None:
     """No wire name of a completion effect (``COMPLETION_OPS``) is a string literal in src
     outside broker/ops.py (and the Lua): effects are typed values, encoded in one place."""
     check("op literals", _op_literals())
+
+
+def test_no_worker_function_takes_the_runner_first() -> None:
+    """No module-level function under worker/ takes the ``Runner`` as its first parameter: a
+    stage of a delivery's run is a method of the object that owns it, so the path reads top to
+    bottom (docs/architecture.md, "Life of a delivery")."""
+    check("runner first", _runner_first())
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ from blitzq.broker import Completion
 from blitzq.broker.transport import Delivery
 from blitzq.serialization import Envelope
 from blitzq.worker import tally
+from blitzq.worker.ending import outcome_kind
 from blitzq.worker.execution import Job
-from blitzq.worker.outcomes import outcome_kind
 from blitzq.worker.tally import BUCKETS, OTHER_TASK, Histogram, RunTally
 
 QUEUE = Queue(redis_url="redis://127.0.0.1:1", namespace="tally-unit")

@@ -29,7 +29,7 @@ at shutdown. The event carries:
   carries (the event joins the producer's trace, as a child of its span), else Sentry's own.
 
 The worker also logs the failure (at ERROR, logger
-:data:`~blitzq.worker.outcomes.OUTCOME_LOGGER`), and Sentry's logging integration, on by
+:data:`~blitzq.worker.ending.OUTCOME_LOGGER`), and Sentry's logging integration, on by
 default, would turn that record into a second event: the middleware asks it to leave that one
 logger alone (``sentry_sdk.integrations.logging.ignore_logger``, process-wide, as Sentry's
 Celery and RQ integrations do for theirs), unless ``ignore_outcome_logger=False``. The
@@ -48,8 +48,8 @@ from typing import Any
 from ..context import TaskContext
 from ..extensions.middleware import FailureKind, Middleware
 from ..logcontext import current_worker_id
+from ..worker.ending import OUTCOME_LOGGER
 from ..worker.execution import cause_of
-from ..worker.outcomes import OUTCOME_LOGGER
 
 try:
     import sentry_sdk

@@ -6,9 +6,9 @@ eager activation (:mod:`blitzq.testing.eager`). It holds what a running
 :class:`~blitzq.Worker` holds for its runs -- a ``Worker`` object (never run: its options and
 resources), a :class:`~blitzq.worker.runner.Runner`, the slots of its queues -- and
 :meth:`InlineWorker.drain` takes the messages waiting on the namespace's queues and hands each
-to :func:`blitzq.worker.admission.start`, as a fetch loop does. Decoding, start checks (rate
-limits, locks, unique keys, expiry), middleware, ``Depends()`` resources, executors, timeouts,
-retry decisions, workflow steps and completions (written by a
+to the runner's :meth:`~blitzq.worker.admission.Admission.start`, as a fetch loop does.
+Decoding, start checks (rate limits, locks, unique keys, expiry), middleware, ``Depends()``
+resources, executors, timeouts, retry decisions, workflow steps and completions (written by a
 :class:`~blitzq.worker.flusher.Flusher`) are the worker's own code. A drain opens the Queue's
 lifespans and runs its startup hooks first, and its shutdown hooks and the lifespans' ends
 last, as the worker the eager mode started per enqueue before did.
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 from ..broker import Completion
 from ..dependencies import Resources
 from ..routing import base_queue, levels
-from ..worker import Worker, admission
+from ..worker import Worker
 from ..worker.execution import Job, cause_of
 from ..worker.flusher import Flusher
 from ..worker.limiter import Limiter, Slots
@@ -297,10 +297,10 @@ class InlineWorker:
             slots.release(n)
             raise
         slots.release(n - len(deliveries))
-        runner = self.runner
+        start = self.runner.admission.start
         for d in deliveries:
             try:
-                admission.start(runner, d, slots)
+                start(d, slots)
             except Exception:  # as in a fetch loop: never leak the slot
                 logger.exception("could not start a message from %s", d.queue)
                 slots.release()

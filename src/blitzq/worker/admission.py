@@ -3,9 +3,12 @@
 marks and the task's start checks (rate limits, expiry, locks, unique keys: the built-in
 middleware in :mod:`blitzq.extensions`).
 
-The common case (no start check, no mark) runs the task at once. Otherwise the start is
-awaited in a task the runner tracks (leased like a running task, handed back at shutdown). A
-delivery that must wait (a rate limit, a lock) goes back on the schedule and frees its slot.
+:class:`Admission` is the first stage of a delivery's path (the fetch loop calls
+:meth:`Admission.start`). The common case (no start check, no mark) runs the task at once
+(:meth:`.runner.Runner.run`). Otherwise the start is awaited in a task the runner tracks
+(leased like a running task, handed back at shutdown). A delivery that must wait (a rate
+limit, a lock) goes back on the schedule and frees its slot; one that cannot run ends in
+:mod:`.ending`.
 """
 
 from __future__ import annotations
@@ -25,8 +28,6 @@ from ..task import Task
 from .deferral import check_failed, take_deferrals
 from .execution import Job
 from .limiter import Slots
-from .recycling import give_back
-from .unknown import unknown_task
 
 #: A task call's positional and keyword arguments.
 Call = tuple[list[Any], dict[str, Any]]
@@ -37,191 +38,194 @@ if TYPE_CHECKING:
 logger = logging.getLogger("blitzq.worker")
 
 
-def start(runner: Runner, d: Delivery, slots: Slots) -> None:
-    """Begin one delivery that holds one slot of ``slots``."""
-    if runner.start_limit and runner.started >= runner.start_limit:
-        give_back(runner, d, slots)  # max-tasks-per-child reached: never started here
-        return
-    if len(d.payload) > runner.max_message_size:
-        ident, name = envelope_head(d.payload) or (None, "")
-        reject(runner, d, "message too large", f"{len(d.payload)} bytes", slots, ident, name)
-        return
-    try:
-        try:
-            env = decode_envelope_unchecked(d.payload)
-        except Exception:  # decoded again for the error decode_envelope makes of it
-            env = decode_envelope(d.payload)
-    except SerializationError as exc:
-        # When its id can be read, it is dead-lettered under it with a final record, so
-        # a waiter on its result learns its fate instead of waiting forever.
-        ident, name = envelope_head(d.payload) or (None, "")
-        error = str(exc).removeprefix("malformed message: ")
-        reject(runner, d, "malformed message", error, slots, ident, name)
-        return
-    fault = envelope_fault(env, time.time())  # a time or number nothing could act on
-    if fault is not None:
-        reject(runner, d, "malformed message", fault, slots, env.id, env.task)
-        return
-    if runner.lifecycle.on:
-        runner.lifecycle.event("received", env, d.queue, env.attempt + d.deliveries - 1)
-    task = runner.tasks.get(env.task)
-    if task is None:  # a rolling deploy: deferred for a worker that knows it, then rejected
-        unknown_task(runner, d, env, slots)
-        return
-    if runner.revoked and env.id in runner.revoked:
-        skip_cancelled(runner, Job(d, env, task), slots)
-        return
-    # admit(), inlined: this is once per delivery on the worker's hot path.
-    if (task.checks or env.max_age is not None) and start_checks(task, env):
-        runner.hold_start(asyncio.ensure_future(start_checked(runner, d, env, task, slots)), d)
-        return
-    runner.run(Job(d, env, task), slots)
+class Admission:
+    """Admits the deliveries of one worker's runner (module docstring).
 
+    Args:
+        runner: the worker's runner (it runs what is admitted).
 
-def reject(
-    runner: Runner,
-    d: Delivery,
-    reason: str,
-    error: str,
-    slots: Slots,
-    task_id: str | None = None,
-    task: str = "",
-) -> None:
-    """Dead-letter a message that cannot run (malformed, unknown task, too large), logged at
-    the worker's ``failure_log_level`` with its fields (``queue``, ``reason``, ``error``,
-    ``task_id`` and ``task`` when known)."""
-    fields = {"queue": d.queue, "worker_id": runner.worker_id, "outcome": "rejected"}
-    if task_id is not None:
-        fields["task_id"] = task_id
-    if task:
-        fields["task"] = task
-    fields.update(reason=reason, error=error)
-    logger.log(
-        runner.failure_log_level,
-        "dead-lettering message from %s: %s (%s)",
-        d.queue,
-        reason,
-        error,
-        extra=fields,
-    )
-    completion = runner.outcomes.rejected(d, reason, error, task_id, task)
-    if runner.observer is not None:  # counted once the broker applied it
-        runner.observer.ended(d.queue, task, "rejected", completion)
-    runner.flusher.add(completion)
-    runner.failed += 1
-    slots.release()
-
-
-def admit(runner: Runner, d: Delivery, env: Envelope, task: Task[Any, Any], slots: Slots) -> None:
-    """Start checks when the task has any (rate limits, expiry, locks, unique), then run it."""
-    if start_checks(task, env):
-        runner.hold_start(asyncio.ensure_future(start_checked(runner, d, env, task, slots)), d)
-        return
-    runner.run(Job(d, env, task), slots)
-
-
-async def start_checked(
-    runner: Runner, d: Delivery, env: Envelope, task: Task[Any, Any], slots: Slots
-) -> None:
-    """The task's start checks, in order; run, or end this delivery as the first check that
-    answers tells.
-
-    Each check is bounded by the worker's ``start_check_timeout``. A check that cannot reach
-    the broker defers the task with backoff, one that gets an error reply fails the attempt
-    (:mod:`.deferral`).
+    Attributes:
+        revoked: cancel marks this worker knows, task id -> expiry (Unix seconds); the
+            runner's ``revoked`` is this dict.
+        marks: the broker's cancel marks being read for this fetch batch, if any.
     """
-    job = Job(d, env, task)
-    try:
-        completion: Completion | None = None
-        checks = start_checks(task, env)
-        deferrals = take_deferrals(job) if env.deferrals else 0
-        timeout = runner.worker.outage_backoff.timeout
-        for check in checks:
-            try:
-                async with asyncio.timeout(timeout):
-                    completion = await check(runner, job)
-            except Exception as exc:  # an outage, an error reply, a bug in a check
-                check_failed(runner, job, exc, deferrals)
-                slots.release()
-                return
-            if completion is not None:
-                break
-        if completion is None:
-            runner.run(job, slots)
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.ending = runner.ending
+        # Read on every delivery: kept here, so the hot path reads one object.
+        self.max_message_size = runner.max_message_size
+        self.lifecycle = runner.lifecycle
+        self.tasks = runner.tasks
+        self.start_limit = runner.start_limit
+        self._run = runner.run
+        self.revoked: dict[str, float] = {}
+        self.marks: asyncio.Future[dict[str, float]] | None = None
+
+    def start(self, d: Delivery, slots: Slots) -> None:
+        """Begin one delivery that holds one slot of ``slots``."""
+        if self.start_limit and self.runner.started >= self.start_limit:
+            self.runner.give_back(d, slots)  # max-tasks-per-child reached: never started here
             return
-    except Exception:  # a bug must not leak the slot; the lease recovers the message
-        logger.exception("could not start task %s", env.id)
-        slots.release()
-        return
-    if runner.observer is not None and check is check_expiry and completion.reschedule is None:
-        runner.observer.ended(d.queue, env.task, "expired", completion)
-    runner.flusher.add(completion)
-    slots.release()
-
-
-def call_arguments(runner: Runner, job: Job, slots: Slots) -> Call | None:
-    """The arguments to call ``job``'s task with: rich annotated values converted (see
-    :mod:`blitzq.arguments`), and a sync task's call checked against its signature before a
-    thread or process is used on it.
-
-    Returns:
-        ``(args, kwargs)``, or ``None`` when the call cannot be made: the attempt then failed
-        at once, without retries (the same message would not fit again), and its slot is
-        released.
-    """
-    env, task = job.envelope, job.task
-    try:
-        typed = task.arguments
-        call = typed.decode(env.args, env.kwargs) if typed else (env.args, env.kwargs)
-        if task.injected:  # the worker's resources (blitzq.dependencies)
-            # A message passing one (queue.send by name) is refused, never silently replaced.
-            refuse_given(task.name, task.injected, task.signature, call[0], call[1])
-            resolved = runner.worker.resources.resolve(task.injected, job.context)
-            call = (call[0], {**call[1], **resolved})
-        if task.executor != "async":
-            task.signature.bind(*call[0], **call[1])
-    except (TypeError, SerializationError, ConfigurationError) as exc:
-        runner.finish(job, None, exc, retry=False)
-        slots.release()
-        return None
-    return call
-
-
-def skip_cancelled(runner: Runner, job: Job, slots: Slots) -> None:
-    """The id has a cancel mark here: confirm it in the broker, then skip the task.
-
-    A task enqueued again under the same explicit id clears the mark in the broker
-    (``reset_tasks``) before it is published, while this worker's copy of the marks may
-    be older: the broker's answer decides. Marks read by one fetch batch share one read.
-    """
-    if runner.marks is None:
-        runner.marks = asyncio.ensure_future(runner.broker.revoked())
-        asyncio.get_running_loop().call_soon(_forget_marks, runner)
-    runner.hold_start(
-        asyncio.ensure_future(_skip_if_marked(runner, job, slots, runner.marks)), job.delivery
-    )
-
-
-def _forget_marks(runner: Runner) -> None:
-    runner.marks = None
-
-
-async def _skip_if_marked(
-    runner: Runner, job: Job, slots: Slots, marks: asyncio.Future[dict[str, float]]
-) -> None:
-    env = job.envelope
-    try:
-        marked = env.id in await asyncio.shield(marks)
-    except Exception as exc:  # the broker unreachable: trust this worker's copy
-        logger.warning("could not confirm the cancel mark of %s: %s", env.id, exc)
-        marked = True
-    if not marked:
-        runner.revoked.pop(env.id, None)
+        if len(d.payload) > self.max_message_size:
+            ident, name = envelope_head(d.payload) or (None, "")
+            self.reject(d, "message too large", f"{len(d.payload)} bytes", slots, ident, name)
+            return
         try:
-            admit(runner, job.delivery, env, job.task, slots)
-        except Exception:  # as in the fetch loop: the lease recovers the message
+            try:
+                env = decode_envelope_unchecked(d.payload)
+            except Exception:  # decoded again for the error decode_envelope makes of it
+                env = decode_envelope(d.payload)
+        except SerializationError as exc:
+            # When its id can be read, it is dead-lettered under it with a final record, so
+            # a waiter on its result learns its fate instead of waiting forever.
+            ident, name = envelope_head(d.payload) or (None, "")
+            error = str(exc).removeprefix("malformed message: ")
+            self.reject(d, "malformed message", error, slots, ident, name)
+            return
+        fault = envelope_fault(env, time.time())  # a time or number nothing could act on
+        if fault is not None:
+            self.reject(d, "malformed message", fault, slots, env.id, env.task)
+            return
+        if self.lifecycle.on:
+            self.lifecycle.event("received", env, d.queue, env.attempt + d.deliveries - 1)
+        task = self.tasks.get(env.task)
+        if task is None:  # a rolling deploy: deferred for a worker that knows it, then rejected
+            self.runner.unknown.take(d, env, slots)
+            return
+        if self.revoked and env.id in self.revoked:
+            self.skip_cancelled(Job(d, env, task), slots)
+            return
+        # admit(), inlined: this is once per delivery on the worker's hot path.
+        if (task.checks or env.max_age is not None) and start_checks(task, env):
+            checked = asyncio.ensure_future(self.start_checked(d, env, task, slots))
+            self.runner.hold_start(checked, d)
+            return
+        self._run(Job(d, env, task), slots)
+
+    def reject(
+        self,
+        d: Delivery,
+        reason: str,
+        error: str,
+        slots: Slots,
+        task_id: str | None = None,
+        task: str = "",
+    ) -> None:
+        """Dead-letter a message that cannot run (malformed, unknown task, too large;
+        :meth:`.ending.Ending.rejected`) and free its slot of ``slots``."""
+        self.ending.rejected(d, reason, error, task_id, task)
+        slots.release()
+
+    def admit(self, d: Delivery, env: Envelope, task: Task[Any, Any], slots: Slots) -> None:
+        """Start checks when the task has any (rate limits, expiry, locks, unique), then run
+        it."""
+        if start_checks(task, env):
+            checked = asyncio.ensure_future(self.start_checked(d, env, task, slots))
+            self.runner.hold_start(checked, d)
+            return
+        self._run(Job(d, env, task), slots)
+
+    async def start_checked(
+        self, d: Delivery, env: Envelope, task: Task[Any, Any], slots: Slots
+    ) -> None:
+        """The task's start checks, in order; run, or end this delivery as the first check
+        that answers tells.
+
+        Each check is bounded by the worker's ``start_check_timeout``. A check that cannot
+        reach the broker defers the task with backoff, one that gets an error reply fails the
+        attempt (:mod:`.deferral`).
+        """
+        runner = self.runner
+        job = Job(d, env, task)
+        try:
+            completion: Completion | None = None
+            checks = start_checks(task, env)
+            deferrals = take_deferrals(job) if env.deferrals else 0
+            timeout = runner.worker.outage_backoff.timeout
+            for check in checks:
+                try:
+                    async with asyncio.timeout(timeout):
+                        completion = await check(runner, job)
+                except Exception as exc:  # an outage, an error reply, a bug in a check
+                    check_failed(self.ending, runner.worker.outage_backoff, job, exc, deferrals)
+                    slots.release()
+                    return
+                if completion is not None:
+                    break
+            if completion is None:
+                self._run(job, slots)
+                return
+        except Exception:  # a bug must not leak the slot; the lease recovers the message
             logger.exception("could not start task %s", env.id)
             slots.release()
-        return
-    runner.commit(job, runner.outcomes.cancelled(job.delivery, env, job.attempt), cancelled=True)
-    slots.release()
+            return
+        expired = check is check_expiry and completion.reschedule is None
+        self.ending.unstarted(d.queue, env.task, completion, "expired" if expired else "")
+        slots.release()
+
+    def arguments(self, job: Job, slots: Slots) -> Call | None:
+        """The arguments to call ``job``'s task with: rich annotated values converted (see
+        :mod:`blitzq.arguments`), and a sync task's call checked against its signature before
+        a thread or process is used on it.
+
+        Returns:
+            ``(args, kwargs)``, or ``None`` when the call cannot be made: the attempt then
+            failed at once, without retries (the same message would not fit again), and its
+            slot is released.
+        """
+        env, task = job.envelope, job.task
+        try:
+            typed = task.arguments
+            call = typed.decode(env.args, env.kwargs) if typed else (env.args, env.kwargs)
+            if task.injected:  # the worker's resources (blitzq.dependencies)
+                # A message passing one (queue.send by name) is refused, never silently replaced.
+                refuse_given(task.name, task.injected, task.signature, call[0], call[1])
+                resolved = self.runner.worker.resources.resolve(task.injected, job.context)
+                call = (call[0], {**call[1], **resolved})
+            if task.executor != "async":
+                task.signature.bind(*call[0], **call[1])
+        except (TypeError, SerializationError, ConfigurationError) as exc:
+            self.ending.finish(job, None, exc, retry=False)
+            slots.release()
+            return None
+        return call
+
+    def skip_cancelled(self, job: Job, slots: Slots) -> None:
+        """The id has a cancel mark here: confirm it in the broker, then skip the task.
+
+        A task enqueued again under the same explicit id clears the mark in the broker
+        (``reset_tasks``) before it is published, while this worker's copy of the marks may
+        be older: the broker's answer decides. Marks read by one fetch batch share one read.
+        """
+        if self.marks is None:
+            self.marks = asyncio.ensure_future(self.runner.broker.revoked())
+            asyncio.get_running_loop().call_soon(self._forget_marks)
+        skip = asyncio.ensure_future(self._skip_if_marked(job, slots, self.marks))
+        self.runner.hold_start(skip, job.delivery)
+
+    def _forget_marks(self) -> None:
+        self.marks = None
+
+    async def _skip_if_marked(
+        self, job: Job, slots: Slots, marks: asyncio.Future[dict[str, float]]
+    ) -> None:
+        env = job.envelope
+        try:
+            marked = env.id in await asyncio.shield(marks)
+        except Exception as exc:  # the broker unreachable: trust this worker's copy
+            logger.warning("could not confirm the cancel mark of %s: %s", env.id, exc)
+            marked = True
+        if not marked:
+            self.revoked.pop(env.id, None)
+            try:
+                self.admit(job.delivery, env, job.task, slots)
+            except Exception:  # as in the fetch loop: the lease recovers the message
+                logger.exception("could not start task %s", env.id)
+                slots.release()
+            return
+        self.ending.commit(job, self.ending.completions.cancelled(job), cancelled=True)
+        slots.release()
+
+
+__all__ = ["Admission", "Call"]

@@ -19,7 +19,7 @@ starts. When it raises, :func:`check_failed` tells two kinds apart (:func:`is_ou
   the task had raised it. The task's retry policy applies, and once its ``retries`` are
   spent it fails, dead-lettered with reason ``"failed"`` and the error's text (unless
   ``dead_letter=False``), so a broken key never loops. Each such attempt is logged as any
-  failed attempt is (:func:`~blitzq.worker.outcomes.log_failure`).
+  failed attempt is (:meth:`~blitzq.worker.ending.Ending.log_failure`).
 
 Either way the task's finishers run with the completion (a lock place taken by an earlier
 check is given back).
@@ -38,8 +38,8 @@ from .._checks import seconds
 from ..exceptions import BrokerError, ConfigurationError, describe_error
 
 if TYPE_CHECKING:
+    from .ending import Ending
     from .execution import Job
-    from .runner import Runner
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -117,23 +117,25 @@ def take_deferrals(job: Job) -> int:
     return count
 
 
-def check_failed(runner: Runner, job: Job, exc: Exception, deferrals: int) -> None:
+def check_failed(
+    ending: Ending, backoff: OutageBackoff, job: Job, exc: Exception, deferrals: int
+) -> None:
     """A start check of ``job`` raised ``exc``: defer it (an outage) or fail the attempt
     (an error reply), committing the completion through the task's finishers. The caller
     frees the delivery's slot.
 
     Args:
-        runner: the worker's runner.
+        ending: the worker's end of runs (:class:`~blitzq.worker.ending.Ending`).
+        backoff: the worker's ``outage_backoff``.
         job: the delivery whose check failed.
         exc: the error (a ``TimeoutError`` when the check passed ``start_check_timeout``).
         deferrals: the message's deferrals in a row before this one (:func:`take_deferrals`).
     """
     if not is_outage(exc):  # logged as a failed attempt (blitzq.worker.outcomes)
-        runner.finish(job, None, exc)
+        ending.finish(job, None, exc)
         return
     env = job.envelope
     error_type, message = describe_error(exc)
-    backoff: OutageBackoff = runner.worker.outage_backoff
     count = deferrals + 1
     delay = backoff.delay(count)
     if isinstance(exc, TimeoutError) and not message:
@@ -155,7 +157,7 @@ def check_failed(runner: Runner, job: Job, exc: Exception, deferrals: int) -> No
         },
     )
     job.envelope = msgspec.structs.replace(env, deferrals=count)
-    runner.commit(job, runner.reschedule(job, delay))
+    ending.commit(job, ending.completions.reschedule(job, delay))
 
 
 __all__ = ["JITTER", "OutageBackoff", "check_failed", "is_outage", "take_deferrals"]

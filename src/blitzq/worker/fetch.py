@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING
 
 from ..broker import Broker, Delivery
 from ..exceptions import BrokerError
-from . import admission
 from .limiter import Slots
 from .runner import Runner
 
@@ -177,10 +176,10 @@ class Fetcher:
                 slots.release(len(deliveries))
                 return
             backlog = len(deliveries) == n >= _OVERLAP_MIN
-            start = admission.start  # the per-delivery entry, looked up once per batch
+            start = runner.admission.start  # the per-delivery entry, looked up once per batch
             for d in deliveries:
                 try:
-                    start(runner, d, slots)
+                    start(d, slots)
                 except Exception:  # a bug here must not stop the queue; the lease recovers it
                     logger.exception("could not start a message from %s", queue)
                     slots.release()

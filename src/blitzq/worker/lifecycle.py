@@ -3,7 +3,7 @@
 A worker logs each delivery it takes (``received``), each run it starts (``started``) and each
 run that succeeded (``succeeded``) at its ``lifecycle_log_level`` (DEBUG by default: off under
 the CLI's INFO; ``--log-lifecycle-level info`` shows them). Failures have their own records
-(:func:`.outcomes.log_failure`). Each record carries ``event``, ``task_id``, ``task``,
+(:meth:`.ending.Ending.log_failure`). Each record carries ``event``, ``task_id``, ``task``,
 ``queue``, ``worker_id``, ``attempt`` and, for a workflow step, ``workflow_id``.
 
 Whether the logger takes that level is read once, when the worker starts (one attribute test

@@ -1,10 +1,11 @@
 """Recycling worker processes past a task count or a memory size (``--max-tasks-per-child``,
 ``--max-memory-per-child``; Celery's names): the guard against leaks in task code.
 
-- **The worker process.** The runner counts the runs it starts (:func:`count_start`): as
-  the ``max_tasks_per_child``-th starts, :func:`recycle_after` stops the worker, and no run
-  starts after it: a delivery already fetched (the rest of a fetch batch, one awaiting its
-  start checks) is handed back untouched by :func:`give_back`, for the next process; and
+- **The worker process.** The runner counts the runs it starts
+  (:meth:`~blitzq.worker.runner.Runner.count_start`): as the ``max_tasks_per_child``-th
+  starts, :func:`recycle_after` stops the worker, and no run starts after it: a delivery
+  already fetched (the rest of a fetch batch, one awaiting its start checks) is handed back
+  untouched (:meth:`~blitzq.worker.runner.Runner.give_back`), for the next process; and
   :class:`Recycler` runs beside the maintenance loops, comparing the process's resident
   memory with ``max_memory_per_child`` every :data:`CHECK_INTERVAL` seconds. Either way the
   worker stops gracefully (it stops fetching at once, finishes its running tasks, puts back
@@ -29,13 +30,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from .execution import Outcomes
-
 if TYPE_CHECKING:
-    from ..broker import Delivery
-    from .execution import Job
-    from .limiter import Slots
-    from .runner import Runner
     from .worker import Worker
 
 logger = logging.getLogger("blitzq.worker")
@@ -80,42 +75,6 @@ def recycle_after(worker: Worker, started: int) -> None:
         f"started {started} task(s), max-tasks-per-child is {started} (recycling)",
         level=logging.WARNING,
     )
-
-
-def count_start(runner: Runner, job: Job, slots: Slots) -> bool:
-    """Count the start of ``job`` against ``runner.start_limit`` (``max_tasks_per_child``,
-    not 0); return whether it may start.
-
-    The limit-th start asks for the restart (:func:`recycle_after`). Past the limit the
-    delivery is handed back (:func:`give_back`) and its slot of ``slots`` freed: ``False``.
-    """
-    if runner.started >= runner.start_limit:
-        give_back(runner, job.delivery, slots, job)
-        return False
-    runner.started += 1
-    if runner.started == runner.start_limit:
-        recycle_after(runner.worker, runner.started)
-    return True
-
-
-def give_back(runner: Runner, d: Delivery, slots: Slots, job: Job | None = None) -> None:
-    """Put delivery ``d``, fetched but never started here, back on its queue untouched
-    (:meth:`~blitzq.worker.runner.Runner.hand_back`: same attempt) and free its slot of
-    ``slots``.
-
-    ``job``: the delivery's job when its start checks already ran; the task's finishers
-    then see the requeue (a lock place or unique key taken by a check is given back).
-    """
-    finishers = job.task.finishers if job is not None else None
-    if job is not None and finishers:
-        completion = Outcomes.requeue(job)
-        for finisher in finishers:
-            completion = finisher(job, completion, False, None)
-        runner.write(completion)
-    else:
-        runner.hand_back(d)
-    runner.worker.handed_back += 1
-    slots.release()
 
 
 class Recycler:

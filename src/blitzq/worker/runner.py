@@ -1,10 +1,12 @@
 """Running deliveries: the executors, timeouts, cancel and shutdown of runs.
 
-The per-task hot path goes through here: :mod:`.admission` decodes and looks up the
-delivery (cancel marks, rate limits, start checks), the :class:`Runner` runs it on the
-task's executor with :func:`~blitzq.current_task` set, and :mod:`.outcomes` turns the end of
-the run into a completion for the flusher (built by :mod:`.execution`). A slot taken by the
-fetch loop is released exactly once per delivery, when the code has really stopped running.
+A delivery's path, stage by stage, each with one owner: :class:`~.admission.Admission`
+decodes and looks it up (cancel marks, rate limits, start checks); :meth:`Runner.run` runs
+it on the task's executor with :func:`~blitzq.current_task` set (its timers armed by
+:class:`~.timeouts.Timeouts`); :meth:`Runner.run_ended` frees its slot when the code has
+really stopped running, exactly once per delivery; and :class:`~.ending.Ending` does
+everything the end of a run means (record, finishers, logs, progress, metrics, middleware,
+the flusher).
 """
 
 from __future__ import annotations
@@ -21,24 +23,19 @@ from ..context import TaskContext, set_current
 from ..exceptions import SerializationError
 from ..extensions.middleware import extensions_of
 from ..serialization import decode_envelope
-from . import admission, outcomes
+from .admission import Admission, Call
 from .eager import start_eagerly
-from .execution import Job, Outcomes
+from .ending import Completions, Ending
+from .execution import Job
 from .executors import ProcessPool, ThreadPool
 from .flusher import Flusher
 from .lifecycle import Lifecycle
 from .limiter import Slots
 from .maintenance import running_record_ttl
 from .progress import ProgressReporter
-from .recycling import count_start
-from .timeouts import (
-    abandon_thread,
-    interruptible,
-    kill_process_run,
-    soft_timeout,
-    start_timers,
-)
-from .timeouts import timeout_error as _timeout_error
+from .recycling import recycle_after
+from .timeouts import Timeouts
+from .unknown import UnknownTasks
 
 if TYPE_CHECKING:
     from .tally import RunTally
@@ -51,11 +48,12 @@ _CLOSE_GRACE = 1.0
 
 
 class Runner:
-    """Starts deliveries and commits their outcomes for one worker; the
+    """Starts deliveries for one worker, and owns the stages of their runs; the
     :class:`~blitzq.extensions.middleware.WorkerContext` its middleware see.
 
-    Admission (cancel marks, start checks such as rate limits) is in :mod:`.admission`, the
-    end of a run (finishers, writer, middleware outcome) in :mod:`.outcomes`.
+    Admission (decode, cancel marks, start checks) is :attr:`admission`, the timers
+    :attr:`timeouts`, the end of a run (record, finishers, writer, middleware outcome)
+    :attr:`ending`.
 
     Args:
         worker: the owning worker (its queue, id and pool sizes).
@@ -68,26 +66,26 @@ class Runner:
         self.worker = worker
         self.worker_id: str = worker.id
         self.broker = broker
-        self.flusher = flusher
+        self._flusher = flusher
         self.result_ttl: int = queue.result_ttl
         self.visibility_timeout: float = queue.visibility_timeout
         self.tasks = queue.tasks
         self.max_message_size = queue.max_message_size
         self.track_state = queue.track_state
-        #: Levels of the records of failed attempts (:func:`.outcomes.log_failure`).
-        self.failure_log_level: int = worker.failure_log_level
-        self.retry_log_level: int = worker.retry_log_level
         #: The task lifecycle records (received, started, succeeded).
         self.lifecycle = Lifecycle(worker.lifecycle_log_level, worker.id)
-        self.outcomes = Outcomes(
-            worker.id, queue.store_results, queue.result_ttl, queue.max_message_size,
+        #: Builds the completion of each way a run ends.
+        self.completions = Completions(
+            worker.id,
+            queue.store_results,
+            queue.result_ttl,
+            queue.max_message_size,
             queue.max_result_size,
-        )  # fmt: skip
-        self.outcomes.running_ttl = running_record_ttl(queue.result_ttl, queue.visibility_timeout)
+        )
+        self.completions.running_ttl = running_record_ttl(
+            queue.result_ttl, queue.visibility_timeout
+        )
         self.jobs: set[Job] = set()
-        self.revoked: dict[str, float] = {}
-        self.processed = 0
-        self.failed = 0
         #: Runs started, counted only under a ``max_tasks_per_child`` limit (.recycling).
         self.started, self.start_limit = 0, worker.max_tasks_per_child or 0
         self._threads: ThreadPool | None = None
@@ -101,29 +99,75 @@ class Runner:
         #: started yet, but leased (renewed like running tasks) and requeued at shutdown.
         self._pending: dict[asyncio.Task[None], Delivery] = {}
         self._given_back: set[asyncio.Task[None]] = set()  # of those, handed back at shutdown
-        #: Thread runs past their hard timeout whose thread has not returned, with the
-        #: slots each keeps until it does.
-        self.abandoned: dict[Job, Slots] = {}
-        #: Thread runs abandoned since the worker started.
-        self.abandoned_total = 0
-        #: The broker's cancel marks being read for this fetch batch, if any.
-        self.marks: asyncio.Future[dict[str, float]] | None = None
         #: Middleware and signal handlers; ``hooks.enabled`` is checked once per run.
         self.extensions = extensions_of(queue)
         #: Progress writer of this worker (``current_task().update_progress``).
         self.progress = ProgressReporter(broker, queue.result_ttl, self.lease_of)
         #: The worker's base context (taken when the worker starts): every run gets a
         #: fresh copy of it, so context variables never leak from one task to the next.
-        self.base_context = contextvars.copy_context()
-        #: The worker's metrics (``Worker(metrics_port=...)``; the eager test mode's outcome
-        #: keeper, :mod:`blitzq.testing.inline`), told of every run; else None.
-        self.observer: RunTally | None = None
+        self._base_context = contextvars.copy_context()
+        self._observer: RunTally | None = None
+        #: Hard and soft timeouts, and the thread runs abandoned at theirs.
+        self.timeouts = Timeouts(self)
+        #: The end of every run: record, finishers, logs, progress, observer, middleware.
+        self.ending = Ending(
+            self.completions,
+            flusher,
+            self.progress,
+            self.extensions,
+            self.lifecycle,
+            worker.id,
+            queue.track_state,
+            worker.failure_log_level,
+            worker.retry_log_level,
+            self._base_context,
+            self.timeouts.error,
+        )
+        #: The first stage of every delivery (the fetch loops call ``admission.start``).
+        self.admission = Admission(self)
+        #: What admission does with a delivery naming a task this worker does not know.
+        self.unknown = UnknownTasks(self)
+        self._run_ended = self.run_ended  # bound once: a run's done-callback reuses it
+
+    # ------------------------------------------- shared with the stages, kept in step
+    @property
+    def observer(self) -> RunTally | None:
+        """The worker's metrics (``Worker(metrics_port=...)``; the eager test mode's
+        outcome keeper, :mod:`blitzq.testing.inline`), told of every run; else ``None``."""
+        return self._observer
+
+    @observer.setter
+    def observer(self, observer: RunTally | None) -> None:
+        self._observer = self.ending.observer = observer
+
+    @property
+    def flusher(self) -> Flusher:
+        """Where completions go (the eager mode gives each drain a fresh one)."""
+        return self._flusher
+
+    @flusher.setter
+    def flusher(self, flusher: Flusher) -> None:
+        self._flusher = self.ending.flusher = flusher
+
+    @property
+    def base_context(self) -> contextvars.Context:
+        """The context every run starts from a fresh copy of."""
+        return self._base_context
+
+    @base_context.setter
+    def base_context(self, context: contextvars.Context) -> None:
+        self._base_context = self.ending.base_context = context
+
+    @property
+    def revoked(self) -> dict[str, float]:
+        """Cancel marks this worker knows, task id -> expiry (Unix seconds)."""
+        return self.admission.revoked
+
+    @revoked.setter
+    def revoked(self, marks: dict[str, float]) -> None:
+        self.admission.revoked = marks
 
     # ------------------------------------------------------------- starting
-    def start(self, d: Delivery, slots: Slots) -> None:
-        """Begin one delivery that holds one slot of ``slots`` (:func:`.admission.start`)."""
-        admission.start(self, d, slots)
-
     @property
     def idle(self) -> bool:
         """Whether nothing runs here and no start is pending (burst mode asks)."""
@@ -137,27 +181,58 @@ class Runner:
     def hand_back(self, d: Delivery) -> None:
         """Put a delivery this worker did not start back on its queue, untouched.
 
-        Reliable mode acknowledges it and adds it again at the tail of its stream (delivery
-        count 1) in one atomic completion; fast mode pushes it back to the head of its list.
+        Reliable mode acknowledges it and adds it again at the tail of its stream, with the
+        delivery count it had (a recovered message keeps counting towards max_deliveries), in
+        one atomic completion; fast mode pushes it back to the head of its list.
         """
         try:
             task_id = decode_envelope(d.payload).id
         except SerializationError:
             task_id = (d.token or b"").decode() or "unknown"
-        self.flusher.add(Completion(d.queue, d.token, task_id, requeue=d.payload))
+        self._flusher.add(Completion(d.queue, d.token, task_id, requeue=d.payload))
+
+    def give_back(self, d: Delivery, slots: Slots, job: Job | None = None) -> None:
+        """Put delivery ``d``, fetched but never started here (past
+        ``max_tasks_per_child``), back on its queue untouched (:meth:`hand_back`: same
+        attempt) and free its slot of ``slots``.
+
+        ``job``: the delivery's job when its start checks already ran; the task's finishers
+        then see the requeue (:meth:`.ending.Ending.handed_back`).
+        """
+        if job is not None and job.task.finishers:
+            self.ending.handed_back(job)
+        else:
+            self.hand_back(d)
+        self.worker.handed_back += 1
+        slots.release()
+
+    def count_start(self, job: Job, slots: Slots) -> bool:
+        """Count the start of ``job`` against :attr:`start_limit` (``max_tasks_per_child``,
+        not 0); return whether it may start.
+
+        The limit-th start asks for the restart (:func:`.recycling.recycle_after`). Past the
+        limit the delivery is given back (:meth:`give_back`): ``False``.
+        """
+        if self.started >= self.start_limit:
+            self.give_back(job.delivery, slots, job)
+            return False
+        self.started += 1
+        if self.started == self.start_limit:
+            recycle_after(self.worker, self.started)
+        return True
 
     def reschedule(self, job: Job, delay: float, reserved: bool | None = None) -> Completion:
         """Completion putting ``job`` back on the schedule for ``delay`` seconds, unstarted.
 
         The attempt is unchanged and no slot is held while it waits (rate limits, locks).
 
-        Args: see :meth:`.execution.Outcomes.reschedule`.
+        Args: see :meth:`.ending.Completions.reschedule`.
         """
-        return self.outcomes.reschedule(job, delay, reserved)
+        return self.completions.reschedule(job, delay, reserved)
 
     def write(self, completion: Completion) -> None:
         """Hand ``completion`` to the flusher (written with the next group commit)."""
-        self.flusher.add(completion)
+        self._flusher.add(completion)
 
     def run(self, job: Job, slots: Slots, hooked: bool = False) -> None:
         """Run ``job`` on its task's executor.
@@ -165,7 +240,7 @@ class Runner:
         ``hooked``: the queue's middleware already saw the start (see
         :mod:`blitzq.extensions.registry`).
         """
-        if not hooked and self.start_limit and not count_start(self, job, slots):
+        if not hooked and self.start_limit and not self.count_start(job, slots):
             return  # past max-tasks-per-child: handed back, not started (.recycling)
         if not hooked and self.extensions.enabled:
             self.extensions.context_for(job)
@@ -175,7 +250,7 @@ class Runner:
                 # The hooks run in a fresh copy of the worker's base context; what they set
                 # there (a trace context, ...) is what the task body starts with.
                 pending = asyncio.get_running_loop().create_task(
-                    self._before_execute(job, slots), context=self.base_context.copy()
+                    self._before_execute(job, slots), context=self._base_context.copy()
                 )
                 self.hold_start(pending, job.delivery)
                 return
@@ -183,26 +258,32 @@ class Runner:
         job.started_at = time.time()
         if self.lifecycle.on:
             self.lifecycle.event("started", env, job.delivery.queue, job.attempt)
-        if self.observer is not None:
-            self.observer.started(job)
+        if self._observer is not None:
+            self._observer.started(job)
         context = job.context
         if context is None:  # else made by the middleware hooks
             context = TaskContext(
-                env.id, env.task, job.delivery.queue, job.attempt, task.max_attempts,
-                env.correlation_id, env.headers, flow=env.flow,
-            )  # fmt: skip
+                env.id,
+                env.task,
+                job.delivery.queue,
+                job.attempt,
+                task.max_attempts,
+                env.correlation_id,
+                env.headers,
+                flow=env.flow,
+            )
             job.context = context
         context._reporter = self.progress
         if self.track_state:
-            self.flusher.add(self.outcomes.progress(job, "running"))
+            self._flusher.add(self.completions.progress(job))
         executor = task.executor
         # The run's own context: nothing it sets is seen by the worker or the next task.
         scope = job.scope
         if scope is None:  # else made by the middleware hooks
-            scope = job.scope = self.base_context.copy()
+            scope = job.scope = self._base_context.copy()
         args, kwargs = env.args, env.kwargs
         if task.prepared_call or executor != "async":
-            call = admission.call_arguments(self, job, slots)
+            call = self.admission.arguments(job, slots)
             if call is None:
                 return
             args, kwargs = call
@@ -211,11 +292,11 @@ class Runner:
                 result, error, started = start_eagerly(scope, context, task.fn, args, kwargs)
             except BaseException as exc:
                 # A TypeError here is a call that does not fit the signature: no retry.
-                self.finish(job, None, exc, retry=not isinstance(exc, TypeError))
+                self.ending.finish(job, None, exc, retry=not isinstance(exc, TypeError))
                 slots.release()
                 return
             if started is None:
-                outcomes.finish(self, job, result, error)
+                self.ending.finish(job, result, error)
                 slots.release()
                 return
             handle: asyncio.Future[Any] = started
@@ -224,14 +305,14 @@ class Runner:
             try:
                 handle = self._submit(job, scope, (args, kwargs))
             except Exception as exc:  # the pool refused the call: a failed attempt
-                self.finish(job, None, exc)
+                self.ending.finish(job, None, exc)
                 slots.release()
                 return
         job.handle = handle
         self.jobs.add(job)
         if env.timeout or task.timeout or task.controls.soft_timeout:
-            start_timers(self, job, slots)  # hard and soft timeouts (worker/timeouts.py)
-        handle.add_done_callback(functools.partial(outcomes.run_ended, self, job, slots))
+            self.timeouts.arm(job, slots)  # hard and soft timeouts (worker/timeouts.py)
+        handle.add_done_callback(functools.partial(self._run_ended, job, slots))
 
     async def _before_execute(self, job: Job, slots: Slots) -> None:
         """Await the before-execute middleware (the delivery keeps its slot meanwhile), then
@@ -243,21 +324,20 @@ class Runner:
             raise
         if refused is not None:
             try:
-                self.finish(job, None, refused)
+                self.ending.finish(job, None, refused)
             finally:
                 slots.release()
             return
         # A copy: this task's own context stays entered until it returns.
         job.scope = contextvars.copy_context()
-        if self.revoked and job.envelope.id in self.revoked:
-            admission.skip_cancelled(self, job, slots)
+        revoked = self.admission.revoked
+        if revoked and job.envelope.id in revoked:
+            self.admission.skip_cancelled(job, slots)
             return
         self.extensions.started(job, self.worker_id)
         self.run(job, slots, True)
 
-    def _submit(
-        self, job: Job, scope: contextvars.Context, call: admission.Call
-    ) -> asyncio.Future[Any]:
+    def _submit(self, job: Job, scope: contextvars.Context, call: Call) -> asyncio.Future[Any]:
         """Hand a sync task's call to the thread pool (run in ``scope``) or the process pool."""
         task, (args, kwargs) = job.task, call
         if task.executor == "thread":
@@ -265,7 +345,7 @@ class Runner:
                 self._threads = ThreadPool(self.worker.thread_pool_size, "blitzq-task")
             run = functools.partial(task.fn, *args, **kwargs)
             if task.controls.soft_timeout:
-                run = interruptible(job, run)
+                run = self.timeouts.interruptible(job, run)
             job.pool_call = self._threads.submit(scope.run, run)
             return asyncio.wrap_future(job.pool_call)
         if self._processes is None:
@@ -275,54 +355,65 @@ class Runner:
             )
         return self._processes.submit(task.fn, args, kwargs)
 
-    # ------------------------------------------------------------ finishing
-    def finish(
-        self, job: Job, result: Any, error: BaseException | None, retry: bool = True
-    ) -> None:
-        """Commit the outcome of a run that returned ``result`` or raised ``error``
-        (:func:`.outcomes.finish`; ``retry=False``: a bad call, no retry)."""
-        outcomes.finish(self, job, result, error, retry)
+    # -------------------------------------------------------------- ending
+    def run_ended(self, job: Job, slots: Slots, handle: asyncio.Future[Any]) -> None:
+        """The run's call really ended: free its slot of ``slots``, then commit what it
+        came to (:meth:`.ending.Ending.ended`), unless already committed."""
+        timeouts = self.timeouts
+        if timeouts.abandoned and job in timeouts.abandoned:
+            timeouts.returned(job)  # committed at the timeout; it kept its slot till now
+            slots.release()
+            timeouts.forget(job)
+            if not handle.cancelled():
+                handle.exception()
+            return
+        self.jobs.discard(job)
+        timer = job.timer
+        if timer is not None:
+            timer.cancel()
+        if job.task.executor == "process" and (self.killed_processes or self.reaping):
+            self._release_once_reaped(slots)
+        else:
+            slots.release()
+        self.ending.ended(job, handle)
+        if timer is not None:  # only a run with timers has anything to forget
+            timeouts.forget(job)
 
-    def commit(
-        self,
-        job: Job,
-        completion: Completion | None,
-        error: BaseException | None = None,
-        cancelled: bool = False,
-    ) -> None:
-        """Hand a job's completion on, through its finishers and middleware
-        (:func:`.outcomes.commit`)."""
-        outcomes.commit(self, job, completion, error, cancelled)
+    def _release_once_reaped(self, slots: Slots) -> None:
+        """Free a process run's slot once the pool processes killed (for it or a sibling
+        in the same pool) have exited: joined in a thread, since a SIGKILLed process may
+        still be exiting when its pool reports it broken."""
+        if self.killed_processes:
+            killed, self.killed_processes = self.killed_processes, []
 
-    def on_timeout(self, job: Job, soft: bool = False, slots: Slots | None = None) -> None:
-        """The run passed its hard timeout (or its soft one, ``soft=True``).
+            def reap() -> None:
+                for process in killed:
+                    process.join(10.0)
 
-        Hard: cancel an async task; for a thread task record the failure now; its thread
-        is *abandoned* and keeps its slot until the call returns (see
-        :func:`~blitzq.worker.timeouts.abandon_thread`), or its call is cancelled if the
-        pool had not started it; terminate a process task (its slot is freed once the
-        process is reaped). Soft: see :func:`~blitzq.worker.timeouts.soft_timeout`.
-        ``slots``: those the run holds.
+            self.reaping = asyncio.ensure_future(asyncio.to_thread(reap))
+        reaping = self.reaping
+        if reaping is None or reaping.done():
+            self.reaping = None
+            slots.release()
+        else:
+            reaping.add_done_callback(lambda _: slots.release())
+
+    def kill_process_run(self, job: Job) -> None:
+        """Terminate the process pool running ``job``; requeue the other process tasks in it.
+
+        The slot of ``job`` is freed when its future fails and the killed processes are
+        reaped (:attr:`killed_processes`), so the concurrency bound counts a dying process
+        too.
         """
-        if job.finished:
+        pool = self._processes
+        if pool is None:
             return
-        if soft:
-            soft_timeout(job)
-            return
-        job.timed_out = True
-        if job.task.executor == "async":
-            job.handle.cancel()
-            return
-        job.finished = True
-        self.failed += 1
-        error = _timeout_error(job)
-        self.commit(job, self.outcomes.failure(job, error), error)
-        if job.task.executor == "process":
-            kill_process_run(self, job)
-        elif job.pool_call is not None and job.pool_call.cancel():
-            pass  # never started, so it never runs: its slot is freed by run_ended
-        elif slots is not None:
-            abandon_thread(self, job, slots)
+        for other in list(self.jobs):
+            if other is not job and other.task.executor == "process" and not other.finished:
+                other.finished = True  # its broken future is ignored; the message goes back
+                self.ending.commit(other, Completions.requeue(other))
+        self.killed_processes.extend(pool.shutdown(kill=True))
+        self._processes = None
 
     # --------------------------------------------------------- cancellation
     def cancel(self, task_id: str) -> bool:
@@ -341,7 +432,7 @@ class Runner:
             if job.task.executor == "async":
                 job.handle.cancel()
             elif job.task.executor == "process":
-                kill_process_run(self, job)
+                self.kill_process_run(job)
         return found
 
     def requeue_unfinished(self) -> int:
@@ -351,7 +442,7 @@ class Runner:
         leftover = [j for j in self.jobs if not j.finished]
         for job in leftover:
             job.finished = True
-            self.commit(job, Outcomes.requeue(job))
+            self.ending.commit(job, Completions.requeue(job))
             if job.handle is not None:
                 job.handle.cancel()
         starting = [(t, d) for t, d in self._pending.items() if not t.done()]

@@ -20,7 +20,7 @@ a Prometheus object (that happens when Prometheus scrapes, from :meth:`RunTally.
 - the queue latency reuses the run's own timestamps (``job.started_at`` minus the message's
   ``enqueued_at``): no clock read; the duration takes one ``time.time()``;
 - a plain success is recognised in place; only the rare other outcomes call
-  :func:`~blitzq.worker.outcomes.outcome_kind`.
+  :func:`~blitzq.worker.ending.outcome_kind`.
 
 A completion the broker may refuse as stale (fencing: it carries a delivery token) is not
 counted when it is committed but marked (``Completion.counted``) and counted by
@@ -40,7 +40,7 @@ import time
 from bisect import bisect_left
 from typing import TYPE_CHECKING
 
-from .outcomes import outcome_kind
+from .ending import outcome_kind
 
 if TYPE_CHECKING:
     from ..broker import Completion
@@ -167,7 +167,7 @@ class RunTally:
     ) -> None:
         """``job``'s completion was handed to the writer: observe its duration (when it
         started) and count its outcome, the kind the middleware get
-        (:func:`~blitzq.worker.outcomes.outcome_kind` of the same arguments; a run put back,
+        (:func:`~blitzq.worker.ending.outcome_kind` of the same arguments; a run put back,
         ``requeued``, or a reschedule that did not start it is not counted)."""
         slot = self.slots.get((job.delivery.queue, job.envelope.task))
         if slot is None:

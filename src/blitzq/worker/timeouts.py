@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..exceptions import SoftTimeoutError, TaskTimeout
 from ..routing import base_queue
-from .execution import Job, Outcomes
+from .execution import Job
 from .limiter import Slots
 
 if TYPE_CHECKING:
@@ -70,10 +70,6 @@ class _ThreadRun:
         self.pending = False
 
 
-_THREADS: dict[Job, _ThreadRun] = {}
-_SOFT: set[Job] = set()
-
-
 def _set_async_exc(ident: int, exc: type[BaseException] | None) -> int:
     return int(
         ctypes.pythonapi.PyThreadState_SetAsyncExc(
@@ -82,166 +78,198 @@ def _set_async_exc(ident: int, exc: type[BaseException] | None) -> int:
     )
 
 
-def interruptible(job: Job, call: Callable[[], Any]) -> functools.partial[Any]:
-    """Wrap a thread task's call so a soft timeout can raise inside its thread."""
-    run = _THREADS[job] = _ThreadRun()
-
-    def wrapped() -> Any:
-        with run.lock:
-            if run.pending:
-                run.done = True
-                raise SoftTimeoutError()
-            run.ident = threading.get_ident()
-        try:
-            return call()
-        finally:
-            with run.lock:
-                run.done = True
-                if run.injected:  # not raised yet: do not let it escape into the pool
-                    _set_async_exc(threading.get_ident(), None)
-
-    return functools.partial(wrapped)
-
-
-def start_timers(runner: Runner, job: Job, slots: Slots) -> None:
-    """Arm the hard and soft timers of a run that just started (sets ``job.timer``).
-
-    ``slots``: the slots the run holds (a thread run abandoned at its hard timeout keeps
-    them until its call returns).
-    """
-    loop = asyncio.get_running_loop()
-    handles = []
-    hard = job.envelope.timeout or job.task.timeout
-    if hard:
-        handles.append(loop.call_later(hard, runner.on_timeout, job, False, slots))
-    soft = job.task.controls.soft_timeout
-    if soft and (not hard or soft < hard):
-        handles.append(loop.call_later(soft, runner.on_timeout, job, True))
-    if handles:
-        job.timer = handles[0] if len(handles) == 1 else _Timers(handles)
-
-
-def soft_timeout(job: Job) -> None:
-    """The run passed its soft timeout: raise in its thread, or cancel the coroutine."""
-    if job.task.executor == "async":
-        _SOFT.add(job)
-        job.timed_out = True
-        job.handle.cancel()
-        return
-    run = _THREADS.get(job)
-    if run is None:
-        return
-    with run.lock:
-        if run.done or run.injected:
-            return
-        if run.ident is None:
-            run.pending = True
-            return
-        run.injected = _set_async_exc(run.ident, SoftTimeoutError) == 1
-
-
-def timeout_error(job: Job) -> TaskTimeout:
-    """The error a timed-out run is recorded with (soft or hard)."""
-    if job in _SOFT:
-        _SOFT.discard(job)
-        return SoftTimeoutError(f"task {job.envelope.task} ran longer than its soft_timeout")
-    seconds = job.envelope.timeout or job.task.timeout or 0.0
-    return TaskTimeout(f"task {job.envelope.task} ran longer than {seconds} s")
-
-
-def forget(job: Job) -> None:
-    """Drop what was kept about a run that ended."""
-    _THREADS.pop(job, None)
-    _SOFT.discard(job)
-
-
-def kill_process_run(runner: Runner, job: Job) -> None:
-    """Terminate the process pool running ``job``; requeue the other process tasks in it.
-
-    The slot of ``job`` is freed when its future fails and the killed processes are reaped
-    (:attr:`Runner.killed_processes`), so the concurrency bound counts a dying process too.
-    """
-    pool = runner._processes
-    if pool is None:
-        return
-    for other in list(runner.jobs):
-        if other is not job and other.task.executor == "process" and not other.finished:
-            other.finished = True  # its broken future is ignored; the message goes back
-            runner.commit(other, Outcomes.requeue(other))
-    runner.killed_processes.extend(pool.shutdown(kill=True))
-    runner._processes = None
-
-
-def abandon_thread(runner: Runner, job: Job, slots: Slots) -> None:
-    """A thread run passed its hard timeout (its failure is committed): abandon its thread,
-    which keeps its slot of ``slots`` until the call returns (:func:`thread_returned`).
-
-    The job leaves ``runner.jobs`` for ``runner.abandoned``, the thread pool may start one
-    more thread for as long as this one runs, and the worker asks to be restarted when the
-    abandoned threads hold all its slots or a queue's (:func:`restart_reason`).
-    """
-    runner.jobs.discard(job)
-    if job.timer is not None:
-        job.timer.cancel()
-    runner.abandoned[job] = slots
-    runner.abandoned_total += 1
-    if runner._threads is not None:
-        runner._threads.abandon()
-    slots.global_limiter.wake()  # a stopping worker does not wait for this run
-    worker = runner.worker
-    logger.warning(
-        "task %s %s passed its hard timeout and its thread is still running: it keeps its "
-        "slot until it returns, %d abandoned thread(s) now (%d slot(s) of %d)",
-        job.envelope.task,
-        job.envelope.id,
-        len(runner.abandoned),
-        slots.global_limiter.in_use,
-        slots.global_limiter.capacity,
-    )
-    reason = restart_reason(runner, job, slots)
-    if reason is not None:
-        worker.request_restart(reason)
-
-
-def restart_reason(runner: Runner, job: Job, slots: Slots) -> str | None:
-    """Why the worker must be replaced now that ``job`` was abandoned, or ``None``.
-
-    Abandoned threads keep their slots: once they hold every slot of the worker, or every
-    slot of ``job``'s queue (``queue_concurrency``), nothing of it can run until they return,
-    which may be never; more than ``max_abandoned_threads`` of them is a restart too.
+class Timeouts:
+    """The soft and hard timeouts of one worker's runs, and the thread runs abandoned at
+    their hard timeout (module docstring).
 
     Args:
-        runner: the worker's runner (``runner.abandoned`` already holds ``job``).
-        job: the run just abandoned.
-        slots: the slots it holds.
+        runner: the worker's runner (its runs, pools, ending and worker).
+
+    Attributes:
+        abandoned: thread runs past their hard timeout whose thread has not returned, with
+            the slots each keeps until it does.
+        abandoned_total: thread runs abandoned since the worker started.
     """
-    count = len(runner.abandoned)
-    worker = runner.worker
-    if count > worker.max_abandoned_threads:
-        return f"{count} abandoned threads (max_abandoned_threads {worker.max_abandoned_threads})"
-    everyone = slots.global_limiter.capacity
-    if count >= everyone:
-        return f"all {everyone} slots held by threads abandoned at their hard timeout"
-    limiter = slots.queue_limiter
-    if limiter is not None:
-        held = sum(1 for s in runner.abandoned.values() if s.queue_limiter is limiter)
-        if held >= limiter.capacity:
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.abandoned: dict[Job, Slots] = {}
+        self.abandoned_total = 0
+        #: Thread runs with a soft timeout: which thread runs each.
+        self._threads: dict[Job, _ThreadRun] = {}
+        #: Async runs cancelled by their soft timeout (recorded as SoftTimeoutError).
+        self._soft: set[Job] = set()
+
+    def interruptible(self, job: Job, call: Callable[[], Any]) -> functools.partial[Any]:
+        """Wrap a thread task's call so a soft timeout can raise inside its thread."""
+        run = self._threads[job] = _ThreadRun()
+
+        def wrapped() -> Any:
+            with run.lock:
+                if run.pending:
+                    run.done = True
+                    raise SoftTimeoutError()
+                run.ident = threading.get_ident()
+            try:
+                return call()
+            finally:
+                with run.lock:
+                    run.done = True
+                    if run.injected:  # not raised yet: do not let it escape into the pool
+                        _set_async_exc(threading.get_ident(), None)
+
+        return functools.partial(wrapped)
+
+    def arm(self, job: Job, slots: Slots) -> None:
+        """Arm the hard and soft timers of a run that just started (sets ``job.timer``).
+
+        ``slots``: the slots the run holds (a thread run abandoned at its hard timeout keeps
+        them until its call returns).
+        """
+        loop = asyncio.get_running_loop()
+        handles = []
+        hard = job.envelope.timeout or job.task.timeout
+        if hard:
+            handles.append(loop.call_later(hard, self.expired, job, False, slots))
+        soft = job.task.controls.soft_timeout
+        if soft and (not hard or soft < hard):
+            handles.append(loop.call_later(soft, self.expired, job, True))
+        if handles:
+            job.timer = handles[0] if len(handles) == 1 else _Timers(handles)
+
+    def expired(self, job: Job, soft: bool = False, slots: Slots | None = None) -> None:
+        """The run passed its hard timeout (or its soft one, ``soft=True``).
+
+        Hard: cancel an async task; for a thread task record the failure now; its thread
+        is *abandoned* and keeps its slot until the call returns (:meth:`abandon`), or its
+        call is cancelled if the pool had not started it; terminate a process task (its slot
+        is freed once the process is reaped). Soft: :meth:`soft`. ``slots``: those the run
+        holds.
+        """
+        if job.finished:
+            return
+        if soft:
+            self.soft(job)
+            return
+        job.timed_out = True
+        if job.task.executor == "async":
+            job.handle.cancel()
+            return
+        job.finished = True
+        runner = self.runner
+        runner.ending.timed_out(job)
+        if job.task.executor == "process":
+            runner.kill_process_run(job)
+        elif job.pool_call is not None and job.pool_call.cancel():
+            pass  # never started, so it never runs: its slot is freed by run_ended
+        elif slots is not None:
+            self.abandon(job, slots)
+
+    def soft(self, job: Job) -> None:
+        """The run passed its soft timeout: raise in its thread, or cancel the coroutine."""
+        if job.task.executor == "async":
+            self._soft.add(job)
+            job.timed_out = True
+            job.handle.cancel()
+            return
+        run = self._threads.get(job)
+        if run is None:
+            return
+        with run.lock:
+            if run.done or run.injected:
+                return
+            if run.ident is None:
+                run.pending = True
+                return
+            run.injected = _set_async_exc(run.ident, SoftTimeoutError) == 1
+
+    def error(self, job: Job) -> TaskTimeout:
+        """The error a timed-out run is recorded with (soft or hard)."""
+        if job in self._soft:
+            self._soft.discard(job)
+            return SoftTimeoutError(f"task {job.envelope.task} ran longer than its soft_timeout")
+        seconds = job.envelope.timeout or job.task.timeout or 0.0
+        return TaskTimeout(f"task {job.envelope.task} ran longer than {seconds} s")
+
+    def forget(self, job: Job) -> None:
+        """Drop what was kept about a run that ended (only a run with timers has any)."""
+        self._threads.pop(job, None)
+        self._soft.discard(job)
+
+    def abandon(self, job: Job, slots: Slots) -> None:
+        """A thread run passed its hard timeout (its failure is committed): abandon its
+        thread, which keeps its slot of ``slots`` until the call returns (:meth:`returned`).
+
+        The job leaves the runner's jobs for :attr:`abandoned`, the thread pool may start
+        one more thread for as long as this one runs, and the worker asks to be restarted
+        when the abandoned threads hold all its slots or a queue's (:meth:`restart_reason`).
+        """
+        runner = self.runner
+        runner.jobs.discard(job)
+        if job.timer is not None:
+            job.timer.cancel()
+        self.abandoned[job] = slots
+        self.abandoned_total += 1
+        if runner._threads is not None:
+            runner._threads.abandon()
+        slots.global_limiter.wake()  # a stopping worker does not wait for this run
+        logger.warning(
+            "task %s %s passed its hard timeout and its thread is still running: it keeps its "
+            "slot until it returns, %d abandoned thread(s) now (%d slot(s) of %d)",
+            job.envelope.task,
+            job.envelope.id,
+            len(self.abandoned),
+            slots.global_limiter.in_use,
+            slots.global_limiter.capacity,
+        )
+        reason = self.restart_reason(job, slots)
+        if reason is not None:
+            runner.worker.request_restart(reason)
+
+    def restart_reason(self, job: Job, slots: Slots) -> str | None:
+        """Why the worker must be replaced now that ``job`` was abandoned, or ``None``.
+
+        Abandoned threads keep their slots: once they hold every slot of the worker, or
+        every slot of ``job``'s queue (``queue_concurrency``), nothing of it can run until
+        they return, which may be never; more than ``max_abandoned_threads`` of them is a
+        restart too.
+
+        Args:
+            job: the run just abandoned (:attr:`abandoned` already holds it).
+            slots: the slots it holds.
+        """
+        count = len(self.abandoned)
+        worker = self.runner.worker
+        if count > worker.max_abandoned_threads:
             return (
-                f"all {limiter.capacity} slots of queue {base_queue(job.delivery.queue)!r} "
-                "held by threads abandoned at their hard timeout"
+                f"{count} abandoned threads (max_abandoned_threads {worker.max_abandoned_threads})"
             )
-    return None
+        everyone = slots.global_limiter.capacity
+        if count >= everyone:
+            return f"all {everyone} slots held by threads abandoned at their hard timeout"
+        limiter = slots.queue_limiter
+        if limiter is not None:
+            held = sum(1 for s in self.abandoned.values() if s.queue_limiter is limiter)
+            if held >= limiter.capacity:
+                return (
+                    f"all {limiter.capacity} slots of queue {base_queue(job.delivery.queue)!r} "
+                    "held by threads abandoned at their hard timeout"
+                )
+        return None
+
+    def returned(self, job: Job) -> None:
+        """The call of an abandoned thread run finally returned: stop counting it (the
+        caller frees its slot)."""
+        self.abandoned.pop(job, None)
+        threads = self.runner._threads
+        if threads is not None:
+            threads.returned()
+        logger.info(
+            "abandoned thread of task %s %s returned after %.1f s: its slot is free",
+            job.envelope.task,
+            job.envelope.id,
+            time.time() - job.started_at,
+        )
 
 
-def thread_returned(runner: Runner, job: Job) -> None:
-    """The call of an abandoned thread run finally returned: stop counting it (the caller
-    frees its slot)."""
-    runner.abandoned.pop(job, None)
-    if runner._threads is not None:
-        runner._threads.returned()
-    logger.info(
-        "abandoned thread of task %s %s returned after %.1f s: its slot is free",
-        job.envelope.task,
-        job.envelope.id,
-        time.time() - job.started_at,
-    )
+__all__ = ["Timeouts"]

@@ -116,76 +116,87 @@ def defer_delay(age: float, grace: float) -> float:
     return max(0.05, min(delay, grace - age))
 
 
-def unknown_task(runner: Runner, d: Delivery, env: Envelope, slots: Slots) -> None:
-    """Defer ``env`` (a delivery holding one slot of ``slots``) for a worker that knows its
-    task, or dead-letter it once the worker's ``unknown_task_grace`` has passed."""
-    from .admission import reject
+class UnknownTasks:
+    """What one worker's runner does with a delivery naming a task it does not know: hand
+    it to a worker that knows it, defer it, or dead-letter it (module docstring).
 
-    grace = runner.worker.unknown_task_grace
-    now = time.time()
-    age = max(0.0, now - env.created_at)
-    error = f"no task named {env.task!r} is registered in this worker"
-    if age >= grace:
-        if grace > 0:
-            error += f" (nor in any worker that took it within {grace:g} s)"
-        reject(runner, d, "unknown task", error, slots, env.id, env.task)
-        return
-    if d.token is not None and runner.worker.broker.supports_recovery:
-        knowers = runner.worker.knowers
-        steer = asyncio.create_task(_hand_over(runner, d, env, slots, age, grace))
-        knowers.pending.add(steer)
-        steer.add_done_callback(knowers.pending.discard)
-        return
-    _defer(runner, d, env, slots, age, grace)
+    Args:
+        runner: the worker's runner.
+    """
 
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
 
-async def _hand_over(
-    runner: Runner, d: Delivery, env: Envelope, slots: Slots, age: float, grace: float
-) -> None:
-    """Hand ``d`` to a live worker that knows its task, or defer it (see the module)."""
-    assert d.token is not None
-    worker = runner.worker
-    try:
-        knowers = await worker.knowers.find(base_queue(d.queue), env.task)
-        if knowers:
-            other = random.choice(knowers)
-            ttl = 10 * worker.queue.visibility_timeout
-            if await worker.broker.transport.hand_over(d.queue, d.token, other, ttl):
-                worker.knowers.handed_over += 1
-                logger.info(
-                    "task %s (%s) is unknown here: handed to worker %s, which knows it",
-                    env.id,
-                    env.task,
-                    other,
-                )
-            # else: no longer ours (the lease lapsed and another worker recovered it)
-            slots.release()
+    def take(self, d: Delivery, env: Envelope, slots: Slots) -> None:
+        """Defer ``env`` (a delivery holding one slot of ``slots``) for a worker that knows
+        its task, or dead-letter it once the worker's ``unknown_task_grace`` has passed."""
+        runner = self.runner
+        grace = runner.worker.unknown_task_grace
+        now = time.time()
+        age = max(0.0, now - env.created_at)
+        error = f"no task named {env.task!r} is registered in this worker"
+        if age >= grace:
+            if grace > 0:
+                error += f" (nor in any worker that took it within {grace:g} s)"
+            runner.admission.reject(d, "unknown task", error, slots, env.id, env.task)
             return
-    except NotImplementedError:
-        pass
-    except BrokerError as exc:
-        logger.warning("could not hand task %s (%s) over: %s", env.id, env.task, exc)
-    except BaseException:
-        slots.release()  # cancelled at shutdown: still leased here, recovered later
-        raise
-    _defer(runner, d, env, slots, age, grace)
+        if d.token is not None and runner.worker.broker.supports_recovery:
+            knowers = runner.worker.knowers
+            steer = asyncio.create_task(self._hand_over(d, env, slots, age, grace))
+            knowers.pending.add(steer)
+            steer.add_done_callback(knowers.pending.discard)
+            return
+        self._defer(d, env, slots, age, grace)
 
+    async def _hand_over(
+        self, d: Delivery, env: Envelope, slots: Slots, age: float, grace: float
+    ) -> None:
+        """Hand ``d`` to a live worker that knows its task, or defer it (see the module)."""
+        assert d.token is not None
+        worker = self.runner.worker
+        try:
+            knowers = await worker.knowers.find(base_queue(d.queue), env.task)
+            if knowers:
+                other = random.choice(knowers)
+                ttl = 10 * worker.queue.visibility_timeout
+                if await worker.broker.transport.hand_over(d.queue, d.token, other, ttl):
+                    worker.knowers.handed_over += 1
+                    logger.info(
+                        "task %s (%s) is unknown here: handed to worker %s, which knows it",
+                        env.id,
+                        env.task,
+                        other,
+                    )
+                # else: no longer ours (the lease lapsed and another worker recovered it)
+                slots.release()
+                return
+        except NotImplementedError:
+            pass
+        except BrokerError as exc:
+            logger.warning("could not hand task %s (%s) over: %s", env.id, env.task, exc)
+        except BaseException:
+            slots.release()  # cancelled at shutdown: still leased here, recovered later
+            raise
+        self._defer(d, env, slots, age, grace)
 
-def _defer(
-    runner: Runner, d: Delivery, env: Envelope, slots: Slots, age: float, grace: float
-) -> None:
-    """Put ``d`` back on the schedule for a worker that knows its task (module docstring)."""
-    now = time.time()
-    delay = defer_delay(age, grace)
-    logger.warning(
-        "task %s (%s) is unknown here: back on the schedule in %.1f s for a worker that "
-        "knows it (dead-lettered %.0f s after its enqueue)",
-        env.id, env.task, delay, grace,
-    )  # fmt: skip
-    again = msgspec.structs.replace(env, enqueued_at=now)
-    data = encode_envelope(again, max(runner.max_message_size, len(d.payload) * 2))
-    runner.flusher.add(Completion(d.queue, d.token, env.id, reschedule=data, delay=delay))
-    slots.release()
+    def _defer(self, d: Delivery, env: Envelope, slots: Slots, age: float, grace: float) -> None:
+        """Put ``d`` back on the schedule for a worker that knows its task (module
+        docstring)."""
+        runner = self.runner
+        now = time.time()
+        delay = defer_delay(age, grace)
+        logger.warning(
+            "task %s (%s) is unknown here: back on the schedule in %.1f s for a worker that "
+            "knows it (dead-lettered %.0f s after its enqueue)",
+            env.id,
+            env.task,
+            delay,
+            grace,
+        )
+        again = msgspec.structs.replace(env, enqueued_at=now)
+        data = encode_envelope(again, max(runner.max_message_size, len(d.payload) * 2))
+        runner.write(Completion(d.queue, d.token, env.id, reschedule=data, delay=delay))
+        slots.release()
 
 
 async def take_handed(worker: Worker) -> int:
@@ -198,9 +209,8 @@ async def take_handed(worker: Worker) -> int:
         BrokerError: the broker could not be reached.
         NotImplementedError: the transport cannot hand deliveries over.
     """
-    from .admission import start
-
     runner, taken = worker.runner, 0
+    start = runner.admission.start
     for queue in worker.physical_queues:
         slots = worker._slots[base_queue(queue)]
         while not _stopping(worker):
@@ -215,7 +225,7 @@ async def take_handed(worker: Worker) -> int:
                 raise
             slots.release(n - len(got))
             for d in got:
-                start(runner, d, slots)
+                start(d, slots)
             taken += len(got)
             if len(got) < n:
                 break

@@ -109,7 +109,7 @@ class Worker:
             garbage collector's passes until it stops (:func:`gc.freeze`, see
             :mod:`blitzq.worker.heap`); ``False`` leaves the collector alone.
         failure_log_level, retry_log_level: levels (names or numbers) of the records of a
-            task that failed for good and of a retried attempt (:mod:`.outcomes`).
+            task that failed for good and of a retried attempt (:mod:`.ending`).
         lifecycle_log_level: level of the ``received``/``started``/``succeeded`` records on
             the ``blitzq.task`` logger (:mod:`.lifecycle`; DEBUG: off under an INFO set-up).
         defer_base_delay, defer_max_delay: seconds a task whose start check (rate limit,
@@ -256,12 +256,12 @@ class Worker:
     @property
     def processed(self) -> int:
         """Tasks that succeeded in this worker."""
-        return self._runner.processed if self._runner else 0
+        return self._runner.ending.processed if self._runner else 0
 
     @property
     def failed(self) -> int:
         """Attempts that failed (or messages dead-lettered) in this worker."""
-        return self._runner.failed if self._runner else 0
+        return self._runner.ending.failed if self._runner else 0
 
     @property
     def stale_completions(self) -> int:
@@ -285,12 +285,12 @@ class Worker:
     @property
     def abandoned_threads(self) -> int:
         """Sync-task threads abandoned at their hard timeout that are still running."""
-        return len(self._runner.abandoned) if self._runner else 0
+        return len(self._runner.timeouts.abandoned) if self._runner else 0
 
     @property
     def abandoned_threads_total(self) -> int:
         """Sync-task threads abandoned at their hard timeout since the worker started."""
-        return self._runner.abandoned_total if self._runner else 0
+        return self._runner.timeouts.abandoned_total if self._runner else 0
 
     @property
     def restart_requested(self) -> bool:

@@ -332,7 +332,20 @@ for _, c in ipairs(batch) do
   else
     local kind, queue, token, task_id = c[2], c[3], c[4], c[5]
     local record, ttl, reschedule, eta, dead, requeue = c[6], c[7], c[8], c[9], c[10], c[11]
+    -- A requeued entry keeps its delivery count ("d", absent = 1): a message handed back
+    -- unstarted, or put back at shutdown, is still the same delivery of its history (a
+    -- recovered message keeps counting towards max_deliveries).
+    local deliveries = nil
     if token ~= '' then  -- acknowledged by fenced()
+      if requeue ~= '' and kind == 's' then
+        local entry = redis.call('XRANGE', KEY.stream(prefix, queue), token, token)[1]
+        local fields = entry and entry[2] or {}
+        for j = 1, #fields - 1, 2 do
+          if fields[j] == 'd' and (tonumber(fields[j + 1]) or 1) > 1 then
+            deliveries = fields[j + 1]
+          end
+        end
+      end
       redis.call('XDEL', KEY.stream(prefix, queue), token)
     end
     if record ~= '' then
@@ -355,7 +368,9 @@ for _, c in ipairs(batch) do
       dead_added = dead_added + 1
     end
     if requeue ~= '' then
-      if kind == 's' then
+      if kind == 's' and deliveries then
+        redis.call('XADD', KEY.stream(prefix, queue), '*', 'm', requeue, 'd', deliveries)
+      elseif kind == 's' then
         redis.call('XADD', KEY.stream(prefix, queue), '*', 'm', requeue)
       elseif kind == 'o' then
         ob_push(prefix, queue, requeue, true)

@@ -1,0 +1,595 @@
+"""What happens when a task ends: the one place that answers it.
+
+A run ends one of a few ways (it returned, raised, timed out, was cancelled, was put back
+unstarted, or its message could not run at all); :class:`Ending` turns each into what the
+worker does about it, in this order:
+
+1. the **completion**: :class:`Completions` builds it (ack, record, retry, dead letter,
+   requeue, reschedule; the records themselves come from the run, :class:`.execution.Job`);
+2. the task's **finishers** (workflows, locks, unique keys) add their operations to it;
+3. a failed attempt is **logged** on :data:`OUTCOME_LOGGER` (:meth:`Ending.log_failure`);
+4. the run's newest **progress** update joins the completion (:mod:`.progress`);
+5. the **observer** (metrics, the eager mode's keeper) counts it (:mod:`.tally`);
+6. the run's typed :class:`~blitzq.extensions.middleware.Outcome` goes to the
+   **middleware** and signals (:func:`outcome_of`), so the after-hooks never read the record
+   back;
+7. the completion goes to the **flusher**, written with the next group commit.
+
+The runner knows how each run ended (:meth:`.runner.Runner.run_ended` frees its slot first);
+everything after that is here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from .. import records
+from ..broker import Completion, DeadLetterFields, Delivery
+from ..context import NO_RESULT
+from ..envelope_checks import value_size
+from ..exceptions import ResultTooLarge, Retry, SerializationError, describe_error
+from ..extensions.middleware import Outcome, OutcomeKind
+from ..limits import DEAD_MESSAGE_SAMPLE, DEFAULT_MAX_RESULT_SIZE, clip_text
+from ..serialization import dumps, encode_envelope
+from .eager import unwrap
+from .execution import Job, cause_of, format_traceback
+
+if TYPE_CHECKING:
+    from ..extensions.registry import Extensions
+    from .flusher import Flusher
+    from .lifecycle import Lifecycle
+    from .progress import ProgressReporter
+    from .tally import RunTally
+
+logger = logging.getLogger("blitzq.worker")
+
+#: Logger of each failed attempt's record (:meth:`Ending.log_failure`): at the worker's
+#: ``failure_log_level`` when the task failed for good, at its ``retry_log_level`` when it is
+#: retried. Its own name, so that an alerting integration that reports the failure itself
+#: (:mod:`blitzq.integrations.sentry`) can leave these records out. The name is public (docs,
+#: users' logging set-ups): it stays ``blitzq.worker.outcomes``.
+OUTCOME_LOGGER = "blitzq.worker.outcomes"
+outcome_logger = logging.getLogger(OUTCOME_LOGGER)
+
+
+class Completions:
+    """Builds the completion of each way a run ends, for one worker.
+
+    Args:
+        worker_id: recorded in task records.
+        store_results: the Queue's default for storing return values.
+        result_ttl: seconds records live.
+        max_message_size: bytes, for re-encoding retries.
+        max_result_size: bytes; a return value over it (encoded, see
+            :func:`~blitzq.envelope_checks.value_size`) fails the task with
+            :class:`~blitzq.exceptions.ResultTooLarge`.
+    """
+
+    def __init__(
+        self,
+        worker_id: str,
+        store_results: bool,
+        result_ttl: int,
+        max_message_size: int,
+        max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
+    ) -> None:
+        self.worker_id = worker_id
+        self.store_results = store_results
+        self.result_ttl = result_ttl
+        self.max_message_size = max_message_size
+        self.max_result_size = max_result_size
+        #: Seconds a ``running`` record lives (the worker's maintenance keeps it while the
+        #: run goes on: :func:`~.maintenance.running_record_ttl`).
+        self.running_ttl = result_ttl
+
+    def success(self, job: Job, value: Any, track_state: bool = False) -> Completion | None:
+        """Completion of a run that returned ``value``; ``None`` when nothing is to be done.
+
+        A value that is not plain data turns the run into a failure (SerializationError),
+        and so does a return value over ``max_result_size`` (ResultTooLarge, not retried:
+        the same call would return as much again); the limit counts the encoded value
+        (:func:`~blitzq.envelope_checks.value_size`), not the record's own fields.
+        With ``track_state`` a ``succeeded`` record (without the value, when results are not
+        stored) replaces the ``running`` one, with the arguments' preview unless that alone
+        would take it over ``max_result_size``.
+        """
+        d = job.delivery
+        store = job.task.store_result
+        if store is None:
+            store = self.store_results
+        if not store:
+            if track_state:
+                record = job.succeeded(self.worker_id, preview=True)
+                return Completion(d.queue, d.token, job.envelope.id, record, self.result_ttl)
+            if d.token is None:
+                return None
+            return Completion(d.queue, d.token, job.envelope.id)
+        try:
+            typed = job.task.arguments
+            if typed is not None and typed.returns is not None:
+                value = typed.encode_result(value)
+            record = job.succeeded(self.worker_id, value, track_state)
+            if len(record) > self.max_result_size and track_state:  # drop the preview first
+                record = job.succeeded(self.worker_id, value)
+            if len(record) > self.max_result_size:  # the record's own fields are not counted
+                size = value_size(dumps(value))
+                if size > self.max_result_size:
+                    raise ResultTooLarge(size, self.max_result_size)
+        except SerializationError as exc:
+            job.result = NO_RESULT  # finishers (workflows) must not pass the value on
+            job.encode_error = exc
+            return self.failure(job, exc, retry=False)
+        return Completion(d.queue, d.token, job.envelope.id, record, self.result_ttl)
+
+    def reschedule(self, job: Job, delay: float, reserved: bool | None = None) -> Completion:
+        """Completion putting ``job`` back on the schedule for ``delay`` seconds, unstarted
+        (the attempt unchanged).
+
+        Args:
+            job: the delivery to put back.
+            delay: seconds.
+            reserved: keep (``None``), set or clear the rate-limit reservation.
+        """
+        env, d = job.envelope, job.delivery
+        again = msgspec.structs.replace(
+            env, enqueued_at=time.time(), reserved=env.reserved if reserved is None else reserved
+        )
+        data = encode_envelope(again, max(self.max_message_size, len(d.payload) * 2))
+        return Completion(d.queue, d.token, env.id, reschedule=data, delay=delay)
+
+    def failure(
+        self, job: Job, exc: BaseException, retry: bool = True, track_state: bool = False
+    ) -> Completion:
+        """Completion of a run that raised ``exc``: a retry, a failure or a dead letter.
+
+        With ``track_state`` a retry also writes a ``retrying`` record.
+        """
+        task, env, d = job.task, job.envelope, job.delivery
+        policy = task.retry_policy
+        cause = cause_of(exc)
+        wants_retry = retry if isinstance(exc, Retry) else retry and policy.should_retry(exc)
+        if wants_retry and job.attempt < task.max_attempts:
+            delay = (
+                exc.delay
+                if isinstance(exc, Retry) and exc.delay is not None
+                else policy.delay(job.attempt)
+            )
+            now = time.time()
+            # replace() keeps every other field (workflow metadata, …) on the retry.
+            again = msgspec.structs.replace(
+                env, attempt=job.attempt + 1, enqueued_at=now, reserved=False
+            )
+            data = encode_envelope(again, max(self.max_message_size, len(d.payload) * 2))
+            record = None
+            if track_state:
+                record = job.retrying(self.worker_id, *describe_error(cause))
+            return Completion(
+                d.queue, d.token, env.id, record, self.result_ttl, reschedule=data, delay=delay
+            )
+        error_type, message = describe_error(cause)
+        dead = None
+        if task.dead_letter:
+            dead = DeadLetterFields(
+                d.payload, "failed", f"{error_type}: {message}", env.task, d.queue, time.time()
+            )
+        trace = format_traceback(cause)
+        record = job.failed(self.worker_id, error_type, message, trace, dead is not None)
+        return Completion(d.queue, d.token, env.id, record, self.result_ttl, dead_letter=dead)
+
+    def rejected(
+        self, delivery: Delivery, reason: str, error: str, task_id: str | None, task: str = ""
+    ) -> Completion:
+        """Completion dead-lettering a message that cannot run (malformed, unknown, too big).
+
+        A message over ``max_message_size`` keeps only its first bytes in the dead letter.
+        """
+        ident = task_id or (delivery.token or b"").decode() or f"unknown-{time.time_ns()}"
+        payload = delivery.payload
+        if len(payload) > self.max_message_size:
+            error = f"{error}; only the first {DEAD_MESSAGE_SAMPLE} bytes are kept"
+            payload = payload[:DEAD_MESSAGE_SAMPLE]
+        error = clip_text(error)
+        dead = DeadLetterFields(payload, reason, error, task, delivery.queue, time.time())
+        record = None
+        if task_id is not None:
+            record = records.rejected(
+                task_id, task, delivery.queue, delivery.deliveries, reason, error, self.worker_id
+            )
+        return Completion(
+            delivery.queue, delivery.token, ident, record, self.result_ttl, dead_letter=dead
+        )
+
+    def progress(self, job: Job, state: str = "running") -> Completion:
+        """Completion that only writes the ``running`` record (``state`` must be
+        ``"running"``, the one non-final state a worker writes); nothing is acked, but it
+        is fenced by the delivery (not written once its lease is lost).
+
+        Raises:
+            ValueError: ``state`` is not ``"running"``.
+        """
+        if state != "running":
+            raise ValueError(f"a worker writes no {state!r} record before the run ends")
+        d = job.delivery
+        record = job.running(self.worker_id)
+        return Completion(d.queue, None, job.envelope.id, record, self.running_ttl, fence=d.token)
+
+    def cancelled(self, job: Job) -> Completion:
+        """Completion acking a cancelled task with a ``cancelled`` record (with its start
+        time when its run had started)."""
+        d = job.delivery
+        return Completion(
+            d.queue, d.token, job.envelope.id, job.cancelled(self.worker_id), self.result_ttl
+        )
+
+    @staticmethod
+    def requeue(job: Job) -> Completion:
+        """Completion putting an unfinished delivery back at the head of its queue."""
+        d = job.delivery
+        return Completion(d.queue, d.token, job.envelope.id, requeue=d.payload)
+
+
+def outcome_of(
+    job: Job, completion: Completion | None, error: BaseException | None, cancelled: bool
+) -> Outcome | None:
+    """What ``completion`` means for ``job``; ``None`` for nothing to report (a reschedule
+    that did not start the task).
+
+    Args:
+        job: the run.
+        completion: what is written for it (``None``: nothing to write, a success).
+        error: the run's exception, or ``None``.
+        cancelled: the completion records a cancellation.
+    """
+    if completion is None:
+        return Outcome("succeeded" if error is None else "failed", error)
+    if completion.requeue is not None:
+        return Outcome("requeued")
+    if completion.reschedule is not None:
+        if error is None and not job.timed_out:
+            return None
+        error_type = message = None
+        if completion.record is not None and error is not None:
+            error_type, message = describe_error(cause_of(error))
+        return Outcome("retried", error, error_type, message, max(0.0, completion.delay))
+    if cancelled:
+        return Outcome("cancelled", None, records.CANCELLED_TYPE, records.CANCELLED_MESSAGE)
+    failed = error if error is not None else job.encode_error
+    if completion.dead_letter is None and failed is None:
+        return Outcome("succeeded")
+    kind: OutcomeKind = "dead_lettered" if completion.dead_letter is not None else "failed"
+    error_type = message = None
+    if completion.record is not None and failed is not None:
+        error_type, message = describe_error(cause_of(failed))
+    return Outcome(kind, failed, error_type, message)
+
+
+def outcome_kind(
+    job: Job, completion: Completion | None, error: BaseException | None, cancelled: bool
+) -> OutcomeKind | None:
+    """``outcome_of(...).kind`` (``None`` likewise), without building the
+    :class:`~blitzq.extensions.middleware.Outcome` for the common success (the metrics' path)."""
+    plain = completion is None or (
+        completion.requeue is None
+        and completion.reschedule is None
+        and completion.dead_letter is None
+    )
+    if plain and error is None and not cancelled and job.encode_error is None:
+        return "succeeded"
+    outcome = outcome_of(job, completion, error, cancelled)
+    return outcome.kind if outcome is not None else None
+
+
+def workflow_id_of(job: Job) -> str | None:
+    """The id of the workflow ``job`` is a step of, or ``None`` outside workflows."""
+    flow = job.envelope.flow
+    if isinstance(flow, dict):
+        workflow = flow.get("w")
+        if workflow:
+            return str(workflow)
+    return None
+
+
+class Ending:
+    """The end of every delivery of one worker (module docstring: the steps, in order).
+
+    Made once per runner; its attributes are the runner's (the runner keeps them in step
+    when a test harness replaces the flusher, the observer or the base context).
+
+    Args:
+        completions: builds the completions.
+        flusher: where completions go.
+        progress: the worker's progress writer.
+        extensions: the queue's middleware and signal handlers.
+        lifecycle: the task lifecycle records (``succeeded``).
+        worker_id: the worker's id (log fields, after-hooks).
+        track_state: whether runs write ``running``/``retrying`` records.
+        failure_log_level: level of the record of a task that failed for good.
+        retry_log_level: level of the record of a failed attempt that is retried.
+        base_context: the context after-hooks copy when the run has none of its own.
+        timeout_error: the error a timed-out run is recorded with
+            (:meth:`.timeouts.Timeouts.error`).
+
+    Attributes:
+        processed: runs that succeeded.
+        failed: runs that failed, and messages that could not run.
+        observer: the run observer (metrics, the eager mode's keeper), or ``None``.
+    """
+
+    def __init__(
+        self,
+        completions: Completions,
+        flusher: Flusher,
+        progress: ProgressReporter,
+        extensions: Extensions,
+        lifecycle: Lifecycle,
+        worker_id: str,
+        track_state: bool,
+        failure_log_level: int,
+        retry_log_level: int,
+        base_context: contextvars.Context,
+        timeout_error: Callable[[Job], BaseException],
+    ) -> None:
+        self.completions = completions
+        self.flusher = flusher
+        self.progress = progress
+        self.extensions = extensions
+        self.lifecycle = lifecycle
+        self.worker_id = worker_id
+        self.track_state = track_state
+        self.failure_log_level = failure_log_level
+        self.retry_log_level = retry_log_level
+        self.base_context = base_context
+        self.observer: RunTally | None = None
+        self.timeout_error = timeout_error
+        self.processed = 0
+        self.failed = 0
+
+    def ended(self, job: Job, handle: asyncio.Future[Any]) -> None:
+        """The run's call ended (its slot already freed): commit what it came to, unless a
+        completion was already committed for it (a hard timeout, a cancel, a shutdown).
+
+        Args:
+            job: the run.
+            handle: its finished task or future.
+        """
+        if job.finished:
+            if not handle.cancelled():
+                handle.exception()  # retrieved, so asyncio does not log it as never retrieved
+            return
+        job.finished = True
+        if job.timed_out and handle.cancelled():
+            self.timed_out(job)
+        elif job.context is not None and job.context.cancelled:
+            if not handle.cancelled():
+                handle.exception()  # retrieved: a killed process pool's error is expected here
+            self.commit(job, self.completions.cancelled(job), cancelled=True)
+        elif handle.cancelled():
+            # Not cancelled by the worker (that marks the job first): the task cancelled
+            # itself, which counts as a failure rather than a silent requeue loop.
+            self.finish(job, None, asyncio.CancelledError("the task was cancelled"))
+        else:
+            error = handle.exception()
+            if error is None:
+                self.finish(job, handle.result(), None)
+            else:
+                self.finish(job, None, unwrap(error))
+
+    def finish(
+        self, job: Job, result: Any, error: BaseException | None, retry: bool = True
+    ) -> None:
+        """Commit the outcome of a run that returned ``result`` or raised ``error``.
+
+        ``retry=False`` fails it at once whatever the retry policy says (a bad call).
+        """
+        completions, track_state = self.completions, self.track_state
+        if error is None:
+            try:
+                completion = completions.success(job, result, track_state)
+            except Exception as exc:  # the encoder failed in an unexpected way (a bug)
+                error, retry = exc, False
+            else:
+                typed = job.task.arguments
+                if typed is not None and typed.returns is not None:
+                    result = typed.encode_result(result)  # finishers (workflows) pass it on
+                job.result = result
+                self.processed += 1
+                if self.lifecycle.on:
+                    env = job.envelope
+                    self.lifecycle.event("succeeded", env, job.delivery.queue, job.attempt)
+        if error is not None:
+            try:
+                completion = completions.failure(job, error, retry, track_state)
+            except Exception:  # a retry policy or encoder that raises: fail without retry
+                logger.exception("could not build the retry of task %s", job.envelope.id)
+                completion = completions.failure(job, error, False, track_state)
+            self.failed += 1
+        self.commit(job, completion, error)
+
+    def timed_out(self, job: Job) -> None:
+        """Commit the failure of a run that passed its timeout (soft or hard: the error is
+        :meth:`.timeouts.Timeouts.error`'s)."""
+        error = self.timeout_error(job)
+        self.failed += 1
+        self.commit(job, self.completions.failure(job, error), error)
+
+    def commit(
+        self,
+        job: Job,
+        completion: Completion | None,
+        error: BaseException | None = None,
+        cancelled: bool = False,
+    ) -> None:
+        """Hand a job's completion to the flusher, through the task's finishers if any, and its
+        outcome to the observer, the middleware and signals (module docstring, steps 2-7).
+
+        ``completion`` may be ``None`` (nothing to write: a fast-mode success without a
+        record); finishers then get a bare one to add their operations to. ``cancelled``: the
+        completion records a cancellation.
+        """
+        if job.task.finishers:
+            completion = self._through_finishers(job, completion, error)
+        failed = error if error is not None else job.encode_error
+        if failed is not None and not cancelled:
+            self.log_failure(job, completion, failed)
+        if self.progress.active:  # the run's last progress update goes with its completion
+            completion = self.progress.finish(job, completion)
+        if self.observer is not None:  # metrics: counts the outcome the middleware get
+            self.observer.committed(job, completion, error, cancelled)
+        extensions = self.extensions
+        if extensions.enabled:
+            outcome = outcome_of(job, completion, error, cancelled)
+            if outcome is not None:
+                # After-hooks see the run's context as the task left it (a copy: a thread task
+                # abandoned after its timeout may still be inside it).
+                scope = job.scope if job.scope is not None else self.base_context
+                extensions.committed(job, outcome, scope.copy(), self.worker_id)
+        if completion is not None:
+            self.flusher.add(completion)
+
+    def _through_finishers(
+        self, job: Job, completion: Completion | None, error: BaseException | None
+    ) -> Completion | None:
+        """``completion`` as the task's finishers leave it (``None`` stays ``None`` when
+        they add nothing)."""
+        d = job.delivery
+        bare = None
+        if completion is None:
+            completion = bare = Completion(d.queue, d.token, job.envelope.id)
+        final = completion.reschedule is None and completion.requeue is None
+        for finisher in job.task.finishers:
+            completion = finisher(job, completion, final, error)
+        if completion is bare and not bare.ops and bare.record is None and d.token is None:
+            return None  # the finishers added nothing: still nothing to write
+        return completion
+
+    def handed_back(self, job: Job) -> None:
+        """Put ``job``'s delivery, whose start checks ran but which never started, back on
+        its queue untouched: through the task's finishers (a lock place or unique key taken
+        by a check is given back), with no outcome (it did not run)."""
+        completion = self._through_finishers(job, self.completions.requeue(job), None)
+        if completion is not None:
+            self.flusher.add(completion)
+
+    def unstarted(self, queue: str, task: str, completion: Completion, kind: str = "") -> None:
+        """A delivery that ends before it runs (a start check's answer, an expired or
+        rejected message): counted by the observer under ``kind`` when given (once the
+        broker applied it), then handed to the flusher."""
+        if kind and self.observer is not None:
+            self.observer.ended(queue, task, kind, completion)
+        self.flusher.add(completion)
+
+    def rejected(
+        self, d: Delivery, reason: str, error: str, task_id: str | None = None, task: str = ""
+    ) -> None:
+        """Dead-letter a message that cannot run (malformed, unknown task, too large), logged
+        at the worker's ``failure_log_level`` with its fields (``queue``, ``reason``,
+        ``error``, ``task_id`` and ``task`` when known). The caller frees its slot."""
+        fields = {"queue": d.queue, "worker_id": self.worker_id, "outcome": "rejected"}
+        if task_id is not None:
+            fields["task_id"] = task_id
+        if task:
+            fields["task"] = task
+        fields.update(reason=reason, error=error)
+        logger.log(
+            self.failure_log_level,
+            "dead-lettering message from %s: %s (%s)",
+            d.queue,
+            reason,
+            error,
+            extra=fields,
+        )
+        completion = self.completions.rejected(d, reason, error, task_id, task)
+        self.unstarted(d.queue, task, completion, "rejected")
+        self.failed += 1
+
+    def log_failure(self, job: Job, completion: Completion | None, error: BaseException) -> None:
+        """Log a failed attempt of ``job`` on :data:`OUTCOME_LOGGER`.
+
+        A retry (``completion`` reschedules the task) is one line at the worker's
+        ``retry_log_level`` (WARNING by default); a final failure (failed, dead-lettered,
+        timed out on its last attempt) is at its ``failure_log_level`` (ERROR by default),
+        with the traceback of the error (``exc_info``). Either record carries the fields
+        ``task_id``, ``task``, ``queue`` (physical), ``worker_id``, ``attempt``, ``outcome``
+        (``retried``, ``failed`` or ``dead_lettered``), ``error_type``, ``error`` (the
+        message, as stored in the record), ``workflow_id`` for a workflow step, and ``delay``
+        (seconds) for a retry. A run put back on its queue (``completion.requeue``) is not a
+        failure and logs nothing.
+
+        Args:
+            job: the run that failed.
+            completion: what is written for it.
+            error: the run's exception (a :class:`~blitzq.Retry` is logged as its cause).
+        """
+        if completion is not None and completion.requeue is not None:
+            return
+        retried = completion is not None and completion.reschedule is not None
+        level = self.retry_log_level if retried else self.failure_log_level
+        if not outcome_logger.isEnabledFor(level):
+            return
+        env = job.envelope
+        cause = cause_of(error)
+        error_type, message = describe_error(cause)
+        if retried:
+            kind = "retried"
+        elif completion is not None and completion.dead_letter is not None:
+            kind = "dead_lettered"
+        else:
+            kind = "failed"
+        fields: dict[str, Any] = {
+            "task_id": env.id,
+            "task": env.task,
+            "queue": job.delivery.queue,
+            "worker_id": self.worker_id,
+            "attempt": job.attempt,
+            "outcome": kind,
+            "error_type": error_type,
+            "error": message,
+        }
+        workflow = workflow_id_of(job)
+        if workflow is not None:
+            fields["workflow_id"] = workflow
+        if retried:
+            assert completion is not None
+            fields["delay"] = round(max(0.0, completion.delay), 3)
+            outcome_logger.log(
+                level,
+                "task %s %s attempt %d failed, retry in %.3g s: %s: %s",
+                env.task,
+                env.id,
+                job.attempt,
+                fields["delay"],
+                error_type,
+                message,
+                extra=fields,
+            )
+            return
+        ending = "dead-lettered" if kind == "dead_lettered" else "failed for good"
+        outcome_logger.log(
+            level,
+            "task %s %s %s on attempt %d: %s: %s",
+            env.task,
+            env.id,
+            ending,
+            job.attempt,
+            error_type,
+            message,
+            exc_info=(type(cause), cause, cause.__traceback__),
+            extra=fields,
+        )
+
+
+__all__ = [
+    "OUTCOME_LOGGER",
+    "Completions",
+    "Ending",
+    "outcome_kind",
+    "outcome_of",
+    "workflow_id_of",
+]
