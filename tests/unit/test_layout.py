@@ -317,11 +317,20 @@ def _cycles() -> list[str]:
 
 
 def _contract_names() -> set[str]:
+    # A method of the facade, or a callable attribute set at composition (``complete``: the
+    # pairing's, typed ``CompleteFn``, see broker/pairing.py).
     return {
         name
         for cls in Broker.__mro__
         if cls.__module__.startswith("blitzq.broker")
-        for name in vars(cls)
+        for name in (
+            *vars(cls),
+            *(
+                name
+                for name, kind in vars(cls).get("__annotations__", {}).items()
+                if "Callable" in str(kind) or str(kind).endswith("Fn")
+            ),
+        )
         if not name.startswith("_")
     }
 

@@ -6,20 +6,23 @@ atomic completion) and delegates each method to the one that owns it, explicitly
 here is the seam's method of the same name and signature.
 
 The hot paths are not wrapped: ``publish``, ``fetch`` and ``fetch_first`` are the transport's
-own bound methods, and ``complete`` is the state store's -- set on the instance when it is made
+own bound methods, and ``complete`` is the pairing's (the state store's own for a fused pair)
+-- set on the instance when it is made
 -- so a call costs what the backend's method costs, with no frame in between.
 
-Pairing. When the state store acknowledges the transport's deliveries in the same atomic step
-as its writes (:meth:`StateStore.acks`: the Redis state store with a Redis transport on the
-same connection, where ``complete.lua`` XACKs the stream entry with the record write and
-fences on its lease), ``complete`` is the store's. Otherwise (a RabbitMQ transport with the
+Pairing (:mod:`blitzq.broker.pairing`, chosen once at composition). When the state store
+acknowledges the transport's deliveries in the same atomic step as its writes
+(:meth:`StateStore.acks`: the Redis state store with a Redis transport on the same
+connection, where ``complete.lua`` XACKs the stream entry with the record write and fences on
+its lease), ``complete`` is the store's (``Fused``). Otherwise (a RabbitMQ transport with the
 Redis state store) ``complete`` applies the completions in the store, then acks the
-deliveries whose completion was applied on the transport: at-least-once, see
-:meth:`StateStore.complete` for what ``token`` and fencing mean then. Such a store is also
-switched to its outbox (:meth:`StateStore.use_outbox`) and :attr:`Broker.relay` publishes
-what it writes into queues on the transport (:mod:`blitzq.broker.outbox`): right after the
-facade's own ``promote_due``, ``claim_periodic``, ``replay_dead_letter`` and ``complete``,
-and in every worker's relay loop.
+deliveries whose completion was applied on the transport (``CommitThenAck``):
+at-least-once, see :meth:`StateStore.complete` for what ``token`` and fencing mean then.
+Such a store is also switched to its outbox (:meth:`StateStore.use_outbox`) and
+:attr:`Broker.relay` publishes what it writes into queues on the transport
+(:mod:`blitzq.broker.outbox`): right after the facade's own ``promote_due``,
+``claim_periodic``, ``replay_dead_letter`` and ``complete``, and in every worker's relay
+loop.
 
 Every pairing passes the contract suite (``tests/contract/``) unchanged; docs/architecture.md
 ("Adding a broker") says which half a new backend implements.
@@ -27,14 +30,13 @@ Every pairing passes the contract suite (``tests/contract/``) unchanged; docs/ar
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
-from dataclasses import replace
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 
 from .liveness import LivenessFacade
 from .operations import OperationsFacade
-from .ops import ChordMember, Publish, WorkflowStep
 from .outbox import Relay
-from .state import Completion, DeadLetterFields, Scheduled, StateStore
+from .pairing import CompleteFn, Pairing, pairing_for
+from .state import DeadLetterFields, Scheduled, StateStore
 from .transport import Delivery, Guarantee, Transport
 
 
@@ -44,6 +46,9 @@ class Broker(OperationsFacade, LivenessFacade):
     Args:
         transport: delivers the messages (publish, fetch, ack, leases).
         state: keeps everything else and applies completions atomically.
+        pairing: how a completion's writes and its ack are joined
+            (:mod:`blitzq.broker.pairing`); ``None``: chosen by
+            :func:`~blitzq.broker.pairing.pairing_for`.
 
     Attributes:
         transport: the transport given.
@@ -51,11 +56,22 @@ class Broker(OperationsFacade, LivenessFacade):
         guarantee: the transport's :class:`Guarantee` (an instance attribute: a deployment
             may weaken it, as ``memory://`` does to ``EPHEMERAL``).
         supports_recovery: whether abandoned deliveries can be recovered (leases).
-        relay: the :class:`~blitzq.broker.outbox.Relay` from the store's outbox to the
-            transport (a store that does not ack its deliveries); ``None`` for a fused pair.
+        pairing: the :class:`~blitzq.broker.pairing.Pairing` chosen.
+        relay: the pairing's :class:`~blitzq.broker.outbox.Relay` from the store's outbox to
+            the transport (a store that does not ack its deliveries); ``None`` for a fused
+            pair.
     """
 
-    def __init__(self, transport: Transport, state: StateStore) -> None:
+    complete: CompleteFn
+    """Apply a batch of completions and ack their deliveries; return the stale ones (not
+    applied). The pairing's (:attr:`pairing`): the store's own ``complete`` when it acks the
+    transport's deliveries (:meth:`StateStore.acks`), else commit in the store, then ack on
+    the transport (:class:`~blitzq.broker.pairing.CommitThenAck`). See
+    :meth:`StateStore.complete` for fencing and what ``token`` means."""
+
+    def __init__(
+        self, transport: Transport, state: StateStore, pairing: Pairing | None = None
+    ) -> None:
         self.transport = transport
         self.state = state
         self.guarantee: Guarantee = transport.guarantee
@@ -65,13 +81,9 @@ class Broker(OperationsFacade, LivenessFacade):
         self.fetch = transport.fetch  # type: ignore[method-assign]
         self.fetch_first = transport.fetch_first  # type: ignore[method-assign]
         self.result_token: Callable[[], object | None] = state.result_token  # see StateStore
-        self.relay: Relay | None = None
-        if state.acks(transport):
-            self.complete = state.complete  # type: ignore[method-assign]
-        else:
-            outbox = state.use_outbox()
-            if outbox is not None:
-                self.relay = Relay(outbox, transport)
+        self.pairing = pairing_for(transport, state) if pairing is None else pairing
+        self.complete = self.pairing.complete
+        self.relay: Relay | None = self.pairing.relay
 
     # ============================================================ transport
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
@@ -126,65 +138,6 @@ class Broker(OperationsFacade, LivenessFacade):
         if self.relay is not None:
             purged += await self.relay.outbox.purge(queue)
         return purged
-
-    # ============================================================ completion
-    async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
-        """See :meth:`StateStore.complete`; the store's own method when it acks this
-        transport's deliveries (:meth:`StateStore.acks`).
-
-        Otherwise: a completion that only requeues its delivery (a worker handing back a
-        message it did not start) is given to :meth:`Transport.nack` when the transport
-        :attr:`~Transport.hands_back`; the store applies the rest, then the deliveries of the
-        completions it applied are acked on the transport (per queue, in one call each). A
-        crash between the two leaves the deliveries unacked: the transport delivers them again
-        and the store's writes are applied again (at-least-once).
-        """
-        if self.transport.hands_back:
-            completions = await self._hand_back(completions)
-        # The tokens are the transport's, not the store's: the store sees none, so it never
-        # acks or fences on them (a Redis store on a streams connection would otherwise read
-        # a foreign delivery tag as a lost stream lease and drop the whole completion).
-        stripped = [
-            c if c.token is None and c.fence is None else replace(c, token=None, fence=None)
-            for c in completions
-        ]
-        stale = await self.state.complete(stripped)
-        dropped = {id(c) for c in stale}
-        tokens: dict[str, list[bytes]] = {}
-        refused: list[Completion] = []
-        for c, sent in zip(completions, stripped, strict=True):
-            if id(sent) in dropped:
-                refused.append(c)
-            elif c.token is not None:
-                tokens.setdefault(c.queue, []).append(c.token)
-        for queue, acked in tokens.items():
-            await self.transport.ack(queue, acked)
-        if self.relay is not None:
-            pushed = _pushed_queues(c for c in completions if id(c) not in dropped)
-            if pushed:
-                await self.relay.pushed(pushed)
-        return refused
-
-    async def _hand_back(self, completions: Sequence[Completion]) -> Sequence[Completion]:
-        """Give the transport back the deliveries whose completion only requeues them (a
-        worker handing back what it did not start) with :meth:`Transport.nack` (called for a
-        transport that :attr:`~Transport.hands_back`); return the other completions."""
-        plain = [
-            c
-            for c in completions
-            if c.requeue is not None and c.token is not None and c.record is None
-            and c.reschedule is None and c.dead_letter is None and not c.ops
-        ]  # fmt: skip
-        if not plain:
-            return completions
-        tokens: dict[str, list[bytes]] = {}
-        for c in plain:
-            if c.token is not None:
-                tokens.setdefault(c.queue, []).append(c.token)
-        for queue, handed in tokens.items():
-            await self.transport.nack(queue, handed)
-        done = {id(c) for c in plain}
-        return [c for c in completions if id(c) not in done]
 
     # ====================================================== rate, unique, lock
     async def acquire_rate(self, buckets: Sequence[tuple[str, float, float]]) -> tuple[bool, float]:
@@ -398,16 +351,3 @@ class Broker(OperationsFacade, LivenessFacade):
             await self.transport.close()
         finally:
             await self.state.close()
-
-
-def _pushed_queues(completions: Iterable[Completion]) -> set[str]:
-    """Queues the completions write messages into: a requeue, a ``Publish``, a
-    ``WorkflowStep`` or a chord's callback (its ``queue``)."""
-    queues: set[str] = set()
-    for c in completions:
-        if c.requeue is not None:
-            queues.add(c.queue)
-        for op in c.ops:
-            if isinstance(op, Publish | WorkflowStep) or (isinstance(op, ChordMember) and op.queue):
-                queues.add(op.queue)
-    return queues

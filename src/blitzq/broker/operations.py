@@ -1,113 +1,61 @@
-"""The operations plane of the seams: state kept for the operator tools, not for tasks.
+"""The facade's delegation of the operations role: state kept for the operator tools.
 
 Run-time periodic entries (``blitzq schedule add``), the autoscale setpoint and the
 supervisors' published status (``blitzq control``), and what the server tells about itself
-(``blitzq check``). :class:`OperationsState` is part of every
-:class:`~blitzq.broker.state.StateStore` (with defaults for a backend that keeps none of
-it); :class:`OperationsFacade` is the :class:`~blitzq.broker.Broker`'s delegation of the
-same methods to its state store.
+(``blitzq check``): the role :class:`~.state.OperationsState` of the state seam;
+:class:`OperationsFacade` is the :class:`~blitzq.broker.Broker`'s delegation of its methods
+to the state store.
 """
 
 from __future__ import annotations
 
-import abc
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .state import StateStore
 
 
-class OperationsState(abc.ABC):  # noqa: B024 - every method has a default
-    """Operator state of a state store (module docstring)."""
-
-    async def runtime_periodic(self) -> dict[str, bytes]:
-        """Periodic entries defined at run time (``blitzq schedule add``): name to its
-        definition (opaque bytes)."""
-        return {}
-
-    async def set_runtime_periodic(self, name: str, definition: bytes) -> None:
-        """Store (or replace) the run-time periodic entry ``name``."""
-        raise NotImplementedError(f"{type(self).__name__} does not store periodic entries")
-
-    async def remove_runtime_periodic(self, name: str) -> bool:
-        """Delete the run-time periodic entry ``name`` and its last-run record; ``True``
-        when it existed."""
-        raise NotImplementedError(f"{type(self).__name__} does not store periodic entries")
-
-    # ------------------------------------------------- supervisors (autoscale)
-    async def set_scale(self, minimum: int, maximum: int) -> None:
-        """Store the namespace's autoscale setpoint (``minimum`` <= ``maximum`` processes per
-        supervisor; the caller checks the range)."""
-        raise NotImplementedError(f"{type(self).__name__} does not keep an autoscale setpoint")
-
-    async def clear_scale(self) -> bool:
-        """Remove the autoscale setpoint; return whether there was one."""
-        raise NotImplementedError(f"{type(self).__name__} does not keep an autoscale setpoint")
-
-    async def scale(self) -> tuple[int, int, float] | None:
-        """The autoscale setpoint ``(min, max, set at in Unix seconds)``, or ``None``."""
-        return None
-
-    async def publish_supervisor(self, supervisor_id: str, status: bytes, ttl: float) -> None:
-        """Record a supervisor's status for ``ttl`` seconds (refreshed every sample)."""
-        return
-
-    async def unpublish_supervisor(self, supervisor_id: str) -> None:
-        """Remove a supervisor's status."""
-        return
-
-    async def supervisors(self) -> dict[str, bytes]:
-        """Live supervisors: id to the status they published."""
-        return {}
-
-    async def server_info(self) -> dict[str, str]:
-        """What the server says about itself for ``blitzq check`` (read-only): ``server``,
-        ``version``, ``aof_enabled``, ``save`` (RDB snapshot rules), ``rdb_last_bgsave_status``,
-        ``role``; keys the backend does not know are absent."""
-        return {}
-
-
 class OperationsFacade:
-    """The Broker's delegation of :class:`OperationsState` to its state store."""
+    """The Broker's delegation of :class:`~.state.OperationsState` to its state store."""
 
     state: StateStore
 
     async def runtime_periodic(self) -> dict[str, bytes]:
-        """See :meth:`OperationsState.runtime_periodic`."""
+        """See :meth:`~.state.OperationsState.runtime_periodic`."""
         return await self.state.runtime_periodic()
 
     async def set_runtime_periodic(self, name: str, definition: bytes) -> None:
-        """See :meth:`OperationsState.set_runtime_periodic`."""
+        """See :meth:`~.state.OperationsState.set_runtime_periodic`."""
         await self.state.set_runtime_periodic(name, definition)
 
     async def remove_runtime_periodic(self, name: str) -> bool:
-        """See :meth:`OperationsState.remove_runtime_periodic`."""
+        """See :meth:`~.state.OperationsState.remove_runtime_periodic`."""
         return await self.state.remove_runtime_periodic(name)
 
     async def set_scale(self, minimum: int, maximum: int) -> None:
-        """See :meth:`OperationsState.set_scale`."""
+        """See :meth:`~.state.OperationsState.set_scale`."""
         await self.state.set_scale(minimum, maximum)
 
     async def clear_scale(self) -> bool:
-        """See :meth:`OperationsState.clear_scale`."""
+        """See :meth:`~.state.OperationsState.clear_scale`."""
         return await self.state.clear_scale()
 
     async def scale(self) -> tuple[int, int, float] | None:
-        """See :meth:`OperationsState.scale`."""
+        """See :meth:`~.state.OperationsState.scale`."""
         return await self.state.scale()
 
     async def publish_supervisor(self, supervisor_id: str, status: bytes, ttl: float) -> None:
-        """See :meth:`OperationsState.publish_supervisor`."""
+        """See :meth:`~.state.OperationsState.publish_supervisor`."""
         await self.state.publish_supervisor(supervisor_id, status, ttl)
 
     async def unpublish_supervisor(self, supervisor_id: str) -> None:
-        """See :meth:`OperationsState.unpublish_supervisor`."""
+        """See :meth:`~.state.OperationsState.unpublish_supervisor`."""
         await self.state.unpublish_supervisor(supervisor_id)
 
     async def supervisors(self) -> dict[str, bytes]:
-        """See :meth:`OperationsState.supervisors`."""
+        """See :meth:`~.state.OperationsState.supervisors`."""
         return await self.state.supervisors()
 
     async def server_info(self) -> dict[str, str]:
-        """See :meth:`OperationsState.server_info`."""
+        """See :meth:`~.state.OperationsState.server_info`."""
         return await self.state.server_info()

@@ -1,10 +1,11 @@
 """The connection a Redis transport and the Redis state store share (client, keys, scripts).
 
 :class:`RedisConnection` is made once per broker and handed to both halves: the transport
-(``streams.py`` or ``lists.py``) and the state store (``store.py``, in parts ``state.py``,
-``records.py``, ``dead_letters.py``, ``inspection.py``, ``control.py``). Each half derives
-from :class:`RedisPart`, which reads the connection's client, key table, scripts and listener
-as its own attributes. Every Redis command blitzq sends lives under this package.
+(``streams.py`` or ``lists.py``) and the state store (``store.py``, composed of role objects:
+``records.py``, ``schedule.py``, ``dead_letters.py``, ``control.py``, ``registry.py``,
+``operator_state.py``). The transport and each role object derive from :class:`RedisPart`,
+which reads the connection's client, key table, scripts and listener as its own attributes.
+Every Redis command blitzq sends lives under this package.
 """
 
 from __future__ import annotations
@@ -150,21 +151,24 @@ class RedisConnection:
 
 
 class RedisPart:
-    """Base of the halves of a Redis broker: a transport or (a part of) the state store on a
-    shared :class:`RedisConnection`, whose client, keys, scripts and listener it reads as
-    its own attributes.
+    """Base of the parts of a Redis broker: a transport, or one role object of the state
+    store (``store.py``), on a shared :class:`RedisConnection` whose client, keys, scripts
+    and listener it reads as its own attributes.
 
     Args:
-        conn: the connection shared with the other half.
+        conn: the connection shared with the other parts.
+        kind: where this part's scripts write messages into queues: ``"s"`` (streams),
+            ``"l"`` (lists) or ``"o"`` (the queue's outbox, a state store in outbox mode);
+            ``None`` (the default): the connection's kind.
     """
 
-    def __init__(self, conn: RedisConnection) -> None:
+    def __init__(self, conn: RedisConnection, kind: str | None = None) -> None:
         self.conn = conn
         self.url = conn.url
         self.keys = conn.keys
         self.client: Any = conn.client
         self.scripts = conn.scripts
-        self.kind = conn.kind
+        self.kind = conn.kind if kind is None else kind
         self._results = conn._results
 
     @property

@@ -1,5 +1,7 @@
-"""Redis side of unique tasks and locks (mixed into :class:`~.store.RedisStateStore`).
+"""The Redis state store's control role: rate limits, unique tasks, locks, cancellation.
 
+- Rate limits are token buckets ``{ns}:rl:<key>`` taken on the server's clock
+  (``lua/rate_acquire.lua``).
 - Unique keys ``{ns}:u:<task>:<key>`` hold the id of the task that claimed them, with a TTL.
   :meth:`RedisControl.claim_unique` claims a batch in one script run per 1000 keys; the
   completion effect :class:`~blitzq.broker.ops.UniqueRelease` (``lua/complete.lua``) deletes
@@ -7,29 +9,48 @@
 - Locks ``{ns}:lk:<key>`` are sorted sets of holder -> lease expiry (server time).
   :meth:`RedisControl.acquire_lock` takes a place, :meth:`RedisControl.renew_locks` renews
   leases, and the completion effect :class:`~blitzq.broker.ops.LockRelease` removes a holder.
+- Cancellation: ``lua/cancel.lua`` takes a task off the schedule or marks it revoked
+  (``{ns}:revoked``, id -> mark expiry) and announces it on the event channel, which
+  :meth:`RedisControl.events` follows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from ...limits import CHUNK_ITEMS
-from .client import translate_errors
-from .keys import Keys
-from .scripts import Scripts
+from ..state import ControlState
+from .client import REDIS_ERRORS, broker_error, subscriber, translate_errors
+from .cluster import ready
+from .connection import RedisPart
+
+__all__ = ["RedisControl"]
+
+#: Prefix of a message on the event channel -> the kind ``events()`` yields.
+_EVENT_KINDS = {
+    "r": "revoke",
+    "s": "schedule",
+    "h": "handed",
+    "p": "pause",
+    "u": "resume",
+    "x": "shutdown",
+}
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class RedisControl:
-    """Unique-key and lock operations of the Redis brokers (a mixin; needs ``keys``,
-    ``scripts``)."""
+class RedisControl(RedisPart, ControlState):
+    """Rate limits, unique keys, locks, cancel marks and the event channel (the ``control``
+    role of :class:`~.store.RedisStateStore`).
 
-    keys: Keys
-    scripts: Scripts
+    Args:
+        conn: the store's connection.
+    """
 
     @translate_errors
     async def claim_unique(self, items: Sequence[tuple[str, str, float]]) -> list[str | None]:
@@ -75,3 +96,71 @@ class RedisControl:
         for _, holder, lease in items:
             args += (holder, repr(float(lease)))
         return int(await self.scripts.call("lock_renew", keys=keys, args=args))
+
+    @translate_errors
+    async def acquire_rate(self, buckets: Sequence[tuple[str, float, float]]) -> tuple[bool, float]:
+        """Reserve a token from each bucket in one script run on server time."""
+        keys = [self.keys.rate_limit(key) for key, _, _ in buckets]
+        args: list[float] = []
+        for _, rate, capacity in buckets:
+            args += (rate, capacity)
+        reserved, wait = await self.scripts.call("rate_acquire", keys=keys, args=args)
+        return reserved in (b"1", "1", 1), float(wait)
+
+    @translate_errors
+    async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
+        """Cancel atomically (one script): off the schedule, or revoked and announced."""
+        keys = self.keys
+        answer = await self.scripts.call(
+            "cancel",
+            keys=[keys.schedule, keys.schedule_data, keys.revoked, keys.record(task_id)],
+            args=[keys.prefix, task_id, repr(time.time()), ttl, record],
+        )
+        return answer.decode() if isinstance(answer, bytes) else str(answer)
+
+    @translate_errors
+    async def revoked(self) -> dict[str, float]:
+        """Revoked ids whose mark has not expired, read :data:`~blitzq.limits.CHUNK_ITEMS` per
+        call (pages by offset), so a mass cancel makes no single long read."""
+        out: dict[str, float] = {}
+        now, offset = time.time(), 0
+        while True:
+            rows = await self.client.zrangebyscore(
+                self.keys.revoked, now, "+inf", start=offset, num=CHUNK_ITEMS, withscores=True
+            )
+            out.update((member.decode(errors="replace"), float(score)) for member, score in rows)
+            if len(rows) < CHUNK_ITEMS:
+                return out
+            offset += len(rows)
+
+    @translate_errors
+    async def cancel_mark(self, task_id: str) -> float | None:
+        """The expiry (Unix seconds) of ``task_id``'s cancel mark (ZSCORE), or ``None`` when
+        it has none or it has expired."""
+        score = await self.client.zscore(self.keys.revoked, task_id)
+        if score is None or float(score) <= time.time():
+            return None
+        return float(score)
+
+    async def events(self) -> AsyncIterator[tuple[str, str]]:
+        """Messages of the namespace's event channel, on a pub/sub connection of their own."""
+        pubsub = subscriber(self.client, ignore_subscribe_messages=True)
+        try:
+            try:
+                await ready(self.client)  # a cluster client: its slot map first
+                await pubsub.subscribe(self.keys.events)
+                while True:
+                    message = await pubsub.get_message(timeout=5.0)
+                    if message is None or message.get("type") != "message":
+                        continue
+                    data = message["data"]
+                    # Anyone may publish here: never fail on a payload (the listener
+                    # checks the values).
+                    text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+                    kind, _, value = text.partition(":")
+                    yield _EVENT_KINDS.get(kind, "unknown"), value
+            except REDIS_ERRORS as exc:
+                raise broker_error(exc) from exc
+        finally:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await pubsub.aclose()

@@ -12,6 +12,7 @@ from redis.exceptions import ResponseError
 
 from ...limits import CHUNK_ITEMS, CHUNK_WRITES
 from .. import DeadLetterFields
+from ..state import DeadLetterState
 from .client import translate_errors
 from .connection import RedisPart
 
@@ -33,10 +34,15 @@ def _unreadable_dead_letter() -> DeadLetterFields:
     )
 
 
-class RedisDeadLetters(RedisPart):
-    """Dead letters (a part of :class:`~.store.RedisStateStore`)."""
+class RedisDeadLetters(RedisPart, DeadLetterState):
+    """Dead letters (the ``dead_letter_box`` role of :class:`~.store.RedisStateStore`).
 
-    # ----------------------------------------------------------- dead letters
+    Args:
+        conn: the store's connection (its dead-letter cap, TTL and byte bound).
+        kind: the store's write kind: a replay in outbox mode (``"o"``) goes to the queue's
+            outbox.
+    """
+
     @staticmethod
     def _dead_letter_fields(raw: dict[bytes, bytes]) -> DeadLetterFields | None:
         if not raw:

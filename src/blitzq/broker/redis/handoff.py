@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from redis.exceptions import ResponseError
@@ -52,6 +52,9 @@ if TYPE_CHECKING:
     from .spread import SpreadStreamsTransport
 
 logger = logging.getLogger("blitzq.broker")
+
+#: The transport's check of held deliveries: ``(queue, tokens)`` -> the tokens still held.
+Held = Callable[[str, Sequence[bytes]], Awaitable[set[bytes]]]
 
 #: Seconds a batch may be published after its first take (5 relay leases of 60 s).
 MAX_AGE = 300
@@ -178,11 +181,32 @@ class HandoffRelay(Relay):
 
 class SpreadStateStore(RedisStateStore):
     """The Redis state store of the spread layout: its outbox hands batches off
-    idempotently (:class:`SpreadOutbox`), and it counts the completions the broker fenced
-    off before they reached it (:meth:`count_stale`)."""
+    idempotently (:class:`SpreadOutbox`), it counts the completions the pairing fenced off
+    before they reached it (:meth:`count_stale`), and it fences progress by the
+    transport's leases (:meth:`set_progress`).
+
+    Args:
+        conn: the store's connection (the namespace's keys).
+        held: the transport's check of the deliveries this consumer still holds
+            (``SpreadStreamsTransport.held``: ``(queue, tokens)`` -> the held tokens, their
+            leases renewed).
+    """
 
     outbox: SpreadOutbox
     """The store's outbox, once :meth:`use_outbox` was called (by the facade)."""
+
+    def __init__(self, conn: RedisConnection, held: Held) -> None:
+        super().__init__(conn)
+        self.held = held
+
+    async def set_progress(
+        self, task_id: str, data: bytes, at: float, ttl: int, fence: tuple[str, bytes] | None = None
+    ) -> bool:
+        """See :meth:`.RedisRecords.set_progress`; with ``fence``, stored only while this
+        consumer holds that delivery (:attr:`held` first, which renews its lease)."""
+        if fence is not None and not await self.held(fence[0], [fence[1]]):
+            return False
+        return await self.records.set_progress(task_id, data, at, ttl)
 
     def use_outbox(self) -> Outbox:
         """See :meth:`RedisStateStore.use_outbox`; the outbox is a :class:`SpreadOutbox`

@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...exceptions import BrokerError
+from ..state import RecordsState
 from .client import REDIS_ERRORS, broker_error, translate_errors
 from .connection import RedisPart
 from .keys import GROUP
@@ -63,8 +64,15 @@ def _release_later(
     subscribing.add_done_callback(done)
 
 
-class RedisRecords(RedisPart):
-    """Task records, workflow state and progress (a part of :class:`~.store.RedisStateStore`)."""
+class RedisRecords(RedisPart, RecordsState):
+    """Task records and the waits on them, workflow state, progress and task liveness (the
+    ``records`` role of :class:`~.store.RedisStateStore`).
+
+    Args:
+        conn: the store's connection.
+        kind: the store's write kind: progress is fenced and a task traced in its stream
+            only with ``"s"`` (a streams transport on this connection).
+    """
 
     # --------------------------------------------------------------- progress
     @translate_errors

@@ -19,15 +19,15 @@ idempotently (``handoff.py``: each batch has a stable id and is published under 
 the queue's slot, so a relay that dies after publishing never doubles it). Two steps of
 the transport that wrote into the namespace's keys are split here:
 
-- **recovery** (:meth:`SpreadRedisBroker.recover`): ``recover_split.lua`` re-adds entries
-  under their delivery budget and returns the ones past it, still pending; the broker
+- **recovery** (:meth:`SpreadStreamsTransport.recover`): ``recover_split.lua`` re-adds entries
+  under their delivery budget and returns the ones past it, still pending; the transport
   dead-letters those through the store (with their ``dead_lettered`` record), then acks
   them. A crash in between leaves them pending: recovered again, dead-lettered again under
   the same task id (idempotent), never lost.
-- **fencing** (:meth:`SpreadRedisBroker.complete`): before the store applies a batch of
-  completions, ``hold.lua`` keeps those whose delivery this consumer still holds and renews
-  their leases (a full visibility timeout to apply and ack them); the others are stale,
-  refused whole and counted in ``stale_completions``, as on one slot.
+- **fencing** (:class:`SpreadPairing`, hold-then-commit-then-ack): before the store
+  applies a batch of completions, ``hold.lua`` keeps those whose delivery this consumer
+  still holds and renews their leases (a full visibility timeout to apply and ack them);
+  the others are stale, refused whole and counted in ``stale_completions``, as on one slot.
 
 Every script works on one slot: a transport script on one queue's tag, a store script on
 ``{ns}``. docs/architecture.md ("Redis Cluster") says why no cross-slot step loses or
@@ -48,6 +48,9 @@ from ...records import deliveries_exceeded
 from ...routing import base_queue
 from ...serialization import envelope_head
 from ..facade import Broker
+from ..outbox import Outbox, Relay
+from ..pairing import CommitThenAck
+from ..state import StateStore
 from ..values import Completion, DeadLetterFields
 from .client import bad_url, make_client, translate_errors
 from .cluster import is_cluster, split_layout
@@ -56,7 +59,13 @@ from .handoff import HandoffRelay, SpreadStateStore
 from .keys import GROUP, Keys
 from .streams import StreamsTransport
 
-__all__ = ["SpreadKeys", "SpreadRedisBroker", "SpreadStreamsTransport", "reliable_broker"]
+__all__ = [
+    "SpreadKeys",
+    "SpreadPairing",
+    "SpreadRedisBroker",
+    "SpreadStreamsTransport",
+    "reliable_broker",
+]
 
 #: Reason and error of a dead letter recovery writes (the same as ``recover.lua``'s).
 MAX_DELIVERIES_REASON = "max deliveries exceeded"
@@ -93,14 +102,20 @@ class SpreadStreamsTransport(StreamsTransport):
     """The streams transport with each queue in its own slot (:class:`SpreadKeys`).
 
     Fetch, publish, heartbeat, nack, ack, stats and purge are the streams transport's; they
-    name only the stream keys of one queue. Recovery and the hand-off are the spread
-    layout's (:meth:`recover_split`, :meth:`publish_once`, :meth:`held`).
+    name only the stream keys of one queue. Recovery (which dead-letters in the store),
+    the fencing check and the hand-off are the spread layout's (:meth:`recover`,
+    :meth:`held`, :meth:`publish_once`).
 
     Args:
         conn: a connection of kind ``"s"`` whose ``keys`` are :class:`SpreadKeys`.
+
+    Attributes:
+        store: the state store that recovery dead-letters in, set once both are made
+            (:func:`spread_parts`).
     """
 
     keys: SpreadKeys
+    store: StateStore
 
     @translate_errors
     async def recover_split(
@@ -122,9 +137,22 @@ class SpreadStreamsTransport(StreamsTransport):
     async def recover(
         self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
     ) -> tuple[int, int]:
-        """Not on this layout: the broker recovers (:meth:`SpreadRedisBroker.recover`), as
-        the entries past their budget are dead-lettered in the store."""
-        raise NotImplementedError("use SpreadRedisBroker.recover (the store dead-letters)")
+        """See :meth:`Transport.recover <blitzq.broker.transport.Transport.recover>`:
+        :meth:`recover_split` re-adds what is under budget; the entries past it are
+        dead-lettered in :attr:`store` with their ``dead_lettered`` record (one ``complete``
+        call), then acked. A crash in between leaves them pending: recovered again,
+        dead-lettered again under the same task id (idempotent), never lost."""
+        requeued, over = await self.recover_split(queue, min_idle, count, max_deliveries)
+        if not over:
+            return requeued, 0
+        now = time.time()
+        dead = [
+            _dead_letter(queue, token, message, deliveries, max_deliveries, now, record_ttl)
+            for token, message, deliveries in over
+        ]
+        await self.store.complete(dead)
+        await self.ack(queue, [token for token, _, _ in over])
+        return requeued, len(over)
 
     @translate_errors
     async def held(self, queue: str, tokens: Sequence[bytes]) -> set[bytes]:
@@ -214,9 +242,9 @@ class SpreadRedisBroker(DeadLetterLimits, Broker):
         self.transport_conn = RedisConnection(url, namespace, client=conn.client, kind="s")
         self.transport_conn.keys = SpreadKeys(namespace)
         transport = SpreadStreamsTransport(self.transport_conn)
-        self.store = SpreadStateStore(conn)
-        super().__init__(transport, self.store)  # a foreign pairing: use_outbox is called
-        self.relay = HandoffRelay(self.store.outbox, transport)
+        self.store = SpreadStateStore(conn, transport.held)
+        transport.store = self.store  # recovery dead-letters in the store
+        super().__init__(transport, self.store, SpreadPairing(transport, self.store))
         self.spread: SpreadStreamsTransport = transport
         self.url = conn.url
         self.keys = conn.keys
@@ -233,62 +261,54 @@ class SpreadRedisBroker(DeadLetterLimits, Broker):
         """Most connections this broker opens (``max_connections``), ``None`` when unknown."""
         return self.conn.pool_size
 
-    async def recover(
-        self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
-    ) -> tuple[int, int]:
-        """See :meth:`Transport.recover <blitzq.broker.transport.Transport.recover>`: the
-        transport re-adds what is under budget; the entries past it are dead-lettered in the
-        store with their ``dead_lettered`` record (one ``complete`` call), then acked."""
-        requeued, over = await self.spread.recover_split(queue, min_idle, count, max_deliveries)
-        if not over:
-            return requeued, 0
-        now = time.time()
-        dead = [
-            _dead_letter(queue, token, message, deliveries, max_deliveries, now, record_ttl)
-            for token, message, deliveries in over
-        ]
-        await self.state.complete(dead)
-        await self.spread.ack(queue, [token for token, _, _ in over])
-        return requeued, len(over)
 
-    async def set_progress(
-        self,
-        task_id: str,
-        data: bytes,
-        at: float,
-        ttl: int,
-        fence: tuple[str, bytes] | None = None,
-    ) -> bool:
-        """See :meth:`StateStore.set_progress <blitzq.broker.state.StateStore.set_progress>`;
-        with ``fence``, stored only while this consumer holds that delivery (``hold.lua``
-        first, which renews its lease)."""
-        if fence is not None and not await self.spread.held(fence[0], [fence[1]]):
-            return False
-        return await self.state.set_progress(task_id, data, at, ttl)
+class SpreadPairing(CommitThenAck):
+    """Hold, then commit, then ack: the pairing of the spread layout.
 
-    async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
-        """Fence, then complete as a foreign pairing does (:meth:`Broker.complete`): the
-        completions whose delivery (``token`` or ``fence``) this consumer no longer holds
-        are refused whole and counted as ``stale_completions``; the rest are applied in
-        the store and acked on the transport."""
+    Before the store applies a batch, the transport keeps the completions whose delivery
+    (``token`` or ``fence``) this consumer still holds and renews their leases
+    (:meth:`SpreadStreamsTransport.held`, ``hold.lua``); the others are stale, refused whole
+    and counted as ``stale_completions``, as on one slot. The rest is
+    :class:`~blitzq.broker.pairing.CommitThenAck`, with the idempotent hand-off relay
+    (:class:`~.handoff.HandoffRelay`).
+
+    Args:
+        transport: the spread layout's streams transport.
+        state: its state store (switched to its outbox here).
+    """
+
+    transport: SpreadStreamsTransport
+    state: SpreadStateStore
+
+    def __init__(self, transport: SpreadStreamsTransport, state: SpreadStateStore) -> None:
+        super().__init__(transport, state)
+        self.complete = self.hold_then_commit
+
+    def make_relay(self, outbox: Outbox) -> Relay:
+        """A :class:`~.handoff.HandoffRelay` from the store's :class:`~.handoff.SpreadOutbox`."""
+        return HandoffRelay(self.state.outbox, self.transport)
+
+    async def hold_then_commit(self, completions: Sequence[Completion]) -> list[Completion]:
+        """Fence, then :meth:`commit_then_ack` the completions this consumer still holds;
+        return the stale ones with those the store refused."""
         asked: dict[str, list[bytes]] = {}
         for c in completions:
             token = c.token if c.token is not None else c.fence
             if token is not None:
                 asked.setdefault(c.queue, []).append(token)
         if not asked:
-            return await super().complete(completions)
+            return await self.commit_then_ack(completions)
         held: set[tuple[str, bytes]] = set()
         for queue, tokens in asked.items():
-            held.update((queue, t) for t in await self.spread.held(queue, tokens))
+            held.update((queue, t) for t in await self.transport.held(queue, tokens))
         fresh: list[Completion] = []
         stale: list[Completion] = []
         for c in completions:
             token = c.token if c.token is not None else c.fence
             (fresh if token is None or (c.queue, token) in held else stale).append(c)
         if stale:
-            await self.store.count_stale(len(stale))
-        refused = await super().complete(fresh) if fresh else []
+            await self.state.count_stale(len(stale))
+        refused = await self.commit_then_ack(fresh) if fresh else []
         return stale + refused
 
 

@@ -1,7 +1,7 @@
-"""The Redis state store's registries and inspection: queues, workers, counters, memory.
+"""The Redis state store's registry role: queues, workers, counters, the memory policy.
 
 What the CLI and monitoring read; nothing here is on a task's path except
-:meth:`RedisInspection.remember_queues`, which a producer calls once per new queue name.
+:meth:`RedisRegistry.remember_queues`, which a producer calls once per new queue name.
 """
 
 from __future__ import annotations
@@ -12,17 +12,23 @@ from collections.abc import Sequence
 
 from redis.exceptions import OutOfMemoryError, ResponseError
 
+from ..state import RegistryState
 from .client import translate_errors
 from .connection import RedisPart
+
+__all__ = ["RedisRegistry"]
 
 logger = logging.getLogger("blitzq.broker")
 
 
-class RedisInspection(RedisPart):
-    """Known queues, live workers, counters, the memory policy (a part of
-    :class:`~.store.RedisStateStore`)."""
+class RedisRegistry(RedisPart, RegistryState):
+    """Known queues, live workers, counters and the memory policy (the
+    ``registry`` role of :class:`~.store.RedisStateStore`).
 
-    # ------------------------------------------------------------- inspection
+    Args:
+        conn: the store's connection.
+    """
+
     @translate_errors
     async def known_queues(self) -> list[str]:
         """Queues recorded by producers and workers."""
@@ -140,26 +146,3 @@ class RedisInspection(RedisPart):
             return None
         policy = policy.decode() if isinstance(policy, bytes) else str(policy)
         return policy, int(info.get("maxmemory", 0) or 0)
-
-    @translate_errors
-    async def server_info(self) -> dict[str, str]:
-        """Server name and version, persistence and role from INFO (read-only), and the RDB
-        ``save`` rules from CONFIG GET when the server allows it (managed services often
-        refuse CONFIG: ``save`` is then absent)."""
-        info = await self.client.info()
-        out: dict[str, str] = {}
-        valkey = info.get("valkey_version")
-        out["server"] = "valkey" if valkey else "redis"
-        out["version"] = str(valkey or info.get("redis_version", ""))
-        for name in ("aof_enabled", "rdb_last_bgsave_status", "role", "maxmemory_policy"):
-            if name in info:
-                value = info[name]
-                out[name] = value.decode() if isinstance(value, bytes) else str(value)
-        try:
-            saved = await self.client.config_get("save")
-        except ResponseError:
-            return out
-        save = saved.get("save", saved.get(b"save"))
-        if save is not None:
-            out["save"] = save.decode() if isinstance(save, bytes) else str(save)
-        return out

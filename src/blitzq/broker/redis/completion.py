@@ -1,0 +1,150 @@
+"""The encoding of a batch of completions for ``lua/complete.lua``.
+
+:func:`encode_batch` turns the :class:`~blitzq.broker.values.Completion` values of a batch
+(and their typed effects, encoded by :func:`~blitzq.broker.ops.encode_op`) into the entries
+that travel as one MessagePack argument; :meth:`~.store.RedisStateStore.complete` sends
+them in one script call. Building a handful of arguments per completion in redis-py cost
+more than the whole server-side work; so does a Python call per record, which the ``"R"``
+entry (a run of plain successes) avoids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from ..ops import encode_op
+from ..values import Completion
+
+__all__ = ["encode_batch", "encode_entries"]
+
+_batch_encoder = msgspec.msgpack.Encoder()
+
+#: The entries of a batch as the one MessagePack argument of ``complete.lua``.
+encode_entries = _batch_encoder.encode
+
+
+def _lua_bytes(data: bytes) -> msgspec.Raw:
+    """``data`` as a MessagePack *str*: the ``cmsgpack`` in Redis/Valkey Lua rejects *bin*.
+
+    Lua strings are byte strings, so the bytes arrive unchanged.
+    """
+    n = len(data)
+    if n < 256:
+        return msgspec.Raw(b"\xd9" + n.to_bytes(1, "big") + data)
+    if n < 65536:
+        return msgspec.Raw(b"\xda" + n.to_bytes(2, "big") + data)
+    return msgspec.Raw(b"\xdb" + n.to_bytes(4, "big") + data)
+
+
+_EMPTY = msgspec.Raw(b"\xa0")
+
+#: The MessagePack *str* header of each length under 256 (``str8``).
+_STR8 = [b"\xd9" + bytes([n]) for n in range(256)]
+
+
+def _lua_array(items: list[bytes]) -> msgspec.Raw:
+    """``items`` as one MessagePack array of *str* (see :func:`_lua_bytes`), built without a
+    Python call per item for items under 256 bytes (a typical record)."""
+    n = len(items)
+    if n < 16:
+        head = bytes([0x90 | n])
+    else:
+        head = b"\xdc" + n.to_bytes(2, "big") if n < 65536 else b"\xdd" + n.to_bytes(4, "big")
+    str8 = _STR8
+    body = b"".join(
+        [str8[len(item)] + item if len(item) < 256 else _lua_bytes(item) for item in items]
+    )
+    return msgspec.Raw(head + body)
+
+
+def _lua_op(op: tuple[Any, ...]) -> list[Any]:
+    """A completion op with its bytes items made Lua-readable (see :func:`_lua_bytes`)."""
+    return [
+        _lua_bytes(item)
+        if isinstance(item, bytes)
+        else _lua_op(item)
+        if isinstance(item, tuple)
+        else item
+        for item in op
+    ]
+
+
+def encode_batch(completions: Sequence[Completion], kind: str) -> list[Any]:
+    """The entries of ``completions`` for ``complete.lua``, in the batch's order.
+
+    Args:
+        completions: the batch.
+        kind: the store's write kind (``"s"``, ``"l"`` or ``"o"``): only with ``"s"`` are
+            tokens stream entries that the script acks and fences.
+
+    Returns:
+        ``"R"`` entries (a run of completions of one queue and TTL that only ack and store a
+        record), ``"C"`` entries (any other completion) and ``"A"`` entries (acks without a
+        record, per queue); empty when there is nothing to apply.
+    """
+    entries: list[Any] = []
+    acks: dict[str, list[bytes]] = {}
+    # A run of consecutive completions that only ack and store a record (the common
+    # success), of one queue and TTL: sent as one "R" entry, in its place in the batch
+    # (a task's "running" record must not land after its final one).
+    run_key: tuple[str, int] | None = None
+    ids: list[str] = []
+    task_ids: list[str] = []
+    recs: list[bytes] = []
+    seen: set[str] = set()
+    # Only stream entries are acked (and fenced) here; a token of a list completion or of
+    # a separate transport (acked by the facade afterwards) is not this store's to touch.
+    streams = kind == "s"
+    for c in completions:
+        if c.reschedule is None and c.dead_letter is None and c.requeue is None and not c.ops:
+            token, record = c.token, c.record
+            if not record:
+                if token is not None and streams:
+                    acks.setdefault(c.queue, []).append(token)
+                continue
+            if c.fence is None and (token is not None or not streams):
+                key = (c.queue, c.record_ttl)
+                entry_id = token.decode() if token is not None and streams else None
+                # A second completion of one delivery starts a new entry, so that it is
+                # found stale after the first acked and deleted it (as a "C" entry is).
+                if key != run_key or (entry_id is not None and entry_id in seen):
+                    if run_key is not None:
+                        entries.append(("R", *run_key, ids, task_ids, _lua_array(recs)))
+                    run_key, ids, task_ids, recs, seen = key, [], [], [], set()
+                if entry_id is not None:  # a stream entry id is ASCII
+                    ids.append(entry_id)
+                    seen.add(entry_id)
+                task_ids.append(c.task_id)
+                recs.append(record)
+                continue
+        if run_key is not None:
+            entries.append(("R", *run_key, ids, task_ids, _lua_array(recs)))
+            run_key = None
+        d = c.dead_letter
+        entries.append(
+            (
+                "C",
+                kind,
+                c.queue,
+                _lua_bytes(c.token) if c.token and streams else _EMPTY,
+                c.task_id,
+                _lua_bytes(c.record) if c.record else _EMPTY,
+                c.record_ttl,
+                _lua_bytes(c.reschedule) if c.reschedule else _EMPTY,
+                float(c.delay),
+                (_lua_bytes(d.message), d.reason, d.error, d.task, d.queue, d.failed_at)
+                if d
+                else _EMPTY,
+                _lua_bytes(c.requeue) if c.requeue else _EMPTY,
+                [_lua_op(encode_op(op)) for op in c.ops] if c.ops else _EMPTY,
+                _lua_bytes(c.fence) if c.fence else _EMPTY,
+            )
+        )
+    if run_key is not None:
+        entries.append(("R", *run_key, ids, task_ids, _lua_array(recs)))
+    for queue, tokens in acks.items():
+        entries.append(("A", queue, [t.decode() for t in tokens]))
+    return entries

@@ -1,0 +1,132 @@
+"""The Redis state store's operations role: state kept for the operator tools.
+
+- Run-time periodic entries (``blitzq schedule add|list|remove``): each is one field of the
+  hash ``{ns}:periodic:rt``, its name to its definition (opaque bytes that
+  :mod:`blitzq.runtime_schedules` encodes). Removing an entry also drops its last-run record
+  from ``{ns}:periodic``, so a new entry of the same name starts afresh.
+- The autoscale setpoint: ``blitzq control scale`` writes it (``{ns}:scale``); every
+  autoscaling supervisor of the namespace reads it once per sampling interval, and publishes
+  its status (``{ns}:supervisors``, liveness in ``{ns}:supervisors:exp``) the same way
+  workers register (see :mod:`~blitzq.worker.autoscale`).
+- What the server tells about itself (``blitzq check``): INFO, and CONFIG GET ``save``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from redis.exceptions import ResponseError
+
+from ..state import OperationsState
+from .client import translate_errors
+from .connection import RedisPart
+
+__all__ = ["RedisOperatorState"]
+
+
+class RedisOperatorState(RedisPart, OperationsState):
+    """Run-time periodic entries, the autoscale setpoint, supervisor status and server
+    facts (the
+    ``operations`` role of :class:`~.store.RedisStateStore`).
+
+    Args:
+        conn: the store's connection.
+    """
+
+    @translate_errors
+    async def runtime_periodic(self) -> dict[str, bytes]:
+        """Every run-time periodic entry: name to definition (one HGETALL)."""
+        raw: dict[bytes, bytes] = await self.client.hgetall(self.keys.periodic_runtime)
+        return {k.decode(errors="replace"): v for k, v in raw.items()}
+
+    @translate_errors
+    async def set_runtime_periodic(self, name: str, definition: bytes) -> None:
+        """Store (or replace) the entry ``name`` (one HSET)."""
+        await self.client.hset(self.keys.periodic_runtime, name, definition)
+
+    @translate_errors
+    async def remove_runtime_periodic(self, name: str) -> bool:
+        """Delete the entry ``name`` and its last run, in one transaction; ``True`` when the
+        entry existed."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hdel(self.keys.periodic_runtime, name)
+            pipe.hdel(self.keys.periodic, name)
+            removed, _ = await pipe.execute()
+        return bool(removed)
+
+    @translate_errors
+    async def set_scale(self, minimum: int, maximum: int) -> None:
+        """Store the namespace's autoscale setpoint: ``minimum`` and ``maximum`` processes
+        per supervisor (checked by the caller), stamped with this machine's time."""
+        await self.client.hset(
+            self.keys.scale, mapping={"min": minimum, "max": maximum, "at": repr(time.time())}
+        )
+
+    @translate_errors
+    async def clear_scale(self) -> bool:
+        """Remove the setpoint (supervisors go back to their ``--autoscale``); return whether
+        there was one."""
+        return bool(await self.client.delete(self.keys.scale))
+
+    @translate_errors
+    async def scale(self) -> tuple[int, int, float] | None:
+        """The setpoint as ``(min, max, set at in Unix seconds)``, or ``None`` when none is
+        set or it is unreadable."""
+        raw = await self.client.hgetall(self.keys.scale)
+        try:
+            return int(raw[b"min"]), int(raw[b"max"]), float(raw.get(b"at", 0.0))
+        except (KeyError, ValueError):
+            return None
+
+    @translate_errors
+    async def publish_supervisor(self, supervisor_id: str, status: bytes, ttl: float) -> None:
+        """Record a supervisor's status until ``ttl`` seconds from now."""
+        keys = self.keys
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.supervisors, supervisor_id, status)
+            pipe.zadd(keys.supervisor_beats, {supervisor_id: time.time() + ttl})
+            await pipe.execute()
+
+    @translate_errors
+    async def unpublish_supervisor(self, supervisor_id: str) -> None:
+        """Remove a supervisor's status."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hdel(self.keys.supervisors, supervisor_id)
+            pipe.zrem(self.keys.supervisor_beats, supervisor_id)
+            await pipe.execute()
+
+    @translate_errors
+    async def supervisors(self) -> dict[str, bytes]:
+        """Live supervisors: id to the status they published; expired ones are removed."""
+        keys = self.keys
+        expired = await self.client.zrangebyscore(keys.supervisor_beats, "-inf", time.time())
+        if expired:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.hdel(keys.supervisors, *expired)
+                pipe.zrem(keys.supervisor_beats, *expired)
+                await pipe.execute()
+        raw: dict[bytes, bytes] = await self.client.hgetall(keys.supervisors)
+        return {k.decode(): v for k, v in raw.items()}
+
+    @translate_errors
+    async def server_info(self) -> dict[str, str]:
+        """Server name and version, persistence and role from INFO (read-only), and the RDB
+        ``save`` rules from CONFIG GET when the server allows it (managed services often
+        refuse CONFIG: ``save`` is then absent)."""
+        info = await self.client.info()
+        out: dict[str, str] = {}
+        valkey = info.get("valkey_version")
+        out["server"] = "valkey" if valkey else "redis"
+        out["version"] = str(valkey or info.get("redis_version", ""))
+        for name in ("aof_enabled", "rdb_last_bgsave_status", "role", "maxmemory_policy"):
+            if name in info:
+                value = info[name]
+                out[name] = value.decode() if isinstance(value, bytes) else str(value)
+        try:
+            saved = await self.client.config_get("save")
+        except ResponseError:
+            return out
+        save = saved.get("save", saved.get(b"save"))
+        if save is not None:
+            out["save"] = save.decode() if isinstance(save, bytes) else str(save)
+        return out

@@ -1,0 +1,113 @@
+"""The state-store seam: everything about a task except moving its message.
+
+A state store keeps task records and results (and the waits on them), the schedule (with its
+promotion on the store's clock), periodic claims, cancel marks, dead letters, workflow,
+unique-key, lock, rate-limit and progress state, the queue and worker registries, and applies
+a :class:`Completion` -- its ack, record, retry, dead letter, requeue and typed effects
+(:mod:`blitzq.broker.ops`) -- atomically (:meth:`StateStore.complete`).
+
+The Redis state store is its Lua scripts (``redis/lua/``). It pairs with the Redis transports
+(streams or lists) on the same connection, where a completion's ack is one more write of the
+same script (:meth:`StateStore.acks` answers ``True``), and is meant to pair with a RabbitMQ
+transport (:mod:`blitzq.broker.transport`) too: then the facade :class:`~blitzq.broker.Broker`
+applies the state effects here and acks on the transport afterwards. What the store writes
+into queues -- a promotion of the schedule, a ``publish`` effect, a requeue, a replay, a
+periodic claim -- goes to the queues of the kind its connection names (a stream or a list);
+paired with a transport it does not ack, the facade switches it to its outbox
+(:meth:`StateStore.use_outbox`), from which a relay publishes those messages on the
+transport (:mod:`blitzq.broker.outbox`). Every method is a coroutine that raises
+:class:`~blitzq.exceptions.BrokerError` when the server cannot be reached.
+
+The seam is split by role, each a small abstract class used by one consumer:
+:class:`RecordsState` (records, waits, progress, workflow state, liveness),
+:class:`ScheduleState` (schedule, promotion, periodic claims), :class:`DeadLetterState`,
+:class:`ControlState` (rate, unique, lock, cancel), :class:`RegistryState` (queues, workers,
+counters) and :class:`OperationsState` (operator state); :class:`StateStore` is all of them
+plus the one atomic :meth:`StateStore.complete`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+
+from ..outbox import Outbox
+from ..transport import Transport
+from ..values import Completion, DeadLetterFields, Scheduled
+from .control import ControlState
+from .dead_letters import DeadLetterState
+from .operations import OperationsState
+from .records import RecordsState
+from .registry import RegistryState
+from .schedule import ScheduleState
+
+__all__ = [
+    "Completion",
+    "ControlState",
+    "DeadLetterFields",
+    "DeadLetterState",
+    "OperationsState",
+    "RecordsState",
+    "RegistryState",
+    "ScheduleState",
+    "Scheduled",
+    "StateStore",
+]
+
+
+class StateStore(
+    RecordsState, ScheduleState, DeadLetterState, ControlState, RegistryState, OperationsState
+):
+    """Task state and completion effects. See the module docstring."""
+
+    def acks(self, transport: Transport) -> bool:
+        """Whether :meth:`complete` acknowledges ``transport``'s deliveries itself, in the
+        same atomic step as its writes (and fences on their leases).
+
+        ``True`` lets the facade call :meth:`complete` alone; ``False`` (the default) has it
+        call :meth:`Transport.ack` after :meth:`complete` (see :mod:`blitzq.broker.transport`).
+        """
+        return False
+
+    def use_outbox(self) -> Outbox | None:
+        """Write every message this store puts into queues to its outbox from now on, and
+        return that outbox (:mod:`blitzq.broker.outbox`).
+
+        The facade calls it once, for a transport the store does not ack (:meth:`acks` is
+        ``False``), and relays the outbox to that transport. ``None`` (the default): the
+        store writes nothing into queues itself, so there is nothing to relay.
+        """
+        return None
+
+    # ------------------------------------------------------------ completions
+    @abc.abstractmethod
+    async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
+        """Apply completions; each one atomically, a batch in as few round-trips as possible.
+
+        Fencing: a completion whose delivery (``token``, else ``fence``) is no longer leased
+        to this consumer -- its lease lapsed and another worker recovered the message -- is
+        stale: none of its writes (ack, record, retry, dead letter, requeue, ops) is applied,
+        the check and the writes being one atomic step. Each stale completion adds 1 to the
+        namespace's ``stale_completions`` counter (:meth:`counters`). Brokers without leases
+        (fast mode) have nothing to check.
+
+        ``token`` and fencing with a transport whose ack is separate (:meth:`acks` is
+        ``False``, e.g. RabbitMQ): ``token`` is the transport's delivery tag, which the
+        facade acks after this call; the store does not ack it and cannot see its lease, so
+        it fences nothing (returns no stale completion) unless it keeps a lease of its own
+        for the delivery. Effects are then at-least-once: a message redelivered after a
+        crash between commit and ack completes again, so effects must be idempotent per
+        task id (records are overwritten, chord members counted once, unique and lock
+        releases compare the holder).
+
+        Returns:
+            The stale completions (not applied), in no particular order; usually empty.
+        """
+
+    async def ping(self) -> None:
+        """Check that the store answers; raise BrokerError otherwise."""
+        return
+
+    async def close(self) -> None:
+        """Release connections. The store may be used again afterwards (it reconnects)."""
+        return

@@ -1,0 +1,71 @@
+"""The control role of the state seam: rate limits, unique keys, locks and cancellation.
+Used by the extensions that enforce them (rate limits, unique tasks, locks) and by cancel.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Sequence
+
+__all__ = ["ControlState"]
+
+
+class ControlState(abc.ABC):  # noqa: B024 - every method has a default
+    """Rate-limit buckets, unique keys, locks, cancel marks and the event channel."""
+
+    async def acquire_rate(self, buckets: Sequence[tuple[str, float, float]]) -> tuple[bool, float]:
+        """Take one token from each ``(key, rate per second, capacity)`` token bucket.
+
+        Returns:
+            ``(reserved, wait)``: with ``reserved`` the tokens are taken (possibly on credit)
+            and the caller may start after ``wait`` seconds without asking again; without it
+            nothing was taken and the caller should ask again after ``wait`` seconds.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support rate limits")
+
+    async def claim_unique(self, items: Sequence[tuple[str, str, float]]) -> list[str | None]:
+        """Claim unique-task keys: for each ``(key, task_id, ttl seconds)``, atomically set
+        ``key`` to ``task_id`` for ``ttl`` seconds unless it is already held.
+
+        Returns:
+            Per item, ``None`` when this call claimed the key, else the id holding it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support unique tasks")
+
+    async def acquire_lock(self, key: str, holder: str, limit: int, lease: float) -> float:
+        """Take one of ``limit`` places of lock ``key`` for ``holder`` for ``lease`` seconds.
+
+        Expired leases are dropped first; a holder already present renews its place.
+
+        Returns:
+            ``0.0`` when the place is taken, else seconds until the earliest lease expires.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support task locks")
+
+    async def renew_locks(self, items: Sequence[tuple[str, str, float]]) -> int:
+        """Renew ``(key, holder, lease seconds)`` places still held (a lapsed one is not
+        taken back); return how many were renewed."""
+        raise NotImplementedError(f"{type(self).__name__} does not support task locks")
+
+    async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
+        """Cancel a task and store ``record`` (state cancelled) for ``ttl`` seconds.
+
+        Returns:
+            ``"scheduled"`` (removed from the schedule: it never starts), ``"queued"`` or
+            ``"pending"`` (marked revoked: a worker skips it), ``"running"`` (workers are told
+            to cancel it), or ``"finished"`` (already in a final state: nothing changed).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support cancellation")
+
+    async def revoked(self) -> dict[str, float]:
+        """Cancelled task ids still marked, with the Unix time their mark expires."""
+        raise NotImplementedError(f"{type(self).__name__} does not support cancellation")
+
+    def events(self) -> AsyncIterator[tuple[str, str]]:
+        """Push notifications for workers: ``("revoke", task_id)`` and ``("schedule", eta)``
+        (``("unknown", text)`` for anything else published there).
+
+        The iterator ends (or raises BrokerError) when the connection is lost; callers
+        resubscribe and resynchronise.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no event channel")
