@@ -205,8 +205,13 @@ class TypedCall:
                     keyword[name] = rich
         returns = hints.get("return")
         returns = returns if returns is not None and _is_rich(returns) else None
-        if not (any(t is not None for t in positional) or keyword or var_positional
-                or var_keyword or returns is not None):  # fmt: skip
+        if not (
+            any(t is not None for t in positional)
+            or keyword
+            or var_positional
+            or var_keyword
+            or returns is not None
+        ):
             return None
         return cls(positional, var_positional, keyword, var_keyword, returns)
 

@@ -247,21 +247,26 @@ def _entry(
             missed = schedule.latest(since, now - SCHEDULER_GRACE, 1)
             if missed:
                 return Finding(
-                    name, "warn", f"never dispatched in this namespace though {_iso(missed[0])} "
-                    "was due: is a scheduler running?"
-                )  # fmt: skip
+                    name,
+                    "warn",
+                    f"never dispatched in this namespace though {_iso(missed[0])} "
+                    "was due: is a scheduler running?",
+                )
             return Finding(
-                name, "ok", f"{schedule.describe()}: not dispatched yet, first run {upcoming} "
-                "(a scheduler must be running then)"
-            )  # fmt: skip
+                name,
+                "ok",
+                f"{schedule.describe()}: not dispatched yet, first run {upcoming} "
+                "(a scheduler must be running then)",
+            )
         missed = schedule.latest(last, now - SCHEDULER_GRACE, 1)
     except ConfigurationError as exc:  # a cron with no time left
         return Finding(name, "warn", str(exc))
     if missed:
         return Finding(
-            name, "warn", f"last run {_iso(last)} but {_iso(missed[0])} was due: no "
-            "scheduler is dispatching it"
-        )  # fmt: skip
+            name,
+            "warn",
+            f"last run {_iso(last)} but {_iso(missed[0])} was due: no scheduler is dispatching it",
+        )
     return Finding(name, "ok", f"{schedule.describe()}: last run {_iso(last)}, next {upcoming}")
 
 

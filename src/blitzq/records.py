@@ -238,9 +238,13 @@ def _keep(record: _Stored, call: tuple[Any, Any] | None) -> _Stored:
 
 
 def queued(
-    task_id: str, task: str, queue: str, enqueued_at: float, scheduled: bool = False,
+    task_id: str,
+    task: str,
+    queue: str,
+    enqueued_at: float,
+    scheduled: bool = False,
     call: tuple[Any, Any] | None = None,
-) -> bytes:  # fmt: skip
+) -> bytes:
     """The record of a task just enqueued (``track_state``): ``queued``, or ``scheduled``
     when it waits on the schedule (a delay or eta) first; ``attempts`` 0."""
     state = "scheduled" if scheduled else "queued"
@@ -249,9 +253,15 @@ def queued(
 
 
 def running(
-    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
-    started_at: float | None, worker: str, call: tuple[Any, Any] | None = None,
-) -> bytes:  # fmt: skip
+    task_id: str,
+    task: str,
+    queue: str,
+    attempts: int,
+    enqueued_at: float,
+    started_at: float | None,
+    worker: str,
+    call: tuple[Any, Any] | None = None,
+) -> bytes:
     """The record of a task a worker started (``track_state``); ``finished_at`` is ``None``."""
     record = _Stored(
         task_id, task, queue, "running", attempts, enqueued_at, started_at, None, worker
@@ -260,10 +270,16 @@ def running(
 
 
 def succeeded(
-    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
-    started_at: float | None, worker: str, result: Any = _UNSET,
+    task_id: str,
+    task: str,
+    queue: str,
+    attempts: int,
+    enqueued_at: float,
+    started_at: float | None,
+    worker: str,
+    result: Any = _UNSET,
     call: tuple[Any, Any] | None = None,
-) -> bytes:  # fmt: skip
+) -> bytes:
     """The ``succeeded`` record of a run that returned ``result``. Without ``result`` the
     record has no ``result`` key (the task does not store results). Without ``call`` (the
     default: no ``track_state``) it keeps no arguments.
@@ -275,9 +291,17 @@ def succeeded(
     if result is not _UNSET and type(result) not in _SCALARS:
         result = to_plain(result)
     record = _Stored(
-        task_id, task, queue, "succeeded", attempts, enqueued_at, started_at, time.time(), worker,
+        task_id,
+        task,
+        queue,
+        "succeeded",
+        attempts,
+        enqueued_at,
+        started_at,
+        time.time(),
+        worker,
         result,
-    )  # fmt: skip
+    )
     if call is not None:
         _keep(record, call)
     try:  # _encode_checked, inlined: once per task on the worker's hot path
@@ -287,42 +311,92 @@ def succeeded(
 
 
 def retrying(
-    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
-    started_at: float | None, worker: str, error_type: str, error: str,
+    task_id: str,
+    task: str,
+    queue: str,
+    attempts: int,
+    enqueued_at: float,
+    started_at: float | None,
+    worker: str,
+    error_type: str,
+    error: str,
     call: tuple[Any, Any] | None = None,
-) -> bytes:  # fmt: skip
+) -> bytes:
     """The ``retrying`` record of an attempt that failed and will run again."""
     record = _Stored(
-        task_id, task, queue, "retrying", attempts, enqueued_at, started_at, time.time(), worker,
-        error_type=error_type, error=error,
-    )  # fmt: skip
+        task_id,
+        task,
+        queue,
+        "retrying",
+        attempts,
+        enqueued_at,
+        started_at,
+        time.time(),
+        worker,
+        error_type=error_type,
+        error=error,
+    )
     return _encode(_keep(record, call))
 
 
 def failed(
-    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
-    started_at: float | None, worker: str, error_type: str, error: str, traceback: str,
-    dead_lettered: bool = False, call: tuple[Any, Any] | None = None,
-) -> bytes:  # fmt: skip
+    task_id: str,
+    task: str,
+    queue: str,
+    attempts: int,
+    enqueued_at: float,
+    started_at: float | None,
+    worker: str,
+    error_type: str,
+    error: str,
+    traceback: str,
+    dead_lettered: bool = False,
+    call: tuple[Any, Any] | None = None,
+) -> bytes:
     """The final record of a run that failed for good, with its formatted ``traceback``:
     ``failed``, or ``dead_lettered`` when a dead letter is written with it."""
     state = "dead_lettered" if dead_lettered else "failed"
     record = _Stored(
-        task_id, task, queue, state, attempts, enqueued_at, started_at, time.time(), worker,
-        error_type=error_type, error=error, traceback=traceback,
-    )  # fmt: skip
+        task_id,
+        task,
+        queue,
+        state,
+        attempts,
+        enqueued_at,
+        started_at,
+        time.time(),
+        worker,
+        error_type=error_type,
+        error=error,
+        traceback=traceback,
+    )
     return _encode(_keep(record, call))
 
 
 def cancelled(
-    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float, worker: str,
-    call: tuple[Any, Any] | None = None, started_at: float | None = None,
-) -> bytes:  # fmt: skip
+    task_id: str,
+    task: str,
+    queue: str,
+    attempts: int,
+    enqueued_at: float,
+    worker: str,
+    call: tuple[Any, Any] | None = None,
+    started_at: float | None = None,
+) -> bytes:
     """A worker's ``cancelled`` record; ``started_at`` (Unix s) when its run had started."""
     record = _Stored(
-        task_id, task, queue, "cancelled", attempts, enqueued_at, started_at or _UNSET,
-        time.time(), worker, error_type=CANCELLED_TYPE, error=CANCELLED_MESSAGE,
-    )  # fmt: skip
+        task_id,
+        task,
+        queue,
+        "cancelled",
+        attempts,
+        enqueued_at,
+        started_at or _UNSET,
+        time.time(),
+        worker,
+        error_type=CANCELLED_TYPE,
+        error=CANCELLED_MESSAGE,
+    )
     return _encode(_keep(record, call))
 
 
@@ -331,9 +405,14 @@ def cancel_request(task_id: str, finished_at: float) -> bytes:
     scheduled or queued; task name and queue are not known there (``""``), ``finished_at``
     is the request's Unix time in seconds."""
     record = _Stored(
-        task_id, "", "", "cancelled", finished_at=finished_at, error_type=CANCELLED_TYPE,
+        task_id,
+        "",
+        "",
+        "cancelled",
+        finished_at=finished_at,
+        error_type=CANCELLED_TYPE,
         error=CANCELLED_MESSAGE,
-    )  # fmt: skip
+    )
     return _encode(record)
 
 
@@ -344,23 +423,45 @@ def rejected(
     too large): ``attempts`` is its ``deliveries``, ``error_type`` the dead letter's
     ``reason``; ``task`` is ``""`` when unknown."""
     record = _Stored(
-        task_id, task, queue, "dead_lettered", deliveries, finished_at=time.time(), worker=worker,
-        error_type=reason, error=error,
-    )  # fmt: skip
+        task_id,
+        task,
+        queue,
+        "dead_lettered",
+        deliveries,
+        finished_at=time.time(),
+        worker=worker,
+        error_type=reason,
+        error=error,
+    )
     return _encode(record)
 
 
 def expired(
-    task_id: str, task: str, queue: str, attempts: int, enqueued_at: float,
-    finished_at: float, worker: str, error: str, call: tuple[Any, Any] | None = None,
-) -> bytes:  # fmt: skip
+    task_id: str,
+    task: str,
+    queue: str,
+    attempts: int,
+    enqueued_at: float,
+    finished_at: float,
+    worker: str,
+    error: str,
+    call: tuple[Any, Any] | None = None,
+) -> bytes:
     """The ``expired`` record of a task that waited longer than its ``max_age`` and never
     ran: ``attempts`` made before this delivery, ``finished_at`` the Unix time it was found
     expired, ``error`` how long it waited."""
     record = _Stored(
-        task_id, task, queue, "expired", attempts, enqueued_at, finished_at=finished_at,
-        worker=worker, error_type="TaskExpired", error=error,
-    )  # fmt: skip
+        task_id,
+        task,
+        queue,
+        "expired",
+        attempts,
+        enqueued_at,
+        finished_at=finished_at,
+        worker=worker,
+        error_type="TaskExpired",
+        error=error,
+    )
     return _encode(_keep(record, call))
 
 
@@ -379,9 +480,18 @@ def refused(task_id: str, queue: str, previous: bytes | None, error_type: str, e
             fields = decoded
     get = fields.get
     record = _Stored(
-        task_id, str(get("task", "")), queue, "failed", get("attempts", 0), get("enqueued_at"),
-        get("started_at"), time.time(), get("worker"), error_type=error_type, error=error,
-    )  # fmt: skip
+        task_id,
+        str(get("task", "")),
+        queue,
+        "failed",
+        get("attempts", 0),
+        get("enqueued_at"),
+        get("started_at"),
+        time.time(),
+        get("worker"),
+        error_type=error_type,
+        error=error,
+    )
     if isinstance(get("call"), dict):
         record.call = get("call")
     return _encode_checked(record)
@@ -394,7 +504,13 @@ def deliveries_exceeded(
     completing (``attempts``: ``deliveries``; ``finished_at``: Unix seconds). ``recover.lua``
     writes the same keys and values in Lua (a contract test holds them equal)."""
     record = _Stored(
-        task_id, task, queue, "dead_lettered", deliveries, finished_at=finished_at,
-        error_type="MaxDeliveriesExceeded", error=error,
-    )  # fmt: skip
+        task_id,
+        task,
+        queue,
+        "dead_lettered",
+        deliveries,
+        finished_at=finished_at,
+        error_type="MaxDeliveriesExceeded",
+        error=error,
+    )
     return _encode(record)

@@ -334,9 +334,13 @@ class Task(Generic[P, R]):
             self.arguments.encode(args, kwargs) if self.arguments is not None else (args, kwargs)
         )
         return Signature(
-            self.name, wire_args, wire_kwargs, immutable=True, queue=self.queue,
+            self.name,
+            wire_args,
+            wire_kwargs,
+            immutable=True,
+            queue=self.queue,
             priority=self.priority,
-        )  # fmt: skip
+        )
 
 
 _NO_OPTIONS = CallOptions()

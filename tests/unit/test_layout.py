@@ -436,6 +436,18 @@ def test_no_module_over_max_lines() -> None:
     check("lines", _lines())
 
 
+def test_no_line_packing_to_stay_under_the_size() -> None:
+    """No ``# fmt: skip`` / ``# fmt: off`` in src/blitzq: a module is formatted as ruff
+    formats it, and split by concern when it grows, never packed to look smaller."""
+    packed = [
+        f"{relative(path)}:{number}"
+        for path in modules()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "# fmt: skip" in line or "# fmt: off" in line
+    ]
+    assert not packed, f"lines packed with # fmt: skip/off: {packed}"
+
+
 def test_broker_imports_no_layer_above_it() -> None:
     """``blitzq.broker.*`` imports nothing from client, worker, extensions, queue, task or
     scheduler (directly or through a shim)."""

@@ -276,9 +276,14 @@ class Broker(OperationsFacade, LivenessFacade):
         return await self.state.dead_letter_count()
 
     async def replay_dead_letter(
-        self, task_id: str, queue: str, message: bytes, kind: str = "",
-        unique: tuple[str, float] | None = None, failed_at: float | None = None,
-    ) -> bool | str:  # fmt: skip
+        self,
+        task_id: str,
+        queue: str,
+        message: bytes,
+        kind: str = "",
+        unique: tuple[str, float] | None = None,
+        failed_at: float | None = None,
+    ) -> bool | str:
         """See :meth:`StateStore.replay_dead_letter`; then the relay, when replayed."""
         done = await self.state.replay_dead_letter(task_id, queue, message, kind, unique, failed_at)
         if done is True and self.relay is not None:

@@ -17,9 +17,14 @@ from . import Broker, Guarantee
 
 #: URL schemes a Queue accepts (``valkey://`` and ``valkeys://`` are read as the redis ones).
 SCHEMES = (
-    "redis://", "rediss://", "unix://", "memory://", "redis+cluster://", "rediss+cluster://",
+    "redis://",
+    "rediss://",
+    "unix://",
+    "memory://",
+    "redis+cluster://",
+    "rediss+cluster://",
     "redis+sentinel://",
-)  # fmt: skip
+)
 
 #: URL schemes of ``amqp_url`` (RabbitMQ).
 AMQP_SCHEMES = ("amqp://", "amqps://")
@@ -227,6 +232,14 @@ def make_broker(
 
 
 __all__ = [
-    "AMQP_RESERVED_QUEUE", "AMQP_SCHEMES", "SCHEMES", "check_amqp_queue", "check_amqp_url",
-    "describe_connection", "make_broker", "mask_url", "resolve_amqp_url", "resolve_url",
-]  # fmt: skip
+    "AMQP_RESERVED_QUEUE",
+    "AMQP_SCHEMES",
+    "SCHEMES",
+    "check_amqp_queue",
+    "check_amqp_url",
+    "describe_connection",
+    "make_broker",
+    "mask_url",
+    "resolve_amqp_url",
+    "resolve_url",
+]

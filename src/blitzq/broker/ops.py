@@ -237,14 +237,33 @@ def encode_op(op: Op) -> tuple[WireItem, ...]:
             return (name, op.workflow_id, op.result, op.ttl, repr(op.now))
         case WorkflowFail():
             return (
-                name, op.workflow_id, op.state, op.error_type, op.error, op.step, op.ttl,
+                name,
+                op.workflow_id,
+                op.state,
+                op.error_type,
+                op.error,
+                op.step,
+                op.ttl,
                 repr(op.now),
-            )  # fmt: skip
+            )
         case ChordMember():
             return (
-                name, op.workflow_id, op.join, op.index, op.size, op.result, op.ttl, op.kind,
-                op.queue, op.head, op.tail, repr(op.now), op.splice, op.result_ttl, op.max_bytes,
-            )  # fmt: skip
+                name,
+                op.workflow_id,
+                op.join,
+                op.index,
+                op.size,
+                op.result,
+                op.ttl,
+                op.kind,
+                op.queue,
+                op.head,
+                op.tail,
+                repr(op.now),
+                op.splice,
+                op.result_ttl,
+                op.max_bytes,
+            )
         case UniqueRelease():
             return (name, op.key, op.task_id)
         case LockRelease():

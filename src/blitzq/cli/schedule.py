@@ -134,9 +134,17 @@ def schedule_add(
 
     async def add(q: Queue) -> RuntimeSchedule:  # a ConfigurationError: exit code 2
         return await add_schedule(
-            q, name, task, cron=cron, every=every, tz=tz, args=args, kwargs=kwargs,
-            target_queue=target, missed=missed,
-        )  # fmt: skip
+            q,
+            name,
+            task,
+            cron=cron,
+            every=every,
+            tz=tz,
+            args=args,
+            kwargs=kwargs,
+            target_queue=target,
+            missed=missed,
+        )
 
     entry = run_with_queue(add)
     schedule = entry.schedule()

@@ -97,10 +97,15 @@ def worker_list() -> None:
         queues = ",".join(f"{q} (paused)" if q in paused else str(q) for q in d.get("queues") or [])
         at = d.get("heartbeat_at")
         table.add_row(
-            Text(str(d["id"])), Text(str(d.get("host", "-"))), str(d.get("pid", "-")),
-            Text(queues), str(d.get("concurrency", "-")), str(d.get("running", "-")),
-            Text(_runs(d)), short_time(at) if isinstance(at, int | float) else "-",
-        )  # fmt: skip
+            Text(str(d["id"])),
+            Text(str(d.get("host", "-"))),
+            str(d.get("pid", "-")),
+            Text(queues),
+            str(d.get("concurrency", "-")),
+            str(d.get("running", "-")),
+            Text(_runs(d)),
+            short_time(at) if isinstance(at, int | float) else "-",
+        )
     out.print(table)
 
 

@@ -135,15 +135,21 @@ class Producer:
         if owner.track_state:  # written before publishing, so a fast worker cannot overtake it
             writes = [
                 Completion(
-                    env.queue, None, env.id,
+                    env.queue,
+                    None,
+                    env.id,
                     records.queued(
-                        env.id, env.task, env.queue, env.created_at, due is not None,
+                        env.id,
+                        env.task,
+                        env.queue,
+                        env.created_at,
+                        due is not None,
                         (env.args, env.kwargs),
                     ),
                     owner.result_ttl,
                 )
                 for env, _, due in items
-            ]  # fmt: skip
+            ]
             for start in range(0, len(writes), CHUNK_WRITES):  # each call stays short
                 await broker.complete(writes[start : start + CHUNK_WRITES])
         now_items: dict[str, list[bytes]] = {}
@@ -226,9 +232,14 @@ class Producer:
             await testmode.after_enqueue(owner)
         if out.existing_id is not None:
             return TaskHandle(
-                owner, out.existing_id, queue, name, duplicate=True, stores_result=stores,
+                owner,
+                out.existing_id,
+                queue,
+                name,
+                duplicate=True,
+                stores_result=stores,
                 sent=True,
-            )  # fmt: skip
+            )
         return TaskHandle(owner, env.id, queue, name, stores_result=stores, sent=True)
 
     async def enqueue_many(
@@ -288,11 +299,16 @@ class Producer:
         stores = self.stores_result(task)
         return [
             TaskHandle(
-                self.queue, o.existing_id or o.envelope.id, o.envelope.queue, task.name,
-                duplicate=o.existing_id is not None, stores_result=stores, sent=True,
+                self.queue,
+                o.existing_id or o.envelope.id,
+                o.envelope.queue,
+                task.name,
+                duplicate=o.existing_id is not None,
+                stores_result=stores,
+                sent=True,
             )
             for o in items
-        ]  # fmt: skip
+        ]
 
     async def send(
         self,

@@ -72,9 +72,15 @@ async def dead_letter_of(broker: Broker, task_id: str) -> DeadLetter | None:
     if fields is None:
         return None
     return DeadLetter.from_fields(
-        task_id, fields.message, fields.reason, fields.error, fields.task, fields.queue,
-        fields.failed_at, fields.kind,
-    )  # fmt: skip
+        task_id,
+        fields.message,
+        fields.reason,
+        fields.error,
+        fields.task,
+        fields.queue,
+        fields.failed_at,
+        fields.kind,
+    )
 
 
 async def task_arguments(
@@ -96,9 +102,12 @@ async def task_arguments(
         BrokerError: the broker could not be reached.
     """
     out: dict[str, Any] = {
-        "args": None, "kwargs": None, "args_truncated": False, "args_from": None,
+        "args": None,
+        "kwargs": None,
+        "args_truncated": False,
+        "args_from": None,
         "args_note": None,
-    }  # fmt: skip
+    }
     if record.args is not None:
         out.update(args=record.args, kwargs=record.kwargs or {}, args_from="record")
         out["args_truncated"] = record.args_truncated

@@ -68,9 +68,16 @@ def expired_completion(worker: WorkerContext, job: Job, age: float, max_age: flo
     now = time.time()
     error = f"waited {age:.3f} s before it could start, over its max_age of {max_age} s"
     record = records.expired(
-        env.id, env.task, d.queue, max(0, job.attempt - 1), env.created_at, now,
-        worker.worker_id, error, (env.args, env.kwargs),
-    )  # fmt: skip
+        env.id,
+        env.task,
+        d.queue,
+        max(0, job.attempt - 1),
+        env.created_at,
+        now,
+        worker.worker_id,
+        error,
+        (env.args, env.kwargs),
+    )
     dead = (
         DeadLetterFields(d.payload, "expired", error, env.task, d.queue, now)
         if job.task.dead_letter

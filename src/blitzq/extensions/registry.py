@@ -233,9 +233,16 @@ class Extensions:
         """Make the run's :class:`~blitzq.TaskContext` (``job.context``) before its hooks."""
         env, d = job.envelope, job.delivery
         context = job.context = TaskContext(
-            env.id, env.task, d.queue, job.attempt, job.task.max_attempts,
-            env.correlation_id, env.headers, flow=env.flow, options=env.options,
-        )  # fmt: skip
+            env.id,
+            env.task,
+            d.queue,
+            job.attempt,
+            job.task.max_attempts,
+            env.correlation_id,
+            env.headers,
+            flow=env.flow,
+            options=env.options,
+        )
         return context
 
     async def before_execute(self, job: Job) -> BaseException | None:
@@ -258,8 +265,10 @@ class Extensions:
             reset_current(token)
             logger.info(
                 "before_execute of %s refused task %s: %s: %s",
-                _owner(hook) if hook is not None else "hook", context.id, *describe_error(exc),
-            )  # fmt: skip
+                _owner(hook) if hook is not None else "hook",
+                context.id,
+                *describe_error(exc),
+            )
             return exc
         reset_current(token)
         return None

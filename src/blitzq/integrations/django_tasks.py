@@ -64,13 +64,23 @@ def _load_framework() -> tuple[Any, Any, Any, Any, Any, type[Exception], type[Ex
     signals = importlib.import_module(f"{name}.signals")
     if name == "django.tasks":
         return (
-            base, backends, exceptions, signals, package,
-            exceptions.InvalidTask, exceptions.InvalidTaskBackend,
-        )  # fmt: skip
+            base,
+            backends,
+            exceptions,
+            signals,
+            package,
+            exceptions.InvalidTask,
+            exceptions.InvalidTaskBackend,
+        )
     return (
-        base, backends, exceptions, signals, package,
-        exceptions.InvalidTaskError, exceptions.InvalidTaskBackendError,
-    )  # fmt: skip
+        base,
+        backends,
+        exceptions,
+        signals,
+        package,
+        exceptions.InvalidTaskError,
+        exceptions.InvalidTaskBackendError,
+    )
 
 
 _base, _backends, _exceptions, _signals, framework, InvalidTask, InvalidTaskBackend = (
@@ -91,10 +101,18 @@ TaskResultDoesNotExist: type[Exception] = _exceptions.TaskResultDoesNotExist
 #: OPTIONS keys passed to :class:`~blitzq.Queue` as they are.
 QUEUE_OPTIONS = frozenset(
     {
-        "redis_url", "namespace", "mode", "visibility_timeout", "max_deliveries", "result_ttl",
-        "max_message_size", "max_result_size", "dead_letter_cap", "dead_letter_ttl",
+        "redis_url",
+        "namespace",
+        "mode",
+        "visibility_timeout",
+        "max_deliveries",
+        "result_ttl",
+        "max_message_size",
+        "max_result_size",
+        "dead_letter_cap",
+        "dead_letter_ttl",
     }
-)  # fmt: skip
+)
 
 #: blitzq's task states and the framework's status of each (docs/integrations.md).
 STATUS_OF: dict[TaskState, str] = {
@@ -298,10 +316,19 @@ class BlitzqTaskBackend(_BaseTaskBackend):  # type: ignore[misc]
     def _ready(self, task: Any, result_id: str, args: Any, kwargs: Any) -> Any:
         """The ``TaskResult`` of a call just enqueued (``READY``); sends ``task_enqueued``."""
         result = TaskResult(
-            task=task, id=result_id, status=TaskResultStatus.READY, enqueued_at=timezone.now(),
-            started_at=None, finished_at=None, last_attempted_at=None, args=args,
-            kwargs=kwargs, backend=self.alias, errors=[], worker_ids=[],
-        )  # fmt: skip
+            task=task,
+            id=result_id,
+            status=TaskResultStatus.READY,
+            enqueued_at=timezone.now(),
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=args,
+            kwargs=kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
         _signals.task_enqueued.send(type(self), task_result=result)
         return result
 

@@ -123,11 +123,19 @@ def _running(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any], worker_id
     attempt = ctx.attempt if ctx is not None else 1
     now = timezone.now()
     return fw.TaskResult(
-        task=task, id=ctx.id if ctx is not None else "", status=fw.TaskResultStatus.RUNNING,
-        enqueued_at=None, started_at=now, finished_at=None, last_attempted_at=now,
-        args=list(args), kwargs=dict(kwargs), backend=task.backend, errors=[],
+        task=task,
+        id=ctx.id if ctx is not None else "",
+        status=fw.TaskResultStatus.RUNNING,
+        enqueued_at=None,
+        started_at=now,
+        finished_at=None,
+        last_attempted_at=now,
+        args=list(args),
+        kwargs=dict(kwargs),
+        backend=task.backend,
+        errors=[],
         worker_ids=[""] * (attempt - 1) + [worker_id],
-    )  # fmt: skip
+    )
 
 
 def _finished(result: Any, error: BaseException | None) -> None:

@@ -253,8 +253,9 @@ class Flusher:
                 "delivery is no longer pending under this worker (its lease lapsed and another "
                 "worker took the message over, or the server lost it: a restart without "
                 "persistence, a flush, a failover)",
-                c.task_id, c.queue,
-            )  # fmt: skip
+                c.task_id,
+                c.queue,
+            )
 
     async def _retry_later(self, error: BrokerError) -> bool:
         """Whether a failed write should wait and go again whole: the server is down, or
@@ -282,8 +283,9 @@ class Flusher:
         """
         logger.error(
             "completion batch of %d refused by the broker, writing it in parts: %s",
-            len(batch), error,
-        )  # fmt: skip
+            len(batch),
+            error,
+        )
         largest = max(range(len(batch)), key=lambda i: completion_size(batch[i]))
         parts = [[batch[largest]], batch[:largest] + batch[largest + 1 :]]
         while parts:
@@ -330,8 +332,10 @@ class Flusher:
         size = completion_size(completion)
         logger.error(
             "the broker refused the completion of task %s (%d bytes): %s",
-            completion.task_id, size, error,
-        )  # fmt: skip
+            completion.task_id,
+            size,
+            error,
+        )
         try:
             replacement = _replacement(completion, size, error)
         except Exception:  # a malformed completion (a bug): nothing sensible to write

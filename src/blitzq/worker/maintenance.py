@@ -63,10 +63,14 @@ def running_tasks(jobs: Iterable[Job]) -> list[dict[str, Any]]:
     ``started_at`` (Unix seconds) of its oldest :data:`REGISTERED_RUNS` runs."""
     runs = sorted(jobs, key=lambda job: job.started_at)[:REGISTERED_RUNS]
     return [
-        {"id": j.envelope.id, "task": j.envelope.task, "queue": j.envelope.queue,
-         "started_at": j.started_at}
+        {
+            "id": j.envelope.id,
+            "task": j.envelope.task,
+            "queue": j.envelope.queue,
+            "started_at": j.started_at,
+        }
         for j in runs
-    ]  # fmt: skip
+    ]
 
 
 def maintenance_interval(visibility_timeout: float) -> float:
@@ -246,9 +250,11 @@ class Maintenance:
         self._malformed_logged = now
         logger.warning(
             "ignored a malformed push on the event channel (%d so far): %s %.200r%s",
-            self.malformed_events, kind, value,
+            self.malformed_events,
+            kind,
+            value,
             f" ({describe_error(error)[0]}: {describe_error(error)[1][:200]})" if error else "",
-        )  # fmt: skip
+        )
 
     async def _sync_paused(self) -> None:
         """Re-read the paused queues (at start and every round: a push may be lost)."""

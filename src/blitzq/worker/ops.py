@@ -168,8 +168,9 @@ class Ops:
             logger.warning(
                 "%s: presumably the previous worker of this slot, still finishing its runs; "
                 "this worker runs its tasks meanwhile and retries for up to %.0f s",
-                "; ".join(str(exc) for _, exc in waiting), self.port_wait,
-            )  # fmt: skip
+                "; ".join(str(exc) for _, exc in waiting),
+                self.port_wait,
+            )
             self._retry = asyncio.create_task(self._retry_loop(waiting), name="blitzq-ops-bind")
         return tasks
 
@@ -216,8 +217,9 @@ class Ops:
                 return
         logger.info(
             "ops endpoints served now: metrics %s, health %s",
-            self.metrics_address, self.health_address,
-        )  # fmt: skip
+            self.metrics_address,
+            self.health_address,
+        )
 
     def _fail(self, message: str) -> None:
         logger.error("%s: the worker stops", message)

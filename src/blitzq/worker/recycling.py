@@ -62,8 +62,10 @@ def pool_over_memory(pids: Iterable[int], limit: int) -> bool:
             logger.warning(
                 "process-pool child %d holds %.0f MB, above max-memory-per-child %.0f MB: "
                 "replacing the pool",
-                pid, rss / MB, limit / MB,
-            )  # fmt: skip
+                pid,
+                rss / MB,
+                limit / MB,
+            )
             return True
     return False
 

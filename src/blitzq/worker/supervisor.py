@@ -434,8 +434,12 @@ class Supervisor(Elastic):
             logger.warning(
                 "worker slot %d (pid %d) asked to be restarted (code %d): planned restart "
                 "#%d in %.2f s, not counted as a crash",
-                slot.index, proc.pid, code, slot.planned_restarts, slot.restart_at - now,
-            )  # fmt: skip
+                slot.index,
+                proc.pid,
+                code,
+                slot.planned_restarts,
+                slot.restart_at - now,
+            )
             return
         logger.warning("worker slot %d (pid %d) exited with %s", slot.index, proc.pid, how)
         self._schedule_restart(slot, now)

@@ -66,8 +66,23 @@ OUTCOMES = ("succeeded", "failed", "retried", "dead_lettered", "cancelled", "exp
 #: latency; a last bucket, +Inf, takes the rest. All floats: ``bisect`` compares a float
 #: with a float faster than with an int.
 BUCKETS = (
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0
-)  # fmt: skip
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    900.0,
+)
 #: The first bucket's bound: a run shorter than this skips the ``bisect``.
 _FIRST = BUCKETS[0]
 

@@ -357,8 +357,9 @@ class Worker:
             logger.warning(
                 "the broker's pool allows %d connections for %d fetch loops and the worker's "
                 "own; raise max_connections in the URL",
-                size, len(self.queues),
-            )  # fmt: skip
+                size,
+                len(self.queues),
+            )
         await broker.prepare_consumer(self.physical_queues, self.id)
         # on_startup hooks, lifespans (closed by _shutdown), then middleware's on_worker_start
         await extensions_of(self.queue).worker_started(self)
@@ -392,8 +393,11 @@ class Worker:
             background.append(asyncio.create_task(burst, name="blitzq-burst"))
         logger.info(
             "worker %s started: queues=%s concurrency=%d mode=%s",
-            self.id, ",".join(self.queues), self.concurrency, self.queue.mode,
-        )  # fmt: skip
+            self.id,
+            ",".join(self.queues),
+            self.concurrency,
+            self.queue.mode,
+        )
         await self._emit(Signal.WORKER_STARTED)
         assert self._stop_event is not None
         try:

@@ -216,10 +216,21 @@ class _Messages:
         splice: int,
     ) -> ChordMember:
         return ChordMember(
-            self.workflow_id, str(join["i"]), str(join["x"]), size, result, ttl,
-            "", queue, head, tail, self.now, splice, self.result_ttl,
+            self.workflow_id,
+            str(join["i"]),
+            str(join["x"]),
+            size,
+            result,
+            ttl,
+            "",
+            queue,
+            head,
+            tail,
+            self.now,
+            splice,
+            self.result_ttl,
             self.max_size if queue else self.max_result_size,
-        )  # fmt: skip
+        )
 
 
 def _running_ttl(queue: QueueSettings) -> int:

@@ -200,9 +200,18 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         # some, in the order of the keys; the worker keeps the most urgent (Fetcher._grant).
         block = max(1, int(self.block_for(timeout) * 1000))
         reply = await self.client.execute_command(
-            "XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 1,
-            "BLOCK", block, "STREAMS", *keys, *(">" for _ in keys),
-        )  # fmt: skip
+            "XREADGROUP",
+            "GROUP",
+            GROUP,
+            self.consumer,
+            "COUNT",
+            1,
+            "BLOCK",
+            block,
+            "STREAMS",
+            *keys,
+            *(">" for _ in keys),
+        )
         if not reply:
             return []
         by_key = reply.items() if isinstance(reply, dict) else reply
@@ -224,9 +233,16 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         for queue, key in zip(queues, keys, strict=True):
             try:
                 reply = await self.client.execute_command(
-                    "XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", count - len(out),
-                    "STREAMS", key, ">",
-                )  # fmt: skip
+                    "XREADGROUP",
+                    "GROUP",
+                    GROUP,
+                    self.consumer,
+                    "COUNT",
+                    count - len(out),
+                    "STREAMS",
+                    key,
+                    ">",
+                )
             except ResponseError as exc:
                 if out:
                     return out
