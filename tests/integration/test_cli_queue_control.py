@@ -66,7 +66,18 @@ def worker_procs(
         log = (tmp_path / f"worker{i}.log").open("wb")
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "blitzq", "worker", APP, "-Q", queues, "-c", "4"],
+                [
+                    sys.executable,
+                    "-m",
+                    "blitzq",
+                    "worker",
+                    APP,
+                    "-Q",
+                    queues,
+                    "-c",
+                    "4",
+                    "--no-supervise",
+                ],
                 cwd=ROOT,
                 env=env,
                 stdout=log,

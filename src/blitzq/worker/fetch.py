@@ -243,7 +243,7 @@ class Fetcher:
         broker, names = self.broker, self.worker.levels[queue]
         try:
             deliveries = await broker.fetch_first(names, n, 0)
-        except Exception:
+        except BaseException:  # a failed or cancelled fetch holds no slot (shutdown waits on them)
             slots.release(n)
             raise
         if deliveries or self._stop_requested():
@@ -258,7 +258,7 @@ class Fetcher:
             deliveries = await broker.fetch_first(
                 names, 1, self.worker.block_timeout, look_first=False
             )
-        except Exception:
+        except BaseException:
             slots.release_queue(1)
             raise
         if not deliveries:
