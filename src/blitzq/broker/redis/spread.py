@@ -55,7 +55,8 @@ from ..values import Completion, DeadLetterFields
 from .client import bad_url, make_client, translate_errors
 from .cluster import is_cluster, split_layout
 from .connection import DEFAULT_DEAD_LETTER_CAP, DeadLetterLimits, RedisConnection
-from .handoff import HandoffRelay, SpreadStateStore
+from .handoff import HandoffRelay
+from .homes import HomedKeys, HomedStateStore, complete_in, homed_id, homeless
 from .keys import GROUP, Keys
 from .streams import StreamsTransport
 
@@ -238,14 +239,16 @@ class SpreadRedisBroker(DeadLetterLimits, Broker):
             dead_letter_max_bytes=dead_letter_max_bytes,
             kind="l",  # the store in outbox mode writes no list: kind "o" once paired
         )
+        conn.keys = HomedKeys(namespace)  # a homed id's own keys in its queue's slot
         self.conn = conn
         self.transport_conn = RedisConnection(url, namespace, client=conn.client, kind="s")
         self.transport_conn.keys = SpreadKeys(namespace)
         transport = SpreadStreamsTransport(self.transport_conn)
-        self.store = SpreadStateStore(conn, transport.held)
+        self.store = HomedStateStore(conn, transport.held)
         transport.store = self.store  # recovery dead-letters in the store
         super().__init__(transport, self.store, SpreadPairing(transport, self.store))
         self.spread: SpreadStreamsTransport = transport
+        self.task_ids = homed_id
         self.url = conn.url
         self.keys = conn.keys
         self.client: Any = conn.client
@@ -278,9 +281,9 @@ class SpreadPairing(CommitThenAck):
     """
 
     transport: SpreadStreamsTransport
-    state: SpreadStateStore
+    state: HomedStateStore
 
-    def __init__(self, transport: SpreadStreamsTransport, state: SpreadStateStore) -> None:
+    def __init__(self, transport: SpreadStreamsTransport, state: HomedStateStore) -> None:
         super().__init__(transport, state)
         self.complete = self.hold_then_commit
 
@@ -289,6 +292,30 @@ class SpreadPairing(CommitThenAck):
         return HandoffRelay(self.state.outbox, self.transport)
 
     async def hold_then_commit(self, completions: Sequence[Completion]) -> list[Completion]:
+        """Apply the colocated completions in their queue's slot (``homes.complete_in``: one
+        script per queue, which fences, acks and writes the homed records); fence, then
+        :meth:`commit_then_ack` the others (namespace-wide writes, unhomed records); return
+        the stale ones with those the store refused (docs/architecture.md, "Redis Cluster:
+        per-task state in the queue's slot")."""
+        keys = self.state.keys
+        near: dict[str, list[Completion]] = {}
+        far: list[Completion] = []
+        for c in completions:
+            tag = keys.queue_home(c.queue)
+            if homeless(c) or (keys.home(c.task_id) != tag and (c.record is not None or c.ops)):
+                far.append(c)
+            else:
+                near.setdefault(tag, []).append(c)
+        stale: list[Completion] = []
+        for tag, batch in near.items():
+            stale += await complete_in(self.transport.conn, keys.home_keys(tag), batch)
+        if stale:
+            await self.state.count_stale(len(stale))
+        if far:
+            stale += await self.split_commit(far)
+        return stale
+
+    async def split_commit(self, completions: Sequence[Completion]) -> list[Completion]:
         """Fence, then :meth:`commit_then_ack` the completions this consumer still holds;
         return the stale ones with those the store refused."""
         asked: dict[str, list[bytes]] = {}
