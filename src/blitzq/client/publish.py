@@ -79,7 +79,7 @@ class Producer:
         once read: every broker of a Queue has the same URL, hence the same layout. Without a
         running loop there is no broker to ask: ``None`` this time, asked again next time."""
         try:
-            ids = getattr(self.queue.broker, "task_ids", None)
+            ids = self.queue.broker.task_ids
         except RuntimeError:  # no running loop
             return None
         self._task_ids = ids

@@ -30,15 +30,25 @@ from .client import translate_errors
 from .completion import encode_batch, encode_entries
 from .connection import RedisConnection
 from .handoff import SpreadStateStore
-from .keys import GROUP, TABLE, Keys, glob_escape
+from .keys import GROUP, Keys, glob_escape
 
-__all__ = ["HOME_MARK", "HomedKeys", "HomedStateStore", "complete_in", "home_queue", "homed_id", "homeless"]
+__all__ = [
+    "HOME_MARK",
+    "HomedKeys",
+    "HomedStateStore",
+    "complete_in",
+    "home_queue",
+    "homed_id",
+    "homeless",
+]
 
 #: What separates the random part of a homed id from its queue.
 HOME_MARK = "@"
 _HEX = frozenset("0123456789abcdef")
-_T, _DONE = TABLE["record"].literals[0], TABLE["done_channel"].literals[0]
-_P, _PC = TABLE["progress"].literals[0], TABLE["progress_channel"].literals[0]
+#: The suffixes (after the prefix) of a task's own keys, as :class:`~.keys.Keys` makes them.
+_BARE = Keys("")
+_T, _DONE = _BARE.record("")[3:], _BARE.done_channel("")[3:]
+_P, _PC = _BARE.progress("")[3:], _BARE.progress_channel("")[3:]
 
 
 def homed_id(queue: str) -> str:
