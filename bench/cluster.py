@@ -195,6 +195,35 @@ Row = tuple[str, str, list[int], bool]
 """(label, URL, the ports of its servers, one namespace per queue)."""
 
 
+def slot_owners(ports: list[int]) -> dict[tuple[int, int], int]:
+    """The cluster's slot ranges and the port of each range's primary (``CLUSTER SLOTS``)."""
+    with redis.Redis(port=ports[0]) as client:
+        return {
+            (int(start), int(end)): int(primary[1])
+            for start, end, primary, *_ in client.execute_command("CLUSTER", "SLOTS")
+        }
+
+
+def stream_nodes(url: str, ports: list[int], layout: Layout) -> list[int]:
+    """How many of the layout's queue streams each of ``ports`` holds (in ``ports``' order):
+    on the spread layout a queue's streams are under ``{<ns>:q:<queue>}``, else ``{<ns>}``."""
+    if len(ports) == 1:
+        return [sum(len(names) for _, names in layout)]
+    owners = slot_owners(ports)
+    counts = [0] * len(ports)
+    for namespace, names in layout:
+        for name in names:
+            tag = (
+                "{" + namespace + "}"
+                if "layout=slot" in url
+                else "{" + namespace + ":q:" + name + "}"
+            )
+            slot = key_slot(tag.encode())
+            owner = next(p for (a, b), p in owners.items() if a <= slot <= b)
+            counts[ports.index(owner)] += 1
+    return counts
+
+
 def run_rows(rows: list[Row], names: list[str], args: argparse.Namespace) -> list[str]:
     """``--reps`` rounds, each running every row once in turn (A B C A B C: paired and
     interleaved, so a slower moment of the shared machine hits every row); one Markdown line
@@ -204,6 +233,8 @@ def run_rows(rows: list[Row], names: list[str], args: argparse.Namespace) -> lis
     client: list[list[float]] = [[] for _ in rows]
     calls = [[0] * len(ports) for _, _, ports, _ in rows]
     cpu = [[0.0] * len(ports) for _, _, ports, _ in rows]
+    streams = [[0] * len(ports) for _, _, ports, _ in rows]
+    ran = [0] * len(rows)
     for _ in range(args.reps):
         for i, (_, url, ports, per_queue) in enumerate(rows):
             before = [command_calls(p) for p in ports]
@@ -212,6 +243,9 @@ def run_rows(rows: list[Row], names: list[str], args: argparse.Namespace) -> lis
             else:
                 layout = [(spread(ports, 1)[0], names)]
             rate, busy = asyncio.run(drain(url, layout, args.tasks))
+            ran[i] += args.tasks * len(names)
+            for j, n in enumerate(stream_nodes(url, ports, layout)):
+                streams[i][j] += n
             rates[i].append(rate)
             client[i].append(busy)
             after = [command_calls(p) for p in ports]
@@ -219,15 +253,26 @@ def run_rows(rows: list[Row], names: list[str], args: argparse.Namespace) -> lis
                 calls[i][j] += a[0] - b[0]
                 cpu[i][j] += a[1] - b[1]
     lines, base = [], statistics.median(rates[0])
+    base_cpu = 1e6 * sum(cpu[0]) / ran[0]
     for i, (label, _, _, _) in enumerate(rows):
         rate = statistics.median(rates[i])
         ratios = [r / b for r, b in zip(rates[i], rates[0], strict=True)]
         total = sum(calls[i]) or 1
         shares = " / ".join(f"{round(100 * c / total)}%" for c in calls[i])
         cpus = " / ".join(f"{c:.1f}" for c in cpu[i])
+        cpu_total = sum(cpu[i]) or 1.0
+        cpu_shares = " / ".join(f"{round(100 * c / cpu_total)}%" for c in cpu[i])
+        stream_total = sum(streams[i]) or 1
+        stream_shares = " / ".join(f"{round(100 * n / stream_total)}%" for n in streams[i])
+        gap = max(
+            abs(100 * c / cpu_total - 100 * n / stream_total)
+            for c, n in zip(cpu[i], streams[i], strict=True)
+        )
+        per_task = 1e6 * sum(cpu[i]) / ran[i]
         lines.append(
             f"| {label} | {rate:,.0f} | {rate / base:.2f} (paired median "
-            f"{statistics.median(ratios):.2f}) | {shares} | {cpus} | "
+            f"{statistics.median(ratios):.2f}) | {shares} | {cpus} | {stream_shares} | "
+            f"{cpu_shares} | {gap:.0f} | {per_task:.1f} ({per_task / base_cpu:.2f}x) | "
             f"{statistics.median(client[i]):.0%} |"
         )
     return lines
@@ -252,9 +297,13 @@ def main() -> None:
             rows.append(
                 ("cluster, slot layout, N namespaces", first + "?layout=slot", cluster, True)
             )
-        print("| queues | layout | drain tasks/s (median) | vs 1 node | commands per shard "
-              "| server CPU s per shard | client CPU (of one core) |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|")
+        print(
+            "| queues | layout | drain tasks/s (median) | vs 1 node | commands per shard "
+            "| server CPU s per shard | queue streams per shard | server CPU per shard "
+            "| largest gap (points) | server CPU us per task (vs 1 node) "
+            "| client CPU (of one core) |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for count in (int(n) for n in args.queues.split(",")):
             print(f"{count} queues x {args.tasks} no-op tasks, reliable mode", file=sys.stderr)
             for line in run_rows(rows, [f"q{i}" for i in range(count)], args):

@@ -25,8 +25,12 @@ from blitzq.exceptions import TaskCancelled
 from tests.cluster_server import LocalCluster
 from tests.contract.test_broker_contract import message
 
+from . import test_cluster_spread
 from .proc_tasks import eventually, make_worker, running
-from .test_cluster_spread import cluster_ns, spread_queues  # noqa: F401  (a fixture)
+from .test_cluster_spread import spread_queues
+
+#: The fresh namespace of each test (the spread layout tests' fixture).
+cluster_ns = test_cluster_spread.cluster_ns
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -42,6 +42,9 @@ __all__ = [
     "homeless",
 ]
 
+#: Longest announcement of a wait (seconds): a longer wait announces itself again each time
+#: it re-reads (once a second at most).
+ANNOUNCE_MAX = 3600.0
 #: What separates the random part of a homed id from its queue.
 HOME_MARK = "@"
 _HEX = frozenset("0123456789abcdef")
@@ -49,6 +52,7 @@ _HEX = frozenset("0123456789abcdef")
 _BARE = Keys("")
 _T, _DONE = _BARE.record("")[3:], _BARE.done_channel("")[3:]
 _P, _PC = _BARE.progress("")[3:], _BARE.progress_channel("")[3:]
+_W = _BARE.waiter("")[3:]
 
 
 def homed_id(queue: str) -> str:
@@ -97,6 +101,10 @@ class HomedKeys(Keys):
     def done_channel(self, task_id: str) -> str:
         """The channel announcing a task's record, named after its home."""
         return self.home(task_id) + _DONE + task_id
+
+    def waiter(self, task_id: str) -> str:
+        """The mark of a process waiting on a task's record, in its home."""
+        return self.home(task_id) + _W + task_id
 
     def progress(self, task_id: str) -> str:
         """A task's latest progress, in its home."""
@@ -147,6 +155,7 @@ async def complete_in(
             conn.dead_letter_max_bytes,
             NOTIFY_INLINE_MAX,
             conn.consumer,
+            "1",  # quiet: a record is announced only to a waiter (HomedKeys.waiter)
         ],
     )
     if not stale:
@@ -165,6 +174,22 @@ class HomedStateStore(SpreadStateStore):
     """
 
     keys: HomedKeys
+
+    def _write_to(self, kind: str) -> None:
+        """See :meth:`RedisStateStore._write_to`; a wait on a homed record announces itself
+        first (:meth:`announce`)."""
+        super()._write_to(kind)
+        self.records.announce = self.announce
+
+    @translate_errors
+    async def announce(self, task_id: str, seconds: float) -> None:
+        """Mark in its home that this process waits ``seconds`` on ``task_id``'s record, so
+        that its completion publishes it (a homed completion publishes a record only to an
+        announced waiter: ``complete.lua``, ARGV[9]). Nothing for an unhomed id."""
+        keys = self.keys
+        if keys.home(task_id) != keys.prefix:
+            wait = max(1, int(min(seconds, ANNOUNCE_MAX) * 1000) + 1000)
+            await self.client.set(keys.waiter(task_id), b"1", px=wait)
 
     async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
         """See :meth:`RedisStateStore.complete`: the namespace part first (everything but the

@@ -71,6 +71,9 @@ TABLE: Final[dict[str, Key]] = {
         "a task's record (MessagePack map); expires after result_ttl"),
     "done_channel": Key("done:<task_id>", "channel",
         "published when the record is written: the record itself (small) or `1`"),
+    "waiter": Key("w:<task_id>", "string",
+        "spread layout: a process waits on the homed task's record (`1`, PX the wait): its "
+        "completion publishes `done:<task_id>` only then"),
     "dead_letter": Key("d:<task_id>", "hash",
         "a dead letter: message, reason, error, task, queue, failed_at, kind; dead_letter_ttl"),
     "unique": Key("u:<key>", "string",
@@ -213,6 +216,10 @@ class Keys:
     def done_channel(self, task_id: str) -> str:
         """Pub/sub channel announcing that a task's record was written."""
         return self._one("done_channel", task_id)
+
+    def waiter(self, task_id: str) -> str:
+        """Spread layout: present while a process waits on a homed task's record."""
+        return self._one("waiter", task_id)
 
     def dead_letter(self, task_id: str) -> str:
         """Hash holding one dead letter's fields."""
