@@ -161,14 +161,20 @@ __all__ = [
 if not TYPE_CHECKING:
 
     def __getattr__(name: str) -> Any:
-        """Import the module that defines public ``name`` on first access and cache the value.
+        """Import the module that defines public ``name`` on first access and cache the value;
+        a submodule's name (``blitzq.testing``) imports that submodule, as an eager package did.
 
         Raises:
-            AttributeError: ``name`` is not a public name of blitzq.
+            AttributeError: ``name`` is neither a public name nor a submodule of blitzq.
         """
         module = _MODULE_OF.get(name)
         if module is None:
-            raise AttributeError(f"module 'blitzq' has no attribute {name!r}")
+            try:
+                return import_module(f".{name}", __name__)
+            except ModuleNotFoundError as exc:
+                if exc.name != f"{__name__}.{name}":
+                    raise
+                raise AttributeError(f"module 'blitzq' has no attribute {name!r}") from None
         value = getattr(import_module(module, __name__), name)
         globals()[name] = value
         return value

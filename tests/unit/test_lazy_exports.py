@@ -68,3 +68,12 @@ def test_import_blitzq_loads_none_of_its_parts() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=50
     ).stdout.splitlines()
     assert out == ["[]", "True"]
+
+
+def test_a_submodule_is_reachable_as_an_attribute() -> None:
+    """``import blitzq; blitzq.testing.run_eagerly``-style access keeps working."""
+    probe = "import blitzq\nprint(blitzq.testing.__name__, blitzq.worker.Worker.__name__)\n"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=50
+    ).stdout.split()
+    assert out == ["blitzq.testing", "Worker"]
