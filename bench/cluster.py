@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python bench/cluster.py [--queues 4,8] [--tasks 2000] [--reps 3] [--namespaces]
+    .venv/bin/python bench/cluster.py [--queues 6] [--tasks 2000] [--reps 3] [--namespaces]
 
 Starts its own servers on free ports (never the shared 6379): one ``redis-server`` and a
 3-primary cluster (``--cluster-enabled yes`` x3, ``redis-cli --cluster create``), all with
@@ -22,8 +22,11 @@ Layouts (run in turn within each round, so the rounds pair them):
 
 Beside each rate, the split of the Redis commands over the shards (``INFO commandstats``
 calls, deltas) and the CPU seconds each shard's server used (``INFO cpu``), over all the
-runs, and the CPU the benchmark's own process (producers and workers) used while draining, as
-a share of one core. The
+runs; each shard's share of the namespace's queue streams (by the slot of each queue's tag)
+and of the servers' CPU, and the largest gap between the two (points); the servers' CPU per
+task (all shards, microseconds) and its ratio to the single server's; and the CPU the
+benchmark's own process (producers and workers) used while draining, as a share of one
+core. The
 machine and the client process are shared by every server, so expect the CPU to cap the
 figures: compare the splits more than the rates.
 """
@@ -281,7 +284,7 @@ def run_rows(rows: list[Row], names: list[str], args: argparse.Namespace) -> lis
 def main() -> None:
     """Run every layout for each number of queues and print a Markdown table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--queues", default="4,8", help="numbers of queues, comma-separated")
+    parser.add_argument("--queues", default="6", help="numbers of queues, comma-separated")
     parser.add_argument("--tasks", type=int, default=2000, help="tasks per queue")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--namespaces", action="store_true", help="add one namespace per queue")
