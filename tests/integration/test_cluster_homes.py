@@ -2,7 +2,8 @@
 session's local 3-primary Redis Cluster (``redis_cluster``).
 
 - A generated task id is homed on its queue: its record lives in the queue's slot and its
-  result is found by id alone, from another Queue object too.
+  result is found by id alone, from another Queue object too; a wait on it announces itself
+  in that slot (the completion publishes a homed record only to an announced waiter).
 - A batch of completions of homed tasks is one script call on the queue's node: nothing runs
   on the namespace's node, and the deliveries are acked.
 - Ids chosen by the caller keep working: their state stays in the namespace's slot.
@@ -61,7 +62,7 @@ async def test_a_generated_id_is_homed_and_its_result_found_by_id(
     redis_cluster: LocalCluster, cluster_ns: str
 ) -> None:
     names = spread_queues(redis_cluster, cluster_ns, 2)
-    queue = Queue(redis_url=redis_cluster.url(), namespace=cluster_ns, track_state=True)
+    queue = Queue(redis_url=redis_cluster.url(), namespace=cluster_ns)
     reader = Queue(redis_url=redis_cluster.url(), namespace=cluster_ns)
 
     @queue.task(name="h.add", queue=names[0])
@@ -69,16 +70,19 @@ async def test_a_generated_id_is_homed_and_its_result_found_by_id(
         return a + b
 
     try:
+        handle = await add.enqueue(2, 3)
+        assert home_queue(handle.id) == names[0]
+        broker = queue.broker
+        assert isinstance(broker, SpreadRedisBroker)
+        waiting = asyncio.ensure_future(handle.result(timeout=60))
+        # The wait announced itself in the task's home: its completion will publish to it.
+        await eventually(lambda: broker.client.exists(broker.keys.waiter(handle.id)), bool, 30.0)
         async with running(make_worker(queue, concurrency=4)):
-            handle = await add.enqueue(2, 3)
-            assert home_queue(handle.id) == names[0]
-            assert await handle.result(timeout=30) == 5
+            assert await waiting == 5
         assert await reader.get_result(handle.id, timeout=10) == 5  # by id alone
         record = await reader.inspect(handle.id)
         assert record is not None
         assert record.state is TaskState.SUCCEEDED
-        broker = queue.broker
-        assert isinstance(broker, SpreadRedisBroker)
         key = broker.keys.record(handle.id)
         assert key.startswith(SpreadKeys(cluster_ns).queue_tag(names[0]))
         queue_node = redis_cluster.owner(SpreadKeys(cluster_ns).queue_tag(names[0]))
