@@ -2,7 +2,8 @@
 
 All keys of a namespace start with ``{ns}:``, whose braces are a Redis Cluster hash tag, so
 every Lua script touches one cluster slot (the spread layout's queue keys, under a tag per
-queue, are made by ``spread.SpreadKeys``). :class:`Keys` builds the names on the Python side;
+queue, are made by ``spread.SpreadKeys``, and a homed task's own keys, under its queue's tag,
+by ``homes.HomedKeys``). :class:`Keys` builds the names on the Python side;
 the Lua scripts write ``KEY.record(prefix, id)``, which ``scripts.py`` expands from the same
 table to what ``Keys(ns).record(id)`` makes, so a suffix is written once.
 """

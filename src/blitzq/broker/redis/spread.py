@@ -8,12 +8,16 @@ cluster) splits a broker in two halves that never share a script:
   queue in a slot of its own: every priority level's stream and consumer group and the
   relay's hand-off marks of a queue ``q`` are under the tag ``{<ns>:q:<q>}``
   (:class:`SpreadKeys`), so a fetch still reads the levels of one queue in one script;
-- the **state store** (:class:`~.handoff.SpreadStateStore`) keeps everything else
-  (records, schedule, dead letters, workflows, unique keys, locks, rate buckets, periodic
-  claims, registries, the outbox) under ``{<ns>}``, as on one slot.
+- the **state store** (:class:`~.homes.HomedStateStore`) keeps a *homed* task's own keys
+  (its record, progress and their channels: the ids the producer generates here,
+  ``<hex>@<queue>``, ``homes.py``) under its queue's tag, and everything else (schedule,
+  dead letters, workflows, unique keys, locks, rate buckets, periodic claims, registries,
+  the outbox, and the own keys of ids chosen by the caller) under ``{<ns>}``.
 
-They are joined as any *foreign pairing* is (``state.acks(transport)`` is ``False``): a
-completion is applied in the store, then acked on the transport (at-least-once); what the
+The common completion (an ack, a homed record, a requeue onto its queue, progress) is one
+``complete.lua`` call in the queue's slot (:meth:`SpreadPairing.hold_then_commit`), as on one
+slot. The others are joined as any *foreign pairing* is: applied in the store (the
+namespace's part, then the home's), then acked on the transport (at-least-once); what the
 store writes into queues goes to its outbox, which the relay hands to the queue's slot
 idempotently (``handoff.py``: each batch has a stable id and is published under a mark in
 the queue's slot, so a relay that dies after publishing never doubles it). Two steps of
@@ -29,8 +33,8 @@ the transport that wrote into the namespace's keys are split here:
   still holds and renews their leases (a full visibility timeout to apply and ack them);
   the others are stale, refused whole and counted in ``stale_completions``, as on one slot.
 
-Every script works on one slot: a transport script on one queue's tag, a store script on
-``{ns}``. docs/architecture.md ("Redis Cluster") says why no cross-slot step loses or
+Every script works on one slot: a transport script or a homed completion on one queue's
+tag, a store script on ``{ns}``. docs/architecture.md ("Redis Cluster") says why no cross-slot step loses or
 doubles a task.
 """
 
@@ -197,7 +201,8 @@ class SpreadStreamsTransport(StreamsTransport):
 class SpreadRedisBroker(DeadLetterLimits, Broker):
     """Reliable mode on the spread layout (see the module docstring): a
     :class:`SpreadStreamsTransport` with each queue in its own slot and the Redis state store
-    in the namespace's slot, sharing one client.
+    in the namespace's slot (but the homed tasks' own keys, in their queue's), sharing one
+    client; it generates homed task ids (``task_ids``: :func:`~.homes.homed_id`).
 
     Args:
         url: a Redis Cluster node's URL (any URL of a Redis server works: a single server
@@ -209,8 +214,9 @@ class SpreadRedisBroker(DeadLetterLimits, Broker):
         dead_letter_max_bytes: total bytes of dead letters kept.
 
     Attributes:
-        conn: the state store's connection (keys under ``{ns}``); ``keys``, ``client`` and
-            ``url`` are its own.
+        conn: the state store's connection (:class:`~.homes.HomedKeys`: keys under ``{ns}``,
+            a homed task's own under its queue's tag); ``keys``, ``client`` and ``url`` are
+            its own.
         transport_conn: the transport's connection (same client, :class:`SpreadKeys`).
         kind: ``"s"``, the origin its dead letters record (``DeadLetter.mode`` "reliable").
 
@@ -266,9 +272,13 @@ class SpreadRedisBroker(DeadLetterLimits, Broker):
 
 
 class SpreadPairing(CommitThenAck):
-    """Hold, then commit, then ack: the pairing of the spread layout.
+    """The pairing of the spread layout: the common completion in its queue's slot, the
+    others held, then committed, then acked.
 
-    Before the store applies a batch, the transport keeps the completions whose delivery
+    A completion that writes only its own delivery's ack, a homed record, a requeue onto its
+    queue and progress is applied with the ack in one script in the queue's slot
+    (:func:`~.homes.complete_in`, fenced there as on one slot). For the others, before the
+    store applies them, the transport keeps the completions whose delivery
     (``token`` or ``fence``) this consumer still holds and renews their leases
     (:meth:`SpreadStreamsTransport.held`, ``hold.lua``); the others are stale, refused whole
     and counted as ``stale_completions``, as on one slot. The rest is
