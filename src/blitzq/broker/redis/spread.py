@@ -34,8 +34,8 @@ the transport that wrote into the namespace's keys are split here:
   the others are stale, refused whole and counted in ``stale_completions``, as on one slot.
 
 Every script works on one slot: a transport script or a homed completion on one queue's
-tag, a store script on ``{ns}``. docs/architecture.md ("Redis Cluster") says why no cross-slot step loses or
-doubles a task.
+tag, a store script on ``{ns}``. docs/architecture.md ("Redis Cluster", and "Redis Cluster:
+per-task state in the queue's slot") says why no cross-slot step loses or doubles a task.
 """
 
 from __future__ import annotations
