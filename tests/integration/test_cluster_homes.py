@@ -6,6 +6,8 @@ session's local 3-primary Redis Cluster (``redis_cluster``).
   in that slot (the completion publishes a homed record only to an announced waiter).
 - A batch of completions of homed tasks is one script call on the queue's node: nothing runs
   on the namespace's node, and the deliveries are acked.
+- A completion that also writes namespace state (a dead letter, a retry's schedule entry) is
+  split: the namespace's part there, the record in the queue's slot, then the ack.
 - Ids chosen by the caller keep working: their state stays in the namespace's slot.
 - Workflows (chain, chord), unique tasks, locks, progress and cancellation work with homed
   ids on the spread layout.
@@ -19,7 +21,7 @@ from typing import Any
 import pytest
 
 from blitzq import Queue, TaskState, chain, chord, current_task
-from blitzq.broker import Completion
+from blitzq.broker import Completion, DeadLetterFields
 from blitzq.broker.redis.homes import home_queue, homed_id
 from blitzq.broker.redis.spread import SpreadKeys, SpreadRedisBroker
 from blitzq.exceptions import TaskCancelled
@@ -125,6 +127,37 @@ async def test_a_batch_of_homed_completions_is_one_script_on_the_queue_node(
         assert await broker.get_records(ids) == [b"done " + i.encode() for i in ids]
         for i in ids[:3]:
             assert owner_of_key(redis_cluster, broker.keys.record(i)) == queue_node
+    finally:
+        await queue.close()
+
+
+async def test_a_split_completion_of_a_homed_id_writes_each_part_in_its_slot(
+    redis_cluster: LocalCluster, cluster_ns: str
+) -> None:
+    names = spread_queues(redis_cluster, cluster_ns, 2)
+    q = names[0]
+    queue = Queue(redis_url=redis_cluster.url(), namespace=cluster_ns)
+    try:
+        broker = queue.broker
+        assert isinstance(broker, SpreadRedisBroker)
+        await broker.prepare_consumer([q], "homes-split")
+        dead_id, retried_id = homed_id(q), homed_id(q)
+        await broker.publish(q, [message(dead_id, q), message(retried_id, q)])
+        dead, retried = await broker.fetch(q, 2, 0)
+        fields = DeadLetterFields(dead.payload, "failed", "boom", "tests.contract.task", q, 1.0)
+        batch = [
+            Completion(q, dead.token, dead_id, b"dead", 60, dead_letter=fields),
+            Completion(q, retried.token, retried_id, b"retrying", 60, retried.payload, 600.0),
+        ]
+        assert await broker.complete(batch) == []
+        assert await broker.get_records([dead_id, retried_id]) == [b"dead", b"retrying"]
+        queue_node = redis_cluster.owner(SpreadKeys(cluster_ns).queue_tag(q))
+        assert owner_of_key(redis_cluster, broker.keys.record(dead_id)) == queue_node
+        letter = await broker.get_dead_letter(dead_id)  # in the namespace's slot
+        assert letter is not None
+        assert letter.reason == "failed"
+        assert await broker.scheduled_count() == 1
+        assert await broker.queue_stats([q]) == {q: {"waiting": 0, "in_flight": 0}}
     finally:
         await queue.close()
 
