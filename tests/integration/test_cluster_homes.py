@@ -244,6 +244,8 @@ async def test_workflows_unique_locks_progress_and_cancel_with_homed_ids(
             gate.set()
             locks = [await locked.enqueue("r") for _ in range(3)]
             assert await chained.get(timeout=30) == 6
+            steps = await chained.children()  # a workflow's steps are homed on their queues
+            assert [home_queue(step.id) for step in steps] == [names[0], names[2]]
             assert await joined.get(timeout=30) == sum(i + 1 for i in range(5))
             assert await reporting.result(timeout=30) == 2
             assert await first.result(timeout=30) == 7
