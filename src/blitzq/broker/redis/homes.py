@@ -1,7 +1,7 @@
 """A task's home on the spread layout: the slot its own state lives in, found from its id.
 
 On the spread layout (``spread.py``) each queue has a slot of its own (``{<ns>:q:<queue>}``).
-A task id of the form ``<32 hex digits>@<base queue>`` (:func:`homed_id`, what the producer
+A task id of the form ``<32 hex digits>.<base queue>`` (:func:`homed_id`, what the producer
 generates there) is **homed**: its record ``t:<id>``, the record's channel ``done:<id>``,
 its progress ``p:<id>`` and channel ``progress:<id>`` are under its queue's tag, beside the
 queue's streams, so its common completion is one script on one shard
@@ -45,8 +45,9 @@ __all__ = [
 #: Longest announcement of a wait (seconds): a longer wait announces itself again each time
 #: it re-reads (once a second at most).
 ANNOUNCE_MAX = 3600.0
-#: What separates the random part of a homed id from its queue.
-HOME_MARK = "@"
+#: What separates the random part of a homed id from its queue (not ``@``: a task id may
+#: appear in a URL, where ``@`` ends a userinfo, and in a lock holder ``<id>@<entry>``).
+HOME_MARK = "."
 _HEX = frozenset("0123456789abcdef")
 #: The suffixes (after the prefix) of a task's own keys, as :class:`~.keys.Keys` makes them.
 _BARE = Keys("")
@@ -56,7 +57,7 @@ _W = _BARE.waiter("")[3:]
 
 
 def homed_id(queue: str) -> str:
-    """A new task id homed on ``queue``'s slot: 128 random bits in hex, ``@``, the base
+    """A new task id homed on ``queue``'s slot: 128 random bits in hex, ``.``, the base
     queue of ``queue`` (``routing.base_queue``: every priority level shares the home).
 
     Args:

@@ -10,7 +10,7 @@ cluster) splits a broker in two halves that never share a script:
   (:class:`SpreadKeys`), so a fetch still reads the levels of one queue in one script;
 - the **state store** (:class:`~.homes.HomedStateStore`) keeps a *homed* task's own keys
   (its record, progress and their channels: the ids the producer generates here,
-  ``<hex>@<queue>``, ``homes.py``) under its queue's tag, and everything else (schedule,
+  ``<hex>.<queue>``, ``homes.py``) under its queue's tag, and everything else (schedule,
   dead letters, workflows, unique keys, locks, rate buckets, periodic claims, registries,
   the outbox, and the own keys of ids chosen by the caller) under ``{<ns>}``.
 
