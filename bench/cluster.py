@@ -137,10 +137,12 @@ def command_calls(port: int) -> tuple[int, float]:
     return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
-async def drain(url: str, layout: Layout, tasks: int) -> tuple[float, float]:
+async def drain(url: str, layout: Layout, tasks: int, wait: int = 0) -> tuple[float, float]:
     """Tasks/s draining ``tasks`` no-op tasks per queue, and the CPU this process used
-    meanwhile as a share of one core; ``layout``: (namespace, queues)."""
-    queues, workers = [], []
+    meanwhile as a share of one core; ``layout``: (namespace, queues); ``wait``: every
+    ``wait``-th task's result is waited on (``result()``) while the workers drain (0: none).
+    """
+    queues, workers, handles = [], [], []
     total = tasks * sum(len(names) for _, names in layout)
     ran = [0]
     all_ran = asyncio.Event()
@@ -155,11 +157,14 @@ async def drain(url: str, layout: Layout, tasks: int) -> tuple[float, float]:
 
         for name in names:
             for start in range(0, tasks, 1000):
-                await noop.options(queue=name).enqueue_many([()] * min(1000, tasks - start))
+                sent = await noop.options(queue=name).enqueue_many([()] * min(1000, tasks - start))
+                handles += sent[::wait] if wait else []
         queues.append((queue, noop, names))
         workers.append(Worker(queue, queues=names, concurrency=CONCURRENCY // len(layout) or 1))
     t0, cpu0 = time.perf_counter(), time.process_time()
     runners = [asyncio.create_task(w.run()) for w in workers]
+    if handles:
+        await asyncio.wait_for(asyncio.gather(*(h.result(timeout=600) for h in handles)), 600)
     await asyncio.wait_for(all_ran.wait(), 600)
     for w in workers:
         w.stop()  # a graceful stop flushes the last completions
@@ -245,7 +250,7 @@ def run_rows(rows: list[Row], names: list[str], args: argparse.Namespace) -> lis
                 layout = list(zip(spread(ports, len(names)), [[n] for n in names], strict=True))
             else:
                 layout = [(spread(ports, 1)[0], names)]
-            rate, busy = asyncio.run(drain(url, layout, args.tasks))
+            rate, busy = asyncio.run(drain(url, layout, args.tasks, args.wait))
             ran[i] += args.tasks * len(names)
             for j, n in enumerate(stream_nodes(url, ports, layout)):
                 streams[i][j] += n
@@ -288,6 +293,9 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=2000, help="tasks per queue")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--namespaces", action="store_true", help="add one namespace per queue")
+    parser.add_argument(
+        "--wait", type=int, default=0, help="wait on every N-th task's result (0: none)"
+    )
     args = parser.parse_args()
     with servers() as (single, cluster):
         node, first = f"redis://127.0.0.1:{single}/0", f"redis://127.0.0.1:{cluster[0]}/0"
