@@ -26,6 +26,7 @@ from .signals import Signal, SignalEvent, Signals
 if TYPE_CHECKING:
     from ..client.context import QueueContext
     from ..seams import QueueSettings
+    from ..serialization import Envelope
     from ..worker.execution import Job
     from .middleware import (
         EnqueueFilter,
@@ -78,6 +79,9 @@ class Extensions:
         enabled: whether runs need the execution hooks at all (middleware with execution
             hooks, or signal handlers): the one boolean the worker checks per run.
         has_before: whether any middleware has a ``before_execute`` hook.
+        received: whether ``TASK_RECEIVED`` has a handler (read once per delivery).
+        workflow_signals: whether any workflow-step signal (``WORKFLOW_STEP_DONE``,
+            ``WORKFLOW_COMPLETED``, ``WORKFLOW_FAILED``) has a handler.
     """
 
     def __init__(self, queue: QueueContext) -> None:
@@ -90,6 +94,8 @@ class Extensions:
         self.signals = Signals(self._refresh)
         self.enabled = False
         self.has_before = False
+        self.received = False
+        self.workflow_signals = False
         self._hooks: dict[str, list[Callable[..., Any]]] = {name: [] for name in _HOOK_NAMES}
         self._filter_installed = False
         self._observer_installed = False
@@ -116,6 +122,9 @@ class Extensions:
             hooks[n]
             for n in ("before_execute", "after_execute", "on_error", "on_retry", "on_failure")
         )
+        signals = self.signals
+        self.received = signals.has(Signal.TASK_RECEIVED)
+        self.workflow_signals = any(signals.has(s) for s in _WORKFLOW_SIGNALS)
         queue = self.queue
         if hooks["before_enqueue"] and not self._filter_installed:
             # First, so a refusal comes before any other filter claims anything.
@@ -290,17 +299,45 @@ class Extensions:
                 ),
             )
 
+    def received_event(self, envelope: Envelope, queue: str, attempt: int, worker_id: str) -> None:
+        """Emit ``TASK_RECEIVED`` for a delivery of ``envelope`` from the physical ``queue``
+        (in the background; the caller checked :attr:`received`)."""
+        self.signals.emit_soon(
+            Signal.TASK_RECEIVED,
+            SignalEvent(
+                Signal.TASK_RECEIVED,
+                envelope.id,
+                envelope.task,
+                queue,
+                attempt,
+                worker=worker_id,
+                extra=_workflow_extra(envelope),
+            ),
+        )
+
     def committed(
-        self, job: Job, outcome: Outcome, scope: contextvars.Context, worker_id: str
+        self,
+        job: Job,
+        outcome: Outcome,
+        scope: contextvars.Context,
+        worker_id: str,
+        workflow_end: WorkflowEnd | None = None,
     ) -> None:
         """Schedule the after-hooks and the signals of a run's ``outcome`` (run in
-        ``scope``, a copy of the run's context as the task left it), in the background."""
+        ``scope``, a copy of the run's context as the task left it), in the background.
+
+        ``workflow_end``: how the run's completion ends the workflow the run is a step of
+        (``("completed", "", "")`` or ``(state, error_type, error)`` of a failure), else
+        ``None``.
+        """
         task = asyncio.get_running_loop().create_task(
-            self._after(job, outcome, worker_id), context=scope
+            self._after(job, outcome, worker_id, workflow_end), context=scope
         )
         self.signals.track(task)
 
-    async def _after(self, job: Job, outcome: Outcome, worker_id: str) -> None:
+    async def _after(
+        self, job: Job, outcome: Outcome, worker_id: str, workflow_end: WorkflowEnd | None = None
+    ) -> None:
         env = job.envelope
         kind = outcome.kind
         error, error_type, message = outcome.error, outcome.error_type, outcome.error_message
@@ -351,6 +388,67 @@ class Extensions:
                         worker=worker_id,
                     ),
                 )
+        if self.workflow_signals and kind in _FINAL and job.envelope.flow is not None:
+            described = (error_type, message)
+            await self._workflow_step(job, kind, error, described, result, worker_id, workflow_end)
+
+    async def _workflow_step(
+        self,
+        job: Job,
+        kind: str,
+        error: BaseException | None,
+        described: tuple[str | None, str | None],
+        result: Any,
+        worker_id: str,
+        workflow_end: WorkflowEnd | None,
+    ) -> None:
+        """``WORKFLOW_STEP_DONE`` for a step that ended for good, then ``WORKFLOW_COMPLETED``
+        or ``WORKFLOW_FAILED`` when its completion ends the workflow."""
+        env = job.envelope
+        extra = _workflow_extra(env)
+        if not extra:
+            return
+        signals, queue = self.signals, job.delivery.queue
+        ok = kind == "succeeded"
+        if signals.has(Signal.WORKFLOW_STEP_DONE):
+            await signals.emit(
+                Signal.WORKFLOW_STEP_DONE,
+                SignalEvent(
+                    Signal.WORKFLOW_STEP_DONE,
+                    env.id,
+                    env.task,
+                    queue,
+                    job.attempt,
+                    error=None if ok else error,
+                    error_type=described[0],
+                    error_message=described[1],
+                    result=result if ok else None,
+                    worker=worker_id,
+                    extra={**extra, "state": kind},
+                ),
+            )
+        if workflow_end is None:
+            return
+        state, error_type, message = workflow_end
+        signal = Signal.WORKFLOW_COMPLETED if state == "completed" else Signal.WORKFLOW_FAILED
+        if signals.has(signal):
+            done = signal is Signal.WORKFLOW_COMPLETED
+            await signals.emit(
+                signal,
+                SignalEvent(
+                    signal,
+                    env.id,
+                    env.task,
+                    queue,
+                    job.attempt,
+                    error=None if done else error,
+                    error_type=error_type or None,
+                    error_message=message or None,
+                    result=result if done else None,
+                    worker=worker_id,
+                    extra={**extra, "state": state},
+                ),
+            )
 
     async def _safely(self, name: str, *args: Any) -> None:
         for hook in self._hooks[name]:
@@ -360,6 +458,23 @@ class Extensions:
                 raise
             except BaseException:  # SystemExit too: logged, the worker goes on
                 logger.exception("middleware %s.%s failed", _owner(hook), name)
+
+
+#: How a step's completion ends its workflow: ``("completed", "", "")``, or the state
+#: (``"failed"``, ``"cancelled"``), error type and message of the failure.
+WorkflowEnd = tuple[str, str, str]
+
+_WORKFLOW_SIGNALS = (Signal.WORKFLOW_STEP_DONE, Signal.WORKFLOW_COMPLETED, Signal.WORKFLOW_FAILED)
+#: Outcomes after which a task never runs again.
+_FINAL = frozenset(("succeeded", "failed", "dead_lettered", "cancelled"))
+
+
+def _workflow_extra(envelope: Envelope) -> dict[str, Any]:
+    """``{"workflow_id": ...}`` for a workflow step's message, else an empty dict."""
+    flow = envelope.flow
+    if isinstance(flow, dict) and flow.get("w"):
+        return {"workflow_id": str(flow["w"])}
+    return {}
 
 
 _SIGNALS: dict[str, tuple[Signal, ...]] = {
@@ -377,4 +492,4 @@ def extensions_of(queue: Any) -> Extensions:
     return extensions
 
 
-__all__ = ["Extensions", "extensions_of"]
+__all__ = ["Extensions", "WorkflowEnd", "extensions_of"]

@@ -1,28 +1,36 @@
-"""Signals: named moments in a task's and a worker's life that handlers can follow.
+"""Signals: named moments in the life of a task, a worker, a scheduler and a workflow that
+handlers can follow.
 
 Register a handler with ``@queue.on(Signal.TASK_FAILED)``; it receives one
 :class:`SignalEvent`. Handlers may be plain functions or coroutines. A handler that raises is
-logged (logger ``blitzq.signals``) and never breaks the enqueue or the worker that emitted the
-signal; the other handlers still run.
+logged (logger ``blitzq.signals``) and never breaks the enqueue, the worker or the scheduler
+that emitted the signal; the other handlers still run.
 
-Where each signal comes from:
+Where each signal comes from, and what its event carries, is the table of
+``docs/middleware-signals.md``; in short:
 
-- ``TASK_ENQUEUED``: the producer, once per published message (``enqueue``, ``send``,
-  ``enqueue_many``), before the enqueue call returns. Not emitted for retries, periodic
-  dispatches or messages a unique-task filter did not publish.
-- ``TASK_STARTED``: the worker, when a run starts (after the before-execute middleware).
-- ``TASK_SUCCEEDED`` / ``TASK_FAILED`` / ``TASK_RETRIED`` / ``TASK_DEAD_LETTERED`` /
-  ``TASK_CANCELLED``: the worker, from the completion it writes for a run. A dead-lettered
-  task emits ``TASK_FAILED`` and then ``TASK_DEAD_LETTERED``. ``TASK_CANCELLED`` fires when a
-  worker skips or stops a cancelled task (a task cancelled while still on the schedule never
-  reaches a worker and emits nothing).
-- ``WORKER_STARTED`` / ``WORKER_STOPPED``: the worker, after it started fetching and after its
-  shutdown (completions written).
-- ``TASK_EXPIRED`` and ``WORKFLOW_STEP_DONE``: emitted by the expiry and workflow features
-  through :meth:`Signals.emit` / :meth:`Signals.emit_soon`.
+- producer: ``TASK_ENQUEUED`` (once per published message), ``TASK_REVOKED`` (a cancel
+  request was written: ``queue.cancel``, ``handle.cancel()``), ``WORKFLOW_STARTED``
+  (``queue.apply`` wrote a workflow's state and first steps);
+- worker, per delivery: ``TASK_RECEIVED`` (decoded and checked, before its start checks),
+  ``TASK_REJECTED`` (dead-lettered without running: malformed, unknown task, too large),
+  ``TASK_EXPIRED`` (older than its ``max_age``), ``TASK_STARTED``; per run, from the
+  completion it writes: ``TASK_SUCCEEDED`` / ``TASK_FAILED`` / ``TASK_RETRIED`` /
+  ``TASK_DEAD_LETTERED`` / ``TASK_CANCELLED``, and for a workflow step that ended for good
+  ``WORKFLOW_STEP_DONE`` then ``WORKFLOW_COMPLETED`` or ``WORKFLOW_FAILED`` when the step
+  ended the workflow;
+- worker, its own life: ``WORKER_STARTING`` (before the startup hooks), ``WORKER_STARTED``
+  (fetching), ``WORKER_STOPPING`` (shutdown began), ``WORKER_STOPPED`` (completions
+  written), ``WORKER_HEARTBEAT_LOST`` (the registration of another worker of the namespace
+  lapsed: it stopped renewing it without unregistering);
+- scheduler: ``SCHEDULER_STARTED`` / ``SCHEDULER_STOPPED``, ``SCHEDULER_DISPATCHED`` (it
+  won the claim of a periodic occurrence), ``SCHEDULER_MISSED`` (an occurrence its
+  missed-run policy drops).
 
-Execution signals are emitted after the completion was handed to the writer: handlers run
-concurrently with the write and never delay it.
+Signals a worker emits about a delivery or a run are emitted in the background
+(:meth:`Signals.emit_soon`), after the completion was handed to the writer: handlers run
+concurrently with the write and never delay it. Nothing is built for a signal nobody
+handles (one dictionary lookup, or one boolean per delivery on the hot path).
 """
 
 from __future__ import annotations
@@ -43,6 +51,9 @@ class Signal(enum.StrEnum):
     """The signals blitzq emits; see the module docstring for where each comes from."""
 
     TASK_ENQUEUED = "task_enqueued"
+    TASK_RECEIVED = "task_received"
+    TASK_REJECTED = "task_rejected"
+    TASK_REVOKED = "task_revoked"
     TASK_STARTED = "task_started"
     TASK_SUCCEEDED = "task_succeeded"
     TASK_FAILED = "task_failed"
@@ -50,9 +61,19 @@ class Signal(enum.StrEnum):
     TASK_DEAD_LETTERED = "task_dead_lettered"
     TASK_CANCELLED = "task_cancelled"
     TASK_EXPIRED = "task_expired"
+    WORKER_STARTING = "worker_starting"
     WORKER_STARTED = "worker_started"
+    WORKER_STOPPING = "worker_stopping"
     WORKER_STOPPED = "worker_stopped"
+    WORKER_HEARTBEAT_LOST = "worker_heartbeat_lost"
+    SCHEDULER_STARTED = "scheduler_started"
+    SCHEDULER_STOPPED = "scheduler_stopped"
+    SCHEDULER_DISPATCHED = "scheduler_dispatched"
+    SCHEDULER_MISSED = "scheduler_missed"
+    WORKFLOW_STARTED = "workflow_started"
     WORKFLOW_STEP_DONE = "workflow_step_done"
+    WORKFLOW_COMPLETED = "workflow_completed"
+    WORKFLOW_FAILED = "workflow_failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +82,8 @@ class SignalEvent:
 
     Attributes:
         signal: the signal emitted.
-        task_id: the task's id (``None`` for worker signals).
+        task_id: the task's id (``None`` for worker, scheduler and workflow-level signals;
+            a rejected message whose id cannot be read has none either).
         task: the task's name.
         queue: the physical queue of the message.
         attempt: 1-based attempt number of the run (``None`` where no run is involved).
@@ -71,8 +93,9 @@ class SignalEvent:
         error_message: the error's message.
         result: the return value of a succeeded run.
         delay: seconds until the retry of a ``TASK_RETRIED`` run.
-        worker: id of the worker emitting it (``None`` on the producer side).
-        extra: further fields a feature adds (workflow id, step, …).
+        worker: id of the worker emitting it (``None`` on the producer and scheduler side).
+        extra: further fields of the signal (``workflow_id``, ``reason``, ``occurrence``,
+            ...: the table in ``docs/middleware-signals.md``).
         time: Unix time (seconds) the event was made.
     """
 
