@@ -14,9 +14,11 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..broker.ops import WorkflowDone, WorkflowFail
 from ..context import NO_RESULT, TaskContext, reset_current, set_current
 from ..exceptions import BlitzQError, TaskCancelled, TaskFailed, TaskTimeout, describe_error
 from ..serialization import encode_envelope
@@ -24,6 +26,7 @@ from .middleware import EnqueueRefused, Middleware
 from .signals import Signal, SignalEvent, Signals
 
 if TYPE_CHECKING:
+    from ..broker import Completion, Delivery
     from ..client.context import QueueContext
     from ..seams import QueueSettings
     from ..serialization import Envelope
@@ -315,6 +318,59 @@ class Extensions:
             ),
         )
 
+    def rejected_event(
+        self,
+        delivery: Delivery,
+        reason: str,
+        error: str,
+        task_id: str | None,
+        task: str,
+        worker_id: str,
+    ) -> None:
+        """Emit ``TASK_REJECTED`` (in the background) for a message dead-lettered without
+        running, if anyone listens.
+
+        Args:
+            delivery: the message as delivered.
+            reason: the dead letter's reason (``"malformed message"``, ``"message too
+                large"``, ``"unknown task"``), also the event's ``error_type``.
+            error: what was wrong with it.
+            task_id: its id, or ``None`` when it cannot be read.
+            task: its task name, or ``""`` when unknown.
+            worker_id: the worker that rejected it.
+        """
+        signals = self.signals
+        if signals.has(Signal.TASK_REJECTED):
+            event = SignalEvent(
+                Signal.TASK_REJECTED,
+                task_id,
+                task or None,
+                delivery.queue,
+                error_type=reason,
+                error_message=error,
+                worker=worker_id,
+                extra={"reason": reason, "deliveries": delivery.deliveries},
+            )
+            signals.emit_soon(Signal.TASK_REJECTED, event)
+
+    def expired_event(self, job: Job, max_age: float | None, worker_id: str) -> None:
+        """Emit ``TASK_EXPIRED`` (in the background) for ``job``, found older than its
+        ``max_age`` (seconds) by its start check, if anyone listens."""
+        signals = self.signals
+        if signals.has(Signal.TASK_EXPIRED):
+            env = job.envelope
+            event = SignalEvent(
+                Signal.TASK_EXPIRED,
+                env.id,
+                env.task,
+                job.delivery.queue,
+                job.attempt,
+                error_type="TaskExpired",  # as the expired record says
+                worker=worker_id,
+                extra={"age": time.time() - env.created_at, "max_age": max_age},
+            )
+            signals.emit_soon(Signal.TASK_EXPIRED, event)
+
     def committed(
         self,
         job: Job,
@@ -469,6 +525,21 @@ _WORKFLOW_SIGNALS = (Signal.WORKFLOW_STEP_DONE, Signal.WORKFLOW_COMPLETED, Signa
 _FINAL = frozenset(("succeeded", "failed", "dead_lettered", "cancelled"))
 
 
+def workflow_end(completion: Completion | None) -> WorkflowEnd | None:
+    """How ``completion`` (a workflow step's, through its finishers) ends the step's
+    workflow: ``("completed", "", "")`` when it stores the workflow's result, ``(state,
+    error_type, error)`` when it fails or cancels it, ``None`` when it does neither (the
+    workflow goes on, or a chord's last member completes it on the broker's side)."""
+    if completion is None:
+        return None
+    for op in completion.ops:
+        if isinstance(op, WorkflowDone):
+            return ("completed", "", "")
+        if isinstance(op, WorkflowFail):
+            return (op.state, op.error_type, op.error)
+    return None
+
+
 def _workflow_extra(envelope: Envelope) -> dict[str, Any]:
     """``{"workflow_id": ...}`` for a workflow step's message, else an empty dict."""
     flow = envelope.flow
@@ -492,4 +563,4 @@ def extensions_of(queue: Any) -> Extensions:
     return extensions
 
 
-__all__ = ["Extensions", "WorkflowEnd", "extensions_of"]
+__all__ = ["Extensions", "WorkflowEnd", "extensions_of", "workflow_end"]

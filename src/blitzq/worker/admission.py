@@ -22,7 +22,7 @@ from ..broker import Completion, Delivery
 from ..dependencies import refuse_given
 from ..envelope_checks import envelope_fault
 from ..exceptions import ConfigurationError, SerializationError
-from ..extensions.expiry import check_expiry, start_checks
+from ..extensions.expiry import check_expiry, max_age_of, start_checks
 from ..serialization import Envelope, decode_envelope, decode_envelope_unchecked, envelope_head
 from ..task import Task
 from .deferral import check_failed, take_deferrals
@@ -169,8 +169,8 @@ class Admission:
             return
         expired = check is check_expiry and completion.reschedule is None
         self.ending.unstarted(d.queue, env.task, completion, "expired" if expired else "")
-        if expired:
-            self.ending.expired(job)
+        if expired and self.extensions.signals:
+            self.extensions.expired_event(job, max_age_of(job), self.worker_id)
         slots.release()
 
     def arguments(self, job: Job, slots: Slots) -> Call | None:

@@ -32,20 +32,18 @@ import msgspec
 
 from .. import records
 from ..broker import Completion, DeadLetterFields, Delivery
-from ..broker.ops import WorkflowDone, WorkflowFail
 from ..context import NO_RESULT
 from ..envelope_checks import value_size
 from ..exceptions import ResultTooLarge, Retry, SerializationError, describe_error
-from ..extensions.expiry import max_age_of
 from ..extensions.middleware import Outcome, OutcomeKind
-from ..extensions.signals import Signal, SignalEvent
+from ..extensions.registry import workflow_end
 from ..limits import DEAD_MESSAGE_SAMPLE, DEFAULT_MAX_RESULT_SIZE, clip_text
 from ..serialization import dumps, encode_envelope
 from .eager import unwrap
 from .execution import Job, cause_of, format_traceback
 
 if TYPE_CHECKING:
-    from ..extensions.registry import Extensions, WorkflowEnd
+    from ..extensions.registry import Extensions
     from .flusher import Flusher
     from .lifecycle import Lifecycle
     from .progress import ProgressReporter
@@ -452,9 +450,8 @@ class Ending:
                 # After-hooks see the run's context as the task left it (a copy: a thread task
                 # abandoned after its timeout may still be inside it).
                 scope = job.scope if job.scope is not None else self.base_context
-                end = None
-                if extensions.workflow_signals and job.envelope.flow is not None:
-                    end = workflow_end(completion)
+                step = extensions.workflow_signals and job.envelope.flow is not None
+                end = workflow_end(completion) if step else None  # it ends the workflow?
                 extensions.committed(job, outcome, scope.copy(), self.worker_id, end)
         if completion is not None:
             self.flusher.add(completion)
@@ -495,8 +492,8 @@ class Ending:
         self, d: Delivery, reason: str, error: str, task_id: str | None = None, task: str = ""
     ) -> None:
         """Dead-letter a message that cannot run (malformed, unknown task, too large), logged
-        at the worker's ``failure_log_level`` with its fields (``queue``, ``reason``,
-        ``error``, ``task_id`` and ``task`` when known). The caller frees its slot."""
+        at the worker's ``failure_log_level`` with its fields (``queue``, ``reason``, ``error``,
+        ``task_id``, ``task`` when known); ``TASK_REJECTED``. The caller frees its slot."""
         fields = {"queue": d.queue, "worker_id": self.worker_id, "outcome": "rejected"}
         if task_id is not None:
             fields["task_id"] = task_id
@@ -514,37 +511,8 @@ class Ending:
         completion = self.completions.rejected(d, reason, error, task_id, task)
         self.unstarted(d.queue, task, completion, "rejected")
         self.failed += 1
-        signals = self.extensions.signals
-        if signals.has(Signal.TASK_REJECTED):
-            event = SignalEvent(
-                Signal.TASK_REJECTED,
-                task_id,
-                task or None,
-                d.queue,
-                error_type=reason,
-                error_message=error,
-                worker=self.worker_id,
-                extra={"reason": reason, "deliveries": d.deliveries},
-            )
-            signals.emit_soon(Signal.TASK_REJECTED, event)
-
-    def expired(self, job: Job) -> None:
-        """Emit ``TASK_EXPIRED`` for ``job``, whose start check found it older than its
-        ``max_age`` (its expired completion was handed on), if anyone listens."""
-        signals = self.extensions.signals
-        if signals.has(Signal.TASK_EXPIRED):
-            env = job.envelope
-            event = SignalEvent(
-                Signal.TASK_EXPIRED,
-                env.id,
-                env.task,
-                job.delivery.queue,
-                job.attempt,
-                error_type="TaskExpired",  # as the expired record says
-                worker=self.worker_id,
-                extra={"age": time.time() - env.created_at, "max_age": max_age_of(job)},
-            )
-            signals.emit_soon(Signal.TASK_EXPIRED, event)
+        if self.extensions.signals:
+            self.extensions.rejected_event(d, reason, error, task_id, task, self.worker_id)
 
     def log_failure(self, job: Job, completion: Completion | None, error: BaseException) -> None:
         """Log a failed attempt of ``job`` on :data:`OUTCOME_LOGGER`.
@@ -622,27 +590,11 @@ class Ending:
         )
 
 
-def workflow_end(completion: Completion | None) -> WorkflowEnd | None:
-    """How ``completion`` (a workflow step's, through its finishers) ends the step's
-    workflow: ``("completed", "", "")`` when it stores the workflow's result, ``(state,
-    error_type, error)`` when it fails or cancels it, ``None`` when it does neither (the
-    workflow goes on, or a chord's last member completes it on the broker's side)."""
-    if completion is None:
-        return None
-    for op in completion.ops:
-        if isinstance(op, WorkflowDone):
-            return ("completed", "", "")
-        if isinstance(op, WorkflowFail):
-            return (op.state, op.error_type, op.error)
-    return None
-
-
 __all__ = [
     "OUTCOME_LOGGER",
     "Completions",
     "Ending",
     "outcome_kind",
     "outcome_of",
-    "workflow_end",
     "workflow_id_of",
 ]
