@@ -20,6 +20,12 @@ Missed-run policies, for the occurrences due since the last dispatched one:
 * ``skip``: dispatch the newest due occurrence only if it is at most ``poll_interval + grace``
   seconds old (it is "due now"); older ones are dropped (logged once per occurrence).
 
+Signals (through the Queue's handlers, :mod:`blitzq.extensions.signals`):
+``SCHEDULER_STARTED`` and ``SCHEDULER_STOPPED`` around :meth:`Scheduler.run`,
+``SCHEDULER_DISPATCHED`` for each claim this scheduler won, ``SCHEDULER_MISSED`` for an
+occurrence the policy drops: a ``skip`` entry's late one when found, or the newest one a won
+claim skipped over (``run_once``, ``run_all`` past ``max_catch_up``, a forward step).
+
 The entries themselves (:class:`~blitzq.periodic.PeriodicTask`, their validation and their
 messages) live in :mod:`blitzq.periodic`; this module re-exports them. Each tick also reads
 the run-time entries (``blitzq schedule add``, :mod:`blitzq.runtime_schedules`).
