@@ -27,10 +27,12 @@ Where each signal comes from, and what its event carries, is the table of
   won the claim of a periodic occurrence), ``SCHEDULER_MISSED`` (an occurrence its
   missed-run policy drops).
 
-Signals a worker emits about a delivery or a run are emitted in the background
-(:meth:`Signals.emit_soon`), after the completion was handed to the writer: handlers run
-concurrently with the write and never delay it. Nothing is built for a signal nobody
-handles (one dictionary lookup, or one boolean per delivery on the hot path).
+The signals of a run's outcome are emitted in a background task after the completion was
+handed to the writer: handlers run concurrently with the write and never delay it. Those
+emitted from synchronous code (received, rejected, expired, started, ...) go through
+:meth:`Signals.emit_soon`: plain-function handlers are called at once, coroutine handlers run
+in a background task. Nothing is built for a signal nobody handles (one dictionary lookup, or
+one boolean per delivery on the hot path).
 """
 
 from __future__ import annotations
@@ -128,7 +130,9 @@ class Signals:
     def __init__(self, changed: Callable[[], None] | None = None) -> None:
         self._handlers: dict[Signal, list[Handler]] = {}
         self._changed = changed
-        self._pending: set[asyncio.Task[None]] = set()
+        self._pending: set[asyncio.Future[None]] = set()
+        #: Signals whose handlers are all plain functions (:meth:`emit_soon` calls them).
+        self._plain: set[Signal] = set()
 
     def connect(self, signal: Signal | str, handler: Handler) -> Handler:
         """Register ``handler`` for ``signal``; return it unchanged.
@@ -141,6 +145,7 @@ class Signals:
         if not callable(handler):
             raise TypeError(f"a signal handler must be callable, got {handler!r}")
         self._handlers.setdefault(sig, []).append(handler)
+        self._sort(sig)
         if self._changed is not None:
             self._changed()
         return handler
@@ -153,9 +158,18 @@ class Signals:
         handlers.remove(handler)
         if not handlers:
             del self._handlers[Signal(signal)]
+        self._sort(Signal(signal))
         if self._changed is not None:
             self._changed()
         return True
+
+    def _sort(self, signal: Signal) -> None:
+        """Note whether every handler of ``signal`` is a plain function."""
+        handlers = self._handlers.get(signal)
+        if handlers and not any(inspect.iscoroutinefunction(h) for h in handlers):
+            self._plain.add(signal)
+        else:
+            self._plain.discard(signal)
 
     def has(self, signal: Signal) -> bool:
         """Whether any handler is registered for ``signal`` (cheap; check before building an
@@ -184,19 +198,42 @@ class Signals:
                 logger.exception("signal handler %s for %s failed", _name(handler), signal.value)
 
     def emit_soon(self, signal: Signal, event: SignalEvent) -> None:
-        """:meth:`emit` from synchronous code on the running event loop: the handlers run in
-        a background task (kept referenced until it ends; :meth:`drain` awaits them).
+        """:meth:`emit` from synchronous code on the running event loop, without waiting.
+
+        When every handler of ``signal`` is a plain function, they are called at once, in
+        registration order (each error logged, as in :meth:`emit`; an awaitable one returns
+        runs in a background task): no task is made per event. Otherwise the handlers run in
+        a background task. Background tasks are kept referenced until they end;
+        :meth:`drain` awaits them.
 
         Does nothing when ``signal`` has no handler.
 
         Raises:
             RuntimeError: no event loop is running in this thread.
         """
-        if signal not in self._handlers:
+        handlers = self._handlers.get(signal)
+        if not handlers:
             return
-        self.track(asyncio.get_running_loop().create_task(self.emit(signal, event)))
+        if signal not in self._plain:
+            self.track(asyncio.get_running_loop().create_task(self.emit(signal, event)))
+            return
+        for handler in tuple(handlers):
+            try:
+                outcome = handler(event)
+                if inspect.isawaitable(outcome):
+                    self.track(asyncio.ensure_future(self._settle(handler, signal, outcome)))
+            except BaseException:  # SystemExit too: logged, the emitter goes on
+                logger.exception("signal handler %s for %s failed", _name(handler), signal.value)
 
-    def track(self, task: asyncio.Task[None]) -> None:
+    async def _settle(self, handler: Handler, signal: Signal, outcome: Awaitable[None]) -> None:
+        try:
+            await outcome
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            logger.exception("signal handler %s for %s failed", _name(handler), signal.value)
+
+    def track(self, task: asyncio.Future[None]) -> None:
         """Keep ``task`` referenced until it ends, so :meth:`drain` can await it."""
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
