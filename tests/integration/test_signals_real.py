@@ -84,6 +84,13 @@ async def test_received_rejected_expired_and_revoked_from_a_real_worker(
     def broken(event: SignalEvent) -> None:  # raises for every delivery: the worker goes on
         raise RuntimeError("handler broke")
 
+    coroutine_saw: list[str | None] = []
+
+    @queue.on(Signal.TASK_EXPIRED)
+    async def awaited(event: SignalEvent) -> None:  # a coroutine handler: a background task
+        await asyncio.sleep(0)
+        coroutine_saw.append(event.task_id)
+
     @queue.task(name="sigs.ok")
     async def ok(x: int) -> int:
         return x * 2
@@ -157,6 +164,7 @@ async def test_received_rejected_expired_and_revoked_from_a_real_worker(
     assert expired.error_type == "TaskExpired"
     assert expired.extra["max_age"] == 0.05
     assert expired.extra["age"] > 0.05
+    assert coroutine_saw == [stale.id]
     (cancelled,) = seen.of(Signal.TASK_CANCELLED)
     assert cancelled.task_id == revoked.id
     assert {d.reason for d in await queue.dead_letters()} == {
