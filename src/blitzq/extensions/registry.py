@@ -304,7 +304,7 @@ class Extensions:
 
     def received_event(self, envelope: Envelope, queue: str, attempt: int, worker_id: str) -> None:
         """Emit ``TASK_RECEIVED`` for a delivery of ``envelope`` from the physical ``queue``
-        (in the background; the caller checked :attr:`received`)."""
+        (through :meth:`~.signals.Signals.emit_soon`; the caller checked :attr:`received`)."""
         self.signals.emit_soon(
             Signal.TASK_RECEIVED,
             SignalEvent(
@@ -327,7 +327,7 @@ class Extensions:
         task: str,
         worker_id: str,
     ) -> None:
-        """Emit ``TASK_REJECTED`` (in the background) for a message dead-lettered without
+        """Emit ``TASK_REJECTED`` (through ``emit_soon``) for a message dead-lettered without
         running, if anyone listens.
 
         Args:
@@ -354,7 +354,7 @@ class Extensions:
             signals.emit_soon(Signal.TASK_REJECTED, event)
 
     def expired_event(self, job: Job, max_age: float | None, worker_id: str) -> None:
-        """Emit ``TASK_EXPIRED`` (in the background) for ``job``, found older than its
+        """Emit ``TASK_EXPIRED`` (through ``emit_soon``) for ``job``, found older than its
         ``max_age`` (seconds) by its start check, if anyone listens."""
         signals = self.signals
         if signals.has(Signal.TASK_EXPIRED):

@@ -312,6 +312,8 @@ class Maintenance:
                 await self._reap_lapsed()
             except BrokerError as exc:
                 logger.warning("maintenance: reading lapsed registrations: %s", exc)
+            except Exception:  # a bug must not stop lease renewal
+                logger.exception("maintenance: reading lapsed registrations failed")
             if worker.runner.track_state:
                 try:
                     await self._keep_records()
@@ -363,7 +365,8 @@ class Maintenance:
                 if key in info:
                     extra[key] = info[key]
             event = SignalEvent(Signal.WORKER_HEARTBEAT_LOST, worker=worker.id, extra=extra)
-            await signals.emit(Signal.WORKER_HEARTBEAT_LOST, event)
+            # Never awaited here: a slow handler must not hold up the renewal of leases.
+            signals.emit_soon(Signal.WORKER_HEARTBEAT_LOST, event)
 
     async def _keep_records(self) -> None:
         """Extend the ``running`` records of this worker's runs that have less than
