@@ -350,19 +350,28 @@ async def test_workflow_started_steps_done_completed_and_failed(
         broken = await queue.apply(add.s(1, 1) | boom.s() | add.s(5))
         with pytest.raises(TaskFailed):
             await broken.get(timeout=10)
-        ids = (chained.id, fanned.id, broken.id)
+        # A workflow that ends with a plain group: its last member in completes it.
+        grouped = await queue.apply(add.s(0, 1) | group(add.s(i) for i in range(3)))
+        assert await grouped.get(timeout=10) == [1, 2, 3]
+        # Several members fail: the workflow fails once, by the first failure written.
+        failing = await queue.apply(group(boom.s(i) for i in range(3)))
+        with pytest.raises(TaskFailed):
+            await failing.get(timeout=10)
+        ids = (chained.id, fanned.id, broken.id, grouped.id, failing.id)
         await seen.wait(
             lambda es: (
                 {e.extra["workflow_id"] for e in es if e.signal is Signal.WORKFLOW_COMPLETED}
-                == {chained.id, fanned.id}
-                and any(e.signal is Signal.WORKFLOW_FAILED for e in es)
+                == {chained.id, fanned.id, grouped.id}
+                and {e.extra["workflow_id"] for e in es if e.signal is Signal.WORKFLOW_FAILED}
+                == {broken.id, failing.id}
+                and sum(e.extra["workflow_id"] == failing.id for e in es) == 1 + 3 + 1
             )
         )
 
     def of(sig: Signal, workflow_id: str) -> list[SignalEvent]:
         return [e for e in seen.of(sig) if e.extra["workflow_id"] == workflow_id]
 
-    for workflow_id, steps in zip(ids, (2, 4, 3), strict=True):
+    for workflow_id, steps in zip(ids, (2, 4, 3, 4, 3), strict=True):
         (started,) = of(Signal.WORKFLOW_STARTED, workflow_id)
         assert started.extra["steps"] == steps  # every step the user wrote
         assert started.worker is None  # the producer emits it
@@ -393,4 +402,14 @@ async def test_workflow_started_steps_done_completed_and_failed(
     assert failed.error_message == "boom at 2"
     assert isinstance(failed.error, ValueError)
     assert of(Signal.WORKFLOW_COMPLETED, broken.id) == []
+    # A plain group at the end: completed once, with the list, by its last member.
+    (group_done,) = of(Signal.WORKFLOW_COMPLETED, grouped.id)
+    assert group_done.result == [1, 2, 3]
+    assert group_done.task_id in {e.task_id for e in of(Signal.WORKFLOW_STEP_DONE, grouped.id)}
+    # Three members failed: three steps done, one WORKFLOW_FAILED.
+    assert len(of(Signal.WORKFLOW_STEP_DONE, failing.id)) == 3
+    (group_failed,) = of(Signal.WORKFLOW_FAILED, failing.id)
+    assert group_failed.task == "sigs.boom"
+    assert group_failed.error_message is not None
+    assert group_failed.error_message.startswith("boom at ")
     await queue.close()

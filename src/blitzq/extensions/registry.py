@@ -18,15 +18,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..broker.ops import WorkflowDone, WorkflowFail
 from ..context import NO_RESULT, TaskContext, reset_current, set_current
 from ..exceptions import BlitzQError, TaskCancelled, TaskFailed, TaskTimeout, describe_error
 from ..serialization import encode_envelope
+from .flow_signals import WorkflowEnd, step_ended, workflow_extra
 from .middleware import EnqueueRefused, Middleware
 from .signals import Signal, SignalEvent, Signals
 
 if TYPE_CHECKING:
-    from ..broker import Completion, Delivery
+    from ..broker import Delivery
     from ..client.context import QueueContext
     from ..seams import QueueSettings
     from ..serialization import Envelope
@@ -314,7 +314,7 @@ class Extensions:
                 queue,
                 attempt,
                 worker=worker_id,
-                extra=_workflow_extra(envelope),
+                extra=workflow_extra(envelope),
             ),
         )
 
@@ -382,9 +382,8 @@ class Extensions:
         """Schedule the after-hooks and the signals of a run's ``outcome`` (run in
         ``scope``, a copy of the run's context as the task left it), in the background.
 
-        ``workflow_end``: how the run's completion ends the workflow the run is a step of
-        (``("completed", "", "")`` or ``(state, error_type, error)`` of a failure), else
-        ``None``.
+        ``workflow_end``: the mark of the effect by which the run's completion may end the
+        workflow the run is a step of (:func:`~.flow_signals.workflow_end`), else ``None``.
         """
         task = asyncio.get_running_loop().create_task(
             self._after(job, outcome, worker_id, workflow_end), context=scope
@@ -446,65 +445,9 @@ class Extensions:
                 )
         if self.workflow_signals and kind in _FINAL and job.envelope.flow is not None:
             described = (error_type, message)
-            await self._workflow_step(job, kind, error, described, result, worker_id, workflow_end)
-
-    async def _workflow_step(
-        self,
-        job: Job,
-        kind: str,
-        error: BaseException | None,
-        described: tuple[str | None, str | None],
-        result: Any,
-        worker_id: str,
-        workflow_end: WorkflowEnd | None,
-    ) -> None:
-        """``WORKFLOW_STEP_DONE`` for a step that ended for good, then ``WORKFLOW_COMPLETED``
-        or ``WORKFLOW_FAILED`` when its completion ends the workflow."""
-        env = job.envelope
-        extra = _workflow_extra(env)
-        if not extra:
-            return
-        signals, queue = self.signals, job.delivery.queue
-        ok = kind == "succeeded"
-        if signals.has(Signal.WORKFLOW_STEP_DONE):
-            await signals.emit(
-                Signal.WORKFLOW_STEP_DONE,
-                SignalEvent(
-                    Signal.WORKFLOW_STEP_DONE,
-                    env.id,
-                    env.task,
-                    queue,
-                    job.attempt,
-                    error=None if ok else error,
-                    error_type=described[0],
-                    error_message=described[1],
-                    result=result if ok else None,
-                    worker=worker_id,
-                    extra={**extra, "state": kind},
-                ),
-            )
-        if workflow_end is None:
-            return
-        state, error_type, message = workflow_end
-        signal = Signal.WORKFLOW_COMPLETED if state == "completed" else Signal.WORKFLOW_FAILED
-        if signals.has(signal):
-            done = signal is Signal.WORKFLOW_COMPLETED
-            await signals.emit(
-                signal,
-                SignalEvent(
-                    signal,
-                    env.id,
-                    env.task,
-                    queue,
-                    job.attempt,
-                    error=None if done else error,
-                    error_type=error_type or None,
-                    error_message=message or None,
-                    result=result if done else None,
-                    worker=worker_id,
-                    extra={**extra, "state": state},
-                ),
-            )
+            broker = self.queue.broker
+            end = workflow_end
+            await step_ended(signals, broker, job, kind, error, described, result, worker_id, end)
 
     async def _safely(self, name: str, *args: Any) -> None:
         for hook in self._hooks[name]:
@@ -516,36 +459,9 @@ class Extensions:
                 logger.exception("middleware %s.%s failed", _owner(hook), name)
 
 
-#: How a step's completion ends its workflow: ``("completed", "", "")``, or the state
-#: (``"failed"``, ``"cancelled"``), error type and message of the failure.
-WorkflowEnd = tuple[str, str, str]
-
 _WORKFLOW_SIGNALS = (Signal.WORKFLOW_STEP_DONE, Signal.WORKFLOW_COMPLETED, Signal.WORKFLOW_FAILED)
 #: Outcomes after which a task never runs again.
 _FINAL = frozenset(("succeeded", "failed", "dead_lettered", "cancelled"))
-
-
-def workflow_end(completion: Completion | None) -> WorkflowEnd | None:
-    """How ``completion`` (a workflow step's, through its finishers) ends the step's
-    workflow: ``("completed", "", "")`` when it stores the workflow's result, ``(state,
-    error_type, error)`` when it fails or cancels it, ``None`` when it does neither (the
-    workflow goes on, or a chord's last member completes it on the broker's side)."""
-    if completion is None:
-        return None
-    for op in completion.ops:
-        if isinstance(op, WorkflowDone):
-            return ("completed", "", "")
-        if isinstance(op, WorkflowFail):
-            return (op.state, op.error_type, op.error)
-    return None
-
-
-def _workflow_extra(envelope: Envelope) -> dict[str, Any]:
-    """``{"workflow_id": ...}`` for a workflow step's message, else an empty dict."""
-    flow = envelope.flow
-    if isinstance(flow, dict) and flow.get("w"):
-        return {"workflow_id": str(flow["w"])}
-    return {}
 
 
 _SIGNALS: dict[str, tuple[Signal, ...]] = {
@@ -563,4 +479,4 @@ def extensions_of(queue: Any) -> Extensions:
     return extensions
 
 
-__all__ = ["Extensions", "WorkflowEnd", "extensions_of", "workflow_end"]
+__all__ = ["Extensions", "extensions_of"]

@@ -35,8 +35,8 @@ from ..broker import Completion, DeadLetterFields, Delivery
 from ..context import NO_RESULT
 from ..envelope_checks import value_size
 from ..exceptions import ResultTooLarge, Retry, SerializationError, describe_error
+from ..extensions.flow_signals import workflow_end
 from ..extensions.middleware import Outcome, OutcomeKind
-from ..extensions.registry import workflow_end
 from ..limits import DEAD_MESSAGE_SAMPLE, DEFAULT_MAX_RESULT_SIZE, clip_text
 from ..serialization import dumps, encode_envelope
 from .eager import unwrap
@@ -451,7 +451,7 @@ class Ending:
                 # abandoned after its timeout may still be inside it).
                 scope = job.scope if job.scope is not None else self.base_context
                 step = extensions.workflow_signals and job.envelope.flow is not None
-                end = workflow_end(completion) if step else None  # it ends the workflow?
+                end = workflow_end(completion) if step else None  # may it end the workflow?
                 extensions.committed(job, outcome, scope.copy(), self.worker_id, end)
         if completion is not None:
             self.flusher.add(completion)
