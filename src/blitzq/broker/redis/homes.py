@@ -116,6 +116,44 @@ class HomedKeys(Keys):
         return self.home(task_id) + _PC + task_id
 
 
+def split_home(
+    keys: HomedKeys, completions: Sequence[Completion]
+) -> tuple[list[Completion], dict[str, list[tuple[Completion, Completion, Completion | None]]]]:
+    """Split the completions of homed ids whose delivery (``token``) is on their own queue:
+    each into a *home part* (its ack, record, requeue and progress, applied together in one
+    script in the queue's slot by :func:`complete_in`) and a *namespace part* (the rest,
+    without the token; ``None`` when nothing is left).
+
+    Returns:
+        The completions to apply in the namespace (the others, then the namespace parts),
+        and by queue tag ``(original, home part, namespace part)`` of the split ones.
+    """
+    spaced: list[Completion] = []
+    homes: dict[str, list[tuple[Completion, Completion, Completion | None]]] = {}
+    for c in completions:
+        tag = keys.queue_home(c.queue)
+        if c.token is None or keys.home(c.task_id) != tag:
+            spaced.append(c)
+            continue
+        own = tuple(op for op in c.ops if isinstance(op, Progress))
+        home = Completion(
+            c.queue, c.token, c.task_id, c.record, c.record_ttl, requeue=c.requeue, ops=own
+        )
+        rest = replace(
+            c,
+            token=None,
+            fence=None,
+            record=None,
+            requeue=None,
+            ops=tuple(op for op in c.ops if op not in own),
+        )
+        ns = rest if _writes(rest) else None
+        if ns is not None:
+            spaced.append(ns)
+        homes.setdefault(tag, []).append((c, home, ns))
+    return spaced, homes
+
+
 def homeless(c: Completion) -> bool:
     """Whether ``c`` writes namespace-wide state (a schedule entry, a dead letter, an op
     other than progress): the parts of it that are not the task's own go to ``{ns}``."""

@@ -16,8 +16,8 @@ cluster) splits a broker in two halves that never share a script:
 
 The common completion (an ack, a homed record, a requeue onto its queue, progress) is one
 ``complete.lua`` call in the queue's slot (:meth:`SpreadPairing.hold_then_commit`), as on one
-slot. The others are joined as any *foreign pairing* is: applied in the store (the
-namespace's part, then the home's), then acked on the transport (at-least-once); what the
+slot. The others are joined as any *foreign pairing* is: held, applied in the store (the
+namespace's part), then acked on the transport with the home's part (at-least-once); what the
 store writes into queues goes to its outbox, which the relay hands to the queue's slot
 idempotently (``handoff.py``: each batch has a stable id and is published under a mark in
 the queue's slot, so a relay that dies after publishing never doubles it). Two steps of
@@ -60,7 +60,7 @@ from .client import bad_url, make_client, translate_errors
 from .cluster import is_cluster, split_layout
 from .connection import DEFAULT_DEAD_LETTER_CAP, DeadLetterLimits, RedisConnection
 from .handoff import HandoffRelay
-from .homes import HomedKeys, HomedStateStore, complete_in, homed_id, homeless
+from .homes import HomedKeys, HomedStateStore, complete_in, homed_id, homeless, split_home
 from .keys import GROUP, Keys
 from .streams import StreamsTransport
 
@@ -347,6 +347,33 @@ class SpreadPairing(CommitThenAck):
             await self.state.count_stale(len(stale))
         refused = await self.commit_then_ack(fresh) if fresh else []
         return stale + refused
+
+    async def commit_then_ack(self, completions: Sequence[Completion]) -> list[Completion]:
+        """See :meth:`CommitThenAck.commit_then_ack`; a homed completion of a delivery on its
+        own queue is split (:func:`~.homes.split_home`): its namespace part is applied with
+        the others first, then its record, requeue and progress with its ack in one script
+        in the queue's slot (so its record and its ack commit together)."""
+        keys = self.state.keys
+        spaced, homes = split_home(keys, completions)
+        if not homes:
+            return await super().commit_then_ack(completions)
+        refused = await super().commit_then_ack(spaced) if spaced else []
+        dropped = {id(c) for c in refused}  # a refused namespace part: its home part waits
+        originals = {id(ns): c for parts in homes.values() for c, _, ns in parts if ns is not None}
+        refused = [originals.get(id(c), c) for c in refused]
+        stale: list[Completion] = []
+        for tag, parts in homes.items():
+            kept = [(c, home) for c, home, ns in parts if ns is None or id(ns) not in dropped]
+            if not kept:
+                continue
+            batch = [home for _, home in kept]
+            lost = {
+                id(h) for h in await complete_in(self.transport.conn, keys.home_keys(tag), batch)
+            }
+            stale += [c for c, home in kept if id(home) in lost]
+        if stale:
+            await self.state.count_stale(len(stale))
+        return refused + stale
 
 
 def _dead_letter(
