@@ -20,7 +20,7 @@ from .client import testmode
 from .client.admin import Admin
 from .client.delegate import delegate
 from .client.publish import Producer
-from .client.results import Results
+from .client.reading import Results
 from .client.sync import Portal, blocking
 from .client.workflows import Workflows
 from .dependencies import Lifespans

@@ -359,7 +359,7 @@ OTHER_MEANINGS: dict[tuple[str, str], str] = {
     ("__init__.py", "chord"): "the public function chord() in __all__",
     ("workflow/__init__.py", "chord"): "the public function chord() in __all__",
     ("broker/redis/records.py", "progress"): "watch_progress's event kind; progress.lua's name",
-    ("client/results.py", "progress"): "watch_progress's event kind",
+    ("client/reading.py", "progress"): "watch_progress's event kind",
     ("cli/inspect.py", "progress"): "the progress field of `blitzq inspect`'s JSON",
     ("dashboard/tasks.py", "progress"): "the progress field of the dashboard's task JSON",
     ("broker/redis/keys.py", "progress"): "the name of the progress key in keys.TABLE",

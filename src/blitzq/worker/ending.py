@@ -38,7 +38,7 @@ from ..exceptions import ResultTooLarge, Retry, SerializationError, describe_err
 from ..extensions.middleware import Outcome, OutcomeKind
 from ..limits import DEAD_MESSAGE_SAMPLE, DEFAULT_MAX_RESULT_SIZE, clip_text
 from ..serialization import dumps, encode_envelope
-from .eager import unwrap
+from .eager_start import unwrap
 from .execution import Job, cause_of, format_traceback
 
 if TYPE_CHECKING:

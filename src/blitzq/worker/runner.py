@@ -24,7 +24,7 @@ from ..exceptions import SerializationError
 from ..extensions.registry import extensions_of
 from ..serialization import decode_envelope
 from .admission import Admission, Call
-from .eager import start_eagerly
+from .eager_start import start_eagerly
 from .ending import Completions, Ending
 from .execution import Job
 from .executors import ProcessPool, ThreadPool

@@ -32,11 +32,11 @@ from ..serialization import dumps
 from . import heap
 from .burst import drain
 from .deferral import OutageBackoff
+from .endpoints import Ops, check_ops_options
 from .fetch import Fetcher
 from .flusher import Flusher
 from .limiter import Limiter, Slots
 from .maintenance import Maintenance, running_tasks
-from .ops import Ops, check_ops_options
 from .recycling import MB, Recycler
 from .runner import Runner
 from .shutdown import shut_down
@@ -105,7 +105,7 @@ class Worker:
             ``"unknown task"``. 0 dead-letters at once (see :mod:`blitzq.worker.unknown`).
         metrics_port, health_port, ops_host: serve Prometheus ``/metrics`` and ``/health``,
             ``/ready`` on these TCP ports of ``ops_host`` (0: any free port; see
-            :class:`~blitzq.worker.ops.Ops`, :attr:`ops` and docs/operations.md).
+            :class:`~blitzq.worker.endpoints.Ops`, :attr:`ops` and docs/operations.md).
         freeze_gc: move the objects alive when the worker starts fetching out of the
             garbage collector's passes until it stops (:func:`gc.freeze`, see
             :mod:`blitzq.worker.heap`); ``False`` leaves the collector alone.
