@@ -21,7 +21,7 @@ from ..queue import Queue
 from ..routing import check_name
 from ..worker import Worker
 from ..worker.deferral import OutageBackoff
-from ..worker.endpoints import slot_port
+from ..worker.ports import slot_port
 from ..worker.heartbeat import start_beating
 from ..worker.worker import EXIT_RESTART
 from ._common import (

@@ -26,7 +26,7 @@ import contextvars
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -46,9 +46,24 @@ if TYPE_CHECKING:
     from .flusher import Flusher
     from .lifecycle import Lifecycle
     from .progress import ProgressReporter
-    from .tally import RunTally
 
 logger = logging.getLogger("blitzq.worker")
+
+
+class RunObserver(Protocol):
+    """What the ending tells a run observer (:class:`~.tally.RunTally`: the metrics, the eager
+    mode's keeper): each run's completion handed to the writer, and each delivery that ended
+    before it ran. Declared here so that the tally, which asks :func:`outcome_kind`, is
+    imported by no one below it."""
+
+    def committed(
+        self, job: Job, completion: Completion | None, error: BaseException | None, cancelled: bool
+    ) -> None: ...
+
+    def ended(
+        self, queue: str, task: str, outcome: str, completion: Completion | None = None
+    ) -> None: ...
+
 
 #: Logger of each failed attempt's record (:meth:`Ending.log_failure`): at the worker's
 #: ``failure_log_level`` when the task failed for good, at its ``retry_log_level`` when it is
@@ -346,7 +361,7 @@ class Ending:
         self.failure_log_level = failure_log_level
         self.retry_log_level = retry_log_level
         self.base_context = base_context
-        self.observer: RunTally | None = None
+        self.observer: RunObserver | None = None
         self.timeout_error = timeout_error
         self.processed = 0
         self.failed = 0
@@ -589,6 +604,7 @@ __all__ = [
     "OUTCOME_LOGGER",
     "Completions",
     "Ending",
+    "RunObserver",
     "outcome_kind",
     "outcome_of",
     "workflow_id_of",

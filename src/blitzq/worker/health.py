@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..exceptions import ConfigurationError
 from ..redaction import redact
-from .endpoints import PortInUse
+from .ports import PortInUse
 
 try:
     import uvicorn
@@ -174,7 +174,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
     Raises:
         ConfigurationError: the address cannot be bound (no permission, bad host; a
-            :class:`~blitzq.worker.endpoints.PortInUse` when another socket holds it).
+            :class:`~blitzq.worker.ports.PortInUse` when another socket holds it).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

@@ -49,7 +49,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "from its checkout with the extra: pip install -e '.[metrics]')"
     ) from exc
 
-from .endpoints import PortInUse
+from .ports import PortInUse
 from .tally import BUCKETS, MAX_TASK_NAMES, OUTCOMES, RunTally
 
 if TYPE_CHECKING:
@@ -283,7 +283,7 @@ def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[An
 
     Raises:
         ConfigurationError: the address cannot be bound (no permission; a
-            :class:`~blitzq.worker.endpoints.PortInUse` when another socket holds it).
+            :class:`~blitzq.worker.ports.PortInUse` when another socket holds it).
     """
     from prometheus_client import start_http_server
 

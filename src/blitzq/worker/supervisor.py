@@ -54,8 +54,8 @@ from types import FrameType
 
 from .autoscale import Autoscaler, AutoscaleSettings, Sample
 from .elastic import Elastic, _Slot
-from .endpoints import PORT_WAIT_ENV
 from .heartbeat import HEARTBEAT_ENV
+from .ports import PORT_WAIT_ENV
 from .processes import Guard, _prctl, die_with_parent, group_alive, killpg, signal_name
 from .reload import SourceWatcher
 from .restarts import RestartBudget
