@@ -21,8 +21,8 @@ from ..queue import Queue
 from ..routing import check_name
 from ..worker import Worker
 from ..worker.deferral import OutageBackoff
-from ..worker.ports import slot_port
 from ..worker.heartbeat import start_beating
+from ..worker.ports import slot_port
 from ..worker.worker import EXIT_RESTART
 from ._common import (
     EXIT_CONFIG,

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..exceptions import ConfigurationError
 from .ports import PortInUse, port_wait
@@ -35,9 +35,24 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from .fetch import Fetcher
-    from .health import Readiness
-    from .metrics import RunMetrics
-    from .worker import Worker
+    from .health import Checked, Readiness
+    from .metrics import Measured, RunMetrics
+
+    class Served(Checked, Measured, Protocol):
+        """What the endpoints see of the worker (a :class:`~blitzq.Worker`): what its
+        readiness checks and metrics see, its ports and ``stop``."""
+
+        @property
+        def metrics_port(self) -> int | None: ...
+
+        @property
+        def health_port(self) -> int | None: ...
+
+        @property
+        def ops_host(self) -> str: ...
+
+        def stop(self) -> None: ...
+
 
 #: Seconds between two tries of a port still in use.
 RETRY_INTERVAL = 0.25
@@ -62,7 +77,7 @@ class Ops:
         health_address: ``(host, port)`` the health endpoints are served on, or ``None``.
     """
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Served) -> None:
         self.worker = worker
         self.metrics: RunMetrics | None = None
         self.metrics_address: tuple[str, int] | None = None

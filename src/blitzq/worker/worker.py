@@ -31,7 +31,7 @@ from ..queue import Queue
 from ..routing import base_queue, levels
 from ..serialization import dumps
 from . import heap
-from .burst import drain
+from .burst import BURST_HORIZON, drain, settled
 from .deferral import OutageBackoff
 from .endpoints import Ops
 from .fetch import Fetcher
@@ -384,7 +384,7 @@ class Worker:
         if self.ops.metrics is not None:
             self._flusher.on_written = self.ops.metrics.written
         served = await self.ops.start(self._fetcher)
-        self._maintenance = Maintenance(self, broker)
+        self._maintenance = Maintenance(self, broker, self._slots)
         flusher_task = asyncio.create_task(self._flusher.run(), name="blitzq-flusher")
         background = await self._maintenance.start() + served
         if self.max_memory_per_child:
@@ -415,6 +415,21 @@ class Worker:
         await self._shut_down(background, flusher_task)
         if self.ops.error is not None:  # a port still in use after the wait (Ops)
             raise self.ops.error
+
+    async def settled(self, horizon: float = BURST_HORIZON) -> bool:
+        """Whether the running worker has nothing left to do: none of its queues holds a
+        waiting or unacknowledged message, it runs and starts nothing, every completion is
+        written, no fetch holds a message, and nothing on the schedule is due within
+        ``horizon`` seconds (due ones are promoted on the way); the check of burst mode,
+        and of :func:`blitzq.testing.drain`.
+
+        Raises:
+            BrokerError: the broker could not be reached.
+            RuntimeError: the worker is not running.
+        """
+        if self._runner is None:
+            raise RuntimeError("the worker is not running")
+        return await settled(self, self._fetcher, self._flusher, horizon)
 
     def running_tokens(self, queue: str) -> list[bytes]:
         """Delivery tokens of the jobs from physical ``queue`` still running (leases)."""
