@@ -1,7 +1,9 @@
 """The middleware registry of one Queue (``queue._extensions``) and the calls that run it.
 
-The producer reaches it through the queue's enqueue filter and observer it installs; the
-worker through four calls, in this order per run: :meth:`Extensions.context_for`,
+The producer reaches it through two calls per batch, :meth:`Extensions.before_publish` and
+:meth:`~Extensions.after_publish` (the enqueue hooks of every middleware, the built-in ones
+last: the Queue's ``enqueue_filters`` / ``enqueue_observers`` lists are run by one of them);
+the worker through four calls, in this order per run: :meth:`Extensions.context_for`,
 :meth:`~Extensions.before_execute` (when any middleware has a before-execute hook),
 :meth:`~Extensions.started`, and :meth:`~Extensions.committed` with the run's typed
 :class:`~blitzq.extensions.middleware.Outcome`. It never calls back into the worker. Signals
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ..context import NO_RESULT, TaskContext, reset_current, set_current
 from ..exceptions import BlitzQError, TaskCancelled, TaskFailed, TaskTimeout, describe_error
 from ..serialization import encode_envelope
+from .lifecycle import EnqueueLists
 from .middleware import EnqueueRefused, Middleware
 from .signals import Signal, SignalEvent, Signals
 
@@ -28,8 +31,6 @@ if TYPE_CHECKING:
     from ..seams import QueueSettings
     from ..worker.execution import Job
     from .middleware import (
-        EnqueueFilter,
-        EnqueueObserver,
         Outcome,
         Outgoing,
         OutgoingWorkflow,
@@ -41,6 +42,8 @@ logger = logging.getLogger("blitzq.middleware")
 _HOOK_NAMES = (
     "before_enqueue",
     "after_enqueue",
+    "before_publish",
+    "after_publish",
     "before_apply",
     "after_apply",
     "before_execute",
@@ -70,7 +73,7 @@ class Extensions:
     """Middleware and signal handlers of one Queue, and the calls that run them.
 
     Args:
-        queue: the owning Queue (its enqueue filters and observers get the producer hooks).
+        queue: the owning Queue.
 
     Attributes:
         middleware: registered middleware, in registration order.
@@ -78,21 +81,25 @@ class Extensions:
         enabled: whether runs need the execution hooks at all (middleware with execution
             hooks, or signal handlers): the one boolean the worker checks per run.
         has_before: whether any middleware has a ``before_execute`` hook.
+        builtin: the Queue's own sugar as built-in middleware, outside :attr:`middleware`:
+            the lifecycle hooks (:class:`~.lifecycle.QueueHooks`: started before and stopped
+            after the registered middleware) and the enqueue lists
+            (:class:`~.lifecycle.EnqueueLists`: their batch hooks run after the registered
+            middleware's).
     """
 
     def __init__(self, queue: QueueContext) -> None:
         self.queue = queue
         self.middleware: list[Middleware] = []
-        #: Built-in middleware with worker-lifecycle hooks only (the Queue's ``on_startup``,
-        #: ``on_shutdown`` and ``lifespan``: :class:`~.lifecycle.QueueHooks`), outside
-        #: :attr:`middleware`: started before and stopped after the registered ones.
-        self.builtin: list[Middleware] = []
+        #: The Queue's ``enqueue_filters`` and ``enqueue_observers``, run as a built-in.
+        self.lists = EnqueueLists(queue.enqueue_filters, queue.enqueue_observers)
+        self.builtin: list[Middleware] = [self.lists]
         self.signals = Signals(self._refresh)
         self.enabled = False
         self.has_before = False
         self._hooks: dict[str, list[Callable[..., Any]]] = {name: [] for name in _HOOK_NAMES}
-        self._filter_installed = False
-        self._observer_installed = False
+        #: Whether the registered middleware or signal handlers see enqueues at all.
+        self._publish_hooked = False
 
     # ----------------------------------------------------------- registration
     def add(self, middleware: Middleware) -> None:
@@ -116,18 +123,16 @@ class Extensions:
             hooks[n]
             for n in ("before_execute", "after_execute", "on_error", "on_retry", "on_failure")
         )
-        queue = self.queue
-        if hooks["before_enqueue"] and not self._filter_installed:
-            # First, so a refusal comes before any other filter claims anything.
-            enqueue_filter: EnqueueFilter = self._filter
-            queue.enqueue_filters.insert(0, enqueue_filter)
-            self._filter_installed = True
-        if (
-            hooks["after_enqueue"] or self.signals.has(Signal.TASK_ENQUEUED)
-        ) and not self._observer_installed:
-            observer: EnqueueObserver = self._observe
-            queue.enqueue_observers.append(observer)
-            self._observer_installed = True
+        self._publish_hooked = self.signals.has(Signal.TASK_ENQUEUED) or any(
+            hooks[n] for n in ("before_enqueue", "after_enqueue", "before_publish", "after_publish")
+        )
+
+    @property
+    def publish_hooked(self) -> bool:
+        """Whether an enqueue must go through :meth:`before_publish` / :meth:`after_publish`
+        (any middleware, built-in ones included, or a ``TASK_ENQUEUED`` handler would see
+        it); the producer's fast path is taken only when not."""
+        return self._publish_hooked or self.lists.active
 
     # --------------------------------------------------------------- lifecycle
     async def worker_started(self, worker: RunningWorker) -> None:
@@ -152,7 +157,37 @@ class Extensions:
                     logger.exception("middleware %s.on_worker_stop failed", type(m).__name__)
 
     # ---------------------------------------------------------------- enqueue
-    async def _filter(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
+    async def before_publish(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
+        """Run every middleware's enqueue hooks on ``batch`` before it is published: the
+        ``before_enqueue`` hooks per message, then the ``before_publish`` hooks, the built-in
+        middleware's last (the Queue's ``enqueue_filters``).
+
+        Raises:
+            BlitzQError: a hook raised one (it propagates as it is).
+            EnqueueRefused: a ``before_enqueue`` hook raised anything else.
+        """
+        if self._hooks["before_enqueue"]:
+            await self._each_before(queue, batch)
+        for hook in self._hooks["before_publish"]:
+            await _call(hook, queue, batch)
+        for m in self.builtin:
+            if _overrides(m, "before_publish"):
+                await m.before_publish(queue, batch)
+
+    async def after_publish(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
+        """Run every middleware's enqueue hooks on the published ``batch``: the
+        ``after_enqueue`` hooks per message (errors logged) and ``TASK_ENQUEUED``, then the
+        ``after_publish`` hooks, the built-in middleware's last (the Queue's
+        ``enqueue_observers``)."""
+        if self._hooks["after_enqueue"] or self.signals.has(Signal.TASK_ENQUEUED):
+            await self._each_after(queue, batch)
+        for hook in self._hooks["after_publish"]:
+            await _call(hook, queue, batch)
+        for m in self.builtin:
+            if _overrides(m, "after_publish"):
+                await m.after_publish(queue, batch)
+
+    async def _each_before(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
         hooks = self._hooks["before_enqueue"]
         for out in batch:
             if out.existing_id is not None:
@@ -171,7 +206,7 @@ class Extensions:
                 if out.envelope is not env:
                     out.data = encode_envelope(out.envelope, queue.max_message_size)
 
-    async def _observe(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
+    async def _each_after(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
         hooks = self._hooks["after_enqueue"]
         signals = self.signals
         emit = signals.has(Signal.TASK_ENQUEUED)
