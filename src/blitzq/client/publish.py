@@ -22,7 +22,6 @@ from ..options import Option, call_options
 from ..routing import physical_queue, route
 from ..serialization import Envelope, encode_envelope, plain_args, plain_kwargs, to_plain
 from ..task import _NO_OPTIONS, CallOptions, Task, TaskHandle
-from . import testmode
 from .named import named_options, send_many
 
 if TYPE_CHECKING:
@@ -219,8 +218,6 @@ class Producer:
             broker = owner.broker
             since = broker.result_token()  # before the send: see StateStore.result_token
             await broker.publish(queue, (data,))
-            if testmode.after_enqueue is not None:
-                await testmode.after_enqueue(owner)
             handle: TaskHandle[Any] = TaskHandle(
                 owner, env.id, queue, name, stores_result=stores, sent=True
             )
@@ -229,8 +226,6 @@ class Producer:
         out = Outgoing(env, data, due, registered, delay=opts.relative_delay())
         explicit = frozenset((env.id,)) if opts.task_id is not None else frozenset()
         await self.publish([out], explicit)
-        if testmode.after_enqueue is not None:
-            await testmode.after_enqueue(owner)
         if out.existing_id is not None:
             return TaskHandle(
                 owner,
@@ -295,8 +290,6 @@ class Producer:
             raise ConfigurationError("enqueue_many: the same task_id is given to several items")
         if items:
             await self.publish(items, frozenset(explicit))
-            if testmode.after_enqueue is not None:
-                await testmode.after_enqueue(self.queue)
         stores = self.stores_result(task)
         return [
             TaskHandle(

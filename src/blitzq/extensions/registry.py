@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..client.testmode import TestModeDrain
 from ..context import NO_RESULT, TaskContext, reset_current, set_current
 from ..exceptions import BlitzQError, TaskCancelled, TaskFailed, TaskTimeout, describe_error
 from ..serialization import encode_envelope
@@ -93,7 +94,9 @@ class Extensions:
         self.middleware: list[Middleware] = []
         #: The Queue's ``enqueue_filters`` and ``enqueue_observers``, run as a built-in.
         self.lists = EnqueueLists(queue.enqueue_filters, queue.enqueue_observers)
-        self.builtin: list[Middleware] = [self.lists]
+        #: The eager test mode's drain (:mod:`blitzq.client.testmode`), idle outside it.
+        self.test_mode = TestModeDrain(queue)
+        self.builtin: list[Middleware] = [self.lists, self.test_mode]
         self.signals = Signals(self._refresh)
         self.enabled = False
         self.has_before = False
@@ -132,7 +135,7 @@ class Extensions:
         """Whether an enqueue must go through :meth:`before_publish` / :meth:`after_publish`
         (any middleware, built-in ones included, or a ``TASK_ENQUEUED`` handler would see
         it); the producer's fast path is taken only when not."""
-        return self._publish_hooked or self.lists.active
+        return self._publish_hooked or self.lists.active or self.test_mode.active
 
     # --------------------------------------------------------------- lifecycle
     async def worker_started(self, worker: RunningWorker) -> None:
@@ -233,8 +236,11 @@ class Extensions:
     # -------------------------------------------------------------- workflows
     @property
     def has_apply_hooks(self) -> bool:
-        """Whether any middleware has a ``before_apply`` or ``after_apply`` hook."""
-        return bool(self._hooks["before_apply"] or self._hooks["after_apply"])
+        """Whether any middleware has a ``before_apply`` or ``after_apply`` hook (the test
+        mode's, while it is on)."""
+        return bool(
+            self._hooks["before_apply"] or self._hooks["after_apply"] or self.test_mode.active
+        )
 
     async def before_apply(self, workflow: OutgoingWorkflow) -> None:
         """Run the before-apply hooks on ``workflow``.
@@ -255,12 +261,16 @@ class Extensions:
                 ) from exc
 
     async def after_apply(self, workflow: OutgoingWorkflow) -> None:
-        """Run the after-apply hooks on ``workflow`` (errors are logged)."""
+        """Run the after-apply hooks on ``workflow`` (a registered middleware's errors are
+        logged), the built-in middleware's last."""
         for hook in self._hooks["after_apply"]:
             try:
                 await _call(hook, workflow)
             except Exception:
                 logger.exception("middleware %s.after_apply failed", _owner(hook))
+        for m in self.builtin:
+            if _overrides(m, "after_apply"):
+                await m.after_apply(workflow)
 
     # -------------------------------------------------------------- execution
     @staticmethod

@@ -294,7 +294,7 @@ class Runner:
 
         The attempt is unchanged and no slot is held while it waits (rate limits, locks).
 
-        Args: see :meth:`.ending.Completions.reschedule`.
+        Args: see :meth:`.completions.Completions.reschedule`.
         """
         return self.completions.reschedule(job, delay, reserved)
 
