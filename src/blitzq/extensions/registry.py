@@ -2,7 +2,8 @@
 
 The producer reaches it through two calls per batch, :meth:`Extensions.before_publish` and
 :meth:`~Extensions.after_publish` (the enqueue hooks of every middleware, the built-in ones
-last: the Queue's ``enqueue_filters`` / ``enqueue_observers`` lists are run by one of them);
+last: the Queue's ``enqueue_filters`` / ``enqueue_observers`` lists are run by one of them,
+the eager test mode's drain by another);
 the worker through four calls, in this order per run: :meth:`Extensions.context_for`,
 :meth:`~Extensions.before_execute` (when any middleware has a before-execute hook),
 :meth:`~Extensions.started`, and :meth:`~Extensions.committed` with the run's typed
@@ -84,9 +85,10 @@ class Extensions:
         has_before: whether any middleware has a ``before_execute`` hook.
         builtin: the Queue's own sugar as built-in middleware, outside :attr:`middleware`:
             the lifecycle hooks (:class:`~.lifecycle.QueueHooks`: started before and stopped
-            after the registered middleware) and the enqueue lists
-            (:class:`~.lifecycle.EnqueueLists`: their batch hooks run after the registered
-            middleware's).
+            after the registered middleware), the enqueue lists
+            (:class:`~.lifecycle.EnqueueLists`) and the eager test mode's drain
+            (:class:`~blitzq.client.testmode.TestModeDrain`), whose enqueue and apply hooks
+            run after the registered middleware's.
     """
 
     def __init__(self, queue: QueueContext) -> None:
