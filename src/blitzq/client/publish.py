@@ -22,6 +22,7 @@ from ..options import Option, call_options
 from ..routing import physical_queue, route
 from ..serialization import Envelope, encode_envelope, plain_args, plain_kwargs, to_plain
 from ..task import _NO_OPTIONS, CallOptions, Task, TaskHandle
+from . import testmode
 from .named import named_options, send_many
 
 if TYPE_CHECKING:
@@ -212,7 +213,12 @@ class Producer:
             due is None
             and queue in self.known_queues
             and not owner.track_state
-            and not self.extensions.publish_hooked
+            # Extensions.publish_hooked, inlined on this path: any middleware (built-in
+            # ones: the enqueue lists, the test mode's drain) would see the enqueue.
+            and not self.extensions.enqueue_hooked
+            and not owner.enqueue_filters
+            and not owner.enqueue_observers
+            and testmode.after_enqueue is None
             and opts.task_id is None
         ):
             broker = owner.broker

@@ -103,8 +103,9 @@ class Extensions:
         self.enabled = False
         self.has_before = False
         self._hooks: dict[str, list[Callable[..., Any]]] = {name: [] for name in _HOOK_NAMES}
-        #: Whether the registered middleware or signal handlers see enqueues at all.
-        self._publish_hooked = False
+        #: Whether the registered middleware or signal handlers see enqueues at all (the
+        #: built-in ones: :attr:`publish_hooked`).
+        self.enqueue_hooked = False
 
     # ----------------------------------------------------------- registration
     def add(self, middleware: Middleware) -> None:
@@ -128,7 +129,7 @@ class Extensions:
             hooks[n]
             for n in ("before_execute", "after_execute", "on_error", "on_retry", "on_failure")
         )
-        self._publish_hooked = self.signals.has(Signal.TASK_ENQUEUED) or any(
+        self.enqueue_hooked = self.signals.has(Signal.TASK_ENQUEUED) or any(
             hooks[n] for n in ("before_enqueue", "after_enqueue", "before_publish", "after_publish")
         )
 
@@ -137,7 +138,7 @@ class Extensions:
         """Whether an enqueue must go through :meth:`before_publish` / :meth:`after_publish`
         (any middleware, built-in ones included, or a ``TASK_ENQUEUED`` handler would see
         it); the producer's fast path is taken only when not."""
-        return self._publish_hooked or self.lists.active or self.test_mode.active
+        return self.enqueue_hooked or self.lists.active or self.test_mode.active
 
     # --------------------------------------------------------------- lifecycle
     async def worker_started(self, worker: RunningWorker) -> None:
