@@ -213,8 +213,8 @@ class Producer:
             due is None
             and queue in self.known_queues
             and not owner.track_state
-            # Extensions.publish_hooked, inlined on this path: any middleware (built-in
-            # ones: the enqueue lists, the test mode's drain) would see the enqueue.
+            # No middleware would see it: none registered with enqueue hooks, and the
+            # built-in ones idle (the enqueue lists empty, the test mode off).
             and not self.extensions.enqueue_hooked
             and not owner.enqueue_filters
             and not owner.enqueue_observers

@@ -100,11 +100,6 @@ class EnqueueLists(Middleware):
         self.filters = filters
         self.observers = observers
 
-    @property
-    def active(self) -> bool:
-        """Whether either list has anything (an enqueue then needs the batch hooks)."""
-        return bool(self.filters or self.observers)
-
     async def before_publish(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
         """Await each filter with the batch, in order.
 

@@ -104,7 +104,8 @@ class Extensions:
         self.has_before = False
         self._hooks: dict[str, list[Callable[..., Any]]] = {name: [] for name in _HOOK_NAMES}
         #: Whether the registered middleware or signal handlers see enqueues at all (the
-        #: built-in ones: :attr:`publish_hooked`).
+        #: built-in ones do when the Queue's lists are not empty, or in the test mode: the
+        #: producer's fast path checks those too).
         self.enqueue_hooked = False
 
     # ----------------------------------------------------------- registration
@@ -132,13 +133,6 @@ class Extensions:
         self.enqueue_hooked = self.signals.has(Signal.TASK_ENQUEUED) or any(
             hooks[n] for n in ("before_enqueue", "after_enqueue", "before_publish", "after_publish")
         )
-
-    @property
-    def publish_hooked(self) -> bool:
-        """Whether an enqueue must go through :meth:`before_publish` / :meth:`after_publish`
-        (any middleware, built-in ones included, or a ``TASK_ENQUEUED`` handler would see
-        it); the producer's fast path is taken only when not."""
-        return self.enqueue_hooked or self.lists.active or self.test_mode.active
 
     # --------------------------------------------------------------- lifecycle
     async def worker_started(self, worker: RunningWorker) -> None:
