@@ -140,8 +140,9 @@ class Outgoing:
             observers), or ``None`` for now. What decides is the broker's clock: see
             ``delay``.
         task: the registered task, or ``None`` for ``queue.send`` of an unknown name.
-        existing_id: set by a filter to the id of an existing task this one duplicates; the
-            message is then not published and the caller's handle points at that task.
+        existing_id: set by a ``before_publish`` hook (an enqueue filter) to the id of an
+            existing task this one duplicates; the message is then not published and the
+            caller's handle points at that task.
         delay: for a ``delay=``, its seconds, sent as such so that the broker adds them to
             its own clock; ``None`` for an absolute ``eta=`` (``due``), which the broker
             compares with its clock as given.
