@@ -3,10 +3,11 @@
 Usage::
 
     python tests/chaos/run_chaos.py ROLE URL OBSERVE_URL NAMESPACE [--concurrency N]
-        [--visibility-timeout S]
+        [--visibility-timeout S] [--queues A,B,...]
 
 ``ROLE`` is ``worker`` or ``scheduler``. ``URL`` is the broker URL the process uses (a fault
-proxy, or the server itself); ``OBSERVE_URL`` the server itself (observations). Once started
+proxy, or the server itself); ``OBSERVE_URL`` the server itself (observations). A worker
+consumes ``--queues`` (comma-separated; default: the Queue's own). Once started
 the pid is added to ``{ns}:chaos:ready``. SIGTERM/SIGINT stop it gracefully.
 """
 
@@ -35,6 +36,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("namespace")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--visibility-timeout", type=float, default=2.0)
+    p.add_argument("--queues", default="", help="queues a worker consumes, comma-separated")
     return p.parse_args(argv)
 
 
@@ -62,6 +64,7 @@ async def main(args: argparse.Namespace) -> None:
                 handle_signals=True,
                 shutdown_timeout=5.0,
                 block_timeout=0.5,
+                queues=[q for q in args.queues.split(",") if q] or None,
             )
             await worker.run()
         else:
