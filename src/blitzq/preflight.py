@@ -116,7 +116,7 @@ async def preflight(queue: Queue) -> list[Finding]:
 
 def _amqp_url(queue: Queue) -> str | None:
     """The RabbitMQ URL of ``queue``'s broker (``None``: messages travel through Redis)."""
-    url = getattr(getattr(getattr(queue.broker, "amqp", None), "link", None), "url", None)
+    url = getattr(getattr(queue.broker.transport, "link", None), "url", None)
     return url if isinstance(url, str) else None
 
 

@@ -9,7 +9,7 @@ from tests.contract.test_dead_letter_bounds import dead, ids
 
 
 async def test_named_dead_letters_are_deleted_and_their_bytes_given_back(broker: Broker) -> None:
-    broker.dead_letter_max_bytes = 5000  # type: ignore[attr-defined]
+    broker.dead_letter_limits.max_bytes = 5000  # type: ignore[union-attr]
     for i in range(3):  # each counts 1500 + 4 + 64 bytes: three fit in 5000
         await broker.complete([dead(f"d{i}", 1500, 1000.0 + i)])
     assert await broker.delete_dead_letters(["d1", "missing", "d1"]) == 1

@@ -216,7 +216,7 @@ async def test_200_concurrent_enqueues_queue_for_a_pool_of_4(
         assert len(handles) == 200
         stats = await queue.stats([queue.name])
         assert stats["queues"][queue.name]["waiting"] == 200
-        assert queue.broker.client.connection_pool.max_connections == 4  # type: ignore[attr-defined]
+        assert queue.broker.state.client.connection_pool.max_connections == 4  # type: ignore[attr-defined]
     finally:
         await queue.close()
 
@@ -397,7 +397,7 @@ async def test_nothing_hangs_on_a_server_that_never_answers() -> None:
                 await slow.close()
 
             # The waits that gave up left no waiter behind on the shared pub/sub listener.
-            listener = queue.broker._results  # type: ignore[attr-defined]
+            listener = queue.broker.state.conn._results  # type: ignore[attr-defined]
             deadline = time.monotonic() + 10
             while (listener._waiters or listener._pattern_waiters) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)

@@ -62,8 +62,6 @@ NOT_IN_MAP_YET: set[str] = set()
 BROKEN_ON_MAIN: dict[tuple[str, str], str] = {
     ("cycles", "blitzq.worker"): "the circle inside worker/ (issue 24, point 2: one owner per "
     "stage of a run)",
-    ("cycles", "blitzq.broker.amqp"): "custody <-> transport (issue 24, point 1)",
-    ("cycles", "blitzq.broker.redis"): "handoff <-> spread (issue 24, point 1)",
 }
 
 

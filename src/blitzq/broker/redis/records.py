@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ...exceptions import BrokerError
 from ..state import RecordsState
 from .client import REDIS_ERRORS, broker_error, translate_errors
-from .connection import RedisPart
+from .connection import LeaseIdentity, RedisConnection, RedisPart
 from .keys import GROUP
 
 if TYPE_CHECKING:
@@ -70,9 +70,16 @@ class RedisRecords(RedisPart, RecordsState):
 
     Args:
         conn: the store's connection.
-        kind: the store's write kind: progress is fenced and a task traced in its stream
-            only with ``"s"`` (a streams transport on this connection).
+        kind: the store's write kind: a task is traced in its stream only with ``"s"`` (a
+            streams transport on this connection).
+        lease: the lease identity of the streams transport whose deliveries the store acks
+            (:class:`~.connection.LeaseIdentity`): progress with a ``fence`` is stored only
+            while that consumer holds the delivery; ``None``: progress is never fenced.
     """
+
+    def __init__(self, conn: RedisConnection, kind: str, lease: LeaseIdentity | None) -> None:
+        super().__init__(conn, kind)
+        self.lease = lease
 
     # --------------------------------------------------------------- progress
     @translate_errors
@@ -89,9 +96,9 @@ class RedisRecords(RedisPart, RecordsState):
         keys = self.keys
         script_keys = [keys.progress(task_id)]
         args: list[Any] = [repr(float(at)), data, ttl, keys.progress_channel(task_id)]
-        if fence is not None and self.kind == "s":
+        if fence is not None and self.lease is not None:
             script_keys.append(keys.stream(fence[0]))
-            args += (GROUP, self.consumer, fence[1])
+            args += (GROUP, self.lease.consumer, fence[1])
         done = await self.scripts.call("progress", keys=script_keys, args=args)
         return bool(done)
 
