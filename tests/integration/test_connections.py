@@ -82,7 +82,7 @@ def test_pool_defaults_are_a_bounded_blocking_pool_and_the_url_overrides_them(
     make_queue: Callable[..., Queue], redis_url: str
 ) -> None:
     queue = make_queue()
-    client = queue._make_broker().client  # type: ignore[attr-defined]
+    client = queue._make_broker().state.client  # type: ignore[attr-defined]
     pool = client.connection_pool
     assert isinstance(pool, aioredis.BlockingConnectionPool)
     assert pool.max_connections == redis_client.DEFAULT_MAX_CONNECTIONS == 50
@@ -102,7 +102,7 @@ def test_pool_defaults_are_a_bounded_blocking_pool_and_the_url_overrides_them(
         socket_connect_timeout=2,
         health_check_interval=11,
     )
-    pool = make_queue(redis_url=url)._make_broker().client.connection_pool  # type: ignore[attr-defined]
+    pool = make_queue(redis_url=url)._make_broker().state.client.connection_pool  # type: ignore[attr-defined]
     assert (pool.max_connections, pool.timeout) == (7, 3.0)
     kwargs = pool.connection_kwargs
     assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (9.0, 2.0)
