@@ -10,8 +10,9 @@ another connection) they would land where that transport never reads.
 
 Such a store is made with an :class:`Outbox`
 (:attr:`~blitzq.broker.state.StateStore.outbox`, e.g. ``RedisStateStore(conn,
-outbox=True)``): it writes those messages into per-queue outbox lists, in the same atomic step as before, and a
-:class:`Relay` moves them to :meth:`Transport.publish <blitzq.broker.transport.Transport.publish>`:
+outbox=True)``): it writes those messages into per-queue outbox lists, in the same atomic
+step as before, and a :class:`Relay` moves them to :meth:`Transport.publish
+<blitzq.broker.transport.Transport.publish>`:
 
 1. **take** -- atomically move a batch from the head of one queue's outbox to the relay's own
    taken list, with a lease (:meth:`Outbox.take`);

@@ -154,7 +154,7 @@ class HandoffRelay(Relay):
     ) -> None:
         super().__init__(outbox, transport)
         self._handoff = outbox
-        self._publish_once = publish_once
+        self.publish_once = publish_once
 
     async def drain(self, queues: Iterable[str] | None = None) -> int:
         """See :meth:`Relay.drain`; each batch goes through take, ``publish_once`` (nothing
@@ -173,7 +173,7 @@ class HandoffRelay(Relay):
                     if taken is None:
                         break
                     target, batch, taken_at, messages = taken
-                    added = await self._publish_once(target, batch, taken_at, messages)
+                    added = await self.publish_once(target, batch, taken_at, messages)
                     if added < 0:
                         await outbox.expire(target, batch, messages)
                     await outbox.release(self.id)
