@@ -21,7 +21,7 @@ from collections.abc import Callable
 import pytest
 
 from blitzq.broker import Broker, Completion, DeadLetterFields, Delivery
-from blitzq.broker.ops import LockRelease, Progress, Publish, UniqueRelease
+from blitzq.broker.effects import LockRelease, Progress, Publish, UniqueRelease
 from blitzq.records import TaskRecord, TaskState
 from blitzq.serialization import dumps
 from tests.broker_kinds import is_reliable_redis, is_spread

@@ -1,4 +1,4 @@
-"""Result waits served by the completion pattern (``broker/redis/results.py``, issue 13).
+"""Result waits served by the completion pattern (``broker/redis/result_listener.py``, issue 13).
 
 A producer waiting for results keeps one ``PSUBSCRIBE {ns}:done:*``; a handle from the fast
 enqueue path carries a mark that lets its wait skip the first read. What a user relies on:
@@ -20,7 +20,7 @@ import pytest
 from blitzq import BrokerError, Queue
 from blitzq.broker.redis import results as listener_module
 from blitzq.broker.redis.keys import glob_escape
-from blitzq.broker.redis.results import ResultListener
+from blitzq.broker.redis.result_listener import ResultListener
 
 from .proc_tasks import eventually, make_worker, running
 

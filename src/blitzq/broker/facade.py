@@ -5,9 +5,13 @@ transport (how messages travel and are leased), a state store (everything else, 
 atomic completion), the :class:`~blitzq.broker.pairing.Pairing` that joins a completion's
 writes with its ack, and the store's :class:`~blitzq.broker.state.DeadLetterLimits`; it
 delegates each method to the one that owns it, explicitly: a method here is the seam's
-method of the same name and signature. The few calls that combine both halves are its own
-(``prepare_consumer``, ``queue_stats``, ``purge_queue``, and the relay after
-``promote_due``, ``claim_periodic`` and ``replay_dead_letter``).
+method of the same name and signature. Calls of one role that only the operator tools or one
+component make (the operations role: run-time periodic entries, the autoscale setpoint,
+supervisor status, server facts; task liveness: ``trace_task``, ``keep_running``,
+``cancel_mark``) are not repeated here: their callers use :attr:`Broker.state`. The few calls
+that combine both halves are its own (``prepare_consumer``, ``queue_stats``,
+``purge_queue``, and the relay after ``promote_due``, ``claim_periodic`` and
+``replay_dead_letter``).
 
 :class:`Broker` is never subclassed (``typing.final``): a backend's differences are the
 objects it is composed of, not overrides. The named brokers (``ReliableRedisBroker``,
@@ -41,8 +45,6 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Protocol, final
 
-from .liveness import LivenessFacade
-from .operations import OperationsFacade
 from .outbox import Relay
 from .pairing import CompleteFn, Pairing, pairing_for
 from .state import DeadLetterFields, DeadLetterLimits, Scheduled, StateStore
@@ -66,7 +68,7 @@ class FetchFirstFn(Protocol):
 
 
 @final
-class Broker(OperationsFacade, LivenessFacade):
+class Broker:
     """A transport and a state store behind one object (see the module docstring).
 
     Args:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 
-from .ops import ChordMember, Publish, WorkflowStep
+from .effects import ChordMember, Publish, WorkflowStep
 from .outbox import Outbox, Relay
 from .state import StateStore
 from .transport import Transport

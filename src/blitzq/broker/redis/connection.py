@@ -2,7 +2,7 @@
 
 :class:`RedisConnection` is made once per broker and handed to both halves: the transport
 (``streams.py`` or ``lists.py``) and the state store (``store.py``, composed of role objects:
-``records.py``, ``schedule.py``, ``dead_letters.py``, ``control.py``, ``registry.py``,
+``records.py``, ``schedule.py``, ``dead_letters.py``, ``control_state.py``, ``registry.py``,
 ``operator_state.py``). The transport and each role object derive from :class:`RedisPart`,
 which reads the connection's client, key table, scripts and listener as its own attributes.
 Every Redis command blitzq sends lives under this package.
@@ -21,7 +21,7 @@ from .client import bad_url, make_client, max_block, pool_size, translate_errors
 from .cluster import is_cluster, node_of
 from .cluster_scripts import ClusterScripts
 from .keys import Keys
-from .results import ResultListener
+from .result_listener import ResultListener
 from .scripts import Scripts
 
 #: Dead letters kept per namespace before the oldest are dropped.
@@ -115,7 +115,7 @@ class RedisConnection:
         #: Runs the Lua scripts (EVALSHA, reloaded on NOSCRIPT): see scripts.py; on a
         #: cluster node by node, never across a slot migration (cluster_scripts.py).
         self.scripts = ClusterScripts(self.client) if self.cluster else Scripts(self.client)
-        # One completion pattern per process on a single server (see results.py); a cluster
+        # One completion pattern per process on a single server (see result_listener.py); a cluster
         # client subscribes channel by channel.
         done = None if self.cluster else self.keys.done_channel("")
         #: A client of the result listener's own, closed with this connection (``None``:

@@ -1,6 +1,6 @@
 """The Redis state store's reads and waits: records, workflow state, progress.
 
-A wait subscribes on the shared listener (``results.py``) and re-reads every second, so a
+A wait subscribes on the shared listener (``result_listener.py``) and re-reads every second, so a
 lost push costs a second, never a result; every wait is bounded by its timeout plus
 :data:`WAIT_GRACE` whatever the network does.
 """
@@ -20,7 +20,7 @@ from .connection import LeaseIdentity, RedisConnection, RedisPart
 from .keys import GROUP
 
 if TYPE_CHECKING:
-    from .results import ResultListener
+    from .result_listener import ResultListener
 
 R = TypeVar("R")
 
@@ -291,7 +291,7 @@ class RedisRecords(RedisPart, RecordsState):
         return int(await self.scripts.call("keep_running", keys=keys, args=[ttl]))
 
     def result_token(self) -> object | None:
-        """The result listener's mark (see ``results.py``, vouched waits), or ``None``."""
+        """The result listener's mark (see ``result_listener.py``, vouched waits), or ``None``."""
         return self._results.token()
 
     async def wait_for_record(

@@ -10,7 +10,8 @@ each taking that connection:
 ``scheduling`` (schedule.py)  the schedule and its promotion, periodic claims
 ``dead_letter_box``           dead letters: list, read, count, replay, purge
 (dead_letters.py)
-``control`` (control.py)      rate limits, unique keys, locks, cancel marks, events
+``control``                   rate limits, unique keys, locks, cancel marks, events
+(control_state.py)
 ``registry`` (registry.py)    known queues, live workers, paused queues, shutdown
                               requests, counters, memory policy
 ``operations``                run-time periodic entries, the autoscale setpoint,
@@ -36,7 +37,7 @@ from ..values import Completion, DeadLetterFields, Scheduled
 from .client import translate_errors
 from .completion import encode_batch, encode_entries
 from .connection import LeaseIdentity, RedisConnection, RedisPart
-from .control import RedisControl
+from .control_state import RedisControl
 from .dead_letters import RedisDeadLetters
 from .keys import GROUP
 from .operator_state import RedisOperatorState

@@ -4,7 +4,7 @@ A state store keeps task records and results (and the waits on them), the schedu
 promotion on the store's clock), periodic claims, cancel marks, dead letters, workflow,
 unique-key, lock, rate-limit and progress state, the queue and worker registries, and applies
 a :class:`Completion` -- its ack, record, retry, dead letter, requeue and typed effects
-(:mod:`blitzq.broker.ops`) -- atomically (:meth:`StateStore.complete`).
+(:mod:`blitzq.broker.effects`) -- atomically (:meth:`StateStore.complete`).
 
 The Redis state store is its Lua scripts (``redis/lua/``). It pairs with the Redis transports
 (streams or lists) on the same connection, where a completion's ack is one more write of the
