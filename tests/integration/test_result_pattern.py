@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from blitzq import BrokerError, Queue
-from blitzq.broker.redis import results as listener_module
+from blitzq.broker.redis import result_listener as listener_module
 from blitzq.broker.redis.keys import glob_escape
 from blitzq.broker.redis.result_listener import ResultListener
 
