@@ -274,13 +274,13 @@ async def test_a_wait_for_a_task_still_to_come_goes_on(
         delayed = await later.options(delay=1.5).enqueue(2)
         waits = [asyncio.ensure_future(h.result(timeout=None)) for h in (queued, delayed)]
         calls: list[int] = []
-        trace = queue.broker.trace_task
+        trace = queue.broker.state.trace_task
 
         async def counted(task_id: str, where: str) -> bool | None:
             calls.append(1)
             return await trace(task_id, where)
 
-        queue.broker.trace_task = counted  # type: ignore[method-assign]
+        queue.broker.state.trace_task = counted  # type: ignore[method-assign]
         await eventually(lambda: asyncio.sleep(0, len(calls)), lambda n: n >= 6, 30.0)
         assert not any(w.done() for w in waits)
         async with running(make_worker(queue)):
