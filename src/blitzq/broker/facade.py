@@ -105,6 +105,23 @@ class Broker(OperationsFacade, LivenessFacade):
         """See :meth:`Transport.fetch_first`."""
         return await self.transport.fetch_first(queues, count, timeout, look_first=look_first)
 
+    @property
+    def shared_block(self) -> bool:
+        """See :attr:`Transport.shared_block`."""
+        return self.transport.shared_block
+
+    async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
+        """See :meth:`Transport.block_first`."""
+        return await self.transport.block_first(queues, timeout)
+
+    async def unblock(self) -> bool:
+        """See :meth:`Transport.unblock`."""
+        return await self.transport.unblock()
+
+    async def occupied(self, queues: Sequence[str]) -> list[str]:
+        """See :meth:`Transport.occupied`."""
+        return await self.transport.occupied(queues)
+
     async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
         """See :meth:`Transport.heartbeat`."""
         return await self.transport.heartbeat(queue, tokens)

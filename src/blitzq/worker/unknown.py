@@ -211,7 +211,9 @@ async def take_handed(worker: Worker) -> int:
     """
     runner, taken = worker.runner, 0
     start = runner.admission.start
-    for queue in worker.physical_queues:
+    # A handed entry is still in its stream: only a queue holding a message can have one
+    # (one read over all streams, not one script per queue each round).
+    for queue in await worker.broker.occupied(worker.physical_queues):
         slots = worker._slots[base_queue(queue)]
         while not _stopping(worker):
             n = await slots.reserve(HANDED_BATCH)
