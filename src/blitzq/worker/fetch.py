@@ -82,18 +82,19 @@ class Fetcher:
         #: Fetches that returned (or failed), per queue; fetches that returned messages.
         self.done: dict[str, int] = dict.fromkeys(slots, 0)
         self.delivered = 0
-        #: The one blocking read of the idle loops (``None``: each blocks on its own, a
-        #: transport that cannot share one: a cluster, RabbitMQ).
+        #: The one blocking read of the idle loops, made by :meth:`start` (``None``: each
+        #: blocks on its own, a transport that cannot share one: a cluster, RabbitMQ).
         self.shared: SharedRead | None = None
-        if broker.shared_block:
-            levels = {q: worker.levels[q] for q in slots}
-            self.shared = SharedRead(broker, levels, worker.block_timeout, runner.hand_back)
         #: Queues whose last shared read brought nothing: their next fetch skips the look
         #: (each looks first at start: a backlog is taken in order, most urgent level first).
         self._quiet: dict[str, bool] = dict.fromkeys(slots, False)
 
     def start(self) -> None:
         """Start one fetch loop per queue of :attr:`slots`."""
+        if self.broker.shared_block:
+            worker, runner = self.worker, self.runner
+            levels = {q: worker.levels[q] for q in self.slots}
+            self.shared = SharedRead(self.broker, levels, worker.block_timeout, runner.hand_back)
         self._tasks = {
             q: asyncio.create_task(self._loop(q), name=f"blitzq-fetch-{q}") for q in self.slots
         }
