@@ -69,6 +69,11 @@ class Broker(OperationsFacade, LivenessFacade):
     the transport (:class:`~blitzq.broker.pairing.CommitThenAck`). See
     :meth:`StateStore.complete` for fencing and what ``token`` means."""
 
+    task_ids: Callable[[str], str] | None = None
+    """Makes the id of a task sent to a physical queue when the caller chose none; ``None``:
+    128 random bits in hex. The spread layout of a Redis Cluster homes ids on their queue's
+    slot (:func:`~blitzq.broker.redis.homes.homed_id`)."""
+
     def __init__(
         self, transport: Transport, state: StateStore, pairing: Pairing | None = None
     ) -> None:
@@ -335,6 +340,10 @@ class Broker(OperationsFacade, LivenessFacade):
     async def workers(self) -> dict[str, bytes]:
         """See :meth:`StateStore.workers`."""
         return await self.state.workers()
+
+    async def lapsed_workers(self, limit: int = 100) -> dict[str, bytes]:
+        """See :meth:`StateStore.lapsed_workers`."""
+        return await self.state.lapsed_workers(limit)
 
     async def set_paused(self, queue: str, paused: bool) -> bool:
         """See :meth:`StateStore.set_paused`."""

@@ -33,15 +33,22 @@ import math
 import random
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker import Broker
-from ..exceptions import BrokerError, describe_error
-from .unknown import take_handed
+from ..exceptions import BlitzQError, BrokerError, describe_error
+from ..extensions.signals import Signal, SignalEvent
+from ..serialization import loads
+from .limiter import Slots
+from .unknown import Handed, take_handed
 
 if TYPE_CHECKING:
+    from collections.abc import Collection, Mapping
+
+    from ..extensions.registry import Extensions
+    from ..seams import QueueSettings
+    from .admission import Admission
     from .execution import Job
-    from .worker import Worker
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -82,6 +89,15 @@ def running_tasks(jobs: Iterable[Job]) -> list[dict[str, Any]]:
     ]
 
 
+def _registration(raw: bytes) -> dict[str, Any]:
+    """The fields of a worker's registration record (empty when it cannot be read)."""
+    try:
+        info = loads(raw) if raw else {}
+    except BlitzQError:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 def maintenance_interval(visibility_timeout: float) -> float:
     """Seconds between maintenance rounds (lease renewals, recovery checks, the keeping of
     running records): a third of ``visibility_timeout`` (seconds), so two renewals can fail
@@ -102,17 +118,70 @@ def running_record_ttl(result_ttl: int, visibility_timeout: float) -> int:
     return max(result_ttl, 2 * keep_margin(visibility_timeout))
 
 
+class _Cancelling(Protocol):
+    @property
+    def admission(self) -> Admission: ...
+
+    @property
+    def extensions(self) -> Extensions: ...
+
+    @property
+    def jobs(self) -> Collection[Job]: ...
+
+    @property
+    def result_ttl(self) -> int: ...
+
+    @property
+    def track_state(self) -> bool: ...
+
+    revoked: dict[str, float]
+
+    def cancel(self, task_id: str) -> bool: ...
+
+
+class Maintained(Handed, Protocol):
+    """What the background loops see of the worker (a :class:`~blitzq.Worker`)."""
+
+    @property
+    def runner(self) -> _Cancelling: ...
+
+    @property
+    def queue(self) -> QueueSettings: ...
+
+    @property
+    def queues(self) -> list[str]: ...
+
+    @property
+    def processed(self) -> int: ...
+
+    @property
+    def failed(self) -> int: ...
+
+    @property
+    def failure_log_level(self) -> int: ...
+
+    paused: set[str]
+
+    def info(self) -> bytes: ...
+
+    def running_tokens(self, queue: str) -> list[bytes]: ...
+
+    def stop(self) -> None: ...
+
+
 class Maintenance:
     """Runs the worker's background loops.
 
     Args:
         worker: the owning worker.
         broker: its broker.
+        slots: its slots of each base queue name (what it hands over goes through them).
     """
 
-    def __init__(self, worker: Worker, broker: Broker) -> None:
+    def __init__(self, worker: Maintained, broker: Broker, slots: Mapping[str, Slots]) -> None:
         self.worker = worker
         self.broker = broker
+        self.slots = slots
         vt = worker.queue.visibility_timeout
         #: seconds between lease renewals / recovery checks: a third of the visibility
         #: timeout, so two renewals can fail before a lease lapses.
@@ -189,7 +258,7 @@ class Maintenance:
                 await asyncio.wait_for(self._handed.wait(), timeout=self.interval)
             self._handed.clear()
             try:
-                await take_handed(self.worker)
+                await take_handed(self.worker, self.slots)
             except NotImplementedError:
                 return
             except BrokerError as exc:
@@ -312,6 +381,12 @@ class Maintenance:
             except BrokerError as exc:
                 logger.warning("maintenance: could not register the worker: %s", exc)
             await self._sync_paused()
+            try:
+                await self._reap_lapsed()
+            except BrokerError as exc:
+                logger.warning("maintenance: reading lapsed registrations: %s", exc)
+            except Exception:  # a bug must not stop lease renewal
+                logger.exception("maintenance: reading lapsed registrations failed")
             if worker.runner.track_state:
                 try:
                     await self._keep_records()
@@ -344,6 +419,31 @@ class Maintenance:
                 except Exception:
                     logger.exception("maintenance: reading cancelled tasks failed")
             await asyncio.sleep(self.interval)
+
+    async def _reap_lapsed(self) -> None:
+        """Remove the registrations of workers whose heartbeat (their registration's
+        renewal) lapsed; emit ``WORKER_HEARTBEAT_LOST`` for each one this worker took (each
+        is taken by one live worker of the namespace only)."""
+        lapsed = await self.broker.lapsed_workers()
+        if not lapsed:
+            return
+        worker = self.worker
+        logger.warning(
+            "worker(s) %s stopped renewing their registration (heartbeat lost)",
+            ", ".join(sorted(lapsed)),
+        )
+        signals = worker.runner.extensions.signals
+        if not signals.has(Signal.WORKER_HEARTBEAT_LOST):
+            return
+        for lost_id, raw in sorted(lapsed.items()):
+            info = _registration(raw)
+            extra: dict[str, Any] = {"lost_worker": lost_id}
+            for key in ("host", "pid", "queues", "heartbeat_at", "running_tasks"):
+                if key in info:
+                    extra[key] = info[key]
+            event = SignalEvent(Signal.WORKER_HEARTBEAT_LOST, worker=worker.id, extra=extra)
+            # Never awaited here: a slow handler must not hold up the renewal of leases.
+            signals.emit_soon(Signal.WORKER_HEARTBEAT_LOST, event)
 
     async def _keep_records(self) -> None:
         """Extend the ``running`` records of this worker's runs that have less than

@@ -42,6 +42,7 @@ from ..context import NO_RESULT
 from ..envelope_checks import value_size
 from ..exceptions import ConfigurationError, ResultTooLarge, SerializationError, describe_error
 from ..extensions.middleware import Middleware, OutgoingWorkflow
+from ..extensions.signals import Signal, SignalEvent
 from ..limits import CHUNK_ITEMS, DEFAULT_MAX_RESULT_SIZE
 from ..routing import physical_queue, route
 from ..serialization import Envelope, dumps, encode_envelope, loads, plain_args, to_plain
@@ -322,10 +323,13 @@ def _follow_ups(
 
 # ----------------------------------------------------------------------------- applying
 class _Planner:
-    """Turns a canvas into plan nodes with fresh step ids and resolved queues."""
+    """Turns a canvas into plan nodes with fresh step ids and resolved queues (a step's id
+    made by the broker's ``task_ids`` when it has one: on a Redis Cluster's spread layout a
+    step's record then lives in its queue's slot)."""
 
     def __init__(self, queue: QueueContext) -> None:
         self.queue = queue
+        self.ids = queue.broker.task_ids
         #: ``[id, task, queue]`` of every step the user wrote, in order.
         self.steps: list[list[str]] = []
 
@@ -346,7 +350,7 @@ class _Planner:
         base = sig.queue or (task.queue if task else None)
         base = base or route(queue.routes, sig.name) or queue.name
         target = physical_queue(base, sig.priority or (task.priority if task else "normal"))
-        step_id = uuid.uuid4().hex
+        step_id = uuid.uuid4().hex if self.ids is None else self.ids(target)
         self.steps.append([step_id, sig.name, target])
         node: dict[str, Any] = {"s": sig.name, "i": step_id, "q": target, "a": sig.args}
         if sig.kwargs:
@@ -403,4 +407,10 @@ async def apply_workflow(
         await broker.complete([Completion(queue.name, None, workflow_id, ops=chunk)])
     if outgoing is not None:
         await extensions.after_apply(outgoing)
+    signals = extensions.signals
+    if signals.has(Signal.WORKFLOW_STARTED):
+        first = [env.id for env in build.built]
+        extra = {"workflow_id": workflow_id, "steps": len(planner.steps), "first_steps": first}
+        event = SignalEvent(Signal.WORKFLOW_STARTED, queue=queue.name, extra=extra)
+        await signals.emit(Signal.WORKFLOW_STARTED, event)
     return WorkflowHandle(queue, workflow_id, planner.steps)
