@@ -96,7 +96,6 @@ class RedisStateStore(StateStore):
         return RedisOutbox(self.conn)
 
     # ------------------------------------------------------------ completions
-    @translate_errors
     async def complete_durably(self, completions: Sequence[Completion]) -> list[Completion]:
         """:meth:`complete`, each write waited for by the primary's replicas that exist (at
         least one, ``wait_replicas`` if more) on a ``redis+sentinel://`` store
@@ -108,6 +107,7 @@ class RedisStateStore(StateStore):
         finally:
             durable_writes.reset(token)
 
+    @translate_errors
     async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
         """Apply a batch of completions in one Lua call (one round-trip, atomic).
 
