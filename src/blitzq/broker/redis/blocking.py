@@ -12,7 +12,8 @@ once, instead of after the block) and when it stops (a stop never waits out a bl
 
 The id is read once per TCP connection: a reconnection (a dropped connection, a Sentinel
 failover) clears it through redis-py's connect callback, and the next read asks again. A
-wake-up that finds no known id does nothing; the read then ends at its timeout, as before.
+wake-up that finds no known id does nothing; the read then ends at its timeout, as before
+(so does every wake-up of a user whose ACL refuses ``CLIENT ID`` or ``CLIENT UNBLOCK``).
 
 Replies are read as fast mode's pops are (:func:`~.popping.send_and_read`): a pause of the
 process or a stall of the network longer than the socket timeout does not drop a reply the
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
+
+from redis.exceptions import ResponseError
 
 from .client import socket_timeout
 from .popping import REPLY_WAIT, send_and_read
@@ -47,6 +50,8 @@ class BlockingReads:
         self._conn: Any = None
         #: The held connection's ``CLIENT ID`` on the server; ``None`` after a reconnection.
         self._id: int | None = None
+        #: Whether the server lets this user ask its connection's id (an ACL may not).
+        self._ask_id = True
         #: Whether a blocking command is on the server now (what :meth:`unblock` wakes).
         self._blocked = False
         self._lock = asyncio.Lock()
@@ -78,8 +83,11 @@ class BlockingReads:
             conn = await self._held()
             budget = block + max(self._timeout, REPLY_WAIT)
             try:
-                if self._id is None:
-                    self._id = int(await send_and_read(conn, ("CLIENT", "ID"), budget))
+                if self._id is None and self._ask_id:
+                    try:
+                        self._id = int(await send_and_read(conn, ("CLIENT", "ID"), budget))
+                    except ResponseError:  # an ACL without CLIENT: never woken, reads go on
+                        self._ask_id = False
                 self._blocked = True
                 return await conn.retry.call_with_retry(
                     lambda: send_and_read(conn, args, budget),
