@@ -27,9 +27,13 @@ Redis side's CPU; RabbitMQ's own is not read). The RabbitMQ cases use
 a fresh namespace, deleted afterwards; they are left out (with a note) when nothing answers
 there or with ``--no-amqp``.
 
-Idle cost (commands/s and connections per idle worker process) is measured by
-``bench/idle_cost.py``. Rounds run every case once in turn (A B C ... A B C), so a slow
-moment of a shared machine hits every case; compare the ratios of one run.
+Rounds run every case once in turn (A B C ... A B C), so a slow moment of a shared machine
+hits every case; compare the ratios of one run.
+
+Then, unless ``--no-idle``, what an idle worker process costs the server, by
+``bench/idle_cost.py``'s ``measure`` (one ``Worker`` with default settings in a subprocess
+on 1, 4 and 16 queues, ``--idle-queues``, both modes; commands/s over ``--idle-seconds``
+after it settled, and the connections it holds): about a minute per row.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cluster as cluster_bench  # the sibling script: its servers
+import idle_cost
 from amqp import DEFAULT_AMQP_URL, answers
 
 from blitzq import Queue, Worker
@@ -210,6 +215,9 @@ def main() -> None:
     parser.add_argument("--queues", type=int, default=6)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--no-amqp", action="store_true", help="leave the RabbitMQ cases out")
+    parser.add_argument("--no-idle", action="store_true", help="leave the idle cost out")
+    parser.add_argument("--idle-queues", default="1,4,16", help="queues of the idle workers")
+    parser.add_argument("--idle-seconds", type=float, default=20.0)
     args = parser.parse_args()
     amqp_url = os.environ.get("BLITZQ_BENCH_AMQP_URL", DEFAULT_AMQP_URL)
     with_amqp = not args.no_amqp and answers(amqp_url)
@@ -257,6 +265,20 @@ def main() -> None:
             f"| {case.label} | {enq:.1f} | {drain:.1f} | {both:.1f} ({paired:.2f}x) | "
             f"{total.commands / total.tasks:.2f} | {1000 / both:.0f} |"
         )
+    if not args.no_idle:
+        idle(args.idle_queues, args.idle_seconds)
+
+
+def idle(queues: str, seconds: float) -> None:
+    """Print what one idle worker process costs the server (``idle_cost.measure``)."""
+    print()
+    print("| idle worker, mode | queues (x3 levels) | commands/s | connections |")
+    print("|---|---:|---:|---:|")
+    with idle_cost.harness.private_redis() as url:
+        for mode in ("reliable", "fast"):
+            for n in (int(x) for x in queues.split(",")):
+                got = idle_cost.measure(url, mode, n, seconds, settle=35.0)
+                print(f"| {mode} | {n} | {got['commands_per_s']:.2f} | {got['connections']:.0f} |")
 
 
 if __name__ == "__main__":
