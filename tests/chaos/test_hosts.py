@@ -226,8 +226,9 @@ class Hosts:
     def records(self) -> dict[str, TaskRecord | None]:
         """The record of every task enqueued, by label (None: none yet)."""
         keys = HomedKeys(self.namespace)
-        with redis.RedisCluster.from_url(
-            self.url.replace("redis+cluster", "redis"), socket_timeout=30
+        live = next(p for p in self.cluster.ports if self.cluster.alive(p))
+        with redis.RedisCluster(
+            host=self.net.server_address, port=live, socket_timeout=30
         ) as client:
             labels = list(self.labels)
             raws = client.mget_nonatomic([keys.record(self.labels[x]) for x in labels])
