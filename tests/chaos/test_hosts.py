@@ -35,6 +35,7 @@ no veth) or ``redis-server``/``redis-cli`` are missing.
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import subprocess
@@ -257,15 +258,29 @@ class Hosts:
         """Every host takes new work after the faults: enqueue rounds of short tasks until
         each worker has started one."""
         since = time.time()
+        first = len(self.labels)
         waiting = {p.pid for p in self.workers.values()}
 
         def all_took() -> bool:
-            if len(self.running()) < 2:
-                self.enqueue(4 * len(self.workers))
             waiting.difference_update(e.pid for e in self.executions() if e.start >= since)
+            if waiting:  # a round of new work per poll, until every host took some
+                self.enqueue(4 * len(self.workers))
             return not waiting
 
-        wait_until(all_took, WAIT, f"every host taking work (left: {waiting})", interval=0.2)
+        try:
+            wait_until(all_took, WAIT, "every host taking work", interval=1.0)
+        except AssertionError:
+            records = self.records()
+            states = collections.Counter(
+                "none" if r is None else r.state.value
+                for label, r in records.items()
+                if int(label[1:]) >= first
+            )
+            raise AssertionError(
+                f"hosts (worker pids) {sorted(waiting)} started no task in {WAIT} s after the "
+                f"faults; the records of the tasks enqueued meanwhile: {dict(states)}\n"
+                + self.log_tails()
+            ) from None
 
     def check(self) -> None:
         """Nothing lost, records complete, duplicates only of in-flight tasks."""
