@@ -11,9 +11,13 @@ queues afterwards. When RabbitMQ does not answer, the script prints a note and e
 
 Rows (each repetition runs Redis then RabbitMQ, alternating which goes first):
 
+* ``enqueue_many``: ``--tasks`` no-op tasks enqueued with ``task.enqueue_many`` in batches of
+  1,000 (publisher confirms on RabbitMQ), tasks/s.
 * ``drain``: one in-process ``Worker(concurrency=200)`` runs ``--tasks`` pre-enqueued no-op
   tasks (reliable mode, results stored); the clock stops when every task ran, the last
   task's record exists and the queue shows nothing waiting or in flight.
+* ``worker CPU per task``: this process's CPU time (``time.process_time``) over that drain,
+  divided by ``--tasks`` (the worker runs in this process; the servers' CPU is not in it).
 * ``round trip``: ``--trips`` sequential ``enqueue`` then ``await handle.result()`` with an
   idle in-process worker; p50 and p99 (the first 20 warm up and are not counted).
 
@@ -99,22 +103,28 @@ async def _settled(side: Side, last_id: str) -> bool:
     return await side.queue.inspect(last_id) is not None
 
 
-async def drain(url: str, amqp: str | None, client: harness.aioredis.Redis, n: int) -> float:
-    """Tasks/s of one in-process worker draining ``n`` pre-enqueued no-op tasks."""
+async def drain(
+    url: str, amqp: str | None, client: harness.aioredis.Redis, n: int
+) -> tuple[float, float, float]:
+    """``(enqueue tasks/s, drain tasks/s, worker CPU seconds per task)`` of ``n`` no-op
+    tasks enqueued in batches, then drained by one in-process worker."""
     side = Side(url, amqp, "adrain")
     try:
+        await side.task.enqueue_many([()])  # connect and declare before the clock starts
         handles = []
+        t0 = time.perf_counter()
         for start in range(0, n, harness.BATCH):
             handles += await side.task.enqueue_many([()] * min(harness.BATCH, n - start))
-        side.target = n
+        enqueued = n / (time.perf_counter() - t0)
+        side.target = n + 1
         worker = Worker(side.queue, concurrency=harness.DRAIN_CONCURRENCY)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         runner = await harness._run_worker(worker)
         await asyncio.wait_for(side.all_ran.wait(), harness.DEADLINE)
         await harness.wait_until(lambda: _settled(side, handles[-1].id), "completions", 0.005)
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         await harness._stop_worker(worker, runner)
-        return n / elapsed
+        return enqueued, n / elapsed, cpu / n
     finally:
         await side.close(client)
 
@@ -143,13 +153,18 @@ async def run(url: str, amqp: str, tasks: int, trips: int, reps: int) -> None:
     """Run the paired repetitions and print the table."""
     client = harness.aioredis.Redis.from_url(url)
     rates: dict[str, list[float]] = {"redis": [], "amqp": []}
+    enqueues: dict[str, list[float]] = {"redis": [], "amqp": []}
+    cpus: dict[str, list[float]] = {"redis": [], "amqp": []}
     p50s: dict[str, list[float]] = {"redis": [], "amqp": []}
     p99s: dict[str, list[float]] = {"redis": [], "amqp": []}
     try:
         for rep in range(reps):
             order = [("redis", None), ("amqp", amqp)]
             for side, target in order if rep % 2 == 0 else order[::-1]:
-                rates[side].append(await drain(url, target, client, tasks))
+                enqueued, rate, cpu = await drain(url, target, client, tasks)
+                enqueues[side].append(enqueued)
+                rates[side].append(rate)
+                cpus[side].append(cpu * 1e6)
                 p50, p99 = harness._percentiles(await round_trips(url, target, client, trips))
                 p50s[side].append(p50)
                 p99s[side].append(p99)
@@ -158,7 +173,9 @@ async def run(url: str, amqp: str, tasks: int, trips: int, reps: int) -> None:
     print("| measurement | Redis | RabbitMQ | RabbitMQ / Redis |")
     print("|---|---:|---:|---:|")
     for name, got, unit in (
+        (f"enqueue_many x{tasks}", enqueues, "/s"),
         (f"drain x{tasks}", rates, "/s"),
+        ("worker CPU per task (drain)", cpus, " us"),
         ("round trip p50", p50s, " ms"),
         ("round trip p99", p99s, " ms"),
     ):

@@ -43,6 +43,7 @@ from ...exceptions import BrokerError, ConfigurationError
 from ...redaction import mask_url
 from ..factory import AMQP_RESERVED_QUEUE, check_amqp_queue
 from .closing import CloseNotice, describe
+from .deliveries import Received
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
@@ -290,6 +291,10 @@ class AmqpLink:
         self.used |= {name, self.dead_letter_queue}
         return declared
 
+    def forget(self, queue: str) -> None:
+        """Forget that ``queue`` was declared (it was deleted: the next use declares it)."""
+        self._declared.pop(queue, None)
+
     async def dead_letters(self) -> AbstractQueue:
         """The declared dead-letter queue."""
         channel = await self.publisher()
@@ -366,10 +371,14 @@ async def _close_at_loop_end(link: AmqpLink) -> AsyncGenerator[None, None]:
         await link.close()
 
 
-async def settle(message: AbstractIncomingMessage, ack: bool) -> None:
+async def settle(message: AbstractIncomingMessage | Received, ack: bool) -> None:
     """Ack (or nack with requeue) ``message``; a closed channel is not an error (RabbitMQ
-    redelivers the message). aio-pika's ``message.channel`` itself raises
+    redelivers the message). A :class:`~.deliveries.Received` message is settled through its
+    consumer (acks batched); aio-pika's ``message.channel`` itself raises
     ``ChannelInvalidStateError`` (a RuntimeError) once the channel is closed."""
+    if isinstance(message, Received):
+        await message.consumer.settle([message.tag], ack)
+        return
     try:
         if message.channel.is_closed:
             return

@@ -32,14 +32,14 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import aio_pika
 import aiormq
-from aio_pika.abc import AbstractIncomingMessage
+from aiormq.abc import DeliveredMessage
 
 from ...exceptions import BrokerError
 from ..transport import Delivery, Guarantee, Transport
+from .batches import publish_batch
 from .channels import DELIVERIES, AmqpLink, header_int, settle, translate, unconfirmed
-from .deliveries import Consumer, Held
+from .deliveries import Consumer, Held, Received
 
 if TYPE_CHECKING:
     from .custody import Custody
@@ -50,6 +50,10 @@ logger = logging.getLogger("blitzq.broker.amqp")
 CONFIRM_TIMEOUT = 30.0
 #: Messages of one publish in flight at once (awaiting their confirms).
 PUBLISH_WINDOW = 1000
+#: A consumer's prefetch is this many times the worker's free slots at its first fetch
+#: (unless ``prefetch`` is given): the next messages are already here when slots free up,
+#: instead of one round trip (ack, then delivery) behind.
+PREFETCH_FACTOR = 2
 
 
 class AmqpTransport(Transport):
@@ -106,26 +110,22 @@ class AmqpTransport(Transport):
             return
         await self.link.declare(queue)
         channel = await self.link.publisher()
-        exchange = channel.default_exchange
         name = self.link.name(queue)
         headers: dict[str, Any] | None = {DELIVERIES: deliveries} if deliveries else None
-        persistent = aio_pika.DeliveryMode.PERSISTENT
-        for start in range(0, len(messages), PUBLISH_WINDOW):
-            sends = [
-                exchange.publish(
-                    aio_pika.Message(body, delivery_mode=persistent, headers=headers),
-                    routing_key=name,
-                    mandatory=True,
-                    timeout=CONFIRM_TIMEOUT,
-                )
-                for body in messages[start : start + PUBLISH_WINDOW]
-            ]
-            results = await asyncio.gather(*sends, return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise unconfirmed(result, f"publishing to {name!r}") from None
-                if not isinstance(result, aiormq.spec.Basic.Ack):  # returned: not routed
-                    raise BrokerError(f"RabbitMQ did not queue a message to {name!r}: {result}")
+        try:
+            raw = await channel.get_underlay_channel()
+            for start in range(0, len(messages), PUBLISH_WINDOW):
+                window = messages[start : start + PUBLISH_WINDOW]
+                results = await publish_batch(raw, name, window, headers, CONFIRM_TIMEOUT)
+                for result in results:
+                    if isinstance(result, BaseException):
+                        raise unconfirmed(result, f"publishing to {name!r}") from None
+                    if not isinstance(result, aiormq.spec.Basic.Ack):  # returned: not routed
+                        raise BrokerError(f"RabbitMQ did not queue a message to {name!r}: {result}")
+        except (RuntimeError, aiormq.exceptions.AMQPError, ConnectionError) as exc:
+            if isinstance(exc, BrokerError):
+                raise
+            raise unconfirmed(exc, f"publishing to {name!r}") from None
 
     # ------------------------------------------------------------- consuming
     async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
@@ -134,30 +134,48 @@ class AmqpTransport(Transport):
             await self.link.declare(queue)
 
     async def _consumer(self, queue: str, count: int) -> Consumer:
-        """The running consumer of ``queue``, (re)started when missing or its channel closed."""
+        """The running consumer of ``queue``, (re)started when missing, its channel closed,
+        or RabbitMQ cancelled it (``basic.cancel``: the queue was deleted; it is declared
+        again)."""
         consumer = self.consumers.get(queue)
         if consumer is not None and self._alive(consumer):
             return consumer
+        if consumer is not None and consumer.cancelled:
+            self.link.forget(queue)  # deleted under us: declare it again
+            logger.warning("RabbitMQ cancelled the consumer of %s; consuming again", queue)
         await self.link.declare(queue)
         if self.prefetch is None:
-            self.prefetch = max(1, count)
+            self.prefetch = max(1, count) * PREFETCH_FACTOR
         channel = await self.link.consumer_channel(self.prefetch)
+        name = self.link.name(queue)
         try:
-            amqp_queue = await channel.get_queue(self.link.name(queue), ensure=False)
-        except aiormq.exceptions.AMQPError as exc:
-            raise translate(exc, f"opening queue {self.link.name(queue)!r}") from None
-        consumer = Consumer(channel, amqp_queue, self.link.epoch)
-        buffer, wake = consumer.buffer, self._wake
+            raw = await channel.get_underlay_channel()
+        except (aiormq.exceptions.AMQPError, RuntimeError) as exc:
+            raise translate(exc, f"opening queue {name!r}") from None
+        consumer = Consumer(channel, raw, name, self.link.epoch)
+        buffer, arrived, wake, received = (
+            consumer.buffer,
+            consumer.arrived,
+            self._wake,
+            consumer.received,
+        )
 
-        async def on_message(message: AbstractIncomingMessage) -> None:
-            buffer.append(message)
-            consumer.arrived[message.delivery_tag or 0] = time.monotonic()
+        async def on_message(message: DeliveredMessage) -> None:
+            got = received(message)
+            buffer.append(got)
+            arrived[got.tag] = time.monotonic()
             wake()
 
+        def on_cancel(_frame: Any) -> None:
+            consumer.cancelled = True
+            wake()
+
+        raw.on_consumer_cancel_callbacks.add(on_cancel)
         try:
-            consumer.tag = await amqp_queue.consume(on_message, no_ack=False)
+            ok = await raw.basic_consume(name, on_message, no_ack=False)
         except aiormq.exceptions.AMQPError as exc:
-            raise translate(exc, f"consuming from {self.link.name(queue)!r}") from None
+            raise translate(exc, f"consuming from {name!r}") from None
+        consumer.tag = str(ok.consumer_tag or "")
         channel.close_callbacks.add(lambda *_: wake())
         self.consumers[queue] = consumer
         if consumer.epoch > 1:
@@ -171,31 +189,22 @@ class AmqpTransport(Transport):
 
     def _alive(self, consumer: Consumer) -> bool:
         """Whether ``consumer`` still consumes: its channel open on the current connection
-        (aio-pika may not mark a channel closed when the server closed its connection)."""
+        (aio-pika may not mark a channel closed when the server closed its connection) and
+        not cancelled by RabbitMQ."""
         link = self.link
-        return consumer.epoch == link.epoch and link.connected and not consumer.channel.is_closed
+        return consumer.epoch == link.epoch and link.connected and consumer.open
 
-    def _deliver(
-        self, queue: str, consumer: Consumer, message: AbstractIncomingMessage
-    ) -> Delivery:
+    def _deliver(self, queue: str, consumer: Consumer, message: Received) -> Delivery:
         headers = message.headers
-        deliveries = header_int(headers, "x-delivery-count") + 1 + header_int(headers, DELIVERIES)
-        token = f"{consumer.epoch}.{consumer.channel.number}.{message.delivery_tag}".encode()
+        if headers:
+            deliveries = (
+                header_int(headers, "x-delivery-count") + 1 + header_int(headers, DELIVERIES)
+            )
+        else:
+            deliveries = 1
+        token = b"%d.%d.%d" % (consumer.epoch, consumer.raw.number, message.tag)
         self.held[token] = Held(queue, message, deliveries, consumer.epoch)
         return Delivery(queue, token, message.body, deliveries)
-
-    async def _take(
-        self, queue: str, consumer: Consumer, room: int, top_up: bool
-    ) -> list[Delivery]:
-        """Up to ``room`` messages of ``queue`` in order (see :meth:`Consumer.take`)."""
-        if not self._alive(consumer):  # RabbitMQ delivers them again
-            consumer.buffer.clear()
-            return []
-        try:
-            taken = await consumer.take(room, top_up)
-        except aiormq.exceptions.AMQPError as exc:
-            raise translate(exc, f"reading {self.link.name(queue)!r}") from None
-        return [self._deliver(queue, consumer, message) for message in taken]
 
     async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
         """:meth:`fetch_first` of the one queue ``queue``."""
@@ -228,11 +237,34 @@ class AmqpTransport(Transport):
             self._waiters.discard(arrived)
 
     async def _take_first(self, queues: Sequence[str], count: int) -> list[Delivery]:
+        """Up to ``count`` messages, earlier queues first. Each queue a fetch would take from
+        (the earlier ones, up to the one whose buffer completes ``count``) whose buffer is
+        short is topped up first (:meth:`Consumer.top_up`, all at once): a message published
+        before the call is then seen, in priority order; a worker draining one level of a
+        deep queue asks nothing of RabbitMQ but one ``basic.get`` on each empty level
+        before it."""
         out: list[Delivery] = []
         try:
+            consumers = []
             for queue in queues:
                 consumer = await self._consumer(queue, count)
-                out += await self._take(queue, consumer, count - len(out), True)
+                if self._alive(consumer):
+                    consumers.append((queue, consumer))
+                else:  # RabbitMQ delivers them again
+                    consumer.buffer.clear()
+            short = []
+            buffered = 0
+            for _, consumer in consumers:  # the levels a fetch would take from, in order
+                if len(consumer.buffer) < count - buffered:
+                    short.append(consumer.top_up(count - buffered))
+                buffered += len(consumer.buffer)
+                if buffered >= count:
+                    break
+            if short:
+                await asyncio.gather(*short)
+            for queue, consumer in consumers:
+                for message in consumer.take(count - len(out)):
+                    out.append(self._deliver(queue, consumer, message))
                 if len(out) >= count:
                     break
         except (TimeoutError, RuntimeError, aiormq.exceptions.AMQPError, ConnectionError) as exc:
@@ -243,20 +275,30 @@ class AmqpTransport(Transport):
 
     # ---------------------------------------------------------------- ack
     async def ack(self, queue: str, tokens: Sequence[bytes]) -> None:
-        """``basic.ack`` the deliveries (a delivery in custody is released from it instead);
-        tokens no longer held are ignored."""
+        """``basic.ack`` the deliveries, batched per channel (``multiple=True``, see
+        ``deliveries.py``); a delivery in custody is released from it instead; tokens no
+        longer held are ignored."""
         released: list[bytes] = []
+        by_consumer: dict[int, tuple[Consumer, list[int]]] = {}
+        held_map, epoch = self.held, self.link.epoch
         for token in tokens:
-            held = self.held.pop(token, None)
+            held = held_map.pop(token, None)
             if held is None:
                 continue
-            if held.state == "held":
-                if held.epoch == self.link.epoch:  # else RabbitMQ put it back already
-                    await settle(held.message, True)
-            elif held.state == "handing":
+            state = held.state
+            if state == "held":
+                if held.epoch == epoch:  # else RabbitMQ put it back already
+                    message = held.message
+                    entry = by_consumer.get(id(message.consumer))
+                    if entry is None:
+                        entry = by_consumer[id(message.consumer)] = (message.consumer, [])
+                    entry[1].append(message.tag)
+            elif state == "handing":
                 held.state = "done"  # the hand-over releases it when it is through
-            elif held.state == "custody":
+            elif state == "custody":
                 released.append(token)
+        for consumer, tags in by_consumer.values():
+            await consumer.settle(tags)
         if released and self.custody is not None:
             await self.custody.release(queue, released)
 
@@ -349,8 +391,7 @@ class AmqpTransport(Transport):
         """Ready messages of ``queue``, read on the consumer's own channel: what RabbitMQ
         dispatched to the consumer before it answered arrives first (in the buffer)."""
         try:
-            raw = await consumer.channel.get_underlay_channel()
-            ok = await raw.queue_declare(self.link.name(queue), passive=True)
+            ok = await consumer.raw.queue_declare(self.link.name(queue), passive=True)
         except aiormq.exceptions.AMQPError as exc:
             raise translate(exc, f"counting queue {self.link.name(queue)!r}") from None
         return int(ok.message_count or 0)
@@ -388,7 +429,7 @@ class AmqpTransport(Transport):
     async def _release_buffer(self, queue: str, consumer: Consumer) -> None:
         if not self._alive(consumer):
             return
-        await consumer.amqp_queue.cancel(consumer.tag)  # deliveries before cancel-ok came first
+        await consumer.raw.basic_cancel(consumer.tag)  # deliveries before cancel-ok came first
         for _ in range(3):
             await asyncio.sleep(0)
         buffered = list(consumer.buffer)
