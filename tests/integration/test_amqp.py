@@ -26,7 +26,6 @@ from blitzq.broker import Completion
 from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.amqp.channels import AmqpLink
 from blitzq.cli import cli
-from blitzq.exceptions import BrokerError
 from blitzq.serialization import Envelope, encode_envelope
 from tests.amqp_server import (
     PrivateNode,
@@ -99,20 +98,21 @@ async def test_queue_amqp_url_builds_the_pairing(server_url: str, namespace: str
         await q.close()
 
 
-async def test_publish_returns_once_confirmed_and_an_unroutable_message_raises(
+async def test_publish_returns_once_confirmed_and_a_deleted_queue_is_declared_again(
     amqp: Callable[..., AmqpBroker],
 ) -> None:
     broker = amqp()
     await broker.publish("conf", [message(f"c{i}") for i in range(20)])
     assert (await broker.queue_stats(["conf"]))["conf"]["waiting"] == 20
-    # The queue disappears under the publisher: RabbitMQ returns the message (mandatory).
+    # The queue disappears under the publisher: RabbitMQ returns the message (mandatory), so
+    # it was certainly not queued; the publisher declares the queue again and publishes it.
     other = AmqpLink(broker.amqp.link.url, broker.amqp.link.namespace, 5)
     try:
         await other.delete([broker.amqp.link.name("conf")])
     finally:
         await other.close()
-    with pytest.raises(BrokerError, match=r"NO_ROUTE|confirm|publish"):
-        await broker.publish("conf", [message("lost")])
+    await broker.publish("conf", [message("again")])
+    assert (await broker.queue_stats(["conf"]))["conf"]["waiting"] == 1
 
 
 async def test_priorities_run_high_then_normal_then_low(queue: Queue) -> None:

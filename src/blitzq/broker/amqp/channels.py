@@ -30,10 +30,11 @@ reported as a :class:`~blitzq.exceptions.ConfigurationError`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import aio_pika
 import aiormq
@@ -46,6 +47,8 @@ from .closing import CloseNotice, describe
 from .deliveries import Received
 
 logger = logging.getLogger("blitzq.broker.amqp")
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
 
 #: Suffix of the namespace's dead-letter queue (``<namespace>.dead-letter``).
 DEAD_LETTER_SUFFIX = AMQP_RESERVED_QUEUE
@@ -114,6 +117,36 @@ def translate(exc: BaseException, what: str) -> Exception:
     if isinstance(exc, aiormq.exceptions.ChannelAccessRefused):
         return BrokerError(f"RabbitMQ refused {what}: {exc}", transient=False)
     return BrokerError(f"RabbitMQ: {what} failed: {describe(exc)}")
+
+
+def given_up(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``CancelledError`` that aiormq raised into a call because it gave
+    the connection up (no frame for three heartbeat timeouts: it cancels its reader, and the
+    calls waiting on that connection are cancelled with it) rather than a cancellation of the
+    calling task itself (``Task.cancelling()`` is then 0)."""
+    task = asyncio.current_task()
+    return isinstance(exc, asyncio.CancelledError) and task is not None and not task.cancelling()
+
+
+def guarded(method: _Method) -> _Method:
+    """Make a coroutine method of the transport raise a transient
+    :class:`~blitzq.exceptions.BrokerError` where aiormq cancelled it because the connection
+    was given up (:func:`given_up`): a worker's fetch loop, which outlives any error but not
+    a cancellation, then fetches again (and reconnects) instead of ending quietly."""
+
+    @functools.wraps(method)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(*args, **kwargs)
+        except asyncio.CancelledError as exc:
+            if given_up(exc):
+                raise BrokerError(
+                    "RabbitMQ: the connection was given up (no frame within three heartbeat "
+                    "timeouts: a silent network or server); connecting again"
+                ) from None
+            raise
+
+    return wrapper  # type: ignore[return-value]
 
 
 def unconfirmed(exc: BaseException, what: str) -> Exception:

@@ -38,7 +38,15 @@ from aiormq.abc import DeliveredMessage
 from ...exceptions import BrokerError
 from ..transport import Delivery, Guarantee, Transport
 from .batches import publish_batch
-from .channels import DELIVERIES, AmqpLink, header_int, settle, translate, unconfirmed
+from .channels import (
+    DELIVERIES,
+    AmqpLink,
+    guarded,
+    header_int,
+    settle,
+    translate,
+    unconfirmed,
+)
 from .deliveries import Consumer, Held, Received
 
 if TYPE_CHECKING:
@@ -50,10 +58,27 @@ logger = logging.getLogger("blitzq.broker.amqp")
 CONFIRM_TIMEOUT = 30.0
 #: Messages of one publish in flight at once (awaiting their confirms).
 PUBLISH_WINDOW = 1000
+#: Seconds to wait for a channel to close.
+CLOSE_TIMEOUT = 5.0
 #: A consumer's prefetch is this many times the worker's free slots at its first fetch
 #: (unless ``prefetch`` is given): the next messages are already here when slots free up,
 #: instead of one round trip (ack, then delivery) behind.
 PREFETCH_FACTOR = 2
+
+
+async def _close_quietly(consumer: Consumer) -> None:
+    """Close ``consumer``'s channel (what it held goes back to its queue, if any)."""
+    try:
+        await asyncio.wait_for(consumer.channel.close(), CLOSE_TIMEOUT)
+    except Exception as exc:  # closing already, or the connection is gone
+        logger.debug("closing the channel of %s: %s", consumer.name, exc)
+
+
+def _returned(result: object) -> bool:
+    """Whether a publish result is a ``basic.return`` (no queue of that name: not queued)."""
+    return isinstance(result, aiormq.exceptions.DeliveryError) and isinstance(
+        result.frame, aiormq.spec.Basic.Return
+    )
 
 
 class AmqpTransport(Transport):
@@ -104,6 +129,7 @@ class AmqpTransport(Transport):
         """
         await self.publish_with(queue, messages, 0)
 
+    @guarded
     async def publish_with(self, queue: str, messages: Sequence[bytes], deliveries: int) -> None:
         """:meth:`publish`, the messages marked as delivered ``deliveries`` times before."""
         if not messages:
@@ -117,6 +143,15 @@ class AmqpTransport(Transport):
             for start in range(0, len(messages), PUBLISH_WINDOW):
                 window = messages[start : start + PUBLISH_WINDOW]
                 results = await publish_batch(raw, name, window, headers, CONFIRM_TIMEOUT)
+                returned = [
+                    body for body, result in zip(window, results, strict=True) if _returned(result)
+                ]
+                if returned:  # the queue was deleted: declare it again, publish those again
+                    logger.warning("queue %s is gone; declaring it again", name)
+                    self.link.forget(queue)
+                    await self.link.declare(queue)
+                    results = [r for r in results if not _returned(r)]
+                    results += await publish_batch(raw, name, returned, headers, CONFIRM_TIMEOUT)
                 for result in results:
                     if isinstance(result, BaseException):
                         raise unconfirmed(result, f"publishing to {name!r}") from None
@@ -128,6 +163,7 @@ class AmqpTransport(Transport):
             raise unconfirmed(exc, f"publishing to {name!r}") from None
 
     # ------------------------------------------------------------- consuming
+    @guarded
     async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
         """Declare the queues (consumption itself starts with the first fetch)."""
         for queue in queues:
@@ -136,23 +172,42 @@ class AmqpTransport(Transport):
     async def _consumer(self, queue: str, count: int) -> Consumer:
         """The running consumer of ``queue``, (re)started when missing, its channel closed,
         or RabbitMQ cancelled it (``basic.cancel``: the queue was deleted; it is declared
-        again)."""
+        again and consumed on a new channel)."""
         consumer = self.consumers.get(queue)
         if consumer is not None and self._alive(consumer):
             return consumer
+        name = self.link.name(queue)
         if consumer is not None and consumer.cancelled:
-            self.link.forget(queue)  # deleted under us: declare it again
-            logger.warning("RabbitMQ cancelled the consumer of %s; consuming again", queue)
+            # The queue was deleted (and maybe declared again): a channel keeps state about
+            # the queue it consumed, so the old one is closed and a new one consumes.
+            logger.warning("RabbitMQ cancelled the consumer of %s; consuming again", name)
+            self.link.forget(queue)
+            await _close_quietly(consumer)
         await self.link.declare(queue)
         if self.prefetch is None:
             self.prefetch = max(1, count) * PREFETCH_FACTOR
         channel = await self.link.consumer_channel(self.prefetch)
-        name = self.link.name(queue)
         try:
             raw = await channel.get_underlay_channel()
         except (aiormq.exceptions.AMQPError, RuntimeError) as exc:
             raise translate(exc, f"opening queue {name!r}") from None
         consumer = Consumer(channel, raw, name, self.link.epoch)
+        wake = self._wake
+
+        def on_cancel(_frame: Any) -> None:
+            consumer.cancelled = True
+            wake()
+
+        raw.on_consumer_cancel_callbacks.add(on_cancel)
+        channel.close_callbacks.add(lambda *_: wake())
+        await self._consume(consumer)
+        self.consumers[queue] = consumer
+        if consumer.epoch > 1:
+            logger.info("consuming from %s again (connection %d)", queue, consumer.epoch)
+        return consumer
+
+    async def _consume(self, consumer: Consumer) -> None:
+        """``basic.consume`` on ``consumer``'s channel: each delivery goes to its buffer."""
         buffer, arrived, wake, received = (
             consumer.buffer,
             consumer.arrived,
@@ -166,21 +221,11 @@ class AmqpTransport(Transport):
             arrived[got.tag] = time.monotonic()
             wake()
 
-        def on_cancel(_frame: Any) -> None:
-            consumer.cancelled = True
-            wake()
-
-        raw.on_consumer_cancel_callbacks.add(on_cancel)
         try:
-            ok = await raw.basic_consume(name, on_message, no_ack=False)
+            ok = await consumer.raw.basic_consume(consumer.name, on_message, no_ack=False)
         except aiormq.exceptions.AMQPError as exc:
-            raise translate(exc, f"consuming from {name!r}") from None
+            raise translate(exc, f"consuming from {consumer.name!r}") from None
         consumer.tag = str(ok.consumer_tag or "")
-        channel.close_callbacks.add(lambda *_: wake())
-        self.consumers[queue] = consumer
-        if consumer.epoch > 1:
-            logger.info("consuming from %s again (connection %d)", queue, consumer.epoch)
-        return consumer
 
     def _wake(self) -> None:
         """Wake every fetch waiting for a message (a message arrived, a channel closed)."""
@@ -210,6 +255,7 @@ class AmqpTransport(Transport):
         """:meth:`fetch_first` of the one queue ``queue``."""
         return await self.fetch_first([queue], count, timeout)
 
+    @guarded
     async def fetch_first(
         self, queues: Sequence[str], count: int, timeout: float, *, look_first: bool = True
     ) -> list[Delivery]:
@@ -274,6 +320,7 @@ class AmqpTransport(Transport):
         return out
 
     # ---------------------------------------------------------------- ack
+    @guarded
     async def ack(self, queue: str, tokens: Sequence[bytes]) -> None:
         """``basic.ack`` the deliveries, batched per channel (``multiple=True``, see
         ``deliveries.py``); a delivery in custody is released from it instead; tokens no
@@ -302,6 +349,7 @@ class AmqpTransport(Transport):
         if released and self.custody is not None:
             await self.custody.release(queue, released)
 
+    @guarded
     async def nack(self, queue: str, tokens: Sequence[bytes]) -> None:
         """Hand deliveries back unfinished: each is published again (confirmed), marked
         with its deliveries so far minus one, then acked (or released from custody) -- so a
@@ -333,6 +381,7 @@ class AmqpTransport(Transport):
         return len(lost)
 
     # ------------------------------------------------------- custody (leases)
+    @guarded
     async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
         """Mark the deliveries ``tokens`` of ``queue`` as still running (so :meth:`recover`
         does not hand them back) and renew the custody leases of those in custody; return
@@ -353,6 +402,7 @@ class AmqpTransport(Transport):
             renewed += await self.custody.renew(queue, kept)
         return renewed
 
+    @guarded
     async def recover(
         self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
     ) -> tuple[int, int]:
@@ -369,6 +419,7 @@ class AmqpTransport(Transport):
         return await self.custody.maintain(queue, min_idle, count, max_deliveries, record_ttl)
 
     # ---------------------------------------------------------- inspection
+    @guarded
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
         """Per queue: ``waiting`` (ready messages, from a passive declaration) and
         ``in_flight`` (the deliveries this process holds). Waiting counts the messages this
@@ -396,6 +447,7 @@ class AmqpTransport(Transport):
             raise translate(exc, f"counting queue {self.link.name(queue)!r}") from None
         return int(ok.message_count or 0)
 
+    @guarded
     async def purge_queue(self, queue: str) -> int:
         """Delete the ready messages of ``queue`` and those this process's consumer received
         but nobody fetched (acked); return how many. Messages another worker process has
@@ -408,6 +460,7 @@ class AmqpTransport(Transport):
                 purged += 1
         return purged
 
+    @guarded
     async def ping(self) -> None:
         """Raise BrokerError unless RabbitMQ accepts a connection and a channel."""
         await self.link.publisher()
