@@ -21,12 +21,12 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from blitzq import ConfigurationError, Queue
+from blitzq import ConfigurationError, Queue, records
 from blitzq.broker import Completion
 from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.amqp.channels import AmqpLink
 from blitzq.cli import cli
-from blitzq.serialization import Envelope, encode_envelope
+from blitzq.serialization import Envelope, decode_envelope, encode_envelope
 from tests.amqp_server import (
     PrivateNode,
     amqp_or_skip,
@@ -198,6 +198,37 @@ async def test_a_completion_whose_channel_closed_is_committed_without_an_ack(
     assert await first.complete([Completion("gone", d.token, "g1")]) == []
     (again,) = await second.fetch("gone", 1, 10)
     assert again.deliveries == 2
+
+
+async def test_a_redelivery_whose_completion_was_committed_is_acked_without_running(
+    amqp: Callable[..., AmqpBroker],
+) -> None:
+    first, second = amqp(), amqp()
+    await first.publish("redo", [message("r0"), message("r1"), message("r2")])
+    got: list[Any] = []
+    while len(got) < 3:
+        got += await first.fetch("redo", 3 - len(got), 10)
+    # The worker committed r0's success and r1's retry in Redis, then lost its connection
+    # before RabbitMQ read the acks (a crash, a cut): all three come back.
+    done = records.succeeded("r0", "tests.amqp.noop", "redo", 1, 0.0, 0.0, "w")
+    retrying = records.retrying("r1", "tests.amqp.noop", "redo", 1, 0.0, 0.0, "w", "E", "e")
+    await first.state.complete(
+        [
+            Completion("redo", None, "r0", record=done, record_ttl=600),
+            Completion("redo", None, "r1", record=retrying, record_ttl=600),
+        ]
+    )
+    await first.amqp.link.close()
+    again: list[Any] = []
+    while not again:  # r0 and r1 are acked at their redelivery, not handed to a worker
+        again = await second.fetch("redo", 3, 10)
+    assert [(envelope_id(d.payload), d.deliveries) for d in again] == [("r2", 2)]
+    assert (await second.queue_stats(["redo"]))["redo"] == {"waiting": 0, "in_flight": 1}
+
+
+def envelope_id(payload: bytes) -> str:
+    """The task id of an encoded message."""
+    return decode_envelope(payload).id
 
 
 async def test_past_the_delivery_limit_a_message_becomes_a_blitzq_dead_letter(

@@ -48,6 +48,7 @@ from .channels import (
     unconfirmed,
 )
 from .deliveries import Consumer, Held, Received
+from .redelivered import committed
 
 if TYPE_CHECKING:
     from .custody import Custody
@@ -317,7 +318,32 @@ class AmqpTransport(Transport):
             if isinstance(exc, BrokerError):  # aio-pika: RuntimeError on a closed connection
                 raise
             raise translate(exc, "fetching") from None
+        if self.custody is not None and any(d.deliveries > 1 for d in out):
+            out = await self._skip_committed(out)
         return out
+
+    async def _skip_committed(self, out: list[Delivery]) -> list[Delivery]:
+        """Ack, without running them, the redeliveries whose completion the state store
+        already committed (``redelivered.py``); return the others."""
+        assert self.custody is not None
+        again = [d for d in out if d.deliveries > 1]
+        over = await committed(self.custody.store, [d.payload for d in again])
+        done = [d for d, skip in zip(again, over, strict=True) if skip]
+        if not done:
+            return out
+        by_queue: dict[str, list[bytes]] = {}
+        for d in done:
+            if d.token is not None:
+                by_queue.setdefault(d.queue, []).append(d.token)
+        for queue, tokens in by_queue.items():
+            await self.ack(queue, tokens)
+        logger.info(
+            "acked %d redelivered message(s) whose completion was already committed "
+            "(not run again)",
+            len(done),
+        )
+        skipped = {id(d) for d in done}
+        return [d for d in out if id(d) not in skipped]
 
     # ---------------------------------------------------------------- ack
     @guarded
