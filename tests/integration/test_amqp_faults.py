@@ -205,3 +205,43 @@ def _async(value: Callable[[], T]) -> Callable[[], Awaitable[T]]:
         return value()
 
     return probe
+
+
+async def test_an_amqp_url_with_several_hosts_fails_over_between_them(
+    proxies: tuple[FaultProxy, FaultProxy], server_url: str, namespace: str
+) -> None:
+    first, second = proxies
+    parts = urlsplit(amqp_or_skip())
+    hosts = f"127.0.0.1:{first.port},127.0.0.1:{second.port}"
+    url = f"amqp://{parts.username}:{parts.password}@{hosts}{parts.path or '/'}?heartbeat=2"
+    worker_queue = Queue(QUEUE, redis_url=server_url, namespace=namespace, amqp_url=url)
+    producer = Queue(QUEUE, redis_url=server_url, namespace=namespace, amqp_url=url)
+    ran: list[int] = []
+
+    @worker_queue.task(name="faults.note")
+    async def note(i: int) -> None:
+        ran.append(i)
+
+    try:
+        async with running(make_worker(worker_queue, concurrency=4)):
+            await _enqueue_and_run(producer, ran, range(2))
+            assert (first.connections, second.connections) == (2, 0)  # the first host
+            first.refuse()  # the first node goes down: both move to the second
+            assert first.cut() == 2
+            await _lost(Side(producer, first))  # it publishes once it saw the reset
+            await _enqueue_and_run(producer, ran, range(2, 4))
+            assert second.connections == 2
+            first.heal()  # and back when the second one goes down
+            second.refuse()
+            assert second.cut() == 2
+            await _lost(Side(producer, second))
+            await _enqueue_and_run(producer, ran, range(4, 6))
+            assert first.connections == 4
+    finally:
+        await producer.close()
+        await worker_queue.close()
+        cleanup = Queue(QUEUE, redis_url=server_url, namespace=namespace, amqp_url=amqp_or_skip())
+        await cleanup.broker.prepare_consumer([QUEUE], "cleanup")
+        await delete_amqp_queues(amqp_or_skip(), [cleanup.broker])
+        await cleanup.close()
+    assert sorted(ran) == list(range(6))

@@ -42,7 +42,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from ...exceptions import BrokerError, ConfigurationError
 from ...redaction import mask_url
-from ..factory import AMQP_RESERVED_QUEUE, check_amqp_queue
+from ..factory import AMQP_RESERVED_QUEUE, amqp_hosts, check_amqp_queue
 from .closing import CloseNotice, describe
 from .deliveries import Received
 
@@ -182,7 +182,11 @@ class AmqpLink:
         self, url: str, namespace: str, max_deliveries: int, heartbeat: int | None = None
     ) -> None:
         self.url = url
-        self.heartbeat = None if "heartbeat=" in url.partition("?")[2] else heartbeat
+        self.urls = amqp_hosts(url)
+        """The single-host URLs to try, in order (several: failover, see :meth:`ensure`)."""
+        self._current = 0  # the index in ``urls`` of the host last connected to
+        urls_set_it = all("heartbeat=" in u.partition("?")[2] for u in self.urls)
+        self.heartbeat = None if urls_set_it else heartbeat
         self.namespace = namespace
         self.max_deliveries = max_deliveries
         self.epoch = 0
@@ -249,18 +253,7 @@ class AmqpLink:
             if self._conn is not None and _alive(self._conn):
                 return self._conn
             await self._drop()
-            try:
-                options: dict[str, Any] = {}
-                if self.heartbeat is not None:
-                    options["heartbeat"] = self.heartbeat
-                made: aio_pika.abc.AbstractConnection = await aio_pika.connect(
-                    self.url,
-                    timeout=CONNECT_TIMEOUT,
-                    client_properties={"connection_name": self.connection_name},
-                    **options,
-                )
-            except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
-                raise translate(exc, f"connecting to {mask_url(self.url)}") from None
+            made = await self._connect()
             self._conn = made
             self.epoch += 1
             CloseNotice(made, self.connection_name, lambda: self._conn is not made, self.listeners)
@@ -268,6 +261,43 @@ class AmqpLink:
                 self._closer = _close_at_loop_end(self)
                 await anext(self._closer)
             return made
+
+    async def _connect(self) -> aio_pika.abc.AbstractConnection:
+        """Connect to the first host of :attr:`urls` that answers, starting with the one
+        connected to last (then the next ones, wrapping around): failover between RabbitMQ
+        nodes. A refused login or vhost is raised at once (every node would refuse it).
+
+        Raises:
+            BrokerError: no host could be reached (the last host's error), or a refusal.
+        """
+        count = len(self.urls)
+        error: Exception | None = None
+        for step in range(count):
+            index = (self._current + step) % count
+            url = self.urls[index]
+            options: dict[str, Any] = {}
+            if self.heartbeat is not None and "heartbeat=" not in url.partition("?")[2]:
+                options["heartbeat"] = self.heartbeat
+            try:
+                made: aio_pika.abc.AbstractConnection = await aio_pika.connect(
+                    url,
+                    timeout=CONNECT_TIMEOUT,
+                    client_properties={"connection_name": self.connection_name},
+                    **options,
+                )
+            except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
+                error = translate(exc, f"connecting to {mask_url(url)}")
+                if isinstance(error, BrokerError) and not error.transient:
+                    raise error from None
+                if count > 1:
+                    logger.warning("RabbitMQ node %s: %s", mask_url(url), error)
+                continue
+            if index != self._current:
+                logger.warning("connected to RabbitMQ node %s instead", mask_url(url))
+            self._current = index
+            return made
+        assert error is not None
+        raise error
 
     async def publisher(self) -> AbstractChannel:
         """The channel publishing (confirm mode, unroutable messages returned as errors)."""
