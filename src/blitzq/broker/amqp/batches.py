@@ -46,13 +46,61 @@ def next_message_id() -> str:
     return f"{_PREFIX}{next(_ids)}"
 
 
+class _Batch:
+    """The confirms of one batch: a result per message and one future, made by the channel
+    (so a channel that closes fails it), done when every message is settled."""
+
+    __slots__ = ("future", "left", "results")
+
+    def __init__(self, future: asyncio.Future[None], count: int) -> None:
+        self.future = future
+        self.results: list[object] = [None] * count
+        self.left = count
+
+    def settle(self, index: int, value: object) -> None:
+        if self.results[index] is None:
+            self.results[index] = value
+            self.left -= 1
+            if not self.left and not self.future.done():
+                self.future.set_result(None)
+
+
+class _Slot:
+    """What aiormq's channel keeps per publish sequence number in ``confirmations`` (it
+    calls ``done``, ``cancelled``, ``set_result`` and ``set_exception``): one message's
+    place in its :class:`_Batch`, instead of a future per message."""
+
+    __slots__ = ("batch", "index")
+
+    def __init__(self, batch: _Batch, index: int) -> None:
+        self.batch = batch
+        self.index = index
+
+    def done(self) -> bool:
+        return self.batch.results[self.index] is not None
+
+    def cancelled(self) -> bool:
+        return False
+
+    def set_result(self, frame: object) -> None:
+        self.batch.settle(self.index, frame)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.batch.settle(self.index, exc)
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 async def publish_batch(
     channel: aiormq.abc.AbstractChannel,
     routing_key: str,
     bodies: Sequence[bytes],
     headers: dict[str, Any] | None,
     timeout: float,
-) -> list[BaseException | object]:
+) -> list[object]:
     """Publish ``bodies`` persistent and ``mandatory`` to the queue ``routing_key`` through
     the default exchange on ``channel`` (in publisher-confirm mode) and wait for every
     confirm.
@@ -66,31 +114,34 @@ async def publish_batch(
 
     Returns:
         Per message, in order: the confirm frame (``basic.ack``), or the exception aiormq
-        set (``DeliveryError`` of a ``basic.nack``, ``PublishError`` of a return, a closed
-        channel), or a ``TimeoutError`` when no confirm came in ``timeout`` seconds.
+        set (``DeliveryError`` of a ``basic.nack``, ``PublishError`` of a return), or a
+        ``ChannelInvalidStateError`` (the channel closed first), or a ``TimeoutError`` when
+        no confirm came in ``timeout`` seconds.
 
     Raises:
         aiormq.exceptions.ChannelInvalidStateError: the channel is closed.
     """
+    if not bodies:
+        return []
     max_size = channel.max_content_size  # type: ignore[attr-defined]
     number = channel.number
     method = pamqp.frame.marshal(
         spec.Basic.Publish(exchange="", routing_key=routing_key, mandatory=True), number
     )
-    futures: list[asyncio.Future[Any]] = []
+    batch = _Batch(channel.create_future(), len(bodies))
+    batch.future.add_done_callback(_retrieve)  # a close after a timeout logs nothing
     ids: list[str] = []
     parts: list[bytes] = []
     confirmations = channel.confirmations  # type: ignore[attr-defined]
     by_id = channel.message_id_delivery_tag  # type: ignore[attr-defined]
+    marshal = pamqp.frame.marshal
     async with channel.lock:  # type: ignore[attr-defined]
         tag = channel.delivery_tag  # type: ignore[attr-defined]
-        for body in bodies:
+        for index, body in enumerate(bodies):
             tag += 1
             message_id = next_message_id()
-            future = channel.create_future()
-            confirmations[tag] = future
+            confirmations[tag] = _Slot(batch, index)
             by_id[message_id] = tag
-            futures.append(future)
             ids.append(message_id)
             header = ContentHeader(
                 0,
@@ -98,28 +149,24 @@ async def publish_batch(
                 spec.Basic.Properties(delivery_mode=2, headers=headers, message_id=message_id),
             )
             parts.append(method)
-            parts.append(pamqp.frame.marshal(header, number))
+            parts.append(marshal(header, number))
             for start in range(0, len(body), max_size):
-                chunk = ContentBody(body[start : start + max_size])
-                parts.append(pamqp.frame.marshal(chunk, number))
+                parts.append(marshal(ContentBody(body[start : start + max_size]), number))
         channel.delivery_tag = tag  # type: ignore[attr-defined]
         frame = ChannelFrame(payload=b"".join(parts), should_close=False)
         await channel.write_queue.put(frame)  # type: ignore[attr-defined]
     try:
-        if futures:
-            await asyncio.wait(futures, timeout=timeout)
+        await asyncio.wait([batch.future], timeout=timeout)
     finally:
         for message_id in ids:
             by_id.pop(message_id, None)
-    out: list[BaseException | object] = []
-    for future in futures:
-        if not future.done():
-            future.cancel()
-            out.append(TimeoutError(f"no confirm from RabbitMQ within {timeout} s"))
-        elif future.cancelled():
+    closed = batch.future.done() and (batch.future.cancelled() or batch.future.exception())
+    out: list[object] = []
+    for result in batch.results:
+        if result is not None:
+            out.append(result)
+        elif closed:
             out.append(aiormq.exceptions.ChannelInvalidStateError("channel closed"))
-        elif future.exception() is not None:
-            out.append(future.exception())
         else:
-            out.append(future.result())
+            out.append(TimeoutError(f"no confirm from RabbitMQ within {timeout} s"))
     return out
