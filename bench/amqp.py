@@ -23,6 +23,13 @@ Rows (each repetition runs Redis then RabbitMQ, alternating which goes first):
 
 The ratio column is ``RabbitMQ / Redis``, the median of the per-repetition ratios (the
 machine may be shared: only the ratios of one run are comparable).
+
+With ``BLITZQ_BENCH_CELERY_PYTHON`` set to a Python that has Celery (kept out of blitzq's
+lock, e.g. a separate virtualenv with ``pip install celery redis``), each repetition also
+runs Celery's drain of the same number of no-op tasks on the same RabbitMQ and Redis
+(``bench/celery_amqp.py``: late acks, results in Redis; the ``threads`` pool with 200 slots
+and the ``prefork`` pool with 4 processes), and a second table shows blitzq's RabbitMQ drain
+against each (the median of the per-repetition ratios).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import asyncio
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -149,12 +157,26 @@ async def round_trips(
         await side.close(client)
 
 
+CELERY_POOLS = (("threads", 200), ("prefork", 4))
+
+
+def celery_drain(python: str, url: str, amqp: str, tasks: int, pool: str, slots: int) -> float:
+    """Tasks/s of Celery's drain (``bench/celery_amqp.py`` run by ``python``)."""
+    script = Path(__file__).resolve().parent / "celery_amqp.py"
+    cmd = [python, str(script), "--amqp", amqp, "--redis", url, "--tasks", str(tasks)]
+    cmd += ["--pool", pool, "--concurrency", str(slots)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
 async def run(url: str, amqp: str, tasks: int, trips: int, reps: int) -> None:
     """Run the paired repetitions and print the table."""
     client = harness.aioredis.Redis.from_url(url)
     rates: dict[str, list[float]] = {"redis": [], "amqp": []}
     enqueues: dict[str, list[float]] = {"redis": [], "amqp": []}
     cpus: dict[str, list[float]] = {"redis": [], "amqp": []}
+    celery = os.environ.get("BLITZQ_BENCH_CELERY_PYTHON")
+    celeries: dict[str, list[float]] = {pool: [] for pool, _ in CELERY_POOLS}
     p50s: dict[str, list[float]] = {"redis": [], "amqp": []}
     p99s: dict[str, list[float]] = {"redis": [], "amqp": []}
     try:
@@ -168,6 +190,12 @@ async def run(url: str, amqp: str, tasks: int, trips: int, reps: int) -> None:
                 p50, p99 = harness._percentiles(await round_trips(url, target, client, trips))
                 p50s[side].append(p50)
                 p99s[side].append(p99)
+            if celery:
+                for pool, slots in CELERY_POOLS:
+                    rate = await asyncio.to_thread(
+                        celery_drain, celery, url, amqp, tasks, pool, slots
+                    )
+                    celeries[pool].append(rate)
     finally:
         await client.aclose()
     print("| measurement | Redis | RabbitMQ | RabbitMQ / Redis |")
@@ -182,6 +210,16 @@ async def run(url: str, amqp: str, tasks: int, trips: int, reps: int) -> None:
         ratio = statistics.median(a / r for a, r in zip(got["amqp"], got["redis"], strict=True))
         redis_v, amqp_v = statistics.median(got["redis"]), statistics.median(got["amqp"])
         print(f"| {name} | {redis_v:,.1f}{unit} | {amqp_v:,.1f}{unit} | {ratio:.2f} |")
+    if celery:
+        print("\n| drain on RabbitMQ | tasks/s | blitzq / this |")
+        print("|---|---:|---:|")
+        print(
+            f"| blitzq, Worker(concurrency=200) | {statistics.median(rates['amqp']):,.1f} | 1.00 |"
+        )
+        for pool, slots in CELERY_POOLS:
+            got = celeries[pool]
+            ratio = statistics.median(b / c for b, c in zip(rates["amqp"], got, strict=True))
+            print(f"| Celery, {pool} pool x{slots} | {statistics.median(got):,.1f} | {ratio:.2f} |")
     print(f"\n(load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs, reps={reps})")
 
 
