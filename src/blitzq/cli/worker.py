@@ -472,6 +472,10 @@ def worker_command(
             strict_memory_policy=strict_memory_policy,
             max_tasks_per_child=control.get("max_tasks_per_child"),
             max_memory_per_child=control.get("max_memory_per_child"),
+            pool=control.get("pool", "thread"),
+            cpu_processes=control.get("cpu_processes"),
+            cpu_max_tasks=control.get("cpu_max_tasks"),
+            cpu_max_memory=control.get("cpu_max_memory"),
             burst=burst,
             burst_idle_timeout=burst_idle_timeout,
             unknown_task_grace=unknown_task_grace,
@@ -485,8 +489,9 @@ def worker_command(
             **log_levels(control),
         )
         asyncio.run(_serve(worker, with_scheduler, patient=bool(control.get("supervised"))))
-    # A worker that stopped to be restarted (too many abandoned threads) says so.
-    code = EXIT_RESTART if worker.restart_requested else 0
+    # A worker that stopped to be restarted (too many abandoned threads, recycling: 75; its
+    # CPU pool's forkserver refused: 71) says so.
+    code = worker.exit_code if worker.restart_requested else 0
     _exit_past_abandoned_threads(code)
     if code:
         sys.exit(code)

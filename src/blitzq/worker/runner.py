@@ -12,6 +12,7 @@ the flusher).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import logging
@@ -24,6 +25,7 @@ from ..exceptions import SerializationError
 from ..extensions.registry import extensions_of
 from ..serialization import decode_envelope
 from .admission import Admission, Call
+from .cpu import CpuPool, ForkRefused
 from .eager import start_eagerly
 from .ending import Completions, Ending
 from .execution import Job
@@ -38,6 +40,7 @@ from .timeouts import Timeouts
 from .unknown import UnknownTasks
 
 if TYPE_CHECKING:
+    from ..task import Task
     from .tally import RunTally
     from .worker import Worker
 
@@ -90,6 +93,7 @@ class Runner:
         self.started, self.start_limit = 0, worker.max_tasks_per_child or 0
         self._threads: ThreadPool | None = None
         self._processes: ProcessPool | None = None
+        self._cpu: CpuPool | None = None
         #: Pool processes killed (hard timeout, cancel) and not yet reaped: the slot of the
         #: run that caused it is freed only once they are.
         self.killed_processes: list[Any] = []
@@ -277,7 +281,7 @@ class Runner:
         context._reporter = self.progress
         if self.track_state:
             self._flusher.add(self.completions.progress(job))
-        executor = task.executor
+        executor = self.executor_of(task)
         # The run's own context: nothing it sets is seen by the worker or the next task.
         scope = job.scope
         if scope is None:  # else made by the middleware hooks
@@ -304,7 +308,7 @@ class Runner:
         else:
             scope.run(set_current, context)
             try:
-                handle = self._submit(job, scope, (args, kwargs))
+                handle = self._submit(job, scope, (args, kwargs), executor)
             except Exception as exc:  # the pool refused the call: a failed attempt
                 self.ending.finish(job, None, exc)
                 slots.release()
@@ -338,10 +342,52 @@ class Runner:
         self.extensions.started(job, self.worker_id)
         self.run(job, slots, True)
 
-    def _submit(self, job: Job, scope: contextvars.Context, call: Call) -> asyncio.Future[Any]:
-        """Hand a sync task's call to the thread pool (run in ``scope``) or the process pool."""
+    def executor_of(self, task: Task[Any, Any]) -> str:
+        """Where ``task`` runs in this worker: its executor, except that a sync task left on
+        its default (``"thread"``) runs on the CPU pool under ``--pool cpu`` when it can (no
+        ``Depends()`` parameters, no soft timeout)."""
+        executor = task.executor
+        if (
+            executor == "thread"
+            and self.worker.pool == "cpu"
+            and not task.executor_given
+            and not task.injected
+            and not task.controls.soft_timeout
+        ):
+            return "cpu"
+        return executor
+
+    def cpu_pool(self) -> CpuPool:
+        """The worker's CPU pool (made on first use)."""
+        if self._cpu is None:
+            w = self.worker
+            self._cpu = CpuPool(
+                w.cpu_processes,
+                max_tasks=w.cpu_max_tasks,
+                max_memory=w.cpu_max_memory,
+                preload=[
+                    t.fn.__module__ for t in self.tasks.values() if self.executor_of(t) == "cpu"
+                ],
+                refused=w.forkserver_refused,
+            )
+        return self._cpu
+
+    async def warm_cpu_pool(self) -> None:
+        """Start the CPU pool's forkserver (task modules imported) if a task runs there; a
+        forkserver that cannot start stops the worker (:data:`~.cpu.EXIT_FORKSERVER`)."""
+        if any(self.executor_of(t) == "cpu" for t in self.tasks.values()):
+            with contextlib.suppress(ForkRefused):  # reported by the pool's callback
+                await asyncio.to_thread(self.cpu_pool().warm)
+
+    def _submit(
+        self, job: Job, scope: contextvars.Context, call: Call, executor: str
+    ) -> asyncio.Future[Any]:
+        """Hand a sync task's call to the thread pool (run in ``scope``), the process pool or
+        the CPU pool."""
         task, (args, kwargs) = job.task, call
-        if task.executor == "thread":
+        if executor == "cpu":
+            return self.cpu_pool().submit(task.fn, args, kwargs)
+        if executor == "thread":
             if self._threads is None:
                 self._threads = ThreadPool(self.worker.thread_pool_size, "blitzq-task")
             run = functools.partial(task.fn, *args, **kwargs)
@@ -376,6 +422,10 @@ class Runner:
             self._release_once_reaped(slots)
         else:
             slots.release()
+        refused = not handle.cancelled() and isinstance(handle.exception(), ForkRefused)
+        if refused and not job.finished:  # it never ran: back on its queue it goes
+            job.finished = True
+            self.ending.commit(job, Completions.requeue(job))
         self.ending.ended(job, handle)
         if timer is not None:  # only a run with timers has anything to forget
             timeouts.forget(job)
@@ -399,6 +449,15 @@ class Runner:
         else:
             reaping.add_done_callback(lambda _: slots.release())
 
+    def kill_run(self, job: Job) -> None:
+        """Stop a process or CPU-pool run (a hard timeout, a cancel): a CPU-pool run's child
+        is killed alone (:meth:`.cpu.CpuPool.kill`), a process run's whole pool."""
+        if self.executor_of(job.task) == "cpu":
+            if self._cpu is not None and job.handle is not None:
+                self._cpu.kill(job.handle)
+        else:
+            self.kill_process_run(job)
+
     def kill_process_run(self, job: Job) -> None:
         """Terminate the process pool running ``job``; requeue the other process tasks in it.
 
@@ -421,8 +480,9 @@ class Runner:
         """Cancel a running task of this worker; return whether one was running here.
 
         Async tasks are cancelled at once; thread tasks see ``current_task().cancelled``;
-        process tasks are terminated by restarting the process pool (other process tasks
-        running in it go back on their queue, attempt unchanged, as for a hard timeout).
+        a CPU-pool task's child is killed (its process group); process tasks are terminated
+        by restarting the process pool (other process tasks running in it go back on their
+        queue, attempt unchanged, as for a hard timeout).
         """
         found = False
         for job in list(self.jobs):
@@ -432,8 +492,8 @@ class Runner:
             job.context.cancelled = True
             if job.task.executor == "async":
                 job.handle.cancel()
-            elif job.task.executor == "process":
-                self.kill_process_run(job)
+            elif self.executor_of(job.task) in ("process", "cpu"):
+                self.kill_run(job)
         return found
 
     def requeue_unfinished(self) -> int:
@@ -494,3 +554,5 @@ class Runner:
             self._threads.shutdown(wait=False, cancel_futures=True)
         if self._processes is not None:
             self._processes.shutdown(kill=killed)
+        if self._cpu is not None:
+            await self._cpu.close()

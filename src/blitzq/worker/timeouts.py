@@ -143,7 +143,8 @@ class Timeouts:
         Hard: cancel an async task; for a thread task record the failure now; its thread
         is *abandoned* and keeps its slot until the call returns (:meth:`abandon`), or its
         call is cancelled if the pool had not started it; terminate a process task (its slot
-        is freed once the process is reaped). Soft: :meth:`soft`. ``slots``: those the run
+        is freed once the process is reaped); kill a CPU-pool task's child alone (its slot
+        is freed once the child is reaped). Soft: :meth:`soft`. ``slots``: those the run
         holds.
         """
         if job.finished:
@@ -158,8 +159,8 @@ class Timeouts:
         job.finished = True
         runner = self.runner
         runner.ending.timed_out(job)
-        if job.task.executor == "process":
-            runner.kill_process_run(job)
+        if runner.executor_of(job.task) in ("process", "cpu"):
+            runner.kill_run(job)
         elif job.pool_call is not None and job.pool_call.cancel():
             pass  # never started, so it never runs: its slot is freed by run_ended
         elif slots is not None:

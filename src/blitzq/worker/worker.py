@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 
-from .._checks import flag, integer, log_level, seconds, text
+from .._checks import byte_size, flag, integer, log_level, seconds, text
 from ..broker import Broker
 from ..broker.eviction import check_eviction
 from ..dependencies import Resources
@@ -31,6 +31,7 @@ from ..routing import base_queue, levels
 from ..serialization import dumps
 from . import heap
 from .burst import drain
+from .cpu import EXIT_FORKSERVER, check_supported
 from .deferral import OutageBackoff
 from .fetch import Fetcher
 from .flusher import Flusher
@@ -120,6 +121,14 @@ class Worker:
             :mod:`blitzq.worker.deferral`).
         start_check_timeout: seconds one start check may take before it counts as an
             outage (default 10).
+        pool: ``"thread"`` (default) or ``"cpu"``: where sync tasks left on their default
+            executor run; ``"cpu"`` moves those it can (no ``Depends()`` parameter, no soft
+            timeout) to the CPU pool (:mod:`blitzq.worker.cpu`; POSIX only).
+        cpu_processes: children of the CPU pool (default: CPU count).
+        cpu_max_tasks: calls after which a CPU-pool child is replaced (``None``: never).
+        cpu_max_memory: resident memory past which a CPU-pool child is replaced after a
+            call: bytes, or a size with a unit (``"512MiB"``, ``"1G"``); ``None``: never
+            (Linux only).
 
     Every numeric option must be a real number (``int`` for counts; never ``bool``), finite
     and in range (``block_timeout`` at most 60 s, ``shutdown_timeout`` at most ten years), so
@@ -160,6 +169,10 @@ class Worker:
         defer_base_delay: float = 1.0,
         defer_max_delay: float = 60.0,
         start_check_timeout: float = 10.0,
+        pool: str = "thread",
+        cpu_processes: int | None = None,
+        cpu_max_tasks: int | None = None,
+        cpu_max_memory: int | str | None = None,
     ) -> None:
         # Numbers are real numbers (never bool, NaN or infinite) in range: a NaN shutdown
         # timeout would make a stop unbounded (or instant), a NaN bound never trips.
@@ -172,6 +185,24 @@ class Worker:
             integer("thread_pool_size", thread_pool_size, minimum=1)
         if process_pool_size is not None:
             integer("process_pool_size", process_pool_size, minimum=1)
+        if pool not in ("thread", "cpu"):
+            raise ConfigurationError(f"pool must be 'thread' or 'cpu', got {pool!r}")
+        if cpu_processes is not None:
+            integer("cpu_processes", cpu_processes, minimum=1)
+        if cpu_max_tasks is not None:
+            integer("cpu_max_tasks", cpu_max_tasks, minimum=1)
+        if cpu_max_memory is not None:
+            cpu_max_memory = byte_size("cpu_max_memory", cpu_max_memory)
+        if pool == "cpu" or any(t.executor == "cpu" for t in queue.tasks.values()):
+            check_supported()
+        #: Where sync tasks on their default executor run: ``"thread"`` or ``"cpu"``.
+        self.pool = pool
+        self.cpu_processes = cpu_processes or os.cpu_count() or 2
+        self.cpu_max_tasks = cpu_max_tasks
+        #: Bytes (``None``: no limit).
+        self.cpu_max_memory: int | None = cpu_max_memory
+        #: Exit code ``blitzq worker`` ends with when :attr:`restart_requested`.
+        self.exit_code = EXIT_RESTART
         if max_tasks_per_child is not None:
             integer("max_tasks_per_child", max_tasks_per_child, minimum=1)
         if max_memory_per_child is not None:
@@ -298,13 +329,22 @@ class Worker:
         """Whether the worker stopped (or is stopping) to be restarted."""
         return self.restart_reason is not None
 
-    def request_restart(self, reason: str, level: int = logging.ERROR) -> None:
-        """Stop gracefully and ask to be restarted (``blitzq worker`` exits with
-        :data:`EXIT_RESTART`); ``reason`` is logged at ``level``."""
+    def request_restart(
+        self, reason: str, level: int = logging.ERROR, code: int = EXIT_RESTART
+    ) -> None:
+        """Stop gracefully and ask to be restarted (``blitzq worker`` exits with ``code``,
+        :data:`EXIT_RESTART` by default: :attr:`exit_code`); ``reason`` is logged at
+        ``level``."""
         if self.restart_reason is None:
             self.restart_reason = reason
+            self.exit_code = code
             logger.log(level, "worker %s restarts: %s", self.id, reason)
         self.stop()
+
+    def forkserver_refused(self, reason: str) -> None:
+        """The CPU pool's forkserver could not start a child: stop gracefully, and ``blitzq
+        worker`` exits :data:`~.cpu.EXIT_FORKSERVER` so the supervisor starts a fresh one."""
+        self.request_restart(f"CPU pool: {reason}", code=EXIT_FORKSERVER)
 
     def stop(self) -> None:
         """Ask the worker to stop gracefully; safe from signal handlers and other coroutines."""
@@ -374,6 +414,7 @@ class Worker:
         self._flusher = Flusher(broker)
         self._runner = Runner(self, broker, self._flusher)
         self._fetcher = Fetcher(self, broker, self._runner, self._slots)
+        await self._runner.warm_cpu_pool()  # the forkserver imports the task modules once
         self._runner.observer = self.ops.metrics  # None without metrics: nothing installed
         if self.ops.metrics is not None:
             self._flusher.on_written = self.ops.metrics.written
