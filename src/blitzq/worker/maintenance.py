@@ -224,12 +224,12 @@ class Maintenance:
                     logger.info("queue %s %s", value, "paused" if kind == "pause" else "resumed")
                 return
             if kind == "shutdown":  # blitzq worker shutdown ID
-                if value == self.worker.id:
+                if value in (self.worker.key, self.worker.id):
                     logger.info("shutting down: asked on the event channel")
                     self.worker.stop()
                 return
             if kind == "handed":  # another worker handed this one a message (unknown.py)
-                if value == self.worker.id:
+                if value == self.worker.key:
                     self._handed.set()
                 return
             if kind == "schedule":
@@ -293,7 +293,7 @@ class Maintenance:
         next_sync = time.monotonic() + REVOCATION_SYNC
         while True:
             try:  # alone: a refused registration (server out of memory) must not stop renewals
-                await broker.register_worker(worker.id, worker.info(), ttl=3 * self.interval + 5)
+                await broker.register_worker(worker.key, worker.info(), ttl=3 * self.interval + 5)
             except BrokerError as exc:
                 logger.warning("maintenance: could not register the worker: %s", exc)
             await self._sync_paused()
@@ -362,7 +362,7 @@ class Maintenance:
             last = now
             try:
                 await self.broker.register_worker(
-                    worker.id, worker.info(), ttl=3 * self.interval + 5
+                    worker.key, worker.info(), ttl=3 * self.interval + 5
                 )
             except BrokerError as exc:
                 logger.debug("could not refresh the worker's registration: %s", exc)

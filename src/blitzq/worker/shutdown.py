@@ -68,7 +68,7 @@ async def shut_down(
         logger.error("could not write %d completion(s) at shutdown", worker._flusher.backlog)
     # A server that stopped answering must not hold the exit (the record expires).
     with contextlib.suppress(BrokerError, TimeoutError):
-        await asyncio.wait_for(worker.broker.unregister_worker(worker.id), FETCH_GRACE)
+        await asyncio.wait_for(worker.broker.unregister_worker(worker.key), FETCH_GRACE)
     # middleware's on_worker_stop, then on_shutdown hooks and the lifespans' close
     await extensions_of(worker.queue).worker_stopped(worker)
     await worker.queue.signals.drain()  # after-hooks and signal handlers still running

@@ -37,7 +37,7 @@ from .fetch import Fetcher
 from .flusher import Flusher
 from .limiter import Limiter, Slots
 from .maintenance import Maintenance, running_tasks
-from .ops import Ops, check_ops_options
+from .ops import SLOT_ENV, Ops, check_ops_options
 from .recycling import MB, Recycler
 from .runner import Runner
 from .shutdown import shut_down
@@ -60,6 +60,25 @@ MIN_POOL_CONNECTIONS = 3
 #: Longest ``block_timeout`` in seconds: a stopping worker waits up to that long for a
 #: blocked fetch to return.
 MAX_BLOCK_TIMEOUT = 60.0
+
+
+def new_instance() -> str:
+    """A new process instance of a worker: ``pid:random`` (6 hex digits)."""
+    return f"{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def process_slot() -> int | None:
+    """The supervisor's slot this process runs in (``BLITZQ_WORKER_SLOT``), or ``None``."""
+    slot = os.environ.get(SLOT_ENV, "")
+    return int(slot) if slot.isdigit() else None
+
+
+def default_worker_id(instance: str) -> str:
+    """The id of a worker that was given no name: ``host:slot`` in a slot of the supervisor
+    (the same across the slot's restarts, so metrics and logs keep continuity), else
+    ``host:instance`` (``instance``: :func:`new_instance`)."""
+    slot = process_slot()
+    return f"{socket.gethostname()}:{slot if slot is not None else instance}"
 
 
 class Worker:
@@ -85,7 +104,9 @@ class Worker:
             hold all ``concurrency`` slots, or all of a queue's ``queue_concurrency``.
         process_pool_size: processes for ``executor="process"`` tasks (default: CPU count).
         handle_signals: stop gracefully on SIGTERM / SIGINT (the CLI turns this on).
-        name: worker id shown in records and stats (default ``host:pid:random``).
+        name: worker id shown in records and stats (default ``host:slot`` in a slot of the
+            supervisor, stable across its restarts, else ``host:pid:random``; the process
+            instance is :attr:`instance`, the unique registry key :attr:`key`).
         strict_memory_policy: refuse to start (ConfigurationError) when the server's
             ``maxmemory-policy`` can evict blitzq's keys; by default a WARNING is logged
             (see :mod:`blitzq.broker.eviction`).
@@ -269,7 +290,16 @@ class Worker:
         self.metrics_port = metrics_port
         self.health_port = health_port
         self.ops_host = ops_host
-        self.id = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        #: This process's instance of the worker, ``pid:random``: new at every (re)start.
+        self.instance = new_instance()
+        #: The supervisor's slot this process runs in (``None``: not supervised).
+        self.slot = process_slot()
+        #: The id shown in records, logs, metrics, signals and the registry: ``host:slot``
+        #: under a supervisor (stable across restarts of the slot), else ``host:pid:random``.
+        self.id = name or default_worker_id(self.instance)
+        #: Unique per live process: the registry key and the stream consumer name (during a
+        #: reload the old and new worker of one slot share :attr:`id`, never this).
+        self.key = f"{self.id}:{self.instance}" if self.slot is not None else self.id
         self._stop_event: asyncio.Event | None = None
         self._stopping = False
         self._runner: Runner | None = None
@@ -400,7 +430,7 @@ class Worker:
                 size,
                 len(self.queues),
             )
-        await broker.prepare_consumer(self.physical_queues, self.id)
+        await broker.prepare_consumer(self.physical_queues, self.key)
         # on_startup hooks, lifespans (closed by _shutdown), then middleware's on_worker_start
         await extensions_of(self.queue).worker_started(self)
         self._global = Limiter(self.concurrency)
@@ -433,8 +463,9 @@ class Worker:
             burst = drain(self, self._fetcher, self._flusher)
             background.append(asyncio.create_task(burst, name="blitzq-burst"))
         logger.info(
-            "worker %s started: queues=%s concurrency=%d mode=%s",
+            "worker %s started: instance=%s queues=%s concurrency=%d mode=%s",
             self.id,
+            self.instance,
             ",".join(self.queues),
             self.concurrency,
             self.queue.mode,
@@ -461,6 +492,9 @@ class Worker:
         return dumps(
             {
                 "id": self.id,
+                "key": self.key,
+                "instance": self.instance,
+                "slot": self.slot,
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "queues": self.queues,
