@@ -26,6 +26,7 @@ from ..worker.ops import slot_port
 from ..worker.worker import EXIT_RESTART
 from ._common import (
     EXIT_CONFIG,
+    EXIT_USAGE,
     CliConfigError,
     CliUsageError,
     Seconds,
@@ -411,7 +412,8 @@ def worker_command(
         both = "not both" if django else "for example myapp.tasks:queue"
         raise _usage(f"give MODULE:ATTR or --django (Django's tasks framework), {both}")
     deferral = (defer_base_delay, defer_max_delay, start_check_timeout)
-    with cli_errors(s.redis_url):  # options that contradict each other: a usage error, 2
+    # options that contradict each other: a usage error, 2
+    with cli_errors(s.redis_url, config_exit=EXIT_USAGE):
         OutageBackoff.checked(*deferral)  # before any worker process starts
     ops = ops_argv(metrics_port, health_port, ops_host, configure_logs, control)
     ops += deferral_argv(*deferral)
