@@ -195,3 +195,38 @@ def test_a_forkserver_the_os_refuses_exits_71_and_the_supervisor_starts_a_fresh_
 
     wait_until(replaced, 60, f"a fresh worker after exit 71\n{sup.output()}")
     assert "starting a fresh worker" in sup.output()
+
+
+def test_a_call_timed_out_while_waiting_for_a_child_never_runs(
+    start: Callable[..., Supervised], producer: Queue, tmp_path: Path
+) -> None:
+    """With every child busy a call waits; its hard timeout fires there: it fails with
+    TaskTimeout and never starts once a child is free."""
+    sup = start("--no-supervise", "--cpu-processes", "1")
+    busy_pid, gate, late_pid = tmp_path / "busy", tmp_path / "gate", tmp_path / "late"
+    busy = producer.send_sync(TASK + "gated", (str(busy_pid), str(gate)))
+    child = pid_in(busy_pid, sup)
+    late = producer.send_sync(TASK + "stuck", (str(late_pid),))
+    with pytest.raises(TaskFailed) as failed:
+        late.result_sync(timeout=60)
+    assert "TaskTimeout" in (failed.value.error_type or "")
+    gate.touch()
+    assert busy.result_sync(timeout=60) == child
+    # The pool still answers, and the timed-out call never ran.
+    assert producer.send_sync(TASK + "child_pid").result_sync(timeout=60) == child
+    assert not late_pid.exists()
+
+
+def test_the_children_die_with_a_sigkilled_worker(
+    start: Callable[..., Supervised], producer: Queue, tmp_path: Path
+) -> None:
+    """A child leads its own process group, so a kill of the worker's group misses it: it
+    dies with the forkserver (``PR_SET_PDEATHSIG``), which exits with the worker."""
+    sup = start("--no-supervise")
+    pid_file = tmp_path / "held"
+    producer.send_sync(TASK + "held", (str(pid_file),))
+    child = pid_in(pid_file, sup)
+    assert os.getpgid(child) == child
+    sup.proc.kill()
+    sup.proc.wait(30)
+    gone(child, sup)

@@ -20,9 +20,12 @@ lock or connection of the worker.
   worker stops gracefully and ``blitzq worker`` exits :data:`EXIT_FORKSERVER` (71,
   ``EX_OSERR``), which the supervisor answers by starting a fresh worker; the call that could
   not start goes back on its queue (:class:`ForkRefused`), its attempt unchanged.
-- Children die with the worker: they are daemonic (terminated at the worker's exit), and on
-  Linux they get ``PR_SET_PDEATHSIG`` against the forkserver, which exits when the worker
-  does. Being daemonic, a child cannot start :mod:`multiprocessing` processes of its own.
+- Children die with the worker, however it ends: each holds the read end of a *lifeline*
+  pipe whose write end only the worker holds, and a thread of the child SIGKILLs the child's
+  process group (the child and what it started) when the pipe reaches end-of-file. They are
+  also daemonic (terminated at the worker's normal exit) and, on Linux, get
+  ``PR_SET_PDEATHSIG`` against the forkserver. Being daemonic, a child cannot start
+  :mod:`multiprocessing` processes of its own.
 
 POSIX only (:func:`check_supported` raises :class:`~blitzq.exceptions.ConfigurationError`
 elsewhere).
@@ -36,6 +39,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -82,12 +86,27 @@ def check_supported() -> None:
         )
 
 
-def _child_main(conn: Connection) -> None:
+def _watch_lifeline(lifeline: Connection) -> None:
+    """In a pool child: wait for the worker's end of ``lifeline`` to close (the worker is
+    gone), then SIGKILL this child's process group."""
+    with contextlib.suppress(BaseException):
+        while True:
+            lifeline.recv()
+    with contextlib.suppress(OSError):
+        os.killpg(0, signal.SIGKILL)
+    os._exit(1)
+
+
+def _child_main(conn: Connection, lifeline: Connection) -> None:
     """Entry point of a pool child: lead a process group, then answer calls until told to
-    stop (``None``) or until the worker's end of the pipe closes."""
+    stop (``None``) or until the worker's end of the pipe closes; die with the worker
+    (``lifeline``)."""
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
-    die_with_parent(os.getppid())  # the forkserver, which exits with the worker
+    die_with_parent(os.getppid())  # the forkserver
+    threading.Thread(
+        target=_watch_lifeline, args=(lifeline,), name="blitzq-lifeline", daemon=True
+    ).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the worker's
     while True:
         try:
@@ -162,6 +181,9 @@ class CpuPool:
         self._idle: list[_Child] = []
         self._running: dict[asyncio.Future[Any], _Child] = {}
         self._reaping: set[asyncio.Future[Any]] = set()
+        #: The lifeline's ends: the children hold the read end, only this process the write
+        #: end, so the children see end-of-file when the worker is gone.
+        self._lifeline: tuple[Connection, Connection] | None = None
         #: Children started, and replaced past ``max_tasks`` or ``max_memory``.
         self.started = 0
         self.recycled = 0
@@ -193,9 +215,11 @@ class CpuPool:
     async def _start(self) -> _Child:
         if self.refused is not None:
             raise ForkRefused(self.refused)
+        if self._lifeline is None:
+            self._lifeline = self._ctx.Pipe(duplex=False)
         ours, theirs = self._ctx.Pipe()
         process = self._ctx.Process(
-            target=_child_main, args=(theirs,), name="blitzq-cpu", daemon=True
+            target=_child_main, args=(theirs, self._lifeline[0]), name="blitzq-cpu", daemon=True
         )
         try:
             await asyncio.to_thread(process.start)
@@ -206,6 +230,25 @@ class CpuPool:
             theirs.close()
         self.started += 1
         return _Child(process, ours)
+
+    async def _child(self) -> _Child:
+        """An idle child (one that died while idle is dropped), else a new one. A call
+        cancelled while its child starts leaves that child idle for the next call."""
+        while self._idle:
+            child = self._idle.pop()
+            if child.process.exitcode is None:
+                return child
+            self._background_reap(child)
+        starting = asyncio.ensure_future(self._start())
+        try:
+            return await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            starting.add_done_callback(self._adopt)
+            raise
+
+    def _adopt(self, starting: asyncio.Future[_Child]) -> None:
+        if not starting.cancelled() and starting.exception() is None:
+            self._idle.append(starting.result())
 
     # ------------------------------------------------------------------ calls
     def submit(
@@ -227,7 +270,7 @@ class CpuPool:
         assert me is not None
         answer: tuple[bool, Any, int | None] | None = (False, None, None)
         async with self._capacity:
-            child = self._idle.pop() if self._idle else await self._start()
+            child = await self._child()
             self._running[me] = child
             try:
                 answer = await self._exchange(child, call)
@@ -310,9 +353,11 @@ class CpuPool:
     def kill(self, call: asyncio.Future[Any]) -> bool:
         """SIGKILL the process group of the child running ``call`` (a hard timeout, a
         cancel); the other children are untouched. ``call`` then fails with
-        :class:`ChildDied` once the child is reaped. Returns whether a child was running it."""
+        :class:`ChildDied` once the child is reaped. A call still waiting for a child is
+        cancelled: it never runs. Returns whether a child was running it."""
         child = self._running.get(call)
         if child is None:
+            call.cancel()
             return False
         self._kill(child)
         return True
@@ -360,3 +405,6 @@ class CpuPool:
             await asyncio.wait(list(self._reaping), timeout=REAP_TIMEOUT)
         if self._running:
             await asyncio.wait(list(self._running), timeout=REAP_TIMEOUT)
+        lifeline, self._lifeline = self._lifeline, None
+        for end in lifeline or ():
+            end.close()
