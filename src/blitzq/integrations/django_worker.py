@@ -36,7 +36,7 @@ from ..context import current_task
 from ..exceptions import ConfigurationError
 from ..queue import Queue
 from ..task import Task
-from ..worker.worker import default_worker_id, new_instance
+from ..worker.identity import default_worker_id, new_instance
 from . import django_tasks as fw
 
 logger = logging.getLogger("blitzq.django")

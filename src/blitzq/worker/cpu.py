@@ -40,15 +40,19 @@ import multiprocessing
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from .._checks import byte_size, integer
 from ..exceptions import ConfigurationError, SerializationError, describe_error
 from ..parent_death import die_with_parent
-from .eager import TaskExit
+from .eager_start import TaskExit
 from .executors import _run_by_reference
 from .recycling import MB, rss_bytes
+
+if TYPE_CHECKING:
+    from ..task import Task
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -408,3 +412,114 @@ class CpuPool:
         lifeline, self._lifeline = self._lifeline, None
         for end in lifeline or ():
             end.close()
+
+
+def check_options(
+    pool: str,
+    processes: int | None,
+    max_tasks: int | None,
+    max_memory: int | str | None,
+    tasks: Iterable[Task[Any, Any]],
+) -> int | None:
+    """Check the CPU-pool options of a :class:`~blitzq.Worker` (``pool``, ``cpu_processes``,
+    ``cpu_max_tasks``, ``cpu_max_memory``), and that the platform has a forkserver when a
+    task or ``pool="cpu"`` needs one.
+
+    Returns:
+        ``max_memory`` in bytes (``None``: no limit).
+
+    Raises:
+        ConfigurationError: a pool other than ``"thread"`` or ``"cpu"``, a count below 1, a
+            size that does not parse (:func:`~blitzq._checks.byte_size`), or no forkserver.
+    """
+    if pool not in ("thread", "cpu"):
+        raise ConfigurationError(f"pool must be 'thread' or 'cpu', got {pool!r}")
+    if processes is not None:
+        integer("cpu_processes", processes, minimum=1)
+    if max_tasks is not None:
+        integer("cpu_max_tasks", max_tasks, minimum=1)
+    if pool == "cpu" or any(t.executor == "cpu" for t in tasks):
+        check_supported()
+    return None if max_memory is None else byte_size("cpu_max_memory", max_memory)
+
+
+class CpuOwner(Protocol):
+    """What the CPU pool's side of a worker sees of it (a :class:`~blitzq.Worker`)."""
+
+    @property
+    def pool(self) -> str: ...
+
+    @property
+    def cpu_processes(self) -> int: ...
+
+    @property
+    def cpu_max_tasks(self) -> int | None: ...
+
+    @property
+    def cpu_max_memory(self) -> int | None: ...
+
+    def forkserver_refused(self, reason: str) -> None: ...
+
+
+class CpuExecutor:
+    """The CPU pool's side of one worker: which tasks run there, and the pool (made on first
+    use, its forkserver started with the worker: :meth:`warm`).
+
+    Args:
+        worker: the worker (its CPU-pool settings, and where a refused fork is reported).
+        tasks: the Queue's tasks by name.
+    """
+
+    def __init__(self, worker: CpuOwner, tasks: Mapping[str, Task[Any, Any]]) -> None:
+        self.worker = worker
+        self.tasks = tasks
+        self._pool: CpuPool | None = None
+
+    def executor_of(self, task: Task[Any, Any]) -> str:
+        """Where ``task`` runs: its executor, except that a sync task left on its default
+        (``"thread"``) runs on the CPU pool under ``--pool cpu`` when it can (no ``Depends()``
+        parameters, no soft timeout)."""
+        executor = task.executor
+        if (
+            executor == "thread"
+            and self.worker.pool == "cpu"
+            and not task.executor_given
+            and not task.injected
+            and not task.controls.soft_timeout
+        ):
+            return "cpu"
+        return executor
+
+    def pool(self) -> CpuPool:
+        """The worker's CPU pool (made on first use)."""
+        if self._pool is None:
+            w = self.worker
+            self._pool = CpuPool(
+                w.cpu_processes,
+                max_tasks=w.cpu_max_tasks,
+                max_memory=w.cpu_max_memory,
+                preload=[t.fn.__module__ for t in self.tasks.values() if self._here(t)],
+                refused=w.forkserver_refused,
+            )
+        return self._pool
+
+    def _here(self, task: Task[Any, Any]) -> bool:
+        return self.executor_of(task) == "cpu"
+
+    async def warm(self) -> None:
+        """Start the forkserver (task modules imported) if a task runs on the CPU pool; one
+        that cannot start stops the worker (:data:`EXIT_FORKSERVER`, through the pool's
+        ``refused`` callback)."""
+        if any(self._here(t) for t in self.tasks.values()):
+            with contextlib.suppress(ForkRefused):
+                await asyncio.to_thread(self.pool().warm)
+
+    def kill(self, call: asyncio.Future[Any] | None) -> None:
+        """Kill the child running ``call`` (:meth:`CpuPool.kill`)."""
+        if self._pool is not None and call is not None:
+            self._pool.kill(call)
+
+    async def close(self) -> None:
+        """Stop the pool's children (:meth:`CpuPool.close`), if it was made."""
+        if self._pool is not None:
+            await self._pool.close()

@@ -64,6 +64,9 @@ class Checked(Protocol):
     def id(self) -> str: ...
 
     @property
+    def instance(self) -> str: ...
+
+    @property
     def broker(self) -> Broker: ...
 
     @property

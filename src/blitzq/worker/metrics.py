@@ -74,6 +74,9 @@ class Measured(Protocol):
     def id(self) -> str: ...
 
     @property
+    def key(self) -> str: ...
+
+    @property
     def queue(self) -> QueueSettings: ...
 
     @property

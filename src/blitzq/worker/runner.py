@@ -12,7 +12,6 @@ the flusher).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
 import logging
@@ -25,15 +24,10 @@ from ..exceptions import SerializationError
 from ..extensions.registry import extensions_of
 from ..serialization import decode_envelope
 from .admission import Admission, Call
-<<<<<<< HEAD
-from .cpu import CpuPool, ForkRefused
-from .eager import start_eagerly
-from .ending import Completions, Ending
-=======
 from .completions import Completions
+from .cpu import CpuExecutor, CpuOwner, ForkRefused
 from .eager_start import start_eagerly
 from .ending import Ending
->>>>>>> main
 from .execution import Job
 from .executors import ProcessPool, ThreadPool
 from .flusher import Flusher
@@ -46,13 +40,10 @@ from .timeouts import Timeouts
 from .unknown import UnknownTasks
 
 if TYPE_CHECKING:
-<<<<<<< HEAD
-    from ..task import Task
-=======
     from ..dependencies import Resources
     from ..queue import Queue
+    from ..task import Task
     from .deferral import OutageBackoff
->>>>>>> main
     from .tally import RunTally
     from .unknown import Knowers
 
@@ -62,7 +53,7 @@ logger = logging.getLogger("blitzq.worker")
 _CLOSE_GRACE = 1.0
 
 
-class Owner(Protocol):
+class Owner(CpuOwner, Protocol):
     """What the runner and the stages it owns see of the worker (a :class:`~blitzq.Worker`):
     its settings, resources and counters, and its restart (the stages' own views of it,
     :class:`~.admission.AdmittingRunner`, :class:`~.timeouts.TimedRunner` and
@@ -70,6 +61,9 @@ class Owner(Protocol):
 
     @property
     def id(self) -> str: ...
+
+    @property
+    def key(self) -> str: ...
 
     @property
     def queue(self) -> Queue: ...
@@ -164,7 +158,8 @@ class Runner:
         self.started, self.start_limit = 0, worker.max_tasks_per_child or 0
         self._threads: ThreadPool | None = None
         self._processes: ProcessPool | None = None
-        self._cpu: CpuPool | None = None
+        #: The CPU pool's side of this worker: which tasks run there, the pool itself.
+        self.cpu = CpuExecutor(worker, self.tasks)
         #: Pool processes killed (hard timeout, cancel) and not yet reaped: the slot of the
         #: run that caused it is freed only once they are.
         self.killed_processes: list[Any] = []
@@ -419,41 +414,8 @@ class Runner:
         self.run(job, slots, True)
 
     def executor_of(self, task: Task[Any, Any]) -> str:
-        """Where ``task`` runs in this worker: its executor, except that a sync task left on
-        its default (``"thread"``) runs on the CPU pool under ``--pool cpu`` when it can (no
-        ``Depends()`` parameters, no soft timeout)."""
-        executor = task.executor
-        if (
-            executor == "thread"
-            and self.worker.pool == "cpu"
-            and not task.executor_given
-            and not task.injected
-            and not task.controls.soft_timeout
-        ):
-            return "cpu"
-        return executor
-
-    def cpu_pool(self) -> CpuPool:
-        """The worker's CPU pool (made on first use)."""
-        if self._cpu is None:
-            w = self.worker
-            self._cpu = CpuPool(
-                w.cpu_processes,
-                max_tasks=w.cpu_max_tasks,
-                max_memory=w.cpu_max_memory,
-                preload=[
-                    t.fn.__module__ for t in self.tasks.values() if self.executor_of(t) == "cpu"
-                ],
-                refused=w.forkserver_refused,
-            )
-        return self._cpu
-
-    async def warm_cpu_pool(self) -> None:
-        """Start the CPU pool's forkserver (task modules imported) if a task runs there; a
-        forkserver that cannot start stops the worker (:data:`~.cpu.EXIT_FORKSERVER`)."""
-        if any(self.executor_of(t) == "cpu" for t in self.tasks.values()):
-            with contextlib.suppress(ForkRefused):  # reported by the pool's callback
-                await asyncio.to_thread(self.cpu_pool().warm)
+        """Where ``task`` runs in this worker (:meth:`.cpu.CpuExecutor.executor_of`)."""
+        return self.cpu.executor_of(task)
 
     def _submit(
         self, job: Job, scope: contextvars.Context, call: Call, executor: str
@@ -462,7 +424,7 @@ class Runner:
         the CPU pool."""
         task, (args, kwargs) = job.task, call
         if executor == "cpu":
-            return self.cpu_pool().submit(task.fn, args, kwargs)
+            return self.cpu.pool().submit(task.fn, args, kwargs)
         if executor == "thread":
             if self._threads is None:
                 self._threads = ThreadPool(self.worker.thread_pool_size, "blitzq-task")
@@ -529,8 +491,7 @@ class Runner:
         """Stop a process or CPU-pool run (a hard timeout, a cancel): a CPU-pool run's child
         is killed alone (:meth:`.cpu.CpuPool.kill`), a process run's whole pool."""
         if self.executor_of(job.task) == "cpu":
-            if self._cpu is not None and job.handle is not None:
-                self._cpu.kill(job.handle)
+            self.cpu.kill(job.handle)
         else:
             self.kill_process_run(job)
 
@@ -630,5 +591,4 @@ class Runner:
             self._threads.shutdown(wait=False, cancel_futures=True)
         if self._processes is not None:
             self._processes.shutdown(kill=killed)
-        if self._cpu is not None:
-            await self._cpu.close()
+        await self.cpu.close()

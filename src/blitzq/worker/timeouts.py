@@ -41,6 +41,7 @@ from .limiter import Slots
 if TYPE_CHECKING:
     from collections.abc import MutableSet
 
+    from ..task import Task
     from .ending import Ending
     from .executors import ThreadPool
 
@@ -72,6 +73,10 @@ class TimedRunner(Protocol):
     def thread_pool(self) -> ThreadPool | None: ...
 
     def kill_process_run(self, job: Job) -> None: ...
+
+    def executor_of(self, task: Task[Any, Any]) -> str: ...
+
+    def kill_run(self, job: Job) -> None: ...
 
 
 class _Timers:

@@ -66,6 +66,9 @@ class Asking(Protocol):
     def id(self) -> str: ...
 
     @property
+    def key(self) -> str: ...
+
+    @property
     def broker(self) -> Broker: ...
 
 

@@ -16,10 +16,9 @@ import os
 import signal
 import socket
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 
-from .._checks import byte_size, flag, integer, log_level, seconds, text
+from .._checks import flag, integer, log_level, seconds, text
 from ..broker import Broker
 from ..broker.eviction import check_eviction
 from ..dependencies import Resources
@@ -31,23 +30,17 @@ from ..queue import Queue
 from ..routing import base_queue, levels
 from ..serialization import dumps
 from . import heap
-<<<<<<< HEAD
-from .burst import drain
-from .cpu import EXIT_FORKSERVER, check_supported
-=======
 from .burst import BURST_HORIZON, drain, settled
->>>>>>> main
+from .cpu import EXIT_FORKSERVER
+from .cpu import check_options as check_cpu_options
 from .deferral import OutageBackoff
 from .endpoints import Ops
 from .fetch import Fetcher
 from .flusher import Flusher
+from .identity import default_worker_id, new_instance, process_slot
 from .limiter import Limiter, Slots
 from .maintenance import Maintenance, running_tasks
-<<<<<<< HEAD
-from .ops import SLOT_ENV, Ops, check_ops_options
-=======
 from .ports import check_ops_options
->>>>>>> main
 from .recycling import MB, Recycler
 from .runner import Runner
 from .unknown import Knowers
@@ -74,25 +67,6 @@ MIN_POOL_CONNECTIONS = 3
 #: Longest ``block_timeout`` in seconds: a stopping worker waits up to that long for a
 #: blocked fetch to return.
 MAX_BLOCK_TIMEOUT = 60.0
-
-
-def new_instance() -> str:
-    """A new process instance of a worker: ``pid:random`` (6 hex digits)."""
-    return f"{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-def process_slot() -> int | None:
-    """The supervisor's slot this process runs in (``BLITZQ_WORKER_SLOT``), or ``None``."""
-    slot = os.environ.get(SLOT_ENV, "")
-    return int(slot) if slot.isdigit() else None
-
-
-def default_worker_id(instance: str) -> str:
-    """The id of a worker that was given no name: ``host:slot`` in a slot of the supervisor
-    (the same across the slot's restarts, so metrics and logs keep continuity), else
-    ``host:instance`` (``instance``: :func:`new_instance`)."""
-    slot = process_slot()
-    return f"{socket.gethostname()}:{slot if slot is not None else instance}"
 
 
 class Worker:
@@ -220,22 +194,15 @@ class Worker:
             integer("thread_pool_size", thread_pool_size, minimum=1)
         if process_pool_size is not None:
             integer("process_pool_size", process_pool_size, minimum=1)
-        if pool not in ("thread", "cpu"):
-            raise ConfigurationError(f"pool must be 'thread' or 'cpu', got {pool!r}")
-        if cpu_processes is not None:
-            integer("cpu_processes", cpu_processes, minimum=1)
-        if cpu_max_tasks is not None:
-            integer("cpu_max_tasks", cpu_max_tasks, minimum=1)
-        if cpu_max_memory is not None:
-            cpu_max_memory = byte_size("cpu_max_memory", cpu_max_memory)
-        if pool == "cpu" or any(t.executor == "cpu" for t in queue.tasks.values()):
-            check_supported()
+        memory = check_cpu_options(
+            pool, cpu_processes, cpu_max_tasks, cpu_max_memory, queue.tasks.values()
+        )
         #: Where sync tasks on their default executor run: ``"thread"`` or ``"cpu"``.
         self.pool = pool
         self.cpu_processes = cpu_processes or os.cpu_count() or 2
         self.cpu_max_tasks = cpu_max_tasks
         #: Bytes (``None``: no limit).
-        self.cpu_max_memory: int | None = cpu_max_memory
+        self.cpu_max_memory = memory
         #: Exit code ``blitzq worker`` ends with when :attr:`restart_requested`.
         self.exit_code = EXIT_RESTART
         if max_tasks_per_child is not None:
@@ -459,7 +426,7 @@ class Worker:
         self._flusher = Flusher(broker)
         self._runner = Runner(self, broker, self._flusher)
         self._fetcher = Fetcher(self, broker, self._runner, self._slots)
-        await self._runner.warm_cpu_pool()  # the forkserver imports the task modules once
+        await self._runner.cpu.warm()  # the forkserver imports the task modules once
         self._runner.observer = self.ops.metrics  # None without metrics: nothing installed
         if self.ops.metrics is not None:
             self._flusher.on_written = self.ops.metrics.written
@@ -605,7 +572,7 @@ class Worker:
             logger.error("could not write %d completion(s) at shutdown", self._flusher.backlog)
         # A server that stopped answering must not hold the exit (the record expires).
         with contextlib.suppress(BrokerError, TimeoutError):
-            await asyncio.wait_for(self.broker.unregister_worker(self.id), FETCH_GRACE)
+            await asyncio.wait_for(self.broker.unregister_worker(self.key), FETCH_GRACE)
         # middleware's on_worker_stop, then on_shutdown hooks and the lifespans' close
         await extensions_of(self.queue).worker_stopped(self)
         await self.queue.signals.drain()  # after-hooks and signal handlers still running
