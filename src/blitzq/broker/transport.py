@@ -80,6 +80,13 @@ class Transport(abc.ABC):
     deliveries back through it; otherwise such a requeue is a message the state store writes
     (its outbox, relayed)."""
 
+    @property
+    def pool_size(self) -> int | None:
+        """Most connections the client this transport shares with the rest of the broker
+        opens (a worker checks it fits its fetch loops); ``None``: unknown, or connections
+        of the transport's own (RabbitMQ)."""
+        return None
+
     @abc.abstractmethod
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
         """Append encoded messages to the tail of ``queue`` in one round-trip.

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from .. import records
 from ..broker import Broker, Completion
-from ..broker.ops import Op, op_size
+from ..broker.effects import Op, op_size
 from ..exceptions import BrokerError, describe_error
 from ..limits import COMPLETION_BATCH_BYTES, COMPLETION_BATCH_ITEMS, clip_text
 

@@ -9,8 +9,9 @@ runs (:meth:`heartbeat`), and a renewal never takes an entry back from another c
 
 :class:`StreamsTransport` is a :class:`~blitzq.broker.transport.Transport` on a
 :class:`~.connection.RedisConnection` of kind ``"s"``; paired with the
-:class:`~.store.RedisStateStore` on the same connection (:class:`~.reliable.ReliableRedisBroker`)
-its completions are acked and fenced by ``complete.lua``, so :meth:`StreamsTransport.ack` and
+:class:`~.store.RedisStateStore` on the same connection, made with this transport's
+:attr:`~StreamsTransport.lease` (:func:`~.reliable.ReliableRedisBroker`), its completions are
+acked and fenced by ``complete.lua``, so :meth:`StreamsTransport.ack` and
 :meth:`StreamsTransport.nack` serve a state store that does not ack (not the Redis one).
 """
 
@@ -26,7 +27,7 @@ from ...exceptions import ConfigurationError
 from ...limits import CHUNK_ITEMS
 from ..transport import Delivery, Guarantee, Transport
 from .client import translate_errors, wrong_type
-from .connection import RedisConnection, RedisPart
+from .connection import LeaseIdentity, RedisConnection, RedisPart
 from .handed import HandOver
 from .keys import GROUP, MESSAGE_FIELD
 
@@ -74,7 +75,10 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         if conn.kind != "s":
             raise ConfigurationError("a streams transport needs a connection of kind 's'")
         super().__init__(conn)
-        conn.consumer = "unnamed"
+        #: Who holds this transport's leases (its consumer name), handed to the state store
+        #: that acks its deliveries when that store is made (``RedisStateStore(conn,
+        #: lease=transport.lease)``), which fences on it.
+        self.lease = LeaseIdentity()
         #: Whether the last non-blocking fetch of each set of levels (by its first level)
         #: took all it asked for: a backlog, where plain reads cost the server less.
         self._backlog: dict[str, bool] = {}
@@ -94,14 +98,14 @@ class StreamsTransport(HandOver, RedisPart, Transport):
 
     @translate_errors
     async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
-        """Create each queue's stream and consumer group if missing; name this consumer (on
-        the connection, where the state store's fencing reads it).
+        """Create each queue's stream and consumer group if missing; name this consumer (in
+        :attr:`lease`, which a state store that acks this transport fences on).
 
         Raises:
             BrokerError: (not transient) a queue's key holds another type than a stream; the
                 message names the key and its type.
         """
-        self.conn.consumer = consumer
+        self.lease.consumer = consumer
         for queue in queues:
             key = self.keys.stream(queue)
             try:
