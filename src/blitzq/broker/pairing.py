@@ -107,7 +107,8 @@ class CommitThenAck(Pairing):
             c if c.token is None and c.fence is None else replace(c, token=None, fence=None)
             for c in completions
         ]
-        stale = await self.state.complete(stripped)
+        # Durable before the ack: a commit a failover loses must not be acknowledged.
+        stale = await self.state.complete_durably(stripped)
         dropped = {id(c) for c in stale}
         tokens: dict[str, list[bytes]] = {}
         refused: list[Completion] = []

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 
 from ...exceptions import ConfigurationError
 from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
+from .blocking import BlockingReads
 from .client import bad_url, make_client, max_block, pool_size, translate_errors
 from .cluster import is_cluster, node_of
 from .cluster_scripts import ClusterScripts
@@ -110,6 +111,9 @@ class RedisConnection:
         self.cluster = is_cluster(client)
         #: Longest BLOCK a blocking read may ask for: under the socket timeout (None: any).
         self.max_block = max_block(client)
+        #: The idle worker's one blocking read, on a held connection it can wake
+        #: (``blocking.py``); ``None`` on a cluster (one pool per node: a block per queue).
+        self.blocking: BlockingReads | None = None if self.cluster else BlockingReads(client)
         for command in ("XREADGROUP", "XAUTOCLAIM", "BLMPOP", "LPOP"):
             self.client.set_response_callback(command, _raw)
         #: Runs the Lua scripts (EVALSHA, reloaded on NOSCRIPT): see scripts.py; on a
@@ -158,6 +162,8 @@ class RedisConnection:
         (and the connection reconnects on its next command).
         """
         await self._results.close()
+        if self.blocking is not None:
+            await self.blocking.close()
         if self.listener_client is not None:
             await self.listener_client.aclose()
         if self.owns_client:

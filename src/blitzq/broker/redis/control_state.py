@@ -144,13 +144,16 @@ class RedisControl(RedisPart, ControlState):
 
     async def events(self) -> AsyncIterator[tuple[str, str]]:
         """Messages of the namespace's event channel, on a pub/sub connection of their own."""
-        pubsub = subscriber(self.client, ignore_subscribe_messages=True)
+        pubsub = subscriber(self.client, ignore_subscribe_messages=False)
         try:
             try:
                 await ready(self.client)  # a cluster client: its slot map first
                 await pubsub.subscribe(self.keys.events)
                 while True:
                     message = await pubsub.get_message(timeout=5.0)
+                    if message is not None and message.get("type") == "subscribe":
+                        yield "subscribed", ""  # pushes from now on are seen
+                        continue
                     if message is None or message.get("type") != "message":
                         continue
                     data = message["data"]

@@ -45,6 +45,7 @@ from .outbox import RedisOutbox
 from .records import RedisRecords
 from .registry import RedisRegistry
 from .schedule import RedisSchedule
+from .sentinel import durable_writes
 
 __all__ = ["RedisStateStore"]
 
@@ -125,6 +126,17 @@ class RedisStateStore(StateStore):
         return True
 
     # ------------------------------------------------------------ completions
+    async def complete_durably(self, completions: Sequence[Completion]) -> list[Completion]:
+        """:meth:`complete`, each write waited for by the primary's replicas that exist (at
+        least one, ``wait_replicas`` if more) on a ``redis+sentinel://`` store
+        (``sentinel.py``: ``WAIT``; ``BrokerError`` when fewer acknowledged in time); as
+        :meth:`complete` on a server without Sentinel."""
+        token = durable_writes.set(True)
+        try:
+            return await self.complete(completions)
+        finally:
+            durable_writes.reset(token)
+
     @translate_errors
     async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
         """Apply a batch of completions in one Lua call (one round-trip, atomic).

@@ -227,6 +227,65 @@ class StreamsTransport(HandOver, RedisPart, Transport):
             if fields is not None
         ]
 
+    @property
+    def shared_block(self) -> bool:  # type: ignore[override]
+        """Whether :meth:`block_first` may cover many streams (single server or Sentinel)."""
+        return self.conn.blocking is not None
+
+    @translate_errors
+    async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
+        """One ``XREADGROUP ... COUNT 1 BLOCK`` over the streams of ``queues`` (in their
+        order), on the held connection :meth:`unblock` can wake (``blocking.py``); elsewhere
+        :meth:`fetch_first`'s blocking read. At most one entry per stream."""
+        blocking = self.conn.blocking
+        if blocking is None:
+            return await self.fetch_first(queues, 1, timeout, look_first=False)
+        keys = [self.keys.stream(q) for q in queues]
+        block = self.block_for(timeout)
+        args = ["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 1]
+        args += ["BLOCK", max(1, int(block * 1000)), "STREAMS", *keys, *(">" for _ in keys)]
+        try:
+            reply = await blocking.run(*args, block=block)
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            # A stream was deleted (purge, FLUSHDB): recreate the groups, report nothing.
+            await self.prepare_consumer(queues, self.consumer)
+            return []
+        if not reply:
+            return []
+        by_key = reply.items() if isinstance(reply, dict) else reply
+        names = dict(zip((k.encode() for k in keys), queues, strict=True))
+        return [
+            _delivery(names[key], entry_id, fields)
+            for key, entries in by_key
+            for entry_id, fields in entries
+            if fields is not None
+        ]
+
+    async def unblock(self) -> bool:
+        """Wake the :meth:`block_first` in flight (``CLIENT UNBLOCK``; it takes nothing)."""
+        blocking = self.conn.blocking
+        return False if blocking is None else await blocking.unblock()
+
+    @translate_errors
+    async def occupied(self, queues: Sequence[str]) -> list[str]:
+        """The queues whose stream holds any entry, waiting or in flight (acked entries are
+        deleted, so an empty stream has nothing to recover): one ``XREAD COUNT 1`` over all
+        streams; every queue on a cluster (the streams may live on several nodes)."""
+        if self.conn.cluster or not queues:
+            return list(queues)
+        keys = [self.keys.stream(q) for q in queues]
+        reply = await self.client.execute_command(
+            "XREAD", "COUNT", 1, "STREAMS", *keys, *("0-0" for _ in keys)
+        )
+        if not reply:
+            return []
+        found = {
+            bytes(k) for k in (reply.keys() if isinstance(reply, dict) else (r[0] for r in reply))
+        }
+        return [q for q, k in zip(queues, keys, strict=True) if k.encode() in found]
+
     async def _read_levels(
         self, queues: Sequence[str], keys: list[str], count: int
     ) -> list[Delivery]:

@@ -101,6 +101,15 @@ class StateStore(
             The stale completions (not applied), in no particular order; usually empty.
         """
 
+    async def complete_durably(self, completions: Sequence[Completion]) -> list[Completion]:
+        """:meth:`complete`, returning only once the writes would survive the failover the
+        store is set up for (raising :class:`~blitzq.BrokerError`, transient, when they may
+        not: the caller commits them again). The pairing with a transport whose ack is
+        separate (RabbitMQ) acks the deliveries right after this: a commit a failover then
+        loses would leave a task that ran with no record. Default: :meth:`complete` (a store
+        without replicas)."""
+        return await self.complete(completions)
+
     async def ping(self) -> None:
         """Check that the store answers; raise BrokerError otherwise."""
         return
