@@ -77,9 +77,10 @@ def test_good_amqp_urls_are_accepted() -> None:
 
 
 @pytest.mark.parametrize("typed", [True, False])
-def test_the_cli_reports_a_malformed_amqp_url_as_json_with_exit_2(
+def test_the_cli_reports_a_malformed_amqp_url_as_json_with_exit_2_or_78(
     redis_url: str, typed: bool
 ) -> None:
+    """Typed: a usage error (2); from the environment: a configuration error (78)."""
     url = "amqp://guest:s3cret@127.0.0.1:notaport/"
     args = ["--json", "--redis-url", redis_url, "queue", "stats"]
     env = dict(_CLEAN_ENV)
@@ -88,9 +89,10 @@ def test_the_cli_reports_a_malformed_amqp_url_as_json_with_exit_2(
     else:
         env["BLITZQ_AMQP_URL"] = url
     result = CliRunner().invoke(cli, args, env=env)
-    assert result.exit_code == 2, result.output
+    code = 2 if typed else 78
+    assert result.exit_code == code, result.output
     doc = json.loads(result.stdout)
-    assert doc["exit_code"] == 2
+    assert doc["exit_code"] == code
     assert "bad amqp_url 'amqp://guest:***@127.0.0.1:notaport/'" in doc["error"]
     assert "s3cret" not in result.output
     assert "Traceback" not in result.output
