@@ -190,6 +190,12 @@ class Flusher:
         delay = 0.05
         while True:
             if not self._pending:
+                if self._refused_since is not None:
+                    # What the refusals held back was written in parts or dropped since:
+                    # no backlog holds the fetches back any more (else they stay paused
+                    # with nothing left to write, and the worker takes no task again).
+                    self._refused_since = None
+                    self.writable.set()
                 self._idle.set()
                 if self._closing:
                     return

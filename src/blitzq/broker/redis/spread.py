@@ -297,6 +297,7 @@ class SpreadPairing(CommitThenAck):
         """A :class:`~.handoff.HandoffRelay` from the store's :class:`~.handoff.SpreadOutbox`."""
         return HandoffRelay(self.state.outbox, self.transport, self.transport.publish_once)
 
+    @translate_errors
     async def hold_then_commit(self, completions: Sequence[Completion]) -> list[Completion]:
         """Apply the colocated completions in their queue's slot (``homes.complete_in``: one
         script per queue, which fences, acks and writes the homed records); fence, then
