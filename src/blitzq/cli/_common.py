@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import os
@@ -14,10 +13,9 @@ import click
 from click.core import ParameterSource
 
 from .. import config
+from .._checks import LOG_LEVELS
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, EmbeddedServerNotFound
 from ..limits import MAX_SECONDS
-from ..logconfig import LEVELS
-from ..queue import Queue
 from ..redaction import mask_url as mask_url  # re-exported to the commands
 from ..redaction import redact
 from ._output import console as console  # re-exported to the commands, as below
@@ -37,6 +35,9 @@ EXIT_USAGE = 2
 #: stops restarting on it), and of an application that does not load.
 EXIT_CONFIG = 78
 
+
+if TYPE_CHECKING:
+    from ..queue import Queue
 
 if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic; 8.1 cannot subscript it
     _FloatParam = click.ParamType[float, Any]
@@ -357,6 +358,8 @@ def make_queue() -> Queue:
     Raises:
         CliError: an invalid option value (exit code 2), or no URL and no running server.
     """
+    from ..queue import Queue  # here: `import blitzq.cli` and --help load no queue (issue 29)
+
     s = settings()
     url = s.redis_url or config.value("redis_url") or running_server_url()
     with cli_errors(url):
@@ -398,6 +401,8 @@ def run_with_queue(fn: Callable[[Queue], Awaitable[T]], queue: Queue | None = No
             with contextlib.suppress(BlitzQError):
                 await queue.close()
 
+    import asyncio
+
     with cli_errors(settings().redis_url):
         return asyncio.run(runner())
 
@@ -415,7 +420,7 @@ def log_options(command: F) -> F:
     )(command)
     return click.option(
         "--log-level",
-        type=click.Choice([n.lower() for n in LEVELS], case_sensitive=False),
+        type=click.Choice(list(LOG_LEVELS), case_sensitive=False),
         default="info",
         show_default=True,
         help="Least severe log records shown.",
