@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from .sync import Portal
 
 
+#: :attr:`Producer._task_ids` before the broker was asked.
+_UNKNOWN: Any = object()
+
+
 def item_options(
     options: CallOptions, extra: Mapping[str, Any], declared: Mapping[str, Option] | None = None
 ) -> CallOptions:
@@ -71,6 +75,18 @@ class Producer:
         self.portal = portal
         self.extensions = extensions
         self.known_queues: set[str] = set()
+        self._task_ids: Any = _UNKNOWN
+
+    def _id_maker(self) -> Any:
+        """The broker's maker of task ids (``Broker.task_ids``; ``None``: random hex), kept
+        once read: every broker of a Queue has the same URL, hence the same layout. Without a
+        running loop there is no broker to ask: ``None`` this time, asked again next time."""
+        try:
+            ids = self.queue.broker.task_ids
+        except RuntimeError:  # no running loop
+            return None
+        self._task_ids = ids
+        return ids
 
     def envelope(
         self, task: str, queue: str, args: Any, kwargs: Any, opts: CallOptions, now: float
@@ -89,8 +105,15 @@ class Producer:
             correlation_id = correlation_id or parent.correlation_id or parent.id
             if parent.headers:
                 headers = {**parent.headers, **(headers or {})}
+        task_id = opts.task_id
+        if not task_id:
+            ids = self._task_ids
+            if ids is _UNKNOWN:
+                ids = self._id_maker()
+            # 128 random bits; uuid4().hex costs 7x. The spread layout adds the queue's home.
+            task_id = os.urandom(16).hex() if ids is None else ids(queue)
         return Envelope(
-            opts.task_id or os.urandom(16).hex(),  # 128 random bits; uuid4().hex costs 7x
+            task_id,
             task,
             queue,
             plain_args(args),
