@@ -150,7 +150,7 @@ class _Cli(ConfiguredGroup):
     """The root group; ``worker list`` and ``worker shutdown`` go to
     :data:`~.workers.worker_admin_group` (``worker MODULE:ATTR`` runs a worker)."""
 
-    commands: LazyCommands  # type: ignore[assignment]
+    commands: LazyCommands
 
     def resolve_command(
         self, ctx: click.Context, args: list[str]
