@@ -28,11 +28,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: Exit code of a failed operation (no such record, broker unreachable, …).
 EXIT_FAILURE = 1
-#: Exit code of a usage or configuration error (click uses 2 for bad arguments too).
+#: Exit code of a usage error: a command line that is wrong (click uses 2 for bad arguments).
 EXIT_USAGE = 2
-#: Exit code of a configuration error of ``blitzq worker``, ``blitzq scheduler run`` and
-#: ``blitzq check`` (``EX_CONFIG`` of sysexits.h: systemd's ``RestartPreventExitStatus=78``
-#: stops restarting on it), and of an application that does not load.
+#: Exit code of a configuration error, by every command (``EX_CONFIG`` of sysexits.h:
+#: systemd's ``RestartPreventExitStatus=78`` stops restarting on it): an application that
+#: does not load, an invalid setting of the application's Queue or of its environment
+#: variables or project file.
 EXIT_CONFIG = 78
 
 
@@ -193,6 +194,22 @@ def _store(ctx: click.Context, param: click.Parameter, value: Any) -> None:
             ctx=ctx,
             param=param,
         )
+    if not settings.lenient:
+        # A bad value typed on the command line is a usage error (2); one from a variable or
+        # the project file a configuration error (78): ConfiguredGroup tells them apart.
+        # Imported here: `import blitzq.cli` and --help load no broker (issue 29).
+        from ..broker.factory import check_amqp_url, resolve_url
+        from ..routing import check_namespace
+
+        try:
+            if name == "namespace":
+                check_namespace(str(value))
+            elif name == "amqp_url":
+                check_amqp_url(str(value))
+            elif name == "redis_url":
+                resolve_url(str(value))
+        except ConfigurationError as exc:
+            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
     typed = ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
     if name in settings.from_command_line and not typed:
         return
@@ -307,15 +324,16 @@ def amqp_of(queue: Queue) -> str | None:
 
 
 @contextlib.contextmanager
-def cli_errors(url: str | None = None, *, config_exit: int = EXIT_USAGE) -> Iterator[None]:
+def cli_errors(url: str | None = None, *, config_exit: int = EXIT_CONFIG) -> Iterator[None]:
     """Turn blitzq errors raised inside into :class:`CliError` (no traceback).
 
     Args:
         url: the broker URL in use, named (password masked) in broker errors.
         config_exit: exit code of a :class:`~blitzq.exceptions.ConfigurationError`:
-            :data:`EXIT_USAGE` (2), or :data:`EXIT_CONFIG` (78) for the services and their
-            preflight (``blitzq worker``, ``blitzq scheduler run``, ``blitzq check``). Broker
-            (connection) errors exit 1.
+            :data:`EXIT_CONFIG` (78) where settings are loaded and applied (the Queue built
+            from the global options, the application's, the logging set-up), or
+            :data:`EXIT_USAGE` (2) around an operation whose arguments the command line gave
+            (a bad task id or queue name is a usage error). Broker (connection) errors exit 1.
     """
     try:
         yield
@@ -341,7 +359,7 @@ def running_server_url() -> str:
 
     Raises:
         CliError: no such server runs (exit 1), or its directory or socket is another user's
-            (exit 2).
+            (exit 78).
     """
     from ..broker.redis.embedded import find_server
 
@@ -356,7 +374,7 @@ def make_queue() -> Queue:
     (:func:`running_server_url`).
 
     Raises:
-        CliError: an invalid option value (exit code 2), or no URL and no running server.
+        CliError: an invalid setting (exit code 78), or no URL and no running server (1).
     """
     from ..queue import Queue  # here: `import blitzq.cli` and --help load no queue (issue 29)
 
@@ -403,7 +421,7 @@ def run_with_queue(fn: Callable[[Queue], Awaitable[T]], queue: Queue | None = No
 
     import asyncio
 
-    with cli_errors(settings().redis_url):
+    with cli_errors(settings().redis_url, config_exit=EXIT_USAGE):  # the arguments' checks
         return asyncio.run(runner())
 
 
