@@ -5,8 +5,9 @@ Runs with whichever ``blitzq`` the interpreter imports (this checkout, or blitzq
 venv ``../shared/bench-anchor/compare.sh`` makes), so the same script measures both; only the
 API the two share is used. The clock runs from ``worker.run()`` until the last task body has
 run (blitzq 1.1.0 offers no way to see its completions written); every body's ``INCR`` is
-checked against ``N`` at the end. Results are stored (both libraries' default) unless
-argv[4] is ``0``.
+checked against ``N`` at the end; the process's CPU time over the same span is printed per
+task beside the rate (steadier than the rate on a loaded machine). Results are stored (both
+libraries' default) unless argv[4] is ``0``.
 
 argv: mode (reliable|fast|bare), N, concurrency[, store (1|0)]. ``bare``: no queue, the
 same N INCRs made by ``concurrency`` coroutines on one client (the body's own ceiling).
@@ -75,9 +76,9 @@ async def main() -> None:
     await client.ping()  # the body's client connected before the clock starts
     worker = Worker(queue, concurrency=conc)
     task = asyncio.create_task(worker.run())
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.wait_for(finished.wait(), timeout=120)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     stopped = worker.stop() if hasattr(worker, "stop") else task.cancel()
     if asyncio.iscoroutine(stopped):
         await stopped
@@ -90,7 +91,8 @@ async def main() -> None:
     await client.aclose()
     if count != n:
         raise SystemExit(f"{count} INCRs for {n} tasks")
-    print(json.dumps({"mode": mode, "n": n, "drain_per_s": round(n / elapsed)}))
+    rate, cpu_us = round(n / elapsed), round(cpu / n * 1e6, 2)
+    print(json.dumps({"mode": mode, "n": n, "drain_per_s": rate, "cpu_us_per_task": cpu_us}))
 
 
 asyncio.run(bare() if mode == "bare" else main())

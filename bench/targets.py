@@ -20,6 +20,10 @@ alternates (A B, B A, ...):
   within each pair. Ratio: blitzq's calls/s / redis-py's; goal >= 0.9.
 * the drain rows, when ``bench/ceiling_ratio.py`` is there: that script is run on the same
   server (``--redis-url``) and its rows are added to the summary.
+* issue 29's rows (``bench/round3.py``): fast-mode drain over the reliable drain of this
+  tree (no-op and INCR bodies, results stored and not; goal >= 1.2), the idle ``blitzq
+  worker``'s RSS (<= 35 MB), ``import blitzq`` and ``blitzq --help`` over ``python -c pass``
+  in CPU time (<= 1.5), and Redis bytes per queued no-argument message (<= 80).
 
 Absolute round-trip times mean something only on an idle machine: the load average is printed
 beside them. Prints the summary table (target, measured ratio, reference, goal, PASS/MISS,
@@ -48,6 +52,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import bench as harness  # noqa: E402  (the sibling script: its private server and loops)
+import round3  # noqa: E402  (issue 29's rows)
 
 ANCHOR_VENV = Path(os.environ.get("BENCH_HOME", "/tmp/blitzq-bench-anchor")) / "anchor"
 ANCHOR_PYTHON = ANCHOR_VENV / "bin" / "python"
@@ -338,11 +343,15 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=5, help="pairs per row (default 5)")
     parser.add_argument("--trips", type=int, default=300, help="round trips per run")
     parser.add_argument("--enqueues", type=int, default=5000, help="enqueues per run")
-    parser.add_argument("--only", help="rows: round-trip, enqueue, drain (comma-separated)")
+    parser.add_argument(
+        "--only",
+        help="rows: round-trip, enqueue, drain, fast, rss, startup, memory (comma-separated)",
+    )
     parser.add_argument("--make-anchor", action="store_true", help="make the 1.1.0 venv")
     parser.add_argument("--redis-url", help="use this server instead of a private one")
     args = parser.parse_args()
-    only = set(args.only.split(",")) if args.only else {"round-trip", "enqueue", "drain"}
+    every = {"round-trip", "enqueue", "drain", "fast", "rss", "startup", "memory"}
+    only = set(args.only.split(",")) if args.only else every
     if args.make_anchor:
         make_anchor()
     started = time.perf_counter()
@@ -355,6 +364,14 @@ def main() -> None:
             lines += measure_enqueue(url, args.pairs, args.enqueues)
         if "drain" in only:
             lines += measure_drains(url, args.pairs)
+        if "fast" in only:
+            lines += round3.fast_over_reliable(url, args.pairs)
+        if "rss" in only:
+            lines += round3.idle_worker_rss(url, args.pairs)
+        if "startup" in only:
+            lines += round3.start_up(args.pairs)
+        if "memory" in only:
+            lines += round3.bytes_per_message(url)
         return lines
 
     if args.redis_url:

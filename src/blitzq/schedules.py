@@ -29,8 +29,6 @@ import math
 from collections.abc import Iterator
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterError, croniter
-
 from .exceptions import ConfigurationError
 
 __all__ = ["CRON_ALIASES", "Cron", "Every", "Schedule"]
@@ -215,6 +213,10 @@ class Cron(Schedule):
                 f"invalid cron expression {expression!r}: {len(fields)} fields, a cron "
                 "expression has exactly 5 (minute hour day-of-month month day-of-week)"
             )
+        # croniter (and dateutil under it) is imported by the first Cron, not by every
+        # process that imports blitzq (an idle worker's memory, issue 29).
+        from croniter import CroniterError, croniter
+
         if not croniter.is_valid(expression.strip()):
             raise ConfigurationError(f"invalid cron expression {expression!r}")
         if isinstance(tz, ZoneInfo):
@@ -290,6 +292,8 @@ class Cron(Schedule):
             if early is not None and late is not None and early != late:
                 start -= abs(early - late) + _dt.timedelta(seconds=1)
         best: float | None = None
+        from croniter import CroniterError, croniter  # imported already by __init__
+
         try:
             it = croniter(self.expression, start)
             for _ in range(_MAX_CRON_STEPS):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import os
@@ -14,14 +13,11 @@ import click
 from click.core import ParameterSource
 
 from .. import config
-from ..broker.factory import check_amqp_url, resolve_url
+from .._checks import LOG_LEVELS
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, EmbeddedServerNotFound
 from ..limits import MAX_SECONDS
-from ..logconfig import LEVELS
-from ..queue import Queue
 from ..redaction import mask_url as mask_url  # re-exported to the commands
 from ..redaction import redact
-from ..routing import check_namespace
 from ._output import console as console  # re-exported to the commands, as below
 from ._output import emit_json as emit_json
 from ._output import iso as iso
@@ -40,6 +36,9 @@ EXIT_USAGE = 2
 #: variables or project file.
 EXIT_CONFIG = 78
 
+
+if TYPE_CHECKING:
+    from ..queue import Queue
 
 if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic; 8.1 cannot subscript it
     _FloatParam = click.ParamType[float, Any]
@@ -198,6 +197,10 @@ def _store(ctx: click.Context, param: click.Parameter, value: Any) -> None:
     if not settings.lenient:
         # A bad value typed on the command line is a usage error (2); one from a variable or
         # the project file a configuration error (78): ConfiguredGroup tells them apart.
+        # Imported here: `import blitzq.cli` and --help load no broker (issue 29).
+        from ..broker.factory import check_amqp_url, resolve_url
+        from ..routing import check_namespace
+
         try:
             if name == "namespace":
                 check_namespace(str(value))
@@ -373,6 +376,8 @@ def make_queue() -> Queue:
     Raises:
         CliError: an invalid setting (exit code 78), or no URL and no running server (1).
     """
+    from ..queue import Queue  # here: `import blitzq.cli` and --help load no queue (issue 29)
+
     s = settings()
     url = s.redis_url or config.value("redis_url") or running_server_url()
     with cli_errors(url):
@@ -414,6 +419,8 @@ def run_with_queue(fn: Callable[[Queue], Awaitable[T]], queue: Queue | None = No
             with contextlib.suppress(BlitzQError):
                 await queue.close()
 
+    import asyncio
+
     with cli_errors(settings().redis_url, config_exit=EXIT_USAGE):  # the arguments' checks
         return asyncio.run(runner())
 
@@ -431,7 +438,7 @@ def log_options(command: F) -> F:
     )(command)
     return click.option(
         "--log-level",
-        type=click.Choice([n.lower() for n in LEVELS], case_sensitive=False),
+        type=click.Choice(list(LOG_LEVELS), case_sensitive=False),
         default="info",
         show_default=True,
         help="Least severe log records shown.",

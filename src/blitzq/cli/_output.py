@@ -6,12 +6,12 @@ import json
 import math
 import sys
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 
-from ..serialization import jsonable
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def iso(ts: float | None) -> str | None:
@@ -31,6 +31,8 @@ def short_time(ts: float | None) -> str:
 
 def emit_json(doc: Any) -> None:
     """Print ``doc`` as one JSON document on stdout."""
+    from ..serialization import jsonable  # here: --help loads no msgpack
+
     click.echo(
         json.dumps(_finite(doc), default=jsonable, ensure_ascii=False, indent=2, allow_nan=False)
     )
@@ -58,6 +60,8 @@ def console(stderr: bool = False) -> Console:
     """
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else _UNWRAPPED_WIDTH
+    from rich.console import Console  # here: --help and `import blitzq.cli` load no rich
+
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 

@@ -14,8 +14,6 @@ from typing import IO, Any
 
 import click
 from click.core import ParameterSource
-from rich.table import Table
-from rich.text import Text
 
 from .. import config
 from ..exceptions import ConfigurationError
@@ -46,6 +44,8 @@ def default_map(root: click.Command) -> dict[str, Any]:
             command's table is none of its options.
     """
     table = config.project_table()
+    if not table:  # nothing to apply: no command is loaded for it (blitzq/cli/__init__.py)
+        return {}
     where = config.project_file()
 
     def anchored(name: str, value: Any) -> Any:
@@ -390,6 +390,9 @@ def config_show() -> None:
             | ({"errors": errors} if errors else {})
         )
         return
+    from rich.table import Table  # here: the other commands and --help load no rich
+    from rich.text import Text
+
     out = console()
     out.print(Text(f"project file: {where or 'none (no [tool.blitzq] found)'}", style="bold"))
     if root and not where:

@@ -24,16 +24,18 @@ import concurrent.futures
 import contextvars
 import functools
 import importlib
-import multiprocessing
 import os
 import pickle
 import queue
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..exceptions import SerializationError, describe_error
+
+if TYPE_CHECKING:
+    import multiprocessing.process
 from .execution import format_traceback
 from .recycling import MB, pool_over_memory
 
@@ -267,6 +269,8 @@ class ProcessPool:
         if pool is not None and getattr(pool, "_broken", False):
             self.shutdown(kill=True)
         if self._pool is None:
+            import multiprocessing  # here: a worker without process tasks never loads it
+
             from .processes import die_with_parent
 
             # Pool processes die with this worker, even when it is SIGKILLed (Linux).
@@ -319,7 +323,9 @@ class ProcessPool:
 
 
 #: A retired process pool and the processes it had when it was shut down.
-_Retired = tuple[concurrent.futures.ProcessPoolExecutor, list[multiprocessing.process.BaseProcess]]
+_Retired = tuple[
+    "concurrent.futures.ProcessPoolExecutor", "list[multiprocessing.process.BaseProcess]"
+]
 
 
 def _processes_of(

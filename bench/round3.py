@@ -1,0 +1,217 @@
+"""Issue 29's new rows for ``bench/targets.py``: fast mode against reliable, the idle worker's
+memory, start-up, and Redis memory per queued message.
+
+* ``fast / reliable drain``: the same drain in fast mode and in reliable mode of this tree,
+  each side a fresh process, the order alternating pair by pair: no-op tasks
+  (``bench.drain_measured``: one ``Worker(concurrency=200)``) and ``bench/drain_incr.py``'s
+  INCR body at concurrency 10, results stored and not. Ratio: fast tasks/s over reliable
+  tasks/s of the same pair; goal >= 1.2.
+* ``idle worker RSS``: ``blitzq worker MODULE:ATTR --no-supervise`` (a one-task app in a
+  temporary directory) left idle for 3 s, its ``VmRSS``; beside it a bare ``redis.asyncio``
+  process (what the client library alone costs). Goal <= 35 MB (an absolute figure: memory
+  does not depend on the machine's load).
+* ``start-up``: the CPU time (user + system, of the child: steady under load, unlike the wall
+  clock) of ``python -c "import blitzq"`` and of ``blitzq --help`` over that of
+  ``python -c pass``, paired run by run; goal <= 1.5.
+* ``Redis memory per queued no-argument message``: ``bench.memory_blitzq``, both modes;
+  goal <= 80 bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import bench as harness  # noqa: E402  (the sibling script: its drains and memory rows)
+
+_NOOP_CHILD = """
+import asyncio, json, os, sys
+sys.path.insert(0, %r)
+import bench as harness
+import redis.asyncio as aioredis
+url = os.environ["BARS_REDIS_URL"]
+mode, n, store = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+async def one():
+    client = aioredis.Redis.from_url(url)
+    try:
+        return await harness.drain_measured(url, client, mode, store, n)
+    finally:
+        await client.aclose()
+rate, cpu = asyncio.run(one())
+print(json.dumps({"drain_per_s": rate, "cpu_us_per_task": cpu / n * 1e6}))
+"""
+
+_APP = """
+from blitzq import Queue
+queue = Queue(name="default", redis_url=%r, namespace="r3rss")
+
+@queue.task
+async def noop() -> None:
+    return None
+"""
+
+
+def _env(url: str) -> dict[str, str]:
+    env = dict(os.environ, BARS_REDIS_URL=url)
+    env["PYTHONPATH"] = f"{ROOT / 'src'}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    return env
+
+
+def _json_of(argv: list[str], url: str) -> dict[str, Any]:
+    done = subprocess.run(
+        argv, env=_env(url), capture_output=True, text=True, timeout=600, check=False
+    )
+    for line in reversed(done.stdout.strip().splitlines()):
+        if line.startswith("{"):
+            figures: dict[str, Any] = json.loads(line)
+            return figures
+    raise RuntimeError(f"{argv[1]} failed: {done.stderr[-2000:]}")
+
+
+def fast_over_reliable(url: str, pairs: int, noop_n: int = 20000, incr_n: int = 10000) -> list[Any]:
+    """The four ``fast / reliable`` rows (``targets.Line`` values)."""
+    from targets import Line
+
+    cases = [
+        ("no-op, c=200, results stored", "noop", True),
+        ("no-op, c=200, no results", "noop", False),
+        ("INCR body, c=10, results stored", "incr", True),
+        ("INCR body, c=10, no results", "incr", False),
+    ]
+    lines = []
+    for name, body, store in cases:
+        line = Line(f"fast-mode drain, {name}", "reliable drain of this tree, same run", ">= 1.2")
+        cpu: list[float] = []
+        for i in range(pairs):
+            got: dict[str, dict[str, Any]] = {}
+            for mode in ("fast", "reliable") if i % 2 else ("reliable", "fast"):
+                if body == "noop":
+                    code = _NOOP_CHILD % str(HERE)
+                    argv = [sys.executable, "-c", code, mode, str(noop_n), "1" if store else "0"]
+                else:
+                    script = str(HERE / "drain_incr.py")
+                    argv = [sys.executable, script, mode, str(incr_n), "10", "1" if store else "0"]
+                got[mode] = _json_of(argv, url)
+            line.ratios.append(got["fast"]["drain_per_s"] / got["reliable"]["drain_per_s"])
+            cpu.append(got["fast"]["cpu_us_per_task"] / got["reliable"]["cpu_us_per_task"])
+            print(f"{line.target} pair {i + 1}: {line.ratios[-1]:.2f}", file=sys.stderr)
+        line.passed = statistics.median(line.ratios) >= 1.2
+        line.note = f"CPU per task fast/reliable {statistics.median(cpu):.2f}"
+        lines.append(line)
+    return lines
+
+
+def _vmrss_mb(pid: int) -> float:
+    for row in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if row.startswith("VmRSS:"):
+            return int(row.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def _idle_rss(argv: list[str], cwd: str, url: str, idle: float = 3.0) -> float:
+    """VmRSS (MB) of ``argv`` after ``idle`` seconds; the process is then terminated."""
+    env = _env(url)
+    env["PYTHONPATH"] = f"{cwd}{os.pathsep}{env['PYTHONPATH']}"
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        time.sleep(idle)
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"{argv} exited: {proc.stderr.read()[-2000:] if proc.stderr else ''}"
+            )
+        return _vmrss_mb(proc.pid)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def idle_worker_rss(url: str, pairs: int) -> list[Any]:
+    """The idle ``blitzq worker`` row, with a bare ``redis.asyncio`` process beside it."""
+    from targets import Line
+
+    line = Line("idle worker RSS (blitzq worker app:queue --no-supervise)", "-", "<= 35 MB")
+    blitzq = str(Path(sys.executable).with_name("blitzq"))
+    worker, bare = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "r3app.py").write_text(_APP % url)
+        for _ in range(pairs):
+            worker.append(_idle_rss([blitzq, "worker", "r3app:queue", "--no-supervise"], tmp, url))
+            code = "import redis.asyncio, time; time.sleep(60)"
+            bare.append(_idle_rss([sys.executable, "-c", code], tmp, url, idle=3.0))
+    mb, bare_mb = statistics.median(worker), statistics.median(bare)
+    line.measured = f"{mb:.1f} MB"
+    line.passed = mb <= 35
+    line.note = f"a bare `import redis.asyncio` process: {bare_mb:.1f} MB"
+    return [line]
+
+
+def _cpu_of(argv: list[str]) -> float:
+    """User + system CPU seconds of one run of ``argv`` (a child of this process)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(argv, env=_env(""), capture_output=True, timeout=120, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def start_up(pairs: int, runs: int = 5) -> list[Any]:
+    """``import blitzq`` and ``blitzq --help`` against ``python -c pass`` (CPU time)."""
+    from targets import Line
+
+    blitzq = str(Path(sys.executable).with_name("blitzq"))
+    sides = {
+        "import blitzq": [sys.executable, "-c", "import blitzq"],
+        "blitzq --help": [blitzq, "--help"],
+    }
+    lines = []
+    for name, argv in sides.items():
+        line = Line(f"start-up: {name}", "python -c pass, same run (CPU time)", "<= 1.5")
+        for _ in range(pairs):
+            ours = sum(_cpu_of(argv) for _ in range(runs))
+            floor = sum(_cpu_of([sys.executable, "-c", "pass"]) for _ in range(runs))
+            line.ratios.append(ours / max(floor, 1e-3))
+        line.passed = statistics.median(line.ratios) <= 1.5
+        lines.append(line)
+    return lines
+
+
+def bytes_per_message(url: str, n: int = 100_000) -> list[Any]:
+    """Redis memory per queued no-argument message, both modes (``bench.memory_blitzq``)."""
+    from targets import Line
+
+    async def both() -> list[Any]:
+        client = aioredis.Redis.from_url(url)
+        out = []
+        try:
+            for mode in ("reliable", "fast"):
+                per, size = await harness.memory_blitzq(url, client, mode, n)
+                line = Line(f"Redis bytes per queued no-arg message, {mode}", "-", "<= 80 B")
+                line.measured = f"{per:.1f} B"
+                line.passed = per <= 80
+                line.note = f"the message itself {size} B"
+                out.append(line)
+        finally:
+            await client.aclose()
+        return out
+
+    return asyncio.run(both())
