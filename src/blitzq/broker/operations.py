@@ -32,17 +32,21 @@ class OperationsFacade:
         """See :meth:`~.state.OperationsState.remove_runtime_periodic`."""
         return await self.state.remove_runtime_periodic(name)
 
-    async def set_scale(self, minimum: int, maximum: int) -> None:
+    async def set_scale(self, minimum: int, maximum: int, group: str | None = None) -> None:
         """See :meth:`~.state.OperationsState.set_scale`."""
-        await self.state.set_scale(minimum, maximum)
+        await self.state.set_scale(minimum, maximum, group)
 
-    async def clear_scale(self) -> bool:
+    async def clear_scale(self, group: str | None = None) -> bool:
         """See :meth:`~.state.OperationsState.clear_scale`."""
-        return await self.state.clear_scale()
+        return await self.state.clear_scale(group)
 
-    async def scale(self) -> tuple[int, int, float] | None:
+    async def scale(self, group: str | None = None) -> tuple[int, int, float] | None:
         """See :meth:`~.state.OperationsState.scale`."""
-        return await self.state.scale()
+        return await self.state.scale(group)
+
+    async def setpoint(self, group: str | None = None) -> dict[str, str] | None:
+        """See :meth:`~.state.OperationsState.setpoint`."""
+        return await self.state.setpoint(group)
 
     async def publish_supervisor(self, supervisor_id: str, status: bytes, ttl: float) -> None:
         """See :meth:`~.state.OperationsState.publish_supervisor`."""
