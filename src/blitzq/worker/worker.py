@@ -199,10 +199,12 @@ class Worker:
         if isinstance(queues, str):
             raise ConfigurationError(f"queues must be a list of queue names, got {queues!r}")
         if queue.connection_injected:
+            given = " and ".join(queue.injected_connections)
             raise ConfigurationError(
-                "a worker needs connections of its own (blocking reads, a result listener, "
-                "leases), and this Queue works over an application's connection (redis=): give "
-                "the worker's Queue redis_url= (the CLI's --redis-url does)"
+                "a worker needs connections of its own (blocking reads, consumers, a result "
+                f"listener, leases, reconnects), and this Queue works over an application's "
+                f"connection ({given}): give the worker's Queue redis_url= / amqp_url= (the "
+                "CLI's --redis-url / --amqp-url do)"
             )
         self.queue = queue
         if queues is None:

@@ -14,12 +14,15 @@ relay moves to RabbitMQ (see docs/architecture.md, "Adding a broker").
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
 from ..facade import Broker
 from ..redis.connection import DEFAULT_DEAD_LETTER_CAP, DeadLetterLimits, RedisConnection
 from ..redis.store import RedisStateStore
 from .channels import heartbeat_for
 from .custody import Custody
+from .injected import Borrowed
 from .transport import AmqpTransport
 
 __all__ = ["AmqpBroker"]
@@ -41,6 +44,12 @@ class AmqpBroker(DeadLetterLimits, Broker):
         visibility_timeout: the Queue's visibility timeout (seconds): the AMQP heartbeat is
             derived from it (``channels.heartbeat_for``), so RabbitMQ takes back a frozen
             worker's deliveries after about that long; ``None``: aio-pika's 60 s heartbeat.
+        amqp_connection: the application's aio-pika connection or pool
+            (``Queue(amqp_connection=...)``): published on, never closed; ``amqp_url`` then
+            only names it (:mod:`.injected`).
+        client, listener_client: the state store's Redis clients over the application's
+            pool (``Queue(redis=...)``, :mod:`blitzq.broker.redis.injected`); ``None``:
+            its own, from ``redis_url``.
 
     Attributes:
         conn: the state store's Redis connection (kind ``"l"``).
@@ -66,10 +75,15 @@ class AmqpBroker(DeadLetterLimits, Broker):
         dead_letter_ttl: int = DEFAULT_DEAD_LETTER_TTL,
         dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
         visibility_timeout: float | None = None,
+        amqp_connection: Any = None,
+        client: Any = None,
+        listener_client: Any = None,
     ) -> None:
         conn = RedisConnection(
             redis_url,
             namespace,
+            client=client,
+            listener_client=listener_client,
             dead_letter_cap=dead_letter_cap,
             dead_letter_ttl=dead_letter_ttl,
             dead_letter_max_bytes=dead_letter_max_bytes,
@@ -85,6 +99,7 @@ class AmqpBroker(DeadLetterLimits, Broker):
             prefetch=prefetch,
             custody=custody,
             heartbeat=heartbeat,
+            borrowed=None if amqp_connection is None else Borrowed(amqp_connection),
         )
         custody.transport = transport
         super().__init__(transport, store)
