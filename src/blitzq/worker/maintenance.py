@@ -29,17 +29,22 @@ import logging
 import math
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker import Broker
 from ..exceptions import BlitzQError, BrokerError, describe_error
 from ..extensions.signals import Signal, SignalEvent
 from ..serialization import loads
-from .unknown import take_handed
+from .limiter import Slots
+from .unknown import Handed, take_handed
 
 if TYPE_CHECKING:
+    from collections.abc import Collection, Mapping
+
+    from ..extensions.registry import Extensions
+    from ..seams import QueueSettings
+    from .admission import Admission
     from .execution import Job
-    from .worker import Worker
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -104,17 +109,70 @@ def running_record_ttl(result_ttl: int, visibility_timeout: float) -> int:
     return max(result_ttl, 2 * keep_margin(visibility_timeout))
 
 
+class _Cancelling(Protocol):
+    @property
+    def admission(self) -> Admission: ...
+
+    @property
+    def extensions(self) -> Extensions: ...
+
+    @property
+    def jobs(self) -> Collection[Job]: ...
+
+    @property
+    def result_ttl(self) -> int: ...
+
+    @property
+    def track_state(self) -> bool: ...
+
+    revoked: dict[str, float]
+
+    def cancel(self, task_id: str) -> bool: ...
+
+
+class Maintained(Handed, Protocol):
+    """What the background loops see of the worker (a :class:`~blitzq.Worker`)."""
+
+    @property
+    def runner(self) -> _Cancelling: ...
+
+    @property
+    def queue(self) -> QueueSettings: ...
+
+    @property
+    def queues(self) -> list[str]: ...
+
+    @property
+    def processed(self) -> int: ...
+
+    @property
+    def failed(self) -> int: ...
+
+    @property
+    def failure_log_level(self) -> int: ...
+
+    paused: set[str]
+
+    def info(self) -> bytes: ...
+
+    def running_tokens(self, queue: str) -> list[bytes]: ...
+
+    def stop(self) -> None: ...
+
+
 class Maintenance:
     """Runs the worker's background loops.
 
     Args:
         worker: the owning worker.
         broker: its broker.
+        slots: its slots of each base queue name (what it hands over goes through them).
     """
 
-    def __init__(self, worker: Worker, broker: Broker) -> None:
+    def __init__(self, worker: Maintained, broker: Broker, slots: Mapping[str, Slots]) -> None:
         self.worker = worker
         self.broker = broker
+        self.slots = slots
         vt = worker.queue.visibility_timeout
         #: seconds between lease renewals / recovery checks: a third of the visibility
         #: timeout, so two renewals can fail before a lease lapses.
@@ -189,7 +247,7 @@ class Maintenance:
                 await asyncio.wait_for(self._handed.wait(), timeout=self.interval)
             self._handed.clear()
             try:
-                await take_handed(self.worker)
+                await take_handed(self.worker, self.slots)
             except NotImplementedError:
                 return
             except BrokerError as exc:
@@ -355,7 +413,7 @@ class Maintenance:
             "worker(s) %s stopped renewing their registration (heartbeat lost)",
             ", ".join(sorted(lapsed)),
         )
-        signals = worker.queue.signals
+        signals = worker.runner.extensions.signals
         if not signals.has(Signal.WORKER_HEARTBEAT_LOST):
             return
         for lost_id, raw in sorted(lapsed.items()):
