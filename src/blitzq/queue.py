@@ -379,6 +379,7 @@ class Queue:
             soft_timeout: float | None = None,
             hard_timeout: float | None = None,
             max_age: float | None = None,
+            mode: Literal["fast"] | None = None,
             **options: Any,
         ) -> TaskDecorator: ...
 

@@ -369,6 +369,10 @@ class Worker:
                 len(self.queues),
             )
         await broker.prepare_consumer(self.physical_queues, self.id)
+        # Tasks declared mode="fast" travel the broker's fast lane: fetch from it too.
+        lane = broker.fast_lane if any(t.fast for t in self.queue.tasks.values()) else None
+        if lane is not None:
+            await lane.prepare_consumer(self.physical_queues, self.id)
         await self._emit(Signal.WORKER_STARTING)
         # on_startup hooks, lifespans (closed by _shutdown), then middleware's on_worker_start
         await extensions_of(self.queue).worker_started(self)
@@ -382,7 +386,7 @@ class Worker:
         }
         self._flusher = Flusher(broker)
         self._runner = Runner(self, broker, self._flusher)
-        self._fetcher = Fetcher(self, broker, self._runner, self._slots)
+        self._fetcher = Fetcher(self, broker, self._runner, self._slots, lane)
         self._runner.observer = self.ops.metrics  # None without metrics: nothing installed
         if self.ops.metrics is not None:
             self._flusher.on_written = self.ops.metrics.written
