@@ -352,25 +352,26 @@ class Worker:
         self.broker: Broker = self.queue.broker
         broker = self.broker
         await check_eviction(broker, strict=self.strict_memory_policy)
+        # Tasks declared mode="fast" travel the broker's fast lane: fetch from it too.
+        lane = broker.fast_lane if any(t.fast for t in self.queue.tasks.values()) else None
+        loops = len(self.queues) * (2 if lane is not None else 1)
         size = getattr(broker, "pool_size", None)
         if size is not None and size < MIN_POOL_CONNECTIONS:
             # The events listener holds one connection for good and the fetch loops, flusher
             # and maintenance need the others: below this nothing is ever fetched.
             raise ConfigurationError(
                 f"the broker's pool allows {size} connection(s); a worker needs at least "
-                f"{MIN_POOL_CONNECTIONS} (at least {len(self.queues) + 6} recommended for its "
-                f"{len(self.queues)} queue(s)): raise max_connections in the URL"
+                f"{MIN_POOL_CONNECTIONS} (at least {loops + 6} recommended for its "
+                f"{loops} fetch loop(s)): raise max_connections in the URL"
             )
-        if size is not None and size < len(self.queues) + 6:
+        if size is not None and size < loops + 6:
             logger.warning(
                 "the broker's pool allows %d connections for %d fetch loops and the worker's "
                 "own; raise max_connections in the URL",
                 size,
-                len(self.queues),
+                loops,
             )
         await broker.prepare_consumer(self.physical_queues, self.id)
-        # Tasks declared mode="fast" travel the broker's fast lane: fetch from it too.
-        lane = broker.fast_lane if any(t.fast for t in self.queue.tasks.values()) else None
         if lane is not None:
             await lane.prepare_consumer(self.physical_queues, self.id)
         await self._emit(Signal.WORKER_STARTING)
