@@ -15,7 +15,7 @@ from aio_pika.abc import AbstractConnection
 from aio_pika.pool import Pool
 
 from blitzq import ConfigurationError, Queue, Worker
-from blitzq.broker.amqp import AmqpBroker
+from blitzq.broker.amqp.transport import AmqpTransport
 from tests.amqp_server import amqp_or_skip, delete_amqp_queues
 
 from .proc_tasks import make_worker, running
@@ -77,13 +77,14 @@ async def test_a_producer_publishes_over_the_apps_connection_and_leaves_it_open(
             Worker(producer, handle_signals=False)
         handle = await producer.send("ainj.add", [2, 3])
         broker = producer.broker
-        assert isinstance(broker, AmqpBroker)
+        transport = broker.transport
+        assert isinstance(transport, AmqpTransport)
         brokers += [broker, consumer.broker]
         if given != "pool":  # published on the application's connection itself
-            assert broker.amqp.link._conn is app_connection
+            assert transport.link._conn is app_connection
         else:  # on one taken from the application's pool
-            assert broker.amqp.link._conn is not None
-            assert broker.amqp.link._conn is not app_connection
+            assert transport.link._conn is not None
+            assert transport.link._conn is not app_connection
         async with running(make_worker(consumer, concurrency=2)):
             assert await handle.result(timeout=30) == 5
         await producer.close()

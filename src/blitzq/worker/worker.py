@@ -355,7 +355,7 @@ class Worker:
         # Tasks declared mode="fast" travel the broker's fast lane: fetch from it too.
         lane = broker.fast_lane if any(t.fast for t in self.queue.tasks.values()) else None
         loops = len(self.queues) * (2 if lane is not None else 1)
-        size = getattr(broker, "pool_size", None)
+        size = broker.transport.pool_size
         if size is not None and size < MIN_POOL_CONNECTIONS:
             # The events listener holds one connection for good and the fetch loops, flusher
             # and maintenance need the others: below this nothing is ever fetched.

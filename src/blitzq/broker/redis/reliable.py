@@ -2,31 +2,21 @@
 
 See ``streams.py`` for the delivery (consumer groups, leases, recovery) and ``store.py`` for
 the state; ``complete.lua`` acks a stream entry in the same script as the completion's
-writes, fenced by its lease.
+writes, fenced by its lease (the transport's lease identity, handed to the store when it is
+made: ``common.fused_broker``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
-from ..transport import Transport
+from ..facade import Broker
 from .common import RedisBroker
-from .connection import RedisConnection
-from .lists import ListsTransport
-from .streams import StreamsTransport
 
 __all__ = ["ReliableRedisBroker"]
 
 
-class ReliableRedisBroker(RedisBroker):
-    """At-least-once broker on Redis Streams, with the lists of fast mode as its fast lane
-    (:meth:`~blitzq.broker.Broker.add_fast_lane`: the tasks declared
-    ``@queue.task(mode="fast")``). See :class:`~.common.RedisBroker` for arguments."""
-
-    transport_class: ClassVar[Callable[[RedisConnection], Transport]] = StreamsTransport
-    kind: ClassVar[str] = "s"
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.add_fast_lane(ListsTransport(self.conn.with_kind("l")))
+def ReliableRedisBroker(url: str, namespace: str, **settings: Any) -> Broker:
+    """The at-least-once broker on Redis Streams: :func:`~.common.RedisBroker` in mode
+    ``"reliable"`` (see it for ``settings`` and the errors raised)."""
+    return RedisBroker(url, namespace, mode="reliable", **settings)
