@@ -305,12 +305,12 @@ class Maintenance:
                     logger.info("queue %s %s", value, "paused" if kind == "pause" else "resumed")
                 return
             if kind == "shutdown":  # blitzq worker shutdown ID
-                if value == self.worker.id:
+                if value in (self.worker.key, self.worker.id):
                     logger.info("shutting down: asked on the event channel")
                     self.worker.stop()
                 return
             if kind == "handed":  # another worker handed this one a message (unknown.py)
-                if value == self.worker.id:
+                if value == self.worker.key:
                     self._handed.set()
                 return
             if kind == "subscribed":  # a push may have been missed before: look once
@@ -377,7 +377,7 @@ class Maintenance:
         next_sync = time.monotonic() + REVOCATION_SYNC
         while True:
             try:  # alone: a refused registration (server out of memory) must not stop renewals
-                await broker.register_worker(worker.id, worker.info(), ttl=3 * self.interval + 5)
+                await broker.register_worker(worker.key, worker.info(), ttl=3 * self.interval + 5)
             except BrokerError as exc:
                 logger.warning("maintenance: could not register the worker: %s", exc)
             await self._sync_paused()
@@ -437,8 +437,10 @@ class Maintenance:
             return
         for lost_id, raw in sorted(lapsed.items()):
             info = _registration(raw)
-            extra: dict[str, Any] = {"lost_worker": lost_id}
-            for key in ("host", "pid", "queues", "heartbeat_at", "running_tasks"):
+            # The worker's id (host:slot under the supervisor) and its registry key.
+            lost = info.get("id") if isinstance(info.get("id"), str) else lost_id
+            extra: dict[str, Any] = {"lost_worker": lost, "lost_key": lost_id}
+            for key in ("instance", "host", "pid", "queues", "heartbeat_at", "running_tasks"):
                 if key in info:
                     extra[key] = info[key]
             event = SignalEvent(Signal.WORKER_HEARTBEAT_LOST, worker=worker.id, extra=extra)
@@ -481,7 +483,7 @@ class Maintenance:
             last = now
             try:
                 await self.broker.register_worker(
-                    worker.id, worker.info(), ttl=3 * self.interval + 5
+                    worker.key, worker.info(), ttl=3 * self.interval + 5
                 )
             except BrokerError as exc:
                 logger.debug("could not refresh the worker's registration: %s", exc)
