@@ -81,6 +81,8 @@ class TaskOptions:
         soft_timeout: seconds before SoftTimeoutError is raised in the task, or ``None``.
         hard_timeout: seconds after which the run is stopped (alias of ``timeout``), or
             ``None``.
+        mode: ``"fast"``: the task's messages travel the at-most-once path (Redis lists)
+            while its Queue is reliable; ``None``: the Queue's ``mode``.
         extensions: the options middleware declare, checked, by name (every declared option
             is there, with its default when not given). Read one with :meth:`get` or as an
             attribute (``options.max_age``).
@@ -97,6 +99,7 @@ class TaskOptions:
     priority: str = "normal"
     soft_timeout: float | None = None
     hard_timeout: float | None = None
+    mode: str | None = None
     extensions: Mapping[str, Any] = field(default_factory=dict)
 
     def get(self, name: str) -> Any:
@@ -198,6 +201,12 @@ def build_options(
     core = {k: v for k, v in given.items() if k in CORE_OPTIONS}
     for name in ("soft_timeout", "hard_timeout"):
         core[name] = positive_seconds(f"task {task_name}: {name}", core.get(name))
+    if core.get("mode") not in (None, "fast"):
+        raise ConfigurationError(
+            f"task {task_name}: mode must be 'fast' (at-most-once, Redis lists) or None (the "
+            f"Queue's mode), got {core['mode']!r}; a task cannot ask for a stronger guarantee "
+            "than its Queue's: make the Queue reliable instead"
+        )
     return TaskOptions(**core, extensions=extensions)
 
 

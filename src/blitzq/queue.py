@@ -109,8 +109,16 @@ class Queue:
             a :class:`~blitzq.Worker` refuses such a Queue (it needs connections of its own),
             and the connection serves the event loop it is first used in (the ``*_sync``
             twins, which run on a loop of their own, raise ``ConfigurationError`` there).
-            Not with ``redis_url``, ``broker`` or ``amqp_url``; not a Redis Cluster client
-            (give its URL).
+            Not with ``redis_url``, ``broker`` or ``amqp_url`` (with ``amqp_connection`` it
+            keeps the state of the RabbitMQ transport); not a Redis Cluster client (give its
+            URL).
+        amqp_connection: the application's own aio-pika connection (``connect_robust``
+            recommended) or ``aio_pika.pool.Pool`` of connections, to publish on instead of
+            ``amqp_url``: messages travel through RabbitMQ as with ``amqp_url``, on a
+            publishing channel blitzq opens on it (and closes with the Queue); blitzq never
+            closes the connection or the pool. For producers, as ``redis=``: a
+            :class:`~blitzq.Worker` refuses such a Queue. The state store is ``redis_url``
+            (or ``redis=``). Not with ``amqp_url`` or ``broker``.
         log_queue: move the root logger's handlers behind a bounded, non-blocking queue
             written by a listener thread (:func:`blitzq.logcontext.install_log_queue`), so a
             slow handler never holds the event loop; ``None`` reads ``BLITZQ_LOG_QUEUE``
@@ -149,6 +157,7 @@ class Queue:
         amqp_url: str | None = None,
         log_queue: bool | None = None,
         redis: Any = None,
+        amqp_connection: Any = None,
     ) -> None:
         self.name = check_queue_name("queue name", name)
         self.namespace = config.resolve("namespace", namespace, "blitzq", check_namespace)
@@ -180,10 +189,20 @@ class Queue:
             if redis_url is not None or broker is not None or amqp_url:
                 raise ConfigurationError(
                     "give one of redis= (a connection), redis_url= or broker=; redis= does "
-                    "not go with amqp_url= either"
+                    "not go with amqp_url= either (amqp_connection= does)"
                 )
             describe_connection(redis)  # refused here, not at first use
             self._injected = redis
+        self._amqp_injected: Any = None
+        if amqp_connection is not None:
+            if amqp_url or broker is not None:
+                raise ConfigurationError(
+                    "give one of amqp_connection= (a connection or pool), amqp_url= or broker="
+                )
+            from .broker.amqp.injected import check_amqp_connection  # aio-pika: the amqp extra
+
+            check_amqp_connection(amqp_connection)  # refused here, not at first use
+            self._amqp_injected = amqp_connection
         if routes is not None and not (callable(routes) or isinstance(routes, Mapping)):
             raise ConfigurationError(f"routes must be a dict or a callable, got {routes!r}")
         for target in routes.values() if isinstance(routes, Mapping) else ():
@@ -252,8 +271,16 @@ class Queue:
 
     @property
     def connection_injected(self) -> bool:
-        """Whether this Queue works over an application's connection (``redis=``)."""
-        return self._injected is not None
+        """Whether this Queue works over an application's connection (``redis=`` or
+        ``amqp_connection=``)."""
+        return self._injected is not None or self._amqp_injected is not None
+
+    @property
+    def injected_connections(self) -> list[str]:
+        """The options this Queue was given an application's connection by, of
+        ``["redis=", "amqp_connection="]``."""
+        given = [("redis=", self._injected), ("amqp_connection=", self._amqp_injected)]
+        return [name for name, value in given if value is not None]
 
     def _connect_to(self, url: str) -> None:
         """Use the broker at ``url`` instead of the configured one (the CLI's ``--redis-url``);
@@ -273,12 +300,16 @@ class Queue:
         # The eager test mode keeps everything on its memory backend (blitzq.testing).
         amqp = None if testmode.forced_url is not None else resolve_amqp_url(self._amqp_url)
         injected = None if testmode.forced_url is not None else self._injected
-        if injected is not None:
+        amqp_injected = None if testmode.forced_url is not None else self._amqp_injected
+        if amqp_injected is not None:
+            amqp = None  # the connection given wins over BLITZQ_AMQP_URL
+        if injected is not None or amqp_injected is not None:
             loop = asyncio.get_running_loop()
             first = self._injected_loop() if self._injected_loop is not None else None
             if first is not None and first is not loop:
                 raise ConfigurationError(
-                    "this Queue works over an injected redis= connection, which serves the "
+                    f"this Queue works over an injected {' and '.join(self.injected_connections)} "
+                    "connection, which serves the "
                     "event loop it was first used in; this is another loop (the *_sync "
                     "methods run on one of their own): use the async API there, or give "
                     "the Queue redis_url= instead"
@@ -293,6 +324,7 @@ class Queue:
             self.max_deliveries,
             self.visibility_timeout,
             injected,
+            amqp_injected,
         )
 
     @property
@@ -347,6 +379,7 @@ class Queue:
             soft_timeout: float | None = None,
             hard_timeout: float | None = None,
             max_age: float | None = None,
+            mode: Literal["fast"] | None = None,
             **options: Any,
         ) -> TaskDecorator: ...
 

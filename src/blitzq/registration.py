@@ -114,6 +114,7 @@ class Registrar:
         soft_timeout: float | None = None,
         hard_timeout: float | None = None,
         max_age: float | None = None,
+        mode: Literal["fast"] | None = None,
         **options: Any,
     ) -> TaskDecorator: ...
 
@@ -142,6 +143,7 @@ class Registrar:
         soft_timeout: float | None = None,
         hard_timeout: float | None = None,
         max_age: float | None = None,
+        mode: Literal["fast"] | None = None,
         **options: Any,
     ) -> Task[Any, Any] | TaskDecorator:
         """Register a function as a task; use bare (``@queue.task``) or with options.
@@ -176,6 +178,14 @@ class Registrar:
             soft_timeout: seconds after which SoftTimeoutError is raised inside the task.
             hard_timeout: seconds after which the run is stopped (``timeout=`` is its alias).
             max_age: seconds a call may wait before it starts; older ones are expired.
+            mode: ``"fast"``: fire-and-forget on a reliable Queue: the task's messages
+                travel the fast path (a Redis list, at-most-once: a worker that dies while
+                it runs one loses it) while the Queue's other tasks stay reliable, and the
+                Queue's workers consume both. A retry, a delayed call and a requeue of it
+                travel the Queue's path. ``None`` (the default): the Queue's ``mode``. On a
+                fast Queue every task is fast already; with RabbitMQ or the spread layout of
+                a Redis Cluster there is no fast path and the option changes nothing (the
+                task is delivered at-least-once). See docs/guarantees.md.
             options: the options of middleware registered with ``queue.add_middleware`` before
                 this line (each declares its own in ``Middleware.task_options``), by name; see
                 docs/architecture.md, "Adding a per-task option".

@@ -198,6 +198,8 @@ class Task(Generic[P, R]):
         #: The task's options, checked (see :mod:`blitzq.options`); the middleware-declared
         #: ones read as ``task.controls.get("max_age")``.
         self.controls = options
+        #: Whether its messages travel the fast path (``@queue.task(mode="fast")``).
+        self.fast = options.mode == "fast"
         #: The per-call options its middleware declare (``Middleware.call_options``), by
         #: name: what :meth:`options` accepts besides the core ones.
         self.call_controls: dict[str, Option] = declared_call_options(middleware)

@@ -107,9 +107,15 @@ class Harness:
         """Full key name ``{ns}:<suffix>``."""
         return "{" + self.namespace + "}:" + suffix
 
-    def queue(self, mode: str = "reliable", vt: float = 1.5, max_deliveries: int = 5) -> Queue:
+    def queue(
+        self,
+        mode: str = "reliable",
+        vt: float = 1.5,
+        max_deliveries: int = 5,
+        fast_task: bool = False,
+    ) -> Queue:
         """The suite's Queue on this server and namespace (closed after the test)."""
-        q = build_queue(self.worker_url, self.namespace, mode, vt, max_deliveries)
+        q = build_queue(self.worker_url, self.namespace, mode, vt, max_deliveries, fast_task)
         self.queues.append(q)
         return q
 
@@ -122,9 +128,11 @@ class Harness:
         max_deliveries: int = 5,
         wait_ready: bool = True,
         block_timeout: float | None = None,
+        fast_task: bool = False,
     ) -> WorkerProcess:
         """Start a worker subprocess; by default wait until it has prepared its consumer
-        (``block_timeout``: the worker's, ``None`` for run_worker.py's 0.5 s)."""
+        (``block_timeout``: the worker's, ``None`` for run_worker.py's 0.5 s; ``fast_task``:
+        its Queue also has the fast-declared ``rel.fast_work``)."""
         log = self.tmp_path / f"worker-{time.monotonic_ns()}.log"
         env = {**os.environ, **self.env}
         env.pop("BLITZQ_REDIS_URL", None)
@@ -144,6 +152,8 @@ class Harness:
         ]
         if block_timeout is not None:
             cmd += ["--block-timeout", str(block_timeout)]
+        if fast_task:
+            cmd.append("--fast-task")
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         worker = WorkerProcess(proc, log)

@@ -33,6 +33,8 @@ BLOCKING = "rel.blocking"
 POISON = "rel.poison"
 QUIET = "rel.quiet"
 FENCED = "rel.fenced"
+#: ``work`` declared ``mode="fast"`` (registered with ``build_queue(..., fast_task=True)``).
+FAST_WORK = "rel.fast_work"
 
 #: Seconds an observation write keeps retrying on connection errors.
 OBSERVE_RETRY_FOR = 20.0
@@ -66,6 +68,7 @@ def build_queue(
     mode: str = "reliable",
     visibility_timeout: float = 1.5,
     max_deliveries: int = 5,
+    fast_task: bool = False,
 ) -> Queue:
     """Make the suite's Queue with its tasks registered.
 
@@ -75,6 +78,8 @@ def build_queue(
         mode: ``"reliable"`` or ``"fast"``.
         visibility_timeout: seconds before an unrenewed delivery is recovered.
         max_deliveries: deliveries before a message is dead-lettered.
+        fast_task: also register :data:`FAST_WORK`, ``work`` declared ``mode="fast"`` (the
+            workers of such a Queue also fetch from the fast lists).
 
     Returns:
         The Queue; its tasks are in ``queue.tasks`` under :data:`WORK`, :data:`QUIET`,
@@ -139,6 +144,9 @@ def build_queue(
         await asyncio.sleep(seconds)
         await observe(label, done, False)
         return label
+
+    if fast_task:
+        queue.task(name=FAST_WORK, retries=0, mode="fast")(work.fn)
 
     @queue.task(name=QUIET, retries=0)
     async def quiet(label: str, seconds: float) -> str:

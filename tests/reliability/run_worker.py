@@ -3,7 +3,7 @@
 Usage::
 
     python tests/reliability/run_worker.py URL NAMESPACE MODE CONCURRENCY VISIBILITY_TIMEOUT
-        [--shutdown-timeout S] [--max-deliveries N] [--block-timeout S]
+        [--shutdown-timeout S] [--max-deliveries N] [--block-timeout S] [--fast-task]
 
 ``URL`` ``-`` means no URL (the embedded default server, from ``BLITZQ_DATA_DIR``). Once the
 worker has prepared its consumer, its pid is added to ``{ns}:obs:ready``. It stops gracefully
@@ -36,6 +36,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--shutdown-timeout", type=float, default=5.0)
     p.add_argument("--max-deliveries", type=int, default=5)
     p.add_argument("--block-timeout", type=float, default=0.5)
+    p.add_argument("--fast-task", action="store_true", help="register rel.fast_work too")
     return p.parse_args(argv)
 
 
@@ -47,6 +48,7 @@ async def main(args: argparse.Namespace) -> None:
         args.mode,
         args.visibility_timeout,
         args.max_deliveries,
+        args.fast_task,
     )
 
     async def announce() -> None:

@@ -403,7 +403,12 @@ def test_control_scale_is_applied_read_back_and_refused_out_of_range(
     assert sup.proc.wait(20) == 0, sup.output()
     # The stopped supervisor removed its status.
     _, out = control(redis_url, namespace, "--json", "status")
-    assert json.loads(out) == {"namespace": namespace, "setpoint": None, "supervisors": []}
+    assert json.loads(out) == {
+        "namespace": namespace,
+        "group": None,
+        "setpoint": None,
+        "supervisors": [],
+    }
 
 
 def test_max_tasks_per_child_recycles_without_losing_or_repeating_a_task(

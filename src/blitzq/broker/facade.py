@@ -107,6 +107,11 @@ class Broker:
     the transport (:class:`~blitzq.broker.pairing.CommitThenAck`). See
     :meth:`StateStore.complete` for fencing and what ``token`` means."""
 
+    fast_lane: Transport | None = None
+    """An at-most-once transport beside the main one, for the tasks declared
+    ``@queue.task(mode="fast")`` of a reliable Queue (:meth:`add_fast_lane`); ``None``: the
+    broker has none, and such tasks travel the main transport."""
+
     task_ids: Callable[[str], str] | None = None
     """Makes the id of a task sent to a physical queue when the caller chose none; ``None``:
     128 random bits in hex. The spread layout of a Redis Cluster homes ids on their queue's
@@ -126,6 +131,9 @@ class Broker:
         self.supports_recovery: bool = transport.supports_recovery
         # The hot paths: the components' bound methods themselves, one call deep.
         self.publish = transport.publish
+        #: Publish the messages of a fast-declared task: :attr:`fast_lane`'s, else the main
+        #: transport's ``publish``.
+        self.publish_fast: PublishFn = transport.publish
         self.fetch = transport.fetch
         self.fetch_first = transport.fetch_first
         self.result_token: Callable[[], object | None] = state.result_token  # see StateStore
@@ -133,6 +141,13 @@ class Broker:
         self.complete = self.pairing.complete
         self.relay: Relay | None = self.pairing.relay
         self.dead_letter_limits = dead_letter_limits
+
+    def add_fast_lane(self, lane: Transport) -> None:
+        """Give the broker an at-most-once ``lane`` for fast-declared tasks: their messages
+        are published there (:attr:`publish_fast`) and workers fetch from it too. The lane
+        shares the broker's connection and state store; it is never closed on its own."""
+        self.fast_lane = lane
+        self.publish_fast = lane.publish
 
     # ============================================================ transport
     async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
@@ -156,11 +171,15 @@ class Broker:
 
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
         """See :meth:`Transport.queue_stats`; with a relay, ``waiting`` also counts the
-        messages in each queue's outbox (not yet on the transport)."""
+        messages in each queue's outbox (not yet on the transport), and with a
+        :attr:`fast_lane` those waiting on the lane."""
         stats = await self.transport.queue_stats(queues)
         if self.relay is not None and queues:
             for queue, n in (await self.relay.outbox.waiting(queues)).items():
                 stats[queue]["waiting"] += n
+        if self.fast_lane is not None and queues:
+            for queue, lane in (await self.fast_lane.queue_stats(queues)).items():
+                stats[queue]["waiting"] += lane["waiting"]
         return stats
 
     async def oldest_waiting(self, queues: Sequence[str]) -> dict[str, float]:
@@ -168,10 +187,13 @@ class Broker:
         return await self.transport.oldest_waiting(queues)
 
     async def purge_queue(self, queue: str) -> int:
-        """See :meth:`Transport.purge_queue`; with a relay, the queue's outbox too."""
+        """See :meth:`Transport.purge_queue`; with a relay, the queue's outbox too, and with
+        a :attr:`fast_lane` the queue's messages there."""
         purged = await self.transport.purge_queue(queue)
         if self.relay is not None:
             purged += await self.relay.outbox.purge(queue)
+        if self.fast_lane is not None:
+            purged += await self.fast_lane.purge_queue(queue)
         return purged
 
     # ====================================================== rate, unique, lock

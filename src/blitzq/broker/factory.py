@@ -202,6 +202,7 @@ def make_broker(
     max_deliveries: int = 5,
     visibility_timeout: float | None = None,
     connection: Any = None,
+    amqp_connection: Any = None,
 ) -> Broker:
     """A new broker (its own connections) for ``url``, or on an application's ``connection``.
 
@@ -221,18 +222,44 @@ def make_broker(
         connection: the Queue's ``redis=`` (a ``redis.asyncio.Redis`` or ``ConnectionPool``
             of the application): the broker works over its pool, never closes it, and keeps
             the one-slot layout (:mod:`.redis.injected`); ``url`` is then only its name.
+        amqp_connection: the Queue's ``amqp_connection=`` (an aio-pika connection or pool of
+            the application): messages are published on it through RabbitMQ, as with
+            ``amqp_url`` (which then only names it), and blitzq never closes it
+            (:mod:`.amqp.injected`).
 
     Raises:
-        ConfigurationError: a bad connection parameter in the URL; ``connection`` with
-            ``amqp_url`` (not supported) or of a kind :func:`.redis.injected.injected_pool`
-            refuses.
+        ConfigurationError: a bad connection parameter in the URL; ``connection`` of a kind
+            :func:`.redis.injected.injected_pool` refuses, or ``amqp_connection`` of a kind
+            :func:`.amqp.injected.check_amqp_connection` refuses.
     """
+    memory = url.startswith("memory://")
+    if memory:  # the same Redis code and Lua, on this process's private Valkey server
+        from .redis.ephemeral import ensure_server, memory_namespace
+
+        url, namespace = ensure_server(), memory_namespace(url.removeprefix("memory://"))
+    if amqp_connection is not None or (connection is not None and amqp_url is not None):
+        from .amqp import AmqpBroker
+        from .amqp.injected import describe_amqp_connection
+
+        clients: dict[str, Any] = {}
+        if connection is not None:
+            from .redis.injected import injected_client, listener_client
+
+            clients = {
+                "client": injected_client(connection),
+                "listener_client": listener_client(connection),
+            }
+        return AmqpBroker(
+            amqp_url or describe_amqp_connection(amqp_connection),
+            url,
+            namespace,
+            max_deliveries=max_deliveries,
+            visibility_timeout=visibility_timeout,
+            amqp_connection=amqp_connection,
+            **clients,
+            **dead_letter_limits,
+        )
     if connection is not None:
-        if amqp_url is not None:
-            raise ConfigurationError(
-                "redis= (an injected connection) with amqp_url is not supported: give "
-                "redis_url= for the state store of the RabbitMQ transport"
-            )
         from .redis.fast import FastRedisBroker
         from .redis.injected import injected_client, listener_client
         from .redis.reliable import ReliableRedisBroker
@@ -245,11 +272,6 @@ def make_broker(
             listener_client=listener_client(connection),
             **dead_letter_limits,
         )
-    memory = url.startswith("memory://")
-    if memory:  # the same Redis code and Lua, on this process's private Valkey server
-        from .redis.ephemeral import ensure_server, memory_namespace
-
-        url, namespace = ensure_server(), memory_namespace(url.removeprefix("memory://"))
     broker: Broker
     if amqp_url is not None:
         from .amqp import AmqpBroker

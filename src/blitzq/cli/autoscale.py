@@ -7,11 +7,14 @@ options winning as they do in ``blitzq worker``, so they reach the supervisors o
 code. Without it they use the global options alone (``--namespace``, ``BLITZQ_NAMESPACE``,
 default ``blitzq``), as ``queue stats`` does.
 
-``scale --min M --max K`` stores the namespace's setpoint in Redis; every supervisor running
-with ``--autoscale`` in that namespace reads it at its next sample and keeps its worker
-processes within it (docs/supervisor.md). ``scale --reset`` removes it (each supervisor goes
-back to its ``--autoscale MIN,MAX``). ``status`` reads the setpoint back with each live
-supervisor's process count and bounds in force.
+``scale --min M --max K`` stores the namespace's setpoint in Redis (``--group LABEL``: the
+setpoint of the supervisors started with ``--group LABEL``); every supervisor running with
+``--autoscale`` or ``--max-processes`` in that namespace and group reads it at its next
+sample, accepts it or rejects it with a reason (above its ``--max-processes``, inverted,
+unreadable), and keeps its worker processes within what it accepted (docs/supervisor.md).
+``scale --reset`` removes it (each supervisor goes back to its ``--autoscale MIN,MAX``).
+``status`` reads the setpoint back with each live supervisor's process count, bounds in
+force and verdict on the setpoint.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..queue import Queue
-from ..worker.autoscale import HARD_CAP, check_range
+from ..worker.autoscale import HARD_CAP, check_group, check_range
 from ._common import (
     CliUsageError,
     console,
@@ -65,6 +68,21 @@ def _target(app: str | None) -> Queue:
     return queue
 
 
+def _group_label(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and (reason := check_group(value)) is not None:
+        raise click.BadParameter(reason, ctx, param)
+    return value
+
+
+_GROUP = click.option(
+    "--group",
+    metavar="LABEL",
+    default=None,
+    callback=_group_label,
+    help="The supervisors of `blitzq worker --group LABEL` (default: those in no group).",
+)
+
+
 @control_group.command("scale")
 @click.argument("app", metavar="[MODULE:ATTR]", required=False)
 @click.option("--min", "minimum", type=int, metavar="M", help="Fewest worker processes.")
@@ -72,13 +90,18 @@ def _target(app: str | None) -> Queue:
 @click.option(
     "--reset", is_flag=True, default=False, help="Remove the setpoint (back to --autoscale)."
 )
+@_GROUP
 @global_options
-def scale(app: str | None, minimum: int | None, maximum: int | None, reset: bool) -> None:
+def scale(
+    app: str | None, minimum: int | None, maximum: int | None, reset: bool, group: str | None
+) -> None:
     """Set the process range of every autoscaling supervisor of the namespace of the
-    application at MODULE:ATTR (without it: of --namespace, default blitzq).
+    application at MODULE:ATTR (without it: of --namespace, default blitzq), or with
+    --group of those started with `blitzq worker --group LABEL`.
 
-    Supervisors apply it within one sampling interval (--autoscale-interval). Refused (exit
-    code 2) when M is below 1, above K, or K is above the hard cap.
+    Supervisors apply it within one sampling interval (--autoscale-interval); one whose
+    --max-processes is below K rejects it, with the reason in `blitzq control status`.
+    Refused here (exit code 2) when M is below 1, above K, or K is above the hard cap.
     """
     point: tuple[int, int] | None = None
     if reset:
@@ -95,35 +118,38 @@ def scale(app: str | None, minimum: int | None, maximum: int | None, reset: bool
         point = (minimum, maximum)
     queue = _target(app)  # after the checks: a refused range loads nothing
     namespace = queue.namespace
+    where = f"namespace {namespace}" + (f", group {group}" if group is not None else "")
     if point is None:
-        removed = run_with_queue(lambda q: q.broker.state.clear_scale(), queue)
+        removed = run_with_queue(lambda q: q.broker.state.clear_scale(group), queue)
         if settings().json:
-            emit_json({"namespace": namespace, "setpoint": None, "removed": removed})
+            emit_json(
+                {"namespace": namespace, "group": group, "setpoint": None, "removed": removed}
+            )
         else:
             click.echo(
-                f"setpoint removed (namespace {namespace})"
-                if removed
-                else f"no setpoint was set (namespace {namespace})"
+                f"setpoint removed ({where})" if removed else f"no setpoint was set ({where})"
             )
         return
     lo, hi = point
-    run_with_queue(lambda q: q.broker.state.set_scale(lo, hi), queue)
+    run_with_queue(lambda q: q.broker.state.set_scale(lo, hi, group), queue)
     if settings().json:
-        emit_json({"namespace": namespace, "setpoint": {"min": lo, "max": hi}})
+        emit_json({"namespace": namespace, "group": group, "setpoint": {"min": lo, "max": hi}})
     else:
-        click.echo(f"setpoint min={lo} max={hi} (namespace {namespace})")
+        click.echo(f"setpoint min={lo} max={hi} ({where})")
 
 
 @control_group.command("status")
 @click.argument("app", metavar="[MODULE:ATTR]", required=False)
+@_GROUP
 @global_options
-def status(app: str | None) -> None:
-    """The setpoint and, per live supervisor, its worker processes and the bounds in force,
-    in the namespace of the application at MODULE:ATTR (without it: of --namespace, default
-    blitzq)."""
+def status(app: str | None, group: str | None) -> None:
+    """The setpoint and, per live supervisor of the group (default: in no group), its worker
+    processes, the bounds in force and whether it accepted or rejected the setpoint (with
+    the reason), in the namespace of the application at MODULE:ATTR (without it: of
+    --namespace, default blitzq)."""
 
     async def read(q: Queue) -> tuple[tuple[int, int, float] | None, dict[str, bytes]]:
-        return await q.broker.state.scale(), await q.broker.state.supervisors()
+        return await q.broker.state.scale(group), await q.broker.state.supervisors()
 
     queue = _target(app)
     namespace = queue.namespace
@@ -134,13 +160,17 @@ def status(app: str | None) -> None:
             doc = json.loads(blob)
         except ValueError:
             doc = {}
-        supervisors.append({**(doc if isinstance(doc, dict) else {}), "id": sid})
+        doc = doc if isinstance(doc, dict) else {}
+        if doc.get("group") == group:
+            supervisors.append({**doc, "id": sid})
     point = None if setpoint is None else {"min": setpoint[0], "max": setpoint[1]}
     if settings().json:
-        emit_json({"namespace": namespace, "setpoint": point, "supervisors": supervisors})
+        emit_json(
+            {"namespace": namespace, "group": group, "setpoint": point, "supervisors": supervisors}
+        )
         return
     out = console()
-    out.print(Text(f"namespace: {namespace}"))
+    out.print(Text(f"namespace: {namespace}" + (f", group: {group}" if group else "")))
     if setpoint is None:
         out.print("setpoint: none (each supervisor uses its --autoscale)")
     else:
@@ -149,14 +179,20 @@ def status(app: str | None) -> None:
         out.print(Text(f"no autoscaling supervisor is running in namespace {namespace}"))
         return
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for header in ("supervisor", "processes", "min", "max", "waiting", "queues", "seen"):
-        table.add_column(header, no_wrap=header != "queues")
+    headers = ("supervisor", "processes", "min", "max", "setpoint", "waiting", "queues", "seen")
+    for header in headers:
+        table.add_column(header, no_wrap=header not in ("queues", "setpoint"))
     for d in supervisors:
         at = d.get("at")
         ago = f"{max(0.0, time.time() - at):.0f} s ago" if isinstance(at, int | float) else "-"
+        verdict = str(d.get("setpoint_state", "-"))
+        if d.get("rejected"):
+            verdict += f": {d['rejected']}"
         table.add_row(
             Text(str(d["id"])),
-            *(str(d.get(c, "-")) for c in ("processes", "min", "max", "waiting")),
+            *(str(d.get(c, "-")) for c in ("processes", "min", "max")),
+            Text(verdict),
+            str(d.get("waiting", "-")),
             Text(",".join(map(str, d.get("queues") or []))),
             ago,
         )

@@ -1,7 +1,7 @@
-"""The process-control options of ``blitzq worker``: ``--autoscale``, ``--max-tasks-per-child``,
-``--max-memory-per-child``, ``--pool`` and the ``--cpu-*`` options of the CPU pool,
-``--reload``, ``--watch-dir``, ``--no-supervise``, ``--heartbeat-timeout``, ``--max-restarts``
-and ``--restart-window`` (docs/supervisor.md).
+"""The process-control options of ``blitzq worker``: ``--autoscale``, ``--max-processes``,
+``--group``, ``--max-tasks-per-child``, ``--max-memory-per-child``, ``--pool`` and the
+``--cpu-*`` options of the CPU pool, ``--reload``, ``--watch-dir``, ``--no-supervise``,
+``--heartbeat-timeout``, ``--max-restarts`` and ``--restart-window`` (docs/supervisor.md).
 
 :func:`process_control_options` adds them to the command; the command hands what they asked
 for to :func:`needs_supervisor`, :func:`worker_arguments` (what each supervised worker gets)
@@ -19,7 +19,7 @@ import click
 from .._checks import byte_size
 from ..exceptions import BlitzQError, ConfigurationError
 from ..redaction import mask_url
-from ..worker.autoscale import HARD_CAP, AutoscaleSettings, parse_range
+from ..worker.autoscale import HARD_CAP, AutoscaleSettings, check_group, parse_range
 from ._common import CliUsageError, Seconds, Settings, cli_errors
 
 if TYPE_CHECKING:
@@ -36,6 +36,8 @@ NAMES = (
     "autoscale_min_age",
     "autoscale_backlog",
     "autoscale_latency",
+    "max_processes",
+    "group",
     "max_tasks_per_child",
     "max_memory_per_child",
     "reload",
@@ -115,6 +117,28 @@ def process_control_options(fn: F) -> F:
             metavar="SECONDS",
             help="Age of the oldest waiting message above which a process is added "
             "(reliable mode).",
+        ),
+        click.option(
+            "--max-processes",
+            "max_processes",
+            type=click.IntRange(min=1, max=HARD_CAP),
+            default=None,
+            metavar="N",
+            help="Headroom of the control channel: the most worker processes a setpoint of "
+            "`blitzq control scale` may ask this supervisor for (a setpoint above it is "
+            "rejected, with the reason in `blitzq control status`). Without --autoscale, "
+            "the supervisor runs --workers processes until a setpoint changes them. Default "
+            f"with --autoscale: {HARD_CAP}.",
+        ),
+        click.option(
+            "--group",
+            "group",
+            metavar="LABEL",
+            default=None,
+            callback=_group_label,
+            help="Control group of this supervisor: it reads the setpoint of `blitzq control "
+            "scale --group LABEL` instead of the namespace's (with --autoscale or "
+            "--max-processes).",
         ),
         click.option(
             "--max-tasks-per-child",
@@ -250,6 +274,16 @@ def _autoscale_range(
         raise click.BadParameter(str(exc).removeprefix("--autoscale "), ctx, param) from None
 
 
+def _group_label(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--group`` checked as the command line is read."""
+    if value is None:
+        return None
+    reason = check_group(value)
+    if reason is not None:
+        raise click.BadParameter(reason, ctx, param)
+    return value
+
+
 def _byte_size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
     """``--cpu-max-memory`` parsed to bytes as the command line is read (a usage error)."""
     if value is None:
@@ -264,7 +298,8 @@ def burst_conflicts(workers: int, control: Mapping[str, Any]) -> list[str]:
     """The options given with ``--burst`` that need a supervisor (``--burst`` runs one worker
     process): ``--workers N`` (N > 1), ``--autoscale``, ``--reload``, ``--max-*-per-child``."""
     given = [f"--workers {workers}"] if workers > 1 else []
-    for name in ("autoscale", "reload", "max_tasks_per_child", "max_memory_per_child"):
+    names = ("autoscale", "max_processes", "reload", "max_tasks_per_child", "max_memory_per_child")
+    for name in names:
         if control.get(name):
             given.append("--" + name.replace("_", "-"))
     return given
@@ -284,6 +319,19 @@ def option_conflicts(
         return "--burst-idle-timeout applies to --burst only: give --burst too"
     if control.get("watch_dir") and not control.get("reload"):
         return "--watch-dir applies to --reload only: give --reload too"
+    if control.get("group") and not (control.get("autoscale") or control.get("max_processes")):
+        return (
+            "--group applies to a supervisor that reads a setpoint: give --autoscale or "
+            "--max-processes too"
+        )
+    headroom = control.get("max_processes")
+    if headroom:
+        top = control["autoscale"][1] if control.get("autoscale") else workers
+        if top > headroom:
+            what = (
+                f"--autoscale maximum {top}" if control.get("autoscale") else f"--workers {workers}"
+            )
+            return f"--max-processes {headroom} is below the {what}"
     return None
 
 
@@ -332,12 +380,16 @@ def supervisor_arguments(
         "heartbeat_timeout": control.get("heartbeat_timeout", 30.0) or None,
     }
     try:
-        if control.get("autoscale"):
-            low, high = control["autoscale"]  # parsed by _autoscale_range
+        if control.get("autoscale") or control.get("max_processes"):
+            # parsed by _autoscale_range; --max-processes alone: the fixed --workers count,
+            # until a setpoint changes it
+            low, high = control.get("autoscale") or (workers, workers)
             kwargs.update(autoscale_target(app_queue()), queues=queues)
             kwargs["autoscale"] = AutoscaleSettings(
                 low,
                 high,
+                headroom=control.get("max_processes") or HARD_CAP,
+                group=control.get("group"),
                 interval=control["autoscale_interval"],
                 cooldown=control["autoscale_cooldown"],
                 idle=control["autoscale_idle"],

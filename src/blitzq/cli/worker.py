@@ -200,6 +200,7 @@ def _override(queue: Queue, s: Settings) -> None:
         if queue._shared_broker is not None:
             raise _usage("--amqp-url cannot apply: the application's Queue was given a broker")
         queue._amqp_url = s.amqp_url
+        queue._amqp_injected = None  # the URL given wins over an injected connection
 
 
 def _split_queues(value: str | None) -> list[str] | None:

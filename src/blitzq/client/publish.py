@@ -178,24 +178,26 @@ class Producer:
             ]
             for start in range(0, len(writes), CHUNK_WRITES):  # each call stays short
                 await broker.complete(writes[start : start + CHUNK_WRITES])
-        now_items: dict[str, list[bytes]] = {}
+        # Per physical queue and path: a task declared mode="fast" goes on the fast lane.
+        now_items: dict[tuple[str, bool], list[bytes]] = {}
         later: list[Scheduled] = []
         for o in batch:
             env = o.envelope
             if o.due is None:
-                now_items.setdefault(env.queue, []).append(o.data)
+                fast = o.task is not None and o.task.fast
+                now_items.setdefault((env.queue, fast), []).append(o.data)
             elif o.delay is not None:  # counted on the broker's clock, not this one
                 later.append(Scheduled(env.id, env.queue, o.data, delay=o.delay))
             else:
                 later.append(Scheduled(env.id, env.queue, o.data, eta=o.due))
-        new = [q for q in now_items if q not in self.known_queues]
+        new = [q for q, _ in now_items if q not in self.known_queues]
         if later:
             new += [s.queue for s in later if s.queue not in self.known_queues]
         if new:
             await broker.remember_queues(sorted(set(new)))
             self.known_queues.update(new)
-        for queue, messages in now_items.items():
-            await broker.publish(queue, messages)
+        for (queue, fast), messages in now_items.items():
+            await (broker.publish_fast if fast else broker.publish)(queue, messages)
         if later:
             await broker.schedule(later)
         await extensions.after_publish(owner, batch)
@@ -246,7 +248,8 @@ class Producer:
         ):
             broker = owner.broker
             since = broker.result_token()  # before the send: see StateStore.result_token
-            await broker.publish(queue, (data,))
+            fast = registered is not None and registered.fast
+            await (broker.publish_fast if fast else broker.publish)(queue, (data,))
             handle: TaskHandle[Any] = TaskHandle(
                 owner, env.id, queue, name, stores_result=stores, sent=True
             )

@@ -7,8 +7,11 @@ each of its worker processes runs a task (from the workers' registrations) and t
 setpoint of ``blitzq control scale``; :meth:`Autoscaler.decide` turns that
 :class:`Sample` into a :class:`Decision`:
 
-- **Bounds.** The setpoint in Redis, when one is set, replaces ``MIN,MAX`` of the command
-  line. Fewer processes than the minimum: add the missing ones at once; more than the
+- **Bounds.** The setpoint in Redis (of the supervisor's ``--group``), when one is set and
+  accepted (:func:`check_setpoint`: whole numbers, ``1 <= min <= max <= headroom``, the
+  headroom being ``--max-processes``, else :data:`HARD_CAP`), replaces ``MIN,MAX`` of the
+  command line; a rejected one leaves them and its reason goes into the published status.
+  Fewer processes than the minimum: add the missing ones at once; more than the
   maximum: remove the surplus at once (gracefully), whatever the cooldown and the ages.
 - **Up.** More than ``backlog`` messages waiting per process, or an oldest waiting message
   older than ``latency`` seconds (reliable mode; fast mode has no age): add
@@ -25,21 +28,43 @@ free slots), so a waiting backlog means the processes are saturated.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..exceptions import ConfigurationError
 
-__all__ = ["HARD_CAP", "AutoscaleSettings", "Autoscaler", "Decision", "Sample", "check_range"]
+__all__ = [
+    "HARD_CAP",
+    "AutoscaleSettings",
+    "Autoscaler",
+    "Decision",
+    "Sample",
+    "check_group",
+    "check_range",
+    "check_setpoint",
+]
 
 #: Most worker processes one supervisor runs, whatever ``--autoscale`` or the setpoint says.
 HARD_CAP = 64
 
 
-def check_range(minimum: int, maximum: int) -> str | None:
+#: What a ``--group`` label may hold: 1 to 64 letters, digits, ``_``, ``-`` and ``.``.
+GROUP_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def check_group(label: str) -> str | None:
+    """Why ``label`` is not a valid ``--group`` label (:data:`GROUP_PATTERN`), or ``None``."""
+    if GROUP_PATTERN.fullmatch(label):
+        return None
+    return f"{label!r} is not a group label (1 to 64 letters, digits, '_', '-' or '.')"
+
+
+def check_range(minimum: int, maximum: int, cap: int = HARD_CAP) -> str | None:
     """Why ``minimum,maximum`` is not a valid process range, or ``None`` when it is.
 
-    Valid: ``1 <= minimum <= maximum <= HARD_CAP`` (whole numbers).
+    Valid: ``1 <= minimum <= maximum <= cap`` (whole numbers); ``cap`` is the hard cap or a
+    supervisor's ``--max-processes`` headroom.
     """
     if isinstance(minimum, bool) or isinstance(maximum, bool):
         return "the bounds must be whole numbers"
@@ -49,7 +74,42 @@ def check_range(minimum: int, maximum: int) -> str | None:
         return f"the minimum ({minimum}) is above the maximum ({maximum})"
     if maximum > HARD_CAP:
         return f"the maximum ({maximum}) is above the hard cap of {HARD_CAP} processes"
+    if maximum > cap:
+        return f"the maximum ({maximum}) is above this supervisor's --max-processes {cap}"
     return None
+
+
+def check_setpoint(
+    raw: Mapping[str, str] | None, headroom: int = HARD_CAP
+) -> tuple[tuple[int, int] | None, str | None]:
+    """Check a setpoint as read from Redis (its raw text fields, ``None``: none is set).
+
+    Returns:
+        ``(bounds, None)`` for an accepted setpoint, ``(None, reason)`` for a rejected one:
+        *unreadable* (not a hash, ``min`` or ``max`` missing or not a whole number),
+        *inverted* (``min`` above ``max``) or *out of range* (``min`` below 1, ``max`` above
+        ``headroom`` or :data:`HARD_CAP`); ``(None, None)`` when none is set.
+    """
+    if raw is None:
+        return None, None
+    if "type" in raw and "min" not in raw:
+        return None, f"unreadable: the key is a {raw['type']}, not a hash with min and max"
+    numbers: list[int] = []
+    for name in ("min", "max"):
+        text = raw.get(name)
+        if text is None:
+            return None, f"unreadable: no {name!r} field"
+        try:
+            numbers.append(int(text.strip()))
+        except ValueError:
+            return None, f"unreadable: {name} {text[:40]!r} is not a whole number"
+    low, high = numbers
+    if low > high:
+        return None, f"inverted: the minimum ({low}) is above the maximum ({high})"
+    reason = check_range(low, high, headroom)
+    if reason is not None:
+        return None, f"out of range: {reason}"
+    return (low, high), None
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -90,6 +150,10 @@ class AutoscaleSettings:
             (``--autoscale-backlog``, default 10).
         latency: age in seconds of the oldest waiting message above which one is added
             (``--autoscale-latency``, default 5; reliable mode only).
+        headroom: the most processes a setpoint may ask for (``--max-processes``, default
+            :data:`HARD_CAP`).
+        group: the ``--group`` whose setpoint the supervisor reads (``None``: the
+            namespace's setpoint for supervisors in no group).
     """
 
     minimum: int
@@ -100,6 +164,8 @@ class AutoscaleSettings:
     min_age: float = 30.0
     backlog: int = 10
     latency: float = 5.0
+    headroom: int = HARD_CAP
+    group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -110,7 +176,8 @@ class Sample:
         waiting: messages waiting across the supervised queues.
         oldest_age: seconds the oldest waiting message has waited (``None``: unknown or none).
         busy: per worker pid seen in the registrations, whether it runs a task.
-        setpoint: the runtime ``(min, max)`` from Redis, or ``None``.
+        setpoint: the runtime ``(min, max)`` from Redis when one is set and accepted
+            (:func:`check_setpoint`), else ``None``.
     """
 
     waiting: int = 0
@@ -142,7 +209,10 @@ class Autoscaler:
 
     def bounds(self, sample: Sample) -> tuple[int, int]:
         """The ``(min, max)`` in force: the sample's valid setpoint, else the settings'."""
-        if sample.setpoint is not None and check_range(*sample.setpoint) is None:
+        if (
+            sample.setpoint is not None
+            and check_range(*sample.setpoint, self.settings.headroom) is None
+        ):
             return sample.setpoint
         return self.settings.minimum, self.settings.maximum
 

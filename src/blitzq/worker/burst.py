@@ -136,6 +136,11 @@ async def settled(
     # A paused queue (`blitzq queue pause`) is not waited for: nothing will take its messages.
     physical = [p for p in worker.physical_queues if base_queue(p) not in worker.paused]
     stats = await worker.broker.queue_stats(physical) if physical else {}
+    lane = worker.broker.fast_lane
+    if lane is not None and fetcher.lane is None and physical:
+        # The fast lists count in the stats, but this worker has no fast task: not its work.
+        for queue, counts in (await lane.queue_stats(physical)).items():
+            stats[queue]["waiting"] -= counts["waiting"]
     if any(counts.get("waiting") or counts.get("in_flight") for counts in stats.values()):
         return False
     # A fetch inside its command when the queues were read may hold what they no longer show.

@@ -18,6 +18,7 @@ import signal
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .autoscale import Autoscaler, Decision, Sample
 from .restarts import RestartBudget
@@ -86,9 +87,17 @@ class Elastic:
     def _started_map(self) -> dict[int, float]:
         return {s.proc.pid: s.started_at for s in self.slots if s.proc is not None}
 
-    def _status(self) -> dict[str, int]:
+    def _status(self) -> dict[str, Any]:
+        """The supervisor's own fields of its published status: processes (and their pids),
+        the bounds in force and those of its command line (``arguments``)."""
         low, high = self._bounds
-        return {"processes": len(self._started_map()), "min": low, "max": high}
+        started = self._started_map()
+        out: dict[str, Any] = {"processes": len(started), "pids": sorted(started)}
+        out.update(min=low, max=high)
+        if self.autoscaler is not None:
+            s = self.autoscaler.settings
+            out["arguments"] = [s.minimum, s.maximum]
+        return out
 
     def _autoscale(self, now: float) -> None:
         sample = self._sampler.latest if self._sampler is not None else None

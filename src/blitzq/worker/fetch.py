@@ -22,6 +22,11 @@ other works (a drain with results stored: about 1.2x, see ``bench/README.md``). 
 load the completions go first, before the next fetch (the round trip's path), and a fetch
 that finds the levels empty releases the hold before it blocks.
 
+A worker whose Queue has tasks declared ``@queue.task(mode="fast")`` and whose broker has a
+fast lane (:attr:`~blitzq.broker.Broker.fast_lane`: the lists of a reliable Redis broker)
+runs a second loop per queue on the lane, sharing the queue's slots: what it pops carries no
+lease (at-most-once), as in fast mode.
+
 While the flusher cannot write completions (the server is down or out of memory) or holds
 too many, a loop fetches nothing until it can (:attr:`~blitzq.worker.flusher.Flusher.writable`):
 backpressure, so that the worker pops no work whose outcome it could not record.
@@ -32,10 +37,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from ..broker import Broker, Delivery
+from ..broker.transport import Transport
 from ..exceptions import BrokerError
 from .idle import SharedRead
 from .limiter import Slots
@@ -59,6 +65,17 @@ PAUSE_POLL = 0.2
 #: Fewest messages a full fetch must have brought for the next one to overlap the
 #: completions (smaller batches gain little, and their results go out first).
 _OVERLAP_MIN = 32
+
+
+class FetchFirst(Protocol):
+    """A ``fetch_first`` of the broker or of its fast lane (see
+    :meth:`~blitzq.broker.transport.Transport.fetch_first`)."""
+
+    def __call__(
+        self, queues: Sequence[str], count: int, timeout: float, *, look_first: bool = True
+    ) -> Awaitable[list[Delivery]]:
+        """Take up to ``count`` messages from the first of ``queues`` that has any."""
+        ...
 
 
 class Fetching(Protocol):
@@ -108,20 +125,31 @@ class Fetcher:
         broker: the broker fetched from.
         runner: the runner that starts (or hands back) every fetched delivery.
         slots: the slots of each base queue name the worker consumes.
+        lane: the broker's fast lane to fetch from too (a second loop per queue, keyed
+            ``<queue> (fast)``), or ``None``.
     """
 
     def __init__(
-        self, worker: Fetching, broker: Broker, runner: FetchingRunner, slots: Mapping[str, Slots]
+        self,
+        worker: Fetching,
+        broker: Broker,
+        runner: FetchingRunner,
+        slots: Mapping[str, Slots],
+        lane: Transport | None = None,
     ) -> None:
         self.worker = worker
         self.broker = broker
         self.runner = runner
         self.slots = slots
+        self.lane = lane
         self._fetching: dict[str, bool] = {}
         self._holding: dict[str, bool] = {}  # whose fetch holds the flusher's next batch
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        #: Fetches that returned (or failed), per queue; fetches that returned messages.
+        #: Fetches that returned (or failed), per loop (its queue, or ``<queue> (fast)``);
+        #: fetches that returned messages.
         self.done: dict[str, int] = dict.fromkeys(slots, 0)
+        if lane is not None:
+            self.done.update(dict.fromkeys((f"{q} (fast)" for q in slots), 0))
         self.delivered = 0
         #: The one blocking read of the idle loops, made by :meth:`start` (``None``: each
         #: blocks on its own, a transport that cannot share one: a cluster, RabbitMQ).
@@ -131,14 +159,23 @@ class Fetcher:
         self._quiet: dict[str, bool] = dict.fromkeys(slots, False)
 
     def start(self) -> None:
-        """Start one fetch loop per queue of :attr:`slots`."""
+        """Start one fetch loop per queue of :attr:`slots` (two with a :attr:`lane`: the
+        lane's loops block each on its own, never in the shared read)."""
         if self.broker.transport.shared_block:
             worker, runner = self.worker, self.runner
             levels = {q: worker.levels[q] for q in self.slots}
             self.shared = SharedRead(self.broker, levels, worker.block_timeout, runner.hand_back)
         self._tasks = {
-            q: asyncio.create_task(self._loop(q), name=f"blitzq-fetch-{q}") for q in self.slots
+            q: asyncio.create_task(
+                self._loop(q, q, self.broker.fetch_first), name=f"blitzq-fetch-{q}"
+            )
+            for q in self.slots
         }
+        if self.lane is not None:
+            for q in self.slots:
+                key = f"{q} (fast)"
+                loop = self._loop(q, key, self.lane.fetch_first)
+                self._tasks[key] = asyncio.create_task(loop, name=f"blitzq-fetch-{q}-fast")
 
     def running(self) -> dict[str, bool]:
         """Whether each fetch loop runs, by queue name (the readiness check reads it)."""
@@ -174,7 +211,9 @@ class Fetcher:
         # A call, not the property: a property read would be narrowed by mypy across awaits.
         return self.worker.stopping
 
-    async def _loop(self, queue: str) -> None:
+    async def _loop(self, queue: str, key: str, fetch_first: FetchFirst) -> None:
+        """Fetch ``queue``'s levels with ``fetch_first`` until the worker stops; ``key``
+        names the loop (its flags and :attr:`done` count)."""
         worker = self.worker
         slots = self.slots[queue]
         runner = self.runner
@@ -201,17 +240,17 @@ class Fetcher:
                 return
             # While this flag is set the loop may hold messages, so shutdown waits for it
             # instead of cancelling it.
-            self._fetching[queue] = True
+            self._fetching[key] = True
             try:
                 if backlog:
-                    self._holding[queue] = True
+                    self._holding[key] = True
                     runner.flusher.hold()
-                deliveries = await self._fetch(queue, slots, n)
-                if deliveries and self._holding.get(queue):
-                    self._release_hold(queue)
+                deliveries = await self._fetch(queue, key, slots, n, fetch_first)
+                if deliveries and self._holding.get(key):
+                    self._release_hold(key)
                     await asyncio.sleep(0)  # the held completions go to the server first
             except Exception as exc:  # the loop must outlive any error; BrokerError is usual
-                self._fetching[queue] = False
+                self._fetching[key] = False
                 if isinstance(exc, BrokerError) and await self._timed_out_here(queue, exc):
                     continue
                 if isinstance(exc, BrokerError):
@@ -222,9 +261,9 @@ class Fetcher:
                 backoff = min(backoff * 2, 5.0)
                 continue
             finally:
-                self._release_hold(queue)
-                self._fetching[queue] = False
-                self.done[queue] += 1
+                self._release_hold(key)
+                self._fetching[key] = False
+                self.done[key] += 1
             backoff = 0.1
             if deliveries:
                 self.delivered += 1
@@ -289,7 +328,9 @@ class Fetcher:
             raise
         return taken
 
-    async def _fetch(self, queue: str, slots: Slots, n: int) -> list[Delivery]:
+    async def _fetch(
+        self, queue: str, key: str, slots: Slots, n: int, fetch_first: FetchFirst
+    ) -> list[Delivery]:
         """Fetch with ``n`` reserved slots; on return, exactly one slot is held per delivery.
 
         Takes what is waiting on the queue's levels without blocking. When all are empty it
@@ -299,10 +340,11 @@ class Fetcher:
         loop never waits for a slot while it holds a message: a message it has not started
         is never left here with a lease nobody renews.
         """
-        broker, names, shared = self.broker, self.worker.levels[queue], self.shared
+        names = self.worker.levels[queue]
+        shared = self.shared if key == queue else None  # a lane's loop blocks on its own
         if shared is None or not self._quiet[queue]:
             try:
-                deliveries = await broker.fetch_first(names, n, 0)
+                deliveries = await fetch_first(names, n, 0)
             except BaseException:  # a failed or cancelled fetch holds no slot (shutdown waits)
                 slots.release(n)
                 raise
@@ -311,7 +353,7 @@ class Fetcher:
                 return deliveries
         slots.release(n - 1)
         slots.global_limiter.release(1)
-        self._release_hold(queue)  # never hold completions while blocked on empty levels
+        self._release_hold(key)  # never hold completions while blocked on empty levels
         try:
             # The levels were empty a moment ago (or at the last shared read): block at once,
             # one command less per idle fetch; what arrived meanwhile comes back at once,
@@ -320,7 +362,7 @@ class Fetcher:
                 deliveries = await shared.wait(queue)
                 self._quiet[queue] = not deliveries
             else:
-                deliveries = await broker.fetch_first(
+                deliveries = await fetch_first(
                     names, 1, self.worker.block_timeout, look_first=False
                 )
         except BaseException:

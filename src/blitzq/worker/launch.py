@@ -60,9 +60,15 @@ def supervise(
         doc = {"event": "supervisor_started", "workers": workers, "pid": os.getpid()}
         if autoscale is not None:
             doc["autoscale"] = [autoscale.minimum, autoscale.maximum]
+            doc["max_processes"] = autoscale.headroom
+            doc["group"] = autoscale.group
         print(json.dumps(doc))
     else:
-        scaling = f" autoscale={autoscale.minimum},{autoscale.maximum}" if autoscale else ""
+        scaling = ""
+        if autoscale is not None:
+            scaling = f" autoscale={autoscale.minimum},{autoscale.maximum}"
+            scaling += f" max_processes={autoscale.headroom}"
+            scaling += f" group={autoscale.group}" if autoscale.group is not None else ""
         print(f"blitzq supervisor pid={os.getpid()} workers={workers}{scaling}")
     sys.stdout.flush()
     sampler = None
@@ -74,6 +80,8 @@ def supervise(
             mode=mode,
             queues=queues,
             interval=autoscale.interval,
+            group=autoscale.group,
+            headroom=autoscale.headroom,
         )
     return Supervisor(
         command,

@@ -5,14 +5,20 @@ with a :class:`~blitzq.Queue` made from the URL, namespace and mode the supervis
 the application's Queue (``blitzq worker`` loads it for that alone, command-line options
 winning: see :func:`blitzq.cli.process_control.autoscale_target`), and each interval
 
-1. reads the setpoint of ``blitzq control scale`` (:meth:`~blitzq.broker.Broker.scale`);
+1. reads the setpoint of ``blitzq control scale`` of its ``group`` (raw fields,
+   :meth:`~blitzq.broker.Broker.setpoint`) and accepts or rejects it
+   (:func:`~blitzq.worker.autoscale.check_setpoint`; a rejection is logged once per setpoint);
 2. reads the registrations of the supervisor's own worker processes (matched by host and
    pid): whether each runs a task, which queues they consume (unless ``-Q`` named them) and
    their mode (a Queue whose mode the application sets in code is followed);
 3. reads the waiting messages and the enqueue time of the oldest waiting one on every level
    of those queues;
 4. publishes the supervisor's status (``blitzq control status``) with a time to live of
-   three intervals plus 5 s;
+   three intervals plus 5 s: its group, headroom, processes, the bounds in force and their
+   origin (``setpoint`` or ``arguments``), and the setpoint read with its verdict
+   (``accepted``, ``rejected`` with the reason, or ``none``), so a controlling service tells
+   a rejected setpoint from one not yet read (the status' ``setpoint.at`` is older) from an
+   unreachable supervisor (no status: it expired);
 5. hands the :class:`~blitzq.worker.autoscale.Sample` to the supervisor and wakes its loop.
 
 A broker that cannot be reached is logged (once per outage) and sampled again at the next
@@ -36,7 +42,7 @@ from ..exceptions import BlitzQError, SerializationError
 from ..queue import Queue
 from ..routing import levels
 from ..serialization import loads
-from .autoscale import Sample
+from .autoscale import HARD_CAP, Sample, check_setpoint
 
 logger = logging.getLogger("blitzq.supervisor")
 
@@ -54,6 +60,8 @@ class Sampler:
         processes: returns the supervised worker pids and their start times (monotonic s).
         status: returns the supervisor's own fields for its published status.
         wake: called (from the sampler's thread) after each sample.
+        group: the ``--group`` whose setpoint is read (``None``: the namespace's).
+        headroom: the most processes a setpoint may ask for (``--max-processes``).
     """
 
     def __init__(
@@ -67,6 +75,8 @@ class Sampler:
         processes: Callable[[], Mapping[int, float]],
         status: Callable[[], Mapping[str, Any]],
         wake: Callable[[], None],
+        group: str | None = None,
+        headroom: int = HARD_CAP,
     ) -> None:
         self.redis_url = redis_url
         self.namespace = namespace
@@ -76,6 +86,10 @@ class Sampler:
         self._processes = processes
         self._status = status
         self._wake = wake
+        self.group = group
+        self.headroom = headroom
+        #: the setpoint whose rejection was logged last (logged once per setpoint).
+        self._rejected: dict[str, str] | None = None
         self.host = socket.gethostname()
         self.id = f"{self.host}:{os.getpid()}"
         #: The latest sample (``None`` until the first one succeeded).
@@ -146,7 +160,11 @@ class Sampler:
 
     async def _sample(self, queue: Queue) -> tuple[Sample, str | None]:
         broker = queue.broker
-        setpoint = await broker.state.scale()
+        fields = await broker.state.setpoint(self.group)
+        setpoint, reason = check_setpoint(fields, self.headroom)
+        if reason is not None and fields != self._rejected:
+            logger.warning("control: setpoint %s rejected: %s", fields, reason)
+        self._rejected = fields if reason is not None else None
         pids = self._processes()
         busy: dict[int, bool] = {}
         names: set[str] = set(self.queues or ())
@@ -173,13 +191,16 @@ class Sampler:
             oldest = await broker.oldest_waiting(physical) if waiting else {}
             if oldest:
                 oldest_age = max(0.0, await broker.server_time() - min(oldest.values()))
-        sample = Sample(waiting, oldest_age, busy, setpoint[:2] if setpoint is not None else None)
+        sample = Sample(waiting, oldest_age, busy, setpoint)
+        own = self._status()
         status = {
             "id": self.id,
             "host": self.host,
             "pid": os.getpid(),
-            **self._status(),
-            "setpoint": list(setpoint[:2]) if setpoint is not None else None,
+            **own,
+            "group": self.group,
+            "max_processes": self.headroom,
+            **_verdict(fields, setpoint, reason, own.get("arguments")),
             "queues": sorted(names),
             "waiting": waiting,
             "oldest_age": oldest_age,
@@ -188,3 +209,31 @@ class Sampler:
         ttl = 3 * self.interval + 5.0
         await broker.state.publish_supervisor(self.id, json.dumps(status).encode(), ttl)
         return sample, mode
+
+
+def _verdict(
+    raw: Mapping[str, str] | None,
+    accepted: tuple[int, int] | None,
+    reason: str | None,
+    arguments: Sequence[int] | None,
+) -> dict[str, Any]:
+    """The status fields about the setpoint read: ``setpoint`` (its raw fields, ``at`` as a
+    number when it is one), ``setpoint_state`` (``none`` / ``accepted`` / ``rejected``),
+    ``rejected`` (the reason or ``None``) and, for an accepted one, the bounds it puts in
+    force (``min``, ``max``, ``origin``); else the command line's ``arguments``."""
+    point: dict[str, Any] | None = None
+    if raw is not None:
+        point = dict(raw)
+        with contextlib.suppress(KeyError, ValueError):
+            point["at"] = float(raw["at"])
+    out: dict[str, Any] = {
+        "setpoint": point,
+        "setpoint_state": "none" if raw is None else "rejected" if reason else "accepted",
+        "rejected": reason,
+        "origin": "arguments",
+    }
+    if accepted is not None:
+        out.update(min=accepted[0], max=accepted[1], origin="setpoint")
+    elif arguments is not None:
+        out.update(min=arguments[0], max=arguments[1])
+    return out

@@ -232,10 +232,12 @@ class Worker:
         if isinstance(queues, str):
             raise ConfigurationError(f"queues must be a list of queue names, got {queues!r}")
         if queue.connection_injected:
+            given = " and ".join(queue.injected_connections)
             raise ConfigurationError(
-                "a worker needs connections of its own (blocking reads, a result listener, "
-                "leases), and this Queue works over an application's connection (redis=): give "
-                "the worker's Queue redis_url= (the CLI's --redis-url does)"
+                "a worker needs connections of its own (blocking reads, consumers, a result "
+                f"listener, leases, reconnects), and this Queue works over an application's "
+                f"connection ({given}): give the worker's Queue redis_url= / amqp_url= (the "
+                "CLI's --redis-url / --amqp-url do)"
             )
         self.queue = queue
         if queues is None:
@@ -395,23 +397,28 @@ class Worker:
         self.broker: Broker = self.queue.broker
         broker = self.broker
         await check_eviction(broker, strict=self.strict_memory_policy)
+        # Tasks declared mode="fast" travel the broker's fast lane: fetch from it too.
+        lane = broker.fast_lane if any(t.fast for t in self.queue.tasks.values()) else None
+        loops = len(self.queues) * (2 if lane is not None else 1)
         size = broker.transport.pool_size
         if size is not None and size < MIN_POOL_CONNECTIONS:
             # The events listener holds one connection for good and the fetch loops, flusher
             # and maintenance need the others: below this nothing is ever fetched.
             raise ConfigurationError(
                 f"the broker's pool allows {size} connection(s); a worker needs at least "
-                f"{MIN_POOL_CONNECTIONS} (at least {len(self.queues) + 6} recommended for its "
-                f"{len(self.queues)} queue(s)): raise max_connections in the URL"
+                f"{MIN_POOL_CONNECTIONS} (at least {loops + 6} recommended for its "
+                f"{loops} fetch loop(s)): raise max_connections in the URL"
             )
-        if size is not None and size < len(self.queues) + 6:
+        if size is not None and size < loops + 6:
             logger.warning(
                 "the broker's pool allows %d connections for %d fetch loops and the worker's "
                 "own; raise max_connections in the URL",
                 size,
-                len(self.queues),
+                loops,
             )
         await broker.prepare_consumer(self.physical_queues, self.key)
+        if lane is not None:
+            await lane.prepare_consumer(self.physical_queues, self.key)
         await self._emit(Signal.WORKER_STARTING)
         # on_startup hooks, lifespans (closed by _shutdown), then middleware's on_worker_start
         await extensions_of(self.queue).worker_started(self)
@@ -425,7 +432,7 @@ class Worker:
         }
         self._flusher = Flusher(broker)
         self._runner = Runner(self, broker, self._flusher)
-        self._fetcher = Fetcher(self, broker, self._runner, self._slots)
+        self._fetcher = Fetcher(self, broker, self._runner, self._slots, lane)
         await self._runner.cpu.warm()  # the forkserver imports the task modules once
         self._runner.observer = self.ops.metrics  # None without metrics: nothing installed
         if self.ops.metrics is not None:

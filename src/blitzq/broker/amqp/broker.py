@@ -15,6 +15,8 @@ relay moves to RabbitMQ (see docs/architecture.md, "Adding a broker").
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
 from ..facade import Broker
 from ..pairing import CommitThenAck
@@ -22,6 +24,7 @@ from ..redis.connection import DEFAULT_DEAD_LETTER_CAP, RedisConnection, RedisDe
 from ..redis.store import RedisStateStore
 from .channels import heartbeat_for
 from .custody import Custody
+from .injected import Borrowed
 from .transport import AmqpTransport
 
 __all__ = ["AmqpBroker"]
@@ -38,6 +41,9 @@ def AmqpBroker(
     dead_letter_ttl: int = DEFAULT_DEAD_LETTER_TTL,
     dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
     visibility_timeout: float | None = None,
+    amqp_connection: Any = None,
+    client: Any = None,
+    listener_client: Any = None,
 ) -> Broker:
     """RabbitMQ delivery with the Redis state store.
 
@@ -54,6 +60,12 @@ def AmqpBroker(
         visibility_timeout: the Queue's visibility timeout (seconds): the AMQP heartbeat is
             derived from it (``channels.heartbeat_for``), so RabbitMQ takes back a frozen
             worker's deliveries after about that long; ``None``: aio-pika's 60 s heartbeat.
+        amqp_connection: the application's aio-pika connection or pool
+            (``Queue(amqp_connection=...)``): published on, never closed; ``amqp_url`` then
+            only names it (:mod:`.injected`).
+        client, listener_client: the state store's Redis clients over the application's
+            pool (``Queue(redis=...)``, :mod:`blitzq.broker.redis.injected`); ``None``:
+            its own, from ``redis_url``.
 
     Returns:
         A :class:`~blitzq.broker.Broker` whose ``transport`` is the
@@ -69,6 +81,8 @@ def AmqpBroker(
     conn = RedisConnection(
         redis_url,
         namespace,
+        client=client,
+        listener_client=listener_client,
         dead_letter_cap=dead_letter_cap,
         dead_letter_ttl=dead_letter_ttl,
         dead_letter_max_bytes=dead_letter_max_bytes,
@@ -84,6 +98,7 @@ def AmqpBroker(
         prefetch=prefetch,
         custody=custody,
         heartbeat=heartbeat,
+        borrowed=None if amqp_connection is None else Borrowed(amqp_connection),
     )
     custody.transport = transport
     pairing = CommitThenAck(transport, store)

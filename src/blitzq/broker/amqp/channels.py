@@ -30,6 +30,7 @@ reported as a :class:`~blitzq.exceptions.ConfigurationError`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -45,6 +46,7 @@ from ...redaction import mask_url
 from ..factory import AMQP_RESERVED_QUEUE, amqp_hosts, check_amqp_queue
 from .closing import CloseNotice, describe
 from .deliveries import Received
+from .injected import Borrowed
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
@@ -176,13 +178,22 @@ class AmqpLink:
         max_deliveries: deliveries of one message before RabbitMQ dead-letters it (>= 1).
         heartbeat: the connection's heartbeat timeout in seconds (see :func:`heartbeat_for`),
             unless the URL gives ``?heartbeat=``; ``None``: aio-pika's default (60 s).
+        borrowed: the application's connection or pool (``Queue(amqp_connection=...)``,
+            :mod:`.injected`): used instead of a connection of the link's own, never
+            closed (only the link's channels are); ``url`` then only names it.
     """
 
     def __init__(
-        self, url: str, namespace: str, max_deliveries: int, heartbeat: int | None = None
+        self,
+        url: str,
+        namespace: str,
+        max_deliveries: int,
+        heartbeat: int | None = None,
+        borrowed: Borrowed | None = None,
     ) -> None:
         self.url = url
-        self.urls = amqp_hosts(url)
+        self.borrowed = borrowed
+        self.urls = amqp_hosts(url) if borrowed is None else [url]
         """The single-host URLs to try, in order (several: failover, see :meth:`ensure`)."""
         self._current = 0  # the index in ``urls`` of the host last connected to
         urls_set_it = all("heartbeat=" in u.partition("?")[2] for u in self.urls)
@@ -252,6 +263,8 @@ class AmqpLink:
         async with self._lock:
             if self._conn is not None and _alive(self._conn):
                 return self._conn
+            if self.borrowed is not None:
+                return await self._borrow(self.borrowed)
             await self._drop()
             made = await self._connect()
             self._conn = made
@@ -261,6 +274,18 @@ class AmqpLink:
                 self._closer = _close_at_loop_end(self)
                 await anext(self._closer)
             return made
+
+    async def _borrow(self, borrowed: Borrowed) -> aio_pika.abc.AbstractConnection:
+        """The application's connection (a new epoch when it is another one than before)."""
+        conn = await borrowed.get()
+        if conn is not self._conn:
+            self._conn, self._publisher = conn, None
+            self._declared.clear()
+            self.epoch += 1
+        if self._closer is None:  # gives a pool's connection back when the loop ends
+            self._closer = _close_at_loop_end(self)
+            await anext(self._closer)
+        return conn
 
     async def _connect(self) -> aio_pika.abc.AbstractConnection:
         """Connect to the first host of :attr:`urls` that answers, starting with the one
@@ -410,8 +435,15 @@ class AmqpLink:
         self._declared.clear()
 
     async def _drop(self) -> None:
+        publisher = self._publisher
         conn, self._conn, self._publisher = self._conn, None, None
         self._declared.clear()
+        if self.borrowed is not None:  # the application's: only our channel is closed
+            if publisher is not None and not publisher.is_closed:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(publisher.close(), CONNECT_TIMEOUT)
+            await self.borrowed.release()
+            return
         if conn is not None and not conn.is_closed:
             try:
                 await asyncio.wait_for(conn.close(), CONNECT_TIMEOUT)

@@ -48,6 +48,7 @@ from .channels import (
     unconfirmed,
 )
 from .deliveries import Consumer, Held, Received
+from .injected import Borrowed
 from .redelivered import committed
 
 if TYPE_CHECKING:
@@ -95,6 +96,9 @@ class AmqpTransport(Transport):
         custody: the state store's custody of long-held deliveries (``custody.py``); without
             it nothing is handed over and :meth:`recover` only reports ``(0, 0)``.
         heartbeat: AMQP heartbeat timeout, seconds (``None``: 60; ``?heartbeat=`` wins).
+        borrowed: the application's connection or pool to publish on instead of one of the
+            transport's own (``Queue(amqp_connection=...)``, :mod:`.injected`; producers
+            only).
     """
 
     guarantee = Guarantee.AT_LEAST_ONCE
@@ -110,8 +114,9 @@ class AmqpTransport(Transport):
         prefetch: int | None = None,
         custody: Custody | None = None,
         heartbeat: int | None = None,
+        borrowed: Borrowed | None = None,
     ) -> None:
-        self.link = AmqpLink(url, namespace, max_deliveries, heartbeat)
+        self.link = AmqpLink(url, namespace, max_deliveries, heartbeat, borrowed)
         self.prefetch = prefetch
         self.custody = custody
         self.held: dict[bytes, Held] = {}

@@ -41,7 +41,9 @@ def fused_broker(conn: RedisConnection) -> Broker:
 
     Returns:
         ``Broker(transport, RedisStateStore(conn, lease=...), Fused(...))`` with the
-        connection's dead-letter bounds as its ``dead_letter_limits``.
+        connection's dead-letter bounds as its ``dead_letter_limits``; with streams, the
+        lists on a kind-``"l"`` view of ``conn`` as its fast lane
+        (:meth:`~blitzq.broker.Broker.add_fast_lane`: tasks declared ``mode="fast"``).
     """
     transport: Transport
     if conn.kind == "s":
@@ -49,7 +51,10 @@ def fused_broker(conn: RedisConnection) -> Broker:
         transport, state = streams, RedisStateStore(conn, lease=streams.lease)
     else:
         transport, state = ListsTransport(conn), RedisStateStore(conn)
-    return Broker(transport, state, Fused(state), dead_letter_limits=RedisDeadLetterLimits(conn))
+    broker = Broker(transport, state, Fused(state), dead_letter_limits=RedisDeadLetterLimits(conn))
+    if conn.kind == "s":  # the lists as the fast lane of tasks declared mode="fast"
+        broker.add_fast_lane(ListsTransport(conn.with_kind("l")))
+    return broker
 
 
 def RedisBroker(

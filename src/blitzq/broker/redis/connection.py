@@ -10,6 +10,7 @@ Every Redis command blitzq sends lives under this package.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +127,18 @@ class RedisConnection:
         #: the listener shares :attr:`client`).
         self.listener_client: Any = listener_client
         self._results = ResultListener(listener_client or self.client, done)
+
+    def with_kind(self, kind: str) -> RedisConnection:
+        """A view of this connection for a transport of another ``kind`` (``"l"``: the fast
+        lane of a reliable broker): the same client, scripts, keys and result listener.
+        Never close the view: this connection closes what they share."""
+        if kind not in ("s", "l"):
+            raise ConfigurationError(f"kind must be 's' (streams) or 'l' (lists), not {kind!r}")
+        view = copy.copy(self)
+        view.kind = kind
+        view.owns_client = False
+        view.listener_client = None
+        return view
 
     def queue_key(self, queue: str) -> str:
         """Key where ``queue``'s messages wait: its stream (kind ``"s"``) or list (``"l"``)."""

@@ -128,8 +128,11 @@ TABLE: Final[dict[str, Key]] = {
         "worker ids scored by registration expiry (Unix seconds)"),
     "scale": Key("scale", "hash",
         "autoscale setpoint of the namespace's supervisors: `min`, `max` processes, `at` (s)"),
+    "scale_group": Key("scale:g:<group>", "hash",
+        "autoscale setpoint of the supervisors of `--group <group>`: `min`, `max`, `at` (s)"),
     "supervisors": Key("supervisors", "hash",
-        "supervisor id to its status (JSON: processes, min, max, queues); see supervisors:exp"),
+        "supervisor id to its status (JSON: group, processes, bounds, setpoint verdict); "
+        "see supervisors:exp"),
     "supervisor_beats": Key("supervisors:exp", "zset",
         "supervisor ids scored by status expiry (Unix seconds)"),
     "custody": Key("ac:<queue>", "hash",
@@ -338,6 +341,10 @@ class Keys:
     def scale(self) -> str:
         """Hash of the autoscale setpoint: ``min``, ``max`` processes, ``at`` (Unix seconds)."""
         return self._fixed("scale")
+
+    def scale_group(self, group: str) -> str:
+        """Hash of the setpoint of the supervisors started with ``--group group``."""
+        return self._one("scale_group", group)
 
     @property
     def supervisors(self) -> str:

@@ -4,8 +4,9 @@
   hash ``{ns}:periodic:rt``, its name to its definition (opaque bytes that
   :mod:`blitzq.runtime_schedules` encodes). Removing an entry also drops its last-run record
   from ``{ns}:periodic``, so a new entry of the same name starts afresh.
-- The autoscale setpoint: ``blitzq control scale`` writes it (``{ns}:scale``); every
-  autoscaling supervisor of the namespace reads it once per sampling interval, and publishes
+- The autoscale setpoint: ``blitzq control scale`` writes it (``{ns}:scale``, or
+  ``{ns}:scale:g:<group>`` for the supervisors of ``--group <group>``); every autoscaling
+  supervisor reads its own once per sampling interval, and publishes
   its status (``{ns}:supervisors``, liveness in ``{ns}:supervisors:exp``) the same way
   workers register (see :mod:`~blitzq.worker.autoscale`).
 - What the server tells about itself (``blitzq check``): INFO, and CONFIG GET ``save``.
@@ -54,29 +55,53 @@ class RedisOperatorState(RedisPart, OperationsState):
             removed, _ = await pipe.execute()
         return bool(removed)
 
-    @translate_errors
-    async def set_scale(self, minimum: int, maximum: int) -> None:
-        """Store the namespace's autoscale setpoint: ``minimum`` and ``maximum`` processes
-        per supervisor (checked by the caller), stamped with this machine's time."""
-        await self.client.hset(
-            self.keys.scale, mapping={"min": minimum, "max": maximum, "at": repr(time.time())}
-        )
+    def _setpoint_key(self, group: str | None) -> str:
+        """The setpoint key of the supervisors of ``group`` (``None``: those in no group)."""
+        return self.keys.scale if group is None else self.keys.scale_group(group)
 
     @translate_errors
-    async def clear_scale(self) -> bool:
-        """Remove the setpoint (supervisors go back to their ``--autoscale``); return whether
-        there was one."""
-        return bool(await self.client.delete(self.keys.scale))
+    async def set_scale(self, minimum: int, maximum: int, group: str | None = None) -> None:
+        """Store the autoscale setpoint of the supervisors of ``group`` (``None``: those in no
+        group): ``minimum`` and ``maximum`` processes per supervisor (checked by the caller),
+        stamped with this machine's time. The previous setpoint is replaced whole."""
+        key = self._setpoint_key(group)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.delete(key)
+            pipe.hset(key, mapping={"min": minimum, "max": maximum, "at": repr(time.time())})
+            await pipe.execute()
 
     @translate_errors
-    async def scale(self) -> tuple[int, int, float] | None:
-        """The setpoint as ``(min, max, set at in Unix seconds)``, or ``None`` when none is
-        set or it is unreadable."""
-        raw = await self.client.hgetall(self.keys.scale)
+    async def clear_scale(self, group: str | None = None) -> bool:
+        """Remove the setpoint of ``group`` (its supervisors go back to their
+        ``--autoscale``); return whether there was one."""
+        return bool(await self.client.delete(self._setpoint_key(group)))
+
+    @translate_errors
+    async def scale(self, group: str | None = None) -> tuple[int, int, float] | None:
+        """The setpoint of ``group`` as ``(min, max, set at in Unix seconds)``, or ``None``
+        when none is set or it is unreadable (see :meth:`setpoint` for the raw fields)."""
+        raw = await self.setpoint(group) or {}
         try:
-            return int(raw[b"min"]), int(raw[b"max"]), float(raw.get(b"at", 0.0))
+            return int(raw["min"]), int(raw["max"]), float(raw.get("at", 0.0))
         except (KeyError, ValueError):
             return None
+
+    @translate_errors
+    async def setpoint(self, group: str | None = None) -> dict[str, str] | None:
+        """The raw fields of the setpoint of ``group`` (text), ``None`` when there is none;
+        a key of another type than a hash reads as ``{"type": <its type>}`` (the supervisor
+        rejects it as unreadable)."""
+        key = self._setpoint_key(group)
+        try:
+            raw: dict[bytes, bytes] = await self.client.hgetall(key)
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            kind = await self.client.type(key)
+            return {"type": kind.decode() if isinstance(kind, bytes) else str(kind)}
+        if not raw:
+            return None
+        return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in raw.items()}
 
     @translate_errors
     async def publish_supervisor(self, supervisor_id: str, status: bytes, ttl: float) -> None:

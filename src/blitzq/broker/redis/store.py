@@ -388,17 +388,21 @@ class RedisStateStore(StateStore):
         """See :meth:`.RedisOperatorState.remove_runtime_periodic`."""
         return await self.operations.remove_runtime_periodic(name)
 
-    async def set_scale(self, minimum: int, maximum: int) -> None:
+    async def set_scale(self, minimum: int, maximum: int, group: str | None = None) -> None:
         """See :meth:`.RedisOperatorState.set_scale`."""
-        await self.operations.set_scale(minimum, maximum)
+        await self.operations.set_scale(minimum, maximum, group)
 
-    async def clear_scale(self) -> bool:
+    async def clear_scale(self, group: str | None = None) -> bool:
         """See :meth:`.RedisOperatorState.clear_scale`."""
-        return await self.operations.clear_scale()
+        return await self.operations.clear_scale(group)
 
-    async def scale(self) -> tuple[int, int, float] | None:
+    async def scale(self, group: str | None = None) -> tuple[int, int, float] | None:
         """See :meth:`.RedisOperatorState.scale`."""
-        return await self.operations.scale()
+        return await self.operations.scale(group)
+
+    async def setpoint(self, group: str | None = None) -> dict[str, str] | None:
+        """See :meth:`.RedisOperatorState.setpoint`."""
+        return await self.operations.setpoint(group)
 
     async def publish_supervisor(self, supervisor_id: str, status: bytes, ttl: float) -> None:
         """See :meth:`.RedisOperatorState.publish_supervisor`."""

@@ -29,17 +29,24 @@ class OperationsState(abc.ABC):  # noqa: B024 - every method has a default
         when it existed."""
         raise NotImplementedError(f"{type(self).__name__} does not store periodic entries")
 
-    async def set_scale(self, minimum: int, maximum: int) -> None:
-        """Store the namespace's autoscale setpoint (``minimum`` <= ``maximum`` processes per
-        supervisor; the caller checks the range)."""
+    async def set_scale(self, minimum: int, maximum: int, group: str | None = None) -> None:
+        """Store the autoscale setpoint of the supervisors of ``group`` (``None``: those in
+        no group): ``minimum`` <= ``maximum`` processes per supervisor (the caller checks the
+        range; each supervisor checks it against its own headroom)."""
         raise NotImplementedError(f"{type(self).__name__} does not keep an autoscale setpoint")
 
-    async def clear_scale(self) -> bool:
-        """Remove the autoscale setpoint; return whether there was one."""
+    async def clear_scale(self, group: str | None = None) -> bool:
+        """Remove the autoscale setpoint of ``group``; return whether there was one."""
         raise NotImplementedError(f"{type(self).__name__} does not keep an autoscale setpoint")
 
-    async def scale(self) -> tuple[int, int, float] | None:
-        """The autoscale setpoint ``(min, max, set at in Unix seconds)``, or ``None``."""
+    async def scale(self, group: str | None = None) -> tuple[int, int, float] | None:
+        """The autoscale setpoint of ``group`` ``(min, max, set at in Unix seconds)``, or
+        ``None`` (none, or unreadable)."""
+        return None
+
+    async def setpoint(self, group: str | None = None) -> dict[str, str] | None:
+        """The raw fields of the setpoint of ``group`` as text (``None``: none is set), for
+        the supervisor to check and accept or reject with a reason."""
         return None
 
     async def publish_supervisor(self, supervisor_id: str, status: bytes, ttl: float) -> None:
