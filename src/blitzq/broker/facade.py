@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 
+from .browse import BrowseFacade
 from .liveness import LivenessFacade
 from .operations import OperationsFacade
 from .outbox import Relay
@@ -40,7 +41,7 @@ from .state import DeadLetterFields, Scheduled, StateStore
 from .transport import Delivery, Guarantee, Transport
 
 
-class Broker(OperationsFacade, LivenessFacade):
+class Broker(OperationsFacade, LivenessFacade, BrowseFacade):
     """A transport and a state store behind one object (see the module docstring).
 
     Args:
@@ -330,6 +331,10 @@ class Broker(OperationsFacade, LivenessFacade):
     async def request_shutdown(self, worker_id: str) -> None:
         """See :meth:`StateStore.request_shutdown`."""
         await self.state.request_shutdown(worker_id)
+
+    async def request_resize(self, worker_id: str, concurrency: int) -> None:
+        """See :meth:`StateStore.request_resize`."""
+        await self.state.request_resize(worker_id, concurrency)
 
     async def counters(self) -> dict[str, int]:
         """See :meth:`StateStore.counters`."""

@@ -40,6 +40,7 @@ from ..limits import DEAD_MESSAGE_SAMPLE, DEFAULT_MAX_RESULT_SIZE, clip_text
 from ..serialization import dumps, encode_envelope
 from .eager import unwrap
 from .execution import Job, cause_of, format_traceback
+from .recent import noted
 
 if TYPE_CHECKING:
     from ..extensions.registry import Extensions
@@ -85,8 +86,7 @@ class Completions:
         self.result_ttl = result_ttl
         self.max_message_size = max_message_size
         self.max_result_size = max_result_size
-        #: Seconds a ``running`` record lives (the worker's maintenance keeps it while the
-        #: run goes on: :func:`~.maintenance.running_record_ttl`).
+        #: Seconds a ``running`` record lives (kept up: :func:`~.maintenance.running_record_ttl`).
         self.running_ttl = result_ttl
 
     def success(self, job: Job, value: Any, track_state: bool = False) -> Completion | None:
@@ -348,8 +348,9 @@ class Ending:
         self.base_context = base_context
         self.observer: RunTally | None = None
         self.timeout_error = timeout_error
-        self.processed = 0
-        self.failed = 0
+        self.processed = self.failed = 0
+        self.recent: tuple[int, int] | None = None  # the ended-task index's cap, ttl (.recent)
+        self.observe_latency: Callable[[Job], None] | None = None  # .series
 
     def ended(self, job: Job, handle: asyncio.Future[Any]) -> None:
         """The run's call ended (its slot already freed): commit what it came to, unless a
@@ -450,6 +451,10 @@ class Ending:
                 # abandoned after its timeout may still be inside it).
                 scope = job.scope if job.scope is not None else self.base_context
                 extensions.committed(job, outcome, scope.copy(), self.worker_id)
+        if self.observe_latency is not None:
+            self.observe_latency(job)
+        if self.recent is not None:
+            completion = noted(job, completion, error, cancelled, self.recent)
         if completion is not None:
             self.flusher.add(completion)
 

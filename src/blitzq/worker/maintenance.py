@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..broker import Broker
 from ..exceptions import BrokerError, describe_error
+from .series import Series
 from .unknown import take_handed
 
 if TYPE_CHECKING:
@@ -133,6 +134,9 @@ class Maintenance:
             loops.append(asyncio.create_task(self._handed_loop(), name="blitzq-handed"))
         if self.interval > COUNTS_REFRESH:
             loops.append(asyncio.create_task(self._counts_loop(), name="blitzq-counts"))
+        series = Series(self.worker)
+        self.worker.runner.ending.observe_latency = series.observe
+        loops.append(asyncio.create_task(series.loop(), name="blitzq-series"))
         if self.broker.relay is not None:  # a foreign transport: relay the store's outbox
             loops.append(asyncio.create_task(self.broker.relay.run(), name="blitzq-relay"))
         return loops
@@ -227,6 +231,11 @@ class Maintenance:
                 if value == self.worker.id:
                     logger.info("shutting down: asked on the event channel")
                     self.worker.stop()
+                return
+            if kind == "resize":  # the dashboard: c:<concurrency>:<worker id>
+                count, _, target = value.partition(":")
+                if target == self.worker.id:
+                    self.worker.resize(int(count))
                 return
             if kind == "handed":  # another worker handed this one a message (unknown.py)
                 if value == self.worker.id:

@@ -123,6 +123,8 @@ class Runner:
             self._base_context,
             self.timeouts.error,
         )
+        if queue.recent_index:
+            self.ending.recent = (queue.recent_index, queue.result_ttl)
         #: The first stage of every delivery (the fetch loops call ``admission.start``).
         self.admission = Admission(self)
         #: What admission does with a delivery naming a task this worker does not know.

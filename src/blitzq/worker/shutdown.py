@@ -41,6 +41,7 @@ async def shut_down(
     await worker._fetcher.stop(max(worker.shutdown_timeout, worker.block_timeout + FETCH_GRACE))
     # 2. Let running tasks finish, up to shutdown_timeout after the stop; not the threads
     #    abandoned at their hard timeout (already committed, they may never return).
+    assert worker._global is not None  # made at start
     drained = worker._global.drained(lambda: len(runner.timeouts.abandoned))
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(drained, timeout=max(0.0, deadline - loop.time()))

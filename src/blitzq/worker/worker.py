@@ -242,6 +242,7 @@ class Worker:
         self._stop_event: asyncio.Event | None = None
         self._stopping = False
         self._runner: Runner | None = None
+        self._global: Limiter | None = None
         self._started = time.time()
         #: What the Queue's lifespans yielded, for ``Depends()`` parameters.
         self.resources = Resources()
@@ -311,6 +312,23 @@ class Worker:
         self._stopping = True
         if self._stop_event is not None:
             self._stop_event.set()
+
+    def resize(self, concurrency: int) -> None:
+        """Run at most ``concurrency`` tasks at once from now on (the dashboard's resize,
+        through the event channel). Running tasks go on; when shrinking, no new one starts
+        until fewer than ``concurrency`` run. The thread pool keeps its size
+        (``thread_pool_size``).
+
+        Raises:
+            ConfigurationError: ``concurrency`` is not an int in [1, 100000].
+        """
+        integer("concurrency", concurrency, minimum=1)
+        if concurrency > 100_000:
+            raise ConfigurationError("concurrency must be at most 100000")
+        self.concurrency = concurrency
+        if self._global is not None:
+            self._global.resize(concurrency)
+        logger.info("worker %s resized: concurrency=%d", self.id, concurrency)
 
     async def run(self) -> None:
         """Run until :meth:`stop` (or a signal, or cancellation), then shut down gracefully.

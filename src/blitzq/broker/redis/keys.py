@@ -91,6 +91,13 @@ TABLE: Final[dict[str, Key]] = {
         "each progress update written for a task"),
     "rate_limit": Key("rl:<key>", "hash",
         "a token bucket (task name, rate_key or `queue:<q>`): `t` tokens, `ts` server time (s)"),
+    "recent": Key("recent:<queue>", "zset",
+        "tasks that ended from a physical queue, `<state>\\n<task>\\n<task_id>` scored by end "
+        "time (Unix seconds, worker clock); capped at recent_index, expires result_ttl after "
+        "its last write"),
+    "series": Key("series:<slot>", "hash",
+        "the workers' samples of one 10 s slot (Unix seconds // 10): `done`, `failed`, "
+        "`w<i>` / `r<i>` wait / run latency histogram counts, `q:<queue>` depth; expires in 1 h"),
     "dead_letters": Key("dlq", "zset",
         "dead-lettered task ids scored by failure time (Unix seconds)"),
     "dead_letter_sizes": Key("dlq:size", "hash",
@@ -105,12 +112,14 @@ TABLE: Final[dict[str, Key]] = {
         "periodic task name to its last dispatched occurrence (Unix seconds)"),
     "periodic_runtime": Key("periodic:rt", "hash",
         "run-time periodic entry name (`blitzq schedule add`) to its definition (MessagePack)"),
+    "periodic_paused": Key("periodic:paused", "set",
+        "periodic entry names paused (the dashboard): their occurrences are claimed, not run"),
     "revoked": Key("revoked", "zset",
         "cancelled task ids scored by when the mark expires (Unix seconds)"),
     "events": Key("events", "channel",
         "`r:<id>` a task was cancelled, `s:<due>` a message was scheduled, `h:<worker>` one "
         "was handed to a worker, `p:<queue>` / `u:<queue>` a queue was paused / resumed, "
-        "`x:<worker>` a worker is asked to shut down"),
+        "`x:<worker>` a worker is asked to shut down, `c:<n>:<worker>` to run n tasks at once"),
     "paused": Key("paused", "set",
         "queues paused by `blitzq queue pause`: no worker fetches from them until resumed"),
     "stats": Key("stats", "hash",
@@ -255,6 +264,14 @@ class Keys:
         """Token bucket of a rate limit (a task name, a shared ``rate_key``, ``queue:<q>``)."""
         return self._one("rate_limit", key)
 
+    def recent(self, queue: str) -> str:
+        """Sorted set of the tasks that ended from physical ``queue`` (the dashboard's list)."""
+        return self._one("recent", queue)
+
+    def series(self, slot: int) -> str:
+        """Hash of the workers' samples of one time slot (``worker/series.py``)."""
+        return self._one("series", str(slot))
+
     @property
     def dead_letters(self) -> str:
         """Sorted set of dead-lettered task ids scored by failure time."""
@@ -289,6 +306,11 @@ class Keys:
     def periodic_runtime(self) -> str:
         """Hash of run-time periodic entry name to its definition (``blitzq schedule``)."""
         return self._fixed("periodic_runtime")
+
+    @property
+    def periodic_paused(self) -> str:
+        """Set of paused periodic entry names (claimed without being dispatched)."""
+        return self._fixed("periodic_paused")
 
     @property
     def revoked(self) -> str:

@@ -113,6 +113,12 @@ class RedisRegistry(RedisPart, RegistryState):
         await self.client.publish(self.keys.events, "x:" + worker_id)
 
     @translate_errors
+    async def request_resize(self, worker_id: str, concurrency: int) -> None:
+        """Ask worker ``worker_id`` to run at most ``concurrency`` tasks at once (a push
+        ``c:<concurrency>:<worker id>`` on the event channel)."""
+        await self.client.publish(self.keys.events, f"c:{int(concurrency)}:{worker_id}")
+
+    @translate_errors
     async def counters(self) -> dict[str, int]:
         """The namespace's counters (one HGETALL of ``{ns}:stats``). A field that is not an
         integer (a corrupted counter) reads as 0, with a WARNING naming it; the scripts that
