@@ -134,7 +134,7 @@ def _queue(name: str) -> str:
 def _charts() -> str:
     return (
         '<form id="chart-range" class="bar"><select name="minutes" aria-label="range">'
-        '<option value="30">last 30 min</option><option value="10">last 10 min</option>'
+        '<option value="10">last 10 min</option><option value="30">last 30 min</option>'
         '<option value="60">last hour</option></select></form>'
         '<div id="charts" class="charts"><p class="empty">loading…</p></div>'
         '<p class="hint">From the 10 s samples each worker adds to the broker (kept an hour). '

@@ -9,7 +9,6 @@ completion of its own for the note.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 from ..broker import Completion
@@ -52,4 +51,7 @@ def noted(
     ended = (f"{state}\n{env.task}\n{env.id}", *recent)
     if completion is None:
         return Completion(job.delivery.queue, None, env.id, ended=ended)
-    return dataclasses.replace(completion, ended=ended)
+    # Set in place, not copied (dataclasses.replace costs ~6 us): the completion is this
+    # run's own and nothing has seen it yet (the flusher gets it next).
+    object.__setattr__(completion, "ended", ended)
+    return completion

@@ -514,7 +514,7 @@
   }
   // A line chart of `series` ([{name, values}]) over `times` (Unix seconds).
   function chart(title, times, series, unit) {
-    const W = 360, H = 150, L = 44, B = 22, T = 8;
+    const W = 360, H = 150, L = 62, B = 22, T = 8;
     const all = series.flatMap((s) => s.values.filter((v) => v !== null));
     const top = Math.max(...all, 0) || 1;
     const x = (i) => L + (times.length < 2 ? 0 : (i * (W - L - 4)) / (times.length - 1));
@@ -527,11 +527,12 @@
       box.append(svg("text", { x: L, y: H - 6, class: "tick" }, clock(times[0])));
       box.append(svg("text", { x: W - 4, y: H - 6, class: "tick", "text-anchor": "end" }, clock(times[times.length - 1])));
     }
-    series.forEach((s, k) => {
+    series.forEach((s, n) => {
+      const k = s.color ?? n;
       const points = s.values.map((v, i) => (v === null ? null : `${x(i).toFixed(1)},${y(v).toFixed(1)}`)).filter(Boolean);
       if (points.length) box.append(svg("polyline", { points: points.join(" "), class: `line line-${k}` }));
     });
-    const legend = el("p", { class: "legend" }, ...series.map((s, k) => el("span", { class: `key key-${k}` }, s.name)));
+    const legend = el("p", { class: "legend" }, ...series.map((s, n) => el("span", { class: `key key-${s.color ?? n}` }, s.name)));
     return el("figure", { class: "chart-box", "data-chart": title }, el("figcaption", {}, title), box, legend);
   }
   function fmt(v, unit) {
@@ -549,7 +550,7 @@
         chart("Throughput (tasks / s)", times, [
           { name: "finished", values: p.map((q) => q.done_per_s) },
           { name: "failed", values: p.map((q) => q.failed_per_s) }]),
-        chart("Failures (tasks / s)", times, [{ name: "failed", values: p.map((q) => q.failed_per_s) }]),
+        chart("Failures (tasks / s)", times, [{ name: "failed", color: 1, values: p.map((q) => q.failed_per_s) }]),
         chart("Queue depth (waiting)", times, queues.slice(0, 6).map((name) => ({
           name, values: p.map((q) => (name in q.depth ? q.depth[name] : null)) }))),
         chart("Wait latency", times, [
