@@ -105,6 +105,36 @@ async def test_ended_tasks_are_listed_without_records(queue: Queue) -> None:
         assert bad_cursor.status_code == 400
 
 
+async def test_fast_mode_runs_without_a_write_are_listed(
+    make_queue: Callable[..., Queue],
+) -> None:
+    """A fast-mode success without a record has no completion to ride in: its note is
+    written within a second by the worker, and the last ones at its shutdown."""
+    q = make_queue(mode="fast", store_results=False)
+
+    @q.task(name="quick")
+    async def quick(n: int) -> int:
+        return n
+
+    try:
+        handles = [await quick.enqueue(n) for n in range(5)]
+        async with client(create_app(q)) as c:
+            async with running(make_worker(q)):
+                doc = await eventually(lambda: listing(c), lambda d: len(d["items"]) == 5)
+            assert {r["id"] for r in doc["items"]} == {h.id for h in handles}
+            assert {r["state"] for r in doc["items"]} == {"succeeded"}
+            more = [await quick.enqueue(n) for n in range(3)]
+            async with running(make_worker(q)):
+                await eventually(
+                    lambda: q.stats(), lambda s: s["queues"]["default"]["waiting"] == 0
+                )
+            # Stopped: what ended before the stop was written at its shutdown at the latest.
+            doc = await eventually(lambda: listing(c), lambda d: len(d["items"]) == 8)
+            assert {h.id for h in more} <= {r["id"] for r in doc["items"]}
+    finally:
+        await q.close()
+
+
 async def test_no_index_lists_no_ended_tasks(make_queue: Callable[..., Queue]) -> None:
     q = make_queue(recent_index=0)
 

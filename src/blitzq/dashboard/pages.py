@@ -106,8 +106,7 @@ def _task_list(queue: str = "") -> str:
 
 def _tasks(task_id: str) -> str:
     return (
-        _task_list()
-        + "<h2>Look up a task</h2>"
+        _task_list() + "<h2>Look up a task</h2>"
         '<form id="search" class="bar" autocomplete="off">'
         '<label for="task-id">Task id</label>'
         f'<input id="task-id" name="id" value="{escape(task_id)}" size="48" '
@@ -182,23 +181,27 @@ def _dead_letters() -> str:
 
 
 def _workers() -> str:
-    return '<div class="scroll">' + _table(
-        "workers",
-        [
-            "id",
-            "host",
-            "pid",
-            "queues",
-            "concurrency",
-            "running",
-            "finished",
-            "failed",
-            "started",
-            "last heartbeat",
-            "",
-        ],
-        ("pid", "concurrency", "running", "finished", "failed"),
-    ) + "</div><p id=\"workers-message\" role=\"status\"></p>"
+    return (
+        '<div class="scroll">'
+        + _table(
+            "workers",
+            [
+                "id",
+                "host",
+                "pid",
+                "queues",
+                "concurrency",
+                "running",
+                "finished",
+                "failed",
+                "started",
+                "last heartbeat",
+                "",
+            ],
+            ("pid", "concurrency", "running", "finished", "failed"),
+        )
+        + '</div><p id="workers-message" role="status"></p>'
+    )
 
 
 def _periodic() -> str:

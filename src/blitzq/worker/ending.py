@@ -40,7 +40,7 @@ from ..limits import DEAD_MESSAGE_SAMPLE, DEFAULT_MAX_RESULT_SIZE, clip_text
 from ..serialization import dumps, encode_envelope
 from .eager import unwrap
 from .execution import Job, cause_of, format_traceback
-from .recent import noted
+from .recent import EndNotes
 
 if TYPE_CHECKING:
     from ..extensions.registry import Extensions
@@ -349,7 +349,7 @@ class Ending:
         self.observer: RunTally | None = None
         self.timeout_error = timeout_error
         self.processed = self.failed = 0
-        self.recent: tuple[int, int] | None = None  # the ended-task index's cap, ttl (.recent)
+        self.notes: EndNotes | None = None  # the index of ended tasks (.recent)
         self.observe_latency: Callable[[Job], None] | None = None  # .series
 
     def ended(self, job: Job, handle: asyncio.Future[Any]) -> None:
@@ -453,8 +453,8 @@ class Ending:
                 extensions.committed(job, outcome, scope.copy(), self.worker_id)
         if self.observe_latency is not None:
             self.observe_latency(job)
-        if self.recent is not None:
-            completion = noted(job, completion, error, cancelled, self.recent)
+        if self.notes is not None:
+            completion = self.notes.note(job, completion, error, cancelled)
         if completion is not None:
             self.flusher.add(completion)
 

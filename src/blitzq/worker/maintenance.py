@@ -134,6 +134,10 @@ class Maintenance:
             loops.append(asyncio.create_task(self._handed_loop(), name="blitzq-handed"))
         if self.interval > COUNTS_REFRESH:
             loops.append(asyncio.create_task(self._counts_loop(), name="blitzq-counts"))
+        notes = self.worker.runner.ending.notes
+        if notes is not None:  # the notes of runs with nothing to write
+            notes.broker = self.broker
+            loops.append(asyncio.create_task(notes.loop(), name="blitzq-recent"))
         series = Series(self.worker)
         self.worker.runner.ending.observe_latency = series.observe
         loops.append(asyncio.create_task(series.loop(), name="blitzq-series"))

@@ -33,6 +33,7 @@ from .lifecycle import Lifecycle
 from .limiter import Slots
 from .maintenance import running_record_ttl
 from .progress import ProgressReporter
+from .recent import EndNotes
 from .recycling import recycle_after
 from .timeouts import Timeouts
 from .unknown import UnknownTasks
@@ -124,7 +125,7 @@ class Runner:
             self.timeouts.error,
         )
         if queue.recent_index:
-            self.ending.recent = (queue.recent_index, queue.result_ttl)
+            self.ending.notes = EndNotes(queue.recent_index, queue.result_ttl)
         #: The first stage of every delivery (the fetch loops call ``admission.start``).
         self.admission = Admission(self)
         #: What admission does with a delivery naming a task this worker does not know.

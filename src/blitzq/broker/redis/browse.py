@@ -55,6 +55,17 @@ class RedisBrowse(RedisPart, BrowseState):
         return rows[:limit]
 
     @translate_errors
+    async def add_ended(self, queue: str, members: Mapping[str, float], cap: int, ttl: int) -> None:
+        """See :meth:`BrowseState.add_ended` (ZADD, ZREMRANGEBYRANK and EXPIRE in one
+        transaction)."""
+        key = self.keys.recent(queue)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.zadd(key, dict(members))
+            pipe.zremrangebyrank(key, 0, -(cap + 1))
+            pipe.expire(key, ttl)
+            await pipe.execute()
+
+    @translate_errors
     async def scheduled_tasks(
         self, after: float | None, limit: int
     ) -> list[tuple[float, str, bytes]]:

@@ -392,6 +392,10 @@ class RedisStateStore(StateStore):
         """See :meth:`.RedisBrowse.ended_tasks`."""
         return await self.browse.ended_tasks(queues, before, after, limit)
 
+    async def add_ended(self, queue: str, members: Mapping[str, float], cap: int, ttl: int) -> None:
+        """See :meth:`.RedisBrowse.add_ended`."""
+        await self.browse.add_ended(queue, members, cap, ttl)
+
     async def scheduled_tasks(
         self, after: float | None, limit: int
     ) -> list[tuple[float, str, bytes]]:
