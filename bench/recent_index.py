@@ -5,17 +5,17 @@ Usage::
 
     .venv/bin/python bench/recent_index.py [--tasks 20000] [--pairs 7]
 
-Starts a private ``redis-server`` like ``bench.py`` (never the shared 6379). For each of two
-set-ups -- reliable mode with results stored (the index entry rides in the ``"R"`` batch
-that already writes the records) and fast mode with ``store_results=False`` (nothing was
-written per task before: the index is then the only write, its notes written once a second
-in one transaction per queue) -- ``--pairs`` times, one in-process ``Worker(concurrency=200)``
-drains ``--tasks`` pre-enqueued no-op async tasks with the index on, then off (the order
+Starts a private ``redis-server`` like ``bench.py`` (never the shared 6379). Two set-ups:
+reliable mode with results stored (the index entry rides in the ``"R"`` batch that already
+writes the records) and fast mode with ``store_results=False`` (nothing was written per task
+before: the notes are then the only write, made once a second in one transaction per
+queue). For each, ``--pairs`` times, one in-process ``Worker(concurrency=200)`` drains
+``--tasks`` pre-enqueued no-op async tasks with the index on, then off (the order
 alternating inside each pair). A drain ends when the broker shows every task done; the index
-is then checked full (not timed: the once-a-second notes may still be on their way). Reported per set-up: the median of the per-pair on/off
-ratios of tasks/s and of this process's CPU seconds (the worker runs in it), the median CPU
-per task of each side, and the index's memory in Redis (``MEMORY USAGE`` of one full queue's
-index, bytes per entry).
+is then checked full (not timed: the once-a-second notes may still be on their way).
+Reported per set-up: the median of the per-pair on/off ratios of tasks/s and of this
+process's CPU seconds (the worker runs in it), the median CPU per task of each side, and the
+index's memory in Redis (``MEMORY USAGE`` of one full queue's index, bytes per entry).
 """
 
 from __future__ import annotations

@@ -323,3 +323,28 @@ async def listing_count(queue: Queue) -> int:
 def Series_of(worker: Any) -> Any:
     """The worker's :class:`~blitzq.worker.series.Series` (its ending's observer)."""
     return worker.runner.ending.observe_latency.__self__
+
+
+async def test_actions_are_behind_the_same_auth(queue: Queue) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    host = Starlette(routes=[Mount("/secure", app=create_app(queue, basic_auth=("ops", "pw")))])
+    calls = [
+        ("/secure/api/tasks", None),
+        ("/secure/api/series", None),
+        ("/secure/api/queues/default/pause", {"confirm": "default"}),
+        ("/secure/api/queues/default/purge", {"confirm": "default"}),
+        ("/secure/api/periodic/hourly/run", {"confirm": "hourly"}),
+        ("/secure/api/workers/w1/shutdown", {"confirm": "w1"}),
+        ("/secure/api/dead-letters/replay", {"confirm": "all matching"}),
+    ]
+    async with client(host) as c:
+        for path, payload in calls:
+            answer = await (c.get(path) if payload is None else post(c, path, payload))
+            assert answer.status_code == 401, path
+        assert await queue.broker.paused_queues() == set()
+        c.auth = ("ops", "pw")
+        paused = await post(c, "/secure/api/queues/default/pause", {"confirm": "default"})
+        assert paused.json()["changed"] is True
+        assert (await c.get("/secure/api/tasks")).status_code == 200

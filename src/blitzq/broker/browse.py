@@ -22,9 +22,11 @@ class BrowseFacade:
         """See :meth:`~.state.browse.BrowseState.ended_tasks`."""
         return await self.state.ended_tasks(queues, before, after, limit)
 
-    async def add_ended(self, queue: str, members: Mapping[str, float], cap: int, ttl: int) -> None:
+    async def add_ended(
+        self, queue: str, members: Sequence[str], now: float, cap: int, ttl: int
+    ) -> None:
         """See :meth:`~.state.browse.BrowseState.add_ended`."""
-        await self.state.add_ended(queue, members, cap, ttl)
+        await self.state.add_ended(queue, members, now, cap, ttl)
 
     async def scheduled_tasks(
         self, after: float | None, limit: int

@@ -1,12 +1,13 @@
 """The note of a task's end in its queue's index of ended tasks (the dashboard's task list).
 
-A final completion carries ``Completion.ended``: ``"<state>\\n<task>\\n<task_id>"`` with the
-index's cap and TTL (the Queue's ``recent_index`` and ``result_ttl``), which ``complete.lua``
-adds to ``{ns}:recent:<queue>`` in the batch's one round trip. A run that goes on (a retry,
-a requeue) notes nothing. A run with nothing to write (a fast-mode success without a record)
-has no round trip to ride in: its note waits in :class:`EndNotes`, which writes what
-piled up once a second (:meth:`~blitzq.broker.Broker.add_ended`, one transaction per queue),
-so such a run costs a list append, not a write of its own.
+A run that ends for good (not a retry, not a requeue) leaves ``"<state>\\n<task>\\n<task_id>"``
+in :class:`EndNotes`, which writes what piled up once a second
+(:meth:`~blitzq.broker.Broker.add_ended`: ``recent.lua``, ZADD, a cut to the newest
+``recent_index``, EXPIRE ``result_ttl``, one call per queue), off the completions' path: a
+run costs a list append. Before the worker's maintenance starts the writes and after it
+stopped them (a graceful shutdown's last runs), a note rides in the run's completion
+instead (``Completion.ended``), which ``complete.lua`` applies in the batch's own round trip. A note
+is lost with its worker if it dies within the second: the index is a view, not a record.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 from ..broker import Completion
@@ -43,14 +45,14 @@ class EndNotes:
 
     Attributes:
         broker: where pending notes are written; ``None`` until the worker's maintenance
-            starts :meth:`loop` (a run with nothing to write then gets a completion).
+            starts :meth:`loop` and after it stopped (notes then ride in completions).
     """
 
     def __init__(self, cap: int, ttl: int) -> None:
         self.cap = cap
         self.ttl = ttl
         self.broker: Broker | None = None
-        self._pending: list[tuple[str, str]] = []
+        self._pending: deque[tuple[str, str]] = deque(maxlen=MAX_PENDING)
 
     def note(
         self, job: Job, completion: Completion | None, error: BaseException | None, cancelled: bool
@@ -77,13 +79,10 @@ class EndNotes:
             state = "succeeded"
         env = job.envelope
         member = f"{state}\n{env.task}\n{env.id}"
+        if self.broker is not None:
+            self._pending.append((job.delivery.queue, member))
+            return completion
         if completion is None:
-            if self.broker is not None:
-                pending = self._pending
-                pending.append((job.delivery.queue, member))
-                if len(pending) > MAX_PENDING:
-                    del pending[: len(pending) - MAX_PENDING]
-                return None
             return Completion(job.delivery.queue, None, env.id, ended=(member, self.cap, self.ttl))
         # Set in place, not copied (dataclasses.replace costs ~6 us): the completion is this
         # run's own and nothing has seen it yet (the flusher gets it next).
@@ -91,22 +90,22 @@ class EndNotes:
         return completion
 
     async def flush(self, broker: Broker | None = None) -> None:
-        """Write the pending notes, one transaction per queue, scored now (the order they
+        """Write the pending notes, one script call per queue, scored now (the order they
         ended in, a microsecond apart), to ``broker`` (default :attr:`broker`).
 
         Raises:
             BrokerError: the broker could not be reached (those notes are dropped).
         """
         broker = broker or self.broker
-        notes, self._pending = self._pending, []
+        notes, self._pending = self._pending, deque(maxlen=MAX_PENDING)
         if not notes or broker is None:
             return
+        by_queue: dict[str, list[str]] = {}
+        for queue, member in notes:
+            by_queue.setdefault(queue, []).append(member)
         now = time.time()
-        by_queue: dict[str, dict[str, float]] = {}
-        for i, (queue, member) in enumerate(notes):
-            by_queue.setdefault(queue, {})[member] = now + i / 1_000_000
         for queue, members in by_queue.items():
-            await broker.add_ended(queue, members, self.cap, self.ttl)
+            await broker.add_ended(queue, members, now, self.cap, self.ttl)
 
     async def loop(self) -> None:
         """Write the pending notes every :data:`FLUSH_EVERY` seconds until cancelled, and

@@ -1,7 +1,8 @@
 """The Redis state store's browse role: what the dashboard lists and charts.
 
-- ``{ns}:recent:<queue>``: the tasks that ended from a queue (written by ``complete.lua``'s
-  ``"I"`` entries), read newest first by end time, one ZREVRANGEBYSCORE per queue;
+- ``{ns}:recent:<queue>``: the tasks that ended from a queue (written by the workers once a
+  second, ``recent.lua``, or with a completion, ``complete.lua``'s ``"I"`` entries), read
+  newest first by end time, one ZREVRANGEBYSCORE per queue;
 - ``{ns}:sched`` and ``{ns}:sched:m``: the schedule, a page soonest first;
 - ``{ns}:s:<queue>`` / ``{ns}:l:<queue>``: a queue's messages, a page in the order taken;
 - ``{ns}:series:<slot>``: each 10 s slot's counts and gauges added by the workers
@@ -13,11 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import msgspec
+
 from ..state.browse import BrowseState
 from .client import translate_errors
 from .connection import RedisPart
 
 __all__ = ["RedisBrowse"]
+
+_encode = msgspec.msgpack.Encoder().encode
 
 
 def _text(value: bytes | str) -> str:
@@ -55,15 +60,16 @@ class RedisBrowse(RedisPart, BrowseState):
         return rows[:limit]
 
     @translate_errors
-    async def add_ended(self, queue: str, members: Mapping[str, float], cap: int, ttl: int) -> None:
-        """See :meth:`BrowseState.add_ended` (ZADD, ZREMRANGEBYRANK and EXPIRE in one
-        transaction)."""
-        key = self.keys.recent(queue)
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.zadd(key, dict(members))
-            pipe.zremrangebyrank(key, 0, -(cap + 1))
-            pipe.expire(key, ttl)
-            await pipe.execute()
+    async def add_ended(
+        self, queue: str, members: Sequence[str], now: float, cap: int, ttl: int
+    ) -> None:
+        """See :meth:`BrowseState.add_ended` (``recent.lua``: one call, the members as one
+        MessagePack argument)."""
+        await self.scripts.call(
+            "recent",
+            keys=[self.keys.recent(queue)],
+            args=[repr(float(now)), cap, ttl, _encode(list(members))],
+        )
 
     @translate_errors
     async def scheduled_tasks(

@@ -392,9 +392,11 @@ class RedisStateStore(StateStore):
         """See :meth:`.RedisBrowse.ended_tasks`."""
         return await self.browse.ended_tasks(queues, before, after, limit)
 
-    async def add_ended(self, queue: str, members: Mapping[str, float], cap: int, ttl: int) -> None:
+    async def add_ended(
+        self, queue: str, members: Sequence[str], now: float, cap: int, ttl: int
+    ) -> None:
         """See :meth:`.RedisBrowse.add_ended`."""
-        await self.browse.add_ended(queue, members, cap, ttl)
+        await self.browse.add_ended(queue, members, now, cap, ttl)
 
     async def scheduled_tasks(
         self, after: float | None, limit: int

@@ -26,10 +26,13 @@ class BrowseState(abc.ABC):  # noqa: B024 - every method has a default
         """
         return []
 
-    async def add_ended(self, queue: str, members: Mapping[str, float], cap: int, ttl: int) -> None:
-        """Add ``members`` (``"<state>\\n<task>\\n<id>"`` to its end time, Unix seconds) to
-        the index of ended tasks of physical ``queue``, keep its newest ``cap`` and let it
-        expire ``ttl`` seconds later (what ``complete.lua`` does for a completion's note)."""
+    async def add_ended(
+        self, queue: str, members: Sequence[str], now: float, cap: int, ttl: int
+    ) -> None:
+        """Add ``members`` (``"<state>\\n<task>\\n<id>"``, in the order they ended, scored
+        ``now`` in Unix seconds plus a microsecond per place) to the index of ended tasks of
+        physical ``queue``, keep its newest ``cap`` and let it expire ``ttl`` seconds later
+        (what ``complete.lua`` does for a completion's note)."""
         return
 
     async def scheduled_tasks(

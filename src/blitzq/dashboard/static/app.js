@@ -307,11 +307,11 @@
       fill("#letters", d.items.map((x) => el("tr", { "data-id": x.id },
         el("td", { class: "mono" }, taskLink(x.id)),
         el("td", {}, x.task || "?"),
-        el("td", {}, x.queue),
+        el("td", {}, x.queue ? queueLink(x.queue) : "?"),
         el("td", {}, x.reason),
         el("td", { class: "mono error", title: x.error }, short(x.error, 160)),
         el("td", { class: "mono args" }, short(json(x.args), 120)),
-        el("td", {}, time(x.failed_at)),
+        el("td", { class: "when" }, time(x.failed_at)),
         actions(x.id))), "no dead letters");
     }
 
@@ -404,7 +404,7 @@
     live(() => api("periodic"), (d) => fill("#periodic", d.periodic.map((p) => el("tr", { "data-name": p.name },
       el("td", {}, p.name),
       el("td", {}, p.task),
-      el("td", { class: "mono" }, p.schedule),
+      el("td", { class: "mono wrap" }, p.schedule),
       el("td", {}, p.tz),
       el("td", {}, p.missed),
       el("td", {}, p.queue),

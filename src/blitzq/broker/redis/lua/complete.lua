@@ -62,6 +62,7 @@ local dead_added = 0
 local dl_ttl, dl_bytes, inline_max = ARGV[5], ARGV[6], tonumber(ARGV[7])
 --@include dead_letters.lua
 --@include outbox.lua
+--@include recent_add.lua
 local stale = {}
 local revoked = KEY.revoked(prefix)
 local marks = redis.call('EXISTS', revoked) == 1
@@ -271,23 +272,8 @@ end
 -- An "R" entry: ack all its ids at once (fenced as "A"), then store and publish the records
 -- of those that were still this consumer's, exactly as a "C" entry with only a record.
 -- An "I" entry: note the tasks that ended (the dashboard's index), keep the newest cap.
-local seq = 0
 local function ended(c)
-  local key, now, members = KEY.recent(prefix, c[2]), tonumber(c[5]), c[6]
-  local args, n = {}, 0
-  for i = 1, #members do
-    seq = seq + 1
-    args[n + 1] = string.format('%.6f', now + seq / 1000000)
-    args[n + 2] = members[i]
-    n = n + 2
-    if n >= 1000 then
-      redis.call('ZADD', key, unpack(args, 1, n))
-      n = 0
-    end
-  end
-  if n > 0 then redis.call('ZADD', key, unpack(args, 1, n)) end
-  redis.call('ZREMRANGEBYRANK', key, 0, -(tonumber(c[3]) + 1))
-  redis.call('EXPIRE', key, c[4])
+  recent_add(KEY.recent(prefix, c[2]), tonumber(c[5]), tonumber(c[3]), c[4], c[6])
 end
 
 local function records(c)
