@@ -3,7 +3,7 @@
 
 Usage::
 
-    .venv/bin/python bench/recent_index.py [--tasks 20000] [--pairs 7]
+    .venv/bin/python bench/recent_index.py [--tasks 20000] [--pairs 7] [--micro]
 
 Starts a private ``redis-server`` like ``bench.py`` (never the shared 6379). Two set-ups:
 reliable mode with results stored (the index entry rides in the ``"R"`` batch that already
@@ -16,6 +16,10 @@ is then checked full (not timed: the once-a-second notes may still be on their w
 Reported per set-up: the median of the per-pair on/off ratios of tasks/s and of this
 process's CPU seconds (the worker runs in it), the median CPU per task of each side, and the
 index's memory in Redis (``MEMORY USAGE`` of one full queue's index, bytes per entry).
+
+``--micro`` times the worker's two parts alone (best of 5): the note of one run
+(``EndNotes.note``, ``timeit``) and the once-a-second write of 20,000 pending notes
+(``EndNotes.flush``: this process's CPU per note, and the call's wall time).
 """
 
 from __future__ import annotations
@@ -104,14 +108,59 @@ async def paired(url: str, tasks: int, pairs: int) -> None:
     print(f"load average (1 min) during the run: {min(loads):.1f} - {max(loads):.1f}")
 
 
+async def micro(url: str) -> None:
+    """Time the note of one run and the write of 20,000 notes (module docstring)."""
+    import timeit
+    import uuid
+
+    from blitzq import Queue
+    from blitzq.broker import Completion
+    from blitzq.broker.transport import Delivery
+    from blitzq.serialization import Envelope
+    from blitzq.worker.execution import Job
+    from blitzq.worker.recent import EndNotes
+
+    queue = Queue(redis_url=url, namespace=f"bench-micro-{uuid.uuid4().hex[:8]}")
+
+    @queue.task(name="micro.noop")
+    async def noop() -> None:
+        return None
+
+    job = Job(Delivery("default", b"1-0", b"", 1), Envelope("id-1", "micro.noop", "default"), noop)
+    done = Completion("default", b"1-0", "id-1", b"record")
+    notes = EndNotes(10_000, 86_400)
+    notes.broker = queue.broker
+    number = 200_000
+    best = min(timeit.repeat(lambda: notes.note(job, done, None, False), number=number, repeat=5))
+    print(f"EndNotes.note alone: {best / number * 1e9:.0f} ns per run")
+    cpus, walls = [], []
+    for _ in range(5):
+        for n in range(20_000):
+            notes.note(job, done, None, False)
+            job.envelope.id = f"id-{n}"
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        await notes.flush()
+        cpus.append((time.process_time() - cpu0) / 20_000 * 1e6)
+        walls.append((time.perf_counter() - t0) * 1e3)
+    print(
+        f"EndNotes.flush of 20,000 notes: {min(cpus):.2f} us of CPU per note, "
+        f"{min(walls):.0f} ms per call (the server's share included)"
+    )
+    await queue.close()
+
+
 def main() -> None:
     """Parse arguments, start the private server, run the pairs."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--pairs", type=int, default=7)
+    parser.add_argument("--micro", action="store_true", help="time the note and the write alone")
     args = parser.parse_args()
     with harness.private_redis() as url:
-        asyncio.run(paired(url, args.tasks, args.pairs))
+        if args.micro:
+            asyncio.run(micro(url))
+        else:
+            asyncio.run(paired(url, args.tasks, args.pairs))
 
 
 if __name__ == "__main__":

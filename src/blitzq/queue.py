@@ -116,9 +116,9 @@ class Queue:
             slow handler never holds the event loop; ``None`` reads ``BLITZQ_LOG_QUEUE``
             (default off: an application keeps its logging as it set it up).
         recent_index: tasks kept per physical queue in the index of ended tasks that the
-            dashboard lists (id, task name, final state and end time of each, written with
-            the completion's one round trip; the index expires ``result_ttl`` after its last
-            write); ``0`` keeps none.
+            dashboard lists (id, task name, final state and end time of each; each worker
+            writes what ended once a second, one call per queue; the index expires
+            ``result_ttl`` after its last write); ``0`` keeps none.
 
     Every numeric option must be a real number (``int`` where a count or size is asked for;
     never ``bool``), finite and in range, and every duration at most ten years

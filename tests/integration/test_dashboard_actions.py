@@ -70,6 +70,9 @@ async def test_ended_tasks_are_listed_without_records(queue: Queue) -> None:
         assert doc["index"] == 10_000
         states = {row["id"]: row["state"] for row in doc["items"]}
         assert states[bad.id] == "dead_lettered"
+        args = {row["id"]: row["args"] for row in doc["items"]}
+        assert args[bad.id] == ["needle-in-args"]  # its failure record keeps a preview
+        assert args[adds[0].id] is None  # no record: store_results=False
         assert all(states[h.id] == "succeeded" for h in adds)
         assert await queue.inspect(adds[0].id) is None  # no record: store_results=False
         ats = [row["at"] for row in doc["items"]]

@@ -523,7 +523,6 @@ def test_task_list_filters_pages_and_cancels_with_a_confirmation(app: App, page:
     rows = page.locator("#task-list tbody tr[data-id]")
     expect(rows).to_have_count(25)  # a page
     expect(page.locator("#list-note")).to_contain_text("index of its newest 10000")
-    shot(page, "task-list")
     page.locator('#list-filters select[name="state"]').select_option("succeeded")
     page.locator('#list-filters input[name="task"]').fill("reports.build")
     page.locator("#list-filters button").click()
@@ -596,6 +595,12 @@ def test_dead_letter_pager_and_replay_all_matching(app: App, page: Any) -> None:
     wait_until(
         lambda: off_loop(app.queue.dead_letter_count_sync) == before + 55, 30, "failed again"
     )
+    after = off_loop(lambda: app.queue.tasks["reports.build"].enqueue_sync("after"))
+    page.goto(app.url + "/tasks")  # the recent list: dead letters and successes together
+    expect(page.locator(f'#task-list tr[data-id="{after.id}"]')).to_be_visible()
+    dead = page.locator('#task-list tr[data-state="dead_lettered"]').first
+    expect(dead.locator("td.args")).to_have_text(re.compile(r"^\[\d+\]$"))  # its record's
+    shot(page, "task-list")
     off_loop(lambda: app.queue.purge_dead_letters_sync(task="reports.broken"))
 
 

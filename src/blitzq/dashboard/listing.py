@@ -159,12 +159,38 @@ async def _ended(queue: Queue, q: TaskQuery) -> dict[str, Any]:
         for row in candidates:
             rows.append(row)
             if len(rows) >= q.limit:
+                await _fill_calls(queue, rows)
                 return {"items": rows, "next": repr(row["at"]), "scanned": scanned + len(chunk)}
         scanned += len(chunk)
         if len(chunk) < _CHUNK:
+            await _fill_calls(queue, rows)
             return {"items": rows, "next": None, "scanned": scanned}
         before = chunk[-1][0]
+    await _fill_calls(queue, rows)
     return {"items": rows, "next": repr(before), "scanned": scanned}
+
+
+async def _fill_calls(queue: Queue, rows: list[dict[str, Any]]) -> None:
+    """Set the arguments of the page's ``rows`` whose record keeps a preview of them (one
+    MGET for the page)."""
+    unknown = [r for r in rows if r["args"] is None]
+    if not unknown:
+        return
+    for row, data in zip(
+        unknown, await queue.broker.get_records([r["id"] for r in unknown]), strict=True
+    ):
+        record = _record(data)
+        if record is not None and record.args is not None:
+            row.update(args=record.args, kwargs=record.kwargs or {})
+
+
+def _record(data: bytes | None) -> TaskRecord | None:
+    if data is None:
+        return None
+    try:
+        return TaskRecord.from_bytes(data)
+    except SerializationError:
+        return None
 
 
 async def _with_calls(
@@ -177,13 +203,8 @@ async def _with_calls(
     for row, data in zip(
         unsure, await queue.broker.get_records([r["id"] for r in unsure]), strict=True
     ):
-        if data is None:
-            continue
-        try:
-            record = TaskRecord.from_bytes(data)
-        except SerializationError:
-            continue
-        if record.args is not None:
+        record = _record(data)
+        if record is not None and record.args is not None:
             calls[row["id"]] = {"args": record.args, "kwargs": record.kwargs or {}}
     out = []
     for row in rows:

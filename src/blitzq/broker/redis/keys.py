@@ -93,8 +93,8 @@ TABLE: Final[dict[str, Key]] = {
         "a token bucket (task name, rate_key or `queue:<q>`): `t` tokens, `ts` server time (s)"),
     "recent": Key("recent:<queue>", "zset",
         "tasks that ended from a physical queue, `<state>\\n<task>\\n<task_id>` scored by end "
-        "time (Unix seconds, worker clock); capped at recent_index, expires result_ttl after "
-        "its last write"),
+        "time (Unix seconds, worker clock; recent.lua, complete.lua); capped at recent_index, "
+        "expires result_ttl after its last write"),
     "series": Key("series:<slot>", "hash",
         "the workers' samples of one 10 s slot (Unix seconds // 10): `done`, `failed`, "
         "`w<i>` / `r<i>` wait / run latency histogram counts, `q:<queue>` depth; expires in 1 h"),
