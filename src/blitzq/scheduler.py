@@ -20,6 +20,12 @@ Missed-run policies, for the occurrences due since the last dispatched one:
 * ``skip``: dispatch the newest due occurrence only if it is at most ``poll_interval + grace``
   seconds old (it is "due now"); older ones are dropped (logged once per occurrence).
 
+Signals (through the Queue's handlers, :mod:`blitzq.extensions.signals`):
+``SCHEDULER_STARTED`` and ``SCHEDULER_STOPPED`` around :meth:`Scheduler.run`,
+``SCHEDULER_DISPATCHED`` for each claim this scheduler won, ``SCHEDULER_MISSED`` for an
+occurrence the policy drops: a ``skip`` entry's late one when found, or the newest one a won
+claim skipped over (``run_once``, ``run_all`` past ``max_catch_up``, a forward step).
+
 The entries themselves (:class:`~blitzq.periodic.PeriodicTask`, their validation and their
 messages) live in :mod:`blitzq.periodic`; this module re-exports them. Each tick also reads
 the run-time entries (``blitzq schedule add``, :mod:`blitzq.runtime_schedules`).
@@ -57,10 +63,11 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._checks import flag, integer, seconds
 from .exceptions import ConfigurationError
+from .extensions.signals import Signal, SignalEvent
 from .limits import MAX_SECONDS
 from .periodic import MissedPolicy, PeriodicTask, periodic_status
 from .periodic import as_schedule as as_schedule
@@ -74,6 +81,10 @@ if TYPE_CHECKING:
 __all__ = ["MissedPolicy", "PeriodicTask", "Scheduler", "periodic_status"]
 
 logger = logging.getLogger("blitzq.scheduler")
+
+#: Seconds before a dispatched occurrence up to which an older one counts as skipped over
+#: (``SCHEDULER_MISSED``): occurrences are never this close.
+MISSED_EPSILON = 1e-3
 
 #: Server time that may pass beyond real (monotonic) time between two ticks before the
 #: difference counts as a forward step of the server's clock (seconds): round trips and
@@ -139,6 +150,9 @@ class Scheduler:
         self._stepped_back: dict[str, tuple[float, float]] = {}
         #: name -> the newest occurrence a ``skip`` entry dropped (logged once).
         self._skipped: dict[str, float] = {}
+        #: name -> the occurrence ``due`` counted from in the current tick (the stored last
+        #: one, or where the entry starts or restarts): what a won claim skipped over.
+        self._since: dict[str, float] = {}
         #: (server time, monotonic time) of the previous tick.
         self._last_tick: tuple[float, float] | None = None
         self._known_queues: set[str] = set()
@@ -187,6 +201,7 @@ class Scheduler:
             last = restart
         if now <= last:
             return []
+        self._since[name] = last
         schedule = entry.schedule
         if entry.missed == "run_all" and not jumped:
             found = schedule.latest(last, now, self.max_catch_up + 1)
@@ -206,6 +221,7 @@ class Scheduler:
             if self._skipped.get(name) != found[0]:
                 self._skipped[name] = found[0]
                 logger.info("periodic %s: skipping missed occurrence %s", name, _iso(found[0]))
+                self._signal_missed(entry, found[0], None)
             return []
         return found
 
@@ -291,6 +307,8 @@ class Scheduler:
                         dispatched += 1
                         self.dispatched += 1
                         logger.debug("periodic %s: dispatched %s", entry.name, _iso(occurrence))
+                        if self.queue.signals:
+                            self._signal_dispatched(entry, occurrence, occurrence == due[0])
                     elif until is not None and now + self.monotonic() - mono >= until:
                         # Refused as superseded (the claim came too late): tick again at
                         # once for the newer occurrence instead of sleeping to the next.
@@ -298,6 +316,46 @@ class Scheduler:
         if self.promote:
             await broker.promote_due(1000)
         return dispatched
+
+    def _signal_dispatched(self, entry: PeriodicTask, occurrence: float, first: bool) -> None:
+        """``SCHEDULER_DISPATCHED`` for a won claim of ``occurrence`` and, for the first of a
+        tick (``first``), ``SCHEDULER_MISSED`` for the newest occurrence it skipped over."""
+        signals = self.queue.signals
+        if signals.has(Signal.SCHEDULER_DISPATCHED):
+            event = SignalEvent(
+                Signal.SCHEDULER_DISPATCHED,
+                entry.task_id(occurrence),
+                entry.task.name,
+                entry.target_queue(),
+                extra={"periodic": entry.name, "occurrence": occurrence},
+            )
+            signals.emit_soon(Signal.SCHEDULER_DISPATCHED, event)
+        since = self._since.get(entry.name)
+        if first and since is not None and signals.has(Signal.SCHEDULER_MISSED):
+            try:  # the newest occurrence between the previous one and this one, if any
+                older = entry.schedule.latest(since, occurrence - MISSED_EPSILON, 1)
+            except ConfigurationError:
+                older = []
+            if older:
+                self._signal_missed(entry, older[-1], occurrence)
+
+    def _signal_missed(
+        self, entry: PeriodicTask, occurrence: float, dispatched: float | None
+    ) -> None:
+        """``SCHEDULER_MISSED`` for ``occurrence`` of ``entry``, dropped by its missed-run
+        policy (``dispatched``: the newer occurrence dispatched instead, if any)."""
+        signals = self.queue.signals
+        if signals.has(Signal.SCHEDULER_MISSED):
+            extra = {
+                "periodic": entry.name,
+                "occurrence": occurrence,
+                "policy": entry.missed,
+                "dispatched": dispatched,
+            }
+            event = SignalEvent(
+                Signal.SCHEDULER_MISSED, None, entry.task.name, entry.target_queue(), extra=extra
+            )
+            signals.emit_soon(Signal.SCHEDULER_MISSED, event)
 
     async def _remember_queues(self, entries: list[PeriodicTask]) -> None:
         new = {e.target_queue() for e in entries} - self._known_queues
@@ -337,6 +395,8 @@ class Scheduler:
                 loop.add_signal_handler(sig, self.stop)
         names = ", ".join(sorted(self.queue.periodic_tasks)) or "none"
         logger.info("scheduler started: periodic tasks %s", names)
+        signals = self.queue.signals
+        await self._emit(Signal.SCHEDULER_STARTED, {"periodic": sorted(self.queue.periodic_tasks)})
         try:
             while not self._stopping:
                 try:
@@ -357,6 +417,14 @@ class Scheduler:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
             logger.info("scheduler stopped: %d occurrence(s) dispatched", self.dispatched)
+            if signals:
+                await signals.drain()  # dispatched / missed handlers still running
+                await self._emit(Signal.SCHEDULER_STOPPED, {"dispatched": self.dispatched})
+
+    async def _emit(self, signal: Signal, extra: dict[str, Any]) -> None:
+        signals = self.queue.signals
+        if signals.has(signal):
+            await signals.emit(signal, SignalEvent(signal, extra=extra))
 
 
 def _iso(ts: float) -> str:

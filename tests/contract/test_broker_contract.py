@@ -559,6 +559,22 @@ async def test_worker_registration_and_expiry(
     assert await other.workers() == {}
 
 
+async def test_a_lapsed_registration_is_taken_by_one_caller_only(
+    broker: Broker, make_broker: Callable[[], Broker]
+) -> None:
+    others = [make_broker() for _ in range(4)]
+    await broker.register_worker("w-live", b"info-live", 60)
+    await broker.register_worker("w-gone", b"info-gone", 0.2)
+    await eventually(others[0].workers, lambda w: "w-gone" not in w)
+    # Lapsed but not yet taken: left out of workers(), taken once by lapsed_workers().
+    taken = await asyncio.gather(*(o.lapsed_workers() for o in others))
+    assert [t for t in taken if t] == [{"w-gone": b"info-gone"}]
+    assert await broker.lapsed_workers() == {}
+    assert await broker.workers() == {"w-live": b"info-live"}
+    await broker.unregister_worker("w-live")  # a clean stop never lapses
+    assert await broker.lapsed_workers() == {}
+
+
 async def test_purge_queue_drops_waiting_keeps_in_flight(broker: Broker) -> None:
     await consumer(broker)
     assert await broker.purge_queue(Q) == 0

@@ -299,7 +299,9 @@ async def test_series_of_the_workers(queue: Queue) -> None:
     async with running(worker):
         await eventually(queue.dead_letter_count, lambda n: n == 1)
         await eventually(lambda: listing_count(queue), lambda n: n == 6)
-        await Series_of(worker).sample()  # the loop samples every 10 s; do it now
+        series = worker._maintenance.series
+        assert series is not None
+        await series.sample()  # the loop samples every 10 s; do it now
     async with client(create_app(queue)) as c:
         slot = int(time.time()) // 10
         fields: dict[str, int] = {}  # the worker's own loop may have sampled a slot before
@@ -321,11 +323,6 @@ async def listing_count(queue: Queue) -> int:
     """How many ended tasks the dashboard lists."""
     async with client(create_app(queue)) as c:
         return len((await listing(c))["items"])
-
-
-def Series_of(worker: Any) -> Any:
-    """The worker's :class:`~blitzq.worker.series.Series` (its ending's observer)."""
-    return worker.runner.ending.observe_latency.__self__
 
 
 async def test_actions_are_behind_the_same_auth(queue: Queue) -> None:

@@ -320,6 +320,10 @@ class Broker(OperationsFacade, LivenessFacade, BrowseFacade):
         """See :meth:`StateStore.workers`."""
         return await self.state.workers()
 
+    async def lapsed_workers(self, limit: int = 100) -> dict[str, bytes]:
+        """See :meth:`StateStore.lapsed_workers`."""
+        return await self.state.lapsed_workers(limit)
+
     async def set_paused(self, queue: str, paused: bool) -> bool:
         """See :meth:`StateStore.set_paused`."""
         return await self.state.set_paused(queue, paused)

@@ -16,6 +16,7 @@ from ..seams import QueueSettings
 
 if TYPE_CHECKING:
     from ..extensions.middleware import EnqueueFilter, EnqueueObserver, Middleware
+    from ..extensions.signals import Signals
     from ..handle import ResultReader
     from ..task import Task
     from .sync import Portal
@@ -40,6 +41,11 @@ class QueueContext(QueueSettings, Protocol):
     @property
     def middleware(self) -> tuple[Middleware, ...]:
         """The middleware registered on the Queue, in registration order."""
+        ...
+
+    @property
+    def signals(self) -> Signals:
+        """The Queue's signal handlers (:mod:`blitzq.extensions.signals`)."""
         ...
 
     @property

@@ -23,6 +23,7 @@ from ..exceptions import (
     TaskExpired,
     TaskFailed,
 )
+from ..extensions.signals import Signal, SignalEvent
 from ..progress import Progress, decode_progress
 from ..records import TaskRecord, TaskState
 from ..serialization import lookup_key
@@ -349,7 +350,8 @@ class Results:
         Returns:
             What the task was: ``"scheduled"``, ``"queued"``, ``"running"``, ``"pending"``
             (queued or running: without ``track_state`` the two cannot be told apart) or
-            ``"finished"`` (already final: nothing changed).
+            ``"finished"`` (already final: nothing changed). ``Signal.TASK_REVOKED``
+            handlers get it as ``event.extra["was"]``, after the request was written.
 
         Raises:
             SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``).
@@ -360,6 +362,10 @@ class Results:
         was = await self.queue.broker.cancel(task_id, record, self.queue.result_ttl)
         if testmode.cancelled is not None:  # the eager test mode: no worker hears the event
             testmode.cancelled(self.queue, task_id)
+        signals = self.queue.signals
+        if signals.has(Signal.TASK_REVOKED):
+            event = SignalEvent(Signal.TASK_REVOKED, task_id, extra={"was": was})
+            await signals.emit(Signal.TASK_REVOKED, event)
         return was
 
     # --------------------------------------------------------------- progress

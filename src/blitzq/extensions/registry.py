@@ -14,18 +14,22 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..context import NO_RESULT, TaskContext, reset_current, set_current
 from ..exceptions import BlitzQError, TaskCancelled, TaskFailed, TaskTimeout, describe_error
 from ..serialization import encode_envelope
+from .flow_signals import WorkflowEnd, step_ended, workflow_extra
 from .middleware import EnqueueRefused, Middleware
 from .signals import Signal, SignalEvent, Signals
 
 if TYPE_CHECKING:
+    from ..broker import Delivery
     from ..client.context import QueueContext
     from ..seams import QueueSettings
+    from ..serialization import Envelope
     from ..worker.execution import Job
     from .middleware import (
         EnqueueFilter,
@@ -78,6 +82,9 @@ class Extensions:
         enabled: whether runs need the execution hooks at all (middleware with execution
             hooks, or signal handlers): the one boolean the worker checks per run.
         has_before: whether any middleware has a ``before_execute`` hook.
+        received: whether ``TASK_RECEIVED`` has a handler (read once per delivery).
+        workflow_signals: whether any workflow-step signal (``WORKFLOW_STEP_DONE``,
+            ``WORKFLOW_COMPLETED``, ``WORKFLOW_FAILED``) has a handler.
     """
 
     def __init__(self, queue: QueueContext) -> None:
@@ -90,6 +97,8 @@ class Extensions:
         self.signals = Signals(self._refresh)
         self.enabled = False
         self.has_before = False
+        self.received = False
+        self.workflow_signals = False
         self._hooks: dict[str, list[Callable[..., Any]]] = {name: [] for name in _HOOK_NAMES}
         self._filter_installed = False
         self._observer_installed = False
@@ -116,6 +125,9 @@ class Extensions:
             hooks[n]
             for n in ("before_execute", "after_execute", "on_error", "on_retry", "on_failure")
         )
+        signals = self.signals
+        self.received = signals.has(Signal.TASK_RECEIVED)
+        self.workflow_signals = any(signals.has(s) for s in _WORKFLOW_SIGNALS)
         queue = self.queue
         if hooks["before_enqueue"] and not self._filter_installed:
             # First, so a refusal comes before any other filter claims anything.
@@ -290,17 +302,97 @@ class Extensions:
                 ),
             )
 
+    def received_event(self, envelope: Envelope, queue: str, attempt: int, worker_id: str) -> None:
+        """Emit ``TASK_RECEIVED`` for a delivery of ``envelope`` from the physical ``queue``
+        (through :meth:`~.signals.Signals.emit_soon`; the caller checked :attr:`received`)."""
+        self.signals.emit_soon(
+            Signal.TASK_RECEIVED,
+            SignalEvent(
+                Signal.TASK_RECEIVED,
+                envelope.id,
+                envelope.task,
+                queue,
+                attempt,
+                worker=worker_id,
+                extra=workflow_extra(envelope),
+            ),
+        )
+
+    def rejected_event(
+        self,
+        delivery: Delivery,
+        reason: str,
+        error: str,
+        task_id: str | None,
+        task: str,
+        worker_id: str,
+    ) -> None:
+        """Emit ``TASK_REJECTED`` (through ``emit_soon``) for a message dead-lettered without
+        running, if anyone listens.
+
+        Args:
+            delivery: the message as delivered.
+            reason: the dead letter's reason (``"malformed message"``, ``"message too
+                large"``, ``"unknown task"``), also the event's ``error_type``.
+            error: what was wrong with it.
+            task_id: its id, or ``None`` when it cannot be read.
+            task: its task name, or ``""`` when unknown.
+            worker_id: the worker that rejected it.
+        """
+        signals = self.signals
+        if signals.has(Signal.TASK_REJECTED):
+            event = SignalEvent(
+                Signal.TASK_REJECTED,
+                task_id,
+                task or None,
+                delivery.queue,
+                error_type=reason,
+                error_message=error,
+                worker=worker_id,
+                extra={"reason": reason, "deliveries": delivery.deliveries},
+            )
+            signals.emit_soon(Signal.TASK_REJECTED, event)
+
+    def expired_event(self, job: Job, max_age: float | None, worker_id: str) -> None:
+        """Emit ``TASK_EXPIRED`` (through ``emit_soon``) for ``job``, found older than its
+        ``max_age`` (seconds) by its start check, if anyone listens."""
+        signals = self.signals
+        if signals.has(Signal.TASK_EXPIRED):
+            env = job.envelope
+            event = SignalEvent(
+                Signal.TASK_EXPIRED,
+                env.id,
+                env.task,
+                job.delivery.queue,
+                job.attempt,
+                error_type="TaskExpired",  # as the expired record says
+                worker=worker_id,
+                extra={"age": time.time() - env.created_at, "max_age": max_age},
+            )
+            signals.emit_soon(Signal.TASK_EXPIRED, event)
+
     def committed(
-        self, job: Job, outcome: Outcome, scope: contextvars.Context, worker_id: str
+        self,
+        job: Job,
+        outcome: Outcome,
+        scope: contextvars.Context,
+        worker_id: str,
+        workflow_end: WorkflowEnd | None = None,
     ) -> None:
         """Schedule the after-hooks and the signals of a run's ``outcome`` (run in
-        ``scope``, a copy of the run's context as the task left it), in the background."""
+        ``scope``, a copy of the run's context as the task left it), in the background.
+
+        ``workflow_end``: the mark of the effect by which the run's completion may end the
+        workflow the run is a step of (:func:`~.flow_signals.workflow_end`), else ``None``.
+        """
         task = asyncio.get_running_loop().create_task(
-            self._after(job, outcome, worker_id), context=scope
+            self._after(job, outcome, worker_id, workflow_end), context=scope
         )
         self.signals.track(task)
 
-    async def _after(self, job: Job, outcome: Outcome, worker_id: str) -> None:
+    async def _after(
+        self, job: Job, outcome: Outcome, worker_id: str, workflow_end: WorkflowEnd | None = None
+    ) -> None:
         env = job.envelope
         kind = outcome.kind
         error, error_type, message = outcome.error, outcome.error_type, outcome.error_message
@@ -351,6 +443,11 @@ class Extensions:
                         worker=worker_id,
                     ),
                 )
+        if self.workflow_signals and kind in _FINAL and job.envelope.flow is not None:
+            described = (error_type, message)
+            broker = self.queue.broker
+            end = workflow_end
+            await step_ended(signals, broker, job, kind, error, described, result, worker_id, end)
 
     async def _safely(self, name: str, *args: Any) -> None:
         for hook in self._hooks[name]:
@@ -360,6 +457,11 @@ class Extensions:
                 raise
             except BaseException:  # SystemExit too: logged, the worker goes on
                 logger.exception("middleware %s.%s failed", _owner(hook), name)
+
+
+_WORKFLOW_SIGNALS = (Signal.WORKFLOW_STEP_DONE, Signal.WORKFLOW_COMPLETED, Signal.WORKFLOW_FAILED)
+#: Outcomes after which a task never runs again.
+_FINAL = frozenset(("succeeded", "failed", "dead_lettered", "cancelled"))
 
 
 _SIGNALS: dict[str, tuple[Signal, ...]] = {

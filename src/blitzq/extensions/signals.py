@@ -1,28 +1,38 @@
-"""Signals: named moments in a task's and a worker's life that handlers can follow.
+"""Signals: named moments in the life of a task, a worker, a scheduler and a workflow that
+handlers can follow.
 
 Register a handler with ``@queue.on(Signal.TASK_FAILED)``; it receives one
 :class:`SignalEvent`. Handlers may be plain functions or coroutines. A handler that raises is
-logged (logger ``blitzq.signals``) and never breaks the enqueue or the worker that emitted the
-signal; the other handlers still run.
+logged (logger ``blitzq.signals``) and never breaks the enqueue, the worker or the scheduler
+that emitted the signal; the other handlers still run.
 
-Where each signal comes from:
+Where each signal comes from, and what its event carries, is the table of
+``docs/middleware-signals.md``; in short:
 
-- ``TASK_ENQUEUED``: the producer, once per published message (``enqueue``, ``send``,
-  ``enqueue_many``), before the enqueue call returns. Not emitted for retries, periodic
-  dispatches or messages a unique-task filter did not publish.
-- ``TASK_STARTED``: the worker, when a run starts (after the before-execute middleware).
-- ``TASK_SUCCEEDED`` / ``TASK_FAILED`` / ``TASK_RETRIED`` / ``TASK_DEAD_LETTERED`` /
-  ``TASK_CANCELLED``: the worker, from the completion it writes for a run. A dead-lettered
-  task emits ``TASK_FAILED`` and then ``TASK_DEAD_LETTERED``. ``TASK_CANCELLED`` fires when a
-  worker skips or stops a cancelled task (a task cancelled while still on the schedule never
-  reaches a worker and emits nothing).
-- ``WORKER_STARTED`` / ``WORKER_STOPPED``: the worker, after it started fetching and after its
-  shutdown (completions written).
-- ``TASK_EXPIRED`` and ``WORKFLOW_STEP_DONE``: emitted by the expiry and workflow features
-  through :meth:`Signals.emit` / :meth:`Signals.emit_soon`.
+- producer: ``TASK_ENQUEUED`` (once per published message), ``TASK_REVOKED`` (a cancel
+  request was written: ``queue.cancel``, ``handle.cancel()``), ``WORKFLOW_STARTED``
+  (``queue.apply`` wrote a workflow's state and first steps);
+- worker, per delivery: ``TASK_RECEIVED`` (decoded and checked, before its start checks),
+  ``TASK_REJECTED`` (dead-lettered without running: malformed, unknown task, too large),
+  ``TASK_EXPIRED`` (older than its ``max_age``), ``TASK_STARTED``; per run, from the
+  completion it writes: ``TASK_SUCCEEDED`` / ``TASK_FAILED`` / ``TASK_RETRIED`` /
+  ``TASK_DEAD_LETTERED`` / ``TASK_CANCELLED``, and for a workflow step that ended for good
+  ``WORKFLOW_STEP_DONE`` then ``WORKFLOW_COMPLETED`` or ``WORKFLOW_FAILED`` when the step
+  ended the workflow;
+- worker, its own life: ``WORKER_STARTING`` (before the startup hooks), ``WORKER_STARTED``
+  (fetching), ``WORKER_STOPPING`` (shutdown began), ``WORKER_STOPPED`` (completions
+  written), ``WORKER_HEARTBEAT_LOST`` (the registration of another worker of the namespace
+  lapsed: it stopped renewing it without unregistering);
+- scheduler: ``SCHEDULER_STARTED`` / ``SCHEDULER_STOPPED``, ``SCHEDULER_DISPATCHED`` (it
+  won the claim of a periodic occurrence), ``SCHEDULER_MISSED`` (an occurrence its
+  missed-run policy drops).
 
-Execution signals are emitted after the completion was handed to the writer: handlers run
-concurrently with the write and never delay it.
+The signals of a run's outcome are emitted in a background task after the completion was
+handed to the writer: handlers run concurrently with the write and never delay it. Those
+emitted from synchronous code (received, rejected, expired, started, ...) go through
+:meth:`Signals.emit_soon`: plain-function handlers are called at once, coroutine handlers run
+in a background task. Nothing is built for a signal nobody handles (one dictionary lookup, or
+one boolean per delivery on the hot path).
 """
 
 from __future__ import annotations
@@ -43,6 +53,9 @@ class Signal(enum.StrEnum):
     """The signals blitzq emits; see the module docstring for where each comes from."""
 
     TASK_ENQUEUED = "task_enqueued"
+    TASK_RECEIVED = "task_received"
+    TASK_REJECTED = "task_rejected"
+    TASK_REVOKED = "task_revoked"
     TASK_STARTED = "task_started"
     TASK_SUCCEEDED = "task_succeeded"
     TASK_FAILED = "task_failed"
@@ -50,9 +63,19 @@ class Signal(enum.StrEnum):
     TASK_DEAD_LETTERED = "task_dead_lettered"
     TASK_CANCELLED = "task_cancelled"
     TASK_EXPIRED = "task_expired"
+    WORKER_STARTING = "worker_starting"
     WORKER_STARTED = "worker_started"
+    WORKER_STOPPING = "worker_stopping"
     WORKER_STOPPED = "worker_stopped"
+    WORKER_HEARTBEAT_LOST = "worker_heartbeat_lost"
+    SCHEDULER_STARTED = "scheduler_started"
+    SCHEDULER_STOPPED = "scheduler_stopped"
+    SCHEDULER_DISPATCHED = "scheduler_dispatched"
+    SCHEDULER_MISSED = "scheduler_missed"
+    WORKFLOW_STARTED = "workflow_started"
     WORKFLOW_STEP_DONE = "workflow_step_done"
+    WORKFLOW_COMPLETED = "workflow_completed"
+    WORKFLOW_FAILED = "workflow_failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +84,8 @@ class SignalEvent:
 
     Attributes:
         signal: the signal emitted.
-        task_id: the task's id (``None`` for worker signals).
+        task_id: the task's id (``None`` for worker, scheduler and workflow-level signals;
+            a rejected message whose id cannot be read has none either).
         task: the task's name.
         queue: the physical queue of the message.
         attempt: 1-based attempt number of the run (``None`` where no run is involved).
@@ -71,8 +95,9 @@ class SignalEvent:
         error_message: the error's message.
         result: the return value of a succeeded run.
         delay: seconds until the retry of a ``TASK_RETRIED`` run.
-        worker: id of the worker emitting it (``None`` on the producer side).
-        extra: further fields a feature adds (workflow id, step, …).
+        worker: id of the worker emitting it (``None`` on the producer and scheduler side).
+        extra: further fields of the signal (``workflow_id``, ``reason``, ``occurrence``,
+            ...: the table in ``docs/middleware-signals.md``).
         time: Unix time (seconds) the event was made.
     """
 
@@ -105,7 +130,9 @@ class Signals:
     def __init__(self, changed: Callable[[], None] | None = None) -> None:
         self._handlers: dict[Signal, list[Handler]] = {}
         self._changed = changed
-        self._pending: set[asyncio.Task[None]] = set()
+        self._pending: set[asyncio.Future[None]] = set()
+        #: Signals whose handlers are all plain functions (:meth:`emit_soon` calls them).
+        self._plain: set[Signal] = set()
 
     def connect(self, signal: Signal | str, handler: Handler) -> Handler:
         """Register ``handler`` for ``signal``; return it unchanged.
@@ -118,6 +145,7 @@ class Signals:
         if not callable(handler):
             raise TypeError(f"a signal handler must be callable, got {handler!r}")
         self._handlers.setdefault(sig, []).append(handler)
+        self._sort(sig)
         if self._changed is not None:
             self._changed()
         return handler
@@ -130,9 +158,18 @@ class Signals:
         handlers.remove(handler)
         if not handlers:
             del self._handlers[Signal(signal)]
+        self._sort(Signal(signal))
         if self._changed is not None:
             self._changed()
         return True
+
+    def _sort(self, signal: Signal) -> None:
+        """Note whether every handler of ``signal`` is a plain function."""
+        handlers = self._handlers.get(signal)
+        if handlers and not any(inspect.iscoroutinefunction(h) for h in handlers):
+            self._plain.add(signal)
+        else:
+            self._plain.discard(signal)
 
     def has(self, signal: Signal) -> bool:
         """Whether any handler is registered for ``signal`` (cheap; check before building an
@@ -161,19 +198,42 @@ class Signals:
                 logger.exception("signal handler %s for %s failed", _name(handler), signal.value)
 
     def emit_soon(self, signal: Signal, event: SignalEvent) -> None:
-        """:meth:`emit` from synchronous code on the running event loop: the handlers run in
-        a background task (kept referenced until it ends; :meth:`drain` awaits them).
+        """:meth:`emit` from synchronous code on the running event loop, without waiting.
+
+        When every handler of ``signal`` is a plain function, they are called at once, in
+        registration order (each error logged, as in :meth:`emit`; an awaitable one returns
+        runs in a background task): no task is made per event. Otherwise the handlers run in
+        a background task. Background tasks are kept referenced until they end;
+        :meth:`drain` awaits them.
 
         Does nothing when ``signal`` has no handler.
 
         Raises:
             RuntimeError: no event loop is running in this thread.
         """
-        if signal not in self._handlers:
+        handlers = self._handlers.get(signal)
+        if not handlers:
             return
-        self.track(asyncio.get_running_loop().create_task(self.emit(signal, event)))
+        if signal not in self._plain:
+            self.track(asyncio.get_running_loop().create_task(self.emit(signal, event)))
+            return
+        for handler in tuple(handlers):
+            try:
+                outcome = handler(event)
+                if inspect.isawaitable(outcome):
+                    self.track(asyncio.ensure_future(self._settle(handler, signal, outcome)))
+            except BaseException:  # SystemExit too: logged, the emitter goes on
+                logger.exception("signal handler %s for %s failed", _name(handler), signal.value)
 
-    def track(self, task: asyncio.Task[None]) -> None:
+    async def _settle(self, handler: Handler, signal: Signal, outcome: Awaitable[None]) -> None:
+        try:
+            await outcome
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            logger.exception("signal handler %s for %s failed", _name(handler), signal.value)
+
+    def track(self, task: asyncio.Future[None]) -> None:
         """Keep ``task`` referenced until it ends, so :meth:`drain` can await it."""
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)

@@ -22,7 +22,7 @@ from ..broker import Completion, Delivery
 from ..dependencies import refuse_given
 from ..envelope_checks import envelope_fault
 from ..exceptions import ConfigurationError, SerializationError
-from ..extensions.expiry import check_expiry, start_checks
+from ..extensions.expiry import check_expiry, max_age_of, start_checks
 from ..serialization import Envelope, decode_envelope, decode_envelope_unchecked, envelope_head
 from ..task import Task
 from .deferral import check_failed, take_deferrals
@@ -56,6 +56,8 @@ class Admission:
         # Read on every delivery: kept here, so the hot path reads one object.
         self.max_message_size = runner.max_message_size
         self.lifecycle = runner.lifecycle
+        self.extensions = runner.extensions
+        self.worker_id = runner.worker_id
         self.tasks = runner.tasks
         self.start_limit = runner.start_limit
         self._run = runner.run
@@ -89,6 +91,9 @@ class Admission:
             return
         if self.lifecycle.on:
             self.lifecycle.event("received", env, d.queue, env.attempt + d.deliveries - 1)
+        if self.extensions.received:  # TASK_RECEIVED has a handler
+            attempt = env.attempt + d.deliveries - 1
+            self.extensions.received_event(env, d.queue, attempt, self.worker_id)
         task = self.tasks.get(env.task)
         if task is None:  # a rolling deploy: deferred for a worker that knows it, then rejected
             self.runner.unknown.take(d, env, slots)
@@ -164,6 +169,8 @@ class Admission:
             return
         expired = check is check_expiry and completion.reschedule is None
         self.ending.unstarted(d.queue, env.task, completion, "expired" if expired else "")
+        if expired and self.extensions.signals:
+            self.extensions.expired_event(job, max_age_of(job), self.worker_id)
         slots.release()
 
     def arguments(self, job: Job, slots: Slots) -> Call | None:

@@ -35,12 +35,12 @@ from ..broker import Completion, DeadLetterFields, Delivery
 from ..context import NO_RESULT
 from ..envelope_checks import value_size
 from ..exceptions import ResultTooLarge, Retry, SerializationError, describe_error
+from ..extensions.flow_signals import workflow_end
 from ..extensions.middleware import Outcome, OutcomeKind
 from ..limits import DEAD_MESSAGE_SAMPLE, DEFAULT_MAX_RESULT_SIZE, clip_text
 from ..serialization import dumps, encode_envelope
 from .eager import unwrap
 from .execution import Job, cause_of, format_traceback
-from .recent import EndNotes
 
 if TYPE_CHECKING:
     from ..extensions.registry import Extensions
@@ -349,8 +349,7 @@ class Ending:
         self.observer: RunTally | None = None
         self.timeout_error = timeout_error
         self.processed = self.failed = 0
-        self.notes: EndNotes | None = None  # the index of ended tasks (.recent)
-        self.observe_latency: Callable[[Job], None] | None = None  # .series
+        self.tap: Callable[..., Completion | None] = lambda job, c, error, cancelled: c  # .recent
 
     def ended(self, job: Job, handle: asyncio.Future[Any]) -> None:
         """The run's call ended (its slot already freed): commit what it came to, unless a
@@ -450,11 +449,10 @@ class Ending:
                 # After-hooks see the run's context as the task left it (a copy: a thread task
                 # abandoned after its timeout may still be inside it).
                 scope = job.scope if job.scope is not None else self.base_context
-                extensions.committed(job, outcome, scope.copy(), self.worker_id)
-        if self.observe_latency is not None:
-            self.observe_latency(job)
-        if self.notes is not None:
-            completion = self.notes.note(job, completion, error, cancelled)
+                step = extensions.workflow_signals and job.envelope.flow is not None
+                end = workflow_end(completion) if step else None  # may it end the workflow?
+                extensions.committed(job, outcome, scope.copy(), self.worker_id, end)
+        completion = self.tap(job, completion, error, cancelled)  # the last look (.series too)
         if completion is not None:
             self.flusher.add(completion)
 
@@ -494,8 +492,8 @@ class Ending:
         self, d: Delivery, reason: str, error: str, task_id: str | None = None, task: str = ""
     ) -> None:
         """Dead-letter a message that cannot run (malformed, unknown task, too large), logged
-        at the worker's ``failure_log_level`` with its fields (``queue``, ``reason``,
-        ``error``, ``task_id`` and ``task`` when known). The caller frees its slot."""
+        at the worker's ``failure_log_level`` with its fields (``queue``, ``reason``, ``error``,
+        ``task_id``, ``task`` when known); ``TASK_REJECTED``. The caller frees its slot."""
         fields = {"queue": d.queue, "worker_id": self.worker_id, "outcome": "rejected"}
         if task_id is not None:
             fields["task_id"] = task_id
@@ -513,6 +511,8 @@ class Ending:
         completion = self.completions.rejected(d, reason, error, task_id, task)
         self.unstarted(d.queue, task, completion, "rejected")
         self.failed += 1
+        if self.extensions.signals:
+            self.extensions.rejected_event(d, reason, error, task_id, task, self.worker_id)
 
     def log_failure(self, job: Job, completion: Completion | None, error: BaseException) -> None:
         """Log a failed attempt of ``job`` on :data:`OUTCOME_LOGGER`.

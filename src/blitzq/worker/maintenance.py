@@ -32,7 +32,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..broker import Broker
-from ..exceptions import BrokerError, describe_error
+from ..exceptions import BlitzQError, BrokerError, describe_error
+from ..extensions.signals import Signal, SignalEvent
+from ..serialization import loads
 from .series import Series
 from .unknown import take_handed
 
@@ -72,6 +74,15 @@ def running_tasks(jobs: Iterable[Job]) -> list[dict[str, Any]]:
         }
         for j in runs
     ]
+
+
+def _registration(raw: bytes) -> dict[str, Any]:
+    """The fields of a worker's registration record (empty when it cannot be read)."""
+    try:
+        info = loads(raw) if raw else {}
+    except BlitzQError:
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def maintenance_interval(visibility_timeout: float) -> float:
@@ -117,6 +128,8 @@ class Maintenance:
         #: Pushes on the event channel that were ignored as malformed.
         self.malformed_events = 0
         self._malformed_logged = -math.inf
+        #: The worker's part of the dashboard's time series (made at :meth:`start`).
+        self.series: Series | None = None
 
     async def start(self) -> list[asyncio.Task[None]]:
         """Load the cancelled ids, then start the loops; the worker cancels them at shutdown."""
@@ -134,12 +147,13 @@ class Maintenance:
             loops.append(asyncio.create_task(self._handed_loop(), name="blitzq-handed"))
         if self.interval > COUNTS_REFRESH:
             loops.append(asyncio.create_task(self._counts_loop(), name="blitzq-counts"))
-        notes = self.worker.runner.ending.notes
+        notes = self.worker.runner.notes
         if notes is not None:  # the notes of runs with nothing to write
             notes.broker = self.broker
             loops.append(asyncio.create_task(notes.loop(), name="blitzq-recent"))
-        series = Series(self.worker)
-        self.worker.runner.ending.observe_latency = series.observe
+        series = self.series = Series(self.worker)
+        ending = self.worker.runner.ending
+        ending.tap = series.tapping(ending.tap)
         loops.append(asyncio.create_task(series.loop(), name="blitzq-series"))
         if self.broker.relay is not None:  # a foreign transport: relay the store's outbox
             loops.append(asyncio.create_task(self.broker.relay.run(), name="blitzq-relay"))
@@ -310,6 +324,12 @@ class Maintenance:
             except BrokerError as exc:
                 logger.warning("maintenance: could not register the worker: %s", exc)
             await self._sync_paused()
+            try:
+                await self._reap_lapsed()
+            except BrokerError as exc:
+                logger.warning("maintenance: reading lapsed registrations: %s", exc)
+            except Exception:  # a bug must not stop lease renewal
+                logger.exception("maintenance: reading lapsed registrations failed")
             if worker.runner.track_state:
                 try:
                     await self._keep_records()
@@ -338,6 +358,31 @@ class Maintenance:
                 except Exception:
                     logger.exception("maintenance: reading cancelled tasks failed")
             await asyncio.sleep(self.interval)
+
+    async def _reap_lapsed(self) -> None:
+        """Remove the registrations of workers whose heartbeat (their registration's
+        renewal) lapsed; emit ``WORKER_HEARTBEAT_LOST`` for each one this worker took (each
+        is taken by one live worker of the namespace only)."""
+        lapsed = await self.broker.lapsed_workers()
+        if not lapsed:
+            return
+        worker = self.worker
+        logger.warning(
+            "worker(s) %s stopped renewing their registration (heartbeat lost)",
+            ", ".join(sorted(lapsed)),
+        )
+        signals = worker.queue.signals
+        if not signals.has(Signal.WORKER_HEARTBEAT_LOST):
+            return
+        for lost_id, raw in sorted(lapsed.items()):
+            info = _registration(raw)
+            extra: dict[str, Any] = {"lost_worker": lost_id}
+            for key in ("host", "pid", "queues", "heartbeat_at", "running_tasks"):
+                if key in info:
+                    extra[key] = info[key]
+            event = SignalEvent(Signal.WORKER_HEARTBEAT_LOST, worker=worker.id, extra=extra)
+            # Never awaited here: a slow handler must not hold up the renewal of leases.
+            signals.emit_soon(Signal.WORKER_HEARTBEAT_LOST, event)
 
     async def _keep_records(self) -> None:
         """Extend the ``running`` records of this worker's runs that have less than

@@ -125,7 +125,10 @@ class Runner:
             self.timeouts.error,
         )
         if queue.recent_index:
-            self.ending.notes = EndNotes(queue.recent_index, queue.result_ttl)
+            self.notes: EndNotes | None = EndNotes(queue.recent_index, queue.result_ttl)
+            self.ending.tap = self.notes.note
+        else:
+            self.notes = None
         #: The first stage of every delivery (the fetch loops call ``admission.start``).
         self.admission = Admission(self)
         #: What admission does with a delivery naming a task this worker does not know.

@@ -20,14 +20,18 @@ import asyncio
 import bisect
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..exceptions import BrokerError
 from ..routing import levels
 
 if TYPE_CHECKING:
+    from ..broker import Completion
     from .execution import Job
     from .worker import Worker
+
+    Tap = Callable[..., Completion | None]
 
 __all__ = ["BOUNDS", "KEEP", "SLOT", "Series"]
 
@@ -63,6 +67,19 @@ class Series:
         wait = started - (job.envelope.enqueued_at or started)
         self._wait[bisect.bisect_left(BOUNDS, wait)] += 1
         self._run[bisect.bisect_left(BOUNDS, time.time() - started)] += 1
+
+    def tapping(self, inner: Tap) -> Tap:
+        """``inner`` (the last look :class:`~.ending.Ending` takes at each commit, its
+        ``tap``) with each run observed first."""
+        observe = self.observe
+
+        def tap(
+            job: Job, completion: Completion | None, error: BaseException | None, cancelled: bool
+        ) -> Completion | None:
+            observe(job)
+            return inner(job, completion, error, cancelled)
+
+        return tap
 
     async def sample(self) -> None:
         """Add what was counted since the last sample to the current slot.

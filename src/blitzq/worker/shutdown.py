@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..exceptions import BrokerError
 from ..extensions.registry import extensions_of
-from ..extensions.signals import Signal
+from ..extensions.signals import Signal, SignalEvent
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -34,6 +34,14 @@ async def shut_down(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + worker.shutdown_timeout
     logger.info("worker %s stopping: %d task(s) running", worker.id, len(runner.jobs))
+    signals = worker.queue.signals
+    if signals.has(Signal.WORKER_STOPPING):  # in the background: a handler never holds the stop
+        event = SignalEvent(
+            Signal.WORKER_STOPPING,
+            worker=worker.id,
+            extra={"queues": list(worker.queues), "running": len(runner.jobs)},
+        )
+        signals.emit_soon(Signal.WORKER_STOPPING, event)
     # 1. Stop fetching. A loop inside a fetch command finishes it (its messages are
     #    handed back); any other loop holds no message and is cancelled. A fetch gets
     #    block_timeout + FETCH_GRACE at least; a server that stopped answering does not

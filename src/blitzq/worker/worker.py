@@ -379,6 +379,7 @@ class Worker:
                 len(self.queues),
             )
         await broker.prepare_consumer(self.physical_queues, self.id)
+        await self._emit(Signal.WORKER_STARTING)
         # on_startup hooks, lifespans (closed by _shutdown), then middleware's on_worker_start
         await extensions_of(self.queue).worker_started(self)
         self._global = Limiter(self.concurrency)

@@ -42,6 +42,7 @@ from ..context import NO_RESULT
 from ..envelope_checks import value_size
 from ..exceptions import ConfigurationError, ResultTooLarge, SerializationError, describe_error
 from ..extensions.middleware import Middleware, OutgoingWorkflow
+from ..extensions.signals import Signal, SignalEvent
 from ..limits import CHUNK_ITEMS, DEFAULT_MAX_RESULT_SIZE
 from ..routing import physical_queue, route
 from ..serialization import Envelope, dumps, encode_envelope, loads, plain_args, to_plain
@@ -403,4 +404,10 @@ async def apply_workflow(
         await broker.complete([Completion(queue.name, None, workflow_id, ops=chunk)])
     if outgoing is not None:
         await extensions.after_apply(outgoing)
+    signals = extensions.signals
+    if signals.has(Signal.WORKFLOW_STARTED):
+        first = [env.id for env in build.built]
+        extra = {"workflow_id": workflow_id, "steps": len(planner.steps), "first_steps": first}
+        event = SignalEvent(Signal.WORKFLOW_STARTED, queue=queue.name, extra=extra)
+        await signals.emit(Signal.WORKFLOW_STARTED, event)
     return WorkflowHandle(queue, workflow_id, planner.steps)

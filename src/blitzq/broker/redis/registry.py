@@ -73,16 +73,46 @@ class RedisRegistry(RedisPart, RegistryState):
 
     @translate_errors
     async def workers(self) -> dict[str, bytes]:
-        """Live workers; expired registrations are removed on the way."""
+        """Live workers: registrations past their ``ttl`` are left out (and left in place
+        for :meth:`lapsed_workers`, which reports and removes each once)."""
         keys = self.keys
-        expired = await self.client.zrangebyscore(keys.worker_beats, "-inf", time.time())
-        if expired:
-            async with self.client.pipeline(transaction=True) as pipe:
-                pipe.hdel(keys.workers, *expired)
-                pipe.zrem(keys.worker_beats, *expired)
-                await pipe.execute()
-        raw: dict[bytes, bytes] = await self.client.hgetall(keys.workers)
-        return {k.decode(): v for k, v in raw.items()}
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.zrangebyscore(keys.worker_beats, "-inf", time.time())
+            pipe.hgetall(keys.workers)
+            expired, raw = await pipe.execute()
+        gone = set(expired)
+        return {k.decode(): v for k, v in raw.items() if k not in gone}
+
+    @translate_errors
+    async def lapsed_workers(self, limit: int = 100) -> dict[str, bytes]:
+        """Take the registrations whose ``ttl`` passed (a worker that stopped renewing its
+        registration without unregistering: killed, frozen, cut off): each is removed and
+        returned to exactly one caller, however many ask at once.
+
+        Args:
+            limit: most registrations taken per call.
+
+        Returns:
+            worker id -> the info it last registered (``b""`` when none was left).
+        """
+        keys = self.keys
+        expired = await self.client.zrangebyscore(
+            keys.worker_beats, "-inf", time.time(), start=0, num=limit
+        )
+        if not expired:
+            return {}
+        async with self.client.pipeline(transaction=True) as pipe:
+            for worker_id in expired:
+                pipe.hget(keys.workers, worker_id)
+                pipe.zrem(keys.worker_beats, worker_id)
+            pipe.hdel(keys.workers, *expired)
+            replies = await pipe.execute()
+        taken: dict[str, bytes] = {}
+        for i, worker_id in enumerate(expired):
+            info, removed = replies[2 * i], replies[2 * i + 1]
+            if removed:  # another caller's ZREM came first: it reports this one
+                taken[worker_id.decode()] = info or b""
+        return taken
 
     @translate_errors
     async def set_paused(self, queue: str, paused: bool) -> bool:

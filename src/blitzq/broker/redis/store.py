@@ -311,6 +311,10 @@ class RedisStateStore(StateStore):
         """See :meth:`.RedisRegistry.workers`."""
         return await self.registry.workers()
 
+    async def lapsed_workers(self, limit: int = 100) -> dict[str, bytes]:
+        """See :meth:`.RedisRegistry.lapsed_workers`."""
+        return await self.registry.lapsed_workers(limit)
+
     async def set_paused(self, queue: str, paused: bool) -> bool:
         """See :meth:`.RedisRegistry.set_paused`."""
         return await self.registry.set_paused(queue, paused)

@@ -38,6 +38,12 @@ class RegistryState(abc.ABC):
     async def workers(self) -> dict[str, bytes]:
         """Live workers: id to the info they registered."""
 
+    async def lapsed_workers(self, limit: int = 100) -> dict[str, bytes]:
+        """Take up to ``limit`` registrations whose ``ttl`` passed without a renewal or an
+        unregistration: each is removed and returned (id to its last info) to one caller
+        only. The default takes none (a store whose registrations vanish on their own)."""
+        return {}
+
     async def set_paused(self, queue: str, paused: bool) -> bool:
         """Pause or resume ``queue`` for every worker; whether the state changed.
 
