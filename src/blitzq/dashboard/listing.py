@@ -22,7 +22,6 @@ when it stopped there before filling the page. Cursors are opaque strings.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -300,7 +299,6 @@ async def list_tasks(queue: Queue, q: TaskQuery) -> dict[str, Any]:
         ConfigurationError: a cursor that is not one of this state's.
         BrokerError: the broker could not be reached.
     """
-    started = time.monotonic()
     try:
         if q.state == "scheduled":
             doc = await _scheduled(queue, q)
@@ -314,5 +312,4 @@ async def list_tasks(queue: Queue, q: TaskQuery) -> dict[str, Any]:
         raise ConfigurationError(f"not a cursor of the {q.state} list: {q.cursor!r}") from None
     doc["state"] = q.state
     doc["index"] = queue.recent_index
-    doc["took"] = round(time.monotonic() - started, 4)
     return doc

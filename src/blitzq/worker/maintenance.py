@@ -283,6 +283,15 @@ class Maintenance:
             f" ({describe_error(error)[0]}: {describe_error(error)[1][:200]})" if error else "",
         )
 
+    async def _sync_size(self) -> None:
+        """Take a resize asked of this worker whose push it missed (the dashboard's)."""
+        try:
+            size = await self.broker.take_resize(self.worker.id)
+            if size is not None and size != self.worker.concurrency:
+                self.worker.resize(size)
+        except (BlitzQError, NotImplementedError) as exc:
+            logger.debug("maintenance: reading a resize: %s", exc)
+
     async def _sync_paused(self) -> None:
         """Re-read the paused queues (at start and every round: a push may be lost)."""
         try:
@@ -324,6 +333,7 @@ class Maintenance:
             except BrokerError as exc:
                 logger.warning("maintenance: could not register the worker: %s", exc)
             await self._sync_paused()
+            await self._sync_size()
             try:
                 await self._reap_lapsed()
             except BrokerError as exc:

@@ -129,6 +129,9 @@ TABLE: Final[dict[str, Key]] = {
         "queue names producers and workers have used"),
     "workers": Key("workers", "hash",
         "worker id to registration info (MessagePack); liveness in workers:exp"),
+    "worker_sizes": Key("workers:size", "hash",
+        "worker id to the concurrency it was asked to run (dashboard resize): taken by the "
+        "worker at its next maintenance round if it missed the push"),
     "worker_beats": Key("workers:exp", "zset",
         "worker ids scored by registration expiry (Unix seconds)"),
     "scale": Key("scale", "hash",
@@ -342,6 +345,11 @@ class Keys:
     def workers(self) -> str:
         """Hash of worker id to registration info; liveness in :attr:`worker_beats`."""
         return self._fixed("workers")
+
+    @property
+    def worker_sizes(self) -> str:
+        """Hash of worker id to the concurrency asked of it (``request_resize``)."""
+        return self._fixed("worker_sizes")
 
     @property
     def worker_beats(self) -> str:

@@ -331,6 +331,10 @@ class RedisStateStore(StateStore):
         """See :meth:`.RedisRegistry.request_resize`."""
         await self.registry.request_resize(worker_id, concurrency)
 
+    async def take_resize(self, worker_id: str) -> int | None:
+        """See :meth:`.RedisRegistry.take_resize`."""
+        return await self.registry.take_resize(worker_id)
+
     async def counters(self) -> dict[str, int]:
         """See :meth:`.RedisRegistry.counters`."""
         return await self.registry.counters()

@@ -66,12 +66,18 @@ class RegistryState(abc.ABC):
 
     async def request_resize(self, worker_id: str, concurrency: int) -> None:
         """Ask a worker to run at most ``concurrency`` tasks at once from now on (the caller
-        checks the number).
+        checks the number): pushed at once, and kept until the worker takes it
+        (:meth:`take_resize`) should it miss the push.
 
         Raises:
             NotImplementedError: a store without a control channel.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot reach workers")
+
+    async def take_resize(self, worker_id: str) -> int | None:
+        """The concurrency asked of ``worker_id`` and not taken yet (removed as it is read),
+        or ``None``."""
+        return None
 
     async def counters(self) -> dict[str, int]:
         """Namespace-wide event counters kept by the broker, e.g. ``{"stale_completions": 2}``
