@@ -17,7 +17,7 @@ R = TypeVar("R")
 
 class ResultReader(Protocol):
     """What a handle reads its task through: its Queue's results client
-    (:class:`blitzq.client.results.Results`)."""
+    (:class:`blitzq.client.reading.Results`)."""
 
     async def wait_result(
         self,

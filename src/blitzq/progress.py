@@ -21,7 +21,7 @@ progress.
 
 This module holds the :class:`Progress` type and the stored form (:func:`encode_progress`,
 :func:`decode_progress`); the Queue's reads (``get_progress``, ``watch_progress``) are in
-:mod:`blitzq.client.results`.
+:mod:`blitzq.client.reading`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from .client import testmode
 from .client.admin import Admin
 from .client.delegate import delegate
 from .client.publish import Producer
-from .client.results import Results
+from .client.reading import Results
 from .client.sync import Portal, blocking
 from .client.workflows import Workflows
 from .dependencies import Lifespans
@@ -218,19 +218,14 @@ class Queue:
         self.periodic_tasks: dict[str, PeriodicTask] = {}
         self._url: str | None = None
         self._portal = Portal()  # the sync API's loop; every *_sync twin runs on it
-        self._producer = Producer(self, self._portal)
-        self._results = Results(self)
-        self._admin = Admin(self)
-        #: Makes the tasks and periodic entries (``task``, ``periodic``, ``add_periodic``).
-        self._registrar = Registrar(self, self._producer)
         self.on_startup = Hooks()
         self.on_shutdown = Hooks()
         #: Per-worker resources for ``Depends()`` parameters (:mod:`blitzq.dependencies`).
         self.lifespan = Lifespans()
-        #: Coroutines that see each batch before it is published (see
-        #: :mod:`blitzq.extensions.middleware`).
+        #: Coroutines that see each batch before it is published, and coroutines called
+        #: with what was published: sugar over a built-in middleware's batch hooks
+        #: (:class:`~blitzq.extensions.lifecycle.EnqueueLists`).
         self.enqueue_filters: list[EnqueueFilter] = []
-        #: Coroutines called with what was published (same).
         self.enqueue_observers: list[EnqueueObserver] = []
         #: Registered middleware and signal handlers (see :mod:`blitzq.extensions.registry`).
         self._extensions = Extensions(self)
@@ -238,6 +233,11 @@ class Queue:
         self._extensions.builtin.append(
             QueueHooks(self.on_startup, self.on_shutdown, self.lifespan)
         )
+        self._producer = Producer(self, self._portal, self._extensions)
+        self._results = Results(self)
+        self._admin = Admin(self)
+        #: Makes the tasks and periodic entries (``task``, ``periodic``, ``add_periodic``).
+        self._registrar = Registrar(self, self._producer)
         self._workflows = Workflows(self, self._extensions, self._producer.known_queues)
 
     def __repr__(self) -> str:

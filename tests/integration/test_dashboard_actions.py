@@ -299,7 +299,7 @@ async def test_series_of_the_workers(queue: Queue) -> None:
     async with running(worker):
         await eventually(queue.dead_letter_count, lambda n: n == 1)
         await eventually(lambda: listing_count(queue), lambda n: n == 6)
-        series = worker._maintenance.series
+        series = worker.series
         assert series is not None
         await series.sample()  # the loop samples every 10 s; do it now
     async with client(create_app(queue)) as c:

@@ -92,7 +92,11 @@ async def _sessions(recorder: Recorder) -> list[Session]:
 
 async def test_app_once_per_worker_request_per_run(queue: Queue) -> None:
     recorder = Recorder()
-    setup_dishka(make_async_container(providers(recorder), BlitzqProvider()), queue)
+    middleware = setup_dishka(make_async_container(providers(recorder), BlitzqProvider()), queue)
+    # One extension mechanism: the integration is one middleware and registers nothing else.
+    assert queue.middleware == (middleware,)
+    assert list(queue.lifespan) == []
+    assert list(queue.on_shutdown) == []
 
     @queue.task(name="dishka.use")
     async def use(n: int, session: FromDishka[Session]) -> list[Any]:

@@ -398,7 +398,7 @@ def test_the_text_format_shows_the_fields_and_the_traceback(
 
 
 def test_a_supervisor_passes_the_levels_to_its_workers() -> None:
-    from blitzq.cli._ops import ops_argv
+    from blitzq.cli._worker_options import ops_argv
 
     given = {
         "failure_log_level": "critical",

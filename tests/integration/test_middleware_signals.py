@@ -850,3 +850,72 @@ def test_configure_with_a_bad_spec_exits_78_with_a_message(
         result = runner.invoke(cli, [*base, "--configure", spec], env=_clean_env())
         assert result.exit_code == 78, result.output
         assert expected in result.output
+
+
+async def test_batch_hooks_see_each_batch_once_and_the_enqueue_lists_run_after_them(
+    queue: Queue,
+) -> None:
+    # One mechanism: a middleware's batch hooks, and the Queue's enqueue_filters /
+    # enqueue_observers lists run by the built-in EnqueueLists after the registered ones.
+    seen: list[tuple[str, list[str]]] = []
+
+    class Batches(Middleware):
+        async def before_enqueue(self, message: Outgoing) -> None:
+            seen.append(("before_enqueue", [message.envelope.args[0]]))
+
+        async def before_publish(self, queue: Any, batch: list[Outgoing]) -> None:
+            seen.append(("before_publish", [o.envelope.args[0] for o in batch]))
+            for o in batch:
+                if o.envelope.args[0] == "dup":
+                    o.existing_id = "the-original"  # a duplicate: not published
+
+        async def after_publish(self, queue: Any, batch: list[Outgoing]) -> None:
+            seen.append(("after_publish", [o.envelope.args[0] for o in batch]))
+
+    async def list_filter(queue: Any, batch: list[Outgoing]) -> None:
+        seen.append(("enqueue_filters", [o.envelope.args[0] for o in batch]))
+
+    async def list_observer(queue: Any, batch: list[Outgoing]) -> None:
+        seen.append(("enqueue_observers", [o.envelope.args[0] for o in batch]))
+
+    queue.enqueue_filters.append(list_filter)
+    queue.enqueue_observers.append(list_observer)
+    queue.add_middleware(Batches())
+
+    @queue.task(name="mw.batched")
+    async def batched(word: str) -> str:
+        return word
+
+    handles = await batched.enqueue_many([("a",), ("dup",)])
+    assert [h.id for h in handles][1] == "the-original"
+    assert seen == [
+        ("before_enqueue", ["a"]),
+        ("before_enqueue", ["dup"]),
+        ("before_publish", ["a", "dup"]),
+        ("enqueue_filters", ["a", "dup"]),
+        ("after_publish", ["a"]),
+        ("enqueue_observers", ["a"]),
+    ]
+    stats = await queue.broker.queue_stats(["mw"])
+    assert stats["mw"]["waiting"] == 1  # "a" only
+
+
+async def test_a_batch_hook_refuses_the_whole_batch(queue: Queue) -> None:
+    class NoBatches(Middleware):
+        async def before_publish(self, queue: Any, batch: list[Outgoing]) -> None:
+            if len(batch) > 1:
+                raise EnqueueRefused("one at a time")
+
+    queue.add_middleware(NoBatches())
+
+    @queue.task(name="mw.single")
+    async def single(n: int) -> int:
+        return n
+
+    with pytest.raises(EnqueueRefused, match="one at a time"):
+        await single.enqueue_many([(1,), (2,)])
+    stats = await queue.broker.queue_stats(["mw"])
+    assert stats["mw"]["waiting"] == 0
+    await single.enqueue(3)  # a batch of one passes
+    stats = await queue.broker.queue_stats(["mw"])
+    assert stats["mw"]["waiting"] == 1

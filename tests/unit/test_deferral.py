@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from blitzq import BrokerError, ConfigurationError, Queue, Worker
 from blitzq.broker.redis.client import broker_error
 from blitzq.cli import cli
-from blitzq.cli._ops import deferral_argv
+from blitzq.cli._worker_options import deferral_argv
 from blitzq.serialization import Envelope, decode_envelope, encode_envelope
 from blitzq.worker.deferral import JITTER, OutageBackoff, is_outage
 

@@ -60,8 +60,6 @@ NOT_IN_MAP_YET: set[str] = set()
 
 #: Violations on main, each its own xfail test: (rule, violation) -> reason.
 BROKEN_ON_MAIN: dict[tuple[str, str], str] = {
-    ("cycles", "blitzq.worker"): "the circle inside worker/ (issue 24, point 2: one owner per "
-    "stage of a run)",
     ("cycles", "blitzq.broker.amqp"): "custody <-> transport (issue 24, point 1)",
     ("cycles", "blitzq.broker.redis"): "handoff <-> spread (issue 24, point 1)",
 }
@@ -359,7 +357,7 @@ OTHER_MEANINGS: dict[tuple[str, str], str] = {
     ("__init__.py", "chord"): "the public function chord() in __all__",
     ("workflow/__init__.py", "chord"): "the public function chord() in __all__",
     ("broker/redis/records.py", "progress"): "watch_progress's event kind; progress.lua's name",
-    ("client/results.py", "progress"): "watch_progress's event kind",
+    ("client/reading.py", "progress"): "watch_progress's event kind",
     ("cli/inspect.py", "progress"): "the progress field of `blitzq inspect`'s JSON",
     ("dashboard/tasks.py", "progress"): "the progress field of the dashboard's task JSON",
     ("broker/redis/keys.py", "progress"): "the name of the progress key in keys.TABLE",

@@ -70,6 +70,11 @@ class Broker(OperationsFacade, LivenessFacade, BrowseFacade):
     the transport (:class:`~blitzq.broker.pairing.CommitThenAck`). See
     :meth:`StateStore.complete` for fencing and what ``token`` means."""
 
+    task_ids: Callable[[str], str] | None = None
+    """Makes the id of a task sent to a physical queue when the caller chose none; ``None``:
+    128 random bits in hex. The spread layout of a Redis Cluster homes ids on their queue's
+    slot (:func:`~blitzq.broker.redis.homes.homed_id`)."""
+
     def __init__(
         self, transport: Transport, state: StateStore, pairing: Pairing | None = None
     ) -> None:

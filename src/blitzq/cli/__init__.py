@@ -19,9 +19,9 @@ import click
 from .. import __version__
 from . import queue_control  # noqa: F401  (adds purge, pause and resume to queue_group)
 from ._common import global_options
+from .autoscale import control_group
 from .check import check_command
 from .config import ConfiguredGroup, config_group, wire_envvars
-from .control import control_group
 from .dashboard import dashboard_command
 from .dead_letters import dead_letter_group
 from .inspect import queue_group, task_group

@@ -22,7 +22,7 @@ from ..routing import check_name
 from ..worker import Worker
 from ..worker.deferral import OutageBackoff
 from ..worker.heartbeat import start_beating
-from ..worker.ops import slot_port
+from ..worker.ports import slot_port
 from ..worker.worker import EXIT_RESTART
 from ._common import (
     EXIT_CONFIG,
@@ -39,7 +39,7 @@ from ._common import (
     settings,
 )
 from ._logging import logging_options, logging_settings
-from ._ops import deferral_argv, log_levels, ops_argv, ops_options
+from ._worker_options import deferral_argv, log_levels, ops_argv, ops_options
 from .process_control import (
     app_queue,
     needs_supervisor,

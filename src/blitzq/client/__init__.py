@@ -4,7 +4,7 @@ A :class:`~blitzq.Queue` holds the configuration and the task registry, and is m
 clients, whose methods it offers as its own (:mod:`blitzq.client.delegate`):
 
 - :mod:`blitzq.client.publish` (:class:`Producer`): envelopes, enqueue, ``send``;
-- :mod:`blitzq.client.results` (:class:`Results`): results, records, cancel, progress;
+- :mod:`blitzq.client.reading` (:class:`Results`): results, records, cancel, progress;
 - :mod:`blitzq.client.admin` (:class:`Admin`): dead letters, purges, stats;
 - :mod:`blitzq.client.workflows` (:class:`Workflows`): starting and finding workflows;
 - :mod:`blitzq.client.sync`: the sync API's engine (the :class:`Portal` and the

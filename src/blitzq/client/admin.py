@@ -244,7 +244,7 @@ class Admin:
         outcome = await broker.replay_dead_letter(task_id, queue, data, fields.kind, unique, stamp)
         if outcome is False:
             return None
-        if testmode.after_enqueue is not None:
+        if testmode.after_enqueue is not None:  # no middleware hook sees a replay
             await testmode.after_enqueue(owner)
         if isinstance(outcome, str):
             return TaskHandle(owner, outcome, queue, env.task, duplicate=True, sent=True)

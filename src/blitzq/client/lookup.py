@@ -1,7 +1,7 @@
 """What the client can tell about a task that has no final record yet: whether it waits on
 the schedule (and until when), and why a result wait may have timed out.
 
-Both read the state store only; :class:`~blitzq.client.results.Results` offers them as
+Both read the state store only; :class:`~blitzq.client.reading.Results` offers them as
 ``inspect`` (the scheduled part) and as the hint of a :class:`~blitzq.ResultTimeout`.
 """
 

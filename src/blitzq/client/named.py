@@ -17,7 +17,6 @@ from ..options import call_options, declared_call_options
 from ..routing import physical_queue, route
 from ..serialization import encode_envelope
 from ..task import CallOptions, Task, TaskHandle
-from . import testmode
 
 if TYPE_CHECKING:
     from ..serialization import Envelope
@@ -116,8 +115,6 @@ async def send_many(producer: Producer, items: Iterable[Sequence[Any]]) -> list[
         )
     if batch:
         await producer.publish(batch, frozenset(explicit))
-        if testmode.after_enqueue is not None:
-            await testmode.after_enqueue(owner)
     return [
         TaskHandle(
             owner,

@@ -26,8 +26,13 @@ from . import testmode
 from .named import named_options, send_many
 
 if TYPE_CHECKING:
+    from ..extensions.registry import Extensions
     from .context import QueueContext
     from .sync import Portal
+
+
+#: :attr:`Producer._task_ids` before the broker was asked.
+_UNKNOWN: Any = object()
 
 
 def item_options(
@@ -54,8 +59,9 @@ class Producer:
     """Builds and publishes the messages of one Queue.
 
     Args:
-        queue: the Queue whose configuration, broker and filters it uses.
+        queue: the Queue whose configuration and broker it uses.
         portal: the Queue's sync-API loop (what the ``*_sync`` twins of tasks run on).
+        extensions: the Queue's middleware registry, whose enqueue hooks see every batch.
 
     Attributes:
         queue: that Queue.
@@ -64,10 +70,23 @@ class Producer:
             (a publish to one of them skips the registration).
     """
 
-    def __init__(self, queue: QueueContext, portal: Portal) -> None:
+    def __init__(self, queue: QueueContext, portal: Portal, extensions: Extensions) -> None:
         self.queue = queue
         self.portal = portal
+        self.extensions = extensions
         self.known_queues: set[str] = set()
+        self._task_ids: Any = _UNKNOWN
+
+    def _id_maker(self) -> Any:
+        """The broker's maker of task ids (``Broker.task_ids``; ``None``: random hex), kept
+        once read: every broker of a Queue has the same URL, hence the same layout. Without a
+        running loop there is no broker to ask: ``None`` this time, asked again next time."""
+        try:
+            ids = self.queue.broker.task_ids
+        except RuntimeError:  # no running loop
+            return None
+        self._task_ids = ids
+        return ids
 
     def envelope(
         self, task: str, queue: str, args: Any, kwargs: Any, opts: CallOptions, now: float
@@ -86,8 +105,15 @@ class Producer:
             correlation_id = correlation_id or parent.correlation_id or parent.id
             if parent.headers:
                 headers = {**parent.headers, **(headers or {})}
+        task_id = opts.task_id
+        if not task_id:
+            ids = self._task_ids
+            if ids is _UNKNOWN:
+                ids = self._id_maker()
+            # 128 random bits; uuid4().hex costs 7x. The spread layout adds the queue's home.
+            task_id = os.urandom(16).hex() if ids is None else ids(queue)
         return Envelope(
-            opts.task_id or os.urandom(16).hex(),  # 128 random bits; uuid4().hex costs 7x
+            task_id,
             task,
             queue,
             plain_args(args),
@@ -111,20 +137,20 @@ class Producer:
     async def publish(
         self, outgoing: list[Outgoing], explicit: frozenset[str] = frozenset()
     ) -> None:
-        """Publish a batch: filters, fresh starts, state records, registry of queues, then
-        the messages.
+        """Publish a batch: the middleware's enqueue hooks, fresh starts, state records,
+        registry of queues, then the messages, then the middleware's after-publish hooks.
 
         ``explicit``: ids the caller chose (``task_id=``). A task published under one starts
         afresh: what an earlier task of that id left (record, cancel mark, progress) is
         forgotten first, so its handle never answers with the old outcome.
 
         Raises:
-            EnqueueRefused: a filter (middleware) refused the batch; nothing is published.
+            EnqueueRefused: a middleware (or an enqueue filter) refused the batch; nothing is
+                published.
             BrokerError: the broker could not be reached.
         """
-        owner = self.queue
-        for check in owner.enqueue_filters:
-            await check(owner, outgoing)
+        owner, extensions = self.queue, self.extensions
+        await extensions.before_publish(owner, outgoing)
         batch = [o for o in outgoing if o.existing_id is None]
         items = [(o.envelope, o.data, o.due) for o in batch]
         broker = owner.broker
@@ -172,8 +198,7 @@ class Producer:
             await broker.publish(queue, messages)
         if later:
             await broker.schedule(later)
-        for observer in owner.enqueue_observers:
-            await observer(owner, batch)
+        await extensions.after_publish(owner, batch)
 
     async def enqueue(
         self,
@@ -211,15 +236,17 @@ class Producer:
             due is None
             and queue in self.known_queues
             and not owner.track_state
+            # No middleware would see it: none registered with enqueue hooks, and the
+            # built-in ones idle (the enqueue lists empty, the test mode off).
+            and not self.extensions.enqueue_hooked
             and not owner.enqueue_filters
             and not owner.enqueue_observers
+            and testmode.after_enqueue is None
             and opts.task_id is None
         ):
             broker = owner.broker
             since = broker.result_token()  # before the send: see StateStore.result_token
             await broker.publish(queue, (data,))
-            if testmode.after_enqueue is not None:
-                await testmode.after_enqueue(owner)
             handle: TaskHandle[Any] = TaskHandle(
                 owner, env.id, queue, name, stores_result=stores, sent=True
             )
@@ -228,8 +255,6 @@ class Producer:
         out = Outgoing(env, data, due, registered, delay=opts.relative_delay())
         explicit = frozenset((env.id,)) if opts.task_id is not None else frozenset()
         await self.publish([out], explicit)
-        if testmode.after_enqueue is not None:
-            await testmode.after_enqueue(owner)
         if out.existing_id is not None:
             return TaskHandle(
                 owner,
@@ -294,8 +319,6 @@ class Producer:
             raise ConfigurationError("enqueue_many: the same task_id is given to several items")
         if items:
             await self.publish(items, frozenset(explicit))
-            if testmode.after_enqueue is not None:
-                await testmode.after_enqueue(self.queue)
         stores = self.stores_result(task)
         return [
             TaskHandle(

@@ -10,7 +10,10 @@ Attributes:
     generation: bumped at each switch; a Queue drops the brokers it made under another one.
     forced_url: ``f(queue) -> URL`` while active (``None`` otherwise).
     after_enqueue: awaited with the Queue after each enqueue, replay or workflow start while
-        active (``None`` otherwise).
+        active (``None`` otherwise): for enqueues and workflow starts through each Queue's
+        built-in middleware :class:`TestModeDrain` (its ``after_publish`` and
+        ``after_apply``), for a replay of a dead letter (no middleware hook sees one) by the
+        replay itself.
     failure: ``f(task_id) -> exception`` while active: the exception a failed task raised
         in this process (``None`` when there is none, or when the mode does not propagate
         errors), which ``result()`` raises instead of :class:`~blitzq.TaskFailed`.
@@ -21,9 +24,14 @@ Attributes:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..context import current_task
+from ..extensions.middleware import Middleware
+
+if TYPE_CHECKING:
+    from ..extensions.middleware import Outgoing, OutgoingWorkflow
+    from ..seams import QueueSettings
 
 generation = 0
 forced_url: Callable[[Any], str] | None = None
@@ -64,3 +72,31 @@ def task_error(task_id: str) -> Exception | None:
         return None
     error = failure(task_id)
     return error if isinstance(error, Exception) else None
+
+
+class TestModeDrain(Middleware):
+    """The test mode's hook as a built-in middleware of one Queue (the registry's
+    :attr:`~blitzq.extensions.registry.Extensions.test_mode`): while the mode is on, what a
+    batch or a workflow start published runs before the call returns.
+
+    Args:
+        queue: the Queue (what :data:`after_enqueue` is awaited with).
+    """
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+
+    @property
+    def active(self) -> bool:
+        """Whether the test mode is on (an enqueue then needs the batch hooks)."""
+        return after_enqueue is not None
+
+    async def after_publish(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
+        """Await :data:`after_enqueue` with the Queue, while the mode is on."""
+        if after_enqueue is not None:
+            await after_enqueue(self.queue)
+
+    async def after_apply(self, workflow: OutgoingWorkflow) -> None:
+        """Await :data:`after_enqueue` with the Queue, while the mode is on."""
+        if after_enqueue is not None:
+            await after_enqueue(self.queue)

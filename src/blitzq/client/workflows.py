@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import testmode
-
 if TYPE_CHECKING:
     from ..extensions.registry import Extensions
     from ..workflow.canvas import Node, Signature
@@ -54,10 +52,7 @@ class Workflows:
         """
         from ..workflow.engine import apply_workflow
 
-        handle = await apply_workflow(self.queue, workflow, self.extensions, self.known_queues)
-        if testmode.after_enqueue is not None:
-            await testmode.after_enqueue(self.queue)
-        return handle
+        return await apply_workflow(self.queue, workflow, self.extensions, self.known_queues)
 
     def workflow(self, workflow_id: str) -> WorkflowHandle:
         """A handle to the workflow ``workflow_id`` (re-attach from any process).

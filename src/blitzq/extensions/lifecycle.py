@@ -1,4 +1,5 @@
-"""The worker-lifecycle sugar of a Queue, as a built-in middleware: :class:`QueueHooks`.
+"""A Queue's own registration points, as built-in middleware: :class:`QueueHooks` (the
+worker-lifecycle sugar) and :class:`EnqueueLists` (the enqueue filter and observer lists).
 
 ``@queue.on_startup`` / ``@queue.on_shutdown`` (:class:`Hooks`) and ``@queue.lifespan``
 (:class:`~blitzq.dependencies.Lifespans`) are kept as the Queue's public lists; what runs them
@@ -10,6 +11,12 @@ before those of the registered middleware at start and after them at stop.
 Order: at start the startup hooks, in order, then the lifespans are entered (a hook or a
 lifespan raising fails the start); at stop the shutdown hooks, in order, then the lifespans are
 closed (each error logged, the stop goes on).
+
+``queue.enqueue_filters`` / ``queue.enqueue_observers`` (coroutines ``f(queue, batch)``) are
+kept as the Queue's public lists too; :class:`EnqueueLists` runs them from its
+:meth:`~blitzq.Middleware.before_publish` and :meth:`~blitzq.Middleware.after_publish`,
+after the registered middleware's enqueue hooks
+(:meth:`blitzq.extensions.registry.Extensions.before_publish`).
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ from .middleware import Middleware
 
 if TYPE_CHECKING:
     from ..dependencies import Lifespans
-    from .middleware import RunningWorker
+    from ..seams import QueueSettings
+    from .middleware import EnqueueFilter, EnqueueObserver, Outgoing, RunningWorker
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -78,4 +86,33 @@ class QueueHooks(Middleware):
             logger.exception("a lifespan failed while closing")
 
 
-__all__ = ["Hook", "Hooks", "QueueHooks"]
+class EnqueueLists(Middleware):
+    """Runs a Queue's ``enqueue_filters`` before each batch is published and its
+    ``enqueue_observers`` after (see the module docstring); both lists are read at each
+    batch, so later appends count.
+
+    Args:
+        filters: the Queue's enqueue filters.
+        observers: its enqueue observers.
+    """
+
+    def __init__(self, filters: list[EnqueueFilter], observers: list[EnqueueObserver]) -> None:
+        self.filters = filters
+        self.observers = observers
+
+    async def before_publish(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
+        """Await each filter with the batch, in order.
+
+        Raises:
+            Exception: what a filter raised (the batch is refused).
+        """
+        for check in self.filters:
+            await check(queue, batch)
+
+    async def after_publish(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
+        """Await each observer with the published batch, in order."""
+        for observer in self.observers:
+            await observer(queue, batch)
+
+
+__all__ = ["EnqueueLists", "Hook", "Hooks", "QueueHooks"]

@@ -9,6 +9,11 @@ hook                                            when
 ``before_enqueue(message)``                     producer, before a message is published; raise
                                                 to refuse the enqueue (nothing is published)
 ``after_enqueue(message)``                      producer, after it was published
+``before_publish(queue, batch)``                producer, once per batch after the
+                                                ``before_enqueue`` hooks: may refuse it or
+                                                mark duplicates (``existing_id``)
+``after_publish(queue, batch)``                 producer, once per batch after the
+                                                ``after_enqueue`` hooks
 ``before_execute(context)``                     worker, before the task body starts
 ``after_execute(context, result)``              worker, after a run returned ``result``
 ``on_error(context, exc)``                      worker, after a run failed (each attempt)
@@ -89,8 +94,10 @@ the per-task extension points below and the narrow :class:`WorkerContext` the wo
   :meth:`WorkerContext.reschedule`: back on the schedule, no attempt spent, no slot held);
 - **finishers** (``task.finishers``, :class:`Finisher`): called with every completion of the
   task before it is written; one may add atomic operations (``Completion.ops``);
-- **enqueue filters / observers** (``queue.enqueue_filters`` / ``enqueue_observers``): see a
-  batch of :class:`Outgoing` messages before / after it is published.
+- **batch hooks** (:meth:`Middleware.before_publish` / :meth:`~Middleware.after_publish`):
+  see a batch of :class:`Outgoing` messages before / after it is published (the
+  ``queue.enqueue_filters`` / ``enqueue_observers`` lists are sugar over them: a built-in
+  middleware, :class:`~blitzq.extensions.lifecycle.EnqueueLists`, runs them).
 
 A task or queue without any of these pays nothing for them.
 """
@@ -133,8 +140,9 @@ class Outgoing:
             observers), or ``None`` for now. What decides is the broker's clock: see
             ``delay``.
         task: the registered task, or ``None`` for ``queue.send`` of an unknown name.
-        existing_id: set by a filter to the id of an existing task this one duplicates; the
-            message is then not published and the caller's handle points at that task.
+        existing_id: set by a ``before_publish`` hook (an enqueue filter) to the id of an
+            existing task this one duplicates; the message is then not published and the
+            caller's handle points at that task.
         delay: for a ``delay=``, its seconds, sent as such so that the broker adds them to
             its own clock; ``None`` for an absolute ``eta=`` (``due``), which the broker
             compares with its clock as given.
@@ -345,6 +353,23 @@ class Middleware:
 
     async def after_enqueue(self, message: Outgoing) -> None:
         """After ``message`` was published (errors are logged, not raised)."""
+
+    async def before_publish(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
+        """Once per batch about to be published (one enqueue, an ``enqueue_many``, a
+        ``send_many``), after every ``before_enqueue`` hook; raise to refuse the whole batch
+        (as for ``before_enqueue``), or set ``Outgoing.existing_id`` on a message to mark it
+        a duplicate of that task (it is then not published). One round trip for the batch:
+        the built-in ``unique`` claim works this way.
+
+        Args:
+            queue: the Queue's settings and broker.
+            batch: the messages, in the caller's order.
+        """
+
+    async def after_publish(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
+        """Once per batch after it was published (duplicates left out), after every
+        ``after_enqueue`` hook; errors propagate to the caller (the messages are
+        published)."""
 
     async def before_apply(self, workflow: OutgoingWorkflow) -> None:
         """Before ``queue.apply`` publishes ``workflow``'s first steps; raise to refuse it.

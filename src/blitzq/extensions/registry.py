@@ -1,7 +1,10 @@
 """The middleware registry of one Queue (``queue._extensions``) and the calls that run it.
 
-The producer reaches it through the queue's enqueue filter and observer it installs; the
-worker through four calls, in this order per run: :meth:`Extensions.context_for`,
+The producer reaches it through two calls per batch, :meth:`Extensions.before_publish` and
+:meth:`~Extensions.after_publish` (the enqueue hooks of every middleware, the built-in ones
+last: the Queue's ``enqueue_filters`` / ``enqueue_observers`` lists are run by one of them,
+the eager test mode's drain by another);
+the worker through four calls, in this order per run: :meth:`Extensions.context_for`,
 :meth:`~Extensions.before_execute` (when any middleware has a before-execute hook),
 :meth:`~Extensions.started`, and :meth:`~Extensions.committed` with the run's typed
 :class:`~blitzq.extensions.middleware.Outcome`. It never calls back into the worker. Signals
@@ -18,10 +21,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..client.testmode import TestModeDrain
 from ..context import NO_RESULT, TaskContext, reset_current, set_current
 from ..exceptions import BlitzQError, TaskCancelled, TaskFailed, TaskTimeout, describe_error
 from ..serialization import encode_envelope
 from .flow_signals import WorkflowEnd, step_ended, workflow_extra
+from .lifecycle import EnqueueLists
 from .middleware import EnqueueRefused, Middleware
 from .signals import Signal, SignalEvent, Signals
 
@@ -32,8 +37,6 @@ if TYPE_CHECKING:
     from ..serialization import Envelope
     from ..worker.execution import Job
     from .middleware import (
-        EnqueueFilter,
-        EnqueueObserver,
         Outcome,
         Outgoing,
         OutgoingWorkflow,
@@ -45,6 +48,8 @@ logger = logging.getLogger("blitzq.middleware")
 _HOOK_NAMES = (
     "before_enqueue",
     "after_enqueue",
+    "before_publish",
+    "after_publish",
     "before_apply",
     "after_apply",
     "before_execute",
@@ -74,7 +79,7 @@ class Extensions:
     """Middleware and signal handlers of one Queue, and the calls that run them.
 
     Args:
-        queue: the owning Queue (its enqueue filters and observers get the producer hooks).
+        queue: the owning Queue.
 
     Attributes:
         middleware: registered middleware, in registration order.
@@ -85,23 +90,32 @@ class Extensions:
         received: whether ``TASK_RECEIVED`` has a handler (read once per delivery).
         workflow_signals: whether any workflow-step signal (``WORKFLOW_STEP_DONE``,
             ``WORKFLOW_COMPLETED``, ``WORKFLOW_FAILED``) has a handler.
+        builtin: the Queue's own sugar as built-in middleware, outside :attr:`middleware`:
+            the lifecycle hooks (:class:`~.lifecycle.QueueHooks`: started before and stopped
+            after the registered middleware), the enqueue lists
+            (:class:`~.lifecycle.EnqueueLists`) and the eager test mode's drain
+            (:class:`~blitzq.client.testmode.TestModeDrain`), whose enqueue and apply hooks
+            run after the registered middleware's.
     """
 
     def __init__(self, queue: QueueContext) -> None:
         self.queue = queue
         self.middleware: list[Middleware] = []
-        #: Built-in middleware with worker-lifecycle hooks only (the Queue's ``on_startup``,
-        #: ``on_shutdown`` and ``lifespan``: :class:`~.lifecycle.QueueHooks`), outside
-        #: :attr:`middleware`: started before and stopped after the registered ones.
-        self.builtin: list[Middleware] = []
+        #: The Queue's ``enqueue_filters`` and ``enqueue_observers``, run as a built-in.
+        self.lists = EnqueueLists(queue.enqueue_filters, queue.enqueue_observers)
+        #: The eager test mode's drain (:mod:`blitzq.client.testmode`), idle outside it.
+        self.test_mode = TestModeDrain(queue)
+        self.builtin: list[Middleware] = [self.lists, self.test_mode]
         self.signals = Signals(self._refresh)
         self.enabled = False
         self.has_before = False
         self.received = False
         self.workflow_signals = False
         self._hooks: dict[str, list[Callable[..., Any]]] = {name: [] for name in _HOOK_NAMES}
-        self._filter_installed = False
-        self._observer_installed = False
+        #: Whether the registered middleware or signal handlers see enqueues at all (the
+        #: built-in ones do when the Queue's lists are not empty, or in the test mode: the
+        #: producer's fast path checks those too).
+        self.enqueue_hooked = False
 
     # ----------------------------------------------------------- registration
     def add(self, middleware: Middleware) -> None:
@@ -128,18 +142,9 @@ class Extensions:
         signals = self.signals
         self.received = signals.has(Signal.TASK_RECEIVED)
         self.workflow_signals = any(signals.has(s) for s in _WORKFLOW_SIGNALS)
-        queue = self.queue
-        if hooks["before_enqueue"] and not self._filter_installed:
-            # First, so a refusal comes before any other filter claims anything.
-            enqueue_filter: EnqueueFilter = self._filter
-            queue.enqueue_filters.insert(0, enqueue_filter)
-            self._filter_installed = True
-        if (
-            hooks["after_enqueue"] or self.signals.has(Signal.TASK_ENQUEUED)
-        ) and not self._observer_installed:
-            observer: EnqueueObserver = self._observe
-            queue.enqueue_observers.append(observer)
-            self._observer_installed = True
+        self.enqueue_hooked = self.signals.has(Signal.TASK_ENQUEUED) or any(
+            hooks[n] for n in ("before_enqueue", "after_enqueue", "before_publish", "after_publish")
+        )
 
     # --------------------------------------------------------------- lifecycle
     async def worker_started(self, worker: RunningWorker) -> None:
@@ -164,7 +169,37 @@ class Extensions:
                     logger.exception("middleware %s.on_worker_stop failed", type(m).__name__)
 
     # ---------------------------------------------------------------- enqueue
-    async def _filter(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
+    async def before_publish(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
+        """Run every middleware's enqueue hooks on ``batch`` before it is published: the
+        ``before_enqueue`` hooks per message, then the ``before_publish`` hooks, the built-in
+        middleware's last (the Queue's ``enqueue_filters``).
+
+        Raises:
+            BlitzQError: a hook raised one (it propagates as it is).
+            EnqueueRefused: a ``before_enqueue`` hook raised anything else.
+        """
+        if self._hooks["before_enqueue"]:
+            await self._each_before(queue, batch)
+        for hook in self._hooks["before_publish"]:
+            await _call(hook, queue, batch)
+        for m in self.builtin:
+            if _overrides(m, "before_publish"):
+                await m.before_publish(queue, batch)
+
+    async def after_publish(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
+        """Run every middleware's enqueue hooks on the published ``batch``: the
+        ``after_enqueue`` hooks per message (errors logged) and ``TASK_ENQUEUED``, then the
+        ``after_publish`` hooks, the built-in middleware's last (the Queue's
+        ``enqueue_observers``)."""
+        if self._hooks["after_enqueue"] or self.signals.has(Signal.TASK_ENQUEUED):
+            await self._each_after(queue, batch)
+        for hook in self._hooks["after_publish"]:
+            await _call(hook, queue, batch)
+        for m in self.builtin:
+            if _overrides(m, "after_publish"):
+                await m.after_publish(queue, batch)
+
+    async def _each_before(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
         hooks = self._hooks["before_enqueue"]
         for out in batch:
             if out.existing_id is not None:
@@ -183,7 +218,7 @@ class Extensions:
                 if out.envelope is not env:
                     out.data = encode_envelope(out.envelope, queue.max_message_size)
 
-    async def _observe(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
+    async def _each_after(self, queue: QueueSettings, batch: list[Outgoing]) -> None:
         hooks = self._hooks["after_enqueue"]
         signals = self.signals
         emit = signals.has(Signal.TASK_ENQUEUED)
@@ -210,8 +245,11 @@ class Extensions:
     # -------------------------------------------------------------- workflows
     @property
     def has_apply_hooks(self) -> bool:
-        """Whether any middleware has a ``before_apply`` or ``after_apply`` hook."""
-        return bool(self._hooks["before_apply"] or self._hooks["after_apply"])
+        """Whether any middleware has a ``before_apply`` or ``after_apply`` hook (the test
+        mode's, while it is on)."""
+        return bool(
+            self._hooks["before_apply"] or self._hooks["after_apply"] or self.test_mode.active
+        )
 
     async def before_apply(self, workflow: OutgoingWorkflow) -> None:
         """Run the before-apply hooks on ``workflow``.
@@ -232,12 +270,16 @@ class Extensions:
                 ) from exc
 
     async def after_apply(self, workflow: OutgoingWorkflow) -> None:
-        """Run the after-apply hooks on ``workflow`` (errors are logged)."""
+        """Run the after-apply hooks on ``workflow`` (a registered middleware's errors are
+        logged), the built-in middleware's last."""
         for hook in self._hooks["after_apply"]:
             try:
                 await _call(hook, workflow)
             except Exception:
                 logger.exception("middleware %s.after_apply failed", _owner(hook))
+        for m in self.builtin:
+            if _overrides(m, "after_apply"):
+                await m.after_apply(workflow)
 
     # -------------------------------------------------------------- execution
     @staticmethod

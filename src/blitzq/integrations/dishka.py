@@ -28,9 +28,11 @@ Per run, a before-execute middleware hook opens a child container of the next sc
 so ``thread`` tasks get them too. The after-hooks close it when the run ends, however it
 ends (success, failure, timeout, cancellation, being put back on the queue at shutdown):
 its generator providers are finalized then. Objects of the ``APP`` scope live as long as
-the worker: the container is closed by a lifespan of the Queue when the worker stops (the
-last one, when several workers of one process share it). A task of the Queue without
-``FromDishka`` parameters opens no container.
+the worker: the middleware's ``on_worker_stop`` closes the container when the worker stops
+(the last one, when several workers of one process share it). Everything is the one
+middleware: its ``setup_task`` (which hands the parameters to the worker through
+:func:`blitzq.dependencies.provide`), its execution hooks and its worker-lifecycle hooks.
+A task of the Queue without ``FromDishka`` parameters opens no container.
 
 Refused early (:class:`~blitzq.ConfigurationError`): a ``FromDishka`` parameter on a
 ``process`` task (at registration, or at ``setup_dishka`` for a task registered before), a
@@ -47,7 +49,6 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import AsyncIterator
 from typing import Any
 
 try:
@@ -62,7 +63,7 @@ except ImportError as exc:  # the optional extra is not installed
 from ..context import TaskContext
 from ..dependencies import Provided, provide
 from ..exceptions import ConfigurationError
-from ..extensions.middleware import Middleware
+from ..extensions.middleware import Middleware, RunningWorker
 from ..options import TaskOptions
 from ..queue import Queue
 from ..task import Task
@@ -180,26 +181,27 @@ class DishkaMiddleware(Middleware):
         if run is not None:
             await run[0].close(exc)
 
-    async def lifespan(self) -> AsyncIterator[AsyncContainer]:
-        """Per worker: yields the container (so ``Depends()`` of ``AsyncContainer`` gets it);
-        when the last worker of the process stops, closes request scopes still open and then
-        the container (finalizing its ``APP`` objects)."""
+    async def on_worker_start(self, worker: RunningWorker) -> None:
+        """Count the worker, and offer the container to its ``Depends()`` parameters of
+        type ``AsyncContainer``."""
         self._workers += 1
-        try:
-            yield self.container
-        finally:
-            self._workers -= 1
-            if self._workers == 0:
-                while self.runs:
-                    _, (request, _values) = self.runs.popitem()
-                    await request.close()
-                await self.container.close()
+        worker.resources.values.append(self.container)
+
+    async def on_worker_stop(self, worker: RunningWorker) -> None:
+        """When the last worker of the process stops, close the request scopes still open
+        and then the container (finalizing its ``APP`` objects)."""
+        self._workers -= 1
+        if self._workers == 0:
+            while self.runs:
+                _, (request, _values) = self.runs.popitem()
+                await request.close()
+            await self.container.close()
 
 
 def setup_dishka(container: AsyncContainer, queue: Queue) -> DishkaMiddleware:
     """Let ``queue``'s tasks take ``FromDishka[T]`` parameters from ``container`` (module
-    docstring): registers a :class:`DishkaMiddleware` and a lifespan that closes the
-    container at worker shutdown. Call it once, where the Queue is made (producers import
+    docstring): registers a :class:`DishkaMiddleware`, which also closes the container at
+    worker shutdown. Call it once, where the Queue is made (producers import
     it too: they refuse values given for such parameters).
 
     Args:
@@ -228,7 +230,6 @@ def setup_dishka(container: AsyncContainer, queue: Queue) -> DishkaMiddleware:
             )
     middleware = DishkaMiddleware(container)
     queue.add_middleware(middleware)
-    queue.lifespan(middleware.lifespan)
     return middleware
 
 

@@ -14,7 +14,6 @@ from typing import Any
 
 from ..queue import Queue
 from ..worker import Worker
-from ..worker.burst import settled
 
 #: Seconds between two looks at the queues while draining.
 POLL = 0.01
@@ -26,7 +25,7 @@ async def drain(worker: Worker, *, horizon: float = 5.0, timeout: float = 60.0) 
     Done when none of its queues holds a waiting or unacknowledged message, it runs and
     starts nothing and has written every completion, no fetch holds a message, and nothing
     on the schedule (a retry's backoff, a delay) is due within ``horizon`` seconds -- twice
-    in a row (the checks of burst mode, :func:`blitzq.worker.burst.settled`).
+    in a row (the checks of burst mode, :meth:`blitzq.Worker.settled`).
 
     Args:
         worker: a running worker (``WorkerHarness.worker``, or one started by hand).
@@ -44,7 +43,7 @@ async def drain(worker: Worker, *, horizon: float = 5.0, timeout: float = 60.0) 
     while calm < 2:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the worker's queues were not drained within {timeout} s")
-        calm = calm + 1 if await settled(worker, horizon) else 0
+        calm = calm + 1 if await worker.settled(horizon) else 0
         await asyncio.sleep(POLL)
 
 

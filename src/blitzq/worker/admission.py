@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..broker import Completion, Delivery
+from ..broker import Broker, Completion, Delivery
 from ..dependencies import refuse_given
 from ..envelope_checks import envelope_fault
 from ..exceptions import ConfigurationError, SerializationError
@@ -33,9 +33,72 @@ from .limiter import Slots
 Call = tuple[list[Any], dict[str, Any]]
 
 if TYPE_CHECKING:
-    from .runner import Runner
+    from collections.abc import Mapping
+
+    from ..dependencies import Resources
+    from ..extensions.registry import Extensions
+    from .deferral import OutageBackoff
+    from .ending import Ending
+    from .lifecycle import Lifecycle
 
 logger = logging.getLogger("blitzq.worker")
+
+
+class _AdmittingWorker(Protocol):
+    @property
+    def outage_backoff(self) -> OutageBackoff: ...
+
+    @property
+    def resources(self) -> Resources: ...
+
+
+class _Unknown(Protocol):
+    def take(self, d: Delivery, env: Envelope, slots: Slots) -> None: ...
+
+
+class AdmittingRunner(Protocol):
+    """What admission sees of the runner (a :class:`~.runner.Runner`, which owns it): the
+    worker's settings it reads on every delivery, the stages it hands a delivery to (the
+    run, the unknown tasks, the ending), and the start counter of ``max_tasks_per_child``."""
+
+    @property
+    def worker(self) -> _AdmittingWorker: ...
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def ending(self) -> Ending: ...
+
+    @property
+    def extensions(self) -> Extensions: ...
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def lifecycle(self) -> Lifecycle: ...
+
+    @property
+    def unknown(self) -> _Unknown: ...
+
+    @property
+    def tasks(self) -> Mapping[str, Task[Any, Any]]: ...
+
+    @property
+    def max_message_size(self) -> int: ...
+
+    @property
+    def start_limit(self) -> int: ...
+
+    @property
+    def started(self) -> int: ...
+
+    def run(self, job: Job, slots: Slots, hooked: bool = False) -> None: ...
+
+    def hold_start(self, pending: asyncio.Task[None], d: Delivery) -> None: ...
+
+    def give_back(self, d: Delivery, slots: Slots, job: Job | None = None) -> None: ...
 
 
 class Admission:
@@ -50,7 +113,7 @@ class Admission:
         marks: the broker's cancel marks being read for this fetch batch, if any.
     """
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: AdmittingRunner) -> None:
         self.runner = runner
         self.ending = runner.ending
         # Read on every delivery: kept here, so the hot path reads one object.

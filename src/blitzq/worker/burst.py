@@ -27,15 +27,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..exceptions import BrokerError
 from ..routing import base_queue
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
+    from ..broker import Broker
     from .fetch import Fetcher
     from .flusher import Flusher
-    from .worker import Worker
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -46,7 +48,44 @@ BURST_HORIZON = 2.0
 CHECK_INTERVAL = 0.1
 
 
-async def drain(worker: Worker, fetcher: Fetcher, flusher: Flusher) -> None:
+class _Idle(Protocol):
+    @property
+    def idle(self) -> bool: ...
+
+
+class Draining(Protocol):
+    """What burst mode sees of the worker (a :class:`~blitzq.Worker`)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def runner(self) -> _Idle: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def physical_queues(self) -> list[str]: ...
+
+    @property
+    def paused(self) -> Collection[str]: ...
+
+    @property
+    def block_timeout(self) -> float: ...
+
+    @property
+    def burst_idle_timeout(self) -> float: ...
+
+    idle_since: float | None
+
+    def stop(self) -> None: ...
+
+
+async def drain(worker: Draining, fetcher: Fetcher, flusher: Flusher) -> None:
     """Stop ``worker`` (:meth:`~blitzq.worker.Worker.stop`) once its queues are drained.
 
     Call it as a task next to the fetch loops of a running worker (``fetcher``: its fetch
@@ -60,7 +99,7 @@ async def drain(worker: Worker, fetcher: Fetcher, flusher: Flusher) -> None:
     while not worker.stopping:
         await asyncio.sleep(CHECK_INTERVAL)
         try:
-            drained = await _drained(worker, fetcher, flusher)
+            drained = await settled(worker, fetcher, flusher)
         except BrokerError as exc:
             logger.warning("burst check failed, trying again: %s", exc)
             continue
@@ -75,21 +114,17 @@ async def drain(worker: Worker, fetcher: Fetcher, flusher: Flusher) -> None:
             return
 
 
-async def settled(worker: Worker, horizon: float = BURST_HORIZON) -> bool:
-    """Whether the running ``worker`` has nothing left to do (the conditions of the module
-    docstring, with scheduled messages due within ``horizon`` seconds counted as work); due
-    scheduled messages are promoted on the way. Used by :mod:`blitzq.testing` too.
+async def settled(
+    worker: Draining, fetcher: Fetcher, flusher: Flusher, horizon: float = BURST_HORIZON
+) -> bool:
+    """Whether the running ``worker`` (its ``fetcher`` and ``flusher``) has nothing left to
+    do (the conditions of the module docstring, with scheduled messages due within
+    ``horizon`` seconds counted as work); due scheduled messages are promoted on the way.
+    :meth:`blitzq.Worker.settled` asks it for :mod:`blitzq.testing`.
 
     Raises:
         BrokerError: the broker could not be reached.
-        RuntimeError: the worker is not running.
     """
-    return await _drained(worker, worker._fetcher, worker._flusher, horizon)
-
-
-async def _drained(
-    worker: Worker, fetcher: Fetcher, flusher: Flusher, horizon: float = BURST_HORIZON
-) -> bool:
     runner = worker.runner
     if not runner.idle:
         return False

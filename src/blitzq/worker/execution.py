@@ -124,14 +124,16 @@ class Job:
         self.pool_call: concurrent.futures.Future[Any] | None = None
 
     # ------------------------------------------------------- the run's records
-    # Each builds one record of this run (:mod:`blitzq.records`) with the fields all of them
-    # share; ``worker`` is the id of the worker writing it (:class:`.ending.Completions`
-    # wraps them in completions).
+    # Each builds one record of this run (:mod:`blitzq.records`) from the fields all of them
+    # share (:meth:`shared`); ``worker`` is the id of the worker writing it
+    # (:class:`.completions.Completions` wraps them in completions).
 
-    def running(self, worker: str) -> bytes:
-        """The ``running`` record (with the arguments' preview)."""
+    def shared(self, worker: str) -> tuple[str, str, str, int, float, float | None, str]:
+        """The fields every record of this run starts with, in the builders' order: the
+        task's id, name, physical queue, this attempt, the first enqueue time, the start time
+        (``None`` before the run started; Unix seconds) and ``worker``."""
         env = self.envelope
-        return records.running(
+        return (
             env.id,
             env.task,
             self.delivery.queue,
@@ -139,8 +141,12 @@ class Job:
             env.created_at,
             self.started_at or None,
             worker,
-            (env.args, env.kwargs),
         )
+
+    def running(self, worker: str) -> bytes:
+        """The ``running`` record (with the arguments' preview)."""
+        env = self.envelope
+        return records.running(*self.shared(worker), (env.args, env.kwargs))
 
     def succeeded(self, worker: str, value: Any = msgspec.UNSET, preview: bool = False) -> bytes:
         """The ``succeeded`` record: with ``value`` when given (results stored), with the
@@ -150,33 +156,13 @@ class Job:
             SerializationError: ``value`` is not plain data.
         """
         env = self.envelope
-        return records.succeeded(
-            env.id,
-            env.task,
-            self.delivery.queue,
-            self.attempt,
-            env.created_at,
-            self.started_at or None,
-            worker,
-            value,
-            call=(env.args, env.kwargs) if preview else None,
-        )
+        call = (env.args, env.kwargs) if preview else None
+        return records.succeeded(*self.shared(worker), value, call=call)
 
     def retrying(self, worker: str, error_type: str, message: str) -> bytes:
         """The ``retrying`` record of this failed attempt (with the arguments' preview)."""
         env = self.envelope
-        return records.retrying(
-            env.id,
-            env.task,
-            self.delivery.queue,
-            self.attempt,
-            env.created_at,
-            self.started_at or None,
-            worker,
-            error_type,
-            message,
-            (env.args, env.kwargs),
-        )
+        return records.retrying(*self.shared(worker), error_type, message, (env.args, env.kwargs))
 
     def failed(
         self, worker: str, error_type: str, message: str, trace: str, dead_lettered: bool
@@ -184,13 +170,7 @@ class Job:
         """The final ``failed`` (or ``dead_lettered``) record, with the formatted ``trace``."""
         env = self.envelope
         return records.failed(
-            env.id,
-            env.task,
-            self.delivery.queue,
-            self.attempt,
-            env.created_at,
-            self.started_at or None,
-            worker,
+            *self.shared(worker),
             error_type,
             message,
             trace,
@@ -200,14 +180,8 @@ class Job:
 
     def cancelled(self, worker: str) -> bytes:
         """The ``cancelled`` record (``started_at`` only when the run had started)."""
+        task_id, task, queue, attempt, enqueued_at, started_at, _ = self.shared(worker)
         env = self.envelope
         return records.cancelled(
-            env.id,
-            env.task,
-            self.delivery.queue,
-            self.attempt,
-            env.created_at,
-            worker,
-            (env.args, env.kwargs),
-            self.started_at or None,
+            task_id, task, queue, attempt, enqueued_at, worker, (env.args, env.kwargs), started_at
         )

@@ -28,15 +28,18 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..broker import Broker, Delivery
 from ..exceptions import BrokerError
 from .limiter import Slots
-from .runner import Runner
 
 if TYPE_CHECKING:
-    from .worker import Worker
+    from collections.abc import Collection
+
+    from .admission import Admission
+    from .execution import Job
+    from .flusher import Flusher
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -52,6 +55,44 @@ PAUSE_POLL = 0.2
 _OVERLAP_MIN = 32
 
 
+class Fetching(Protocol):
+    """What the fetch loops see of the worker (a :class:`~blitzq.Worker`)."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def levels(self) -> Mapping[str, list[str]]: ...
+
+    @property
+    def paused(self) -> Collection[str]: ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def block_timeout(self) -> float: ...
+
+    handed_back: int
+
+
+class FetchingRunner(Protocol):
+    """What the fetch loops see of the runner (a :class:`~.runner.Runner`): where a
+    delivery starts, where one that found no slot goes back, the runs going and the
+    writer a backlog's fetch holds."""
+
+    @property
+    def admission(self) -> Admission: ...
+
+    @property
+    def jobs(self) -> Collection[Job]: ...
+
+    @property
+    def flusher(self) -> Flusher: ...
+
+    def hand_back(self, d: Delivery) -> None: ...
+
+
 class Fetcher:
     """Runs and stops the fetch loops of one worker.
 
@@ -64,7 +105,7 @@ class Fetcher:
     """
 
     def __init__(
-        self, worker: Worker, broker: Broker, runner: Runner, slots: Mapping[str, Slots]
+        self, worker: Fetching, broker: Broker, runner: FetchingRunner, slots: Mapping[str, Slots]
     ) -> None:
         self.worker = worker
         self.broker = broker

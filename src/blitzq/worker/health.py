@@ -29,11 +29,11 @@ import errno
 import logging
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..exceptions import ConfigurationError
 from ..redaction import redact
-from .ops import PortInUse
+from .ports import PortInUse
 
 try:
     import uvicorn
@@ -52,9 +52,23 @@ if TYPE_CHECKING:
 
     from prometheus_client import CollectorRegistry
 
-    from .worker import Worker
+    from ..broker import Broker
 
 logger = logging.getLogger("blitzq.worker")
+
+
+class Checked(Protocol):
+    """What the readiness checks see of the worker (a :class:`~blitzq.Worker`)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
 
 #: Seconds between two readiness probes.
 PROBE_INTERVAL = 2.0
@@ -76,7 +90,7 @@ class Readiness:
         loops: returns whether each fetch loop runs, by queue name.
     """
 
-    def __init__(self, worker: Worker, loops: Callable[[], dict[str, bool]]) -> None:
+    def __init__(self, worker: Checked, loops: Callable[[], dict[str, bool]]) -> None:
         self.worker = worker
         self._loops = loops
         self._checks: dict[str, dict[str, Any]] = {}
@@ -174,7 +188,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
     Raises:
         ConfigurationError: the address cannot be bound (no permission, bad host; a
-            :class:`~blitzq.worker.ops.PortInUse` when another socket holds it).
+            :class:`~blitzq.worker.ports.PortInUse` when another socket holds it).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

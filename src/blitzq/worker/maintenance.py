@@ -29,18 +29,22 @@ import logging
 import math
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker import Broker
 from ..exceptions import BlitzQError, BrokerError, describe_error
 from ..extensions.signals import Signal, SignalEvent
 from ..serialization import loads
-from .series import Series
-from .unknown import take_handed
+from .limiter import Slots
+from .unknown import Handed, take_handed
 
 if TYPE_CHECKING:
+    from collections.abc import Collection, Mapping
+
+    from ..extensions.registry import Extensions
+    from ..seams import QueueSettings
+    from .admission import Admission
     from .execution import Job
-    from .worker import Worker
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -105,17 +109,75 @@ def running_record_ttl(result_ttl: int, visibility_timeout: float) -> int:
     return max(result_ttl, 2 * keep_margin(visibility_timeout))
 
 
+class _Cancelling(Protocol):
+    @property
+    def admission(self) -> Admission: ...
+
+    @property
+    def extensions(self) -> Extensions: ...
+
+    @property
+    def jobs(self) -> Collection[Job]: ...
+
+    @property
+    def result_ttl(self) -> int: ...
+
+    @property
+    def track_state(self) -> bool: ...
+
+    revoked: dict[str, float]
+
+    def cancel(self, task_id: str) -> bool: ...
+
+
+class Maintained(Handed, Protocol):
+    """What the background loops see of the worker (a :class:`~blitzq.Worker`)."""
+
+    @property
+    def runner(self) -> _Cancelling: ...
+
+    @property
+    def queue(self) -> QueueSettings: ...
+
+    @property
+    def queues(self) -> list[str]: ...
+
+    @property
+    def processed(self) -> int: ...
+
+    @property
+    def failed(self) -> int: ...
+
+    @property
+    def failure_log_level(self) -> int: ...
+
+    paused: set[str]
+
+    @property
+    def concurrency(self) -> int: ...
+
+    def resize(self, concurrency: int) -> None: ...
+
+    def info(self) -> bytes: ...
+
+    def running_tokens(self, queue: str) -> list[bytes]: ...
+
+    def stop(self) -> None: ...
+
+
 class Maintenance:
     """Runs the worker's background loops.
 
     Args:
         worker: the owning worker.
         broker: its broker.
+        slots: its slots of each base queue name (what it hands over goes through them).
     """
 
-    def __init__(self, worker: Worker, broker: Broker) -> None:
+    def __init__(self, worker: Maintained, broker: Broker, slots: Mapping[str, Slots]) -> None:
         self.worker = worker
         self.broker = broker
+        self.slots = slots
         vt = worker.queue.visibility_timeout
         #: seconds between lease renewals / recovery checks: a third of the visibility
         #: timeout, so two renewals can fail before a lease lapses.
@@ -128,8 +190,6 @@ class Maintenance:
         #: Pushes on the event channel that were ignored as malformed.
         self.malformed_events = 0
         self._malformed_logged = -math.inf
-        #: The worker's part of the dashboard's time series (made at :meth:`start`).
-        self.series: Series | None = None
 
     async def start(self) -> list[asyncio.Task[None]]:
         """Load the cancelled ids, then start the loops; the worker cancels them at shutdown."""
@@ -147,14 +207,6 @@ class Maintenance:
             loops.append(asyncio.create_task(self._handed_loop(), name="blitzq-handed"))
         if self.interval > COUNTS_REFRESH:
             loops.append(asyncio.create_task(self._counts_loop(), name="blitzq-counts"))
-        notes = self.worker.runner.notes
-        if notes is not None:  # the notes of runs with nothing to write
-            notes.broker = self.broker
-            loops.append(asyncio.create_task(notes.loop(), name="blitzq-recent"))
-        series = self.series = Series(self.worker)
-        ending = self.worker.runner.ending
-        ending.tap = series.tapping(ending.tap)
-        loops.append(asyncio.create_task(series.loop(), name="blitzq-series"))
         if self.broker.relay is not None:  # a foreign transport: relay the store's outbox
             loops.append(asyncio.create_task(self.broker.relay.run(), name="blitzq-relay"))
         return loops
@@ -200,7 +252,7 @@ class Maintenance:
                 await asyncio.wait_for(self._handed.wait(), timeout=self.interval)
             self._handed.clear()
             try:
-                await take_handed(self.worker)
+                await take_handed(self.worker, self.slots)
             except NotImplementedError:
                 return
             except BrokerError as exc:
@@ -381,7 +433,7 @@ class Maintenance:
             "worker(s) %s stopped renewing their registration (heartbeat lost)",
             ", ".join(sorted(lapsed)),
         )
-        signals = worker.queue.signals
+        signals = worker.runner.extensions.signals
         if not signals.has(Signal.WORKER_HEARTBEAT_LOST):
             return
         for lost_id, raw in sorted(lapsed.items()):
@@ -413,7 +465,7 @@ class Maintenance:
         for job in [j for j in kept if j not in runner.jobs]:
             del kept[job]
         if due:
-            await self.broker.keep_running([job.envelope.id for job in due], ttl)
+            await self.broker.state.keep_running([job.envelope.id for job in due], ttl)
             for job in due:
                 kept[job] = now + ttl
 

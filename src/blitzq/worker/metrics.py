@@ -30,7 +30,7 @@ import errno
 import logging
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..exceptions import ConfigurationError
 from ..logcontext import dropped_records
@@ -49,13 +49,51 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "from its checkout with the extra: pip install -e '.[metrics]')"
     ) from exc
 
-from .ops import PortInUse
+from .ports import PortInUse
 from .tally import BUCKETS, MAX_TASK_NAMES, OUTCOMES, RunTally
 
 if TYPE_CHECKING:
-    from .worker import Worker
+    from collections.abc import Collection
+
+    from ..broker import Broker
+    from ..seams import QueueSettings
+    from .execution import Job
 
 logger = logging.getLogger("blitzq.worker")
+
+
+class _Running(Protocol):
+    @property
+    def jobs(self) -> Collection[Job]: ...
+
+
+class Measured(Protocol):
+    """What the metrics see of the worker (a :class:`~blitzq.Worker`)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def queue(self) -> QueueSettings: ...
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def physical_queues(self) -> list[str]: ...
+
+    @property
+    def runner(self) -> _Running: ...
+
+    @property
+    def stale_completions(self) -> int: ...
+
+    @property
+    def abandoned_threads(self) -> int: ...
+
+    @property
+    def abandoned_threads_total(self) -> int: ...
+
 
 #: Seconds between two samples of the broker-wide gauges.
 SAMPLE_INTERVAL = 5.0
@@ -175,7 +213,7 @@ class RunMetrics(RunTally):
         registry: the ``prometheus_client.CollectorRegistry`` holding every metric.
     """
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Measured) -> None:
         super().__init__()
         self.worker = worker
         self.namespace = worker.queue.namespace
@@ -283,7 +321,7 @@ def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[An
 
     Raises:
         ConfigurationError: the address cannot be bound (no permission; a
-            :class:`~blitzq.worker.ops.PortInUse` when another socket holds it).
+            :class:`~blitzq.worker.ports.PortInUse` when another socket holds it).
     """
     from prometheus_client import start_http_server
 

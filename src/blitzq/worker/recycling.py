@@ -28,12 +28,19 @@ import asyncio
 import logging
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .worker import Worker
+from typing import Protocol
 
 logger = logging.getLogger("blitzq.worker")
+
+
+class Restartable(Protocol):
+    """What recycling sees of the worker (a :class:`~blitzq.Worker`)."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def request_restart(self, reason: str, level: int = logging.ERROR) -> None: ...
+
 
 #: Seconds between two checks of the worker's task count and memory.
 CHECK_INTERVAL = 0.2
@@ -70,7 +77,7 @@ def pool_over_memory(pids: Iterable[int], limit: int) -> bool:
     return False
 
 
-def recycle_after(worker: Worker, started: int) -> None:
+def recycle_after(worker: Restartable, started: int) -> None:
     """Ask ``worker`` for a planned restart as its ``started``-th run starts (the last one
     ``max_tasks_per_child`` allows): it stops fetching at once and finishes that run."""
     worker.request_restart(
@@ -87,7 +94,7 @@ class Recycler:
         max_memory: resident bytes above which it recycles.
     """
 
-    def __init__(self, worker: Worker, max_memory: int) -> None:
+    def __init__(self, worker: Restartable, max_memory: int) -> None:
         self.worker = worker
         self.max_memory = max_memory
 

@@ -16,7 +16,7 @@ import contextvars
 import functools
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker import Broker, Completion, Delivery
 from ..context import TaskContext, set_current
@@ -24,8 +24,9 @@ from ..exceptions import SerializationError
 from ..extensions.registry import extensions_of
 from ..serialization import decode_envelope
 from .admission import Admission, Call
-from .eager import start_eagerly
-from .ending import Completions, Ending
+from .completions import Completions
+from .eager_start import start_eagerly
+from .ending import Ending
 from .execution import Job
 from .executors import ProcessPool, ThreadPool
 from .flusher import Flusher
@@ -39,13 +40,75 @@ from .timeouts import Timeouts
 from .unknown import UnknownTasks
 
 if TYPE_CHECKING:
+    from ..dependencies import Resources
+    from ..queue import Queue
+    from .deferral import OutageBackoff
     from .tally import RunTally
-    from .worker import Worker
+    from .unknown import Knowers
 
 logger = logging.getLogger("blitzq.worker")
 
 #: Seconds the worker's close waits for start checks that ignore their cancellation.
 _CLOSE_GRACE = 1.0
+
+
+class Owner(Protocol):
+    """What the runner and the stages it owns see of the worker (a :class:`~blitzq.Worker`):
+    its settings, resources and counters, and its restart (the stages' own views of it,
+    :class:`~.admission.AdmittingRunner`, :class:`~.timeouts.TimedRunner` and
+    :class:`~.unknown.HandingRunner`, are parts of this one)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def queue(self) -> Queue: ...
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def resources(self) -> Resources: ...
+
+    @property
+    def knowers(self) -> Knowers: ...
+
+    @property
+    def outage_backoff(self) -> OutageBackoff: ...
+
+    @property
+    def thread_pool_size(self) -> int: ...
+
+    @property
+    def process_pool_size(self) -> int: ...
+
+    @property
+    def max_tasks_per_child(self) -> int | None: ...
+
+    @property
+    def max_memory_per_child(self) -> int | None: ...
+
+    @property
+    def max_abandoned_threads(self) -> int: ...
+
+    @property
+    def unknown_task_grace(self) -> float: ...
+
+    @property
+    def failure_log_level(self) -> int: ...
+
+    @property
+    def retry_log_level(self) -> int: ...
+
+    @property
+    def lifecycle_log_level(self) -> int: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    handed_back: int
+
+    def request_restart(self, reason: str, level: int = logging.ERROR) -> None: ...
 
 
 class Runner:
@@ -62,7 +125,7 @@ class Runner:
         flusher: where completions go.
     """
 
-    def __init__(self, worker: Worker, broker: Broker, flusher: Flusher) -> None:
+    def __init__(self, worker: Owner, broker: Broker, flusher: Flusher) -> None:
         queue = worker.queue
         self.worker = worker
         self.worker_id: str = worker.id
@@ -145,6 +208,11 @@ class Runner:
     @observer.setter
     def observer(self, observer: RunTally | None) -> None:
         self._observer = self.ending.observer = observer
+
+    @property
+    def thread_pool(self) -> ThreadPool | None:
+        """The pool of the thread tasks' calls, once one ran (made on first use)."""
+        return self._threads
 
     @property
     def flusher(self) -> Flusher:
@@ -232,7 +300,7 @@ class Runner:
 
         The attempt is unchanged and no slot is held while it waits (rate limits, locks).
 
-        Args: see :meth:`.ending.Completions.reschedule`.
+        Args: see :meth:`.completions.Completions.reschedule`.
         """
         return self.completions.reschedule(job, delay, reserved)
 

@@ -21,19 +21,18 @@ import bisect
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..exceptions import BrokerError
 from ..routing import levels
 
 if TYPE_CHECKING:
-    from ..broker import Completion
+    from ..broker import Broker, Completion
     from .execution import Job
-    from .worker import Worker
 
     Tap = Callable[..., Completion | None]
 
-__all__ = ["BOUNDS", "KEEP", "SLOT", "Series"]
+__all__ = ["BOUNDS", "KEEP", "SLOT", "Sampled", "Series"]
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -45,6 +44,21 @@ KEEP = 3600
 BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
+class Sampled(Protocol):
+    """What the series reads of its worker (a :class:`~blitzq.Worker`)."""
+
+    broker: Broker
+
+    @property
+    def queues(self) -> list[str]: ...
+
+    @property
+    def processed(self) -> int: ...
+
+    @property
+    def failed(self) -> int: ...
+
+
 class Series:
     """One worker's part of the time series (module docstring).
 
@@ -52,7 +66,7 @@ class Series:
         worker: the worker (its counters, queues and broker).
     """
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Sampled) -> None:
         self.worker = worker
         self._wait = [0] * (len(BOUNDS) + 1)
         self._run = [0] * (len(BOUNDS) + 1)

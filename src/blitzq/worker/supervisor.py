@@ -55,7 +55,7 @@ from types import FrameType
 from .autoscale import Autoscaler, AutoscaleSettings, Sample
 from .elastic import Elastic, _Slot
 from .heartbeat import HEARTBEAT_ENV
-from .ops import PORT_WAIT_ENV
+from .ports import PORT_WAIT_ENV
 from .processes import Guard, _prctl, die_with_parent, group_alive, killpg, signal_name
 from .reload import SourceWatcher
 from .restarts import RestartBudget
@@ -81,7 +81,7 @@ GROUP_GRACE = 1.0
 #: (exit code ``EXIT_RESTART``); such planned restarts are not counted in the restart budget.
 PLANNED_RESTART_INTERVAL = 1.0
 #: Seconds past ``2 * shutdown_timeout + KILL_GRACE`` a replacement worker retries a port its
-#: predecessor still holds (``BLITZQ_OPS_PORT_WAIT``, :mod:`~blitzq.worker.ops`).
+#: predecessor still holds (``BLITZQ_OPS_PORT_WAIT``, :mod:`~blitzq.worker.endpoints`).
 PORT_WAIT_MARGIN = 30.0
 
 

@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..exceptions import SoftTimeoutError, TaskTimeout
 from ..routing import base_queue
@@ -39,9 +39,39 @@ from .execution import Job
 from .limiter import Slots
 
 if TYPE_CHECKING:
-    from .runner import Runner
+    from collections.abc import MutableSet
+
+    from .ending import Ending
+    from .executors import ThreadPool
 
 logger = logging.getLogger("blitzq.worker")
+
+
+class _RestartingWorker(Protocol):
+    @property
+    def max_abandoned_threads(self) -> int: ...
+
+    def request_restart(self, reason: str, level: int = logging.ERROR) -> None: ...
+
+
+class TimedRunner(Protocol):
+    """What the timers see of the runner (a :class:`~.runner.Runner`, which owns them): its
+    runs, their ending, the pools a timed-out run is taken out of, and the worker asked to
+    restart when abandoned threads hold its slots."""
+
+    @property
+    def worker(self) -> _RestartingWorker: ...
+
+    @property
+    def jobs(self) -> MutableSet[Job]: ...
+
+    @property
+    def ending(self) -> Ending: ...
+
+    @property
+    def thread_pool(self) -> ThreadPool | None: ...
+
+    def kill_process_run(self, job: Job) -> None: ...
 
 
 class _Timers:
@@ -91,7 +121,7 @@ class Timeouts:
         abandoned_total: thread runs abandoned since the worker started.
     """
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: TimedRunner) -> None:
         self.runner = runner
         self.abandoned: dict[Job, Slots] = {}
         self.abandoned_total = 0
@@ -210,8 +240,8 @@ class Timeouts:
             job.timer.cancel()
         self.abandoned[job] = slots
         self.abandoned_total += 1
-        if runner._threads is not None:
-            runner._threads.abandon()
+        if runner.thread_pool is not None:
+            runner.thread_pool.abandon()
         slots.global_limiter.wake()  # a stopping worker does not wait for this run
         logger.warning(
             "task %s %s passed its hard timeout and its thread is still running: it keeps its "
@@ -261,7 +291,7 @@ class Timeouts:
         """The call of an abandoned thread run finally returned: stop counting it (the
         caller frees its slot)."""
         self.abandoned.pop(job, None)
-        threads = self.runner._threads
+        threads = self.runner.thread_pool
         if threads is not None:
             threads.returned()
         logger.info(

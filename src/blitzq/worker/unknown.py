@@ -31,7 +31,7 @@ import asyncio
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -42,8 +42,11 @@ from ..serialization import Envelope, encode_envelope, loads
 from .limiter import Slots
 
 if TYPE_CHECKING:
-    from .runner import Runner
-    from .worker import Worker
+    from collections.abc import Mapping
+
+    from ..broker import Broker
+    from ..seams import QueueSettings
+    from .admission import Admission
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -56,6 +59,61 @@ KNOWERS_TTL = 1.0
 HANDED_BATCH = 100
 
 
+class Asking(Protocol):
+    """What :class:`Knowers` sees of the worker (a :class:`~blitzq.Worker`)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def broker(self) -> Broker: ...
+
+
+class _Starting(Protocol):
+    @property
+    def admission(self) -> Admission: ...
+
+
+class Handed(Asking, Protocol):
+    """What :func:`take_handed` sees of the worker (a :class:`~blitzq.Worker`)."""
+
+    @property
+    def runner(self) -> _Starting: ...
+
+    @property
+    def physical_queues(self) -> list[str]: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+
+class _HandingWorker(Asking, Protocol):
+    @property
+    def queue(self) -> QueueSettings: ...
+
+    @property
+    def knowers(self) -> Knowers: ...
+
+    @property
+    def unknown_task_grace(self) -> float: ...
+
+
+class HandingRunner(Protocol):
+    """What :class:`UnknownTasks` sees of the runner (a :class:`~.runner.Runner`, which
+    owns it)."""
+
+    @property
+    def worker(self) -> _HandingWorker: ...
+
+    @property
+    def admission(self) -> Admission: ...
+
+    @property
+    def max_message_size(self) -> int: ...
+
+    def write(self, completion: Completion) -> None: ...
+
+
 class Knowers:
     """Which live workers know which task, from their registrations (read at most once per
     :data:`KNOWERS_TTL`).
@@ -64,7 +122,7 @@ class Knowers:
         worker: the worker asking (it is never its own answer).
     """
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Asking) -> None:
         self.worker = worker
         self._rows: list[tuple[str, frozenset[str], frozenset[str]]] = []
         self._read_at = -float("inf")
@@ -124,7 +182,7 @@ class UnknownTasks:
         runner: the worker's runner.
     """
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: HandingRunner) -> None:
         self.runner = runner
 
     def take(self, d: Delivery, env: Envelope, slots: Slots) -> None:
@@ -199,11 +257,13 @@ class UnknownTasks:
         slots.release()
 
 
-async def take_handed(worker: Worker) -> int:
+async def take_handed(worker: Handed, slots: Mapping[str, Slots]) -> int:
     """Start the deliveries other workers handed to ``worker`` (they did not know the task),
     waiting for free slots while more are handed than it has free; stops taking once the
     worker is stopping (what is left stays leased to it and is recovered). Returns how
     many it started.
+
+    ``slots``: the worker's slots of each base queue name.
 
     Raises:
         BrokerError: the broker could not be reached.
@@ -212,26 +272,26 @@ async def take_handed(worker: Worker) -> int:
     runner, taken = worker.runner, 0
     start = runner.admission.start
     for queue in worker.physical_queues:
-        slots = worker._slots[base_queue(queue)]
+        held = slots[base_queue(queue)]
         while not _stopping(worker):
-            n = await slots.reserve(HANDED_BATCH)
+            n = await held.reserve(HANDED_BATCH)
             if _stopping(worker):
-                slots.release(n)
+                held.release(n)
                 break
             try:
                 got = await worker.broker.transport.take_handed(queue, n)
             except BaseException:
-                slots.release(n)
+                held.release(n)
                 raise
-            slots.release(n - len(got))
+            held.release(n - len(got))
             for d in got:
-                start(d, slots)
+                start(d, held)
             taken += len(got)
             if len(got) < n:
                 break
     return taken
 
 
-def _stopping(worker: Worker) -> bool:
+def _stopping(worker: Handed) -> bool:
     # A call, not the property: mypy would narrow a property read across awaits.
     return worker.stopping

@@ -10,6 +10,7 @@ cancellations, register the worker, renew leases, recover abandoned messages).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -22,7 +23,7 @@ from .._checks import flag, integer, log_level, seconds, text
 from ..broker import Broker
 from ..broker.eviction import check_eviction
 from ..dependencies import Resources
-from ..exceptions import ConfigurationError
+from ..exceptions import BrokerError, ConfigurationError
 from ..extensions.registry import extensions_of
 from ..extensions.signals import Signal, SignalEvent
 from ..logcontext import reset_worker_id, set_worker_id
@@ -30,16 +31,17 @@ from ..queue import Queue
 from ..routing import base_queue, levels
 from ..serialization import dumps
 from . import heap
-from .burst import drain
+from .burst import BURST_HORIZON, drain, settled
 from .deferral import OutageBackoff
+from .endpoints import Ops
 from .fetch import Fetcher
 from .flusher import Flusher
 from .limiter import Limiter, Slots
 from .maintenance import Maintenance, running_tasks
-from .ops import Ops, check_ops_options
+from .ports import check_ops_options
 from .recycling import MB, Recycler
 from .runner import Runner
-from .shutdown import shut_down
+from .series import Series
 from .unknown import Knowers
 
 logger = logging.getLogger("blitzq.worker")
@@ -50,6 +52,11 @@ logger = logging.getLogger("blitzq.worker")
 #: covers it (systemd ``Restart=on-failure``).
 EXIT_RESTART = 75
 
+
+#: Seconds beyond ``block_timeout`` a stopping worker lets a fetch command in flight finish
+#: before it cancels it (a server that stopped answering); also the most it waits to
+#: unregister and to write progress updates in flight.
+FETCH_GRACE = 2.0
 
 #: Fewest connections (URL ``max_connections``) a worker's broker pool must allow: the events
 #: listener holds one for good and a worker with two never fetched (measured); a pool under
@@ -105,7 +112,7 @@ class Worker:
             ``"unknown task"``. 0 dead-letters at once (see :mod:`blitzq.worker.unknown`).
         metrics_port, health_port, ops_host: serve Prometheus ``/metrics`` and ``/health``,
             ``/ready`` on these TCP ports of ``ops_host`` (0: any free port; see
-            :class:`~blitzq.worker.ops.Ops`, :attr:`ops` and docs/operations.md).
+            :class:`~blitzq.worker.endpoints.Ops`, :attr:`ops` and docs/operations.md).
         freeze_gc: move the objects alive when the worker starts fetching out of the
             garbage collector's passes until it stops (:func:`gc.freeze`, see
             :mod:`blitzq.worker.heap`); ``False`` leaves the collector alone.
@@ -243,6 +250,8 @@ class Worker:
         self._stopping = False
         self._runner: Runner | None = None
         self._global: Limiter | None = None
+        #: This worker's part of the dashboard's time series (made at start).
+        self.series: Series | None = None
         self._started = time.time()
         #: What the Queue's lifespans yielded, for ``Depends()`` parameters.
         self.resources = Resources()
@@ -312,6 +321,19 @@ class Worker:
         self._stopping = True
         if self._stop_event is not None:
             self._stop_event.set()
+
+    def _dashboard_loops(self) -> list[asyncio.Task[None]]:
+        """Start what feeds the dashboard: the writes of the ended-task notes
+        (:mod:`.recent`, with ``recent_index``) and the time series (:mod:`.series`)."""
+        runner = self.runner
+        loops = []
+        if runner.notes is not None:  # notes are written once a second from now on
+            runner.notes.broker = self.broker
+            loops.append(asyncio.create_task(runner.notes.loop(), name="blitzq-recent"))
+        self.series = Series(self)
+        runner.ending.tap = self.series.tapping(runner.ending.tap)
+        loops.append(asyncio.create_task(self.series.loop(), name="blitzq-series"))
+        return loops
 
     def resize(self, concurrency: int) -> None:
         """Run at most ``concurrency`` tasks at once from now on (the dashboard's resize,
@@ -397,9 +419,9 @@ class Worker:
         if self.ops.metrics is not None:
             self._flusher.on_written = self.ops.metrics.written
         served = await self.ops.start(self._fetcher)
-        self._maintenance = Maintenance(self, broker)
+        self._maintenance = Maintenance(self, broker, self._slots)
         flusher_task = asyncio.create_task(self._flusher.run(), name="blitzq-flusher")
-        background = await self._maintenance.start() + served
+        background = await self._maintenance.start() + served + self._dashboard_loops()
         if self.max_memory_per_child:
             recycler = Recycler(self, self.max_memory_per_child * MB)
             background.append(asyncio.create_task(recycler.run(), name="blitzq-recycler"))
@@ -423,11 +445,26 @@ class Worker:
             await self._stop_event.wait()
         except asyncio.CancelledError:
             self._stopping = True
-            await shut_down(self, background, flusher_task)
+            await self._shut_down(background, flusher_task)
             raise
-        await shut_down(self, background, flusher_task)
+        await self._shut_down(background, flusher_task)
         if self.ops.error is not None:  # a port still in use after the wait (Ops)
             raise self.ops.error
+
+    async def settled(self, horizon: float = BURST_HORIZON) -> bool:
+        """Whether the running worker has nothing left to do: none of its queues holds a
+        waiting or unacknowledged message, it runs and starts nothing, every completion is
+        written, no fetch holds a message, and nothing on the schedule is due within
+        ``horizon`` seconds (due ones are promoted on the way); the check of burst mode,
+        and of :func:`blitzq.testing.drain`.
+
+        Raises:
+            BrokerError: the broker could not be reached.
+            RuntimeError: the worker is not running.
+        """
+        if self._runner is None:
+            raise RuntimeError("the worker is not running")
+        return await settled(self, self._fetcher, self._flusher, horizon)
 
     def running_tokens(self, queue: str) -> list[bytes]:
         """Delivery tokens of the jobs from physical ``queue`` still running (leases)."""
@@ -464,3 +501,70 @@ class Worker:
             await signals.emit(
                 signal, SignalEvent(signal, worker=self.id, extra={"queues": list(self.queues)})
             )
+
+    async def _shut_down(
+        self, background: list[asyncio.Task[None]], flusher_task: asyncio.Task[None]
+    ) -> None:
+        """Stop gracefully, in order: stop fetching, let runs finish (up to
+        ``shutdown_timeout``), requeue the rest, stop the background loops, write every
+        completion, unregister, then the middleware's ``on_worker_stop``, the shutdown hooks,
+        the lifespans (:mod:`blitzq.dependencies`) and signals. ``background``: the maintenance
+        and other loops, ``flusher_task``: the completion writer's task."""
+        runner = self.runner
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.shutdown_timeout
+        logger.info("worker %s stopping: %d task(s) running", self.id, len(runner.jobs))
+        signals = self.queue.signals
+        if signals.has(Signal.WORKER_STOPPING):  # in the background: a handler never holds the stop
+            event = SignalEvent(
+                Signal.WORKER_STOPPING,
+                worker=self.id,
+                extra={"queues": list(self.queues), "running": len(runner.jobs)},
+            )
+            signals.emit_soon(Signal.WORKER_STOPPING, event)
+        # 1. Stop fetching. A loop inside a fetch command finishes it (its messages are
+        #    handed back); any other loop holds no message and is cancelled. A fetch gets
+        #    block_timeout + FETCH_GRACE at least; a server that stopped answering does not
+        #    hold the exit past that.
+        await self._fetcher.stop(max(self.shutdown_timeout, self.block_timeout + FETCH_GRACE))
+        # 2. Let running tasks finish, up to shutdown_timeout after the stop; not the threads
+        #    abandoned at their hard timeout (already committed, they may never return).
+        assert self._global is not None  # made at start
+        drained = self._global.drained(lambda: len(runner.timeouts.abandoned))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(drained, timeout=max(0.0, deadline - loop.time()))
+        # 3. Requeue what is still running or waiting to start.
+        leftover = runner.requeue_unfinished()
+        if leftover:
+            logger.warning("requeued %d task(s) still running at shutdown", leftover)
+        await asyncio.sleep(0)
+        # redis-py can swallow a cancellation that lands while it opens a connection (the
+        # command then returns normally), so cancel again until every loop has ended.
+        remaining = set(background) | self.knowers.pending  # hand-overs still in flight
+        while remaining:
+            for t in remaining:
+                t.cancel()
+            _, remaining = await asyncio.wait(remaining, timeout=0.5)
+        for t in background:
+            if not t.cancelled() and t.exception() is not None:
+                logger.error("background loop %s failed", t.get_name(), exc_info=t.exception())
+        await runner.close(killed=bool(leftover))
+        # 4. Write every completion (bounded: unwritten acks are redelivered, never lost).
+        self._flusher.close()
+        try:
+            await asyncio.wait_for(flusher_task, timeout=max(5.0, self.shutdown_timeout))
+        except TimeoutError:
+            logger.error("could not write %d completion(s) at shutdown", self._flusher.backlog)
+        # A server that stopped answering must not hold the exit (the record expires).
+        with contextlib.suppress(BrokerError, TimeoutError):
+            await asyncio.wait_for(self.broker.unregister_worker(self.id), FETCH_GRACE)
+        # middleware's on_worker_stop, then on_shutdown hooks and the lifespans' close
+        await extensions_of(self.queue).worker_stopped(self)
+        await self.queue.signals.drain()  # after-hooks and signal handlers still running
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(runner.progress.close(), FETCH_GRACE)
+        await self.ops.stop()
+        await self._emit(Signal.WORKER_STOPPED)
+        logger.info(
+            "worker %s stopped: %d succeeded, %d failed", self.id, self.processed, self.failed
+        )

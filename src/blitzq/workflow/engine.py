@@ -323,10 +323,13 @@ def _follow_ups(
 
 # ----------------------------------------------------------------------------- applying
 class _Planner:
-    """Turns a canvas into plan nodes with fresh step ids and resolved queues."""
+    """Turns a canvas into plan nodes with fresh step ids and resolved queues (a step's id
+    made by the broker's ``task_ids`` when it has one: on a Redis Cluster's spread layout a
+    step's record then lives in its queue's slot)."""
 
     def __init__(self, queue: QueueContext) -> None:
         self.queue = queue
+        self.ids = queue.broker.task_ids
         #: ``[id, task, queue]`` of every step the user wrote, in order.
         self.steps: list[list[str]] = []
 
@@ -347,7 +350,7 @@ class _Planner:
         base = sig.queue or (task.queue if task else None)
         base = base or route(queue.routes, sig.name) or queue.name
         target = physical_queue(base, sig.priority or (task.priority if task else "normal"))
-        step_id = uuid.uuid4().hex
+        step_id = uuid.uuid4().hex if self.ids is None else self.ids(target)
         self.steps.append([step_id, sig.name, target])
         node: dict[str, Any] = {"s": sig.name, "i": step_id, "q": target, "a": sig.args}
         if sig.kwargs:

@@ -2,7 +2,8 @@
 
 All keys of a namespace start with ``{ns}:``, whose braces are a Redis Cluster hash tag, so
 every Lua script touches one cluster slot (the spread layout's queue keys, under a tag per
-queue, are made by ``spread.SpreadKeys``). :class:`Keys` builds the names on the Python side;
+queue, are made by ``spread.SpreadKeys``, and a homed task's own keys, under its queue's tag,
+by ``homes.HomedKeys``). :class:`Keys` builds the names on the Python side;
 the Lua scripts write ``KEY.record(prefix, id)``, which ``scripts.py`` expands from the same
 table to what ``Keys(ns).record(id)`` makes, so a suffix is written once.
 """
@@ -71,6 +72,9 @@ TABLE: Final[dict[str, Key]] = {
         "a task's record (MessagePack map); expires after result_ttl"),
     "done_channel": Key("done:<task_id>", "channel",
         "published when the record is written: the record itself (small) or `1`"),
+    "waiter": Key("w:<task_id>", "string",
+        "spread layout: a process waits on the homed task's record (`1`, PX the wait): its "
+        "completion publishes `done:<task_id>` only then"),
     "dead_letter": Key("d:<task_id>", "hash",
         "a dead letter: message, reason, error, task, queue, failed_at, kind; dead_letter_ttl"),
     "unique": Key("u:<key>", "string",
@@ -225,6 +229,10 @@ class Keys:
     def done_channel(self, task_id: str) -> str:
         """Pub/sub channel announcing that a task's record was written."""
         return self._one("done_channel", task_id)
+
+    def waiter(self, task_id: str) -> str:
+        """Spread layout: present while a process waits on a homed task's record."""
+        return self._one("waiter", task_id)
 
     def dead_letter(self, task_id: str) -> str:
         """Hash holding one dead letter's fields."""

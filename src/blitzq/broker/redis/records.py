@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...exceptions import BrokerError
@@ -74,6 +74,11 @@ class RedisRecords(RedisPart, RecordsState):
             only with ``"s"`` (a streams transport on this connection).
     """
 
+    announce: Callable[[str, float], Awaitable[None]] | None = None
+    """Called with a task id and the seconds left once a wait on its record is subscribed,
+    before it reads again: the spread layout marks the wait (``homes.py``); ``None``: a
+    completion always publishes."""
+
     # --------------------------------------------------------------- progress
     @translate_errors
     async def set_progress(
@@ -127,6 +132,8 @@ class RedisRecords(RedisPart, RecordsState):
             while True:
                 try:
                     if fresh:  # after subscribing, and after a second without news
+                        if self.announce is not None:
+                            await self.announce(task_id, 2.0)
                         progress = await self.client.hget(keys.progress(task_id), "v")
                         if progress is not None:
                             yield "progress", progress
@@ -351,6 +358,8 @@ class RedisRecords(RedisPart, RecordsState):
                 _release_later(listener, channel, subscribing)
                 return record
             fut = await subscribing
+        if self.announce is not None:  # subscribed: from now on a completion publishes
+            await self.announce(task_id, deadline - time.monotonic())
         try:
             while True:
                 check(generation)

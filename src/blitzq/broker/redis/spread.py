@@ -8,12 +8,16 @@ cluster) splits a broker in two halves that never share a script:
   queue in a slot of its own: every priority level's stream and consumer group and the
   relay's hand-off marks of a queue ``q`` are under the tag ``{<ns>:q:<q>}``
   (:class:`SpreadKeys`), so a fetch still reads the levels of one queue in one script;
-- the **state store** (:class:`~.handoff.SpreadStateStore`) keeps everything else
-  (records, schedule, dead letters, workflows, unique keys, locks, rate buckets, periodic
-  claims, registries, the outbox) under ``{<ns>}``, as on one slot.
+- the **state store** (:class:`~.homes.HomedStateStore`) keeps a *homed* task's own keys
+  (its record, progress and their channels: the ids the producer generates here,
+  ``<hex>.<queue>``, ``homes.py``) under its queue's tag, and everything else (schedule,
+  dead letters, workflows, unique keys, locks, rate buckets, periodic claims, registries,
+  the outbox, and the own keys of ids chosen by the caller) under ``{<ns>}``.
 
-They are joined as any *foreign pairing* is (``state.acks(transport)`` is ``False``): a
-completion is applied in the store, then acked on the transport (at-least-once); what the
+The common completion (an ack, a homed record, a requeue onto its queue, progress) is one
+``complete.lua`` call in the queue's slot (:meth:`SpreadPairing.hold_then_commit`), as on one
+slot. The others are joined as any *foreign pairing* is: held, applied in the store (the
+namespace's part), then acked on the transport with the home's part (at-least-once); what the
 store writes into queues goes to its outbox, which the relay hands to the queue's slot
 idempotently (``handoff.py``: each batch has a stable id and is published under a mark in
 the queue's slot, so a relay that dies after publishing never doubles it). Two steps of
@@ -29,9 +33,9 @@ the transport that wrote into the namespace's keys are split here:
   still holds and renews their leases (a full visibility timeout to apply and ack them);
   the others are stale, refused whole and counted in ``stale_completions``, as on one slot.
 
-Every script works on one slot: a transport script on one queue's tag, a store script on
-``{ns}``. docs/architecture.md ("Redis Cluster") says why no cross-slot step loses or
-doubles a task.
+Every script works on one slot: a transport script or a homed completion on one queue's
+tag, a store script on ``{ns}``. docs/architecture.md ("Redis Cluster", and "Redis Cluster:
+per-task state in the queue's slot") says why no cross-slot step loses or doubles a task.
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ from ..values import Completion, DeadLetterFields
 from .client import bad_url, make_client, translate_errors
 from .cluster import is_cluster, split_layout
 from .connection import DEFAULT_DEAD_LETTER_CAP, DeadLetterLimits, RedisConnection
-from .handoff import HandoffRelay, SpreadStateStore
+from .handoff import HandoffRelay
+from .homes import HomedKeys, HomedStateStore, complete_in, homed_id, homeless, split_home
 from .keys import GROUP, Keys
 from .streams import StreamsTransport
 
@@ -196,7 +201,8 @@ class SpreadStreamsTransport(StreamsTransport):
 class SpreadRedisBroker(DeadLetterLimits, Broker):
     """Reliable mode on the spread layout (see the module docstring): a
     :class:`SpreadStreamsTransport` with each queue in its own slot and the Redis state store
-    in the namespace's slot, sharing one client.
+    in the namespace's slot (but the homed tasks' own keys, in their queue's), sharing one
+    client; it generates homed task ids (``task_ids``: :func:`~.homes.homed_id`).
 
     Args:
         url: a Redis Cluster node's URL (any URL of a Redis server works: a single server
@@ -208,8 +214,9 @@ class SpreadRedisBroker(DeadLetterLimits, Broker):
         dead_letter_max_bytes: total bytes of dead letters kept.
 
     Attributes:
-        conn: the state store's connection (keys under ``{ns}``); ``keys``, ``client`` and
-            ``url`` are its own.
+        conn: the state store's connection (:class:`~.homes.HomedKeys`: keys under ``{ns}``,
+            a homed task's own under its queue's tag); ``keys``, ``client`` and ``url`` are
+            its own.
         transport_conn: the transport's connection (same client, :class:`SpreadKeys`).
         kind: ``"s"``, the origin its dead letters record (``DeadLetter.mode`` "reliable").
 
@@ -238,14 +245,16 @@ class SpreadRedisBroker(DeadLetterLimits, Broker):
             dead_letter_max_bytes=dead_letter_max_bytes,
             kind="l",  # the store in outbox mode writes no list: kind "o" once paired
         )
+        conn.keys = HomedKeys(namespace)  # a homed id's own keys in its queue's slot
         self.conn = conn
         self.transport_conn = RedisConnection(url, namespace, client=conn.client, kind="s")
         self.transport_conn.keys = SpreadKeys(namespace)
         transport = SpreadStreamsTransport(self.transport_conn)
-        self.store = SpreadStateStore(conn, transport.held)
+        self.store = HomedStateStore(conn, transport.held)
         transport.store = self.store  # recovery dead-letters in the store
         super().__init__(transport, self.store, SpreadPairing(transport, self.store))
         self.spread: SpreadStreamsTransport = transport
+        self.task_ids = homed_id
         self.url = conn.url
         self.keys = conn.keys
         self.client: Any = conn.client
@@ -263,9 +272,13 @@ class SpreadRedisBroker(DeadLetterLimits, Broker):
 
 
 class SpreadPairing(CommitThenAck):
-    """Hold, then commit, then ack: the pairing of the spread layout.
+    """The pairing of the spread layout: the common completion in its queue's slot, the
+    others held, then committed, then acked.
 
-    Before the store applies a batch, the transport keeps the completions whose delivery
+    A completion that writes only its own delivery's ack, a homed record, a requeue onto its
+    queue and progress is applied with the ack in one script in the queue's slot
+    (:func:`~.homes.complete_in`, fenced there as on one slot). For the others, before the
+    store applies them, the transport keeps the completions whose delivery
     (``token`` or ``fence``) this consumer still holds and renews their leases
     (:meth:`SpreadStreamsTransport.held`, ``hold.lua``); the others are stale, refused whole
     and counted as ``stale_completions``, as on one slot. The rest is
@@ -278,9 +291,9 @@ class SpreadPairing(CommitThenAck):
     """
 
     transport: SpreadStreamsTransport
-    state: SpreadStateStore
+    state: HomedStateStore
 
-    def __init__(self, transport: SpreadStreamsTransport, state: SpreadStateStore) -> None:
+    def __init__(self, transport: SpreadStreamsTransport, state: HomedStateStore) -> None:
         super().__init__(transport, state)
         self.complete = self.hold_then_commit
 
@@ -289,6 +302,30 @@ class SpreadPairing(CommitThenAck):
         return HandoffRelay(self.state.outbox, self.transport)
 
     async def hold_then_commit(self, completions: Sequence[Completion]) -> list[Completion]:
+        """Apply the colocated completions in their queue's slot (``homes.complete_in``: one
+        script per queue, which fences, acks and writes the homed records); fence, then
+        :meth:`commit_then_ack` the others (namespace-wide writes, unhomed records); return
+        the stale ones with those the store refused (docs/architecture.md, "Redis Cluster:
+        per-task state in the queue's slot")."""
+        keys = self.state.keys
+        near: dict[str, list[Completion]] = {}
+        far: list[Completion] = []
+        for c in completions:
+            tag = keys.queue_home(c.queue)
+            if homeless(c) or (keys.home(c.task_id) != tag and (c.record is not None or c.ops)):
+                far.append(c)
+            else:
+                near.setdefault(tag, []).append(c)
+        stale: list[Completion] = []
+        for tag, batch in near.items():
+            stale += await complete_in(self.transport.conn, keys.home_keys(tag), batch)
+        if stale:
+            await self.state.count_stale(len(stale))
+        if far:
+            stale += await self.split_commit(far)
+        return stale
+
+    async def split_commit(self, completions: Sequence[Completion]) -> list[Completion]:
         """Fence, then :meth:`commit_then_ack` the completions this consumer still holds;
         return the stale ones with those the store refused."""
         asked: dict[str, list[bytes]] = {}
@@ -310,6 +347,33 @@ class SpreadPairing(CommitThenAck):
             await self.state.count_stale(len(stale))
         refused = await self.commit_then_ack(fresh) if fresh else []
         return stale + refused
+
+    async def commit_then_ack(self, completions: Sequence[Completion]) -> list[Completion]:
+        """See :meth:`CommitThenAck.commit_then_ack`; a homed completion of a delivery on its
+        own queue is split (:func:`~.homes.split_home`): its namespace part is applied with
+        the others first, then its record, requeue and progress with its ack in one script
+        in the queue's slot (so its record and its ack commit together)."""
+        keys = self.state.keys
+        spaced, homes = split_home(keys, completions)
+        if not homes:
+            return await super().commit_then_ack(completions)
+        refused = await super().commit_then_ack(spaced) if spaced else []
+        dropped = {id(c) for c in refused}  # a refused namespace part: its home part waits
+        originals = {id(ns): c for parts in homes.values() for c, _, ns in parts if ns is not None}
+        refused = [originals.get(id(c), c) for c in refused]
+        stale: list[Completion] = []
+        for tag, parts in homes.items():
+            kept = [(c, home) for c, home, ns in parts if ns is None or id(ns) not in dropped]
+            if not kept:
+                continue
+            batch = [home for _, home in kept]
+            lost = {
+                id(h) for h in await complete_in(self.transport.conn, keys.home_keys(tag), batch)
+            }
+            stale += [c for c, home in kept if id(home) in lost]
+        if stale:
+            await self.state.count_stale(len(stale))
+        return refused + stale
 
 
 def _dead_letter(

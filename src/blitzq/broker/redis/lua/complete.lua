@@ -6,7 +6,10 @@
 -- ARGV[4] the batch as one MessagePack array (one argument, so the client encodes no
 -- per-completion arguments), ARGV[5] dead-letter TTL (s), ARGV[6] dead-letter byte bound,
 -- ARGV[7] largest record pushed whole on its done channel (bytes; larger: '1'),
--- ARGV[8] this consumer's name. The batch's entries:
+-- ARGV[8] this consumer's name, ARGV[9] (optional) "1": a record's done channel is published
+-- only while a waiter announced itself in {prefix}w:<task_id> (the spread layout's homed
+-- records, prefix a queue's tag: a cluster sends a PUBLISH to every node, so a record nobody
+-- waits for is not announced; a waiter re-reads every second anyway). The batch's entries:
 --   {"A", queue, {id1, id2, ...}}   reliable acks without anything else (XACK + XDEL)
 --   {"R", queue, ttl, {id1, ...}, {task_id1, ...}, {record1, ...}}   completions that only
 --     ack (ids: stream entry ids, empty for a list or the outbox) and store a record (the
@@ -31,6 +34,7 @@
 --   {ns}:l:<queue>    LPUSH of requeues (fast mode)
 --   {ns}:outbox:<queue>, {ns}:outboxes   kind "o": every message written (outbox.lua)
 --   {ns}:t:<task_id>  SET of the record (EX ttl); {ns}:done:<task_id> PUBLISH of it or '1'
+--   {ns}:w:<task_id>  EXISTS, with ARGV[9] "1" only: a waiter announced itself
 --   {ns}:revoked      EXISTS, ZSCORE: a cancel's record stands (see below)
 --   {ns}:events       PUBLISH 's:<due>' of a reschedule
 --   {ns}:d:<task_id>  a dead letter (HSET); {ns}:dlq:size, {ns}:dlq:bytes its bytes
@@ -58,6 +62,7 @@
 local prefix, group, cap = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local batch = cmsgpack.unpack(ARGV[4])
 local consumer = ARGV[8]
+local quiet = ARGV[9] == '1'
 local dead_added = 0
 local dl_ttl, dl_bytes, inline_max = ARGV[5], ARGV[6], tonumber(ARGV[7])
 --@include dead_letters.lua
@@ -78,10 +83,12 @@ local function cancel_stands(task_id, record)
   return not (ok2 and type(new) == 'table' and new['state'] == 'cancelled')
 end
 
--- SET a task's record (EX ttl) and PUBLISH it (or '1' when large), unless a cancel stands.
+-- SET a task's record (EX ttl) and PUBLISH it (or '1' when large; quiet: only to an announced
+-- waiter), unless a cancel stands.
 local function store(task_id, record, ttl)
   if marks and cancel_stands(task_id, record) then return end
   redis.call('SET', KEY.record(prefix, task_id), record, 'EX', ttl)
+  if quiet and redis.call('EXISTS', KEY.waiter(prefix, task_id)) == 0 then return end
   if #record <= inline_max then
     redis.call('PUBLISH', KEY.done_channel(prefix, task_id), record)
   else  -- a big body would overflow the subscriber's output buffer: announce only

@@ -189,7 +189,7 @@ def ops_argv(
     options: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """The metrics, health and logging options as a supervisor passes them to its workers
-    (each worker adds its slot index to the ports, :func:`~blitzq.worker.ops.slot_port`);
+    (each worker adds its slot index to the ports, :func:`~blitzq.worker.ports.slot_port`);
     ``options``: the command's other keyword arguments (the log levels, :func:`log_levels`)."""
     argv = [] if configure_logs else ["--no-configure-logging"]
     levels = log_levels(options or {})

@@ -9,7 +9,7 @@ The modules are imported only when a port is given, so a worker without them ins
 and pays nothing (the runner's observer stays ``None``).
 
 Under ``blitzq worker --workers N`` every worker process serves its own ports: the base
-port plus its slot index (0 … N-1, from ``BLITZQ_WORKER_SLOT``); see :func:`slot_port`.
+port plus its slot index (0 … N-1, from ``BLITZQ_WORKER_SLOT``); see :func:`.ports.slot_port`.
 A worker the supervisor starts to *replace* another in its slot (a reload, a recycle, a
 restart) finds the slot's ports still held while its predecessor finishes its runs: the
 supervisor sets ``BLITZQ_OPS_PORT_WAIT`` (seconds) for it, and a port in use is then retried in
@@ -25,66 +25,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .._checks import integer, text
 from ..exceptions import ConfigurationError
+from .ports import PortInUse, port_wait
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from .fetch import Fetcher
-    from .health import Readiness
-    from .metrics import RunMetrics
-    from .worker import Worker
+    from .health import Checked, Readiness
+    from .metrics import Measured, RunMetrics
 
-#: Environment variable the supervisor sets to each worker process's slot index.
-SLOT_ENV = "BLITZQ_WORKER_SLOT"
-#: Environment variable the supervisor sets for a worker replacing another in its slot: the
-#: seconds a port still in use is retried before it counts as a configuration error.
-PORT_WAIT_ENV = "BLITZQ_OPS_PORT_WAIT"
+    class Served(Checked, Measured, Protocol):
+        """What the endpoints see of the worker (a :class:`~blitzq.Worker`): what its
+        readiness checks and metrics see, its ports and ``stop``."""
+
+        @property
+        def metrics_port(self) -> int | None: ...
+
+        @property
+        def health_port(self) -> int | None: ...
+
+        @property
+        def ops_host(self) -> str: ...
+
+        def stop(self) -> None: ...
+
+
 #: Seconds between two tries of a port still in use.
 RETRY_INTERVAL = 0.25
 
 logger = logging.getLogger("blitzq.worker")
-
-
-class PortInUse(ConfigurationError):
-    """An ops port is held by another socket (``EADDRINUSE``)."""
-
-
-def port_wait() -> float:
-    """Seconds to retry a port in use (``BLITZQ_OPS_PORT_WAIT``; 0: fail at once)."""
-    try:
-        wait = float(os.environ.get(PORT_WAIT_ENV, ""))
-    except ValueError:
-        return 0.0
-    return wait if math.isfinite(wait) and wait > 0 else 0.0
-
-
-def slot_port(base: int | None) -> int | None:
-    """``base`` plus this process's supervisor slot index (``BLITZQ_WORKER_SLOT``, 0 when
-    not run by a supervisor); ``None`` stays ``None``, and port 0 (any free port) stays 0."""
-    if base is None or base == 0:
-        return base
-    raw = os.environ.get(SLOT_ENV, "0")
-    return base + (int(raw) if raw.isdigit() else 0)
-
-
-def check_ops_options(metrics_port: Any, health_port: Any, host: Any) -> None:
-    """Check ``Worker``'s ``metrics_port``, ``health_port`` (``None`` or 0-65535) and
-    ``ops_host`` (a non-empty string).
-
-    Raises:
-        ConfigurationError: a value of the wrong type or out of range.
-    """
-    for option, port in (("metrics_port", metrics_port), ("health_port", health_port)):
-        if port is not None and integer(option, port, minimum=0) > 65535:
-            raise ConfigurationError(f"{option} must be a TCP port (0-65535), got {port}")
-    text("ops_host", host, optional=False)
 
 
 class Ops:
@@ -104,7 +77,7 @@ class Ops:
         health_address: ``(host, port)`` the health endpoints are served on, or ``None``.
     """
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Served) -> None:
         self.worker = worker
         self.metrics: RunMetrics | None = None
         self.metrics_address: tuple[str, int] | None = None
@@ -247,12 +220,4 @@ class Ops:
             await stop_health(server, task)
 
 
-__all__ = [
-    "PORT_WAIT_ENV",
-    "SLOT_ENV",
-    "Ops",
-    "PortInUse",
-    "check_ops_options",
-    "port_wait",
-    "slot_port",
-]
+__all__ = ["RETRY_INTERVAL", "Ops"]
