@@ -24,8 +24,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.amqp.channels import AmqpLink
+from tests.broker_kinds import is_amqp
 from tests.conftest import free_port
 from tests.polling import wait_until
 
@@ -61,8 +61,8 @@ async def delete_amqp_queues(url: str, brokers: Iterable[Any]) -> None:
     the other priority levels of each (a worker in another process declares those)."""
     names: set[str] = set()
     for broker in brokers:
-        if isinstance(broker, AmqpBroker):
-            for name in broker.amqp.link.used:
+        if is_amqp(broker):
+            for name in broker.transport.link.used:
                 base = name.removesuffix(":high").removesuffix(":low")
                 names |= {name, base, base + ":high", base + ":low"}
     if not names:

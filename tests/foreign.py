@@ -15,7 +15,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from blitzq.broker import Broker
-from blitzq.broker.redis.connection import DeadLetterLimits, RedisConnection
+from blitzq.broker.redis.connection import RedisConnection, RedisDeadLetterLimits
 from blitzq.broker.redis.store import RedisStateStore
 from blitzq.broker.redis.streams import StreamsTransport
 
@@ -23,26 +23,26 @@ from blitzq.broker.redis.streams import StreamsTransport
 TRANSPORT_SUFFIX = "-transport"
 
 
-class ForeignPairing(DeadLetterLimits, Broker):
+def ForeignPairing(url: str, namespace: str, **settings: Any) -> Broker:
     """``Broker(StreamsTransport on <namespace>-transport, RedisStateStore on <namespace>)``.
 
-    The dead-letter settings the contract suite sets on a broker go to the store's
-    connection (``conn``, :class:`DeadLetterLimits`). Its ``kind`` is ``"s"``: a store in
-    outbox mode records a dead letter's origin as ``"s"`` (``DeadLetter.mode`` "reliable":
-    the transports an outbox serves are at-least-once), as for any foreign pairing.
+    The store is made with its outbox (it does not ack the transport's deliveries); the
+    dead-letter settings the contract suite sets on ``broker.dead_letter_limits`` go to the
+    store's connection (``broker.state.conn``). A store with an outbox records a dead
+    letter's origin as ``"s"`` (``DeadLetter.mode`` "reliable": the transports an outbox
+    serves are at-least-once), as for any foreign pairing.
 
     Args:
         url: the Redis URL of both halves.
         namespace: the store's namespace; the transport's is ``namespace + TRANSPORT_SUFFIX``.
     """
-
-    kind = "s"
-
-    def __init__(self, url: str, namespace: str, **settings: Any) -> None:
-        self.store_conn = self.conn = RedisConnection(url, namespace, kind="l", **settings)
-        self.transport_conn = RedisConnection(url, namespace + TRANSPORT_SUFFIX, kind="s")
-        super().__init__(StreamsTransport(self.transport_conn), RedisStateStore(self.store_conn))
-        self.keys = self.store_conn.keys
+    store_conn = RedisConnection(url, namespace, kind="l", **settings)
+    transport_conn = RedisConnection(url, namespace + TRANSPORT_SUFFIX, kind="s")
+    return Broker(
+        StreamsTransport(transport_conn),
+        RedisStateStore(store_conn, outbox=True),
+        dead_letter_limits=RedisDeadLetterLimits(store_conn),
+    )
 
 
 async def delete_namespace(url: str, namespace: str) -> None:

@@ -189,14 +189,26 @@ class BrokerError(BlitzQError, ConnectionError):
             ``OOM`` at ``maxmemory`` under ``noeviction``): refused, not transient, yet the
             same write succeeds once memory is freed, so a worker retries its completions
             with backoff and never drops them.
+        unavailable: ``True`` when the server (or cluster) said "not now" because it is
+            failing over or starting: ``READONLY`` (a demoted primary), ``LOADING``,
+            ``MASTERDOWN``, ``CLUSTERDOWN``, ``TRYAGAIN``, ``BUSY``, a slot moving. Transient;
+            the same command succeeds, unchanged, once the switch is over, so a worker
+            retries its completions until they are applied or fenced, never recording a
+            failure for them, even while another node answers PING.
     """
 
     def __init__(
-        self, message: str, transient: bool = True, *, out_of_memory: bool = False
+        self,
+        message: str,
+        transient: bool = True,
+        *,
+        out_of_memory: bool = False,
+        unavailable: bool = False,
     ) -> None:
         super().__init__(message)
-        self.transient = transient
+        self.transient = transient or unavailable
         self.out_of_memory = out_of_memory
+        self.unavailable = unavailable
 
 
 class EmbeddedServerNotFound(BrokerError):

@@ -96,7 +96,7 @@ async def preflight(queue: Queue) -> list[Finding]:
     amqp = _amqp_url(queue)
     try:
         await (broker.state.ping() if amqp else broker.ping())  # RabbitMQ: its own line
-        info = await broker.server_info()
+        info = await broker.state.server_info()
     except BrokerError as exc:
         return [Finding("connectivity", "fail", f"the server does not answer: {exc}")]
     findings = [Finding("connectivity", "ok", "the server answers")]
@@ -116,7 +116,7 @@ async def preflight(queue: Queue) -> list[Finding]:
 
 def _amqp_url(queue: Queue) -> str | None:
     """The RabbitMQ URL of ``queue``'s broker (``None``: messages travel through Redis)."""
-    url = getattr(getattr(getattr(queue.broker, "amqp", None), "link", None), "url", None)
+    url = getattr(getattr(queue.broker.transport, "link", None), "url", None)
     return url if isinstance(url, str) else None
 
 
@@ -213,7 +213,7 @@ async def _periodic(queue: Queue) -> list[Finding]:
         *(await runtime.refresh()).values(),
     ]
     out = []
-    stored = await broker.runtime_periodic()
+    stored = await broker.state.runtime_periodic()
     for name in sorted(stored.keys() - runtime.entries.keys() - queue.periodic_tasks.keys()):
         out.append(
             Finding(f"periodic {name}", "warn", "run-time entry this application cannot run")

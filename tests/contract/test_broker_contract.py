@@ -45,7 +45,8 @@ def origin(broker: Broker) -> str:
     """The kind of queue a broker records as a dead letter's origin: "s" (a reliable-mode
     stream, and any pairing whose store writes to an outbox: RabbitMQ, the spread layout),
     "l" (a fast-mode list)."""
-    return str(getattr(broker, "kind", ""))
+    kind = str(getattr(broker.state, "kind", ""))
+    return "s" if kind == "o" else kind
 
 
 def stored(broker: Broker, fields: DeadLetterFields) -> DeadLetterFields:
@@ -92,9 +93,10 @@ def needs_recovery(broker: Broker) -> None:
 def needs_fused(broker: Broker, what: str) -> None:
     """Skip unless the state store acks the transport's deliveries itself (a fused pairing);
     ``what`` says what a foreign pairing lacks (docs/architecture.md, "Adding a broker").
-    A broker that fences and dead-letters recovered deliveries through the store itself
-    (``fences``: the spread layout, ``broker/redis/spread.py``) runs those tests too."""
-    if not broker.state.acks(broker.transport) and not getattr(broker, "fences", False):
+    A broker whose pairing fences and dead-letters recovered deliveries through the store
+    itself (``pairing.fences``: the spread layout, ``broker/redis/spread.py``) runs those
+    tests too."""
+    if not broker.state.acks(broker.transport) and not broker.pairing.fences:
         pytest.skip(f"a state store paired with a foreign transport: {what}")
 
 
@@ -381,7 +383,7 @@ async def test_dead_letters_listed_newest_first_with_paging(broker: Broker) -> N
 
 
 async def test_dead_letters_are_capped_dropping_the_oldest(broker: Broker) -> None:
-    broker.dead_letter_cap = 3  # type: ignore[attr-defined]
+    broker.dead_letter_limits.cap = 3  # type: ignore[union-attr]
     base = time.time()
     for i in range(5):
         await broker.complete(

@@ -8,7 +8,7 @@ import pytest
 
 from blitzq import BrokerError
 from blitzq.broker import Broker, Completion
-from blitzq.broker.ops import Publish
+from blitzq.broker.effects import Publish
 from blitzq.serialization import Envelope, decode_envelope, encode_envelope
 
 

@@ -1,11 +1,13 @@
 """The seam by composition: a Broker made by hand from a transport and a state store.
 
 ``Broker(transport, state)`` with the Redis transports and the Redis state store built
-separately on one connection is what ``ReliableRedisBroker`` / ``FastRedisBroker`` are, and
-passes a round trip (publish, fetch, complete with a record, results, stats). A state store
-that does *not* ack the transport's deliveries (here: the Redis store on another connection,
-standing in for RabbitMQ + Redis) gets the facade's commit-then-``Transport.ack`` path, and a
-streams delivery handed back by ``Transport.nack`` is recovered at the next sweep.
+separately on one connection (the store given the streams transport's lease identity) is what
+``ReliableRedisBroker`` / ``FastRedisBroker`` return, and passes a round trip (publish, fetch,
+complete with a record, results, stats). A state store that does *not* ack the transport's
+deliveries (here: the Redis store on another connection, made with its outbox, standing in
+for RabbitMQ + Redis) gets the facade's commit-then-``Transport.ack`` path, and a streams
+delivery handed back by ``Transport.nack`` is recovered at the next sweep. A store on a
+streams transport's connection without that transport's lease identity is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from blitzq.broker.redis.connection import RedisConnection
 from blitzq.broker.redis.lists import ListsTransport
 from blitzq.broker.redis.store import RedisStateStore
 from blitzq.broker.redis.streams import StreamsTransport
+from blitzq.exceptions import ConfigurationError
 from blitzq.records import TaskRecord, TaskState
 
 from .test_broker_contract import Q, consumer, ids, message
@@ -39,8 +42,11 @@ async def compose(broker_kind: str, location: tuple[str, str]) -> AsyncIterator[
     def factory(separate: bool = False) -> Broker:
         conn = RedisConnection(url, namespace, kind=kind)
         transport: Transport = StreamsTransport(conn) if kind == "s" else ListsTransport(conn)
-        state_conn = RedisConnection(url, namespace, kind="l") if separate else conn
-        broker = Broker(transport, RedisStateStore(state_conn))
+        if separate:
+            state = RedisStateStore(RedisConnection(url, namespace, kind="l"), outbox=True)
+        else:
+            state = RedisStateStore(conn, lease=getattr(transport, "lease", None))
+        broker = Broker(transport, state)
         made.append(broker)
         return broker
 
@@ -101,7 +107,8 @@ async def test_a_separate_store_never_fences_on_the_transports_tokens(
     kind = "l" if broker_kind.endswith("fast") else "s"
     conn = RedisConnection(url, namespace + "-t", kind=kind)
     transport: Transport = StreamsTransport(conn) if kind == "s" else ListsTransport(conn)
-    broker = Broker(transport, RedisStateStore(RedisConnection(url, namespace, kind=state_kind)))
+    state = RedisStateStore(RedisConnection(url, namespace, kind=state_kind), outbox=True)
+    broker = Broker(transport, state)
     try:
         await consumer(broker)
         await broker.publish(Q, [message("a"), message("b")])
@@ -142,3 +149,20 @@ async def test_nack_hands_a_streams_delivery_back(compose: Compose) -> None:
     (again,) = await broker.fetch(Q, 1, 0)
     assert ids([again]) == ["a"]
     assert again.deliveries == 2
+
+
+async def test_a_store_without_the_transports_lease_identity_is_refused(
+    broker_kind: str, location: tuple[str, str]
+) -> None:
+    """The store fences on the streams transport's leases only through the lease identity
+    handed to it when it is made: composed without it, the broker is refused at once (it
+    would fence on no consumer's name)."""
+    if broker_kind.endswith("fast"):
+        pytest.skip("a lists transport has no leases")
+    url, namespace = location
+    conn = RedisConnection(url, namespace, kind="s")
+    try:
+        with pytest.raises(ConfigurationError, match=r"lease=transport\.lease"):
+            Broker(StreamsTransport(conn), RedisStateStore(conn))
+    finally:
+        await conn.close()

@@ -22,7 +22,7 @@ async def ids(broker: Broker) -> list[str]:
 
 
 async def test_oldest_dead_letters_go_beyond_the_byte_bound(broker: Broker) -> None:
-    broker.dead_letter_max_bytes = 5000  # type: ignore[attr-defined]
+    broker.dead_letter_limits.max_bytes = 5000  # type: ignore[union-attr]
     for i in range(6):  # each counts 1500 + 4 + 64 bytes: three fit in 5000
         await broker.complete([dead(f"d{i}", 1500, 1000.0 + i)])
     assert await ids(broker) == ["d5", "d4", "d3"]
@@ -36,10 +36,10 @@ async def test_oldest_dead_letters_go_beyond_the_byte_bound(broker: Broker) -> N
 
 
 async def test_dead_letters_expire_after_the_ttl(broker: Broker) -> None:
-    broker.dead_letter_ttl = 1  # type: ignore[attr-defined]
+    broker.dead_letter_limits.ttl = 1  # type: ignore[union-attr]
     await broker.complete([dead("short", 10, time.time())])
     assert await ids(broker) == ["short"]
-    broker.dead_letter_ttl = 3600  # type: ignore[attr-defined]
+    broker.dead_letter_limits.ttl = 3600  # type: ignore[union-attr]
     await broker.complete([dead("long", 10, time.time())])
     deadline = time.monotonic() + 10
     while await broker.dead_letter_count() > 1:
@@ -55,7 +55,7 @@ async def test_one_dead_letter_over_the_byte_bound_does_not_wipe_the_others(
     """Issue input: one dead letter larger than ``dead_letter_max_bytes`` used to evict every
     older one and then itself, leaving the store empty. It is cut instead (its message to the
     first DEAD_MESSAGE_SAMPLE bytes, a note in its error) and the others stay."""
-    broker.dead_letter_max_bytes = 5000  # type: ignore[attr-defined]
+    broker.dead_letter_limits.max_bytes = 5000  # type: ignore[union-attr]
     for i in range(3):
         await broker.complete([dead(f"d{i}", 500, 1000.0 + i)])
     await broker.complete([dead("huge", 20000, 1010.0)])
@@ -68,7 +68,7 @@ async def test_one_dead_letter_over_the_byte_bound_does_not_wipe_the_others(
     assert len(huge.message) + len(huge.error) + 64 <= 5000
 
     # A bound smaller than the sample: the entry still fits it, alone.
-    broker.dead_letter_max_bytes = 300  # type: ignore[attr-defined]
+    broker.dead_letter_limits.max_bytes = 300  # type: ignore[union-attr]
     await broker.complete([dead("tiny-bound", 20000, 1020.0)])
     assert await ids(broker) == ["tiny-bound"]
     small = await broker.get_dead_letter("tiny-bound")

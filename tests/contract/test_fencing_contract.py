@@ -21,11 +21,10 @@ from collections.abc import Callable
 import pytest
 
 from blitzq.broker import Broker, Completion, DeadLetterFields, Delivery
-from blitzq.broker.ops import LockRelease, Progress, Publish, UniqueRelease
-from blitzq.broker.redis import ReliableRedisBroker
-from blitzq.broker.redis.spread import SpreadRedisBroker
+from blitzq.broker.effects import LockRelease, Progress, Publish, UniqueRelease
 from blitzq.records import TaskRecord, TaskState
 from blitzq.serialization import dumps
+from tests.broker_kinds import is_reliable_redis, is_spread
 
 from .test_broker_contract import CONSUMER, Q, consumer, message, needs_fused, needs_recovery
 
@@ -54,11 +53,11 @@ async def lose_lease(broker: Broker, rescuer: Broker, task_id: str) -> tuple[Del
     return old, new
 
 
-def stream_key(broker: ReliableRedisBroker | SpreadRedisBroker) -> str:
+def stream_key(broker: Broker) -> str:
     """The key of queue ``Q``'s stream (on the spread layout, under the queue's own tag)."""
-    if isinstance(broker, SpreadRedisBroker):
-        return broker.transport_conn.keys.stream(Q)
-    return broker.keys.stream(Q)
+    if is_spread(broker):
+        return broker.transport.keys.stream(Q)  # type: ignore[attr-defined]
+    return broker.state.keys.stream(Q)
 
 
 def needs_fencing(broker: Broker) -> None:
@@ -217,7 +216,7 @@ async def test_a_second_completion_of_one_delivery_in_the_same_batch_is_stale(
     """Where the store acks in the completion script itself (a fused Redis pairing), the
     second completion of one delivery in a batch finds it acked and writes nothing."""
     needs_fencing(broker)
-    if not isinstance(broker, ReliableRedisBroker):
+    if not is_reliable_redis(broker):
         pytest.skip("only where the completion script acks the stream entry itself")
     await consumer(broker)
     await broker.publish(Q, [message("dup")])
@@ -293,19 +292,19 @@ async def test_an_entry_pending_under_another_consumer_is_not_ours(
 ) -> None:
     """A write fenced by an entry another consumer holds (XCLAIM) is refused: the check
     without an ack compares consumer names (XPENDING)."""
-    if not isinstance(broker, ReliableRedisBroker | SpreadRedisBroker):
+    if not (is_reliable_redis(broker) or is_spread(broker)):
         pytest.skip("consumer names in a pending list are a Redis Streams notion")
     await consumer(broker)
     await broker.publish(Q, [message("claimed")])
     (d,) = await broker.fetch(Q, 1, 0)
     stream = stream_key(broker)
-    await broker.client.execute_command("XCLAIM", stream, "blitzq", "consumer-2", 0, d.token)
+    await broker.state.client.execute_command("XCLAIM", stream, "blitzq", "consumer-2", 0, d.token)
     running = Completion(Q, None, "claimed", record("claimed", "running", "w1"), 60, fence=d.token)
     assert await broker.complete([running]) == [running]
     assert await broker.get_record("claimed") is None
     assert d.token is not None
     assert await broker.set_progress("claimed", b"p", 1.0, 60, (Q, d.token)) is False
-    pending = await broker.client.xpending_range(stream, "blitzq", "-", "+", 10)
+    pending = await broker.state.client.xpending_range(stream, "blitzq", "-", "+", 10)
     assert [(p["message_id"], p["consumer"]) for p in pending] == [(d.token, b"consumer-2")]
 
 
@@ -317,7 +316,7 @@ async def test_an_entry_is_only_ever_pending_under_the_consumer_that_read_it(
     and deletes what it claims in the same script, and a renewal never claims another
     consumer's entry; so no entry is ever left pending under a consumer that did not read
     it, and a stale consumer's XACK finds nothing."""
-    if not isinstance(broker, ReliableRedisBroker | SpreadRedisBroker):
+    if not (is_reliable_redis(broker) or is_spread(broker)):
         pytest.skip("consumer names in a pending list are a Redis Streams notion")
     rescuer = make_broker()
     old, new = await lose_lease(broker, rescuer, "inv")
@@ -325,7 +324,7 @@ async def test_an_entry_is_only_ever_pending_under_the_consumer_that_read_it(
     assert new.token is not None
     assert await broker.heartbeat(Q, [old.token, new.token]) == 0
     stream = stream_key(broker)
-    pending = await broker.client.xpending_range(stream, "blitzq", "-", "+", 10)
+    pending = await broker.state.client.xpending_range(stream, "blitzq", "-", "+", 10)
     assert [(p["message_id"], p["consumer"]) for p in pending] == [(new.token, b"consumer-2")]
-    assert await broker.client.exists(stream) == 1
-    assert await broker.client.xrange(stream, old.token, old.token) == []
+    assert await broker.state.client.exists(stream) == 1
+    assert await broker.state.client.xrange(stream, old.token, old.token) == []

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncGenerator
 
 from blitzq.broker import Broker, Completion
-from blitzq.broker.ops import Progress
+from blitzq.broker.effects import Progress
 from blitzq.progress import decode_progress, encode_progress
 from blitzq.serialization import dumps
 

@@ -13,7 +13,7 @@ import asyncio
 import time
 
 from blitzq.broker import Broker, Completion
-from blitzq.broker.ops import LockRelease, UniqueRelease
+from blitzq.broker.effects import LockRelease, UniqueRelease
 from blitzq.serialization import Envelope, encode_envelope
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from blitzq.broker import Broker, Completion
-from blitzq.broker.ops import (
+from blitzq.broker.effects import (
     COMPLETION_OPS,
     ChordMember,
     Op,

@@ -34,6 +34,7 @@ from tests.amqp_server import (
     close_connection_named,
     delete_amqp_queues,
 )
+from tests.broker_kinds import is_amqp
 from tests.conftest import free_port
 from tests.polling import wait_until
 
@@ -92,8 +93,8 @@ async def test_queue_amqp_url_builds_the_pairing(server_url: str, namespace: str
     q = Queue("aq", redis_url=server_url, namespace=namespace, amqp_url=url, max_deliveries=3)
     try:
         broker = q.broker
-        assert isinstance(broker, AmqpBroker)
-        assert broker.amqp.link.max_deliveries == 3
+        assert is_amqp(broker)
+        assert broker.transport.link.max_deliveries == 3
         await broker.ping()
     finally:
         await q.close()
@@ -106,9 +107,9 @@ async def test_publish_returns_once_confirmed_and_an_unroutable_message_raises(
     await broker.publish("conf", [message(f"c{i}") for i in range(20)])
     assert (await broker.queue_stats(["conf"]))["conf"]["waiting"] == 20
     # The queue disappears under the publisher: RabbitMQ returns the message (mandatory).
-    other = AmqpLink(broker.amqp.link.url, broker.amqp.link.namespace, 5)
+    other = AmqpLink(broker.transport.link.url, broker.transport.link.namespace, 5)
     try:
-        await other.delete([broker.amqp.link.name("conf")])
+        await other.delete([broker.transport.link.name("conf")])
     finally:
         await other.close()
     with pytest.raises(BrokerError, match=r"NO_ROUTE|confirm|publish"):
@@ -137,7 +138,7 @@ async def test_a_delivery_whose_connection_died_before_its_ack_is_delivered_agai
     await first.publish("redo", [message("r1")])
     (d,) = await first.fetch("redo", 1, 5)
     assert d.deliveries == 1
-    await first.amqp.link.close()  # the holder is gone without an ack
+    await first.transport.link.close()  # the holder is gone without an ack
     (again,) = await second.fetch("redo", 1, 10)
     assert again.payload == d.payload
     assert again.deliveries == 2
@@ -194,7 +195,7 @@ async def test_a_completion_whose_channel_closed_is_committed_without_an_ack(
     await first.publish("gone", [message("g1")])
     (d,) = await first.fetch("gone", 1, 5)
     assert d.token is not None
-    await first.amqp.link.close()
+    await first.transport.link.close()
     assert await first.complete([Completion("gone", d.token, "g1")]) == []
     (again,) = await second.fetch("gone", 1, 10)
     assert again.deliveries == 2
@@ -209,7 +210,7 @@ async def test_past_the_delivery_limit_a_message_becomes_a_blitzq_dead_letter(
         holder = amqp(max_deliveries=2)
         (d,) = await holder.fetch("poison", 1, 10)
         assert d.deliveries == deliveries
-        await holder.amqp.link.close()
+        await holder.transport.link.close()
     # RabbitMQ dead-letters it into <ns>.dead-letter; maintenance moves it to blitzq's.
     await eventually(
         lambda: broker.recover("poison", 60, 10, 2, 60), lambda r: r[1] == 1, timeout=30
@@ -344,7 +345,7 @@ async def test_with_the_state_store_down_a_delivery_waits_without_spending_deliv
             # Its completion cannot be committed: the delivery stays unacked while the
             # worker's maintenance rounds (every 1/3 s) fail on Redis, well past the
             # visibility timeout, and is neither handed back nor handed over.
-            held = broker.amqp.held
+            held = broker.transport.held
             await eventually(
                 lambda: asyncio.sleep(0, [time.monotonic() - h.since for h in held.values()]),
                 lambda ages: bool(ages) and min(ages) > 3.0,
@@ -370,7 +371,7 @@ async def test_amqp_url_from_the_environment_and_bad_schemes(
     monkeypatch.setenv("BLITZQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
     q = Queue(redis_url=server_url, namespace=namespace)
     try:
-        assert isinstance(q.broker, AmqpBroker)  # made lazily: nothing connects here
+        assert is_amqp(q.broker)  # made lazily: nothing connects here
     finally:
         await q.close()
     monkeypatch.setenv("BLITZQ_AMQP_URL", "ftp://nowhere/")

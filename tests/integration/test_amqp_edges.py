@@ -28,6 +28,7 @@ from blitzq.broker.amqp.channels import DEAD_LETTER_SUFFIX, AmqpLink
 from blitzq.cli import cli
 from blitzq.exceptions import BrokerError
 from tests.amqp_server import amqp_or_skip, close_connection_named, delete_amqp_queues
+from tests.broker_kinds import is_amqp
 
 from .proc_tasks import eventually, make_worker, running
 
@@ -91,13 +92,12 @@ def test_the_cli_reports_a_malformed_amqp_url_as_json_with_exit_2(
 
 
 def test_the_amqp_heartbeat_follows_the_visibility_timeout_unless_the_url_sets_it() -> None:
-    from blitzq.broker.amqp import AmqpBroker
 
     def heartbeat(vt: float, url: str = "amqp://127.0.0.1/") -> int | None:
         q = Queue(redis_url="redis://127.0.0.1:6379/0", amqp_url=url, visibility_timeout=vt)
         broker = q._make_broker()  # nothing connects until used
-        assert isinstance(broker, AmqpBroker)
-        return broker.amqp.link.heartbeat
+        assert is_amqp(broker)
+        return broker.transport.link.heartbeat
 
     assert heartbeat(1.0) == 2  # the least
     assert heartbeat(4.0) == 2
@@ -305,7 +305,7 @@ async def test_a_server_closed_connection_is_one_warning_and_noticed_at_once(
     try:
         async with running(make_worker(q, concurrency=1, block_timeout=10.0)):
             assert await (await echo.enqueue(1)).result(timeout=30) == 1
-            link = q.broker.amqp.link  # type: ignore[attr-defined]
+            link = q.broker.transport.link  # type: ignore[attr-defined]
             epoch = link.epoch
             await asyncio.sleep(0.5)  # the fetch is waiting now
             caplog.clear()

@@ -42,7 +42,7 @@ async def test_a_revoked_member_that_is_not_utf8_stops_nothing(
     queue: Queue, raw_redis: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(maintenance, "REVOCATION_SYNC", 0.3)  # re-read it often
-    revoked = queue.broker.keys.revoked  # type: ignore[attr-defined]
+    revoked = queue.broker.state.keys.revoked  # type: ignore[attr-defined]
     await raw_redis.zadd(revoked, {b"\xff\xfe not utf-8": time.time() + 3600})
     started = asyncio.Event()
 

@@ -56,7 +56,7 @@ async def server_now(raw_redis: Any) -> float:
 
 async def due_in(queue: Queue, raw_redis: Any, task_id: str) -> float:
     """Seconds until ``task_id`` is due, by the server's clock."""
-    score = await raw_redis.zscore(queue.broker.keys.schedule, task_id)  # type: ignore[attr-defined]
+    score = await raw_redis.zscore(queue.broker.state.keys.schedule, task_id)  # type: ignore[attr-defined]
     assert score is not None, f"{task_id} is not on the schedule"
     return float(score) - await server_now(raw_redis)
 
@@ -94,7 +94,7 @@ async def test_an_absolute_eta_is_compared_with_the_server_clock(
     handle = await at.options(eta=eta).enqueue(1)
     aware = await at.options(eta=dt.datetime.fromtimestamp(eta, dt.UTC)).enqueue(2)
     for h in (handle, aware):
-        score = await raw_redis.zscore(queue.broker.keys.schedule, h.id)  # type: ignore[attr-defined]
+        score = await raw_redis.zscore(queue.broker.state.keys.schedule, h.id)  # type: ignore[attr-defined]
         assert score == pytest.approx(eta, abs=1e-3)
     assert (await queue.stats([queue.name]))["scheduled"] == 2
 
@@ -112,7 +112,7 @@ async def test_a_worker_with_a_fast_clock_never_starts_a_delayed_task_early(
         monkeypatch.setattr(module, "time", SkewedTime(SKEW))
     async with running(make_worker(queue, concurrency=2)):
         handle = await stamp.options(delay=1.0).enqueue()
-        score = await raw_redis.zscore(queue.broker.keys.schedule, handle.id)  # type: ignore[attr-defined]
+        score = await raw_redis.zscore(queue.broker.state.keys.schedule, handle.id)  # type: ignore[attr-defined]
         assert score is not None
         await handle.result(timeout=30)
     assert len(started) == 1
@@ -157,7 +157,7 @@ async def test_a_scheduler_with_a_fast_clock_does_not_promote_early(
     assert (await queue.stats([queue.name]))["scheduled"] == 1
     assert await due_in(queue, raw_redis, handle.id) > 55.0
     # Due by the server's clock: it moves (the schedule entry is made due by hand).
-    await raw_redis.zadd(queue.broker.keys.schedule, {handle.id: 1_000_000_000})  # type: ignore[attr-defined]
+    await raw_redis.zadd(queue.broker.state.keys.schedule, {handle.id: 1_000_000_000})  # type: ignore[attr-defined]
     await scheduler.tick()
     await eventually(lambda: queue.stats([queue.name]), lambda s: s["scheduled"] == 0)
 

@@ -23,8 +23,9 @@ import pytest
 from blitzq import Queue, TaskState, chain, chord, current_task
 from blitzq.broker import Completion, DeadLetterFields
 from blitzq.broker.redis.homes import home_queue, homed_id
-from blitzq.broker.redis.spread import SpreadKeys, SpreadRedisBroker
+from blitzq.broker.redis.spread import SpreadKeys
 from blitzq.exceptions import TaskCancelled
+from tests.broker_kinds import is_spread
 from tests.cluster_server import LocalCluster
 from tests.contract.test_broker_contract import message
 
@@ -75,17 +76,19 @@ async def test_a_generated_id_is_homed_and_its_result_found_by_id(
         handle = await add.enqueue(2, 3)
         assert home_queue(handle.id) == names[0]
         broker = queue.broker
-        assert isinstance(broker, SpreadRedisBroker)
+        assert is_spread(broker)
         waiting = asyncio.ensure_future(handle.result(timeout=60))
         # The wait announced itself in the task's home: its completion will publish to it.
-        await eventually(lambda: broker.client.exists(broker.keys.waiter(handle.id)), bool, 30.0)
+        await eventually(
+            lambda: broker.state.client.exists(broker.state.keys.waiter(handle.id)), bool, 30.0
+        )
         async with running(make_worker(queue, concurrency=4)):
             assert await waiting == 5
         assert await reader.get_result(handle.id, timeout=10) == 5  # by id alone
         record = await reader.inspect(handle.id)
         assert record is not None
         assert record.state is TaskState.SUCCEEDED
-        key = broker.keys.record(handle.id)
+        key = broker.state.keys.record(handle.id)
         assert key.startswith(SpreadKeys(cluster_ns).queue_tag(names[0]))
         queue_node = redis_cluster.owner(SpreadKeys(cluster_ns).queue_tag(names[0]))
         assert owner_of_key(redis_cluster, key) == queue_node
@@ -102,7 +105,7 @@ async def test_a_batch_of_homed_completions_is_one_script_on_the_queue_node(
     queue = Queue(redis_url=redis_cluster.url(), namespace=cluster_ns)
     try:
         broker = queue.broker
-        assert isinstance(broker, SpreadRedisBroker)
+        assert is_spread(broker)
         await broker.prepare_consumer([q], "homes-consumer")
         ids = [homed_id(q) for _ in range(21)]
         await broker.publish(q, [message(i, q) for i in ids])
@@ -126,7 +129,7 @@ async def test_a_batch_of_homed_completions_is_one_script_on_the_queue_node(
         assert await broker.queue_stats([q]) == {q: {"waiting": 0, "in_flight": 0}}
         assert await broker.get_records(ids) == [b"done " + i.encode() for i in ids]
         for i in ids[:3]:
-            assert owner_of_key(redis_cluster, broker.keys.record(i)) == queue_node
+            assert owner_of_key(redis_cluster, broker.state.keys.record(i)) == queue_node
     finally:
         await queue.close()
 
@@ -139,7 +142,7 @@ async def test_a_split_completion_of_a_homed_id_writes_each_part_in_its_slot(
     queue = Queue(redis_url=redis_cluster.url(), namespace=cluster_ns)
     try:
         broker = queue.broker
-        assert isinstance(broker, SpreadRedisBroker)
+        assert is_spread(broker)
         await broker.prepare_consumer([q], "homes-split")
         dead_id, retried_id = homed_id(q), homed_id(q)
         await broker.publish(q, [message(dead_id, q), message(retried_id, q)])
@@ -152,7 +155,7 @@ async def test_a_split_completion_of_a_homed_id_writes_each_part_in_its_slot(
         assert await broker.complete(batch) == []
         assert await broker.get_records([dead_id, retried_id]) == [b"dead", b"retrying"]
         queue_node = redis_cluster.owner(SpreadKeys(cluster_ns).queue_tag(q))
-        assert owner_of_key(redis_cluster, broker.keys.record(dead_id)) == queue_node
+        assert owner_of_key(redis_cluster, broker.state.keys.record(dead_id)) == queue_node
         letter = await broker.get_dead_letter(dead_id)  # in the namespace's slot
         assert letter is not None
         assert letter.reason == "failed"
@@ -183,9 +186,9 @@ async def test_ids_chosen_by_the_caller_keep_working(
         assert await queue.get_result("order-17", timeout=10) == "a"
         assert await queue.get_result(lookalike_id, timeout=10) == "b"
         broker = queue.broker
-        assert isinstance(broker, SpreadRedisBroker)
-        assert broker.keys.record("order-17").startswith("{" + cluster_ns + "}:")
-        assert broker.keys.record(lookalike_id).startswith(
+        assert is_spread(broker)
+        assert broker.state.keys.record("order-17").startswith("{" + cluster_ns + "}:")
+        assert broker.state.keys.record(lookalike_id).startswith(
             SpreadKeys(cluster_ns).queue_tag(names[1])
         )
     finally:

@@ -25,11 +25,11 @@ import pytest
 import redis
 
 from blitzq import Queue, RetryPolicy, TaskState, chain
-from blitzq.broker.redis import ReliableRedisBroker
 from blitzq.broker.redis.handoff import MAX_AGE, SpreadOutbox
 from blitzq.broker.redis.spread import SpreadKeys, SpreadRedisBroker
 from blitzq.broker.values import Scheduled
 from blitzq.exceptions import ConfigurationError
+from tests.broker_kinds import is_reliable_redis, is_spread
 from tests.cluster_server import LocalCluster, migrate_slot
 from tests.contract.test_broker_contract import message
 
@@ -77,10 +77,10 @@ async def test_the_url_chooses_the_layout(redis_cluster: LocalCluster, redis_url
     single = Queue(redis_url=redis_url, namespace="sp-choice")
     forced = Queue(redis_url=redis_url + "?layout=spread", namespace="sp-choice")
     try:
-        assert isinstance(spread.broker, SpreadRedisBroker)
-        assert isinstance(slot.broker, ReliableRedisBroker)
-        assert isinstance(single.broker, ReliableRedisBroker)
-        assert isinstance(forced.broker, SpreadRedisBroker)
+        assert is_spread(spread.broker)
+        assert is_reliable_redis(slot.broker)
+        assert is_reliable_redis(single.broker)
+        assert is_spread(forced.broker)
         with pytest.raises(ConfigurationError, match="layout"):
             _ = Queue(redis_url=redis_cluster.url() + "?layout=wide", namespace="x").broker
     finally:
@@ -128,7 +128,7 @@ async def test_one_namespace_on_several_nodes_runs_every_cross_slot_step(
         return "replayed"
 
     try:
-        assert isinstance(queue.broker, SpreadRedisBroker)
+        assert is_spread(queue.broker)
         async with running(make_worker(queue, concurrency=8)):
             handles = [
                 await adders[i % len(adders)].enqueue(i, i)  # type: ignore[attr-defined]
@@ -181,24 +181,24 @@ async def test_a_relay_that_died_after_publishing_publishes_nothing_twice(
         assert taken is not None
         queue, batch, taken_at, messages = taken
         assert (queue, len(messages)) == ("hq", 3)
-        assert await broker.spread.publish_once(queue, batch, taken_at, messages) == 3
-        stream = broker.spread.keys.stream("hq")
-        assert await broker.client.xlen(stream) == 3
+        assert await broker.transport.publish_once(queue, batch, taken_at, messages) == 3
+        stream = broker.transport.keys.stream("hq")
+        assert await broker.state.client.xlen(stream) == 3
         # Its lease lapses: the batch is kept whole, with its id, for another relay.
         await asyncio.sleep(0.3)
         assert await outbox.restore(10) == 3
         assert await relay.drain() == 0  # taken over under the same id: nothing added
-        assert await broker.client.xlen(stream) == 3
+        assert await broker.state.client.xlen(stream) == 3
         assert await outbox.take_batch(relay.id, "hq", 100, 60.0) is None
         # A fresh batch goes through once.
         await broker.state.schedule([Scheduled("h9", "hq", message("h9", "hq"))])
         await broker.state.promote_due(100)
         assert await relay.drain() == 1
-        assert await broker.client.xlen(stream) == 4
+        assert await broker.state.client.xlen(stream) == 4
         # A batch older than MAX_AGE is refused (its mark may be gone).
         old = time.time() - MAX_AGE - 5
-        assert await broker.spread.publish_once("hq", "old-batch", old, [b"x"]) == -1
-        assert await broker.client.xlen(stream) == 4
+        assert await broker.transport.publish_once("hq", "old-batch", old, [b"x"]) == -1
+        assert await broker.state.client.xlen(stream) == 4
     finally:
         await broker.close()
 
@@ -212,16 +212,16 @@ async def test_a_batch_too_old_to_publish_safely_is_dead_lettered(
     try:
         relay = broker.relay
         assert relay is not None
-        keys = broker.keys
+        keys = broker.state.keys
         header = f"77 {time.time() - MAX_AGE - 5:.6f}"  # taken long ago, never published
-        await broker.client.rpush(keys.relay(relay.id), "hq", header, message("old", "hq"))
-        await broker.client.zadd(keys.relays, {relay.id: time.time() + 60})
+        await broker.state.client.rpush(keys.relay(relay.id), "hq", header, message("old", "hq"))
+        await broker.state.client.zadd(keys.relays, {relay.id: time.time() + 60})
         assert await relay.drain(["hq"]) == 0
-        assert await broker.client.xlen(broker.spread.keys.stream("hq")) == 0
+        assert await broker.state.client.xlen(broker.transport.keys.stream("hq")) == 0
         fields = await broker.get_dead_letter("old")
         assert fields is not None
         assert (fields.reason, fields.queue) == ("expired", "hq")
-        assert await broker.client.exists(keys.relay(relay.id)) == 0  # released
+        assert await broker.state.client.exists(keys.relay(relay.id)) == 0  # released
     finally:
         await broker.close()
 

@@ -97,7 +97,7 @@ async def test_a_backlog_larger_than_many_batches_loses_no_completion(
 
 
 async def _record(raw_redis: Any, queue: Queue, task_id: str) -> bytes | None:
-    value: bytes | None = await raw_redis.get(queue.broker.keys.record(task_id))  # type: ignore[attr-defined]
+    value: bytes | None = await raw_redis.get(queue.broker.state.keys.record(task_id))  # type: ignore[attr-defined]
     return value
 
 

@@ -82,7 +82,7 @@ def test_pool_defaults_are_a_bounded_blocking_pool_and_the_url_overrides_them(
     make_queue: Callable[..., Queue], redis_url: str
 ) -> None:
     queue = make_queue()
-    client = queue._make_broker().client  # type: ignore[attr-defined]
+    client = queue._make_broker().state.client  # type: ignore[attr-defined]
     pool = client.connection_pool
     assert isinstance(pool, aioredis.BlockingConnectionPool)
     assert pool.max_connections == redis_client.DEFAULT_MAX_CONNECTIONS == 50
@@ -102,7 +102,7 @@ def test_pool_defaults_are_a_bounded_blocking_pool_and_the_url_overrides_them(
         socket_connect_timeout=2,
         health_check_interval=11,
     )
-    pool = make_queue(redis_url=url)._make_broker().client.connection_pool  # type: ignore[attr-defined]
+    pool = make_queue(redis_url=url)._make_broker().state.client.connection_pool  # type: ignore[attr-defined]
     assert (pool.max_connections, pool.timeout) == (7, 3.0)
     kwargs = pool.connection_kwargs
     assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (9.0, 2.0)
@@ -216,7 +216,7 @@ async def test_200_concurrent_enqueues_queue_for_a_pool_of_4(
         assert len(handles) == 200
         stats = await queue.stats([queue.name])
         assert stats["queues"][queue.name]["waiting"] == 200
-        assert queue.broker.client.connection_pool.max_connections == 4  # type: ignore[attr-defined]
+        assert queue.broker.state.client.connection_pool.max_connections == 4  # type: ignore[attr-defined]
     finally:
         await queue.close()
 
@@ -397,7 +397,7 @@ async def test_nothing_hangs_on_a_server_that_never_answers() -> None:
                 await slow.close()
 
             # The waits that gave up left no waiter behind on the shared pub/sub listener.
-            listener = queue.broker._results  # type: ignore[attr-defined]
+            listener = queue.broker.state.conn._results  # type: ignore[attr-defined]
             deadline = time.monotonic() + 10
             while (listener._waiters or listener._pattern_waiters) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)

@@ -179,7 +179,7 @@ async def test_a_stale_completion_resets_a_stale_count_that_is_not_an_integer(
 async def test_a_progress_time_that_is_not_a_number_reads_as_absent(
     server_url: str, raw_redis: Any, namespace: str
 ) -> None:
-    from blitzq.broker.ops import Progress
+    from blitzq.broker.effects import Progress
 
     p = _prefix(namespace)
     broker = ReliableRedisBroker(server_url, namespace)

@@ -77,7 +77,7 @@ async def test_malformed_pushes_do_not_stop_the_listener(
         thread_started.set()
         return "cancelled" if context.wait_cancelled(60) else "not cancelled"
 
-    channel = queue.broker.keys.events  # type: ignore[attr-defined]
+    channel = queue.broker.state.keys.events  # type: ignore[attr-defined]
     caplog.set_level(logging.WARNING, logger="blitzq.worker")
     async with running(make_worker(queue, concurrency=4)):
         await eventually(lambda: subscribers(raw_redis, channel), lambda n: n >= 1, 30.0)
@@ -122,7 +122,7 @@ async def test_a_lost_cancel_push_is_caught_up_by_the_resynchronisation(
         handle = await sleepy.enqueue()
         await asyncio.wait_for(started.wait(), 30)
         # The mark cancel() leaves, without its push (as if the listener missed it).
-        revoked = queue.broker.keys.revoked  # type: ignore[attr-defined]
+        revoked = queue.broker.state.keys.revoked  # type: ignore[attr-defined]
         await raw_redis.zadd(revoked, {handle.id: time.time() + 3600})
         with pytest.raises(TaskCancelled):
             await handle.result(timeout=30)

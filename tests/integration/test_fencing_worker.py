@@ -18,6 +18,7 @@ import pytest
 from blitzq import Queue, TaskState, current_task
 from blitzq.broker import Broker
 from blitzq.broker.redis import ReliableRedisBroker
+from tests.broker_kinds import is_reliable_redis
 
 from .proc_tasks import eventually, make_worker, running
 
@@ -38,8 +39,8 @@ async def queue(
 async def thief_of(queue: Queue) -> Broker:
     """A second consumer of the queue's broker (another worker, as far as leases go)."""
     broker = queue.broker
-    if isinstance(broker, ReliableRedisBroker):
-        other = ReliableRedisBroker(broker.url, broker.keys.namespace)
+    if is_reliable_redis(broker):
+        other = ReliableRedisBroker(broker.state.conn.url, broker.state.keys.namespace)
         await other.prepare_consumer(["default"], "thief")
         return other
     return broker

@@ -208,7 +208,7 @@ async def test_a_delivery_waiting_in_before_execute_keeps_its_lease(
         return "ok"
 
     stream = "{" + queue.namespace + "}:s:default"
-    client = queue.broker.client  # type: ignore[attr-defined]
+    client = queue.broker.state.client  # type: ignore[attr-defined]
     async with running(make_worker(queue, concurrency=2)):
         handle = await once.enqueue()
         await asyncio.wait_for(slow.entered.wait(), 10.0)

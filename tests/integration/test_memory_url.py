@@ -16,7 +16,7 @@ import pytest
 
 from blitzq import Queue
 from blitzq.broker import Guarantee
-from blitzq.broker.redis import FastRedisBroker, ReliableRedisBroker, ephemeral
+from blitzq.broker.redis import ListsTransport, StreamsTransport, ephemeral
 from blitzq.scheduler import Scheduler
 from blitzq.schedules import Every
 
@@ -53,16 +53,16 @@ async def test_queues_of_one_name_share_tasks_and_other_names_are_apart() -> Non
 
 
 @pytest.mark.parametrize(
-    ("mode", "cls", "recovery"),
-    [("reliable", ReliableRedisBroker, True), ("fast", FastRedisBroker, False)],
+    ("mode", "transport", "recovery"),
+    [("reliable", StreamsTransport, True), ("fast", ListsTransport, False)],
 )
 async def test_mode_picks_the_redis_code_and_the_guarantee_is_ephemeral(
-    mode: str, cls: type, recovery: bool
+    mode: str, transport: type, recovery: bool
 ) -> None:
     queue = Queue(redis_url=memory_url(), mode=mode)  # type: ignore[arg-type]
     try:
         broker = queue.broker
-        assert isinstance(broker, cls)
+        assert isinstance(broker.transport, transport)
         assert broker.guarantee is Guarantee.EPHEMERAL
         assert broker.supports_recovery is recovery
         assert queue.url.startswith("memory://")  # the URL the user gave is kept
@@ -83,7 +83,7 @@ async def test_one_server_per_process_shared_by_every_name_and_loop() -> None:
     try:
         server = ephemeral.ensure_server()
         for q in (first, second):
-            assert getattr(q.broker, "url", None) == server
+            assert q.broker.state.conn.url == server  # type: ignore[attr-defined]
 
         def in_another_loop() -> int:  # a thread with its own loop: a broker of its own
             async def count() -> int:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from blitzq import Queue, TaskExpired, TaskFailed, Worker
+from tests.broker_kinds import is_reliable_redis
 
 from .proc_tasks import eventually, make_worker, running
 from .test_health import PrivateRedis
@@ -120,8 +121,8 @@ async def test_a_stale_completion_never_makes_a_counter_go_down(
         return "first run"
 
     broker = queue.broker
-    assert isinstance(broker, ReliableRedisBroker)
-    thief = ReliableRedisBroker(broker.url, broker.keys.namespace)
+    assert is_reliable_redis(broker)
+    thief = ReliableRedisBroker(broker.state.conn.url, broker.state.keys.namespace)
     await thief.prepare_consumer(["default"], "thief")
     admin = aioredis.Redis.from_url(own_redis.url)
     worker = make_worker(queue, metrics_port=0, ops_host="127.0.0.1", concurrency=4)
@@ -182,8 +183,8 @@ async def test_an_expiry_before_start_whose_delivery_was_recovered_counts_once(
 
     late.checks.insert(0, hold)
     broker = queue.broker
-    assert isinstance(broker, ReliableRedisBroker)
-    thief = ReliableRedisBroker(broker.url, broker.keys.namespace)
+    assert is_reliable_redis(broker)
+    thief = ReliableRedisBroker(broker.state.conn.url, broker.state.keys.namespace)
     await thief.prepare_consumer(["default"], "thief")
     worker = make_worker(queue, metrics_port=0, ops_host="127.0.0.1", concurrency=4)
     try:

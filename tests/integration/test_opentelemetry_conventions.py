@@ -16,10 +16,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from blitzq import Queue
-from blitzq.broker.amqp import AmqpBroker
 from blitzq.integrations.opentelemetry import BlitzqInstrumentor
 from blitzq.logcontext import TaskContextFilter
 from tests.amqp_server import amqp_or_skip, delete_amqp_queues
+from tests.broker_kinds import is_amqp
 
 from .proc_tasks import eventually, make_worker, running
 
@@ -139,7 +139,7 @@ async def test_amqp_spans_name_the_rabbitmq_server(
     finally:
         broker = queue.broker
         await queue.close()
-        await delete_amqp_queues(url, [broker] if isinstance(broker, AmqpBroker) else [])
+        await delete_amqp_queues(url, [broker] if is_amqp(broker) else [])
     (send,) = spans(exporter, "send otelamqp")
     (process,) = spans(exporter, "process otelamqp")
     for span in (send, process):

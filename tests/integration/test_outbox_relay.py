@@ -112,7 +112,7 @@ async def app(redis_url: str, namespace: str) -> AsyncIterator[App]:
 async def store_queue_keys(app: App, raw_redis: Any) -> list[bytes]:
     """Keys of the store's namespace a fused transport would read (``s:`` / ``l:``): a store
     in outbox mode writes none."""
-    keys = app.pairing.store_conn.keys
+    keys = app.pairing.state.conn.keys
     found = []
     for key in (keys.stream(Q), keys.list(Q)):
         if await raw_redis.exists(key):
@@ -162,7 +162,7 @@ async def test_a_periodic_claim_is_relayed_by_the_scheduler_itself(
 ) -> None:
     now = await app.queue.broker.server_time()
     newest = Every(3600).next_after(now) - 3600
-    await raw_redis.hset(app.pairing.keys.periodic, "ob.beat", repr(newest - 3600))
+    await raw_redis.hset(app.pairing.state.keys.periodic, "ob.beat", repr(newest - 3600))
     scheduler = Scheduler(app.queue)
     assert await scheduler.tick() == 1
     # No worker runs: the scheduler's own call relayed the claim to the transport.

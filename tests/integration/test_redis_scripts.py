@@ -230,7 +230,7 @@ async def test_fast_mode_scripts_come_back_after_script_flush(
 async def test_an_error_inside_a_script_is_a_lasting_broker_error(
     reliable: ReliableRedisBroker, admin: aioredis.Redis
 ) -> None:
-    await admin.set(reliable.keys.schedule, b"not a sorted set")  # WRONGTYPE in schedule.lua
+    await admin.set(reliable.state.keys.schedule, b"not a sorted set")  # WRONGTYPE in schedule.lua
     with pytest.raises(BrokerError) as caught:
         await reliable.schedule([Scheduled("t1", "q", b"m", delay=60.0)])
     assert caught.value.transient is False

@@ -1,4 +1,4 @@
-"""Result waits served by the completion pattern (``broker/redis/results.py``, issue 13).
+"""Result waits served by the completion pattern (``broker/redis/result_listener.py``, issue 13).
 
 A producer waiting for results keeps one ``PSUBSCRIBE {ns}:done:*``; a handle from the fast
 enqueue path carries a mark that lets its wait skip the first read. What a user relies on:
@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from blitzq import BrokerError, Queue
-from blitzq.broker.redis import results as listener_module
+from blitzq.broker.redis import result_listener as listener_module
 from blitzq.broker.redis.keys import glob_escape
-from blitzq.broker.redis.results import ResultListener
+from blitzq.broker.redis.result_listener import ResultListener
 
 from .proc_tasks import eventually, make_worker, running
 
@@ -46,7 +46,7 @@ async def _tick() -> None:
 
 def listener_of(queue: Queue) -> ResultListener:
     """The Queue's result listener (of this loop's broker)."""
-    found: ResultListener = queue.broker._results  # type: ignore[attr-defined]
+    found: ResultListener = queue.broker.state.conn._results  # type: ignore[attr-defined]
     return found
 
 
@@ -108,7 +108,7 @@ async def test_a_wait_that_starts_after_the_completion_still_gets_the_result(
     async with running(make_worker(consumer, concurrency=4)):
         assert await (await double.enqueue(0)).result(timeout=20) == 0  # the pattern is on
         handle = await double.enqueue(21)
-        record = producer.broker.keys.record(handle.id)  # type: ignore[attr-defined]
+        record = producer.broker.state.keys.record(handle.id)  # type: ignore[attr-defined]
         await eventually(lambda: raw_redis.exists(record), lambda n: n == 1)
         assert await handle.result(timeout=20) == 42
         assert await handle.result(timeout=20) == 42  # twice on the same handle
@@ -130,7 +130,7 @@ async def test_a_flood_of_other_completions_pauses_the_pattern_and_waits_still_a
         waiting = asyncio.create_task(pending.result(timeout=30))
         listener = listener_of(producer)
         await eventually(_tick, lambda _: bool(listener._pattern_waiters))
-        keys = producer.broker.keys  # type: ignore[attr-defined]
+        keys = producer.broker.state.keys  # type: ignore[attr-defined]
         for _ in range(20):  # completions nobody here waits for
             await raw_redis.publish(keys.done_channel(uuid.uuid4().hex), b"1")
         await eventually(_tick, lambda _: listener.token() is None)  # paused
@@ -183,7 +183,7 @@ async def test_a_result_too_big_to_push_is_read(
         assert await (await big.enqueue(10)).result(timeout=20) == "x" * 10
         assert await (await big.enqueue(10_000)).result(timeout=20) == "x" * 10_000
         handle = await big.enqueue(20_000)
-        record = producer.broker.keys.record(handle.id)  # type: ignore[attr-defined]
+        record = producer.broker.state.keys.record(handle.id)  # type: ignore[attr-defined]
         await eventually(lambda: raw_redis.exists(record), lambda n: n == 1)
         assert await handle.result(timeout=20) == "x" * 20_000
 
@@ -221,7 +221,7 @@ async def test_a_pool_with_no_free_connection_still_subscribes_and_gets_the_push
         pool = listener._client.connection_pool
         held = await pool.get_connection()  # the pool's only connection
         try:
-            channel = producer.broker.keys.done_channel(uuid.uuid4().hex)  # type: ignore[attr-defined]
+            channel = producer.broker.state.keys.done_channel(uuid.uuid4().hex)  # type: ignore[attr-defined]
             fut = await asyncio.wait_for(listener.subscribe(channel), timeout=15)
             assert listener._pattern_on is not None
             assert listener._pattern_on.done()
@@ -271,7 +271,7 @@ async def test_closing_ends_a_subscribe_left_running_by_a_wait_that_read_its_rec
     double, _, _ = register(producer, consumer)
     async with running(make_worker(consumer, concurrency=4)):
         handle = await double.enqueue(21)  # the producer's first wait: no pattern yet
-        record = producer.broker.keys.record(handle.id)  # type: ignore[attr-defined]
+        record = producer.broker.state.keys.record(handle.id)  # type: ignore[attr-defined]
         await eventually(lambda: raw_redis.exists(record), lambda n: n == 1)
         assert await handle.result(timeout=20) == 42
         await producer.close()
@@ -301,7 +301,7 @@ async def test_closing_the_queue_ends_the_result_waits_in_flight_with_a_broker_e
     double, _, _ = register(producer, consumer)
     handle = await double.enqueue(1)  # no worker runs it
     broker = producer.broker
-    listener: ResultListener = broker._results  # type: ignore[attr-defined]
+    listener: ResultListener = broker.state.conn._results  # type: ignore[attr-defined]
     blocked = [asyncio.create_task(handle.result(timeout=60)) for _ in range(5)]
     blocked.append(asyncio.create_task(producer.get_result(handle.id, timeout=60)))
     await eventually(_tick, lambda _: _registered(listener) == 6)
@@ -315,7 +315,7 @@ async def test_closing_the_queue_ends_the_result_waits_in_flight_with_a_broker_e
     assert listener.waits._active == 0
     assert listener._background == set()
     assert listener._pubsub is None  # no pub/sub connection opened again after the close
-    pool = broker.client.connection_pool  # type: ignore[attr-defined]
+    pool = broker.state.client.connection_pool  # type: ignore[attr-defined]
     assert not any(
         c.is_connected for c in (*pool._available_connections, *pool._in_use_connections)
     )

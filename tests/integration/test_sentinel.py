@@ -316,11 +316,11 @@ async def test_result_pushes_arrive_while_every_pooled_connection_is_busy(
     namespace = f"sentinel-{uuid.uuid4().hex[:8]}"
     producer = Queue(redis_url=sentinels.url("max_connections=1&timeout=60"), namespace=namespace)
     try:
-        listener = producer.broker._results  # type: ignore[attr-defined]
+        listener = producer.broker.state.conn._results  # type: ignore[attr-defined]
         pool = listener._client.connection_pool
         held = await pool.get_connection()
         try:
-            channel = producer.broker.keys.done_channel(uuid.uuid4().hex)  # type: ignore[attr-defined]
+            channel = producer.broker.state.keys.done_channel(uuid.uuid4().hex)  # type: ignore[attr-defined]
             fut = await asyncio.wait_for(listener.subscribe(channel), timeout=15)
             publisher = sentinels.client(sentinels.primary_port())
             await asyncio.to_thread(publisher.publish, channel, b"pushed")

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from blitzq import ConfigurationError, NoRetry, Queue, RetryPolicy, TaskFailed, TaskState
 from blitzq.cli import cli
+from tests.broker_kinds import is_amqp
 
 from . import proc_tasks
 from .proc_tasks import eventually, make_worker, running
@@ -339,20 +340,19 @@ async def test_quorum_queue_delivery_limit_comes_from_max_deliveries(
     first delivery), not SwarmQ's 20: RabbitMQ refuses to redeclare it with 20."""
     import aio_pika
 
-    from blitzq.broker.amqp import AmqpBroker
     from tests.amqp_server import amqp_or_skip, delete_amqp_queues
 
     url = amqp_or_skip()
     queue = Queue("dl", redis_url=server_url, namespace=namespace, amqp_url=url)
     broker = queue.broker
     try:
-        assert isinstance(broker, AmqpBroker)
-        assert broker.amqp.link.arguments()["x-delivery-limit"] == 4
+        assert is_amqp(broker)
+        assert broker.transport.link.arguments()["x-delivery-limit"] == 4
         await queue.send("t.any")  # declares <namespace>.dl
         connection = await aio_pika.connect(url)
         try:
             channel = await connection.channel()
-            args = dict(broker.amqp.link.arguments())
+            args = dict(broker.transport.link.arguments())
             await channel.declare_queue(f"{namespace}.dl", durable=True, arguments=args)
             args["x-delivery-limit"] = 20
             with pytest.raises(aio_pika.exceptions.ChannelPreconditionFailed):

@@ -47,7 +47,7 @@ async def main(url: str, namespace: str, point: str, lease: float, layout: str) 
             die()
 
         pairing.transport.publish = publish  # type: ignore[method-assign]
-        pairing.transport.publish_once = publish  # type: ignore[attr-defined]
+        relay.publish_once = publish  # type: ignore[attr-defined]  # HandoffRelay's (spread)
     else:
         real_release = relay.outbox.release
 

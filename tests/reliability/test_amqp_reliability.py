@@ -18,9 +18,9 @@ import aio_pika
 import pytest
 
 from blitzq import Queue, TaskFailed
-from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.amqp.channels import DEAD_LETTER_SUFFIX, AmqpLink
 from tests.amqp_server import amqp_or_skip
+from tests.broker_kinds import is_amqp
 from tests.polling import wait_until
 
 from .conftest import Harness
@@ -57,7 +57,7 @@ async def _delete(url: str, names: list[str]) -> None:
 def _queue(harness: Harness, max_deliveries: int = 5) -> Queue:
     """The suite's Queue, checked to be on the RabbitMQ transport."""
     queue = harness.queue(vt=VT, max_deliveries=max_deliveries)
-    assert isinstance(asyncio.run(_broker_of(queue)), AmqpBroker)
+    assert is_amqp(asyncio.run(_broker_of(queue)))
     return queue
 
 

@@ -38,7 +38,7 @@ async def test_the_listener_subscribes_again_after_its_connection_is_killed(
         await asyncio.sleep(60)
         return "not cancelled"
 
-    channel = queue.broker.keys.events  # type: ignore[attr-defined]
+    channel = queue.broker.state.keys.events  # type: ignore[attr-defined]
     client = aioredis.Redis.from_url(private_redis.url)
     try:
         async with running(make_worker(queue, concurrency=2)):

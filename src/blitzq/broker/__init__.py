@@ -2,9 +2,10 @@
 
 Two seams: :class:`~blitzq.broker.transport.Transport` (publish, fetch, leases) and
 :class:`~blitzq.broker.state.StateStore` (records, schedule, dead letters, feature state and
-the atomic completion, whose effects are the typed values of :mod:`blitzq.broker.ops`).
+the atomic completion, whose effects are the typed values of :mod:`blitzq.broker.effects`).
 :class:`Broker` (``facade.py``) is the one object the rest of blitzq calls: one transport and
-one state store, composed (``Broker(transport, state)``) and delegated to explicitly; for a
+one state store, composed (``Broker(transport, state)``) and delegated to explicitly, never
+subclassed (the named brokers are factory functions returning one); for a
 store that does not ack its transport, :mod:`blitzq.broker.outbox` (``Outbox``, ``Relay``)
 carries what the store writes into queues to the transport.
 """

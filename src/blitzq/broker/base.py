@@ -1,7 +1,7 @@
 """Import path kept for compatibility: the broker contract now lives in two seams.
 
 See :mod:`blitzq.broker` (the :class:`Broker` facade), :mod:`blitzq.broker.transport` and
-:mod:`blitzq.broker.state`, and :mod:`blitzq.broker.ops` for completion effects.
+:mod:`blitzq.broker.state`, and :mod:`blitzq.broker.effects` for completion effects.
 """
 
 from __future__ import annotations

@@ -1,14 +1,27 @@
 """The broker facade: one :class:`Transport` and one :class:`StateStore`, composed.
 
 :class:`Broker` is the one object the queue, workers, scheduler and CLI call. It holds a
-transport (how messages travel and are leased) and a state store (everything else, and the
-atomic completion) and delegates each method to the one that owns it, explicitly: a method
-here is the seam's method of the same name and signature.
+transport (how messages travel and are leased), a state store (everything else, and the
+atomic completion), the :class:`~blitzq.broker.pairing.Pairing` that joins a completion's
+writes with its ack, and the store's :class:`~blitzq.broker.state.DeadLetterLimits`; it
+delegates each method to the one that owns it, explicitly: a method here is the seam's
+method of the same name and signature. Calls of one role that only the operator tools or one
+component make (the operations role: run-time periodic entries, the autoscale setpoint,
+supervisor status, server facts; task liveness: ``trace_task``, ``keep_running``,
+``cancel_mark``) are not repeated here: their callers use :attr:`Broker.state`. The few calls
+that combine both halves are its own (``prepare_consumer``, ``queue_stats``,
+``purge_queue``, and the relay after ``promote_due``, ``claim_periodic`` and
+``replay_dead_letter``).
+
+:class:`Broker` is never subclassed (``typing.final``): a backend's differences are the
+objects it is composed of, not overrides. The named brokers (``ReliableRedisBroker``,
+``FastRedisBroker``, ``SpreadRedisBroker``, ``AmqpBroker``, ...) are factory functions that
+make the parts and return ``Broker(transport, state, pairing, dead_letter_limits=...)``.
 
 The hot paths are not wrapped: ``publish``, ``fetch`` and ``fetch_first`` are the transport's
 own bound methods, and ``complete`` is the pairing's (the state store's own for a fused pair)
--- set on the instance when it is made
--- so a call costs what the backend's method costs, with no frame in between.
+-- set on the instance when it is made -- so a call costs what the backend's method costs,
+with no frame in between.
 
 Pairing (:mod:`blitzq.broker.pairing`, chosen once at composition). When the state store
 acknowledges the transport's deliveries in the same atomic step as its writes
@@ -18,11 +31,10 @@ its lease), ``complete`` is the store's (``Fused``). Otherwise (a RabbitMQ trans
 Redis state store) ``complete`` applies the completions in the store, then acks the
 deliveries whose completion was applied on the transport (``CommitThenAck``):
 at-least-once, see :meth:`StateStore.complete` for what ``token`` and fencing mean then.
-Such a store is also switched to its outbox (:meth:`StateStore.use_outbox`) and
-:attr:`Broker.relay` publishes what it writes into queues on the transport
-(:mod:`blitzq.broker.outbox`): right after the facade's own ``promote_due``,
-``claim_periodic``, ``replay_dead_letter`` and ``complete``, and in every worker's relay
-loop.
+Such a store was made with an outbox (:attr:`StateStore.outbox`) and :attr:`Broker.relay`
+publishes what it writes into queues on the transport (:mod:`blitzq.broker.outbox`): right
+after the facade's own ``promote_due``, ``claim_periodic``, ``replay_dead_letter`` and
+``complete``, and in every worker's relay loop.
 
 Every pairing passes the contract suite (``tests/contract/``) unchanged; docs/architecture.md
 ("Adding a broker") says which half a new backend implements.
@@ -30,18 +42,33 @@ Every pairing passes the contract suite (``tests/contract/``) unchanged; docs/ar
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Protocol, final
 
-from .browse import BrowseFacade
-from .liveness import LivenessFacade
-from .operations import OperationsFacade
 from .outbox import Relay
 from .pairing import CompleteFn, Pairing, pairing_for
-from .state import DeadLetterFields, Scheduled, StateStore
+from .state import DeadLetterFields, DeadLetterLimits, Scheduled, StateStore
 from .transport import Delivery, Guarantee, Transport
 
+#: Appends encoded messages to a queue (see :meth:`Transport.publish`).
+PublishFn = Callable[[str, Sequence[bytes]], Awaitable[None]]
+#: Takes up to ``count`` messages of one queue (see :meth:`Transport.fetch`).
+FetchFn = Callable[[str, int, float], Awaitable[list[Delivery]]]
 
-class Broker(OperationsFacade, LivenessFacade, BrowseFacade):
+
+class FetchFirstFn(Protocol):
+    """Takes up to ``count`` messages from the first of ``queues`` that has any (see
+    :meth:`Transport.fetch_first`)."""
+
+    def __call__(
+        self, queues: Sequence[str], count: int, timeout: float, *, look_first: bool = True
+    ) -> Awaitable[list[Delivery]]:
+        """See :meth:`Transport.fetch_first`."""
+        ...
+
+
+@final
+class Broker:
     """A transport and a state store behind one object (see the module docstring).
 
     Args:
@@ -50,6 +77,8 @@ class Broker(OperationsFacade, LivenessFacade, BrowseFacade):
         pairing: how a completion's writes and its ack are joined
             (:mod:`blitzq.broker.pairing`); ``None``: chosen by
             :func:`~blitzq.broker.pairing.pairing_for`.
+        dead_letter_limits: the store's dead-letter bounds, settable while the broker runs
+            (``None``: the store has none to set).
 
     Attributes:
         transport: the transport given.
@@ -61,8 +90,16 @@ class Broker(OperationsFacade, LivenessFacade, BrowseFacade):
         relay: the pairing's :class:`~blitzq.broker.outbox.Relay` from the store's outbox to
             the transport (a store that does not ack its deliveries); ``None`` for a fused
             pair.
+        dead_letter_limits: the :class:`~blitzq.broker.state.DeadLetterLimits` given.
     """
 
+    publish: PublishFn
+    """Append encoded messages to a queue: the transport's own :meth:`Transport.publish`."""
+    fetch: FetchFn
+    """Take messages from one queue: the transport's own :meth:`Transport.fetch`."""
+    fetch_first: FetchFirstFn
+    """Take messages from the first queue that has any: the transport's own
+    :meth:`Transport.fetch_first`."""
     complete: CompleteFn
     """Apply a batch of completions and ack their deliveries; return the stale ones (not
     applied). The pairing's (:attr:`pairing`): the store's own ``complete`` when it acks the
@@ -76,40 +113,32 @@ class Broker(OperationsFacade, LivenessFacade, BrowseFacade):
     slot (:func:`~blitzq.broker.redis.homes.homed_id`)."""
 
     def __init__(
-        self, transport: Transport, state: StateStore, pairing: Pairing | None = None
+        self,
+        transport: Transport,
+        state: StateStore,
+        pairing: Pairing | None = None,
+        *,
+        dead_letter_limits: DeadLetterLimits | None = None,
     ) -> None:
         self.transport = transport
         self.state = state
         self.guarantee: Guarantee = transport.guarantee
         self.supports_recovery: bool = transport.supports_recovery
         # The hot paths: the components' bound methods themselves, one call deep.
-        self.publish = transport.publish  # type: ignore[method-assign]
-        self.fetch = transport.fetch  # type: ignore[method-assign]
-        self.fetch_first = transport.fetch_first  # type: ignore[method-assign]
+        self.publish = transport.publish
+        self.fetch = transport.fetch
+        self.fetch_first = transport.fetch_first
         self.result_token: Callable[[], object | None] = state.result_token  # see StateStore
         self.pairing = pairing_for(transport, state) if pairing is None else pairing
         self.complete = self.pairing.complete
         self.relay: Relay | None = self.pairing.relay
+        self.dead_letter_limits = dead_letter_limits
 
     # ============================================================ transport
-    async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
-        """See :meth:`Transport.publish`."""
-        await self.transport.publish(queue, messages)
-
     async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
         """:meth:`Transport.prepare_consumer`, then :meth:`StateStore.remember_queues`."""
         await self.transport.prepare_consumer(queues, consumer)
         await self.state.remember_queues(queues)
-
-    async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
-        """See :meth:`Transport.fetch`."""
-        return await self.transport.fetch(queue, count, timeout)
-
-    async def fetch_first(
-        self, queues: Sequence[str], count: int, timeout: float, *, look_first: bool = True
-    ) -> list[Delivery]:
-        """See :meth:`Transport.fetch_first`."""
-        return await self.transport.fetch_first(queues, count, timeout, look_first=look_first)
 
     async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
         """See :meth:`Transport.heartbeat`."""

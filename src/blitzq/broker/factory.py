@@ -169,7 +169,7 @@ def make_broker(
         dead_letter_limits: ``dead_letter_cap``, ``dead_letter_ttl`` (seconds) and
             ``dead_letter_max_bytes`` of the Queue.
         amqp_url: a URL from :func:`resolve_amqp_url`: messages travel through RabbitMQ
-            (:class:`~blitzq.broker.amqp.AmqpBroker`, at-least-once whatever ``mode``) and
+            (:func:`~blitzq.broker.amqp.AmqpBroker`, at-least-once whatever ``mode``) and
             ``url`` keeps the state.
         max_deliveries: the Queue's ``max_deliveries`` (RabbitMQ's ``x-delivery-limit``).
         visibility_timeout: the Queue's visibility timeout in seconds (RabbitMQ's connection

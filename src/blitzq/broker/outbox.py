@@ -8,10 +8,11 @@ on one connection) those writes *are* publishes. Paired with a transport it does
 (:meth:`~blitzq.broker.state.StateStore.acks` is ``False``: RabbitMQ, or a Redis transport on
 another connection) they would land where that transport never reads.
 
-The facade then asks the store for an :class:`Outbox`
-(:meth:`~blitzq.broker.state.StateStore.use_outbox`): from that moment the store writes
-those messages into per-queue outbox lists, in the same atomic step as before, and a
-:class:`Relay` moves them to :meth:`Transport.publish <blitzq.broker.transport.Transport.publish>`:
+Such a store is made with an :class:`Outbox`
+(:attr:`~blitzq.broker.state.StateStore.outbox`, e.g. ``RedisStateStore(conn,
+outbox=True)``): it writes those messages into per-queue outbox lists, in the same atomic
+step as before, and a :class:`Relay` moves them to :meth:`Transport.publish
+<blitzq.broker.transport.Transport.publish>`:
 
 1. **take** -- atomically move a batch from the head of one queue's outbox to the relay's own
    taken list, with a lease (:meth:`Outbox.take`);

@@ -9,9 +9,9 @@ deep) and :attr:`Pairing.relay`:
   connection, ``complete.lua`` XACKs and fences). ``complete`` is the store's own.
 - :class:`CommitThenAck`: any other pair (RabbitMQ with the Redis state store, a transport on
   another connection). The store applies the completions, then the transport acks the
-  deliveries whose completion was applied: at-least-once. The store is switched to its
-  outbox (:meth:`StateStore.use_outbox`) and :attr:`relay` carries what it writes into queues
-  to the transport.
+  deliveries whose completion was applied: at-least-once. The store was made with an
+  outbox (:attr:`StateStore.outbox`) and :attr:`relay` carries what it writes into queues to
+  the transport.
 - hold-then-commit-then-ack (``redis/spread.py``'s ``SpreadPairing``): as
   :class:`CommitThenAck`, after the transport has kept the deliveries this consumer still
   holds (and renewed their leases): the others are refused whole, as fencing does.
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 
-from .ops import ChordMember, Publish, WorkflowStep
+from .effects import ChordMember, Publish, WorkflowStep
 from .outbox import Outbox, Relay
 from .state import StateStore
 from .transport import Transport
@@ -44,10 +44,13 @@ class Pairing:
             stale completions (not applied).
         relay: the :class:`~blitzq.broker.outbox.Relay` from the store's outbox to the
             transport, or ``None`` (the store writes into the transport's queues itself).
+        fences: whether a completion of a delivery this consumer no longer holds is
+            refused (stale), as :meth:`StateStore.complete` describes.
     """
 
     complete: CompleteFn
     relay: Relay | None = None
+    fences: bool = False
 
 
 class Fused(Pairing):
@@ -56,6 +59,8 @@ class Fused(Pairing):
     Args:
         state: a state store whose :meth:`~StateStore.acks` is ``True`` for the transport.
     """
+
+    fences = True
 
     def __init__(self, state: StateStore) -> None:
         self.complete = state.complete
@@ -67,13 +72,14 @@ class CommitThenAck(Pairing):
     Args:
         transport: the transport whose deliveries are acked (or handed back, see
             :meth:`commit_then_ack`).
-        state: the store; it is switched to its outbox here (:meth:`StateStore.use_outbox`).
+        state: the store, made with the outbox (:attr:`StateStore.outbox`) that the relay
+            carries to the transport (``None``: it writes nothing into queues).
     """
 
     def __init__(self, transport: Transport, state: StateStore) -> None:
         self.transport = transport
         self.state = state
-        outbox = state.use_outbox()
+        outbox = state.outbox
         self.relay = None if outbox is None else self.make_relay(outbox)
         self.complete = self.commit_then_ack
 
@@ -101,7 +107,8 @@ class CommitThenAck(Pairing):
             c if c.token is None and c.fence is None else replace(c, token=None, fence=None)
             for c in completions
         ]
-        stale = await self.state.complete(stripped)
+        # Durable before the ack: a commit a failover loses must not be acknowledged.
+        stale = await self.state.complete_durably(stripped)
         dropped = {id(c) for c in stale}
         tokens: dict[str, list[bytes]] = {}
         refused: list[Completion] = []

@@ -80,6 +80,13 @@ class Transport(abc.ABC):
     deliveries back through it; otherwise such a requeue is a message the state store writes
     (its outbox, relayed)."""
 
+    @property
+    def pool_size(self) -> int | None:
+        """Most connections the client this transport shares with the rest of the broker
+        opens (a worker checks it fits its fetch loops); ``None``: unknown, or connections
+        of the transport's own (RabbitMQ)."""
+        return None
+
     @abc.abstractmethod
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
         """Append encoded messages to the tail of ``queue`` in one round-trip.
@@ -121,6 +128,31 @@ class Transport(abc.ABC):
         still returns at once, earlier queues first, what arrived in between. A transport
         may ignore it.
         """
+
+    shared_block: bool = False
+    """Whether :meth:`block_first` blocks on any number of queues in one command on a
+    connection :meth:`unblock` can wake (then a worker's idle fetch loops share one blocking
+    read: :mod:`blitzq.worker.idle`); otherwise each idle queue blocks on its own."""
+
+    async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
+        """Block up to ``timeout`` seconds on all of ``queues`` at once and return what
+        arrives first: at least one message, at most one per queue, earlier queues first; or
+        nothing at the timeout (or after :meth:`unblock`). Messages waiting already are
+        returned at once. Default: :meth:`fetch_first` of one message, ``look_first=False``.
+        """
+        return await self.fetch_first(queues, 1, timeout, look_first=False)
+
+    async def unblock(self) -> bool:
+        """End a :meth:`block_first` in flight early, taking nothing (it returns empty);
+        ``False`` when there was none to wake or the transport cannot (the read then ends at
+        its timeout). Default: cannot."""
+        return False
+
+    async def occupied(self, queues: Sequence[str]) -> list[str]:
+        """The queues among ``queues`` that may hold a message (waiting or in flight), for
+        :meth:`recover` to skip the empty ones. Default: all of them (one cannot tell
+        cheaply)."""
+        return list(queues)
 
     async def ack(self, queue: str, tokens: Sequence[bytes]) -> None:
         """Acknowledge deliveries of ``queue`` for good: they are never delivered again.

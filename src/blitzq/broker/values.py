@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .ops import Op
+from .effects import Op
 
 __all__ = ["DEAD_LETTER_REASONS", "Completion", "DeadLetterFields", "Scheduled"]
 
@@ -71,7 +71,7 @@ class Completion:
         dead_letter: fields of a dead letter to store, or ``None``.
         requeue: encoded message to put back at the head of ``queue`` now, or ``None``.
         ops: further effects applied in the same atomic step (typed values of
-            :mod:`blitzq.broker.ops`), in order.
+            :mod:`blitzq.broker.effects`), in order.
         fence: the token of the delivery these writes belong to when ``token`` is ``None``
             (a ``running`` record, a unique key freed at start): checked like ``token``
             (see *Fencing* in :meth:`~blitzq.broker.state.StateStore.complete`) but not

@@ -298,7 +298,7 @@ def amqp_of(queue: Queue) -> str | None:
     """The RabbitMQ URL (password masked) of ``queue``'s broker, or ``None`` when its
     messages travel through Redis."""
     if queue._shared_broker is not None:  # a ready broker: its own transport, if any
-        link = getattr(getattr(queue._shared_broker, "amqp", None), "link", None)
+        link = getattr(queue._shared_broker.transport, "link", None)
         url = getattr(link, "url", None)
         return mask_url(url) if isinstance(url, str) else None
     url = queue._amqp_url or config.value("amqp_url")

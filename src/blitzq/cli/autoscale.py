@@ -96,7 +96,7 @@ def scale(app: str | None, minimum: int | None, maximum: int | None, reset: bool
     queue = _target(app)  # after the checks: a refused range loads nothing
     namespace = queue.namespace
     if point is None:
-        removed = run_with_queue(lambda q: q.broker.clear_scale(), queue)
+        removed = run_with_queue(lambda q: q.broker.state.clear_scale(), queue)
         if settings().json:
             emit_json({"namespace": namespace, "setpoint": None, "removed": removed})
         else:
@@ -107,7 +107,7 @@ def scale(app: str | None, minimum: int | None, maximum: int | None, reset: bool
             )
         return
     lo, hi = point
-    run_with_queue(lambda q: q.broker.set_scale(lo, hi), queue)
+    run_with_queue(lambda q: q.broker.state.set_scale(lo, hi), queue)
     if settings().json:
         emit_json({"namespace": namespace, "setpoint": {"min": lo, "max": hi}})
     else:
@@ -123,7 +123,7 @@ def status(app: str | None) -> None:
     blitzq)."""
 
     async def read(q: Queue) -> tuple[tuple[int, int, float] | None, dict[str, bytes]]:
-        return await q.broker.scale(), await q.broker.supervisors()
+        return await q.broker.state.scale(), await q.broker.state.supervisors()
 
     queue = _target(app)
     namespace = queue.namespace

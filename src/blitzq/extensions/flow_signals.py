@@ -21,7 +21,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..broker.ops import ChordMember, WorkflowDone, WorkflowFail
+from ..broker.effects import ChordMember, WorkflowDone, WorkflowFail
 from ..exceptions import BlitzQError, TaskFailed
 from ..serialization import loads
 from .signals import Signal, SignalEvent, Signals

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..broker import Completion
-from ..broker.ops import LockRelease
+from ..broker.effects import LockRelease
 from ..exceptions import BrokerError, ConfigurationError
 from ..options import Option, positive_seconds
 from .middleware import Middleware

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import msgspec
 
 from ..broker import Completion
-from ..broker.ops import UniqueRelease
+from ..broker.effects import UniqueRelease
 from ..exceptions import ConfigurationError
 from ..options import Option, positive_seconds
 from ..serialization import dumps, encode_envelope

@@ -17,8 +17,8 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from ..broker.effects import ChordMember, Op, Publish, WorkflowStep
 from ..broker.factory import resolve_amqp_url
-from ..broker.ops import ChordMember, Op, Publish, WorkflowStep
 from ..broker.redis.keys import GROUP
 from ..client import testmode
 from ..exceptions import TaskCancelled

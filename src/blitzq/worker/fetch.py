@@ -5,8 +5,13 @@ to that many messages from the queue's priority levels (``<q>:high``, ``<q>``, `
 that order) without blocking, and blocks for a single message on all levels at once (at most
 ``block_timeout`` seconds) only when they are empty; what that read returns beyond the slots
 free at that moment is handed back at once, so the worker never holds a message it cannot
-start. Excess work stays in the broker. What is fetched goes to the
-:class:`~blitzq.worker.runner.Runner`, which frees the slots when the run ends.
+start. Excess work stays in the broker. Where the transport can (one server or Sentinel:
+``broker.transport.shared_block``) the idle loops do not block each on its own: they join the
+worker's one blocking read over all their levels (:class:`~blitzq.worker.idle.SharedRead`),
+and a loop whose last shared read brought nothing joins the next without looking first, so
+an idle worker costs one command per ``block_timeout`` whatever the number of its queues.
+What is fetched goes to the :class:`~blitzq.worker.runner.Runner`, which frees the slots
+when the run ends.
 
 While a backlog lasts (the last fetch filled every slot it had, :data:`_OVERLAP_MIN` or
 more), the completions of the batch just started wait for the next fetch to return
@@ -32,6 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..broker import Broker, Delivery
 from ..exceptions import BrokerError
+from .idle import SharedRead
 from .limiter import Slots
 
 if TYPE_CHECKING:
@@ -117,9 +123,19 @@ class Fetcher:
         #: Fetches that returned (or failed), per queue; fetches that returned messages.
         self.done: dict[str, int] = dict.fromkeys(slots, 0)
         self.delivered = 0
+        #: The one blocking read of the idle loops, made by :meth:`start` (``None``: each
+        #: blocks on its own, a transport that cannot share one: a cluster, RabbitMQ).
+        self.shared: SharedRead | None = None
+        #: Queues whose last shared read brought nothing: their next fetch skips the look
+        #: (each looks first at start: a backlog is taken in order, most urgent level first).
+        self._quiet: dict[str, bool] = dict.fromkeys(slots, False)
 
     def start(self) -> None:
         """Start one fetch loop per queue of :attr:`slots`."""
+        if self.broker.transport.shared_block:
+            worker, runner = self.worker, self.runner
+            levels = {q: worker.levels[q] for q in self.slots}
+            self.shared = SharedRead(self.broker, levels, worker.block_timeout, runner.hand_back)
         self._tasks = {
             q: asyncio.create_task(self._loop(q), name=f"blitzq-fetch-{q}") for q in self.slots
         }
@@ -135,6 +151,8 @@ class Fetcher:
         loop holds no message and is cancelled. A fetch still running ``wait`` seconds later
         (a server that stopped answering) is cancelled too.
         """
+        if self.shared is not None:
+            self.shared.stop()  # the blocked read ends at once, taking nothing
         for q, t in self._tasks.items():
             if not self._fetching.get(q):
                 t.cancel()
@@ -281,24 +299,30 @@ class Fetcher:
         loop never waits for a slot while it holds a message: a message it has not started
         is never left here with a lease nobody renews.
         """
-        broker, names = self.broker, self.worker.levels[queue]
-        try:
-            deliveries = await broker.fetch_first(names, n, 0)
-        except BaseException:  # a failed or cancelled fetch holds no slot (shutdown waits on them)
-            slots.release(n)
-            raise
-        if deliveries or self._stop_requested():
-            slots.release(n - len(deliveries))
-            return deliveries
+        broker, names, shared = self.broker, self.worker.levels[queue], self.shared
+        if shared is None or not self._quiet[queue]:
+            try:
+                deliveries = await broker.fetch_first(names, n, 0)
+            except BaseException:  # a failed or cancelled fetch holds no slot (shutdown waits)
+                slots.release(n)
+                raise
+            if deliveries or self._stop_requested():
+                slots.release(n - len(deliveries))
+                return deliveries
         slots.release(n - 1)
         slots.global_limiter.release(1)
         self._release_hold(queue)  # never hold completions while blocked on empty levels
         try:
-            # The levels were empty a moment ago: block at once, one command less per idle
-            # fetch; what arrived meanwhile comes back at once, most urgent level first.
-            deliveries = await broker.fetch_first(
-                names, 1, self.worker.block_timeout, look_first=False
-            )
+            # The levels were empty a moment ago (or at the last shared read): block at once,
+            # one command less per idle fetch; what arrived meanwhile comes back at once,
+            # most urgent level first.
+            if shared is not None:
+                deliveries = await shared.wait(queue)
+                self._quiet[queue] = not deliveries
+            else:
+                deliveries = await broker.fetch_first(
+                    names, 1, self.worker.block_timeout, look_first=False
+                )
         except BaseException:
             slots.release_queue(1)
             raise

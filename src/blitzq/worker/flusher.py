@@ -4,15 +4,19 @@ Completions queue up while one batch is in flight and all go in the next; there 
 at light load a completion costs one round-trip of latency and under heavy load hundreds share
 one. A batch holds at most ``max_batch`` completions and ``max_bytes`` bytes (at least one).
 
-A batch that fails while the server is down, or that it refuses for lack of memory (``OOM`` at
-``maxmemory`` under ``noeviction``), is kept and retried with backoff, never dropped. While
+A batch that fails while the server is down, failing over or starting (a connection error,
+``READONLY``, ``LOADING``, ``MASTERDOWN``, ``CLUSTERDOWN``, ``TRYAGAIN``: whatever node answers
+PING meanwhile), or that it refuses for lack of memory (``OOM`` at ``maxmemory`` under
+``noeviction``), is kept and retried with backoff until it is applied or fenced, never dropped
+and never turned into a failure. While
 that lasts, and while more than :data:`MAX_BACKLOG` completions wait, :attr:`Flusher.writable`
 is clear and the fetch loops fetch nothing (backpressure): the worker takes no work it could
 not record, and its backlog stays bounded (about its concurrency).
 A batch the server *refuses* (an error reply, or a connection it drops while reading a write
 it will not take, such as an argument over its ``proto-max-bulk-len``, while it still answers
-PING) is split: the other completions commit, and a completion refused on its own is
-replaced by a small one that acknowledges the delivery with a ``failed`` record saying why.
+PING: only a batch of :data:`BIG_WRITE` bytes or more can be that) is split: the other
+completions commit, and a completion refused on its own is replaced by a small one that
+acknowledges the delivery with a ``failed`` record saying why.
 
 While the worker fetches from a backlog, the next batch may be *held* until the fetch in
 flight returns (:meth:`Flusher.hold`, at most :data:`MAX_HOLD` seconds): the server then
@@ -34,7 +38,7 @@ from collections.abc import Callable
 
 from .. import records
 from ..broker import Broker, Completion
-from ..broker.ops import Op, op_size
+from ..broker.effects import Op, op_size
 from ..exceptions import BrokerError, describe_error
 from ..limits import COMPLETION_BATCH_BYTES, COMPLETION_BATCH_ITEMS, clip_text
 
@@ -49,6 +53,11 @@ MAX_HOLD = 0.05
 
 #: Completions waiting past which the fetch loops pause until the backlog is written.
 MAX_BACKLOG = 4 * COMPLETION_BATCH_ITEMS
+
+#: Bytes under which no server refuses a write for its size (1 MiB: the smallest
+#: ``proto-max-bulk-len`` and ``client-query-buffer-limit`` Redis allows): a connection
+#: error under a smaller completion batch is the connection's, retried, never a refusal.
+BIG_WRITE = 1 << 20
 
 #: Types of a completion's record whose size ``_take`` reads in place.
 _RECORD_TYPES = frozenset({bytes, type(None)})
@@ -193,7 +202,7 @@ class Flusher:
             try:
                 stale = await self.broker.complete(batch)
             except BrokerError as exc:
-                if await self._retry_later(exc):
+                if await self._retry_later(exc, batch):
                     # The first refusal is logged at WARNING (by _refusing), the retries
                     # of the same outage at DEBUG until a batch is written again.
                     level = logging.DEBUG if self._refused_since is not None else logging.INFO
@@ -257,12 +266,22 @@ class Flusher:
                 c.queue,
             )
 
-    async def _retry_later(self, error: BrokerError) -> bool:
-        """Whether a failed write should wait and go again whole: the server is down, or
-        out of memory (``OOM`` under ``noeviction``: it takes writes again once drained)."""
-        if error.out_of_memory or "OOM " in str(error):
+    async def _retry_later(self, error: BrokerError, part: list[Completion]) -> bool:
+        """Whether a failed write of ``part`` should wait and go again whole, never turning
+        into ``failed`` records: the server is down, out of memory (``OOM`` under
+        ``noeviction``: it takes writes again once drained), failing over or starting
+        (:attr:`~blitzq.BrokerError.unavailable`: ``READONLY``, ``LOADING``, ``CLUSTERDOWN``,
+        ``TRYAGAIN`` ..., whatever answers PING meanwhile), or the connection failed under a
+        write smaller than any server refuses for its size (:data:`BIG_WRITE`). A connection
+        dropped under a bigger write while the server answers PING is a refusal (an
+        argument over ``proto-max-bulk-len``)."""
+        if error.out_of_memory or "OOM " in str(error) or error.unavailable:
             return True
-        return error.transient and not await self._answers()
+        if not error.transient:
+            return False
+        if sum(completion_size(c) for c in part) < BIG_WRITE:
+            return True
+        return not await self._answers()
 
     async def _answers(self) -> bool:
         """Whether the broker answers a PING now (a failed write with a live server means
@@ -295,7 +314,7 @@ class Flusher:
             failure = await self._try(part)
             if failure is None:
                 continue
-            if await self._retry_later(failure):
+            if await self._retry_later(failure, part):
                 self._refusing(failure)
                 for rest in (part, *parts):
                     self._pending.extend(rest)
@@ -344,7 +363,7 @@ class Flusher:
         failure = await self._try([replacement])
         if failure is None:
             return
-        if await self._retry_later(failure):
+        if await self._retry_later(failure, [replacement]):
             self._refusing(failure)
             self._pending.append(replacement)
             return

@@ -5,13 +5,16 @@
   never this worker's: the promoter sleeps the broker-relative remaining seconds until the
   earliest due time, and is woken early when any process schedules an earlier one (a push
   on the namespace's event channel, naming a due time on the broker's clock), so it never
-  polls blindly; a 1 s ceiling covers a lost push.
+  polls blindly; a 5 s ceiling (and a wake-up each time the listener subscribes again)
+  covers a lost push.
 - The event listener follows cancellations as they are published and cancels running tasks
   at once; a full resynchronisation every few seconds (and after each reconnection) covers a
   lost push, cancelling running tasks it finds cancelled. A malformed push is logged and
   skipped; any error makes the listener subscribe again.
 - Maintenance registers the worker and, in reliable mode, renews the leases of running tasks
-  every ``visibility_timeout / 3`` and recovers messages abandoned by dead workers. Between
+  every ``visibility_timeout / 3`` and recovers messages abandoned by dead workers (on the
+  queues that hold any message: one read over all streams finds them,
+  :meth:`~blitzq.broker.transport.Transport.occupied`). Between
   those rounds the registration is written again once a second while the worker's counts
   (running, processed, failed) change, so ``queue stats`` and the dashboard are at most about
   a second behind a busy worker; an idle worker writes nothing more.
@@ -27,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -48,8 +52,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("blitzq.worker")
 
-#: Longest the promoter sleeps without a push (seconds).
-PROMOTER_CEILING = 1.0
+#: Longest the promoter sleeps without a push (seconds): every write to the schedule pushes
+#: its due time on the event channel, so this only bounds the lateness after a lost push
+#: (the listener also wakes the promoter each time it subscribes again).
+PROMOTER_CEILING = 5.0
 #: Messages moved per promote call.
 PROMOTE_BATCH = 1000
 #: Abandoned messages examined per recover call.
@@ -61,6 +67,9 @@ COUNTS_REFRESH = 1.0
 #: Seconds the event listener waits before subscribing again after an error (doubling).
 EVENT_RETRY_MIN = 0.5
 EVENT_RETRY_MAX = 5.0
+#: Seconds between two prunings of the streams' idle consumers (they are pruned after
+#: ``max(600, 10 * visibility_timeout)`` s idle, so this keeps the group bounded).
+PRUNE_EVERY = 300.0
 #: Runs a worker's registration lists at most (``blitzq worker list``).
 REGISTERED_RUNS = 20
 
@@ -234,7 +243,9 @@ class Maintenance:
                 continue
             # ``now`` and ``next_eta`` are both the broker's clock: only their difference
             # (the remaining seconds) is used here, so this worker's clock plays no part.
-            wait = PROMOTER_CEILING
+            # Jittered (80-100 %): in step with the maintenance round, the two would meet
+            # and keep a second pooled connection open for nothing.
+            wait = PROMOTER_CEILING * (0.8 + 0.2 * random.random())
             if next_eta is not None:
                 wait = min(wait, max(0.0, next_eta - now))
             self._next_wake = now + wait
@@ -278,6 +289,7 @@ class Maintenance:
                 logger.exception("event listener failed; subscribing again in %.1f s", backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, EVENT_RETRY_MAX)
+            self._wake.set()  # a schedule push may have been lost meanwhile
             try:
                 await self._sync_revocations()
             except Exception as exc:  # the periodic resynchronisation tries again
@@ -310,6 +322,9 @@ class Maintenance:
             if kind == "handed":  # another worker handed this one a message (unknown.py)
                 if value == self.worker.id:
                     self._handed.set()
+                return
+            if kind == "subscribed":  # a push may have been missed before: look once
+                self._wake.set()
                 return
             if kind == "schedule":
                 eta = float(value)
@@ -377,7 +392,7 @@ class Maintenance:
         queue = worker.queue
         vt = queue.visibility_timeout
         rounds = 0
-        prune_every = max(1, int(60 / self.interval))
+        prune_every = max(1, int(PRUNE_EVERY / self.interval))
         next_sync = time.monotonic() + REVOCATION_SYNC
         while True:
             try:  # alone: a refused registration (server out of memory) must not stop renewals
@@ -401,10 +416,14 @@ class Maintenance:
                 if broker.supports_recovery:
                     for q in worker.physical_queues:
                         tokens = worker.running_tokens(q)
-                        if tokens:
+                        if tokens:  # renewals only for the leases this worker holds
                             await broker.heartbeat(q, tokens)
+                    # Only a queue that holds a message can hold an abandoned one: one read
+                    # over all (an idle worker's round costs one command, not one per queue).
+                    for q in await broker.transport.occupied(worker.physical_queues):
                         await self._recover(q, vt)
-                        if rounds % prune_every == 0:
+                    if rounds % prune_every == 0:
+                        for q in worker.physical_queues:
                             await self._prune(q, vt)
                 rounds += 1
             except BrokerError as exc:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..broker import Completion
-from ..broker.ops import Progress
+from ..broker.effects import Progress
 from ..exceptions import BrokerError
 from ..progress import decode_progress, encode_progress
 

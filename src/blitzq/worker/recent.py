@@ -2,7 +2,7 @@
 
 A run that ends for good (not a retry, not a requeue) leaves ``"<state>\\n<task>\\n<task_id>"``
 in :class:`EndNotes`, which writes what piled up once a second
-(:meth:`~blitzq.broker.Broker.add_ended`: ``recent.lua``, ZADD, a cut to the newest
+(:meth:`~blitzq.broker.state.BrowseState.add_ended`: ``recent.lua``, ZADD, a cut to the newest
 ``recent_index``, EXPIRE ``result_ttl``, one call per queue), off the completions' path: a
 run costs a list append. Before the worker's maintenance starts the writes and after it
 stopped them (a graceful shutdown's last runs), a note rides in the run's completion
@@ -105,7 +105,7 @@ class EndNotes:
             by_queue.setdefault(queue, []).append(member)
         now = time.time()
         for queue, members in by_queue.items():
-            await broker.add_ended(queue, members, now, self.cap, self.ttl)
+            await broker.state.add_ended(queue, members, now, self.cap, self.ttl)
 
     async def loop(self) -> None:
         """Write the pending notes every :data:`FLUSH_EVERY` seconds until cancelled, and

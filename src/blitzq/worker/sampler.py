@@ -139,14 +139,14 @@ class Sampler:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.interval)
             with contextlib.suppress(BlitzQError, TimeoutError):
-                await asyncio.wait_for(queue.broker.unpublish_supervisor(self.id), 5.0)
+                await asyncio.wait_for(queue.broker.state.unpublish_supervisor(self.id), 5.0)
         finally:
             with contextlib.suppress(BlitzQError):
                 await queue.close()
 
     async def _sample(self, queue: Queue) -> tuple[Sample, str | None]:
         broker = queue.broker
-        setpoint = await broker.scale()
+        setpoint = await broker.state.scale()
         pids = self._processes()
         busy: dict[int, bool] = {}
         names: set[str] = set(self.queues or ())
@@ -186,5 +186,5 @@ class Sampler:
             "at": time.time(),
         }
         ttl = 3 * self.interval + 5.0
-        await broker.publish_supervisor(self.id, json.dumps(status).encode(), ttl)
+        await broker.state.publish_supervisor(self.id, json.dumps(status).encode(), ttl)
         return sample, mode

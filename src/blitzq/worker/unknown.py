@@ -271,7 +271,9 @@ async def take_handed(worker: Handed, slots: Mapping[str, Slots]) -> int:
     """
     runner, taken = worker.runner, 0
     start = runner.admission.start
-    for queue in worker.physical_queues:
+    # A handed entry is still in its stream: only a queue holding a message can have one
+    # (one read over all streams, not one script per queue each round).
+    for queue in await worker.broker.transport.occupied(worker.physical_queues):
         held = slots[base_queue(queue)]
         while not _stopping(worker):
             n = await held.reserve(HANDED_BATCH)

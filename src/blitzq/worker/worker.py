@@ -384,7 +384,7 @@ class Worker:
         self.broker: Broker = self.queue.broker
         broker = self.broker
         await check_eviction(broker, strict=self.strict_memory_policy)
-        size = getattr(broker, "pool_size", None)
+        size = broker.transport.pool_size
         if size is not None and size < MIN_POOL_CONNECTIONS:
             # The events listener holds one connection for good and the fetch loops, flusher
             # and maintenance need the others: below this nothing is ever fetched.

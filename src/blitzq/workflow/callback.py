@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from ..broker.ops import ChordMember
+from ..broker.effects import ChordMember
 from ..exceptions import SerializationError
 from ..serialization import Envelope, decode_envelope, dumps, encode_envelope
 

@@ -2,7 +2,7 @@
 
 Nothing coordinates a workflow from outside. Each step's message carries, in its ``flow``
 field, what comes after it; when a step ends for good, a finisher (:func:`finish_step`,
-registered on every task) turns that into completion effects (:mod:`blitzq.broker.ops`)
+registered on every task) turns that into completion effects (:mod:`blitzq.broker.effects`)
 applied atomically *with the ack*:
 
 - more steps in its chain: ``WorkflowStep`` publishes the next step's message (with the
@@ -37,7 +37,14 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from ..broker import Completion
-from ..broker.ops import ChordMember, Op, WorkflowDone, WorkflowFail, WorkflowStart, WorkflowStep
+from ..broker.effects import (
+    ChordMember,
+    Op,
+    WorkflowDone,
+    WorkflowFail,
+    WorkflowStart,
+    WorkflowStep,
+)
 from ..context import NO_RESULT
 from ..envelope_checks import value_size
 from ..exceptions import ConfigurationError, ResultTooLarge, SerializationError, describe_error

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _checks
 from ..broker import Completion
-from ..broker.ops import WorkflowFail
+from ..broker.effects import WorkflowFail
 from ..client import testmode
 from ..client.sync import blocking
 from ..exceptions import (

@@ -4,7 +4,8 @@
 ``channels.py`` (the connection, channels and quorum-queue declarations), ``closing.py`` (a
 connection the server closed: one warning, fetches woken), ``custody.py``
 (long-held deliveries kept by the state store; RabbitMQ's dead letters drained into the
-store's) and ``broker.py`` (:class:`AmqpBroker`: the pairing a ``Queue(amqp_url=...)`` uses).
+store's) and ``broker.py`` (:func:`AmqpBroker`: the factory of the pairing a ``Queue(amqp_url=...)``
+uses).
 Needs the ``amqp`` extra (``pip install -e '.[amqp]'`` in the checkout: aio-pika).
 """
 

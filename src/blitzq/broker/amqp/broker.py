@@ -1,7 +1,8 @@
 """The RabbitMQ pairing: :class:`~.transport.AmqpTransport` with the Redis state store.
 
-:class:`AmqpBroker` is ``Broker(AmqpTransport(...), RedisStateStore(conn))`` with ``conn`` a
-:class:`~blitzq.broker.redis.connection.RedisConnection` of kind ``"l"``: records, results,
+:func:`AmqpBroker` makes ``Broker(AmqpTransport(...), RedisStateStore(conn, outbox=True))``
+with ``conn`` a :class:`~blitzq.broker.redis.connection.RedisConnection` of kind ``"l"``:
+records, results,
 the schedule, dead letters and workflow/unique/lock/rate/progress state stay on Redis (or the
 embedded or ``memory://`` Valkey); messages travel through RabbitMQ. The store does not ack
 RabbitMQ deliveries (:meth:`~blitzq.broker.state.StateStore.acks` is ``False``), so the facade
@@ -16,7 +17,8 @@ from __future__ import annotations
 
 from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
 from ..facade import Broker
-from ..redis.connection import DEFAULT_DEAD_LETTER_CAP, DeadLetterLimits, RedisConnection
+from ..pairing import CommitThenAck
+from ..redis.connection import DEFAULT_DEAD_LETTER_CAP, RedisConnection, RedisDeadLetterLimits
 from ..redis.store import RedisStateStore
 from .channels import heartbeat_for
 from .custody import Custody
@@ -25,7 +27,18 @@ from .transport import AmqpTransport
 __all__ = ["AmqpBroker"]
 
 
-class AmqpBroker(DeadLetterLimits, Broker):
+def AmqpBroker(
+    amqp_url: str,
+    redis_url: str,
+    namespace: str,
+    *,
+    max_deliveries: int = 5,
+    prefetch: int | None = None,
+    dead_letter_cap: int = DEFAULT_DEAD_LETTER_CAP,
+    dead_letter_ttl: int = DEFAULT_DEAD_LETTER_TTL,
+    dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
+    visibility_timeout: float | None = None,
+) -> Broker:
     """RabbitMQ delivery with the Redis state store.
 
     Args:
@@ -42,52 +55,36 @@ class AmqpBroker(DeadLetterLimits, Broker):
             derived from it (``channels.heartbeat_for``), so RabbitMQ takes back a frozen
             worker's deliveries after about that long; ``None``: aio-pika's 60 s heartbeat.
 
-    Attributes:
-        conn: the state store's Redis connection (kind ``"l"``).
-        kind: ``"s"``, the origin its dead letters record (``DeadLetter.mode`` "reliable":
-            RabbitMQ delivery is at-least-once); the store's own queue writes go to its
-            outbox, relayed to RabbitMQ (:mod:`blitzq.broker.outbox`).
+    Returns:
+        A :class:`~blitzq.broker.Broker` whose ``transport`` is the
+        :class:`~.transport.AmqpTransport` and whose ``state`` is the Redis state store
+        (connection ``state.conn``, kind ``"l"``), made with its outbox: what it writes into
+        queues is relayed to RabbitMQ (:mod:`blitzq.broker.outbox`), and its dead letters
+        record the origin ``"s"`` (``DeadLetter.mode`` "reliable": RabbitMQ delivery is
+        at-least-once).
 
     Raises:
         ConfigurationError: a bad query parameter in ``redis_url``.
     """
-
-    kind = "s"
-
-    def __init__(
-        self,
-        amqp_url: str,
-        redis_url: str,
-        namespace: str,
-        *,
-        max_deliveries: int = 5,
-        prefetch: int | None = None,
-        dead_letter_cap: int = DEFAULT_DEAD_LETTER_CAP,
-        dead_letter_ttl: int = DEFAULT_DEAD_LETTER_TTL,
-        dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
-        visibility_timeout: float | None = None,
-    ) -> None:
-        conn = RedisConnection(
-            redis_url,
-            namespace,
-            dead_letter_cap=dead_letter_cap,
-            dead_letter_ttl=dead_letter_ttl,
-            dead_letter_max_bytes=dead_letter_max_bytes,
-            kind="l",
-        )
-        store = RedisStateStore(conn)
-        custody = Custody(conn, store)
-        heartbeat = None if visibility_timeout is None else heartbeat_for(visibility_timeout)
-        transport = AmqpTransport(
-            amqp_url,
-            namespace,
-            max_deliveries=max_deliveries,
-            prefetch=prefetch,
-            custody=custody,
-            heartbeat=heartbeat,
-        )
-        custody.transport = transport
-        super().__init__(transport, store)
-        self.conn = conn
-        self.amqp: AmqpTransport = transport
-        self.url = conn.url
+    conn = RedisConnection(
+        redis_url,
+        namespace,
+        dead_letter_cap=dead_letter_cap,
+        dead_letter_ttl=dead_letter_ttl,
+        dead_letter_max_bytes=dead_letter_max_bytes,
+        kind="l",
+    )
+    store = RedisStateStore(conn, outbox=True)
+    custody = Custody(conn, store)
+    heartbeat = None if visibility_timeout is None else heartbeat_for(visibility_timeout)
+    transport = AmqpTransport(
+        amqp_url,
+        namespace,
+        max_deliveries=max_deliveries,
+        prefetch=prefetch,
+        custody=custody,
+        heartbeat=heartbeat,
+    )
+    custody.transport = transport
+    pairing = CommitThenAck(transport, store)
+    return Broker(transport, store, pairing, dead_letter_limits=RedisDeadLetterLimits(conn))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiormq
 import redis.exceptions
@@ -40,11 +40,8 @@ from ..redis.client import translate_errors
 from ..redis.connection import RedisConnection
 from ..state import StateStore
 from ..values import Completion, DeadLetterFields
-from .channels import DELIVERIES, header_int, settle, translate
-
-if TYPE_CHECKING:
-    from .transport import AmqpTransport
-
+from .channels import DELIVERIES, AmqpLink, header_int, settle, translate
+from .deliveries import Consumer, Held
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
@@ -59,6 +56,21 @@ def _error(deliveries: int, limit: int) -> str:
     )
 
 
+class Kept(Protocol):
+    """What custody reads and calls of the transport whose deliveries it keeps
+    (:class:`~.transport.AmqpTransport`), so it needs no import of the transport."""
+
+    link: AmqpLink
+    held: dict[bytes, Held]
+    consumers: dict[str, Consumer]
+
+    async def publish_with(self, queue: str, messages: Sequence[bytes], deliveries: int) -> None:
+        """Publish ``messages`` on ``queue`` as delivered ``deliveries`` times before."""
+
+    def forget_lost(self, queue: str) -> int:
+        """Drop the unacked deliveries of ``queue`` whose connection is gone."""
+
+
 class Custody:
     """The state store's custody of long-held deliveries (see the module docstring).
 
@@ -67,7 +79,8 @@ class Custody:
         store: the state store, which writes dead letters and their records.
 
     Attributes:
-        transport: the transport whose deliveries it keeps (set by the transport).
+        transport: the transport whose deliveries it keeps (:class:`Kept`), given by the
+            broker once both are made (``broker.py``).
     """
 
     def __init__(self, conn: RedisConnection, store: StateStore) -> None:
@@ -75,7 +88,7 @@ class Custody:
         self.keys = conn.keys
         self.client: Any = conn.client
         self.store = store
-        self.transport: AmqpTransport | None = None
+        self.transport: Kept | None = None
         self._lease = 60.0
         self._store_lost = False
 

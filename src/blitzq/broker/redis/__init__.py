@@ -2,7 +2,9 @@
 
 Each broker is a :class:`~blitzq.broker.Broker` of a Redis transport (:class:`StreamsTransport`
 or :class:`ListsTransport`) and the :class:`RedisStateStore`, sharing one
-:class:`RedisConnection`; a transport of another backend pairs with the same store.
+:class:`RedisConnection`, made by the factory functions :func:`ReliableRedisBroker`,
+:func:`FastRedisBroker` and :func:`RedisBroker`; a transport of another backend pairs with
+the same store (made with its outbox).
 """
 
 from .common import RedisBroker

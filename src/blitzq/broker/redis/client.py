@@ -46,8 +46,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import (
     AskError,
+    BusyLoadingError,
     ClusterError,
     OutOfMemoryError,
+    ReadOnlyError,
     RedisClusterException,
     RedisError,
     SlotNotCoveredError,
@@ -273,6 +275,9 @@ def pool_size(client: Any) -> int | None:
 REDIS_ERRORS = (RedisError, OSError, RedisClusterException)
 #: Cluster errors that trying again may cure: a slot moving or a cluster failing over.
 _CLUSTER = (ClusterError, AskError, TryAgainError, SlotNotCoveredError)
+#: Error replies of a server that is switching roles or starting (``BrokerError.unavailable``):
+#: the same command succeeds, unchanged, once it is over.
+_SWITCHING = ("READONLY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY ", "MOVED")
 
 
 async def pubsub_send(command: Awaitable[Any]) -> Any:
@@ -302,14 +307,21 @@ def broker_error(exc: BaseException) -> BrokerError:
         again may succeed (a connection error, a timeout, an ``OSError``, a cluster's
         ``MOVED``/``ASK`` past the redirect limit, ``TRYAGAIN``, ``CLUSTERDOWN``) and not when the
         server refused the command (a ``ResponseError``: a script error, ``OOM``, ``NOPERM``...),
-        ``out_of_memory`` for ``OOM`` (the same write succeeds once memory is freed).
-        Raise it ``from exc``.
+        ``out_of_memory`` for ``OOM`` (the same write succeeds once memory is freed),
+        ``unavailable`` (and transient) for a server or cluster failing over or starting
+        (``READONLY``, ``LOADING``, ``MASTERDOWN``, ``CLUSTERDOWN``, ``TRYAGAIN``, ``BUSY``, a
+        slot moving). Raise it ``from exc``.
     """
     if isinstance(exc, BrokerError):
         return exc
     transient = isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError, *_CLUSTER))
     oom = isinstance(exc, OutOfMemoryError) or str(exc).startswith("OOM ")
-    return BrokerError(f"{type(exc).__name__}: {exc}", transient, out_of_memory=oom)
+    unavailable = isinstance(exc, (_CLUSTER, BusyLoadingError, ReadOnlyError)) or str(
+        exc
+    ).startswith(_SWITCHING)
+    return BrokerError(
+        f"{type(exc).__name__}: {exc}", transient, out_of_memory=oom, unavailable=unavailable
+    )
 
 
 async def wrong_type(client: Any, key: str, want: str, queue: str) -> BrokerError:

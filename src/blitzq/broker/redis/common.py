@@ -1,36 +1,75 @@
 """The Redis brokers: a Redis transport and the Redis state store on one connection.
 
-:class:`RedisBroker` makes one :class:`~.connection.RedisConnection` and composes the mode's
-transport (``streams.py`` or ``lists.py``) with the :class:`~.store.RedisStateStore` on it, in
-the facade :class:`~blitzq.broker.Broker`; ``reliable.py`` and ``fast.py`` name the two
-pairings. The same pairing by hand::
+:func:`fused_broker` composes the mode's transport on a :class:`~.connection.RedisConnection`
+(``streams.py`` for kind ``"s"``, ``lists.py`` for ``"l"``) with the
+:class:`~.store.RedisStateStore` on the same connection, handed the transport's lease
+identity, in the facade :class:`~blitzq.broker.Broker` with the ``Fused`` pairing;
+:func:`RedisBroker` makes the connection first. ``reliable.py`` and ``fast.py`` name the two
+modes. The same composition by hand::
 
     conn = RedisConnection(url, namespace, kind="s")
-    broker = Broker(StreamsTransport(conn), RedisStateStore(conn))
+    transport = StreamsTransport(conn)
+    state = RedisStateStore(conn, lease=transport.lease)
+    broker = Broker(transport, state, dead_letter_limits=RedisDeadLetterLimits(conn))
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Literal
 
 import redis.asyncio as aioredis
 
+from ...exceptions import ConfigurationError
 from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
 from ..facade import Broker
+from ..pairing import Fused
 from ..transport import Transport
-from .connection import DEFAULT_DEAD_LETTER_CAP, DeadLetterLimits, RedisConnection
+from .connection import DEFAULT_DEAD_LETTER_CAP, RedisConnection, RedisDeadLetterLimits
+from .lists import ListsTransport
 from .store import RedisStateStore
+from .streams import StreamsTransport
 
-__all__ = ["DEFAULT_DEAD_LETTER_CAP", "RedisBroker"]
+__all__ = ["DEFAULT_DEAD_LETTER_CAP", "RedisBroker", "fused_broker"]
 
 
-class RedisBroker(DeadLetterLimits, Broker):
-    """A Redis transport and the Redis state store sharing one connection.
+def fused_broker(conn: RedisConnection) -> Broker:
+    """The Redis transport of ``conn``'s kind and the Redis state store on ``conn``, fused
+    (``complete.lua`` acks and fences the transport's deliveries with the writes).
+
+    Args:
+        conn: the connection both halves share (kind ``"s"``: streams, ``"l"``: lists).
+
+    Returns:
+        ``Broker(transport, RedisStateStore(conn, lease=...), Fused(...))`` with the
+        connection's dead-letter bounds as its ``dead_letter_limits``.
+    """
+    transport: Transport
+    if conn.kind == "s":
+        streams = StreamsTransport(conn)
+        transport, state = streams, RedisStateStore(conn, lease=streams.lease)
+    else:
+        transport, state = ListsTransport(conn), RedisStateStore(conn)
+    return Broker(transport, state, Fused(state), dead_letter_limits=RedisDeadLetterLimits(conn))
+
+
+def RedisBroker(
+    url: str,
+    namespace: str,
+    *,
+    mode: Literal["reliable", "fast"] = "reliable",
+    dead_letter_cap: int = DEFAULT_DEAD_LETTER_CAP,
+    client: aioredis.Redis | None = None,
+    dead_letter_ttl: int = DEFAULT_DEAD_LETTER_TTL,
+    dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
+    listener_client: aioredis.Redis | None = None,
+) -> Broker:
+    """A Redis transport and the Redis state store sharing one new connection
+    (:func:`fused_broker`).
 
     Args:
         url: a ``redis://``, ``rediss://`` or ``unix://`` URL.
         namespace: key namespace; every key is prefixed ``{namespace}:``.
+        mode: ``"reliable"`` (streams, at-least-once) or ``"fast"`` (lists, at-most-once).
         dead_letter_cap: dead letters kept before the oldest are dropped.
         client: an existing ``redis.asyncio.Redis`` to use instead of ``url`` (not closed by
             the broker).
@@ -40,57 +79,23 @@ class RedisBroker(DeadLetterLimits, Broker):
         listener_client: a client of the result listener's own (see
             :class:`~.connection.RedisConnection`), closed by the broker.
 
-    Attributes:
-        conn: the shared :class:`~.connection.RedisConnection`; ``url``, ``keys``, ``client``
-            and ``kind`` are its own.
+    Returns:
+        A :class:`~blitzq.broker.Broker`; its ``state.conn`` is the shared connection.
 
     Raises:
-        ConfigurationError: a query parameter of ``url`` has an invalid value.
+        ConfigurationError: a query parameter of ``url`` has an invalid value, or an
+            unknown ``mode``.
     """
-
-    transport_class: ClassVar[Callable[[RedisConnection], Transport]]
-    """Makes the mode's transport on the connection (``StreamsTransport``, ``ListsTransport``)."""
-    kind: ClassVar[str]
-    """``"s"`` (streams) or ``"l"`` (lists): the connection's kind for this mode."""
-
-    def __init__(
-        self,
-        url: str,
-        namespace: str,
-        *,
-        dead_letter_cap: int = DEFAULT_DEAD_LETTER_CAP,
-        client: aioredis.Redis | None = None,
-        dead_letter_ttl: int = DEFAULT_DEAD_LETTER_TTL,
-        dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
-        listener_client: aioredis.Redis | None = None,
-    ) -> None:
-        conn = RedisConnection(
-            url,
-            namespace,
-            dead_letter_cap=dead_letter_cap,
-            client=client,
-            dead_letter_ttl=dead_letter_ttl,
-            dead_letter_max_bytes=dead_letter_max_bytes,
-            kind=self.kind,
-            listener_client=listener_client,
-        )
-        super().__init__(type(self).transport_class(conn), RedisStateStore(conn))
-        self.conn = conn
-        self.url = conn.url
-        self.keys = conn.keys
-        self.client: Any = conn.client
-        self._results = conn._results
-
-    @property
-    def pool_size(self) -> int | None:
-        """Most connections this broker opens (``max_connections``), ``None`` when unknown."""
-        return self.conn.pool_size
-
-    async def ping(self) -> None:
-        """Raise BrokerError unless the server answers PING (one PING: both halves share
-        the connection)."""
-        await self.conn.ping()
-
-    async def close(self) -> None:
-        """Close the shared connection once (see :meth:`.RedisConnection.close`)."""
-        await self.conn.close()
+    if mode not in ("reliable", "fast"):
+        raise ConfigurationError(f"mode must be 'reliable' or 'fast', not {mode!r}")
+    conn = RedisConnection(
+        url,
+        namespace,
+        dead_letter_cap=dead_letter_cap,
+        client=client,
+        dead_letter_ttl=dead_letter_ttl,
+        dead_letter_max_bytes=dead_letter_max_bytes,
+        kind="s" if mode == "reliable" else "l",
+        listener_client=listener_client,
+    )
+    return fused_broker(conn)

@@ -1,7 +1,7 @@
 """The encoding of a batch of completions for ``lua/complete.lua``.
 
 :func:`encode_batch` turns the :class:`~blitzq.broker.values.Completion` values of a batch
-(and their typed effects, encoded by :func:`~blitzq.broker.ops.encode_op`) into the entries
+(and their typed effects, encoded by :func:`~blitzq.broker.effects.encode_op`) into the entries
 that travel as one MessagePack argument; :meth:`~.store.RedisStateStore.complete` sends
 them in one script call. Building a handful of arguments per completion in redis-py cost
 more than the whole server-side work; so does a Python call per record, which the ``"R"``
@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from ..ops import encode_op
+from ..effects import encode_op
 from ..values import Completion
 
 __all__ = ["encode_batch", "encode_entries"]

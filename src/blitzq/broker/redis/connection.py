@@ -2,7 +2,7 @@
 
 :class:`RedisConnection` is made once per broker and handed to both halves: the transport
 (``streams.py`` or ``lists.py``) and the state store (``store.py``, composed of role objects:
-``records.py``, ``schedule.py``, ``dead_letters.py``, ``control.py``, ``registry.py``,
+``records.py``, ``schedule.py``, ``dead_letters.py``, ``control_state.py``, ``registry.py``,
 ``operator_state.py``). The transport and each role object derive from :class:`RedisPart`,
 which reads the connection's client, key table, scripts and listener as its own attributes.
 Every Redis command blitzq sends lives under this package.
@@ -10,17 +10,19 @@ Every Redis command blitzq sends lives under this package.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from ...exceptions import ConfigurationError
 from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
+from .blocking import BlockingReads
 from .client import bad_url, make_client, max_block, pool_size, translate_errors
 from .cluster import is_cluster, node_of
 from .cluster_scripts import ClusterScripts
 from .keys import Keys
-from .results import ResultListener
+from .result_listener import ResultListener
 from .scripts import Scripts
 
 #: Dead letters kept per namespace before the oldest are dropped.
@@ -29,6 +31,23 @@ DEFAULT_DEAD_LETTER_CAP = 100_000
 
 def _raw(response: Any, **_: Any) -> Any:
     return response
+
+
+@dataclass(slots=True)
+class LeaseIdentity:
+    """Who holds a streams transport's leases: this process's consumer name in the groups.
+
+    A :class:`~.streams.StreamsTransport` makes one (its ``lease``) and names it in
+    ``prepare_consumer``; a :class:`~.store.RedisStateStore` that acks that transport's
+    deliveries is given the same object when it is made (``RedisStateStore(conn,
+    lease=transport.lease)``) and fences its completions and progress on it. Nothing else
+    writes it, and a store given none fences nothing.
+
+    Attributes:
+        consumer: the consumer name (``"unnamed"`` until ``prepare_consumer``).
+    """
+
+    consumer: str = "unnamed"
 
 
 class RedisConnection:
@@ -48,7 +67,7 @@ class RedisConnection:
             ``url`` (not closed by the broker).
         kind: ``"s"`` (streams) or ``"l"`` (lists): where the transport on this connection
             keeps a queue's messages. The state store's scripts write there too (a
-            promotion, a ``publish`` effect, a requeue) and fence by it (streams only).
+            promotion, a ``publish`` effect, a requeue) unless it was made with an outbox.
         listener_client: a client for the result listener alone (its pub/sub connection and
             the record reads of result waits), closed with this connection: an
             application's injected ``client`` then carries plain commands only
@@ -57,10 +76,6 @@ class RedisConnection:
     Raises:
         ConfigurationError: a query parameter of ``url`` has an invalid value.
     """
-
-    consumer: str = ""
-    """This process's consumer name in the streams' group, set by the streams transport's
-    ``prepare_consumer`` and read by the state store's fencing (reliable mode)."""
 
     def __init__(
         self,
@@ -96,12 +111,15 @@ class RedisConnection:
         self.cluster = is_cluster(client)
         #: Longest BLOCK a blocking read may ask for: under the socket timeout (None: any).
         self.max_block = max_block(client)
+        #: The idle worker's one blocking read, on a held connection it can wake
+        #: (``blocking.py``); ``None`` on a cluster (one pool per node: a block per queue).
+        self.blocking: BlockingReads | None = None if self.cluster else BlockingReads(client)
         for command in ("XREADGROUP", "XAUTOCLAIM", "BLMPOP", "LPOP"):
             self.client.set_response_callback(command, _raw)
         #: Runs the Lua scripts (EVALSHA, reloaded on NOSCRIPT): see scripts.py; on a
         #: cluster node by node, never across a slot migration (cluster_scripts.py).
         self.scripts = ClusterScripts(self.client) if self.cluster else Scripts(self.client)
-        # One completion pattern per process on a single server (see results.py); a cluster
+        # One completion pattern per process on a single server (see result_listener.py); a cluster
         # client subscribes channel by channel.
         done = None if self.cluster else self.keys.done_channel("")
         #: A client of the result listener's own, closed with this connection (``None``:
@@ -144,6 +162,8 @@ class RedisConnection:
         (and the connection reconnects on its next command).
         """
         await self._results.close()
+        if self.blocking is not None:
+            await self.blocking.close()
         if self.listener_client is not None:
             await self.listener_client.aclose()
         if self.owns_client:
@@ -172,9 +192,10 @@ class RedisPart:
         self._results = conn._results
 
     @property
-    def consumer(self) -> str:
-        """This process's consumer name (see :attr:`RedisConnection.consumer`)."""
-        return self.conn.consumer
+    def pool_size(self) -> int | None:
+        """Most connections the shared client opens (``max_connections``), ``None`` when
+        unknown."""
+        return self.conn.pool_size
 
     @property
     def dead_letter_cap(self) -> int:
@@ -209,35 +230,41 @@ class RedisPart:
         await self.conn.close()
 
 
-class DeadLetterLimits:
-    """The dead-letter bounds of a broker whose state store is on :attr:`conn`, as settable
-    attributes of the broker (the contract suite and ``Queue`` set them there)."""
+class RedisDeadLetterLimits:
+    """The dead-letter bounds of a Redis state store, read and set on its connection: the
+    :class:`~blitzq.broker.state.DeadLetterLimits` role of a broker
+    (``Broker.dead_letter_limits``; the contract suite sets them there).
 
-    conn: RedisConnection
+    Args:
+        conn: the state store's connection.
+    """
+
+    def __init__(self, conn: RedisConnection) -> None:
+        self.conn = conn
 
     @property
-    def dead_letter_cap(self) -> int:
+    def cap(self) -> int:
         """Dead letters kept before the oldest are dropped (settable)."""
         return self.conn.dead_letter_cap
 
-    @dead_letter_cap.setter
-    def dead_letter_cap(self, value: int) -> None:
+    @cap.setter
+    def cap(self, value: int) -> None:
         self.conn.dead_letter_cap = value
 
     @property
-    def dead_letter_ttl(self) -> int:
+    def ttl(self) -> int:
         """Seconds a dead letter is kept (settable)."""
         return self.conn.dead_letter_ttl
 
-    @dead_letter_ttl.setter
-    def dead_letter_ttl(self, value: int) -> None:
+    @ttl.setter
+    def ttl(self, value: int) -> None:
         self.conn.dead_letter_ttl = int(value)
 
     @property
-    def dead_letter_max_bytes(self) -> int:
+    def max_bytes(self) -> int:
         """Total bytes of dead letters kept before the oldest are dropped (settable)."""
         return self.conn.dead_letter_max_bytes
 
-    @dead_letter_max_bytes.setter
-    def dead_letter_max_bytes(self, value: int) -> None:
+    @max_bytes.setter
+    def max_bytes(self, value: int) -> None:
         self.conn.dead_letter_max_bytes = value

@@ -7,19 +7,15 @@ reliable mode).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import ClassVar
+from typing import Any
 
-from ..transport import Transport
+from ..facade import Broker
 from .common import RedisBroker
-from .connection import RedisConnection
-from .lists import ListsTransport
 
 __all__ = ["FastRedisBroker"]
 
 
-class FastRedisBroker(RedisBroker):
-    """At-most-once broker on Redis lists. See :class:`~.common.RedisBroker` for arguments."""
-
-    transport_class: ClassVar[Callable[[RedisConnection], Transport]] = ListsTransport
-    kind: ClassVar[str] = "l"
+def FastRedisBroker(url: str, namespace: str, **settings: Any) -> Broker:
+    """The at-most-once broker on Redis lists: :func:`~.common.RedisBroker` in mode
+    ``"fast"`` (see it for ``settings`` and the errors raised)."""
+    return RedisBroker(url, namespace, mode="fast", **settings)

@@ -11,12 +11,19 @@ from __future__ import annotations
 
 from ..transport import Delivery
 from .client import translate_errors
-from .connection import RedisPart
+from .connection import LeaseIdentity, RedisPart
 from .keys import GROUP
 
 
 class HandOver(RedisPart):
     """The streams transport's hand-over of deliveries between consumers of its group."""
+
+    lease: LeaseIdentity
+
+    @property
+    def consumer(self) -> str:
+        """This process's consumer name in the groups (the transport's :attr:`lease`)."""
+        return self.lease.consumer
 
     @translate_errors
     async def hand_over(self, queue: str, token: bytes, consumer: str, ttl: float) -> bool:

@@ -35,26 +35,28 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
 
 from redis.exceptions import ResponseError
 
 from ...serialization import envelope_head
-from ..outbox import Outbox, Relay
+from ..outbox import Relay
 from ..state import StateStore
+from ..transport import Transport
 from ..values import Completion, DeadLetterFields
 from .client import translate_errors
 from .connection import RedisConnection
 from .outbox import RedisOutbox
 from .store import RedisStateStore
 
-if TYPE_CHECKING:
-    from .spread import SpreadStreamsTransport
-
 logger = logging.getLogger("blitzq.broker")
 
 #: The transport's check of held deliveries: ``(queue, tokens)`` -> the tokens still held.
 Held = Callable[[str, Sequence[bytes]], Awaitable[set[bytes]]]
+
+#: The transport's idempotent publish of a relay batch: ``(queue, batch id, taken at,
+#: messages)`` -> messages added, 0 when published before, -1 when too old
+#: (``SpreadStreamsTransport.publish_once``).
+PublishOnce = Callable[[str, str, float, Sequence[bytes]], Awaitable[int]]
 
 #: Seconds a batch may be published after its first take (5 relay leases of 60 s).
 MAX_AGE = 300
@@ -144,12 +146,15 @@ class HandoffRelay(Relay):
     Args:
         outbox: the store's :class:`SpreadOutbox`.
         transport: the spread layout's streams transport.
+        publish_once: its idempotent publish of a batch (:data:`PublishOnce`).
     """
 
-    def __init__(self, outbox: SpreadOutbox, transport: SpreadStreamsTransport) -> None:
+    def __init__(
+        self, outbox: SpreadOutbox, transport: Transport, publish_once: PublishOnce
+    ) -> None:
         super().__init__(outbox, transport)
         self._handoff = outbox
-        self._spread = transport
+        self.publish_once = publish_once
 
     async def drain(self, queues: Iterable[str] | None = None) -> int:
         """See :meth:`Relay.drain`; each batch goes through take, ``publish_once`` (nothing
@@ -168,7 +173,7 @@ class HandoffRelay(Relay):
                     if taken is None:
                         break
                     target, batch, taken_at, messages = taken
-                    added = await self._spread.publish_once(target, batch, taken_at, messages)
+                    added = await self.publish_once(target, batch, taken_at, messages)
                     if added < 0:
                         await outbox.expire(target, batch, messages)
                     await outbox.release(self.id)
@@ -193,11 +198,15 @@ class SpreadStateStore(RedisStateStore):
     """
 
     outbox: SpreadOutbox
-    """The store's outbox, once :meth:`use_outbox` was called (by the facade)."""
+    """The store's outbox (it is always made with one)."""
 
     def __init__(self, conn: RedisConnection, held: Held) -> None:
-        super().__init__(conn)
+        super().__init__(conn, outbox=True)
         self.held = held
+
+    def make_outbox(self) -> SpreadOutbox:
+        """A :class:`SpreadOutbox` (batches with ids, for :class:`HandoffRelay`)."""
+        return SpreadOutbox(self.conn, self)
 
     async def set_progress(
         self, task_id: str, data: bytes, at: float, ttl: int, fence: tuple[str, bytes] | None = None
@@ -207,13 +216,6 @@ class SpreadStateStore(RedisStateStore):
         if fence is not None and not await self.held(fence[0], [fence[1]]):
             return False
         return await self.records.set_progress(task_id, data, at, ttl)
-
-    def use_outbox(self) -> Outbox:
-        """See :meth:`RedisStateStore.use_outbox`; the outbox is a :class:`SpreadOutbox`
-        (also kept as :attr:`outbox`)."""
-        super().use_outbox()
-        self.outbox = SpreadOutbox(self.conn, self)
-        return self.outbox
 
     @translate_errors
     async def count_stale(self, n: int) -> None:

@@ -24,12 +24,12 @@ import msgspec
 
 from ...limits import NOTIFY_INLINE_MAX
 from ...routing import base_queue
-from ..ops import Progress
+from ..effects import Progress
 from ..values import Completion
 from .client import translate_errors
 from .completion import encode_batch, encode_entries
 from .connection import RedisConnection
-from .handoff import SpreadStateStore
+from .handoff import Held, SpreadStateStore
 from .keys import GROUP, Keys, glob_escape
 
 __all__ = [
@@ -163,14 +163,15 @@ def homeless(c: Completion) -> bool:
 
 
 async def complete_in(
-    conn: RedisConnection, home: Keys, completions: Sequence[Completion]
+    conn: RedisConnection, consumer: str, home: Keys, completions: Sequence[Completion]
 ) -> list[Completion]:
     """Apply ``completions`` in one ``complete.lua`` call whose prefix is ``home``'s (a
     queue's tag): acks and fences of their stream entries (the queue's streams), records,
     requeues onto the same queue and progress, atomically, on the queue's shard.
 
     Args:
-        conn: the connection of the streams transport (its consumer name fences).
+        conn: the connection of the streams transport.
+        consumer: its consumer name (``transport.lease.consumer``), which fences.
         home: the keys of the queue's tag (:meth:`HomedKeys.home_keys`).
         completions: completions of queues of that tag whose own keys are homed there, with
             no namespace-wide writes (:func:`homeless` is ``False``).
@@ -193,7 +194,7 @@ async def complete_in(
             conn.dead_letter_ttl,
             conn.dead_letter_max_bytes,
             NOTIFY_INLINE_MAX,
-            conn.consumer,
+            consumer,
             "1",  # quiet: a record is announced only to a waiter (HomedKeys.waiter)
         ],
     )
@@ -214,11 +215,9 @@ class HomedStateStore(SpreadStateStore):
 
     keys: HomedKeys
 
-    def _write_to(self, kind: str) -> None:
-        """See :meth:`RedisStateStore._write_to`; a wait on a homed record announces itself
-        first (:meth:`announce`)."""
-        super()._write_to(kind)
-        self.records.announce = self.announce
+    def __init__(self, conn: RedisConnection, held: Held) -> None:
+        super().__init__(conn, held)
+        self.records.announce = self.announce  # a wait on a homed record announces itself
 
     @translate_errors
     async def announce(self, task_id: str, seconds: float) -> None:
@@ -259,7 +258,8 @@ class HomedStateStore(SpreadStateStore):
                 spaced.append(rest)
         stale = await super().complete(spaced) if spaced else []
         for home, parts in homes.items():
-            await complete_in(self.conn, keys.home_keys(home), parts)
+            # No token in these parts (the pairing acks): the consumer name fences nothing.
+            await complete_in(self.conn, "", keys.home_keys(home), parts)
         return [originals.get(id(c), c) for c in stale]
 
     @translate_errors

@@ -113,6 +113,34 @@ class ListsTransport(RedisPart, Transport):
         queue = queues[[k.encode() for k in keys].index(reply[0])]
         return [Delivery(queue, None, item, 1) for item in reply[1]]
 
+    @property
+    def shared_block(self) -> bool:  # type: ignore[override]
+        """Whether :meth:`block_first` may cover many lists (single server or Sentinel)."""
+        return self.conn.blocking is not None
+
+    @translate_errors
+    async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
+        """One ``BLMPOP ... COUNT 1`` over the lists of ``queues`` (it pops from the first
+        non-empty one), on the held connection :meth:`unblock` can wake (``blocking.py``,
+        whose reads a pause cannot drop); elsewhere :meth:`fetch_first`'s blocking pop."""
+        blocking = self.conn.blocking
+        if blocking is None:
+            return await self.fetch_first(queues, 1, timeout, look_first=False)
+        keys = [self.keys.list(q) for q in queues]
+        block = self.block_for(timeout)
+        reply = await blocking.run(
+            "BLMPOP", block, len(keys), *keys, "LEFT", "COUNT", 1, block=block
+        )
+        if not reply:
+            return []
+        queue = queues[[k.encode() for k in keys].index(reply[0])]
+        return [Delivery(queue, None, item, 1) for item in reply[1]]
+
+    async def unblock(self) -> bool:
+        """Wake the :meth:`block_first` in flight (``CLIENT UNBLOCK``; it pops nothing)."""
+        blocking = self.conn.blocking
+        return False if blocking is None else await blocking.unblock()
+
     @translate_errors
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
         """Waiting messages per queue (fast mode has nothing in flight in Redis)."""

@@ -1,15 +1,15 @@
 """The Redis state store's outbox: what it writes into queues when its transport is foreign.
 
 :class:`RedisOutbox` is the :class:`~blitzq.broker.outbox.Outbox` of a
-:class:`~.store.RedisStateStore` switched to outbox mode
-(:meth:`~.store.RedisStateStore.use_outbox`, called by the facade for a transport the store
-does not ack). The store's scripts then write every message they would have pushed onto a
-stream or list (a promotion, a requeue, a ``publish`` / workflow / chord effect, a replay, a
-periodic claim) to ``{ns}:outbox:<queue>`` and name the queue in ``{ns}:outboxes``
-(``lua/outbox.lua``), in the same script as the state change. A relay takes batches from
-there (``lua/outbox_take.lua``: to ``{ns}:relay:<relay_id>``, leased in ``{ns}:relays``),
-publishes them on the transport and releases them; ``lua/outbox_restore.lua`` puts back the
-batch of a relay whose lease lapsed.
+:class:`~.store.RedisStateStore` made with ``outbox=True`` (for a transport the store does
+not ack: the choice is made once, when the store is made). The store's scripts then write
+every message they would have pushed onto a stream or list (a promotion, a requeue, a
+``publish`` / workflow / chord effect, a replay, a periodic claim) to
+``{ns}:outbox:<queue>`` and name the queue in ``{ns}:outboxes`` (``lua/outbox.lua``), in the
+same script as the state change. A relay takes batches from there (``lua/outbox_take.lua``:
+to ``{ns}:relay:<relay_id>``, leased in ``{ns}:relays``), publishes them on the transport
+and releases them; ``lua/outbox_restore.lua`` puts back the batch of a relay whose lease
+lapsed.
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ those names, so a new redis-py release that moves them is seen by ``make test-la
 
 from __future__ import annotations
 
+import asyncio
 import codecs
+import time
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -59,6 +61,13 @@ def missing_internals(
 
 _INTERNALS_OK = not missing_internals()
 
+#: Seconds a pooled connection may sit unused, beyond the one most recently used, before the
+#: pool closes it: a burst of concurrent commands (a busy spell, a worker's start) opens
+#: connections an idle process then holds for nothing (issue 25: an idle worker holds its
+#: blocking read's, its pub/sub listener's and one more). ``health_check_interval`` would
+#: PING such a connection before reusing it anyway.
+IDLE_CLOSE = 30.0
+
 
 class BoundedPool(aioredis.BlockingConnectionPool):
     """redis-py's blocking pool with a fast path when nobody waits.
@@ -83,6 +92,9 @@ class BoundedPool(aioredis.BlockingConnectionPool):
         self._lean = _lean_path_allowed(self.connection_kwargs)
         self._fast = _INTERNALS_OK
         self.connection_class = direct_write(self.connection_class)
+        #: When each available connection was last given back (``time.monotonic()``), by id.
+        self._idle_since: dict[int, float] = {}
+        self._closing: set[asyncio.Task[Any]] = set()
 
     def _nobody_waits(self) -> bool:
         if not self._fast:
@@ -107,7 +119,12 @@ class BoundedPool(aioredis.BlockingConnectionPool):
         return await super().get_connection()  # type: ignore[no-untyped-call]
 
     async def release(self, connection: Any) -> None:
-        """Return ``connection``; wake a queued caller if there is one."""
+        """Return ``connection``; wake a queued caller if there is one. Closes the least
+        recently used available connection once it sat unused :data:`IDLE_CLOSE` seconds
+        (the most recently used one always stays)."""
+        if self._fast:
+            self._idle_since[id(connection)] = time.monotonic()
+            self._close_idle()
         if self._nobody_waits():
             if self._lean and not _reconnect_due(connection):
                 self._in_use_connections.remove(connection)
@@ -116,6 +133,27 @@ class BoundedPool(aioredis.BlockingConnectionPool):
             await aioredis.ConnectionPool.release(self, connection)
         else:
             await super().release(connection)
+
+    def _closed(self, task: asyncio.Task[Any]) -> None:
+        self._closing.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a failed close of an unused connection is no error
+
+    def _close_idle(self) -> None:
+        """Close the available connection unused longest if it sat :data:`IDLE_CLOSE` s
+        (connections are taken last in, first out: that one is the bottom of the list)."""
+        available = self._available_connections
+        if not available:
+            return
+        oldest = available[0]
+        since = self._idle_since.get(id(oldest))
+        if since is None or time.monotonic() - since < IDLE_CLOSE:
+            return
+        available.pop(0)
+        del self._idle_since[id(oldest)]
+        task = asyncio.get_running_loop().create_task(oldest.disconnect())
+        self._closing.add(task)
+        task.add_done_callback(self._closed)
 
 
 class _DirectWrite:

@@ -116,7 +116,7 @@ class Popper:
         conn = await pool.get_connection()
         try:
             return await conn.retry.call_with_retry(
-                lambda: _send_and_read(conn, args, block + max(timeout, REPLY_WAIT)),
+                lambda: send_and_read(conn, args, block + max(timeout, REPLY_WAIT)),
                 lambda _error: conn.disconnect(),
             )
         finally:
@@ -127,7 +127,10 @@ class Popper:
         return await self._client.script_load(source)
 
 
-async def _send_and_read(conn: Any, args: tuple[Any, ...], budget: float) -> Any:
+async def send_and_read(conn: Any, args: tuple[Any, ...], budget: float) -> Any:
+    """Send ``args`` on connection ``conn`` and read its raw reply, within ``budget`` seconds
+    of the event loop's running time (see :class:`_Deadline`); past it the connection is
+    closed and :class:`redis.exceptions.TimeoutError` raised."""
     await conn.send_command(*args)
     loop = asyncio.get_running_loop()
     try:

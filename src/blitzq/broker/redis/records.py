@@ -1,6 +1,6 @@
 """The Redis state store's reads and waits: records, workflow state, progress.
 
-A wait subscribes on the shared listener (``results.py``) and re-reads every second, so a
+A wait subscribes on the shared listener (``result_listener.py``) and re-reads every second, so a
 lost push costs a second, never a result; every wait is bounded by its timeout plus
 :data:`WAIT_GRACE` whatever the network does.
 """
@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ...exceptions import BrokerError
 from ..state import RecordsState
 from .client import REDIS_ERRORS, broker_error, translate_errors
-from .connection import RedisPart
+from .connection import LeaseIdentity, RedisConnection, RedisPart
 from .keys import GROUP
 
 if TYPE_CHECKING:
-    from .results import ResultListener
+    from .result_listener import ResultListener
 
 R = TypeVar("R")
 
@@ -70,14 +70,21 @@ class RedisRecords(RedisPart, RecordsState):
 
     Args:
         conn: the store's connection.
-        kind: the store's write kind: progress is fenced and a task traced in its stream
-            only with ``"s"`` (a streams transport on this connection).
+        kind: the store's write kind: a task is traced in its stream only with ``"s"`` (a
+            streams transport on this connection).
+        lease: the lease identity of the streams transport whose deliveries the store acks
+            (:class:`~.connection.LeaseIdentity`): progress with a ``fence`` is stored only
+            while that consumer holds the delivery; ``None``: progress is never fenced.
     """
 
     announce: Callable[[str, float], Awaitable[None]] | None = None
     """Called with a task id and the seconds left once a wait on its record is subscribed,
     before it reads again: the spread layout marks the wait (``homes.py``); ``None``: a
     completion always publishes."""
+
+    def __init__(self, conn: RedisConnection, kind: str, lease: LeaseIdentity | None) -> None:
+        super().__init__(conn, kind)
+        self.lease = lease
 
     # --------------------------------------------------------------- progress
     @translate_errors
@@ -94,9 +101,9 @@ class RedisRecords(RedisPart, RecordsState):
         keys = self.keys
         script_keys = [keys.progress(task_id)]
         args: list[Any] = [repr(float(at)), data, ttl, keys.progress_channel(task_id)]
-        if fence is not None and self.kind == "s":
+        if fence is not None and self.lease is not None:
             script_keys.append(keys.stream(fence[0]))
-            args += (GROUP, self.consumer, fence[1])
+            args += (GROUP, self.lease.consumer, fence[1])
         done = await self.scripts.call("progress", keys=script_keys, args=args)
         return bool(done)
 
@@ -291,7 +298,7 @@ class RedisRecords(RedisPart, RecordsState):
         return int(await self.scripts.call("keep_running", keys=keys, args=[ttl]))
 
     def result_token(self) -> object | None:
-        """The result listener's mark (see ``results.py``, vouched waits), or ``None``."""
+        """The result listener's mark (see ``result_listener.py``, vouched waits), or ``None``."""
         return self._results.token()
 
     async def wait_for_record(

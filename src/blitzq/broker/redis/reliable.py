@@ -2,25 +2,21 @@
 
 See ``streams.py`` for the delivery (consumer groups, leases, recovery) and ``store.py`` for
 the state; ``complete.lua`` acks a stream entry in the same script as the completion's
-writes, fenced by its lease.
+writes, fenced by its lease (the transport's lease identity, handed to the store when it is
+made: ``common.fused_broker``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import ClassVar
+from typing import Any
 
-from ..transport import Transport
+from ..facade import Broker
 from .common import RedisBroker
-from .connection import RedisConnection
-from .streams import StreamsTransport
 
 __all__ = ["ReliableRedisBroker"]
 
 
-class ReliableRedisBroker(RedisBroker):
-    """At-least-once broker on Redis Streams. See :class:`~.common.RedisBroker` for
-    arguments."""
-
-    transport_class: ClassVar[Callable[[RedisConnection], Transport]] = StreamsTransport
-    kind: ClassVar[str] = "s"
+def ReliableRedisBroker(url: str, namespace: str, **settings: Any) -> Broker:
+    """The at-least-once broker on Redis Streams: :func:`~.common.RedisBroker` in mode
+    ``"reliable"`` (see it for ``settings`` and the errors raised)."""
+    return RedisBroker(url, namespace, mode="reliable", **settings)

@@ -12,9 +12,11 @@ URL grammar (``[...]`` optional, ``,``-separated sentinels, default port 26379):
 - ``wait_replicas`` (an integer ``>= 1``) and ``wait_timeout`` (seconds, ``> 0``, default
   0.5, under ``socket_timeout``): each single write command of the broker (a script call,
   ``XADD``, ``RPUSH``/``LPUSH``: an enqueue, a completion) is followed by ``WAIT
-  <wait_replicas> <wait_timeout>`` in the same round trip, and fails with
-  :class:`~blitzq.BrokerError` (transient) when fewer replicas acknowledged it in time: a
-  write a failover could lose is reported instead of acknowledged. Off by default.
+  <n> <wait_timeout>`` in the same round trip, ``n`` the least of ``wait_replicas`` and the
+  replicas connected to the primary (``ROLE``, read at most every second), and fails with
+  :class:`~blitzq.BrokerError` (transient) when fewer acknowledged it in time: a write a
+  failover could lose is reported instead of acknowledged (a worker's completion is then
+  retried, and its delivery acknowledged only with it). Off by default.
 - Every other query parameter is a pool or connection option of a ``redis://`` URL
   (``max_connections``, ``timeout``, ``socket_timeout``...: ``client.py``); the sentinels
   use the same ``socket_timeout`` and ``socket_connect_timeout``, cut to 1 s and 0.5 s
@@ -41,6 +43,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
@@ -64,6 +68,13 @@ DEFAULT_SENTINEL_PORT = 26379
 MASTER_CHECK_INTERVAL = 1.0
 #: Seconds ``WAIT`` waits for the replicas by default (with ``wait_replicas``).
 DEFAULT_WAIT_TIMEOUT = 0.5
+#: Seconds between two reads of the primary's connected replicas (with ``wait_replicas``).
+REPLICAS_CHECK = 1.0
+#: Set (by ``RedisStateStore.complete_durably``) while a write must be waited for by the
+#: replicas that exist even without ``wait_replicas``: a commit a foreign transport acks next.
+durable_writes: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "blitzq_durable_writes", default=False
+)
 
 #: Query parameters meant for the sentinels, not the Redis server.
 _SENTINEL_OPTIONS = ("sentinel_password", "sentinel_username")
@@ -271,6 +282,16 @@ class ReplicatedRedis(aioredis.Redis):
     """A client whose single write commands (:data:`_WAITED`) are each followed by ``WAIT``
     in the same round trip, when :attr:`wait_replicas` is set.
 
+    A write waits for ``min(wait_replicas, replicas connected)``: the replicas that exist;
+    a completion committed for a foreign transport's ack (:data:`durable_writes`) waits for
+    at least one even without ``wait_replicas``. The
+    primary's connected replicas are read (``ROLE``) at most every :data:`REPLICAS_CHECK`
+    seconds, and again after a write that fewer acknowledged than asked. So after a failover,
+    while the new primary has no replica yet (until Sentinel turns the old primary into one,
+    about 10 s), writes go unwaited instead of each blocking ``wait_timeout`` and failing: a
+    worker's completions and lease renewals go on (no lease lapses because a ``WAIT`` blocked,
+    no recovery storm), durable on every replica there is.
+
     Attributes:
         wait_replicas: replicas that must acknowledge each write (0: no WAIT).
         wait_timeout: seconds the WAIT lasts at most.
@@ -278,24 +299,43 @@ class ReplicatedRedis(aioredis.Redis):
 
     wait_replicas: int = 0
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT
+    #: Replicas connected to the primary at the last look, and when (``time.monotonic()``).
+    _present: int | None = None
+    _present_at: float = 0.0
+
+    async def replicas(self) -> int:
+        """Replicas connected to the primary (``ROLE``; read at most every
+        :data:`REPLICAS_CHECK` seconds): 0 when the server is not a primary."""
+        now = time.monotonic()
+        if self._present is None or now - self._present_at >= REPLICAS_CHECK:
+            role = await super().execute_command("ROLE")  # type: ignore[no-untyped-call]
+            kind = role[0].decode() if isinstance(role[0], bytes) else str(role[0])
+            self._present = len(role[2]) if kind == "master" and len(role) > 2 else 0
+            self._present_at = now
+        return self._present
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         """Run one command; a waited write raises :class:`~blitzq.BrokerError` (transient)
-        when fewer than :attr:`wait_replicas` replicas acknowledged it in time."""
-        if not self.wait_replicas or str(args[0]).upper() not in _WAITED:
+        when fewer of the replicas that exist (up to :attr:`wait_replicas`) acknowledged it
+        in time."""
+        asked = self.wait_replicas or (1 if durable_writes.get() else 0)
+        if not asked or str(args[0]).upper() not in _WAITED:
+            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        wanted = min(asked, await self.replicas())
+        if not wanted:  # no replica to wait for: durable on all there are
             return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
         pipe = self.pipeline(transaction=False)
         try:
             pipe.execute_command(*args, **options)
-            pipe.execute_command("WAIT", self.wait_replicas, int(self.wait_timeout * 1000))
+            pipe.execute_command("WAIT", wanted, int(self.wait_timeout * 1000))
             reply, acknowledged = await pipe.execute()
         finally:
             await pipe.reset()  # type: ignore[no-untyped-call]
-        if int(acknowledged) < self.wait_replicas:
+        if int(acknowledged) < wanted:
+            self._present = None  # a replica may have gone: look again at the next write
             raise BrokerError(
                 f"{args[0]} was applied by the primary but acknowledged by {acknowledged} of "
-                f"{self.wait_replicas} replica(s) within {self.wait_timeout} s: a failover "
-                "may lose it"
+                f"{wanted} replica(s) within {self.wait_timeout} s: a failover may lose it"
             )
         return reply
 
@@ -353,11 +393,13 @@ __all__ = [
     "DEFAULT_WAIT_TIMEOUT",
     "FAILOVER_SECONDS",
     "MASTER_CHECK_INTERVAL",
+    "REPLICAS_CHECK",
     "SCHEME",
     "BoundedSentinelPool",
     "FailoverConnection",
     "ReplicatedRedis",
     "SentinelURL",
+    "durable_writes",
     "make_sentinel_client",
     "parse_sentinel_url",
 ]

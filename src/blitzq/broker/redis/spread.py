@@ -58,10 +58,12 @@ from ..state import StateStore
 from ..values import Completion, DeadLetterFields
 from .client import bad_url, make_client, translate_errors
 from .cluster import is_cluster, split_layout
-from .connection import DEFAULT_DEAD_LETTER_CAP, DeadLetterLimits, RedisConnection
-from .handoff import HandoffRelay
+from .common import fused_broker
+from .connection import DEFAULT_DEAD_LETTER_CAP, RedisConnection, RedisDeadLetterLimits
+from .handoff import MARK_TTL, MAX_AGE, HandoffRelay
 from .homes import HomedKeys, HomedStateStore, complete_in, homed_id, homeless, split_home
 from .keys import GROUP, Keys
+from .reliable import ReliableRedisBroker
 from .streams import StreamsTransport
 
 __all__ = [
@@ -70,6 +72,7 @@ __all__ = [
     "SpreadRedisBroker",
     "SpreadStreamsTransport",
     "reliable_broker",
+    "spread_broker",
 ]
 
 #: Reason and error of a dead letter recovery writes (the same as ``recover.lua``'s).
@@ -187,8 +190,6 @@ class SpreadStreamsTransport(StreamsTransport):
             Messages added; 0 when the batch was published before; -1 when it is older than
             :data:`~.handoff.MAX_AGE` (refused: its mark may be gone).
         """
-        from .handoff import MARK_TTL, MAX_AGE
-
         return int(
             await self.scripts.call(
                 "handoff_publish",
@@ -198,11 +199,40 @@ class SpreadStreamsTransport(StreamsTransport):
         )
 
 
-class SpreadRedisBroker(DeadLetterLimits, Broker):
-    """Reliable mode on the spread layout (see the module docstring): a
-    :class:`SpreadStreamsTransport` with each queue in its own slot and the Redis state store
-    in the namespace's slot (but the homed tasks' own keys, in their queue's), sharing one
-    client; it generates homed task ids (``task_ids``: :func:`~.homes.homed_id`).
+def spread_broker(conn: RedisConnection) -> Broker:
+    """Reliable mode on the spread layout over ``conn``'s client (see the module docstring):
+    a :class:`SpreadStreamsTransport` with each queue in its own slot (its own connection,
+    :class:`SpreadKeys`, on the same client) and the :class:`~.homes.HomedStateStore` on
+    ``conn`` (keys under ``{ns}``, but a homed task's own under its queue's tag), joined by
+    :class:`SpreadPairing`; the broker generates homed task ids (``task_ids``:
+    :func:`~.homes.homed_id`).
+
+    Args:
+        conn: the state store's connection (any kind: the store writes to its outbox); its
+            ``keys`` become :class:`~.homes.HomedKeys`.
+    """
+    conn.keys = HomedKeys(conn.keys.namespace)  # a homed id's own keys in its queue's slot
+    transport_conn = RedisConnection(conn.url, conn.keys.namespace, client=conn.client, kind="s")
+    transport_conn.keys = SpreadKeys(conn.keys.namespace)
+    transport = SpreadStreamsTransport(transport_conn)
+    store = HomedStateStore(conn, transport.held)
+    transport.store = store  # recovery dead-letters in the store
+    pairing = SpreadPairing(transport, store)
+    broker = Broker(transport, store, pairing, dead_letter_limits=RedisDeadLetterLimits(conn))
+    broker.task_ids = homed_id
+    return broker
+
+
+def SpreadRedisBroker(
+    url: str,
+    namespace: str,
+    *,
+    dead_letter_cap: int = DEFAULT_DEAD_LETTER_CAP,
+    client: aioredis.Redis | None = None,
+    dead_letter_ttl: int = DEFAULT_DEAD_LETTER_TTL,
+    dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
+) -> Broker:
+    """Reliable mode on the spread layout (:func:`spread_broker`) on a new connection.
 
     Args:
         url: a Redis Cluster node's URL (any URL of a Redis server works: a single server
@@ -213,62 +243,27 @@ class SpreadRedisBroker(DeadLetterLimits, Broker):
         dead_letter_ttl: seconds a dead letter is kept.
         dead_letter_max_bytes: total bytes of dead letters kept.
 
-    Attributes:
-        conn: the state store's connection (:class:`~.homes.HomedKeys`: keys under ``{ns}``,
-            a homed task's own under its queue's tag); ``keys``, ``client`` and ``url`` are
-            its own.
-        transport_conn: the transport's connection (same client, :class:`SpreadKeys`).
-        kind: ``"s"``, the origin its dead letters record (``DeadLetter.mode`` "reliable").
+    Returns:
+        A :class:`~blitzq.broker.Broker`: ``transport`` the :class:`SpreadStreamsTransport`
+        (its connection ``transport.conn``, :class:`SpreadKeys`), ``state`` the
+        :class:`~.homes.HomedStateStore` (``state.conn``, keys under ``{ns}`` but a homed
+        task's own under its queue's tag, sharing the client), ``pairing`` a
+        :class:`SpreadPairing` (it fences, as on one slot), ``task_ids``
+        :func:`~.homes.homed_id`.
 
     Raises:
         ConfigurationError: a query parameter of ``url`` has an invalid value.
     """
-
-    kind = "s"
-
-    def __init__(
-        self,
-        url: str,
-        namespace: str,
-        *,
-        dead_letter_cap: int = DEFAULT_DEAD_LETTER_CAP,
-        client: aioredis.Redis | None = None,
-        dead_letter_ttl: int = DEFAULT_DEAD_LETTER_TTL,
-        dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
-    ) -> None:
-        conn = RedisConnection(
-            url,
-            namespace,
-            dead_letter_cap=dead_letter_cap,
-            client=client,
-            dead_letter_ttl=dead_letter_ttl,
-            dead_letter_max_bytes=dead_letter_max_bytes,
-            kind="l",  # the store in outbox mode writes no list: kind "o" once paired
-        )
-        conn.keys = HomedKeys(namespace)  # a homed id's own keys in its queue's slot
-        self.conn = conn
-        self.transport_conn = RedisConnection(url, namespace, client=conn.client, kind="s")
-        self.transport_conn.keys = SpreadKeys(namespace)
-        transport = SpreadStreamsTransport(self.transport_conn)
-        self.store = HomedStateStore(conn, transport.held)
-        transport.store = self.store  # recovery dead-letters in the store
-        super().__init__(transport, self.store, SpreadPairing(transport, self.store))
-        self.spread: SpreadStreamsTransport = transport
-        self.task_ids = homed_id
-        self.url = conn.url
-        self.keys = conn.keys
-        self.client: Any = conn.client
-
-    @property
-    def fences(self) -> bool:
-        """``True``: a completion of a delivery this consumer lost is refused (``hold.lua``
-        before the store applies it), as on one slot."""
-        return True
-
-    @property
-    def pool_size(self) -> int | None:
-        """Most connections this broker opens (``max_connections``), ``None`` when unknown."""
-        return self.conn.pool_size
+    conn = RedisConnection(
+        url,
+        namespace,
+        dead_letter_cap=dead_letter_cap,
+        client=client,
+        dead_letter_ttl=dead_letter_ttl,
+        dead_letter_max_bytes=dead_letter_max_bytes,
+        kind="l",  # the store is made with its outbox: it writes no list
+    )
+    return spread_broker(conn)
 
 
 class SpreadPairing(CommitThenAck):
@@ -287,11 +282,12 @@ class SpreadPairing(CommitThenAck):
 
     Args:
         transport: the spread layout's streams transport.
-        state: its state store (switched to its outbox here).
+        state: its state store (made with its :class:`~.handoff.SpreadOutbox`).
     """
 
     transport: SpreadStreamsTransport
     state: HomedStateStore
+    fences = True
 
     def __init__(self, transport: SpreadStreamsTransport, state: HomedStateStore) -> None:
         super().__init__(transport, state)
@@ -299,7 +295,7 @@ class SpreadPairing(CommitThenAck):
 
     def make_relay(self, outbox: Outbox) -> Relay:
         """A :class:`~.handoff.HandoffRelay` from the store's :class:`~.handoff.SpreadOutbox`."""
-        return HandoffRelay(self.state.outbox, self.transport)
+        return HandoffRelay(self.state.outbox, self.transport, self.transport.publish_once)
 
     async def hold_then_commit(self, completions: Sequence[Completion]) -> list[Completion]:
         """Apply the colocated completions in their queue's slot (``homes.complete_in``: one
@@ -318,7 +314,9 @@ class SpreadPairing(CommitThenAck):
                 near.setdefault(tag, []).append(c)
         stale: list[Completion] = []
         for tag, batch in near.items():
-            stale += await complete_in(self.transport.conn, keys.home_keys(tag), batch)
+            stale += await complete_in(
+                self.transport.conn, self.transport.lease.consumer, keys.home_keys(tag), batch
+            )
         if stale:
             await self.state.count_stale(len(stale))
         if far:
@@ -367,9 +365,9 @@ class SpreadPairing(CommitThenAck):
             if not kept:
                 continue
             batch = [home for _, home in kept]
-            lost = {
-                id(h) for h in await complete_in(self.transport.conn, keys.home_keys(tag), batch)
-            }
+            consumer = self.transport.lease.consumer
+            done = await complete_in(self.transport.conn, consumer, keys.home_keys(tag), batch)
+            lost = {id(h) for h in done}
             stale += [c for c, home in kept if id(home) in lost]
         if stale:
             await self.state.count_stale(len(stale))
@@ -401,19 +399,18 @@ def _dead_letter(
 
 def reliable_broker(url: str, namespace: str, **settings: Any) -> Broker:
     """Reliable mode's broker for ``url``: the spread layout on a Redis Cluster (or with
-    ``?layout=spread``), the one-slot :class:`~.reliable.ReliableRedisBroker` on a single
-    server (or with ``?layout=slot``). One client is made, and the broker owns it.
+    ``?layout=spread``), the one-slot fused streams broker
+    (:func:`~.reliable.ReliableRedisBroker`) on a single server (or with ``?layout=slot``).
+    One client is made, and the broker owns it.
 
     Args:
         url: a broker URL (``client.make_client``); its ``layout`` option chooses.
         namespace: the namespace.
-        settings: the dead-letter settings of :class:`SpreadRedisBroker`.
+        settings: the dead-letter settings of :func:`SpreadRedisBroker`.
 
     Raises:
         ConfigurationError: a bad option in ``url`` (``layout`` among them).
     """
-    from .reliable import ReliableRedisBroker
-
     try:
         layout = split_layout(url)[1]
         client = make_client(url) if layout != "slot" else None
@@ -421,10 +418,7 @@ def reliable_broker(url: str, namespace: str, **settings: Any) -> Broker:
         raise bad_url(url, exc) from None
     if client is None:
         return ReliableRedisBroker(url, namespace, **settings)
-    broker: SpreadRedisBroker | ReliableRedisBroker
-    if layout == "spread" or is_cluster(client):
-        broker = SpreadRedisBroker(url, namespace, client=client, **settings)
-    else:
-        broker = ReliableRedisBroker(url, namespace, client=client, **settings)
-    broker.conn.owns_client = True
-    return broker
+    spread = layout == "spread" or is_cluster(client)
+    conn = RedisConnection(url, namespace, client=client, kind="l" if spread else "s", **settings)
+    conn.owns_client = True
+    return spread_broker(conn) if spread else fused_broker(conn)

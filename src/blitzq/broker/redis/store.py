@@ -10,7 +10,8 @@ each taking that connection:
 ``scheduling`` (schedule.py)  the schedule and its promotion, periodic claims
 ``dead_letter_box``           dead letters: list, read, count, replay, purge
 (dead_letters.py)
-``control`` (control.py)      rate limits, unique keys, locks, cancel marks, events
+``control``                   rate limits, unique keys, locks, cancel marks, events
+(control_state.py)
 ``registry`` (registry.py)    known queues, live workers, paused queues, shutdown
                               requests, counters, memory policy
 ``operations``                run-time periodic entries, the autoscale setpoint,
@@ -27,6 +28,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
+from ...exceptions import ConfigurationError
 from ...limits import NOTIFY_INLINE_MAX
 from ..outbox import Outbox
 from ..state import StateStore
@@ -35,8 +37,8 @@ from ..values import Completion, DeadLetterFields, Scheduled
 from .browse import RedisBrowse
 from .client import translate_errors
 from .completion import encode_batch, encode_entries
-from .connection import RedisConnection, RedisPart
-from .control import RedisControl
+from .connection import LeaseIdentity, RedisConnection, RedisPart
+from .control_state import RedisControl
 from .dead_letters import RedisDeadLetters
 from .keys import GROUP
 from .operator_state import RedisOperatorState
@@ -44,6 +46,7 @@ from .outbox import RedisOutbox
 from .records import RedisRecords
 from .registry import RedisRegistry
 from .schedule import RedisSchedule
+from .sentinel import durable_writes
 
 __all__ = ["RedisStateStore"]
 
@@ -51,52 +54,91 @@ __all__ = ["RedisStateStore"]
 class RedisStateStore(StateStore):
     """The Redis state store on a connection it may share with a Redis transport.
 
+    Both choices are made here, once: whose leases it fences on, and whether it writes into
+    the transport's queues or into its outbox.
+
     Args:
         conn: the :class:`~.connection.RedisConnection` (its ``kind`` says where the
-            store's writes into queues go, and whether completions are fenced by stream
-            leases).
+            store's writes into queues go without an outbox).
+        lease: the :class:`~.connection.LeaseIdentity` of the streams transport on ``conn``
+            whose deliveries this store acks: completions and progress are fenced on its
+            leases (``None``: nothing is fenced; a lists transport has no leases).
+        outbox: write every message the store puts into a queue to that queue's outbox
+            (kind ``"o"``, ``{ns}:outbox:<queue>``), for a transport the store does not ack
+            (RabbitMQ, another connection, the spread layout), which the pairing's relay
+            publishes on; such a store fences nothing (``lease`` is ignored).
 
     Attributes:
         conn: the connection; ``keys`` and ``client`` are its own.
         kind: where the store's scripts write messages into queues: the connection's kind
-            (``"s"``, ``"l"``), or ``"o"`` (outbox mode, see :meth:`use_outbox`).
+            (``"s"``, ``"l"``), or ``"o"`` (made with an outbox).
+        lease: the lease identity it fences on, or ``None``.
+        outbox: its :class:`~.outbox.RedisOutbox` when made with ``outbox=True``, else
+            ``None``.
         records, scheduling, dead_letter_box, control, registry, operations: the role
             objects (see the module docstring).
     """
 
-    def __init__(self, conn: RedisConnection) -> None:
+    def __init__(
+        self, conn: RedisConnection, *, lease: LeaseIdentity | None = None, outbox: bool = False
+    ) -> None:
         self.conn = conn
         self.keys = conn.keys
         self.client: Any = conn.client
         self.scripts = conn.scripts
+        self.lease = None if outbox else lease
+        self.kind = "o" if outbox else conn.kind
+        self.outbox: Outbox | None = self.make_outbox() if outbox else None
+        self.records = RedisRecords(conn, self.kind, self.lease)
+        self.scheduling = RedisSchedule(conn, self.kind)
+        self.dead_letter_box = RedisDeadLetters(conn, self.kind)
         self.control = RedisControl(conn)
         self.registry = RedisRegistry(conn)
         self.operations = RedisOperatorState(conn)
         self.browse = RedisBrowse(conn)
-        self._write_to(conn.kind)
 
-    def _write_to(self, kind: str) -> None:
-        """Make the roles that write into queues (or fence) for ``kind``."""
-        self.kind = kind
-        self.records = RedisRecords(self.conn, kind)
-        self.scheduling = RedisSchedule(self.conn, kind)
-        self.dead_letter_box = RedisDeadLetters(self.conn, kind)
-
-    def acks(self, transport: Transport) -> bool:
-        """``True`` for a Redis transport on this store's connection: ``complete.lua`` acks
-        (XACK + XDEL) and fences its stream entries in the same script as the writes."""
-        return isinstance(transport, RedisPart) and transport.conn is self.conn
-
-    def use_outbox(self) -> Outbox:
-        """Switch this store to outbox mode (kind ``"o"``) and return its
-        :class:`~.outbox.RedisOutbox`: every message its scripts write into a queue goes to
-        ``{ns}:outbox:<queue>`` from now on, whatever the connection's kind, and completions
-        are never fenced (the transport's leases are not this store's). For good: a store in
-        outbox mode serves one pairing (the facade calls this once, as it is composed)."""
-        self._write_to("o")
+    def make_outbox(self) -> Outbox:
+        """The outbox of a store made with ``outbox=True`` (a :class:`~.outbox.RedisOutbox`)."""
         return RedisOutbox(self.conn)
 
+    @property
+    def pool_size(self) -> int | None:
+        """Most connections the store's client opens (``max_connections``), ``None`` when
+        unknown."""
+        return self.conn.pool_size
+
+    def acks(self, transport: Transport) -> bool:
+        """``True`` for a Redis transport on this store's connection, the store made without
+        an outbox: ``complete.lua`` acks (XACK + XDEL) and fences its stream entries in the
+        same script as the writes.
+
+        Raises:
+            ConfigurationError: the transport holds leases (streams) and this store was not
+                given its :class:`~.connection.LeaseIdentity`: it could not fence on them.
+        """
+        if self.outbox is not None or not isinstance(transport, RedisPart):
+            return False
+        if transport.conn is not self.conn:
+            return False
+        if getattr(transport, "lease", None) is not self.lease:
+            raise ConfigurationError(
+                "a Redis state store on a streams transport's connection fences on that "
+                "transport's leases: make it with RedisStateStore(conn, lease=transport.lease)"
+            )
+        return True
+
     # ------------------------------------------------------------ completions
+    async def complete_durably(self, completions: Sequence[Completion]) -> list[Completion]:
+        """:meth:`complete`, each write waited for by the primary's replicas that exist (at
+        least one, ``wait_replicas`` if more) on a ``redis+sentinel://`` store
+        (``sentinel.py``: ``WAIT``; ``BrokerError`` when fewer acknowledged in time); as
+        :meth:`complete` on a server without Sentinel."""
+        token = durable_writes.set(True)
+        try:
+            return await self.complete(completions)
+        finally:
+            durable_writes.reset(token)
+
     @translate_errors
     async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
         """Apply a batch of completions in one Lua call (one round-trip, atomic).
@@ -122,7 +164,7 @@ class RedisStateStore(StateStore):
                 conn.dead_letter_ttl,
                 conn.dead_letter_max_bytes,
                 NOTIFY_INLINE_MAX,
-                conn.consumer,
+                self.lease.consumer if self.lease is not None else "",
             ],
         )
         if not stale:

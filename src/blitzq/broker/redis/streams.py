@@ -9,8 +9,9 @@ runs (:meth:`heartbeat`), and a renewal never takes an entry back from another c
 
 :class:`StreamsTransport` is a :class:`~blitzq.broker.transport.Transport` on a
 :class:`~.connection.RedisConnection` of kind ``"s"``; paired with the
-:class:`~.store.RedisStateStore` on the same connection (:class:`~.reliable.ReliableRedisBroker`)
-its completions are acked and fenced by ``complete.lua``, so :meth:`StreamsTransport.ack` and
+:class:`~.store.RedisStateStore` on the same connection, made with this transport's
+:attr:`~StreamsTransport.lease` (:func:`~.reliable.ReliableRedisBroker`), its completions are
+acked and fenced by ``complete.lua``, so :meth:`StreamsTransport.ack` and
 :meth:`StreamsTransport.nack` serve a state store that does not ack (not the Redis one).
 """
 
@@ -26,7 +27,7 @@ from ...exceptions import ConfigurationError
 from ...limits import CHUNK_ITEMS
 from ..transport import Delivery, Guarantee, Transport
 from .client import translate_errors, wrong_type
-from .connection import RedisConnection, RedisPart
+from .connection import LeaseIdentity, RedisConnection, RedisPart
 from .handed import HandOver
 from .keys import GROUP, MESSAGE_FIELD
 
@@ -74,7 +75,10 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         if conn.kind != "s":
             raise ConfigurationError("a streams transport needs a connection of kind 's'")
         super().__init__(conn)
-        conn.consumer = "unnamed"
+        #: Who holds this transport's leases (its consumer name), handed to the state store
+        #: that acks its deliveries when that store is made (``RedisStateStore(conn,
+        #: lease=transport.lease)``), which fences on it.
+        self.lease = LeaseIdentity()
         #: Whether the last non-blocking fetch of each set of levels (by its first level)
         #: took all it asked for: a backlog, where plain reads cost the server less.
         self._backlog: dict[str, bool] = {}
@@ -94,14 +98,14 @@ class StreamsTransport(HandOver, RedisPart, Transport):
 
     @translate_errors
     async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
-        """Create each queue's stream and consumer group if missing; name this consumer (on
-        the connection, where the state store's fencing reads it).
+        """Create each queue's stream and consumer group if missing; name this consumer (in
+        :attr:`lease`, which a state store that acks this transport fences on).
 
         Raises:
             BrokerError: (not transient) a queue's key holds another type than a stream; the
                 message names the key and its type.
         """
-        self.conn.consumer = consumer
+        self.lease.consumer = consumer
         for queue in queues:
             key = self.keys.stream(queue)
             try:
@@ -222,6 +226,65 @@ class StreamsTransport(HandOver, RedisPart, Transport):
             for entry_id, fields in entries
             if fields is not None
         ]
+
+    @property
+    def shared_block(self) -> bool:  # type: ignore[override]
+        """Whether :meth:`block_first` may cover many streams (single server or Sentinel)."""
+        return self.conn.blocking is not None
+
+    @translate_errors
+    async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
+        """One ``XREADGROUP ... COUNT 1 BLOCK`` over the streams of ``queues`` (in their
+        order), on the held connection :meth:`unblock` can wake (``blocking.py``); elsewhere
+        :meth:`fetch_first`'s blocking read. At most one entry per stream."""
+        blocking = self.conn.blocking
+        if blocking is None:
+            return await self.fetch_first(queues, 1, timeout, look_first=False)
+        keys = [self.keys.stream(q) for q in queues]
+        block = self.block_for(timeout)
+        args = ["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 1]
+        args += ["BLOCK", max(1, int(block * 1000)), "STREAMS", *keys, *(">" for _ in keys)]
+        try:
+            reply = await blocking.run(*args, block=block)
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            # A stream was deleted (purge, FLUSHDB): recreate the groups, report nothing.
+            await self.prepare_consumer(queues, self.consumer)
+            return []
+        if not reply:
+            return []
+        by_key = reply.items() if isinstance(reply, dict) else reply
+        names = dict(zip((k.encode() for k in keys), queues, strict=True))
+        return [
+            _delivery(names[key], entry_id, fields)
+            for key, entries in by_key
+            for entry_id, fields in entries
+            if fields is not None
+        ]
+
+    async def unblock(self) -> bool:
+        """Wake the :meth:`block_first` in flight (``CLIENT UNBLOCK``; it takes nothing)."""
+        blocking = self.conn.blocking
+        return False if blocking is None else await blocking.unblock()
+
+    @translate_errors
+    async def occupied(self, queues: Sequence[str]) -> list[str]:
+        """The queues whose stream holds any entry, waiting or in flight (acked entries are
+        deleted, so an empty stream has nothing to recover): one ``XREAD COUNT 1`` over all
+        streams; every queue on a cluster (the streams may live on several nodes)."""
+        if self.conn.cluster or not queues:
+            return list(queues)
+        keys = [self.keys.stream(q) for q in queues]
+        reply = await self.client.execute_command(
+            "XREAD", "COUNT", 1, "STREAMS", *keys, *("0-0" for _ in keys)
+        )
+        if not reply:
+            return []
+        found = {
+            bytes(k) for k in (reply.keys() if isinstance(reply, dict) else (r[0] for r in reply))
+        }
+        return [q for q, k in zip(queues, keys, strict=True) if k.encode() in found]
 
     async def _read_levels(
         self, queues: Sequence[str], keys: list[str], count: int

@@ -4,7 +4,7 @@ A state store keeps task records and results (and the waits on them), the schedu
 promotion on the store's clock), periodic claims, cancel marks, dead letters, workflow,
 unique-key, lock, rate-limit and progress state, the queue and worker registries, and applies
 a :class:`Completion` -- its ack, record, retry, dead letter, requeue and typed effects
-(:mod:`blitzq.broker.ops`) -- atomically (:meth:`StateStore.complete`).
+(:mod:`blitzq.broker.effects`) -- atomically (:meth:`StateStore.complete`).
 
 The Redis state store is its Lua scripts (``redis/lua/``). It pairs with the Redis transports
 (streams or lists) on the same connection, where a completion's ack is one more write of the
@@ -12,11 +12,11 @@ same script (:meth:`StateStore.acks` answers ``True``), and is meant to pair wit
 transport (:mod:`blitzq.broker.transport`) too: then the facade :class:`~blitzq.broker.Broker`
 applies the state effects here and acks on the transport afterwards. What the store writes
 into queues -- a promotion of the schedule, a ``publish`` effect, a requeue, a replay, a
-periodic claim -- goes to the queues of the kind its connection names (a stream or a list);
-paired with a transport it does not ack, the facade switches it to its outbox
-(:meth:`StateStore.use_outbox`), from which a relay publishes those messages on the
-transport (:mod:`blitzq.broker.outbox`). Every method is a coroutine that raises
-:class:`~blitzq.exceptions.BrokerError` when the server cannot be reached.
+periodic claim -- goes to the queues of the kind its connection names (a stream or a list),
+or, for a store made to pair with a transport it does not ack, to its outbox
+(:attr:`StateStore.outbox`, chosen when the store is made), from which a relay publishes
+those messages on the transport (:mod:`blitzq.broker.outbox`). Every method is a coroutine
+that raises :class:`~blitzq.exceptions.BrokerError` when the server cannot be reached.
 
 The seam is split by role, each a small abstract class used by one consumer:
 :class:`RecordsState` (records, waits, progress, workflow state, liveness),
@@ -37,7 +37,7 @@ from ..transport import Transport
 from ..values import Completion, DeadLetterFields, Scheduled
 from .browse import BrowseState
 from .control import ControlState
-from .dead_letters import DeadLetterState
+from .dead_letters import DeadLetterLimits, DeadLetterState
 from .operations import OperationsState
 from .records import RecordsState
 from .registry import RegistryState
@@ -48,6 +48,7 @@ __all__ = [
     "Completion",
     "ControlState",
     "DeadLetterFields",
+    "DeadLetterLimits",
     "DeadLetterState",
     "OperationsState",
     "RecordsState",
@@ -78,15 +79,11 @@ class StateStore(
         """
         return False
 
-    def use_outbox(self) -> Outbox | None:
-        """Write every message this store puts into queues to its outbox from now on, and
-        return that outbox (:mod:`blitzq.broker.outbox`).
-
-        The facade calls it once, for a transport the store does not ack (:meth:`acks` is
-        ``False``), and relays the outbox to that transport. ``None`` (the default): the
-        store writes nothing into queues itself, so there is nothing to relay.
-        """
-        return None
+    outbox: Outbox | None = None
+    """Where this store writes every message it puts into queues, when it was made to pair
+    with a transport it does not ack (:mod:`blitzq.broker.outbox`): the pairing relays it to
+    that transport. ``None`` (the default): the store writes into the transport's queues
+    itself, or writes nothing into queues."""
 
     # ------------------------------------------------------------ completions
     @abc.abstractmethod
@@ -112,6 +109,15 @@ class StateStore(
         Returns:
             The stale completions (not applied), in no particular order; usually empty.
         """
+
+    async def complete_durably(self, completions: Sequence[Completion]) -> list[Completion]:
+        """:meth:`complete`, returning only once the writes would survive the failover the
+        store is set up for (raising :class:`~blitzq.BrokerError`, transient, when they may
+        not: the caller commits them again). The pairing with a transport whose ack is
+        separate (RabbitMQ) acks the deliveries right after this: a commit a failover then
+        loses would leave a task that ran with no record. Default: :meth:`complete` (a store
+        without replicas)."""
+        return await self.complete(completions)
 
     async def ping(self) -> None:
         """Check that the store answers; raise BrokerError otherwise."""

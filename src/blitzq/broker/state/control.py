@@ -63,7 +63,10 @@ class ControlState(abc.ABC):  # noqa: B024 - every method has a default
 
     def events(self) -> AsyncIterator[tuple[str, str]]:
         """Push notifications for workers: ``("revoke", task_id)`` and ``("schedule", eta)``
-        (``("unknown", text)`` for anything else published there).
+        (``("unknown", text)`` for anything else published there), and first
+        ``("subscribed", "")`` once the subscription is in place: every push published after
+        that is seen (the promoter then looks at the schedule once, for what was scheduled
+        before).
 
         The iterator ends (or raises BrokerError) when the connection is lost; callers
         resubscribe and resynchronise.

@@ -1,15 +1,32 @@
 """The dead-letter role of the state seam: list, read, count, replay and purge dead letters.
 Used by the admin client and the CLI (workers dead-letter through :meth:`StateStore.complete`).
+:class:`DeadLetterLimits` is the bounds a store keeps them within, settable on a running
+broker (``Broker.dead_letter_limits``).
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from typing import Protocol
 
 from ..values import DeadLetterFields
 
-__all__ = ["DeadLetterState"]
+__all__ = ["DeadLetterLimits", "DeadLetterState"]
+
+
+class DeadLetterLimits(Protocol):
+    """The bounds of a store's dead letters, each settable while the broker runs.
+
+    Attributes:
+        cap: dead letters kept before the oldest are dropped.
+        ttl: seconds a dead letter is kept.
+        max_bytes: total bytes of dead letters kept before the oldest are dropped.
+    """
+
+    cap: int
+    ttl: int
+    max_bytes: int
 
 
 class DeadLetterState(abc.ABC):

@@ -4,11 +4,11 @@
   (``lua/rate_acquire.lua``).
 - Unique keys ``{ns}:u:<task>:<key>`` hold the id of the task that claimed them, with a TTL.
   :meth:`RedisControl.claim_unique` claims a batch in one script run per 1000 keys; the
-  completion effect :class:`~blitzq.broker.ops.UniqueRelease` (``lua/complete.lua``) deletes
+  completion effect :class:`~blitzq.broker.effects.UniqueRelease` (``lua/complete.lua``) deletes
   a key only while it holds the given id.
 - Locks ``{ns}:lk:<key>`` are sorted sets of holder -> lease expiry (server time).
   :meth:`RedisControl.acquire_lock` takes a place, :meth:`RedisControl.renew_locks` renews
-  leases, and the completion effect :class:`~blitzq.broker.ops.LockRelease` removes a holder.
+  leases, and the completion effect :class:`~blitzq.broker.effects.LockRelease` removes a holder.
 - Cancellation: ``lua/cancel.lua`` takes a task off the schedule or marks it revoked
   (``{ns}:revoked``, id -> mark expiry) and announces it on the event channel, which
   :meth:`RedisControl.events` follows.
@@ -145,13 +145,16 @@ class RedisControl(RedisPart, ControlState):
 
     async def events(self) -> AsyncIterator[tuple[str, str]]:
         """Messages of the namespace's event channel, on a pub/sub connection of their own."""
-        pubsub = subscriber(self.client, ignore_subscribe_messages=True)
+        pubsub = subscriber(self.client, ignore_subscribe_messages=False)
         try:
             try:
                 await ready(self.client)  # a cluster client: its slot map first
                 await pubsub.subscribe(self.keys.events)
                 while True:
                     message = await pubsub.get_message(timeout=5.0)
+                    if message is not None and message.get("type") == "subscribe":
+                        yield "subscribed", ""  # pushes from now on are seen
+                        continue
                     if message is None or message.get("type") != "message":
                         continue
                     data = message["data"]

@@ -1,0 +1,119 @@
+"""The one blocking read of an idle worker, on a connection of its own that can be woken.
+
+An idle worker blocks on all its queues and their priority levels in one command
+(``XREADGROUP ... BLOCK`` over every stream, or ``BLMPOP`` over every list: see
+:meth:`~blitzq.broker.transport.Transport.block_first`), instead of one blocked command per
+queue. That command runs here, on one connection taken from the broker's pool and held for the
+broker's life, whose server-side id (``CLIENT ID``) is known: :meth:`BlockingReads.unblock`
+ends the read early with ``CLIENT UNBLOCK <id>`` (sent on another connection of the pool),
+which the server answers as if the block had timed out: nothing is taken. The worker does so
+when a queue that was busy falls idle while the read is blocked (so the next read covers it at
+once, instead of after the block) and when it stops (a stop never waits out a block).
+
+The id is read once per TCP connection: a reconnection (a dropped connection, a Sentinel
+failover) clears it through redis-py's connect callback, and the next read asks again. A
+wake-up that finds no known id does nothing; the read then ends at its timeout, as before
+(so does every wake-up of a user whose ACL refuses ``CLIENT ID`` or ``CLIENT UNBLOCK``).
+
+Replies are read as fast mode's pops are (:func:`~.popping.send_and_read`): a pause of the
+process or a stall of the network longer than the socket timeout does not drop a reply the
+server sent, so a ``BLMPOP``'s messages are never lost to a client-side timeout. Only a
+single-server client (or a Sentinel-managed one) has one pool to take the connection from; a
+Redis Cluster client blocks per queue as before
+(:attr:`~blitzq.broker.transport.Transport.shared_block` is false there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from .client import socket_timeout
+from .popping import REPLY_WAIT, send_and_read
+
+
+class BlockingReads:
+    """Runs the idle worker's blocking command on a held, wakeable connection.
+
+    Args:
+        client: the broker's ``redis.asyncio.Redis`` (single server or Sentinel; not a
+            cluster client): its pool lends the held connection, and ``CLIENT UNBLOCK`` goes
+            through it.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._pool = client.connection_pool
+        self._timeout = socket_timeout(client) or 0.0
+        self._conn: Any = None
+        #: The held connection's ``CLIENT ID`` on the server; ``None`` after a reconnection.
+        self._id: int | None = None
+        #: Whether the server lets this user ask its connection's id (an ACL may not).
+        self._ask_id = True
+        #: Whether a blocking command is on the server now (what :meth:`unblock` wakes).
+        self._blocked = False
+        self._lock = asyncio.Lock()
+
+    def _reconnected(self, _conn: Any) -> None:
+        """redis-py's connect callback: a new TCP connection has a new id."""
+        self._id = None
+
+    async def _held(self) -> Any:
+        if self._conn is None:
+            self._conn = await self._pool.get_connection()
+            self._conn.register_connect_callback(self._reconnected)
+        return self._conn
+
+    async def run(self, *args: Any, block: float) -> Any:
+        """Send the blocking command ``args`` and return its raw reply (no response
+        callback); one at a time.
+
+        Args:
+            args: the command (``XREADGROUP ... BLOCK <ms> ...`` or ``BLMPOP <s> ...``).
+            block: seconds the server may block on it.
+
+        Raises:
+            redis.exceptions.RedisError: the server refused it, the connection failed (after
+                the pool's retries) or no reply came within the block plus the reply wait
+                (the connection is then closed).
+        """
+        async with self._lock:
+            conn = await self._held()
+            budget = block + max(self._timeout, REPLY_WAIT)
+            try:
+                if self._id is None and self._ask_id:
+                    try:
+                        self._id = int(await send_and_read(conn, ("CLIENT", "ID"), budget))
+                    except ResponseError:  # an ACL without CLIENT: never woken, reads go on
+                        self._ask_id = False
+                self._blocked = True
+                return await conn.retry.call_with_retry(
+                    lambda: send_and_read(conn, args, budget),
+                    lambda _error: conn.disconnect(),
+                )
+            except BaseException:
+                self._id = None
+                raise
+            finally:
+                self._blocked = False
+
+    async def unblock(self) -> bool:
+        """End the blocking command in flight early, as if its block had timed out (it takes
+        nothing); ``False`` when none is in flight, its connection's id is not known, or the
+        server had answered it already."""
+        ident = self._id
+        if not self._blocked or ident is None:
+            return False
+        try:
+            return bool(await self._client.execute_command("CLIENT", "UNBLOCK", ident))
+        except Exception:  # the read then ends at its timeout, as without the wake-up
+            return False
+
+    async def close(self) -> None:
+        """Give the held connection back to the pool (the broker is closing)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.deregister_connect_callback(self._reconnected)
+            await self._pool.release(conn)

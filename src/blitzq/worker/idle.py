@@ -1,0 +1,145 @@
+"""One blocking read for all the idle queues of a worker (issue 25: idle is nearly free).
+
+Each fetch loop (:mod:`.fetch`) takes what waits on its queue's levels without blocking; when
+they are empty it does not block on its own connection, it joins :class:`SharedRead`: one
+blocking command over every level of every queue waiting at that moment
+(:meth:`~blitzq.broker.transport.Transport.block_first`, on the broker's one wakeable blocking
+connection). When the read returns, each waiting loop gets the deliveries of its own queue
+(maybe none) and goes round again; a loop whose last shared read brought nothing skips its
+non-blocking look and joins the next read at once, so an idle worker sends one command per
+``block_timeout`` whatever the number of its queues, and holds one blocking connection.
+
+A queue that falls idle while a read is blocked (its loop was busy when the read started) wakes
+that read (:meth:`~blitzq.broker.transport.Transport.unblock`: it ends taking nothing) so the
+next read covers it at once; without a way to wake it, the queue waits for the read's end, at
+most ``block_timeout``. The read starts a few turns of the event loop after the first loop
+joins, so the loops that come back from one read join the next together. A stopping worker
+wakes the read (:meth:`SharedRead.stop`) instead of waiting out its block.
+
+Deliveries of a queue whose loop is gone (cancelled while it waited) are handed back
+(``orphan``), never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+
+from ..broker import Broker, Delivery
+
+#: Turns of the event loop a read waits for more loops to join before it blocks.
+_JOIN_TURNS = 4
+
+
+class SharedRead:
+    """The one blocking read of a worker's idle fetch loops.
+
+    Args:
+        broker: the broker read from (its ``block_first`` and ``unblock``).
+        levels: the physical queues (priority levels, most urgent first) of each base queue.
+        timeout: seconds one read blocks (the worker's ``block_timeout``).
+        orphan: called with a delivery whose loop stopped waiting (hand it back).
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        levels: Mapping[str, Sequence[str]],
+        timeout: float,
+        orphan: Callable[[Delivery], None],
+    ) -> None:
+        self._broker = broker
+        self._levels = levels
+        self._base = {name: q for q, names in levels.items() for name in names}
+        self._timeout = timeout
+        self._orphan = orphan
+        self._waiting: dict[str, asyncio.Future[list[Delivery]]] = {}
+        #: The queues the read in flight covers (empty: none in flight).
+        self._covered: frozenset[str] = frozenset()
+        self._task: asyncio.Task[None] | None = None
+        self._waking: asyncio.Task[bool] | None = None
+        self._stopping = False
+        #: Blocking reads sent, and wake-ups asked (a queue joined a read in flight).
+        self.reads = 0
+        self.wakes = 0
+
+    async def wait(self, queue: str) -> list[Delivery]:
+        """Block with the other idle queues; return the deliveries of ``queue`` that the
+        read brought (none at its timeout, or when the read was woken).
+
+        Raises:
+            BrokerError: the read failed (every queue it covered gets the error).
+        """
+        fut: asyncio.Future[list[Delivery]] = asyncio.get_running_loop().create_future()
+        self._waiting[queue] = fut
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="blitzq-idle-read")
+        elif self._covered and queue not in self._covered:
+            self._wake()
+        try:
+            return await fut
+        finally:
+            if self._waiting.get(queue) is fut:
+                del self._waiting[queue]
+
+    def stop(self) -> None:
+        """The worker stops: start no more reads, and wake the one in flight."""
+        self._stopping = True
+        if self._covered:
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._waking is None or self._waking.done():
+            self.wakes += 1
+            self._waking = asyncio.create_task(
+                self._broker.transport.unblock(), name="blitzq-unblock"
+            )
+
+    async def _run(self) -> None:
+        while self._waiting:
+            for _ in range(_JOIN_TURNS):
+                if len(self._waiting) == len(self._levels):
+                    break
+                await asyncio.sleep(0)
+            if self._stopping:
+                self._settle(list(self._waiting), [])
+                return
+            queues = list(self._waiting)
+            names = [name for q in queues for name in self._levels[q]]
+            self._covered = frozenset(queues)
+            self.reads += 1
+            try:
+                got = await self._broker.transport.block_first(names, self._timeout)
+            except asyncio.CancelledError:
+                for q in queues:
+                    fut = self._waiting.pop(q, None)
+                    if fut is not None:
+                        fut.cancel()
+                raise
+            except Exception as exc:
+                self._covered = frozenset()
+                for q in queues:
+                    fut = self._waiting.pop(q, None)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(exc)
+                continue
+            self._covered = frozenset()
+            self._settle(queues, got)
+
+    def _settle(self, queues: list[str], got: list[Delivery]) -> None:
+        """Give each of ``queues`` its deliveries of ``got``; hand back those nobody waits
+        for."""
+        mine: dict[str, list[Delivery]] = {q: [] for q in queues}
+        for d in got:
+            base = self._base.get(d.queue)
+            if base in mine:
+                mine[base].append(d)
+            else:
+                self._orphan(d)
+        for q, deliveries in mine.items():
+            fut = self._waiting.pop(q, None)
+            if fut is None or fut.done():
+                for d in deliveries:
+                    self._orphan(d)
+            else:
+                fut.set_result(deliveries)
