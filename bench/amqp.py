@@ -11,14 +11,25 @@ queues afterwards. When RabbitMQ does not answer, the script prints a note and e
 
 Rows (each repetition runs Redis then RabbitMQ, alternating which goes first):
 
+* ``enqueue_many``: ``--tasks`` no-op tasks enqueued with ``task.enqueue_many`` in batches of
+  1,000 (publisher confirms on RabbitMQ), tasks/s.
 * ``drain``: one in-process ``Worker(concurrency=200)`` runs ``--tasks`` pre-enqueued no-op
   tasks (reliable mode, results stored); the clock stops when every task ran, the last
   task's record exists and the queue shows nothing waiting or in flight.
+* ``worker CPU per task``: this process's CPU time (``time.process_time``) over that drain,
+  divided by ``--tasks`` (the worker runs in this process; the servers' CPU is not in it).
 * ``round trip``: ``--trips`` sequential ``enqueue`` then ``await handle.result()`` with an
   idle in-process worker; p50 and p99 (the first 20 warm up and are not counted).
 
 The ratio column is ``RabbitMQ / Redis``, the median of the per-repetition ratios (the
 machine may be shared: only the ratios of one run are comparable).
+
+With ``BLITZQ_BENCH_CELERY_PYTHON`` set to a Python that has Celery (kept out of blitzq's
+lock, e.g. a separate virtualenv with ``pip install celery redis``), each repetition also
+runs Celery's drain of the same number of no-op tasks on the same RabbitMQ and Redis
+(``bench/celery_amqp.py``: late acks, results in Redis; the ``threads`` pool with 200 slots
+and the ``prefork`` pool with 4 processes), and a second table shows blitzq's RabbitMQ drain
+against each (the median of the per-repetition ratios).
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import asyncio
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -99,22 +111,28 @@ async def _settled(side: Side, last_id: str) -> bool:
     return await side.queue.inspect(last_id) is not None
 
 
-async def drain(url: str, amqp: str | None, client: harness.aioredis.Redis, n: int) -> float:
-    """Tasks/s of one in-process worker draining ``n`` pre-enqueued no-op tasks."""
+async def drain(
+    url: str, amqp: str | None, client: harness.aioredis.Redis, n: int
+) -> tuple[float, float, float]:
+    """``(enqueue tasks/s, drain tasks/s, worker CPU seconds per task)`` of ``n`` no-op
+    tasks enqueued in batches, then drained by one in-process worker."""
     side = Side(url, amqp, "adrain")
     try:
+        await side.task.enqueue_many([()])  # connect and declare before the clock starts
         handles = []
+        t0 = time.perf_counter()
         for start in range(0, n, harness.BATCH):
             handles += await side.task.enqueue_many([()] * min(harness.BATCH, n - start))
-        side.target = n
+        enqueued = n / (time.perf_counter() - t0)
+        side.target = n + 1
         worker = Worker(side.queue, concurrency=harness.DRAIN_CONCURRENCY)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         runner = await harness._run_worker(worker)
         await asyncio.wait_for(side.all_ran.wait(), harness.DEADLINE)
         await harness.wait_until(lambda: _settled(side, handles[-1].id), "completions", 0.005)
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         await harness._stop_worker(worker, runner)
-        return n / elapsed
+        return enqueued, n / elapsed, cpu / n
     finally:
         await side.close(client)
 
@@ -139,32 +157,69 @@ async def round_trips(
         await side.close(client)
 
 
+CELERY_POOLS = (("threads", 200), ("prefork", 4))
+
+
+def celery_drain(python: str, url: str, amqp: str, tasks: int, pool: str, slots: int) -> float:
+    """Tasks/s of Celery's drain (``bench/celery_amqp.py`` run by ``python``)."""
+    script = Path(__file__).resolve().parent / "celery_amqp.py"
+    cmd = [python, str(script), "--amqp", amqp, "--redis", url, "--tasks", str(tasks)]
+    cmd += ["--pool", pool, "--concurrency", str(slots)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
 async def run(url: str, amqp: str, tasks: int, trips: int, reps: int) -> None:
     """Run the paired repetitions and print the table."""
     client = harness.aioredis.Redis.from_url(url)
     rates: dict[str, list[float]] = {"redis": [], "amqp": []}
+    enqueues: dict[str, list[float]] = {"redis": [], "amqp": []}
+    cpus: dict[str, list[float]] = {"redis": [], "amqp": []}
+    celery = os.environ.get("BLITZQ_BENCH_CELERY_PYTHON")
+    celeries: dict[str, list[float]] = {pool: [] for pool, _ in CELERY_POOLS}
     p50s: dict[str, list[float]] = {"redis": [], "amqp": []}
     p99s: dict[str, list[float]] = {"redis": [], "amqp": []}
     try:
         for rep in range(reps):
             order = [("redis", None), ("amqp", amqp)]
             for side, target in order if rep % 2 == 0 else order[::-1]:
-                rates[side].append(await drain(url, target, client, tasks))
+                enqueued, rate, cpu = await drain(url, target, client, tasks)
+                enqueues[side].append(enqueued)
+                rates[side].append(rate)
+                cpus[side].append(cpu * 1e6)
                 p50, p99 = harness._percentiles(await round_trips(url, target, client, trips))
                 p50s[side].append(p50)
                 p99s[side].append(p99)
+            if celery:
+                for pool, slots in CELERY_POOLS:
+                    rate = await asyncio.to_thread(
+                        celery_drain, celery, url, amqp, tasks, pool, slots
+                    )
+                    celeries[pool].append(rate)
     finally:
         await client.aclose()
     print("| measurement | Redis | RabbitMQ | RabbitMQ / Redis |")
     print("|---|---:|---:|---:|")
     for name, got, unit in (
+        (f"enqueue_many x{tasks}", enqueues, "/s"),
         (f"drain x{tasks}", rates, "/s"),
+        ("worker CPU per task (drain)", cpus, " us"),
         ("round trip p50", p50s, " ms"),
         ("round trip p99", p99s, " ms"),
     ):
         ratio = statistics.median(a / r for a, r in zip(got["amqp"], got["redis"], strict=True))
         redis_v, amqp_v = statistics.median(got["redis"]), statistics.median(got["amqp"])
         print(f"| {name} | {redis_v:,.1f}{unit} | {amqp_v:,.1f}{unit} | {ratio:.2f} |")
+    if celery:
+        print("\n| drain on RabbitMQ | tasks/s | blitzq / this |")
+        print("|---|---:|---:|")
+        print(
+            f"| blitzq, Worker(concurrency=200) | {statistics.median(rates['amqp']):,.1f} | 1.00 |"
+        )
+        for pool, slots in CELERY_POOLS:
+            got = celeries[pool]
+            ratio = statistics.median(b / c for b, c in zip(rates["amqp"], got, strict=True))
+            print(f"| Celery, {pool} pool x{slots} | {statistics.median(got):,.1f} | {ratio:.2f} |")
     print(f"\n(load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs, reps={reps})")
 
 

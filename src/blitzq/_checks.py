@@ -90,6 +90,53 @@ def integer(name: str, value: Any, *, minimum: int, unit: str = "") -> int:
     return value
 
 
+#: Multipliers of the units :func:`byte_size` accepts (case-insensitive): decimal kB/MB/GB,
+#: binary KiB/MiB/GiB, and bare K/M/G meaning the binary ones.
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kib": 1024,
+    "kb": 1000,
+    "m": 1024**2,
+    "mib": 1024**2,
+    "mb": 1000**2,
+    "g": 1024**3,
+    "gib": 1024**3,
+    "gb": 1000**3,
+}
+
+
+def byte_size(name: str, value: Any, *, minimum: int = 1) -> int:
+    """Return a size in bytes: an ``int`` of bytes, or a string with a unit (``"512MiB"``,
+    ``"200MB"``, ``"1.5G"``; bare K/M/G are binary, kB/MB/GB decimal, case-insensitive).
+
+    Args:
+        name: the option's name, used in the error message.
+        value: the value given.
+        minimum: smallest allowed number of bytes.
+
+    Raises:
+        ConfigurationError: a bool, an unknown unit, not a finite number, or below ``minimum``.
+    """
+    if isinstance(value, str):
+        number, unit = value.strip(), ""
+        while number and number[-1].isalpha():
+            number, unit = number[:-1], number[-1] + unit
+        factor = _SIZE_UNITS.get(unit.lower())
+        try:
+            amount = float(number.strip()) if factor is not None else math.nan
+        except ValueError:
+            amount = math.nan
+        if not math.isfinite(amount) or factor is None:
+            raise ConfigurationError(
+                f"{name} must be a size such as 512MiB, 200MB or 1G (units B, K, KiB, kB, M, "
+                f"MiB, MB, G, GiB, GB), got {value!r}"
+            )
+        value = int(amount * factor)
+    return integer(name, value, minimum=minimum, unit="bytes")
+
+
 def flag(name: str, value: Any) -> bool:
     """Return ``value`` if it is a ``bool``.
 

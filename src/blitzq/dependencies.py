@@ -167,7 +167,7 @@ class Injectable(Protocol):
 
     @property
     def executor(self) -> str:
-        """``"async"``, ``"thread"`` or ``"process"``."""
+        """``"async"``, ``"thread"``, ``"process"`` or ``"cpu"``."""
         ...
 
     @property
@@ -192,14 +192,14 @@ def provide(task: Injectable, sources: dict[str, Provided]) -> None:
         sources: parameter name → its :class:`Provided` source.
 
     Raises:
-        ConfigurationError: ``task`` is a ``process`` task (the values live in the worker's
-            process), or a name is not a keyword-passable parameter of it.
+        ConfigurationError: ``task`` is a ``process`` or ``cpu`` task (the values live in the
+            worker's process), or a name is not a keyword-passable parameter of it.
     """
     if not sources:
         return
-    if task.executor == "process":
+    if task.executor in ("process", "cpu"):
         raise ConfigurationError(
-            f"task {task.name}: a process task cannot take {', '.join(sorted(sources))} "
+            f"task {task.name}: a {task.executor} task cannot take {', '.join(sorted(sources))} "
             "(filled by the worker in its own process); use an async or thread task"
         )
     params = task.signature.parameters

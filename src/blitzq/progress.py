@@ -16,8 +16,8 @@ Storage: the latest update of a task is kept in ``{ns}:p:<id>`` for the queue's
 writes per second, and the run's newest update atomically with the run's completion, so a
 watcher sees it before (or together with) the end of the task, and an older write still in
 flight can never overwrite a newer one (each write carries its time and the broker keeps the
-newest). Process tasks (``executor="process"``) have no task context and cannot report
-progress.
+newest). Process and CPU-pool tasks (``executor="process"``, ``"cpu"``) have no task context
+and cannot report progress.
 
 This module holds the :class:`Progress` type and the stored form (:func:`encode_progress`,
 :func:`decode_progress`); the Queue's reads (``get_progress``, ``watch_progress``) are in

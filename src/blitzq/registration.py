@@ -153,8 +153,10 @@ class Registrar:
             retry_policy: backoff and which errors retry; see :class:`RetryPolicy`.
             timeout: seconds one attempt may run; over it the attempt fails with TaskTimeout.
             executor: ``"async"`` (coroutines, the default for ``async def``), ``"thread"``
-                (the default for plain functions) or ``"process"`` (a process pool; the
-                function must be importable at module level).
+                (the default for plain functions), ``"process"`` (a process pool; the
+                function must be importable at module level) or ``"cpu"`` (a child process
+                forked from the worker's forkserver, killed alone at a hard timeout or cancel;
+                importable too; POSIX only; see docs/operations.md, "Executors").
             store_result: store the return value (default: the Queue's ``store_results``).
             dead_letter: dead-letter the task when its retries are exhausted (else it ends
                 ``failed`` with its record only).
@@ -218,6 +220,7 @@ class Registrar:
                 middleware=middleware,
                 producer=self.producer,
             )
+            registered.executor_given = executor is not None
             tasks[task_name] = registered
             if COLLECT not in tasks:  # the step that collects a group's results, once
                 self.task(name=COLLECT, retries=0)(collect)

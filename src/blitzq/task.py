@@ -50,8 +50,8 @@ R = TypeVar("R")
 #: The parameters of a task after its first (a chained step's previous result fills it).
 Q = ParamSpec("Q")
 
-Executor = Literal["async", "thread", "process"]
-EXECUTORS: frozenset[str] = frozenset({"async", "thread", "process"})
+Executor = Literal["async", "thread", "process", "cpu"]
+EXECUTORS: frozenset[str] = frozenset({"async", "thread", "process", "cpu"})
 
 #: A start check (:class:`blitzq.extensions.middleware.StartCheck`): awaited with the worker's
 #: context and the job before a run starts.
@@ -151,6 +151,9 @@ class Task(Generic[P, R]):
         self.retry_policy = retry_policy
         self.timeout = timeout
         self.executor: Executor = executor
+        #: Whether ``executor`` was chosen by the task's author (``False``: the default, which
+        #: ``blitzq worker --pool cpu`` may move to the CPU pool).
+        self.executor_given = True
         self.store_result = store_result
         self.dead_letter = dead_letter
         self.priority = check_priority(priority)
@@ -160,9 +163,9 @@ class Task(Generic[P, R]):
         #: Parameters the worker fills with its resources (``Depends()``), by name: their
         #: types (see :mod:`blitzq.dependencies`).
         self.injected = injected_parameters(fn)
-        if self.injected and executor == "process":
+        if self.injected and executor in ("process", "cpu"):
             raise ConfigurationError(
-                f"task {name}: a process task cannot take Depends() parameters (resources "
+                f"task {name}: a {executor} task cannot take Depends() parameters (resources "
                 "live in the worker's process)"
             )
         #: How rich annotated arguments and results travel, or ``None`` (plain data only;
@@ -187,9 +190,10 @@ class Task(Generic[P, R]):
             if self.timeout is not None and self.timeout != options.hard_timeout:
                 raise ConfigurationError(f"task {name}: give timeout= or hard_timeout=, not both")
             self.timeout = options.hard_timeout
-        if options.soft_timeout is not None and executor == "process":
+        if options.soft_timeout is not None and executor in ("process", "cpu"):
             raise ConfigurationError(
-                f"task {name}: soft_timeout is not supported for process tasks (use hard_timeout)"
+                f"task {name}: soft_timeout is not supported for {executor} tasks "
+                "(use hard_timeout)"
             )
         #: The task's options, checked (see :mod:`blitzq.options`); the middleware-declared
         #: ones read as ``task.controls.get("max_age")``.

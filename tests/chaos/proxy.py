@@ -13,8 +13,17 @@ faults below hit that worker alone:
 - :meth:`FaultProxy.partition` / :meth:`FaultProxy.heal`: stop forwarding on every
   connection, open or new (new ones are accepted and then hang), until healed; on heal the
   data held back flows again.
+- :meth:`FaultProxy.close_all`: close every open connection with a FIN (an orderly close,
+  where :meth:`cut` resets).
+- :meth:`FaultProxy.blackhole`: a silent partition that outlives the connections: every open
+  connection is frozen for good (:meth:`half_open`) and new ones are accepted and then hang,
+  until :meth:`heal` (after which new connections work; the frozen ones stay dead, as both
+  ends would have timed them out).
+- :meth:`FaultProxy.refuse`: new connections are reset as soon as they are accepted (a
+  server that refuses them), until :meth:`heal`.
 
-Only loopback addresses are used. The proxy never parses the Redis protocol.
+Only loopback addresses are used. The proxy never parses the protocol it forwards (Redis or
+AMQP: :meth:`FaultProxy.url_for` rewrites another URL to go through it).
 """
 
 from __future__ import annotations
@@ -38,11 +47,11 @@ class _Link:
         self.frozen = False  # half-open: never forward again
         self.tasks: list[asyncio.Task[None]] = []
 
-    def close(self) -> None:
+    def close(self, reset: bool = True) -> None:
         for writer in (self.client, self.upstream):
             with contextlib.suppress(Exception):
                 sock = writer.get_extra_info("socket")
-                if sock is not None:  # RST rather than FIN: an abrupt cut
+                if sock is not None and reset:  # RST rather than FIN: an abrupt cut
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
             with contextlib.suppress(Exception):
                 writer.close()
@@ -67,6 +76,7 @@ class FaultProxy:
         self.port = 0
         self.latency = 0.0
         self.partitioned = False
+        self.refusing = False
         self.connections = 0
         self._links: set[_Link] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -78,6 +88,14 @@ class FaultProxy:
     def url(self) -> str:
         """``redis://127.0.0.1:<port>/0`` of the proxy."""
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def url_for(self, url: str) -> str:
+        """``url`` (any ``scheme://[user@]host:port/...``) with its host and port replaced by
+        the proxy's."""
+        scheme, _, rest = url.partition("://")
+        netloc, slash, path = rest.partition("/")
+        user, at, _ = netloc.rpartition("@")
+        return f"{scheme}://{user}{at}127.0.0.1:{self.port}{slash}{path}"
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -154,6 +172,29 @@ class FaultProxy:
 
         return int(self._call(do()))
 
+    def close_all(self) -> int:
+        """Close every open connection with a FIN (both sides); return how many."""
+
+        async def do() -> int:
+            links = list(self._links)
+            for link in links:
+                link.close(reset=False)
+                self._links.discard(link)
+            return len(links)
+
+        return int(self._call(do()))
+
+    def blackhole(self) -> int:
+        """Freeze every open connection for good and hold new ones silent until
+        :meth:`heal`; return how many were frozen."""
+        frozen = self.half_open()
+        self.partition()
+        return frozen
+
+    def refuse(self) -> None:
+        """Reset every new connection as soon as it is accepted, until :meth:`heal`."""
+        self.refusing = True
+
     def partition(self) -> None:
         """Stop forwarding on every connection, open or new, until :meth:`heal`."""
 
@@ -170,12 +211,20 @@ class FaultProxy:
         async def do() -> None:
             assert self._healed is not None
             self.partitioned = False
+            self.refusing = False
             self._healed.set()
 
         self._call(do())
 
     # ----------------------------------------------------------- forwarding
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.refusing:
+            with contextlib.suppress(Exception):
+                sock = writer.get_extra_info("socket")
+                if sock is not None:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+                writer.close()
+            return
         try:
             up_reader, up_writer = await asyncio.open_connection(
                 self.upstream_host, self.upstream_port

@@ -21,13 +21,12 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from blitzq import ConfigurationError, Queue
-from blitzq.broker import Completion
+from blitzq import ConfigurationError, Queue, records
+from blitzq.broker import Broker, Completion
 from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.amqp.channels import AmqpLink
 from blitzq.cli import cli
-from blitzq.exceptions import BrokerError
-from blitzq.serialization import Envelope, encode_envelope
+from blitzq.serialization import Envelope, decode_envelope, encode_envelope
 from tests.amqp_server import (
     PrivateNode,
     amqp_or_skip,
@@ -49,13 +48,13 @@ def message(task_id: str, queue: str = "q") -> bytes:
 
 
 @pytest.fixture
-async def amqp(server_url: str, namespace: str) -> AsyncIterator[Callable[..., AmqpBroker]]:
+async def amqp(server_url: str, namespace: str) -> AsyncIterator[Callable[..., Broker]]:
     """Factory of AmqpBrokers on the shared RabbitMQ and the test Redis namespace; their
     RabbitMQ queues are deleted afterwards."""
     url = amqp_or_skip()
-    made: list[AmqpBroker] = []
+    made: list[Broker] = []
 
-    def factory(**options: Any) -> AmqpBroker:
+    def factory(**options: Any) -> Broker:
         broker = AmqpBroker(url, server_url, namespace, **options)
         made.append(broker)
         return broker
@@ -67,7 +66,7 @@ async def amqp(server_url: str, namespace: str) -> AsyncIterator[Callable[..., A
 
 
 @pytest.fixture
-async def queue(amqp: Callable[..., AmqpBroker]) -> AsyncIterator[Queue]:
+async def queue(amqp: Callable[..., Broker]) -> AsyncIterator[Queue]:
     """A Queue ``aq`` whose broker is an AmqpBroker (visibility timeout 2 s)."""
     broker = amqp()
     q = Queue("aq", broker=broker, visibility_timeout=2.0)
@@ -100,20 +99,21 @@ async def test_queue_amqp_url_builds_the_pairing(server_url: str, namespace: str
         await q.close()
 
 
-async def test_publish_returns_once_confirmed_and_an_unroutable_message_raises(
-    amqp: Callable[..., AmqpBroker],
+async def test_publish_returns_once_confirmed_and_a_deleted_queue_is_declared_again(
+    amqp: Callable[..., Broker],
 ) -> None:
     broker = amqp()
     await broker.publish("conf", [message(f"c{i}") for i in range(20)])
     assert (await broker.queue_stats(["conf"]))["conf"]["waiting"] == 20
-    # The queue disappears under the publisher: RabbitMQ returns the message (mandatory).
+    # The queue disappears under the publisher: RabbitMQ returns the message (mandatory), so
+    # it was certainly not queued; the publisher declares the queue again and publishes it.
     other = AmqpLink(broker.transport.link.url, broker.transport.link.namespace, 5)
     try:
         await other.delete([broker.transport.link.name("conf")])
     finally:
         await other.close()
-    with pytest.raises(BrokerError, match=r"NO_ROUTE|confirm|publish"):
-        await broker.publish("conf", [message("lost")])
+    await broker.publish("conf", [message("again")])
+    assert (await broker.queue_stats(["conf"]))["conf"]["waiting"] == 1
 
 
 async def test_priorities_run_high_then_normal_then_low(queue: Queue) -> None:
@@ -132,7 +132,7 @@ async def test_priorities_run_high_then_normal_then_low(queue: Queue) -> None:
 
 
 async def test_a_delivery_whose_connection_died_before_its_ack_is_delivered_again(
-    amqp: Callable[..., AmqpBroker],
+    amqp: Callable[..., Broker],
 ) -> None:
     first, second = amqp(), amqp()
     await first.publish("redo", [message("r1")])
@@ -145,7 +145,7 @@ async def test_a_delivery_whose_connection_died_before_its_ack_is_delivered_agai
 
 
 async def test_a_task_redelivered_after_its_connection_was_closed_runs_again(
-    amqp: Callable[..., AmqpBroker],
+    amqp: Callable[..., Broker],
 ) -> None:
     # A visibility timeout long enough that the delivery is still RabbitMQ's (not yet
     # handed to the state store's custody) when its connection is closed.
@@ -187,7 +187,7 @@ async def test_an_idle_worker_consumes_again_after_the_server_closed_its_connect
 
 
 async def test_a_completion_whose_channel_closed_is_committed_without_an_ack(
-    amqp: Callable[..., AmqpBroker],
+    amqp: Callable[..., Broker],
 ) -> None:
     # RabbitMQ going away between a delivery and its completion: the ack cannot be sent
     # (RabbitMQ redelivers), which is no reason to refuse the completion committed in Redis.
@@ -201,8 +201,39 @@ async def test_a_completion_whose_channel_closed_is_committed_without_an_ack(
     assert again.deliveries == 2
 
 
+async def test_a_redelivery_whose_completion_was_committed_is_acked_without_running(
+    amqp: Callable[..., Broker],
+) -> None:
+    first, second = amqp(), amqp()
+    await first.publish("redo", [message("r0"), message("r1"), message("r2")])
+    got: list[Any] = []
+    while len(got) < 3:
+        got += await first.fetch("redo", 3 - len(got), 10)
+    # The worker committed r0's success and r1's retry in Redis, then lost its connection
+    # before RabbitMQ read the acks (a crash, a cut): all three come back.
+    done = records.succeeded("r0", "tests.amqp.noop", "redo", 1, 0.0, 0.0, "w")
+    retrying = records.retrying("r1", "tests.amqp.noop", "redo", 1, 0.0, 0.0, "w", "E", "e")
+    await first.state.complete(
+        [
+            Completion("redo", None, "r0", record=done, record_ttl=600),
+            Completion("redo", None, "r1", record=retrying, record_ttl=600),
+        ]
+    )
+    await first.transport.link.close()
+    again: list[Any] = []
+    while not again:  # r0 and r1 are acked at their redelivery, not handed to a worker
+        again = await second.fetch("redo", 3, 10)
+    assert [(envelope_id(d.payload), d.deliveries) for d in again] == [("r2", 2)]
+    assert (await second.queue_stats(["redo"]))["redo"] == {"waiting": 0, "in_flight": 1}
+
+
+def envelope_id(payload: bytes) -> str:
+    """The task id of an encoded message."""
+    return decode_envelope(payload).id
+
+
 async def test_past_the_delivery_limit_a_message_becomes_a_blitzq_dead_letter(
-    amqp: Callable[..., AmqpBroker],
+    amqp: Callable[..., Broker],
 ) -> None:
     broker = amqp(max_deliveries=2)
     await broker.publish("poison", [message("p1")])
@@ -225,7 +256,7 @@ async def test_past_the_delivery_limit_a_message_becomes_a_blitzq_dead_letter(
 
 
 async def test_a_hand_back_publishes_again_without_spending_a_delivery(
-    amqp: Callable[..., AmqpBroker],
+    amqp: Callable[..., Broker],
 ) -> None:
     broker = amqp()
     await broker.publish("back", [message("b1")])
@@ -240,7 +271,7 @@ async def test_a_hand_back_publishes_again_without_spending_a_delivery(
 
 
 async def test_closing_hands_back_prefetched_messages_without_spending_deliveries(
-    amqp: Callable[..., AmqpBroker],
+    amqp: Callable[..., Broker],
 ) -> None:
     first, second = amqp(prefetch=10), amqp()
     await first.publish("pre", [message(f"m{i}") for i in range(5)])
@@ -378,7 +409,7 @@ async def test_amqp_url_from_the_environment_and_bad_schemes(
     result = CliRunner().invoke(
         cli, ["--redis-url", server_url, "--namespace", namespace, "task", "inspect", "x"]
     )
-    assert result.exit_code == 2, result.output
+    assert result.exit_code == 78, result.output  # from the environment: EX_CONFIG
     assert "amqp://" in result.output
     result = CliRunner().invoke(cli, ["--help"])
     assert "--amqp-url" in result.output

@@ -25,6 +25,7 @@ from click.testing import CliRunner
 from blitzq import ConfigurationError, Queue, TaskFailed
 from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.amqp.channels import DEAD_LETTER_SUFFIX, AmqpLink
+from blitzq.broker.factory import amqp_hosts
 from blitzq.cli import cli
 from blitzq.exceptions import BrokerError
 from tests.amqp_server import amqp_or_skip, close_connection_named, delete_amqp_queues
@@ -47,6 +48,8 @@ BAD_URLS = [
     ("amqp://guest:s3cret@:5672/", "no host"),
     ("amqp://guest:s3cret@127.0.0.1:5672/a/b", "%2F"),
     ("http://guest:s3cret@127.0.0.1:5672/", "amqp://"),
+    ("amqp://guest:s3cret@127.0.0.1:5672,127.0.0.2:notaport/", "integer"),
+    ("amqp://guest:s3cret@127.0.0.1/;http://guest:s3cret@127.0.0.2/", "amqp://"),
 ]
 
 
@@ -67,14 +70,17 @@ def test_good_amqp_urls_are_accepted() -> None:
         "amqp://guest:guest@127.0.0.1:5672/%2F",
         "amqp://guest:guest@127.0.0.1//",
         "amqps://u:p@[::1]:5671/vhost?heartbeat=5",
+        "amqp://guest:guest@127.0.0.1:5672,127.0.0.2,[::1]:5673/%2F?heartbeat=5",
+        "amqp://guest:guest@127.0.0.1/;amqps://u:p@127.0.0.2:5671/vhost",
     ):
         Queue(redis_url="redis://127.0.0.1:6379/0", amqp_url=url)
 
 
 @pytest.mark.parametrize("typed", [True, False])
-def test_the_cli_reports_a_malformed_amqp_url_as_json_with_exit_2(
+def test_the_cli_reports_a_malformed_amqp_url_as_json_with_exit_2_or_78(
     redis_url: str, typed: bool
 ) -> None:
+    """Typed: a usage error (2); from the environment: a configuration error (78)."""
     url = "amqp://guest:s3cret@127.0.0.1:notaport/"
     args = ["--json", "--redis-url", redis_url, "queue", "stats"]
     env = dict(_CLEAN_ENV)
@@ -83,12 +89,26 @@ def test_the_cli_reports_a_malformed_amqp_url_as_json_with_exit_2(
     else:
         env["BLITZQ_AMQP_URL"] = url
     result = CliRunner().invoke(cli, args, env=env)
-    assert result.exit_code == 2, result.output
+    code = 2 if typed else 78
+    assert result.exit_code == code, result.output
     doc = json.loads(result.stdout)
-    assert doc["exit_code"] == 2
+    assert doc["exit_code"] == code
     assert "bad amqp_url 'amqp://guest:***@127.0.0.1:notaport/'" in doc["error"]
     assert "s3cret" not in result.output
     assert "Traceback" not in result.output
+
+
+def test_several_amqp_hosts_are_read_in_either_form() -> None:
+    assert amqp_hosts("amqp://u:p@h1:5672,h2:5673,h3/vh?heartbeat=5") == [
+        "amqp://u:p@h1:5672/vh?heartbeat=5",
+        "amqp://u:p@h2:5673/vh?heartbeat=5",
+        "amqp://u:p@h3/vh?heartbeat=5",
+    ]
+    assert amqp_hosts("amqp://u:p@h1/vh; amqps://v:q@h2:5671/vh") == [
+        "amqp://u:p@h1/vh",
+        "amqps://v:q@h2:5671/vh",
+    ]
+    assert amqp_hosts("amqp://127.0.0.1") == ["amqp://127.0.0.1"]
 
 
 def test_the_amqp_heartbeat_follows_the_visibility_timeout_unless_the_url_sets_it() -> None:

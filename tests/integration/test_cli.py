@@ -445,13 +445,14 @@ def test_invalid_option_values_exit_2_without_traceback(redis_url: str) -> None:
     ],
 )
 def test_memory_url_is_refused_with_exit_2(args: list[str]) -> None:
-    """A memory:// server is private to the CLI process: refused, typed or from the env."""
+    """A memory:// server is private to the CLI process: refused, typed (a usage error, 2)
+    or from the env (a configuration error, 78)."""
     runner = CliRunner()
-    for result in (
-        runner.invoke(cli, ["--redis-url", "memory://x", *args], env=_CLEAN_ENV),
-        runner.invoke(cli, args, env={**_CLEAN_ENV, "BLITZQ_REDIS_URL": "memory://x"}),
+    for result, code in (
+        (runner.invoke(cli, ["--redis-url", "memory://x", *args], env=_CLEAN_ENV), 2),
+        (runner.invoke(cli, args, env={**_CLEAN_ENV, "BLITZQ_REDIS_URL": "memory://x"}), 78),
     ):
-        assert result.exit_code == 2, (args, result.output)
+        assert result.exit_code == code, (args, result.output)
         assert "private to the one process" in result.stderr, result.stderr
         assert "redis://" in result.stderr
         assert "embedded server" in result.stderr

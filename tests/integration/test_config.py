@@ -50,7 +50,7 @@ def test_a_typo_in_the_table_is_an_error_naming_the_file(project: Path) -> None:
     with pytest.raises(ConfigurationError, match=r"pyproject.toml: unknown setting 'namspace'"):
         Queue()
     result = CliRunner().invoke(cli, ["config", "show"])
-    assert result.exit_code == 2
+    assert result.exit_code == 78  # a configuration error (EX_CONFIG), not a usage error
     assert "unknown setting 'namspace'" in result.output
 
 
@@ -85,11 +85,11 @@ def test_cli_options_come_from_the_command_tables(
     assert parsed("app:queue", "-c", "11")["concurrency"] == 11
     write(project, "[tool.blitzq.worker]\nconcurency = 7\n")
     result = CliRunner().invoke(cli, ["queue", "stats"])
-    assert result.exit_code == 2
+    assert result.exit_code == 78
     assert "'concurency', which is not an option of `blitzq worker`" in result.output
     write(project, "[tool.blitzq.wrker]\nconcurrency = 7\n")
     result = CliRunner().invoke(cli, ["queue", "stats"])
-    assert result.exit_code == 2
+    assert result.exit_code == 78
     assert "[tool.blitzq.wrker] names no command" in result.output
 
 
@@ -228,7 +228,7 @@ def test_an_invalid_setting_names_its_origin_and_config_show_marks_it(
     with pytest.raises(ConfigurationError, match=r"pyproject.toml \[tool.blitzq\]: mode must"):
         Queue()
     refused = CliRunner().invoke(cli, ["queue", "stats"])
-    assert refused.exit_code == 2
+    assert refused.exit_code == 78  # from the project file: a configuration error
     assert f"Invalid value for '--mode' (from {where} mode)" in refused.stderr
     assert "env var" not in refused.stderr
     monkeypatch.setenv("BLITZQ_MODE", "x")

@@ -183,7 +183,7 @@ def test_a_value_of_the_wrong_type_stops_the_command(
     key = line.split(" = ")[0]
     burst = [] if key == "burst" else ["--burst"]  # a typed --burst would win over the file
     done = blitzq(project, "worker", "app:queue", *burst, env={"BLITZQ_REDIS_URL": redis_url})
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == 78, done.stderr  # the project file's: a configuration error
     where = f"(from {project / 'pyproject.toml'} [tool.blitzq.worker] {key})"
     assert where in done.stderr
     assert why in done.stderr
@@ -229,7 +229,7 @@ def test_the_server_commands_refuse_the_broker_options(
     assert not (project / "data").exists()  # nothing started
     (project / "pyproject.toml").write_text('[tool.blitzq.server.status]\nnamespace = "a"\n')
     done = blitzq(project, "server", "status")
-    assert done.returncode == 2
+    assert done.returncode == 78  # the project file's: a configuration error
     assert "'namespace', which is not an option of `blitzq server status`" in done.stderr
     (project / "pyproject.toml").unlink()
     env = {"BLITZQ_REDIS_URL": "redis://127.0.0.1:1/0", "BLITZQ_NAMESPACE": "a"}

@@ -280,7 +280,7 @@ def test_command_refuses_a_public_address_without_credentials(
     assert "BLITZQ_DASHBOARD_USER" in result.output
     monkeypatch.setenv("BLITZQ_DASHBOARD_USER", "admin")
     result = runner.invoke(cli, ["dashboard", "nowhere:queue"])
-    assert result.exit_code == 2
+    assert result.exit_code == 78  # the environment's: a configuration error
     assert "set both" in result.output
 
 

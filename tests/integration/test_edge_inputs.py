@@ -282,14 +282,15 @@ def test_json_task_inspect_with_non_utf8_argv_prints_the_json_error(
     assert "Traceback" not in done.stderr
 
 
-def test_a_namespace_variable_that_is_not_utf8_is_a_usage_error(server_url: str) -> None:
-    """``BLITZQ_NAMESPACE`` holding bytes that are not UTF-8: exit 2 with the JSON document."""
+def test_a_namespace_variable_that_is_not_utf8_is_a_configuration_error(server_url: str) -> None:
+    """``BLITZQ_NAMESPACE`` holding bytes that are not UTF-8: exit 78 (a configuration error,
+    ``EX_CONFIG``) with the JSON document naming the variable."""
     env = subprocess_env() | {"BLITZQ_NAMESPACE": ARG}  # os.fsencode: b"a\xffb"
     argv = [sys.executable, "-m", "blitzq", "--redis-url", server_url, "--json", "queue", "stats"]
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=45)
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == 78, done.stderr
     doc = json.loads(done.stdout)
-    assert doc["exit_code"] == 2
-    assert doc["error"].startswith("namespace 'a\\udcffb': ")
+    assert doc["exit_code"] == 78
+    assert "(from env var BLITZQ_NAMESPACE): namespace 'a\\udcffb': " in doc["error"]
     assert NOT_UTF8 in doc["error"]
     assert "Traceback" not in done.stderr

@@ -12,6 +12,7 @@ import asyncio
 import inspect
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ import pytest
 import redis
 
 from blitzq import Queue, TaskFailed
+from blitzq.serialization import loads
 from blitzq.supervisor import RestartBudget
 from blitzq.worker import executors
 from tests.polling import wait_until
@@ -522,3 +524,51 @@ def test_strict_memory_policy_refusal_is_a_configuration_error_not_restarted(
     assert out.count("not restarting it") == 2, out
     assert "restarting worker slot" not in out
     assert "allkeys-lru" in out
+
+
+def registrations(client: redis.Redis, namespace: str) -> dict[int, dict[str, Any]]:
+    """The live workers' registrations, by pid."""
+    out = {}
+    for raw in client.hvals("{" + namespace + "}:workers"):
+        info = loads(raw)
+        out[info["pid"]] = info
+    return out
+
+
+def test_a_restarted_slot_keeps_its_worker_id_with_a_new_instance(
+    supervise: Callable[..., Supervised], producer: Queue, client: redis.Redis, namespace: str
+) -> None:
+    """The worker id is ``host:slot``, the same across the slot's restarts (metrics, logs and
+    records keep continuity); the process instance (``pid:random``) and the registry key
+    (unique per live process, the stream consumer name) change."""
+    sup = supervise(workers=1)
+    (first,) = wait_ready(sup, client, namespace, n=1)
+    before = registrations(client, namespace)[first]
+    assert before["id"] == f"{socket.gethostname()}:0"
+    assert before["slot"] == 0
+    assert before["instance"].startswith(f"{first}:")
+    assert before["key"] == f"{before['id']}:{before['instance']}"
+    record = producer.send_sync(WHOAMI, (0.0,))
+    assert record.result_sync(timeout=30) == first
+    status = record.status_sync()
+    assert status is not None
+    assert status.worker == before["id"]
+
+    os.kill(first, signal.SIGKILL)
+
+    def restarted() -> list[int] | None:
+        pids = sup.workers()
+        return pids if len(pids) == 1 and first not in pids else None
+
+    (second,) = wait_until(restarted, 30.0, f"the slot restarted\n{sup.output()}")
+    wait_ready(sup, client, namespace, n=1)
+    after = registrations(client, namespace)[second]
+    assert after["id"] == before["id"]
+    assert after["instance"] != before["instance"]
+    assert after["instance"].startswith(f"{second}:")
+    assert after["key"] != before["key"]
+    again = producer.send_sync(WHOAMI, (0.0,))
+    assert again.result_sync(timeout=30) == second
+    status = again.status_sync()
+    assert status is not None
+    assert status.worker == before["id"]

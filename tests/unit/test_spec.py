@@ -117,7 +117,7 @@ def test_every_exception_class_is_listed_with_its_exit_code() -> None:
         and obj.__module__ == "blitzq.exceptions"
     }
     assert set(listed) == classes
-    assert listed["ConfigurationError"]["cli_exit_code"] == 2
+    assert listed["ConfigurationError"]["cli_exit_code"] == 78  # EX_CONFIG, every command
     assert listed["BrokerError"]["cli_exit_code"] == 1
     assert listed["TaskFailed"]["cli_exit_code"] == 1
     assert listed["Retry"]["cli_exit_code"] is None  # raised in tasks, not met by the CLI
@@ -180,7 +180,7 @@ def test_ranges_and_choices_come_from_click() -> None:
     assert params["--redis-url"]["env"] == ["BLITZQ_WORKER_REDIS_URL", "BLITZQ_REDIS_URL"]
     assert params["--watch-dir"]["multiple"] is True
     codes = {c["code"] for c in spec("cli.json")["exit_codes"]}
-    assert codes == {0, 1, 2, 75, 78}
+    assert codes == {0, 1, 2, 71, 75, 78}
 
 
 def test_constructor_parameters_are_the_signatures() -> None:

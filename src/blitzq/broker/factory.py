@@ -72,18 +72,62 @@ def check_amqp_queue(queue: str) -> None:
         )
 
 
+def amqp_hosts(url: str) -> list[str]:
+    """The single-host AMQP URLs an ``amqp_url`` names, in the order to try them.
+
+    Several RabbitMQ nodes are given either as hosts separated by commas in one URL, sharing
+    its user, password, vhost and options (``amqp://u:p@h1:5672,h2:5672,h3/vhost``), or as
+    whole URLs separated by semicolons (``amqp://u:p@h1/vhost;amqps://u:p@h2/vhost``, as in
+    Celery's broker list); both forms may be mixed. A port left out is the scheme's.
+
+    Args:
+        url: the ``amqp_url`` (one host or several).
+
+    Returns:
+        One URL per host (a one-host ``url`` is returned as is, alone).
+    """
+    out: list[str] = []
+    for piece in (p.strip() for p in url.split(";")):
+        if not piece:
+            continue
+        scheme, sep, rest = piece.partition("://")
+        cut = len(rest)
+        for mark in "/?#":
+            found = rest.find(mark)
+            if found != -1:
+                cut = min(cut, found)
+        netloc, tail = rest[:cut], rest[cut:]
+        userinfo, at, hosts = netloc.rpartition("@")
+        names = hosts.split(",")
+        if len(names) == 1:
+            out.append(piece)
+            continue
+        for host in names:
+            out.append(f"{scheme}{sep}{userinfo}{at}{host.strip()}{tail}")
+    return out
+
+
 def check_amqp_url(url: str) -> None:
     """Refuse an AMQP URL that aio-pika could not connect with, before any connection.
 
     Args:
         url: ``amqp://user:password@host:port/vhost`` or ``amqps://...`` (the vhost one path
-            segment, ``%2F`` for ``/``; no vhost: ``/``).
+            segment, ``%2F`` for ``/``; no vhost: ``/``); several hosts as :func:`amqp_hosts`
+            reads them, each checked.
 
     Raises:
         ConfigurationError: another scheme, no host, a port that is not an integer in
             1-65535, or a vhost with an unescaped ``/``; the message names the URL with its
             password masked.
     """
+    hosts = amqp_hosts(url)
+    if not hosts:
+        raise ConfigurationError(f"bad amqp_url {mask_url(url)!r}: no host")
+    for one in hosts:
+        _check_one_amqp_url(one)
+
+
+def _check_one_amqp_url(url: str) -> None:
     shown = mask_url(url)
     if not url.startswith(AMQP_SCHEMES):
         raise ConfigurationError(f"unsupported amqp_url {shown!r}: use amqp:// or amqps://")
@@ -235,6 +279,7 @@ __all__ = [
     "AMQP_RESERVED_QUEUE",
     "AMQP_SCHEMES",
     "SCHEMES",
+    "amqp_hosts",
     "check_amqp_queue",
     "check_amqp_url",
     "describe_connection",

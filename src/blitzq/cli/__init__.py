@@ -7,7 +7,9 @@ environment variables ``BLITZQ_REDIS_URL``, ``BLITZQ_NAMESPACE`` and ``BLITZQ_MO
 them in, below the command's own ``BLITZQ_<COMMAND>_REDIS_URL`` ..., every other option has
 its ``BLITZQ_<COMMAND>_<OPTION>`` variable, and ``[tool.blitzq]`` in pyproject.toml gives
 defaults below them (:mod:`blitzq.config`, ``blitzq config show``). Errors print one red line
-on stderr and exit non-zero (1 for a failed operation, 2 for a usage or configuration error).
+on stderr and exit non-zero: 1 for a failed operation (a connection error), 2 for a malformed
+command line, 78 (``EX_CONFIG``) for a configuration error (an application that does not
+load, a bad setting from a variable or the project file).
 """
 
 from __future__ import annotations

@@ -14,12 +14,14 @@ import click
 from click.core import ParameterSource
 
 from .. import config
+from ..broker.factory import check_amqp_url, resolve_url
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, EmbeddedServerNotFound
 from ..limits import MAX_SECONDS
 from ..logconfig import LEVELS
 from ..queue import Queue
 from ..redaction import mask_url as mask_url  # re-exported to the commands
 from ..redaction import redact
+from ..routing import check_namespace
 from ._output import console as console  # re-exported to the commands, as below
 from ._output import emit_json as emit_json
 from ._output import iso as iso
@@ -30,11 +32,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: Exit code of a failed operation (no such record, broker unreachable, …).
 EXIT_FAILURE = 1
-#: Exit code of a usage or configuration error (click uses 2 for bad arguments too).
+#: Exit code of a usage error: a command line that is wrong (click uses 2 for bad arguments).
 EXIT_USAGE = 2
-#: Exit code of a configuration error of ``blitzq worker``, ``blitzq scheduler run`` and
-#: ``blitzq check`` (``EX_CONFIG`` of sysexits.h: systemd's ``RestartPreventExitStatus=78``
-#: stops restarting on it), and of an application that does not load.
+#: Exit code of a configuration error, by every command (``EX_CONFIG`` of sysexits.h:
+#: systemd's ``RestartPreventExitStatus=78`` stops restarting on it): an application that
+#: does not load, an invalid setting of the application's Queue or of its environment
+#: variables or project file.
 EXIT_CONFIG = 78
 
 
@@ -192,6 +195,18 @@ def _store(ctx: click.Context, param: click.Parameter, value: Any) -> None:
             ctx=ctx,
             param=param,
         )
+    if not settings.lenient:
+        # A bad value typed on the command line is a usage error (2); one from a variable or
+        # the project file a configuration error (78): ConfiguredGroup tells them apart.
+        try:
+            if name == "namespace":
+                check_namespace(str(value))
+            elif name == "amqp_url":
+                check_amqp_url(str(value))
+            elif name == "redis_url":
+                resolve_url(str(value))
+        except ConfigurationError as exc:
+            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
     typed = ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
     if name in settings.from_command_line and not typed:
         return
@@ -306,15 +321,16 @@ def amqp_of(queue: Queue) -> str | None:
 
 
 @contextlib.contextmanager
-def cli_errors(url: str | None = None, *, config_exit: int = EXIT_USAGE) -> Iterator[None]:
+def cli_errors(url: str | None = None, *, config_exit: int = EXIT_CONFIG) -> Iterator[None]:
     """Turn blitzq errors raised inside into :class:`CliError` (no traceback).
 
     Args:
         url: the broker URL in use, named (password masked) in broker errors.
         config_exit: exit code of a :class:`~blitzq.exceptions.ConfigurationError`:
-            :data:`EXIT_USAGE` (2), or :data:`EXIT_CONFIG` (78) for the services and their
-            preflight (``blitzq worker``, ``blitzq scheduler run``, ``blitzq check``). Broker
-            (connection) errors exit 1.
+            :data:`EXIT_CONFIG` (78) where settings are loaded and applied (the Queue built
+            from the global options, the application's, the logging set-up), or
+            :data:`EXIT_USAGE` (2) around an operation whose arguments the command line gave
+            (a bad task id or queue name is a usage error). Broker (connection) errors exit 1.
     """
     try:
         yield
@@ -340,7 +356,7 @@ def running_server_url() -> str:
 
     Raises:
         CliError: no such server runs (exit 1), or its directory or socket is another user's
-            (exit 2).
+            (exit 78).
     """
     from ..broker.redis.embedded import find_server
 
@@ -355,7 +371,7 @@ def make_queue() -> Queue:
     (:func:`running_server_url`).
 
     Raises:
-        CliError: an invalid option value (exit code 2), or no URL and no running server.
+        CliError: an invalid setting (exit code 78), or no URL and no running server (1).
     """
     s = settings()
     url = s.redis_url or config.value("redis_url") or running_server_url()
@@ -398,7 +414,7 @@ def run_with_queue(fn: Callable[[Queue], Awaitable[T]], queue: Queue | None = No
             with contextlib.suppress(BlitzQError):
                 await queue.close()
 
-    with cli_errors(settings().redis_url):
+    with cli_errors(settings().redis_url, config_exit=EXIT_USAGE):  # the arguments' checks
         return asyncio.run(runner())
 
 

@@ -21,6 +21,7 @@ from .. import config
 from ..exceptions import ConfigurationError
 from ..redaction import mask_url
 from ._common import (
+    EXIT_CONFIG,
     CliUsageError,
     Seconds,
     Settings,
@@ -194,8 +195,8 @@ class ConfiguredGroup(click.Group):
         """Make the root context with the settings' defaults (click's own method otherwise).
 
         Raises:
-            click.UsageError: the project file is invalid, or an argument is not valid UTF-8
-                (exit 2, the file or the argument named).
+            click.UsageError: the project file is invalid (a configuration error, exit 78,
+                the file named), or an argument is not valid UTF-8 (exit 2, it named).
         """
         if parent is None:
             extra.setdefault("auto_envvar_prefix", ENV_PREFIX)
@@ -209,7 +210,7 @@ class ConfiguredGroup(click.Group):
             try:
                 extra.setdefault("default_map", default_map(self))
             except ConfigurationError as exc:
-                raise JsonUsageError(str(exc), as_json=self._json_asked) from None
+                raise JsonConfigError(str(exc), as_json=self._json_asked) from None
         try:
             return super().make_context(info_name, args, parent, **extra)
         except click.UsageError as exc:
@@ -224,7 +225,9 @@ class ConfiguredGroup(click.Group):
 
     def _reframe(self, exc: click.UsageError) -> click.UsageError:
         """``exc`` naming where a bad value came from, and printed as a JSON document too
-        under ``--json``."""
+        under ``--json``. A bad value typed on the command line is a usage error (exit 2);
+        one from an environment variable or the project file is a configuration error
+        (exit 78, ``EX_CONFIG``)."""
         if isinstance(exc, JsonUsageError):
             return exc
         ctx = exc.ctx
@@ -232,7 +235,7 @@ class ConfiguredGroup(click.Group):
         as_json = bool(getattr(self, "_json_asked", False) or (found and found.json))
         if isinstance(exc, FileValueError) and exc.param is not None:
             named = exc.param.get_error_hint(ctx).split(" (env var")[0] if ctx else exc.param.name
-            return JsonUsageError(
+            return JsonConfigError(
                 f"Invalid value for {named} (from {exc.origin}): {exc.message}",
                 ctx=ctx,
                 as_json=as_json,
@@ -244,7 +247,9 @@ class ConfiguredGroup(click.Group):
                 hint = " / ".join(repr(h) for h in hint)
             message = f"Invalid value for {hint}{f' (from {origin})' if origin else ''}: "
             message += exc.message
-            return JsonUsageError(message, ctx=ctx, as_json=as_json)
+            configured = origin is not None and origin != "the command line"
+            kind = JsonConfigError if configured else JsonUsageError
+            return kind(message, ctx=ctx, as_json=as_json)
         return JsonUsageError(exc.format_message(), ctx=ctx, as_json=as_json)
 
 
@@ -275,7 +280,13 @@ def _refuse_undecodable(args: list[str], *, as_json: bool) -> None:
 
 class JsonUsageError(click.UsageError):
     """A usage error (exit 2) printed as click prints one, and under ``--json`` also as
-    ``{"error": message, "exit_code": 2}`` on stdout (as :class:`CliError` does)."""
+    ``{"error": message, "exit_code": 2}`` on stdout (as :class:`CliError` does).
+
+    Args:
+        message: what is wrong.
+        ctx: the command's context (its usage line is printed).
+        as_json: also print the JSON document.
+    """
 
     def __init__(
         self, message: str, ctx: click.Context | None = None, *, as_json: bool = False
@@ -288,6 +299,13 @@ class JsonUsageError(click.UsageError):
         if self.as_json:
             emit_json({"error": self.format_message(), "exit_code": self.exit_code})
         super().show(file)
+
+
+class JsonConfigError(JsonUsageError):
+    """A bad setting from an environment variable or the project file: printed as
+    :class:`JsonUsageError`, but a configuration error, exit 78 (``EX_CONFIG``)."""
+
+    exit_code = EXIT_CONFIG
 
 
 def value_origin(ctx: click.Context, param: click.Parameter) -> str | None:

@@ -18,6 +18,7 @@ from .._checks import is_loopback
 from ..exceptions import BlitzQError
 from ..logconfig import configure_logging
 from ._common import (
+    CliConfigError,
     CliUsageError,
     cli_errors,
     global_options,
@@ -41,13 +42,13 @@ def credentials() -> tuple[str, str] | None:
     """``(user, password)`` from the environment, or ``None`` when neither is set.
 
     Raises:
-        CliUsageError: only one of the two is set, or one is empty.
+        CliConfigError: only one of the two is set, or one is empty (exit 78).
     """
     user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
     if user is None and password is None:
         return None
     if not user or not password:
-        raise CliUsageError(f"set both {USER_ENV} and {PASSWORD_ENV} (non-empty), or neither")
+        raise CliConfigError(f"set both {USER_ENV} and {PASSWORD_ENV} (non-empty), or neither")
     return user, password
 
 

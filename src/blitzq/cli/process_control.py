@@ -1,6 +1,7 @@
 """The process-control options of ``blitzq worker``: ``--autoscale``, ``--max-tasks-per-child``,
-``--max-memory-per-child``, ``--reload``, ``--watch-dir``, ``--no-supervise``,
-``--heartbeat-timeout``, ``--max-restarts`` and ``--restart-window`` (docs/supervisor.md).
+``--max-memory-per-child``, ``--pool`` and the ``--cpu-*`` options of the CPU pool,
+``--reload``, ``--watch-dir``, ``--no-supervise``, ``--heartbeat-timeout``, ``--max-restarts``
+and ``--restart-window`` (docs/supervisor.md).
 
 :func:`process_control_options` adds them to the command; the command hands what they asked
 for to :func:`needs_supervisor`, :func:`worker_arguments` (what each supervised worker gets)
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from .._checks import byte_size
 from ..exceptions import BlitzQError, ConfigurationError
 from ..redaction import mask_url
 from ..worker.autoscale import HARD_CAP, AutoscaleSettings, parse_range
@@ -43,6 +45,10 @@ NAMES = (
     "max_restarts",
     "restart_window",
     "supervised",
+    "pool",
+    "cpu_processes",
+    "cpu_max_tasks",
+    "cpu_max_memory",
 )
 
 
@@ -186,6 +192,46 @@ def process_control_options(fn: F) -> F:
             help="The rolling window of --max-restarts.",
         ),
         click.option("--supervised", is_flag=True, default=False, hidden=True),
+        click.option(
+            "--pool",
+            type=click.Choice(["thread", "cpu"]),
+            default="thread",
+            show_default=True,
+            envvar="BLITZQ_POOL",
+            show_envvar=True,
+            help="Where sync tasks left on their default executor run: threads of the worker, "
+            "or the CPU pool (child processes forked from a pre-warmed forkserver, killed "
+            "alone at a hard timeout or cancel; POSIX). executor='cpu' on a task picks it "
+            "for that task.",
+        ),
+        click.option(
+            "--cpu-processes",
+            type=click.IntRange(min=1),
+            default=None,
+            metavar="N",
+            envvar="BLITZQ_CPU_PROCESSES",
+            show_envvar=True,
+            help="Children of the CPU pool: CPU-pool calls running at once. Default: CPU count.",
+        ),
+        click.option(
+            "--cpu-max-tasks",
+            type=click.IntRange(min=1),
+            default=None,
+            metavar="N",
+            envvar="BLITZQ_CPU_MAX_TASKS",
+            show_envvar=True,
+            help="Replace a CPU-pool child after N calls.",
+        ),
+        click.option(
+            "--cpu-max-memory",
+            default=None,
+            metavar="SIZE",
+            envvar="BLITZQ_CPU_MAX_MEMORY",
+            show_envvar=True,
+            callback=_byte_size,
+            help="Replace a CPU-pool child whose resident memory is past SIZE after a call "
+            "(512MiB, 200MB, 1G; a bare number is bytes). Linux.",
+        ),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -202,6 +248,16 @@ def _autoscale_range(
         return parse_range(value)
     except ConfigurationError as exc:
         raise click.BadParameter(str(exc).removeprefix("--autoscale "), ctx, param) from None
+
+
+def _byte_size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """``--cpu-max-memory`` parsed to bytes as the command line is read (a usage error)."""
+    if value is None:
+        return None
+    try:
+        return byte_size("--cpu-max-memory", value)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
 
 
 def burst_conflicts(workers: int, control: Mapping[str, Any]) -> list[str]:
@@ -243,9 +299,12 @@ def needs_supervisor(workers: int, control: Mapping[str, Any], burst: bool = Fal
 def worker_arguments(control: Mapping[str, Any]) -> list[str]:
     """Options for the command line of each supervised worker."""
     argv = ["--supervised"]
-    for name in ("max_tasks_per_child", "max_memory_per_child"):
+    names = ("max_tasks_per_child", "max_memory_per_child", "cpu_processes", "cpu_max_tasks")
+    for name in (*names, "cpu_max_memory"):
         if control.get(name) is not None:
             argv += ["--" + name.replace("_", "-"), str(control[name])]
+    if control.get("pool", "thread") != "thread":
+        argv += ["--pool", control["pool"]]
     return argv
 
 

@@ -19,6 +19,7 @@ from rich.text import Text
 from ..queue import Queue
 from ..routing import check_name, check_queue_name, levels
 from ._common import (
+    EXIT_USAGE,
     cli_errors,
     console,
     emit_json,
@@ -35,7 +36,7 @@ __all__ = ["queue_pause", "queue_purge", "queue_resume"]
 def _physical(name: str) -> list[str]:
     """The physical queues of ``name``: its priority levels, or ``name`` itself when it
     names a level (``emails:high``)."""
-    with cli_errors():
+    with cli_errors(config_exit=EXIT_USAGE):  # the argument: a usage error
         check_name("queue name", name)
     if name.endswith((":high", ":low")):
         return [name]
@@ -83,7 +84,7 @@ def _purged(name: str, count: int) -> None:
 
 
 def _set_paused(name: str, paused: bool) -> None:
-    with cli_errors():
+    with cli_errors(config_exit=EXIT_USAGE):
         check_queue_name("queue name", name)
     queue = make_queue()
     changed = run_with_queue(lambda q: q.broker.set_paused(name, paused), queue)

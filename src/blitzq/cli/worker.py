@@ -26,6 +26,7 @@ from ..worker.ports import slot_port
 from ..worker.worker import EXIT_RESTART
 from ._common import (
     EXIT_CONFIG,
+    EXIT_USAGE,
     CliConfigError,
     CliUsageError,
     Seconds,
@@ -411,7 +412,8 @@ def worker_command(
         both = "not both" if django else "for example myapp.tasks:queue"
         raise _usage(f"give MODULE:ATTR or --django (Django's tasks framework), {both}")
     deferral = (defer_base_delay, defer_max_delay, start_check_timeout)
-    with cli_errors(s.redis_url):  # options that contradict each other: a usage error, 2
+    # options that contradict each other: a usage error, 2
+    with cli_errors(s.redis_url, config_exit=EXIT_USAGE):
         OutageBackoff.checked(*deferral)  # before any worker process starts
     ops = ops_argv(metrics_port, health_port, ops_host, configure_logs, control)
     ops += deferral_argv(*deferral)
@@ -472,6 +474,10 @@ def worker_command(
             strict_memory_policy=strict_memory_policy,
             max_tasks_per_child=control.get("max_tasks_per_child"),
             max_memory_per_child=control.get("max_memory_per_child"),
+            pool=control.get("pool", "thread"),
+            cpu_processes=control.get("cpu_processes"),
+            cpu_max_tasks=control.get("cpu_max_tasks"),
+            cpu_max_memory=control.get("cpu_max_memory"),
             burst=burst,
             burst_idle_timeout=burst_idle_timeout,
             unknown_task_grace=unknown_task_grace,
@@ -485,8 +491,9 @@ def worker_command(
             **log_levels(control),
         )
         asyncio.run(_serve(worker, with_scheduler, patient=bool(control.get("supervised"))))
-    # A worker that stopped to be restarted (too many abandoned threads) says so.
-    code = EXIT_RESTART if worker.restart_requested else 0
+    # A worker that stopped to be restarted (too many abandoned threads, recycling: 75; its
+    # CPU pool's forkserver refused: 71) says so.
+    code = worker.exit_code if worker.restart_requested else 0
     _exit_past_abandoned_threads(code)
     if code:
         sys.exit(code)

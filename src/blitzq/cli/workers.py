@@ -122,12 +122,16 @@ def worker_list() -> None:
 @click.option("--no-wait", is_flag=True, default=False, help="Ask, and return at once.")
 @global_options
 def worker_shutdown(worker_id: str, timeout: float, no_wait: bool) -> None:
-    """Ask the live worker ID (see `blitzq worker list`) to shut down gracefully, and wait
-    until it has. Exit code 1 when no live worker has that id, or it is still registered
-    after --timeout."""
+    """Ask the live worker ID (see `blitzq worker list`: its id, `host:slot` under a
+    supervisor, or its key) to shut down gracefully, and wait until it has. Exit code 1 when
+    no live worker has that id, or it is still registered after --timeout."""
+
+    async def live(q: Queue) -> bool:
+        docs = _docs(await q.broker.workers())
+        return any(worker_id in (d["id"], d["key"]) for d in docs)
 
     async def ask(q: Queue) -> str:
-        if worker_id not in await q.broker.workers():
+        if not await live(q):
             return "unknown"
         await q.broker.request_shutdown(worker_id)
         if no_wait:
@@ -135,7 +139,7 @@ def worker_shutdown(worker_id: str, timeout: float, no_wait: bool) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-            if worker_id not in await q.broker.workers():
+            if not await live(q):
                 return "stopped"
         return "running"
 

@@ -29,14 +29,18 @@ if TYPE_CHECKING:
 
 
 def worker_document(worker_id: str, raw: bytes) -> dict[str, Any]:
-    """A worker's registration (what :meth:`Broker.workers` maps its id to) as a dict with
-    its ``id``; registration bytes that do not decode give just the ``id``."""
+    """A worker's registration (what :meth:`Broker.workers` maps its key to) as a dict with
+    its ``id`` (the one it registered: ``host:slot`` for a supervised worker, stable across
+    restarts) and ``key`` (unique per live process: ``worker_id``); registration bytes that do
+    not decode give just the key as both."""
     try:
         info = loads(raw)
     except SerializationError:
         info = None
     doc: dict[str, Any] = dict(info) if isinstance(info, dict) else {}
-    doc["id"] = worker_id
+    if not isinstance(doc.get("id"), str):
+        doc["id"] = worker_id
+    doc["key"] = worker_id
     return doc
 
 

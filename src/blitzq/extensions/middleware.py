@@ -69,8 +69,9 @@ Every run whose before-execute hooks ran ends with exactly one call of either ``
 (success) or ``on_error`` (failure, timeout, cancellation, or being put back on the queue at
 worker shutdown).
 
-Sync tasks (``executor="thread"`` or ``"process"``): ``before_execute`` runs on the worker's
-event loop, as a coroutine, before the call is submitted to the thread or process pool; the
+Sync tasks (``executor="thread"``, ``"process"`` or ``"cpu"``): ``before_execute`` runs on the
+worker's event loop, as a coroutine, before the call is submitted to the thread, process or CPU
+pool; the
 after-hooks run on the loop too, after the call returned. After-hooks and signal handlers run
 after the run's completion was handed to the writer, concurrently with it: they never delay
 the acknowledgement, and cannot change the stored result.

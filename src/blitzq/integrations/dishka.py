@@ -223,9 +223,9 @@ def setup_dishka(container: AsyncContainer, queue: Queue) -> DishkaMiddleware:
     if any(isinstance(m, DishkaMiddleware) for m in queue.middleware):
         raise ConfigurationError("setup_dishka was already called for this Queue")
     for task in queue.tasks.values():  # refused before anything is registered on the Queue
-        if task.executor == "process" and dishka_parameters(task.fn):
+        if task.executor in ("process", "cpu") and dishka_parameters(task.fn):
             raise ConfigurationError(
-                f"task {task.name}: a process task cannot take its FromDishka parameters "
+                f"task {task.name}: a {task.executor} task cannot take its FromDishka parameters "
                 "(filled by the worker in its own process); use an async or thread task"
             )
     middleware = DishkaMiddleware(container)

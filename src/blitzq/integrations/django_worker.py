@@ -23,9 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-import socket
 import sys
-import uuid
 from inspect import iscoroutinefunction
 from typing import Any
 
@@ -38,6 +36,7 @@ from ..context import current_task
 from ..exceptions import ConfigurationError
 from ..queue import Queue
 from ..task import Task
+from ..worker.identity import default_worker_id, new_instance
 from . import django_tasks as fw
 
 logger = logging.getLogger("blitzq.django")
@@ -249,7 +248,7 @@ def django_queue(queues_given: bool = False) -> tuple[Queue, list[str] | None, s
         raise ConfigurationError(
             f"TASKS[{alias!r}] allows any queue (QUEUES is empty): name the queues with -Q"
         )
-    worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    worker_id = default_worker_id(new_instance())  # host:slot under the supervisor
     queue: Queue = backend.queue
     queue.tasks = DjangoTasks(queue, worker_id)
     return queue, sorted(backend.queues) or None, worker_id

@@ -22,6 +22,7 @@ def exit_codes() -> list[dict[str, Any]]:
     """The exit codes of ``blitzq`` commands, from the constants that set them."""
     from ..cli._common import EXIT_CONFIG, EXIT_FAILURE, EXIT_USAGE
     from ..preflight import EXIT_BLOCKING
+    from ..worker.cpu import EXIT_FORKSERVER
     from ..worker.worker import EXIT_RESTART
 
     assert EXIT_CONFIG == EXIT_BLOCKING  # both are EX_CONFIG
@@ -37,15 +38,21 @@ def exit_codes() -> list[dict[str, Any]]:
             "code": EXIT_FAILURE,
             "commands": "all",
             "meaning": "a failed operation: no such "
-            "record, the broker unreachable or answering an error, another blitzq error",
+            "record, the broker unreachable (a connection error) or answering an error, "
+            "another blitzq error; a supervisor whose every slot gave up after crashes",
         },
         {
             "code": EXIT_USAGE,
             "commands": "all",
-            "meaning": "a usage or configuration error: "
-            "a bad option or argument (the option named), an invalid setting or project file, a "
-            "ConfigurationError (worker and check: 78); a supervisor whose every worker "
-            "exited 2",
+            "meaning": "a usage error: a malformed command line, a bad option or argument "
+            "typed on it (the option named), options that contradict each other; a "
+            "supervisor whose every worker exited 2",
+        },
+        {
+            "code": EXIT_FORKSERVER,
+            "commands": "worker",
+            "meaning": "the CPU pool's forkserver could not start a child (fork refused by the "
+            "OS): EX_OSERR; the supervisor starts a fresh worker",
         },
         {
             "code": EXIT_RESTART,
@@ -56,13 +63,13 @@ def exit_codes() -> list[dict[str, Any]]:
         },
         {
             "code": EXIT_CONFIG,
-            "commands": "worker, scheduler run, check (an application that does not load: "
-            "also scheduler list, dashboard, control)",
+            "commands": "all",
             "meaning": "a configuration error, EX_CONFIG, not restarted by the supervisor "
             "(systemd: RestartPreventExitStatus=78): an application or --configure that does "
-            "not load, a ConfigurationError (a bad broker URL, a port held at the first start, "
-            "a refused maxmemory-policy); a supervisor whose every worker exited 78; check: a "
-            "blocking finding",
+            "not load, a ConfigurationError of the settings (a bad broker URL, namespace or "
+            "mode from an environment variable or the project file, an invalid project file, "
+            "a port held at the first start, a refused maxmemory-policy); a supervisor whose "
+            "every worker exited 78; check: a blocking finding",
         },
     ]
 

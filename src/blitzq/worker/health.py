@@ -64,6 +64,9 @@ class Checked(Protocol):
     def id(self) -> str: ...
 
     @property
+    def instance(self) -> str: ...
+
+    @property
     def broker(self) -> Broker: ...
 
     @property
@@ -148,7 +151,11 @@ class Readiness:
             failing.append("worker")
             checks["worker"] = {"ok": False, "error": "stopping"}
         ready = not failing
-        body: dict[str, Any] = {"status": "ready" if ready else "not ready", "worker": worker.id}
+        body: dict[str, Any] = {
+            "status": "ready" if ready else "not ready",
+            "worker": worker.id,
+            "instance": worker.instance,
+        }
         body.update(failing=failing, checks=checks)
         return ready, body
 

@@ -35,8 +35,9 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._checks import integer
 from ..broker import Broker
-from ..exceptions import BlitzQError, BrokerError, describe_error
+from ..exceptions import BlitzQError, BrokerError, ConfigurationError, describe_error
 from ..extensions.signals import Signal, SignalEvent
 from ..serialization import loads
 from .limiter import Slots
@@ -162,10 +163,7 @@ class Maintained(Handed, Protocol):
 
     paused: set[str]
 
-    @property
-    def concurrency(self) -> int: ...
-
-    def resize(self, concurrency: int) -> None: ...
+    concurrency: int
 
     def info(self) -> bytes: ...
 
@@ -310,17 +308,17 @@ class Maintenance:
                     logger.info("queue %s %s", value, "paused" if kind == "pause" else "resumed")
                 return
             if kind == "shutdown":  # blitzq worker shutdown ID
-                if value == self.worker.id:
+                if value in (self.worker.key, self.worker.id):
                     logger.info("shutting down: asked on the event channel")
                     self.worker.stop()
                 return
             if kind == "resize":  # the dashboard: c:<concurrency>:<worker id>
                 count, _, target = value.partition(":")
                 if target == self.worker.id:
-                    self.worker.resize(int(count))
+                    self.resize(int(count))
                 return
             if kind == "handed":  # another worker handed this one a message (unknown.py)
-                if value == self.worker.id:
+                if value == self.worker.key:
                     self._handed.set()
                 return
             if kind == "subscribed":  # a push may have been missed before: look once
@@ -350,12 +348,28 @@ class Maintenance:
             f" ({describe_error(error)[0]}: {describe_error(error)[1][:200]})" if error else "",
         )
 
+    def resize(self, concurrency: int) -> None:
+        """Run at most ``concurrency`` tasks at once from now on (the dashboard's resize,
+        :meth:`~blitzq.broker.Broker.request_resize`): the worker's global limiter holds that
+        many slots; running tasks go on (when shrinking, none starts until fewer run); the
+        thread pool keeps its size.
+
+        Raises:
+            ConfigurationError: ``concurrency`` is not an int in [1, 100000].
+        """
+        if integer("concurrency", concurrency, minimum=1) > 100_000:
+            raise ConfigurationError("concurrency must be at most 100000")
+        self.worker.concurrency = concurrency
+        for slots in list(self.slots.values())[:1]:  # they share the one global limiter
+            slots.global_limiter.resize(concurrency)
+        logger.info("worker %s resized: concurrency=%d", self.worker.id, concurrency)
+
     async def _sync_size(self) -> None:
         """Take a resize asked of this worker whose push it missed (the dashboard's)."""
         try:
             size = await self.broker.take_resize(self.worker.id)
             if size is not None and size != self.worker.concurrency:
-                self.worker.resize(size)
+                self.resize(size)
         except (BlitzQError, NotImplementedError) as exc:
             logger.debug("maintenance: reading a resize: %s", exc)
 
@@ -396,7 +410,7 @@ class Maintenance:
         next_sync = time.monotonic() + REVOCATION_SYNC
         while True:
             try:  # alone: a refused registration (server out of memory) must not stop renewals
-                await broker.register_worker(worker.id, worker.info(), ttl=3 * self.interval + 5)
+                await broker.register_worker(worker.key, worker.info(), ttl=3 * self.interval + 5)
             except BrokerError as exc:
                 logger.warning("maintenance: could not register the worker: %s", exc)
             await self._sync_paused()
@@ -457,8 +471,10 @@ class Maintenance:
             return
         for lost_id, raw in sorted(lapsed.items()):
             info = _registration(raw)
-            extra: dict[str, Any] = {"lost_worker": lost_id}
-            for key in ("host", "pid", "queues", "heartbeat_at", "running_tasks"):
+            # The worker's id (host:slot under the supervisor) and its registry key.
+            lost = info.get("id") if isinstance(info.get("id"), str) else lost_id
+            extra: dict[str, Any] = {"lost_worker": lost, "lost_key": lost_id}
+            for key in ("instance", "host", "pid", "queues", "heartbeat_at", "running_tasks"):
                 if key in info:
                     extra[key] = info[key]
             event = SignalEvent(Signal.WORKER_HEARTBEAT_LOST, worker=worker.id, extra=extra)
@@ -501,7 +517,7 @@ class Maintenance:
             last = now
             try:
                 await self.broker.register_worker(
-                    worker.id, worker.info(), ttl=3 * self.interval + 5
+                    worker.key, worker.info(), ttl=3 * self.interval + 5
                 )
             except BrokerError as exc:
                 logger.debug("could not refresh the worker's registration: %s", exc)

@@ -74,6 +74,9 @@ class Measured(Protocol):
     def id(self) -> str: ...
 
     @property
+    def key(self) -> str: ...
+
+    @property
     def queue(self) -> QueueSettings: ...
 
     @property
@@ -277,7 +280,7 @@ class RunMetrics(RunTally):
         self.dead_letters.labels(ns).set(await broker.dead_letter_count())
         # This worker is live even before its first registration is written (at start).
         registered = await broker.workers()
-        self.workers.labels(ns).set(len(registered) + (self.worker.id not in registered))
+        self.workers.labels(ns).set(len(registered) + (self.worker.key not in registered))
         counters = await broker.counters()
         self.namespace_stale = float(counters.get("stale_completions", 0))
         # The oldest message's age only where something waits (one more read per queue).

@@ -25,6 +25,7 @@ from ..extensions.registry import extensions_of
 from ..serialization import decode_envelope
 from .admission import Admission, Call
 from .completions import Completions
+from .cpu import CpuExecutor, CpuOwner, ForkRefused
 from .eager_start import start_eagerly
 from .ending import Ending
 from .execution import Job
@@ -42,6 +43,7 @@ from .unknown import UnknownTasks
 if TYPE_CHECKING:
     from ..dependencies import Resources
     from ..queue import Queue
+    from ..task import Task
     from .deferral import OutageBackoff
     from .tally import RunTally
     from .unknown import Knowers
@@ -52,7 +54,7 @@ logger = logging.getLogger("blitzq.worker")
 _CLOSE_GRACE = 1.0
 
 
-class Owner(Protocol):
+class Owner(CpuOwner, Protocol):
     """What the runner and the stages it owns see of the worker (a :class:`~blitzq.Worker`):
     its settings, resources and counters, and its restart (the stages' own views of it,
     :class:`~.admission.AdmittingRunner`, :class:`~.timeouts.TimedRunner` and
@@ -60,6 +62,9 @@ class Owner(Protocol):
 
     @property
     def id(self) -> str: ...
+
+    @property
+    def key(self) -> str: ...
 
     @property
     def queue(self) -> Queue: ...
@@ -154,6 +159,8 @@ class Runner:
         self.started, self.start_limit = 0, worker.max_tasks_per_child or 0
         self._threads: ThreadPool | None = None
         self._processes: ProcessPool | None = None
+        #: The CPU pool's side of this worker: which tasks run there, the pool itself.
+        self.cpu = CpuExecutor(worker, self.tasks)
         #: Pool processes killed (hard timeout, cancel) and not yet reaped: the slot of the
         #: run that caused it is freed only once they are.
         self.killed_processes: list[Any] = []
@@ -351,7 +358,7 @@ class Runner:
         context._reporter = self.progress
         if self.track_state:
             self._flusher.add(self.completions.progress(job))
-        executor = task.executor
+        executor = self.executor_of(task)
         # The run's own context: nothing it sets is seen by the worker or the next task.
         scope = job.scope
         if scope is None:  # else made by the middleware hooks
@@ -378,7 +385,7 @@ class Runner:
         else:
             scope.run(set_current, context)
             try:
-                handle = self._submit(job, scope, (args, kwargs))
+                handle = self._submit(job, scope, (args, kwargs), executor)
             except Exception as exc:  # the pool refused the call: a failed attempt
                 self.ending.finish(job, None, exc)
                 slots.release()
@@ -412,10 +419,19 @@ class Runner:
         self.extensions.started(job, self.worker_id)
         self.run(job, slots, True)
 
-    def _submit(self, job: Job, scope: contextvars.Context, call: Call) -> asyncio.Future[Any]:
-        """Hand a sync task's call to the thread pool (run in ``scope``) or the process pool."""
+    def executor_of(self, task: Task[Any, Any]) -> str:
+        """Where ``task`` runs in this worker (:meth:`.cpu.CpuExecutor.executor_of`)."""
+        return self.cpu.executor_of(task)
+
+    def _submit(
+        self, job: Job, scope: contextvars.Context, call: Call, executor: str
+    ) -> asyncio.Future[Any]:
+        """Hand a sync task's call to the thread pool (run in ``scope``), the process pool or
+        the CPU pool."""
         task, (args, kwargs) = job.task, call
-        if task.executor == "thread":
+        if executor == "cpu":
+            return self.cpu.pool().submit(task.fn, args, kwargs)
+        if executor == "thread":
             if self._threads is None:
                 self._threads = ThreadPool(self.worker.thread_pool_size, "blitzq-task")
             run = functools.partial(task.fn, *args, **kwargs)
@@ -450,6 +466,10 @@ class Runner:
             self._release_once_reaped(slots)
         else:
             slots.release()
+        refused = not handle.cancelled() and isinstance(handle.exception(), ForkRefused)
+        if refused and not job.finished:  # it never ran: back on its queue it goes
+            job.finished = True
+            self.ending.commit(job, Completions.requeue(job))
         self.ending.ended(job, handle)
         if timer is not None:  # only a run with timers has anything to forget
             timeouts.forget(job)
@@ -473,6 +493,14 @@ class Runner:
         else:
             reaping.add_done_callback(lambda _: slots.release())
 
+    def kill_run(self, job: Job) -> None:
+        """Stop a process or CPU-pool run (a hard timeout, a cancel): a CPU-pool run's child
+        is killed alone (:meth:`.cpu.CpuPool.kill`), a process run's whole pool."""
+        if self.executor_of(job.task) == "cpu":
+            self.cpu.kill(job.handle)
+        else:
+            self.kill_process_run(job)
+
     def kill_process_run(self, job: Job) -> None:
         """Terminate the process pool running ``job``; requeue the other process tasks in it.
 
@@ -495,8 +523,9 @@ class Runner:
         """Cancel a running task of this worker; return whether one was running here.
 
         Async tasks are cancelled at once; thread tasks see ``current_task().cancelled``;
-        process tasks are terminated by restarting the process pool (other process tasks
-        running in it go back on their queue, attempt unchanged, as for a hard timeout).
+        a CPU-pool task's child is killed (its process group); process tasks are terminated
+        by restarting the process pool (other process tasks running in it go back on their
+        queue, attempt unchanged, as for a hard timeout).
         """
         found = False
         for job in list(self.jobs):
@@ -506,8 +535,8 @@ class Runner:
             job.context.cancelled = True
             if job.task.executor == "async":
                 job.handle.cancel()
-            elif job.task.executor == "process":
-                self.kill_process_run(job)
+            elif self.executor_of(job.task) in ("process", "cpu"):
+                self.kill_run(job)
         return found
 
     def requeue_unfinished(self) -> int:
@@ -568,3 +597,4 @@ class Runner:
             self._threads.shutdown(wait=False, cancel_futures=True)
         if self._processes is not None:
             self._processes.shutdown(kill=killed)
+        await self.cpu.close()

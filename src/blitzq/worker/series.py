@@ -29,10 +29,11 @@ from ..routing import levels
 if TYPE_CHECKING:
     from ..broker import Broker, Completion
     from .execution import Job
+    from .recent import EndNotes
 
     Tap = Callable[..., Completion | None]
 
-__all__ = ["BOUNDS", "KEEP", "SLOT", "Sampled", "Series"]
+__all__ = ["BOUNDS", "KEEP", "SLOT", "Fed", "Sampled", "Series", "start_feeds"]
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -127,3 +128,34 @@ class Series:
                 await self.sample()
             except BrokerError as exc:
                 logger.debug("series: could not sample: %s", exc)
+
+
+class _Tapped(Protocol):
+    tap: Tap
+
+
+class Fed(Protocol):
+    """What :func:`start_feeds` sets up of the worker's runner."""
+
+    @property
+    def notes(self) -> EndNotes | None: ...
+
+    @property
+    def ending(self) -> _Tapped: ...
+
+
+def start_feeds(worker: Sampled, runner: Fed) -> tuple[Series, list[asyncio.Task[None]]]:
+    """Start what feeds the dashboard: the writes of the ended-task notes (:mod:`.recent`,
+    when the Queue keeps ``recent_index``) and this worker's part of the time series.
+
+    Returns:
+        The worker's :class:`Series` and the loops started (cancelled at its shutdown).
+    """
+    loops = []
+    if runner.notes is not None:  # notes are written once a second from now on
+        runner.notes.broker = worker.broker
+        loops.append(asyncio.create_task(runner.notes.loop(), name="blitzq-recent"))
+    series = Series(worker)
+    runner.ending.tap = series.tapping(runner.ending.tap)
+    loops.append(asyncio.create_task(series.loop(), name="blitzq-series"))
+    return series, loops

@@ -18,7 +18,10 @@ The supervisor
   code 75 (``EXIT_RESTART``: it stopped gracefully to be replaced, e.g. too many threads
   abandoned at their hard timeout) is a *planned* restart, not a crash: it is logged as such,
   does not count toward the restart budget, and is restarted at most once per
-  ``PLANNED_RESTART_INTERVAL`` (1 s) per slot, so it cannot spin hot;
+  ``PLANNED_RESTART_INTERVAL`` (1 s) per slot, so it cannot spin hot. A worker that exits
+  with code 71 (``EXIT_FORKSERVER``: its CPU pool's forkserver could not fork,
+  :mod:`~blitzq.worker.cpu`) is answered with a fresh worker, logged as such, counted as a
+  crash (a fork the OS keeps refusing ends in the slot giving up);
 - replaces a worker whose heartbeat stops (:mod:`~blitzq.worker.heartbeat`: a byte its event
   loop writes to a pipe every ``heartbeat_timeout / 5`` seconds, at most 1 s): no beat for
   ``heartbeat_timeout`` seconds (before the first beat: ``max(heartbeat_timeout,
@@ -53,6 +56,7 @@ from pathlib import Path
 from types import FrameType
 
 from .autoscale import Autoscaler, AutoscaleSettings, Sample
+from .cpu import EXIT_FORKSERVER
 from .elastic import Elastic, _Slot
 from .heartbeat import HEARTBEAT_ENV
 from .ports import PORT_WAIT_ENV
@@ -441,7 +445,16 @@ class Supervisor(Elastic):
                 slot.restart_at - now,
             )
             return
-        logger.warning("worker slot %d (pid %d) exited with %s", slot.index, proc.pid, how)
+        if code == EXIT_FORKSERVER:
+            logger.error(
+                "worker slot %d (pid %d): its CPU pool's forkserver could not start a child "
+                "(code %d): starting a fresh worker",
+                slot.index,
+                proc.pid,
+                code,
+            )
+        else:
+            logger.warning("worker slot %d (pid %d) exited with %s", slot.index, proc.pid, how)
         self._schedule_restart(slot, now)
 
     def _schedule_restart(self, slot: _Slot, now: float) -> None:

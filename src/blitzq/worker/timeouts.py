@@ -41,6 +41,7 @@ from .limiter import Slots
 if TYPE_CHECKING:
     from collections.abc import MutableSet
 
+    from ..task import Task
     from .ending import Ending
     from .executors import ThreadPool
 
@@ -72,6 +73,10 @@ class TimedRunner(Protocol):
     def thread_pool(self) -> ThreadPool | None: ...
 
     def kill_process_run(self, job: Job) -> None: ...
+
+    def executor_of(self, task: Task[Any, Any]) -> str: ...
+
+    def kill_run(self, job: Job) -> None: ...
 
 
 class _Timers:
@@ -173,7 +178,8 @@ class Timeouts:
         Hard: cancel an async task; for a thread task record the failure now; its thread
         is *abandoned* and keeps its slot until the call returns (:meth:`abandon`), or its
         call is cancelled if the pool had not started it; terminate a process task (its slot
-        is freed once the process is reaped). Soft: :meth:`soft`. ``slots``: those the run
+        is freed once the process is reaped); kill a CPU-pool task's child alone (its slot
+        is freed once the child is reaped). Soft: :meth:`soft`. ``slots``: those the run
         holds.
         """
         if job.finished:
@@ -188,8 +194,8 @@ class Timeouts:
         job.finished = True
         runner = self.runner
         runner.ending.timed_out(job)
-        if job.task.executor == "process":
-            runner.kill_process_run(job)
+        if runner.executor_of(job.task) in ("process", "cpu"):
+            runner.kill_run(job)
         elif job.pool_call is not None and job.pool_call.cancel():
             pass  # never started, so it never runs: its slot is freed by run_ended
         elif slots is not None:

@@ -66,6 +66,9 @@ class Asking(Protocol):
     def id(self) -> str: ...
 
     @property
+    def key(self) -> str: ...
+
+    @property
     def broker(self) -> Broker: ...
 
 
@@ -145,7 +148,7 @@ class Knowers:
                 rows = (_knower(raw) for raw in registrations.values())
                 self._rows = [row for row in rows if row is not None]
                 self._read_at = time.monotonic()
-        me = self.worker.id
+        me = self.worker.key
         return [
             wid
             for wid, queues, tasks in self._rows
@@ -154,14 +157,15 @@ class Knowers:
 
 
 def _knower(raw: bytes) -> tuple[str, frozenset[str], frozenset[str]] | None:
-    """``(id, queues, tasks)`` of a reliable-mode worker's registration, or ``None``."""
+    """``(key, queues, tasks)`` of a reliable-mode worker's registration (its ``key``, the
+    consumer a delivery is handed to; ``id`` for a worker that registers none), or ``None``."""
     try:
         info: Any = loads(raw)
     except BlitzQError:
         return None
     if not isinstance(info, dict) or info.get("mode") != "reliable":
         return None
-    wid, queues, tasks = info.get("id"), info.get("queues"), info.get("tasks")
+    wid, queues, tasks = info.get("key") or info.get("id"), info.get("queues"), info.get("tasks")
     if not isinstance(wid, str) or not isinstance(queues, list) or not isinstance(tasks, list):
         return None
     return wid, frozenset(map(str, queues)), frozenset(map(str, tasks))

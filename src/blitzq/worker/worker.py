@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 
 from .._checks import flag, integer, log_level, seconds, text
@@ -32,16 +31,19 @@ from ..routing import base_queue, levels
 from ..serialization import dumps
 from . import heap
 from .burst import BURST_HORIZON, drain, settled
+from .cpu import EXIT_FORKSERVER
+from .cpu import check_options as check_cpu_options
 from .deferral import OutageBackoff
 from .endpoints import Ops
 from .fetch import Fetcher
 from .flusher import Flusher
+from .identity import default_worker_id, new_instance, process_slot
 from .limiter import Limiter, Slots
 from .maintenance import Maintenance, running_tasks
 from .ports import check_ops_options
 from .recycling import MB, Recycler
 from .runner import Runner
-from .series import Series
+from .series import Series, start_feeds
 from .unknown import Knowers
 
 logger = logging.getLogger("blitzq.worker")
@@ -91,7 +93,9 @@ class Worker:
             hold all ``concurrency`` slots, or all of a queue's ``queue_concurrency``.
         process_pool_size: processes for ``executor="process"`` tasks (default: CPU count).
         handle_signals: stop gracefully on SIGTERM / SIGINT (the CLI turns this on).
-        name: worker id shown in records and stats (default ``host:pid:random``).
+        name: worker id shown in records and stats (default ``host:slot`` in a slot of the
+            supervisor, stable across its restarts, else ``host:pid:random``; the process
+            instance is :attr:`instance`, the unique registry key :attr:`key`).
         strict_memory_policy: refuse to start (ConfigurationError) when the server's
             ``maxmemory-policy`` can evict blitzq's keys; by default a WARNING is logged
             (see :mod:`blitzq.broker.eviction`).
@@ -127,6 +131,14 @@ class Worker:
             :mod:`blitzq.worker.deferral`).
         start_check_timeout: seconds one start check may take before it counts as an
             outage (default 10).
+        pool: ``"thread"`` (default) or ``"cpu"``: where sync tasks left on their default
+            executor run; ``"cpu"`` moves those it can (no ``Depends()`` parameter, no soft
+            timeout) to the CPU pool (:mod:`blitzq.worker.cpu`; POSIX only).
+        cpu_processes: children of the CPU pool (default: CPU count).
+        cpu_max_tasks: calls after which a CPU-pool child is replaced (``None``: never).
+        cpu_max_memory: resident memory past which a CPU-pool child is replaced after a
+            call: bytes, or a size with a unit (``"512MiB"``, ``"1G"``); ``None``: never
+            (Linux only).
 
     Every numeric option must be a real number (``int`` for counts; never ``bool``), finite
     and in range (``block_timeout`` at most 60 s, ``shutdown_timeout`` at most ten years), so
@@ -167,6 +179,10 @@ class Worker:
         defer_base_delay: float = 1.0,
         defer_max_delay: float = 60.0,
         start_check_timeout: float = 10.0,
+        pool: str = "thread",
+        cpu_processes: int | None = None,
+        cpu_max_tasks: int | None = None,
+        cpu_max_memory: int | str | None = None,
     ) -> None:
         # Numbers are real numbers (never bool, NaN or infinite) in range: a NaN shutdown
         # timeout would make a stop unbounded (or instant), a NaN bound never trips.
@@ -179,6 +195,17 @@ class Worker:
             integer("thread_pool_size", thread_pool_size, minimum=1)
         if process_pool_size is not None:
             integer("process_pool_size", process_pool_size, minimum=1)
+        memory = check_cpu_options(
+            pool, cpu_processes, cpu_max_tasks, cpu_max_memory, queue.tasks.values()
+        )
+        #: Where sync tasks on their default executor run: ``"thread"`` or ``"cpu"``.
+        self.pool = pool
+        self.cpu_processes = cpu_processes or os.cpu_count() or 2
+        self.cpu_max_tasks = cpu_max_tasks
+        #: Bytes (``None``: no limit).
+        self.cpu_max_memory = memory
+        #: Exit code ``blitzq worker`` ends with when :attr:`restart_requested`.
+        self.exit_code = EXIT_RESTART
         if max_tasks_per_child is not None:
             integer("max_tasks_per_child", max_tasks_per_child, minimum=1)
         if max_memory_per_child is not None:
@@ -245,13 +272,20 @@ class Worker:
         self.metrics_port = metrics_port
         self.health_port = health_port
         self.ops_host = ops_host
-        self.id = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        #: This process's instance of the worker, ``pid:random``: new at every (re)start.
+        self.instance = new_instance()
+        #: The supervisor's slot this process runs in (``None``: not supervised).
+        self.slot = process_slot()
+        #: The id shown in records, logs, metrics, signals and the registry: ``host:slot``
+        #: under a supervisor (stable across restarts of the slot), else ``host:pid:random``.
+        self.id = name or default_worker_id(self.instance)
+        #: Unique per live process: the registry key and the stream consumer name (during a
+        #: reload the old and new worker of one slot share :attr:`id`, never this).
+        self.key = f"{self.id}:{self.instance}" if self.slot is not None else self.id
         self._stop_event: asyncio.Event | None = None
         self._stopping = False
         self._runner: Runner | None = None
-        self._global: Limiter | None = None
-        #: This worker's part of the dashboard's time series (made at start).
-        self.series: Series | None = None
+        self.series: Series | None = None  # the dashboard's time series (made at start)
         self._started = time.time()
         #: What the Queue's lifespans yielded, for ``Depends()`` parameters.
         self.resources = Resources()
@@ -308,49 +342,28 @@ class Worker:
         """Whether the worker stopped (or is stopping) to be restarted."""
         return self.restart_reason is not None
 
-    def request_restart(self, reason: str, level: int = logging.ERROR) -> None:
-        """Stop gracefully and ask to be restarted (``blitzq worker`` exits with
-        :data:`EXIT_RESTART`); ``reason`` is logged at ``level``."""
+    def request_restart(
+        self, reason: str, level: int = logging.ERROR, code: int = EXIT_RESTART
+    ) -> None:
+        """Stop gracefully and ask to be restarted (``blitzq worker`` exits with ``code``,
+        :data:`EXIT_RESTART` by default: :attr:`exit_code`); ``reason`` is logged at
+        ``level``."""
         if self.restart_reason is None:
             self.restart_reason = reason
+            self.exit_code = code
             logger.log(level, "worker %s restarts: %s", self.id, reason)
         self.stop()
+
+    def forkserver_refused(self, reason: str) -> None:
+        """The CPU pool's forkserver could not start a child: stop gracefully, and ``blitzq
+        worker`` exits :data:`~.cpu.EXIT_FORKSERVER` so the supervisor starts a fresh one."""
+        self.request_restart(f"CPU pool: {reason}", code=EXIT_FORKSERVER)
 
     def stop(self) -> None:
         """Ask the worker to stop gracefully; safe from signal handlers and other coroutines."""
         self._stopping = True
         if self._stop_event is not None:
             self._stop_event.set()
-
-    def _dashboard_loops(self) -> list[asyncio.Task[None]]:
-        """Start what feeds the dashboard: the writes of the ended-task notes
-        (:mod:`.recent`, with ``recent_index``) and the time series (:mod:`.series`)."""
-        runner = self.runner
-        loops = []
-        if runner.notes is not None:  # notes are written once a second from now on
-            runner.notes.broker = self.broker
-            loops.append(asyncio.create_task(runner.notes.loop(), name="blitzq-recent"))
-        self.series = Series(self)
-        runner.ending.tap = self.series.tapping(runner.ending.tap)
-        loops.append(asyncio.create_task(self.series.loop(), name="blitzq-series"))
-        return loops
-
-    def resize(self, concurrency: int) -> None:
-        """Run at most ``concurrency`` tasks at once from now on (the dashboard's resize,
-        through the event channel). Running tasks go on; when shrinking, no new one starts
-        until fewer than ``concurrency`` run. The thread pool keeps its size
-        (``thread_pool_size``).
-
-        Raises:
-            ConfigurationError: ``concurrency`` is not an int in [1, 100000].
-        """
-        integer("concurrency", concurrency, minimum=1)
-        if concurrency > 100_000:
-            raise ConfigurationError("concurrency must be at most 100000")
-        self.concurrency = concurrency
-        if self._global is not None:
-            self._global.resize(concurrency)
-        logger.info("worker %s resized: concurrency=%d", self.id, concurrency)
 
     async def run(self) -> None:
         """Run until :meth:`stop` (or a signal, or cancellation), then shut down gracefully.
@@ -400,7 +413,7 @@ class Worker:
                 size,
                 len(self.queues),
             )
-        await broker.prepare_consumer(self.physical_queues, self.id)
+        await broker.prepare_consumer(self.physical_queues, self.key)
         await self._emit(Signal.WORKER_STARTING)
         # on_startup hooks, lifespans (closed by _shutdown), then middleware's on_worker_start
         await extensions_of(self.queue).worker_started(self)
@@ -415,13 +428,15 @@ class Worker:
         self._flusher = Flusher(broker)
         self._runner = Runner(self, broker, self._flusher)
         self._fetcher = Fetcher(self, broker, self._runner, self._slots)
+        await self._runner.cpu.warm()  # the forkserver imports the task modules once
         self._runner.observer = self.ops.metrics  # None without metrics: nothing installed
         if self.ops.metrics is not None:
             self._flusher.on_written = self.ops.metrics.written
         served = await self.ops.start(self._fetcher)
         self._maintenance = Maintenance(self, broker, self._slots)
         flusher_task = asyncio.create_task(self._flusher.run(), name="blitzq-flusher")
-        background = await self._maintenance.start() + served + self._dashboard_loops()
+        self.series, feeds = start_feeds(self, self.runner)  # the dashboard's list and charts
+        background = await self._maintenance.start() + served + feeds
         if self.max_memory_per_child:
             recycler = Recycler(self, self.max_memory_per_child * MB)
             background.append(asyncio.create_task(recycler.run(), name="blitzq-recycler"))
@@ -433,8 +448,9 @@ class Worker:
             burst = drain(self, self._fetcher, self._flusher)
             background.append(asyncio.create_task(burst, name="blitzq-burst"))
         logger.info(
-            "worker %s started: queues=%s concurrency=%d mode=%s",
+            "worker %s started: instance=%s queues=%s concurrency=%d mode=%s",
             self.id,
+            self.instance,
             ",".join(self.queues),
             self.concurrency,
             self.queue.mode,
@@ -476,6 +492,9 @@ class Worker:
         return dumps(
             {
                 "id": self.id,
+                "key": self.key,
+                "instance": self.instance,
+                "slot": self.slot,
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "queues": self.queues,
@@ -529,7 +548,6 @@ class Worker:
         await self._fetcher.stop(max(self.shutdown_timeout, self.block_timeout + FETCH_GRACE))
         # 2. Let running tasks finish, up to shutdown_timeout after the stop; not the threads
         #    abandoned at their hard timeout (already committed, they may never return).
-        assert self._global is not None  # made at start
         drained = self._global.drained(lambda: len(runner.timeouts.abandoned))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(drained, timeout=max(0.0, deadline - loop.time()))
@@ -557,7 +575,7 @@ class Worker:
             logger.error("could not write %d completion(s) at shutdown", self._flusher.backlog)
         # A server that stopped answering must not hold the exit (the record expires).
         with contextlib.suppress(BrokerError, TimeoutError):
-            await asyncio.wait_for(self.broker.unregister_worker(self.id), FETCH_GRACE)
+            await asyncio.wait_for(self.broker.unregister_worker(self.key), FETCH_GRACE)
         # middleware's on_worker_stop, then on_shutdown hooks and the lifespans' close
         await extensions_of(self.queue).worker_stopped(self)
         await self.queue.signals.drain()  # after-hooks and signal handlers still running

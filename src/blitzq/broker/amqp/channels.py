@@ -30,10 +30,11 @@ reported as a :class:`~blitzq.exceptions.ConfigurationError`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import aio_pika
 import aiormq
@@ -41,10 +42,13 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from ...exceptions import BrokerError, ConfigurationError
 from ...redaction import mask_url
-from ..factory import AMQP_RESERVED_QUEUE, check_amqp_queue
+from ..factory import AMQP_RESERVED_QUEUE, amqp_hosts, check_amqp_queue
 from .closing import CloseNotice, describe
+from .deliveries import Received
 
 logger = logging.getLogger("blitzq.broker.amqp")
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
 
 #: Suffix of the namespace's dead-letter queue (``<namespace>.dead-letter``).
 DEAD_LETTER_SUFFIX = AMQP_RESERVED_QUEUE
@@ -115,6 +119,36 @@ def translate(exc: BaseException, what: str) -> Exception:
     return BrokerError(f"RabbitMQ: {what} failed: {describe(exc)}")
 
 
+def given_up(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``CancelledError`` that aiormq raised into a call because it gave
+    the connection up (no frame for three heartbeat timeouts: it cancels its reader, and the
+    calls waiting on that connection are cancelled with it) rather than a cancellation of the
+    calling task itself (``Task.cancelling()`` is then 0)."""
+    task = asyncio.current_task()
+    return isinstance(exc, asyncio.CancelledError) and task is not None and not task.cancelling()
+
+
+def guarded(method: _Method) -> _Method:
+    """Make a coroutine method of the transport raise a transient
+    :class:`~blitzq.exceptions.BrokerError` where aiormq cancelled it because the connection
+    was given up (:func:`given_up`): a worker's fetch loop, which outlives any error but not
+    a cancellation, then fetches again (and reconnects) instead of ending quietly."""
+
+    @functools.wraps(method)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(*args, **kwargs)
+        except asyncio.CancelledError as exc:
+            if given_up(exc):
+                raise BrokerError(
+                    "RabbitMQ: the connection was given up (no frame within three heartbeat "
+                    "timeouts: a silent network or server); connecting again"
+                ) from None
+            raise
+
+    return wrapper  # type: ignore[return-value]
+
+
 def unconfirmed(exc: BaseException, what: str) -> Exception:
     """:func:`translate` for a publish that failed after its message was sent (connection
     or channel lost, confirm timed out, ``basic.nack``): RabbitMQ may have queued the message
@@ -148,7 +182,11 @@ class AmqpLink:
         self, url: str, namespace: str, max_deliveries: int, heartbeat: int | None = None
     ) -> None:
         self.url = url
-        self.heartbeat = None if "heartbeat=" in url.partition("?")[2] else heartbeat
+        self.urls = amqp_hosts(url)
+        """The single-host URLs to try, in order (several: failover, see :meth:`ensure`)."""
+        self._current = 0  # the index in ``urls`` of the host last connected to
+        urls_set_it = all("heartbeat=" in u.partition("?")[2] for u in self.urls)
+        self.heartbeat = None if urls_set_it else heartbeat
         self.namespace = namespace
         self.max_deliveries = max_deliveries
         self.epoch = 0
@@ -215,18 +253,7 @@ class AmqpLink:
             if self._conn is not None and _alive(self._conn):
                 return self._conn
             await self._drop()
-            try:
-                options: dict[str, Any] = {}
-                if self.heartbeat is not None:
-                    options["heartbeat"] = self.heartbeat
-                made: aio_pika.abc.AbstractConnection = await aio_pika.connect(
-                    self.url,
-                    timeout=CONNECT_TIMEOUT,
-                    client_properties={"connection_name": self.connection_name},
-                    **options,
-                )
-            except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
-                raise translate(exc, f"connecting to {mask_url(self.url)}") from None
+            made = await self._connect()
             self._conn = made
             self.epoch += 1
             CloseNotice(made, self.connection_name, lambda: self._conn is not made, self.listeners)
@@ -234,6 +261,43 @@ class AmqpLink:
                 self._closer = _close_at_loop_end(self)
                 await anext(self._closer)
             return made
+
+    async def _connect(self) -> aio_pika.abc.AbstractConnection:
+        """Connect to the first host of :attr:`urls` that answers, starting with the one
+        connected to last (then the next ones, wrapping around): failover between RabbitMQ
+        nodes. A refused login or vhost is raised at once (every node would refuse it).
+
+        Raises:
+            BrokerError: no host could be reached (the last host's error), or a refusal.
+        """
+        count = len(self.urls)
+        error: Exception | None = None
+        for step in range(count):
+            index = (self._current + step) % count
+            url = self.urls[index]
+            options: dict[str, Any] = {}
+            if self.heartbeat is not None and "heartbeat=" not in url.partition("?")[2]:
+                options["heartbeat"] = self.heartbeat
+            try:
+                made: aio_pika.abc.AbstractConnection = await aio_pika.connect(
+                    url,
+                    timeout=CONNECT_TIMEOUT,
+                    client_properties={"connection_name": self.connection_name},
+                    **options,
+                )
+            except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
+                error = translate(exc, f"connecting to {mask_url(url)}")
+                if isinstance(error, BrokerError) and not error.transient:
+                    raise error from None
+                if count > 1:
+                    logger.warning("RabbitMQ node %s: %s", mask_url(url), error)
+                continue
+            if index != self._current:
+                logger.warning("connected to RabbitMQ node %s instead", mask_url(url))
+            self._current = index
+            return made
+        assert error is not None
+        raise error
 
     async def publisher(self) -> AbstractChannel:
         """The channel publishing (confirm mode, unroutable messages returned as errors)."""
@@ -289,6 +353,10 @@ class AmqpLink:
         self._declared[queue] = declared
         self.used |= {name, self.dead_letter_queue}
         return declared
+
+    def forget(self, queue: str) -> None:
+        """Forget that ``queue`` was declared (it was deleted: the next use declares it)."""
+        self._declared.pop(queue, None)
 
     async def dead_letters(self) -> AbstractQueue:
         """The declared dead-letter queue."""
@@ -366,10 +434,14 @@ async def _close_at_loop_end(link: AmqpLink) -> AsyncGenerator[None, None]:
         await link.close()
 
 
-async def settle(message: AbstractIncomingMessage, ack: bool) -> None:
+async def settle(message: AbstractIncomingMessage | Received, ack: bool) -> None:
     """Ack (or nack with requeue) ``message``; a closed channel is not an error (RabbitMQ
-    redelivers the message). aio-pika's ``message.channel`` itself raises
+    redelivers the message). A :class:`~.deliveries.Received` message is settled through its
+    consumer (acks batched); aio-pika's ``message.channel`` itself raises
     ``ChannelInvalidStateError`` (a RuntimeError) once the channel is closed."""
+    if isinstance(message, Received):
+        await message.consumer.settle([message.tag], ack)
+        return
     try:
         if message.channel.is_closed:
             return

@@ -1,17 +1,55 @@
 """What the RabbitMQ transport holds in memory: its deliveries and its consumers.
 
 :class:`Held` is one delivery received and not yet acked (or in the state store's custody,
-``custody.py``); :class:`Consumer` is one queue's consumer, its channel and the buffer of
-messages RabbitMQ pushed to it that no fetch has taken yet.
+``custody.py``); :class:`Received` is one message RabbitMQ delivered to a consumer's channel;
+:class:`Consumer` is one queue's consumer: its channel, the buffer of messages RabbitMQ
+pushed to it that no fetch has taken yet, and the delivery tags of that channel not acked yet.
+
+**Acks in batches.** A channel's delivery tags rise in the order RabbitMQ delivered the
+messages (consumer deliveries and ``basic.get`` alike). :meth:`Consumer.settle` marks the tags
+it is given as done and sends one ``basic.ack`` with ``multiple=True`` for the longest run of
+done tags at the front of the channel's unacked tags (what a batch of completions usually
+is), and a plain ``basic.ack`` for each done tag behind a tag still running: one frame per
+batch instead of one per message, never an ack of a message still running or buffered. The
+frames are queued on the connection without waiting for the socket to drain (an ack has no
+reply in AMQP: a lost one means a redelivery, which the state store's completion record
+turns into an ack without a second run, see ``transport.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import time
+from typing import Any
 
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+import aiormq
+from aio_pika.abc import AbstractChannel
+from aiormq.abc import DeliveredMessage
+from pamqp import commands as spec
+
+
+class Received:
+    """One message delivered to a consumer's channel (by ``basic.deliver`` or ``basic.get``).
+
+    Attributes:
+        body: the message body.
+        headers: its AMQP headers (``None`` when it has none).
+        tag: its delivery tag on ``consumer``'s channel.
+        consumer: the :class:`Consumer` whose channel delivered it (acked there).
+        redelivered: RabbitMQ's ``redelivered`` flag (delivered before, not acked).
+    """
+
+    __slots__ = ("body", "consumer", "headers", "redelivered", "tag")
+
+    def __init__(self, consumer: Consumer, message: DeliveredMessage) -> None:
+        delivery = message.delivery
+        self.body = message.body
+        self.headers: dict[str, Any] | None = message.header.properties.headers
+        self.tag: int = int(getattr(delivery, "delivery_tag", 0) or 0)
+        self.redelivered = bool(getattr(delivery, "redelivered", False))
+        self.consumer = consumer
 
 
 class Held:
@@ -19,7 +57,7 @@ class Held:
 
     Attributes:
         queue: physical queue.
-        message: the aio-pika message (acked through its own channel).
+        message: the :class:`Received` message (acked through its consumer's channel).
         since: ``time.monotonic()`` when it was received.
         beat: ``time.monotonic()`` of its last heartbeat (or its receipt).
         deliveries: its delivery count (:attr:`Delivery.deliveries`).
@@ -32,9 +70,7 @@ class Held:
 
     __slots__ = ("beat", "deliveries", "epoch", "message", "queue", "since", "state")
 
-    def __init__(
-        self, queue: str, message: AbstractIncomingMessage, deliveries: int, epoch: int
-    ) -> None:
+    def __init__(self, queue: str, message: Received, deliveries: int, epoch: int) -> None:
         self.queue = queue
         self.epoch = epoch
         self.message = message
@@ -44,73 +80,161 @@ class Held:
 
 
 class Consumer:
-    """One queue's consumer: its channel, tag and buffer of received messages (with when
-    each arrived, by delivery tag)."""
+    """One queue's consumer (see the module docstring).
 
-    __slots__ = ("amqp_queue", "arrived", "buffer", "channel", "epoch", "tag")
+    Args:
+        channel: the aio-pika channel it consumes on (its own).
+        raw: that channel's aiormq channel (consume, get and ack go through it directly).
+        name: the RabbitMQ queue consumed.
+        epoch: the connection the channel belongs to.
 
-    def __init__(self, channel: AbstractChannel, amqp_queue: AbstractQueue, epoch: int) -> None:
+    Attributes:
+        tag: the consumer tag (``""`` until ``basic.consume`` was answered).
+        buffer: the messages received that no fetch has taken yet, in delivery order.
+        arrived: ``time.monotonic()`` of each buffered message's arrival, by delivery tag.
+        unacked: the channel's delivery tags not acked yet, in delivery order, each mapped
+            to whether its message is done (acked as soon as every tag before it is).
+        cancelled: RabbitMQ cancelled the consumer (``basic.cancel``: its queue was deleted).
+    """
+
+    __slots__ = (
+        "arrived",
+        "buffer",
+        "cancelled",
+        "channel",
+        "epoch",
+        "name",
+        "raw",
+        "tag",
+        "unacked",
+    )
+
+    def __init__(
+        self, channel: AbstractChannel, raw: aiormq.abc.AbstractChannel, name: str, epoch: int
+    ) -> None:
         self.channel = channel
-        self.amqp_queue = amqp_queue
+        self.raw = raw
+        self.name = name
         self.epoch = epoch
         self.tag = ""
-        self.buffer: collections.deque[AbstractIncomingMessage] = collections.deque()
+        self.cancelled = False
+        self.buffer: collections.deque[Received] = collections.deque()
         self.arrived: dict[int, float] = {}
+        self.unacked: dict[int, bool] = {}
 
-    def stale(self, age: float) -> list[AbstractIncomingMessage]:
+    @property
+    def open(self) -> bool:
+        """Whether its channel is open and RabbitMQ has not cancelled it."""
+        return not (self.cancelled or self.channel.is_closed or self.raw.is_closed)
+
+    def received(self, message: DeliveredMessage) -> Received:
+        """Record a message the channel delivered (unacked from now on) and wrap it."""
+        got = Received(self, message)
+        unacked = self.unacked
+        if unacked and got.tag < next(reversed(unacked)):
+            # A get's answer is read after deliveries of later tags: keep the tag order.
+            unacked[got.tag] = False
+            self.unacked = dict(sorted(unacked.items()))
+        else:
+            unacked[got.tag] = False
+        return got
+
+    def stale(self, age: float) -> list[Received]:
         """Remove and return the buffered messages that arrived over ``age`` seconds ago
         (no fetch took them: the worker's slots are all busy)."""
         now = time.monotonic()
         arrived = self.arrived
-        old = [m for m in self.buffer if now - arrived.setdefault(by_tag(m), now) > age]
+        old = [m for m in self.buffer if now - arrived.setdefault(m.tag, now) > age]
         if old:
-            keep = [m for m in self.buffer if now - arrived[by_tag(m)] <= age]
+            keep = [m for m in self.buffer if now - arrived[m.tag] <= age]
             self.buffer.clear()
             self.buffer.extend(keep)
             for m in old:
-                arrived.pop(by_tag(m), None)
+                arrived.pop(m.tag, None)
         return old
 
-    async def take(self, room: int, top_up: bool) -> list[AbstractIncomingMessage]:
-        """Up to ``room`` messages in queue order: the buffer's, then (``top_up``) what a
-        ``basic.get`` brings and flushes into the buffer, repeated while it finds messages
-        and ``room`` is not filled.
+    def take(self, room: int) -> list[Received]:
+        """Up to ``room`` buffered messages, in queue order."""
+        buffer, arrived = self.buffer, self.arrived
+        taken: list[Received] = []
+        while buffer and len(taken) < room:
+            message = buffer.popleft()
+            arrived.pop(message.tag, None)
+            taken.append(message)
+        return taken
+
+    async def top_up(self, room: int) -> None:
+        """Bring into the buffer what RabbitMQ already dispatched and what waits in the
+        queue, up to ``room`` buffered messages: a ``basic.get`` (the first one in any case:
+        a message published a moment ago is then seen at once), repeated while it finds a
+        message (the consumer's prefetch is spent: a saturated prefetch does not stall free
+        slots, nor let a lower level overtake this one).
 
         Deliveries and gets of one channel share its delivery-tag sequence, and what RabbitMQ
         dispatched to the consumer before it answered a get arrives first: sorting by tag
-        after the gets (and a loop turn for the consumer's callbacks) keeps FIFO order; what
-        does not fit goes back to the front of the buffer.
+        after the gets (and a loop turn for the consumer's callbacks) keeps FIFO order.
 
         Raises:
             aiormq.exceptions.AMQPError: the get failed (the caller translates it).
         """
-        buffer = self.buffer
-        taken: list[AbstractIncomingMessage] = []
-        while buffer and len(taken) < room:
-            taken.append(buffer.popleft())
-        if top_up and len(taken) < room:
-            got: list[AbstractIncomingMessage] = []
-            while True:  # usually one get: it flushes what was dispatched to the consumer
-                message = await self.amqp_queue.get(no_ack=False, fail=False)
-                for _ in range(3):  # the consumer's callbacks of frames read before the answer
-                    await asyncio.sleep(0)
-                if message is None:
+        got: list[Received] = []
+        while len(got) + len(self.buffer) < room or not got:
+            answer = await self.raw.basic_get(self.name, no_ack=False)
+            for _ in range(3):  # the consumer's callbacks of frames read before the answer
+                await asyncio.sleep(0)
+            if isinstance(answer.delivery, spec.Basic.GetEmpty):
+                break
+            got.append(self.received(answer))
+        if got:
+            now = time.monotonic()
+            for message in got:
+                self.arrived[message.tag] = now
+            merged = sorted([*self.buffer, *got], key=by_tag)
+            self.buffer.clear()
+            self.buffer.extend(merged)
+
+    async def settle(self, tags: list[int], ack: bool = True) -> None:
+        """Ack (or ``basic.nack`` with requeue) the delivery tags ``tags`` of this channel,
+        acks batched as the module docstring says. Tags not unacked here are skipped (an ack
+        of an unknown tag would close the channel); a closed channel is not an error
+        (RabbitMQ redelivers its messages)."""
+        unacked = self.unacked
+        if not self.open:
+            unacked.clear()
+            return
+        raw = self.raw
+        try:
+            if not ack:
+                for tag in tags:
+                    if unacked.pop(tag, None) is not None:
+                        await raw.basic_nack(tag, requeue=True, wait=False)
+                return
+            behind: list[int] = []
+            for tag in tags:
+                if tag in unacked:
+                    unacked[tag] = True
+                    behind.append(tag)
+            if not behind:
+                return
+            front = 0
+            count = 0
+            for tag, done in unacked.items():
+                if not done:
                     break
-                got.append(message)
-                if len(taken) + len(got) + len(buffer) >= room:
-                    break
-            got += buffer
-            buffer.clear()
-            got.sort(key=by_tag)
-            free = room - len(taken)
-            taken += got[:free]
-            buffer.extend(got[free:])
-        for message in taken:
-            self.arrived.pop(by_tag(message), None)
-        return taken
+                front = tag
+                count += 1
+            if count:
+                for tag in list(itertools.islice(unacked, count)):
+                    del unacked[tag]
+                await raw.basic_ack(front, multiple=count > 1, wait=False)
+            for tag in behind:
+                if unacked.pop(tag, None) is not None:
+                    await raw.basic_ack(tag, wait=False)
+        except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError):
+            unacked.clear()  # the channel is going: RabbitMQ redelivers what it held
 
 
-def by_tag(message: AbstractIncomingMessage) -> int:
+def by_tag(message: Received) -> int:
     """Sort key of the messages of one channel: their delivery tag (the order RabbitMQ
     delivered them in, gets and consumer deliveries alike)."""
-    return message.delivery_tag or 0
+    return message.tag

@@ -32,14 +32,23 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import aio_pika
 import aiormq
-from aio_pika.abc import AbstractIncomingMessage
+from aiormq.abc import DeliveredMessage
 
 from ...exceptions import BrokerError
 from ..transport import Delivery, Guarantee, Transport
-from .channels import DELIVERIES, AmqpLink, header_int, settle, translate, unconfirmed
-from .deliveries import Consumer, Held
+from .batches import publish_batch
+from .channels import (
+    DELIVERIES,
+    AmqpLink,
+    guarded,
+    header_int,
+    settle,
+    translate,
+    unconfirmed,
+)
+from .deliveries import Consumer, Held, Received
+from .redelivered import committed
 
 if TYPE_CHECKING:
     from .custody import Custody
@@ -50,6 +59,27 @@ logger = logging.getLogger("blitzq.broker.amqp")
 CONFIRM_TIMEOUT = 30.0
 #: Messages of one publish in flight at once (awaiting their confirms).
 PUBLISH_WINDOW = 1000
+#: Seconds to wait for a channel to close.
+CLOSE_TIMEOUT = 5.0
+#: A consumer's prefetch is this many times the worker's free slots at its first fetch
+#: (unless ``prefetch`` is given): the next messages are already here when slots free up,
+#: instead of one round trip (ack, then delivery) behind.
+PREFETCH_FACTOR = 2
+
+
+async def _close_quietly(consumer: Consumer) -> None:
+    """Close ``consumer``'s channel (what it held goes back to its queue, if any)."""
+    try:
+        await asyncio.wait_for(consumer.channel.close(), CLOSE_TIMEOUT)
+    except Exception as exc:  # closing already, or the connection is gone
+        logger.debug("closing the channel of %s: %s", consumer.name, exc)
+
+
+def _returned(result: object) -> bool:
+    """Whether a publish result is a ``basic.return`` (no queue of that name: not queued)."""
+    return isinstance(result, aiormq.exceptions.DeliveryError) and isinstance(
+        result.frame, aiormq.spec.Basic.Return
+    )
 
 
 class AmqpTransport(Transport):
@@ -100,69 +130,103 @@ class AmqpTransport(Transport):
         """
         await self.publish_with(queue, messages, 0)
 
+    @guarded
     async def publish_with(self, queue: str, messages: Sequence[bytes], deliveries: int) -> None:
         """:meth:`publish`, the messages marked as delivered ``deliveries`` times before."""
         if not messages:
             return
         await self.link.declare(queue)
         channel = await self.link.publisher()
-        exchange = channel.default_exchange
         name = self.link.name(queue)
         headers: dict[str, Any] | None = {DELIVERIES: deliveries} if deliveries else None
-        persistent = aio_pika.DeliveryMode.PERSISTENT
-        for start in range(0, len(messages), PUBLISH_WINDOW):
-            sends = [
-                exchange.publish(
-                    aio_pika.Message(body, delivery_mode=persistent, headers=headers),
-                    routing_key=name,
-                    mandatory=True,
-                    timeout=CONFIRM_TIMEOUT,
-                )
-                for body in messages[start : start + PUBLISH_WINDOW]
-            ]
-            results = await asyncio.gather(*sends, return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise unconfirmed(result, f"publishing to {name!r}") from None
-                if not isinstance(result, aiormq.spec.Basic.Ack):  # returned: not routed
-                    raise BrokerError(f"RabbitMQ did not queue a message to {name!r}: {result}")
+        try:
+            raw = await channel.get_underlay_channel()
+            for start in range(0, len(messages), PUBLISH_WINDOW):
+                window = messages[start : start + PUBLISH_WINDOW]
+                results = await publish_batch(raw, name, window, headers, CONFIRM_TIMEOUT)
+                returned = [
+                    body for body, result in zip(window, results, strict=True) if _returned(result)
+                ]
+                if returned:  # the queue was deleted: declare it again, publish those again
+                    logger.warning("queue %s is gone; declaring it again", name)
+                    self.link.forget(queue)
+                    await self.link.declare(queue)
+                    results = [r for r in results if not _returned(r)]
+                    results += await publish_batch(raw, name, returned, headers, CONFIRM_TIMEOUT)
+                for result in results:
+                    if isinstance(result, BaseException):
+                        raise unconfirmed(result, f"publishing to {name!r}") from None
+                    if not isinstance(result, aiormq.spec.Basic.Ack):  # returned: not routed
+                        raise BrokerError(f"RabbitMQ did not queue a message to {name!r}: {result}")
+        except (RuntimeError, aiormq.exceptions.AMQPError, ConnectionError) as exc:
+            if isinstance(exc, BrokerError):
+                raise
+            raise unconfirmed(exc, f"publishing to {name!r}") from None
 
     # ------------------------------------------------------------- consuming
+    @guarded
     async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
         """Declare the queues (consumption itself starts with the first fetch)."""
         for queue in queues:
             await self.link.declare(queue)
 
     async def _consumer(self, queue: str, count: int) -> Consumer:
-        """The running consumer of ``queue``, (re)started when missing or its channel closed."""
+        """The running consumer of ``queue``, (re)started when missing, its channel closed,
+        or RabbitMQ cancelled it (``basic.cancel``: the queue was deleted; it is declared
+        again and consumed on a new channel)."""
         consumer = self.consumers.get(queue)
         if consumer is not None and self._alive(consumer):
             return consumer
+        name = self.link.name(queue)
+        if consumer is not None and consumer.cancelled:
+            # The queue was deleted (and maybe declared again): a channel keeps state about
+            # the queue it consumed, so the old one is closed and a new one consumes.
+            logger.warning("RabbitMQ cancelled the consumer of %s; consuming again", name)
+            self.link.forget(queue)
+            await _close_quietly(consumer)
         await self.link.declare(queue)
         if self.prefetch is None:
-            self.prefetch = max(1, count)
+            self.prefetch = max(1, count) * PREFETCH_FACTOR
         channel = await self.link.consumer_channel(self.prefetch)
         try:
-            amqp_queue = await channel.get_queue(self.link.name(queue), ensure=False)
-        except aiormq.exceptions.AMQPError as exc:
-            raise translate(exc, f"opening queue {self.link.name(queue)!r}") from None
-        consumer = Consumer(channel, amqp_queue, self.link.epoch)
-        buffer, wake = consumer.buffer, self._wake
+            raw = await channel.get_underlay_channel()
+        except (aiormq.exceptions.AMQPError, RuntimeError) as exc:
+            raise translate(exc, f"opening queue {name!r}") from None
+        consumer = Consumer(channel, raw, name, self.link.epoch)
+        wake = self._wake
 
-        async def on_message(message: AbstractIncomingMessage) -> None:
-            buffer.append(message)
-            consumer.arrived[message.delivery_tag or 0] = time.monotonic()
+        def on_cancel(_frame: Any) -> None:
+            consumer.cancelled = True
             wake()
 
-        try:
-            consumer.tag = await amqp_queue.consume(on_message, no_ack=False)
-        except aiormq.exceptions.AMQPError as exc:
-            raise translate(exc, f"consuming from {self.link.name(queue)!r}") from None
+        raw.on_consumer_cancel_callbacks.add(on_cancel)
         channel.close_callbacks.add(lambda *_: wake())
+        await self._consume(consumer)
         self.consumers[queue] = consumer
         if consumer.epoch > 1:
             logger.info("consuming from %s again (connection %d)", queue, consumer.epoch)
         return consumer
+
+    async def _consume(self, consumer: Consumer) -> None:
+        """``basic.consume`` on ``consumer``'s channel: each delivery goes to its buffer."""
+        buffer, arrived, wake, received = (
+            consumer.buffer,
+            consumer.arrived,
+            self._wake,
+            consumer.received,
+        )
+
+        async def on_message(message: DeliveredMessage) -> None:
+            got = received(message)
+            buffer.append(got)
+            arrived[got.tag] = time.monotonic()
+            wake()
+
+        try:
+            ok = await consumer.raw.basic_consume(consumer.name, on_message, no_ack=False)
+        except aiormq.exceptions.AMQPError as exc:
+            raise translate(exc, f"consuming from {consumer.name!r}") from None
+        consumer.tag = str(ok.consumer_tag or "")
 
     def _wake(self) -> None:
         """Wake every fetch waiting for a message (a message arrived, a channel closed)."""
@@ -171,36 +235,28 @@ class AmqpTransport(Transport):
 
     def _alive(self, consumer: Consumer) -> bool:
         """Whether ``consumer`` still consumes: its channel open on the current connection
-        (aio-pika may not mark a channel closed when the server closed its connection)."""
+        (aio-pika may not mark a channel closed when the server closed its connection) and
+        not cancelled by RabbitMQ."""
         link = self.link
-        return consumer.epoch == link.epoch and link.connected and not consumer.channel.is_closed
+        return consumer.epoch == link.epoch and link.connected and consumer.open
 
-    def _deliver(
-        self, queue: str, consumer: Consumer, message: AbstractIncomingMessage
-    ) -> Delivery:
+    def _deliver(self, queue: str, consumer: Consumer, message: Received) -> Delivery:
         headers = message.headers
-        deliveries = header_int(headers, "x-delivery-count") + 1 + header_int(headers, DELIVERIES)
-        token = f"{consumer.epoch}.{consumer.channel.number}.{message.delivery_tag}".encode()
+        if headers:
+            deliveries = (
+                header_int(headers, "x-delivery-count") + 1 + header_int(headers, DELIVERIES)
+            )
+        else:
+            deliveries = 1
+        token = b"%d.%d.%d" % (consumer.epoch, consumer.raw.number, message.tag)
         self.held[token] = Held(queue, message, deliveries, consumer.epoch)
         return Delivery(queue, token, message.body, deliveries)
-
-    async def _take(
-        self, queue: str, consumer: Consumer, room: int, top_up: bool
-    ) -> list[Delivery]:
-        """Up to ``room`` messages of ``queue`` in order (see :meth:`Consumer.take`)."""
-        if not self._alive(consumer):  # RabbitMQ delivers them again
-            consumer.buffer.clear()
-            return []
-        try:
-            taken = await consumer.take(room, top_up)
-        except aiormq.exceptions.AMQPError as exc:
-            raise translate(exc, f"reading {self.link.name(queue)!r}") from None
-        return [self._deliver(queue, consumer, message) for message in taken]
 
     async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
         """:meth:`fetch_first` of the one queue ``queue``."""
         return await self.fetch_first([queue], count, timeout)
 
+    @guarded
     async def fetch_first(
         self, queues: Sequence[str], count: int, timeout: float, *, look_first: bool = True
     ) -> list[Delivery]:
@@ -228,38 +284,98 @@ class AmqpTransport(Transport):
             self._waiters.discard(arrived)
 
     async def _take_first(self, queues: Sequence[str], count: int) -> list[Delivery]:
+        """Up to ``count`` messages, earlier queues first. Each queue a fetch would take from
+        (the earlier ones, up to the one whose buffer completes ``count``) whose buffer is
+        short is topped up first (:meth:`Consumer.top_up`, all at once): a message published
+        before the call is then seen, in priority order; a worker draining one level of a
+        deep queue asks nothing of RabbitMQ but one ``basic.get`` on each empty level
+        before it."""
         out: list[Delivery] = []
         try:
+            consumers = []
             for queue in queues:
                 consumer = await self._consumer(queue, count)
-                out += await self._take(queue, consumer, count - len(out), True)
+                if self._alive(consumer):
+                    consumers.append((queue, consumer))
+                else:  # RabbitMQ delivers them again
+                    consumer.buffer.clear()
+            short = []
+            buffered = 0
+            for _, consumer in consumers:  # the levels a fetch would take from, in order
+                if len(consumer.buffer) < count - buffered:
+                    short.append(consumer.top_up(count - buffered))
+                buffered += len(consumer.buffer)
+                if buffered >= count:
+                    break
+            if short:
+                await asyncio.gather(*short)
+            for queue, consumer in consumers:
+                for message in consumer.take(count - len(out)):
+                    out.append(self._deliver(queue, consumer, message))
                 if len(out) >= count:
                     break
         except (TimeoutError, RuntimeError, aiormq.exceptions.AMQPError, ConnectionError) as exc:
             if isinstance(exc, BrokerError):  # aio-pika: RuntimeError on a closed connection
                 raise
             raise translate(exc, "fetching") from None
+        if self.custody is not None and any(d.deliveries > 1 for d in out):
+            out = await self._skip_committed(out)
         return out
 
+    async def _skip_committed(self, out: list[Delivery]) -> list[Delivery]:
+        """Ack, without running them, the redeliveries whose completion the state store
+        already committed (``redelivered.py``); return the others."""
+        assert self.custody is not None
+        again = [d for d in out if d.deliveries > 1]
+        over = await committed(self.custody.store, [d.payload for d in again])
+        done = [d for d, skip in zip(again, over, strict=True) if skip]
+        if not done:
+            return out
+        by_queue: dict[str, list[bytes]] = {}
+        for d in done:
+            if d.token is not None:
+                by_queue.setdefault(d.queue, []).append(d.token)
+        for queue, tokens in by_queue.items():
+            await self.ack(queue, tokens)
+        logger.info(
+            "acked %d redelivered message(s) whose completion was already committed "
+            "(not run again)",
+            len(done),
+        )
+        skipped = {id(d) for d in done}
+        return [d for d in out if id(d) not in skipped]
+
     # ---------------------------------------------------------------- ack
+    @guarded
     async def ack(self, queue: str, tokens: Sequence[bytes]) -> None:
-        """``basic.ack`` the deliveries (a delivery in custody is released from it instead);
-        tokens no longer held are ignored."""
+        """``basic.ack`` the deliveries, batched per channel (``multiple=True``, see
+        ``deliveries.py``); a delivery in custody is released from it instead; tokens no
+        longer held are ignored."""
         released: list[bytes] = []
+        by_consumer: dict[int, tuple[Consumer, list[int]]] = {}
+        held_map, epoch = self.held, self.link.epoch
         for token in tokens:
-            held = self.held.pop(token, None)
+            held = held_map.pop(token, None)
             if held is None:
                 continue
-            if held.state == "held":
-                if held.epoch == self.link.epoch:  # else RabbitMQ put it back already
-                    await settle(held.message, True)
-            elif held.state == "handing":
+            state = held.state
+            if state == "held":
+                if held.epoch == epoch:  # else RabbitMQ put it back already
+                    message = held.message
+                    entry = by_consumer.get(id(message.consumer))
+                    if entry is None:
+                        entry = by_consumer[id(message.consumer)] = (message.consumer, [])
+                    entry[1].append(message.tag)
+            elif state == "handing":
                 held.state = "done"  # the hand-over releases it when it is through
-            elif held.state == "custody":
+            elif state == "custody":
                 released.append(token)
+        for consumer, tags in by_consumer.values():
+            await consumer.settle(tags)
         if released and self.custody is not None:
             await self.custody.release(queue, released)
 
+    @guarded
     async def nack(self, queue: str, tokens: Sequence[bytes]) -> None:
         """Hand deliveries back unfinished: each is published again (confirmed), marked
         with its deliveries so far minus one, then acked (or released from custody) -- so a
@@ -291,6 +407,7 @@ class AmqpTransport(Transport):
         return len(lost)
 
     # ------------------------------------------------------- custody (leases)
+    @guarded
     async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
         """Mark the deliveries ``tokens`` of ``queue`` as still running (so :meth:`recover`
         does not hand them back) and renew the custody leases of those in custody; return
@@ -311,6 +428,7 @@ class AmqpTransport(Transport):
             renewed += await self.custody.renew(queue, kept)
         return renewed
 
+    @guarded
     async def recover(
         self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
     ) -> tuple[int, int]:
@@ -327,6 +445,7 @@ class AmqpTransport(Transport):
         return await self.custody.maintain(queue, min_idle, count, max_deliveries, record_ttl)
 
     # ---------------------------------------------------------- inspection
+    @guarded
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
         """Per queue: ``waiting`` (ready messages, from a passive declaration) and
         ``in_flight`` (the deliveries this process holds). Waiting counts the messages this
@@ -349,12 +468,12 @@ class AmqpTransport(Transport):
         """Ready messages of ``queue``, read on the consumer's own channel: what RabbitMQ
         dispatched to the consumer before it answered arrives first (in the buffer)."""
         try:
-            raw = await consumer.channel.get_underlay_channel()
-            ok = await raw.queue_declare(self.link.name(queue), passive=True)
+            ok = await consumer.raw.queue_declare(self.link.name(queue), passive=True)
         except aiormq.exceptions.AMQPError as exc:
             raise translate(exc, f"counting queue {self.link.name(queue)!r}") from None
         return int(ok.message_count or 0)
 
+    @guarded
     async def purge_queue(self, queue: str) -> int:
         """Delete the ready messages of ``queue`` and those this process's consumer received
         but nobody fetched (acked); return how many. Messages another worker process has
@@ -367,6 +486,7 @@ class AmqpTransport(Transport):
                 purged += 1
         return purged
 
+    @guarded
     async def ping(self) -> None:
         """Raise BrokerError unless RabbitMQ accepts a connection and a channel."""
         await self.link.publisher()
@@ -388,7 +508,7 @@ class AmqpTransport(Transport):
     async def _release_buffer(self, queue: str, consumer: Consumer) -> None:
         if not self._alive(consumer):
             return
-        await consumer.amqp_queue.cancel(consumer.tag)  # deliveries before cancel-ok came first
+        await consumer.raw.basic_cancel(consumer.tag)  # deliveries before cancel-ok came first
         for _ in range(3):
             await asyncio.sleep(0)
         buffered = list(consumer.buffer)

@@ -1,0 +1,75 @@
+"""Redeliveries of messages whose completion the state store already committed.
+
+The RabbitMQ pairing commits a completion in the state store, then acks the delivery (see
+``broker.py``); the ack is queued on the connection without waiting (acks are batched, see
+``deliveries.py``). A connection lost or a worker process killed between the commit and the
+moment RabbitMQ read the ack leaves the delivery unacked, and RabbitMQ delivers it again --
+with every other unacked delivery of that connection, e.g. the tasks a crash-looping poison
+task was fetched with. Running those again would run a finished task twice.
+
+So before a redelivered message (``deliveries`` > 1) runs, :func:`committed` reads the task
+records of the batch's redeliveries in one state-store round trip, and the transport acks
+without running each one whose attempt is already recorded as over: the record is final
+(``succeeded``, ``failed``, ``dead_lettered``, ``cancelled``, ``expired``), or ``retrying``
+with ``attempts`` at least the message's ``attempt`` (the retry is another message). A
+message whose record says it is ``running`` or waiting (the worker died while it ran) runs
+again, as at-least-once delivery promises.
+
+A caller that reuses a task id after the task finished enqueues a new message whose record
+starts over (``queued``), so its redeliveries run. If the records cannot be read (the state
+store is unreachable), nothing is skipped: the messages run again (at-least-once).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from ...records import TaskRecord, TaskState
+from ...serialization import decode_envelope
+from ..state import StateStore
+
+logger = logging.getLogger("blitzq.broker.amqp")
+
+
+def _attempt_over(record: bytes | None, attempt: int) -> bool:
+    if record is None:
+        return False
+    try:
+        stored = TaskRecord.from_bytes(record)
+    except Exception:  # not a record we can read: let the message run
+        return False
+    if stored.state.is_final:
+        return True
+    return stored.state is TaskState.RETRYING and stored.attempts >= attempt
+
+
+async def committed(store: StateStore, bodies: Sequence[bytes]) -> list[bool]:
+    """Per message body: whether its task's record shows this attempt already over (see the
+    module docstring). One ``get_records`` round trip for the whole batch; a body that does
+    not decode, or a store that does not answer, counts as not over."""
+    ids: list[str] = []
+    attempts: list[int] = []
+    readable: list[int] = []
+    for index, body in enumerate(bodies):
+        try:
+            envelope = decode_envelope(body)
+        except Exception:  # the worker dead-letters what does not decode
+            continue
+        ids.append(envelope.id)
+        attempts.append(envelope.attempt)
+        readable.append(index)
+    out = [False] * len(bodies)
+    if not ids:
+        return out
+    try:
+        found = await store.get_records(ids)
+    except Exception as exc:  # at-least-once: run them again
+        logger.debug("could not read the records of redelivered messages: %s", exc)
+        return out
+    for index, record, attempt in zip(readable, found, attempts, strict=True):
+        out[index] = _attempt_over(record, attempt)
+    return out
+
+
+__all__ = ["committed"]
