@@ -123,6 +123,10 @@ class Queue:
             written by a listener thread (:func:`blitzq.logcontext.install_log_queue`), so a
             slow handler never holds the event loop; ``None`` reads ``BLITZQ_LOG_QUEUE``
             (default off: an application keeps its logging as it set it up).
+        recent_index: tasks kept per physical queue in the index of ended tasks that the
+            dashboard lists (id, task name, final state and end time of each; each worker
+            writes what ended once a second, one call per queue; the index expires
+            ``result_ttl`` after its last write); ``0`` keeps none.
 
     Every numeric option must be a real number (``int`` where a count or size is asked for;
     never ``bool``), finite and in range, and every duration at most ten years
@@ -158,6 +162,7 @@ class Queue:
         log_queue: bool | None = None,
         redis: Any = None,
         amqp_connection: Any = None,
+        recent_index: int = 10_000,
     ) -> None:
         self.name = check_queue_name("queue name", name)
         self.namespace = config.resolve("namespace", namespace, "blitzq", check_namespace)
@@ -177,6 +182,7 @@ class Queue:
         seconds("dead_letter_ttl", dead_letter_ttl, minimum=1, strict=False)
         integer("dead_letter_max_bytes", dead_letter_max_bytes, minimum=1024, unit="bytes")
         flag("track_state", track_state)
+        integer("recent_index", recent_index, minimum=0)
         if redis_url is not None and not isinstance(redis_url, str):
             raise ConfigurationError(f"redis_url must be a str, got {type(redis_url).__name__}")
         if amqp_url is not None and not isinstance(amqp_url, str):
@@ -219,6 +225,7 @@ class Queue:
         self.routes = routes
         self.queue_rate_limits = queue_limits(queue_rate_limits)
         self.track_state = track_state
+        self.recent_index = recent_index
         self._redis_url = redis_url
         self._amqp_url = amqp_url
         self._shared_broker = broker

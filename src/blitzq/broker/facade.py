@@ -392,6 +392,14 @@ class Broker:
         """See :meth:`StateStore.request_shutdown`."""
         await self.state.request_shutdown(worker_id)
 
+    async def request_resize(self, worker_id: str, concurrency: int) -> None:
+        """See :meth:`StateStore.request_resize`."""
+        await self.state.request_resize(worker_id, concurrency)
+
+    async def take_resize(self, worker_id: str) -> int | None:
+        """See :meth:`StateStore.take_resize`."""
+        return await self.state.take_resize(worker_id)
+
     async def counters(self) -> dict[str, int]:
         """See :meth:`StateStore.counters`."""
         return await self.state.counters()

@@ -79,6 +79,9 @@ class Completion:
         counted: the worker's metrics' mark of the outcome to count once this completion
             is applied (an opaque ``(slot, outcome)``, set only with metrics on; a stale
             completion is never counted); never sent to the broker.
+        ended: the entry of the task's end in its queue's index of ended tasks (the
+            dashboard's list), ``(member, cap, ttl)``: ``"<state>\\n<task>\\n<task_id>"``,
+            the newest entries kept and the index's TTL in seconds; ``None`` notes nothing.
 
     Fencing: a completion whose ``token`` (or ``fence``) names a delivery this consumer no
     longer holds (its lease lapsed and the message was recovered) is *stale*; the broker
@@ -101,6 +104,7 @@ class Completion:
     ops: tuple[Op, ...] = ()
     fence: bytes | None = None
     counted: tuple[Any, str] | None = None
+    ended: tuple[str, int, int] | None = None
 
 
 @dataclass(slots=True, frozen=True)

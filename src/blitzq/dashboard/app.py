@@ -19,7 +19,6 @@ import base64
 import binascii
 import contextlib
 import hmac
-import json
 import logging
 from collections.abc import AsyncIterator
 from importlib import resources
@@ -27,18 +26,18 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._checks import flag, is_loopback, seconds
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, SerializationError
 from ..integrations.asgi import close_queue, warm_up
-from ..json_input import parse_json
-from ..limits import MAX_REQUEST_BODY
 from ..redaction import redact
 from ..runtime_schedules import RuntimeEntries
-from . import data, pages, tasks
+from . import charts, data, http, listing, pages, tasks
+from .actions import action_routes
+from .http import MAX_ID, MAX_LIMIT, ApiError, json_response
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -47,35 +46,11 @@ __all__ = ["BasicAuth", "create_app"]
 
 logger = logging.getLogger(__name__)
 
-#: Longest task id the API accepts (characters).
-MAX_ID = 512
-#: Most dead letters one API call returns.
-MAX_LIMIT = 500
-
 _STATIC = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"}
 _CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'self'"
 )
-
-
-class ApiError(Exception):
-    """A request the API refuses: answered as ``{"error": message}`` with ``status``."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class _Json(JSONResponse):
-    """JSON that also encodes task data of any plain type (bytes, sets, …)."""
-
-    def render(self, content: Any) -> bytes:
-        return json.dumps(content, default=data.jsonable, ensure_ascii=False).encode()
-
-
-def _json(content: Any, status: int = 200) -> Response:
-    return _Json(content, status, headers={"Cache-Control": "no-store"})
 
 
 class BasicAuth:
@@ -180,75 +155,6 @@ class _LoopbackOnly:
         await self.app(scope, receive, send)
 
 
-def _task_id(raw: str) -> str:
-    task_id = raw.strip()
-    if not task_id or len(task_id) > MAX_ID or not task_id.isprintable():
-        raise ApiError(400, f"not a task id (1 to {MAX_ID} printable characters)")
-    return task_id
-
-
-def _int(request: Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(400, f"{name} must be an integer") from None
-    if not low <= value <= high:
-        raise ApiError(400, f"{name} must be in [{low}, {high}]")
-    return value
-
-
-def _age(request: Request, name: str) -> float | None:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ApiError(400, f"{name} must be a number of seconds") from None
-    if not 0 <= value < 1e12:  # also refuses nan
-        raise ApiError(400, f"{name} must be a number of seconds >= 0")
-    return value
-
-
-async def _body(request: Request) -> dict[str, Any]:
-    """The request's JSON object (``{}`` for an empty body).
-
-    The body is read in chunks and refused (413) as soon as it passes
-    :data:`~blitzq.limits.MAX_REQUEST_BODY` bytes, or at once when ``Content-Length`` says it
-    will; its JSON goes through :func:`~blitzq.json_input.parse_json` (400 when not JSON, too
-    deep, holding a non-finite number, or not an object).
-
-    Raises:
-        ApiError: 415 without ``Content-Type: application/json``, 413, 400 as above.
-    """
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind != "application/json":
-        raise ApiError(415, "send Content-Type: application/json")
-    too_large = f"the body is larger than {MAX_REQUEST_BODY} bytes"
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        digits = declared.strip()
-        if not (digits.isascii() and digits.isdigit()):
-            raise ApiError(400, f"Content-Length is not a number of bytes: {declared[:40]!r}")
-        if int(digits) > MAX_REQUEST_BODY:
-            raise ApiError(413, too_large)
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_REQUEST_BODY:
-            raise ApiError(413, too_large)
-    if not raw:
-        return {}
-    try:
-        body: dict[str, Any] = parse_json(bytes(raw), "the body", expect=dict)
-    except ConfigurationError as exc:
-        raise ApiError(400, str(exc)) from None
-    return body
-
-
 def create_app(
     queue: Queue,
     *,
@@ -289,6 +195,7 @@ def create_app(
                 namespace=queue.namespace,
                 refresh_ms=int(refresh * 1000),
                 task_id=task_id[:MAX_ID],
+                queue=request.path_params.get("name", "")[:MAX_ID],
             )
             return Response(
                 html, media_type="text/html; charset=utf-8", headers={"Cache-Control": "no-store"}
@@ -304,14 +211,32 @@ def create_app(
         return Response(body, media_type=_STATIC[name], headers={"Cache-Control": "no-cache"})
 
     async def api_queues(request: Request) -> Response:
-        return _json(await data.queues_doc(queue, sampler))
+        return json_response(await data.queues_doc(queue, sampler))
+
+    async def api_task_list(request: Request) -> Response:
+        p = request.query_params
+        query = listing.TaskQuery(
+            state=p.get("state") or "recent",
+            queue=p.get("queue") or None,
+            task=p.get("task") or None,
+            text=(p.get("q") or "").strip() or None,
+            since=http.number(request, "since"),
+            until=http.number(request, "until"),
+            limit=http.integer(request, "limit", 50, 1, MAX_LIMIT),
+            cursor=p.get("cursor") or None,
+        )
+        return json_response(await listing.list_tasks(queue, query))
+
+    async def api_series(request: Request) -> Response:
+        minutes = http.integer(request, "minutes", 30, 1, 60)
+        return json_response(await charts.series_doc(queue, minutes))
 
     async def api_task(request: Request) -> Response:
-        task_id = _task_id(request.path_params["task_id"])
+        task_id = http.task_id(request.path_params["task_id"])
         doc = await tasks.task_doc(queue, task_id)
         if doc is None:
             raise ApiError(404, f"no record of task {task_id} (unknown, not started, or expired)")
-        return _json(doc)
+        return json_response(doc)
 
     async def api_dead_letters(request: Request) -> Response:
         p = request.query_params
@@ -321,17 +246,17 @@ def create_app(
             reason=p.get("reason") or None,
             text=p.get("q") or None,
             error_type=p.get("error_type") or None,
-            older_than=_age(request, "older_than"),
-            newer_than=_age(request, "newer_than"),
+            older_than=http.number(request, "older_than"),
+            newer_than=http.number(request, "newer_than"),
         )
-        limit = _int(request, "limit", 50, 1, MAX_LIMIT)
-        offset = _int(request, "offset", 0, 0, 10**9)
+        limit = http.integer(request, "limit", 50, 1, MAX_LIMIT)
+        offset = http.integer(request, "offset", 0, 0, 10**9)
         doc = await data.dead_letters_page(queue, flt, limit, offset)
-        return _json(doc | {"namespace": queue.namespace, "limit": limit, "offset": offset})
+        return json_response(doc | {"namespace": queue.namespace, "limit": limit, "offset": offset})
 
     async def api_replay(request: Request) -> Response:
-        await _body(request)
-        task_id = _task_id(request.path_params["task_id"])
+        await http.body(request)
+        task_id = http.task_id(request.path_params["task_id"])
         try:
             handle = await queue.retry(task_id)
         except SerializationError as exc:
@@ -340,27 +265,27 @@ def create_app(
             raise ApiError(404, f"no dead letter with id {task_id}")
         if handle.duplicate:
             raise ApiError(409, f"not replayed: task {handle.id} holds its unique key")
-        return _json({"replayed": True, "id": handle.id, "queue": handle.queue})
+        return json_response({"replayed": True, "id": handle.id, "queue": handle.queue})
 
     async def api_purge(request: Request) -> Response:
-        body = await _body(request)
-        if body.get("confirm") != queue.namespace:
+        payload = await http.body(request)
+        if payload.get("confirm") != queue.namespace:
             raise ApiError(
                 400, 'purging needs {"confirm": "<namespace>"}: the namespace of the queue'
             )
-        return _json({"purged": await queue.purge_dead_letters()})
+        return json_response({"purged": await queue.purge_dead_letters()})
 
     async def api_workers(request: Request) -> Response:
-        return _json({"workers": await data.workers_doc(queue)})
+        return json_response({"workers": await data.workers_doc(queue)})
 
     async def api_periodic(request: Request) -> Response:
-        return _json({"periodic": await data.periodic_doc(queue, runtime)})
+        return json_response({"periodic": await data.periodic_doc(queue, runtime)})
 
     async def api_error(request: Request, exc: Exception) -> Response:
         if isinstance(exc, ApiError):
-            return _json({"error": redact(str(exc))}, exc.status)
+            return json_response({"error": redact(str(exc))}, exc.status)
         status = 503 if isinstance(exc, BrokerError) else 400
-        return _json({"error": redact(f"{type(exc).__name__}: {exc}")}, status)
+        return json_response({"error": redact(f"{type(exc).__name__}: {exc}")}, status)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -376,12 +301,17 @@ def create_app(
     routes = [
         Route("/", page("queues")),
         Route("/tasks", page("tasks")),
+        Route("/queues/{name}", page("queue")),
+        Route("/charts", page("charts")),
         Route("/tasks/{task_id:path}", page("tasks")),
         Route("/dead-letters", page("dead-letters")),
         Route("/workers", page("workers")),
         Route("/periodic", page("periodic")),
         Route("/static/{name}", static),
         Route("/api/queues", api_queues),
+        Route("/api/tasks", api_task_list),
+        Route("/api/series", api_series),
+        *action_routes(queue, runtime),
         Route("/api/tasks/{task_id:path}", api_task),
         Route("/api/dead-letters", api_dead_letters),
         Route("/api/dead-letters/purge", api_purge, methods=["POST"]),

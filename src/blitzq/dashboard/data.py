@@ -22,6 +22,7 @@ from zoneinfo import ZoneInfo
 from ..client.admin import worker_document
 from ..client.dead_letter_query import DeadLetterFilter as Criteria
 from ..dead_letters import DeadLetter
+from ..routing import base_queue
 from ..runtime_schedules import RuntimeEntries, all_periodic_status
 from ..serialization import jsonable
 
@@ -144,9 +145,10 @@ async def workers_doc(queue: Queue) -> list[dict[str, Any]]:
 
 
 async def queues_doc(queue: Queue, sampler: RateSampler) -> dict[str, Any]:
-    """The start page: every queue's ``waiting`` and ``in_flight`` (running) messages and
-    depth change per second, the namespace's ``scheduled`` tasks, dead letters, workers,
-    and the tasks finished and failed per second (see :class:`RateSampler`).
+    """The start page: every queue's ``waiting`` and ``in_flight`` (running) messages,
+    whether it is ``paused`` (``blitzq queue pause``) and its depth change per second, the
+    namespace's ``scheduled`` tasks, dead letters, workers, and the tasks finished and failed
+    per second (see :class:`RateSampler`).
 
     Raises:
         BrokerError: the broker could not be reached.
@@ -156,9 +158,11 @@ async def queues_doc(queue: Queue, sampler: RateSampler) -> dict[str, Any]:
     counts = {str(w["id"]): (int(w["processed"] or 0), int(w["failed"] or 0)) for w in workers}
     waiting = {q: int(c.get("waiting", 0)) for q, c in stats["queues"].items()}
     rates = sampler.add(counts, waiting, time.monotonic())
+    paused = await queue.broker.paused_queues()
     rows = [
         {
             "name": name,
+            "paused": name in paused or base_queue(name) in paused,
             "waiting": int(c.get("waiting", 0)),
             "in_flight": int(c.get("in_flight", 0)),
             "depth_per_s": rates["depth_per_s"].get(name),
@@ -292,7 +296,8 @@ async def periodic_doc(queue: Queue, runtime: RuntimeEntries | None = None) -> l
     (``blitzq schedule add``): the rows of
     :func:`~blitzq.runtime_schedules.all_periodic_status` (``source`` ``"code"`` or
     ``"runtime"``) plus ``tz`` (the schedule's IANA zone: a cron's own, UTC for an interval)
-    and ``next_run_local`` / ``last_run_local`` (ISO 8601 in that zone).
+    and ``next_run_local`` / ``last_run_local`` (ISO 8601 in that zone), and ``paused``
+    (the dashboard paused it: its occurrences are skipped).
 
     Args:
         queue: the dashboard's Queue.
@@ -303,6 +308,7 @@ async def periodic_doc(queue: Queue, runtime: RuntimeEntries | None = None) -> l
         BrokerError: the broker could not be reached.
     """
     out = []
+    paused = await queue.broker.state.paused_periodic()
     for row in await all_periodic_status(queue, runtime):
         zone = row["zone"] or "UTC"
         out.append(
@@ -311,6 +317,7 @@ async def periodic_doc(queue: Queue, runtime: RuntimeEntries | None = None) -> l
                 "tz": zone,
                 "next_run_local": _local(row["next_run"], zone),
                 "last_run_local": _local(row["last_run"], zone),
+                "paused": row["name"] in paused,
             }
         )
     return out

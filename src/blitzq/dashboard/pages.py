@@ -18,6 +18,7 @@ __all__ = ["PAGES", "render"]
 PAGES: dict[str, tuple[str, str]] = {
     "queues": ("/", "Queues"),
     "tasks": ("/tasks", "Tasks"),
+    "charts": ("/charts", "Charts"),
     "dead-letters": ("/dead-letters", "Dead letters"),
     "workers": ("/workers", "Workers"),
     "periodic": ("/periodic", "Periodic"),
@@ -52,24 +53,92 @@ def _queues(root: str) -> str:
     return (
         f'<section class="cards">{summary}{dead}</section>'
         "<h2>Queues</h2>"
+        + '<div class="scroll">'
         + _table(
             "queues",
-            ["queue", "waiting", "running", "depth change / s"],
+            ["queue", "waiting", "running", "depth change / s", "state"],
             ("waiting", "running", "depth change / s"),
         )
+        + "</div>"
         + '<p class="hint">Running counts messages taken by a worker and not yet acknowledged '
         "(reliable mode). Rates compare the workers' counters over the last 30 s.</p>"
     )
 
 
+_STATES = (
+    ("recent", "recent (ended)"),
+    ("running", "running"),
+    ("queued", "queued"),
+    ("scheduled", "scheduled"),
+    ("succeeded", "succeeded"),
+    ("failed", "failed"),
+    ("dead_lettered", "dead-lettered"),
+    ("cancelled", "cancelled"),
+)
+
+
+def _task_list(queue: str = "") -> str:
+    """The filter bar, table and pager of a task list (``queue`` fixed on a queue's page)."""
+    states = "".join(f'<option value="{v}">{escape(label)}</option>' for v, label in _STATES)
+    queue_field = (
+        f'<input type="hidden" name="queue" value="{escape(queue)}">'
+        if queue
+        else '<input name="queue" placeholder="queue" spellcheck="false">'
+    )
+    return (
+        '<form id="list-filters" class="bar" autocomplete="off">'
+        f'<select name="state" aria-label="state">{states}</select>{queue_field}'
+        '<input name="task" placeholder="task name" spellcheck="false">'
+        '<input name="q" placeholder="id prefix or text in args" spellcheck="false">'
+        '<select name="since" aria-label="time"><option value="">any time</option>'
+        '<option value="300">last 5 min</option><option value="3600">last hour</option>'
+        '<option value="86400">last day</option></select>'
+        '<button type="submit">Filter</button></form>'
+        '<p id="list-note" class="hint"></p><p id="list-message" role="status"></p>'
+        '<div class="scroll">'
+        + _table("task-list", ["id", "task", "queue", "state", "when", "args", ""])
+        + "</div>"
+        '<nav class="pager"><button type="button" id="list-first" disabled>Newest</button>'
+        '<button type="button" id="list-next" disabled>Next page</button>'
+        '<span id="list-page" class="muted"></span></nav>'
+    )
+
+
 def _tasks(task_id: str) -> str:
     return (
+        _task_list() + "<h2>Look up a task</h2>"
         '<form id="search" class="bar" autocomplete="off">'
         '<label for="task-id">Task id</label>'
         f'<input id="task-id" name="id" value="{escape(task_id)}" size="48" '
         'placeholder="e.g. 3f2c…" spellcheck="false">'
         '<button type="submit">Look up</button></form>'
         '<section id="task"><p class="empty">Enter a task id.</p></section>'
+    )
+
+
+def _queue(name: str) -> str:
+    return (
+        f'<section class="cards" data-queue="{escape(name)}">'
+        '<div class="card"><span class="label">waiting</span>'
+        '<span class="value" id="q-waiting">-</span></div>'
+        '<div class="card"><span class="label">running</span>'
+        '<span class="value" id="q-running">-</span></div>'
+        '<div class="card"><span class="label">state</span>'
+        '<span class="value" id="q-state">-</span></div></section>'
+        '<section class="actions-bar" id="queue-actions"></section>'
+        "<h2>Tasks</h2>" + _task_list(name)
+    )
+
+
+def _charts() -> str:
+    return (
+        '<form id="chart-range" class="bar"><select name="minutes" aria-label="range">'
+        '<option value="10">last 10 min</option><option value="30">last 30 min</option>'
+        '<option value="60">last hour</option></select></form>'
+        '<div id="charts" class="charts"><p class="empty">loading…</p></div>'
+        '<p class="hint">From the 10 s samples each worker adds to the broker (kept an hour). '
+        "Latencies are the upper bounds of histogram buckets: wait is enqueued to started, "
+        "run is started to ended.</p>"
     )
 
 
@@ -93,8 +162,15 @@ def _dead_letters() -> str:
         '<input name="q" placeholder="text in id, task or error" spellcheck="false">'
         '<button type="submit">Filter</button></form>'
         '<p id="dl-summary" class="hint"></p><p id="dl-message" role="status"></p>'
+        '<div class="scroll">'
         + _table("letters", ["id", "task", "queue", "reason", "error", "args", "failed", ""])
-        + '<section id="purge" class="danger"><button type="button" id="purge-start">'
+        + "</div>"
+        '<nav class="pager"><button type="button" id="dl-prev" disabled>Newer</button>'
+        '<button type="button" id="dl-next" disabled>Older</button>'
+        '<span id="dl-page" class="muted"></span></nav>'
+        '<section id="replay-all"><button type="button" id="replay-all-start">'
+        "Replay all matching…</button></section>"
+        '<section id="purge" class="danger"><button type="button" id="purge-start">'
         "Purge all dead letters…</button>"
         '<form id="purge-confirm" hidden><label for="purge-input">Type the namespace '
         '<code id="purge-ns"></code> to delete every dead letter:</label> '
@@ -105,27 +181,33 @@ def _dead_letters() -> str:
 
 
 def _workers() -> str:
-    return _table(
-        "workers",
-        [
-            "id",
-            "host",
-            "pid",
-            "queues",
-            "concurrency",
-            "running",
-            "finished",
-            "failed",
-            "started",
-            "last heartbeat",
-        ],
-        ("pid", "concurrency", "running", "finished", "failed"),
+    return (
+        '<div class="scroll">'
+        + _table(
+            "workers",
+            [
+                "id",
+                "host",
+                "pid",
+                "queues",
+                "concurrency",
+                "running",
+                "finished",
+                "failed",
+                "started",
+                "last heartbeat",
+                "",
+            ],
+            ("pid", "concurrency", "running", "finished", "failed"),
+        )
+        + '</div><p id="workers-message" role="status"></p>'
     )
 
 
 def _periodic() -> str:
     return (
-        _table(
+        '<p id="periodic-message" role="status"></p><div class="scroll">'
+        + _table(
             "periodic",
             [
                 "name",
@@ -137,14 +219,17 @@ def _periodic() -> str:
                 "next run",
                 "last run",
                 "source",
+                "",
             ],
         )
-        + '<p class="hint">Times are given in each schedule\'s own time zone. Source: code '
+        + '</div><p class="hint">Times are given in each schedule\'s own time zone. Source: code '
         "(<code>Queue.periodic</code>) or run-time (<code>blitzq schedule add</code>).</p>"
     )
 
 
-def render(name: str, *, root: str, namespace: str, refresh_ms: int, task_id: str = "") -> str:
+def render(
+    name: str, *, root: str, namespace: str, refresh_ms: int, task_id: str = "", queue: str = ""
+) -> str:
     """The HTML of page ``name`` (a key of :data:`PAGES`).
 
     Args:
@@ -153,11 +238,13 @@ def render(name: str, *, root: str, namespace: str, refresh_ms: int, task_id: st
         namespace: the Queue's namespace, shown in the header.
         refresh_ms: milliseconds between two live updates.
         task_id: the task page's initial search (escaped here).
+        queue: the queue of a queue's page (escaped here).
 
     Raises:
-        KeyError: an unknown page name.
+        KeyError: an unknown page name (``"queue"``, a queue's page, is not in the
+            navigation).
     """
-    _, title = PAGES[name]
+    _, title = PAGES.get(name, ("", f"Queue {queue}"))
     root = escape(root)
     nav = "".join(
         f'<a href="{root}{path}"{" class=current" if key == name else ""}>{escape(label)}</a>'
@@ -166,6 +253,8 @@ def render(name: str, *, root: str, namespace: str, refresh_ms: int, task_id: st
     body = {
         "queues": lambda: _queues(root),
         "tasks": lambda: _tasks(task_id),
+        "queue": lambda: _queue(queue),
+        "charts": _charts,
         "dead-letters": _dead_letters,
         "workers": _workers,
         "periodic": _periodic,

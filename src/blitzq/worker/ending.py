@@ -185,6 +185,10 @@ class Ending:
         self.timeout_error = timeout_error
         self.processed = 0
         self.failed = 0
+        #: The last look at each commit, which may add to its completion: the note of the
+        #: task's end (:mod:`.recent`) and the series' latencies (:mod:`.series`); the
+        #: worker sets it (by default the completion as it is).
+        self.tap: Callable[..., Completion | None] = lambda job, c, error, cancelled: c
 
     def ended(self, job: Job, handle: asyncio.Future[Any]) -> None:
         """The run's call ended (its slot already freed): commit what it came to, unless a
@@ -287,6 +291,7 @@ class Ending:
                 step = extensions.workflow_signals and job.envelope.flow is not None
                 end = workflow_end(completion) if step else None  # may it end the workflow?
                 extensions.committed(job, outcome, scope.copy(), self.worker_id, end)
+        completion = self.tap(job, completion, error, cancelled)
         if completion is not None:
             self.flusher.add(completion)
 

@@ -57,6 +57,14 @@ class Limiter:
             self._event.clear()
             await self._event.wait()
 
+    def resize(self, capacity: int) -> None:
+        """Hold ``capacity`` slots in all from now on (>= 1). Shrinking takes no running
+        slot back: fewer are handed out until enough runs end."""
+        self.free += capacity - self.capacity
+        self.capacity = capacity
+        if self.free > 0:
+            self._event.set()
+
     def wake(self) -> None:
         """Make the waiters check again: what :meth:`drained` waits for changed without a
         release (a run was abandoned, keeping its slot)."""

@@ -35,8 +35,9 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._checks import integer
 from ..broker import Broker
-from ..exceptions import BlitzQError, BrokerError, describe_error
+from ..exceptions import BlitzQError, BrokerError, ConfigurationError, describe_error
 from ..extensions.signals import Signal, SignalEvent
 from ..serialization import loads
 from .limiter import Slots
@@ -161,6 +162,8 @@ class Maintained(Handed, Protocol):
     def failure_log_level(self) -> int: ...
 
     paused: set[str]
+
+    concurrency: int
 
     def info(self) -> bytes: ...
 
@@ -309,6 +312,11 @@ class Maintenance:
                     logger.info("shutting down: asked on the event channel")
                     self.worker.stop()
                 return
+            if kind == "resize":  # the dashboard: c:<concurrency>:<worker id>
+                count, _, target = value.partition(":")
+                if target == self.worker.id:
+                    self.resize(int(count))
+                return
             if kind == "handed":  # another worker handed this one a message (unknown.py)
                 if value == self.worker.key:
                     self._handed.set()
@@ -339,6 +347,31 @@ class Maintenance:
             value,
             f" ({describe_error(error)[0]}: {describe_error(error)[1][:200]})" if error else "",
         )
+
+    def resize(self, concurrency: int) -> None:
+        """Run at most ``concurrency`` tasks at once from now on (the dashboard's resize,
+        :meth:`~blitzq.broker.Broker.request_resize`): the worker's global limiter holds that
+        many slots; running tasks go on (when shrinking, none starts until fewer run); the
+        thread pool keeps its size.
+
+        Raises:
+            ConfigurationError: ``concurrency`` is not an int in [1, 100000].
+        """
+        if integer("concurrency", concurrency, minimum=1) > 100_000:
+            raise ConfigurationError("concurrency must be at most 100000")
+        self.worker.concurrency = concurrency
+        for slots in list(self.slots.values())[:1]:  # they share the one global limiter
+            slots.global_limiter.resize(concurrency)
+        logger.info("worker %s resized: concurrency=%d", self.worker.id, concurrency)
+
+    async def _sync_size(self) -> None:
+        """Take a resize asked of this worker whose push it missed (the dashboard's)."""
+        try:
+            size = await self.broker.take_resize(self.worker.id)
+            if size is not None and size != self.worker.concurrency:
+                self.resize(size)
+        except (BlitzQError, NotImplementedError) as exc:
+            logger.debug("maintenance: reading a resize: %s", exc)
 
     async def _sync_paused(self) -> None:
         """Re-read the paused queues (at start and every round: a push may be lost)."""
@@ -381,6 +414,7 @@ class Maintenance:
             except BrokerError as exc:
                 logger.warning("maintenance: could not register the worker: %s", exc)
             await self._sync_paused()
+            await self._sync_size()
             try:
                 await self._reap_lapsed()
             except BrokerError as exc:

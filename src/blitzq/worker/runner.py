@@ -35,6 +35,7 @@ from .lifecycle import Lifecycle
 from .limiter import Slots
 from .maintenance import running_record_ttl
 from .progress import ProgressReporter
+from .recent import EndNotes
 from .recycling import recycle_after
 from .timeouts import Timeouts
 from .unknown import UnknownTasks
@@ -193,6 +194,11 @@ class Runner:
             self._base_context,
             self.timeouts.error,
         )
+        if queue.recent_index:
+            self.notes: EndNotes | None = EndNotes(queue.recent_index, queue.result_ttl)
+            self.ending.tap = self.notes.note
+        else:
+            self.notes = None
         #: The first stage of every delivery (the fetch loops call ``admission.start``).
         self.admission = Admission(self)
         #: What admission does with a delivery naming a task this worker does not know.

@@ -43,6 +43,7 @@ from .maintenance import Maintenance, running_tasks
 from .ports import check_ops_options
 from .recycling import MB, Recycler
 from .runner import Runner
+from .series import Series, start_feeds
 from .unknown import Knowers
 
 logger = logging.getLogger("blitzq.worker")
@@ -286,6 +287,7 @@ class Worker:
         self._stop_event: asyncio.Event | None = None
         self._stopping = False
         self._runner: Runner | None = None
+        self.series: Series | None = None  # the dashboard's time series (made at start)
         self._started = time.time()
         #: What the Queue's lifespans yielded, for ``Depends()`` parameters.
         self.resources = Resources()
@@ -440,7 +442,8 @@ class Worker:
         served = await self.ops.start(self._fetcher)
         self._maintenance = Maintenance(self, broker, self._slots)
         flusher_task = asyncio.create_task(self._flusher.run(), name="blitzq-flusher")
-        background = await self._maintenance.start() + served
+        self.series, feeds = start_feeds(self, self.runner)  # the dashboard's list and charts
+        background = await self._maintenance.start() + served + feeds
         if self.max_memory_per_child:
             recycler = Recycler(self, self.max_memory_per_child * MB)
             background.append(asyncio.create_task(recycler.run(), name="blitzq-recycler"))

@@ -10,6 +10,7 @@ entry (a run of plain successes) avoids.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,8 +83,10 @@ def encode_batch(completions: Sequence[Completion], kind: str) -> list[Any]:
 
     Returns:
         ``"R"`` entries (a run of completions of one queue and TTL that only ack and store a
-        record), ``"C"`` entries (any other completion) and ``"A"`` entries (acks without a
-        record, per queue); empty when there is nothing to apply.
+        record), ``"C"`` entries (any other completion), ``"A"`` entries (acks without a
+        record, per queue) and ``"I"`` entries (the tasks that ended, per queue: their
+        :attr:`~blitzq.broker.values.Completion.ended` notes); empty when there is nothing
+        to apply.
     """
     entries: list[Any] = []
     acks: dict[str, list[bytes]] = {}
@@ -98,7 +101,11 @@ def encode_batch(completions: Sequence[Completion], kind: str) -> list[Any]:
     # Only stream entries are acked (and fenced) here; a token of a list completion or of
     # a separate transport (acked by the facade afterwards) is not this store's to touch.
     streams = kind == "s"
+    ended: dict[str, tuple[int, int, list[str]]] = {}
     for c in completions:
+        if c.ended is not None:
+            member, cap, ttl = c.ended
+            ended.setdefault(c.queue, (cap, ttl, []))[2].append(member)
         if c.reschedule is None and c.dead_letter is None and c.requeue is None and not c.ops:
             token, record = c.token, c.record
             if not record:
@@ -147,4 +154,8 @@ def encode_batch(completions: Sequence[Completion], kind: str) -> list[Any]:
         entries.append(("R", *run_key, ids, task_ids, _lua_array(recs)))
     for queue, tokens in acks.items():
         entries.append(("A", queue, [t.decode() for t in tokens]))
+    if ended:
+        now = time.time()
+        for queue, (cap, ttl, members) in ended.items():
+            entries.append(("I", queue, cap, ttl, now, members))
     return entries

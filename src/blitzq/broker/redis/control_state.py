@@ -37,6 +37,7 @@ _EVENT_KINDS = {
     "p": "pause",
     "u": "resume",
     "x": "shutdown",
+    "c": "resize",
 }
 
 

@@ -95,6 +95,13 @@ TABLE: Final[dict[str, Key]] = {
         "each progress update written for a task"),
     "rate_limit": Key("rl:<key>", "hash",
         "a token bucket (task name, rate_key or `queue:<q>`): `t` tokens, `ts` server time (s)"),
+    "recent": Key("recent:<queue>", "zset",
+        "tasks that ended from a physical queue, `<state>\\n<task>\\n<task_id>` scored by end "
+        "time (Unix seconds, worker clock; recent.lua, complete.lua); capped at recent_index, "
+        "expires result_ttl after its last write"),
+    "series": Key("series:<slot>", "hash",
+        "the workers' samples of one 10 s slot (Unix seconds // 10): `done`, `failed`, "
+        "`w<i>` / `r<i>` wait / run latency histogram counts, `q:<queue>` depth; expires in 1 h"),
     "dead_letters": Key("dlq", "zset",
         "dead-lettered task ids scored by failure time (Unix seconds)"),
     "dead_letter_sizes": Key("dlq:size", "hash",
@@ -109,12 +116,14 @@ TABLE: Final[dict[str, Key]] = {
         "periodic task name to its last dispatched occurrence (Unix seconds)"),
     "periodic_runtime": Key("periodic:rt", "hash",
         "run-time periodic entry name (`blitzq schedule add`) to its definition (MessagePack)"),
+    "periodic_paused": Key("periodic:paused", "set",
+        "periodic entry names paused (the dashboard): their occurrences are claimed, not run"),
     "revoked": Key("revoked", "zset",
         "cancelled task ids scored by when the mark expires (Unix seconds)"),
     "events": Key("events", "channel",
         "`r:<id>` a task was cancelled, `s:<due>` a message was scheduled, `h:<worker>` one "
         "was handed to a worker, `p:<queue>` / `u:<queue>` a queue was paused / resumed, "
-        "`x:<worker>` a worker is asked to shut down"),
+        "`x:<worker>` a worker is asked to shut down, `c:<n>:<worker>` to run n tasks at once"),
     "paused": Key("paused", "set",
         "queues paused by `blitzq queue pause`: no worker fetches from them until resumed"),
     "stats": Key("stats", "hash",
@@ -124,6 +133,9 @@ TABLE: Final[dict[str, Key]] = {
         "queue names producers and workers have used"),
     "workers": Key("workers", "hash",
         "worker id to registration info (MessagePack); liveness in workers:exp"),
+    "worker_sizes": Key("workers:size", "hash",
+        "worker id to the concurrency it was asked to run (dashboard resize): taken by the "
+        "worker at its next maintenance round if it missed the push"),
     "worker_beats": Key("workers:exp", "zset",
         "worker ids scored by registration expiry (Unix seconds)"),
     "scale": Key("scale", "hash",
@@ -266,6 +278,14 @@ class Keys:
         """Token bucket of a rate limit (a task name, a shared ``rate_key``, ``queue:<q>``)."""
         return self._one("rate_limit", key)
 
+    def recent(self, queue: str) -> str:
+        """Sorted set of the tasks that ended from physical ``queue`` (the dashboard's list)."""
+        return self._one("recent", queue)
+
+    def series(self, slot: int) -> str:
+        """Hash of the workers' samples of one time slot (``worker/series.py``)."""
+        return self._one("series", str(slot))
+
     @property
     def dead_letters(self) -> str:
         """Sorted set of dead-lettered task ids scored by failure time."""
@@ -302,6 +322,11 @@ class Keys:
         return self._fixed("periodic_runtime")
 
     @property
+    def periodic_paused(self) -> str:
+        """Set of paused periodic entry names (claimed without being dispatched)."""
+        return self._fixed("periodic_paused")
+
+    @property
     def revoked(self) -> str:
         """Sorted set of cancelled task ids scored by when the mark expires."""
         return self._fixed("revoked")
@@ -331,6 +356,11 @@ class Keys:
     def workers(self) -> str:
         """Hash of worker id to registration info; liveness in :attr:`worker_beats`."""
         return self._fixed("workers")
+
+    @property
+    def worker_sizes(self) -> str:
+        """Hash of worker id to the concurrency asked of it (``request_resize``)."""
+        return self._fixed("worker_sizes")
 
     @property
     def worker_beats(self) -> str:

@@ -143,6 +143,29 @@ class RedisRegistry(RedisPart, RegistryState):
         await self.client.publish(self.keys.events, "x:" + worker_id)
 
     @translate_errors
+    async def request_resize(self, worker_id: str, concurrency: int) -> None:
+        """Ask worker ``worker_id`` to run at most ``concurrency`` tasks at once: the size in
+        ``{ns}:workers:size`` (for a worker that misses the push: it takes it at its next
+        maintenance round) and a push ``c:<concurrency>:<worker id>`` on the event channel.
+        """
+        size = int(concurrency)
+        await self.client.hset(self.keys.worker_sizes, worker_id, size)
+        await self.client.publish(self.keys.events, f"c:{size}:{worker_id}")
+
+    @translate_errors
+    async def take_resize(self, worker_id: str) -> int | None:
+        """The concurrency asked of ``worker_id`` by :meth:`request_resize`, removed as it is
+        read (one transaction); ``None`` when none is waiting (or it is not a number)."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hget(self.keys.worker_sizes, worker_id)
+            pipe.hdel(self.keys.worker_sizes, worker_id)
+            value, _ = await pipe.execute()
+        try:
+            return None if value is None else int(value)
+        except ValueError:
+            return None
+
+    @translate_errors
     async def counters(self) -> dict[str, int]:
         """The namespace's counters (one HGETALL of ``{ns}:stats``). A field that is not an
         integer (a corrupted counter) reads as 0, with a WARNING naming it; the scripts that

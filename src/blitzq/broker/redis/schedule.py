@@ -108,7 +108,7 @@ class RedisSchedule(RedisPart, ScheduleState):
         done = await self.scripts.call(
             "claim_periodic",
             keys=[keys.periodic, self.queue_key(queue), keys.outboxes],
-            args=[name, repr(float(occurrence)), self.kind, message, queue, limit],
+            args=[name, repr(float(occurrence)), self.kind, message, queue, limit, keys.prefix],
         )
         return bool(done)
 

@@ -25,7 +25,7 @@ delegated to its role explicitly below. The logic is the Lua in ``lua/``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from ...exceptions import ConfigurationError
@@ -34,6 +34,7 @@ from ..outbox import Outbox
 from ..state import StateStore
 from ..transport import Transport
 from ..values import Completion, DeadLetterFields, Scheduled
+from .browse import RedisBrowse
 from .client import translate_errors
 from .completion import encode_batch, encode_entries
 from .connection import LeaseIdentity, RedisConnection, RedisPart
@@ -94,6 +95,7 @@ class RedisStateStore(StateStore):
         self.control = RedisControl(conn)
         self.registry = RedisRegistry(conn)
         self.operations = RedisOperatorState(conn)
+        self.browse = RedisBrowse(conn)
 
     def make_outbox(self) -> Outbox:
         """The outbox of a store made with ``outbox=True`` (a :class:`~.outbox.RedisOutbox`)."""
@@ -367,6 +369,14 @@ class RedisStateStore(StateStore):
         """See :meth:`.RedisRegistry.request_shutdown`."""
         await self.registry.request_shutdown(worker_id)
 
+    async def request_resize(self, worker_id: str, concurrency: int) -> None:
+        """See :meth:`.RedisRegistry.request_resize`."""
+        await self.registry.request_resize(worker_id, concurrency)
+
+    async def take_resize(self, worker_id: str) -> int | None:
+        """See :meth:`.RedisRegistry.take_resize`."""
+        return await self.registry.take_resize(worker_id)
+
     async def counters(self) -> dict[str, int]:
         """See :meth:`.RedisRegistry.counters`."""
         return await self.registry.counters()
@@ -428,3 +438,44 @@ class RedisStateStore(StateStore):
     async def close(self) -> None:
         """Close the shared connection (see :meth:`.RedisConnection.close`)."""
         await self.conn.close()
+
+    # ------------------------------------------------------------------ browse
+    async def ended_tasks(
+        self, queues: Sequence[str], before: float | None, after: float | None, limit: int
+    ) -> list[tuple[float, str, str]]:
+        """See :meth:`.RedisBrowse.ended_tasks`."""
+        return await self.browse.ended_tasks(queues, before, after, limit)
+
+    async def add_ended(
+        self, queue: str, members: Sequence[str], now: float, cap: int, ttl: int
+    ) -> None:
+        """See :meth:`.RedisBrowse.add_ended`."""
+        await self.browse.add_ended(queue, members, now, cap, ttl)
+
+    async def scheduled_tasks(
+        self, after: float | None, limit: int
+    ) -> list[tuple[float, str, bytes]]:
+        """See :meth:`.RedisBrowse.scheduled_tasks`."""
+        return await self.browse.scheduled_tasks(after, limit)
+
+    async def waiting_messages(self, queue: str, offset: int, limit: int) -> list[bytes]:
+        """See :meth:`.RedisBrowse.waiting_messages`."""
+        return await self.browse.waiting_messages(queue, offset, limit)
+
+    async def add_sample(
+        self, slot: int, counts: Mapping[str, int], gauges: Mapping[str, int], ttl: int
+    ) -> None:
+        """See :meth:`.RedisBrowse.add_sample`."""
+        await self.browse.add_sample(slot, counts, gauges, ttl)
+
+    async def samples(self, slots: Sequence[int]) -> list[dict[str, int]]:
+        """See :meth:`.RedisBrowse.samples`."""
+        return await self.browse.samples(slots)
+
+    async def paused_periodic(self) -> set[str]:
+        """See :meth:`.RedisBrowse.paused_periodic`."""
+        return await self.browse.paused_periodic()
+
+    async def set_periodic_paused(self, name: str, paused: bool) -> bool:
+        """See :meth:`.RedisBrowse.set_periodic_paused`."""
+        return await self.browse.set_periodic_paused(name, paused)

@@ -22,7 +22,8 @@ The seam is split by role, each a small abstract class used by one consumer:
 :class:`RecordsState` (records, waits, progress, workflow state, liveness),
 :class:`ScheduleState` (schedule, promotion, periodic claims), :class:`DeadLetterState`,
 :class:`ControlState` (rate, unique, lock, cancel), :class:`RegistryState` (queues, workers,
-counters) and :class:`OperationsState` (operator state); :class:`StateStore` is all of them
+counters), :class:`OperationsState` (operator state) and :class:`BrowseState` (what the
+dashboard lists and charts); :class:`StateStore` is all of them
 plus the one atomic :meth:`StateStore.complete`.
 """
 
@@ -34,6 +35,7 @@ from collections.abc import Sequence
 from ..outbox import Outbox
 from ..transport import Transport
 from ..values import Completion, DeadLetterFields, Scheduled
+from .browse import BrowseState
 from .control import ControlState
 from .dead_letters import DeadLetterLimits, DeadLetterState
 from .operations import OperationsState
@@ -42,6 +44,7 @@ from .registry import RegistryState
 from .schedule import ScheduleState
 
 __all__ = [
+    "BrowseState",
     "Completion",
     "ControlState",
     "DeadLetterFields",
@@ -57,7 +60,13 @@ __all__ = [
 
 
 class StateStore(
-    RecordsState, ScheduleState, DeadLetterState, ControlState, RegistryState, OperationsState
+    RecordsState,
+    ScheduleState,
+    DeadLetterState,
+    ControlState,
+    RegistryState,
+    OperationsState,
+    BrowseState,
 ):
     """Task state and completion effects. See the module docstring."""
 

@@ -64,6 +64,21 @@ class RegistryState(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} cannot reach workers")
 
+    async def request_resize(self, worker_id: str, concurrency: int) -> None:
+        """Ask a worker to run at most ``concurrency`` tasks at once from now on (the caller
+        checks the number): pushed at once, and kept until the worker takes it
+        (:meth:`take_resize`) should it miss the push.
+
+        Raises:
+            NotImplementedError: a store without a control channel.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot reach workers")
+
+    async def take_resize(self, worker_id: str) -> int | None:
+        """The concurrency asked of ``worker_id`` and not taken yet (removed as it is read),
+        or ``None``."""
+        return None
+
     async def counters(self) -> dict[str, int]:
         """Namespace-wide event counters kept by the broker, e.g. ``{"stale_completions": 2}``
         (completions dropped by fencing, see :meth:`complete`); absent counters are 0."""

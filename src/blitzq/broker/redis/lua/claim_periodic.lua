@@ -4,8 +4,11 @@
 -- KEYS[2] {ns}:s:<queue> (kind "s"), {ns}:l:<queue> (kind "l") or {ns}:outbox:<queue>
 --         (kind "o": the outbox of a store paired with a foreign transport)   where to publish
 -- KEYS[3] {ns}:outboxes   queues whose outbox may hold messages (set; written for kind "o")
+-- Also reads {ns}:periodic:paused (set of paused entry names): a paused entry's occurrence
+-- is claimed (its last run set) and not published, so it is skipped, not caught up later.
 -- ARGV[1] periodic task name, ARGV[2] occurrence (Unix seconds), ARGV[3] kind ("s"/"l"/"o"),
--- ARGV[4] message, ARGV[5] the queue's name, ARGV[6] until (Unix seconds) or '' for none
+-- ARGV[4] message, ARGV[5] the queue's name, ARGV[6] until (Unix seconds) or '' for none,
+-- ARGV[7] key prefix "{ns}:"
 -- Decided on the server's clock (TIME), never a scheduler's:
 -- * an occurrence later than TIME is refused (not due yet: a scheduler's fast clock cannot
 --   dispatch early);
@@ -33,6 +36,9 @@ if last and last >= occurrence and last <= now then
   return 0
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if redis.call('SISMEMBER', KEY.periodic_paused(ARGV[7]), ARGV[1]) == 1 then
+  return 0
+end
 if ARGV[3] == 's' then
   redis.call('XADD', KEYS[2], '*', 'm', ARGV[4])
 elseif ARGV[3] == 'o' then

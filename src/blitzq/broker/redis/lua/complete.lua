@@ -24,6 +24,11 @@
 --     origin; "s" for "o": the transports an outbox serves -- RabbitMQ, the Redis Cluster
 --     spread layout -- are at-least-once, "reliable"); fence: a token checked, not
 --     acked; ops: see OPS below.
+--   {"I", queue, cap, ttl, now, {member1, ...}}   tasks that ended from queue, for the
+--     dashboard's list: ZADD of each "<state>\n<task>\n<task_id>" scored now (Unix seconds,
+--     the worker's clock; each member a microsecond later than the one before in the
+--     batch, so no two share a score), then the index cut to its newest cap and set to
+--     expire in ttl s
 -- Also reads or writes:
 --   {ns}:s:<queue>    XACK/XDEL of acks and tokens, XPENDING of fences, XADD of requeues
 --   {ns}:l:<queue>    LPUSH of requeues (fast mode)
@@ -35,6 +40,7 @@
 --   {ns}:d:<task_id>  a dead letter (HSET); {ns}:dlq:size, {ns}:dlq:bytes its bytes
 --                     (dead_letters.lua)
 --   {ns}:stats        HINCRBY stale_completions
+--   {ns}:recent:<queue>  ZADD, ZREMRANGEBYRANK, EXPIRE of an "I" entry (the ended tasks)
 --   ops: {ns}:s:<queue>, {ns}:l:<queue> (publish), {ns}:wf:<workflow_id> and
 --   {ns}:wf:<workflow_id>:j:<join_id> (workflows, chords), {ns}:done:wf:<workflow_id>,
 --   {ns}:u:<key> (unique_release), {ns}:lk:<key> (lock_release), {ns}:p:<task_id> and
@@ -61,6 +67,7 @@ local dead_added = 0
 local dl_ttl, dl_bytes, inline_max = ARGV[5], ARGV[6], tonumber(ARGV[7])
 --@include dead_letters.lua
 --@include outbox.lua
+--@include recent_add.lua
 local stale = {}
 local revoked = KEY.revoked(prefix)
 local marks = redis.call('EXISTS', revoked) == 1
@@ -271,6 +278,11 @@ end
 
 -- An "R" entry: ack all its ids at once (fenced as "A"), then store and publish the records
 -- of those that were still this consumer's, exactly as a "C" entry with only a record.
+-- An "I" entry: note the tasks that ended (the dashboard's index), keep the newest cap.
+local function ended(c)
+  recent_add(KEY.recent(prefix, c[2]), tonumber(c[5]), tonumber(c[3]), c[4], c[6])
+end
+
 local function records(c)
   local queue, ttl, ids, task_ids, recs = c[2], c[3], c[4], c[5], c[6]
   local lost = nil
@@ -306,6 +318,8 @@ for _, c in ipairs(batch) do
     if #c[4] > 0 then err = wrong(KEY.stream(prefix, c[2]), 'stream') end
   elseif c[1] == 'A' then
     err = wrong(KEY.stream(prefix, c[2]), 'stream')
+  elseif c[1] == 'I' then
+    err = wrong(KEY.recent(prefix, c[2]), 'zset')
   else
     local kind, queue = c[2], c[3]
     if c[4] ~= '' then err = wrong(KEY.stream(prefix, queue), 'stream') end
@@ -334,6 +348,8 @@ for _, c in ipairs(batch) do
     records(c)
   elseif c[1] == 'A' then
     ack(KEY.stream(prefix, c[2]), c[3], c[2])
+  elseif c[1] == 'I' then
+    ended(c)
   elseif fenced(c) then
     -- stale: its lease was lost and the message recovered; nothing is written
   else
