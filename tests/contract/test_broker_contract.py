@@ -547,8 +547,11 @@ async def test_worker_registration_and_expiry(
     broker: Broker, make_broker: Callable[[], Broker]
 ) -> None:
     other = make_broker()
+    await other.workers()  # connected before the short registration's clock starts
     await broker.register_worker("w-long", b"info-long", 60)
-    await broker.register_worker("w-short", b"info-short", 0.5)
+    # 3 s: long enough for the first read on a loaded machine (a new cluster client connects
+    # first), short enough for the wait on its expiry below.
+    await broker.register_worker("w-short", b"info-short", 3)
     workers = await other.workers()
     assert workers == {"w-long": b"info-long", "w-short": b"info-short"}
     await eventually(other.workers, lambda w: "w-short" not in w)

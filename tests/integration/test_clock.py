@@ -19,7 +19,7 @@ import pytest
 from blitzq import Queue, Retry
 from blitzq.client import publish as enqueue_module
 from blitzq.scheduler import Scheduler
-from blitzq.worker import ending as ending_module
+from blitzq.worker import completions as completions_module
 from blitzq.worker import maintenance as maintenance_module
 from blitzq.worker import runner as runner_module
 
@@ -108,7 +108,7 @@ async def test_a_worker_with_a_fast_clock_never_starts_a_delayed_task_early(
     async def stamp() -> None:
         started.append(await server_now(raw_redis))
 
-    for module in (maintenance_module, runner_module, ending_module):
+    for module in (maintenance_module, runner_module, completions_module):
         monkeypatch.setattr(module, "time", SkewedTime(SKEW))
     async with running(make_worker(queue, concurrency=2)):
         handle = await stamp.options(delay=1.0).enqueue()
@@ -133,7 +133,7 @@ async def test_a_retry_backoff_is_counted_on_the_server_clock(
             raise Retry(delay=1.0)
         return "ok"
 
-    for module in (runner_module, ending_module):
+    for module in (runner_module, completions_module):
         monkeypatch.setattr(module, "time", SkewedTime(-SKEW))
     async with running(make_worker(queue, concurrency=2)):
         handle = await flaky.enqueue()
@@ -175,7 +175,7 @@ async def test_a_rate_limit_wait_is_counted_on_the_server_clock(
         starts.append(await server_now(raw_redis))
         return n
 
-    for module in (runner_module, ending_module):
+    for module in (runner_module, completions_module):
         monkeypatch.setattr(module, "time", SkewedTime(-SKEW))
     enqueued = await server_now(raw_redis)
     handles = await paced.enqueue_many([(i,) for i in range(3)])

@@ -42,6 +42,8 @@ CALLED = {
     "schedule", "take_handed", "trim_dead", "unique_claim", "trace", "keep_running",
     # the spread layout of a Redis Cluster (spread.py, handoff.py)
     "handoff_publish", "handoff_restore", "handoff_take", "hold", "recover_split",
+    "revoke",  # the two-step cancel of a homed task (homes.py)
+    "recent",  # the dashboard's index of ended tasks (worker/recent.py)
 }  # fmt: skip
 
 
@@ -50,7 +52,7 @@ def test_every_script_is_read_once_with_its_includes_expanded() -> None:
     lua = resources.files("blitzq.broker.redis").joinpath("lua")
     library = scripts.expand_keys(lua.joinpath("dead_letters.lua").read_text()).rstrip("\n")
     outbox = scripts.expand_keys(lua.joinpath("outbox.lua").read_text()).rstrip("\n")
-    assert set(scripts.names()) == CALLED | {"dead_letters", "outbox"}
+    assert set(scripts.names()) == CALLED | {"dead_letters", "outbox", "recent_add"}
     for name in scripts.names():
         script = scripts.load(name)
         assert script.name == name

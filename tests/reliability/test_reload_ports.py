@@ -64,9 +64,10 @@ def get(port: int, path: str) -> tuple[int, bytes]:
 
 
 def ready_worker(port: int) -> str | None:
-    """The id of the worker whose ``/ready`` on ``port`` answers 200, else ``None``."""
+    """The process instance of the worker whose ``/ready`` on ``port`` answers 200, else
+    ``None`` (not its id: a slot's successor keeps the slot's stable ``worker`` id)."""
     status, body = get(port, "/ready")
-    return json.loads(body)["worker"] if status == 200 else None  # type: ignore[no-any-return]
+    return json.loads(body)["instance"] if status == 200 else None  # type: ignore[no-any-return]
 
 
 @pytest.fixture
