@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from blitzq import BrokerError, Queue, ResultExpired, Worker
+from blitzq import BrokerError, Queue, ResultExpired, ResultTimeout, Worker
 from tests.amqp_server import amqp_or_skip, delete_amqp_queues
 from tests.integration.test_sentinel import SERVICE, SentinelSet, sentinels  # noqa: F401
 
@@ -35,7 +35,21 @@ CONCURRENCY = 8
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     ("transport", "wait"),
-    [("redis", True), ("redis", False), ("amqp", True), ("amqp", False)],
+    [
+        ("redis", True),
+        pytest.param(
+            "redis",
+            False,
+            marks=pytest.mark.xfail(
+                reason="issue 25: without wait_replicas the records a worker wrote on the old "
+                "primary just before a forced failover can be lost with it (asynchronous "
+                "replication); seen on a loaded machine: 91 of 300 tasks ran without a record",
+                strict=False,
+            ),
+        ),
+        ("amqp", True),
+        ("amqp", False),
+    ],
     ids=["redis-wait_replicas", "redis-no_wait", "amqp-wait_replicas", "amqp-no_wait"],
 )
 async def test_a_failover_mid_run_leaves_no_task_that_ran_without_a_record(
@@ -97,11 +111,19 @@ async def test_a_failover_mid_run_leaves_no_task_that_ran_without_a_record(
                 moved = await asyncio.to_thread(sentinels.primary_port) != old_primary
                 if moved:  # as many again after the switch
                     after, n = len(runs), min(n, TASKS // 2)
-        for handle in handles:
+
+        async def settle(handle: Any) -> None:
             try:
-                await handle.result(timeout=120)
+                await handle.result(timeout=60)
             except ResultExpired:  # gone from the server, never run: the enqueue window
                 lost.append(handle.id)
+            except ResultTimeout:
+                if wait:  # with wait_replicas every returned enqueue must run
+                    raise
+                lost.append(handle.id)  # without it, it may have gone with the old primary
+
+        # All at once: a lost enqueue waits out its timeout beside the others, not after them.
+        await asyncio.gather(*(settle(h) for h in handles))
         records = {task_id: await producer.inspect(task_id) for task_id in list(runs)}
     finally:
         worker.stop()
