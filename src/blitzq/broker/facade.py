@@ -368,9 +368,9 @@ class Broker:
         """See :meth:`StateStore.register_worker`."""
         await self.state.register_worker(worker_id, info, ttl)
 
-    async def unregister_worker(self, worker_id: str) -> None:
+    async def unregister_worker(self, worker_id: str, retired: tuple[int, int] = (0, 0)) -> None:
         """See :meth:`StateStore.unregister_worker`."""
-        await self.state.unregister_worker(worker_id)
+        await self.state.unregister_worker(worker_id, retired)
 
     async def workers(self) -> dict[str, bytes]:
         """See :meth:`StateStore.workers`."""

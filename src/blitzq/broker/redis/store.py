@@ -345,9 +345,9 @@ class RedisStateStore(StateStore):
         """See :meth:`.RedisRegistry.register_worker`."""
         await self.registry.register_worker(worker_id, info, ttl)
 
-    async def unregister_worker(self, worker_id: str) -> None:
+    async def unregister_worker(self, worker_id: str, retired: tuple[int, int] = (0, 0)) -> None:
         """See :meth:`.RedisRegistry.unregister_worker`."""
-        await self.registry.unregister_worker(worker_id)
+        await self.registry.unregister_worker(worker_id, retired)
 
     async def workers(self) -> dict[str, bytes]:
         """See :meth:`.RedisRegistry.workers`."""
