@@ -117,7 +117,7 @@ class Series:
         gauges = {
             f"q:{q}": sum(int(stats.get(p, {}).get("waiting", 0)) for p in levels(q)) for q in names
         }
-        await broker.state.add_sample(int(time.time()) // SLOT, counts, gauges, KEEP)
+        await broker.state.browse.add_sample(int(time.time()) // SLOT, counts, gauges, KEEP)
 
     async def loop(self) -> None:
         """Sample every :data:`SLOT` seconds until cancelled (a broker error is logged at
