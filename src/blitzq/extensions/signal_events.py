@@ -43,7 +43,7 @@ class Signal(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class SignalEvent:
-    """What a signal handler receives.
+    """What a signal handler, and a middleware's ``on_signal`` hook, receives.
 
     Attributes:
         signal: the signal emitted.
