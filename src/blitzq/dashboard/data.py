@@ -340,7 +340,7 @@ async def periodic_doc(queue: Queue, runtime: RuntimeEntries | None = None) -> l
         BrokerError: the broker could not be reached.
     """
     out = []
-    paused = await queue.broker.state.paused_periodic()
+    paused = await queue.broker.state.browse.paused_periodic()
     for row in await all_periodic_status(queue, runtime):
         zone = row["zone"] or "UTC"
         out.append(

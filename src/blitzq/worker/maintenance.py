@@ -508,7 +508,7 @@ class Maintenance:
         for job in [j for j in kept if j not in runner.jobs]:
             del kept[job]
         if due:
-            await self.broker.state.keep_running([job.envelope.id for job in due], ttl)
+            await self.broker.state.records.keep_running([job.envelope.id for job in due], ttl)
             for job in due:
                 kept[job] = now + ttl
 

@@ -118,7 +118,7 @@ class Series:
         gauges = {
             f"q:{q}": sum(int(stats.get(p, {}).get("waiting", 0)) for p in levels(q)) for q in names
         }
-        await broker.state.add_sample(int(time.time()) // SLOT, counts, gauges, KEEP)
+        await broker.state.browse.add_sample(int(time.time()) // SLOT, counts, gauges, KEEP)
 
     async def close(self, timeout: float) -> None:
         """Add the counts of the current slot at the worker's shutdown (at most ``timeout``
