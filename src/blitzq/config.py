@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,6 +214,8 @@ def _read(path: Path) -> dict[str, Any]:
     """
     key = (path, path.stat().st_mtime)
     if key not in _cache:
+        import tomllib  # here: a process that reads no project file loads no TOML parser
+
         try:
             with path.open("rb") as f:
                 _cache[key] = tomllib.load(f)
