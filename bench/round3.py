@@ -184,7 +184,8 @@ def start_up(pairs: int, runs: int = 5) -> list[Any]:
     ``PYTHONDONTWRITEBYTECODE`` set, each start would compile blitzq's sources. The children
     run in an empty directory (no ``pyproject.toml`` above it: ``blitzq --help`` prints the
     generated help, :func:`blitzq.cli.fast_help`); ``blitzq --help`` in this repository
-    (a project file: click prints the help) is measured beside it, as a note.
+    (its ``pyproject.toml``, without a ``[tool.blitzq]`` table, is parsed before the
+    generated help is printed) is measured beside it, as a note.
     """
     from targets import Line
 
@@ -218,7 +219,7 @@ def start_up(pairs: int, runs: int = 5) -> list[Any]:
             line.passed = statistics.median(line.ratios) <= 1.5
             if in_project:
                 line.note = (
-                    f"in a directory with a pyproject.toml (click prints it): "
+                    f"in this repository (its pyproject.toml parsed first): "
                     f"{statistics.median(in_project):.2f}"
                 )
             lines.append(line)

@@ -16,7 +16,8 @@ The click group is :data:`blitzq.cli.root.cli` (re-exported here, loaded on firs
 ``blitzq --help`` (and the usage error of a bare ``blitzq``) from :mod:`blitzq.cli._help`,
 the text click printed for the same command line when ``python -m blitzq.spec`` generated it
 (``tests/unit/test_cli_fast_help.py`` keeps the two identical), whenever nothing could make
-click print something else: see :func:`fast_help`.
+click print something else (no ``[tool.blitzq]`` table applies, the width and the click
+version are the generated ones): see :func:`fast_help`.
 """
 
 from __future__ import annotations
@@ -67,27 +68,32 @@ def help_width() -> int:
     return max(min(columns, 100) - 2, 50)
 
 
-def _no_project_file() -> bool:
-    """True when :func:`blitzq.config.search` would find no file at all: ``$BLITZQ_CONFIG``
-    unset and no ``pyproject.toml`` from the current directory up to the project root (a
-    directory holding ``.git``) or ``/``. Any ``pyproject.toml`` on the way, even one
-    without a ``[tool.blitzq]`` table, is left to click (it may be invalid TOML, or another
-    user's, and then click prints an error or a warning)."""
+def _no_project_table() -> bool:
+    """True when no project file can apply (:func:`blitzq.config.search`): ``$BLITZQ_CONFIG``
+    unset, no ``pyproject.toml`` refused as another user's on the way up (click would print a
+    warning), and the project's ``pyproject.toml``, if there is one, valid TOML without a
+    ``[tool.blitzq]`` table (a table loads every command and may be refused; an invalid file
+    is a configuration error): :func:`blitzq._project.walk`, the walk ``search`` makes."""
     if os.environ.get(_CONFIG_ENV):
         return False
+    from .._project import walk
+
     try:
-        here = os.path.realpath(os.getcwd())
+        found, _, refused = walk(os.getcwd())
     except OSError:
         return False
-    while True:
-        if os.path.lexists(os.path.join(here, "pyproject.toml")):
-            return False
-        if os.path.exists(os.path.join(here, ".git")):
-            return True
-        parent = os.path.dirname(here)
-        if parent == here:
-            return True
-        here = parent
+    if refused:
+        return False
+    if found is None:
+        return True
+    import tomllib
+
+    try:
+        with open(found, "rb") as f:
+            tool = tomllib.load(f).get("tool", {})
+    except (OSError, ValueError):  # tomllib.TOMLDecodeError is a ValueError
+        return False
+    return isinstance(tool, dict) and "blitzq" not in tool
 
 
 def _click_version(path: Sequence[str]) -> str | None:
@@ -116,8 +122,8 @@ def fast_help(args: Sequence[str]) -> tuple[int, str, str] | None:
     It has it for ``--help``, ``-h`` and no argument, at the widths the help was generated
     at (:func:`help_width`: 78 and 98, a pipe or an 80-column terminal and a wide one), for
     the click version it was generated with (``major.minor``), when no project file can
-    apply (:func:`_no_project_file`: a ``[tool.blitzq]`` table loads every command and may
-    be refused). ``--help`` after a subcommand, or any other argument, is click's.
+    apply (:func:`_no_project_table`). ``--help`` after a subcommand, or any other argument,
+    is click's.
 
     Args:
         args: the command line after the program name.
@@ -128,7 +134,7 @@ def fast_help(args: Sequence[str]) -> tuple[int, str, str] | None:
     from . import _help
 
     found = _help.TEXTS.get((key, help_width()))
-    if found is None or _click_version(sys.path) != _help.CLICK or not _no_project_file():
+    if found is None or _click_version(sys.path) != _help.CLICK or not _no_project_table():
         return None
     return found
 
