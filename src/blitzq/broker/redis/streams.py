@@ -43,7 +43,12 @@ _PLAIN_READS_MIN = 32
 
 
 def _delivery(queue: str, entry_id: bytes, fields: list[bytes]) -> Delivery:
-    """A Delivery from a stream entry's fields ("m" the message, "d" the delivery count)."""
+    """A Delivery from a stream entry's fields ("m" the message, "d" the delivery count).
+
+    A "d" that is no int >= 1 (recover.lua writes 2 and up; anything else was planted) gives
+    ``deliveries`` 0, which the worker dead-letters as a malformed message; a huge one is
+    clipped to 1,000,000 (past any ``max_deliveries``: dead-lettered as exceeded).
+    """
     if len(fields) == 2 and fields[0] == MESSAGE_FIELD:
         return Delivery(queue, entry_id, fields[1], 1)
     payload, deliveries = b"", 1
@@ -51,10 +56,8 @@ def _delivery(queue: str, entry_id: bytes, fields: list[bytes]) -> Delivery:
         if fields[j] == MESSAGE_FIELD:
             payload = fields[j + 1]
         elif fields[j] == b"d":
-            try:  # written by recover.lua; anything else is planted: count it as one
-                deliveries = max(1, min(int(fields[j + 1]), 1_000_000))
-            except ValueError:
-                deliveries = 1
+            raw = fields[j + 1]
+            deliveries = min(int(raw), 1_000_000) if raw.isdigit() else 0
     return Delivery(queue, entry_id, payload, deliveries)
 
 
