@@ -411,10 +411,22 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         return int(removed)
 
     @translate_errors
+    async def wrong_type_keys(self, queues: Sequence[str]) -> dict[str, str]:
+        """See :meth:`Transport.wrong_type_keys`: each queue's stream, and the namespace's
+        keys."""
+        wanted = dict.fromkeys((self.keys.stream(q) for q in queues), "stream")
+        return await self.wrong_types({**wanted, **self.namespace_types()})
+
+    @translate_errors
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
-        """Waiting (not yet delivered) and in-flight (pending) entries per queue."""
+        """Waiting (not yet delivered) and in-flight (pending) entries per queue (0 and 0 for
+        a queue whose key holds another type: :meth:`wrong_type_keys` names it)."""
         out: dict[str, dict[str, int]] = {}
+        bad = await self.wrong_types(dict.fromkeys((self.keys.stream(q) for q in queues), "stream"))
         for queue in queues:
+            if self.keys.stream(queue) in bad:
+                out[queue] = {"waiting": 0, "in_flight": 0}
+                continue
             key = self.keys.stream(queue)
             length = int(await self.client.xlen(key))
             pending = 0
