@@ -51,7 +51,8 @@ async def test_a_level_of_the_wrong_type_is_named_and_the_others_go_on(
     keys = Keys(namespace)
     physical = f"{queue.name}:{level}"
     key = keys.stream(physical) if mode == "reliable" else keys.list(physical)
-    caplog.set_level(logging.ERROR, logger="blitzq.worker")
+    kind = "stream" if mode == "reliable" else "list"
+    caplog.set_level(logging.WARNING, logger="blitzq.worker")
     try:
         async with running(make_worker(queue)):
             assert await (await echo.enqueue("before")).result(timeout=20) == "before"
@@ -66,6 +67,16 @@ async def test_a_level_of_the_wrong_type_is_named_and_the_others_go_on(
             assert named[0].levelno == logging.ERROR
             assert "holds a string" in named[0].getMessage()
             assert len(named) == 1  # rate-limited: once a minute per key
+            stats = await queue.stats([queue.name, physical])
+            assert stats["wrong_type_keys"] == {key: f"holds a string, not a {kind}"}
+            assert stats["queues"][physical] == {"waiting": 0, "in_flight": 0}
+            # Maintenance (recovery, handed messages) skips the key instead of failing.
+            failed = [
+                r.getMessage()
+                for r in caplog.records
+                if r.getMessage().startswith(("maintenance", "taking handed"))
+            ]
+            assert failed == []
             # Fixed by hand: the level's messages run again, without a restart.
             await raw_redis.delete(key)
             handle = await echo.options(priority=level).enqueue(level)

@@ -275,13 +275,24 @@ class StreamsTransport(HandOver, RedisPart, Transport):
     async def occupied(self, queues: Sequence[str]) -> list[str]:
         """The queues whose stream holds any entry, waiting or in flight (acked entries are
         deleted, so an empty stream has nothing to recover): one ``XREAD COUNT 1`` over all
-        streams; every queue on a cluster (the streams may live on several nodes)."""
+        streams; every queue on a cluster (the streams may live on several nodes). A key
+        that holds another type (:meth:`wrong_type_keys`) is left out, not an error: the
+        other queues are still recovered."""
         if self.conn.cluster or not queues:
             return list(queues)
         keys = [self.keys.stream(q) for q in queues]
-        reply = await self.client.execute_command(
-            "XREAD", "COUNT", 1, "STREAMS", *keys, *("0-0" for _ in keys)
-        )
+        try:
+            reply = await self.client.execute_command(
+                "XREAD", "COUNT", 1, "STREAMS", *keys, *("0-0" for _ in keys)
+            )
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            bad = await self.wrong_types(dict.fromkeys(keys, "stream"))
+            healthy = [q for q, k in zip(queues, keys, strict=True) if k not in bad]
+            if len(healthy) == len(queues):
+                raise
+            return await self.occupied(healthy)
         if not reply:
             return []
         found = {
