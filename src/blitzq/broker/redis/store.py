@@ -147,29 +147,44 @@ class RedisStateStore(StateStore):
         that the script unpacks with ``cmsgpack``. Stream completions are fenced in the
         script (see :meth:`Broker.complete`); the stale ones are returned.
         """
-        if not completions:
+        args = self.complete_args(completions)
+        if args is None:
             return []
+        stale = await self.scripts.call("complete", keys=args[0], args=args[1])
+        return self.stale_of(completions, stale)
+
+    def complete_args(
+        self, completions: Sequence[Completion]
+    ) -> tuple[list[str], list[Any]] | None:
+        """``KEYS`` and ``ARGV`` of the ``complete.lua`` call that applies ``completions``
+        (``None``: nothing to apply); :meth:`stale_of` reads its reply. Used by
+        :meth:`complete` and by a pop that carries the batch (``carry.py``)."""
+        if not completions:
+            return None
         entries = encode_batch(completions, self.kind)
         if not entries:
-            return []
+            return None
         keys, conn = self.keys, self.conn
-        stale = await self.scripts.call(
-            "complete",
-            keys=[keys.schedule, keys.schedule_data, keys.dead_letters],
-            args=[
-                keys.prefix,
-                GROUP,
-                conn.dead_letter_cap,
-                encode_entries(entries),
-                conn.dead_letter_ttl,
-                conn.dead_letter_max_bytes,
-                NOTIFY_INLINE_MAX,
-                self.lease.consumer if self.lease is not None else "",
-            ],
-        )
-        if not stale:
+        return [keys.schedule, keys.schedule_data, keys.dead_letters], [
+            keys.prefix,
+            GROUP,
+            conn.dead_letter_cap,
+            encode_entries(entries),
+            conn.dead_letter_ttl,
+            conn.dead_letter_max_bytes,
+            NOTIFY_INLINE_MAX,
+            self.lease.consumer if self.lease is not None else "",
+            "",  # not quiet: records are announced on their done channel
+            "" if conn.cluster else "1",  # ... only to one with a subscriber (one server)
+        ]
+
+    @staticmethod
+    def stale_of(completions: Sequence[Completion], reply: Any) -> list[Completion]:
+        """The completions of ``completions`` that ``complete.lua``'s ``reply`` (its
+        ``{queue, token}`` pairs) names stale."""
+        if not reply:
             return []
-        wanted = {(q.decode(), bytes(t)) for q, t in stale}
+        wanted = {(q.decode(), bytes(t)) for q, t in reply}
         return [c for c in completions if (c.queue, c.token or c.fence) in wanted]
 
     # ---------------------------------------------- control: rate, unique, lock
