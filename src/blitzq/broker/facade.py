@@ -45,24 +45,15 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Protocol, final
 
-from ..exceptions import BrokerError
 from .outbox import Relay
 from .pairing import CompleteFn, Pairing, pairing_for
 from .state import DeadLetterFields, DeadLetterLimits, Scheduled, StateStore
 from .transport import Delivery, Guarantee, Transport
-from .values import Completion
 
 #: Appends encoded messages to a queue (see :meth:`Transport.publish`).
 PublishFn = Callable[[str, Sequence[bytes]], Awaitable[None]]
 #: Takes up to ``count`` messages of one queue (see :meth:`Transport.fetch`).
 FetchFn = Callable[[str, int, float], Awaitable[list[Delivery]]]
-
-
-#: See :attr:`Broker.carry`.
-CarryFn = Callable[
-    [Sequence[str], int, Sequence[Completion]],
-    Awaitable[tuple[list[Delivery] | BrokerError, list[Completion] | None]],
-]
 
 
 class FetchFirstFn(Protocol):
@@ -120,14 +111,6 @@ class Broker:
     """An at-most-once transport beside the main one, for the tasks declared
     ``@queue.task(mode="fast")`` of a reliable Queue (:meth:`add_fast_lane`); ``None``: the
     broker has none, and such tasks travel the main transport."""
-
-    carry: CarryFn | None = None
-    """Pop from the main transport with a batch of completions applied in the same round trip
-    (``carry(queues, count, completions)`` returns what the pop gave -- the deliveries or the
-    :class:`~blitzq.BrokerError` it failed with -- and the stale completions, or ``None`` when
-    the batch was not applied); set by a broker that can (fast mode on one Redis server:
-    :mod:`blitzq.broker.redis.carry`), else ``None``. The worker's fetch loops use it to take
-    the flusher's next batch along (:meth:`~blitzq.worker.flusher.Flusher.carry`)."""
 
     task_ids: Callable[[str], str] | None = None
     """Makes the id of a task sent to a physical queue when the caller chose none; ``None``:

@@ -22,11 +22,6 @@ other works (a drain with results stored: about 1.2x, see ``bench/README.md``). 
 load the completions go first, before the next fetch (the round trip's path), and a fetch
 that finds the levels empty releases the hold before it blocks.
 
-On a broker whose pops can carry completions (:attr:`~blitzq.broker.Broker.carry`: fast mode
-on one Redis server), a loop's non-blocking fetch outside a backlog takes the flusher's next
-batch along when it waits unsent (:meth:`~blitzq.worker.flusher.Flusher.carry`): the
-completions and the pop go in one round trip instead of two.
-
 A worker whose Queue has tasks declared ``@queue.task(mode="fast")`` and whose broker has a
 fast lane (:attr:`~blitzq.broker.Broker.fast_lane`: the lists of a reliable Redis broker)
 runs a second loop per queue on the lane, sharing the queue's slots: what it pops carries no
@@ -45,7 +40,7 @@ import logging
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from ..broker import Broker, Completion, Delivery
+from ..broker import Broker, Delivery
 from ..broker.transport import Transport
 from ..exceptions import BrokerError
 from .idle import SharedRead
@@ -149,7 +144,6 @@ class Fetcher:
         self.lane = lane
         self._fetching: dict[str, bool] = {}
         self._holding: dict[str, bool] = {}  # whose fetch holds the flusher's next batch
-        self._carries: dict[str, bool] = {}  # whose next look carries the flusher's batch
         self._tasks: dict[str, asyncio.Task[None]] = {}
         #: Fetches that returned (or failed), per loop (its queue, or ``<queue> (fast)``);
         #: fetches that returned messages.
@@ -227,7 +221,6 @@ class Fetcher:
         backoff = 0.1
         backlog = False  # the last fetch filled every slot it had (at least _OVERLAP_MIN)
         writable = runner.flusher.writable
-        carry = self.broker.carry
         while not self._stop_requested():
             if not writable.is_set():  # completions refused: take no work it cannot record
                 await writable.wait()
@@ -236,7 +229,6 @@ class Fetcher:
                 await asyncio.sleep(PAUSE_POLL)
                 continue
             n = await slots.reserve(batch)
-            self._carries[key] = key == queue and not backlog and carry is not None
             if n < batch and runner.jobs:
                 try:
                     n += await self._gather(slots, batch - n)
@@ -352,7 +344,7 @@ class Fetcher:
         shared = self.shared if key == queue else None  # a lane's loop blocks on its own
         if shared is None or not self._quiet[queue]:
             try:
-                deliveries = await self._look(key, queue, names, n, fetch_first)
+                deliveries = await fetch_first(names, n, 0)
             except BaseException:  # a failed or cancelled fetch holds no slot (shutdown waits)
                 slots.release(n)
                 raise
@@ -380,30 +372,6 @@ class Fetcher:
             slots.release_queue(1)
             return deliveries
         return self._grant(queue, slots, deliveries)
-
-    async def _look(
-        self, key: str, queue: str, names: Sequence[str], n: int, fetch_first: FetchFirst
-    ) -> list[Delivery]:
-        """The non-blocking fetch of up to ``n`` messages from ``names``; on a broker that
-        can (:attr:`~blitzq.broker.Broker.carry`: fast mode on one Redis server), with the
-        flusher's next completion batch applied in the same round trip, when one waits
-        unsent and this loop does not hold it back for a backlog (there the completions go
-        after the fetch, overlapping the start of what it brings)."""
-        carry = self.broker.carry
-        if carry is None or not self._carries.get(key):
-            return await fetch_first(names, n, 0)
-        flusher = self.runner.flusher
-        batch = flusher.carry()
-        if not batch:
-            return await fetch_first(names, n, 0)
-        outcome: list[Completion] | None = None
-        try:
-            got, outcome = await carry(names, n, batch)
-        finally:
-            flusher.carried(batch, outcome)
-        if isinstance(got, BaseException):
-            raise got
-        return got
 
     def _grant(self, queue: str, slots: Slots, deliveries: list[Delivery]) -> list[Delivery]:
         """Keep the deliveries of a blocking fetch that free slots allow; hand back the rest.

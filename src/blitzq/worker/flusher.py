@@ -23,10 +23,6 @@ flight returns (:meth:`Flusher.hold`, at most :data:`MAX_HOLD` seconds): the ser
 answers the fetch first and applies the completions while the worker starts what it fetched,
 instead of the worker waiting for both in turn (see :mod:`.fetch`).
 
-A fetch may *carry* the next batch instead (:meth:`Flusher.carry`, fast mode on one Redis
-server: the batch and the pop in one round trip); the flusher then sends nothing until that
-batch is settled (:meth:`Flusher.carried`), and writes it itself when it was not applied.
-
 Fencing: the broker applies a completion only while its delivery is still leased to this
 worker. The stale ones it hands back (no longer pending under this worker: the lease lapsed,
 e.g. the process was paused, and another worker took the message over; or the server lost
@@ -121,10 +117,6 @@ class Flusher:
         self.writable = asyncio.Event()
         self.writable.set()
         self._refused_since: float | None = None  # the broker refuses writes since then
-        self._sending = False  # run() has a batch in flight
-        #: Resolved when the batch a fetch carries (:meth:`carry`) is settled; ``None``
-        #: while no carried batch is in flight.
-        self._carrying: asyncio.Future[None] | None = None
 
     def add(self, completion: Completion) -> None:
         """Queue a completion for the next batch."""
@@ -164,33 +156,6 @@ class Flusher:
         finally:
             timer.cancel()
             self._released = None
-
-    def carry(self) -> list[Completion]:
-        """Take the next batch for a fetch to carry (:attr:`~blitzq.broker.Broker.carry`):
-        the batch :meth:`run` would send next, when it has not sent it yet and no other
-        batch is in flight; else an empty list. The batch stays queued (and :meth:`run`
-        sends nothing) until :meth:`carried` settles it, so batches are still applied one
-        after another, in order."""
-        if self._carrying is not None or self._sending or not self._pending:
-            return []
-        if self._refused_since is not None:  # run() retries and isolates: leave it the batch
-            return []
-        self._carrying = asyncio.get_running_loop().create_future()
-        return self._take()
-
-    def carried(self, batch: list[Completion], stale: list[Completion] | None) -> None:
-        """Settle a batch taken with :meth:`carry`: applied (``stale``: the completions the
-        broker refused as stale) or not (``None``: :meth:`run` writes it itself)."""
-        carrying, self._carrying = self._carrying, None
-        if stale is not None:
-            del self._pending[: len(batch)]
-            self._writing()
-            if self.on_written is not None:
-                self.on_written(batch, stale)
-            if stale:
-                self._report(stale)
-        if carrying is not None and not carrying.done():
-            carrying.set_result(None)
 
     @property
     def backlog(self) -> int:
@@ -239,52 +204,40 @@ class Flusher:
                 continue
             if self._holds:
                 await self._held()
-            if self._carrying is not None:  # a fetch carries the next batch: wait for it
-                await self._carrying
-                continue
             batch = self._take()
-            self._sending = True
             try:
-                delay = await self._write(batch, delay)
-            finally:
-                self._sending = False
-
-    async def _write(self, batch: list[Completion], delay: float) -> float:
-        """Apply ``batch`` (the head of the queue): on success, or once isolated, it leaves
-        the queue; a write to retry later waits ``delay`` seconds and stays. Returns the
-        next retry delay."""
-        try:
-            stale = await self.broker.complete(batch)
-        except BrokerError as exc:
-            if await self._retry_later(exc, batch):
-                # The first refusal is logged at WARNING (by _refusing), the retries
-                # of the same outage at DEBUG until a batch is written again.
-                level = logging.DEBUG if self._refused_since is not None else logging.INFO
-                self._refusing(exc)
-                logger.log(
-                    level,
-                    "completion batch of %d failed, retrying in %.2f s: %s",
-                    len(batch),
-                    delay,
-                    exc,
-                )
-                await asyncio.sleep(delay)
-                return min(delay * 2, 2.0)
+                stale = await self.broker.complete(batch)
+            except BrokerError as exc:
+                if await self._retry_later(exc, batch):
+                    # The first refusal is logged at WARNING (by _refusing), the retries
+                    # of the same outage at DEBUG until a batch is written again.
+                    level = logging.DEBUG if self._refused_since is not None else logging.INFO
+                    self._refusing(exc)
+                    logger.log(
+                        level,
+                        "completion batch of %d failed, retrying in %.2f s: %s",
+                        len(batch),
+                        delay,
+                        exc,
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                    continue
+                del self._pending[: len(batch)]
+                await self._isolate(batch, exc)
+                continue
+            except Exception as exc:  # a completion that cannot even be sent (a bug)
+                logger.exception("completion batch of %d could not be sent", len(batch))
+                del self._pending[: len(batch)]
+                await self._isolate(batch, _unsendable(exc))
+                continue
+            delay = 0.05
             del self._pending[: len(batch)]
-            await self._isolate(batch, exc)
-            return delay
-        except Exception as exc:  # a completion that cannot even be sent (a bug)
-            logger.exception("completion batch of %d could not be sent", len(batch))
-            del self._pending[: len(batch)]
-            await self._isolate(batch, _unsendable(exc))
-            return delay
-        del self._pending[: len(batch)]
-        self._writing()
-        if self.on_written is not None:
-            self.on_written(batch, stale)
-        if stale:
-            self._report(stale)
-        return 0.05
+            self._writing()
+            if self.on_written is not None:
+                self.on_written(batch, stale)
+            if stale:
+                self._report(stale)
 
     def _refusing(self, error: BrokerError) -> None:
         """The broker refuses writes for now (down, or out of memory): pause the fetches."""

@@ -24,7 +24,6 @@ from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
 from ..facade import Broker
 from ..pairing import Fused
 from ..transport import Transport
-from .carry import carried_pop
 from .connection import DEFAULT_DEAD_LETTER_CAP, RedisConnection, RedisDeadLetterLimits
 from .lists import ListsTransport
 from .store import RedisStateStore
@@ -55,8 +54,6 @@ def fused_broker(conn: RedisConnection) -> Broker:
     broker = Broker(transport, state, Fused(state), dead_letter_limits=RedisDeadLetterLimits(conn))
     if conn.kind == "s":  # the lists as the fast lane of tasks declared mode="fast"
         broker.add_fast_lane(ListsTransport(conn.with_kind("l")))
-    else:  # a pop takes the flusher's next completion batch along (carry.py)
-        broker.carry = carried_pop(transport, state)
     return broker
 
 

@@ -35,7 +35,6 @@ import asyncio
 import math
 from typing import Any
 
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .client import socket_timeout
@@ -123,37 +122,6 @@ class Popper:
         finally:
             await pool.release(conn)
 
-    @property
-    def pipelines(self) -> bool:
-        """Whether :meth:`execute_many` can run (a single pool with ``socket_timeout``)."""
-        return self._pool is not None and self._timeout is not None
-
-    async def execute_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        """Send ``commands`` in one write on one connection and read their raw replies,
-        under :meth:`execute_command`'s deadline (no ``block``: none of them may block).
-
-        Returns:
-            One item per command, in order: its reply, or the
-            :class:`redis.exceptions.ResponseError` the server answered (every reply is
-            read, so the connection stays in step).
-
-        Raises:
-            RuntimeError: :attr:`pipelines` is false (a cluster client, no socket timeout).
-            redis.exceptions.TimeoutError, redis.exceptions.RedisError: as
-                :meth:`execute_command` (a connection error after the client's retries).
-        """
-        pool, timeout = self._pool, self._timeout
-        if pool is None or timeout is None:
-            raise RuntimeError("execute_many needs a single pool with a socket timeout")
-        conn = await pool.get_connection()
-        try:
-            return await conn.retry.call_with_retry(  # type: ignore[no-any-return]
-                lambda: send_and_read_many(conn, commands, max(timeout, REPLY_WAIT)),
-                lambda _error: conn.disconnect(),
-            )
-        finally:
-            await pool.release(conn)
-
     async def script_load(self, source: str) -> Any:
         """``SCRIPT LOAD source`` on the client (nothing is popped)."""
         return await self._client.script_load(source)
@@ -179,31 +147,3 @@ async def send_and_read(conn: Any, args: tuple[Any, ...], budget: float) -> Any:
         raise RedisTimeoutError(
             f"no reply to {args[0]} within {budget:g} s while this process ran; connection closed"
         ) from None
-
-
-async def send_and_read_many(
-    conn: Any, commands: list[tuple[Any, ...]], budget: float
-) -> list[Any]:
-    """:func:`send_and_read` of several commands in one write: their raw replies in order,
-    an error reply as its :class:`~redis.exceptions.ResponseError` in its place."""
-    await conn.send_packed_command(conn.pack_commands(commands))
-    loop = asyncio.get_running_loop()
-    replies: list[Any] = []
-    try:
-        async with asyncio.timeout(None) as scope:
-            deadline = _Deadline(loop, scope, budget)
-            try:
-                for _ in commands:
-                    try:
-                        replies.append(await conn.read_response(timeout=math.inf))
-                    except ResponseError as exc:
-                        replies.append(exc)
-            finally:
-                deadline.cancel()
-    except TimeoutError:
-        await conn.disconnect(nowait=True)
-        raise RedisTimeoutError(
-            f"no reply to a pipeline of {len(commands)} within {budget:g} s while this "
-            "process ran; connection closed"
-        ) from None
-    return replies
