@@ -157,8 +157,7 @@ class RedisStateStore(StateStore):
         self, completions: Sequence[Completion]
     ) -> tuple[list[str], list[Any]] | None:
         """``KEYS`` and ``ARGV`` of the ``complete.lua`` call that applies ``completions``
-        (``None``: nothing to apply); :meth:`stale_of` reads its reply. Used by
-        :meth:`complete` and by a pop that carries the batch (``carry.py``)."""
+        (``None``: nothing to apply); :meth:`stale_of` reads its reply."""
         if not completions:
             return None
         entries = encode_batch(completions, self.kind)
