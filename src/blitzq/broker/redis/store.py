@@ -147,43 +147,31 @@ class RedisStateStore(StateStore):
         that the script unpacks with ``cmsgpack``. Stream completions are fenced in the
         script (see :meth:`Broker.complete`); the stale ones are returned.
         """
-        args = self.complete_args(completions)
-        if args is None:
-            return []
-        stale = await self.scripts.call("complete", keys=args[0], args=args[1])
-        return self.stale_of(completions, stale)
-
-    def complete_args(
-        self, completions: Sequence[Completion]
-    ) -> tuple[list[str], list[Any]] | None:
-        """``KEYS`` and ``ARGV`` of the ``complete.lua`` call that applies ``completions``
-        (``None``: nothing to apply); :meth:`stale_of` reads its reply."""
         if not completions:
-            return None
+            return []
         entries = encode_batch(completions, self.kind)
         if not entries:
-            return None
-        keys, conn = self.keys, self.conn
-        return [keys.schedule, keys.schedule_data, keys.dead_letters], [
-            keys.prefix,
-            GROUP,
-            conn.dead_letter_cap,
-            encode_entries(entries),
-            conn.dead_letter_ttl,
-            conn.dead_letter_max_bytes,
-            NOTIFY_INLINE_MAX,
-            self.lease.consumer if self.lease is not None else "",
-            "",  # not quiet: records are announced on their done channel
-            "" if conn.cluster else "1",  # ... only to one with a subscriber (one server)
-        ]
-
-    @staticmethod
-    def stale_of(completions: Sequence[Completion], reply: Any) -> list[Completion]:
-        """The completions of ``completions`` that ``complete.lua``'s ``reply`` (its
-        ``{queue, token}`` pairs) names stale."""
-        if not reply:
             return []
-        wanted = {(q.decode(), bytes(t)) for q, t in reply}
+        keys, conn = self.keys, self.conn
+        stale = await self.scripts.call(
+            "complete",
+            keys=[keys.schedule, keys.schedule_data, keys.dead_letters],
+            args=[
+                keys.prefix,
+                GROUP,
+                conn.dead_letter_cap,
+                encode_entries(entries),
+                conn.dead_letter_ttl,
+                conn.dead_letter_max_bytes,
+                NOTIFY_INLINE_MAX,
+                self.lease.consumer if self.lease is not None else "",
+                "",  # not quiet: records are announced on their done channel
+                "" if conn.cluster else "1",  # ... only to one with a subscriber (one server)
+            ],
+        )
+        if not stale:
+            return []
+        wanted = {(q.decode(), bytes(t)) for q, t in stale}
         return [c for c in completions if (c.queue, c.token or c.fence) in wanted]
 
     # ---------------------------------------------- control: rate, unique, lock
