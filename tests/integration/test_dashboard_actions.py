@@ -305,7 +305,7 @@ async def test_series_of_the_workers(queue: Queue) -> None:
     async with client(create_app(queue)) as c:
         slot = int(time.time()) // 10
         fields: dict[str, int] = {}  # the worker's own loop may have sampled a slot before
-        for part in await queue.broker.state.samples([slot - 2, slot - 1, slot]):
+        for part in await queue.broker.state.browse.samples([slot - 2, slot - 1, slot]):
             for k, v in part.items():
                 fields[k] = v if k.startswith("q:") else fields.get(k, 0) + v
         assert fields["done"] == 6

@@ -144,7 +144,7 @@ async def _ended(queue: Queue, q: TaskQuery) -> dict[str, Any]:
     seen: set[str] = set()
     scanned = 0
     while scanned < SCAN:
-        chunk = await broker.state.ended_tasks(names, before, q.since, _CHUNK)
+        chunk = await broker.state.browse.ended_tasks(names, before, q.since, _CHUNK)
         candidates = []
         for at, physical, member in chunk:
             state, _, rest = member.partition("\n")
@@ -220,7 +220,7 @@ async def _scheduled(queue: Queue, q: TaskQuery) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     scanned = 0
     while scanned < SCAN:
-        chunk = await queue.broker.state.scheduled_tasks(after, _CHUNK)
+        chunk = await queue.broker.state.browse.scheduled_tasks(after, _CHUNK)
         for due, task_id, data in chunk:
             scanned += 1
             if q.until is not None and due >= q.until:
@@ -252,7 +252,7 @@ async def _queued(queue: Queue, q: TaskQuery) -> dict[str, Any]:
     scanned = 0
     while index < len(names) and len(rows) < q.limit and scanned < SCAN:
         physical = names[index]
-        messages = await queue.broker.state.waiting_messages(physical, offset, _CHUNK)
+        messages = await queue.broker.state.browse.waiting_messages(physical, offset, _CHUNK)
         for data in messages:
             scanned += 1
             offset += 1
