@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, Protocol
 
 from ..broker.transport import Transport
 from ..exceptions import BrokerError
@@ -33,6 +33,31 @@ LOG_EVERY: Final = 60.0
 def wrong_type(exc: BaseException) -> bool:
     """Whether ``exc`` (a failed fetch) is a server's ``WRONGTYPE`` reply."""
     return isinstance(exc, BrokerError) and "WRONGTYPE" in str(exc)
+
+
+class _Preparing(Protocol):
+    async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None: ...
+
+
+async def prepare_levels(broker: _Preparing, queues: Sequence[str], consumer: str) -> None:
+    """``broker.prepare_consumer(queues, consumer)`` (a broker, or its fast lane), at a
+    worker's start; when a level's key holds another type, every other level is prepared
+    and the worker starts: its fetch loop names the key and sets the level aside.
+
+    Raises:
+        BrokerError: the broker could not be reached, or refused for another reason.
+    """
+    try:
+        await broker.prepare_consumer(queues, consumer)
+    except BrokerError as exc:
+        if not wrong_type(exc):
+            raise
+        for queue in queues:
+            try:
+                await broker.prepare_consumer([queue], consumer)
+            except BrokerError as one:
+                if not wrong_type(one):
+                    raise
 
 
 class BadKeys:
@@ -103,4 +128,4 @@ class BadKeys:
             )
 
 
-__all__ = ["LOG_EVERY", "RECHECK", "BadKeys", "wrong_type"]
+__all__ = ["LOG_EVERY", "RECHECK", "BadKeys", "prepare_levels", "wrong_type"]
