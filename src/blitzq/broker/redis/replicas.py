@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+logger = logging.getLogger("blitzq.broker")
 
 #: Seconds between two reads of the primary's connected replicas.
 REPLICAS_CHECK = 1.0
@@ -66,6 +69,7 @@ class ReplicaWatch:
         #: The primary found superseded at the last look (one of its replicas was promoted),
         #: else ``None``.
         self.superseded: Any = None
+        self._lock: asyncio.Lock | None = None
 
     def forget(self) -> None:
         """Read the list again at the next write (a ``WAIT`` fell short)."""
@@ -73,7 +77,9 @@ class ReplicaWatch:
 
     async def count(self, client: Any, primary: Any) -> int:
         """Replicas a durable write on ``client`` waits for, the server being ``primary``
-        (its pool's address for it); 0 when the server is not a primary.
+        (its pool's address for it); 0 when the server is not a primary. One look at a time
+        (concurrent callers share it); a look that the pool's move to another primary
+        overtook changes nothing.
 
         Raises:
             redis.exceptions.RedisError: ``ROLE`` failed.
@@ -81,20 +87,41 @@ class ReplicaWatch:
         if primary != self._primary:  # the connections moved: a new primary, new replicas
             self._primary, self._replicas, self._count = primary, set(), None
             self.superseded = None
-        now = time.monotonic()
-        if self._count is not None and now - self._read_at < REPLICAS_CHECK:
+        if self._count is not None and time.monotonic() - self._read_at < REPLICAS_CHECK:
             return self._count
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if primary != self._primary:  # moved while this caller waited: look again
+                return await self.count(client, primary)
+            if self._count is not None and time.monotonic() - self._read_at < REPLICAS_CHECK:
+                return self._count
+            count, replicas, promoted = await self._look(client, primary)
+            if primary != self._primary:  # the pool moved meanwhile: this look is stale
+                return count
+            if promoted and self.superseded is None:
+                logger.warning(
+                    "replica %s of the primary %s:%s answers as promoted (a failover): "
+                    "durable writes wait until the sentinels name the new primary",
+                    ", ".join(promoted),
+                    *primary,
+                )
+            self.superseded = primary if promoted else None
+            self._replicas, self._count, self._read_at = replicas, count, time.monotonic()
+            return count
+
+    async def _look(self, client: Any, primary: Any) -> tuple[int, set[str], list[str]]:
+        """``(count, replicas, promoted)``: one ``ROLE`` on ``client``, and a probe of each
+        replica gone since the last look (never ``primary`` itself)."""
         role = await client.execute_command("ROLE")
         if _text(role[0]) != "master":
-            self._count, self._read_at = 0, now
-            return 0
+            return 0, set(), []
         connected = {f"{_text(r[0])}:{_text(r[1])}" for r in (role[2] if len(role) > 2 else [])}
-        gone = self._replicas - connected
+        itself = f"{primary[0]}:{primary[1]}" if primary is not None else ""
+        gone = self._replicas - connected - {itself}
         promoted = [r for r in gone if await self._promoted(r, primary)]
-        self.superseded = primary if promoted else None
-        self._replicas = connected | set(promoted)
-        self._count, self._read_at = len(self._replicas), now
-        return self._count
+        replicas = connected | set(promoted)
+        return len(replicas), replicas, promoted
 
     async def _promoted(self, replica: str, primary: Any) -> bool:
         """Whether ``replica`` answers as a primary, or as the replica of a server other than
@@ -115,6 +142,7 @@ class ReplicaWatch:
             with contextlib.suppress(RedisError, OSError):
                 await probe.aclose()
         kind = _text(role[0])
+        logger.debug("replica %s answers ROLE %r (primary %r)", replica, role[:3], primary)
         if kind == "master":
             return True
         if kind != "slave" or primary is None or len(role) < 3:

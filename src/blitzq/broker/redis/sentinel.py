@@ -359,12 +359,11 @@ class ReplicatedRedis(aioredis.Redis):
                 end of the wait: a failover is under way.
         """
         count = await self.replicas()
-        watch = self._watcher()
-        if watch.superseded is None:
+        watch, pool = self._watcher(), self.connection_pool
+        if not self._superseded(watch):
             return min(asked, count)
-        pool = self.connection_pool
         deadline = time.monotonic() + FAILOVER_SECONDS
-        while watch.superseded is not None:
+        while self._superseded(watch):
             superseded = watch.superseded
             if time.monotonic() >= deadline:
                 raise BrokerError(
@@ -381,6 +380,11 @@ class ReplicatedRedis(aioredis.Redis):
                 watch.forget()
             count = await self.replicas()
         return min(asked, count)
+
+    def _superseded(self, watch: ReplicaWatch) -> bool:
+        """Whether the primary the pool names now was found superseded."""
+        primary = getattr(self.connection_pool, "master_address", None)
+        return watch.superseded is not None and watch.superseded == primary
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         """Run one command; a durable one raises :class:`~blitzq.BrokerError` (transient,
