@@ -13,10 +13,13 @@ URL grammar (``[...]`` optional, ``,``-separated sentinels, default port 26379):
   0.5, under ``socket_timeout``): each single write command of the broker (a script call,
   ``XADD``, ``RPUSH``/``LPUSH``: an enqueue, a completion) is followed by ``WAIT
   <n> <wait_timeout>`` in the same round trip, ``n`` the least of ``wait_replicas`` and the
-  replicas connected to the primary (``ROLE``, read at most every second), and fails with
-  :class:`~blitzq.BrokerError` (transient) when fewer acknowledged it in time: a write a
-  failover could lose is reported instead of acknowledged (a worker's completion is then
-  retried, and its delivery acknowledged only with it). Off by default.
+  replicas that exist (``replicas.py``), and fails with :class:`~blitzq.BrokerError`
+  (transient) when fewer acknowledged it in time: a write a failover could lose is reported
+  instead of acknowledged (a worker's completion is then retried, and its delivery
+  acknowledged only with it). Off by default; a worker's fetches and completions wait for one
+  replica even without it (:data:`durable_writes`): a task starts only once the replicas know
+  its lease, and its record is acknowledged only once they have it, so a failover leaves no
+  task that ran without a record (docs/architecture.md, "Failovers").
 - Every other query parameter is a pool or connection option of a ``redis://`` URL
   (``max_connections``, ``timeout``, ``socket_timeout``...: ``client.py``); the sentinels
   use the same ``socket_timeout`` and ``socket_connect_timeout``, cut to 1 s and 0.5 s
