@@ -109,9 +109,11 @@ def envelope_fault(env: Envelope, now: float) -> str | None:
 
 def options_fault(options: Mapping[str, Any], declared: Mapping[str, Option]) -> str | None:
     """What makes a message's per-call options (``Envelope.options``) unusable by the task
-    it calls, or ``None``: each must be declared by one of the task's middleware
-    (:attr:`Task.call_controls <blitzq.Task.call_controls>`) and pass that option's check, as
+    it calls, or ``None``: each option one of the task's middleware declares
+    (:attr:`Task.call_controls <blitzq.Task.call_controls>`) must pass that option's check, as
     :func:`~blitzq.options.call_options` requires at enqueue (a ``None`` value is no option).
+    An option no middleware here declares is left alone, not refused: during a rolling
+    deploy a newer producer may send one that this older worker does not know yet.
 
     Args:
         options: the message's ``options`` field.
@@ -124,11 +126,8 @@ def options_fault(options: Mapping[str, Any], declared: Mapping[str, Option]) ->
         if value is None:
             continue
         option = declared.get(name)
-        if option is None:
-            return (
-                f"options.{name} is {value!r}: no middleware of this task declares the "
-                f"per-call option {name!r} (declared: {sorted(declared)})"
-            )
+        if option is None:  # a newer producer's option: no middleware here reads it
+            continue
         if option.check is not None:
             try:
                 option.check(name, value)

@@ -206,7 +206,6 @@ ENQUEUE_RULES: list[tuple[str, str | None, Any, bytes | None, str, str]] = [
     ("max_age-str", "options", {"max_age": "abc"}, None, "malformed message", "options.max_age"),
     ("max_age-neg", "options", {"max_age": -1}, None, "malformed message", "options.max_age"),
     ("max_age-bool", "options", {"max_age": True}, None, "malformed message", "options.max_age"),
-    ("undeclared", "options", {"nobody": 1}, None, "malformed message", "options.nobody"),
     ("deferrals-neg", "deferrals", -1, None, "malformed message", "deferrals is -1"),
     ("deferrals-zero", "deferrals", 0, None, "malformed message", "deferrals is 0"),
     ("correlation-empty", "correlation_id", "", None, "malformed message", "correlation_id"),

@@ -68,7 +68,6 @@ def test_valid_fields_pass() -> None:
         ({"max_age": "abc"}, "options.max_age is 'abc'"),
         ({"max_age": -1}, "options.max_age is -1"),
         ({"max_age": math.inf}, "options.max_age is inf"),
-        ({"nobody": 1}, "options.nobody is 1: no middleware"),
     ],
 )
 def test_per_call_options_hold_their_middleware_check(options: dict[str, Any], needle: str) -> None:
@@ -79,6 +78,12 @@ def test_per_call_options_hold_their_middleware_check(options: dict[str, Any], n
 
 def test_valid_per_call_options_pass() -> None:
     assert options_fault({"max_age": 30, "other": None}, Expiry.call_options) is None
+
+
+def test_an_option_no_middleware_here_declares_is_left_alone() -> None:
+    """A newer producer's option reaching an older worker (a rolling deploy) does not
+    dead-letter the message; enqueue still refuses an unknown option at the edge."""
+    assert options_fault({"nobody": 1, "max_age": 30}, Expiry.call_options) is None
 
 
 @pytest.mark.parametrize(
