@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from ..exceptions import BlitzQError, BrokerError
+from ..exceptions import BlitzQError, BrokerError, ConfigurationError
 from ..logconfig import configure_logging
 from ..queue import Queue
 from ..routing import check_name
@@ -208,7 +208,10 @@ def _split_queues(value: str | None) -> list[str] | None:
         return None
     names = [name.strip() for name in value.split(",") if name.strip()]
     for name in names:
-        check_name("queue name", name)
+        try:
+            check_name("queue name", name)
+        except ConfigurationError as exc:
+            raise _usage(f"--queues: {exc}") from None
     if not names:
         raise _usage("--queues needs at least one queue name")
     return names
