@@ -159,14 +159,13 @@ def check_url(url: str, *, memory: bool = True) -> None:
     Raises:
         ConfigurationError: another scheme; the message lists the accepted ones.
     """
-    if url.startswith(SCHEMES + ("valkey://", "valkeys://")):
+    if url.startswith((*SCHEMES, "valkey://", "valkeys://")):
         return
     offered = ["redis://", "rediss://", "valkey://", "valkeys://", "unix://"]
     offered += ["memory://"] if memory else []
     offered += ["redis+cluster://", "rediss+cluster://"]
     raise ConfigurationError(
-        f"unsupported broker URL {mask_url(url)!r}: use {', '.join(offered)} or "
-        "redis+sentinel://"
+        f"unsupported broker URL {mask_url(url)!r}: use {', '.join(offered)} or redis+sentinel://"
     )
 
 
@@ -319,10 +318,10 @@ __all__ = [
     "AMQP_RESERVED_QUEUE",
     "AMQP_SCHEMES",
     "SCHEMES",
-    "check_url",
     "amqp_hosts",
     "check_amqp_queue",
     "check_amqp_url",
+    "check_url",
     "describe_connection",
     "make_broker",
     "mask_url",
