@@ -422,6 +422,10 @@ class Broker:
         """See :meth:`RegistryState.memory_policy`."""
         return await self.state.registry.memory_policy()
 
+    async def memory_use(self) -> tuple[int, int] | None:
+        """See :meth:`RegistryState.memory_use`."""
+        return await self.state.registry.memory_use()
+
     # ============================================================ lifecycle
     async def ping(self) -> None:
         """Check that the transport and the state store answer.
