@@ -22,7 +22,7 @@ pytest.importorskip("starlette", reason="the dashboard needs the 'dashboard' ext
 from blitzq import Queue
 from blitzq.dashboard import data
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(260)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,17 +34,21 @@ ROOT = Path(__file__).resolve().parents[2]
 async def test_rates_and_workers_with_two_processes(
     make_queue: Callable[..., Queue], server_url: str, namespace: str, extra: list[str]
 ) -> None:
-    """3,600 of 4,000 tasks succeed (every tenth fails for good): the rates' window counts
-    exactly 3,600 completed, never more, also when each process is recycled every 300
+    """Nine tasks in ten succeed (every tenth fails for good): the rates' window counts
+    exactly that many completed, never more, also when each process is recycled every 300
     tasks (a child's last counts reach the retired counts at its exit, and a child that
-    started after a sample counts all it did)."""
+    started after a sample counts all it did). Recycled children start slowly on a busy
+    machine: that case runs fewer tasks and polls less often (the sampler keeps 256
+    samples, which must cover the whole run)."""
+    total, interval = (1500, 0.9) if extra else (4000, 0.4)
+    succeeded = total * 9 // 10
     queue = make_queue()
 
     @queue.task(name="nap")
     async def nap(i: int) -> int:
         return i
 
-    for start in range(0, 4000, 500):
+    for start in range(0, total, 500):
         await nap.enqueue_many([((i,), {}) for i in range(start, start + 500)])
     env = dict(
         os.environ,
@@ -59,23 +63,23 @@ async def test_rates_and_workers_with_two_processes(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    # A window over the whole run: 256 samples (the most kept) every 0.4 s is 102 s.
+    # A window over the whole run: 256 samples (the most kept), one every `interval`.
     sampler = data.RateSampler(window=600.0)
     seen: list[dict[str, Any]] = []
     try:
-        deadline = time.monotonic() + 100
+        deadline = time.monotonic() + 220
         while time.monotonic() < deadline:
             doc = await data.queues_doc(queue, sampler)
             seen.append(doc)
-            assert (doc["rates"]["completed"] or 0) <= 3600, seen[-3:]
-            if doc["rates"]["completed"] == 3600:
+            assert (doc["rates"]["completed"] or 0) <= succeeded, seen[-3:]
+            if doc["rates"]["completed"] == succeeded:
                 break
-            await asyncio.sleep(0.4)  # the poll interval of a deadline loop
+            await asyncio.sleep(interval)  # the poll interval of a deadline loop
     finally:
         proc.terminate()
         proc.wait(30)
     trace = [(d["workers"], d["running"], d["rates"]["completed"]) for d in seen]
-    assert seen[-1]["rates"]["completed"] == 3600, trace
+    assert seen[-1]["rates"]["completed"] == succeeded, trace
     if not extra:  # a recycled child may live shorter than a poll: both need not be seen
         assert any(d["workers"] == 2 and d["running"] > 0 for d in seen), trace
     assert any((d["rates"]["completed_per_s"] or 0) > 0 for d in seen), seen[-3:]
