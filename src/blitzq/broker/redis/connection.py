@@ -22,6 +22,7 @@ from .blocking import BlockingReads
 from .client import bad_url, make_client, max_block, pool_size, translate_errors
 from .cluster import is_cluster, node_of
 from .cluster_scripts import ClusterScripts
+from .doorbell import Doorbell
 from .keys import Keys
 from .result_listener import ResultListener
 from .scripts import Scripts
@@ -115,6 +116,9 @@ class RedisConnection:
         #: The idle worker's one blocking read, on a held connection it can wake
         #: (``blocking.py``); ``None`` on a cluster (one pool per node: a block per queue).
         self.blocking: BlockingReads | None = None if self.cluster else BlockingReads(client)
+        #: On a cluster, what wakes the idle worker's looks instead (``doorbell.py``): rung
+        #: by the event listener on ``q:<queue>`` pushes.
+        self.doorbell: Doorbell | None = Doorbell() if self.cluster else None
         for command in ("XREADGROUP", "XAUTOCLAIM", "BLMPOP", "LPOP"):
             self.client.set_response_callback(command, _raw)
         #: Runs the Lua scripts (EVALSHA, reloaded on NOSCRIPT): see scripts.py; on a

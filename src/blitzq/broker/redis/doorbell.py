@@ -1,0 +1,217 @@
+"""An idle worker's wake-up on a Redis Cluster: arrivals announced on the event channel.
+
+On one server an idle worker blocks on all its queues in one command (``blocking.py``). A
+cluster refuses a command whose keys are in several slots (``CROSSSLOT``), and the spread
+layout gives each queue a slot of its own, so a blocking read covers one queue: a worker on N
+queues would hold N blocked connections and send N reads per block. Instead, on a cluster:
+
+1. the worker looks at each queue's levels once, without blocking, and in the same script
+   (``idle_look.lua``, in the queue's slot) marks the queue *watched* (``{..}:idle:<queue>``,
+   a key that lapses :data:`WATCH_TTL` seconds later) when they are empty;
+2. every write of a message into a queue's stream that the transport makes itself (an
+   enqueue: ``publish_ring.lua``; a relay's hand-off) announces it on the namespace's event
+   channel (``ready:<queue>``, a ``PUBLISH`` a cluster forwards to every node) when the
+   queue is watched, and only then: a busy queue's enqueues publish nothing once its mark
+   lapsed;
+3. the worker waits on this :class:`Doorbell`, rung by its event listener (one pub/sub
+   connection it holds anyway), up to :data:`IDLE_BLOCK` seconds, then looks again at the
+   queues rung (or at all of them after the block, or after the listener subscribed again:
+   a push may have been missed while it was not subscribed).
+
+No arrival is missed: the look and the mark are one step in the queue's slot, and a writer
+reads the mark after its write in one step too, so either the look sees the message or the
+writer sees the mark. A push lost with the listener's connection is covered by the look
+made when it subscribes again. While the listener is not subscribed the doorbell is not
+*armed*: the worker then looks every ``block_timeout`` as a poll would. Writes that do not
+ring (a recovery's re-add, a requeue in a completion) wait at most :data:`IDLE_BLOCK`
+seconds for an idle worker (a busy worker reads them at its next fetch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from ...routing import base_queue
+from .keys import GROUP
+
+#: Seconds an idle worker on a cluster waits for a ring before it looks at its queues again.
+IDLE_BLOCK = 30.0
+#: Seconds a queue stays watched after the last look that found it empty (two blocks: a
+#: worker looks again before it lapses).
+WATCH_TTL = 2 * IDLE_BLOCK
+#: The event channel's kind letter of an arrival (``<letter>:<queue>``).
+READY = "q"
+
+
+class Doorbell:
+    """Which queues were announced since the waiter last looked, and a way to wake it.
+
+    One per connection; the event listener rings it (:meth:`ring`), the transport's idle
+    read waits on it (:meth:`wait`).
+    """
+
+    def __init__(self) -> None:
+        self._rung: set[str] = set()
+        self._everything = False
+        self._woken = False
+        #: Whether an idle read waits for a ring now (its looks done).
+        self.waiting = False
+        self._event: asyncio.Event | None = None
+        #: Whether an idle read is in flight (looking or waiting): what :meth:`wake` ends.
+        self.reading = False
+        #: Whether the event listener is subscribed (pushes are heard): only then may an
+        #: idle read wait longer than ``block_timeout``.
+        self.armed = False
+
+    def _signal(self) -> None:
+        if self._event is not None:
+            self._event.set()
+
+    def ring(self, queue: str | None) -> None:
+        """``queue`` (a base queue) got a message; ``None``: any queue may have (look at
+        all)."""
+        if queue is None:
+            self._everything = True
+        else:
+            self._rung.add(queue)
+        self._signal()
+
+    def arm(self, on: bool) -> None:
+        """The event listener subscribed (``True``: rings every queue, a push may have been
+        missed before) or lost its subscription (``False``)."""
+        self.armed = on
+        if on:
+            self.ring(None)
+
+    def clear(self) -> None:
+        """Forget earlier rings (the caller is about to look at every queue)."""
+        self._rung.clear()
+        self._everything = False
+        self._woken = False
+
+    def wake(self) -> bool:
+        """End the idle read in flight (:meth:`wait` returns ``None``, at once when the read
+        is still looking); ``False`` when none is."""
+        if not self.reading:
+            return False
+        self._woken = True
+        self._signal()
+        return True
+
+    async def wait(self, queues: Collection[str], timeout: float) -> set[str] | None:
+        """Wait up to ``timeout`` seconds for a ring of one of ``queues``.
+
+        Returns:
+            the queues of ``queues`` rung (all of them after a ring of every queue), an
+            empty set at the timeout, ``None`` when woken (:meth:`wake`).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        self.waiting = True
+        try:
+            while True:
+                if self._woken:
+                    self._woken = False
+                    return None
+                if self._everything:
+                    self._everything = False
+                    self._rung.clear()
+                    return set(queues)
+                hit = self._rung.intersection(queues)
+                if hit:
+                    self._rung.difference_update(hit)
+                    return hit
+                left = deadline - loop.time()
+                if left <= 0:
+                    return set()
+                self._event = event = asyncio.Event()
+                try:
+                    await asyncio.wait_for(event.wait(), left)
+                except TimeoutError:
+                    return set()
+                finally:
+                    self._event = None
+        finally:
+            self.waiting = False
+
+
+async def look_then_wait(
+    conn: Any,
+    consumer: str,
+    queues: Sequence[str],
+    timeout: float,
+    vacant: dict[str, bool],
+) -> list[tuple[str, bytes, list[bytes]]]:
+    """An idle worker's read of ``queues`` (physical queues, priority levels of one or more
+    base queues) on a cluster: look at each base queue's levels (``idle_look.lua``, which
+    marks it watched when they have nothing new), then wait for a ring of one of them and
+    look at those again, until one look takes a message or the wait ends.
+
+    Args:
+        conn: the :class:`~.connection.RedisConnection` (its ``doorbell``, ``scripts`` and
+            ``keys``).
+        consumer: this worker's consumer name in the groups.
+        queues: the physical queues, most urgent level first within each base queue.
+        timeout: seconds to wait when the doorbell is not armed (the worker's
+            ``block_timeout``); armed, the wait lasts :data:`IDLE_BLOCK` (rings end it).
+        vacant: set for each base queue looked at: whether its streams hold nothing at
+            all (no message waiting or in flight: nothing a recovery could find).
+
+    Returns:
+        ``(physical queue, entry id, fields)`` of at most one entry per level, in the order
+        of ``queues``; nothing at the end of the wait or when woken.
+
+    Raises:
+        redis.exceptions.RedisError: a look failed.
+    """
+    bell: Doorbell = conn.doorbell
+    levels: dict[str, list[str]] = {}
+    for q in queues:
+        levels.setdefault(base_queue(q), []).append(q)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + (max(timeout, IDLE_BLOCK) if bell.armed else timeout)
+    bell.clear()
+    bell.reading = True
+    try:
+        return await _look_and_wait(conn, consumer, queues, levels, deadline, vacant)
+    finally:
+        bell.reading = False
+
+
+async def _look_and_wait(
+    conn: Any,
+    consumer: str,
+    queues: Sequence[str],
+    levels: dict[str, list[str]],
+    deadline: float,
+    vacant: dict[str, bool],
+) -> list[tuple[str, bytes, list[bytes]]]:
+    """:func:`look_then_wait` once the doorbell is cleared and reading."""
+    bell: Doorbell = conn.doorbell
+    loop = asyncio.get_running_loop()
+    ttl = str(int(WATCH_TTL * 1000))
+    looking: Collection[str] = list(levels)
+    while True:
+        out: list[tuple[str, bytes, list[bytes]]] = []
+        for base in looking:
+            names = levels[base]
+            keys = [conn.keys.idle(base), *(conn.keys.stream(n) for n in names)]
+            reply = await conn.scripts.call("idle_look", keys=keys, args=[GROUP, consumer, ttl])
+            if int(reply[0]) == 0:
+                vacant[base] = int(reply[1]) == 0
+                continue
+            vacant[base] = False
+            for j in range(1, len(reply) - 2, 3):
+                out.append((names[int(reply[j]) - 1], reply[j + 1], reply[j + 2]))
+        if out:
+            order = {q: i for i, q in enumerate(queues)}
+            return sorted(out, key=lambda row: order[row[0]])
+        left = deadline - loop.time()
+        if left <= 0:
+            return []
+        rung = await bell.wait(levels, left)
+        if not rung:  # woken (None) or the wait ended (empty)
+            return []
+        looking = [b for b in levels if b in rung]
