@@ -155,6 +155,8 @@ TABLE: Final[dict[str, Key]] = {
         "RabbitMQ deliveries held for long tasks: custody id to `<deliveries>\\n<message>`"),
     "custody_leases": Key("acl:<queue>", "zset",
         "custody ids scored by lease expiry (Unix seconds, server clock)"),
+    "custody_queues": Key("acq", "set",
+        "RabbitMQ transport: queues that have had deliveries in custody (recovery looks there)"),
 }
 # fmt: on
 
@@ -404,6 +406,11 @@ class Keys:
     def custody_leases(self, queue: str) -> str:
         """Sorted set of the custody ids of ``queue`` scored by lease expiry."""
         return self._one("custody_leases", queue)
+
+    @property
+    def custody_queues(self) -> str:
+        """Set of the queues that have had RabbitMQ deliveries in custody."""
+        return self._fixed("custody_queues")
 
 
 def glob_escape(text: str) -> str:
