@@ -24,7 +24,7 @@ measuring connection taken off). Transports (``--transports``):
 Prints a Markdown table, and per run the busiest commands on stderr.
 
     .venv/bin/python bench/idle_cost.py                  # every transport, ~15 min
-    .venv/bin/python bench/idle_cost.py --transports cluster --queues 16 --seconds 10 --modes reliable
+    .venv/bin/python bench/idle_cost.py --transports cluster --queues 16 --modes reliable
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ import redis
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import bench as harness  # noqa: E402  (its private single server; capacity.py uses it too)
 import cluster as cluster_bench  # noqa: E402  (its private single server and cluster)
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -219,8 +220,6 @@ def _servers(need_cluster: bool) -> Iterator[tuple[int, list[int]]]:
         with cluster_bench.servers() as (single, nodes):
             yield single, nodes
         return
-    import bench as harness  # its private single server
-
     with harness.private_redis() as url:
         yield urlsplit(url).port or 6379, []
 
@@ -266,9 +265,7 @@ def main() -> None:
                         args.settle,
                     )
                     busiest = ", ".join(
-                        f"{k} {v:.2f}/s"
-                        for k, v in got.items()
-                        if k not in _COLUMNS
+                        f"{k} {v:.2f}/s" for k, v in got.items() if k not in _COLUMNS
                     )
                     print(f"{transport} {mode} x{n}: {busiest}", file=sys.stderr)
                     rows.append((transport, mode, n, got))

@@ -1,12 +1,14 @@
 """An idle worker on a Redis Cluster is woken by its queues' doorbell (issue 25: idle is nearly
 free, however many queues).
 
-On the session's local 3-primary cluster (``redis_cluster``, spread layout: each queue in a
-slot of its own, so no one command can block on all of them), a worker on 16 queues settles
-into one wait for all of them (``broker/redis/doorbell.py``). The idle block is made far longer
-than the test's timeout, so a task can only start because its enqueue announced it: a task
-enqueued on each of the 16 queues in turn (a level of each), and one delayed task (moved by the
-promoter, handed to its queue by the relay), each runs. Commands and connections per node are
+On the session's local 3-primary cluster (``redis_cluster``), a worker on 16 queues settles
+into one wait for all of them. In reliable mode (spread layout: each queue in a slot of its
+own, so no one command can block on all of them) it waits on its doorbell
+(``broker/redis/doorbell.py``), and the idle block is made far longer than the test's timeout,
+so a task can only start because its enqueue announced it; in fast mode every list is in the
+namespace's slot and one ``BLMPOP`` on that node covers them (``blocking.NodePool``). A task
+enqueued on each of the 16 queues in turn (a level of each), and one delayed task (moved by
+the promoter; on the spread layout handed to its queue by the relay), each runs. Commands and connections per node are
 measured in ``bench/idle_cost.py``, not here (no timed assertions).
 """
 
@@ -48,12 +50,13 @@ def long_idle_block(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(doorbell, "WATCH_TTL", 7200.0)
 
 
+@pytest.mark.parametrize("mode", ["reliable", "fast"])
 async def test_a_task_on_any_of_16_queues_wakes_an_idle_worker_on_a_cluster(
-    redis_cluster: LocalCluster, cluster_ns: str, long_idle_block: None
+    redis_cluster: LocalCluster, cluster_ns: str, long_idle_block: None, mode: str
 ) -> None:
     url = redis_cluster.url()
-    served = Queue(QUEUES[0], redis_url=url, namespace=cluster_ns)
-    producer = Queue(QUEUES[0], redis_url=url, namespace=cluster_ns)
+    served = Queue(QUEUES[0], redis_url=url, namespace=cluster_ns, mode=mode)
+    producer = Queue(QUEUES[0], redis_url=url, namespace=cluster_ns, mode=mode)
     ran: dict[str, asyncio.Event] = {q: asyncio.Event() for q in QUEUES}
     for q in (served, producer):
 
@@ -62,20 +65,20 @@ async def test_a_task_on_any_of_16_queues_wakes_an_idle_worker_on_a_cluster(
             ran[name].set()
 
     worker = Worker(served, queues=QUEUES)  # default settings (block_timeout 1 s)
-    bell = served.broker.transport.conn.doorbell
-    assert bell is not None, "a cluster connection has a doorbell"
+    conn = served.broker.transport.conn
+    bell, blocking = conn.doorbell, conn.blocking
     assert served.broker.transport.shared_block
 
     async def settled() -> bool:
-        """The event listener is subscribed and every queue's loop waits in the one
-        shared read, which waits on the doorbell."""
+        """Every queue's loop waits in the one shared read: reliable mode's waits on the
+        doorbell (the event listener subscribed), fast mode's is one BLMPOP on the node of
+        the namespace's slot."""
         fetcher = getattr(worker, "_fetcher", None)
-        return (
-            bell.armed
-            and bell.waiting
-            and fetcher is not None
-            and sorted(fetcher.in_fetch()) == sorted(QUEUES)
-        )
+        if fetcher is None or sorted(fetcher.in_fetch()) != sorted(QUEUES):
+            return False
+        if mode == "fast":
+            return blocking is not None and blocking._blocked
+        return bell is not None and bell.armed and bell.waiting
 
     async with running(worker):
         for i, q in enumerate(QUEUES):
@@ -89,8 +92,8 @@ async def test_a_task_on_any_of_16_queues_wakes_an_idle_worker_on_a_cluster(
         # which announces it too.
         await eventually(settled, bool, timeout=60)
         ran[QUEUES[5]].clear()
-        delayed = await producer.tasks["idle.mark"].options(queue=QUEUES[5], delay=0.2).enqueue(
-            QUEUES[5]
+        delayed = (
+            await producer.tasks["idle.mark"].options(queue=QUEUES[5], delay=0.2).enqueue(QUEUES[5])
         )
         await asyncio.wait_for(ran[QUEUES[5]].wait(), 60)
         await delayed.result(timeout=60)

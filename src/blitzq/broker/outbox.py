@@ -211,8 +211,8 @@ class Relay:
         seconds it also puts back the batches of relays whose lease lapsed and relays every
         queue whose outbox holds messages, less often while those sweeps find nothing (the
         wait doubles up to :data:`SWEEP_IDLE`; a sweep that finds work, or a wake-up with
-        queues to relay, brings it back to :data:`SWEEP`). A failed pass is logged and tried again after a
-        backoff (:data:`RETRY_MIN` doubling to :data:`RETRY_MAX`).
+        queues to relay, brings it back to :data:`SWEEP`). A failed pass is logged and tried
+        again after a backoff (:data:`RETRY_MIN` doubling to :data:`RETRY_MAX`).
         """
         self._loops += 1
         try:

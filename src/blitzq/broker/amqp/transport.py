@@ -297,15 +297,11 @@ class AmqpTransport(Transport):
 
     @guarded
     async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
-        """Wait up to ``timeout`` seconds for a message RabbitMQ pushes to the consumer of
-        any of ``queues`` (or one buffered already): at most one per queue, earlier queues
-        first; nothing at the timeout or after :meth:`unblock`. No ``basic.get`` is sent: a
-        consumer whose prefetch has room is pushed what its queue receives, and the fetch
-        that took the queue's last messages just looked (``basic.get``) at what waited.
-
-        Raises:
-            BrokerError: RabbitMQ could not be reached.
-        """
+        """Wait up to ``timeout`` s for a message RabbitMQ pushes to the consumer of any of
+        ``queues`` (or one buffered): at most one per queue, earlier queues first; nothing at
+        the timeout or after :meth:`unblock`. No ``basic.get``: a consumer whose prefetch has
+        room is pushed what its queue receives (the fetch before it looked at what waited).
+        Raises BrokerError when RabbitMQ cannot be reached."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         arrived = asyncio.Event()
@@ -353,10 +349,9 @@ class AmqpTransport(Transport):
         return True
 
     async def occupied(self, queues: Sequence[str]) -> list[str]:
-        """The queues a recovery round has anything to do on: those this process holds
-        deliveries of, and those the state store has had deliveries in custody of
-        (``custody.py``); all of them at the first round (custody written before that
-        index existed), and at least the first one (each round drains RabbitMQ's
+        """The queues a recovery round has work on: those this process holds deliveries of
+        and those that had deliveries in custody (``custody.py``); all at the first round
+        (custody older than that index), else at least the first (each round drains the
         dead-letter queue once)."""
         if self.custody is None:
             return []

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 
 from ...exceptions import ConfigurationError
 from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
-from .blocking import BlockingReads
+from .blocking import BlockingReads, NodePool
 from .client import bad_url, make_client, max_block, pool_size, translate_errors
 from .cluster import is_cluster, node_of
 from .cluster_scripts import ClusterScripts
@@ -119,6 +119,8 @@ class RedisConnection:
         #: On a cluster, what wakes the idle worker's looks instead (``doorbell.py``): rung
         #: by the event listener on ``q:<queue>`` pushes.
         self.doorbell: Doorbell | None = Doorbell() if self.cluster else None
+        if self.cluster and kind == "l":  # every list in the namespace's slot: one BLMPOP
+            self.blocking = BlockingReads(client, NodePool(client, self.keys.prefix))
         for command in ("XREADGROUP", "XAUTOCLAIM", "BLMPOP", "LPOP"):
             self.client.set_response_callback(command, _raw)
         #: Runs the Lua scripts (EVALSHA, reloaded on NOSCRIPT): see scripts.py; on a

@@ -270,9 +270,7 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         if blocking is None:
             if self.conn.doorbell is None:
                 return await self.fetch_first(queues, 1, timeout, look_first=False)
-            rows = await look_then_wait(
-                self.conn, self.consumer, queues, timeout, self._vacant
-            )
+            rows = await look_then_wait(self.conn, self.consumer, queues, timeout, self._vacant)
             return [_delivery(queue, entry_id, fields) for queue, entry_id, fields in rows]
         keys = [self.keys.stream(q) for q in queues]
         block = self.block_for(timeout)
