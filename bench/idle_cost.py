@@ -25,6 +25,7 @@ Prints a Markdown table, and per run the busiest commands on stderr.
 
     .venv/bin/python bench/idle_cost.py                  # every transport, ~15 min
     .venv/bin/python bench/idle_cost.py --transports cluster --queues 16 --modes reliable
+    .venv/bin/python bench/idle_cost.py --before ../main/src   # each row: another tree, then this
 """
 
 from __future__ import annotations
@@ -115,7 +116,14 @@ def _amqp_sockets(pid: int, port: int) -> int:
 
 
 def measure(
-    ports: list[int], url: str, amqp: str, mode: str, queues: int, seconds: float, settle: float
+    ports: list[int],
+    url: str,
+    amqp: str,
+    mode: str,
+    queues: int,
+    seconds: float,
+    settle: float,
+    source: str | None = None,
 ) -> dict[str, float]:
     """Run one idle worker on ``queues`` queues in ``mode``; the commands/s the servers on
     ``ports`` ran and the connections it holds there.
@@ -124,6 +132,8 @@ def measure(
         ports: the Redis servers to count on (one, or the cluster's primaries).
         url: the worker's ``redis_url``.
         amqp: its ``amqp_url`` (``""``: the Redis transport).
+        source: a ``src`` directory the worker imports blitzq from (another tree, for a
+            before/after pair in one run); ``None``: this process's.
 
     Returns:
         ``commands_per_s`` (all servers), ``busiest_node_per_s``, ``connections`` (the sum
@@ -132,10 +142,14 @@ def measure(
     """
     ns = f"idle-{uuid.uuid4().hex[:8]}"
     clients = [redis.Redis(port=p) for p in ports]
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = source
     child = subprocess.Popen(
         [sys.executable, "-c", _CHILD, url, amqp, ns, mode, str(queues)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        env=env,
     )
     out: dict[str, float] = {}
     try:
@@ -148,7 +162,11 @@ def measure(
         time.sleep(seconds)
         after = [_commands(c) for c in clients]
         span = time.monotonic() - start
-        held = [len(c.client_list()) - 1 for c in clients]
+        lists = [c.client_list() for c in clients]
+        held = [len(found) - 1 for found in lists]
+        for port, found in zip(ports, lists, strict=True):
+            seen = ", ".join(f"{c['cmd']} (age {c['age']} s, idle {c['idle']} s)" for c in found)
+            print(f"{mode} x{queues} on {port}: {seen}", file=sys.stderr)
         if amqp:
             child.stdin.write(b"stats\n")
             child.stdin.flush()
@@ -237,6 +255,12 @@ def main() -> None:
         help="seconds before measuring (start-up's extra "
         "pooled connections close after 30 s unused)",
     )
+    parser.add_argument(
+        "--before",
+        metavar="SRC",
+        help="also run each row with blitzq imported from this src directory (another "
+        "tree), just before this tree's run of the row",
+    )
     args = parser.parse_args()
     transports = args.transports.split(",")
     amqp = os.environ.get("BLITZQ_BENCH_AMQP_URL", DEFAULT_AMQP_URL)
@@ -255,20 +279,24 @@ def main() -> None:
             modes = ["reliable"] if transport == "amqp" else args.modes.split(",")
             for mode in modes:
                 for n in (int(x) for x in args.queues.split(",")):
-                    got = measure(
-                        ports,
-                        url,
-                        amqp if transport == "amqp" else "",
-                        mode,
-                        n,
-                        args.seconds,
-                        args.settle,
-                    )
-                    busiest = ", ".join(
-                        f"{k} {v:.2f}/s" for k, v in got.items() if k not in _COLUMNS
-                    )
-                    print(f"{transport} {mode} x{n}: {busiest}", file=sys.stderr)
-                    rows.append((transport, mode, n, got))
+                    trees = [("before", args.before), ("", None)] if args.before else [("", None)]
+                    for label, source in trees:
+                        got = measure(
+                            ports,
+                            url,
+                            amqp if transport == "amqp" else "",
+                            mode,
+                            n,
+                            args.seconds,
+                            args.settle,
+                            source,
+                        )
+                        busiest = ", ".join(
+                            f"{k} {v:.2f}/s" for k, v in got.items() if k not in _COLUMNS
+                        )
+                        name = f"{transport} {label}".strip()
+                        print(f"{name} {mode} x{n}: {busiest}", file=sys.stderr)
+                        rows.append((name, mode, n, got))
     print(
         "| transport | mode | queues (x3 levels) | commands/s (all servers) | busiest server "
         "| connections (per server, max / total) | AMQP connections / channels |"
