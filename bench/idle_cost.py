@@ -23,7 +23,7 @@ measuring connection taken off). Transports (``--transports``):
 
 Prints a Markdown table, and per run the busiest commands on stderr.
 
-    .venv/bin/python bench/idle_cost.py                  # every transport, ~15 min
+    .venv/bin/python bench/idle_cost.py                  # every transport, ~26 min
     .venv/bin/python bench/idle_cost.py --transports cluster --queues 16 --modes reliable
     .venv/bin/python bench/idle_cost.py --before ../main/src   # each row: another tree, then this
 """
@@ -247,11 +247,16 @@ def main() -> None:
     parser.add_argument("--transports", default="redis,cluster,amqp")
     parser.add_argument("--queues", default="1,4,16", help="numbers of queues, comma-separated")
     parser.add_argument("--modes", default="reliable,fast", help="Redis modes (amqp: reliable)")
-    parser.add_argument("--seconds", type=float, default=20.0, help="measured span per run")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=60.0,
+        help="measured span per run (at least 30: a cluster's idle looks come every 30 s)",
+    )
     parser.add_argument(
         "--settle",
         type=float,
-        default=35.0,
+        default=40.0,
         help="seconds before measuring (start-up's extra "
         "pooled connections close after 30 s unused)",
     )

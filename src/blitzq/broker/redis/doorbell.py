@@ -8,8 +8,9 @@ queues would hold N blocked connections and send N reads per block. Instead, on 
 1. the worker looks at each queue's levels once, without blocking, and in the same script
    (``idle_look.lua``, in the queue's slot) marks the queue *watched* (``{..}:idle:<queue>``,
    a key that lapses :data:`WATCH_TTL` seconds later) when they are empty;
-2. every write of a message into a queue's stream that the transport makes itself (an
-   enqueue: ``publish_ring.lua``; a relay's hand-off) announces it on the namespace's event
+2. every write of a message into a queue's stream (an enqueue: ``publish_ring.lua``; a
+   relay's hand-off, a requeue, a recovery: ``SpreadStreamsTransport.ring``) announces it
+   on the namespace's event
    channel (``ready:<queue>``, a ``PUBLISH`` a cluster forwards to every node) when the
    queue is watched, and only then: a busy queue's enqueues publish nothing once its mark
    lapsed;
@@ -22,9 +23,12 @@ No arrival is missed: the look and the mark are one step in the queue's slot, an
 reads the mark after its write in one step too, so either the look sees the message or the
 writer sees the mark. A push lost with the listener's connection is covered by the look
 made when it subscribes again. While the listener is not subscribed the doorbell is not
-*armed*: the worker then looks every ``block_timeout`` as a poll would. Writes that do not
-ring (a recovery's re-add, a requeue in a completion) wait at most :data:`IDLE_BLOCK`
-seconds for an idle worker (a busy worker reads them at its next fetch).
+*armed*: the worker then looks every ``block_timeout`` as a poll would. On the spread layout
+every write into a queue rings: an enqueue, a relay's hand-off (delays, retries, periodic
+tasks, workflow steps), a requeue in a completion and a recovery's re-add (the last two
+from the client, after the write). Writes that do not ring (on ``?layout=slot`` the store's
+scripts write into the streams themselves: promotions, requeues) wait at most
+:data:`IDLE_BLOCK` seconds for an idle worker (a busy worker reads them at its next fetch).
 """
 
 from __future__ import annotations
@@ -36,10 +40,13 @@ from typing import Any
 from ...routing import base_queue
 from .keys import GROUP
 
-#: Seconds an idle worker on a cluster waits for a ring before it looks at its queues again.
-IDLE_BLOCK = 30.0
+#: Seconds an idle worker on a cluster waits for a ring before it looks at its queues again:
+#: every write into a queue on the spread layout rings, so this only bounds a message that
+#: reached a stream some other way (a script's write on ``?layout=slot``, a hand-made XADD),
+#: and how stale the looks' view of which queues hold anything (for recovery) may get.
+IDLE_BLOCK = 120.0
 #: Seconds a queue stays watched after the last look that found it empty (two blocks: a
-#: worker looks again before it lapses).
+#: worker looks again before it lapses; a ring deletes it at once anyway).
 WATCH_TTL = 2 * IDLE_BLOCK
 #: The event channel's kind letter of an arrival (``<letter>:<queue>``).
 READY = "q"

@@ -157,6 +157,8 @@ class SpreadStreamsTransport(StreamsTransport):
         call), then acked. A crash in between leaves them pending: recovered again,
         dead-lettered again under the same task id (idempotent), never lost."""
         requeued, over = await self.recover_split(queue, min_idle, count, max_deliveries)
+        if requeued and self.conn.doorbell is not None:  # an idle worker is told
+            await self.ring(queue)
         if not over:
             return requeued, 0
         now = time.time()
@@ -335,6 +337,9 @@ class SpreadPairing(CommitThenAck):
             stale += await complete_in(
                 self.transport.conn, self.transport.lease.consumer, keys.home_keys(tag), batch
             )
+            if self.transport.conn.doorbell is not None:  # a requeue: an idle worker is told
+                for queue in {c.queue for c in batch if c.requeue is not None}:
+                    await self.transport.ring(queue)
         if stale:
             await self.state.count_stale(len(stale))
         if far:
