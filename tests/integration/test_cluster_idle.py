@@ -8,8 +8,9 @@ own, so no one command can block on all of them) it waits on its doorbell
 so a task can only start because its enqueue announced it; in fast mode every list is in the
 namespace's slot and one ``BLMPOP`` on that node covers them (``blocking.NodePool``). A task
 enqueued on each of the 16 queues in turn (a level of each), and one delayed task (moved by
-the promoter; on the spread layout handed to its queue by the relay), each runs. Commands and connections per node are
-measured in ``bench/idle_cost.py``, not here (no timed assertions).
+the promoter; on the spread layout handed to its queue by the relay), each runs. Commands
+and connections per node are measured in ``bench/idle_cost.py``, not here (no timed
+assertions).
 """
 
 from __future__ import annotations
