@@ -18,10 +18,10 @@ wake-up that finds no known id does nothing; the read then ends at its timeout, 
 Replies are read as fast mode's pops are (:func:`~.popping.send_and_read`): a pause of the
 process or a stall of the network longer than the socket timeout does not drop a reply the
 server sent, so a ``BLMPOP``'s messages are never lost to a client-side timeout. On a Redis
-Cluster (fast mode: every list of a namespace is in the namespace's slot) the connection is
-taken from the node owning that slot (:class:`NodePool`), and given back after any error so
-that the next read follows a failover or a moved slot; reliable mode's streams are spread
-over the slots, so a cluster's idle reliable worker is woken by a doorbell instead
+Cluster (fast mode's lists and ``?layout=slot``'s streams are all in the namespace's slot)
+the connection is taken from the node owning that slot (:class:`NodePool`), and given back
+after any error so that the next read follows a failover or a moved slot; the spread
+layout's streams are in a slot per queue, so its idle worker is woken by a doorbell instead
 (``doorbell.py``).
 """
 

@@ -115,12 +115,18 @@ class RedisConnection:
         self.max_block = max_block(client)
         #: The idle worker's one blocking read, on a held connection it can wake
         #: (``blocking.py``); ``None`` on a cluster (one pool per node: a block per queue).
-        self.blocking: BlockingReads | None = None if self.cluster else BlockingReads(client)
-        #: On a cluster, what wakes the idle worker's looks instead (``doorbell.py``): rung
-        #: by the event listener on ``q:<queue>`` pushes.
-        self.doorbell: Doorbell | None = Doorbell() if self.cluster else None
-        if self.cluster and kind == "l":  # every list in the namespace's slot: one BLMPOP
-            self.blocking = BlockingReads(client, NodePool(client, self.keys.prefix))
+        #: On a cluster every key of this connection's table is in the namespace's slot
+        #: (fast mode's lists, ``?layout=slot``'s streams): one read covers them there too,
+        #: on a connection of the node owning that slot.
+        self.blocking: BlockingReads | None = (
+            BlockingReads(client, NodePool(client, self.keys.prefix))
+            if self.cluster
+            else BlockingReads(client)
+        )
+        #: The spread layout's transport (each queue in a slot of its own, so no one read
+        #: covers them) wakes its idle worker's looks with a doorbell instead
+        #: (``doorbell.py``, set by ``spread.spread_broker``; its ``blocking`` is then None).
+        self.doorbell: Doorbell | None = None
         for command in ("XREADGROUP", "XAUTOCLAIM", "BLMPOP", "LPOP"):
             self.client.set_response_callback(command, _raw)
         #: Runs the Lua scripts (EVALSHA, reloaded on NOSCRIPT): see scripts.py; on a

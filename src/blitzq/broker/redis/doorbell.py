@@ -26,9 +26,11 @@ made when it subscribes again. While the listener is not subscribed the doorbell
 *armed*: the worker then looks every ``block_timeout`` as a poll would. On the spread layout
 every write into a queue rings: an enqueue, a relay's hand-off (delays, retries, periodic
 tasks, workflow steps), a requeue in a completion and a recovery's re-add (the last two
-from the client, after the write). Writes that do not ring (on ``?layout=slot`` the store's
-scripts write into the streams themselves: promotions, requeues) wait at most
-:data:`IDLE_BLOCK` seconds for an idle worker (a busy worker reads them at its next fetch).
+from the client, after the write). A write that does not ring (a hand-made ``XADD``) waits
+at most :data:`IDLE_BLOCK` seconds for an idle worker (a busy worker reads it at its next
+fetch). Only the spread layout needs this: ``?layout=slot`` keeps every stream in the
+namespace's slot, and blocks on all of them in one read as a single server does
+(``blocking.NodePool``).
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ from .keys import GROUP
 
 #: Seconds an idle worker on a cluster waits for a ring before it looks at its queues again:
 #: every write into a queue on the spread layout rings, so this only bounds a message that
-#: reached a stream some other way (a script's write on ``?layout=slot``, a hand-made XADD),
-#: and how stale the looks' view of which queues hold anything (for recovery) may get.
+#: reached a stream some other way (a hand-made XADD), and how stale the looks' view of
+#: which queues hold anything (for recovery) may get.
 IDLE_BLOCK = 120.0
 #: Seconds a queue stays watched after the last look that found it empty (two blocks: a
 #: worker looks again before it lapses; a ring deletes it at once anyway).

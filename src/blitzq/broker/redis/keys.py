@@ -60,7 +60,7 @@ TABLE: Final[dict[str, Key]] = {
         "messages the state store wrote for a queue of a foreign transport, awaiting a relay"),
     "idle": Key("idle:<queue>", "string",
         "Redis Cluster: an idle worker watches this base queue (its enqueues announce "
-        "themselves) for 60 s; in the queue's slot on the spread layout"),
+        "themselves) for 240 s; in the queue's slot on the spread layout"),
     "outboxes": Key("outboxes", "set",
         "queues whose outbox may hold messages (a queue leaves once its outbox is empty)"),
     "relay": Key("relay:<relay_id>", "list",

@@ -60,7 +60,7 @@ from .client import bad_url, make_client, translate_errors
 from .cluster import is_cluster, split_layout
 from .common import fused_broker
 from .connection import DEFAULT_DEAD_LETTER_CAP, RedisConnection, RedisDeadLetterLimits
-from .doorbell import READY
+from .doorbell import READY, Doorbell
 from .handoff import MARK_TTL, MAX_AGE, HandoffRelay
 from .homes import HomedKeys, HomedStateStore, complete_in, homed_id, homeless, split_home
 from .keys import GROUP, Keys
@@ -233,6 +233,8 @@ def spread_broker(conn: RedisConnection) -> Broker:
     conn.keys = HomedKeys(conn.keys.namespace)  # a homed id's own keys in its queue's slot
     transport_conn = RedisConnection(conn.url, conn.keys.namespace, client=conn.client, kind="s")
     transport_conn.keys = SpreadKeys(conn.keys.namespace)
+    if transport_conn.cluster:  # no read covers many slots: looks woken by a doorbell
+        transport_conn.blocking, transport_conn.doorbell = None, Doorbell()
     transport = SpreadStreamsTransport(transport_conn)
     store = HomedStateStore(conn, transport.held)
     transport.store = store  # recovery dead-letters in the store

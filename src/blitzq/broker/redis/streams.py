@@ -307,17 +307,18 @@ class StreamsTransport(HandOver, RedisPart, Transport):
     async def occupied(self, queues: Sequence[str]) -> list[str]:
         """The queues whose stream holds any entry, waiting or in flight (acked entries are
         deleted, so an empty stream has nothing to recover): one ``XREAD COUNT 1`` over all
-        streams; on a cluster (the streams may live on several nodes) every queue but those
-        whose last idle look found them empty: that look is made at least every
+        streams (on a cluster's ``?layout=slot`` all in the namespace's slot, sent to its
+        node); on the spread layout of a cluster (the streams on several nodes) every queue
+        but those whose last idle look found them empty: that look is made at least every
         ``doorbell.IDLE_BLOCK`` s while the worker is idle, and a busy queue is never left
         out (a fetch that takes messages marks it occupied again)."""
-        if self.conn.cluster:  # what the idle looks found empty (doorbell.py), none else
+        if self.conn.doorbell is not None:  # the spread layout: what the looks found empty
             return [q for q in queues if not self._vacant.get(base_queue(q))]
         if not queues:
             return []
         keys = [self.keys.stream(q) for q in queues]
         reply = await self.client.execute_command(
-            "XREAD", "COUNT", 1, "STREAMS", *keys, *("0-0" for _ in keys)
+            "XREAD", "COUNT", 1, "STREAMS", *keys, *("0-0" for _ in keys), **self.conn.node_kwargs()
         )
         if not reply:
             return []
