@@ -169,8 +169,9 @@ class BoundedCluster(RedisCluster):
         self._trimming: set[asyncio.Task[None]] = set()
 
     def _trim_due(self) -> None:
-        """Every :data:`TRIM_EVERY` seconds, close each node's free connections but one:
-        a burst of commands in flight at once (a worker's start: every fetch loop's first
+        """Every :data:`TRIM_EVERY` seconds, close each node's free connections but one
+        (and all those of the start-up nodes' objects, which only loaded the slot map): a
+        burst of commands in flight at once (a worker's start: every fetch loop's first
         read) opens several per node, which redis-py's cluster client keeps for good (an
         idle worker would hold them for nothing: issue 25). One in use is never touched;
         a later burst opens what it needs again."""
@@ -180,11 +181,16 @@ class BoundedCluster(RedisCluster):
             return
         self._next_trim = now + TRIM_EVERY
         extra = []
-        for node in list(self.nodes_manager.nodes_cache.values()):
+        serving = list(self.nodes_manager.nodes_cache.values())
+        # The nodes the client started from, when other objects than the slot map's: their
+        # connections (CLUSTER SLOTS, COMMAND at start) serve nothing more.
+        starting = getattr(self.nodes_manager, "startup_nodes", {}).values()
+        kept = {id(node): 1 for node in serving}
+        for node in [*serving, *(n for n in starting if id(n) not in kept)]:
             free, made = getattr(node, "_free", None), getattr(node, "_connections", None)
             if free is None or made is None:  # another redis-py: nothing to trim
                 return
-            while len(free) > 1:
+            while len(free) > kept.get(id(node), 0):
                 connection = free.popleft()
                 with contextlib.suppress(ValueError):
                     made.remove(connection)
