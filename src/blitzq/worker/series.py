@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Collection
@@ -137,7 +138,13 @@ class Series:
             f"q:{q}": sum(int(stats.get(p, {}).get("waiting", 0)) for p in levels(q)) for q in names
         }
         self._empty = not any(gauges.values())
-        await broker.state.add_sample(int(time.time()) // SLOT, counts, gauges, KEEP)
+        await broker.state.browse.add_sample(int(time.time()) // SLOT, counts, gauges, KEEP)
+
+    async def close(self, timeout: float) -> None:
+        """Add the counts of the current slot at the worker's shutdown (at most ``timeout``
+        seconds; a broker error or a timeout loses them, as the loop's would)."""
+        with contextlib.suppress(BrokerError, TimeoutError):
+            await asyncio.wait_for(self.sample(), timeout)
 
     def _idle(self, counts: dict[str, int], names: list[str]) -> bool:
         """Whether the worker did nothing since its last sample: nothing counted, nothing
