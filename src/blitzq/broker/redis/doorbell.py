@@ -54,38 +54,46 @@ WATCH_TTL = 2 * IDLE_BLOCK
 READY = "q"
 
 
+class Read:
+    """The rings one idle read has heard since it started looking (:meth:`Doorbell.start`)."""
+
+    def __init__(self) -> None:
+        self.rung: set[str] = set()
+        self.everything = False
+        self.woken = False
+        self.waiting = False
+        self.event = asyncio.Event()
+
+
 class Doorbell:
-    """Which queues were announced since the waiter last looked, and a way to wake it.
+    """Which queues were announced while each idle read looked or waited, and a way to wake
+    those reads.
 
     One per connection; the event listener rings it (:meth:`ring`), the transport's idle
-    read waits on it (:meth:`wait`).
+    reads wait on it (:meth:`wait`), each with rings of its own (two workers in one process
+    may read at once).
     """
 
     def __init__(self) -> None:
-        self._rung: set[str] = set()
-        self._everything = False
-        self._woken = False
-        #: Whether an idle read waits for a ring now (its looks done).
-        self.waiting = False
-        self._event: asyncio.Event | None = None
-        #: Whether an idle read is in flight (looking or waiting): what :meth:`wake` ends.
-        self.reading = False
+        self._reads: set[Read] = set()
         #: Whether the event listener is subscribed (pushes are heard): only then may an
         #: idle read wait longer than ``block_timeout``.
         self.armed = False
 
-    def _signal(self) -> None:
-        if self._event is not None:
-            self._event.set()
+    @property
+    def waiting(self) -> bool:
+        """Whether an idle read waits for a ring now (its looks done)."""
+        return any(read.waiting for read in self._reads)
 
     def ring(self, queue: str | None) -> None:
         """``queue`` (a base queue) got a message; ``None``: any queue may have (look at
         all)."""
-        if queue is None:
-            self._everything = True
-        else:
-            self._rung.add(queue)
-        self._signal()
+        for read in self._reads:
+            if queue is None:
+                read.everything = True
+            else:
+                read.rung.add(queue)
+            read.event.set()
 
     def arm(self, on: bool) -> None:
         """The event listener subscribed (``True``: rings every queue, a push may have been
@@ -94,23 +102,26 @@ class Doorbell:
         if on:
             self.ring(None)
 
-    def clear(self) -> None:
-        """Forget earlier rings (the caller is about to look at every queue)."""
-        self._rung.clear()
-        self._everything = False
-        self._woken = False
+    def start(self) -> Read:
+        """A read starts looking: the rings from now on are kept for it."""
+        read = Read()
+        self._reads.add(read)
+        return read
+
+    def end(self, read: Read) -> None:
+        """The read ended."""
+        self._reads.discard(read)
 
     def wake(self) -> bool:
-        """End the idle read in flight (:meth:`wait` returns ``None``, at once when the read
+        """End the idle reads in flight (:meth:`wait` returns ``None``, at once when a read
         is still looking); ``False`` when none is."""
-        if not self.reading:
-            return False
-        self._woken = True
-        self._signal()
-        return True
+        for read in self._reads:
+            read.woken = True
+            read.event.set()
+        return bool(self._reads)
 
-    async def wait(self, queues: Collection[str], timeout: float) -> set[str] | None:
-        """Wait up to ``timeout`` seconds for a ring of one of ``queues``.
+    async def wait(self, read: Read, queues: Collection[str], timeout: float) -> set[str] | None:
+        """Wait up to ``timeout`` seconds for a ring of one of ``queues`` heard by ``read``.
 
         Returns:
             the queues of ``queues`` rung (all of them after a ring of every queue), an
@@ -118,32 +129,30 @@ class Doorbell:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        self.waiting = True
+        read.waiting = True
         try:
             while True:
-                if self._woken:
-                    self._woken = False
+                read.event.clear()
+                if read.woken:
+                    read.woken = False
                     return None
-                if self._everything:
-                    self._everything = False
-                    self._rung.clear()
+                if read.everything:
+                    read.everything = False
+                    read.rung.clear()
                     return set(queues)
-                hit = self._rung.intersection(queues)
+                hit = read.rung.intersection(queues)
                 if hit:
-                    self._rung.difference_update(hit)
+                    read.rung.difference_update(hit)
                     return hit
                 left = deadline - loop.time()
                 if left <= 0:
                     return set()
-                self._event = event = asyncio.Event()
                 try:
-                    await asyncio.wait_for(event.wait(), left)
+                    await asyncio.wait_for(read.event.wait(), left)
                 except TimeoutError:
                     return set()
-                finally:
-                    self._event = None
         finally:
-            self.waiting = False
+            read.waiting = False
 
 
 async def look_then_wait(
@@ -181,23 +190,23 @@ async def look_then_wait(
         levels.setdefault(base_queue(q), []).append(q)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + (max(timeout, IDLE_BLOCK) if bell.armed else timeout)
-    bell.clear()
-    bell.reading = True
+    read = bell.start()
     try:
-        return await _look_and_wait(conn, consumer, queues, levels, deadline, vacant)
+        return await _look_and_wait(conn, read, consumer, queues, levels, deadline, vacant)
     finally:
-        bell.reading = False
+        bell.end(read)
 
 
 async def _look_and_wait(
     conn: Any,
+    read: Read,
     consumer: str,
     queues: Sequence[str],
     levels: dict[str, list[str]],
     deadline: float,
     vacant: dict[str, bool],
 ) -> list[tuple[str, bytes, list[bytes]]]:
-    """:func:`look_then_wait` once the doorbell is cleared and reading."""
+    """:func:`look_then_wait` once ``read`` hears the rings."""
     bell: Doorbell = conn.doorbell
     loop = asyncio.get_running_loop()
     ttl = str(int(WATCH_TTL * 1000))
@@ -220,7 +229,7 @@ async def _look_and_wait(
         left = deadline - loop.time()
         if left <= 0:
             return []
-        rung = await bell.wait(levels, left)
+        rung = await bell.wait(read, levels, left)
         if not rung:  # woken (None) or the wait ended (empty)
             return []
         looking = [b for b in levels if b in rung]
