@@ -32,6 +32,7 @@ from .connection import LeaseIdentity, RedisConnection, RedisPart
 from .doorbell import READY, look_then_wait
 from .handed import HandOver
 from .keys import GROUP, MESSAGE_FIELD
+from .sentinel import ReplicatedRedis, durably
 
 logger = logging.getLogger("blitzq.broker")
 
@@ -142,8 +143,14 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         return any(g.get("name") in (GROUP, GROUP.encode()) for g in groups)
 
     @translate_errors
+    @durably
     async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
-        """XREADGROUP up to ``count`` new entries, blocking up to ``timeout`` s when empty."""
+        """XREADGROUP up to ``count`` new entries, blocking up to ``timeout`` s when empty.
+
+        On ``redis+sentinel://`` the read is durable (``sentinel.py``): it returns only once
+        the replicas that exist have the leases it took (:class:`~blitzq.BrokerError` when
+        they do not: the entries stay leased here and are recovered after the visibility
+        timeout), so a failover cannot lose the message of a task that runs."""
         key = self.keys.stream(queue)
         args: list[object] = ["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", count]
         if timeout > 0:
@@ -164,6 +171,7 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         return [_delivery(queue, entry_id, fields) for entry_id, fields in entries if fields]
 
     @translate_errors
+    @durably
     async def fetch_first(
         self, queues: Sequence[str], count: int, timeout: float, *, look_first: bool = True
     ) -> list[Delivery]:
@@ -263,9 +271,10 @@ class StreamsTransport(HandOver, RedisPart, Transport):
     async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
         """One ``XREADGROUP ... COUNT 1 BLOCK`` over the streams of ``queues`` (in their
         order), on the held connection :meth:`unblock` can wake (``blocking.py``); on a
-        cluster a look at each base queue, then a wait for its doorbell up to
-        ``doorbell.IDLE_BLOCK`` s (``timeout`` while the event listener is not subscribed;
-        :func:`~.doorbell.look_then_wait`). At most one entry per stream."""
+        cluster's spread layout a look at each base queue, then a wait for its doorbell up
+        to ``doorbell.IDLE_BLOCK`` s (``timeout`` while the event listener is not subscribed;
+        :func:`~.doorbell.look_then_wait`). At most one entry per stream; durable as
+        :meth:`fetch` (the ``WAIT`` goes on the held connection, which took the entries)."""
         blocking = self.conn.blocking
         if blocking is None:
             if self.conn.doorbell is None:
@@ -288,12 +297,15 @@ class StreamsTransport(HandOver, RedisPart, Transport):
             return []
         by_key = reply.items() if isinstance(reply, dict) else reply
         names = dict(zip((k.encode() for k in keys), queues, strict=True))
-        return [
+        taken = [
             _delivery(names[key], entry_id, fields)
             for key, entries in by_key
             for entry_id, fields in entries
             if fields is not None
         ]
+        if taken and isinstance(self.client, ReplicatedRedis):
+            await self.client.settle(blocking.command, "XREADGROUP", blocking.on_primary)
+        return taken
 
     async def unblock(self) -> bool:
         """Wake the :meth:`block_first` in flight (``CLIENT UNBLOCK``, or the cluster's
