@@ -275,9 +275,10 @@ def idle(queues: str, seconds: float) -> None:
     print("| idle worker, mode | queues (x3 levels) | commands/s | connections |")
     print("|---|---:|---:|---:|")
     with idle_cost.harness.private_redis() as url:
+        port = idle_cost.urlsplit(url).port or 6379
         for mode in ("reliable", "fast"):
             for n in (int(x) for x in queues.split(",")):
-                got = idle_cost.measure(url, mode, n, seconds, settle=35.0)
+                got = idle_cost.measure([port], url, "", mode, n, seconds, settle=35.0)
                 print(f"| {mode} | {n} | {got['commands_per_s']:.2f} | {got['connections']:.0f} |")
 
 

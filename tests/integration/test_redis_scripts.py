@@ -44,6 +44,7 @@ CALLED = {
     "handoff_publish", "handoff_restore", "handoff_take", "hold", "recover_split",
     "revoke",  # the two-step cancel of a homed task (homes.py)
     "recent",  # the dashboard's index of ended tasks (worker/recent.py)
+    "idle_look", "publish_ring",  # an idle worker's doorbell on a cluster (doorbell.py)
 }  # fmt: skip
 
 

@@ -39,7 +39,8 @@ Who relays, so that users do nothing (:class:`~blitzq.broker.Broker` wires it):
 - every worker runs :meth:`Relay.run` as a background loop: it relays what this process
   pushed as soon as it is woken, and every :data:`SWEEP` seconds every queue with messages in
   its outbox (what a process that died before relaying left behind) and the batches of relays
-  whose lease lapsed.
+  whose lease lapsed; while its sweeps find nothing the wait between them doubles, up to
+  :data:`SWEEP_IDLE` seconds (an idle worker's relay costs a few commands per 10 s).
 """
 
 from __future__ import annotations
@@ -56,8 +57,11 @@ from .transport import Transport
 
 logger = logging.getLogger("blitzq.broker")
 
-#: Seconds between two sweeps of a relay loop (every queue's outbox, lapsed leases).
+#: Seconds between two sweeps of a relay loop (every queue's outbox, lapsed leases) after
+#: a sweep that found something to do; each sweep that finds nothing doubles the wait, up to
+#: :data:`SWEEP_IDLE` (an idle worker sweeps about every 10 s).
 SWEEP = 1.0
+SWEEP_IDLE = 10.0
 #: Messages a relay takes per batch (one publish call).
 BATCH = 500
 #: Seconds a relay's lease on its taken batch lasts (renewed by each take).
@@ -205,13 +209,16 @@ class Relay:
 
         Woken by :meth:`pushed`, it relays the queues named there; every :data:`SWEEP`
         seconds it also puts back the batches of relays whose lease lapsed and relays every
-        queue whose outbox holds messages. A failed pass is logged and tried again after a
-        backoff (:data:`RETRY_MIN` doubling to :data:`RETRY_MAX`).
+        queue whose outbox holds messages, less often while those sweeps find nothing (the
+        wait doubles up to :data:`SWEEP_IDLE`; a sweep that finds work, or a wake-up with
+        queues to relay, brings it back to :data:`SWEEP`). A failed pass is logged and tried
+        again after a backoff (:data:`RETRY_MIN` doubling to :data:`RETRY_MAX`).
         """
         self._loops += 1
         try:
             loop = asyncio.get_running_loop()
             next_sweep = 0.0
+            interval = SWEEP  # doubled by each sweep that found nothing (SWEEP_IDLE at most)
             backoff = RETRY_MIN
             while True:
                 self._wake.clear()
@@ -219,7 +226,7 @@ class Relay:
                 wanted, self._wanted, self._everything = self._wanted, set(), False
                 try:
                     if sweep:
-                        next_sweep = loop.time() + SWEEP
+                        next_sweep = loop.time() + interval
                         restored = await self.outbox.restore(100)
                         if restored:
                             logger.warning(
@@ -227,9 +234,12 @@ class Relay:
                                 "lapsed (published again unless the hand-off is idempotent)",
                                 restored,
                             )
-                        await self.drain()
+                        found = await self.drain() + restored
+                        interval = SWEEP if found else min(interval * 2, SWEEP_IDLE)
                     elif wanted:
                         await self.drain(sorted(wanted))
+                        interval = SWEEP
+                        next_sweep = min(next_sweep, loop.time() + SWEEP)
                     backoff = RETRY_MIN
                 except BrokerError as exc:
                     logger.warning("outbox relay: %s (trying again in %.1f s)", exc, backoff)
@@ -252,4 +262,4 @@ class Relay:
             self._loops -= 1
 
 
-__all__ = ["BATCH", "LEASE", "SWEEP", "Outbox", "Relay"]
+__all__ = ["BATCH", "LEASE", "SWEEP", "SWEEP_IDLE", "Outbox", "Relay"]

@@ -148,6 +148,18 @@ class Transport(abc.ABC):
         its timeout). Default: cannot."""
         return False
 
+    def arrived(self, queue: str | None) -> None:
+        """The worker's event listener heard that base queue ``queue`` got a message
+        (``None``: it subscribed again, any queue may have): a transport whose
+        :meth:`block_first` waits for such announcements (a Redis Cluster's doorbell) looks
+        again. Default: nothing."""
+        return
+
+    def hearing(self, on: bool) -> None:
+        """The worker's event listener is subscribed (``True``: pushes are heard from now)
+        or lost its subscription (``False``). Default: nothing."""
+        return
+
     async def occupied(self, queues: Sequence[str]) -> list[str]:
         """The queues among ``queues`` that may hold a message (waiting or in flight), for
         :meth:`recover` to skip the empty ones. Default: all of them (one cannot tell

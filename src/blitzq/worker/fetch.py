@@ -5,11 +5,13 @@ to that many messages from the queue's priority levels (``<q>:high``, ``<q>``, `
 that order) without blocking, and blocks for a single message on all levels at once (at most
 ``block_timeout`` seconds) only when they are empty; what that read returns beyond the slots
 free at that moment is handed back at once, so the worker never holds a message it cannot
-start. Excess work stays in the broker. Where the transport can (one server or Sentinel:
+start. Excess work stays in the broker. Where the transport can (every shipped one:
 ``broker.transport.shared_block``) the idle loops do not block each on its own: they join the
 worker's one blocking read over all their levels (:class:`~blitzq.worker.idle.SharedRead`),
 and a loop whose last shared read brought nothing joins the next without looking first, so
-an idle worker costs one command per ``block_timeout`` whatever the number of its queues.
+an idle worker costs one command per ``block_timeout`` whatever the number of its queues (on
+a cluster's spread layout a look per queue per ``doorbell.IDLE_BLOCK`` woken by announced
+arrivals, on RabbitMQ nothing: ``broker/redis/doorbell.py``, ``AmqpTransport.block_first``).
 What is fetched goes to the :class:`~blitzq.worker.runner.Runner`, which frees the slots
 when the run ends.
 
@@ -156,7 +158,7 @@ class Fetcher:
             self.done.update(dict.fromkeys((f"{q} (fast)" for q in slots), 0))
         self.delivered = 0
         #: The one blocking read of the idle loops, made by :meth:`start` (``None``: each
-        #: blocks on its own, a transport that cannot share one: a cluster, RabbitMQ).
+        #: blocks on its own, a transport that cannot share one).
         self.shared: SharedRead | None = None
         #: Queues whose last shared read brought nothing: their next fetch skips the look
         #: (each looks first at start: a backlog is taken in order, most urgent level first).

@@ -294,6 +294,8 @@ class Maintenance:
                 logger.debug("event listener: %s", exc)
             except Exception:  # whatever it was, the listener must go on
                 logger.exception("event listener failed; subscribing again in %.1f s", backoff)
+            finally:  # pushes are no longer heard: idle reads poll until it subscribes again
+                self.broker.transport.hearing(False)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, EVENT_RETRY_MAX)
             self._wake.set()  # a schedule push may have been lost meanwhile
@@ -330,8 +332,12 @@ class Maintenance:
                 if value == self.worker.key:
                     self._handed.set()
                 return
+            if kind == "ready":  # a watched queue got a message (a cluster: doorbell.py)
+                self.broker.transport.arrived(value)
+                return
             if kind == "subscribed":  # a push may have been missed before: look once
                 self._wake.set()
+                self.broker.transport.hearing(True)  # rings every queue
                 return
             if kind == "schedule":
                 eta = float(value)

@@ -11,7 +11,9 @@ after :data:`KEEP` seconds, so the series holds the last hour at most, whatever 
 about 40 fields per slot, 360 slots. Nothing runs outside the workers.
 
 Per task the cost is one bucket search per latency (:meth:`Series.observe`); per worker one
-round trip every 10 s.
+round trip every 10 s, and none while it stays idle (nothing counted or running, its queues
+empty at its last sample: the depths it would write are 0, which an absent field reads as),
+so an idle worker's cost does not grow with its queues.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import bisect
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Protocol
 
 from ..exceptions import BrokerError
@@ -60,6 +62,19 @@ class Sampled(Protocol):
     @property
     def failed(self) -> int: ...
 
+    @property
+    def paused(self) -> set[str]: ...
+
+    @property
+    def runner(self) -> _Running: ...
+
+
+class _Running(Protocol):
+    """What the series reads of the worker's runner: the runs going."""
+
+    @property
+    def jobs(self) -> Collection[Job]: ...
+
 
 class Series:
     """One worker's part of the time series (module docstring).
@@ -74,6 +89,8 @@ class Series:
         self._run = [0] * (len(BOUNDS) + 1)
         self._done = 0
         self._failed = 0
+        #: Whether the last sample read every queue empty (see :meth:`sample`).
+        self._empty = False
 
     def observe(self, job: Job) -> None:
         """Count the wait (enqueued to started) and run time (started to now) of ``job``."""
@@ -113,11 +130,14 @@ class Series:
         counts.update({f"r{i}": n for i, n in enumerate(run) if n})
         names = list(worker.queues)
         physical = [p for q in names for p in levels(q)]
+        if self._empty and self._idle(counts, names):
+            return  # nothing to add, and the depths read 0 already (an absent field is 0)
         broker = worker.broker
         stats = await broker.queue_stats(physical)
         gauges = {
             f"q:{q}": sum(int(stats.get(p, {}).get("waiting", 0)) for p in levels(q)) for q in names
         }
+        self._empty = not any(gauges.values())
         await broker.state.browse.add_sample(int(time.time()) // SLOT, counts, gauges, KEEP)
 
     async def close(self, timeout: float) -> None:
@@ -125,6 +145,16 @@ class Series:
         seconds; a broker error or a timeout loses them, as the loop's would)."""
         with contextlib.suppress(BrokerError, TimeoutError):
             await asyncio.wait_for(self.sample(), timeout)
+
+    def _idle(self, counts: dict[str, int], names: list[str]) -> bool:
+        """Whether the worker did nothing since its last sample: nothing counted, nothing
+        running, none of its queues paused (a paused queue may fill while nobody fetches).
+        Its queues were empty at that sample, and a message arriving since would have been
+        fetched and run (then counted, or running): their depths are still 0."""
+        worker = self.worker
+        if any(counts.values()) or worker.paused.intersection(names):
+            return False
+        return not worker.runner.jobs
 
     async def loop(self) -> None:
         """Sample every :data:`SLOT` seconds until cancelled (a broker error is logged at

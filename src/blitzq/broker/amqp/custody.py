@@ -232,7 +232,15 @@ class Custody:
             for token, deliveries, body in items:
                 pipe.hset(self.keys.custody(queue), token, b"%d\n" % deliveries + body)
                 pipe.zadd(self.keys.custody_leases(queue), {token: expiry})
+            pipe.sadd(self.keys.custody_queues, queue)
             await pipe.execute()
+
+    @translate_errors
+    async def queues(self) -> set[str]:
+        """The queues that have had deliveries in custody (``{ns}:acq``, never shrunk: at
+        most every queue of the namespace), which every worker's recovery looks at."""
+        names = await self.client.smembers(self.keys.custody_queues)
+        return {n.decode() if isinstance(n, bytes) else str(n) for n in names}
 
     @translate_errors
     async def renew(self, queue: str, tokens: Sequence[bytes]) -> int:

@@ -123,6 +123,9 @@ class AmqpTransport(Transport):
         self.held: dict[bytes, Held] = {}
         self.consumers: dict[str, Consumer] = {}  # by physical queue
         self._waiters: set[asyncio.Event] = set()  # one per fetch waiting for a message
+        self._idle_wait: asyncio.Event | None = None  # the block_first in flight (unblock)
+        self._unblocked = False
+        self._scanned = False  # occupied() answered every queue once
         self.link.listeners.append(self._wake)  # a closed connection: reconnect at once
 
     # --------------------------------------------------------------- publish
@@ -284,6 +287,78 @@ class AmqpTransport(Transport):
                     return []
         finally:
             self._waiters.discard(arrived)
+
+    shared_block = True
+    """An idle worker's loops share one wait (:meth:`block_first`): RabbitMQ pushes each
+    consumer its messages, so waiting costs RabbitMQ and Redis nothing."""
+
+    @guarded
+    async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
+        """Wait up to ``timeout`` s for a message RabbitMQ pushes to the consumer of any of
+        ``queues`` (or one buffered): at most one per queue, earlier queues first; nothing at
+        the timeout or after :meth:`unblock`. No ``basic.get``: a consumer whose prefetch has
+        room is pushed what its queue receives (the fetch before it looked at what waited).
+        Raises BrokerError when RabbitMQ cannot be reached."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        arrived = asyncio.Event()
+        self._waiters.add(arrived)
+        self._idle_wait, self._unblocked = arrived, False
+        try:
+            while True:
+                arrived.clear()
+                out: list[Delivery] = []
+                try:
+                    for queue in queues:
+                        consumer = await self._consumer(queue, 1)
+                        if not self._alive(consumer):  # RabbitMQ delivers them again
+                            consumer.buffer.clear()
+                            continue
+                        for message in consumer.take(1):
+                            out.append(self._deliver(queue, consumer, message))
+                except (TimeoutError, RuntimeError, aiormq.exceptions.AMQPError) as exc:
+                    if isinstance(exc, BrokerError):
+                        raise
+                    raise translate(exc, "waiting for messages") from None
+                if out:
+                    if self.custody is not None and any(d.deliveries > 1 for d in out):
+                        out = await self._skip_committed(out)
+                    if out:
+                        return out
+                    continue
+                left = deadline - loop.time()
+                if self._unblocked or left <= 0:
+                    return []
+                try:
+                    await asyncio.wait_for(arrived.wait(), left)
+                except TimeoutError:
+                    return []
+        finally:
+            self._waiters.discard(arrived)
+            self._idle_wait = None
+
+    async def unblock(self) -> bool:
+        """End the :meth:`block_first` in flight (it returns nothing)."""
+        if self._idle_wait is None:
+            return False
+        self._unblocked = True
+        self._idle_wait.set()
+        return True
+
+    async def occupied(self, queues: Sequence[str]) -> list[str]:
+        """The queues a recovery round has work on: those this process holds deliveries of
+        and those that had deliveries in custody (``custody.py``); all at the first round
+        (custody older than that index), else at least the first (each round drains the
+        dead-letter queue once)."""
+        if self.custody is None:
+            return []
+        if not self._scanned:
+            self._scanned = True
+            return list(queues)
+        held = {h.queue for h in self.held.values()}
+        kept = await self.custody.queues()
+        out = [q for q in queues if q in held or q in kept]
+        return out or list(queues[:1])
 
     async def _take_first(self, queues: Sequence[str], count: int) -> list[Delivery]:
         """Up to ``count`` messages, earlier queues first. Each queue a fetch would take from

@@ -17,10 +17,12 @@ wake-up that finds no known id does nothing; the read then ends at its timeout, 
 
 Replies are read as fast mode's pops are (:func:`~.popping.send_and_read`): a pause of the
 process or a stall of the network longer than the socket timeout does not drop a reply the
-server sent, so a ``BLMPOP``'s messages are never lost to a client-side timeout. Only a
-single-server client (or a Sentinel-managed one) has one pool to take the connection from; a
-Redis Cluster client blocks per queue as before
-(:attr:`~blitzq.broker.transport.Transport.shared_block` is false there).
+server sent, so a ``BLMPOP``'s messages are never lost to a client-side timeout. On a Redis
+Cluster (fast mode's lists and ``?layout=slot``'s streams are all in the namespace's slot)
+the connection is taken from the node owning that slot (:class:`NodePool`), and given back
+after any error so that the next read follows a failover or a moved slot; the spread
+layout's streams are in a slot per queue, so its idle worker is woken by a doorbell instead
+(``doorbell.py``).
 """
 
 from __future__ import annotations
@@ -43,9 +45,12 @@ class BlockingReads:
             through it.
     """
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, pool: NodePool | None = None) -> None:
         self._client = client
-        self._pool = client.connection_pool
+        self._pool: Any = client.connection_pool if pool is None else pool
+        #: On a cluster, the node's pool (the connection is given back after an error, and
+        #: the next read takes one from whichever node owns the slot then).
+        self._node_pool = pool
         self._timeout = socket_timeout(client) or 0.0
         self._conn: Any = None
         #: The held connection's ``CLIENT ID`` on the server; ``None`` after a reconnection.
@@ -109,6 +114,11 @@ class BlockingReads:
                 )
             except BaseException:
                 self._id = None
+                if self._node_pool is not None:  # a failover or a move: ask the map again
+                    self._conn = None
+                    conn.deregister_connect_callback(self._reconnected)
+                    await conn.disconnect(nowait=True)
+                    await self._node_pool.release(conn)
                 raise
             finally:
                 self._blocked = False
@@ -137,8 +147,9 @@ class BlockingReads:
         ident = self._id
         if not self._blocked or ident is None:
             return False
+        target = {} if self._node_pool is None else self._node_pool.target()
         try:
-            return bool(await self._client.execute_command("CLIENT", "UNBLOCK", ident))
+            return bool(await self._client.execute_command("CLIENT", "UNBLOCK", ident, **target))
         except Exception:  # the read then ends at its timeout, as without the wake-up
             return False
 
@@ -148,3 +159,34 @@ class BlockingReads:
         if conn is not None:
             conn.deregister_connect_callback(self._reconnected)
             await self._pool.release(conn)
+
+
+class NodePool:
+    """Where :class:`BlockingReads` takes its held connection on a Redis Cluster: from the
+    primary owning ``key``'s slot when it is taken (a fast-mode namespace's lists share the
+    namespace's slot, so one ``BLMPOP`` covers them all there too).
+
+    Args:
+        client: the broker's ``RedisCluster`` (its slot map loaded).
+        key: a key of the slot the blocking reads name.
+    """
+
+    def __init__(self, client: Any, key: str) -> None:
+        self._client = client
+        self._key = key
+        self._node: Any = None
+
+    async def get_connection(self) -> Any:
+        """A connection of the node that owns the slot now."""
+        await self._client.initialize()  # nothing once the slot map is loaded
+        self._node = self._client.get_node_from_key(self._key)
+        return self._node.acquire_connection()
+
+    async def release(self, conn: Any) -> None:
+        """Give ``conn`` back to the node it came from."""
+        if self._node is not None:
+            self._node.release(conn)
+
+    def target(self) -> dict[str, Any]:
+        """Keyword arguments sending a command (``CLIENT UNBLOCK``) to that node."""
+        return {} if self._node is None else {"target_nodes": self._node}

@@ -57,6 +57,8 @@ PROBE_TIMEOUT = 2.0
 CLUSTER_RETRIES = 3
 #: Connections each node's pool holds beyond ``max_connections`` (pub/sub, pipelines).
 NODE_HEADROOM = 8
+#: Seconds between two trims of the nodes' free connections (:meth:`BoundedCluster._trim_due`).
+TRIM_EVERY = 30.0
 #: URL options of the single-server pool that a cluster client has no use for.
 _POOL_ONLY = frozenset({"timeout", "max_connections"})
 
@@ -163,6 +165,40 @@ class BoundedCluster(RedisCluster):
         self.max_connections = gate
         self._wait = wait
         self._gate = asyncio.Semaphore(gate)
+        self._next_trim = 0.0
+        self._trimming: set[asyncio.Task[None]] = set()
+
+    def _trim_due(self) -> None:
+        """Every :data:`TRIM_EVERY` seconds, close each node's free connections but one
+        (and all those of the start-up nodes' objects, which only loaded the slot map): a
+        burst of commands in flight at once (a worker's start: every fetch loop's first
+        read) opens several per node, which redis-py's cluster client keeps for good (an
+        idle worker would hold them for nothing: issue 25). One in use is never touched;
+        a later burst opens what it needs again."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if now < self._next_trim:
+            return
+        self._next_trim = now + TRIM_EVERY
+        extra = []
+        serving = list(self.nodes_manager.nodes_cache.values())
+        # The nodes the client started from, when other objects than the slot map's: their
+        # connections (CLUSTER SLOTS, COMMAND at start) serve nothing more.
+        starting = getattr(self.nodes_manager, "startup_nodes", {}).values()
+        kept = {id(node): 1 for node in serving}
+        for node in [*serving, *(n for n in starting if id(n) not in kept)]:
+            free, made = getattr(node, "_free", None), getattr(node, "_connections", None)
+            if free is None or made is None:  # another redis-py: nothing to trim
+                return
+            while len(free) > kept.get(id(node), 0):
+                connection = free.popleft()
+                with contextlib.suppress(ValueError):
+                    made.remove(connection)
+                extra.append(connection)
+        if extra:
+            task = loop.create_task(_disconnect(extra))
+            self._trimming.add(task)
+            task.add_done_callback(self._trimming.discard)
 
     @contextlib.asynccontextmanager
     async def turn(self) -> AsyncIterator[None]:
@@ -191,7 +227,16 @@ class BoundedCluster(RedisCluster):
         """See :meth:`redis.asyncio.cluster.RedisCluster.execute_command`; waits for a turn
         first (:meth:`turn`)."""
         async with self.turn():
-            return await super().execute_command(*args, **kwargs)
+            reply = await super().execute_command(*args, **kwargs)
+        self._trim_due()
+        return reply
+
+
+async def _disconnect(connections: list[Any]) -> None:
+    """Close ``connections`` (taken out of their nodes' pools); a failure is no error."""
+    for connection in connections:
+        with contextlib.suppress(Exception):
+            await connection.disconnect()
 
 
 def make_cluster_client(url: str, options: dict[str, Any]) -> BoundedCluster:

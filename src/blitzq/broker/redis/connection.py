@@ -18,10 +18,11 @@ import redis.asyncio as aioredis
 
 from ...exceptions import ConfigurationError
 from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
-from .blocking import BlockingReads
+from .blocking import BlockingReads, NodePool
 from .client import bad_url, make_client, max_block, pool_size, translate_errors
 from .cluster import is_cluster, node_of
 from .cluster_scripts import ClusterScripts
+from .doorbell import Doorbell
 from .keys import Keys
 from .result_listener import ResultListener
 from .scripts import Scripts
@@ -114,7 +115,18 @@ class RedisConnection:
         self.max_block = max_block(client)
         #: The idle worker's one blocking read, on a held connection it can wake
         #: (``blocking.py``); ``None`` on a cluster (one pool per node: a block per queue).
-        self.blocking: BlockingReads | None = None if self.cluster else BlockingReads(client)
+        #: On a cluster every key of this connection's table is in the namespace's slot
+        #: (fast mode's lists, ``?layout=slot``'s streams): one read covers them there too,
+        #: on a connection of the node owning that slot.
+        self.blocking: BlockingReads | None = (
+            BlockingReads(client, NodePool(client, self.keys.prefix))
+            if self.cluster
+            else BlockingReads(client)
+        )
+        #: The spread layout's transport (each queue in a slot of its own, so no one read
+        #: covers them) wakes its idle worker's looks with a doorbell instead
+        #: (``doorbell.py``, set by ``spread.spread_broker``; its ``blocking`` is then None).
+        self.doorbell: Doorbell | None = None
         for command in ("XREADGROUP", "XAUTOCLAIM", "BLMPOP", "LPOP"):
             self.client.set_response_callback(command, _raw)
         #: Runs the Lua scripts (EVALSHA, reloaded on NOSCRIPT): see scripts.py; on a

@@ -38,6 +38,7 @@ _EVENT_KINDS = {
     "u": "resume",
     "x": "shutdown",
     "c": "resize",
+    "q": "ready",
 }
 
 

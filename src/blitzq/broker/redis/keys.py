@@ -58,6 +58,9 @@ TABLE: Final[dict[str, Key]] = {
         "entry ids of a queue's stream handed to worker <consumer>, which knows their task"),
     "outbox": Key("outbox:<queue>", "list",
         "messages the state store wrote for a queue of a foreign transport, awaiting a relay"),
+    "idle": Key("idle:<queue>", "string",
+        "Redis Cluster: an idle worker watches this base queue (its enqueues announce "
+        "themselves) for 240 s; in the queue's slot on the spread layout"),
     "outboxes": Key("outboxes", "set",
         "queues whose outbox may hold messages (a queue leaves once its outbox is empty)"),
     "relay": Key("relay:<relay_id>", "list",
@@ -123,7 +126,8 @@ TABLE: Final[dict[str, Key]] = {
     "events": Key("events", "channel",
         "`r:<id>` a task was cancelled, `s:<due>` a message was scheduled, `h:<worker>` one "
         "was handed to a worker, `p:<queue>` / `u:<queue>` a queue was paused / resumed, "
-        "`x:<worker>` a worker is asked to shut down, `c:<n>:<worker>` to run n tasks at once"),
+        "`x:<worker>` a worker is asked to shut down, `c:<n>:<worker>` to run n tasks at once, "
+        "`q:<queue>` a watched queue got a message (Redis Cluster)"),
     "paused": Key("paused", "set",
         "queues paused by `blitzq queue pause`: no worker fetches from them until resumed"),
     "stats": Key("stats", "hash",
@@ -151,6 +155,8 @@ TABLE: Final[dict[str, Key]] = {
         "RabbitMQ deliveries held for long tasks: custody id to `<deliveries>\\n<message>`"),
     "custody_leases": Key("acl:<queue>", "zset",
         "custody ids scored by lease expiry (Unix seconds, server clock)"),
+    "custody_queues": Key("acq", "set",
+        "RabbitMQ transport: queues that have had deliveries in custody (recovery looks there)"),
 }
 # fmt: on
 
@@ -200,6 +206,11 @@ class Keys:
     def outbox(self, queue: str) -> str:
         """Outbox of a queue: what the state store wrote for a foreign transport's queue."""
         return self._one("outbox", queue)
+
+    def idle(self, queue: str) -> str:
+        """Watch mark of a base queue on a Redis Cluster: an idle worker waits for its
+        arrivals to be announced (``doorbell.py``)."""
+        return self._one("idle", queue)
 
     @property
     def outboxes(self) -> str:
@@ -334,7 +345,8 @@ class Keys:
     @property
     def events(self) -> str:
         """Pub/sub channel: ``r:<id>`` a task was cancelled, ``s:<eta>`` one was scheduled,
-        ``h:<worker>`` handed, ``p:``/``u:<queue>`` paused/resumed, ``x:<worker>`` shut down."""
+        ``h:<worker>`` handed, ``p:``/``u:<queue>`` paused/resumed, ``x:<worker>`` shut down,
+        ``q:<queue>`` a watched queue got a message (a cluster's idle workers: doorbell.py)."""
         return self._fixed("events")
 
     @property
@@ -394,6 +406,11 @@ class Keys:
     def custody_leases(self, queue: str) -> str:
         """Sorted set of the custody ids of ``queue`` scored by lease expiry."""
         return self._one("custody_leases", queue)
+
+    @property
+    def custody_queues(self) -> str:
+        """Set of the queues that have had RabbitMQ deliveries in custody."""
+        return self._fixed("custody_queues")
 
 
 def glob_escape(text: str) -> str:

@@ -60,6 +60,7 @@ from .client import bad_url, make_client, translate_errors
 from .cluster import is_cluster, split_layout
 from .common import fused_broker
 from .connection import DEFAULT_DEAD_LETTER_CAP, RedisConnection, RedisDeadLetterLimits
+from .doorbell import READY, Doorbell
 from .handoff import MARK_TTL, MAX_AGE, HandoffRelay
 from .homes import HomedKeys, HomedStateStore, complete_in, homed_id, homeless, split_home
 from .keys import GROUP, Keys
@@ -95,6 +96,11 @@ class SpreadKeys(Keys):
     def stream(self, queue: str) -> str:
         """The stream of the physical queue ``queue``, under its queue's tag."""
         return self.queue_tag(queue) + "s:" + queue
+
+    def idle(self, queue: str) -> str:
+        """The watch mark of ``queue``'s base queue, under its queue's tag
+        (``doorbell.py``)."""
+        return self.queue_tag(queue) + "idle:" + base_queue(queue)
 
     def handed(self, queue: str, consumer: str) -> str:
         """Entry ids of ``queue``'s stream handed to ``consumer``, in the queue's slot."""
@@ -151,6 +157,8 @@ class SpreadStreamsTransport(StreamsTransport):
         call), then acked. A crash in between leaves them pending: recovered again,
         dead-lettered again under the same task id (idempotent), never lost."""
         requeued, over = await self.recover_split(queue, min_idle, count, max_deliveries)
+        if requeued and self.conn.doorbell is not None:  # an idle worker is told
+            await self.ring(queue)
         if not over:
             return requeued, 0
         now = time.time()
@@ -190,13 +198,24 @@ class SpreadStreamsTransport(StreamsTransport):
             Messages added; 0 when the batch was published before; -1 when it is older than
             :data:`~.handoff.MAX_AGE` (refused: its mark may be gone).
         """
-        return int(
+        added = int(
             await self.scripts.call(
                 "handoff_publish",
                 keys=[self.keys.stream(queue), self.keys.mark(queue, batch)],
                 args=[MARK_TTL, repr(float(taken_at)), MAX_AGE, *messages],
             )
         )
+        if added > 0 and self.conn.doorbell is not None:
+            await self.ring(queue)
+        return added
+
+    async def ring(self, queue: str) -> None:
+        """Announce a message just added to ``queue`` when an idle worker watches it: the
+        watch mark taken (deleted) after the write (a look made before the write is told;
+        one made after it takes the message: ``doorbell.py``)."""
+        base = base_queue(queue)
+        if await self.client.delete(self.keys.idle(base)):
+            await self.client.publish(self.keys.events, f"{READY}:{base}")
 
 
 def spread_broker(conn: RedisConnection) -> Broker:
@@ -214,6 +233,8 @@ def spread_broker(conn: RedisConnection) -> Broker:
     conn.keys = HomedKeys(conn.keys.namespace)  # a homed id's own keys in its queue's slot
     transport_conn = RedisConnection(conn.url, conn.keys.namespace, client=conn.client, kind="s")
     transport_conn.keys = SpreadKeys(conn.keys.namespace)
+    if transport_conn.cluster:  # no read covers many slots: looks woken by a doorbell
+        transport_conn.blocking, transport_conn.doorbell = None, Doorbell()
     transport = SpreadStreamsTransport(transport_conn)
     store = HomedStateStore(conn, transport.held)
     transport.store = store  # recovery dead-letters in the store
@@ -318,6 +339,9 @@ class SpreadPairing(CommitThenAck):
             stale += await complete_in(
                 self.transport.conn, self.transport.lease.consumer, keys.home_keys(tag), batch
             )
+            if self.transport.conn.doorbell is not None:  # a requeue: an idle worker is told
+                for queue in {c.queue for c in batch if c.requeue is not None}:
+                    await self.transport.ring(queue)
         if stale:
             await self.state.count_stale(len(stale))
         if far:

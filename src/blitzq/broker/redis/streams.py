@@ -25,9 +25,11 @@ from redis.exceptions import OutOfMemoryError, ResponseError
 
 from ...exceptions import ConfigurationError
 from ...limits import CHUNK_ITEMS
+from ...routing import base_queue
 from ..transport import Delivery, Guarantee, Transport
 from .client import translate_errors, wrong_type
 from .connection import LeaseIdentity, RedisConnection, RedisPart
+from .doorbell import READY, look_then_wait
 from .handed import HandOver
 from .keys import GROUP, MESSAGE_FIELD
 from .sentinel import ReplicatedRedis, durably
@@ -86,11 +88,21 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         #: Whether the last non-blocking fetch of each set of levels (by its first level)
         #: took all it asked for: a backlog, where plain reads cost the server less.
         self._backlog: dict[str, bool] = {}
+        #: On a cluster, base queues whose last idle look found their streams empty (no
+        #: message waiting or in flight): :meth:`occupied` leaves them out.
+        self._vacant: dict[str, bool] = {}
 
     @translate_errors
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
         """XADD each message to the queue's stream, in one round-trip."""
         key = self.keys.stream(queue)
+        if self.conn.doorbell is not None:  # a cluster: announce them to a watching worker
+            ring = [self.keys.events, f"{READY}:{base_queue(queue)}"]
+            for start in range(0, len(messages), CHUNK_ITEMS):
+                chunk = list(messages[start : start + CHUNK_ITEMS])
+                keys = [key, self.keys.idle(base_queue(queue))]
+                await self.scripts.call("publish_ring", keys=keys, args=[*ring, *chunk])
+            return
         if len(messages) == 1:
             await self.client.execute_command("XADD", key, "*", MESSAGE_FIELD, messages[0])
             return
@@ -177,6 +189,8 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         every message waiting on a level when its read starts is taken before any of a
         later level, and a higher level is always read first.
         """
+        if self._vacant:  # fetched by a busy loop: a recovery may look at it again
+            self._vacant.pop(base_queue(queues[0]), None)
         keys = [self.keys.stream(q) for q in queues]
         if (
             count >= _PLAIN_READS_MIN
@@ -240,18 +254,36 @@ class StreamsTransport(HandOver, RedisPart, Transport):
 
     @property
     def shared_block(self) -> bool:  # type: ignore[override]
-        """Whether :meth:`block_first` may cover many streams (single server or Sentinel)."""
-        return self.conn.blocking is not None
+        """Whether :meth:`block_first` may cover many streams: always (one blocking read on
+        a single server or Sentinel, looks woken by a doorbell on a cluster)."""
+        return self.conn.blocking is not None or self.conn.doorbell is not None
+
+    def arrived(self, queue: str | None) -> None:
+        """A ``q:<queue>`` push (``None``: the listener subscribed again): ring the
+        cluster's doorbell (``doorbell.py``); nothing on a single server."""
+        if self.conn.doorbell is not None:
+            self.conn.doorbell.ring(queue)
+
+    def hearing(self, on: bool) -> None:
+        """The event listener subscribed (``True``) or lost its subscription: arm or disarm
+        the cluster's doorbell (``doorbell.py``)."""
+        if self.conn.doorbell is not None:
+            self.conn.doorbell.arm(on)
 
     @translate_errors
     async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
         """One ``XREADGROUP ... COUNT 1 BLOCK`` over the streams of ``queues`` (in their
-        order), on the held connection :meth:`unblock` can wake (``blocking.py``); elsewhere
-        :meth:`fetch_first`'s blocking read. At most one entry per stream; durable as
+        order), on the held connection :meth:`unblock` can wake (``blocking.py``); on a
+        cluster's spread layout a look at each base queue, then a wait for its doorbell up
+        to ``doorbell.IDLE_BLOCK`` s (``timeout`` while the event listener is not subscribed;
+        :func:`~.doorbell.look_then_wait`). At most one entry per stream; durable as
         :meth:`fetch` (the ``WAIT`` goes on the held connection, which took the entries)."""
         blocking = self.conn.blocking
         if blocking is None:
-            return await self.fetch_first(queues, 1, timeout, look_first=False)
+            if self.conn.doorbell is None:
+                return await self.fetch_first(queues, 1, timeout, look_first=False)
+            rows = await look_then_wait(self.conn, self.consumer, queues, timeout, self._vacant)
+            return [_delivery(queue, entry_id, fields) for queue, entry_id, fields in rows]
         keys = [self.keys.stream(q) for q in queues]
         block = self.block_for(timeout)
         args = ["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 1]
@@ -279,23 +311,38 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         return taken
 
     async def unblock(self) -> bool:
-        """Wake the :meth:`block_first` in flight (``CLIENT UNBLOCK``; it takes nothing)."""
+        """Wake the :meth:`block_first` in flight (``CLIENT UNBLOCK``, or the cluster's
+        doorbell; it takes nothing)."""
         blocking = self.conn.blocking
-        return False if blocking is None else await blocking.unblock()
+        if blocking is None:
+            return self.conn.doorbell is not None and self.conn.doorbell.wake()
+        return await blocking.unblock()
 
     @translate_errors
     async def occupied(self, queues: Sequence[str]) -> list[str]:
         """The queues whose stream holds any entry, waiting or in flight (acked entries are
         deleted, so an empty stream has nothing to recover): one ``XREAD COUNT 1`` over all
-        streams; every queue on a cluster (the streams may live on several nodes). A key
-        that holds another type (:meth:`wrong_type_keys`) is left out, not an error: the
-        other queues are still recovered."""
-        if self.conn.cluster or not queues:
-            return list(queues)
+        streams (on a cluster's ``?layout=slot`` all in the namespace's slot, sent to its
+        node); on the spread layout of a cluster (the streams on several nodes) every queue
+        but those whose last idle look found them empty: that look is made at least every
+        ``doorbell.IDLE_BLOCK`` s while the worker is idle, and a busy queue is never left
+        out (a fetch that takes messages marks it occupied again). A key that holds another
+        type (:meth:`wrong_type_keys`) is left out, not an error: the other queues are
+        still recovered."""
+        if self.conn.doorbell is not None:  # the spread layout: what the looks found empty
+            return [q for q in queues if not self._vacant.get(base_queue(q))]
+        if not queues:
+            return []
         keys = [self.keys.stream(q) for q in queues]
         try:
             reply = await self.client.execute_command(
-                "XREAD", "COUNT", 1, "STREAMS", *keys, *("0-0" for _ in keys)
+                "XREAD",
+                "COUNT",
+                1,
+                "STREAMS",
+                *keys,
+                *("0-0" for _ in keys),
+                **self.conn.node_kwargs(),
             )
         except ResponseError as exc:
             if "WRONGTYPE" not in str(exc):
