@@ -15,7 +15,7 @@
 --     ack (ids: stream entry ids, empty for a list or the outbox) and store a record (the
 --     common success): one XACK and one XDEL for all, then SET + PUBLISH per record, as "C"
 --   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops,
---    fence}
+--    fence, guard, guard_ttl}
 --     kind "s" (stream), "l" (list) or "o" (the outbox of a store paired with a foreign
 --     transport: every message written goes there, whatever an op names); "" means absent;
 --     ttl in seconds; eta is the
@@ -23,7 +23,12 @@
 --     is "" or {message, reason, error, task, queue, failed_at} (stored with the kind: its
 --     origin; "s" for "o": the transports an outbox serves -- RabbitMQ, the Redis Cluster
 --     spread layout -- are at-least-once, "reliable"); fence: a token checked, not
---     acked; ops: see OPS below.
+--     acked; ops: see OPS below; guard: "" or the id of an unfenced completion with
+--     effects, marked applied ({ns}:cg:<guard>, SET NX EX guard_ttl) as it is applied: a
+--     completion whose guard is marked was applied by an earlier try and applies nothing
+--     (a retry after a timeout, or a try the server read late, e.g. buffered while paused)
+--   {"G", {guard1, ...}}   guards of completions whose only try was answered: DEL their
+--     marks
 --   {"I", queue, cap, ttl, now, {member1, ...}}   tasks that ended from queue, for the
 --     dashboard's list: ZADD of each "<state>\n<task>\n<task_id>" scored now (Unix seconds,
 --     the worker's clock; each member a microsecond later than the one before in the
@@ -40,6 +45,7 @@
 --   {ns}:d:<task_id>  a dead letter (HSET); {ns}:dlq:size, {ns}:dlq:bytes its bytes
 --                     (dead_letters.lua)
 --   {ns}:stats        HINCRBY stale_completions
+--   {ns}:cg:<guard>   SET NX EX of a "C" entry's guard, DEL of a "G" entry's
 --   {ns}:recent:<queue>  ZADD, ZREMRANGEBYRANK, EXPIRE of an "I" entry (the ended tasks)
 --   ops: {ns}:s:<queue>, {ns}:l:<queue> (publish), {ns}:wf:<workflow_id> and
 --   {ns}:wf:<workflow_id>:j:<join_id> (workflows, chords), {ns}:done:wf:<workflow_id>,
@@ -115,6 +121,14 @@ local function fenced(c)
   end
   stale[#stale + 1] = {c[3], id}
   return true
+end
+
+-- Whether an unfenced "C" entry with a guard was applied already (by an earlier try of the
+-- same completion); else its guard is marked applied now, with the writes that follow.
+local function applied(c)
+  local guard = c[14]
+  if guard == nil or guard == '' then return false end
+  return not redis.call('SET', KEY.applied_guard(prefix, guard), '1', 'NX', 'EX', c[15])
 end
 
 -- Extra operations a completion may carry (ops), applied in the same script. Each handler
@@ -320,6 +334,8 @@ for _, c in ipairs(batch) do
     err = wrong(KEY.stream(prefix, c[2]), 'stream')
   elseif c[1] == 'I' then
     err = wrong(KEY.recent(prefix, c[2]), 'zset')
+  elseif c[1] == 'G' then
+    err = nil
   else
     local kind, queue = c[2], c[3]
     if c[4] ~= '' then err = wrong(KEY.stream(prefix, queue), 'stream') end
@@ -350,8 +366,14 @@ for _, c in ipairs(batch) do
     ack(KEY.stream(prefix, c[2]), c[3], c[2])
   elseif c[1] == 'I' then
     ended(c)
+  elseif c[1] == 'G' then
+    for _, guard in ipairs(c[2]) do
+      redis.call('DEL', KEY.applied_guard(prefix, guard))
+    end
   elseif fenced(c) then
     -- stale: its lease was lost and the message recovered; nothing is written
+  elseif applied(c) then
+    -- an earlier try of this completion was applied; nothing is written again
   else
     local kind, queue, token, task_id = c[2], c[3], c[4], c[5]
     local record, ttl, reschedule, eta, dead, requeue = c[6], c[7], c[8], c[9], c[10], c[11]
