@@ -126,6 +126,35 @@ async def test_a_completion_retried_after_a_timeout_pushes_its_effects_once(
     assert observer.lrange(key("l:chain"), 0, -1) == [b"step 2"]
 
 
+async def test_tries_of_a_batch_in_any_order_and_split_apply_each_completion_once(
+    private_redis: PrivateRedis, observer: redis.Redis
+) -> None:
+    # The tries of the test above, in the orders a server can read them: a retry of part of
+    # a batch before its late first try, then the whole batch again.
+    ns = "fd-" + uuid.uuid4().hex[:8]
+    broker = FastRedisBroker(private_redis.url, ns)
+
+    def step(n: int) -> Completion:
+        return Completion(
+            "default", None, f"s{n}", ops=(WorkflowStep(f"wf{n}", "chain", b"%d" % n),)
+        )
+
+    try:
+        one, two, three = step(1), step(2), step(3)
+        one.guard, two.guard = ("batch-a", 0, 2), ("batch-a", 1, 2)  # a first try lost
+        await broker.complete([two])  # retried apart, read first
+        await broker.complete([one, two])  # the late first try: only `one` is new
+        await broker.complete([one, two, three])  # both again, and a first try of three
+        await broker.complete([three])  # three's retry, its first try answered
+        await broker.complete([step(4)])  # a later batch deletes three's mark
+    finally:
+        await broker.close()
+    assert sorted(observer.lrange("{" + ns + "}:l:chain", 0, -1)) == [b"1", b"2", b"3", b"4"]
+    marks = sorted(k.decode() for k in observer.scan_iter(match="{" + ns + "}:cg:*"))
+    assert len(marks) == 2  # batch-a's (its first try was never answered) and step 4's
+    assert "{" + ns + "}:cg:batch-a" in marks
+
+
 def fast_queue(server: PrivateRedis) -> Queue:
     """A fast-mode Queue on the private server with short socket timeouts."""
     return Queue(

@@ -22,10 +22,10 @@ from ..values import Completion
 
 __all__ = ["GUARD_TTL", "encode_batch", "encode_entries", "guard_unfenced"]
 
-#: Seconds a completion's guard stays marked applied (``{ns}:cg:<guard>``) when a try of it
-#: failed: a later try of it (the worker's retry, or a try still buffered in the server from a
-#: connection that timed out) within that time applies nothing. The guard of a completion
-#: whose first try was answered is deleted by the next batch instead.
+#: Seconds the guards of a batch stay marked applied (``{ns}:cg:<batch>``) when the batch's
+#: first try failed: a later try of its completions (the worker's retry, or a try still
+#: buffered in the server from a connection that timed out) within that time applies nothing.
+#: The mark of a batch whose first try was answered is deleted by the next batch instead.
 GUARD_TTL = 86400
 
 _batch_encoder = msgspec.msgpack.Encoder()
@@ -80,20 +80,21 @@ def _lua_op(op: tuple[Any, ...]) -> list[Any]:
     ]
 
 
-def guard_unfenced(completions: Sequence[Completion], kind: str) -> list[str]:
+def guard_unfenced(completions: Sequence[Completion], kind: str) -> str | None:
     """Give a guard to each completion of ``completions`` that needs one and has none yet.
 
     A completion needs one when nothing fences it (a list completion, the outbox's, or one
     without a token or fence in a stream store: ``kind`` is the store's write kind) and it
     has effects a second application would repeat (a requeue, a reschedule, a dead letter,
     ops such as a workflow's next step): see *Idempotence* in
-    :class:`~blitzq.broker.values.Completion`. A completion that already has one keeps it
-    (a retry: the tries share it).
+    :class:`~blitzq.broker.values.Completion`. The guards given now share one new batch id
+    (one mark per batch, not per completion, while nothing is retried); a completion that
+    already has one keeps it (a retry: its tries share it).
 
     Returns:
-        The guards given now (those of first tries).
+        The batch id of the guards given now, or ``None`` when none was given.
     """
-    fresh: list[str] = []
+    fresh: list[Completion] = []
     streams = kind == "s"
     for c in completions:
         if c.guard is not None or (
@@ -102,9 +103,13 @@ def guard_unfenced(completions: Sequence[Completion], kind: str) -> list[str]:
             continue
         if streams and (c.token is not None or c.fence is not None):
             continue
-        c.guard = os.urandom(12).hex()
-        fresh.append(c.guard)
-    return fresh
+        fresh.append(c)
+    if not fresh:
+        return None
+    batch, size = os.urandom(12).hex(), len(fresh)
+    for index, c in enumerate(fresh):
+        c.guard = (batch, index, size)
+    return batch
 
 
 def encode_batch(
@@ -116,8 +121,8 @@ def encode_batch(
         completions: the batch.
         kind: the store's write kind (``"s"``, ``"l"`` or ``"o"``): only with ``"s"`` are
             tokens stream entries that the script acks and fences.
-        forget: guards of completions applied by a batch whose answer arrived (no other
-            try of them exists): a ``"G"`` entry deletes their marks.
+        forget: batch ids of guards applied by a first try that was answered (no other try
+            of them exists): a ``"G"`` entry deletes their marks.
 
     Returns:
         ``"R"`` entries (a run of completions of one queue and TTL that only ack and store a
@@ -186,7 +191,7 @@ def encode_batch(
                 _lua_bytes(c.requeue) if c.requeue else _EMPTY,
                 [_lua_op(encode_op(op)) for op in c.ops] if c.ops else _EMPTY,
                 _lua_bytes(c.fence) if c.fence else _EMPTY,
-                c.guard or "",
+                *(c.guard or ("", 0, 0)),
                 GUARD_TTL,
             )
         )

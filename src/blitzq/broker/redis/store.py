@@ -99,7 +99,7 @@ class RedisStateStore(StateStore):
         self.registry = RedisRegistry(conn)
         self.operations = RedisOperatorState(conn)
         self.browse = RedisBrowse(conn)
-        #: Guards of completions applied at their first try, answered: the next batch
+        #: Batch ids of guards applied at their first try, answered: the next batch
         #: deletes their marks (see :meth:`complete`).
         self._settled: list[str] = []
 
@@ -159,9 +159,10 @@ class RedisStateStore(StateStore):
         the first try did, such as pushing a workflow's next step once more. A stream
         completion's retry is fenced (its entry is acked). An unfenced completion with
         effects gets a guard at its first try (:func:`~.completion.guard_unfenced`) that
-        the script marks applied (``{ns}:cg:<guard>``, :data:`~.completion.GUARD_TTL`)
-        together with the effects, and a try whose guard is marked applies nothing. Guards
-        of first tries that were answered are deleted by the next batch.
+        the script marks applied (``{ns}:cg:<batch>``, :data:`~.completion.GUARD_TTL`)
+        together with the effects, and a try whose guard is marked applies nothing: one
+        mark per batch while its first try holds all of it, one per completion retried
+        apart. Marks of first tries that were answered are deleted by the next batch.
         """
         if not completions:
             return []
@@ -192,8 +193,8 @@ class RedisStateStore(StateStore):
             # late, finds them); the forgotten ones are forgotten with the next batch.
             self._settled = forget + self._settled
             raise
-        if fresh:
-            self._settled.extend(fresh)
+        if fresh is not None:
+            self._settled.append(fresh)
         if not stale:
             return []
         wanted = {(q.decode(), bytes(t)) for q, t in stale}
