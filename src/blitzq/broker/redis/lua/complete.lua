@@ -121,7 +121,7 @@ local function listen(entries)
       for _, task_id in ipairs(c[5]) do
         channels[#channels + 1] = KEY.done_channel(prefix, task_id)
       end
-    elseif c[1] ~= 'A' and c[1] ~= 'I' and c[6] ~= '' then
+    elseif c[1] == 'C' and c[6] ~= '' then
       local task_id = c[5]
       channels[#channels + 1] = KEY.done_channel(prefix, task_id)
     end
