@@ -18,12 +18,15 @@ recover narrowly::
     ├── ResultNotStored         the task succeeded (or will) without storing its result
     ├── UnknownTask             no task registered under that name
     └── BrokerError             the broker could not be reached or answered an error
+        ├── OutcomeUnknown      a write was sent but its reply was lost: maybe applied
         └── EmbeddedServerNotFound  no running embedded server for a read-only command
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterable, Iterator
 
 from .limits import MAX_ERROR_CHARS, clip_text
 
@@ -195,7 +198,11 @@ class BrokerError(BlitzQError, ConnectionError):
             the same command succeeds, unchanged, once the switch is over, so a worker
             retries its completions until they are applied or fenced, never recording a
             failure for them, even while another node answers PING.
+        outcome_unknown: ``True`` (only on :class:`OutcomeUnknown`) when a write was sent
+            and its reply was lost: it may have been applied.
     """
+
+    outcome_unknown: bool = False
 
     def __init__(
         self,
@@ -209,6 +216,75 @@ class BrokerError(BlitzQError, ConnectionError):
         self.transient = transient or unavailable
         self.out_of_memory = out_of_memory
         self.unavailable = unavailable
+
+
+class OutcomeUnknown(BrokerError):
+    """A producer's write (an enqueue, a workflow start, a schedule, a cancel) was sent, but
+    the connection dropped or timed out before the reply: the broker may or may not have
+    applied it. Unlike a plain transient :class:`BrokerError` (nothing was written), a blind
+    retry can duplicate the write; see docs/guarantees.md ("Retrying after an unknown
+    outcome"): re-enqueueing under the same ``task_id`` publishes a second message (it does
+    not deduplicate), so a retry must first learn whether the first attempt landed, or the
+    task must tolerate running twice.
+
+    Attributes:
+        outcome_unknown: always ``True``.
+        transient: ``True`` (the broker may answer a later call).
+        what: the write, e.g. ``"enqueue"``, ``"workflow start"``, ``"cancel"``.
+        task_ids: the ids the write concerned (the task ids of an enqueue or a cancel, the
+            workflow id of a workflow start, the schedule's name for a schedule).
+        task_id: the first of ``task_ids`` (``None`` when there is none).
+    """
+
+    outcome_unknown = True
+
+    def __init__(self, what: str, task_ids: tuple[str, ...], cause: BaseException) -> None:
+        shown = ", ".join(task_ids[:5]) + (
+            f" (+{len(task_ids) - 5} more)" if len(task_ids) > 5 else ""
+        )
+        super().__init__(
+            f"{what} outcome unknown: the broker stopped answering after the command was sent "
+            f"({cause}); it may have been applied. Ids: {shown or '-'}. Retrying blindly may "
+            "duplicate it (the same task_id does not deduplicate): see docs/guarantees.md",
+            True,
+        )
+        self.what = what
+        self.task_ids = task_ids
+        self.task_id = task_ids[0] if task_ids else None
+
+
+def _never_sent(exc: BrokerError) -> bool:
+    """Whether ``exc`` shows that the command never left: no connection could be made."""
+    cause = exc.__cause__
+    if isinstance(cause, ConnectionRefusedError):
+        return True
+    text = str(exc)
+    return "connecting to" in text or "Connection refused" in text
+
+
+@contextlib.contextmanager
+def unknown_outcome(what: str, ids: Iterable[str]) -> Iterator[None]:
+    """Turn a transient :class:`BrokerError` raised inside the block (a timeout or a
+    connection lost mid-command: the write may have been applied) into
+    :class:`OutcomeUnknown` naming ``what`` and ``ids``. A refusal (``transient`` false), a
+    server saying "not now" (``unavailable``: nothing applied) and a connection that could
+    not be made (nothing sent) pass through unchanged.
+
+    Args:
+        what: the write, e.g. ``"enqueue"``.
+        ids: the task (or workflow, or schedule) ids it concerns; read only on an error.
+
+    Raises:
+        OutcomeUnknown: as above, ``from`` the original error.
+    """
+    try:
+        yield
+    except OutcomeUnknown:
+        raise
+    except BrokerError as exc:
+        if not exc.transient or exc.unavailable or _never_sent(exc):
+            raise
+        raise OutcomeUnknown(what, tuple(ids), exc) from exc
 
 
 class EmbeddedServerNotFound(BrokerError):
@@ -310,6 +386,7 @@ __all__ = [
     "ConfigurationError",
     "MessageTooLarge",
     "NoRetry",
+    "OutcomeUnknown",
     "ResultNotStored",
     "ResultTimeout",
     "ResultTooLarge",

@@ -12,6 +12,10 @@
   sends need it) and on a read-only replica.
 * ``eviction``: ``fail`` when ``maxmemory-policy`` with a ``maxmemory`` set can evict
   blitzq's keys (:mod:`blitzq.broker.eviction`).
+* ``memory``: ``fail`` when the server's memory use has reached its ``maxmemory``: under
+  ``noeviction`` it refuses every write (``OOM``), so nothing can be enqueued or completed
+  (exit 78, as a blocking finding; the server still answers, so ``connectivity`` is ``ok``).
+  A check that the full server refuses is reported here too, never as ``connectivity``.
 * ``persistence``: ``warn`` when neither AOF nor RDB snapshots are on (a restart of the
   server loses every queue) or the last snapshot failed.
 * ``workers``: how many live workers are registered.
@@ -41,6 +45,7 @@ from .exceptions import BlitzQError, BrokerError, ConfigurationError, Serializat
 from .periodic import PeriodicTask
 from .redaction import mask_url
 from .routing import base_queue
+from .routing import levels as routing_levels
 from .runtime_schedules import RuntimeEntries, RuntimeSchedule
 from .serialization import loads
 
@@ -105,13 +110,37 @@ async def preflight(queue: Queue) -> list[Finding]:
     findings += _server(info)
     try:
         findings.append(await _eviction(queue))
+        full = await _memory(queue)
+        findings += [full] if full is not None else []
         findings.append(_persistence(info))
         if rabbitmq is None or rabbitmq.status == "ok":
             findings += await _queues(queue)
         findings += await _periodic(queue)
     except BrokerError as exc:
-        findings.append(Finding("connectivity", "fail", f"the server stopped answering: {exc}"))
+        if not exc.out_of_memory:
+            findings.append(Finding("connectivity", "fail", f"the server stopped answering: {exc}"))
+        elif not any(f.name == "memory" and f.status == "fail" for f in findings):
+            findings.append(Finding("memory", "fail", f"the server is out of memory: {exc}"))
     return findings
+
+
+async def _memory(queue: Queue) -> Finding | None:
+    found = await queue.broker.memory_use()
+    if found is None:
+        return None
+    used, limit = found
+    if not limit:
+        return Finding("memory", "ok", f"{used} bytes used, no maxmemory")
+    share = f"{used} of maxmemory {limit} bytes used ({100 * used / limit:.0f}%)"
+    if used >= limit:
+        return Finding(
+            "memory",
+            "fail",
+            f"memory full: {share}; the server refuses writes (OOM): nothing can be "
+            "enqueued or completed. Free memory (purge queues or dead letters, lower "
+            "result_ttl) or raise maxmemory",
+        )
+    return Finding("memory", "ok", share)
 
 
 def _amqp_url(queue: Queue) -> str | None:
@@ -195,6 +224,16 @@ async def _queues(queue: Queue) -> list[Finding]:
     names = {base_queue(q) for q in await broker.known_queues()} | {queue.name}
     names |= {t.queue for t in queue.tasks.values()}
     out = [Finding("workers", "ok" if workers else "warn", f"{len(workers)} live worker(s)")]
+    levels = sorted({level for name in names for level in routing_levels(name)})
+    for key, wrong in sorted((await broker.wrong_type_keys(levels)).items()):
+        out.append(
+            Finding(
+                f"key {key}",
+                "fail",
+                f"{wrong}: every command on it fails (WRONGTYPE); delete "
+                f"or rename it (redis-cli DEL {key}) if nothing else uses it",
+            )
+        )
     idle = sorted(names - consumed)
     stats = await broker.queue_stats(idle) if idle else {}
     for name in idle:

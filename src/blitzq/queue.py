@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 from . import config
 from ._checks import flag, integer, seconds
 from .broker import Broker
-from .broker.factory import describe_connection, make_broker, resolve_amqp_url, resolve_url
+from .broker.factory import (
+    check_url,
+    describe_connection,
+    make_broker,
+    resolve_amqp_url,
+    resolve_url,
+)
 from .client import testmode
 from .client.admin import Admin
 from .client.delegate import delegate
@@ -185,6 +191,8 @@ class Queue:
         integer("recent_index", recent_index, minimum=0)
         if redis_url is not None and not isinstance(redis_url, str):
             raise ConfigurationError(f"redis_url must be a str, got {type(redis_url).__name__}")
+        if redis_url:
+            check_url(redis_url)  # an unsupported scheme is refused here, not at first use
         if amqp_url is not None and not isinstance(amqp_url, str):
             raise ConfigurationError(f"amqp_url must be a str, got {type(amqp_url).__name__}")
         if amqp_url:

@@ -158,7 +158,7 @@ class Registrar:
                 (the default for plain functions), ``"process"`` (a process pool; the
                 function must be importable at module level) or ``"cpu"`` (a child process
                 forked from the worker's forkserver, killed alone at a hard timeout or cancel;
-                importable too; POSIX only; see docs/operations.md, "Executors").
+                importable too; POSIX only; see docs/control.md, "Executors").
             store_result: store the return value (default: the Queue's ``store_results``).
             dead_letter: dead-letter the task when its retries are exhausted (else it ends
                 ``failed`` with its record only).

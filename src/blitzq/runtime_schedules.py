@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import BlitzQError, ConfigurationError, SerializationError
+from .exceptions import BlitzQError, ConfigurationError, SerializationError, unknown_outcome
 from .periodic import _POLICIES, PeriodicTask, make_periodic, periodic_status
 from .routing import check_name, check_queue_name
 from .schedules import Cron, Every, Schedule
@@ -198,6 +198,8 @@ async def add_schedule(
     Raises:
         ConfigurationError: an invalid field (see :meth:`RuntimeSchedule.check`).
         SerializationError: arguments that are not plain data.
+        OutcomeUnknown: the broker stopped answering after the write was sent (``.task_id``:
+            ``name``); the entry may be stored. Adding it again is safe (it replaces).
         BrokerError: the broker could not be reached.
     """
     if not isinstance(args, list | tuple):
@@ -217,7 +219,8 @@ async def add_schedule(
         added_at=time.time(),
     )
     entry.check()
-    await queue.broker.state.operations.set_runtime_periodic(name, entry.encode())
+    with unknown_outcome("schedule", (name,)):
+        await queue.broker.state.operations.set_runtime_periodic(name, entry.encode())
     return entry
 
 

@@ -164,6 +164,32 @@ class Every(Schedule):
         return hash((Every, self.seconds, self.offset))
 
 
+_CRON_FIELDS = ("minute", "hour", "day-of-month", "month", "day-of-week")
+_RANGES = ("0-59", "0-23", "1-31", "1-12 or jan-dec", "0-7 or sun-sat, 0 and 7 are Sunday")
+
+
+def _cron_reason(fields: list[str]) -> str:
+    """Why croniter refuses the cron expression of ``fields``: the first field refused on its
+    own (the others ``*``) and croniter's words for it."""
+    from croniter import croniter
+
+    def refusal(expression: str) -> str | None:
+        try:
+            croniter(expression)
+        except Exception as exc:  # croniter raises several types (CroniterError, ValueError)
+            return str(exc) or type(exc).__name__
+        return None
+
+    if len(fields) == 5:
+        for i, name in enumerate(_CRON_FIELDS):
+            alone = ["*"] * 5
+            alone[i] = fields[i]
+            reason = refusal(" ".join(alone))
+            if reason is not None:
+                return f"the {name} field {fields[i]!r} is refused ({reason}; {_RANGES[i]})"
+    return refusal(" ".join(fields)) or "croniter refuses it"
+
+
 class Cron(Schedule):
     """A cron expression evaluated on the wall clock of an IANA time zone.
 
@@ -218,7 +244,9 @@ class Cron(Schedule):
         from croniter import CroniterError, croniter
 
         if not croniter.is_valid(expression.strip()):
-            raise ConfigurationError(f"invalid cron expression {expression!r}")
+            raise ConfigurationError(
+                f"invalid cron expression {expression!r}: {_cron_reason(fields)}"
+            )
         if isinstance(tz, ZoneInfo):
             zone = tz
         else:

@@ -148,6 +148,27 @@ def _check_one_amqp_url(url: str) -> None:
         )
 
 
+def check_url(url: str, *, memory: bool = True) -> None:
+    """Refuse a broker URL whose scheme blitzq does not speak (nothing is connected).
+
+    Args:
+        url: the URL as given (``valkey://`` and ``valkeys://`` included).
+        memory: whether ``memory://`` is offered (not by the CLI: such a server is private
+            to the process that starts it).
+
+    Raises:
+        ConfigurationError: another scheme; the message lists the accepted ones.
+    """
+    if url.startswith((*SCHEMES, "valkey://", "valkeys://")):
+        return
+    offered = ["redis://", "rediss://", "valkey://", "valkeys://", "unix://"]
+    offered += ["memory://"] if memory else []
+    offered += ["redis+cluster://", "rediss+cluster://"]
+    raise ConfigurationError(
+        f"unsupported broker URL {mask_url(url)!r}: use {', '.join(offered)} or redis+sentinel://"
+    )
+
+
 def resolve_url(configured: str | None) -> str:
     """The broker URL to use.
 
@@ -169,15 +190,11 @@ def resolve_url(configured: str | None) -> str:
         from .redis.embedded import ensure_server
 
         url = ensure_server(keep_alive=True)  # restarted if it dies (kill -9)
+    check_url(url)
     if url.startswith("valkey://"):
         url = "redis://" + url.removeprefix("valkey://")
     elif url.startswith("valkeys://"):
         url = "rediss://" + url.removeprefix("valkeys://")
-    if not url.startswith(SCHEMES):
-        raise ConfigurationError(
-            f"unsupported broker URL {mask_url(url)!r}: use redis://, rediss://, unix://, "
-            "memory://, redis+cluster:// or redis+sentinel://"
-        )
     return url
 
 
@@ -304,6 +321,7 @@ __all__ = [
     "amqp_hosts",
     "check_amqp_queue",
     "check_amqp_url",
+    "check_url",
     "describe_connection",
     "make_broker",
     "mask_url",

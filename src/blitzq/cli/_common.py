@@ -198,7 +198,7 @@ def _store(ctx: click.Context, param: click.Parameter, value: Any) -> None:
         # A bad value typed on the command line is a usage error (2); one from a variable or
         # the project file a configuration error (78): ConfiguredGroup tells them apart.
         # Imported here: `import blitzq.cli` and --help load no broker (issue 29).
-        from ..broker.factory import check_amqp_url, resolve_url
+        from ..broker.factory import check_amqp_url, check_url, resolve_url
         from ..routing import check_namespace
 
         try:
@@ -207,6 +207,7 @@ def _store(ctx: click.Context, param: click.Parameter, value: Any) -> None:
             elif name == "amqp_url":
                 check_amqp_url(str(value))
             elif name == "redis_url":
+                check_url(str(value), memory=False)  # memory:// refused above
                 resolve_url(str(value))
         except ConfigurationError as exc:
             raise click.BadParameter(str(exc), ctx=ctx, param=param) from None

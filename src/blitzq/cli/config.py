@@ -20,6 +20,7 @@ from ..exceptions import ConfigurationError
 from ..redaction import mask_url
 from ._common import (
     EXIT_CONFIG,
+    CliConfigError,
     CliUsageError,
     Seconds,
     Settings,
@@ -217,11 +218,16 @@ class ConfiguredGroup(click.Group):
             raise self._reframe(exc) from None
 
     def invoke(self, ctx: click.Context) -> Any:
-        """Run the command; a usage error of a subcommand is reframed as in make_context."""
+        """Run the command; a usage error of a subcommand is reframed as in make_context. A
+        :class:`~blitzq.exceptions.ConfigurationError` no command turned into its own
+        message (a value checked after parsing) is one clean line and exit 78, never a
+        traceback."""
         try:
             return super().invoke(ctx)
         except click.UsageError as exc:
             raise self._reframe(exc) from None
+        except ConfigurationError as exc:
+            raise CliConfigError(str(exc)) from None
 
     def _reframe(self, exc: click.UsageError) -> click.UsageError:
         """``exc`` naming where a bad value came from, and printed as a JSON document too

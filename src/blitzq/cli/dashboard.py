@@ -104,9 +104,13 @@ def dashboard_command(app: str, host: str, port: int, log_level: str, log_format
 
         from ..dashboard import create_app
     except ImportError as exc:
-        raise CliUsageError(
-            "the dashboard needs the 'dashboard' extra (pip install starlette uvicorn, or "
-            f"pip install -e '.[dashboard]' in blitzq's checkout): {exc}"
+        # An installation that lacks a dependency is not a bad command line: 78, which a
+        # supervisor does not restart, as for any configuration error.
+        raise CliConfigError(
+            f"the dashboard needs the 'dashboard' extra, not installed ({exc}): install it "
+            "with pip install -e '.[dashboard]' in blitzq's checkout, or "
+            "pip install 'dist/blitzq-<version>-py3-none-any.whl[dashboard]' from a wheel "
+            "(never from PyPI: its 'blitzq' is another project)"
         ) from None
     s = settings()
     with cli_errors(s.redis_url):

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from ..exceptions import BlitzQError, BrokerError
+from ..exceptions import BlitzQError, BrokerError, ConfigurationError
 from ..logconfig import configure_logging
 from ..queue import Queue
 from ..routing import check_name
@@ -96,7 +96,7 @@ def precheck_app(spec: str) -> None:
     Raises:
         CliError: (exit code 78) a malformed spec, or no such top-level module.
     """
-    module_name, _ = _parse_app(spec)
+    module_name, attr = _parse_app(spec)
     top = module_name.partition(".")[0]
     try:
         found = importlib.util.find_spec(top)
@@ -106,6 +106,60 @@ def precheck_app(spec: str) -> None:
         raise _config(
             f"cannot import module {module_name!r}: no such module in {os.getcwd()} or on sys.path"
         )
+    kind = _defined_as(found, module_name, attr.partition(".")[0])
+    if kind is not None:
+        raise _config(f"{spec} is a {kind}, not a blitzq.Queue")
+
+
+def _defined_as(top: Any, module_name: str, name: str) -> str | None:
+    """What the module's source (read, never imported) makes ``name`` when it is plainly not
+    a Queue: ``"Task"`` for a function decorated with ``.task`` (``@queue.task``), else
+    ``"function"`` or ``"class"`` for a top-level ``def``/``class`` never re-assigned; ``None``
+    when the source cannot tell (not found, not Python source, assigned, or unknown)."""
+    import ast
+
+    parts = module_name.split(".")
+    roots = list(top.submodule_search_locations or ()) if len(parts) > 1 else []
+    if len(parts) == 1:
+        path = top.origin
+    else:
+        path = None
+        for root in roots:
+            base = os.path.join(root, *parts[1:])
+            for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+                if os.path.isfile(candidate):
+                    path = candidate
+                    break
+            if path:
+                break
+    if not path or not str(path).endswith(".py"):
+        return None
+    try:
+        with open(path, encoding="utf-8") as source:
+            tree = ast.parse(source.read())
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    kind: str | None = None
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if node.name != name:
+                continue
+            called = [ast.unparse(d).split("(")[0].rpartition(".")[2] for d in node.decorator_list]
+            if "task" in called:
+                kind = "Task"
+            elif called:
+                kind = None  # another decorator may return anything
+            else:
+                kind = "class" if isinstance(node, ast.ClassDef) else "function"
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            kind = None if name in names else kind
+        elif isinstance(node, ast.Import | ast.ImportFrom) and any(
+            (a.asname or a.name.split(".")[0]) == name for a in node.names
+        ):
+            kind = None
+    return kind
 
 
 def load_queue(spec: str) -> Queue:
@@ -208,7 +262,10 @@ def _split_queues(value: str | None) -> list[str] | None:
         return None
     names = [name.strip() for name in value.split(",") if name.strip()]
     for name in names:
-        check_name("queue name", name)
+        try:
+            check_name("queue name", name)
+        except ConfigurationError as exc:
+            raise _usage(f"--queues: {exc}") from None
     if not names:
         raise _usage("--queues needs at least one queue name")
     return names

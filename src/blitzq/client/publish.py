@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .. import records
 from ..broker import Completion, Scheduled
 from ..context import current_task
-from ..exceptions import ConfigurationError
+from ..exceptions import ConfigurationError, unknown_outcome
 from ..extensions.middleware import Outgoing
 from ..limits import CHUNK_WRITES
 from ..options import Option, call_options
@@ -147,8 +147,18 @@ class Producer:
         Raises:
             EnqueueRefused: a middleware (or an enqueue filter) refused the batch; nothing is
                 published.
-            BrokerError: the broker could not be reached.
+            OutcomeUnknown: the broker stopped answering after the messages were sent
+                (``.task_ids``: the batch's ids); they may have been published.
+            BrokerError: the broker could not be reached, or failed before the messages were
+                sent (nothing was published).
         """
+        await self._publish(outgoing, explicit)
+        await self.extensions.after_publish(
+            self.queue, [o for o in outgoing if o.existing_id is None]
+        )
+
+    async def _publish(self, outgoing: list[Outgoing], explicit: frozenset[str]) -> None:
+        """:meth:`publish` up to its after-publish hooks."""
         owner, extensions = self.queue, self.extensions
         await extensions.before_publish(owner, outgoing)
         batch = [o for o in outgoing if o.existing_id is None]
@@ -196,11 +206,13 @@ class Producer:
         if new:
             await broker.remember_queues(sorted(set(new)))
             self.known_queues.update(new)
-        for (queue, fast), messages in now_items.items():
-            await (broker.publish_fast if fast else broker.publish)(queue, messages)
-        if later:
-            await broker.schedule(later)
-        await extensions.after_publish(owner, batch)
+        # Only the sends themselves can leave a message published without a reply: a write
+        # before them that fails (a reset, a record) stops the batch before anything is sent.
+        with unknown_outcome("enqueue", (o.envelope.id for o in batch)):
+            for (queue, fast), messages in now_items.items():
+                await (broker.publish_fast if fast else broker.publish)(queue, messages)
+            if later:
+                await broker.schedule(later)
 
     async def enqueue(
         self,
@@ -215,7 +227,9 @@ class Producer:
             SerializationError: an argument is not plain data.
             MessageTooLarge: the encoded message is over the Queue's ``max_message_size``.
             EnqueueRefused: a filter refused it.
-            BrokerError: the broker could not be reached.
+            OutcomeUnknown: the broker stopped answering after the message was sent
+                (``.task_id``); it may have been published.
+            BrokerError: the broker could not be reached (nothing was published).
         """
         owner = self.queue
         now = time.time()
@@ -249,7 +263,8 @@ class Producer:
             broker = owner.broker
             since = broker.result_token()  # before the send: see RecordsState.result_token
             fast = registered is not None and registered.fast
-            await (broker.publish_fast if fast else broker.publish)(queue, (data,))
+            with unknown_outcome("enqueue", (env.id,)):
+                await (broker.publish_fast if fast else broker.publish)(queue, (data,))
             handle: TaskHandle[Any] = TaskHandle(
                 owner, env.id, queue, name, stores_result=stores, sent=True
             )

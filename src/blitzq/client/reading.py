@@ -23,6 +23,7 @@ from ..exceptions import (
     TaskCancelled,
     TaskExpired,
     TaskFailed,
+    unknown_outcome,
 )
 from ..extensions.signals import Signal, SignalEvent
 from ..progress import Progress, decode_progress
@@ -372,11 +373,14 @@ class Results:
 
         Raises:
             SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``).
+            OutcomeUnknown: the broker stopped answering after the cancel was sent
+                (``.task_id``); it may be applied. Cancelling again is safe.
             BrokerError: the broker could not be reached.
         """
         task_id = lookup_key("task id", task_id)
         record = records.cancel_request(task_id, time.time())
-        was = await self.queue.broker.cancel(task_id, record, self.queue.result_ttl)
+        with unknown_outcome("cancel", (task_id,)):
+            was = await self.queue.broker.cancel(task_id, record, self.queue.result_ttl)
         if testmode.cancelled is not None:  # the eager test mode: no worker hears the event
             testmode.cancelled(self.queue, task_id)
         signals = self.queue.signals

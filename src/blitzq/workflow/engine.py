@@ -47,7 +47,13 @@ from ..broker.effects import (
 )
 from ..context import NO_RESULT
 from ..envelope_checks import value_size
-from ..exceptions import ConfigurationError, ResultTooLarge, SerializationError, describe_error
+from ..exceptions import (
+    ConfigurationError,
+    ResultTooLarge,
+    SerializationError,
+    describe_error,
+    unknown_outcome,
+)
 from ..extensions.middleware import Middleware, OutgoingWorkflow
 from ..extensions.signals import Signal, SignalEvent
 from ..limits import CHUNK_ITEMS, DEFAULT_MAX_RESULT_SIZE
@@ -380,6 +386,8 @@ async def apply_workflow(
     Raises:
         ConfigurationError: ``workflow`` is not a signature, chain, group or chord.
         SerializationError, MessageTooLarge: a step's message cannot be built.
+        OutcomeUnknown: the broker stopped answering after the start was sent (``.task_id``:
+            the workflow id); the workflow may have started.
         BrokerError: the broker could not be reached.
     """
     if not isinstance(workflow, Signature | Chain | Group | Chord):
@@ -409,9 +417,10 @@ async def apply_workflow(
     # The state and the first steps go in one atomic call; a workflow starting more than
     # CHUNK_ITEMS steps at once (a big group) publishes the rest in further calls of that
     # size, so no call holds the server long.
-    for start in range(0, len(ops), CHUNK_ITEMS):
-        chunk = tuple(ops[start : start + CHUNK_ITEMS])
-        await broker.complete([Completion(queue.name, None, workflow_id, ops=chunk)])
+    with unknown_outcome("workflow start", (workflow_id,)):
+        for start in range(0, len(ops), CHUNK_ITEMS):
+            chunk = tuple(ops[start : start + CHUNK_ITEMS])
+            await broker.complete([Completion(queue.name, None, workflow_id, ops=chunk)])
     if outgoing is not None:
         await extensions.after_apply(outgoing)
     signals = extensions.signals

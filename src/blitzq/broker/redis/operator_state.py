@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ResponseError
 
 from ..state import OperationsState
 from .client import translate_errors
@@ -122,16 +122,22 @@ class RedisOperatorState(RedisPart, OperationsState):
 
     @translate_errors
     async def supervisors(self) -> dict[str, bytes]:
-        """Live supervisors: id to the status they published; expired ones are removed."""
+        """Live supervisors: id to the status they published; expired ones are removed
+        (a clean-up a server at ``maxmemory`` refuses: they are then only left out, so this
+        read works on a full server)."""
         keys = self.keys
         expired = await self.client.zrangebyscore(keys.supervisor_beats, "-inf", time.time())
         if expired:
-            async with self.client.pipeline(transaction=True) as pipe:
-                pipe.hdel(keys.supervisors, *expired)
-                pipe.zrem(keys.supervisor_beats, *expired)
-                await pipe.execute()
+            try:
+                async with self.client.pipeline(transaction=True) as pipe:
+                    pipe.hdel(keys.supervisors, *expired)
+                    pipe.zrem(keys.supervisor_beats, *expired)
+                    await pipe.execute()
+            except OutOfMemoryError:
+                pass
         raw: dict[bytes, bytes] = await self.client.hgetall(keys.supervisors)
-        return {k.decode(): v for k, v in raw.items()}
+        gone = set(expired)
+        return {k.decode(): v for k, v in raw.items() if k not in gone}
 
     @translate_errors
     async def server_info(self) -> dict[str, str]:

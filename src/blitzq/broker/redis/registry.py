@@ -80,9 +80,14 @@ class RedisRegistry(RedisPart, RegistryState):
     @translate_errors
     async def workers(self) -> dict[str, bytes]:
         """Live workers: registrations past their ``ttl`` are left out (and left in place
-        for :meth:`lapsed_workers`, which reports and removes each once)."""
+        for :meth:`lapsed_workers`, which reports and removes each once).
+
+        Two reads in one plain pipeline, not a MULTI: a server at ``maxmemory`` refuses
+        every command queued in a MULTI, reads included, and this is what inspection needs
+        most when the server is full. (A worker whose registration lapses between the two
+        reads is shown once more; nothing else can differ.)"""
         keys = self.keys
-        async with self.client.pipeline(transaction=True) as pipe:
+        async with self.client.pipeline(transaction=False) as pipe:
             pipe.zrangebyscore(keys.worker_beats, "-inf", time.time())
             pipe.hgetall(keys.workers)
             expired, raw = await pipe.execute()
@@ -205,3 +210,19 @@ class RedisRegistry(RedisPart, RegistryState):
             return None
         policy = policy.decode() if isinstance(policy, bytes) else str(policy)
         return policy, int(info.get("maxmemory", 0) or 0)
+
+    @translate_errors
+    async def memory_use(self) -> tuple[int, int] | None:
+        """``(used_memory - mem_not_counted_for_evict, maxmemory)`` from INFO memory (the
+        figure Redis compares with ``maxmemory`` before refusing a write; read-only), or
+        ``None`` when the server refuses INFO."""
+        try:
+            info = await self.client.info("memory", **self.conn.node_kwargs())
+        except ResponseError:
+            return None
+        if "used_memory" not in info:
+            return None
+        used = int(info.get("used_memory", 0) or 0) - int(
+            info.get("mem_not_counted_for_evict", 0) or 0
+        )
+        return used, int(info.get("maxmemory", 0) or 0)

@@ -90,3 +90,9 @@ class RegistryState(abc.ABC):
         """The server's ``(maxmemory-policy, maxmemory in bytes)``, or ``None`` when the
         backend has no such setting or does not tell (see :mod:`blitzq.broker.eviction`)."""
         return None
+
+    async def memory_use(self) -> tuple[int, int] | None:
+        """``(bytes counted against maxmemory, maxmemory in bytes)`` (``0``: no limit), or
+        ``None`` when the backend has no such setting or does not tell. A server whose use
+        reaches its ``maxmemory`` refuses writes under ``noeviction`` (``OOM``)."""
+        return None
