@@ -82,6 +82,11 @@ class Completion:
         ended: the entry of the task's end in its queue's index of ended tasks (the
             dashboard's list), ``(member, cap, ttl)``: ``"<state>\\n<task>\\n<task_id>"``,
             the newest entries kept and the index's TTL in seconds; ``None`` notes nothing.
+        guard: what makes a retried write of this completion apply at most once, set by
+            the store on its first try of an unfenced completion with effects (see
+            *Idempotence* below): ``(batch, index, size)``, the id of the batch of that first
+            try, this completion's place among the guarded ones in it and their number;
+            ``None`` until then. A producer never sets it.
 
     Fencing: a completion whose ``token`` (or ``fence``) names a delivery this consumer no
     longer holds (its lease lapsed and the message was recovered) is *stale*; the broker
@@ -90,6 +95,15 @@ class Completion:
     With a separate ack (RabbitMQ), ``token`` is the transport's delivery tag, acked by the
     facade after the store applied the completion, and nothing is fenced (see
     :meth:`~blitzq.broker.state.StateStore.complete`).
+
+    Idempotence: a write that failed with a timeout or a dropped connection may still have
+    been applied (the server read it; e.g. it was paused, and ran the buffered script when it
+    resumed), and the worker writes the completion again. A fenced completion's second write
+    is stale. An unfenced one (fast mode's lists, the outbox) with effects beyond its record
+    (a requeue, a reschedule, a dead letter, ops: a workflow's next step, a chord's body)
+    carries a :attr:`guard` that the store marks applied in the same atomic step, and a write
+    that finds it marked applies nothing: each try of it may reach the server, in any order,
+    and it applies once.
     """
 
     queue: str
@@ -105,6 +119,7 @@ class Completion:
     fence: bytes | None = None
     counted: tuple[Any, str] | None = None
     ended: tuple[str, int, int] | None = None
+    guard: tuple[str, int, int] | None = None
 
 
 @dataclass(slots=True, frozen=True)

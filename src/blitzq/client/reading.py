@@ -7,6 +7,7 @@ A :class:`Results` belongs to one Queue and uses its broker of the running event
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -30,6 +31,7 @@ from ..records import TaskRecord, TaskState
 from ..serialization import lookup_key
 from ..task import BoundTask, Task, TaskHandle
 from . import lookup, testmode
+from .patience import GRACE, patiently
 
 if TYPE_CHECKING:
     from .context import QueueContext
@@ -161,10 +163,22 @@ class Results:
                 continue
             if data is None:
                 if time.monotonic() >= deadline:
-                    hint = await self.why_no_result(task_id, queue)
+                    hint = await self._hint(task_id, queue)
                     raise ResultTimeout(f"no result for task {task_id} within {timeout} s{hint}")
                 if where is not None:  # a task known to exist: is it anywhere still?
-                    await lookup.end_if_gone(broker, task_id, where, seen, self.queue.result_ttl)
+                    # Its broker calls ride out a transient error until the deadline, as the
+                    # wait does (a paused or restarting server is no failure of the wait).
+                    await patiently(
+                        functools.partial(
+                            lookup.end_if_gone,
+                            broker,
+                            task_id,
+                            where,
+                            seen,
+                            self.queue.result_ttl,
+                        ),
+                        deadline,
+                    )
                     trace_every = min(lookup.TRACE_MAX, trace_every * 2)
                 continue
             record = TaskRecord.from_bytes(data)
@@ -173,11 +187,21 @@ class Results:
             seen = record
             if time.monotonic() >= deadline:
                 waiting = record.state is not TaskState.RUNNING
-                hint = await self.why_no_result(task_id, queue) if waiting else ""
+                hint = await self._hint(task_id, queue) if waiting else ""
                 raise ResultTimeout(
                     f"task {task_id} is {record.state.value} after {timeout} s{hint}"
                 )
             await asyncio.sleep(0.05)
+
+    async def _hint(self, task_id: str, queue: str | None) -> str:
+        """:meth:`why_no_result` for a wait's :class:`~blitzq.ResultTimeout`, or ``""`` when
+        the broker cannot tell now (the timeout is raised all the same, within
+        :data:`~.patience.GRACE` s)."""
+        try:
+            async with asyncio.timeout(GRACE):
+                return await self.why_no_result(task_id, queue)
+        except (BrokerError, TimeoutError):
+            return ""
 
     def decode_result(self, task: str, value: Any) -> Any:
         """``value``, a result of task ``task``, as its return annotation asks (a rich type,
@@ -248,16 +272,9 @@ class Results:
         deadline = time.monotonic() + (_FOREVER if timeout is None else max(0.0, timeout))
         # One read of every record first (MGET in chunks): what is already final costs no wait.
         known: dict[str, Any] = {}
-        # The pre-read keeps the caller's deadline too (plus the same 1 s grace as the waits):
-        # a server that accepts and never answers must not hold it for the socket timeout.
-        try:
-            async with asyncio.timeout(None if timeout is None else max(0.0, timeout) + 1.0):
-                raws = await self.queue.broker.get_records(ids)
-        except TimeoutError:
-            raise BrokerError(
-                f"Redis did not answer within {max(0.0, timeout or 0.0) + 1.0:.1f} s (get_results)",
-                True,
-            ) from None
+        # The pre-read keeps the caller's deadline too (plus the same 1 s grace as the waits)
+        # and rides out transient errors until it, as the waits do.
+        raws = await patiently(functools.partial(self.queue.broker.get_records, ids), deadline)
         for task_id, raw in zip(ids, raws, strict=True):
             if raw is None:
                 continue

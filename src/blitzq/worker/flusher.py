@@ -412,6 +412,9 @@ def _replacement(completion: Completion, size: int, error: BrokerError) -> Compl
         completion.record_ttl or 86400,
         ops=ops,
         counted=(counted[0], "failed") if counted is not None else None,
+        # The original's guard: when an earlier try of the original was applied after all
+        # (it timed out, then the server read it), the replacement applies nothing.
+        guard=completion.guard,
     )
 
 

@@ -8,6 +8,7 @@ process re-attaches to the same workflow. The state lives in the broker (``{ns}:
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from .. import _checks
 from ..broker import Completion
 from ..broker.effects import WorkflowFail
 from ..client import testmode
+from ..client.patience import patiently
 from ..client.sync import blocking
 from ..exceptions import (
     BlitzQError,
@@ -137,6 +139,9 @@ class WorkflowHandle:
             TaskFailed: a step failed for good (its id, error type and message).
             TaskCancelled: the workflow was cancelled.
             ResultTimeout: not finished within ``timeout``.
+            BrokerError: the broker refused a read, or could not be reached until the
+                deadline (a transient error before it is waited out: see
+                :mod:`blitzq.client.patience`).
             ConfigurationError: ``timeout`` is not ``None`` or a finite number of seconds
                 ``>= 0``.
             WorkflowExpired: (a WorkflowNotFound) the workflow existed (started by this
@@ -165,9 +170,11 @@ class WorkflowHandle:
             if done:
                 return value
             if time.monotonic() >= check_at:
-                stalled = await self._stalled_step()
+                # Broker calls of the wait: a transient error is waited out until the
+                # deadline, as the wait itself is (a paused or restarting server).
+                stalled = await patiently(self._stalled_step, deadline)
                 if stalled is not None:
-                    await self._end(stalled)
+                    await patiently(functools.partial(self._end, stalled), deadline)
                     continue  # re-read: raises with the step's error
                 interval = min(15.0, interval * 1.5)
                 check_at = time.monotonic() + interval

@@ -10,6 +10,7 @@ entry (a run of plain successes) avoids.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -19,7 +20,13 @@ import msgspec
 from ..effects import encode_op
 from ..values import Completion
 
-__all__ = ["encode_batch", "encode_entries"]
+__all__ = ["GUARD_TTL", "encode_batch", "encode_entries", "guard_unfenced"]
+
+#: Seconds the guards of a batch stay marked applied (``{ns}:cg:<batch>``) when the batch's
+#: first try failed: a later try of its completions (the worker's retry, or a try still
+#: buffered in the server from a connection that timed out) within that time applies nothing.
+#: The mark of a batch whose first try was answered is deleted by the next batch instead.
+GUARD_TTL = 86400
 
 _batch_encoder = msgspec.msgpack.Encoder()
 
@@ -73,20 +80,56 @@ def _lua_op(op: tuple[Any, ...]) -> list[Any]:
     ]
 
 
-def encode_batch(completions: Sequence[Completion], kind: str) -> list[Any]:
+def guard_unfenced(completions: Sequence[Completion], kind: str) -> str | None:
+    """Give a guard to each completion of ``completions`` that needs one and has none yet.
+
+    A completion needs one when nothing fences it (a list completion, the outbox's, or one
+    without a token or fence in a stream store: ``kind`` is the store's write kind) and it
+    has effects a second application would repeat (a requeue, a reschedule, a dead letter,
+    ops such as a workflow's next step): see *Idempotence* in
+    :class:`~blitzq.broker.values.Completion`. The guards given now share one new batch id
+    (one mark per batch, not per completion, while nothing is retried); a completion that
+    already has one keeps it (a retry: its tries share it).
+
+    Returns:
+        The batch id of the guards given now, or ``None`` when none was given.
+    """
+    fresh: list[Completion] = []
+    streams = kind == "s"
+    for c in completions:
+        if c.guard is not None or (
+            c.requeue is None and c.reschedule is None and c.dead_letter is None and not c.ops
+        ):
+            continue
+        if streams and (c.token is not None or c.fence is not None):
+            continue
+        fresh.append(c)
+    if not fresh:
+        return None
+    batch, size = os.urandom(12).hex(), len(fresh)
+    for index, c in enumerate(fresh):
+        c.guard = (batch, index, size)
+    return batch
+
+
+def encode_batch(
+    completions: Sequence[Completion], kind: str, forget: Sequence[str] = ()
+) -> list[Any]:
     """The entries of ``completions`` for ``complete.lua``, in the batch's order.
 
     Args:
         completions: the batch.
         kind: the store's write kind (``"s"``, ``"l"`` or ``"o"``): only with ``"s"`` are
             tokens stream entries that the script acks and fences.
+        forget: batch ids of guards applied by a first try that was answered (no other try
+            of them exists): a ``"G"`` entry deletes their marks.
 
     Returns:
         ``"R"`` entries (a run of completions of one queue and TTL that only ack and store a
         record), ``"C"`` entries (any other completion), ``"A"`` entries (acks without a
         record, per queue) and ``"I"`` entries (the tasks that ended, per queue: their
-        :attr:`~blitzq.broker.values.Completion.ended` notes); empty when there is nothing
-        to apply.
+        :attr:`~blitzq.broker.values.Completion.ended` notes) and a ``"G"`` entry (the guards
+        to forget); empty when there is nothing to apply.
     """
     entries: list[Any] = []
     acks: dict[str, list[bytes]] = {}
@@ -148,6 +191,8 @@ def encode_batch(completions: Sequence[Completion], kind: str) -> list[Any]:
                 _lua_bytes(c.requeue) if c.requeue else _EMPTY,
                 [_lua_op(encode_op(op)) for op in c.ops] if c.ops else _EMPTY,
                 _lua_bytes(c.fence) if c.fence else _EMPTY,
+                *(c.guard or ("", 0, 0)),
+                GUARD_TTL,
             )
         )
     if run_key is not None:
@@ -158,4 +203,6 @@ def encode_batch(completions: Sequence[Completion], kind: str) -> list[Any]:
         now = time.time()
         for queue, (cap, ttl, members) in ended.items():
             entries.append(("I", queue, cap, ttl, now, members))
+    if forget and entries:
+        entries.append(("G", list(forget)))
     return entries

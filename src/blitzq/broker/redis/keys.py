@@ -78,6 +78,10 @@ TABLE: Final[dict[str, Key]] = {
     "waiter": Key("w:<task_id>", "string",
         "spread layout: a process waits on the homed task's record (`1`, PX the wait): its "
         "completion publishes `done:<task_id>` only then"),
+    "applied_guard": Key("cg:<guard>", "hash",
+        "unfenced completions (fast mode) of one first-try batch applied: `a` all of them, "
+        "else a field per index; a retry of one applies nothing (complete.lua); deleted by "
+        "the worker's next batch, else expires after 1 day"),
     "dead_letter": Key("d:<task_id>", "hash",
         "a dead letter: message, reason, error, task, queue, failed_at, kind; dead_letter_ttl"),
     "unique": Key("u:<key>", "string",
@@ -247,6 +251,11 @@ class Keys:
     def waiter(self, task_id: str) -> str:
         """Spread layout: present while a process waits on a homed task's record."""
         return self._one("waiter", task_id)
+
+    def applied_guard(self, guard: str) -> str:
+        """Marks the unfenced completions of a batch (by its guard) applied: a retry applies
+        nothing."""
+        return self._one("applied_guard", guard)
 
     def dead_letter(self, task_id: str) -> str:
         """Hash holding one dead letter's fields."""

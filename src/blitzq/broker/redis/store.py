@@ -39,7 +39,7 @@ from ..transport import Transport
 from ..values import Completion
 from .browse import RedisBrowse
 from .client import translate_errors
-from .completion import encode_batch, encode_entries
+from .completion import encode_batch, encode_entries, guard_unfenced
 from .connection import LeaseIdentity, RedisConnection, RedisPart
 from .control_state import RedisControl
 from .dead_letters import RedisDeadLetters
@@ -99,6 +99,9 @@ class RedisStateStore(StateStore):
         self.registry = RedisRegistry(conn)
         self.operations = RedisOperatorState(conn)
         self.browse = RedisBrowse(conn)
+        #: Batch ids of guards applied at their first try, answered: the next batch
+        #: deletes their marks (see :meth:`complete`).
+        self._settled: list[str] = []
 
     def make_outbox(self) -> Outbox:
         """The outbox of a store made with ``outbox=True`` (a :class:`~.outbox.RedisOutbox`)."""
@@ -155,29 +158,51 @@ class RedisStateStore(StateStore):
         The batch travels as one MessagePack argument (:func:`~.completion.encode_batch`)
         that the script unpacks with ``cmsgpack``. Stream completions are fenced in the
         script (see :meth:`Broker.complete`); the stale ones are returned.
+
+        A write that failed (a timeout, a dropped connection) may have been applied: the
+        server may have read it, or read it later (a paused server runs the buffered script
+        when it resumes, after the worker gave up waiting). Its retry must not repeat what
+        the first try did, such as pushing a workflow's next step once more. A stream
+        completion's retry is fenced (its entry is acked). An unfenced completion with
+        effects gets a guard at its first try (:func:`~.completion.guard_unfenced`) that
+        the script marks applied (``{ns}:cg:<batch>``, :data:`~.completion.GUARD_TTL`)
+        together with the effects, and a try whose guard is marked applies nothing: one
+        mark per batch while its first try holds all of it, one per completion retried
+        apart. Marks of first tries that were answered are deleted by the next batch.
         """
         if not completions:
             return []
-        entries = encode_batch(completions, self.kind)
+        fresh = guard_unfenced(completions, self.kind)
+        forget, self._settled = self._settled, []
+        entries = encode_batch(completions, self.kind, forget)
         if not entries:
+            self._settled = forget
             return []
         keys, conn = self.keys, self.conn
-        stale = await self.scripts.call(
-            "complete",
-            keys=[keys.schedule, keys.schedule_data, keys.dead_letters],
-            args=[
-                keys.prefix,
-                GROUP,
-                conn.dead_letter_cap,
-                encode_entries(entries),
-                conn.dead_letter_ttl,
-                conn.dead_letter_max_bytes,
-                NOTIFY_INLINE_MAX,
-                self.lease.consumer if self.lease is not None else "",
-                "",  # not quiet: records are announced on their done channel
-                "" if conn.cluster else "1",  # ... only to one with a subscriber (one server)
-            ],
-        )
+        try:
+            stale = await self.scripts.call(
+                "complete",
+                keys=[keys.schedule, keys.schedule_data, keys.dead_letters],
+                args=[
+                    keys.prefix,
+                    GROUP,
+                    conn.dead_letter_cap,
+                    encode_entries(entries),
+                    conn.dead_letter_ttl,
+                    conn.dead_letter_max_bytes,
+                    NOTIFY_INLINE_MAX,
+                    self.lease.consumer if self.lease is not None else "",
+                    "",  # not quiet: records are announced on their done channel
+                    "" if conn.cluster else "1",  # ... only to one with a subscriber (one server)
+                ],
+            )
+        except BaseException:
+            # Not known to be applied: its guards stay (a later try, or this one applied
+            # late, finds them); the forgotten ones are forgotten with the next batch.
+            self._settled = forget + self._settled
+            raise
+        if fresh is not None:
+            self._settled.append(fresh)
         if not stale:
             return []
         wanted = {(q.decode(), bytes(t)) for q, t in stale}

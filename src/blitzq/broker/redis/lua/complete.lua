@@ -20,7 +20,7 @@
 --     ack (ids: stream entry ids, empty for a list or the outbox) and store a record (the
 --     common success): one XACK and one XDEL for all, then SET + PUBLISH per record, as "C"
 --   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops,
---    fence}
+--    fence, guard, index, size, guard_ttl}
 --     kind "s" (stream), "l" (list) or "o" (the outbox of a store paired with a foreign
 --     transport: every message written goes there, whatever an op names); "" means absent;
 --     ttl in seconds; eta is the
@@ -28,12 +28,14 @@
 --     is "" or {message, reason, error, task, queue, failed_at} (stored with the kind: its
 --     origin; "s" for "o": the transports an outbox serves -- RabbitMQ, the Redis Cluster
 --     spread layout -- are at-least-once, "reliable"); fence: a token checked, not
---     acked; ops: see OPS below.
---   {"I", queue, cap, ttl, now, {member1, ...}}   tasks that ended from queue, for the
---     dashboard's list: ZADD of each "<state>\n<task>\n<task_id>" scored now (Unix seconds,
---     the worker's clock; each member a microsecond later than the one before in the
---     batch, so no two share a score), then the index cut to its newest cap and set to
---     expire in ttl s
+--     acked; ops: see OPS below; guard: "" or the batch id of an unfenced completion
+--     with effects (fast mode's lists, the outbox), given at its first try: that batch held
+--     size guarded completions, this one at index. {ns}:cg:<guard> (hash, EX guard_ttl)
+--     marks what was applied: 'a' the whole batch (its first try to arrive held all of it,
+--     and nothing of it was applied before), else one field per index. A completion found
+--     marked applies nothing (a retry after a timeout, or a try the server read late, e.g.
+--     buffered while paused): each completion applies once whichever try comes first
+--   {"G", {guard1, ...}}   batch ids whose first try was answered: DEL their marks
 -- Also reads or writes:
 --   {ns}:s:<queue>    XACK/XDEL of acks and tokens, XPENDING of fences, XADD of requeues
 --   {ns}:l:<queue>    LPUSH of requeues (fast mode)
@@ -45,6 +47,8 @@
 --   {ns}:d:<task_id>  a dead letter (HSET); {ns}:dlq:size, {ns}:dlq:bytes its bytes
 --                     (dead_letters.lua)
 --   {ns}:stats        HINCRBY stale_completions
+--   {ns}:cg:<guard>   EXISTS, HGET, HSET or HSETNX, EXPIRE of a "C" entry's guard (see
+--                     above), DEL of a "G" entry's
 --   {ns}:recent:<queue>  ZADD, ZREMRANGEBYRANK, EXPIRE of an "I" entry (the ended tasks)
 --   ops: {ns}:s:<queue>, {ns}:l:<queue> (publish), {ns}:wf:<workflow_id> and
 --   {ns}:wf:<workflow_id>:j:<join_id> (workflows, chords), {ns}:done:wf:<workflow_id>,
@@ -117,7 +121,7 @@ local function listen(entries)
       for _, task_id in ipairs(c[5]) do
         channels[#channels + 1] = KEY.done_channel(prefix, task_id)
       end
-    elseif c[1] ~= 'A' and c[1] ~= 'I' and c[6] ~= '' then
+    elseif c[1] == 'C' and c[6] ~= '' then
       local task_id = c[5]
       channels[#channels + 1] = KEY.done_channel(prefix, task_id)
     end
@@ -152,6 +156,42 @@ local function fenced(c)
   end
   stale[#stale + 1] = {c[3], id}
   return true
+end
+
+-- Guards (see "C" above): what this script does with each batch id's completions ('skip':
+-- applied before; 'apply': this try holds all of them and none was applied, marked 'a'
+-- once; 'each': decided one by one), and how many of each batch id it holds (counted in
+-- the checks below).
+local guard_plan, guard_held = {}, {}
+
+-- Whether an unfenced "C" entry with a guard was applied already (by an earlier try of the
+-- same completion); else it is marked applied now, with the writes that follow.
+local function applied(c)
+  local guard = c[14]
+  if guard == nil or guard == '' then return false end
+  local key, ttl = KEY.applied_guard(prefix, guard), c[17]
+  local plan = guard_plan[guard]
+  if plan == nil then
+    if redis.call('EXISTS', key) == 0 then
+      if guard_held[guard] == tonumber(c[16]) then
+        redis.call('HSET', key, 'a', '1')
+        redis.call('EXPIRE', key, ttl)
+        plan = 'apply'
+      else
+        plan = 'each'
+      end
+    elseif redis.call('HEXISTS', key, 'a') == 1 then
+      plan = 'skip'
+    else
+      plan = 'each'
+    end
+    guard_plan[guard] = plan
+  end
+  if plan == 'apply' then return false end
+  if plan == 'skip' then return true end
+  if redis.call('HSETNX', key, tostring(c[15]), '1') == 0 then return true end
+  redis.call('EXPIRE', key, ttl)
+  return false
 end
 
 -- Extra operations a completion may carry (ops), applied in the same script. Each handler
@@ -391,6 +431,8 @@ for _, c in ipairs(batch) do
     err = wrong(KEY.stream(prefix, c[2]), 'stream')
   elseif c[1] == 'I' then
     err = wrong(KEY.recent(prefix, c[2]), 'zset')
+  elseif c[1] == 'G' then
+    err = nil
   else
     local kind, queue = c[2], c[3]
     if c[4] ~= '' then err = wrong(KEY.stream(prefix, queue), 'stream') end
@@ -403,6 +445,9 @@ for _, c in ipairs(batch) do
     if not err and c[11] ~= '' and (kind == 's' or kind == 'l') then
       err = wrong(kind == 's' and KEY.stream(prefix, queue) or KEY.list(prefix, queue),
         kind == 's' and 'stream' or 'list')
+    end
+    if c[14] ~= nil and c[14] ~= '' then
+      guard_held[c[14]] = (guard_held[c[14]] or 0) + 1
     end
     if not err and type(c[12]) == 'table' then
       for _, op in ipairs(c[12]) do
@@ -422,8 +467,14 @@ for _, c in ipairs(batch) do
     ack(KEY.stream(prefix, c[2]), c[3], c[2])
   elseif c[1] == 'I' then
     ended(c)
+  elseif c[1] == 'G' then
+    for _, guard in ipairs(c[2]) do
+      redis.call('DEL', KEY.applied_guard(prefix, guard))
+    end
   elseif fenced(c) then
     -- stale: its lease was lost and the message recovered; nothing is written
+  elseif applied(c) then
+    -- an earlier try of this completion was applied; nothing is written again
   else
     local kind, queue, token, task_id = c[2], c[3], c[4], c[5]
     local record, ttl, reschedule, eta, dead, requeue = c[6], c[7], c[8], c[9], c[10], c[11]
