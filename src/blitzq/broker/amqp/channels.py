@@ -46,6 +46,7 @@ from ...redaction import mask_url
 from ..factory import AMQP_RESERVED_QUEUE, amqp_hosts, check_amqp_queue
 from .closing import CloseNotice, describe
 from .deliveries import Received
+from .frames import read_in_bulk
 from .injected import Borrowed
 
 logger = logging.getLogger("blitzq.broker.amqp")
@@ -267,6 +268,8 @@ class AmqpLink:
                 return await self._borrow(self.borrowed)
             await self._drop()
             made = await self._connect()
+            if made.transport is not None:  # our own connection: frames read in bulk
+                read_in_bulk(made.transport.connection)
             self._conn = made
             self.epoch += 1
             CloseNotice(made, self.connection_name, lambda: self._conn is not made, self.listeners)

@@ -28,6 +28,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel
 from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
+from pamqp.header import ContentHeader
 
 
 class Received:
@@ -43,12 +44,13 @@ class Received:
 
     __slots__ = ("body", "consumer", "headers", "redelivered", "tag")
 
-    def __init__(self, consumer: Consumer, message: DeliveredMessage) -> None:
-        delivery = message.delivery
-        self.body = message.body
-        self.headers: dict[str, Any] | None = message.header.properties.headers
-        self.tag: int = int(getattr(delivery, "delivery_tag", 0) or 0)
-        self.redelivered = bool(getattr(delivery, "redelivered", False))
+    def __init__(
+        self, consumer: Consumer, delivery: Any, header: ContentHeader, body: bytes
+    ) -> None:
+        self.body = body
+        self.headers: dict[str, Any] | None = header.properties.headers
+        self.tag: int = delivery.delivery_tag or 0
+        self.redelivered = bool(delivery.redelivered)
         self.consumer = consumer
 
 
@@ -129,7 +131,12 @@ class Consumer:
 
     def received(self, message: DeliveredMessage) -> Received:
         """Record a message the channel delivered (unacked from now on) and wrap it."""
-        got = Received(self, message)
+        return self.receive(message.delivery, message.header, message.body)
+
+    def receive(self, delivery: Any, header: ContentHeader, body: bytes) -> Received:
+        """:meth:`received` of a message given as its method frame (``basic.deliver`` or
+        ``basic.get-ok``), content header and body."""
+        got = Received(self, delivery, header, body)
         unacked = self.unacked
         if unacked and got.tag < next(reversed(unacked)):
             # A get's answer is read after deliveries of later tags: keep the tag order.

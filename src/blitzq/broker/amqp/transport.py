@@ -50,6 +50,7 @@ from .channels import (
 from .deliveries import Consumer, Held, Received
 from .injected import Borrowed
 from .redelivered import committed
+from .tap import tap
 
 if TYPE_CHECKING:
     from .custody import Custody
@@ -213,20 +214,26 @@ class AmqpTransport(Transport):
         return consumer
 
     async def _consume(self, consumer: Consumer) -> None:
-        """``basic.consume`` on ``consumer``'s channel: each delivery goes to its buffer."""
-        buffer, arrived, wake, received = (
+        """``basic.consume`` on ``consumer``'s channel: each delivery goes to its buffer,
+        taken off aiormq's frame queue as it is read (``tap.py``)."""
+        buffer, arrived, wake, receive = (
             consumer.buffer,
             consumer.arrived,
             self._wake,
-            consumer.received,
+            consumer.receive,
         )
+        monotonic = time.monotonic
 
-        async def on_message(message: DeliveredMessage) -> None:
-            got = received(message)
+        def on_delivery(deliver: Any, header: Any, body: bytes) -> None:
+            got = receive(deliver, header, body)
             buffer.append(got)
-            arrived[got.tag] = time.monotonic()
+            arrived[got.tag] = monotonic()
             wake()
 
+        async def on_message(message: DeliveredMessage) -> None:  # the tap takes them all
+            on_delivery(message.delivery, message.header, message.body)
+
+        tap(consumer.raw, on_delivery)
         try:
             ok = await consumer.raw.basic_consume(consumer.name, on_message, no_ack=False)
         except aiormq.exceptions.AMQPError as exc:
