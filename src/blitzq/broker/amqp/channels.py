@@ -47,6 +47,7 @@ from ..factory import AMQP_RESERVED_QUEUE, amqp_hosts, check_amqp_queue
 from .closing import CloseNotice, describe
 from .deliveries import Received
 from .frames import read_in_bulk
+from .tap import tap_confirms
 from .injected import Borrowed
 
 logger = logging.getLogger("blitzq.broker.amqp")
@@ -339,6 +340,7 @@ class AmqpLink:
             conn = await self.ensure()
             try:
                 channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
+                tap_confirms(await channel.get_underlay_channel())
             except aiormq.exceptions.AMQPError as exc:
                 raise translate(exc, "opening a channel") from None
             self._publisher = channel

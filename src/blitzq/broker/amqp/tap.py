@@ -1,4 +1,5 @@
-"""A consumer channel's deliveries taken off aiormq's frame queue as they are read.
+"""A consumer channel's deliveries, and a publishing channel's confirms, taken off aiormq's
+frame queue as they are read.
 
 aiormq hands every frame of a channel to that channel through an ``asyncio.Queue``
 (``channel.frames``): the connection's reader puts it, the channel's reader task gets it, a
@@ -29,6 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 import aiormq
+from aiormq.channel import Returning
+from aiormq.exceptions import DeliveryError
 from pamqp import commands as spec
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
@@ -104,6 +107,73 @@ class FrameTap:
         return self.queue.qsize()
 
 
+class ConfirmTap:
+    """Stands for a publishing channel's ``frames`` queue: settles publisher confirms as
+    they are read.
+
+    aiormq settles a ``basic.ack`` with ``multiple`` by scheduling a callback per sequence
+    number it covers (``loop.call_soon`` each, a third of a bulk enqueue's CPU, profiled).
+    The tap settles them at once, as aiormq's callback does (an ack sets each covered
+    confirmation's result, a ``basic.nack`` a ``DeliveryError``; a returned message's
+    marker and a confirmation already done are dropped), while the channel's reader has
+    nothing queued: a ``basic.return`` read before the ack (for a message the ack covers)
+    has then been handled, so its confirmation already says it was returned. Otherwise, and
+    for every other frame, the frame goes to the channel's own queue as before.
+
+    Args:
+        queue: the channel's own frame queue.
+        confirmations: the channel's ``confirmations`` (sequence number to confirmation).
+    """
+
+    __slots__ = ("confirmations", "queue")
+
+    def __init__(self, queue: asyncio.Queue[Any], confirmations: dict[int, Any]) -> None:
+        self.queue = queue
+        self.confirmations = confirmations
+
+    async def put(self, item: tuple[int, Any]) -> None:
+        """Settle ``item`` (``(weight, frame)``) if it is a confirm and nothing is queued
+        before it; else put it on the channel's queue."""
+        frame = item[1]
+        if isinstance(frame, spec.Basic.Ack | spec.Basic.Nack) and not self.queue.qsize():
+            confirmations = self.confirmations
+            tag = frame.delivery_tag
+            if tag in confirmations:
+                covered = [t for t in confirmations if t <= tag] if frame.multiple else [tag]
+                ack = isinstance(frame, spec.Basic.Ack)
+                for number in covered:
+                    confirmation = confirmations.pop(number)
+                    if isinstance(confirmation, Returning) or confirmation.done():
+                        continue
+                    if ack:
+                        confirmation.set_result(frame)
+                    else:
+                        confirmation.set_exception(DeliveryError(None, frame))
+                return
+        await self.queue.put(item)
+
+    async def get(self) -> Any:
+        """The next frame passed on (the channel's reader)."""
+        return await self.queue.get()
+
+    def task_done(self) -> None:
+        """As ``asyncio.Queue.task_done`` of the channel's queue."""
+        self.queue.task_done()
+
+    def qsize(self) -> int:
+        """Frames passed on and not read yet."""
+        return self.queue.qsize()
+
+
+def tap_confirms(channel: aiormq.abc.AbstractChannel) -> None:
+    """Put a :class:`ConfirmTap` in front of ``channel``'s frame queue (a channel in
+    publisher-confirm mode; once)."""
+    current = channel.frames  # type: ignore[attr-defined]
+    if not isinstance(current, ConfirmTap):
+        confirmations = channel.confirmations  # type: ignore[attr-defined]
+        channel.frames = ConfirmTap(current, confirmations)  # type: ignore[attr-defined]
+
+
 def tap(channel: aiormq.abc.AbstractChannel, on_delivery: OnDelivery) -> FrameTap:
     """Put a :class:`FrameTap` in front of ``channel``'s frame queue (once: a tapped
     channel's tap gets the new callback) and return it.
@@ -121,4 +191,4 @@ def tap(channel: aiormq.abc.AbstractChannel, on_delivery: OnDelivery) -> FrameTa
     return made
 
 
-__all__ = ["FrameTap", "OnDelivery", "tap"]
+__all__ = ["ConfirmTap", "FrameTap", "OnDelivery", "tap", "tap_confirms"]
