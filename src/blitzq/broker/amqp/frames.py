@@ -9,7 +9,8 @@ frames, so a worker draining no-op tasks spent about a fifth of its CPU there (p
 :class:`BulkFrameReceiver` instead: each ``read`` takes what the socket has (up to
 :data:`READ_SIZE` bytes), every complete frame in it is decoded by pamqp
 (``pamqp.frame.unmarshal``, what aiormq uses) and handed to aiormq's reader one by one, in
-order; an incomplete frame's bytes wait for the next read. aiormq still does everything with
+order; an incomplete frame's bytes wait for the next read. A ``basic.deliver`` of a shape
+pamqp already decoded is made from that decoding (see :meth:`BulkFrameReceiver._deliver`). aiormq still does everything with
 the frames (its reader, channels, heartbeats and errors are unchanged); only how the bytes
 are cut into frames changes. A connection the application lent
 (``Queue(amqp_connection=...)``) is left as it is.
@@ -27,6 +28,7 @@ from typing import Any
 import aiormq
 from aiormq.connection import FrameReceiver
 from aiormq.exceptions import AMQPConnectionError, InvalidFrameError
+from pamqp import commands as spec
 from pamqp.exceptions import PAMQPException
 from pamqp.frame import unmarshal
 
@@ -36,6 +38,9 @@ logger = logging.getLogger("blitzq.broker.amqp")
 READ_SIZE = 1 << 18
 
 _HEADER = 7  # frame type (1), channel (2), payload size (4)
+_DELIVER = b"\x00\x3c\x00\x3c"  # class 60 (basic), method 60 (deliver)
+#: Shapes of ``basic.deliver`` frames kept per connection (one per consumer, usually).
+_KNOWN_SHAPES = 64
 
 
 class BulkFrameReceiver(FrameReceiver):
@@ -45,19 +50,53 @@ class BulkFrameReceiver(FrameReceiver):
 
     _ready: collections.deque[Any]
     _data: bytes
+    _known: dict[bytes, tuple[str, str, str]]
 
     async def get_frame(self) -> Any:
         """The next frame, as ``(bytes, channel, frame)`` (what aiormq's receiver returns).
 
         Raises:
-            StopAsyncIteration: the server closed the connection between frames.
-            AMQPConnectionError: the connection closed or failed within a frame.
+            StopAsyncIteration: the connection had ended before the call (as aiormq's).
+            AMQPConnectionError: the connection closed, or failed, while reading.
             InvalidFrameError: pamqp could not decode a frame.
         """
         ready = self._ready
         if not ready:
             await self._fill()
         return ready.popleft()
+
+    def _deliver(self, frame: bytes) -> Any:
+        """Decode a ``basic.deliver`` method frame (what :meth:`get_frame` returns).
+
+        The deliveries of one consumer differ only in their delivery tag and
+        ``redelivered`` flag (a fixed-width field after the consumer tag): the rest of the
+        frame (consumer tag, exchange, routing key) is the same bytes each time. The first
+        frame of each such shape is decoded by pamqp, and kept once pamqp's tag and flag
+        are where this reads them; later frames of the same bytes outside those 9 are made
+        from the kept fields, the tag and the flag (no property-by-property decoding).
+        """
+        at = 12 + frame[11]  # after the 7-byte frame header, class, method, consumer tag
+        key = frame[:at] + frame[at + 9 :]
+        known = self._known.get(key)
+        channel = int.from_bytes(frame[1:3], "big")
+        tag = int.from_bytes(frame[at : at + 8], "big")
+        redelivered = bool(frame[at + 8] & 1)
+        if known is not None:
+            deliver = spec.Basic.Deliver(known[0], tag, redelivered, known[1], known[2])
+            return len(frame), channel, deliver
+        try:
+            decoded = unmarshal(frame)
+        except PAMQPException as exc:
+            raise InvalidFrameError(str(exc)) from exc
+        got = decoded[2]
+        if (
+            isinstance(got, spec.Basic.Deliver)
+            and got.delivery_tag == tag
+            and got.redelivered == redelivered
+            and len(self._known) < _KNOWN_SHAPES
+        ):
+            self._known[key] = (got.consumer_tag, got.exchange, got.routing_key)
+        return decoded
 
     async def _fill(self) -> None:
         ready = self._ready
@@ -68,6 +107,10 @@ class BulkFrameReceiver(FrameReceiver):
                 end = start + _HEADER + int.from_bytes(data[start + 3 : start + 7], "big") + 1
                 if end > size:
                     break
+                if data[start] == 1 and data[start + 7 : start + 11] == _DELIVER:
+                    ready.append(self._deliver(data[start:end]))
+                    start = end
+                    continue
                 try:
                     ready.append(unmarshal(data[start:end]))
                 except PAMQPException as exc:
@@ -77,17 +120,17 @@ class BulkFrameReceiver(FrameReceiver):
             if ready:
                 self._data = data
                 return
+            reader = self.reader
+            if reader.at_eof() and not data:  # as aiormq's: closed before this read
+                raise StopAsyncIteration
             try:
-                chunk = await self.reader.read(READ_SIZE)
+                chunk = await reader.read(READ_SIZE)
             except OSError as exc:  # reset, refused, broken pipe: as aiormq reports them
                 raise AMQPConnectionError(f"Server communication error: {exc!r}") from exc
-            if not chunk:
-                if data:
-                    raise AMQPConnectionError(
-                        "Server connection unexpectedly closed "
-                        f"(within a frame, {len(data)} bytes read)"
-                    )
-                raise StopAsyncIteration
+            if not chunk:  # closed while waiting: aiormq's readexactly fails the same way
+                raise AMQPConnectionError(
+                    f"Server connection unexpectedly closed. Read {len(data)} bytes of a frame"
+                )
             data = data + chunk if data else chunk
 
 
@@ -106,6 +149,7 @@ def read_in_bulk(connection: aiormq.abc.AbstractConnection) -> bool:
         return isinstance(receiver, BulkFrameReceiver)
     receiver._ready = collections.deque()  # type: ignore[attr-defined]
     receiver._data = b""  # type: ignore[attr-defined]
+    receiver._known = {}  # type: ignore[attr-defined]
     receiver.__class__ = BulkFrameReceiver
     return True
 
