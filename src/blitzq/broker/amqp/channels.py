@@ -47,8 +47,8 @@ from ..factory import AMQP_RESERVED_QUEUE, amqp_hosts, check_amqp_queue
 from .closing import CloseNotice, describe
 from .deliveries import Received
 from .frames import read_in_bulk
-from .tap import tap_confirms
 from .injected import Borrowed
+from .tap import tap_confirms
 
 logger = logging.getLogger("blitzq.broker.amqp")
 

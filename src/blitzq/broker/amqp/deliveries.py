@@ -97,10 +97,12 @@ class Consumer:
         unacked: the channel's delivery tags not acked yet, in delivery order, each mapped
             to whether its message is done (acked as soon as every tag before it is).
         cancelled: RabbitMQ cancelled the consumer (``basic.cancel``: its queue was deleted).
+        asked: a fetch topped its buffer up (:meth:`top_up`) at least once.
     """
 
     __slots__ = (
         "arrived",
+        "asked",
         "buffer",
         "cancelled",
         "channel",
@@ -120,6 +122,7 @@ class Consumer:
         self.epoch = epoch
         self.tag = ""
         self.cancelled = False
+        self.asked = False
         self.buffer: collections.deque[Received] = collections.deque()
         self.arrived: dict[int, float] = {}
         self.unacked: dict[int, bool] = {}

@@ -10,9 +10,10 @@ frames, so a worker draining no-op tasks spent about a fifth of its CPU there (p
 :data:`READ_SIZE` bytes), every complete frame in it is decoded by pamqp
 (``pamqp.frame.unmarshal``, what aiormq uses) and handed to aiormq's reader one by one, in
 order; an incomplete frame's bytes wait for the next read. A ``basic.deliver`` of a shape
-pamqp already decoded is made from that decoding (see :meth:`BulkFrameReceiver._deliver`). aiormq still does everything with
-the frames (its reader, channels, heartbeats and errors are unchanged); only how the bytes
-are cut into frames changes. A connection the application lent
+pamqp already decoded is made from that decoding (see :meth:`BulkFrameReceiver._deliver`).
+aiormq still does everything with the frames (its reader, channels, heartbeats and errors
+are unchanged); only how the bytes are cut into frames changes. A connection the application
+lent
 (``Queue(amqp_connection=...)``) is left as it is.
 
 The receiver is found in the frame of aiormq's reader coroutine (its ``frame_receiver``);
@@ -50,7 +51,7 @@ class BulkFrameReceiver(FrameReceiver):
 
     _ready: collections.deque[Any]
     _data: bytes
-    _known: dict[bytes, tuple[str, str, str]]
+    _known: dict[bytes, tuple[str | None, str, str | None]]
 
     async def get_frame(self) -> Any:
         """The next frame, as ``(bytes, channel, frame)`` (what aiormq's receiver returns).

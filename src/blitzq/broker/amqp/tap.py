@@ -168,10 +168,10 @@ class ConfirmTap:
 def tap_confirms(channel: aiormq.abc.AbstractChannel) -> None:
     """Put a :class:`ConfirmTap` in front of ``channel``'s frame queue (a channel in
     publisher-confirm mode; once)."""
-    current = channel.frames  # type: ignore[attr-defined]
+    current: Any = channel.frames
     if not isinstance(current, ConfirmTap):
         confirmations = channel.confirmations  # type: ignore[attr-defined]
-        channel.frames = ConfirmTap(current, confirmations)  # type: ignore[attr-defined]
+        channel.frames = ConfirmTap(current, confirmations)  # type: ignore[assignment]
 
 
 def tap(channel: aiormq.abc.AbstractChannel, on_delivery: OnDelivery) -> FrameTap:
@@ -182,12 +182,12 @@ def tap(channel: aiormq.abc.AbstractChannel, on_delivery: OnDelivery) -> FrameTa
         channel: an open aiormq channel that only this consumer uses.
         on_delivery: see :class:`FrameTap`.
     """
-    current = channel.frames  # type: ignore[attr-defined]
+    current: Any = channel.frames
     if isinstance(current, FrameTap):
         current.on_delivery = on_delivery
         return current
     made = FrameTap(current, on_delivery)
-    channel.frames = made  # type: ignore[attr-defined]
+    channel.frames = made  # type: ignore[assignment]
     return made
 
 

@@ -298,10 +298,13 @@ class AmqpTransport(Transport):
     async def _take_first(self, queues: Sequence[str], count: int) -> list[Delivery]:
         """Up to ``count`` messages, earlier queues first. Each queue a fetch would take from
         (the earlier ones, up to the one whose buffer completes ``count``) whose buffer is
-        short is topped up first (:meth:`Consumer.top_up`, all at once): a message published
-        before the call is then seen, in priority order; a worker draining one level of a
-        deep queue asks nothing of RabbitMQ but one ``basic.get`` on each empty level
-        before it."""
+        short is topped up first (:meth:`Consumer.top_up`, all at once) on the first fetch
+        of its consumer (a message published before it is then seen, in priority order),
+        and later when no level has anything buffered and its prefetch is spent (RabbitMQ
+        pushes no more until acks: a get brings what waits past the prefetch). Otherwise
+        RabbitMQ pushes whatever comes at once, and a fetch takes what was pushed without
+        waiting on a ``basic.get`` (on a quorum queue a get is a log write: profiled, the
+        gets made each fetch of a drain wait 2-250 ms on a loaded server)."""
         out: list[Delivery] = []
         try:
             consumers = []
@@ -313,8 +316,13 @@ class AmqpTransport(Transport):
                     consumer.buffer.clear()
             short = []
             buffered = 0
+            prefetch = self.prefetch or 0
+            dry = not any(consumer.buffer for _, consumer in consumers)
             for _, consumer in consumers:  # the levels a fetch would take from, in order
-                if len(consumer.buffer) < count - buffered:
+                if len(consumer.buffer) < count - buffered and (
+                    not consumer.asked or (dry and len(consumer.unacked) >= prefetch)
+                ):
+                    consumer.asked = True
                     short.append(consumer.top_up(count - buffered))
                 buffered += len(consumer.buffer)
                 if buffered >= count:
