@@ -10,7 +10,8 @@ frames, so a worker draining no-op tasks spent about a fifth of its CPU there (p
 :data:`READ_SIZE` bytes), every complete frame in it is decoded by pamqp
 (``pamqp.frame.unmarshal``, what aiormq uses) and handed to aiormq's reader one by one, in
 order; an incomplete frame's bytes wait for the next read. A ``basic.deliver`` of a shape
-pamqp already decoded is made from that decoding (see :meth:`BulkFrameReceiver._deliver`).
+pamqp already decoded is made from that decoding (see :meth:`BulkFrameReceiver._deliver`),
+and a body frame's payload is the body (pamqp's ``ContentBody`` of it, as pamqp makes it).
 aiormq still does everything with the frames (its reader, channels, heartbeats and errors
 are unchanged); only how the bytes are cut into frames changes. A connection the application
 lent
@@ -30,6 +31,7 @@ import aiormq
 from aiormq.connection import FrameReceiver
 from aiormq.exceptions import AMQPConnectionError, InvalidFrameError
 from pamqp import commands as spec
+from pamqp.body import ContentBody
 from pamqp.exceptions import PAMQPException
 from pamqp.frame import unmarshal
 
@@ -40,6 +42,7 @@ READ_SIZE = 1 << 18
 
 _HEADER = 7  # frame type (1), channel (2), payload size (4)
 _DELIVER = b"\x00\x3c\x00\x3c"  # class 60 (basic), method 60 (deliver)
+_FRAME_END = 0xCE
 #: Shapes of ``basic.deliver`` frames kept per connection (one per consumer, usually).
 _KNOWN_SHAPES = 64
 
@@ -108,7 +111,13 @@ class BulkFrameReceiver(FrameReceiver):
                 end = start + _HEADER + int.from_bytes(data[start + 3 : start + 7], "big") + 1
                 if end > size:
                     break
-                if data[start] == 1 and data[start + 7 : start + 11] == _DELIVER:
+                kind = data[start]
+                if kind == 3 and data[end - 1] == _FRAME_END:  # a body frame: its payload
+                    channel = int.from_bytes(data[start + 1 : start + 3], "big")
+                    ready.append((end - start, channel, ContentBody(data[start + 7 : end - 1])))
+                    start = end
+                    continue
+                if kind == 1 and data[start + 7 : start + 11] == _DELIVER:
                     ready.append(self._deliver(data[start:end]))
                     start = end
                     continue
