@@ -10,8 +10,10 @@ aio-pika, paired with the Redis state store (``broker.py``). How it meets the co
 - **fetch**: one consumer (``basic.consume``, manual ack) per consumed queue, on a channel of
   its own whose prefetch (``basic.qos``) is the ``count`` of the first fetch -- the worker's
   free slots when it starts, i.e. its concurrency -- unless ``prefetch`` is given. What the
-  consumer received waits in a local buffer; a non-blocking fetch that finds it short tops it
-  up with ``basic.get``, so a message published a moment ago is seen at once. ``fetch_first``
+  consumer received waits in a local buffer (taken off aiormq's frame queue as read,
+  ``tap.py``); a consumer's first fetch tops it up with ``basic.get`` (a message published
+  before it is seen at once, in priority order), later ones only when nothing is buffered
+  and the prefetch is spent (see :meth:`AmqpTransport._take_first`). ``fetch_first``
   drains the levels in order and, when all are empty, waits on all of them at once: a
   message on any level, or the connection closing, wakes it. ``Delivery.token`` is
   ``<epoch>.<channel>.<delivery tag>``; ``deliveries`` is the quorum queue's
