@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from . import _project
 from .exceptions import ConfigurationError
 
 T = TypeVar("T")
@@ -100,28 +99,15 @@ _BY_NAME = {s.name: s for s in SETTINGS}
 
 
 def distrust(path: Path, uid: int | None = None) -> str | None:
-    """Why the file at ``path`` must not configure this process, or ``None`` when it may.
-
-    A file may when it (and, for a symbolic link, the link too) is owned by ``uid`` or by
-    root, and is not writable by every user: anything else another local user could have
-    planted or changed, and its settings choose the broker and the code a worker imports
-    (``[tool.blitzq.worker] configure``).
+    """Why the file at ``path`` must not configure this process, or ``None`` when it may
+    (:func:`blitzq._project.distrust`: owned by ``uid`` or root, the link too, and not
+    writable by every user).
 
     Args:
         path: the file (it exists).
         uid: the user trusted besides root (default: the effective uid of this process).
-
-    Returns:
-        ``None``, or a sentence saying whose the file is (``"owned by uid 1001, not by you
-        (uid 1000) or root"``) or that every user may write it.
     """
-    uid = os.geteuid() if uid is None else uid
-    for st in (os.lstat(path), os.stat(path)):
-        if st.st_uid not in (uid, 0):
-            return f"owned by uid {st.st_uid}, not by you (uid {uid}) or root"
-        if stat.S_ISREG(st.st_mode) and st.st_mode & stat.S_IWOTH:
-            return f"writable by every user (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
+    return _project.distrust(path, uid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,28 +156,25 @@ def search(start: Path | None = None, uid: int | None = None) -> Search:
             raise ConfigurationError(f"{CONFIG_ENV}={named!r}: no such file")
         return Search(path.resolve())
     here = (start or Path.cwd()).resolve()
-    refused: list[tuple[Path, str]] = []
-    for directory in (here, *here.parents):
-        candidate = directory / "pyproject.toml"
-        if candidate.is_file():
-            why = distrust(candidate, uid)
-            if why is None:
-                found = candidate if "blitzq" in _read(candidate).get("tool", {}) else None
-                return Search(found, directory, tuple(refused))
-            refused.append((candidate, why))
-            if candidate not in _warned:
-                _warned.add(candidate)
-                logger.warning(
-                    "ignoring %s: it is %s; another local user could have set the broker "
-                    "URL or the code a worker imports in it (make it yours, or name it in "
-                    "%s to use it anyway)",
-                    candidate,
-                    why,
-                    CONFIG_ENV,
-                )
-        if (directory / ".git").exists():
-            return Search(None, directory, tuple(refused))
-    return Search(None, None, tuple(refused))
+    found, root, skipped = _project.walk(str(here), uid)
+    refused = tuple((Path(path), why) for path, why in skipped)
+    for candidate, why in refused:
+        if candidate not in _warned:
+            _warned.add(candidate)
+            logger.warning(
+                "ignoring %s: it is %s; another local user could have set the broker "
+                "URL or the code a worker imports in it (make it yours, or name it in "
+                "%s to use it anyway)",
+                candidate,
+                why,
+                CONFIG_ENV,
+            )
+    if found is None:
+        return Search(None, Path(root) if root is not None else None, refused)
+    path = Path(found)
+    return Search(
+        path if "blitzq" in _read(path).get("tool", {}) else None, Path(root or "/"), refused
+    )
 
 
 def project_file(start: Path | None = None) -> Path | None:
@@ -215,6 +198,8 @@ def _read(path: Path) -> dict[str, Any]:
     """
     key = (path, path.stat().st_mtime)
     if key not in _cache:
+        import tomllib  # here: a process that reads no project file loads no TOML parser
+
         try:
             with path.open("rb") as f:
                 _cache[key] = tomllib.load(f)

@@ -9,7 +9,6 @@ blitzq. The mechanism is ``prctl(2)``'s ``PR_SET_PDEATHSIG`` (Linux man-pages, p
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 import signal
@@ -25,6 +24,8 @@ def _prctl() -> Callable[..., int] | None:
     """libc's ``prctl`` (Linux only), looked up once, before any fork."""
     if not sys.platform.startswith("linux"):
         return None
+    import ctypes  # here: a worker that forks nothing loads no ctypes (~0.4 MB)
+
     try:
         fn = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # pragma: no cover - every Linux libc has prctl

@@ -96,7 +96,7 @@ async def preflight(queue: Queue) -> list[Finding]:
     amqp = _amqp_url(queue)
     try:
         await (broker.state.ping() if amqp else broker.ping())  # RabbitMQ: its own line
-        info = await broker.state.server_info()
+        info = await broker.state.operations.server_info()
     except BrokerError as exc:
         return [Finding("connectivity", "fail", f"the server does not answer: {exc}")]
     findings = [Finding("connectivity", "ok", "the server answers")]
@@ -213,7 +213,7 @@ async def _periodic(queue: Queue) -> list[Finding]:
         *(await runtime.refresh()).values(),
     ]
     out = []
-    stored = await broker.state.runtime_periodic()
+    stored = await broker.state.operations.runtime_periodic()
     for name in sorted(stored.keys() - runtime.entries.keys() - queue.periodic_tasks.keys()):
         out.append(
             Finding(f"periodic {name}", "warn", "run-time entry this application cannot run")

@@ -435,7 +435,9 @@ class Queue:
 
     @property
     def signals(self) -> Signals:
-        """The Queue's signal handlers; ``queue.signals.emit(signal, event)`` emits one."""
+        """Where the Queue's signals are emitted (:class:`~blitzq.extensions.signals.Signals`):
+        ``queue.signals.emit(signal, event)`` calls every observer of ``signal``, the
+        registered middleware's ``on_signal`` hooks, then the ``queue.on`` handlers."""
         return self._extensions.signals
 
     def on(self, signal: Signal | str) -> Callable[[Handler], Handler]:
@@ -443,6 +445,10 @@ class Queue:
 
             @queue.on(Signal.TASK_FAILED)
             async def alert(event: SignalEvent) -> None: ...
+
+        Sugar over the middleware chain: the handler is held by a built-in middleware
+        (:class:`~blitzq.extensions.signals.SignalHandlers`), called after the ``on_signal``
+        hooks of the registered middleware (:meth:`blitzq.Middleware.on_signal`).
 
         Raises:
             ValueError: an unknown signal.

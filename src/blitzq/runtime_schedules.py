@@ -217,7 +217,7 @@ async def add_schedule(
         added_at=time.time(),
     )
     entry.check()
-    await queue.broker.state.set_runtime_periodic(name, entry.encode())
+    await queue.broker.state.operations.set_runtime_periodic(name, entry.encode())
     return entry
 
 
@@ -229,7 +229,9 @@ async def remove_schedule(queue: Queue, name: str) -> bool:
             ``str`` (see :func:`~blitzq.serialization.lookup_key`).
         BrokerError: the broker could not be reached.
     """
-    return await queue.broker.state.remove_runtime_periodic(lookup_key("schedule name", name))
+    return await queue.broker.state.operations.remove_runtime_periodic(
+        lookup_key("schedule name", name)
+    )
 
 
 async def runtime_schedules(queue: Queue) -> list[RuntimeSchedule]:
@@ -240,7 +242,7 @@ async def runtime_schedules(queue: Queue) -> list[RuntimeSchedule]:
         BrokerError: the broker could not be reached.
     """
     out = []
-    for name, data in sorted((await queue.broker.state.runtime_periodic()).items()):
+    for name, data in sorted((await queue.broker.state.operations.runtime_periodic()).items()):
         try:
             out.append(RuntimeSchedule.decode(name, data))
         except BlitzQError as exc:
@@ -269,7 +271,7 @@ class RuntimeEntries:
         Raises:
             BrokerError: the broker could not be reached.
         """
-        stored = await self.queue.broker.state.runtime_periodic()
+        stored = await self.queue.broker.state.operations.runtime_periodic()
         if stored == self._stored:
             return self.entries
         entries: dict[str, PeriodicTask] = {}

@@ -90,7 +90,10 @@ class Envelope(msgspec.Struct, array_like=True, gc=False):
         kwargs: keyword arguments (plain data, ``str`` keys).
         attempt: 1-based number of the attempt this message will run as.
         created_at: Unix time (seconds) the task was first enqueued.
-        enqueued_at: Unix time (seconds) this copy was published (differs on retries).
+        enqueued_at: Unix time (seconds) this copy was published (differs on retries). A
+            message whose array ends before it (a first copy, ``enqueued_at`` equal to
+            ``created_at`` and no optional field set: :func:`encode_envelope` leaves it off)
+            decodes with ``created_at`` here.
         correlation_id: id shared by related tasks, or ``None``.
         headers: user metadata (``str`` keys, plain values), or ``None``.
         timeout: per-call timeout in seconds overriding the task's, or ``None``.
@@ -264,6 +267,8 @@ def encode_envelope(envelope: Envelope, max_size: int) -> bytes:
     end = len(values)
     while end > _REQUIRED_FIELDS and (values[end - 1] is None or values[end - 1] is False):
         end -= 1
+    if end == _REQUIRED_FIELDS and values[7] == values[6]:
+        end -= 1  # enqueued_at, the last one left, equals created_at: decoded as it (9 bytes)
     try:
         data = _encoder.encode(values[:end])
     except UnicodeEncodeError as exc:
@@ -277,9 +282,17 @@ def encode_envelope(envelope: Envelope, max_size: int) -> bytes:
     return data
 
 
-#: Decode an envelope without the error translation of :func:`decode_envelope` (the worker's
-#: hot path: on any exception, call :func:`decode_envelope` for the error to raise).
-decode_envelope_unchecked: Final = _envelope_decoder.decode
+_decode: Final = _envelope_decoder.decode
+
+
+def decode_envelope_unchecked(data: bytes) -> Envelope:
+    """Decode an envelope without the error translation of :func:`decode_envelope` (the
+    worker's hot path: on any exception, call :func:`decode_envelope` for the error to raise).
+    An ``enqueued_at`` left off (decoded as its default ``0.0``) is ``created_at``."""
+    env = _decode(data)
+    if not env.enqueued_at:
+        env.enqueued_at = env.created_at
+    return env
 
 
 def decode_envelope(data: bytes) -> Envelope:
@@ -289,7 +302,7 @@ def decode_envelope(data: bytes) -> Envelope:
         SerializationError: the bytes are not a well-formed envelope ("malformed message").
     """
     try:
-        return _envelope_decoder.decode(data)
+        return decode_envelope_unchecked(data)
     except (
         msgspec.DecodeError,
         SerializationError,

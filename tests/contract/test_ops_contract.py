@@ -26,23 +26,23 @@ async def test_named_dead_letters_are_deleted_and_their_bytes_given_back(broker:
 async def test_runtime_periodic_entries_are_stored_and_removed_with_their_last_run(
     broker: Broker,
 ) -> None:
-    assert await broker.state.runtime_periodic() == {}
-    await broker.state.set_runtime_periodic("a", b"one")
-    await broker.state.set_runtime_periodic("b", b"two")
-    await broker.state.set_runtime_periodic("a", b"three")  # replaced
-    assert await broker.state.runtime_periodic() == {"a": b"three", "b": b"two"}
+    assert await broker.state.operations.runtime_periodic() == {}
+    await broker.state.operations.set_runtime_periodic("a", b"one")
+    await broker.state.operations.set_runtime_periodic("b", b"two")
+    await broker.state.operations.set_runtime_periodic("a", b"three")  # replaced
+    assert await broker.state.operations.runtime_periodic() == {"a": b"three", "b": b"two"}
     now = await broker.server_time()
     assert await broker.claim_periodic("a", now - 1, b"message", "q")
     assert await broker.periodic_last(["a"]) == {"a": now - 1}
-    assert await broker.state.remove_runtime_periodic("a") is True
-    assert await broker.state.remove_runtime_periodic("a") is False
-    assert await broker.state.runtime_periodic() == {"b": b"two"}
+    assert await broker.state.operations.remove_runtime_periodic("a") is True
+    assert await broker.state.operations.remove_runtime_periodic("a") is False
+    assert await broker.state.operations.runtime_periodic() == {"b": b"two"}
     assert await broker.periodic_last(["a"]) == {}  # a new "a" starts afresh
-    await broker.state.remove_runtime_periodic("b")
+    await broker.state.operations.remove_runtime_periodic("b")
 
 
 async def test_server_info_names_the_server_and_its_persistence(broker: Broker) -> None:
-    info = await broker.state.server_info()
+    info = await broker.state.operations.server_info()
     assert info["server"] in ("redis", "valkey")
     assert info["version"][0].isdigit()
     assert info["aof_enabled"] in ("0", "1")

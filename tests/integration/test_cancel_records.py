@@ -274,13 +274,13 @@ async def test_a_wait_for_a_task_still_to_come_goes_on(
         delayed = await later.options(delay=1.5).enqueue(2)
         waits = [asyncio.ensure_future(h.result(timeout=None)) for h in (queued, delayed)]
         calls: list[int] = []
-        trace = queue.broker.state.trace_task
+        trace = queue.broker.state.records.trace_task
 
         async def counted(task_id: str, where: str) -> bool | None:
             calls.append(1)
             return await trace(task_id, where)
 
-        queue.broker.state.trace_task = counted  # type: ignore[method-assign]
+        queue.broker.state.records.trace_task = counted  # type: ignore[method-assign]
         await eventually(lambda: asyncio.sleep(0, len(calls)), lambda n: n >= 6, 30.0)
         assert not any(w.done() for w in waits)
         async with running(make_worker(queue)):
@@ -305,7 +305,7 @@ async def test_fast_mode_cannot_tell_and_waits_to_its_timeout(
             handle = await fastq.enqueue()
             assert await handle.result(timeout=30) == 1
         await eventually(lambda: queue.broker.get_record(handle.id), lambda r: r is None, 30.0)
-        assert await queue.broker.state.trace_task(handle.id, handle.queue) is None
+        assert await queue.broker.state.records.trace_task(handle.id, handle.queue) is None
         handle._since = None  # as in another process (see the test above)
         with pytest.raises(ResultTimeout) as info:
             await handle.result(timeout=1.0)
@@ -360,11 +360,11 @@ async def test_keep_running_extends_running_records_only(
         done = records.succeeded("r2", "t", "cr", 1, now, now, "w", 1)
         await raw_redis.set(keys.record("r1"), run, ex=2)
         await raw_redis.set(keys.record("r2"), done, ex=2)
-        assert await queue.broker.state.keep_running(["r1", "r2", "r3"], 600) == 1
+        assert await queue.broker.state.records.keep_running(["r1", "r2", "r3"], 600) == 1
         assert 590 <= await raw_redis.ttl(keys.record("r1")) <= 600
         assert await raw_redis.ttl(keys.record("r2")) <= 2
         assert await raw_redis.exists(keys.record("r3")) == 0
-        assert await queue.broker.state.keep_running([], 600) == 0
+        assert await queue.broker.state.records.keep_running([], 600) == 0
     finally:
         await queue.close()
 

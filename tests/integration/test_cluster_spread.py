@@ -173,8 +173,10 @@ async def test_a_relay_that_died_after_publishing_publishes_nothing_twice(
         outbox = relay.outbox
         assert isinstance(outbox, SpreadOutbox)
         items = [Scheduled(f"h{i}", "hq", message(f"h{i}", "hq")) for i in range(3)]
-        await broker.state.schedule(items)
-        promoted = await broker.state.promote_due(100)  # the store's step alone: no relay
+        await broker.state.scheduling.schedule(items)
+        promoted = await broker.state.scheduling.promote_due(
+            100
+        )  # the store's step alone: no relay
         assert promoted[0] == 3
         # A relay takes the batch and publishes it, then dies before releasing it.
         taken = await outbox.take_batch("dead-relay", "hq", 100, lease=0.2)
@@ -191,8 +193,8 @@ async def test_a_relay_that_died_after_publishing_publishes_nothing_twice(
         assert await broker.state.client.xlen(stream) == 3
         assert await outbox.take_batch(relay.id, "hq", 100, 60.0) is None
         # A fresh batch goes through once.
-        await broker.state.schedule([Scheduled("h9", "hq", message("h9", "hq"))])
-        await broker.state.promote_due(100)
+        await broker.state.scheduling.schedule([Scheduled("h9", "hq", message("h9", "hq"))])
+        await broker.state.scheduling.promote_due(100)
         assert await relay.drain() == 1
         assert await broker.state.client.xlen(stream) == 4
         # A batch older than MAX_AGE is refused (its mark may be gone).

@@ -90,7 +90,7 @@ async def test_queues_overview_counts_waiting_tasks(queue: Queue) -> None:
     assert rows["reports"]["in_flight"] == 0
     assert doc["namespace"] == queue.namespace
     assert doc["dead_letters"] == 0
-    assert set(doc["rates"]) == {"window", "completed_per_s", "failed_per_s"}
+    assert set(doc["rates"]) == {"window", "completed", "failed", "completed_per_s", "failed_per_s"}
 
 
 async def test_task_record_and_unknown_and_bad_ids(queue: Queue) -> None:

@@ -566,6 +566,35 @@ def test_a_queue_page_pauses_and_resumes_with_a_confirmation(app: App, page: Any
     assert "reports" in paused(app)
     page.locator('[data-action="resume:reports"] button.act').click()
     page.locator('[data-action="resume:reports"] button.confirm').click()
+    expect(page.locator("#list-message")).to_have_text("queue reports resumed")
+    expect(page.locator("#q-state")).to_have_text("active")
+
+
+def test_a_poll_between_press_and_release_does_not_eat_the_click(app: App, page: Any) -> None:
+    """The page re-renders when a poll brings new figures; a render while a button is held
+    down used to replace the button, so the release clicked nothing (a CI failure)."""
+    build = app.queue.tasks["reports.build"]
+    page.goto(app.url + "/queues/reports")
+    expect(page.locator("#q-state")).to_have_text("active")
+    page.locator('[data-action="pause:reports"] button.act').click()
+    confirm = page.locator('[data-action="pause:reports"] button.confirm')
+    box = confirm.bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    # New figures arrive while the button is held: two polls answer after the enqueue.
+    polls = int(page.locator("body").get_attribute("data-polls") or 0)
+    off_loop(lambda: build.options(queue="reports").enqueue_sync("held"))
+    wait_until(
+        lambda: int(page.locator("body").get_attribute("data-polls") or 0) >= polls + 3,
+        30,
+        "polls after the enqueue",
+    )
+    page.mouse.up()
+    expect(page.locator("#list-message")).to_have_text("queue reports paused")
+    expect(page.locator("#q-state")).to_have_text("paused")
+    page.locator('[data-action="resume:reports"] button.act').click()
+    page.locator('[data-action="resume:reports"] button.confirm').click()
     expect(page.locator("#q-state")).to_have_text("active")
 
 

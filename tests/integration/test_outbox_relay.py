@@ -213,8 +213,10 @@ async def outbox_message(app: App, task_id: str) -> None:
     store's own schedule and promotion, below the facade."""
     envelope = Envelope(task_id, "ob.add", Q, [1, 1])
     state = app.pairing.state
-    await state.schedule([Scheduled(task_id, Q, encode_envelope(envelope, 1 << 20), delay=0.0)])
-    await eventually(lambda: state.promote_due(10), lambda r: r[0] == 1)
+    await state.scheduling.schedule(
+        [Scheduled(task_id, Q, encode_envelope(envelope, 1 << 20), delay=0.0)]
+    )
+    await eventually(lambda: state.scheduling.promote_due(10), lambda r: r[0] == 1)
     assert app.pairing.relay is not None
     assert await app.pairing.relay.outbox.waiting([Q]) == {Q: 1}
 

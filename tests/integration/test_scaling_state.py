@@ -16,20 +16,20 @@ async def test_setpoint_and_supervisor_status(make_queue: Callable[..., Queue]) 
     q = make_queue()
     broker = q.broker
     try:
-        assert await broker.state.scale() is None
-        await broker.state.set_scale(2, 5)
-        minimum, maximum, at = await broker.state.scale() or (0, 0, 0.0)
+        assert await broker.state.operations.scale() is None
+        await broker.state.operations.set_scale(2, 5)
+        minimum, maximum, at = await broker.state.operations.scale() or (0, 0, 0.0)
         assert (minimum, maximum) == (2, 5)
         assert at > 0
-        assert await broker.state.clear_scale() is True
-        assert await broker.state.clear_scale() is False
-        assert await broker.state.scale() is None
+        assert await broker.state.operations.clear_scale() is True
+        assert await broker.state.operations.clear_scale() is False
+        assert await broker.state.operations.scale() is None
 
-        await broker.state.publish_supervisor("h:1", b'{"processes": 2}', ttl=60.0)
-        await broker.state.publish_supervisor("h:2", b"{}", ttl=-1.0)  # already expired
-        assert await broker.state.supervisors() == {"h:1": b'{"processes": 2}'}
-        await broker.state.unpublish_supervisor("h:1")
-        assert await broker.state.supervisors() == {}
+        await broker.state.operations.publish_supervisor("h:1", b'{"processes": 2}', ttl=60.0)
+        await broker.state.operations.publish_supervisor("h:2", b"{}", ttl=-1.0)  # already expired
+        assert await broker.state.operations.supervisors() == {"h:1": b'{"processes": 2}'}
+        await broker.state.operations.unpublish_supervisor("h:1")
+        assert await broker.state.operations.supervisors() == {}
     finally:
         await q.close()
 

@@ -66,14 +66,14 @@ async def test_a_relay_process_killed_mid_batch_loses_nothing(
     state, relay = pairing.state, pairing.relay
     assert relay is not None
     ids = [f"k{i}" for i in range(N)]
-    await state.schedule(
+    await state.scheduling.schedule(
         [
             Scheduled(i, Q, encode_envelope(Envelope(i, "kill.add", Q, [1, 1]), 1 << 20), 0.0)
             for i in ids
         ]
     )
     # The store's own promotion, below the facade: the messages wait in the outbox.
-    await eventually(lambda: state.promote_due(100), lambda r: r[0] == N)
+    await eventually(lambda: state.scheduling.promote_due(100), lambda r: r[0] == N)
     assert await relay.outbox.waiting([Q]) == {Q: N}
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

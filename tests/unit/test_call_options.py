@@ -112,4 +112,4 @@ def test_a_call_without_per_call_options_has_no_options_field() -> None:
 
     env = queue._producer.envelope("co.plain", "co", (), {}, plain.options().call_options, 1.0)
     assert env.options is None
-    assert len(msgspec.msgpack.decode(encode_envelope(env, 10_000))) == 8  # stays small
+    assert len(msgspec.msgpack.decode(encode_envelope(env, 10_000))) == 7  # small

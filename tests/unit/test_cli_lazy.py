@@ -1,5 +1,5 @@
 """``import blitzq.cli`` and ``blitzq --help`` load no queue, broker, event loop or rich: the
-root group imports each command's module when that command is used (``cli/__init__.py``,
+root group imports each command's module when that command is used (``cli/root.py``,
 :class:`~blitzq.cli.LazyCommands`), and what it lists without importing matches the commands."""
 
 from __future__ import annotations

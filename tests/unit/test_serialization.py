@@ -21,6 +21,7 @@ from blitzq.serialization import (
     EXT_DECIMAL,
     Envelope,
     decode_envelope,
+    decode_envelope_unchecked,
     dumps,
     encode_envelope,
     loads,
@@ -326,6 +327,29 @@ def test_no_argument_envelope_is_small() -> None:
     env = Envelope(uuid.uuid4().hex, "app.tasks.send_report", "default", [], {}, 1, now, now)
     data = encode_envelope(env, 1 << 20)
     assert len(data) < 100
+
+
+def test_a_first_copy_leaves_enqueued_at_off() -> None:
+    """A first copy with no optional field ends at ``created_at`` (9 bytes fewer); it decodes
+    with ``enqueued_at`` equal to ``created_at``, on the checked and the hot path."""
+    now = time.time()
+    env = Envelope(uuid.uuid4().hex, "app.tasks.send_report", "default", [], {}, 1, now, now)
+    data = encode_envelope(env, 1 << 20)
+    assert len(msgspec.msgpack.decode(data)) == 7
+    for decode in (decode_envelope, decode_envelope_unchecked):
+        assert decode(data) == env
+        assert decode(data).enqueued_at == now
+    # What a producer before this change wrote: the eight required fields, enqueued_at last.
+    older = msgspec.msgpack.encode(list(msgspec.structs.astuple(env))[:8])
+    assert len(older) == len(data) + 9
+    for decode in (decode_envelope, decode_envelope_unchecked):
+        assert decode(older) == env
+    retried = msgspec.structs.replace(env, attempt=2, enqueued_at=now + 5)
+    assert decode_envelope(encode_envelope(retried, 1 << 20)).enqueued_at == now + 5
+    headed = msgspec.structs.replace(env, headers={"h": 1})
+    raw = msgspec.msgpack.decode(encode_envelope(headed, 1 << 20))
+    assert raw[7] == now  # kept where an optional field follows it
+    assert decode_envelope(encode_envelope(headed, 1 << 20)) == headed
 
 
 def test_max_message_size_is_inclusive() -> None:

@@ -4,14 +4,17 @@
 transport (how messages travel and are leased), a state store (everything else, and the
 atomic completion), the :class:`~blitzq.broker.pairing.Pairing` that joins a completion's
 writes with its ack, and the store's :class:`~blitzq.broker.state.DeadLetterLimits`; it
-delegates each method to the one that owns it, explicitly: a method here is the seam's
-method of the same name and signature. Calls of one role that only the operator tools or one
-component make (the operations role: run-time periodic entries, the autoscale setpoint,
-supervisor status, server facts; task liveness: ``trace_task``, ``keep_running``,
-``cancel_mark``) are not repeated here: their callers use :attr:`Broker.state`. The few calls
-that combine both halves are its own (``prepare_consumer``, ``queue_stats``,
-``purge_queue``, and the relay after ``promote_due``, ``claim_periodic`` and
-``replay_dead_letter``).
+delegates each method to the one that owns it, explicitly: a method here is the transport's,
+or the method of the same name and signature of the state role that owns it
+(``self.state.records``, ``.scheduling``, ``.dead_letter_box``, ``.control``,
+``.registry``: one call deep, the store forwards nothing). Calls of one role that only the
+operator tools or one component make (the operations and browse roles: run-time periodic
+entries, the autoscale setpoint, supervisor status, server facts, what the dashboard lists;
+task liveness: ``trace_task``, ``keep_running``, ``cancel_mark``) are not repeated here:
+their callers use the role object (``broker.state.operations.set_scale(...)``), so a new call
+of that kind is written in its role alone. The few calls that combine both halves are its
+own (``prepare_consumer``, ``queue_stats``, ``purge_queue``, and the relay after
+``promote_due``, ``claim_periodic`` and ``replay_dead_letter``).
 
 :class:`Broker` is never subclassed (``typing.final``): a backend's differences are the
 objects it is composed of, not overrides. The named brokers (``ReliableRedisBroker``,
@@ -136,7 +139,7 @@ class Broker:
         self.publish_fast: PublishFn = transport.publish
         self.fetch = transport.fetch
         self.fetch_first = transport.fetch_first
-        self.result_token: Callable[[], object | None] = state.result_token  # see StateStore
+        self.result_token: Callable[[], object | None] = state.records.result_token
         self.pairing = pairing_for(transport, state) if pairing is None else pairing
         self.complete = self.pairing.complete
         self.relay: Relay | None = self.pairing.relay
@@ -151,9 +154,9 @@ class Broker:
 
     # ============================================================ transport
     async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
-        """:meth:`Transport.prepare_consumer`, then :meth:`StateStore.remember_queues`."""
+        """:meth:`Transport.prepare_consumer`, then :meth:`RegistryState.remember_queues`."""
         await self.transport.prepare_consumer(queues, consumer)
-        await self.state.remember_queues(queues)
+        await self.state.registry.remember_queues(queues)
 
     async def heartbeat(self, queue: str, tokens: Sequence[bytes]) -> int:
         """See :meth:`Transport.heartbeat`."""
@@ -198,79 +201,81 @@ class Broker:
 
     # ====================================================== rate, unique, lock
     async def acquire_rate(self, buckets: Sequence[tuple[str, float, float]]) -> tuple[bool, float]:
-        """See :meth:`StateStore.acquire_rate`."""
-        return await self.state.acquire_rate(buckets)
+        """See :meth:`ControlState.acquire_rate`."""
+        return await self.state.control.acquire_rate(buckets)
 
     async def claim_unique(self, items: Sequence[tuple[str, str, float]]) -> list[str | None]:
-        """See :meth:`StateStore.claim_unique`."""
-        return await self.state.claim_unique(items)
+        """See :meth:`ControlState.claim_unique`."""
+        return await self.state.control.claim_unique(items)
 
     async def acquire_lock(self, key: str, holder: str, limit: int, lease: float) -> float:
-        """See :meth:`StateStore.acquire_lock`."""
-        return await self.state.acquire_lock(key, holder, limit, lease)
+        """See :meth:`ControlState.acquire_lock`."""
+        return await self.state.control.acquire_lock(key, holder, limit, lease)
 
     async def renew_locks(self, items: Sequence[tuple[str, str, float]]) -> int:
-        """See :meth:`StateStore.renew_locks`."""
-        return await self.state.renew_locks(items)
+        """See :meth:`ControlState.renew_locks`."""
+        return await self.state.control.renew_locks(items)
 
     # ============================================================== schedule
     async def schedule(self, items: Sequence[Scheduled]) -> None:
-        """See :meth:`StateStore.schedule`."""
-        await self.state.schedule(items)
+        """See :meth:`ScheduleState.schedule`."""
+        await self.state.scheduling.schedule(items)
 
     async def promote_due(self, limit: int, ahead: float = 0.0) -> tuple[int, float | None, float]:
-        """See :meth:`StateStore.promote_due`; then the relay, when something moved."""
-        promoted = await self.state.promote_due(limit, ahead)
+        """See :meth:`ScheduleState.promote_due`; then the relay, when something moved."""
+        promoted = await self.state.scheduling.promote_due(limit, ahead)
         if promoted[0] and self.relay is not None:
             await self.relay.pushed()
         return promoted
 
     async def scheduled_count(self) -> int:
-        """See :meth:`StateStore.scheduled_count`."""
-        return await self.state.scheduled_count()
+        """See :meth:`ScheduleState.scheduled_count`."""
+        return await self.state.scheduling.scheduled_count()
 
     async def scheduled_entry(self, task_id: str) -> tuple[float, str, bytes] | None:
-        """See :meth:`StateStore.scheduled_entry`."""
-        return await self.state.scheduled_entry(task_id)
+        """See :meth:`ScheduleState.scheduled_entry`."""
+        return await self.state.scheduling.scheduled_entry(task_id)
 
     async def server_time(self) -> float:
-        """See :meth:`StateStore.server_time`."""
-        return await self.state.server_time()
+        """See :meth:`ScheduleState.server_time`."""
+        return await self.state.scheduling.server_time()
 
     async def claim_periodic(
         self, name: str, occurrence: float, message: bytes, queue: str, until: float | None = None
     ) -> bool:
-        """See :meth:`StateStore.claim_periodic`; then the relay, when claimed."""
-        claimed = await self.state.claim_periodic(name, occurrence, message, queue, until)
+        """See :meth:`ScheduleState.claim_periodic`; then the relay, when claimed."""
+        claimed = await self.state.scheduling.claim_periodic(
+            name, occurrence, message, queue, until
+        )
         if claimed and self.relay is not None:
             await self.relay.pushed([queue])
         return claimed
 
     async def periodic_last(self, names: Sequence[str]) -> dict[str, float]:
-        """See :meth:`StateStore.periodic_last`."""
-        return await self.state.periodic_last(names)
+        """See :meth:`ScheduleState.periodic_last`."""
+        return await self.state.scheduling.periodic_last(names)
 
     # ========================================================== cancellation
     async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
-        """See :meth:`StateStore.cancel`."""
-        return await self.state.cancel(task_id, record, ttl)
+        """See :meth:`ControlState.cancel`."""
+        return await self.state.control.cancel(task_id, record, ttl)
 
     async def revoked(self) -> dict[str, float]:
-        """See :meth:`StateStore.revoked`."""
-        return await self.state.revoked()
+        """See :meth:`ControlState.revoked`."""
+        return await self.state.control.revoked()
 
     def events(self) -> AsyncIterator[tuple[str, str]]:
-        """See :meth:`StateStore.events`."""
-        return self.state.events()
+        """See :meth:`ControlState.events`."""
+        return self.state.control.events()
 
     # ============================================================= workflows
     async def workflow_state(self, workflow_id: str) -> dict[str, bytes] | None:
-        """See :meth:`StateStore.workflow_state`."""
-        return await self.state.workflow_state(workflow_id)
+        """See :meth:`RecordsState.workflow_state`."""
+        return await self.state.records.workflow_state(workflow_id)
 
     async def wait_for_workflow(self, workflow_id: str, timeout: float) -> dict[str, bytes] | None:
-        """See :meth:`StateStore.wait_for_workflow`."""
-        return await self.state.wait_for_workflow(workflow_id, timeout)
+        """See :meth:`RecordsState.wait_for_workflow`."""
+        return await self.state.records.wait_for_workflow(workflow_id, timeout)
 
     # ============================================================== progress
     async def set_progress(
@@ -281,56 +286,56 @@ class Broker:
         ttl: int,
         fence: tuple[str, bytes] | None = None,
     ) -> bool:
-        """See :meth:`StateStore.set_progress`."""
-        return await self.state.set_progress(task_id, data, at, ttl, fence)
+        """See :meth:`RecordsState.set_progress`."""
+        return await self.state.records.set_progress(task_id, data, at, ttl, fence)
 
     async def get_progress(self, task_id: str) -> bytes | None:
-        """See :meth:`StateStore.get_progress`."""
-        return await self.state.get_progress(task_id)
+        """See :meth:`RecordsState.get_progress`."""
+        return await self.state.records.get_progress(task_id)
 
     def watch_progress(self, task_id: str) -> AsyncGenerator[tuple[str, bytes], None]:
-        """See :meth:`StateStore.watch_progress`."""
-        return self.state.watch_progress(task_id)
+        """See :meth:`RecordsState.watch_progress`."""
+        return self.state.records.watch_progress(task_id)
 
     # =============================================================== records
     async def get_record(self, task_id: str) -> bytes | None:
-        """See :meth:`StateStore.get_record`."""
-        return await self.state.get_record(task_id)
+        """See :meth:`RecordsState.get_record`."""
+        return await self.state.records.get_record(task_id)
 
     async def get_records(self, task_ids: Sequence[str]) -> list[bytes | None]:
-        """See :meth:`StateStore.get_records`."""
-        return await self.state.get_records(task_ids)
+        """See :meth:`RecordsState.get_records`."""
+        return await self.state.records.get_records(task_ids)
 
     async def record_ids(self, limit: int) -> tuple[list[str], bool]:
-        """See :meth:`StateStore.record_ids`."""
-        return await self.state.record_ids(limit)
+        """See :meth:`RecordsState.record_ids`."""
+        return await self.state.records.record_ids(limit)
 
     async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
-        """See :meth:`StateStore.set_record`."""
-        await self.state.set_record(task_id, record, ttl)
+        """See :meth:`RecordsState.set_record`."""
+        await self.state.records.set_record(task_id, record, ttl)
 
     async def reset_tasks(self, task_ids: Sequence[str]) -> None:
-        """See :meth:`StateStore.reset_tasks`."""
-        await self.state.reset_tasks(task_ids)
+        """See :meth:`RecordsState.reset_tasks`."""
+        await self.state.records.reset_tasks(task_ids)
 
     async def wait_for_record(
         self, task_id: str, timeout: float, since: object | None = None
     ) -> bytes | None:
-        """See :meth:`StateStore.wait_for_record`."""
-        return await self.state.wait_for_record(task_id, timeout, since)
+        """See :meth:`RecordsState.wait_for_record`."""
+        return await self.state.records.wait_for_record(task_id, timeout, since)
 
     # ========================================================== dead letters
     async def dead_letters(self, offset: int, limit: int) -> list[tuple[str, DeadLetterFields]]:
-        """See :meth:`StateStore.dead_letters`."""
-        return await self.state.dead_letters(offset, limit)
+        """See :meth:`DeadLetterState.dead_letters`."""
+        return await self.state.dead_letter_box.dead_letters(offset, limit)
 
     async def get_dead_letter(self, task_id: str) -> DeadLetterFields | None:
-        """See :meth:`StateStore.get_dead_letter`."""
-        return await self.state.get_dead_letter(task_id)
+        """See :meth:`DeadLetterState.get_dead_letter`."""
+        return await self.state.dead_letter_box.get_dead_letter(task_id)
 
     async def dead_letter_count(self) -> int:
-        """See :meth:`StateStore.dead_letter_count`."""
-        return await self.state.dead_letter_count()
+        """See :meth:`DeadLetterState.dead_letter_count`."""
+        return await self.state.dead_letter_box.dead_letter_count()
 
     async def replay_dead_letter(
         self,
@@ -341,72 +346,74 @@ class Broker:
         unique: tuple[str, float] | None = None,
         failed_at: float | None = None,
     ) -> bool | str:
-        """See :meth:`StateStore.replay_dead_letter`; then the relay, when replayed."""
-        done = await self.state.replay_dead_letter(task_id, queue, message, kind, unique, failed_at)
+        """See :meth:`DeadLetterState.replay_dead_letter`; then the relay, when replayed."""
+        done = await self.state.dead_letter_box.replay_dead_letter(
+            task_id, queue, message, kind, unique, failed_at
+        )
         if done is True and self.relay is not None:
             await self.relay.pushed([queue])
         return done
 
     async def purge_dead_letters(self) -> int:
-        """See :meth:`StateStore.purge_dead_letters`."""
-        return await self.state.purge_dead_letters()
+        """See :meth:`DeadLetterState.purge_dead_letters`."""
+        return await self.state.dead_letter_box.purge_dead_letters()
 
     async def delete_dead_letters(self, task_ids: Sequence[str]) -> int:
-        """See :meth:`StateStore.delete_dead_letters`."""
-        return await self.state.delete_dead_letters(task_ids)
+        """See :meth:`DeadLetterState.delete_dead_letters`."""
+        return await self.state.dead_letter_box.delete_dead_letters(task_ids)
 
     # ============================================================ inspection
     async def known_queues(self) -> list[str]:
-        """See :meth:`StateStore.known_queues`."""
-        return await self.state.known_queues()
+        """See :meth:`RegistryState.known_queues`."""
+        return await self.state.registry.known_queues()
 
     async def remember_queues(self, queues: Sequence[str]) -> None:
-        """See :meth:`StateStore.remember_queues`."""
-        await self.state.remember_queues(queues)
+        """See :meth:`RegistryState.remember_queues`."""
+        await self.state.registry.remember_queues(queues)
 
     async def register_worker(self, worker_id: str, info: bytes, ttl: float) -> None:
-        """See :meth:`StateStore.register_worker`."""
-        await self.state.register_worker(worker_id, info, ttl)
+        """See :meth:`RegistryState.register_worker`."""
+        await self.state.registry.register_worker(worker_id, info, ttl)
 
-    async def unregister_worker(self, worker_id: str) -> None:
-        """See :meth:`StateStore.unregister_worker`."""
-        await self.state.unregister_worker(worker_id)
+    async def unregister_worker(self, worker_id: str, retired: tuple[int, int] = (0, 0)) -> None:
+        """See :meth:`RegistryState.unregister_worker`."""
+        await self.state.registry.unregister_worker(worker_id, retired)
 
     async def workers(self) -> dict[str, bytes]:
-        """See :meth:`StateStore.workers`."""
-        return await self.state.workers()
+        """See :meth:`RegistryState.workers`."""
+        return await self.state.registry.workers()
 
     async def lapsed_workers(self, limit: int = 100) -> dict[str, bytes]:
-        """See :meth:`StateStore.lapsed_workers`."""
-        return await self.state.lapsed_workers(limit)
+        """See :meth:`RegistryState.lapsed_workers`."""
+        return await self.state.registry.lapsed_workers(limit)
 
     async def set_paused(self, queue: str, paused: bool) -> bool:
-        """See :meth:`StateStore.set_paused`."""
-        return await self.state.set_paused(queue, paused)
+        """See :meth:`RegistryState.set_paused`."""
+        return await self.state.registry.set_paused(queue, paused)
 
     async def paused_queues(self) -> set[str]:
-        """See :meth:`StateStore.paused_queues`."""
-        return await self.state.paused_queues()
+        """See :meth:`RegistryState.paused_queues`."""
+        return await self.state.registry.paused_queues()
 
     async def request_shutdown(self, worker_id: str) -> None:
-        """See :meth:`StateStore.request_shutdown`."""
-        await self.state.request_shutdown(worker_id)
+        """See :meth:`RegistryState.request_shutdown`."""
+        await self.state.registry.request_shutdown(worker_id)
 
     async def request_resize(self, worker_id: str, concurrency: int) -> None:
-        """See :meth:`StateStore.request_resize`."""
-        await self.state.request_resize(worker_id, concurrency)
+        """See :meth:`RegistryState.request_resize`."""
+        await self.state.registry.request_resize(worker_id, concurrency)
 
     async def take_resize(self, worker_id: str) -> int | None:
-        """See :meth:`StateStore.take_resize`."""
-        return await self.state.take_resize(worker_id)
+        """See :meth:`RegistryState.take_resize`."""
+        return await self.state.registry.take_resize(worker_id)
 
     async def counters(self) -> dict[str, int]:
-        """See :meth:`StateStore.counters`."""
-        return await self.state.counters()
+        """See :meth:`RegistryState.counters`."""
+        return await self.state.registry.counters()
 
     async def memory_policy(self) -> tuple[str, int] | None:
-        """See :meth:`StateStore.memory_policy`."""
-        return await self.state.memory_policy()
+        """See :meth:`RegistryState.memory_policy`."""
+        return await self.state.registry.memory_policy()
 
     # ============================================================ lifecycle
     async def ping(self) -> None:

@@ -1,7 +1,7 @@
 """The outbox relay: how a state store's writes into queues reach a foreign transport.
 
 A state store writes messages into queues itself, atomically with its state changes: due
-delays and retries (:meth:`~blitzq.broker.state.StateStore.promote_due`), requeues and the
+delays and retries (:meth:`~blitzq.broker.state.ScheduleState.promote_due`), requeues and the
 ``Publish`` / ``WorkflowStep`` / chord effects of a completion, dead-letter replays and
 periodic claims. Paired with its own transport (fused: the Redis store and a Redis transport
 on one connection) those writes *are* publishes. Paired with a transport it does not ack

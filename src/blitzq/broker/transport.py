@@ -102,7 +102,7 @@ class Transport(abc.ABC):
     async def prepare_consumer(self, queues: Sequence[str], consumer: str) -> None:
         """Create whatever a consumer named ``consumer`` needs to fetch from ``queues`` (a
         consumer group, a queue declaration). The facade then registers the queues in the
-        state store (:meth:`~blitzq.broker.state.StateStore.remember_queues`)."""
+        state store (:meth:`~blitzq.broker.state.RegistryState.remember_queues`)."""
 
     @abc.abstractmethod
     async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:

@@ -34,7 +34,7 @@ DEAD_LETTER_REASONS: tuple[str, ...] = (
 
 
 class Scheduled(NamedTuple):
-    """A message to put on the schedule (see :meth:`~blitzq.broker.state.StateStore.schedule`).
+    """A message to put on the schedule (see :meth:`~blitzq.broker.state.ScheduleState.schedule`).
 
     Attributes:
         task_id: the task's id (keys the schedule entry).

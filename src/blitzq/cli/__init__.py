@@ -10,188 +10,133 @@ defaults below them (:mod:`blitzq.config`, ``blitzq config show``). Errors print
 on stderr and exit non-zero: 1 for a failed operation (a connection error), 2 for a malformed
 command line, 78 (``EX_CONFIG``) for a configuration error (an application that does not
 load, a bad setting from a variable or the project file).
+
+The click group is :data:`blitzq.cli.root.cli` (re-exported here, loaded on first use:
+``import blitzq.cli`` imports no click). :func:`main` prints the top-level help of a bare
+``blitzq --help`` (and the usage error of a bare ``blitzq``) from :mod:`blitzq.cli._help`,
+the text click printed for the same command line when ``python -m blitzq.spec`` generated it
+(``tests/unit/test_cli_fast_help.py`` keeps the two identical), whenever nothing could make
+click print something else (no ``[tool.blitzq]`` table applies, the width and the click
+version are the generated ones): see :func:`fast_help`.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Iterator, MutableMapping, Sequence
+import os
+import sys
 
-import click
+#: ``typing.TYPE_CHECKING`` without importing typing; type checkers read it as true.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
-from .. import __version__
-from ._common import global_options
-from .config import ConfiguredGroup, wire_envvars
+    from .root import COMMANDS, WORKER_ADMIN, LazyCommands, cli
 
-#: Each command of the root group: the module that defines it (imported when the command is
-#: run, or its help shown), its attribute there, and what ``blitzq --help`` lists for it (the
-#: command's ``short_help`` and the first paragraph of its help, as the command has them:
-#: ``tests/unit/test_cli_lazy.py`` checks both). ``queue`` comes from ``queue_control``,
-#: which adds purge, pause and resume to ``inspect.queue_group``.
-COMMANDS: dict[str, tuple[str, str, str | None, str]] = {
-    "check": (
-        "check",
-        "check_command",
-        "Preflight: can MODULE:ATTR run against this server?",
-        "Check, read-only, the server and namespace the blitzq.Queue at MODULE:ATTR uses:\n"
-        "    connectivity, server version, eviction policy, persistence (AOF/RDB), queues no "
-        "live\n    worker consumes, and whether a scheduler dispatches the periodic entries.",
-    ),
-    "config": (
-        "config",
-        "config_group",
-        None,
-        "Settings read from BLITZQ_* variables and [tool.blitzq] in pyproject.toml.",
-    ),
-    "control": (
-        "autoscale",
-        "control_group",
-        "Change and read the autoscale setpoint of supervisors.",
-        "Control running supervisors (`blitzq worker --autoscale MIN,MAX`) through Redis.",
-    ),
-    "dashboard": (
-        "dashboard",
-        "dashboard_command",
-        "Serve the web dashboard of MODULE:ATTR.",
-        "Serve the dashboard of the blitzq.Queue at MODULE:ATTR until SIGTERM/SIGINT.",
-    ),
-    "dead-letter": (
-        "dead_letters",
-        "dead_letter_group",
-        None,
-        "List, show, replay, purge and summarize dead-lettered tasks.",
-    ),
-    "queue": (
-        "queue_control",
-        "queue_group",
-        None,
-        "Look at queues, purge, pause and resume them.",
-    ),
-    "schedule": (
-        "schedule",
-        "schedule_group",
-        None,
-        "Add, list and remove periodic entries at run time (no restart of the schedulers).",
-    ),
-    "scheduler": (
-        "scheduler",
-        "scheduler_group",
-        None,
-        "Run periodic tasks (`blitzq scheduler [run] MODULE:ATTR`) or list them.",
-    ),
-    "server": (
-        "server",
-        "server_group",
-        None,
-        "Start, inspect and stop the embedded Valkey server.",
-    ),
-    "task": ("inspect", "task_group", None, "Look at individual tasks."),
-    "worker": (
-        "worker",
-        "worker_command",
-        "Run a worker for the Queue at MODULE:ATTR.",
-        "Run a worker for the blitzq.Queue at MODULE:ATTR (for example myapp.tasks:queue).",
-    ),
-}
+#: The names :mod:`blitzq.cli.root` defines, imported from it on first use (PEP 562).
+_ROOT_NAMES = frozenset({"COMMANDS", "WORKER_ADMIN", "LazyCommands", "cli"})
 
-#: The subcommands of ``blitzq worker`` that are not a MODULE:ATTR (``cli/workers.py``'s
-#: ``worker_admin_group``; ``tests/unit/test_cli_lazy.py`` checks the names).
-WORKER_ADMIN = frozenset({"list", "shutdown"})
+#: The variable naming a project file (:data:`blitzq.config.CONFIG_ENV`, checked by a test).
+_CONFIG_ENV = "BLITZQ_CONFIG"
 
 
-class LazyCommands(MutableMapping[str, click.Command]):
-    """The root group's commands, each imported on first use (click's lazy-group pattern, in
-    the ``commands`` mapping so that everything that walks the tree, ``wire_envvars``, the
-    ``[tool.blitzq]`` defaults and the spec generator, sees every command).
+def __getattr__(name: str) -> object:
+    """Import :mod:`blitzq.cli.root` when one of its names is first asked for."""
+    if name in _ROOT_NAMES:
+        from . import root
 
-    Looking a name up imports its module and wires the command's variables
-    (:func:`~.config.wire_envvars`); listing the names, ``in`` and ``len`` import nothing, so
-    ``import blitzq.cli`` and ``blitzq --help`` load no queue, broker or event loop.
+        value = getattr(root, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def help_width() -> int:
+    """The width (columns) click formats ``blitzq``'s help to in this process:
+    ``shutil.get_terminal_size().columns`` (``$COLUMNS``, else the terminal's width, else 80)
+    capped at the root group's ``max_content_width`` of 100, minus 2, at least 50 (click's
+    ``HelpFormatter``), computed without importing :mod:`shutil`."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 80
+        columns = columns or 80
+    return max(min(columns, 100) - 2, 50)
+
+
+def _no_project_table() -> bool:
+    """True when no project file can apply (:func:`blitzq.config.search`): ``$BLITZQ_CONFIG``
+    unset, no ``pyproject.toml`` refused as another user's on the way up (click would print a
+    warning), and the project's ``pyproject.toml``, if there is one, valid TOML without a
+    ``[tool.blitzq]`` table (a table loads every command and may be refused; an invalid file
+    is a configuration error): :func:`blitzq._project.walk`, the walk ``search`` makes."""
+    if os.environ.get(_CONFIG_ENV):
+        return False
+    from .._project import walk
+
+    try:
+        found, _, refused = walk(os.getcwd())
+    except OSError:
+        return False
+    if refused:
+        return False
+    if found is None:
+        return True
+    import tomllib
+
+    try:
+        with open(found, "rb") as f:
+            tool = tomllib.load(f).get("tool", {})
+    except (OSError, ValueError):  # tomllib.TOMLDecodeError is a ValueError
+        return False
+    return isinstance(tool, dict) and "blitzq" not in tool
+
+
+def _click_version(path: Sequence[str]) -> str | None:
+    """``major.minor`` of the click that ``import click`` would load from ``path`` (its
+    ``.dist-info`` directory beside the package), or ``None`` when that is not known."""
+    for entry in path:
+        entry = entry or "."
+        if not os.path.isdir(os.path.join(entry, "click")):
+            continue
+        try:
+            names = os.listdir(entry)
+        except OSError:
+            return None
+        for name in names:
+            if name.startswith("click-") and name.endswith(".dist-info"):
+                parts = name[len("click-") : -len(".dist-info")].split(".")
+                return ".".join(parts[:2])
+        return None
+    return None
+
+
+def fast_help(args: Sequence[str]) -> tuple[int, str, str] | None:
+    """What click would print for ``blitzq ARGS``, when :mod:`blitzq.cli._help` has it and
+    nothing could change it: ``(exit code, stream name, text)``, else ``None``.
+
+    It has it for ``--help``, ``-h`` and no argument, at the widths the help was generated
+    at (:func:`help_width`: 78 and 98, a pipe or an 80-column terminal and a wide one), for
+    the click version it was generated with (``major.minor``), when no project file can
+    apply (:func:`_no_project_table`). ``--help`` after a subcommand, or any other argument,
+    is click's.
+
+    Args:
+        args: the command line after the program name.
     """
+    key = "--help" if list(args) in (["--help"], ["-h"]) else "" if not args else None
+    if key is None:
+        return None
+    from . import _help
 
-    def __init__(self, table: dict[str, tuple[str, str, str | None, str]]) -> None:
-        self._table = table
-        self._loaded: dict[str, click.Command] = {}
-
-    def __getitem__(self, name: str) -> click.Command:
-        command = self._loaded.get(name)
-        if command is None:
-            if name not in self._table:
-                raise KeyError(name)
-            module, attribute = self._table[name][:2]
-            command = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
-            wire_envvars(command, f"BLITZQ_{name.upper().replace('-', '_')}")
-            self._loaded[name] = command
-        return command
-
-    def __setitem__(self, name: str, command: click.Command) -> None:
-        self._loaded[name] = command
-
-    def __delitem__(self, name: str) -> None:
-        self._loaded.pop(name, None)
-        self._table = {k: v for k, v in self._table.items() if k != name}
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(dict.fromkeys([*self._table, *self._loaded]))
-
-    def __len__(self) -> int:
-        return len(set(self._table) | set(self._loaded))
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._table or name in self._loaded
-
-    def listed(self, name: str) -> click.Command:
-        """``name``'s command if loaded, else a stand-in with its listed help (no import)."""
-        if name in self._loaded or name not in self._table:
-            return self[name]
-        short_help, help_text = self._table[name][2:]
-        return click.Command(name, short_help=short_help, help=help_text)
-
-
-class _Cli(ConfiguredGroup):
-    """The root group; ``worker list`` and ``worker shutdown`` go to
-    :data:`~.workers.worker_admin_group` (``worker MODULE:ATTR`` runs a worker)."""
-
-    commands: LazyCommands
-
-    def resolve_command(
-        self, ctx: click.Context, args: list[str]
-    ) -> tuple[str | None, click.Command | None, list[str]]:
-        """See :func:`~.workers.resolve`, else click's resolution."""
-        if len(args) > 1 and args[0] == "worker" and args[1] in WORKER_ADMIN:
-            from .workers import resolve
-
-            found = resolve(args)
-            if found:
-                return found
-        return super().resolve_command(ctx, args)
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """List the commands with their short help, importing none (see :data:`COMMANDS`)."""
-        names = self.list_commands(ctx)
-        if not names:
-            return
-        limit = formatter.width - 6 - max(len(name) for name in names)
-        rows = [(name, self.commands.listed(name).get_short_help_str(limit)) for name in names]
-        with formatter.section("Commands"):
-            formatter.write_dl(rows)
-
-
-__all__ = ["COMMANDS", "WORKER_ADMIN", "LazyCommands", "cli", "main"]
-
-
-@click.group(
-    cls=_Cli,
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-)
-@click.version_option(__version__, "-V", "--version", prog_name="blitzq")
-@global_options
-def cli() -> None:
-    """blitzq: an async-first task queue on Redis / Valkey."""
-
-
-wire_envvars(cli)  # the root's own options; each command's when it is loaded (LazyCommands)
-cli.commands = LazyCommands(COMMANDS)
+    found = _help.TEXTS.get((key, help_width()))
+    if found is None or _click_version(sys.path) != _help.CLICK or not _no_project_table():
+        return None
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -202,4 +147,20 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     Exits the process with the command's exit code.
     """
+    found = fast_help(list(argv) if argv is not None else sys.argv[1:])
+    if found is not None:
+        code, stream, text = found
+        out = sys.stdout if stream == "stdout" else sys.stderr
+        if out is not None:
+            try:
+                out.write(text)
+                out.flush()
+            except BrokenPipeError:  # as click does: the reader went away
+                sys.exit(1)
+        sys.exit(code)
+    from .root import cli
+
     cli.main(args=list(argv) if argv is not None else None, prog_name="blitzq")
+
+
+__all__ = ["COMMANDS", "WORKER_ADMIN", "LazyCommands", "cli", "fast_help", "help_width", "main"]

@@ -120,7 +120,7 @@ def scale(
     namespace = queue.namespace
     where = f"namespace {namespace}" + (f", group {group}" if group is not None else "")
     if point is None:
-        removed = run_with_queue(lambda q: q.broker.state.clear_scale(group), queue)
+        removed = run_with_queue(lambda q: q.broker.state.operations.clear_scale(group), queue)
         if settings().json:
             emit_json(
                 {"namespace": namespace, "group": group, "setpoint": None, "removed": removed}
@@ -131,7 +131,7 @@ def scale(
             )
         return
     lo, hi = point
-    run_with_queue(lambda q: q.broker.state.set_scale(lo, hi, group), queue)
+    run_with_queue(lambda q: q.broker.state.operations.set_scale(lo, hi, group), queue)
     if settings().json:
         emit_json({"namespace": namespace, "group": group, "setpoint": {"min": lo, "max": hi}})
     else:
@@ -149,7 +149,9 @@ def status(app: str | None, group: str | None) -> None:
     --namespace, default blitzq)."""
 
     async def read(q: Queue) -> tuple[tuple[int, int, float] | None, dict[str, bytes]]:
-        return await q.broker.state.scale(group), await q.broker.state.supervisors()
+        return await q.broker.state.operations.scale(
+            group
+        ), await q.broker.state.operations.supervisors()
 
     queue = _target(app)
     namespace = queue.namespace

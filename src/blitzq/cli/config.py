@@ -44,7 +44,7 @@ def default_map(root: click.Command) -> dict[str, Any]:
             command's table is none of its options.
     """
     table = config.project_table()
-    if not table:  # nothing to apply: no command is loaded for it (blitzq/cli/__init__.py)
+    if not table:  # nothing to apply: no command is loaded for it (blitzq/cli/root.py)
         return {}
     where = config.project_file()
 

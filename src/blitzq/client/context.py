@@ -45,7 +45,8 @@ class QueueContext(QueueSettings, Protocol):
 
     @property
     def signals(self) -> Signals:
-        """The Queue's signal handlers (:mod:`blitzq.extensions.signals`)."""
+        """Where the Queue's signals are emitted: the observers of each, its middleware's
+        ``on_signal`` hooks then its ``queue.on`` handlers (:mod:`blitzq.extensions.signals`)."""
         ...
 
     @property

@@ -58,7 +58,9 @@ async def inspect(broker: Broker, task_id: str) -> TaskRecord | None:
     data = await broker.get_record(task_id)
     record = TaskRecord.from_bytes(data) if data is not None else None
     if record is not None and record.state is TaskState.RUNNING:
-        if await broker.state.cancel_mark(task_id) is not None:  # a cancel waits for the run's end
+        if (
+            await broker.state.control.cancel_mark(task_id) is not None
+        ):  # a cancel waits for the run's end
             return dataclasses.replace(record, state=TaskState.CANCELLING)
         return record
     if record is not None and record.state not in _MAY_BE_SCHEDULED:
@@ -132,8 +134,8 @@ async def end_if_gone(
     broker: Broker, task_id: str, queue: str, seen: TaskRecord | None, result_ttl: int
 ) -> None:
     """End a result wait that found no record when its task is known nowhere any more:
-    ``broker.state.trace_task`` (one atomic look: no record, not on the schedule, no message in
-    its physical ``queue``) says ``False``. A wait asks it only of a task known to exist
+    ``broker.state.records.trace_task`` (one atomic look: no record, not on the schedule, no
+    message in its physical ``queue``) says ``False``. A wait asks it only of a task known to exist
     (sent by the caller, or ``seen``: the last record the wait read), every
     :data:`TRACE_FIRST` s doubling to :data:`TRACE_MAX` s, :data:`TRACES_AT_ONCE` at a time
     per event loop; a store that cannot tell
@@ -148,7 +150,7 @@ async def end_if_gone(
         gate = _tracing[loop] = asyncio.Semaphore(TRACES_AT_ONCE)
     try:
         async with gate:
-            known = await broker.state.trace_task(task_id, queue)
+            known = await broker.state.records.trace_task(task_id, queue)
     except BrokerError:
         return
     if known is not False:

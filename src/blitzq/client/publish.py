@@ -247,7 +247,7 @@ class Producer:
             and opts.task_id is None
         ):
             broker = owner.broker
-            since = broker.result_token()  # before the send: see StateStore.result_token
+            since = broker.result_token()  # before the send: see RecordsState.result_token
             fast = registered is not None and registered.fast
             await (broker.publish_fast if fast else broker.publish)(queue, (data,))
             handle: TaskHandle[Any] = TaskHandle(

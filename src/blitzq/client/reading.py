@@ -136,7 +136,7 @@ class Results:
         """:meth:`get_result`, given the task's physical ``queue`` when the caller knows it (a
         handle does), so that a timeout can say that no worker consumes that queue, and the
         broker's ``since`` mark taken when the task was sent (see
-        :meth:`~blitzq.broker.StateStore.wait_for_record`); ``sent``: the caller sent it
+        :meth:`~blitzq.broker.state.RecordsState.wait_for_record`); ``sent``: the caller sent it
         (:func:`~blitzq.client.lookup.end_if_gone` may end the wait early)."""
         task_id = lookup_key("task id", task_id)
         timeout = _checks.wait(timeout)

@@ -9,7 +9,7 @@ dead letter or all matching a filter (``queue.retry`` / ``queue.retry_dead_lette
 pause``), shut a worker down (``broker.request_shutdown``, as ``blitzq worker shutdown``)
 or resize its pool (``broker.request_resize``: a push on the event channel), run a periodic
 entry now (its task published once, with its arguments, to its queue) and pause / resume it
-(``broker.state.set_periodic_paused``: its occurrences are then claimed and skipped).
+(``broker.state.browse.set_periodic_paused``: its occurrences are then claimed and skipped).
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def action_routes(queue: Queue, runtime: RuntimeEntries) -> list[Route]:
         async def endpoint(request: Request) -> Response:
             item = await entry(request)
             await _confirmed(request, item.name)
-            changed = await queue.broker.state.set_periodic_paused(item.name, paused)
+            changed = await queue.broker.state.browse.set_periodic_paused(item.name, paused)
             return json_response({"name": item.name, "paused": paused, "changed": changed})
 
         return endpoint

@@ -47,7 +47,7 @@ async def series_doc(queue: Queue, minutes: int = 30) -> dict[str, Any]:
     """
     now_slot = int(time.time()) // SLOT
     slots = list(range(now_slot - minutes * 60 // SLOT, now_slot))
-    raw = await queue.broker.state.samples(slots)
+    raw = await queue.broker.state.browse.samples(slots)
     points = []
     width = len(BOUNDS) + 1
     for slot, fields in zip(slots, raw, strict=True):

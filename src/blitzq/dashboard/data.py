@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from itertools import pairwise
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEAD_LETTER_SCAN",
+    "RETIRED",
     "DeadLetterFilter",
     "RateSampler",
     "dead_letters_page",
@@ -42,6 +43,9 @@ __all__ = [
 #: Most dead letters (newest first) a filtered listing reads to find its matches.
 DEAD_LETTER_SCAN = 5000
 _CHUNK = 500
+#: The pseudo-worker of :class:`RateSampler` that carries what exited workers did after
+#: their last registration (``{ns}:stats`` ``retired_processed`` / ``retired_failed``).
+RETIRED = "(retired)"
 
 
 # ------------------------------------------------------------------ queues and rates
@@ -50,6 +54,8 @@ class _Sample:
     at: float
     workers: dict[str, tuple[int, int]]  # worker id -> (processed, failed)
     waiting: dict[str, int]
+    wall: float  # Unix seconds
+    started: dict[str, float]  # worker id -> Unix seconds it started
 
 
 @dataclass
@@ -64,6 +70,9 @@ class RateSampler:
     after the oldest sample counts from the first sample that has it, one that went away
     (stopped, recycled by ``--max-tasks-per-child``) keeps what it did while seen, and one
     that restarted under the same id (its counter went down) counts from its next sample.
+    What a worker did after its last registration reaches the namespace's retired counts
+    when it exits (:meth:`~blitzq.broker.Broker.unregister_worker`); the caller passes them
+    as the pseudo-worker :data:`RETIRED`, so a recycled worker's last tasks are counted too.
 
     Args:
         window: seconds of samples kept.
@@ -73,12 +82,21 @@ class RateSampler:
     _samples: deque[_Sample] = field(default_factory=deque)
 
     def add(
-        self, workers: Mapping[str, tuple[int, int]], waiting: Mapping[str, int], now: float
+        self,
+        workers: Mapping[str, tuple[int, int]],
+        waiting: Mapping[str, int],
+        now: float,
+        started: Mapping[str, float] | None = None,
     ) -> dict[str, Any]:
         """Record a sample taken at ``now`` (monotonic seconds) and return the rates:
-        ``{"window": s, "completed_per_s": x, "failed_per_s": x, "depth_per_s": {queue: x}}``.
+        ``{"window": s, "completed": n, "failed": n, "completed_per_s": x, "failed_per_s": x,
+        "depth_per_s": {queue: x}}`` (``completed`` / ``failed``: tasks in the window).
+        ``started`` (worker id to the Unix seconds it started) lets a worker that started
+        after the oldest sample count everything it did, not only what follows the first
+        sample that shows it.
         """
-        self._samples.append(_Sample(now, dict(workers), dict(waiting)))
+        sample = _Sample(now, dict(workers), dict(waiting), time.time(), dict(started or {}))
+        self._samples.append(sample)
         while now - self._samples[0].at > self.window:
             self._samples.popleft()
         while len(self._samples) > 256:
@@ -88,22 +106,30 @@ class RateSampler:
         if span < 1.0:
             return {
                 "window": None,
+                "completed": None,
+                "failed": None,
                 "completed_per_s": None,
                 "failed_per_s": None,
                 "depth_per_s": {},
             }
         done = failed = 0
-        # Sum each worker's increments between successive samples, so a worker counts from
-        # the first sample it appears in (not only if the oldest sample has it), and one
-        # that went away (stopped, recycled) keeps what it did while it was seen. A counter
-        # that went down (the same id restarted) counts from its new value.
-        for prev, cur in pairwise(self._samples):
+        # Sum each worker's increments between the samples that show it, so a worker counts
+        # from the first sample it appears in (not only if the oldest sample has it), one that
+        # went away (stopped, recycled) keeps what it did while it was seen, and one missing
+        # from some samples (a late registration) resumes from its last seen counts. A
+        # counter that went down (the same id restarted) counts from its new value. A worker
+        # never seen before that started after the oldest sample counts all it did (it
+        # registers before its first fetch, so that is all within the window).
+        seen = dict(first.workers)
+        for cur in islice(self._samples, 1, None):
             for wid, (processed, failures) in cur.workers.items():
-                before = prev.workers.get(wid)
-                if before is None:
-                    continue
-                done += max(0, processed - before[0])
-                failed += max(0, failures - before[1])
+                before = seen.get(wid)
+                if before is not None:
+                    done += max(0, processed - before[0])
+                    failed += max(0, failures - before[1])
+                elif cur.started.get(wid, first.wall) > first.wall:
+                    done, failed = done + processed, failed + failures
+                seen[wid] = (processed, failures)
         depth = {
             q: round((n - first.waiting[q]) / span, 3)
             for q, n in waiting.items()
@@ -111,6 +137,8 @@ class RateSampler:
         }
         return {
             "window": round(span, 1),
+            "completed": done,
+            "failed": failed,
             "completed_per_s": round(done / span, 3),
             "failed_per_s": round(failed / span, 3),
             "depth_per_s": depth,
@@ -155,9 +183,13 @@ async def queues_doc(queue: Queue, sampler: RateSampler) -> dict[str, Any]:
     """
     stats = await queue.stats()
     workers = await workers_doc(queue)
-    counts = {str(w["id"]): (int(w["processed"] or 0), int(w["failed"] or 0)) for w in workers}
+    # By registration key, unique per process: a recycled child keeps its slot's id.
+    counts = {str(w["key"]): (int(w["processed"] or 0), int(w["failed"] or 0)) for w in workers}
+    started = {str(w["key"]): float(w["started_at"] or 0) for w in workers}
+    counters = await queue.broker.counters()
+    counts[RETIRED] = (counters.get("retired_processed", 0), counters.get("retired_failed", 0))
     waiting = {q: int(c.get("waiting", 0)) for q, c in stats["queues"].items()}
-    rates = sampler.add(counts, waiting, time.monotonic())
+    rates = sampler.add(counts, waiting, time.monotonic(), started)
     paused = await queue.broker.paused_queues()
     rows = [
         {
@@ -308,7 +340,7 @@ async def periodic_doc(queue: Queue, runtime: RuntimeEntries | None = None) -> l
         BrokerError: the broker could not be reached.
     """
     out = []
-    paused = await queue.broker.state.paused_periodic()
+    paused = await queue.broker.state.browse.paused_periodic()
     for row in await all_periodic_status(queue, runtime):
         zone = row["zone"] or "UTC"
         out.append(

@@ -22,6 +22,7 @@ when it stopped there before filling the page. Cursors are opaque strings.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -135,38 +136,80 @@ async def _physical(queue: Queue, q: TaskQuery) -> list[str]:
     return sorted(await queue.broker.known_queues())
 
 
+def _tie_cursor(cursor: str | None, start: float | None) -> tuple[float | None, int | None]:
+    """Where a page of a time-ordered list (ended tasks, newest first; scheduled tasks,
+    soonest first) starts: ``(start, None)`` for the first page (the entries past
+    ``start``), ``(at, None)`` from a cursor of a time alone (an older page's), or
+    ``(at, k)`` from a cursor ``"<at>:<k>"``: the entries at ``at`` but the first ``k`` of
+    them (shown already), then those past it. Entries share a time (ended tasks written in
+    one batch, tasks enqueued together with one delay), so a cursor of the time alone would
+    skip the rest of a group a page cut. Raises ValueError for a cursor that is neither."""
+    if not cursor:
+        return start, None
+    at, sep, count = cursor.partition(":")
+    if not sep:
+        return float(at), None
+    skip = int(count)
+    if skip < 0:
+        raise ValueError(cursor)
+    return float(at), skip
+
+
+def _drop_shown(entries: list[Any], at: float | None, skip: int | None) -> list[Any]:
+    """``entries`` (time first) without the first ``skip`` at time ``at``: shown already."""
+    dropped = 0
+    while skip and dropped < min(skip, len(entries)) and entries[dropped][0] == at:
+        dropped += 1
+    return entries[dropped:]
+
+
 async def _ended(queue: Queue, q: TaskQuery) -> dict[str, Any]:
     broker = queue.broker
     names = await _physical(queue, q)
-    before = float(q.cursor) if q.cursor else q.until
+    top, skip = _tie_cursor(q.cursor, q.until)
     wanted = ENDED if q.state == "recent" else frozenset({q.state})
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
     scanned = 0
     while scanned < SCAN:
-        chunk = await broker.state.ended_tasks(names, before, q.since, _CHUNK)
+        want = _CHUNK + (skip or 0)
+        bound = top if skip is None or top is None else math.nextafter(top, math.inf)
+        raw = await broker.state.browse.ended_tasks(names, bound, q.since, want)
+        chunk = _drop_shown(raw, top, skip)
+        # Each entry's place as a cursor: its time and how many entries at that time (in the
+        # store's order) are shown up to it, counting those an earlier page showed.
+        tie_at, tie_count = (top, skip or 0) if skip else (None, 0)
         candidates = []
         for at, physical, member in chunk:
+            tie_at, tie_count = (at, tie_count + 1) if at == tie_at else (at, 1)
             state, _, rest = member.partition("\n")
             task, _, task_id = rest.partition("\n")
             if task_id in seen or state not in wanted or not q.keeps(task, physical, at):
                 continue
             seen.add(task_id)
-            candidates.append(_row(task_id, task, physical, state, at))
+            row = _row(task_id, task, physical, state, at)
+            row["_cursor"] = f"{at!r}:{tie_count}"
+            candidates.append(row)
         if q.text:
             candidates = await _with_calls(queue, q, candidates)
         for row in candidates:
             rows.append(row)
             if len(rows) >= q.limit:
-                await _fill_calls(queue, rows)
-                return {"items": rows, "next": repr(row["at"]), "scanned": scanned + len(chunk)}
+                return await _ended_page(queue, rows, row["_cursor"], scanned + len(chunk))
         scanned += len(chunk)
-        if len(chunk) < _CHUNK:
-            await _fill_calls(queue, rows)
-            return {"items": rows, "next": None, "scanned": scanned}
-        before = chunk[-1][0]
+        if len(raw) < want:
+            return await _ended_page(queue, rows, None, scanned)
+        top, skip = tie_at, tie_count
+    return await _ended_page(queue, rows, None if top is None else f"{top!r}:{skip or 0}", scanned)
+
+
+async def _ended_page(
+    queue: Queue, rows: list[dict[str, Any]], cursor: str | None, scanned: int
+) -> dict[str, Any]:
+    for row in rows:
+        row.pop("_cursor", None)
     await _fill_calls(queue, rows)
-    return {"items": rows, "next": repr(before), "scanned": scanned}
+    return {"items": rows, "next": cursor, "scanned": scanned}
 
 
 async def _fill_calls(queue: Queue, rows: list[dict[str, Any]]) -> None:
@@ -216,13 +259,18 @@ async def _with_calls(
 
 
 async def _scheduled(queue: Queue, q: TaskQuery) -> dict[str, Any]:
-    after = float(q.cursor) if q.cursor else (None if q.since is None else q.since - 1e-6)
+    since = None if q.since is None else q.since - 1e-6
+    after, skip = _tie_cursor(q.cursor, since)
     rows: list[dict[str, Any]] = []
     scanned = 0
     while scanned < SCAN:
-        chunk = await queue.broker.state.scheduled_tasks(after, _CHUNK)
-        for due, task_id, data in chunk:
+        want = _CHUNK + (skip or 0)
+        bound = after if skip is None or after is None else math.nextafter(after, -math.inf)
+        raw = await queue.broker.state.browse.scheduled_tasks(bound, want)
+        tie_at, tie_count = (after, skip or 0) if skip else (None, 0)
+        for due, task_id, data in _drop_shown(raw, after, skip):
             scanned += 1
+            tie_at, tie_count = (due, tie_count + 1) if due == tie_at else (due, 1)
             if q.until is not None and due >= q.until:
                 return {"items": rows, "next": None, "scanned": scanned}
             head, _, message = data.partition(b"\n")
@@ -235,11 +283,12 @@ async def _scheduled(queue: Queue, q: TaskQuery) -> dict[str, Any]:
             if q.keeps(env.task, physical, due) and q.finds(task_id, call):
                 rows.append(_row(task_id, env.task, physical, "scheduled", due, call))
                 if len(rows) >= q.limit:
-                    return {"items": rows, "next": repr(due), "scanned": scanned}
-        if len(chunk) < _CHUNK:
+                    return {"items": rows, "next": f"{due!r}:{tie_count}", "scanned": scanned}
+        if len(raw) < want:
             return {"items": rows, "next": None, "scanned": scanned}
-        after = chunk[-1][0]
-    return {"items": rows, "next": None if after is None else repr(after), "scanned": scanned}
+        after, skip = tie_at, tie_count
+    cursor = None if after is None else f"{after!r}:{skip or 0}"
+    return {"items": rows, "next": cursor, "scanned": scanned}
 
 
 async def _queued(queue: Queue, q: TaskQuery) -> dict[str, Any]:
@@ -252,7 +301,7 @@ async def _queued(queue: Queue, q: TaskQuery) -> dict[str, Any]:
     scanned = 0
     while index < len(names) and len(rows) < q.limit and scanned < SCAN:
         physical = names[index]
-        messages = await queue.broker.state.waiting_messages(physical, offset, _CHUNK)
+        messages = await queue.broker.state.browse.waiting_messages(physical, offset, _CHUNK)
         for data in messages:
             scanned += 1
             offset += 1

@@ -1,11 +1,14 @@
-"""The one extension mechanism: middleware (which declares the per-task options it handles)
-with signals as a thin observer layer on it, and the built-in middleware.
+"""The one extension mechanism: middleware (which declares the per-task and per-call options
+it handles, and observes signals through its ``on_signal`` hook), and the built-in
+middleware.
 
 - :mod:`.middleware`: the :class:`~.middleware.Middleware` base, its extension points and the
   narrow :class:`~.middleware.WorkerContext` the worker exposes to it;
 - :mod:`.registry`: a Queue's registered middleware and signal handlers, run by the producer
   and the worker;
-- :mod:`.signals`: the signals;
+- :mod:`.signal_events` (the signals and their event) and :mod:`.signals` (where they are
+  emitted: the per-signal observers of the chain; ``queue.on`` handlers held by the built-in
+  :class:`~.signals.SignalHandlers`);
 - built-in middleware, in the order their start checks run: :mod:`.ratelimit`
   (``rate_limit``, ``rate_key``, the Queue's ``queue_rate_limits``), :mod:`.expiry`
   (``max_age``), :mod:`.locks` (``lock``), :mod:`.unique` (``unique``).

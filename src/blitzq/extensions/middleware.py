@@ -30,6 +30,10 @@ hook                                            when
                                                 start
 ``on_worker_stop(worker)``                      worker, once after its runs ended and their
                                                 completions were written
+``on_signal(event)``                            wherever a signal is emitted (producer, worker,
+                                                scheduler): every :class:`~blitzq.Signal` in
+                                                :attr:`Middleware.observes`, with its
+                                                :class:`~blitzq.SignalEvent`
 ==============================================  ===============================================
 
 ``message`` is an :class:`Outgoing` (``message.envelope`` has the id, task name,
@@ -63,7 +67,18 @@ Errors:
 - ``on_worker_start`` raising fails the worker's start (nothing is fetched).
 - ``after_enqueue``, ``after_apply``, ``after_execute``, ``on_error``, ``on_retry``,
   ``on_failure`` and ``on_worker_stop`` raising is logged (logger ``blitzq.middleware``) and
-  changes nothing: the enqueue succeeds, the worker goes on.
+  changes nothing: the enqueue succeeds, the worker goes on; ``on_signal`` raising likewise
+  (logger ``blitzq.signals``).
+
+Signals: every signal blitzq emits (:mod:`blitzq.extensions.signals`) goes through the
+middleware chain: the ``on_signal`` hook of each middleware that observes it, in
+registration order, then the handlers of ``@queue.on(signal)``, which is sugar over one
+built-in middleware (:class:`~blitzq.extensions.signals.SignalHandlers`). The event carries
+what the other hooks do not: the worker's id, the physical queue, the stored error's type
+and message, a retry's delay, the signal's ``extra`` fields. When and how it is called
+(awaited, or at once for a plain ``def`` from synchronous emit sites) is as for a
+``queue.on`` handler of the same signal; a middleware that does not override ``on_signal``
+costs nothing there.
 
 Every run whose before-execute hooks ran ends with exactly one call of either ``after_execute``
 (success) or ``on_error`` (failure, timeout, cancellation, or being put back on the queue at
@@ -76,7 +91,7 @@ after-hooks run on the loop too, after the call returned. After-hooks and signal
 after the run's completion was handed to the writer, concurrently with it: they never delay
 the acknowledgement, and cannot change the stored result.
 
-A Queue without middleware and signal handlers pays nothing: the worker checks one boolean
+A Queue without middleware and signal observers pays nothing: the worker checks one boolean
 per run.
 
 Per-task options: a middleware declares the options of ``@queue.task(...)`` it handles in
@@ -105,7 +120,7 @@ A task or queue without any of these pays nothing for them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
@@ -120,6 +135,7 @@ if TYPE_CHECKING:
     from ..serialization import Envelope
     from ..task import Task
     from ..worker.execution import Job
+    from .signal_events import Signal, SignalEvent
 
 
 class EnqueueRefused(BlitzQError):
@@ -310,10 +326,15 @@ class Middleware:
             field; the middleware reads it back as ``job.envelope.options[name]`` (``options``
             is ``None`` when the call has none). Declared once on the class, like
             ``task_options``; nothing else changes for a new one.
+        observes: the signals whose events :meth:`on_signal` receives; ``None`` (the
+            default): every signal. Ignored unless ``on_signal`` is overridden. Naming them
+            keeps the others free: nothing is built for a signal nobody observes (the
+            workflow-end signals read the workflow's state back).
     """
 
     task_options: ClassVar[Mapping[str, Option]] = {}
     call_options: ClassVar[Mapping[str, Option]] = {}
+    observes: ClassVar[Collection[Signal] | None] = None
 
     def setup_task(self, task: Task[Any, Any], options: TaskOptions) -> None:
         """Called once per registered task with its checked options: plug this
@@ -344,6 +365,37 @@ class Middleware:
         """Once when a worker stops, after its runs ended and their completions were
         written (before the Queue's shutdown hooks and lifespans' close); errors are
         logged."""
+
+    async def on_signal(self, event: SignalEvent) -> None:
+        """Called with the event of each signal in :attr:`observes` (every signal when
+        ``None``), wherever it is emitted: producer, worker or scheduler, as the
+        ``queue.on`` handlers of that signal are and just before them (see the module
+        docstring). ``event.signal`` says which; the table of ``docs/middleware-signals.md``
+        says when each fires and what its event carries. Errors are logged (logger
+        ``blitzq.signals``), never raised to the emitter.
+
+        Args:
+            event: the :class:`~blitzq.SignalEvent`.
+        """
+
+    def signal_handlers(
+        self, signal: Signal
+    ) -> Sequence[Callable[[SignalEvent], Awaitable[None] | None]]:
+        """The callables this middleware contributes to ``signal``'s observers when the
+        registry builds the signal table (at each registration, never per event): its
+        bound :meth:`on_signal` when overridden and ``signal`` is observed, else none. The
+        built-in :class:`~blitzq.extensions.signals.SignalHandlers` returns the
+        ``queue.on`` handlers instead; other middleware override :meth:`on_signal`.
+
+        Args:
+            signal: the :class:`~blitzq.Signal`.
+        """
+        if type(self).on_signal is Middleware.on_signal:
+            return ()
+        observes = self.observes
+        if observes is not None and signal not in observes:
+            return ()
+        return (self.on_signal,)
 
     async def before_enqueue(self, message: Outgoing) -> None:
         """Before ``message`` is published; raise to refuse the enqueue.

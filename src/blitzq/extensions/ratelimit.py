@@ -13,7 +13,7 @@ gets the start check :class:`RateCheck`, the first of its start checks:
 
 - a copy that already holds a reserved token (``Envelope.reserved``) starts without asking;
 - otherwise it takes one token from each of its buckets in one broker call
-  (:meth:`~blitzq.broker.state.StateStore.acquire_rate`, the broker's clock). Granted now:
+  (:meth:`~blitzq.broker.state.ControlState.acquire_rate`, the broker's clock). Granted now:
   the task starts, and its copy is marked reserved (so a later start check that puts it back
   does not make it ask again). Not yet: it goes back on the schedule for the wait
   (``WorkerContext.reschedule``: attempt unchanged, no slot held), reserved if the bucket

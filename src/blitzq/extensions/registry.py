@@ -7,8 +7,14 @@ the eager test mode's drain by another);
 the worker through four calls, in this order per run: :meth:`Extensions.context_for`,
 :meth:`~Extensions.before_execute` (when any middleware has a before-execute hook),
 :meth:`~Extensions.started`, and :meth:`~Extensions.committed` with the run's typed
-:class:`~blitzq.extensions.middleware.Outcome`. It never calls back into the worker. Signals
-(:mod:`blitzq.extensions.signals`) are emitted from here, after the middleware hooks.
+:class:`~blitzq.extensions.middleware.Outcome`. It never calls back into the worker.
+
+Signals (:mod:`blitzq.extensions.signals`) go through the same chain: :attr:`Extensions.signals`
+is the table of each signal's observers, the ``on_signal`` hooks of the registered middleware
+that observe it, then the ``queue.on`` handlers held by a built-in middleware
+(:class:`~.signals.SignalHandlers`); the registry rebuilds it whenever a middleware or a
+handler is added. A run's outcome signals are emitted from here, after its middleware hooks;
+the other signals at their emit sites, through the same table.
 """
 
 from __future__ import annotations
@@ -76,16 +82,18 @@ def _owner(hook: Callable[..., Any]) -> str:
 
 
 class Extensions:
-    """Middleware and signal handlers of one Queue, and the calls that run them.
+    """Middleware of one Queue (signal handlers included), and the calls that run them.
 
     Args:
         queue: the owning Queue.
 
     Attributes:
         middleware: registered middleware, in registration order.
-        signals: the Queue's signal handlers.
+        signals: where the Queue's signals are emitted: each signal's observers, the
+            middleware's ``on_signal`` hooks and the ``queue.on`` handlers
+            (``signals.handlers``, a built-in middleware).
         enabled: whether runs need the execution hooks at all (middleware with execution
-            hooks, or signal handlers): the one boolean the worker checks per run.
+            hooks, or signal observers): the one boolean the worker checks per run.
         has_before: whether any middleware has a ``before_execute`` hook.
         received: whether ``TASK_RECEIVED`` has a handler (read once per delivery).
         workflow_signals: whether any workflow-step signal (``WORKFLOW_STEP_DONE``,
@@ -93,9 +101,11 @@ class Extensions:
         builtin: the Queue's own sugar as built-in middleware, outside :attr:`middleware`:
             the lifecycle hooks (:class:`~.lifecycle.QueueHooks`: started before and stopped
             after the registered middleware), the enqueue lists
-            (:class:`~.lifecycle.EnqueueLists`) and the eager test mode's drain
+            (:class:`~.lifecycle.EnqueueLists`), the eager test mode's drain
             (:class:`~blitzq.client.testmode.TestModeDrain`), whose enqueue and apply hooks
-            run after the registered middleware's.
+            run after the registered middleware's, and the ``queue.on`` handlers
+            (:class:`~.signals.SignalHandlers`), which observe a signal after the registered
+            middleware's ``on_signal``.
     """
 
     def __init__(self, queue: QueueContext) -> None:
@@ -105,8 +115,8 @@ class Extensions:
         self.lists = EnqueueLists(queue.enqueue_filters, queue.enqueue_observers)
         #: The eager test mode's drain (:mod:`blitzq.client.testmode`), idle outside it.
         self.test_mode = TestModeDrain(queue)
-        self.builtin: list[Middleware] = [self.lists, self.test_mode]
         self.signals = Signals(self._refresh)
+        self.builtin: list[Middleware] = [self.lists, self.test_mode, self.signals.handlers]
         self.enabled = False
         self.has_before = False
         self.received = False
@@ -133,6 +143,7 @@ class Extensions:
         for name in _HOOK_NAMES:
             ordered = self.middleware if name.startswith("before") else self.middleware[::-1]
             self._hooks[name] = [getattr(m, name) for m in ordered if _overrides(m, name)]
+        self.signals.route((*self.middleware, *self.builtin))
         hooks = self._hooks
         self.has_before = bool(hooks["before_execute"])
         self.enabled = bool(self.signals) or any(

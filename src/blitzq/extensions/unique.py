@@ -4,7 +4,7 @@
 of ``[task name, args, sorted kwargs]`` (as :mod:`blitzq.serialization` encodes them), or the
 per-call ``task.options(unique_key="...")``. At enqueue the queue's filter
 (:func:`unique_filter`) claims the keys of a whole batch in one atomic broker call
-(``SET NX`` per key, :meth:`~blitzq.broker.state.StateStore.claim_unique`). A claimed key holds
+(``SET NX`` per key, :meth:`~blitzq.broker.state.ControlState.claim_unique`). A claimed key holds
 the new task's id; a call whose key is already held publishes nothing and its handle points
 at the holder (``handle.duplicate is True``).
 

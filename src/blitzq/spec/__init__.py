@@ -13,7 +13,11 @@ from the code.
 * ``spec/messages.json``: msgspec's JSON schema of the Envelope (a positional MessagePack
   array on the wire), the stored task record, ``TaskRecord``, ``DeadLetter`` and
   ``Progress``;
-* ``llms.txt``: a title, a summary, and links to the docs pages and to the files above.
+* ``llms.txt``: a title, a summary, and links to the docs pages and to the files above;
+
+and, in the source tree, ``src/blitzq/cli/_help.py``: what click prints for ``blitzq --help``
+and a bare ``blitzq`` (:mod:`blitzq.spec.cli_help`), which ``blitzq --help`` serves without
+importing click.
 
 ``--check`` writes nothing and exits 1 naming every file that is missing or differs from
 what the code gives (0 when all are current). The output is deterministic: keys sorted, no
@@ -30,6 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from . import cli_help
 from .collect import constructors, doc_entries, errors, settings
 from .commands import commands, exit_codes
 
@@ -197,14 +202,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: --docs {docs}: no such directory", file=sys.stderr)
         return 2
     if args.check:
-        old = stale(docs)
+        old = [str(docs / name) for name in stale(docs)]
+        if cli_help.stale():
+            old.append(str(cli_help.HELP_MODULE))
         for name in old:
-            print(f"stale: {docs / name}", file=sys.stderr)
+            print(f"stale: {name}", file=sys.stderr)
         if old:
             print(f"regenerate with: {REGENERATE}", file=sys.stderr)
         return 1 if old else 0
     for name in write(docs):
         print(f"wrote {docs / name}")
+    if cli_help.write():
+        print(f"wrote {cli_help.HELP_MODULE}")
     return 0
 
 

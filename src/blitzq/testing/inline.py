@@ -18,10 +18,11 @@ the middleware's after-hooks have run, and nothing on the schedule is due within
 
 **Virtual time.** A message on the schedule (a delay, an ``eta``, a retry's backoff) is not
 waited for: when nothing else is left, the drain moves the earliest ones to their queues at
-once (:meth:`~blitzq.broker.StateStore.promote_due` with ``ahead``), as if their due time had
-come, and charges that wait to the drain's ``horizon``: the seconds of waiting one drain may
-skip in all. A message due later than what is left of it stays on the schedule. Attempts,
-records and outcomes are those of production; only the waits are skipped. A message put back
+once (:meth:`~blitzq.broker.state.ScheduleState.promote_due` with ``ahead``), as if their
+due time had come, and charges that wait to the drain's ``horizon``: the seconds of waiting
+one drain may skip in all. A message due later than what is left of it stays on the
+schedule. Attempts, records and outcomes are those of production; only the waits are
+skipped. A message put back
 on the schedule *without running* (a rate limit's or a lock's wait) cannot be hurried, since
 the server's token buckets and leases keep real time: when moving ahead ran nothing, the drain
 waits in real time for what is due within :data:`PATIENCE` seconds and leaves the rest.

@@ -36,12 +36,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing
 import os
 import signal
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._checks import byte_size, integer
@@ -52,6 +50,9 @@ from .executors import _run_by_reference
 from .recycling import MB, rss_bytes
 
 if TYPE_CHECKING:
+    import multiprocessing.process
+    from multiprocessing.connection import Connection
+
     from ..task import Task
 
 logger = logging.getLogger("blitzq.worker")
@@ -83,6 +84,8 @@ def check_supported() -> None:
     Raises:
         ConfigurationError: no ``forkserver`` start method (Windows).
     """
+    import multiprocessing  # here: an idle worker without a CPU pool loads none of it
+
     if os.name != "posix" or "forkserver" not in multiprocessing.get_all_start_methods():
         raise ConfigurationError(
             "the CPU pool (executor='cpu', --pool cpu) needs a POSIX system (fork and a "
@@ -180,6 +183,8 @@ class CpuPool:
         self.max_memory = max_memory
         self.preload = sorted({m for m in preload if m and m != "__main__"})
         self._refused_callback = refused
+        import multiprocessing  # on the first CPU pool only (~1 MB of an idle worker)
+
         self._ctx = multiprocessing.get_context("forkserver")
         self._capacity = asyncio.Semaphore(size)
         self._idle: list[_Child] = []

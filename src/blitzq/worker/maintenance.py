@@ -194,12 +194,20 @@ class Maintenance:
         self._wake = asyncio.Event()
         self._handed = asyncio.Event()
         self._next_wake = 0.0
+        #: (processed, failed) as the last registration that was written reported them.
+        self.registered_counts = (0, 0)
         #: Pushes on the event channel that were ignored as malformed.
         self.malformed_events = 0
         self._malformed_logged = -math.inf
 
     async def start(self) -> list[asyncio.Task[None]]:
-        """Load the cancelled ids, then start the loops; the worker cancels them at shutdown."""
+        """Register the worker and load the cancelled ids, then start the loops; the worker
+        cancels them at shutdown. The registration comes before the first fetch, so what a
+        worker counts is all in registrations that observers (the dashboard's rates) see."""
+        try:
+            await self.register()
+        except BrokerError as exc:  # the maintenance loop tries again
+            logger.warning("could not register the worker: %s", exc)
         try:
             await self._sync_revocations()
         except Exception as exc:  # the periodic resynchronisation tries again
@@ -410,7 +418,7 @@ class Maintenance:
         next_sync = time.monotonic() + REVOCATION_SYNC
         while True:
             try:  # alone: a refused registration (server out of memory) must not stop renewals
-                await broker.register_worker(worker.key, worker.info(), ttl=3 * self.interval + 5)
+                await self.register()
             except BrokerError as exc:
                 logger.warning("maintenance: could not register the worker: %s", exc)
             await self._sync_paused()
@@ -500,9 +508,32 @@ class Maintenance:
         for job in [j for j in kept if j not in runner.jobs]:
             del kept[job]
         if due:
-            await self.broker.state.keep_running([job.envelope.id for job in due], ttl)
+            await self.broker.state.records.keep_running([job.envelope.id for job in due], ttl)
             for job in due:
                 kept[job] = now + ttl
+
+    async def register(self) -> None:
+        """Register the worker (its :meth:`~blitzq.Worker.info`) for three maintenance
+        intervals and five seconds, and remember the counts that registration reported.
+
+        Raises:
+            BrokerError: the registration could not be written.
+        """
+        worker = self.worker
+        counts = (worker.processed, worker.failed)
+        await self.broker.register_worker(worker.key, worker.info(), ttl=3 * self.interval + 5)
+        self.registered_counts = counts
+
+    async def unregister(self, timeout: float) -> None:
+        """Remove the worker's registration at its shutdown, handing what it counted since
+        its last registration (processed, failed) to the namespace's retired counts. Waits
+        ``timeout`` seconds at most: a server that stopped answering must not hold the exit
+        (the registration then expires)."""
+        worker = self.worker
+        processed, failed = self.registered_counts
+        unreported = (max(0, worker.processed - processed), max(0, worker.failed - failed))
+        with contextlib.suppress(BrokerError, TimeoutError):
+            await asyncio.wait_for(self.broker.unregister_worker(worker.key, unreported), timeout)
 
     async def _counts_loop(self) -> None:
         """Register the worker again each second its counts changed (the maintenance loop
@@ -516,9 +547,7 @@ class Maintenance:
                 continue
             last = now
             try:
-                await self.broker.register_worker(
-                    worker.key, worker.info(), ttl=3 * self.interval + 5
-                )
+                await self.register()
             except BrokerError as exc:
                 logger.debug("could not refresh the worker's registration: %s", exc)
 

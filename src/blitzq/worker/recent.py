@@ -105,7 +105,7 @@ class EndNotes:
             by_queue.setdefault(queue, []).append(member)
         now = time.time()
         for queue, members in by_queue.items():
-            await broker.state.add_ended(queue, members, now, self.cap, self.ttl)
+            await broker.state.browse.add_ended(queue, members, now, self.cap, self.ttl)
 
     async def loop(self) -> None:
         """Write the pending notes every :data:`FLUSH_EVERY` seconds until cancelled, and

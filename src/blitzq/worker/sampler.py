@@ -153,14 +153,16 @@ class Sampler:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.interval)
             with contextlib.suppress(BlitzQError, TimeoutError):
-                await asyncio.wait_for(queue.broker.state.unpublish_supervisor(self.id), 5.0)
+                await asyncio.wait_for(
+                    queue.broker.state.operations.unpublish_supervisor(self.id), 5.0
+                )
         finally:
             with contextlib.suppress(BlitzQError):
                 await queue.close()
 
     async def _sample(self, queue: Queue) -> tuple[Sample, str | None]:
         broker = queue.broker
-        fields = await broker.state.setpoint(self.group)
+        fields = await broker.state.operations.setpoint(self.group)
         setpoint, reason = check_setpoint(fields, self.headroom)
         if reason is not None and fields != self._rejected:
             logger.warning("control: setpoint %s rejected: %s", fields, reason)
@@ -207,7 +209,7 @@ class Sampler:
             "at": time.time(),
         }
         ttl = 3 * self.interval + 5.0
-        await broker.state.publish_supervisor(self.id, json.dumps(status).encode(), ttl)
+        await broker.state.operations.publish_supervisor(self.id, json.dumps(status).encode(), ttl)
         return sample, mode
 
 

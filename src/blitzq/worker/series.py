@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -117,7 +118,13 @@ class Series:
         gauges = {
             f"q:{q}": sum(int(stats.get(p, {}).get("waiting", 0)) for p in levels(q)) for q in names
         }
-        await broker.state.add_sample(int(time.time()) // SLOT, counts, gauges, KEEP)
+        await broker.state.browse.add_sample(int(time.time()) // SLOT, counts, gauges, KEEP)
+
+    async def close(self, timeout: float) -> None:
+        """Add the counts of the current slot at the worker's shutdown (at most ``timeout``
+        seconds; a broker error or a timeout loses them, as the loop's would)."""
+        with contextlib.suppress(BrokerError, TimeoutError):
+            await asyncio.wait_for(self.sample(), timeout)
 
     async def loop(self) -> None:
         """Sample every :data:`SLOT` seconds until cancelled (a broker error is logged at

@@ -25,7 +25,6 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import functools
 import logging
 import threading
@@ -106,6 +105,8 @@ class _ThreadRun:
 
 
 def _set_async_exc(ident: int, exc: type[BaseException] | None) -> int:
+    import ctypes  # here: a worker that never interrupts a thread loads no ctypes (~0.4 MB)
+
     return int(
         ctypes.pythonapi.PyThreadState_SetAsyncExc(
             ctypes.c_ulong(ident), ctypes.py_object(exc) if exc is not None else None

@@ -22,7 +22,7 @@ from .._checks import flag, integer, log_level, seconds, text
 from ..broker import Broker
 from ..broker.eviction import check_eviction
 from ..dependencies import Resources
-from ..exceptions import BrokerError, ConfigurationError
+from ..exceptions import ConfigurationError
 from ..extensions.registry import extensions_of
 from ..extensions.signals import Signal, SignalEvent
 from ..logcontext import reset_worker_id, set_worker_id
@@ -580,9 +580,11 @@ class Worker:
             await asyncio.wait_for(flusher_task, timeout=max(5.0, self.shutdown_timeout))
         except TimeoutError:
             logger.error("could not write %d completion(s) at shutdown", self._flusher.backlog)
-        # A server that stopped answering must not hold the exit (the record expires).
-        with contextlib.suppress(BrokerError, TimeoutError):
-            await asyncio.wait_for(self.broker.unregister_worker(self.key), FETCH_GRACE)
+        # Its last counts go with the unregistration and the series' last slot (what the
+        # dashboard shows of a recycled child's last seconds); neither holds the exit.
+        await self._maintenance.unregister(FETCH_GRACE)
+        if self.series is not None:
+            await self.series.close(FETCH_GRACE)
         # middleware's on_worker_stop, then on_shutdown hooks and the lifespans' close
         await extensions_of(self.queue).worker_stopped(self)
         await self.queue.signals.drain()  # after-hooks and signal handlers still running

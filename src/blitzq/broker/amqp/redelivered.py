@@ -63,7 +63,7 @@ async def committed(store: StateStore, bodies: Sequence[bytes]) -> list[bool]:
     if not ids:
         return out
     try:
-        found = await store.get_records(ids)
+        found = await store.records.get_records(ids)
     except Exception as exc:  # at-least-once: run them again
         logger.debug("could not read the records of redelivered messages: %s", exc)
         return out

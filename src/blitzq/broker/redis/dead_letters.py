@@ -134,7 +134,7 @@ class RedisDeadLetters(RedisPart, DeadLetterState):
         the stream (``kind`` "s") or list ("l", ``""``: this broker's mode) of ``queue`` (a
         store in outbox mode: to its outbox, whatever ``kind`` says),
         claiming the ``unique`` key in the same script, only while it is the one that failed
-        at ``failed_at``; see :meth:`StateStore.replay_dead_letter`.
+        at ``failed_at``; see :meth:`DeadLetterState.replay_dead_letter`.
         """
         key, ttl = unique if unique is not None else ("", 0.0)
         done = await self.scripts.call(

@@ -46,6 +46,7 @@ from ..values import Completion, DeadLetterFields
 from .client import translate_errors
 from .connection import RedisConnection
 from .outbox import RedisOutbox
+from .records import RedisRecords
 from .store import RedisStateStore
 
 logger = logging.getLogger("blitzq.broker")
@@ -184,11 +185,35 @@ class HandoffRelay(Relay):
             return moved
 
 
+class SpreadRecords(RedisRecords):
+    """The records role of the spread layout: progress is fenced by the transport's leases
+    (:meth:`set_progress`), the store fencing nothing itself.
+
+    Args:
+        conn: the store's connection.
+        kind: the store's write kind (``"o"``: it has an outbox).
+        held: the transport's check of the deliveries this consumer still holds.
+    """
+
+    def __init__(self, conn: RedisConnection, kind: str, held: Held) -> None:
+        super().__init__(conn, kind, None)
+        self.held = held
+
+    async def set_progress(
+        self, task_id: str, data: bytes, at: float, ttl: int, fence: tuple[str, bytes] | None = None
+    ) -> bool:
+        """See :meth:`.RedisRecords.set_progress`; with ``fence``, stored only while this
+        consumer holds that delivery (:attr:`held` first, which renews its lease)."""
+        if fence is not None and not await self.held(fence[0], [fence[1]]):
+            return False
+        return await super().set_progress(task_id, data, at, ttl)
+
+
 class SpreadStateStore(RedisStateStore):
     """The Redis state store of the spread layout: its outbox hands batches off
     idempotently (:class:`SpreadOutbox`), it counts the completions the pairing fenced off
-    before they reached it (:meth:`count_stale`), and it fences progress by the
-    transport's leases (:meth:`set_progress`).
+    before they reached it (:meth:`count_stale`), and its records role fences progress by
+    the transport's leases (:class:`SpreadRecords`).
 
     Args:
         conn: the store's connection (the namespace's keys).
@@ -203,19 +228,11 @@ class SpreadStateStore(RedisStateStore):
     def __init__(self, conn: RedisConnection, held: Held) -> None:
         super().__init__(conn, outbox=True)
         self.held = held
+        self.records: SpreadRecords = SpreadRecords(conn, self.kind, held)
 
     def make_outbox(self) -> SpreadOutbox:
         """A :class:`SpreadOutbox` (batches with ids, for :class:`HandoffRelay`)."""
         return SpreadOutbox(self.conn, self)
-
-    async def set_progress(
-        self, task_id: str, data: bytes, at: float, ttl: int, fence: tuple[str, bytes] | None = None
-    ) -> bool:
-        """See :meth:`.RedisRecords.set_progress`; with ``fence``, stored only while this
-        consumer holds that delivery (:attr:`held` first, which renews its lease)."""
-        if fence is not None and not await self.held(fence[0], [fence[1]]):
-            return False
-        return await self.records.set_progress(task_id, data, at, ttl)
 
     @translate_errors
     async def count_stale(self, n: int) -> None:

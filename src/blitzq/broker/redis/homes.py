@@ -29,12 +29,17 @@ from ..values import Completion
 from .client import translate_errors
 from .completion import encode_batch, encode_entries
 from .connection import RedisConnection
-from .handoff import Held, SpreadStateStore
+from .control_state import RedisControl
+from .dead_letters import RedisDeadLetters
+from .handoff import Held, SpreadRecords, SpreadStateStore
 from .keys import GROUP, Keys, glob_escape
 
 __all__ = [
     "HOME_MARK",
+    "HomedControl",
+    "HomedDeadLetters",
     "HomedKeys",
+    "HomedRecords",
     "HomedStateStore",
     "complete_in",
     "home_queue",
@@ -204,9 +209,144 @@ async def complete_in(
     return [c for c in completions if (c.queue, c.token or c.fence) in wanted]
 
 
+class HomedRecords(SpreadRecords):
+    """The records role with homed ids: a homed id's record and progress are read and
+    written in its home, a wait on its record announces itself there.
+
+    Args:
+        conn: the store's connection, whose ``keys`` are :class:`HomedKeys`.
+        kind: the store's write kind.
+        held: the transport's check of held deliveries (see :class:`SpreadRecords`).
+    """
+
+    keys: HomedKeys
+
+    def __init__(self, conn: RedisConnection, kind: str, held: Held) -> None:
+        super().__init__(conn, kind, held)
+        self.announce = self.announce_wait  # a wait on a homed record announces itself
+
+    @translate_errors
+    async def announce_wait(self, task_id: str, seconds: float) -> None:
+        """Mark in its home that this process waits ``seconds`` on ``task_id``'s record, so
+        that its completion publishes it (a homed completion publishes a record only to an
+        announced waiter: ``complete.lua``, ARGV[9]). Nothing for an unhomed id."""
+        keys = self.keys
+        if keys.home(task_id) != keys.prefix:
+            wait = max(1, int(min(seconds, ANNOUNCE_MAX) * 1000) + 1000)
+            await self.client.set(keys.waiter(task_id), b"1", px=wait)
+
+    async def keep_running(self, task_ids: Sequence[str], ttl: int) -> int:
+        """See :meth:`.RedisRecords.keep_running`: one call per home."""
+        kept = 0
+        for group in _by_home(self.keys, task_ids).values():
+            kept += await super().keep_running(group, ttl)
+        return kept
+
+    async def get_records(self, task_ids: Sequence[str]) -> list[bytes | None]:
+        """See :meth:`.RedisRecords.get_records`: one read per home, in ``task_ids``' order."""
+        found: dict[str, bytes | None] = {}
+        for group in _by_home(self.keys, task_ids).values():
+            found.update(zip(group, await super().get_records(group), strict=True))
+        return [found[task_id] for task_id in task_ids]
+
+    @translate_errors
+    async def reset_tasks(self, task_ids: Sequence[str]) -> None:
+        """See :meth:`.RedisRecords.reset_tasks`: the records, progress and cancel marks of
+        each home (one MULTI/EXEC per home), then the namespace's cancel marks."""
+        keys = self.keys
+        for home, group in _by_home(keys, task_ids).items():
+            at = keys.home_keys(home)
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.execute_command(
+                    "DEL", *(keys.record(i) for i in group), *(keys.progress(i) for i in group)
+                )
+                pipe.zrem(at.revoked, *group)
+                await pipe.execute()
+        await self.client.zrem(keys.revoked, *task_ids)
+
+    @translate_errors
+    async def record_ids(self, limit: int) -> tuple[list[str], bool]:
+        """See :meth:`.RedisRecords.record_ids`: the namespace's records, then the homed ones
+        (SCAN ``{<ns>:q:*}:t:*``)."""
+        ids, more = await super().record_ids(limit)
+        if more:
+            return ids, more
+        pattern = glob_escape("{" + self.keys.namespace + ":q:") + "*" + glob_escape("}:" + _T)
+        async for key in self.client.scan_iter(match=pattern + "*", count=1000):
+            if len(ids) >= limit:
+                return ids, True
+            text = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
+            ids.append(text.partition("}:" + _T)[2])
+        return ids, False
+
+
+class HomedControl(RedisControl):
+    """The control role with homed ids: a homed task's cancel is written in its home too
+    (:meth:`cancel`)."""
+
+    keys: HomedKeys
+
+    @translate_errors
+    async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
+        """See :meth:`.RedisControl.cancel`; a homed id in two steps (docs/architecture.md):
+        the namespace's (``revoke.lua``: off the schedule, or marked and announced), then the
+        home's (``cancel.lua`` there: its mark and the cancelled record unless it runs)."""
+        keys = self.keys
+        home = keys.home(task_id)
+        if home == keys.prefix:
+            return await super().cancel(task_id, record, ttl)
+        state = _state(await self.client.get(keys.record(task_id)))
+        if state in FINAL:
+            return "finished"
+        now = repr(time.time())
+        spaced = await self.scripts.call(
+            "revoke",
+            keys=[keys.schedule, keys.schedule_data, keys.revoked],
+            args=[keys.prefix, task_id, now, ttl, "1" if state == "running" else "0"],
+        )
+        at = keys.home_keys(home)
+        answer = await self.scripts.call(
+            "cancel",
+            keys=[at.schedule, at.schedule_data, at.revoked, at.record(task_id)],
+            args=[at.prefix, task_id, now, ttl, record],
+        )
+        if spaced in (b"scheduled", "scheduled"):
+            return "scheduled"
+        return answer.decode() if isinstance(answer, bytes) else str(answer)
+
+
+class HomedDeadLetters(RedisDeadLetters):
+    """The dead-letter role with homed ids: a replay deletes a homed task's record in its
+    home (:meth:`replay_dead_letter`)."""
+
+    keys: HomedKeys
+
+    async def replay_dead_letter(
+        self,
+        task_id: str,
+        queue: str,
+        message: bytes,
+        kind: str = "",
+        unique: tuple[str, float] | None = None,
+        failed_at: float | None = None,
+    ) -> bool | str:
+        """See :meth:`.RedisDeadLetters.replay_dead_letter`; a homed id's record is deleted
+        in its home first (the replay deletes ``{ns}``'s), so the task starts afresh."""
+        if self.keys.home(task_id) != self.keys.prefix:
+            await self._unlink(self.keys.record(task_id))
+        return await super().replay_dead_letter(task_id, queue, message, kind, unique, failed_at)
+
+    @translate_errors
+    async def _unlink(self, key: str) -> None:
+        """DEL one key."""
+        await self.client.delete(key)
+
+
 class HomedStateStore(SpreadStateStore):
     """The spread layout's state store with homed ids (see the module docstring): a homed
     id's record and progress are written and read in its home, everything else in ``{ns}``.
+    Its own part is :meth:`complete`; the homed reads and writes of one role are that role's
+    (:class:`HomedRecords`, :class:`HomedControl`, :class:`HomedDeadLetters`).
 
     Args:
         conn: the store's connection, whose ``keys`` are :class:`HomedKeys`.
@@ -217,17 +357,9 @@ class HomedStateStore(SpreadStateStore):
 
     def __init__(self, conn: RedisConnection, held: Held) -> None:
         super().__init__(conn, held)
-        self.records.announce = self.announce  # a wait on a homed record announces itself
-
-    @translate_errors
-    async def announce(self, task_id: str, seconds: float) -> None:
-        """Mark in its home that this process waits ``seconds`` on ``task_id``'s record, so
-        that its completion publishes it (a homed completion publishes a record only to an
-        announced waiter: ``complete.lua``, ARGV[9]). Nothing for an unhomed id."""
-        keys = self.keys
-        if keys.home(task_id) != keys.prefix:
-            wait = max(1, int(min(seconds, ANNOUNCE_MAX) * 1000) + 1000)
-            await self.client.set(keys.waiter(task_id), b"1", px=wait)
+        self.records = HomedRecords(conn, self.kind, held)
+        self.control = HomedControl(conn)
+        self.dead_letter_box = HomedDeadLetters(conn, self.kind)
 
     async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
         """See :meth:`RedisStateStore.complete`: the namespace part first (everything but the
@@ -262,105 +394,14 @@ class HomedStateStore(SpreadStateStore):
             await complete_in(self.conn, "", keys.home_keys(home), parts)
         return [originals.get(id(c), c) for c in stale]
 
-    @translate_errors
-    async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
-        """See :meth:`.RedisControl.cancel`; a homed id in two steps (docs/architecture.md):
-        the namespace's (``revoke.lua``: off the schedule, or marked and announced), then the
-        home's (``cancel.lua`` there: its mark and the cancelled record unless it runs)."""
-        keys = self.keys
-        home = keys.home(task_id)
-        if home == keys.prefix:
-            return await super().cancel(task_id, record, ttl)
-        state = _state(await self.client.get(keys.record(task_id)))
-        if state in FINAL:
-            return "finished"
-        now = repr(time.time())
-        spaced = await self.scripts.call(
-            "revoke",
-            keys=[keys.schedule, keys.schedule_data, keys.revoked],
-            args=[keys.prefix, task_id, now, ttl, "1" if state == "running" else "0"],
-        )
-        at = keys.home_keys(home)
-        answer = await self.scripts.call(
-            "cancel",
-            keys=[at.schedule, at.schedule_data, at.revoked, at.record(task_id)],
-            args=[at.prefix, task_id, now, ttl, record],
-        )
-        if spaced in (b"scheduled", "scheduled"):
-            return "scheduled"
-        return answer.decode() if isinstance(answer, bytes) else str(answer)
 
-    async def replay_dead_letter(
-        self,
-        task_id: str,
-        queue: str,
-        message: bytes,
-        kind: str = "",
-        unique: tuple[str, float] | None = None,
-        failed_at: float | None = None,
-    ) -> bool | str:
-        """See :meth:`.RedisDeadLetters.replay_dead_letter`; a homed id's record is deleted
-        in its home first (the replay deletes ``{ns}``'s), so the task starts afresh."""
-        if self.keys.home(task_id) != self.keys.prefix:
-            await self._unlink(self.keys.record(task_id))
-        return await super().replay_dead_letter(task_id, queue, message, kind, unique, failed_at)
-
-    @translate_errors
-    async def _unlink(self, key: str) -> None:
-        """DEL one key."""
-        await self.client.delete(key)
-
-    async def keep_running(self, task_ids: Sequence[str], ttl: int) -> int:
-        """See :meth:`.RedisRecords.keep_running`: one call per home."""
-        kept = 0
-        for group in self._by_home(task_ids).values():
-            kept += await super().keep_running(group, ttl)
-        return kept
-
-    async def get_records(self, task_ids: Sequence[str]) -> list[bytes | None]:
-        """See :meth:`.RedisRecords.get_records`: one read per home, in ``task_ids``' order."""
-        found: dict[str, bytes | None] = {}
-        for group in self._by_home(task_ids).values():
-            found.update(zip(group, await super().get_records(group), strict=True))
-        return [found[task_id] for task_id in task_ids]
-
-    @translate_errors
-    async def reset_tasks(self, task_ids: Sequence[str]) -> None:
-        """See :meth:`.RedisRecords.reset_tasks`: the records, progress and cancel marks of
-        each home (one MULTI/EXEC per home), then the namespace's cancel marks."""
-        keys = self.keys
-        for home, group in self._by_home(task_ids).items():
-            at = keys.home_keys(home)
-            async with self.client.pipeline(transaction=True) as pipe:
-                pipe.execute_command(
-                    "DEL", *(keys.record(i) for i in group), *(keys.progress(i) for i in group)
-                )
-                pipe.zrem(at.revoked, *group)
-                await pipe.execute()
-        await self.client.zrem(keys.revoked, *task_ids)
-
-    @translate_errors
-    async def record_ids(self, limit: int) -> tuple[list[str], bool]:
-        """See :meth:`.RedisRecords.record_ids`: the namespace's records, then the homed ones
-        (SCAN ``{<ns>:q:*}:t:*``)."""
-        ids, more = await super().record_ids(limit)
-        if more:
-            return ids, more
-        pattern = glob_escape("{" + self.keys.namespace + ":q:") + "*" + glob_escape("}:" + _T)
-        async for key in self.client.scan_iter(match=pattern + "*", count=1000):
-            if len(ids) >= limit:
-                return ids, True
-            text = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
-            ids.append(text.partition("}:" + _T)[2])
-        return ids, False
-
-    def _by_home(self, task_ids: Sequence[str]) -> dict[str, list[str]]:
-        """``task_ids`` grouped by home (in their order within a group)."""
-        groups: dict[str, list[str]] = {}
-        home = self.keys.home
-        for task_id in task_ids:
-            groups.setdefault(home(task_id), []).append(task_id)
-        return groups
+def _by_home(keys: HomedKeys, task_ids: Sequence[str]) -> dict[str, list[str]]:
+    """``task_ids`` grouped by home (in their order within a group)."""
+    groups: dict[str, list[str]] = {}
+    home = keys.home
+    for task_id in task_ids:
+        groups.setdefault(home(task_id), []).append(task_id)
+    return groups
 
 
 #: Record states no cancel changes (``cancel.lua``'s "finished").

@@ -64,11 +64,17 @@ class RedisRegistry(RedisPart, RegistryState):
             await pipe.execute()
 
     @translate_errors
-    async def unregister_worker(self, worker_id: str) -> None:
-        """Remove a worker's registration."""
+    async def unregister_worker(self, worker_id: str, retired: tuple[int, int] = (0, 0)) -> None:
+        """Remove a worker's registration and add ``retired`` (processed, failed since its
+        last registration) to ``{ns}:stats`` ``retired_processed`` / ``retired_failed``, in
+        one MULTI."""
+        keys = self.keys
         async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hdel(self.keys.workers, worker_id)
-            pipe.zrem(self.keys.worker_beats, worker_id)
+            pipe.hdel(keys.workers, worker_id)
+            pipe.zrem(keys.worker_beats, worker_id)
+            for field, n in zip(("retired_processed", "retired_failed"), retired, strict=True):
+                if n:
+                    pipe.hincrby(keys.stats, field, n)
             await pipe.execute()
 
     @translate_errors

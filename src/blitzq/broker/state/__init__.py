@@ -23,8 +23,13 @@ The seam is split by role, each a small abstract class used by one consumer:
 :class:`ScheduleState` (schedule, promotion, periodic claims), :class:`DeadLetterState`,
 :class:`ControlState` (rate, unique, lock, cancel), :class:`RegistryState` (queues, workers,
 counters), :class:`OperationsState` (operator state) and :class:`BrowseState` (what the
-dashboard lists and charts); :class:`StateStore` is all of them
-plus the one atomic :meth:`StateStore.complete`.
+dashboard lists and charts). :class:`StateStore` holds one object per role
+(:attr:`StateStore.records`, ``scheduling``, ``dead_letter_box``, ``control``,
+``registry``, ``operations``, ``browse``) and adds the one atomic :meth:`StateStore.complete`
+and its lifecycle; it forwards nothing: a caller uses the role object
+(``broker.state.records.trace_task(...)``, or the facade's method of the same name where the
+facade has one), so a new call of a role is written in that role alone (its abstract class
+and its implementation).
 """
 
 from __future__ import annotations
@@ -59,16 +64,27 @@ __all__ = [
 ]
 
 
-class StateStore(
-    RecordsState,
-    ScheduleState,
-    DeadLetterState,
-    ControlState,
-    RegistryState,
-    OperationsState,
-    BrowseState,
-):
-    """Task state and completion effects. See the module docstring."""
+class StateStore(abc.ABC):
+    """Task state, by role, and completion effects. See the module docstring.
+
+    Attributes:
+        records: records and their waits, workflow state, progress, task liveness.
+        scheduling: the schedule and its promotion, periodic claims.
+        dead_letter_box: the dead letters.
+        control: rate limits, unique keys, locks, cancel marks, events.
+        registry: known queues, live workers, paused queues, requests, counters.
+        operations: operator state (run-time periodic entries, the autoscale setpoint,
+            supervisor status, server facts).
+        browse: what the dashboard lists and charts.
+    """
+
+    records: RecordsState
+    scheduling: ScheduleState
+    dead_letter_box: DeadLetterState
+    control: ControlState
+    registry: RegistryState
+    operations: OperationsState
+    browse: BrowseState
 
     def acks(self, transport: Transport) -> bool:
         """Whether :meth:`complete` acknowledges ``transport``'s deliveries itself, in the
@@ -94,7 +110,7 @@ class StateStore(
         to this consumer -- its lease lapsed and another worker recovered the message -- is
         stale: none of its writes (ack, record, retry, dead letter, requeue, ops) is applied,
         the check and the writes being one atomic step. Each stale completion adds 1 to the
-        namespace's ``stale_completions`` counter (:meth:`counters`). Brokers without leases
+        namespace's ``stale_completions`` counter (``registry.counters``). Brokers without leases
         (fast mode) have nothing to check.
 
         ``token`` and fencing with a transport whose ack is separate (:meth:`acks` is

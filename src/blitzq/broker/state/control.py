@@ -61,6 +61,15 @@ class ControlState(abc.ABC):  # noqa: B024 - every method has a default
         """Cancelled task ids still marked, with the Unix time their mark expires."""
         raise NotImplementedError(f"{type(self).__name__} does not support cancellation")
 
+    async def cancel_mark(self, task_id: str) -> float | None:
+        """When the cancel mark of ``task_id`` expires (Unix seconds), or ``None`` when it
+        has none (the default: no cancellation support).
+
+        Raises:
+            BrokerError: the broker could not be reached.
+        """
+        return None
+
     def events(self) -> AsyncIterator[tuple[str, str]]:
         """Push notifications for workers: ``("revoke", task_id)`` and ``("schedule", eta)``
         (``("unknown", text)`` for anything else published there), and first

@@ -123,12 +123,3 @@ class RecordsState(abc.ABC):
             BrokerError: the broker could not be reached.
         """
         return 0
-
-    async def cancel_mark(self, task_id: str) -> float | None:
-        """When the cancel mark of ``task_id`` expires (Unix seconds), or ``None`` when it
-        has none (the default: no cancellation support).
-
-        Raises:
-            BrokerError: the broker could not be reached.
-        """
-        return None

@@ -31,8 +31,10 @@ class RegistryState(abc.ABC):
         """Record a live worker for ``ttl`` seconds (refreshed by its maintenance loop)."""
 
     @abc.abstractmethod
-    async def unregister_worker(self, worker_id: str) -> None:
-        """Remove a worker's registration."""
+    async def unregister_worker(self, worker_id: str, retired: tuple[int, int] = (0, 0)) -> None:
+        """Remove a worker's registration and add ``retired`` (tasks processed, failed since
+        its last registration) to the namespace's retired counts (:meth:`counters`
+        ``retired_processed`` / ``retired_failed``), so its last counts are not lost."""
 
     @abc.abstractmethod
     async def workers(self) -> dict[str, bytes]:

@@ -150,8 +150,36 @@
     }
   }
 
+  // A re-render between a button's press and its release would eat the click: the pressed
+  // button is gone, so the browser sends the click to no button (a confirmation that never
+  // runs). Renders therefore wait while a pointer is down and run once it is released (after
+  // the click), or after HOLD_MS if the release never comes (a drag out of the window).
+  const HOLD_MS = 1500;
+  let pressedAt = 0;
+  const held = new Map(); // render function -> the latest render waiting for the release
+  function flushHeld() {
+    pressedAt = 0;
+    const renders = [...held.values()];
+    held.clear();
+    for (const run of renders) run();
+  }
+  document.addEventListener("pointerdown", () => { pressedAt = Date.now(); }, true);
+  for (const type of ["pointerup", "pointercancel"]) {
+    document.addEventListener(type, () => setTimeout(flushHeld, 0), true);
+  }
+  window.addEventListener("blur", flushHeld);
+  function whenReleased(render, doc) {
+    if (pressedAt && Date.now() - pressedAt < HOLD_MS) {
+      held.set(render, () => render(doc));
+      setTimeout(flushHeld, HOLD_MS);
+    } else {
+      render(doc);
+    }
+  }
+
   // Poll `load` every `refresh` ms; `render` runs when the answer changed (or every time
-  // with `always`, for pages showing times relative to now).
+  // with `always`, for pages showing times relative to now). body[data-polls] counts the
+  // answers, so a test can wait for polls to have happened.
   function live(load, render, always) {
     let last = null;
     let timer = null;
@@ -159,10 +187,11 @@
       try {
         const doc = await load();
         const key = JSON.stringify(doc);
-        if (always || key !== last) { last = key; render(doc); }
+        if (always || key !== last) { last = key; whenReleased(render, doc); }
         refreshAgo();
         status(null);
       } catch (error) { status(error); }
+      body.dataset.polls = String(Number(body.dataset.polls || 0) + 1);
       clearTimeout(timer);
       timer = setTimeout(tick, refresh);
     }

@@ -1,5 +1,5 @@
 -- revoke.lua: the namespace's step of cancelling a homed task on the spread layout
--- (homes.py, HomedStateStore.cancel; the home's step is cancel.lua run in the task's home,
+-- (homes.py, HomedControl.cancel; the home's step is cancel.lua run in the task's home,
 -- which marks it there and writes the cancelled record).
 -- KEYS[1] {ns}:sched      schedule (zset: task id -> due time)
 -- KEYS[2] {ns}:sched:m    schedule data (hash: task id -> message)
