@@ -17,6 +17,12 @@ memory, start-up, and Redis memory per queued message.
 * ``Redis memory per queued no-argument message``: ``bench.memory_blitzq``, both modes, and
   beside it the mean over task names of :data:`SWEEP` lengths (a stream's cost steps up at
   some value sizes); goal <= 80 bytes.
+* ``server CPU per task``: ``../shared/bench-anchor/server_cost.py`` (20,000 no-op tasks
+  enqueued in bulk, then drained by one ``Worker(concurrency=200)``, reliable, results
+  stored; the private server's ``used_cpu_user + used_cpu_sys`` per task over the drain)
+  under this tree beside the same script under blitzq 1.1.0 (the anchor venv), the order
+  alternating pair by pair. Ratio: this tree's drain CPU per task over 1.1.0's; goal <= 0.5.
+  The enqueue phase's ratio is printed beside it (goal: no worse than 1.1.0's, <= 1.0).
 """
 
 from __future__ import annotations
@@ -83,6 +89,67 @@ def _json_of(argv: list[str], url: str) -> dict[str, Any]:
             figures: dict[str, Any] = json.loads(line)
             return figures
     raise RuntimeError(f"{argv[1]} failed: {done.stderr[-2000:]}")
+
+
+#: ``../shared/bench-anchor/server_cost.py`` (of the main checkout, or one level further up).
+SERVER_COST = next(
+    (
+        p / "shared" / "bench-anchor" / "server_cost.py"
+        for p in (ROOT.parent, ROOT.parent.parent)
+        if (p / "shared" / "bench-anchor" / "server_cost.py").exists()
+    ),
+    ROOT.parent / "shared" / "bench-anchor" / "server_cost.py",
+)
+
+
+def server_cost(url: str, pairs: int, anchor_python: Path, n: int = 20000) -> list[Any]:
+    """The server's CPU per task of a reliable drain with results, this tree over blitzq
+    1.1.0 (``server_cost.py`` under each, alternating), and the enqueue phase's beside it."""
+    from targets import Line
+
+    drain = Line(
+        "server CPU per task, reliable drain with results (server_cost.py)",
+        "blitzq 1.1.0, same run",
+        "<= 0.5",
+    )
+    enqueue = Line(
+        "server CPU per task, bulk enqueue (server_cost.py)", "blitzq 1.1.0, same run", "<= 1.0"
+    )
+    if not SERVER_COST.exists() or not anchor_python.exists():
+        drain.note = f"skipped: no {SERVER_COST} or no blitzq 1.1.0 venv ({anchor_python})"
+        return [drain]
+    ours_us: list[float] = []
+    for i in range(pairs):
+        got: dict[str, dict[str, Any]] = {}
+        for side in ("ours", "anchor") if i % 2 == 0 else ("anchor", "ours"):
+            python = sys.executable if side == "ours" else str(anchor_python)
+            argv = [python, str(SERVER_COST), "reliable", str(n), "200", "1"]
+            env = _env(url)
+            if side == "anchor":
+                env.pop("PYTHONPATH", None)
+            done = subprocess.run(
+                argv, env=env, capture_output=True, text=True, timeout=600, check=False, cwd="/tmp"
+            )
+            lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
+            if not lines:
+                raise RuntimeError(f"server_cost.py ({side}) failed: {done.stderr[-2000:]}")
+            got[side] = json.loads(lines[-1])
+        ours, anchor = got["ours"], got["anchor"]
+        ours_us.append(ours["drain_server_us_per_task"])
+        drain.ratios.append(ours["drain_server_us_per_task"] / anchor["drain_server_us_per_task"])
+        enqueue.ratios.append(
+            ours["enqueue_server_us_per_task"] / anchor["enqueue_server_us_per_task"]
+        )
+        print(
+            f"server cost pair {i + 1}: drain {ours['drain_server_us_per_task']:.2f} / "
+            f"{anchor['drain_server_us_per_task']:.2f} us, commands "
+            f"{ours['drain_cmds_per_task']:.3f} / {anchor['drain_cmds_per_task']:.3f} a task",
+            file=sys.stderr,
+        )
+    drain.passed = statistics.median(drain.ratios) <= 0.5
+    drain.note = f"this tree {statistics.median(ours_us):.2f} us a task"
+    enqueue.passed = statistics.median(enqueue.ratios) <= 1.0
+    return [drain, enqueue]
 
 
 def fast_over_reliable(url: str, pairs: int, noop_n: int = 20000, incr_n: int = 10000) -> list[Any]:

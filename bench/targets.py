@@ -23,7 +23,9 @@ alternates (A B, B A, ...):
 * issue 29's rows (``bench/round3.py``): fast-mode drain over the reliable drain of this
   tree (no-op and INCR bodies, results stored and not; goal >= 1.2), the idle ``blitzq
   worker``'s RSS (<= 35 MB), ``import blitzq`` and ``blitzq --help`` over ``python -c pass``
-  in CPU time (<= 1.5), and Redis bytes per queued no-argument message (<= 80).
+  in CPU time (<= 1.5), Redis bytes per queued no-argument message (<= 80), and the
+  server's CPU per task of a reliable drain with results over blitzq 1.1.0's (<= 0.5,
+  ``../shared/bench-anchor/server_cost.py``).
 
 Absolute round-trip times mean something only on an idle machine: the load average is printed
 beside them. Prints the summary table (target, measured ratio, reference, goal, PASS/MISS,
@@ -345,12 +347,13 @@ def main() -> None:
     parser.add_argument("--enqueues", type=int, default=5000, help="enqueues per run")
     parser.add_argument(
         "--only",
-        help="rows: round-trip, enqueue, drain, fast, rss, startup, memory (comma-separated)",
+        help="rows: round-trip, enqueue, drain, fast, server, rss, startup, memory "
+        "(comma-separated)",
     )
     parser.add_argument("--make-anchor", action="store_true", help="make the 1.1.0 venv")
     parser.add_argument("--redis-url", help="use this server instead of a private one")
     args = parser.parse_args()
-    every = {"round-trip", "enqueue", "drain", "fast", "rss", "startup", "memory"}
+    every = {"round-trip", "enqueue", "drain", "fast", "server", "rss", "startup", "memory"}
     only = set(args.only.split(",")) if args.only else every
     if args.make_anchor:
         make_anchor()
@@ -366,6 +369,8 @@ def main() -> None:
             lines += measure_drains(url, args.pairs)
         if "fast" in only:
             lines += round3.fast_over_reliable(url, args.pairs)
+        if "server" in only:
+            lines += round3.server_cost(url, args.pairs, ANCHOR_PYTHON)
         if "rss" in only:
             lines += round3.idle_worker_rss(url, args.pairs)
         if "startup" in only:

@@ -168,6 +168,8 @@ class RedisStateStore(StateStore):
                 conn.dead_letter_max_bytes,
                 NOTIFY_INLINE_MAX,
                 self.lease.consumer if self.lease is not None else "",
+                "",  # not quiet: records are announced on their done channel
+                "" if conn.cluster else "1",  # ... only to one with a subscriber (one server)
             ],
         )
         if not stale:

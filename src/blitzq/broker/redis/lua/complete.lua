@@ -9,7 +9,12 @@
 -- ARGV[8] this consumer's name, ARGV[9] (optional) "1": a record's done channel is published
 -- only while a waiter announced itself in {prefix}w:<task_id> (the spread layout's homed
 -- records, prefix a queue's tag: a cluster sends a PUBLISH to every node, so a record nobody
--- waits for is not announced; a waiter re-reads every second anyway). The batch's entries:
+-- waits for is not announced; a waiter re-reads every second anyway), ARGV[10] (optional)
+-- "1": a single server (not a cluster, whose PUBLISH reaches subscribers of every node): while
+-- no client holds a pattern subscription (PUBSUB NUMPAT), a record's done channel is published
+-- only when it has a subscriber (one PUBSUB NUMSUB of the batch's channels), so a batch nobody
+-- waits for costs no PUBLISH. Exact: a waiter that subscribes after this script reads the
+-- record it wrote (records.py reads after its subscription is confirmed). The batch's entries:
 --   {"A", queue, {id1, id2, ...}}   reliable acks without anything else (XACK + XDEL)
 --   {"R", queue, ttl, {id1, ...}, {task_id1, ...}, {record1, ...}}   completions that only
 --     ack (ids: stream entry ids, empty for a list or the outbox) and store a record (the
@@ -63,6 +68,11 @@ local prefix, group, cap = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local batch = cmsgpack.unpack(ARGV[4])
 local consumer = ARGV[8]
 local quiet = ARGV[9] == '1'
+-- Channels with a subscriber (channel -> true), or nil: publish every record (see ARGV[10]).
+local heard = nil
+if not quiet and ARGV[10] == '1' and redis.call('PUBSUB', 'NUMPAT') == 0 then
+  heard = {}
+end
 local dead_added = 0
 local dl_ttl, dl_bytes, inline_max = ARGV[5], ARGV[6], tonumber(ARGV[7])
 --@include dead_letters.lua
@@ -89,10 +99,37 @@ local function store(task_id, record, ttl)
   if marks and cancel_stands(task_id, record) then return end
   redis.call('SET', KEY.record(prefix, task_id), record, 'EX', ttl)
   if quiet and redis.call('EXISTS', KEY.waiter(prefix, task_id)) == 0 then return end
+  local channel = KEY.done_channel(prefix, task_id)
+  if heard and not heard[channel] then return end
   if #record <= inline_max then
-    redis.call('PUBLISH', KEY.done_channel(prefix, task_id), record)
+    redis.call('PUBLISH', channel, record)
   else  -- a big body would overflow the subscriber's output buffer: announce only
-    redis.call('PUBLISH', KEY.done_channel(prefix, task_id), '1')
+    redis.call('PUBLISH', channel, '1')
+  end
+end
+
+-- Fill heard with the done channels of the batch's records that have a subscriber (one
+-- PUBSUB NUMSUB per 1000 channels).
+local function listen(entries)
+  local channels = {}
+  for _, c in ipairs(entries) do
+    if c[1] == 'R' then
+      for _, task_id in ipairs(c[5]) do
+        channels[#channels + 1] = KEY.done_channel(prefix, task_id)
+      end
+    elseif c[1] ~= 'A' and c[1] ~= 'I' and c[6] ~= '' then
+      local task_id = c[5]
+      channels[#channels + 1] = KEY.done_channel(prefix, task_id)
+    end
+  end
+  local s = 1
+  while s <= #channels do
+    local e = math.min(#channels, s + 999)
+    local counts = redis.call('PUBSUB', 'NUMSUB', unpack(channels, s, e))
+    for j = 1, #counts - 1, 2 do
+      if counts[j + 1] > 0 then heard[counts[j]] = true end
+    end
+    s = e + 1
   end
 end
 
@@ -251,6 +288,38 @@ OPS['progress'] = function(op, kind)
   redis.call('PUBLISH', KEY.progress_channel(prefix, op[2]), op[4])
 end
 
+-- A stream entry id as two numbers (milliseconds, sequence); nil past 2^53 (not exact).
+local function id_parts(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  ms, seq = tonumber(ms), tonumber(seq)
+  if not ms or ms >= 9007199254740992 or seq >= 9007199254740992 then return nil end
+  return ms, seq
+end
+
+-- Delete the entries ids[s..e], just acknowledged, with one XTRIM MINID when they are all
+-- the entries at the head of the stream: the group has nothing pending up to the largest of
+-- them, and nothing up to it is undelivered (the group read past it) or acknowledged and left
+-- (every acknowledgement deletes its entry in the same script), so the entries below the
+-- next id are exactly these. XTRIM frees whole nodes of the stream at once, where XDEL looks
+-- each id up (about half the server's time per entry). Returns false when it cannot tell
+-- (something older is pending, an id too large to compare, XTRIM MINID refused: Redis < 6.2):
+-- the caller deletes them with XDEL.
+local function trimmed(stream, ids, s, e)
+  local top_ms, top_seq = -1, -1
+  for i = s, e do
+    local ms, seq = id_parts(ids[i])
+    if not ms then return false end
+    if ms > top_ms or (ms == top_ms and seq > top_seq) then top_ms, top_seq = ms, seq end
+  end
+  local pending = redis.call('XPENDING', stream, group)
+  if pending[1] > 0 then
+    local ms, seq = id_parts(pending[2])
+    if not ms or ms < top_ms or (ms == top_ms and seq <= top_seq) then return false end
+  end
+  local cut = redis.pcall('XTRIM', stream, 'MINID', string.format('%d-%d', top_ms, top_seq + 1))
+  return type(cut) == 'number'
+end
+
 -- Acknowledge and delete ids of a stream; returns the set of positions found stale (nil
 -- when none).
 local function ack(stream, ids, queue)
@@ -270,7 +339,9 @@ local function ack(stream, ids, queue)
         end
       end
     end
-    redis.call('XDEL', stream, unpack(ids, s, e))
+    if lost or not trimmed(stream, ids, s, e) then
+      redis.call('XDEL', stream, unpack(ids, s, e))
+    end
     s = e + 1
   end
   return lost
@@ -342,6 +413,7 @@ for _, c in ipairs(batch) do
   if err then return redis.error_reply(err) end
 end
 dl_total(prefix)
+if heard then listen(batch) end
 
 for _, c in ipairs(batch) do
   if c[1] == 'R' then
