@@ -173,12 +173,14 @@ class Consumer:
             taken.append(message)
         return taken
 
-    async def top_up(self, room: int) -> None:
+    async def top_up(self, room: int, more: bool = True) -> None:
         """Bring into the buffer what RabbitMQ already dispatched and what waits in the
         queue, up to ``room`` buffered messages: a ``basic.get`` (the first one in any case:
         a message published a moment ago is then seen at once), repeated while it finds a
-        message (the consumer's prefetch is spent: a saturated prefetch does not stall free
-        slots, nor let a lower level overtake this one).
+        message when ``more`` (the consumer's prefetch is spent: a saturated prefetch does
+        not stall free slots, nor let a lower level overtake this one; otherwise RabbitMQ
+        pushes the next messages itself, and each get, a log write on a quorum queue, would
+        hold the fetch up).
 
         Deliveries and gets of one channel share its delivery-tag sequence, and what RabbitMQ
         dispatched to the consumer before it answered a get arrives first: sorting by tag
@@ -195,6 +197,8 @@ class Consumer:
             if isinstance(answer.delivery, spec.Basic.GetEmpty):
                 break
             got.append(self.received(answer))
+            if not more:
+                break
         if got:
             now = time.monotonic()
             for message in got:

@@ -13,7 +13,7 @@ aio-pika, paired with the Redis state store (``broker.py``). How it meets the co
   consumer received waits in a local buffer (taken off aiormq's frame queue as read,
   ``tap.py``); a consumer's first fetch tops it up with ``basic.get`` (a message published
   before it is seen at once, in priority order), later ones only when nothing is buffered
-  and the prefetch is spent (see :meth:`AmqpTransport._take_first`). ``fetch_first``
+  (see :meth:`AmqpTransport._take_first`). ``fetch_first``
   drains the levels in order and, when all are empty, waits on all of them at once: a
   message on any level, or the connection closing, wakes it. ``Delivery.token`` is
   ``<epoch>.<channel>.<delivery tag>``; ``deliveries`` is the quorum queue's
@@ -301,12 +301,14 @@ class AmqpTransport(Transport):
         """Up to ``count`` messages, earlier queues first. Each queue a fetch would take from
         (the earlier ones, up to the one whose buffer completes ``count``) whose buffer is
         short is topped up first (:meth:`Consumer.top_up`, all at once) on the first fetch
-        of its consumer (a message published before it is then seen, in priority order),
-        and later when no level has anything buffered and its prefetch is spent (RabbitMQ
-        pushes no more until acks: a get brings what waits past the prefetch). Otherwise
-        RabbitMQ pushes whatever comes at once, and a fetch takes what was pushed without
-        waiting on a ``basic.get`` (on a quorum queue a get is a log write: profiled, the
-        gets made each fetch of a drain wait 2-250 ms on a loaded server)."""
+        of its consumer, and whenever no level has anything buffered: a message published
+        before the call is then seen (in priority order on a consumer's first fetch), and a
+        fetch that finds nothing has asked RabbitMQ. When something is buffered, a fetch
+        takes what RabbitMQ pushed without waiting on a ``basic.get`` (on a quorum queue a
+        get is a log write: profiled, the gets made each fetch of a drain wait 2-250 ms on a
+        loaded server); a message pushed later to an earlier level is taken by the next
+        fetch. A top-up asks one get per level, more only while that level's prefetch is
+        spent (RabbitMQ then pushes no more until acks)."""
         out: list[Delivery] = []
         try:
             consumers = []
@@ -318,14 +320,13 @@ class AmqpTransport(Transport):
                     consumer.buffer.clear()
             short = []
             buffered = 0
-            prefetch = self.prefetch or 0
             dry = not any(consumer.buffer for _, consumer in consumers)
+            prefetch = self.prefetch or 0
             for _, consumer in consumers:  # the levels a fetch would take from, in order
-                if len(consumer.buffer) < count - buffered and (
-                    not consumer.asked or (dry and len(consumer.unacked) >= prefetch)
-                ):
+                if len(consumer.buffer) < count - buffered and (dry or not consumer.asked):
                     consumer.asked = True
-                    short.append(consumer.top_up(count - buffered))
+                    spent = len(consumer.unacked) >= prefetch
+                    short.append(consumer.top_up(count - buffered, more=spent))
                 buffered += len(consumer.buffer)
                 if buffered >= count:
                     break
