@@ -275,7 +275,9 @@ class AmqpTransport(Transport):
         self, queues: Sequence[str], count: int, timeout: float, *, look_first: bool = True
     ) -> list[Delivery]:
         """Take up to ``count`` messages from ``queues``, earlier ones first; when all are
-        empty, wait up to ``timeout`` seconds for any of them (``look_first`` is ignored).
+        empty, wait up to ``timeout`` seconds for any of them. ``look_first=False`` (the
+        caller found them empty a moment ago): no ``basic.get`` before waiting for what
+        RabbitMQ pushes (see :meth:`_take_first`); nor after a wake-up.
 
         Raises:
             BrokerError: RabbitMQ could not be reached.
@@ -286,7 +288,8 @@ class AmqpTransport(Transport):
         try:
             while True:
                 arrived.clear()
-                out = await self._take_first(queues, count)
+                out = await self._take_first(queues, count, ask=look_first)
+                look_first = False  # woken: RabbitMQ pushed something (or a channel closed)
                 left = deadline - time.monotonic()
                 if out or left <= 0:
                     return out
@@ -297,7 +300,9 @@ class AmqpTransport(Transport):
         finally:
             self._waiters.discard(arrived)
 
-    async def _take_first(self, queues: Sequence[str], count: int) -> list[Delivery]:
+    async def _take_first(
+        self, queues: Sequence[str], count: int, ask: bool = True
+    ) -> list[Delivery]:
         """Up to ``count`` messages, earlier queues first. Each queue a fetch would take from
         (the earlier ones, up to the one whose buffer completes ``count``) whose buffer is
         short is topped up first (:meth:`Consumer.top_up`, all at once) on the first fetch
@@ -308,7 +313,9 @@ class AmqpTransport(Transport):
         get is a log write: profiled, the gets made each fetch of a drain wait 2-250 ms on a
         loaded server); a message pushed later to an earlier level is taken by the next
         fetch. A top-up asks one get per level, more only while that level's prefetch is
-        spent (RabbitMQ then pushes no more until acks)."""
+        spent (RabbitMQ then pushes no more until acks). Without ``ask`` (a blocking fetch
+        whose caller just found the levels empty, or one woken by a push) only a consumer's
+        first fetch asks."""
         out: list[Delivery] = []
         try:
             consumers = []
@@ -323,7 +330,9 @@ class AmqpTransport(Transport):
             dry = not any(consumer.buffer for _, consumer in consumers)
             prefetch = self.prefetch or 0
             for _, consumer in consumers:  # the levels a fetch would take from, in order
-                if len(consumer.buffer) < count - buffered and (dry or not consumer.asked):
+                if len(consumer.buffer) < count - buffered and (
+                    not consumer.asked or (dry and ask)
+                ):
                     consumer.asked = True
                     spent = len(consumer.unacked) >= prefetch
                     short.append(consumer.top_up(count - buffered, more=spent))
