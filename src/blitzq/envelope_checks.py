@@ -1,7 +1,8 @@
 """Checks of what crosses the broker, beyond its decoding (:mod:`blitzq.serialization`).
 
-- :func:`envelope_fault`: a received message's times and numbers, checked once by the worker
-  when it decodes the message (a bad one is dead-lettered as ``malformed message``);
+- :func:`envelope_fault`, :func:`options_fault`: a received message's fields, checked once by
+  the worker when it decodes the message against the rules a call's fields have at enqueue
+  (:data:`~blitzq.options.FIELD_RULES`; a bad one is dead-lettered as ``malformed message``);
 - :func:`value_size`: the size of an encoded value that ``max_result_size`` counts (what the
   task returned, not the MessagePack header around it nor the record's own fields).
 """
@@ -9,31 +10,68 @@
 from __future__ import annotations
 
 import math
-from typing import Final
+import re
+from typing import TYPE_CHECKING, Any, Final
 
-from .limits import MAX_ATTEMPT, MAX_CLOCK_AHEAD, MAX_SECONDS
+from .exceptions import ConfigurationError
+from .limits import MAX_ATTEMPT, MAX_CLOCK_AHEAD
+from .options import FIELD_RULES
 from .serialization import Envelope
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from .options import Option
+
+#: What a name (a task id) may not hold: :func:`~blitzq.routing.check_name`'s rule, searched
+#: once per message on the worker's hot path (the rule itself words the error).
+_NOT_IN_NAMES: Final = re.compile("[{}\n\r\0 ]")
+
+#: The fields with a rule of :data:`~blitzq.options.FIELD_RULES` that may be ``None``.
+_OPTIONAL: Final = ("timeout", "max_age", "correlation_id", "unique_key", "deferrals")
+
+
+def usable_id(task_id: object) -> bool:
+    """Whether ``task_id`` passes the rule of a task id (``FIELD_RULES["id"]``): a record
+    and a dead letter may be written under it."""
+    return type(task_id) is str and bool(task_id) and _NOT_IN_NAMES.search(task_id) is None
+
+
+def _broken(name: str, value: Any) -> str | None:
+    """The error of ``FIELD_RULES[name]`` on ``value``, as a fault, or ``None``."""
+    try:
+        FIELD_RULES[name](name, value)
+    except ConfigurationError as exc:
+        return f"{name} is {value!r}: {exc}"
+    return None
 
 
 def envelope_fault(env: Envelope, now: float) -> str | None:
-    """What makes a decoded envelope's times or numbers unusable, or ``None`` when they are
-    all usable. The worker checks every message here, once, before anything reads them: a
-    message failing it is dead-lettered as ``malformed message`` with this text (which names
-    the field) instead of waiting, retrying or timing out on a value that never settles.
+    """What makes a decoded envelope unusable, or ``None`` when it passes every rule. The
+    worker checks every message here, once, before anything reads it: a message failing it
+    is dead-lettered as ``malformed message`` with this text (which names the field) instead
+    of running, waiting, retrying or timing out on a value that never settles.
+
+    A field a call sets is checked against the rule it has at enqueue
+    (:data:`~blitzq.options.FIELD_RULES`, shared with :class:`~blitzq.options.CallOptions`),
+    so a message written by hand or by a broken producer holds no value ``task.options``
+    refuses. Per-call options are checked by :func:`options_fault` once the task is known.
 
     Args:
         env: the decoded message.
         now: the worker's clock, Unix seconds.
 
     Returns:
-        ``None``, or the first bad field, its value and its allowed range:
+        ``None``, or the first bad field, its value and its rule:
 
+        - ``id``: a non-empty str without spaces, braces or newlines (``task_id``'s rule);
         - ``created_at``, ``enqueued_at``: finite Unix seconds, >= 0 and at most
           :data:`~blitzq.limits.MAX_CLOCK_AHEAD` seconds past ``now`` (0 is an unknown time);
         - ``attempt``: an int from 1 to :data:`~blitzq.limits.MAX_ATTEMPT`;
+        - ``deferrals``: ``None``, or an int from 1 to ``MAX_ATTEMPT``;
         - ``timeout``, ``max_age``: ``None``, or finite seconds > 0 and at most
-          :data:`~blitzq.limits.MAX_SECONDS` (what :class:`~blitzq.options.CallOptions`
-          accepts from a producer).
+          :data:`~blitzq.limits.MAX_SECONDS`;
+        - ``correlation_id``, ``unique_key``: ``None``, or a non-empty str.
     """
     latest = now + MAX_CLOCK_AHEAD
     # NaN fails every comparison, so each line below refuses it along with the range.
@@ -43,8 +81,14 @@ def envelope_fault(env: Envelope, now: float) -> str | None:
         and 1 <= env.attempt <= MAX_ATTEMPT
         and env.timeout is None
         and env.max_age is None
+        and env.deferrals is None
+        and env.correlation_id is None
+        and env.unique_key is None
+        and (env.id.isalnum() or usable_id(env.id))  # isalnum: a generated id, at C speed
     ):
-        return None  # the common message: no per-call timeout or max_age
+        return None  # the common message: no per-call field set
+    if not usable_id(env.id):
+        return _broken("id", env.id)
     for name in ("created_at", "enqueued_at"):
         value = getattr(env, name)
         if not math.isfinite(value) or value < 0.0:
@@ -54,12 +98,42 @@ def envelope_fault(env: Envelope, now: float) -> str | None:
                 f"{name} is {value!r}: {value - now:.0f} s ahead of this worker's clock "
                 f"(at most {MAX_CLOCK_AHEAD:g} s ahead is accepted)"
             )
-    if not 1 <= env.attempt <= MAX_ATTEMPT:
-        return f"attempt is {env.attempt!r}: not an attempt number from 1 to {MAX_ATTEMPT}"
-    for name in ("timeout", "max_age"):
+    fault = _broken("attempt", env.attempt)
+    for name in _OPTIONAL:
+        if fault is not None:
+            return fault
         value = getattr(env, name)
-        if value is not None and not 0.0 < value <= MAX_SECONDS:
-            return f"{name} is {value!r}: not a finite number of seconds > 0 and <= {MAX_SECONDS}"
+        fault = None if value is None else _broken(name, value)
+    return fault
+
+
+def options_fault(options: Mapping[str, Any], declared: Mapping[str, Option]) -> str | None:
+    """What makes a message's per-call options (``Envelope.options``) unusable by the task
+    it calls, or ``None``: each must be declared by one of the task's middleware
+    (:attr:`Task.call_controls <blitzq.Task.call_controls>`) and pass that option's check, as
+    :func:`~blitzq.options.call_options` requires at enqueue (a ``None`` value is no option).
+
+    Args:
+        options: the message's ``options`` field.
+        declared: the per-call options the task's middleware declare, by name.
+
+    Returns:
+        ``None``, or ``options.<name> is <value>: <why>``.
+    """
+    for name, value in options.items():
+        if value is None:
+            continue
+        option = declared.get(name)
+        if option is None:
+            return (
+                f"options.{name} is {value!r}: no middleware of this task declares the "
+                f"per-call option {name!r} (declared: {sorted(declared)})"
+            )
+        if option.check is not None:
+            try:
+                option.check(name, value)
+            except ConfigurationError as exc:
+                return f"options.{name} is {value!r}: {exc}"
     return None
 
 

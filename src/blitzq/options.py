@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._checks import seconds, text
+from ._checks import integer, seconds, text
 from .exceptions import ConfigurationError
-from .limits import MAX_SECONDS
+from .limits import MAX_ATTEMPT, MAX_SECONDS
 from .routing import check_name, check_priority, check_queue_name
 
 if TYPE_CHECKING:
@@ -214,6 +214,35 @@ def _finite(value: object) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)
 
 
+def _text(name: str, value: Any) -> str | None:
+    return text(name, value)
+
+
+def _counter(name: str, value: Any) -> int:
+    """An int from 1 to :data:`~blitzq.limits.MAX_ATTEMPT` (``attempt``, ``deferrals``)."""
+    if integer(name, value, minimum=1) > MAX_ATTEMPT:
+        raise ConfigurationError(f"{name} must be an int from 1 to {MAX_ATTEMPT}, got {value!r}")
+    return int(value)
+
+
+#: The rule of each field of one call, by its name in the message
+#: (:class:`~blitzq.serialization.Envelope`): ``rule(label, value) -> value`` raises
+#: :class:`~blitzq.ConfigurationError` naming ``label``. The one definition of each field's
+#: rule: :class:`CallOptions` applies it when a call is made (``task_id`` is the message's
+#: ``id``), :func:`blitzq.envelope_checks.envelope_fault` when a worker decodes the message
+#: (a message breaking one is dead-lettered, whoever wrote it). Per-call options middleware
+#: declare have the rule of their :class:`Option` (:func:`blitzq.envelope_checks.options_fault`).
+FIELD_RULES: Mapping[str, Callable[[str, Any], Any]] = {
+    "id": check_name,
+    "timeout": seconds,
+    "correlation_id": _text,
+    "unique_key": _text,
+    "max_age": positive_seconds,
+    "attempt": _counter,
+    "deferrals": _counter,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class CallOptions:
     """Options of one enqueue, bound with :meth:`Task.options <blitzq.Task.options>`.
@@ -265,15 +294,15 @@ class CallOptions:
                 f"eta must be an aware datetime or a finite Unix time, got {self.eta!r}"
             )
         if self.timeout is not None:
-            seconds("timeout", self.timeout)
+            FIELD_RULES["timeout"]("timeout", self.timeout)
         if self.task_id is not None:
-            check_name("task_id", self.task_id)
+            FIELD_RULES["id"]("task_id", self.task_id)
         if self.queue is not None:
             check_queue_name("queue", self.queue)
         if self.priority is not None:
             check_priority(self.priority)
-        text("unique_key", self.unique_key)
-        text("correlation_id", self.correlation_id)
+        for name in ("unique_key", "correlation_id"):
+            FIELD_RULES[name](name, getattr(self, name))
         if self.headers is not None and not isinstance(self.headers, Mapping):
             raise ConfigurationError(
                 f"headers must be a dict with str keys, got {type(self.headers).__name__}"
@@ -323,6 +352,7 @@ CORE_CALL_OPTIONS: frozenset[str] = frozenset(
 __all__ = [
     "CORE_CALL_OPTIONS",
     "CORE_OPTIONS",
+    "FIELD_RULES",
     "CallOptions",
     "Option",
     "TaskOptions",

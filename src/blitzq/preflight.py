@@ -41,6 +41,7 @@ from .exceptions import BlitzQError, BrokerError, ConfigurationError, Serializat
 from .periodic import PeriodicTask
 from .redaction import mask_url
 from .routing import base_queue
+from .routing import levels as routing_levels
 from .runtime_schedules import RuntimeEntries, RuntimeSchedule
 from .serialization import loads
 
@@ -195,6 +196,16 @@ async def _queues(queue: Queue) -> list[Finding]:
     names = {base_queue(q) for q in await broker.known_queues()} | {queue.name}
     names |= {t.queue for t in queue.tasks.values()}
     out = [Finding("workers", "ok" if workers else "warn", f"{len(workers)} live worker(s)")]
+    levels = sorted({level for name in names for level in routing_levels(name)})
+    for key, wrong in sorted((await broker.wrong_type_keys(levels)).items()):
+        out.append(
+            Finding(
+                f"key {key}",
+                "fail",
+                f"{wrong}: every command on it fails (WRONGTYPE); delete "
+                f"or rename it (redis-cli DEL {key}) if nothing else uses it",
+            )
+        )
     idle = sorted(names - consumed)
     stats = await broker.queue_stats(idle) if idle else {}
     for name in idle:

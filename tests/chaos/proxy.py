@@ -19,6 +19,8 @@ faults below hit that worker alone:
   connection is frozen for good (:meth:`half_open`) and new ones are accepted and then hang,
   until :meth:`heal` (after which new connections work; the frozen ones stay dead, as both
   ends would have timed them out).
+- :meth:`FaultProxy.freeze_upstream`: as :meth:`half_open`, for the connections the upstream
+  server sees from the given ports only (one client of many: a replica's replication link).
 - :meth:`FaultProxy.refuse`: new connections are reset as soon as they are accepted (a
   server that refuses them), until :meth:`heal`.
 
@@ -190,6 +192,22 @@ class FaultProxy:
         frozen = self.half_open()
         self.partition()
         return frozen
+
+    def freeze_upstream(self, ports: set[int]) -> int:
+        """Freeze for good (:meth:`half_open`) the open connections whose upstream side uses
+        one of ``ports`` as its local port (how the upstream server names that client, e.g.
+        in ``CLIENT LIST``); returns how many were frozen. The others go on."""
+
+        async def do() -> int:
+            frozen = 0
+            for link in self._links:
+                sockname = link.upstream.get_extra_info("sockname")
+                if sockname is not None and sockname[1] in ports:
+                    link.frozen = True
+                    frozen += 1
+            return frozen
+
+        return int(self._call(do()))
 
     def refuse(self) -> None:
         """Reset every new connection as soon as it is accepted, until :meth:`heal`."""

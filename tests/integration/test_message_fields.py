@@ -58,14 +58,25 @@ BAD: list[tuple[str, Any, str]] = [
 ]
 
 #: Position of each checked field in the positional envelope array.
-POSITION = {"attempt": 5, "created_at": 6, "enqueued_at": 7, "timeout": 10, "max_age": 14}
+POSITION = {
+    "id": 0,
+    "attempt": 5,
+    "created_at": 6,
+    "enqueued_at": 7,
+    "correlation_id": 8,
+    "timeout": 10,
+    "unique_key": 13,
+    "max_age": 14,
+    "deferrals": 15,
+    "options": 16,
+}
 
 
 def raw_message(task_id: str, task: str, queue: str, field: str, value: Any) -> bytes:
-    """A full 15-field envelope array, with ``field`` set to ``value`` (the others valid)."""
+    """A full 17-field envelope array, with ``field`` set to ``value`` (the others valid)."""
     now = time.time()
     message: list[Any] = [task_id, task, queue, [1], {}, 1, now, now, None, None, None]
-    message += [False, None, None, None]
+    message += [False, None, None, None, None, None]
     message[POSITION[field]] = value
     return msgspec.msgpack.encode(message)
 
@@ -182,5 +193,88 @@ async def test_a_field_of_the_wrong_type_is_named(
         dead = await queue.dead_letters(limit=10)
         assert dead[0].reason == "malformed message"
         assert "`$[6]` (created_at)" in dead[0].error, dead[0].error
+    finally:
+        await queue.close()
+
+
+#: (case id, envelope field or ``None``, its value, stream field "d" or ``None``, reason,
+#: start of the error): values a call's options refuse at enqueue (``task.options``), and
+#: delivery counts no recovery writes. Each one used to run (or be silently ignored).
+ENQUEUE_RULES: list[tuple[str, str | None, Any, bytes | None, str, str]] = [
+    ("id-empty", "id", "", None, "malformed message", "id is ''"),
+    ("id-space", "id", "a b", None, "malformed message", "id is 'a b'"),
+    ("max_age-str", "options", {"max_age": "abc"}, None, "malformed message", "options.max_age"),
+    ("max_age-neg", "options", {"max_age": -1}, None, "malformed message", "options.max_age"),
+    ("max_age-bool", "options", {"max_age": True}, None, "malformed message", "options.max_age"),
+    ("undeclared", "options", {"nobody": 1}, None, "malformed message", "options.nobody"),
+    ("deferrals-neg", "deferrals", -1, None, "malformed message", "deferrals is -1"),
+    ("deferrals-zero", "deferrals", 0, None, "malformed message", "deferrals is 0"),
+    ("correlation-empty", "correlation_id", "", None, "malformed message", "correlation_id"),
+    ("unique-empty", "unique_key", "", None, "malformed message", "unique_key is ''"),
+    ("max_age-field", "max_age", -1, None, "malformed message", "max_age is -1"),
+    ("d-999", None, None, b"999", "max deliveries exceeded", "delivery count is 999"),
+    ("d-6", None, None, b"6", "max deliveries exceeded", "delivery count is 6"),
+    ("d-str", None, None, b"abc", "malformed message", "delivery count"),
+    ("d-neg", None, None, b"-3", "malformed message", "delivery count"),
+    ("d-zero", None, None, b"0", "malformed message", "delivery count"),
+    ("d-inf", None, None, b"inf", "malformed message", "delivery count"),
+]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "count", "reason", "error"),
+    [case[1:] for case in ENQUEUE_RULES],
+    ids=[case[0] for case in ENQUEUE_RULES],
+)
+async def test_what_enqueue_refuses_is_dead_lettered_at_decode(
+    make_queue: Callable[..., Queue],
+    mode: str,
+    raw_redis: Any,
+    namespace: str,
+    field: str | None,
+    value: Any,
+    count: bytes | None,
+    reason: str,
+    error: str,
+) -> None:
+    """A message holding a value ``task.options`` refuses, or a delivery count past
+    ``max_deliveries`` (or no count at all), is dead-lettered naming the field; the task never
+    runs and no record is written under an unusable id."""
+    if count is not None and mode == "fast":
+        pytest.skip("a list entry has no delivery count")
+    queue = make_queue(mode=mode, max_deliveries=5)
+    runs: list[Any] = []
+
+    @queue.task(name=KNOWN)
+    async def echo(x: Any) -> Any:
+        runs.append(x)
+        return x
+
+    keys = Keys(namespace)
+    payload = raw_message("bad-2", KNOWN, queue.name, field or "attempt", value if field else 1)
+    ident = "bad-2" if field != "id" else None
+    if mode == "reliable":
+        entry = {MESSAGE_FIELD: payload, **({b"d": count} if count is not None else {})}
+        await raw_redis.xadd(keys.stream(queue.name), entry)
+    else:
+        await raw_redis.rpush(keys.list(queue.name), payload)
+    try:
+        async with running(make_worker(queue)):
+            if ident is not None:
+                with pytest.raises(TaskFailed) as info:
+                    await queue.get_result(ident, timeout=20)
+                assert info.value.state == TaskState.DEAD_LETTERED.value
+                assert info.value.error_type == reason
+            # Other work goes on (and, once it ran, the planted message was handled first).
+            assert await (await echo.enqueue("after")).result(timeout=20) == "after"
+        dead = await queue.dead_letters(limit=10)
+        assert [(d.reason, d.task) for d in dead] == [(reason, KNOWN)]
+        assert dead[0].error.startswith(error), dead[0].error
+        assert dead[0].message == payload
+        if ident is None:  # no record under the empty or spaced id
+            assert not await raw_redis.exists(keys.record(value))
+        else:
+            assert dead[0].id == ident
+        assert runs == ["after"]
     finally:
         await queue.close()

@@ -39,13 +39,25 @@ pytestmark = pytest.mark.skipif(
 
 class SentinelSet:
     """A primary, a replica and three sentinels on free ports of 127.0.0.1, the servers and
-    the sentinels each with a password of their own."""
+    the sentinels each with a password of their own.
 
-    def __init__(self) -> None:
+    Args:
+        min_replicas: give the first primary ``min-replicas-to-write 1`` (see :meth:`start`).
+
+    Attributes:
+        upstream: the port the replica replicates from and the sentinels monitor the primary
+            at (set before :meth:`start`; default the primary's): a test puts a proxy of its
+            own there to stall the replication (the sentinels would move a replica that
+            follows another address than theirs back to the primary's).
+    """
+
+    def __init__(self, min_replicas: bool = True) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="blitzq-sentinel-"))
         self.procs: list[subprocess.Popen[bytes]] = []
         self.primary, self.replica = free_port(), free_port()
         self.sentinels = [free_port() for _ in range(3)]
+        self.min_replicas = min_replicas
+        self.upstream = self.primary
 
     def _server(self, port: int, *extra: str) -> None:
         args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
@@ -57,8 +69,13 @@ class SentinelSet:
         # Only the first primary refuses writes without a replica: after the failover the
         # new primary has none until Sentinel makes the old one its replica (a test-sized
         # setup: docs/guarantees.md, "A Sentinel failover").
-        self._server(self.primary, "--min-replicas-to-write", "1", "--min-replicas-max-lag", "10")
-        self._server(self.replica, "--replicaof", "127.0.0.1", str(self.primary))
+        if self.min_replicas:
+            self._server(
+                self.primary, "--min-replicas-to-write", "1", "--min-replicas-max-lag", "10"
+            )
+        else:
+            self._server(self.primary)
+        self._server(self.replica, "--replicaof", "127.0.0.1", str(self.upstream))
         replica = self.client(self.replica)
         wait_until(
             lambda: (
@@ -71,7 +88,7 @@ class SentinelSet:
             conf = self.dir / f"sentinel-{port}.conf"
             conf.write_text(
                 f"port {port}\nbind 127.0.0.1\ndir {self.dir}\nlogfile {self.dir}/s{port}.log\n"
-                f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary} 2\n"
+                f"sentinel monitor {SERVICE} 127.0.0.1 {self.upstream} 2\n"
                 f"sentinel down-after-milliseconds {SERVICE} 2000\n"
                 f"sentinel failover-timeout {SERVICE} 10000\n"
                 f"sentinel auth-pass {SERVICE} {SERVER_PASSWORD}\n"
@@ -83,10 +100,11 @@ class SentinelSet:
             sentinel = self.client(port, sentinel=True)
             wait_until(lambda s=sentinel: _replica_ready(s), 30, "a replica fit to promote")
 
-    def client(self, port: int, sentinel: bool = False) -> redis.Redis:
-        """A client of the server (or, with ``sentinel``, the sentinel) on ``port``."""
+    def client(self, port: int, sentinel: bool = False, decode: bool = True) -> redis.Redis:
+        """A client of the server (or, with ``sentinel``, the sentinel) on ``port``; with
+        ``decode`` false its replies are bytes (a stream's binary messages)."""
         password = SENTINEL_PASSWORD if sentinel else SERVER_PASSWORD
-        return redis.Redis(port=port, password=password, socket_timeout=5, decode_responses=True)
+        return redis.Redis(port=port, password=password, socket_timeout=5, decode_responses=decode)
 
     def primary_port(self) -> int:
         sentinel = self.client(self.sentinels[0], sentinel=True)

@@ -172,6 +172,13 @@ class Broker:
         """See :meth:`Transport.prune_consumers`."""
         return await self.transport.prune_consumers(queue, idle)
 
+    async def wrong_type_keys(self, queues: Sequence[str]) -> dict[str, str]:
+        """See :meth:`Transport.wrong_type_keys`; with a :attr:`fast_lane`, its keys too."""
+        found = await self.transport.wrong_type_keys(queues)
+        if self.fast_lane is not None:
+            found.update(await self.fast_lane.wrong_type_keys(queues))
+        return found
+
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
         """See :meth:`Transport.queue_stats`; with a relay, ``waiting`` also counts the
         messages in each queue's outbox (not yet on the transport), and with a

@@ -53,7 +53,11 @@ class Pairing:
 
 
 class Fused(Pairing):
-    """The store acks the transport's deliveries itself: ``complete`` is the store's.
+    """The store acks the transport's deliveries itself: ``complete`` is the store's
+    :meth:`~StateStore.complete`, or its :meth:`~StateStore.complete_durably` when the store
+    is :attr:`~StateStore.replicated` (its ack is part of the commit, so the commit must
+    survive the failover the store is set up for: on ``redis+sentinel://`` it waits for the
+    replicas that exist).
 
     Args:
         state: a state store whose :meth:`~StateStore.acks` is ``True`` for the transport.
@@ -62,7 +66,7 @@ class Fused(Pairing):
     fences = True
 
     def __init__(self, state: StateStore) -> None:
-        self.complete = state.complete
+        self.complete = state.complete_durably if state.replicated else state.complete
 
 
 class CommitThenAck(Pairing):

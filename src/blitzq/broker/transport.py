@@ -239,6 +239,19 @@ class Transport(abc.ABC):
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
         """Per queue: ``{"waiting": n, "in_flight": n}`` (in_flight is 0 without leases)."""
 
+    async def wrong_type_keys(self, queues: Sequence[str]) -> dict[str, str]:
+        """The keys this transport reads for ``queues`` (and the namespace's own: the
+        schedule, the dead-letter index) that hold another type than blitzq keeps there (a
+        key set by hand, another program in the namespace): key name -> what is wrong
+        (``"holds a string, not a stream"``). Such a key makes every command on it fail
+        with ``WRONGTYPE``; the worker sets its level aside (``worker/bad_keys.py``),
+        ``queue stats`` and ``blitzq check`` report it. The default finds none.
+
+        Raises:
+            BrokerError: the broker could not be reached.
+        """
+        return {}
+
     async def oldest_waiting(self, queues: Sequence[str]) -> dict[str, float]:
         """Per queue with messages waiting: when its oldest waiting message was enqueued,
         Unix seconds on the broker's clock (what the supervisor's autoscaler reads as

@@ -297,6 +297,7 @@ def queue_stats(queues: str | None) -> None:
                 "queues": stats["queues"],
                 "scheduled": stats["scheduled"],
                 "dead_letters": stats["dead_letters"],
+                "wrong_type_keys": stats.get("wrong_type_keys", {}),
                 "workers": worker_docs,
                 "warnings": [warning] if warning else [],
             }
@@ -316,6 +317,8 @@ def queue_stats(queues: str | None) -> None:
         out.print("no queues used yet")
     out.print(f"scheduled: {stats['scheduled']}")
     out.print(f"dead letters: {stats['dead_letters']}")
+    for key, wrong in sorted(stats.get("wrong_type_keys", {}).items()):
+        out.print(Text(f"bad key {key}: {wrong} (redis-cli DEL {key} if nothing else uses it)"))
     out.print(f"live workers: {len(worker_docs)}")
     if worker_docs:
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False)

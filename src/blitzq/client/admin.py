@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from .._checks import integer
 from ..dead_letters import DeadLetter
-from ..exceptions import ConfigurationError, MessageTooLarge, SerializationError
+from ..exceptions import BrokerError, ConfigurationError, MessageTooLarge, SerializationError
 from ..extensions.unique import DEFAULT_UNIQUE_TTL, broker_key
 from ..ratelimit import RateLimit
 from ..routing import check_name
@@ -299,7 +299,9 @@ class Admin:
             ``{"queues": {name: {"waiting": n, "in_flight": n}}, "scheduled": n,
             "dead_letters": n, "workers": n, "stale_completions": n}``; the last counts the
             completions ever refused by fencing in this namespace (a worker that lost its
-            lease, see docs/guarantees.md).
+            lease, see docs/guarantees.md). When a key blitzq reads holds another type (set by
+            hand; every command on it fails with ``WRONGTYPE``), ``"wrong_type_keys": {key:
+            "holds a string, not a stream"}`` names it, and what it would have counted is 0.
 
         Raises:
             ConfigurationError: ``queues`` is a ``str`` (one name: pass ``[name]``) or holds
@@ -313,6 +315,7 @@ class Admin:
         if queues is not None:
             queues = [lookup_key("queue name", q) for q in queues]
         names = sorted(set(queues) if queues is not None else set(await broker.known_queues()))
+        wrong = await broker.wrong_type_keys(names)
         per_queue = await broker.queue_stats(names) if names else {}
         if queues is None:  # empty priority levels are noise in an overview
             per_queue = {
@@ -320,13 +323,27 @@ class Admin:
                 for q, counts in per_queue.items()
                 if any(counts.values()) or not q.endswith((":high", ":low"))
             }
-        return {
+        stats: dict[str, Any] = {
             "queues": per_queue,
-            "scheduled": await broker.scheduled_count(),
-            "dead_letters": await broker.dead_letter_count(),
+            "scheduled": await _unless_wrong_type(broker.scheduled_count()),
+            "dead_letters": await _unless_wrong_type(broker.dead_letter_count()),
             "workers": len(await broker.workers()),
             "stale_completions": (await broker.counters()).get("stale_completions", 0),
         }
+        if wrong:
+            stats["wrong_type_keys"] = wrong
+        return stats
+
+
+async def _unless_wrong_type(count: Awaitable[int]) -> int:
+    """``count``'s answer, or 0 when its key holds another type (``wrong_type_keys`` names
+    it)."""
+    try:
+        return await count
+    except BrokerError as exc:
+        if "WRONGTYPE" not in str(exc):
+            raise
+        return 0
 
 
 def _rate(rate: float | str | None) -> float | None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker import Broker, Completion, Delivery
 from ..dependencies import refuse_given
-from ..envelope_checks import envelope_fault
+from ..envelope_checks import envelope_fault, options_fault, usable_id
 from ..exceptions import ConfigurationError, SerializationError
 from ..extensions.expiry import check_expiry, max_age_of, start_checks
 from ..serialization import Envelope, decode_envelope, decode_envelope_unchecked, envelope_head
@@ -89,6 +89,9 @@ class AdmittingRunner(Protocol):
     def max_message_size(self) -> int: ...
 
     @property
+    def max_deliveries(self) -> int: ...
+
+    @property
     def start_limit(self) -> int: ...
 
     @property
@@ -118,6 +121,7 @@ class Admission:
         self.ending = runner.ending
         # Read on every delivery: kept here, so the hot path reads one object.
         self.max_message_size = runner.max_message_size
+        self.max_deliveries = runner.max_deliveries
         self.lifecycle = runner.lifecycle
         self.extensions = runner.extensions
         self.worker_id = runner.worker_id
@@ -148,16 +152,21 @@ class Admission:
             error = str(exc).removeprefix("malformed message: ")
             self.reject(d, "malformed message", error, slots, ident, name)
             return
-        fault = envelope_fault(env, time.time())  # a time or number nothing could act on
+        fault = envelope_fault(env, time.time())  # a field enqueue would have refused
+        task = self.tasks.get(env.task)
+        if fault is None and env.options is not None and task is not None:
+            fault = options_fault(env.options, task.call_controls)
         if fault is not None:
             self.reject(d, "malformed message", fault, slots, env.id, env.task)
+            return
+        if not 1 <= d.deliveries <= self.max_deliveries:
+            self.over_delivered(d, env, slots)
             return
         if self.lifecycle.on:
             self.lifecycle.event("received", env, d.queue, env.attempt + d.deliveries - 1)
         if self.extensions.received:  # TASK_RECEIVED has a handler
             attempt = env.attempt + d.deliveries - 1
             self.extensions.received_event(env, d.queue, attempt, self.worker_id)
-        task = self.tasks.get(env.task)
         if task is None:  # a rolling deploy: deferred for a worker that knows it, then rejected
             self.runner.unknown.take(d, env, slots)
             return
@@ -183,9 +192,26 @@ class Admission:
         task: str = "",
     ) -> None:
         """Dead-letter a message that cannot run (malformed, unknown task, too large;
-        :meth:`.ending.Ending.rejected`) and free its slot of ``slots``."""
+        :meth:`.ending.Ending.rejected`) and free its slot of ``slots``. A ``task_id`` that
+        breaks the rule of ids (an empty one) is not used: no record is written under it."""
+        if task_id is not None and not usable_id(task_id):
+            task_id = None
         self.ending.rejected(d, reason, error, task_id, task)
         slots.release()
+
+    def over_delivered(self, d: Delivery, env: Envelope, slots: Slots) -> None:
+        """Dead-letter a delivery whose count the transport read is unusable: 0 (a planted
+        count that is no int >= 1: ``malformed message``) or past the Queue's
+        ``max_deliveries`` (``max deliveries exceeded``, as a recovery dead-letters it)."""
+        if d.deliveries < 1:
+            error = "delivery count (stream field 'd', RabbitMQ headers) is not an int >= 1"
+            self.reject(d, "malformed message", error, slots, env.id, env.task)
+            return
+        error = (
+            f"delivery count is {d.deliveries}, more than max_deliveries={self.max_deliveries}"
+            " (a count no recovery writes: it was set by hand or by another Queue's settings)"
+        )
+        self.reject(d, "max deliveries exceeded", error, slots, env.id, env.task)
 
     def admit(self, d: Delivery, env: Envelope, task: Task[Any, Any], slots: Slots) -> None:
         """Start checks when the task has any (rate limits, expiry, locks, unique), then run

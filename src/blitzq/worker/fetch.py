@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..broker import Broker, Delivery
 from ..broker.transport import Transport
 from ..exceptions import BrokerError
+from .bad_keys import BadKeys, wrong_type
 from .idle import SharedRead
 from .limiter import Slots
 
@@ -95,6 +96,9 @@ class Fetching(Protocol):
 
     @property
     def block_timeout(self) -> float: ...
+
+    @property
+    def key(self) -> str: ...
 
     handed_back: int
 
@@ -157,6 +161,10 @@ class Fetcher:
         #: Queues whose last shared read brought nothing: their next fetch skips the look
         #: (each looks first at start: a backlog is taken in order, most urgent level first).
         self._quiet: dict[str, bool] = dict.fromkeys(slots, False)
+        #: Levels set aside because their key holds another type (:mod:`.bad_keys`): the
+        #: broker's, and its fast lane's.
+        self.bad = BadKeys(broker.transport, worker.key)
+        self.bad_lane = BadKeys(lane, worker.key, " (fast lane)") if lane is not None else None
 
     def start(self) -> None:
         """Start one fetch loop per queue of :attr:`slots` (two with a :attr:`lane`: the
@@ -164,7 +172,9 @@ class Fetcher:
         if self.broker.transport.shared_block:
             worker, runner = self.worker, self.runner
             levels = {q: worker.levels[q] for q in self.slots}
-            self.shared = SharedRead(self.broker, levels, worker.block_timeout, runner.hand_back)
+            self.shared = SharedRead(
+                self.broker, levels, worker.block_timeout, runner.hand_back, self.bad.healthy
+            )
         self._tasks = {
             q: asyncio.create_task(
                 self._loop(q, q, self.broker.fetch_first), name=f"blitzq-fetch-{q}"
@@ -221,6 +231,7 @@ class Fetcher:
         backoff = 0.1
         backlog = False  # the last fetch filled every slot it had (at least _OVERLAP_MIN)
         writable = runner.flusher.writable
+        bad = self.bad if key == queue or self.bad_lane is None else self.bad_lane
         while not self._stop_requested():
             if not writable.is_set():  # completions refused: take no work it cannot record
                 await writable.wait()
@@ -253,6 +264,8 @@ class Fetcher:
                 self._fetching[key] = False
                 if isinstance(exc, BrokerError) and await self._timed_out_here(queue, exc):
                     continue
+                if wrong_type(exc) and await self._sort_out(bad, queue):
+                    continue  # the other levels are fetched at once
                 if isinstance(exc, BrokerError):
                     logger.warning("fetch from %s failed, retry in %.1f s: %s", queue, backoff, exc)
                 else:
@@ -306,6 +319,13 @@ class Fetcher:
         )
         return True
 
+    async def _sort_out(self, bad: BadKeys, queue: str) -> bool:
+        """Set aside the levels of ``queue`` whose key holds another type; whether any."""
+        try:
+            return await bad.sort_out(self.worker.levels[queue])
+        except Exception:  # the server went away meanwhile: an ordinary failed fetch
+            return False
+
     def _release_hold(self, queue: str) -> None:
         """Let the flusher's held batch go, if this queue's fetch holds it."""
         if self._holding.pop(queue, False):
@@ -340,8 +360,14 @@ class Fetcher:
         loop never waits for a slot while it holds a message: a message it has not started
         is never left here with a lease nobody renews.
         """
-        names = self.worker.levels[queue]
-        shared = self.shared if key == queue else None  # a lane's loop blocks on its own
+        lane = key != queue
+        bad = self.bad_lane if lane and self.bad_lane is not None else self.bad
+        names = bad.healthy(self.worker.levels[queue])
+        if not names:  # every level set aside: wait as an empty fetch would, then look again
+            slots.release(n)
+            await asyncio.sleep(self.worker.block_timeout)
+            return []
+        shared = self.shared if not lane else None  # a lane's loop blocks on its own
         if shared is None or not self._quiet[queue]:
             try:
                 deliveries = await fetch_first(names, n, 0)

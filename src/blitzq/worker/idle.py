@@ -39,6 +39,8 @@ class SharedRead:
         levels: the physical queues (priority levels, most urgent first) of each base queue.
         timeout: seconds one read blocks (the worker's ``block_timeout``).
         orphan: called with a delivery whose loop stopped waiting (hand it back).
+        healthy: the levels of a read without those set aside
+            (:meth:`.bad_keys.BadKeys.healthy`); default: all of them.
     """
 
     def __init__(
@@ -47,12 +49,14 @@ class SharedRead:
         levels: Mapping[str, Sequence[str]],
         timeout: float,
         orphan: Callable[[Delivery], None],
+        healthy: Callable[[Sequence[str]], Sequence[str]] = lambda names: names,
     ) -> None:
         self._broker = broker
         self._levels = levels
         self._base = {name: q for q, names in levels.items() for name in names}
         self._timeout = timeout
         self._orphan = orphan
+        self._healthy = healthy
         self._waiting: dict[str, asyncio.Future[list[Delivery]]] = {}
         #: The queues the read in flight covers (empty: none in flight).
         self._covered: frozenset[str] = frozenset()
@@ -105,11 +109,15 @@ class SharedRead:
                 self._settle(list(self._waiting), [])
                 return
             queues = list(self._waiting)
-            names = [name for q in queues for name in self._levels[q]]
+            names = self._healthy([name for q in queues for name in self._levels[q]])
             self._covered = frozenset(queues)
             self.reads += 1
             try:
-                got = await self._broker.transport.block_first(names, self._timeout)
+                if names:
+                    got = await self._broker.transport.block_first(names, self._timeout)
+                else:  # every level set aside (.bad_keys): as a read that found nothing
+                    await asyncio.sleep(self._timeout)
+                    got = []
             except asyncio.CancelledError:
                 for q in queues:
                     fut = self._waiting.pop(q, None)

@@ -40,6 +40,7 @@ from ..broker import Broker
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, describe_error
 from ..extensions.signals import Signal, SignalEvent
 from ..serialization import loads
+from .bad_keys import wrong_type
 from .limiter import Slots
 from .unknown import Handed, take_handed
 
@@ -552,7 +553,11 @@ class Maintenance:
                 logger.debug("could not refresh the worker's registration: %s", exc)
 
     async def _prune(self, q: str, vt: float) -> None:
-        await self.broker.prune_consumers(q, max(600.0, 10 * vt))
+        try:
+            await self.broker.prune_consumers(q, max(600.0, 10 * vt))
+        except BrokerError as exc:  # a level of the wrong type: the fetch loop names it
+            if not wrong_type(exc):
+                raise
 
     async def _recover(self, q: str, vt: float) -> None:
         queue = self.worker.queue

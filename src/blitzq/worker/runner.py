@@ -139,7 +139,7 @@ class Runner:
         self.result_ttl: int = queue.result_ttl
         self.visibility_timeout: float = queue.visibility_timeout
         self.tasks = queue.tasks
-        self.max_message_size = queue.max_message_size
+        self.max_message_size, self.max_deliveries = queue.max_message_size, queue.max_deliveries
         self.track_state = queue.track_state
         #: The task lifecycle records (received, started, succeeded).
         self.lifecycle = Lifecycle(worker.lifecycle_log_level, worker.id)

@@ -30,6 +30,7 @@ from ..queue import Queue
 from ..routing import base_queue, levels
 from ..serialization import dumps
 from . import heap
+from .bad_keys import prepare_levels
 from .burst import BURST_HORIZON, drain, settled
 from .cpu import EXIT_FORKSERVER
 from .cpu import check_options as check_cpu_options
@@ -418,9 +419,9 @@ class Worker:
                 size,
                 loops,
             )
-        await broker.prepare_consumer(self.physical_queues, self.key)
+        await prepare_levels(broker, self.physical_queues, self.key)  # a WRONGTYPE level: later
         if lane is not None:
-            await lane.prepare_consumer(self.physical_queues, self.key)
+            await prepare_levels(lane, self.physical_queues, self.key)
         await self._emit(Signal.WORKER_STARTING)
         # on_startup hooks, lifespans (closed by _shutdown), then middleware's on_worker_start
         await extensions_of(self.queue).worker_started(self)

@@ -496,10 +496,32 @@ def header_int(headers: dict[str, Any] | None, name: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+def delivery_count(headers: dict[str, Any]) -> int:
+    """A received message's delivery count: the quorum queue's ``x-delivery-count`` + 1 +
+    the deliveries before a republish (:data:`DELIVERIES`), each absent = 0; 0 when either
+    header is present but no int >= 0 (planted: the worker dead-letters such a delivery as a
+    malformed message, as it does a stream entry's bad ``d`` field)."""
+    total = 1
+    for name in ("x-delivery-count", DELIVERIES):
+        value = headers.get(name, 0)
+        if type(value) is not int or value < 0:
+            return 0
+        total += value
+    return total
+
+
 def _alive(conn: aio_pika.abc.AbstractConnection) -> bool:
     """Whether ``conn`` is open: aio-pika clears ``connected`` when the server closes a
     connection, before (or without) marking it closed."""
     return not conn.is_closed and conn.connected.is_set()
 
 
-__all__ = ["DEAD_LETTER_SUFFIX", "DELIVERIES", "AmqpLink", "header_int", "settle", "translate"]
+__all__ = [
+    "DEAD_LETTER_SUFFIX",
+    "DELIVERIES",
+    "AmqpLink",
+    "delivery_count",
+    "header_int",
+    "settle",
+    "translate",
+]

@@ -43,6 +43,7 @@ from .batches import publish_batch
 from .channels import (
     DELIVERIES,
     AmqpLink,
+    delivery_count,
     guarded,
     header_int,
     settle,
@@ -256,12 +257,8 @@ class AmqpTransport(Transport):
 
     def _deliver(self, queue: str, consumer: Consumer, message: Received) -> Delivery:
         headers = message.headers
-        if headers:
-            deliveries = (
-                header_int(headers, "x-delivery-count") + 1 + header_int(headers, DELIVERIES)
-            )
-        else:
-            deliveries = 1
+        # 0 when a count header was planted: the worker dead-letters it as malformed.
+        deliveries = delivery_count(headers) if headers else 1
         token = b"%d.%d.%d" % (consumer.epoch, consumer.raw.number, message.tag)
         self.held[token] = Held(queue, message, deliveries, consumer.epoch)
         return Delivery(queue, token, message.body, deliveries)

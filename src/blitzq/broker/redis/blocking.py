@@ -64,7 +64,21 @@ class BlockingReads:
         if self._conn is None:
             self._conn = await self._pool.get_connection()
             self._conn.register_connect_callback(self._reconnected)
+        elif not self.on_primary():
+            # The pool follows the primary the sentinels name (sentinel.py); the held
+            # connection is never given back to it, so it moves here: it reconnects (to the
+            # new primary) at its next command.
+            await self._conn.disconnect()
         return self._conn
+
+    def on_primary(self) -> bool:
+        """Whether the held connection is on the server its pool takes for the primary
+        (always, off Sentinel, or while it is not connected)."""
+        primary = getattr(self._pool, "master_address", None)
+        conn = self._conn
+        if primary is None or conn is None or not conn.is_connected:
+            return True
+        return (str(conn.host), int(conn.port)) == (str(primary[0]), int(primary[1]))
 
     async def run(self, *args: Any, block: float) -> Any:
         """Send the blocking command ``args`` and return its raw reply (no response
@@ -98,6 +112,23 @@ class BlockingReads:
                 raise
             finally:
                 self._blocked = False
+
+    async def command(self, *args: Any) -> Any:
+        """Send a non-blocking command on the held connection (after :meth:`run`: a ``WAIT``
+        for the replicas, which counts the writes of this connection) and return its raw
+        reply.
+
+        Raises:
+            redis.exceptions.RedisError: the server refused it, or the connection failed or
+                did not answer within ``socket_timeout`` (the connection is then closed).
+        """
+        async with self._lock:
+            conn = await self._held()
+            try:
+                return await send_and_read(conn, args, max(self._timeout, 1.0))
+            except BaseException:
+                self._id = None
+                raise
 
     async def unblock(self) -> bool:
         """End the blocking command in flight early, as if its block had timed out (it takes

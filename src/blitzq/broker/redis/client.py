@@ -337,7 +337,8 @@ async def wrong_type(client: Any, key: str, want: str, queue: str) -> BrokerErro
     kind = await client.type(key)
     kind = kind.decode() if isinstance(kind, bytes) else str(kind)
     return BrokerError(
-        f"key {key!r} holds a {kind}, not the {want} of queue {queue!r}: delete or rename it "
+        f"key {key!r} holds a {kind}, not the {want} of queue {queue!r} (WRONGTYPE): delete "
+        f"or rename it "
         f"(redis-cli DEL {key}) if nothing else uses it, or use another namespace",
         transient=False,
     )

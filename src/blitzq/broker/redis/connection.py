@@ -230,6 +230,29 @@ class RedisPart:
         ``"o"``, see ``outbox.py``) writes to the queue's outbox instead."""
         return self.keys.outbox(queue) if self.kind == "o" else self.conn.queue_key(queue)
 
+    async def wrong_types(self, wanted: dict[str, str]) -> dict[str, str]:
+        """Of ``wanted`` (key -> the type blitzq keeps there: ``"stream"``, ``"zset"``, …),
+        the keys that exist with another type: key -> ``"holds a <type>, not a <wanted>"``.
+        One pipeline of ``TYPE`` (a missing key is ``none``: fine)."""
+        if not wanted:
+            return {}
+        async with self.client.pipeline(transaction=False) as pipe:
+            for key in wanted:
+                pipe.type(key)
+            kinds = await pipe.execute()
+        out: dict[str, str] = {}
+        for (key, want), kind in zip(wanted.items(), kinds, strict=True):
+            kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+            if kind not in ("none", want):
+                out[key] = f"holds a {kind}, not a {want}"
+        return out
+
+    def namespace_types(self) -> dict[str, str]:
+        """The namespace's keys a worker reads whatever its queues, with their types: the
+        schedule (zset), its messages (hash), the dead-letter index (zset)."""
+        keys = self.keys
+        return {keys.schedule: "zset", keys.schedule_data: "hash", keys.dead_letters: "zset"}
+
     def block_for(self, timeout: float) -> float:
         """See :meth:`RedisConnection.block_for`."""
         return self.conn.block_for(timeout)

@@ -143,14 +143,23 @@ class ListsTransport(RedisPart, Transport):
 
     @translate_errors
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
-        """Waiting messages per queue (fast mode has nothing in flight in Redis)."""
+        """Waiting messages per queue (fast mode has nothing in flight in Redis; 0 for a
+        queue whose key holds another type: :meth:`wrong_type_keys` names it)."""
         async with self.client.pipeline(transaction=False) as pipe:
             for queue in queues:
                 pipe.llen(self.keys.list(queue))
-            lengths = await pipe.execute()
+            lengths = await pipe.execute(raise_on_error=False)
         return {
-            q: {"waiting": int(n), "in_flight": 0} for q, n in zip(queues, lengths, strict=True)
+            q: {"waiting": n if isinstance(n, int) else 0, "in_flight": 0}
+            for q, n in zip(queues, lengths, strict=True)
         }
+
+    @translate_errors
+    async def wrong_type_keys(self, queues: Sequence[str]) -> dict[str, str]:
+        """See :meth:`Transport.wrong_type_keys`: each queue's list, and the namespace's
+        keys."""
+        wanted = dict.fromkeys((self.keys.list(q) for q in queues), "list")
+        return await self.wrong_types({**wanted, **self.namespace_types()})
 
     @translate_errors
     async def purge_queue(self, queue: str) -> int:

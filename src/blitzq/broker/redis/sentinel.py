@@ -13,10 +13,13 @@ URL grammar (``[...]`` optional, ``,``-separated sentinels, default port 26379):
   0.5, under ``socket_timeout``): each single write command of the broker (a script call,
   ``XADD``, ``RPUSH``/``LPUSH``: an enqueue, a completion) is followed by ``WAIT
   <n> <wait_timeout>`` in the same round trip, ``n`` the least of ``wait_replicas`` and the
-  replicas connected to the primary (``ROLE``, read at most every second), and fails with
-  :class:`~blitzq.BrokerError` (transient) when fewer acknowledged it in time: a write a
-  failover could lose is reported instead of acknowledged (a worker's completion is then
-  retried, and its delivery acknowledged only with it). Off by default.
+  replicas that exist (``replicas.py``), and fails with :class:`~blitzq.BrokerError`
+  (transient) when fewer acknowledged it in time: a write a failover could lose is reported
+  instead of acknowledged (a worker's completion is then retried, and its delivery
+  acknowledged only with it). Off by default; a worker's fetches and completions wait for one
+  replica even without it (:data:`durable_writes`): a task starts only once the replicas know
+  its lease, and its record is acknowledged only once they have it, so a failover leaves no
+  task that ran without a record (docs/architecture.md, "Failovers").
 - Every other query parameter is a pool or connection option of a ``redis://`` URL
   (``max_connections``, ``timeout``, ``socket_timeout``...: ``client.py``); the sentinels
   use the same ``socket_timeout`` and ``socket_connect_timeout``, cut to 1 s and 0.5 s
@@ -44,9 +47,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import time
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 import redis.asyncio as aioredis
@@ -58,7 +63,11 @@ from redis.exceptions import RedisError, ResponseError
 from ...exceptions import BrokerError
 from .client import _check_pool, connection_options
 from .pool import BoundedPool
+from .replicas import REPLICAS_CHECK, ReplicaWatch
 from .sentinel_discovery import FAILOVER_SECONDS, DeadlineRetry, SentinelDiscovery
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 #: URL scheme of a primary found through Sentinel.
 SCHEME = "redis+sentinel"
@@ -68,13 +77,34 @@ DEFAULT_SENTINEL_PORT = 26379
 MASTER_CHECK_INTERVAL = 1.0
 #: Seconds ``WAIT`` waits for the replicas by default (with ``wait_replicas``).
 DEFAULT_WAIT_TIMEOUT = 0.5
-#: Seconds between two reads of the primary's connected replicas (with ``wait_replicas``).
-REPLICAS_CHECK = 1.0
-#: Set (by ``RedisStateStore.complete_durably``) while a write must be waited for by the
-#: replicas that exist even without ``wait_replicas``: a commit a foreign transport acks next.
+#: Seconds between two questions to the sentinels while the primary is superseded.
+_SUPERSEDED_POLL = 0.1
+#: Set while a command must be waited for by the replicas that exist even without
+#: ``wait_replicas``: a worker's completion (``RedisStateStore.complete_durably``: a commit
+#: that acks its delivery, or that a foreign transport acks next) and its fetches
+#: (``streams.py``: a task starts only once the replicas know it is leased, so a failover
+#: cannot lose the message of a task that ran).
 durable_writes: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "blitzq_durable_writes", default=False
 )
+
+
+def durably(
+    fn: Callable[P, Coroutine[Any, Any, R]],
+) -> Callable[P, Coroutine[Any, Any, R]]:
+    """Decorate a coroutine function so that its commands run under :data:`durable_writes`
+    (nothing changes on a client that is not a :class:`ReplicatedRedis`)."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        token = durable_writes.set(True)
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            durable_writes.reset(token)
+
+    return wrapper
+
 
 #: Query parameters meant for the sentinels, not the Redis server.
 _SENTINEL_OPTIONS = ("sentinel_password", "sentinel_username")
@@ -83,6 +113,8 @@ _WAIT_OPTIONS = ("wait_replicas", "wait_timeout")
 #: Commands followed by WAIT when ``wait_replicas`` is set: the writes of enqueues and
 #: completions (blocking reads and pipelines are not).
 _WAITED = frozenset({"EVALSHA", "EVAL", "XADD", "RPUSH", "LPUSH"})
+#: Reads that take leases, waited for under :data:`durable_writes` only (a worker's fetch).
+_WAITED_READS = frozenset({"XREADGROUP"})
 
 
 @dataclass
@@ -279,18 +311,21 @@ class BoundedSentinelPool(SentinelConnectionPool, BoundedPool):
 
 
 class ReplicatedRedis(aioredis.Redis):
-    """A client whose single write commands (:data:`_WAITED`) are each followed by ``WAIT``
-    in the same round trip, when :attr:`wait_replicas` is set.
+    """A client whose durable commands are each followed by ``WAIT`` in the same round trip.
 
-    A write waits for ``min(wait_replicas, replicas connected)``: the replicas that exist;
-    a completion committed for a foreign transport's ack (:data:`durable_writes`) waits for
-    at least one even without ``wait_replicas``. The
-    primary's connected replicas are read (``ROLE``) at most every :data:`REPLICAS_CHECK`
-    seconds, and again after a write that fewer acknowledged than asked. So after a failover,
-    while the new primary has no replica yet (until Sentinel turns the old primary into one,
-    about 10 s), writes go unwaited instead of each blocking ``wait_timeout`` and failing: a
-    worker's completions and lease renewals go on (no lease lapses because a ``WAIT`` blocked,
-    no recovery storm), durable on every replica there is.
+    Durable: the single write commands (:data:`_WAITED`) when :attr:`wait_replicas` is set;
+    under :data:`durable_writes` (a worker's completions and fetches, whatever the URL) those
+    and the reads that take leases (:data:`_WAITED_READS`), waiting for at least one replica.
+    A command waits for ``min(asked, replicas that exist)`` (``replicas.py``'s
+    :class:`~.replicas.ReplicaWatch`): the primary's connected replicas, read (``ROLE``) at
+    most every :data:`~.replicas.REPLICAS_CHECK` seconds and again after a ``WAIT`` that fell
+    short. So after a failover, while the new primary has no replica yet (until Sentinel
+    turns the old primary into one, about 10 s), commands go unwaited instead of each
+    blocking ``wait_timeout`` and failing: a worker's completions and lease renewals go on
+    (no lease lapses because a ``WAIT`` blocked, no recovery storm), durable on every replica
+    there is. A primary whose replica was promoted (the old primary during a failover) is
+    sent no durable command: it is held until the sentinels name the new primary, at most
+    :data:`~.sentinel_discovery.FAILOVER_SECONDS`.
 
     Attributes:
         wait_replicas: replicas that must acknowledge each write (0: no WAIT).
@@ -299,29 +334,73 @@ class ReplicatedRedis(aioredis.Redis):
 
     wait_replicas: int = 0
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT
-    #: Replicas connected to the primary at the last look, and when (``time.monotonic()``).
-    _present: int | None = None
-    _present_at: float = 0.0
+    _watch: ReplicaWatch | None = None
+
+    def _watcher(self) -> ReplicaWatch:
+        if self._watch is None:
+            kwargs = self.connection_pool.connection_kwargs
+            self._watch = ReplicaWatch(
+                {"username": kwargs.get("username"), "password": kwargs.get("password")}
+            )
+        return self._watch
 
     async def replicas(self) -> int:
-        """Replicas connected to the primary (``ROLE``; read at most every
-        :data:`REPLICAS_CHECK` seconds): 0 when the server is not a primary."""
-        now = time.monotonic()
-        if self._present is None or now - self._present_at >= REPLICAS_CHECK:
-            role = await super().execute_command("ROLE")  # type: ignore[no-untyped-call]
-            kind = role[0].decode() if isinstance(role[0], bytes) else str(role[0])
-            self._present = len(role[2]) if kind == "master" and len(role) > 2 else 0
-            self._present_at = now
-        return self._present
+        """Replicas a durable command waits for now: the primary's connected replicas, and
+        a replica gone from them that answers as promoted (see ``replicas.py``); 0 when the
+        server is not a primary."""
+        primary = getattr(self.connection_pool, "master_address", None)
+        return await self._watcher().count(_Plain(self), primary)
+
+    async def wanted(self, asked: int) -> int:
+        """Replicas (at most ``asked``) a durable command must reach now; 0: send it unwaited.
+
+        Waits, at most :data:`~.sentinel_discovery.FAILOVER_SECONDS`, while the primary is
+        superseded (one of its replicas was promoted), asking the sentinels again meanwhile.
+
+        Raises:
+            BrokerError: (transient, ``unavailable``) the primary is still superseded at the
+                end of the wait: a failover is under way.
+        """
+        count = await self.replicas()
+        watch, pool = self._watcher(), self.connection_pool
+        if not self._superseded(watch):
+            return min(asked, count)
+        deadline = time.monotonic() + FAILOVER_SECONDS
+        while self._superseded(watch):
+            superseded = watch.superseded
+            if time.monotonic() >= deadline:
+                raise BrokerError(
+                    f"the primary {superseded[0]}:{superseded[1]} is being replaced (one of "
+                    "its replicas was promoted) and the sentinels name no other yet: the "
+                    "command was not sent",
+                    unavailable=True,
+                )
+            with contextlib.suppress(RedisError, OSError):
+                if isinstance(pool, BoundedSentinelPool):
+                    await pool.get_master_address()  # moves the connections when it moved
+            if getattr(pool, "master_address", None) == superseded:
+                await asyncio.sleep(_SUPERSEDED_POLL)
+                watch.forget()
+            count = await self.replicas()
+        return min(asked, count)
+
+    def _superseded(self, watch: ReplicaWatch) -> bool:
+        """Whether the primary the pool names now was found superseded."""
+        primary = getattr(self.connection_pool, "master_address", None)
+        return watch.superseded is not None and watch.superseded == primary
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
-        """Run one command; a waited write raises :class:`~blitzq.BrokerError` (transient)
-        when fewer of the replicas that exist (up to :attr:`wait_replicas`) acknowledged it
-        in time."""
-        asked = self.wait_replicas or (1 if durable_writes.get() else 0)
-        if not asked or str(args[0]).upper() not in _WAITED:
+        """Run one command; a durable one raises :class:`~blitzq.BrokerError` (transient,
+        ``unavailable``) when fewer of the replicas that exist (up to the replicas asked)
+        acknowledged it in time, or when the primary is superseded (:meth:`wanted`)."""
+        durable = durable_writes.get()
+        asked = self.wait_replicas or (1 if durable else 0)
+        if not asked:
             return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
-        wanted = min(asked, await self.replicas())
+        name = str(args[0]).upper()
+        if name not in _WAITED and not (durable and name in _WAITED_READS):
+            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        wanted = await self.wanted(asked)
         if not wanted:  # no replica to wait for: durable on all there are
             return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
         pipe = self.pipeline(transaction=False)
@@ -331,13 +410,58 @@ class ReplicatedRedis(aioredis.Redis):
             reply, acknowledged = await pipe.execute()
         finally:
             await pipe.reset()  # type: ignore[no-untyped-call]
-        if int(acknowledged) < wanted:
-            self._present = None  # a replica may have gone: look again at the next write
-            raise BrokerError(
-                f"{args[0]} was applied by the primary but acknowledged by {acknowledged} of "
-                f"{wanted} replica(s) within {self.wait_timeout} s: a failover may lose it"
-            )
+        self.check_acknowledged(str(args[0]), acknowledged, wanted)
         return reply
+
+    async def settle(
+        self, send: Callable[..., Awaitable[Any]], what: str, on_primary: Callable[[], bool]
+    ) -> None:
+        """Wait for the replicas a durable command must reach, on the connection that sent
+        it (``send`` sends one command there and returns its reply): a blocking read that
+        took entries on a connection of its own (``blocking.py``).
+
+        Args:
+            send: sends one command on that connection, returns its reply.
+            what: the command, for the error message.
+            on_primary: whether that connection is on the server the pool now takes for the
+                primary (checked once the primary is no longer superseded).
+
+        Raises:
+            BrokerError: (transient, ``unavailable``) fewer acknowledged in time, the primary
+                is superseded (:meth:`wanted`), or the command went to a server that is no
+                longer the primary (a failover moved the pool meanwhile).
+        """
+        wanted = await self.wanted(self.wait_replicas or 1)
+        if not on_primary():
+            raise BrokerError(
+                f"{what} went to a server that is no longer the primary (a failover): its "
+                "effects may be lost with it",
+                unavailable=True,
+            )
+        if wanted:
+            acknowledged = await send("WAIT", wanted, int(self.wait_timeout * 1000))
+            self.check_acknowledged(what, acknowledged, wanted)
+
+    def check_acknowledged(self, what: str, acknowledged: Any, wanted: int) -> None:
+        """Raise :class:`~blitzq.BrokerError` when ``acknowledged`` (``WAIT``'s reply) is
+        under ``wanted``; the replicas are then read again at the next durable command."""
+        if int(acknowledged) < wanted:
+            self._watcher().forget()  # a replica may have gone, or been promoted: look again
+            raise BrokerError(
+                f"{what} was applied by the primary but acknowledged by {acknowledged} of "
+                f"{wanted} replica(s) within {self.wait_timeout} s: a failover may lose it",
+                unavailable=True,
+            )
+
+
+class _Plain:
+    """``ROLE`` on a :class:`ReplicatedRedis` without its WAIT logic."""
+
+    def __init__(self, client: ReplicatedRedis) -> None:
+        self._client = client
+
+    async def execute_command(self, *args: Any) -> Any:
+        return await aioredis.Redis.execute_command(self._client, *args)  # type: ignore[no-untyped-call]
 
 
 async def _no_cleanup(_error: BaseException) -> None:
@@ -400,6 +524,7 @@ __all__ = [
     "ReplicatedRedis",
     "SentinelURL",
     "durable_writes",
+    "durably",
     "make_sentinel_client",
     "parse_sentinel_url",
 ]

@@ -108,8 +108,10 @@ class DeadlineRetry(Retry):
                 if self._failing_since is None or now - self._failed_at > _OUTAGE_GAP:
                     self._failing_since = now
                 self._failed_at = now
+                # Read before the await: a concurrent call's success clears it meanwhile.
+                since = self._failing_since
                 await (fail(error, failures) if with_failure_count else fail(error))
-                first = min(started, self._failing_since)
+                first = min(started, since)
                 pause = self._backoff.compute(failures)
                 if now + pause - first >= self.budget or failures >= _MAX_ATTEMPTS:
                     raise _gave_up(error, time.monotonic() - first) from error

@@ -49,7 +49,7 @@ from .outbox import RedisOutbox
 from .records import RedisRecords
 from .registry import RedisRegistry
 from .schedule import RedisSchedule
-from .sentinel import durable_writes
+from .sentinel import ReplicatedRedis, durable_writes
 
 __all__ = ["RedisStateStore"]
 
@@ -129,6 +129,12 @@ class RedisStateStore(StateStore):
                 "transport's leases: make it with RedisStateStore(conn, lease=transport.lease)"
             )
         return True
+
+    @property
+    def replicated(self) -> bool:  # type: ignore[override]
+        """``True`` on ``redis+sentinel://`` (asynchronous replication: see
+        :meth:`complete_durably`)."""
+        return isinstance(self.conn.client, ReplicatedRedis)
 
     # ------------------------------------------------------------ completions
     async def complete_durably(self, completions: Sequence[Completion]) -> list[Completion]:

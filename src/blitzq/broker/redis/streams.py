@@ -30,6 +30,7 @@ from .client import translate_errors, wrong_type
 from .connection import LeaseIdentity, RedisConnection, RedisPart
 from .handed import HandOver
 from .keys import GROUP, MESSAGE_FIELD
+from .sentinel import ReplicatedRedis, durably
 
 logger = logging.getLogger("blitzq.broker")
 
@@ -43,7 +44,12 @@ _PLAIN_READS_MIN = 32
 
 
 def _delivery(queue: str, entry_id: bytes, fields: list[bytes]) -> Delivery:
-    """A Delivery from a stream entry's fields ("m" the message, "d" the delivery count)."""
+    """A Delivery from a stream entry's fields ("m" the message, "d" the delivery count).
+
+    A "d" that is no int >= 1 (recover.lua writes 2 and up; anything else was planted) gives
+    ``deliveries`` 0, which the worker dead-letters as a malformed message; a huge one is
+    clipped to 1,000,000 (past any ``max_deliveries``: dead-lettered as exceeded).
+    """
     if len(fields) == 2 and fields[0] == MESSAGE_FIELD:
         return Delivery(queue, entry_id, fields[1], 1)
     payload, deliveries = b"", 1
@@ -51,10 +57,8 @@ def _delivery(queue: str, entry_id: bytes, fields: list[bytes]) -> Delivery:
         if fields[j] == MESSAGE_FIELD:
             payload = fields[j + 1]
         elif fields[j] == b"d":
-            try:  # written by recover.lua; anything else is planted: count it as one
-                deliveries = max(1, min(int(fields[j + 1]), 1_000_000))
-            except ValueError:
-                deliveries = 1
+            raw = fields[j + 1]
+            deliveries = min(int(raw), 1_000_000) if raw.isdigit() else 0
     return Delivery(queue, entry_id, payload, deliveries)
 
 
@@ -130,8 +134,14 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         return any(g.get("name") in (GROUP, GROUP.encode()) for g in groups)
 
     @translate_errors
+    @durably
     async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
-        """XREADGROUP up to ``count`` new entries, blocking up to ``timeout`` s when empty."""
+        """XREADGROUP up to ``count`` new entries, blocking up to ``timeout`` s when empty.
+
+        On ``redis+sentinel://`` the read is durable (``sentinel.py``): it returns only once
+        the replicas that exist have the leases it took (:class:`~blitzq.BrokerError` when
+        they do not: the entries stay leased here and are recovered after the visibility
+        timeout), so a failover cannot lose the message of a task that runs."""
         key = self.keys.stream(queue)
         args: list[object] = ["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", count]
         if timeout > 0:
@@ -152,6 +162,7 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         return [_delivery(queue, entry_id, fields) for entry_id, fields in entries if fields]
 
     @translate_errors
+    @durably
     async def fetch_first(
         self, queues: Sequence[str], count: int, timeout: float, *, look_first: bool = True
     ) -> list[Delivery]:
@@ -236,7 +247,8 @@ class StreamsTransport(HandOver, RedisPart, Transport):
     async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
         """One ``XREADGROUP ... COUNT 1 BLOCK`` over the streams of ``queues`` (in their
         order), on the held connection :meth:`unblock` can wake (``blocking.py``); elsewhere
-        :meth:`fetch_first`'s blocking read. At most one entry per stream."""
+        :meth:`fetch_first`'s blocking read. At most one entry per stream; durable as
+        :meth:`fetch` (the ``WAIT`` goes on the held connection, which took the entries)."""
         blocking = self.conn.blocking
         if blocking is None:
             return await self.fetch_first(queues, 1, timeout, look_first=False)
@@ -256,12 +268,15 @@ class StreamsTransport(HandOver, RedisPart, Transport):
             return []
         by_key = reply.items() if isinstance(reply, dict) else reply
         names = dict(zip((k.encode() for k in keys), queues, strict=True))
-        return [
+        taken = [
             _delivery(names[key], entry_id, fields)
             for key, entries in by_key
             for entry_id, fields in entries
             if fields is not None
         ]
+        if taken and isinstance(self.client, ReplicatedRedis):
+            await self.client.settle(blocking.command, "XREADGROUP", blocking.on_primary)
+        return taken
 
     async def unblock(self) -> bool:
         """Wake the :meth:`block_first` in flight (``CLIENT UNBLOCK``; it takes nothing)."""
@@ -272,13 +287,24 @@ class StreamsTransport(HandOver, RedisPart, Transport):
     async def occupied(self, queues: Sequence[str]) -> list[str]:
         """The queues whose stream holds any entry, waiting or in flight (acked entries are
         deleted, so an empty stream has nothing to recover): one ``XREAD COUNT 1`` over all
-        streams; every queue on a cluster (the streams may live on several nodes)."""
+        streams; every queue on a cluster (the streams may live on several nodes). A key
+        that holds another type (:meth:`wrong_type_keys`) is left out, not an error: the
+        other queues are still recovered."""
         if self.conn.cluster or not queues:
             return list(queues)
         keys = [self.keys.stream(q) for q in queues]
-        reply = await self.client.execute_command(
-            "XREAD", "COUNT", 1, "STREAMS", *keys, *("0-0" for _ in keys)
-        )
+        try:
+            reply = await self.client.execute_command(
+                "XREAD", "COUNT", 1, "STREAMS", *keys, *("0-0" for _ in keys)
+            )
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            bad = await self.wrong_types(dict.fromkeys(keys, "stream"))
+            healthy = [q for q, k in zip(queues, keys, strict=True) if k not in bad]
+            if len(healthy) == len(queues):
+                raise
+            return await self.occupied(healthy)
         if not reply:
             return []
         found = {
@@ -408,10 +434,22 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         return int(removed)
 
     @translate_errors
+    async def wrong_type_keys(self, queues: Sequence[str]) -> dict[str, str]:
+        """See :meth:`Transport.wrong_type_keys`: each queue's stream, and the namespace's
+        keys."""
+        wanted = dict.fromkeys((self.keys.stream(q) for q in queues), "stream")
+        return await self.wrong_types({**wanted, **self.namespace_types()})
+
+    @translate_errors
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
-        """Waiting (not yet delivered) and in-flight (pending) entries per queue."""
+        """Waiting (not yet delivered) and in-flight (pending) entries per queue (0 and 0 for
+        a queue whose key holds another type: :meth:`wrong_type_keys` names it)."""
         out: dict[str, dict[str, int]] = {}
+        bad = await self.wrong_types(dict.fromkeys((self.keys.stream(q) for q in queues), "stream"))
         for queue in queues:
+            if self.keys.stream(queue) in bad:
+                out[queue] = {"waiting": 0, "in_flight": 0}
+                continue
             key = self.keys.stream(queue)
             length = int(await self.client.xlen(key))
             pending = 0

@@ -95,6 +95,12 @@ class StateStore(abc.ABC):
         """
         return False
 
+    replicated: bool = False
+    """Whether a write acknowledged by this store may still be lost by a failover it is set
+    up for (asynchronous replication: a ``redis+sentinel://`` store), so that a commit that
+    acks a delivery must go through :meth:`complete_durably`. ``False`` (the default): a
+    commit survives what the store survives, :meth:`complete` is durable."""
+
     outbox: Outbox | None = None
     """Where this store writes every message it puts into queues, when it was made to pair
     with a transport it does not ack (:mod:`blitzq.broker.outbox`): the pairing relays it to

@@ -4,6 +4,7 @@
 -- KEYS[i] {ns}:s:<queue>  the streams, highest level first
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] most messages in all (count)
 -- A stream without the group (deleted by hand or flushed) gets it created again (MKSTREAM).
+-- A level's error is returned only when no earlier level gave entries.
 -- Returns a flat array: one count per stream, then the entries in stream order as
 -- {n1, n2, n3, id1, fields1, id2, fields2, ...}.
 local remaining = tonumber(ARGV[3])
@@ -16,6 +17,11 @@ for i, key in ipairs(KEYS) do
     if type(reply) == 'table' and reply.err then
       if string.find(reply.err, 'NOGROUP', 1, true) then
         redis.call('XGROUP', 'CREATE', key, ARGV[1], '0', 'MKSTREAM')
+      elseif #out > 0 then
+        -- A level that fails (WRONGTYPE: a key of another type) after earlier levels gave
+        -- entries: return those (they are leased to this consumer now; an error would leave
+        -- them pending, unseen, until a recovery). The next fetch meets the error.
+        remaining = 0
       else
         return redis.error_reply(reply.err)
       end

@@ -9,8 +9,13 @@ local counts, out = {}, {}
 for i, key in ipairs(KEYS) do
   counts[i] = 0
   if remaining > 0 then
-    local items = redis.call('LPOP', key, remaining)
-    if items then
+    local items = redis.pcall('LPOP', key, remaining)
+    if type(items) == 'table' and items.err then
+      -- A level that fails (WRONGTYPE: a key of another type): what earlier levels gave is
+      -- popped already (no rollback), so it is returned; with nothing, the error is.
+      if #out == 0 then return redis.error_reply(items.err) end
+      remaining = 0
+    elseif items then
       for _, item in ipairs(items) do out[#out + 1] = item end
       counts[i] = #items
       remaining = remaining - #items

@@ -1,0 +1,154 @@
+"""Which replicas a write must reach before a ``redis+sentinel://`` client reports it done.
+
+Used by ``sentinel.py``'s :class:`~.sentinel.ReplicatedRedis`. A durable write (a worker's
+fetch and completion, every write with ``wait_replicas``) is followed by ``WAIT`` for the
+replicas that exist: the primary's connected replicas, read with ``ROLE`` at most every
+:data:`REPLICAS_CHECK` seconds. A new primary has none until Sentinel turns the old one into
+its replica (about 10 s), and its writes then go unwaited rather than each failing: no lease
+lapses because a ``WAIT`` blocked (no recovery storm).
+
+A replica that disappears from the list is not forgotten at once, because the list shrinks
+in two very different cases:
+
+- the replica crashed, restarted or lost its link: the primary is still *the* primary, and
+  writes go on unwaited by it (they are durable on every replica there is);
+- the replica was **promoted** (``SENTINEL FAILOVER``, or a failover on the other side of a
+  partition): this primary is about to be demoted and its data thrown away, and a write it
+  acknowledges now is lost. Redis replicates asynchronously, and this is the window where a
+  worker would otherwise fetch a task, run it and record it on the old primary alone.
+
+So a replica gone from the list is asked its own ``ROLE`` (a connection of its own, cut at
+:data:`PROBE_TIMEOUT`): one that answers as a primary, or as the replica of another server,
+marks this primary **superseded**. A superseded primary gets no durable write at all (they
+raise :class:`~blitzq.BrokerError`, transient and ``unavailable``, without being sent, so a
+worker keeps its completion and fetches nothing there) until the client's connections move
+to the server the sentinels name (the pool is asked to look at once). A replica that does not
+answer is taken as crashed (as before): a replica promoted behind a partition that cuts it
+from the clients too is not detected (``min-replicas-to-write`` on the servers covers that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+logger = logging.getLogger("blitzq.broker")
+
+#: Seconds between two reads of the primary's connected replicas.
+REPLICAS_CHECK = 1.0
+#: Seconds to open a connection to a replica gone from the list, and for its ``ROLE`` reply.
+PROBE_TIMEOUT = 0.5
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class ReplicaWatch:
+    """The replicas a durable write on one client waits for (module docstring).
+
+    Args:
+        credentials: ``username``/``password`` of the servers (a replica is asked with them).
+    """
+
+    def __init__(self, credentials: dict[str, Any]) -> None:
+        self._credentials = {k: v for k, v in credentials.items() if v is not None}
+        #: The primary (``(host, port)``, as the pool names it) the replicas below belong to.
+        self._primary: Any = None
+        #: ``host:port`` of the replicas counted at the last look (the connected ones, and
+        #: those gone from the list that answered as promoted).
+        self._replicas: set[str] = set()
+        self._count: int | None = None
+        self._read_at = 0.0
+        #: The primary found superseded at the last look (one of its replicas was promoted),
+        #: else ``None``.
+        self.superseded: Any = None
+        self._lock: asyncio.Lock | None = None
+
+    def forget(self) -> None:
+        """Read the list again at the next write (a ``WAIT`` fell short)."""
+        self._count = None
+
+    async def count(self, client: Any, primary: Any) -> int:
+        """Replicas a durable write on ``client`` waits for, the server being ``primary``
+        (its pool's address for it); 0 when the server is not a primary. One look at a time
+        (concurrent callers share it); a look that the pool's move to another primary
+        overtook changes nothing.
+
+        Raises:
+            redis.exceptions.RedisError: ``ROLE`` failed.
+        """
+        if primary != self._primary:  # the connections moved: a new primary, new replicas
+            self._primary, self._replicas, self._count = primary, set(), None
+            self.superseded = None
+        if self._count is not None and time.monotonic() - self._read_at < REPLICAS_CHECK:
+            return self._count
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if primary != self._primary:  # moved while this caller waited: look again
+                return await self.count(client, primary)
+            if self._count is not None and time.monotonic() - self._read_at < REPLICAS_CHECK:
+                return self._count
+            count, replicas, promoted = await self._look(client, primary)
+            if primary != self._primary:  # the pool moved meanwhile: this look is stale
+                return count
+            if promoted and self.superseded is None:
+                logger.warning(
+                    "replica %s of the primary %s:%s answers as promoted (a failover): "
+                    "durable writes wait until the sentinels name the new primary",
+                    ", ".join(promoted),
+                    *primary,
+                )
+            self.superseded = primary if promoted else None
+            self._replicas, self._count, self._read_at = replicas, count, time.monotonic()
+            return count
+
+    async def _look(self, client: Any, primary: Any) -> tuple[int, set[str], list[str]]:
+        """``(count, replicas, promoted)``: one ``ROLE`` on ``client``, and a probe of each
+        replica gone since the last look (never ``primary`` itself)."""
+        role = await client.execute_command("ROLE")
+        if _text(role[0]) != "master":
+            return 0, set(), []
+        connected = {f"{_text(r[0])}:{_text(r[1])}" for r in (role[2] if len(role) > 2 else [])}
+        itself = f"{primary[0]}:{primary[1]}" if primary is not None else ""
+        gone = self._replicas - connected - {itself}
+        promoted = [r for r in gone if await self._promoted(r, primary)]
+        replicas = connected | set(promoted)
+        return len(replicas), replicas, promoted
+
+    async def _promoted(self, replica: str, primary: Any) -> bool:
+        """Whether ``replica`` answers as a primary, or as the replica of a server other than
+        ``primary``; ``False`` when it does not answer (taken as crashed)."""
+        host, _, port = replica.rpartition(":")
+        probe = aioredis.Redis(
+            host=host,
+            port=int(port),
+            socket_timeout=PROBE_TIMEOUT,
+            socket_connect_timeout=PROBE_TIMEOUT,
+            **self._credentials,
+        )
+        try:
+            role = await asyncio.wait_for(probe.execute_command("ROLE"), 2 * PROBE_TIMEOUT)  # type: ignore[no-untyped-call]
+        except (RedisError, OSError, TimeoutError):
+            return False
+        finally:
+            with contextlib.suppress(RedisError, OSError):
+                await probe.aclose()
+        kind = _text(role[0])
+        logger.debug("replica %s answers ROLE %r (primary %r)", replica, role[:3], primary)
+        if kind == "master":
+            return True
+        if kind != "slave" or primary is None or len(role) < 3:
+            return False
+        followed = (_text(role[1]), int(role[2]))
+        return followed != (str(primary[0]), int(primary[1]))
+
+
+__all__ = ["PROBE_TIMEOUT", "REPLICAS_CHECK", "ReplicaWatch"]

@@ -1,0 +1,117 @@
+"""Which replicas a durable write on ``redis+sentinel://`` waits for (``replicas.py``).
+
+A private primary and replica (``redis-server`` on free ports, stopped at the end): a replica
+that leaves the primary's list because it was promoted keeps being waited for and marks the
+primary superseded (a failover is under way: a write there would be lost); a replica that
+leaves because it stopped is forgotten (the primary is still the primary); a watch that is
+told of another primary starts over.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from blitzq.broker.redis.replicas import ReplicaWatch
+
+from ..conftest import free_port
+from ..polling import wait_until
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("redis-server") is None, reason="needs the redis-server binary"
+)
+
+
+class Pair:
+    """A primary and its replica on free ports of 127.0.0.1."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="blitzq-replicas-"))
+        self.primary, self.replica = free_port(), free_port()
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._server(self.primary)
+        self._server(self.replica, "--replicaof", "127.0.0.1", str(self.primary))
+        wait_until(lambda: self.connected() == 1, 30, "the replica connected to the primary")
+
+    def _server(self, port: int, *extra: str) -> None:
+        args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", str(self.dir), *extra]
+        self.procs[port] = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+
+    def connected(self) -> int | None:
+        """Replicas the primary lists as connected (``None`` while it does not answer)."""
+        try:
+            role = redis.Redis(port=self.primary, socket_timeout=2).execute_command("ROLE")
+        except (redis.RedisError, OSError):
+            return None
+        return len(role[2])
+
+    def stop(self, port: int | None = None) -> None:
+        for each in [port] if port is not None else list(self.procs):
+            proc = self.procs.pop(each)
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if port is None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
+    servers = Pair()
+    try:
+        yield servers
+    finally:
+        servers.stop()
+
+
+@pytest.mark.timeout(60)
+async def test_a_promoted_replica_supersedes_its_primary(pair: Pair) -> None:
+    watch = ReplicaWatch({})
+    primary = ("127.0.0.1", pair.primary)
+    client = aioredis.Redis(port=pair.primary)
+    try:
+        assert await watch.count(client, primary) == 1
+        assert watch.superseded is None
+        redis.Redis(port=pair.replica).execute_command("REPLICAOF", "NO", "ONE")
+        wait_until(lambda: pair.connected() == 0, 30, "the primary lost its replica")
+        watch.forget()
+        # Still waited for (a WAIT there fails), and the primary is known to be replaced.
+        assert await watch.count(client, primary) == 1
+        assert watch.superseded == primary
+        # The pool moved to the promoted replica: a new primary, with no replica yet.
+        promoted = aioredis.Redis(port=pair.replica)
+        try:
+            assert await watch.count(promoted, ("127.0.0.1", pair.replica)) == 0
+            assert watch.superseded is None
+        finally:
+            await promoted.aclose()
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.timeout(60)
+async def test_a_replica_that_stops_is_forgotten(pair: Pair) -> None:
+    watch = ReplicaWatch({})
+    primary = ("127.0.0.1", pair.primary)
+    client = aioredis.Redis(port=pair.primary)
+    try:
+        assert await watch.count(client, primary) == 1
+        pair.stop(pair.replica)
+        wait_until(lambda: pair.connected() == 0, 30, "the primary lost its replica")
+        watch.forget()
+        # It does not answer: taken as crashed, writes go on unwaited by it.
+        assert await watch.count(client, primary) == 0
+        assert watch.superseded is None
+    finally:
+        await client.aclose()
