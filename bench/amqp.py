@@ -18,6 +18,11 @@ Rows (each repetition runs Redis then RabbitMQ, alternating which goes first):
   task's record exists and the queue shows nothing waiting or in flight.
 * ``worker CPU per task``: this process's CPU time (``time.process_time``) over that drain,
   divided by ``--tasks`` (the worker runs in this process; the servers' CPU is not in it).
+* ``server CPU per task``: the servers' CPU over each phase (enqueue, then drain), per task:
+  the private ``redis-server``'s (``INFO cpu``) on both sides, plus, on the RabbitMQ side,
+  the RabbitMQ node's (``beam.smp``'s ``/proc/<pid>/stat``) when it runs on this machine and
+  its process can be read (else the row says so). The node's background work during the
+  phase is in it (other users' queues too, on a shared server).
 * ``round trip``: ``--trips`` sequential ``enqueue`` then ``await handle.result()`` with an
   idle in-process worker; p50 and p99 (the first 20 warm up and are not counted).
 
@@ -53,6 +58,43 @@ from blitzq import Queue, Worker
 from blitzq.broker.amqp.channels import DEAD_LETTER_SUFFIX, AmqpLink
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+def _beam_pid() -> int | None:
+    """The pid of a local RabbitMQ node (``beam.smp`` running ``rabbit``) whose CPU times
+    this user can read, or ``None``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            (entry / "stat").read_text()
+        except OSError:
+            continue
+        if b"beam.smp" in cmdline and b"rabbit" in cmdline:
+            return int(entry.name)
+    return None
+
+
+BEAM_PID = _beam_pid() if sys.platform == "linux" else None
+
+
+def beam_cpu() -> float:
+    """CPU seconds (user + system) the local RabbitMQ node has used, 0.0 when unknown."""
+    if BEAM_PID is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{BEAM_PID}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def server_cpu(client: harness.aioredis.Redis, amqp: str | None) -> float:
+    """CPU seconds used so far by the private Redis, plus the RabbitMQ node's (``amqp``)."""
+    info = await client.info("cpu")
+    used = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return used + (beam_cpu() if amqp is not None else 0.0)
 
 
 def answers(url: str) -> bool:
@@ -113,13 +155,15 @@ async def _settled(side: Side, last_id: str) -> bool:
 
 async def drain(
     url: str, amqp: str | None, client: harness.aioredis.Redis, n: int
-) -> tuple[float, float, float]:
-    """``(enqueue tasks/s, drain tasks/s, worker CPU seconds per task)`` of ``n`` no-op
-    tasks enqueued in batches, then drained by one in-process worker."""
+) -> tuple[float, float, float, float]:
+    """``(enqueue tasks/s, drain tasks/s, worker CPU seconds per task, server CPU seconds
+    per task)`` of ``n`` no-op tasks enqueued in batches, then drained by one in-process
+    worker."""
     side = Side(url, amqp, "adrain")
     try:
         await side.task.enqueue_many([()])  # connect and declare before the clock starts
         handles = []
+        server0 = await server_cpu(client, amqp)
         t0 = time.perf_counter()
         for start in range(0, n, harness.BATCH):
             handles += await side.task.enqueue_many([()] * min(harness.BATCH, n - start))
@@ -131,8 +175,9 @@ async def drain(
         await asyncio.wait_for(side.all_ran.wait(), harness.DEADLINE)
         await harness.wait_until(lambda: _settled(side, handles[-1].id), "completions", 0.005)
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        server = await server_cpu(client, amqp) - server0
         await harness._stop_worker(worker, runner)
-        return enqueued, n / elapsed, cpu / n
+        return enqueued, n / elapsed, cpu / n, server / n
     finally:
         await side.close(client)
 
@@ -175,6 +220,7 @@ async def run(url: str, amqp: str, tasks: int, trips: int, reps: int) -> None:
     rates: dict[str, list[float]] = {"redis": [], "amqp": []}
     enqueues: dict[str, list[float]] = {"redis": [], "amqp": []}
     cpus: dict[str, list[float]] = {"redis": [], "amqp": []}
+    servers: dict[str, list[float]] = {"redis": [], "amqp": []}
     celery = os.environ.get("BLITZQ_BENCH_CELERY_PYTHON")
     celeries: dict[str, list[float]] = {pool: [] for pool, _ in CELERY_POOLS}
     p50s: dict[str, list[float]] = {"redis": [], "amqp": []}
@@ -183,10 +229,11 @@ async def run(url: str, amqp: str, tasks: int, trips: int, reps: int) -> None:
         for rep in range(reps):
             order = [("redis", None), ("amqp", amqp)]
             for side, target in order if rep % 2 == 0 else order[::-1]:
-                enqueued, rate, cpu = await drain(url, target, client, tasks)
+                enqueued, rate, cpu, server = await drain(url, target, client, tasks)
                 enqueues[side].append(enqueued)
                 rates[side].append(rate)
                 cpus[side].append(cpu * 1e6)
+                servers[side].append(server * 1e6)
                 p50, p99 = harness._percentiles(await round_trips(url, target, client, trips))
                 p50s[side].append(p50)
                 p99s[side].append(p99)
@@ -200,10 +247,13 @@ async def run(url: str, amqp: str, tasks: int, trips: int, reps: int) -> None:
         await client.aclose()
     print("| measurement | Redis | RabbitMQ | RabbitMQ / Redis |")
     print("|---|---:|---:|---:|")
+    server_row = "server CPU per task (enqueue + drain"
+    server_row += ", RabbitMQ's included)" if BEAM_PID is not None else ", Redis only)"
     for name, got, unit in (
         (f"enqueue_many x{tasks}", enqueues, "/s"),
         (f"drain x{tasks}", rates, "/s"),
         ("worker CPU per task (drain)", cpus, " us"),
+        (server_row, servers, " us"),
         ("round trip p50", p50s, " ms"),
         ("round trip p99", p99s, " ms"),
     ):

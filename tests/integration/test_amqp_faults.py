@@ -109,9 +109,15 @@ async def _note(i: int) -> None:  # the producer's stand-in (never runs there)
     return None
 
 
-async def _lost(side: Side) -> None:
-    """Wait until ``side``'s link saw its connection go."""
-    await eventually(lambda: _connected(side), lambda up: not up, timeout=60)
+async def _lost(side: Side, epoch: int) -> None:
+    """Wait until ``side``'s link saw its connection (of ``epoch``) go: it is down, or
+    already up again on a new connection (a worker waiting for deliveries reconnects at
+    once, faster than a poll may see it down)."""
+    await eventually(
+        lambda: _connected(side),
+        lambda up: not up or side.link.epoch > epoch,
+        timeout=60,
+    )
 
 
 async def _connected(side: Side) -> bool:
@@ -131,6 +137,7 @@ async def test_worker_and_producer_recover_from_a_lost_connection(
 
     async with running(make_worker(worker_side.queue, concurrency=4)):
         await _enqueue_and_run(producer_side.queue, ran, range(1))  # both connected
+        epochs = [side.link.epoch for side in sides]
         for side in sides:
             if kind == "close":
                 assert side.proxy.close_all() >= 1
@@ -141,8 +148,8 @@ async def test_worker_and_producer_recover_from_a_lost_connection(
             else:
                 side.proxy.refuse()
                 assert side.proxy.cut() >= 1
-        for side in sides:
-            await _lost(side)  # each side notices: the heartbeat finds a silent one
+        for side, epoch in zip(sides, epochs, strict=True):
+            await _lost(side, epoch)  # each side notices: the heartbeat finds a silent one
         if kind == "refused":
             refused_at = worker_side.proxy.connections
             await asyncio.sleep(0)  # the worker keeps retrying meanwhile
@@ -227,14 +234,16 @@ async def test_an_amqp_url_with_several_hosts_fails_over_between_them(
             await _enqueue_and_run(producer, ran, range(2))
             assert (first.connections, second.connections) == (2, 0)  # the first host
             first.refuse()  # the first node goes down: both move to the second
+            epoch = Side(producer, first).link.epoch
             assert first.cut() == 2
-            await _lost(Side(producer, first))  # it publishes once it saw the reset
+            await _lost(Side(producer, first), epoch)  # it publishes once it saw the reset
             await _enqueue_and_run(producer, ran, range(2, 4))
             assert second.connections == 2
             first.heal()  # and back when the second one goes down
             second.refuse()
+            epoch = Side(producer, second).link.epoch
             assert second.cut() == 2
-            await _lost(Side(producer, second))
+            await _lost(Side(producer, second), epoch)
             await _enqueue_and_run(producer, ran, range(4, 6))
             assert first.connections == 4
     finally:

@@ -46,7 +46,9 @@ from ...redaction import mask_url
 from ..factory import AMQP_RESERVED_QUEUE, amqp_hosts, check_amqp_queue
 from .closing import CloseNotice, describe
 from .deliveries import Received
+from .frames import read_in_bulk
 from .injected import Borrowed
+from .tap import tap_confirms
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
@@ -267,6 +269,8 @@ class AmqpLink:
                 return await self._borrow(self.borrowed)
             await self._drop()
             made = await self._connect()
+            if made.transport is not None:  # our own connection: frames read in bulk
+                read_in_bulk(made.transport.connection)
             self._conn = made
             self.epoch += 1
             CloseNotice(made, self.connection_name, lambda: self._conn is not made, self.listeners)
@@ -336,6 +340,7 @@ class AmqpLink:
             conn = await self.ensure()
             try:
                 channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
+                tap_confirms(await channel.get_underlay_channel())
             except aiormq.exceptions.AMQPError as exc:
                 raise translate(exc, "opening a channel") from None
             self._publisher = channel

@@ -28,6 +28,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel
 from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
+from pamqp.header import ContentHeader
 
 
 class Received:
@@ -43,12 +44,13 @@ class Received:
 
     __slots__ = ("body", "consumer", "headers", "redelivered", "tag")
 
-    def __init__(self, consumer: Consumer, message: DeliveredMessage) -> None:
-        delivery = message.delivery
-        self.body = message.body
-        self.headers: dict[str, Any] | None = message.header.properties.headers
-        self.tag: int = int(getattr(delivery, "delivery_tag", 0) or 0)
-        self.redelivered = bool(getattr(delivery, "redelivered", False))
+    def __init__(
+        self, consumer: Consumer, delivery: Any, header: ContentHeader, body: bytes
+    ) -> None:
+        self.body = body
+        self.headers: dict[str, Any] | None = header.properties.headers
+        self.tag: int = delivery.delivery_tag or 0
+        self.redelivered = bool(delivery.redelivered)
         self.consumer = consumer
 
 
@@ -95,10 +97,12 @@ class Consumer:
         unacked: the channel's delivery tags not acked yet, in delivery order, each mapped
             to whether its message is done (acked as soon as every tag before it is).
         cancelled: RabbitMQ cancelled the consumer (``basic.cancel``: its queue was deleted).
+        asked: a fetch topped its buffer up (:meth:`top_up`) at least once.
     """
 
     __slots__ = (
         "arrived",
+        "asked",
         "buffer",
         "cancelled",
         "channel",
@@ -118,6 +122,7 @@ class Consumer:
         self.epoch = epoch
         self.tag = ""
         self.cancelled = False
+        self.asked = False
         self.buffer: collections.deque[Received] = collections.deque()
         self.arrived: dict[int, float] = {}
         self.unacked: dict[int, bool] = {}
@@ -129,7 +134,12 @@ class Consumer:
 
     def received(self, message: DeliveredMessage) -> Received:
         """Record a message the channel delivered (unacked from now on) and wrap it."""
-        got = Received(self, message)
+        return self.receive(message.delivery, message.header, message.body)
+
+    def receive(self, delivery: Any, header: ContentHeader, body: bytes) -> Received:
+        """:meth:`received` of a message given as its method frame (``basic.deliver`` or
+        ``basic.get-ok``), content header and body."""
+        got = Received(self, delivery, header, body)
         unacked = self.unacked
         if unacked and got.tag < next(reversed(unacked)):
             # A get's answer is read after deliveries of later tags: keep the tag order.
@@ -163,12 +173,14 @@ class Consumer:
             taken.append(message)
         return taken
 
-    async def top_up(self, room: int) -> None:
+    async def top_up(self, room: int, more: bool = True) -> None:
         """Bring into the buffer what RabbitMQ already dispatched and what waits in the
         queue, up to ``room`` buffered messages: a ``basic.get`` (the first one in any case:
         a message published a moment ago is then seen at once), repeated while it finds a
-        message (the consumer's prefetch is spent: a saturated prefetch does not stall free
-        slots, nor let a lower level overtake this one).
+        message when ``more`` (the consumer's prefetch is spent: a saturated prefetch does
+        not stall free slots, nor let a lower level overtake this one; otherwise RabbitMQ
+        pushes the next messages itself, and each get, a log write on a quorum queue, would
+        hold the fetch up).
 
         Deliveries and gets of one channel share its delivery-tag sequence, and what RabbitMQ
         dispatched to the consumer before it answered a get arrives first: sorting by tag
@@ -185,6 +197,8 @@ class Consumer:
             if isinstance(answer.delivery, spec.Basic.GetEmpty):
                 break
             got.append(self.received(answer))
+            if not more:
+                break
         if got:
             now = time.monotonic()
             for message in got:

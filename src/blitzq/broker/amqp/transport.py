@@ -10,8 +10,10 @@ aio-pika, paired with the Redis state store (``broker.py``). How it meets the co
 - **fetch**: one consumer (``basic.consume``, manual ack) per consumed queue, on a channel of
   its own whose prefetch (``basic.qos``) is the ``count`` of the first fetch -- the worker's
   free slots when it starts, i.e. its concurrency -- unless ``prefetch`` is given. What the
-  consumer received waits in a local buffer; a non-blocking fetch that finds it short tops it
-  up with ``basic.get``, so a message published a moment ago is seen at once. ``fetch_first``
+  consumer received waits in a local buffer (taken off aiormq's frame queue as read,
+  ``tap.py``); a consumer's first fetch tops it up with ``basic.get`` (a message published
+  before it is seen at once, in priority order), later ones only when nothing is buffered
+  (see :meth:`AmqpTransport._take_first`). ``fetch_first``
   drains the levels in order and, when all are empty, waits on all of them at once: a
   message on any level, or the connection closing, wakes it. ``Delivery.token`` is
   ``<epoch>.<channel>.<delivery tag>``; ``deliveries`` is the quorum queue's
@@ -51,6 +53,7 @@ from .channels import (
 from .deliveries import Consumer, Held, Received
 from .injected import Borrowed
 from .redelivered import committed
+from .tap import tap
 
 if TYPE_CHECKING:
     from .custody import Custody
@@ -217,20 +220,26 @@ class AmqpTransport(Transport):
         return consumer
 
     async def _consume(self, consumer: Consumer) -> None:
-        """``basic.consume`` on ``consumer``'s channel: each delivery goes to its buffer."""
-        buffer, arrived, wake, received = (
+        """``basic.consume`` on ``consumer``'s channel: each delivery goes to its buffer,
+        taken off aiormq's frame queue as it is read (``tap.py``)."""
+        buffer, arrived, wake, receive = (
             consumer.buffer,
             consumer.arrived,
             self._wake,
-            consumer.received,
+            consumer.receive,
         )
+        monotonic = time.monotonic
 
-        async def on_message(message: DeliveredMessage) -> None:
-            got = received(message)
+        def on_delivery(deliver: Any, header: Any, body: bytes) -> None:
+            got = receive(deliver, header, body)
             buffer.append(got)
-            arrived[got.tag] = time.monotonic()
+            arrived[got.tag] = monotonic()
             wake()
 
+        async def on_message(message: DeliveredMessage) -> None:  # the tap takes them all
+            on_delivery(message.delivery, message.header, message.body)
+
+        tap(consumer.raw, on_delivery)
         try:
             ok = await consumer.raw.basic_consume(consumer.name, on_message, no_ack=False)
         except aiormq.exceptions.AMQPError as exc:
@@ -266,7 +275,9 @@ class AmqpTransport(Transport):
         self, queues: Sequence[str], count: int, timeout: float, *, look_first: bool = True
     ) -> list[Delivery]:
         """Take up to ``count`` messages from ``queues``, earlier ones first; when all are
-        empty, wait up to ``timeout`` seconds for any of them (``look_first`` is ignored).
+        empty, wait up to ``timeout`` seconds for any of them. ``look_first=False`` (the
+        caller found them empty a moment ago): no ``basic.get`` before waiting for what
+        RabbitMQ pushes (see :meth:`_take_first`); nor after a wake-up.
 
         Raises:
             BrokerError: RabbitMQ could not be reached.
@@ -277,7 +288,8 @@ class AmqpTransport(Transport):
         try:
             while True:
                 arrived.clear()
-                out = await self._take_first(queues, count)
+                out = await self._take_first(queues, count, ask=look_first)
+                look_first = False  # woken: RabbitMQ pushed something (or a channel closed)
                 left = deadline - time.monotonic()
                 if out or left <= 0:
                     return out
@@ -360,13 +372,22 @@ class AmqpTransport(Transport):
         out = [q for q in queues if q in held or q in kept]
         return out or list(queues[:1])
 
-    async def _take_first(self, queues: Sequence[str], count: int) -> list[Delivery]:
+    async def _take_first(
+        self, queues: Sequence[str], count: int, ask: bool = True
+    ) -> list[Delivery]:
         """Up to ``count`` messages, earlier queues first. Each queue a fetch would take from
         (the earlier ones, up to the one whose buffer completes ``count``) whose buffer is
-        short is topped up first (:meth:`Consumer.top_up`, all at once): a message published
-        before the call is then seen, in priority order; a worker draining one level of a
-        deep queue asks nothing of RabbitMQ but one ``basic.get`` on each empty level
-        before it."""
+        short is topped up first (:meth:`Consumer.top_up`, all at once) on the first fetch
+        of its consumer, and whenever no level has anything buffered: a message published
+        before the call is then seen (in priority order on a consumer's first fetch), and a
+        fetch that finds nothing has asked RabbitMQ. When something is buffered, a fetch
+        takes what RabbitMQ pushed without waiting on a ``basic.get`` (on a quorum queue a
+        get is a log write: profiled, the gets made each fetch of a drain wait 2-250 ms on a
+        loaded server); a message pushed later to an earlier level is taken by the next
+        fetch. A top-up asks one get per level, more only while that level's prefetch is
+        spent (RabbitMQ then pushes no more until acks). Without ``ask`` (a blocking fetch
+        whose caller just found the levels empty, or one woken by a push) only a consumer's
+        first fetch asks."""
         out: list[Delivery] = []
         try:
             consumers = []
@@ -378,9 +399,15 @@ class AmqpTransport(Transport):
                     consumer.buffer.clear()
             short = []
             buffered = 0
+            dry = not any(consumer.buffer for _, consumer in consumers)
+            prefetch = self.prefetch or 0
             for _, consumer in consumers:  # the levels a fetch would take from, in order
-                if len(consumer.buffer) < count - buffered:
-                    short.append(consumer.top_up(count - buffered))
+                if len(consumer.buffer) < count - buffered and (
+                    not consumer.asked or (dry and ask)
+                ):
+                    consumer.asked = True
+                    spent = len(consumer.unacked) >= prefetch
+                    short.append(consumer.top_up(count - buffered, more=spent))
                 buffered += len(consumer.buffer)
                 if buffered >= count:
                     break
