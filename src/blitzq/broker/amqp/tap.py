@@ -40,7 +40,27 @@ from pamqp.header import ContentHeader
 OnDelivery = Callable[[spec.Basic.Deliver, ContentHeader, bytes], None]
 
 
-class FrameTap:
+class _PassingOn:
+    """What aiormq's channel calls on its frame queue besides ``put``, passed to the
+    channel's own queue (``queue``)."""
+
+    __slots__ = ()
+    queue: asyncio.Queue[Any]
+
+    async def get(self) -> Any:
+        """The next frame passed on (the channel's reader)."""
+        return await self.queue.get()
+
+    def task_done(self) -> None:
+        """As ``asyncio.Queue.task_done`` of the channel's queue."""
+        self.queue.task_done()
+
+    def qsize(self) -> int:
+        """Frames passed on and not read yet."""
+        return self.queue.qsize()
+
+
+class FrameTap(_PassingOn):
     """Stands for a channel's ``frames`` queue (see the module docstring).
 
     Args:
@@ -93,21 +113,8 @@ class FrameTap:
             return
         await self.queue.put(item)
 
-    # What aiormq's channel calls on its queue besides ``put``.
-    async def get(self) -> Any:
-        """The next frame passed on (the channel's reader)."""
-        return await self.queue.get()
 
-    def task_done(self) -> None:
-        """As ``asyncio.Queue.task_done`` of the channel's queue."""
-        self.queue.task_done()
-
-    def qsize(self) -> int:
-        """Frames passed on and not read yet."""
-        return self.queue.qsize()
-
-
-class ConfirmTap:
+class ConfirmTap(_PassingOn):
     """Stands for a publishing channel's ``frames`` queue: settles publisher confirms as
     they are read.
 
@@ -151,18 +158,6 @@ class ConfirmTap:
                         confirmation.set_exception(DeliveryError(None, frame))
                 return
         await self.queue.put(item)
-
-    async def get(self) -> Any:
-        """The next frame passed on (the channel's reader)."""
-        return await self.queue.get()
-
-    def task_done(self) -> None:
-        """As ``asyncio.Queue.task_done`` of the channel's queue."""
-        self.queue.task_done()
-
-    def qsize(self) -> int:
-        """Frames passed on and not read yet."""
-        return self.queue.qsize()
 
 
 def tap_confirms(channel: aiormq.abc.AbstractChannel) -> None:
