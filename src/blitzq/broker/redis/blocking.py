@@ -76,6 +76,12 @@ class BlockingReads:
             await self._conn.disconnect()
         return self._conn
 
+    @property
+    def node(self) -> Any:
+        """On a cluster, the node the held connection was taken from (``None`` before the
+        first read, and off a cluster)."""
+        return None if self._node_pool is None else self._node_pool.node
+
     def on_primary(self) -> bool:
         """Whether the held connection is on the server its pool takes for the primary
         (always, off Sentinel, or while it is not connected)."""
@@ -186,6 +192,11 @@ class NodePool:
         """Give ``conn`` back to the node it came from."""
         if self._node is not None:
             self._node.release(conn)
+
+    @property
+    def node(self) -> Any:
+        """The node the last connection was taken from (``None`` before the first)."""
+        return self._node
 
     def target(self) -> dict[str, Any]:
         """Keyword arguments sending a command (``CLIENT UNBLOCK``) to that node."""

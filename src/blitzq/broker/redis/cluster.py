@@ -47,7 +47,11 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MovedError, RedisError
 from redis.retry import Retry as SyncRetry
+
+from .cluster_replicas import ShardReplicas
+from .replicas import durable_writes, waited
 
 #: URL schemes that name a Redis Cluster explicitly (no probe), and the scheme each becomes.
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -59,6 +63,8 @@ CLUSTER_RETRIES = 3
 NODE_HEADROOM = 8
 #: Seconds between two trims of the nodes' free connections (:meth:`BoundedCluster._trim_due`).
 TRIM_EVERY = 30.0
+#: ``MOVED`` replies a durable command follows before raising (redis-py's bound).
+DURABLE_MOVES = 16
 #: URL options of the single-server pool that a cluster client has no use for.
 _POOL_ONLY = frozenset({"timeout", "max_connections"})
 
@@ -154,6 +160,10 @@ class BoundedCluster(RedisCluster):
     holds :data:`NODE_HEADROOM` connections more than ``commands``, for the pub/sub
     connections and pipelines, which take theirs outside the gate.
 
+    A durable command (a worker's fetch and completion: :data:`~.replicas.durable_writes`)
+    is followed by ``WAIT`` for its shard's replicas that exist, on the same connection
+    (:attr:`replicas`, ``cluster_replicas.py``).
+
     Args:
         gate: most commands in flight (the URL's ``max_connections``).
         wait: seconds a caller waits for its turn (the URL's ``timeout``).
@@ -167,6 +177,10 @@ class BoundedCluster(RedisCluster):
         self._gate = asyncio.Semaphore(gate)
         self._next_trim = 0.0
         self._trimming: set[asyncio.Task[None]] = set()
+        #: The replicas each shard's durable commands wait for.
+        self.replicas = ShardReplicas(
+            self, {k: kwargs[k] for k in ("username", "password") if kwargs.get(k) is not None}
+        )
 
     def _trim_due(self) -> None:
         """Every :data:`TRIM_EVERY` seconds, close each node's free connections but one
@@ -226,10 +240,47 @@ class BoundedCluster(RedisCluster):
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`redis.asyncio.cluster.RedisCluster.execute_command`; waits for a turn
         first (:meth:`turn`)."""
-        async with self.turn():
-            reply = await super().execute_command(*args, **kwargs)
+        if durable_writes.get() and "target_nodes" not in kwargs and waited(args):
+            async with self.turn():
+                reply = await self._durably(args, kwargs)
+        else:
+            async with self.turn():
+                reply = await super().execute_command(*args, **kwargs)
         self._trim_due()
         return reply
+
+    async def _durably(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run a durable command on the primary of its key's slot, waited for by that
+        shard's replicas (:class:`~.cluster_replicas.ShardReplicas`); follows ``MOVED`` at
+        most :data:`DURABLE_MOVES` times; a connection error re-reads the slot map and is
+        raised."""
+        await self.initialize()  # a no-op once the slot map is loaded
+        key = _first_key(args)
+        moves = 0
+        while True:
+            node = self.get_node_from_key(key)
+            try:
+                return await self.replicas.run(node, args, **kwargs)
+            except MovedError as exc:
+                moves += 1
+                if moves > DURABLE_MOVES:
+                    raise
+                await self.nodes_manager.move_slot(exc)
+            except (RedisConnectionError, OSError):
+                with contextlib.suppress(RedisError, OSError):
+                    await self.nodes_manager.initialize()
+                raise
+
+
+def _first_key(args: tuple[Any, ...]) -> Any:
+    """The first key of a command of :func:`~.replicas.waited`: the first stream of an
+    ``XREADGROUP``, the first key of a script call, else the first argument."""
+    words = [(a.decode() if isinstance(a, bytes) else str(a)).upper() for a in args[:12]]
+    if words[0] == "XREADGROUP":
+        return args[words.index("STREAMS") + 1]
+    if words[0] in ("EVALSHA", "EVAL"):
+        return args[3]
+    return args[1]
 
 
 async def _disconnect(connections: list[Any]) -> None:

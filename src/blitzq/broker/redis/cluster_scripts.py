@@ -42,6 +42,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .cluster import BoundedCluster
+from .replicas import durable_writes
 from .scripts import Script, Scripts, load
 
 #: Seconds a script call waits at most for its slot's migration to end.
@@ -114,7 +115,7 @@ class ClusterScripts(Scripts):
             node = client.get_node_from_key(keys[0])
             try:
                 async with turn(client):
-                    return await self._run(node, script, keys, args)
+                    return await self._run(client, node, script, keys, args)
             except MovedError as exc:  # the migration ended: the new owner, at once
                 moves += 1
                 if moves > MAX_MOVES:
@@ -133,10 +134,21 @@ class ClusterScripts(Scripts):
             delay = min(delay * 2, 0.2)
 
     @staticmethod
-    async def _run(node: Any, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """``EVALSHA`` on ``node``; ``SCRIPT LOAD`` there and again on ``NOSCRIPT``."""
+    async def _run(
+        client: Any, node: Any, script: Script, keys: Sequence[Any], args: Sequence[Any]
+    ) -> Any:
+        """``EVALSHA`` on ``node``; ``SCRIPT LOAD`` there and again on ``NOSCRIPT``. A
+        durable call (:data:`~.replicas.durable_writes`: a worker's fetch or completion) is
+        followed by ``WAIT`` for the shard's replicas on the same connection
+        (``cluster_replicas.py``)."""
+        replicas = getattr(client, "replicas", None) if durable_writes.get() else None
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
-            return await node.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            if replicas is not None:
+                return await replicas.run(node, command)
+            return await node.execute_command(*command)
         except NoScriptError:
             await node.execute_command("SCRIPT", "LOAD", script.source)
-            return await node.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            if replicas is not None:
+                return await replicas.run(node, command)
+            return await node.execute_command(*command)

@@ -1,6 +1,8 @@
-"""Which replicas a write must reach before a ``redis+sentinel://`` client reports it done.
+"""Which replicas a write must reach before the broker reports it done (Sentinel, Cluster).
 
-Used by ``sentinel.py``'s :class:`~.sentinel.ReplicatedRedis`. A durable write (a worker's
+Used by ``sentinel.py``'s :class:`~.sentinel.ReplicatedRedis` (one primary) and
+``cluster_replicas.py``'s :class:`~.cluster_replicas.ShardReplicas` (one watch per shard's
+primary on a Redis Cluster). A durable write (a worker's
 fetch and completion, every write with ``wait_replicas``) is followed by ``WAIT`` for the
 replicas that exist: the primary's connected replicas, read with ``ROLE`` at most every
 :data:`REPLICAS_CHECK` seconds. A new primary has none until Sentinel turns the old one into
@@ -31,12 +33,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import logging
 import time
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+from ...exceptions import BrokerError
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 logger = logging.getLogger("blitzq.broker")
 
@@ -44,6 +54,71 @@ logger = logging.getLogger("blitzq.broker")
 REPLICAS_CHECK = 1.0
 #: Seconds to open a connection to a replica gone from the list, and for its ``ROLE`` reply.
 PROBE_TIMEOUT = 0.5
+#: Seconds ``WAIT`` waits for the replicas by default.
+DEFAULT_WAIT_TIMEOUT = 0.5
+#: Commands followed by ``WAIT`` when they are durable: the single writes of enqueues and
+#: completions (a script call, ``XADD``, ``RPUSH``/``LPUSH``; blocking reads and pipelines
+#: are not).
+WAITED = frozenset({"EVALSHA", "EVAL", "XADD", "RPUSH", "LPUSH"})
+#: Reads that take leases, waited for under :data:`durable_writes` only (a worker's fetch).
+WAITED_READS = frozenset({"XREADGROUP"})
+
+#: Set while a command must be waited for by the replicas that exist: a worker's completion
+#: (``RedisStateStore.complete_durably``: a commit that acks its delivery, or that a foreign
+#: transport acks next) and its fetches (``streams.py``: a task starts only once the
+#: replicas know it is leased, so a failover cannot lose the message of a task that ran).
+durable_writes: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "blitzq_durable_writes", default=False
+)
+
+
+def durably(
+    fn: Callable[P, Coroutine[Any, Any, R]],
+) -> Callable[P, Coroutine[Any, Any, R]]:
+    """Decorate a coroutine function so that its commands run under :data:`durable_writes`
+    (nothing changes on a client that waits for no replica: a single server, a cluster
+    without replicas)."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        token = durable_writes.set(True)
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            durable_writes.reset(token)
+
+    return wrapper
+
+
+def waited(args: tuple[Any, ...]) -> bool:
+    """Whether the command ``args`` is durable now (:data:`durable_writes` set): one of
+    :data:`WAITED` or :data:`WAITED_READS`."""
+    name = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
+    name = name.upper()
+    return name in WAITED or name in WAITED_READS
+
+
+def check_acknowledged(
+    watch: ReplicaWatch, what: str, acknowledged: Any, wanted: int, timeout: float
+) -> None:
+    """Raise :class:`~blitzq.BrokerError` (transient, ``unavailable``) when ``acknowledged``
+    (``WAIT``'s reply) is under ``wanted``; ``watch`` then reads the replicas again at the
+    next durable command (a replica may have gone, or been promoted).
+
+    Args:
+        watch: the replicas of the server that ran the command.
+        what: the command, for the message.
+        acknowledged: ``WAIT``'s reply.
+        wanted: replicas it waited for.
+        timeout: seconds it waited at most.
+    """
+    if int(acknowledged) < wanted:
+        watch.forget()
+        raise BrokerError(
+            f"{what} was applied by the primary but acknowledged by {acknowledged} of "
+            f"{wanted} replica(s) within {timeout} s: a failover may lose it",
+            unavailable=True,
+        )
 
 
 def _text(value: Any) -> str:
@@ -151,4 +226,15 @@ class ReplicaWatch:
         return followed != (str(primary[0]), int(primary[1]))
 
 
-__all__ = ["PROBE_TIMEOUT", "REPLICAS_CHECK", "ReplicaWatch"]
+__all__ = [
+    "DEFAULT_WAIT_TIMEOUT",
+    "PROBE_TIMEOUT",
+    "REPLICAS_CHECK",
+    "WAITED",
+    "WAITED_READS",
+    "ReplicaWatch",
+    "check_acknowledged",
+    "durable_writes",
+    "durably",
+    "waited",
+]

@@ -46,12 +46,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import functools
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 import redis.asyncio as aioredis
@@ -63,11 +61,17 @@ from redis.exceptions import RedisError, ResponseError
 from ...exceptions import BrokerError
 from .client import _check_pool, connection_options
 from .pool import BoundedPool
-from .replicas import REPLICAS_CHECK, ReplicaWatch
+from .replicas import (
+    DEFAULT_WAIT_TIMEOUT,
+    REPLICAS_CHECK,
+    WAITED,
+    WAITED_READS,
+    ReplicaWatch,
+    check_acknowledged,
+    durable_writes,
+    durably,
+)
 from .sentinel_discovery import FAILOVER_SECONDS, DeadlineRetry, SentinelDiscovery
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 #: URL scheme of a primary found through Sentinel.
 SCHEME = "redis+sentinel"
@@ -75,46 +79,12 @@ SCHEME = "redis+sentinel"
 DEFAULT_SENTINEL_PORT = 26379
 #: Seconds between two questions to the sentinels about the primary's address.
 MASTER_CHECK_INTERVAL = 1.0
-#: Seconds ``WAIT`` waits for the replicas by default (with ``wait_replicas``).
-DEFAULT_WAIT_TIMEOUT = 0.5
 #: Seconds between two questions to the sentinels while the primary is superseded.
 _SUPERSEDED_POLL = 0.1
-#: Set while a command must be waited for by the replicas that exist even without
-#: ``wait_replicas``: a worker's completion (``RedisStateStore.complete_durably``: a commit
-#: that acks its delivery, or that a foreign transport acks next) and its fetches
-#: (``streams.py``: a task starts only once the replicas know it is leased, so a failover
-#: cannot lose the message of a task that ran).
-durable_writes: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "blitzq_durable_writes", default=False
-)
-
-
-def durably(
-    fn: Callable[P, Coroutine[Any, Any, R]],
-) -> Callable[P, Coroutine[Any, Any, R]]:
-    """Decorate a coroutine function so that its commands run under :data:`durable_writes`
-    (nothing changes on a client that is not a :class:`ReplicatedRedis`)."""
-
-    @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        token = durable_writes.set(True)
-        try:
-            return await fn(*args, **kwargs)
-        finally:
-            durable_writes.reset(token)
-
-    return wrapper
-
-
 #: Query parameters meant for the sentinels, not the Redis server.
 _SENTINEL_OPTIONS = ("sentinel_password", "sentinel_username")
 #: Query parameters of the WAIT after writes (not the Redis server's connection options).
 _WAIT_OPTIONS = ("wait_replicas", "wait_timeout")
-#: Commands followed by WAIT when ``wait_replicas`` is set: the writes of enqueues and
-#: completions (blocking reads and pipelines are not).
-_WAITED = frozenset({"EVALSHA", "EVAL", "XADD", "RPUSH", "LPUSH"})
-#: Reads that take leases, waited for under :data:`durable_writes` only (a worker's fetch).
-_WAITED_READS = frozenset({"XREADGROUP"})
 
 
 @dataclass
@@ -313,9 +283,10 @@ class BoundedSentinelPool(SentinelConnectionPool, BoundedPool):
 class ReplicatedRedis(aioredis.Redis):
     """A client whose durable commands are each followed by ``WAIT`` in the same round trip.
 
-    Durable: the single write commands (:data:`_WAITED`) when :attr:`wait_replicas` is set;
-    under :data:`durable_writes` (a worker's completions and fetches, whatever the URL) those
-    and the reads that take leases (:data:`_WAITED_READS`), waiting for at least one replica.
+    Durable: the single write commands (:data:`~.replicas.WAITED`) when
+    :attr:`wait_replicas` is set; under :data:`durable_writes` (a worker's completions and
+    fetches, whatever the URL) those and the reads that take leases
+    (:data:`~.replicas.WAITED_READS`), waiting for at least one replica.
     A command waits for ``min(asked, replicas that exist)`` (``replicas.py``'s
     :class:`~.replicas.ReplicaWatch`): the primary's connected replicas, read (``ROLE``) at
     most every :data:`~.replicas.REPLICAS_CHECK` seconds and again after a ``WAIT`` that fell
@@ -398,7 +369,7 @@ class ReplicatedRedis(aioredis.Redis):
         if not asked:
             return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
         name = str(args[0]).upper()
-        if name not in _WAITED and not (durable and name in _WAITED_READS):
+        if name not in WAITED and not (durable and name in WAITED_READS):
             return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
         wanted = await self.wanted(asked)
         if not wanted:  # no replica to wait for: durable on all there are
@@ -445,13 +416,7 @@ class ReplicatedRedis(aioredis.Redis):
     def check_acknowledged(self, what: str, acknowledged: Any, wanted: int) -> None:
         """Raise :class:`~blitzq.BrokerError` when ``acknowledged`` (``WAIT``'s reply) is
         under ``wanted``; the replicas are then read again at the next durable command."""
-        if int(acknowledged) < wanted:
-            self._watcher().forget()  # a replica may have gone, or been promoted: look again
-            raise BrokerError(
-                f"{what} was applied by the primary but acknowledged by {acknowledged} of "
-                f"{wanted} replica(s) within {self.wait_timeout} s: a failover may lose it",
-                unavailable=True,
-            )
+        check_acknowledged(self._watcher(), what, acknowledged, wanted, self.wait_timeout)
 
 
 class _Plain:

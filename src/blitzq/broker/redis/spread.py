@@ -65,6 +65,7 @@ from .handoff import MARK_TTL, MAX_AGE, HandoffRelay
 from .homes import HomedKeys, HomedStateStore, complete_in, homed_id, homeless, split_home
 from .keys import GROUP, Keys
 from .reliable import ReliableRedisBroker
+from .replicas import durably
 from .streams import StreamsTransport
 
 __all__ = [
@@ -319,12 +320,14 @@ class SpreadPairing(CommitThenAck):
         return HandoffRelay(self.state.outbox, self.transport, self.transport.publish_once)
 
     @translate_errors
+    @durably
     async def hold_then_commit(self, completions: Sequence[Completion]) -> list[Completion]:
         """Apply the colocated completions in their queue's slot (``homes.complete_in``: one
         script per queue, which fences, acks and writes the homed records); fence, then
         :meth:`commit_then_ack` the others (namespace-wide writes, unhomed records); return
         the stale ones with those the store refused (docs/architecture.md, "Redis Cluster:
-        per-task state in the queue's slot")."""
+        per-task state in the queue's slot"). Durable: each script is waited for by its
+        shard's replicas that exist (``cluster_replicas.py``)."""
         keys = self.state.keys
         near: dict[str, list[Completion]] = {}
         far: list[Completion] = []

@@ -135,16 +135,19 @@ class RedisStateStore(StateStore):
 
     @property
     def replicated(self) -> bool:  # type: ignore[override]
-        """``True`` on ``redis+sentinel://`` (asynchronous replication: see
-        :meth:`complete_durably`)."""
-        return isinstance(self.conn.client, ReplicatedRedis)
+        """``True`` on ``redis+sentinel://`` and on a Redis Cluster (asynchronous
+        replication: see :meth:`complete_durably`; a cluster shard without a replica sends
+        its commands unwaited)."""
+        client = self.conn.client
+        return isinstance(client, ReplicatedRedis) or getattr(client, "replicas", None) is not None
 
     # ------------------------------------------------------------ completions
     async def complete_durably(self, completions: Sequence[Completion]) -> list[Completion]:
         """:meth:`complete`, each write waited for by the primary's replicas that exist (at
         least one, ``wait_replicas`` if more) on a ``redis+sentinel://`` store
-        (``sentinel.py``: ``WAIT``; ``BrokerError`` when fewer acknowledged in time); as
-        :meth:`complete` on a server without Sentinel."""
+        (``sentinel.py``: ``WAIT``; ``BrokerError`` when fewer acknowledged in time), by the
+        shard's replicas that exist on a Redis Cluster (``cluster_replicas.py``); as
+        :meth:`complete` on a single server."""
         token = durable_writes.set(True)
         try:
             return await self.complete(completions)

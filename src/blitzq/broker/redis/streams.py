@@ -32,7 +32,8 @@ from .connection import LeaseIdentity, RedisConnection, RedisPart
 from .doorbell import READY, look_then_wait
 from .handed import HandOver
 from .keys import GROUP, MESSAGE_FIELD
-from .sentinel import ReplicatedRedis, durably
+from .replicas import durable_writes, durably
+from .sentinel import ReplicatedRedis
 
 logger = logging.getLogger("blitzq.broker")
 
@@ -150,7 +151,8 @@ class StreamsTransport(HandOver, RedisPart, Transport):
     async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
         """XREADGROUP up to ``count`` new entries, blocking up to ``timeout`` s when empty.
 
-        On ``redis+sentinel://`` the read is durable (``sentinel.py``): it returns only once
+        On ``redis+sentinel://`` and a Redis Cluster with replicas the read is durable
+        (``sentinel.py``, ``cluster_replicas.py``): it returns only once
         the replicas that exist have the leases it took (:class:`~blitzq.BrokerError` when
         they do not: the entries stay leased here and are recovered after the visibility
         timeout), so a failover cannot lose the message of a task that runs."""
@@ -282,7 +284,11 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         if blocking is None:
             if self.conn.doorbell is None:
                 return await self.fetch_first(queues, 1, timeout, look_first=False)
-            rows = await look_then_wait(self.conn, self.consumer, queues, timeout, self._vacant)
+            token = durable_writes.set(True)  # the looks take entries: waited for as fetches
+            try:
+                rows = await look_then_wait(self.conn, self.consumer, queues, timeout, self._vacant)
+            finally:
+                durable_writes.reset(token)
             return [_delivery(queue, entry_id, fields) for queue, entry_id, fields in rows]
         keys = [self.keys.stream(q) for q in queues]
         block = self.block_for(timeout)
@@ -308,6 +314,8 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         ]
         if taken and isinstance(self.client, ReplicatedRedis):
             await self.client.settle(blocking.command, "XREADGROUP", blocking.on_primary)
+        elif taken and blocking.node is not None and hasattr(self.client, "replicas"):
+            await self.client.replicas.settle(blocking.node, blocking.command, "XREADGROUP")
         return taken
 
     async def unblock(self) -> bool:
