@@ -23,6 +23,13 @@ from blitzq.worker.flusher import Flusher
 
 pytestmark = pytest.mark.timeout(60)
 
+
+class AWorker:
+    """What a Fetcher reads of its worker at construction: its key."""
+
+    key = "wording-test"
+
+
 _TIMEOUT = BrokerError("TimeoutError: Timeout reading from 127.0.0.1:6379", True)
 
 
@@ -31,7 +38,7 @@ async def test_a_client_side_timeout_with_a_server_that_answers_is_not_a_failed_
 ) -> None:
     queue = make_queue()
     caplog.set_level(logging.WARNING, logger="blitzq.worker")
-    fetcher = Fetcher(None, queue.broker, None, {})  # type: ignore[arg-type]
+    fetcher = Fetcher(AWorker(), queue.broker, None, {})  # type: ignore[arg-type]
     try:
         assert await fetcher._timed_out_here("default", _TIMEOUT) is True
         (line,) = [r.getMessage() for r in caplog.records]
@@ -47,7 +54,7 @@ async def test_a_client_side_timeout_with_a_server_that_answers_is_not_a_failed_
 
 async def test_a_client_side_timeout_with_a_server_that_does_not_answer_is_a_failure() -> None:
     queue = Queue(redis_url="redis://127.0.0.1:1/0?socket_connect_timeout=0.5", namespace="w")
-    fetcher = Fetcher(None, queue.broker, None, {})  # type: ignore[arg-type]
+    fetcher = Fetcher(AWorker(), queue.broker, None, {})  # type: ignore[arg-type]
     try:
         assert await fetcher._timed_out_here("default", _TIMEOUT) is False
     finally:

@@ -39,6 +39,7 @@ from aiormq.abc import DeliveredMessage
 
 from ...exceptions import BrokerError
 from ..transport import Delivery, Guarantee, Transport
+from . import inspection
 from .batches import publish_batch
 from .channels import (
     DELIVERIES,
@@ -551,44 +552,14 @@ class AmqpTransport(Transport):
     # ---------------------------------------------------------- inspection
     @guarded
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
-        """Per queue: ``waiting`` (ready messages, from a passive declaration) and
-        ``in_flight`` (the deliveries this process holds). Waiting counts the messages this
-        process's consumer received but nobody fetched yet; another process's are in
-        neither count. While a consumer runs, a message RabbitMQ dispatches to it as the
-        count is read may be counted twice or not at all: an estimate, exact when idle."""
-        out: dict[str, dict[str, int]] = {}
-        for queue in queues:
-            held = sum(1 for h in self.held.values() if h.queue == queue)
-            consumer = self.consumers.get(queue)
-            if consumer is not None and self._alive(consumer):
-                ready = await self._settled_count(queue, consumer)
-                waiting = ready + len(consumer.buffer)
-            else:
-                waiting = await self.link.message_count(queue)
-            out[queue] = {"waiting": waiting, "in_flight": held}
-        return out
-
-    async def _settled_count(self, queue: str, consumer: Consumer) -> int:
-        """Ready messages of ``queue``, read on the consumer's own channel: what RabbitMQ
-        dispatched to the consumer before it answered arrives first (in the buffer)."""
-        try:
-            ok = await consumer.raw.queue_declare(self.link.name(queue), passive=True)
-        except aiormq.exceptions.AMQPError as exc:
-            raise translate(exc, f"counting queue {self.link.name(queue)!r}") from None
-        return int(ok.message_count or 0)
+        """See :func:`.inspection.queue_stats`."""
+        alive = {q: c for q, c in self.consumers.items() if self._alive(c)}
+        return await inspection.queue_stats(self.link, alive, self.held.values(), queues)
 
     @guarded
     async def purge_queue(self, queue: str) -> int:
-        """Delete the ready messages of ``queue`` and those this process's consumer received
-        but nobody fetched (acked); return how many. Messages another worker process has
-        prefetched are not purged (at most its prefetch)."""
-        purged = await self.link.purge(queue)
-        consumer = self.consumers.get(queue)
-        if consumer is not None:
-            while consumer.buffer:
-                await settle(consumer.buffer.popleft(), True)
-                purged += 1
-        return purged
+        """See :func:`.inspection.purge_queue`."""
+        return await inspection.purge_queue(self.link, self.consumers.get(queue), queue)
 
     @guarded
     async def ping(self) -> None:
