@@ -144,6 +144,20 @@ async def test_a_delivery_whose_connection_died_before_its_ack_is_delivered_agai
     assert again.deliveries == 2
 
 
+async def test_two_processes_never_name_a_delivery_alike(amqp: Callable[..., Broker]) -> None:
+    """A delivery's token names its custody entry in the state store, which every worker
+    shares: two workers' first deliveries (both tag 1 on channel 1 of their first
+    connection) once had one token, so one worker's custody overwrote the other's and a
+    killed worker's long tasks were never run again (a user-style test)."""
+    first, second = amqp(), amqp()
+    await first.publish("twins", [message("t1")])
+    (a,) = await first.fetch("twins", 1, 5)
+    await first.close()  # its delivery goes back to the queue, for the second process
+    (b,) = await second.fetch("twins", 1, 10)
+    assert b.payload == a.payload
+    assert a.token != b.token
+
+
 async def test_a_task_redelivered_after_its_connection_was_closed_runs_again(
     amqp: Callable[..., Broker],
 ) -> None:

@@ -16,7 +16,8 @@ aio-pika, paired with the Redis state store (``broker.py``). How it meets the co
   (see :meth:`AmqpTransport._take_first`). ``fetch_first``
   drains the levels in order and, when all are empty, waits on all of them at once: a
   message on any level, or the connection closing, wakes it. ``Delivery.token`` is
-  ``<epoch>.<channel>.<delivery tag>``; ``deliveries`` is the quorum queue's
+  ``<instance>.<epoch>.<channel>.<delivery tag>`` (the instance drawn by each transport: two
+  processes' custody entries never share a name); ``deliveries`` is the quorum queue's
   ``x-delivery-count`` + 1 (+ the deliveries before a custody recovery, ``custody.py``).
 - **ack / nack**: ``basic.ack`` of the held delivery (a token whose connection closed since
   is skipped: RabbitMQ redelivers that message); ``nack`` (a hand-back) publishes the message
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -125,6 +127,7 @@ class AmqpTransport(Transport):
         self.prefetch = prefetch
         self.custody = custody
         self.held: dict[bytes, Held] = {}
+        self._instance = os.urandom(6).hex().encode()  # tokens name shared custody entries
         self.consumers: dict[str, Consumer] = {}  # by physical queue
         self._waiters: set[asyncio.Event] = set()  # one per fetch waiting for a message
         self._idle_wait: asyncio.Event | None = None  # the block_first in flight (unblock)
@@ -263,7 +266,7 @@ class AmqpTransport(Transport):
         headers = message.headers
         # 0 when a count header was planted: the worker dead-letters it as malformed.
         deliveries = delivery_count(headers) if headers else 1
-        token = b"%d.%d.%d" % (consumer.epoch, consumer.raw.number, message.tag)
+        token = b"%s.%d.%d.%d" % (self._instance, consumer.epoch, consumer.raw.number, message.tag)
         self.held[token] = Held(queue, message, deliveries, consumer.epoch)
         return Delivery(queue, token, message.body, deliveries)
 
