@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import redis
 
-from blitzq import Queue, ResultExpired, ResultTimeout, Worker
+from blitzq import BrokerError, Queue, ResultExpired, ResultTimeout, Worker
 from tests.chaos.proxy import FaultProxy
 from tests.polling import wait_until
 
@@ -175,7 +175,9 @@ async def test_a_task_the_lagging_shard_replica_never_heard_of_does_not_run_befo
         async def settle(handle: Any, timeout: float) -> bool:
             try:
                 await handle.result(timeout=timeout)
-            except (ResultExpired, ResultTimeout):
+            except (ResultExpired, ResultTimeout, BrokerError):
+                # A stalled task's wait goes through the producer, whose client may still
+                # try the killed primary when its deadline comes: not done either way.
                 return False
             return True
 
