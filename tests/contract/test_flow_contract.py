@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from blitzq.broker import Broker, Completion, Delivery, Scheduled
+from blitzq.broker.amqp.transport import AmqpTransport
 from blitzq.records import TaskRecord, TaskState
 from blitzq.serialization import Envelope, decode_envelope, dumps, encode_envelope
 
@@ -48,6 +49,23 @@ async def ready(broker: Broker) -> Broker:
     return broker
 
 
+async def pushed(broker: Broker, queue: str, count: int) -> None:
+    """On RabbitMQ, wait (up to 10 s) until its consumer of ``queue`` was pushed ``count``
+    messages: a fetch takes what was pushed and reads the queue only when nothing is
+    buffered (a ``basic.get`` is a log write on a quorum queue), so the order of levels holds
+    among pushed messages (docs/architecture.md, ``broker/amqp/transport.py``). On a loaded
+    machine a push can trail the publish's confirm; elsewhere there is nothing to wait for."""
+    transport = broker.transport
+    if not isinstance(transport, AmqpTransport):
+        return
+    async with asyncio.timeout(10):
+        while True:
+            consumer = transport.consumers.get(queue)
+            if consumer is not None and len(consumer.buffer) >= count:
+                return
+            await asyncio.sleep(0.01)
+
+
 # ----------------------------------------------------------------------------- fetch_first
 async def test_fetch_first_drains_levels_in_the_order_given(broker: Broker) -> None:
     await ready(broker)
@@ -78,6 +96,7 @@ async def test_large_fetches_keep_the_order_of_levels(broker: Broker) -> None:
     assert ids(first) == [f"n{i}" for i in range(40)]
     await broker.publish("flow:low", [message(f"l{i}") for i in range(50)])
     await broker.publish("flow:high", [message(f"h{i}") for i in range(30)])
+    await pushed(broker, "flow:high", 30)
     second = await broker.fetch_first(LEVELS, 40, 0)
     assert ids(second) == [f"h{i}" for i in range(30)] + [f"n{i}" for i in range(40, 50)]
     assert [d.queue for d in second] == ["flow:high"] * 30 + ["flow"] * 10

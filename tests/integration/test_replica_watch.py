@@ -3,13 +3,16 @@
 A private primary and replica (``redis-server`` on free ports, stopped at the end): a replica
 that leaves the primary's list because it was promoted keeps being waited for and marks the
 primary superseded (a failover is under way: a write there would be lost); a replica that
-leaves because it stopped is forgotten (the primary is still the primary); a watch that is
-told of another primary starts over.
+leaves because it stopped is forgotten (the primary is still the primary); one that leaves
+and does not answer (alive, silent) holds the primary in doubt until it answers, for at most
+``DOUBT_SECONDS``; a watch that is told of another primary starts over.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -19,6 +22,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from blitzq.broker.redis import replicas
 from blitzq.broker.redis.replicas import ReplicaWatch
 
 from ..conftest import free_port
@@ -114,4 +118,71 @@ async def test_a_replica_that_stops_is_forgotten(pair: Pair) -> None:
         assert await watch.count(client, primary) == 0
         assert watch.superseded is None
     finally:
+        await client.aclose()
+
+
+def _silence(pair: Pair) -> None:
+    """Stop the replica's process (SIGSTOP: its port still accepts connections, it answers
+    nothing, as a replica being promoted on a starved machine) and cut its link, so the
+    primary lists it no more."""
+    pair.procs[pair.replica].send_signal(signal.SIGSTOP)
+    redis.Redis(port=pair.primary).client_kill_filter(_type="replica")
+    wait_until(lambda: pair.connected() == 0, 30, "the primary lost its replica")
+
+
+@pytest.mark.timeout(60)
+async def test_a_replica_that_leaves_and_does_not_answer_holds_the_primary_in_doubt(
+    pair: Pair,
+) -> None:
+    """Before, a gone replica whose probe timed out was forgotten at once (taken as crashed):
+    a replica being promoted on a loaded machine then let a worker fetch, run and record
+    tasks on the old primary alone (issue 25's CI run: a task that ran without a record)."""
+    watch = ReplicaWatch({})
+    primary = ("127.0.0.1", pair.primary)
+    client = aioredis.Redis(port=pair.primary)
+    try:
+        assert await watch.count(client, primary) == 1
+        _silence(pair)
+        watch.forget()
+        assert await watch.count(client, primary) == 0
+        assert watch.superseded == primary  # durable writes held: it may be being promoted
+        watch.forget()
+        assert await watch.count(client, primary) == 0
+        assert watch.superseded == primary  # asked again at each look, still in doubt
+        pair.procs[pair.replica].send_signal(signal.SIGCONT)
+        wait_until(lambda: pair.connected() == 1, 30, "the replica connected again")
+        watch.forget()
+        assert await watch.count(client, primary) == 1
+        assert watch.superseded is None
+    finally:
+        pair.procs[pair.replica].send_signal(signal.SIGCONT)
+        await client.aclose()
+
+
+@pytest.mark.timeout(60)
+async def test_a_silent_replica_is_taken_as_crashed_after_the_doubt(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replicas, "DOUBT_SECONDS", 0.5)
+    watch = ReplicaWatch({})
+    primary = ("127.0.0.1", pair.primary)
+    client = aioredis.Redis(port=pair.primary)
+    try:
+        assert await watch.count(client, primary) == 1
+        _silence(pair)
+        watch.forget()
+        assert await watch.count(client, primary) == 0
+        assert watch.superseded == primary
+        # Each look asks it again (up to a second while it does not answer): after the doubt
+        # it is taken as crashed, the writes go on unwaited, and it is asked no more.
+        async with asyncio.timeout(20):
+            while watch.superseded is not None:
+                await asyncio.sleep(0.1)
+                watch.forget()
+                assert await watch.count(client, primary) == 0
+        watch.forget()
+        assert await watch.count(client, primary) == 0
+        assert watch.superseded is None
+    finally:
+        pair.procs[pair.replica].send_signal(signal.SIGCONT)
         await client.aclose()

@@ -395,6 +395,9 @@ class Fetcher:
                 )
         except BaseException:
             slots.release_queue(1)
+            # A failed wait (a blocking read whose WAIT fell short, say) may have taken and
+            # left entries: the next fetch looks, taking a batch, before it blocks again.
+            self._quiet[queue] = False
             raise
         if not deliveries:
             slots.release_queue(1)

@@ -78,8 +78,9 @@ class ShardReplicas:
             with contextlib.suppress(RedisError, OSError):
                 await self._client.nodes_manager.initialize()
             raise BrokerError(
-                f"the cluster node {primary[0]}:{primary[1]} is being replaced (one of its "
-                "replicas was promoted): the command was not sent",
+                f"the cluster node {primary[0]}:{primary[1]} may be being replaced (one of "
+                "its replicas was promoted, or left it and does not answer): the command was "
+                "not sent",
                 unavailable=True,
             )
         return min(1, count)

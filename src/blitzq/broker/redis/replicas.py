@@ -24,9 +24,21 @@ So a replica gone from the list is asked its own ``ROLE`` (a connection of its o
 marks this primary **superseded**. A superseded primary gets no durable write at all (they
 raise :class:`~blitzq.BrokerError`, transient and ``unavailable``, without being sent, so a
 worker keeps its completion and fetches nothing there) until the client's connections move
-to the server the sentinels name (the pool is asked to look at once). A replica that does not
-answer is taken as crashed (as before): a replica promoted behind a partition that cuts it
-from the clients too is not detected (``min-replicas-to-write`` on the servers covers that).
+to the server the sentinels name (the pool is asked to look at once).
+
+A replica whose probe fails tells one of two things:
+
+- it refuses the connection (or any error but a timeout): the process is gone, taken as
+  crashed, and writes go on unwaited by it;
+- it does not answer in time: it may be a replica being promoted on a loaded machine (a
+  ``CONFIG REWRITE``, a starved CPU). The primary is then **in doubt**, held as a superseded
+  one, and the replica asked again at each look, for at most :data:`DOUBT_SECONDS` (then it
+  is taken as crashed). Forgetting it at the first silent probe let a worker fetch, run and
+  record tasks on the old primary alone until the pool moved: tasks that ran, whose records
+  went with its data.
+
+A replica promoted behind a partition that cuts it from the clients for longer than that is
+not detected (``min-replicas-to-write`` on the servers covers that).
 """
 
 from __future__ import annotations
@@ -41,7 +53,10 @@ from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...exceptions import BrokerError
 
@@ -54,6 +69,9 @@ logger = logging.getLogger("blitzq.broker")
 REPLICAS_CHECK = 1.0
 #: Seconds to open a connection to a replica gone from the list, and for its ``ROLE`` reply.
 PROBE_TIMEOUT = 0.5
+#: Seconds a replica gone from the primary's list that does not answer its probe keeps the
+#: primary in doubt (durable writes held), before it is taken as crashed.
+DOUBT_SECONDS = 10.0
 #: Seconds ``WAIT`` waits for the replicas by default.
 DEFAULT_WAIT_TIMEOUT = 0.5
 #: Commands followed by ``WAIT`` when they are durable: the single writes of enqueues and
@@ -141,9 +159,12 @@ class ReplicaWatch:
         self._replicas: set[str] = set()
         self._count: int | None = None
         self._read_at = 0.0
-        #: The primary found superseded at the last look (one of its replicas was promoted),
-        #: else ``None``.
+        #: The primary found superseded at the last look (one of its replicas was promoted,
+        #: or one gone from its list does not answer: in doubt), else ``None``.
         self.superseded: Any = None
+        #: Replicas gone from the list whose probe went unanswered, and since when
+        #: (``time.monotonic()``): asked again at each look, up to :data:`DOUBT_SECONDS`.
+        self._silent: dict[str, float] = {}
         self._lock: asyncio.Lock | None = None
 
     def forget(self) -> None:
@@ -162,6 +183,7 @@ class ReplicaWatch:
         if primary != self._primary:  # the connections moved: a new primary, new replicas
             self._primary, self._replicas, self._count = primary, set(), None
             self.superseded = None
+            self._silent.clear()
         if self._count is not None and time.monotonic() - self._read_at < REPLICAS_CHECK:
             return self._count
         if self._lock is None:
@@ -171,7 +193,7 @@ class ReplicaWatch:
                 return await self.count(client, primary)
             if self._count is not None and time.monotonic() - self._read_at < REPLICAS_CHECK:
                 return self._count
-            count, replicas, promoted = await self._look(client, primary)
+            count, replicas, promoted, silent = await self._look(client, primary)
             if primary != self._primary:  # the pool moved meanwhile: this look is stale
                 return count
             if promoted and self.superseded is None:
@@ -181,37 +203,62 @@ class ReplicaWatch:
                     ", ".join(promoted),
                     *primary,
                 )
-            self.superseded = primary if promoted else None
+            elif silent and self.superseded is None:
+                logger.warning(
+                    "replica %s left the primary %s:%s and does not answer: durable writes "
+                    "wait until it does (it may be being promoted), at most %.0f s",
+                    ", ".join(silent),
+                    *primary,
+                    DOUBT_SECONDS,
+                )
+            self.superseded = primary if promoted or silent else None
             self._replicas, self._count, self._read_at = replicas, count, time.monotonic()
             return count
 
-    async def _look(self, client: Any, primary: Any) -> tuple[int, set[str], list[str]]:
-        """``(count, replicas, promoted)``: one ``ROLE`` on ``client``, and a probe of each
-        replica gone since the last look (never ``primary`` itself)."""
+    async def _look(self, client: Any, primary: Any) -> tuple[int, set[str], list[str], list[str]]:
+        """``(count, replicas, promoted, silent)``: one ``ROLE`` on ``client``, and a probe of
+        each replica gone since the last look (never ``primary`` itself). ``replicas`` (the
+        next look's reference) holds the silent ones, ``count`` does not."""
         role = await client.execute_command("ROLE")
         if _text(role[0]) != "master":
-            return 0, set(), []
+            return 0, set(), [], []
         connected = {f"{_text(r[0])}:{_text(r[1])}" for r in (role[2] if len(role) > 2 else [])}
         itself = f"{primary[0]}:{primary[1]}" if primary is not None else ""
         gone = self._replicas - connected - {itself}
-        promoted = [r for r in gone if await self._promoted(r, primary)]
+        promoted: list[str] = []
+        silent: list[str] = []
+        now = time.monotonic()
+        for replica in sorted(gone):
+            answer = await self._probe(replica, primary)
+            if answer is None and now - self._silent.setdefault(replica, now) < DOUBT_SECONDS:
+                silent.append(replica)
+                continue
+            self._silent.pop(replica, None)
+            if answer:
+                promoted.append(replica)
+        for replica in connected:
+            self._silent.pop(replica, None)
         replicas = connected | set(promoted)
-        return len(replicas), replicas, promoted
+        return len(replicas), replicas | set(silent), promoted, silent
 
-    async def _promoted(self, replica: str, primary: Any) -> bool:
+    async def _probe(self, replica: str, primary: Any) -> bool | None:
         """Whether ``replica`` answers as a primary, or as the replica of a server other than
-        ``primary``; ``False`` when it does not answer (taken as crashed)."""
+        ``primary``; ``False`` when it follows ``primary`` or fails at once (refused: taken as
+        crashed); ``None`` when it does not answer in time (module docstring)."""
         host, _, port = replica.rpartition(":")
         probe = aioredis.Redis(
             host=host,
             port=int(port),
+            retry=Retry(NoBackoff(), 0),  # one try: a refusal is an answer, not a wait
             socket_timeout=PROBE_TIMEOUT,
             socket_connect_timeout=PROBE_TIMEOUT,
             **self._credentials,
         )
         try:
             role = await asyncio.wait_for(probe.execute_command("ROLE"), 2 * PROBE_TIMEOUT)  # type: ignore[no-untyped-call]
-        except (RedisError, OSError, TimeoutError):
+        except (TimeoutError, RedisTimeoutError):
+            return None
+        except (RedisError, OSError):
             return False
         finally:
             with contextlib.suppress(RedisError, OSError):
@@ -228,6 +275,7 @@ class ReplicaWatch:
 
 __all__ = [
     "DEFAULT_WAIT_TIMEOUT",
+    "DOUBT_SECONDS",
     "PROBE_TIMEOUT",
     "REPLICAS_CHECK",
     "WAITED",

@@ -341,9 +341,9 @@ class ReplicatedRedis(aioredis.Redis):
             superseded = watch.superseded
             if time.monotonic() >= deadline:
                 raise BrokerError(
-                    f"the primary {superseded[0]}:{superseded[1]} is being replaced (one of "
-                    "its replicas was promoted) and the sentinels name no other yet: the "
-                    "command was not sent",
+                    f"the primary {superseded[0]}:{superseded[1]} may be being replaced (one "
+                    "of its replicas was promoted, or left it and does not answer) and the "
+                    "sentinels name no other yet: the command was not sent",
                     unavailable=True,
                 )
             with contextlib.suppress(RedisError, OSError):
