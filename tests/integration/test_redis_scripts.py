@@ -45,6 +45,7 @@ CALLED = {
     "revoke",  # the two-step cancel of a homed task (homes.py)
     "recent",  # the dashboard's index of ended tasks (worker/recent.py)
     "idle_look", "publish_ring",  # an idle worker's doorbell on a cluster (doorbell.py)
+    "register", "unregister",  # worker registrations and their counts (registry.py)
 }  # fmt: skip
 
 
@@ -53,7 +54,12 @@ def test_every_script_is_read_once_with_its_includes_expanded() -> None:
     lua = resources.files("blitzq.broker.redis").joinpath("lua")
     library = scripts.expand_keys(lua.joinpath("dead_letters.lua").read_text()).rstrip("\n")
     outbox = scripts.expand_keys(lua.joinpath("outbox.lua").read_text()).rstrip("\n")
-    assert set(scripts.names()) == CALLED | {"dead_letters", "outbox", "recent_add"}
+    assert set(scripts.names()) == CALLED | {
+        "dead_letters",
+        "outbox",
+        "recent_add",
+        "worker_counts",
+    }
     for name in scripts.names():
         script = scripts.load(name)
         assert script.name == name

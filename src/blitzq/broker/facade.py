@@ -378,13 +378,20 @@ class Broker:
         """See :meth:`RegistryState.remember_queues`."""
         await self.state.registry.remember_queues(queues)
 
-    async def register_worker(self, worker_id: str, info: bytes, ttl: float) -> None:
+    async def register_worker(
+        self,
+        worker_id: str,
+        info: bytes,
+        ttl: float,
+        counts: tuple[int, int] = (0, 0),
+        base: tuple[int, int] = (0, 0),
+    ) -> None:
         """See :meth:`RegistryState.register_worker`."""
-        await self.state.registry.register_worker(worker_id, info, ttl)
+        await self.state.registry.register_worker(worker_id, info, ttl, counts, base)
 
-    async def unregister_worker(self, worker_id: str, retired: tuple[int, int] = (0, 0)) -> None:
+    async def unregister_worker(self, worker_id: str, counts: tuple[int, int] = (0, 0)) -> None:
         """See :meth:`RegistryState.unregister_worker`."""
-        await self.state.registry.unregister_worker(worker_id, retired)
+        await self.state.registry.unregister_worker(worker_id, counts)
 
     async def workers(self) -> dict[str, bytes]:
         """See :meth:`RegistryState.workers`."""
