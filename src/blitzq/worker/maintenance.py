@@ -530,9 +530,11 @@ class Maintenance:
         worker = self.worker
         counts = (worker.processed, worker.failed)
         ttl = 3 * self.interval + 5
-        base = self.registered_counts
-        await self.broker.register_worker(worker.key, worker.info(), ttl, counts, base)
-        self.registered_counts = max(base[0], counts[0]), max(base[1], counts[1])
+        await self.broker.register_worker(
+            worker.key, worker.info(), ttl, counts, self.registered_counts
+        )
+        done = self.registered_counts  # another write may have ended meanwhile
+        self.registered_counts = max(done[0], counts[0]), max(done[1], counts[1])
 
     async def unregister(self, timeout: float) -> None:
         """Remove the worker's registration at its shutdown with its last counts (the
