@@ -98,7 +98,7 @@ class SentinelSet:
             self.procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL))
         for port in self.sentinels:  # SENTINEL FAILOVER needs a replica it has just heard
             sentinel = self.client(port, sentinel=True)
-            wait_until(lambda s=sentinel: _replica_ready(s), 30, "a replica fit to promote")
+            wait_until(lambda s=sentinel: _replica_ready(s), 90, "a replica fit to promote")
 
     def client(self, port: int, sentinel: bool = False, decode: bool = True) -> redis.Redis:
         """A client of the server (or, with ``sentinel``, the sentinel) on ``port``; with
