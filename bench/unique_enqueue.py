@@ -5,9 +5,11 @@ Usage::
     .venv/bin/python bench/unique_enqueue.py --before /path/to/old/src --after src \\
         [--n 3000] [--pairs 5]
 
-Starts a private ``redis-server`` (``bench.py``'s, never the shared 6379). Each pair runs
-the same child once per tree (``PYTHONPATH`` set to that tree, the order alternating), each
-child in a fresh namespace, reliable mode, one producer awaiting each enqueue:
+Starts a private ``redis-server`` (``bench.py``'s, never the shared 6379); ``--amqp URL``
+runs the RabbitMQ transport (state on that Redis; the bench's queues are deleted after).
+Each pair runs the same child once per tree (``PYTHONPATH`` set to that tree, the order
+alternating), each child in a fresh namespace, reliable mode, one producer awaiting each
+enqueue:
 
 - ``unique new``: ``n`` calls of a ``unique=True`` task with distinct arguments (each claims);
 - ``unique dup``: ``n`` calls equal to one already queued (each a duplicate);
@@ -41,13 +43,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 KINDS = ["unique new", "unique dup", "unique many", "plain, unique on the queue", "plain"]
 
 
-async def child(url: str, n: int) -> dict[str, float]:
-    """Rates (calls per second) of each kind, in this process's blitzq."""
+async def child(url: str, n: int, amqp: str | None) -> dict[str, float]:
+    """Rates (calls per second) of each kind, in this process's blitzq (``amqp``: the
+    RabbitMQ transport at that URL, state on the Redis at ``url``)."""
     from blitzq import Queue
 
     ns = "bench-" + uuid.uuid4().hex[:8]
-    queue = Queue("bq", redis_url=url, namespace=ns)
-    bare = Queue("bp", redis_url=url, namespace=ns)
+    queue = Queue("bq-" + ns, redis_url=url, namespace=ns, amqp_url=amqp)
+    bare = Queue("bp-" + ns, redis_url=url, namespace=ns, amqp_url=amqp)
 
     @queue.task(name="b.uniq", unique=True)
     async def uniq(x: int) -> None:
@@ -87,6 +90,23 @@ async def child(url: str, n: int) -> dict[str, float]:
     keys = [k async for k in client.scan_iter(match="{" + ns + "}*", count=1000)]
     for at in range(0, len(keys), 500):
         await client.delete(*keys[at : at + 500])
+    if amqp:  # the bench's queues (and their priority levels) go with it
+        from blitzq.broker.amqp.channels import AmqpLink
+
+        link = AmqpLink(amqp, "bench-cleanup", 1)
+        used = {*queue.broker.transport.link.used, *bare.broker.transport.link.used}
+        names = sorted(
+            {
+                n.removesuffix(":high").removesuffix(":low") + lv
+                for n in used
+                for lv in ("", ":high", ":low")
+            }
+        )
+        await queue.close()
+        await bare.close()
+        await link.delete(names)
+        await link.close()
+        return out
     await queue.close()
     await bare.close()
     return out
@@ -115,11 +135,12 @@ class _Trips:
         return await self._real(*args, **options)
 
 
-def run_side(src: str, url: str, n: int) -> dict[str, float]:
+def run_side(src: str, url: str, n: int, amqp: str | None) -> dict[str, float]:
     """One child on the tree ``src``; its rates."""
     env = {**os.environ, "PYTHONPATH": str(Path(src).resolve())}
+    extra = ["--amqp", amqp] if amqp else []
     done = subprocess.run(
-        [sys.executable, __file__, "--child", url, "--n", str(n)],
+        [sys.executable, __file__, "--child", url, "--n", str(n), *extra],
         env=env,
         capture_output=True,
         text=True,
@@ -136,10 +157,11 @@ def main() -> None:
     parser.add_argument("--after", default="src", help="src directory of the tree after it")
     parser.add_argument("--n", type=int, default=3000)
     parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--amqp", help="RabbitMQ URL: the RabbitMQ transport, state on Redis")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(asyncio.run(child(args.child, args.n))))
+        print(json.dumps(asyncio.run(child(args.child, args.n, args.amqp))))
         return
     if not args.before:
         parser.error("--before is required")
@@ -150,7 +172,7 @@ def main() -> None:
     with harness.private_redis() as url:
         for pair in range(args.pairs):
             order = ["before", "after"] if pair % 2 == 0 else ["after", "before"]
-            got = {side: run_side(getattr(args, side), url, args.n) for side in order}
+            got = {side: run_side(getattr(args, side), url, args.n, args.amqp) for side in order}
             for kind in KINDS:
                 ratios[kind].append(got["after"][kind] / got["before"][kind])
             for side in order:

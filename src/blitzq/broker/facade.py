@@ -217,16 +217,20 @@ class Broker:
 
     async def enqueue_unique(self, items: Sequence[UniqueSend]) -> list[str | None]:
         """See :meth:`ControlState.enqueue_unique`; then, with a foreign transport, the
-        relay of the queues the items are for (not only those written now: a duplicate's
-        holder may be the message of an enqueue whose reply was lost, still in the outbox,
-        which the retry's relay publishes at once).
+        relay of the queues whose messages the store wrote to its outbox (a duplicate
+        relays nothing: the message of its holder, if still in the outbox, is the workers'
+        relay loops' to publish, within a sweep).
 
         A message the store writes to its own queues goes through neither :attr:`publish`
         nor :attr:`publish_fast`: it is written with its claim, in the store's step.
         """
         holders = await self.state.control.enqueue_unique(items)
         if self.relay is not None:
-            queues = {item.queue for item in items if item.delay is None and item.eta is None}
+            queues = {
+                item.queue
+                for item, holder in zip(items, holders, strict=True)
+                if holder is None and item.delay is None and item.eta is None
+            }
             if queues:
                 await self.relay.pushed(sorted(queues))
         return holders
