@@ -50,7 +50,7 @@ from typing import Protocol, final
 
 from .outbox import Relay
 from .pairing import CompleteFn, Pairing, pairing_for
-from .state import DeadLetterFields, DeadLetterLimits, Scheduled, StateStore
+from .state import DeadLetterFields, DeadLetterLimits, Scheduled, StateStore, UniqueSend
 from .transport import Delivery, Guarantee, Transport
 
 #: Appends encoded messages to a queue (see :meth:`Transport.publish`).
@@ -214,6 +214,26 @@ class Broker:
     async def claim_unique(self, items: Sequence[tuple[str, str, float]]) -> list[str | None]:
         """See :meth:`ControlState.claim_unique`."""
         return await self.state.control.claim_unique(items)
+
+    async def enqueue_unique(self, items: Sequence[UniqueSend]) -> list[str | None]:
+        """See :meth:`ControlState.enqueue_unique`; then, with a foreign transport, the
+        relay of the queues whose messages the store wrote to its outbox (a duplicate
+        relays nothing: the message of its holder, if still in the outbox, is the workers'
+        relay loops' to publish, within a sweep).
+
+        A message the store writes to its own queues goes through neither :attr:`publish`
+        nor :attr:`publish_fast`: it is written with its claim, in the store's step.
+        """
+        holders = await self.state.control.enqueue_unique(items)
+        if self.relay is not None:
+            queues = {
+                item.queue
+                for item, holder in zip(items, holders, strict=True)
+                if holder is None and item.delay is None and item.eta is None
+            }
+            if queues:
+                await self.relay.pushed(sorted(queues))
+        return holders
 
     async def acquire_lock(self, key: str, holder: str, limit: int, lease: float) -> float:
         """See :meth:`ControlState.acquire_lock`."""

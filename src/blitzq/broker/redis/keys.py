@@ -269,7 +269,8 @@ class Keys:
         return self._one("unique", key)
 
     def unique_owner(self, task_id: str) -> str:
-        """The unique key a task holds (written by ``unique_claim.lua`` and ``replay.lua``)."""
+        """The unique key a task holds (written by ``unique_enqueue.lua``, ``unique_claim.lua``
+        and ``replay.lua``)."""
         return self._one("unique_owner", task_id)
 
     def lock(self, key: str) -> str:
