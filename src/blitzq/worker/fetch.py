@@ -271,8 +271,11 @@ class Fetcher:
                     continue
                 if wrong_type(exc) and await self._sort_out(bad, queue):
                     continue  # the other levels are fetched at once
-                if isinstance(exc, BrokerError):
-                    logger.warning("fetch from %s failed, retry in %.1f s: %s", queue, backoff, exc)
+                if isinstance(exc, BrokerError):  # at DEBUG when the loss was logged already
+                    level = logging.DEBUG if exc.reported else logging.WARNING
+                    logger.log(
+                        level, "fetch from %s failed, retry in %.1f s: %s", queue, backoff, exc
+                    )
                 else:
                     logger.exception("fetch from %s failed, retrying in %.1f s", queue, backoff)
                 await asyncio.sleep(backoff)

@@ -447,8 +447,10 @@ class Maintenance:
                         for q in worker.physical_queues:
                             await self._prune(q, vt)
                 rounds += 1
-            except BrokerError as exc:
-                logger.warning("maintenance: %s", exc)
+            except BrokerError as exc:  # at DEBUG when the lost connection was logged already
+                logger.log(
+                    logging.DEBUG if exc.reported else logging.WARNING, "maintenance: %s", exc
+                )
             except Exception:  # a bug must not stop lease renewal for good
                 logger.exception("maintenance round failed")
             if time.monotonic() >= next_sync:

@@ -352,7 +352,14 @@ class Custody:
             try:
                 dlq = await link.dead_letters()
                 message = await dlq.get(no_ack=False, fail=False)
-            except aiormq.exceptions.AMQPError as exc:
+            except (
+                aiormq.exceptions.AMQPError,
+                TimeoutError,
+                RuntimeError,
+                ConnectionError,
+            ) as exc:
+                if isinstance(exc, BrokerError):
+                    raise
                 raise translate(exc, "reading the dead-letter queue") from None
             if message is None:
                 return moved
