@@ -200,9 +200,14 @@ class BrokerError(BlitzQError, ConnectionError):
             failure for them, even while another node answers PING.
         outcome_unknown: ``True`` (only on :class:`OutcomeUnknown`) when a write was sent
             and its reply was lost: it may have been applied.
+        reported: ``True`` when the call failed because a connection was lost that the
+            transport already reported in its own log line (a RabbitMQ connection: one
+            WARNING per loss, ``broker/amqp/closing.py``): a caller that retries logs this
+            error at DEBUG, so an expected loss reads as one line.
     """
 
     outcome_unknown: bool = False
+    reported: bool = False
 
     def __init__(
         self,

@@ -42,6 +42,7 @@ from ..extensions.signals import Signal, SignalEvent
 from ..serialization import loads
 from .bad_keys import wrong_type
 from .limiter import Slots
+from .pausing import Pausable, Pausing
 from .unknown import Handed, take_handed
 
 if TYPE_CHECKING:
@@ -141,7 +142,7 @@ class _Cancelling(Protocol):
     def cancel(self, task_id: str) -> bool: ...
 
 
-class Maintained(Handed, Protocol):
+class Maintained(Handed, Pausable, Protocol):
     """What the background loops see of the worker (a :class:`~blitzq.Worker`)."""
 
     @property
@@ -161,8 +162,6 @@ class Maintained(Handed, Protocol):
 
     @property
     def failure_log_level(self) -> int: ...
-
-    paused: set[str]
 
     concurrency: int
 
@@ -200,6 +199,8 @@ class Maintenance:
         #: Pushes on the event channel that were ignored as malformed.
         self.malformed_events = 0
         self._malformed_logged = -math.inf
+        #: The paused queues, followed and applied to the transport (``pausing.py``).
+        self.pausing = Pausing(worker, broker)
 
     async def start(self) -> list[asyncio.Task[None]]:
         """Register the worker and load the cancelled ids, then start the loops; the worker
@@ -213,7 +214,7 @@ class Maintenance:
             await self._sync_revocations()
         except Exception as exc:  # the periodic resynchronisation tries again
             logger.warning("could not read cancelled tasks: %s", exc)
-        await self._sync_paused()
+        await self.pausing.sync()
         loops = [
             asyncio.create_task(self._promote_loop(), name="blitzq-promoter"),
             asyncio.create_task(self._event_loop(), name="blitzq-events"),
@@ -314,9 +315,7 @@ class Maintenance:
                     logger.info("cancelled running task %s", value)
                 return
             if kind in ("pause", "resume"):  # blitzq queue pause / resume
-                (self.worker.paused.add if kind == "pause" else self.worker.paused.discard)(value)
-                if value in self.worker.queues:
-                    logger.info("queue %s %s", value, "paused" if kind == "pause" else "resumed")
+                self.pausing.pushed(kind, value)
                 return
             if kind == "shutdown":  # blitzq worker shutdown ID
                 if value in (self.worker.key, self.worker.id):
@@ -388,13 +387,6 @@ class Maintenance:
         except (BlitzQError, NotImplementedError) as exc:
             logger.debug("maintenance: reading a resize: %s", exc)
 
-    async def _sync_paused(self) -> None:
-        """Re-read the paused queues (at start and every round: a push may be lost)."""
-        try:
-            self.worker.paused = await self.broker.paused_queues()
-        except Exception as exc:  # the next round tries again
-            logger.warning("could not read the paused queues: %s", exc)
-
     async def _sync_revocations(self) -> None:
         """Re-read the cancelled ids; cancel running tasks among them (a push was lost)."""
         runner = self.worker.runner
@@ -428,7 +420,7 @@ class Maintenance:
                 await self.register()
             except BrokerError as exc:
                 logger.warning("maintenance: could not register the worker: %s", exc)
-            await self._sync_paused()
+            await self.pausing.sync()
             await self._sync_size()
             try:
                 await self._reap_lapsed()
@@ -455,8 +447,10 @@ class Maintenance:
                         for q in worker.physical_queues:
                             await self._prune(q, vt)
                 rounds += 1
-            except BrokerError as exc:
-                logger.warning("maintenance: %s", exc)
+            except BrokerError as exc:  # at DEBUG when the lost connection was logged already
+                logger.log(
+                    logging.DEBUG if exc.reported else logging.WARNING, "maintenance: %s", exc
+                )
             except Exception:  # a bug must not stop lease renewal for good
                 logger.exception("maintenance round failed")
             if time.monotonic() >= next_sync:
