@@ -72,14 +72,16 @@ def test_dashboard_command_checks_the_broker_before_serving(
     assert "wrong" not in done.stderr  # the password is masked
 
 
-def test_a_port_in_use_is_one_line_and_exit_78_with_no_banner(redis_url: str) -> None:
+def test_a_port_in_use_is_one_line_and_exit_78_with_no_banner(
+    server_url: str, namespace: str
+) -> None:
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
         done = subprocess.run(
-            [sys.executable, "-m", "blitzq", "--redis-url", redis_url, "--namespace",
-             "dash-port", "dashboard", APP, "--port", str(port)],
+            [sys.executable, "-m", "blitzq", "--redis-url", server_url, "--namespace",
+             namespace, "dashboard", APP, "--port", str(port)],
             cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=45,
         )  # fmt: skip
     assert done.returncode == 78, done.stderr
@@ -89,9 +91,11 @@ def test_a_port_in_use_is_one_line_and_exit_78_with_no_banner(redis_url: str) ->
     assert "in use" in lines[0]
 
 
-def test_the_banner_names_the_bound_port_which_then_answers(redis_url: str) -> None:
+def test_the_banner_names_the_bound_port_which_then_answers(
+    server_url: str, namespace: str
+) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "blitzq", "--redis-url", redis_url, "--namespace", "dash-port",
+        [sys.executable, "-m", "blitzq", "--redis-url", server_url, "--namespace", namespace,
          "dashboard", APP, "--port", "0"],
         cwd=ROOT, env=subprocess_env(), stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -28,6 +28,7 @@ from blitzq import ConfigurationError, Queue, UnknownQueue
 from blitzq.cli import cli
 from blitzq.client.admin import check_known_queue
 from blitzq.limits import MAX_TASK_ID
+from blitzq.runtime_schedules import add_schedule
 from tests.conftest import SessionRedis
 
 pytestmark = pytest.mark.timeout(120)
@@ -289,6 +290,27 @@ def test_the_cli_takes_a_caller_chosen_id(
         q.close_sync()
 
 
+@pytest.mark.parametrize(
+    ("args", "start"),
+    [
+        (["schedule", "remove", ""], "schedule name must be a non-empty string"),
+        (["schedule", "remove", "a b"], "schedule name must be a non-empty string"),
+        (["worker", "shutdown", ""], "ID must be a worker id"),
+        (["worker", "shutdown", " "], "ID must be a worker id"),
+    ],
+    ids=repr,
+)
+def test_other_names_an_operator_types_are_checked_the_same_way(
+    invoke: Callable[..., Result], args: list[str], start: str
+) -> None:
+    result = invoke("--json", *args)
+    assert result.exit_code == 2, result.output
+    assert json.loads(result.stdout)["error"].startswith(start)
+    # A name that passes, of nothing there: a failed operation (1), not a usage error.
+    valid = [*args[:2], "nosuch"]
+    assert invoke(*valid).exit_code == 1
+
+
 async def test_the_dashboard_refuses_a_bad_task_id_with_400(
     dashboard: httpx.AsyncClient,
 ) -> None:
@@ -323,6 +345,7 @@ def full_server(namespace: str) -> Iterator[tuple[str, dict[str, str]]]:
                     q.send_sync("t", (i,), {}, priority="high" if i == 0 else "normal")
                 if mode == "reliable":
                     ids["scheduled"] = q.send_sync("t", (), {}, delay=3600).id
+                    q._portal.call(add_schedule(q, "nightly", "t", every=86400))
             finally:
                 q.close_sync()
         with redis.Redis.from_url(server.url) as c:
@@ -363,6 +386,9 @@ def test_what_frees_a_full_server_works_on_it(
         purged = invoke("--json", "dead-letter", "purge", "--yes")
         assert purged.exit_code == 0, purged.output
         assert not c.exists(f"{ns}:dlq")
+        removed = invoke("--json", "schedule", "remove", "nightly")
+        assert json.loads(removed.stdout) == {"removed": True, "name": "nightly"}, removed.output
+        assert not c.exists(f"{ns}:periodic:rt")
         # A pause is a write: the full server refuses it, one line, and nothing changes.
         paused = invoke("queue", "pause", "rq")
         assert paused.exit_code == 1
