@@ -32,7 +32,6 @@ from .dead_letter_query import DeadLetterFilter, Pacer, ReplayOutcome, scan, sum
 
 if TYPE_CHECKING:
     from ..broker import Broker
-    from ..queue import Queue
     from .context import QueueContext
 
 
@@ -360,8 +359,8 @@ async def check_known_queue(
         broker: the broker of the namespace.
         namespace: its name, for the error.
         name: the queue name given.
-        declared: queues the application declares (its Queue's name, its tasks' and periodic
-            entries' queues: :func:`declared_queues`), known before their first task.
+        declared: queues the application declares (the dashboard's Queue: its name, its
+            tasks' and periodic entries' queues), known before their first task.
 
     Raises:
         UnknownQueue: ``name`` is none of those.
@@ -377,15 +376,6 @@ async def check_known_queue(
     if any(n for lane in stats.values() for n in lane.values()):
         return
     raise UnknownQueue(name, namespace)
-
-
-def declared_queues(queue: Queue) -> set[str]:
-    """The queues ``queue``'s application declares: its name, each registered task's queue and
-    each periodic entry's (base names)."""
-    names = {queue.name}
-    names.update(task.queue for task in queue.tasks.values())
-    names.update(base_queue(entry.target_queue()) for entry in queue.periodic_tasks.values())
-    return names
 
 
 async def _unless_wrong_type(count: Awaitable[int]) -> int:
@@ -410,4 +400,4 @@ def _rate(rate: float | str | None) -> float | None:
     return float(rate)
 
 
-__all__ = ["Admin", "check_known_queue", "declared_queues"]
+__all__ = ["Admin", "check_known_queue"]

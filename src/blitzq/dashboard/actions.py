@@ -23,10 +23,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..client.admin import check_known_queue, declared_queues
+from ..client.admin import check_known_queue
 from ..exceptions import MessageTooLarge, SerializationError, UnknownQueue
 from ..periodic import PeriodicTask
-from ..routing import check_name, check_queue_name, levels
+from ..routing import base_queue, check_name, check_queue_name, levels
 from ..runtime_schedules import RuntimeEntries
 from .http import ApiError, body, json_response, task_id, worker_id
 
@@ -56,6 +56,15 @@ async def _confirmed(request: Request, target: str) -> dict[str, Any]:
 def _physical(name: str) -> list[str]:
     check_name("queue name", name)
     return [name] if name.endswith((":high", ":low")) else levels(name)
+
+
+def declared_queues(queue: Queue) -> set[str]:
+    """The queues ``queue``'s application declares: its name, each registered task's queue and
+    each periodic entry's (base names); known to the actions before their first task."""
+    names = {queue.name}
+    names.update(task.queue for task in queue.tasks.values())
+    names.update(base_queue(entry.target_queue()) for entry in queue.periodic_tasks.values())
+    return names
 
 
 def action_routes(queue: Queue, runtime: RuntimeEntries) -> list[Route]:
