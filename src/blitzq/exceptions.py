@@ -248,7 +248,8 @@ class OutcomeUnknown(BrokerError):
     retry can duplicate the write; see docs/guarantees.md ("Retrying after an unknown
     outcome"): re-enqueueing under the same ``task_id`` publishes a second message (it does
     not deduplicate), so a retry must first learn whether the first attempt landed, or the
-    task must tolerate running twice.
+    task must tolerate running twice -- or be a unique task, whose retry runs it once (its
+    key's claim and its message are one write).
 
     Attributes:
         outcome_unknown: always ``True``.

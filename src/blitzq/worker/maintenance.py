@@ -195,7 +195,7 @@ class Maintenance:
         self._wake = asyncio.Event()
         self._handed = asyncio.Event()
         self._next_wake = 0.0
-        #: (processed, failed) as the last registration that was written reported them.
+        #: (processed, failed) as the registrations written so far reported them at most.
         self.registered_counts = (0, 0)
         #: Pushes on the event channel that were ignored as malformed.
         self.malformed_events = 0
@@ -521,26 +521,30 @@ class Maintenance:
 
     async def register(self) -> None:
         """Register the worker (its :meth:`~blitzq.Worker.info`) for three maintenance
-        intervals and five seconds, and remember the counts that registration reported.
+        intervals and five seconds, with its counts, which the broker adds to the
+        namespace's counters as far as they grew (see ``Broker.register_worker``).
 
         Raises:
             BrokerError: the registration could not be written.
         """
         worker = self.worker
         counts = (worker.processed, worker.failed)
-        await self.broker.register_worker(worker.key, worker.info(), ttl=3 * self.interval + 5)
-        self.registered_counts = counts
+        ttl = 3 * self.interval + 5
+        await self.broker.register_worker(
+            worker.key, worker.info(), ttl, counts, self.registered_counts
+        )
+        done = self.registered_counts  # another write may have ended meanwhile
+        self.registered_counts = max(done[0], counts[0]), max(done[1], counts[1])
 
     async def unregister(self, timeout: float) -> None:
-        """Remove the worker's registration at its shutdown, handing what it counted since
-        its last registration (processed, failed) to the namespace's retired counts. Waits
-        ``timeout`` seconds at most: a server that stopped answering must not hold the exit
-        (the registration then expires)."""
+        """Remove the worker's registration at its shutdown with its last counts (the
+        broker adds what they grew by since its last registration to the namespace's
+        counters). Waits ``timeout`` seconds at most: a server that stopped answering must
+        not hold the exit (the registration then expires)."""
         worker = self.worker
-        processed, failed = self.registered_counts
-        unreported = (max(0, worker.processed - processed), max(0, worker.failed - failed))
+        counts = (worker.processed, worker.failed)
         with contextlib.suppress(BrokerError, TimeoutError):
-            await asyncio.wait_for(self.broker.unregister_worker(worker.key, unreported), timeout)
+            await asyncio.wait_for(self.broker.unregister_worker(worker.key, counts), timeout)
 
     async def _counts_loop(self) -> None:
         """Register the worker again each second its counts changed (the maintenance loop
