@@ -208,7 +208,8 @@ def test_worker_list_and_a_graceful_remote_shutdown(
 
 
 def test_a_burst_worker_does_not_wait_for_a_paused_queue(env: dict[str, str], queue: Queue) -> None:
-    assert blitzq(env, "queue", "pause", "qc").returncode == 0
+    # Paused before its first task: nothing has used qc yet, so it takes --force.
+    assert blitzq(env, "queue", "pause", "qc", "--force").returncode == 0
     held = queue.send_sync("qc.add", [1, 2], {})
     other = queue.send_sync("qc.add", [3, 4], {}, queue="other")
     done = blitzq(env, "worker", APP, "-Q", "qc,other", "--burst")

@@ -36,6 +36,7 @@ from ._common import (
     run_with_queue,
     settings,
     short_time,
+    task_id_argument,
 )
 
 _STATE_STYLE = {
@@ -91,8 +92,10 @@ def task_inspect(task_id: str) -> None:
     a preview (at most 2048 bytes) from the record, else the dead letter or the scheduled
     message (``args_from`` says which); when none has them, ``args_note`` says why. Exits 1
     when nothing is known of it (never enqueued, waiting in its queue or running without
-    track_state, or expired after result_ttl).
+    track_state, or expired after result_ttl); exits 2 when TASK_ID cannot be a task id
+    (empty, too long, holding a space or a newline).
     """
+    task_id = task_id_argument(task_id)
 
     async def fetch(q: Queue) -> tuple[TaskRecord | None, Progress | None, dict[str, Any]]:
         record, progress = await q.inspect(task_id), await q.get_progress(task_id)
@@ -173,8 +176,10 @@ def task_cancel(task_id: str) -> None:
     is stopped by its worker. Its record becomes ``cancelled``.
 
     Prints what the task was (scheduled, queued, pending, running, or finished, in which case
-    nothing changed); exits 0 in every case.
+    nothing changed); exits 0 in every case, but 2 when TASK_ID cannot be a task id (empty,
+    too long, holding a space or a newline).
     """
+    task_id = task_id_argument(task_id)
     answer = run_with_queue(lambda q: q.cancel(task_id))
     if settings().json:
         emit_json({"id": task_id, "was": answer, "cancelled": answer != "finished"})
