@@ -246,6 +246,19 @@ class BrokerError(BlitzQError, ConnectionError):
         self.unavailable = unavailable
 
 
+class BrokerRefusedSettings(BrokerError, ConfigurationError):
+    """The broker refused the connection's settings: a wrong password or user name
+    (``WRONGPASS``, ``AuthenticationError``), no password given to a server that requires one
+    (``NOAUTH``), a database number the server does not have (``DB index is out of range``).
+    Trying again cannot succeed until the URL is fixed, so it is a configuration error (a
+    worker exits 78, ``EX_CONFIG``, at once instead of waiting for its broker) as well as a
+    :class:`BrokerError` that is never ``transient``.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=False)
+
+
 class OutcomeUnknown(BrokerError):
     """A producer's write (an enqueue, a workflow start, a schedule, a cancel) was sent, but
     the connection dropped or timed out before the reply: the broker may or may not have

@@ -306,13 +306,16 @@ async def _reach_broker(worker: Worker, patient: bool) -> None:
 
     Raises:
         BrokerError: the broker does not answer and the worker is not ``patient``.
-        ConfigurationError: the broker cannot be configured (never retried).
+        ConfigurationError: the broker cannot be configured, or it refused the URL's
+            password, user or database number (``BrokerRefusedSettings``): never retried.
     """
     delay, longest = BROKER_WAIT
     while True:
         try:
             await worker.queue.broker.ping()
             return
+        except ConfigurationError:  # a refused password or DB number: no wait can cure it
+            raise
         except BrokerError as exc:
             if not patient:
                 raise

@@ -46,6 +46,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import (
     AskError,
+    AuthenticationError,
     BusyLoadingError,
     ClusterError,
     OutOfMemoryError,
@@ -58,7 +59,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ...exceptions import BrokerError, ConfigurationError
+from ...exceptions import BrokerError, BrokerRefusedSettings, ConfigurationError
 from ...redaction import mask_url, redact
 from .cluster import make_cluster_client, plain_url, split_layout, wants_cluster
 from .pool import BoundedPool
@@ -278,6 +279,34 @@ _CLUSTER = (ClusterError, AskError, TryAgainError, SlotNotCoveredError)
 #: Error replies of a server that is switching roles or starting (``BrokerError.unavailable``):
 #: the same command succeeds, unchanged, once it is over.
 _SWITCHING = ("READONLY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY ", "MOVED")
+#: Error replies that refuse the connection's settings (a wrong password or user, none given,
+#: a database number the server does not have): no retry can cure them.
+_REFUSED_SETTINGS = ("NOAUTH", "WRONGPASS", "invalid password", "invalid DB index", "DB index is")
+
+
+def refused_settings(exc: BaseException) -> BrokerRefusedSettings | None:
+    """The :class:`~blitzq.exceptions.BrokerRefusedSettings` (a configuration error) for an
+    error that says the server refused the connection's credentials or database number, with
+    a message naming the cause and the fix; ``None`` for any other error."""
+    text = str(exc)
+    if "HELLO must be called with the client already authenticated" in text or text.startswith(
+        "NOAUTH"
+    ):
+        return BrokerRefusedSettings(
+            "the Redis server requires a password (NOAUTH) and the broker URL gives none: "
+            "give it as the password of the broker URL (its user-information part, before the host)"
+        )
+    if "DB index" in text:
+        return BrokerRefusedSettings(
+            f"the Redis server refused the database number of the broker URL ({text}): use "
+            "one it has (0 to its `databases` setting minus 1; the path of redis://host:port/DB)"
+        )
+    if isinstance(exc, AuthenticationError) or text.startswith(_REFUSED_SETTINGS):
+        return BrokerRefusedSettings(
+            f"the Redis server refused the broker URL's credentials ({type(exc).__name__}: "
+            f"{text}): check the user name and password in the URL"
+        )
+    return None
 
 
 async def pubsub_send(command: Awaitable[Any]) -> Any:
@@ -310,10 +339,14 @@ def broker_error(exc: BaseException) -> BrokerError:
         ``out_of_memory`` for ``OOM`` (the same write succeeds once memory is freed),
         ``unavailable`` (and transient) for a server or cluster failing over or starting
         (``READONLY``, ``LOADING``, ``MASTERDOWN``, ``CLUSTERDOWN``, ``TRYAGAIN``, ``BUSY``, a
-        slot moving). Raise it ``from exc``.
+        slot moving). For a refused password, user or database number the error is a
+        :class:`~blitzq.exceptions.BrokerRefusedSettings` (also a ``ConfigurationError``;
+        never transient: see :func:`refused_settings`). Raise it ``from exc``.
     """
     if isinstance(exc, BrokerError):
         return exc
+    if (refused := refused_settings(exc)) is not None:
+        return refused
     transient = isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError, *_CLUSTER))
     oom = isinstance(exc, OutOfMemoryError) or str(exc).startswith("OOM ")
     unavailable = isinstance(exc, (_CLUSTER, BusyLoadingError, ReadOnlyError)) or str(

@@ -1,0 +1,117 @@
+"""A broker URL whose password, user or database number the Redis server refuses is a
+configuration error (``BrokerRefusedSettings``, also a ``ConfigurationError``): enqueue
+raises it, never a transient ``BrokerError``, and ``blitzq worker`` exits 78 at once, with
+or without its supervisor, instead of waiting for a broker that will never accept it. A
+broker that is not there (connection refused) stays transient: the supervised worker waits.
+
+The test starts its own ``redis-server`` with a password on a free port (stopped at the end).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from blitzq import BrokerError, ConfigurationError, Queue
+from blitzq.exceptions import BrokerRefusedSettings
+
+from ..polling import wait_until
+from ..ports import free_port
+from .test_exit_codes import APP, blitzq
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server"),
+]
+
+PASSWORD = "e2-secret"
+
+
+@pytest.fixture(scope="module")
+def locked() -> Iterator[int]:
+    """The port of a ``redis-server`` of this module that requires ``PASSWORD``."""
+    port = free_port()
+    data = tempfile.mkdtemp(prefix="blitzq-refused-")
+    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    args += ["--appendonly", "no", "--dir", data, "--requirepass", PASSWORD]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+    client = redis.Redis(port=port, password=PASSWORD, socket_timeout=5)
+
+    def answers() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+
+    try:
+        wait_until(answers, 30, "the password-protected redis-server answering")
+        yield port
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(30)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def _urls(port: int, redis_url: str) -> dict[str, tuple[str, str]]:
+    base = redis_url.rsplit("/", 1)[0]
+    return {
+        "wrong password": (f"redis://:wrong@127.0.0.1:{port}/0", "credentials"),
+        "wrong user": (f"redis://nobody:{PASSWORD}@127.0.0.1:{port}/0", "credentials"),
+        "no password": (f"redis://127.0.0.1:{port}/0", "requires a password (NOAUTH)"),
+        "bad DB number": (f"{base}/99", "database number"),
+    }
+
+
+CASES = ["wrong password", "wrong user", "no password", "bad DB number"]
+
+
+@pytest.mark.parametrize("case", CASES)
+async def test_enqueue_raises_a_configuration_error(case: str, locked: int, redis_url: str) -> None:
+    url, cause = _urls(locked, redis_url)[case]
+    queue = Queue(redis_url=url, namespace="refused-settings")
+
+    @queue.task
+    async def noop() -> None:
+        pass
+
+    try:
+        with pytest.raises(ConfigurationError) as info:
+            await noop.enqueue()
+    finally:
+        await queue.close()
+    assert isinstance(info.value, BrokerRefusedSettings)
+    assert info.value.transient is False
+    assert cause in str(info.value)
+    assert PASSWORD not in str(info.value)
+    if case == "no password":
+        assert "HELLO" not in str(info.value)
+
+
+async def test_a_broker_that_is_not_there_stays_transient() -> None:
+    queue = Queue(redis_url=f"redis://127.0.0.1:{free_port()}/0", namespace="refused-settings")
+    try:
+        with pytest.raises(BrokerError) as info:
+            await queue.broker.ping()
+    finally:
+        await queue.close()
+    assert not isinstance(info.value, ConfigurationError)
+    assert info.value.transient is True
+
+
+@pytest.mark.parametrize("supervised", [True, False], ids=["supervised", "no-supervise"])
+@pytest.mark.parametrize("case", CASES)
+def test_the_worker_exits_78_at_once(
+    case: str, supervised: bool, locked: int, redis_url: str
+) -> None:
+    url, cause = _urls(locked, redis_url)[case]
+    extra = [] if supervised else ["--no-supervise"]
+    code, out = blitzq("worker", APP, "--redis-url", url, *extra)
+    assert code == 78, out
+    assert cause in out
+    assert "not reachable yet" not in out
