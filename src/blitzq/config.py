@@ -241,12 +241,20 @@ def value(name: str) -> str | None:
 
     Raises:
         KeyError: ``name`` is not a setting of :data:`SETTINGS`.
-        ConfigurationError: the project file is invalid.
+        ConfigurationError: the project file is invalid, or ``BLITZQ_REDIS_URL`` is set to
+            the empty string (refused, not read as unset: see docs/configuration.md).
     """
     setting = _BY_NAME[name]
     from_env = os.environ.get(setting.env)
     if from_env:
         return from_env
+    if from_env == "" and name == "redis_url":
+        # Read as unset, it would start an embedded server in the current directory: a
+        # worker or producer silently on other data than the deployment meant.
+        raise ConfigurationError(
+            f"{setting.env} is set but empty: unset it (unset {setting.env}) to use the "
+            "embedded server, or give a broker URL (redis://host:6379/0)"
+        )
     found = project_table().get(name)
     return found if isinstance(found, str) and found else None
 

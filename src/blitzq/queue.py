@@ -77,7 +77,8 @@ class Queue:
         redis_url: ``redis://host:port/db``, ``rediss://…``, ``unix:///path.sock`` or
             ``memory://[name]`` (in-process: the same code on a private Valkey, one namespace
             per name). ``None`` reads ``BLITZQ_REDIS_URL``, and without it starts (or reuses)
-            the embedded Valkey server in ``./.blitzq`` (``BLITZQ_DATA_DIR`` moves it).
+            the embedded Valkey server in ``./.blitzq`` (``BLITZQ_DATA_DIR`` moves it). The
+            empty string is refused (so is an empty ``BLITZQ_REDIS_URL``, at first use).
         namespace: prefix of every key (``{namespace}:…``); apps sharing a server use
             different namespaces. ``BLITZQ_NAMESPACE`` overrides the default.
         mode: ``"reliable"`` (Redis Streams, at-least-once) or ``"fast"`` (lists,
@@ -142,7 +143,7 @@ class Queue:
         ConfigurationError: an invalid argument (a bool, NaN or infinite number, a value out
             of range, or a value of the wrong type), or a queue name (``name``, a route's,
             a ``queue_rate_limits`` key) that looks like a URL or ends in ``":high"`` /
-            ``":low"`` (see :func:`blitzq.routing.check_queue_name`).
+            ``":low"`` (see :func:`blitzq.routing.check_queue_name`), or ``redis_url=''``.
     """
 
     def __init__(
@@ -191,6 +192,11 @@ class Queue:
         integer("recent_index", recent_index, minimum=0)
         if redis_url is not None and not isinstance(redis_url, str):
             raise ConfigurationError(f"redis_url must be a str, got {type(redis_url).__name__}")
+        if redis_url == "":
+            raise ConfigurationError(
+                "redis_url='' is empty: leave redis_url out (None) to use the embedded server "
+                "or BLITZQ_REDIS_URL, or give a broker URL (redis://host:6379/0)"
+            )
         if redis_url:
             check_url(redis_url)  # an unsupported scheme is refused here, not at first use
         if amqp_url is not None and not isinstance(amqp_url, str):
