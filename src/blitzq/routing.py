@@ -110,10 +110,12 @@ def check_queue_name(kind: str, value: str) -> str:
         )
     for priority, suffix in _SUFFIX.items():
         if suffix and value.endswith(suffix):
+            base = value[: -len(suffix)]
             raise ConfigurationError(
                 f"{kind} {value!r} ends in {suffix!r}, the suffix of the {priority}-priority "
-                f"lane of queue {value[: -len(suffix)]!r}; use priority={priority!r} "
-                "or another name"
+                f"lane of queue {base!r}: use the base queue name {base!r} (a worker of "
+                f"{base!r} serves every level: {base}:high, {base}, {base}:low) with "
+                f"priority={priority!r}, or another name"
             )
     return value
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from blitzq import ConfigurationError, Every, Queue, Signature
+from blitzq.cli._common import CliUsageError
 from blitzq.cli.worker import _split_queues
 from blitzq.routing import check_queue_name
 
@@ -81,6 +82,10 @@ def test_every_logical_entry_accepts_a_plain_name(where: str) -> None:
     _enter(where, "emails")
 
 
-def test_cli_queues_option_takes_physical_lanes() -> None:
+def test_cli_queues_option_refuses_a_priority_level() -> None:
+    # -Q a:high used to pass here and make a worker of all of "a" (Worker maps a level to
+    # its queue): a level is refused like options(queue="a:high"), naming the base queue.
     split: Callable[[str | None], list[str] | None] = _split_queues
-    assert split("a,a:high") == ["a", "a:high"]
+    assert split("a,b") == ["a", "b"]
+    with pytest.raises(CliUsageError, match="use the base queue name 'a'"):
+        split("a,a:high")

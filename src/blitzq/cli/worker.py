@@ -18,7 +18,7 @@ import click
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError
 from ..logconfig import configure_logging
 from ..queue import Queue
-from ..routing import check_name
+from ..routing import check_name, check_queue_name
 from ..worker import Worker
 from ..worker.deferral import OutageBackoff
 from ..worker.heartbeat import start_beating
@@ -262,8 +262,8 @@ def _split_queues(value: str | None) -> list[str] | None:
         return None
     names = [name.strip() for name in value.split(",") if name.strip()]
     for name in names:
-        try:
-            check_name("queue name", name)
+        try:  # the rule enqueue applies: a priority level ("default:high") is refused
+            check_queue_name("queue name", name)
         except ConfigurationError as exc:
             raise _usage(f"--queues: {exc}") from None
     if not names:

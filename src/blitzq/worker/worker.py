@@ -27,7 +27,7 @@ from ..extensions.registry import extensions_of
 from ..extensions.signals import Signal, SignalEvent
 from ..logcontext import reset_worker_id, set_worker_id
 from ..queue import Queue
-from ..routing import base_queue, levels
+from ..routing import check_queue_name, levels
 from ..serialization import dumps
 from . import heap
 from .bad_keys import prepare_levels
@@ -147,7 +147,9 @@ class Worker:
 
     Raises:
         ConfigurationError: an invalid bound (a bool, NaN, infinite or out-of-range number,
-            or a value of the wrong type), an unknown log level or an empty queue list.
+            or a value of the wrong type), an unknown log level, an empty queue list or a
+            queue name :func:`~blitzq.routing.check_queue_name` refuses (a priority level
+            such as ``"default:high"``: a worker of ``"default"`` serves every level).
     """
 
     def __init__(
@@ -246,7 +248,7 @@ class Worker:
             names = {queue.name} | {t.queue for t in queue.tasks.values()}
             names |= {p.queue for p in queue.periodic_tasks.values() if p.queue}
             queues = sorted(names)
-        self.queues = list(dict.fromkeys(base_queue(q) for q in queues))
+        self.queues = list(dict.fromkeys(check_queue_name("queue", q) for q in queues))
         if not self.queues:
             raise ConfigurationError("a worker needs at least one queue")
         #: Queues paused by ``blitzq queue pause`` (the fetch loops take nothing from them);
