@@ -28,7 +28,7 @@ from .options import build_options, declared_call_options
 from .periodic import MissedPolicy, PeriodicTask, make_periodic
 from .ratelimit import RateLimit
 from .retries import DEFAULT_RETRY_POLICY, RetryPolicy
-from .routing import Priority, check_queue_name, route
+from .routing import Priority, check_queue_name, check_task_name, route
 from .task import Executor, Task, TaskProducer
 from .workflow.engine import COLLECT, WORKFLOW_STEPS, collect
 
@@ -149,7 +149,8 @@ class Registrar:
         """Register a function as a task; use bare (``@queue.task``) or with options.
 
         Args:
-            name: task name workers look up (default ``module.qualname``).
+            name: task name workers look up (default ``module.qualname``); a non-empty str
+                without spaces, braces or newlines (:func:`~blitzq.routing.check_task_name`).
             queue: queue its messages go to (default: this Queue's ``name``).
             retries: retries after a failed attempt (``retry_policy.max_retries`` wins).
             retry_policy: backoff and which errors retry; see :class:`RetryPolicy`.
@@ -191,8 +192,10 @@ class Registrar:
                 docs/architecture.md, "Adding a per-task option".
 
         Raises:
-            ConfigurationError: a bad option, an option no middleware declares, a second task
-                with the same name, or the decorator applied to a Task (decorated twice).
+            ConfigurationError: a bad option, an option no middleware declares, a ``name``
+                :func:`~blitzq.routing.check_task_name` refuses (empty, holding a space, brace
+                or newline), a second task with the same name, or the decorator applied to a
+                Task (decorated twice).
         """
         # Every keyword above, by name, and the extra ones: the one place they are gathered.
         given = {k: v for k, v in locals().items() if k not in ("self", "fn", "options")}
@@ -207,7 +210,7 @@ class Registrar:
             chosen: Executor = executor or (
                 "async" if inspect.iscoroutinefunction(function) else "thread"
             )
-            task_name = name or default_task_name(function)
+            task_name = default_task_name(function) if name is None else check_task_name(name)
             tasks = self.queue.tasks
             if task_name in tasks and tasks[task_name].fn is not function:
                 raise ConfigurationError(f"a task named {task_name!r} is already registered")

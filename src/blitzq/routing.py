@@ -42,6 +42,22 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
+def check_task_name(value: Any) -> str:
+    """Return ``value`` if it is usable as a task name: the one rule of a task name, applied
+    where one is given (``@queue.task(name=...)``, ``queue.send(name)``, ``send_many``), the
+    rule of queue names and namespaces (:func:`check_name`) in valid Unicode text. Dotted
+    paths (``"myapp.tasks.add"``), colons, dashes and ``<locals>`` (a default name) pass.
+
+    Raises:
+        ConfigurationError: not a ``str``, empty, holding a space, brace, newline or NUL,
+            or not valid Unicode text (a lone surrogate).
+    """
+    try:
+        return lookup_key("task name", check_name("task name", value))
+    except SerializationError as exc:
+        raise ConfigurationError(str(exc)) from None
+
+
 def check_task_id(kind: str, value: Any) -> str:
     """Return ``value`` if it is usable as a task id: the one rule of a task id, wherever one
     enters (``task.options(task_id=...)`` and ``send`` at enqueue, a worker decoding a message

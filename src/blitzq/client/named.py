@@ -14,7 +14,7 @@ from ..exceptions import ConfigurationError
 from ..extensions import builtin_middleware
 from ..extensions.middleware import Outgoing
 from ..options import call_options, declared_call_options
-from ..routing import physical_queue, route
+from ..routing import check_task_name, physical_queue, route
 from ..serialization import encode_envelope
 from ..task import CallOptions, Task, TaskHandle
 
@@ -56,11 +56,14 @@ def named_options(
     what ``options`` leaves out (``what``: the method named in errors).
 
     Raises:
-        ConfigurationError: a name that is not a str, args that are not a tuple or list,
-            kwargs that are not a mapping, an unknown option or an invalid value.
+        ConfigurationError: a name :func:`~blitzq.routing.check_task_name` refuses, args
+            that are not a tuple or list, kwargs that are not a mapping, an unknown option or
+            an invalid value.
     """
-    if not isinstance(name, str) or not name:
-        raise ConfigurationError(f"{what}: the task name must be a non-empty str, got {name!r}")
+    try:
+        check_task_name(name)  # the rule @queue.task(name=...) applies
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{what}: {exc}") from None
     if not isinstance(args, tuple | list):
         raise ConfigurationError(f"{what}: args must be a tuple or list, got {args!r}")
     if kwargs is not None and not isinstance(kwargs, Mapping):
