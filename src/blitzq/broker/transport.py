@@ -68,6 +68,26 @@ class Delivery(NamedTuple):
     deliveries: int
 
 
+class MalformedDelivery(Delivery):
+    """A :class:`Delivery` of an entry that holds no message blitzq can read (a stream entry
+    without the message field ``m``, written by another program): ``payload`` is empty, and
+    ``fault`` says what is wrong, the reason the worker dead-letters it with.
+
+    Attributes:
+        fault: what is wrong with the entry, for the dead letter's error (set after
+            construction: a NamedTuple's subclass adds no field).
+    """
+
+    fault: str = ""
+
+    @classmethod
+    def of(cls, queue: str, token: bytes | None, deliveries: int, fault: str) -> MalformedDelivery:
+        """The delivery of such an entry, with its ``fault``."""
+        made = cls(queue, token, b"", deliveries)
+        made.fault = fault
+        return made
+
+
 class Transport(abc.ABC):
     """Delivery of messages: publish, fetch, leases. See the module docstring."""
 

@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker import Broker, Completion, Delivery
+from ..broker.transport import MalformedDelivery
 from ..dependencies import refuse_given
 from ..envelope_checks import envelope_fault, options_fault, usable_id
 from ..exceptions import ConfigurationError, SerializationError
@@ -150,6 +151,8 @@ class Admission:
             # a waiter on its result learns its fate instead of waiting forever.
             ident, name = envelope_head(d.payload) or (None, "")
             error = str(exc).removeprefix("malformed message: ")
+            if isinstance(d, MalformedDelivery):  # no message at all: say what the entry holds
+                error = d.fault
             self.reject(d, "malformed message", error, slots, ident, name)
             return
         fault = envelope_fault(env, time.time())  # a field enqueue would have refused
