@@ -327,8 +327,9 @@ class Fetcher:
             return False
         logger.warning(
             "fetch from %s: no reply read within the client's time limit (%s), yet the server "
-            "answers at once: this process was paused (SIGSTOP, a VM pause), its event loop "
-            "blocked, or the network stalled for a moment; fetching again",
+            "answers at once: this process's event loop did not run (a thread task holding "
+            "the GIL, blocking code in an async def task, a paused process: SIGSTOP, a VM "
+            "pause) or the network stalled for a moment; fetching again",
             queue,
             error,
         )

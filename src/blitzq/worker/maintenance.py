@@ -43,6 +43,7 @@ from ..serialization import loads
 from .bad_keys import wrong_type
 from .limiter import Slots
 from .pausing import Pausable, Pausing
+from .stalls import StallWatch
 from .unknown import Handed, take_handed
 
 if TYPE_CHECKING:
@@ -201,6 +202,8 @@ class Maintenance:
         self._malformed_logged = -math.inf
         #: The paused queues, followed and applied to the transport (``pausing.py``).
         self.pausing = Pausing(worker, broker)
+        #: The event loop's stalls, noticed by a sleeper of its own (``stalls.py``).
+        self.stalls = StallWatch(vt)
 
     async def start(self) -> list[asyncio.Task[None]]:
         """Register the worker and load the cancelled ids, then start the loops; the worker
@@ -219,6 +222,7 @@ class Maintenance:
             asyncio.create_task(self._promote_loop(), name="blitzq-promoter"),
             asyncio.create_task(self._event_loop(), name="blitzq-events"),
             asyncio.create_task(self._maintain_loop(), name="blitzq-maintenance"),
+            asyncio.create_task(self.stalls.run(), name="blitzq-stalls"),
         ]
         if self.broker.supports_recovery:  # messages other workers hand over (unknown.py)
             loops.append(asyncio.create_task(self._handed_loop(), name="blitzq-handed"))
