@@ -200,9 +200,14 @@ class BrokerError(BlitzQError, ConnectionError):
             failure for them, even while another node answers PING.
         outcome_unknown: ``True`` (only on :class:`OutcomeUnknown`) when a write was sent
             and its reply was lost: it may have been applied.
+        reported: ``True`` when the call failed because a connection was lost that the
+            transport already reported in its own log line (a RabbitMQ connection: one
+            WARNING per loss, ``broker/amqp/closing.py``): a caller that retries logs this
+            error at DEBUG, so an expected loss reads as one line.
     """
 
     outcome_unknown: bool = False
+    reported: bool = False
 
     def __init__(
         self,
@@ -225,7 +230,8 @@ class OutcomeUnknown(BrokerError):
     retry can duplicate the write; see docs/guarantees.md ("Retrying after an unknown
     outcome"): re-enqueueing under the same ``task_id`` publishes a second message (it does
     not deduplicate), so a retry must first learn whether the first attempt landed, or the
-    task must tolerate running twice.
+    task must tolerate running twice -- or be a unique task, whose retry runs it once (its
+    key's claim and its message are one write).
 
     Attributes:
         outcome_unknown: always ``True``.

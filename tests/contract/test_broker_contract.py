@@ -580,6 +580,42 @@ async def test_a_lapsed_registration_is_taken_by_one_caller_only(
     assert await broker.lapsed_workers() == {}
 
 
+async def test_registrations_add_each_workers_counts_to_the_namespace_once(
+    broker: Broker,
+) -> None:
+    """Each registration adds what the worker's (succeeded, failed) counts grew by since
+    the counts already added for it; a write sent again or overtaken by a newer one adds
+    nothing, and the unregistration adds the rest: the namespace's counters hold every run
+    once, so a reader's rate is their difference between two reads."""
+
+    async def totals() -> tuple[int, int]:
+        counters = await broker.counters()
+        return counters.get("processed", 0), counters.get("failed", 0)
+
+    assert await totals() == (0, 0)
+    await broker.register_worker("w1", b"i", 60, (5, 1))
+    await broker.register_worker("w1", b"i", 60, (5, 1))  # sent again: nothing more
+    assert await totals() == (5, 1)
+    await broker.register_worker("w1", b"i", 60, (3, 0), (3, 0))  # an older write, late
+    await broker.register_worker("w2", b"i", 60, (2, 0))
+    await broker.register_worker("w1", b"i", 60, (9, 2), (5, 1))
+    assert await totals() == (11, 2)
+    await broker.unregister_worker("w1", (12, 3))
+    await broker.unregister_worker("w1", (12, 3))  # sent again: nothing more
+    await broker.unregister_worker("never-registered", (7, 7))
+    assert await totals() == (14, 3)
+    assert set(await broker.workers()) == {"w2"}
+    # A registration that lapsed and was taken out: the worker's next one adds what grew
+    # since the last one it saw written (its base).
+    await broker.register_worker("w3", b"i", 0.2, (4, 0))
+    await eventually(broker.lapsed_workers, lambda taken: "w3" in taken)
+    await broker.register_worker("w3", b"i", 60, (6, 1), (4, 0))
+    assert await totals() == (20, 4)
+    await broker.unregister_worker("w3", (6, 1))
+    await broker.unregister_worker("w2", (2, 0))
+    assert await totals() == (20, 4)
+
+
 async def test_purge_queue_drops_waiting_keeps_in_flight(broker: Broker) -> None:
     await consumer(broker)
     assert await broker.purge_queue(Q) == 0

@@ -83,6 +83,7 @@ async def test_fetch_first_drains_levels_in_the_order_given(broker: Broker) -> N
     # A new high message overtakes waiting normal ones.
     await broker.publish("flow", [message("n4")])
     await broker.publish("flow:high", [message("h2")])
+    await pushed(broker, "flow:high", 1)
     assert ids(await broker.fetch_first(LEVELS, 1, 0)) == ["h2"]
     assert ids(await broker.fetch_first(LEVELS, 1, 0)) == ["n4"]
 

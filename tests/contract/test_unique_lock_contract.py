@@ -1,6 +1,8 @@
 """Contract: unique-task keys and task locks behave the same on every broker.
 
-``claim_unique`` claims keys atomically (a held key answers its holder), the
+``claim_unique`` claims keys atomically (a held key answers its holder);
+``enqueue_unique`` claims a key and writes its message in one step (a held key writes
+nothing; a key held by the item's own id is a retry whose message is already written); the
 ``unique_release`` completion op frees a key only while it holds the given id, and keys
 expire after their TTL. ``acquire_lock`` gives at most ``limit`` places, frees expired
 leases, lets a holder renew its own place; ``renew_locks`` renews only places still held;
@@ -14,6 +16,7 @@ import time
 
 from blitzq.broker import Broker, Completion
 from blitzq.broker.effects import LockRelease, UniqueRelease
+from blitzq.broker.state import UniqueSend
 from blitzq.serialization import Envelope, encode_envelope
 
 
@@ -39,6 +42,25 @@ async def test_claim_unique_answers_the_holder_of_a_taken_key(broker: Broker) ->
     assert again == ["id-1", None]
     # the same key twice in one batch: the second sees the first
     assert await broker.claim_unique([("t:k5", "a", 60), ("t:k5", "b", 60)]) == [None, "a"]
+
+
+async def test_enqueue_unique_writes_each_message_with_its_claim_once(broker: Broker) -> None:
+    await broker.prepare_consumer(["q"], "c1")
+    sends = [
+        UniqueSend("t:a", "id-a", 60, "q", message("id-a")),
+        UniqueSend("t:a", "id-b", 60, "q", message("id-b")),  # same key: a duplicate
+        UniqueSend("t:c", "id-c", 60, "q", message("id-c"), delay=300),
+    ]
+    assert await broker.enqueue_unique(sends) == [None, "id-a", None]
+    # A retry under the same ids (the first reply lost): already written, nothing again.
+    assert await broker.enqueue_unique([sends[0], sends[2]]) == [None, None]
+    assert await broker.claim_unique([("t:a", "x", 60), ("t:c", "x", 60)]) == ["id-a", "id-c"]
+    (delivery,) = await wait_for(lambda: broker.fetch("q", 10, 0.1))
+    assert delivery.payload == message("id-a")
+    assert await broker.scheduled_count() == 1
+    assert (await broker.scheduled_entry("id-c")) is not None
+    await broker.complete([Completion("q", delivery.token, "id-a")])
+    assert await broker.fetch("q", 10, 0.1) == []
 
 
 async def test_unique_release_frees_a_key_only_for_its_holder(broker: Broker) -> None:

@@ -11,6 +11,7 @@ heartbeat is 2 s (``?heartbeat=2``), so a silent connection is given up after so
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -254,3 +255,44 @@ async def test_an_amqp_url_with_several_hosts_fails_over_between_them(
         await delete_amqp_queues(amqp_or_skip(), [cleanup.broker])
         await cleanup.close()
     assert sorted(ran) == list(range(6))
+
+
+@pytest.mark.parametrize("kind", ["close", "reset", "silent"])
+async def test_a_lost_connection_logs_one_line_and_no_traceback(
+    sides: tuple[Side, Side], kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An expected loss (the server or the network dropped the connection, or its
+    heartbeats stopped: what a SIGSTOPped worker meets) reads as one WARNING saying what
+    happened and what the worker does next; no traceback (aiormq's records of it are
+    filtered: ``closing.py``), and the calls the loss broke are logged at DEBUG."""
+    caplog.set_level(logging.DEBUG, logger="blitzq")
+    worker_side, producer_side = sides
+    ran: list[int] = []
+
+    @worker_side.queue.task(name="faults.note")
+    async def note(i: int) -> None:
+        ran.append(i)
+
+    async with running(make_worker(worker_side.queue, concurrency=4)):
+        await _enqueue_and_run(producer_side.queue, ran, range(1))
+        epoch = worker_side.link.epoch
+        caplog.clear()
+        proxy = worker_side.proxy
+        if kind == "close":
+            assert proxy.close_all() >= 1
+        elif kind == "reset":
+            assert proxy.cut() >= 1
+        else:
+            assert proxy.blackhole() >= 1
+        await _lost(worker_side, epoch)
+        proxy.heal()
+        await _enqueue_and_run(producer_side.queue, ran, range(1, 3))  # it recovered
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    assert not [r for r in warnings if r.name.startswith("aiormq")]
+    name = worker_side.link.connection_name
+    (line,) = [r.getMessage() for r in warnings if name in r.getMessage()]
+    assert "connecting again" in line
+    assert ("gave up" if kind == "silent" else "lost connection") in line
+    if kind != "silent":  # reconnected at once (a blackhole may hold the next connect)
+        assert [r.getMessage() for r in warnings] == [line]

@@ -144,6 +144,18 @@ async def test_each_outcome_is_counted_once_with_its_labels(
         assert value(samples, "blitzq_stale_completions_total") == 0
         assert value(samples, "blitzq_abandoned_threads_total") == 0
         assert value(samples, "blitzq_log_records_dropped_total") == dropped_records()
+
+        # The namespace's runs as the registrations reported them (sampled): this worker's.
+        def runs(s: Samples) -> tuple[float | None, ...]:
+            return tuple(
+                value(s, "blitzq_namespace_runs_total", namespace=namespace, outcome=outcome)
+                for outcome in ("succeeded", "failed")
+            )
+
+        assert worker.processed == 3  # ok twice, flaky's second attempt
+        await eventually(
+            lambda: scrape(worker), lambda s: runs(s) == (worker.processed, worker.failed)
+        )
         # A counter now (the sampled namespace count); the gauge of that name is gone.
         assert value(samples, "blitzq_namespace_stale_completions_total", namespace=namespace) == 0
         assert value(samples, "blitzq_namespace_stale_completions", namespace=namespace) is None

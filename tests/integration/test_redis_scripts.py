@@ -39,12 +39,14 @@ CALLED = {
     "cancel", "claim_periodic", "complete", "drop_dead", "fetch_levels", "hand_over",
     "lock_acquire", "lock_renew", "outbox_restore", "outbox_take", "pop_levels", "progress",
     "promote", "prune", "publish", "purge_dead", "rate_acquire", "recover", "renew", "replay",
-    "schedule", "take_handed", "trim_dead", "unique_claim", "trace", "keep_running",
+    "schedule", "take_handed", "trim_dead", "unique_claim", "unique_enqueue", "trace",
+    "keep_running",
     # the spread layout of a Redis Cluster (spread.py, handoff.py)
     "handoff_publish", "handoff_restore", "handoff_take", "hold", "recover_split",
     "revoke",  # the two-step cancel of a homed task (homes.py)
     "recent",  # the dashboard's index of ended tasks (worker/recent.py)
     "idle_look", "publish_ring",  # an idle worker's doorbell on a cluster (doorbell.py)
+    "register", "unregister",  # worker registrations and their counts (registry.py)
 }  # fmt: skip
 
 
@@ -53,7 +55,12 @@ def test_every_script_is_read_once_with_its_includes_expanded() -> None:
     lua = resources.files("blitzq.broker.redis").joinpath("lua")
     library = scripts.expand_keys(lua.joinpath("dead_letters.lua").read_text()).rstrip("\n")
     outbox = scripts.expand_keys(lua.joinpath("outbox.lua").read_text()).rstrip("\n")
-    assert set(scripts.names()) == CALLED | {"dead_letters", "outbox", "recent_add"}
+    assert set(scripts.names()) == CALLED | {
+        "dead_letters",
+        "outbox",
+        "recent_add",
+        "worker_counts",
+    }
     for name in scripts.names():
         script = scripts.load(name)
         assert script.name == name

@@ -186,3 +186,32 @@ async def test_a_silent_replica_is_taken_as_crashed_after_the_doubt(
     finally:
         pair.procs[pair.replica].send_signal(signal.SIGCONT)
         await client.aclose()
+
+
+@pytest.mark.timeout(60)
+async def test_a_pool_named_back_to_the_old_primary_finds_it_superseded_again(
+    pair: Pair,
+) -> None:
+    """During a failover the sentinels disagree for a moment (one names the new primary,
+    another, not yet told, the old one), so the pool can move to the promoted replica and
+    back. Before, the watch started over on each move: back on the old primary it knew no
+    replica, counted 0 and let the durable writes go there unwaited, to be lost with its data
+    (a CI run of ``test_sentinel_failover.py``: a task that ran without a record)."""
+    watch = ReplicaWatch({})
+    old, new = ("127.0.0.1", pair.primary), ("127.0.0.1", pair.replica)
+    client = aioredis.Redis(port=pair.primary)
+    promoted = aioredis.Redis(port=pair.replica)
+    try:
+        assert await watch.count(client, old) == 1
+        redis.Redis(port=pair.replica).execute_command("REPLICAOF", "NO", "ONE")
+        wait_until(lambda: pair.connected() == 0, 30, "the primary lost its replica")
+        watch.forget()
+        await watch.count(client, old)
+        assert watch.superseded == old
+        assert await watch.count(promoted, new) == 0
+        assert watch.superseded is None
+        await watch.count(client, old)  # a sentinel not yet told names the old one again
+        assert watch.superseded == old
+    finally:
+        await client.aclose()
+        await promoted.aclose()

@@ -98,7 +98,7 @@ class SentinelSet:
             self.procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL))
         for port in self.sentinels:  # SENTINEL FAILOVER needs a replica it has just heard
             sentinel = self.client(port, sentinel=True)
-            wait_until(lambda s=sentinel: _replica_ready(s), 30, "a replica fit to promote")
+            wait_until(lambda s=sentinel: _replica_ready(s), 90, "a replica fit to promote")
 
     def client(self, port: int, sentinel: bool = False, decode: bool = True) -> redis.Redis:
         """A client of the server (or, with ``sentinel``, the sentinel) on ``port``; with
@@ -189,6 +189,7 @@ async def test_url_grammar() -> None:
             Queue(redis_url=bad).broker  # noqa: B018 -- the broker is made on first use
 
 
+@pytest.mark.timeout(240)  # the set's setup may take 90 s on a loaded machine
 async def test_failover_loses_no_task(sentinels: SentinelSet) -> None:
     """Tasks enqueued before, during and after ``SENTINEL FAILOVER`` all complete; a delayed
     task due during it runs; an enqueue during it succeeds or raises BrokerError.
@@ -298,7 +299,7 @@ async def test_unreachable_sentinels_fail_fast_with_one_line() -> None:
     assert "ConnectionPool" not in message
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 async def test_dead_sentinel_listed_first(sentinels: SentinelSet) -> None:
     """A sentinel that refuses connections, listed before the live ones, does not stop the
     broker: enqueues and results work (the live sentinel is asked first after the first

@@ -209,3 +209,25 @@ async def test_cancelling_a_unique_task_frees_its_key_at_once(queue: Queue) -> N
     assert again_delayed.id != delayed.id
     assert again_queued.duplicate is False
     assert again_queued.id != queued.id
+
+
+async def test_a_duplicate_leaves_no_record_with_track_state(
+    make_queue: Callable[..., Queue], mode: str
+) -> None:
+    """The ``queued`` record is written before the claim (a fast worker cannot overtake it);
+    a duplicate's is deleted after it: only the holder's record stays."""
+    q = make_queue(name="uq", mode=mode, track_state=True)
+    try:
+
+        @q.task(name="u.tracked", unique=True)
+        async def tracked(x: int) -> int:
+            return x
+
+        first = await tracked.enqueue(1)
+        again = await tracked.options(task_id="u-dup-1").enqueue(1)
+        assert again.duplicate
+        assert again.id == first.id
+        assert await q.broker.get_record("u-dup-1") is None
+        assert await q.broker.get_record(first.id) is not None
+    finally:
+        await q.close()

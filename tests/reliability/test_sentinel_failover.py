@@ -249,6 +249,15 @@ async def test_a_task_the_lagging_replica_never_heard_of_does_not_run_before_it_
         for handle in before:
             await handle.result(timeout=60)
         _stall(servers, proxy)  # the replica hears nothing more from the primary
+        # The worker idle: a blocking read ended empty and the next one waits (a worker that
+        # was idle once read one entry per blocking read after its read's WAIT failed, with
+        # a growing backoff: CI's run ran out of time reading them).
+        shared = worker._fetcher.shared
+        assert shared is not None
+        idle_reads = shared.reads
+        async with asyncio.timeout(30):
+            while shared.reads < idle_reads + 2:
+                await asyncio.sleep(0.05)
         stalled = [await send.enqueue(n) for n in range(50)]
         last, _ = _last_ids(servers, old_primary, stream)
         await asyncio.to_thread(

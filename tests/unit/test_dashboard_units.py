@@ -3,8 +3,6 @@ checked at the edge, the loopback test of ``blitzq dashboard``."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 pytest.importorskip("starlette", reason="the dashboard needs the 'dashboard' extra")
@@ -12,7 +10,7 @@ pytest.importorskip("starlette", reason="the dashboard needs the 'dashboard' ext
 from blitzq import ConfigurationError, Queue
 from blitzq._checks import is_loopback
 from blitzq.dashboard import BasicAuth, create_app
-from blitzq.dashboard.data import RETIRED, RateSampler
+from blitzq.dashboard.data import RateSampler
 from blitzq.dashboard.pages import render
 
 pytestmark = pytest.mark.timeout(10)
@@ -20,10 +18,10 @@ pytestmark = pytest.mark.timeout(10)
 
 def test_rates_need_a_second_of_samples() -> None:
     sampler = RateSampler()
-    first = sampler.add({"w1": (10, 1)}, {"q": 5}, now=100.0)
+    first = sampler.add((10, 1), {"q": 5}, now=100.0)
     assert first["completed_per_s"] is None
-    assert sampler.add({"w1": (12, 1)}, {"q": 5}, now=100.5)["window"] is None
-    rates = sampler.add({"w1": (30, 3)}, {"q": 1}, now=102.0)
+    assert sampler.add((12, 1), {"q": 5}, now=100.5)["window"] is None
+    rates = sampler.add((30, 3), {"q": 1}, now=102.0)
     assert rates == {
         "window": 2.0,
         "completed": 20,
@@ -34,37 +32,20 @@ def test_rates_need_a_second_of_samples() -> None:
     }
 
 
-def test_a_restarted_or_new_worker_counts_from_its_next_sample() -> None:
+def test_totals_that_went_down_count_from_their_new_value() -> None:
+    """The namespace's counters deleted by hand between two samples: the later increments
+    count, the drop does not make a negative rate."""
     sampler = RateSampler()
-    sampler.add({"w1": (100, 0), "w2": (50, 0)}, {}, now=0.0)
-    rates = sampler.add({"w1": (3, 0), "w2": (60, 0), "w3": (500, 0)}, {}, now=2.0)
-    assert rates["completed_per_s"] == 5.0  # only w2: w1 restarted, w3 is new
-
-
-def test_a_worker_started_after_the_oldest_sample_counts_all_it_did() -> None:
-    """A recycled child may finish tasks before the first sample that shows it: they count,
-    as long as it started after the oldest sample (its registration's started_at)."""
-    sampler = RateSampler()
-    sampler.add({"w1": (100, 0)}, {}, now=0.0)
-    later = time.time() + 1.0
-    rates = sampler.add({"w1": (110, 0), "w2": (40, 4)}, {}, now=2.0, started={"w2": later})
-    assert (rates["completed"], rates["failed"]) == (50, 4)
-
-
-def test_a_retired_workers_last_counts_add_up_with_what_was_seen() -> None:
-    """A worker seen at 290 (1 failed) that exits at 300 (3 failed) hands (10, 2) to the
-    retired counts: 300 and 3 in all."""
-    sampler = RateSampler()
-    sampler.add({"w1": (0, 0), RETIRED: (5, 0)}, {}, now=0.0)
-    sampler.add({"w1": (290, 1), RETIRED: (5, 0)}, {}, now=1.0)
-    rates = sampler.add({RETIRED: (15, 2)}, {}, now=2.0)
-    assert (rates["completed"], rates["failed"]) == (300, 3)
+    sampler.add((100, 5), {}, now=0.0)
+    sampler.add((110, 6), {}, now=1.0)
+    rates = sampler.add((4, 1), {}, now=2.0)
+    assert (rates["completed"], rates["failed"]) == (14, 2)
 
 
 def test_samples_older_than_the_window_are_dropped() -> None:
     sampler = RateSampler(window=10.0)
     for t in range(0, 40, 2):
-        rates = sampler.add({"w": (t * 3, 0)}, {}, now=float(t))
+        rates = sampler.add((t * 3, 0), {}, now=float(t))
     assert rates["completed_per_s"] == 3.0
     assert rates["window"] is not None
     assert rates["window"] <= 12.0
@@ -72,8 +53,8 @@ def test_samples_older_than_the_window_are_dropped() -> None:
 
 def test_a_sample_older_than_the_window_is_not_used() -> None:
     sampler = RateSampler(window=30.0)
-    sampler.add({"w": (0, 0)}, {"q": 0}, now=1000.0)
-    sparse = sampler.add({"w": (300, 0)}, {"q": 9}, now=1149.6)  # the previous one is stale
+    sampler.add((0, 0), {"q": 0}, now=1000.0)
+    sparse = sampler.add((300, 0), {"q": 9}, now=1149.6)  # the previous one is stale
     assert sparse == {
         "window": None,
         "completed": None,
@@ -82,7 +63,7 @@ def test_a_sample_older_than_the_window_is_not_used() -> None:
         "failed_per_s": None,
         "depth_per_s": {},
     }
-    rates = sampler.add({"w": (310, 2)}, {"q": 7}, now=1151.6)
+    rates = sampler.add((310, 2), {"q": 7}, now=1151.6)
     assert rates == {
         "window": 2.0,
         "completed": 10,
@@ -91,7 +72,7 @@ def test_a_sample_older_than_the_window_is_not_used() -> None:
         "failed_per_s": 1.0,
         "depth_per_s": {"q": -1.0},
     }
-    exactly = sampler.add({"w": (400, 2)}, {"q": 7}, now=1179.6)  # 1149.6 is 30 s old: kept
+    exactly = sampler.add((400, 2), {"q": 7}, now=1179.6)  # 1149.6 is 30 s old: kept
     assert exactly["window"] == 30.0
 
 

@@ -50,7 +50,7 @@ from typing import Protocol, final
 
 from .outbox import Relay
 from .pairing import CompleteFn, Pairing, pairing_for
-from .state import DeadLetterFields, DeadLetterLimits, Scheduled, StateStore
+from .state import DeadLetterFields, DeadLetterLimits, Scheduled, StateStore, UniqueSend
 from .transport import Delivery, Guarantee, Transport
 
 #: Appends encoded messages to a queue (see :meth:`Transport.publish`).
@@ -215,6 +215,26 @@ class Broker:
         """See :meth:`ControlState.claim_unique`."""
         return await self.state.control.claim_unique(items)
 
+    async def enqueue_unique(self, items: Sequence[UniqueSend]) -> list[str | None]:
+        """See :meth:`ControlState.enqueue_unique`; then, with a foreign transport, the
+        relay of the queues whose messages the store wrote to its outbox (a duplicate
+        relays nothing: the message of its holder, if still in the outbox, is the workers'
+        relay loops' to publish, within a sweep).
+
+        A message the store writes to its own queues goes through neither :attr:`publish`
+        nor :attr:`publish_fast`: it is written with its claim, in the store's step.
+        """
+        holders = await self.state.control.enqueue_unique(items)
+        if self.relay is not None:
+            queues = {
+                item.queue
+                for item, holder in zip(items, holders, strict=True)
+                if holder is None and item.delay is None and item.eta is None
+            }
+            if queues:
+                await self.relay.pushed(sorted(queues))
+        return holders
+
     async def acquire_lock(self, key: str, holder: str, limit: int, lease: float) -> float:
         """See :meth:`ControlState.acquire_lock`."""
         return await self.state.control.acquire_lock(key, holder, limit, lease)
@@ -378,13 +398,20 @@ class Broker:
         """See :meth:`RegistryState.remember_queues`."""
         await self.state.registry.remember_queues(queues)
 
-    async def register_worker(self, worker_id: str, info: bytes, ttl: float) -> None:
+    async def register_worker(
+        self,
+        worker_id: str,
+        info: bytes,
+        ttl: float,
+        counts: tuple[int, int] = (0, 0),
+        base: tuple[int, int] = (0, 0),
+    ) -> None:
         """See :meth:`RegistryState.register_worker`."""
-        await self.state.registry.register_worker(worker_id, info, ttl)
+        await self.state.registry.register_worker(worker_id, info, ttl, counts, base)
 
-    async def unregister_worker(self, worker_id: str, retired: tuple[int, int] = (0, 0)) -> None:
+    async def unregister_worker(self, worker_id: str, counts: tuple[int, int] = (0, 0)) -> None:
         """See :meth:`RegistryState.unregister_worker`."""
-        await self.state.registry.unregister_worker(worker_id, retired)
+        await self.state.registry.unregister_worker(worker_id, counts)
 
     async def workers(self) -> dict[str, bytes]:
         """See :meth:`RegistryState.workers`."""

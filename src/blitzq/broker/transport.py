@@ -160,6 +160,23 @@ class Transport(abc.ABC):
         or lost its subscription (``False``). Default: nothing."""
         return
 
+    async def pause(self, queues: Sequence[str]) -> int:
+        """Take nothing more from the physical queues ``queues`` (their queue is paused:
+        ``blitzq queue pause``) until :meth:`resume`: a transport that receives messages
+        ahead of the fetches (RabbitMQ's prefetch) stops receiving them and hands back what
+        it received and no fetch took, so they wait on the queue for any worker. The worker
+        calls it at each change and each maintenance round (it is idempotent). Returns how
+        many messages were handed back. Default: nothing is received ahead (0).
+
+        Raises:
+            BrokerError: the server could not be reached (the next call tries again).
+        """
+        return 0
+
+    async def resume(self, queues: Sequence[str]) -> None:
+        """Take from ``queues`` again after :meth:`pause`. Default: nothing to do."""
+        return
+
     async def occupied(self, queues: Sequence[str]) -> list[str]:
         """The queues among ``queues`` that may hold a message (waiting or in flight), for
         :meth:`recover` to skip the empty ones. Default: all of them (one cannot tell

@@ -1,5 +1,6 @@
 """The values that cross the state seam: what a completion does, what a schedule entry and a
-dead letter hold (:class:`Completion`, :class:`Scheduled`, :class:`DeadLetterFields`).
+dead letter hold (:class:`Completion`, :class:`Scheduled`, :class:`DeadLetterFields`), and a
+unique task's enqueue (:class:`UniqueSend`).
 
 Re-exported by :mod:`blitzq.broker.state` and :mod:`blitzq.broker`.
 """
@@ -11,7 +12,7 @@ from typing import Any, NamedTuple
 
 from .effects import Op
 
-__all__ = ["DEAD_LETTER_REASONS", "Completion", "DeadLetterFields", "Scheduled"]
+__all__ = ["DEAD_LETTER_REASONS", "Completion", "DeadLetterFields", "Scheduled", "UniqueSend"]
 
 #: Every ``reason`` a dead letter can have, as the writers store it: the worker (``failed``,
 #: ``expired`` (past ``max_age``), ``unknown task``, ``malformed message``, ``message too
@@ -50,6 +51,33 @@ class Scheduled(NamedTuple):
     queue: str
     message: bytes
     delay: float = 0.0
+    eta: float | None = None
+
+
+class UniqueSend(NamedTuple):
+    """A message of a unique task and the key it claims (see
+    :meth:`~blitzq.broker.state.ControlState.enqueue_unique`).
+
+    Attributes:
+        key: the unique key, ``<task>:<unique key>``.
+        task_id: the task's id (what the key holds while claimed).
+        ttl: seconds the key is held at most.
+        queue: physical queue of the message.
+        message: the encoded message.
+        fast: written to the queue's list (the fast lane of a reliable Redis broker) rather
+            than where the store writes messages.
+        delay: seconds from when the broker stores it until it is due (counted on the
+            broker's clock), or ``None``: due now, unless ``eta`` is set.
+        eta: absolute due time (Unix seconds, compared with the broker's clock), or ``None``.
+    """
+
+    key: str
+    task_id: str
+    ttl: float
+    queue: str
+    message: bytes
+    fast: bool = False
+    delay: float | None = None
     eta: float | None = None
 
 

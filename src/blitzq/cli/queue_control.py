@@ -6,9 +6,11 @@
 - ``pause`` stops every worker of the namespace, on any host, from fetching the queue: the
   name goes into the namespace's paused set and a push on its event channel tells the
   workers at once (a worker that missed the push reads the set at its next maintenance
-  round). A fetch already in flight ends as usual (at most ``block_timeout``, 1 s by
-  default), and what it took runs; nothing else is taken until ``resume``. Messages keep
-  arriving and wait; delayed ones are still moved to the queue when due.
+  round). A fetch already in flight hands back, unstarted, what it returns (an idle
+  worker's blocking read is ended), and on RabbitMQ each worker cancels its consumers of the
+  queue and hands back what they received ahead (``worker/pausing.py``); nothing else is
+  taken until ``resume``. Messages keep arriving and wait; delayed ones are still moved to
+  the queue when due.
 """
 
 from __future__ import annotations
@@ -102,8 +104,8 @@ def _set_paused(name: str, paused: bool) -> None:
 @global_options
 def queue_pause(name: str) -> None:
     """Stop every worker of the namespace, on any host, from fetching QUEUE (all its
-    priority levels) until `blitzq queue resume QUEUE`; within about a second. Running tasks
-    go on; new messages wait."""
+    priority levels) until `blitzq queue resume QUEUE`; at once. Running tasks go on; new
+    messages wait, and so do those a worker had received ahead (RabbitMQ's prefetch)."""
     _set_paused(name, True)
 
 

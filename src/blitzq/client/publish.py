@@ -7,6 +7,7 @@ single ``enqueue`` of a known queue with no filters is one broker round-trip.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -14,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from .. import records
 from ..broker import Completion, Scheduled
+from ..broker.state import UniqueSend
 from ..context import current_task
-from ..exceptions import ConfigurationError, unknown_outcome
+from ..exceptions import BrokerError, ConfigurationError, unknown_outcome
 from ..extensions.middleware import Outgoing
 from ..limits import CHUNK_WRITES
 from ..options import Option, call_options
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
     from .context import QueueContext
     from .sync import Portal
 
+
+logger = logging.getLogger("blitzq.broker")
 
 #: :attr:`Producer._task_ids` before the broker was asked.
 _UNKNOWN: Any = object()
@@ -138,7 +142,9 @@ class Producer:
         self, outgoing: list[Outgoing], explicit: frozenset[str] = frozenset()
     ) -> None:
         """Publish a batch: the middleware's enqueue hooks, fresh starts, state records,
-        registry of queues, then the messages, then the middleware's after-publish hooks.
+        registry of queues, then the messages (a unique task's together with the claim of
+        its key, in one broker step: ``Broker.enqueue_unique``; a duplicate is not
+        published), then the middleware's after-publish hooks.
 
         ``explicit``: ids the caller chose (``task_id=``). A task published under one starts
         afresh: what an earlier task of that id left (record, cancel mark, progress) is
@@ -191,9 +197,12 @@ class Producer:
         # Per physical queue and path: a task declared mode="fast" goes on the fast lane.
         now_items: dict[tuple[str, bool], list[bytes]] = {}
         later: list[Scheduled] = []
+        unique: list[tuple[Outgoing, tuple[str, float]]] = []
         for o in batch:
             env = o.envelope
-            if o.due is None:
+            if o.unique is not None:  # claimed and written in one step (enqueue_unique)
+                unique.append((o, o.unique))
+            elif o.due is None:
                 fast = o.task is not None and o.task.fast
                 now_items.setdefault((env.queue, fast), []).append(o.data)
             elif o.delay is not None:  # counted on the broker's clock, not this one
@@ -203,6 +212,9 @@ class Producer:
         new = [q for q, _ in now_items if q not in self.known_queues]
         if later:
             new += [s.queue for s in later if s.queue not in self.known_queues]
+        if unique:
+            known = self.known_queues
+            new += [o.envelope.queue for o, _ in unique if o.envelope.queue not in known]
         if new:
             await broker.remember_queues(sorted(set(new)))
             self.known_queues.update(new)
@@ -213,6 +225,41 @@ class Producer:
                 await (broker.publish_fast if fast else broker.publish)(queue, messages)
             if later:
                 await broker.schedule(later)
+            if unique:
+                await self._enqueue_unique(unique)
+
+    async def _enqueue_unique(self, unique: list[tuple[Outgoing, tuple[str, float]]]) -> None:
+        """Claim the keys of ``unique`` (each message with its key and the key's seconds,
+        ``Outgoing.unique``) and write the messages claimed, in one broker step
+        per chunk (``Broker.enqueue_unique``); mark the duplicates (``existing_id``) and
+        forget the records written for them (``track_state``: they never run).
+
+        Raises:
+            BrokerError: the broker failed (within :meth:`_publish`'s ``unknown_outcome``).
+        """
+        broker = self.queue.broker
+        lane = broker.fast_lane is not None
+        sends = []
+        for o, (key, ttl) in unique:
+            env = o.envelope
+            fast = lane and o.task is not None and o.task.fast
+            if o.due is None:
+                sends.append(UniqueSend(key, env.id, ttl, env.queue, o.data, fast))
+            elif o.delay is not None:
+                sends.append(UniqueSend(key, env.id, ttl, env.queue, o.data, fast, delay=o.delay))
+            else:
+                sends.append(UniqueSend(key, env.id, ttl, env.queue, o.data, fast, eta=o.due))
+        holders = await broker.enqueue_unique(sends)
+        duplicates = []
+        for (o, _), holder in zip(unique, holders, strict=True):
+            if holder is not None:
+                o.existing_id = holder
+                duplicates.append(o.envelope.id)
+        if duplicates and self.queue.track_state:
+            try:  # written before the claim (so a fast worker cannot overtake it): unused
+                await broker.reset_tasks(duplicates)
+            except BrokerError as exc:  # they expire after result_ttl
+                logger.warning("records of %d duplicate(s) left: %s", len(duplicates), exc)
 
     async def enqueue(
         self,

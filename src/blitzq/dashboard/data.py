@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEAD_LETTER_SCAN",
-    "RETIRED",
     "DeadLetterFilter",
     "RateSampler",
     "dead_letters_page",
@@ -43,36 +42,31 @@ __all__ = [
 #: Most dead letters (newest first) a filtered listing reads to find its matches.
 DEAD_LETTER_SCAN = 5000
 _CHUNK = 500
-#: The pseudo-worker of :class:`RateSampler` that carries what exited workers did after
-#: their last registration (``{ns}:stats`` ``retired_processed`` / ``retired_failed``).
-RETIRED = "(retired)"
 
 
 # ------------------------------------------------------------------ queues and rates
 @dataclass
 class _Sample:
     at: float
-    workers: dict[str, tuple[int, int]]  # worker id -> (processed, failed)
+    totals: tuple[int, int]  # the namespace's (processed, failed) runs
     waiting: dict[str, int]
-    wall: float  # Unix seconds
-    started: dict[str, float]  # worker id -> Unix seconds it started
 
 
 @dataclass
 class RateSampler:
     """Rates from successive overview reads: tasks finished and failed per second (from the
-    workers' counters) and each queue's change of depth per second.
+    namespace's counters) and each queue's change of depth per second.
 
     The rates compare the newest sample with the oldest one kept; a sample older than
     ``window`` seconds is dropped, so after a pause in polling the rates are ``None`` until
-    two samples at least one second apart exist inside the window again. Each worker's
-    increments between successive samples are added up: a worker (process) that appears
-    after the oldest sample counts from the first sample that has it, one that went away
-    (stopped, recycled by ``--max-tasks-per-child``) keeps what it did while seen, and one
-    that restarted under the same id (its counter went down) counts from its next sample.
-    What a worker did after its last registration reaches the namespace's retired counts
-    when it exits (:meth:`~blitzq.broker.Broker.unregister_worker`); the caller passes them
-    as the pseudo-worker :data:`RETIRED`, so a recycled worker's last tasks are counted too.
+    two samples at least one second apart exist inside the window again. The counts are the
+    namespace's totals (``{ns}:stats`` ``processed`` / ``failed``), to which every worker
+    adds what it counted with each registration write and as it unregisters
+    (:meth:`~blitzq.broker.Broker.register_worker`): they only grow and hold every
+    worker's runs once, so the difference between two samples is exact whenever they are
+    taken, also for workers that started and stopped between them (recycled by
+    ``--max-tasks-per-child``). A total that went down (the counters deleted by hand)
+    counts from its new value.
 
     Args:
         window: seconds of samples kept.
@@ -82,21 +76,18 @@ class RateSampler:
     _samples: deque[_Sample] = field(default_factory=deque)
 
     def add(
-        self,
-        workers: Mapping[str, tuple[int, int]],
-        waiting: Mapping[str, int],
-        now: float,
-        started: Mapping[str, float] | None = None,
+        self, totals: tuple[int, int], waiting: Mapping[str, int], now: float
     ) -> dict[str, Any]:
         """Record a sample taken at ``now`` (monotonic seconds) and return the rates:
         ``{"window": s, "completed": n, "failed": n, "completed_per_s": x, "failed_per_s": x,
         "depth_per_s": {queue: x}}`` (``completed`` / ``failed``: tasks in the window).
-        ``started`` (worker id to the Unix seconds it started) lets a worker that started
-        after the oldest sample count everything it did, not only what follows the first
-        sample that shows it.
+
+        Args:
+            totals: the namespace's ``(processed, failed)`` runs (:meth:`counters`).
+            waiting: messages waiting per queue.
+            now: monotonic seconds.
         """
-        sample = _Sample(now, dict(workers), dict(waiting), time.time(), dict(started or {}))
-        self._samples.append(sample)
+        self._samples.append(_Sample(now, (int(totals[0]), int(totals[1])), dict(waiting)))
         while now - self._samples[0].at > self.window:
             self._samples.popleft()
         while len(self._samples) > 256:
@@ -113,23 +104,12 @@ class RateSampler:
                 "depth_per_s": {},
             }
         done = failed = 0
-        # Sum each worker's increments between the samples that show it, so a worker counts
-        # from the first sample it appears in (not only if the oldest sample has it), one that
-        # went away (stopped, recycled) keeps what it did while it was seen, and one missing
-        # from some samples (a late registration) resumes from its last seen counts. A
-        # counter that went down (the same id restarted) counts from its new value. A worker
-        # never seen before that started after the oldest sample counts all it did (it
-        # registers before its first fetch, so that is all within the window).
-        seen = dict(first.workers)
+        before = first.totals
         for cur in islice(self._samples, 1, None):
-            for wid, (processed, failures) in cur.workers.items():
-                before = seen.get(wid)
-                if before is not None:
-                    done += max(0, processed - before[0])
-                    failed += max(0, failures - before[1])
-                elif cur.started.get(wid, first.wall) > first.wall:
-                    done, failed = done + processed, failed + failures
-                seen[wid] = (processed, failures)
+            (processed, failures), (p0, f0) = cur.totals, before
+            done += processed - p0 if processed >= p0 else processed
+            failed += failures - f0 if failures >= f0 else failures
+            before = cur.totals
         depth = {
             q: round((n - first.waiting[q]) / span, 3)
             for q, n in waiting.items()
@@ -183,13 +163,10 @@ async def queues_doc(queue: Queue, sampler: RateSampler) -> dict[str, Any]:
     """
     stats = await queue.stats()
     workers = await workers_doc(queue)
-    # By registration key, unique per process: a recycled child keeps its slot's id.
-    counts = {str(w["key"]): (int(w["processed"] or 0), int(w["failed"] or 0)) for w in workers}
-    started = {str(w["key"]): float(w["started_at"] or 0) for w in workers}
     counters = await queue.broker.counters()
-    counts[RETIRED] = (counters.get("retired_processed", 0), counters.get("retired_failed", 0))
+    totals = (counters.get("processed", 0), counters.get("failed", 0))
     waiting = {q: int(c.get("waiting", 0)) for q, c in stats["queues"].items()}
-    rates = sampler.add(counts, waiting, time.monotonic(), started)
+    rates = sampler.add(totals, waiting, time.monotonic())
     paused = await queue.broker.paused_queues()
     rows = [
         {

@@ -16,8 +16,9 @@ The options are declared by the built-in middleware :class:`Locks`.
   hard timeout keeps the place until it really returns.
 - A broker error while taking a place is raised to the worker
   (:mod:`blitzq.worker.deferral`): an outage defers the task with backoff, an error reply
-  fails the attempt. A place taken by a call whose answer was lost (a timeout) is not known
-  here and is freed when its lease expires.
+  fails the attempt. A place that call may have taken with its answer lost (a reset, the
+  check's timeout) is given back with that deferral's or failure's completion (a release
+  of a place never taken changes nothing), so it never blocks the key for a whole lease.
 - A lease lasts ``lock_ttl`` seconds (default: the queue's ``visibility_timeout``). While
   the task runs, its worker renews the lease every third of it; a place held by a killed
   worker is freed when its lease expires.
@@ -156,7 +157,14 @@ class LockSpec:
             return None  # a call that does not fit: it fails on its own when run
         lease = self.ttl or worker.visibility_timeout
         holder = holder_of(job)
-        wait = await worker.broker.acquire_lock(key, holder, self.limit, lease)
+        try:
+            wait = await worker.broker.acquire_lock(key, holder, self.limit, lease)
+        except BaseException:
+            # The place may be taken with the reply lost (a reset, the check's timeout): held
+            # here, so the completion of the deferral or failed attempt gives it back
+            # (release_lock) rather than leaving it to block the lock for a whole lease.
+            _keeper(worker).hold(job, key, holder, lease)
+            raise
         if wait <= 0:
             _keeper(worker).hold(job, key, holder, lease)
             return None

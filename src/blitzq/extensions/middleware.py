@@ -163,6 +163,10 @@ class Outgoing:
         delay: for a ``delay=``, its seconds, sent as such so that the broker adds them to
             its own clock; ``None`` for an absolute ``eta=`` (``due``), which the broker
             compares with its clock as given.
+        unique: set by the built-in ``unique`` enqueue filter: the message's unique key
+            (``<task>:<unique key>``) and the seconds it is held at most. The producer then
+            claims the key and writes the message in one broker step
+            (``Broker.enqueue_unique``), and sets ``existing_id`` when another task holds it.
     """
 
     envelope: Envelope
@@ -171,6 +175,7 @@ class Outgoing:
     task: Task[Any, Any] | None
     existing_id: str | None = None
     delay: float | None = None
+    unique: tuple[str, float] | None = None
 
 
 @dataclass(slots=True)

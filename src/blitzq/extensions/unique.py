@@ -3,10 +3,15 @@
 ``@queue.task(unique=True)`` gives each call a key: the SHA-256 of the MessagePack encoding
 of ``[task name, args, sorted kwargs]`` (as :mod:`blitzq.serialization` encodes them), or the
 per-call ``task.options(unique_key="...")``. At enqueue the queue's filter
-(:func:`unique_filter`) claims the keys of a whole batch in one atomic broker call
-(``SET NX`` per key, :meth:`~blitzq.broker.state.ControlState.claim_unique`). A claimed key holds
+(:func:`unique_filter`) gives each message its key; the producer then claims the keys of the
+batch and writes the messages it claimed in one atomic broker step per batch chunk
+(``SET NX`` per key and the message's write together,
+:meth:`~blitzq.broker.state.ControlState.enqueue_unique`), so a claim never stands without
+its message: an enqueue whose reply was lost left both or neither, and its retry either
+enqueues the task or is the duplicate of a task that really is queued. A claimed key holds
 the new task's id; a call whose key is already held publishes nothing and its handle points
-at the holder (``handle.duplicate is True``).
+at the holder (``handle.duplicate is True``); a key held by the call's own id (a retry with
+the same ``task_id=``) writes nothing again and is not a duplicate.
 
 The key is freed (only while it still holds this task's id):
 
@@ -96,14 +101,16 @@ def broker_key(env: Envelope) -> str:
 
 
 async def unique_filter(queue: QueueSettings, batch: list[Outgoing]) -> None:
-    """Enqueue filter: claim the unique keys of a batch; mark duplicates (one round trip).
+    """Enqueue filter: give each message of a unique task its key (``Outgoing.unique``).
+
+    Nothing is claimed here: the producer claims the keys and writes the messages in one
+    broker step (``Broker.enqueue_unique``) once every filter has seen the batch, so no
+    claim stands for a message that a later filter refused or that was never written.
 
     Raises:
         ConfigurationError: a ``unique_key`` for a task not registered with ``unique=True``.
-        BrokerError: the broker could not be reached (nothing is published).
+        SerializationError: an argument is not plain data (the key is a digest of them).
     """
-    claims: list[tuple[str, str, float]] = []
-    claimed: list[Outgoing] = []
     now = time.time()
     for out in batch:
         env = out.envelope
@@ -122,14 +129,7 @@ async def unique_filter(queue: QueueSettings, batch: list[Outgoing]) -> None:
         ttl: float = task.controls.get("unique_ttl")
         if out.due is not None:
             ttl += max(0.0, out.due - now)
-        claims.append((broker_key(env), env.id, ttl))
-        claimed.append(out)
-    if not claims:
-        return
-    holders = await queue.broker.claim_unique(claims)
-    for out, holder in zip(claimed, holders, strict=True):
-        if holder is not None and holder != out.envelope.id:
-            out.existing_id = holder
+        out.unique = (broker_key(env), ttl)
 
 
 def _release_op(env: Envelope) -> UniqueRelease:

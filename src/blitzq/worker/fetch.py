@@ -30,6 +30,9 @@ fast lane (:attr:`~blitzq.broker.Broker.fast_lane`: the lists of a reliable Redi
 runs a second loop per queue on the lane, sharing the queue's slots: what it pops carries no
 lease (at-most-once), as in fast mode.
 
+A loop of a paused queue (``blitzq queue pause``, :mod:`.pausing`) fetches nothing, and a
+fetch in flight when the pause came hands back what it returns, unstarted.
+
 While the flusher cannot write completions (the server is down or out of memory) or holds
 too many, a loop fetches nothing until it can (:attr:`~blitzq.worker.flusher.Flusher.writable`):
 backpressure, so that the worker pops no work whose outcome it could not record.
@@ -269,8 +272,11 @@ class Fetcher:
                     continue
                 if wrong_type(exc) and await self._sort_out(bad, queue):
                     continue  # the other levels are fetched at once
-                if isinstance(exc, BrokerError):
-                    logger.warning("fetch from %s failed, retry in %.1f s: %s", queue, backoff, exc)
+                if isinstance(exc, BrokerError):  # at DEBUG when the loss was logged already
+                    level = logging.DEBUG if exc.reported else logging.WARNING
+                    logger.log(
+                        level, "fetch from %s failed, retry in %.1f s: %s", queue, backoff, exc
+                    )
                 else:
                     logger.exception("fetch from %s failed, retrying in %.1f s", queue, backoff)
                 await asyncio.sleep(backoff)
@@ -289,6 +295,13 @@ class Fetcher:
                     runner.hand_back(d)
                 slots.release(len(deliveries))
                 return
+            if deliveries and queue in worker.paused:
+                # Paused while the fetch was in flight (a blocking read): put back, unstarted.
+                for d in deliveries:
+                    runner.hand_back(d)
+                slots.release(len(deliveries))
+                worker.handed_back += len(deliveries)
+                continue
             backlog = len(deliveries) == n >= _OVERLAP_MIN
             start = runner.admission.start  # the per-delivery entry, looked up once per batch
             for d in deliveries:

@@ -42,6 +42,7 @@ from ..exceptions import BlitzQError, BrokerError, ConfigurationError, describe_
 from ..extensions.signals import Signal, SignalEvent
 from ..serialization import loads
 from .limiter import Slots
+from .pausing import Pausable, Pausing
 from .pruning import Pruning
 from .unknown import Handed, take_handed
 
@@ -139,7 +140,7 @@ class _Cancelling(Protocol):
     def cancel(self, task_id: str) -> bool: ...
 
 
-class Maintained(Handed, Protocol):
+class Maintained(Handed, Pausable, Protocol):
     """What the background loops see of the worker (a :class:`~blitzq.Worker`)."""
 
     @property
@@ -159,8 +160,6 @@ class Maintained(Handed, Protocol):
 
     @property
     def failure_log_level(self) -> int: ...
-
-    paused: set[str]
 
     concurrency: int
 
@@ -193,11 +192,13 @@ class Maintenance:
         self._wake = asyncio.Event()
         self._handed = asyncio.Event()
         self._next_wake = 0.0
-        #: (processed, failed) as the last registration that was written reported them.
+        #: (processed, failed) as the registrations written so far reported them at most.
         self.registered_counts = (0, 0)
         #: Pushes on the event channel that were ignored as malformed.
         self.malformed_events = 0
         self._malformed_logged = -math.inf
+        #: The paused queues, followed and applied to the transport (``pausing.py``).
+        self.pausing = Pausing(worker, broker)
 
     async def start(self) -> list[asyncio.Task[None]]:
         """Register the worker and load the cancelled ids, then start the loops; the worker
@@ -211,7 +212,7 @@ class Maintenance:
             await self._sync_revocations()
         except Exception as exc:  # the periodic resynchronisation tries again
             logger.warning("could not read cancelled tasks: %s", exc)
-        await self._sync_paused()
+        await self.pausing.sync()
         loops = [
             asyncio.create_task(self._promote_loop(), name="blitzq-promoter"),
             asyncio.create_task(self._event_loop(), name="blitzq-events"),
@@ -312,9 +313,7 @@ class Maintenance:
                     logger.info("cancelled running task %s", value)
                 return
             if kind in ("pause", "resume"):  # blitzq queue pause / resume
-                (self.worker.paused.add if kind == "pause" else self.worker.paused.discard)(value)
-                if value in self.worker.queues:
-                    logger.info("queue %s %s", value, "paused" if kind == "pause" else "resumed")
+                self.pausing.pushed(kind, value)
                 return
             if kind == "shutdown":  # blitzq worker shutdown ID
                 if value in (self.worker.key, self.worker.id):
@@ -386,13 +385,6 @@ class Maintenance:
         except (BlitzQError, NotImplementedError) as exc:
             logger.debug("maintenance: reading a resize: %s", exc)
 
-    async def _sync_paused(self) -> None:
-        """Re-read the paused queues (at start and every round: a push may be lost)."""
-        try:
-            self.worker.paused = await self.broker.paused_queues()
-        except Exception as exc:  # the next round tries again
-            logger.warning("could not read the paused queues: %s", exc)
-
     async def _sync_revocations(self) -> None:
         """Re-read the cancelled ids; cancel running tasks among them (a push was lost)."""
         runner = self.worker.runner
@@ -425,7 +417,7 @@ class Maintenance:
                 await self.register()
             except BrokerError as exc:
                 logger.warning("maintenance: could not register the worker: %s", exc)
-            await self._sync_paused()
+            await self.pausing.sync()
             await self._sync_size()
             try:
                 await self._reap_lapsed()
@@ -449,8 +441,10 @@ class Maintenance:
                     for q in await broker.transport.occupied(worker.physical_queues):
                         await self._recover(q, vt)
                     await pruning.step(worker.physical_queues)  # one stream, in turn
-            except BrokerError as exc:
-                logger.warning("maintenance: %s", exc)
+            except BrokerError as exc:  # at DEBUG when the lost connection was logged already
+                logger.log(
+                    logging.DEBUG if exc.reported else logging.WARNING, "maintenance: %s", exc
+                )
             except Exception:  # a bug must not stop lease renewal for good
                 logger.exception("maintenance round failed")
             if time.monotonic() >= next_sync:
@@ -515,26 +509,30 @@ class Maintenance:
 
     async def register(self) -> None:
         """Register the worker (its :meth:`~blitzq.Worker.info`) for three maintenance
-        intervals and five seconds, and remember the counts that registration reported.
+        intervals and five seconds, with its counts, which the broker adds to the
+        namespace's counters as far as they grew (see ``Broker.register_worker``).
 
         Raises:
             BrokerError: the registration could not be written.
         """
         worker = self.worker
         counts = (worker.processed, worker.failed)
-        await self.broker.register_worker(worker.key, worker.info(), ttl=3 * self.interval + 5)
-        self.registered_counts = counts
+        ttl = 3 * self.interval + 5
+        await self.broker.register_worker(
+            worker.key, worker.info(), ttl, counts, self.registered_counts
+        )
+        done = self.registered_counts  # another write may have ended meanwhile
+        self.registered_counts = max(done[0], counts[0]), max(done[1], counts[1])
 
     async def unregister(self, timeout: float) -> None:
-        """Remove the worker's registration at its shutdown, handing what it counted since
-        its last registration (processed, failed) to the namespace's retired counts. Waits
-        ``timeout`` seconds at most: a server that stopped answering must not hold the exit
-        (the registration then expires)."""
+        """Remove the worker's registration at its shutdown with its last counts (the
+        broker adds what they grew by since its last registration to the namespace's
+        counters). Waits ``timeout`` seconds at most: a server that stopped answering must
+        not hold the exit (the registration then expires)."""
         worker = self.worker
-        processed, failed = self.registered_counts
-        unreported = (max(0, worker.processed - processed), max(0, worker.failed - failed))
+        counts = (worker.processed, worker.failed)
         with contextlib.suppress(BrokerError, TimeoutError):
-            await asyncio.wait_for(self.broker.unregister_worker(worker.key, unreported), timeout)
+            await asyncio.wait_for(self.broker.unregister_worker(worker.key, counts), timeout)
 
     async def _counts_loop(self) -> None:
         """Register the worker again each second its counts changed (the maintenance loop

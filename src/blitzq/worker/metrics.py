@@ -10,9 +10,9 @@ run's start and at its commit. The counts are made into Prometheus metric famili
 Prometheus scrapes; runs in progress are counted from the runner's running jobs then.
 
 Broker-wide values (queue depths, the age of each queue's oldest waiting message, dead
-letters, registered workers, the namespace's stale completions) are sampled once before the
-endpoint is served (:meth:`RunMetrics.first_sample`, so the first scrape never shows empty
-gauges), then every :data:`SAMPLE_INTERVAL` seconds by
+letters, registered workers, the namespace's stale completions and runs) are sampled once
+before the endpoint is served (:meth:`RunMetrics.first_sample`, so the first scrape never
+shows empty gauges), then every :data:`SAMPLE_INTERVAL` seconds by
 :meth:`RunMetrics.sample_loop` in the worker's event loop, never per task; this worker's own
 counters (stale completions, abandoned threads) are read when Prometheus scrapes.
 
@@ -164,6 +164,16 @@ class _RunCollector(Collector):
             )
             stale.add_metric((m.namespace,), m.namespace_stale)
             yield stale
+        if m.namespace_runs is not None:
+            runs = CounterMetricFamily(
+                "blitzq_namespace_runs",
+                "Runs of every worker of the namespace that succeeded or failed, as their "
+                "registrations reported them (sampled; recycled processes included).",
+                labels=("namespace", "outcome"),
+            )
+            for outcome, total in zip(("succeeded", "failed"), m.namespace_runs, strict=True):
+                runs.add_metric((m.namespace, outcome), total)
+            yield runs
         yield CounterMetricFamily(
             "blitzq_stale_completions",
             "Completions of this worker the broker refused as stale (lease lost; fencing).",
@@ -244,6 +254,9 @@ class RunMetrics(RunTally):
         #: The namespace's stale completions as last sampled (``None`` before the first
         #: sample): the counter ``blitzq_namespace_stale_completions_total``.
         self.namespace_stale: float | None = None
+        #: The namespace's (succeeded, failed) runs as last sampled (``None`` before the
+        #: first sample): the counter ``blitzq_namespace_runs_total``.
+        self.namespace_runs: tuple[float, float] | None = None
         # process_* (CPU, memory, open files, start time) of this process; on platforms
         # without /proc it reports nothing.
         ProcessCollector(registry=registry)
@@ -283,6 +296,7 @@ class RunMetrics(RunTally):
         self.workers.labels(ns).set(len(registered) + (self.worker.key not in registered))
         counters = await broker.counters()
         self.namespace_stale = float(counters.get("stale_completions", 0))
+        self.namespace_runs = float(counters.get("processed", 0)), float(counters.get("failed", 0))
         # The oldest message's age only where something waits (one more read per queue).
         waiting = [q for q, counts in stats.items() if counts.get("waiting", 0)]
         oldest = await broker.oldest_waiting(waiting) if waiting else {}

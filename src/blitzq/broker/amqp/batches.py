@@ -224,3 +224,11 @@ async def publish_batch(
         else:
             out.append(TimeoutError(f"no confirm from RabbitMQ within {timeout} s"))
     return out
+
+
+def returned(result: object) -> bool:
+    """Whether a publish result of :func:`publish_batch` is a ``basic.return`` (no queue of
+    that name: the message was not queued)."""
+    return isinstance(result, aiormq.exceptions.DeliveryError) and isinstance(
+        result.frame, aiormq.spec.Basic.Return
+    )

@@ -136,18 +136,28 @@ def guarded(method: _Method) -> _Method:
     """Make a coroutine method of the transport raise a transient
     :class:`~blitzq.exceptions.BrokerError` where aiormq cancelled it because the connection
     was given up (:func:`given_up`): a worker's fetch loop, which outlives any error but not
-    a cancellation, then fetches again (and reconnects) instead of ending quietly."""
+    a cancellation, then fetches again (and reconnects) instead of ending quietly. An error
+    of a call whose connection was lost meanwhile (``CloseNotice`` logged that loss) is marked
+    :attr:`~blitzq.exceptions.BrokerError.reported`: its callers log it at DEBUG."""
 
     @functools.wraps(method)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        link: AmqpLink | None = getattr(args[0], "link", None) if args else None
+        epoch = link.epoch if link is not None and link.connected else None
         try:
             return await method(*args, **kwargs)
         except asyncio.CancelledError as exc:
-            if given_up(exc):
-                raise BrokerError(
-                    "RabbitMQ: the connection was given up (no frame within three heartbeat "
-                    "timeouts: a silent network or server); connecting again"
-                ) from None
+            if not given_up(exc):
+                raise
+            error = BrokerError(
+                "RabbitMQ: the connection was given up (no frame within three heartbeat "
+                "timeouts: a silent network or server); connecting again"
+            )
+            error.reported = link is not None and epoch is not None
+            raise error from None
+        except BrokerError as exc:
+            if link is not None and epoch is not None and link.lost_since(epoch):
+                exc.reported = True  # the loss was logged once, where it was noticed
             raise
 
     return wrapper  # type: ignore[return-value]
@@ -252,6 +262,11 @@ class AmqpLink:
     def connected(self) -> bool:
         """Whether the connection is open."""
         return self._conn is not None and _alive(self._conn)
+
+    def lost_since(self, epoch: int) -> bool:
+        """Whether the connection of ``epoch`` (open then) was lost since: closed, or
+        replaced by a newer one."""
+        return self.epoch != epoch or not self.connected
 
     async def ensure(self) -> aio_pika.abc.AbstractConnection:
         """The open connection, made (a new epoch) when there is none or it closed.

@@ -42,6 +42,7 @@ from ..state import StateStore
 from ..values import Completion, DeadLetterFields
 from .channels import DELIVERIES, AmqpLink, header_int, settle, translate
 from .deliveries import Consumer, Held
+from .pausing import hand_back
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
@@ -182,11 +183,7 @@ class Custody:
         if transport is None or consumer is None or consumer.epoch != transport.link.epoch:
             return 0
         stale = consumer.stale(age)
-        for message in stale:
-            before = header_int(message.headers, "x-delivery-count")
-            before += header_int(message.headers, DELIVERIES)
-            await transport.publish_with(queue, [message.body], before)
-            await settle(message, True)
+        await hand_back(transport, queue, stale)
         return len(stale)
 
     async def hand_over(self, queue: str, min_idle: float) -> int:
@@ -355,7 +352,14 @@ class Custody:
             try:
                 dlq = await link.dead_letters()
                 message = await dlq.get(no_ack=False, fail=False)
-            except aiormq.exceptions.AMQPError as exc:
+            except (
+                aiormq.exceptions.AMQPError,
+                TimeoutError,
+                RuntimeError,
+                ConnectionError,
+            ) as exc:
+                if isinstance(exc, BrokerError):
+                    raise
                 raise translate(exc, "reading the dead-letter queue") from None
             if message is None:
                 return moved

@@ -97,6 +97,8 @@ class Consumer:
         unacked: the channel's delivery tags not acked yet, in delivery order, each mapped
             to whether its message is done (acked as soon as every tag before it is).
         cancelled: RabbitMQ cancelled the consumer (``basic.cancel``: its queue was deleted).
+        stopped: the transport cancelled it, its queue paused (``pausing.py``): RabbitMQ
+            pushes it nothing until it consumes again; its channel stays open for the acks.
         asked: a fetch topped its buffer up (:meth:`top_up`) at least once.
     """
 
@@ -109,6 +111,7 @@ class Consumer:
         "epoch",
         "name",
         "raw",
+        "stopped",
         "tag",
         "unacked",
     )
@@ -122,6 +125,7 @@ class Consumer:
         self.epoch = epoch
         self.tag = ""
         self.cancelled = False
+        self.stopped = False
         self.asked = False
         self.buffer: collections.deque[Received] = collections.deque()
         self.arrived: dict[int, float] = {}

@@ -47,6 +47,13 @@ _FRAME_END = 0xCE
 _KNOWN_SHAPES = 64
 
 
+class ConnectionLost(AMQPConnectionError):
+    """A :class:`BulkFrameReceiver`'s socket was reset or closed without AMQP's
+    ``connection.close`` (RabbitMQ dropped a connection whose heartbeats it missed, a node
+    went away, the network cut it): aiormq's error for it, of a type ``closing.py`` knows
+    is a connection of blitzq's own that it reports in one line."""
+
+
 class BulkFrameReceiver(FrameReceiver):
     """aiormq's ``FrameReceiver`` reading frames in bulk (see the module docstring). Made
     from a running receiver by :func:`read_in_bulk` (its class is switched: aiormq's reader
@@ -136,9 +143,9 @@ class BulkFrameReceiver(FrameReceiver):
             try:
                 chunk = await reader.read(READ_SIZE)
             except OSError as exc:  # reset, refused, broken pipe: as aiormq reports them
-                raise AMQPConnectionError(f"Server communication error: {exc!r}") from exc
+                raise ConnectionLost(f"Server communication error: {exc!r}") from exc
             if not chunk:  # closed while waiting: aiormq's readexactly fails the same way
-                raise AMQPConnectionError(
+                raise ConnectionLost(
                     f"Server connection unexpectedly closed. Read {len(data)} bytes of a frame"
                 )
             data = data + chunk if data else chunk
@@ -164,4 +171,4 @@ def read_in_bulk(connection: aiormq.abc.AbstractConnection) -> bool:
     return True
 
 
-__all__ = ["READ_SIZE", "BulkFrameReceiver", "read_in_bulk"]
+__all__ = ["READ_SIZE", "BulkFrameReceiver", "ConnectionLost", "read_in_bulk"]

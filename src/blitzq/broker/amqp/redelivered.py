@@ -23,11 +23,12 @@ store is unreachable), nothing is skipped: the messages run again (at-least-once
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from ...records import TaskRecord, TaskState
 from ...serialization import decode_envelope
 from ..state import StateStore
+from ..transport import Delivery
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
@@ -72,4 +73,35 @@ async def committed(store: StateStore, bodies: Sequence[bytes]) -> list[bool]:
     return out
 
 
-__all__ = ["committed"]
+async def skip_committed(
+    store: StateStore,
+    out: list[Delivery],
+    ack: Callable[[str, Sequence[bytes]], Awaitable[None]],
+) -> list[Delivery]:
+    """Ack with ``ack(queue, tokens)``, without running them, the redeliveries among ``out``
+    (``deliveries`` > 1) whose attempt ``store`` already recorded as over (:func:`committed`);
+    return the others, in their order.
+
+    Raises:
+        BrokerError: an ack failed (RabbitMQ could not be reached).
+    """
+    again = [d for d in out if d.deliveries > 1]
+    over = await committed(store, [d.payload for d in again])
+    done = [d for d, skip in zip(again, over, strict=True) if skip]
+    if not done:
+        return out
+    by_queue: dict[str, list[bytes]] = {}
+    for d in done:
+        if d.token is not None:
+            by_queue.setdefault(d.queue, []).append(d.token)
+    for queue, tokens in by_queue.items():
+        await ack(queue, tokens)
+    logger.info(
+        "acked %d redelivered message(s) whose completion was already committed (not run again)",
+        len(done),
+    )
+    skipped = {id(d) for d in done}
+    return [d for d in out if id(d) not in skipped]
+
+
+__all__ = ["committed", "skip_committed"]

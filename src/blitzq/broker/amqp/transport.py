@@ -23,6 +23,8 @@ aio-pika, paired with the Redis state store (``broker.py``). How it meets the co
   is skipped: RabbitMQ redelivers that message); ``nack`` (a hand-back) publishes the message
   again, confirmed, then acks it, so the quorum queue's delivery count is not spent.
 - **reconnects**: the next fetch re-opens a closed connection (``channels.py``) or channel.
+- **pause**: a paused queue's consumer is cancelled and what it received handed back
+  (``pausing.py``); fetches skip the queue until :meth:`AmqpTransport.resume`.
 - **long tasks**: a delivery held longer than the visibility timeout is handed to the state
   store's custody (``custody.py``), so RabbitMQ's ``consumer_timeout`` never fires on it.
 """
@@ -42,20 +44,20 @@ from aiormq.abc import DeliveredMessage
 from ...exceptions import BrokerError
 from ..transport import Delivery, Guarantee, Transport
 from . import inspection
-from .batches import publish_batch
+from .batches import publish_batch, returned
 from .channels import (
     DELIVERIES,
     AmqpLink,
     delivery_count,
     guarded,
-    header_int,
     settle,
     translate,
     unconfirmed,
 )
 from .deliveries import Consumer, Held, Received
 from .injected import Borrowed
-from .redelivered import committed
+from .pausing import stop_consuming
+from .redelivered import skip_committed
 from .tap import tap
 
 if TYPE_CHECKING:
@@ -81,13 +83,6 @@ async def _close_quietly(consumer: Consumer) -> None:
         await asyncio.wait_for(consumer.channel.close(), CLOSE_TIMEOUT)
     except Exception as exc:  # closing already, or the connection is gone
         logger.debug("closing the channel of %s: %s", consumer.name, exc)
-
-
-def _returned(result: object) -> bool:
-    """Whether a publish result is a ``basic.return`` (no queue of that name: not queued)."""
-    return isinstance(result, aiormq.exceptions.DeliveryError) and isinstance(
-        result.frame, aiormq.spec.Basic.Return
-    )
 
 
 class AmqpTransport(Transport):
@@ -129,6 +124,7 @@ class AmqpTransport(Transport):
         self.held: dict[bytes, Held] = {}
         self._instance = os.urandom(6).hex().encode()  # tokens name shared custody entries
         self.consumers: dict[str, Consumer] = {}  # by physical queue
+        self.paused: set[str] = set()  # physical queues not consumed (pause())
         self._waiters: set[asyncio.Event] = set()  # one per fetch waiting for a message
         self._idle_wait: asyncio.Event | None = None  # the block_first in flight (unblock)
         self._unblocked = False
@@ -160,15 +156,13 @@ class AmqpTransport(Transport):
             for start in range(0, len(messages), PUBLISH_WINDOW):
                 window = messages[start : start + PUBLISH_WINDOW]
                 results = await publish_batch(raw, name, window, headers, CONFIRM_TIMEOUT)
-                returned = [
-                    body for body, result in zip(window, results, strict=True) if _returned(result)
-                ]
-                if returned:  # the queue was deleted: declare it again, publish those again
+                back = [body for body, r in zip(window, results, strict=True) if returned(r)]
+                if back:  # the queue was deleted: declare it again, publish those again
                     logger.warning("queue %s is gone; declaring it again", name)
                     self.link.forget(queue)
                     await self.link.declare(queue)
-                    results = [r for r in results if not _returned(r)]
-                    results += await publish_batch(raw, name, returned, headers, CONFIRM_TIMEOUT)
+                    results = [r for r in results if not returned(r)]
+                    results += await publish_batch(raw, name, back, headers, CONFIRM_TIMEOUT)
                 for result in results:
                     if isinstance(result, BaseException):
                         raise unconfirmed(result, f"publishing to {name!r}") from None
@@ -192,6 +186,9 @@ class AmqpTransport(Transport):
         again and consumed on a new channel)."""
         consumer = self.consumers.get(queue)
         if consumer is not None and self._alive(consumer):
+            if consumer.stopped:  # its queue was paused: consume on its channel again
+                await self._consume(consumer)
+                consumer.stopped = consumer.asked = False
             return consumer
         name = self.link.name(queue)
         if consumer is not None and consumer.cancelled:
@@ -326,6 +323,8 @@ class AmqpTransport(Transport):
                 out: list[Delivery] = []
                 try:
                     for queue in queues:
+                        if queue in self.paused:
+                            continue
                         consumer = await self._consumer(queue, 1)
                         if not self._alive(consumer):  # RabbitMQ delivers them again
                             consumer.buffer.clear()
@@ -396,6 +395,8 @@ class AmqpTransport(Transport):
         try:
             consumers = []
             for queue in queues:
+                if queue in self.paused:
+                    continue
                 consumer = await self._consumer(queue, count)
                 if self._alive(consumer):
                     consumers.append((queue, consumer))
@@ -431,27 +432,9 @@ class AmqpTransport(Transport):
         return out
 
     async def _skip_committed(self, out: list[Delivery]) -> list[Delivery]:
-        """Ack, without running them, the redeliveries whose completion the state store
-        already committed (``redelivered.py``); return the others."""
+        """:func:`.redelivered.skip_committed` of ``out`` (acked through :meth:`ack`)."""
         assert self.custody is not None
-        again = [d for d in out if d.deliveries > 1]
-        over = await committed(self.custody.store, [d.payload for d in again])
-        done = [d for d, skip in zip(again, over, strict=True) if skip]
-        if not done:
-            return out
-        by_queue: dict[str, list[bytes]] = {}
-        for d in done:
-            if d.token is not None:
-                by_queue.setdefault(d.queue, []).append(d.token)
-        for queue, tokens in by_queue.items():
-            await self.ack(queue, tokens)
-        logger.info(
-            "acked %d redelivered message(s) whose completion was already committed "
-            "(not run again)",
-            len(done),
-        )
-        skipped = {id(d) for d in done}
-        return [d for d in out if id(d) not in skipped]
+        return await skip_committed(self.custody.store, out, self.ack)
 
     # ---------------------------------------------------------------- ack
     @guarded
@@ -565,6 +548,31 @@ class AmqpTransport(Transport):
         return await inspection.purge_queue(self.link, self.consumers.get(queue), queue)
 
     @guarded
+    async def pause(self, queues: Sequence[str]) -> int:
+        """Consume nothing more from ``queues`` (physical; a paused queue) until
+        :meth:`resume`: each one's consumer is cancelled and what it received that no fetch
+        took is handed back (``pausing.py``); fetches skip them. Idempotent; returns how
+        many messages were handed back.
+
+        Raises:
+            BrokerError: RabbitMQ refused a cancel or a publish, or could not be reached
+                (what was not handed back is handed back by the next call).
+        """
+        self.paused.update(queues)
+        self._wake()  # a wait in flight goes round, without the paused queues
+        returned = 0
+        for queue in queues:
+            consumer = self.consumers.get(queue)
+            if consumer is not None and consumer.epoch == self.link.epoch:
+                returned += await stop_consuming(self, queue, consumer)
+        return returned
+
+    async def resume(self, queues: Sequence[str]) -> None:
+        """Consume ``queues`` again (their next fetch consumes on the consumer's channel)."""
+        self.paused.difference_update(queues)
+        self._wake()
+
+    @guarded
     async def ping(self) -> None:
         """Raise BrokerError unless RabbitMQ accepts a connection and a channel."""
         await self.link.publisher()
@@ -577,22 +585,9 @@ class AmqpTransport(Transport):
         consumers, self.consumers = self.consumers, {}
         for queue, consumer in consumers.items():
             try:
-                await self._release_buffer(queue, consumer)
+                if self._alive(consumer):
+                    await stop_consuming(self, queue, consumer)
             except (BrokerError, aiormq.exceptions.AMQPError, ConnectionError) as exc:
                 logger.warning("could not hand back the prefetched messages of %s: %s", queue, exc)
         self.held.clear()
         await self.link.close()
-
-    async def _release_buffer(self, queue: str, consumer: Consumer) -> None:
-        if not self._alive(consumer):
-            return
-        await consumer.raw.basic_cancel(consumer.tag)  # deliveries before cancel-ok came first
-        for _ in range(3):
-            await asyncio.sleep(0)
-        buffered = list(consumer.buffer)
-        consumer.buffer.clear()
-        for message in buffered:
-            before = header_int(message.headers, "x-delivery-count")
-            before += header_int(message.headers, DELIVERIES)
-            await self.publish_with(queue, [message.body], before)
-            await settle(message, True)

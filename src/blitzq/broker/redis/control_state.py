@@ -3,7 +3,9 @@
 - Rate limits are token buckets ``{ns}:rl:<key>`` taken on the server's clock
   (``lua/rate_acquire.lua``).
 - Unique keys ``{ns}:u:<task>:<key>`` hold the id of the task that claimed them, with a TTL.
-  :meth:`RedisControl.claim_unique` claims a batch in one script run per 1000 keys; the
+  :meth:`RedisControl.enqueue_unique` claims a batch and writes the messages it claimed in
+  one script (``lua/unique_enqueue.lua``), so a claim never stands without its message;
+  :meth:`RedisControl.claim_unique` claims keys alone (one script run per 1000 keys); the
   completion effect :class:`~blitzq.broker.effects.UniqueRelease` (``lua/complete.lua``) deletes
   a key only while it holds the given id.
 - Locks ``{ns}:lk:<key>`` are sorted sets of holder -> lease expiry (server time).
@@ -21,8 +23,8 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from ...limits import CHUNK_ITEMS
-from ..state import ControlState
+from ...limits import CHUNK_ITEMS, CHUNK_WRITES
+from ..state import ControlState, UniqueSend
 from .client import REDIS_ERRORS, broker_error, subscriber, translate_errors
 from .cluster import ready
 from .connection import RedisPart
@@ -52,6 +54,8 @@ class RedisControl(RedisPart, ControlState):
 
     Args:
         conn: the store's connection.
+        kind: the store's write kind (``"s"``, ``"l"``, ``"o"``; ``None``: the connection's):
+            where :meth:`enqueue_unique` writes messages.
     """
 
     @translate_errors
@@ -72,6 +76,43 @@ class RedisControl(RedisPart, ControlState):
                 args += (task_id, max(1, int(ttl * 1000)))
             answer = await self.scripts.call("unique_claim", keys=keys, args=args)
             out += [None if not v else _text(v) for v in answer]
+        return out
+
+    @translate_errors
+    async def enqueue_unique(self, items: Sequence[UniqueSend]) -> list[str | None]:
+        """Claim each item's key and write its message in one step, one script run per
+        :data:`~blitzq.limits.CHUNK_WRITES` items (each item is atomic; see
+        :meth:`ControlState.enqueue_unique`). A message goes where this store writes
+        messages into queues (its kind: stream, list or outbox), a ``fast`` one to the
+        queue's list when the store writes to streams, a delayed one on the schedule.
+        """
+        keys = self.keys
+        head: list[Any] = [keys.prefix, keys.events, self.kind]
+        out: list[str | None] = []
+        for start in range(0, len(items), CHUNK_WRITES):
+            chunk = items[start : start + CHUNK_WRITES]
+            names: list[str] = [keys.schedule, keys.schedule_data]
+            args = list(head)
+            for item in chunk:
+                kind = "l" if item.fast and self.kind == "s" else self.kind
+                names += (
+                    keys.unique(item.key),
+                    keys.list(item.queue) if kind == "l" else self.queue_key(item.queue),
+                )
+                args += (
+                    item.task_id,
+                    max(1, int(item.ttl * 1000)),
+                    kind,
+                    item.queue,
+                    item.message,
+                    "" if item.eta is None else repr(float(item.eta)),
+                    "" if item.delay is None or item.eta is not None else repr(float(item.delay)),
+                )
+            answer = await self.scripts.call("unique_enqueue", keys=names, args=args)
+            out += [
+                None if not held or _text(held) == item.task_id else _text(held)
+                for item, held in zip(chunk, answer, strict=True)
+            ]
         return out
 
     @translate_errors

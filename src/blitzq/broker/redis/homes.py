@@ -358,7 +358,7 @@ class HomedStateStore(SpreadStateStore):
     def __init__(self, conn: RedisConnection, held: Held) -> None:
         super().__init__(conn, held)
         self.records = HomedRecords(conn, self.kind, held)
-        self.control = HomedControl(conn)
+        self.control = HomedControl(conn, self.kind)
         self.dead_letter_box = HomedDeadLetters(conn, self.kind)
 
     async def complete(self, completions: Sequence[Completion]) -> list[Completion]:

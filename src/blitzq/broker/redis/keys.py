@@ -136,7 +136,8 @@ TABLE: Final[dict[str, Key]] = {
         "queues paused by `blitzq queue pause`: no worker fetches from them until resumed"),
     "stats": Key("stats", "hash",
         "namespace-wide counters: `stale_completions` (completions fenced off), "
-        "`counters_reset` (corrupted counters recomputed by the scripts)"),
+        "`counters_reset` (corrupted counters recomputed by the scripts), `processed` / "
+        "`failed` (runs that succeeded / failed, all workers: added by their registrations)"),
     "queues": Key("queues", "set",
         "queue names producers and workers have used"),
     "workers": Key("workers", "hash",
@@ -146,6 +147,8 @@ TABLE: Final[dict[str, Key]] = {
         "worker at its next maintenance round if it missed the push"),
     "worker_beats": Key("workers:exp", "zset",
         "worker ids scored by registration expiry (Unix seconds)"),
+    "worker_counts": Key("workers:counts", "hash",
+        "worker key to `<processed> <failed>`: its counts that reached `stats` so far"),
     "scale": Key("scale", "hash",
         "autoscale setpoint of the namespace's supervisors: `min`, `max` processes, `at` (s)"),
     "scale_group": Key("scale:g:<group>", "hash",
@@ -266,7 +269,8 @@ class Keys:
         return self._one("unique", key)
 
     def unique_owner(self, task_id: str) -> str:
-        """The unique key a task holds (written by ``unique_claim.lua`` and ``replay.lua``)."""
+        """The unique key a task holds (written by ``unique_enqueue.lua``, ``unique_claim.lua``
+        and ``replay.lua``)."""
         return self._one("unique_owner", task_id)
 
     def lock(self, key: str) -> str:
@@ -365,7 +369,8 @@ class Keys:
 
     @property
     def stats(self) -> str:
-        """Hash of namespace-wide counters (``stale_completions``: completions fenced off)."""
+        """Hash of namespace-wide counters (``stale_completions``: completions fenced off;
+        ``processed`` / ``failed``: runs of every worker, added by their registrations)."""
         return self._fixed("stats")
 
     @property
@@ -387,6 +392,12 @@ class Keys:
     def worker_beats(self) -> str:
         """Sorted set of worker id scored by registration expiry (Unix seconds)."""
         return self._fixed("worker_beats")
+
+    @property
+    def worker_counts(self) -> str:
+        """Hash of worker key to ``"<processed> <failed>"``: the counts its registrations
+        added to :attr:`stats` so far (``lua/register.lua``)."""
+        return self._fixed("worker_counts")
 
     @property
     def scale(self) -> str:

@@ -54,28 +54,35 @@ class RedisRegistry(RedisPart, RegistryState):
                 logger.warning("could not register queue(s) %s: %s", ", ".join(missing), exc)
 
     @translate_errors
-    async def register_worker(self, worker_id: str, info: bytes, ttl: float) -> None:
-        """Record a live worker until ``ttl`` seconds from now."""
+    async def register_worker(
+        self,
+        worker_id: str,
+        info: bytes,
+        ttl: float,
+        counts: tuple[int, int] = (0, 0),
+        base: tuple[int, int] = (0, 0),
+    ) -> None:
+        """Record a live worker until ``ttl`` seconds from now and add what ``counts`` has
+        above the counts already added for it to ``{ns}:stats`` ``processed`` / ``failed``
+        (``lua/register.lua``, one call: see :meth:`RegistryState.register_worker`)."""
         keys = self.keys
-        now = time.time()
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hset(keys.workers, worker_id, info)
-            pipe.zadd(keys.worker_beats, {worker_id: now + ttl})
-            await pipe.execute()
+        await self.scripts.call(
+            "register",
+            keys=[keys.workers, keys.worker_beats, keys.worker_counts, keys.stats],
+            args=[worker_id, info, repr(time.time() + ttl), *_counts(counts), *_counts(base)],
+        )
 
     @translate_errors
-    async def unregister_worker(self, worker_id: str, retired: tuple[int, int] = (0, 0)) -> None:
-        """Remove a worker's registration and add ``retired`` (processed, failed since its
-        last registration) to ``{ns}:stats`` ``retired_processed`` / ``retired_failed``, in
-        one MULTI."""
+    async def unregister_worker(self, worker_id: str, counts: tuple[int, int] = (0, 0)) -> None:
+        """Remove a worker's registration and add what ``counts`` has above the counts
+        already added for it to ``{ns}:stats`` ``processed`` / ``failed``
+        (``lua/unregister.lua``, one call: see :meth:`RegistryState.unregister_worker`)."""
         keys = self.keys
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hdel(keys.workers, worker_id)
-            pipe.zrem(keys.worker_beats, worker_id)
-            for field, n in zip(("retired_processed", "retired_failed"), retired, strict=True):
-                if n:
-                    pipe.hincrby(keys.stats, field, n)
-            await pipe.execute()
+        await self.scripts.call(
+            "unregister",
+            keys=[keys.workers, keys.worker_beats, keys.worker_counts, keys.stats],
+            args=[worker_id, *_counts(counts)],
+        )
 
     @translate_errors
     async def workers(self) -> dict[str, bytes]:
@@ -117,6 +124,7 @@ class RedisRegistry(RedisPart, RegistryState):
                 pipe.hget(keys.workers, worker_id)
                 pipe.zrem(keys.worker_beats, worker_id)
             pipe.hdel(keys.workers, *expired)
+            pipe.hdel(keys.worker_counts, *expired)
             replies = await pipe.execute()
         taken: dict[str, bytes] = {}
         for i, worker_id in enumerate(expired):
@@ -226,3 +234,9 @@ class RedisRegistry(RedisPart, RegistryState):
             info.get("mem_not_counted_for_evict", 0) or 0
         )
         return used, int(info.get("maxmemory", 0) or 0)
+
+
+def _counts(counts: tuple[int, int]) -> tuple[int, int]:
+    """``(processed, failed)`` as two non-negative integers (a script argument)."""
+    processed, failed = counts
+    return max(0, int(processed)), max(0, int(failed))

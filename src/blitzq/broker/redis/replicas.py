@@ -157,6 +157,12 @@ class ReplicaWatch:
         #: ``host:port`` of the replicas counted at the last look (the connected ones, and
         #: those gone from the list that answered as promoted).
         self._replicas: set[str] = set()
+        #: The replicas last seen of each primary the pool named: when the pool names an
+        #: earlier primary again (the sentinels disagree for a moment during a failover: one
+        #: names the old primary after another named the new), its replica promoted meanwhile
+        #: is probed again at once, and the old primary is found superseded again, rather than
+        #: taken for a primary without replicas whose writes go unwaited.
+        self._seen: dict[Any, set[str]] = {}
         self._count: int | None = None
         self._read_at = 0.0
         #: The primary found superseded at the last look (one of its replicas was promoted,
@@ -181,7 +187,10 @@ class ReplicaWatch:
             redis.exceptions.RedisError: ``ROLE`` failed.
         """
         if primary != self._primary:  # the connections moved: a new primary, new replicas
-            self._primary, self._replicas, self._count = primary, set(), None
+            if self._primary is not None:
+                self._seen[self._primary] = self._replicas
+            self._primary, self._count = primary, None
+            self._replicas = set(self._seen.get(primary, ()))
             self.superseded = None
             self._silent.clear()
         if self._count is not None and time.monotonic() - self._read_at < REPLICAS_CHECK:

@@ -95,7 +95,7 @@ class RedisStateStore(StateStore):
         self.records = RedisRecords(conn, self.kind, self.lease)
         self.scheduling = RedisSchedule(conn, self.kind)
         self.dead_letter_box = RedisDeadLetters(conn, self.kind)
-        self.control = RedisControl(conn)
+        self.control = RedisControl(conn, self.kind)
         self.registry = RedisRegistry(conn)
         self.operations = RedisOperatorState(conn)
         self.browse = RedisBrowse(conn)

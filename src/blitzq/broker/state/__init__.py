@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 from ..outbox import Outbox
 from ..transport import Transport
-from ..values import Completion, DeadLetterFields, Scheduled
+from ..values import Completion, DeadLetterFields, Scheduled, UniqueSend
 from .browse import BrowseState
 from .control import ControlState
 from .dead_letters import DeadLetterLimits, DeadLetterState
@@ -61,6 +61,7 @@ __all__ = [
     "ScheduleState",
     "Scheduled",
     "StateStore",
+    "UniqueSend",
 ]
 
 

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..values import UniqueSend
 
 __all__ = ["ControlState"]
 
@@ -29,6 +33,21 @@ class ControlState(abc.ABC):  # noqa: B024 - every method has a default
 
         Returns:
             Per item, ``None`` when this call claimed the key, else the id holding it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support unique tasks")
+
+    async def enqueue_unique(self, items: Sequence[UniqueSend]) -> list[str | None]:
+        """Enqueue unique tasks: for each item, in one atomic step, claim ``item.key`` for
+        ``item.task_id`` for ``item.ttl`` seconds unless it is already held, and write the
+        message when this call claimed it (into its queue, the queue's outbox, or on the
+        schedule for a ``delay`` or ``eta``). A claim therefore never stands without its
+        message: a call whose reply is lost left both or neither, and a key held by the
+        item's own id (a retry of such a call) writes nothing again.
+
+        Returns:
+            Per item, ``None`` when the key holds the item's own id (claimed by this call or
+            an earlier one with that id, its message written then), else the id of the task
+            that holds it (a duplicate: nothing written).
         """
         raise NotImplementedError(f"{type(self).__name__} does not support unique tasks")
 

@@ -27,14 +27,38 @@ class RegistryState(abc.ABC):
         return
 
     @abc.abstractmethod
-    async def register_worker(self, worker_id: str, info: bytes, ttl: float) -> None:
-        """Record a live worker for ``ttl`` seconds (refreshed by its maintenance loop)."""
+    async def register_worker(
+        self,
+        worker_id: str,
+        info: bytes,
+        ttl: float,
+        counts: tuple[int, int] = (0, 0),
+        base: tuple[int, int] = (0, 0),
+    ) -> None:
+        """Record a live worker for ``ttl`` seconds (refreshed by its maintenance loop), and
+        add to the namespace's counters (:meth:`counters` ``processed`` / ``failed``) what its
+        counts grew by since the counts already added for ``worker_id``, atomically with the
+        registration. The counters then only grow and count every worker's runs once, so a
+        reader's rate is their difference between two reads, whenever it reads.
+
+        Args:
+            worker_id: the worker's key (unique per process).
+            info: its registration record.
+            ttl: seconds until the registration lapses without a renewal.
+            counts: ``(succeeded, failed)`` runs of the worker since it started.
+            base: the counts of the last registration the worker saw written: taken as
+                already added only when the store has none recorded for ``worker_id`` (the
+                first registration, ``(0, 0)``, or one after it lapsed). A call with counts
+                lower than those recorded (two writes crossing) or sent again adds nothing.
+        """
 
     @abc.abstractmethod
-    async def unregister_worker(self, worker_id: str, retired: tuple[int, int] = (0, 0)) -> None:
-        """Remove a worker's registration and add ``retired`` (tasks processed, failed since
-        its last registration) to the namespace's retired counts (:meth:`counters`
-        ``retired_processed`` / ``retired_failed``), so its last counts are not lost."""
+    async def unregister_worker(self, worker_id: str, counts: tuple[int, int] = (0, 0)) -> None:
+        """Remove a worker's registration and add what ``counts`` (its ``(succeeded,
+        failed)`` runs since it started) has above the counts already added for it to the
+        namespace's counters, so its last runs are counted too. A worker with none recorded
+        (never registered, unregistered already, or its registration lapsed and was taken
+        out by :meth:`lapsed_workers`) adds nothing."""
 
     @abc.abstractmethod
     async def workers(self) -> dict[str, bytes]:
@@ -42,8 +66,9 @@ class RegistryState(abc.ABC):
 
     async def lapsed_workers(self, limit: int = 100) -> dict[str, bytes]:
         """Take up to ``limit`` registrations whose ``ttl`` passed without a renewal or an
-        unregistration: each is removed and returned (id to its last info) to one caller
-        only. The default takes none (a store whose registrations vanish on their own)."""
+        unregistration: each is removed (its recorded counts too) and returned (id to its
+        last info) to one caller only. The default takes none (a store whose
+        registrations vanish on their own)."""
         return {}
 
     async def set_paused(self, queue: str, paused: bool) -> bool:
@@ -83,7 +108,9 @@ class RegistryState(abc.ABC):
 
     async def counters(self) -> dict[str, int]:
         """Namespace-wide event counters kept by the broker, e.g. ``{"stale_completions": 2}``
-        (completions dropped by fencing, see :meth:`complete`); absent counters are 0."""
+        (completions dropped by fencing, see :meth:`complete`), ``processed`` / ``failed``
+        (every worker's runs that succeeded / failed, as their registrations reported them:
+        :meth:`register_worker`); absent counters are 0."""
         return {}
 
     async def memory_policy(self) -> tuple[str, int] | None:
