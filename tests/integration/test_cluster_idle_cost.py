@@ -7,11 +7,14 @@ round every 0.3 s (``visibility_timeout`` 0.9 s) and the doorbell's safety looks
 (``IDLE_BLOCK`` = ``REVISIT_GAP``, so both workers are in the regime where one look per gap
 is made, whatever the number of queues). Once each settles into its idle wait, the
 servers' commands (``INFO commandstats``, every node, commands run by scripts included) are
-counted over a number of maintenance rounds (each registers the worker: one ``HSET``), and
-the commands per round of the 64-queue worker are compared with the 4-queue worker's: a
-look at every queue per period (as before) makes it about ten times as many; a flat cost
-about the same. Counting per round, not per second, keeps the comparison fair on a loaded
-machine (both periods stretch alike).
+counted over a number of maintenance rounds (each registers the worker: its ``HSET``), in a
+few windows one after the other, and the fewest commands per round of the 64-queue worker
+are compared with the 4-queue worker's: a look at every queue per period (as before) makes
+it several times as many; a flat cost about the same. Counting per round, not per second,
+keeps the comparison fair on a loaded machine (both periods stretch alike), and the fewest
+of a few windows leaves out the one-off work of a start (the first recovery round, before
+the looks tell which queues are empty; the first sample of the dashboard's series, which
+reads every level's depth once).
 
 Then a task enqueued on the last of the 64 queues (the safety looks made hours apart, so
 only its enqueue's ring can wake the worker in time) starts: awaited on an event.
@@ -35,8 +38,12 @@ from .proc_tasks import eventually, running
 
 pytestmark = pytest.mark.timeout(300)
 
-#: Maintenance rounds the commands are counted over.
+#: ``HSET`` calls (registrations: one or two a maintenance round) a window counts over.
 ROUNDS = 12
+#: Windows counted one after the other (the fewest commands per round is kept).
+WINDOWS = 4
+#: Commands our own reads make (left out of the counts).
+PROBES = ("info", "config|resetstat", "hello", "client|setinfo", "ping")
 
 
 @pytest.fixture(scope="module")
@@ -54,28 +61,15 @@ def private_cluster() -> Iterator[LocalCluster]:
         cluster.stop()
 
 
-def _calls(cluster: LocalCluster) -> dict[str, int]:
+def _calls(nodes: list[redis.Redis]) -> dict[str, int]:
     """Calls per command so far, summed over the primaries (our own reads left out)."""
     total: dict[str, int] = {}
-    for port in cluster.ports:
-        node = cluster.node(port)
-        try:
-            for name, stats in node.info("commandstats").items():
-                command = name.removeprefix("cmdstat_")
-                if command not in ("info", "config|resetstat"):
-                    total[command] = total.get(command, 0) + int(stats["calls"])
-        finally:
-            node.close()
+    for node in nodes:
+        for name, stats in node.info("commandstats").items():
+            command = name.removeprefix("cmdstat_")
+            if command not in PROBES:
+                total[command] = total.get(command, 0) + int(stats["calls"])
     return total
-
-
-def _reset(cluster: LocalCluster) -> None:
-    for port in cluster.ports:
-        node = cluster.node(port)
-        try:
-            node.config_resetstat()
-        finally:
-            node.close()
 
 
 @pytest.fixture
@@ -130,13 +124,22 @@ async def _commands_per_round(
             return _settled(worker, queue, names)
 
         await eventually(settled, bool, timeout=120)
-        _reset(cluster)
+        nodes = [cluster.node(port) for port in cluster.ports]
 
         async def counted() -> dict[str, int]:
-            return await asyncio.to_thread(_calls, cluster)
+            return await asyncio.to_thread(_calls, nodes)
 
-        calls = await eventually(counted, lambda c: c.get("hset", 0) >= ROUNDS, timeout=120)
-    return sum(calls.values()) / calls["hset"]
+        rates = []
+        try:
+            for _ in range(WINDOWS):
+                for node in nodes:
+                    node.config_resetstat()
+                calls = await eventually(counted, lambda c: c.get("hset", 0) >= ROUNDS, 120)
+                rates.append(sum(calls.values()) / calls["hset"])
+        finally:
+            for node in nodes:
+                node.close()
+    return min(rates)
 
 
 async def test_an_idle_workers_commands_per_round_do_not_grow_with_its_queues(
@@ -149,8 +152,8 @@ async def test_an_idle_workers_commands_per_round_do_not_grow_with_its_queues(
     monkeypatch.setattr(doorbell, "REVISIT_GAP", 0.3, raising=False)
     few = await _commands_per_round(private_cluster, namespaces, idle_workers, 4)
     many = await _commands_per_round(private_cluster, namespaces, idle_workers, 64)
-    # A look at each queue per period costs 6 commands a queue: 64 queues about 400 a round
-    # against some 45 for 4; a flat cost about the same on both.
+    # A look at each queue per period costs 7 commands a queue: 64 queues about 450 a round
+    # against some 30 for 4; a flat cost about the same on both.
     assert many < 3 * few, (few, many)
 
 
