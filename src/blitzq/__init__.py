@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         TaskExpired,
         TaskFailed,
         TaskTimeout,
+        UnknownQueue,
         UnknownTask,
     )
     from .extensions.middleware import EnqueueRefused, Middleware
@@ -84,6 +85,7 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "TaskExpired",
         "TaskFailed",
         "TaskTimeout",
+        "UnknownQueue",
         "UnknownTask",
     ),
     ".extensions.middleware": ("EnqueueRefused", "Middleware"),
@@ -147,6 +149,7 @@ __all__ = [
     "TaskRecord",
     "TaskState",
     "TaskTimeout",
+    "UnknownQueue",
     "UnknownTask",
     "Worker",
     "WorkflowExpired",

@@ -14,7 +14,7 @@ import re
 from typing import TYPE_CHECKING, Any, Final
 
 from .exceptions import ConfigurationError
-from .limits import MAX_ATTEMPT, MAX_CLOCK_AHEAD
+from .limits import MAX_ATTEMPT, MAX_CLOCK_AHEAD, MAX_TASK_ID
 from .options import FIELD_RULES
 from .serialization import Envelope
 
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from .options import Option
 
 #: What a name (a task id) may not hold: :func:`~blitzq.routing.check_name`'s rule, searched
-#: once per message on the worker's hot path (the rule itself words the error).
+#: once per message on the worker's hot path (the rule itself,
+#: :func:`~blitzq.routing.check_task_id`, words the error).
 _NOT_IN_NAMES: Final = re.compile("[{}\n\r\0 ]")
 
 #: The fields with a rule of :data:`~blitzq.options.FIELD_RULES` that may be ``None``.
@@ -32,9 +33,14 @@ _OPTIONAL: Final = ("timeout", "max_age", "correlation_id", "unique_key", "defer
 
 
 def usable_id(task_id: object) -> bool:
-    """Whether ``task_id`` passes the rule of a task id (``FIELD_RULES["id"]``): a record
-    and a dead letter may be written under it."""
-    return type(task_id) is str and bool(task_id) and _NOT_IN_NAMES.search(task_id) is None
+    """Whether ``task_id`` passes the rule of a task id (``FIELD_RULES["id"]``,
+    :func:`~blitzq.routing.check_task_id`; valid Unicode text aside, which a decoded message
+    always is): a record and a dead letter may be written under it."""
+    return (
+        type(task_id) is str
+        and 0 < len(task_id) <= MAX_TASK_ID
+        and _NOT_IN_NAMES.search(task_id) is None
+    )
 
 
 def _broken(name: str, value: Any) -> str | None:
@@ -64,7 +70,8 @@ def envelope_fault(env: Envelope, now: float) -> str | None:
     Returns:
         ``None``, or the first bad field, its value and its rule:
 
-        - ``id``: a non-empty str without spaces, braces or newlines (``task_id``'s rule);
+        - ``id``: a non-empty str of at most :data:`~blitzq.limits.MAX_TASK_ID` characters,
+          without spaces, braces or newlines (``task_id``'s rule);
         - ``created_at``, ``enqueued_at``: finite Unix seconds, >= 0 and at most
           :data:`~blitzq.limits.MAX_CLOCK_AHEAD` seconds past ``now`` (0 is an unknown time);
         - ``attempt``: an int from 1 to :data:`~blitzq.limits.MAX_ATTEMPT`;
@@ -84,6 +91,7 @@ def envelope_fault(env: Envelope, now: float) -> str | None:
         and env.deferrals is None
         and env.correlation_id is None
         and env.unique_key is None
+        and len(env.id) <= MAX_TASK_ID
         and (env.id.isalnum() or usable_id(env.id))  # isalnum: a generated id, at C speed
     ):
         return None  # the common message: no per-call field set

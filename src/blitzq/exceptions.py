@@ -17,6 +17,7 @@ recover narrowly::
     │   └── ResultExpired       the record waited for is gone for good (expired): no result
     ├── ResultNotStored         the task succeeded (or will) without storing its result
     ├── UnknownTask             no task registered under that name
+    ├── UnknownQueue            an operator's action names a queue nothing has used
     └── BrokerError             the broker could not be reached or answered an error
         ├── OutcomeUnknown      a write was sent but its reply was lost: maybe applied
         └── EmbeddedServerNotFound  no running embedded server for a read-only command
@@ -84,6 +85,28 @@ class ResultTooLarge(SerializationError):
 
 class UnknownTask(BlitzQError, LookupError):
     """No task is registered under the given name."""
+
+
+class UnknownQueue(BlitzQError, LookupError):
+    """An operator's action (pause, resume or purge a queue: ``blitzq queue ...``, the
+    dashboard) names a queue nothing has used in the namespace: no producer sent to it, no
+    worker or scheduler served it, it holds no message and is not paused (a typo, or the
+    wrong namespace). Nothing was changed. The CLI's ``--force`` (the dashboard's
+    ``"force": true``) acts all the same: to pause a queue before its first task.
+
+    Attributes:
+        queue: the queue name given.
+        namespace: the namespace it was looked for in.
+    """
+
+    def __init__(self, queue: str, namespace: str) -> None:
+        super().__init__(
+            f"unknown queue {queue!r} in namespace {namespace!r}: no producer, worker or "
+            "scheduler has used it, it holds no message and is not paused (check the name "
+            "and --namespace; --force acts on it all the same)"
+        )
+        self.queue = queue
+        self.namespace = namespace
 
 
 class TaskFailed(BlitzQError):

@@ -84,6 +84,11 @@ MAX_ATTEMPT: Final = 2**31 - 1
 #: ConfigurationError (CLI exit 2, dashboard 400) before it can exhaust the recursion limit.
 MAX_JSON_DEPTH: Final = 32
 
+#: Longest task id (characters): a ``task_id`` chosen at enqueue, and every id a lookup takes
+#: (``inspect``, ``cancel``, ``get_result``, ``blitzq task inspect``, the dashboard's routes),
+#: by one rule (:func:`blitzq.routing.check_task_id`). Generated ids are 32 characters.
+MAX_TASK_ID: Final = 512
+
 #: Largest request body the dashboard's JSON API reads (bytes); a larger one is answered 413
 #: without being read whole.
 MAX_REQUEST_BODY: Final = 64 * 1024

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ._checks import integer, seconds, text
 from .exceptions import ConfigurationError
 from .limits import MAX_ATTEMPT, MAX_SECONDS
-from .routing import check_name, check_priority, check_queue_name
+from .routing import check_priority, check_queue_name, check_task_id
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -233,7 +233,7 @@ def _counter(name: str, value: Any) -> int:
 #: (a message breaking one is dead-lettered, whoever wrote it). Per-call options middleware
 #: declare have the rule of their :class:`Option` (:func:`blitzq.envelope_checks.options_fault`).
 FIELD_RULES: Mapping[str, Callable[[str, Any], Any]] = {
-    "id": check_name,
+    "id": check_task_id,
     "timeout": seconds,
     "correlation_id": _text,
     "unique_key": _text,

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from .exceptions import ConfigurationError, SerializationError
+from .limits import MAX_TASK_ID
 from .redaction import mask_url, redact
 from .serialization import lookup_key
 
@@ -39,6 +40,37 @@ def check_name(kind: str, value: str) -> str:
             f"got {redact(repr(value))}"  # a URL given in the wrong place: masked
         )
     return value
+
+
+def check_task_id(kind: str, value: Any) -> str:
+    """Return ``value`` if it is usable as a task id: the one rule of a task id, wherever one
+    enters (``task.options(task_id=...)`` and ``send`` at enqueue, a worker decoding a message
+    through :data:`~blitzq.options.FIELD_RULES`, and every lookup: ``inspect``, ``cancel``,
+    ``get_result``, ``get_progress``, ``retry``, the CLI's ``TASK_ID``, the dashboard's routes),
+    so an id one of them refuses is refused by all, and one enqueue accepts is found by all.
+
+    Args:
+        kind: what the value is, for the message (``"task id"``, ``"task_id"``).
+        value: the id given.
+
+    Returns:
+        ``value``: a non-empty ``str`` of valid Unicode text, at most
+        :data:`~blitzq.limits.MAX_TASK_ID` characters, without spaces, braces, newlines or NUL
+        (:func:`check_name`).
+
+    Raises:
+        ConfigurationError: not a ``str``, empty, too long, or holding one of those characters.
+        SerializationError: not valid Unicode text (a lone surrogate, or a command-line
+            argument that was not UTF-8; :func:`~blitzq.serialization.lookup_key`).
+    """
+    if not isinstance(value, str):
+        raise ConfigurationError(f"{kind} must be a str, got {redact(repr(value))}")
+    if len(value) > MAX_TASK_ID:  # before check_name quotes it
+        raise ConfigurationError(
+            f"{kind} must be at most {MAX_TASK_ID} characters, got {len(value)} "
+            f"({redact(repr(value[:40]))}...)"
+        )
+    return lookup_key(kind, check_name(kind, value))
 
 
 def check_namespace(value: str) -> str:

@@ -228,12 +228,14 @@ async def remove_schedule(queue: Queue, name: str) -> bool:
     """Delete the run-time entry ``name`` (and its last run); ``True`` when it existed.
 
     Raises:
-        SerializationError, ConfigurationError: ``name`` is not valid Unicode text, or not a
-            ``str`` (see :func:`~blitzq.serialization.lookup_key`).
+        ConfigurationError: ``name`` breaks the rule :func:`add_schedule` holds a name to
+            (:func:`~blitzq.routing.check_name`: empty, a space, a brace, a newline).
+        SerializationError: ``name`` is not valid Unicode text
+            (:func:`~blitzq.serialization.lookup_key`).
         BrokerError: the broker could not be reached.
     """
     return await queue.broker.state.operations.remove_runtime_periodic(
-        lookup_key("schedule name", name)
+        lookup_key("schedule name", check_name("schedule name", name))
     )
 
 

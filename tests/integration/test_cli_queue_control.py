@@ -208,7 +208,8 @@ def test_worker_list_and_a_graceful_remote_shutdown(
 
 
 def test_a_burst_worker_does_not_wait_for_a_paused_queue(env: dict[str, str], queue: Queue) -> None:
-    assert blitzq(env, "queue", "pause", "qc").returncode == 0
+    # Paused before its first task: nothing has used qc yet, so it takes --force.
+    assert blitzq(env, "queue", "pause", "qc", "--force").returncode == 0
     held = queue.send_sync("qc.add", [1, 2], {})
     other = queue.send_sync("qc.add", [3, 4], {}, queue="other")
     done = blitzq(env, "worker", APP, "-Q", "qc,other", "--burst")
@@ -216,6 +217,13 @@ def test_a_burst_worker_does_not_wait_for_a_paused_queue(env: dict[str, str], qu
     assert other.result_sync(timeout=10) == 7
     assert queue.stats_sync(["qc"])["queues"]["qc"]["waiting"] == 1  # left for after resume
     assert queue.inspect_sync(held.id) is None
+    # `queue stats` says why a waiting task with a live worker does not run (user report).
+    table = blitzq(env, "queue", "stats", "-Q", "qc,other")
+    row = next(line for line in table.stdout.splitlines() if line.split()[:1] == ["qc"])
+    assert "paused" in row.split()
+    assert "paused: qc (blitzq queue resume QUEUE)" in table.stdout
+    listed = json.loads(blitzq(env, "--json", "queue", "stats", "-Q", "qc").stdout)
+    assert listed["paused"] == ["qc"]
     assert blitzq(env, "queue", "resume", "qc").returncode == 0
     again = blitzq(env, "worker", APP, "-Q", "qc", "--burst")
     assert again.returncode == 0, again.stdout + again.stderr

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -23,6 +26,7 @@ from blitzq.limits import MAX_REQUEST_BODY
 from blitzq.runtime_schedules import add_schedule
 from tests.conftest import free_port
 from tests.integration.test_cli_ops import ROOT, subprocess_env
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -66,6 +70,60 @@ def test_dashboard_command_checks_the_broker_before_serving(
     assert len(lines) == 1, done.stderr  # one line, no traceback
     assert lines[0].startswith(f"Error: broker error ({shown.format(port=port)}): {error}")
     assert "wrong" not in done.stderr  # the password is masked
+
+
+def test_a_port_in_use_is_one_line_and_exit_78_with_no_banner(
+    server_url: str, namespace: str
+) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "blitzq", "--redis-url", server_url, "--namespace",
+             namespace, "dashboard", APP, "--port", str(port)],
+            cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=45,
+        )  # fmt: skip
+    assert done.returncode == 78, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr  # no banner before it, no traceback
+    assert lines[0].startswith(f"Error: cannot serve the dashboard on 127.0.0.1:{port}: ")
+    assert "in use" in lines[0]
+
+
+def test_the_banner_names_the_bound_port_which_then_answers(
+    server_url: str, namespace: str
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "blitzq", "--redis-url", server_url, "--namespace", namespace,
+         "dashboard", APP, "--port", "0"],
+        cwd=ROOT, env=subprocess_env(), stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        banner = proc.stderr.readline()  # the first line: printed once the port is bound
+        found = re.match(r"blitzq dashboard http://127\.0\.0\.1:(\d+)/ ", banner)
+        assert found, banner
+        port = int(found.group(1))
+        assert port != 0
+        # Bound before the banner: a connection is accepted (queued) even before uvicorn
+        # serves, and answered once it does.
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+
+        def answers() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/queues", timeout=5) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        wait_until(answers, 30, "the dashboard to answer on the port its banner names")
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        if proc.stderr is not None:
+            proc.stderr.close()
 
 
 async def _serve(app: Any) -> tuple[asyncio.Task[None], asyncio.Queue[dict[str, str]]]:

@@ -39,6 +39,7 @@ CALLED = {
     "cancel", "claim_periodic", "complete", "drop_dead", "fetch_levels", "hand_over",
     "lock_acquire", "lock_renew", "outbox_restore", "outbox_take", "pop_levels", "progress",
     "promote", "prune", "publish", "purge_dead", "rate_acquire", "recover", "renew", "replay",
+    "purge_list",  # a purge of a list (a fast queue, an outbox): no MULTI, works when full
     "schedule", "take_handed", "trim_dead", "unique_claim", "unique_enqueue", "trace",
     "keep_running",
     # the spread layout of a Redis Cluster (spread.py, handoff.py)

@@ -18,7 +18,9 @@ from blitzq import ConfigurationError
 from blitzq.broker.amqp.channels import DELIVERIES, delivery_count
 from blitzq.envelope_checks import envelope_fault, options_fault, usable_id
 from blitzq.extensions.expiry import Expiry
+from blitzq.limits import MAX_TASK_ID
 from blitzq.options import CallOptions
+from blitzq.routing import check_task_id
 from blitzq.serialization import Envelope
 
 pytestmark = pytest.mark.timeout(30)
@@ -29,6 +31,8 @@ REFUSED: list[tuple[str, str, Any]] = [
     ("task_id", "id", "a b"),
     ("task_id", "id", "x{y}"),
     ("task_id", "id", "line\nbreak"),
+    ("task_id", "id", "x" * (MAX_TASK_ID + 1)),  # alphanumeric: the decode's fast path too
+    ("task_id", "id", "order:" + "7" * MAX_TASK_ID),
     ("timeout", "timeout", -1.0),
     ("timeout", "timeout", 0.0),
     ("timeout", "timeout", math.nan),
@@ -52,6 +56,40 @@ def test_a_deferrals_counter_out_of_range_is_a_fault(value: int) -> None:
     fault = envelope_fault(Envelope("t1", "t", "q", deferrals=value), time.time())
     assert fault is not None
     assert fault.startswith("deferrals is "), fault
+
+
+#: Ids enqueue refuses (``task.options(task_id=...)``): every lookup refuses them too.
+BAD_IDS: list[Any] = ["", " ", "a b", "x{y}", "line\nbreak", "cr\r", "nul\0", "x" * 513]
+#: Ids enqueue takes, chosen by a caller: every lookup takes them too.
+GOOD_IDS = ["order:42/retry-1", "x" * 512, "ünïcødé-😀", "periodic:hourly:1700000000"]
+
+
+def test_the_ids_above_straddle_the_limit() -> None:
+    assert MAX_TASK_ID == 512
+
+
+@pytest.mark.parametrize("value", [*BAD_IDS, 5, b"raw"], ids=repr)
+def test_one_task_id_rule_for_enqueue_decode_and_lookups(value: Any) -> None:
+    with pytest.raises(ConfigurationError):
+        CallOptions(task_id=value)
+    with pytest.raises(ConfigurationError):
+        check_task_id("task id", value)
+    assert not usable_id(value)
+
+
+@pytest.mark.parametrize("value", GOOD_IDS, ids=lambda v: v[:20])
+def test_ids_enqueue_takes_pass_every_check(value: str) -> None:
+    assert CallOptions(task_id=value).task_id == value
+    assert check_task_id("task id", value) == value
+    assert usable_id(value)
+    assert envelope_fault(Envelope(value, "t", "q"), time.time()) is None
+
+
+def test_an_absurd_id_is_refused_without_quoting_it_whole() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        check_task_id("task id", "y" * 1_000_000)
+    assert f"at most {MAX_TASK_ID} characters, got 1000000" in str(caught.value)
+    assert len(str(caught.value)) < 200
 
 
 def test_valid_fields_pass() -> None:

@@ -14,7 +14,13 @@ from click.core import ParameterSource
 
 from .. import config
 from .._checks import LOG_LEVELS
-from ..exceptions import BlitzQError, BrokerError, ConfigurationError, EmbeddedServerNotFound
+from ..exceptions import (
+    BlitzQError,
+    BrokerError,
+    ConfigurationError,
+    EmbeddedServerNotFound,
+    SerializationError,
+)
 from ..limits import MAX_SECONDS
 from ..redaction import mask_url as mask_url  # re-exported to the commands
 from ..redaction import redact
@@ -348,6 +354,23 @@ def cli_errors(url: str | None = None, *, config_exit: int = EXIT_CONFIG) -> Ite
         raise CliError(f"broker error ({_where(url, exc)}): {exc}") from None
     except BlitzQError as exc:
         raise CliError(str(exc)) from None
+
+
+def task_id_argument(value: str) -> str:
+    """``value``, a TASK_ID given on the command line, once it passes the rule of task ids
+    (:func:`~blitzq.routing.check_task_id`, the rule enqueue applies to ``task_id``): checked
+    before any broker is reached.
+
+    Raises:
+        CliUsageError: empty, too long, holding a space, brace, newline or NUL, or not UTF-8
+            (exit 2).
+    """
+    from ..routing import check_task_id  # here: `import blitzq.cli` loads no broker
+
+    try:
+        return check_task_id("TASK_ID", value)
+    except (ConfigurationError, SerializationError) as exc:
+        raise CliUsageError(str(exc)) from None
 
 
 def running_server_url() -> str:

@@ -17,6 +17,7 @@ import click
 from .._checks import is_loopback
 from ..exceptions import BlitzQError
 from ..logconfig import configure_logging
+from ..worker.ports import bind_port
 from ._common import (
     CliConfigError,
     CliUsageError,
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
     from ..queue import Queue
 
 __all__ = ["PASSWORD_ENV", "USER_ENV", "credentials", "dashboard_command"]
+
+#: Connections the dashboard's socket queues before they are accepted (uvicorn's default).
+BACKLOG = 2048
 
 USER_ENV = "BLITZQ_DASHBOARD_USER"
 PASSWORD_ENV = "BLITZQ_DASHBOARD_PASSWORD"
@@ -90,7 +94,9 @@ def dashboard_command(app: str, host: str, port: int, log_level: str, log_format
     API under /api. With BLITZQ_DASHBOARD_USER and BLITZQ_DASHBOARD_PASSWORD set, every
     request needs HTTP basic auth with them and --host may be any address; without them the
     dashboard asks for nothing and --host must be a loopback address (127.0.0.1, ::1,
-    localhost). Without a broker URL it uses the running embedded server.
+    localhost). Without a broker URL it uses the running embedded server. The address is
+    bound before the banner is printed: one that cannot be bound (a port in use) exits 78
+    with one line.
     """
     creds = credentials()
     if creds is None and not is_loopback(host):
@@ -121,18 +127,29 @@ def dashboard_command(app: str, host: str, port: int, log_level: str, log_format
     use_running_server(queue)
     with cli_errors(queue._redis_url or s.redis_url):
         asyncio.run(_check_broker(queue))
-    where = f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
-    click.echo(
-        click.style("blitzq dashboard", bold=True)
-        + f" {where} namespace={queue.namespace} broker={mask_url(queue.url)}"
-        + (" (basic auth)" if creds else " (no auth: loopback only)"),
-        err=True,
-    )
-    with cli_errors(queue._redis_url or s.redis_url):
-        uvicorn.run(
+    # Bound before the banner: a port in use is one line and exit 78, never a banner first.
+    with cli_errors():
+        sock = bind_port(host, port, "the dashboard")
+    with sock:
+        sock.listen(BACKLOG)  # connections from now on wait for uvicorn, never refused
+        bound = sock.getsockname()[1]  # port 0: the one the system chose
+        where = f"http://{'[' + host + ']' if ':' in host else host}:{bound}/"
+        click.echo(
+            click.style("blitzq dashboard", bold=True)
+            + f" {where} namespace={queue.namespace} broker={mask_url(queue.url)}"
+            + (" (basic auth)" if creds else " (no auth: loopback only)"),
+            err=True,
+        )
+        config = uvicorn.Config(
             create_app(queue, basic_auth=creds, loopback_only=creds is None),
             host=host,
-            port=port,
+            port=bound,
             log_level=log_level.lower(),
             access_log=log_level.lower() == "debug",
+            backlog=BACKLOG,
         )
+        server = uvicorn.Server(config)
+        with cli_errors(queue._redis_url or s.redis_url):
+            server.run(sockets=[sock])
+    if not server.started:  # as uvicorn.run: the application's startup failed (logged)
+        raise SystemExit(3)

@@ -35,6 +35,7 @@ from ._common import (
     run_with_queue,
     settings,
     short_time,
+    task_id_argument,
 )
 
 __all__ = ["Duration", "dead_letter_group"]
@@ -160,7 +161,8 @@ def dead_letter_list(limit: int, offset: int, **kwargs: Any) -> None:
 @global_options
 def dead_letter_show(task_id: str) -> None:
     """Show dead letter TASK_ID: task, queue, reason, error, time, arguments. Exits 1 when
-    there is no such dead letter."""
+    there is no such dead letter, 2 when TASK_ID cannot be a task id."""
+    task_id = task_id_argument(task_id)
 
     async def fetch(q: Queue) -> DeadLetter | None:
         f = await q.broker.get_dead_letter(task_id)
@@ -238,6 +240,8 @@ def dead_letter_replay(
     per_second = _rate(rate)
     if (task_id is None) == (not all_):
         raise CliUsageError("give a TASK_ID or --all (with filters), not both")
+    if task_id is not None:
+        task_id = task_id_argument(task_id)
     if task_id is not None and (any(v is not None for v in filters.values()) or limit):
         raise CliUsageError("filters and --limit apply to --all, not to one TASK_ID")
     queue = make_queue()

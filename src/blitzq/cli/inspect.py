@@ -23,7 +23,7 @@ from ..json_input import parse_json
 from ..progress import Progress
 from ..queue import Queue
 from ..records import TaskRecord, TaskState
-from ..routing import check_queue_name
+from ..routing import base_queue, check_queue_name
 from ..serialization import jsonable
 from ._common import (
     CliError,
@@ -36,6 +36,7 @@ from ._common import (
     run_with_queue,
     settings,
     short_time,
+    task_id_argument,
 )
 
 _STATE_STYLE = {
@@ -91,8 +92,10 @@ def task_inspect(task_id: str) -> None:
     a preview (at most 2048 bytes) from the record, else the dead letter or the scheduled
     message (``args_from`` says which); when none has them, ``args_note`` says why. Exits 1
     when nothing is known of it (never enqueued, waiting in its queue or running without
-    track_state, or expired after result_ttl).
+    track_state, or expired after result_ttl); exits 2 when TASK_ID cannot be a task id
+    (empty, too long, holding a space or a newline).
     """
+    task_id = task_id_argument(task_id)
 
     async def fetch(q: Queue) -> tuple[TaskRecord | None, Progress | None, dict[str, Any]]:
         record, progress = await q.inspect(task_id), await q.get_progress(task_id)
@@ -159,7 +162,10 @@ def task_inspect(task_id: str) -> None:
 _CANCEL_ANSWERS = {
     "scheduled": "taken off the schedule; it will never start",
     "queued": "marked cancelled; workers will skip it",
-    "pending": "marked cancelled; workers skip it, or stop it if it is running",
+    "pending": (
+        "queued without state tracking, running, or never enqueued; marked cancelled: "
+        "workers skip it, or stop it if it is running"
+    ),
     "running": "running; its worker was told to stop it",
     "finished": "already finished; nothing changed",
 }
@@ -173,14 +179,19 @@ def task_cancel(task_id: str) -> None:
     is stopped by its worker. Its record becomes ``cancelled``.
 
     Prints what the task was (scheduled, queued, pending, running, or finished, in which case
-    nothing changed); exits 0 in every case.
+    nothing changed); exits 0 in every case, but 2 when TASK_ID cannot be a task id (empty,
+    too long, holding a space or a newline).
     """
+    task_id = task_id_argument(task_id)
     answer = run_with_queue(lambda q: q.cancel(task_id))
     if settings().json:
         emit_json({"id": task_id, "was": answer, "cancelled": answer != "finished"})
         return
     text = _CANCEL_ANSWERS.get(answer, answer)
     style = "" if answer == "finished" else "yellow"
+    if answer == "pending":  # no record: queued without state tracking, running, or unknown
+        console().print(Text(f"task {task_id} has no record: {text}", style=style))
+        return
     console().print(Text(f"task {task_id} was {answer}: {text}", style=style))
 
 
@@ -273,15 +284,19 @@ def queue_group() -> None:
 )
 @global_options
 def queue_stats(queues: str | None) -> None:
-    """Waiting and in-flight messages per queue, scheduled tasks, dead letters, live workers."""
+    """Waiting and in-flight messages per queue (marked when paused), scheduled tasks, dead
+    letters, live workers."""
     names = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
 
-    async def collect(q: Queue) -> tuple[dict[str, Any], dict[str, bytes], str | None]:
+    async def collect(
+        q: Queue,
+    ) -> tuple[dict[str, Any], dict[str, bytes], str | None, set[str]]:
         warning = await check_eviction(q.broker)  # logs a WARNING naming the policy
-        return await q.stats(names), await q.broker.workers(), warning
+        stats, workers = await q.stats(names), await q.broker.workers()
+        return stats, workers, warning, await q.broker.paused_queues()
 
     queue = make_queue()
-    stats, workers, warning = run_with_queue(collect, queue)
+    stats, workers, warning, paused = run_with_queue(collect, queue)
     worker_docs = sorted(
         (worker_document(wid, raw) for wid, raw in workers.items()), key=lambda d: str(d["id"])
     )
@@ -295,6 +310,7 @@ def queue_stats(queues: str | None) -> None:
                 "namespace": queue.namespace,
                 "mode": queue.mode,
                 "queues": stats["queues"],
+                "paused": sorted(paused),
                 "scheduled": stats["scheduled"],
                 "dead_letters": stats["dead_letters"],
                 "wrong_type_keys": stats.get("wrong_type_keys", {}),
@@ -310,9 +326,15 @@ def queue_stats(queues: str | None) -> None:
         table.add_column("queue", overflow="fold")
         table.add_column("waiting", justify="right")
         table.add_column("in flight", justify="right")
+        table.add_column("", no_wrap=True)
         for name, counts in sorted(stats["queues"].items()):
-            table.add_row(Text(name), str(counts["waiting"]), str(counts["in_flight"]))
+            mark = Text("paused", style="yellow") if base_queue(name) in paused else Text("")
+            table.add_row(Text(name), str(counts["waiting"]), str(counts["in_flight"]), mark)
         out.print(table)
+        if paused:
+            out.print(
+                Text(f"paused: {', '.join(sorted(paused))} (blitzq queue resume QUEUE)", "yellow")
+            )
     else:
         out.print("no queues used yet")
     out.print(f"scheduled: {stats['scheduled']}")

@@ -30,6 +30,7 @@ from ..client.admin import worker_document
 from ..queue import Queue
 from ._common import (
     CliError,
+    CliUsageError,
     Seconds,
     console,
     emit_json,
@@ -124,7 +125,10 @@ def worker_list() -> None:
 def worker_shutdown(worker_id: str, timeout: float, no_wait: bool) -> None:
     """Ask the live worker ID (see `blitzq worker list`: its id, `host:slot` under a
     supervisor, or its key) to shut down gracefully, and wait until it has. Exit code 1 when
-    no live worker has that id, or it is still registered after --timeout."""
+    no live worker has that id, or it is still registered after --timeout; 2 when ID is
+    empty or blank."""
+    if not worker_id.strip():
+        raise CliUsageError(f"ID must be a worker id (see blitzq worker list), got {worker_id!r}")
 
     async def live(q: Queue) -> bool:
         docs = _docs(await q.broker.workers())

@@ -15,16 +15,23 @@ import msgspec
 
 from .._checks import integer
 from ..dead_letters import DeadLetter
-from ..exceptions import BrokerError, ConfigurationError, MessageTooLarge, SerializationError
+from ..exceptions import (
+    BrokerError,
+    ConfigurationError,
+    MessageTooLarge,
+    SerializationError,
+    UnknownQueue,
+)
 from ..extensions.unique import DEFAULT_UNIQUE_TTL, broker_key
 from ..ratelimit import RateLimit
-from ..routing import check_name
+from ..routing import base_queue, check_name, check_task_id, levels
 from ..serialization import decode_envelope, encode_envelope, loads, lookup_key
 from ..task import TaskHandle
 from . import testmode
 from .dead_letter_query import DeadLetterFilter, Pacer, ReplayOutcome, scan, summarize
 
 if TYPE_CHECKING:
+    from ..broker import Broker
     from .context import QueueContext
 
 
@@ -210,10 +217,10 @@ class Admin:
             SerializationError: the dead letter's message is malformed and cannot be replayed.
             MessageTooLarge: the message is over this Queue's ``max_message_size`` (bytes);
                 the dead letter stays.
-            SerializationError, ConfigurationError: ``task_id`` is not valid Unicode text,
-                or not a ``str`` (see :func:`~blitzq.serialization.lookup_key`).
+            SerializationError, ConfigurationError: ``task_id`` breaks the rule of task ids
+                (:func:`~blitzq.routing.check_task_id`).
         """
-        return await self._take(lookup_key("task id", task_id), None)
+        return await self._take(check_task_id("task id", task_id), None)
 
     async def _take(self, task_id: str, failed_at: float | None) -> TaskHandle[Any] | None:
         """:meth:`retry` of the dead letter of ``task_id`` that failed at ``failed_at`` (Unix
@@ -335,6 +342,42 @@ class Admin:
         return stats
 
 
+async def check_known_queue(
+    broker: Broker, namespace: str, name: str, declared: Iterable[str] = ()
+) -> None:
+    """Refuse an operator's action on a queue nothing has used (``blitzq queue pause|resume|
+    purge``, the dashboard's buttons): a typo would otherwise pause a queue no worker serves,
+    saying it changed something, or purge nothing and say so.
+
+    ``name`` (a queue, or one of its levels ``<queue>:high`` / ``<queue>:low``) is known when
+    the application declares it (``declared``), when any level of its queue is in the registry
+    of known queues (a producer sent to it, a worker or scheduler served it), when the queue
+    is paused, or when a level holds a message (waiting or in flight: the registry may have
+    been lost). Read-only: it writes nothing.
+
+    Args:
+        broker: the broker of the namespace.
+        namespace: its name, for the error.
+        name: the queue name given.
+        declared: queues the application declares (the dashboard's Queue: its name, its
+            tasks' and periodic entries' queues), known before their first task.
+
+    Raises:
+        UnknownQueue: ``name`` is none of those.
+        BrokerError: the broker could not be reached.
+    """
+    base = base_queue(name)
+    if base in {base_queue(q) for q in declared}:
+        return
+    lanes = levels(base)
+    if set(lanes) & set(await broker.known_queues()) or base in await broker.paused_queues():
+        return
+    stats = await broker.queue_stats(lanes)
+    if any(n for lane in stats.values() for n in lane.values()):
+        return
+    raise UnknownQueue(name, namespace)
+
+
 async def _unless_wrong_type(count: Awaitable[int]) -> int:
     """``count``'s answer, or 0 when its key holds another type (``wrong_type_keys`` names
     it)."""
@@ -357,4 +400,4 @@ def _rate(rate: float | str | None) -> float | None:
     return float(rate)
 
 
-__all__ = ["Admin"]
+__all__ = ["Admin", "check_known_queue"]

@@ -28,7 +28,7 @@ from ..exceptions import (
 from ..extensions.signals import Signal, SignalEvent
 from ..progress import Progress, decode_progress
 from ..records import TaskRecord, TaskState
-from ..serialization import lookup_key
+from ..routing import check_task_id
 from ..task import BoundTask, Task, TaskHandle
 from . import lookup, testmode
 from .patience import GRACE, patiently
@@ -96,14 +96,15 @@ class Results:
         state (``track_state=True``), so it reads ``None``.
 
         Raises:
-            SerializationError, ConfigurationError: a bad ``task_id`` (see
-                :func:`~blitzq.serialization.lookup_key`); BrokerError: no broker.
+            SerializationError, ConfigurationError: a bad ``task_id`` (empty, too long,
+                holding a space or a newline: :func:`~blitzq.routing.check_task_id`, the
+                rule enqueue applies to ``task_id``); BrokerError: no broker.
         """
-        return await lookup.inspect(self.queue.broker, lookup_key("task id", task_id))
+        return await lookup.inspect(self.queue.broker, check_task_id("task id", task_id))
 
     async def why_no_result(self, task_id: str, queue: str | None = None) -> str:
         """See :func:`~blitzq.client.lookup.why_no_result` (the hint of a result timeout)."""
-        task_id = lookup_key("task id", task_id)
+        task_id = check_task_id("task id", task_id)
         return await lookup.why_no_result(self.queue.broker, self.queue.namespace, task_id, queue)
 
     async def get_result(self, task_id: str, timeout: float | None = None) -> Any:
@@ -123,7 +124,7 @@ class Results:
             ResultTimeout: no final record arrived in time (the task may still run; with
                 ``store_result=False`` and no ``track_state`` a success writes no record,
                 so only the task's handle can tell at once: ``handle.result()``).
-            SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``), or
+            SerializationError, ConfigurationError: a bad ``task_id`` (``check_task_id``), or
                 a ``timeout`` that is not ``None`` or a finite number of seconds ``>= 0``.
         """
         return await self.wait_result(task_id, _checks.wait(timeout))
@@ -141,7 +142,7 @@ class Results:
         broker's ``since`` mark taken when the task was sent (see
         :meth:`~blitzq.broker.state.RecordsState.wait_for_record`); ``sent``: the caller sent it
         (:func:`~blitzq.client.lookup.end_if_gone` may end the wait early)."""
-        task_id = lookup_key("task id", task_id)
+        task_id = check_task_id("task id", task_id)
         timeout = _checks.wait(timeout)
         wait = _FOREVER if timeout is None else max(0.0, timeout)
         deadline = time.monotonic() + wait
@@ -221,9 +222,9 @@ class Results:
         Raises:
             TaskFailed: a final failure (or cancellation, expiry) is already recorded.
             ResultNotStored: otherwise.
-            SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``).
+            SerializationError, ConfigurationError: a bad ``task_id`` (``check_task_id``).
         """
-        data = await self.queue.broker.get_record(lookup_key("task id", task_id))
+        data = await self.queue.broker.get_record(check_task_id("task id", task_id))
         if data is not None:
             record = TaskRecord.from_bytes(data)
             if record.state is not TaskState.SUCCEEDED:
@@ -260,15 +261,15 @@ class Results:
             ResultNotStored: a handle's task does not store its result (see
                 :meth:`blitzq.TaskHandle.result`).
             BrokerError: the broker could not be reached.
-            SerializationError, ConfigurationError: an id is not valid Unicode text, or not
-                a ``str`` (see :func:`~blitzq.serialization.lookup_key`), or ``timeout`` is
+            SerializationError, ConfigurationError: an id breaks the rule of task ids
+                (:func:`~blitzq.routing.check_task_id`), or ``timeout`` is
                 not ``None`` or a finite number of seconds ``>= 0``; nothing is waited for.
         """
         timeout = _checks.wait(timeout)
         items = list(tasks)
         if not items:
             return []
-        ids = [t.id if isinstance(t, TaskHandle) else lookup_key("task id", t) for t in items]
+        ids = [t.id if isinstance(t, TaskHandle) else check_task_id("task id", t) for t in items]
         deadline = time.monotonic() + (_FOREVER if timeout is None else max(0.0, timeout))
         # One read of every record first (MGET in chunks): what is already final costs no wait.
         known: dict[str, Any] = {}
@@ -372,12 +373,12 @@ class Results:
             handlers get it as ``event.extra["was"]``, after the request was written.
 
         Raises:
-            SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``).
+            SerializationError, ConfigurationError: a bad ``task_id`` (``check_task_id``).
             OutcomeUnknown: the broker stopped answering after the cancel was sent
                 (``.task_id``); it may be applied. Cancelling again is safe.
             BrokerError: the broker could not be reached.
         """
-        task_id = lookup_key("task id", task_id)
+        task_id = check_task_id("task id", task_id)
         record = records.cancel_request(task_id, time.time())
         with unknown_outcome("cancel", (task_id,)):
             was = await self.queue.broker.cancel(task_id, record, self.queue.result_ttl)
@@ -395,9 +396,9 @@ class Results:
 
         Raises:
             BrokerError: the broker could not be reached.
-            SerializationError, ConfigurationError: a bad ``task_id`` (``lookup_key``).
+            SerializationError, ConfigurationError: a bad ``task_id`` (``check_task_id``).
         """
-        data = await self.queue.broker.get_progress(lookup_key("task id", task_id))
+        data = await self.queue.broker.get_progress(check_task_id("task id", task_id))
         if data is None:
             return None
         return decode_progress(data)[0]
@@ -427,9 +428,9 @@ class Results:
                 ``>= 0``, at the first iteration.
             BrokerError: the broker could not be reached.
             SerializationError, ConfigurationError: a bad ``task_id`` (see
-                :func:`~blitzq.serialization.lookup_key`), at the first iteration.
+                :func:`~blitzq.routing.check_task_id`), at the first iteration.
         """
-        task_id = lookup_key("task id", task_id)
+        task_id = check_task_id("task id", task_id)
         timeout = _checks.wait(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         last_at = -math.inf

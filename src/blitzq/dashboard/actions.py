@@ -1,6 +1,8 @@
 """The dashboard's actions: the state-changing API calls, each a POST whose JSON body must
 confirm its target (``{"confirm": "<the id or name acted on>"}``; 400 otherwise), behind the
-same guard as every other route of the app.
+same guard as every other route of the app. A purge, pause or resume of a queue nothing has
+used in the namespace and the application does not declare is refused (404, nothing changed;
+:class:`~blitzq.UnknownQueue`) unless the body also says ``"force": true``.
 
 Each reuses the client or broker call the CLI makes: cancel (``queue.cancel``), replay one
 dead letter or all matching a filter (``queue.retry`` / ``queue.retry_dead_letters``, as
@@ -21,11 +23,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..exceptions import MessageTooLarge, SerializationError
+from ..client.admin import check_known_queue
+from ..exceptions import MessageTooLarge, SerializationError, UnknownQueue
 from ..periodic import PeriodicTask
-from ..routing import check_name, check_queue_name, levels
+from ..routing import base_queue, check_name, check_queue_name, levels
 from ..runtime_schedules import RuntimeEntries
-from .http import ApiError, body, json_response, task_id
+from .http import ApiError, body, json_response, task_id, worker_id
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -53,6 +56,15 @@ async def _confirmed(request: Request, target: str) -> dict[str, Any]:
 def _physical(name: str) -> list[str]:
     check_name("queue name", name)
     return [name] if name.endswith((":high", ":low")) else levels(name)
+
+
+def declared_queues(queue: Queue) -> set[str]:
+    """The queues ``queue``'s application declares: its name, each registered task's queue and
+    each periodic entry's (base names); known to the actions before their first task."""
+    names = {queue.name}
+    names.update(task.queue for task in queue.tasks.values())
+    names.update(base_queue(entry.target_queue()) for entry in queue.periodic_tasks.values())
+    return names
 
 
 def action_routes(queue: Queue, runtime: RuntimeEntries) -> list[Route]:
@@ -97,10 +109,20 @@ def action_routes(queue: Queue, runtime: RuntimeEntries) -> list[Route]:
             counts[o.outcome] = counts.get(o.outcome, 0) + 1
         return json_response({"matched": len(outcomes), "outcomes": counts})
 
+    async def known(name: str, payload: dict[str, Any]) -> None:
+        """Refuse (404) a queue nothing has used, unless the body says ``"force": true``."""
+        if payload.get("force") is True:
+            return
+        try:
+            await check_known_queue(queue.broker, queue.namespace, name, declared_queues(queue))
+        except UnknownQueue as exc:
+            raise ApiError(404, str(exc)) from None
+
     async def purge_queue(request: Request) -> Response:
         name = request.path_params["name"]
-        await _confirmed(request, name)
+        payload = await _confirmed(request, name)
         physical = _physical(name)
+        await known(name, payload)
         return json_response(
             {"queue": name, "purged": sum([await queue.purge_queue(p) for p in physical])}
         )
@@ -108,7 +130,7 @@ def action_routes(queue: Queue, runtime: RuntimeEntries) -> list[Route]:
     def pause_queue(paused: bool) -> Endpoint:
         async def endpoint(request: Request) -> Response:
             name = check_queue_name("queue name", request.path_params["name"])
-            await _confirmed(request, name)
+            await known(name, await _confirmed(request, name))
             changed = await queue.broker.set_paused(name, paused)
             return json_response({"queue": name, "paused": paused, "changed": changed})
 
@@ -149,13 +171,13 @@ def action_routes(queue: Queue, runtime: RuntimeEntries) -> list[Route]:
         return endpoint
 
     async def shutdown_worker(request: Request) -> Response:
-        ident = task_id(request.path_params["worker_id"])
+        ident = worker_id(request.path_params["worker_id"])
         await _confirmed(request, ident)
         await queue.broker.request_shutdown(ident)
         return json_response({"worker": ident, "asked": "shutdown"})
 
     async def resize_worker(request: Request) -> Response:
-        ident = task_id(request.path_params["worker_id"])
+        ident = worker_id(request.path_params["worker_id"])
         payload = await _confirmed(request, ident)
         size = payload.get("concurrency")
         if isinstance(size, bool) or not isinstance(size, int):

@@ -9,15 +9,25 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..exceptions import ConfigurationError
+from ..exceptions import ConfigurationError, SerializationError
 from ..json_input import parse_json
-from ..limits import MAX_REQUEST_BODY
+from ..limits import MAX_REQUEST_BODY, MAX_TASK_ID
+from ..routing import check_task_id
 from . import data
 
-__all__ = ["MAX_ID", "MAX_LIMIT", "ApiError", "body", "json_response", "number", "task_id"]
+__all__ = [
+    "MAX_ID",
+    "MAX_LIMIT",
+    "ApiError",
+    "body",
+    "json_response",
+    "number",
+    "task_id",
+    "worker_id",
+]
 
-#: Longest task id the API accepts (characters).
-MAX_ID = 512
+#: Longest task or worker id the API accepts (characters): the rule of task ids'.
+MAX_ID = MAX_TASK_ID
 #: Most dead letters one API call returns.
 MAX_LIMIT = 500
 
@@ -43,10 +53,30 @@ def json_response(content: Any, status: int = 200) -> Response:
 
 
 def task_id(raw: str) -> str:
-    task_id = raw.strip()
-    if not task_id or len(task_id) > MAX_ID or not task_id.isprintable():
-        raise ApiError(400, f"not a task id (1 to {MAX_ID} printable characters)")
-    return task_id
+    """``raw`` (a route's task id) once it passes the rule of task ids
+    (:func:`~blitzq.routing.check_task_id`, the rule enqueue applies): refused as given, never
+    trimmed into another id.
+
+    Raises:
+        ApiError: 400 otherwise.
+    """
+    try:
+        return check_task_id("task id", raw)
+    except (ConfigurationError, SerializationError) as exc:
+        raise ApiError(400, f"not a task id: {exc}") from None
+
+
+def worker_id(raw: str) -> str:
+    """``raw`` (a route's worker id, surrounding blanks removed) when it is 1 to
+    :data:`MAX_ID` printable characters.
+
+    Raises:
+        ApiError: 400 otherwise.
+    """
+    ident = raw.strip()
+    if not ident or len(ident) > MAX_ID or not ident.isprintable():
+        raise ApiError(400, f"not a worker id (1 to {MAX_ID} printable characters)")
+    return ident
 
 
 def integer(request: Request, name: str, default: int, low: int, high: int) -> int:

@@ -25,15 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
-import socket
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..exceptions import ConfigurationError
 from ..redaction import redact
-from .ports import PortInUse
+from .ports import bind_port
 
 try:
     import uvicorn
@@ -190,25 +188,6 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` (uvicorn listens on it).
-
-    Raises:
-        ConfigurationError: the address cannot be bound (no permission, bad host; a
-            :class:`~blitzq.worker.ports.PortInUse` when another socket holds it).
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        kind = PortInUse if exc.errno == errno.EADDRINUSE else ConfigurationError
-        raise kind(f"cannot serve health endpoints on {host}:{port}: {exc}") from None
-    return sock
-
-
 async def serve_health(app: Starlette, host: str, port: int) -> tuple[Any, asyncio.Task[None]]:
     """Start serving ``app`` on ``host:port`` in the running event loop; return the server
     and its task once it listens.
@@ -216,7 +195,7 @@ async def serve_health(app: Starlette, host: str, port: int) -> tuple[Any, async
     Raises:
         ConfigurationError: the address cannot be bound.
     """
-    sock = _bind(host, port)
+    sock = bind_port(host, port, "health endpoints")
     config = uvicorn.Config(
         app, log_config=None, access_log=False, lifespan="off", log_level="warning"
     )

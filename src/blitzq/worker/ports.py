@@ -1,14 +1,17 @@
 """The ports of a worker's operations endpoints (:mod:`.endpoints`): which port a worker of a
 supervisor's slot serves (``BLITZQ_WORKER_SLOT``), how long a port still held by the slot's
-previous worker is retried (``BLITZQ_OPS_PORT_WAIT``), the check of the port options, and
-:class:`PortInUse`. A leaf: the endpoints, the health and metrics servers and the supervisor
-import it, it imports none of them.
+previous worker is retried (``BLITZQ_OPS_PORT_WAIT``), the check of the port options,
+:func:`bind_port` (the health endpoints' and the dashboard's socket) and :class:`PortInUse`.
+A leaf: the endpoints, the health and metrics servers, the supervisor and ``blitzq
+dashboard`` import it, it imports none of them.
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import os
+import socket
 from typing import Any
 
 from .._checks import integer, text
@@ -23,6 +26,32 @@ PORT_WAIT_ENV = "BLITZQ_OPS_PORT_WAIT"
 
 class PortInUse(ConfigurationError):
     """An ops port is held by another socket (``EADDRINUSE``)."""
+
+
+def bind_port(host: str, port: int, what: str) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (not yet listening), for a server to listen on: the
+    worker's health endpoints, the dashboard. Bound before anything says it serves, so a port
+    in use is an error at once, not after a banner.
+
+    Args:
+        host: the address (an IPv6 one holds ``:``).
+        port: the TCP port (0: any free port; ``getsockname()`` tells which).
+        what: what is served, for the error (``"health endpoints"``, ``"the dashboard"``).
+
+    Raises:
+        ConfigurationError: the address cannot be bound (no permission, bad host; a
+            :class:`PortInUse` when another socket holds it).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        kind = PortInUse if exc.errno == errno.EADDRINUSE else ConfigurationError
+        raise kind(f"cannot serve {what} on {host}:{port}: {exc}") from None
+    return sock
 
 
 def port_wait() -> float:
@@ -56,4 +85,12 @@ def check_ops_options(metrics_port: Any, health_port: Any, host: Any) -> None:
     text("ops_host", host, optional=False)
 
 
-__all__ = ["PORT_WAIT_ENV", "SLOT_ENV", "PortInUse", "check_ops_options", "port_wait", "slot_port"]
+__all__ = [
+    "PORT_WAIT_ENV",
+    "SLOT_ENV",
+    "PortInUse",
+    "bind_port",
+    "check_ops_options",
+    "port_wait",
+    "slot_port",
+]

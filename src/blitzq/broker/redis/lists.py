@@ -164,10 +164,6 @@ class ListsTransport(RedisPart, Transport):
     @translate_errors
     async def purge_queue(self, queue: str) -> int:
         """Delete the queue's list (UNLINK: a long list is freed off the server's main
-        thread)."""
-        key = self.keys.list(queue)
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.llen(key)
-            pipe.execute_command("UNLINK", key)  # a cluster pipeline splits unlink()
-            length, _ = await pipe.execute()
-        return int(length)
+        thread) and return its length, in one script (``purge_list.lua``, not MULTI: it
+        works on a server at its maxmemory, which the purge may be there to free)."""
+        return int(await self.scripts.call("purge_list", keys=[self.keys.list(queue)], args=[]))

@@ -47,9 +47,12 @@ class RedisOperatorState(RedisPart, OperationsState):
 
     @translate_errors
     async def remove_runtime_periodic(self, name: str) -> bool:
-        """Delete the entry ``name`` and its last run, in one transaction; ``True`` when the
-        entry existed."""
-        async with self.client.pipeline(transaction=True) as pipe:
+        """Delete the entry ``name``, then its last run (one pipeline: both reach the server in
+        one write, in that order); ``True`` when the entry existed.
+
+        Not a MULTI: a server at its maxmemory refuses every command queued in one, deletions
+        too, and removing an entry is something an operator does to such a server."""
+        async with self.client.pipeline(transaction=False) as pipe:
             pipe.hdel(self.keys.periodic_runtime, name)
             pipe.hdel(self.keys.periodic, name)
             removed, _ = await pipe.execute()

@@ -78,15 +78,10 @@ class RedisOutbox(RedisPart, Outbox):
 
     @translate_errors
     async def purge(self, queue: str) -> int:
-        """LLEN and UNLINK of the queue's outbox, SREM from ``{ns}:outboxes`` (one
-        MULTI/EXEC)."""
-        key = self.keys.outbox(queue)
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.llen(key)
-            pipe.execute_command("UNLINK", key)  # a cluster pipeline's unlink() is a coroutine
-            pipe.srem(self.keys.outboxes, queue)
-            length, _, _ = await pipe.execute()
-        return int(length)
+        """LLEN and UNLINK of the queue's outbox, SREM from ``{ns}:outboxes`` (one script,
+        ``purge_list.lua``, not MULTI: it works on a server at its maxmemory)."""
+        keys = [self.keys.outbox(queue), self.keys.outboxes]
+        return int(await self.scripts.call("purge_list", keys=keys, args=[queue]))
 
     async def close(self) -> None:
         """Nothing: the connection is the state store's, closed with it."""

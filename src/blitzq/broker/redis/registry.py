@@ -136,19 +136,18 @@ class RedisRegistry(RedisPart, RegistryState):
     @translate_errors
     async def set_paused(self, queue: str, paused: bool) -> bool:
         """Pause (``paused``) or resume a queue for every worker of the namespace: the set
-        ``{ns}:paused`` and a push on the event channel, in one MULTI. Returns whether the
-        state changed (``False``: it already was)."""
+        ``{ns}:paused``, then a push on the event channel (a worker that misses the push reads
+        the set at its next maintenance round). Returns whether the state changed
+        (``False``: it already was).
+
+        Two commands, not a MULTI: a server at its maxmemory (``noeviction``) refuses every
+        command queued in a MULTI, while a plain SREM works there, so a queue can be resumed
+        on a full server (the SADD of a pause is a write such a server refuses: an
+        ``OutOfMemoryError`` BrokerError, nothing changed, nothing pushed)."""
         keys = self.keys
-        push = ("p:" if paused else "u:") + queue
-        if self.conn.cluster:  # a cluster's pipeline refuses the keyless PUBLISH
-            change = self.client.sadd if paused else self.client.srem
-            changed = await change(keys.paused, queue)
-            await self.client.publish(keys.events, push)
-            return bool(changed)
-        async with self.client.pipeline(transaction=True) as pipe:
-            (pipe.sadd if paused else pipe.srem)(keys.paused, queue)
-            pipe.publish(keys.events, push)
-            changed, _ = await pipe.execute()
+        change = self.client.sadd if paused else self.client.srem
+        changed = await change(keys.paused, queue)
+        await self.client.publish(keys.events, ("p:" if paused else "u:") + queue)
         return bool(changed)
 
     @translate_errors
