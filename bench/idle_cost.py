@@ -251,7 +251,9 @@ def main() -> None:
         "--seconds",
         type=float,
         default=60.0,
-        help="measured span per run (at least 30: a cluster's idle looks come every 30 s)",
+        help="measured span per run (300 to see every periodic step: each stream's "
+        "pruning and a cluster's safety looks of each queue come every 120-300 s with a "
+        "few queues, one per 30 s / 15 s with many)",
     )
     parser.add_argument(
         "--settle",

@@ -10,6 +10,7 @@ would drop (docs/guarantees.md, "Across a Sentinel failover").
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import subprocess
 import tempfile
@@ -22,7 +23,7 @@ import pytest
 import redis
 
 from blitzq import BrokerError, ConfigurationError, Queue
-from blitzq.broker.redis.sentinel import parse_sentinel_url
+from blitzq.broker.redis.sentinel import make_sentinel_client, parse_sentinel_url
 
 from ..conftest import free_port
 from ..polling import wait_until
@@ -187,6 +188,26 @@ async def test_url_grammar() -> None:
     ):
         with pytest.raises(ConfigurationError):
             Queue(redis_url=bad).broker  # noqa: B018 -- the broker is made on first use
+
+
+def test_a_url_without_wait_replicas_warns_once_of_the_enqueue_window(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A user-style test lost 146 of 300 enqueues across a ``SENTINEL FAILOVER`` on a URL
+    without ``wait_replicas``, with no error and nothing logged: the window is documented,
+    and now said once per service and process; naming ``wait_replicas`` (0 included) is the
+    user's choice, said nothing of."""
+    service = f"warned-{uuid.uuid4().hex[:8]}"
+    hosts = f"127.0.0.1:{free_port()}"
+    with caplog.at_level(logging.WARNING, logger="blitzq.broker"):
+        for _ in range(2):
+            make_sentinel_client(f"redis+sentinel://{hosts}/{service}")
+        make_sentinel_client(f"redis+sentinel://{hosts}/{service}-0?wait_replicas=0")
+        make_sentinel_client(f"redis+sentinel://{hosts}/{service}-1?wait_replicas=1")
+    warned = [r.getMessage() for r in caplog.records if "names no wait_replicas" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert f"/{service} names no wait_replicas" in warned[0]
+    assert "wait_replicas=1" in warned[0]
 
 
 @pytest.mark.timeout(240)  # the set's setup may take 90 s on a loaded machine

@@ -104,7 +104,7 @@ def _took_over(cluster: Any, replica: int, stream: str) -> bool:
         return False
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 @pytest.mark.parametrize("layout", ["spread", "slot"])
 async def test_a_task_the_lagging_shard_replica_never_heard_of_does_not_run_before_it_does(
     replicated_cluster: Any, layout: str
@@ -156,7 +156,7 @@ async def test_a_task_the_lagging_shard_replica_never_heard_of_does_not_run_befo
         await asyncio.to_thread(
             wait_until,
             lambda: _id(_last_ids(cluster, primary, stream)[1]) >= _id(last),
-            60,
+            150,  # each read fails (WAIT), then backs off up to 5 s: slow on a loaded machine
             "the worker read every task enqueued while the replica lagged",
         )
         cluster.kill(primary)

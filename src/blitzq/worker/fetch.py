@@ -10,8 +10,9 @@ start. Excess work stays in the broker. Where the transport can (every shipped o
 worker's one blocking read over all their levels (:class:`~blitzq.worker.idle.SharedRead`),
 and a loop whose last shared read brought nothing joins the next without looking first, so
 an idle worker costs one command per ``block_timeout`` whatever the number of its queues (on
-a cluster's spread layout a look per queue per ``doorbell.IDLE_BLOCK`` woken by announced
-arrivals, on RabbitMQ nothing: ``broker/redis/doorbell.py``, ``AmqpTransport.block_first``).
+a cluster's spread layout looks woken by announced arrivals, and one safety look per
+``doorbell.REVISIT_GAP`` at most, on RabbitMQ nothing: ``broker/redis/doorbell.py``,
+``AmqpTransport.block_first``).
 What is fetched goes to the :class:`~blitzq.worker.runner.Runner`, which frees the slots
 when the run ends.
 
@@ -327,8 +328,9 @@ class Fetcher:
             return False
         logger.warning(
             "fetch from %s: no reply read within the client's time limit (%s), yet the server "
-            "answers at once: this process was paused (SIGSTOP, a VM pause), its event loop "
-            "blocked, or the network stalled for a moment; fetching again",
+            "answers at once: this process's event loop did not run (a thread task holding "
+            "the GIL, blocking code in an async def task, a paused process: SIGSTOP, a VM "
+            "pause) or the network stalled for a moment; fetching again",
             queue,
             error,
         )

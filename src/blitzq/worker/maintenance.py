@@ -14,7 +14,8 @@
 - Maintenance registers the worker and, in reliable mode, renews the leases of running tasks
   every ``visibility_timeout / 3`` and recovers messages abandoned by dead workers (on the
   queues that hold any message: one read over all streams finds them,
-  :meth:`~blitzq.broker.transport.Transport.occupied`). Between
+  :meth:`~blitzq.broker.transport.Transport.occupied`), and prunes the consumer groups' idle
+  consumers, one stream in turn (:mod:`.pruning`). Between
   those rounds the registration is written again once a second while the worker's counts
   (running, processed, failed) change, so ``queue stats`` and the dashboard are at most about
   a second behind a busy worker; an idle worker writes nothing more.
@@ -40,9 +41,10 @@ from ..broker import Broker
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, describe_error
 from ..extensions.signals import Signal, SignalEvent
 from ..serialization import loads
-from .bad_keys import wrong_type
 from .limiter import Slots
 from .pausing import Pausable, Pausing
+from .pruning import Pruning
+from .stalls import StallWatch
 from .unknown import Handed, take_handed
 
 if TYPE_CHECKING:
@@ -70,9 +72,6 @@ COUNTS_REFRESH = 1.0
 #: Seconds the event listener waits before subscribing again after an error (doubling).
 EVENT_RETRY_MIN = 0.5
 EVENT_RETRY_MAX = 5.0
-#: Seconds between two prunings of the streams' idle consumers (they are pruned after
-#: ``max(600, 10 * visibility_timeout)`` s idle, so this keeps the group bounded).
-PRUNE_EVERY = 300.0
 #: Runs a worker's registration lists at most (``blitzq worker list``).
 REGISTERED_RUNS = 20
 
@@ -201,6 +200,8 @@ class Maintenance:
         self._malformed_logged = -math.inf
         #: The paused queues, followed and applied to the transport (``pausing.py``).
         self.pausing = Pausing(worker, broker)
+        #: The event loop's stalls, noticed by a sleeper of its own (``stalls.py``).
+        self.stalls = StallWatch(vt)
 
     async def start(self) -> list[asyncio.Task[None]]:
         """Register the worker and load the cancelled ids, then start the loops; the worker
@@ -219,6 +220,7 @@ class Maintenance:
             asyncio.create_task(self._promote_loop(), name="blitzq-promoter"),
             asyncio.create_task(self._event_loop(), name="blitzq-events"),
             asyncio.create_task(self._maintain_loop(), name="blitzq-maintenance"),
+            asyncio.create_task(self.stalls.run(), name="blitzq-stalls"),
         ]
         if self.broker.supports_recovery:  # messages other workers hand over (unknown.py)
             loops.append(asyncio.create_task(self._handed_loop(), name="blitzq-handed"))
@@ -412,8 +414,7 @@ class Maintenance:
         worker, broker = self.worker, self.broker
         queue = worker.queue
         vt = queue.visibility_timeout
-        rounds = 0
-        prune_every = max(1, int(PRUNE_EVERY / self.interval))
+        pruning = Pruning(broker, vt)
         next_sync = time.monotonic() + REVOCATION_SYNC
         while True:
             try:  # alone: a refused registration (server out of memory) must not stop renewals
@@ -443,10 +444,7 @@ class Maintenance:
                     # over all (an idle worker's round costs one command, not one per queue).
                     for q in await broker.transport.occupied(worker.physical_queues):
                         await self._recover(q, vt)
-                    if rounds % prune_every == 0:
-                        for q in worker.physical_queues:
-                            await self._prune(q, vt)
-                rounds += 1
+                    await pruning.step(worker.physical_queues)  # one stream, in turn
             except BrokerError as exc:  # at DEBUG when the lost connection was logged already
                 logger.log(
                     logging.DEBUG if exc.reported else logging.WARNING, "maintenance: %s", exc
@@ -555,13 +553,6 @@ class Maintenance:
                 await self.register()
             except BrokerError as exc:
                 logger.debug("could not refresh the worker's registration: %s", exc)
-
-    async def _prune(self, q: str, vt: float) -> None:
-        try:
-            await self.broker.prune_consumers(q, max(600.0, 10 * vt))
-        except BrokerError as exc:  # a level of the wrong type: the fetch loop names it
-            if not wrong_type(exc):
-                raise
 
     async def _recover(self, q: str, vt: float) -> None:
         queue = self.worker.queue

@@ -15,9 +15,17 @@ queues would hold N blocked connections and send N reads per block. Instead, on 
    queue is watched, and only then: a busy queue's enqueues publish nothing once its mark
    lapsed;
 3. the worker waits on this :class:`Doorbell`, rung by its event listener (one pub/sub
-   connection it holds anyway), up to :data:`IDLE_BLOCK` seconds, then looks again at the
-   queues rung (or at all of them after the block, or after the listener subscribed again:
-   a push may have been missed while it was not subscribed).
+   connection it holds anyway), then looks again at the queues rung (at all of them after
+   the listener subscribed again: a push may have been missed while it was not subscribed).
+
+An idle worker's cost does not grow with its queues: a queue whose last look left it watched
+and that no ring named since is not looked at again by the next read (the doorbell keeps
+which, :attr:`Doorbell.looked`), so a read costs nothing until a ring. A safety look (a
+write that did not ring, a mark lost with a failed-over node) takes the queue looked at
+least recently, one every :func:`revisit_gap` seconds: each queue every
+:data:`IDLE_BLOCK` seconds when the worker has a few, every ``queues x``
+:data:`REVISIT_GAP` seconds past :data:`IDLE_BLOCK` / :data:`REVISIT_GAP` queues, so at most
+one look per :data:`REVISIT_GAP` seconds, whatever the number of queues.
 
 No arrival is missed: the look and the mark are one step in the queue's slot, and a writer
 reads the mark after its write in one step too, so either the look sees the message or the
@@ -27,8 +35,8 @@ made when it subscribes again. While the listener is not subscribed the doorbell
 every write into a queue rings: an enqueue, a relay's hand-off (delays, retries, periodic
 tasks, workflow steps), a requeue in a completion and a recovery's re-add (the last two
 from the client, after the write). A write that does not ring (a hand-made ``XADD``) waits
-at most :data:`IDLE_BLOCK` seconds for an idle worker (a busy worker reads it at its next
-fetch). Only the spread layout needs this: ``?layout=slot`` keeps every stream in the
+for an idle worker's safety look of its queue (:func:`revisit_period`; a busy worker reads
+it at its next fetch). Only the spread layout needs this: ``?layout=slot`` keeps every stream in the
 namespace's slot, and blocks on all of them in one read as a single server does
 (``blocking.NodePool``).
 """
@@ -36,22 +44,47 @@ namespace's slot, and blocks on all of them in one read as a single server does
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Sequence
+import math
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ...routing import base_queue
 from .keys import GROUP
 
-#: Seconds an idle worker on a cluster waits for a ring before it looks at its queues again:
-#: every write into a queue on the spread layout rings, so this only bounds a message that
-#: reached a stream some other way (a hand-made XADD), and how stale the looks' view of
-#: which queues hold anything (for recovery) may get.
+#: Seconds between two safety looks of one queue by an idle worker on a cluster with a few
+#: queues (:func:`revisit_period`): every write into a queue on the spread layout rings, so
+#: this only bounds a message that reached a stream some other way (a hand-made XADD) or
+#: whose queue's mark was lost, and how stale the looks' view of which queues hold anything
+#: (for recovery) may get.
 IDLE_BLOCK = 120.0
-#: Seconds a queue stays watched after the last look that found it empty (two blocks: a
-#: worker looks again before it lapses; a ring deletes it at once anyway).
+#: Fewest seconds between two safety looks of an idle worker (of one queue each), so that
+#: their cost stays flat in the number of queues: about 6 commands (a look at 3 levels) per
+#: 15 s at most.
+REVISIT_GAP = 15.0
+#: Fewest seconds a queue stays watched after the last look that found it empty (it stays
+#: twice :func:`revisit_period`: a worker looks again before it lapses; a ring deletes it at
+#: once anyway).
 WATCH_TTL = 2 * IDLE_BLOCK
 #: The event channel's kind letter of an arrival (``<letter>:<queue>``).
 READY = "q"
+
+
+def revisit_period(queues: int) -> float:
+    """Seconds between two safety looks of each of ``queues`` queues by an idle worker:
+    :data:`IDLE_BLOCK`, or ``queues x`` :data:`REVISIT_GAP` when that is longer."""
+    return max(IDLE_BLOCK, queues * REVISIT_GAP)
+
+
+def revisit_gap(queues: int) -> float:
+    """Seconds between two safety looks (of one queue each) of an idle worker on ``queues``
+    queues: :func:`revisit_period` shared among them, at least :data:`REVISIT_GAP`."""
+    return revisit_period(queues) / max(1, queues)
+
+
+def watch_ttl(queues: int) -> float:
+    """Seconds a look's watch mark lives, for a worker on ``queues`` queues: twice
+    :func:`revisit_period`, at least :data:`WATCH_TTL`."""
+    return max(WATCH_TTL, 2 * revisit_period(queues))
 
 
 class Read:
@@ -79,6 +112,12 @@ class Doorbell:
         #: Whether the event listener is subscribed (pushes are heard): only then may an
         #: idle read wait longer than ``block_timeout``.
         self.armed = False
+        #: Base queues watched since a look found them empty (loop time of that look, set
+        #: when it started): no ring named them since, so a read need not look again.
+        self.looked: dict[str, float] = {}
+        #: Loop time of the last safety look (the next is due :func:`revisit_gap` later).
+        self.revisited = -math.inf
+        self._turns = 0
 
     @property
     def waiting(self) -> bool:
@@ -88,6 +127,10 @@ class Doorbell:
     def ring(self, queue: str | None) -> None:
         """``queue`` (a base queue) got a message; ``None``: any queue may have (look at
         all)."""
+        if queue is None:
+            self.looked.clear()
+        else:
+            self.looked.pop(queue, None)
         for read in self._reads:
             if queue is None:
                 read.everything = True
@@ -97,10 +140,38 @@ class Doorbell:
 
     def arm(self, on: bool) -> None:
         """The event listener subscribed (``True``: rings every queue, a push may have been
-        missed before) or lost its subscription (``False``)."""
+        missed before) or lost its subscription (``False``: what was looked at is
+        forgotten, its rings may go unheard)."""
         self.armed = on
         if on:
             self.ring(None)
+        else:
+            self.looked.clear()
+
+    def next_revisit(self, queues: int) -> float:
+        """Loop time the next safety look of a read of ``queues`` base queues is due."""
+        return self.revisited + revisit_gap(queues)
+
+    def to_look(self, queues: Collection[str], now: float, vacant: Mapping[str, bool]) -> list[str]:
+        """Which of ``queues`` (base queues) a read starting at loop time ``now`` looks at:
+        all of them while not :attr:`armed`; else those not watched since a look
+        (:attr:`looked`), and, when a safety look is due, the one looked at least recently
+        (the next one is due :meth:`next_revisit`). Every other safety look
+        goes first to a queue whose last look found messages (``vacant`` false: recovery
+        rounds read it until a look finds it empty) if that look is :data:`IDLE_BLOCK` s
+        old."""
+        if not self.armed:
+            return list(queues)
+        out = [q for q in queues if q not in self.looked]
+        if now >= self.next_revisit(len(queues)):
+            self.revisited = now
+            self._turns += 1
+            kept = [q for q in queues if q in self.looked]
+            held = [q for q in kept if not vacant.get(q) and now - self.looked[q] >= IDLE_BLOCK]
+            pool = held if held and self._turns % 2 else kept
+            if pool:
+                out.append(min(pool, key=self.looked.__getitem__))
+        return out
 
     def start(self) -> Read:
         """A read starts looking: the rings from now on are kept for it."""
@@ -163,9 +234,10 @@ async def look_then_wait(
     vacant: dict[str, bool],
 ) -> list[tuple[str, bytes, list[bytes]]]:
     """An idle worker's read of ``queues`` (physical queues, priority levels of one or more
-    base queues) on a cluster: look at each base queue's levels (``idle_look.lua``, which
-    marks it watched when they have nothing new), then wait for a ring of one of them and
-    look at those again, until one look takes a message or the wait ends.
+    base queues) on a cluster: look at the base queues :meth:`Doorbell.to_look` names
+    (``idle_look.lua``, which marks each watched when its levels have nothing new), then wait
+    for a ring of one of them and look at those again, until one look takes a message or the
+    wait ends.
 
     Args:
         conn: the :class:`~.connection.RedisConnection` (its ``doorbell``, ``scripts`` and
@@ -173,7 +245,8 @@ async def look_then_wait(
         consumer: this worker's consumer name in the groups.
         queues: the physical queues, most urgent level first within each base queue.
         timeout: seconds to wait when the doorbell is not armed (the worker's
-            ``block_timeout``); armed, the wait lasts :data:`IDLE_BLOCK` (rings end it).
+            ``block_timeout``; every queue is looked at each time); armed, the wait lasts
+            until the next safety look is due (:func:`revisit_gap`; rings end it).
         vacant: set for each base queue looked at: whether its streams hold nothing at
             all (no message waiting or in flight: nothing a recovery could find).
 
@@ -189,10 +262,14 @@ async def look_then_wait(
     for q in queues:
         levels.setdefault(base_queue(q), []).append(q)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + (max(timeout, IDLE_BLOCK) if bell.armed else timeout)
-    read = bell.start()
+    read = bell.start()  # before choosing what to look at: a ring from now on is heard
     try:
-        return await _look_and_wait(conn, read, consumer, queues, levels, deadline, vacant)
+        now = loop.time()
+        looking = bell.to_look(levels, now, vacant)
+        deadline = now + timeout
+        if bell.armed:  # until the next safety look is due (the next read makes it)
+            deadline = max(deadline, bell.next_revisit(len(levels)))
+        return await _look_and_wait(conn, read, consumer, queues, levels, looking, deadline, vacant)
     finally:
         bell.end(read)
 
@@ -203,23 +280,31 @@ async def _look_and_wait(
     consumer: str,
     queues: Sequence[str],
     levels: dict[str, list[str]],
+    looking: Collection[str],
     deadline: float,
     vacant: dict[str, bool],
 ) -> list[tuple[str, bytes, list[bytes]]]:
-    """:func:`look_then_wait` once ``read`` hears the rings."""
+    """:func:`look_then_wait` once ``read`` hears the rings, ``looking`` the base queues to
+    look at first."""
     bell: Doorbell = conn.doorbell
     loop = asyncio.get_running_loop()
-    ttl = str(int(WATCH_TTL * 1000))
-    looking: Collection[str] = list(levels)
+    ttl = str(int(watch_ttl(len(levels)) * 1000))
     while True:
         out: list[tuple[str, bytes, list[bytes]]] = []
         for base in looking:
             names = levels[base]
             keys = [conn.keys.idle(base), *(conn.keys.stream(n) for n in names)]
-            reply = await conn.scripts.call("idle_look", keys=keys, args=[GROUP, consumer, ttl])
+            # Noted before the look: a ring heard while it runs forgets it again.
+            bell.looked[base] = loop.time()
+            try:
+                reply = await conn.scripts.call("idle_look", keys=keys, args=[GROUP, consumer, ttl])
+            except BaseException:
+                bell.looked.pop(base, None)
+                raise
             if int(reply[0]) == 0:
                 vacant[base] = int(reply[1]) == 0
                 continue
+            bell.looked.pop(base, None)  # it took messages: not watched
             vacant[base] = False
             for j in range(1, len(reply) - 2, 3):
                 out.append((names[int(reply[j]) - 1], reply[j + 1], reply[j + 2]))

@@ -208,6 +208,8 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         """
         if self._vacant:  # fetched by a busy loop: a recovery may look at it again
             self._vacant.pop(base_queue(queues[0]), None)
+        if self.conn.doorbell is not None:  # and an idle read looks at it again
+            self.conn.doorbell.looked.pop(base_queue(queues[0]), None)
         keys = [self.keys.stream(q) for q in queues]
         if (
             count >= _PLAIN_READS_MIN
@@ -291,10 +293,11 @@ class StreamsTransport(HandOver, RedisPart, Transport):
     async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
         """One ``XREADGROUP ... COUNT 1 BLOCK`` over the streams of ``queues`` (in their
         order), on the held connection :meth:`unblock` can wake (``blocking.py``); on a
-        cluster's spread layout a look at each base queue, then a wait for its doorbell up
-        to ``doorbell.IDLE_BLOCK`` s (``timeout`` while the event listener is not subscribed;
-        :func:`~.doorbell.look_then_wait`). At most one entry per stream; durable as
-        :meth:`fetch` (the ``WAIT`` goes on the held connection, which took the entries)."""
+        cluster's spread layout a look at each base queue not watched since its last look,
+        then a wait for its doorbell until the next safety look is due (``timeout`` while the
+        event listener is not subscribed; :func:`~.doorbell.look_then_wait`). At most one
+        entry per stream; durable as :meth:`fetch` (the ``WAIT`` goes on the held
+        connection, which took the entries)."""
         blocking = self.conn.blocking
         if blocking is None:
             if self.conn.doorbell is None:
@@ -347,9 +350,10 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         deleted, so an empty stream has nothing to recover): one ``XREAD COUNT 1`` over all
         streams (on a cluster's ``?layout=slot`` all in the namespace's slot, sent to its
         node); on the spread layout of a cluster (the streams on several nodes) every queue
-        but those whose last idle look found them empty: that look is made at least every
-        ``doorbell.IDLE_BLOCK`` s while the worker is idle, and a busy queue is never left
-        out (a fetch that takes messages marks it occupied again). A key that holds another
+        but those whose last idle look found them empty: a write into the queue rings, and the
+        ring makes an idle worker look again (a safety look comes at least every
+        ``doorbell.revisit_period`` s), and a busy queue is never left out (a fetch that
+        takes messages marks it occupied again). A key that holds another
         type (:meth:`wrong_type_keys`) is left out, not an error: the other queues are
         still recovered."""
         if self.conn.doorbell is not None:  # the spread layout: what the looks found empty

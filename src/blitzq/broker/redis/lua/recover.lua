@@ -16,6 +16,7 @@
 local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 local max_deliveries, now, prefix, queue = tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8]
 --@include dead_letters.lua
+--@include envelope_head.lua
 local claimed = redis.call('XAUTOCLAIM', stream, group, consumer, ARGV[3], '0-0', 'COUNT', ARGV[4])
 local requeued, dead = 0, 0
 for _, entry in ipairs(claimed[2]) do
@@ -40,12 +41,10 @@ for _, entry in ipairs(claimed[2]) do
     dead = dead + 1
   elseif message then
     if deliveries >= max_deliveries then
-      local ok, env = pcall(cmsgpack.unpack, message)
-      local task_id, task = id, ''
-      if ok and type(env) == 'table' and type(env[1]) == 'string' then
-        task_id = env[1]
-        if type(env[2]) == 'string' then task = env[2] end
-      end
+      -- Not cmsgpack.unpack: it refuses a message holding a bytes argument, which was then
+      -- filed under the stream entry id (its result waiters never woke).
+      local task_id, task = envelope_head(message)
+      if not task_id then task_id, task = id, '' end
       local err = 'delivered ' .. deliveries .. ' times without completing (max_deliveries=' ..
         max_deliveries .. '); the worker running it probably crashed'
       redis.call('HSET', KEY.dead_letter(prefix, task_id), 'message', message,
