@@ -21,7 +21,8 @@ logger = logging.getLogger("blitzq.worker")
 
 
 class StallWatch:
-    """Compare the maintenance loop's sleeps with what it asked for.
+    """Sleep in short steps beside the maintenance loop and compare each sleep with what
+    it asked for (:meth:`run`, :meth:`woke`).
 
     Args:
         visibility_timeout: the worker's visibility timeout (seconds).
