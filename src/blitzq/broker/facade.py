@@ -45,7 +45,7 @@ Every pairing passes the contract suite (``tests/contract/``) unchanged; docs/ar
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Protocol, final
 
 from .outbox import Relay
@@ -341,9 +341,11 @@ class Broker:
         """See :meth:`RecordsState.set_record`."""
         await self.state.records.set_record(task_id, record, ttl)
 
-    async def reset_tasks(self, task_ids: Sequence[str]) -> None:
+    async def reset_tasks(
+        self, task_ids: Sequence[str], owners: Mapping[str, str] | None = None, ttl: int = 0
+    ) -> None:
         """See :meth:`RecordsState.reset_tasks`."""
-        await self.state.records.reset_tasks(task_ids)
+        await self.state.records.reset_tasks(task_ids, owners, ttl)
 
     async def wait_for_record(
         self, task_id: str, timeout: float, since: object | None = None

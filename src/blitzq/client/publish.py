@@ -59,6 +59,13 @@ def item_options(
     return call_options(extra, options, declared)
 
 
+def queued_record(env: Envelope, due: float | None) -> bytes:
+    """The ``queued`` record of ``env`` (``track_state``), ``due`` its due time or ``None``."""
+    return records.queued(
+        env.id, env.task, env.queue, env.created_at, due is not None, (env.args, env.kwargs)
+    )
+
+
 class Producer:
     """Builds and publishes the messages of one Queue.
 
@@ -130,6 +137,8 @@ class Producer:
             opts.timeout,
             unique_key=opts.unique_key,
             options=to_plain(dict(opts.extensions)) if opts.extensions else None,
+            # An explicit id: this enqueue's mark, the owner of the id's record once sent.
+            nonce=os.urandom(8).hex() if opts.task_id else None,
         )
 
     def stores_result(self, task: Task[Any, Any] | None) -> bool | None:
@@ -170,27 +179,35 @@ class Producer:
         batch = [o for o in outgoing if o.existing_id is None]
         items = [(o.envelope, o.data, o.due) for o in batch]
         broker = owner.broker
+        # A unique task under an explicit id starts afresh in the claim's own step, only
+        # when it claims its key (enqueue_unique): a retry that finds the key held by its own
+        # id leaves the live task's record, cancel mark and progress alone.
+        claims = (
+            {o.envelope.id for o in batch if o.unique is not None and o.envelope.id in explicit}
+            if explicit
+            else set()
+        )
         if explicit:
-            fresh = [o.envelope.id for o in batch if o.envelope.id in explicit]
+            fresh = [o.envelope for o in batch if o.envelope.id in explicit]
+            fresh = [env for env in fresh if env.id not in claims]
             if fresh:
-                await broker.reset_tasks(fresh)
+                await broker.reset_tasks(
+                    [env.id for env in fresh],
+                    {env.id: env.nonce for env in fresh if env.nonce},
+                    owner.result_ttl,
+                )
         if owner.track_state:  # written before publishing, so a fast worker cannot overtake it
             writes = [
                 Completion(
                     env.queue,
                     None,
                     env.id,
-                    records.queued(
-                        env.id,
-                        env.task,
-                        env.queue,
-                        env.created_at,
-                        due is not None,
-                        (env.args, env.kwargs),
-                    ),
+                    queued_record(env, due),
                     owner.result_ttl,
+                    nonce=env.nonce,
                 )
                 for env, _, due in items
+                if env.id not in claims
             ]
             for start in range(0, len(writes), CHUNK_WRITES):  # each call stays short
                 await broker.complete(writes[start : start + CHUNK_WRITES])
@@ -226,35 +243,48 @@ class Producer:
             if later:
                 await broker.schedule(later)
             if unique:
-                await self._enqueue_unique(unique)
+                await self._enqueue_unique(unique, claims)
 
-    async def _enqueue_unique(self, unique: list[tuple[Outgoing, tuple[str, float]]]) -> None:
+    async def _enqueue_unique(
+        self, unique: list[tuple[Outgoing, tuple[str, float]]], claims: set[str]
+    ) -> None:
         """Claim the keys of ``unique`` (each message with its key and the key's seconds,
         ``Outgoing.unique``) and write the messages claimed, in one broker step
         per chunk (``Broker.enqueue_unique``); mark the duplicates (``existing_id``) and
-        forget the records written for them (``track_state``: they never run).
+        forget the records written for them (``track_state``: they never run). ``claims``:
+        the ids given explicitly, which start afresh in the claim's step (only when they
+        claim their key).
 
         Raises:
             BrokerError: the broker failed (within :meth:`_publish`'s ``unknown_outcome``).
         """
-        broker = self.queue.broker
+        owner = self.queue
+        broker = owner.broker
         lane = broker.fast_lane is not None
         sends = []
         for o, (key, ttl) in unique:
             env = o.envelope
             fast = lane and o.task is not None and o.task.fast
-            if o.due is None:
-                sends.append(UniqueSend(key, env.id, ttl, env.queue, o.data, fast))
-            elif o.delay is not None:
-                sends.append(UniqueSend(key, env.id, ttl, env.queue, o.data, fast, delay=o.delay))
-            else:
-                sends.append(UniqueSend(key, env.id, ttl, env.queue, o.data, fast, eta=o.due))
+            send = UniqueSend(key, env.id, ttl, env.queue, o.data, fast)
+            if o.due is not None:
+                send = (
+                    send._replace(delay=o.delay)
+                    if o.delay is not None
+                    else send._replace(eta=o.due)
+                )
+            if env.id in claims:  # started afresh with the claim (see _publish)
+                record = queued_record(env, o.due) if owner.track_state else None
+                send = send._replace(
+                    nonce=env.nonce or "", record=record, record_ttl=owner.result_ttl
+                )
+            sends.append(send)
         holders = await broker.enqueue_unique(sends)
         duplicates = []
         for (o, _), holder in zip(unique, holders, strict=True):
             if holder is not None:
                 o.existing_id = holder
-                duplicates.append(o.envelope.id)
+                if o.envelope.id not in claims:  # an explicit id wrote nothing before it
+                    duplicates.append(o.envelope.id)
         if duplicates and self.queue.track_state:
             try:  # written before the claim (so a fast worker cannot overtake it): unused
                 await broker.reset_tasks(duplicates)

@@ -1,0 +1,163 @@
+"""An explicit ``task_id`` enqueued again while its earlier run is still going (bug F1).
+
+The record of an explicit id belongs to its newest enqueue: a run of an older enqueue of the
+id still runs and is acknowledged, but stores no record over the newer one's (the owner mark
+``tn:<id>``, compared by ``complete.lua``), in whichever order the two runs end. Every handle
+of the id waits for the id's record, so the old handle answers with the new run's outcome
+too. A unique task retried under its own id leaves the live task's record alone.
+Redis in reliable and fast mode, and RabbitMQ (state on Redis).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from blitzq import Queue, TaskState, Worker
+from blitzq.broker.amqp import AmqpBroker
+from tests.amqp_server import amqp_or_skip, delete_amqp_queues
+
+from .proc_tasks import eventually, make_worker, running
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(params=["reliable", "fast", "amqp"])
+def mode(request: pytest.FixtureRequest) -> str:
+    """Broker of the Queue under test."""
+    return str(request.param)
+
+
+@pytest.fixture(params=[False, True], ids=["no-state", "track-state"])
+async def queue(
+    make_queue: Callable[..., Queue],
+    server_url: str,
+    namespace: str,
+    mode: str,
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[Queue]:
+    """The Queue under test (named ``idr``), with or without ``track_state``."""
+    if mode == "amqp":
+        url = amqp_or_skip()
+        broker = AmqpBroker(url, server_url, namespace)
+        q = Queue("idr", broker=broker, track_state=request.param)
+        yield q
+        await q.close()
+        await delete_amqp_queues(url, [broker])
+        return
+    q = make_queue(name="idr", mode=mode, track_state=request.param)
+    yield q
+    await q.close()
+
+
+class Gates:
+    """Per-value events: ``started[v]`` set when the run of ``v`` starts, ``gate[v]`` set by
+    the test to let it return."""
+
+    def __init__(self) -> None:
+        self.started: dict[int, asyncio.Event] = {}
+        self.gate: dict[int, asyncio.Event] = {}
+
+    def of(self, table: dict[int, asyncio.Event], value: int) -> asyncio.Event:
+        """The event of ``value`` in ``table`` (made on first use)."""
+        return table.setdefault(value, asyncio.Event())
+
+
+def gated(queue: Queue, gates: Gates) -> Any:
+    """Task ``idr.gated(v)``: announces its start, waits for its gate, returns ``v``."""
+
+    @queue.task(name="idr.gated", retries=0)
+    async def run(value: int) -> int:
+        gates.of(gates.started, value).set()
+        await gates.of(gates.gate, value).wait()
+        return value
+
+    return run
+
+
+async def committed(worker: Worker, count: int) -> None:
+    """Return once ``worker`` has ended ``count`` runs and written their completions."""
+    await eventually(lambda: _processed(worker), lambda n: n >= count, timeout=60)
+    await asyncio.wait_for(worker._flusher.flush(), 60)
+
+
+async def _processed(worker: Worker) -> int:
+    return worker.processed
+
+
+async def _result(queue: Queue, task_id: str) -> Any:
+    record = await queue.inspect(task_id)
+    return None if record is None else (record.state, record.result)
+
+
+@pytest.mark.parametrize("older_ends", ["first", "last"])
+async def test_the_record_of_a_reused_id_is_the_newest_enqueues(
+    queue: Queue, older_ends: str
+) -> None:
+    gates = Gates()
+    task = gated(queue, gates).options(task_id="idr-x")
+    worker = make_worker(queue, concurrency=2)
+    async with running(worker):
+        old = await task.enqueue(1)
+        await asyncio.wait_for(gates.of(gates.started, 1).wait(), 60)
+        new = await task.enqueue(2)  # the first run is still going
+        await asyncio.wait_for(gates.of(gates.started, 2).wait(), 60)
+        waiter = asyncio.create_task(new.result(timeout=60))
+        if older_ends == "first":
+            gates.of(gates.gate, 1).set()
+            await committed(worker, 1)
+            # The old run's completion is applied: it stored no record over the new one's.
+            found = await _result(queue, "idr-x")
+            assert found is None or found[0] is TaskState.RUNNING, found
+            gates.of(gates.gate, 2).set()
+            assert await waiter == 2  # never the old run's 1
+        else:
+            gates.of(gates.gate, 2).set()
+            assert await waiter == 2
+            gates.of(gates.gate, 1).set()
+            await committed(worker, 2)  # the old run ends late
+        assert await new.result(timeout=10) == 2
+        # A handle of the old enqueue waits for the id's record too: the newest run's.
+        assert await old.result(timeout=10) == 2
+    record = await queue.inspect("idr-x")
+    assert record is not None
+    assert (record.state, record.result) == (TaskState.SUCCEEDED, 2)
+    assert worker.processed == 2  # both runs ran and count
+
+
+async def test_a_unique_retry_under_its_own_id_leaves_the_live_record_alone(
+    make_queue: Callable[..., Queue], mode: str
+) -> None:
+    if mode == "amqp":
+        pytest.skip("the unique step is the state store's: one Redis mode is enough")
+    queue = make_queue(name="idr", mode=mode, track_state=True)
+    gates = Gates()
+
+    @queue.task(name="idr.once", unique=True, retries=0)
+    async def once(value: int) -> int:
+        gates.of(gates.started, value).set()
+        await gates.of(gates.gate, value).wait()
+        return value
+
+    fixed = once.options(task_id="idr-u")
+    try:
+        async with running(make_worker(queue, concurrency=2)):
+            first = await fixed.enqueue(7)
+            await asyncio.wait_for(gates.of(gates.started, 7).wait(), 60)
+            await eventually(
+                lambda: queue.inspect("idr-u"),
+                lambda r: r is not None and r.state is TaskState.RUNNING,
+            )
+            retry = await fixed.enqueue(7)  # the same call: its key holds this very id
+            assert (retry.id, retry.duplicate) == ("idr-u", False)
+            record = await queue.inspect("idr-u")
+            assert record is not None
+            assert record.state is TaskState.RUNNING  # not reset to queued
+            gates.of(gates.gate, 7).set()
+            assert await retry.result(timeout=30) == 7
+            assert await first.result(timeout=10) == 7
+    finally:
+        await queue.close()
