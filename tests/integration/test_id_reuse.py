@@ -19,16 +19,27 @@ import pytest
 from blitzq import Queue, TaskState, Worker
 from blitzq.broker.amqp import AmqpBroker
 from tests.amqp_server import amqp_or_skip, delete_amqp_queues
+from tests.broker_kinds import is_spread
 
 from .proc_tasks import eventually, make_worker, running
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(params=["reliable", "fast", "amqp"])
+@pytest.fixture(params=["reliable", "fast", "spread", "amqp"])
 def mode(request: pytest.FixtureRequest) -> str:
-    """Broker of the Queue under test."""
+    """Broker of the Queue under test (``spread``: the Redis Cluster layout of per-queue
+    slots, forced on a single server)."""
     return str(request.param)
+
+
+def redis_queue(make_queue: Callable[..., Queue], server_url: str, mode: str, **kw: Any) -> Queue:
+    """A Queue ``idr`` on the test server in ``mode`` (not ``amqp``)."""
+    if mode == "spread":
+        queue = make_queue(name="idr", redis_url=server_url + "?layout=spread", **kw)
+        assert is_spread(queue.broker)
+        return queue
+    return make_queue(name="idr", mode=mode, **kw)
 
 
 @pytest.fixture(params=[False, True], ids=["no-state", "track-state"])
@@ -48,7 +59,7 @@ async def queue(
         await q.close()
         await delete_amqp_queues(url, [broker])
         return
-    q = make_queue(name="idr", mode=mode, track_state=request.param)
+    q = redis_queue(make_queue, server_url, mode, track_state=request.param)
     yield q
     await q.close()
 
@@ -129,11 +140,11 @@ async def test_the_record_of_a_reused_id_is_the_newest_enqueues(
 
 
 async def test_a_unique_retry_under_its_own_id_leaves_the_live_record_alone(
-    make_queue: Callable[..., Queue], mode: str
+    make_queue: Callable[..., Queue], server_url: str, mode: str
 ) -> None:
     if mode == "amqp":
-        pytest.skip("the unique step is the state store's: one Redis mode is enough")
-    queue = make_queue(name="idr", mode=mode, track_state=True)
+        pytest.skip("the unique step is the state store's, on Redis: as in the Redis modes")
+    queue = redis_queue(make_queue, server_url, mode, track_state=True)
     gates = Gates()
 
     @queue.task(name="idr.once", unique=True, retries=0)

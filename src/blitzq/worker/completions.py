@@ -95,9 +95,10 @@ class Completions:
             job.result = NO_RESULT  # finishers (workflows) must not pass the value on
             job.encode_error = exc
             return self.failure(job, exc, retry=False)
-        return Completion(
-            d.queue, d.token, job.envelope.id, record, self.result_ttl, nonce=job.envelope.nonce
-        )
+        done = Completion(d.queue, d.token, job.envelope.id, record, self.result_ttl)
+        if job.envelope.nonce is not None:  # set apart: a keyword costs every completion
+            done.nonce = job.envelope.nonce
+        return done
 
     def reschedule(self, job: Job, delay: float, reserved: bool | None = None) -> Completion:
         """Completion putting ``job`` back on the schedule for ``delay`` seconds, unstarted
@@ -198,15 +199,12 @@ class Completions:
             raise ValueError(f"a worker writes no {state!r} record before the run ends")
         d = job.delivery
         record = job.running(self.worker_id)
-        return Completion(
-            d.queue,
-            None,
-            job.envelope.id,
-            record,
-            self.running_ttl,
-            fence=d.token,
-            nonce=job.envelope.nonce,
+        started = Completion(
+            d.queue, None, job.envelope.id, record, self.running_ttl, fence=d.token
         )
+        if job.envelope.nonce is not None:
+            started.nonce = job.envelope.nonce
+        return started
 
     def cancelled(self, job: Job) -> Completion:
         """Completion acking a cancelled task with a ``cancelled`` record (with its start
