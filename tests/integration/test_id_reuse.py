@@ -76,6 +76,11 @@ class Gates:
         """The event of ``value`` in ``table`` (made on first use)."""
         return table.setdefault(value, asyncio.Event())
 
+    def release(self) -> None:
+        """Let every run return (a failed test must not leave one waiting)."""
+        for gate in self.gate.values():
+            gate.set()
+
 
 def gated(queue: Queue, gates: Gates) -> Any:
     """Task ``idr.gated(v)``: announces its start, waits for its gate, returns ``v``."""
@@ -112,27 +117,30 @@ async def test_the_record_of_a_reused_id_is_the_newest_enqueues(
     task = gated(queue, gates).options(task_id="idr-x")
     worker = make_worker(queue, concurrency=2)
     async with running(worker):
-        old = await task.enqueue(1)
-        await asyncio.wait_for(gates.of(gates.started, 1).wait(), 60)
-        new = await task.enqueue(2)  # the first run is still going
-        await asyncio.wait_for(gates.of(gates.started, 2).wait(), 60)
-        waiter = asyncio.create_task(new.result(timeout=60))
-        if older_ends == "first":
-            gates.of(gates.gate, 1).set()
-            await committed(worker, 1)
-            # The old run's completion is applied: it stored no record over the new one's.
-            found = await _result(queue, "idr-x")
-            assert found is None or found[0] is TaskState.RUNNING, found
-            gates.of(gates.gate, 2).set()
-            assert await waiter == 2  # never the old run's 1
-        else:
-            gates.of(gates.gate, 2).set()
-            assert await waiter == 2
-            gates.of(gates.gate, 1).set()
-            await committed(worker, 2)  # the old run ends late
-        assert await new.result(timeout=10) == 2
-        # A handle of the old enqueue waits for the id's record too: the newest run's.
-        assert await old.result(timeout=10) == 2
+        try:
+            old = await task.enqueue(1)
+            await asyncio.wait_for(gates.of(gates.started, 1).wait(), 60)
+            new = await task.enqueue(2)  # the first run is still going
+            await asyncio.wait_for(gates.of(gates.started, 2).wait(), 60)
+            waiter = asyncio.create_task(new.result(timeout=60))
+            if older_ends == "first":
+                gates.of(gates.gate, 1).set()
+                await committed(worker, 1)
+                # The old run's completion is applied: it stored no record over the new one's.
+                found = await _result(queue, "idr-x")
+                assert found is None or found[0] in (TaskState.QUEUED, TaskState.RUNNING), found
+                gates.of(gates.gate, 2).set()
+                assert await waiter == 2  # never the old run's 1
+            else:
+                gates.of(gates.gate, 2).set()
+                assert await waiter == 2
+                gates.of(gates.gate, 1).set()
+                await committed(worker, 2)  # the old run ends late
+            assert await new.result(timeout=10) == 2
+            # A handle of the old enqueue waits for the id's record too: the newest run's.
+            assert await old.result(timeout=10) == 2
+        finally:
+            gates.release()
     record = await queue.inspect("idr-x")
     assert record is not None
     assert (record.state, record.result) == (TaskState.SUCCEEDED, 2)
@@ -156,19 +164,22 @@ async def test_a_unique_retry_under_its_own_id_leaves_the_live_record_alone(
     fixed = once.options(task_id="idr-u")
     try:
         async with running(make_worker(queue, concurrency=2)):
-            first = await fixed.enqueue(7)
-            await asyncio.wait_for(gates.of(gates.started, 7).wait(), 60)
-            await eventually(
-                lambda: queue.inspect("idr-u"),
-                lambda r: r is not None and r.state is TaskState.RUNNING,
-            )
-            retry = await fixed.enqueue(7)  # the same call: its key holds this very id
-            assert (retry.id, retry.duplicate) == ("idr-u", False)
-            record = await queue.inspect("idr-u")
-            assert record is not None
-            assert record.state is TaskState.RUNNING  # not reset to queued
-            gates.of(gates.gate, 7).set()
-            assert await retry.result(timeout=30) == 7
-            assert await first.result(timeout=10) == 7
+            try:
+                first = await fixed.enqueue(7)
+                await asyncio.wait_for(gates.of(gates.started, 7).wait(), 60)
+                await eventually(
+                    lambda: queue.inspect("idr-u"),
+                    lambda r: r is not None and r.state is TaskState.RUNNING,
+                )
+                retry = await fixed.enqueue(7)  # the same call: its key holds this very id
+                assert (retry.id, retry.duplicate) == ("idr-u", False)
+                record = await queue.inspect("idr-u")
+                assert record is not None
+                assert record.state is TaskState.RUNNING  # not reset to queued
+                gates.of(gates.gate, 7).set()
+                assert await retry.result(timeout=30) == 7
+                assert await first.result(timeout=10) == 7
+            finally:
+                gates.release()
     finally:
         await queue.close()
