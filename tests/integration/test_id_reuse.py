@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from blitzq import Queue, TaskState, Worker
+from blitzq import Queue, TaskFailed, TaskState, Worker
 from blitzq.broker.amqp import AmqpBroker
 from tests.amqp_server import amqp_or_skip, delete_amqp_queues
 from tests.broker_kinds import is_spread
@@ -183,3 +183,28 @@ async def test_a_unique_retry_under_its_own_id_leaves_the_live_record_alone(
                 gates.release()
     finally:
         await queue.close()
+
+
+async def test_a_replayed_dead_letter_of_a_reused_id_writes_its_record(queue: Queue) -> None:
+    failing = {"on": True}
+
+    @queue.task(name="idr.flaky", retries=0)
+    async def flaky(value: int) -> int:
+        if failing["on"]:
+            raise RuntimeError("not yet")
+        return value
+
+    task = flaky.options(task_id="idr-d")
+    async with running(make_worker(queue, concurrency=2)):
+        dead = await task.enqueue(1)
+        with pytest.raises(TaskFailed):
+            await dead.result(timeout=30)
+        failing["on"] = False
+        newer = await task.enqueue(2)  # the newest enqueue of the id, done
+        assert await newer.result(timeout=30) == 2
+        replayed = await queue.retry("idr-d")  # the dead letter of the first enqueue
+        assert replayed is not None
+        await eventually(
+            lambda: _result(queue, "idr-d"), lambda found: found == (TaskState.SUCCEEDED, 1)
+        )
+        assert await replayed.result(timeout=30) == 1
