@@ -19,7 +19,7 @@ import pytest
 
 from blitzq import Queue
 from blitzq.broker import Completion
-from blitzq.broker.redis.browse import NOTES_PER_ENTRY
+from blitzq.broker.redis.browse import INLINE_NOTES, NOTES_PER_ENTRY
 from blitzq.broker.redis.keys import Keys
 from blitzq.dashboard.listing import TaskQuery, list_tasks
 from blitzq.exceptions import BrokerError
@@ -225,8 +225,25 @@ async def test_the_earlier_layout_is_listed_beside_the_index(queue: Queue, raw_r
 
 async def test_a_key_of_another_type_is_refused(queue: Queue, raw_redis: Any) -> None:
     keys = Keys(queue.namespace)
+    browse = queue.broker.state.browse
     await raw_redis.set(keys.ended("default"), "x")
-    with pytest.raises(BrokerError):
-        await queue.broker.state.browse.add_ended("default", notes("x", 1), time.time(), 10, 60)
+    with pytest.raises(BrokerError):  # notes given to the script: nothing written
+        await browse.add_ended("default", notes("x", 1), time.time(), 10, 60)
+    assert await raw_redis.exists(keys.ended_notes("default")) == 0
+    with pytest.raises(BrokerError):  # notes written beside the call: they expire
+        await browse.add_ended("default", notes("y", 100), time.time(), 10, 60)
     assert await raw_redis.get(keys.ended("default")) == b"x"
-    assert 0 < await raw_redis.ttl(keys.ended_notes("default")) <= 60  # the notes expire
+    assert 0 < await raw_redis.ttl(keys.ended_notes("default")) <= 60
+
+
+async def test_small_and_large_writes_list_alike(queue: Queue, raw_redis: Any) -> None:
+    """Notes up to INLINE_NOTES characters go through the script, larger ones beside it."""
+    browse, keys = queue.broker.state.browse, Keys(queue.namespace)
+    at = time.time() - 10
+    small, large = notes("s", 3), notes("l", 60)
+    assert len("\n".join(small)) <= INLINE_NOTES < len("\n".join(large))
+    await browse.add_ended("default", small, at, 100, 600)
+    await browse.add_ended("default", large, at + 1, 100, 600)
+    assert await held(raw_redis, keys, "default") == (63, [3, 60])
+    rows = await every_page(queue, 7)
+    assert [r["id"] for r in rows] == [*ids(large)[::-1], *ids(small)[::-1]]

@@ -28,11 +28,16 @@ from ..state.browse import BrowseState
 from .client import translate_errors
 from .connection import RedisPart
 
-__all__ = ["NOTES_PER_ENTRY", "RedisBrowse", "pack_notes", "unpack_notes"]
+__all__ = ["INLINE_NOTES", "NOTES_PER_ENTRY", "RedisBrowse", "pack_notes", "unpack_notes"]
 
 #: Most notes one member of ``{ns}:ended:<queue>`` holds: a page cut inside a member reads
 #: its notes whole again (about 55 bytes a note); the script's work is per member.
 NOTES_PER_ENTRY = 1000
+#: Notes (characters) of a member that ``recent.lua`` is given itself; larger ones are
+#: written beside the call (:meth:`RedisBrowse.add_ended`). Lua hashes every byte of a
+#: string it is given (about 7 instructions a byte): below this, that costs the server less
+#: than the separate write's commands.
+INLINE_NOTES = 1024
 #: Members of a queue's index read per round (small: ``<n>:<token>``).
 _READ = 64
 
@@ -173,19 +178,27 @@ class RedisBrowse(RedisPart, BrowseState):
     async def add_ended(
         self, queue: str, members: Sequence[str], now: float, cap: int, ttl: int
     ) -> None:
-        """See :meth:`BrowseState.add_ended`: the notes packed (:func:`pack_notes`), written
-        with one HSET (and an EXPIRE, should the script refuse), then ``recent.lua`` adds
-        their members and trims (the notes never enter the script)."""
+        """See :meth:`BrowseState.add_ended`: the notes packed (:func:`pack_notes`), and
+        ``recent.lua`` adds their members and trims. Notes over :data:`INLINE_NOTES` bytes
+        are written first, without the script (HSET, and an EXPIRE should the script refuse):
+        a string given to the script costs the server a hash of every byte."""
         if not members:
             return
-        packed = pack_notes(members, now)
+        entries = pack_notes(members, now)
         index, notes_key = self.keys.ended(queue), self.keys.ended_notes(queue)
-        fields = {packed[i + 1]: packed[i + 2] for i in range(0, len(packed), 3)}
-        async with self.client.pipeline(transaction=False) as pipe:
-            pipe.hset(notes_key, mapping=fields)
-            pipe.expire(notes_key, ttl)
-            await pipe.execute()
-        entries = [x for i in range(0, len(packed), 3) for x in packed[i : i + 2]]
+        large = {
+            entries[i + 1]: entries[i + 2]
+            for i in range(0, len(entries), 3)
+            if len(entries[i + 2]) > INLINE_NOTES
+        }
+        if large:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.hset(notes_key, mapping=large)
+                pipe.expire(notes_key, ttl)
+                await pipe.execute()
+            for i in range(0, len(entries), 3):
+                if entries[i + 1] in large:
+                    entries[i + 2] = ""
         await self.scripts.call("recent", keys=[index, notes_key], args=[cap, ttl, *entries])
 
     @translate_errors

@@ -396,14 +396,7 @@ end
 -- An "I" entry: note the tasks that ended (the dashboard's index, its entries packed by the
 -- client), keep the newest cap.
 local function ended(c)
-  local key, notes_key = KEY.ended(prefix, c[2]), KEY.ended_notes(prefix, c[2])
-  local packed, entries = c[5], {}
-  for i = 1, #packed - 2, 3 do
-    redis.call('HSET', notes_key, packed[i + 1], packed[i + 2])
-    entries[#entries + 1] = packed[i]
-    entries[#entries + 1] = packed[i + 1]
-  end
-  recent_add(key, notes_key, tonumber(c[3]), c[4], entries)
+  recent_add(KEY.ended(prefix, c[2]), KEY.ended_notes(prefix, c[2]), tonumber(c[3]), c[4], c[5])
 end
 
 local function records(c)
