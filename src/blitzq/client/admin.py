@@ -15,6 +15,7 @@ import msgspec
 
 from .._checks import integer
 from ..dead_letters import DeadLetter
+from ..envelope_checks import envelope_fault, options_fault
 from ..exceptions import (
     BrokerError,
     ConfigurationError,
@@ -156,7 +157,11 @@ class Admin:
             dry_run: replay nothing; report each match as ``"dry run"``.
 
         Returns:
-            One :class:`~blitzq.client.dead_letter_query.ReplayOutcome` per match.
+            One :class:`~blitzq.client.dead_letter_query.ReplayOutcome` per match. Once all
+            are replayed, each replayed id is looked up again: one that is a dead letter again
+            already (a worker refused or failed it at once) is ``"dead-lettered again"``, with
+            its new reason; ``"replayed"`` means published again, not run (a task failing
+            after the batch ended is listed by :meth:`dead_letters` later).
 
         Raises:
             ConfigurationError: an invalid criterion, rate or limit.
@@ -179,7 +184,18 @@ class Admin:
             if pace is not None:  # each replay starts 1/rate s after the one before, at least
                 await pace.wait()
             out.append(await self._replay_one(dl))
-        return out
+        return [await self._again(o) for o in out]
+
+    async def _again(self, o: ReplayOutcome) -> ReplayOutcome:
+        """``o``, or, when it was replayed and its id is a dead letter again (the replay
+        deleted the old one: this one is new), ``"dead-lettered again"`` with its reason."""
+        if o.outcome != "replayed":
+            return o
+        fields = await self.queue.broker.get_dead_letter(o.id)
+        if fields is None:
+            return o
+        detail = f"{fields.reason}: {fields.error}" if fields.error else fields.reason
+        return ReplayOutcome(o.id, o.task, o.queue, "dead-lettered again", detail)
 
     async def _replay_one(self, dl: DeadLetter) -> ReplayOutcome:
         try:  # only the dead letter the scan matched: not a newer one of the same id
@@ -214,7 +230,11 @@ class Admin:
             another caller's replay left after the task failed again).
 
         Raises:
-            SerializationError: the dead letter's message is malformed and cannot be replayed.
+            SerializationError: the dead letter's message is malformed and cannot be replayed,
+                or holds a field a worker would dead-letter it for again at once
+                (:func:`~blitzq.envelope_checks.envelope_fault`: a bad ``timeout``,
+                ``max_age``, id, …; the times and attempts a replay resets aside); the dead
+                letter stays.
             MessageTooLarge: the message is over this Queue's ``max_message_size`` (bytes);
                 the dead letter stays.
             SerializationError, ConfigurationError: ``task_id`` breaks the rule of task ids
@@ -246,10 +266,17 @@ class Admin:
         replayed = msgspec.structs.replace(
             env, queue=queue, attempt=1, created_at=now, enqueued_at=now, reserved=False
         )
+        fault = envelope_fault(replayed, now)  # a worker would dead-letter it at once
+        task = owner.tasks.get(env.task)
+        if fault is None and env.options is not None and task is not None:
+            fault = options_fault(env.options, task.call_controls)
+        if fault is not None:
+            raise SerializationError(
+                f"malformed message: {fault} (a worker would dead-letter it again at once)"
+            )
         data = encode_envelope(replayed, owner.max_message_size)
         unique = None
         if env.unique_key is not None:
-            task = owner.tasks.get(env.task)
             ttl = task.controls.unique_ttl if task is not None else DEFAULT_UNIQUE_TTL
             unique = (broker_key(env), ttl)
         outcome = await broker.replay_dead_letter(task_id, queue, data, fields.kind, unique, stamp)
