@@ -510,6 +510,8 @@ class Queue:
     retry_dead_letters_sync = blocking(retry_dead_letters)
     purge_queue = delegate("_admin", Admin.purge_queue)
     purge_queue_sync = blocking(purge_queue)
+    delayed_count = delegate("_admin", Admin.delayed_count)
+    delayed_count_sync = blocking(delayed_count)
     stats = delegate("_admin", Admin.stats)
     stats_sync = blocking(stats)
 

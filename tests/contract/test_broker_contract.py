@@ -323,6 +323,28 @@ async def test_schedule_and_promote_respect_due_order_and_limit(broker: Broker) 
     assert await broker.scheduled_count() == 1
 
 
+async def test_scheduled_for_counts_and_purges_one_queues_delayed_tasks(broker: Broker) -> None:
+    """``scheduled_for(queues)`` counts the schedule's messages bound for those physical
+    queues; with ``purge`` it takes them off, leaving other queues' (a name that is a prefix of
+    another, ``Q`` of ``Q:high``, matches only itself)."""
+    await broker.schedule(
+        [
+            Scheduled("a1", Q, message("a1"), delay=300.0),
+            Scheduled("a2", Q, message("a2"), delay=300.0),
+            Scheduled("h1", f"{Q}:high", message("h1"), delay=300.0),
+            Scheduled("o1", f"{Q}x", message("o1"), delay=300.0),
+        ]
+    )
+    assert await broker.scheduled_for([Q]) == 2
+    assert await broker.scheduled_for([Q, f"{Q}:high"]) == 3
+    assert await broker.scheduled_for(["nobody"]) == 0
+    assert await broker.scheduled_for([Q], purge=True) == 2
+    assert await broker.scheduled_count() == 2
+    assert await broker.scheduled_for([Q]) == 0
+    assert await broker.scheduled_entry("h1") is not None
+    assert await broker.scheduled_entry("o1") is not None
+
+
 async def test_promote_ahead_moves_what_is_due_within_that_many_seconds(broker: Broker) -> None:
     """``promote_due(limit, ahead)`` (the eager test mode's virtual time) also moves what is
     due within ``ahead`` seconds of the broker's clock; what is due later stays, and the

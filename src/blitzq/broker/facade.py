@@ -259,6 +259,10 @@ class Broker:
         """See :meth:`ScheduleState.scheduled_count`."""
         return await self.state.scheduling.scheduled_count()
 
+    async def scheduled_for(self, queues: Sequence[str], purge: bool = False) -> int:
+        """See :meth:`ScheduleState.scheduled_for`."""
+        return await self.state.scheduling.scheduled_for(queues, purge)
+
     async def scheduled_entry(self, task_id: str) -> tuple[float, str, bytes] | None:
         """See :meth:`ScheduleState.scheduled_entry`."""
         return await self.state.scheduling.scheduled_entry(task_id)

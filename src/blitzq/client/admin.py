@@ -313,18 +313,48 @@ class Admin:
         return await broker.delete_dead_letters(ids) if ids else 0
 
     # ----------------------------------------------------------------- queues
-    async def purge_queue(self, queue: str | None = None) -> int:
+    async def purge_queue(self, queue: str | None = None, *, delayed: bool = False) -> int:
         """Delete the messages waiting in ``queue`` (default: this Queue's ``name``).
 
-        Messages already taken by a worker are not touched. Returns how many were deleted.
+        Messages already taken by a worker are not touched. Tasks of the queue waiting on the
+        schedule (a ``delay`` or ``eta`` not reached yet, a retry's backoff) are not waiting
+        in the queue: they stay, and are published to it when due, unless ``delayed``
+        (:meth:`delayed_count` counts them).
+
+        Args:
+            queue: a physical queue (``"emails"``, or a priority level ``"emails:high"``).
+            delayed: also take the queue's tasks off the schedule (their unique keys freed;
+                this reads the whole schedule, page by page).
+
+        Returns:
+            How many were deleted (with ``delayed``: waiting and delayed together).
 
         Raises:
             ConfigurationError: not a usable queue name (see :func:`~blitzq.routing.check_name`).
             SerializationError: a name that is not valid Unicode text (a lone surrogate).
             BrokerError: the broker could not be reached.
         """
-        name = lookup_key("queue name", check_name("queue name", queue or self.queue.name))
-        return await self.queue.broker.purge_queue(name)
+        name = self._queue_name(queue)
+        purged = await self.queue.broker.purge_queue(name)
+        if delayed:
+            purged += await self.queue.broker.scheduled_for([name], purge=True)
+        return purged
+
+    async def delayed_count(self, queue: str | None = None) -> int:
+        """How many tasks wait on the schedule to be published to physical ``queue``
+        (default: this Queue's ``name``): delays, ETAs and retry backoffs not due yet, what
+        :meth:`purge_queue` leaves unless ``delayed=True``. Reads the whole schedule, page
+        by page.
+
+        Raises:
+            ConfigurationError, SerializationError: not a usable queue name (see
+                :meth:`purge_queue`).
+            BrokerError: the broker could not be reached.
+        """
+        return await self.queue.broker.scheduled_for([self._queue_name(queue)])
+
+    def _queue_name(self, queue: str | None) -> str:
+        return lookup_key("queue name", check_name("queue name", queue or self.queue.name))
 
     async def stats(self, queues: Iterable[str] | None = None) -> dict[str, Any]:
         """Queue depths, schedule size, dead letters and live workers.
