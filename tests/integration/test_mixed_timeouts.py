@@ -108,7 +108,8 @@ async def test_a_dead_long_timeout_workers_task_is_still_recovered(
         handle = await once.enqueue()
         (delivery,) = await dead.fetch("default", 1, 0)
         assert delivery.token is not None
-        await dead.register_worker("dead-patient", b"", 0.5, visibility_timeout=LONG)
+        # An hour: were a lapsed registration still honoured, the result would never come.
+        await dead.register_worker("dead-patient", b"", 0.5, visibility_timeout=3600.0)
         await eventually(dead.workers, lambda w: "dead-patient" not in w)
         async with running(make_worker(impatient_q)):
             assert await handle.result(timeout=30) == "recovered"
