@@ -32,7 +32,7 @@ from .connection import LeaseIdentity, RedisConnection, RedisPart
 from .doorbell import READY, look_then_wait
 from .handed import HandOver
 from .keys import GROUP, MESSAGE_FIELD
-from .replicas import durable_writes, durably
+from .replicas import durable_writes, durably, enqueuing
 from .sentinel import ReplicatedRedis
 
 logger = logging.getLogger("blitzq.broker")
@@ -109,6 +109,7 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         self._vacant: dict[str, bool] = {}
 
     @translate_errors
+    @enqueuing
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
         """XADD each message to the queue's stream, in one round-trip."""
         key = self.keys.stream(queue)
