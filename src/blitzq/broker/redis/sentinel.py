@@ -14,8 +14,9 @@ URL grammar (``[...]`` optional, ``,``-separated sentinels, default port 26379):
   are followed by ``WAIT`` for the replicas that exist (:data:`durable_writes`): a task starts
   only once the replicas know its lease, and its record is acknowledged only once they have
   it (docs/architecture.md, "Failovers"). By default a producer's writes of messages are too
-  (:data:`~.replicas.enqueue_writes`: an enqueue, a schedule, a unique enqueue, a workflow
-  start, a dead-letter replay): the ``XADD``, ``RPUSH``/``LPUSH`` or script call is followed
+  (:data:`~.replicas.enqueue_writes`: an enqueue, a schedule, a unique enqueue, a dead-letter
+  replay; a workflow start and ``track_state``'s records go through the completion path,
+  waited for whatever the URL says): the ``XADD``, ``RPUSH``/``LPUSH`` or script call is followed
   by ``WAIT 1 <wait_timeout>`` in the same round trip when the primary has a replica, and an
   enqueue its replica did not acknowledge in time raises :class:`~blitzq.OutcomeUnknown`
   (``unreplicated``: the primary has it, a failover may lose it) instead of returning.
