@@ -22,6 +22,7 @@ from ..exceptions import (
     MessageTooLarge,
     SerializationError,
     UnknownQueue,
+    unknown_outcome,
 )
 from ..extensions.unique import DEFAULT_UNIQUE_TTL, broker_key
 from ..ratelimit import RateLimit
@@ -239,6 +240,10 @@ class Admin:
                 the dead letter stays.
             SerializationError, ConfigurationError: ``task_id`` breaks the rule of task ids
                 (:func:`~blitzq.routing.check_task_id`).
+            OutcomeUnknown: the replay was sent and its reply lost, or (``unreplicated``) the
+                primary applied it and its replicas did not confirm it in time
+                (``redis+sentinel://``, a Redis Cluster with replicas): it may stand or not.
+            BrokerError: the broker could not be reached.
         """
         return await self._take(check_task_id("task id", task_id), None)
 
@@ -279,7 +284,10 @@ class Admin:
         if env.unique_key is not None:
             ttl = task.controls.unique_ttl if task is not None else DEFAULT_UNIQUE_TTL
             unique = (broker_key(env), ttl)
-        outcome = await broker.replay_dead_letter(task_id, queue, data, fields.kind, unique, stamp)
+        with unknown_outcome("replay", (env.id,)):  # a reply lost, or not on the replicas
+            outcome = await broker.replay_dead_letter(
+                task_id, queue, data, fields.kind, unique, stamp
+            )
         if outcome is False:
             return None
         if testmode.after_enqueue is not None:  # no middleware hook sees a replay

@@ -16,6 +16,7 @@ from ..state import ScheduleState
 from ..values import Scheduled
 from .client import translate_errors
 from .connection import RedisPart
+from .replicas import enqueuing
 
 __all__ = ["RedisSchedule"]
 
@@ -36,6 +37,7 @@ class RedisSchedule(RedisPart, ScheduleState):
     """
 
     @translate_errors
+    @enqueuing
     async def schedule(self, items: Sequence[Scheduled]) -> None:
         """Put messages on the schedule; due times on the server's clock.
 

@@ -32,7 +32,7 @@ from .connection import LeaseIdentity, RedisConnection, RedisPart
 from .doorbell import READY, look_then_wait
 from .handed import HandOver
 from .keys import GROUP, MESSAGE_FIELD
-from .replicas import durable_writes, durably
+from .replicas import durable_writes, durably, enqueuing
 from .scripts import holder_waits
 from .sentinel import ReplicatedRedis
 
@@ -110,6 +110,7 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         self._vacant: dict[str, bool] = {}
 
     @translate_errors
+    @enqueuing
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
         """XADD each message to the queue's stream, in one round-trip."""
         key = self.keys.stream(queue)
