@@ -155,6 +155,9 @@ TABLE: Final[dict[str, Key]] = {
         "worker at its next maintenance round if it missed the push"),
     "worker_beats": Key("workers:exp", "zset",
         "worker ids scored by registration expiry (Unix seconds)"),
+    "worker_timeouts": Key("workers:vt", "zset",
+        "worker key scored by its visibility timeout (seconds): a live worker's leases are "
+        "recovered only once idle that long, whatever the recoverer's own timeout"),
     "worker_counts": Key("workers:counts", "hash",
         "worker key to `<processed> <failed>`: its counts that reached `stats` so far"),
     "scale": Key("scale", "hash",
@@ -410,6 +413,13 @@ class Keys:
     def worker_beats(self) -> str:
         """Sorted set of worker id scored by registration expiry (Unix seconds)."""
         return self._fixed("worker_beats")
+
+    @property
+    def worker_timeouts(self) -> str:
+        """Sorted set of worker key scored by its visibility timeout (seconds): how long
+        recovery leaves that worker's leases alone while it is registered
+        (``lua/worker_timeouts.lua``)."""
+        return self._fixed("worker_timeouts")
 
     @property
     def worker_counts(self) -> str:
