@@ -12,6 +12,7 @@ member; both keys expire ``result_ttl`` after the last write; a completion's not
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -247,3 +248,19 @@ async def test_small_and_large_writes_list_alike(queue: Queue, raw_redis: Any) -
     assert await held(raw_redis, keys, "default") == (63, [3, 60])
     rows = await every_page(queue, 7)
     assert [r["id"] for r in rows] == [*ids(large)[::-1], *ids(small)[::-1]]
+
+
+@pytest.mark.parametrize("layout", ["", "?layout=slot"])
+async def test_the_index_on_a_redis_cluster(redis_cluster: Any, layout: str) -> None:
+    """Both writes (notes through the script, notes beside it: a pipeline of one slot) and
+    the reads (pipelines of ``{ns}`` keys) on a cluster, in either layout."""
+    q = Queue(redis_url=redis_cluster.url() + layout, namespace=f"idx-{uuid.uuid4().hex[:8]}")
+    try:
+        await q.broker.remember_queues(["default"])
+        at = time.time() - 10
+        await q.broker.state.browse.add_ended("default", notes("s", 2), at, 100, 60)
+        await q.broker.state.browse.add_ended("default", notes("l", 60), at + 1, 100, 60)
+        rows = await every_page(q, 7)
+        assert [r["id"] for r in rows] == [*ids(notes("l", 60))[::-1], *ids(notes("s", 2))[::-1]]
+    finally:
+        await q.close()
