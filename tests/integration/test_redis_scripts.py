@@ -41,6 +41,7 @@ CALLED = {
     "promote", "prune", "publish", "purge_dead", "rate_acquire", "recover", "renew", "replay",
     "purge_list",  # a purge of a list (a fast queue, an outbox): no MULTI, works when full
     "schedule", "take_handed", "trim_dead", "unique_claim", "unique_enqueue", "trace",
+    "unschedule",  # a purge of a queue's delayed tasks (queue purge --delayed)
     "keep_running",
     # the spread layout of a Redis Cluster (spread.py, handoff.py)
     "handoff_publish", "handoff_restore", "handoff_take", "hold", "recover_split",
