@@ -207,11 +207,14 @@ class Producer:
                     env.id,
                     queued_record(env, due),
                     owner.result_ttl,
-                    nonce=env.nonce,
                 )
                 for env, _, due in items
                 if env.id not in claims
             ]
+            if explicit:  # its fresh start made this enqueue the owner of the id's record
+                nonces = {env.id: env.nonce for env, _, _ in items if env.id in explicit}
+                for write in writes:
+                    write.nonce = nonces.get(write.task_id)
             for start in range(0, len(writes), CHUNK_WRITES):  # each call stays short
                 await broker.complete(writes[start : start + CHUNK_WRITES])
         # Per physical queue and path: a task declared mode="fast" goes on the fast lane.
