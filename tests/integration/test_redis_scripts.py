@@ -49,6 +49,7 @@ CALLED = {
     "recent",  # the dashboard's index of ended tasks (worker/recent.py)
     "idle_look", "publish_ring",  # an idle worker's doorbell on a cluster (doorbell.py)
     "register", "unregister",  # worker registrations and their counts (registry.py)
+    "worker_timeouts",  # the live workers' visibility timeouts, for recovery (registry.py)
 }  # fmt: skip
 
 
@@ -58,7 +59,9 @@ def test_every_script_is_read_once_with_its_includes_expanded() -> None:
     library = scripts.expand_keys(lua.joinpath("dead_letters.lua").read_text()).rstrip("\n")
     outbox = scripts.expand_keys(lua.joinpath("outbox.lua").read_text()).rstrip("\n")
     # Included by other scripts, never called alone.
-    included = {"dead_letters", "outbox", "recent_add", "worker_counts", "envelope_head"}
+    included = {
+        "dead_letters", "outbox", "recent_add", "worker_counts", "envelope_head", "claim_idle"
+    }  # fmt: skip
     assert set(scripts.names()) == CALLED | included
     for name in scripts.names():
         script = scripts.load(name)

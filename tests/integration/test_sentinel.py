@@ -212,6 +212,12 @@ def test_enqueues_wait_for_the_replicas_unless_the_url_opts_out(
     # socket's timeout whatever wait_replicas says.
     with pytest.raises(ValueError, match="must be under socket_timeout"):
         make_sentinel_client(f"redis+sentinel://{hosts}/{service}?wait_timeout=6&socket_timeout=5")
+    # A producer's WAIT is longer than a worker's (a busy host's replica may take a second:
+    # an enqueue must not fail for it), under the socket's timeout, never under wait_timeout.
+    bounds = {"": 2.0, "?socket_timeout=1": 0.5, "?wait_timeout=3&socket_timeout=10": 3.0}
+    for query, seconds in bounds.items():
+        client = make_sentinel_client(f"redis+sentinel://{hosts}/{service}{query}")
+        assert client.enqueue_wait_timeout == seconds, query
 
 
 @pytest.mark.timeout(240)  # the set's setup may take 90 s on a loaded machine

@@ -51,7 +51,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry as SyncRetry
 
 from .cluster_replicas import ShardReplicas
-from .replicas import waited
+from .replicas import DEFAULT_WAIT_TIMEOUT, enqueue_wait_timeout, waited
 
 #: URL schemes that name a Redis Cluster explicitly (no probe), and the scheme each becomes.
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -197,6 +197,9 @@ class BoundedCluster(RedisCluster):
             self,
             {k: kwargs[k] for k in ("username", "password") if kwargs.get(k) is not None},
             enqueues=enqueues,
+            enqueue_wait_timeout=enqueue_wait_timeout(
+                DEFAULT_WAIT_TIMEOUT, kwargs.get("socket_timeout")
+            ),
         )
 
     def _trim_due(self) -> None:

@@ -55,10 +55,13 @@ class ShardReplicas:
         wait_timeout: seconds a ``WAIT`` lasts at most.
         enqueues: whether a producer's writes are durable (the URL's ``wait_replicas=0``:
             ``False``).
+        enqueue_wait_timeout: seconds the ``WAIT`` of a producer's write lasts at most
+            (:func:`~.replicas.enqueue_wait_timeout`; default: ``wait_timeout``).
 
     Attributes:
         wait_timeout: as given.
         enqueues: as given.
+        enqueue_wait_timeout: as given.
     """
 
     def __init__(
@@ -67,11 +70,15 @@ class ShardReplicas:
         credentials: dict[str, Any],
         wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
         enqueues: bool = True,
+        enqueue_wait_timeout: float | None = None,
     ) -> None:
         self._client = client
         self._credentials = credentials
         self.wait_timeout = wait_timeout
         self.enqueues = enqueues
+        self.enqueue_wait_timeout = (
+            wait_timeout if enqueue_wait_timeout is None else enqueue_wait_timeout
+        )
         self._watches: dict[tuple[str, int], ReplicaWatch] = {}
 
     def durable_now(self) -> bool:
@@ -127,9 +134,9 @@ class ShardReplicas:
         wanted = await self.wanted(node)
         if not wanted and not asking:
             return await node.execute_command(*args, **options)
-        reply, acknowledged = await _with_wait(
-            node, args, wanted, self.wait_timeout, options, asking
-        )
+        producing = not durable_writes.get() and enqueue_writes.get()
+        timeout = self.enqueue_wait_timeout if producing else self.wait_timeout
+        reply, acknowledged = await _with_wait(node, args, wanted, timeout, options, asking)
         if not wanted:
             return reply
         check_acknowledged(
@@ -137,7 +144,7 @@ class ShardReplicas:
             str(args[0]),
             acknowledged,
             wanted,
-            self.wait_timeout,
+            timeout,
         )
         return reply
 

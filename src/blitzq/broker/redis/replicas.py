@@ -75,12 +75,37 @@ PROBE_TIMEOUT = 0.5
 DOUBT_SECONDS = 10.0
 #: Seconds ``WAIT`` waits for the replicas by default.
 DEFAULT_WAIT_TIMEOUT = 0.5
+#: Seconds a producer's write of messages waits for its replica at most, by default (capped
+#: at half the client's ``socket_timeout``, never under the ``wait_timeout``): longer than a
+#: worker's, whose short ``WAIT`` only delays a completion it retries, where a producer's
+#: raises :class:`~blitzq.OutcomeUnknown` to its caller; a replica slowed by a busy host
+#: (it answers within a second or two) must not fail enqueues. A healthy replica answers in
+#: a round trip; only a replica that is gone makes an enqueue wait the whole bound.
+DEFAULT_ENQUEUE_WAIT_TIMEOUT = 2.0
 #: Commands followed by ``WAIT`` when they are durable: the single writes of enqueues and
 #: completions (a script call, ``XADD``, ``RPUSH``/``LPUSH``; blocking reads and pipelines
 #: are not).
 WAITED = frozenset({"EVALSHA", "EVAL", "XADD", "RPUSH", "LPUSH"})
 #: Reads that take leases, waited for under :data:`durable_writes` only (a worker's fetch).
 WAITED_READS = frozenset({"XREADGROUP"})
+
+
+def enqueue_wait_timeout(wait_timeout: float, socket_timeout: float | None) -> float:
+    """Seconds a producer's ``WAIT`` lasts at most (:data:`DEFAULT_ENQUEUE_WAIT_TIMEOUT`).
+
+    Args:
+        wait_timeout: the ``WAIT`` bound of the worker's durable commands (seconds).
+        socket_timeout: the client's reply timeout (seconds), or ``None`` for none.
+
+    Returns:
+        ``max(wait_timeout, min(DEFAULT_ENQUEUE_WAIT_TIMEOUT, socket_timeout / 2))``, so it
+        stays under ``socket_timeout`` whenever ``wait_timeout`` does.
+    """
+    bound = DEFAULT_ENQUEUE_WAIT_TIMEOUT
+    if socket_timeout is not None:
+        bound = min(bound, socket_timeout / 2)
+    return max(wait_timeout, bound)
+
 
 #: Set while a producer writes messages (:func:`enqueuing`: an enqueue of any kind, a
 #: schedule, a unique enqueue, a dead-letter replay): its single writes (:data:`WAITED`) are
@@ -314,6 +339,7 @@ class ReplicaWatch:
 
 
 __all__ = [
+    "DEFAULT_ENQUEUE_WAIT_TIMEOUT",
     "DEFAULT_WAIT_TIMEOUT",
     "DOUBT_SECONDS",
     "PROBE_TIMEOUT",
@@ -324,6 +350,7 @@ __all__ = [
     "check_acknowledged",
     "durable_writes",
     "durably",
+    "enqueue_wait_timeout",
     "enqueue_writes",
     "enqueuing",
     "waited",

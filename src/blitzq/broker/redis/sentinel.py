@@ -17,8 +17,10 @@ URL grammar (``[...]`` optional, ``,``-separated sentinels, default port 26379):
   (:data:`~.replicas.enqueue_writes`: an enqueue, a schedule, a unique enqueue, a dead-letter
   replay; a workflow start and ``track_state``'s records go through the completion path,
   waited for whatever the URL says): the ``XADD``, ``RPUSH``/``LPUSH`` or script call is followed
-  by ``WAIT 1 <wait_timeout>`` in the same round trip when the primary has a replica, and an
-  enqueue its replica did not acknowledge in time raises :class:`~blitzq.OutcomeUnknown`
+  by ``WAIT 1 <timeout>`` in the same round trip when the primary has a replica (the
+  timeout is ``wait_timeout`` raised to 2 s, at most half of ``socket_timeout``:
+  :func:`~.replicas.enqueue_wait_timeout`, since a busy host's replica may take a second),
+  and an enqueue its replica did not acknowledge in time raises :class:`~blitzq.OutcomeUnknown`
   (``unreplicated``: the primary has it, a failover may lose it) instead of returning.
   ``wait_replicas=0`` opts the producer's writes out (an enqueue is then acknowledged by the
   primary alone: the enqueue window of docs/guarantees.md); ``wait_replicas=N`` (``N >= 1``)
@@ -79,6 +81,7 @@ from .replicas import (
     check_acknowledged,
     durable_writes,
     durably,
+    enqueue_wait_timeout,
     enqueue_writes,
 )
 from .sentinel_discovery import FAILOVER_SECONDS, DeadlineRetry, SentinelDiscovery
@@ -328,12 +331,15 @@ class ReplicatedRedis(aioredis.Redis):
     Attributes:
         wait_replicas: replicas that must acknowledge each write (0: only the durable ones).
         wait_timeout: seconds the WAIT lasts at most.
+        enqueue_wait_timeout: seconds the WAIT of a producer's write lasts at most
+            (:func:`~.replicas.enqueue_wait_timeout`).
         wait_enqueues: whether a producer's writes are durable (``False``: the URL said
             ``wait_replicas=0``).
     """
 
     wait_replicas: int = 0
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT
+    enqueue_wait_timeout: float = DEFAULT_WAIT_TIMEOUT
     wait_enqueues: bool = True
     _watch: ReplicaWatch | None = None
 
@@ -406,14 +412,16 @@ class ReplicatedRedis(aioredis.Redis):
         wanted = await self.wanted(asked)
         if not wanted:  # no replica to wait for: durable on all there are
             return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        producing = not durable and enqueue_writes.get()
+        timeout = self.enqueue_wait_timeout if producing else self.wait_timeout
         pipe = self.pipeline(transaction=False)
         try:
             pipe.execute_command(*args, **options)
-            pipe.execute_command("WAIT", wanted, int(self.wait_timeout * 1000))
+            pipe.execute_command("WAIT", wanted, int(timeout * 1000))
             reply, acknowledged = await pipe.execute()
         finally:
             await pipe.reset()  # type: ignore[no-untyped-call]
-        self.check_acknowledged(str(args[0]), acknowledged, wanted)
+        check_acknowledged(self._watcher(), str(args[0]), acknowledged, wanted, timeout)
         return reply
 
     async def settle(
@@ -507,6 +515,9 @@ def make_sentinel_client(url: str) -> aioredis.Redis:
             f"wait_timeout={parsed.wait_timeout} must be under socket_timeout={timeout}"
         )
     client.wait_replicas, client.wait_timeout = parsed.wait_replicas, parsed.wait_timeout
+    client.enqueue_wait_timeout = enqueue_wait_timeout(
+        parsed.wait_timeout, None if timeout is None else float(timeout)
+    )
     client.wait_enqueues = parsed.wait_enqueues
     return client
 
