@@ -6,16 +6,17 @@ Usage::
     .venv/bin/python bench/recent_index.py [--tasks 20000] [--pairs 7] [--micro]
 
 Starts a private ``redis-server`` like ``bench.py`` (never the shared 6379). Two set-ups:
-reliable mode with results stored (the index entry rides in the ``"R"`` batch that already
-writes the records) and fast mode with ``store_results=False`` (nothing was written per task
-before: the notes are then the only write, made once a second in one transaction per
-queue). For each, ``--pairs`` times, one in-process ``Worker(concurrency=200)`` drains
-``--tasks`` pre-enqueued no-op async tasks with the index on, then off (the order
-alternating inside each pair). A drain ends when the broker shows every task done; the index
-is then checked full (not timed: the once-a-second notes may still be on their way).
+reliable mode with results stored and fast mode with ``store_results=False`` (nothing else is
+written per task: the notes are then the only write); either way the notes are written once
+a second, one entry per queue, off the completions' batches. For each, ``--pairs`` times,
+one in-process ``Worker(concurrency=200)`` drains ``--tasks`` pre-enqueued no-op async
+tasks with the index on, then off (the order alternating inside each pair). A drain ends
+when the broker shows every task done; the index is then checked full (not timed: the
+once-a-second notes may still be on their way).
 Reported per set-up: the median of the per-pair on/off ratios of tasks/s and of this
 process's CPU seconds (the worker runs in it), the median CPU per task of each side, and the
-index's memory in Redis (``MEMORY USAGE`` of one full queue's index, bytes per entry).
+index's memory in Redis (``MEMORY USAGE`` of one full queue's index and its notes, bytes per
+note). The server's instructions per note: ``bench/server_instructions.py --notes``.
 
 ``--micro`` times the worker's two parts alone (best of 5): the note of one run
 (``EndNotes.note``, ``timeit``) and the once-a-second write of 20,000 pending notes
@@ -52,7 +53,8 @@ async def drain(url: str, mode: str, store: bool, n: int, index: bool) -> tuple[
             handles += await bench.task.enqueue_many([()] * min(harness.BATCH, n - start))
         last_id = handles[-1].id
         bench.target = n
-        recent = bench.keys.recent(harness.QUEUE)
+        index_key = bench.keys.ended(harness.QUEUE)
+        notes_key = bench.keys.ended_notes(harness.QUEUE)
         worker = Worker(bench.queue, concurrency=harness.DRAIN_CONCURRENCY)
         cpu0, t0 = time.process_time(), time.perf_counter()
         runner = await harness._run_worker(worker)
@@ -61,15 +63,16 @@ async def drain(url: str, mode: str, store: bool, n: int, index: bool) -> tuple[
         async def done() -> bool:
             return await harness._broker_done(redis, bench, store, last_id)
 
-        async def indexed() -> bool:
-            return await redis.zcard(recent) >= min(n, 10_000)
+        async def indexed() -> bool:  # the index's '#' is scored minus the notes it holds
+            return -(await redis.zscore(index_key, "#") or 0) >= min(n, 10_000)
 
         await harness.wait_until(done, "completions", 0.001)
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         size = 0
         if index:  # not timed: notes without a completion are written once a second
             await harness.wait_until(indexed, "the index", 0.01)
-            size = int(await redis.memory_usage(recent) or 0)
+            for key in (index_key, notes_key):
+                size += int(await redis.memory_usage(key, samples=0) or 0)
         await harness._stop_worker(worker, runner)
         return n / elapsed, cpu, size
     finally:
@@ -98,12 +101,12 @@ async def paired(url: str, tasks: int, pairs: int) -> None:
             loads.append(os.getloadavg()[0])
             line = f"  {mode} store={store} pair {pair + 1}: on {r_on:,.0f}/s, off {r_off:,.0f}/s"
             print(line, file=sys.stderr)
-        entries = min(tasks, 10_000)
+        kept = min(tasks, 10_000)  # at least; whole entries go: up to one entry more
         print(
             f"{mode}, store_results={store}: on/off tasks/s {med(rate_ratio):.3f}, "
             f"CPU {med(cpu_ratio):.3f} ({med(cpu_on):.1f} vs {med(cpu_off):.1f} us/task); "
-            f"index of {entries:,} entries: {med(sizes):,.0f} bytes "
-            f"({med(sizes) / entries:.0f} per entry)"
+            f"index of {kept:,}+ notes: {med(sizes):,.0f} bytes "
+            f"({med(sizes) / kept:.0f} per note)"
         )
     print(f"load average (1 min) during the run: {min(loads):.1f} - {max(loads):.1f}")
 

@@ -1,8 +1,9 @@
-"""What a worker's durable fetches and completions cost on ``redis+sentinel://`` (issue 25).
+"""What durable writes cost on ``redis+sentinel://`` (issue 25): a worker's, or a producer's.
 
-Starts a private primary, one replica and one sentinel (free ports, stopped at the end), then
-drains N pre-enqueued no-op tasks (results stored) with one in-process ``Worker``, in rounds
-that alternate two settings in the same process:
+Starts a private primary, one replica and one sentinel (free ports, stopped at the end).
+
+Worker mode (the default) drains N pre-enqueued no-op tasks (results stored) with one
+in-process ``Worker``, in rounds that alternate two settings in the same process:
 
 - ``durable``: what a worker does now: each fetch and each completion batch is followed by
   ``WAIT`` for the replicas that exist (``broker/redis/sentinel.py``);
@@ -12,7 +13,16 @@ that alternate two settings in the same process:
 Prints each round's tasks/s and the worker process's CPU per task, then the ratio
 durable/unwaited of the medians (the figure bench/README.md quotes: side by side, one run).
 
-argv: N (default 3000), concurrency (default 50), rounds per setting (default 3).
+Enqueue mode (``enqueue`` as the first argument) times a producer instead, in rounds that
+alternate a URL naming no ``wait_replicas`` (``durable``: each enqueue is followed by ``WAIT``
+for the replica, the default now) and one saying ``wait_replicas=0`` (``unwaited``: the
+producer's opt-out, the default of before), each round on a fresh Queue: N enqueues one
+after another (``sequential``: the latency a caller sees), N enqueues from ``concurrency``
+callers at once (``concurrent``), and N tasks in ``enqueue_many`` batches of 100
+(``batched``). Prints each round's enqueues/s and CPU per enqueue, then the ratios of the
+medians.
+
+argv: [enqueue] N (default 3000), concurrency (default 50), rounds per setting (default 3).
 """
 
 from __future__ import annotations
@@ -35,9 +45,13 @@ import redis
 from blitzq import Queue, Worker
 from blitzq.broker.redis.sentinel import ReplicatedRedis
 
-N = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
-CONCURRENCY = int(sys.argv[2]) if len(sys.argv) > 2 else 50
-ROUNDS = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+ENQUEUE = len(sys.argv) > 1 and sys.argv[1] == "enqueue"
+ARGS = sys.argv[2:] if ENQUEUE else sys.argv[1:]
+N = int(ARGS[0]) if len(ARGS) > 0 else 3000
+CONCURRENCY = int(ARGS[1]) if len(ARGS) > 1 else 50
+ROUNDS = int(ARGS[2]) if len(ARGS) > 2 else 3
+#: The producer's ways of sending, timed in enqueue mode.
+STYLES = ("sequential", "concurrent", "batched")
 SERVICE = "benchsentinel"
 QUIET = subprocess.DEVNULL
 
@@ -97,6 +111,15 @@ def start(directory: Path) -> tuple[list[subprocess.Popen[bytes]], str]:
     return procs, f"redis+sentinel://127.0.0.1:{sentinel}/{SERVICE}"
 
 
+def stop(procs: list[subprocess.Popen[bytes]], directory: Path) -> None:
+    """Stop the servers and remove their directory."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(10)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 async def drain(url: str) -> tuple[float, float]:
     """One drain of N no-op tasks; (tasks/s, CPU us per task of this process)."""
     namespace = "dur" + uuid.uuid4().hex[:8]
@@ -124,9 +147,76 @@ async def drain(url: str) -> tuple[float, float]:
     return N / elapsed, cpu / N * 1e6
 
 
+async def enqueues(url: str, style: str) -> tuple[float, float]:
+    """N enqueues of a no-op task in ``style`` (:data:`STYLES`) on a fresh Queue; (enqueues/s,
+    CPU us per enqueue of this process). The Queue's first enqueue (its connections, the
+    replicas' first ``ROLE``) is made before the clock starts."""
+    queue = Queue(redis_url=url, namespace="enq" + uuid.uuid4().hex[:8])
+
+    @queue.task(name="bench.noop")
+    async def noop() -> None:
+        return None
+
+    await noop.enqueue()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    if style == "sequential":
+        for _ in range(N):
+            await noop.enqueue()
+    elif style == "concurrent":
+        per = N // CONCURRENCY
+
+        async def caller() -> None:
+            for _ in range(per):
+                await noop.enqueue()
+
+        await asyncio.gather(*(caller() for _ in range(CONCURRENCY)))
+    else:
+        for _ in range(0, N, 100):
+            await noop.enqueue_many([() for _ in range(100)])
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    await queue.close()
+    return N / elapsed, cpu / N * 1e6
+
+
+async def enqueue_main(url: str) -> None:
+    """Enqueue mode (module docstring): ``url`` names no ``wait_replicas``."""
+    urls = {"durable": url, "unwaited": url + "?wait_replicas=0"}
+    rates: dict[tuple[str, str], list[float]] = {}
+    cpus: dict[tuple[str, str], list[float]] = {}
+    for _ in range(ROUNDS):
+        for style in STYLES:
+            for setting, where in urls.items():
+                rate, cpu = await enqueues(where, style)
+                rates.setdefault((style, setting), []).append(rate)
+                cpus.setdefault((style, setting), []).append(cpu)
+                print(json.dumps({"style": style, "setting": setting, "enqueue_per_s": round(rate),
+                                  "cpu_us_per_enqueue": round(cpu, 1)}), flush=True)  # fmt: skip
+    summary: dict[str, Any] = {"n": N, "concurrency": CONCURRENCY, "rounds": ROUNDS}
+    for style in STYLES:
+        med = {k: statistics.median(v) for k, v in rates.items() if k[0] == style}
+        cpu = {k: statistics.median(v) for k, v in cpus.items() if k[0] == style}
+        summary[style] = {
+            "durable_per_s": round(med[(style, "durable")]),
+            "unwaited_per_s": round(med[(style, "unwaited")]),
+            "rate_ratio_durable_over_unwaited": round(
+                med[(style, "durable")] / med[(style, "unwaited")], 2
+            ),
+            "cpu_ratio_durable_over_unwaited": round(
+                cpu[(style, "durable")] / cpu[(style, "unwaited")], 2
+            ),
+        }
+    print(json.dumps(summary))
+
+
 async def main() -> None:
     directory = Path(tempfile.mkdtemp(prefix="blitzq-bench-sentinel-"))
     procs, url = start(directory)
+    if ENQUEUE:
+        try:
+            await enqueue_main(url)
+        finally:
+            stop(procs, directory)
+        return
     durable_wanted = ReplicatedRedis.wanted
 
     async def unwaited(self: ReplicatedRedis, asked: int) -> int:
@@ -145,11 +235,7 @@ async def main() -> None:
                                   "cpu_us_per_task": round(cpu, 1)}), flush=True)  # fmt: skip
     finally:
         ReplicatedRedis.wanted = durable_wanted  # type: ignore[method-assign]
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(10)
-        shutil.rmtree(directory, ignore_errors=True)
+        stop(procs, directory)
     ratio = statistics.median(rates["durable"]) / statistics.median(rates["unwaited"])
     cpu_ratio = statistics.median(cpus["durable"]) / statistics.median(cpus["unwaited"])
     print(json.dumps({"n": N, "concurrency": CONCURRENCY, "rounds": ROUNDS,

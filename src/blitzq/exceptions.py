@@ -223,6 +223,11 @@ class BrokerError(BlitzQError, ConnectionError):
             failure for them, even while another node answers PING.
         outcome_unknown: ``True`` (only on :class:`OutcomeUnknown`) when a write was sent
             and its reply was lost: it may have been applied.
+        unreplicated: ``True`` when the primary applied a write but fewer of its replicas
+            than it waited for acknowledged it in time (``WAIT`` fell short, on
+            ``redis+sentinel://`` or a Redis Cluster with replicas): it is there now, and a
+            failover may lose it. Also ``unavailable``; a producer's write raises it as
+            :class:`OutcomeUnknown` (with ``unreplicated`` set).
         reported: ``True`` when the call failed because a connection was lost that the
             transport already reported in its own log line (a RabbitMQ connection: one
             WARNING per loss, ``broker/amqp/closing.py``): a caller that retries logs this
@@ -231,6 +236,7 @@ class BrokerError(BlitzQError, ConnectionError):
 
     outcome_unknown: bool = False
     reported: bool = False
+    unreplicated: bool = False
 
     def __init__(
         self,
@@ -260,17 +266,22 @@ class BrokerRefusedSettings(BrokerError, ConfigurationError):
 
 
 class OutcomeUnknown(BrokerError):
-    """A producer's write (an enqueue, a workflow start, a schedule, a cancel) was sent, but
-    the connection dropped or timed out before the reply: the broker may or may not have
-    applied it. Unlike a plain transient :class:`BrokerError` (nothing was written), a blind
-    retry can duplicate the write; see docs/guarantees.md ("Retrying after an unknown
-    outcome"): re-enqueueing under the same ``task_id`` publishes a second message (it does
-    not deduplicate), so a retry must first learn whether the first attempt landed, or the
-    task must tolerate running twice -- or be a unique task, whose retry runs it once (its
-    key's claim and its message are one write).
+    """A producer's write (an enqueue, a workflow start, a schedule, a cancel, a dead-letter
+    replay) was sent, but the connection dropped or timed out before the reply: the broker
+    may or may not have applied it. Or (``unreplicated``) the primary applied it but its
+    replicas did not acknowledge it within ``wait_timeout`` (``redis+sentinel://``, a Redis
+    Cluster with replicas): it stays unless a failover promotes a replica that lacks it.
+    Unlike a plain transient :class:`BrokerError` (nothing was written), a blind retry can
+    duplicate the write; see docs/guarantees.md ("Retrying after an unknown outcome"):
+    re-enqueueing under the same ``task_id`` publishes a second message (it does not
+    deduplicate), so a retry must first learn whether the first attempt landed, or the task
+    must tolerate running twice -- or be a unique task, whose retry runs it once (its key's
+    claim and its message are one write).
 
     Attributes:
         outcome_unknown: always ``True``.
+        unreplicated: ``True`` when it was applied by the primary, not confirmed by its
+            replicas (``cause`` was an ``unreplicated`` :class:`BrokerError`).
         transient: ``True`` (the broker may answer a later call).
         what: the write, e.g. ``"enqueue"``, ``"workflow start"``, ``"cancel"``.
         task_ids: the ids the write concerned (the task ids of an enqueue or a cancel, the
@@ -284,12 +295,20 @@ class OutcomeUnknown(BrokerError):
         shown = ", ".join(task_ids[:5]) + (
             f" (+{len(task_ids) - 5} more)" if len(task_ids) > 5 else ""
         )
+        unreplicated = bool(getattr(cause, "unreplicated", False))
+        happened = (
+            "the primary applied it, its replicas did not confirm it in time "
+            f"({cause}); a failover may lose it, or it may run"
+            if unreplicated
+            else "the broker stopped answering after the command was sent "
+            f"({cause}); it may have been applied"
+        )
         super().__init__(
-            f"{what} outcome unknown: the broker stopped answering after the command was sent "
-            f"({cause}); it may have been applied. Ids: {shown or '-'}. Retrying blindly may "
+            f"{what} outcome unknown: {happened}. Ids: {shown or '-'}. Retrying blindly may "
             "duplicate it (the same task_id does not deduplicate): see docs/guarantees.md",
             True,
         )
+        self.unreplicated = unreplicated
         self.what = what
         self.task_ids = task_ids
         self.task_id = task_ids[0] if task_ids else None
@@ -307,10 +326,11 @@ def _never_sent(exc: BrokerError) -> bool:
 @contextlib.contextmanager
 def unknown_outcome(what: str, ids: Iterable[str]) -> Iterator[None]:
     """Turn a transient :class:`BrokerError` raised inside the block (a timeout or a
-    connection lost mid-command: the write may have been applied) into
+    connection lost mid-command: the write may have been applied; or a write the primary
+    applied that its replicas did not confirm: ``unreplicated``) into
     :class:`OutcomeUnknown` naming ``what`` and ``ids``. A refusal (``transient`` false), a
-    server saying "not now" (``unavailable``: nothing applied) and a connection that could
-    not be made (nothing sent) pass through unchanged.
+    server saying "not now" (``unavailable`` and not ``unreplicated``: nothing applied) and
+    a connection that could not be made (nothing sent) pass through unchanged.
 
     Args:
         what: the write, e.g. ``"enqueue"``.
@@ -324,7 +344,7 @@ def unknown_outcome(what: str, ids: Iterable[str]) -> Iterator[None]:
     except OutcomeUnknown:
         raise
     except BrokerError as exc:
-        if not exc.transient or exc.unavailable or _never_sent(exc):
+        if not exc.unreplicated and (not exc.transient or exc.unavailable or _never_sent(exc)):
             raise
         raise OutcomeUnknown(what, tuple(ids), exc) from exc
 

@@ -84,7 +84,8 @@ class Queue:
         mode: ``"reliable"`` (Redis Streams, at-least-once) or ``"fast"`` (lists,
             at-most-once). ``BLITZQ_MODE`` overrides the default.
         visibility_timeout: seconds a delivery may go without a lease renewal before another
-            worker recovers it (reliable mode).
+            worker recovers it (reliable mode). Each worker's own: while it is registered,
+            its deliveries are left that long by workers with shorter ones.
         max_deliveries: deliveries of one message (crashes included) before it is
             dead-lettered.
         store_results: store return values of successful tasks (failures are always stored).
@@ -510,6 +511,8 @@ class Queue:
     retry_dead_letters_sync = blocking(retry_dead_letters)
     purge_queue = delegate("_admin", Admin.purge_queue)
     purge_queue_sync = blocking(purge_queue)
+    delayed_count = delegate("_admin", Admin.delayed_count)
+    delayed_count_sync = blocking(delayed_count)
     stats = delegate("_admin", Admin.stats)
     stats_sync = blocking(stats)
 

@@ -277,7 +277,10 @@ class Task(Generic[P, R]):
         Raises:
             SerializationError: an argument is not plain data.
             MessageTooLarge: the encoded message is over the queue's limit.
-            BrokerError: the broker could not be reached.
+            OutcomeUnknown: the message was sent and the reply lost, or (``unreplicated``)
+                the primary has it and its replicas did not confirm it in time
+                (``redis+sentinel://``, a Redis Cluster with replicas): it may or may not run.
+            BrokerError: the broker could not be reached (nothing was sent).
         """
         return await self.producer.enqueue(self, args, kwargs, _NO_OPTIONS)
 

@@ -323,6 +323,28 @@ async def test_schedule_and_promote_respect_due_order_and_limit(broker: Broker) 
     assert await broker.scheduled_count() == 1
 
 
+async def test_scheduled_for_counts_and_purges_one_queues_delayed_tasks(broker: Broker) -> None:
+    """``scheduled_for(queues)`` counts the schedule's messages bound for those physical
+    queues; with ``purge`` it takes them off, leaving other queues' (a name that is a prefix of
+    another, ``Q`` of ``Q:high``, matches only itself)."""
+    await broker.schedule(
+        [
+            Scheduled("a1", Q, message("a1"), delay=300.0),
+            Scheduled("a2", Q, message("a2"), delay=300.0),
+            Scheduled("h1", f"{Q}:high", message("h1"), delay=300.0),
+            Scheduled("o1", f"{Q}x", message("o1"), delay=300.0),
+        ]
+    )
+    assert await broker.scheduled_for([Q]) == 2
+    assert await broker.scheduled_for([Q, f"{Q}:high"]) == 3
+    assert await broker.scheduled_for(["nobody"]) == 0
+    assert await broker.scheduled_for([Q], purge=True) == 2
+    assert await broker.scheduled_count() == 2
+    assert await broker.scheduled_for([Q]) == 0
+    assert await broker.scheduled_entry("h1") is not None
+    assert await broker.scheduled_entry("o1") is not None
+
+
 async def test_promote_ahead_moves_what_is_due_within_that_many_seconds(broker: Broker) -> None:
     """``promote_due(limit, ahead)`` (the eager test mode's virtual time) also moves what is
     due within ``ahead`` seconds of the broker's clock; what is due later stays, and the
@@ -519,20 +541,35 @@ async def test_purge_dead_letters(broker: Broker) -> None:
 
 
 # --------------------------------------------------------------------------------- inspection
+async def counts_reach(
+    broker: Broker, queues: list[str], expected: dict[str, dict[str, int]]
+) -> None:
+    """Assert ``queue_stats(queues) == expected``: at once on Redis, whose counts are exact;
+    on RabbitMQ once the messages in transit to this process's consumer have arrived. Its
+    ``waiting`` is the ready count plus the consumer's buffer, an estimate while RabbitMQ
+    pushes (a message dispatched as the count is read, e.g. after an ack freed a prefetch
+    place, is counted twice or not at all: a run in four under load), exact when idle
+    (:func:`blitzq.broker.amqp.inspection.queue_stats`)."""
+    if custody_of(broker) is None:
+        assert await broker.queue_stats(queues) == expected
+    else:
+        await eventually(lambda: broker.queue_stats(queues), lambda got: got == expected)
+
+
 async def test_queue_stats_waiting_and_in_flight(broker: Broker) -> None:
     await consumer(broker)
-    assert (await broker.queue_stats([Q]))[Q] == {"waiting": 0, "in_flight": 0}
+    await counts_reach(broker, [Q], {Q: {"waiting": 0, "in_flight": 0}})
     await broker.publish(Q, [message(f"q{i}") for i in range(3)])
-    assert (await broker.queue_stats([Q]))[Q] == {"waiting": 3, "in_flight": 0}
+    await counts_reach(broker, [Q], {Q: {"waiting": 3, "in_flight": 0}})
     (d,) = await broker.fetch(Q, 1, 0)
     leased = 1 if broker.supports_recovery else 0
-    assert (await broker.queue_stats([Q]))[Q] == {"waiting": 2, "in_flight": leased}
+    await counts_reach(broker, [Q], {Q: {"waiting": 2, "in_flight": leased}})
     await broker.complete([Completion(Q, d.token, "q0")])
-    stats = await broker.queue_stats([Q, "never-used"])
-    assert stats == {
-        Q: {"waiting": 2, "in_flight": 0},
-        "never-used": {"waiting": 0, "in_flight": 0},
-    }
+    await counts_reach(
+        broker,
+        [Q, "never-used"],
+        {Q: {"waiting": 2, "in_flight": 0}, "never-used": {"waiting": 0, "in_flight": 0}},
+    )
 
 
 async def test_known_queues(broker: Broker) -> None:
@@ -758,10 +795,21 @@ async def test_recover_dead_letters_at_max_deliveries(
     assert await broker.fetch(Q, 10, 0) == []
 
 
+def custody_of(broker: Broker) -> Any:
+    """The transport's custody of long-held deliveries (RabbitMQ's), or ``None``."""
+    return getattr(broker.transport, "custody", None)
+
+
 async def test_recovered_lease_is_never_taken_back(
     broker: Broker, make_broker: Callable[[], Broker]
 ) -> None:
     needs_recovery(broker)
+    if custody_of(broker) is not None:
+        pytest.skip(
+            "RabbitMQ gives an unacked delivery to another consumer only once its holder's "
+            "channel closes: another process cannot recover it while the holder lives "
+            "(test_recovered_custody_lease_is_never_taken_back is this promise there)"
+        )
     await consumer(broker)
     rescuer = make_broker()
     await rescuer.prepare_consumer([Q], "consumer-2")
@@ -776,6 +824,48 @@ async def test_recovered_lease_is_never_taken_back(
     assert again.deliveries == 2
     assert again.token is not None
     assert await rescuer.heartbeat(Q, [again.token]) == 1
+
+
+async def test_recovered_custody_lease_is_never_taken_back(
+    broker: Broker, make_broker: Callable[[], Broker]
+) -> None:
+    """On RabbitMQ a delivery is another process's to recover only once its holder handed it
+    to the state store's custody (held past the visibility timeout, the task still running,
+    docs/guarantees.md) and stopped renewing that lease: then any process publishes it again,
+    and the holder's late renewal does not claim it back."""
+    needs_recovery(broker)
+    if custody_of(broker) is None:
+        pytest.skip("no custody: the transport's own leases are recovered (the test above)")
+    await consumer(broker)
+    rescuer = make_broker()
+    await rescuer.prepare_consumer([Q], "consumer-2")
+    await broker.publish(Q, [message("stolen")])
+    (d,) = await broker.fetch(Q, 1, 0)
+    assert d.token is not None
+    token = d.token
+    held = broker.transport.held  # type: ignore[attr-defined]
+
+    async def handed_over() -> str:
+        # Renewed (still running), then held past 0.1 s: the round hands it to custody.
+        await broker.heartbeat(Q, [token])
+        await asyncio.sleep(0.12)
+        await broker.heartbeat(Q, [token])
+        await broker.recover(Q, 0.1, 10, 5)
+        return str(held[token].state)
+
+    await eventually(handed_over, lambda state: state == "custody", 30)
+    # The holder stops renewing: once the 0.1 s lease lapses, the rescuer publishes it again.
+    await eventually(lambda: rescuer.recover(Q, 0.1, 10, 5), lambda n: n == (1, 0), 30)
+    assert await broker.heartbeat(Q, [token]) == 0  # the late renewal does not take it back
+
+    async def fetched() -> list[tuple[Broker, Delivery]]:
+        # RabbitMQ pushes it to either consumer.
+        return [(b, x) for b in (rescuer, broker) for x in await b.fetch(Q, 1, 0)]
+
+    ((taker, again),) = await eventually(fetched, bool, 30)
+    assert again.deliveries == 2
+    assert again.token is not None
+    assert await taker.heartbeat(Q, [again.token]) == 1
 
 
 async def test_recover_with_nothing_idle(broker: Broker) -> None:

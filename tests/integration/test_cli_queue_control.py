@@ -150,12 +150,61 @@ def test_purge_asks_then_deletes_every_level(env: dict[str, str], queue: Queue) 
     assert queue.stats_sync(["qc"])["queues"]["qc"]["waiting"] == 2  # nothing deleted
     done = blitzq(env, "--json", "queue", "purge", "qc", "--yes")
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"queue": "qc", "purged": 4}
+    assert json.loads(done.stdout) == {
+        "queue": "qc",
+        "purged": 4,
+        "delayed_purged": 0,
+        "delayed_left": 0,
+    }
     stats = queue.stats_sync(["qc", "qc:high", "qc:low"])["queues"]
     assert [stats[q]["waiting"] for q in ("qc", "qc:high", "qc:low")] == [0, 0, 0]
     empty = blitzq(env, "queue", "purge", "qc")  # nothing to ask about
     assert empty.returncode == 0
     assert "purged 0 message(s)" in empty.stdout
+
+
+def test_purge_says_how_many_delayed_tasks_stay_and_deletes_them_with_delayed(
+    env: dict[str, str], queue: Queue
+) -> None:
+    @queue.task(name="qc.once", unique=True, queue="qc")
+    async def once(n: int) -> None:
+        return None
+
+    queue.send_sync("qc.add", [1, 1], {})
+    queue.send_sync("qc.add", [1, 2], {}, delay=3600)
+    queue.send_sync("qc.add", [1, 3], {}, delay=3600, priority="high")  # to qc:high
+    queue.send_sync("qc.add", [1, 4], {}, delay=3600, queue="other")  # another queue's
+    first = once.options(delay=3600).enqueue_sync(7)
+    assert queue.stats_sync()["scheduled"] == 4
+    assert queue.delayed_count_sync("qc") == 2
+    assert queue.delayed_count_sync("qc:high") == 1
+
+    kept = blitzq(env, "queue", "purge", "qc", "--yes")
+    assert kept.returncode == 0, kept.stderr
+    lines = kept.stdout.splitlines()
+    assert lines[0] == "purged 1 message(s) from queue qc"
+    assert lines[1].startswith("3 delayed task(s) of queue qc stay on the schedule")
+    assert "--delayed" in lines[1]
+    assert queue.stats_sync()["scheduled"] == 4  # the default keeps them, and says so
+    asked = blitzq(env, "queue", "purge", "qc", "--delayed", input="n\n")
+    assert "Delete 0 waiting message(s) and 3 delayed task(s) of queue 'qc'" in asked.stderr
+
+    gone = blitzq(env, "--json", "queue", "purge", "qc", "--yes", "--delayed")
+    assert gone.returncode == 0, gone.stderr
+    assert json.loads(gone.stdout) == {
+        "queue": "qc",
+        "purged": 0,
+        "delayed_purged": 3,
+        "delayed_left": 0,
+    }
+    assert queue.stats_sync()["scheduled"] == 1  # the other queue's stays
+    assert queue.delayed_count_sync("other") == 1
+    again = once.options(delay=3600).enqueue_sync(7)  # its unique key was freed
+    assert not again.duplicate
+    assert again.id != first.id
+    assert queue.purge_queue_sync("qc", delayed=True) == 1
+    assert queue.purge_queue_sync("other", delayed=True) == 1
+    assert queue.stats_sync()["scheduled"] == 0
 
 
 def test_worker_list_and_a_graceful_remote_shutdown(

@@ -620,7 +620,12 @@ def test_dead_letter_pager_and_replay_all_matching(app: App, page: Any) -> None:
     page.locator("#replay-all-start").click()
     expect(page.locator("#replay-all-do")).to_contain_text("replay all 55 matching")
     page.locator("#replay-all-do").click()
-    expect(page.locator("#dl-message")).to_have_text("replayed 55 of 55 matching dead letter(s)")
+    # Those a worker dead-lettered again before the batch ended are counted apart (F7).
+    done = (
+        r"replayed 55 of 55 matching dead letter\(s\)"
+        r"( \(\d+ of them dead-lettered again already\))?"
+    )
+    expect(page.locator("#dl-message")).to_have_text(re.compile(done))
     wait_until(
         lambda: off_loop(app.queue.dead_letter_count_sync) == before + 55, 30, "failed again"
     )

@@ -41,6 +41,7 @@ CALLED = {
     "promote", "prune", "publish", "purge_dead", "rate_acquire", "recover", "renew", "replay",
     "purge_list",  # a purge of a list (a fast queue, an outbox): no MULTI, works when full
     "schedule", "take_handed", "trim_dead", "unique_claim", "unique_enqueue", "trace",
+    "unschedule",  # a purge of a queue's delayed tasks (queue purge --delayed)
     "keep_running",
     # the spread layout of a Redis Cluster (spread.py, handoff.py)
     "handoff_publish", "handoff_restore", "handoff_take", "hold", "recover_split",
@@ -48,6 +49,7 @@ CALLED = {
     "recent",  # the dashboard's index of ended tasks (worker/recent.py)
     "idle_look", "publish_ring",  # an idle worker's doorbell on a cluster (doorbell.py)
     "register", "unregister",  # worker registrations and their counts (registry.py)
+    "worker_timeouts",  # the live workers' visibility timeouts, for recovery (registry.py)
 }  # fmt: skip
 
 
@@ -57,7 +59,9 @@ def test_every_script_is_read_once_with_its_includes_expanded() -> None:
     library = scripts.expand_keys(lua.joinpath("dead_letters.lua").read_text()).rstrip("\n")
     outbox = scripts.expand_keys(lua.joinpath("outbox.lua").read_text()).rstrip("\n")
     # Included by other scripts, never called alone.
-    included = {"dead_letters", "outbox", "recent_add", "worker_counts", "envelope_head"}
+    included = {
+        "dead_letters", "outbox", "recent_add", "worker_counts", "envelope_head", "claim_idle"
+    }  # fmt: skip
     assert set(scripts.names()) == CALLED | included
     for name in scripts.names():
         script = scripts.load(name)

@@ -190,24 +190,34 @@ async def test_url_grammar() -> None:
             Queue(redis_url=bad).broker  # noqa: B018 -- the broker is made on first use
 
 
-def test_a_url_without_wait_replicas_warns_once_of_the_enqueue_window(
+def test_enqueues_wait_for_the_replicas_unless_the_url_opts_out(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A user-style test lost 146 of 300 enqueues across a ``SENTINEL FAILOVER`` on a URL
-    without ``wait_replicas``, with no error and nothing logged: the window is documented,
-    and now said once per service and process; naming ``wait_replicas`` (0 included) is the
-    user's choice, said nothing of."""
-    service = f"warned-{uuid.uuid4().hex[:8]}"
+    without ``wait_replicas``, with no error: a producer's writes now wait for the replicas
+    that exist by default, and only ``wait_replicas=0`` opts them out. Nothing is logged
+    either way (the warning that said the URL had the window is gone with the window)."""
+    service = f"durable-{uuid.uuid4().hex[:8]}"
     hosts = f"127.0.0.1:{free_port()}"
+    expected = {"": (True, 0), "?wait_replicas=0": (False, 0), "?wait_replicas=2": (True, 2)}
     with caplog.at_level(logging.WARNING, logger="blitzq.broker"):
-        for _ in range(2):
-            make_sentinel_client(f"redis+sentinel://{hosts}/{service}")
-        make_sentinel_client(f"redis+sentinel://{hosts}/{service}-0?wait_replicas=0")
-        make_sentinel_client(f"redis+sentinel://{hosts}/{service}-1?wait_replicas=1")
-    warned = [r.getMessage() for r in caplog.records if "names no wait_replicas" in r.getMessage()]
-    assert len(warned) == 1, warned
-    assert f"/{service} names no wait_replicas" in warned[0]
-    assert "wait_replicas=1" in warned[0]
+        for query, (enqueues, replicas) in expected.items():
+            client = make_sentinel_client(f"redis+sentinel://{hosts}/{service}{query}")
+            assert (client.wait_enqueues, client.wait_replicas) == (enqueues, replicas), query
+            assert (
+                parse_sentinel_url(f"redis+sentinel://{hosts}/s{query}").wait_enqueues is enqueues
+            )
+    assert not [r for r in caplog.records if "wait_replicas" in r.getMessage()]
+    # Every URL waits now (a worker's writes, the enqueues): wait_timeout stays under the
+    # socket's timeout whatever wait_replicas says.
+    with pytest.raises(ValueError, match="must be under socket_timeout"):
+        make_sentinel_client(f"redis+sentinel://{hosts}/{service}?wait_timeout=6&socket_timeout=5")
+    # A producer's WAIT is longer than a worker's (a busy host's replica may take a second:
+    # an enqueue must not fail for it), under the socket's timeout, never under wait_timeout.
+    bounds = {"": 2.0, "?socket_timeout=1": 0.5, "?wait_timeout=3&socket_timeout=10": 3.0}
+    for query, seconds in bounds.items():
+        client = make_sentinel_client(f"redis+sentinel://{hosts}/{service}{query}")
+        assert client.enqueue_wait_timeout == seconds, query
 
 
 @pytest.mark.timeout(240)  # the set's setup may take 90 s on a loaded machine

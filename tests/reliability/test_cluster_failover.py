@@ -6,8 +6,10 @@ proxy of the test's own (``cluster-announce-port``), through which its replica a
 reach it; the replica's replication link is frozen in the proxy
 (:meth:`~tests.chaos.proxy.FaultProxy.freeze_upstream`: it hears nothing more and acknowledges
 nothing, yet its primary still lists it, as a replica starved of CPU on a loaded machine);
-tasks are enqueued (the primary alone holds them) and the worker reads them; then that primary
-is killed and the replica takes its slots over (``CLUSTER FAILOVER TAKEOVER``) without them.
+tasks are enqueued (the primary alone holds them: the producer says ``wait_replicas=0``; by
+default the enqueue raises ``OutcomeUnknown``, unreplicated) and the worker reads them; then
+that primary is killed and the replica takes its slots over (``CLUSTER FAILOVER TAKEOVER``)
+without them.
 (A ``SIGSTOP`` of the replica would not do: what the primary sent waits in the replica's
 socket buffer and is applied when it resumes.)
 
@@ -32,7 +34,7 @@ from typing import Any
 import pytest
 import redis
 
-from blitzq import BrokerError, Queue, ResultExpired, ResultTimeout, Worker
+from blitzq import BrokerError, OutcomeUnknown, Queue, ResultExpired, ResultTimeout, Worker
 from tests.chaos.proxy import FaultProxy
 from tests.polling import wait_until
 
@@ -112,7 +114,11 @@ async def test_a_task_the_lagging_shard_replica_never_heard_of_does_not_run_befo
     cluster = replicated_cluster
     url = cluster.url() + ("?layout=slot" if layout == "slot" else "")
     namespace = f"lagging-{uuid.uuid4().hex[:8]}"
-    producer = Queue(redis_url=url, namespace=namespace)
+    # The producer opts out of waiting (its enqueues land in the window on purpose); one on
+    # the default URL has its enqueue refused while the replica lags.
+    opted_out = url + ("&" if "?" in url else "?") + "wait_replicas=0"
+    producer = Queue(redis_url=opted_out, namespace=namespace)
+    durable = Queue(redis_url=url, namespace=namespace)
     consumer = Queue(redis_url=url, namespace=namespace, visibility_timeout=6)
     runs: collections.Counter[str] = collections.Counter()
 
@@ -150,8 +156,15 @@ async def test_a_task_the_lagging_shard_replica_never_heard_of_does_not_run_befo
         )
         for handle in [await send.enqueue(n) for n in range(10)]:  # the clients moved too
             await handle.result(timeout=60)
+        await durable.send("lag.body", (-2,))  # its client too (and its replica acked)
         _stall(cluster, primary, proxy)  # the replica hears nothing more
         stalled = [await send.enqueue(n) for n in range(50)]
+        # By default an enqueue waits for the shard's replica: it is not acknowledged
+        # (before, it returned like the 50 above and went with the old primary).
+        with pytest.raises(OutcomeUnknown) as refused:
+            await durable.send("lag.body", (-1,))
+        assert refused.value.unreplicated
+        assert refused.value.task_id
         last, _ = _last_ids(cluster, primary, stream)
         await asyncio.to_thread(
             wait_until,
@@ -190,6 +203,7 @@ async def test_a_task_the_lagging_shard_replica_never_heard_of_does_not_run_befo
         worker.stop()
         await asyncio.wait_for(running, 60)
         await producer.close()
+        await durable.close()
         await consumer.close()
         if late is not None:
             await late.close()

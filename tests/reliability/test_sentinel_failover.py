@@ -9,8 +9,14 @@ FAILOVER`` moves the primary. Once every task whose enqueue returned has its res
 - no task ran without a record (every id that ran reads ``succeeded``);
 - with ``wait_replicas=1`` (worker and producer), no enqueue that returned is lost and only
   tasks in flight at the switch ran twice: at most the worker's concurrency;
-- without it, an enqueue that returned may be lost with the old primary (its task never
-  runs: ``result()`` raises ``ResultExpired``), never run without a record.
+- with a URL that names no ``wait_replicas`` the same (an enqueue waits for the replicas that
+  exist by default); with ``wait_replicas=0`` (the producer's opt-out) an enqueue that
+  returned may be lost with the old primary (its task never runs: ``result()`` raises
+  ``ResultExpired``), never run without a record.
+
+``test_enqueues_around_a_failover_are_not_lost_by_default`` enqueues without a worker around a
+``SENTINEL FAILOVER`` on servers without ``min-replicas-to-write`` (a server's default) and
+counts the enqueues that returned and are missing from the new primary's stream.
 
 The figures (runs, duplicates, refused enqueues) are printed; docs/guarantees.md quotes them.
 """
@@ -26,7 +32,8 @@ from typing import Any
 import pytest
 import redis
 
-from blitzq import BrokerError, Queue, ResultExpired, ResultTimeout, Worker
+from blitzq import BrokerError, OutcomeUnknown, Queue, ResultExpired, ResultTimeout, Worker
+from blitzq.serialization import decode_envelope
 from tests.amqp_server import amqp_or_skip, delete_amqp_queues
 from tests.chaos.proxy import FaultProxy
 from tests.integration.test_sentinel import SERVICE, SentinelSet, sentinels  # noqa: F401
@@ -38,22 +45,29 @@ CONCURRENCY = 8
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
-    ("transport", "wait"),
+    ("transport", "query"),
     [
-        ("redis", True),
-        ("redis", False),
-        ("amqp", True),
-        ("amqp", False),
+        ("redis", "wait_replicas=1&wait_timeout=0.5"),
+        ("redis", ""),
+        ("redis", "wait_replicas=0"),
+        ("amqp", "wait_replicas=1&wait_timeout=0.5"),
+        ("amqp", ""),
     ],
-    ids=["redis-wait_replicas", "redis-no_wait", "amqp-wait_replicas", "amqp-no_wait"],
+    ids=[
+        "redis-wait_replicas",
+        "redis-default",
+        "redis-opt_out",
+        "amqp-wait_replicas",
+        "amqp-default",
+    ],
 )
 async def test_a_failover_mid_run_leaves_no_task_that_ran_without_a_record(
     sentinels: SentinelSet,  # noqa: F811
     transport: str,
-    wait: bool,
+    query: str,
 ) -> None:
     namespace = f"failover-{uuid.uuid4().hex[:8]}"
-    query = "wait_replicas=1&wait_timeout=0.5" if wait else ""
+    wait = query != "wait_replicas=0"  # the producer's enqueues wait for the replica
     amqp: dict[str, Any] = {"amqp_url": amqp_or_skip()} if transport == "amqp" else {}
     producer = Queue(redis_url=sentinels.url(query), namespace=namespace, **amqp)
     consumer = Queue(
@@ -113,9 +127,9 @@ async def test_a_failover_mid_run_leaves_no_task_that_ran_without_a_record(
             except ResultExpired:  # gone from the server, never run: the enqueue window
                 lost.append(handle.id)
             except ResultTimeout:
-                if wait:  # with wait_replicas every returned enqueue must run
+                if wait:  # every returned enqueue must run, unless the producer opted out
                     raise
-                lost.append(handle.id)  # without it, it may have gone with the old primary
+                lost.append(handle.id)  # opted out: it may have gone with the old primary
 
         # All at once: a lost enqueue waits out its timeout beside the others, not after them.
         await asyncio.gather(*(settle(h) for h in handles))
@@ -130,7 +144,7 @@ async def test_a_failover_mid_run_leaves_no_task_that_ran_without_a_record(
     ran_without_record = [t for t, r in records.items() if r is None or r.state != "succeeded"]
     twice = [t for t, n in runs.items() if n > 1]
     print(
-        f"failover ({transport}, {'wait_replicas=1' if wait else 'no wait'}): "
+        f"failover ({transport}, {query or 'no wait_replicas'}): "
         f"{len(handles)} enqueued ({after} had run when the primary moved), "
         f"{refused} enqueues refused, {len(lost)} returned enqueues lost, {len(runs)} ran, "
         f"{len(ran_without_record)} ran without a record, {len(twice)} ran twice, stale "
@@ -142,6 +156,113 @@ async def test_a_failover_mid_run_leaves_no_task_that_ran_without_a_record(
     if wait:  # the producer's writes waited for the replica: none of them is lost
         assert not lost
         assert len(twice) <= CONCURRENCY, twice
+
+
+@pytest.fixture
+def unguarded() -> Iterator[SentinelSet]:
+    """A :class:`SentinelSet` whose primary takes writes without a replica (no
+    ``min-replicas-to-write``: a server's default, and the user report's setup)."""
+    servers = SentinelSet(min_replicas=False)
+    try:
+        servers.start()
+        yield servers
+    finally:
+        servers.stop()
+
+
+def _stream_ids(servers: SentinelSet, port: int, stream: str) -> set[str]:
+    """The task ids of the messages in ``stream`` on the server at ``port``."""
+    entries = servers.client(port, decode=False).xrange(stream)
+    return {decode_envelope(fields[b"m"]).id for _, fields in entries}
+
+
+def _demoted(servers: SentinelSet, old: int, new: int) -> bool:
+    """Whether every sentinel names ``new`` and the server at ``old`` replicates it, in sync:
+    nothing more can land on the old primary, and what it held alone is gone."""
+    if not all(_names(servers, port) == new for port in servers.sentinels):
+        return False
+    try:
+        info = servers.client(old).info("replication")
+    except (redis.RedisError, OSError):
+        return False
+    return (
+        info.get("role") == "slave"
+        and int(info.get("master_port", 0)) == new
+        and info.get("master_link_status") == "up"
+    )
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("query", ["", "wait_replicas=0"], ids=["default", "opt_out"])
+async def test_enqueues_around_a_failover_are_not_lost_by_default(
+    unguarded: SentinelSet, query: str
+) -> None:
+    """Enqueues one by one before, during and after ``SENTINEL FAILOVER``, on servers without
+    ``min-replicas-to-write`` (the user report: 146 of 300 enqueues lost, none with an
+    error, on a URL naming no ``wait_replicas``).
+
+    On a URL that names no ``wait_replicas`` an enqueue now waits for the replica that exists
+    (``WAIT``), and one the replica did not acknowledge raises ``OutcomeUnknown``
+    (``unreplicated``) instead of returning: every enqueue that returned is on the new
+    primary once the old one is demoted. Before, the old primary acknowledged the enqueues
+    it took after its replica was promoted, and they went with its data. ``wait_replicas=0``
+    (the producer's opt-out) keeps that window: its figure is printed, not asserted.
+    """
+    servers = unguarded
+    namespace = f"window-{uuid.uuid4().hex[:8]}"
+    producer = Queue(redis_url=servers.url(query), namespace=namespace)
+    send = producer.task(name="window.body")(_noop)
+    stream = producer.broker.transport.keys.stream("default")  # type: ignore[attr-defined]
+    old_primary = servers.primary_port()
+    loop = asyncio.get_running_loop()
+    returned: list[str] = []
+    unreplicated = refused = 0
+    failover: asyncio.Task[Any] | None = None
+    try:
+        n, moved_at = 0, None
+        deadline = loop.time() + 120
+        # 50 before the failover, then on until the primary moved and 150 more were sent.
+        while moved_at is None or n < moved_at + 150:
+            assert loop.time() < deadline, "the primary did not move"
+            if n == 50 and failover is None:
+                admin = servers.client(servers.sentinels[0], sentinel=True)
+                failover = asyncio.create_task(asyncio.to_thread(_failover, admin))
+            try:
+                returned.append((await send.enqueue(n)).id)
+            except OutcomeUnknown as exc:
+                unreplicated += exc.unreplicated
+                refused += not exc.unreplicated
+            except BrokerError:
+                refused += 1  # not sent: a failover under way
+            n += 1
+            await asyncio.sleep(0.005)
+            if failover is not None and failover.done() and moved_at is None:
+                if not failover.result():  # NOGOODSLAVE: ask again
+                    failover = None
+                elif await asyncio.to_thread(servers.primary_port) != old_primary:
+                    moved_at = n
+        new_primary = servers.primary_port()
+        await asyncio.to_thread(
+            wait_until,
+            lambda: _demoted(servers, old_primary, new_primary),
+            90,
+            "the old primary demoted, in sync with the new one",
+        )
+        kept = await asyncio.to_thread(_stream_ids, servers, new_primary, stream)
+    finally:
+        await producer.close()
+    lost = [task_id for task_id in returned if task_id not in kept]
+    print(
+        f"enqueues around a failover ({query or 'no wait_replicas'}): {n} sent, "
+        f"{len(returned)} returned, {len(lost)} of them lost; {unreplicated} raised "
+        f"OutcomeUnknown (unreplicated), {refused} other errors"
+    )
+    if not query:
+        assert not lost, f"{len(lost)} of {len(returned)} returned enqueues lost"
+
+
+async def _noop(n: int) -> int:
+    return n
 
 
 @pytest.fixture
@@ -212,7 +333,8 @@ async def test_a_task_the_lagging_replica_never_heard_of_does_not_run_before_it_
     """The mechanism of issue 25's loss, made deterministic: the replica stops hearing from
     the primary (its replication link frozen in a proxy; it still answers the sentinels, as
     a replica starved of CPU on a loaded machine does), tasks are enqueued (the primary alone
-    holds them: no ``wait_replicas``) and the worker reads them; then ``SENTINEL FAILOVER``
+    holds them: the producer says ``wait_replicas=0``; by default the enqueue raises
+    ``OutcomeUnknown``, unreplicated) and the worker reads them; then ``SENTINEL FAILOVER``
     promotes the replica, which lacks them.
 
     Before the fix the worker ran them at once, and acknowledged and recorded them on the
@@ -225,7 +347,10 @@ async def test_a_task_the_lagging_replica_never_heard_of_does_not_run_before_it_
     """
     servers, proxy = lagging
     namespace = f"lagging-{uuid.uuid4().hex[:8]}"
-    producer = Queue(redis_url=servers.url(), namespace=namespace)
+    # The producer opts out of waiting (its enqueues land in the window on purpose); one
+    # on the default URL has its enqueue refused while the replica lags.
+    producer = Queue(redis_url=servers.url("wait_replicas=0"), namespace=namespace)
+    durable = Queue(redis_url=servers.url(), namespace=namespace)
     consumer = Queue(redis_url=servers.url(), namespace=namespace, visibility_timeout=6)
     runs: collections.Counter[str] = collections.Counter()
 
@@ -259,6 +384,12 @@ async def test_a_task_the_lagging_replica_never_heard_of_does_not_run_before_it_
             while shared.reads < idle_reads + 2:
                 await asyncio.sleep(0.05)
         stalled = [await send.enqueue(n) for n in range(50)]
+        # By default an enqueue waits for the replica: it is not acknowledged (before, it
+        # returned like the 50 above and went with the old primary).
+        with pytest.raises(OutcomeUnknown) as refused:
+            await durable.send("lag.body", (-1,))
+        assert refused.value.unreplicated
+        assert refused.value.task_id
         last, _ = _last_ids(servers, old_primary, stream)
         await asyncio.to_thread(
             wait_until,
@@ -303,6 +434,7 @@ async def test_a_task_the_lagging_replica_never_heard_of_does_not_run_before_it_
         worker.stop()
         await asyncio.wait_for(running, 60)
         await producer.close()
+        await durable.close()
         await consumer.close()
         if late is not None:
             await late.close()

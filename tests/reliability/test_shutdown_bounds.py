@@ -13,7 +13,7 @@ import signal
 import time
 
 from blitzq import Queue, Worker
-from blitzq.worker.worker import FETCH_GRACE
+from blitzq.worker.shutdown import FETCH_GRACE
 
 from .conftest import PrivateRedis
 

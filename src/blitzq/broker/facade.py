@@ -45,7 +45,14 @@ Every pairing passes the contract suite (``tests/contract/``) unchanged; docs/ar
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    Sequence,
+)
 from typing import Protocol, final
 
 from .outbox import Relay
@@ -164,10 +171,18 @@ class Broker:
         return await self.transport.heartbeat(queue, tokens)
 
     async def recover(
-        self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
+        self,
+        queue: str,
+        min_idle: float,
+        count: int,
+        max_deliveries: int,
+        record_ttl: int = 86400,
+        holders: Mapping[str, float] | None = None,
     ) -> tuple[int, int]:
         """See :meth:`Transport.recover`."""
-        return await self.transport.recover(queue, min_idle, count, max_deliveries, record_ttl)
+        return await self.transport.recover(
+            queue, min_idle, count, max_deliveries, record_ttl, holders
+        )
 
     async def prune_consumers(self, queue: str, idle: float) -> int:
         """See :meth:`Transport.prune_consumers`."""
@@ -259,6 +274,10 @@ class Broker:
     async def scheduled_count(self) -> int:
         """See :meth:`ScheduleState.scheduled_count`."""
         return await self.state.scheduling.scheduled_count()
+
+    async def scheduled_for(self, queues: Sequence[str], purge: bool = False) -> int:
+        """See :meth:`ScheduleState.scheduled_for`."""
+        return await self.state.scheduling.scheduled_for(queues, purge)
 
     async def scheduled_entry(self, task_id: str) -> tuple[float, str, bytes] | None:
         """See :meth:`ScheduleState.scheduled_entry`."""
@@ -406,9 +425,12 @@ class Broker:
         ttl: float,
         counts: tuple[int, int] = (0, 0),
         base: tuple[int, int] = (0, 0),
+        visibility_timeout: float | None = None,
     ) -> None:
         """See :meth:`RegistryState.register_worker`."""
-        await self.state.registry.register_worker(worker_id, info, ttl, counts, base)
+        await self.state.registry.register_worker(
+            worker_id, info, ttl, counts, base, visibility_timeout
+        )
 
     async def unregister_worker(self, worker_id: str, counts: tuple[int, int] = (0, 0)) -> None:
         """See :meth:`RegistryState.unregister_worker`."""
@@ -421,6 +443,10 @@ class Broker:
     async def lapsed_workers(self, limit: int = 100) -> dict[str, bytes]:
         """See :meth:`RegistryState.lapsed_workers`."""
         return await self.state.registry.lapsed_workers(limit)
+
+    async def worker_timeouts(self, above: float) -> dict[str, float]:
+        """See :meth:`RegistryState.worker_timeouts`."""
+        return await self.state.registry.worker_timeouts(above)
 
     async def set_paused(self, queue: str, paused: bool) -> bool:
         """See :meth:`RegistryState.set_paused`."""

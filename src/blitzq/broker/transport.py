@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 
@@ -263,12 +263,23 @@ class Transport(abc.ABC):
         return 0
 
     async def recover(
-        self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
+        self,
+        queue: str,
+        min_idle: float,
+        count: int,
+        max_deliveries: int,
+        record_ttl: int = 86400,
+        holders: Mapping[str, float] | None = None,
     ) -> tuple[int, int]:
         """Put deliveries idle longer than ``min_idle`` seconds back on ``queue``.
 
         Those delivered ``max_deliveries`` times already are dead-lettered instead, with a
-        record (state ``dead_lettered``) kept ``record_ttl`` seconds.
+        record (state ``dead_lettered``) kept ``record_ttl`` seconds. ``holders`` maps the
+        consumer names of live workers whose visibility timeout is longer than ``min_idle``
+        to that timeout in seconds
+        (:meth:`~blitzq.broker.state.RegistryState.worker_timeouts`): a delivery one of them
+        holds is taken only once idle that long. A transport whose leases carry their
+        holder's own expiry ignores it.
 
         Returns:
             ``(requeued, dead_lettered)`` counts; ``(0, 0)`` without leases.

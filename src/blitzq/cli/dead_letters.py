@@ -17,7 +17,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from ..client.dead_letter_query import ReplayOutcome
+from ..client.dead_letter_query import ReplayOutcome, replay_counts
 from ..dead_letters import DEAD_LETTER_REASONS, DeadLetter
 from ..exceptions import ConfigurationError, SerializationError
 from ..queue import DEFAULT_MAX_MESSAGE_SIZE, Queue
@@ -233,8 +233,11 @@ def dead_letter_replay(
     reliable-mode stream; --mode only for dead letters stored before blitzq recorded it). A
     unique task claims its unique key again. TASK_ID: exits 1, keeping the dead letter, when
     its message is malformed or over --max-message-size, or when another task holds its
-    unique key; exits 1 when there is no such dead letter. --all: prints each outcome and
-    exits 1 when any was refused or held.
+    unique key; exits 1 when there is no such dead letter. --all: prints each outcome and a
+    summary (replayed means published again, not run: those a worker dead-lettered again
+    before the batch ended are counted apart) and exits 1 when any was refused or held. A
+    message with a field a worker would dead-letter it for at once (a bad timeout, max_age,
+    id) is refused, not replayed.
     """
     filters = _filters(kwargs)
     per_second = _rate(rate)
@@ -259,21 +262,35 @@ def _replay_all(
         lambda q: q.retry_dead_letters(**filters, rate=rate, limit=limit, dry_run=dry_run), queue
     )
     failed = [o for o in outcomes if o.outcome in ("held", "refused")]
+    counts = replay_counts(outcomes)
     if settings().json:
-        emit_json({"dry_run": dry_run, "outcomes": [o.to_dict() for o in outcomes]})
+        doc = {"dry_run": dry_run, "summary": counts, "outcomes": [o.to_dict() for o in outcomes]}
+        emit_json(doc)
     else:
         out = console()
         for o in outcomes:
             detail = f" ({o.detail})" if o.detail else ""
-            style = "red" if o in failed else ""
+            style = "red" if o in failed or o.outcome == "dead-lettered again" else ""
             out.print(Text(f"{o.outcome}: {o.id}  {o.task or '?'}  queue {o.queue}{detail}", style))
-        counts: dict[str, int] = {}
-        for o in outcomes:
-            counts[o.outcome] = counts.get(o.outcome, 0) + 1
-        summary = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no dead letters match"
-        out.print(Text(summary, style="bold"))
+        out.print(Text(replay_summary(counts), style="bold"))
     if failed:
         raise click.exceptions.Exit(1)
+
+
+def replay_summary(counts: dict[str, int]) -> str:
+    """The last line of ``replay --all``, from :func:`replay_counts`: ``replayed 5 (2 of them
+    dead-lettered again already), 1 refused (kept)``; "no dead letters match" for none."""
+    parts = []
+    if counts["dry_run"]:
+        parts.append(f"{counts['dry_run']} would be replayed (dry run)")
+    if counts["replayed"]:
+        again = counts["dead_lettered_again"]
+        note = f" ({again} of them dead-lettered again already)" if again else ""
+        parts.append(f"replayed {counts['replayed']}{note}")
+    for key, text in (("refused", "refused (kept)"), ("held", "held (kept)"), ("gone", "gone")):
+        if counts[key]:
+            parts.append(f"{counts[key]} {text}")
+    return ", ".join(parts) or "no dead letters match"
 
 
 def _replay_one(queue: Queue, task_id: str, dry_run: bool) -> None:

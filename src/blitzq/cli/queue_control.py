@@ -1,8 +1,9 @@
 """``blitzq queue purge | pause | resume QUEUE``: act on a queue of the namespace.
 
 - ``purge`` deletes the messages waiting in a queue (all its priority levels, or the one a
-  ``:high`` / ``:low`` name gives); in-flight messages are not touched. It asks first,
-  showing the count, unless ``--yes``.
+  ``:high`` / ``:low`` name gives); in-flight messages are not touched. Its delayed tasks
+  (on the namespace's schedule) stay, and it says how many, unless ``--delayed`` deletes them
+  too. It asks first, showing the count, unless ``--yes``.
 - ``pause`` stops every worker of the namespace, on any host, from fetching the queue: the
   name goes into the namespace's paused set and a push on its event channel tells the
   workers at once (a worker that missed the push reads the set at its next maintenance
@@ -67,6 +68,11 @@ async def _waiting(q: Queue, name: str, physical: list[str], force: bool) -> int
     return sum(int(stats["queues"].get(p, {}).get("waiting", 0)) for p in physical)
 
 
+async def _delayed(q: Queue, physical: list[str]) -> int:
+    """The tasks on the schedule bound for ``physical`` (one read of the schedule)."""
+    return await q.broker.scheduled_for(physical)
+
+
 #: ``--force`` of ``purge``, ``pause`` and ``resume``.
 _FORCE_HELP = "Act even on a queue nothing has used yet (by default an unknown queue is refused)."
 
@@ -74,40 +80,74 @@ _FORCE_HELP = "Act even on a queue nothing has used yet (by default an unknown q
 @queue_group.command("purge", short_help="Delete the messages waiting in a queue.")
 @click.argument("name", metavar="QUEUE")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option(
+    "--delayed",
+    is_flag=True,
+    help="Also delete the queue's delayed tasks (delays, ETAs, retry backoffs on the schedule).",
+)
 @click.option("--force", is_flag=True, help=_FORCE_HELP)
 @global_options
-def queue_purge(name: str, yes: bool, force: bool) -> None:
+def queue_purge(name: str, yes: bool, delayed: bool, force: bool) -> None:
     """Delete the messages waiting in QUEUE (all its priority levels; QUEUE:high or
-    QUEUE:low for one). Messages a worker has taken are not touched. Asks first, unless
-    --yes. Exits 1, deleting nothing, when nothing has used QUEUE in the namespace (no
-    producer, worker or scheduler, no message: a typo?), unless --force."""
+    QUEUE:low for one). Messages a worker has taken are not touched. The queue's delayed
+    tasks (a delay or ETA not reached, a retry's backoff) wait on the schedule, not in the
+    queue: they stay and are published when due, and the output says how many, unless
+    --delayed deletes them too. Asks first, unless --yes. Exits 1, deleting nothing, when
+    nothing has used QUEUE in the namespace (no producer, worker or scheduler, no message: a
+    typo?), unless --force."""
     physical = _physical(name)
     queue = make_queue()
     if not yes:
-        count = run_with_queue(lambda q: _waiting(q, name, physical, force), make_queue())
-        if count == 0:
-            _purged(name, 0)
+
+        async def count(q: Queue) -> tuple[int, int]:
+            return await _waiting(q, name, physical, force), await _delayed(q, physical)
+
+        waiting, later = run_with_queue(count, make_queue())
+        if waiting == 0 and not (delayed and later):  # nothing to delete
+            _purged(name, 0, None if delayed else later, 0)
             return
+        also = f" and {later} delayed task(s)" if delayed else ""
         click.confirm(
-            f"Delete {count} waiting message(s) of queue {name!r} in namespace "
+            f"Delete {waiting} waiting message(s){also} of queue {name!r} in namespace "
             f"{queue.namespace!r}?",
             abort=True,
             err=True,
         )
         force = True  # known: checked above
 
-    async def purge(q: Queue) -> int:
+    async def purge(q: Queue) -> tuple[int, int | None, int]:
         await _known(q, name, force)
-        return sum([await q.purge_queue(p) for p in physical])
+        purged = sum([await q.purge_queue(p) for p in physical])
+        if delayed:
+            return purged, None, await q.broker.scheduled_for(physical, purge=True)
+        return purged, await _delayed(q, physical), 0
 
-    _purged(name, run_with_queue(purge, queue))
+    _purged(name, *run_with_queue(purge, queue))
 
 
-def _purged(name: str, count: int) -> None:
+def _purged(name: str, count: int, left: int | None, deleted: int) -> None:
+    """Print a purge's outcome: ``count`` waiting messages deleted, ``deleted`` delayed
+    tasks deleted (``--delayed``), or ``left`` of them still on the schedule (``None``:
+    ``--delayed`` was given)."""
     if settings().json:
-        emit_json({"queue": name, "purged": count})
-    else:
-        console().print(Text(f"purged {count} message(s) from queue {name}"))
+        doc = {"queue": name, "purged": count, "delayed_purged": deleted}
+        doc["delayed_left"] = left or 0
+        emit_json(doc)
+        return
+    out = console()
+    if left is None:
+        out.print(
+            Text(f"purged {count} message(s) and {deleted} delayed task(s) from queue {name}")
+        )
+        return
+    out.print(Text(f"purged {count} message(s) from queue {name}"))
+    if left:
+        out.print(
+            Text(
+                f"{left} delayed task(s) of queue {name} stay on the schedule and will be "
+                "published when due (--delayed deletes them too)"
+            )
+        )
 
 
 def _set_paused(name: str, paused: bool, force: bool) -> None:

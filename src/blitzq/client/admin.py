@@ -15,12 +15,14 @@ import msgspec
 
 from .._checks import integer
 from ..dead_letters import DeadLetter
+from ..envelope_checks import envelope_fault, options_fault
 from ..exceptions import (
     BrokerError,
     ConfigurationError,
     MessageTooLarge,
     SerializationError,
     UnknownQueue,
+    unknown_outcome,
 )
 from ..extensions.unique import DEFAULT_UNIQUE_TTL, broker_key
 from ..ratelimit import RateLimit
@@ -156,7 +158,11 @@ class Admin:
             dry_run: replay nothing; report each match as ``"dry run"``.
 
         Returns:
-            One :class:`~blitzq.client.dead_letter_query.ReplayOutcome` per match.
+            One :class:`~blitzq.client.dead_letter_query.ReplayOutcome` per match. Once all
+            are replayed, each replayed id is looked up again: one that is a dead letter again
+            already (a worker refused or failed it at once) is ``"dead-lettered again"``, with
+            its new reason; ``"replayed"`` means published again, not run (a task failing
+            after the batch ended is listed by :meth:`dead_letters` later).
 
         Raises:
             ConfigurationError: an invalid criterion, rate or limit.
@@ -179,7 +185,18 @@ class Admin:
             if pace is not None:  # each replay starts 1/rate s after the one before, at least
                 await pace.wait()
             out.append(await self._replay_one(dl))
-        return out
+        return [await self._again(o) for o in out]
+
+    async def _again(self, o: ReplayOutcome) -> ReplayOutcome:
+        """``o``, or, when it was replayed and its id is a dead letter again (the replay
+        deleted the old one: this one is new), ``"dead-lettered again"`` with its reason."""
+        if o.outcome != "replayed":
+            return o
+        fields = await self.queue.broker.get_dead_letter(o.id)
+        if fields is None:
+            return o
+        detail = f"{fields.reason}: {fields.error}" if fields.error else fields.reason
+        return ReplayOutcome(o.id, o.task, o.queue, "dead-lettered again", detail)
 
     async def _replay_one(self, dl: DeadLetter) -> ReplayOutcome:
         try:  # only the dead letter the scan matched: not a newer one of the same id
@@ -214,11 +231,19 @@ class Admin:
             another caller's replay left after the task failed again).
 
         Raises:
-            SerializationError: the dead letter's message is malformed and cannot be replayed.
+            SerializationError: the dead letter's message is malformed and cannot be replayed,
+                or holds a field a worker would dead-letter it for again at once
+                (:func:`~blitzq.envelope_checks.envelope_fault`: a bad ``timeout``,
+                ``max_age``, id, …; the times and attempts a replay resets aside); the dead
+                letter stays.
             MessageTooLarge: the message is over this Queue's ``max_message_size`` (bytes);
                 the dead letter stays.
             SerializationError, ConfigurationError: ``task_id`` breaks the rule of task ids
                 (:func:`~blitzq.routing.check_task_id`).
+            OutcomeUnknown: the replay was sent and its reply lost, or (``unreplicated``) the
+                primary applied it and its replicas did not confirm it in time
+                (``redis+sentinel://``, a Redis Cluster with replicas): it may stand or not.
+            BrokerError: the broker could not be reached.
         """
         return await self._take(check_task_id("task id", task_id), None)
 
@@ -246,13 +271,23 @@ class Admin:
         replayed = msgspec.structs.replace(
             env, queue=queue, attempt=1, created_at=now, enqueued_at=now, reserved=False
         )
+        fault = envelope_fault(replayed, now)  # a worker would dead-letter it at once
+        task = owner.tasks.get(env.task)
+        if fault is None and env.options is not None and task is not None:
+            fault = options_fault(env.options, task.call_controls)
+        if fault is not None:
+            raise SerializationError(
+                f"malformed message: {fault} (a worker would dead-letter it again at once)"
+            )
         data = encode_envelope(replayed, owner.max_message_size)
         unique = None
         if env.unique_key is not None:
-            task = owner.tasks.get(env.task)
             ttl = task.controls.unique_ttl if task is not None else DEFAULT_UNIQUE_TTL
             unique = (broker_key(env), ttl)
-        outcome = await broker.replay_dead_letter(task_id, queue, data, fields.kind, unique, stamp)
+        with unknown_outcome("replay", (env.id,)):  # a reply lost, or not on the replicas
+            outcome = await broker.replay_dead_letter(
+                task_id, queue, data, fields.kind, unique, stamp
+            )
         if outcome is False:
             return None
         if testmode.after_enqueue is not None:  # no middleware hook sees a replay
@@ -286,18 +321,48 @@ class Admin:
         return await broker.delete_dead_letters(ids) if ids else 0
 
     # ----------------------------------------------------------------- queues
-    async def purge_queue(self, queue: str | None = None) -> int:
+    async def purge_queue(self, queue: str | None = None, *, delayed: bool = False) -> int:
         """Delete the messages waiting in ``queue`` (default: this Queue's ``name``).
 
-        Messages already taken by a worker are not touched. Returns how many were deleted.
+        Messages already taken by a worker are not touched. Tasks of the queue waiting on the
+        schedule (a ``delay`` or ``eta`` not reached yet, a retry's backoff) are not waiting
+        in the queue: they stay, and are published to it when due, unless ``delayed``
+        (:meth:`delayed_count` counts them).
+
+        Args:
+            queue: a physical queue (``"emails"``, or a priority level ``"emails:high"``).
+            delayed: also take the queue's tasks off the schedule (their unique keys freed;
+                this reads the whole schedule, page by page).
+
+        Returns:
+            How many were deleted (with ``delayed``: waiting and delayed together).
 
         Raises:
             ConfigurationError: not a usable queue name (see :func:`~blitzq.routing.check_name`).
             SerializationError: a name that is not valid Unicode text (a lone surrogate).
             BrokerError: the broker could not be reached.
         """
-        name = lookup_key("queue name", check_name("queue name", queue or self.queue.name))
-        return await self.queue.broker.purge_queue(name)
+        name = self._queue_name(queue)
+        purged = await self.queue.broker.purge_queue(name)
+        if delayed:
+            purged += await self.queue.broker.scheduled_for([name], purge=True)
+        return purged
+
+    async def delayed_count(self, queue: str | None = None) -> int:
+        """How many tasks wait on the schedule to be published to physical ``queue``
+        (default: this Queue's ``name``): delays, ETAs and retry backoffs not due yet, what
+        :meth:`purge_queue` leaves unless ``delayed=True``. Reads the whole schedule, page
+        by page.
+
+        Raises:
+            ConfigurationError, SerializationError: not a usable queue name (see
+                :meth:`purge_queue`).
+            BrokerError: the broker could not be reached.
+        """
+        return await self.queue.broker.scheduled_for([self._queue_name(queue)])
+
+    def _queue_name(self, queue: str | None) -> str:
+        return lookup_key("queue name", check_name("queue name", queue or self.queue.name))
 
     async def stats(self, queues: Iterable[str] | None = None) -> dict[str, Any]:
         """Queue depths, schedule size, dead letters and live workers.

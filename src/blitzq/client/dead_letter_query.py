@@ -23,7 +23,15 @@ from ..broker import Broker
 from ..dead_letters import DeadLetter, check_reason
 from ..routing import base_queue
 
-__all__ = ["PAGE", "DeadLetterFilter", "Pacer", "ReplayOutcome", "scan", "summarize"]
+__all__ = [
+    "PAGE",
+    "DeadLetterFilter",
+    "Pacer",
+    "ReplayOutcome",
+    "replay_counts",
+    "scan",
+    "summarize",
+]
 
 #: Dead letters read per broker call while a filter is applied.
 PAGE = 500
@@ -160,16 +168,21 @@ class ReplayOutcome:
         id: the dead letter's task id.
         task: its task name.
         queue: the queue it goes back to.
-        outcome: ``"replayed"``; ``"dry run"`` (nothing done); ``"gone"`` (replayed or
-            purged meanwhile); ``"held"`` (another task holds its unique key: kept);
-            ``"refused"`` (malformed or too large a message: kept).
-        detail: the holder's id for ``"held"``, the error for ``"refused"``, else ``""``.
+        outcome: ``"replayed"`` (published again: waiting for a worker, or already run);
+            ``"dead-lettered again"`` (published again, and a dead letter again by the time
+            the batch ended: a worker refused or failed it at once); ``"dry run"`` (nothing
+            done); ``"gone"`` (replayed or purged meanwhile); ``"held"`` (another task holds
+            its unique key: kept); ``"refused"`` (kept, not published: its message is
+            malformed or too large, or has a field a worker would dead-letter it for at
+            once, as ``malformed message``).
+        detail: the holder's id for ``"held"``, the error for ``"refused"``, the new dead
+            letter's ``"<reason>: <error>"`` for ``"dead-lettered again"``, else ``""``.
     """
 
     id: str
     task: str
     queue: str
-    outcome: Literal["replayed", "dry run", "gone", "held", "refused"]
+    outcome: Literal["replayed", "dead-lettered again", "dry run", "gone", "held", "refused"]
     detail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -181,6 +194,23 @@ class ReplayOutcome:
             "outcome": self.outcome,
             "detail": self.detail,
         }
+
+
+def replay_counts(outcomes: Iterable[ReplayOutcome]) -> dict[str, int]:
+    """The tally of a bulk replay, every key present: ``replayed`` (published again, those
+    dead-lettered again included), ``dead_lettered_again`` (of those, the ones that were a
+    dead letter again when the batch ended), ``refused``, ``held``, ``gone`` and ``dry_run``;
+    what ``blitzq dead-letter replay --all`` and the dashboard print."""
+    counts = dict.fromkeys(
+        ("replayed", "dead_lettered_again", "refused", "held", "gone", "dry_run"), 0
+    )
+    for o in outcomes:
+        if o.outcome == "dead-lettered again":
+            counts["replayed"] += 1
+            counts["dead_lettered_again"] += 1
+        else:
+            counts[o.outcome.replace(" ", "_")] += 1
+    return counts
 
 
 class Pacer:

@@ -179,7 +179,10 @@ class Producer:
             EnqueueRefused: a middleware (or an enqueue filter) refused the batch; nothing is
                 published.
             OutcomeUnknown: the broker stopped answering after the messages were sent
-                (``.task_ids``: the batch's ids); they may have been published.
+                (``.task_ids``: the batch's ids); they may have been published. Or
+                (``.unreplicated``) the primary has them but its replicas did not confirm
+                them within ``wait_timeout`` (``redis+sentinel://``, a Redis Cluster with
+                replicas): a failover may lose them.
             BrokerError: the broker could not be reached, or failed before the messages were
                 sent (nothing was published).
         """
@@ -300,7 +303,9 @@ class Producer:
             MessageTooLarge: the encoded message is over the Queue's ``max_message_size``.
             EnqueueRefused: a filter refused it.
             OutcomeUnknown: the broker stopped answering after the message was sent
-                (``.task_id``); it may have been published.
+                (``.task_id``); it may have been published. Or (``.unreplicated``) the
+                primary has it but its replicas did not confirm it in time: a failover may
+                lose it (see :meth:`publish`).
             BrokerError: the broker could not be reached (nothing was published).
         """
         owner = self.queue

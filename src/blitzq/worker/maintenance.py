@@ -11,12 +11,14 @@
   at once; a full resynchronisation every few seconds (and after each reconnection) covers a
   lost push, cancelling running tasks it finds cancelled. A malformed push is logged and
   skipped; any error makes the listener subscribe again.
-- Maintenance registers the worker and, in reliable mode, renews the leases of running tasks
-  every ``visibility_timeout / 3`` and recovers messages abandoned by dead workers (on the
-  queues that hold any message: one read over all streams finds them,
-  :meth:`~blitzq.broker.transport.Transport.occupied`), and prunes the consumer groups' idle
-  consumers, one stream in turn (:mod:`.pruning`). Between
-  those rounds the registration is written again once a second while the worker's counts
+- Maintenance registers the worker (with its visibility timeout) and, in reliable mode,
+  renews the leases of running tasks every ``visibility_timeout / 3`` and recovers messages
+  abandoned by dead workers (on the queues that hold any message: one read over all streams
+  finds them, :meth:`~blitzq.broker.transport.Transport.occupied`); the leases of a live
+  worker with a longer timeout are left alone until idle that long (one read of the live
+  timeouts per round, :meth:`~blitzq.broker.Broker.worker_timeouts`), and prunes the consumer
+  groups' idle consumers, one stream in turn (:mod:`.pruning`). Between those rounds the
+  registration is written again once a second while the worker's counts
   (running, processed, failed) change, so ``queue stats`` and the dashboard are at most about
   a second behind a busy worker; an idle worker writes nothing more.
 - The outbox relay (only for a state store paired with a transport it does not ack:
@@ -195,6 +197,8 @@ class Maintenance:
         self._next_wake = 0.0
         #: (processed, failed) as the registrations written so far reported them at most.
         self.registered_counts = (0, 0)
+        #: Maintenance rounds whose recovery was done (every occupied queue looked at).
+        self.recovery_rounds = 0
         #: Pushes on the event channel that were ignored as malformed.
         self.malformed_events = 0
         self._malformed_logged = -math.inf
@@ -442,8 +446,12 @@ class Maintenance:
                             await broker.heartbeat(q, tokens)
                     # Only a queue that holds a message can hold an abandoned one: one read
                     # over all (an idle worker's round costs one command, not one per queue).
-                    for q in await broker.transport.occupied(worker.physical_queues):
-                        await self._recover(q, vt)
+                    occupied = await broker.transport.occupied(worker.physical_queues)
+                    # Live workers with a longer timeout keep their leases that long.
+                    holders = await broker.worker_timeouts(vt) if occupied else {}
+                    for q in occupied:
+                        await self._recover(q, vt, holders)
+                    self.recovery_rounds += 1
                     await pruning.step(worker.physical_queues)  # one stream, in turn
             except BrokerError as exc:  # at DEBUG when the lost connection was logged already
                 logger.log(
@@ -523,7 +531,12 @@ class Maintenance:
         counts = (worker.processed, worker.failed)
         ttl = 3 * self.interval + 5
         await self.broker.register_worker(
-            worker.key, worker.info(), ttl, counts, self.registered_counts
+            worker.key,
+            worker.info(),
+            ttl,
+            counts,
+            self.registered_counts,
+            worker.queue.visibility_timeout,
         )
         done = self.registered_counts  # another write may have ended meanwhile
         self.registered_counts = max(done[0], counts[0]), max(done[1], counts[1])
@@ -554,11 +567,11 @@ class Maintenance:
             except BrokerError as exc:
                 logger.debug("could not refresh the worker's registration: %s", exc)
 
-    async def _recover(self, q: str, vt: float) -> None:
+    async def _recover(self, q: str, vt: float, holders: Mapping[str, float]) -> None:
         queue = self.worker.queue
         while True:
             requeued, dead = await self.broker.recover(
-                q, vt, RECOVER_BATCH, queue.max_deliveries, queue.result_ttl
+                q, vt, RECOVER_BATCH, queue.max_deliveries, queue.result_ttl, holders
             )
             if requeued:
                 logger.warning("recovered %d abandoned message(s) on %s", requeued, q)

@@ -2,9 +2,11 @@
 
 A run that ends for good (not a retry, not a requeue) leaves ``"<state>\\n<task>\\n<task_id>"``
 in :class:`EndNotes`, which writes what piled up once a second
-(:meth:`~blitzq.broker.state.BrowseState.add_ended`: ``recent.lua``, ZADD, a cut to the newest
-``recent_index``, EXPIRE ``result_ttl``, one call per queue), off the completions' path: a
-run costs a list append. Before the worker's maintenance starts the writes and after it
+(:meth:`~blitzq.broker.state.BrowseState.add_ended`, one write per queue: the Redis store
+packs the second's notes of a queue in one member of its index, ``recent.lua`` adds it, cuts
+the oldest members past ``recent_index`` notes and sets the expiry, ``result_ttl``), off the
+completions' path: a run costs a list append, and the server's work is per write, not per
+run. Before the worker's maintenance starts the writes and after it
 stopped them (a graceful shutdown's last runs), a note rides in the run's completion
 instead (``Completion.ended``), which ``complete.lua`` applies in the batch's own round trip. A note
 is lost with its worker if it dies within the second: the index is a view, not a record.
@@ -90,8 +92,8 @@ class EndNotes:
         return completion
 
     async def flush(self, broker: Broker | None = None) -> None:
-        """Write the pending notes, one script call per queue, scored now (the order they
-        ended in, a microsecond apart), to ``broker`` (default :attr:`broker`).
+        """Write the pending notes to ``broker`` (default :attr:`broker`), one write per
+        queue, all at the time now (kept in the order they ended in).
 
         Raises:
             BrokerError: the broker could not be reached (those notes are dropped).

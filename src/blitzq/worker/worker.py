@@ -1,4 +1,5 @@
-"""The worker: lifecycle (start, run, graceful shutdown, signals, registration record).
+"""The worker: lifecycle (start, run, signals, registration record; the graceful shutdown
+is :mod:`.shutdown`).
 
 A running worker owns the :class:`~blitzq.worker.fetch.Fetcher` (one fetch loop per subscribed
 queue, slots reserved before each fetch), the :class:`~blitzq.worker.runner.Runner` that runs
@@ -10,7 +11,6 @@ cancellations, register the worker, renew leases, recover abandoned messages).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -24,7 +24,7 @@ from ..broker.eviction import check_eviction
 from ..dependencies import Resources
 from ..exceptions import ConfigurationError
 from ..extensions.registry import extensions_of
-from ..extensions.signals import Signal, SignalEvent
+from ..extensions.signals import Signal
 from ..logcontext import reset_worker_id, set_worker_id
 from ..queue import Queue
 from ..routing import check_queue_name, levels
@@ -45,6 +45,7 @@ from .ports import check_ops_options
 from .recycling import MB, Recycler
 from .runner import Runner
 from .series import Series, start_feeds
+from .shutdown import emit, shut_down
 from .unknown import Knowers
 
 logger = logging.getLogger("blitzq.worker")
@@ -54,12 +55,6 @@ logger = logging.getLogger("blitzq.worker")
 #: supervisor (``--workers N``) restarts it; give a process manager a restart policy that
 #: covers it (systemd ``Restart=on-failure``).
 EXIT_RESTART = 75
-
-
-#: Seconds beyond ``block_timeout`` a stopping worker lets a fetch command in flight finish
-#: before it cancels it (a server that stopped answering); also the most it waits to
-#: unregister and to write progress updates in flight.
-FETCH_GRACE = 2.0
 
 #: Fewest connections (URL ``max_connections``) a worker's broker pool must allow: the events
 #: listener holds one for good and a worker with two never fetched (measured); a pool under
@@ -424,7 +419,7 @@ class Worker:
         await prepare_levels(broker, self.physical_queues, self.key)  # a WRONGTYPE level: later
         if lane is not None:
             await prepare_levels(lane, self.physical_queues, self.key)
-        await self._emit(Signal.WORKER_STARTING)
+        await emit(self, Signal.WORKER_STARTING)
         # on_startup hooks, lifespans (closed by _shutdown), then middleware's on_worker_start
         await extensions_of(self.queue).worker_started(self)
         self._global = Limiter(self.concurrency)
@@ -465,15 +460,16 @@ class Worker:
             self.concurrency,
             self.queue.mode,
         )
-        await self._emit(Signal.WORKER_STARTED)
+        await emit(self, Signal.WORKER_STARTED)
         assert self._stop_event is not None
+        parts = (self._fetcher, self._global, self._flusher, flusher_task, self._maintenance)
         try:
             await self._stop_event.wait()
         except asyncio.CancelledError:
             self._stopping = True
-            await self._shut_down(background, flusher_task)
+            await shut_down(self, *parts, background)
             raise
-        await self._shut_down(background, flusher_task)
+        await shut_down(self, *parts, background)
         if self.ops.error is not None:  # a port still in use after the wait (Ops)
             raise self.ops.error
 
@@ -521,80 +517,4 @@ class Worker:
                 "mode": self.queue.mode,
                 "heartbeat_at": time.time(),
             }
-        )
-
-    # -------------------------------------------------------------- shutdown
-    async def _emit(self, signal: Signal) -> None:
-        signals = self.queue.signals
-        if signals.has(signal):
-            await signals.emit(
-                signal, SignalEvent(signal, worker=self.id, extra={"queues": list(self.queues)})
-            )
-
-    async def _shut_down(
-        self, background: list[asyncio.Task[None]], flusher_task: asyncio.Task[None]
-    ) -> None:
-        """Stop gracefully, in order: stop fetching, let runs finish (up to
-        ``shutdown_timeout``), requeue the rest, stop the background loops, write every
-        completion, unregister, then the middleware's ``on_worker_stop``, the shutdown hooks,
-        the lifespans (:mod:`blitzq.dependencies`) and signals. ``background``: the maintenance
-        and other loops, ``flusher_task``: the completion writer's task."""
-        runner = self.runner
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.shutdown_timeout
-        logger.info("worker %s stopping: %d task(s) running", self.id, len(runner.jobs))
-        signals = self.queue.signals
-        if signals.has(Signal.WORKER_STOPPING):  # in the background: a handler never holds the stop
-            event = SignalEvent(
-                Signal.WORKER_STOPPING,
-                worker=self.id,
-                extra={"queues": list(self.queues), "running": len(runner.jobs)},
-            )
-            signals.emit_soon(Signal.WORKER_STOPPING, event)
-        # 1. Stop fetching. A loop inside a fetch command finishes it (its messages are
-        #    handed back); any other loop holds no message and is cancelled. A fetch gets
-        #    block_timeout + FETCH_GRACE at least; a server that stopped answering does not
-        #    hold the exit past that.
-        await self._fetcher.stop(max(self.shutdown_timeout, self.block_timeout + FETCH_GRACE))
-        # 2. Let running tasks finish, up to shutdown_timeout after the stop; not the threads
-        #    abandoned at their hard timeout (already committed, they may never return).
-        drained = self._global.drained(lambda: len(runner.timeouts.abandoned))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(drained, timeout=max(0.0, deadline - loop.time()))
-        # 3. Requeue what is still running or waiting to start.
-        leftover = runner.requeue_unfinished()
-        if leftover:
-            logger.warning("requeued %d task(s) still running at shutdown", leftover)
-        await asyncio.sleep(0)
-        # redis-py can swallow a cancellation that lands while it opens a connection (the
-        # command then returns normally), so cancel again until every loop has ended.
-        remaining = set(background) | self.knowers.pending  # hand-overs still in flight
-        while remaining:
-            for t in remaining:
-                t.cancel()
-            _, remaining = await asyncio.wait(remaining, timeout=0.5)
-        for t in background:
-            if not t.cancelled() and t.exception() is not None:
-                logger.error("background loop %s failed", t.get_name(), exc_info=t.exception())
-        await runner.close(killed=bool(leftover))
-        # 4. Write every completion (bounded: unwritten acks are redelivered, never lost).
-        self._flusher.close()
-        try:
-            await asyncio.wait_for(flusher_task, timeout=max(5.0, self.shutdown_timeout))
-        except TimeoutError:
-            logger.error("could not write %d completion(s) at shutdown", self._flusher.backlog)
-        # Its last counts go with the unregistration and the series' last slot (what the
-        # dashboard shows of a recycled child's last seconds); neither holds the exit.
-        await self._maintenance.unregister(FETCH_GRACE)
-        if self.series is not None:
-            await self.series.close(FETCH_GRACE)
-        # middleware's on_worker_stop, then on_shutdown hooks and the lifespans' close
-        await extensions_of(self.queue).worker_stopped(self)
-        await self.queue.signals.drain()  # after-hooks and signal handlers still running
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(runner.progress.close(), FETCH_GRACE)
-        await self.ops.stop()
-        await self._emit(Signal.WORKER_STOPPED)
-        logger.info(
-            "worker %s stopped: %d succeeded, %d failed", self.id, self.processed, self.failed
         )

@@ -35,7 +35,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import aiormq
@@ -521,12 +521,19 @@ class AmqpTransport(Transport):
 
     @guarded
     async def recover(
-        self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
+        self,
+        queue: str,
+        min_idle: float,
+        count: int,
+        max_deliveries: int,
+        record_ttl: int = 86400,
+        holders: Mapping[str, float] | None = None,
     ) -> tuple[int, int]:
         """Hand deliveries held over ``min_idle`` seconds (and heartbeated) to custody;
         publish again (or dead-letter past ``max_deliveries``) deliveries whose custody lease
         lapsed and this process's deliveries not heartbeated for ``min_idle`` seconds; drain
-        RabbitMQ's dead-letter queue into the state store (see ``custody.py``).
+        RabbitMQ's dead-letter queue into the state store (see ``custody.py``). No
+        ``holders``: a custody lease carries its holder's own expiry (docs/guarantees.md).
 
         Returns:
             ``(requeued, dead_lettered)``.

@@ -46,12 +46,12 @@ import redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.exceptions import AskError, MovedError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MovedError, RedisError
 from redis.retry import Retry as SyncRetry
 
 from .cluster_replicas import ShardReplicas
-from .replicas import durable_writes, waited
+from .replicas import DEFAULT_WAIT_TIMEOUT, enqueue_wait_timeout, waited
 
 #: URL schemes that name a Redis Cluster explicitly (no probe), and the scheme each becomes.
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -67,6 +67,8 @@ TRIM_EVERY = 30.0
 DURABLE_MOVES = 16
 #: URL options of the single-server pool that a cluster client has no use for.
 _POOL_ONLY = frozenset({"timeout", "max_connections"})
+#: URL options the cluster client reads itself (:func:`make_cluster_client`), no connection's.
+_CLIENT_ONLY = frozenset({"wait_replicas"})
 
 
 #: Key layouts of reliable mode (the URL option ``layout``): ``spread`` puts each queue in
@@ -128,7 +130,11 @@ def probe(url: str) -> bool:
     """
     try:
         parsed = redis.ConnectionPool.from_url(url)
-        kwargs = {k: v for k, v in parsed.connection_kwargs.items() if k not in _POOL_ONLY}
+        kwargs = {
+            k: v
+            for k, v in parsed.connection_kwargs.items()
+            if k not in _POOL_ONLY and k not in _CLIENT_ONLY
+        }
         kwargs.update(
             db=0,  # a cluster node refuses SELECT: a database in the URL is refused later
             socket_connect_timeout=PROBE_TIMEOUT,
@@ -160,17 +166,26 @@ class BoundedCluster(RedisCluster):
     holds :data:`NODE_HEADROOM` connections more than ``commands``, for the pub/sub
     connections and pipelines, which take theirs outside the gate.
 
-    A durable command (a worker's fetch and completion: :data:`~.replicas.durable_writes`)
-    is followed by ``WAIT`` for its shard's replicas that exist, on the same connection
-    (:attr:`replicas`, ``cluster_replicas.py``).
+    A durable command (a worker's fetch and completion, a producer's enqueue unless the URL
+    says ``wait_replicas=0``: ``ShardReplicas.durable_now``) is followed by ``WAIT`` for its
+    shard's replicas that exist, on the same connection (:attr:`replicas`,
+    ``cluster_replicas.py``).
 
     Args:
         gate: most commands in flight (the URL's ``max_connections``).
         wait: seconds a caller waits for its turn (the URL's ``timeout``).
+        enqueues: whether a producer's writes are durable (the URL's ``wait_replicas``).
         kwargs: passed to :class:`~redis.asyncio.cluster.RedisCluster`.
     """
 
-    def __init__(self, *args: Any, gate: int = 50, wait: float = 20.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        gate: int = 50,
+        wait: float = 20.0,
+        enqueues: bool = True,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.max_connections = gate
         self._wait = wait
@@ -179,7 +194,12 @@ class BoundedCluster(RedisCluster):
         self._trimming: set[asyncio.Task[None]] = set()
         #: The replicas each shard's durable commands wait for.
         self.replicas = ShardReplicas(
-            self, {k: kwargs[k] for k in ("username", "password") if kwargs.get(k) is not None}
+            self,
+            {k: kwargs[k] for k in ("username", "password") if kwargs.get(k) is not None},
+            enqueues=enqueues,
+            enqueue_wait_timeout=enqueue_wait_timeout(
+                DEFAULT_WAIT_TIMEOUT, kwargs.get("socket_timeout")
+            ),
         )
 
     def _trim_due(self) -> None:
@@ -240,7 +260,7 @@ class BoundedCluster(RedisCluster):
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`redis.asyncio.cluster.RedisCluster.execute_command`; waits for a turn
         first (:meth:`turn`)."""
-        if durable_writes.get() and "target_nodes" not in kwargs and waited(args):
+        if self.replicas.durable_now() and "target_nodes" not in kwargs and waited(args):
             async with self.turn():
                 reply = await self._durably(args, kwargs)
         else:
@@ -251,21 +271,29 @@ class BoundedCluster(RedisCluster):
 
     async def _durably(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run a durable command on the primary of its key's slot, waited for by that
-        shard's replicas (:class:`~.cluster_replicas.ShardReplicas`); follows ``MOVED`` at
-        most :data:`DURABLE_MOVES` times; a connection error re-reads the slot map and is
-        raised."""
+        shard's replicas (:class:`~.cluster_replicas.ShardReplicas`); follows ``MOVED`` and
+        ``ASK`` (a slot being migrated: ``ASKING`` and the command on one connection of the
+        importing node) at most :data:`DURABLE_MOVES` times; a connection error re-reads the
+        slot map and is raised."""
         await self.initialize()  # a no-op once the slot map is loaded
         key = _first_key(args)
         moves = 0
+        node, asking = self.get_node_from_key(key), False
         while True:
-            node = self.get_node_from_key(key)
             try:
-                return await self.replicas.run(node, args, **kwargs)
-            except MovedError as exc:
+                return await self.replicas.run(node, args, asking=asking, **kwargs)
+            except MovedError as exc:  # (a MovedError is an AskError: caught first)
                 moves += 1
                 if moves > DURABLE_MOVES:
                     raise
                 await self.nodes_manager.move_slot(exc)
+                node, asking = self.get_node_from_key(key), False
+            except AskError as exc:
+                moves += 1
+                importing = self.get_node(*self.nodes_manager.remap_host_port(exc.host, exc.port))
+                if moves > DURABLE_MOVES or importing is None:
+                    raise
+                node, asking = importing, True
             except (RedisConnectionError, OSError):
                 with contextlib.suppress(RedisError, OSError):
                     await self.nodes_manager.initialize()
@@ -274,8 +302,12 @@ class BoundedCluster(RedisCluster):
 
 def _first_key(args: tuple[Any, ...]) -> Any:
     """The first key of a command of :func:`~.replicas.waited`: the first stream of an
-    ``XREADGROUP``, the first key of a script call, else the first argument."""
-    words = [(a.decode() if isinstance(a, bytes) else str(a)).upper() for a in args[:12]]
+    ``XREADGROUP``, the first key of a script call, else the first argument (an ``XADD``'s
+    or ``RPUSH``'s messages are binary: read as text, never decoded strictly)."""
+    words = [
+        (a.decode("utf-8", "replace") if isinstance(a, bytes) else str(a)).upper()
+        for a in args[:12]
+    ]
     if words[0] == "XREADGROUP":
         return args[words.index("STREAMS") + 1]
     if words[0] in ("EVALSHA", "EVAL"):
@@ -299,10 +331,13 @@ def make_cluster_client(url: str, options: dict[str, Any]) -> BoundedCluster:
         options: blitzq's connection defaults (``client.connection_options``); the URL's
             query parameters are applied over them. ``max_connections`` and ``timeout``
             bound the commands in flight and the wait for a turn (:class:`BoundedCluster`);
-            the single server's retry object is replaced by the cluster's own.
+            ``wait_replicas=0`` sends a producer's enqueues unwaited by the shards'
+            replicas (``1``, the default: waited; ``cluster_replicas.py``); the single
+            server's retry object is replaced by the cluster's own.
 
     Raises:
-        ValueError: an unknown or invalid option, a database other than 0, a Unix socket.
+        ValueError: an unknown or invalid option (``wait_replicas`` other than 0 or 1), a
+            database other than 0, a Unix socket.
     """
     split = urlsplit(plain_url(url))
     if split.scheme not in ("redis", "rediss"):
@@ -315,13 +350,19 @@ def make_cluster_client(url: str, options: dict[str, Any]) -> BoundedCluster:
     gate = int(query.pop("max_connections", [options["max_connections"]])[-1])
     if not math.isfinite(wait) or wait <= 0:
         raise ValueError(f"timeout={wait!r} must be a finite number > 0")
+    replicas = query.pop("wait_replicas", ["1"])[-1].strip()
+    if replicas not in ("0", "1"):
+        raise ValueError(
+            f"wait_replicas={replicas!r}: a Redis Cluster waits for one replica of the shard "
+            "(1, the default) or, for a producer's enqueues, none (0)"
+        )
     rest = urlunsplit(split._replace(query=urlencode(query, doseq=True)))
     kwargs = {k: v for k, v in options.items() if k not in ("timeout", "retry", "max_connections")}
     kwargs["retry"] = Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), CLUSTER_RETRIES)
     kwargs["max_connections"] = gate + NODE_HEADROOM
     try:
         client = BoundedCluster.from_url(
-            rest, decode_responses=False, gate=gate, wait=wait, **kwargs
+            rest, decode_responses=False, gate=gate, wait=wait, enqueues=replicas == "1", **kwargs
         )
     except (TypeError, redis.exceptions.RedisClusterException) as exc:
         raise ValueError(str(exc)) from None

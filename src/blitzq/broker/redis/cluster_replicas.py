@@ -12,12 +12,16 @@ the primary's connected replicas, read with ``ROLE`` at most every
 logic Sentinel's client uses: a replica gone from the list that answers as promoted marks the
 node **superseded**, and it gets no durable command until the slot map names another).
 
+- A producer's writes of messages (:data:`~.replicas.enqueue_writes`: an enqueue, a
+  schedule, a unique enqueue, a dead-letter replay) are durable the same way, unless the URL
+  says ``wait_replicas=0`` (:attr:`ShardReplicas.enqueues`); a lease renewal never is.
 - A shard without a replica (a cluster without replicas, or a promoted replica before the
   old primary rejoins) sends the command alone: it pays one ``ROLE`` a second per node.
 - A ``WAIT`` that falls short raises :class:`~blitzq.BrokerError` (transient,
-  ``unavailable``): a fetch starts nothing (its entries stay leased and are recovered after
-  the visibility timeout), a completion is kept and retried (its delivery is not
-  acknowledged before its record is on a replica).
+  ``unavailable``, ``unreplicated``; from an enqueue, :class:`~blitzq.OutcomeUnknown`): a
+  fetch starts nothing (its entries stay leased and are recovered after the visibility
+  timeout), a completion is kept and retried (its delivery is not acknowledged before its
+  record is on a replica).
 - A superseded node raises the same error without sending the command, and the slot map is
   read again (the next command goes to the promoted replica once the cluster names it).
 """
@@ -31,7 +35,13 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from ...exceptions import BrokerError
-from .replicas import DEFAULT_WAIT_TIMEOUT, ReplicaWatch, check_acknowledged
+from .replicas import (
+    DEFAULT_WAIT_TIMEOUT,
+    ReplicaWatch,
+    check_acknowledged,
+    durable_writes,
+    enqueue_writes,
+)
 
 
 class ShardReplicas:
@@ -43,6 +53,15 @@ class ShardReplicas:
         credentials: ``username``/``password`` of the nodes (a replica gone from a primary's
             list is asked its ``ROLE`` with them).
         wait_timeout: seconds a ``WAIT`` lasts at most.
+        enqueues: whether a producer's writes are durable (the URL's ``wait_replicas=0``:
+            ``False``).
+        enqueue_wait_timeout: seconds the ``WAIT`` of a producer's write lasts at most
+            (:func:`~.replicas.enqueue_wait_timeout`; default: ``wait_timeout``).
+
+    Attributes:
+        wait_timeout: as given.
+        enqueues: as given.
+        enqueue_wait_timeout: as given.
     """
 
     def __init__(
@@ -50,11 +69,23 @@ class ShardReplicas:
         client: Any,
         credentials: dict[str, Any],
         wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
+        enqueues: bool = True,
+        enqueue_wait_timeout: float | None = None,
     ) -> None:
         self._client = client
         self._credentials = credentials
         self.wait_timeout = wait_timeout
+        self.enqueues = enqueues
+        self.enqueue_wait_timeout = (
+            wait_timeout if enqueue_wait_timeout is None else enqueue_wait_timeout
+        )
         self._watches: dict[tuple[str, int], ReplicaWatch] = {}
+
+    def durable_now(self) -> bool:
+        """Whether the commands run now are durable: a worker's fetch or completion
+        (:data:`~.replicas.durable_writes`), or a producer's write of messages
+        (:data:`~.replicas.enqueue_writes`) unless :attr:`enqueues` is off."""
+        return durable_writes.get() or (self.enqueues and enqueue_writes.get())
 
     def _watch(self, primary: tuple[str, int]) -> ReplicaWatch:
         watch = self._watches.get(primary)
@@ -85,9 +116,13 @@ class ShardReplicas:
             )
         return min(1, count)
 
-    async def run(self, node: Any, args: Sequence[Any], **options: Any) -> Any:
+    async def run(
+        self, node: Any, args: Sequence[Any], *, asking: bool = False, **options: Any
+    ) -> Any:
         """Run the durable command ``args`` on ``node``, followed by ``WAIT`` on the same
-        connection when the node has replicas (:meth:`wanted`); its reply.
+        connection when the node has replicas (:meth:`wanted`); its reply. With ``asking``
+        (an ``ASK`` redirection to ``node``: its slot is being imported) the command is
+        preceded by ``ASKING`` on that connection.
 
         Raises:
             BrokerError: (transient, ``unavailable``) fewer replicas acknowledged it within
@@ -97,15 +132,19 @@ class ShardReplicas:
                 connection failed.
         """
         wanted = await self.wanted(node)
-        if not wanted:
+        if not wanted and not asking:
             return await node.execute_command(*args, **options)
-        reply, acknowledged = await _with_wait(node, args, wanted, self.wait_timeout, options)
+        producing = not durable_writes.get() and enqueue_writes.get()
+        timeout = self.enqueue_wait_timeout if producing else self.wait_timeout
+        reply, acknowledged = await _with_wait(node, args, wanted, timeout, options, asking)
+        if not wanted:
+            return reply
         check_acknowledged(
             self._watch((str(node.host), int(node.port))),
             str(args[0]),
             acknowledged,
             wanted,
-            self.wait_timeout,
+            timeout,
         )
         return reply
 
@@ -125,20 +164,31 @@ class ShardReplicas:
 
 
 async def _with_wait(
-    node: Any, args: Sequence[Any], wanted: int, timeout: float, options: dict[str, Any]
+    node: Any,
+    args: Sequence[Any],
+    wanted: int,
+    timeout: float,
+    options: dict[str, Any],
+    asking: bool = False,
 ) -> tuple[Any, Any]:
-    """``args`` then ``WAIT wanted <timeout>`` in one round trip on one connection of
-    ``node``: the command's reply (an error reply raised) and ``WAIT``'s."""
+    """``args`` then ``WAIT wanted <timeout>`` (none when ``wanted`` is 0) in one round trip
+    on one connection of ``node``, after ``ASKING`` when ``asking``: the command's reply (an
+    error reply raised) and ``WAIT``'s (``None`` without it)."""
+    commands: list[tuple[Any, ...]] = [("ASKING",)] if asking else []
+    commands.append(tuple(args))
+    if wanted:
+        commands.append(("WAIT", wanted, int(timeout * 1000)))
     connection = node.acquire_connection()
     try:
         await node.disconnect_if_needed(connection)
-        wait = ("WAIT", wanted, int(timeout * 1000))
-        await connection.send_packed_command(connection.pack_commands([tuple(args), wait]))
+        await connection.send_packed_command(connection.pack_commands(commands))
+        if asking:
+            await node.parse_response(connection, "ASKING")
         try:
             reply: Any = await node.parse_response(connection, args[0], **options)
         except RedisError as exc:
             reply = exc
-        acknowledged = await node.parse_response(connection, "WAIT")
+        acknowledged = await node.parse_response(connection, "WAIT") if wanted else None
     except BaseException:
         await connection.disconnect()
         raise

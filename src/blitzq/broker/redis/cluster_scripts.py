@@ -42,7 +42,6 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .cluster import BoundedCluster
-from .replicas import durable_writes
 from .scripts import Script, Scripts, load
 
 #: Seconds a script call waits at most for its slot's migration to end.
@@ -138,10 +137,12 @@ class ClusterScripts(Scripts):
         client: Any, node: Any, script: Script, keys: Sequence[Any], args: Sequence[Any]
     ) -> Any:
         """``EVALSHA`` on ``node``; ``SCRIPT LOAD`` there and again on ``NOSCRIPT``. A
-        durable call (:data:`~.replicas.durable_writes`: a worker's fetch or completion) is
-        followed by ``WAIT`` for the shard's replicas on the same connection
-        (``cluster_replicas.py``)."""
-        replicas = getattr(client, "replicas", None) if durable_writes.get() else None
+        durable call (a worker's fetch or completion, a producer's enqueue:
+        ``ShardReplicas.durable_now``) is followed by ``WAIT`` for the shard's replicas on
+        the same connection (``cluster_replicas.py``)."""
+        replicas = getattr(client, "replicas", None)
+        if replicas is not None and not replicas.durable_now():
+            replicas = None
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
             if replicas is not None:

@@ -19,6 +19,7 @@ import msgspec
 
 from ..effects import encode_op
 from ..values import Completion
+from .browse import pack_notes
 
 __all__ = ["GUARD_TTL", "encode_batch", "encode_entries", "guard_unfenced"]
 
@@ -128,7 +129,8 @@ def encode_batch(
         ``"R"`` entries (a run of completions of one queue and TTL that only ack and store a
         record), ``"C"`` entries (any other completion), ``"A"`` entries (acks without a
         record, per queue) and ``"I"`` entries (the tasks that ended, per queue: their
-        :attr:`~blitzq.broker.values.Completion.ended` notes) and a ``"G"`` entry (the guards
+        :attr:`~blitzq.broker.values.Completion.ended` notes, packed by
+        :func:`~.browse.pack_notes`) and a ``"G"`` entry (the guards
         to forget); empty when there is nothing to apply.
     """
     entries: list[Any] = []
@@ -202,7 +204,7 @@ def encode_batch(
     if ended:
         now = time.time()
         for queue, (cap, ttl, members) in ended.items():
-            entries.append(("I", queue, cap, ttl, now, members))
+            entries.append(("I", queue, cap, ttl, pack_notes(members, now)))
     if forget and entries:
         entries.append(("G", list(forget)))
     return entries

@@ -28,6 +28,7 @@ from ..state import ControlState, UniqueSend
 from .client import REDIS_ERRORS, broker_error, subscriber, translate_errors
 from .cluster import ready
 from .connection import RedisPart
+from .replicas import enqueuing
 
 __all__ = ["RedisControl"]
 
@@ -79,6 +80,7 @@ class RedisControl(RedisPart, ControlState):
         return out
 
     @translate_errors
+    @enqueuing
     async def enqueue_unique(self, items: Sequence[UniqueSend]) -> list[str | None]:
         """Claim each item's key and write its message in one step, one script run per
         :data:`~blitzq.limits.CHUNK_WRITES` items (each item is atomic; see

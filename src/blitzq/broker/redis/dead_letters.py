@@ -15,6 +15,7 @@ from .. import DeadLetterFields
 from ..state import DeadLetterState
 from .client import translate_errors
 from .connection import RedisPart
+from .replicas import enqueuing
 
 #: ``reason`` of a dead-letter entry whose key holds another type than a hash.
 UNREADABLE_DEAD_LETTER = "unreadable entry"
@@ -121,6 +122,7 @@ class RedisDeadLetters(RedisPart, DeadLetterState):
         return int(left)
 
     @translate_errors
+    @enqueuing
     async def replay_dead_letter(
         self,
         task_id: str,

@@ -102,10 +102,18 @@ TABLE: Final[dict[str, Key]] = {
         "each progress update written for a task"),
     "rate_limit": Key("rl:<key>", "hash",
         "a token bucket (task name, rate_key or `queue:<q>`): `t` tokens, `ts` server time (s)"),
+    "ended": Key("ended:<queue>", "zset",
+        "the index of tasks that ended from a physical queue: a member `<n>:<token>` per write "
+        "of n notes (at most 1,000), scored by the write's time (Unix microseconds, worker "
+        "clock; recent.lua, complete.lua), and `#` scored minus the notes held; its oldest "
+        "members go while the others hold recent_index notes; expires result_ttl after its "
+        "last write"),
+    "ended_notes": Key("endnotes:<queue>", "hash",
+        "the notes of each member of `ended:<queue>`: `<state>\\n<task>\\n<task_id>` of each, "
+        "oldest first, joined by `\\n`; a field goes with its member; expires with it"),
     "recent": Key("recent:<queue>", "zset",
-        "tasks that ended from a physical queue, `<state>\\n<task>\\n<task_id>` scored by end "
-        "time (Unix seconds, worker clock; recent.lua, complete.lua); capped at recent_index, "
-        "expires result_ttl after its last write"),
+        "the earlier layout of the index (a member per task, `<state>\\n<task>\\n<task_id>` "
+        "scored by end time): no longer written, still listed until it expires (result_ttl)"),
     "series": Key("series:<slot>", "hash",
         "the workers' samples of one 10 s slot (Unix seconds // 10): `done`, `failed`, "
         "`w<i>` / `r<i>` wait / run latency histogram counts, `q:<queue>` depth; expires in 1 h"),
@@ -147,6 +155,9 @@ TABLE: Final[dict[str, Key]] = {
         "worker at its next maintenance round if it missed the push"),
     "worker_beats": Key("workers:exp", "zset",
         "worker ids scored by registration expiry (Unix seconds)"),
+    "worker_timeouts": Key("workers:vt", "zset",
+        "worker key scored by its visibility timeout (seconds): a live worker's leases are "
+        "recovered only once idle that long, whatever the recoverer's own timeout"),
     "worker_counts": Key("workers:counts", "hash",
         "worker key to `<processed> <failed>`: its counts that reached `stats` so far"),
     "scale": Key("scale", "hash",
@@ -302,8 +313,18 @@ class Keys:
         """Token bucket of a rate limit (a task name, a shared ``rate_key``, ``queue:<q>``)."""
         return self._one("rate_limit", key)
 
+    def ended(self, queue: str) -> str:
+        """Sorted set of the writes of the tasks that ended from physical ``queue`` (the
+        dashboard's list: :mod:`.browse`)."""
+        return self._one("ended", queue)
+
+    def ended_notes(self, queue: str) -> str:
+        """Hash of the notes of each member of :meth:`ended` (written beside it)."""
+        return self._one("ended_notes", queue)
+
     def recent(self, queue: str) -> str:
-        """Sorted set of the tasks that ended from physical ``queue`` (the dashboard's list)."""
+        """The index of ended tasks of physical ``queue`` in its earlier layout (a member per
+        task): read while it lives, never written (:mod:`.browse`)."""
         return self._one("recent", queue)
 
     def series(self, slot: int) -> str:
@@ -392,6 +413,13 @@ class Keys:
     def worker_beats(self) -> str:
         """Sorted set of worker id scored by registration expiry (Unix seconds)."""
         return self._fixed("worker_beats")
+
+    @property
+    def worker_timeouts(self) -> str:
+        """Sorted set of worker key scored by its visibility timeout (seconds): how long
+        recovery leaves that worker's leases alone while it is registered
+        (``lua/worker_timeouts.lua``)."""
+        return self._fixed("worker_timeouts")
 
     @property
     def worker_counts(self) -> str:

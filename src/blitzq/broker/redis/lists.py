@@ -24,6 +24,7 @@ from ..transport import Delivery, Guarantee, Transport
 from .client import translate_errors, wrong_type
 from .connection import RedisConnection, RedisPart
 from .popping import Popper
+from .replicas import enqueuing
 from .scripts import Scripts
 
 
@@ -49,6 +50,7 @@ class ListsTransport(RedisPart, Transport):
         self._pop_scripts = self.scripts if conn.cluster else Scripts(self._popper)
 
     @translate_errors
+    @enqueuing
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
         """RPUSH the messages to the queue's list, :data:`~blitzq.limits.CHUNK_ITEMS` per
         command (in order)."""

@@ -61,15 +61,31 @@ class RedisRegistry(RedisPart, RegistryState):
         ttl: float,
         counts: tuple[int, int] = (0, 0),
         base: tuple[int, int] = (0, 0),
+        visibility_timeout: float | None = None,
     ) -> None:
-        """Record a live worker until ``ttl`` seconds from now and add what ``counts`` has
-        above the counts already added for it to ``{ns}:stats`` ``processed`` / ``failed``
-        (``lua/register.lua``, one call: see :meth:`RegistryState.register_worker`)."""
+        """Record a live worker until ``ttl`` seconds from now, with its visibility timeout
+        in ``{ns}:workers:vt``, and add what ``counts`` has above the counts already added
+        for it to ``{ns}:stats`` ``processed`` / ``failed`` (``lua/register.lua``, one call:
+        see :meth:`RegistryState.register_worker`)."""
         keys = self.keys
+        vt = "" if visibility_timeout is None else repr(float(visibility_timeout))
         await self.scripts.call(
             "register",
-            keys=[keys.workers, keys.worker_beats, keys.worker_counts, keys.stats],
-            args=[worker_id, info, repr(time.time() + ttl), *_counts(counts), *_counts(base)],
+            keys=[
+                keys.workers,
+                keys.worker_beats,
+                keys.worker_counts,
+                keys.stats,
+                keys.worker_timeouts,
+            ],
+            args=[
+                worker_id,
+                info,
+                repr(time.time() + ttl),
+                *_counts(counts),
+                *_counts(base),
+                vt,
+            ],
         )
 
     @translate_errors
@@ -80,7 +96,13 @@ class RedisRegistry(RedisPart, RegistryState):
         keys = self.keys
         await self.scripts.call(
             "unregister",
-            keys=[keys.workers, keys.worker_beats, keys.worker_counts, keys.stats],
+            keys=[
+                keys.workers,
+                keys.worker_beats,
+                keys.worker_counts,
+                keys.stats,
+                keys.worker_timeouts,
+            ],
             args=[worker_id, *_counts(counts)],
         )
 
@@ -125,6 +147,7 @@ class RedisRegistry(RedisPart, RegistryState):
                 pipe.zrem(keys.worker_beats, worker_id)
             pipe.hdel(keys.workers, *expired)
             pipe.hdel(keys.worker_counts, *expired)
+            pipe.zrem(keys.worker_timeouts, *expired)
             replies = await pipe.execute()
         taken: dict[str, bytes] = {}
         for i, worker_id in enumerate(expired):
@@ -132,6 +155,19 @@ class RedisRegistry(RedisPart, RegistryState):
             if removed:  # another caller's ZREM came first: it reports this one
                 taken[worker_id.decode()] = info or b""
         return taken
+
+    @translate_errors
+    async def worker_timeouts(self, above: float) -> dict[str, float]:
+        """See :meth:`RegistryState.worker_timeouts` (``lua/worker_timeouts.lua``, one call
+        on the registry's keys; the live registrations are those whose expiry is after
+        ``time.time()``, as :meth:`workers` counts them)."""
+        keys = self.keys
+        rows = await self.scripts.call(
+            "worker_timeouts",
+            keys=[keys.worker_timeouts, keys.worker_beats],
+            args=[repr(float(above)), repr(time.time())],
+        )
+        return {rows[i].decode(): float(rows[i + 1]) for i in range(0, len(rows), 2)}
 
     @translate_errors
     async def set_paused(self, queue: str, paused: bool) -> bool:

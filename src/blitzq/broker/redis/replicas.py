@@ -2,12 +2,13 @@
 
 Used by ``sentinel.py``'s :class:`~.sentinel.ReplicatedRedis` (one primary) and
 ``cluster_replicas.py``'s :class:`~.cluster_replicas.ShardReplicas` (one watch per shard's
-primary on a Redis Cluster). A durable write (a worker's
-fetch and completion, every write with ``wait_replicas``) is followed by ``WAIT`` for the
-replicas that exist: the primary's connected replicas, read with ``ROLE`` at most every
-:data:`REPLICAS_CHECK` seconds. A new primary has none until Sentinel turns the old one into
-its replica (about 10 s), and its writes then go unwaited rather than each failing: no lease
-lapses because a ``WAIT`` blocked (no recovery storm).
+primary on a Redis Cluster). A durable write (a worker's fetch and completion; a producer's
+enqueue, unless the URL says ``wait_replicas=0``; every write with ``wait_replicas`` >= 1 on
+Sentinel) is followed by ``WAIT`` for the replicas that exist: the primary's connected
+replicas, read with ``ROLE`` at most every :data:`REPLICAS_CHECK` seconds. A new primary has
+none until Sentinel turns the old one into its replica (about 10 s), and its writes then go
+unwaited rather than each failing: no lease lapses because a ``WAIT`` blocked (no recovery
+storm).
 
 A replica that disappears from the list is not forgotten at once, because the list shrinks
 in two very different cases:
@@ -74,12 +75,45 @@ PROBE_TIMEOUT = 0.5
 DOUBT_SECONDS = 10.0
 #: Seconds ``WAIT`` waits for the replicas by default.
 DEFAULT_WAIT_TIMEOUT = 0.5
+#: Seconds a producer's write of messages waits for its replica at most, by default (capped
+#: at half the client's ``socket_timeout``, never under the ``wait_timeout``): longer than a
+#: worker's, whose short ``WAIT`` only delays a completion it retries, where a producer's
+#: raises :class:`~blitzq.OutcomeUnknown` to its caller; a replica slowed by a busy host
+#: (it answers within a second or two) must not fail enqueues. A healthy replica answers in
+#: a round trip; only a replica that is gone makes an enqueue wait the whole bound.
+DEFAULT_ENQUEUE_WAIT_TIMEOUT = 2.0
 #: Commands followed by ``WAIT`` when they are durable: the single writes of enqueues and
 #: completions (a script call, ``XADD``, ``RPUSH``/``LPUSH``; blocking reads and pipelines
 #: are not).
 WAITED = frozenset({"EVALSHA", "EVAL", "XADD", "RPUSH", "LPUSH"})
 #: Reads that take leases, waited for under :data:`durable_writes` only (a worker's fetch).
 WAITED_READS = frozenset({"XREADGROUP"})
+
+
+def enqueue_wait_timeout(wait_timeout: float, socket_timeout: float | None) -> float:
+    """Seconds a producer's ``WAIT`` lasts at most (:data:`DEFAULT_ENQUEUE_WAIT_TIMEOUT`).
+
+    Args:
+        wait_timeout: the ``WAIT`` bound of the worker's durable commands (seconds).
+        socket_timeout: the client's reply timeout (seconds), or ``None`` for none.
+
+    Returns:
+        ``max(wait_timeout, min(DEFAULT_ENQUEUE_WAIT_TIMEOUT, socket_timeout / 2))``, so it
+        stays under ``socket_timeout`` whenever ``wait_timeout`` does.
+    """
+    bound = DEFAULT_ENQUEUE_WAIT_TIMEOUT
+    if socket_timeout is not None:
+        bound = min(bound, socket_timeout / 2)
+    return max(wait_timeout, bound)
+
+
+#: Set while a producer writes messages (:func:`enqueuing`: an enqueue of any kind, a
+#: schedule, a unique enqueue, a dead-letter replay): its single writes (:data:`WAITED`) are
+#: waited for by the replicas that exist, as a worker's are, unless the URL opts out
+#: (``wait_replicas=0``). A worker's lease renewals and other upkeep are never under it.
+enqueue_writes: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "blitzq_enqueue_writes", default=False
+)
 
 #: Set while a command must be waited for by the replicas that exist: a worker's completion
 #: (``RedisStateStore.complete_durably``: a commit that acks its delivery, or that a foreign
@@ -108,6 +142,24 @@ def durably(
     return wrapper
 
 
+def enqueuing(
+    fn: Callable[P, Coroutine[Any, Any, R]],
+) -> Callable[P, Coroutine[Any, Any, R]]:
+    """Decorate a coroutine function that writes a producer's messages so that its commands
+    run under :data:`enqueue_writes` (durable by default on ``redis+sentinel://`` and on a
+    Redis Cluster with replicas; nothing changes elsewhere)."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        token = enqueue_writes.set(True)
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            enqueue_writes.reset(token)
+
+    return wrapper
+
+
 def waited(args: tuple[Any, ...]) -> bool:
     """Whether the command ``args`` is durable now (:data:`durable_writes` set): one of
     :data:`WAITED` or :data:`WAITED_READS`."""
@@ -119,9 +171,11 @@ def waited(args: tuple[Any, ...]) -> bool:
 def check_acknowledged(
     watch: ReplicaWatch, what: str, acknowledged: Any, wanted: int, timeout: float
 ) -> None:
-    """Raise :class:`~blitzq.BrokerError` (transient, ``unavailable``) when ``acknowledged``
-    (``WAIT``'s reply) is under ``wanted``; ``watch`` then reads the replicas again at the
-    next durable command (a replica may have gone, or been promoted).
+    """Raise :class:`~blitzq.BrokerError` (transient, ``unavailable``, ``unreplicated``: the
+    primary applied the command) when ``acknowledged`` (``WAIT``'s reply) is under
+    ``wanted``; ``watch`` then reads the replicas again at the next durable command (a
+    replica may have gone, or been promoted). A producer's write then raises
+    :class:`~blitzq.OutcomeUnknown` (:func:`~blitzq.exceptions.unknown_outcome`).
 
     Args:
         watch: the replicas of the server that ran the command.
@@ -132,11 +186,13 @@ def check_acknowledged(
     """
     if int(acknowledged) < wanted:
         watch.forget()
-        raise BrokerError(
+        error = BrokerError(
             f"{what} was applied by the primary but acknowledged by {acknowledged} of "
             f"{wanted} replica(s) within {timeout} s: a failover may lose it",
             unavailable=True,
         )
+        error.unreplicated = True
+        raise error
 
 
 def _text(value: Any) -> str:
@@ -283,6 +339,7 @@ class ReplicaWatch:
 
 
 __all__ = [
+    "DEFAULT_ENQUEUE_WAIT_TIMEOUT",
     "DEFAULT_WAIT_TIMEOUT",
     "DOUBT_SECONDS",
     "PROBE_TIMEOUT",
@@ -293,5 +350,8 @@ __all__ = [
     "check_acknowledged",
     "durable_writes",
     "durably",
+    "enqueue_wait_timeout",
+    "enqueue_writes",
+    "enqueuing",
     "waited",
 ]

@@ -16,10 +16,14 @@ from ..state import ScheduleState
 from ..values import Scheduled
 from .client import translate_errors
 from .connection import RedisPart
+from .replicas import enqueuing
 
 __all__ = ["RedisSchedule"]
 
 logger = logging.getLogger("blitzq.broker")
+
+#: Schedule entries read per ``HSCAN`` call by :meth:`RedisSchedule.scheduled_for`.
+SCAN_PAGE = 500
 
 
 class RedisSchedule(RedisPart, ScheduleState):
@@ -33,6 +37,7 @@ class RedisSchedule(RedisPart, ScheduleState):
     """
 
     @translate_errors
+    @enqueuing
     async def schedule(self, items: Sequence[Scheduled]) -> None:
         """Put messages on the schedule; due times on the server's clock.
 
@@ -90,6 +95,35 @@ class RedisSchedule(RedisPart, ScheduleState):
         if not sep or len(head) < 2:
             return None
         return float(due), head[1:].decode("utf-8", "replace"), message
+
+    @translate_errors
+    async def scheduled_for(self, queues: Sequence[str], purge: bool = False) -> int:
+        """See :meth:`ScheduleState.scheduled_for`: ``HSCAN`` of the schedule's data,
+        :data:`SCAN_PAGE` entries a call, and for a purge one ``unschedule.lua`` call per
+        page of matches (compare-and-delete: an id scheduled again for another queue since
+        the scan stays)."""
+        keys = self.keys
+        heads = {q.encode() + b"\n" for q in queues}
+        found = 0
+        cursor: int = 0
+        while True:
+            cursor, page = await self.client.hscan(keys.schedule_data, cursor, count=SCAN_PAGE)
+            ids = [
+                task_id
+                for task_id, entry in page.items()
+                if entry[1 : entry.find(b"\n") + 1] in heads
+            ]
+            if ids and purge:
+                args: list[Any] = [keys.prefix, len(queues), *queues, *ids]
+                found += int(
+                    await self.scripts.call(
+                        "unschedule", keys=[keys.schedule, keys.schedule_data], args=args
+                    )
+                )
+            else:
+                found += len(ids)
+            if not cursor:
+                return found
 
     @translate_errors
     async def server_time(self) -> float:

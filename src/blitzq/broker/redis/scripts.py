@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -137,6 +137,19 @@ def names() -> list[str]:
     return sorted(
         entry.name.removesuffix(".lua") for entry in folder.iterdir() if entry.name.endswith(".lua")
     )
+
+
+def holder_waits(holders: Mapping[str, float] | None, min_idle: float) -> list[object]:
+    """The trailing arguments of ``recover.lua`` and ``recover_split.lua`` from which
+    ``claim_idle.lua`` reads its ``waits``: ``consumer, idle (ms), ...`` for each holder of
+    ``holders`` (consumer name to visibility timeout, seconds) whose timeout is longer than
+    ``min_idle`` seconds (the others wait ``min_idle``, which needs no argument)."""
+    return [
+        x
+        for consumer, vt in (holders or {}).items()
+        if vt > min_idle
+        for x in (consumer, int(vt * 1000))
+    ]
 
 
 class Scripts:

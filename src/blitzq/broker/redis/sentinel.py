@@ -9,17 +9,28 @@ URL grammar (``[...]`` optional, ``,``-separated sentinels, default port 26379):
 - ``sentinel_password`` and ``sentinel_username`` in the query are the credentials of the
   sentinels themselves (``requirepass`` in ``sentinel.conf``); without them the sentinels
   are asked without authentication.
-- ``wait_replicas`` (an integer ``>= 1``) and ``wait_timeout`` (seconds, ``> 0``, default
-  0.5, under ``socket_timeout``): each single write command of the broker (a script call,
-  ``XADD``, ``RPUSH``/``LPUSH``: an enqueue, a completion) is followed by ``WAIT
-  <n> <wait_timeout>`` in the same round trip, ``n`` the least of ``wait_replicas`` and the
-  replicas that exist (``replicas.py``), and fails with :class:`~blitzq.BrokerError`
-  (transient) when fewer acknowledged it in time: a write a failover could lose is reported
-  instead of acknowledged (a worker's completion is then retried, and its delivery
-  acknowledged only with it). Off by default; a worker's fetches and completions wait for one
-  replica even without it (:data:`durable_writes`): a task starts only once the replicas know
-  its lease, and its record is acknowledged only once they have it, so a failover leaves no
-  task that ran without a record (docs/architecture.md, "Failovers").
+- ``wait_replicas`` (an integer ``>= 0``) and ``wait_timeout`` (seconds, ``> 0``, default
+  0.5, under ``socket_timeout``). Whatever the URL says, a worker's fetches and completions
+  are followed by ``WAIT`` for the replicas that exist (:data:`durable_writes`): a task starts
+  only once the replicas know its lease, and its record is acknowledged only once they have
+  it (docs/architecture.md, "Failovers"). By default a producer's writes of messages are too
+  (:data:`~.replicas.enqueue_writes`: an enqueue, a schedule, a unique enqueue, a dead-letter
+  replay; a workflow start and ``track_state``'s records go through the completion path,
+  waited for whatever the URL says): the ``XADD``, ``RPUSH``/``LPUSH`` or script call is followed
+  by ``WAIT 1 <timeout>`` in the same round trip when the primary has a replica (the
+  timeout is ``wait_timeout`` raised to 2 s, at most half of ``socket_timeout``:
+  :func:`~.replicas.enqueue_wait_timeout`, since a busy host's replica may take a second),
+  and an enqueue its replica did not acknowledge in time raises :class:`~blitzq.OutcomeUnknown`
+  (``unreplicated``: the primary has it, a failover may lose it) instead of returning.
+  ``wait_replicas=0`` opts the producer's writes out (an enqueue is then acknowledged by the
+  primary alone: the enqueue window of docs/guarantees.md); ``wait_replicas=N`` (``N >= 1``)
+  waits for ``N`` replicas after every single write command of the broker (a script call,
+  ``XADD``, ``RPUSH``/``LPUSH``: lease renewals and the worker's upkeep included). A command
+  waits for the least of what it asks and the replicas that exist (``replicas.py``), and
+  fails with :class:`~blitzq.BrokerError` (transient, ``unreplicated``) when fewer
+  acknowledged it in time (a worker's completion is then retried, and its delivery
+  acknowledged only with it). A lease renewal is never waited for unless ``wait_replicas``
+  is ``>= 1``: a lagging replica must not make leases lapse (a recovery storm).
 - Every other query parameter is a pool or connection option of a ``redis://`` URL
   (``max_connections``, ``timeout``, ``socket_timeout``...: ``client.py``); the sentinels
   use the same ``socket_timeout`` and ``socket_connect_timeout``, cut to 1 s and 0.5 s
@@ -46,7 +57,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -71,10 +81,10 @@ from .replicas import (
     check_acknowledged,
     durable_writes,
     durably,
+    enqueue_wait_timeout,
+    enqueue_writes,
 )
 from .sentinel_discovery import FAILOVER_SECONDS, DeadlineRetry, SentinelDiscovery
-
-logger = logging.getLogger("blitzq.broker")
 
 #: URL scheme of a primary found through Sentinel.
 SCHEME = "redis+sentinel"
@@ -100,9 +110,11 @@ class SentinelURL:
         server_url: a ``redis://`` URL with the server's credentials, database and options
             (its host is a placeholder: the sentinels give the real one).
         sentinel_options: ``username``/``password`` for the sentinels.
-        wait_replicas: replicas each write waits for (0: no WAIT).
+        wait_replicas: replicas every write waits for (0: only the durable ones wait).
         wait_timeout: seconds a WAIT lasts at most.
         wait_given: whether the URL named ``wait_replicas`` (0 included).
+        wait_enqueues: whether a producer's writes wait for the replicas that exist (all
+            but an explicit ``wait_replicas=0``).
     """
 
     sentinels: list[tuple[str, int]]
@@ -112,6 +124,11 @@ class SentinelURL:
     wait_replicas: int = 0
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT
     wait_given: bool = False
+
+    @property
+    def wait_enqueues(self) -> bool:
+        """See the class docstring."""
+        return self.wait_replicas > 0 or not self.wait_given
 
 
 def parse_sentinel_url(url: str) -> SentinelURL:
@@ -297,7 +314,9 @@ class ReplicatedRedis(aioredis.Redis):
     Durable: the single write commands (:data:`~.replicas.WAITED`) when
     :attr:`wait_replicas` is set; under :data:`durable_writes` (a worker's completions and
     fetches, whatever the URL) those and the reads that take leases
-    (:data:`~.replicas.WAITED_READS`), waiting for at least one replica.
+    (:data:`~.replicas.WAITED_READS`), waiting for at least one replica; under
+    :data:`~.replicas.enqueue_writes` (a producer's writes of messages) the single writes,
+    waiting for at least one replica, unless :attr:`wait_enqueues` is off.
     A command waits for ``min(asked, replicas that exist)`` (``replicas.py``'s
     :class:`~.replicas.ReplicaWatch`): the primary's connected replicas, read (``ROLE``) at
     most every :data:`~.replicas.REPLICAS_CHECK` seconds and again after a ``WAIT`` that fell
@@ -310,12 +329,18 @@ class ReplicatedRedis(aioredis.Redis):
     :data:`~.sentinel_discovery.FAILOVER_SECONDS`.
 
     Attributes:
-        wait_replicas: replicas that must acknowledge each write (0: no WAIT).
+        wait_replicas: replicas that must acknowledge each write (0: only the durable ones).
         wait_timeout: seconds the WAIT lasts at most.
+        enqueue_wait_timeout: seconds the WAIT of a producer's write lasts at most
+            (:func:`~.replicas.enqueue_wait_timeout`).
+        wait_enqueues: whether a producer's writes are durable (``False``: the URL said
+            ``wait_replicas=0``).
     """
 
     wait_replicas: int = 0
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT
+    enqueue_wait_timeout: float = DEFAULT_WAIT_TIMEOUT
+    wait_enqueues: bool = True
     _watch: ReplicaWatch | None = None
 
     def _watcher(self) -> ReplicaWatch:
@@ -376,7 +401,9 @@ class ReplicatedRedis(aioredis.Redis):
         ``unavailable``) when fewer of the replicas that exist (up to the replicas asked)
         acknowledged it in time, or when the primary is superseded (:meth:`wanted`)."""
         durable = durable_writes.get()
-        asked = self.wait_replicas or (1 if durable else 0)
+        asked = self.wait_replicas or (
+            1 if durable or (self.wait_enqueues and enqueue_writes.get()) else 0
+        )
         if not asked:
             return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
         name = str(args[0]).upper()
@@ -385,14 +412,16 @@ class ReplicatedRedis(aioredis.Redis):
         wanted = await self.wanted(asked)
         if not wanted:  # no replica to wait for: durable on all there are
             return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        producing = not durable and enqueue_writes.get()
+        timeout = self.enqueue_wait_timeout if producing else self.wait_timeout
         pipe = self.pipeline(transaction=False)
         try:
             pipe.execute_command(*args, **options)
-            pipe.execute_command("WAIT", wanted, int(self.wait_timeout * 1000))
+            pipe.execute_command("WAIT", wanted, int(timeout * 1000))
             reply, acknowledged = await pipe.execute()
         finally:
             await pipe.reset()  # type: ignore[no-untyped-call]
-        self.check_acknowledged(str(args[0]), acknowledged, wanted)
+        check_acknowledged(self._watcher(), str(args[0]), acknowledged, wanted, timeout)
         return reply
 
     async def settle(
@@ -480,34 +509,17 @@ def make_sentinel_client(url: str) -> aioredis.Redis:
     )
     _check_pool(client.connection_pool)  # type: ignore[arg-type]
     timeout = options.get("socket_timeout")
-    if parsed.wait_replicas and timeout is not None and parsed.wait_timeout >= float(timeout):
+    # Every URL waits (a worker's fetches and completions, and by default the enqueues).
+    if timeout is not None and parsed.wait_timeout >= float(timeout):
         raise ValueError(
             f"wait_timeout={parsed.wait_timeout} must be under socket_timeout={timeout}"
         )
     client.wait_replicas, client.wait_timeout = parsed.wait_replicas, parsed.wait_timeout
-    if not parsed.wait_given:
-        _warn_enqueue_window(parsed.service)
-    return client
-
-
-_warned_services: set[str] = set()
-
-
-def _warn_enqueue_window(service: str) -> None:
-    """Say once per service and process that enqueues on this URL are acknowledged by the
-    primary alone (a user-style test lost 146 of 300 enqueues across a ``SENTINEL FAILOVER``
-    with no error): the URL names no ``wait_replicas``."""
-    if service in _warned_services:
-        return
-    _warned_services.add(service)
-    logger.warning(
-        "redis+sentinel://.../%s names no wait_replicas: an enqueue is acknowledged by the "
-        "primary alone, and a failover loses those its replica had not received yet (no "
-        "error is raised; docs/guarantees.md, 'A Sentinel failover'). Add wait_replicas=1 to "
-        "the producers' URL to wait for a replica, or wait_replicas=0 to accept the window "
-        "and silence this",
-        service,
+    client.enqueue_wait_timeout = enqueue_wait_timeout(
+        parsed.wait_timeout, None if timeout is None else float(timeout)
     )
+    client.wait_enqueues = parsed.wait_enqueues
+    return client
 
 
 __all__ = [
@@ -523,6 +535,7 @@ __all__ = [
     "SentinelURL",
     "durable_writes",
     "durably",
+    "enqueue_writes",
     "make_sentinel_client",
     "parse_sentinel_url",
 ]

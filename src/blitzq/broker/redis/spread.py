@@ -41,7 +41,7 @@ per-task state in the queue's slot") says why no cross-slot step loses or double
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,7 @@ from .homes import HomedKeys, HomedStateStore, complete_in, homed_id, homeless, 
 from .keys import GROUP, Keys
 from .reliable import ReliableRedisBroker
 from .replicas import durably
+from .scripts import holder_waits
 from .streams import StreamsTransport
 
 __all__ = [
@@ -134,30 +135,49 @@ class SpreadStreamsTransport(StreamsTransport):
 
     @translate_errors
     async def recover_split(
-        self, queue: str, min_idle: float, count: int, max_deliveries: int
+        self,
+        queue: str,
+        min_idle: float,
+        count: int,
+        max_deliveries: int,
+        holders: Mapping[str, float] | None = None,
     ) -> tuple[int, list[tuple[bytes, bytes, int]]]:
-        """Re-add entries idle over ``min_idle`` seconds under their delivery budget; return
-        how many, and ``(entry id, message, deliveries)`` of those at the budget (still
-        pending, now this consumer's; deliveries 0: an entry without a message field, its
-        fields as MessagePack) for the caller to dead-letter and ack (``recover_split.lua``).
+        """Re-add entries idle over ``min_idle`` seconds (over their holder's time for a
+        consumer of ``holders``) under their delivery budget; return how many, and
+        ``(entry id, message, deliveries)`` of those at the budget (still pending, now this
+        consumer's; deliveries 0: an entry without a message field, its fields as
+        MessagePack) for the caller to dead-letter and ack (``recover_split.lua``).
         """
         reply = await self.scripts.call(
             "recover_split",
             keys=[self.keys.stream(queue)],
-            args=[GROUP, self.consumer, max(1, int(min_idle * 1000)), count, max_deliveries],
+            args=[
+                GROUP,
+                self.consumer,
+                max(1, int(min_idle * 1000)),
+                count,
+                max_deliveries,
+                *holder_waits(holders, min_idle),
+            ],
         )
         over = [(reply[i], reply[i + 1], int(reply[i + 2])) for i in range(1, len(reply), 3)]
         return int(reply[0]), over
 
     async def recover(
-        self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
+        self,
+        queue: str,
+        min_idle: float,
+        count: int,
+        max_deliveries: int,
+        record_ttl: int = 86400,
+        holders: Mapping[str, float] | None = None,
     ) -> tuple[int, int]:
         """See :meth:`Transport.recover <blitzq.broker.transport.Transport.recover>`:
         :meth:`recover_split` re-adds what is under budget; the entries past it are
         dead-lettered in :attr:`store` with their ``dead_lettered`` record (one ``complete``
         call), then acked. A crash in between leaves them pending: recovered again,
         dead-lettered again under the same task id (idempotent), never lost."""
-        requeued, over = await self.recover_split(queue, min_idle, count, max_deliveries)
+        requeued, over = await self.recover_split(queue, min_idle, count, max_deliveries, holders)
         if requeued and self.conn.doorbell is not None:  # an idle worker is told
             await self.ring(queue)
         if not over:

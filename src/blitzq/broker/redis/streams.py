@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from redis.exceptions import OutOfMemoryError, ResponseError
 
@@ -32,7 +32,8 @@ from .connection import LeaseIdentity, RedisConnection, RedisPart
 from .doorbell import READY, look_then_wait
 from .handed import HandOver
 from .keys import GROUP, MESSAGE_FIELD
-from .replicas import durable_writes, durably
+from .replicas import durable_writes, durably, enqueuing
+from .scripts import holder_waits
 from .sentinel import ReplicatedRedis
 
 logger = logging.getLogger("blitzq.broker")
@@ -109,6 +110,7 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         self._vacant: dict[str, bool] = {}
 
     @translate_errors
+    @enqueuing
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
         """XADD each message to the queue's stream, in one round-trip."""
         key = self.keys.stream(queue)
@@ -471,9 +473,16 @@ class StreamsTransport(HandOver, RedisPart, Transport):
 
     @translate_errors
     async def recover(
-        self, queue: str, min_idle: float, count: int, max_deliveries: int, record_ttl: int = 86400
+        self,
+        queue: str,
+        min_idle: float,
+        count: int,
+        max_deliveries: int,
+        record_ttl: int = 86400,
+        holders: Mapping[str, float] | None = None,
     ) -> tuple[int, int]:
-        """Re-add entries idle over ``min_idle`` seconds, or dead-letter them (one script)."""
+        """Re-add entries idle over ``min_idle`` seconds (over their holder's time for a
+        consumer of ``holders``), or dead-letter them (one script: ``recover.lua``)."""
         requeued, dead = await self.scripts.call(
             "recover",
             keys=[self.keys.stream(queue), self.keys.dead_letters],
@@ -490,6 +499,7 @@ class StreamsTransport(HandOver, RedisPart, Transport):
                 record_ttl,
                 self.dead_letter_ttl,
                 self.dead_letter_max_bytes,
+                *holder_waits(holders, min_idle),
             ],
         )
         return int(requeued), int(dead)

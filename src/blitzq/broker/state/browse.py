@@ -29,10 +29,11 @@ class BrowseState(abc.ABC):  # noqa: B024 - every method has a default
     async def add_ended(
         self, queue: str, members: Sequence[str], now: float, cap: int, ttl: int
     ) -> None:
-        """Add ``members`` (``"<state>\\n<task>\\n<id>"``, in the order they ended, scored
-        ``now`` in Unix seconds plus a microsecond per place) to the index of ended tasks of
-        physical ``queue``, keep its newest ``cap`` and let it expire ``ttl`` seconds later
-        (what ``complete.lua`` does for a completion's note)."""
+        """Add ``members`` (``"<state>\\n<task>\\n<id>"``, in the order they ended) to the
+        index of ended tasks of physical ``queue``, all ended at ``now`` (Unix seconds; the
+        Redis store packs them in entries of 1,000), keep its newest ``cap`` at least (the
+        Redis store: fewer than ``cap`` plus its oldest entry's) and let it expire ``ttl``
+        seconds later (what ``complete.lua`` does for a completion's note)."""
         return
 
     async def scheduled_tasks(

@@ -34,6 +34,7 @@ class RegistryState(abc.ABC):
         ttl: float,
         counts: tuple[int, int] = (0, 0),
         base: tuple[int, int] = (0, 0),
+        visibility_timeout: float | None = None,
     ) -> None:
         """Record a live worker for ``ttl`` seconds (refreshed by its maintenance loop), and
         add to the namespace's counters (:meth:`counters` ``processed`` / ``failed``) what its
@@ -50,6 +51,9 @@ class RegistryState(abc.ABC):
                 already added only when the store has none recorded for ``worker_id`` (the
                 first registration, ``(0, 0)``, or one after it lapsed). A call with counts
                 lower than those recorded (two writes crossing) or sent again adds nothing.
+            visibility_timeout: the worker's visibility timeout (seconds), which
+                :meth:`worker_timeouts` reports while the registration lives; ``None``
+                records none (the worker then counts as having the reader's timeout).
         """
 
     @abc.abstractmethod
@@ -69,6 +73,15 @@ class RegistryState(abc.ABC):
         unregistration: each is removed (its recorded counts too) and returned (id to its
         last info) to one caller only. The default takes none (a store whose
         registrations vanish on their own)."""
+        return {}
+
+    async def worker_timeouts(self, above: float) -> dict[str, float]:
+        """The live workers (registration not lapsed) that registered a visibility timeout
+        longer than ``above`` seconds: worker key (its consumer name) to that timeout in
+        seconds. A worker's recovery reads it once per round and leaves those workers'
+        leases alone until idle that long (docs/guarantees.md, mixed timeouts). The default
+        reports none (a store that keeps no timeouts: every holder counts as having the
+        recoverer's timeout)."""
         return {}
 
     async def set_paused(self, queue: str, paused: bool) -> bool:

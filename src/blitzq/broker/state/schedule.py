@@ -49,6 +49,20 @@ class ScheduleState(abc.ABC):
         (Unix seconds, the broker's clock), the physical queue it will be published to, and
         the encoded message -- or ``None`` when it is not on the schedule."""
 
+    async def scheduled_for(self, queues: Sequence[str], purge: bool = False) -> int:
+        """Count the messages on the schedule bound for the physical ``queues`` (delays,
+        ETAs, retry backoffs), or, with ``purge``, take them off it, freeing the unique key
+        of each (a ``cancel`` of each, without the cancelled records). Reads the whole
+        schedule (the queue of an entry is in its data), page by page.
+
+        Returns:
+            How many there are, or how many were taken off.
+
+        Raises:
+            BrokerError: the broker could not be reached.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot list the schedule by queue")
+
     async def server_time(self) -> float:
         """The broker's clock (Unix seconds): what decides when anything is due.
 

@@ -361,7 +361,12 @@
         for (const [key, value] of new FormData($("#filters"))) if (value && key !== "q") payload[key] = value;
         replayAll.replaceChildren(startAll);
         await act("#dl-message", "dead-letters/replay", payload,
-          (r) => `replayed ${r.outcomes.replayed || 0} of ${r.matched} matching dead letter(s)`);
+          (r) => {
+            const again = r.outcomes["dead-lettered again"] || 0;
+            const replayed = (r.outcomes.replayed || 0) + again;
+            const note = again ? ` (${again} of them dead-lettered again already)` : "";
+            return `replayed ${replayed} of ${r.matched} matching dead letter(s)${note}`;
+          });
         offset = 0;
         poller.now();
       });

@@ -36,6 +36,9 @@
 --     marked applies nothing (a retry after a timeout, or a try the server read late, e.g.
 --     buffered while paused): each completion applies once whichever try comes first
 --   {"G", {guard1, ...}}   batch ids whose first try was answered: DEL their marks
+--   {"I", queue, cap, ttl, {score1, member1, notes1, ...}}   tasks that ended from queue,
+--     packed by the client (browse.py, recent_add.lua): the index keeps cap notes, expires
+--     in ttl (s)
 -- Also reads or writes:
 --   {ns}:s:<queue>    XACK/XDEL of acks and tokens, XPENDING of fences, XADD of requeues
 --   {ns}:l:<queue>    LPUSH of requeues (fast mode)
@@ -49,7 +52,8 @@
 --   {ns}:stats        HINCRBY stale_completions
 --   {ns}:cg:<guard>   EXISTS, HGET, HSET or HSETNX, EXPIRE of a "C" entry's guard (see
 --                     above), DEL of a "G" entry's
---   {ns}:recent:<queue>  ZADD, ZREMRANGEBYRANK, EXPIRE of an "I" entry (the ended tasks)
+--   {ns}:ended:<queue>, {ns}:endnotes:<queue>  HSET of the notes, ZADD, ZREM, HDEL, EXPIRE
+--                     of an "I" entry (the ended tasks: recent_add.lua)
 --   ops: {ns}:s:<queue>, {ns}:l:<queue> (publish), {ns}:wf:<workflow_id> and
 --   {ns}:wf:<workflow_id>:j:<join_id> (workflows, chords), {ns}:done:wf:<workflow_id>,
 --   {ns}:u:<key> (unique_release), {ns}:lk:<key> (lock_release), {ns}:p:<task_id> and
@@ -389,9 +393,10 @@ end
 
 -- An "R" entry: ack all its ids at once (fenced as "A"), then store and publish the records
 -- of those that were still this consumer's, exactly as a "C" entry with only a record.
--- An "I" entry: note the tasks that ended (the dashboard's index), keep the newest cap.
+-- An "I" entry: note the tasks that ended (the dashboard's index, its entries packed by the
+-- client), keep the newest cap.
 local function ended(c)
-  recent_add(KEY.recent(prefix, c[2]), tonumber(c[5]), tonumber(c[3]), c[4], c[6])
+  recent_add(KEY.ended(prefix, c[2]), KEY.ended_notes(prefix, c[2]), tonumber(c[3]), c[4], c[5])
 end
 
 local function records(c)
@@ -430,7 +435,8 @@ for _, c in ipairs(batch) do
   elseif c[1] == 'A' then
     err = wrong(KEY.stream(prefix, c[2]), 'stream')
   elseif c[1] == 'I' then
-    err = wrong(KEY.recent(prefix, c[2]), 'zset')
+    err = wrong(KEY.ended(prefix, c[2]), 'zset')
+      or wrong(KEY.ended_notes(prefix, c[2]), 'hash')
   elseif c[1] == 'G' then
     err = nil
   else

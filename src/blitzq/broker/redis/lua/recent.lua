@@ -1,17 +1,17 @@
 -- recent.lua: note tasks that ended from one queue in its index (the dashboard's list).
--- KEYS[1] {ns}:recent:<queue>  the index of ended tasks (zset: "<state>\n<task>\n<task_id>"
---         scored by end time, Unix seconds)
--- ARGV[1] now (Unix seconds, the worker's clock), ARGV[2] cap (entries kept), ARGV[3] ttl
--- (s), ARGV[4] the members as one MessagePack array of str (one argument: the client
--- encodes no per-member argument)
--- Each member is scored now plus a microsecond per place; the index keeps its newest cap and
--- expires ttl seconds after this write. A key of another type is an error (nothing written).
--- Returns the index's size.
+-- KEYS[1] {ns}:ended:<queue>     the index of ended tasks (zset: see recent_add.lua)
+-- KEYS[2] {ns}:endnotes:<queue>  the notes of its members (hash)
+-- ARGV[1] cap (notes kept at least), ARGV[2] ttl (s), ARGV[3..] the entries, three
+-- arguments each: a score (Unix microseconds, the worker's clock, a whole number), its
+-- member "<n>:<token>", and its notes, or '' when the client wrote them (HSET) in KEYS[2]
+-- just before this call (large ones: browse.py), as many as the client packed (at most
+-- 1,000 notes each)
+-- The index keeps its newest cap notes (and fewer than cap plus its oldest member's) and both
+-- keys expire ttl seconds after this write. A key of another type is an error, raised
+-- before any write: the client's HSET refuses a wrong KEYS[2], recent_add's first call
+-- (ZSCORE) a wrong KEYS[1] (notes the client wrote then expire with their hash).
+-- Returns the notes the index holds.
 --@include recent_add.lua
-local t = redis.call('TYPE', KEYS[1])
-t = type(t) == 'table' and t['ok'] or t
-if t ~= 'none' and t ~= 'zset' then
-  return redis.error_reply('key ' .. KEYS[1] .. ' holds a ' .. t .. ', not a zset')
-end
-recent_add(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], cmsgpack.unpack(ARGV[4]))
-return redis.call('ZCARD', KEYS[1])
+local entries = {}
+for i = 3, #ARGV do entries[i - 2] = ARGV[i] end
+return recent_add(KEYS[1], KEYS[2], tonumber(ARGV[1]), ARGV[2], entries)

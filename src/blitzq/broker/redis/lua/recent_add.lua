@@ -1,27 +1,45 @@
 -- recent_add.lua: the index of the tasks that ended from a queue (the dashboard's list),
 -- included by complete.lua ("I" entries) and recent.lua (a line "--@include recent_add.lua");
--- not called on its own. Its function takes the index's key and writes:
---   {ns}:recent:<queue>  "<state>\n<task>\n<task_id>" scored by end time (zset)
+-- not called on its own. Its function takes the index's keys and writes:
+--   {ns}:ended:<queue>     a member "<n>:<token>" per write of n notes (zset), scored by the
+--                          write's time (Unix microseconds); '#' scored minus the notes held
+--   {ns}:endnotes:<queue>  a member's notes (hash: member -> its notes): HSET of those given
+--                          here, HDEL when the member goes
+-- Large notes are written by the client (HSET) and not given here: this script reads only
+-- the counts at the head of the members (a string given to Lua costs a hash of every byte).
 -- No KEYS or ARGV of its own.
 -- Returns nothing: it defines recent_add.
 
--- Add members to the index at key, each scored now (Unix seconds, the worker's clock) plus a
--- microsecond per member added by this script so far (no two of one call share a score, so
--- a cursor on the score never skips one), then keep its newest cap and let it expire in ttl.
-local recent_seq = 0
-local function recent_add(key, now, cap, ttl, members)
-  local args, n = {}, 0
-  for i = 1, #members do
-    recent_seq = recent_seq + 1
-    args[n + 1] = string.format('%.6f', now + recent_seq / 1000000)
-    args[n + 2] = members[i]
-    n = n + 2
-    if n >= 1000 then
-      redis.call('ZADD', key, unpack(args, 1, n))
-      n = 0
+-- Add entries (score, member, notes, score, member, notes, ...: what the client made; notes
+-- '' when the client wrote them) to the index at key and its notes at notes_key, then drop
+-- its oldest members (and their notes) while the others still hold cap notes (so it keeps
+-- at least the newest cap notes, and fewer than cap plus its oldest member's), and let both
+-- keys expire in ttl. A member already there is not counted twice.
+-- Returns the notes held.
+local function recent_add(key, notes_key, cap, ttl, entries)
+  local held = tonumber(redis.call('ZSCORE', key, '#'))
+  held = held and -held or 0
+  for i = 1, #entries - 2, 3 do
+    local member, notes = entries[i + 1], entries[i + 2]
+    if notes ~= '' then redis.call('HSET', notes_key, member, notes) end
+    if redis.call('ZADD', key, entries[i], member) == 1 then
+      held = held + (tonumber(string.match(member, '^%d+')) or 0)
     end
   end
-  if n > 0 then redis.call('ZADD', key, unpack(args, 1, n)) end
-  redis.call('ZREMRANGEBYRANK', key, 0, -(cap + 1))
+  while held > cap do
+    local oldest = redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'LIMIT', 0, 1)[1]
+    if not oldest then
+      held = 0
+      break
+    end
+    local n = tonumber(string.match(oldest, '^%d+')) or 0
+    if held - n < cap then break end
+    redis.call('ZREM', key, oldest)
+    redis.call('HDEL', notes_key, oldest)
+    held = held - n
+  end
+  redis.call('ZADD', key, -held, '#')
   redis.call('EXPIRE', key, ttl)
+  redis.call('EXPIRE', notes_key, ttl)
+  return held
 end

@@ -4,7 +4,9 @@
 -- ARGV[1] group, ARGV[2] consumer that claims, ARGV[3] min idle (ms), ARGV[4] most entries
 -- to claim (count), ARGV[5] max deliveries, ARGV[6] now (Unix seconds, the caller's clock),
 -- ARGV[7] key prefix "{ns}:", ARGV[8] queue name, ARGV[9] dead-letter cap (count),
--- ARGV[10] record ttl (s), ARGV[11] dead-letter TTL (s), ARGV[12] dead-letter byte bound
+-- ARGV[10] record ttl (s), ARGV[11] dead-letter TTL (s), ARGV[12] dead-letter byte bound,
+-- ARGV[13..] consumer, idle (ms), ...: the live holders whose visibility timeout is longer
+-- than ARGV[3], whose entries are taken only once idle that long (claim_idle.lua)
 -- Also writes, for an entry dead-lettered: {ns}:d:<task_id>, {ns}:dlq:size, {ns}:dlq:bytes
 -- (dead_letters.lua), its record {ns}:t:<task_id> (SET EX) and {ns}:done:<task_id>
 -- (PUBLISH '1').
@@ -17,9 +19,10 @@ local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 local max_deliveries, now, prefix, queue = tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8]
 --@include dead_letters.lua
 --@include envelope_head.lua
-local claimed = redis.call('XAUTOCLAIM', stream, group, consumer, ARGV[3], '0-0', 'COUNT', ARGV[4])
+--@include claim_idle.lua
+local claimed = claim_idle(stream, group, consumer, ARGV[3], ARGV[4], claim_waits(13))
 local requeued, dead = 0, 0
-for _, entry in ipairs(claimed[2]) do
+for _, entry in ipairs(claimed) do
   local id, fields = entry[1], entry[2]
   local message, deliveries = nil, 1
   if fields then

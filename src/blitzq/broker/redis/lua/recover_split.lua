@@ -5,7 +5,9 @@
 -- KEYS[1] {ns}:s:<queue>  the stream (consumer group ARGV[1]); on the spread layout its
 --                         key is {<ns>:q:<queue>}:s:<level> (spread.py)
 -- ARGV[1] group, ARGV[2] consumer that claims, ARGV[3] min idle (ms), ARGV[4] most entries
--- to claim (count), ARGV[5] max deliveries
+-- to claim (count), ARGV[5] max deliveries, ARGV[6..] consumer, idle (ms), ...: the live
+-- holders whose visibility timeout is longer than ARGV[3], whose entries are taken only once
+-- idle that long (claim_idle.lua)
 -- An entry under the budget is re-added with its delivery count ("d" field) plus one; an
 -- entry at the budget, or without a message field, stays pending, claimed by ARGV[2] with
 -- its idle time reset: if the caller dies before acking it, a later recovery hands it out
@@ -14,9 +16,10 @@
 -- a message field (message: its fields, MessagePack).
 local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 local max_deliveries = tonumber(ARGV[5])
-local claimed = redis.call('XAUTOCLAIM', stream, group, consumer, ARGV[3], '0-0', 'COUNT', ARGV[4])
+--@include claim_idle.lua
+local claimed = claim_idle(stream, group, consumer, ARGV[3], ARGV[4], claim_waits(6))
 local out = {0}
-for _, entry in ipairs(claimed[2]) do
+for _, entry in ipairs(claimed) do
   local id, fields = entry[1], entry[2]
   local message, deliveries = nil, 1
   if fields then

@@ -4,6 +4,7 @@
 -- KEYS[2] {ns}:workers:exp      worker key -> registration expiry (ZREM)
 -- KEYS[3] {ns}:workers:counts   worker key -> "<processed> <failed>" already in {ns}:stats
 -- KEYS[4] {ns}:stats            namespace counters: HINCRBY processed, failed
+-- KEYS[5] {ns}:workers:vt       worker key -> its visibility timeout (ZREM)
 -- ARGV[1] worker key; ARGV[2], ARGV[3] the worker's runs that succeeded and failed since it
 -- started.
 -- A worker with no entry in KEYS[3] adds nothing: it was unregistered already (this call
@@ -15,6 +16,7 @@ local id = ARGV[1]
 local base = wc_recorded(KEYS[3], id)
 redis.call('HDEL', KEYS[1], id)
 redis.call('ZREM', KEYS[2], id)
+redis.call('ZREM', KEYS[5], id)
 if not base then
   redis.call('HDEL', KEYS[3], id)
   return 0
