@@ -124,8 +124,9 @@ class Broker:
 
     task_ids: Callable[[str], str] | None = None
     """Makes the id of a task sent to a physical queue when the caller chose none; ``None``:
-    128 random bits in hex. The spread layout of a Redis Cluster homes ids on their queue's
-    slot (:func:`~blitzq.broker.redis.homes.homed_id`)."""
+    :func:`~blitzq.routing.new_task_id` (24 characters, 120 random bits). The spread layout
+    of a Redis Cluster homes ids on their queue's slot
+    (:func:`~blitzq.broker.redis.homes.homed_id`)."""
 
     def __init__(
         self,
