@@ -163,7 +163,7 @@ class Producer:
             unique_key=opts.unique_key,
             options=to_plain(dict(opts.extensions)) if opts.extensions else None,
             # An explicit id: this enqueue's mark, the owner of the id's record once sent.
-            nonce=os.urandom(8).hex() if opts.task_id else None,
+            nonce=urandom(8).hex() if opts.task_id else None,
         )
 
     def stores_result(self, task: Task[Any, Any] | None) -> bool | None:
