@@ -105,7 +105,8 @@ async def why_no_result(broker: Broker, namespace: str, task_id: str, queue: str
         entry = await broker.scheduled_entry(task_id)
         if entry is not None:
             wait = entry[0] - await broker.server_time()
-            return f"; it is scheduled, due in {wait:.1f} s" if wait > 0 else "; it is due"
+            due = f"; it is scheduled, due in {wait:.1f} s" if wait > 0 else "; it is due"
+            return due + await unknown_task_note(broker, entry[2], entry[1])
         workers = await broker.workers()
     except BrokerError:
         return ""
@@ -117,16 +118,64 @@ async def why_no_result(broker: Broker, namespace: str, task_id: str, queue: str
     if queue is None:
         return ""
     wanted = base_queue(queue)
+    if _consumers(workers, wanted):
+        return ""
+    return (
+        f"; no live worker consumes queue {wanted!r} in namespace {namespace!r} "
+        f"({len(workers)} worker(s) run other queues: start one with -Q {wanted})"
+    )
+
+
+def _consumers(workers: dict[str, bytes], wanted: str) -> list[dict[str, object]]:
+    """The registrations in ``workers`` (raw, by worker id) of the workers that consume
+    base queue ``wanted``; unreadable ones are left out."""
+    found = []
     for raw in workers.values():
         try:
             info = loads(raw)
         except SerializationError:
             continue
         if isinstance(info, dict) and wanted in (info.get("queues") or ()):
+            found.append(info)
+    return found
+
+
+async def unknown_task_note(broker: Broker, message: bytes, queue: str) -> str:
+    """Why a scheduled message may never run: no live worker that consumes its queue knows
+    its task's name (each one that takes it puts it back on the schedule for a worker that
+    knows it, and dead-letters it ``unknown_task_grace`` seconds after its first enqueue:
+    see :mod:`blitzq.worker.unknown`).
+
+    Args:
+        broker: the Queue's broker of the running loop.
+        message: the scheduled message (an encoded envelope).
+        queue: the physical queue it goes to when due.
+
+    Returns:
+        ``""`` (the message cannot be decoded, no live worker consumes the queue, one of them
+        knows the task, or one registered without its task names) or a clause starting with
+        ``"; "`` naming the task.
+
+    Raises:
+        BrokerError: the server cannot be reached.
+    """
+    try:
+        task = decode_envelope(message).task
+    except SerializationError:
+        return ""
+    wanted = base_queue(queue)
+    consumers = _consumers(await broker.workers(), wanted)
+    if not consumers:
+        return ""
+    for info in consumers:
+        names = info.get("tasks")
+        if not isinstance(names, list) or task in names:
             return ""
     return (
-        f"; no live worker consumes queue {wanted!r} in namespace {namespace!r} "
-        f"({len(workers)} worker(s) run other queues: start one with -Q {wanted})"
+        f"; no live worker that consumes queue {wanted!r} knows a task named {task!r} "
+        f"({len(consumers)} worker(s)): a worker puts such a message back on the schedule "
+        "for a worker that knows it, and dead-letters it ('unknown task') "
+        "unknown_task_grace (default 300 s) after its enqueue; check the task's name"
     )
 
 
