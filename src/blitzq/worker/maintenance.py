@@ -205,7 +205,7 @@ class Maintenance:
         #: The paused queues, followed and applied to the transport (``pausing.py``).
         self.pausing = Pausing(worker, broker)
         #: The event loop's stalls, noticed by a sleeper of its own (``stalls.py``).
-        self.stalls = StallWatch(vt)
+        self.stalls = StallWatch.of(vt, broker)
 
     async def start(self) -> list[asyncio.Task[None]]:
         """Register the worker and load the cancelled ids, then start the loops; the worker
