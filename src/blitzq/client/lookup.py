@@ -180,7 +180,12 @@ async def unknown_task_note(broker: Broker, message: bytes, queue: str) -> str:
 
 
 async def end_if_gone(
-    broker: Broker, task_id: str, queue: str, seen: TaskRecord | None, result_ttl: int
+    broker: Broker,
+    task_id: str,
+    queue: str,
+    seen: TaskRecord | None,
+    result_ttl: int,
+    age: float | None = None,
 ) -> None:
     """End a result wait that found no record when its task is known nowhere any more:
     ``broker.state.records.trace_task`` (one atomic look: no record, not on the schedule, no
@@ -190,8 +195,12 @@ async def end_if_gone(
     per event loop; a store that cannot tell
     (``None``) or cannot be reached ends nothing: the wait goes on to its timeout.
 
+    ``age``: seconds since the caller sent the task, when it did (``None``: unknown).
+
     Raises:
-        ResultExpired: the task is known nowhere; the message names ``result_ttl`` (s).
+        ResultExpired: the task is known nowhere; the message names ``result_ttl`` (s), and
+            for a task sent less than ``result_ttl`` ago says that the server lost its data
+            (a record lives ``result_ttl`` from its write, after the send).
     """
     loop = asyncio.get_running_loop()
     gate = _tracing.get(loop)
@@ -205,9 +214,17 @@ async def end_if_gone(
     if known is not False:
         return
     before = f" (it was {seen.state.value} when this wait read it)" if seen is not None else ""
+    if age is not None and age < result_ttl:
+        why = (
+            f"it was sent {age:.1f} s ago, less than result_ttl ({result_ttl} s), so its "
+            "record did not expire: the server lost its data (a restart without persistence, "
+            "a flush, an eviction under its maxmemory-policy), unless the workers keep "
+            "records for a shorter result_ttl"
+        )
+    else:
+        why = f"records expire result_ttl ({result_ttl} s) after they are written"
     raise ResultExpired(
         task_id,
         f"no result can arrive for task {task_id}: its record is gone{before} and it is "
-        f"neither scheduled nor in queue {queue!r}; records expire result_ttl "
-        f"({result_ttl} s) after they are written",
+        f"neither scheduled nor in queue {queue!r}; {why}",
     )
