@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from . import _checks
@@ -26,6 +27,7 @@ class ResultReader(Protocol):
         queue: str | None = None,
         since: object | None = None,
         sent: bool = False,
+        sent_at: float | None = None,
     ) -> Any:
         """Wait for the task's result (see :meth:`TaskHandle.result`)."""
         ...
@@ -78,6 +80,7 @@ class TaskHandle(Generic[R]):
         "_portal",
         "_results",
         "_sent",
+        "_sent_at",
         "_since",
         "duplicate",
         "id",
@@ -100,6 +103,9 @@ class TaskHandle(Generic[R]):
         self._results = owner._results
         #: Whether this process sent the task (so a wait may end once it is known nowhere).
         self._sent = sent
+        #: When it was sent (``time.monotonic()``), or ``None``: a ResultExpired can then
+        #: tell a record lost early (the server lost its data) from one past result_ttl.
+        self._sent_at = time.monotonic() if sent else None
         self.id = task_id
         self.queue = queue
         self.task = task
@@ -137,7 +143,7 @@ class TaskHandle(Generic[R]):
             value: R = await self._results.no_stored_result(self.id)
             return value
         value = await self._results.wait_result(
-            self.id, timeout, self.queue, self._since, self._sent
+            self.id, timeout, self.queue, self._since, self._sent, self._sent_at
         )
         decoded: R = self._results.decode_result(self.task, value)  # a rich return annotation
         return decoded

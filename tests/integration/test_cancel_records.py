@@ -258,6 +258,36 @@ async def test_result_of_an_expired_record_ends_without_a_timeout(
         await queue.close()
 
 
+async def test_a_record_lost_before_its_ttl_is_named_as_lost(
+    make_queue: Callable[..., Queue], quick_trace: None
+) -> None:
+    """A record gone seconds after the task was sent did not expire (result_ttl is a day):
+    the server lost it (a restart without persistence, a flush, an eviction). A user saw
+    "records expire result_ttl (86400 s) after they are written" for a 20-second-old task;
+    the handle knows when it sent the task and says what happened instead."""
+    queue = make_queue(name="cr")
+
+    @queue.task(name="cr.lost")
+    async def lost() -> int:
+        return 5
+
+    try:
+        async with running(make_worker(queue)):
+            handle = await lost.enqueue()
+            assert await handle.result(timeout=30) == 5
+        records: Any = queue.broker.state.records
+        assert await records.client.delete(records.keys.record(handle.id)) == 1  # as a flush
+        handle._since = None  # a wait not vouched by this process's listener
+        with pytest.raises(ResultExpired) as info:
+            await asyncio.wait_for(handle.result(timeout=None), 30.0)
+        message = str(info.value)
+        assert f"less than result_ttl ({queue.result_ttl} s)" in message
+        assert "the server lost its data (a restart without persistence" in message
+        assert "records expire result_ttl" not in message
+    finally:
+        await queue.close()
+
+
 async def test_a_wait_for_a_task_still_to_come_goes_on(
     make_queue: Callable[..., Queue], quick_trace: None
 ) -> None:

@@ -327,6 +327,20 @@ async def test_resize_and_shut_down_a_worker(queue: Queue) -> None:
         await eventually(queue.broker.workers, lambda w: worker.id not in w)
 
 
+async def test_a_restarted_worker_starts_with_its_configured_concurrency(queue: Queue) -> None:
+    """A resize asked of a worker is kept under its id until the worker takes it; a worker
+    restarted under the same id (a supervisor's slot: resized, then shut down before its
+    maintenance round took the size) starts with its configured concurrency all the same:
+    it drops the size asked of the process that stopped before it registers."""
+    registry: Any = queue.broker.state.registry
+    await queue.broker.request_resize("slot:1", 7)  # left by the process that stopped
+    again = make_worker(queue, concurrency=4, name="slot:1")
+    async with running(again):
+        await eventually(queue.broker.workers, lambda w: "slot:1" in w)
+        assert not await registry.client.hexists(registry.keys.worker_sizes, "slot:1")
+        assert again.concurrency == 4
+
+
 async def test_series_of_the_workers(queue: Queue) -> None:
     add = queue.tasks["math.add"]
     handles = [await add.enqueue(i, 1) for i in range(5)]

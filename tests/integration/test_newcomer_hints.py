@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Callable
@@ -84,6 +85,39 @@ async def test_scheduled_task_is_inspected_with_its_due_time(queue: Queue) -> No
         await handle.result(timeout=0.2)
     # Nothing known of an id never enqueued.
     assert await queue.inspect("never-enqueued") is None
+
+
+async def test_scheduled_task_no_live_worker_knows_is_named(
+    queue: Queue, server_url: str, namespace: str
+) -> None:
+    """A name no worker of the queue knows goes back on the schedule (a rolling deploy's
+    grace), so a wait on it times out "scheduled": the hint and ``task inspect`` say the
+    name is unknown to the live workers instead of only "wait"."""
+
+    @queue.task(name="hint.known")
+    async def known() -> None:
+        return None
+
+    async with running(make_worker(queue, concurrency=1)):
+        await eventually(queue.broker.workers, bool)  # registered
+        unknown = await queue.send("hint.nope", delay=600)
+        with pytest.raises(ResultTimeout, match="it is scheduled, due in") as caught:
+            await unknown.result(timeout=0.2)
+        assert "no live worker that consumes queue 'default' knows a task named 'hint.nope'" in (
+            str(caught.value)
+        )
+        args = ["--redis-url", server_url, "--namespace", namespace, "--json"]
+        inspect = [*args, "task", "inspect"]
+        shown = await asyncio.to_thread(CliRunner().invoke, cli_main, [*inspect, unknown.id])
+        assert shown.exit_code == 0, shown.output
+        assert "knows a task named 'hint.nope'" in json.loads(shown.stdout)["note"]
+        # A name a live worker knows waits on its delay: no such note.
+        later = await known.options(delay=600).enqueue()
+        with pytest.raises(ResultTimeout, match="it is scheduled, due in") as caught:
+            await later.result(timeout=0.2)
+        assert "knows a task named" not in str(caught.value)
+        shown = await asyncio.to_thread(CliRunner().invoke, cli_main, [*inspect, later.id])
+        assert json.loads(shown.stdout)["note"] is None
 
 
 def test_cli_task_inspect_shows_a_scheduled_task(

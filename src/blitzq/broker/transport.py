@@ -94,6 +94,9 @@ class Transport(abc.ABC):
     guarantee: Guarantee
     supports_recovery: bool = False
     """Whether abandoned deliveries can be recovered (leases, heartbeat, recover)."""
+    recovers_on_silence: bool = False
+    """Whether the server takes back a consumer's deliveries when its connection falls silent
+    (RabbitMQ: missed AMQP heartbeats) rather than by leases other workers claim."""
     hands_back: bool = False
     """Whether :meth:`nack` puts a delivery back on its queue at once without spending its
     delivery budget (RabbitMQ: republish, then ack). The facade then hands a worker's unstarted

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from ..broker.eviction import check_eviction
 from ..client.admin import worker_document
+from ..client.lookup import unknown_task_note
 from ..client.task_args import dead_letter_of, task_arguments
 from ..exceptions import ConfigurationError
 from ..json_input import parse_json
@@ -90,7 +91,9 @@ def task_inspect(task_id: str) -> None:
     Shows the task's latest progress report too, when it made one, and for a task waiting
     on the schedule (a delay, an eta, a retry's backoff) when it is due. The arguments are
     a preview (at most 2048 bytes) from the record, else the dead letter or the scheduled
-    message (``args_from`` says which); when none has them, ``args_note`` says why. Exits 1
+    message (``args_from`` says which); when none has them, ``args_note`` says why. A
+    scheduled task whose name no live worker of its queue knows gets a ``note`` saying so
+    (it is put back on the schedule, then dead-lettered ``unknown task``). Exits 1
     when nothing is known of it (never enqueued, waiting in its queue or running without
     track_state, or expired after result_ttl); exits 2 when TASK_ID cannot be a task id
     (empty, too long, holding a space or a newline).
@@ -104,7 +107,12 @@ def task_inspect(task_id: str) -> None:
         if record is None:
             return None, None, {}
         letter = await dead_letter_of(q.broker, task_id)
-        return record, progress, await task_arguments(q.broker, record, letter)
+        arguments = await task_arguments(q.broker, record, letter)
+        arguments["note"] = None
+        entry = await q.broker.scheduled_entry(task_id) if record.due_at is not None else None
+        if entry is not None:  # a name no live worker knows: it would wait here, then die
+            arguments["note"] = (await unknown_task_note(q.broker, entry[2], entry[1]))[2:] or None
+        return record, progress, arguments
 
     record, progress, arguments = run_with_queue(fetch)
     if record is None:
@@ -149,6 +157,8 @@ def task_inspect(task_id: str) -> None:
         table.add_row("error", Text(f"{record.error_type or 'error'}: {record.error or ''}"))
     if doc["due_at"]:
         table.add_row("due", Text(doc["due_at"]))
+    if doc["note"]:
+        table.add_row("note", Text(doc["note"], style="yellow"))
     for key in ("enqueued_at", "started_at", "finished_at"):
         table.add_row(key.replace("_at", ""), Text(doc[key] or "-"))
     if doc["duration"] is not None:

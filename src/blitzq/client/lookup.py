@@ -105,7 +105,8 @@ async def why_no_result(broker: Broker, namespace: str, task_id: str, queue: str
         entry = await broker.scheduled_entry(task_id)
         if entry is not None:
             wait = entry[0] - await broker.server_time()
-            return f"; it is scheduled, due in {wait:.1f} s" if wait > 0 else "; it is due"
+            due = f"; it is scheduled, due in {wait:.1f} s" if wait > 0 else "; it is due"
+            return due + await unknown_task_note(broker, entry[2], entry[1])
         workers = await broker.workers()
     except BrokerError:
         return ""
@@ -117,21 +118,74 @@ async def why_no_result(broker: Broker, namespace: str, task_id: str, queue: str
     if queue is None:
         return ""
     wanted = base_queue(queue)
-    for raw in workers.values():
-        try:
-            info = loads(raw)
-        except SerializationError:
-            continue
-        if isinstance(info, dict) and wanted in (info.get("queues") or ()):
-            return ""
+    if _consumers(workers, wanted):
+        return ""
     return (
         f"; no live worker consumes queue {wanted!r} in namespace {namespace!r} "
         f"({len(workers)} worker(s) run other queues: start one with -Q {wanted})"
     )
 
 
+def _consumers(workers: dict[str, bytes], wanted: str) -> list[dict[str, object]]:
+    """The registrations in ``workers`` (raw, by worker id) of the workers that consume
+    base queue ``wanted``; unreadable ones are left out."""
+    found = []
+    for raw in workers.values():
+        try:
+            info = loads(raw)
+        except SerializationError:
+            continue
+        if isinstance(info, dict) and wanted in (info.get("queues") or ()):
+            found.append(info)
+    return found
+
+
+async def unknown_task_note(broker: Broker, message: bytes, queue: str) -> str:
+    """Why a scheduled message may never run: no live worker that consumes its queue knows
+    its task's name (each one that takes it puts it back on the schedule for a worker that
+    knows it, and dead-letters it ``unknown_task_grace`` seconds after its first enqueue:
+    see :mod:`blitzq.worker.unknown`).
+
+    Args:
+        broker: the Queue's broker of the running loop.
+        message: the scheduled message (an encoded envelope).
+        queue: the physical queue it goes to when due.
+
+    Returns:
+        ``""`` (the message cannot be decoded, no live worker consumes the queue, one of them
+        knows the task, or one registered without its task names) or a clause starting with
+        ``"; "`` naming the task.
+
+    Raises:
+        BrokerError: the server cannot be reached.
+    """
+    try:
+        task = decode_envelope(message).task
+    except SerializationError:
+        return ""
+    wanted = base_queue(queue)
+    consumers = _consumers(await broker.workers(), wanted)
+    if not consumers:
+        return ""
+    for info in consumers:
+        names = info.get("tasks")
+        if not isinstance(names, list) or task in names:
+            return ""
+    return (
+        f"; no live worker that consumes queue {wanted!r} knows a task named {task!r} "
+        f"({len(consumers)} worker(s)): a worker puts such a message back on the schedule "
+        "for a worker that knows it, and dead-letters it ('unknown task') "
+        "unknown_task_grace (default 300 s) after its enqueue; check the task's name"
+    )
+
+
 async def end_if_gone(
-    broker: Broker, task_id: str, queue: str, seen: TaskRecord | None, result_ttl: int
+    broker: Broker,
+    task_id: str,
+    queue: str,
+    seen: TaskRecord | None,
+    result_ttl: int,
+    age: float | None = None,
 ) -> None:
     """End a result wait that found no record when its task is known nowhere any more:
     ``broker.state.records.trace_task`` (one atomic look: no record, not on the schedule, no
@@ -141,8 +195,12 @@ async def end_if_gone(
     per event loop; a store that cannot tell
     (``None``) or cannot be reached ends nothing: the wait goes on to its timeout.
 
+    ``age``: seconds since the caller sent the task, when it did (``None``: unknown).
+
     Raises:
-        ResultExpired: the task is known nowhere; the message names ``result_ttl`` (s).
+        ResultExpired: the task is known nowhere; the message names ``result_ttl`` (s), and
+            for a task sent less than ``result_ttl`` ago says that the server lost its data
+            (a record lives ``result_ttl`` from its write, after the send).
     """
     loop = asyncio.get_running_loop()
     gate = _tracing.get(loop)
@@ -156,9 +214,17 @@ async def end_if_gone(
     if known is not False:
         return
     before = f" (it was {seen.state.value} when this wait read it)" if seen is not None else ""
+    if age is not None and age < result_ttl:
+        why = (
+            f"it was sent {age:.1f} s ago, less than result_ttl ({result_ttl} s), so its "
+            "record did not expire: the server lost its data (a restart without persistence, "
+            "a flush, an eviction under its maxmemory-policy), unless the workers keep "
+            "records for a shorter result_ttl"
+        )
+    else:
+        why = f"records expire result_ttl ({result_ttl} s) after they are written"
     raise ResultExpired(
         task_id,
         f"no result can arrive for task {task_id}: its record is gone{before} and it is "
-        f"neither scheduled nor in queue {queue!r}; records expire result_ttl "
-        f"({result_ttl} s) after they are written",
+        f"neither scheduled nor in queue {queue!r}; {why}",
     )

@@ -136,12 +136,15 @@ class Results:
         queue: str | None = None,
         since: object | None = None,
         sent: bool = False,
+        sent_at: float | None = None,
     ) -> Any:
         """:meth:`get_result`, given the task's physical ``queue`` when the caller knows it (a
         handle does), so that a timeout can say that no worker consumes that queue, and the
         broker's ``since`` mark taken when the task was sent (see
         :meth:`~blitzq.broker.state.RecordsState.wait_for_record`); ``sent``: the caller sent it
-        (:func:`~blitzq.client.lookup.end_if_gone` may end the wait early)."""
+        (:func:`~blitzq.client.lookup.end_if_gone` may end the wait early), at ``sent_at``
+        (``time.monotonic()``) when known: its ``ResultExpired`` then tells a record lost
+        before ``result_ttl`` from one that expired."""
         task_id = check_task_id("task id", task_id)
         timeout = _checks.wait(timeout)
         wait = _FOREVER if timeout is None else max(0.0, timeout)
@@ -177,6 +180,7 @@ class Results:
                             where,
                             seen,
                             self.queue.result_ttl,
+                            None if sent_at is None else time.monotonic() - sent_at,
                         ),
                         deadline,
                     )

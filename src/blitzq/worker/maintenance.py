@@ -205,12 +205,13 @@ class Maintenance:
         #: The paused queues, followed and applied to the transport (``pausing.py``).
         self.pausing = Pausing(worker, broker)
         #: The event loop's stalls, noticed by a sleeper of its own (``stalls.py``).
-        self.stalls = StallWatch(vt)
+        self.stalls = StallWatch.of(vt, broker)
 
     async def start(self) -> list[asyncio.Task[None]]:
         """Register the worker and load the cancelled ids, then start the loops; the worker
         cancels them at shutdown. The registration comes before the first fetch, so what a
         worker counts is all in registrations that observers (the dashboard's rates) see."""
+        await self._sync_size(earlier=True)
         try:
             await self.register()
         except BrokerError as exc:  # the maintenance loop tries again
@@ -384,11 +385,12 @@ class Maintenance:
             slots.global_limiter.resize(concurrency)
         logger.info("worker %s resized: concurrency=%d", self.worker.id, concurrency)
 
-    async def _sync_size(self) -> None:
-        """Take a resize asked of this worker whose push it missed (the dashboard's)."""
+    async def _sync_size(self, earlier: bool = False) -> None:
+        """Take a resize asked of this worker whose push it missed (the dashboard's); at
+        start (``earlier``), drop one asked of an earlier process under this id instead."""
         try:
             size = await self.broker.take_resize(self.worker.id)
-            if size is not None and size != self.worker.concurrency:
+            if size is not None and size != self.worker.concurrency and not earlier:
                 self.resize(size)
         except (BlitzQError, NotImplementedError) as exc:
             logger.debug("maintenance: reading a resize: %s", exc)

@@ -104,7 +104,7 @@ class AmqpTransport(Transport):
     """
 
     guarantee = Guarantee.AT_LEAST_ONCE
-    supports_recovery = True
+    supports_recovery = recovers_on_silence = True  # missed heartbeats: redelivered
     hands_back = True  # nack: republish with confirms, then ack (no delivery spent)
 
     def __init__(

@@ -155,7 +155,8 @@ TABLE: Final[dict[str, Key]] = {
         "worker id to registration info (MessagePack); liveness in workers:exp"),
     "worker_sizes": Key("workers:size", "hash",
         "worker id to the concurrency it was asked to run (dashboard resize): taken by the "
-        "worker at its next maintenance round if it missed the push"),
+        "worker at its next maintenance round if it missed the push; dropped by a worker "
+        "starting under that id"),
     "worker_beats": Key("workers:exp", "zset",
         "worker ids scored by registration expiry (Unix seconds)"),
     "worker_timeouts": Key("workers:vt", "zset",
