@@ -30,6 +30,8 @@ from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
 from pamqp.header import ContentHeader
 
+from .closing import FAILURES
+
 
 class Received:
     """One message delivered to a consumer's channel (by ``basic.deliver`` or ``basic.get``).
@@ -248,7 +250,7 @@ class Consumer:
             for tag in behind:
                 if unacked.pop(tag, None) is not None:
                     await raw.basic_ack(tag, wait=False)
-        except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError):
+        except FAILURES:
             unacked.clear()  # the channel is going: RabbitMQ redelivers what it held
 
 
