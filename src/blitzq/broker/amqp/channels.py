@@ -41,7 +41,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
-from ...exceptions import BlitzQError, BrokerError, ConfigurationError
+from ...exceptions import BlitzQError, BrokerError, BrokerRefusedSettings, ConfigurationError
 from ...redaction import mask_url
 from ..factory import AMQP_RESERVED_QUEUE, amqp_hosts, check_amqp_queue
 from .closing import FAILURES, CloseNotice, describe
@@ -99,22 +99,34 @@ def server_close(exc: BaseException) -> tuple[int, str] | None:
 
 def translate(exc: BaseException, what: str) -> Exception:
     """The blitzq error for an aio-pika/aiormq failure while doing ``what``: RabbitMQ's
-    refusal of a login or vhost in its own words, and not transient. A blitzq error (one of
-    the transport's own, raised inside a ``try`` that catches :data:`FAILURES`) is returned
-    as it is."""
+    refusal of a login or vhost in its own words, a
+    :class:`~blitzq.exceptions.BrokerRefusedSettings` (a configuration error: never
+    retried). A blitzq error (one of the transport's own, raised inside a ``try`` that
+    catches :data:`FAILURES`) is returned as it is."""
     if isinstance(exc, BlitzQError):
         return exc
     closed = server_close(exc) if isinstance(exc, aiormq.exceptions.AMQPError) else None
     if closed is not None:
         code, text = closed
-        return BrokerError(
-            f"RabbitMQ closed the connection ({what}): {code} {text}",
-            transient=code not in REFUSALS,
-        )
+        if code == 530:
+            return BrokerRefusedSettings(
+                f"RabbitMQ refused the virtual host of the AMQP URL ({what}): {code} {text} "
+                "(use one that exists and that the user may use: the URL's path, "
+                "amqp://host:port/VHOST, %2F for the default '/')"
+            )
+        if code in REFUSALS:
+            return BrokerRefusedSettings(
+                f"RabbitMQ refused the AMQP URL's credentials ({what}): {code} {text} "
+                "(check the user name and password in the URL)"
+            )
+        return BrokerError(f"RabbitMQ closed the connection ({what}): {code} {text}")
     if isinstance(
         exc, (aiormq.exceptions.ProbableAuthenticationError, aiormq.exceptions.AuthenticationError)
     ):
-        return BrokerError(f"RabbitMQ refused {what}: {exc}", transient=False)
+        return BrokerRefusedSettings(
+            f"RabbitMQ refused the AMQP URL's credentials ({what}): {exc} (check the user "
+            "name and password in the URL)"
+        )
     if isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed):
         return ConfigurationError(
             f"RabbitMQ refused {what}: {exc} (a queue of this name was declared with other "
