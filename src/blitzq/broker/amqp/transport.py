@@ -187,6 +187,8 @@ class AmqpTransport(Transport):
         again and consumed on a new channel)."""
         consumer = self.consumers.get(queue)
         if consumer is not None and self._alive(consumer):
+            if consumer.unconfirmed():  # the loop may have stalled past the heartbeat (SIGSTOP)
+                await consumer.confirm()
             if consumer.stopped:  # its queue was paused: consume on its channel again
                 await self._consume(consumer)
                 consumer.stopped = consumer.asked = False
