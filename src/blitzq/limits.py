@@ -86,7 +86,8 @@ MAX_JSON_DEPTH: Final = 32
 
 #: Longest task id (characters): a ``task_id`` chosen at enqueue, and every id a lookup takes
 #: (``inspect``, ``cancel``, ``get_result``, ``blitzq task inspect``, the dashboard's routes),
-#: by one rule (:func:`blitzq.routing.check_task_id`). Generated ids are 32 characters.
+#: by one rule (:func:`blitzq.routing.check_task_id`). Generated ids are 24 characters
+#: (:func:`blitzq.routing.new_task_id`; on the spread layout 32 hex digits, ``.`` and the queue).
 MAX_TASK_ID: Final = 512
 
 #: Largest request body the dashboard's JSON API reads (bytes); a larger one is answered 413

@@ -112,6 +112,11 @@ class Envelope(msgspec.Struct, array_like=True, gc=False):
             name, plain data, or ``None``: one generic field, so a new per-call option is
             declared and read by its middleware alone (appended last: an older message,
             without it, decodes with ``None``).
+        nonce: the mark of the enqueue made under an explicit ``task_id=`` (random text,
+            kept by retries, recoveries and replays of that enqueue), ``None`` for a generated
+            id. The newest enqueue of an id writes it as the id's owner (``tn:<id>``), and a
+            run of an older enqueue of the id writes no record over the newer one's (see
+            docs/guarantees.md, "re-using an id"; appended last, like ``options``).
     """
 
     id: str
@@ -131,6 +136,7 @@ class Envelope(msgspec.Struct, array_like=True, gc=False):
     max_age: float | None = None
     deferrals: int | None = None
     options: dict[str, Any] | None = None
+    nonce: str | None = None
 
 
 #: Fields always encoded (id … enqueued_at); the optional ones after them may be omitted.

@@ -216,6 +216,27 @@ async def test_complete_with_record_stores_it_with_ttl(broker: Broker) -> None:
     assert (await broker.queue_stats([Q]))[Q]["in_flight"] == 0
 
 
+async def test_a_completion_of_an_older_enqueue_of_an_id_stores_no_record(
+    broker: Broker,
+) -> None:
+    # Two enqueues of the explicit id "x": the newer ("n2") owns its record from its reset on.
+    await consumer(broker)
+    await broker.publish(Q, [message("x"), message("x")])
+    old, new = await broker.fetch(Q, 2, 0)
+    await broker.reset_tasks(["x"], {"x": "n2"}, 60)
+    await broker.complete([Completion(Q, old.token, "x", b"old-run", 60, nonce="n1")])
+    assert await broker.get_record("x") is None  # not the older run's (its ack applies)
+    await broker.complete([Completion(Q, None, "x", b"running", 60, nonce="n2")])
+    assert await broker.get_record("x") == b"running"
+    await broker.complete([Completion(Q, new.token, "x", b"new-run", 60, nonce="n2")])
+    assert await broker.get_record("x") == b"new-run"
+    await broker.complete([Completion(Q, None, "x", b"late", 60, nonce="n1")])  # ends late
+    assert await broker.get_record("x") == b"new-run"
+    # A generated id (no nonce) or a message without a mark writes as always.
+    await broker.complete([Completion(Q, None, "x", b"unmarked", 60)])
+    assert await broker.get_record("x") == b"unmarked"
+
+
 async def test_record_set_get_and_expiry(broker: Broker) -> None:
     assert await broker.get_record("nope") is None
     await broker.set_record("short", b"v", 1)

@@ -124,8 +124,9 @@ class Broker:
 
     task_ids: Callable[[str], str] | None = None
     """Makes the id of a task sent to a physical queue when the caller chose none; ``None``:
-    128 random bits in hex. The spread layout of a Redis Cluster homes ids on their queue's
-    slot (:func:`~blitzq.broker.redis.homes.homed_id`)."""
+    :func:`~blitzq.routing.new_task_id` (24 characters, 120 random bits). The spread layout
+    of a Redis Cluster homes ids on their queue's slot
+    (:func:`~blitzq.broker.redis.homes.homed_id`)."""
 
     def __init__(
         self,
@@ -360,9 +361,11 @@ class Broker:
         """See :meth:`RecordsState.set_record`."""
         await self.state.records.set_record(task_id, record, ttl)
 
-    async def reset_tasks(self, task_ids: Sequence[str]) -> None:
+    async def reset_tasks(
+        self, task_ids: Sequence[str], owners: Mapping[str, str] | None = None, ttl: int = 0
+    ) -> None:
         """See :meth:`RecordsState.reset_tasks`."""
-        await self.state.records.reset_tasks(task_ids)
+        await self.state.records.reset_tasks(task_ids, owners, ttl)
 
     async def wait_for_record(
         self, task_id: str, timeout: float, since: object | None = None

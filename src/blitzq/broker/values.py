@@ -69,6 +69,14 @@ class UniqueSend(NamedTuple):
         delay: seconds from when the broker stores it until it is due (counted on the
             broker's clock), or ``None``: due now, unless ``eta`` is set.
         eta: absolute due time (Unix seconds, compared with the broker's clock), or ``None``.
+        nonce: the enqueue's mark when ``task_id`` is explicit (``Envelope.nonce``), else
+            ``None``. Only when the key is claimed, in the same step, the id starts afresh
+            (as :meth:`~blitzq.broker.state.RecordsState.reset_tasks` with this mark), and
+            ``record`` is stored: a retry that finds the key held by its own id changes
+            nothing of the live task.
+        record: the ``queued`` record to store with a claim under an explicit id
+            (``track_state``), or ``None``.
+        record_ttl: seconds the owner mark and ``record`` live (with ``nonce``).
     """
 
     key: str
@@ -79,6 +87,9 @@ class UniqueSend(NamedTuple):
     fast: bool = False
     delay: float | None = None
     eta: float | None = None
+    nonce: str | None = None
+    record: bytes | None = None
+    record_ttl: int = 0
 
 
 @dataclass(slots=True)
@@ -115,6 +126,12 @@ class Completion:
             *Idempotence* below): ``(batch, index, size)``, the id of the batch of that first
             try, this completion's place among the guarded ones in it and their number;
             ``None`` until then. A producer never sets it.
+        nonce: the mark of the enqueue this completion's run belongs to, for a task
+            enqueued under an explicit id (``Envelope.nonce``), else ``None``. The
+            ``record`` is stored only while the id's owner mark (``tn:<id>``, written by the
+            newest enqueue of the id) is absent or equal to it: a run of an older enqueue of
+            the id writes no record over the newer one's (the rest of the completion
+            applies). ``None`` (generated ids) checks nothing.
 
     Fencing: a completion whose ``token`` (or ``fence``) names a delivery this consumer no
     longer holds (its lease lapsed and the message was recovered) is *stale*; the broker
@@ -148,6 +165,7 @@ class Completion:
     counted: tuple[Any, str] | None = None
     ended: tuple[str, int, int] | None = None
     guard: tuple[str, int, int] | None = None
+    nonce: str | None = None
 
 
 @dataclass(slots=True, frozen=True)

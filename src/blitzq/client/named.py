@@ -14,7 +14,7 @@ from ..exceptions import ConfigurationError
 from ..extensions import builtin_middleware
 from ..extensions.middleware import Outgoing
 from ..options import call_options, declared_call_options
-from ..routing import check_task_name, physical_queue, route
+from ..routing import ID_BLOCK, check_task_name, new_task_ids, physical_queue, route
 from ..serialization import encode_envelope
 from ..task import CallOptions, Task, TaskHandle
 
@@ -32,8 +32,19 @@ class Producer(Protocol):
         """The Queue, as its clients see it."""
         ...
 
+    def fresh_ids(self, count: int) -> list[str] | None:
+        """Generated ids for a batch, or ``None`` (see the producer's)."""
+        ...
+
     def envelope(
-        self, task: str, queue: str, args: Any, kwargs: Any, opts: CallOptions, now: float
+        self,
+        task: str,
+        queue: str,
+        args: Any,
+        kwargs: Any,
+        opts: CallOptions,
+        now: float,
+        fresh_id: str | None = None,
     ) -> Envelope:
         """The envelope of one call (see the producer's)."""
         ...
@@ -90,7 +101,10 @@ async def send_many(producer: Producer, items: Iterable[Sequence[Any]]) -> list[
     now = time.time()
     batch: list[Outgoing] = []
     explicit: set[str] = set()
-    for index, item in enumerate(list(items)):
+    items = list(items)
+    block = min(len(items), ID_BLOCK)
+    fresh = producer.fresh_ids(block) if block else None  # None: the broker makes each
+    for index, item in enumerate(items):
         what = f"send_many item {index}"
         if not isinstance(item, tuple | list) or len(item) not in (3, 4):
             raise ConfigurationError(
@@ -104,7 +118,12 @@ async def send_many(producer: Producer, items: Iterable[Sequence[Any]]) -> list[
         queue = physical_queue(
             opts.queue or route(owner.routes, name) or owner.name, opts.priority or "normal"
         )
-        env = producer.envelope(name, queue, tuple(args), dict(kwargs or {}), opts, now)
+        fresh_id = None
+        if fresh is not None and opts.task_id is None:
+            if not fresh:
+                fresh = new_task_ids(block)
+            fresh_id = fresh.pop()
+        env = producer.envelope(name, queue, tuple(args), dict(kwargs or {}), opts, now, fresh_id)
         if opts.task_id is not None:
             if env.id in explicit:
                 raise ConfigurationError(

@@ -8,9 +8,9 @@ single ``enqueue`` of a known queue with no filters is one broker round-trip.
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
+from os import urandom
 from typing import TYPE_CHECKING, Any
 
 from .. import records
@@ -21,7 +21,7 @@ from ..exceptions import BrokerError, ConfigurationError, unknown_outcome
 from ..extensions.middleware import Outgoing
 from ..limits import CHUNK_WRITES
 from ..options import Option, call_options
-from ..routing import physical_queue, route
+from ..routing import ID_BLOCK, ID_CHARS, ID_LENGTH, new_task_ids, physical_queue, route
 from ..serialization import Envelope, encode_envelope, plain_args, plain_kwargs, to_plain
 from ..task import _NO_OPTIONS, CallOptions, Task, TaskHandle
 from . import testmode
@@ -59,6 +59,13 @@ def item_options(
     return call_options(extra, options, declared)
 
 
+def queued_record(env: Envelope, due: float | None) -> bytes:
+    """The ``queued`` record of ``env`` (``track_state``), ``due`` its due time or ``None``."""
+    return records.queued(
+        env.id, env.task, env.queue, env.created_at, due is not None, (env.args, env.kwargs)
+    )
+
+
 class Producer:
     """Builds and publishes the messages of one Queue.
 
@@ -82,9 +89,10 @@ class Producer:
         self._task_ids: Any = _UNKNOWN
 
     def _id_maker(self) -> Any:
-        """The broker's maker of task ids (``Broker.task_ids``; ``None``: random hex), kept
-        once read: every broker of a Queue has the same URL, hence the same layout. Without a
-        running loop there is no broker to ask: ``None`` this time, asked again next time."""
+        """The broker's maker of task ids (``Broker.task_ids``; ``None``:
+        :func:`~blitzq.routing.new_task_id`'s form), kept once read: every broker of a Queue
+        has the same URL, hence the same layout. Without a running loop there is no broker to
+        ask: ``None`` this time, asked again next time."""
         try:
             ids = self.queue.broker.task_ids
         except RuntimeError:  # no running loop
@@ -92,12 +100,35 @@ class Producer:
         self._task_ids = ids
         return ids
 
+    def fresh_ids(self, count: int) -> list[str] | None:
+        """``count`` generated task ids for a batch's items without a ``task_id``
+        (:func:`~blitzq.routing.new_task_ids`: one ``os.urandom`` call for all), or ``None``
+        when the broker makes its own (``Broker.task_ids``): :meth:`envelope` then makes each.
+        A batch that uses them up takes more from ``new_task_ids``.
+
+        Args:
+            count: how many, >= 0 (a batch's items, at most
+                :data:`~blitzq.routing.ID_BLOCK`).
+        """
+        ids = self._task_ids
+        if ids is _UNKNOWN:
+            ids = self._id_maker()
+        return None if ids is not None else new_task_ids(count)
+
     def envelope(
-        self, task: str, queue: str, args: Any, kwargs: Any, opts: CallOptions, now: float
+        self,
+        task: str,
+        queue: str,
+        args: Any,
+        kwargs: Any,
+        opts: CallOptions,
+        now: float,
+        fresh_id: str | None = None,
     ) -> Envelope:
         """The envelope of one call of ``task`` to the physical ``queue``, made at Unix time
         ``now`` (seconds); inside a running task it carries that task's correlation id and
-        headers.
+        headers. Its id: ``opts.task_id``, else ``fresh_id`` (one of :meth:`fresh_ids`), else
+        one made now.
 
         Raises:
             SerializationError: an argument or header is not plain data.
@@ -109,13 +140,14 @@ class Producer:
             correlation_id = correlation_id or parent.correlation_id or parent.id
             if parent.headers:
                 headers = {**parent.headers, **(headers or {})}
-        task_id = opts.task_id
+        task_id = opts.task_id or fresh_id
         if not task_id:
             ids = self._task_ids
             if ids is _UNKNOWN:
                 ids = self._id_maker()
-            # 128 random bits; uuid4().hex costs 7x. The spread layout adds the queue's home.
-            task_id = os.urandom(16).hex() if ids is None else ids(queue)
+            # routing.new_task_id() inlined: 120 random bits as 24 characters a-z2-7, a
+            # MessagePack fixstr. The spread layout makes its own (the queue's home in it).
+            task_id = urandom(ID_LENGTH).translate(ID_CHARS).decode() if ids is None else ids(queue)
         return Envelope(
             task_id,
             task,
@@ -130,6 +162,8 @@ class Producer:
             opts.timeout,
             unique_key=opts.unique_key,
             options=to_plain(dict(opts.extensions)) if opts.extensions else None,
+            # An explicit id: this enqueue's mark, the owner of the id's record once sent.
+            nonce=urandom(8).hex() if opts.task_id else None,
         )
 
     def stores_result(self, task: Task[Any, Any] | None) -> bool | None:
@@ -173,28 +207,39 @@ class Producer:
         batch = [o for o in outgoing if o.existing_id is None]
         items = [(o.envelope, o.data, o.due) for o in batch]
         broker = owner.broker
+        # A unique task under an explicit id starts afresh in the claim's own step, only
+        # when it claims its key (enqueue_unique): a retry that finds the key held by its own
+        # id leaves the live task's record, cancel mark and progress alone.
+        claims = (
+            {o.envelope.id for o in batch if o.unique is not None and o.envelope.id in explicit}
+            if explicit
+            else set()
+        )
         if explicit:
-            fresh = [o.envelope.id for o in batch if o.envelope.id in explicit]
+            fresh = [o.envelope for o in batch if o.envelope.id in explicit]
+            fresh = [env for env in fresh if env.id not in claims]
             if fresh:
-                await broker.reset_tasks(fresh)
+                await broker.reset_tasks(
+                    [env.id for env in fresh],
+                    {env.id: env.nonce for env in fresh if env.nonce},
+                    owner.result_ttl,
+                )
         if owner.track_state:  # written before publishing, so a fast worker cannot overtake it
             writes = [
                 Completion(
                     env.queue,
                     None,
                     env.id,
-                    records.queued(
-                        env.id,
-                        env.task,
-                        env.queue,
-                        env.created_at,
-                        due is not None,
-                        (env.args, env.kwargs),
-                    ),
+                    queued_record(env, due),
                     owner.result_ttl,
                 )
                 for env, _, due in items
+                if env.id not in claims
             ]
+            if explicit:  # its fresh start made this enqueue the owner of the id's record
+                nonces = {env.id: env.nonce for env, _, _ in items if env.id in explicit}
+                for write in writes:
+                    write.nonce = nonces.get(write.task_id)
             for start in range(0, len(writes), CHUNK_WRITES):  # each call stays short
                 await broker.complete(writes[start : start + CHUNK_WRITES])
         # Per physical queue and path: a task declared mode="fast" goes on the fast lane.
@@ -229,35 +274,48 @@ class Producer:
             if later:
                 await broker.schedule(later)
             if unique:
-                await self._enqueue_unique(unique)
+                await self._enqueue_unique(unique, claims)
 
-    async def _enqueue_unique(self, unique: list[tuple[Outgoing, tuple[str, float]]]) -> None:
+    async def _enqueue_unique(
+        self, unique: list[tuple[Outgoing, tuple[str, float]]], claims: set[str]
+    ) -> None:
         """Claim the keys of ``unique`` (each message with its key and the key's seconds,
         ``Outgoing.unique``) and write the messages claimed, in one broker step
         per chunk (``Broker.enqueue_unique``); mark the duplicates (``existing_id``) and
-        forget the records written for them (``track_state``: they never run).
+        forget the records written for them (``track_state``: they never run). ``claims``:
+        the ids given explicitly, which start afresh in the claim's step (only when they
+        claim their key).
 
         Raises:
             BrokerError: the broker failed (within :meth:`_publish`'s ``unknown_outcome``).
         """
-        broker = self.queue.broker
+        owner = self.queue
+        broker = owner.broker
         lane = broker.fast_lane is not None
         sends = []
         for o, (key, ttl) in unique:
             env = o.envelope
             fast = lane and o.task is not None and o.task.fast
-            if o.due is None:
-                sends.append(UniqueSend(key, env.id, ttl, env.queue, o.data, fast))
-            elif o.delay is not None:
-                sends.append(UniqueSend(key, env.id, ttl, env.queue, o.data, fast, delay=o.delay))
-            else:
-                sends.append(UniqueSend(key, env.id, ttl, env.queue, o.data, fast, eta=o.due))
+            send = UniqueSend(key, env.id, ttl, env.queue, o.data, fast)
+            if o.due is not None:
+                send = (
+                    send._replace(delay=o.delay)
+                    if o.delay is not None
+                    else send._replace(eta=o.due)
+                )
+            if env.id in claims:  # started afresh with the claim (see _publish)
+                record = queued_record(env, o.due) if owner.track_state else None
+                send = send._replace(
+                    nonce=env.nonce or "", record=record, record_ttl=owner.result_ttl
+                )
+            sends.append(send)
         holders = await broker.enqueue_unique(sends)
         duplicates = []
         for (o, _), holder in zip(unique, holders, strict=True):
             if holder is not None:
                 o.existing_id = holder
-                duplicates.append(o.envelope.id)
+                if o.envelope.id not in claims:  # an explicit id wrote nothing before it
+                    duplicates.append(o.envelope.id)
         if duplicates and self.queue.track_state:
             try:  # written before the claim (so a fast worker cannot overtake it): unused
                 await broker.reset_tasks(duplicates)
@@ -358,9 +416,11 @@ class Producer:
         queue = physical_queue(opts.queue or task.queue, opts.priority or task.priority)
         items = []
         explicit: set[str] = set()
-        explicit_items = 0  # items given a task_id; generated ids (128 random bits) never repeat
+        explicit_items = 0  # items given a task_id; generated ids (120 random bits) never repeat
         limit = self.queue.max_message_size
         delay = opts.relative_delay()
+        block = min(len(calls), ID_BLOCK) if isinstance(calls, Sized) else 64
+        fresh = self.fresh_ids(block) if block else None  # None: the broker makes each
         for call in calls:
             if not isinstance(call, tuple):
                 raise ConfigurationError(f"enqueue_many takes tuples of arguments, got {call!r}")
@@ -379,7 +439,12 @@ class Producer:
                 args, kwargs = call, {}
             if task.prepared_call:
                 args, kwargs = task.call_arguments(args, kwargs or {})
-            env = self.envelope(task.name, item_queue, args, kwargs or {}, item_opts, now)
+            fresh_id = None
+            if fresh is not None and item_opts.task_id is None:
+                if not fresh:
+                    fresh = new_task_ids(block)
+                fresh_id = fresh.pop()
+            env = self.envelope(task.name, item_queue, args, kwargs or {}, item_opts, now, fresh_id)
             if item_opts.task_id is not None:
                 explicit.add(env.id)
                 explicit_items += 1

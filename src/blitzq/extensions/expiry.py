@@ -83,7 +83,9 @@ def expired_completion(worker: WorkerContext, job: Job, age: float, max_age: flo
         if job.task.dead_letter
         else None
     )
-    return Completion(d.queue, d.token, env.id, record, worker.result_ttl, dead_letter=dead)
+    return Completion(
+        d.queue, d.token, env.id, record, worker.result_ttl, dead_letter=dead, nonce=env.nonce
+    )
 
 
 async def check_expiry(worker: WorkerContext, job: Job) -> Completion | None:

@@ -25,11 +25,11 @@ on first access, so ``enqueue_on_commit`` needs neither Django 6 nor the django-
 from __future__ import annotations
 
 import functools
-import uuid
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from django.db import transaction
 
+from ..routing import new_task_id
 from ..serialization import plain_args, plain_kwargs
 from ..task import BoundTask, Task
 
@@ -88,7 +88,7 @@ def _schedule(
     kwargs: dict[str, Any],
 ) -> str:
     bound = task if isinstance(task, BoundTask) else task.options()
-    task_id = bound.call_options.task_id or uuid.uuid4().hex
+    task_id = bound.call_options.task_id or new_task_id()
     bound = bound.options(task_id=task_id)
     plain_args(args)
     plain_kwargs(kwargs)

@@ -27,7 +27,6 @@ import builtins
 import functools
 import importlib
 import threading
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,7 +38,7 @@ from django.utils.module_loading import import_string
 from ..exceptions import BlitzQError
 from ..queue import Queue
 from ..records import TaskRecord, TaskState
-from ..routing import base_queue, check_queue_name
+from ..routing import base_queue, check_queue_name, new_task_id
 
 
 def _load_framework() -> tuple[Any, Any, Any, Any, Any, type[Exception], type[Exception]]:
@@ -345,7 +344,7 @@ class BlitzqTaskBackend(_BaseTaskBackend):  # type: ignore[misc]
         """
         args, kwargs, options = self._message(task, args, kwargs)
         if self.enqueue_on_commit and transaction.get_connection().in_atomic_block:
-            result_id = uuid.uuid4().hex  # chosen now: the caller gets it before the commit
+            result_id = new_task_id()  # chosen now: the caller gets it before the commit
             send = functools.partial(
                 self.queue.send_sync, task.module_path, args, kwargs, task_id=result_id, **options
             )

@@ -69,7 +69,14 @@ class Completions:
         if not store:
             if track_state:
                 record = job.succeeded(self.worker_id, preview=True)
-                return Completion(d.queue, d.token, job.envelope.id, record, self.result_ttl)
+                return Completion(
+                    d.queue,
+                    d.token,
+                    job.envelope.id,
+                    record,
+                    self.result_ttl,
+                    nonce=job.envelope.nonce,
+                )
             if d.token is None:
                 return None
             return Completion(d.queue, d.token, job.envelope.id)
@@ -88,7 +95,10 @@ class Completions:
             job.result = NO_RESULT  # finishers (workflows) must not pass the value on
             job.encode_error = exc
             return self.failure(job, exc, retry=False)
-        return Completion(d.queue, d.token, job.envelope.id, record, self.result_ttl)
+        done = Completion(d.queue, d.token, job.envelope.id, record, self.result_ttl)
+        if job.envelope.nonce is not None:  # set apart: a keyword costs every completion
+            done.nonce = job.envelope.nonce
+        return done
 
     def reschedule(self, job: Job, delay: float, reserved: bool | None = None) -> Completion:
         """Completion putting ``job`` back on the schedule for ``delay`` seconds, unstarted
@@ -133,7 +143,14 @@ class Completions:
             if track_state:
                 record = job.retrying(self.worker_id, *describe_error(cause))
             return Completion(
-                d.queue, d.token, env.id, record, self.result_ttl, reschedule=data, delay=delay
+                d.queue,
+                d.token,
+                env.id,
+                record,
+                self.result_ttl,
+                reschedule=data,
+                delay=delay,
+                nonce=env.nonce,
             )
         error_type, message = describe_error(cause)
         dead = None
@@ -143,7 +160,9 @@ class Completions:
             )
         trace = format_traceback(cause)
         record = job.failed(self.worker_id, error_type, message, trace, dead is not None)
-        return Completion(d.queue, d.token, env.id, record, self.result_ttl, dead_letter=dead)
+        return Completion(
+            d.queue, d.token, env.id, record, self.result_ttl, dead_letter=dead, nonce=env.nonce
+        )
 
     def rejected(
         self, delivery: Delivery, reason: str, error: str, task_id: str | None, task: str = ""
@@ -180,14 +199,20 @@ class Completions:
             raise ValueError(f"a worker writes no {state!r} record before the run ends")
         d = job.delivery
         record = job.running(self.worker_id)
-        return Completion(d.queue, None, job.envelope.id, record, self.running_ttl, fence=d.token)
+        started = Completion(
+            d.queue, None, job.envelope.id, record, self.running_ttl, fence=d.token
+        )
+        if job.envelope.nonce is not None:
+            started.nonce = job.envelope.nonce
+        return started
 
     def cancelled(self, job: Job) -> Completion:
         """Completion acking a cancelled task with a ``cancelled`` record (with its start
         time when its run had started)."""
         d = job.delivery
+        record = job.cancelled(self.worker_id)
         return Completion(
-            d.queue, d.token, job.envelope.id, job.cancelled(self.worker_id), self.result_ttl
+            d.queue, d.token, job.envelope.id, record, self.result_ttl, nonce=job.envelope.nonce
         )
 
     @staticmethod

@@ -415,6 +415,7 @@ def _replacement(completion: Completion, size: int, error: BrokerError) -> Compl
         # The original's guard: when an earlier try of the original was applied after all
         # (it timed out, then the server read it), the replacement applies nothing.
         guard=completion.guard,
+        nonce=completion.nonce,
     )
 
 

@@ -57,7 +57,7 @@ from ..exceptions import (
 from ..extensions.middleware import Middleware, OutgoingWorkflow
 from ..extensions.signals import Signal, SignalEvent
 from ..limits import CHUNK_ITEMS, DEFAULT_MAX_RESULT_SIZE
-from ..routing import physical_queue, route
+from ..routing import new_task_id, physical_queue, route
 from ..serialization import Envelope, dumps, encode_envelope, loads, plain_args, to_plain
 from .callback import array_header, marker, split
 from .canvas import Chain, Chord, Group, Node, Signature
@@ -363,7 +363,7 @@ class _Planner:
         base = sig.queue or (task.queue if task else None)
         base = base or route(queue.routes, sig.name) or queue.name
         target = physical_queue(base, sig.priority or (task.priority if task else "normal"))
-        step_id = uuid.uuid4().hex if self.ids is None else self.ids(target)
+        step_id = new_task_id() if self.ids is None else self.ids(target)
         self.steps.append([step_id, sig.name, target])
         node: dict[str, Any] = {"s": sig.name, "i": step_id, "q": target, "a": sig.args}
         if sig.kwargs:
@@ -394,7 +394,7 @@ async def apply_workflow(
         raise ConfigurationError(
             f"apply() takes a signature, chain, group or chord, got {workflow!r}"
         )
-    workflow_id = uuid.uuid4().hex
+    workflow_id = new_task_id()  # in every step's message (correlation id and flow)
     planner = _Planner(queue)
     root = planner.node(workflow)
     now = time.time()

@@ -127,11 +127,11 @@ def encode_batch(
 
     Returns:
         ``"R"`` entries (a run of completions of one queue and TTL that only ack and store a
-        record), ``"C"`` entries (any other completion), ``"A"`` entries (acks without a
-        record, per queue) and ``"I"`` entries (the tasks that ended, per queue: their
-        :attr:`~blitzq.broker.values.Completion.ended` notes, packed by
-        :func:`~.browse.pack_notes`) and a ``"G"`` entry (the guards
-        to forget); empty when there is nothing to apply.
+        record, of generated ids: no ``nonce``), ``"C"`` entries (any other completion),
+        ``"A"`` entries (acks without a record, per queue) and ``"I"`` entries (the tasks
+        that ended, per queue: their :attr:`~blitzq.broker.values.Completion.ended` notes,
+        packed by :func:`~.browse.pack_notes`) and a ``"G"`` entry (the guards to forget);
+        empty when there is nothing to apply.
     """
     entries: list[Any] = []
     acks: dict[str, list[bytes]] = {}
@@ -157,7 +157,7 @@ def encode_batch(
                 if token is not None and streams:
                     acks.setdefault(c.queue, []).append(token)
                 continue
-            if c.fence is None and (token is not None or not streams):
+            if c.fence is None and c.nonce is None and (token is not None or not streams):
                 key = (c.queue, c.record_ttl)
                 entry_id = token.decode() if token is not None and streams else None
                 # A second completion of one delivery starts a new entry, so that it is
@@ -195,6 +195,7 @@ def encode_batch(
                 _lua_bytes(c.fence) if c.fence else _EMPTY,
                 *(c.guard or ("", 0, 0)),
                 GUARD_TTL,
+                c.nonce or "",
             )
         )
     if run_key is not None:

@@ -86,7 +86,10 @@ class RedisControl(RedisPart, ControlState):
         :data:`~blitzq.limits.CHUNK_WRITES` items (each item is atomic; see
         :meth:`ControlState.enqueue_unique`). A message goes where this store writes
         messages into queues (its kind: stream, list or outbox), a ``fast`` one to the
-        queue's list when the store writes to streams, a delayed one on the schedule.
+        queue's list when the store writes to streams, a delayed one on the schedule. An
+        item with a ``nonce`` (an explicit id) that claims its key starts afresh in the same
+        step (its record, progress and cancel mark deleted, its owner mark and ``record``
+        stored).
         """
         keys = self.keys
         head: list[Any] = [keys.prefix, keys.events, self.kind]
@@ -109,6 +112,10 @@ class RedisControl(RedisPart, ControlState):
                     item.message,
                     "" if item.eta is None else repr(float(item.eta)),
                     "" if item.delay is None or item.eta is not None else repr(float(item.delay)),
+                    "" if item.nonce is None else "1",
+                    item.nonce or "",
+                    item.record or b"",
+                    max(1, item.record_ttl),
                 )
             answer = await self.scripts.call("unique_enqueue", keys=names, args=args)
             out += [

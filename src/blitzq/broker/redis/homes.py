@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -59,6 +59,7 @@ _BARE = Keys("")
 _T, _DONE = _BARE.record("")[3:], _BARE.done_channel("")[3:]
 _P, _PC = _BARE.progress("")[3:], _BARE.progress_channel("")[3:]
 _W = _BARE.waiter("")[3:]
+_TN = _BARE.owner("")[3:]
 
 
 def homed_id(queue: str) -> str:
@@ -104,6 +105,10 @@ class HomedKeys(Keys):
         """A task's record, in its home."""
         return self.home(task_id) + _T + task_id
 
+    def owner(self, task_id: str) -> str:
+        """The owner mark of an explicit id, beside its record in its home."""
+        return self.home(task_id) + _TN + task_id
+
     def done_channel(self, task_id: str) -> str:
         """The channel announcing a task's record, named after its home."""
         return self.home(task_id) + _DONE + task_id
@@ -142,7 +147,14 @@ def split_home(
             continue
         own = tuple(op for op in c.ops if isinstance(op, Progress))
         home = Completion(
-            c.queue, c.token, c.task_id, c.record, c.record_ttl, requeue=c.requeue, ops=own
+            c.queue,
+            c.token,
+            c.task_id,
+            c.record,
+            c.record_ttl,
+            requeue=c.requeue,
+            ops=own,
+            nonce=c.nonce,
         )
         rest = replace(
             c,
@@ -250,9 +262,12 @@ class HomedRecords(SpreadRecords):
         return [found[task_id] for task_id in task_ids]
 
     @translate_errors
-    async def reset_tasks(self, task_ids: Sequence[str]) -> None:
-        """See :meth:`.RedisRecords.reset_tasks`: the records, progress and cancel marks of
-        each home (one MULTI/EXEC per home), then the namespace's cancel marks."""
+    async def reset_tasks(
+        self, task_ids: Sequence[str], owners: Mapping[str, str] | None = None, ttl: int = 0
+    ) -> None:
+        """See :meth:`.RedisRecords.reset_tasks`: the records, progress, cancel marks and
+        owner marks of each home (one MULTI/EXEC per home), then the namespace's cancel
+        marks."""
         keys = self.keys
         for home, group in _by_home(keys, task_ids).items():
             at = keys.home_keys(home)
@@ -261,6 +276,9 @@ class HomedRecords(SpreadRecords):
                     "DEL", *(keys.record(i) for i in group), *(keys.progress(i) for i in group)
                 )
                 pipe.zrem(at.revoked, *group)
+                for i in group:
+                    if owners and i in owners:
+                        pipe.set(keys.owner(i), owners[i], ex=max(1, ttl))
                 await pipe.execute()
         await self.client.zrem(keys.revoked, *task_ids)
 
@@ -382,7 +400,9 @@ class HomedStateStore(SpreadStateStore):
                 spaced.append(c)
                 continue
             homes.setdefault(home, []).append(
-                Completion(c.queue, None, c.task_id, c.record, c.record_ttl, ops=tuple(own))
+                Completion(
+                    c.queue, None, c.task_id, c.record, c.record_ttl, ops=tuple(own), nonce=c.nonce
+                )
             )
             rest = replace(c, record=None, ops=tuple(op for op in c.ops if op not in own))
             if _writes(rest):

@@ -73,6 +73,9 @@ TABLE: Final[dict[str, Key]] = {
         "spread layout: the last batch id a relay was given (INCR)"),
     "record": Key("t:<task_id>", "string",
         "a task's record (MessagePack map); expires after result_ttl"),
+    "owner": Key("tn:<task_id>", "string",
+        "an explicit id's owner: the mark (`Envelope.nonce`) of its newest enqueue; a record "
+        "of a run of another enqueue of the id is not stored; expires with the record"),
     "done_channel": Key("done:<task_id>", "channel",
         "published when the record is written: the record itself (small) or `1`"),
     "waiter": Key("w:<task_id>", "string",
@@ -257,6 +260,10 @@ class Keys:
     def record(self, task_id: str) -> str:
         """A task's record."""
         return self.prefix + _T + task_id
+
+    def owner(self, task_id: str) -> str:
+        """The mark of the newest enqueue under an explicit id (``Envelope.nonce``)."""
+        return self._one("owner", task_id)
 
     def done_channel(self, task_id: str) -> str:
         """Pub/sub channel announcing that a task's record was written."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...exceptions import BrokerError
@@ -260,8 +260,11 @@ class RedisRecords(RedisPart, RecordsState):
             await pipe.execute()
 
     @translate_errors
-    async def reset_tasks(self, task_ids: Sequence[str]) -> None:
-        """DEL the records and progress, ZREM the cancel marks (one MULTI/EXEC)."""
+    async def reset_tasks(
+        self, task_ids: Sequence[str], owners: Mapping[str, str] | None = None, ttl: int = 0
+    ) -> None:
+        """DEL the records and progress, ZREM the cancel marks, SET the owner marks
+        (``tn:<id>``, EX ``ttl``) (one MULTI/EXEC)."""
         if not task_ids:
             return
         keys = self.keys
@@ -270,6 +273,8 @@ class RedisRecords(RedisPart, RecordsState):
                 "DEL", *(keys.record(i) for i in task_ids), *(keys.progress(i) for i in task_ids)
             )
             pipe.zrem(keys.revoked, *task_ids)
+            for task_id, mark in (owners or {}).items():
+                pipe.set(keys.owner(task_id), mark, ex=max(1, ttl))
             await pipe.execute()
 
     @translate_errors

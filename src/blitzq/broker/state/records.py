@@ -8,7 +8,7 @@ worker (running records, progress, keep-running, the liveness check of a result 
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 
 __all__ = ["RecordsState"]
 
@@ -84,9 +84,23 @@ class RecordsState(abc.ABC):
     async def set_record(self, task_id: str, record: bytes, ttl: int) -> None:
         """Store a record for ``ttl`` seconds and wake anyone waiting for it."""
 
-    async def reset_tasks(self, task_ids: Sequence[str]) -> None:
+    async def reset_tasks(
+        self, task_ids: Sequence[str], owners: Mapping[str, str] | None = None, ttl: int = 0
+    ) -> None:
         """Forget what earlier tasks of these ids left (record, cancel mark, progress), in
-        one atomic step: a task enqueued again under an explicit id starts afresh."""
+        one atomic step: a task enqueued again under an explicit id starts afresh.
+
+        Args:
+            task_ids: the ids.
+            owners: id -> the mark of the enqueue that now owns the id's record
+                (``Envelope.nonce``), stored in the same step for ``ttl`` seconds: a
+                completion of another enqueue of the id stores no record while it stands
+                (see :attr:`~blitzq.broker.values.Completion.nonce`).
+            ttl: seconds the owner marks live (the Queue's ``result_ttl``).
+
+        Raises:
+            BrokerError: the broker failed; nothing or all of it was applied.
+        """
         raise NotImplementedError(f"{type(self).__name__} cannot reset task ids")
 
     @abc.abstractmethod

@@ -20,7 +20,7 @@
 --     ack (ids: stream entry ids, empty for a list or the outbox) and store a record (the
 --     common success): one XACK and one XDEL for all, then SET + PUBLISH per record, as "C"
 --   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops,
---    fence, guard, index, size, guard_ttl}
+--    fence, guard, index, size, guard_ttl, nonce}
 --     kind "s" (stream), "l" (list) or "o" (the outbox of a store paired with a foreign
 --     transport: every message written goes there, whatever an op names); "" means absent;
 --     ttl in seconds; eta is the
@@ -34,7 +34,12 @@
 --     marks what was applied: 'a' the whole batch (its first try to arrive held all of it,
 --     and nothing of it was applied before), else one field per index. A completion found
 --     marked applies nothing (a retry after a timeout, or a try the server read late, e.g.
---     buffered while paused): each completion applies once whichever try comes first
+--     buffered while paused): each completion applies once whichever try comes first;
+--     nonce: "" (a generated id), or the mark of the enqueue under an explicit id whose run
+--     this is: its record is stored only while {ns}:tn:<task_id> (the owner: the mark of the
+--     newest enqueue of the id) is absent or holds it (then that mark is kept at least as
+--     long as the record), so a run of an older enqueue never overwrites the newer one's
+--     record; the rest of the completion applies
 --   {"G", {guard1, ...}}   batch ids whose first try was answered: DEL their marks
 --   {"I", queue, cap, ttl, {score1, member1, notes1, ...}}   tasks that ended from queue,
 --     packed by the client (browse.py, recent_add.lua): the index keeps cap notes, expires
@@ -44,6 +49,7 @@
 --   {ns}:l:<queue>    LPUSH of requeues (fast mode)
 --   {ns}:outbox:<queue>, {ns}:outboxes   kind "o": every message written (outbox.lua)
 --   {ns}:t:<task_id>  SET of the record (EX ttl); {ns}:done:<task_id> PUBLISH of it or '1'
+--   {ns}:tn:<task_id> GET, TTL, EXPIRE: the owner of an explicit id ("C" with a nonce only)
 --   {ns}:w:<task_id>  EXISTS, with ARGV[9] "1" only: a waiter announced itself
 --   {ns}:revoked      EXISTS, ZSCORE: a cancel's record stands (see below)
 --   {ns}:events       PUBLISH 's:<due>' of a reschedule
@@ -101,9 +107,21 @@ local function cancel_stands(task_id, record)
   return not (ok2 and type(new) == 'table' and new['state'] == 'cancelled')
 end
 
+-- Whether the record of a run of the enqueue marked nonce (an explicit id) may be stored: the
+-- id's owner mark is absent or is nonce (then it lives at least ttl seconds more).
+local function owns(task_id, nonce, ttl)
+  local key = KEY.owner(prefix, task_id)
+  local owner = redis.call('GET', key)
+  if not owner then return true end
+  if owner ~= nonce then return false end
+  if redis.call('TTL', key) < tonumber(ttl) then redis.call('EXPIRE', key, ttl) end
+  return true
+end
+
 -- SET a task's record (EX ttl) and PUBLISH it (or '1' when large; quiet: only to an announced
--- waiter), unless a cancel stands.
-local function store(task_id, record, ttl)
+-- waiter), unless a cancel stands or (nonce given) a newer enqueue of the id owns the record.
+local function store(task_id, record, ttl, nonce)
+  if nonce and nonce ~= '' and not owns(task_id, nonce, ttl) then return end
   if marks and cancel_stands(task_id, record) then return end
   redis.call('SET', KEY.record(prefix, task_id), record, 'EX', ttl)
   if quiet and redis.call('EXISTS', KEY.waiter(prefix, task_id)) == 0 then return end
@@ -501,7 +519,7 @@ for _, c in ipairs(batch) do
       redis.call('XDEL', KEY.stream(prefix, queue), token)
     end
     if record ~= '' then
-      store(task_id, record, ttl)
+      store(task_id, record, ttl, c[18])
     end
     if reschedule ~= '' then
       -- Due on the server's clock, never the worker's: TIME + the delay sent.

@@ -11,7 +11,9 @@
 -- Also reads or writes: {ns}:d:<task_id> (deleted), {ns}:dlq:size and {ns}:dlq:bytes
 -- (dead_letters.lua), {ns}:u:<key> and {ns}:ub:<task_id> (claimed), {ns}:t:<task_id>
 -- (deleted: the task starts afresh), {ns}:s:<queue> (XADD) or {ns}:l:<queue> (RPUSH), or
--- {ns}:outbox:<queue> and {ns}:outboxes (kind "o", outbox.lua).
+-- {ns}:outbox:<queue> and {ns}:outboxes (kind "o", outbox.lua), {ns}:tn:<task_id> (deleted:
+-- no enqueue of an explicit id owns its record any more, so the replayed run writes its own
+-- whichever enqueue it came from; see complete.lua).
 -- A unique key is claimed for the task as unique_claim.lua does; when another task holds it,
 -- nothing changes and the holder's id is returned.
 -- Returns 1 (replayed), 0 (no such dead letter, or not the one read: a concurrent replay
@@ -42,7 +44,7 @@ end
 redis.call('DEL', key)
 redis.call('ZREM', KEYS[1], ARGV[2])
 dl_drop(ARGV[1], ARGV[2])
-redis.call('DEL', KEY.record(ARGV[1], ARGV[2]))
+redis.call('DEL', KEY.record(ARGV[1], ARGV[2]), KEY.owner(ARGV[1], ARGV[2]))
 if ARGV[3] == 's' then
   redis.call('XADD', KEY.stream(ARGV[1], ARGV[4]), '*', 'm', ARGV[5])
 elseif ARGV[3] == 'o' then

@@ -7,11 +7,18 @@
 -- KEYS[2i+2] where message i goes now: {ns}:s:<queue> (kind "s"), {ns}:l:<queue> ("l") or
 --            {ns}:outbox:<queue> ("o": the outbox of a store paired with a foreign transport)
 -- ARGV[1] key prefix "{ns}:", ARGV[2] the channel {ns}:events, ARGV[3] the store's kind (the
--- kind of a schedule entry), then 7 arguments per message: task id, the key's TTL
+-- kind of a schedule entry), then 11 arguments per message: task id, the key's TTL
 -- (milliseconds), kind ("s", "l" or "o"), queue, message, eta (absolute Unix seconds, '' for
--- none), delay (seconds, '' for none: a message with neither is written to its queue now).
+-- none), delay (seconds, '' for none: a message with neither is written to its queue now),
+-- fresh ("1": an id given explicitly, started afresh with its claim; '' for none), its owner
+-- mark ('' for none), its queued record ('' for none) and their TTL (seconds).
 -- Also writes: {ns}:ub:<task_id> -> the key (same TTL) for each key claimed, so a cancel can
 -- free the key of a task no worker will ever see; {ns}:outboxes (kind "o", outbox.lua).
+-- A claim that starts its id afresh, before its message is written: DEL {ns}:t:<task_id>
+-- and {ns}:p:<task_id> (what an earlier task of the id left), ZREM {ns}:revoked (its cancel
+-- mark), SET {ns}:tn:<task_id> (the owner mark, see complete.lua) and {ns}:t:<task_id> (the
+-- queued record), EX the TTL given. A key held already (by the id itself: a retry) changes
+-- none of them.
 -- A key already held by the message's own task id is a retry of an enqueue whose reply was
 -- lost: its message was written with the claim, so nothing is written again.
 -- A delayed message's due time is decided on the server's clock (TIME + delay), as
@@ -24,11 +31,18 @@ local out = {}
 local now = nil
 local first = nil
 for i = 1, (#KEYS - 2) / 2 do
-  local a = 4 + (i - 1) * 7
+  local a = 4 + (i - 1) * 11
   local key = KEYS[2 * i + 1]
   local id, ttl = ARGV[a], tonumber(ARGV[a + 1])
   if redis.call('SET', key, id, 'NX', 'PX', ttl) then
     redis.call('SET', KEY.unique_owner(prefix, id), key, 'PX', ttl)
+    if ARGV[a + 7] == '1' then
+      local mark, record, life = ARGV[a + 8], ARGV[a + 9], ARGV[a + 10]
+      redis.call('DEL', KEY.record(prefix, id), KEY.progress(prefix, id))
+      redis.call('ZREM', KEY.revoked(prefix), id)
+      if mark ~= '' then redis.call('SET', KEY.owner(prefix, id), mark, 'EX', life) end
+      if record ~= '' then redis.call('SET', KEY.record(prefix, id), record, 'EX', life) end
+    end
     local mode, queue, message = ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
     local eta, delay = ARGV[a + 5], ARGV[a + 6]
     if eta ~= '' or delay ~= '' then
