@@ -255,7 +255,9 @@ class BrokerError(BlitzQError, ConnectionError):
 class BrokerRefusedSettings(BrokerError, ConfigurationError):
     """The broker refused the connection's settings: a wrong password or user name
     (``WRONGPASS``, ``AuthenticationError``), no password given to a server that requires one
-    (``NOAUTH``), a database number the server does not have (``DB index is out of range``).
+    (``NOAUTH``), a database number the server does not have (``DB index is out of range``);
+    RabbitMQ's refusal of the login (``403 ACCESS_REFUSED``) or virtual host (``530
+    NOT_ALLOWED``).
     Trying again cannot succeed until the URL is fixed, so it is a configuration error (a
     worker exits 78, ``EX_CONFIG``, at once instead of waiting for its broker) as well as a
     :class:`BrokerError` that is never ``transient``.

@@ -41,7 +41,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from .broker.eviction import eviction_risk
-from .exceptions import BlitzQError, BrokerError, ConfigurationError, SerializationError
+from .exceptions import (
+    BlitzQError,
+    BrokerError,
+    BrokerRefusedSettings,
+    ConfigurationError,
+    SerializationError,
+)
 from .periodic import PeriodicTask
 from .redaction import mask_url
 from .routing import base_queue
@@ -72,11 +78,15 @@ class Finding:
         name: what was checked (``"eviction"``, ``"queue emails"``, ``"periodic nightly"``).
         status: ``"ok"``, ``"warn"`` (not blocking) or ``"fail"`` (blocking).
         detail: what was found, in a sentence.
+        refused: the server answered but refused the URL's settings (credentials, database
+            number, RabbitMQ virtual host): a blocking configuration problem (exit 78), not
+            an unreachable server (exit 1).
     """
 
     name: str
     status: Status
     detail: str
+    refused: bool = False
 
     def to_dict(self) -> dict[str, str]:
         """Plain-dict form (for ``--json`` output)."""
@@ -85,8 +95,11 @@ class Finding:
 
 def exit_code(findings: Sequence[Finding]) -> int:
     """1 when the server was unreachable, :data:`EXIT_BLOCKING` (78) when any finding
-    fails, else 0."""
-    if any(f.name in ("connectivity", "rabbitmq") and f.status == "fail" for f in findings):
+    fails (a server that refused the URL's settings among them), else 0."""
+    if any(
+        f.name in ("connectivity", "rabbitmq") and f.status == "fail" and not f.refused
+        for f in findings
+    ):
         return 1
     return EXIT_BLOCKING if any(f.status == "fail" for f in findings) else 0
 
@@ -95,13 +108,17 @@ async def preflight(queue: Queue) -> list[Finding]:
     """Run every check against ``queue``'s broker (read-only) and return the findings.
 
     Never raises for a server that cannot be reached: that is the ``connectivity`` finding
-    (``fail``), and the only one.
+    (``fail``), and the only one; a server that answers but refuses the URL's settings
+    (:class:`~blitzq.exceptions.BrokerRefusedSettings`) is that finding too, marked
+    ``refused`` (exit 78, not 1), and so is RabbitMQ's on the ``rabbitmq`` line.
     """
     broker = queue.broker
     amqp = _amqp_url(queue)
     try:
         await (broker.state.ping() if amqp else broker.ping())  # RabbitMQ: its own line
         info = await broker.state.operations.server_info()
+    except BrokerRefusedSettings as exc:
+        return [Finding("connectivity", "fail", f"the server answers but refuses: {exc}", True)]
     except BrokerError as exc:
         return [Finding("connectivity", "fail", f"the server does not answer: {exc}")]
     findings = [Finding("connectivity", "ok", "the server answers")]
@@ -153,8 +170,12 @@ async def _rabbitmq(queue: Queue, url: str) -> Finding:
     """Whether RabbitMQ at ``url`` accepts a connection and a channel."""
     try:
         await queue.broker.transport.ping()
+    except BrokerRefusedSettings as exc:
+        return Finding("rabbitmq", "fail", f"RabbitMQ answers but refuses: {exc}", True)
     except BrokerError as exc:
-        return Finding("rabbitmq", "fail", str(exc))
+        return Finding(
+            "rabbitmq", "fail", f"RabbitMQ does not answer: {exc}" if exc.transient else str(exc)
+        )
     return Finding("rabbitmq", "ok", f"{mask_url(url)} answers")
 
 

@@ -6,7 +6,9 @@ known as such) or :func:`redact` (free text that may hold URLs, e.g. a library's
 message). What is masked:
 
 - the userinfo's password (``redis://user:pw@host`` → ``redis://user:***@host``); a bare
-  userinfo is a password to redis-py (``redis://pw@host`` → ``redis://***@host``);
+  userinfo is a password to redis-py (``redis://pw@host`` → ``redis://***@host``); the
+  user name stays shown in a URL even where it is also the password (``guest:guest`` →
+  ``guest:***``, as ``guest:wrong``), while :func:`redact` masks the password elsewhere;
 - the value of every query parameter whose name holds ``pass``, ``pwd``, ``secret``,
   ``token`` or ``credential`` (``?password=``, ``?sentinel_password=``, ``?ssl_password=``);
 - in each of several URLs in one string (``amqp://u:p@h1//;amqp://u:p@h2//``).
@@ -19,6 +21,7 @@ parser would cut it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from urllib.parse import unquote, unquote_plus
 
 __all__ = ["MASK", "mask_url", "redact"]
@@ -140,10 +143,34 @@ def redact(text: str, *urls: str | None) -> str:
     Returns:
         The redacted text.
     """
+    found: set[str] = set()
     for url in urls:
         if url:
-            for secret in sorted(_secrets(url), key=len, reverse=True):
-                text = text.replace(secret, MASK)
-    if "://" in text:
-        text = _URL_IN_TEXT.sub(lambda m: mask_url(m.group()), text)
-    return text
+            found |= _secrets(url)
+    secrets = sorted(found, key=len, reverse=True)
+
+    def plain(segment: str) -> str:
+        for secret in secrets:
+            segment = segment.replace(secret, MASK)
+        return segment
+
+    if "://" not in text:
+        return plain(text)
+    out: list[str] = []
+    last = 0
+    for match in _URL_IN_TEXT.finditer(text):
+        out.append(plain(text[last : match.start()]))
+        out.append("".join(_masked_in_text(p, plain) for p in _NEXT_URL.split(match.group())))
+        last = match.end()
+    out.append(plain(text[last:]))
+    return "".join(out)
+
+
+def _masked_in_text(url: str, plain: Callable[[str], str]) -> str:
+    """One URL found in text, masked as :func:`mask_url` masks it -- its user name shown
+    even where it is also a secret (``amqp://guest:guest@host`` shows ``guest:***``, as
+    ``amqp://guest:wrong@host`` does: one rule) -- and the secrets replaced (``plain``) in
+    the rest of it (its host, path and query)."""
+    start, userinfo, where, question, query = _split(_mask_one(url))
+    shown = "" if userinfo is None else userinfo + "@"
+    return f"{start}{shown}{plain(where + question + query)}"

@@ -27,7 +27,7 @@ from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.amqp.channels import DEAD_LETTER_SUFFIX, AmqpLink
 from blitzq.broker.factory import amqp_hosts
 from blitzq.cli import cli
-from blitzq.exceptions import BrokerError
+from blitzq.exceptions import BrokerRefusedSettings
 from tests.amqp_server import amqp_or_skip, close_connection_named, delete_amqp_queues
 from tests.broker_kinds import is_amqp
 
@@ -142,11 +142,12 @@ async def test_rabbitmq_refusing_the_vhost_or_login_is_reported_in_its_words(
     url = f"amqp://{userinfo.format(tag)}@{base.hostname}:{base.port or 5672}/{path.format(tag)}"
     q = Queue(redis_url=server_url, namespace=namespace, amqp_url=url)
     try:
-        with pytest.raises(BrokerError) as info:
+        with pytest.raises(BrokerRefusedSettings) as info:  # never retried
             await q.broker.ping()
     finally:
         await q.close()
     message = str(info.value)
+    assert "amqp://guest:***@" in message, message  # one masking rule, 403 and 530 alike
     assert f"{code} - {needle.format(tag)}" in message, message
     assert "InvalidFrameError" not in message
     assert not info.value.transient  # a retry does not cure it
@@ -173,11 +174,12 @@ def test_check_tests_rabbitmq_on_its_own_line(
     app = _app(tmp_path, monkeypatch)
     common = ["--json", "--redis-url", server_url, "--namespace", namespace]
     wrong = CliRunner().invoke(cli, [*common, "--amqp-url", _wrong_password(url), "check", app])
-    assert wrong.exit_code == 1, wrong.output
+    assert wrong.exit_code == 78, wrong.output  # RabbitMQ answered: a refusal, not unreachable
     doc = json.loads(wrong.stdout)
     checks = {c["name"]: c for c in doc["checks"]}
     assert checks["connectivity"]["status"] == "ok"  # Redis answers
     assert checks["rabbitmq"]["status"] == "fail"
+    assert "refuses" in checks["rabbitmq"]["detail"]
     assert "403 ACCESS_REFUSED" in checks["rabbitmq"]["detail"]
     assert "wrong-pw" not in wrong.output
     assert doc["amqp"].endswith(":***@" + _wrong_password(url).rpartition("@")[2])
@@ -205,9 +207,10 @@ async def test_a_rabbitmq_error_is_labelled_with_the_amqp_url(
     finally:
         await delete_amqp_queues(url, [q.broker])
         await q.close()
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 78, result.output  # a refused login: a configuration error
     first = result.stderr.strip().splitlines()[0]
-    assert first.startswith("Error: broker error (amqp://"), first
+    assert first.startswith("Error: RabbitMQ refused the AMQP URL's credentials"), first
+    assert "amqp://" in first, first
     assert "redis://" not in first
     assert "403 ACCESS_REFUSED" in first
     assert "wrong-pw" not in result.output

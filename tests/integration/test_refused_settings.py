@@ -4,7 +4,12 @@ raises it, never a transient ``BrokerError``, and ``blitzq worker`` exits 78 at 
 or without its supervisor, instead of waiting for a broker that will never accept it. A
 broker that is not there (connection refused) stays transient: the supervised worker waits.
 
-The test starts its own ``redis-server`` with a password on a free port (stopped at the end).
+The same holds for RabbitMQ (``amqp_url``): a refused login (``403 ACCESS_REFUSED``) or an
+unknown virtual host (``530 NOT_ALLOWED``). ``blitzq check`` reports a refusal as one (exit
+78), not as a server that does not answer (exit 1).
+
+The test starts its own ``redis-server`` with a password on a free port (stopped at the end);
+the RabbitMQ cases use the shared RabbitMQ (skipped when it does not answer).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -20,6 +26,7 @@ import redis
 from blitzq import BrokerError, ConfigurationError, Queue
 from blitzq.exceptions import BrokerRefusedSettings
 
+from ..amqp_server import amqp_or_skip
 from ..polling import wait_until
 from ..ports import free_port
 from .test_exit_codes import APP, blitzq
@@ -115,3 +122,76 @@ def test_the_worker_exits_78_at_once(
     assert code == 78, out
     assert cause in out
     assert "not reachable yet" not in out
+
+
+def test_check_reports_a_refusal_as_one(locked: int, redis_url: str) -> None:
+    url, cause = _urls(locked, redis_url)["wrong password"]
+    code, out = blitzq("check", APP, "--redis-url", url)
+    assert code == 78, out  # the server answered: a configuration problem, not unreachable
+    assert "refuses" in out, out
+    assert cause in out, out
+    assert "does not answer" not in out, out
+
+
+# RabbitMQ (the shared one, skipped when it does not answer): a refused login (403
+# ACCESS_REFUSED) or an unknown virtual host (530 NOT_ALLOWED) is the same configuration
+# error; the user name shows in the masked URL of both (one masking rule).
+
+
+def _amqp_urls(redis_url: str) -> dict[str, tuple[str, str]]:
+    parts = urlsplit(amqp_or_skip())
+    where = f"{parts.hostname}:{parts.port or 5672}"
+    return {
+        "wrong password": (f"amqp://guest:wrong-{PASSWORD}@{where}/", "403 ACCESS_REFUSED"),
+        "unknown vhost": (f"amqp://guest:guest@{where}/refused-{PASSWORD}", "530 NOT_ALLOWED"),
+    }
+
+
+AMQP_CASES = ["wrong password", "unknown vhost"]
+
+
+@pytest.mark.parametrize("case", AMQP_CASES)
+async def test_rabbitmq_refusing_the_url_is_a_configuration_error(
+    case: str, redis_url: str
+) -> None:
+    url, cause = _amqp_urls(redis_url)[case]
+    queue = Queue(redis_url=redis_url, namespace="refused-settings", amqp_url=url)
+
+    @queue.task
+    async def noop() -> None:
+        pass
+
+    try:
+        with pytest.raises(BrokerRefusedSettings) as info:
+            await noop.enqueue()
+    finally:
+        await queue.close()
+    assert info.value.transient is False
+    assert cause in str(info.value)
+    assert "amqp://guest:***@" in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("supervised", [True, False], ids=["supervised", "no-supervise"])
+@pytest.mark.parametrize("case", AMQP_CASES)
+def test_the_worker_exits_78_at_once_on_a_rabbitmq_refusal(
+    case: str, supervised: bool, redis_url: str
+) -> None:
+    url, cause = _amqp_urls(redis_url)[case]
+    extra = [] if supervised else ["--no-supervise"]
+    args = ["--redis-url", redis_url, "--namespace", "refused-settings", "--amqp-url", url]
+    code, out = blitzq(*args, "worker", APP, *extra)
+    assert code == 78, out
+    assert cause in out
+    assert "not reachable yet" not in out
+    assert "amqp://guest:***@" in out, out
+    assert "***:***" not in out, out
+
+
+@pytest.mark.parametrize("case", AMQP_CASES)
+def test_check_reports_a_rabbitmq_refusal_as_one(case: str, redis_url: str) -> None:
+    url, cause = _amqp_urls(redis_url)[case]
+    args = ["--redis-url", redis_url, "--namespace", "refused-settings", "--amqp-url", url]
+    code, out = blitzq(*args, "check", APP)
+    assert code == 78, out
+    assert "RabbitMQ answers but refuses" in out, out
+    assert cause in out, out

@@ -96,6 +96,21 @@ def test_redact_removes_a_piece_of_a_malformed_password_a_library_quoted() -> No
     assert not leaks(shown, "longpass", "second"), shown
 
 
+@pytest.mark.parametrize("password", ["wrong", "guest"])
+def test_a_url_in_a_message_shows_its_user_name_even_when_it_is_the_password(
+    password: str,
+) -> None:
+    # One rule for every refusal: RabbitMQ's 403 (guest:wrong) and 530 (guest:guest, an
+    # unknown vhost) both show guest:***; the password is still masked outside the URL.
+    url = f"amqp://guest:{password}@127.0.0.1:5672/novhost"
+    text = f"RabbitMQ closed the connection (connecting to {url}): 530 ({password})"
+    shown = redact(text, url)
+    assert shown == (
+        "RabbitMQ closed the connection (connecting to amqp://guest:***@127.0.0.1:5672/novhost):"
+        " 530 (***)"
+    )
+
+
 def test_redact_leaves_text_without_urls_alone() -> None:
     text = "queue default: 3 waiting, password policy unchanged"
     assert redact(text) == text

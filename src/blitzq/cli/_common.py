@@ -17,6 +17,7 @@ from .._checks import LOG_LEVELS
 from ..exceptions import (
     BlitzQError,
     BrokerError,
+    BrokerRefusedSettings,
     ConfigurationError,
     EmbeddedServerNotFound,
     SerializationError,
@@ -340,12 +341,14 @@ def cli_errors(url: str | None = None, *, config_exit: int = EXIT_CONFIG) -> Ite
             :data:`EXIT_CONFIG` (78) where settings are loaded and applied (the Queue built
             from the global options, the application's, the logging set-up), or
             :data:`EXIT_USAGE` (2) around an operation whose arguments the command line gave
-            (a bad task id or queue name is a usage error). Broker (connection) errors exit 1.
+            (a bad task id or queue name is a usage error). Broker (connection) errors exit 1;
+            a broker's refusal of the URL's settings
+            (:class:`~blitzq.exceptions.BrokerRefusedSettings`) exits 78 wherever it comes.
     """
     try:
         yield
     except ConfigurationError as exc:
-        if config_exit == EXIT_CONFIG:
+        if config_exit == EXIT_CONFIG or isinstance(exc, BrokerRefusedSettings):
             raise CliConfigError(str(exc)) from None
         raise CliUsageError(str(exc)) from None
     except EmbeddedServerNotFound as exc:

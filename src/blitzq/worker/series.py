@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Collection
@@ -142,9 +141,15 @@ class Series:
 
     async def close(self, timeout: float) -> None:
         """Add the counts of the current slot at the worker's shutdown (at most ``timeout``
-        seconds; a broker error or a timeout loses them, as the loop's would)."""
-        with contextlib.suppress(BrokerError, TimeoutError):
+        seconds; a broker error or a timeout loses them, as the loop's would). Nothing it
+        raises ends the shutdown: a broker error is logged at DEBUG (the connection's loss
+        was logged where it was noticed), any other error at WARNING with its traceback."""
+        try:
             await asyncio.wait_for(self.sample(), timeout)
+        except (BrokerError, TimeoutError) as exc:
+            logger.debug("series: could not add the last sample: %s", exc)
+        except Exception:  # a bug: logged, but the worker still stops cleanly
+            logger.warning("series: the last sample failed", exc_info=True)
 
     def _idle(self, counts: dict[str, int], names: list[str]) -> bool:
         """Whether the worker did nothing since its last sample: nothing counted, nothing

@@ -41,10 +41,10 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
-from ...exceptions import BrokerError, ConfigurationError
+from ...exceptions import BlitzQError, BrokerError, BrokerRefusedSettings, ConfigurationError
 from ...redaction import mask_url
 from ..factory import AMQP_RESERVED_QUEUE, amqp_hosts, check_amqp_queue
-from .closing import CloseNotice, describe
+from .closing import FAILURES, CloseNotice, describe
 from .deliveries import Received
 from .frames import read_in_bulk
 from .injected import Borrowed
@@ -99,18 +99,34 @@ def server_close(exc: BaseException) -> tuple[int, str] | None:
 
 def translate(exc: BaseException, what: str) -> Exception:
     """The blitzq error for an aio-pika/aiormq failure while doing ``what``: RabbitMQ's
-    refusal of a login or vhost in its own words, and not transient."""
+    refusal of a login or vhost in its own words, a
+    :class:`~blitzq.exceptions.BrokerRefusedSettings` (a configuration error: never
+    retried). A blitzq error (one of the transport's own, raised inside a ``try`` that
+    catches :data:`FAILURES`) is returned as it is."""
+    if isinstance(exc, BlitzQError):
+        return exc
     closed = server_close(exc) if isinstance(exc, aiormq.exceptions.AMQPError) else None
     if closed is not None:
         code, text = closed
-        return BrokerError(
-            f"RabbitMQ closed the connection ({what}): {code} {text}",
-            transient=code not in REFUSALS,
-        )
+        if code == 530:
+            return BrokerRefusedSettings(
+                f"RabbitMQ refused the virtual host of the AMQP URL ({what}): {code} {text} "
+                "(use one that exists and that the user may use: the URL's path, "
+                "amqp://host:port/VHOST, %2F for the default '/')"
+            )
+        if code in REFUSALS:
+            return BrokerRefusedSettings(
+                f"RabbitMQ refused the AMQP URL's credentials ({what}): {code} {text} "
+                "(check the user name and password in the URL)"
+            )
+        return BrokerError(f"RabbitMQ closed the connection ({what}): {code} {text}")
     if isinstance(
         exc, (aiormq.exceptions.ProbableAuthenticationError, aiormq.exceptions.AuthenticationError)
     ):
-        return BrokerError(f"RabbitMQ refused {what}: {exc}", transient=False)
+        return BrokerRefusedSettings(
+            f"RabbitMQ refused the AMQP URL's credentials ({what}): {exc} (check the user "
+            "name and password in the URL)"
+        )
     if isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed):
         return ConfigurationError(
             f"RabbitMQ refused {what}: {exc} (a queue of this name was declared with other "
@@ -329,7 +345,7 @@ class AmqpLink:
                     client_properties={"connection_name": self.connection_name},
                     **options,
                 )
-            except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
+            except FAILURES as exc:
                 error = translate(exc, f"connecting to {mask_url(url)}")
                 if isinstance(error, BrokerError) and not error.transient:
                     raise error from None
@@ -356,7 +372,7 @@ class AmqpLink:
             try:
                 channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
                 tap_confirms(await channel.get_underlay_channel())
-            except aiormq.exceptions.AMQPError as exc:
+            except FAILURES as exc:
                 raise translate(exc, "opening a channel") from None
             self._publisher = channel
             self._publisher_epoch = self.epoch
@@ -369,7 +385,7 @@ class AmqpLink:
         try:
             channel = await conn.channel(publisher_confirms=False)
             await channel.set_qos(prefetch_count=prefetch)
-        except aiormq.exceptions.AMQPError as exc:
+        except FAILURES as exc:
             raise translate(exc, "opening a consumer channel") from None
         return channel
 
@@ -392,7 +408,7 @@ class AmqpLink:
                     self.dead_letter_queue, durable=True, arguments={"x-queue-type": "quorum"}
                 )
             declared = await channel.declare_queue(name, durable=True, arguments=self.arguments())
-        except aiormq.exceptions.AMQPError as exc:
+        except FAILURES as exc:
             self._publisher = None  # a refused declaration closes the channel
             raise translate(exc, f"declaring queue {name!r}") from None
         self._declared[queue] = declared
@@ -411,7 +427,7 @@ class AmqpLink:
                 self._declared[DEAD_LETTER_SUFFIX] = await channel.declare_queue(
                     self.dead_letter_queue, durable=True, arguments={"x-queue-type": "quorum"}
                 )
-            except aiormq.exceptions.AMQPError as exc:
+            except FAILURES as exc:
                 self._publisher = None
                 raise translate(exc, "declaring the dead-letter queue") from None
         return self._declared[DEAD_LETTER_SUFFIX]
@@ -426,7 +442,7 @@ class AmqpLink:
         except aiormq.exceptions.ChannelNotFoundEntity:
             self._publisher = None  # the refusal closed the channel
             return 0
-        except aiormq.exceptions.AMQPError as exc:
+        except FAILURES as exc:
             raise translate(exc, f"counting queue {self.name(queue)!r}") from None
         return int(ok.message_count or 0)
 
@@ -438,7 +454,7 @@ class AmqpLink:
         except aiormq.exceptions.ChannelNotFoundEntity:
             self._publisher = None
             return 0
-        except aiormq.exceptions.AMQPError as exc:
+        except FAILURES as exc:
             raise translate(exc, f"purging queue {self.name(queue)!r}") from None
         return int(ok.message_count or 0)
 
@@ -450,7 +466,7 @@ class AmqpLink:
                 await (await channel.get_underlay_channel()).queue_delete(
                     name, if_unused=False, if_empty=False
                 )
-            except aiormq.exceptions.AMQPError as exc:
+            except FAILURES as exc:
                 raise translate(exc, f"deleting queue {name!r}") from None
         self._declared.clear()
 
@@ -501,7 +517,7 @@ async def settle(message: AbstractIncomingMessage | Received, ack: bool) -> None
             await message.ack()
         else:
             await message.nack(requeue=True)
-    except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
+    except FAILURES as exc:
         logger.debug("could not settle delivery %s: %s", message.delivery_tag, exc)
 
 
@@ -534,6 +550,7 @@ def _alive(conn: aio_pika.abc.AbstractConnection) -> bool:
 __all__ = [
     "DEAD_LETTER_SUFFIX",
     "DELIVERIES",
+    "FAILURES",
     "AmqpLink",
     "delivery_count",
     "header_int",

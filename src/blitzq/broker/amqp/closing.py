@@ -39,6 +39,15 @@ from .frames import ConnectionLost
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
+#: What a call of aio-pika/aiormq raises when it fails, each translated by
+#: :func:`.channels.translate` (never let out raw): RabbitMQ's AMQP errors; a closed
+#: channel or connection (``ChannelInvalidStateError`` and aio-pika's other
+#: ``RuntimeError``s, such as "Connection is not ready"); socket errors and timeouts
+#: (``OSError``, whose subclass ``TimeoutError`` is also asyncio's). A
+#: :class:`~blitzq.exceptions.BlitzQError` caught with them (a ``BrokerError`` is a
+#: ``ConnectionError``) goes through ``translate`` unchanged.
+FAILURES: tuple[type[BaseException], ...] = (aiormq.exceptions.AMQPError, RuntimeError, OSError)
+
 _AIORMQ = "aiormq.connection"
 _UNEXPECTED = "Unexpected connection close from remote"
 _READER = "Cancelling cause reader exited abnormally"

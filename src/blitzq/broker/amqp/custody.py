@@ -30,7 +30,6 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-import aiormq
 import redis.exceptions
 
 from ... import records
@@ -40,7 +39,7 @@ from ..redis.client import translate_errors
 from ..redis.connection import RedisConnection
 from ..state import StateStore
 from ..values import Completion, DeadLetterFields
-from .channels import DELIVERIES, AmqpLink, header_int, settle, translate
+from .channels import DELIVERIES, FAILURES, AmqpLink, header_int, settle, translate
 from .deliveries import Consumer, Held
 from .pausing import hand_back
 
@@ -352,12 +351,7 @@ class Custody:
             try:
                 dlq = await link.dead_letters()
                 message = await dlq.get(no_ack=False, fail=False)
-            except (
-                aiormq.exceptions.AMQPError,
-                TimeoutError,
-                RuntimeError,
-                ConnectionError,
-            ) as exc:
+            except FAILURES as exc:
                 if isinstance(exc, BrokerError):
                     raise
                 raise translate(exc, "reading the dead-letter queue") from None

@@ -30,6 +30,8 @@ from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
 from pamqp.header import ContentHeader
 
+from .closing import FAILURES
+
 
 class Received:
     """One message delivered to a consumer's channel (by ``basic.deliver`` or ``basic.get``).
@@ -100,6 +102,9 @@ class Consumer:
         stopped: the transport cancelled it, its queue paused (``pausing.py``): RabbitMQ
             pushes it nothing until it consumes again; its channel stays open for the acks.
         asked: a fetch topped its buffer up (:meth:`top_up`) at least once.
+        confirmed: ``time.monotonic()`` when a request was sent on the channel that RabbitMQ
+            answered (its opening, a ``basic.get``, :meth:`confirm`): the channel, and every
+            delivery received before, was still this consumer's then (:meth:`unconfirmed`).
     """
 
     __slots__ = (
@@ -108,6 +113,7 @@ class Consumer:
         "buffer",
         "cancelled",
         "channel",
+        "confirmed",
         "epoch",
         "name",
         "raw",
@@ -130,6 +136,7 @@ class Consumer:
         self.buffer: collections.deque[Received] = collections.deque()
         self.arrived: dict[int, float] = {}
         self.unacked: dict[int, bool] = {}
+        self.confirmed = time.monotonic()
 
     @property
     def open(self) -> bool:
@@ -167,6 +174,44 @@ class Consumer:
                 arrived.pop(m.tag, None)
         return old
 
+    def unconfirmed(self) -> bool:
+        """Whether what the buffer holds must be confirmed (:meth:`confirm`) before a fetch
+        takes it: something is buffered, the connection has heartbeats, and nothing RabbitMQ
+        answered on the channel was asked within half the heartbeat timeout. RabbitMQ gives
+        a connection up after about one heartbeat timeout without a frame from it (the
+        process stopped, ``SIGSTOP``, or its event loop blocked) and delivers its unacked
+        messages to other consumers; what this process read before, or reads from its socket
+        after, still looks fresh here until the reader reaches the close. A confirmed
+        channel costs nothing: at most one round trip per half heartbeat timeout, and a
+        ``basic.get`` of a top-up confirms as well."""
+        if not self.buffer:
+            return False
+        heartbeat = getattr(self.raw.connection, "heartbeat_timeout", 0) or 0
+        return heartbeat > 0 and time.monotonic() - self.confirmed > heartbeat / 2
+
+    async def confirm(self) -> None:
+        """A round trip on the channel (a passive declaration of its queue, answered after
+        every frame RabbitMQ sent before: a close of the connection or channel is seen
+        first). On failure the buffer is dropped -- RabbitMQ has taken those messages back,
+        or gets them back as the channel closes (aiormq closes a channel whose request timed
+        out) -- and the error raised.
+
+        Raises:
+            aiormq.exceptions.AMQPError, RuntimeError, OSError: the channel or connection is
+                gone, or no answer within half the heartbeat timeout (the caller translates).
+        """
+        sent = time.monotonic()
+        heartbeat = getattr(self.raw.connection, "heartbeat_timeout", 0) or 0
+        try:
+            await asyncio.wait_for(
+                self.raw.queue_declare(self.name, passive=True), max(1.0, heartbeat / 2)
+            )
+        except FAILURES:
+            self.buffer.clear()
+            self.arrived.clear()
+            raise
+        self.confirmed = sent
+
     def take(self, room: int) -> list[Received]:
         """Up to ``room`` buffered messages, in queue order."""
         buffer, arrived = self.buffer, self.arrived
@@ -194,8 +239,10 @@ class Consumer:
             aiormq.exceptions.AMQPError: the get failed (the caller translates it).
         """
         got: list[Received] = []
+        sent = time.monotonic()
         while len(got) + len(self.buffer) < room or not got:
             answer = await self.raw.basic_get(self.name, no_ack=False)
+            self.confirmed = sent  # answered: what was buffered before the get is still ours
             for _ in range(3):  # the consumer's callbacks of frames read before the answer
                 await asyncio.sleep(0)
             if isinstance(answer.delivery, spec.Basic.GetEmpty):
@@ -248,7 +295,7 @@ class Consumer:
             for tag in behind:
                 if unacked.pop(tag, None) is not None:
                     await raw.basic_ack(tag, wait=False)
-        except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError):
+        except FAILURES:
             unacked.clear()  # the channel is going: RabbitMQ redelivers what it held
 
 

@@ -20,6 +20,7 @@ from aio_pika.abc import AbstractConnection
 from aio_pika.pool import Pool
 
 from ...exceptions import BrokerError, ConfigurationError
+from .closing import FAILURES, describe
 
 __all__ = ["Borrowed", "check_amqp_connection", "describe_amqp_connection"]
 
@@ -78,8 +79,9 @@ class Borrowed:
         (once; kept until :meth:`release`).
 
         Raises:
-            BrokerError: the pool is closed, or the connection is closed (blitzq does not
-                reopen a connection it does not own; a robust one reconnects by itself).
+            BrokerError: the pool is closed or its factory failed, or the connection is
+                closed (blitzq does not reopen a connection it does not own; a robust one
+                reconnects by itself).
         """
         if isinstance(self.source, Pool):
             if self._conn is None or self._conn.is_closed:
@@ -87,7 +89,17 @@ class Borrowed:
                 if self.source.is_closed:
                     raise BrokerError("the injected aio-pika pool (amqp_connection=) is closed")
                 stack = contextlib.AsyncExitStack()
-                taken: AbstractConnection = await stack.enter_async_context(self.source.acquire())
+                try:
+                    taken: AbstractConnection = await stack.enter_async_context(
+                        self.source.acquire()
+                    )
+                except FAILURES as exc:  # the pool's factory failed, or the pool closed
+                    if isinstance(exc, BrokerError):
+                        raise
+                    raise BrokerError(
+                        f"the injected aio-pika pool (amqp_connection=) gave no connection: "
+                        f"{describe(exc)}"
+                    ) from None
                 self._conn, self._lease = taken, stack
             conn: AbstractConnection = self._conn
         else:

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-import aiormq
-
-from .channels import AmqpLink, settle, translate
+from .channels import FAILURES, AmqpLink, settle, translate
 from .deliveries import Consumer, Held
 
 __all__ = ["purge_queue", "queue_stats"]
@@ -54,7 +52,7 @@ async def _settled_count(link: AmqpLink, queue: str, consumer: Consumer) -> int:
     dispatched to the consumer before it answered arrives first (in the buffer)."""
     try:
         ok = await consumer.raw.queue_declare(link.name(queue), passive=True)
-    except aiormq.exceptions.AMQPError as exc:
+    except FAILURES as exc:
         raise translate(exc, f"counting queue {link.name(queue)!r}") from None
     return int(ok.message_count or 0)
 

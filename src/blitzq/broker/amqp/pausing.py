@@ -24,9 +24,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Protocol
 
-import aiormq
-
-from .channels import DELIVERIES, header_int, settle, translate
+from .channels import DELIVERIES, FAILURES, header_int, settle, translate
 from .deliveries import Consumer, Received
 
 __all__ = ["Republishing", "hand_back", "stop_consuming"]
@@ -74,7 +72,7 @@ async def stop_consuming(transport: Republishing, queue: str, consumer: Consumer
         consumer.stopped = True
         try:
             await consumer.raw.basic_cancel(consumer.tag)
-        except (aiormq.exceptions.AMQPError, RuntimeError) as exc:
+        except FAILURES as exc:
             raise translate(exc, f"cancelling the consumer of {consumer.name!r}") from None
         for _ in range(3):  # the callbacks of the frames read before the cancel-ok
             await asyncio.sleep(0)

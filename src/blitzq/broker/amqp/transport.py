@@ -47,6 +47,7 @@ from . import inspection
 from .batches import publish_batch, returned
 from .channels import (
     DELIVERIES,
+    FAILURES,
     AmqpLink,
     delivery_count,
     guarded,
@@ -168,7 +169,7 @@ class AmqpTransport(Transport):
                         raise unconfirmed(result, f"publishing to {name!r}") from None
                     if not isinstance(result, aiormq.spec.Basic.Ack):  # returned: not routed
                         raise BrokerError(f"RabbitMQ did not queue a message to {name!r}: {result}")
-        except (RuntimeError, aiormq.exceptions.AMQPError, ConnectionError) as exc:
+        except FAILURES as exc:
             if isinstance(exc, BrokerError):
                 raise
             raise unconfirmed(exc, f"publishing to {name!r}") from None
@@ -186,6 +187,8 @@ class AmqpTransport(Transport):
         again and consumed on a new channel)."""
         consumer = self.consumers.get(queue)
         if consumer is not None and self._alive(consumer):
+            if consumer.unconfirmed():  # the loop may have stalled past the heartbeat (SIGSTOP)
+                await consumer.confirm()
             if consumer.stopped:  # its queue was paused: consume on its channel again
                 await self._consume(consumer)
                 consumer.stopped = consumer.asked = False
@@ -203,7 +206,7 @@ class AmqpTransport(Transport):
         channel = await self.link.consumer_channel(self.prefetch)
         try:
             raw = await channel.get_underlay_channel()
-        except (aiormq.exceptions.AMQPError, RuntimeError) as exc:
+        except FAILURES as exc:
             raise translate(exc, f"opening queue {name!r}") from None
         consumer = Consumer(channel, raw, name, self.link.epoch)
         wake = self._wake
@@ -243,7 +246,7 @@ class AmqpTransport(Transport):
         tap(consumer.raw, on_delivery)
         try:
             ok = await consumer.raw.basic_consume(consumer.name, on_message, no_ack=False)
-        except aiormq.exceptions.AMQPError as exc:
+        except FAILURES as exc:
             raise translate(exc, f"consuming from {consumer.name!r}") from None
         consumer.tag = str(ok.consumer_tag or "")
 
@@ -331,9 +334,7 @@ class AmqpTransport(Transport):
                             continue
                         for message in consumer.take(1):
                             out.append(self._deliver(queue, consumer, message))
-                except (TimeoutError, RuntimeError, aiormq.exceptions.AMQPError) as exc:
-                    if isinstance(exc, BrokerError):
-                        raise
+                except FAILURES as exc:  # a BrokerError goes through translate as it is
                     raise translate(exc, "waiting for messages") from None
                 if out:
                     if self.custody is not None and any(d.deliveries > 1 for d in out):
@@ -423,9 +424,7 @@ class AmqpTransport(Transport):
                     out.append(self._deliver(queue, consumer, message))
                 if len(out) >= count:
                     break
-        except (TimeoutError, RuntimeError, aiormq.exceptions.AMQPError, ConnectionError) as exc:
-            if isinstance(exc, BrokerError):  # aio-pika: RuntimeError on a closed connection
-                raise
+        except FAILURES as exc:  # a BrokerError goes through translate as it is
             raise translate(exc, "fetching") from None
         if self.custody is not None and any(d.deliveries > 1 for d in out):
             out = await self._skip_committed(out)
@@ -594,7 +593,7 @@ class AmqpTransport(Transport):
             try:
                 if self._alive(consumer):
                     await stop_consuming(self, queue, consumer)
-            except (BrokerError, aiormq.exceptions.AMQPError, ConnectionError) as exc:
+            except FAILURES as exc:
                 logger.warning("could not hand back the prefetched messages of %s: %s", queue, exc)
         self.held.clear()
         await self.link.close()
