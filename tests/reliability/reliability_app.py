@@ -10,6 +10,9 @@ executions from outside the worker:
 
 Observation writes retry for a while on connection errors, so a task running while Redis
 restarts still records its run (a failed observation would otherwise fail the task itself).
+Each is one script call with a token of its own (``{ns}:obs:tok:<token>``, an hour): a retry
+whose first try was applied but whose reply timed out (a worker paused past its
+``socket_timeout``) counts once, so a count of 2 is always a body that started twice.
 The namespace fixture deletes every ``{ns}:*`` key after the test, these included.
 """
 
@@ -19,6 +22,7 @@ import asyncio
 import os
 import signal
 import time
+import uuid
 from typing import Any
 
 import redis
@@ -55,6 +59,16 @@ def async_redis(url: str) -> Any:
     if url.startswith("redis+cluster://"):
         return aioredis.RedisCluster.from_url("redis://" + url.partition("://")[2])
     return aioredis.Redis.from_url(url)
+
+
+#: One observation, applied once however often it is sent: KEYS[1] the counter hash, KEYS[2]
+#: the pid hash, KEYS[3] the observation's token; ARGV[1] the label, ARGV[2] the pid ("": none).
+OBSERVE = """
+if not redis.call('SET', KEYS[3], '1', 'NX', 'EX', 3600) then return 0 end
+redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
+return 1
+"""
 
 
 def obs_key(namespace: str, kind: str) -> str:
@@ -107,15 +121,18 @@ def build_queue(
             client = state["sync"] = sync_redis(queue.url)
         return client
 
+    def observation(label: str, key: str, pid: bool) -> tuple[Any, ...]:
+        """The arguments of one observation's script call: a token of its own, so that a
+        retry whose first try was applied (its reply timed out: a paused worker) counts once."""
+        token = obs_key(namespace, "tok:" + uuid.uuid4().hex)
+        return (OBSERVE, 3, key, pids, token, label, os.getpid() if pid else "")
+
     async def observe(label: str, key: str, pid: bool) -> None:
         deadline = time.monotonic() + OBSERVE_RETRY_FOR
+        args = observation(label, key, pid)
         while True:
             try:
-                async with async_client().pipeline(transaction=True) as pipe:
-                    pipe.hincrby(key, label, 1)
-                    if pid:
-                        pipe.hset(pids, label, os.getpid())
-                    await pipe.execute()
+                await async_client().eval(*args)
                 return
             except (redis.ConnectionError, redis.TimeoutError, OSError):
                 if time.monotonic() > deadline:
@@ -124,13 +141,10 @@ def build_queue(
 
     def observe_sync(label: str, key: str, pid: bool) -> None:
         deadline = time.monotonic() + OBSERVE_RETRY_FOR
+        args = observation(label, key, pid)
         while True:
             try:
-                with sync_client().pipeline(transaction=True) as pipe:
-                    pipe.hincrby(key, label, 1)
-                    if pid:
-                        pipe.hset(pids, label, os.getpid())
-                    pipe.execute()
+                sync_client().eval(*args)
                 return
             except (redis.ConnectionError, redis.TimeoutError, OSError):
                 if time.monotonic() > deadline:
