@@ -105,7 +105,8 @@ class AmqpTransport(Transport):
     """
 
     guarantee = Guarantee.AT_LEAST_ONCE
-    supports_recovery = recovers_on_silence = True  # missed heartbeats: redelivered
+    supports_recovery = True
+    recovers_on_silence = True  # missed heartbeats: RabbitMQ redelivers to other workers
     hands_back = True  # nack: republish with confirms, then ack (no delivery spent)
 
     def __init__(
