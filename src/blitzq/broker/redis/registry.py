@@ -15,10 +15,22 @@ from redis.exceptions import OutOfMemoryError, ResponseError
 from ..state import RegistryState
 from .client import translate_errors
 from .connection import RedisPart
+from .keys import Keys
 
 __all__ = ["RedisRegistry"]
 
 logger = logging.getLogger("blitzq.broker")
+
+
+def _registry_keys(keys: Keys) -> list[str]:
+    """The keys ``register.lua`` and ``unregister.lua`` both take, in their order."""
+    return [
+        keys.workers,
+        keys.worker_beats,
+        keys.worker_counts,
+        keys.stats,
+        keys.worker_timeouts,
+    ]
 
 
 class RedisRegistry(RedisPart, RegistryState):
@@ -67,17 +79,10 @@ class RedisRegistry(RedisPart, RegistryState):
         in ``{ns}:workers:vt``, and add what ``counts`` has above the counts already added
         for it to ``{ns}:stats`` ``processed`` / ``failed`` (``lua/register.lua``, one call:
         see :meth:`RegistryState.register_worker`)."""
-        keys = self.keys
         vt = "" if visibility_timeout is None else repr(float(visibility_timeout))
         await self.scripts.call(
             "register",
-            keys=[
-                keys.workers,
-                keys.worker_beats,
-                keys.worker_counts,
-                keys.stats,
-                keys.worker_timeouts,
-            ],
+            keys=_registry_keys(self.keys),
             args=[
                 worker_id,
                 info,
@@ -93,16 +98,9 @@ class RedisRegistry(RedisPart, RegistryState):
         """Remove a worker's registration and add what ``counts`` has above the counts
         already added for it to ``{ns}:stats`` ``processed`` / ``failed``
         (``lua/unregister.lua``, one call: see :meth:`RegistryState.unregister_worker`)."""
-        keys = self.keys
         await self.scripts.call(
             "unregister",
-            keys=[
-                keys.workers,
-                keys.worker_beats,
-                keys.worker_counts,
-                keys.stats,
-                keys.worker_timeouts,
-            ],
+            keys=_registry_keys(self.keys),
             args=[worker_id, *_counts(counts)],
         )
 
