@@ -200,7 +200,8 @@ async def end_if_gone(
     Raises:
         ResultExpired: the task is known nowhere; the message names ``result_ttl`` (s), and
             for a task sent less than ``result_ttl`` ago says that the server lost its data
-            (a record lives ``result_ttl`` from its write, after the send).
+            or the task was purged (a record lives ``result_ttl`` from its write, after the
+            send).
     """
     loop = asyncio.get_running_loop()
     gate = _tracing.get(loop)
@@ -218,8 +219,8 @@ async def end_if_gone(
         why = (
             f"it was sent {age:.1f} s ago, less than result_ttl ({result_ttl} s), so its "
             "record did not expire: the server lost its data (a restart without persistence, "
-            "a flush, an eviction under its maxmemory-policy), unless the workers keep "
-            "records for a shorter result_ttl"
+            "a flush, an eviction under its maxmemory-policy), or an operator purged it "
+            "(queue purge), unless the workers keep records for a shorter result_ttl"
         )
     else:
         why = f"records expire result_ttl ({result_ttl} s) after they are written"
