@@ -66,12 +66,15 @@ def locked() -> Iterator[int]:
 
 
 def _urls(port: int, redis_url: str) -> dict[str, tuple[str, str]]:
-    base = redis_url.rsplit("/", 1)[0]
+    if redis_url.startswith("unix://"):  # the embedded server: its database in the query
+        bad_db = redis_url.partition("?")[0] + "?db=99"
+    else:
+        bad_db = redis_url.rsplit("/", 1)[0] + "/99"
     return {
         "wrong password": (f"redis://:wrong@127.0.0.1:{port}/0", "credentials"),
         "wrong user": (f"redis://nobody:{PASSWORD}@127.0.0.1:{port}/0", "credentials"),
         "no password": (f"redis://127.0.0.1:{port}/0", "requires a password (NOAUTH)"),
-        "bad DB number": (f"{base}/99", "database number"),
+        "bad DB number": (bad_db, "database number"),
     }
 
 

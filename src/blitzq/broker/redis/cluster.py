@@ -93,7 +93,9 @@ def split_layout(url: str) -> tuple[str, str | None]:
     if chosen[-1] not in LAYOUTS:
         raise ValueError(f"layout={chosen[-1]!r} must be one of {', '.join(LAYOUTS)}")
     rest = urlencode([(name, value) for name, value in query if name != "layout"])
-    return urlunsplit(split._replace(query=rest)), chosen[-1]
+    # Not urlunsplit: it writes a URL with no host as "unix:/path", which redis-py refuses.
+    base = url.partition("?")[0]
+    return (f"{base}?{rest}" if rest else base), chosen[-1]
 
 
 def plain_url(url: str) -> str:
