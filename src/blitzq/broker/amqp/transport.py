@@ -38,27 +38,17 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import aiormq
 from aiormq.abc import DeliveredMessage
 
-from ...exceptions import BrokerError
 from ..transport import Delivery, Guarantee, Transport
 from . import inspection
-from .batches import publish_batch, returned
-from .channels import (
-    DELIVERIES,
-    FAILURES,
-    AmqpLink,
-    delivery_count,
-    guarded,
-    settle,
-    translate,
-    unconfirmed,
-)
+from .channels import DELIVERIES, FAILURES, AmqpLink, delivery_count, guarded, translate
 from .deliveries import Consumer, Held, Received
 from .injected import Borrowed
 from .pausing import stop_consuming
+from .publishing import publish_confirmed
 from .redelivered import skip_committed
+from .settling import ack_held, nack_held
 from .tap import tap
 
 if TYPE_CHECKING:
@@ -66,10 +56,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
-#: Seconds a published message may wait for RabbitMQ's confirm (then the publish fails).
-CONFIRM_TIMEOUT = 30.0
-#: Messages of one publish in flight at once (awaiting their confirms).
-PUBLISH_WINDOW = 1000
 #: Seconds to wait for a channel to close.
 CLOSE_TIMEOUT = 5.0
 #: A consumer's prefetch is this many times the worker's free slots at its first fetch
@@ -139,7 +125,8 @@ class AmqpTransport(Transport):
 
         Raises:
             BrokerError: a message was not confirmed (nacked, returned, channel lost, or no
-                confirm in :data:`CONFIRM_TIMEOUT` s; then its outcome is unknown, as it says).
+                confirm in :data:`.publishing.CONFIRM_TIMEOUT` s; then its outcome is
+                unknown, as it says).
             ConfigurationError: the queue exists with other arguments.
         """
         await self.publish_with(queue, messages, 0)
@@ -147,33 +134,8 @@ class AmqpTransport(Transport):
     @guarded
     async def publish_with(self, queue: str, messages: Sequence[bytes], deliveries: int) -> None:
         """:meth:`publish`, the messages marked as delivered ``deliveries`` times before."""
-        if not messages:
-            return
-        await self.link.declare(queue)
-        channel = await self.link.publisher()
-        name = self.link.name(queue)
         headers: dict[str, Any] | None = {DELIVERIES: deliveries} if deliveries else None
-        try:
-            raw = await channel.get_underlay_channel()
-            for start in range(0, len(messages), PUBLISH_WINDOW):
-                window = messages[start : start + PUBLISH_WINDOW]
-                results = await publish_batch(raw, name, window, headers, CONFIRM_TIMEOUT)
-                back = [body for body, r in zip(window, results, strict=True) if returned(r)]
-                if back:  # the queue was deleted: declare it again, publish those again
-                    logger.warning("queue %s is gone; declaring it again", name)
-                    self.link.forget(queue)
-                    await self.link.declare(queue)
-                    results = [r for r in results if not returned(r)]
-                    results += await publish_batch(raw, name, back, headers, CONFIRM_TIMEOUT)
-                for result in results:
-                    if isinstance(result, BaseException):
-                        raise unconfirmed(result, f"publishing to {name!r}") from None
-                    if not isinstance(result, aiormq.spec.Basic.Ack):  # returned: not routed
-                        raise BrokerError(f"RabbitMQ did not queue a message to {name!r}: {result}")
-        except FAILURES as exc:
-            if isinstance(exc, BrokerError):
-                raise
-            raise unconfirmed(exc, f"publishing to {name!r}") from None
+        await publish_confirmed(self.link, queue, messages, headers)
 
     # ------------------------------------------------------------- consuming
     @guarded
@@ -441,48 +403,16 @@ class AmqpTransport(Transport):
     async def ack(self, queue: str, tokens: Sequence[bytes]) -> None:
         """``basic.ack`` the deliveries, batched per channel (``multiple=True``, see
         ``deliveries.py``); a delivery in custody is released from it instead; tokens no
-        longer held are ignored."""
-        released: list[bytes] = []
-        by_consumer: dict[int, tuple[Consumer, list[int]]] = {}
-        held_map, epoch = self.held, self.link.epoch
-        for token in tokens:
-            held = held_map.pop(token, None)
-            if held is None:
-                continue
-            state = held.state
-            if state == "held":
-                if held.epoch == epoch:  # else RabbitMQ put it back already
-                    message = held.message
-                    entry = by_consumer.get(id(message.consumer))
-                    if entry is None:
-                        entry = by_consumer[id(message.consumer)] = (message.consumer, [])
-                    entry[1].append(message.tag)
-            elif state == "handing":
-                held.state = "done"  # the hand-over releases it when it is through
-            elif state == "custody":
-                released.append(token)
-        for consumer, tags in by_consumer.values():
-            await consumer.settle(tags)
-        if released and self.custody is not None:
-            await self.custody.release(queue, released)
+        longer held are ignored (:func:`.settling.ack_held`)."""
+        await ack_held(self, queue, tokens)
 
     @guarded
     async def nack(self, queue: str, tokens: Sequence[bytes]) -> None:
         """Hand deliveries back unfinished: each is published again (confirmed), marked
         with its deliveries so far minus one, then acked (or released from custody) -- so a
         hand-back does not spend the delivery budget as ``basic.nack`` on a quorum queue
-        would. A crash in between leaves both copies (at-least-once)."""
-        for token in tokens:
-            held = self.held.get(token)
-            if held is None or held.state in ("handing", "done"):
-                continue
-            await self.publish_with(queue, [held.message.body], held.deliveries - 1)
-            del self.held[token]
-            if held.state == "custody":
-                if self.custody is not None:
-                    await self.custody.release(queue, [token])
-            elif held.epoch == self.link.epoch:
-                await settle(held.message, True)
+        would (:func:`.settling.nack_held`)."""
+        await nack_held(self, queue, tokens)
 
     def forget_lost(self, queue: str) -> int:
         """Drop the unacked deliveries of ``queue`` whose connection is gone (RabbitMQ put
