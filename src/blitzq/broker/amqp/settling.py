@@ -1,7 +1,8 @@
 """Settling the RabbitMQ transport's deliveries: the completion's ack and the hand-back.
 
 :func:`ack_held` acks what a worker completed: ``basic.ack`` of the held deliveries,
-batched per consumer channel (``multiple=True``, see ``deliveries.py``), or, for a delivery
+batched per consumer channel (``multiple=True``, see ``deliveries.py``; the message of a
+pack, ``packs.py``, once its last task is acked or handed back), or, for a delivery
 in the state store's custody (``custody.py``), the release of its entry. :func:`nack_held`
 hands deliveries back unfinished: each is published again (confirmed), marked with its
 deliveries so far minus one, then acked -- so a hand-back does not spend the delivery budget
@@ -51,8 +52,9 @@ async def ack_held(transport: Settling, queue: str, tokens: Sequence[bytes]) -> 
             continue
         state = held.state
         if state == "held":
-            if held.epoch == epoch:  # else RabbitMQ put it back already
-                message = held.message
+            message = held.message
+            if held.epoch == epoch and (message.pack is None or message.pack.settled()):
+                # else RabbitMQ put it back already, or other tasks of its pack are not done
                 entry = by_consumer.get(id(message.consumer))
                 if entry is None:
                     entry = by_consumer[id(message.consumer)] = (message.consumer, [])

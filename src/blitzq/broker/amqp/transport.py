@@ -7,6 +7,10 @@ aio-pika, paired with the Redis state store (``broker.py``). How it meets the co
   publisher-confirm mode, the batch in flight at once; the call returns once RabbitMQ
   confirmed every message. A ``basic.nack``, a ``basic.return`` (no such queue) or a lost
   channel raises :class:`~blitzq.exceptions.BrokerError`: a publish is never lost silently.
+- **packs**: a publish of many messages to one queue travels as several tasks per AMQP
+  message (``packs.py``); each task of a received pack is a delivery of its own, the message
+  acked once every one of them is settled; a pack delivered again is split
+  (``redelivered.py``).
 - **fetch**: one consumer (``basic.consume``, manual ack) per consumed queue, on a channel of
   its own whose prefetch (``basic.qos``) is the ``count`` of the first fetch -- the worker's
   free slots when it starts, i.e. its concurrency -- unless ``prefetch`` is given. What the
@@ -32,6 +36,7 @@ aio-pika, paired with the Redis state store (``broker.py``). How it meets the co
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import time
@@ -40,14 +45,16 @@ from typing import TYPE_CHECKING, Any
 
 from aiormq.abc import DeliveredMessage
 
+from ..factory import amqp_pack
 from ..transport import Delivery, Guarantee, Transport
 from . import inspection
 from .channels import DELIVERIES, FAILURES, AmqpLink, delivery_count, guarded, translate
 from .deliveries import Consumer, Held, Received
 from .injected import Borrowed
+from .packs import DEFAULT_MAX_PACK, PACK_HEADER, VERSION, pack_size, packed
 from .pausing import stop_consuming
 from .publishing import publish_confirmed
-from .redelivered import skip_committed
+from .redelivered import skip_committed, split_pack
 from .settling import ack_held, nack_held
 from .tap import tap
 
@@ -62,6 +69,8 @@ CLOSE_TIMEOUT = 5.0
 #: (unless ``prefetch`` is given): the next messages are already here when slots free up,
 #: instead of one round trip (ack, then delivery) behind.
 PREFETCH_FACTOR = 2
+#: AMQP headers of a pack (:mod:`.packs`).
+_PACK_HEADERS = {PACK_HEADER: VERSION}
 
 
 async def _close_quietly(consumer: Consumer) -> None:
@@ -88,6 +97,11 @@ class AmqpTransport(Transport):
         borrowed: the application's connection or pool to publish on instead of one of the
             transport's own (``Queue(amqp_connection=...)``, :mod:`.injected`; producers
             only).
+        max_pack: tasks per AMQP message at most in a bulk publish (:mod:`.packs`; 1: no
+            packs); ``None``: the URL's ``?pack=``, else :data:`.packs.DEFAULT_MAX_PACK`.
+
+    Raises:
+        ConfigurationError: a ``?pack=`` in ``url`` that is not an integer in 1-1000.
     """
 
     guarantee = Guarantee.AT_LEAST_ONCE
@@ -105,8 +119,13 @@ class AmqpTransport(Transport):
         custody: Custody | None = None,
         heartbeat: int | None = None,
         borrowed: Borrowed | None = None,
+        max_pack: int | None = None,
     ) -> None:
         self.link = AmqpLink(url, namespace, max_deliveries, heartbeat, borrowed)
+        if max_pack is None:
+            max_pack = amqp_pack(url) or DEFAULT_MAX_PACK
+        self.max_pack = max_pack
+        self._parts = itertools.count()  # a pack's tasks share a delivery tag: told apart
         self.prefetch = prefetch
         self.custody = custody
         self.held: dict[bytes, Held] = {}
@@ -121,7 +140,9 @@ class AmqpTransport(Transport):
 
     # --------------------------------------------------------------- publish
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
-        """Publish ``messages`` to ``queue`` and wait for RabbitMQ's confirms.
+        """Publish ``messages`` to ``queue`` and wait for RabbitMQ's confirms. A publish of
+        many messages (``2 * packs.SPREAD`` or more) travels in packs of up to ``max_pack``
+        of them per AMQP message (:mod:`.packs`); fewer, one AMQP message each.
 
         Raises:
             BrokerError: a message was not confirmed (nacked, returned, channel lost, or no
@@ -129,7 +150,16 @@ class AmqpTransport(Transport):
                 unknown, as it says).
             ConfigurationError: the queue exists with other arguments.
         """
-        await self.publish_with(queue, messages, 0)
+        size = pack_size(len(messages), self.max_pack)
+        if size > 1:
+            await self._publish_packed(queue, packed(messages, size))
+        else:
+            await self.publish_with(queue, messages, 0)
+
+    @guarded
+    async def _publish_packed(self, queue: str, packs: Sequence[bytes]) -> None:
+        """Publish pack bodies (:mod:`.packs`) to ``queue``, marked as packs."""
+        await publish_confirmed(self.link, queue, packs, _PACK_HEADERS)
 
     @guarded
     async def publish_with(self, queue: str, messages: Sequence[bytes], deliveries: int) -> None:
@@ -198,9 +228,9 @@ class AmqpTransport(Transport):
         monotonic = time.monotonic
 
         def on_delivery(deliver: Any, header: Any, body: bytes) -> None:
-            got = receive(deliver, header, body)
-            buffer.append(got)
-            arrived[got.tag] = monotonic()
+            got = receive(deliver, header, body)  # its tasks: one, or a pack's
+            buffer.extend(got)
+            arrived[got[0].tag] = monotonic()
             wake()
 
         async def on_message(message: DeliveredMessage) -> None:  # the tap takes them all
@@ -230,6 +260,8 @@ class AmqpTransport(Transport):
         # 0 when a count header was planted: the worker dead-letters it as malformed.
         deliveries = delivery_count(headers) if headers else 1
         token = b"%s.%d.%d.%d" % (self._instance, consumer.epoch, consumer.raw.number, message.tag)
+        if message.pack is not None:
+            token += b".%d" % next(self._parts)
         self.held[token] = Held(queue, message, deliveries, consumer.epoch)
         return Delivery(queue, token, message.body, deliveries)
 
@@ -296,7 +328,10 @@ class AmqpTransport(Transport):
                             consumer.buffer.clear()
                             continue
                         for message in consumer.take(1):
-                            out.append(self._deliver(queue, consumer, message))
+                            if message.redelivered_pack():
+                                out += await self._split(queue, consumer, message)
+                            else:
+                                out.append(self._deliver(queue, consumer, message))
                 except FAILURES as exc:  # a BrokerError goes through translate as it is
                     raise translate(exc, "waiting for messages") from None
                 if out:
@@ -384,7 +419,10 @@ class AmqpTransport(Transport):
                 await asyncio.gather(*short)
             for queue, consumer in consumers:
                 for message in consumer.take(count - len(out)):
-                    out.append(self._deliver(queue, consumer, message))
+                    if message.redelivered_pack():
+                        out += await self._split(queue, consumer, message)
+                    else:
+                        out.append(self._deliver(queue, consumer, message))
                 if len(out) >= count:
                     break
         except FAILURES as exc:  # a BrokerError goes through translate as it is
@@ -392,6 +430,14 @@ class AmqpTransport(Transport):
         if self.custody is not None and any(d.deliveries > 1 for d in out):
             out = await self._skip_committed(out)
         return out
+
+    async def _split(self, queue: str, consumer: Consumer, message: Received) -> list[Delivery]:
+        """A pack delivered again: :func:`.redelivered.split_pack` (nothing to run now), or,
+        not a well-formed pack, the message delivered as it is (dead-lettered as malformed)."""
+        store = self.custody.store if self.custody is not None else None
+        if await split_pack(store, queue, message, self.publish_with):
+            return []
+        return [self._deliver(queue, consumer, message)]
 
     async def _skip_committed(self, out: list[Delivery]) -> list[Delivery]:
         """:func:`.redelivered.skip_committed` of ``out`` (acked through :meth:`ack`)."""
