@@ -146,6 +146,35 @@ async def test_a_dead_lettered_pack_leaves_a_dead_letter_per_task_not_committed(
     assert await broker.get_dead_letter("p0") is None  # committed: not a dead letter
 
 
+async def test_the_tasks_of_a_pack_in_custody_let_the_pack_be_acked(
+    amqp: Callable[..., Broker],
+) -> None:
+    broker = amqp(prefetch=1)
+    await broker.publish("kept", [message(f"k{i}") for i in range(128)])  # packs of 2
+    d0, d1 = await fetch_all(broker, "kept", 2)
+    transport: Any = broker.transport
+    tokens = [d0.token, d1.token]
+    tag = transport.held[d0.token].message.tag  # the pack's delivery tag (d1's too)
+
+    async def handed() -> list[str]:  # both run long (heartbeated): handed to custody
+        await broker.heartbeat("kept", tokens)  # type: ignore[arg-type]
+        await broker.recover("kept", 0.01, 100, 5, 60)
+        return [getattr(transport.held.get(t), "state", "gone") for t in tokens]
+
+    assert await eventually(handed, lambda states: "held" not in states, 30) == [
+        "custody",
+        "custody",
+    ]
+    # Each task handed over settled its share of the pack: the message is acked.
+    assert tag not in transport.consumers["kept"].unacked
+    await broker.complete([Completion("kept", d1.token, task_id(d1.payload))])
+    await transport.link.close()  # nothing of the pack is put back
+    other = amqp()
+    rest = await fetch_all(other, "kept", 126)
+    assert {task_id(d.payload) for d in rest} == {f"k{i}" for i in range(2, 128)}
+    assert await other.fetch("kept", 1, 0.2) == []
+
+
 @pytest.fixture
 async def queue(amqp: Callable[..., Broker]) -> AsyncIterator[Queue]:
     """A Queue ``pq`` on an AmqpBroker (visibility timeout 5 s)."""
@@ -175,6 +204,32 @@ async def test_packed_tasks_each_run_once_within_the_concurrency(queue: Queue) -
     assert runs == dict.fromkeys(range(512), 1)
     assert 1 <= peak <= 3  # a pack of 8 never starts more than the worker's 3 slots
     assert (await queue.broker.queue_stats(["pq"]))["pq"] == {"waiting": 0, "in_flight": 0}
+
+
+async def test_a_cancelled_task_of_a_pack_is_skipped_and_the_others_run(queue: Queue) -> None:
+    runs: dict[int, int] = {}
+
+    @queue.task(name="packs.count")
+    async def count(i: int) -> int:
+        runs[i] = runs.get(i, 0) + 1
+        return i
+
+    handles = await count.enqueue_many((i,) for i in range(256))  # packs of 4
+    await queue.cancel(handles[1].id)  # queued: marked revoked, every worker skips it
+    async with running(make_worker(queue, concurrency=4)):
+        for i, h in enumerate(handles):
+            if i != 1:
+                assert await h.result(timeout=60) == i
+        status = await handles[1].status()
+        assert status is not None
+        assert status.state.value == "cancelled"
+        await eventually(
+            lambda: queue.broker.queue_stats(["pq"]),
+            lambda s: s["pq"] == {"waiting": 0, "in_flight": 0},
+            30,
+        )
+    assert 1 not in runs
+    assert runs == {i: 1 for i in range(256) if i != 1}
 
 
 async def test_a_shutdown_mid_pack_loses_nothing_and_reruns_nothing_committed(
