@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python bench/amqp_enqueue_floor.py [--tasks N] [--reps N]
+    .venv/bin/python bench/amqp_enqueue_floor.py [--tasks N] [--reps N] [--no-floors]
 
 Issue 25 asks for a bulk enqueue on RabbitMQ of at least 0.5x the Redis transport's. This
 script says how much of the gap is blitzq's and how much is the server's, in one run. Each
@@ -16,6 +16,9 @@ namespace, a durable quorum queue, publisher confirms), and for each:
 * the server's CPU per message: the private Redis's (``INFO cpu``), or the RabbitMQ node's
   (``beam.smp``'s ``/proc/<pid>/stat``: a local node only; its background work, other users'
   queues included, is in it);
+* the RabbitMQ side twice: with packs (the default, several tasks per AMQP message,
+  ``broker/amqp/packs.py``: batches of 1,000 travel in packs of 15) and with ``?pack=1`` (one
+  AMQP message per task, as before packs);
 * the machine's ceiling: ``CPUs / (producer + server CPU per message)``, the rate if both
   had the whole machine and nothing waited (on the quorum queue, the node's CPU per
   confirmed message is the larger part).
@@ -110,17 +113,18 @@ async def floor(amqp: str, n: int, kind: str) -> float:
         await connection.close()
 
 
-async def run(url: str, amqp: str, tasks: int, reps: int) -> None:
+async def run(url: str, amqp: str, tasks: int, reps: int, with_floors: bool) -> None:
     """Run the alternating repetitions and print the table."""
     client = harness.aioredis.Redis.from_url(url)
-    rows: dict[str, list[tuple[float, float, float]]] = {"redis": [], "amqp": []}
+    rows: dict[str, list[tuple[float, float, float]]] = {"redis": [], "amqp": [], "single": []}
     floors: dict[str, list[float]] = {"quorum": [], "classic": []}
+    single = amqp + ("&" if "?" in amqp else "?") + "pack=1"
     try:
         for rep in range(reps):
-            steps = ["redis", "amqp", "quorum", "classic"]
+            steps = ["redis", "amqp", "single"] + (["quorum", "classic"] if with_floors else [])
             for step in steps if rep % 2 == 0 else steps[::-1]:
                 if step in rows:
-                    target = amqp if step == "amqp" else None
+                    target = {"amqp": amqp, "single": single}.get(step)
                     rows[step].append(await blitzq_enqueue(url, target, client, tasks))
                 else:
                     floors[step].append(await floor(amqp, tasks, step))
@@ -133,7 +137,12 @@ async def run(url: str, amqp: str, tasks: int, reps: int) -> None:
 
     print("| enqueue_many | tasks/s | producer CPU us/task | server CPU us/task | ceiling /s |")
     print("|---|---:|---:|---:|---:|")
-    for key, label in (("redis", "Redis"), ("amqp", "RabbitMQ, quorum queue")):
+    labels = (
+        ("redis", "Redis"),
+        ("amqp", "RabbitMQ, quorum queue, packs (default)"),
+        ("single", "RabbitMQ, quorum queue, `?pack=1` (one message per task)"),
+    )
+    for key, label in labels:
         got = rows[key]
         print(
             f"| {label} | {statistics.median(r[0] for r in got):,.0f} "
@@ -141,12 +150,15 @@ async def run(url: str, amqp: str, tasks: int, reps: int) -> None:
             f"| {statistics.median(r[2] for r in got) * 1e6:.1f} "
             f"| {statistics.median(ceiling(r) for r in got):,.0f} |"
         )
-    pairs = list(zip(rows["amqp"], rows["redis"], strict=True))
-    print(
-        f"\nRabbitMQ / Redis, same run: rate {statistics.median(a[0] / r[0] for a, r in pairs):.2f}"
-        f", RabbitMQ's ceiling / Redis's rate "
-        f"{statistics.median(ceiling(a) / r[0] for a, r in pairs):.2f}"
-    )
+    print()
+    for key, label in (("amqp", "packs"), ("single", "?pack=1")):
+        pairs = list(zip(rows[key], rows["redis"], strict=True))
+        print(
+            f"RabbitMQ ({label}) / Redis, same run: rate "
+            f"{statistics.median(a[0] / r[0] for a, r in pairs):.2f}"
+            f", RabbitMQ's ceiling / Redis's rate "
+            f"{statistics.median(ceiling(a) / r[0] for a, r in pairs):.2f}"
+        )
     if BEAM_PID is None:
         print("(the RabbitMQ node is not local: its CPU is not counted)")
     for kind, got in floors.items():
@@ -160,6 +172,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--tasks", type=int, default=5000, help="messages per measurement")
     parser.add_argument("--reps", type=int, default=3, help="alternating repetitions")
+    parser.add_argument("--no-floors", action="store_true", help="skip the bare-client rows")
     args = parser.parse_args()
     amqp = os.environ.get("BLITZQ_BENCH_AMQP_URL", DEFAULT_AMQP_URL)
     os.environ.pop("BLITZQ_AMQP_URL", None)  # the Redis side must stay on Redis
@@ -167,7 +180,7 @@ def main() -> None:
         print("RabbitMQ bench skipped: nothing answers")
         return
     with harness.private_redis() as url:
-        asyncio.run(run(url, amqp, args.tasks, args.reps))
+        asyncio.run(run(url, amqp, args.tasks, args.reps, not args.no_floors))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ and which broker class serves which mode are decided here and nowhere else.
 from __future__ import annotations
 
 from typing import Any, Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .. import config
 from ..exceptions import ConfigurationError
@@ -107,6 +107,43 @@ def amqp_hosts(url: str) -> list[str]:
     return out
 
 
+#: Largest ``?pack=`` of an ``amqp_url`` (tasks per AMQP message, ``broker/amqp/packs.py``).
+AMQP_MAX_PACK = 1000
+
+
+def amqp_pack(url: str) -> int | None:
+    """The ``?pack=`` option of an ``amqp_url``: the most tasks a bulk publish puts in one
+    AMQP message (``broker/amqp/packs.py``; ``1``: none); ``None`` when no host's URL gives
+    it (the last one given wins).
+
+    Raises:
+        ConfigurationError: a ``pack=`` that is not an integer in 1-:data:`AMQP_MAX_PACK`
+            (the message names the URL with its password masked).
+    """
+    found: int | None = None
+    for one in amqp_hosts(url):
+        for key, value in parse_qsl(one.partition("?")[2], keep_blank_values=True):
+            if key != "pack":
+                continue
+            number = int(value) if value.strip().isdigit() else 0
+            if not 1 <= number <= AMQP_MAX_PACK:
+                raise ConfigurationError(
+                    f"bad amqp_url {mask_url(url)!r}: pack={value!r} must be an integer from "
+                    f"1 (no packs) to {AMQP_MAX_PACK}"
+                )
+            found = number
+    return found
+
+
+def without_pack(url: str) -> str:
+    """A one-host ``amqp_url`` without its ``pack=`` option (blitzq's, not aio-pika's)."""
+    base, sep, query = url.partition("?")
+    if not sep or "pack=" not in query:
+        return url
+    kept = [p for p in query.split("&") if p.partition("=")[0] != "pack"]
+    return f"{base}?{'&'.join(kept)}" if kept else base
+
+
 def check_amqp_url(url: str) -> None:
     """Refuse an AMQP URL that aio-pika could not connect with, before any connection.
 
@@ -117,14 +154,15 @@ def check_amqp_url(url: str) -> None:
 
     Raises:
         ConfigurationError: another scheme, no host, a port that is not an integer in
-            1-65535, or a vhost with an unescaped ``/``; the message names the URL with its
-            password masked.
+            1-65535, a vhost with an unescaped ``/``, or a bad ``pack=`` (:func:`amqp_pack`);
+            the message names the URL with its password masked.
     """
     hosts = amqp_hosts(url)
     if not hosts:
         raise ConfigurationError(f"bad amqp_url {mask_url(url)!r}: no host")
     for one in hosts:
         _check_one_amqp_url(one)
+    amqp_pack(url)
 
 
 def _check_one_amqp_url(url: str) -> None:
@@ -315,10 +353,12 @@ def make_broker(
 
 
 __all__ = [
+    "AMQP_MAX_PACK",
     "AMQP_RESERVED_QUEUE",
     "AMQP_SCHEMES",
     "SCHEMES",
     "amqp_hosts",
+    "amqp_pack",
     "check_amqp_queue",
     "check_amqp_url",
     "check_url",
@@ -327,4 +367,5 @@ __all__ = [
     "mask_url",
     "resolve_amqp_url",
     "resolve_url",
+    "without_pack",
 ]

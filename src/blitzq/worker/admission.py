@@ -212,7 +212,9 @@ class Admission:
             return
         error = (
             f"delivery count is {d.deliveries}, more than max_deliveries={self.max_deliveries}"
-            " (a count no recovery writes: it was set by hand or by another Queue's settings)"
+            " (on RabbitMQ, a message published again with its count -- a task of a pack"
+            " delivered again, a custody recovery -- is counted on past the queue's limit;"
+            " otherwise the count was set by hand or by another Queue's settings)"
         )
         self.reject(d, "max deliveries exceeded", error, slots, env.id, env.task)
 

@@ -43,7 +43,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from ...exceptions import BlitzQError, BrokerError, BrokerRefusedSettings, ConfigurationError
 from ...redaction import mask_url
-from ..factory import AMQP_RESERVED_QUEUE, amqp_hosts, check_amqp_queue
+from ..factory import AMQP_RESERVED_QUEUE, amqp_hosts, check_amqp_queue, without_pack
 from .closing import FAILURES, CloseNotice, describe
 from .deliveries import Received
 from .frames import read_in_bulk
@@ -221,7 +221,7 @@ class AmqpLink:
     ) -> None:
         self.url = url
         self.borrowed = borrowed
-        self.urls = amqp_hosts(url) if borrowed is None else [url]
+        self.urls = [without_pack(u) for u in amqp_hosts(url)] if borrowed is None else [url]
         """The single-host URLs to try, in order (several: failover, see :meth:`ensure`)."""
         self._current = 0  # the index in ``urls`` of the host last connected to
         urls_set_it = all("heartbeat=" in u.partition("?")[2] for u in self.urls)
@@ -505,9 +505,12 @@ async def _close_at_loop_end(link: AmqpLink) -> AsyncGenerator[None, None]:
 async def settle(message: AbstractIncomingMessage | Received, ack: bool) -> None:
     """Ack (or nack with requeue) ``message``; a closed channel is not an error (RabbitMQ
     redelivers the message). A :class:`~.deliveries.Received` message is settled through its
-    consumer (acks batched); aio-pika's ``message.channel`` itself raises
+    consumer (acks batched) -- a task of a pack (:mod:`.packs`) only counts as settled until
+    the pack's last one is, which settles the message; aio-pika's ``message.channel`` itself raises
     ``ChannelInvalidStateError`` (a RuntimeError) once the channel is closed."""
     if isinstance(message, Received):
+        if message.pack is not None and not message.pack.settled():
+            return  # one task of a pack: the message is settled with its last task
         await message.consumer.settle([message.tag], ack)
         return
     try:

@@ -20,7 +20,9 @@ it is published at least once, never lost.
 **Dead letters.** Messages past a queue's ``x-delivery-limit`` are dead-lettered by RabbitMQ
 into ``<namespace>.dead-letter``; the same round moves them into the state store's dead
 letters (reason ``"max deliveries exceeded"``, with a ``dead_lettered`` record, as the Redis
-streams transport writes them), then acks them, so ``Queue.dead_letters()`` lists them.
+streams transport writes them), then acks them, so ``Queue.dead_letters()`` lists them. A
+pack (``packs.py``) becomes one dead letter per task whose completion is not committed (the
+others are over: nothing is lost, nothing finished is listed as dead).
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ from ..state import StateStore
 from ..values import Completion, DeadLetterFields
 from .channels import DELIVERIES, FAILURES, AmqpLink, header_int, settle, translate
 from .deliveries import Consumer, Held
+from .packs import decode, is_pack
 from .pausing import hand_back
+from .redelivered import committed
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
@@ -166,6 +170,12 @@ class Custody:
                 await self._dead_letter(queue, body, held.deliveries, max_deliveries, record_ttl)
                 await settle(held.message, True)
                 dead += 1
+            elif held.message.pack is not None:
+                # One task of a pack: published again alone, this delivery counted (as a
+                # basic.nack would count it); the pack's other tasks go on.
+                await transport.publish_with(queue, [held.message.body], held.deliveries)
+                await settle(held.message, True)
+                requeued += 1
             else:
                 await settle(held.message, False)
                 requeued += 1
@@ -337,7 +347,8 @@ class Custody:
 
     async def drain_dead_letters(self, count: int, record_ttl: int) -> int:
         """Move up to ``count`` messages of RabbitMQ's dead-letter queue into the state
-        store's dead letters (then ack them there); return how many.
+        store's dead letters (then ack them there; a pack, one dead letter per task not
+        committed); return how many messages.
 
         Raises:
             BrokerError: RabbitMQ or Redis could not be reached.
@@ -361,9 +372,14 @@ class Custody:
             queue = link.physical(str(headers.get("x-first-death-queue") or ""))
             before = header_int(headers, DELIVERIES)
             deliveries = link.max_deliveries + before
-            await self._dead_letter(
-                queue, message.body, deliveries, link.max_deliveries + before, record_ttl
-            )
+            bodies = decode(message.body) if is_pack(headers) else None
+            if bodies is None:
+                bodies = [message.body]
+            else:  # a pack: each task not committed yet is a dead letter of its own
+                over = await committed(self.store, bodies)
+                bodies = [body for body, done in zip(bodies, over, strict=True) if not done]
+            for body in bodies:
+                await self._dead_letter(queue, body, deliveries, deliveries, record_ttl)
             await settle(message, True)
             moved += 1
         return moved

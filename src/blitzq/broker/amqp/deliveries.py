@@ -31,6 +31,7 @@ from pamqp import commands as spec
 from pamqp.header import ContentHeader
 
 from .closing import FAILURES
+from .packs import PACK_HEADER, Pack, decode
 
 
 class Received:
@@ -42,9 +43,13 @@ class Received:
         tag: its delivery tag on ``consumer``'s channel.
         consumer: the :class:`Consumer` whose channel delivered it (acked there).
         redelivered: RabbitMQ's ``redelivered`` flag (delivered before, not acked).
+        pack: the :class:`~.packs.Pack` this is one task of (the AMQP message, tag ``tag``,
+            is acked once every task of it is settled: :func:`.channels.settle`,
+            :meth:`Consumer.settle`); ``None``: a message of its own (or a whole pack
+            delivered again, split by the transport).
     """
 
-    __slots__ = ("body", "consumer", "headers", "redelivered", "tag")
+    __slots__ = ("body", "consumer", "headers", "pack", "redelivered", "tag")
 
     def __init__(
         self, consumer: Consumer, delivery: Any, header: ContentHeader, body: bytes
@@ -54,6 +59,43 @@ class Received:
         self.tag: int = delivery.delivery_tag or 0
         self.redelivered = bool(delivery.redelivered)
         self.consumer = consumer
+        self.pack: Pack | None = None
+
+    def tasks(self) -> list[Received]:
+        """This message as the tasks it holds: itself, or -- a pack delivered for the first
+        time (:mod:`.packs`) -- one :class:`Received` per task, sharing its tag, headers and
+        a :class:`~.packs.Pack`. A pack that does not decode stays whole (the worker
+        dead-letters it as malformed); a pack delivered again stays whole (the transport
+        splits it, :meth:`~.transport.AmqpTransport._split`)."""
+        headers = self.headers
+        if headers is None or PACK_HEADER not in headers or self.redelivered_pack():
+            return [self]
+        bodies = decode(self.body)
+        if bodies is None:
+            return [self]
+        pack = Pack(len(bodies))
+        out: list[Received] = []
+        for body in bodies:
+            part = object.__new__(Received)
+            part.body = body
+            part.headers = headers
+            part.tag = self.tag
+            part.redelivered = self.redelivered
+            part.consumer = self.consumer
+            part.pack = pack
+            out.append(part)
+        return out
+
+    def redelivered_pack(self) -> bool:
+        """Whether this is a pack delivered before (the quorum queue's
+        ``x-delivery-count`` is set: a consumer's channel closed with it unacked)."""
+        headers = self.headers
+        return (
+            headers is not None
+            and PACK_HEADER in headers
+            and self.pack is None
+            and headers.get("x-delivery-count", 0) != 0
+        )
 
 
 class Held:
@@ -143,11 +185,12 @@ class Consumer:
         """Whether its channel is open and RabbitMQ has not cancelled it."""
         return not (self.cancelled or self.channel.is_closed or self.raw.is_closed)
 
-    def received(self, message: DeliveredMessage) -> Received:
-        """Record a message the channel delivered (unacked from now on) and wrap it."""
+    def received(self, message: DeliveredMessage) -> list[Received]:
+        """Record a message the channel delivered (unacked from now on) and wrap it: the
+        tasks it holds (:meth:`Received.tasks`: one, or a pack's)."""
         return self.receive(message.delivery, message.header, message.body)
 
-    def receive(self, delivery: Any, header: ContentHeader, body: bytes) -> Received:
+    def receive(self, delivery: Any, header: ContentHeader, body: bytes) -> list[Received]:
         """:meth:`received` of a message given as its method frame (``basic.deliver`` or
         ``basic.get-ok``), content header and body."""
         got = Received(self, delivery, header, body)
@@ -158,7 +201,7 @@ class Consumer:
             self.unacked = dict(sorted(unacked.items()))
         else:
             unacked[got.tag] = False
-        return got
+        return got.tasks()
 
     def stale(self, age: float) -> list[Received]:
         """Remove and return the buffered messages that arrived over ``age`` seconds ago
@@ -213,12 +256,14 @@ class Consumer:
         self.confirmed = sent
 
     def take(self, room: int) -> list[Received]:
-        """Up to ``room`` buffered messages, in queue order."""
+        """Up to ``room`` buffered messages (tasks: a pack's count one each), in queue
+        order."""
         buffer, arrived = self.buffer, self.arrived
         taken: list[Received] = []
         while buffer and len(taken) < room:
             message = buffer.popleft()
-            arrived.pop(message.tag, None)
+            if not (buffer and buffer[0].tag == message.tag):  # a pack's last task buffered
+                arrived.pop(message.tag, None)
             taken.append(message)
         return taken
 
@@ -247,7 +292,7 @@ class Consumer:
                 await asyncio.sleep(0)
             if isinstance(answer.delivery, spec.Basic.GetEmpty):
                 break
-            got.append(self.received(answer))
+            got.extend(self.received(answer))
             if not more:
                 break
         if got:

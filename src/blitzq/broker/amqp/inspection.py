@@ -19,7 +19,8 @@ async def queue_stats(
     queues: Sequence[str],
 ) -> dict[str, dict[str, int]]:
     """Per queue: ``waiting`` (ready messages, from a passive declaration) and
-    ``in_flight`` (the deliveries this process holds). Waiting counts the messages this
+    ``in_flight`` (the deliveries this process holds: tasks). Waiting counts AMQP messages
+    -- a pack of several tasks (``packs.py``) once -- plus, one per task, what this
     process's consumer received but nobody fetched yet; another process's are in neither
     count. While a consumer runs, a message RabbitMQ dispatches to it as the count is read may
     be counted twice or not at all: an estimate, exact when idle.
@@ -59,7 +60,8 @@ async def _settled_count(link: AmqpLink, queue: str, consumer: Consumer) -> int:
 
 async def purge_queue(link: AmqpLink, consumer: Consumer | None, queue: str) -> int:
     """Delete the ready messages of ``queue`` and those this process's ``consumer`` of it
-    received but nobody fetched (acked); return how many. Messages another worker process
+    received but nobody fetched (acked); return how many: AMQP messages (a pack counts once)
+    plus the consumer's buffered tasks. Messages another worker process
     has prefetched are not purged (at most its prefetch).
 
     Raises:

@@ -15,6 +15,10 @@ with ``attempts`` at least the message's ``attempt`` (the retry is another messa
 message whose record says it is ``running`` or waiting (the worker died while it ran) runs
 again, as at-least-once delivery promises.
 
+A pack (several tasks in one AMQP message, ``packs.py``) delivered again is split by
+:func:`split_pack` before anything of it runs: the same check drops its tasks already over,
+the others are published again one message each, and the pack is acked.
+
 A caller that reuses a task id after the task finished enqueues a new message whose record
 starts over (``queued``), so its redeliveries run. If the records cannot be read (the state
 store is unreachable), nothing is skipped: the messages run again (at-least-once).
@@ -29,6 +33,9 @@ from ...records import TaskRecord, TaskState
 from ...serialization import decode_envelope
 from ..state import StateStore
 from ..transport import Delivery
+from .channels import delivery_count, settle
+from .deliveries import Received
+from .packs import decode
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
@@ -104,4 +111,42 @@ async def skip_committed(
     return [d for d in out if id(d) not in skipped]
 
 
-__all__ = ["committed", "skip_committed"]
+async def split_pack(
+    store: StateStore | None,
+    queue: str,
+    message: Received,
+    publish: Callable[[str, Sequence[bytes], int], Awaitable[None]],
+) -> bool:
+    """Split a pack delivered again (``message``, from ``queue``): its tasks whose attempt
+    ``store`` recorded as over (:func:`committed`; no store: none) are dropped, the others
+    published again one message each with ``publish(queue, bodies, deliveries)`` -- marked
+    with the pack's deliveries so far, so their next delivery counts as this one --, then the
+    pack is acked. Returns ``False`` (nothing done) when ``message`` is not a well-formed
+    pack delivered again: the caller delivers it as it is.
+
+    Raises:
+        BrokerError: a publish was not confirmed (the pack stays unacked: RabbitMQ delivers
+            it again).
+    """
+    bodies = decode(message.body)
+    deliveries = delivery_count(message.headers or {})
+    if bodies is None or deliveries < 2:
+        return False
+    over = [False] * len(bodies)
+    if store is not None:
+        over = await committed(store, bodies)
+    again = [body for body, done in zip(bodies, over, strict=True) if not done]
+    await publish(queue, again, deliveries - 1)
+    await settle(message, True)
+    logger.info(
+        "a pack of %d task(s) of %s delivered again: %d committed already (not run again), "
+        "%d published again one message each",
+        len(bodies),
+        queue,
+        len(bodies) - len(again),
+        len(again),
+    )
+    return True
+
+
+__all__ = ["committed", "skip_committed", "split_pack"]

@@ -7,6 +7,10 @@ aio-pika, paired with the Redis state store (``broker.py``). How it meets the co
   publisher-confirm mode, the batch in flight at once; the call returns once RabbitMQ
   confirmed every message. A ``basic.nack``, a ``basic.return`` (no such queue) or a lost
   channel raises :class:`~blitzq.exceptions.BrokerError`: a publish is never lost silently.
+- **packs**: a publish of many messages to one queue travels as several tasks per AMQP
+  message (``packs.py``); each task of a received pack is a delivery of its own, the message
+  acked once every one of them is settled; a pack delivered again is split
+  (``redelivered.py``).
 - **fetch**: one consumer (``basic.consume``, manual ack) per consumed queue, on a channel of
   its own whose prefetch (``basic.qos``) is the ``count`` of the first fetch -- the worker's
   free slots when it starts, i.e. its concurrency -- unless ``prefetch`` is given. What the
@@ -17,7 +21,8 @@ aio-pika, paired with the Redis state store (``broker.py``). How it meets the co
   drains the levels in order and, when all are empty, waits on all of them at once: a
   message on any level, or the connection closing, wakes it. ``Delivery.token`` is
   ``<instance>.<epoch>.<channel>.<delivery tag>`` (the instance drawn by each transport: two
-  processes' custody entries never share a name); ``deliveries`` is the quorum queue's
+  processes' custody entries never share a name; a task of a pack adds ``.<n>``, a counter
+  of the transport's: the tasks of a pack share its delivery tag); ``deliveries`` is the quorum queue's
   ``x-delivery-count`` + 1 (+ the deliveries before a custody recovery, ``custody.py``).
 - **ack / nack**: ``basic.ack`` of the held delivery (a token whose connection closed since
   is skipped: RabbitMQ redelivers that message); ``nack`` (a hand-back) publishes the message
@@ -32,33 +37,26 @@ aio-pika, paired with the Redis state store (``broker.py``). How it meets the co
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import aiormq
 from aiormq.abc import DeliveredMessage
 
-from ...exceptions import BrokerError
+from ..factory import amqp_pack
 from ..transport import Delivery, Guarantee, Transport
 from . import inspection
-from .batches import publish_batch, returned
-from .channels import (
-    DELIVERIES,
-    FAILURES,
-    AmqpLink,
-    delivery_count,
-    guarded,
-    settle,
-    translate,
-    unconfirmed,
-)
+from .channels import DELIVERIES, FAILURES, AmqpLink, delivery_count, guarded, translate
 from .deliveries import Consumer, Held, Received
 from .injected import Borrowed
+from .packs import DEFAULT_MAX_PACK, PACK_HEADER, VERSION, pack_size, packed
 from .pausing import stop_consuming
-from .redelivered import skip_committed
+from .publishing import publish_confirmed
+from .redelivered import skip_committed, split_pack
+from .settling import ack_held, nack_held
 from .tap import tap
 
 if TYPE_CHECKING:
@@ -66,16 +64,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
-#: Seconds a published message may wait for RabbitMQ's confirm (then the publish fails).
-CONFIRM_TIMEOUT = 30.0
-#: Messages of one publish in flight at once (awaiting their confirms).
-PUBLISH_WINDOW = 1000
 #: Seconds to wait for a channel to close.
 CLOSE_TIMEOUT = 5.0
 #: A consumer's prefetch is this many times the worker's free slots at its first fetch
 #: (unless ``prefetch`` is given): the next messages are already here when slots free up,
 #: instead of one round trip (ack, then delivery) behind.
 PREFETCH_FACTOR = 2
+#: AMQP headers of a pack (:mod:`.packs`).
+_PACK_HEADERS = {PACK_HEADER: VERSION}
 
 
 async def _close_quietly(consumer: Consumer) -> None:
@@ -102,6 +98,11 @@ class AmqpTransport(Transport):
         borrowed: the application's connection or pool to publish on instead of one of the
             transport's own (``Queue(amqp_connection=...)``, :mod:`.injected`; producers
             only).
+        max_pack: tasks per AMQP message at most in a bulk publish (:mod:`.packs`; 1: no
+            packs); ``None``: the URL's ``?pack=``, else :data:`.packs.DEFAULT_MAX_PACK`.
+
+    Raises:
+        ConfigurationError: a ``?pack=`` in ``url`` that is not an integer in 1-1000.
     """
 
     guarantee = Guarantee.AT_LEAST_ONCE
@@ -119,8 +120,13 @@ class AmqpTransport(Transport):
         custody: Custody | None = None,
         heartbeat: int | None = None,
         borrowed: Borrowed | None = None,
+        max_pack: int | None = None,
     ) -> None:
         self.link = AmqpLink(url, namespace, max_deliveries, heartbeat, borrowed)
+        if max_pack is None:
+            max_pack = amqp_pack(url) or DEFAULT_MAX_PACK
+        self.max_pack = max_pack
+        self._parts = itertools.count()  # a pack's tasks share a delivery tag: told apart
         self.prefetch = prefetch
         self.custody = custody
         self.held: dict[bytes, Held] = {}
@@ -135,45 +141,32 @@ class AmqpTransport(Transport):
 
     # --------------------------------------------------------------- publish
     async def publish(self, queue: str, messages: Sequence[bytes]) -> None:
-        """Publish ``messages`` to ``queue`` and wait for RabbitMQ's confirms.
+        """Publish ``messages`` to ``queue`` and wait for RabbitMQ's confirms. A publish of
+        many messages (``2 * packs.SPREAD`` or more) travels in packs of up to ``max_pack``
+        of them per AMQP message (:mod:`.packs`); fewer, one AMQP message each.
 
         Raises:
             BrokerError: a message was not confirmed (nacked, returned, channel lost, or no
-                confirm in :data:`CONFIRM_TIMEOUT` s; then its outcome is unknown, as it says).
+                confirm in :data:`.publishing.CONFIRM_TIMEOUT` s; then its outcome is
+                unknown, as it says).
             ConfigurationError: the queue exists with other arguments.
         """
-        await self.publish_with(queue, messages, 0)
+        size = pack_size(len(messages), self.max_pack)
+        if size > 1:
+            await self._publish_packed(queue, packed(messages, size))
+        else:
+            await self.publish_with(queue, messages, 0)
+
+    @guarded
+    async def _publish_packed(self, queue: str, packs: Sequence[bytes]) -> None:
+        """Publish pack bodies (:mod:`.packs`) to ``queue``, marked as packs."""
+        await publish_confirmed(self.link, queue, packs, _PACK_HEADERS)
 
     @guarded
     async def publish_with(self, queue: str, messages: Sequence[bytes], deliveries: int) -> None:
         """:meth:`publish`, the messages marked as delivered ``deliveries`` times before."""
-        if not messages:
-            return
-        await self.link.declare(queue)
-        channel = await self.link.publisher()
-        name = self.link.name(queue)
         headers: dict[str, Any] | None = {DELIVERIES: deliveries} if deliveries else None
-        try:
-            raw = await channel.get_underlay_channel()
-            for start in range(0, len(messages), PUBLISH_WINDOW):
-                window = messages[start : start + PUBLISH_WINDOW]
-                results = await publish_batch(raw, name, window, headers, CONFIRM_TIMEOUT)
-                back = [body for body, r in zip(window, results, strict=True) if returned(r)]
-                if back:  # the queue was deleted: declare it again, publish those again
-                    logger.warning("queue %s is gone; declaring it again", name)
-                    self.link.forget(queue)
-                    await self.link.declare(queue)
-                    results = [r for r in results if not returned(r)]
-                    results += await publish_batch(raw, name, back, headers, CONFIRM_TIMEOUT)
-                for result in results:
-                    if isinstance(result, BaseException):
-                        raise unconfirmed(result, f"publishing to {name!r}") from None
-                    if not isinstance(result, aiormq.spec.Basic.Ack):  # returned: not routed
-                        raise BrokerError(f"RabbitMQ did not queue a message to {name!r}: {result}")
-        except FAILURES as exc:
-            if isinstance(exc, BrokerError):
-                raise
-            raise unconfirmed(exc, f"publishing to {name!r}") from None
+        await publish_confirmed(self.link, queue, messages, headers)
 
     # ------------------------------------------------------------- consuming
     @guarded
@@ -236,9 +229,9 @@ class AmqpTransport(Transport):
         monotonic = time.monotonic
 
         def on_delivery(deliver: Any, header: Any, body: bytes) -> None:
-            got = receive(deliver, header, body)
-            buffer.append(got)
-            arrived[got.tag] = monotonic()
+            got = receive(deliver, header, body)  # its tasks: one, or a pack's
+            buffer.extend(got)
+            arrived[got[0].tag] = monotonic()
             wake()
 
         async def on_message(message: DeliveredMessage) -> None:  # the tap takes them all
@@ -268,6 +261,8 @@ class AmqpTransport(Transport):
         # 0 when a count header was planted: the worker dead-letters it as malformed.
         deliveries = delivery_count(headers) if headers else 1
         token = b"%s.%d.%d.%d" % (self._instance, consumer.epoch, consumer.raw.number, message.tag)
+        if message.pack is not None:
+            token += b".%d" % next(self._parts)
         self.held[token] = Held(queue, message, deliveries, consumer.epoch)
         return Delivery(queue, token, message.body, deliveries)
 
@@ -334,7 +329,10 @@ class AmqpTransport(Transport):
                             consumer.buffer.clear()
                             continue
                         for message in consumer.take(1):
-                            out.append(self._deliver(queue, consumer, message))
+                            if message.redelivered_pack():
+                                out += await self._split(queue, consumer, message)
+                            else:
+                                out.append(self._deliver(queue, consumer, message))
                 except FAILURES as exc:  # a BrokerError goes through translate as it is
                     raise translate(exc, "waiting for messages") from None
                 if out:
@@ -422,7 +420,10 @@ class AmqpTransport(Transport):
                 await asyncio.gather(*short)
             for queue, consumer in consumers:
                 for message in consumer.take(count - len(out)):
-                    out.append(self._deliver(queue, consumer, message))
+                    if message.redelivered_pack():
+                        out += await self._split(queue, consumer, message)
+                    else:
+                        out.append(self._deliver(queue, consumer, message))
                 if len(out) >= count:
                     break
         except FAILURES as exc:  # a BrokerError goes through translate as it is
@@ -430,6 +431,14 @@ class AmqpTransport(Transport):
         if self.custody is not None and any(d.deliveries > 1 for d in out):
             out = await self._skip_committed(out)
         return out
+
+    async def _split(self, queue: str, consumer: Consumer, message: Received) -> list[Delivery]:
+        """A pack delivered again: :func:`.redelivered.split_pack` (nothing to run now), or,
+        not a well-formed pack, the message delivered as it is (dead-lettered as malformed)."""
+        store = self.custody.store if self.custody is not None else None
+        if await split_pack(store, queue, message, self.publish_with):
+            return []
+        return [self._deliver(queue, consumer, message)]
 
     async def _skip_committed(self, out: list[Delivery]) -> list[Delivery]:
         """:func:`.redelivered.skip_committed` of ``out`` (acked through :meth:`ack`)."""
@@ -441,48 +450,16 @@ class AmqpTransport(Transport):
     async def ack(self, queue: str, tokens: Sequence[bytes]) -> None:
         """``basic.ack`` the deliveries, batched per channel (``multiple=True``, see
         ``deliveries.py``); a delivery in custody is released from it instead; tokens no
-        longer held are ignored."""
-        released: list[bytes] = []
-        by_consumer: dict[int, tuple[Consumer, list[int]]] = {}
-        held_map, epoch = self.held, self.link.epoch
-        for token in tokens:
-            held = held_map.pop(token, None)
-            if held is None:
-                continue
-            state = held.state
-            if state == "held":
-                if held.epoch == epoch:  # else RabbitMQ put it back already
-                    message = held.message
-                    entry = by_consumer.get(id(message.consumer))
-                    if entry is None:
-                        entry = by_consumer[id(message.consumer)] = (message.consumer, [])
-                    entry[1].append(message.tag)
-            elif state == "handing":
-                held.state = "done"  # the hand-over releases it when it is through
-            elif state == "custody":
-                released.append(token)
-        for consumer, tags in by_consumer.values():
-            await consumer.settle(tags)
-        if released and self.custody is not None:
-            await self.custody.release(queue, released)
+        longer held are ignored (:func:`.settling.ack_held`)."""
+        await ack_held(self, queue, tokens)
 
     @guarded
     async def nack(self, queue: str, tokens: Sequence[bytes]) -> None:
         """Hand deliveries back unfinished: each is published again (confirmed), marked
         with its deliveries so far minus one, then acked (or released from custody) -- so a
         hand-back does not spend the delivery budget as ``basic.nack`` on a quorum queue
-        would. A crash in between leaves both copies (at-least-once)."""
-        for token in tokens:
-            held = self.held.get(token)
-            if held is None or held.state in ("handing", "done"):
-                continue
-            await self.publish_with(queue, [held.message.body], held.deliveries - 1)
-            del self.held[token]
-            if held.state == "custody":
-                if self.custody is not None:
-                    await self.custody.release(queue, [token])
-            elif held.epoch == self.link.epoch:
-                await settle(held.message, True)
+        would (:func:`.settling.nack_held`)."""
+        await nack_held(self, queue, tokens)
 
     def forget_lost(self, queue: str) -> int:
         """Drop the unacked deliveries of ``queue`` whose connection is gone (RabbitMQ put

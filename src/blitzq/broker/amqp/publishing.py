@@ -1,0 +1,76 @@
+"""Publishing on the RabbitMQ transport: a batch of messages to one queue, confirmed.
+
+:func:`publish_confirmed` publishes the messages persistent and ``mandatory`` on the link's
+publisher-confirm channel, :data:`PUBLISH_WINDOW` at a time in flight
+(:func:`.batches.publish_batch`), and returns once RabbitMQ confirmed every one. A message
+returned because its queue is gone (deleted meanwhile) is published again after the queue is
+declared again; a ``basic.nack``, a return of another kind, a lost channel or no confirm in
+:data:`CONFIRM_TIMEOUT` seconds raises :class:`~blitzq.exceptions.BrokerError`: a publish is
+never lost silently.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import aiormq
+
+from ...exceptions import BrokerError
+from .batches import publish_batch, returned
+from .channels import FAILURES, AmqpLink, unconfirmed
+
+__all__ = ["CONFIRM_TIMEOUT", "PUBLISH_WINDOW", "publish_confirmed"]
+
+logger = logging.getLogger("blitzq.broker.amqp")
+
+#: Seconds a published message may wait for RabbitMQ's confirm (then the publish fails).
+CONFIRM_TIMEOUT = 30.0
+#: Messages of one publish in flight at once (awaiting their confirms).
+PUBLISH_WINDOW = 1000
+
+
+async def publish_confirmed(
+    link: AmqpLink, queue: str, messages: Sequence[bytes], headers: dict[str, Any] | None
+) -> None:
+    """Publish ``messages`` (bodies) to the physical queue ``queue`` with the AMQP
+    ``headers`` (``None``: none), and wait for RabbitMQ's confirms.
+
+    Args:
+        link: the transport's connection (declares the queue, gives the publisher channel).
+        queue: physical queue (its RabbitMQ queue is ``link.name(queue)``).
+        messages: the message bodies, published in this order.
+        headers: AMQP headers of every message.
+
+    Raises:
+        BrokerError: a message was not confirmed (nacked, returned, channel lost, or no
+            confirm in :data:`CONFIRM_TIMEOUT` s; then its outcome is unknown, as it says).
+        ConfigurationError: the queue exists with other arguments.
+    """
+    if not messages:
+        return
+    await link.declare(queue)
+    channel = await link.publisher()
+    name = link.name(queue)
+    try:
+        raw = await channel.get_underlay_channel()
+        for start in range(0, len(messages), PUBLISH_WINDOW):
+            window = messages[start : start + PUBLISH_WINDOW]
+            results = await publish_batch(raw, name, window, headers, CONFIRM_TIMEOUT)
+            back = [body for body, r in zip(window, results, strict=True) if returned(r)]
+            if back:  # the queue was deleted: declare it again, publish those again
+                logger.warning("queue %s is gone; declaring it again", name)
+                link.forget(queue)
+                await link.declare(queue)
+                results = [r for r in results if not returned(r)]
+                results += await publish_batch(raw, name, back, headers, CONFIRM_TIMEOUT)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise unconfirmed(result, f"publishing to {name!r}") from None
+                if not isinstance(result, aiormq.spec.Basic.Ack):  # returned: not routed
+                    raise BrokerError(f"RabbitMQ did not queue a message to {name!r}: {result}")
+    except FAILURES as exc:
+        if isinstance(exc, BrokerError):
+            raise
+        raise unconfirmed(exc, f"publishing to {name!r}") from None
