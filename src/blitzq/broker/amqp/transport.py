@@ -22,8 +22,9 @@ aio-pika, paired with the Redis state store (``broker.py``). How it meets the co
   message on any level, or the connection closing, wakes it. ``Delivery.token`` is
   ``<instance>.<epoch>.<channel>.<delivery tag>`` (the instance drawn by each transport: two
   processes' custody entries never share a name; a task of a pack adds ``.<n>``, a counter
-  of the transport's: the tasks of a pack share its delivery tag); ``deliveries`` is the quorum queue's
-  ``x-delivery-count`` + 1 (+ the deliveries before a custody recovery, ``custody.py``).
+  of the transport's: the tasks of a pack share its delivery tag); ``deliveries`` is the
+  quorum queue's ``x-delivery-count`` + 1 (+ the deliveries before a custody recovery,
+  ``custody.py``).
 - **ack / nack**: ``basic.ack`` of the held delivery (a token whose connection closed since
   is skipped: RabbitMQ redelivers that message); ``nack`` (a hand-back) publishes the message
   again, confirmed, then acks it, so the quorum queue's delivery count is not spent.
