@@ -156,9 +156,12 @@ async def test_the_tasks_of_a_pack_in_custody_let_the_pack_be_acked(
     tokens = [d0.token, d1.token]
     tag = transport.held[d0.token].message.tag  # the pack's delivery tag (d1's too)
 
-    async def handed() -> list[str]:  # both run long (heartbeated): handed to custody
+    # Both run long (heartbeated): handed to custody once held over min_idle. min_idle is
+    # also the custody lease: long enough that the same round's recovery never finds the
+    # lease just written already lapsed on a busy machine.
+    async def handed() -> list[str]:
         await broker.heartbeat("kept", tokens)  # type: ignore[arg-type]
-        await broker.recover("kept", 0.01, 100, 5, 60)
+        await broker.recover("kept", 2.0, 100, 5, 60)
         return [getattr(transport.held.get(t), "state", "gone") for t in tokens]
 
     assert await eventually(handed, lambda states: "held" not in states, 30) == [
