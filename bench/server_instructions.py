@@ -83,8 +83,15 @@ async def _child(args: argparse.Namespace) -> None:
             finished.set()
         return 1
 
+    if args.enqueue:
+        await noop.enqueue_many([()])  # the script loaded, the stream made
+        subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)
     for start in range(0, args.tasks, 1000):
         await noop.enqueue_many([() for _ in range(min(1000, args.tasks - start))])
+    if args.enqueue:
+        subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
+        await queue.close()
+        return
     subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)
     worker = Worker(queue, concurrency=200)
     run = asyncio.create_task(worker.run())
@@ -136,6 +143,8 @@ def main() -> None:
     parser.add_argument("--notes", type=int, default=0, help="the index alone: notes written")
     parser.add_argument("--batch", type=int, default=1000, help="--notes: notes a call")
     parser.add_argument("--src", default=None, help="the checkout's src to run (this tree)")
+    parser.add_argument("--enqueue", action="store_true", help="count the bulk enqueue instead")
+    parser.add_argument("--keep", default=None, help="copy the callgrind dump to this path")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -174,6 +183,7 @@ def main() -> None:
         env = dict(os.environ, CG_REDIS_URL=f"redis://127.0.0.1:{port}/0", CG_PID=str(server.pid))
         argv = [args.python or sys.executable, __file__, "--child", "--tasks", str(args.tasks)]
         argv += ["--mode", args.mode] + (["--no-results"] if args.no_results else [])
+        argv += ["--enqueue"] if args.enqueue else []
         if args.index is not None:
             argv += ["--index", str(args.index)]
         if args.notes:
@@ -188,12 +198,15 @@ def main() -> None:
         if not dumps:
             raise RuntimeError("callgrind wrote no dump")
         total = _total(dumps[-1])
+        if args.keep:
+            shutil.copyfile(dumps[-1], args.keep)
         if args.notes:
             figures = {"notes": args.notes, "batch": args.batch, "recent_index": args.index}
             figures.update(src=args.src or str(ROOT / "src"), instructions=total)
             print(json.dumps({**figures, "per_note": round(total / args.notes)}))
         else:
             figures = {"tasks": args.tasks, "mode": args.mode, "results": not args.no_results}
+            figures.update(phase="enqueue" if args.enqueue else "drain")
             figures.update(recent_index=args.index, python=args.python or sys.executable)
             figures.update(instructions=total, per_task=round(total / args.tasks))
             print(json.dumps(figures))
