@@ -109,3 +109,39 @@ async def test_a_record_still_reaches_a_subscriber_of_its_channel(
     finally:
         await pubsub.aclose()
         await queue.close()
+
+
+@pytest.mark.parametrize("others", [0, 100])
+async def test_a_large_batch_reaches_the_one_subscriber_among_its_records(
+    make_queue: Callable[..., Queue], raw_redis: Any, namespace: str, others: int
+) -> None:
+    # 70 records in one batch: with few channels on the server the script looks them up with
+    # INFO and PUBSUB CHANNELS of its prefix's done channels (the prefix's glob characters
+    # escaped), with more than 70 (others) with PUBSUB NUMSUB as for a small batch.
+    ns = namespace + "*?[x]\\"
+    queue = make_queue(namespace=ns)
+    deliveries = await _fetched(queue, 70)
+    pubsub = raw_redis.pubsub()
+    wanted = "{" + ns + "}:done:t5"
+    near = "{" + namespace + "Q?[x]\\}:done:t6"  # matches the pattern were it not escaped
+    channels = [wanted, near, *(f"{namespace}:other:{i}" for i in range(others))]
+    await pubsub.subscribe(*channels)
+    try:
+        for _ in channels:
+            confirmed = await pubsub.get_message(timeout=5)
+            assert confirmed is not None
+            assert confirmed["type"] == "subscribe"
+        done = [
+            Completion("default", d.token, f"t{i}", b"rec%d" % i, 60)
+            for i, d in enumerate(deliveries)
+        ]
+        assert await queue.broker.complete(done) == []
+        message = None
+        async with asyncio.timeout(10):
+            while message is None:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+        assert (message["channel"], message["data"]) == (wanted.encode(), b"rec5")
+        assert await raw_redis.get("{" + ns + "}:t:t69") == b"rec69"
+    finally:
+        await pubsub.aclose()
+        await queue.close()

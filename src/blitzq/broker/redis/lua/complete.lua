@@ -12,7 +12,9 @@
 -- waits for is not announced; a waiter re-reads every second anyway), ARGV[10] (optional)
 -- "1": a single server (not a cluster, whose PUBLISH reaches subscribers of every node): while
 -- no client holds a pattern subscription (PUBSUB NUMPAT), a record's done channel is published
--- only when it has a subscriber (one PUBSUB NUMSUB of the batch's channels), so a batch nobody
+-- only when it has a subscriber (one PUBSUB NUMSUB of the batch's channels; for a batch of 64
+-- records or more while the server has no more channels with a subscriber than that, INFO
+-- stats then one PUBSUB CHANNELS of the prefix's done channels instead), so a batch nobody
 -- waits for costs no PUBLISH. Exact: a waiter that subscribes after this script reads the
 -- record it wrote (records.py reads after its subscription is confirmed). ARGV[11...]: the
 -- strings of the "R" entries (below), each an argument of its own: Lua makes (and hashes
@@ -139,22 +141,50 @@ local function store(task_id, record, ttl, nonce)
   end
 end
 
--- Fill heard with the task ids of the batch's records whose done channel has a subscriber
--- (one PUBSUB NUMSUB per 1000 channels; its reply is in the order asked).
+-- The done channels of prefix that have a subscriber (channel -> true), from one PUBSUB
+-- CHANNELS of the pattern <prefix>done:* (prefix's glob characters escaped), when the server
+-- has at most most channels with a subscriber (INFO stats: PUBSUB CHANNELS looks at each);
+-- nil when it has more, or when INFO does not tell (e.g. renamed away).
+local function done_subscribed(most)
+  local info = redis.pcall('INFO', 'stats')
+  if type(info) ~= 'string' then return nil end
+  local held = tonumber(string.match(info, 'pubsub_channels:(%d+)'))
+  if not held or held > most then return nil end
+  local subscribed = {}
+  if held == 0 then return subscribed end
+  local escaped, star = (string.gsub(prefix, '[%*%?%[%]\\]', '\\%0')), '*'
+  for _, channel in ipairs(redis.call('PUBSUB', 'CHANNELS', KEY.done_channel(escaped, star))) do
+    subscribed[channel] = true
+  end
+  return subscribed
+end
+
+-- Fill heard with the task ids of the batch's records whose done channel has a subscriber:
+-- from 64 records on, by done_subscribed (INFO costs about what NUMSUB costs for 16
+-- channels; a batch nobody waits for then makes no channel name), else (or when it cannot
+-- tell) one PUBSUB NUMSUB per 1000 channels (its reply is in the order asked).
 local function listen(entries)
-  local channels, ids = {}, {}
+  local ids = {}
   for _, c in ipairs(entries) do
     if c[1] == 'R' then
       for i = c[4] + c[5], c[4] + c[5] + c[6] - 1 do
-        local task_id = ARGV[i]
-        ids[#ids + 1] = task_id
-        channels[#channels + 1] = KEY.done_channel(prefix, task_id)
+        ids[#ids + 1] = ARGV[i]
       end
     elseif c[1] == 'C' and c[6] ~= '' then
-      local task_id = c[5]
-      ids[#ids + 1] = task_id
-      channels[#channels + 1] = KEY.done_channel(prefix, task_id)
+      ids[#ids + 1] = c[5]
     end
+  end
+  local subscribed = #ids >= 64 and done_subscribed(#ids) or nil
+  if subscribed then
+    if next(subscribed) == nil then return end
+    for _, task_id in ipairs(ids) do
+      if subscribed[KEY.done_channel(prefix, task_id)] then heard[task_id] = true end
+    end
+    return
+  end
+  local channels = {}
+  for i, task_id in ipairs(ids) do
+    channels[i] = KEY.done_channel(prefix, task_id)
   end
   local s = 1
   while s <= #channels do
