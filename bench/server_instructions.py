@@ -4,7 +4,8 @@ unlike CPU time): a private ``redis-server`` run under ``valgrind --tool=callgri
 Usage::
 
     .venv/bin/python bench/server_instructions.py [--tasks 3000] [--index 10000]
-        [--mode reliable] [--no-results] [--python PATH] [--functions 0]
+        [--mode reliable] [--no-results] [--python PATH] [--functions 0] [--enqueue]
+        [--keep FILE]
 
 The parent starts ``valgrind --tool=callgrind redis-server`` on a free port (no persistence)
 and runs a child with ``--python`` (default: this interpreter with this tree's ``src`` first
@@ -24,7 +25,14 @@ M notes of one queue through ``broker.state.browse.add_ended`` (what a worker's
 ``EndNotes`` sends once a second), ``--batch`` notes a call (default 1,000: a worker ending
 1,000 tasks a second), ``--index`` kept (default 10,000: with M past it, the trim works too),
 between the zeroing and the dump. ``--src`` runs another checkout's ``src`` (e.g. the tree
-before a change) with this interpreter.
+before a change) with this interpreter; give it as an absolute path (the child runs in
+``/tmp``).
+
+``--enqueue`` counts the bulk enqueue instead of the drain: one message first (the script
+loaded, the stream made), then the zeroing, the ``enqueue_many`` calls of ``--tasks``
+messages, the dump; printed per message. ``--keep FILE`` copies the dump there (for
+``callgrind_annotate --inclusive=yes --tree=calling FILE``: what each command and each part
+of a Lua call cost).
 """
 
 from __future__ import annotations
