@@ -144,16 +144,19 @@ end
 -- The done channels of prefix that have a subscriber (channel -> true), from one PUBSUB
 -- CHANNELS of the pattern <prefix>done:* (prefix's glob characters escaped), when the server
 -- has at most most channels with a subscriber (INFO stats: PUBSUB CHANNELS looks at each);
--- nil when it has more, or when INFO does not tell (e.g. renamed away).
+-- nil when it has more, or when INFO or PUBSUB CHANNELS does not answer (renamed away, or
+-- refused to this user by an ACL).
 local function done_subscribed(most)
-  local info = redis.pcall('INFO', 'stats')
+  local info = redis.pcall('INFO', 'STATS')  -- the section (not the key {ns}:stats)
   if type(info) ~= 'string' then return nil end
   local held = tonumber(string.match(info, 'pubsub_channels:(%d+)'))
   if not held or held > most then return nil end
   local subscribed = {}
   if held == 0 then return subscribed end
   local escaped, star = (string.gsub(prefix, '[%*%?%[%]\\]', '\\%0')), '*'
-  for _, channel in ipairs(redis.call('PUBSUB', 'CHANNELS', KEY.done_channel(escaped, star))) do
+  local channels = redis.pcall('PUBSUB', 'CHANNELS', KEY.done_channel(escaped, star))
+  if channels.err then return nil end
+  for _, channel in ipairs(channels) do
     subscribed[channel] = true
   end
   return subscribed
