@@ -4,7 +4,8 @@ unlike CPU time): a private ``redis-server`` run under ``valgrind --tool=callgri
 Usage::
 
     .venv/bin/python bench/server_instructions.py [--tasks 3000] [--index 10000]
-        [--mode reliable] [--no-results] [--python PATH] [--functions 0]
+        [--mode reliable] [--no-results] [--python PATH] [--functions 0] [--enqueue]
+        [--keep FILE]
 
 The parent starts ``valgrind --tool=callgrind redis-server`` on a free port (no persistence)
 and runs a child with ``--python`` (default: this interpreter with this tree's ``src`` first
@@ -24,7 +25,14 @@ M notes of one queue through ``broker.state.browse.add_ended`` (what a worker's
 ``EndNotes`` sends once a second), ``--batch`` notes a call (default 1,000: a worker ending
 1,000 tasks a second), ``--index`` kept (default 10,000: with M past it, the trim works too),
 between the zeroing and the dump. ``--src`` runs another checkout's ``src`` (e.g. the tree
-before a change) with this interpreter.
+before a change) with this interpreter; give it as an absolute path (the child runs in
+``/tmp``).
+
+``--enqueue`` counts the bulk enqueue instead of the drain: one message first (the script
+loaded, the stream made), then the zeroing, the ``enqueue_many`` calls of ``--tasks``
+messages, the dump; printed per message. ``--keep FILE`` copies the dump there (for
+``callgrind_annotate --inclusive=yes --tree=calling FILE``: what each command and each part
+of a Lua call cost).
 """
 
 from __future__ import annotations
@@ -83,8 +91,15 @@ async def _child(args: argparse.Namespace) -> None:
             finished.set()
         return 1
 
+    if args.enqueue:
+        await noop.enqueue_many([()])  # the script loaded, the stream made
+        subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)
     for start in range(0, args.tasks, 1000):
         await noop.enqueue_many([() for _ in range(min(1000, args.tasks - start))])
+    if args.enqueue:
+        subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
+        await queue.close()
+        return
     subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)
     worker = Worker(queue, concurrency=200)
     run = asyncio.create_task(worker.run())
@@ -136,6 +151,8 @@ def main() -> None:
     parser.add_argument("--notes", type=int, default=0, help="the index alone: notes written")
     parser.add_argument("--batch", type=int, default=1000, help="--notes: notes a call")
     parser.add_argument("--src", default=None, help="the checkout's src to run (this tree)")
+    parser.add_argument("--enqueue", action="store_true", help="count the bulk enqueue instead")
+    parser.add_argument("--keep", default=None, help="copy the callgrind dump to this path")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -174,6 +191,7 @@ def main() -> None:
         env = dict(os.environ, CG_REDIS_URL=f"redis://127.0.0.1:{port}/0", CG_PID=str(server.pid))
         argv = [args.python or sys.executable, __file__, "--child", "--tasks", str(args.tasks)]
         argv += ["--mode", args.mode] + (["--no-results"] if args.no_results else [])
+        argv += ["--enqueue"] if args.enqueue else []
         if args.index is not None:
             argv += ["--index", str(args.index)]
         if args.notes:
@@ -188,12 +206,15 @@ def main() -> None:
         if not dumps:
             raise RuntimeError("callgrind wrote no dump")
         total = _total(dumps[-1])
+        if args.keep:
+            shutil.copyfile(dumps[-1], args.keep)
         if args.notes:
             figures = {"notes": args.notes, "batch": args.batch, "recent_index": args.index}
             figures.update(src=args.src or str(ROOT / "src"), instructions=total)
             print(json.dumps({**figures, "per_note": round(total / args.notes)}))
         else:
             figures = {"tasks": args.tasks, "mode": args.mode, "results": not args.no_results}
+            figures.update(phase="enqueue" if args.enqueue else "drain")
             figures.update(recent_index=args.index, python=args.python or sys.executable)
             figures.update(instructions=total, per_task=round(total / args.tasks))
             print(json.dumps(figures))

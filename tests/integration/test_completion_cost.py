@@ -2,7 +2,8 @@
 acked entries at the head of a stream go with one ``XTRIM MINID`` (exactly those: an older
 entry still pending stays, and the acked ones behind it go with ``XDEL``), and a record is
 still pushed to a subscriber of its done channel when the script checks for subscribers
-before publishing (``PUBSUB NUMSUB``) instead of publishing every record.
+before publishing (``PUBSUB NUMSUB``) instead of publishing every record. Entry ids are
+ordered as numbers though compared as strings (``"<ms>-10"`` after ``"<ms>-9"``).
 """
 
 from __future__ import annotations
@@ -53,6 +54,39 @@ async def test_acked_entries_leave_the_stream_and_an_older_pending_one_stays(
     await queue.close()
 
 
+async def test_entry_ids_of_different_widths_are_ordered_as_numbers(
+    make_queue: Callable[..., Queue], raw_redis: Any, namespace: str
+) -> None:
+    # Entries 5-0 .. 5-11: "5-10" sorts before "5-9" as bytes. The script orders them as
+    # numbers.
+    queue = make_queue()
+    stream = "{" + namespace + "}:s:default"
+    await queue.broker.prepare_consumer(["default"], "c1")
+    for seq in range(12):
+        await raw_redis.xadd(stream, {"m": f"m{seq}"}, id=f"5-{seq}")
+    deliveries = await queue.broker.fetch("default", 12, 0)
+    by_seq = {int(d.token.split(b"-")[1]): d for d in deliveries}
+    assert sorted(by_seq) == list(range(12))
+    head = [by_seq[s] for s in (7, 0, 5, 1, 6, 2, 4, 3)]  # out of order: trimmed at once
+    done = [Completion("default", d.token, f"h{i}", b"rec", 60) for i, d in enumerate(head)]
+    assert await queue.broker.complete(done) == []
+    left = [e[0] for e in await raw_redis.xrange(stream)]
+    assert left == [by_seq[s].token for s in (8, 9, 10, 11)]
+    # 8 and 10 acked, 9 still pending (older than 10): nothing may be trimmed past 9, and
+    # both acked entries leave the stream (XDEL). Taken as bytes, "8" would be the largest.
+    done = [Completion("default", by_seq[s].token, f"t{s}", b"rec", 60) for s in (8, 10)]
+    assert await queue.broker.complete(done) == []
+    left = [e[0] for e in await raw_redis.xrange(stream)]
+    assert left == [by_seq[s].token for s in (9, 11)]
+    # The last two, the head of the stream: trimmed at once ("9" the larger as bytes).
+    done = [Completion("default", by_seq[s].token, f"r{s}", b"rec", 60) for s in (11, 9)]
+    assert await queue.broker.complete(done) == []
+    assert await raw_redis.xlen(stream) == 0
+    assert (await raw_redis.xpending(stream, "blitzq"))["pending"] == 0
+    assert await raw_redis.get("{" + namespace + "}:t:r9") == b"rec"
+    await queue.close()
+
+
 async def test_a_record_still_reaches_a_subscriber_of_its_channel(
     make_queue: Callable[..., Queue], raw_redis: Any, namespace: str
 ) -> None:
@@ -72,6 +106,42 @@ async def test_a_record_still_reaches_a_subscriber_of_its_channel(
             while message is None:
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
         assert message["data"] == b"the record"
+    finally:
+        await pubsub.aclose()
+        await queue.close()
+
+
+@pytest.mark.parametrize("others", [0, 100])
+async def test_a_large_batch_reaches_the_one_subscriber_among_its_records(
+    make_queue: Callable[..., Queue], raw_redis: Any, namespace: str, others: int
+) -> None:
+    # 70 records in one batch: with few channels on the server the script looks them up with
+    # INFO and PUBSUB CHANNELS of its prefix's done channels (the prefix's glob characters
+    # escaped), with more than 70 (others) with PUBSUB NUMSUB as for a small batch.
+    ns = namespace + "*?[x]\\"
+    queue = make_queue(namespace=ns)
+    deliveries = await _fetched(queue, 70)
+    pubsub = raw_redis.pubsub()
+    wanted = "{" + ns + "}:done:t5"
+    near = "{" + namespace + "Q?[x]\\}:done:t6"  # matches the pattern were it not escaped
+    channels = [wanted, near, *(f"{namespace}:other:{i}" for i in range(others))]
+    await pubsub.subscribe(*channels)
+    try:
+        for _ in channels:
+            confirmed = await pubsub.get_message(timeout=5)
+            assert confirmed is not None
+            assert confirmed["type"] == "subscribe"
+        done = [
+            Completion("default", d.token, f"t{i}", b"rec%d" % i, 60)
+            for i, d in enumerate(deliveries)
+        ]
+        assert await queue.broker.complete(done) == []
+        message = None
+        async with asyncio.timeout(10):
+            while message is None:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+        assert (message["channel"], message["data"]) == (wanted.encode(), b"rec5")
+        assert await raw_redis.get("{" + ns + "}:t:t69") == b"rec69"
     finally:
         await pubsub.aclose()
         await queue.close()

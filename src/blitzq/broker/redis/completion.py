@@ -5,7 +5,10 @@
 that travel as one MessagePack argument; :meth:`~.store.RedisStateStore.complete` sends
 them in one script call. Building a handful of arguments per completion in redis-py cost
 more than the whole server-side work; so does a Python call per record, which the ``"R"``
-entry (a run of plain successes) avoids.
+entry (a run of plain successes) avoids. The strings of an ``"R"`` entry (entry ids, task
+ids, records) travel as arguments of their own after the fixed ones (from
+:data:`STRINGS_AT`): the server's Lua makes each argument a string once, hashing every
+byte, where a string inside the MessagePack argument would be made twice.
 """
 
 from __future__ import annotations
@@ -21,7 +24,11 @@ from ..effects import encode_op
 from ..values import Completion
 from .browse import pack_notes
 
-__all__ = ["GUARD_TTL", "encode_batch", "encode_entries", "guard_unfenced"]
+__all__ = ["GUARD_TTL", "STRINGS_AT", "encode_batch", "encode_entries", "guard_unfenced"]
+
+#: The position (1-based, Lua's ``ARGV``) of the first of a batch's strings: ``complete.lua``
+#: takes 10 arguments before them.
+STRINGS_AT = 11
 
 #: Seconds the guards of a batch stay marked applied (``{ns}:cg:<batch>``) when the batch's
 #: first try failed: a later try of its completions (the worker's retry, or a try still
@@ -49,24 +56,6 @@ def _lua_bytes(data: bytes) -> msgspec.Raw:
 
 
 _EMPTY = msgspec.Raw(b"\xa0")
-
-#: The MessagePack *str* header of each length under 256 (``str8``).
-_STR8 = [b"\xd9" + bytes([n]) for n in range(256)]
-
-
-def _lua_array(items: list[bytes]) -> msgspec.Raw:
-    """``items`` as one MessagePack array of *str* (see :func:`_lua_bytes`), built without a
-    Python call per item for items under 256 bytes (a typical record)."""
-    n = len(items)
-    if n < 16:
-        head = bytes([0x90 | n])
-    else:
-        head = b"\xdc" + n.to_bytes(2, "big") if n < 65536 else b"\xdd" + n.to_bytes(4, "big")
-    str8 = _STR8
-    body = b"".join(
-        [str8[len(item)] + item if len(item) < 256 else _lua_bytes(item) for item in items]
-    )
-    return msgspec.Raw(head + body)
 
 
 def _lua_op(op: tuple[Any, ...]) -> list[Any]:
@@ -115,8 +104,9 @@ def guard_unfenced(completions: Sequence[Completion], kind: str) -> str | None:
 
 def encode_batch(
     completions: Sequence[Completion], kind: str, forget: Sequence[str] = ()
-) -> list[Any]:
-    """The entries of ``completions`` for ``complete.lua``, in the batch's order.
+) -> tuple[list[Any], list[str | bytes]]:
+    """The entries of ``completions`` for ``complete.lua``, in the batch's order, and the
+    strings its ``"R"`` entries name (the script's arguments from :data:`STRINGS_AT`).
 
     Args:
         completions: the batch.
@@ -126,23 +116,35 @@ def encode_batch(
             of them exists): a ``"G"`` entry deletes their marks.
 
     Returns:
-        ``"R"`` entries (a run of completions of one queue and TTL that only ack and store a
-        record, of generated ids: no ``nonce``), ``"C"`` entries (any other completion),
-        ``"A"`` entries (acks without a record, per queue) and ``"I"`` entries (the tasks
-        that ended, per queue: their :attr:`~blitzq.broker.values.Completion.ended` notes,
-        packed by :func:`~.browse.pack_notes`) and a ``"G"`` entry (the guards to forget);
-        empty when there is nothing to apply.
+        The entries and the strings. ``"R"`` entries (a run of completions of one queue and
+        TTL that only ack and store a record, of generated ids: no ``nonce``; its entry ids,
+        task ids and records are in the strings, the entry gives where), ``"C"`` entries
+        (any other completion), ``"A"`` entries (acks without a record, per queue) and
+        ``"I"`` entries (the tasks that ended, per queue: their
+        :attr:`~blitzq.broker.values.Completion.ended` notes, packed by
+        :func:`~.browse.pack_notes`) and a ``"G"`` entry (the guards to forget); no entries
+        when there is nothing to apply.
     """
     entries: list[Any] = []
+    strings: list[str | bytes] = []
+
+    def run_entry(queue: str, ttl: int) -> tuple[Any, ...]:
+        # {"R", queue, ttl, at, nids, n}: ARGV[at...] the ids, task ids, records.
+        at = STRINGS_AT + len(strings)
+        strings.extend(ids)
+        strings.extend(task_ids)
+        strings.extend(recs)
+        return ("R", queue, ttl, at, len(ids), len(task_ids))
+
     acks: dict[str, list[bytes]] = {}
     # A run of consecutive completions that only ack and store a record (the common
     # success), of one queue and TTL: sent as one "R" entry, in its place in the batch
     # (a task's "running" record must not land after its final one).
     run_key: tuple[str, int] | None = None
-    ids: list[str] = []
+    ids: list[bytes] = []
     task_ids: list[str] = []
     recs: list[bytes] = []
-    seen: set[str] = set()
+    seen: set[bytes] = set()
     # Only stream entries are acked (and fenced) here; a token of a list completion or of
     # a separate transport (acked by the facade afterwards) is not this store's to touch.
     streams = kind == "s"
@@ -159,21 +161,21 @@ def encode_batch(
                 continue
             if c.fence is None and c.nonce is None and (token is not None or not streams):
                 key = (c.queue, c.record_ttl)
-                entry_id = token.decode() if token is not None and streams else None
+                entry_id = token if token is not None and streams else None
                 # A second completion of one delivery starts a new entry, so that it is
                 # found stale after the first acked and deleted it (as a "C" entry is).
                 if key != run_key or (entry_id is not None and entry_id in seen):
                     if run_key is not None:
-                        entries.append(("R", *run_key, ids, task_ids, _lua_array(recs)))
+                        entries.append(run_entry(*run_key))
                     run_key, ids, task_ids, recs, seen = key, [], [], [], set()
-                if entry_id is not None:  # a stream entry id is ASCII
+                if entry_id is not None:
                     ids.append(entry_id)
                     seen.add(entry_id)
                 task_ids.append(c.task_id)
                 recs.append(record)
                 continue
         if run_key is not None:
-            entries.append(("R", *run_key, ids, task_ids, _lua_array(recs)))
+            entries.append(run_entry(*run_key))
             run_key = None
         d = c.dead_letter
         entries.append(
@@ -199,7 +201,7 @@ def encode_batch(
             )
         )
     if run_key is not None:
-        entries.append(("R", *run_key, ids, task_ids, _lua_array(recs)))
+        entries.append(run_entry(*run_key))
     for queue, tokens in acks.items():
         entries.append(("A", queue, [t.decode() for t in tokens]))
     if ended:
@@ -208,4 +210,4 @@ def encode_batch(
             entries.append(("I", queue, cap, ttl, pack_notes(members, now)))
     if forget and entries:
         entries.append(("G", list(forget)))
-    return entries
+    return entries, strings

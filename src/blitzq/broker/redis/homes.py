@@ -197,7 +197,7 @@ async def complete_in(
         The stale completions (their delivery is no longer this consumer's): nothing of
         them was written.
     """
-    entries = encode_batch(completions, "s")
+    entries, strings = encode_batch(completions, "s")
     if not entries:
         return []
     stale: Any = await conn.scripts.call(
@@ -213,6 +213,8 @@ async def complete_in(
             NOTIFY_INLINE_MAX,
             consumer,
             "1",  # quiet: a record is announced only to a waiter (HomedKeys.waiter)
+            "",  # a cluster: no PUBSUB NUMSUB
+            *strings,  # from ARGV[STRINGS_AT]
         ],
     )
     if not stale:

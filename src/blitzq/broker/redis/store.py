@@ -177,7 +177,7 @@ class RedisStateStore(StateStore):
             return []
         fresh = guard_unfenced(completions, self.kind)
         forget, self._settled = self._settled, []
-        entries = encode_batch(completions, self.kind, forget)
+        entries, strings = encode_batch(completions, self.kind, forget)
         if not entries:
             self._settled = forget
             return []
@@ -197,6 +197,7 @@ class RedisStateStore(StateStore):
                     self.lease.consumer if self.lease is not None else "",
                     "",  # not quiet: records are announced on their done channel
                     "" if conn.cluster else "1",  # ... only to one with a subscriber (one server)
+                    *strings,  # from ARGV[STRINGS_AT]
                 ],
             )
         except BaseException:

@@ -12,13 +12,19 @@
 -- waits for is not announced; a waiter re-reads every second anyway), ARGV[10] (optional)
 -- "1": a single server (not a cluster, whose PUBLISH reaches subscribers of every node): while
 -- no client holds a pattern subscription (PUBSUB NUMPAT), a record's done channel is published
--- only when it has a subscriber (one PUBSUB NUMSUB of the batch's channels), so a batch nobody
+-- only when it has a subscriber (one PUBSUB NUMSUB of the batch's channels; for a batch of 64
+-- records or more while the server has no more channels with a subscriber than that, INFO
+-- stats then one PUBSUB CHANNELS of the prefix's done channels instead), so a batch nobody
 -- waits for costs no PUBLISH. Exact: a waiter that subscribes after this script reads the
--- record it wrote (records.py reads after its subscription is confirmed). The batch's entries:
+-- record it wrote (records.py reads after its subscription is confirmed). ARGV[11...]: the
+-- strings of the "R" entries (below), each an argument of its own: Lua makes (and hashes
+-- every byte of) each string it is given once, where a string inside ARGV[4] would be made
+-- twice (the argument, then its unpacked copy). The batch's entries:
 --   {"A", queue, {id1, id2, ...}}   reliable acks without anything else (XACK + XDEL)
---   {"R", queue, ttl, {id1, ...}, {task_id1, ...}, {record1, ...}}   completions that only
---     ack (ids: stream entry ids, empty for a list or the outbox) and store a record (the
---     common success): one XACK and one XDEL for all, then SET + PUBLISH per record, as "C"
+--   {"R", queue, ttl, at, nids, n}   n completions that only ack (nids stream entry ids: n,
+--     or 0 for a list or the outbox) and store a record (the common success):
+--     ARGV[at .. at+nids-1] the entry ids, the next n the task ids, the next n the records;
+--     one XACK and one XDEL (or XTRIM) for all, then SET + PUBLISH per record, as "C"
 --   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops,
 --    fence, guard, index, size, guard_ttl, nonce}
 --     kind "s" (stream), "l" (list) or "o" (the outbox of a store paired with a foreign
@@ -82,7 +88,8 @@ local prefix, group, cap = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local batch = cmsgpack.unpack(ARGV[4])
 local consumer = ARGV[8]
 local quiet = ARGV[9] == '1'
--- Channels with a subscriber (channel -> true), or nil: publish every record (see ARGV[10]).
+-- Task ids whose done channel has a subscriber (task id -> true), or nil: publish every
+-- record (see ARGV[10]).
 local heard = nil
 if not quiet and ARGV[10] == '1' and redis.call('PUBSUB', 'NUMPAT') == 0 then
   heard = {}
@@ -125,8 +132,8 @@ local function store(task_id, record, ttl, nonce)
   if marks and cancel_stands(task_id, record) then return end
   redis.call('SET', KEY.record(prefix, task_id), record, 'EX', ttl)
   if quiet and redis.call('EXISTS', KEY.waiter(prefix, task_id)) == 0 then return end
+  if heard and not heard[task_id] then return end
   local channel = KEY.done_channel(prefix, task_id)
-  if heard and not heard[channel] then return end
   if #record <= inline_max then
     redis.call('PUBLISH', channel, record)
   else  -- a big body would overflow the subscriber's output buffer: announce only
@@ -134,26 +141,60 @@ local function store(task_id, record, ttl, nonce)
   end
 end
 
--- Fill heard with the done channels of the batch's records that have a subscriber (one
--- PUBSUB NUMSUB per 1000 channels).
+-- The done channels of prefix that have a subscriber (channel -> true), from one PUBSUB
+-- CHANNELS of the pattern <prefix>done:* (prefix's glob characters escaped), when the server
+-- has at most most channels with a subscriber (INFO stats: PUBSUB CHANNELS looks at each);
+-- nil when it has more, or when INFO or PUBSUB CHANNELS does not answer (renamed away, or
+-- refused to this user by an ACL).
+local function done_subscribed(most)
+  local info = redis.pcall('INFO', 'STATS')  -- the section (not the key {ns}:stats)
+  if type(info) ~= 'string' then return nil end
+  local held = tonumber(string.match(info, 'pubsub_channels:(%d+)'))
+  if not held or held > most then return nil end
+  local subscribed = {}
+  if held == 0 then return subscribed end
+  local escaped, star = (string.gsub(prefix, '[%*%?%[%]\\]', '\\%0')), '*'
+  local channels = redis.pcall('PUBSUB', 'CHANNELS', KEY.done_channel(escaped, star))
+  if channels.err then return nil end
+  for _, channel in ipairs(channels) do
+    subscribed[channel] = true
+  end
+  return subscribed
+end
+
+-- Fill heard with the task ids of the batch's records whose done channel has a subscriber:
+-- from 64 records on, by done_subscribed (INFO costs about what NUMSUB costs for 16
+-- channels; a batch nobody waits for then makes no channel name), else (or when it cannot
+-- tell) one PUBSUB NUMSUB per 1000 channels (its reply is in the order asked).
 local function listen(entries)
-  local channels = {}
+  local ids = {}
   for _, c in ipairs(entries) do
     if c[1] == 'R' then
-      for _, task_id in ipairs(c[5]) do
-        channels[#channels + 1] = KEY.done_channel(prefix, task_id)
+      for i = c[4] + c[5], c[4] + c[5] + c[6] - 1 do
+        ids[#ids + 1] = ARGV[i]
       end
     elseif c[1] == 'C' and c[6] ~= '' then
-      local task_id = c[5]
-      channels[#channels + 1] = KEY.done_channel(prefix, task_id)
+      ids[#ids + 1] = c[5]
     end
+  end
+  local subscribed = #ids >= 64 and done_subscribed(#ids) or nil
+  if subscribed then
+    if next(subscribed) == nil then return end
+    for _, task_id in ipairs(ids) do
+      if subscribed[KEY.done_channel(prefix, task_id)] then heard[task_id] = true end
+    end
+    return
+  end
+  local channels = {}
+  for i, task_id in ipairs(ids) do
+    channels[i] = KEY.done_channel(prefix, task_id)
   end
   local s = 1
   while s <= #channels do
     local e = math.min(#channels, s + 999)
     local counts = redis.call('PUBSUB', 'NUMSUB', unpack(channels, s, e))
-    for j = 1, #counts - 1, 2 do
-      if counts[j + 1] > 0 then heard[counts[j]] = true end
+    for j = 2, #counts, 2 do
+      if counts[j] > 0 then heard[ids[s + j / 2 - 1]] = true end
     end
     s = e + 1
   end
@@ -358,6 +399,19 @@ local function id_parts(id)
   return ms, seq
 end
 
+-- The later of two stream entry ids a and b (digits, '-', digits, no leading zeros), compared
+-- as strings: no number is made (tonumber costs the server more than the rest of the check):
+-- a longer time part is later; with time parts of one width and ids of one length, the
+-- byte order is the order; else the time parts are compared, then the lengths.
+local function later(a, b)
+  local da, db = string.find(a, '-', 1, true), string.find(b, '-', 1, true)
+  if da ~= db then return (da > db) and a or b end
+  if #a == #b then return (a > b) and a or b end
+  local ta, tb = string.sub(a, 1, da), string.sub(b, 1, db)
+  if ta ~= tb then return (ta > tb) and a or b end
+  return (#a > #b) and a or b
+end
+
 -- Delete the entries ids[s..e], just acknowledged, with one XTRIM MINID when they are all
 -- the entries at the head of the stream: the group has nothing pending up to the largest of
 -- them, and nothing up to it is undelivered (the group read past it) or acknowledged and left
@@ -367,26 +421,28 @@ end
 -- (something older is pending, an id too large to compare, XTRIM MINID refused: Redis < 6.2):
 -- the caller deletes them with XDEL.
 local function trimmed(stream, ids, s, e)
-  local top_ms, top_seq = -1, -1
-  for i = s, e do
-    local ms, seq = id_parts(ids[i])
-    if not ms then return false end
-    if ms > top_ms or (ms == top_ms and seq > top_seq) then top_ms, top_seq = ms, seq end
+  local top = ids[s]
+  for i = s + 1, e do
+    local id = ids[i]
+    if not string.find(id, '^%d+%-%d+$') then return false end
+    top = later(top, id)
   end
+  local top_ms, top_seq = id_parts(top)
+  if not top_ms then return false end
   local pending = redis.call('XPENDING', stream, group)
   if pending[1] > 0 then
-    local ms, seq = id_parts(pending[2])
-    if not ms or ms < top_ms or (ms == top_ms and seq <= top_seq) then return false end
+    local first = pending[2]
+    if not id_parts(first) or later(first, top) == top then return false end
   end
   local cut = redis.pcall('XTRIM', stream, 'MINID', string.format('%d-%d', top_ms, top_seq + 1))
   return type(cut) == 'number'
 end
 
--- Acknowledge and delete ids of a stream; returns the set of positions found stale (nil
--- when none).
-local function ack(stream, ids, queue)
+-- Acknowledge and delete the ids ids[first..last] of a stream (ids: a table, or ARGV);
+-- returns the set of positions found stale (nil when none).
+local function ack(stream, ids, first, last, queue)
   -- unpack() is limited by the Lua stack; chunk large id lists.
-  local s, n = 1, #ids
+  local s, n = first, last
   local lost = nil
   while s <= n do
     local e = math.min(n, s + 999)
@@ -418,12 +474,14 @@ local function ended(c)
 end
 
 local function records(c)
-  local queue, ttl, ids, task_ids, recs = c[2], c[3], c[4], c[5], c[6]
+  -- the TTL made a string once: redis.call formats a number argument at every call
+  local queue, ttl, at, nids, n = c[2], tostring(c[3]), c[4], c[5], c[6]
   local lost = nil
-  if #ids > 0 then lost = ack(KEY.stream(prefix, queue), ids, queue) end
-  for i = 1, #task_ids do
-    if lost == nil or not lost[i] then
-      store(task_ids[i], recs[i], ttl)
+  if nids > 0 then lost = ack(KEY.stream(prefix, queue), ARGV, at, at + nids - 1, queue) end
+  local ids_at, recs_at = at + nids, at + nids + n
+  for i = 0, n - 1 do
+    if lost == nil or not lost[at + i] then
+      store(ARGV[ids_at + i], ARGV[recs_at + i], ttl)
     end
   end
 end
@@ -449,7 +507,7 @@ end
 for _, c in ipairs(batch) do
   local err = nil
   if c[1] == 'R' then
-    if #c[4] > 0 then err = wrong(KEY.stream(prefix, c[2]), 'stream') end
+    if c[5] > 0 then err = wrong(KEY.stream(prefix, c[2]), 'stream') end
   elseif c[1] == 'A' then
     err = wrong(KEY.stream(prefix, c[2]), 'stream')
   elseif c[1] == 'I' then
@@ -488,7 +546,7 @@ for _, c in ipairs(batch) do
   if c[1] == 'R' then
     records(c)
   elseif c[1] == 'A' then
-    ack(KEY.stream(prefix, c[2]), c[3], c[2])
+    ack(KEY.stream(prefix, c[2]), c[3], 1, #c[3], c[2])
   elseif c[1] == 'I' then
     ended(c)
   elseif c[1] == 'G' then

@@ -3,7 +3,8 @@
 -- KEYS[1] {ns}:s:<queue>  the stream
 -- ARGV[i] the messages, each added as field "m"
 -- Returns how many were added.
-for i = 1, #ARGV do
-  redis.call('XADD', KEYS[1], '*', 'm', ARGV[i])
+local call, key, n = redis.call, KEYS[1], #ARGV  -- locals: no table look-up per message
+for i = 1, n do
+  call('XADD', key, '*', 'm', ARGV[i])
 end
-return #ARGV
+return n
