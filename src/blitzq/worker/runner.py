@@ -254,6 +254,10 @@ class Runner:
         """Whether nothing runs here and no start is pending (burst mode asks)."""
         return not self.jobs and not self._pending
 
+    def starting(self) -> list[asyncio.Task[None]]:
+        """The starts in progress (:meth:`hold_start`), done or not."""
+        return list(self._pending)
+
     def hold_start(self, pending: asyncio.Task[None], d: Delivery) -> None:
         """Track ``pending``, a coroutine that will start (or end) delivery ``d``."""
         self._pending[pending] = d
