@@ -24,6 +24,7 @@ import pytest
 import redis
 
 from blitzq import Queue
+from blitzq.worker.solo import solo_plan
 from tests.amqp_server import amqp_or_skip, delete_amqp_queues
 
 pytestmark = pytest.mark.timeout(240)
@@ -176,7 +177,7 @@ async def test_poison_tasks_dead_letter_only_themselves(
     (restarted by the test each time it dies): the good tasks running beside a poison task
     or prefetched die with its process, and RabbitMQ counts a return for each. Only the solo
     runs of a redelivered task count against it (worker/solo.py): every good task succeeds,
-    the poison tasks alone are dead-lettered, each after ``max_deliveries`` runs."""
+    the poison tasks alone are dead-lettered, each after at most ``max_deliveries`` runs."""
     url = amqp_or_skip()
     app = textwrap.dedent(BYSTANDERS_APP).format(max_deliveries=MAX_DELIVERIES)
     (tmp_path / "app.py").write_text(app)
@@ -227,7 +228,8 @@ async def test_poison_tasks_dead_letter_only_themselves(
             assert record is not None
             assert record.state.value == "dead_lettered"
             assert record.error_type == "MaxDeliveriesExceeded"
-            assert counts[f"crash{i}"] == MAX_DELIVERIES
+            # Its solo runs all ran; its runs beside others may not have started.
+            assert solo_plan(MAX_DELIVERIES)[1] <= counts[f"crash{i}"] <= MAX_DELIVERIES
         assert {d.id for d in await producer.dead_letters()} == {h.id for h in bad}
     finally:
         client.delete(runs)

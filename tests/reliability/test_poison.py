@@ -9,6 +9,7 @@ import time
 import pytest
 
 from blitzq import TaskFailed, TaskState
+from blitzq.worker.solo import solo_plan
 
 from .conftest import Harness, WorkerProcess
 from .reliability_app import POISON, WORK
@@ -108,5 +109,7 @@ def test_poison_tasks_dead_letter_only_themselves(harness: Harness, poisons: int
         assert record is not None
         assert record.state == TaskState.DEAD_LETTERED
         assert record.error_type == "MaxDeliveriesExceeded"
-        assert runs[label] == MAX_DELIVERIES
+        # Its solo runs all ran; its runs beside others may not have started (fetched
+        # while another poison task ran).
+        assert solo_plan(MAX_DELIVERIES)[1] <= runs[label] <= MAX_DELIVERIES
     assert {d.id for d in queue.dead_letters_sync()} == set(bad)

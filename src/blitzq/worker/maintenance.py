@@ -572,8 +572,6 @@ class Maintenance:
 
     async def _recover(self, q: str, vt: float, holders: Mapping[str, float]) -> None:
         queue = self.worker.queue
-        # The transports' counts grow with crashes that only held a message: a backstop
-        # here; the worker bounds a crashing task by its runs alone (.solo).
         backstop = delivery_backstop(queue.max_deliveries)
         while True:
             requeued, dead = await self.broker.recover(

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker import Broker, Delivery
@@ -78,7 +78,8 @@ class SoloRunner(Protocol):
     @property
     def visibility_timeout(self) -> float: ...
 
-    def starting(self) -> Iterable[asyncio.Task[None]]: ...
+    @property
+    def starting(self) -> Mapping[asyncio.Task[None], Delivery]: ...
 
     def hold_start(self, pending: asyncio.Task[None], d: Delivery) -> None: ...
 
@@ -247,7 +248,7 @@ class Solo:
         runner = self.runner
         while True:
             waits: list[asyncio.Future[Any]] = [j.handle for j in runner.jobs if j.handle]
-            waits += [t for t in runner.starting() if t not in self._own and not t.done()]
+            waits += [t for t in runner.starting if t not in self._own and not t.done()]
             if not waits:
                 return
             await asyncio.wait(waits)
