@@ -25,6 +25,14 @@ other works (a drain with results stored: about 1.2x, see ``bench/README.md``). 
 load the completions go first, before the next fetch (the round trip's path), and a fetch
 that finds the levels empty releases the hold before it blocks.
 
+In fast mode on one server (:attr:`~blitzq.broker.Broker.carry`, ``broker/redis/carrying.py``)
+the completions go *with* the next fetch instead: a loop waiting for a free slot is counted
+among the flusher's riders, takes a hold the moment a run's end frees a slot, and its
+non-blocking fetch takes the flusher's waiting batch (:meth:`~.flusher.Flusher.board`) and
+sends it in the same round trip, so a task costs the worker no round trip of its own for its
+completion. The flusher keeps writing by itself whenever no such fetch is due (an idle queue,
+a fetch that blocks, a batch it is retrying), so a completion never waits for work to arrive.
+
 A worker whose Queue has tasks declared ``@queue.task(mode="fast")`` and whose broker has a
 fast lane (:attr:`~blitzq.broker.Broker.fast_lane`: the lists of a reliable Redis broker)
 runs a second loop per queue on the lane, sharing the queue's slots: what it pops carries no
@@ -171,6 +179,9 @@ class Fetcher:
         #: broker's, and its fast lane's.
         self.bad = BadKeys(broker.transport, worker.key)
         self.bad_lane = BadKeys(lane, worker.key, " (fast lane)") if lane is not None else None
+        #: The broker's fetch that carries completions (fast mode on one server), used by
+        #: the loops of the main transport (see :meth:`_look`).
+        self.carry = broker.carry
 
     def start(self) -> None:
         """Start one fetch loop per queue of :attr:`slots` (two with a :attr:`lane`: the
@@ -238,6 +249,7 @@ class Fetcher:
         backlog = False  # the last fetch filled every slot it had (at least _OVERLAP_MIN)
         writable = runner.flusher.writable
         bad = self.bad if key == queue or self.bad_lane is None else self.bad_lane
+        carrying = self.carry is not None and key == queue
         while not self._stop_requested():
             if not writable.is_set():  # completions refused: take no work it cannot record
                 await writable.wait()
@@ -245,21 +257,26 @@ class Fetcher:
             if queue in worker.paused:  # `blitzq queue pause` (kept by maintenance.py)
                 await asyncio.sleep(PAUSE_POLL)
                 continue
-            n = await slots.reserve(batch)
+            if carrying:
+                n = await self._reserve_carrying(key, slots, batch)
+            else:
+                n = await slots.reserve(batch)
             if n < batch and runner.jobs:
                 try:
                     n += await self._gather(slots, batch - n)
                 except asyncio.CancelledError:  # stopped meanwhile: the slots held go back
                     slots.release(n)
+                    self._release_hold(key)
                     raise
             if self._stop_requested():
                 slots.release(n)
+                self._release_hold(key)
                 return
             # While this flag is set the loop may hold messages, so shutdown waits for it
             # instead of cancelling it.
             self._fetching[key] = True
             try:
-                if backlog:
+                if backlog and not carrying:
                     self._holding[key] = True
                     runner.flusher.hold()
                 deliveries = await self._fetch(queue, key, slots, n, fetch_first)
@@ -310,10 +327,46 @@ class Fetcher:
                 except Exception:  # a bug here must not stop the queue; the lease recovers it
                     logger.exception("could not start a message from %s", queue)
                     slots.release()
-            if deliveries and not backlog:
+            if deliveries and not backlog and not carrying:
                 # Let the runs' first steps and the flusher go before the next fetch: a task
                 # that ended at once has its completion written first (the round trip's path).
                 await asyncio.sleep(0)
+
+    async def _reserve_carrying(self, key: str, slots: Slots, wanted: int) -> int:
+        """:meth:`Slots.reserve` for a fetch that carries completions: counted among the
+        flusher's riders while it waits, then holding the flusher's next batch (released
+        when the fetch takes it, see :meth:`_look`), so the completions of the run whose
+        end freed the slot go with this fetch instead of a round trip of their own."""
+        flusher = self.runner.flusher
+        flusher.riders += 1
+        try:
+            n = await slots.reserve(wanted)
+        finally:
+            flusher.riders -= 1
+        if not self._holding.get(key):
+            self._holding[key] = True
+            flusher.hold()
+        return n
+
+    async def _look(
+        self, queue: str, key: str, names: Sequence[str], n: int, fetch_first: FetchFirst
+    ) -> list[Delivery]:
+        """The non-blocking fetch of up to ``n`` from ``names``: with the flusher's waiting
+        batch in the same round trip where the broker can (:attr:`carry`, the main
+        transport's loops), else ``fetch_first`` alone."""
+        carry = self.carry
+        if carry is None or key != queue:
+            return await fetch_first(names, n, 0)
+        flusher = self.runner.flusher
+        batch = flusher.board()
+        self._release_hold(key)  # the batch is taken (or there is none to take)
+        if batch is None:
+            return await fetch_first(names, n, 0)
+        try:
+            return await carry(names, n, batch, flusher.landed)
+        finally:
+            if flusher.board_open(batch):  # cancelled before the carrier settled it
+                flusher.landed(None)
 
     async def _timed_out_here(self, queue: str, error: BrokerError) -> bool:
         """Whether a fetch that ended in a client-side timeout met a server that answers at
@@ -387,7 +440,7 @@ class Fetcher:
         shared = self.shared if not lane else None  # a lane's loop blocks on its own
         if shared is None or not self._quiet[queue]:
             try:
-                deliveries = await fetch_first(names, n, 0)
+                deliveries = await self._look(queue, key, names, n, fetch_first)
             except BaseException:  # a failed or cancelled fetch holds no slot (shutdown waits)
                 slots.release(n)
                 raise
