@@ -333,10 +333,15 @@ class Fetcher:
                 await asyncio.sleep(0)
 
     async def _reserve_carrying(self, key: str, slots: Slots, wanted: int) -> int:
-        """:meth:`Slots.reserve` for a fetch that carries completions: counted among the
-        flusher's riders while it waits, then holding the flusher's next batch (released
-        when the fetch takes it, see :meth:`_look`), so the completions of the run whose
-        end freed the slot go with this fetch instead of a round trip of their own."""
+        """:meth:`Slots.reserve` for a fetch that carries completions. When every slot is
+        taken (the worker is saturated) the loop is counted among the flusher's riders while
+        it waits, then holds the flusher's next batch (released when the fetch takes it,
+        see :meth:`_look`), so the completions of the runs whose end freed the slots go
+        with this fetch instead of a round trip of their own. With a slot free at once
+        nothing is held: at light load a completion goes at once, as it ends."""
+        q = slots.queue_limiter
+        if slots.global_limiter.free > 0 and (q is None or q.free > 0):
+            return await slots.reserve(wanted)
         flusher = self.runner.flusher
         flusher.riders += 1
         try:

@@ -131,7 +131,7 @@ class Popper:
 
     async def execute_many(self, *commands: tuple[Any, ...]) -> list[Any]:
         """Send ``commands`` in one write on one connection and read their raw replies, in
-        order, within one deadline (as :meth:`execute_command`'s, none blocking).
+        order, within one deadline (as :meth:`execute_command`'s; none may block).
 
         An error reply is returned in its place (a ``redis.exceptions.ResponseError``
         instance), never raised: the other commands ran.
@@ -167,39 +167,45 @@ async def send_and_read(conn: Any, args: tuple[Any, ...], budget: float) -> Any:
     of the event loop's running time (see :class:`_Deadline`); past it the connection is
     closed and :class:`redis.exceptions.TimeoutError` raised."""
     await conn.send_command(*args)
-    return await _read(conn, args, budget)
+    return (await _read(conn, (args,), budget))[0]
 
 
 async def send_and_read_all(
     conn: Any, commands: tuple[tuple[Any, ...], ...], budget: float
 ) -> list[Any]:
-    """Send ``commands`` on ``conn`` in one write and read their raw replies within one
+    """Send ``commands`` on ``conn`` in one write and read their raw replies, all within one
     ``budget`` (see :func:`send_and_read`); error replies are returned in their place."""
     await conn.send_packed_command(conn.pack_commands(commands))
-    replies: list[Any] = []
-    for args in commands:
-        try:
-            replies.append(await _read(conn, args, budget))
-        except ResponseError as error:
-            replies.append(error)
-    return replies
+    return await _read(conn, commands, budget, errors=True)
 
 
-async def _read(conn: Any, args: tuple[Any, ...], budget: float) -> Any:
-    """Read one raw reply of ``args`` on ``conn`` within ``budget`` (see
-    :func:`send_and_read`)."""
+async def _read(
+    conn: Any, commands: tuple[tuple[Any, ...], ...], budget: float, errors: bool = False
+) -> list[Any]:
+    """Read one raw reply per command of ``commands`` on ``conn`` within ``budget`` (see
+    :func:`send_and_read`); ``errors``: an error reply is returned in its place, else
+    raised."""
     loop = asyncio.get_running_loop()
+    replies: list[Any] = []
     try:
         async with asyncio.timeout(None) as scope:
             deadline = _Deadline(loop, scope, budget)
             try:
-                # math.inf: no read timeout of redis-py's own (redis-py closes the
-                # connection on the cancellation of this read).
-                return await conn.read_response(timeout=math.inf)
+                for _ in commands:
+                    # math.inf: no read timeout of redis-py's own (redis-py closes the
+                    # connection on the cancellation of this read).
+                    try:
+                        replies.append(await conn.read_response(timeout=math.inf))
+                    except ResponseError as error:
+                        if not errors:
+                            raise
+                        replies.append(error)
             finally:
                 deadline.cancel()
     except TimeoutError:
         await conn.disconnect(nowait=True)
         raise RedisTimeoutError(
-            f"no reply to {args[0]} within {budget:g} s while this process ran; connection closed"
+            f"no reply to {commands[len(replies)][0]} within {budget:g} s while this process "
+            "ran; connection closed"
         ) from None
+    return replies
