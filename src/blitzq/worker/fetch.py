@@ -25,12 +25,14 @@ other works (a drain with results stored: about 1.2x, see ``bench/README.md``). 
 load the completions go first, before the next fetch (the round trip's path), and a fetch
 that finds the levels empty releases the hold before it blocks.
 
-In fast mode on one server (:attr:`~blitzq.broker.Broker.carry`, ``broker/redis/carrying.py``)
-the completions go *with* the next fetch instead: a loop waiting for a free slot is counted
-among the flusher's riders, takes a hold the moment a run's end frees a slot, and its
-non-blocking fetch takes the flusher's waiting batch (:meth:`~.flusher.Flusher.board`) and
-sends it in the same round trip, so a task costs the worker no round trip of its own for its
-completion. The flusher keeps writing by itself whenever no such fetch is due (an idle queue,
+Outside a backlog, in fast mode on one server (:attr:`~blitzq.broker.Broker.carry`,
+``broker/redis/carrying.py``), the completions go *with* the next fetch instead: a loop
+waiting for a free slot (every slot taken) is counted among the flusher's riders, takes a
+hold the moment a run's end frees a slot, and its non-blocking fetch takes the flusher's
+waiting batch (:meth:`~.flusher.Flusher.board`) and sends it in the same round trip, so a
+task costs the worker no round trip of its own for its completion. (In a backlog the overlap
+above is worth more: a carried batch would put the server's work on it before the fetch's
+reply, where the overlap does it while the worker starts the batch.) The flusher keeps writing by itself whenever no such fetch is due (an idle queue,
 a fetch that blocks, a batch it is retrying), so a completion never waits for work to arrive.
 
 A worker whose Queue has tasks declared ``@queue.task(mode="fast")`` and whose broker has a
@@ -257,7 +259,7 @@ class Fetcher:
             if queue in worker.paused:  # `blitzq queue pause` (kept by maintenance.py)
                 await asyncio.sleep(PAUSE_POLL)
                 continue
-            if carrying:
+            if carrying and not backlog:
                 n = await self._reserve_carrying(key, slots, batch)
             else:
                 n = await slots.reserve(batch)
@@ -276,10 +278,11 @@ class Fetcher:
             # instead of cancelling it.
             self._fetching[key] = True
             try:
-                if backlog and not carrying:
+                if backlog:
                     self._holding[key] = True
                     runner.flusher.hold()
-                deliveries = await self._fetch(queue, key, slots, n, fetch_first)
+                carry = carrying and not backlog
+                deliveries = await self._fetch(queue, key, slots, n, fetch_first, carry)
                 if deliveries and self._holding.get(key):
                     self._release_hold(key)
                     await asyncio.sleep(0)  # the held completions go to the server first
@@ -354,13 +357,13 @@ class Fetcher:
         return n
 
     async def _look(
-        self, queue: str, key: str, names: Sequence[str], n: int, fetch_first: FetchFirst
+        self, key: str, names: Sequence[str], n: int, fetch_first: FetchFirst, carrying: bool
     ) -> list[Delivery]:
-        """The non-blocking fetch of up to ``n`` from ``names``: with the flusher's waiting
-        batch in the same round trip where the broker can (:attr:`carry`, the main
-        transport's loops), else ``fetch_first`` alone."""
+        """The non-blocking fetch of up to ``n`` from ``names``: with ``carrying``, the
+        flusher's waiting batch goes in the same round trip (:attr:`carry`), else
+        ``fetch_first`` alone."""
         carry = self.carry
-        if carry is None or key != queue:
+        if carry is None or not carrying:
             return await fetch_first(names, n, 0)
         flusher = self.runner.flusher
         batch = flusher.board()
@@ -424,9 +427,16 @@ class Fetcher:
         return taken
 
     async def _fetch(
-        self, queue: str, key: str, slots: Slots, n: int, fetch_first: FetchFirst
+        self,
+        queue: str,
+        key: str,
+        slots: Slots,
+        n: int,
+        fetch_first: FetchFirst,
+        carrying: bool = False,
     ) -> list[Delivery]:
-        """Fetch with ``n`` reserved slots; on return, exactly one slot is held per delivery.
+        """Fetch with ``n`` reserved slots; on return, exactly one slot is held per delivery
+        (``carrying``: the look takes the flusher's waiting batch along, see :meth:`_look`).
 
         Takes what is waiting on the queue's levels without blocking. When all are empty it
         blocks on all levels at once holding only the queue's own slot, so an idle queue
@@ -445,7 +455,7 @@ class Fetcher:
         shared = self.shared if not lane else None  # a lane's loop blocks on its own
         if shared is None or not self._quiet[queue]:
             try:
-                deliveries = await self._look(queue, key, names, n, fetch_first)
+                deliveries = await self._look(key, names, n, fetch_first, carrying)
             except BaseException:  # a failed or cancelled fetch holds no slot (shutdown waits)
                 slots.release(n)
                 raise
