@@ -32,8 +32,9 @@ hold the moment a run's end frees a slot, and its non-blocking fetch takes the f
 waiting batch (:meth:`~.flusher.Flusher.board`) and sends it in the same round trip, so a
 task costs the worker no round trip of its own for its completion. (In a backlog the overlap
 above is worth more: a carried batch would put the server's work on it before the fetch's
-reply, where the overlap does it while the worker starts the batch.) The flusher keeps writing by itself whenever no such fetch is due (an idle queue,
-a fetch that blocks, a batch it is retrying), so a completion never waits for work to arrive.
+reply, where the overlap does it while the worker starts the batch.) The flusher keeps
+writing by itself whenever no such fetch is due (an idle queue, a fetch that blocks, a batch
+it is retrying), so a completion never waits for work to arrive.
 
 A worker whose Queue has tasks declared ``@queue.task(mode="fast")`` and whose broker has a
 fast lane (:attr:`~blitzq.broker.Broker.fast_lane`: the lists of a reliable Redis broker)
