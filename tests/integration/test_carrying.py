@@ -18,7 +18,7 @@ import pytest
 
 from blitzq import Queue
 from blitzq.broker import Completion
-from blitzq.worker.flusher import Flusher
+from blitzq.worker.flusher import BIG_WRITE, Flusher
 
 from .proc_tasks import make_worker, running
 
@@ -133,5 +133,20 @@ async def test_a_carried_batch_is_applied_with_the_pop(
         assert flusher.backlog == 0
         assert flusher.carried == 1
         assert await raw_redis.get(keys.record("t-done")) == done.record
+    finally:
+        await queue.close()
+
+
+async def test_a_batch_a_server_may_refuse_for_its_size_is_not_carried(
+    make_queue: Callable[..., Queue],
+) -> None:
+    queue = make_queue(mode="fast")
+    try:
+        flusher = Flusher(queue.broker)
+        big = Completion("default", None, "t-big", record=b"x" * BIG_WRITE, record_ttl=60)
+        flusher.add(big)
+        assert flusher.board() is None  # left to the writer's own path
+        flusher.add(Completion("default", None, "t-small", record=b"\x90", record_ttl=60))
+        assert flusher.board() is None  # the big one is first in line
     finally:
         await queue.close()

@@ -451,6 +451,7 @@ class Fetcher:
         names = bad.healthy(self.worker.levels[queue])
         if not names:  # every level set aside: wait as an empty fetch would, then look again
             slots.release(n)
+            self._release_hold(key)
             await asyncio.sleep(self.worker.block_timeout)
             return []
         shared = self.shared if not lane else None  # a lane's loop blocks on its own

@@ -129,6 +129,7 @@ class Flusher:
         self._busy = False  # a batch of the writer's own is being written
         self._riding: list[Completion] | None = None  # the batch a fetch carries
         self._landed = asyncio.Event()
+        self._taken_bytes = 0  # about the bytes of the last batch taken (with one more)
         #: Batches written by a fetch that carried them (:meth:`board`), since the start.
         self.carried = 0
 
@@ -158,7 +159,9 @@ class Flusher:
     def board(self) -> list[Completion] | None:
         """The next batch, for a fetch that sends it in its own round trip
         (:attr:`~blitzq.broker.Broker.carry`), or ``None``: nothing waits, the writer is
-        writing a batch (or retrying one the broker refused), or another fetch carries one.
+        writing a batch (or retrying one the broker refused), another fetch carries one, or
+        the batch is of :data:`BIG_WRITE` bytes or more (a server may refuse it for its
+        size: the writer's own path tells that from an outage, and splits it).
 
         The batch stays first in line and the writer waits until :meth:`landed` is called,
         exactly once, with what became of it."""
@@ -166,7 +169,10 @@ class Flusher:
             return None
         if self._refused_since is not None:
             return None
-        batch = self._riding = self._take()
+        batch = self._take()
+        if self._taken_bytes >= BIG_WRITE:  # one a server may refuse for its size: the
+            return None  # writer's own path tells a refusal from an outage and splits it
+        self._riding = batch
         self._landed.clear()
         return batch
 
@@ -232,6 +238,7 @@ class Flusher:
             if total > limit and i > 0:
                 n = i
                 break
+        self._taken_bytes = total
         return pending[:n]
 
     async def run(self) -> None:
