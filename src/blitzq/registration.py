@@ -25,7 +25,6 @@ from .exceptions import ConfigurationError
 from .extensions import builtin_middleware
 from .extensions.middleware import Middleware
 from .options import build_options, declared_call_options
-from .periodic import MissedPolicy, PeriodicTask, make_periodic
 from .ratelimit import RateLimit
 from .retries import DEFAULT_RETRY_POLICY, RetryPolicy
 from .routing import Priority, check_queue_name, check_task_name, route
@@ -33,6 +32,7 @@ from .task import Executor, Task, TaskProducer
 from .workflow.engine import COLLECT, WORKFLOW_STEPS, collect
 
 if TYPE_CHECKING:
+    from .periodic import MissedPolicy, PeriodicTask
     from .schedules import Schedule
 
 P = ParamSpec("P")
@@ -325,6 +325,8 @@ class Registrar:
                 an identical entry again changes nothing).
             SerializationError: ``args`` or ``kwargs`` are not plain data.
         """
+        from .periodic import make_periodic  # periodic.py and schedules.py: on first use
+
         entry = make_periodic(
             task,
             schedule,
