@@ -192,14 +192,22 @@ def _vmrss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-def _idle_rss(argv: list[str], cwd: str, url: str, idle: float = 3.0) -> float:
-    """VmRSS (MB) of ``argv`` after ``idle`` seconds; the process is then terminated."""
+def _idle_rss(
+    argv: list[str], cwd: str, url: str, idle: float = 3.0, started: str | None = None
+) -> float:
+    """VmRSS (MB) of ``argv`` ``idle`` seconds after it logged a line containing ``started``
+    (after its start when ``None``); the process is then terminated. On a loaded machine a
+    worker takes more than 3 s to start: a fixed wait measured it half started."""
     env = _env(url)
     env["PYTHONPATH"] = f"{cwd}{os.pathsep}{env['PYTHONPATH']}"
     proc = subprocess.Popen(
-        argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     try:
+        if started is not None and proc.stderr is not None:
+            for line in proc.stderr:  # a worker logs its start once its loops run
+                if started in line:
+                    break
         time.sleep(idle)
         if proc.poll() is not None:
             raise RuntimeError(
@@ -225,7 +233,8 @@ def idle_worker_rss(url: str, pairs: int) -> list[Any]:
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "r3app.py").write_text(_APP % url)
         for _ in range(pairs):
-            worker.append(_idle_rss([blitzq, "worker", "r3app:queue", "--no-supervise"], tmp, url))
+            argv = [blitzq, "worker", "r3app:queue", "--no-supervise"]
+            worker.append(_idle_rss(argv, tmp, url, started=" started: "))
             code = "import redis.asyncio, time; time.sleep(60)"
             bare.append(_idle_rss([sys.executable, "-c", code], tmp, url, idle=3.0))
     mb, bare_mb = statistics.median(worker), statistics.median(bare)
