@@ -1,7 +1,7 @@
 """What a ``blitzq worker`` on a plain Redis URL does not import (issue 29: an idle worker's
 memory): the parts for other URLs and layouts (Sentinel, a cluster's scripts and replicas, the
-spread layout), periodic entries and cron schedules, ``zoneinfo``, the process pools, and the
-other commands' modules. Each loads on first use; the worker here has started and run a task."""
+spread layout), the workflow engine, periodic entries and cron schedules, ``zoneinfo``, the
+process pools, and the other commands' modules. Each loads on first use; the worker here has started and run a task."""
 
 from __future__ import annotations
 
@@ -39,6 +39,10 @@ NOT_LOADED = (
     "blitzq.broker.redis.cluster_scripts",  # a cluster client only
     "blitzq.broker.redis.cluster_replicas",
     "blitzq.broker.amqp",
+    "blitzq.workflow.engine",  # the first workflow step to end, or to start
+    "blitzq.workflow.canvas",
+    "blitzq.workflow.handle",
+    "blitzq.workflow.callback",
     "blitzq.periodic",  # the first periodic entry
     "blitzq.schedules",
     "croniter",  # the first Cron
