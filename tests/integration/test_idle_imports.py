@@ -1,7 +1,8 @@
 """What a ``blitzq worker`` on a plain Redis URL does not import (issue 29: an idle worker's
 memory): the parts for other URLs and layouts (Sentinel, a cluster's scripts and replicas, the
 spread layout), the workflow engine, periodic entries and cron schedules, ``zoneinfo``, the
-process pools, and the other commands' modules. Each loads on first use; the worker here has started and run a task."""
+process pools, and the other commands' modules. Each loads on first use; the worker here has
+started and run a task."""
 
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ NOT_LOADED = (
     "croniter",  # the first Cron
     "dateutil",
     "zoneinfo",  # a Cron, a zoned datetime in a message
+    "blitzq.worker.cpu_pool",  # the first CPU pool
     "multiprocessing",  # the first process pool
     "blitzq.dashboard",
     "rich",
