@@ -48,8 +48,8 @@ from .operator_state import RedisOperatorState
 from .outbox import RedisOutbox
 from .records import RedisRecords
 from .registry import RedisRegistry
+from .replicas import durable_writes, is_replicated
 from .schedule import RedisSchedule
-from .sentinel import ReplicatedRedis, durable_writes
 
 __all__ = ["CompleteCall", "RedisStateStore"]
 
@@ -183,7 +183,7 @@ class RedisStateStore(StateStore):
         replication: see :meth:`complete_durably`; a cluster shard without a replica sends
         its commands unwaited)."""
         client = self.conn.client
-        return isinstance(client, ReplicatedRedis) or getattr(client, "replicas", None) is not None
+        return is_replicated(client) or getattr(client, "replicas", None) is not None
 
     # ------------------------------------------------------------ completions
     async def complete_durably(self, completions: Sequence[Completion]) -> list[Completion]:

@@ -32,9 +32,8 @@ from .connection import LeaseIdentity, RedisConnection, RedisPart
 from .doorbell import READY, look_then_wait
 from .handed import HandOver
 from .keys import GROUP, MESSAGE_FIELD
-from .replicas import durable_writes, durably, enqueuing
+from .replicas import durable_writes, durably, enqueuing, is_replicated
 from .scripts import holder_waits
-from .sentinel import ReplicatedRedis
 
 logger = logging.getLogger("blitzq.broker")
 
@@ -332,7 +331,7 @@ class StreamsTransport(HandOver, RedisPart, Transport):
             for entry_id, fields in entries
             if fields is not None
         ]
-        if taken and isinstance(self.client, ReplicatedRedis):
+        if taken and is_replicated(self.client):
             await self.client.settle(blocking.command, "XREADGROUP", blocking.on_primary)
         elif taken and blocking.node is not None and hasattr(self.client, "replicas"):
             await self.client.replicas.settle(blocking.node, blocking.command, "XREADGROUP")
