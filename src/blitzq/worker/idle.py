@@ -5,9 +5,10 @@ they are empty it does not block on its own connection, it joins :class:`SharedR
 blocking command over every level of every queue waiting at that moment
 (:meth:`~blitzq.broker.transport.Transport.block_first`, on the broker's one wakeable blocking
 connection). When the read returns, each waiting loop gets the deliveries of its own queue
-(maybe none) and goes round again; a loop whose last shared read brought nothing skips its
-non-blocking look and joins the next read at once, so an idle worker sends one command per
-``block_timeout`` whatever the number of its queues, and holds one blocking connection.
+(maybe none) and goes round again; a loop whose last shared read brought nothing (or fewer
+than the read takes from each level: ``Transport.block_count``) skips its non-blocking look
+and joins the next read at once, so an idle worker sends one command per ``block_timeout``
+whatever the number of its queues, and holds one blocking connection.
 
 A queue that falls idle while a read is blocked (its loop was busy when the read started) wakes
 that read (:meth:`~blitzq.broker.transport.Transport.unblock`: it ends taking nothing) so the
