@@ -106,3 +106,35 @@ async def test_a_backlog_at_an_idle_worker_is_taken_in_batches(
         await asyncio.wait_for(running, 30)
         await producer.close()
         await worker_queue.close()
+
+
+async def test_a_worker_of_one_slot_reads_one_and_keeps_the_order(
+    make_queue: Callable[..., Queue],
+) -> None:
+    """With one slot the read asks one entry (a second would find no slot and go back to
+    the tail of its stream): a burst runs in the order it was enqueued, none handed back."""
+    worker_queue, producer = make_queue(), make_queue()
+    done = asyncio.Event()
+    ran: list[int] = []
+    for q in (worker_queue, producer):
+
+        @q.task(name="rt.ordered")
+        async def ordered(i: int) -> None:
+            ran.append(i)
+            if len(ran) == 20:
+                done.set()
+
+    worker = Worker(worker_queue, concurrency=1, block_timeout=5)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(_settled(worker, 1), 30)
+        await producer.tasks["rt.ordered"].enqueue_many([((i,), {}) for i in range(20)])
+        await asyncio.wait_for(done.wait(), 60)
+        assert ran == list(range(20))
+        assert worker.handed_back == 0
+        assert worker._fetcher.shared.counts["default"] == 1  # type: ignore[union-attr]
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, 30)
+        await producer.close()
+        await worker_queue.close()

@@ -403,8 +403,8 @@ class Fetcher:
             # one command less per idle fetch; what arrived meanwhile comes back at once,
             # most urgent level first.
             if shared is not None:
-                deliveries = await shared.wait(queue)
-                self._quiet[queue] = self._drained(deliveries)
+                deliveries = await shared.wait(queue, slots.room(1))
+                self._quiet[queue] = self._drained(deliveries, shared.counts.get(queue, 1))
             else:
                 deliveries = await fetch_first(
                     names, 1, self.worker.block_timeout, look_first=False
@@ -420,12 +420,12 @@ class Fetcher:
             return deliveries
         return self._grant(queue, slots, deliveries)
 
-    def _drained(self, deliveries: list[Delivery]) -> bool:
+    @staticmethod
+    def _drained(deliveries: list[Delivery], count: int) -> bool:
         """Whether a shared read's ``deliveries`` of one queue show its levels empty behind
-        them: none came, or each level gave fewer than a read takes from one
-        (:attr:`~blitzq.broker.transport.Transport.block_count`); then the next fetch blocks
-        at once (an idle worker's round trip: read, run, complete, read, with no look)."""
-        count = self.broker.transport.block_count
+        them: none came, or each level gave fewer than the read asked of each (``count``,
+        up to :attr:`~blitzq.broker.transport.Transport.block_count`); then the next fetch
+        blocks at once (an idle worker's round trip: read, run, complete, read, no look)."""
         if len(deliveries) < count:
             return True
         per_level: dict[str, int] = {}

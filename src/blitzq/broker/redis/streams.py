@@ -262,17 +262,19 @@ class StreamsTransport(HandOver, RedisPart, Transport):
 
     @property
     def block_count(self) -> int:  # type: ignore[override]
-        """Entries per stream :meth:`block_first` takes: 2 on the held connection, else 1."""
+        """Entries per stream :meth:`block_first` takes at most: 2 on the held connection."""
         return 2 if self.conn.blocking is not None else 1
 
     @translate_errors
-    async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
-        """One ``XREADGROUP ... COUNT 2 BLOCK`` over the streams of ``queues`` (in their
+    async def block_first(
+        self, queues: Sequence[str], timeout: float, count: int = 1
+    ) -> list[Delivery]:
+        """One ``XREADGROUP ... COUNT <count> BLOCK`` over the streams of ``queues`` (in their
         order), on the held connection :meth:`unblock` can wake (``blocking.py``); on a
         cluster's spread layout a look at each base queue not watched since its last look,
         then a wait for its doorbell until the next safety look is due (``timeout`` while the
         event listener is not subscribed; :func:`~.doorbell.look_then_wait`). At most
-        :attr:`block_count` entries per stream; durable as :meth:`fetch` (the ``WAIT`` goes
+        ``count`` entries per stream; durable as :meth:`fetch` (the ``WAIT`` goes
         on the held connection, which took the entries)."""
         blocking = self.conn.blocking
         if blocking is None:
@@ -286,7 +288,7 @@ class StreamsTransport(HandOver, RedisPart, Transport):
             return [_delivery(queue, entry_id, fields) for queue, entry_id, fields in rows]
         keys = [self.keys.stream(q) for q in queues]
         block = self.block_for(timeout)
-        args = ["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 2]
+        args = ["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", min(count, 2)]
         args += ["BLOCK", max(1, int(block * 1000)), "STREAMS", *keys, *(">" for _ in keys)]
         try:
             reply = await blocking.run(*args, block=block)
