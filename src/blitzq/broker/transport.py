@@ -157,11 +157,22 @@ class Transport(abc.ABC):
     connection :meth:`unblock` can wake (then a worker's idle fetch loops share one blocking
     read: :mod:`blitzq.worker.idle`); otherwise each idle queue blocks on its own."""
 
-    async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
+    block_count: int = 1
+    """The most messages :meth:`block_first` may be asked to take from one queue. A read
+    that took fewer than it asked from each queue it returned messages of saw every one of
+    them drained (the queues it returned nothing of were empty too), so the worker blocks
+    again at once, without a non-blocking look first; after a read of one a queue, a read
+    that brought anything is followed by a look (a backlog is taken in batches, most urgent
+    queue first)."""
+
+    async def block_first(
+        self, queues: Sequence[str], timeout: float, count: int = 1
+    ) -> list[Delivery]:
         """Block up to ``timeout`` seconds on all of ``queues`` at once and return what
-        arrives first: at least one message, at most one per queue, earlier queues first; or
-        nothing at the timeout (or after :meth:`unblock`). Messages waiting already are
-        returned at once. Default: :meth:`fetch_first` of one message, ``look_first=False``.
+        arrives first: at least one message, at most ``count`` (1 to :attr:`block_count`)
+        per queue, earlier queues first; or nothing at the timeout (or after
+        :meth:`unblock`). Messages waiting already are returned at once. Default:
+        :meth:`fetch_first` of one message, ``look_first=False``.
         """
         return await self.fetch_first(queues, 1, timeout, look_first=False)
 

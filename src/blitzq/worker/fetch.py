@@ -2,7 +2,7 @@
 
 A loop reserves slots from its queue's and the global limiter *before* it fetches, takes up
 to that many messages from the queue's priority levels (``<q>:high``, ``<q>``, ``<q>:low``, in
-that order) without blocking, and blocks for a single message on all levels at once (at most
+that order) without blocking, and blocks for a message on all levels at once (at most
 ``block_timeout`` seconds) only when they are empty; what that read returns beyond the slots
 free at that moment is handed back at once, so the worker never holds a message it cannot
 start. Excess work stays in the broker. Where the transport can (every shipped one:
@@ -175,7 +175,8 @@ class Fetcher:
         #: The one blocking read of the idle loops, made by :meth:`start` (``None``: each
         #: blocks on its own, a transport that cannot share one).
         self.shared: SharedRead | None = None
-        #: Queues whose last shared read brought nothing: their next fetch skips the look
+        #: Queues whose last shared read brought nothing, or fewer than it takes from each
+        #: level (:meth:`_drained`): their next fetch skips the look
         #: (each looks first at start: a backlog is taken in order, most urgent level first).
         self._quiet: dict[str, bool] = dict.fromkeys(slots, False)
         #: Levels set aside because their key holds another type (:mod:`.bad_keys`): the
@@ -472,8 +473,8 @@ class Fetcher:
             # one command less per idle fetch; what arrived meanwhile comes back at once,
             # most urgent level first.
             if shared is not None:
-                deliveries = await shared.wait(queue)
-                self._quiet[queue] = not deliveries
+                deliveries = await shared.wait(queue, slots.room(1))
+                self._quiet[queue] = self._drained(deliveries, shared.counts.get(queue, 1))
             else:
                 deliveries = await fetch_first(
                     names, 1, self.worker.block_timeout, look_first=False
@@ -489,16 +490,31 @@ class Fetcher:
             return deliveries
         return self._grant(queue, slots, deliveries)
 
+    @staticmethod
+    def _drained(deliveries: list[Delivery], count: int) -> bool:
+        """Whether a shared read's ``deliveries`` of one queue show its levels empty behind
+        them: none came, or each level gave fewer than the read asked of each (``count``,
+        up to :attr:`~blitzq.broker.transport.Transport.block_count`); then the next fetch
+        blocks at once (an idle worker's round trip: read, run, complete, read, no look)."""
+        if len(deliveries) < count:
+            return True
+        per_level: dict[str, int] = {}
+        for d in deliveries:
+            per_level[d.queue] = per_level.get(d.queue, 0) + 1
+        return max(per_level.values()) < count
+
     def _grant(self, queue: str, slots: Slots, deliveries: list[Delivery]) -> list[Delivery]:
         """Keep the deliveries of a blocking fetch that free slots allow; hand back the rest.
 
-        A blocking read over several levels returns one entry from *each* level that got
+        A blocking read over several levels returns entries from *each* level that got
         data on Redis >= 7.2 and Valkey (the promoter may move several due messages at
-        once), and the worker's slots may have filled up while the read was blocked. The
-        levels come in priority order, so the most urgent ones are kept.
+        once), up to ``block_count`` of each, and the worker's slots may have filled up
+        while the read was blocked. The levels come in priority order, so the most urgent
+        ones are kept; after a hand-back the next fetch looks first.
         """
         granted = slots.grant(len(deliveries), 1)
         if granted < len(deliveries):
+            self._quiet[queue] = False  # the surplus goes back: the next fetch looks first
             surplus = deliveries[granted:]
             for d in surplus:
                 self.runner.hand_back(d)

@@ -302,16 +302,16 @@ class AmqpTransport(Transport):
             self._waiters.discard(arrived)
 
     shared_block = True
-    """An idle worker's loops share one wait (:meth:`block_first`): RabbitMQ pushes each
-    consumer its messages, so waiting costs RabbitMQ and Redis nothing."""
+    """Idle loops share one wait (:meth:`block_first`): it costs RabbitMQ and Redis nothing."""
 
     @guarded
-    async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
+    async def block_first(
+        self, queues: Sequence[str], timeout: float, count: int = 1
+    ) -> list[Delivery]:
         """Wait up to ``timeout`` s for a message RabbitMQ pushes to the consumer of any of
-        ``queues`` (or one buffered): at most one per queue, earlier queues first; nothing at
-        the timeout or after :meth:`unblock`. No ``basic.get``: a consumer whose prefetch has
-        room is pushed what its queue receives (the fetch before it looked at what waited).
-        Raises BrokerError when RabbitMQ cannot be reached."""
+        ``queues`` (or one buffered): one per queue (``count`` is 1), earlier queues first;
+        none at the timeout or after :meth:`unblock`. No ``basic.get``: the consumer's
+        prefetch is pushed what arrives. Raises BrokerError when RabbitMQ cannot be reached."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         arrived = asyncio.Event()

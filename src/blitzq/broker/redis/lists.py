@@ -127,10 +127,13 @@ class ListsTransport(RedisPart, Transport):
         return self.conn.blocking is not None
 
     @translate_errors
-    async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
+    async def block_first(
+        self, queues: Sequence[str], timeout: float, count: int = 1
+    ) -> list[Delivery]:
         """One ``BLMPOP ... COUNT 1`` over the lists of ``queues`` (it pops from the first
-        non-empty one), on the held connection :meth:`unblock` can wake (``blocking.py``,
-        whose reads a pause cannot drop); elsewhere :meth:`fetch_first`'s blocking pop."""
+        non-empty one; ``count`` is 1: :attr:`block_count`), on the held connection
+        :meth:`unblock` can wake (``blocking.py``, whose reads a pause cannot drop);
+        elsewhere :meth:`fetch_first`'s blocking pop."""
         blocking = self.conn.blocking
         if blocking is None:
             return await self.fetch_first(queues, 1, timeout, look_first=False)
