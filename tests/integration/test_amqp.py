@@ -184,6 +184,39 @@ async def test_a_task_redelivered_after_its_connection_was_closed_runs_again(
         assert await handle.result(timeout=30) == "done"
 
 
+async def test_queue_stats_count_in_flight_the_tasks_workers_hold(
+    amqp: Callable[..., Broker],
+) -> None:
+    """RabbitMQ tells only the ready count: ``in_flight`` (delivered to a worker, not acked:
+    running, or prefetched by its consumer) comes from the workers' registrations, seen
+    from another process's broker as from the worker's own (counted once there)."""
+    queue = Queue("aq", broker=amqp(), visibility_timeout=3.0)
+    observer = amqp()  # another process: `blitzq queue stats`
+    runs: list[int] = []
+    release = asyncio.Event()
+
+    @queue.task(name="amqp.held")
+    async def held() -> None:
+        runs.append(1)
+        await release.wait()
+
+    await held.enqueue_many([((), {}) for _ in range(8)])
+    async with running(make_worker(queue, concurrency=4)):
+        await eventually(lambda: asyncio.sleep(0, len(runs)), lambda n: n == 4)
+
+        def settled(stats: dict[str, dict[str, int]]) -> bool:
+            mine = queue.broker.holding()  # the worker's transport, live
+            assert mine is not None
+            count = stats["aq"]
+            return count["in_flight"] == mine["queues"]["aq"] and sum(count.values()) == 8
+
+        for broker in (observer, queue.broker):
+            stats = await eventually(lambda b=broker: b.queue_stats(["aq"]), settled, 30)
+            assert stats["aq"]["in_flight"] >= 4  # the 4 running, and what is prefetched
+        release.set()
+        await eventually(lambda: asyncio.sleep(0, len(runs)), lambda n: n == 8)
+
+
 async def test_an_idle_worker_consumes_again_after_the_server_closed_its_connection(
     queue: Queue,
 ) -> None:

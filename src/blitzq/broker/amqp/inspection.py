@@ -1,15 +1,77 @@
 """What the RabbitMQ transport tells of its queues: their counts (``queue_stats``) and
-purging them (``purge_queue``), from RabbitMQ's passive declarations and this process's own
-consumers (what they received that no fetch took yet)."""
+purging them (``purge_queue``).
+
+**In flight.** RabbitMQ tells a client only how many messages of a queue are ready (a
+passive ``queue.declare``); its count of unacked ones is in the management API, which
+blitzq does not require. So each transport counts what it holds (:func:`holding`: tasks
+fetched and not settled, custody's included, plus those its consumer received that no
+fetch took yet), a worker writes that into its registration (``Worker.info()``,
+``in_flight``; written again each second its running count changed, and every maintenance
+interval), and :func:`queue_stats` adds the live registrations of the other transports
+(:func:`held_elsewhere`) to its own live count.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
+from ...exceptions import BlitzQError
+from ...serialization import loads
+from ..state import StateStore
 from .channels import FAILURES, AmqpLink, settle, translate
 from .deliveries import Consumer, Held
 
-__all__ = ["purge_queue", "queue_stats"]
+__all__ = ["held_elsewhere", "holding", "purge_queue", "queue_stats"]
+
+
+def holding(
+    instance: str, consumers: Mapping[str, Consumer], held: Iterable[Held]
+) -> dict[str, Any]:
+    """What one transport holds delivered and not settled, for a worker's registration:
+    ``{"by": instance, "queues": {queue: tasks}}``, per physical queue the tasks fetched
+    and not settled (running, waiting for a slot, or in custody) plus those its live
+    ``consumers`` received that no fetch took yet (one per task of a pack)."""
+    counts: Counter[str] = Counter(h.queue for h in held)
+    for queue, consumer in consumers.items():
+        if consumer.buffer:
+            counts[queue] += len(consumer.buffer)
+    return {"by": instance, "queues": dict(counts)}
+
+
+async def held_elsewhere(store: StateStore | None, instance: str) -> Counter[str]:
+    """Per physical queue, the tasks the transports other than ``instance`` hold, from the
+    live workers' registrations (their ``in_flight``, as of their last write; one per
+    transport, the latest, when several workers share one). A registration without the
+    field (a worker of another version) or that does not read counts nothing.
+
+    Raises:
+        BrokerError: Redis could not be reached.
+    """
+    if store is None:
+        return Counter()
+    latest: dict[str, tuple[float, Mapping[Any, Any]]] = {}
+    for raw in (await store.registry.workers()).values():
+        try:
+            info = loads(raw)
+        except BlitzQError:
+            continue
+        mark = info.get("in_flight") if isinstance(info, dict) else None
+        if not isinstance(mark, dict):
+            continue
+        by, queues, at = mark.get("by"), mark.get("queues"), info.get("heartbeat_at")
+        if not isinstance(by, str) or by == instance or not isinstance(queues, dict):
+            continue
+        at = float(at) if isinstance(at, int | float) else 0.0
+        if by not in latest or at > latest[by][0]:
+            latest[by] = (at, queues)
+    out: Counter[str] = Counter()
+    for _, queues in latest.values():
+        for queue, n in queues.items():
+            if isinstance(queue, str) and isinstance(n, int) and n > 0:
+                out[queue] += n
+    return out
 
 
 async def queue_stats(
@@ -17,34 +79,36 @@ async def queue_stats(
     consumers: Mapping[str, Consumer],
     held: Iterable[Held],
     queues: Sequence[str],
+    elsewhere: Mapping[str, int],
 ) -> dict[str, dict[str, int]]:
-    """Per queue: ``waiting`` (ready messages, from a passive declaration) and
-    ``in_flight`` (the deliveries this process holds: tasks). Waiting counts AMQP messages
-    -- a pack of several tasks (``packs.py``) once -- plus, one per task, what this
-    process's consumer received but nobody fetched yet; another process's are in neither
-    count. While a consumer runs, a message RabbitMQ dispatches to it as the count is read may
-    be counted twice or not at all: an estimate, exact when idle.
+    """Per queue: ``waiting`` (ready messages, from a passive declaration: AMQP messages,
+    a pack of several tasks (``packs.py``) once) and ``in_flight`` (tasks delivered to a
+    worker and not settled: this process's, :func:`holding`, plus ``elsewhere``'s, the
+    other transports', :func:`held_elsewhere`). While consumers run, a message RabbitMQ
+    dispatches as the counts are read may be counted twice or not at all, and another
+    process's count is as of its last registration (about a second behind): an estimate,
+    exact when idle.
 
     Args:
         link: the transport's connection.
         consumers: this process's live consumers, by queue.
         held: the deliveries this process holds (fetched, not settled).
         queues: the physical queue names.
+        elsewhere: per queue, the tasks other transports hold.
 
     Raises:
         BrokerError: RabbitMQ refused a count or could not be reached.
     """
-    in_flight: dict[str, int] = {}
-    for h in held:
-        in_flight[h.queue] = in_flight.get(h.queue, 0) + 1
+    mine = holding("", consumers, held)["queues"]
     out: dict[str, dict[str, int]] = {}
     for queue in queues:
         consumer = consumers.get(queue)
         if consumer is not None:
-            waiting = await _settled_count(link, queue, consumer) + len(consumer.buffer)
+            waiting = await _settled_count(link, queue, consumer)
         else:
             waiting = await link.message_count(queue)
-        out[queue] = {"waiting": waiting, "in_flight": in_flight.get(queue, 0)}
+        in_flight = mine.get(queue, 0) + elsewhere.get(queue, 0)
+        out[queue] = {"waiting": waiting, "in_flight": in_flight}
     return out
 
 
