@@ -79,7 +79,7 @@ async def queue_stats(
     consumers: Mapping[str, Consumer],
     held: Iterable[Held],
     queues: Sequence[str],
-    elsewhere: Mapping[str, int],
+    elsewhere: Mapping[str, int] | None = None,
 ) -> dict[str, dict[str, int]]:
     """Per queue: ``waiting`` (ready messages, from a passive declaration: AMQP messages,
     a pack of several tasks (``packs.py``) once) and ``in_flight`` (tasks delivered to a
@@ -94,12 +94,13 @@ async def queue_stats(
         consumers: this process's live consumers, by queue.
         held: the deliveries this process holds (fetched, not settled).
         queues: the physical queue names.
-        elsewhere: per queue, the tasks other transports hold.
+        elsewhere: per queue, the tasks other transports hold (``None``: none counted).
 
     Raises:
         BrokerError: RabbitMQ refused a count or could not be reached.
     """
     mine = holding("", consumers, held)["queues"]
+    elsewhere = elsewhere or {}
     out: dict[str, dict[str, int]] = {}
     for queue in queues:
         consumer = consumers.get(queue)
