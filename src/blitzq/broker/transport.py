@@ -306,8 +306,8 @@ class Transport(abc.ABC):
         """What this transport holds delivered and not acknowledged, for a worker's
         registration (``Worker.info()["in_flight"]``), where the server cannot count it for
         :meth:`queue_stats` (RabbitMQ): ``{"by": <this transport's id>, "queues": {queue:
-        tasks}}``. ``None`` (the default): the server counts it (a stream's pending
-        entries)."""
+        tasks fetched}, "buffered": {queue: tasks prefetched}}``. ``None`` (the default):
+        the server counts it (a stream's pending entries)."""
         return None
 
     async def wrong_type_keys(self, queues: Sequence[str]) -> dict[str, str]:

@@ -494,8 +494,8 @@ class Worker:
 
     def info(self) -> bytes:
         """This worker's registration record; ``in_flight`` (RabbitMQ only): what its
-        transport holds delivered and not acked, per queue (``Transport.holding``), which
-        ``queue stats`` adds up."""
+        transport's fetches took and did not ack, and what it prefetched, per queue
+        (``Transport.holding``), which ``queue stats`` adds up."""
         runner = self._runner
         held = self.broker.holding()
         return dumps(
