@@ -53,7 +53,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Protocol, final
+from typing import Any, Protocol, final
 
 from .outbox import Relay
 from .pairing import CompleteFn, Pairing, pairing_for
@@ -210,6 +210,10 @@ class Broker:
         if self.fast_lane is not None:
             found.update(await self.fast_lane.wrong_type_keys(queues))
         return found
+
+    def holding(self) -> dict[str, Any] | None:
+        """See :meth:`Transport.holding`."""
+        return self.transport.holding()
 
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
         """See :meth:`Transport.queue_stats`; with a relay, ``waiting`` also counts the

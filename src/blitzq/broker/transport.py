@@ -37,7 +37,7 @@ from __future__ import annotations
 import abc
 import enum
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Guarantee(enum.StrEnum):
@@ -312,6 +312,14 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
         """Per queue: ``{"waiting": n, "in_flight": n}`` (in_flight is 0 without leases)."""
+
+    def holding(self) -> dict[str, Any] | None:
+        """What this transport holds delivered and not acknowledged, for a worker's
+        registration (``Worker.info()["in_flight"]``), where the server cannot count it for
+        :meth:`queue_stats` (RabbitMQ): ``{"by": <this transport's id>, "queues": {queue:
+        tasks fetched}, "buffered": {queue: tasks prefetched}}``. ``None`` (the default):
+        the server counts it (a stream's pending entries)."""
+        return None
 
     async def wrong_type_keys(self, queues: Sequence[str]) -> dict[str, str]:
         """The keys this transport reads for ``queues`` (and the namespace's own: the

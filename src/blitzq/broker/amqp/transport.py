@@ -523,9 +523,17 @@ class AmqpTransport(Transport):
     # ---------------------------------------------------------- inspection
     @guarded
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
-        """See :func:`.inspection.queue_stats`."""
+        """See :func:`.inspection.queue_stats` (in flight: this process's and, from the
+        workers' registrations, the others')."""
         alive = {q: c for q, c in self.consumers.items() if self._alive(c)}
-        return await inspection.queue_stats(self.link, alive, self.held.values(), queues)
+        store = self.custody.store if self.custody is not None else None
+        elsewhere = await inspection.held_elsewhere(store, self._instance.decode())
+        return await inspection.queue_stats(self.link, alive, self.held.values(), queues, elsewhere)
+
+    def holding(self) -> dict[str, Any]:
+        """See :meth:`Transport.holding` and :func:`.inspection.holding`."""
+        alive = {q: c for q, c in self.consumers.items() if self._alive(c)}
+        return inspection.holding(self._instance.decode(), alive, self.held.values())
 
     @guarded
     async def purge_queue(self, queue: str) -> int:
