@@ -10,7 +10,9 @@ every queue that runs the task in another process pays at least these. Plain
 ``redis.asyncio`` clients (hiredis), no timeouts beyond redis-py's defaults.
 
 argv: ``N`` (300), ``WARMUP`` (30). Env: ``BARS_REDIS_URL``; ``FLOOR_KEY`` (set for the worker
-child). The worker child is stopped with SIGTERM; its keys are deleted at the end.
+child). The worker child is stopped with SIGTERM; its keys are deleted at the end. Also
+prints the CPU time per trip of the producer and of the worker child, as
+``round_trip_one.py`` does (``producer_cpu_us``, ``worker_cpu_us``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,13 @@ async def work() -> None:
     await client.aclose()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (``/proc/<pid>/stat``), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def produce(n: int, warmup: int) -> None:
     """Start the worker child, time ``n`` sequential trips after ``warmup`` ones."""
     client = aioredis.Redis.from_url(URL)
@@ -61,7 +70,10 @@ async def produce(n: int, warmup: int) -> None:
     try:
         await asyncio.sleep(1.0)  # the worker's connection
         samples = []
+        cpu0 = (0.0, 0.0)
         for i in range(n + warmup):
+            if i == warmup:
+                cpu0 = (time.process_time(), cpu_seconds(child.pid))
             trip_id = os.urandom(16).hex().encode()
             t0 = time.perf_counter()
             pipe = client.pipeline(transaction=False)
@@ -73,12 +85,15 @@ async def produce(n: int, warmup: int) -> None:
                 raise RuntimeError("no reply within 10 s")
             if i >= warmup:
                 samples.append(elapsed * 1000)
+        producer_cpu, worker_cpu = time.process_time() - cpu0[0], cpu_seconds(child.pid) - cpu0[1]
         samples.sort()
         print(
             json.dumps(
                 {
                     "p50_ms": round(statistics.median(samples), 4),
                     "p99_ms": round(samples[max(0, int(len(samples) * 0.99) - 1)], 4),
+                    "producer_cpu_us": round(producer_cpu / n * 1e6, 1),
+                    "worker_cpu_us": round(worker_cpu / n * 1e6, 1),
                 }
             )
         )

@@ -214,6 +214,20 @@ def _finite(value: object) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)
 
 
+def _check_eta(eta: object) -> None:
+    """Refuse an ``eta`` that is not a finite Unix time >= 0: a bool, NaN, an infinity, a
+    negative number, or an aware datetime before 1970 (a naive one is refused by
+    :meth:`CallOptions.due_time`, with its own message)."""
+    if isinstance(eta, _dt.datetime):
+        if eta.tzinfo is not None and eta.timestamp() < 0:
+            raise ConfigurationError(f"eta must not be before 1970 (Unix time 0), got {eta!r}")
+        return
+    if isinstance(eta, bool) or not isinstance(eta, int | float) or not 0 <= eta < math.inf:
+        raise ConfigurationError(
+            f"eta must be an aware datetime or a finite Unix time >= 0, got {eta!r}"
+        )
+
+
 def _text(name: str, value: Any) -> str | None:
     return text(name, value)
 
@@ -254,7 +268,8 @@ class CallOptions:
     Attributes:
         delay: seconds from now before the task may start (``countdown`` in Celery),
             0 to 10 years.
-        eta: absolute start time (aware datetime, or Unix seconds), at most 10 years ahead
+        eta: absolute start time (aware datetime, or Unix seconds >= 0: a negative, NaN or
+            infinite number, or a datetime before 1970, is refused), at most 10 years ahead
             (checked at enqueue; a past eta runs at once).
         task_id: id to use instead of a random one.
         headers: plain-data metadata carried with the message.
@@ -285,14 +300,8 @@ class CallOptions:
         # numbers are real (not bool), finite and within MAX_SECONDS; strings are str.
         if self.delay is not None:
             seconds("delay", self.delay, strict=False)
-        if (
-            self.eta is not None
-            and not isinstance(self.eta, _dt.datetime)
-            and (isinstance(self.eta, bool) or not _finite(self.eta))
-        ):
-            raise ConfigurationError(
-                f"eta must be an aware datetime or a finite Unix time, got {self.eta!r}"
-            )
+        if self.eta is not None:
+            _check_eta(self.eta)
         if self.timeout is not None:
             FIELD_RULES["timeout"]("timeout", self.timeout)
         if self.task_id is not None:

@@ -115,7 +115,15 @@ class TaskRecord:
         Raises:
             SerializationError: the bytes are not a record.
         """
-        raw = loads(data)
+        return cls.from_map(loads(data))
+
+    @classmethod
+    def from_map(cls, raw: Any) -> TaskRecord:
+        """A record from its decoded map (what :meth:`from_bytes` decodes ``data`` to).
+
+        Raises:
+            SerializationError: ``raw`` is not a record (not a map, or an unknown state).
+        """
         if not isinstance(raw, dict):
             raise SerializationError("record is not a map")
         try:

@@ -25,14 +25,14 @@ from .exceptions import ConfigurationError
 from .extensions import builtin_middleware
 from .extensions.middleware import Middleware
 from .options import build_options, declared_call_options
-from .periodic import MissedPolicy, PeriodicTask, make_periodic
 from .ratelimit import RateLimit
 from .retries import DEFAULT_RETRY_POLICY, RetryPolicy
 from .routing import Priority, check_queue_name, check_task_name, route
 from .task import Executor, Task, TaskProducer
-from .workflow.engine import COLLECT, WORKFLOW_STEPS, collect
+from .workflow.steps import COLLECT, WORKFLOW_STEPS, collect
 
 if TYPE_CHECKING:
+    from .periodic import MissedPolicy, PeriodicTask
     from .schedules import Schedule
 
 P = ParamSpec("P")
@@ -325,6 +325,8 @@ class Registrar:
                 an identical entry again changes nothing).
             SerializationError: ``args`` or ``kwargs`` are not plain data.
         """
+        from .periodic import make_periodic  # periodic.py and schedules.py: on first use
+
         entry = make_periodic(
             task,
             schedule,
@@ -351,7 +353,7 @@ class Registrar:
 def task_middleware(queue: RegistryContext) -> tuple[Middleware, ...]:
     """The middleware whose per-task options ``queue``'s tasks may be given, in the order
     their ``setup_task`` runs: the built-in ones, then those registered on ``queue``, then the
-    workflow engine (:class:`~blitzq.workflow.engine.WorkflowSteps`: its finisher after
+    workflow engine (:class:`~blitzq.workflow.steps.WorkflowSteps`: its finisher after
     theirs)."""
     return (*builtin_middleware(), *queue.middleware, WORKFLOW_STEPS)
 

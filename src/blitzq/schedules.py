@@ -27,9 +27,12 @@ import collections
 import datetime as _dt
 import math
 from collections.abc import Iterator
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from typing import TYPE_CHECKING
 
 from .exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from zoneinfo import ZoneInfo
 
 __all__ = ["CRON_ALIASES", "Cron", "Every", "Schedule"]
 
@@ -239,8 +242,10 @@ class Cron(Schedule):
                 f"invalid cron expression {expression!r}: {len(fields)} fields, a cron "
                 "expression has exactly 5 (minute hour day-of-month month day-of-week)"
             )
-        # croniter (and dateutil under it) is imported by the first Cron, not by every
-        # process that imports blitzq (an idle worker's memory, issue 29).
+        # croniter (and dateutil under it) and zoneinfo are imported by the first Cron, not by
+        # every process that imports blitzq (an idle worker's memory, issue 29).
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
         from croniter import CroniterError, croniter
 
         if not croniter.is_valid(expression.strip()):

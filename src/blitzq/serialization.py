@@ -21,9 +21,9 @@ import base64
 import datetime as _dt
 import decimal
 import re
+import sys
 import uuid
 from typing import Any, Final
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
 
@@ -143,6 +143,16 @@ class Envelope(msgspec.Struct, array_like=True, gc=False):
 _REQUIRED_FIELDS: Final = 8
 
 
+def _is_zone_info(zone: _dt.tzinfo) -> bool:
+    """``True`` for a :class:`zoneinfo.ZoneInfo` with a key (its zone is then kept).
+
+    ``zoneinfo`` is not imported for this (it costs an idle worker about 0.35 MB, issue 29):
+    a ``ZoneInfo`` can only exist once the application has imported ``zoneinfo``.
+    """
+    zoneinfo = sys.modules.get("zoneinfo")
+    return zoneinfo is not None and type(zone) is zoneinfo.ZoneInfo and bool(zone.key)  # type: ignore[attr-defined]
+
+
 def _to_ext(value: Any, depth: int = 1) -> Any:
     """Convert one non-scalar value into its wire form, recursing into containers.
 
@@ -168,7 +178,7 @@ def _to_ext(value: Any, depth: int = 1) -> Any:
         return out
     if kind is _dt.datetime:
         zone = value.tzinfo
-        if type(zone) is ZoneInfo and zone.key:  # keeps its zone, not only the offset
+        if zone is not None and _is_zone_info(zone):  # keeps its zone, not only the offset
             return msgspec.msgpack.Ext(
                 EXT_ZONED_DATETIME, f"{value.isoformat()}[{zone.key}]".encode()
             )
@@ -245,6 +255,8 @@ def _ext_hook(code: int, data: memoryview) -> Any:
     if code == EXT_DECIMAL:
         return decimal.Decimal(bytes(data).decode())
     if code == EXT_ZONED_DATETIME:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError  # on first use (issue 29: memory)
+
         text, _, key = bytes(data).decode().rstrip("]").partition("[")
         try:
             zone = ZoneInfo(key)

@@ -255,8 +255,9 @@ class Task(Generic[P, R]):
 
         Raises:
             ConfigurationError: an invalid value (a bool or non-finite number, a duration over
-                10 years, a non-``str`` id, ``headers`` that are not a mapping, an unknown
-                priority), or an option no middleware of the task declares.
+                10 years, a negative ``delay`` or ``eta``, a non-``str`` id, ``headers`` that
+                are not a mapping, an unknown priority), or an option no middleware of the
+                task declares.
         """
         core = CallOptions(
             delay, eta, task_id, headers, timeout, queue, correlation_id, priority, unique_key

@@ -184,6 +184,33 @@ async def test_a_task_redelivered_after_its_connection_was_closed_runs_again(
         assert await handle.result(timeout=30) == "done"
 
 
+async def test_queue_stats_count_in_flight_the_tasks_workers_hold(
+    amqp: Callable[..., Broker],
+) -> None:
+    """RabbitMQ tells only the ready count: ``in_flight`` (the tasks a worker's fetches took
+    and did not ack: here the 4 running) comes from the workers' registrations, seen from
+    another process's broker as from the worker's own (counted once there); what a worker's
+    consumer prefetched counts as waiting, as before a fetch on Redis."""
+    queue = Queue("aq", broker=amqp(), visibility_timeout=3.0)
+    observer = amqp()  # another process: `blitzq queue stats`
+    runs: list[int] = []
+    release = asyncio.Event()
+
+    @queue.task(name="amqp.held")
+    async def held() -> None:
+        runs.append(1)
+        await release.wait()
+
+    await held.enqueue_many([((), {}) for _ in range(8)])
+    async with running(make_worker(queue, concurrency=4)):
+        await eventually(lambda: asyncio.sleep(0, len(runs)), lambda n: n == 4)
+        want = {"aq": {"waiting": 4, "in_flight": 4}}
+        for broker in (observer, queue.broker):
+            await eventually(lambda b=broker: b.queue_stats(["aq"]), lambda s: s == want, 30)
+        release.set()
+        await eventually(lambda: asyncio.sleep(0, len(runs)), lambda n: n == 8)
+
+
 async def test_an_idle_worker_consumes_again_after_the_server_closed_its_connection(
     queue: Queue,
 ) -> None:

@@ -1,5 +1,6 @@
 """Packs on RabbitMQ (``broker/amqp/packs.py``): a bulk publish puts several tasks in one
 AMQP message; each task still runs, completes, is handed back or dead-lettered on its own.
+The dead-letter drain's check of committed tasks is tested here for plain messages too.
 
 On the shared RabbitMQ (skipped when it does not answer) with the state on the test Redis.
 """
@@ -144,6 +145,37 @@ async def test_a_dead_lettered_pack_leaves_a_dead_letter_per_task_not_committed(
     assert fields.queue == "dead"
     assert decode_envelope(fields.message).id == "p1"
     assert await broker.get_dead_letter("p0") is None  # committed: not a dead letter
+
+
+async def test_a_committed_task_whose_ack_was_lost_is_never_dead_lettered(
+    amqp: Callable[..., Broker],
+) -> None:
+    """A plain message whose completion was committed in Redis but whose ack RabbitMQ never
+    read (the channel closed first) is returned, past ``x-delivery-limit``, and
+    dead-lettered by RabbitMQ: the drain acks it without a dead letter, the record stays
+    ``succeeded``; a task not committed is a dead letter as before."""
+    broker = amqp("?pack=1", max_deliveries=1)
+    holder = amqp(max_deliveries=1, prefetch=2)
+    await broker.publish("lost", [message("c0", "lost"), message("c1", "lost")])
+    got = await fetch_all(holder, "lost", 2)
+    assert {task_id(d.payload) for d in got} == {"c0", "c1"}
+    done = records.succeeded("c0", "tests.amqp.noop", "lost", 1, 0.0, 0.0, "w")
+    await holder.state.complete([Completion("lost", None, "c0", record=done, record_ttl=600)])
+    await holder.transport.link.close()  # the ack is lost: both returned past the limit
+
+    moved = 0
+
+    async def drained() -> int:  # a worker's maintenance round drains RabbitMQ's dead letters
+        nonlocal moved
+        moved += (await broker.recover("lost", 60, 100, 1, 60))[1]  # messages drained
+        return moved
+
+    await eventually(drained, lambda n: n >= 2, 30)  # both messages went through the drain
+    assert moved == 2
+    assert await broker.get_dead_letter("c1") is not None
+    assert await broker.get_dead_letter("c0") is None  # committed: not a dead letter
+    assert await broker.get_record("c0") == done
+    assert (await broker.queue_stats(["lost"]))["lost"] == {"waiting": 0, "in_flight": 0}
 
 
 async def test_the_tasks_of_a_pack_in_custody_let_the_pack_be_acked(

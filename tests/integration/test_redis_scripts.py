@@ -25,14 +25,17 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from blitzq.broker import Completion, Scheduled
+from blitzq import records
+from blitzq.broker import Completion, DeadLetterFields, Scheduled
 from blitzq.broker.redis import FastRedisBroker, ReliableRedisBroker, ephemeral, scripts
 from blitzq.broker.redis.client import broker_error
 from blitzq.broker.redis.common import RedisBroker
 from blitzq.broker.redis.keys import TABLE, Keys
 from blitzq.exceptions import BrokerError
+from blitzq.serialization import Envelope, encode_envelope
 
 from ..conftest import free_port
+from .proc_tasks import eventually
 
 #: Scripts the brokers call (every file in lua/ except the included libraries).
 CALLED = {
@@ -60,7 +63,8 @@ def test_every_script_is_read_once_with_its_includes_expanded() -> None:
     outbox = scripts.expand_keys(lua.joinpath("outbox.lua").read_text()).rstrip("\n")
     # Included by other scripts, never called alone.
     included = {
-        "dead_letters", "outbox", "recent_add", "worker_counts", "envelope_head", "claim_idle"
+        "dead_letters", "outbox", "recent_add", "worker_counts", "envelope_head", "claim_idle",
+        "record_final",
     }  # fmt: skip
     assert set(scripts.names()) == CALLED | included
     for name in scripts.names():
@@ -75,6 +79,8 @@ def test_every_script_is_read_once_with_its_includes_expanded() -> None:
             assert "local function ob_push(" in script.source
         if "--@include envelope_head.lua" in raw:
             assert "local function envelope_head(" in script.source
+        if "--@include record_final.lua" in raw:
+            assert "local function record_final(" in script.source
         if "--@include dead_letters.lua" in raw:
             assert library in script.source
             assert "local function dl_note(" in script.source
@@ -275,3 +281,82 @@ async def test_an_unreachable_server_is_a_transient_broker_error_everywhere() ->
             await generator.aclose()
     finally:
         await broker.close()
+
+
+# ------------------------------------------- a dead letter never replaces a final record
+def _message(task_id: str, queue: str) -> bytes:
+    return encode_envelope(Envelope(task_id, "tests.noop", queue, []), 1 << 20)
+
+
+def _dead(body: bytes, queue: str) -> DeadLetterFields:
+    return DeadLetterFields(
+        body, "max deliveries exceeded", "delivered 5 times", "tests.noop", queue, time.time()
+    )
+
+
+async def test_a_dead_letter_is_never_written_over_a_final_record(
+    reliable: ReliableRedisBroker,
+) -> None:
+    """``complete.lua``: a completion with a dead letter whose task's record is final already
+    (its completion committed by an earlier delivery whose ack was lost) applies only its
+    ack; the record stands and nothing is dead-lettered, retried or published."""
+    queue = "q-final"
+    await reliable.prepare_consumer([queue], "c1")
+    over, live = _message("t-over", queue), _message("t-live", queue)
+    await reliable.publish(queue, [over, live])
+    d_over, d_live = await reliable.fetch_first([queue], 2, 0)
+    done = records.succeeded("t-over", "tests.noop", queue, 1, 0.0, 0.0, "w")
+    await reliable.set_record("t-over", done, 600)
+    error = "delivered 5 times"
+    stale = await reliable.complete(
+        [
+            Completion(
+                queue,
+                d.token,
+                task_id,
+                records.deliveries_exceeded(task_id, "tests.noop", queue, 5, error, 0.0),
+                600,
+                dead_letter=_dead(body, queue),
+                reschedule=body,
+                delay=0.0,
+            )
+            for d, task_id, body in ((d_over, "t-over", over), (d_live, "t-live", live))
+        ]
+    )
+    assert stale == []
+    assert await reliable.get_record("t-over") == done
+    assert await reliable.get_dead_letter("t-over") is None
+    assert (await reliable.get_dead_letter("t-live")) is not None  # not final: as before
+    assert await reliable.scheduled_count() == 1  # t-live's only
+    assert (await reliable.queue_stats([queue]))[queue] == {"waiting": 0, "in_flight": 0}
+    assert (await reliable.counters()).get("dead_letters_skipped") == 1
+
+
+async def test_recovery_acks_an_entry_past_max_deliveries_whose_record_is_final(
+    reliable: ReliableRedisBroker,
+) -> None:
+    """``recover.lua``: an abandoned entry past ``max_deliveries`` whose task's record is
+    final is acked and deleted without a dead letter; one whose record is not is
+    dead-lettered as before."""
+    queue = "q-final-rec"
+    await reliable.prepare_consumer([queue], "c1")
+    await reliable.publish(queue, [_message("r-over", queue), _message("r-live", queue)])
+    assert len(await reliable.fetch_first([queue], 2, 0)) == 2  # pending, never acked
+    done = records.succeeded("r-over", "tests.noop", queue, 1, 0.0, 0.0, "w")
+    await reliable.set_record("r-over", done, 600)
+    taken = [0, 0]
+
+    async def recovered() -> dict[str, int]:
+        requeued, dead = await reliable.recover(queue, 0.001, 10, 1, 600)
+        taken[0] += requeued
+        taken[1] += dead
+        return (await reliable.queue_stats([queue]))[queue]
+
+    await eventually(recovered, lambda s: s == {"waiting": 0, "in_flight": 0}, 30)
+    assert taken == [0, 1]  # r-live dead-lettered, r-over only acked
+    assert await reliable.get_record("r-over") == done
+    assert await reliable.get_dead_letter("r-over") is None
+    assert await reliable.get_dead_letter("r-live") is not None
+    live = records.TaskRecord.from_bytes(await reliable.get_record("r-live") or b"")
+    assert live.state is records.TaskState.DEAD_LETTERED
+    assert (await reliable.counters()).get("dead_letters_skipped") == 1

@@ -23,8 +23,8 @@ from click.testing import CliRunner
 from blitzq import ConfigurationError, Queue
 from blitzq.broker.factory import check_amqp_url, resolve_url
 from blitzq.broker.redis.connection import RedisConnection
+from blitzq.broker.redis.reliable import reliable_broker
 from blitzq.broker.redis.sentinel import parse_sentinel_url
-from blitzq.broker.redis.spread import reliable_broker
 from blitzq.cli import cli
 from blitzq.cli._common import CliError, Settings
 from blitzq.cli.process_control import autoscale_target

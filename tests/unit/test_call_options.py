@@ -5,6 +5,7 @@ built-in ``max_age`` goes the same way (and a message from before the field stil
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import msgspec
@@ -113,3 +114,32 @@ def test_a_call_without_per_call_options_has_no_options_field() -> None:
     env = queue._producer.envelope("co.plain", "co", (), {}, plain.options().call_options, 1.0)
     assert env.options is None
     assert len(msgspec.msgpack.decode(encode_envelope(env, 10_000))) == 7  # small
+
+
+@pytest.mark.parametrize(
+    "eta",
+    [
+        -100.0,
+        -1,
+        float("nan"),
+        float("inf"),
+        float("-inf"),
+        True,
+        "1700000000",
+        datetime(1969, 12, 31, 23, 59, tzinfo=UTC),
+    ],
+)
+def test_an_eta_that_is_not_a_unix_time_from_0_is_refused_at_enqueue(eta: Any) -> None:
+    """As a negative ``delay`` is: a ConfigurationError where the options are given."""
+    task = make_queue().task(name="co.eta")(lambda: None)
+    with pytest.raises(ConfigurationError, match="eta must"):
+        task.options(eta=eta)
+
+
+@pytest.mark.parametrize("eta", [0, 0.0, 1.5, datetime(1970, 1, 1, tzinfo=UTC)])
+def test_an_eta_from_unix_time_0_is_taken_and_runs_at_once_when_past(eta: Any) -> None:
+    options = make_queue().task(name="co.eta_ok")(lambda: None).options(eta=eta)
+    assert options.call_options.eta == eta
+    assert options.call_options.due_time(1e9) == (
+        eta.timestamp() if isinstance(eta, datetime) else eta
+    )

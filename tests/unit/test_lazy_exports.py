@@ -1,6 +1,6 @@
-"""``import blitzq`` is lazy: the public names load on first use, and the three places that
-list them (the ``TYPE_CHECKING`` imports type checkers read, :data:`blitzq.EXPORTS` the
-runtime reads, and ``__all__``) name the same things."""
+"""``import blitzq`` (and ``import blitzq.workflow``) is lazy: the public names load on first
+use, and the three places that list them (the ``TYPE_CHECKING`` imports type checkers read,
+:data:`blitzq.EXPORTS` the runtime reads, and ``__all__``) name the same things."""
 
 from __future__ import annotations
 
@@ -12,15 +12,17 @@ from pathlib import Path
 import pytest
 
 import blitzq
+import blitzq.workflow
 
 pytestmark = pytest.mark.timeout(60)
 
 INIT = Path(blitzq.__file__)
 
 
-def type_checking_imports() -> dict[str, str]:
-    """Each name imported under ``if TYPE_CHECKING:`` in blitzq/__init__.py, by its module."""
-    tree = ast.parse(INIT.read_text())
+def type_checking_imports(init: Path = INIT) -> dict[str, str]:
+    """Each name imported under ``if TYPE_CHECKING:`` in ``init`` (blitzq/__init__.py), by its
+    module."""
+    tree = ast.parse(init.read_text())
     block = next(
         node
         for node in tree.body
@@ -47,6 +49,15 @@ def test_every_public_name_resolves_to_its_definition(name: str) -> None:
     value = getattr(blitzq, name)
     module = type_checking_imports()[name]
     assert getattr(sys.modules["blitzq" + module], name) is value
+
+
+def test_the_workflow_package_lists_agree() -> None:
+    package = blitzq.workflow
+    runtime = {name: module for module, names in package.EXPORTS.items() for name in names}
+    assert type_checking_imports(Path(package.__file__)) == runtime
+    assert sorted(package.__all__) == sorted(runtime)
+    for name, module in runtime.items():
+        assert getattr(sys.modules["blitzq.workflow" + module], name) is getattr(package, name)
 
 
 def test_an_unknown_name_is_an_attribute_error() -> None:

@@ -53,12 +53,13 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Protocol, final
+from typing import Any, Protocol, final
 
 from .outbox import Relay
 from .pairing import CompleteFn, Pairing, pairing_for
 from .state import DeadLetterFields, DeadLetterLimits, Scheduled, StateStore, UniqueSend
 from .transport import Delivery, Guarantee, Transport
+from .values import Completion
 
 #: Appends encoded messages to a queue (see :meth:`Transport.publish`).
 PublishFn = Callable[[str, Sequence[bytes]], Awaitable[None]]
@@ -75,6 +76,16 @@ class FetchFirstFn(Protocol):
     ) -> Awaitable[list[Delivery]]:
         """See :meth:`Transport.fetch_first`."""
         ...
+
+
+#: Applies a batch of completions and takes up to ``count`` messages from the first of
+#: ``queues`` that has any, without blocking, in one round trip; calls its last argument
+#: once with the stale completions, or ``None`` when they are not known to be applied (see
+#: :attr:`Broker.carry`).
+CarryFn = Callable[
+    [Sequence[str], int, Sequence[Completion], Callable[[list[Completion] | None], None]],
+    Awaitable[list[Delivery]],
+]
 
 
 @final
@@ -121,6 +132,11 @@ class Broker:
     """An at-most-once transport beside the main one, for the tasks declared
     ``@queue.task(mode="fast")`` of a reliable Queue (:meth:`add_fast_lane`); ``None``: the
     broker has none, and such tasks travel the main transport."""
+
+    carry: CarryFn | None = None
+    """Completions and a non-blocking fetch in one round trip (fast mode on one server:
+    ``broker/redis/carrying.py``), which the worker's fetch loops use to send the flusher's
+    waiting batch with their next fetch; ``None``: the broker has none."""
 
     task_ids: Callable[[str], str] | None = None
     """Makes the id of a task sent to a physical queue when the caller chose none; ``None``:
@@ -194,6 +210,10 @@ class Broker:
         if self.fast_lane is not None:
             found.update(await self.fast_lane.wrong_type_keys(queues))
         return found
+
+    def holding(self) -> dict[str, Any] | None:
+        """See :meth:`Transport.holding`."""
+        return self.transport.holding()
 
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
         """See :meth:`Transport.queue_stats`; with a relay, ``waiting`` also counts the

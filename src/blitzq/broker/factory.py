@@ -340,7 +340,7 @@ def make_broker(
             **dead_letter_limits,
         )
     elif mode == "reliable":
-        from .redis.spread import reliable_broker
+        from .redis.reliable import reliable_broker
 
         broker = reliable_broker(url, namespace, **dead_letter_limits)
     else:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import abc
 import enum
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 #: The backstop is this many times ``max_deliveries`` (at least :data:`BACKSTOP_MIN`).
 BACKSTOP_FACTOR = 4
@@ -180,11 +180,22 @@ class Transport(abc.ABC):
     connection :meth:`unblock` can wake (then a worker's idle fetch loops share one blocking
     read: :mod:`blitzq.worker.idle`); otherwise each idle queue blocks on its own."""
 
-    async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
+    block_count: int = 1
+    """The most messages :meth:`block_first` may be asked to take from one queue. A read
+    that took fewer than it asked from each queue it returned messages of saw every one of
+    them drained (the queues it returned nothing of were empty too), so the worker blocks
+    again at once, without a non-blocking look first; after a read of one a queue, a read
+    that brought anything is followed by a look (a backlog is taken in batches, most urgent
+    queue first)."""
+
+    async def block_first(
+        self, queues: Sequence[str], timeout: float, count: int = 1
+    ) -> list[Delivery]:
         """Block up to ``timeout`` seconds on all of ``queues`` at once and return what
-        arrives first: at least one message, at most one per queue, earlier queues first; or
-        nothing at the timeout (or after :meth:`unblock`). Messages waiting already are
-        returned at once. Default: :meth:`fetch_first` of one message, ``look_first=False``.
+        arrives first: at least one message, at most ``count`` (1 to :attr:`block_count`)
+        per queue, earlier queues first; or nothing at the timeout (or after
+        :meth:`unblock`). Messages waiting already are returned at once. Default:
+        :meth:`fetch_first` of one message, ``look_first=False``.
         """
         return await self.fetch_first(queues, 1, timeout, look_first=False)
 
@@ -324,6 +335,14 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
         """Per queue: ``{"waiting": n, "in_flight": n}`` (in_flight is 0 without leases)."""
+
+    def holding(self) -> dict[str, Any] | None:
+        """What this transport holds delivered and not acknowledged, for a worker's
+        registration (``Worker.info()["in_flight"]``), where the server cannot count it for
+        :meth:`queue_stats` (RabbitMQ): ``{"by": <this transport's id>, "queues": {queue:
+        tasks fetched}, "buffered": {queue: tasks prefetched}}``. ``None`` (the default):
+        the server counts it (a stream's pending entries)."""
+        return None
 
     async def wrong_type_keys(self, queues: Sequence[str]) -> dict[str, str]:
         """The keys this transport reads for ``queues`` (and the namespace's own: the

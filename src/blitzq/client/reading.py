@@ -29,6 +29,7 @@ from ..extensions.signals import Signal, SignalEvent
 from ..progress import Progress, decode_progress
 from ..records import TaskRecord, TaskState
 from ..routing import check_task_id
+from ..serialization import loads
 from ..task import BoundTask, Task, TaskHandle
 from . import lookup, testmode
 from .patience import GRACE, patiently
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 
 _FOREVER = 10 * 365 * 86400.0
+#: A succeeded record's ``state`` (a wait returns its ``result`` without making the record).
+_SUCCEEDED = TaskState.SUCCEEDED.value
 #: Result waits ``get_results`` runs at once; the others start as these end.
 WAIT_FANOUT = 100
 
@@ -186,7 +189,10 @@ class Results:
                     )
                     trace_every = min(lookup.TRACE_MAX, trace_every * 2)
                 continue
-            record = TaskRecord.from_bytes(data)
+            raw = loads(data)
+            if type(raw) is dict and raw.get("state") == _SUCCEEDED and "result" in raw:
+                return raw["result"]  # final_result() of the usual record, without the record
+            record = TaskRecord.from_map(raw)
             if record.state.is_final:
                 return final_result(task_id, record)
             seen = record

@@ -26,7 +26,7 @@ from ..extensions.middleware import Middleware, Outgoing, OutgoingWorkflow
 from ..serialization import Envelope, decode_envelope, encode_envelope
 from ..worker.tally import exception_name
 from ..workflow.callback import rewrite_chord_callback
-from ..workflow.engine import finish_step
+from ..workflow.steps import finish_step
 
 if TYPE_CHECKING:
     from ..broker import Completion

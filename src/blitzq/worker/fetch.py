@@ -2,7 +2,7 @@
 
 A loop reserves slots from its queue's and the global limiter *before* it fetches, takes up
 to that many messages from the queue's priority levels (``<q>:high``, ``<q>``, ``<q>:low``, in
-that order) without blocking, and blocks for a single message on all levels at once (at most
+that order) without blocking, and blocks for a message on all levels at once (at most
 ``block_timeout`` seconds) only when they are empty; what that read returns beyond the slots
 free at that moment is handed back at once, so the worker never holds a message it cannot
 start. Excess work stays in the broker. Where the transport can (every shipped one:
@@ -24,6 +24,17 @@ it would otherwise apply them first and answer the fetch after, each side idle w
 other works (a drain with results stored: about 1.2x, see ``bench/README.md``). At light
 load the completions go first, before the next fetch (the round trip's path), and a fetch
 that finds the levels empty releases the hold before it blocks.
+
+Outside a backlog, in fast mode on one server (:attr:`~blitzq.broker.Broker.carry`,
+``broker/redis/carrying.py``), the completions go *with* the next fetch instead: a loop
+waiting for a free slot (every slot taken) is counted among the flusher's riders, takes a
+hold the moment a run's end frees a slot, and its non-blocking fetch takes the flusher's
+waiting batch (:meth:`~.flusher.Flusher.board`) and sends it in the same round trip, so a
+task costs the worker no round trip of its own for its completion. (In a backlog the overlap
+above is worth more: a carried batch would put the server's work on it before the fetch's
+reply, where the overlap does it while the worker starts the batch.) The flusher keeps
+writing by itself whenever no such fetch is due (an idle queue, a fetch that blocks, a batch
+it is retrying), so a completion never waits for work to arrive.
 
 A worker whose Queue has tasks declared ``@queue.task(mode="fast")`` and whose broker has a
 fast lane (:attr:`~blitzq.broker.Broker.fast_lane`: the lists of a reliable Redis broker)
@@ -164,13 +175,17 @@ class Fetcher:
         #: The one blocking read of the idle loops, made by :meth:`start` (``None``: each
         #: blocks on its own, a transport that cannot share one).
         self.shared: SharedRead | None = None
-        #: Queues whose last shared read brought nothing: their next fetch skips the look
+        #: Queues whose last shared read brought nothing, or fewer than it takes from each
+        #: level (:meth:`_drained`): their next fetch skips the look
         #: (each looks first at start: a backlog is taken in order, most urgent level first).
         self._quiet: dict[str, bool] = dict.fromkeys(slots, False)
         #: Levels set aside because their key holds another type (:mod:`.bad_keys`): the
         #: broker's, and its fast lane's.
         self.bad = BadKeys(broker.transport, worker.key)
         self.bad_lane = BadKeys(lane, worker.key, " (fast lane)") if lane is not None else None
+        #: The broker's fetch that carries completions (fast mode on one server), used by
+        #: the loops of the main transport (see :meth:`_look`).
+        self.carry = broker.carry
 
     def start(self) -> None:
         """Start one fetch loop per queue of :attr:`slots` (two with a :attr:`lane`: the
@@ -238,6 +253,7 @@ class Fetcher:
         backlog = False  # the last fetch filled every slot it had (at least _OVERLAP_MIN)
         writable = runner.flusher.writable
         bad = self.bad if key == queue or self.bad_lane is None else self.bad_lane
+        carrying = self.carry is not None and key == queue
         while not self._stop_requested():
             if not writable.is_set():  # completions refused: take no work it cannot record
                 await writable.wait()
@@ -245,15 +261,20 @@ class Fetcher:
             if queue in worker.paused:  # `blitzq queue pause` (kept by maintenance.py)
                 await asyncio.sleep(PAUSE_POLL)
                 continue
-            n = await slots.reserve(batch)
+            if carrying and not backlog:
+                n = await self._reserve_carrying(key, slots, batch)
+            else:
+                n = await slots.reserve(batch)
             if n < batch and runner.jobs:
                 try:
                     n += await self._gather(slots, batch - n)
                 except asyncio.CancelledError:  # stopped meanwhile: the slots held go back
                     slots.release(n)
+                    self._release_hold(key)
                     raise
             if self._stop_requested():
                 slots.release(n)
+                self._release_hold(key)
                 return
             # While this flag is set the loop may hold messages, so shutdown waits for it
             # instead of cancelling it.
@@ -262,7 +283,8 @@ class Fetcher:
                 if backlog:
                     self._holding[key] = True
                     runner.flusher.hold()
-                deliveries = await self._fetch(queue, key, slots, n, fetch_first)
+                carry = carrying and not backlog
+                deliveries = await self._fetch(queue, key, slots, n, fetch_first, carry)
                 if deliveries and self._holding.get(key):
                     self._release_hold(key)
                     await asyncio.sleep(0)  # the held completions go to the server first
@@ -310,10 +332,51 @@ class Fetcher:
                 except Exception:  # a bug here must not stop the queue; the lease recovers it
                     logger.exception("could not start a message from %s", queue)
                     slots.release()
-            if deliveries and not backlog:
+            if deliveries and not backlog and not carrying:
                 # Let the runs' first steps and the flusher go before the next fetch: a task
                 # that ended at once has its completion written first (the round trip's path).
                 await asyncio.sleep(0)
+
+    async def _reserve_carrying(self, key: str, slots: Slots, wanted: int) -> int:
+        """:meth:`Slots.reserve` for a fetch that carries completions. When every slot is
+        taken (the worker is saturated) the loop is counted among the flusher's riders while
+        it waits, then holds the flusher's next batch (released when the fetch takes it,
+        see :meth:`_look`), so the completions of the runs whose end freed the slots go
+        with this fetch instead of a round trip of their own. With a slot free at once
+        nothing is held: at light load a completion goes at once, as it ends."""
+        q = slots.queue_limiter
+        if slots.global_limiter.free > 0 and (q is None or q.free > 0):
+            return await slots.reserve(wanted)
+        flusher = self.runner.flusher
+        flusher.riders += 1
+        try:
+            n = await slots.reserve(wanted)
+        finally:
+            flusher.riders -= 1
+        if not self._holding.get(key):
+            self._holding[key] = True
+            flusher.hold()
+        return n
+
+    async def _look(
+        self, key: str, names: Sequence[str], n: int, fetch_first: FetchFirst, carrying: bool
+    ) -> list[Delivery]:
+        """The non-blocking fetch of up to ``n`` from ``names``: with ``carrying``, the
+        flusher's waiting batch goes in the same round trip (:attr:`carry`), else
+        ``fetch_first`` alone."""
+        carry = self.carry
+        if carry is None or not carrying:
+            return await fetch_first(names, n, 0)
+        flusher = self.runner.flusher
+        batch = flusher.board()
+        self._release_hold(key)  # the batch is taken (or there is none to take)
+        if batch is None:
+            return await fetch_first(names, n, 0)
+        try:
+            return await carry(names, n, batch, flusher.landed)
+        finally:
+            if flusher.board_open(batch):  # cancelled before the carrier settled it
+                flusher.landed(None)
 
     async def _timed_out_here(self, queue: str, error: BrokerError) -> bool:
         """Whether a fetch that ended in a client-side timeout met a server that answers at
@@ -366,9 +429,16 @@ class Fetcher:
         return taken
 
     async def _fetch(
-        self, queue: str, key: str, slots: Slots, n: int, fetch_first: FetchFirst
+        self,
+        queue: str,
+        key: str,
+        slots: Slots,
+        n: int,
+        fetch_first: FetchFirst,
+        carrying: bool = False,
     ) -> list[Delivery]:
-        """Fetch with ``n`` reserved slots; on return, exactly one slot is held per delivery.
+        """Fetch with ``n`` reserved slots; on return, exactly one slot is held per delivery
+        (``carrying``: the look takes the flusher's waiting batch along, see :meth:`_look`).
 
         Takes what is waiting on the queue's levels without blocking. When all are empty it
         blocks on all levels at once holding only the queue's own slot, so an idle queue
@@ -382,12 +452,13 @@ class Fetcher:
         names = bad.healthy(self.worker.levels[queue])
         if not names:  # every level set aside: wait as an empty fetch would, then look again
             slots.release(n)
+            self._release_hold(key)
             await asyncio.sleep(self.worker.block_timeout)
             return []
         shared = self.shared if not lane else None  # a lane's loop blocks on its own
         if shared is None or not self._quiet[queue]:
             try:
-                deliveries = await fetch_first(names, n, 0)
+                deliveries = await self._look(key, names, n, fetch_first, carrying)
             except BaseException:  # a failed or cancelled fetch holds no slot (shutdown waits)
                 slots.release(n)
                 raise
@@ -402,8 +473,8 @@ class Fetcher:
             # one command less per idle fetch; what arrived meanwhile comes back at once,
             # most urgent level first.
             if shared is not None:
-                deliveries = await shared.wait(queue)
-                self._quiet[queue] = not deliveries
+                deliveries = await shared.wait(queue, slots.room(1))
+                self._quiet[queue] = self._drained(deliveries, shared.counts.get(queue, 1))
             else:
                 deliveries = await fetch_first(
                     names, 1, self.worker.block_timeout, look_first=False
@@ -419,16 +490,31 @@ class Fetcher:
             return deliveries
         return self._grant(queue, slots, deliveries)
 
+    @staticmethod
+    def _drained(deliveries: list[Delivery], count: int) -> bool:
+        """Whether a shared read's ``deliveries`` of one queue show its levels empty behind
+        them: none came, or each level gave fewer than the read asked of each (``count``,
+        up to :attr:`~blitzq.broker.transport.Transport.block_count`); then the next fetch
+        blocks at once (an idle worker's round trip: read, run, complete, read, no look)."""
+        if len(deliveries) < count:
+            return True
+        per_level: dict[str, int] = {}
+        for d in deliveries:
+            per_level[d.queue] = per_level.get(d.queue, 0) + 1
+        return max(per_level.values()) < count
+
     def _grant(self, queue: str, slots: Slots, deliveries: list[Delivery]) -> list[Delivery]:
         """Keep the deliveries of a blocking fetch that free slots allow; hand back the rest.
 
-        A blocking read over several levels returns one entry from *each* level that got
+        A blocking read over several levels returns entries from *each* level that got
         data on Redis >= 7.2 and Valkey (the promoter may move several due messages at
-        once), and the worker's slots may have filled up while the read was blocked. The
-        levels come in priority order, so the most urgent ones are kept.
+        once), up to ``block_count`` of each, and the worker's slots may have filled up
+        while the read was blocked. The levels come in priority order, so the most urgent
+        ones are kept; after a hand-back the next fetch looks first.
         """
         granted = slots.grant(len(deliveries), 1)
         if granted < len(deliveries):
+            self._quiet[queue] = False  # the surplus goes back: the next fetch looks first
             surplus = deliveries[granted:]
             for d in surplus:
                 self.runner.hand_back(d)

@@ -23,6 +23,11 @@ flight returns (:meth:`Flusher.hold`, at most :data:`MAX_HOLD` seconds): the ser
 answers the fetch first and applies the completions while the worker starts what it fetched,
 instead of the worker waiting for both in turn (see :mod:`.fetch`).
 
+In fast mode on one server a fetch loop may take the next batch instead (:meth:`Flusher.board`)
+and send it in its own round trip with its next non-blocking pop (``broker/redis/carrying.py``);
+the writer waits until that fetch tells what became of it (:meth:`Flusher.landed`), and writes
+it itself, with the retries above, when it is not known to be applied.
+
 Fencing: the broker applies a completion only while its delivery is still leased to this
 worker. The stale ones it hands back (no longer pending under this worker: the lease lapsed,
 e.g. the process was paused, and another worker took the message over; or the server lost
@@ -117,6 +122,16 @@ class Flusher:
         self.writable = asyncio.Event()
         self.writable.set()
         self._refused_since: float | None = None  # the broker refuses writes since then
+        #: Fetch loops waiting for a free slot before a fetch that carries completions
+        #: (:meth:`board`): while any waits, a woken writer lets one turn of the event loop
+        #: pass first, so a loop that a run's end woke can hold the batch for its fetch.
+        self.riders = 0
+        self._busy = False  # a batch of the writer's own is being written
+        self._riding: list[Completion] | None = None  # the batch a fetch carries
+        self._landed = asyncio.Event()
+        self._taken_bytes = 0  # about the bytes of the last batch taken (with one more)
+        #: Batches written by a fetch that carried them (:meth:`board`), since the start.
+        self.carried = 0
 
     def add(self, completion: Completion) -> None:
         """Queue a completion for the next batch."""
@@ -140,6 +155,46 @@ class Flusher:
         released = self._released
         if not self._holds and released is not None and not released.done():
             released.set_result(None)
+
+    def board(self) -> list[Completion] | None:
+        """The next batch, for a fetch that sends it in its own round trip
+        (:attr:`~blitzq.broker.Broker.carry`), or ``None``: nothing waits, the writer is
+        writing a batch (or retrying one the broker refused), another fetch carries one, or
+        the batch is of :data:`BIG_WRITE` bytes or more (a server may refuse it for its
+        size: the writer's own path tells that from an outage, and splits it).
+
+        The batch stays first in line and the writer waits until :meth:`landed` is called,
+        exactly once, with what became of it."""
+        if not self._pending or self._busy or self._riding is not None:
+            return None
+        if self._refused_since is not None:
+            return None
+        batch = self._take()
+        if self._taken_bytes >= BIG_WRITE:  # one a server may refuse for its size: the
+            return None  # writer's own path tells a refusal from an outage and splits it
+        self._riding = batch
+        self._landed.clear()
+        return batch
+
+    def board_open(self, batch: list[Completion]) -> bool:
+        """Whether ``batch`` (from :meth:`board`) is still waiting for :meth:`landed`."""
+        return self._riding is batch
+
+    def landed(self, stale: list[Completion] | None) -> None:
+        """End the :meth:`board` in flight: ``stale`` are the completions the broker refused
+        as stale (the batch was applied), ``None`` when the batch is not known to be applied
+        (the writer writes it itself, with its retries)."""
+        batch, self._riding = self._riding, None
+        self._landed.set()
+        if batch is None or stale is None:
+            return
+        self.carried += 1
+        del self._pending[: len(batch)]
+        self._writing()
+        if self.on_written is not None:
+            self.on_written(batch, stale)
+        if stale:
+            self._report(stale)
 
     @property
     def held(self) -> int:
@@ -183,12 +238,17 @@ class Flusher:
             if total > limit and i > 0:
                 n = i
                 break
+        self._taken_bytes = total
         return pending[:n]
 
     async def run(self) -> None:
         """Write batches until :meth:`close` is called and nothing is left."""
         delay = 0.05
         while True:
+            self._busy = False
+            if self._riding is not None:  # a fetch carries the next batch
+                await self._landed.wait()
+                continue
             if not self._pending:
                 if self._refused_since is not None:
                     # What the refusals held back was written in parts or dropped since:
@@ -202,8 +262,13 @@ class Flusher:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if self.riders and not self._holds:
+                await asyncio.sleep(0)  # a fetch loop a run's end woke may take a hold
             if self._holds:
                 await self._held()
+            if self._riding is not None or not self._pending:
+                continue
+            self._busy = True
             batch = self._take()
             try:
                 stale = await self.broker.complete(batch)

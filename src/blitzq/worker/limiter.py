@@ -137,6 +137,12 @@ class Slots:
         g.take(n)
         return n
 
+    def room(self, queue_held: int) -> int:
+        """Messages a blocking fetch holding ``queue_held`` queue-only slots could start
+        now (what :meth:`grant` would give)."""
+        q, g = self.queue_limiter, self.global_limiter
+        return g.free if q is None else min(g.free, queue_held + q.free)
+
     def release_queue(self, n: int = 1) -> None:
         """Give back ``n`` slots to the queue's limiter only (the global ones were returned)."""
         if self.queue_limiter is not None:

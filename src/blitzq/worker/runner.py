@@ -495,7 +495,7 @@ class Runner:
 
     def kill_run(self, job: Job) -> None:
         """Stop a process or CPU-pool run (a hard timeout, a cancel): a CPU-pool run's child
-        is killed alone (:meth:`.cpu.CpuPool.kill`), a process run's whole pool."""
+        is killed alone (:meth:`.cpu_pool.CpuPool.kill`), a process run's whole pool."""
         if self.executor_of(job.task) == "cpu":
             self.cpu.kill(job.handle)
         else:

@@ -493,10 +493,14 @@ class Worker:
         return self._runner.running_tokens(queue) if self._runner else []
 
     def info(self) -> bytes:
-        """This worker's registration record."""
+        """This worker's registration record; ``in_flight`` (RabbitMQ only): what its
+        transport's fetches took and did not ack, and what it prefetched, per queue
+        (``Transport.holding``), which ``queue stats`` adds up."""
         runner = self._runner
+        held = self.broker.holding()
         return dumps(
             {
+                **({"in_flight": held} if held is not None else {}),
                 "id": self.id,
                 "key": self.key,
                 "instance": self.instance,

@@ -4,22 +4,54 @@ Build a workflow from signatures (``task.s(...)``, ``task.si(...)``, ``queue.sig
 with :func:`chain` / ``|``, :func:`group` and :func:`chord`; start it with
 ``handle = await queue.apply(workflow)``; read its result with ``await handle.get()``. See
 ``docs/workflows.md`` and :mod:`blitzq.workflow.engine` for how it runs.
+
+The names load on first use (PEP 562's module ``__getattr__``), as in :mod:`blitzq`: a worker
+imports :mod:`.steps` (the finisher on every task) without the canvas, the handles and the
+engine (issue 29: an idle worker's memory).
 """
 
-from .canvas import (
-    Chain,
-    Chord,
-    Group,
-    Node,
-    Signature,
-    WorkflowLimits,
-    chain,
-    chord,
-    group,
-    set_workflow_limits,
-    workflow_limits,
-)
-from .handle import WorkflowExpired, WorkflowHandle, WorkflowNotFound
+from __future__ import annotations
+
+from importlib import import_module
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .canvas import (
+        Chain,
+        Chord,
+        Group,
+        Node,
+        Signature,
+        WorkflowLimits,
+        chain,
+        chord,
+        group,
+        set_workflow_limits,
+        workflow_limits,
+    )
+    from .handle import WorkflowExpired, WorkflowHandle, WorkflowNotFound
+
+#: Each public name by the module that defines it (tests/unit/test_lazy_exports.py keeps this
+#: and the ``TYPE_CHECKING`` imports above the same).
+EXPORTS: dict[str, tuple[str, ...]] = {
+    ".canvas": (
+        "Chain",
+        "Chord",
+        "Group",
+        "Node",
+        "Signature",
+        "WorkflowLimits",
+        "chain",
+        "chord",
+        "group",
+        "set_workflow_limits",
+        "workflow_limits",
+    ),
+    ".handle": ("WorkflowExpired", "WorkflowHandle", "WorkflowNotFound"),
+}
+_MODULE_OF = {name: module for module, names in EXPORTS.items() for name in names}
 
 __all__ = [
     "Chain",
@@ -37,3 +69,30 @@ __all__ = [
     "set_workflow_limits",
     "workflow_limits",
 ]
+
+
+# Hidden from type checkers, which would otherwise accept any name as blitzq.workflow.<name>.
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        """Import the module that defines public ``name`` on first access and cache the value;
+        a submodule's name (``blitzq.workflow.engine``) imports that submodule.
+
+        Raises:
+            AttributeError: ``name`` is neither a public name nor a submodule.
+        """
+        module = _MODULE_OF.get(name)
+        if module is None:
+            try:
+                return import_module(f".{name}", __name__)
+            except ModuleNotFoundError as exc:
+                if exc.name != f"{__name__}.{name}":
+                    raise
+                raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+        value = getattr(import_module(module, __name__), name)
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        """The public names and the module's own attributes (``dir()`` and completion)."""
+        return sorted({*globals(), *__all__})

@@ -1,9 +1,9 @@
 """Worker-driven orchestration: what happens when a workflow step ends.
 
 Nothing coordinates a workflow from outside. Each step's message carries, in its ``flow``
-field, what comes after it; when a step ends for good, a finisher (:func:`finish_step`,
-registered on every task) turns that into completion effects (:mod:`blitzq.broker.effects`)
-applied atomically *with the ack*:
+field, what comes after it; when a step ends for good, a finisher (:func:`.steps.finish_step`,
+registered on every task, calls :func:`advance`) turns that into completion effects
+(:mod:`blitzq.broker.effects`) applied atomically *with the ack*:
 
 - more steps in its chain: ``WorkflowStep`` publishes the next step's message (with the
   result prepended to its arguments unless it is immutable), unless the workflow has ended;
@@ -54,7 +54,7 @@ from ..exceptions import (
     describe_error,
     unknown_outcome,
 )
-from ..extensions.middleware import Middleware, OutgoingWorkflow
+from ..extensions.middleware import OutgoingWorkflow
 from ..extensions.signals import Signal, SignalEvent
 from ..limits import CHUNK_ITEMS, DEFAULT_MAX_RESULT_SIZE
 from ..routing import new_task_id, physical_queue, route
@@ -62,46 +62,20 @@ from ..serialization import Envelope, dumps, encode_envelope, loads, plain_args,
 from .callback import array_header, marker, split
 from .canvas import Chain, Chord, Group, Node, Signature
 from .handle import WorkflowHandle
+from .steps import COLLECT
 
 if TYPE_CHECKING:
     from ..client.context import QueueContext
     from ..extensions.registry import Extensions
-    from ..options import TaskOptions
     from ..seams import QueueSettings
-    from ..task import Task
     from ..worker.execution import Job
 
 logger = logging.getLogger("blitzq.workflow")
 
-#: Internal task that returns the list of a group's results (a group feeding a group, or a
-#: group as a chord member). Registered on every Queue that has tasks.
-COLLECT = "blitzq.workflow.collect"
 #: Seconds the state of a running workflow (and its chord joins) is kept at least.
 RUNNING_TTL = 7 * 86400
 
 _NONE: Any = object()  # no previous result
-
-
-async def collect(results: list[Any]) -> list[Any]:
-    """Return the list of a group's results unchanged (the :data:`COLLECT` step)."""
-    return results
-
-
-class WorkflowSteps(Middleware):
-    """The workflow engine as a built-in middleware: its :meth:`setup_task` makes every task
-    able to take part in workflows (its finisher :func:`finish_step` advances the workflow a
-    step belongs to). Listed last by :func:`blitzq.registration.task_middleware`, so its
-    finisher comes after those of the middleware registered before the task; the registrar
-    registers :data:`COLLECT` (:func:`collect`) on the Queue."""
-
-    def setup_task(self, task: Task[Any, Any], options: TaskOptions) -> None:
-        """Add :func:`finish_step` to ``task``'s finishers (once)."""
-        if finish_step not in task.finishers:
-            task.finishers.append(finish_step)
-
-
-#: The one instance (it holds nothing).
-WORKFLOW_STEPS = WorkflowSteps()
 
 
 def _is_sig(node: Any) -> bool:
@@ -251,18 +225,24 @@ def _running_ttl(queue: QueueSettings) -> int:
     return max(queue.result_ttl, RUNNING_TTL)
 
 
-def finish_step(
-    job: Job, completion: Completion, final: bool, error: BaseException | None
+def advance(
+    job: Job,
+    completion: Completion,
+    error: BaseException | None,
+    flow: dict[str, Any],
+    workflow_id: str,
 ) -> Completion:
-    """Finisher of every task: for a workflow step that ended for good, add the ops that
-    advance (or fail) its workflow to ``completion``. A task outside workflows, or a retry,
-    passes through untouched."""
-    flow = job.envelope.flow
-    if flow is None or not final:
-        return completion
-    workflow_id = str(flow.get("w", "")) if isinstance(flow, dict) else ""
-    if not workflow_id:
-        return completion
+    """Add the ops that advance (or fail) workflow ``workflow_id`` to ``completion``: the end
+    for good of a step whose message's ``flow`` is ``flow`` (:func:`.steps.finish_step`
+    calls it; a failure to plan the follow-ups fails the workflow, never the ack).
+
+    Args:
+        job: the step's job.
+        completion: its completion (its ``ops`` are extended).
+        error: the step's error (``None`` if it succeeded).
+        flow: the step's ``flow`` field (see this module's docstring).
+        workflow_id: ``flow["w"]``.
+    """
     queue = job.task.owner
     now = time.time()
     try:

@@ -21,8 +21,13 @@ it is published at least once, never lost.
 into ``<namespace>.dead-letter``; the same round moves them into the state store's dead
 letters (reason ``"max deliveries exceeded"``, with a ``dead_lettered`` record, as the Redis
 streams transport writes them), then acks them, so ``Queue.dead_letters()`` lists them. A
-pack (``packs.py``) becomes one dead letter per task whose completion is not committed (the
-others are over: nothing is lost, nothing finished is listed as dead).
+message whose task's completion is committed already (:func:`.redelivered.committed`: its
+record is final, or ``retrying`` past this attempt) is over and only acked: its ack was lost
+(the worker died, or its connection dropped, before RabbitMQ read it) and the deliveries
+that followed spent the limit. A pack (``packs.py``) becomes one dead letter per task whose
+completion is not committed. Nothing is lost, nothing finished is listed as dead; the store
+itself never writes a dead letter over a final record either (``complete.lua``), should the
+records not be readable here.
 """
 
 from __future__ import annotations
@@ -347,8 +352,9 @@ class Custody:
 
     async def drain_dead_letters(self, count: int, record_ttl: int) -> int:
         """Move up to ``count`` messages of RabbitMQ's dead-letter queue into the state
-        store's dead letters (then ack them there; a pack, one dead letter per task not
-        committed); return how many messages.
+        store's dead letters, one per task whose completion is not committed (a plain
+        message's task, or each task of a pack; a committed one is over: no dead letter),
+        then ack them there; return how many messages.
 
         Raises:
             BrokerError: RabbitMQ or Redis could not be reached.
@@ -375,11 +381,20 @@ class Custody:
             bodies = decode(message.body) if is_pack(headers) else None
             if bodies is None:
                 bodies = [message.body]
-            else:  # a pack: each task not committed yet is a dead letter of its own
-                over = await committed(self.store, bodies)
-                bodies = [body for body, done in zip(bodies, over, strict=True) if not done]
-            for body in bodies:
-                await self._dead_letter(queue, body, deliveries, deliveries, record_ttl)
+            # A task whose completion is committed already (its ack was lost: the worker
+            # died or its connection dropped before RabbitMQ read it) is over: no dead
+            # letter of it; a pack's other tasks are dead letters of their own.
+            over = await committed(self.store, bodies)
+            for body, done in zip(bodies, over, strict=True):
+                if not done:
+                    await self._dead_letter(queue, body, deliveries, deliveries, record_ttl)
+            if any(over):
+                logger.info(
+                    "%d dead-lettered task(s) of %s had completed already: acked, no dead "
+                    "letter written",
+                    sum(over),
+                    queue,
+                )
             await settle(message, True)
             moved += 1
         return moved

@@ -1,15 +1,89 @@
 """What the RabbitMQ transport tells of its queues: their counts (``queue_stats``) and
-purging them (``purge_queue``), from RabbitMQ's passive declarations and this process's own
-consumers (what they received that no fetch took yet)."""
+purging them (``purge_queue``).
+
+**In flight.** RabbitMQ tells a client only how many messages of a queue are ready (a
+passive ``queue.declare``); its count of unacked ones is in the management API, which
+blitzq does not require. So each transport counts what it holds (:func:`holding`): the
+tasks a fetch took and that are not settled (running or waiting for a slot, custody's
+included), and those its consumer received that no fetch took yet (prefetched); a worker
+writes both into its registration (``Worker.info()``, ``in_flight``; written again each
+second its running count changed, and every maintenance interval), and :func:`queue_stats`
+adds the live registrations of the other transports (:func:`held_elsewhere`) to its own
+live counts: in flight what the fetches took, waiting what is ready plus what is
+prefetched -- as on Redis, where a message is in flight once a fetch took it (the shared
+contract, ``tests/contract``).
+"""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
+from ...exceptions import BlitzQError
+from ...serialization import loads
+from ..state import StateStore
 from .channels import FAILURES, AmqpLink, settle, translate
 from .deliveries import Consumer, Held
 
-__all__ = ["purge_queue", "queue_stats"]
+__all__ = ["held_elsewhere", "holding", "purge_queue", "queue_stats"]
+
+
+def holding(
+    instance: str, consumers: Mapping[str, Consumer], held: Iterable[Held]
+) -> dict[str, Any]:
+    """What one transport holds delivered and not settled, for a worker's registration:
+    ``{"by": instance, "queues": {queue: tasks}, "buffered": {queue: tasks}}``, per
+    physical queue the tasks a fetch took and that are not settled (running, waiting for a
+    slot, or in custody), and those its live ``consumers`` received that no fetch took yet
+    (one per task of a pack)."""
+    taken: Counter[str] = Counter(h.queue for h in held)
+    buffered = {q: len(c.buffer) for q, c in consumers.items() if c.buffer}
+    return {"by": instance, "queues": dict(taken), "buffered": buffered}
+
+
+def _counts(found: object) -> dict[str, int]:
+    """A registration's per-queue counts, without what does not read as one."""
+    if not isinstance(found, dict):
+        return {}
+    return {q: n for q, n in found.items() if isinstance(q, str) and isinstance(n, int) and n > 0}
+
+
+async def held_elsewhere(
+    store: StateStore | None, instance: str
+) -> tuple[Counter[str], Counter[str]]:
+    """Per physical queue, the tasks the transports other than ``instance`` hold: those
+    their fetches took, and those their consumers prefetched (:func:`holding`), from the
+    live workers' registrations (their ``in_flight``, as of their last write; one per
+    transport, the latest, when several workers share one). A registration without the
+    field (a worker of another version) or that does not read counts nothing.
+
+    Raises:
+        BrokerError: Redis could not be reached.
+    """
+    taken: Counter[str] = Counter()
+    buffered: Counter[str] = Counter()
+    if store is None:
+        return taken, buffered
+    latest: dict[str, tuple[float, dict[str, Any]]] = {}
+    for raw in (await store.registry.workers()).values():
+        try:
+            info = loads(raw)
+        except BlitzQError:
+            continue
+        mark = info.get("in_flight") if isinstance(info, dict) else None
+        if not isinstance(mark, dict):
+            continue
+        by, at = mark.get("by"), info.get("heartbeat_at")
+        if not isinstance(by, str) or by == instance:
+            continue
+        at = float(at) if isinstance(at, int | float) else 0.0
+        if by not in latest or at > latest[by][0]:
+            latest[by] = (at, mark)
+    for _, mark in latest.values():
+        taken.update(_counts(mark.get("queues")))
+        buffered.update(_counts(mark.get("buffered")))
+    return taken, buffered
 
 
 async def queue_stats(
@@ -17,34 +91,39 @@ async def queue_stats(
     consumers: Mapping[str, Consumer],
     held: Iterable[Held],
     queues: Sequence[str],
+    elsewhere: tuple[Mapping[str, int], Mapping[str, int]] | None = None,
 ) -> dict[str, dict[str, int]]:
-    """Per queue: ``waiting`` (ready messages, from a passive declaration) and
-    ``in_flight`` (the deliveries this process holds: tasks). Waiting counts AMQP messages
-    -- a pack of several tasks (``packs.py``) once -- plus, one per task, what this
-    process's consumer received but nobody fetched yet; another process's are in neither
-    count. While a consumer runs, a message RabbitMQ dispatches to it as the count is read may
-    be counted twice or not at all: an estimate, exact when idle.
+    """Per queue: ``waiting`` (ready messages, from a passive declaration: AMQP messages,
+    a pack of several tasks (``packs.py``) once; plus the tasks prefetched by a consumer
+    that no fetch took) and ``in_flight`` (tasks a fetch took and that are not settled),
+    each this process's (:func:`holding`) plus the other transports' (``elsewhere``,
+    :func:`held_elsewhere`). While consumers run, a message RabbitMQ dispatches as the
+    counts are read may be counted twice or not at all, and another process's counts are
+    as of its last registration (about a second behind): an estimate, exact when idle.
 
     Args:
         link: the transport's connection.
         consumers: this process's live consumers, by queue.
         held: the deliveries this process holds (fetched, not settled).
         queues: the physical queue names.
+        elsewhere: per queue, the tasks other transports took and prefetched (``None``:
+            none counted).
 
     Raises:
         BrokerError: RabbitMQ refused a count or could not be reached.
     """
-    in_flight: dict[str, int] = {}
-    for h in held:
-        in_flight[h.queue] = in_flight.get(h.queue, 0) + 1
+    mine = holding("", consumers, held)
+    taken, buffered = elsewhere or ({}, {})
     out: dict[str, dict[str, int]] = {}
     for queue in queues:
         consumer = consumers.get(queue)
         if consumer is not None:
-            waiting = await _settled_count(link, queue, consumer) + len(consumer.buffer)
+            ready = await _settled_count(link, queue, consumer)
         else:
-            waiting = await link.message_count(queue)
-        out[queue] = {"waiting": waiting, "in_flight": in_flight.get(queue, 0)}
+            ready = await link.message_count(queue)
+        waiting = ready + mine["buffered"].get(queue, 0) + buffered.get(queue, 0)
+        in_flight = mine["queues"].get(queue, 0) + taken.get(queue, 0)
+        out[queue] = {"waiting": waiting, "in_flight": in_flight}
     return out
 
 

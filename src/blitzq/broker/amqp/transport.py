@@ -302,16 +302,16 @@ class AmqpTransport(Transport):
             self._waiters.discard(arrived)
 
     shared_block = True
-    """An idle worker's loops share one wait (:meth:`block_first`): RabbitMQ pushes each
-    consumer its messages, so waiting costs RabbitMQ and Redis nothing."""
+    """Idle loops share one wait (:meth:`block_first`): it costs RabbitMQ and Redis nothing."""
 
     @guarded
-    async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
+    async def block_first(
+        self, queues: Sequence[str], timeout: float, count: int = 1
+    ) -> list[Delivery]:
         """Wait up to ``timeout`` s for a message RabbitMQ pushes to the consumer of any of
-        ``queues`` (or one buffered): at most one per queue, earlier queues first; nothing at
-        the timeout or after :meth:`unblock`. No ``basic.get``: a consumer whose prefetch has
-        room is pushed what its queue receives (the fetch before it looked at what waited).
-        Raises BrokerError when RabbitMQ cannot be reached."""
+        ``queues`` (or one buffered): one per queue (``count`` is 1), earlier queues first;
+        none at the timeout or after :meth:`unblock`. No ``basic.get``: the consumer's
+        prefetch is pushed what arrives. Raises BrokerError when RabbitMQ cannot be reached."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         arrived = asyncio.Event()
@@ -523,9 +523,17 @@ class AmqpTransport(Transport):
     # ---------------------------------------------------------- inspection
     @guarded
     async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
-        """See :func:`.inspection.queue_stats`."""
+        """See :func:`.inspection.queue_stats` (in flight: this process's and, from the
+        workers' registrations, the others')."""
         alive = {q: c for q, c in self.consumers.items() if self._alive(c)}
-        return await inspection.queue_stats(self.link, alive, self.held.values(), queues)
+        store = self.custody.store if self.custody is not None else None
+        elsewhere = await inspection.held_elsewhere(store, self._instance.decode())
+        return await inspection.queue_stats(self.link, alive, self.held.values(), queues, elsewhere)
+
+    def holding(self) -> dict[str, Any]:
+        """See :meth:`Transport.holding` and :func:`.inspection.holding`."""
+        alive = {q: c for q, c in self.consumers.items() if self._alive(c)}
+        return inspection.holding(self._instance.decode(), alive, self.held.values())
 
     @guarded
     async def purge_queue(self, queue: str) -> int:

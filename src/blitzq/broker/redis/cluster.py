@@ -50,7 +50,6 @@ from redis.exceptions import AskError, MovedError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry as SyncRetry
 
-from .cluster_replicas import ShardReplicas
 from .replicas import DEFAULT_WAIT_TIMEOUT, enqueue_wait_timeout, waited
 
 #: URL schemes that name a Redis Cluster explicitly (no probe), and the scheme each becomes.
@@ -195,6 +194,8 @@ class BoundedCluster(RedisCluster):
         self._next_trim = 0.0
         self._trimming: set[asyncio.Task[None]] = set()
         #: The replicas each shard's durable commands wait for.
+        from .cluster_replicas import ShardReplicas  # a cluster's only (issue 29: memory)
+
         self.replicas = ShardReplicas(
             self,
             {k: kwargs[k] for k in ("username", "password") if kwargs.get(k) is not None},

@@ -24,6 +24,7 @@ from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
 from ..facade import Broker
 from ..pairing import Fused
 from ..transport import Transport
+from .carrying import carrier_for
 from .connection import DEFAULT_DEAD_LETTER_CAP, RedisConnection, RedisDeadLetterLimits
 from .lists import ListsTransport
 from .store import RedisStateStore
@@ -54,6 +55,9 @@ def fused_broker(conn: RedisConnection) -> Broker:
     broker = Broker(transport, state, Fused(state), dead_letter_limits=RedisDeadLetterLimits(conn))
     if conn.kind == "s":  # the lists as the fast lane of tasks declared mode="fast"
         broker.add_fast_lane(ListsTransport(conn.with_kind("l")))
+    else:  # completions carried by the pops (carrying.py), where one connection can
+        carrier = carrier_for(transport, state)
+        broker.carry = carrier.fetch_first if carrier is not None else None
     return broker
 
 

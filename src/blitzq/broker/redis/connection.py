@@ -21,7 +21,6 @@ from ...limits import DEFAULT_DEAD_LETTER_MAX_BYTES, DEFAULT_DEAD_LETTER_TTL
 from .blocking import BlockingReads, NodePool
 from .client import bad_url, make_client, max_block, pool_size, translate_errors
 from .cluster import is_cluster, node_of
-from .cluster_scripts import ClusterScripts
 from .doorbell import Doorbell
 from .keys import Keys
 from .result_listener import ResultListener
@@ -131,7 +130,11 @@ class RedisConnection:
             self.client.set_response_callback(command, _raw)
         #: Runs the Lua scripts (EVALSHA, reloaded on NOSCRIPT): see scripts.py; on a
         #: cluster node by node, never across a slot migration (cluster_scripts.py).
-        self.scripts = ClusterScripts(self.client) if self.cluster else Scripts(self.client)
+        self.scripts = Scripts(self.client)
+        if self.cluster:
+            from .cluster_scripts import ClusterScripts  # a cluster's only (issue 29: memory)
+
+            self.scripts = ClusterScripts(self.client)
         # One completion pattern per process on a single server (see result_listener.py); a cluster
         # client subscribes channel by channel.
         done = None if self.cluster else self.keys.done_channel("")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from ..transport import Delivery
 from .client import translate_errors
 from .connection import LeaseIdentity, RedisPart
+from .entries import entry_delivery
 from .keys import GROUP
 
 
@@ -41,8 +42,6 @@ class HandOver(RedisPart):
     async def take_handed(self, queue: str, count: int) -> list[Delivery]:
         """The entries handed to this consumer, their leases renewed (``take_handed.lua``);
         see :meth:`~blitzq.broker.transport.Transport.take_handed`."""
-        from .streams import _delivery
-
         if not self.consumer:
             return []
         rows = await self.scripts.call(
@@ -50,4 +49,4 @@ class HandOver(RedisPart):
             keys=[self.keys.stream(queue), self.keys.handed(queue, self.consumer)],
             args=[GROUP, self.consumer, count],
         )
-        return [_delivery(queue, rows[j], rows[j + 1]) for j in range(0, len(rows), 2)]
+        return [entry_delivery(queue, rows[j], rows[j + 1]) for j in range(0, len(rows), 2)]

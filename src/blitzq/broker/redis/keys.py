@@ -150,6 +150,7 @@ TABLE: Final[dict[str, Key]] = {
         "queues paused by `blitzq queue pause`: no worker fetches from them until resumed"),
     "stats": Key("stats", "hash",
         "namespace-wide counters: `stale_completions` (completions fenced off), "
+        "`dead_letters_skipped` (dead letters not written: the task's record was final), "
         "`counters_reset` (corrupted counters recomputed by the scripts), `processed` / "
         "`failed` (runs that succeeded / failed, all workers: added by their registrations)"),
     "queues": Key("queues", "set",
@@ -406,6 +407,7 @@ class Keys:
     @property
     def stats(self) -> str:
         """Hash of namespace-wide counters (``stale_completions``: completions fenced off;
+        ``dead_letters_skipped``: dead letters not written over a final record;
         ``processed`` / ``failed``: runs of every worker, added by their registrations)."""
         return self._fixed("stats")
 

@@ -46,8 +46,8 @@ class ListsTransport(RedisPart, Transport):
             raise ConfigurationError("a lists transport needs a connection of kind 'l'")
         super().__init__(conn)
         # Every pop goes through the popper: a pause or a stall cannot drop its reply.
-        self._popper = Popper(self.client)
-        self._pop_scripts = self.scripts if conn.cluster else Scripts(self._popper)
+        self.popper = Popper(self.client)
+        self._pop_scripts = self.scripts if conn.cluster else Scripts(self.popper)
 
     @translate_errors
     @enqueuing
@@ -76,7 +76,7 @@ class ListsTransport(RedisPart, Transport):
     async def fetch(self, queue: str, count: int, timeout: float) -> list[Delivery]:
         """LPOP up to ``count``; when empty, BLMPOP blocking up to ``timeout`` seconds."""
         key = self.keys.list(queue)
-        pop = self._popper.execute_command
+        pop = self.popper.execute_command
         items = await pop("LPOP", key, count)
         if not items and timeout > 0:
             block = self.block_for(timeout)
@@ -97,17 +97,10 @@ class ListsTransport(RedisPart, Transport):
         rows: list[Any] = []  # the caller's script just found every list empty
         if look_first or timeout <= 0:
             rows = await self._pop_scripts.call("pop_levels", keys=keys, args=[count])
-        n = len(keys)
-        if len(rows) > n or timeout <= 0:
-            out: list[Delivery] = []
-            start = n
-            for queue, taken in zip(queues, rows[:n], strict=True):
-                if taken:
-                    out += [Delivery(queue, None, item, 1) for item in rows[start : start + taken]]
-                    start += taken
-            return out
+        if len(rows) > len(keys) or timeout <= 0:
+            return self.deliveries(queues, rows)
         block = self.block_for(timeout)
-        reply = await self._popper.execute_command(
+        reply = await self.popper.execute_command(
             "BLMPOP", block, len(keys), *keys, "LEFT", "COUNT", 1, block=block
         )
         if not reply:
@@ -115,16 +108,32 @@ class ListsTransport(RedisPart, Transport):
         queue = queues[[k.encode() for k in keys].index(reply[0])]
         return [Delivery(queue, None, item, 1) for item in reply[1]]
 
+    @staticmethod
+    def deliveries(queues: Sequence[str], rows: list[Any]) -> list[Delivery]:
+        """The deliveries of a ``pop_levels.lua`` reply ``rows`` (one count per queue of
+        ``queues``, then the messages in order)."""
+        n = len(queues)
+        out: list[Delivery] = []
+        start = n
+        for queue, taken in zip(queues, rows[:n], strict=True):
+            if taken:
+                out += [Delivery(queue, None, item, 1) for item in rows[start : start + taken]]
+                start += taken
+        return out
+
     @property
     def shared_block(self) -> bool:  # type: ignore[override]
         """Whether :meth:`block_first` may cover many lists (single server or Sentinel)."""
         return self.conn.blocking is not None
 
     @translate_errors
-    async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
+    async def block_first(
+        self, queues: Sequence[str], timeout: float, count: int = 1
+    ) -> list[Delivery]:
         """One ``BLMPOP ... COUNT 1`` over the lists of ``queues`` (it pops from the first
-        non-empty one), on the held connection :meth:`unblock` can wake (``blocking.py``,
-        whose reads a pause cannot drop); elsewhere :meth:`fetch_first`'s blocking pop."""
+        non-empty one; ``count`` is 1: :attr:`block_count`), on the held connection
+        :meth:`unblock` can wake (``blocking.py``, whose reads a pause cannot drop);
+        elsewhere :meth:`fetch_first`'s blocking pop."""
         blocking = self.conn.blocking
         if blocking is None:
             return await self.fetch_first(queues, 1, timeout, look_first=False)

@@ -35,6 +35,7 @@ import asyncio
 import math
 from typing import Any
 
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .client import socket_timeout
@@ -122,6 +123,40 @@ class Popper:
         finally:
             await pool.release(conn)
 
+    @property
+    def direct(self) -> bool:
+        """Whether this popper runs its commands with its own deadline (one pool and a
+        ``socket_timeout``: not a Cluster client); :meth:`execute_many` needs it."""
+        return self._pool is not None and self._timeout is not None
+
+    async def execute_many(self, *commands: tuple[Any, ...]) -> list[Any]:
+        """Send ``commands`` in one write on one connection and read their raw replies, in
+        order, within one deadline (as :meth:`execute_command`'s; none may block).
+
+        An error reply is returned in its place (a ``redis.exceptions.ResponseError``
+        instance), never raised: the other commands ran.
+
+        Raises:
+            RuntimeError: the popper is not :attr:`direct`.
+            redis.exceptions.TimeoutError: no reply within :data:`REPLY_WAIT` (or
+                ``socket_timeout``, the longer) seconds of the event loop's running time;
+                the connection is closed.
+            redis.exceptions.RedisError: the connection failed (after the client's
+                retries: each try sends every command again).
+        """
+        pool, timeout = self._pool, self._timeout
+        if pool is None or timeout is None:
+            raise RuntimeError("execute_many needs a single pool and a socket_timeout")
+        conn = await pool.get_connection()
+        try:
+            replies: list[Any] = await conn.retry.call_with_retry(
+                lambda: send_and_read_all(conn, commands, max(timeout, REPLY_WAIT)),
+                lambda _error: conn.disconnect(),
+            )
+            return replies
+        finally:
+            await pool.release(conn)
+
     async def script_load(self, source: str) -> Any:
         """``SCRIPT LOAD source`` on the client (nothing is popped)."""
         return await self._client.script_load(source)
@@ -132,18 +167,45 @@ async def send_and_read(conn: Any, args: tuple[Any, ...], budget: float) -> Any:
     of the event loop's running time (see :class:`_Deadline`); past it the connection is
     closed and :class:`redis.exceptions.TimeoutError` raised."""
     await conn.send_command(*args)
+    return (await _read(conn, (args,), budget))[0]
+
+
+async def send_and_read_all(
+    conn: Any, commands: tuple[tuple[Any, ...], ...], budget: float
+) -> list[Any]:
+    """Send ``commands`` on ``conn`` in one write and read their raw replies, all within one
+    ``budget`` (see :func:`send_and_read`); error replies are returned in their place."""
+    await conn.send_packed_command(conn.pack_commands(commands))
+    return await _read(conn, commands, budget, errors=True)
+
+
+async def _read(
+    conn: Any, commands: tuple[tuple[Any, ...], ...], budget: float, errors: bool = False
+) -> list[Any]:
+    """Read one raw reply per command of ``commands`` on ``conn`` within ``budget`` (see
+    :func:`send_and_read`); ``errors``: an error reply is returned in its place, else
+    raised."""
     loop = asyncio.get_running_loop()
+    replies: list[Any] = []
     try:
         async with asyncio.timeout(None) as scope:
             deadline = _Deadline(loop, scope, budget)
             try:
-                # math.inf: no read timeout of redis-py's own (redis-py closes the
-                # connection on the cancellation of this read).
-                return await conn.read_response(timeout=math.inf)
+                for _ in commands:
+                    # math.inf: no read timeout of redis-py's own (redis-py closes the
+                    # connection on the cancellation of this read).
+                    try:
+                        replies.append(await conn.read_response(timeout=math.inf))
+                    except ResponseError as error:
+                        if not errors:
+                            raise
+                        replies.append(error)
             finally:
                 deadline.cancel()
     except TimeoutError:
         await conn.disconnect(nowait=True)
         raise RedisTimeoutError(
-            f"no reply to {args[0]} within {budget:g} s while this process ran; connection closed"
+            f"no reply to {commands[len(replies)][0]} within {budget:g} s while this process "
+            "ran; connection closed"
         ) from None
+    return replies

@@ -49,6 +49,7 @@ import contextlib
 import contextvars
 import functools
 import logging
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
@@ -122,6 +123,20 @@ enqueue_writes: contextvars.ContextVar[bool] = contextvars.ContextVar(
 durable_writes: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "blitzq_durable_writes", default=False
 )
+
+
+def is_replicated(client: Any) -> bool:
+    """``True`` if ``client`` is ``sentinel.py``'s ``ReplicatedRedis`` (a ``redis+sentinel://``
+    client, whose writes and lease-taking reads are waited for on its replicas).
+
+    ``sentinel.py`` is not imported for this (an idle worker on a plain URL does not load it,
+    issue 29): such a client exists only once that module has made it.
+
+    Args:
+        client: any Redis client.
+    """
+    sentinel = sys.modules.get(f"{__package__}.sentinel")
+    return sentinel is not None and isinstance(client, sentinel.ReplicatedRedis)
 
 
 def durably(
@@ -353,5 +368,6 @@ __all__ = [
     "enqueue_wait_timeout",
     "enqueue_writes",
     "enqueuing",
+    "is_replicated",
     "waited",
 ]

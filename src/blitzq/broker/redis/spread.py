@@ -43,7 +43,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -56,15 +55,12 @@ from ..outbox import Outbox, Relay
 from ..pairing import CommitThenAck
 from ..state import StateStore
 from ..values import Completion, DeadLetterFields
-from .client import bad_url, make_client, translate_errors
-from .cluster import is_cluster, split_layout
-from .common import fused_broker
+from .client import translate_errors
 from .connection import DEFAULT_DEAD_LETTER_CAP, RedisConnection, RedisDeadLetterLimits
 from .doorbell import READY, Doorbell
 from .handoff import MARK_TTL, MAX_AGE, HandoffRelay
 from .homes import HomedKeys, HomedStateStore, complete_in, homed_id, homeless, split_home
 from .keys import GROUP, Keys
-from .reliable import ReliableRedisBroker
 from .replicas import durably
 from .scripts import holder_waits
 from .streams import StreamsTransport
@@ -74,7 +70,6 @@ __all__ = [
     "SpreadPairing",
     "SpreadRedisBroker",
     "SpreadStreamsTransport",
-    "reliable_broker",
     "spread_broker",
 ]
 
@@ -443,30 +438,3 @@ def _dead_letter(
     record = deliveries_exceeded(task_id, task, queue, deliveries, error, now)
     fields = DeadLetterFields(message, MAX_DELIVERIES_REASON, error, task, queue, now)
     return Completion(queue, None, task_id, record, ttl, dead_letter=fields)
-
-
-def reliable_broker(url: str, namespace: str, **settings: Any) -> Broker:
-    """Reliable mode's broker for ``url``: the spread layout on a Redis Cluster (or with
-    ``?layout=spread``), the one-slot fused streams broker
-    (:func:`~.reliable.ReliableRedisBroker`) on a single server (or with ``?layout=slot``).
-    One client is made, and the broker owns it.
-
-    Args:
-        url: a broker URL (``client.make_client``); its ``layout`` option chooses.
-        namespace: the namespace.
-        settings: the dead-letter settings of :func:`SpreadRedisBroker`.
-
-    Raises:
-        ConfigurationError: a bad option in ``url`` (``layout`` among them).
-    """
-    try:
-        layout = split_layout(url)[1]
-        client = make_client(url) if layout != "slot" else None
-    except ValueError as exc:
-        raise bad_url(url, exc) from None
-    if client is None:
-        return ReliableRedisBroker(url, namespace, **settings)
-    spread = layout == "spread" or is_cluster(client)
-    conn = RedisConnection(url, namespace, client=client, kind="l" if spread else "s", **settings)
-    conn.owns_client = True
-    return spread_broker(conn) if spread else fused_broker(conn)

@@ -48,10 +48,54 @@ from .operator_state import RedisOperatorState
 from .outbox import RedisOutbox
 from .records import RedisRecords
 from .registry import RedisRegistry
+from .replicas import durable_writes, is_replicated
 from .schedule import RedisSchedule
-from .sentinel import ReplicatedRedis, durable_writes
 
-__all__ = ["RedisStateStore"]
+__all__ = ["CompleteCall", "RedisStateStore"]
+
+
+class CompleteCall:
+    """One prepared ``complete.lua`` call (:meth:`RedisStateStore.prepare_complete`).
+
+    Attributes:
+        keys, args: the script's ``KEYS`` and ``ARGV``.
+        completions: the batch it applies.
+    """
+
+    __slots__ = ("_forget", "_fresh", "_store", "args", "completions", "keys")
+
+    def __init__(
+        self,
+        store: RedisStateStore,
+        completions: Sequence[Completion],
+        keys: list[Any],
+        args: list[Any],
+        fresh: str | None,
+        forget: list[str],
+    ) -> None:
+        self._store = store
+        self.completions = completions
+        self.keys = keys
+        self.args = args
+        self._fresh = fresh
+        self._forget = forget
+
+    def applied(self, reply: Any) -> list[Completion]:
+        """The script answered ``reply``: the stale completions of the batch (fenced, not
+        applied). The guards given at this first try are forgotten with the next batch."""
+        store = self._store
+        if self._fresh is not None:
+            store._settled.append(self._fresh)
+        if not reply:
+            return []
+        wanted = {(q.decode(), bytes(t)) for q, t in reply}
+        return [c for c in self.completions if (c.queue, c.token or c.fence) in wanted]
+
+    def failed(self) -> None:
+        """The call is not known to be applied: its guards stay (a later try, or this one
+        applied late, finds them); the marks it was to forget go with the next batch."""
+        store = self._store
+        store._settled = self._forget + store._settled
 
 
 class RedisStateStore(StateStore):
@@ -139,7 +183,7 @@ class RedisStateStore(StateStore):
         replication: see :meth:`complete_durably`; a cluster shard without a replica sends
         its commands unwaited)."""
         client = self.conn.client
-        return isinstance(client, ReplicatedRedis) or getattr(client, "replicas", None) is not None
+        return is_replicated(client) or getattr(client, "replicas", None) is not None
 
     # ------------------------------------------------------------ completions
     async def complete_durably(self, completions: Sequence[Completion]) -> list[Completion]:
@@ -175,42 +219,49 @@ class RedisStateStore(StateStore):
         """
         if not completions:
             return []
+        call = self.prepare_complete(completions)
+        if call is None:
+            return []
+        try:
+            reply = await self.scripts.call("complete", keys=call.keys, args=call.args)
+        except BaseException:
+            call.failed()
+            raise
+        return call.applied(reply)
+
+    def prepare_complete(self, completions: Sequence[Completion]) -> CompleteCall | None:
+        """The ``complete.lua`` call of ``completions``, for a caller that sends it itself
+        (:meth:`complete`, or fast mode's pop that carries it: ``carrying.py``).
+
+        Guards are given here (see :meth:`complete`): the caller must end the call with
+        exactly one of :meth:`CompleteCall.applied` (the script's reply) or
+        :meth:`CompleteCall.failed` (not known to be applied).
+
+        Returns:
+            The call, or ``None`` when the batch has nothing to apply.
+        """
         fresh = guard_unfenced(completions, self.kind)
         forget, self._settled = self._settled, []
         entries, strings = encode_batch(completions, self.kind, forget)
         if not entries:
             self._settled = forget
-            return []
+            return None
         keys, conn = self.keys, self.conn
-        try:
-            stale = await self.scripts.call(
-                "complete",
-                keys=[keys.schedule, keys.schedule_data, keys.dead_letters],
-                args=[
-                    keys.prefix,
-                    GROUP,
-                    conn.dead_letter_cap,
-                    encode_entries(entries),
-                    conn.dead_letter_ttl,
-                    conn.dead_letter_max_bytes,
-                    NOTIFY_INLINE_MAX,
-                    self.lease.consumer if self.lease is not None else "",
-                    "",  # not quiet: records are announced on their done channel
-                    "" if conn.cluster else "1",  # ... only to one with a subscriber (one server)
-                    *strings,  # from ARGV[STRINGS_AT]
-                ],
-            )
-        except BaseException:
-            # Not known to be applied: its guards stay (a later try, or this one applied
-            # late, finds them); the forgotten ones are forgotten with the next batch.
-            self._settled = forget + self._settled
-            raise
-        if fresh is not None:
-            self._settled.append(fresh)
-        if not stale:
-            return []
-        wanted = {(q.decode(), bytes(t)) for q, t in stale}
-        return [c for c in completions if (c.queue, c.token or c.fence) in wanted]
+        args = [
+            keys.prefix,
+            GROUP,
+            conn.dead_letter_cap,
+            encode_entries(entries),
+            conn.dead_letter_ttl,
+            conn.dead_letter_max_bytes,
+            NOTIFY_INLINE_MAX,
+            self.lease.consumer if self.lease is not None else "",
+            "",  # not quiet: records are announced on their done channel
+            "" if conn.cluster else "1",  # ... only to one with a subscriber (one server)
+            *strings,  # from ARGV[STRINGS_AT]
+        ]
+        keys_ = [keys.schedule, keys.schedule_data, keys.dead_letters]
+        return CompleteCall(self, completions, keys_, args, fresh, forget)
 
     # --------------------------------------------------------------- lifecycle
     async def ping(self) -> None:

@@ -26,15 +26,15 @@ from redis.exceptions import OutOfMemoryError, ResponseError
 from ...exceptions import ConfigurationError
 from ...limits import CHUNK_ITEMS
 from ...routing import base_queue
-from ..transport import Delivery, Guarantee, MalformedDelivery, Transport
+from ..transport import Delivery, Guarantee, Transport
 from .client import translate_errors, wrong_type
 from .connection import LeaseIdentity, RedisConnection, RedisPart
 from .doorbell import READY, look_then_wait
+from .entries import entry_delivery as _delivery
 from .handed import HandOver
 from .keys import GROUP, MESSAGE_FIELD
-from .replicas import durable_writes, durably, enqueuing
+from .replicas import durable_writes, durably, enqueuing, is_replicated
 from .scripts import holder_waits
-from .sentinel import ReplicatedRedis
 
 logger = logging.getLogger("blitzq.broker")
 
@@ -45,40 +45,6 @@ _HANDED_BACK_MS = 10 * 365 * 86400 * 1000
 #: backlog, reads the levels with one plain ``XREADGROUP`` each instead of ``fetch_levels.lua``
 #: (see :meth:`StreamsTransport.fetch_first`).
 _PLAIN_READS_MIN = 32
-
-
-def _delivery(queue: str, entry_id: bytes, fields: list[bytes]) -> Delivery:
-    """A Delivery from a stream entry's fields ("m" the message, "d" the delivery count).
-
-    An entry without "m" gives a :class:`~blitzq.broker.transport.MalformedDelivery` whose
-    ``fault`` names the fields it holds (the worker's dead letter says so). A "d" that is no
-    int >= 1 (recover.lua writes 2 and up; anything else was planted) gives
-    ``deliveries`` 0, which the worker dead-letters as a malformed message; a huge one is
-    clipped to 1,000,000 (past any ``max_deliveries``: dead-lettered as exceeded).
-    """
-    if len(fields) == 2 and fields[0] == MESSAGE_FIELD:
-        return Delivery(queue, entry_id, fields[1], 1)
-    payload, deliveries = None, 1
-    for j in range(0, len(fields) - 1, 2):
-        if fields[j] == MESSAGE_FIELD:
-            payload = fields[j + 1]
-        elif fields[j] == b"d":
-            raw = fields[j + 1]
-            deliveries = min(int(raw), 1_000_000) if raw.isdigit() else 0
-    if payload is None:
-        return MalformedDelivery.of(queue, entry_id, deliveries, missing_message(fields))
-    return Delivery(queue, entry_id, payload, deliveries)
-
-
-def missing_message(fields: list[bytes]) -> str:
-    """The dead letter's error for a stream entry without the message field ``m``, naming
-    the fields it holds (at most 10, each cut to 40 characters)."""
-    names = [f[:40].decode("utf-8", "replace") for f in fields[0:20:2]]
-    more = ", ..." if len(fields) > 20 else ""
-    found = ", ".join(repr(n) for n in names) + more if names else "none"
-    return (
-        f'the stream entry has no message field "m" (not written by blitzq?); fields found: {found}'
-    )
 
 
 class StreamsTransport(HandOver, RedisPart, Transport):
@@ -108,6 +74,8 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         #: On a cluster, base queues whose last idle look found their streams empty (no
         #: message waiting or in flight): :meth:`occupied` leaves them out.
         self._vacant: dict[str, bool] = {}
+        #: A Sentinel client (asked once: ``isinstance`` of redis-py's clients is slow).
+        self._sentinel = is_replicated(self.client)
 
     @translate_errors
     @enqueuing
@@ -291,15 +259,22 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         if self.conn.doorbell is not None:
             self.conn.doorbell.arm(on)
 
+    @property
+    def block_count(self) -> int:  # type: ignore[override]
+        """Entries per stream :meth:`block_first` takes at most: 2 on the held connection."""
+        return 2 if self.conn.blocking is not None else 1
+
     @translate_errors
-    async def block_first(self, queues: Sequence[str], timeout: float) -> list[Delivery]:
-        """One ``XREADGROUP ... COUNT 1 BLOCK`` over the streams of ``queues`` (in their
+    async def block_first(
+        self, queues: Sequence[str], timeout: float, count: int = 1
+    ) -> list[Delivery]:
+        """One ``XREADGROUP ... COUNT <count> BLOCK`` over the streams of ``queues`` (in their
         order), on the held connection :meth:`unblock` can wake (``blocking.py``); on a
         cluster's spread layout a look at each base queue not watched since its last look,
         then a wait for its doorbell until the next safety look is due (``timeout`` while the
-        event listener is not subscribed; :func:`~.doorbell.look_then_wait`). At most one
-        entry per stream; durable as :meth:`fetch` (the ``WAIT`` goes on the held
-        connection, which took the entries)."""
+        event listener is not subscribed; :func:`~.doorbell.look_then_wait`). At most
+        ``count`` entries per stream; durable as :meth:`fetch` (the ``WAIT`` goes
+        on the held connection, which took the entries)."""
         blocking = self.conn.blocking
         if blocking is None:
             if self.conn.doorbell is None:
@@ -312,7 +287,7 @@ class StreamsTransport(HandOver, RedisPart, Transport):
             return [_delivery(queue, entry_id, fields) for queue, entry_id, fields in rows]
         keys = [self.keys.stream(q) for q in queues]
         block = self.block_for(timeout)
-        args = ["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 1]
+        args = ["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", min(count, 2)]
         args += ["BLOCK", max(1, int(block * 1000)), "STREAMS", *keys, *(">" for _ in keys)]
         try:
             reply = await blocking.run(*args, block=block)
@@ -332,7 +307,7 @@ class StreamsTransport(HandOver, RedisPart, Transport):
             for entry_id, fields in entries
             if fields is not None
         ]
-        if taken and isinstance(self.client, ReplicatedRedis):
+        if taken and self._sentinel:
             await self.client.settle(blocking.command, "XREADGROUP", blocking.on_primary)
         elif taken and blocking.node is not None and hasattr(self.client, "replicas"):
             await self.client.replicas.settle(blocking.node, blocking.command, "XREADGROUP")

@@ -61,7 +61,7 @@
 --   {ns}:events       PUBLISH 's:<due>' of a reschedule
 --   {ns}:d:<task_id>  a dead letter (HSET); {ns}:dlq:size, {ns}:dlq:bytes its bytes
 --                     (dead_letters.lua)
---   {ns}:stats        HINCRBY stale_completions
+--   {ns}:stats        HINCRBY stale_completions, dead_letters_skipped
 --   {ns}:cg:<guard>   EXISTS, HGET, HSET or HSETNX, EXPIRE of a "C" entry's guard (see
 --                     above), DEL of a "G" entry's
 --   {ns}:ended:<queue>, {ns}:endnotes:<queue>  HSET of the notes, ZADD, ZREM, HDEL, EXPIRE
@@ -83,6 +83,11 @@
 -- writes no record over it but another 'cancelled' one (its worker's); the rest of the
 -- completion (ack, ops) applies. So result() and the stored record always agree. One EXISTS
 -- per batch while no mark is stored; else one ZSCORE per record.
+-- A dead letter is never written over a final record (record_final.lua): a "C" entry with
+-- a dead letter whose task's record is already final (its completion was committed by an
+-- earlier delivery whose ack was lost, or a cancel's record) applies nothing but its ack --
+-- no record, dead letter, reschedule, requeue or op -- and adds 1 to the counter
+-- {ns}:stats dead_letters_skipped. One GET per such entry (dead letters are rare).
 -- Returns the stale completions as {queue, token} pairs (an empty array when none).
 local prefix, group, cap = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local batch = cmsgpack.unpack(ARGV[4])
@@ -94,11 +99,12 @@ local heard = nil
 if not quiet and ARGV[10] == '1' and redis.call('PUBSUB', 'NUMPAT') == 0 then
   heard = {}
 end
-local dead_added = 0
+local dead_added, dead_skipped = 0, 0
 local dl_ttl, dl_bytes, inline_max = ARGV[5], ARGV[6], tonumber(ARGV[7])
 --@include dead_letters.lua
 --@include outbox.lua
 --@include recent_add.lua
+--@include record_final.lua
 local stale = {}
 local revoked = KEY.revoked(prefix)
 local marks = redis.call('EXISTS', revoked) == 1
@@ -560,6 +566,7 @@ for _, c in ipairs(batch) do
   else
     local kind, queue, token, task_id = c[2], c[3], c[4], c[5]
     local record, ttl, reschedule, eta, dead, requeue = c[6], c[7], c[8], c[9], c[10], c[11]
+    local ops = c[12]
     -- A requeued entry keeps its delivery count ("d", absent = 1): a message handed back
     -- unstarted, or put back at shutdown, is still the same delivery of its history (a
     -- recovered message keeps counting towards max_deliveries).
@@ -575,6 +582,11 @@ for _, c in ipairs(batch) do
         end
       end
       redis.call('XDEL', KEY.stream(prefix, queue), token)
+    end
+    if dead ~= '' and record_final(KEY.record(prefix, task_id)) then
+      -- over already: the final record stands, nothing but the ack applies (see above)
+      dead_skipped = dead_skipped + 1
+      record, reschedule, dead, requeue, ops = '', '', '', '', ''
     end
     if record ~= '' then
       store(task_id, record, ttl, c[18])
@@ -606,7 +618,6 @@ for _, c in ipairs(batch) do
         redis.call('LPUSH', KEY.list(prefix, queue), requeue)
       end
     end
-    local ops = c[12]
     if type(ops) == 'table' then
       for _, op in ipairs(ops) do
         OPS[op[1]](op, kind)  -- known: checked above
@@ -618,13 +629,17 @@ end
 if dead_added > 0 then
   dl_trim(prefix, cap, dl_bytes)
 end
-if #stale > 0 then
-  -- A counter that is not an integer is reset (to this batch's count), never an error here.
-  local counted = redis.pcall('HINCRBY', KEY.stats(prefix), 'stale_completions', #stale)
+-- Add n to the counter field of {ns}:stats; one that is not an integer is reset (to n),
+-- never an error here.
+local function count(field, n)
+  local stats = KEY.stats(prefix)
+  local counted = redis.pcall('HINCRBY', stats, field, n)
   if type(counted) == 'table' and counted.err then
-    redis.log(redis.LOG_WARNING, 'blitzq: ' .. KEY.stats(prefix) ..
-      ' stale_completions was not an integer: reset')
-    redis.pcall('HSET', KEY.stats(prefix), 'stale_completions', #stale)
+    redis.log(redis.LOG_WARNING, 'blitzq: ' .. stats .. ' ' .. field ..
+      ' was not an integer: reset')
+    redis.pcall('HSET', stats, field, n)
   end
 end
+if #stale > 0 then count('stale_completions', #stale) end
+if dead_skipped > 0 then count('dead_letters_skipped', dead_skipped) end
 return stale

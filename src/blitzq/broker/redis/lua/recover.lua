@@ -12,6 +12,9 @@
 -- (PUBLISH '1').
 -- An entry's delivery count travels in its "d" field (absent = 1) because the entry is
 -- re-added with a new id; one past max deliveries is dead-lettered with a record.
+-- An entry past max deliveries whose task's record is already final (record_final.lua: a
+-- completion committed, or a cancel's record) is only acked and deleted: no dead letter, the
+-- record stands; counted in {ns}:stats dead_letters_skipped.
 -- Returns {requeued, dead_lettered} (counts).
 -- Also {ns}:stats (HINCRBY counters_reset, by dead_letters.lua, when it recomputes a
 -- corrupted dead-letter byte count).
@@ -20,8 +23,9 @@ local max_deliveries, now, prefix, queue = tonumber(ARGV[5]), ARGV[6], ARGV[7], 
 --@include dead_letters.lua
 --@include envelope_head.lua
 --@include claim_idle.lua
+--@include record_final.lua
 local claimed = claim_idle(stream, group, consumer, ARGV[3], ARGV[4], claim_waits(13))
-local requeued, dead = 0, 0
+local requeued, dead, skipped = 0, 0, 0
 for _, entry in ipairs(claimed) do
   local id, fields = entry[1], entry[2]
   local message, deliveries = nil, 1
@@ -43,11 +47,16 @@ for _, entry in ipairs(claimed) do
     dl_note(prefix, id, #raw + 64, ARGV[11], ARGV[12])
     dead = dead + 1
   elseif message then
+    local task_id, task = nil, nil
     if deliveries >= max_deliveries then
       -- Not cmsgpack.unpack: it refuses a message holding a bytes argument, which was then
       -- filed under the stream entry id (its result waiters never woke).
-      local task_id, task = envelope_head(message)
+      task_id, task = envelope_head(message)
       if not task_id then task_id, task = id, '' end
+    end
+    if task_id and record_final(KEY.record(prefix, task_id)) then
+      skipped = skipped + 1  -- over already: acked and deleted above, nothing else
+    elseif task_id then
       local err = 'delivered ' .. deliveries .. ' times without completing (max_deliveries=' ..
         max_deliveries .. '); the worker running it probably crashed'
       redis.call('HSET', KEY.dead_letter(prefix, task_id), 'message', message,
@@ -69,5 +78,12 @@ for _, entry in ipairs(claimed) do
 end
 if dead > 0 then
   dl_trim(prefix, ARGV[9], ARGV[12])
+end
+if skipped > 0 then  -- a counter that is not an integer is reset (to this count)
+  local stats = KEY.stats(prefix)
+  local counted = redis.pcall('HINCRBY', stats, 'dead_letters_skipped', skipped)
+  if type(counted) == 'table' and counted.err then
+    redis.pcall('HSET', stats, 'dead_letters_skipped', skipped)
+  end
 end
 return {requeued, dead}
