@@ -24,6 +24,7 @@ import pytest
 import redis
 
 from blitzq import Queue
+from blitzq.worker.solo import solo_plan
 from tests.amqp_server import amqp_or_skip, delete_amqp_queues
 
 pytestmark = pytest.mark.timeout(240)
@@ -66,8 +67,9 @@ def crash(ids: list[str]) -> None:
 """
 
 
-def _worker(app_dir: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "blitzq", "worker", "app:queue", "--no-supervise", "-c", "8"]
+def _worker(app_dir: Path, env: dict[str, str], concurrency: int = 8) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "blitzq", "worker", "app:queue", "--no-supervise"]
+    cmd += ["-c", str(concurrency)]
     return subprocess.Popen(
         cmd, cwd=app_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
@@ -133,3 +135,105 @@ async def test_a_poison_task_crashing_its_worker_does_not_rerun_the_good_ones(
 
 async def _stand_in(*_args: object) -> None:  # the producer's name for the task
     return None
+
+
+BYSTANDERS_APP = """
+import asyncio, os, time
+import redis
+from blitzq import Queue
+
+queue = Queue(
+    "bystanders",
+    redis_url=os.environ["POISON_REDIS"],
+    namespace=os.environ["POISON_NS"],
+    amqp_url=os.environ["POISON_AMQP"],
+    max_deliveries={max_deliveries},
+    visibility_timeout=3,
+)
+client = redis.Redis.from_url(os.environ["POISON_REDIS"])
+RUNS = os.environ["POISON_NS"] + "-runs"
+
+
+@queue.task(name="bystanders.good")
+async def good(i: int) -> int:
+    client.hincrby(RUNS, str(i), 1)
+    await asyncio.sleep(0.3)
+    return i
+
+
+@queue.task(name="bystanders.crash", executor="thread", retries=0)
+def crash(i: int) -> None:
+    client.hincrby(RUNS, "crash" + str(i), 1)
+    time.sleep(0.1)
+    os._exit(1)
+"""
+
+
+@pytest.mark.parametrize("poisons", [1, 3])
+async def test_poison_tasks_dead_letter_only_themselves(
+    tmp_path: Path, server_url: str, namespace: str, poisons: int
+) -> None:
+    """Poison tasks enqueued first, then good ones, one worker process of concurrency 4
+    (restarted by the test each time it dies): the good tasks running beside a poison task
+    or prefetched die with its process, and RabbitMQ counts a return for each. Only the solo
+    runs of a redelivered task count against it (worker/solo.py): every good task succeeds,
+    the poison tasks alone are dead-lettered, each after at most ``max_deliveries`` runs."""
+    url = amqp_or_skip()
+    app = textwrap.dedent(BYSTANDERS_APP).format(max_deliveries=MAX_DELIVERIES)
+    (tmp_path / "app.py").write_text(app)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLITZQ_")}
+    env.update(
+        POISON_REDIS=server_url,
+        POISON_NS=namespace,
+        POISON_AMQP=url,
+        PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]),
+    )
+    producer = Queue(
+        "bystanders",
+        redis_url=server_url,
+        namespace=namespace,
+        amqp_url=url,
+        max_deliveries=MAX_DELIVERIES,
+    )
+    good = producer.task(name="bystanders.good")(_stand_in)
+    crash = producer.task(name="bystanders.crash")(_stand_in)
+    client = redis.Redis.from_url(server_url)
+    runs = namespace + "-runs"
+    logs: list[str] = []
+    try:
+        bad = [await crash.enqueue(i) for i in range(poisons)]
+        handles = [await good.enqueue(i) for i in range(20)]
+        ids = [h.id for h in bad + handles]
+        deadline = time.monotonic() + 200
+        proc = _worker(tmp_path, env, concurrency=4)
+        try:
+            while True:  # restart the worker each time it dies, until every task is final
+                records = [await producer.inspect(i) for i in ids]
+                if all(r is not None and r.state.is_final for r in records):
+                    break
+                assert time.monotonic() < deadline, "\n".join(logs)[-5000:]
+                if proc.poll() is not None:
+                    logs.append(proc.communicate()[0].decode(errors="replace"))
+                    assert proc.returncode == 1, logs[-1]  # a poison task's os._exit
+                    proc = _worker(tmp_path, env, concurrency=4)
+                await asyncio.sleep(0.1)
+        finally:
+            proc.terminate()
+            logs.append(proc.communicate(timeout=30)[0].decode(errors="replace"))
+        for i, h in enumerate(handles):
+            assert await h.result(timeout=10) == i, "\n".join(logs)[-5000:]
+        counts = {k.decode(): int(v) for k, v in client.hgetall(runs).items()}
+        for i, h in enumerate(bad):
+            record = await producer.inspect(h.id)
+            assert record is not None
+            assert record.state.value == "dead_lettered"
+            assert record.error_type == "MaxDeliveriesExceeded"
+            # Its solo runs all ran; its runs beside others may not have started.
+            assert solo_plan(MAX_DELIVERIES)[1] <= counts[f"crash{i}"] <= MAX_DELIVERIES
+        assert {d.id for d in await producer.dead_letters()} == {h.id for h in bad}
+    finally:
+        client.delete(runs)
+        client.close()
+        await producer.broker.prepare_consumer(["bystanders"], "cleanup")
+        await delete_amqp_queues(url, [producer.broker])
+        await producer.close()

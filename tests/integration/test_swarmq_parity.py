@@ -336,8 +336,10 @@ def test_watch_dir_needs_reload_and_an_existing_directory(
 async def test_quorum_queue_delivery_limit_comes_from_max_deliveries(
     server_url: str, namespace: str
 ) -> None:
-    """The default Queue declares ``x-delivery-limit`` 4 (``max_deliveries`` 5, minus the
-    first delivery), not SwarmQ's 20: RabbitMQ refuses to redeclare it with 20."""
+    """The default Queue declares ``x-delivery-limit`` 19 (the backstop, ``4 x
+    max_deliveries``, minus the first delivery; the worker counts a crashing task's solo runs
+    against ``max_deliveries`` itself), not SwarmQ's 20: RabbitMQ refuses to redeclare it
+    with 20."""
     import aio_pika
 
     from tests.amqp_server import amqp_or_skip, delete_amqp_queues
@@ -347,7 +349,7 @@ async def test_quorum_queue_delivery_limit_comes_from_max_deliveries(
     broker = queue.broker
     try:
         assert is_amqp(broker)
-        assert broker.transport.link.arguments()["x-delivery-limit"] == 4
+        assert broker.transport.link.arguments()["x-delivery-limit"] == 19
         await queue.send("t.any")  # declares <namespace>.dl
         connection = await aio_pika.connect(url)
         try:
@@ -359,6 +361,37 @@ async def test_quorum_queue_delivery_limit_comes_from_max_deliveries(
                 await channel.declare_queue(f"{namespace}.dl", durable=True, arguments=args)
         finally:
             await connection.close()
+    finally:
+        await delete_amqp_queues(url, [broker])
+        await queue.close()
+
+
+async def test_a_queue_declared_with_the_earlier_limit_is_used_as_it_is(
+    server_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A queue an earlier version declared (``x-delivery-limit`` ``max_deliveries - 1``) is
+    declared again with that limit, with a WARNING, instead of refused."""
+    import aio_pika
+
+    from tests.amqp_server import amqp_or_skip, delete_amqp_queues
+
+    url = amqp_or_skip()
+    queue = Queue("old", redis_url=server_url, namespace=namespace, amqp_url=url)
+    broker = queue.broker
+    try:
+        assert is_amqp(broker)
+        connection = await aio_pika.connect(url)
+        try:
+            channel = await connection.channel()
+            args = broker.transport.link.arguments(legacy=True)
+            assert args["x-delivery-limit"] == 4
+            await channel.declare_queue(f"{namespace}.old", durable=True, arguments=args)
+        finally:
+            await connection.close()
+        with caplog.at_level("WARNING", logger="blitzq.broker.amqp"):
+            await queue.send("t.any")
+        assert "declared by an earlier blitzq with x-delivery-limit 4" in caplog.text
+        assert await queue.broker.transport.link.message_count("old") == 1
     finally:
         await delete_amqp_queues(url, [broker])
         await queue.close()

@@ -373,6 +373,10 @@ class Broker:
         """See :meth:`RecordsState.get_records`."""
         return await self.state.records.get_records(task_ids)
 
+    async def count_solo_start(self, task_id: str, ttl: int) -> int:
+        """See :meth:`RecordsState.count_solo_start`."""
+        return await self.state.records.count_solo_start(task_id, ttl)
+
     async def record_ids(self, limit: int) -> tuple[list[str], bool]:
         """See :meth:`RecordsState.record_ids`."""
         return await self.state.records.record_ids(limit)

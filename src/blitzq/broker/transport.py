@@ -39,6 +39,29 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+#: The backstop is this many times ``max_deliveries`` (at least :data:`BACKSTOP_MIN`).
+BACKSTOP_FACTOR = 4
+#: Smallest backstop (deliveries).
+BACKSTOP_MIN = 20
+
+
+def delivery_backstop(max_deliveries: int) -> int:
+    """Deliveries of one message after which a transport's own count dead-letters it
+    (``max deliveries exceeded``): ``4 x max_deliveries``, at least 20; 1 for
+    ``max_deliveries=1``, which runs no task twice (so the count is the limit, as before).
+
+    The worker dead-letters a task that crashes every run after ``max_deliveries`` runs
+    (:mod:`blitzq.worker.solo`), counting only the runs it made alone; a transport's count
+    also grows with every crash of a worker that merely held the message (prefetched, or
+    running beside a poison task), so it bounds a message only as a backstop: RabbitMQ's
+    ``x-delivery-limit`` (one less: it counts returns), the streams and custody recoveries,
+    and the check of a delivery on receipt. Past it, a message that kills its worker before
+    it ever starts is dead-lettered too.
+    """
+    if max_deliveries <= 1:
+        return max_deliveries
+    return max(BACKSTOP_MIN, BACKSTOP_FACTOR * max_deliveries)
+
 
 class Guarantee(enum.StrEnum):
     """What a broker promises about delivery."""

@@ -14,12 +14,13 @@ limit, a lock) goes back on the schedule and frees its slot; one that cannot run
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker import Broker, Completion, Delivery
-from ..broker.transport import MalformedDelivery
+from ..broker.transport import MalformedDelivery, delivery_backstop
 from ..dependencies import refuse_given
 from ..envelope_checks import envelope_fault, options_fault, usable_id
 from ..exceptions import ConfigurationError, SerializationError
@@ -29,6 +30,7 @@ from ..task import Task
 from .deferral import check_failed, take_deferrals
 from .execution import Job
 from .limiter import Slots
+from .solo import Solo
 
 #: A task call's positional and keyword arguments.
 Call = tuple[list[Any], dict[str, Any]]
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from ..extensions.registry import Extensions
     from .deferral import OutageBackoff
     from .ending import Ending
+    from .flusher import Flusher
     from .lifecycle import Lifecycle
 
 logger = logging.getLogger("blitzq.worker")
@@ -98,6 +101,21 @@ class AdmittingRunner(Protocol):
     @property
     def started(self) -> int: ...
 
+    @property
+    def jobs(self) -> set[Job]: ...
+
+    @property
+    def result_ttl(self) -> int: ...
+
+    @property
+    def visibility_timeout(self) -> float: ...
+
+    @property
+    def flusher(self) -> Flusher: ...
+
+    @property
+    def starting(self) -> dict[asyncio.Task[None], Delivery]: ...
+
     def run(self, job: Job, slots: Slots, hooked: bool = False) -> None: ...
 
     def hold_start(self, pending: asyncio.Task[None], d: Delivery) -> None: ...
@@ -115,6 +133,7 @@ class Admission:
         revoked: cancel marks this worker knows, task id -> expiry (Unix seconds); the
             runner's ``revoked`` is this dict.
         marks: the broker's cancel marks being read for this fetch batch, if any.
+        solo: the gate that runs suspects (redelivered tasks) alone (:mod:`.solo`).
     """
 
     def __init__(self, runner: AdmittingRunner) -> None:
@@ -131,6 +150,10 @@ class Admission:
         self._run = runner.run
         self.revoked: dict[str, float] = {}
         self.marks: asyncio.Future[dict[str, float]] | None = None
+        self.solo = Solo(runner, self, runner.max_deliveries)
+        self.solo_from = self.solo.solo_from
+        # A count past it is dead-lettered on receipt (suspects are bounded by the gate).
+        self.backstop = delivery_backstop(self.max_deliveries)
 
     def start(self, d: Delivery, slots: Slots) -> None:
         """Begin one delivery that holds one slot of ``slots``."""
@@ -162,8 +185,7 @@ class Admission:
         if fault is not None:
             self.reject(d, "malformed message", fault, slots, env.id, env.task)
             return
-        if not 1 <= d.deliveries <= self.max_deliveries:
-            self.over_delivered(d, env, slots)
+        if d.deliveries != 1 and self.over_delivered(d, env, slots):
             return
         if self.lifecycle.on:
             self.lifecycle.event("received", env, d.queue, env.attempt + d.deliveries - 1)
@@ -176,6 +198,9 @@ class Admission:
         if self.revoked and env.id in self.revoked:
             self.skip_cancelled(Job(d, env, task), slots)
             return
+        if d.deliveries >= self.solo_from:  # a suspect: it runs alone (.solo)
+            self.solo.take(d, env, task, slots)
+            return
         # admit(), inlined: this is once per delivery on the worker's hot path.
         # A call with per-call options (or the old max_age field) may need checks of its own.
         calls = env.options is not None or env.max_age is not None
@@ -183,7 +208,19 @@ class Admission:
             checked = asyncio.ensure_future(self.start_checked(d, env, task, slots))
             self.runner.hold_start(checked, d)
             return
+        if self.solo.closed:  # a suspect waits for its turn or runs alone
+            self.solo.park(functools.partial(self.run, Job(d, env, task), slots), d, slots)
+            return
         self._run(Job(d, env, task), slots)
+
+    def run(self, job: Job, slots: Slots) -> None:
+        """Run ``job`` (admitted, holding one slot of ``slots``) now, or once the suspect
+        that runs alone has ended (:mod:`.solo`)."""
+        solo = self.solo
+        if solo.closed and job.delivery is not solo.current:
+            solo.park(functools.partial(self.run, job, slots), job.delivery, slots)
+            return
+        self._run(job, slots)
 
     def reject(
         self,
@@ -202,21 +239,26 @@ class Admission:
         self.ending.rejected(d, reason, error, task_id, task)
         slots.release()
 
-    def over_delivered(self, d: Delivery, env: Envelope, slots: Slots) -> None:
-        """Dead-letter a delivery whose count the transport read is unusable: 0 (a planted
-        count that is no int >= 1: ``malformed message``) or past the Queue's
-        ``max_deliveries`` (``max deliveries exceeded``, as a recovery dead-letters it)."""
+    def over_delivered(self, d: Delivery, env: Envelope, slots: Slots) -> bool:
+        """Dead-letter a redelivery (``deliveries`` not 1) whose count the transport read is
+        unusable and return ``True``: 0 (a planted count that is no int >= 1: ``malformed
+        message``), past the backstop (:func:`~blitzq.broker.transport.delivery_backstop`),
+        or any redelivery under ``max_deliveries=1`` (``max deliveries exceeded``, as a
+        recovery dead-letters it). ``False``: it may run (alone, see :mod:`.solo`)."""
         if d.deliveries < 1:
             error = "delivery count (stream field 'd', RabbitMQ headers) is not an int >= 1"
             self.reject(d, "malformed message", error, slots, env.id, env.task)
-            return
+            return True
+        if self.solo.budget and d.deliveries <= self.backstop:
+            return False
         error = (
             f"delivery count is {d.deliveries}, more than max_deliveries={self.max_deliveries}"
-            " (on RabbitMQ, a message published again with its count -- a task of a pack"
-            " delivered again, a custody recovery -- is counted on past the queue's limit;"
-            " otherwise the count was set by hand or by another Queue's settings)"
+            if not self.solo.budget
+            else f"delivery count is {d.deliveries}, past the backstop of {self.backstop}"
+            f" deliveries (max_deliveries={self.max_deliveries})"
         )
         self.reject(d, "max deliveries exceeded", error, slots, env.id, env.task)
+        return True
 
     def admit(self, d: Delivery, env: Envelope, task: Task[Any, Any], slots: Slots) -> None:
         """Start checks when the task has any (rate limits, expiry, locks, unique), then run
@@ -225,7 +267,7 @@ class Admission:
             checked = asyncio.ensure_future(self.start_checked(d, env, task, slots))
             self.runner.hold_start(checked, d)
             return
-        self._run(Job(d, env, task), slots)
+        self.run(Job(d, env, task), slots)
 
     async def start_checked(
         self, d: Delivery, env: Envelope, task: Task[Any, Any], slots: Slots
@@ -255,7 +297,7 @@ class Admission:
                 if completion is not None:
                     break
             if completion is None:
-                self._run(job, slots)
+                self.run(job, slots)
                 return
         except Exception:  # a bug must not leak the slot; the lease recovers the message
             logger.exception("could not start task %s", env.id)

@@ -20,6 +20,9 @@ from ..limits import DEAD_MESSAGE_SAMPLE, DEFAULT_MAX_RESULT_SIZE, clip_text
 from ..serialization import dumps, encode_envelope
 from .execution import Job, cause_of, format_traceback
 
+#: The dead-letter reason of a message delivered too often.
+EXCEEDED = "max deliveries exceeded"
+
 
 class Completions:
     """Builds the completion of each way a run ends, for one worker.
@@ -167,7 +170,9 @@ class Completions:
     def rejected(
         self, delivery: Delivery, reason: str, error: str, task_id: str | None, task: str = ""
     ) -> Completion:
-        """Completion dead-lettering a message that cannot run (malformed, unknown, too big).
+        """Completion dead-lettering a message that cannot run (malformed, unknown, too big,
+        delivered too often: its record then is the one a recovery writes,
+        ``error_type="MaxDeliveriesExceeded"``).
 
         A message over ``max_message_size`` keeps only its first bytes in the dead letter.
         """
@@ -179,7 +184,11 @@ class Completions:
         error = clip_text(error)
         dead = DeadLetterFields(payload, reason, error, task, delivery.queue, time.time())
         record = None
-        if task_id is not None:
+        if task_id is not None and reason == EXCEEDED:  # as a recovery writes it
+            record = records.deliveries_exceeded(
+                task_id, task, delivery.queue, delivery.deliveries, error, time.time()
+            )
+        elif task_id is not None:
             record = records.rejected(
                 task_id, task, delivery.queue, delivery.deliveries, reason, error, self.worker_id
             )

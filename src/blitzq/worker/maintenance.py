@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._checks import integer
 from ..broker import Broker
+from ..broker.transport import delivery_backstop
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, describe_error
 from ..extensions.signals import Signal, SignalEvent
 from ..serialization import loads
@@ -571,19 +572,21 @@ class Maintenance:
 
     async def _recover(self, q: str, vt: float, holders: Mapping[str, float]) -> None:
         queue = self.worker.queue
+        backstop = delivery_backstop(queue.max_deliveries)
         while True:
             requeued, dead = await self.broker.recover(
-                q, vt, RECOVER_BATCH, queue.max_deliveries, queue.result_ttl, holders
+                q, vt, RECOVER_BATCH, backstop, queue.result_ttl, holders
             )
             if requeued:
                 logger.warning("recovered %d abandoned message(s) on %s", requeued, q)
             if dead:  # final failures: at the worker's failure level, as a failed task's
                 logger.log(
                     self.worker.failure_log_level,
-                    "dead-lettered %d abandoned message(s) on %s: delivered more than "
-                    "max_deliveries (%d) times",
+                    "dead-lettered %d abandoned message(s) on %s: delivered %d times "
+                    "(the backstop of max_deliveries=%d)",
                     dead,
                     q,
+                    backstop,
                     queue.max_deliveries,
                     extra={
                         "queue": q,

@@ -168,7 +168,7 @@ class Runner:
         self.reaping: asyncio.Future[None] | None = None
         #: Starts awaiting their checks or before-execute hooks, with their delivery: not
         #: started yet, but leased (renewed like running tasks) and requeued at shutdown.
-        self._pending: dict[asyncio.Task[None], Delivery] = {}
+        self.starting: dict[asyncio.Task[None], Delivery] = {}
         self._given_back: set[asyncio.Task[None]] = set()  # of those, handed back at shutdown
         #: Middleware and signal handlers; ``hooks.enabled`` is checked once per run.
         self.extensions = extensions_of(queue)
@@ -252,12 +252,12 @@ class Runner:
     @property
     def idle(self) -> bool:
         """Whether nothing runs here and no start is pending (burst mode asks)."""
-        return not self.jobs and not self._pending
+        return not self.jobs and not self.starting
 
     def hold_start(self, pending: asyncio.Task[None], d: Delivery) -> None:
         """Track ``pending``, a coroutine that will start (or end) delivery ``d``."""
-        self._pending[pending] = d
-        pending.add_done_callback(self._pending.pop)
+        self.starting[pending] = d
+        pending.add_done_callback(self.starting.pop)
 
     def hand_back(self, d: Delivery) -> None:
         """Put a delivery this worker did not start back on its queue, untouched.
@@ -549,7 +549,7 @@ class Runner:
             self.ending.commit(job, Completions.requeue(job))
             if job.handle is not None:
                 job.handle.cancel()
-        starting = [(t, d) for t, d in self._pending.items() if not t.done()]
+        starting = [(t, d) for t, d in self.starting.items() if not t.done()]
         for pending, d in starting:
             # Handed back once the cancellation has ended it, so a before-execute hook that
             # swallows the cancellation and starts the run cannot make it run twice.
@@ -578,20 +578,20 @@ class Runner:
             for j in self.jobs
             if j.delivery.queue == queue and j.delivery.token is not None
         ]
-        if self._pending:
+        if self.starting:
             tokens += [
-                d.token for d in self._pending.values() if d.queue == queue and d.token is not None
+                d.token for d in self.starting.values() if d.queue == queue and d.token is not None
             ]
         return tokens
 
     async def close(self, killed: bool) -> None:
         """Wait for start checks in flight; stop the thread and process pools."""
-        if self._pending:  # cancelled by requeue_unfinished when the shutdown timed out
-            _, stuck = await asyncio.wait(list(self._pending), timeout=_CLOSE_GRACE)
+        if self.starting:  # cancelled by requeue_unfinished when the shutdown timed out
+            _, stuck = await asyncio.wait(list(self.starting), timeout=_CLOSE_GRACE)
             for pending in stuck:  # ignores its cancellation: hand its message back anyway
                 if pending not in self._given_back:
                     self._given_back.add(pending)
-                    self.hand_back(self._pending[pending])
+                    self.hand_back(self.starting[pending])
             await asyncio.sleep(0)  # let the done-callbacks of cancelled ones run
         if self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)

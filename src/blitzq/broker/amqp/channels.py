@@ -9,8 +9,11 @@ declaring, one channel per consumed queue (a channel closed by the server -- a
 queues blitzq uses:
 
 - ``<namespace>.<physical queue>`` (``app.emails``, ``app.emails:high``): a durable quorum
-  queue (``x-queue-type: quorum``) with ``x-delivery-limit`` = ``max_deliveries - 1``
-  (RabbitMQ counts *returns*: a limit of L allows L + 1 deliveries) and at-least-once
+  queue (``x-queue-type: quorum``) with ``x-delivery-limit`` one less than the backstop
+  (:func:`~blitzq.broker.transport.delivery_backstop`; RabbitMQ counts *returns*: a limit of
+  L allows L + 1 deliveries; the worker dead-letters a crashing task after ``max_deliveries``
+  runs itself, see ``worker/solo.py``; a queue an earlier version declared with
+  ``max_deliveries - 1`` is used as it is, with a warning) and at-least-once
   dead-lettering (``x-dead-letter-strategy: at-least-once``, which needs ``x-overflow:
   reject-publish``) through the default exchange into
 - ``<namespace>.dead-letter``: a durable quorum queue the transport drains into the state
@@ -44,6 +47,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 from ...exceptions import BlitzQError, BrokerError, BrokerRefusedSettings, ConfigurationError
 from ...redaction import mask_url
 from ..factory import AMQP_RESERVED_QUEUE, amqp_hosts, check_amqp_queue, without_pack
+from ..transport import delivery_backstop
 from .closing import FAILURES, CloseNotice, describe
 from .deliveries import Received
 from .frames import read_in_bulk
@@ -262,11 +266,14 @@ class AmqpLink:
         """``<namespace>.dead-letter``."""
         return f"{self.namespace}.{DEAD_LETTER_SUFFIX}"
 
-    def arguments(self) -> dict[str, Any]:
-        """Declaration arguments of a blitzq queue."""
+    def arguments(self, legacy: bool = False) -> dict[str, Any]:
+        """Declaration arguments of a blitzq queue; ``legacy``: with the delivery limit of
+        earlier versions (``max_deliveries - 1``), which counted crashes that only held a
+        message against it."""
+        limit = self.max_deliveries if legacy else delivery_backstop(self.max_deliveries)
         return {
             "x-queue-type": "quorum",
-            "x-delivery-limit": self.max_deliveries - 1,
+            "x-delivery-limit": limit - 1,
             "x-dead-letter-exchange": "",
             "x-dead-letter-routing-key": self.dead_letter_queue,
             "x-dead-letter-strategy": "at-least-once",
@@ -408,11 +415,40 @@ class AmqpLink:
                     self.dead_letter_queue, durable=True, arguments={"x-queue-type": "quorum"}
                 )
             declared = await channel.declare_queue(name, durable=True, arguments=self.arguments())
+        except aiormq.exceptions.ChannelPreconditionFailed:
+            self._publisher = None  # a refused declaration closes the channel
+            declared = await self._declare_legacy(name)
         except FAILURES as exc:
             self._publisher = None  # a refused declaration closes the channel
             raise translate(exc, f"declaring queue {name!r}") from None
         self._declared[queue] = declared
         self.used |= {name, self.dead_letter_queue}
+        return declared
+
+    async def _declare_legacy(self, name: str) -> AbstractQueue:
+        """Declare queue ``name`` with the delivery limit of earlier versions (it exists so);
+        warn that RabbitMQ dead-letters by that limit.
+
+        Raises:
+            ConfigurationError: it exists with other arguments still.
+            BrokerError: RabbitMQ could not be reached.
+        """
+        channel = await self.publisher()
+        try:
+            declared = await channel.declare_queue(
+                name, durable=True, arguments=self.arguments(legacy=True)
+            )
+        except FAILURES as exc:
+            self._publisher = None
+            raise translate(exc, f"declaring queue {name!r}") from None
+        logger.warning(
+            "queue %r was declared by an earlier blitzq with x-delivery-limit %d: RabbitMQ "
+            "dead-letters a message returned that often, also when the crashes were another "
+            "task's; delete the queue once empty (or use another namespace) for the limit %d",
+            name,
+            self.max_deliveries - 1,
+            delivery_backstop(self.max_deliveries) - 1,
+        )
         return declared
 
     def forget(self, queue: str) -> None:

@@ -73,6 +73,9 @@ TABLE: Final[dict[str, Key]] = {
         "spread layout: the last batch id a relay was given (INCR)"),
     "record": Key("t:<task_id>", "string",
         "a task's record (MessagePack map); expires after result_ttl"),
+    "solo": Key("solo:<task_id>", "string",
+        "runs of a redelivered task started alone in its worker process (INCR before each); "
+        "the worker dead-letters the task past its budget; expires after result_ttl"),
     "owner": Key("tn:<task_id>", "string",
         "an explicit id's owner: the mark (`Envelope.nonce`) of its newest enqueue; a record "
         "of a run of another enqueue of the id is not stored; expires with the record"),
@@ -262,6 +265,10 @@ class Keys:
     def record(self, task_id: str) -> str:
         """A task's record."""
         return self.prefix + _T + task_id
+
+    def solo(self, task_id: str) -> str:
+        """The count of a redelivered task's runs started alone in a worker process."""
+        return self._one("solo", task_id)
 
     def owner(self, task_id: str) -> str:
         """The mark of the newest enqueue under an explicit id (``Envelope.nonce``)."""

@@ -228,6 +228,17 @@ class RedisRecords(RedisPart, RecordsState):
         return out
 
     @translate_errors
+    async def count_solo_start(self, task_id: str, ttl: int) -> int:
+        """See :meth:`RecordsState.count_solo_start`: ``INCR`` and ``EXPIRE`` of
+        ``{ns}:solo:<task_id>``, pipelined (one round trip; one key, so any cluster node)."""
+        key = self.keys.solo(task_id)
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.incr(key)
+            pipe.expire(key, max(1, ttl))
+            count, _ = await pipe.execute()
+        return int(count)
+
+    @translate_errors
     async def record_ids(self, limit: int) -> tuple[list[str], bool]:
         """Ids of stored records, found by SCAN over the namespace's record keys (1000 keys
         examined per call), at most ``limit``: in no particular order, and whether the scan

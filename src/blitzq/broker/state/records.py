@@ -71,6 +71,18 @@ class RecordsState(abc.ABC):
         """
         return [await self.get_record(task_id) for task_id in task_ids]
 
+    async def count_solo_start(self, task_id: str, ttl: int) -> int:
+        """Count one more run of a redelivered task started alone in its worker process
+        (the worker's :mod:`~blitzq.worker.solo`), kept ``ttl`` seconds after the last;
+        return the count, this run included (1 for the first).
+
+        Raises:
+            NotImplementedError: a store that keeps no such count (the worker then runs the
+                task and leaves its bound to the transport's delivery count).
+            BrokerError: the broker failed.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not count solo runs")
+
     async def record_ids(self, limit: int) -> tuple[list[str], bool]:
         """Ids of stored records, at most ``limit``, in no particular order, and whether
         more were left (for inspection pages; the Redis stores scan their keys).
