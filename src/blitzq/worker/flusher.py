@@ -353,7 +353,7 @@ class Flusher:
             self._backoff(name, exc)
             return
         except BrokerError as exc:
-            if exc.transient:
+            if await self._retry_later(exc, part):
                 self._backoff(name, exc)
                 return
             del parked[: len(part)]

@@ -12,11 +12,10 @@
   lost push, cancelling running tasks it finds cancelled. A malformed push is logged and
   skipped; any error makes the listener subscribe again.
 - Maintenance registers the worker (with its visibility timeout) and, in reliable mode,
-  renews the leases of running tasks (and of ended ones whose completions wait to be written)
-  every ``visibility_timeout / 3`` and recovers messages abandoned by dead workers (on the
-  queues that hold any message: one read over all streams finds them,
-  :meth:`~blitzq.broker.transport.Transport.occupied`), each queue on its own
-  (:mod:`.queue_steps`); the leases of a live
+  renews the leases of running tasks (and of ended ones not yet written) every
+  ``visibility_timeout / 3`` and recovers messages abandoned by dead workers (on the queues
+  that hold any message: :meth:`~blitzq.broker.transport.Transport.occupied`), each queue on
+  its own (:mod:`.queue_steps`); the leases of a live
   worker with a longer timeout are left alone until idle that long (one read of the live
   timeouts per round, :meth:`~blitzq.broker.Broker.worker_timeouts`), and prunes the consumer
   groups' idle consumers, one stream in turn (:mod:`.pruning`). Between those rounds the
@@ -193,8 +192,7 @@ class Maintenance:
         #: seconds between lease renewals / recovery checks: a third of the visibility
         #: timeout, so two renewals can fail before a lease lapses.
         self.interval = maintenance_interval(vt)
-        #: The per-queue steps of a round, each on its own (a failure logged once).
-        self._steps = QueueSteps()
+        self._steps = QueueSteps()  # each queue's renewal and recovery alone (one slot moving)
         #: Running jobs (track_state) and the Unix time their record lives until at least.
         self._kept: dict[Job, float] = {}
         self._wake = asyncio.Event()
@@ -447,14 +445,10 @@ class Maintenance:
                     logger.warning("maintenance: could not keep running records: %s", exc)
             try:
                 if broker.supports_recovery:
-                    # Each queue on its own: one whose slot migrates (or whose node is
-                    # failing over) holds up neither the others' renewals nor recoveries.
                     for q in worker.physical_queues:
                         tokens = worker.running_tokens(q)
                         if tokens:  # renewals only for the leases this worker holds
-                            await self._steps.alone(
-                                "renewing leases", q, broker.heartbeat(q, tokens)
-                            )
+                            await self._steps.alone("leases", q, broker.heartbeat(q, tokens))
                     # Only a queue that holds a message can hold an abandoned one: one read
                     # over all (an idle worker's round costs one command, not one per queue).
                     occupied = await broker.transport.occupied(worker.physical_queues)

@@ -30,11 +30,11 @@ class QueueSteps:
         self._failing: set[tuple[str, str]] = set()
 
     async def alone(self, what: str, queue: str, step: Awaitable[object]) -> None:
-        """Await ``step`` (``what`` for physical queue ``queue``, such as "renewing
-        leases"). A transient :class:`~blitzq.BrokerError` is logged at WARNING the first
-        time (at DEBUG when the lost connection was reported already, and for each further
-        failure) and swallowed: the next round tries again; the first success after it is
-        logged at INFO.
+        """Await ``step`` (``what`` for physical queue ``queue``: "leases" for their
+        renewal, "recovery"). A transient :class:`~blitzq.BrokerError` is logged at WARNING
+        the first time (at DEBUG when the lost connection was reported already, and for each
+        further failure) and swallowed: the next round tries again; the first success after
+        it is logged at INFO.
 
         Raises:
             BrokerError: a failure that is not transient (the server refused the step).

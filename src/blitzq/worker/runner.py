@@ -571,18 +571,13 @@ class Runner:
         return None
 
     def running_tokens(self, queue: str) -> list[bytes]:
-        """Delivery tokens from physical ``queue`` this worker holds: running jobs,
-        deliveries still waiting for their start checks or before-execute hooks, and ended
-        ones whose completions are not written yet (:meth:`Flusher.tokens
-        <blitzq.worker.flusher.Flusher.tokens>`: a completion waiting on a migrating slot
-        keeps its lease)."""
+        """Delivery tokens from physical ``queue`` this worker holds: running jobs, and
+        deliveries still waiting for their start checks or before-execute hooks."""
         tokens = [
             j.delivery.token
             for j in self.jobs
             if j.delivery.queue == queue and j.delivery.token is not None
         ]
-        if self._flusher.backlog:
-            tokens += self._flusher.tokens(queue)
         if self._pending:
             tokens += [
                 d.token for d in self._pending.values() if d.queue == queue and d.token is not None

@@ -356,13 +356,13 @@ class SpreadPairing(CommitThenAck):
         shard's replicas that exist (``cluster_replicas.py``).
 
         Each part goes on its own: a part whose slot migrates (or whose node is failing
-        over or unreachable) is held back, the others are applied, and :class:`HeldBack`
+        over) is held back, the others are applied, and :class:`HeldBack`
         says which are which (a script does not wait for a migration,
         :func:`~.cluster_scripts.briefly`: the worker retries the held ones).
 
         Raises:
-            HeldBack: a part could not be applied now (transient), another part was, or a
-                slot migrates.
+            HeldBack: a part could not be applied now (its slot migrates, or its node is
+                failing over: ``unavailable``) and another part was, or a slot migrates.
             BrokerError: nothing was applied: the error of the first part (a refusal, or
                 the server is down).
         """
@@ -386,8 +386,10 @@ class SpreadPairing(CommitThenAck):
             try:
                 done = await self._apply(home, part)
             except REDIS_ERRORS as exc:
-                if not broker_error(exc).transient:
-                    raise  # a refusal: the worker writes the batch in parts to find it
+                if not (_moving(exc) or broker_error(exc).unavailable):
+                    # A refusal (the worker writes the batch in parts to find it) or a lost
+                    # connection (the worker retries the batch, or finds a write too big).
+                    raise
                 errors.append(exc)
                 held += part
                 continue
