@@ -298,9 +298,12 @@ class Flusher:
             self._done(batch, stale)
 
     def _done(self, applied: list[Completion], stale: list[Completion]) -> None:
-        """Completions the broker applied (``stale``: those it refused as stale)."""
+        """Completions the broker applied (``stale``: those it refused as stale); none
+        applied (all of a batch held back) tells nothing of the broker's writes."""
+        if not applied:
+            return
         self._writing()
-        if self.on_written is not None and applied:
+        if self.on_written is not None:
             self.on_written(applied, stale)
         if stale:
             self._report(stale)
