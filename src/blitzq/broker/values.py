@@ -1,6 +1,7 @@
 """The values that cross the state seam: what a completion does, what a schedule entry and a
-dead letter hold (:class:`Completion`, :class:`Scheduled`, :class:`DeadLetterFields`), and a
-unique task's enqueue (:class:`UniqueSend`).
+dead letter hold (:class:`Completion`, :class:`Scheduled`, :class:`DeadLetterFields`), a
+unique task's enqueue (:class:`UniqueSend`), and a batch of completions applied in part
+(:class:`HeldBack`).
 
 Re-exported by :mod:`blitzq.broker.state` and :mod:`blitzq.broker`.
 """
@@ -10,9 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ..exceptions import BrokerError
 from .effects import Op
 
-__all__ = ["DEAD_LETTER_REASONS", "Completion", "DeadLetterFields", "Scheduled", "UniqueSend"]
+__all__ = [
+    "DEAD_LETTER_REASONS",
+    "Completion",
+    "DeadLetterFields",
+    "HeldBack",
+    "Scheduled",
+    "UniqueSend",
+]
 
 #: Every ``reason`` a dead letter can have, as the writers store it: the worker (``failed``,
 #: ``expired`` (past ``max_age``), ``unknown task``, ``malformed message``, ``message too
@@ -193,3 +202,32 @@ class DeadLetterFields:
     queue: str
     failed_at: float
     kind: str = ""
+
+
+class HeldBack(BrokerError):
+    """A batch of completions applied in part: the rest waits on a part of the broker that
+    says "not now" (a Redis Cluster slot being migrated, or a node failing over), while the
+    other parts took theirs (the spread layout applies each queue's completions in that
+    queue's slot: ``broker/redis/spread.py``). Transient and ``unavailable``: the held
+    completions are applied, unchanged, once that part is back; the worker keeps them and
+    retries them per queue, applying the other queues' meanwhile (``worker/flusher.py``).
+
+    Args:
+        message: the cause (the first held part's error).
+        applied: the completions applied (stale ones among them: see ``stale``).
+        stale: those of ``applied`` refused as stale (fencing): nothing of them was written.
+        held: the completions not applied (no part of them, or an idempotent part only:
+            applying them again is safe), in the batch's order.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        applied: list[Completion],
+        stale: list[Completion],
+        held: list[Completion],
+    ) -> None:
+        super().__init__(message, unavailable=True)
+        self.applied = applied
+        self.stale = stale
+        self.held = held

@@ -46,7 +46,9 @@ fetch in flight when the pause came hands back what it returns, unstarted.
 
 While the flusher cannot write completions (the server is down or out of memory) or holds
 too many, a loop fetches nothing until it can (:attr:`~blitzq.worker.flusher.Flusher.writable`):
-backpressure, so that the worker pops no work whose outcome it could not record.
+backpressure, so that the worker pops no work whose outcome it could not record. While only
+its own queue's completions wait (a Redis Cluster slot migrating:
+:meth:`~blitzq.worker.flusher.Flusher.lane_blocked`), only that queue's loop waits.
 """
 
 from __future__ import annotations
@@ -251,12 +253,17 @@ class Fetcher:
         batch = worker.batch_size
         backoff = 0.1
         backlog = False  # the last fetch filled every slot it had (at least _OVERLAP_MIN)
+        failing = False  # the last fetch failed as the server or cluster switches (logged)
         writable = runner.flusher.writable
         bad = self.bad if key == queue or self.bad_lane is None else self.bad_lane
         carrying = self.carry is not None and key == queue
         while not self._stop_requested():
             if not writable.is_set():  # completions refused: take no work it cannot record
                 await writable.wait()
+                continue
+            lane = runner.flusher.lane_blocked(queue)
+            if lane is not None:  # this queue's completions wait (its slot migrates)
+                await lane.wait()
                 continue
             if queue in worker.paused:  # `blitzq queue pause` (kept by maintenance.py)
                 await asyncio.sleep(PAUSE_POLL)
@@ -295,10 +302,13 @@ class Fetcher:
                 if wrong_type(exc) and await self._sort_out(bad, queue):
                     continue  # the other levels are fetched at once
                 if isinstance(exc, BrokerError):  # at DEBUG when the loss was logged already
-                    level = logging.DEBUG if exc.reported else logging.WARNING
+                    # or this condition (its slot migrating, ...) was, by an earlier retry
+                    again = exc.unavailable and failing
+                    level = logging.DEBUG if exc.reported or again else logging.WARNING
                     logger.log(
                         level, "fetch from %s failed, retry in %.1f s: %s", queue, backoff, exc
                     )
+                    failing = failing or exc.unavailable
                 else:
                     logger.exception("fetch from %s failed, retrying in %.1f s", queue, backoff)
                 await asyncio.sleep(backoff)
@@ -309,6 +319,9 @@ class Fetcher:
                 self._fetching[key] = False
                 self.done[key] += 1
             backoff = 0.1
+            if failing:
+                failing = False
+                logger.info("fetch from %s works again", queue)
             if deliveries:
                 self.delivered += 1
             if self._stop_requested():

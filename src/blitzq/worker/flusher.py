@@ -18,6 +18,16 @@ PING: only a batch of :data:`BIG_WRITE` bytes or more can be that) is split: the
 completions commit, and a completion refused on its own is replaced by a small one that
 acknowledges the delivery with a ``failed`` record saying why.
 
+A batch the broker applies in part (:class:`~blitzq.broker.values.HeldBack`: on a Redis
+Cluster's spread layout each queue's completions go to that queue's slot, and one slot may be
+migrating or its node failing over) is split by queue: the applied ones are done, the held
+ones are *parked* with their queue, and so are that queue's next completions (in order): the
+queue's *lane* is retried on its own (backoff from 20 ms to 2 s) while the other queues'
+completions go on being written; only that queue's fetch loop pauses
+(:meth:`Flusher.lane_blocked`). The leases of the deliveries whose completions wait here
+(parked or not) are renewed with the running tasks' (:meth:`Flusher.tokens`), so a long
+wait never lets another worker recover them.
+
 While the worker fetches from a backlog, the next batch may be *held* until the fetch in
 flight returns (:meth:`Flusher.hold`, at most :data:`MAX_HOLD` seconds): the server then
 answers the fetch first and applies the completions while the worker starts what it fetched,
@@ -38,14 +48,17 @@ logged once at WARNING.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
 from .. import records
 from ..broker import Broker, Completion
 from ..broker.effects import Op, op_size
+from ..broker.values import HeldBack
 from ..exceptions import BrokerError, describe_error
 from ..limits import COMPLETION_BATCH_BYTES, COMPLETION_BATCH_ITEMS, clip_text
+from ..routing import base_queue
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -63,6 +76,10 @@ MAX_BACKLOG = 4 * COMPLETION_BATCH_ITEMS
 #: ``proto-max-bulk-len`` and ``client-query-buffer-limit`` Redis allows): a connection
 #: error under a smaller completion batch is the connection's, retried, never a refusal.
 BIG_WRITE = 1 << 20
+
+#: First and longest pause (seconds) between the tries of a parked queue's completions.
+LANE_FIRST_DELAY = 0.02
+LANE_MAX_DELAY = 2.0
 
 #: Types of a completion's record whose size ``_take`` reads in place.
 _RECORD_TYPES = frozenset({bytes, type(None)})
@@ -132,9 +149,19 @@ class Flusher:
         self._taken_bytes = 0  # about the bytes of the last batch taken (with one more)
         #: Batches written by a fetch that carried them (:meth:`board`), since the start.
         self.carried = 0
+        #: Parked lanes (a base queue: ``routing.base_queue``): their completions in order.
+        self._parked: dict[str, list[Completion]] = {}
+        #: Per parked lane: the next try (loop time), the pause after it, since when it
+        #: waits, and the event its fetch loop waits for (set when the lane is written).
+        self._lanes: dict[str, _Lane] = {}
 
     def add(self, completion: Completion) -> None:
-        """Queue a completion for the next batch."""
+        """Queue a completion for the next batch (behind its queue's parked ones, if any)."""
+        if self._parked:
+            parked = self._parked.get(base_queue(completion.queue))
+            if parked is not None:
+                parked.append(completion)
+                return
         pending = self._pending
         if not pending:  # else the writer is busy, will look again, and is not idle
             self._idle.clear()
@@ -214,8 +241,24 @@ class Flusher:
 
     @property
     def backlog(self) -> int:
-        """Completions not yet written."""
-        return len(self._pending)
+        """Completions not yet written (parked ones included)."""
+        return len(self._pending) + sum(map(len, self._parked.values()))
+
+    def lane_blocked(self, queue: str) -> asyncio.Event | None:
+        """The event set once the parked completions of base queue ``queue`` are written,
+        or ``None`` when none are parked (its fetch loop waits for it: backpressure)."""
+        lane = self._lanes.get(queue)
+        return lane.open if lane is not None else None
+
+    def tokens(self, queue: str) -> list[bytes]:
+        """Delivery tokens of physical queue ``queue`` whose completions are not written
+        yet: their leases must be renewed until they are (the maintenance loop's
+        heartbeats, with the running tasks')."""
+        out = [c.token for c in self._pending if c.queue == queue and c.token is not None]
+        parked = self._parked.get(base_queue(queue))
+        if parked:
+            out += [c.token for c in parked if c.queue == queue and c.token is not None]
+        return out
 
     def _take(self) -> list[Completion]:
         """The next batch: the oldest completions within ``max_batch`` and ``max_bytes``."""
@@ -244,11 +287,20 @@ class Flusher:
     async def run(self) -> None:
         """Write batches until :meth:`close` is called and nothing is left."""
         delay = 0.05
+        loop = asyncio.get_running_loop()
         while True:
             self._busy = False
             if self._riding is not None:  # a fetch carries the next batch
                 await self._landed.wait()
                 continue
+            if self._lanes:
+                now = loop.time()
+                due = [name for name, lane in self._lanes.items() if lane.at <= now]
+                if due:
+                    self._busy = True
+                    for name in due:
+                        await self._retry_lane(name)
+                    continue
             if not self._pending:
                 if self._refused_since is not None:
                     # What the refusals held back was written in parts or dropped since:
@@ -256,11 +308,17 @@ class Flusher:
                     # with nothing left to write, and the worker takes no task again).
                     self._refused_since = None
                     self.writable.set()
-                self._idle.set()
-                if self._closing:
-                    return
+                if not self._lanes:
+                    self._idle.set()
+                    if self._closing:
+                        return
                 self._wake.clear()
-                await self._wake.wait()
+                if self._lanes:  # until the next parked lane is due, or a new completion
+                    due_at = min(lane.at for lane in self._lanes.values())
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), max(0.0, due_at - loop.time()))
+                else:
+                    await self._wake.wait()
                 continue
             if self.riders and not self._holds:
                 await asyncio.sleep(0)  # a fetch loop a run's end woke may take a hold
@@ -272,6 +330,11 @@ class Flusher:
             batch = self._take()
             try:
                 stale = await self.broker.complete(batch)
+            except HeldBack as exc:  # a queue's slot migrates: its lane waits, the rest went
+                del self._pending[: len(batch)]
+                self._done(exc.applied, exc.stale)
+                self._park(exc.held, exc)
+                continue
             except BrokerError as exc:
                 if await self._retry_later(exc, batch):
                     # The first refusal is logged at WARNING (by _refusing), the retries
@@ -298,11 +361,98 @@ class Flusher:
                 continue
             delay = 0.05
             del self._pending[: len(batch)]
-            self._writing()
-            if self.on_written is not None:
-                self.on_written(batch, stale)
-            if stale:
-                self._report(stale)
+            self._done(batch, stale)
+
+    def _done(self, applied: list[Completion], stale: list[Completion]) -> None:
+        """Completions the broker applied (``stale``: those it refused as stale); none
+        applied (all of a batch held back) tells nothing of the broker's writes."""
+        if not applied:
+            return
+        self._writing()
+        if self.on_written is not None:
+            self.on_written(applied, stale)
+        if stale:
+            self._report(stale)
+
+    def _park(self, held: list[Completion], error: BrokerError) -> None:
+        """Park ``held`` (completions the broker could not apply now) with their queues;
+        the pending completions of those queues follow them, in order."""
+        loop = asyncio.get_running_loop()
+        names: set[str] = set()
+        for c in held:
+            name = base_queue(c.queue)
+            names.add(name)
+            self._parked.setdefault(name, []).append(c)
+        kept = []
+        for c in self._pending:
+            name = base_queue(c.queue)
+            if name in self._parked:
+                self._parked[name].append(c)
+            else:
+                kept.append(c)
+        self._pending[:] = kept
+        for name in names:
+            lane = self._lanes.get(name)
+            if lane is None:
+                lane = self._lanes[name] = _Lane(loop.time())
+                lane.open.clear()
+                logger.warning(
+                    "completions of queue %s cannot be written now (%s): they are kept and "
+                    "retried, their leases renewed meanwhile; fetching from %s paused until "
+                    "they are written, the other queues go on",
+                    name,
+                    error,
+                    name,
+                )
+            lane.at = loop.time() + lane.delay
+            lane.delay = min(lane.delay * 2, LANE_MAX_DELAY)
+        if len(self._pending) <= MAX_BACKLOG and self._refused_since is None:
+            self.writable.set()
+
+    async def _retry_lane(self, name: str) -> None:
+        """Try the oldest parked completions of lane ``name`` again."""
+        parked = self._parked[name]
+        part = parked[: self.max_batch]
+        try:
+            stale = await self.broker.complete(part)
+        except HeldBack as exc:
+            applied = {id(c) for c in exc.applied}
+            parked[:] = [c for c in parked if id(c) not in applied]
+            self._done(exc.applied, exc.stale)
+            self._backoff(name, exc)
+            return
+        except BrokerError as exc:
+            if await self._retry_later(exc, part):
+                self._backoff(name, exc)
+                return
+            del parked[: len(part)]
+            await self._isolate(part, exc)
+        except Exception as exc:  # a completion that cannot even be sent (a bug)
+            logger.exception("completion batch of %d could not be sent", len(part))
+            del parked[: len(part)]
+            await self._isolate(part, _unsendable(exc))
+        else:
+            del parked[: len(part)]
+            self._done(part, stale)
+        if not parked:  # written: the lane's fetch loop goes again
+            lane = self._lanes.pop(name)
+            del self._parked[name]
+            lane.open.set()
+            took = asyncio.get_running_loop().time() - lane.since
+            logger.warning(
+                "completions of queue %s written again after %.1f s: fetching resumed", name, took
+            )
+        else:
+            self._lanes[name].at = 0.0  # more parked: at once
+
+    def _backoff(self, name: str, error: BrokerError) -> None:
+        """Lane ``name``'s try failed (transient): the next one after its pause."""
+        lane = self._lanes[name]
+        logger.debug(
+            "completions of queue %s still wait, retrying in %.2f s: %s", name, lane.delay, error
+        )
+        lane.at = asyncio.get_running_loop().time() + lane.delay
+        lane.delay = min(lane.delay * 2, LANE_MAX_DELAY)
 
     def _refusing(self, error: BrokerError) -> None:
         """The broker refuses writes for now (down, or out of memory): pause the fetches."""
@@ -400,6 +550,10 @@ class Flusher:
         """Apply ``part``; the error, or ``None`` when it committed."""
         try:
             stale = await self.broker.complete(part)
+        except HeldBack as exc:  # applied in part: the rest waits with its queue
+            self._done(exc.applied, exc.stale)
+            self._park(exc.held, exc)
+            return None
         except BrokerError as exc:
             return exc
         except Exception as exc:  # cannot even be sent (a bug): refused, never retried whole
@@ -441,8 +595,8 @@ class Flusher:
         logger.error("dropped the completion of task %s: %s", completion.task_id, failure)
 
     async def flush(self) -> None:
-        """Return once everything queued so far is written."""
-        while self._pending:
+        """Return once everything queued so far is written (parked lanes included)."""
+        while self._pending or self._parked:
             self._wake.set()
             await self._idle.wait()
 
@@ -450,6 +604,18 @@ class Flusher:
         """Ask :meth:`run` to return once the backlog is written."""
         self._closing = True
         self._wake.set()
+
+
+class _Lane:
+    """A parked lane's retry state (see :meth:`Flusher._park`)."""
+
+    __slots__ = ("at", "delay", "open", "since")
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+        self.at = since
+        self.delay = LANE_FIRST_DELAY
+        self.open = asyncio.Event()
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

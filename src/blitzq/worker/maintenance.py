@@ -12,9 +12,10 @@
   lost push, cancelling running tasks it finds cancelled. A malformed push is logged and
   skipped; any error makes the listener subscribe again.
 - Maintenance registers the worker (with its visibility timeout) and, in reliable mode,
-  renews the leases of running tasks every ``visibility_timeout / 3`` and recovers messages
-  abandoned by dead workers (on the queues that hold any message: one read over all streams
-  finds them, :meth:`~blitzq.broker.transport.Transport.occupied`); the leases of a live
+  renews the leases of running tasks (and of ended ones not yet written) every
+  ``visibility_timeout / 3`` and recovers messages abandoned by dead workers (on the queues
+  that hold any message: :meth:`~blitzq.broker.transport.Transport.occupied`), each queue on
+  its own (:mod:`.queue_steps`); the leases of a live
   worker with a longer timeout are left alone until idle that long (one read of the live
   timeouts per round, :meth:`~blitzq.broker.Broker.worker_timeouts`), and prunes the consumer
   groups' idle consumers, one stream in turn (:mod:`.pruning`). Between those rounds the
@@ -47,6 +48,7 @@ from ..serialization import loads
 from .limiter import Slots
 from .pausing import Pausable, Pausing
 from .pruning import Pruning
+from .queue_steps import QueueSteps
 from .stalls import StallWatch
 from .unknown import Handed, take_handed
 
@@ -191,6 +193,7 @@ class Maintenance:
         #: seconds between lease renewals / recovery checks: a third of the visibility
         #: timeout, so two renewals can fail before a lease lapses.
         self.interval = maintenance_interval(vt)
+        self._steps = QueueSteps()  # each queue's renewal and recovery alone (one slot moving)
         #: Running jobs (track_state) and the Unix time their record lives until at least.
         self._kept: dict[Job, float] = {}
         self._wake = asyncio.Event()
@@ -446,14 +449,14 @@ class Maintenance:
                     for q in worker.physical_queues:
                         tokens = worker.running_tokens(q)
                         if tokens:  # renewals only for the leases this worker holds
-                            await broker.heartbeat(q, tokens)
+                            await self._steps.alone("leases", q, broker.heartbeat(q, tokens))
                     # Only a queue that holds a message can hold an abandoned one: one read
                     # over all (an idle worker's round costs one command, not one per queue).
                     occupied = await broker.transport.occupied(worker.physical_queues)
                     # Live workers with a longer timeout keep their leases that long.
                     holders = await broker.worker_timeouts(vt) if occupied else {}
                     for q in occupied:
-                        await self._recover(q, vt, holders)
+                        await self._steps.alone("recovery", q, self._recover(q, vt, holders))
                     self.recovery_rounds += 1
                     await pruning.step(worker.physical_queues)  # one stream, in turn
             except BrokerError as exc:  # at DEBUG when the lost connection was logged already

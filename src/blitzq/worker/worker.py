@@ -489,8 +489,13 @@ class Worker:
         return await settled(self, self._fetcher, self._flusher, horizon)
 
     def running_tokens(self, queue: str) -> list[bytes]:
-        """Delivery tokens of the jobs from physical ``queue`` still running (leases)."""
-        return self._runner.running_tokens(queue) if self._runner else []
+        """Delivery tokens from physical ``queue`` whose leases this worker keeps: running
+        jobs (and deliveries before their start), and ended ones whose completions are not
+        written yet (``Flusher.tokens``: a completion waiting for a migrating slot, say, must
+        not let its lease lapse, or another worker would run the task again)."""
+        if self._runner is None:
+            return []
+        return self._runner.running_tokens(queue) + self._runner.flusher.tokens(queue)
 
     def info(self) -> bytes:
         """This worker's registration record; ``in_flight`` (RabbitMQ only): what its

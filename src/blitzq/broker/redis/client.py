@@ -276,9 +276,19 @@ def pool_size(client: Any) -> int | None:
 REDIS_ERRORS = (RedisError, OSError, RedisClusterException)
 #: Cluster errors that trying again may cure: a slot moving or a cluster failing over.
 _CLUSTER = (ClusterError, AskError, TryAgainError, SlotNotCoveredError)
-#: Error replies of a server that is switching roles or starting (``BrokerError.unavailable``):
-#: the same command succeeds, unchanged, once it is over.
-_SWITCHING = ("READONLY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY ", "MOVED")
+#: Error replies of a server that is switching roles or starting (``BrokerError.unavailable``),
+#: or of a cluster node whose slot migrates (a script's refused access to a key moved away,
+#: ``cluster_scripts.py``): the same command succeeds, unchanged, once it is over.
+_SWITCHING = (
+    "READONLY",
+    "LOADING",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "BUSY ",
+    "MOVED",
+    "Script attempted to access a non local key",
+)
 #: Error replies that refuse the connection's settings (a wrong password or user, none given,
 #: a database number the server does not have): no retry can cure them.
 _REFUSED_SETTINGS = ("NOAUTH", "WRONGPASS", "invalid password", "invalid DB index", "DB index is")
@@ -339,7 +349,8 @@ def broker_error(exc: BaseException) -> BrokerError:
         ``out_of_memory`` for ``OOM`` (the same write succeeds once memory is freed),
         ``unavailable`` (and transient) for a server or cluster failing over or starting
         (``READONLY``, ``LOADING``, ``MASTERDOWN``, ``CLUSTERDOWN``, ``TRYAGAIN``, ``BUSY``, a
-        slot moving). For a refused password, user or database number the error is a
+        slot moving: ``ASK``, or a script refused a key of a migrating slot). For a refused
+        password, user or database number the error is a
         :class:`~blitzq.exceptions.BrokerRefusedSettings` (also a ``ConfigurationError``;
         never transient: see :func:`refused_settings`). Raise it ``from exc``.
     """

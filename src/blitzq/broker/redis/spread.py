@@ -40,6 +40,7 @@ per-task state in the queue's slot") says why no cross-slot step loses or double
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -54,8 +55,9 @@ from ..facade import Broker
 from ..outbox import Outbox, Relay
 from ..pairing import CommitThenAck
 from ..state import StateStore
-from ..values import Completion, DeadLetterFields
-from .client import translate_errors
+from ..values import Completion, DeadLetterFields, HeldBack
+from .client import REDIS_ERRORS, broker_error, translate_errors
+from .cluster_scripts import briefly, migrating
 from .connection import DEFAULT_DEAD_LETTER_CAP, RedisConnection, RedisDeadLetterLimits
 from .doorbell import READY, Doorbell
 from .handoff import MARK_TTL, MAX_AGE, HandoffRelay
@@ -158,6 +160,7 @@ class SpreadStreamsTransport(StreamsTransport):
         over = [(reply[i], reply[i + 1], int(reply[i + 2])) for i in range(1, len(reply), 3)]
         return int(reply[0]), over
 
+    @briefly
     async def recover(
         self,
         queue: str,
@@ -171,7 +174,9 @@ class SpreadStreamsTransport(StreamsTransport):
         :meth:`recover_split` re-adds what is under budget; the entries past it are
         dead-lettered in :attr:`store` with their ``dead_lettered`` record (one ``complete``
         call), then acked. A crash in between leaves them pending: recovered again,
-        dead-lettered again under the same task id (idempotent), never lost."""
+        dead-lettered again under the same task id (idempotent), never lost. A migrating
+        slot is not waited for (:func:`~.cluster_scripts.briefly`): the next round tries
+        again."""
         requeued, over = await self.recover_split(queue, min_idle, count, max_deliveries, holders)
         if requeued and self.conn.doorbell is not None:  # an idle worker is told
             await self.ring(queue)
@@ -336,13 +341,26 @@ class SpreadPairing(CommitThenAck):
 
     @translate_errors
     @durably
+    @briefly
     async def hold_then_commit(self, completions: Sequence[Completion]) -> list[Completion]:
         """Apply the colocated completions in their queue's slot (``homes.complete_in``: one
         script per queue, which fences, acks and writes the homed records); fence, then
         :meth:`commit_then_ack` the others (namespace-wide writes, unhomed records); return
         the stale ones with those the store refused (docs/architecture.md, "Redis Cluster:
         per-task state in the queue's slot"). Durable: each script is waited for by its
-        shard's replicas that exist (``cluster_replicas.py``)."""
+        shard's replicas that exist (``cluster_replicas.py``).
+
+        Each part goes on its own: a part whose slot migrates (or whose node is failing
+        over) is held back, the others are applied, and :class:`HeldBack`
+        says which are which (a script does not wait for a migration,
+        :func:`~.cluster_scripts.briefly`: the worker retries the held ones).
+
+        Raises:
+            HeldBack: a part could not be applied now (its slot migrates, or its node is
+                failing over: ``unavailable``) and another part was, or a slot migrates.
+            BrokerError: nothing was applied: the error of the first part (a refusal, or
+                the server is down).
+        """
         keys = self.state.keys
         near: dict[str, list[Completion]] = {}
         far: list[Completion] = []
@@ -353,17 +371,51 @@ class SpreadPairing(CommitThenAck):
             else:
                 near.setdefault(tag, []).append(c)
         stale: list[Completion] = []
-        for tag, batch in near.items():
-            stale += await complete_in(
-                self.transport.conn, self.transport.lease.consumer, keys.home_keys(tag), batch
-            )
-            if self.transport.conn.doorbell is not None:  # a requeue: an idle worker is told
-                for queue in {c.queue for c in batch if c.requeue is not None}:
-                    await self.transport.ring(queue)
-        if stale:
-            await self.state.count_stale(len(stale))
+        near_stale = 0  # split_commit counts its own
+        parts: list[tuple[str | None, list[Completion]]] = [*near.items()]
         if far:
-            stale += await self.split_commit(far)
+            parts.append((None, far))
+        held: list[Completion] = []
+        errors: list[BaseException] = []
+        for home, part in parts:
+            try:
+                done = await self._apply(home, part)
+            except REDIS_ERRORS as exc:
+                if not (_moving(exc) or broker_error(exc).unavailable):
+                    # A refusal (the worker writes the batch in parts to find it) or a lost
+                    # connection (the worker retries the batch, or finds a write too big).
+                    raise
+                errors.append(exc)
+                held += part
+                continue
+            stale += done
+            near_stale += len(done) if home is not None else 0
+        if near_stale:
+            with contextlib.suppress(*REDIS_ERRORS):  # a count only: never holds anything up
+                await self.state.count_stale(near_stale)
+        if not held:
+            return stale
+        if len(held) == len(completions) and not any(map(_moving, errors)):
+            raise errors[0]  # nothing applied, no slot moving (the server is down): as one
+        kept = {id(c) for c in held}
+        raise HeldBack(
+            str(broker_error(errors[0])),
+            [c for c in completions if id(c) not in kept],
+            stale,
+            [c for c in completions if id(c) in kept],
+        )
+
+    async def _apply(self, tag: str | None, part: list[Completion]) -> list[Completion]:
+        """Apply the colocated completions of queue tag ``tag`` (``None``: the others, by
+        :meth:`split_commit`); the stale ones."""
+        if tag is None:
+            return await self.split_commit(part)
+        stale = await complete_in(
+            self.transport.conn, self.transport.lease.consumer, self.state.keys.home_keys(tag), part
+        )
+        if self.transport.conn.doorbell is not None:  # a requeue: an idle worker is told
+            for queue in {c.queue for c in part if c.requeue is not None}:
+                await self.transport.ring(queue)
         return stale
 
     async def split_commit(self, completions: Sequence[Completion]) -> list[Completion]:
@@ -415,6 +467,12 @@ class SpreadPairing(CommitThenAck):
         if stale:
             await self.state.count_stale(len(stale))
         return refused + stale
+
+
+def _moving(exc: BaseException) -> bool:
+    """Whether ``exc`` (a Redis error, or the :class:`~blitzq.BrokerError` made of one) says
+    its slot is being migrated (``cluster_scripts.migrating``)."""
+    return migrating(exc) or (exc.__cause__ is not None and migrating(exc.__cause__))
 
 
 def _dead_letter(
