@@ -58,7 +58,7 @@ from ..broker.effects import Op, op_size
 from ..broker.values import HeldBack
 from ..exceptions import BrokerError, describe_error
 from ..limits import COMPLETION_BATCH_BYTES, COMPLETION_BATCH_ITEMS, clip_text
-from ..routing import base_queue
+from .lanes import Lanes
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -76,10 +76,6 @@ MAX_BACKLOG = 4 * COMPLETION_BATCH_ITEMS
 #: ``proto-max-bulk-len`` and ``client-query-buffer-limit`` Redis allows): a connection
 #: error under a smaller completion batch is the connection's, retried, never a refusal.
 BIG_WRITE = 1 << 20
-
-#: First and longest pause (seconds) between the tries of a parked queue's completions.
-LANE_FIRST_DELAY = 0.02
-LANE_MAX_DELAY = 2.0
 
 #: Types of a completion's record whose size ``_take`` reads in place.
 _RECORD_TYPES = frozenset({bytes, type(None)})
@@ -149,19 +145,13 @@ class Flusher:
         self._taken_bytes = 0  # about the bytes of the last batch taken (with one more)
         #: Batches written by a fetch that carried them (:meth:`board`), since the start.
         self.carried = 0
-        #: Parked lanes (a base queue: ``routing.base_queue``): their completions in order.
-        self._parked: dict[str, list[Completion]] = {}
-        #: Per parked lane: the next try (loop time), the pause after it, since when it
-        #: waits, and the event its fetch loop waits for (set when the lane is written).
-        self._lanes: dict[str, _Lane] = {}
+        #: The queues whose completions the broker holds back for now (:mod:`.lanes`).
+        self._lanes = Lanes()
 
     def add(self, completion: Completion) -> None:
         """Queue a completion for the next batch (behind its queue's parked ones, if any)."""
-        if self._parked:
-            parked = self._parked.get(base_queue(completion.queue))
-            if parked is not None:
-                parked.append(completion)
-                return
+        if self._lanes.take(completion):
+            return
         pending = self._pending
         if not pending:  # else the writer is busy, will look again, and is not idle
             self._idle.clear()
@@ -242,23 +232,19 @@ class Flusher:
     @property
     def backlog(self) -> int:
         """Completions not yet written (parked ones included)."""
-        return len(self._pending) + sum(map(len, self._parked.values()))
+        return len(self._pending) + self._lanes.size
 
     def lane_blocked(self, queue: str) -> asyncio.Event | None:
         """The event set once the parked completions of base queue ``queue`` are written,
         or ``None`` when none are parked (its fetch loop waits for it: backpressure)."""
-        lane = self._lanes.get(queue)
-        return lane.open if lane is not None else None
+        return self._lanes.blocked(queue)
 
     def tokens(self, queue: str) -> list[bytes]:
         """Delivery tokens of physical queue ``queue`` whose completions are not written
         yet: their leases must be renewed until they are (the maintenance loop's
         heartbeats, with the running tasks')."""
         out = [c.token for c in self._pending if c.queue == queue and c.token is not None]
-        parked = self._parked.get(base_queue(queue))
-        if parked:
-            out += [c.token for c in parked if c.queue == queue and c.token is not None]
-        return out
+        return out + self._lanes.tokens(queue)
 
     def _take(self) -> list[Completion]:
         """The next batch: the oldest completions within ``max_batch`` and ``max_bytes``."""
@@ -287,15 +273,13 @@ class Flusher:
     async def run(self) -> None:
         """Write batches until :meth:`close` is called and nothing is left."""
         delay = 0.05
-        loop = asyncio.get_running_loop()
         while True:
             self._busy = False
             if self._riding is not None:  # a fetch carries the next batch
                 await self._landed.wait()
                 continue
             if self._lanes:
-                now = loop.time()
-                due = [name for name, lane in self._lanes.items() if lane.at <= now]
+                due = self._lanes.due()
                 if due:
                     self._busy = True
                     for name in due:
@@ -314,9 +298,8 @@ class Flusher:
                         return
                 self._wake.clear()
                 if self._lanes:  # until the next parked lane is due, or a new completion
-                    due_at = min(lane.at for lane in self._lanes.values())
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), max(0.0, due_at - loop.time()))
+                        await asyncio.wait_for(self._wake.wait(), self._lanes.wait_for())
                 else:
                     await self._wake.wait()
                 continue
@@ -377,41 +360,13 @@ class Flusher:
     def _park(self, held: list[Completion], error: BrokerError) -> None:
         """Park ``held`` (completions the broker could not apply now) with their queues;
         the pending completions of those queues follow them, in order."""
-        loop = asyncio.get_running_loop()
-        names: set[str] = set()
-        for c in held:
-            name = base_queue(c.queue)
-            names.add(name)
-            self._parked.setdefault(name, []).append(c)
-        kept = []
-        for c in self._pending:
-            name = base_queue(c.queue)
-            if name in self._parked:
-                self._parked[name].append(c)
-            else:
-                kept.append(c)
-        self._pending[:] = kept
-        for name in names:
-            lane = self._lanes.get(name)
-            if lane is None:
-                lane = self._lanes[name] = _Lane(loop.time())
-                lane.open.clear()
-                logger.warning(
-                    "completions of queue %s cannot be written now (%s): they are kept and "
-                    "retried, their leases renewed meanwhile; fetching from %s paused until "
-                    "they are written, the other queues go on",
-                    name,
-                    error,
-                    name,
-                )
-            lane.at = loop.time() + lane.delay
-            lane.delay = min(lane.delay * 2, LANE_MAX_DELAY)
+        self._lanes.park(held, self._pending, error)
         if len(self._pending) <= MAX_BACKLOG and self._refused_since is None:
             self.writable.set()
 
     async def _retry_lane(self, name: str) -> None:
         """Try the oldest parked completions of lane ``name`` again."""
-        parked = self._parked[name]
+        parked = self._lanes.parked[name]
         part = parked[: self.max_batch]
         try:
             stale = await self.broker.complete(part)
@@ -419,11 +374,11 @@ class Flusher:
             applied = {id(c) for c in exc.applied}
             parked[:] = [c for c in parked if id(c) not in applied]
             self._done(exc.applied, exc.stale)
-            self._backoff(name, exc)
+            self._lanes.backoff(name, exc)
             return
         except BrokerError as exc:
             if await self._retry_later(exc, part):
-                self._backoff(name, exc)
+                self._lanes.backoff(name, exc)
                 return
             del parked[: len(part)]
             await self._isolate(part, exc)
@@ -434,25 +389,7 @@ class Flusher:
         else:
             del parked[: len(part)]
             self._done(part, stale)
-        if not parked:  # written: the lane's fetch loop goes again
-            lane = self._lanes.pop(name)
-            del self._parked[name]
-            lane.open.set()
-            took = asyncio.get_running_loop().time() - lane.since
-            logger.warning(
-                "completions of queue %s written again after %.1f s: fetching resumed", name, took
-            )
-        else:
-            self._lanes[name].at = 0.0  # more parked: at once
-
-    def _backoff(self, name: str, error: BrokerError) -> None:
-        """Lane ``name``'s try failed (transient): the next one after its pause."""
-        lane = self._lanes[name]
-        logger.debug(
-            "completions of queue %s still wait, retrying in %.2f s: %s", name, lane.delay, error
-        )
-        lane.at = asyncio.get_running_loop().time() + lane.delay
-        lane.delay = min(lane.delay * 2, LANE_MAX_DELAY)
+        self._lanes.settled(name)  # written: the lane's fetch loop goes again
 
     def _refusing(self, error: BrokerError) -> None:
         """The broker refuses writes for now (down, or out of memory): pause the fetches."""
@@ -596,7 +533,7 @@ class Flusher:
 
     async def flush(self) -> None:
         """Return once everything queued so far is written (parked lanes included)."""
-        while self._pending or self._parked:
+        while self._pending or self._lanes:
             self._wake.set()
             await self._idle.wait()
 
@@ -604,18 +541,6 @@ class Flusher:
         """Ask :meth:`run` to return once the backlog is written."""
         self._closing = True
         self._wake.set()
-
-
-class _Lane:
-    """A parked lane's retry state (see :meth:`Flusher._park`)."""
-
-    __slots__ = ("at", "delay", "open", "since")
-
-    def __init__(self, since: float) -> None:
-        self.since = since
-        self.at = since
-        self.delay = LANE_FIRST_DELAY
-        self.open = asyncio.Event()
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -41,14 +41,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._checks import integer
 from ..broker import Broker
-from ..broker.transport import delivery_backstop
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, describe_error
 from ..extensions.signals import Signal, SignalEvent
 from ..serialization import loads
 from .limiter import Slots
 from .pausing import Pausable, Pausing
 from .pruning import Pruning
-from .queue_steps import QueueSteps
+from .queue_steps import QueueSteps, recover_queue
 from .stalls import StallWatch
 from .unknown import Handed, take_handed
 
@@ -68,8 +67,6 @@ logger = logging.getLogger("blitzq.worker")
 PROMOTER_CEILING = 5.0
 #: Messages moved per promote call.
 PROMOTE_BATCH = 1000
-#: Abandoned messages examined per recover call.
-RECOVER_BATCH = 200
 #: Seconds between full re-reads of the cancelled task ids.
 REVOCATION_SYNC = 5.0
 #: Seconds between registrations while the worker's counts change (between maintenance rounds).
@@ -456,7 +453,8 @@ class Maintenance:
                     # Live workers with a longer timeout keep their leases that long.
                     holders = await broker.worker_timeouts(vt) if occupied else {}
                     for q in occupied:
-                        await self._steps.alone("recovery", q, self._recover(q, vt, holders))
+                        recovery = recover_queue(broker, worker, q, vt, holders)
+                        await self._steps.alone("recovery", q, recovery)
                     self.recovery_rounds += 1
                     await pruning.step(worker.physical_queues)  # one stream, in turn
             except BrokerError as exc:  # at DEBUG when the lost connection was logged already
@@ -572,32 +570,3 @@ class Maintenance:
                 await self.register()
             except BrokerError as exc:
                 logger.debug("could not refresh the worker's registration: %s", exc)
-
-    async def _recover(self, q: str, vt: float, holders: Mapping[str, float]) -> None:
-        queue = self.worker.queue
-        backstop = delivery_backstop(queue.max_deliveries)
-        while True:
-            requeued, dead = await self.broker.recover(
-                q, vt, RECOVER_BATCH, backstop, queue.result_ttl, holders
-            )
-            if requeued:
-                logger.warning("recovered %d abandoned message(s) on %s", requeued, q)
-            if dead:  # final failures: at the worker's failure level, as a failed task's
-                logger.log(
-                    self.worker.failure_log_level,
-                    "dead-lettered %d abandoned message(s) on %s: delivered %d times "
-                    "(the backstop of max_deliveries=%d)",
-                    dead,
-                    q,
-                    backstop,
-                    queue.max_deliveries,
-                    extra={
-                        "queue": q,
-                        "worker_id": self.worker.id,
-                        "outcome": "dead_lettered",
-                        "reason": "max deliveries exceeded",
-                        "count": dead,
-                    },
-                )
-            if requeued + dead < RECOVER_BATCH:
-                return

@@ -1,4 +1,5 @@
-"""The per-queue steps of a maintenance round (lease renewal, recovery), each on its own.
+"""The per-queue steps of a maintenance round (lease renewal, recovery), each on its own,
+and the recovery step itself (:func:`recover_queue`).
 
 A queue whose step fails for a while (its Redis Cluster slot migrating, its node failing
 over) must hold up neither the other queues' lease renewals nor their recoveries, or their
@@ -10,13 +11,35 @@ step and queue until it succeeds again, and the next round tries again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
+from typing import TYPE_CHECKING, Protocol
 
+from ..broker import Broker
+from ..broker.transport import delivery_backstop
 from ..exceptions import BrokerError
 
-__all__ = ["QueueSteps"]
+if TYPE_CHECKING:
+    from ..seams import QueueSettings
+
+__all__ = ["RECOVER_BATCH", "QueueSteps", "recover_queue"]
 
 logger = logging.getLogger("blitzq.worker")
+
+#: Abandoned messages examined per recover call.
+RECOVER_BATCH = 200
+
+
+class _Recovering(Protocol):
+    """What :func:`recover_queue` reads of the worker."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def queue(self) -> QueueSettings: ...
+
+    @property
+    def failure_log_level(self) -> int: ...
 
 
 class QueueSteps:
@@ -57,3 +80,49 @@ class QueueSteps:
         if key in self._failing:
             self._failing.discard(key)
             logger.info("maintenance: %s on %s works again", what, queue)
+
+
+async def recover_queue(
+    broker: Broker, worker: _Recovering, q: str, vt: float, holders: Mapping[str, float]
+) -> None:
+    """Recover physical queue ``q``'s abandoned deliveries, :data:`RECOVER_BATCH` a call,
+    until a call finds fewer: each is published again, or dead-lettered past the backstop of
+    ``max_deliveries`` (``transport.delivery_backstop``); both are logged.
+
+    Args:
+        broker: the worker's broker.
+        worker: the worker (its id, queue settings and failure log level).
+        q: physical queue.
+        vt: seconds a delivery may go without renewal before it is abandoned.
+        holders: live workers' own visibility timeouts by consumer (``Broker.worker_timeouts``).
+
+    Raises:
+        BrokerError: the broker could not be reached, or refused the recovery.
+    """
+    queue = worker.queue
+    backstop = delivery_backstop(queue.max_deliveries)
+    while True:
+        requeued, dead = await broker.recover(
+            q, vt, RECOVER_BATCH, backstop, queue.result_ttl, holders
+        )
+        if requeued:
+            logger.warning("recovered %d abandoned message(s) on %s", requeued, q)
+        if dead:  # final failures: at the worker's failure level, as a failed task's
+            logger.log(
+                worker.failure_log_level,
+                "dead-lettered %d abandoned message(s) on %s: delivered %d times "
+                "(the backstop of max_deliveries=%d)",
+                dead,
+                q,
+                backstop,
+                queue.max_deliveries,
+                extra={
+                    "queue": q,
+                    "worker_id": worker.id,
+                    "outcome": "dead_lettered",
+                    "reason": "max deliveries exceeded",
+                    "count": dead,
+                },
+            )
+        if requeued + dead < RECOVER_BATCH:
+            return
