@@ -21,6 +21,7 @@ from blitzq import ConfigurationError, Queue, RetryPolicy, Worker
 from blitzq.logcontext import dropped_records
 
 from ..polling import wait_until
+from ..ports import free_port
 from .proc_tasks import eventually, make_worker, running
 
 pytestmark = pytest.mark.timeout(90)
@@ -236,17 +237,17 @@ async def echo(n):
 
 
 def _two_free_ports() -> int:
-    """A base port whose next port is free too."""
+    """A base port whose next port is free too, from this test process's block below the
+    kernel's ephemeral range (``tests/ports.py``: a port drawn from that range may be taken
+    by any client connection's local end before the workers bind it)."""
     for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            base = int(a.getsockname()[1])
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", base + 1))
-                except OSError:
-                    continue
-                return base
+        base = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", base + 1))
+            except OSError:
+                continue
+        return base
     raise AssertionError("no two adjacent free ports")
 
 
@@ -269,16 +270,17 @@ def test_supervised_workers_each_serve_base_port_plus_slot(
         f"sup_app:queue --workers 2 -c 4 --metrics-port {base} --ops-host 127.0.0.1 "
         "--shutdown-timeout 5"
     )
-    proc = subprocess.Popen(
-        argv.split(),
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    log = tmp_path / "workers.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv.split(), cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=out
+        )
     producer = make_queue()
     try:
-        wait_until(lambda: _scrape_sync(base) and _scrape_sync(base + 1), 60, "both endpoints")
+        try:
+            wait_until(lambda: _scrape_sync(base) and _scrape_sync(base + 1), 60, "endpoints")
+        except AssertionError as exc:  # say why: the workers' log
+            raise AssertionError(f"{exc}; the workers' log:\n{log.read_text()[-3000:]}") from None
         handles = [producer.send_sync("sup.echo", [n]) for n in range(20)]
         assert [h.result_sync(timeout=30) for h in handles] == list(range(20))
 
