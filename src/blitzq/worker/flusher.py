@@ -132,6 +132,8 @@ class Flusher:
         self._taken_bytes = 0  # about the bytes of the last batch taken (with one more)
         #: Batches written by a fetch that carried them (:meth:`board`), since the start.
         self.carried = 0
+        #: The completion :meth:`call_when_applied` watches, and what to call then.
+        self._watch: tuple[Completion, Callable[[], None]] | None = None
 
     def add(self, completion: Completion) -> None:
         """Queue a completion for the next batch."""
@@ -142,6 +144,21 @@ class Flusher:
         pending.append(completion)
         if len(pending) > MAX_BACKLOG:
             self.writable.clear()
+
+    def call_when_applied(self, completion: Completion, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the broker applied ``completion`` (added with :meth:`add`),
+        right after its batch was written; not when it was refused as stale or replaced (a
+        refused write). One completion is watched at a time: a later call replaces the
+        earlier one. ``callback`` must not raise."""
+        self._watch = (completion, callback)
+
+    def _applied(self, batch: list[Completion], stale: list[Completion]) -> None:
+        """Call the watched completion's callback when ``batch`` applied it."""
+        assert self._watch is not None
+        completion, callback = self._watch
+        if any(c is completion for c in batch) and not any(c is completion for c in stale):
+            self._watch = None
+            callback()
 
     def hold(self) -> None:
         """Keep the next batch back until :meth:`release` (each hold released once), at
@@ -193,6 +210,8 @@ class Flusher:
         self._writing()
         if self.on_written is not None:
             self.on_written(batch, stale)
+        if self._watch is not None:
+            self._applied(batch, stale)
         if stale:
             self._report(stale)
 
@@ -301,6 +320,8 @@ class Flusher:
             self._writing()
             if self.on_written is not None:
                 self.on_written(batch, stale)
+            if self._watch is not None:
+                self._applied(batch, stale)
             if stale:
                 self._report(stale)
 
