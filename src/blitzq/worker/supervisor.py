@@ -516,8 +516,8 @@ class Supervisor(Elastic):
         if delay is None:
             slot.gave_up = True
             logger.error(
-                "worker slot %d restarted %d times within %.0f s, its workers completing no "
-                "task: giving up on it",
+                "worker slot %d restarted %d times within %.0f s: giving up on it (none of "
+                "those workers completed a task)",
                 slot.index,
                 slot.budget.limit,
                 slot.budget.window,
