@@ -141,3 +141,35 @@ async def test_a_hold_nobody_releases_ends_after_max_hold(
         await asyncio.wait_for(running_writer, 10)
     finally:
         await queue.close()
+
+
+async def test_call_when_applied_follows_the_watched_completion(
+    make_queue: Callable[..., Queue], raw_redis: Any
+) -> None:
+    """The callback runs once the watched completion was applied; not for a stale one (its
+    delivery is not held: nothing written), nor for other completions."""
+    queue = make_queue(store_results=True)
+    try:
+        writer = Flusher(queue.broker)
+        running_writer = asyncio.create_task(writer.run())
+        calls: list[str] = []
+        stale = Completion("default", b"1-1", "stale-1", record=b"\x01", record_ttl=60)
+        writer.add(stale)
+        writer.call_when_applied(stale, lambda: calls.append("stale"))
+        writer.add(Completion("default", None, "other-1", record=b"\x01", record_ttl=60))
+        await asyncio.wait_for(writer.flush(), 10)
+        assert calls == []
+        assert writer.stale == 1
+        done = Completion("default", None, "done-1", record=b"\x02", record_ttl=60)
+        writer.add(done)
+        writer.call_when_applied(done, lambda: calls.append("done"))
+        await asyncio.wait_for(writer.flush(), 10)
+        assert await _record(raw_redis, queue, "done-1") == b"\x02"
+        assert calls == ["done"]
+        writer.add(Completion("default", None, "later-1", record=b"\x03", record_ttl=60))
+        await asyncio.wait_for(writer.flush(), 10)
+        assert calls == ["done"]  # once
+        writer.close()
+        await asyncio.wait_for(running_writer, 10)
+    finally:
+        await queue.close()

@@ -203,7 +203,9 @@ def process_control_options(fn: F) -> F:
             envvar="BLITZQ_MAX_RESTARTS",
             show_envvar=True,
             help="Crash restarts of one worker slot allowed within --restart-window; one more "
-            "and the supervisor gives up on the slot.",
+            "and the supervisor gives up on the slot. Only the deaths of workers that made no "
+            "progress (no task completion written yet) count: a worker that got a task done "
+            "is restarted uncounted, and the count starts over.",
         ),
         click.option(
             "--restart-window",

@@ -45,6 +45,10 @@ class _Slot:
     beat_at: float = -math.inf
     #: whether a beat arrived from the current worker (before that, a startup grace).
     beating: bool = False
+    #: read end of the worker's progress pipe (-1: none or closed), and whether the worker
+    #: wrote its progress mark (:func:`~blitzq.worker.heartbeat.progress_mark`).
+    progress_fd: int = -1
+    progressed: bool = False
 
 
 class Elastic:
@@ -67,10 +71,11 @@ class Elastic:
     def _retire(self, slot: _Slot) -> None:
         """Stop the slot's worker gracefully (SIGTERM) without restarting it."""
         proc, slot.proc = slot.proc, None
-        if slot.beat_fd >= 0:  # a retiring worker is not watched for beats
-            with contextlib.suppress(OSError):
-                os.close(slot.beat_fd)
-            slot.beat_fd = -1
+        for fd in (slot.beat_fd, slot.progress_fd):  # a retiring worker is not watched
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        slot.beat_fd = slot.progress_fd = -1
         if proc is not None:
             self._retiring.append(proc)
             with contextlib.suppress(ProcessLookupError):

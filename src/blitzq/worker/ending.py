@@ -189,6 +189,10 @@ class Ending:
         #: task's end (:mod:`.recent`) and the series' latencies (:mod:`.series`); the
         #: worker sets it (by default the completion as it is).
         self.tap: Callable[..., Completion | None] = lambda job, c, error, cancelled: c
+        #: Called once, when the completion of the first run committed here was applied (the
+        #: mark of a supervised worker that made progress: :func:`.heartbeat.progress_mark`),
+        #: or ``None``.
+        self.first_run: Callable[[], None] | None = None
 
     def ended(self, job: Job, handle: asyncio.Future[Any]) -> None:
         """The run's call ended (its slot already freed): commit what it came to, unless a
@@ -294,6 +298,22 @@ class Ending:
         completion = self.tap(job, completion, error, cancelled)
         if completion is not None:
             self.flusher.add(completion)
+        if self.first_run is not None:
+            self._watch_first(completion)
+
+    def _watch_first(self, completion: Completion | None) -> None:
+        """Call :attr:`first_run` once ``completion`` is applied (at once when there is
+        nothing to write); until it is called, each commit watches its own completion (one
+        refused as stale or replaced is followed by the next)."""
+        if completion is None:  # nothing to write (a fast-mode success): the run ended
+            self._first_done()
+        else:
+            self.flusher.call_when_applied(completion, self._first_done)
+
+    def _first_done(self) -> None:
+        mark, self.first_run = self.first_run, None
+        if mark is not None:
+            mark()
 
     def _through_finishers(
         self, job: Job, completion: Completion | None, error: BaseException | None

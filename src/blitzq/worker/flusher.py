@@ -52,19 +52,15 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from .. import records
 from ..broker import Broker, Completion
-from ..broker.effects import Op, op_size
+from ..broker.effects import op_size
 from ..broker.values import HeldBack
-from ..exceptions import BrokerError, describe_error
-from ..limits import COMPLETION_BATCH_BYTES, COMPLETION_BATCH_ITEMS, clip_text
+from ..exceptions import BrokerError
+from ..limits import COMPLETION_BATCH_BYTES, COMPLETION_BATCH_ITEMS
 from .lanes import Lanes
+from .refusals import replacement_of
 
 logger = logging.getLogger("blitzq.worker")
-
-#: Ops of a refused completion up to this many bytes are kept in its replacement (unique-key
-#: and lock releases, small workflow steps); bigger ones (a huge result) are dropped.
-_SMALL_OP = 64 * 1024
 
 #: Longest a batch waits for a hold to be released (seconds); then it goes anyway.
 MAX_HOLD = 0.05
@@ -147,6 +143,8 @@ class Flusher:
         self.carried = 0
         #: The queues whose completions the broker holds back for now (:mod:`.lanes`).
         self._lanes = Lanes()
+        #: The completion :meth:`call_when_applied` watches, and what to call then.
+        self._watch: tuple[Completion, Callable[[], None]] | None = None
 
     def add(self, completion: Completion) -> None:
         """Queue a completion for the next batch (behind its queue's parked ones, if any)."""
@@ -159,6 +157,21 @@ class Flusher:
         pending.append(completion)
         if len(pending) > MAX_BACKLOG:
             self.writable.clear()
+
+    def call_when_applied(self, completion: Completion, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the broker applied ``completion`` (added with :meth:`add`),
+        right after its batch was written; not when it was refused as stale or replaced (a
+        refused write). One completion is watched at a time: a later call replaces the
+        earlier one. ``callback`` must not raise."""
+        self._watch = (completion, callback)
+
+    def _applied(self, batch: list[Completion], stale: list[Completion]) -> None:
+        """Call the watched completion's callback when ``batch`` applied it."""
+        assert self._watch is not None
+        completion, callback = self._watch
+        if any(c is completion for c in batch) and not any(c is completion for c in stale):
+            self._watch = None
+            callback()
 
     def hold(self) -> None:
         """Keep the next batch back until :meth:`release` (each hold released once), at
@@ -207,11 +220,7 @@ class Flusher:
             return
         self.carried += 1
         del self._pending[: len(batch)]
-        self._writing()
-        if self.on_written is not None:
-            self.on_written(batch, stale)
-        if stale:
-            self._report(stale)
+        self._done(batch, stale)
 
     @property
     def held(self) -> int:
@@ -354,6 +363,8 @@ class Flusher:
         self._writing()
         if self.on_written is not None:
             self.on_written(applied, stale)
+        if self._watch is not None:
+            self._applied(applied, stale)
         if stale:
             self._report(stale)
 
@@ -518,7 +529,7 @@ class Flusher:
             error,
         )
         try:
-            replacement = _replacement(completion, size, error)
+            replacement = replacement_of(completion, size, error)
         except Exception:  # a malformed completion (a bug): nothing sensible to write
             logger.exception("dropped the completion of task %s", completion.task_id)
             return
@@ -546,42 +557,6 @@ class Flusher:
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-def _replacement(completion: Completion, size: int, error: BrokerError) -> Completion:
-    """The small completion written instead of a refused one (see ``Flusher._refused``)."""
-    error_type, message = describe_error(error)
-    record = records.refused(
-        completion.task_id,
-        completion.queue,
-        completion.record,
-        error_type,
-        clip_text(f"the broker refused this task's completion ({size} bytes): {message}"),
-    )
-    ops = tuple(op for op in completion.ops if _small(op))
-    counted = completion.counted  # the metrics count what is written instead: a failure
-    return Completion(
-        completion.queue,
-        completion.token,
-        completion.task_id,
-        record,
-        completion.record_ttl or 86400,
-        ops=ops,
-        counted=(counted[0], "failed") if counted is not None else None,
-        # The original's guard: when an earlier try of the original was applied after all
-        # (it timed out, then the server read it), the replacement applies nothing.
-        guard=completion.guard,
-        nonce=completion.nonce,
-    )
-
-
-def _small(op: Op) -> bool:
-    """Whether ``op`` is kept in a replacement (see :data:`_SMALL_OP`); a value that is no
-    completion effect is kept too, so the broker refuses it as before."""
-    try:
-        return op_size(op) <= _SMALL_OP
-    except BrokerError:
-        return True
 
 
 def _unsendable(exc: Exception) -> BrokerError:

@@ -1,4 +1,5 @@
-"""The heartbeat a supervised worker's event loop writes and its supervisor reads.
+"""The heartbeat a supervised worker's event loop writes and its supervisor reads, and the
+mark it writes once it made progress.
 
 The supervisor gives every worker the write end of a pipe (its descriptor number and the
 beat interval in ``BLITZQ_HEARTBEAT``, ``"FD,SECONDS"``); the worker's event loop writes one
@@ -7,6 +8,13 @@ worker whose beats stop for ``--heartbeat-timeout`` seconds: a process stopped (
 an event loop blocked by synchronous code in an ``async def`` task beats no more, although
 the process is alive. The channel is a local pipe, not the broker, so it works while Redis
 is down (a worker waiting for its broker keeps beating).
+
+The *progress mark* is a second pipe (its descriptor in ``BLITZQ_PROGRESS``): the worker
+writes one byte to it once the completion of its first run (returned, raised, timed out or
+cancelled) was applied by the broker (:func:`progress_mark`). A supervisor does not count the
+death of a worker that made progress against its restart budget
+(:class:`~blitzq.worker.restarts.RestartBudget`): the budget stops crash loops, a worker that
+cannot start or cannot get one task done, not a worker that a task killed now and then.
 """
 
 from __future__ import annotations
@@ -15,14 +23,23 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 
-__all__ = ["HEARTBEAT_ENV", "beat", "heartbeat_channel", "start_beating"]
+__all__ = [
+    "HEARTBEAT_ENV",
+    "PROGRESS_ENV",
+    "beat",
+    "heartbeat_channel",
+    "progress_mark",
+    "start_beating",
+]
 
 logger = logging.getLogger("blitzq.worker")
 
 #: Environment variable naming the heartbeat pipe: ``"FD,SECONDS"`` (descriptor, interval).
 HEARTBEAT_ENV = "BLITZQ_HEARTBEAT"
+#: Environment variable naming the progress pipe's descriptor (:func:`progress_mark`).
+PROGRESS_ENV = "BLITZQ_PROGRESS"
 
 
 def heartbeat_channel(env: Mapping[str, str] | None = None) -> tuple[int, float] | None:
@@ -70,3 +87,38 @@ def start_beating() -> asyncio.Task[None] | None:
     with contextlib.suppress(OSError):  # programs this worker runs do not hold the pipe
         os.set_inheritable(channel[0], False)
     return asyncio.get_running_loop().create_task(beat(*channel), name="blitzq-heartbeat")
+
+
+def progress_mark(env: MutableMapping[str, str] | None = None) -> Callable[[], None] | None:
+    """The mark a supervised worker writes once it made progress, when ``BLITZQ_PROGRESS`` in
+    ``env`` (default: this process's environment) names a pipe; ``None`` when unset or
+    malformed (not supervised). The variable is removed from ``env`` so that processes this
+    worker starts do not inherit it.
+
+    The mark writes one byte to the pipe and closes it, once (later calls do nothing); it
+    never blocks and never raises (a supervisor that is gone is no error).
+    """
+    environ = os.environ if env is None else env
+    raw = environ.pop(PROGRESS_ENV, "")
+    try:
+        fd = int(raw)
+    except ValueError:
+        return None
+    if fd < 0:
+        return None
+    with contextlib.suppress(OSError):  # programs this worker runs do not hold the pipe
+        os.set_inheritable(fd, False)
+    written = False
+
+    def mark() -> None:
+        nonlocal written
+        if written:
+            return
+        written = True
+        with contextlib.suppress(OSError):
+            os.set_blocking(fd, False)
+            os.write(fd, b"!")
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+    return mark

@@ -49,7 +49,8 @@ def supervise(
         watch: reload the workers when a ``.py`` file under this directory (or these)
             changes.
         max_restarts, restart_window: crash restarts of one slot allowed within the rolling
-            window (seconds) before the supervisor gives up on it.
+            window (seconds) before the supervisor gives up on it; only deaths of workers
+            that made no progress count (see :class:`~blitzq.worker.restarts.RestartBudget`).
         heartbeat_timeout: seconds without a heartbeat after which a worker is replaced
             (``None``: not watched).
 

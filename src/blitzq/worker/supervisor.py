@@ -11,7 +11,13 @@ The supervisor
 - restarts a worker that exits while no stop was asked, after a short backoff
   (0.25 s, 0.5 s, 1 s, … at most 5 s), and gives up on a slot after ``max_restarts`` restarts
   within ``restart_window`` seconds (a rolling window; an error is logged; the other slots go
-  on; when every slot has given up the supervisor exits 1). A worker that exits with code 2
+  on; when every slot has given up the supervisor exits 1). Only the deaths of workers that
+  made no progress count: a worker that got a task done (it writes a byte to a second pipe,
+  ``BLITZQ_PROGRESS``, once the completion of its first run was applied:
+  :func:`~blitzq.worker.heartbeat.progress_mark`) is restarted after the shortest delay,
+  uncounted, and the slot's count starts over (:class:`~blitzq.worker.restarts.RestartBudget`),
+  so poison tasks killing workers now and then never exhaust the budget; a crash loop (a
+  worker that cannot start or cannot get one task done) does. A worker that exits with code 2
   (a usage error) or 78 (``EXIT_CONFIG``, a configuration error) is not restarted: that would
   fail again; when every slot stopped so, the supervisor exits with that code. A worker that
   exits with
@@ -58,7 +64,7 @@ from types import FrameType
 from .autoscale import Autoscaler, AutoscaleSettings, Sample
 from .cpu import EXIT_FORKSERVER
 from .elastic import Elastic, _Slot
-from .heartbeat import HEARTBEAT_ENV
+from .heartbeat import HEARTBEAT_ENV, PROGRESS_ENV
 from .ports import PORT_WAIT_ENV
 from .processes import Guard, _prctl, die_with_parent, group_alive, killpg, signal_name
 from .reload import SourceWatcher
@@ -97,7 +103,8 @@ class Supervisor(Elastic):
         workers: number of worker processes (>= 1).
         shutdown_timeout: seconds the workers get to stop gracefully after a stop signal; what
             still runs ``KILL_GRACE`` (5) seconds later is SIGKILLed with its process group.
-        max_restarts: restarts of one slot allowed within ``restart_window`` seconds.
+        max_restarts: restarts of one slot allowed within ``restart_window`` seconds, after
+            deaths of workers that made no progress (see the module docstring).
         restart_window: seconds of the restart budget's rolling window.
         heartbeat_timeout: seconds without a heartbeat after which a worker is replaced
             (``None``: no heartbeat is watched).
@@ -238,6 +245,7 @@ class Supervisor(Elastic):
             now = time.monotonic()
             for slot in self.slots:
                 self._read_beats(slot, now)
+                self._read_progress(slot)
                 if slot.proc is not None and slot.proc.poll() is not None:
                     self._ended(slot, now)
                 elif slot.proc is not None and not self._stopping:
@@ -275,8 +283,9 @@ class Supervisor(Elastic):
                 if all(s.usage_error for s in self.slots):
                     return max(s.fatal_code for s in self.slots)
                 return 1
-            beats = [s.beat_fd for s in self.slots if s.beat_fd >= 0]
-            self._wait(wake_r, self._next_deadline(now) - now, beats)
+            pipes = [s.beat_fd for s in self.slots if s.beat_fd >= 0]
+            pipes += [s.progress_fd for s in self.slots if s.progress_fd >= 0]
+            self._wait(wake_r, self._next_deadline(now) - now, pipes)
 
     def _next_deadline(self, now: float) -> float:
         deadlines = [now + 1.0]
@@ -330,32 +339,38 @@ class Supervisor(Elastic):
         if not first:
             env[PORT_WAIT_ENV] = repr(self.port_wait)
         self._close_beats(slot)
+        self._close_progress(slot)
         beat_r = beat_w = -1
         if self.heartbeat_timeout is not None:
             beat_r, beat_w = os.pipe()
             os.set_blocking(beat_r, False)
             env[HEARTBEAT_ENV] = f"{beat_w},{min(1.0, self.heartbeat_timeout / 5)!r}"
+        progress_r, progress_w = os.pipe()
+        os.set_blocking(progress_r, False)
+        env[PROGRESS_ENV] = str(progress_w)
+        passed = (beat_w, progress_w) if beat_w >= 0 else (progress_w,)
         try:
             proc = subprocess.Popen(
                 self.command,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 process_group=0,
-                pass_fds=(beat_w,) if beat_w >= 0 else (),
+                pass_fds=passed,
                 preexec_fn=functools.partial(die_with_parent, os.getpid()),
             )
         except OSError as exc:
             logger.error("worker slot %d could not start: %s", slot.index, exc)
-            for fd in (beat_r, beat_w):
+            for fd in (beat_r, progress_r):
                 if fd >= 0:
                     os.close(fd)
             self._schedule_restart(slot, time.monotonic())
             return
         finally:
-            if beat_w >= 0:
+            for fd in passed:
                 with contextlib.suppress(OSError):
-                    os.close(beat_w)
+                    os.close(fd)
         slot.beat_fd, slot.beating = beat_r, False
+        slot.progress_fd, slot.progressed = progress_r, False
         slot.proc = proc
         slot.started_at = slot.beat_at = time.monotonic()
         slot.pids.append(proc.pid)
@@ -391,6 +406,34 @@ class Supervisor(Elastic):
             return
         slot.beat_at, slot.beating = now, True
 
+    @staticmethod
+    def _close_progress(slot: _Slot) -> None:
+        if slot.progress_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(slot.progress_fd)
+            slot.progress_fd = -1
+
+    def _read_progress(self, slot: _Slot) -> None:
+        """Take the worker's progress mark when it is there (logged once); at end-of-file
+        (the worker exited or closed the pipe) stop watching the pipe."""
+        if slot.progress_fd < 0:
+            return
+        try:
+            data = os.read(slot.progress_fd, 64)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        self._close_progress(slot)  # the mark is one byte, written once
+        if data and not slot.progressed and slot.proc is not None:
+            slot.progressed = True
+            logger.info(
+                "worker slot %d (pid %d) completed its first task: its death would not count "
+                "against the restart budget",
+                slot.index,
+                slot.proc.pid,
+            )
+
     def _check_heartbeat(self, slot: _Slot, now: float) -> None:
         """SIGKILL the process group of a worker whose heartbeat stopped; the exit that
         follows restarts the slot as after a crash."""
@@ -409,8 +452,10 @@ class Supervisor(Elastic):
     def _ended(self, slot: _Slot, now: float) -> None:
         proc = slot.proc
         assert proc is not None
+        self._read_progress(slot)  # a mark written just before the exit still counts
         slot.proc = None
         self._close_beats(slot)
+        self._close_progress(slot)
         code = proc.returncode
         self._live_groups.discard(proc.pid)
         # A clean exit shut its pool down; give stragglers (resource tracker) a moment.
@@ -455,6 +500,15 @@ class Supervisor(Elastic):
             )
         else:
             logger.warning("worker slot %d (pid %d) exited with %s", slot.index, proc.pid, how)
+        if slot.progressed:
+            slot.restart_at = now + slot.budget.progressed()
+            logger.info(
+                "restarting worker slot %d in %.2f s (its worker had completed tasks: not "
+                "counted against the restart budget)",
+                slot.index,
+                slot.restart_at - now,
+            )
+            return
         self._schedule_restart(slot, now)
 
     def _schedule_restart(self, slot: _Slot, now: float) -> None:
@@ -462,7 +516,8 @@ class Supervisor(Elastic):
         if delay is None:
             slot.gave_up = True
             logger.error(
-                "worker slot %d restarted %d times within %.0f s: giving up on it",
+                "worker slot %d restarted %d times within %.0f s: giving up on it (none of "
+                "those workers completed a task)",
                 slot.index,
                 slot.budget.limit,
                 slot.budget.window,
@@ -498,6 +553,7 @@ class Supervisor(Elastic):
         for slot in self.slots:
             slot.proc = None
             self._close_beats(slot)
+            self._close_progress(slot)
         self._retiring.clear()
         for pgid in list(self._groups):
             self._guard.tell(f"-{pgid}")

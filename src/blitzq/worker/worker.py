@@ -38,6 +38,7 @@ from .deferral import OutageBackoff
 from .endpoints import Ops
 from .fetch import Fetcher
 from .flusher import Flusher
+from .heartbeat import progress_mark
 from .identity import default_worker_id, new_instance, process_slot
 from .limiter import Limiter, Slots
 from .maintenance import Maintenance, running_tasks
@@ -432,6 +433,8 @@ class Worker:
         }
         self._flusher = Flusher(broker)
         self._runner = Runner(self, broker, self._flusher)
+        # A supervised worker tells its supervisor once a run of its was committed.
+        self._runner.ending.first_run = progress_mark()
         self._fetcher = Fetcher(self, broker, self._runner, self._slots, lane)
         await self._runner.cpu.warm()  # the forkserver imports the task modules once
         self._runner.observer = self.ops.metrics  # None without metrics: nothing installed
