@@ -170,9 +170,9 @@ async def test_a_worker_runs_through_a_node_that_does_not_own_the_namespace(
 def test_sigkilled_workers_on_a_cluster_lose_no_task(
     redis_cluster: LocalCluster, cluster_ns: str, tmp_path: Path, layout: str
 ) -> None:
-    """The reliability suite's crash pattern on the cluster, on each layout: 120 tasks, two
-    workers, one SIGKILLed mid-task twice; every task succeeds, the interrupted ones ran
-    again."""
+    """The reliability suite's crash pattern on the cluster, on each layout: 120 tasks in two
+    halves, two workers, one SIGKILLed mid-task after each half is enqueued; every task
+    succeeds, the interrupted ones ran again."""
     port = elsewhere(redis_cluster, cluster_ns)
     harness = Harness(f"redis+cluster://127.0.0.1:{port}/0", cluster_ns, tmp_path)
     harness.worker_url = f"redis+cluster://127.0.0.1:{port}/0?layout={layout}"
@@ -181,9 +181,11 @@ def test_sigkilled_workers_on_a_cluster_lose_no_task(
         rng = random.Random(11)
         labels = [f"k{i}" for i in range(120)]
         workers = [harness.spawn(concurrency=3, vt=1.5) for _ in range(2)]
-        harness.enqueue(queue, WORK, [(label, rng.uniform(0.02, 0.15)) for label in labels])
         interrupted: list[str] = []
-        for _ in range(2):
+        for batch in (labels[:60], labels[60:]):
+            # Each kill's half is enqueued before it: on a busy machine the first half may
+            # be done before the second victim is looked at.
+            harness.enqueue(queue, WORK, [(label, rng.uniform(0.02, 0.15)) for label in batch])
             victim = workers[0]
             wait_until(lambda v=victim: harness.in_flight(v.pid), 30.0, "a busy victim")
             assert victim.kill() == -signal.SIGKILL
