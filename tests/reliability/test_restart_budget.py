@@ -45,7 +45,7 @@ __all__ = ["client", "supervise"]  # the fixtures, used by name
 APP = "tests.reliability.test_restart_budget:queue"
 QUEUE_NAME = "budget"
 #: Logged by the supervisor once a worker wrote its progress mark.
-PROGRESSED = "completed its first task"
+PROGRESSED = "made progress (a task completed"
 #: Logged by the supervisor for a restart that the budget does not count.
 UNCOUNTED = "not counted against the restart budget"
 

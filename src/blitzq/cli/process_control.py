@@ -204,8 +204,8 @@ def process_control_options(fn: F) -> F:
             show_envvar=True,
             help="Crash restarts of one worker slot allowed within --restart-window; one more "
             "and the supervisor gives up on the slot. Only the deaths of workers that made no "
-            "progress (no task completion written yet) count: a worker that got a task done "
-            "is restarted uncounted, and the count starts over.",
+            "progress (no task completion written yet, no suspect run alone) count: a worker "
+            "that got a task done is restarted uncounted, and the count starts over.",
         ),
         click.option(
             "--restart-window",

@@ -131,6 +131,10 @@ class Solo:
         self._opened = asyncio.Event()
         self._own: set[asyncio.Task[None]] = set()  # turns and parked starts: never drained
         self._watch: asyncio.Task[None] | None = None
+        #: Called as a suspect starts its run alone: a supervised worker's progress mark
+        #: (:func:`.heartbeat.progress_mark`), since a crash from here on is the suspect's,
+        #: counted in Redis against its own budget, not a crash loop of the worker.
+        self.on_alone: Callable[[], None] | None = None
 
     # ------------------------------------------------------------ the others
     def park(self, start: Callable[[], None], d: Delivery, slots: Slots) -> None:
@@ -180,6 +184,8 @@ class Solo:
                 return
             self.current = d
             self.solo_runs += 1
+            if self.on_alone is not None:
+                self.on_alone()
             logger.info(
                 "running task %s (%s) alone: delivered %d times without completing",
                 env.id,

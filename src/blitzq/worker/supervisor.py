@@ -428,8 +428,8 @@ class Supervisor(Elastic):
         if data and not slot.progressed and slot.proc is not None:
             slot.progressed = True
             logger.info(
-                "worker slot %d (pid %d) completed its first task: its death would not count "
-                "against the restart budget",
+                "worker slot %d (pid %d) made progress (a task completed, or a suspect ran "
+                "alone): its death would not count against the restart budget",
                 slot.index,
                 slot.proc.pid,
             )
@@ -503,7 +503,7 @@ class Supervisor(Elastic):
         if slot.progressed:
             slot.restart_at = now + slot.budget.progressed()
             logger.info(
-                "restarting worker slot %d in %.2f s (its worker had completed tasks: not "
+                "restarting worker slot %d in %.2f s (its worker had made progress: not "
                 "counted against the restart budget)",
                 slot.index,
                 slot.restart_at - now,
@@ -517,7 +517,7 @@ class Supervisor(Elastic):
             slot.gave_up = True
             logger.error(
                 "worker slot %d restarted %d times within %.0f s: giving up on it (none of "
-                "those workers completed a task)",
+                "those workers made progress)",
                 slot.index,
                 slot.budget.limit,
                 slot.budget.window,

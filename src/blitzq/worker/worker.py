@@ -433,8 +433,11 @@ class Worker:
         }
         self._flusher = Flusher(broker)
         self._runner = Runner(self, broker, self._flusher)
-        # A supervised worker tells its supervisor once a run of its was committed.
-        self._runner.ending.first_run = progress_mark()
+        # A supervised worker tells its supervisor once a run of its was committed, or a
+        # suspect starts alone (its crash is the task's, counted against its own budget).
+        mark = progress_mark()
+        self._runner.ending.first_run = mark
+        self._runner.admission.solo.on_alone = mark
         self._fetcher = Fetcher(self, broker, self._runner, self._slots, lane)
         await self._runner.cpu.warm()  # the forkserver imports the task modules once
         self._runner.observer = self.ops.metrics  # None without metrics: nothing installed
