@@ -353,8 +353,10 @@ class Custody:
     async def drain_dead_letters(self, count: int, record_ttl: int) -> int:
         """Move up to ``count`` messages of RabbitMQ's dead-letter queue into the state
         store's dead letters, one per task whose completion is not committed (a plain
-        message's task, or each task of a pack; a committed one is over: no dead letter),
-        then ack them there; return how many messages.
+        message's task; a committed one is over: no dead letter), then ack them there;
+        return how many messages. A pack's tasks not committed are published again one
+        message each instead (marked as delivered once), unless ``max_deliveries`` is 1
+        (then each is a dead letter).
 
         Raises:
             BrokerError: RabbitMQ or Redis could not be reached.
@@ -385,9 +387,16 @@ class Custody:
             # died or its connection dropped before RabbitMQ read it) is over: no dead
             # letter of it; a pack's other tasks are dead letters of their own.
             over = await committed(self.store, bodies)
-            for body, done in zip(bodies, over, strict=True):
-                if not done:
-                    await self._dead_letter(queue, body, deliveries, deliveries, record_ttl)
+            again = [body for body, done in zip(bodies, over, strict=True) if not done]
+            if len(bodies) > 1 and link.max_deliveries > 1:
+                # A pack that reached the queue's delivery limit unsplit (every slot busy
+                # at each of its deliveries): its tasks were not tried one by one yet, so
+                # each is published again alone, marked as delivered once (as a split,
+                # redelivered.py); a poison task among them is found by its own crashes.
+                await transport.publish_with(queue, again, 1)
+                again = []
+            for body in again:
+                await self._dead_letter(queue, body, deliveries, deliveries, record_ttl)
             if any(over):
                 logger.info(
                     "%d dead-lettered task(s) of %s had completed already: acked, no dead "

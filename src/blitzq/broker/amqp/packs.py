@@ -30,12 +30,12 @@ fetched yet wait in the consumer's buffer. The AMQP message is acked once every 
 settled -- its completion committed, or handed back, or handed to custody (:class:`Pack`). A
 pack delivered again (a worker died, or its channel closed, before every task was settled) is
 not run as it is: its tasks whose completion the state store already committed are dropped
-(``redelivered.py``), the others are published again one message each, with the pack's
-delivery count, and the pack is acked (:meth:`~.transport.AmqpTransport._split`). From there
-on each task has a delivery count of its own: a poison task crashing its worker is
-dead-lettered alone, and the tasks delivered with it run once. A pack that RabbitMQ
-dead-letters itself (``max_deliveries=1``) is split by the dead-letter drain: each task not
-committed becomes a dead letter of its own (``custody.py``).
+(``redelivered.py``), the others are published again one message each, marked as delivered
+once, and the pack is acked (:meth:`~.transport.AmqpTransport._split`). From there on each
+task has a delivery count of its own: a poison task crashing its worker is dead-lettered
+alone, and the tasks delivered with it run once. A pack that RabbitMQ dead-letters itself is
+split by the dead-letter drain (``custody.py``): each task not committed is published again
+alone, marked as delivered once, or, with ``max_deliveries=1``, becomes a dead letter.
 """
 
 from __future__ import annotations

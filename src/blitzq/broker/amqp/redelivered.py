@@ -120,8 +120,11 @@ async def split_pack(
     """Split a pack delivered again (``message``, from ``queue``): its tasks whose attempt
     ``store`` recorded as over (:func:`committed`; no store: none) are dropped, the others
     published again one message each with ``publish(queue, bodies, deliveries)`` -- marked
-    with the pack's deliveries so far, so their next delivery counts as this one --, then the
-    pack is acked. Returns ``False`` (nothing done) when ``message`` is not a well-formed
+    as delivered once, so their next delivery counts as the second: a pack that went round
+    many crashes unsplit (every slot busy, e.g. while a suspect ran alone) would otherwise
+    hand each of its tasks the pack's count, making innocent tasks suspects that run alone
+    (``worker/solo.py``), and a poison task among them is found by its own next crashes --,
+    then the pack is acked. Returns ``False`` (nothing done) when ``message`` is not a well-formed
     pack delivered again: the caller delivers it as it is.
 
     Raises:
@@ -136,7 +139,7 @@ async def split_pack(
     if store is not None:
         over = await committed(store, bodies)
     again = [body for body, done in zip(bodies, over, strict=True) if not done]
-    await publish(queue, again, deliveries - 1)
+    await publish(queue, again, 1)
     await settle(message, True)
     logger.info(
         "a pack of %d task(s) of %s delivered again: %d committed already (not run again), "
