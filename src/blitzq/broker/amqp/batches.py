@@ -232,3 +232,12 @@ def returned(result: object) -> bool:
     return isinstance(result, aiormq.exceptions.DeliveryError) and isinstance(
         result.frame, aiormq.spec.Basic.Return
     )
+
+
+def nacked(result: object) -> bool:
+    """Whether a publish result of :func:`publish_batch` is a ``basic.nack``: RabbitMQ did
+    not take the message (e.g. a quorum queue without a leader for a moment, as it is
+    declared again after a deletion)."""
+    return isinstance(result, aiormq.exceptions.DeliveryError) and isinstance(
+        result.frame, aiormq.spec.Basic.Nack
+    )

@@ -4,13 +4,15 @@
 publisher-confirm channel, :data:`PUBLISH_WINDOW` at a time in flight
 (:func:`.batches.publish_batch`), and returns once RabbitMQ confirmed every one. A message
 returned because its queue is gone (deleted meanwhile) is published again after the queue is
-declared again; a ``basic.nack``, a return of another kind, a lost channel or no confirm in
-:data:`CONFIRM_TIMEOUT` seconds raises :class:`~blitzq.exceptions.BrokerError`: a publish is
-never lost silently.
+declared again, and one RabbitMQ nacked (it did not take it) once more after
+:data:`NACK_PAUSE`; a second ``basic.nack``, a return of another kind, a lost channel or no
+confirm in :data:`CONFIRM_TIMEOUT` seconds raises :class:`~blitzq.exceptions.BrokerError`: a
+publish is never lost silently.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +20,7 @@ from typing import Any
 import aiormq
 
 from ...exceptions import BrokerError
-from .batches import publish_batch, returned
+from .batches import nacked, publish_batch, returned
 from .channels import FAILURES, AmqpLink, unconfirmed
 
 __all__ = ["CONFIRM_TIMEOUT", "PUBLISH_WINDOW", "publish_confirmed"]
@@ -29,6 +31,10 @@ logger = logging.getLogger("blitzq.broker.amqp")
 CONFIRM_TIMEOUT = 30.0
 #: Messages of one publish in flight at once (awaiting their confirms).
 PUBLISH_WINDOW = 1000
+#: Seconds before the messages RabbitMQ nacked are published once more (a nack means it
+#: did not take them: a quorum queue declared again after a deletion has no leader for a
+#: moment); a second nack fails the publish.
+NACK_PAUSE = 0.2
 
 
 async def publish_confirmed(
@@ -65,6 +71,16 @@ async def publish_confirmed(
                 await link.declare(queue)
                 results = [r for r in results if not returned(r)]
                 results += await publish_batch(raw, name, back, headers, CONFIRM_TIMEOUT)
+            again = [body for body, r in zip(window, results, strict=True) if nacked(r)]
+            if again and not back:  # nacked: once more, after a pause
+                logger.warning(
+                    "RabbitMQ nacked %d message(s) to %s; publishing them once more",
+                    len(again),
+                    name,
+                )
+                await asyncio.sleep(NACK_PAUSE)
+                results = [r for r in results if not nacked(r)]
+                results += await publish_batch(raw, name, again, headers, CONFIRM_TIMEOUT)
             for result in results:
                 if isinstance(result, BaseException):
                     raise unconfirmed(result, f"publishing to {name!r}") from None
