@@ -121,7 +121,13 @@ def test_sighup_with_health_and_metrics_ports_keeps_both_workers_serving(
         60,
         f"the new workers registered\n{sup.output()}",
     )
-    assert sup.output().count("retries for up to") == 2, sup.output()
+    # Each new worker logs that it retries the ports (the log reaches the supervisor's
+    # output through a pipe: it may trail the registration).
+    wait_until(
+        lambda: sup.output().count("retries for up to") == 2,
+        30,
+        f"both new workers retrying the ports\n{sup.output()}",
+    )
     for port in (health, health + 1):
         wait_until(lambda port=port: get(port, "/ready")[0] == 503, 30, f"/ready 503 on {port}")
         status, body = get(port, "/ready")
