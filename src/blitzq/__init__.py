@@ -7,13 +7,11 @@ next to nothing and a program pays only for the parts it touches.
 
 from __future__ import annotations
 
-from importlib import import_module
+from ._lazy import lazy_exports
 
 #: ``typing.TYPE_CHECKING`` without importing typing (14 ms); type checkers read it as true.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
     from .context import TaskContext, current_task
     from .dead_letters import DeadLetter
     from .dependencies import Depends
@@ -165,26 +163,4 @@ __all__ = [
 
 # Hidden from type checkers, which would otherwise accept any name as blitzq.<name>.
 if not TYPE_CHECKING:
-
-    def __getattr__(name: str) -> Any:
-        """Import the module that defines public ``name`` on first access and cache the value;
-        a submodule's name (``blitzq.testing``) imports that submodule, as an eager package did.
-
-        Raises:
-            AttributeError: ``name`` is neither a public name nor a submodule of blitzq.
-        """
-        module = _MODULE_OF.get(name)
-        if module is None:
-            try:
-                return import_module(f".{name}", __name__)
-            except ModuleNotFoundError as exc:
-                if exc.name != f"{__name__}.{name}":
-                    raise
-                raise AttributeError(f"module 'blitzq' has no attribute {name!r}") from None
-        value = getattr(import_module(module, __name__), name)
-        globals()[name] = value
-        return value
-
-    def __dir__() -> list[str]:
-        """The public names and the module's own attributes (for ``dir(blitzq)`` and completion)."""
-        return sorted({*globals(), *__all__})
+    __getattr__, __dir__ = lazy_exports(__name__, _MODULE_OF, globals(), __all__)

@@ -12,12 +12,10 @@ engine (issue 29: an idle worker's memory).
 
 from __future__ import annotations
 
-from importlib import import_module
+from .._lazy import lazy_exports
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
-    from typing import Any
-
     from .canvas import (
         Chain,
         Chord,
@@ -73,26 +71,4 @@ __all__ = [
 
 # Hidden from type checkers, which would otherwise accept any name as blitzq.workflow.<name>.
 if not TYPE_CHECKING:
-
-    def __getattr__(name: str) -> Any:
-        """Import the module that defines public ``name`` on first access and cache the value;
-        a submodule's name (``blitzq.workflow.engine``) imports that submodule.
-
-        Raises:
-            AttributeError: ``name`` is neither a public name nor a submodule.
-        """
-        module = _MODULE_OF.get(name)
-        if module is None:
-            try:
-                return import_module(f".{name}", __name__)
-            except ModuleNotFoundError as exc:
-                if exc.name != f"{__name__}.{name}":
-                    raise
-                raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-        value = getattr(import_module(module, __name__), name)
-        globals()[name] = value
-        return value
-
-    def __dir__() -> list[str]:
-        """The public names and the module's own attributes (``dir()`` and completion)."""
-        return sorted({*globals(), *__all__})
+    __getattr__, __dir__ = lazy_exports(__name__, _MODULE_OF, globals(), __all__)
