@@ -199,9 +199,9 @@ async def end_if_gone(
 
     Raises:
         ResultExpired: the task is known nowhere; the message names ``result_ttl`` (s), and
-            for a task sent less than ``result_ttl`` ago says that the server lost its data
-            or the task was purged (a record lives ``result_ttl`` from its write, after the
-            send).
+            for a task sent less than ``result_ttl`` ago says that the server lost its data,
+            the task was purged (a record lives ``result_ttl`` from its write, after the
+            send), or a fast-mode task was lost with its worker.
     """
     loop = asyncio.get_running_loop()
     gate = _tracing.get(loop)
@@ -220,7 +220,9 @@ async def end_if_gone(
             f"it was sent {age:.1f} s ago, less than result_ttl ({result_ttl} s), so its "
             "record did not expire: the server lost its data (a restart without persistence, "
             "a flush, an eviction under its maxmemory-policy), or an operator purged it "
-            "(queue purge), unless the workers keep records for a shorter result_ttl"
+            "(queue purge), unless the workers keep records for a shorter result_ttl; or, "
+            "for a fast-mode task (at most once), the worker running it died before "
+            "writing its record"
         )
     else:
         why = f"records expire result_ttl ({result_ttl} s) after they are written"
