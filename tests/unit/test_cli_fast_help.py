@@ -302,3 +302,40 @@ def test_the_pre_check_clears_this_repositorys_pyproject() -> None:
     assert _project.may_hold_table(text) is False
     assert _project.may_hold_table(b"\xff[tool.blitzq]") is True  # not UTF-8: parsed
     assert _project.may_hold_table(b"[project]\rblitzq = 1") is True  # a lone CR: parsed
+
+
+#: Files holding the table, which :func:`test_edits_of_files_with_the_table` edits.
+_HOLDING = [
+    '[project]\nname = "blitzq"\ndeps = ["a", "b[c]"]\n[tool.x]\ny = 1\n[tool.blitzq]\nn = "x"\n',
+    "a = \"\"\"x\"\"\"\ntool.blitzq.q = 1\nb = '''y'''\n",
+    "[tool]\nz = [1, 2]\nblitzq = {a = 1}\n",
+    'x = {a = "b"}\n[ tool . "blitzq" ]\n',
+    's = "a#b"\n# c\n[[tool.blitzq]]\nk = 1\n',
+    'arr = [\n "x", # c\n "y",\n]\n[tool.blitzq.worker]\nc = 2\n',
+]
+
+
+def test_edits_of_files_with_the_table() -> None:
+    """Random one-character (or one-token) insertions and deletions in files that hold the
+    table (fixed seed): every edit that TOML still reads as holding it is not cleared."""
+    import random
+    import tomllib
+
+    tokens = ['"', "'", "#", "[", "]", "{", "}", "=", "\n", "\\", ".", " ", '"""', "'''", ","]
+    tokens += ["u", "blitzq", "tool"]
+    rng = random.Random(5)
+    holding = 0
+    for _ in range(20000):
+        text = rng.choice(_HOLDING)
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randint(0, len(text))
+            cut = rng.random() < 0.3
+            text = text[:at] + ("" if cut else rng.choice(tokens)) + text[at + cut :]
+        try:
+            tool = tomllib.loads(text).get("tool", {})
+        except tomllib.TOMLDecodeError:
+            continue
+        if isinstance(tool, dict) and "blitzq" in tool:
+            holding += 1
+            assert _project.may_hold_table(text.encode()), text
+    assert holding > 1000
