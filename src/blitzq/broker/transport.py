@@ -63,6 +63,16 @@ def delivery_backstop(max_deliveries: int) -> int:
     return max(BACKSTOP_MIN, BACKSTOP_FACTOR * max_deliveries)
 
 
+def solo_plan(max_deliveries: int) -> tuple[int, int]:
+    """``(solo_from, budget)`` for a Queue's ``max_deliveries`` (an int >= 1): the first
+    delivery count that runs alone, and how many solo runs a task may start before it is
+    dead-lettered (:mod:`blitzq.worker.solo`, which counts them in ``{ns}:solo:<id>``).
+    ``budget`` is 0 for ``max_deliveries=1`` (a redelivery is dead-lettered on receipt: there
+    is no second run to find the culprit with)."""
+    solo_from = 3 if max_deliveries >= 3 else 2
+    return solo_from, max(0, max_deliveries - solo_from + 1)
+
+
 class Guarantee(enum.StrEnum):
     """What a broker promises about delivery."""
 

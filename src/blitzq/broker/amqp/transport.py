@@ -50,7 +50,15 @@ from aiormq.abc import DeliveredMessage
 from ..factory import amqp_pack
 from ..transport import Delivery, Guarantee, Transport
 from . import inspection
-from .channels import DELIVERIES, FAILURES, AmqpLink, delivery_count, guarded, translate
+from .channels import (
+    BACKSTOPS,
+    DELIVERIES,
+    FAILURES,
+    AmqpLink,
+    delivery_count,
+    guarded,
+    translate,
+)
 from .deliveries import Consumer, Held, Received
 from .injected import Borrowed
 from .packs import DEFAULT_MAX_PACK, PACK_HEADER, VERSION, pack_size, packed
@@ -164,9 +172,15 @@ class AmqpTransport(Transport):
         await publish_confirmed(self.link, queue, packs, _PACK_HEADERS)
 
     @guarded
-    async def publish_with(self, queue: str, messages: Sequence[bytes], deliveries: int) -> None:
-        """:meth:`publish`, the messages marked as delivered ``deliveries`` times before."""
+    async def publish_with(
+        self, queue: str, messages: Sequence[bytes], deliveries: int, backstops: int = 0
+    ) -> None:
+        """:meth:`publish`, the messages marked as delivered ``deliveries`` times before, and
+        as dead-lettered ``backstops`` times by RabbitMQ's delivery limit
+        (``custody.BACKSTOP_ROUNDS``)."""
         headers: dict[str, Any] | None = {DELIVERIES: deliveries} if deliveries else None
+        if backstops:
+            headers = {**(headers or {}), BACKSTOPS: backstops}
         await publish_confirmed(self.link, queue, messages, headers)
 
     # ------------------------------------------------------------- consuming
