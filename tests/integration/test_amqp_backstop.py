@@ -17,8 +17,8 @@ import pytest
 
 from blitzq.broker import Broker
 from blitzq.broker.amqp import AmqpBroker
-from blitzq.broker.amqp.channels import BACKSTOPS
 from blitzq.broker.amqp.custody import BACKSTOP_ROUNDS
+from blitzq.broker.amqp.publishing import BACKSTOPS
 from blitzq.broker.transport import delivery_backstop, solo_plan
 from blitzq.serialization import Envelope, decode_envelope, encode_envelope
 from tests.amqp_server import amqp_or_skip, delete_amqp_queues

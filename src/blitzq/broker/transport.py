@@ -135,6 +135,10 @@ class Transport(abc.ABC):
     delivery budget (RabbitMQ: republish, then ack). The facade then hands a worker's unstarted
     deliveries back through it; otherwise such a requeue is a message the state store writes
     (its outbox, relayed)."""
+    count_note: str | None = None
+    """What :meth:`queue_stats`' ``waiting`` (and a purge's count) counts when it is not
+    always tasks, in a sentence for the operator (``blitzq queue stats``, the dashboard);
+    ``None``: tasks."""
 
     @property
     def pool_size(self) -> int | None:
@@ -349,8 +353,9 @@ class Transport(abc.ABC):
     def holding(self) -> dict[str, Any] | None:
         """What this transport holds delivered and not acknowledged, for a worker's
         registration (``Worker.info()["in_flight"]``), where the server cannot count it for
-        :meth:`queue_stats` (RabbitMQ): ``{"by": <this transport's id>, "queues": {queue:
-        tasks fetched}, "buffered": {queue: tasks prefetched}}``. ``None`` (the default):
+        :meth:`queue_stats` (RabbitMQ): ``{"by": <this transport's id>, "alive": <its
+        connection's mark>, "queues": {queue: tasks fetched}, "kept": {queue: tasks in
+        custody}, "buffered": {queue: tasks prefetched}}``. ``None`` (the default):
         the server counts it (a stream's pending entries)."""
         return None
 

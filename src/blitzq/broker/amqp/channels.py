@@ -64,9 +64,6 @@ DEAD_LETTER_SUFFIX = AMQP_RESERVED_QUEUE
 #: Header carrying the deliveries a message had before it was published again from the
 #: state store's custody (``custody.py``).
 DELIVERIES = "x-blitzq-deliveries"
-#: Header carrying how many times RabbitMQ's ``x-delivery-limit`` dead-lettered a task
-#: and the dead-letter drain published it again (``custody.py``).
-BACKSTOPS = "x-blitzq-backstops"
 
 #: Seconds to wait for RabbitMQ to accept a connection.
 CONNECT_TIMEOUT = 10.0

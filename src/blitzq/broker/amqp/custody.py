@@ -47,10 +47,11 @@ from ..redis.connection import RedisConnection
 from ..state import StateStore
 from ..transport import solo_plan
 from ..values import Completion, DeadLetterFields
-from .channels import BACKSTOPS, DELIVERIES, FAILURES, AmqpLink, header_int, settle, translate
+from .channels import DELIVERIES, FAILURES, AmqpLink, header_int, settle, translate
 from .deliveries import Consumer, Held
 from .packs import decode, is_pack
 from .pausing import hand_back
+from .publishing import BACKSTOPS
 from .redelivered import committed
 
 logger = logging.getLogger("blitzq.broker.amqp")
@@ -58,7 +59,7 @@ logger = logging.getLogger("blitzq.broker.amqp")
 #: Reason of a dead letter RabbitMQ dead-lettered past ``x-delivery-limit`` (as on Redis).
 MAX_DELIVERIES_REASON = "max deliveries exceeded"
 #: Times a task may reach RabbitMQ's ``x-delivery-limit`` and be published again by the
-#: dead-letter drain (its count in the header :data:`.channels.BACKSTOPS`) before it is a
+#: dead-letter drain (its count in the header :data:`.publishing.BACKSTOPS`) before it is a
 #: dead letter whatever its solo runs: a message that kills its worker before it starts
 #: counts no solo run, and would go round forever.
 BACKSTOP_ROUNDS = 3
