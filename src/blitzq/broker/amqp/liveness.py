@@ -9,29 +9,36 @@ the registration lapses would count them twice: ready again, and still in flight
 
 **How.** Each transport that consumes declares a *mark* on its connection (:class:`Mark`): a
 server-named (``amq.gen-…``), exclusive queue, which RabbitMQ deletes the moment that
-connection closes -- the same moment it requeues the connection's unacked messages. The
-transport writes the mark's name into its registration's ``in_flight`` (``alive``), and
-:func:`open_marks` checks the marks of the registrations that hold something with a passive
-declaration each: ``NOT_FOUND`` means the connection is gone (another connection is answered
-``RESOURCE_LOCKED`` while it lives). A mark costs RabbitMQ one empty classic queue per
-consuming connection; a check costs a channel (the refusal closes it) and one round trip,
-the checks of one count run at once.
+connection closes -- the same moment it requeues the connection's unacked messages -- and
+which keeps no message (``x-max-length: 0``). The transport writes the mark's name into its
+registration's ``in_flight`` (``alive``), and :func:`open_marks` checks the marks of the
+registrations that hold something by publishing an empty message to each, ``mandatory`` with
+publisher confirms: a mark that is gone returns it (``NO_ROUTE``), one that lives takes it
+and drops it at once. Nothing is refused, so no channel closes and RabbitMQ logs no error (a
+passive declaration of another connection's exclusive queue is refused ``RESOURCE_LOCKED``
+even while it lives). A mark costs RabbitMQ one empty classic queue per consuming
+connection; a check costs one confirmed publish, the checks of one count sent at once on a
+channel of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable
 from typing import Any
 
 import aiormq
 
+from ...exceptions import BrokerError
 from .channels import FAILURES, AmqpLink, translate
 
 __all__ = ["Mark", "open_marks"]
 
-#: Marks checked at once.
-CHECKS_AT_ONCE = 16
+#: Arguments of a mark: it keeps no message (a check's message is dropped as it arrives).
+_KEEP_NONE = {"x-max-length": 0}
+#: Seconds the checks of one count may take (then the count fails).
+TIMEOUT = 10.0
 
 
 class Mark:
@@ -58,7 +65,7 @@ class Mark:
         if self.name and self.epoch == epoch:
             return
         try:
-            ok = await raw.queue_declare("", exclusive=True, auto_delete=True)
+            ok = await raw.queue_declare("", exclusive=True, auto_delete=True, arguments=_KEEP_NONE)
         except FAILURES as exc:
             raise translate(exc, "declaring the connection's mark") from None
         self.name, self.epoch = str(ok.queue), epoch
@@ -66,7 +73,7 @@ class Mark:
 
 async def open_marks(link: AmqpLink, names: Iterable[str]) -> set[str]:
     """Of the marks ``names``, those whose connection is still open (see the module
-    docstring; a check that fails otherwise counts the mark open).
+    docstring; a check answered otherwise than by an ack or a return counts the mark open).
 
     Raises:
         BrokerError: RabbitMQ could not be reached.
@@ -75,25 +82,26 @@ async def open_marks(link: AmqpLink, names: Iterable[str]) -> set[str]:
     if not wanted:
         return set()
     conn = await link.ensure()
-    gate = asyncio.Semaphore(CHECKS_AT_ONCE)
+    try:
+        channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
+        raw = await channel.get_underlay_channel()
+    except FAILURES as exc:
+        raise translate(exc, "opening a channel") from None
 
     async def check(name: str) -> bool:
-        async with gate:
-            try:
-                channel = await conn.channel(publisher_confirms=False)
-                raw = await channel.get_underlay_channel()
-            except FAILURES as exc:
-                raise translate(exc, "opening a channel") from None
-            try:
-                await raw.queue_declare(name, passive=True)
-            except aiormq.exceptions.ChannelNotFoundEntity:
-                return False
-            except aiormq.exceptions.ChannelClosed:  # RESOURCE_LOCKED: another's, open
-                return True
-            except FAILURES as exc:
-                raise translate(exc, f"checking the mark {name!r}") from None
-            await channel.close()  # answered: a mark of this connection (not refused)
-            return True
+        try:
+            await raw.basic_publish(b"", routing_key=name, mandatory=True)
+        except aiormq.exceptions.DeliveryError as exc:  # a return: gone; a nack: unknown
+            return not isinstance(exc.frame, aiormq.spec.Basic.Return)
+        except FAILURES as exc:
+            raise translate(exc, f"checking the mark {name!r}") from None
+        return True
 
-    found = await asyncio.gather(*(check(name) for name in wanted))
+    try:
+        found = await asyncio.wait_for(asyncio.gather(*(check(n) for n in wanted)), TIMEOUT)
+    except TimeoutError:
+        raise BrokerError("RabbitMQ: checking the workers' connections timed out") from None
+    finally:
+        with contextlib.suppress(*FAILURES):
+            await channel.close()
     return {name for name, alive in zip(wanted, found, strict=True) if alive}
