@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,11 +33,14 @@ import aiormq
 
 from ...exceptions import BrokerError
 from .channels import FAILURES, AmqpLink, translate
+from .closing import describe
 
 __all__ = ["Mark", "open_marks"]
 
+logger = logging.getLogger("blitzq.broker.amqp")
+
 #: Arguments of a mark: it keeps no message (a check's message is dropped as it arrives).
-_KEEP_NONE = {"x-max-length": 0}
+_KEEP_NONE: dict[str, Any] = {"x-max-length": 0}
 #: Seconds the checks of one count may take (then the count fails).
 TIMEOUT = 10.0
 
@@ -45,30 +49,41 @@ class Mark:
     """This transport's mark on its current connection (module docstring): made on the
     first consumer of each connection, gone with the connection."""
 
-    __slots__ = ("epoch", "name")
+    __slots__ = ("epoch", "name", "refused")
 
     def __init__(self) -> None:
         self.name = ""
         self.epoch = 0
+        self.refused = False  # a declaration was refused (logged once)
 
     def current(self, epoch: int) -> str:
         """The mark's queue name on the connection of ``epoch``; ``""`` when it has none."""
         return self.name if self.epoch == epoch else ""
 
-    async def ensure(self, raw: Any, epoch: int) -> None:
-        """Declare the mark on the connection of ``epoch`` through its channel ``raw`` (an
-        aiormq channel) unless it has one.
-
-        Raises:
-            BrokerError: RabbitMQ refused the declaration or could not be reached.
-        """
-        if self.name and self.epoch == epoch:
+    async def ensure(self, link: AmqpLink) -> None:
+        """Declare the mark on ``link``'s current connection unless it has one (tried once
+        per connection), on a channel of its own: a refusal (a user whose permissions do
+        not cover server-named queues) closes only that channel and is logged once; the
+        worker's deliveries then count until its registration lapses, as without marks."""
+        epoch = link.epoch
+        if self.epoch == epoch:
             return
+        self.name, self.epoch = "", epoch
         try:
+            channel = await (await link.ensure()).channel(publisher_confirms=False)
+            raw = await channel.get_underlay_channel()
             ok = await raw.queue_declare("", exclusive=True, auto_delete=True, arguments=_KEEP_NONE)
+            await channel.close()
         except FAILURES as exc:
-            raise translate(exc, "declaring the connection's mark") from None
-        self.name, self.epoch = str(ok.queue), epoch
+            if not self.refused:
+                logger.warning(
+                    "could not declare this connection's mark queue (%s): queue stats count "
+                    "what this worker holds until its registration lapses should it die",
+                    describe(exc),
+                )
+            self.refused = True
+            return
+        self.name = str(ok.queue)
 
 
 async def open_marks(link: AmqpLink, names: Iterable[str]) -> set[str]:

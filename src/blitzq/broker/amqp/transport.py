@@ -210,7 +210,7 @@ class AmqpTransport(Transport):
         except FAILURES as exc:
             raise translate(exc, f"opening queue {name!r}") from None
         consumer = Consumer(channel, raw, name, self.link.epoch)
-        await self.mark.ensure(raw, consumer.epoch)  # gone with the connection (liveness.py)
+        await self.mark.ensure(self.link)  # gone with the connection (liveness.py)
         wake = self._wake
 
         def on_cancel(_frame: Any) -> None:
