@@ -63,6 +63,16 @@ def delivery_backstop(max_deliveries: int) -> int:
     return max(BACKSTOP_MIN, BACKSTOP_FACTOR * max_deliveries)
 
 
+def solo_plan(max_deliveries: int) -> tuple[int, int]:
+    """``(solo_from, budget)`` for a Queue's ``max_deliveries`` (an int >= 1): the first
+    delivery count that runs alone, and how many solo runs a task may start before it is
+    dead-lettered (:mod:`blitzq.worker.solo`, which counts them in ``{ns}:solo:<id>``).
+    ``budget`` is 0 for ``max_deliveries=1`` (a redelivery is dead-lettered on receipt: there
+    is no second run to find the culprit with)."""
+    solo_from = 3 if max_deliveries >= 3 else 2
+    return solo_from, max(0, max_deliveries - solo_from + 1)
+
+
 class Guarantee(enum.StrEnum):
     """What a broker promises about delivery."""
 
@@ -125,6 +135,10 @@ class Transport(abc.ABC):
     delivery budget (RabbitMQ: republish, then ack). The facade then hands a worker's unstarted
     deliveries back through it; otherwise such a requeue is a message the state store writes
     (its outbox, relayed)."""
+    count_note: str | None = None
+    """What :meth:`queue_stats`' ``waiting`` (and a purge's count) counts when it is not
+    always tasks, in a sentence for the operator (``blitzq queue stats``, the dashboard);
+    ``None``: tasks."""
 
     @property
     def pool_size(self) -> int | None:
@@ -339,8 +353,9 @@ class Transport(abc.ABC):
     def holding(self) -> dict[str, Any] | None:
         """What this transport holds delivered and not acknowledged, for a worker's
         registration (``Worker.info()["in_flight"]``), where the server cannot count it for
-        :meth:`queue_stats` (RabbitMQ): ``{"by": <this transport's id>, "queues": {queue:
-        tasks fetched}, "buffered": {queue: tasks prefetched}}``. ``None`` (the default):
+        :meth:`queue_stats` (RabbitMQ): ``{"by": <this transport's id>, "alive": <its
+        connection's mark>, "queues": {queue: tasks fetched}, "kept": {queue: tasks in
+        custody}, "buffered": {queue: tasks prefetched}}``. ``None`` (the default):
         the server counts it (a stream's pending entries)."""
         return None
 

@@ -490,7 +490,7 @@ class Maintenance:
             return
         for lost_id, raw in sorted(lapsed.items()):
             info = _registration(raw)
-            # The worker's id (host:slot under the supervisor) and its registry key.
+            # The worker's id (host:pid-slot under the supervisor) and its registry key.
             lost = info.get("id") if isinstance(info.get("id"), str) else lost_id
             extra: dict[str, Any] = {"lost_worker": lost, "lost_key": lost_id}
             for key in ("instance", "host", "pid", "queues", "heartbeat_at", "running_tasks"):

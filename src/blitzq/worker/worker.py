@@ -90,7 +90,7 @@ class Worker:
             hold all ``concurrency`` slots, or all of a queue's ``queue_concurrency``.
         process_pool_size: processes for ``executor="process"`` tasks (default: CPU count).
         handle_signals: stop gracefully on SIGTERM / SIGINT (the CLI turns this on).
-        name: worker id shown in records and stats (default ``host:slot`` in a slot of the
+        name: worker id shown in records and stats (default ``host:pid-slot`` in a slot of the
             supervisor, stable across its restarts, else ``host:pid:random``; the process
             instance is :attr:`instance`, the unique registry key :attr:`key`).
         strict_memory_policy: refuse to start (ConfigurationError) when the server's
@@ -277,7 +277,7 @@ class Worker:
         self.instance = new_instance()
         #: The supervisor's slot this process runs in (``None``: not supervised).
         self.slot = process_slot()
-        #: The id shown in records, logs, metrics, signals and the registry: ``host:slot``
+        #: The id shown in records, logs, metrics, signals and the registry: ``host:pid-slot``
         #: under a supervisor (stable across restarts of the slot), else ``host:pid:random``.
         self.id = name or default_worker_id(self.instance)
         #: Unique per live process: the registry key and the stream consumer name (during a
