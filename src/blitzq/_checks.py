@@ -12,7 +12,9 @@ from __future__ import annotations
 import ipaddress
 import logging
 import math
+from collections import Counter
 from typing import Any
+from urllib.parse import parse_qsl
 
 from .exceptions import ConfigurationError
 from .limits import MAX_SECONDS
@@ -197,3 +199,48 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(name.removeprefix("[").removesuffix("]")).is_loopback
     except ValueError:
         return False
+
+
+def repeated_option(url: str) -> tuple[str, int] | None:
+    """The first query option of ``url`` given more than once, and how many times.
+
+    A URL option given twice (``?pack=5&pack=7``, ``?socket_timeout=1&socket_timeout=5``)
+    has no meaning blitzq could pick silently (redis-py reads the first, other parsers the
+    last): every URL parser refuses it, naming the option. Names are compared decoded
+    (``pa%63k`` is ``pack``).
+
+    Args:
+        url: one URL (a list of URLs separated by ``;`` is checked piece by piece by the
+            caller).
+
+    Returns:
+        ``(name, count)``, or ``None`` when each option is given at most once.
+    """
+    query = url.partition("?")[2].partition("#")[0]
+    if not query:
+        return None
+    counts = Counter(name for name, _ in parse_qsl(query, keep_blank_values=True))
+    for name, count in counts.items():
+        if count > 1:
+            return name, count
+    return None
+
+
+def check_single_options(url: str, label: str, shown: str) -> None:
+    """Refuse ``url`` when one of its query options is given more than once
+    (:func:`repeated_option`).
+
+    Args:
+        url: one URL.
+        label: what the URL is, for the message (``"broker URL"``, ``"amqp_url"``).
+        shown: the URL as the message shows it (its passwords masked).
+
+    Raises:
+        ConfigurationError: an option given twice or more; the message names it.
+    """
+    found = repeated_option(url)
+    if found is not None:
+        name, count = found
+        raise ConfigurationError(
+            f"bad {label} {shown!r}: the option {name!r} is given {count} times; give it once"
+        )
