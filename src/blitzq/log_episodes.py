@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import time
 
+from .exceptions import BlitzQError
+
 __all__ = ["REMIND_EVERY", "Episode"]
 
 #: Seconds between two reminders of a condition that lasts (with the count so far).
@@ -28,6 +30,14 @@ def _kind(detail: object) -> str:
         cause = detail.__cause__
         return type(cause if cause is not None else detail).__name__
     return ""
+
+
+def _text(detail: object) -> str:
+    """``detail`` as a line shows it: an error other than blitzq's with its type's name
+    (``KeyError: 'x'``), blitzq's as its message (which names its cause)."""
+    if isinstance(detail, BaseException) and not isinstance(detail, BlitzQError):
+        return f"{type(detail).__name__}: {detail}"
+    return str(detail)
 
 
 class Episode:
@@ -91,7 +101,7 @@ class Episode:
         self._last = now
         if self._count == 0 or kind != self._kind:
             self._count, self._kind, self._since, self._told = 1, kind, now, now
-            self._logger.log(level, "%s: %s", self.what, detail)
+            self._logger.log(level, "%s: %s", self.what, _text(detail))
             return
         self._count += 1
         if now - self._told >= self.remind:
@@ -102,10 +112,10 @@ class Episode:
                 self.what,
                 self._count,
                 now - self._since,
-                detail,
+                _text(detail),
             )
         else:
-            self._logger.debug("%s: failed again (%d): %s", self.what, self._count, detail)
+            self._logger.debug("%s: failed again (%d): %s", self.what, self._count, _text(detail))
 
     def cleared(self) -> None:
         """Note a success: ends the episode under way (one INFO line with its count), once

@@ -102,3 +102,13 @@ def test_texts_are_one_kind_and_a_settle_time_keeps_the_episode(
     assert _lines(caplog)[-1][1].startswith(
         "no confirmation of a subscription: works again, after 4000 failure(s)"
     )
+
+
+def test_an_error_other_than_blitzqs_is_shown_with_its_type(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, LOGGER.name)
+    episode = Episode(LOGGER, "scheduler tick failed")
+    episode.failed(KeyError("entry"))
+    episode.failed(KeyError("entry"))
+    assert _lines(caplog) == [(logging.WARNING, "scheduler tick failed: KeyError: 'entry'")]
