@@ -130,8 +130,8 @@ class Scheduler:
         handle_signals: bool = False,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        seconds("poll_interval", poll_interval, maximum=3600.0)
-        seconds("grace", grace, minimum=-MAX_SECONDS, strict=False)
+        poll_interval = seconds("poll_interval", poll_interval, maximum=3600.0)
+        grace = seconds("grace", grace, minimum=-MAX_SECONDS, strict=False)
         integer("max_catch_up", max_catch_up, minimum=1)
         flag("promote", promote)
         flag("handle_signals", handle_signals)
