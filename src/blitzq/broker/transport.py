@@ -73,6 +73,28 @@ def solo_plan(max_deliveries: int) -> tuple[int, int]:
     return solo_from, max(0, max_deliveries - solo_from + 1)
 
 
+def backstop_note(backstop: int, max_deliveries: int | None = None) -> str:
+    """What a dead letter's error and a log line say the delivery limit was: the backstop of
+    :func:`delivery_backstop` (``the backstop of 20 deliveries: 4 x max_deliveries=5, at
+    least 20``), or ``max_deliveries=1`` when the backstop is the limit itself.
+
+    Args:
+        backstop: the count the transport stopped at (deliveries).
+        max_deliveries: the Queue's ``max_deliveries``, when the caller knows it (a
+            recovery script only knows the backstop).
+
+    Returns:
+        The text, for a parenthesis (``recover.lua`` writes the same).
+    """
+    if backstop <= 1:
+        return f"max_deliveries={backstop}"
+    given = "" if max_deliveries is None else f"={max_deliveries}"
+    return (
+        f"the backstop of {backstop} deliveries: {BACKSTOP_FACTOR} x max_deliveries{given}, "
+        f"at least {BACKSTOP_MIN}"
+    )
+
+
 class Guarantee(enum.StrEnum):
     """What a broker promises about delivery."""
 

@@ -187,8 +187,8 @@ class Worker:
         # timeout would make a stop unbounded (or instant), a NaN bound never trips.
         integer("concurrency", concurrency, minimum=1)
         integer("batch_size", batch_size, minimum=1)
-        seconds("block_timeout", block_timeout, maximum=MAX_BLOCK_TIMEOUT)
-        seconds("shutdown_timeout", shutdown_timeout, strict=False)
+        block_timeout = seconds("block_timeout", block_timeout, maximum=MAX_BLOCK_TIMEOUT)
+        shutdown_timeout = seconds("shutdown_timeout", shutdown_timeout, strict=False)
         integer("max_abandoned_threads", max_abandoned_threads, minimum=0)
         if thread_pool_size is not None:
             integer("thread_pool_size", thread_pool_size, minimum=1)
@@ -221,7 +221,7 @@ class Worker:
         self.failure_log_level = log_level("failure_log_level", failure_log_level)
         self.retry_log_level = log_level("retry_log_level", retry_log_level)
         self.lifecycle_log_level = log_level("lifecycle_log_level", lifecycle_log_level)
-        seconds("unknown_task_grace", unknown_task_grace, strict=False)
+        unknown_task_grace = seconds("unknown_task_grace", unknown_task_grace, strict=False)
         self.burst_idle_timeout = seconds("burst_idle_timeout", burst_idle_timeout, strict=False)
         self.idle_since: float | None = None  # loop.time() the queues became drained (burst)
         self.outage_backoff = OutageBackoff.checked(
