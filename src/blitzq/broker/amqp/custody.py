@@ -45,7 +45,7 @@ from ...serialization import envelope_head
 from ..redis.client import translate_errors
 from ..redis.connection import RedisConnection
 from ..state import StateStore
-from ..transport import solo_plan
+from ..transport import backstop_note, solo_plan
 from ..values import Completion, DeadLetterFields
 from .channels import DELIVERIES, FAILURES, AmqpLink, header_int, settle, translate
 from .deliveries import Consumer, Held
@@ -67,7 +67,7 @@ BACKSTOP_ROUNDS = 3
 
 def _error(deliveries: int, limit: int) -> str:
     return (
-        f"delivered {deliveries} times without completing (max_deliveries={limit}); "
+        f"delivered {deliveries} times without completing ({backstop_note(limit)}); "
         "the worker running it probably crashed"
     )
 
