@@ -228,6 +228,29 @@ class RedisRecords(RedisPart, RecordsState):
         return out
 
     @translate_errors
+    async def take_redelivered(
+        self, task_ids: Sequence[str], digests: Sequence[str], owners: Sequence[bytes], ttl: int
+    ) -> tuple[list[bytes | None], list[int]]:
+        """See :meth:`RecordsState.take_redelivered`: one MULTI/EXEC of, per message, ``GET``
+        of its record, ``HSET``/``HINCRBY``/``EXPIRE`` of ``{ns}:tk:<task_id>:<digest>`` (``o``
+        the owner,
+        ``n`` the takes), then ``SET {ns}:tks 1 EX ttl`` (complete.lua looks takes up only
+        while it exists). Atomic: a completion applied before it is seen in the record read,
+        one applied after it is checked against the take."""
+        keys = self.keys
+        ttl = max(1, int(ttl))
+        async with self.client.pipeline(transaction=True) as pipe:
+            for task_id, digest, owner in zip(task_ids, digests, owners, strict=True):
+                taken = keys.taken(task_id, digest)
+                pipe.get(keys.record(task_id))
+                pipe.hset(taken, "o", owner)
+                pipe.hincrby(taken, "n", 1)
+                pipe.expire(taken, ttl)
+            pipe.set(keys.takes, b"1", ex=ttl)
+            replies = await pipe.execute()
+        return list(replies[0:-1:4]), [int(n) for n in replies[2:-1:4]]
+
+    @translate_errors
     async def count_solo_start(self, task_id: str, ttl: int) -> int:
         """See :meth:`RecordsState.count_solo_start`: ``INCR`` and ``EXPIRE`` of
         ``{ns}:solo:<task_id>``, pipelined (one round trip; one key, so any cluster node)."""

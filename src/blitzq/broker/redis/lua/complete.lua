@@ -61,6 +61,8 @@
 --   {ns}:events       PUBLISH 's:<due>' of a reschedule
 --   {ns}:d:<task_id>  a dead letter (HSET); {ns}:dlq:size, {ns}:dlq:bytes its bytes
 --                     (dead_letters.lua)
+--   {ns}:tks          EXISTS (kind "o" with a fence: RabbitMQ): any take noted
+--   {ns}:tk:<task_id>:<digest>  HGET o: the latest take of a RabbitMQ message copy
 --   {ns}:stats        HINCRBY stale_completions, dead_letters_skipped
 --   {ns}:cg:<guard>   EXISTS, HGET, HSET or HSETNX, EXPIRE of a "C" entry's guard (see
 --                     above), DEL of a "G" entry's
@@ -70,6 +72,7 @@
 --   {ns}:wf:<workflow_id>:j:<join_id> (workflows, chords), {ns}:done:wf:<workflow_id>,
 --   {ns}:u:<key> (unique_release), {ns}:lk:<key> (lock_release), {ns}:p:<task_id> and
 --   {ns}:progress:<task_id> (progress)
+-- Fencing on RabbitMQ (kind "o" with a fence): see taken_by_another below.
 -- Fencing: a stream completion applies only while its entry (token, else fence) is still in
 -- the group's pending list (PEL) of this consumer; else it is stale and writes nothing but
 -- the counter {ns}:stats stale_completions.
@@ -212,9 +215,29 @@ local function owned(stream, id)
   return p[1] ~= nil and p[1][2] == consumer
 end
 
+-- An outbox "C" entry (RabbitMQ) whose fence, the delivery's token "<...>/<digest>", is not
+-- the latest take of its message copy {ns}:tk:<task_id>:<digest> (a redelivery of it was
+-- taken by another delivery: redelivered.py): stale, recorded in stale. No take noted in the
+-- namespace ({ns}:tks absent, one EXISTS per batch): nothing to look up.
+local takes = nil  -- whether {ns}:tks exists: looked up at the first outbox fence
+local function taken_by_another(c)
+  local fence = c[13]
+  if fence == nil or fence == '' then return false end
+  if takes == nil then takes = redis.call('EXISTS', KEY.takes(prefix)) == 1 end
+  if not takes then return false end
+  local digest = string.match(fence, '/([^/]+)$')
+  if not digest then return false end
+  local task_id = c[5]
+  local owner = redis.call('HGET', KEY.taken(prefix, task_id, digest), 'o')
+  if not owner or owner == fence then return false end
+  stale[#stale + 1] = {c[3], fence}
+  return true
+end
+
 -- A "C" entry whose delivery is no longer this consumer's (recorded in stale). An entry
 -- with a token is acknowledged here.
 local function fenced(c)
+  if c[2] == 'o' then return taken_by_another(c) end
   if c[2] ~= 's' then return false end
   local id, stream = c[4], KEY.stream(prefix, c[3])
   if id ~= '' then

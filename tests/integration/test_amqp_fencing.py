@@ -1,0 +1,139 @@
+"""Fencing on the RabbitMQ transport: a completion of a delivery RabbitMQ took back (its
+channel closed: missed heartbeats, a stall) writes nothing once another delivery of the
+message was taken, and is counted in ``stale_completions``; a redelivery counts only the
+returns of copies a worker took (``broker/amqp/redelivered.py``).
+
+A channel closed here stands for a connection RabbitMQ gave up (tests/reliability's
+``test_a_stalled_workers_late_completion_is_fenced`` does it with a ``SIGSTOP`` past the
+heartbeat). The tests use the shared RabbitMQ (skipped when it does not answer), the test
+Redis for the state, and their own namespace's queues, deleted afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from blitzq.broker import Completion, Delivery
+from blitzq.broker.amqp import AmqpBroker, AmqpTransport
+from blitzq.broker.base import Broker
+from blitzq.records import TaskRecord, TaskState
+from blitzq.serialization import Envelope, dumps, encode_envelope
+from tests.amqp_server import amqp_or_skip, delete_amqp_queues
+
+pytestmark = pytest.mark.timeout(60)
+
+QUEUE = "fencing"
+
+
+@pytest.fixture
+async def brokers(server_url: str, namespace: str) -> AsyncIterator[Callable[[], Broker]]:
+    """Makes AmqpBrokers (prefetch 4) of one namespace on the shared RabbitMQ; closed and
+    their queues deleted afterwards."""
+    url = amqp_or_skip()
+    made: list[Broker] = []
+
+    def make() -> Broker:
+        broker = AmqpBroker(url, server_url, namespace, prefetch=4)
+        made.append(broker)
+        return broker
+
+    yield make
+    for broker in made:
+        await broker.close()
+    await delete_amqp_queues(url, made)
+
+
+def body(task_id: str, attempt: int = 1) -> bytes:
+    """An encoded message of ``task_id`` at ``attempt``."""
+    return encode_envelope(
+        Envelope(task_id, "tests.amqp.noop", QUEUE, [], attempt=attempt), 1 << 20
+    )
+
+
+def record(task_id: str, state: str, worker: str, attempts: int) -> bytes:
+    """An encoded task record."""
+    return dumps(
+        {"id": task_id, "task": "t", "queue": QUEUE, "state": state, "worker": worker,
+         "attempts": attempts}
+    )  # fmt: skip
+
+
+async def take(broker: Broker, count: int = 1) -> list[Delivery]:
+    """Up to ``count`` deliveries of :data:`QUEUE` (waiting up to 10 s for the first)."""
+    return await broker.fetch(QUEUE, count, 10.0)
+
+
+async def lose_channel(broker: Broker) -> None:
+    """Close the channel of ``broker``'s consumer, as RabbitMQ does to a connection whose
+    heartbeats it missed: its unacked deliveries go back to the queue."""
+    transport = broker.transport
+    assert isinstance(transport, AmqpTransport)
+    await transport.consumers[QUEUE].raw.close()
+
+
+async def stale_count(broker: Broker) -> int:
+    """The namespace's ``stale_completions`` counter."""
+    return (await broker.counters()).get("stale_completions", 0)
+
+
+async def test_a_late_completion_after_another_took_the_redelivery_writes_nothing(
+    brokers: Callable[[], Broker],
+) -> None:
+    stalled, other = brokers(), brokers()
+    await stalled.publish(QUEUE, [body("f1")])
+    (old,) = await take(stalled)
+    assert old.deliveries == 1
+    await lose_channel(stalled)
+    (new,) = await take(other)
+    assert new.deliveries == 2
+    assert new.token != old.token
+    theirs = Completion(QUEUE, new.token, "f1", record("f1", "dead_lettered", "w2", 2), 60)
+    assert await other.complete([theirs]) == []
+    late = [
+        Completion(
+            QUEUE, old.token, "f1", record("f1", "retrying", "w1", 1), 60,
+            reschedule=body("f1", 2), delay=0.1,
+        ),
+    ]  # fmt: skip
+    assert await stalled.complete(late) == late
+    raw = await other.get_record("f1")
+    assert raw is not None
+    stored = TaskRecord.from_bytes(raw)
+    assert (stored.state, stored.worker, stored.attempts) == (TaskState.DEAD_LETTERED, "w2", 2)
+    assert await other.scheduled_count() == 0  # no retry: no third run
+    assert await stale_count(other) == 1
+
+
+async def test_a_completion_before_the_take_applies_and_the_redelivery_does_not_run(
+    brokers: Callable[[], Broker],
+) -> None:
+    stalled, other = brokers(), brokers()
+    await stalled.publish(QUEUE, [body("f2"), body("f3")])
+    old = await take(stalled, 2)
+    assert [d.deliveries for d in old] == [1, 1]
+    await lose_channel(stalled)
+    done = Completion(QUEUE, old[0].token, "f2", record("f2", "succeeded", "w1", 1), 60)
+    assert await stalled.complete([done]) == []  # nobody took it again yet
+    again = await take(other, 2)
+    assert [d.deliveries for d in again] == [2]  # f2's redelivery acked without running
+    assert await stale_count(other) == 0
+
+
+async def test_returns_of_copies_no_worker_took_count_no_attempt(
+    brokers: Callable[[], Broker],
+) -> None:
+    """A message that waited unstarted in two consumers' buffers comes back from RabbitMQ
+    as delivered three times; it counts as delivered twice (its first delivery may have
+    run)."""
+    first, second, third = brokers(), brokers(), brokers()
+    await first.publish(QUEUE, [body("a"), body("b")])
+    (a1,) = await take(first)  # takes "a"; "b" waits in the consumer's buffer
+    await lose_channel(first)
+    (a2,) = await take(second)  # a redelivery, taken; "b" waits in this buffer too
+    assert (a2.deliveries, a2.token != a1.token) == (2, True)
+    await lose_channel(second)
+    got = {d.payload: d for d in await take(third, 2)}
+    assert got[body("a")].deliveries == 3  # taken twice before: counted
+    assert got[body("b")].deliveries == 2  # never taken: one return counted, not two
