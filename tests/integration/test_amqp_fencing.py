@@ -137,3 +137,4 @@ async def test_returns_of_copies_no_worker_took_count_no_attempt(
     got = {d.payload: d for d in await take(third, 2)}
     assert got[body("a")].deliveries == 3  # taken twice before: counted
     assert got[body("b")].deliveries == 2  # never taken: one return counted, not two
+    assert all(d.unsure for d in got.values())  # their first delivery may not have run

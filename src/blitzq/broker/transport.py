@@ -115,12 +115,17 @@ class Delivery(NamedTuple):
             RabbitMQ delivery tag), or ``None`` when nothing is acked (a list).
         payload: the encoded message.
         deliveries: how many times this message has been delivered, this one included.
+        unsure: ``deliveries`` counts one delivery that may never have run: RabbitMQ's
+            first delivery of a redelivered copy, which a worker may only have prefetched
+            (``broker/amqp/redelivered.py``). The worker then counts it as an attempt only
+            while that does not take the run past its task's last attempt.
     """
 
     queue: str
     token: bytes | None
     payload: bytes
     deliveries: int
+    unsure: bool = False
 
 
 class MalformedDelivery(Delivery):

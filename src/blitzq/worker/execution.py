@@ -110,7 +110,10 @@ class Job:
         self.delivery = delivery
         self.envelope = envelope
         self.task = task
-        self.attempt = envelope.attempt + delivery.deliveries - 1
+        attempt = envelope.attempt + delivery.deliveries - 1
+        if delivery.unsure and attempt > max(envelope.attempt, task.max_attempts):
+            attempt -= 1  # a delivery that may never have run counts no attempt past the last
+        self.attempt = attempt
         self.started_at = 0.0
         self.handle: Any = None
         self.timer: Any = None

@@ -41,7 +41,10 @@ those its worker never took (prefetched, waiting in its consumer's buffer) inclu
 message that sat in the buffers of two stalled workers came back with three deliveries and
 ran as attempt 3 of a task allowed 2. The takes count the redeliveries workers really took,
 so a redelivery's ``deliveries`` is at most 1 (the first delivery, which may have run: no
-take of it is noted) + its copy's takes, this one included.
+take of it is noted) + its copy's takes, this one included; the first one is marked
+``unsure`` (:attr:`Delivery.unsure`), and the worker does not count it as an attempt past
+the task's last (a retry copy prefetched by a stalled worker, then run by another, is still
+the last attempt, not one more).
 """
 
 from __future__ import annotations
@@ -128,10 +131,13 @@ async def skip_committed(
     over, taken = await _take(store, again)
     done = [d for d, skip in zip(again, over, strict=True) if skip]
     if taken:
-        # Count only the returns of copies a worker took (see *Attempts* above).
-        fewer = {id(d): 1 + n for d, n in zip(again, taken, strict=True) if 1 + n < d.deliveries}
-        if fewer:
-            out = [d._replace(deliveries=fewer[id(d)]) if id(d) in fewer else d for d in out]
+        # Count only the returns of copies a worker took, the first delivery unsure (see
+        # *Attempts* above).
+        counted = {id(d): min(d.deliveries, 1 + n) for d, n in zip(again, taken, strict=True)}
+        out = [
+            d._replace(deliveries=counted[id(d)], unsure=True) if id(d) in counted else d
+            for d in out
+        ]
     if not done:
         return out
     by_queue: dict[str, list[bytes]] = {}
