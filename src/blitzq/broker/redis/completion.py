@@ -128,19 +128,24 @@ def encode_batch(
     entries: list[Any] = []
     strings: list[str | bytes] = []
 
-    def run_entry(queue: str, ttl: int) -> tuple[Any, ...]:
-        # {"R", queue, ttl, at, nids, n}: ARGV[at...] the ids, task ids, records.
+    def run_entry(queue: str, ttl: int, fenced: bool) -> tuple[Any, ...]:
+        # {"R", queue, ttl, at, nids, n[, "o"]}: ARGV[at...] the ids (or fences), task ids,
+        # records.
         at = STRINGS_AT + len(strings)
         strings.extend(ids)
         strings.extend(task_ids)
         strings.extend(recs)
+        if fenced:
+            return ("R", queue, ttl, at, len(ids), len(task_ids), "o")
         return ("R", queue, ttl, at, len(ids), len(task_ids))
 
     acks: dict[str, list[bytes]] = {}
     # A run of consecutive completions that only ack and store a record (the common
     # success), of one queue and TTL: sent as one "R" entry, in its place in the batch
-    # (a task's "running" record must not land after its final one).
-    run_key: tuple[str, int] | None = None
+    # (a task's "running" record must not land after its final one). In the outbox's kind
+    # ("o", RabbitMQ) a run's completions all have a fence (checked against the takes of
+    # redeliveries), or none has.
+    run_key: tuple[str, int, bool] | None = None
     ids: list[bytes] = []
     task_ids: list[str] = []
     recs: list[bytes] = []
@@ -148,6 +153,7 @@ def encode_batch(
     # Only stream entries are acked (and fenced) here; a token of a list completion or of
     # a separate transport (acked by the facade afterwards) is not this store's to touch.
     streams = kind == "s"
+    outbox = kind == "o"
     ended: dict[str, tuple[int, int, list[str]]] = {}
     for c in completions:
         if c.ended is not None:
@@ -159,9 +165,14 @@ def encode_batch(
                 if token is not None and streams:
                     acks.setdefault(c.queue, []).append(token)
                 continue
-            if c.fence is None and c.nonce is None and (token is not None or not streams):
-                key = (c.queue, c.record_ttl)
-                entry_id = token if token is not None and streams else None
+            fence = c.fence if outbox else None
+            if (
+                (c.fence is None or outbox)
+                and c.nonce is None
+                and (token is not None or not streams)
+            ):
+                key = (c.queue, c.record_ttl, fence is not None)
+                entry_id = token if token is not None and streams else fence
                 # A second completion of one delivery starts a new entry, so that it is
                 # found stale after the first acked and deleted it (as a "C" entry is).
                 if key != run_key or (entry_id is not None and entry_id in seen):

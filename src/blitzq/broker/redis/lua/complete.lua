@@ -21,8 +21,9 @@
 -- every byte of) each string it is given once, where a string inside ARGV[4] would be made
 -- twice (the argument, then its unpacked copy). The batch's entries:
 --   {"A", queue, {id1, id2, ...}}   reliable acks without anything else (XACK + XDEL)
---   {"R", queue, ttl, at, nids, n}   n completions that only ack (nids stream entry ids: n,
---     or 0 for a list or the outbox) and store a record (the common success):
+--   {"R", queue, ttl, at, nids, n[, "o"]}   n completions that only ack (nids stream entry
+--     ids: n, or 0 for a list or the outbox; with "o": n outbox fences, checked as a "C"
+--     entry's) and store a record (the common success):
 --     ARGV[at .. at+nids-1] the entry ids, the next n the task ids, the next n the records;
 --     one XACK and one XDEL (or XTRIM) for all, then SET + PUBLISH per record, as "C"
 --   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops,
@@ -215,29 +216,28 @@ local function owned(stream, id)
   return p[1] ~= nil and p[1][2] == consumer
 end
 
--- An outbox "C" entry (RabbitMQ) whose fence, the delivery's token "<...>/<digest>", is not
+-- Whether an outbox completion (RabbitMQ: a "C" entry, or an "R" entry's) of task_id whose
+-- fence, the delivery's token "<...>/<digest>", is not
 -- the latest take of its message copy {ns}:tk:<task_id>:<digest> (a redelivery of it was
 -- taken by another delivery: redelivered.py): stale, recorded in stale. No take noted in the
 -- namespace ({ns}:tks absent, one EXISTS per batch): nothing to look up.
 local takes = nil  -- whether {ns}:tks exists: looked up at the first outbox fence
-local function taken_by_another(c)
-  local fence = c[13]
+local function taken_by_another(queue, task_id, fence)
   if fence == nil or fence == '' then return false end
   if takes == nil then takes = redis.call('EXISTS', KEY.takes(prefix)) == 1 end
   if not takes then return false end
   local digest = string.match(fence, '/([^/]+)$')
   if not digest then return false end
-  local task_id = c[5]
   local owner = redis.call('HGET', KEY.taken(prefix, task_id, digest), 'o')
   if not owner or owner == fence then return false end
-  stale[#stale + 1] = {c[3], fence}
+  stale[#stale + 1] = {queue, fence}
   return true
 end
 
 -- A "C" entry whose delivery is no longer this consumer's (recorded in stale). An entry
 -- with a token is acknowledged here.
 local function fenced(c)
-  if c[2] == 'o' then return taken_by_another(c) end
+  if c[2] == 'o' then return taken_by_another(c[3], c[5], c[13]) end
   if c[2] ~= 's' then return false end
   local id, stream = c[4], KEY.stream(prefix, c[3])
   if id ~= '' then
@@ -506,8 +506,17 @@ local function records(c)
   -- the TTL made a string once: redis.call formats a number argument at every call
   local queue, ttl, at, nids, n = c[2], tostring(c[3]), c[4], c[5], c[6]
   local lost = nil
-  if nids > 0 then lost = ack(KEY.stream(prefix, queue), ARGV, at, at + nids - 1, queue) end
   local ids_at, recs_at = at + nids, at + nids + n
+  if c[7] == 'o' then  -- the ids are outbox fences (RabbitMQ), checked as a "C" entry's
+    for i = 0, nids - 1 do
+      if taken_by_another(queue, ARGV[ids_at + i], ARGV[at + i]) then
+        lost = lost or {}
+        lost[at + i] = true
+      end
+    end
+  elseif nids > 0 then
+    lost = ack(KEY.stream(prefix, queue), ARGV, at, at + nids - 1, queue)
+  end
   for i = 0, n - 1 do
     if lost == nil or not lost[at + i] then
       store(ARGV[ids_at + i], ARGV[recs_at + i], ttl)
@@ -536,7 +545,7 @@ end
 for _, c in ipairs(batch) do
   local err = nil
   if c[1] == 'R' then
-    if c[5] > 0 then err = wrong(KEY.stream(prefix, c[2]), 'stream') end
+    if c[5] > 0 and c[7] ~= 'o' then err = wrong(KEY.stream(prefix, c[2]), 'stream') end
   elseif c[1] == 'A' then
     err = wrong(KEY.stream(prefix, c[2]), 'stream')
   elseif c[1] == 'I' then
