@@ -18,6 +18,8 @@ import pytest
 from blitzq.broker import Completion, Delivery
 from blitzq.broker.amqp import AmqpBroker, AmqpTransport
 from blitzq.broker.base import Broker
+from blitzq.broker.redis.connection import RedisConnection
+from blitzq.broker.redis.store import RedisStateStore
 from blitzq.records import TaskRecord, TaskState
 from blitzq.serialization import Envelope, dumps, encode_envelope
 from tests.amqp_server import amqp_or_skip, delete_amqp_queues
@@ -141,3 +143,41 @@ async def test_returns_of_copies_no_worker_took_count_no_attempt(
     assert got[body("a")].deliveries == 3  # taken twice before: counted
     assert got[body("b")].deliveries == 2  # never taken: one return counted, not two
     assert all(d.unsure for d in got.values())  # their first delivery may not have run
+
+
+@pytest.mark.parametrize("listed", [3, 200], ids=["few-takes", "many-takes"])
+async def test_the_store_refuses_a_completion_of_a_copy_another_delivery_took(
+    server_url: str, namespace: str, listed: int
+) -> None:
+    """The state store alone (no RabbitMQ): takes of ``listed`` task ids (a small listed set,
+    read whole, and a large one, asked by ``ZMSCORE``); a plain success and a retry whose
+    fence is not their copy's take are stale, the others applied."""
+    conn = RedisConnection(server_url, namespace, kind="l")
+    store = RedisStateStore(conn, outbox=True)
+    try:
+        ids = [f"x{i}" for i in range(listed)]
+        tokens = [b"them.1.1.%d/00000000000000%02x" % (i, i % 256) for i in range(listed)]
+        digests = [t.rpartition(b"/")[2].decode() for t in tokens]
+        found, counts = await store.records.take_redelivered(ids, digests, tokens, 60)
+        assert found == [None] * listed
+        assert counts == [1] * listed
+        mine = [b"me.1.1.%d/%s" % (i, d.encode()) for i, d in enumerate(digests[:2])]
+        late = [
+            Completion("q", None, "x0", record("x0", "succeeded", "me", 1), 60, fence=mine[0]),
+            Completion("q", None, "x1", None, 0, reschedule=body("x1", 2), fence=mine[1]),
+        ]
+        theirs = Completion(
+            "q", None, "x2", record("x2", "succeeded", "them", 2), 60, fence=tokens[2]
+        )
+        fresh = Completion(  # never redelivered: no take, applied
+            "q", None, "y", record("y", "succeeded", "me", 1), 60, fence=b"me.1.1.9/ff"
+        )
+        stale = await store.complete([*late, theirs, fresh])
+        assert len(stale) == 2
+        assert all(any(s is c for s in stale) for c in late)
+        assert await store.records.get_record("x0") is None
+        assert await store.records.get_record("x2") is not None
+        assert await store.records.get_record("y") is not None
+        assert (await store.registry.counters()).get("stale_completions") == 2
+    finally:
+        await conn.close()

@@ -80,9 +80,9 @@ TABLE: Final[dict[str, Key]] = {
         "RabbitMQ: the latest take of a redelivered message copy (<digest>: of its body): `o` "
         "the taking delivery's token, `n` the takes counted; a completion of another "
         "delivery of the copy is stale (complete.lua); expires after 1 day"),
-    "takes": Key("tks", "string",
-        "RabbitMQ: `1` while any `tk:<task_id>:<digest>` may exist (same TTL): complete.lua looks "
-        "takes up only then"),
+    "takes": Key("tks", "zset",
+        "RabbitMQ: task ids with a `tk:<task_id>:<digest>` scored by its expiry (Unix "
+        "seconds); complete.lua looks up the takes of these ids only; pruned at each take"),
     "owner": Key("tn:<task_id>", "string",
         "an explicit id's owner: the mark (`Envelope.nonce`) of its newest enqueue; a record "
         "of a run of another enqueue of the id is not stored; expires with the record"),
@@ -285,7 +285,7 @@ class Keys:
 
     @property
     def takes(self) -> str:
-        """RabbitMQ: present while any :meth:`taken` key may exist."""
+        """RabbitMQ: the task ids with a :meth:`taken` key, scored by its expiry."""
         return self._fixed("takes")
 
     def owner(self, task_id: str) -> str:

@@ -62,7 +62,8 @@
 --   {ns}:events       PUBLISH 's:<due>' of a reschedule
 --   {ns}:d:<task_id>  a dead letter (HSET); {ns}:dlq:size, {ns}:dlq:bytes its bytes
 --                     (dead_letters.lua)
---   {ns}:tks          EXISTS (kind "o" with a fence: RabbitMQ): any take noted
+--   {ns}:tks          ZCARD, ZRANGE, ZMSCORE, ZSCORE (kind "o" with a fence: RabbitMQ): the
+--                     task ids with a take
 --   {ns}:tk:<task_id>:<digest>  HGET o: the latest take of a RabbitMQ message copy
 --   {ns}:stats        HINCRBY stale_completions, dead_letters_skipped
 --   {ns}:cg:<guard>   EXISTS, HGET, HSET or HSETNX, EXPIRE of a "C" entry's guard (see
@@ -219,19 +220,56 @@ end
 -- Whether an outbox completion (RabbitMQ: a "C" entry, or an "R" entry's) of task_id whose
 -- fence, the delivery's token "<...>/<digest>", is not
 -- the latest take of its message copy {ns}:tk:<task_id>:<digest> (a redelivery of it was
--- taken by another delivery: redelivered.py): stale, recorded in stale. No take noted in the
--- namespace ({ns}:tks absent, one EXISTS per batch): nothing to look up.
-local takes = nil  -- whether {ns}:tks exists: looked up at the first outbox fence
-local function taken_by_another(queue, task_id, fence)
+-- taken by another delivery: redelivered.py): stale, recorded in stale. Only a task id
+-- listed in {ns}:tks (ZSCORE; listed: known listed) has a take to look up.
+local function taken_by_another(queue, task_id, fence, listed)
   if fence == nil or fence == '' then return false end
-  if takes == nil then takes = redis.call('EXISTS', KEY.takes(prefix)) == 1 end
-  if not takes then return false end
+  if not listed and not redis.call('ZSCORE', KEY.takes(prefix), task_id) then return false end
   local digest = string.match(fence, '/([^/]+)$')
   if not digest then return false end
   local owner = redis.call('HGET', KEY.taken(prefix, task_id, digest), 'o')
   if not owner or owner == fence then return false end
   stale[#stale + 1] = {queue, fence}
   return true
+end
+
+-- Which of ARGV[first..last] (task ids) have a take listed in {ns}:tks (position -> true).
+-- A small set (a listpack: ZSCORE scans it) is read whole once per batch into a Lua table;
+-- a large one (a hash table) is asked with one ZMSCORE per 1000 ids (a ZSCORE each where
+-- ZMSCORE is unknown: Redis < 6.2).
+local listed_ids = nil
+local function listed_takes(first, last)
+  local takes, found = KEY.takes(prefix), {}
+  if listed_ids == nil then
+    listed_ids = false
+    local n = redis.call('ZCARD', takes)
+    if n <= 128 then
+      listed_ids = {}
+      for _, task_id in ipairs(n > 0 and redis.call('ZRANGE', takes, 0, -1) or {}) do
+        listed_ids[task_id] = true
+      end
+    end
+  end
+  if listed_ids then
+    for i = first, last do
+      if listed_ids[ARGV[i]] then found[i] = true end
+    end
+    return found
+  end
+  local s = first
+  while s <= last do
+    local e = math.min(last, s + 999)
+    local scores = redis.pcall('ZMSCORE', takes, unpack(ARGV, s, e))
+    if type(scores) == 'table' and scores.err then
+      scores = {}
+      for i = s, e do scores[i - s + 1] = redis.call('ZSCORE', takes, ARGV[i]) end
+    end
+    for i = s, e do
+      if scores[i - s + 1] then found[i] = true end
+    end
+    s = e + 1
+  end
+  return found
 end
 
 -- A "C" entry whose delivery is no longer this consumer's (recorded in stale). An entry
@@ -508,8 +546,10 @@ local function records(c)
   local lost = nil
   local ids_at, recs_at = at + nids, at + nids + n
   if c[7] == 'o' then  -- the ids are outbox fences (RabbitMQ), checked as a "C" entry's
+    local listed = listed_takes(ids_at, ids_at + nids - 1)
     for i = 0, nids - 1 do
-      if taken_by_another(queue, ARGV[ids_at + i], ARGV[at + i]) then
+      local task_id = ARGV[ids_at + i]
+      if listed[ids_at + i] and taken_by_another(queue, task_id, ARGV[at + i], true) then
         lost = lost or {}
         lost[at + i] = true
       end
