@@ -181,3 +181,36 @@ async def test_the_store_refuses_a_completion_of_a_copy_another_delivery_took(
         assert (await store.registry.counters()).get("stale_completions") == 2
     finally:
         await conn.close()
+
+
+async def test_a_resumed_worker_does_not_publish_its_taken_back_buffer_again(
+    server_url: str, namespace: str, brokers: Callable[[], Broker]
+) -> None:
+    """A worker resuming from a stall past the heartbeat finds its prefetch buffer older
+    than the visibility timeout; the maintenance hand-back of old buffered messages confirms
+    the channel first and, the channel gone, drops the buffer instead of publishing a second
+    copy of messages RabbitMQ already put back."""
+    url = amqp_or_skip()
+    stalled = AmqpBroker(url, server_url, namespace, prefetch=4, visibility_timeout=6.0)
+    try:
+        await stalled.publish(QUEUE, [body("b1"), body("b2"), body("b3")])
+        assert len(await take(stalled)) == 1  # the other two wait in the buffer
+        transport = stalled.transport
+        assert isinstance(transport, AmqpTransport)
+        assert transport.custody is not None
+        consumer = transport.consumers[QUEUE]
+        consumer.confirmed = -1e9  # last confirmed long ago: as after a stall
+        await lose_channel(stalled)
+        assert await transport.custody.release_stale(QUEUE, 0.0) == 0
+        other = brokers()
+        got = await take(other, 10)
+        while len(got) < 3:
+            more = await take(other, 10)
+            if not more:
+                break
+            got += more
+        assert sorted(d.payload for d in got) == sorted(body(i) for i in ("b1", "b2", "b3"))
+        assert await other.fetch(QUEUE, 10, 1.0) == []  # no second copy was published
+    finally:
+        await stalled.close()
+        await delete_amqp_queues(url, [stalled])
