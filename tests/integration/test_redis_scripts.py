@@ -59,6 +59,7 @@ CALLED = {
 # ------------------------------------------------------------------ loader (no server)
 def test_every_script_is_read_once_with_its_includes_expanded() -> None:
     lua = resources.files("blitzq.broker.redis").joinpath("lua")
+
     def shipped(text: str) -> str:
         return scripts.strip_comments(scripts.expand_keys(text))
 
