@@ -140,13 +140,26 @@ local function task_of(key)
   return string.sub(key, #record_head + 1)
 end
 
+local rpcall = redis.pcall  -- a local: no global lookup a task
+
+-- PUBLISH record (or '1' when large) on the done channel of the task of key (task_id: its
+-- id, or nil: made from key).
+local function announce(key, record, task_id)
+  task_id = task_id or task_of(key)
+  local channel = KEY.done_channel(prefix, task_id)
+  if #record <= inline_max then
+    redis.call('PUBLISH', channel, record)
+  else  -- a big body would overflow the subscriber's output buffer: announce only
+    redis.call('PUBLISH', channel, '1')
+  end
+end
+
 -- SET a task's record under key (EX ttl) and PUBLISH it (or '1' when large; quiet: only to
 -- an announced waiter), unless a cancel stands or (nonce given) a newer enqueue of the id
 -- owns the record. task_id: the id, or nil (an "R" entry's: made from key only when needed).
 -- SET ... GET: the reply is the old record (nil, made a Lua false, for a task's first),
 -- where a plain SET's +OK is made a Lua table at every call; a key of another type (GET
 -- refuses it) is written over by a plain SET, as before.
-local rpcall = redis.pcall  -- a local: no global lookup a task
 local function store(key, task_id, record, ttl, nonce)
   if nonce and nonce ~= '' and not owns(task_id, nonce, ttl) then return end
   if marks then
@@ -160,13 +173,7 @@ local function store(key, task_id, record, ttl, nonce)
     if redis.call('EXISTS', KEY.waiter(prefix, task_id)) == 0 then return end
   end
   if heard and not heard[key] then return end
-  task_id = task_id or task_of(key)
-  local channel = KEY.done_channel(prefix, task_id)
-  if #record <= inline_max then
-    redis.call('PUBLISH', channel, record)
-  else  -- a big body would overflow the subscriber's output buffer: announce only
-    redis.call('PUBLISH', channel, '1')
-  end
+  announce(key, record, task_id)
 end
 
 -- The done channels of prefix that have a subscriber (channel -> true), from one PUBSUB
@@ -517,10 +524,20 @@ local function records(c)
   local lost = nil
   if nids > 0 then lost = ack(KEY.stream(prefix, queue), ARGV, at, at + nids - 1, queue) end
   local keys_at, recs_at = at + nids, at + nids + n
-  for i = 0, n - 1 do
-    if lost == nil or not lost[at + i] then
-      store(ARGV[keys_at + i], nil, ARGV[recs_at + i], ttl)
+  if lost ~= nil or marks or quiet or heard == nil then
+    for i = 0, n - 1 do
+      if lost == nil or not lost[at + i] then
+        store(ARGV[keys_at + i], nil, ARGV[recs_at + i], ttl)
+      end
     end
+    return
+  end
+  -- The common case, store() inlined: nothing stale, no cancel mark, a waiter known by heard
+  for i = 0, n - 1 do
+    local key, record = ARGV[keys_at + i], ARGV[recs_at + i]
+    local old = rpcall('SET', key, record, 'EX', ttl, 'GET')
+    if old and old.err then redis.call('SET', key, record, 'EX', ttl) end
+    if heard[key] then announce(key, record) end
   end
 end
 
