@@ -5,8 +5,8 @@
 that travel as one MessagePack argument; :meth:`~.store.RedisStateStore.complete` sends
 them in one script call. Building a handful of arguments per completion in redis-py cost
 more than the whole server-side work; so does a Python call per record, which the ``"R"``
-entry (a run of plain successes) avoids. The strings of an ``"R"`` entry (entry ids, task
-ids, records) travel as arguments of their own after the fixed ones (from
+entry (a run of plain successes) avoids. The strings of an ``"R"`` entry (entry ids, record
+keys, records) travel as arguments of their own after the fixed ones (from
 :data:`STRINGS_AT`): the server's Lua makes each argument a string once, hashing every
 byte, where a string inside the MessagePack argument would be made twice.
 """
@@ -103,7 +103,7 @@ def guard_unfenced(completions: Sequence[Completion], kind: str) -> str | None:
 
 
 def encode_batch(
-    completions: Sequence[Completion], kind: str, forget: Sequence[str] = ()
+    completions: Sequence[Completion], kind: str, record_head: str, forget: Sequence[str] = ()
 ) -> tuple[list[Any], list[str | bytes]]:
     """The entries of ``completions`` for ``complete.lua``, in the batch's order, and the
     strings its ``"R"`` entries name (the script's arguments from :data:`STRINGS_AT`).
@@ -112,13 +112,16 @@ def encode_batch(
         completions: the batch.
         kind: the store's write kind (``"s"``, ``"l"`` or ``"o"``): only with ``"s"`` are
             tokens stream entries that the script acks and fences.
+        record_head: the record key of the empty id (``Keys.record("")`` of the script's
+            prefix): an ``"R"`` entry names each record by its key, which the script would
+            otherwise make by concatenation, one Lua string more a task.
         forget: batch ids of guards applied by a first try that was answered (no other try
             of them exists): a ``"G"`` entry deletes their marks.
 
     Returns:
         The entries and the strings. ``"R"`` entries (a run of completions of one queue and
         TTL that only ack and store a record, of generated ids: no ``nonce``; its entry ids,
-        task ids and records are in the strings, the entry gives where), ``"C"`` entries
+        record keys and records are in the strings, the entry gives where), ``"C"`` entries
         (any other completion), ``"A"`` entries (acks without a record, per queue) and
         ``"I"`` entries (the tasks that ended, per queue: their
         :attr:`~blitzq.broker.values.Completion.ended` notes, packed by
@@ -129,10 +132,10 @@ def encode_batch(
     strings: list[str | bytes] = []
 
     def run_entry(queue: str, ttl: int) -> tuple[Any, ...]:
-        # {"R", queue, ttl, at, nids, n}: ARGV[at...] the ids, task ids, records.
+        # {"R", queue, ttl, at, nids, n}: ARGV[at...] the ids, record keys, records.
         at = STRINGS_AT + len(strings)
         strings.extend(ids)
-        strings.extend(task_ids)
+        strings.extend([record_head + task_id for task_id in task_ids])
         strings.extend(recs)
         return ("R", queue, ttl, at, len(ids), len(task_ids))
 

@@ -197,7 +197,7 @@ async def complete_in(
         The stale completions (their delivery is no longer this consumer's): nothing of
         them was written.
     """
-    entries, strings = encode_batch(completions, "s")
+    entries, strings = encode_batch(completions, "s", home.record(""))
     if not entries:
         return []
     stale: Any = await conn.scripts.call(

@@ -242,11 +242,11 @@ class RedisStateStore(StateStore):
         """
         fresh = guard_unfenced(completions, self.kind)
         forget, self._settled = self._settled, []
-        entries, strings = encode_batch(completions, self.kind, forget)
+        keys, conn = self.keys, self.conn
+        entries, strings = encode_batch(completions, self.kind, keys.record(""), forget)
         if not entries:
             self._settled = forget
             return None
-        keys, conn = self.keys, self.conn
         args = [
             keys.prefix,
             GROUP,

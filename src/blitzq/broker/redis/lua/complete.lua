@@ -23,7 +23,8 @@
 --   {"A", queue, {id1, id2, ...}}   reliable acks without anything else (XACK + XDEL)
 --   {"R", queue, ttl, at, nids, n}   n completions that only ack (nids stream entry ids: n,
 --     or 0 for a list or the outbox) and store a record (the common success):
---     ARGV[at .. at+nids-1] the entry ids, the next n the task ids, the next n the records;
+--     ARGV[at .. at+nids-1] the entry ids, the next n the record keys (<prefix>t:<task_id>:
+--     made by the client, not concatenated here a task at a time), the next n the records;
 --     one XACK and one XDEL (or XTRIM) for all, then SET + PUBLISH per record, as "C"
 --   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops,
 --    fence, guard, index, size, guard_ttl, nonce}
@@ -109,10 +110,11 @@ local stale = {}
 local revoked = KEY.revoked(prefix)
 local marks = redis.call('EXISTS', revoked) == 1
 
--- Whether a cancel's 'cancelled' record of task_id stands against record (see above).
-local function cancel_stands(task_id, record)
+-- Whether a cancel's 'cancelled' record of task_id (key: its record's key) stands against
+-- record (see above).
+local function cancel_stands(task_id, key, record)
   if not marks or not redis.call('ZSCORE', revoked, task_id) then return false end
-  local stored = redis.call('GET', KEY.record(prefix, task_id))
+  local stored = redis.call('GET', key)
   if not stored then return false end
   local ok, old = pcall(cmsgpack.unpack, stored)
   if not ok or type(old) ~= 'table' or old['state'] ~= 'cancelled' then return false end
@@ -131,20 +133,47 @@ local function owns(task_id, nonce, ttl)
   return true
 end
 
--- SET a task's record (EX ttl) and PUBLISH it (or '1' when large; quiet: only to an announced
--- waiter), unless a cancel stands or (nonce given) a newer enqueue of the id owns the record.
-local function store(task_id, record, ttl, nonce)
-  if nonce and nonce ~= '' and not owns(task_id, nonce, ttl) then return end
-  if marks and cancel_stands(task_id, record) then return end
-  redis.call('SET', KEY.record(prefix, task_id), record, 'EX', ttl)
-  if quiet and redis.call('EXISTS', KEY.waiter(prefix, task_id)) == 0 then return end
-  if heard and not heard[task_id] then return end
+-- The record keys' common head (the key of the empty id), and the task id of a record key.
+local empty = ''
+local record_head = KEY.record(prefix, empty)
+local function task_of(key)
+  return string.sub(key, #record_head + 1)
+end
+
+local rpcall = redis.pcall  -- a local: no global lookup a task
+
+-- PUBLISH record (or '1' when large) on the done channel of the task of key (task_id: its
+-- id, or nil: made from key).
+local function announce(key, record, task_id)
+  task_id = task_id or task_of(key)
   local channel = KEY.done_channel(prefix, task_id)
   if #record <= inline_max then
     redis.call('PUBLISH', channel, record)
   else  -- a big body would overflow the subscriber's output buffer: announce only
     redis.call('PUBLISH', channel, '1')
   end
+end
+
+-- SET a task's record under key (EX ttl) and PUBLISH it (or '1' when large; quiet: only to
+-- an announced waiter), unless a cancel stands or (nonce given) a newer enqueue of the id
+-- owns the record. task_id: the id, or nil (an "R" entry's: made from key only when needed).
+-- SET ... GET: the reply is the old record (nil, made a Lua false, for a task's first),
+-- where a plain SET's +OK is made a Lua table at every call; a key of another type (GET
+-- refuses it) is written over by a plain SET, as before.
+local function store(key, task_id, record, ttl, nonce)
+  if nonce and nonce ~= '' and not owns(task_id, nonce, ttl) then return end
+  if marks then
+    task_id = task_id or task_of(key)
+    if cancel_stands(task_id, key, record) then return end
+  end
+  local old = rpcall('SET', key, record, 'EX', ttl, 'GET')
+  if old and old.err then redis.call('SET', key, record, 'EX', ttl) end
+  if quiet then
+    task_id = task_id or task_of(key)
+    if redis.call('EXISTS', KEY.waiter(prefix, task_id)) == 0 then return end
+  end
+  if heard and not heard[key] then return end
+  announce(key, record, task_id)
 end
 
 -- The done channels of prefix that have a subscriber (channel -> true), from one PUBSUB
@@ -168,26 +197,36 @@ local function done_subscribed(most)
   return subscribed
 end
 
--- Fill heard with the task ids of the batch's records whose done channel has a subscriber:
+-- Fill heard with the record keys of the batch's records whose done channel has a subscriber:
 -- from 64 records on, by done_subscribed (INFO costs about what NUMSUB costs for 16
 -- channels; a batch nobody waits for then makes no channel name), else (or when it cannot
 -- tell) one PUBSUB NUMSUB per 1000 channels (its reply is in the order asked).
 local function listen(entries)
-  local ids = {}
+  local total = 0  -- counted first: a batch nobody waits for makes no list of its ids
+  for _, c in ipairs(entries) do
+    if c[1] == 'R' then
+      total = total + c[6]
+    elseif c[1] == 'C' and c[6] ~= '' then
+      total = total + 1
+    end
+  end
+  local subscribed = total >= 64 and done_subscribed(total) or nil
+  if subscribed and next(subscribed) == nil then return end
+  local ids, keys = {}, {}  -- task ids and their record keys
   for _, c in ipairs(entries) do
     if c[1] == 'R' then
       for i = c[4] + c[5], c[4] + c[5] + c[6] - 1 do
-        ids[#ids + 1] = ARGV[i]
+        keys[#keys + 1] = ARGV[i]
+        ids[#ids + 1] = task_of(ARGV[i])
       end
     elseif c[1] == 'C' and c[6] ~= '' then
       ids[#ids + 1] = c[5]
+      keys[#keys + 1] = KEY.record(prefix, c[5])
     end
   end
-  local subscribed = #ids >= 64 and done_subscribed(#ids) or nil
   if subscribed then
-    if next(subscribed) == nil then return end
-    for _, task_id in ipairs(ids) do
-      if subscribed[KEY.done_channel(prefix, task_id)] then heard[task_id] = true end
+    for i, task_id in ipairs(ids) do
+      if subscribed[KEY.done_channel(prefix, task_id)] then heard[keys[i]] = true end
     end
     return
   end
@@ -200,7 +239,7 @@ local function listen(entries)
     local e = math.min(#channels, s + 999)
     local counts = redis.call('PUBSUB', 'NUMSUB', unpack(channels, s, e))
     for j = 2, #counts, 2 do
-      if counts[j] > 0 then heard[ids[s + j / 2 - 1]] = true end
+      if counts[j] > 0 then heard[keys[s + j / 2 - 1]] = true end
     end
     s = e + 1
   end
@@ -484,11 +523,21 @@ local function records(c)
   local queue, ttl, at, nids, n = c[2], tostring(c[3]), c[4], c[5], c[6]
   local lost = nil
   if nids > 0 then lost = ack(KEY.stream(prefix, queue), ARGV, at, at + nids - 1, queue) end
-  local ids_at, recs_at = at + nids, at + nids + n
-  for i = 0, n - 1 do
-    if lost == nil or not lost[at + i] then
-      store(ARGV[ids_at + i], ARGV[recs_at + i], ttl)
+  local keys_at, recs_at = at + nids, at + nids + n
+  if lost ~= nil or marks or quiet or heard == nil then
+    for i = 0, n - 1 do
+      if lost == nil or not lost[at + i] then
+        store(ARGV[keys_at + i], nil, ARGV[recs_at + i], ttl)
+      end
     end
+    return
+  end
+  -- The common case, store() inlined: nothing stale, no cancel mark, a waiter known by heard
+  for i = 0, n - 1 do
+    local key, record = ARGV[keys_at + i], ARGV[recs_at + i]
+    local old = rpcall('SET', key, record, 'EX', ttl, 'GET')
+    if old and old.err then redis.call('SET', key, record, 'EX', ttl) end
+    if heard[key] then announce(key, record) end
   end
 end
 
@@ -589,7 +638,7 @@ for _, c in ipairs(batch) do
       record, reschedule, dead, requeue, ops = '', '', '', '', ''
     end
     if record ~= '' then
-      store(task_id, record, ttl, c[18])
+      store(KEY.record(prefix, task_id), task_id, record, ttl, c[18])
     end
     if reschedule ~= '' then
       -- Due on the server's clock, never the worker's: TIME + the delay sent.
