@@ -274,8 +274,9 @@ def start_up(pairs: int, runs: int = 5) -> list[Any]:
     ``PYTHONDONTWRITEBYTECODE`` set, each start would compile blitzq's sources. The children
     run in an empty directory (no ``pyproject.toml`` above it: ``blitzq --help`` prints the
     generated help, :func:`blitzq.cli.fast_help`); ``blitzq --help`` in this repository
-    (its ``pyproject.toml``, without a ``[tool.blitzq]`` table, is parsed before the
-    generated help is printed) is measured beside it, as a note.
+    (its ``pyproject.toml`` names blitzq but holds no ``[tool.blitzq]`` table: it is
+    scanned, :func:`blitzq._project.may_hold_table`, not parsed, before the generated help
+    is printed) is measured beside it, as a note.
     """
     from targets import Line
 
@@ -309,7 +310,7 @@ def start_up(pairs: int, runs: int = 5) -> list[Any]:
             line.passed = statistics.median(line.ratios) <= 1.5
             if in_project:
                 line.note = (
-                    f"in this repository (its pyproject.toml parsed first): "
+                    f"in this repository (its pyproject.toml looked at first): "
                     f"{statistics.median(in_project):.2f}"
                 )
             lines.append(line)

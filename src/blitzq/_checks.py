@@ -2,17 +2,22 @@
 
 Every numeric option is a real number: ``bool`` is refused (``True`` is not "1 second"), as
 are NaN and the infinities, and every duration is at most :data:`~blitzq.limits.MAX_SECONDS`
-(ten years). Each check raises :class:`~blitzq.exceptions.ConfigurationError` naming the
+(ten years). A duration may also be given as a :class:`datetime.timedelta`: it is read as its
+``total_seconds()`` and checked as that number (a negative one gets the same error as a
+negative number). Each check raises :class:`~blitzq.exceptions.ConfigurationError` naming the
 option and the value, so a bad value never reaches a background loop (see
 docs/configuration.md, "Validation").
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import ipaddress
 import logging
 import math
+from collections import Counter
 from typing import Any
+from urllib.parse import parse_qsl
 
 from .exceptions import ConfigurationError
 from .limits import MAX_SECONDS
@@ -30,7 +35,7 @@ def seconds(
 
     Args:
         name: the option's name, used in the error message.
-        value: the value given (``int`` or ``float``; not ``bool``).
+        value: the value given (``int``, ``float`` or ``timedelta``; not ``bool``).
         minimum: smallest allowed value (seconds).
         strict: ``minimum`` itself is refused (``> minimum``) when true, allowed when false.
         maximum: largest allowed value (seconds; default ten years).
@@ -38,8 +43,14 @@ def seconds(
     Raises:
         ConfigurationError: not a real number, a bool, NaN, an infinity, or out of range.
     """
+    given = repr(value)
+    if isinstance(value, _dt.timedelta):
+        value = value.total_seconds()
+        given = f"a timedelta of {_show(value)} s"
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigurationError(f"{name} must be a number of seconds, got {value!r}")
+        raise ConfigurationError(
+            f"{name} must be a number of seconds (or a timedelta), got {value!r}"
+        )
     bad = not math.isfinite(value) or value > maximum
     bad = bad or (value <= minimum if strict else value < minimum)
     if bad:
@@ -47,10 +58,9 @@ def seconds(
         high = "10 years" if maximum == MAX_SECONDS else f"{_show(maximum)} s"
         raise ConfigurationError(
             f"{name} must be a finite number of seconds {low} and at most {high} "
-            f"({_show(maximum)} s), got {value!r}"
+            f"({_show(maximum)} s), got {given}"
             if maximum == MAX_SECONDS
-            else f"{name} must be a finite number of seconds {low} and at most {high}, "
-            f"got {value!r}"
+            else f"{name} must be a finite number of seconds {low} and at most {high}, got {given}"
         )
     return float(value)
 
@@ -58,7 +68,7 @@ def seconds(
 def wait(value: Any, name: str = "timeout") -> float | None:
     """A wait's ``timeout`` argument (``result``, ``get_result``, ``get_results``,
     ``watch_progress``, a workflow's ``get``, their ``*_sync`` forms): ``None`` (no limit) or
-    a finite number of seconds ``>= 0`` (0 looks once), at most ten years.
+    a finite number of seconds ``>= 0`` (0 looks once; or a ``timedelta``), at most ten years.
 
     Raises:
         ConfigurationError: a bool, NaN, an infinity, a negative number or anything else,
@@ -197,3 +207,48 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(name.removeprefix("[").removesuffix("]")).is_loopback
     except ValueError:
         return False
+
+
+def repeated_option(url: str) -> tuple[str, int] | None:
+    """The first query option of ``url`` given more than once, and how many times.
+
+    A URL option given twice (``?pack=5&pack=7``, ``?socket_timeout=1&socket_timeout=5``)
+    has no meaning blitzq could pick silently (redis-py reads the first, other parsers the
+    last): every URL parser refuses it, naming the option. Names are compared decoded
+    (``pa%63k`` is ``pack``).
+
+    Args:
+        url: one URL (a list of URLs separated by ``;`` is checked piece by piece by the
+            caller).
+
+    Returns:
+        ``(name, count)``, or ``None`` when each option is given at most once.
+    """
+    query = url.partition("?")[2].partition("#")[0]
+    if not query:
+        return None
+    counts = Counter(name for name, _ in parse_qsl(query, keep_blank_values=True))
+    for name, count in counts.items():
+        if count > 1:
+            return name, count
+    return None
+
+
+def check_single_options(url: str, label: str, shown: str) -> None:
+    """Refuse ``url`` when one of its query options is given more than once
+    (:func:`repeated_option`).
+
+    Args:
+        url: one URL.
+        label: what the URL is, for the message (``"broker URL"``, ``"amqp_url"``).
+        shown: the URL as the message shows it (its passwords masked).
+
+    Raises:
+        ConfigurationError: an option given twice or more; the message names it.
+    """
+    found = repeated_option(url)
+    if found is not None:
+        name, count = found
+        raise ConfigurationError(
+            f"bad {label} {shown!r}: the option {name!r} is given {count} times; give it once"
+        )

@@ -1,7 +1,9 @@
 """Where the project file is: the walk of :func:`blitzq.config.search` on plain ``os`` calls,
 so that ``blitzq --help`` (:func:`blitzq.cli.fast_help`) can ask it without importing
-pathlib, logging or the rest of :mod:`blitzq.config`. :mod:`blitzq.config` is the one
-documented interface; this module holds the part both need.
+pathlib, logging or the rest of :mod:`blitzq.config`, and :func:`may_hold_table`, which
+spares both the parse of a ``pyproject.toml`` that certainly holds no ``[tool.blitzq]``
+table. :mod:`blitzq.config` is the one documented interface; this module holds the part
+both need.
 """
 
 from __future__ import annotations
@@ -71,3 +73,27 @@ def walk(
         if parent == here:
             return None, None, refused
         here = parent
+
+
+def may_hold_table(data: bytes) -> bool:
+    """Whether the TOML file ``data`` may define a ``[tool.blitzq]`` table (or a ``tool`` that
+    is not a table), without parsing it: ``False`` only when it certainly does not, so that
+    the file need not be parsed (:func:`blitzq.config.search` then reads no TOML).
+
+    It is ``False`` when ``data`` holds neither the text ``blitzq`` nor a ``\\u``, ``\\U`` or
+    ``\\x`` escape (a quoted key spelling it); else when :func:`blitzq._tomlscan.holds_table`
+    finds every table header and every key path of a key/value pair, quoted keys without
+    escapes included, outside ``tool.blitzq`` and none naming ``tool`` itself
+    (``tool = ...``, ``[[tool]]``). Anything that scan does not follow (an escape in a quoted
+    key, a date-time with a space, text that is not UTF-8 or not TOML) makes it ``True``:
+    the parser decides. An invalid file may be found ``False``: its errors are then left to
+    the tools it is for.
+
+    Args:
+        data: the file's bytes.
+    """
+    if b"blitzq" not in data and not any(e in data for e in (b"\\u", b"\\U", b"\\x")):
+        return False
+    from ._tomlscan import holds_table
+
+    return holds_table(data)

@@ -139,7 +139,9 @@ def search(start: Path | None = None, uid: int | None = None) -> Search:
     :func:`distrust` refuses is skipped, with a warning (logger ``blitzq.config``, once per
     file and process); the first other one ends the search, and it is the project file when
     it has a ``[tool.blitzq]`` table (none otherwise). A directory holding ``.git`` ends the
-    search too: nothing above the project root is read.
+    search too: nothing above the project root is read. A ``pyproject.toml`` that
+    :func:`blitzq._project.may_hold_table` shows cannot hold the table (most files: no
+    ``blitzq`` key under ``tool``) is not parsed, so its TOML errors are not reported here.
 
     Args:
         start: the directory to search from.
@@ -147,7 +149,8 @@ def search(start: Path | None = None, uid: int | None = None) -> Search:
 
     Raises:
         ConfigurationError: ``$BLITZQ_CONFIG`` names a file that does not exist, or the
-            project file is not valid TOML.
+            ``pyproject.toml`` found, which may hold a ``[tool.blitzq]`` table, is not valid
+            TOML.
     """
     named = os.environ.get(CONFIG_ENV)
     if named:
@@ -172,6 +175,8 @@ def search(start: Path | None = None, uid: int | None = None) -> Search:
     if found is None:
         return Search(None, Path(root) if root is not None else None, refused)
     path = Path(found)
+    if not _project.may_hold_table(path.read_bytes()):
+        return Search(None, Path(root or "/"), refused)  # certainly no table: not parsed
     return Search(
         path if "blitzq" in _read(path).get("tool", {}) else None, Path(root or "/"), refused
     )

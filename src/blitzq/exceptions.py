@@ -26,6 +26,7 @@ recover narrowly::
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import math
 from collections.abc import Iterable, Iterator
 
@@ -366,18 +367,30 @@ class Retry(Exception):
     (or is dead-lettered) with the error that caused the retry.
 
     Args:
-        delay: seconds to wait before the next attempt; ``None`` uses the retry policy's backoff.
+        delay: seconds to wait before the next attempt (or a ``timedelta``, kept as its
+            seconds); ``None`` uses the retry policy's backoff.
         reason: a short text recorded with the attempt.
 
     Raises:
-        ConfigurationError: ``delay`` is negative, NaN or infinite.
+        ConfigurationError: ``delay`` is negative, NaN, infinite or not a number (a negative
+            ``timedelta`` is refused as a negative number is).
     """
 
-    def __init__(self, delay: float | None = None, reason: str | None = None) -> None:
+    def __init__(
+        self, delay: float | _dt.timedelta | None = None, reason: str | None = None
+    ) -> None:
         super().__init__(reason or "retry requested")
-        if delay is not None and not (0 <= delay < math.inf):  # NaN fails both
+        given = repr(delay)
+        if isinstance(delay, _dt.timedelta):
+            delay = delay.total_seconds()
+            given = f"a timedelta of {delay:g} s"
+        if delay is not None and (
+            isinstance(delay, bool)
+            or not isinstance(delay, int | float)
+            or not (0 <= delay < math.inf)  # NaN fails both
+        ):
             raise ConfigurationError(
-                f"Retry delay must be a finite number >= 0 seconds, got {delay!r}"
+                f"Retry delay must be a finite number >= 0 seconds, got {given}"
             )
         self.delay = delay
         self.reason = reason

@@ -37,13 +37,18 @@ def positive_seconds(label: str, value: Any) -> float | None:
 
     Args:
         label: how the error names the option (``"task t: max_age"``).
-        value: seconds, > 0 and at most :data:`~blitzq.limits.MAX_SECONDS`.
+        value: seconds (or a ``timedelta``), > 0 and at most :data:`~blitzq.limits.MAX_SECONDS`.
 
     Raises:
-        ConfigurationError: not a finite number in that range (a bool included).
+        ConfigurationError: not a finite number in that range (a bool included); a
+            timedelta out of range gets the same error, naming its seconds.
     """
     if value is None:
         return None
+    given = repr(value)
+    if isinstance(value, _dt.timedelta):
+        value = value.total_seconds()
+        given = f"a timedelta of {value:g} s"
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
@@ -51,7 +56,7 @@ def positive_seconds(label: str, value: Any) -> float | None:
         or value <= 0
         or value > MAX_SECONDS
     ):
-        raise ConfigurationError(f"{label} must be > 0 and <= {MAX_SECONDS} seconds, got {value!r}")
+        raise ConfigurationError(f"{label} must be > 0 and <= {MAX_SECONDS} seconds, got {given}")
     return float(value)
 
 
@@ -214,14 +219,30 @@ def _finite(value: object) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)
 
 
+#: What an ``eta`` before Unix time 0 is told, in either form (a number or a datetime).
+_BEFORE_1970 = (
+    "eta must not be before 1970-01-01 00:00 UTC (Unix time 0; a later time in the past "
+    "runs at once)"
+)
+
+
 def _check_eta(eta: object) -> None:
     """Refuse an ``eta`` that is not a finite Unix time >= 0: a bool, NaN, an infinity, a
     negative number, or an aware datetime before 1970 (a naive one is refused by
-    :meth:`CallOptions.due_time`, with its own message)."""
+    :meth:`CallOptions.due_time`, with its own message). A number and a datetime agree: Unix
+    time 0 and ``1970-01-01T00:00Z`` are both taken (and run at once, being past), ``-1``
+    and ``1969-12-31T23:59:59Z`` both refused, with the same words."""
     if isinstance(eta, _dt.datetime):
         if eta.tzinfo is not None and eta.timestamp() < 0:
-            raise ConfigurationError(f"eta must not be before 1970 (Unix time 0), got {eta!r}")
+            raise ConfigurationError(f"{_BEFORE_1970}, got {eta!r}")
         return
+    if isinstance(eta, _dt.timedelta):
+        raise ConfigurationError(
+            f"eta is a point in time (an aware datetime or a Unix time), got a timedelta "
+            f"of {eta.total_seconds():g} s: a time from now is delay="
+        )
+    if isinstance(eta, int | float) and not isinstance(eta, bool) and -math.inf < eta < 0:
+        raise ConfigurationError(f"{_BEFORE_1970}, got {eta!r}")
     if isinstance(eta, bool) or not isinstance(eta, int | float) or not 0 <= eta < math.inf:
         raise ConfigurationError(
             f"eta must be an aware datetime or a finite Unix time >= 0, got {eta!r}"
@@ -267,13 +288,17 @@ class CallOptions:
 
     Attributes:
         delay: seconds from now before the task may start (``countdown`` in Celery),
-            0 to 10 years.
+            0 to 10 years; a ``timedelta`` is kept as its seconds (a negative one is
+            refused as a negative number is).
         eta: absolute start time (aware datetime, or Unix seconds >= 0: a negative, NaN or
             infinite number, or a datetime before 1970, is refused), at most 10 years ahead
-            (checked at enqueue; a past eta runs at once).
+            (checked at enqueue). A past eta, in either form (``0``, a Unix time or a
+            datetime before now), runs at once: it goes through the schedule like any eta,
+            due by the server's clock, and the next promotion moves it to its queue.
         task_id: id to use instead of a random one.
         headers: plain-data metadata carried with the message.
-        timeout: seconds the task may run, overriding the task's ``timeout``.
+        timeout: seconds the task may run, overriding the task's ``timeout`` (or a
+            ``timedelta``, kept as its seconds).
         queue: queue to publish to, overriding the task's.
         correlation_id: id shared by related tasks, a non-empty ``str`` (default: inherited
             from the task that enqueues, if any).
@@ -298,12 +323,13 @@ class CallOptions:
     def __post_init__(self) -> None:
         # Every option is checked here, where it enters (not in a worker's loop later):
         # numbers are real (not bool), finite and within MAX_SECONDS; strings are str.
+        # A timedelta delay or timeout is kept as its seconds (``_checks.seconds``).
         if self.delay is not None:
-            seconds("delay", self.delay, strict=False)
+            object.__setattr__(self, "delay", seconds("delay", self.delay, strict=False))
         if self.eta is not None:
             _check_eta(self.eta)
         if self.timeout is not None:
-            FIELD_RULES["timeout"]("timeout", self.timeout)
+            object.__setattr__(self, "timeout", FIELD_RULES["timeout"]("timeout", self.timeout))
         if self.task_id is not None:
             FIELD_RULES["id"]("task_id", self.task_id)
         if self.queue is not None:

@@ -180,14 +180,14 @@ class Queue:
 
             install_log_queue()
         # Numbers are real numbers (not bool), finite and in range; see blitzq._checks.
-        seconds("visibility_timeout", visibility_timeout)
+        visibility_timeout = seconds("visibility_timeout", visibility_timeout)
         integer("max_deliveries", max_deliveries, minimum=1)
         flag("store_results", store_results)
-        seconds("result_ttl", result_ttl, minimum=1, strict=False)
+        result_ttl = int(seconds("result_ttl", result_ttl, minimum=1, strict=False))
         integer("max_message_size", max_message_size, minimum=64, unit="bytes")
         integer("max_result_size", max_result_size, minimum=64, unit="bytes")
         integer("dead_letter_cap", dead_letter_cap, minimum=1)
-        seconds("dead_letter_ttl", dead_letter_ttl, minimum=1, strict=False)
+        dead_letter_ttl = seconds("dead_letter_ttl", dead_letter_ttl, minimum=1, strict=False)
         integer("dead_letter_max_bytes", dead_letter_max_bytes, minimum=1024, unit="bytes")
         flag("track_state", track_state)
         integer("recent_index", recent_index, minimum=0)

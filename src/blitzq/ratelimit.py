@@ -19,6 +19,7 @@ middleware :mod:`blitzq.extensions.ratelimit`.
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
 import re
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ class RateLimit:
 
     Args:
         count: tasks per period (> 0).
-        period: seconds (> 0).
+        period: seconds (> 0), or a ``timedelta`` (kept as its seconds).
         burst: most tasks that may start at once after an idle period (default ``count``).
         key: bucket name; tasks with the same key share one bucket (default: the task name).
 
@@ -64,13 +65,19 @@ class RateLimit:
     key: str | None = None
 
     def __post_init__(self) -> None:
+        given: object = self.period  # a timedelta is kept as its seconds, checked as them
+        if isinstance(given, _dt.timedelta):
+            object.__setattr__(self, "period", given.total_seconds())
         for name, value in (("count", self.count), ("period", self.period)):
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigurationError(f"a rate limit's {name} must be a number, got {value!r}")
         if not (math.isfinite(self.count) and math.isfinite(self.period)):
             raise ConfigurationError("a rate limit's count and period must be finite")
         if self.count <= 0 or self.period <= 0:
-            raise ConfigurationError("a rate limit needs count > 0 and period > 0 seconds")
+            raise ConfigurationError(
+                "a rate limit needs count > 0 and period > 0 seconds, got "
+                f"count={self.count!r}, period={self.period!r}"
+            )
         if self.burst is not None and (
             isinstance(self.burst, bool)
             or not isinstance(self.burst, int | float)

@@ -65,8 +65,9 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.max_retries is not None:
             integer("max_retries", self.max_retries, minimum=0)
-        seconds("base", self.base, strict=False)
-        seconds("max_delay", self.max_delay, strict=False)
+        # A timedelta is kept as its seconds (``_checks.seconds``): the policy computes in floats.
+        object.__setattr__(self, "base", seconds("base", self.base, strict=False))
+        object.__setattr__(self, "max_delay", seconds("max_delay", self.max_delay, strict=False))
         if isinstance(self.factor, bool) or not isinstance(self.factor, int | float):
             raise ConfigurationError(f"factor must be a number >= 1, got {self.factor!r}")
         if not (math.isfinite(self.factor) and self.factor >= 1):
@@ -78,7 +79,9 @@ class RetryPolicy:
                 f"backoff must be exponential, linear or fixed, got {self.backoff!r}"
             )
         if self.increment is not None:
-            seconds("increment", self.increment, strict=False)
+            object.__setattr__(
+                self, "increment", seconds("increment", self.increment, strict=False)
+            )
 
     def delay(self, retry: int, rng: random.Random | None = None) -> float:
         """Seconds to wait before retry number ``retry`` (1 for the first retry; a number

@@ -69,6 +69,7 @@ from ._checks import flag, integer, seconds
 from .exceptions import ConfigurationError
 from .extensions.signals import Signal, SignalEvent
 from .limits import MAX_SECONDS
+from .log_episodes import Episode
 from .periodic import MissedPolicy, PeriodicTask, periodic_status
 from .periodic import as_schedule as as_schedule
 from .periodic import build_message as build_message
@@ -129,8 +130,8 @@ class Scheduler:
         handle_signals: bool = False,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        seconds("poll_interval", poll_interval, maximum=3600.0)
-        seconds("grace", grace, minimum=-MAX_SECONDS, strict=False)
+        poll_interval = seconds("poll_interval", poll_interval, maximum=3600.0)
+        grace = seconds("grace", grace, minimum=-MAX_SECONDS, strict=False)
         integer("max_catch_up", max_catch_up, minimum=1)
         flag("promote", promote)
         flag("handle_signals", handle_signals)
@@ -397,12 +398,14 @@ class Scheduler:
         logger.info("scheduler started: periodic tasks %s", names)
         signals = self.queue.signals
         await self._emit(Signal.SCHEDULER_STARTED, {"periodic": sorted(self.queue.periodic_tasks)})
+        failures = Episode(logger, "scheduler tick failed")
         try:
             while not self._stopping:
                 try:
                     await self.tick()
+                    failures.cleared()
                 except Exception as exc:  # broker down, a bug in one entry: keep going
-                    logger.warning("scheduler tick failed: %s: %s", type(exc).__name__, exc)
+                    failures.failed(exc)  # once while it lasts, not each tick
                 wait = self.poll_interval
                 if self._behind:
                     wait = 0.005

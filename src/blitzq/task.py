@@ -60,6 +60,11 @@ StartCheck = Callable[..., Awaitable["Completion | None"]]
 Finisher = Callable[..., "Completion"]
 
 
+def _seconds(value: float | _dt.timedelta | None) -> float | None:
+    """A ``timedelta`` as its seconds (checked with the numbers by :class:`CallOptions`)."""
+    return value.total_seconds() if isinstance(value, _dt.timedelta) else value
+
+
 class TaskProducer(Protocol):
     """What a task sends its calls through: its Queue's producer
     (:class:`blitzq.client.publish.Producer`)."""
@@ -235,19 +240,21 @@ class Task(Generic[P, R]):
     def options(
         self,
         *,
-        delay: float | None = None,
+        delay: float | _dt.timedelta | None = None,
         eta: _dt.datetime | float | None = None,
         task_id: str | None = None,
         headers: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
+        timeout: float | _dt.timedelta | None = None,
         queue: str | None = None,
         correlation_id: str | None = None,
         priority: str | None = None,
         unique_key: str | None = None,
-        max_age: float | None = None,
+        max_age: float | _dt.timedelta | None = None,
         **options: Any,
     ) -> BoundTask[P, R]:
-        """Bind per-call options; see :class:`CallOptions` for each (seconds for times).
+        """Bind per-call options; see :class:`CallOptions` for each (seconds for times;
+        ``delay``, ``timeout`` and ``max_age`` also take a ``timedelta``, checked as its
+        seconds: a negative one is refused as a negative number is).
 
         ``max_age`` (:mod:`blitzq.extensions.expiry`) and ``options`` are the per-call
         options middleware declare (``Middleware.call_options``; ``max_age`` is named here
@@ -260,7 +267,15 @@ class Task(Generic[P, R]):
                 task declares.
         """
         core = CallOptions(
-            delay, eta, task_id, headers, timeout, queue, correlation_id, priority, unique_key
+            _seconds(delay),
+            eta,
+            task_id,
+            headers,
+            _seconds(timeout),
+            queue,
+            correlation_id,
+            priority,
+            unique_key,
         )
         declared = {"max_age": max_age, **options}
         if all(value is None for value in declared.values()):

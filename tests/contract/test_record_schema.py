@@ -45,10 +45,28 @@ async def test_recover_writes_the_builders_record(broker: Broker) -> None:
             "tests.contract.task",
             Q,
             2,
-            "delivered 2 times without completing (max_deliveries=2); "
-            "the worker running it probably crashed",
+            "delivered 2 times without completing (the backstop of 2 deliveries: "
+            "4 x max_deliveries, at least 20); the worker running it probably crashed",
             stored["finished_at"],
         )
     )
     assert stored == expected
     assert isinstance(stored["finished_at"], float | int)
+
+
+async def test_a_recovery_past_max_deliveries_1_names_it(broker: Broker) -> None:
+    """The limit a recovery is given is the transports' backstop; ``max_deliveries=1`` is the
+    one case where it is the limit itself, and the error says so."""
+    needs_recovery(broker)
+    needs_fused(broker, "the transport's recovery writes records in its own storage")
+    await consumer(broker)
+    await broker.publish(Q, [message("once")])
+    await broker.fetch(Q, 1, 0)
+    await asyncio.sleep(0.1)
+    assert await broker.recover(Q, 0.05, 10, 1, record_ttl=60) == (0, 1)
+    raw = await broker.get_record("once")
+    assert raw is not None
+    assert loads(raw)["error"] == (
+        "delivered 1 times without completing (max_deliveries=1); "
+        "the worker running it probably crashed"
+    )

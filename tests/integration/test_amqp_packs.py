@@ -8,6 +8,7 @@ On the shared RabbitMQ (skipped when it does not answer) with the state on the t
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -412,3 +413,32 @@ async def test_a_poison_task_in_a_pack_is_dead_lettered_and_its_pack_runs_once(
 
 async def _stand_in(*_args: object) -> None:  # the producer's name for the task
     return None
+
+
+async def test_queue_stats_say_a_ready_pack_counts_once(
+    amqp: Callable[..., Broker], server_url: str, namespace: str
+) -> None:
+    """RabbitMQ tells only how many AMQP messages are ready: ``waiting`` counts a ready
+    pack once, and ``blitzq queue stats`` says so under its table and in its JSON
+    (``count_note``), as ``purge`` does under its count."""
+    from click.testing import CliRunner
+
+    from blitzq.cli import cli
+
+    broker = amqp()
+    assert broker.count_note is not None
+    assert "pack" in broker.count_note
+    await broker.publish("note", [message(f"n{i}", "note") for i in range(256)])  # 64 packs
+    base = ["--redis-url", server_url, "--namespace", namespace, "--amqp-url", amqp_or_skip()]
+
+    def stats(*extra: str) -> Any:
+        return CliRunner().invoke(cli, [*base, *extra, "queue", "stats", "-Q", "note"])
+
+    result = await asyncio.to_thread(stats)
+    assert result.exit_code == 0, result.output
+    assert "a pack" in " ".join(result.output.split())
+    result = await asyncio.to_thread(stats, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["queues"]["note"] == {"waiting": 64, "in_flight": 0}
+    assert doc["count_note"] == broker.count_note

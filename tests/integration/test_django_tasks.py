@@ -10,6 +10,7 @@ Runs with the ``django-tasks`` backport (Python 3.11, Django 4.2-5.2) or Django 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -143,7 +144,8 @@ def test_enqueue_and_read_the_result(project: Any, worker: Path) -> None:
     assert result.return_value == 5
     assert result.errors == []
     assert result.attempts == 1
-    assert result.worker_ids[0].endswith(":0")  # host:slot, the supervised worker's stable id
+    # host:pid-slot: the supervised worker's stable id, its supervisor's pid before the slot
+    assert re.fullmatch(r".+:\d+-0", result.worker_ids[0]), result.worker_ids
     assert result.enqueued_at <= result.started_at <= result.finished_at <= timezone.now()
     assert timezone.is_aware(result.started_at)
     # Another reader (any process) gets it by id through the backend and the task.

@@ -213,7 +213,15 @@ ENQUEUE_RULES: list[tuple[str, str | None, Any, bytes | None, str, str]] = [
     ("max_age-field", "max_age", -1, None, "malformed message", "max_age is -1"),
     ("d-999", None, None, b"999", "max deliveries exceeded", "delivery count is 999"),
     # past the backstop of deliveries (4 x max_deliveries 5); a count under it runs alone
-    ("d-21", None, None, b"21", "max deliveries exceeded", "delivery count is 21"),
+    (
+        "d-21",
+        None,
+        None,
+        b"21",
+        "max deliveries exceeded",
+        "delivery count is 21, past the backstop of 20 deliveries: 4 x max_deliveries=5, "
+        "at least 20",
+    ),
     ("d-str", None, None, b"abc", "malformed message", "delivery count"),
     ("d-neg", None, None, b"-3", "malformed message", "delivery count"),
     ("d-zero", None, None, b"0", "malformed message", "delivery count"),

@@ -538,13 +538,13 @@ def registrations(client: redis.Redis, namespace: str) -> dict[int, dict[str, An
 def test_a_restarted_slot_keeps_its_worker_id_with_a_new_instance(
     supervise: Callable[..., Supervised], producer: Queue, client: redis.Redis, namespace: str
 ) -> None:
-    """The worker id is ``host:slot``, the same across the slot's restarts (metrics, logs and
-    records keep continuity); the process instance (``pid:random``) and the registry key
-    (unique per live process, the stream consumer name) change."""
+    """The worker id is ``host:supervisor-slot``, the same across the slot's restarts
+    (metrics, logs and records keep continuity); the process instance (``pid:random``) and the
+    registry key (unique per live process, the stream consumer name) change."""
     sup = supervise(workers=1)
     (first,) = wait_ready(sup, client, namespace, n=1)
     before = registrations(client, namespace)[first]
-    assert before["id"] == f"{socket.gethostname()}:0"
+    assert before["id"] == f"{socket.gethostname()}:{sup.proc.pid}-0"
     assert before["slot"] == 0
     assert before["instance"].startswith(f"{first}:")
     assert before["key"] == f"{before['id']}:{before['instance']}"
@@ -572,3 +572,30 @@ def test_a_restarted_slot_keeps_its_worker_id_with_a_new_instance(
     status = again.status_sync()
     assert status is not None
     assert status.worker == before["id"]
+
+
+def test_two_supervisors_on_one_host_give_their_workers_distinct_ids(
+    supervise: Callable[..., Supervised], producer: Queue, client: redis.Redis, namespace: str
+) -> None:
+    """Two ``blitzq worker`` supervisors on one host both have a slot 0 and 1: each worker id
+    carries its supervisor's pid (``host:pid-slot``), so the registrations, the records'
+    ``worker`` and anything keyed by worker id tell the four workers apart."""
+    host = socket.gethostname()
+    one, two = supervise(workers=2), supervise(workers=2)
+    pids = wait_ready(one, client, namespace, n=2) + wait_ready(two, client, namespace, n=2)
+    wait_until(lambda: set(pids) <= registered_pids(client, namespace), 30, "4 registrations")
+    found = registrations(client, namespace)
+    ids = {found[pid]["id"] for pid in pids}
+    assert ids == {f"{host}:{sup.proc.pid}-{slot}" for sup in (one, two) for slot in (0, 1)}
+    assert {found[pid]["slot"] for pid in pids} == {0, 1}
+    by_pid = {pid: found[pid]["id"] for pid in pids}
+    seen: dict[int, str] = {}
+    deadline = time.monotonic() + 30
+    while set(seen) != set(pids) and time.monotonic() < deadline:
+        handles = [producer.send_sync(WHOAMI, (0.05,)) for _ in range(16)]
+        for handle in handles:
+            pid = handle.result_sync(timeout=10)
+            status = handle.status_sync()
+            assert status is not None
+            seen[pid] = status.worker
+    assert seen == by_pid

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import blitzq.cli as package
-from blitzq import config
+from blitzq import _project, config
 from blitzq.cli import _help, fast_help, help_width
 from blitzq.spec import REGENERATE, cli_help
 
@@ -38,12 +38,21 @@ print(json.dumps([code, "click" in sys.modules]), file=sys.stderr)
 """
 
 
-def _run(args: list[str], cwd: Path, columns: int, **extra: str) -> tuple[int, bool, str, str]:
-    """``blitzq ARGS`` in a child: (exit code, whether click was imported, stdout, stderr)."""
+#: The same through click alone (:func:`blitzq.cli.main` without its fast path).
+_CLICK = _RUN.replace("from blitzq.cli import main", "from blitzq.cli.root import cli").replace(
+    "main(sys.argv[1:])", 'cli.main(args=sys.argv[1:], prog_name="blitzq")'
+)
+
+
+def _run(
+    args: list[str], cwd: Path, columns: int, *, click: bool = False, **extra: str
+) -> tuple[int, bool, str, str]:
+    """``blitzq ARGS`` in a child (through click alone when ``click``): (exit code, whether
+    click was imported, stdout, stderr)."""
     env = {k: v for k, v in os.environ.items() if k not in ("BLITZQ_CONFIG", "COLUMNS")}
     env.update(COLUMNS=str(columns), PYTHONPATH=str(SRC), **extra)
     done = subprocess.run(
-        [sys.executable, "-c", _RUN, *args],
+        [sys.executable, "-c", _CLICK if click else _RUN, *args],
         capture_output=True,
         text=True,
         timeout=100,
@@ -100,12 +109,76 @@ def test_a_width_not_generated_is_clicks(tmp_path: Path) -> None:
     assert max(len(line) for line in out.splitlines()) <= 88
 
 
+#: A project's ``pyproject.toml`` naming blitzq in values, comments and other tables only.
+_MENTIONS = """\
+[project]
+name = "shop"
+dependencies = ["blitzq>=1.1", 'blitzq[redis]']  # [tool.blitzq] later, maybe
+description = \"\"\"
+[tool.blitzq]
+namespace = "not a table: a string\\"\"\"\"
+[project.scripts]
+blitzq = "blitzq.cli:main"
+[tool.ruff.lint]
+known-first-party = { blitzq = "x", "tool" = 'blitzq' }
+[tool.other]
+blitzq = 1
+"""
+
+#: Project files (name: text) whose ``[tool.blitzq]`` table the fast path must leave to click.
+_TABLES = {
+    "header": '[tool.blitzq]\nnamespace = "x"\n',
+    "dotted": 'tool.blitzq.namespace = "x"\n',
+    "dotted-unknown": "tool.blitzq.x = 1\n",
+    "spaced": "[ tool . blitzq . worker ]\nconcurrency = 3\n",
+    "under-tool": '[tool]\nblitzq.namespace = "x"\n',
+    "inline": 'tool = { blitzq = { namespace = "x" } }\n',
+    "quoted": '["tool".\'blitzq\']\nnamespace = "x"\n',
+    "escaped": '[tool."blitz\\u0071"]\nnamespace = "x"\n',
+    "escaped-tool": '"\\u0074ool".blitzq.namespace = "x"\n',
+}
+
+
+@pytest.mark.parametrize("name", ["mentions", *_TABLES])
+def test_a_project_file_fast_and_click_print_the_same(name: str, tmp_path: Path) -> None:
+    """A ``pyproject.toml`` that names blitzq only outside ``tool`` is not parsed (no click,
+    no TOML parser); one with the table in any spelling is click's; both print the same."""
+    (tmp_path / ".git").mkdir()
+    text = _MENTIONS if name == "mentions" else _TABLES[name]
+    (tmp_path / "pyproject.toml").write_text(text)
+    assert _project.may_hold_table(text.encode()) is (name != "mentions")
+    fast = _run(["--help"], tmp_path, 80)
+    slow = _run(["--help"], tmp_path, 80, click=True)
+    assert fast[1] is (name != "mentions")
+    assert (fast[0], *fast[2:]) == (slow[0], *slow[2:])
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [("not toml [\n", 0), ('name = "blitzq"\nnot toml [\n', 78), ("[tool.blitzq]\nx = [\n", 78)],
+    ids=["cleared", "may-hold", "table"],
+)
+def test_an_invalid_project_file(text: str, code: int, tmp_path: Path) -> None:
+    """An invalid ``pyproject.toml`` that certainly holds no ``[tool.blitzq]`` table is not
+    parsed, by either path (help, exit 0); one that may hold it is parsed, and both paths
+    end with the configuration error (exit 78)."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "pyproject.toml").write_text(text)
+    fast = _run(["--help"], tmp_path, 80)
+    slow = _run(["--help"], tmp_path, 80, click=True)
+    assert (fast[0], fast[1]) == (code, code != 0)
+    assert (fast[0], *fast[2:]) == (slow[0], *slow[2:])
+    if code:
+        assert fast[2] == ""
+        assert "not valid TOML" in fast[3]
+
+
 def test_a_project_file_or_the_variable_is_left_to_click(tmp_path: Path) -> None:
     (tmp_path / ".git").mkdir()
     sub = tmp_path / "a" / "b"
     sub.mkdir(parents=True)
     assert _run(["--help"], sub, 80)[1] is False
-    (tmp_path / "pyproject.toml").write_text("not toml [\n")
+    (tmp_path / "pyproject.toml").write_text("[tool.blitzq]\nnot toml [\n")
     code, loaded, out, err = _run(["--help"], sub, 80)
     assert (code, loaded, out) == (78, True, "")
     assert "not valid TOML" in err
@@ -135,3 +208,134 @@ def test_another_click_version_is_clicks(tmp_path: Path) -> None:
     (tmp_path / "click-7.0.0.dist-info").mkdir()
     assert package._click_version([str(tmp_path), *sys.path]) == "7.0"
     assert package._click_version([]) is None
+
+
+#: Lines that documents of :func:`test_the_pre_check_never_clears_a_table` are made of:
+#: every way to spell the table, and strings, comments and values that only look like it.
+_PIECES = [
+    "[tool]",
+    "[tool.blitzq]",
+    "[ tool . blitzq ]",
+    '[tool."blitzq"]',
+    "[tool.'blitzq']",
+    "[[tool.blitzq]]",
+    "[tool.blitzq.worker]",
+    '["tool".blitzq]',
+    "[ [tool.blitzq] ]",
+    "[project]",
+    "[tool.x]",
+    "[[tool.x]]",
+    "blitzq = 1",
+    '"blitzq" = 1',
+    "'blitzq'.a = 1",
+    "tool.blitzq = 1",
+    "tool . blitzq . a = 2",
+    "'tool'.'blitzq' = 1",
+    '"tool" = {"blitzq" = 1}',
+    "tool = { blitzq = 1 }",
+    "tool = 1",
+    'x = "blitzq"',
+    "x = 'blitzq'",
+    'x = """',
+    '"""',
+    "x = '''",
+    "'''",
+    "x = [",
+    "]",
+    '"blitzq",',
+    "{ blitzq = 1 },",
+    'x = { blitzq = 1, "tool" = 2 }',
+    "# [tool.blitzq]",
+    'x = "a\\"b"',
+    'x = "\\\\"',
+    "x = '\\'",
+    '"blitz\\u0071" = 1',
+    'tool."blitz\\u0071" = 1',
+    "[tool.blitz\\u0071]",
+    "a = 1 # c",
+    'x = """a""""',
+    'x = "\\"""',
+    'x = """ "blitzq" \\""" """',
+    'x = """\\\n  """',
+    "x = ['''\n''']",
+    'x = {a = "}"}',
+    "y = 1979-05-27 07:32:00Z",
+    "z = 1e3",
+    "x = [1,",
+    "2]",
+    "blitzq",
+    "=",
+    "[",
+    "\t",
+    "",
+]
+
+
+def test_the_pre_check_never_clears_a_table() -> None:
+    """Over random documents of :data:`_PIECES` (fixed seed), every one that TOML reads as
+    holding a ``[tool.blitzq]`` table is one :func:`blitzq._project.may_hold_table` does
+    not clear; and it clears some valid ones (the check is of use)."""
+    import random
+    import tomllib
+
+    rng = random.Random(29)
+    valid = cleared = 0
+    for _ in range(30000):
+        lines = [rng.choice(_PIECES) for _ in range(rng.randint(1, 6))]
+        text = "\n".join(lines) + rng.choice(["", "\n", "\r\n"])
+        verdict = _project.may_hold_table(text.encode())
+        try:
+            tool = tomllib.loads(text).get("tool", {})
+        except tomllib.TOMLDecodeError:
+            continue
+        valid += 1
+        cleared += not verdict
+        assert verdict or not (isinstance(tool, dict) and "blitzq" in tool), text
+    assert valid > 3000
+    assert cleared > valid // 4
+
+
+def test_the_pre_check_clears_this_repositorys_pyproject() -> None:
+    """The case the check is for: a project file naming blitzq outside ``tool`` only."""
+    text = (SRC.parent / "pyproject.toml").read_bytes()
+    assert b"blitzq" in text
+    assert _project.may_hold_table(text) is False
+    assert _project.may_hold_table(b"\xff[tool.blitzq]") is True  # not UTF-8: parsed
+    assert _project.may_hold_table(b"[project]\rblitzq = 1") is True  # a lone CR: parsed
+
+
+#: Files holding the table, which :func:`test_edits_of_files_with_the_table` edits.
+_HOLDING = [
+    '[project]\nname = "blitzq"\ndeps = ["a", "b[c]"]\n[tool.x]\ny = 1\n[tool.blitzq]\nn = "x"\n',
+    "a = \"\"\"x\"\"\"\ntool.blitzq.q = 1\nb = '''y'''\n",
+    "[tool]\nz = [1, 2]\nblitzq = {a = 1}\n",
+    'x = {a = "b"}\n[ tool . "blitzq" ]\n',
+    's = "a#b"\n# c\n[[tool.blitzq]]\nk = 1\n',
+    'arr = [\n "x", # c\n "y",\n]\n[tool.blitzq.worker]\nc = 2\n',
+]
+
+
+def test_edits_of_files_with_the_table() -> None:
+    """Random one-character (or one-token) insertions and deletions in files that hold the
+    table (fixed seed): every edit that TOML still reads as holding it is not cleared."""
+    import random
+    import tomllib
+
+    tokens = ['"', "'", "#", "[", "]", "{", "}", "=", "\n", "\\", ".", " ", '"""', "'''", ","]
+    tokens += ["u", "blitzq", "tool"]
+    rng = random.Random(5)
+    holding = 0
+    for _ in range(20000):
+        text = rng.choice(_HOLDING)
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randint(0, len(text))
+            cut = rng.random() < 0.3
+            text = text[:at] + ("" if cut else rng.choice(tokens)) + text[at + cut :]
+        try:
+            tool = tomllib.loads(text).get("tool", {})
+        except tomllib.TOMLDecodeError:
+            continue
+        if isinstance(tool, dict) and "blitzq" in tool:
+            holding += 1
+            assert _project.may_hold_table(text.encode()), text
+    assert holding > 1000

@@ -90,6 +90,15 @@ def test_page_values_are_escaped() -> None:
     assert 'data-root="/a&quot;b"' in html
 
 
+def test_the_queues_page_says_what_waiting_counts_when_not_tasks() -> None:
+    """On RabbitMQ (``Broker.count_note``) the queues page says a ready pack counts once;
+    on Redis (no note) it says nothing of it."""
+    plain = render("queues", root="", namespace="ns", refresh_ms=2000)
+    assert 'id="count-note"' not in plain
+    noted = render("queues", root="", namespace="ns", refresh_ms=2000, note="a <pack> once")
+    assert '<p class="hint" id="count-note">a &lt;pack&gt; once.</p>' in noted
+
+
 def test_settings_are_checked_at_the_edge() -> None:
     queue = Queue(redis_url="redis://127.0.0.1:1", namespace="unused")
     with pytest.raises(ConfigurationError):

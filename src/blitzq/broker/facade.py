@@ -107,6 +107,8 @@ class Broker:
         guarantee: the transport's :class:`Guarantee` (an instance attribute: a deployment
             may weaken it, as ``memory://`` does to ``EPHEMERAL``).
         supports_recovery: whether abandoned deliveries can be recovered (leases).
+        count_note: what :meth:`queue_stats`' ``waiting`` counts when it is not tasks
+            (RabbitMQ: a ready pack of tasks counts once); ``None``: tasks.
         pairing: the :class:`~blitzq.broker.pairing.Pairing` chosen.
         relay: the pairing's :class:`~blitzq.broker.outbox.Relay` from the store's outbox to
             the transport (a store that does not ack its deliveries); ``None`` for a fused
@@ -156,6 +158,7 @@ class Broker:
         self.state = state
         self.guarantee: Guarantee = transport.guarantee
         self.supports_recovery: bool = transport.supports_recovery
+        self.count_note: str | None = transport.count_note
         # The hot paths: the components' bound methods themselves, one call deep.
         self.publish = transport.publish
         #: Publish the messages of a fast-declared task: :attr:`fast_lane`'s, else the main

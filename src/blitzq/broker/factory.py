@@ -11,6 +11,7 @@ from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .. import config
+from .._checks import check_single_options
 from ..exceptions import ConfigurationError
 from ..redaction import mask_url, redact
 from . import Broker, Guarantee
@@ -114,14 +115,16 @@ AMQP_MAX_PACK = 1000
 def amqp_pack(url: str) -> int | None:
     """The ``?pack=`` option of an ``amqp_url``: the most tasks a bulk publish puts in one
     AMQP message (``broker/amqp/packs.py``; ``1``: none); ``None`` when no host's URL gives
-    it (the last one given wins).
+    it. Several hosts' URLs may each give it, with the same value.
 
     Raises:
-        ConfigurationError: a ``pack=`` that is not an integer in 1-:data:`AMQP_MAX_PACK`
-            (the message names the URL with its password masked).
+        ConfigurationError: a ``pack=`` that is not an integer in 1-:data:`AMQP_MAX_PACK`,
+            given twice in one host's URL, or with different values in two hosts' URLs (the
+            message names the URL with its password masked).
     """
     found: int | None = None
     for one in amqp_hosts(url):
+        check_single_options(one, "amqp_url", mask_url(url))
         for key, value in parse_qsl(one.partition("?")[2], keep_blank_values=True):
             if key != "pack":
                 continue
@@ -130,6 +133,11 @@ def amqp_pack(url: str) -> int | None:
                 raise ConfigurationError(
                     f"bad amqp_url {mask_url(url)!r}: pack={value!r} must be an integer from "
                     f"1 (no packs) to {AMQP_MAX_PACK}"
+                )
+            if found is not None and number != found:
+                raise ConfigurationError(
+                    f"bad amqp_url {mask_url(url)!r}: the hosts' URLs give different pack= "
+                    f"values ({found} and {number}); give one"
                 )
             found = number
     return found
@@ -154,14 +162,17 @@ def check_amqp_url(url: str) -> None:
 
     Raises:
         ConfigurationError: another scheme, no host, a port that is not an integer in
-            1-65535, a vhost with an unescaped ``/``, or a bad ``pack=`` (:func:`amqp_pack`);
-            the message names the URL with its password masked.
+            1-65535, a vhost with an unescaped ``/``, an option given twice in one host's URL
+            (``?heartbeat=10&heartbeat=30``: :func:`~blitzq._checks.repeated_option`), or a
+            bad ``pack=`` (:func:`amqp_pack`); the message names the URL with its password
+            masked.
     """
     hosts = amqp_hosts(url)
     if not hosts:
         raise ConfigurationError(f"bad amqp_url {mask_url(url)!r}: no host")
     for one in hosts:
         _check_one_amqp_url(one)
+        check_single_options(one, "amqp_url", mask_url(url))
     amqp_pack(url)
 
 
@@ -195,9 +206,13 @@ def check_url(url: str, *, memory: bool = True) -> None:
             to the process that starts it).
 
     Raises:
-        ConfigurationError: another scheme; the message lists the accepted ones.
+        ConfigurationError: another scheme (the message lists the accepted ones), or a query
+            option given more than once (``?layout=slot&layout=spread``,
+            ``?socket_timeout=1&socket_timeout=5``: :func:`~blitzq._checks.repeated_option`;
+            the message names it).
     """
     if url.startswith((*SCHEMES, "valkey://", "valkeys://")):
+        check_single_options(url, "broker URL", mask_url(url))
         return
     offered = ["redis://", "rediss://", "valkey://", "valkeys://", "unix://"]
     offered += ["memory://"] if memory else []

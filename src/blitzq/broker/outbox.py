@@ -53,6 +53,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 
 from ..exceptions import BrokerError
+from ..log_episodes import Episode
 from .transport import Transport
 
 logger = logging.getLogger("blitzq.broker")
@@ -152,6 +153,8 @@ class Relay:
         self._wanted: set[str] = set()
         self._everything = False
         self._loops = 0
+        #: Failed passes of :meth:`run`, logged once while the failure lasts.
+        self.failures = Episode(logger, "outbox relay")
 
     async def drain(self, queues: Iterable[str] | None = None) -> int:
         """Relay every message waiting in the outbox of ``queues`` (``None``: of every queue
@@ -241,8 +244,9 @@ class Relay:
                         interval = SWEEP
                         next_sweep = min(next_sweep, loop.time() + SWEEP)
                     backoff = RETRY_MIN
-                except BrokerError as exc:
-                    logger.warning("outbox relay: %s (trying again in %.1f s)", exc, backoff)
+                    self.failures.cleared()
+                except BrokerError as exc:  # tried again after the backoff
+                    self.failures.failed(exc)
                     self._wanted |= wanted
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, RETRY_MAX)

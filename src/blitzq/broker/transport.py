@@ -63,6 +63,38 @@ def delivery_backstop(max_deliveries: int) -> int:
     return max(BACKSTOP_MIN, BACKSTOP_FACTOR * max_deliveries)
 
 
+def solo_plan(max_deliveries: int) -> tuple[int, int]:
+    """``(solo_from, budget)`` for a Queue's ``max_deliveries`` (an int >= 1): the first
+    delivery count that runs alone, and how many solo runs a task may start before it is
+    dead-lettered (:mod:`blitzq.worker.solo`, which counts them in ``{ns}:solo:<id>``).
+    ``budget`` is 0 for ``max_deliveries=1`` (a redelivery is dead-lettered on receipt: there
+    is no second run to find the culprit with)."""
+    solo_from = 3 if max_deliveries >= 3 else 2
+    return solo_from, max(0, max_deliveries - solo_from + 1)
+
+
+def backstop_note(backstop: int, max_deliveries: int | None = None) -> str:
+    """What a dead letter's error and a log line say the delivery limit was: the backstop of
+    :func:`delivery_backstop` (``the backstop of 20 deliveries: 4 x max_deliveries=5, at
+    least 20``), or ``max_deliveries=1`` when the backstop is the limit itself.
+
+    Args:
+        backstop: the count the transport stopped at (deliveries).
+        max_deliveries: the Queue's ``max_deliveries``, when the caller knows it (a
+            recovery script only knows the backstop).
+
+    Returns:
+        The text, for a parenthesis (``recover.lua`` writes the same).
+    """
+    if backstop <= 1:
+        return f"max_deliveries={backstop}"
+    given = "" if max_deliveries is None else f"={max_deliveries}"
+    return (
+        f"the backstop of {backstop} deliveries: {BACKSTOP_FACTOR} x max_deliveries{given}, "
+        f"at least {BACKSTOP_MIN}"
+    )
+
+
 class Guarantee(enum.StrEnum):
     """What a broker promises about delivery."""
 
@@ -125,6 +157,10 @@ class Transport(abc.ABC):
     delivery budget (RabbitMQ: republish, then ack). The facade then hands a worker's unstarted
     deliveries back through it; otherwise such a requeue is a message the state store writes
     (its outbox, relayed)."""
+    count_note: str | None = None
+    """What :meth:`queue_stats`' ``waiting`` (and a purge's count) counts when it is not
+    always tasks, in a sentence for the operator (``blitzq queue stats``, the dashboard);
+    ``None``: tasks."""
 
     @property
     def pool_size(self) -> int | None:
@@ -339,8 +375,9 @@ class Transport(abc.ABC):
     def holding(self) -> dict[str, Any] | None:
         """What this transport holds delivered and not acknowledged, for a worker's
         registration (``Worker.info()["in_flight"]``), where the server cannot count it for
-        :meth:`queue_stats` (RabbitMQ): ``{"by": <this transport's id>, "queues": {queue:
-        tasks fetched}, "buffered": {queue: tasks prefetched}}``. ``None`` (the default):
+        :meth:`queue_stats` (RabbitMQ): ``{"by": <this transport's id>, "alive": <its
+        connection's mark>, "queues": {queue: tasks fetched}, "kept": {queue: tasks in
+        custody}, "buffered": {queue: tasks prefetched}}``. ``None`` (the default):
         the server counts it (a stream's pending entries)."""
         return None
 

@@ -71,12 +71,14 @@ def help_width() -> int:
 def _no_project_table() -> bool:
     """True when no project file can apply (:func:`blitzq.config.search`): ``$BLITZQ_CONFIG``
     unset, no ``pyproject.toml`` refused as another user's on the way up (click would print a
-    warning), and the project's ``pyproject.toml``, if there is one, valid TOML without a
-    ``[tool.blitzq]`` table (a table loads every command and may be refused; an invalid file
-    is a configuration error): :func:`blitzq._project.walk`, the walk ``search`` makes."""
+    warning), and the project's ``pyproject.toml``, if there is one, without a
+    ``[tool.blitzq]`` table (a table loads every command and may be refused): the walk
+    ``search`` makes (:func:`blitzq._project.walk`), and as ``search`` decides, a file
+    :func:`blitzq._project.may_hold_table` clears is not parsed (no ``tomllib``); any other
+    is, and one that is not valid TOML (a configuration error, exit 78) is click's."""
     if os.environ.get(_CONFIG_ENV):
         return False
-    from .._project import walk
+    from .._project import may_hold_table, walk
 
     try:
         found, _, refused = walk(os.getcwd())
@@ -86,12 +88,18 @@ def _no_project_table() -> bool:
         return False
     if found is None:
         return True
+    try:
+        with open(found, "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    if not may_hold_table(data):
+        return True
     import tomllib
 
     try:
-        with open(found, "rb") as f:
-            tool = tomllib.load(f).get("tool", {})
-    except (OSError, ValueError):  # tomllib.TOMLDecodeError is a ValueError
+        tool = tomllib.loads(data.decode()).get("tool", {})
+    except ValueError:  # tomllib.TOMLDecodeError and UnicodeDecodeError are ValueErrors
         return False
     return isinstance(tool, dict) and "blitzq" not in tool
 

@@ -148,14 +148,15 @@ def status(app: str | None, group: str | None) -> None:
     the reason), in the namespace of the application at MODULE:ATTR (without it: of
     --namespace, default blitzq)."""
 
-    async def read(q: Queue) -> tuple[tuple[int, int, float] | None, dict[str, bytes]]:
-        return await q.broker.state.operations.scale(
-            group
-        ), await q.broker.state.operations.supervisors()
+    async def read(
+        q: Queue,
+    ) -> tuple[tuple[int, int, float] | None, dict[str, bytes], str | None]:
+        operations = q.broker.state.operations
+        return await operations.scale(group), await operations.supervisors(), q.broker.count_note
 
     queue = _target(app)
     namespace = queue.namespace
-    setpoint, raw = run_with_queue(read, queue)
+    setpoint, raw, note = run_with_queue(read, queue)
     supervisors: list[dict[str, Any]] = []
     for sid, blob in sorted(raw.items()):
         try:
@@ -199,3 +200,5 @@ def status(app: str | None, group: str | None) -> None:
             ago,
         )
     out.print(table)
+    if note:  # the samplers read waiting as queue stats do
+        out.print(Text(note, style="dim"))

@@ -294,19 +294,20 @@ def queue_group() -> None:
 )
 @global_options
 def queue_stats(queues: str | None) -> None:
-    """Waiting and in-flight messages per queue (marked when paused), scheduled tasks, dead
-    letters, live workers."""
+    """Waiting and in-flight tasks per queue (marked when paused), scheduled tasks, dead
+    letters, live workers. On RabbitMQ a ready message of a bulk enqueue (a pack of up to 32
+    tasks) counts once in waiting, as a line under the table says."""
     names = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
 
     async def collect(
         q: Queue,
-    ) -> tuple[dict[str, Any], dict[str, bytes], str | None, set[str]]:
+    ) -> tuple[dict[str, Any], dict[str, bytes], str | None, set[str], str | None]:
         warning = await check_eviction(q.broker)  # logs a WARNING naming the policy
         stats, workers = await q.stats(names), await q.broker.workers()
-        return stats, workers, warning, await q.broker.paused_queues()
+        return stats, workers, warning, await q.broker.paused_queues(), q.broker.count_note
 
     queue = make_queue()
-    stats, workers, warning, paused = run_with_queue(collect, queue)
+    stats, workers, warning, paused, note = run_with_queue(collect, queue)
     worker_docs = sorted(
         (worker_document(wid, raw) for wid, raw in workers.items()), key=lambda d: str(d["id"])
     )
@@ -320,6 +321,7 @@ def queue_stats(queues: str | None) -> None:
                 "namespace": queue.namespace,
                 "mode": queue.mode,
                 "queues": stats["queues"],
+                "count_note": note,
                 "paused": sorted(paused),
                 "scheduled": stats["scheduled"],
                 "dead_letters": stats["dead_letters"],
@@ -341,6 +343,8 @@ def queue_stats(queues: str | None) -> None:
             mark = Text("paused", style="yellow") if base_queue(name) in paused else Text("")
             table.add_row(Text(name), str(counts["waiting"]), str(counts["in_flight"]), mark)
         out.print(table)
+        if note:
+            out.print(Text(note, style="dim"))
         if paused:
             out.print(
                 Text(f"paused: {', '.join(sorted(paused))} (blitzq queue resume QUEUE)", "yellow")

@@ -115,14 +115,18 @@ def queue_purge(name: str, yes: bool, delayed: bool, force: bool) -> None:
         )
         force = True  # known: checked above
 
-    async def purge(q: Queue) -> tuple[int, int | None, int]:
+    async def purge(q: Queue) -> tuple[int, int | None, int, str | None]:
         await _known(q, name, force)
         purged = sum([await q.purge_queue(p) for p in physical])
+        note = q.broker.count_note
         if delayed:
-            return purged, None, await q.broker.scheduled_for(physical, purge=True)
-        return purged, await _delayed(q, physical), 0
+            return purged, None, await q.broker.scheduled_for(physical, purge=True), note
+        return purged, await _delayed(q, physical), 0, note
 
-    _purged(name, *run_with_queue(purge, queue))
+    purged, left, deleted, note = run_with_queue(purge, queue)
+    _purged(name, purged, left, deleted)
+    if note and not settings().json:
+        console().print(Text(note, style="dim"))
 
 
 def _purged(name: str, count: int, left: int | None, deleted: int) -> None:

@@ -123,7 +123,7 @@ def worker_list() -> None:
 @click.option("--no-wait", is_flag=True, default=False, help="Ask, and return at once.")
 @global_options
 def worker_shutdown(worker_id: str, timeout: float, no_wait: bool) -> None:
-    """Ask the live worker ID (see `blitzq worker list`: its id, `host:slot` under a
+    """Ask the live worker ID (see `blitzq worker list`: its id, `host:pid-slot` under a
     supervisor, or its key) to shut down gracefully, and wait until it has. Exit code 1 when
     no live worker has that id, or it is still registered after --timeout; 2 when ID is
     empty or blank."""

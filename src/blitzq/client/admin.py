@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 def worker_document(worker_id: str, raw: bytes) -> dict[str, Any]:
     """A worker's registration (what :meth:`Broker.workers` maps its key to) as a dict with
-    its ``id`` (the one it registered: ``host:slot`` for a supervised worker, stable across
+    its ``id`` (the one it registered: ``host:pid-slot`` for a supervised worker, stable across
     restarts) and ``key`` (unique per live process: ``worker_id``); registration bytes that do
     not decode give just the key as both."""
     try:

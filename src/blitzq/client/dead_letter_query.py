@@ -77,7 +77,7 @@ class DeadLetterFilter:
         check_reason(self.reason)
         for name, value in (("older_than", self.older_than), ("newer_than", self.newer_than)):
             if value is not None:
-                seconds(name, value, strict=False)
+                object.__setattr__(self, name, seconds(name, value, strict=False))
 
     @property
     def empty(self) -> bool:

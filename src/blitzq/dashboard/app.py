@@ -196,6 +196,7 @@ def create_app(
                 refresh_ms=int(refresh * 1000),
                 task_id=task_id[:MAX_ID],
                 queue=request.path_params.get("name", "")[:MAX_ID],
+                note=queue.broker.count_note or "",
             )
             return Response(
                 html, media_type="text/html; charset=utf-8", headers={"Cache-Control": "no-store"}

@@ -34,7 +34,7 @@ def _table(table_id: str, headers: list[str], numeric: tuple[str, ...] = ()) -> 
     )
 
 
-def _queues(root: str) -> str:
+def _queues(root: str, note: str = "") -> str:
     summary = "".join(
         f'<div class="card"><span class="label">{label}</span>'
         f'<span class="value" id="s-{key}">-</span></div>'
@@ -60,8 +60,9 @@ def _queues(root: str) -> str:
             ("waiting", "running", "depth change / s"),
         )
         + "</div>"
-        + '<p class="hint">Running counts messages taken by a worker and not yet acknowledged '
+        + '<p class="hint">Running counts tasks taken by a worker and not yet acknowledged '
         "(reliable mode). Rates compare the workers' counters over the last 30 s.</p>"
+        + (f'<p class="hint" id="count-note">{escape(note)}.</p>' if note else "")
     )
 
 
@@ -228,7 +229,14 @@ def _periodic() -> str:
 
 
 def render(
-    name: str, *, root: str, namespace: str, refresh_ms: int, task_id: str = "", queue: str = ""
+    name: str,
+    *,
+    root: str,
+    namespace: str,
+    refresh_ms: int,
+    task_id: str = "",
+    queue: str = "",
+    note: str = "",
 ) -> str:
     """The HTML of page ``name`` (a key of :data:`PAGES`).
 
@@ -239,6 +247,8 @@ def render(
         refresh_ms: milliseconds between two live updates.
         task_id: the task page's initial search (escaped here).
         queue: the queue of a queue's page (escaped here).
+        note: what the queues page's ``waiting`` counts when it is not tasks
+            (``Broker.count_note``; escaped here); ``""``: tasks.
 
     Raises:
         KeyError: an unknown page name (``"queue"``, a queue's page, is not in the
@@ -251,7 +261,7 @@ def render(
         for key, (path, label) in PAGES.items()
     )
     body = {
-        "queues": lambda: _queues(root),
+        "queues": lambda: _queues(root, note),
         "tasks": lambda: _tasks(task_id),
         "queue": lambda: _queue(queue),
         "charts": _charts,

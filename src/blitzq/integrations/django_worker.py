@@ -248,7 +248,7 @@ def django_queue(queues_given: bool = False) -> tuple[Queue, list[str] | None, s
         raise ConfigurationError(
             f"TASKS[{alias!r}] allows any queue (QUEUES is empty): name the queues with -Q"
         )
-    worker_id = default_worker_id(new_instance())  # host:slot under the supervisor
+    worker_id = default_worker_id(new_instance())  # host:pid-slot under the supervisor
     queue: Queue = backend.queue
     queue.tasks = DjangoTasks(queue, worker_id)
     return queue, sorted(backend.queues) or None, worker_id

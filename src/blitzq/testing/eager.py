@@ -174,9 +174,9 @@ def eager(
         RuntimeError: the eager mode is already on (they do not nest).
         ConfigurationError: an option of the wrong type or out of range.
     """
-    seconds("horizon", horizon, strict=False)
+    horizon = seconds("horizon", horizon, strict=False)
     integer("concurrency", concurrency, minimum=1)
-    seconds("timeout", timeout)
+    timeout = seconds("timeout", timeout)
     flag("propagate", propagate)
     if testmode.forced_url is not None:
         raise RuntimeError("blitzq's eager mode is already on")

@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker import Broker, Completion, Delivery
-from ..broker.transport import MalformedDelivery, delivery_backstop
+from ..broker.transport import MalformedDelivery, backstop_note, delivery_backstop
 from ..dependencies import refuse_given
 from ..envelope_checks import envelope_fault, options_fault, usable_id
 from ..exceptions import ConfigurationError, SerializationError
@@ -254,8 +254,8 @@ class Admission:
         error = (
             f"delivery count is {d.deliveries}, more than max_deliveries={self.max_deliveries}"
             if not self.solo.budget
-            else f"delivery count is {d.deliveries}, past the backstop of {self.backstop}"
-            f" deliveries (max_deliveries={self.max_deliveries})"
+            else f"delivery count is {d.deliveries}, past "
+            f"{backstop_note(self.backstop, self.max_deliveries)}"
         )
         self.reject(d, "max deliveries exceeded", error, slots, env.id, env.task)
         return True

@@ -43,6 +43,7 @@ from .._checks import integer
 from ..broker import Broker
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, describe_error
 from ..extensions.signals import Signal, SignalEvent
+from ..log_episodes import Episode
 from ..serialization import loads
 from .limiter import Slots
 from .pausing import Pausable, Pausing
@@ -173,6 +174,19 @@ class Maintained(Handed, Pausable, Protocol):
     def stop(self) -> None: ...
 
 
+#: The background steps whose transient failures are logged once per episode
+#: (:class:`~blitzq.log_episodes.Episode`), and the start of their lines.
+_STEPS = {
+    "promoter": "promoter",
+    "handed": "taking handed messages",
+    "register": "maintenance: could not register the worker",
+    "lapsed": "maintenance: reading lapsed registrations",
+    "records": "maintenance: could not keep running records",
+    "round": "maintenance",
+    "revocations": "maintenance: reading cancelled tasks",
+}
+
+
 class Maintenance:
     """Runs the worker's background loops.
 
@@ -207,6 +221,12 @@ class Maintenance:
         self.pausing = Pausing(worker, broker)
         #: The event loop's stalls, noticed by a sleeper of its own (``stalls.py``).
         self.stalls = StallWatch.of(vt, broker)
+        #: Each background step's transient failures, logged once while they last.
+        self.episodes = {step: Episode(logger, what) for step, what in _STEPS.items()}
+
+    def _failed(self, step: str, exc: BrokerError) -> None:
+        """A transient failure of ``step``, at DEBUG when its lost connection was logged."""
+        self.episodes[step].failed(exc, logging.DEBUG if exc.reported else logging.WARNING)
 
     async def start(self) -> list[asyncio.Task[None]]:
         """Register the worker and load the cancelled ids, then start the loops; the worker
@@ -252,9 +272,10 @@ class Maintenance:
             try:
                 moved, next_eta, now = await broker.promote_due(PROMOTE_BATCH)
             except BrokerError as exc:
-                logger.warning("promoter: %s", exc)
+                self._failed("promoter", exc)
                 await asyncio.sleep(1.0)
                 continue
+            self.episodes["promoter"].cleared()
             if moved >= PROMOTE_BATCH:
                 continue
             # ``now`` and ``next_eta`` are both the broker's clock: only their difference
@@ -280,10 +301,11 @@ class Maintenance:
             self._handed.clear()
             try:
                 await take_handed(self.worker, self.slots)
+                self.episodes["handed"].cleared()
             except NotImplementedError:
                 return
-            except BrokerError as exc:
-                logger.warning("taking handed messages: %s", exc)
+            except BrokerError as exc:  # a slot migrating: once, not each round
+                self._failed("handed", exc)
             except Exception:  # a bug must not end the loop: the leases recover the messages
                 logger.exception("taking handed messages failed")
 
@@ -426,21 +448,24 @@ class Maintenance:
         while True:
             try:  # alone: a refused registration (server out of memory) must not stop renewals
                 await self.register()
+                self.episodes["register"].cleared()
             except BrokerError as exc:
-                logger.warning("maintenance: could not register the worker: %s", exc)
+                self._failed("register", exc)
             await self.pausing.sync()
             await self._sync_size()
             try:
                 await self._reap_lapsed()
+                self.episodes["lapsed"].cleared()
             except BrokerError as exc:
-                logger.warning("maintenance: reading lapsed registrations: %s", exc)
+                self._failed("lapsed", exc)
             except Exception:  # a bug must not stop lease renewal
                 logger.exception("maintenance: reading lapsed registrations failed")
             if worker.runner.track_state:
                 try:
                     await self._keep_records()
+                    self.episodes["records"].cleared()
                 except BrokerError as exc:
-                    logger.warning("maintenance: could not keep running records: %s", exc)
+                    self._failed("records", exc)
             try:
                 if broker.supports_recovery:
                     for q in worker.physical_queues:
@@ -457,18 +482,18 @@ class Maintenance:
                         await self._steps.alone("recovery", q, recovery)
                     self.recovery_rounds += 1
                     await pruning.step(worker.physical_queues)  # one stream, in turn
-            except BrokerError as exc:  # at DEBUG when the lost connection was logged already
-                logger.log(
-                    logging.DEBUG if exc.reported else logging.WARNING, "maintenance: %s", exc
-                )
+                self.episodes["round"].cleared()
+            except BrokerError as exc:
+                self._failed("round", exc)
             except Exception:  # a bug must not stop lease renewal for good
                 logger.exception("maintenance round failed")
             if time.monotonic() >= next_sync:
                 next_sync = time.monotonic() + REVOCATION_SYNC
                 try:
                     await self._sync_revocations()
+                    self.episodes["revocations"].cleared()
                 except BrokerError as exc:
-                    logger.warning("maintenance: reading cancelled tasks: %s", exc)
+                    self._failed("revocations", exc)
                 except Exception:
                     logger.exception("maintenance: reading cancelled tasks failed")
             await asyncio.sleep(self.interval)
@@ -490,7 +515,7 @@ class Maintenance:
             return
         for lost_id, raw in sorted(lapsed.items()):
             info = _registration(raw)
-            # The worker's id (host:slot under the supervisor) and its registry key.
+            # The worker's id (host:pid-slot under the supervisor) and its registry key.
             lost = info.get("id") if isinstance(info.get("id"), str) else lost_id
             extra: dict[str, Any] = {"lost_worker": lost, "lost_key": lost_id}
             for key in ("instance", "host", "pid", "queues", "heartbeat_at", "running_tasks"):

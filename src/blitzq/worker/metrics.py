@@ -234,7 +234,8 @@ class RunMetrics(RunTally):
         registry.register(_RunCollector(self))
         self.depth = Gauge(
             "blitzq_queue_depth",
-            "Messages per queue and state (sampled from the broker's queue stats).",
+            "Tasks per queue and state (sampled from the broker's queue stats; on RabbitMQ "
+            "waiting counts a ready message of a bulk enqueue, a pack of up to 32 tasks, once).",
             ("queue", "state"),
             registry=registry,
         )

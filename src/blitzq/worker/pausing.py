@@ -26,6 +26,7 @@ from typing import Protocol
 
 from ..broker import Broker
 from ..exceptions import BrokerError
+from ..log_episodes import Episode
 
 logger = logging.getLogger("blitzq.worker")
 
@@ -61,6 +62,11 @@ class Pausing:
         self.applied: frozenset[str] = frozenset()
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Failed reads and applications, each logged once while it lasts.
+        self.read_failures = Episode(logger, "could not read the paused queues")
+        self.apply_failures = Episode(
+            logger, "could not apply the paused queues (tried again next round)"
+        )
 
     async def sync(self) -> None:
         """Re-read the paused queues and apply them (at start and every round); never
@@ -68,8 +74,9 @@ class Pausing:
         try:
             self.worker.paused = await self.broker.paused_queues()
         except Exception as exc:
-            logger.warning("could not read the paused queues: %s", exc)
+            self.read_failures.failed(exc)
             return
+        self.read_failures.cleared()
         await self._apply_logged()
 
     def pushed(self, kind: str, queue: str) -> None:
@@ -88,7 +95,9 @@ class Pausing:
         try:
             await self.apply()
         except BrokerError as exc:
-            logger.warning("could not apply the paused queues (tried again next round): %s", exc)
+            self.apply_failures.failed(exc)
+            return
+        self.apply_failures.cleared()
 
     async def apply(self) -> int:
         """Tell the transport which physical queues are paused now: resume those no longer

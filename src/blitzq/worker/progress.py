@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from ..broker import Completion
 from ..broker.effects import Progress
 from ..exceptions import BrokerError
+from ..log_episodes import Episode
 from ..progress import decode_progress, encode_progress
 
 if TYPE_CHECKING:
@@ -81,6 +82,8 @@ class ProgressReporter:
         self._inbox: dict[str, tuple[bytes, float]] = {}
         self._lock = threading.Lock()
         self._writes: set[asyncio.Task[None]] = set()
+        #: Failed writes while the broker is in trouble: one line, not one per task's write.
+        self.failures = Episode(logger, "could not store the progress of tasks", settle=30.0)
 
     def report(
         self, task_id: str, current: float, total: float | None, message: str | None
@@ -137,8 +140,9 @@ class ProgressReporter:
             state.fence = self._lease_of(task_id)
         try:
             await self.broker.set_progress(task_id, data, at, self.ttl, state.fence)
+            self.failures.cleared()
         except BrokerError as exc:
-            logger.warning("could not store progress of task %s: %s", task_id, exc)
+            self.failures.failed(f"task {task_id}: {exc}")
         except Exception:
             logger.exception("could not store progress of task %s", task_id)
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from ..broker import Broker
-from ..broker.transport import delivery_backstop
+from ..broker.transport import backstop_note, delivery_backstop
 from ..exceptions import BrokerError
 
 if TYPE_CHECKING:
@@ -110,12 +110,11 @@ async def recover_queue(
         if dead:  # final failures: at the worker's failure level, as a failed task's
             logger.log(
                 worker.failure_log_level,
-                "dead-lettered %d abandoned message(s) on %s: delivered %d times "
-                "(the backstop of max_deliveries=%d)",
+                "dead-lettered %d abandoned message(s) on %s: delivered %d times (%s)",
                 dead,
                 q,
                 backstop,
-                queue.max_deliveries,
+                backstop_note(backstop, queue.max_deliveries),
                 extra={
                     "queue": q,
                     "worker_id": worker.id,

@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker import Broker, Delivery
+from ..broker.transport import solo_plan
 from ..exceptions import BrokerError
 
 if TYPE_CHECKING:
@@ -49,15 +50,6 @@ if TYPE_CHECKING:
     from .limiter import Slots
 
 logger = logging.getLogger("blitzq.worker")
-
-
-def solo_plan(max_deliveries: int) -> tuple[int, int]:
-    """``(solo_from, budget)`` for a Queue's ``max_deliveries`` (an int >= 1): the first
-    delivery count that runs alone, and how many solo runs a task may start before it is
-    dead-lettered. ``budget`` is 0 for ``max_deliveries=1`` (a redelivery is dead-lettered on
-    receipt: there is no second run to find the culprit with)."""
-    solo_from = 3 if max_deliveries >= 3 else 2
-    return solo_from, max(0, max_deliveries - solo_from + 1)
 
 
 class SoloRunner(Protocol):

@@ -65,7 +65,8 @@ from .autoscale import Autoscaler, AutoscaleSettings, Sample
 from .cpu import EXIT_FORKSERVER
 from .elastic import Elastic, _Slot
 from .heartbeat import HEARTBEAT_ENV, PROGRESS_ENV
-from .ports import PORT_WAIT_ENV
+from .identity import SUPERVISOR_ENV
+from .ports import PORT_WAIT_ENV, SLOT_ENV
 from .processes import Guard, _prctl, die_with_parent, group_alive, killpg, signal_name
 from .reload import SourceWatcher
 from .restarts import RestartBudget
@@ -112,7 +113,9 @@ class Supervisor(Elastic):
             ``max_backoff``).
         max_backoff: the longest restart delay in seconds.
         env: environment of the workers (default: this process's); each also gets
-            ``BLITZQ_WORKER_SLOT`` (0 … workers-1; the lowest free index for a slot added).
+            ``BLITZQ_WORKER_SLOT`` (0 … workers-1; the lowest free index for a slot added)
+            and ``BLITZQ_SUPERVISOR`` (this process's pid: the worker ids of two
+            supervisors on one host differ, :mod:`.identity`).
         autoscale: scale between its bounds (``workers`` is then the starting count).
         sampler: makes the sampler the autoscaler reads, given the ``processes``, ``status``
             and ``wake`` callbacks (see :class:`~blitzq.worker.sampler.Sampler`); required with
@@ -333,7 +336,7 @@ class Supervisor(Elastic):
     def _spawn(self, slot: _Slot, *, first: bool = False) -> None:
         """Start a worker in ``slot``; any but a ``first`` one waits for the slot's ports."""
         slot.restart_at = None
-        env = {**self.env, "BLITZQ_WORKER_SLOT": str(slot.index)}
+        env = {**self.env, SLOT_ENV: str(slot.index), SUPERVISOR_ENV: str(os.getpid())}
         env.pop(PORT_WAIT_ENV, None)
         env.pop(HEARTBEAT_ENV, None)
         if not first:

@@ -90,7 +90,7 @@ class Worker:
             hold all ``concurrency`` slots, or all of a queue's ``queue_concurrency``.
         process_pool_size: processes for ``executor="process"`` tasks (default: CPU count).
         handle_signals: stop gracefully on SIGTERM / SIGINT (the CLI turns this on).
-        name: worker id shown in records and stats (default ``host:slot`` in a slot of the
+        name: worker id shown in records and stats (default ``host:pid-slot`` in a slot of the
             supervisor, stable across its restarts, else ``host:pid:random``; the process
             instance is :attr:`instance`, the unique registry key :attr:`key`).
         strict_memory_policy: refuse to start (ConfigurationError) when the server's
@@ -187,8 +187,8 @@ class Worker:
         # timeout would make a stop unbounded (or instant), a NaN bound never trips.
         integer("concurrency", concurrency, minimum=1)
         integer("batch_size", batch_size, minimum=1)
-        seconds("block_timeout", block_timeout, maximum=MAX_BLOCK_TIMEOUT)
-        seconds("shutdown_timeout", shutdown_timeout, strict=False)
+        block_timeout = seconds("block_timeout", block_timeout, maximum=MAX_BLOCK_TIMEOUT)
+        shutdown_timeout = seconds("shutdown_timeout", shutdown_timeout, strict=False)
         integer("max_abandoned_threads", max_abandoned_threads, minimum=0)
         if thread_pool_size is not None:
             integer("thread_pool_size", thread_pool_size, minimum=1)
@@ -221,7 +221,7 @@ class Worker:
         self.failure_log_level = log_level("failure_log_level", failure_log_level)
         self.retry_log_level = log_level("retry_log_level", retry_log_level)
         self.lifecycle_log_level = log_level("lifecycle_log_level", lifecycle_log_level)
-        seconds("unknown_task_grace", unknown_task_grace, strict=False)
+        unknown_task_grace = seconds("unknown_task_grace", unknown_task_grace, strict=False)
         self.burst_idle_timeout = seconds("burst_idle_timeout", burst_idle_timeout, strict=False)
         self.idle_since: float | None = None  # loop.time() the queues became drained (burst)
         self.outage_backoff = OutageBackoff.checked(
@@ -277,7 +277,7 @@ class Worker:
         self.instance = new_instance()
         #: The supervisor's slot this process runs in (``None``: not supervised).
         self.slot = process_slot()
-        #: The id shown in records, logs, metrics, signals and the registry: ``host:slot``
+        #: The id shown in records, logs, metrics, signals and the registry: ``host:pid-slot``
         #: under a supervisor (stable across restarts of the slot), else ``host:pid:random``.
         self.id = name or default_worker_id(self.instance)
         #: Unique per live process: the registry key and the stream consumer name (during a

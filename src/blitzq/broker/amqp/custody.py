@@ -45,22 +45,29 @@ from ...serialization import envelope_head
 from ..redis.client import translate_errors
 from ..redis.connection import RedisConnection
 from ..state import StateStore
+from ..transport import backstop_note, solo_plan
 from ..values import Completion, DeadLetterFields
 from .channels import DELIVERIES, FAILURES, AmqpLink, header_int, settle, translate
 from .deliveries import Consumer, Held
 from .packs import decode, is_pack
 from .pausing import hand_back
+from .publishing import BACKSTOPS
 from .redelivered import committed
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
 #: Reason of a dead letter RabbitMQ dead-lettered past ``x-delivery-limit`` (as on Redis).
 MAX_DELIVERIES_REASON = "max deliveries exceeded"
+#: Times a task may reach RabbitMQ's ``x-delivery-limit`` and be published again by the
+#: dead-letter drain (its count in the header :data:`.publishing.BACKSTOPS`) before it is a
+#: dead letter whatever its solo runs: a message that kills its worker before it starts
+#: counts no solo run, and would go round forever.
+BACKSTOP_ROUNDS = 3
 
 
 def _error(deliveries: int, limit: int) -> str:
     return (
-        f"delivered {deliveries} times without completing (max_deliveries={limit}); "
+        f"delivered {deliveries} times without completing ({backstop_note(limit)}); "
         "the worker running it probably crashed"
     )
 
@@ -73,8 +80,11 @@ class Kept(Protocol):
     held: dict[bytes, Held]
     consumers: dict[str, Consumer]
 
-    async def publish_with(self, queue: str, messages: Sequence[bytes], deliveries: int) -> None:
-        """Publish ``messages`` on ``queue`` as delivered ``deliveries`` times before."""
+    async def publish_with(
+        self, queue: str, messages: Sequence[bytes], deliveries: int, backstops: int = 0
+    ) -> None:
+        """Publish ``messages`` on ``queue`` as delivered ``deliveries`` times before (and
+        dead-lettered by RabbitMQ's delivery limit ``backstops`` times)."""
 
     def forget_lost(self, queue: str) -> int:
         """Drop the unacked deliveries of ``queue`` whose connection is gone."""
@@ -351,12 +361,11 @@ class Custody:
         )
 
     async def drain_dead_letters(self, count: int, record_ttl: int) -> int:
-        """Move up to ``count`` messages of RabbitMQ's dead-letter queue into the state
-        store's dead letters, one per task whose completion is not committed (a plain
-        message's task; a committed one is over: no dead letter), then ack them there;
-        return how many messages. A pack's tasks not committed are published again one
-        message each instead (marked as delivered once), unless ``max_deliveries`` is 1
-        (then each is a dead letter).
+        """Move up to ``count`` messages of RabbitMQ's dead-letter queue on: return how many
+        messages. A task whose completion is committed is over (acked, no dead letter); the
+        others are published again alone, marked as delivered once, while the backstop may
+        have been reached by bystanders' crashes (:meth:`_backstopped`), else each becomes a
+        dead letter in the state store; then the message is acked there.
 
         Raises:
             BrokerError: RabbitMQ or Redis could not be reached.
@@ -380,7 +389,9 @@ class Custody:
             queue = link.physical(str(headers.get("x-first-death-queue") or ""))
             before = header_int(headers, DELIVERIES)
             deliveries = link.max_deliveries + before
+            rounds = header_int(headers, BACKSTOPS) + 1
             bodies = decode(message.body) if is_pack(headers) else None
+            packed = bodies is not None and len(bodies) > 1
             if bodies is None:
                 bodies = [message.body]
             # A task whose completion is committed already (its ack was lost: the worker
@@ -388,12 +399,8 @@ class Custody:
             # letter of it; a pack's other tasks are dead letters of their own.
             over = await committed(self.store, bodies)
             again = [body for body, done in zip(bodies, over, strict=True) if not done]
-            if len(bodies) > 1 and link.max_deliveries > 1:
-                # A pack that reached the queue's delivery limit unsplit (every slot busy
-                # at each of its deliveries): its tasks were not tried one by one yet, so
-                # each is published again alone, marked as delivered once (as a split,
-                # redelivered.py); a poison task among them is found by its own crashes.
-                await transport.publish_with(queue, again, 1)
+            if again and await self._backstopped(again[0], packed, rounds):
+                await transport.publish_with(queue, again, 1, rounds)
                 again = []
             for body in again:
                 await self._dead_letter(queue, body, deliveries, deliveries, record_ttl)
@@ -407,6 +414,49 @@ class Custody:
             await settle(message, True)
             moved += 1
         return moved
+
+    async def _backstopped(self, body: bytes, packed: bool, rounds: int) -> bool:
+        """Whether the tasks of one message RabbitMQ dead-lettered past its
+        ``x-delivery-limit`` (the backstop, ``rounds`` times so far; ``body``: its first
+        task's message) are published again rather than dead-lettered: RabbitMQ counts
+        every crash of a worker that merely held a message (prefetched, or a pack's task
+        beside a poison one), so the backstop alone does not show a task crashed its
+        workers.
+
+        - ``max_deliveries=1``: never (a redelivery is a dead letter).
+        - a pack (it reached the limit unsplit: its tasks were not tried one by one yet):
+          always.
+        - a plain message: while the task's solo runs (``{ns}:solo:<id>``,
+          :mod:`blitzq.worker.solo`, the runs only it could have crashed) are below its
+          budget; a store that does not answer counts as spent (dead letter).
+
+        Either way no more than :data:`BACKSTOP_ROUNDS` times: a message that kills its
+        worker before it ever starts (no solo run counted) is dead-lettered then.
+        """
+        max_deliveries = self.transport.link.max_deliveries if self.transport else 1
+        if max_deliveries <= 1 or rounds > BACKSTOP_ROUNDS:
+            return False
+        if packed:
+            return True
+        budget = solo_plan(max_deliveries)[1]
+        head = envelope_head(body)
+        if head is None:
+            return False
+        try:
+            runs = await self.store.records.solo_runs(head[0])
+        except (BrokerError, NotImplementedError) as exc:
+            logger.debug("could not read the solo runs of %s: %s", head[0], exc)
+            return False
+        if runs >= budget:
+            return False
+        logger.info(
+            "task %s reached RabbitMQ's delivery limit with %d of %d solo run(s): published "
+            "again (crashes of the workers that held it, not its own)",
+            head[0],
+            runs,
+            budget,
+        )
+        return True
 
 
 @translate_errors

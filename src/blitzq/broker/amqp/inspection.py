@@ -11,7 +11,13 @@ second its running count changed, and every maintenance interval), and :func:`qu
 adds the live registrations of the other transports (:func:`held_elsewhere`) to its own
 live counts: in flight what the fetches took, waiting what is ready plus what is
 prefetched -- as on Redis, where a message is in flight once a fetch took it (the shared
-contract, ``tests/contract``).
+contract, ``tests/contract``). A registration outlives a killed worker by 30 s or more, but
+RabbitMQ requeues what its connection held the moment the connection closes: a registration
+whose connection mark (:mod:`.liveness`) is gone counts only what it kept in custody.
+
+**Waiting.** RabbitMQ tells how many AMQP messages are ready, not what they hold: a ready
+pack (``packs.py``) counts once, so ``waiting`` is below the tasks waiting while packs wait
+(:data:`COUNT_NOTE`, which the CLI and the dashboard show); prefetched tasks count one each.
 """
 
 from __future__ import annotations
@@ -25,21 +31,51 @@ from ...serialization import loads
 from ..state import StateStore
 from .channels import FAILURES, AmqpLink, settle, translate
 from .deliveries import Consumer, Held
+from .liveness import open_marks
 
-__all__ = ["held_elsewhere", "holding", "purge_queue", "queue_stats"]
+__all__ = ["COUNT_NOTE", "held_elsewhere", "holding", "purge_queue", "queue_stats"]
+
+#: What ``waiting`` counts on RabbitMQ (``Transport.count_note``): RabbitMQ tells only how
+#: many AMQP messages are ready, and a pack's tasks (``packs.py``) are not known until a
+#: consumer receives it.
+COUNT_NOTE = (
+    "RabbitMQ: waiting counts each ready AMQP message once, and a message of a bulk enqueue "
+    "(a pack) holds up to 32 tasks by default (the producers' ?pack=), so up to that many "
+    "times as many tasks may wait; what the workers prefetched counts one per task, and in "
+    "flight counts tasks"
+)
 
 
 def holding(
-    instance: str, consumers: Mapping[str, Consumer], held: Iterable[Held]
+    instance: str,
+    consumers: Mapping[str, Consumer],
+    held: Iterable[Held],
+    epoch: int,
+    alive: str = "",
 ) -> dict[str, Any]:
     """What one transport holds delivered and not settled, for a worker's registration:
-    ``{"by": instance, "queues": {queue: tasks}, "buffered": {queue: tasks}}``, per
-    physical queue the tasks a fetch took and that are not settled (running, waiting for a
-    slot, or in custody), and those its live ``consumers`` received that no fetch took yet
-    (one per task of a pack)."""
-    taken: Counter[str] = Counter(h.queue for h in held)
+    ``{"by": instance, "alive": mark, "queues": {queue: tasks}, "kept": {queue: tasks},
+    "buffered": {queue: tasks}}``, per physical queue the tasks a fetch took that are
+    unacked on RabbitMQ on the connection of ``epoch`` (running, or waiting for a slot;
+    those of an older connection are RabbitMQ's again), those in the state store's custody
+    (acked on RabbitMQ: they outlive the connection), and those its live ``consumers``
+    received that no fetch took yet (one per task of a pack). ``alive``: the connection's
+    mark (:mod:`.liveness`; ``""``: none yet)."""
+    taken: Counter[str] = Counter()
+    kept: Counter[str] = Counter()
+    for h in held:
+        if h.state == "custody":
+            kept[h.queue] += 1
+        elif h.epoch == epoch:
+            taken[h.queue] += 1
     buffered = {q: len(c.buffer) for q, c in consumers.items() if c.buffer}
-    return {"by": instance, "queues": dict(taken), "buffered": buffered}
+    return {
+        "by": instance,
+        "alive": alive,
+        "queues": dict(taken),
+        "kept": dict(kept),
+        "buffered": buffered,
+    }
 
 
 def _counts(found: object) -> dict[str, int]:
@@ -50,16 +86,19 @@ def _counts(found: object) -> dict[str, int]:
 
 
 async def held_elsewhere(
-    store: StateStore | None, instance: str
+    store: StateStore | None, instance: str, link: AmqpLink | None = None
 ) -> tuple[Counter[str], Counter[str]]:
     """Per physical queue, the tasks the transports other than ``instance`` hold: those
-    their fetches took, and those their consumers prefetched (:func:`holding`), from the
-    live workers' registrations (their ``in_flight``, as of their last write; one per
-    transport, the latest, when several workers share one). A registration without the
-    field (a worker of another version) or that does not read counts nothing.
+    their fetches took (in custody included), and those their consumers prefetched
+    (:func:`holding`), from the live workers' registrations (their ``in_flight``, as of
+    their last write; one per transport, the latest, when several workers share one). A
+    transport whose connection is gone (its mark, :mod:`.liveness`, checked on ``link``)
+    holds only what is in custody: RabbitMQ put the rest back. A registration without the
+    field (a worker of another version) or that does not read counts nothing; one without a
+    mark counts all it says until it lapses.
 
     Raises:
-        BrokerError: Redis could not be reached.
+        BrokerError: Redis or RabbitMQ could not be reached.
     """
     taken: Counter[str] = Counter()
     buffered: Counter[str] = Counter()
@@ -80,10 +119,28 @@ async def held_elsewhere(
         at = float(at) if isinstance(at, int | float) else 0.0
         if by not in latest or at > latest[by][0]:
             latest[by] = (at, mark)
+    holders = [m for _, m in latest.values() if _held(m)]
+    open_ = await open_marks(link, filter(None, map(_mark, holders))) if link else set()
     for _, mark in latest.values():
+        taken.update(_counts(mark.get("kept")))
+        alive = _mark(mark)
+        if alive and link is not None and alive not in open_:
+            continue  # its connection is gone: RabbitMQ has its unacked messages back
         taken.update(_counts(mark.get("queues")))
         buffered.update(_counts(mark.get("buffered")))
     return taken, buffered
+
+
+def _held(found: dict[str, Any]) -> bool:
+    """Whether a registration's ``in_flight`` tells of unacked deliveries (taken or
+    prefetched): what its connection's end gives back to RabbitMQ."""
+    return bool(_counts(found.get("queues")) or _counts(found.get("buffered")))
+
+
+def _mark(found: dict[str, Any]) -> str:
+    """The connection mark of a registration's ``in_flight`` (``""``: none)."""
+    alive = found.get("alive")
+    return alive if isinstance(alive, str) else ""
 
 
 async def queue_stats(
@@ -112,7 +169,7 @@ async def queue_stats(
     Raises:
         BrokerError: RabbitMQ refused a count or could not be reached.
     """
-    mine = holding("", consumers, held)
+    mine = holding("", consumers, held, link.epoch)
     taken, buffered = elsewhere or ({}, {})
     out: dict[str, dict[str, int]] = {}
     for queue in queues:
@@ -122,7 +179,7 @@ async def queue_stats(
         else:
             ready = await link.message_count(queue)
         waiting = ready + mine["buffered"].get(queue, 0) + buffered.get(queue, 0)
-        in_flight = mine["queues"].get(queue, 0) + taken.get(queue, 0)
+        in_flight = mine["queues"].get(queue, 0) + mine["kept"].get(queue, 0) + taken.get(queue, 0)
         out[queue] = {"waiting": waiting, "in_flight": in_flight}
     return out
 

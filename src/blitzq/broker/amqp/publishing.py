@@ -21,9 +21,9 @@ import aiormq
 
 from ...exceptions import BrokerError
 from .batches import nacked, publish_batch, returned
-from .channels import FAILURES, AmqpLink, unconfirmed
+from .channels import DELIVERIES, FAILURES, AmqpLink, unconfirmed
 
-__all__ = ["CONFIRM_TIMEOUT", "PUBLISH_WINDOW", "publish_confirmed"]
+__all__ = ["BACKSTOPS", "CONFIRM_TIMEOUT", "PUBLISH_WINDOW", "marked", "publish_confirmed"]
 
 logger = logging.getLogger("blitzq.broker.amqp")
 
@@ -35,6 +35,19 @@ PUBLISH_WINDOW = 1000
 #: did not take them: a quorum queue declared again after a deletion has no leader for a
 #: moment); a second nack fails the publish.
 NACK_PAUSE = 0.2
+#: Header carrying how many times RabbitMQ's ``x-delivery-limit`` dead-lettered a task
+#: and the dead-letter drain published it again (``custody.py``).
+BACKSTOPS = "x-blitzq-backstops"
+
+
+def marked(deliveries: int, backstops: int = 0) -> dict[str, Any] | None:
+    """The AMQP headers of a message published again: delivered ``deliveries`` times before
+    (:data:`.channels.DELIVERIES`), and dead-lettered ``backstops`` times by RabbitMQ's
+    delivery limit (:data:`BACKSTOPS`); ``None`` when both are 0."""
+    headers = {DELIVERIES: deliveries} if deliveries else {}
+    if backstops:
+        headers[BACKSTOPS] = backstops
+    return headers or None
 
 
 async def publish_confirmed(

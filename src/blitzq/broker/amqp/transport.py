@@ -50,12 +50,13 @@ from aiormq.abc import DeliveredMessage
 from ..factory import amqp_pack
 from ..transport import Delivery, Guarantee, Transport
 from . import inspection
-from .channels import DELIVERIES, FAILURES, AmqpLink, delivery_count, guarded, translate
+from .channels import FAILURES, AmqpLink, delivery_count, guarded, translate
 from .deliveries import Consumer, Held, Received
 from .injected import Borrowed
+from .liveness import Mark
 from .packs import DEFAULT_MAX_PACK, PACK_HEADER, VERSION, pack_size, packed
 from .pausing import stop_consuming
-from .publishing import publish_confirmed
+from .publishing import marked, publish_confirmed
 from .redelivered import skip_committed, split_pack
 from .settling import ack_held, nack_held
 from .tap import tap
@@ -110,6 +111,7 @@ class AmqpTransport(Transport):
     supports_recovery = True
     recovers_on_silence = True  # missed heartbeats: RabbitMQ redelivers to other workers
     hands_back = True  # nack: republish with confirms, then ack (no delivery spent)
+    count_note = inspection.COUNT_NOTE  # a ready pack counts once in waiting
 
     def __init__(
         self,
@@ -132,6 +134,7 @@ class AmqpTransport(Transport):
         self.custody = custody
         self.held: dict[bytes, Held] = {}
         self._instance = os.urandom(6).hex().encode()  # tokens name shared custody entries
+        self.mark = Mark()  # told in the registration: is this connection open (liveness.py)
         self.consumers: dict[str, Consumer] = {}  # by physical queue
         self.paused: set[str] = set()  # physical queues not consumed (pause())
         self._waiters: set[asyncio.Event] = set()  # one per fetch waiting for a message
@@ -164,10 +167,13 @@ class AmqpTransport(Transport):
         await publish_confirmed(self.link, queue, packs, _PACK_HEADERS)
 
     @guarded
-    async def publish_with(self, queue: str, messages: Sequence[bytes], deliveries: int) -> None:
-        """:meth:`publish`, the messages marked as delivered ``deliveries`` times before."""
-        headers: dict[str, Any] | None = {DELIVERIES: deliveries} if deliveries else None
-        await publish_confirmed(self.link, queue, messages, headers)
+    async def publish_with(
+        self, queue: str, messages: Sequence[bytes], deliveries: int, backstops: int = 0
+    ) -> None:
+        """:meth:`publish`, the messages marked as delivered ``deliveries`` times before, and
+        as dead-lettered ``backstops`` times by RabbitMQ's delivery limit
+        (``custody.BACKSTOP_ROUNDS``)."""
+        await publish_confirmed(self.link, queue, messages, marked(deliveries, backstops))
 
     # ------------------------------------------------------------- consuming
     @guarded
@@ -204,6 +210,7 @@ class AmqpTransport(Transport):
         except FAILURES as exc:
             raise translate(exc, f"opening queue {name!r}") from None
         consumer = Consumer(channel, raw, name, self.link.epoch)
+        await self.mark.ensure(self.link)  # gone with the connection (liveness.py)
         wake = self._wake
 
         def on_cancel(_frame: Any) -> None:
@@ -527,13 +534,16 @@ class AmqpTransport(Transport):
         workers' registrations, the others')."""
         alive = {q: c for q, c in self.consumers.items() if self._alive(c)}
         store = self.custody.store if self.custody is not None else None
-        elsewhere = await inspection.held_elsewhere(store, self._instance.decode())
+        elsewhere = await inspection.held_elsewhere(store, self._instance.decode(), self.link)
         return await inspection.queue_stats(self.link, alive, self.held.values(), queues, elsewhere)
 
     def holding(self) -> dict[str, Any]:
         """See :meth:`Transport.holding` and :func:`.inspection.holding`."""
         alive = {q: c for q, c in self.consumers.items() if self._alive(c)}
-        return inspection.holding(self._instance.decode(), alive, self.held.values())
+        epoch = self.link.epoch
+        return inspection.holding(
+            self._instance.decode(), alive, self.held.values(), epoch, self.mark.current(epoch)
+        )
 
     @guarded
     async def purge_queue(self, queue: str) -> int:

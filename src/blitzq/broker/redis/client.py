@@ -59,6 +59,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..._checks import repeated_option
 from ...exceptions import BrokerError, BrokerRefusedSettings, ConfigurationError
 from ...redaction import mask_url, redact
 from .cluster import make_cluster_client, plain_url, split_layout, wants_cluster
@@ -125,8 +126,12 @@ def make_client(url: str) -> Any:
             value: ``max_connections < 1``; ``timeout``, ``socket_timeout`` or
             ``socket_connect_timeout`` not a finite number ``> 0``; a negative
             ``health_check_interval``; a boolean option (``socket_keepalive`` ...) not one of
-            true/false, yes/no, 1/0; on a cluster a database other than 0.
+            true/false, yes/no, 1/0; on a cluster a database other than 0; an option given
+            more than once (:func:`~blitzq._checks.repeated_option`).
     """
+    found = repeated_option(url)
+    if found is not None:  # redis-py would read the first, the cluster and sentinel the last
+        raise ValueError(f"the option {found[0]!r} is given {found[1]} times; give it once")
     url = split_layout(url)[0]  # the broker's choice (``factory.py``), not the client's
     if urlsplit(url).scheme == "redis+sentinel":  # the primary a set of sentinels names
         from .sentinel import make_sentinel_client

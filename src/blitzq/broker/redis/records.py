@@ -239,6 +239,12 @@ class RedisRecords(RedisPart, RecordsState):
         return int(count)
 
     @translate_errors
+    async def solo_runs(self, task_id: str) -> int:
+        """See :meth:`RecordsState.solo_runs`: ``GET {ns}:solo:<task_id>``."""
+        found = await self.client.get(self.keys.solo(task_id))
+        return int(found) if found is not None and bytes(found).isdigit() else 0
+
+    @translate_errors
     async def record_ids(self, limit: int) -> tuple[list[str], bool]:
         """Ids of stored records, found by SCAN over the namespace's record keys (1000 keys
         examined per call), at most ``limit``: in no particular order, and whether the scan

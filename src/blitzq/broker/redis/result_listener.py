@@ -27,6 +27,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from ...log_episodes import Episode
 from .client import REDIS_ERRORS, pubsub_send, subscriber
 from .cluster import ready
 from .keys import glob_escape
@@ -44,6 +45,10 @@ FLOOD_PAUSE = 30.0
 #: Completions the pattern brought that the listener keeps (the latest per channel), so a
 #: vouched wait that starts after its task's completion still finds it.
 RECENT = 1024
+#: Seconds a subscription may wait for the server's confirmation before its wait polls.
+CONFIRM_TIMEOUT = 5.0
+#: Seconds without an unconfirmed subscription that end an episode of them (one line each).
+UNCONFIRMED_SETTLE = 30.0
 _EPOCHS = itertools.count()
 
 
@@ -81,6 +86,14 @@ class ResultListener:
         self._lock = asyncio.Lock()
         self._background: set[asyncio.Future[Any]] = set()
         self.waits = InFlightWaits()  #: the record waits in flight, ended by :meth:`close`
+        #: Subscriptions left unconfirmed (a busy server or connection): one WARNING when
+        #: they start, one INFO with their count when confirmations come back in time.
+        self.unconfirmed = Episode(
+            logger,
+            f"no confirmation of a subscription within {CONFIRM_TIMEOUT:.0f} s; its wait "
+            "falls back to polling (counted until confirmations come back)",
+            settle=UNCONFIRMED_SETTLE,
+        )
 
     async def subscribe(self, channel: str) -> asyncio.Future[bytes]:
         """Subscribe and return a future resolved with the next message on ``channel``;
@@ -125,9 +138,11 @@ class ResultListener:
                 confirmed.set_result(None)
             raise
         try:
-            await asyncio.wait_for(asyncio.shield(confirmed), timeout=5.0)
+            await asyncio.wait_for(asyncio.shield(confirmed), timeout=CONFIRM_TIMEOUT)
         except TimeoutError:
-            logger.warning("no confirmation of subscription to %s; falling back to polling", key)
+            self.unconfirmed.failed(key.decode(errors="replace"))
+        else:
+            self.unconfirmed.cleared()
         return fut
 
     async def _opened(self) -> Any:
@@ -214,7 +229,7 @@ class ResultListener:
                 raise
         if not on.done():
             try:
-                await asyncio.wait_for(asyncio.shield(on), timeout=5.0)
+                await asyncio.wait_for(asyncio.shield(on), timeout=CONFIRM_TIMEOUT)
             except TimeoutError:
                 if on is not self._pattern_unconfirmed:  # once per subscription, not per wait
                     self._pattern_unconfirmed = on

@@ -55,6 +55,7 @@ from ..facade import Broker
 from ..outbox import Outbox, Relay
 from ..pairing import CommitThenAck
 from ..state import StateStore
+from ..transport import backstop_note
 from ..values import Completion, DeadLetterFields, HeldBack
 from .client import REDIS_ERRORS, broker_error, translate_errors
 from .cluster_scripts import briefly, migrating
@@ -490,7 +491,7 @@ def _dead_letter(
     head = envelope_head(message)
     task_id, task = head if head is not None else (entry, "")
     error = (
-        f"delivered {deliveries} times without completing (max_deliveries={limit}); "
+        f"delivered {deliveries} times without completing ({backstop_note(limit)}); "
         "the worker running it probably crashed"
     )
     record = deliveries_exceeded(task_id, task, queue, deliveries, error, now)

@@ -83,6 +83,16 @@ class RecordsState(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} does not count solo runs")
 
+    async def solo_runs(self, task_id: str) -> int:
+        """How many runs of ``task_id`` started alone so far (:meth:`count_solo_start`; 0
+        when none, or their count expired).
+
+        Raises:
+            NotImplementedError: a store that keeps no such count.
+            BrokerError: the broker failed.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not count solo runs")
+
     async def record_ids(self, limit: int) -> tuple[list[str], bool]:
         """Ids of stored records, at most ``limit``, in no particular order, and whether
         more were left (for inspection pages; the Redis stores scan their keys).

@@ -2,7 +2,7 @@
 -- KEYS[1] {ns}:s:<queue>  the stream (consumer group ARGV[1])
 -- KEYS[2] {ns}:dlq        dead-letter index (zset: task id -> failure time, Unix seconds)
 -- ARGV[1] group, ARGV[2] consumer that claims, ARGV[3] min idle (ms), ARGV[4] most entries
--- to claim (count), ARGV[5] max deliveries, ARGV[6] now (Unix seconds, the caller's clock),
+-- to claim (count), ARGV[5] max deliveries (the backstop: transport.delivery_backstop), ARGV[6] now (Unix seconds, the caller's clock),
 -- ARGV[7] key prefix "{ns}:", ARGV[8] queue name, ARGV[9] dead-letter cap (count),
 -- ARGV[10] record ttl (s), ARGV[11] dead-letter TTL (s), ARGV[12] dead-letter byte bound,
 -- ARGV[13..] consumer, idle (ms), ...: the live holders whose visibility timeout is longer
@@ -57,8 +57,14 @@ for _, entry in ipairs(claimed) do
     if task_id and record_final(KEY.record(prefix, task_id)) then
       skipped = skipped + 1  -- over already: acked and deleted above, nothing else
     elseif task_id then
-      local err = 'delivered ' .. deliveries .. ' times without completing (max_deliveries=' ..
-        max_deliveries .. '); the worker running it probably crashed'
+      -- ARGV's limit is the backstop (transport.delivery_backstop): say so (backstop_note).
+      local limit = 'max_deliveries=' .. max_deliveries
+      if max_deliveries > 1 then
+        limit = 'the backstop of ' .. max_deliveries ..
+          ' deliveries: 4 x max_deliveries, at least 20'
+      end
+      local err = 'delivered ' .. deliveries .. ' times without completing (' .. limit ..
+        '); the worker running it probably crashed'
       redis.call('HSET', KEY.dead_letter(prefix, task_id), 'message', message,
         'reason', 'max deliveries exceeded', 'error', err, 'task', task, 'queue', queue,
         'failed_at', now, 'kind', 's')
