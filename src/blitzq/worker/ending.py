@@ -33,6 +33,7 @@ from ..broker import Completion, Delivery
 from ..exceptions import describe_error
 from ..extensions.flow_signals import workflow_end
 from ..extensions.middleware import Outcome, OutcomeKind
+from ..workflow.steps import finish_step
 from .completions import Completions
 from .eager_start import unwrap
 from .execution import Job, cause_of
@@ -44,6 +45,10 @@ if TYPE_CHECKING:
     from .progress import ProgressReporter
 
 logger = logging.getLogger("blitzq.worker")
+
+#: The finishers of a task that has only the one every task gets (the workflow's), which
+#: leaves a message outside workflows as it is: :meth:`Ending.commit` then calls none.
+STEPS_ONLY = [finish_step]
 
 
 class RunObserver(Protocol):
@@ -276,7 +281,11 @@ class Ending:
         record); finishers then get a bare one to add their operations to. ``cancelled``: the
         completion records a cancellation.
         """
-        if job.task.finishers:
+        finishers = job.task.finishers
+        # The workflow finisher alone passes a message outside workflows through untouched.
+        if finishers and (
+            completion is None or job.envelope.flow is not None or finishers != STEPS_ONLY
+        ):
             completion = self._through_finishers(job, completion, error)
         failed = error if error is not None else job.encode_error
         if failed is not None and not cancelled:
