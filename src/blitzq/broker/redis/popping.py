@@ -17,9 +17,10 @@ reply late by more than that lost its messages. Two ways that happened (issue 28
   is longer), so no client deadline is ever shorter than the server's block, and a stall
   of the network shorter than that costs time, not messages: only a connection that died
   ends it (TCP keepalive finds a peer gone silent in about 45 s anyway);
-- it counts only the time the event loop ran: it is checked every :data:`TICK` seconds, and
-  a check that comes late (the process was stopped, or the loop blocked) counts as one tick
-  and never ends the read, so a reply that arrived meanwhile is read first;
+- it counts only the time the event loop ran: it is checked every :data:`TICK` seconds (one
+  timer per event loop checks every read in flight, :class:`_Watch`, not one timer per
+  pop), and a check that comes late (the process was stopped, or the loop blocked) counts as
+  one tick and never ends the read, so a reply that arrived meanwhile is read first;
 - when it does end the read (no reply for that long while the worker ran), the connection
   is closed, never reused: a reply still on its way cannot be read as the answer to another
   command. Its messages are lost then, as on a connection that died after the server
