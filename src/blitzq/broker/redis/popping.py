@@ -113,15 +113,19 @@ _last: tuple[weakref.ReferenceType[asyncio.AbstractEventLoop], _Watch] | None = 
 
 
 def _watch(loop: asyncio.AbstractEventLoop) -> _Watch:
-    """``loop``'s :class:`_Watch` (made on first use)."""
+    """``loop``'s :class:`_Watch` (made on first use); a loop that takes no weak reference
+    gets a watch of its own per read (one timer per read, as a watch of one read is)."""
     global _last
     last = _last
     if last is not None and last[0]() is loop:
         return last[1]
-    watch = _watches.get(loop)
-    if watch is None:
-        watch = _watches[loop] = _Watch()
-    _last = (weakref.ref(loop), watch)
+    try:
+        watch = _watches.get(loop)
+        if watch is None:
+            watch = _watches[loop] = _Watch()
+        _last = (weakref.ref(loop), watch)
+    except TypeError:  # no weak reference to this loop's class
+        return _Watch()
     return watch
 
 
