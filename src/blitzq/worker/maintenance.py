@@ -163,6 +163,9 @@ class Maintained(Handed, Pausable, Protocol):
     def failed(self) -> int: ...
 
     @property
+    def unwritten_runs(self) -> tuple[int, int]: ...
+
+    @property
     def failure_log_level(self) -> int: ...
 
     concurrency: int
@@ -550,14 +553,16 @@ class Maintenance:
 
     async def register(self) -> None:
         """Register the worker (its :meth:`~blitzq.Worker.info`) for three maintenance
-        intervals and five seconds, with its counts, which the broker adds to the
-        namespace's counters as far as they grew (see ``Broker.register_worker``).
+        intervals and five seconds, with its counts of the runs no completion write counted
+        (``Worker.unwritten_runs``: the rest were added to the namespace's counters with
+        their completions), which the broker adds to those counters as far as they grew (see
+        ``Broker.register_worker``).
 
         Raises:
             BrokerError: the registration could not be written.
         """
         worker = self.worker
-        counts = (worker.processed, worker.failed)
+        counts = worker.unwritten_runs
         ttl = 3 * self.interval + 5
         await self.broker.register_worker(
             worker.key,
@@ -571,12 +576,12 @@ class Maintenance:
         self.registered_counts = max(done[0], counts[0]), max(done[1], counts[1])
 
     async def unregister(self, timeout: float) -> None:
-        """Remove the worker's registration at its shutdown with its last counts (the
-        broker adds what they grew by since its last registration to the namespace's
-        counters). Waits ``timeout`` seconds at most: a server that stopped answering must
+        """Remove the worker's registration at its shutdown with its last counts of the runs
+        no completion write counted (the broker adds what they grew by since its last
+        registration to the namespace's counters). Waits ``timeout`` seconds at most: a server that stopped answering must
         not hold the exit (the registration then expires)."""
         worker = self.worker
-        counts = (worker.processed, worker.failed)
+        counts = worker.unwritten_runs
         with contextlib.suppress(BrokerError, TimeoutError):
             await asyncio.wait_for(self.broker.unregister_worker(worker.key, counts), timeout)
 
