@@ -578,8 +578,9 @@ class Maintenance:
     async def unregister(self, timeout: float) -> None:
         """Remove the worker's registration at its shutdown with its last counts of the runs
         no completion write counted (the broker adds what they grew by since its last
-        registration to the namespace's counters). Waits ``timeout`` seconds at most: a server that stopped answering must
-        not hold the exit (the registration then expires)."""
+        registration to the namespace's counters). Waits ``timeout`` seconds at most: a
+        server that stopped answering must not hold the exit (the registration then
+        expires)."""
         worker = self.worker
         counts = worker.unwritten_runs
         with contextlib.suppress(BrokerError, TimeoutError):
