@@ -311,6 +311,11 @@ class Ending:
         if self.first_run is not None:
             self._watch_first(completion)
 
+    @property
+    def unwritten(self) -> tuple[int, int]:
+        """:attr:`unwritten_runs` as a pair ``(succeeded, failed)``."""
+        return self.unwritten_runs[0], self.unwritten_runs[1]
+
     def count_run(self, completion: Completion | None, tally: int) -> None:
         """Count the run ``completion`` ends (``tally``: ``1`` it succeeded, ``2`` it failed)
         in the namespace's counters: with its completion's writes when the store counts it

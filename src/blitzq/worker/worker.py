@@ -310,16 +310,6 @@ class Worker:
         return self._runner.ending.failed if self._runner else 0
 
     @property
-    def unwritten_runs(self) -> tuple[int, int]:
-        """``(succeeded, failed)``: the runs of :attr:`processed` and :attr:`failed` that no
-        completion write added to the namespace's counters (see
-        :meth:`~blitzq.broker.state.StateStore.counts`): the worker's registrations add them."""
-        if self._runner is None:
-            return 0, 0
-        succeeded, failed = self._runner.ending.unwritten_runs
-        return succeeded, failed
-
-    @property
     def stale_completions(self) -> int:
         """Completions of this worker the broker dropped as stale: the delivery's lease was
         lost (the process paused or cut off past its visibility timeout) and another worker
