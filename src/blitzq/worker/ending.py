@@ -259,7 +259,9 @@ class Ending:
                 logger.exception("could not build the retry of task %s", job.envelope.id)
                 completion = completions.failure(job, error, False, track_state)
             self.failed += 1
-        self.commit(job, completion, error, tally=1 if error is None else 2)
+        # A result that could not be stored (job.encode_error) is written as a failure.
+        ok = error is None and job.encode_error is None
+        self.commit(job, completion, error, tally=1 if ok else 2)
 
     def timed_out(self, job: Job) -> None:
         """Commit the failure of a run that passed its timeout (soft or hard: the error is
