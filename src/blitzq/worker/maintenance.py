@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from ..extensions.registry import Extensions
     from ..seams import QueueSettings
     from .admission import Admission
+    from .ending import Ending
     from .execution import Job
 
 logger = logging.getLogger("blitzq.worker")
@@ -140,6 +141,7 @@ class _Cancelling(Protocol):
     def track_state(self) -> bool: ...
 
     revoked: dict[str, float]
+    ending: Ending
 
     def cancel(self, task_id: str) -> bool: ...
 
@@ -550,14 +552,15 @@ class Maintenance:
 
     async def register(self) -> None:
         """Register the worker (its :meth:`~blitzq.Worker.info`) for three maintenance
-        intervals and five seconds, with its counts, which the broker adds to the
-        namespace's counters as far as they grew (see ``Broker.register_worker``).
+        intervals and five seconds, with its counts of the runs no completion write counted
+        (``Ending.unwritten_runs``), which the broker adds to the namespace's counters as far
+        as they grew (see ``Broker.register_worker``).
 
         Raises:
             BrokerError: the registration could not be written.
         """
         worker = self.worker
-        counts = (worker.processed, worker.failed)
+        counts = worker.runner.ending.unwritten
         ttl = 3 * self.interval + 5
         await self.broker.register_worker(
             worker.key,
@@ -571,12 +574,12 @@ class Maintenance:
         self.registered_counts = max(done[0], counts[0]), max(done[1], counts[1])
 
     async def unregister(self, timeout: float) -> None:
-        """Remove the worker's registration at its shutdown with its last counts (the
-        broker adds what they grew by since its last registration to the namespace's
-        counters). Waits ``timeout`` seconds at most: a server that stopped answering must
-        not hold the exit (the registration then expires)."""
+        """Remove the worker's registration at its shutdown with its last counts (as
+        :meth:`register`: the broker adds what they grew by to the namespace's counters).
+        Waits ``timeout`` seconds at most: a server that stopped answering must not hold the
+        exit (the registration then expires)."""
         worker = self.worker
-        counts = (worker.processed, worker.failed)
+        counts = worker.runner.ending.unwritten
         with contextlib.suppress(BrokerError, TimeoutError):
             await asyncio.wait_for(self.broker.unregister_worker(worker.key, counts), timeout)
 

@@ -24,7 +24,14 @@ from ..effects import encode_op
 from ..values import Completion
 from .browse import pack_notes
 
-__all__ = ["GUARD_TTL", "STRINGS_AT", "encode_batch", "encode_entries", "guard_unfenced"]
+__all__ = [
+    "GUARD_TTL",
+    "STRINGS_AT",
+    "encode_batch",
+    "encode_entries",
+    "guard_unfenced",
+    "runs_of",
+]
 
 #: The position (1-based, Lua's ``ARGV``) of the first of a batch's strings: ``complete.lua``
 #: takes 10 arguments before them.
@@ -102,6 +109,20 @@ def guard_unfenced(completions: Sequence[Completion], kind: str) -> str | None:
     return batch
 
 
+def runs_of(tags: bytearray, fenced: bool) -> tuple[int, int, str]:
+    """The runs an ``"R"`` or ``"A"`` entry ends (``complete.lua`` adds them to
+    ``{ns}:stats`` ``processed`` / ``failed``, less its stale ones): the number that
+    succeeded, that failed, and the tally of each (``tags``: ``b"0"`` none, ``b"1"``
+    succeeded, ``b"2"`` failed, one byte per completion, in order), sent only when the entry
+    can have stale completions (``fenced``: stream entries) and its completions differ (the
+    script then subtracts the stale ones' own), else ``""``.
+    """
+    succeeded, failed = tags.count(49), tags.count(50)
+    if not fenced or succeeded == len(tags) or failed == len(tags) or succeeded + failed == 0:
+        return succeeded, failed, ""
+    return succeeded, failed, tags.decode()
+
+
 def encode_batch(
     completions: Sequence[Completion], kind: str, record_head: str, forget: Sequence[str] = ()
 ) -> tuple[list[Any], list[str | bytes]]:
@@ -132,14 +153,16 @@ def encode_batch(
     strings: list[str | bytes] = []
 
     def run_entry(queue: str, ttl: int) -> tuple[Any, ...]:
-        # {"R", queue, ttl, at, nids, n}: ARGV[at...] the ids, record keys, records.
+        # {"R", queue, ttl, at, nids, n, succeeded, failed, tags}: ARGV[at...] the ids,
+        # record keys, records.
         at = STRINGS_AT + len(strings)
         strings.extend(ids)
         strings.extend([record_head + task_id for task_id in task_ids])
         strings.extend(recs)
-        return ("R", queue, ttl, at, len(ids), len(task_ids))
+        return ("R", queue, ttl, at, len(ids), len(task_ids), *runs_of(run_tags, bool(ids)))
 
     acks: dict[str, list[bytes]] = {}
+    ack_tags: dict[str, bytearray] = {}
     # A run of consecutive completions that only ack and store a record (the common
     # success), of one queue and TTL: sent as one "R" entry, in its place in the batch
     # (a task's "running" record must not land after its final one).
@@ -147,6 +170,7 @@ def encode_batch(
     ids: list[bytes] = []
     task_ids: list[str] = []
     recs: list[bytes] = []
+    run_tags = bytearray()  # the tally of each, as "0" / "1" / "2" (see runs_of)
     seen: set[bytes] = set()
     # Only stream entries are acked (and fenced) here; a token of a list completion or of
     # a separate transport (acked by the facade afterwards) is not this store's to touch.
@@ -161,6 +185,7 @@ def encode_batch(
             if not record:
                 if token is not None and streams:
                     acks.setdefault(c.queue, []).append(token)
+                    ack_tags.setdefault(c.queue, bytearray()).append(48 + c.tally)
                 continue
             if c.fence is None and c.nonce is None and (token is not None or not streams):
                 key = (c.queue, c.record_ttl)
@@ -171,11 +196,13 @@ def encode_batch(
                     if run_key is not None:
                         entries.append(run_entry(*run_key))
                     run_key, ids, task_ids, recs, seen = key, [], [], [], set()
+                    run_tags = bytearray()
                 if entry_id is not None:
                     ids.append(entry_id)
                     seen.add(entry_id)
                 task_ids.append(c.task_id)
                 recs.append(record)
+                run_tags.append(48 + c.tally)
                 continue
         if run_key is not None:
             entries.append(run_entry(*run_key))
@@ -201,12 +228,14 @@ def encode_batch(
                 *(c.guard or ("", 0, 0)),
                 GUARD_TTL,
                 c.nonce or "",
+                c.tally,
             )
         )
     if run_key is not None:
         entries.append(run_entry(*run_key))
     for queue, tokens in acks.items():
-        entries.append(("A", queue, [t.decode() for t in tokens]))
+        tags = runs_of(ack_tags[queue], True)
+        entries.append(("A", queue, [t.decode() for t in tokens], *tags))
     if ended:
         now = time.time()
         for queue, (cap, ttl, members) in ended.items():

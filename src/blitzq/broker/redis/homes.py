@@ -381,6 +381,12 @@ class HomedStateStore(SpreadStateStore):
         self.control = HomedControl(conn, self.kind)
         self.dead_letter_box = HomedDeadLetters(conn, self.kind)
 
+    def counts(self, completion: Completion) -> bool:
+        """``False``: a homed id's record is written in its queue's slot, apart from
+        ``{ns}:stats`` (another slot on a Redis Cluster), so its run is counted through the
+        worker's registrations (see :meth:`StateStore.counts`)."""
+        return False
+
     async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
         """See :meth:`RedisStateStore.complete`: the namespace part first (everything but the
         records and progress of homed ids, one ``complete.lua`` call in ``{ns}``), then each

@@ -20,14 +20,16 @@
 -- strings of the "R" entries (below), each an argument of its own: Lua makes (and hashes
 -- every byte of) each string it is given once, where a string inside ARGV[4] would be made
 -- twice (the argument, then its unpacked copy). The batch's entries:
---   {"A", queue, {id1, id2, ...}}   reliable acks without anything else (XACK + XDEL)
---   {"R", queue, ttl, at, nids, n}   n completions that only ack (nids stream entry ids: n,
---     or 0 for a list or the outbox) and store a record (the common success):
+--   {"A", queue, {id1, id2, ...}, p, f, tags}   reliable acks without anything else (XACK +
+--     XDEL); p, f, tags: the runs they end (see Runs below)
+--   {"R", queue, ttl, at, nids, n, p, f, tags}   n completions that only ack (nids stream
+--     entry ids: n, or 0 for a list or the outbox) and store a record (the common success):
 --     ARGV[at .. at+nids-1] the entry ids, the next n the record keys (<prefix>t:<task_id>:
 --     made by the client, not concatenated here a task at a time), the next n the records;
---     one XACK and one XDEL (or XTRIM) for all, then SET + PUBLISH per record, as "C"
+--     one XACK and one XDEL (or XTRIM) for all, then SET + PUBLISH per record, as "C";
+--     p, f, tags: the runs they end (see Runs below)
 --   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops,
---    fence, guard, index, size, guard_ttl, nonce}
+--    fence, guard, index, size, guard_ttl, nonce, tally}
 --     kind "s" (stream), "l" (list) or "o" (the outbox of a store paired with a foreign
 --     transport: every message written goes there, whatever an op names); "" means absent;
 --     ttl in seconds; eta is the
@@ -62,7 +64,7 @@
 --   {ns}:events       PUBLISH 's:<due>' of a reschedule
 --   {ns}:d:<task_id>  a dead letter (HSET); {ns}:dlq:size, {ns}:dlq:bytes its bytes
 --                     (dead_letters.lua)
---   {ns}:stats        HINCRBY stale_completions, dead_letters_skipped
+--   {ns}:stats        HINCRBY stale_completions, dead_letters_skipped, processed, failed
 --   {ns}:cg:<guard>   EXISTS, HGET, HSET or HSETNX, EXPIRE of a "C" entry's guard (see
 --                     above), DEL of a "G" entry's
 --   {ns}:ended:<queue>, {ns}:endnotes:<queue>  HSET of the notes, ZADD, ZREM, HDEL, EXPIRE
@@ -89,6 +91,12 @@
 -- earlier delivery whose ack was lost, or a cancel's record) applies nothing but its ack --
 -- no record, dead letter, reschedule, requeue or op -- and adds 1 to the counter
 -- {ns}:stats dead_letters_skipped. One GET per such entry (dead letters are rare).
+-- Runs: the batch adds the runs its applied completions end to {ns}:stats processed
+-- (succeeded) and failed (an attempt that raised, retried or not, or a message rejected
+-- before it ran), one HINCRBY each per batch, only when some: a "C" entry's tally (1
+-- succeeded, 2 failed, 0 none), an "R" or "A" entry's p succeeded and f failed, less its
+-- stale ones (tags: each completion's tally as "0" / "1" / "2", in order, or "" when they
+-- are all alike). A stale completion, and a dead letter skipped as above, counts nothing.
 -- Returns the stale completions as {queue, token} pairs (an empty array when none).
 local prefix, group, cap = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local batch = cmsgpack.unpack(ARGV[4])
@@ -518,11 +526,27 @@ local function ended(c)
   recent_add(KEY.ended(prefix, c[2]), KEY.ended_notes(prefix, c[2]), tonumber(c[3]), c[4], c[5])
 end
 
+-- Runs: the batch's runs that succeeded / failed, added to {ns}:stats processed / failed
+-- at the end: an "R" or "A" entry's p and f less its stale ones (lost: their positions,
+-- from first; tags: each one's tally, "" when all are alike), an applied "C" entry's tally.
+local ran = {0, 0}
+local function ran_entry(p, f, tags, lost, first)
+  if lost then
+    for pos in pairs(lost) do
+      local t = tags ~= '' and string.byte(tags, pos - first + 1) - 48
+        or (p > 0 and 1 or (f > 0 and 2 or 0))
+      if t == 1 then p = p - 1 elseif t == 2 then f = f - 1 end
+    end
+  end
+  ran[1], ran[2] = ran[1] + p, ran[2] + f
+end
+
 local function records(c)
   -- the TTL made a string once: redis.call formats a number argument at every call
   local queue, ttl, at, nids, n = c[2], tostring(c[3]), c[4], c[5], c[6]
   local lost = nil
   if nids > 0 then lost = ack(KEY.stream(prefix, queue), ARGV, at, at + nids - 1, queue) end
+  ran_entry(c[7], c[8], c[9], lost, at)  -- runs
   local keys_at, recs_at = at + nids, at + nids + n
   if lost ~= nil or marks or quiet or heard == nil then
     for i = 0, n - 1 do
@@ -601,7 +625,8 @@ for _, c in ipairs(batch) do
   if c[1] == 'R' then
     records(c)
   elseif c[1] == 'A' then
-    ack(KEY.stream(prefix, c[2]), c[3], 1, #c[3], c[2])
+    local lost = ack(KEY.stream(prefix, c[2]), c[3], 1, #c[3], c[2])
+    ran_entry(c[4], c[5], c[6], lost, 1)  -- runs
   elseif c[1] == 'I' then
     ended(c)
   elseif c[1] == 'G' then
@@ -636,6 +661,7 @@ for _, c in ipairs(batch) do
       -- over already: the final record stands, nothing but the ack applies (see above)
       dead_skipped = dead_skipped + 1
       record, reschedule, dead, requeue, ops = '', '', '', '', ''
+      c[19] = 0  -- runs: no run counted
     end
     if record ~= '' then
       store(KEY.record(prefix, task_id), task_id, record, ttl, c[18])
@@ -672,6 +698,7 @@ for _, c in ipairs(batch) do
         OPS[op[1]](op, kind)  -- known: checked above
       end
     end
+    if c[19] == 1 or c[19] == 2 then ran[c[19]] = ran[c[19]] + 1 end  -- runs
   end
 end
 
@@ -690,5 +717,7 @@ local function count(field, n)
   end
 end
 if #stale > 0 then count('stale_completions', #stale) end
+if ran[1] > 0 then count('processed', ran[1]) end  -- runs
+if ran[2] > 0 then count('failed', ran[2]) end  -- runs
 if dead_skipped > 0 then count('dead_letters_skipped', dead_skipped) end
 return stale
