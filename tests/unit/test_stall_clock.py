@@ -1,4 +1,4 @@
-"""The stall detection of watchdogs (``worker/stall_clock.py``, ``worker/peers.py``,
+"""The stall detection of watchdogs (``stall_clock.py``, ``worker/peers.py``,
 ``worker/stalls.py``) and the supervisor's answer to a pause of its own: no worker judged.
 
 Clocks are driven by hand: a SIGSTOP advances the monotonic and the boot clock alike, a
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
+from blitzq.stall_clock import HEARTBEAT_SLACK, StallClock, heartbeat_slack, host_clocks
 from blitzq.worker.peers import PeerGrace
-from blitzq.worker.stall_clock import HEARTBEAT_SLACK, StallClock, heartbeat_slack, host_clocks
 from blitzq.worker.stalls import StallWatch
 from blitzq.worker.supervisor import Supervisor
 
@@ -125,3 +125,15 @@ def test_a_paused_supervisor_gives_every_worker_a_fresh_grace(
     [warned] = [r.getMessage() for r in caplog.records]
     assert warned.startswith("supervisor was paused for 45.0 s")
     assert sup.stall.slack == heartbeat_slack(2.0)
+
+
+def test_the_autoscaler_counts_no_idle_time_over_a_pause() -> None:
+    from blitzq.worker.autoscale import Autoscaler, AutoscaleSettings, Sample
+
+    scaler = Autoscaler(AutoscaleSettings(minimum=1, maximum=3, idle=30.0, min_age=0.0))
+    started = {11: 0.0, 12: 1.0}
+    quiet = Sample(waiting=0, busy={11: False, 12: False})
+    assert scaler.decide(100.0, started, quiet).remove == ()  # idle from 100
+    scaler.paused(45.0)  # the host paused from about 100 to 145
+    assert scaler.decide(146.0, started, quiet).remove == ()  # idle 1 s, not 46 s
+    assert scaler.decide(176.0, started, quiet).remove == (12,)

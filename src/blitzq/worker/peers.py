@@ -5,7 +5,7 @@ them (:func:`reap_lapsed`, emitting ``WORKER_HEARTBEAT_LOST``) and, in reliable 
 the deliveries whose leases were not renewed within the visibility timeout
 (:func:`~blitzq.worker.queue_steps.recover_queue`). Both judge the silence of others. When this
 worker itself did not run for a while (:class:`PeerGrace`: its maintenance sleep came back
-late, measured on the monotonic and boot clocks, :mod:`~blitzq.worker.stall_clock`), the
+late, measured on the monotonic and boot clocks, :mod:`~blitzq.stall_clock`), the
 others most likely did not run either: the whole host was frozen (a VM pause, a suspend, a
 ``SIGSTOP`` of the process tree). Their registrations and leases look lapsed, yet they are
 healthy and renew within their next round. So the round right after such a pause renews this
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..exceptions import BlitzQError
 from ..extensions.signals import Signal, SignalEvent
 from ..serialization import loads
-from .stall_clock import StallClock
+from ..stall_clock import StallClock
 
 if TYPE_CHECKING:
     from ..broker import Broker

@@ -14,7 +14,7 @@ lists recover nothing (a popped task is at most once), so there the stall only d
 worker's own upkeep (timeouts, cancellations, its registration). The threshold is the same
 in every mode: the maintenance interval and the registration's lifetime follow the
 visibility timeout in fast mode too. A sleep is measured on the monotonic and the boot clock
-(:func:`~blitzq.worker.stall_clock.host_clocks`), so a suspended host counts as a stall too;
+(:func:`~blitzq.stall_clock.host_clocks`), so a suspended host counts as a stall too;
 :attr:`StallWatch.noticed_at` tells the maintenance loop when the last one was noticed (it
 then judges no other worker for a round, :mod:`~blitzq.worker.peers`).
 """
@@ -27,7 +27,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Literal
 
-from .stall_clock import host_clocks
+from ..stall_clock import host_clocks
 
 if TYPE_CHECKING:
     from ..broker import Broker

@@ -34,7 +34,7 @@ The supervisor
   STARTUP_GRACE)`` seconds after the start) means a stopped process or a blocked event loop;
   the worker's process group is SIGKILLed and the slot restarted as after a crash. A turn of
   the supervisor's own loop that came far later than it asked for (the whole host or the
-  supervisor was paused: a VM freeze, a suspend, SIGSTOP; :mod:`~blitzq.worker.stall_clock`)
+  supervisor was paused: a VM freeze, a suspend, SIGSTOP; :mod:`~blitzq.stall_clock`)
   judges no one: every worker gets a fresh heartbeat grace (one WARNING says how long the
   supervisor was paused), and the deadlines of a stop shift by the pause;
 - forwards SIGTERM / SIGINT to every worker (a graceful stop), waits for them, SIGKILLs what is
@@ -65,6 +65,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
+from ..stall_clock import StallClock, heartbeat_slack
 from .autoscale import Autoscaler, AutoscaleSettings, Sample
 from .cpu import EXIT_FORKSERVER
 from .elastic import Elastic, _Slot
@@ -75,7 +76,6 @@ from .processes import Guard, _prctl, die_with_parent, group_alive, killpg, sign
 from .reload import SourceWatcher
 from .restarts import RestartBudget
 from .sampler import Sampler
-from .stall_clock import StallClock, heartbeat_slack
 from .worker import EXIT_RESTART
 
 __all__ = ["Supervisor"]
@@ -305,8 +305,8 @@ class Supervisor(Elastic):
     def _resumed(self, paused: float, now: float) -> None:
         """This loop did not run for ``paused`` seconds more than it asked: the workers were
         most likely paused with it (a whole-host freeze), so their silence is not judged.
-        Each worker gets a fresh heartbeat grace from ``now``, and the deadlines of a stop
-        (and of ended workers' groups) shift by the pause."""
+        Each worker gets a fresh heartbeat grace from ``now``; the deadlines of a stop (and
+        of ended workers' groups) and the autoscaler's idle times shift by the pause."""
         logger.warning(
             "supervisor was paused for %.1f s (the host, or this process, did not run): every "
             "worker gets a fresh heartbeat grace instead of being judged on a silence it "
@@ -318,6 +318,8 @@ class Supervisor(Elastic):
         if self._kill_at is not None:
             self._kill_at += paused
         self._groups = {pgid: at + paused for pgid, at in self._groups.items()}
+        if self.autoscaler is not None:
+            self.autoscaler.paused(paused)
 
     def _next_deadline(self, now: float) -> float:
         deadlines = [now + 1.0]
