@@ -17,7 +17,8 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -72,6 +73,33 @@ async def delete_amqp_queues(url: str, brokers: Iterable[Any]) -> None:
         await link.delete(sorted(names))
     finally:
         await link.close()
+
+
+@asynccontextmanager
+async def amqp_brokers(
+    redis_url: str, namespace: str, default_query: str = ""
+) -> AsyncIterator[Callable[..., Any]]:
+    """A factory of :class:`AmqpBroker` instances on the shared RabbitMQ (skips the test when
+    it does not answer) with their state on ``redis_url`` in ``namespace``: ``factory(query=
+    default_query, **options)``, ``query`` added to the URL (``"?pack=1"``). On exit every
+    broker made is closed, then the RabbitMQ queues they declared are deleted (after the
+    close, which may publish back)."""
+    from blitzq.broker.amqp import AmqpBroker
+
+    url = amqp_or_skip()
+    made: list[Any] = []
+
+    def factory(query: str = default_query, **options: Any) -> Any:
+        broker = AmqpBroker(url + query, redis_url, namespace, **options)
+        made.append(broker)
+        return broker
+
+    try:
+        yield factory
+    finally:
+        for broker in made:
+            await broker.close()
+        await delete_amqp_queues(url, made)
 
 
 class PrivateNode:

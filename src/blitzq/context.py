@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextvars
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import _checks
@@ -80,7 +81,7 @@ class TaskContext:
         self.correlation_id = correlation_id
         self.headers = headers
         self.options = options
-        workflow = flow.get("w") if isinstance(flow, dict) else None
+        workflow = flow.get("w") if flow is not None and isinstance(flow, dict) else None
         self.workflow_id: str | None = str(workflow) if workflow else None
         self.cancelled = False
         #: Where :meth:`update_progress` goes (set by the worker; ``None`` once finished).
@@ -138,6 +139,11 @@ def current_task() -> TaskContext | None:
 def set_current(context: TaskContext | None) -> contextvars.Token[TaskContext | None]:
     """Make ``context`` the current task (the worker's side of :func:`current_task`)."""
     return _current.set(context)
+
+
+#: :func:`set_current` as the context variable's own method, without a Python frame of its
+#: own: the worker's hot path sets it once per run.
+enter_current: Callable[[TaskContext | None], contextvars.Token[TaskContext | None]] = _current.set
 
 
 def reset_current(token: contextvars.Token[TaskContext | None]) -> None:

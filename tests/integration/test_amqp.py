@@ -29,6 +29,7 @@ from blitzq.cli import cli
 from blitzq.serialization import Envelope, decode_envelope, encode_envelope
 from tests.amqp_server import (
     PrivateNode,
+    amqp_brokers,
     amqp_or_skip,
     close_connection_named,
     delete_amqp_queues,
@@ -51,18 +52,8 @@ def message(task_id: str, queue: str = "q") -> bytes:
 async def amqp(server_url: str, namespace: str) -> AsyncIterator[Callable[..., Broker]]:
     """Factory of AmqpBrokers on the shared RabbitMQ and the test Redis namespace; their
     RabbitMQ queues are deleted afterwards."""
-    url = amqp_or_skip()
-    made: list[Broker] = []
-
-    def factory(**options: Any) -> Broker:
-        broker = AmqpBroker(url, server_url, namespace, **options)
-        made.append(broker)
-        return broker
-
-    yield factory
-    for broker in made:
-        await broker.close()
-    await delete_amqp_queues(url, made)  # after the close, which may publish back
+    async with amqp_brokers(server_url, namespace) as factory:
+        yield factory
 
 
 @pytest.fixture

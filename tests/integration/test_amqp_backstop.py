@@ -16,12 +16,11 @@ from typing import Any
 import pytest
 
 from blitzq.broker import Broker
-from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.amqp.custody import BACKSTOP_ROUNDS
 from blitzq.broker.amqp.publishing import BACKSTOPS
 from blitzq.broker.transport import delivery_backstop, solo_plan
 from blitzq.serialization import Envelope, decode_envelope, encode_envelope
-from tests.amqp_server import amqp_or_skip, delete_amqp_queues
+from tests.amqp_server import amqp_brokers
 
 from .proc_tasks import eventually
 
@@ -39,18 +38,8 @@ def message(task_id: str, queue: str) -> bytes:
 async def amqp(server_url: str, namespace: str) -> AsyncIterator[Callable[..., Broker]]:
     """Factory of AmqpBrokers with ``max_deliveries=5`` (backstop 20); their RabbitMQ queues
     are deleted afterwards."""
-    url = amqp_or_skip()
-    made: list[Broker] = []
-
-    def factory(**options: Any) -> Broker:
-        broker = AmqpBroker(url + "?pack=1", server_url, namespace, **options)
-        made.append(broker)
-        return broker
-
-    yield factory
-    for broker in made:
-        await broker.close()
-    await delete_amqp_queues(url, made)
+    async with amqp_brokers(server_url, namespace, "?pack=1") as factory:
+        yield factory
 
 
 async def crash_until_dead_lettered(holder: Broker, queue: str, task_id: str) -> None:

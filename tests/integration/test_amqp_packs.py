@@ -23,10 +23,9 @@ import redis
 
 from blitzq import ConfigurationError, Queue, records
 from blitzq.broker import Broker, Completion
-from blitzq.broker.amqp import AmqpBroker
 from blitzq.broker.amqp.packs import PACK_HEADER
 from blitzq.serialization import Envelope, decode_envelope, encode_envelope
-from tests.amqp_server import amqp_or_skip, delete_amqp_queues
+from tests.amqp_server import amqp_brokers, amqp_or_skip, delete_amqp_queues
 
 from .proc_tasks import eventually, make_worker, running
 
@@ -46,18 +45,8 @@ def task_id(payload: bytes) -> str:
 async def amqp(server_url: str, namespace: str) -> AsyncIterator[Callable[..., Broker]]:
     """Factory of AmqpBrokers (``query``: appended to the AMQP URL); their RabbitMQ queues
     are deleted afterwards."""
-    url = amqp_or_skip()
-    made: list[Broker] = []
-
-    def factory(query: str = "", **options: Any) -> Broker:
-        broker = AmqpBroker(url + query, server_url, namespace, **options)
-        made.append(broker)
-        return broker
-
-    yield factory
-    for broker in made:
-        await broker.close()
-    await delete_amqp_queues(url, made)
+    async with amqp_brokers(server_url, namespace) as factory:
+        yield factory
 
 
 async def fetch_all(broker: Broker, queue: str, count: int, step: int = 50) -> list[Any]:

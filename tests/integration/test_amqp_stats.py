@@ -23,9 +23,8 @@ import pytest
 
 from blitzq import Queue
 from blitzq.broker import Broker
-from blitzq.broker.amqp import AmqpBroker
 from blitzq.serialization import dumps, loads
-from tests.amqp_server import amqp_or_skip, delete_amqp_queues
+from tests.amqp_server import amqp_brokers, amqp_or_skip
 
 from .proc_tasks import eventually
 
@@ -67,18 +66,8 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 @pytest.fixture
 async def amqp(server_url: str, namespace: str) -> AsyncIterator[Callable[..., Broker]]:
     """Factory of AmqpBrokers; their RabbitMQ queues are deleted afterwards."""
-    url = amqp_or_skip()
-    made: list[Broker] = []
-
-    def factory(**options: Any) -> Broker:
-        broker = AmqpBroker(url + "?pack=1", server_url, namespace, **options)
-        made.append(broker)
-        return broker
-
-    yield factory
-    for broker in made:
-        await broker.close()
-    await delete_amqp_queues(url, made)
+    async with amqp_brokers(server_url, namespace, "?pack=1") as factory:
+        yield factory
 
 
 async def test_a_killed_workers_deliveries_count_as_waiting_at_once(

@@ -18,6 +18,7 @@ import pytest
 
 from blitzq import Queue
 from blitzq.broker import Completion
+from blitzq.broker.redis.scripts import load
 from blitzq.worker.flusher import BIG_WRITE, Flusher
 
 from .proc_tasks import make_worker, running
@@ -121,6 +122,10 @@ async def test_a_carried_batch_is_applied_with_the_pop(
         carry = broker.carry
         assert carry is not None
         keys = broker.transport.keys  # type: ignore[attr-defined]
+        # A server that knows the scripts (a fresh one refuses the carried call with NOSCRIPT
+        # and the flusher writes the batch itself: test_a_refused_carried_batch_...).
+        for name in ("complete", "pop_levels"):
+            await raw_redis.script_load(load(name).source)
         flusher = Flusher(broker)
         done = Completion(
             "default", None, "t-done", record=b"\x81\xa5state\xa9succeeded", record_ttl=60

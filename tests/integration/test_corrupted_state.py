@@ -332,3 +332,30 @@ async def test_a_last_periodic_occurrence_that_is_not_a_number_reads_as_none(
         assert await broker.periodic_last(["bad", "good", "none"]) == {"good": 12.5}
     finally:
         await broker.close()
+
+
+async def test_a_record_key_of_another_type_is_written_over_as_before(
+    server_url: str, raw_redis: Any, namespace: str
+) -> None:
+    """``complete.lua`` writes a record with ``SET ... GET``, which refuses a key of another
+    type: that record is written with a plain ``SET`` instead, and the batch is applied whole,
+    as a plain ``SET`` always did."""
+    p = _prefix(namespace)
+    broker = ReliableRedisBroker(server_url, namespace)
+    try:
+        await broker.prepare_consumer(["q"], "c1")
+        await broker.publish("q", [b"first", b"second"])
+        first, second = await broker.fetch_first(["q"], 2, 0)
+        await raw_redis.hset(p + "t:t1", "planted", "1")
+        await raw_redis.set(p + "t:t0", b"an earlier record")
+        batch = [
+            Completion("q", first.token, "t0", b"rec0", 60),
+            Completion("q", second.token, "t1", b"rec1", 60),
+        ]
+        assert await broker.complete(batch) == []
+        assert await raw_redis.get(p + "t:t0") == b"rec0"
+        assert await raw_redis.get(p + "t:t1") == b"rec1"
+        assert 0 < await raw_redis.ttl(p + "t:t1") <= 60
+        assert (await raw_redis.xpending(p + "s:q", GROUP))["pending"] == 0
+    finally:
+        await broker.close()

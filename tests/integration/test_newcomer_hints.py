@@ -159,3 +159,47 @@ def test_sync_result_wait_without_a_worker_says_to_start_one(
             add.enqueue_sync(1, 2).result_sync(timeout=0.2)
     finally:
         queue.close_sync()
+
+
+def test_no_worker_hint_on_the_embedded_server_names_its_data_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each directory's ``.blitzq`` is an embedded server of its own (a user test: a worker
+    started in another directory never sees this producer's tasks): the hint says so."""
+    from blitzq.broker.redis import embedded
+
+    project = tmp_path / "producer-dir"
+    project.mkdir()
+    for name in ("BLITZQ_REDIS_URL", "BLITZQ_DATA_DIR", "BLITZQ_NAMESPACE", "BLITZQ_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(project)
+    queue = Queue(namespace="hint-embedded")  # no URL: this directory's embedded server
+    try:
+
+        @queue.task(name="hint.embedded_add")
+        def add(a: int, b: int) -> int:
+            return a + b
+
+        with pytest.raises(ResultTimeout) as caught:
+            add.enqueue_sync(1, 2).result_sync(timeout=0.2)
+        text = str(caught.value)
+        assert "no worker is running in namespace 'hint-embedded'" in text
+        assert f"embedded server ({(project / '.blitzq').resolve()})" in text
+        assert "another directory" in text
+    finally:
+        queue.close_sync()
+        embedded.stop_server(project / ".blitzq")
+
+
+async def test_no_worker_hint_on_a_server_url_says_nothing_of_embedded_servers(
+    queue: Queue,
+) -> None:
+    @queue.task(name="hint.url_add")
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    handle = await add.enqueue(1, 2)
+    with pytest.raises(ResultTimeout) as caught:
+        await handle.result(timeout=0.2)
+    assert "no worker is running" in str(caught.value)
+    assert "embedded server" not in str(caught.value)

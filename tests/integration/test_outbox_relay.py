@@ -13,6 +13,7 @@ dies between taking a batch and releasing it has the batch put back and publishe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -276,3 +277,39 @@ async def test_a_failed_publish_keeps_the_batch_for_the_next_pass(app: App) -> N
         transport.publish = real_publish  # type: ignore[method-assign]
     assert await app.waiting_on_transport() == 1
     assert await relay.drain([Q]) == 0
+
+
+async def test_a_relay_paused_with_its_peers_puts_back_no_batch_they_hold(app: App) -> None:
+    """After a pause of its own (a whole-host pause), a relay's first sweep leaves the other
+    relays' lapsed batches alone: they were paused too and release them at once."""
+    import time
+
+    await outbox_message(app, "paused-peer")
+    outbox = app.pairing.relay.outbox  # type: ignore[union-attr]
+    taken = await outbox.take("peer-relay", Q, 10, 0.3)  # lapses during the pause below
+    assert taken is not None
+    relay = Relay(outbox, app.pairing.transport, lease=2.0)  # a pause: 0.5 s late or more
+    restores: list[int] = []
+    restore = outbox.restore
+
+    async def counting(count: int) -> int:
+        restores.append(await restore(count))
+        return restores[-1]
+
+    outbox.restore = counting  # type: ignore[method-assign]
+    task = asyncio.create_task(relay.run())
+    try:
+        await eventually(lambda: asyncio.sleep(0, len(restores)), lambda n: n >= 1)
+        assert restores == [0]  # the peer's lease still ran at the first sweep
+        time.sleep(3.0)  # the whole host pauses (this loop with it), past the peer's lease
+        await app.pairing.transport.publish(*taken)  # the peer resumes: publishes, releases
+        await outbox.release("peer-relay")
+        # Wait for a sweep that could put it back (not the one right after the pause).
+        await eventually(lambda: asyncio.sleep(0, len(restores)), lambda n: n >= 2, 30)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        outbox.restore = restore  # type: ignore[method-assign]
+    assert sum(restores) == 0, restores
+    assert await app.waiting_on_transport() == 1  # published once, by the peer

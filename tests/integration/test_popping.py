@@ -100,3 +100,40 @@ async def test_a_pop_without_a_reply_ends_and_its_connection_is_not_reused(
     finally:
         await client.aclose()
         proxy.stop()
+
+
+async def test_pops_in_flight_share_the_watch_and_each_ends_at_its_own_deadline(
+    server_url: str, client: Any, key: str
+) -> None:
+    """One timer checks every pop in flight (``popping._Watch``): the one whose reply never
+    comes ends at its deadline, while a longer one beside it still gets its message, and the
+    watch is idle once none is in flight."""
+    url = urlsplit(server_url)
+    if url.scheme != "redis" or url.hostname is None or url.port is None:
+        pytest.skip("the fault proxy forwards TCP only")
+    proxy = FaultProxy(url.hostname, url.port)
+    proxy.start()
+    silent = make_client(with_params(proxy.url, socket_timeout="0.5", max_connections="1"))
+    try:
+        await silent.ping()
+        await client.ping()
+        assert proxy.half_open() == 1
+        long_block = 1.5  # its deadline: 2.0 s; the silent pop's: 0.8 s
+        lost = asyncio.ensure_future(
+            Popper(silent).execute_command("BLMPOP", BLOCK, 1, key, "LEFT", "COUNT", 1, block=BLOCK)
+        )
+        kept = asyncio.ensure_future(
+            Popper(client).execute_command(
+                "BLMPOP", long_block, 1, key, "LEFT", "COUNT", 1, block=long_block
+            )
+        )
+        with pytest.raises(RedisTimeoutError, match="no reply to BLMPOP"):
+            await lost
+        assert not kept.done()  # the silent pop's end ended nothing else
+        await client.rpush(key, b"m")
+        assert await kept == [key.encode(), [b"m"]]
+        watch = popping._watch(asyncio.get_running_loop())
+        assert not watch._reads  # nothing watched once no pop is in flight
+    finally:
+        await silent.aclose()
+        proxy.stop()

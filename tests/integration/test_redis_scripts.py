@@ -59,8 +59,12 @@ CALLED = {
 # ------------------------------------------------------------------ loader (no server)
 def test_every_script_is_read_once_with_its_includes_expanded() -> None:
     lua = resources.files("blitzq.broker.redis").joinpath("lua")
-    library = scripts.expand_keys(lua.joinpath("dead_letters.lua").read_text()).rstrip("\n")
-    outbox = scripts.expand_keys(lua.joinpath("outbox.lua").read_text()).rstrip("\n")
+
+    def shipped(text: str) -> str:
+        return scripts.strip_comments(scripts.expand_keys(text))
+
+    library = shipped(lua.joinpath("dead_letters.lua").read_text()).rstrip("\n")
+    outbox = shipped(lua.joinpath("outbox.lua").read_text()).rstrip("\n")
     # Included by other scripts, never called alone.
     included = {
         "dead_letters", "outbox", "recent_add", "worker_counts", "envelope_head", "claim_idle",
@@ -85,8 +89,11 @@ def test_every_script_is_read_once_with_its_includes_expanded() -> None:
             assert library in script.source
             assert "local function dl_note(" in script.source
         elif "--@include" not in raw:  # the file as it is, its KEY calls expanded
-            assert script.source == scripts.expand_keys(raw)
+            assert script.source == shipped(raw)
         assert not re.search(r"\bKEY\.\w+\(", script.source)  # none left to the server
+        assert not any(line.lstrip().startswith("--") for line in script.source.splitlines())
+    # Comment lines are sent empty (line numbers kept); a comment after code stays.
+    assert scripts.strip_comments("a = 1\n  -- note\nb = '--' -- c") == "a = 1\n\nb = '--' -- c"
 
 
 def test_an_unknown_script_name_is_an_error() -> None:

@@ -103,7 +103,9 @@ async def test_a_migrating_queue_slot_makes_no_task_run_twice(
         assert set(runs) == {h.id for h in handles + others}
         assert set(runs.values()) == {1}  # no task ran twice
         assert [w.stale_completions for w in workers] == [0, 0]
-        assert not [r.message for r in caplog.records if "recovered" in r.getMessage()]
+        # No recovery round took anything back ("recovered N abandoned message(s)"); a stall
+        # warning of a loaded machine also says "may have recovered", which is no recovery.
+        assert not [r.message for r in caplog.records if r.getMessage().startswith("recovered")]
     finally:
         gate.set()
         if began and not moved:

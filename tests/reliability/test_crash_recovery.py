@@ -9,7 +9,7 @@ import time
 
 from blitzq import TaskState
 
-from .conftest import Harness, wait_until
+from .conftest import Harness, WorkerProcess, wait_until
 from .reliability_app import BLOCKING, WORK
 
 VT = 1.5
@@ -25,23 +25,34 @@ def _stream_counts(harness: Harness) -> tuple[int, int]:
     return length, pending
 
 
+def _busy(harness: Harness, workers: list[WorkerProcess]) -> list[WorkerProcess]:
+    """The workers in ``workers`` running a task now."""
+    return [w for w in workers if harness.in_flight(w.pid)]
+
+
 def test_sigkilled_workers_lose_no_task(harness: Harness) -> None:
     """600 tasks, three workers, one SIGKILLed mid-task several times: every task succeeds,
     the tasks that were running in a killed worker ran again, and the stream ends empty."""
     queue = harness.queue(vt=VT)
     rng = random.Random(7)
-    labels = [f"k{i}" for i in range(600)]  # a backlog of ~4 s: long enough to kill twice
+    labels = [f"k{i}" for i in range(600)]
+    durations = {label: rng.uniform(0.005, 0.12) for label in labels}
     workers = [harness.spawn(concurrency=3, vt=VT) for _ in range(3)]
-    harness.enqueue(queue, WORK, [(label, rng.uniform(0.005, 0.12)) for label in labels])
 
     interrupted: list[str] = []
     kills = 0
-    while kills < 4 and not harness.all_final(labels):
-        victim = rng.choice(workers)
+    # Each kill's quarter of the tasks is enqueued just before it, so that a busy machine
+    # cannot drain the whole backlog before the later kills (a user test: 600 at once did).
+    for quarter in (labels[i::4] for i in range(4)):
+        harness.enqueue(queue, WORK, [(label, durations[label]) for label in quarter])
         try:
-            wait_until(lambda v=victim: harness.in_flight(v.pid), 30.0, "a busy victim")
+            wait_until(lambda: _busy(harness, workers), 30.0, "a busy victim")
         except AssertionError:
-            break  # the backlog drained first
+            continue  # this quarter drained first
+        busy = _busy(harness, workers)
+        if not busy:
+            continue
+        victim = rng.choice(busy)
         assert victim.kill() == -signal.SIGKILL
         kills += 1
         # Read after the kill: a body that returned (and whose completion was written)

@@ -111,6 +111,9 @@ async def test_big_result_fails_alone_and_the_rest_commits(
         assert info.value.error_type == error_type
         assert error in (info.value.error or "")
         assert runs == dict.fromkeys([big, *range(1, 11)], 1)  # nothing ran twice
+        # The namespace's run counters count what was written: the big one as a failure.
+        counters = await queue.broker.counters()
+        assert (counters.get("processed"), counters.get("failed")) == (10, 1), counters
         if mode == "reliable":
             stats = await queue.stats([queue.name])
             assert stats["queues"][queue.name] == {"waiting": 0, "in_flight": 0}

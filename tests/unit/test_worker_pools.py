@@ -115,3 +115,32 @@ async def test_drained_can_leave_out_the_slots_of_runs_not_waited_for() -> None:
     assert not everything.done()
     limiter.release(2)
     await asyncio.wait_for(everything, 10)
+
+
+async def test_a_release_wakes_every_reserve_parked_on_a_full_limiter() -> None:
+    """A release sets the limiter's event only while a waiter is parked on it (a release per
+    task): two fetch loops waiting on one full global limiter both wake, take what is free,
+    and the one that found none waits again until the next release."""
+    g = Limiter(2)
+    a, b = Slots(g, None), Slots(g, Limiter(5))
+    assert a.take(2) == 2
+    first = asyncio.ensure_future(a.reserve(1))
+    second = asyncio.ensure_future(b.reserve(1))
+    await asyncio.sleep(0)
+    assert not first.done()
+    assert not second.done()
+    a.release(1)  # one slot: one of the two gets it, the other parks again
+    done, pending = await asyncio.wait({first, second}, timeout=10, return_when="FIRST_COMPLETED")
+    assert len(done) == 1
+    assert g.free == 0
+    await asyncio.sleep(0)
+    assert not pending.pop().done()
+    g.release(1)  # a bare Limiter's release also wakes it
+    await asyncio.wait_for(asyncio.gather(first, second), 10)
+    assert g.free == 0
+    # Nobody waits: releases only count.
+    a.release(1)
+    b.release(1)
+    assert g.free == 2
+    assert b.queue_limiter is not None
+    assert b.queue_limiter.free == 5

@@ -41,6 +41,12 @@ Who relays, so that users do nothing (:class:`~blitzq.broker.Broker` wires it):
   its outbox (what a process that died before relaying left behind) and the batches of relays
   whose lease lapsed; while its sweeps find nothing the wait between them doubles, up to
   :data:`SWEEP_IDLE` seconds (an idle worker's relay costs a few commands per 10 s).
+
+A relay whose own wait came back late by a quarter of the lease or more (this process, or its
+whole host, was paused: :class:`~blitzq.stall_clock.StallClock`) puts back no other relay's
+batch in the sweep right after: relays paused with it were most likely publishing, and finish
+and release their batches at once when they resume. The next sweep, :data:`SWEEP` later,
+puts back what is still lapsed.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from collections.abc import Iterable, Sequence
 
 from ..exceptions import BrokerError
 from ..log_episodes import Episode
+from ..stall_clock import StallClock
 from .transport import Transport
 
 logger = logging.getLogger("blitzq.broker")
@@ -223,6 +230,8 @@ class Relay:
             next_sweep = 0.0
             interval = SWEEP  # doubled by each sweep that found nothing (SWEEP_IDLE at most)
             backoff = RETRY_MIN
+            stall = StallClock(self.lease / 4)
+            restore_from = 0.0  # loop time before which lapsed batches stay (after a pause)
             while True:
                 self._wake.clear()
                 sweep = loop.time() >= next_sweep or self._everything
@@ -230,7 +239,8 @@ class Relay:
                 try:
                     if sweep:
                         next_sweep = loop.time() + interval
-                        restored = await self.outbox.restore(100)
+                        paused = loop.time() < restore_from
+                        restored = 0 if paused else await self.outbox.restore(100)
                         if restored:
                             logger.warning(
                                 "outbox relay: put back %d message(s) of relays whose lease "
@@ -238,7 +248,7 @@ class Relay:
                                 restored,
                             )
                         found = await self.drain() + restored
-                        interval = SWEEP if found else min(interval * 2, SWEEP_IDLE)
+                        interval = SWEEP if found or paused else min(interval * 2, SWEEP_IDLE)
                     elif wanted:
                         await self.drain(sorted(wanted))
                         interval = SWEEP
@@ -258,10 +268,12 @@ class Relay:
                     continue
                 if self._wake.is_set():
                     continue
+                timeout = max(0.0, next_sweep - loop.time())
+                stall.expect(timeout)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._wake.wait(), timeout=max(0.0, next_sweep - loop.time())
-                    )
+                    await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+                if stall.stalled():  # paused: other relays get a sweep's time to release
+                    restore_from = loop.time() + SWEEP
         finally:
             self._loops -= 1
 

@@ -141,6 +141,13 @@ class Completion:
             newest enqueue of the id) is absent or equal to it: a run of an older enqueue of
             the id writes no record over the newer one's (the rest of the completion
             applies). ``None`` (generated ids) checks nothing.
+        tally: the run this completion ends, for the namespace's ``processed`` /
+            ``failed`` counters: ``1`` a run that succeeded, ``2`` one that failed (an
+            attempt that raised, retried or not, or a message rejected before it ran), ``0``
+            none (a ``running`` record, a requeue, a cancel). Set by the worker only when
+            :meth:`~blitzq.broker.state.StateStore.counts` says the store adds it to those
+            counters in the same atomic step as the completion's writes (so a stale
+            completion, whose writes are refused, counts nothing); never set by a producer.
 
     Fencing: a completion whose ``token`` (or ``fence``) names a delivery this consumer no
     longer holds (its lease lapsed and the message was recovered) is *stale*; the broker
@@ -176,6 +183,7 @@ class Completion:
     ended: tuple[str, int, int] | None = None
     guard: tuple[str, int, int] | None = None
     nonce: str | None = None
+    tally: int = 0
 
 
 @dataclass(slots=True, frozen=True)

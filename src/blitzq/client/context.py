@@ -39,6 +39,11 @@ class QueueContext(QueueSettings, Protocol):
     _portal: Portal
 
     @property
+    def url(self) -> str:
+        """The broker URL in use (:attr:`blitzq.Queue.url`)."""
+        ...
+
+    @property
     def middleware(self) -> tuple[Middleware, ...]:
         """The middleware registered on the Queue, in registration order."""
         ...

@@ -86,7 +86,9 @@ async def inspect(broker: Broker, task_id: str) -> TaskRecord | None:
     )
 
 
-async def why_no_result(broker: Broker, namespace: str, task_id: str, queue: str | None) -> str:
+async def why_no_result(
+    broker: Broker, namespace: str, task_id: str, queue: str | None, url: str | None = None
+) -> str:
     """A hint for a result wait that timed out without any record, or ``""``.
 
     Args:
@@ -94,6 +96,9 @@ async def why_no_result(broker: Broker, namespace: str, task_id: str, queue: str
         namespace: the Queue's namespace (named in the hint).
         task_id: the task waited for.
         queue: its physical queue when the caller knows it (a handle does), else ``None``.
+        url: the Queue's broker URL, when known: an embedded server's socket makes the "no
+            worker" hint name its data directory (a worker started in another directory
+            runs on a server of its own).
 
     Returns:
         ``""`` or a clause starting with ``"; "``: the task is on the schedule (due in N s);
@@ -113,7 +118,7 @@ async def why_no_result(broker: Broker, namespace: str, task_id: str, queue: str
     if not workers:
         return (
             f"; no worker is running in namespace {namespace!r}: start one, e.g. "
-            "`blitzq worker MODULE:QUEUE_OBJECT`"
+            "`blitzq worker MODULE:QUEUE_OBJECT`" + _embedded_note(url)
         )
     if queue is None:
         return ""
@@ -123,6 +128,24 @@ async def why_no_result(broker: Broker, namespace: str, task_id: str, queue: str
     return (
         f"; no live worker consumes queue {wanted!r} in namespace {namespace!r} "
         f"({len(workers)} worker(s) run other queues: start one with -Q {wanted})"
+    )
+
+
+def _embedded_note(url: str | None) -> str:
+    """For the URL of an embedded server's socket, a sentence naming its data directory
+    (``""`` for any other URL): each directory's ``.blitzq`` is a server of its own."""
+    if url is None or not url.startswith("unix://"):
+        return ""
+    from ..broker.redis.embedded import find_data_dir, socket_path_for
+    from ..broker.redis.server_proc import socket_url
+
+    data_dir = find_data_dir()
+    if data_dir is None or socket_url(socket_path_for(data_dir)) != url:
+        return ""
+    return (
+        f" on this producer's embedded server ({data_dir}); a worker started in another "
+        "directory runs on an embedded server of its own: run it from this directory, or "
+        "give both the same redis_url (or BLITZQ_DATA_DIR)"
     )
 
 

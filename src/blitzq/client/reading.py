@@ -108,7 +108,10 @@ class Results:
     async def why_no_result(self, task_id: str, queue: str | None = None) -> str:
         """See :func:`~blitzq.client.lookup.why_no_result` (the hint of a result timeout)."""
         task_id = check_task_id("task id", task_id)
-        return await lookup.why_no_result(self.queue.broker, self.queue.namespace, task_id, queue)
+        queue_ = self.queue
+        return await lookup.why_no_result(
+            queue_.broker, queue_.namespace, task_id, queue, queue_.url
+        )
 
     async def get_result(self, task_id: str, timeout: float | None = None) -> Any:
         """Wait for a task's final record and return its result.

@@ -253,6 +253,12 @@ class Autoscaler:
                 return self._change(now, remove=[pid], reason=f"idle for {s.idle:g} s")
         return Decision()
 
+    def paused(self, seconds: float) -> None:
+        """The supervisor did not run for ``seconds``: neither a worker's idle time nor the
+        cooldown counts them (no worker is removed as idle over a pause it shared)."""
+        self.last_change += seconds
+        self._idle_since = {pid: since + seconds for pid, since in self._idle_since.items()}
+
     def _track_idle(self, now: float, started: Mapping[int, float], sample: Sample) -> None:
         for pid in list(self._idle_since):
             if pid not in started or sample.busy.get(pid, True) or sample.waiting:

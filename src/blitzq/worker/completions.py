@@ -87,7 +87,20 @@ class Completions:
             typed = job.task.arguments
             if typed is not None and typed.returns is not None:
                 value = typed.encode_result(value)
-            record = job.succeeded(self.worker_id, value, track_state)
+            if track_state:
+                record = job.succeeded(self.worker_id, value, True)
+            else:  # job.succeeded, inlined: once per task on the worker's hot path
+                env = job.envelope
+                record = records.succeeded(
+                    env.id,
+                    env.task,
+                    d.queue,
+                    job.attempt,
+                    env.created_at,
+                    job.started_at or None,
+                    self.worker_id,
+                    value,
+                )
             if len(record) > self.max_result_size and track_state:  # drop the preview first
                 record = job.succeeded(self.worker_id, value)
             if len(record) > self.max_result_size:  # the record's own fields are not counted

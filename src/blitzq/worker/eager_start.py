@@ -13,7 +13,7 @@ import contextvars
 from collections.abc import Coroutine, Generator
 from typing import Any
 
-from ..context import TaskContext, set_current
+from ..context import TaskContext, enter_current
 
 
 class TaskExit(Exception):
@@ -74,7 +74,7 @@ def _first_step(
     """Inside a run's own context: make ``current`` the current task, call ``fn`` (an error
     of the call itself propagates) and run the coroutine's first step: ``(coro, yielded,
     None)`` if it suspended, ``(None, result, None)`` if it returned, ``(None, None, exc)``."""
-    set_current(current)
+    enter_current(current)
     coro = fn(*args, **kwargs)
     try:
         return coro, coro.send(None), None

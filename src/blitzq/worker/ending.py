@@ -33,6 +33,7 @@ from ..broker import Completion, Delivery
 from ..exceptions import describe_error
 from ..extensions.flow_signals import workflow_end
 from ..extensions.middleware import Outcome, OutcomeKind
+from ..workflow.steps import finish_step
 from .completions import Completions
 from .eager_start import unwrap
 from .execution import Job, cause_of
@@ -44,6 +45,10 @@ if TYPE_CHECKING:
     from .progress import ProgressReporter
 
 logger = logging.getLogger("blitzq.worker")
+
+#: The finishers of a task that has only the one every task gets (the workflow's), which
+#: leaves a message outside workflows as it is: :meth:`Ending.commit` then calls none.
+STEPS_ONLY = [finish_step]
 
 
 class RunObserver(Protocol):
@@ -154,6 +159,11 @@ class Ending:
     Attributes:
         processed: runs that succeeded.
         failed: runs that failed, and messages that could not run.
+        unwritten_runs: ``[succeeded, failed]``: those of :attr:`processed` and
+            :attr:`failed` that no completion write counted (nothing was written, such as a
+            fast-mode success without a result, or the store cannot count them with their
+            writes: :meth:`~blitzq.broker.state.StateStore.counts`); the worker's
+            registrations add these to the namespace's counters.
         observer: the run observer (metrics, the eager mode's keeper), or ``None``.
     """
 
@@ -185,6 +195,7 @@ class Ending:
         self.timeout_error = timeout_error
         self.processed = 0
         self.failed = 0
+        self.unwritten_runs = [0, 0]
         #: The last look at each commit, which may add to its completion: the note of the
         #: task's end (:mod:`.recent`) and the series' latencies (:mod:`.series`); the
         #: worker sets it (by default the completion as it is).
@@ -253,14 +264,16 @@ class Ending:
                 logger.exception("could not build the retry of task %s", job.envelope.id)
                 completion = completions.failure(job, error, False, track_state)
             self.failed += 1
-        self.commit(job, completion, error)
+        # A result that could not be stored (job.encode_error) is written as a failure.
+        ok = error is None and job.encode_error is None
+        self.commit(job, completion, error, tally=1 if ok else 2)
 
     def timed_out(self, job: Job) -> None:
         """Commit the failure of a run that passed its timeout (soft or hard: the error is
         :meth:`.timeouts.Timeouts.error`'s)."""
         error = self.timeout_error(job)
         self.failed += 1
-        self.commit(job, self.completions.failure(job, error), error)
+        self.commit(job, self.completions.failure(job, error), error, tally=2)
 
     def commit(
         self,
@@ -268,15 +281,21 @@ class Ending:
         completion: Completion | None,
         error: BaseException | None = None,
         cancelled: bool = False,
+        tally: int = 0,
     ) -> None:
         """Hand a job's completion to the flusher, through the task's finishers if any, and its
         outcome to the observer, the middleware and signals (module docstring, steps 2-7).
 
         ``completion`` may be ``None`` (nothing to write: a fast-mode success without a
         record); finishers then get a bare one to add their operations to. ``cancelled``: the
-        completion records a cancellation.
+        completion records a cancellation. ``tally``: the run it ends, counted once
+        (:meth:`count_run`): ``1`` succeeded, ``2`` failed, ``0`` none.
         """
-        if job.task.finishers:
+        finishers = job.task.finishers
+        # The workflow finisher alone passes a message outside workflows through untouched.
+        if finishers and (
+            completion is None or job.envelope.flow is not None or finishers != STEPS_ONLY
+        ):
             completion = self._through_finishers(job, completion, error)
         failed = error if error is not None else job.encode_error
         if failed is not None and not cancelled:
@@ -296,10 +315,27 @@ class Ending:
                 end = workflow_end(completion) if step else None  # may it end the workflow?
                 extensions.committed(job, outcome, scope.copy(), self.worker_id, end)
         completion = self.tap(job, completion, error, cancelled)
+        if tally:
+            self.count_run(completion, tally)
         if completion is not None:
             self.flusher.add(completion)
         if self.first_run is not None:
             self._watch_first(completion)
+
+    @property
+    def unwritten(self) -> tuple[int, int]:
+        """:attr:`unwritten_runs` as a pair ``(succeeded, failed)``."""
+        return self.unwritten_runs[0], self.unwritten_runs[1]
+
+    def count_run(self, completion: Completion | None, tally: int) -> None:
+        """Count the run ``completion`` ends (``tally``: ``1`` it succeeded, ``2`` it failed)
+        in the namespace's counters: with its completion's writes when the store counts it
+        there (:attr:`~blitzq.broker.values.Completion.tally`), else in
+        :attr:`unwritten_runs` (the registrations add it)."""
+        if completion is not None and self.flusher.broker.state.counts(completion):
+            completion.tally = tally
+        else:
+            self.unwritten_runs[tally - 1] += 1
 
     def _watch_first(self, completion: Completion | None) -> None:
         """Call :attr:`first_run` once ``completion`` is applied (at once when there is
@@ -368,6 +404,7 @@ class Ending:
             extra=fields,
         )
         completion = self.completions.rejected(d, reason, error, task_id, task)
+        self.count_run(completion, 2)
         self.unstarted(d.queue, task, completion, "rejected")
         self.failed += 1
         if self.extensions.signals:

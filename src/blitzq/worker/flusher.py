@@ -148,7 +148,8 @@ class Flusher:
 
     def add(self, completion: Completion) -> None:
         """Queue a completion for the next batch (behind its queue's parked ones, if any)."""
-        if self._lanes.take(completion):
+        lanes = self._lanes
+        if lanes.parked and lanes.take(completion):  # a lane parked: a call, else none
             return
         pending = self._pending
         if not pending:  # else the writer is busy, will look again, and is not idle

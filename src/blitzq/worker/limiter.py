@@ -13,13 +13,16 @@ class Limiter:
         capacity: slots in all (>= 1).
     """
 
-    __slots__ = ("_event", "capacity", "free")
+    __slots__ = ("_event", "_waiting", "capacity", "free")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.free = capacity
         self._event = asyncio.Event()
         self._event.set()
+        # Coroutines parked on ``_event``: a release sets it only when one is (a release
+        # per task, and ``Event.set`` is a Python call).
+        self._waiting = 0
 
     @property
     def in_use(self) -> int:
@@ -29,8 +32,7 @@ class Limiter:
     async def wait_free(self) -> None:
         """Return once at least one slot is free."""
         while self.free <= 0:
-            self._event.clear()
-            await self._event.wait()
+            await self._park()
 
     def take(self, wanted: int) -> int:
         """Take up to ``wanted`` free slots without waiting; return how many were taken."""
@@ -39,10 +41,19 @@ class Limiter:
             self.free -= n
         return n
 
+    async def _park(self) -> None:
+        """Wait for the next release (or :meth:`resize`, :meth:`wake`)."""
+        self._event.clear()
+        self._waiting += 1
+        try:
+            await self._event.wait()
+        finally:
+            self._waiting -= 1
+
     def release(self, n: int = 1) -> None:
         """Give back ``n`` slots."""
         self.free += n
-        if self.free > 0:
+        if self._waiting and self.free > 0:
             self._event.set()
 
     async def drained(self, kept: Callable[[], int] | None = None) -> None:
@@ -54,8 +65,7 @@ class Limiter:
                 which may never return). Asked again at every release and :meth:`wake`.
         """
         while self.in_use > (kept() if kept is not None else 0):
-            self._event.clear()
-            await self._event.wait()
+            await self._park()
 
     def resize(self, capacity: int) -> None:
         """Hold ``capacity`` slots in all from now on (>= 1). Shrinking takes no running
@@ -154,4 +164,10 @@ class Slots:
             return
         if self.queue_limiter is not None:
             self.queue_limiter.release(n)
-        self.global_limiter.release(n)
+        g = self.global_limiter
+        if type(g) is not Limiter:  # a subclass's own release (the eager mode's)
+            g.release(n)
+            return
+        g.free += n  # Limiter.release, inlined: once per task
+        if g._waiting and g.free > 0:
+            g._event.set()

@@ -42,11 +42,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._checks import integer
 from ..broker import Broker
 from ..exceptions import BlitzQError, BrokerError, ConfigurationError, describe_error
-from ..extensions.signals import Signal, SignalEvent
 from ..log_episodes import Episode
-from ..serialization import loads
 from .limiter import Slots
 from .pausing import Pausable, Pausing
+from .peers import PeerGrace, reap_lapsed
 from .pruning import Pruning
 from .queue_steps import QueueSteps, recover_queue
 from .stalls import StallWatch
@@ -58,6 +57,7 @@ if TYPE_CHECKING:
     from ..extensions.registry import Extensions
     from ..seams import QueueSettings
     from .admission import Admission
+    from .ending import Ending
     from .execution import Job
 
 logger = logging.getLogger("blitzq.worker")
@@ -92,15 +92,6 @@ def running_tasks(jobs: Iterable[Job]) -> list[dict[str, Any]]:
         }
         for j in runs
     ]
-
-
-def _registration(raw: bytes) -> dict[str, Any]:
-    """The fields of a worker's registration record (empty when it cannot be read)."""
-    try:
-        info = loads(raw) if raw else {}
-    except BlitzQError:
-        return {}
-    return info if isinstance(info, dict) else {}
 
 
 def maintenance_interval(visibility_timeout: float) -> float:
@@ -140,6 +131,7 @@ class _Cancelling(Protocol):
     def track_state(self) -> bool: ...
 
     revoked: dict[str, float]
+    ending: Ending
 
     def cancel(self, task_id: str) -> bool: ...
 
@@ -221,6 +213,8 @@ class Maintenance:
         self.pausing = Pausing(worker, broker)
         #: The event loop's stalls, noticed by a sleeper of its own (``stalls.py``).
         self.stalls = StallWatch.of(vt, broker)
+        #: No judging of other workers right after a pause of this one (``peers.py``).
+        self.peers = PeerGrace(vt, self.interval, self.stalls)
         #: Each background step's transient failures, logged once while they last.
         self.episodes = {step: Episode(logger, what) for step, what in _STEPS.items()}
 
@@ -454,7 +448,9 @@ class Maintenance:
             await self.pausing.sync()
             await self._sync_size()
             try:
-                await self._reap_lapsed()
+                if self.peers.may_judge():  # not right after a pause of this worker
+                    signals = worker.runner.extensions.signals
+                    await reap_lapsed(broker, worker.id, signals)
                 self.episodes["lapsed"].cleared()
             except BrokerError as exc:
                 self._failed("lapsed", exc)
@@ -474,13 +470,16 @@ class Maintenance:
                             await self._steps.alone("leases", q, broker.heartbeat(q, tokens))
                     # Only a queue that holds a message can hold an abandoned one: one read
                     # over all (an idle worker's round costs one command, not one per queue).
-                    occupied = await broker.transport.occupied(worker.physical_queues)
+                    judged = self.peers.may_judge()  # not right after a pause of this worker
+                    queues = worker.physical_queues if judged else []
+                    occupied = await broker.transport.occupied(queues) if queues else []
                     # Live workers with a longer timeout keep their leases that long.
                     holders = await broker.worker_timeouts(vt) if occupied else {}
                     for q in occupied:
-                        recovery = recover_queue(broker, worker, q, vt, holders)
+                        judge = self.peers.may_judge  # asked again right before each call
+                        recovery = recover_queue(broker, worker, q, vt, holders, judge)
                         await self._steps.alone("recovery", q, recovery)
-                    self.recovery_rounds += 1
+                    self.recovery_rounds += judged and self.peers.may_judge()
                     await pruning.step(worker.physical_queues)  # one stream, in turn
                 self.episodes["round"].cleared()
             except BrokerError as exc:
@@ -496,34 +495,9 @@ class Maintenance:
                     self._failed("revocations", exc)
                 except Exception:
                     logger.exception("maintenance: reading cancelled tasks failed")
+            self.peers.sleeping(self.interval)
             await asyncio.sleep(self.interval)
-
-    async def _reap_lapsed(self) -> None:
-        """Remove the registrations of workers whose heartbeat (their registration's
-        renewal) lapsed; emit ``WORKER_HEARTBEAT_LOST`` for each one this worker took (each
-        is taken by one live worker of the namespace only)."""
-        lapsed = await self.broker.lapsed_workers()
-        if not lapsed:
-            return
-        worker = self.worker
-        logger.warning(
-            "worker(s) %s stopped renewing their registration (heartbeat lost)",
-            ", ".join(sorted(lapsed)),
-        )
-        signals = worker.runner.extensions.signals
-        if not signals.has(Signal.WORKER_HEARTBEAT_LOST):
-            return
-        for lost_id, raw in sorted(lapsed.items()):
-            info = _registration(raw)
-            # The worker's id (host:pid-slot under the supervisor) and its registry key.
-            lost = info.get("id") if isinstance(info.get("id"), str) else lost_id
-            extra: dict[str, Any] = {"lost_worker": lost, "lost_key": lost_id}
-            for key in ("instance", "host", "pid", "queues", "heartbeat_at", "running_tasks"):
-                if key in info:
-                    extra[key] = info[key]
-            event = SignalEvent(Signal.WORKER_HEARTBEAT_LOST, worker=worker.id, extra=extra)
-            # Never awaited here: a slow handler must not hold up the renewal of leases.
-            signals.emit_soon(Signal.WORKER_HEARTBEAT_LOST, event)
+            self.peers.woke()
 
     async def _keep_records(self) -> None:
         """Extend the ``running`` records of this worker's runs that have less than
@@ -550,14 +524,15 @@ class Maintenance:
 
     async def register(self) -> None:
         """Register the worker (its :meth:`~blitzq.Worker.info`) for three maintenance
-        intervals and five seconds, with its counts, which the broker adds to the
-        namespace's counters as far as they grew (see ``Broker.register_worker``).
+        intervals and five seconds, with its counts of the runs no completion write counted
+        (``Ending.unwritten_runs``), which the broker adds to the namespace's counters as far
+        as they grew (see ``Broker.register_worker``).
 
         Raises:
             BrokerError: the registration could not be written.
         """
         worker = self.worker
-        counts = (worker.processed, worker.failed)
+        counts = worker.runner.ending.unwritten
         ttl = 3 * self.interval + 5
         await self.broker.register_worker(
             worker.key,
@@ -571,12 +546,12 @@ class Maintenance:
         self.registered_counts = max(done[0], counts[0]), max(done[1], counts[1])
 
     async def unregister(self, timeout: float) -> None:
-        """Remove the worker's registration at its shutdown with its last counts (the
-        broker adds what they grew by since its last registration to the namespace's
-        counters). Waits ``timeout`` seconds at most: a server that stopped answering must
-        not hold the exit (the registration then expires)."""
+        """Remove the worker's registration at its shutdown with its last counts (as
+        :meth:`register`: the broker adds what they grew by to the namespace's counters).
+        Waits ``timeout`` seconds at most: a server that stopped answering must not hold the
+        exit (the registration then expires)."""
         worker = self.worker
-        counts = (worker.processed, worker.failed)
+        counts = worker.runner.ending.unwritten
         with contextlib.suppress(BrokerError, TimeoutError):
             await asyncio.wait_for(self.broker.unregister_worker(worker.key, counts), timeout)
 

@@ -11,7 +11,7 @@ step and queue until it succeeds again, and the next round tries again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from ..broker import Broker
@@ -83,7 +83,12 @@ class QueueSteps:
 
 
 async def recover_queue(
-    broker: Broker, worker: _Recovering, q: str, vt: float, holders: Mapping[str, float]
+    broker: Broker,
+    worker: _Recovering,
+    q: str,
+    vt: float,
+    holders: Mapping[str, float],
+    judge: Callable[[], bool] = lambda: True,
 ) -> None:
     """Recover physical queue ``q``'s abandoned deliveries, :data:`RECOVER_BATCH` a call,
     until a call finds fewer: each is published again, or dead-lettered past the backstop of
@@ -95,13 +100,16 @@ async def recover_queue(
         q: physical queue.
         vt: seconds a delivery may go without renewal before it is abandoned.
         holders: live workers' own visibility timeouts by consumer (``Broker.worker_timeouts``).
+        judge: asked right before each call (nothing awaited in between); ``False`` stops
+            the recovery: this worker was just paused, so the other workers' silence is not
+            judged yet (:class:`~blitzq.worker.peers.PeerGrace`).
 
     Raises:
         BrokerError: the broker could not be reached, or refused the recovery.
     """
     queue = worker.queue
     backstop = delivery_backstop(queue.max_deliveries)
-    while True:
+    while judge():
         requeued, dead = await broker.recover(
             q, vt, RECOVER_BATCH, backstop, queue.result_ttl, holders
         )

@@ -45,6 +45,7 @@ def replacement_of(completion: Completion, size: int, error: BrokerError) -> Com
         # (it timed out, then the server read it), the replacement applies nothing.
         guard=completion.guard,
         nonce=completion.nonce,
+        tally=2 if completion.tally else 0,  # counted as what is written: a failure
     )
 
 

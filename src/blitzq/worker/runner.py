@@ -348,7 +348,7 @@ class Runner:
                 env.task,
                 job.delivery.queue,
                 job.attempt,
-                task.max_attempts,
+                task.retries + 1,  # task.max_attempts, without the property's call
                 env.correlation_id,
                 env.headers,
                 flow=env.flow,
@@ -358,7 +358,7 @@ class Runner:
         context._reporter = self.progress
         if self.track_state:
             self._flusher.add(self.completions.progress(job))
-        executor = self.executor_of(task)
+        executor = task.executor if task.executor != "thread" else self.executor_of(task)
         # The run's own context: nothing it sets is seen by the worker or the next task.
         scope = job.scope
         if scope is None:  # else made by the middleware hooks

@@ -13,15 +13,21 @@ RabbitMQ redelivers the unacked messages of a connection whose AMQP heartbeats s
 lists recover nothing (a popped task is at most once), so there the stall only delayed the
 worker's own upkeep (timeouts, cancellations, its registration). The threshold is the same
 in every mode: the maintenance interval and the registration's lifetime follow the
-visibility timeout in fast mode too.
+visibility timeout in fast mode too. A sleep is measured on the monotonic and the boot clock
+(:func:`~blitzq.stall_clock.host_clocks`), so a suspended host counts as a stall too;
+:attr:`StallWatch.noticed_at` tells the maintenance loop when the last one was noticed (it
+then judges no other worker for a round, :mod:`~blitzq.worker.peers`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Literal
+
+from ..stall_clock import host_clocks
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -74,6 +80,14 @@ class StallWatch:
         self.recovery = recovery
         #: Stalls noticed (sleeps late by half the visibility timeout or more).
         self.stalls = 0
+        #: ``time.monotonic()`` when the last stall was noticed (-inf: none yet).
+        self.noticed_at = -math.inf
+        #: Seconds of each sleep of :meth:`run`.
+        self.step = max(0.05, min(1.0, visibility_timeout / 4))
+        #: ``time.monotonic()`` of the last wake of :meth:`run` (or of its start, or of
+        #: this watch's making): one far older than :attr:`step` means the loop stalled
+        #: and the watch has not had its turn yet to say so.
+        self.ticked_at = time.monotonic()
 
     @classmethod
     def of(cls, visibility_timeout: float, broker: Broker) -> StallWatch:
@@ -89,11 +103,14 @@ class StallWatch:
         """Sleep in steps (at most a second, a quarter of the visibility timeout) and note
         each one (:meth:`woke`), until cancelled: a step that overshot means nothing of this
         worker ran meanwhile, whatever it was waiting on."""
-        step = max(0.05, min(1.0, self.visibility_timeout / 4))
+        step = self.step
+        clocks = host_clocks()
+        self.ticked_at = time.monotonic()
         while True:
-            asleep = time.monotonic()
+            asleep = [clock() for clock in clocks]
             await asyncio.sleep(step)
-            self.woke(step, time.monotonic() - asleep)
+            self.ticked_at = time.monotonic()
+            self.woke(step, max(clock() - at for clock, at in zip(clocks, asleep, strict=True)))
 
     def message(self, slept: float) -> str:
         """The warning of a stall of ``slept`` seconds, in the terms of :attr:`recovery`."""
@@ -108,5 +125,6 @@ class StallWatch:
         if late < max(0.5, self.visibility_timeout / 2):
             return False
         self.stalls += 1
+        self.noticed_at = time.monotonic()
         logger.warning("%s", self.message(slept))
         return True

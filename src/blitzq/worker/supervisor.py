@@ -32,7 +32,11 @@ The supervisor
   loop writes to a pipe every ``heartbeat_timeout / 5`` seconds, at most 1 s): no beat for
   ``heartbeat_timeout`` seconds (before the first beat: ``max(heartbeat_timeout,
   STARTUP_GRACE)`` seconds after the start) means a stopped process or a blocked event loop;
-  the worker's process group is SIGKILLed and the slot restarted as after a crash;
+  the worker's process group is SIGKILLed and the slot restarted as after a crash. A turn of
+  the supervisor's own loop that came far later than it asked for (the whole host or the
+  supervisor was paused: a VM freeze, a suspend, SIGSTOP; :mod:`~blitzq.stall_clock`)
+  judges no one: every worker gets a fresh heartbeat grace (one WARNING says how long the
+  supervisor was paused), and the deadlines of a stop shift by the pause;
 - forwards SIGTERM / SIGINT to every worker (a graceful stop), waits for them, SIGKILLs what is
   left ``shutdown_timeout + 5`` seconds after the signal, and exits 0. A second signal kills at
   once;
@@ -61,6 +65,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
+from ..stall_clock import StallClock, heartbeat_slack
 from .autoscale import Autoscaler, AutoscaleSettings, Sample
 from .cpu import EXIT_FORKSERVER
 from .elastic import Elastic, _Slot
@@ -181,6 +186,8 @@ class Supervisor(Elastic):
         self._groups: dict[int, float] = {}
         self._live_groups: set[int] = set()
         self._guard = Guard(self.env, lambda: self._live_groups | set(self._groups))
+        #: this loop's own pauses (``stall_clock.py``): then no worker is judged.
+        self.stall = StallClock(heartbeat_slack(self.heartbeat_timeout))
 
     # ------------------------------------------------------------------ public
     def run(self) -> int:
@@ -246,6 +253,9 @@ class Supervisor(Elastic):
         while True:
             self._handle_signals()
             now = time.monotonic()
+            paused = self.stall.stalled()
+            if paused:
+                self._resumed(paused, now)
             for slot in self.slots:
                 self._read_beats(slot, now)
                 self._read_progress(slot)
@@ -288,7 +298,28 @@ class Supervisor(Elastic):
                 return 1
             pipes = [s.beat_fd for s in self.slots if s.beat_fd >= 0]
             pipes += [s.progress_fd for s in self.slots if s.progress_fd >= 0]
-            self._wait(wake_r, self._next_deadline(now) - now, pipes)
+            timeout = max(0.0, self._next_deadline(now) - now)
+            self.stall.expect(timeout)
+            self._wait(wake_r, timeout, pipes)
+
+    def _resumed(self, paused: float, now: float) -> None:
+        """This loop did not run for ``paused`` seconds more than it asked: the workers were
+        most likely paused with it (a whole-host freeze), so their silence is not judged.
+        Each worker gets a fresh heartbeat grace from ``now``; the deadlines of a stop (and
+        of ended workers' groups) and the autoscaler's idle times shift by the pause."""
+        logger.warning(
+            "supervisor was paused for %.1f s (the host, or this process, did not run): every "
+            "worker gets a fresh heartbeat grace instead of being judged on a silence it "
+            "likely shared",
+            paused,
+        )
+        for slot in self.slots:
+            slot.beat_at = now
+        if self._kill_at is not None:
+            self._kill_at += paused
+        self._groups = {pgid: at + paused for pgid, at in self._groups.items()}
+        if self.autoscaler is not None:
+            self.autoscaler.paused(paused)
 
     def _next_deadline(self, now: float) -> float:
         deadlines = [now + 1.0]

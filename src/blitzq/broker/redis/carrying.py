@@ -80,16 +80,16 @@ class Carrier:
                 became of the completions was settled first.
         """
         transport = self._transport
-        call = self._state.prepare_complete(completions)
-        if call is None:  # nothing to apply
-            settle([])
+        head = transport.levels_of(queues).head  # None on a cluster (never carried there)
+        call = None if head is None else self._state.prepare_complete(completions)
+        if call is None or head is None:  # nothing to apply, or no carrying: a plain pop
+            settle([] if head is not None else None)
             return await transport.fetch_first(queues, count, 0)
-        keys = [transport.keys.list(q) for q in queues]
-        complete, pop = load("complete"), load("pop_levels")
+        complete = load("complete")
         try:
             done, rows = await self._popper.execute_many(
                 ("EVALSHA", complete.sha, len(call.keys), *call.keys, *call.args),
-                ("EVALSHA", pop.sha, len(keys), *keys, count),
+                (*head, count),
             )
         except BaseException as exc:
             call.failed()

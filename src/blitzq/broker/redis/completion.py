@@ -5,8 +5,8 @@
 that travel as one MessagePack argument; :meth:`~.store.RedisStateStore.complete` sends
 them in one script call. Building a handful of arguments per completion in redis-py cost
 more than the whole server-side work; so does a Python call per record, which the ``"R"``
-entry (a run of plain successes) avoids. The strings of an ``"R"`` entry (entry ids, task
-ids, records) travel as arguments of their own after the fixed ones (from
+entry (a run of plain successes) avoids. The strings of an ``"R"`` entry (entry ids, record
+keys, records) travel as arguments of their own after the fixed ones (from
 :data:`STRINGS_AT`): the server's Lua makes each argument a string once, hashing every
 byte, where a string inside the MessagePack argument would be made twice.
 """
@@ -24,7 +24,14 @@ from ..effects import encode_op
 from ..values import Completion
 from .browse import pack_notes
 
-__all__ = ["GUARD_TTL", "STRINGS_AT", "encode_batch", "encode_entries", "guard_unfenced"]
+__all__ = [
+    "GUARD_TTL",
+    "STRINGS_AT",
+    "encode_batch",
+    "encode_entries",
+    "guard_unfenced",
+    "runs_of",
+]
 
 #: The position (1-based, Lua's ``ARGV``) of the first of a batch's strings: ``complete.lua``
 #: takes 10 arguments before them.
@@ -102,8 +109,22 @@ def guard_unfenced(completions: Sequence[Completion], kind: str) -> str | None:
     return batch
 
 
+def runs_of(tags: bytearray, fenced: bool) -> tuple[int, int, str]:
+    """The runs an ``"R"`` or ``"A"`` entry ends (``complete.lua`` adds them to
+    ``{ns}:stats`` ``processed`` / ``failed``, less its stale ones): the number that
+    succeeded, that failed, and the tally of each (``tags``: ``b"0"`` none, ``b"1"``
+    succeeded, ``b"2"`` failed, one byte per completion, in order), sent only when the entry
+    can have stale completions (``fenced``: stream entries) and its completions differ (the
+    script then subtracts the stale ones' own), else ``""``.
+    """
+    succeeded, failed = tags.count(49), tags.count(50)
+    if not fenced or succeeded == len(tags) or failed == len(tags) or succeeded + failed == 0:
+        return succeeded, failed, ""
+    return succeeded, failed, tags.decode()
+
+
 def encode_batch(
-    completions: Sequence[Completion], kind: str, forget: Sequence[str] = ()
+    completions: Sequence[Completion], kind: str, record_head: str, forget: Sequence[str] = ()
 ) -> tuple[list[Any], list[str | bytes]]:
     """The entries of ``completions`` for ``complete.lua``, in the batch's order, and the
     strings its ``"R"`` entries name (the script's arguments from :data:`STRINGS_AT`).
@@ -112,13 +133,16 @@ def encode_batch(
         completions: the batch.
         kind: the store's write kind (``"s"``, ``"l"`` or ``"o"``): only with ``"s"`` are
             tokens stream entries that the script acks and fences.
+        record_head: the record key of the empty id (``Keys.record("")`` of the script's
+            prefix): an ``"R"`` entry names each record by its key, which the script would
+            otherwise make by concatenation, one Lua string more a task.
         forget: batch ids of guards applied by a first try that was answered (no other try
             of them exists): a ``"G"`` entry deletes their marks.
 
     Returns:
         The entries and the strings. ``"R"`` entries (a run of completions of one queue and
         TTL that only ack and store a record, of generated ids: no ``nonce``; its entry ids,
-        task ids and records are in the strings, the entry gives where), ``"C"`` entries
+        record keys and records are in the strings, the entry gives where), ``"C"`` entries
         (any other completion), ``"A"`` entries (acks without a record, per queue) and
         ``"I"`` entries (the tasks that ended, per queue: their
         :attr:`~blitzq.broker.values.Completion.ended` notes, packed by
@@ -129,17 +153,19 @@ def encode_batch(
     strings: list[str | bytes] = []
 
     def run_entry(queue: str, ttl: int, fenced: bool) -> tuple[Any, ...]:
-        # {"R", queue, ttl, at, nids, n[, "o"]}: ARGV[at...] the ids (or fences), task ids,
-        # records.
+        # {"R", queue, ttl, at, nids, n, succeeded, failed, tags[, "o"]}: ARGV[at...] the
+        # ids (or fences), record keys, records.
         at = STRINGS_AT + len(strings)
         strings.extend(ids)
-        strings.extend(task_ids)
+        strings.extend([record_head + task_id for task_id in task_ids])
         strings.extend(recs)
+        runs = runs_of(run_tags, bool(ids))  # outbox fences can be stale as entry ids can
         if fenced:
-            return ("R", queue, ttl, at, len(ids), len(task_ids), "o")
-        return ("R", queue, ttl, at, len(ids), len(task_ids))
+            return ("R", queue, ttl, at, len(ids), len(task_ids), *runs, "o")
+        return ("R", queue, ttl, at, len(ids), len(task_ids), *runs)
 
     acks: dict[str, list[bytes]] = {}
+    ack_tags: dict[str, bytearray] = {}
     # A run of consecutive completions that only ack and store a record (the common
     # success), of one queue and TTL: sent as one "R" entry, in its place in the batch
     # (a task's "running" record must not land after its final one). In the outbox's kind
@@ -149,6 +175,7 @@ def encode_batch(
     ids: list[bytes] = []
     task_ids: list[str] = []
     recs: list[bytes] = []
+    run_tags = bytearray()  # the tally of each, as "0" / "1" / "2" (see runs_of)
     seen: set[bytes] = set()
     # Only stream entries are acked (and fenced) here; a token of a list completion or of
     # a separate transport (acked by the facade afterwards) is not this store's to touch.
@@ -164,6 +191,7 @@ def encode_batch(
             if not record:
                 if token is not None and streams:
                     acks.setdefault(c.queue, []).append(token)
+                    ack_tags.setdefault(c.queue, bytearray()).append(48 + c.tally)
                 continue
             fence = c.fence if outbox else None
             if (
@@ -179,11 +207,13 @@ def encode_batch(
                     if run_key is not None:
                         entries.append(run_entry(*run_key))
                     run_key, ids, task_ids, recs, seen = key, [], [], [], set()
+                    run_tags = bytearray()
                 if entry_id is not None:
                     ids.append(entry_id)
                     seen.add(entry_id)
                 task_ids.append(c.task_id)
                 recs.append(record)
+                run_tags.append(48 + c.tally)
                 continue
         if run_key is not None:
             entries.append(run_entry(*run_key))
@@ -209,12 +239,14 @@ def encode_batch(
                 *(c.guard or ("", 0, 0)),
                 GUARD_TTL,
                 c.nonce or "",
+                c.tally,
             )
         )
     if run_key is not None:
         entries.append(run_entry(*run_key))
     for queue, tokens in acks.items():
-        entries.append(("A", queue, [t.decode() for t in tokens]))
+        tags = runs_of(ack_tags[queue], True)
+        entries.append(("A", queue, [t.decode() for t in tokens], *tags))
     if ended:
         now = time.time()
         for queue, (cap, ttl, members) in ended.items():

@@ -197,7 +197,7 @@ async def complete_in(
         The stale completions (their delivery is no longer this consumer's): nothing of
         them was written.
     """
-    entries, strings = encode_batch(completions, "s")
+    entries, strings = encode_batch(completions, "s", home.record(""))
     if not entries:
         return []
     stale: Any = await conn.scripts.call(
@@ -380,6 +380,12 @@ class HomedStateStore(SpreadStateStore):
         self.records = HomedRecords(conn, self.kind, held)
         self.control = HomedControl(conn, self.kind)
         self.dead_letter_box = HomedDeadLetters(conn, self.kind)
+
+    def counts(self, completion: Completion) -> bool:
+        """``False``: a homed id's record is written in its queue's slot, apart from
+        ``{ns}:stats`` (another slot on a Redis Cluster), so its run is counted through the
+        worker's registrations (see :meth:`StateStore.counts`)."""
+        return False
 
     async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
         """See :meth:`RedisStateStore.complete`: the namespace part first (everything but the

@@ -159,7 +159,9 @@ TABLE: Final[dict[str, Key]] = {
         "namespace-wide counters: `stale_completions` (completions fenced off), "
         "`dead_letters_skipped` (dead letters not written: the task's record was final), "
         "`counters_reset` (corrupted counters recomputed by the scripts), `processed` / "
-        "`failed` (runs that succeeded / failed, all workers: added by their registrations)"),
+        "`failed` (runs that succeeded / failed, all workers: added with their completions "
+        "by complete.lua, a stale one not counted; runs without a completion write, such as "
+        "fast mode without results, by the workers' registrations)"),
     "queues": Key("queues", "set",
         "queue names producers and workers have used"),
     "workers": Key("workers", "hash",
@@ -174,7 +176,8 @@ TABLE: Final[dict[str, Key]] = {
         "worker key scored by its visibility timeout (seconds): a live worker's leases are "
         "recovered only once idle that long, whatever the recoverer's own timeout"),
     "worker_counts": Key("workers:counts", "hash",
-        "worker key to `<processed> <failed>`: its counts that reached `stats` so far"),
+        "worker key to `<processed> <failed>`: its counts that reached `stats` so far "
+        "through its registrations (its runs no completion write counted)"),
     "scale": Key("scale", "hash",
         "autoscale setpoint of the namespace's supervisors: `min`, `max` processes, `at` (s)"),
     "scale_group": Key("scale:g:<group>", "hash",

@@ -16,7 +16,9 @@ nothing to hand back.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
+
+from redis.exceptions import NoScriptError
 
 from ...exceptions import ConfigurationError
 from ...limits import CHUNK_ITEMS
@@ -25,7 +27,29 @@ from .client import translate_errors, wrong_type
 from .connection import RedisConnection, RedisPart
 from .popping import Popper
 from .replicas import enqueuing
-from .scripts import Scripts
+from .scripts import Scripts, load
+
+#: Tuples of queues whose :class:`Levels` a transport keeps (a worker's fetch loops use a
+#: few: each queue's levels, less any set aside); past it the cache starts again.
+_LEVELS_KEPT = 64
+
+_new = tuple.__new__
+
+
+class Levels(NamedTuple):
+    """What a pop over some lists needs, made once per tuple of queues (see
+    :meth:`ListsTransport.levels_of`).
+
+    Attributes:
+        keys: the lists' keys, in the queues' order.
+        by_key: each key's queue, by the key's bytes (the list a ``BLMPOP`` reply names).
+        head: ``EVALSHA <pop_levels> <n> <keys>...`` without the count, or ``None`` on a
+            cluster (its scripts route the call).
+    """
+
+    keys: list[str]
+    by_key: dict[bytes, str]
+    head: tuple[Any, ...] | None
 
 
 class ListsTransport(RedisPart, Transport):
@@ -48,6 +72,9 @@ class ListsTransport(RedisPart, Transport):
         # Every pop goes through the popper: a pause or a stall cannot drop its reply.
         self.popper = Popper(self.client)
         self._pop_scripts = self.scripts if conn.cluster else Scripts(self.popper)
+        #: Per tuple of queues (a fetch loop's levels): what a pop over them needs, made
+        #: once instead of at every pop.
+        self._levels: dict[tuple[str, ...], Levels] = {}
 
     @translate_errors
     @enqueuing
@@ -86,6 +113,35 @@ class ListsTransport(RedisPart, Transport):
             return []
         return [Delivery(queue, None, item, 1) for item in items]
 
+    def levels_of(self, queues: Sequence[str]) -> Levels:
+        """The :class:`Levels` of ``queues`` (physical queue names, most urgent first),
+        made on first use; at most :data:`_LEVELS_KEPT` tuples are kept."""
+        names = tuple(queues)
+        levels = self._levels.get(names)
+        if levels is None:
+            if len(self._levels) >= _LEVELS_KEPT:
+                self._levels.clear()
+            keys = [self.keys.list(q) for q in names]
+            by_key = dict(zip((k.encode() for k in keys), names, strict=True))
+            script = load("pop_levels")
+            head = None if self.conn.cluster else ("EVALSHA", script.sha, len(keys), *keys)
+            levels = self._levels[names] = Levels(keys, by_key, head)
+        return levels
+
+    async def _pop_levels(self, levels: Levels, count: int) -> Any:
+        """``pop_levels.lua`` over ``levels``, at most ``count`` messages: the cached command
+        through the popper (loading the script where the server lacks it), or the cluster's
+        scripts."""
+        head = levels.head
+        if head is None:
+            return await self._pop_scripts.call("pop_levels", keys=levels.keys, args=[count])
+        pop = self.popper.execute_command
+        try:
+            return await pop(*head, count)
+        except NoScriptError:
+            await self.popper.script_load(load("pop_levels").source)
+            return await pop(*head, count)
+
     @translate_errors
     async def fetch_first(
         self, queues: Sequence[str], count: int, timeout: float, *, look_first: bool = True
@@ -93,20 +149,21 @@ class ListsTransport(RedisPart, Transport):
         """Pop from the lists in order in one script call; block on all of them at once (at
         once, without the script, when ``look_first`` is false and ``timeout`` > 0: BLMPOP
         pops from the first non-empty list, so the order holds)."""
-        keys = [self.keys.list(q) for q in queues]
+        levels = self.levels_of(queues)
         rows: list[Any] = []  # the caller's script just found every list empty
         if look_first or timeout <= 0:
-            rows = await self._pop_scripts.call("pop_levels", keys=keys, args=[count])
-        if len(rows) > len(keys) or timeout <= 0:
+            rows = await self._pop_levels(levels, count)
+        if len(rows) > len(queues) or timeout <= 0:
             return self.deliveries(queues, rows)
+        keys = levels.keys
         block = self.block_for(timeout)
         reply = await self.popper.execute_command(
             "BLMPOP", block, len(keys), *keys, "LEFT", "COUNT", 1, block=block
         )
         if not reply:
             return []
-        queue = queues[[k.encode() for k in keys].index(reply[0])]
-        return [Delivery(queue, None, item, 1) for item in reply[1]]
+        queue = levels.by_key[reply[0]]
+        return [_new(Delivery, (queue, None, item, 1)) for item in reply[1]]
 
     @staticmethod
     def deliveries(queues: Sequence[str], rows: list[Any]) -> list[Delivery]:
@@ -117,8 +174,10 @@ class ListsTransport(RedisPart, Transport):
         start = n
         for queue, taken in zip(queues, rows[:n], strict=True):
             if taken:
-                out += [Delivery(queue, None, item, 1) for item in rows[start : start + taken]]
-                start += taken
+                end = start + taken
+                # Delivery(...) without the NamedTuple's Python __new__ (one per message).
+                out += [_new(Delivery, (queue, None, item, 1)) for item in rows[start:end]]
+                start = end
         return out
 
     @property
@@ -145,7 +204,7 @@ class ListsTransport(RedisPart, Transport):
         if not reply:
             return []
         queue = queues[[k.encode() for k in keys].index(reply[0])]
-        return [Delivery(queue, None, item, 1) for item in reply[1]]
+        return [_new(Delivery, (queue, None, item, 1)) for item in reply[1]]
 
     async def unblock(self) -> bool:
         """Wake the :meth:`block_first` in flight (``CLIENT UNBLOCK``; it pops nothing)."""

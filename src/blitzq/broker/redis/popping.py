@@ -17,9 +17,10 @@ reply late by more than that lost its messages. Two ways that happened (issue 28
   is longer), so no client deadline is ever shorter than the server's block, and a stall
   of the network shorter than that costs time, not messages: only a connection that died
   ends it (TCP keepalive finds a peer gone silent in about 45 s anyway);
-- it counts only the time the event loop ran: it is checked every :data:`TICK` seconds, and
-  a check that comes late (the process was stopped, or the loop blocked) counts as one tick
-  and never ends the read, so a reply that arrived meanwhile is read first;
+- it counts only the time the event loop ran: it is checked every :data:`TICK` seconds (one
+  timer per event loop checks every read in flight, :class:`_Watch`, not one timer per
+  pop), and a check that comes late (the process was stopped, or the loop blocked) counts as
+  one tick and never ends the read, so a reply that arrived meanwhile is read first;
 - when it does end the read (no reply for that long while the worker ran), the connection
   is closed, never reused: a reply still on its way cannot be read as the answer to another
   command. Its messages are lost then, as on a connection that died after the server
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import weakref
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -49,34 +51,82 @@ REPLY_WAIT = 30.0
 TICK = 0.5
 
 
-class _Deadline:
-    """Ends ``scope`` (an ``asyncio.timeout``) once ``budget`` seconds of the event loop's
-    running time have passed; see the module docstring."""
+class _Watch:
+    """The deadlines of every read in flight on one event loop, checked together every
+    :data:`TICK` seconds by one timer (see the module docstring).
 
-    __slots__ = ("_at", "_handle", "_left", "_loop", "_scope")
+    A read registers its ``asyncio.timeout`` scope and budget (:meth:`add`) and removes them
+    when it ends (:meth:`discard`): no timer of its own is made and cancelled per read (a
+    drain pops thousands of times a second, each pop's timer a heap entry). Each check
+    charges every read the loop's running time since it was last charged; a check at least
+    twice as late as asked (the process was stopped, or the loop blocked) charges each one
+    :data:`TICK` and ends none, so a reply that came meanwhile is read first. A read whose
+    budget is spent at a check on time is ended (``scope.reschedule``: ``asyncio.timeout``
+    raises in it). The timer is armed while any read is in flight.
+    """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, scope: asyncio.Timeout, budget: float):
-        self._loop = loop
-        self._scope = scope
-        self._left = budget
-        self._at = loop.time()
-        self._handle = loop.call_at(self._at + min(TICK, budget), self._check)
+    __slots__ = ("_armed", "_at", "_reads")
 
-    def _check(self) -> None:
-        now = self._loop.time()
-        ran, self._at = now - self._at, now
-        late = ran > 2 * TICK
-        self._left -= TICK if late else ran
-        if self._left <= 0 and not late:
-            self._scope.reschedule(now)  # ends the read now: asyncio.timeout raises
-            return
-        # After a late check, a whole tick: the reply that came meanwhile is read first.
-        wait = TICK if late else min(TICK, max(self._left, 0.01))
-        self._handle = self._loop.call_at(now + wait, self._check)
+    def __init__(self) -> None:
+        #: Each read's scope -> [seconds of its budget left, when it was last charged].
+        self._reads: dict[asyncio.Timeout, list[float]] = {}
+        self._armed = False
+        self._at = 0.0  # when the timer was armed (a check later than 2 TICK is late)
 
-    def cancel(self) -> None:
-        """Stop checking (the read ended)."""
-        self._handle.cancel()
+    def add(self, loop: asyncio.AbstractEventLoop, scope: asyncio.Timeout, budget: float) -> None:
+        """Watch the read of ``scope`` for ``budget`` seconds of ``loop``'s running time."""
+        now = loop.time()
+        self._reads[scope] = [budget, now]
+        if not self._armed:
+            self._armed = True
+            self._at = now
+            loop.call_at(now + min(TICK, budget), self._check, loop)
+
+    def discard(self, scope: asyncio.Timeout) -> None:
+        """Stop watching the read of ``scope`` (it ended, or was ended)."""
+        self._reads.pop(scope, None)
+
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        late = now - self._at > 2 * TICK
+        wait = TICK
+        for scope, left in list(self._reads.items()):
+            left[0] -= TICK if late else now - left[1]
+            left[1] = now
+            if late:
+                continue  # a whole tick: the reply that came meanwhile is read first
+            if left[0] <= 0:
+                del self._reads[scope]
+                scope.reschedule(now)  # ends the read now: asyncio.timeout raises
+            else:
+                wait = min(wait, max(left[0], 0.01))
+        self._armed = bool(self._reads)
+        if self._armed:
+            self._at = now
+            loop.call_at(now + wait, self._check, loop)
+
+
+#: The :class:`_Watch` of each event loop (a loop's watch holds no reference to it).
+_watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watch] = weakref.WeakKeyDictionary()
+#: The loop last asked for and its watch (most processes run one loop: no weak lookup).
+_last: tuple[weakref.ReferenceType[asyncio.AbstractEventLoop], _Watch] | None = None
+
+
+def _watch(loop: asyncio.AbstractEventLoop) -> _Watch:
+    """``loop``'s :class:`_Watch` (made on first use); a loop that takes no weak reference
+    gets a watch of its own per read (one timer per read, as a watch of one read is)."""
+    global _last
+    last = _last
+    if last is not None and last[0]() is loop:
+        return last[1]
+    try:
+        watch = _watches.get(loop)
+        if watch is None:
+            watch = _watches[loop] = _Watch()
+        _last = (weakref.ref(loop), watch)
+    except TypeError:  # no weak reference to this loop's class
+        return _Watch()
+    return watch
 
 
 class Popper:
@@ -164,7 +214,7 @@ class Popper:
 
 async def send_and_read(conn: Any, args: tuple[Any, ...], budget: float) -> Any:
     """Send ``args`` on connection ``conn`` and read its raw reply, within ``budget`` seconds
-    of the event loop's running time (see :class:`_Deadline`); past it the connection is
+    of the event loop's running time (see :class:`_Watch`); past it the connection is
     closed and :class:`redis.exceptions.TimeoutError` raised."""
     await conn.send_command(*args)
     return (await _read(conn, (args,), budget))[0]
@@ -186,10 +236,11 @@ async def _read(
     :func:`send_and_read`); ``errors``: an error reply is returned in its place, else
     raised."""
     loop = asyncio.get_running_loop()
+    watch = _watch(loop)
     replies: list[Any] = []
     try:
         async with asyncio.timeout(None) as scope:
-            deadline = _Deadline(loop, scope, budget)
+            watch.add(loop, scope, budget)
             try:
                 for _ in commands:
                     # math.inf: no read timeout of redis-py's own (redis-py closes the
@@ -201,7 +252,7 @@ async def _read(
                             raise
                         replies.append(error)
             finally:
-                deadline.cancel()
+                watch.discard(scope)
     except TimeoutError:
         await conn.disconnect(nowait=True)
         raise RedisTimeoutError(

@@ -2,9 +2,9 @@
 
 - :func:`load` reads a script once per process: its text, with each line
   ``--@include <file>.lua`` replaced by that file's text (shared functions such as the
-  dead-letter retention of ``dead_letters.lua``) and its ``KEY`` calls expanded
-  (:func:`expand_keys`), and its SHA1 digest. Every broker of the process shares that
-  :class:`Script`.
+  dead-letter retention of ``dead_letters.lua``), its ``KEY`` calls expanded
+  (:func:`expand_keys`) and its comment lines emptied (:func:`strip_comments`), and its SHA1
+  digest. Every broker of the process shares that :class:`Script`.
 - The scripts build every key name with ``KEY.<name>(prefix, <parts>...)``, which the loader
   replaces by the concatenation ``keys.TABLE`` gives (``KEY.record(prefix, id)`` becomes
   ``(prefix .. 't:' .. id)``, the name ``Keys(ns).record(id)`` makes in Python): a key's
@@ -112,6 +112,22 @@ def expand_keys(text: str) -> str:
     return out
 
 
+def strip_comments(text: str) -> str:
+    """``text`` with each line that holds only a comment (``--`` after spaces) made empty.
+
+    Half the text of the shipped scripts is comments, which the server would hash (the
+    script's SHA1) and read through at every ``SCRIPT LOAD`` -- each worker's start, and
+    each time a server lost its scripts. The lines stay (empty), so a line number in a
+    server's error still points at the expanded text's line. A comment after code on the
+    same line stays: it could be inside a string. (The scripts hold no long strings,
+    ``[[ ... ]]``, whose lines could start with ``--``.)
+
+    Args:
+        text: Lua source.
+    """
+    return "\n".join("" if line.lstrip().startswith("--") else line for line in text.split("\n"))
+
+
 def load(name: str) -> Script:
     """The script ``lua/<name>.lua``, read and hashed once per process.
 
@@ -125,7 +141,7 @@ def load(name: str) -> Script:
     """
     script = _loaded.get(name)
     if script is None:
-        source = expand_keys(_read(f"{name}.lua"))
+        source = strip_comments(expand_keys(_read(f"{name}.lua")))
         script = Script(name, source, hashlib.sha1(source.encode()).hexdigest())
         _loaded[name] = script
     return script

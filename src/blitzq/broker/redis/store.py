@@ -188,6 +188,22 @@ class RedisStateStore(StateStore):
         return is_replicated(client) or getattr(client, "replicas", None) is not None
 
     # ------------------------------------------------------------ completions
+    def counts(self, completion: Completion) -> bool:
+        """``True`` when ``complete.lua`` writes anything for ``completion`` (a record, a
+        retry, a dead letter, a requeue, ops, or the ack of a stream entry): it then adds the
+        completion's run (:attr:`~blitzq.broker.values.Completion.tally`) to ``{ns}:stats``
+        ``processed`` / ``failed`` in the same script as those writes, not when the
+        completion is stale. See :meth:`StateStore.counts`."""
+        c = completion
+        return bool(
+            c.record
+            or c.reschedule is not None
+            or c.dead_letter is not None
+            or c.requeue is not None
+            or c.ops
+            or (c.token is not None and self.kind == "s")
+        )
+
     async def complete_durably(self, completions: Sequence[Completion]) -> list[Completion]:
         """:meth:`complete`, each write waited for by the primary's replicas that exist (at
         least one, ``wait_replicas`` if more) on a ``redis+sentinel://`` store
@@ -244,11 +260,11 @@ class RedisStateStore(StateStore):
         """
         fresh = guard_unfenced(completions, self.kind)
         forget, self._settled = self._settled, []
-        entries, strings = encode_batch(completions, self.kind, forget)
+        keys, conn = self.keys, self.conn
+        entries, strings = encode_batch(completions, self.kind, keys.record(""), forget)
         if not entries:
             self._settled = forget
             return None
-        keys, conn = self.keys, self.conn
         args = [
             keys.prefix,
             GROUP,

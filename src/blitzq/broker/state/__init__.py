@@ -109,6 +109,21 @@ class StateStore(abc.ABC):
     itself, or writes nothing into queues."""
 
     # ------------------------------------------------------------ completions
+    def counts(self, completion: Completion) -> bool:
+        """Whether :meth:`complete` adds ``completion``'s run (its
+        :attr:`~blitzq.broker.values.Completion.tally`) to the namespace's ``processed`` /
+        ``failed`` counters (``registry.counters``) in the same atomic step as its writes.
+
+        ``False`` (the default): the store writes nothing for it, or cannot count it with its
+        writes; the worker then adds the run to those counters through its registrations
+        (``registry.register_worker``), about once a second, so a killed worker's last
+        second of such runs is not counted.
+
+        Args:
+            completion: a completion the worker is about to hand to :meth:`complete`.
+        """
+        return False
+
     @abc.abstractmethod
     async def complete(self, completions: Sequence[Completion]) -> list[Completion]:
         """Apply completions; each one atomically, a batch in as few round-trips as possible.

@@ -20,14 +20,17 @@
 -- strings of the "R" entries (below), each an argument of its own: Lua makes (and hashes
 -- every byte of) each string it is given once, where a string inside ARGV[4] would be made
 -- twice (the argument, then its unpacked copy). The batch's entries:
---   {"A", queue, {id1, id2, ...}}   reliable acks without anything else (XACK + XDEL)
---   {"R", queue, ttl, at, nids, n[, "o"]}   n completions that only ack (nids stream entry
---     ids: n, or 0 for a list or the outbox; with "o": n outbox fences, checked as a "C"
---     entry's) and store a record (the common success):
---     ARGV[at .. at+nids-1] the entry ids, the next n the task ids, the next n the records;
---     one XACK and one XDEL (or XTRIM) for all, then SET + PUBLISH per record, as "C"
+--   {"A", queue, {id1, id2, ...}, p, f, tags}   reliable acks without anything else (XACK +
+--     XDEL); p, f, tags: the runs they end (see Runs below)
+--   {"R", queue, ttl, at, nids, n, p, f, tags[, "o"]}   n completions that only ack (nids
+--     stream entry ids: n, or 0 for a list or the outbox; with "o": n outbox fences, checked
+--     as a "C" entry's) and store a record (the common success):
+--     ARGV[at .. at+nids-1] the entry ids, the next n the record keys (<prefix>t:<task_id>:
+--     made by the client, not concatenated here a task at a time), the next n the records;
+--     one XACK and one XDEL (or XTRIM) for all, then SET + PUBLISH per record, as "C";
+--     p, f, tags: the runs they end (see Runs below)
 --   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops,
---    fence, guard, index, size, guard_ttl, nonce}
+--    fence, guard, index, size, guard_ttl, nonce, tally}
 --     kind "s" (stream), "l" (list) or "o" (the outbox of a store paired with a foreign
 --     transport: every message written goes there, whatever an op names); "" means absent;
 --     ttl in seconds; eta is the
@@ -65,7 +68,7 @@
 --   {ns}:tks          ZCARD, ZRANGE, ZMSCORE, ZSCORE (kind "o" with a fence: RabbitMQ): the
 --                     task ids with a take
 --   {ns}:tk:<task_id>:<digest>  HGET o: the latest take of a RabbitMQ message copy
---   {ns}:stats        HINCRBY stale_completions, dead_letters_skipped
+--   {ns}:stats        HINCRBY stale_completions, dead_letters_skipped, processed, failed
 --   {ns}:cg:<guard>   EXISTS, HGET, HSET or HSETNX, EXPIRE of a "C" entry's guard (see
 --                     above), DEL of a "G" entry's
 --   {ns}:ended:<queue>, {ns}:endnotes:<queue>  HSET of the notes, ZADD, ZREM, HDEL, EXPIRE
@@ -93,6 +96,12 @@
 -- earlier delivery whose ack was lost, or a cancel's record) applies nothing but its ack --
 -- no record, dead letter, reschedule, requeue or op -- and adds 1 to the counter
 -- {ns}:stats dead_letters_skipped. One GET per such entry (dead letters are rare).
+-- Runs: the batch adds the runs its applied completions end to {ns}:stats processed
+-- (succeeded) and failed (an attempt that raised, retried or not, or a message rejected
+-- before it ran), one HINCRBY each per batch, only when some: a "C" entry's tally (1
+-- succeeded, 2 failed, 0 none), an "R" or "A" entry's p succeeded and f failed, less its
+-- stale ones (tags: each completion's tally as "0" / "1" / "2", in order, or "" when they
+-- are all alike). A stale completion, and a dead letter skipped as above, counts nothing.
 -- Returns the stale completions as {queue, token} pairs (an empty array when none).
 local prefix, group, cap = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local batch = cmsgpack.unpack(ARGV[4])
@@ -114,10 +123,11 @@ local stale = {}
 local revoked = KEY.revoked(prefix)
 local marks = redis.call('EXISTS', revoked) == 1
 
--- Whether a cancel's 'cancelled' record of task_id stands against record (see above).
-local function cancel_stands(task_id, record)
+-- Whether a cancel's 'cancelled' record of task_id (key: its record's key) stands against
+-- record (see above).
+local function cancel_stands(task_id, key, record)
   if not marks or not redis.call('ZSCORE', revoked, task_id) then return false end
-  local stored = redis.call('GET', KEY.record(prefix, task_id))
+  local stored = redis.call('GET', key)
   if not stored then return false end
   local ok, old = pcall(cmsgpack.unpack, stored)
   if not ok or type(old) ~= 'table' or old['state'] ~= 'cancelled' then return false end
@@ -136,20 +146,47 @@ local function owns(task_id, nonce, ttl)
   return true
 end
 
--- SET a task's record (EX ttl) and PUBLISH it (or '1' when large; quiet: only to an announced
--- waiter), unless a cancel stands or (nonce given) a newer enqueue of the id owns the record.
-local function store(task_id, record, ttl, nonce)
-  if nonce and nonce ~= '' and not owns(task_id, nonce, ttl) then return end
-  if marks and cancel_stands(task_id, record) then return end
-  redis.call('SET', KEY.record(prefix, task_id), record, 'EX', ttl)
-  if quiet and redis.call('EXISTS', KEY.waiter(prefix, task_id)) == 0 then return end
-  if heard and not heard[task_id] then return end
+-- The record keys' common head (the key of the empty id), and the task id of a record key.
+local empty = ''
+local record_head = KEY.record(prefix, empty)
+local function task_of(key)
+  return string.sub(key, #record_head + 1)
+end
+
+local rpcall = redis.pcall  -- a local: no global lookup a task
+
+-- PUBLISH record (or '1' when large) on the done channel of the task of key (task_id: its
+-- id, or nil: made from key).
+local function announce(key, record, task_id)
+  task_id = task_id or task_of(key)
   local channel = KEY.done_channel(prefix, task_id)
   if #record <= inline_max then
     redis.call('PUBLISH', channel, record)
   else  -- a big body would overflow the subscriber's output buffer: announce only
     redis.call('PUBLISH', channel, '1')
   end
+end
+
+-- SET a task's record under key (EX ttl) and PUBLISH it (or '1' when large; quiet: only to
+-- an announced waiter), unless a cancel stands or (nonce given) a newer enqueue of the id
+-- owns the record. task_id: the id, or nil (an "R" entry's: made from key only when needed).
+-- SET ... GET: the reply is the old record (nil, made a Lua false, for a task's first),
+-- where a plain SET's +OK is made a Lua table at every call; a key of another type (GET
+-- refuses it) is written over by a plain SET, as before.
+local function store(key, task_id, record, ttl, nonce)
+  if nonce and nonce ~= '' and not owns(task_id, nonce, ttl) then return end
+  if marks then
+    task_id = task_id or task_of(key)
+    if cancel_stands(task_id, key, record) then return end
+  end
+  local old = rpcall('SET', key, record, 'EX', ttl, 'GET')
+  if old and old.err then redis.call('SET', key, record, 'EX', ttl) end
+  if quiet then
+    task_id = task_id or task_of(key)
+    if redis.call('EXISTS', KEY.waiter(prefix, task_id)) == 0 then return end
+  end
+  if heard and not heard[key] then return end
+  announce(key, record, task_id)
 end
 
 -- The done channels of prefix that have a subscriber (channel -> true), from one PUBSUB
@@ -173,26 +210,36 @@ local function done_subscribed(most)
   return subscribed
 end
 
--- Fill heard with the task ids of the batch's records whose done channel has a subscriber:
+-- Fill heard with the record keys of the batch's records whose done channel has a subscriber:
 -- from 64 records on, by done_subscribed (INFO costs about what NUMSUB costs for 16
 -- channels; a batch nobody waits for then makes no channel name), else (or when it cannot
 -- tell) one PUBSUB NUMSUB per 1000 channels (its reply is in the order asked).
 local function listen(entries)
-  local ids = {}
+  local total = 0  -- counted first: a batch nobody waits for makes no list of its ids
+  for _, c in ipairs(entries) do
+    if c[1] == 'R' then
+      total = total + c[6]
+    elseif c[1] == 'C' and c[6] ~= '' then
+      total = total + 1
+    end
+  end
+  local subscribed = total >= 64 and done_subscribed(total) or nil
+  if subscribed and next(subscribed) == nil then return end
+  local ids, keys = {}, {}  -- task ids and their record keys
   for _, c in ipairs(entries) do
     if c[1] == 'R' then
       for i = c[4] + c[5], c[4] + c[5] + c[6] - 1 do
-        ids[#ids + 1] = ARGV[i]
+        keys[#keys + 1] = ARGV[i]
+        ids[#ids + 1] = task_of(ARGV[i])
       end
     elseif c[1] == 'C' and c[6] ~= '' then
       ids[#ids + 1] = c[5]
+      keys[#keys + 1] = KEY.record(prefix, c[5])
     end
   end
-  local subscribed = #ids >= 64 and done_subscribed(#ids) or nil
   if subscribed then
-    if next(subscribed) == nil then return end
-    for _, task_id in ipairs(ids) do
-      if subscribed[KEY.done_channel(prefix, task_id)] then heard[task_id] = true end
+    for i, task_id in ipairs(ids) do
+      if subscribed[KEY.done_channel(prefix, task_id)] then heard[keys[i]] = true end
     end
     return
   end
@@ -205,7 +252,7 @@ local function listen(entries)
     local e = math.min(#channels, s + 999)
     local counts = redis.call('PUBSUB', 'NUMSUB', unpack(channels, s, e))
     for j = 2, #counts, 2 do
-      if counts[j] > 0 then heard[ids[s + j / 2 - 1]] = true end
+      if counts[j] > 0 then heard[keys[s + j / 2 - 1]] = true end
     end
     s = e + 1
   end
@@ -233,7 +280,8 @@ local function taken_by_another(queue, task_id, fence, listed)
   return true
 end
 
--- Which of ARGV[first..last] (task ids) have a take listed in {ns}:tks (position -> true).
+-- Which of ARGV[first..last] (record keys) have a take of their task listed in {ns}:tks
+-- (position -> true).
 -- A small set (a listpack: ZSCORE scans it) is read whole once per batch into a Lua table;
 -- a large one (a hash table) is asked with one ZMSCORE per 1000 ids (a ZSCORE each where
 -- ZMSCORE is unknown: Redis < 6.2).
@@ -252,17 +300,19 @@ local function listed_takes(first, last)
   end
   if listed_ids then
     for i = first, last do
-      if listed_ids[ARGV[i]] then found[i] = true end
+      if listed_ids[task_of(ARGV[i])] then found[i] = true end
     end
     return found
   end
   local s = first
   while s <= last do
     local e = math.min(last, s + 999)
-    local scores = redis.pcall('ZMSCORE', takes, unpack(ARGV, s, e))
+    local ids = {}
+    for i = s, e do ids[i - s + 1] = task_of(ARGV[i]) end
+    local scores = redis.pcall('ZMSCORE', takes, unpack(ids))
     if type(scores) == 'table' and scores.err then
       scores = {}
-      for i = s, e do scores[i - s + 1] = redis.call('ZSCORE', takes, ARGV[i]) end
+      for i = 1, #ids do scores[i] = redis.call('ZSCORE', takes, ids[i]) end
     end
     for i = s, e do
       if scores[i - s + 1] then found[i] = true end
@@ -540,16 +590,31 @@ local function ended(c)
   recent_add(KEY.ended(prefix, c[2]), KEY.ended_notes(prefix, c[2]), tonumber(c[3]), c[4], c[5])
 end
 
+-- Runs: the batch's runs that succeeded / failed, added to {ns}:stats processed / failed
+-- at the end: an "R" or "A" entry's p and f less its stale ones (lost: their positions,
+-- from first; tags: each one's tally, "" when all are alike), an applied "C" entry's tally.
+local ran = {0, 0}
+local function ran_entry(p, f, tags, lost, first)
+  if lost then
+    for pos in pairs(lost) do
+      local t = tags ~= '' and string.byte(tags, pos - first + 1) - 48
+        or (p > 0 and 1 or (f > 0 and 2 or 0))
+      if t == 1 then p = p - 1 elseif t == 2 then f = f - 1 end
+    end
+  end
+  ran[1], ran[2] = ran[1] + p, ran[2] + f
+end
+
 local function records(c)
   -- the TTL made a string once: redis.call formats a number argument at every call
   local queue, ttl, at, nids, n = c[2], tostring(c[3]), c[4], c[5], c[6]
   local lost = nil
-  local ids_at, recs_at = at + nids, at + nids + n
-  if c[7] == 'o' then  -- the ids are outbox fences (RabbitMQ), checked as a "C" entry's
-    local listed = listed_takes(ids_at, ids_at + nids - 1)
+  local keys_at, recs_at = at + nids, at + nids + n
+  if c[10] == 'o' then  -- the ids are outbox fences (RabbitMQ), checked as a "C" entry's
+    local listed = listed_takes(keys_at, keys_at + nids - 1)
     for i = 0, nids - 1 do
-      local task_id = ARGV[ids_at + i]
-      if listed[ids_at + i] and taken_by_another(queue, task_id, ARGV[at + i], true) then
+      if listed[keys_at + i]
+          and taken_by_another(queue, task_of(ARGV[keys_at + i]), ARGV[at + i], true) then
         lost = lost or {}
         lost[at + i] = true
       end
@@ -557,10 +622,21 @@ local function records(c)
   elseif nids > 0 then
     lost = ack(KEY.stream(prefix, queue), ARGV, at, at + nids - 1, queue)
   end
-  for i = 0, n - 1 do
-    if lost == nil or not lost[at + i] then
-      store(ARGV[ids_at + i], ARGV[recs_at + i], ttl)
+  ran_entry(c[7], c[8], c[9], lost, at)  -- runs
+  if lost ~= nil or marks or quiet or heard == nil then
+    for i = 0, n - 1 do
+      if lost == nil or not lost[at + i] then
+        store(ARGV[keys_at + i], nil, ARGV[recs_at + i], ttl)
+      end
     end
+    return
+  end
+  -- The common case, store() inlined: nothing stale, no cancel mark, a waiter known by heard
+  for i = 0, n - 1 do
+    local key, record = ARGV[keys_at + i], ARGV[recs_at + i]
+    local old = rpcall('SET', key, record, 'EX', ttl, 'GET')
+    if old and old.err then redis.call('SET', key, record, 'EX', ttl) end
+    if heard[key] then announce(key, record) end
   end
 end
 
@@ -585,7 +661,7 @@ end
 for _, c in ipairs(batch) do
   local err = nil
   if c[1] == 'R' then
-    if c[5] > 0 and c[7] ~= 'o' then err = wrong(KEY.stream(prefix, c[2]), 'stream') end
+    if c[5] > 0 and c[10] ~= 'o' then err = wrong(KEY.stream(prefix, c[2]), 'stream') end
   elseif c[1] == 'A' then
     err = wrong(KEY.stream(prefix, c[2]), 'stream')
   elseif c[1] == 'I' then
@@ -624,7 +700,8 @@ for _, c in ipairs(batch) do
   if c[1] == 'R' then
     records(c)
   elseif c[1] == 'A' then
-    ack(KEY.stream(prefix, c[2]), c[3], 1, #c[3], c[2])
+    local lost = ack(KEY.stream(prefix, c[2]), c[3], 1, #c[3], c[2])
+    ran_entry(c[4], c[5], c[6], lost, 1)  -- runs
   elseif c[1] == 'I' then
     ended(c)
   elseif c[1] == 'G' then
@@ -659,9 +736,10 @@ for _, c in ipairs(batch) do
       -- over already: the final record stands, nothing but the ack applies (see above)
       dead_skipped = dead_skipped + 1
       record, reschedule, dead, requeue, ops = '', '', '', '', ''
+      c[19] = 0  -- runs: no run counted
     end
     if record ~= '' then
-      store(task_id, record, ttl, c[18])
+      store(KEY.record(prefix, task_id), task_id, record, ttl, c[18])
     end
     if reschedule ~= '' then
       -- Due on the server's clock, never the worker's: TIME + the delay sent.
@@ -695,6 +773,7 @@ for _, c in ipairs(batch) do
         OPS[op[1]](op, kind)  -- known: checked above
       end
     end
+    if c[19] == 1 or c[19] == 2 then ran[c[19]] = ran[c[19]] + 1 end  -- runs
   end
 end
 
@@ -713,5 +792,7 @@ local function count(field, n)
   end
 end
 if #stale > 0 then count('stale_completions', #stale) end
+if ran[1] > 0 then count('processed', ran[1]) end  -- runs
+if ran[2] > 0 then count('failed', ran[2]) end  -- runs
 if dead_skipped > 0 then count('dead_letters_skipped', dead_skipped) end
 return stale
