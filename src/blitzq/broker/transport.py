@@ -118,7 +118,9 @@ class Delivery(NamedTuple):
         unsure: ``deliveries`` counts one delivery that may never have run: RabbitMQ's
             first delivery of a redelivered copy, which a worker may only have prefetched
             (``broker/amqp/redelivered.py``). The worker then counts it as an attempt only
-            while that does not take the run past its task's last attempt.
+            while that does not take the run past its task's last attempt. Read it only
+            for a redelivery (``deliveries`` > 1): fast mode's lists make their deliveries
+            as bare 4-tuples, without it.
     """
 
     queue: str

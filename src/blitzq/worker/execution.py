@@ -111,8 +111,10 @@ class Job:
         self.envelope = envelope
         self.task = task
         attempt = envelope.attempt + delivery.deliveries - 1
-        if delivery.unsure and attempt > max(envelope.attempt, task.max_attempts):
-            attempt -= 1  # a delivery that may never have run counts no attempt past the last
+        # A delivery that may never have run counts no attempt past the last (a redelivery
+        # only: fast mode's deliveries are 4-tuples made without the field).
+        if attempt > envelope.attempt and attempt > task.max_attempts and delivery.unsure:
+            attempt -= 1
         self.attempt = attempt
         self.started_at = 0.0
         self.handle: Any = None
