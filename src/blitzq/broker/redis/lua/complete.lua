@@ -299,6 +299,7 @@ local function listed_takes(first, last)
     end
   end
   if listed_ids then
+    if next(listed_ids) == nil then return found end  -- no take in the namespace
     for i = first, last do
       if listed_ids[task_of(ARGV[i])] then found[i] = true end
     end
