@@ -28,7 +28,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from blitzq import Queue, current_task
+from blitzq import Queue, RetryPolicy, current_task
 from blitzq.broker.redis.cluster import split_layout
 
 #: Names of the tasks (explicit, so the test process and the workers agree).
@@ -37,6 +37,7 @@ BLOCKING = "rel.blocking"
 POISON = "rel.poison"
 QUIET = "rel.quiet"
 FENCED = "rel.fenced"
+SLOWFAIL = "rel.slowfail"
 #: ``work`` declared ``mode="fast"`` (registered with ``build_queue(..., fast_task=True)``).
 FAST_WORK = "rel.fast_work"
 
@@ -97,7 +98,7 @@ def build_queue(
 
     Returns:
         The Queue; its tasks are in ``queue.tasks`` under :data:`WORK`, :data:`QUIET`,
-        :data:`BLOCKING`, :data:`POISON` and :data:`FENCED`.
+        :data:`BLOCKING`, :data:`POISON`, :data:`FENCED` and :data:`SLOWFAIL`.
     """
     queue = Queue(
         redis_url=url,
@@ -181,6 +182,13 @@ def build_queue(
             if fail_first:
                 raise RuntimeError(f"first run of {label} failed")
         return os.getpid()
+
+    @queue.task(name=SLOWFAIL, retries=1, retry_policy=RetryPolicy(base=0.2, jitter="none"))
+    async def slowfail(label: str, seconds: float) -> None:
+        """Record the start, sleep ``seconds``, raise (one retry)."""
+        await observe(label, runs, True)
+        await asyncio.sleep(seconds)
+        raise RuntimeError(f"slow failure of {label}")
 
     @queue.task(name=BLOCKING, retries=0)
     def blocking(label: str, seconds: float) -> str:

@@ -2,7 +2,8 @@
 test process and its worker subprocesses; state on the test Redis): a SIGKILLed worker's
 unacked deliveries come back, a task that kills its worker every time is dead-lettered
 after ``max_deliveries``, a message that is not a blitzq envelope is dead-lettered as
-malformed while the worker goes on, and a SIGTERM mid-run loses nothing.
+malformed while the worker goes on, a SIGTERM mid-run loses nothing, and a worker stalled
+past the heartbeat writes nothing for the deliveries RabbitMQ took back (fencing).
 
 Skipped when the shared RabbitMQ does not answer. The RabbitMQ queues of the test's
 namespace are deleted afterwards.
@@ -24,7 +25,7 @@ from tests.broker_kinds import is_amqp
 from tests.polling import wait_until
 
 from .conftest import Harness
-from .reliability_app import BLOCKING, POISON, WORK
+from .reliability_app import BLOCKING, POISON, SLOWFAIL, WORK
 from .test_poison import MAX_DELIVERIES, VT, _supervise
 
 pytestmark = pytest.mark.timeout(90)
@@ -203,3 +204,51 @@ def test_a_responsive_worker_is_not_cut_off_by_the_short_heartbeat(
     wait_until(lambda: harness.all_final(["thread", "loop"]), 60, "both tasks are final")
     _all_succeeded(harness, ["thread", "loop"])
     assert harness.runs() == {"thread": 1, "loop": 1}
+
+
+def test_a_stalled_workers_late_completion_is_fenced(harness: Harness, amqp: str) -> None:
+    """A worker SIGSTOPped past the AMQP heartbeat (2 s: ``vt`` 4) while it runs a failing
+    task with one retry loses its channel; RabbitMQ delivers the task (and the one its
+    consumer had prefetched) to another worker, which runs it as attempt 2 and dead-letters
+    it. Once resumed, the stalled worker's run ends in a retry that must write nothing: no
+    retry on the schedule (a third run), no record over the other's; the completion is
+    counted in ``stale_completions`` and logged. Every record says ``attempts`` <= 2."""
+    vt = 4.0
+    queue = harness.queue(vt=vt)
+    stalled = harness.spawn(concurrency=1, vt=vt)
+    ids = ["s0", "s1"]  # s1 waits in the stalled worker's prefetch
+    harness.enqueue(queue, SLOWFAIL, [(i, 3.0) for i in ids])
+    wait_until(lambda: harness.runs().get("s0") == 1, 30, "the first worker starts s0")
+    assert harness.pids()["s0"] == stalled.pid
+    stalled.signal(signal.SIGSTOP)
+    try:
+        other = harness.spawn(concurrency=2, vt=vt)
+        wait_until(lambda: harness.all_final(ids), 60, "the other worker ends both tasks")
+        assert harness.pids()["s0"] == other.pid
+    finally:
+        stalled.signal(signal.SIGCONT)
+    stats = harness.key("stats")
+    wait_until(
+        lambda: int(harness.redis.hget(stats, "stale_completions") or 0) >= 1,
+        40,
+        "the resumed worker's completion of s0 is refused as stale",
+    )
+    # Nothing of the stale completion was written: no retry waits on the schedule, the
+    # records are the other worker's.
+    assert harness.redis.zscore(harness.key("sched"), "s0") is None
+    assert harness.redis.llen(harness.key("outbox:default")) == 0
+    records = harness.states(ids)
+    for label, record in records.items():
+        assert record is not None, label
+        assert record.state == "dead_lettered", (label, record)
+        assert record.attempts <= 2, (label, record)
+    runs = harness.runs()
+    assert runs["s0"] == 2, runs  # the stalled run and the redelivery: no third
+    # The prefetched one ran in the other worker; the stalled worker must not start it from
+    # its stale buffer (tests/integration/test_amqp_stalled.py), and any run of it there
+    # would be fenced as s0's was: at most two runs in any case.
+    assert runs["s1"] <= 2, (runs, harness.pids(), stalled.pid)
+    assert int(harness.redis.hget(stats, "stale_completions") or 0) == 1
+    log = stalled.log.read_text(errors="replace")
+    assert "stale completion of task s0" in log, log
+    assert "Traceback" not in log, log

@@ -9,9 +9,10 @@ deep) and :attr:`Pairing.relay`:
   connection, ``complete.lua`` XACKs and fences). ``complete`` is the store's own.
 - :class:`CommitThenAck`: any other pair (RabbitMQ with the Redis state store, a transport on
   another connection). The store applies the completions, then the transport acks the
-  deliveries whose completion was applied: at-least-once. The store was made with an
-  outbox (:attr:`StateStore.outbox`) and :attr:`relay` carries what it writes into queues to
-  the transport.
+  deliveries whose completion was applied: at-least-once. With RabbitMQ the store fences
+  them on the takes of redelivered messages (:attr:`Transport.fenced_by_takes`). The store
+  was made with an outbox (:attr:`StateStore.outbox`) and :attr:`relay` carries what it
+  writes into queues to the transport.
 - hold-then-commit-then-ack (``redis/spread.py``'s ``SpreadPairing``): as
   :class:`CommitThenAck`, after the transport has kept the deliveries this consumer still
   holds (and renewed their leases): the others are refused whole, as fencing does.
@@ -107,11 +108,15 @@ class CommitThenAck(Pairing):
         # acks or fences on them (a Redis store on a streams connection would otherwise read
         # a foreign delivery tag as a lost stream lease and drop the whole completion). They
         # are taken off the completions for the commit and put back after it (a copy of
-        # each completion cost more than the rest of the pairing).
+        # each completion cost more than the rest of the pairing). A transport whose
+        # redeliveries are noted as takes (:attr:`Transport.fenced_by_takes`, RabbitMQ)
+        # gives the delivery's token as the fence the store checks against them.
         marks = [(c.token, c.fence) for c in completions]
+        takes = self.transport.fenced_by_takes
         try:
             for c in completions:
-                c.token = c.fence = None
+                fence = (c.token or c.fence) if takes else None
+                c.token, c.fence = None, fence
             # Durable before the ack: a commit a failover loses must not be acknowledged.
             stale = await self.state.complete_durably(completions)
         finally:

@@ -115,12 +115,19 @@ class Delivery(NamedTuple):
             RabbitMQ delivery tag), or ``None`` when nothing is acked (a list).
         payload: the encoded message.
         deliveries: how many times this message has been delivered, this one included.
+        unsure: ``deliveries`` counts one delivery that may never have run: RabbitMQ's
+            first delivery of a redelivered copy, which a worker may only have prefetched
+            (``broker/amqp/redelivered.py``). The worker then counts it as an attempt only
+            while that does not take the run past its task's last attempt. Read it only
+            for a redelivery (``deliveries`` > 1): fast mode's lists make their deliveries
+            as bare 4-tuples, without it.
     """
 
     queue: str
     token: bytes | None
     payload: bytes
     deliveries: int
+    unsure: bool = False
 
 
 class MalformedDelivery(Delivery):
@@ -157,6 +164,12 @@ class Transport(abc.ABC):
     delivery budget (RabbitMQ: republish, then ack). The facade then hands a worker's unstarted
     deliveries back through it; otherwise such a requeue is a message the state store writes
     (its outbox, relayed)."""
+    fenced_by_takes: bool = False
+    """Whether the transport notes each redelivery it hands a worker as the latest take of
+    its message copy in the state store, and its delivery tokens end in ``/<digest>`` of the
+    copy (RabbitMQ, ``broker/amqp/redelivered.py``): the commit-then-ack pairing then gives
+    a completion's token to the store as its fence, and the store refuses as stale a
+    completion of a copy another delivery took since."""
     count_note: str | None = None
     """What :meth:`queue_stats`' ``waiting`` (and a purge's count) counts when it is not
     always tasks, in a sentence for the operator (``blitzq queue stats``, the dashboard);

@@ -154,8 +154,9 @@ class Completion:
     applies none of its writes. That holds where the state store acks the transport's
     deliveries itself (:meth:`~blitzq.broker.state.StateStore.acks`, the Redis pairings).
     With a separate ack (RabbitMQ), ``token`` is the transport's delivery tag, acked by the
-    facade after the store applied the completion, and nothing is fenced (see
-    :meth:`~blitzq.broker.state.StateStore.complete`).
+    facade after the store applied the completion; RabbitMQ's pairing hands it to the
+    store as ``fence``, refused once another delivery took the message again (the takes of
+    redeliveries, see :meth:`~blitzq.broker.state.StateStore.complete`).
 
     Idempotence: a write that failed with a timeout or a dropped connection may still have
     been applied (the server read it; e.g. it was paused, and ran the buffered script when it

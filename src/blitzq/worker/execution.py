@@ -110,7 +110,12 @@ class Job:
         self.delivery = delivery
         self.envelope = envelope
         self.task = task
-        self.attempt = envelope.attempt + delivery.deliveries - 1
+        attempt = envelope.attempt + delivery.deliveries - 1
+        # A delivery that may never have run counts no attempt past the last (a redelivery
+        # only: fast mode's deliveries are 4-tuples made without the field).
+        if attempt > envelope.attempt and attempt > task.max_attempts and delivery.unsure:
+            attempt -= 1
+        self.attempt = attempt
         self.started_at = 0.0
         self.handle: Any = None
         self.timer: Any = None

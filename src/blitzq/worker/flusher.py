@@ -426,6 +426,16 @@ class Flusher:
     def _report(self, stale: list[Completion]) -> None:
         """Count and log completions the broker dropped because their lease was lost."""
         self.stale += len(stale)
+        if getattr(self.broker.transport, "fenced_by_takes", False):
+            for c in stale:
+                logger.warning(
+                    "stale completion of task %s from queue %s dropped, nothing was written: "
+                    "RabbitMQ took its delivery back (this worker's channel closed: missed "
+                    "heartbeats, a stall) and another delivery of the message was taken",
+                    c.task_id,
+                    c.queue,
+                )
+            return
         for c in stale:
             logger.warning(
                 "stale completion of task %s from queue %s dropped, nothing was written: its "

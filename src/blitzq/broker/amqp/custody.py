@@ -201,11 +201,19 @@ class Custody:
         fetch took (every slot busy, e.g. with long tasks whose deliveries custody acked):
         published again, then acked, so RabbitMQ's ``consumer_timeout`` never fires on them
         and no delivery is spent; another worker with free slots may take them. Returns
-        how many."""
+        how many. The channel is confirmed first, as before a fetch takes from the buffer
+        (:meth:`.deliveries.Consumer.confirm`): a worker that resumes from a stall past the
+        heartbeat finds its buffer old, but RabbitMQ took those messages back with its
+        channel, and publishing them again would make a second copy of each."""
         transport = self.transport
         consumer = transport.consumers.get(queue) if transport is not None else None
         if transport is None or consumer is None or consumer.epoch != transport.link.epoch:
             return 0
+        if consumer.unconfirmed():
+            try:
+                await consumer.confirm()
+            except FAILURES:  # the channel is gone and the buffer dropped: RabbitMQ has them
+                return 0
         stale = consumer.stale(age)
         await hand_back(transport, queue, stale)
         return len(stale)

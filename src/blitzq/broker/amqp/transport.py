@@ -22,9 +22,11 @@ aio-pika, paired with the Redis state store (``broker.py``). How it meets the co
   message on any level, or the connection closing, wakes it. ``Delivery.token`` is
   ``<instance>.<epoch>.<channel>.<delivery tag>`` (the instance drawn by each transport: two
   processes' custody entries never share a name; a task of a pack adds ``.<n>``, a counter
-  of the transport's: the tasks of a pack share its delivery tag); ``deliveries`` is the
-  quorum queue's ``x-delivery-count`` + 1 (+ the deliveries before a custody recovery,
-  ``custody.py``).
+  of the transport's: the tasks of a pack share its delivery tag), then ``/<digest>``, a
+  digest of the message's body that names its copy for fencing (``redelivered.py``);
+  ``deliveries`` is the quorum queue's ``x-delivery-count`` + 1 (+ the deliveries before a
+  custody recovery, ``custody.py``), counting for a redelivery only the returns of messages
+  a worker took (``redelivered.py``).
 - **ack / nack**: ``basic.ack`` of the held delivery (a token whose connection closed since
   is skipped: RabbitMQ redelivers that message); ``nack`` (a hand-back) publishes the message
   again, confirmed, then acks it, so the quorum queue's delivery count is not spent.
@@ -57,7 +59,7 @@ from .liveness import Mark
 from .packs import DEFAULT_MAX_PACK, PACK_HEADER, VERSION, pack_size, packed
 from .pausing import stop_consuming
 from .publishing import marked, publish_confirmed
-from .redelivered import skip_committed, split_pack
+from .redelivered import copy_digest, skip_committed, split_pack
 from .settling import ack_held, nack_held
 from .tap import tap
 
@@ -111,6 +113,7 @@ class AmqpTransport(Transport):
     supports_recovery = True
     recovers_on_silence = True  # missed heartbeats: RabbitMQ redelivers to other workers
     hands_back = True  # nack: republish with confirms, then ack (no delivery spent)
+    fenced_by_takes = True  # redeliveries noted as takes; completions fenced on them
     count_note = inspection.COUNT_NOTE  # a ready pack counts once in waiting
 
     def __init__(
@@ -271,6 +274,7 @@ class AmqpTransport(Transport):
         token = b"%s.%d.%d.%d" % (self._instance, consumer.epoch, consumer.raw.number, message.tag)
         if message.pack is not None:
             token += b".%d" % next(self._parts)
+        token += b"/" + copy_digest(message.body)
         self.held[token] = Held(queue, message, deliveries, consumer.epoch)
         return Delivery(queue, token, message.body, deliveries)
 

@@ -152,21 +152,26 @@ def encode_batch(
     entries: list[Any] = []
     strings: list[str | bytes] = []
 
-    def run_entry(queue: str, ttl: int) -> tuple[Any, ...]:
-        # {"R", queue, ttl, at, nids, n, succeeded, failed, tags}: ARGV[at...] the ids,
-        # record keys, records.
+    def run_entry(queue: str, ttl: int, fenced: bool) -> tuple[Any, ...]:
+        # {"R", queue, ttl, at, nids, n, succeeded, failed, tags[, "o"]}: ARGV[at...] the
+        # ids (or fences), record keys, records.
         at = STRINGS_AT + len(strings)
         strings.extend(ids)
         strings.extend([record_head + task_id for task_id in task_ids])
         strings.extend(recs)
-        return ("R", queue, ttl, at, len(ids), len(task_ids), *runs_of(run_tags, bool(ids)))
+        runs = runs_of(run_tags, bool(ids))  # outbox fences can be stale as entry ids can
+        if fenced:
+            return ("R", queue, ttl, at, len(ids), len(task_ids), *runs, "o")
+        return ("R", queue, ttl, at, len(ids), len(task_ids), *runs)
 
     acks: dict[str, list[bytes]] = {}
     ack_tags: dict[str, bytearray] = {}
     # A run of consecutive completions that only ack and store a record (the common
     # success), of one queue and TTL: sent as one "R" entry, in its place in the batch
-    # (a task's "running" record must not land after its final one).
-    run_key: tuple[str, int] | None = None
+    # (a task's "running" record must not land after its final one). In the outbox's kind
+    # ("o", RabbitMQ) a run's completions all have a fence (checked against the takes of
+    # redeliveries), or none has.
+    run_key: tuple[str, int, bool] | None = None
     ids: list[bytes] = []
     task_ids: list[str] = []
     recs: list[bytes] = []
@@ -175,6 +180,7 @@ def encode_batch(
     # Only stream entries are acked (and fenced) here; a token of a list completion or of
     # a separate transport (acked by the facade afterwards) is not this store's to touch.
     streams = kind == "s"
+    outbox = kind == "o"
     ended: dict[str, tuple[int, int, list[str]]] = {}
     for c in completions:
         if c.ended is not None:
@@ -187,9 +193,14 @@ def encode_batch(
                     acks.setdefault(c.queue, []).append(token)
                     ack_tags.setdefault(c.queue, bytearray()).append(48 + c.tally)
                 continue
-            if c.fence is None and c.nonce is None and (token is not None or not streams):
-                key = (c.queue, c.record_ttl)
-                entry_id = token if token is not None and streams else None
+            fence = c.fence if outbox else None
+            if (
+                (c.fence is None or outbox)
+                and c.nonce is None
+                and (token is not None or not streams)
+            ):
+                key = (c.queue, c.record_ttl, fence is not None)
+                entry_id = token if token is not None and streams else fence
                 # A second completion of one delivery starts a new entry, so that it is
                 # found stale after the first acked and deleted it (as a "C" entry is).
                 if key != run_key or (entry_id is not None and entry_id in seen):

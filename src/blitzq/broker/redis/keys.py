@@ -76,6 +76,13 @@ TABLE: Final[dict[str, Key]] = {
     "solo": Key("solo:<task_id>", "string",
         "runs of a redelivered task started alone in its worker process (INCR before each); "
         "the worker dead-letters the task past its budget; expires after result_ttl"),
+    "taken": Key("tk:<task_id>:<digest>", "hash",
+        "RabbitMQ: the latest take of a redelivered message copy (<digest>: of its body): `o` "
+        "the taking delivery's token, `n` the takes counted; a completion of another "
+        "delivery of the copy is stale (complete.lua); expires after 1 day"),
+    "takes": Key("tks", "zset",
+        "RabbitMQ: task ids with a `tk:<task_id>:<digest>` scored by its expiry (Unix "
+        "seconds); complete.lua looks up the takes of these ids only; pruned at each take"),
     "owner": Key("tn:<task_id>", "string",
         "an explicit id's owner: the mark (`Envelope.nonce`) of its newest enqueue; a record "
         "of a run of another enqueue of the id is not stored; expires with the record"),
@@ -272,6 +279,17 @@ class Keys:
     def solo(self, task_id: str) -> str:
         """The count of a redelivered task's runs started alone in a worker process."""
         return self._one("solo", task_id)
+
+    def taken(self, task_id: str, digest: str) -> str:
+        """RabbitMQ: the latest take of a redelivered message copy of ``task_id`` (``digest``:
+        of its body)."""
+        before, middle, after = _TEXT["taken"]
+        return self.prefix + before + task_id + middle + digest + after
+
+    @property
+    def takes(self) -> str:
+        """RabbitMQ: the task ids with a :meth:`taken` key, scored by its expiry."""
+        return self._fixed("takes")
 
     def owner(self, task_id: str) -> str:
         """The mark of the newest enqueue under an explicit id (``Envelope.nonce``)."""

@@ -228,6 +228,32 @@ class RedisRecords(RedisPart, RecordsState):
         return out
 
     @translate_errors
+    async def take_redelivered(
+        self, task_ids: Sequence[str], digests: Sequence[str], owners: Sequence[bytes], ttl: int
+    ) -> tuple[list[bytes | None], list[int]]:
+        """See :meth:`RecordsState.take_redelivered`: one MULTI/EXEC of, per message, ``GET``
+        of its record, ``HSET``/``HINCRBY``/``EXPIRE`` of ``{ns}:tk:<task_id>:<digest>`` (``o``
+        the owner, ``n`` the takes) and ``ZADD`` of the id to ``{ns}:tks`` scored by the
+        take's expiry (complete.lua looks up the takes of these ids only), then the expired
+        ids pruned from it and its ``EXPIRE``. Atomic: a completion applied before it is
+        seen in the record read, one applied after it is checked against the take."""
+        keys = self.keys
+        ttl = max(1, int(ttl))
+        now = time.time()
+        async with self.client.pipeline(transaction=True) as pipe:
+            for task_id, digest, owner in zip(task_ids, digests, owners, strict=True):
+                taken = keys.taken(task_id, digest)
+                pipe.get(keys.record(task_id))
+                pipe.hset(taken, "o", owner)
+                pipe.hincrby(taken, "n", 1)
+                pipe.expire(taken, ttl)
+                pipe.zadd(keys.takes, {task_id: now + ttl})
+            pipe.zremrangebyscore(keys.takes, "-inf", now)
+            pipe.expire(keys.takes, ttl)
+            replies = await pipe.execute()
+        return list(replies[0:-2:5]), [int(n) for n in replies[2:-2:5]]
+
+    @translate_errors
     async def count_solo_start(self, task_id: str, ttl: int) -> int:
         """See :meth:`RecordsState.count_solo_start`: ``INCR`` and ``EXPIRE`` of
         ``{ns}:solo:<task_id>``, pipelined (one round trip; one key, so any cluster node)."""

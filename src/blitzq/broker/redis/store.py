@@ -113,7 +113,9 @@ class RedisStateStore(StateStore):
         outbox: write every message the store puts into a queue to that queue's outbox
             (kind ``"o"``, ``{ns}:outbox:<queue>``), for a transport the store does not ack
             (RabbitMQ, another connection, the spread layout), which the pairing's relay
-            publishes on; such a store fences nothing (``lease`` is ignored).
+            publishes on; such a store fences no lease (``lease`` is ignored), only a
+            ``fence`` its pairing gives against the takes of RabbitMQ's redeliveries
+            (``complete.lua``).
 
     Attributes:
         conn: the connection; ``keys`` and ``client`` are its own.

@@ -139,7 +139,10 @@ class StateStore(abc.ABC):
         ``False``, e.g. RabbitMQ): ``token`` is the transport's delivery tag, which the
         facade acks after this call; the store does not ack it and cannot see its lease, so
         it fences nothing (returns no stale completion) unless it keeps a lease of its own
-        for the delivery. Effects are then at-least-once: a message redelivered after a
+        for the delivery -- or, RabbitMQ's (:attr:`Transport.fenced_by_takes`), a
+        completion's ``fence`` is its delivery's token and the store refuses it when another
+        delivery took that message copy since (:meth:`RecordsState.take_redelivered`).
+        Effects are then at-least-once: a message redelivered after a
         crash between commit and ack completes again, so effects must be idempotent per
         task id (records are overwritten, chord members counted once, unique and lock
         releases compare the holder).

@@ -71,6 +71,33 @@ class RecordsState(abc.ABC):
         """
         return [await self.get_record(task_id) for task_id in task_ids]
 
+    async def take_redelivered(
+        self, task_ids: Sequence[str], digests: Sequence[str], owners: Sequence[bytes], ttl: int
+    ) -> tuple[list[bytes | None], list[int]]:
+        """Read the records of redelivered messages and, in the same atomic step, note each
+        delivery as the latest take of its message copy (RabbitMQ's fencing, see
+        ``broker/amqp/redelivered.py``): the copy of ``task_ids[i]`` whose body has the
+        digest ``digests[i]`` is now taken by the delivery ``owners[i]``, one more take
+        counted, kept ``ttl`` seconds. A completion of another delivery of that copy is then
+        stale (:meth:`~blitzq.broker.state.StateStore.complete`).
+
+        Args:
+            task_ids: the tasks' ids, whose records are read.
+            digests: the digests of the copies taken (hex), one per id.
+            owners: the taking deliveries' tokens, one per id.
+            ttl: seconds the takes are kept.
+
+        Returns:
+            The records (``None`` where there is none) and each copy's takes counted so far,
+            this one included, in order.
+
+        Raises:
+            NotImplementedError: a store that notes no takes (the caller reads the records
+                alone and fences nothing).
+            BrokerError: the broker failed.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not note takes")
+
     async def count_solo_start(self, task_id: str, ttl: int) -> int:
         """Count one more run of a redelivered task started alone in its worker process
         (the worker's :mod:`~blitzq.worker.solo`), kept ``ttl`` seconds after the last;

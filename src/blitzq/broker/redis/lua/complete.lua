@@ -22,8 +22,9 @@
 -- twice (the argument, then its unpacked copy). The batch's entries:
 --   {"A", queue, {id1, id2, ...}, p, f, tags}   reliable acks without anything else (XACK +
 --     XDEL); p, f, tags: the runs they end (see Runs below)
---   {"R", queue, ttl, at, nids, n, p, f, tags}   n completions that only ack (nids stream
---     entry ids: n, or 0 for a list or the outbox) and store a record (the common success):
+--   {"R", queue, ttl, at, nids, n, p, f, tags[, "o"]}   n completions that only ack (nids
+--     stream entry ids: n, or 0 for a list or the outbox; with "o": n outbox fences, checked
+--     as a "C" entry's) and store a record (the common success):
 --     ARGV[at .. at+nids-1] the entry ids, the next n the record keys (<prefix>t:<task_id>:
 --     made by the client, not concatenated here a task at a time), the next n the records;
 --     one XACK and one XDEL (or XTRIM) for all, then SET + PUBLISH per record, as "C";
@@ -64,6 +65,9 @@
 --   {ns}:events       PUBLISH 's:<due>' of a reschedule
 --   {ns}:d:<task_id>  a dead letter (HSET); {ns}:dlq:size, {ns}:dlq:bytes its bytes
 --                     (dead_letters.lua)
+--   {ns}:tks          ZCARD, ZRANGE, ZMSCORE, ZSCORE (kind "o" with a fence: RabbitMQ): the
+--                     task ids with a take
+--   {ns}:tk:<task_id>:<digest>  HGET o: the latest take of a RabbitMQ message copy
 --   {ns}:stats        HINCRBY stale_completions, dead_letters_skipped, processed, failed
 --   {ns}:cg:<guard>   EXISTS, HGET, HSET or HSETNX, EXPIRE of a "C" entry's guard (see
 --                     above), DEL of a "G" entry's
@@ -73,6 +77,7 @@
 --   {ns}:wf:<workflow_id>:j:<join_id> (workflows, chords), {ns}:done:wf:<workflow_id>,
 --   {ns}:u:<key> (unique_release), {ns}:lk:<key> (lock_release), {ns}:p:<task_id> and
 --   {ns}:progress:<task_id> (progress)
+-- Fencing on RabbitMQ (kind "o" with a fence): see taken_by_another below.
 -- Fencing: a stream completion applies only while its entry (token, else fence) is still in
 -- the group's pending list (PEL) of this consumer; else it is stale and writes nothing but
 -- the counter {ns}:stats stale_completions.
@@ -259,9 +264,69 @@ local function owned(stream, id)
   return p[1] ~= nil and p[1][2] == consumer
 end
 
+-- Whether an outbox completion (RabbitMQ: a "C" entry, or an "R" entry's) of task_id whose
+-- fence, the delivery's token "<...>/<digest>", is not
+-- the latest take of its message copy {ns}:tk:<task_id>:<digest> (a redelivery of it was
+-- taken by another delivery: redelivered.py): stale, recorded in stale. Only a task id
+-- listed in {ns}:tks (ZSCORE; listed: known listed) has a take to look up.
+local function taken_by_another(queue, task_id, fence, listed)
+  if fence == nil or fence == '' then return false end
+  if not listed and not redis.call('ZSCORE', KEY.takes(prefix), task_id) then return false end
+  local digest = string.match(fence, '/([^/]+)$')
+  if not digest then return false end
+  local owner = redis.call('HGET', KEY.taken(prefix, task_id, digest), 'o')
+  if not owner or owner == fence then return false end
+  stale[#stale + 1] = {queue, fence}
+  return true
+end
+
+-- Which of ARGV[first..last] (record keys) have a take of their task listed in {ns}:tks
+-- (position -> true).
+-- A small set (a listpack: ZSCORE scans it) is read whole once per batch into a Lua table;
+-- a large one (a hash table) is asked with one ZMSCORE per 1000 ids (a ZSCORE each where
+-- ZMSCORE is unknown: Redis < 6.2).
+local listed_ids = nil
+local function listed_takes(first, last)
+  local takes, found = KEY.takes(prefix), {}
+  if listed_ids == nil then
+    listed_ids = false
+    local n = redis.call('ZCARD', takes)
+    if n <= 128 then
+      listed_ids = {}
+      for _, task_id in ipairs(n > 0 and redis.call('ZRANGE', takes, 0, -1) or {}) do
+        listed_ids[task_id] = true
+      end
+    end
+  end
+  if listed_ids then
+    if next(listed_ids) == nil then return found end  -- no take in the namespace
+    for i = first, last do
+      if listed_ids[task_of(ARGV[i])] then found[i] = true end
+    end
+    return found
+  end
+  local s = first
+  while s <= last do
+    local e = math.min(last, s + 999)
+    local ids = {}
+    for i = s, e do ids[i - s + 1] = task_of(ARGV[i]) end
+    local scores = redis.pcall('ZMSCORE', takes, unpack(ids))
+    if type(scores) == 'table' and scores.err then
+      scores = {}
+      for i = 1, #ids do scores[i] = redis.call('ZSCORE', takes, ids[i]) end
+    end
+    for i = s, e do
+      if scores[i - s + 1] then found[i] = true end
+    end
+    s = e + 1
+  end
+  return found
+end
+
 -- A "C" entry whose delivery is no longer this consumer's (recorded in stale). An entry
 -- with a token is acknowledged here.
 local function fenced(c)
+  if c[2] == 'o' then return taken_by_another(c[3], c[5], c[13]) end
   if c[2] ~= 's' then return false end
   local id, stream = c[4], KEY.stream(prefix, c[3])
   if id ~= '' then
@@ -545,9 +610,20 @@ local function records(c)
   -- the TTL made a string once: redis.call formats a number argument at every call
   local queue, ttl, at, nids, n = c[2], tostring(c[3]), c[4], c[5], c[6]
   local lost = nil
-  if nids > 0 then lost = ack(KEY.stream(prefix, queue), ARGV, at, at + nids - 1, queue) end
-  ran_entry(c[7], c[8], c[9], lost, at)  -- runs
   local keys_at, recs_at = at + nids, at + nids + n
+  if c[10] == 'o' then  -- the ids are outbox fences (RabbitMQ), checked as a "C" entry's
+    local listed = listed_takes(keys_at, keys_at + nids - 1)
+    for i = 0, nids - 1 do
+      if listed[keys_at + i]
+          and taken_by_another(queue, task_of(ARGV[keys_at + i]), ARGV[at + i], true) then
+        lost = lost or {}
+        lost[at + i] = true
+      end
+    end
+  elseif nids > 0 then
+    lost = ack(KEY.stream(prefix, queue), ARGV, at, at + nids - 1, queue)
+  end
+  ran_entry(c[7], c[8], c[9], lost, at)  -- runs
   if lost ~= nil or marks or quiet or heard == nil then
     for i = 0, n - 1 do
       if lost == nil or not lost[at + i] then
@@ -586,7 +662,7 @@ end
 for _, c in ipairs(batch) do
   local err = nil
   if c[1] == 'R' then
-    if c[5] > 0 then err = wrong(KEY.stream(prefix, c[2]), 'stream') end
+    if c[5] > 0 and c[10] ~= 'o' then err = wrong(KEY.stream(prefix, c[2]), 'stream') end
   elseif c[1] == 'A' then
     err = wrong(KEY.stream(prefix, c[2]), 'stream')
   elseif c[1] == 'I' then
