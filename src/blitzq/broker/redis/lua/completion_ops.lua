@@ -1,7 +1,13 @@
 -- completion_ops.lua: the extra operations a completion may carry (publish a message, the
 -- workflow steps and chord joins), included by complete.lua (a line "--@include
--- completion_ops.lua"); not called on its own. It defines OPS (op name -> handler) and uses
--- complete.lua's locals defined before the include: prefix, and outbox.lua's ob_push.
+-- completion_ops.lua"); not called on its own. No KEYS or ARGV of its own: it uses
+-- complete.lua's locals defined before the include (prefix) and outbox.lua's ob_push.
+-- Keys it writes: {ns}:s:<queue> and {ns}:l:<queue> (a published message), {ns}:wf:<workflow_id>
+-- (a workflow's state), {ns}:wf:<workflow_id>:j:<join_id> (a chord's join), the channel
+-- {ns}:done:wf:<workflow_id> (a workflow's end), {ns}:u:<key> and {ns}:lk:<key> (unique keys
+-- and locks released), {ns}:p:<task_id> and the channel {ns}:progress:<task_id> (progress).
+-- Returns nothing: it defines OPS (op name -> handler(op, kind)), which complete.lua runs
+-- for each op of an applied completion.
 
 -- Extra operations a completion may carry (ops), applied in the same script. Each handler
 -- takes the op array {name, ...} and the completion's kind ("s" or "l").

@@ -1,7 +1,11 @@
 -- fencing.lua: which completions of a batch are stale (their delivery is no longer this
 -- worker's), included by complete.lua (a line "--@include fencing.lua"); not called on its
--- own. Its functions use complete.lua's locals defined before the include: prefix, group,
--- consumer, stale (the list of {queue, id} found stale), task_of.
+-- own. No KEYS or ARGV of its own: its functions use complete.lua's locals defined before
+-- the include: prefix, group, consumer, stale (the list of {queue, id} found stale),
+-- task_of. Keys it reads: {ns}:s:<queue> (XACK, XPENDING), {ns}:tks (the task ids with a
+-- take) and {ns}:tk:<task_id>:<digest> (a take).
+-- Returns nothing: it defines fenced(c) (a "C" entry), listed_takes(first, last) and
+-- taken_by_another(queue, task_id, fence, listed) (an "R" entry's fences).
 --   Redis streams: a "C" entry's XACK (or, for a running record, XPENDING's owner) says
 --     whether the entry is still this consumer's.
 --   RabbitMQ (the outbox store, "o"): a completion's fence is its delivery's token; a
