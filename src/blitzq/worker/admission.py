@@ -326,7 +326,7 @@ class Admission:
             if task.injected:  # the worker's resources (blitzq.dependencies)
                 # A message passing one (queue.send by name) is refused, never silently replaced.
                 refuse_given(task.name, task.injected, task.signature, call[0], call[1])
-                resolved = self.runner.worker.resources.resolve(task.injected, job.context)
+                resolved = self.runner.worker.resources.resolve(task.injected, job.task_context())
                 call = (call[0], {**call[1], **resolved})
             if task.executor != "async":
                 task.signature.bind(*call[0], **call[1])

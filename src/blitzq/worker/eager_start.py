@@ -13,7 +13,7 @@ import contextvars
 from collections.abc import Coroutine, Generator
 from typing import Any
 
-from ..context import TaskContext, enter_current
+from ..context import Deferred, TaskContext, enter_current
 
 
 class TaskExit(Exception):
@@ -69,7 +69,7 @@ async def _continue(coro: Coroutine[Any, Any, Any], first: Any) -> Any:
 
 
 def _first_step(
-    current: TaskContext, fn: Any, args: list[Any], kwargs: dict[str, Any]
+    current: TaskContext | Deferred, fn: Any, args: list[Any], kwargs: dict[str, Any]
 ) -> tuple[Coroutine[Any, Any, Any] | None, Any, BaseException | None]:
     """Inside a run's own context: make ``current`` the current task, call ``fn`` (an error
     of the call itself propagates) and run the coroutine's first step: ``(coro, yielded,
@@ -86,13 +86,14 @@ def _first_step(
 
 def start_eagerly(
     context: contextvars.Context,
-    current: TaskContext,
+    current: TaskContext | Deferred,
     fn: Any,
     args: list[Any],
     kwargs: dict[str, Any],
 ) -> tuple[Any, BaseException | None, asyncio.Task[Any] | None]:
     """Call the async task function ``fn`` and run its first step now, in ``context`` (one
-    ``Context.run`` for both), with ``current`` as :func:`~blitzq.current_task`.
+    ``Context.run`` for both), with ``current`` as :func:`~blitzq.current_task` (a
+    :class:`~blitzq.context.Deferred`: the run, whose context is made when first asked for).
 
     Returns:
         ``(result, None, None)`` if it returned, ``(None, exc, None)`` if it raised, or
