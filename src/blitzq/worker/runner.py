@@ -26,7 +26,7 @@ from ..serialization import decode_envelope
 from .admission import Admission, Call
 from .completions import Completions
 from .cpu import CpuExecutor, CpuOwner, ForkRefused
-from .eager_start import start_eagerly
+from .eager_start import EagerStart
 from .ending import Ending
 from .execution import Job
 from .executors import ProcessPool, ThreadPool
@@ -204,6 +204,8 @@ class Runner:
         #: What admission does with a delivery naming a task this worker does not know.
         self.unknown = UnknownTasks(self)
         self._run_ended = self.run_ended  # bound once: a run's done-callback reuses it
+        #: Starts the async runs (their first step inline, see :mod:`.eager_start`).
+        self.eager = EagerStart()
 
     # ------------------------------------------- shared with the stages, kept in step
     @property
@@ -363,7 +365,7 @@ class Runner:
         if executor == "async":
             try:
                 current = context if context is not None else job
-                result, error, started = start_eagerly(scope, current, task.fn, args, kwargs)
+                result, error, started = self.eager.start(scope, current, task.fn, args, kwargs)
             except BaseException as exc:
                 # A TypeError here is a call that does not fit the signature: no retry.
                 self.ending.finish(job, None, exc, retry=not isinstance(exc, TypeError))
