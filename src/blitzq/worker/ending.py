@@ -315,10 +315,14 @@ class Ending:
                 end = workflow_end(completion) if step else None  # may it end the workflow?
                 extensions.committed(job, outcome, scope.copy(), self.worker_id, end)
         completion = self.tap(job, completion, error, cancelled)
-        if tally:
-            self.count_run(completion, tally)
+        flusher = self.flusher
+        if tally:  # count_run, inlined: once per task
+            if completion is not None and flusher.broker.state.counts(completion):
+                completion.tally = tally
+            else:
+                self.unwritten_runs[tally - 1] += 1
         if completion is not None:
-            self.flusher.add(completion)
+            flusher.add(completion)
         if self.first_run is not None:
             self._watch_first(completion)
 
