@@ -5,7 +5,7 @@ Usage::
 
     .venv/bin/python bench/server_instructions.py [--tasks 3000] [--index 10000]
         [--mode reliable] [--no-results] [--python PATH] [--functions 0] [--enqueue]
-        [--keep FILE] [--warm] [--visibility SECONDS]
+        [--keep FILE] [--warm]
 
 The parent starts ``valgrind --tool=callgrind redis-server`` on a free port (no persistence)
 and runs a child with ``--python`` (default: this interpreter with this tree's ``src`` first
@@ -34,11 +34,10 @@ compiling, a cost of the worker's start (about 3.8 k instructions a task over 3,
 0.6 k over the 20,000 of ``server_cost.py``), not of its tasks. A tree without
 ``blitzq.broker.redis.scripts`` (blitzq 1.1.0, whose scripts are small) loads nothing.
 
-``--visibility SECONDS`` sets ``Queue(visibility_timeout=...)`` (either tree): the worker's
-lease renewals and recovery rounds come every third of it, by the second, not by the task,
-and a drain slowed some 50 times by valgrind runs through more of them than a real one
-(``XPENDING`` + ``XCLAIM`` of each running task: 1-4 k instructions a task when one falls
-in the count). 600 keeps them out of a 3,000-task drain.
+The worker's lease renewals (``renew.lua``: ``XPENDING`` + ``XCLAIM`` of each running task)
+come every 10 s at most, by the second, not by the task: a drain slowed some 50 times by
+valgrind runs into one or two of them where a real one does not (1.4-2.7 k instructions a
+task when one falls in the count; ``--functions`` shows them as ``xclaimCommand``).
 
 ``--enqueue`` counts the bulk enqueue instead of the drain: one message first (the script
 loaded, the stream made), then the zeroing, the ``enqueue_many`` calls of ``--tasks``
@@ -83,9 +82,7 @@ async def _child(args: argparse.Namespace) -> None:
     if args.notes:
         await _notes_child(args, url, pid)
         return
-    options: dict[str, float] = {"recent_index": args.index} if args.index is not None else {}
-    if args.visibility is not None:
-        options["visibility_timeout"] = args.visibility
+    options = {"recent_index": args.index} if args.index is not None else {}
     queue = Queue(
         name="default",
         redis_url=url,
@@ -184,7 +181,6 @@ def main() -> None:
     parser.add_argument("--enqueue", action="store_true", help="count the bulk enqueue instead")
     parser.add_argument("--keep", default=None, help="copy the callgrind dump to this path")
     parser.add_argument("--warm", action="store_true", help="scripts loaded before the zeroing")
-    parser.add_argument("--visibility", type=float, default=None, help="visibility_timeout (s)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -225,8 +221,6 @@ def main() -> None:
         argv += ["--mode", args.mode] + (["--no-results"] if args.no_results else [])
         argv += ["--enqueue"] if args.enqueue else []
         argv += ["--warm"] if args.warm else []
-        if args.visibility is not None:
-            argv += ["--visibility", str(args.visibility)]
         if args.index is not None:
             argv += ["--index", str(args.index)]
         if args.notes:
@@ -251,7 +245,7 @@ def main() -> None:
             figures = {"tasks": args.tasks, "mode": args.mode, "results": not args.no_results}
             figures.update(phase="enqueue" if args.enqueue else "drain")
             figures.update(recent_index=args.index, python=args.python or sys.executable)
-            figures.update(warm=args.warm, visibility=args.visibility)
+            figures.update(warm=args.warm)
             figures.update(instructions=total, per_task=round(total / args.tasks))
             print(json.dumps(figures))
         if args.functions:
