@@ -330,12 +330,14 @@ class Worker:
 
     @property
     def abandoned_threads(self) -> int:
-        """Sync-task threads abandoned at their hard timeout that are still running."""
+        """Runs abandoned at their hard timeout that are still running: sync-task threads,
+        and async tasks still running ``CANCEL_GRACE`` after their cancellation."""
         return len(self._runner.timeouts.abandoned) if self._runner else 0
 
     @property
     def abandoned_threads_total(self) -> int:
-        """Sync-task threads abandoned at their hard timeout since the worker started."""
+        """Runs abandoned at their hard timeout since the worker started (see
+        :attr:`abandoned_threads`)."""
         return self._runner.timeouts.abandoned_total if self._runner else 0
 
     @property
