@@ -205,6 +205,7 @@ class Ending:
         self.timeouts = timeouts
         self.processed = 0
         self.failed = 0
+        flusher.on_stale = self.refused
         self.unwritten_runs = [0, 0]
         #: The last look at each commit, which may add to its completion: the note of the
         #: task's end (:mod:`.recent`) and the series' latencies (:mod:`.series`); the
@@ -351,6 +352,17 @@ class Ending:
         if self.first_run is not None:
             self._watch_first(completion)
 
+    def refused(self, stale: list[Completion]) -> None:
+        """The broker refused ``stale`` (their leases were lost; another delivery of each
+        message runs or ran it): their runs leave :attr:`processed` and :attr:`failed`, so
+        the worker's counts agree with the namespace's and the metrics, which never count
+        them."""
+        for completion in stale:
+            if completion.run == 1:
+                self.processed -= 1
+            elif completion.run == 2:
+                self.failed -= 1
+
     @property
     def unwritten(self) -> tuple[int, int]:
         """:attr:`unwritten_runs` as a pair ``(succeeded, failed)``."""
@@ -361,6 +373,8 @@ class Ending:
         in the namespace's counters: with its completion's writes when the store counts it
         there (:attr:`~blitzq.broker.values.Completion.tally`), else in
         :attr:`unwritten_runs` (the registrations add it)."""
+        if completion is not None:
+            completion.run = tally  # taken back from processed / failed if refused as stale
         if completion is not None and self.flusher.broker.state.counts(completion):
             completion.tally = tally
         else:

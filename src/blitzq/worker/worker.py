@@ -301,12 +301,14 @@ class Worker:
 
     @property
     def processed(self) -> int:
-        """Tasks that succeeded in this worker."""
+        """Tasks that succeeded in this worker (a run whose completion the broker refused as
+        stale -- its lease lapsed and another delivery ran it -- is not counted)."""
         return self._runner.ending.processed if self._runner else 0
 
     @property
     def failed(self) -> int:
-        """Attempts that failed (or messages dead-lettered) in this worker."""
+        """Attempts that failed (or messages dead-lettered) in this worker (not those whose
+        completion was refused as stale)."""
         return self._runner.ending.failed if self._runner else 0
 
     @property
