@@ -295,3 +295,63 @@ async def _has_unread(connection: Any) -> bool:
         return bool(await can_read())
     except Exception:
         return True
+
+
+def direct_pool(client: Any, command: str) -> BoundedPool | None:
+    """The pool on which :func:`run_direct` may run ``command`` for ``client``, or ``None``.
+
+    Only a plain ``redis.asyncio.Redis`` (not a subclass: Sentinel's client adds ``WAIT``
+    to its commands) with no single connection of its own, on a :class:`BoundedPool` (not a
+    subclass) whose lean path is on (:func:`_lean_path_allowed`: no credential provider, no
+    redis-py metrics) and with the fast paths' internals present, and only a command that
+    has no response callback on it (its reply is used raw either way).
+
+    Args:
+        client: any client object.
+        command: the command name, as redis-py's ``response_callbacks`` spell it.
+    """
+    pool = getattr(client, "connection_pool", None)
+    if (
+        type(client) is aioredis.Redis
+        and type(pool) is BoundedPool
+        and pool._lean
+        and pool._fast
+        and not client.single_connection_client
+        and command not in client.response_callbacks
+    ):
+        return pool
+    return None
+
+
+async def run_direct(pool: BoundedPool, args: tuple[Any, ...]) -> Any:
+    """Run the command ``args`` on a connection of ``pool`` and return its raw reply.
+
+    What redis-py's ``Redis.execute_command`` does for a command with no response callback
+    on a client :func:`direct_pool` accepts, without its layers (a closure, its retry's
+    wrapper call, a per-command check for ``HIMPORT``, its observability records and the
+    pool's own bookkeeping): the connection is taken and given back through the pool (its
+    fast path), the command packed and written as every command is
+    (:class:`_DirectWrite`), the reply read under ``socket_timeout``, and a connection
+    error retried as redis-py retries it (the connection's ``retry``, the connection
+    closed before each new try).
+
+    Raises:
+        redis.exceptions.RedisError: the server's error reply (``ResponseError`` and its
+            kinds, ``NoScriptError`` among them), a read timeout (``TimeoutError``, not
+            retried), a connection error after the retries.
+    """
+    conn = await pool.get_connection()
+    try:
+        return await conn.retry.call_with_retry(
+            lambda: _send_and_read(conn, args),
+            lambda error, failures: conn.disconnect(error=error, failure_count=failures),
+            with_failure_count=True,
+        )
+    finally:
+        await pool.release(conn)
+
+
+async def _send_and_read(conn: Any, args: tuple[Any, ...]) -> Any:
+    """One try of :func:`run_direct` on ``conn``."""
+    await conn.send_packed_command(conn.pack_command(*args))
+    return await conn.read_response()
