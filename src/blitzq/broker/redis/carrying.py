@@ -214,7 +214,7 @@ def carrier_for(transport: Any, state: Any) -> Carrier | StreamCarrier | None:
         return None
     if isinstance(transport, ListsTransport):
         return Carrier(transport, state) if transport.popper.direct else None
-    if isinstance(transport, StreamsTransport) and not transport.conn.cluster:
+    if type(transport) is StreamsTransport and not transport.conn.cluster:  # not spread.py's
         pool = direct_pool(transport.client, "EVALSHA")
         return None if pool is None else StreamCarrier(transport, state, pool)
     return None
