@@ -58,6 +58,22 @@ async def test_a_drain_carries_completions_and_writes_every_result(
         await queue.close()
 
 
+async def test_a_reliable_broker_on_the_applications_client_carries_nothing(
+    server_url: str, namespace: str
+) -> None:
+    """The application's own client (``Queue(redis=...)``) keeps redis-py's whole path: its
+    pool is not blitzq's, so nothing is sent on it directly, nor carried."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(server_url)
+    queue = Queue(redis=client, namespace=namespace, mode="reliable")
+    try:
+        assert queue.broker.carry is None
+    finally:
+        await queue.close()
+        await client.aclose()
+
+
 @pytest.mark.parametrize("mode", ["fast", "reliable"])
 async def test_a_refused_carried_batch_is_written_by_the_flusher(
     make_queue: Callable[..., Queue], raw_redis: Any, mode: str

@@ -210,7 +210,9 @@ def carrier_for(transport: Any, state: Any) -> Carrier | StreamCarrier | None:
     its pool directly (:func:`~.pool.direct_pool`)."""
     if not isinstance(state, RedisStateStore):
         return None
-    if state.conn is not transport.conn or state.outbox is not None or state.replicated:
+    if state.conn is not getattr(transport, "conn", None) or state.outbox is not None:
+        return None
+    if state.replicated:
         return None
     if isinstance(transport, ListsTransport):
         return Carrier(transport, state) if transport.popper.direct else None
