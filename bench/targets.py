@@ -1,4 +1,4 @@
-"""Issue 13's targets in one run: each as the median of paired ratios, with PASS/MISS.
+"""Issues 13 and 29's targets in one run: each as the median of paired ratios, with PASS/MISS.
 
 Starts a private ``redis-server`` (``bench.py``'s) and measures, in pairs whose order
 alternates (A B, B A, ...):
