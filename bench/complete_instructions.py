@@ -4,15 +4,16 @@ counted by callgrind: two source trees alternated on one private ``redis-server`
 Usage::
 
     .venv/bin/python bench/complete_instructions.py BEFORE_SRC AFTER_SRC [--tasks 2000]
-        [--batch 100] [--rounds 3] [--failures 0]
+        [--batch 100] [--rounds 3] [--failures 0] [--record 90] [--id-chars 0]
 
 Each run (a child process with that tree's ``src`` first on ``sys.path``, one per tree and
 round, alternated) starts from ``FLUSHALL`` and ``SCRIPT FLUSH`` (the Lua heap left by the other
 tree's scripts moves the counts by a few percent otherwise), publishes ``--tasks`` + 1 messages
 to a reliable queue, fetches them, completes one (the script loaded), zeroes the counters
 (``callgrind_control -z``), completes the rest in batches of ``--batch`` plain successes
-(records of 90 bytes, one hour; every ``--failures``-th one counted as a failed run where the
-tree counts runs), and dumps the counters. Printed per run: the tree, the instructions and
+(records of ``--record`` bytes, one hour; task ids ``t<i>``, or of ``--id-chars`` characters;
+every ``--failures``-th one counted as a failed run where the tree counts runs), and dumps
+the counters. Printed per run: the tree, the instructions and
 the instructions per completion. The server runs with ``--hz 1`` so that its timers add
 little. Unlike a drain (``server_instructions.py``), the batches do not vary run to run.
 """
@@ -34,7 +35,7 @@ import time
 from pathlib import Path
 
 
-async def _child(tasks: int, batch: int, failures: int) -> None:
+async def _child(tasks: int, batch: int, failures: int, record: int, id_chars: int) -> None:
     from blitzq import Queue
     from blitzq.broker import Completion
     from blitzq.serialization import Envelope, encode_envelope
@@ -44,7 +45,8 @@ async def _child(tasks: int, batch: int, failures: int) -> None:
     broker = queue.broker
     await broker.prepare_consumer(["default"], "c1")
     messages = [
-        encode_envelope(Envelope(f"t{i}", "noop", "default", []), 1 << 20) for i in range(tasks + 1)
+        encode_envelope(Envelope(_id(i, id_chars), "noop", "default", []), 1 << 20)
+        for i in range(tasks + 1)
     ]
     await broker.publish("default", messages)
     deliveries = []
@@ -57,7 +59,7 @@ async def _child(tasks: int, batch: int, failures: int) -> None:
     for start in range(0, tasks, batch):
         part = []
         for j, d in enumerate(deliveries[start : start + batch]):
-            c = Completion("default", d.token, f"t{start + j}", b"x" * 90, 3600)
+            c = Completion("default", d.token, _id(start + j, id_chars), b"x" * record, 3600)
             if counts is not None and counts(c):
                 c.tally = 2 if failures and (start + j) % failures == 0 else 1
             part.append(c)
@@ -67,6 +69,13 @@ async def _child(tasks: int, batch: int, failures: int) -> None:
         assert await broker.complete(part) == []
     subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
     await queue.close()
+
+
+def _id(i: int, chars: int) -> str:
+    """Task id ``i``: ``t<i>``, or ``t`` and ``i`` padded to ``chars`` characters in all (a
+    generated id has 24: the record key's length, hashed by the server's Lua, is a real
+    one's)."""
+    return f"t{i:0{chars - 1}d}" if chars > 1 else f"t{i}"
 
 
 def _total(path: str) -> int:
@@ -84,10 +93,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--failures", type=int, default=0, help="every n-th run failed")
+    parser.add_argument("--record", type=int, default=90, help="bytes of each record")
+    parser.add_argument("--id-chars", type=int, default=0, help="task ids of this length")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        asyncio.run(_child(args.tasks, args.batch, args.failures))
+        asyncio.run(_child(args.tasks, args.batch, args.failures, args.record, args.id_chars))
         return
     workdir = tempfile.mkdtemp(prefix="blitzq-cgc-")
     with socket.socket() as sock:
@@ -115,7 +126,8 @@ def main() -> None:
                 env.update(CG_PID=str(server.pid), PYTHONPATH=os.path.abspath(tree))
                 argv = [sys.executable, os.path.abspath(__file__), "--child"]
                 argv += ["--tasks", str(args.tasks), "--batch", str(args.batch)]
-                argv += ["--failures", str(args.failures)]
+                argv += ["--failures", str(args.failures), "--record", str(args.record)]
+                argv += ["--id-chars", str(args.id_chars)]
                 subprocess.run(argv, env=env, check=True, cwd="/tmp", timeout=1800)
                 dump = sorted(glob.glob(f"{workdir}/cg.out.*"), key=os.path.getmtime)[-1]
                 total = _total(dump)

@@ -5,7 +5,7 @@ Usage::
 
     .venv/bin/python bench/server_instructions.py [--tasks 3000] [--index 10000]
         [--mode reliable] [--no-results] [--python PATH] [--functions 0] [--enqueue]
-        [--keep FILE]
+        [--keep FILE] [--warm]
 
 The parent starts ``valgrind --tool=callgrind redis-server`` on a free port (no persistence)
 and runs a child with ``--python`` (default: this interpreter with this tree's ``src`` first
@@ -27,6 +27,17 @@ M notes of one queue through ``broker.state.browse.add_ended`` (what a worker's
 between the zeroing and the dump. ``--src`` runs another checkout's ``src`` (e.g. the tree
 before a change) with this interpreter; give it as an absolute path (the child runs in
 ``/tmp``).
+
+``--warm`` loads every script of the tree (``SCRIPT LOAD``, the texts the worker would send)
+before the zeroing: the worker's ``EVALSHA`` then finds them, and the count leaves out their
+compiling, a cost of the worker's start (about 3.8 k instructions a task over 3,000 tasks,
+0.6 k over the 20,000 of ``server_cost.py``), not of its tasks. A tree without
+``blitzq.broker.redis.scripts`` (blitzq 1.1.0, whose scripts are small) loads nothing.
+
+The worker's lease renewals (``renew.lua``: ``XPENDING`` + ``XCLAIM`` of each running task)
+come every 10 s at most, by the second, not by the task: a drain slowed some 50 times by
+valgrind runs into one or two of them where a real one does not (1.4-2.7 k instructions a
+task when one falls in the count; ``--functions`` shows them as ``xclaimCommand``).
 
 ``--enqueue`` counts the bulk enqueue instead of the drain: one message first (the script
 loaded, the stream made), then the zeroing, the ``enqueue_many`` calls of ``--tasks``
@@ -100,6 +111,8 @@ async def _child(args: argparse.Namespace) -> None:
         subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
         await queue.close()
         return
+    if args.warm:
+        _load_scripts(url)
     subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)
     worker = Worker(queue, concurrency=200)
     run = asyncio.create_task(worker.run())
@@ -110,6 +123,20 @@ async def _child(args: argparse.Namespace) -> None:
     await asyncio.wait_for(run, timeout=120)
     subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
     await queue.close()
+
+
+def _load_scripts(url: str) -> None:
+    """``--warm``: ``SCRIPT LOAD`` of every script of the tree (see the module docstring)."""
+    import redis
+
+    try:
+        from blitzq.broker.redis import scripts
+    except ImportError:  # blitzq 1.1.0: its few scripts live elsewhere (and cost little)
+        return
+    client = redis.Redis.from_url(url)
+    for name in scripts.names():
+        client.script_load(scripts.load(name).source)
+    client.close()
 
 
 async def _notes_child(args: argparse.Namespace, url: str, pid: str) -> None:
@@ -153,6 +180,7 @@ def main() -> None:
     parser.add_argument("--src", default=None, help="the checkout's src to run (this tree)")
     parser.add_argument("--enqueue", action="store_true", help="count the bulk enqueue instead")
     parser.add_argument("--keep", default=None, help="copy the callgrind dump to this path")
+    parser.add_argument("--warm", action="store_true", help="scripts loaded before the zeroing")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -192,6 +220,7 @@ def main() -> None:
         argv = [args.python or sys.executable, __file__, "--child", "--tasks", str(args.tasks)]
         argv += ["--mode", args.mode] + (["--no-results"] if args.no_results else [])
         argv += ["--enqueue"] if args.enqueue else []
+        argv += ["--warm"] if args.warm else []
         if args.index is not None:
             argv += ["--index", str(args.index)]
         if args.notes:
@@ -216,6 +245,7 @@ def main() -> None:
             figures = {"tasks": args.tasks, "mode": args.mode, "results": not args.no_results}
             figures.update(phase="enqueue" if args.enqueue else "drain")
             figures.update(recent_index=args.index, python=args.python or sys.executable)
+            figures.update(warm=args.warm)
             figures.update(instructions=total, per_task=round(total / args.tasks))
             print(json.dumps(figures))
         if args.functions:

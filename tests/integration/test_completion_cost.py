@@ -145,3 +145,48 @@ async def test_a_large_batch_reaches_the_one_subscriber_among_its_records(
     finally:
         await pubsub.aclose()
         await queue.close()
+
+
+async def test_acked_entries_below_newer_pending_ones_go_at_once_and_those_stay(
+    make_queue: Callable[..., Queue], raw_redis: Any, namespace: str
+) -> None:
+    # The cut of the XTRIM is the group's oldest pending entry: the three acked ones below
+    # it go, the two still pending (newer) stay in the stream and in the pending list.
+    queue = make_queue()
+    stream = "{" + namespace + "}:s:default"
+    deliveries = await _fetched(queue, 5)
+    done = [Completion("default", d.token, f"t{i}", b"rec", 60) for i, d in enumerate(deliveries)]
+    assert await queue.broker.complete(done[:3]) == []
+    left = [e[0] for e in await raw_redis.xrange(stream)]
+    assert left == [d.token for d in deliveries[3:]]
+    assert (await raw_redis.xpending(stream, "blitzq"))["pending"] == 2
+    # Acked out of order around a pending one: only the acked one goes.
+    assert await queue.broker.complete(done[4:]) == []
+    assert [e[0] for e in await raw_redis.xrange(stream)] == [deliveries[3].token]
+    assert await queue.broker.complete(done[3:4]) == []
+    assert await raw_redis.xlen(stream) == 0
+    await queue.close()
+
+
+async def test_the_records_of_a_batch_expire_in_their_ttl_and_the_later_one_of_a_task_stays(
+    make_queue: Callable[..., Queue], raw_redis: Any, namespace: str
+) -> None:
+    # The records of a run of plain successes are written with one MSET and a PEXPIREAT
+    # each (the server's clock, plus the TTL): each expires in its TTL, and of two records of
+    # one task in one batch the later one stays, as with a SET each.
+    queue = make_queue()
+    p = "{" + namespace + "}:"
+    deliveries = await _fetched(queue, 4)
+    done = [
+        Completion("default", deliveries[0].token, "t0", b"first", 60),
+        Completion("default", deliveries[1].token, "t1", b"one", 60),
+        Completion("default", deliveries[2].token, "t0", b"second", 60),
+        Completion("default", deliveries[3].token, "t3", b"long", 86400),
+    ]
+    assert await queue.broker.complete(done) == []
+    stored = await raw_redis.mget([p + "t:t0", p + "t:t1", p + "t:t3"])
+    assert stored == [b"second", b"one", b"long"]
+    for key in ("t:t0", "t:t1"):
+        assert 58_000 <= await raw_redis.pttl(p + key) <= 60_000
+    assert 86_398_000 <= await raw_redis.pttl(p + "t:t3") <= 86_400_000
+    await queue.close()

@@ -16,6 +16,7 @@ from blitzq import (
     Middleware,
     Queue,
     RateLimit,
+    ResultTimeout,
     RetryPolicy,
     SerializationError,
     TaskCancelled,
@@ -91,6 +92,11 @@ async def test_retries_within_the_horizon_run_and_delays_beyond_it_wait() -> Non
         record = await queue.inspect(delayed.id)
         assert record is not None
         assert record.state is TaskState.SCHEDULED
+        # Tester's input: `await delayed.result()` (no timeout) hung the test for good. It
+        # cannot come in this test: said at once, with the due time and the horizon.
+        for timeout in (None, 30):
+            with pytest.raises(ResultTimeout, match=r"scheduled, due in 3[56]\d\d s.*horizon"):
+                await asyncio.wait_for(delayed.result(timeout=timeout), 10)
     await queue.close()
 
 

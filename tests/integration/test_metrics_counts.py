@@ -155,6 +155,9 @@ async def test_a_stale_completion_never_makes_a_counter_go_down(
         assert tasks_total(samples, "fenced", "succeeded") == 1
         assert tasks_total(samples, "fenced", "failed") == 0
         assert watch.decreases == []
+        # Tester's input: the worker's own counts (its record, its "stopped:" line) took the
+        # stale run as one more success; they agree with the metrics now.
+        assert (worker.processed, worker.failed) == (1, 0)
     finally:
         await admin.aclose()
         await thief.close()

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError
+from redis.exceptions import DataError, NoScriptError, ResponseError
 
 from blitzq.broker.redis import client as redis_client
 from blitzq.broker.redis import pool as redis_pool
@@ -207,3 +207,53 @@ async def test_a_packed_command_round_trips_through_the_server(client: Any) -> N
         ]  # fmt: skip
     finally:
         await client.delete(key, key + ":z")
+
+
+# ------------------------------------------- scripts run on the pool directly (run_direct)
+async def test_direct_commands_only_on_a_plain_client_of_the_bounded_pool(
+    client: Any, server_url: str
+) -> None:
+    assert redis_pool.direct_pool(client, "EVALSHA") is client.connection_pool
+    # A command with a response callback keeps redis-py's path (its reply is parsed there).
+    assert redis_pool.direct_pool(client, "SET") is None
+
+    class Subclass(aioredis.Redis):  # Sentinel's client adds a WAIT to its commands
+        pass
+
+    other = Subclass(connection_pool=client.connection_pool)
+    assert redis_pool.direct_pool(other, "EVALSHA") is None
+    plain = aioredis.Redis.from_url(server_url)  # redis-py's own pool
+    single = aioredis.Redis(connection_pool=client.connection_pool, single_connection_client=True)
+    try:
+        assert redis_pool.direct_pool(plain, "EVALSHA") is None
+        assert redis_pool.direct_pool(single, "EVALSHA") is None
+    finally:
+        await plain.aclose()
+        await single.aclose(close_connection_pool=False)
+
+
+async def test_a_direct_command_gets_its_reply_raises_error_replies_and_keeps_the_pool(
+    client: Any,
+) -> None:
+    pool = client.connection_pool
+    sha = await client.script_load("return {ARGV[1], #KEYS}")
+    assert await redis_pool.run_direct(pool, ("EVALSHA", sha, 1, "k", b"\xff")) == [b"\xff", 1]
+    with pytest.raises(NoScriptError):
+        await redis_pool.run_direct(pool, ("EVALSHA", "0" * 40, 0))
+    with pytest.raises(ResponseError, match="boom"):
+        await redis_pool.run_direct(pool, ("EVAL", "return redis.error_reply('boom')", 0))
+    # Every connection went back, none holds a reply: the next commands get their own.
+    assert not pool._in_use_connections
+    assert await client.echo(b"mine") == b"mine"
+
+
+async def test_a_direct_command_on_a_connection_the_server_closed_is_sent_again(
+    client: Any, raw_redis: Any
+) -> None:
+    sha = await client.script_load("return 'ran'")
+    own_id = await client.client_id()  # the pool's one connection
+    await raw_redis.client_kill_filter(_id=own_id)
+    # The direct command writes on a connection the server closed: sent again on a new one.
+    assert await redis_pool.run_direct(client.connection_pool, ("EVALSHA", sha, 0)) == b"ran"
+    assert not client.connection_pool._in_use_connections
+    assert await client.client_id() != own_id

@@ -68,7 +68,7 @@ def test_every_script_is_read_once_with_its_includes_expanded() -> None:
     # Included by other scripts, never called alone.
     included = {
         "dead_letters", "outbox", "recent_add", "worker_counts", "envelope_head", "claim_idle",
-        "record_final", "fencing", "completion_ops",
+        "record_final", "fencing", "completion_ops", "stream_acks",
     }  # fmt: skip
     assert set(scripts.names()) == CALLED | included
     for name in scripts.names():

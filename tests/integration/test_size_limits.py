@@ -63,13 +63,25 @@ async def test_result_over_max_result_size_fails_with_result_too_large(
         runs["big"] += 1
         return "x" * n
 
+    @queue.task(name="sz.odd", retries=3)
+    async def odd() -> object:
+        return object()  # not plain data: its result cannot be stored either
+
     try:
-        async with running(make_worker(queue, concurrency=4)):
+        worker = make_worker(queue, concurrency=4)
+        async with running(worker):
             small = await big.enqueue(100)
             large = await big.enqueue(20_000)
+            unstorable = await odd.enqueue()
             assert await small.result(timeout=10) == "x" * 100
             with pytest.raises(TaskFailed) as info:
                 await large.result(timeout=10)
+            with pytest.raises(TaskFailed) as odd_info:
+                await unstorable.result(timeout=10)
+            # Tester's input: the worker counted both dead-lettered runs as succeeded (its
+            # record, `queue stats`, the "stopped: 2 succeeded" line); they failed.
+            assert (worker.processed, worker.failed) == (1, 2)
+        assert odd_info.value.error_type == "blitzq.exceptions.SerializationError"
         assert info.value.error_type == "blitzq.exceptions.ResultTooLarge"
         assert "over the limit of 10000 bytes" in (info.value.error or "")
         record = await queue.inspect(large.id)

@@ -1,7 +1,9 @@
 """Soft and hard timeouts and max_age expiry against a real Redis, in both modes.
 
 A soft timeout raises SoftTimeoutError inside a thread task (which may catch it) and fails
-an async task's attempt with it; the retry policy applies. A hard timeout terminates a
+an async task's attempt with it; the retry policy applies. A hard timeout of an async task is
+final even when the body catches its cancellation (one that runs on is abandoned, keeping its
+slot). A hard timeout terminates a
 process task, and its slot is only freed once the process is gone. A task that waited longer
 than its max_age is expired (state ``expired``, dead letter reason ``"expired"``) without
 running.
@@ -10,6 +12,8 @@ running.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,10 +30,11 @@ from blitzq import (
     TaskFailed,
     TaskState,
 )
+from blitzq.worker import timeouts
 
 from ..procfs import pid_gone
 from . import proc_tasks
-from .proc_tasks import make_worker, running
+from .proc_tasks import eventually, make_worker, running
 
 FAST_RETRY = RetryPolicy(max_retries=1, base=0.01)
 
@@ -109,6 +114,88 @@ async def test_soft_timeout_of_an_async_task_fails_the_attempt(queue: Queue) -> 
             await handle.result(timeout=10)
     assert failed.value.error_type == "blitzq.exceptions.SoftTimeoutError"
     assert cancelled == [1]
+
+
+async def test_an_async_task_that_catches_its_hard_timeout_is_recorded_as_a_timeout(
+    queue: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Tester's input: ``timeout=1`` and a body whose bare ``except`` caught the cancellation,
+    slept on and returned: it was recorded ``succeeded`` with its value. A hard timeout is
+    final: the run is a TaskTimeout whatever it did after its cancellation (with a WARNING
+    saying so); one that raised instead is a TaskTimeout too."""
+    caught: list[str] = []
+
+    @queue.task(name="t.hard_caught", timeout=0.2, retries=0)
+    async def stubborn(raise_after: bool) -> str:
+        try:
+            await asyncio.sleep(30)
+        except BaseException:  # the user code under test swallows it
+            caught.append("raised" if raise_after else "returned")
+            await asyncio.sleep(0.05)
+            if raise_after:
+                raise ValueError("cleaned up badly") from None
+        return "finished anyway"
+
+    handles = [await stubborn.enqueue(False), await stubborn.enqueue(True)]
+    with caplog.at_level(logging.WARNING, logger="blitzq.worker"):
+        async with running(make_worker(queue, concurrency=2)):
+            for h in handles:
+                with pytest.raises(TaskFailed) as failed:
+                    await h.result(timeout=10)
+                assert failed.value.error_type == "blitzq.exceptions.TaskTimeout"
+    assert sorted(caught) == ["raised", "returned"]
+    warned = [r.getMessage() for r in caplog.records if "caught the cancellation" in r.message]
+    assert any("returned" in m for m in warned), warned
+    assert any("raised ValueError" in m for m in warned), warned
+
+
+async def test_an_async_task_that_ignores_its_cancellation_is_abandoned(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body that goes on after its hard timeout's cancellation (here until the test lets
+    it) has its TaskTimeout recorded CANCEL_GRACE later, while it still runs, and is counted
+    as an abandoned run that keeps its slot (the concurrency bound counts it) until its
+    coroutine returns."""
+    monkeypatch.setattr(timeouts, "CANCEL_GRACE", 0.2)
+    let_go, gone = asyncio.Event(), asyncio.Event()
+
+    @queue.task(name="t.hard_ignored", timeout=0.2, retries=0)
+    async def deaf() -> str:
+        try:
+            await asyncio.sleep(30)
+        except BaseException:  # the user code under test swallows it
+            while not let_go.is_set():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await let_go.wait()
+        gone.set()
+        return "late"
+
+    @queue.task(name="t.after_deaf")
+    async def after() -> int:
+        return 1
+
+    handle = await deaf.enqueue()
+    worker = make_worker(queue, concurrency=2)  # 1: its one slot held, the worker restarts
+    async with running(worker):
+        with pytest.raises(TaskFailed) as failed:
+            await handle.result(timeout=10)
+        assert failed.value.error_type == "blitzq.exceptions.TaskTimeout"
+        assert not gone.is_set()
+        assert worker.abandoned_threads == 1
+        assert worker._global.in_use == 1  # its slot is still taken
+        assert await (await after.enqueue()).result(timeout=10) == 1  # in the other slot
+        let_go.set()
+        await asyncio.wait_for(gone.wait(), 10)
+        await eventually(
+            lambda: asyncio.sleep(0, (worker.abandoned_threads, worker._global.in_use)),
+            lambda seen: seen == (0, 0),
+            timeout=10,
+        )
+        assert worker.abandoned_threads_total == 1
+        assert not worker.restart_requested
+    record = await handle.status()
+    assert record is not None
+    assert record.error_type == "blitzq.exceptions.TaskTimeout"
 
 
 async def test_hard_timeout_kills_a_process_task_before_its_slot_is_reused(

@@ -501,7 +501,7 @@ def test_hung_threads_holding_every_slot_get_their_worker_replaced(
             f"a planned restart\n{sup.output()}",
         )
         out = sup.log.read_text(errors="replace")
-        assert "slots held by threads abandoned at their hard timeout" in out, out[-4000:]
+        assert "slots held by runs abandoned at their hard timeout" in out, out[-4000:]
         assert "giving up" not in out, out[-4000:]
     finally:
         (bodies / "release").touch()

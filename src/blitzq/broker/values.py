@@ -148,6 +148,9 @@ class Completion:
             :meth:`~blitzq.broker.state.StateStore.counts` says the store adds it to those
             counters in the same atomic step as the completion's writes (so a stale
             completion, whose writes are refused, counts nothing); never set by a producer.
+        run: the same run (``1``, ``2``, ``0``) as the worker counts it in its own
+            ``processed`` / ``failed``, set at every commit: a completion refused as stale
+            is taken back from those counts; never sent to the broker.
 
     Fencing: a completion whose ``token`` (or ``fence``) names a delivery this consumer no
     longer holds (its lease lapsed and the message was recovered) is *stale*; the broker
@@ -184,6 +187,7 @@ class Completion:
     guard: tuple[str, int, int] | None = None
     nonce: str | None = None
     tally: int = 0
+    run: int = 0
 
 
 @dataclass(slots=True, frozen=True)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import _checks, records
+from ..context import current_task
 from ..exceptions import (
     BrokerError,
     ResultExpired,
@@ -153,6 +154,8 @@ class Results:
         before ``result_ttl`` from one that expired."""
         task_id = check_task_id("task id", task_id)
         timeout = _checks.wait(timeout)
+        if testmode.after_enqueue is not None and current_task() is None:
+            await self._stranded_in_eager_mode(task_id)
         wait = _FOREVER if timeout is None else max(0.0, timeout)
         deadline = time.monotonic() + wait
         broker = self.queue.broker
@@ -206,6 +209,25 @@ class Results:
                     f"task {task_id} is {record.state.value} after {timeout} s{hint}"
                 )
             await asyncio.sleep(0.05)
+
+    async def _stranded_in_eager_mode(self, task_id: str) -> None:
+        """In the eager test mode, what could run has run when the enqueue returned: a task
+        still on the schedule is due past the drain's horizon and never runs in this test.
+
+        Raises:
+            ResultTimeout: the task is on the schedule (its due time named), at once, where
+                a wait without a timeout would hang the test.
+        """
+        record = await lookup.inspect(self.queue.broker, task_id)
+        if record is None or record.state.is_final or record.due_at is None:
+            return
+        ahead = record.due_at - time.time()
+        raise ResultTimeout(
+            f"task {task_id} is {record.state.value}, due in {ahead:.0f} s: past what the eager "
+            "test mode runs (a drain skips at most its horizon of waiting, 600 s by default: "
+            "@pytest.mark.blitzq_eager(horizon=...) or eager(horizon=...)), so no result can "
+            "come in this test"
+        )
 
     async def _hint(self, task_id: str, queue: str | None) -> str:
         """:meth:`why_no_result` for a wait's :class:`~blitzq.ResultTimeout`, or ``""`` when

@@ -66,6 +66,15 @@ class RunObserver(Protocol):
     ) -> None: ...
 
 
+class TimeoutLookup(Protocol):
+    """What the ending asks the runner's timers (:class:`~.timeouts.Timeouts`) of a run that
+    passed a timeout."""
+
+    def error(self, job: Job) -> BaseException: ...
+
+    def soft_expired(self, job: Job) -> bool: ...
+
+
 #: Logger of each failed attempt's record (:meth:`Ending.log_failure`): at the worker's
 #: ``failure_log_level`` when the task failed for good, at its ``retry_log_level`` when it is
 #: retried. Its own name, so that an alerting integration that reports the failure itself
@@ -153,12 +162,13 @@ class Ending:
         failure_log_level: level of the record of a task that failed for good.
         retry_log_level: level of the record of a failed attempt that is retried.
         base_context: the context after-hooks copy when the run has none of its own.
-        timeout_error: the error a timed-out run is recorded with
-            (:meth:`.timeouts.Timeouts.error`).
+        timeouts: the runner's timers (:class:`.timeouts.Timeouts`): the error a timed-out
+            run is recorded with, and whether the timeout it passed is its soft one.
 
     Attributes:
-        processed: runs that succeeded.
-        failed: runs that failed, and messages that could not run.
+        processed: runs that succeeded (and whose result could be stored).
+        failed: runs that failed, those whose result could not be stored, and messages that
+            could not run.
         unwritten_runs: ``[succeeded, failed]``: those of :attr:`processed` and
             :attr:`failed` that no completion write counted (nothing was written, such as a
             fast-mode success without a result, or the store cannot count them with their
@@ -179,7 +189,7 @@ class Ending:
         failure_log_level: int,
         retry_log_level: int,
         base_context: contextvars.Context,
-        timeout_error: Callable[[Job], BaseException],
+        timeouts: TimeoutLookup,
     ) -> None:
         self.completions = completions
         self.flusher = flusher
@@ -192,9 +202,10 @@ class Ending:
         self.retry_log_level = retry_log_level
         self.base_context = base_context
         self.observer: RunObserver | None = None
-        self.timeout_error = timeout_error
+        self.timeouts = timeouts
         self.processed = 0
         self.failed = 0
+        flusher.on_stale = self.refused
         self.unwritten_runs = [0, 0]
         #: The last look at each commit, which may add to its completion: the note of the
         #: task's end (:mod:`.recent`) and the series' latencies (:mod:`.series`); the
@@ -218,7 +229,9 @@ class Ending:
                 handle.exception()  # retrieved, so asyncio does not log it as never retrieved
             return
         job.finished = True
-        if job.timed_out and handle.cancelled():
+        if job.timed_out and (handle.cancelled() or not self.timeouts.soft_expired(job)):
+            if not handle.cancelled():  # a hard timeout's cancellation caught and not re-raised
+                self._ignored_cancel(job, handle)
             self.timed_out(job)
         elif job.context is not None and job.context.cancelled:
             if not handle.cancelled():
@@ -234,6 +247,20 @@ class Ending:
                 self.finish(job, handle.result(), None)
             else:
                 self.finish(job, None, unwrap(error))
+
+    @staticmethod
+    def _ignored_cancel(job: Job, handle: asyncio.Future[Any]) -> None:
+        """Warn of an async run that went on after its hard timeout cancelled it (it caught
+        ``CancelledError``), then returned or raised: it is recorded as a timeout all the
+        same, what it came to is dropped."""
+        error = handle.exception()
+        logger.warning(
+            "task %s %s caught the cancellation of its hard timeout and %s: recorded as a "
+            "TaskTimeout all the same (an async task must let CancelledError propagate)",
+            job.envelope.task,
+            job.envelope.id,
+            "returned" if error is None else f"raised {type(error).__name__}",
+        )
 
     def finish(
         self, job: Job, result: Any, error: BaseException | None, retry: bool = True
@@ -253,10 +280,13 @@ class Ending:
                 if typed is not None and typed.returns is not None:
                     result = typed.encode_result(result)  # finishers (workflows) pass it on
                 job.result = result
-                self.processed += 1
-                if self.lifecycle.on:
-                    env = job.envelope
-                    self.lifecycle.event("succeeded", env, job.delivery.queue, job.attempt)
+                if job.encode_error is not None:  # dead-lettered: its result cannot be stored
+                    self.failed += 1
+                else:
+                    self.processed += 1
+                    if self.lifecycle.on:
+                        env = job.envelope
+                        self.lifecycle.event("succeeded", env, job.delivery.queue, job.attempt)
         if error is not None:
             try:
                 completion = completions.failure(job, error, retry, track_state)
@@ -271,7 +301,7 @@ class Ending:
     def timed_out(self, job: Job) -> None:
         """Commit the failure of a run that passed its timeout (soft or hard: the error is
         :meth:`.timeouts.Timeouts.error`'s)."""
-        error = self.timeout_error(job)
+        error = self.timeouts.error(job)
         self.failed += 1
         self.commit(job, self.completions.failure(job, error), error, tally=2)
 
@@ -315,16 +345,23 @@ class Ending:
                 end = workflow_end(completion) if step else None  # may it end the workflow?
                 extensions.committed(job, outcome, scope.copy(), self.worker_id, end)
         completion = self.tap(job, completion, error, cancelled)
-        flusher = self.flusher
-        if tally:  # count_run, inlined: once per task
-            if completion is not None and flusher.broker.state.counts(completion):
-                completion.tally = tally
-            else:
-                self.unwritten_runs[tally - 1] += 1
+        if tally:
+            self.count_run(completion, tally)
         if completion is not None:
-            flusher.add(completion)
+            self.flusher.add(completion)
         if self.first_run is not None:
             self._watch_first(completion)
+
+    def refused(self, stale: list[Completion]) -> None:
+        """The broker refused ``stale`` (their leases were lost; another delivery of each
+        message runs or ran it): their runs leave :attr:`processed` and :attr:`failed`, so
+        the worker's counts agree with the namespace's and the metrics, which never count
+        them."""
+        for completion in stale:
+            if completion.run == 1:
+                self.processed -= 1
+            elif completion.run == 2:
+                self.failed -= 1
 
     @property
     def unwritten(self) -> tuple[int, int]:
@@ -336,6 +373,8 @@ class Ending:
         in the namespace's counters: with its completion's writes when the store counts it
         there (:attr:`~blitzq.broker.values.Completion.tally`), else in
         :attr:`unwritten_runs` (the registrations add it)."""
+        if completion is not None:
+            completion.run = tally  # taken back from processed / failed if refused as stale
         if completion is not None and self.flusher.broker.state.counts(completion):
             completion.tally = tally
         else:

@@ -33,8 +33,8 @@ flight returns (:meth:`Flusher.hold`, at most :data:`MAX_HOLD` seconds): the ser
 answers the fetch first and applies the completions while the worker starts what it fetched,
 instead of the worker waiting for both in turn (see :mod:`.fetch`).
 
-In fast mode on one server a fetch loop may take the next batch instead (:meth:`Flusher.board`)
-and send it in its own round trip with its next non-blocking pop (``broker/redis/carrying.py``);
+On one server a fetch loop may take the next batch instead (:meth:`Flusher.board`) and send
+it in its own round trip with its next non-blocking fetch (``broker/redis/carrying.py``);
 the writer waits until that fetch tells what became of it (:meth:`Flusher.landed`), and writes
 it itself, with the retries above, when it is not known to be applied.
 
@@ -126,6 +126,9 @@ class Flusher:
         #: Called with each batch the broker applied and the stale completions it refused
         #: (the worker's metrics count the applied ones), or ``None``.
         self.on_written: Callable[[list[Completion], list[Completion]], None] | None = None
+        #: Called with the completions the broker refused as stale (the ending takes their
+        #: runs back from the worker's counts), or ``None``.
+        self.on_stale: Callable[[list[Completion]], None] | None = None
         #: Set while completions can be written and the backlog is under MAX_BACKLOG; the
         #: fetch loops wait for it before each fetch (backpressure).
         self.writable = asyncio.Event()
@@ -426,6 +429,8 @@ class Flusher:
     def _report(self, stale: list[Completion]) -> None:
         """Count and log completions the broker dropped because their lease was lost."""
         self.stale += len(stale)
+        if self.on_stale is not None:
+            self.on_stale(stale)
         if getattr(self.broker.transport, "fenced_by_takes", False):
             for c in stale:
                 logger.warning(

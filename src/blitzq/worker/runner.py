@@ -192,7 +192,7 @@ class Runner:
             worker.failure_log_level,
             worker.retry_log_level,
             self._base_context,
-            self.timeouts.error,
+            self.timeouts,
         )
         if queue.recent_index:
             self.notes: EndNotes | None = EndNotes(queue.recent_index, queue.result_ttl)

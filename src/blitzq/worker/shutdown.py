@@ -165,6 +165,11 @@ async def shut_down(
         await asyncio.wait_for(runner.progress.close(), FETCH_GRACE)
     await worker.ops.stop()
     await emit(worker, Signal.WORKER_STOPPED)
+    stale = flusher.stale
     logger.info(
-        "worker %s stopped: %d succeeded, %d failed", worker.id, worker.processed, worker.failed
+        "worker %s stopped: %d succeeded, %d failed%s",
+        worker.id,
+        worker.processed,
+        worker.failed,
+        f", {stale} stale completion(s) dropped (their leases lapsed)" if stale else "",
     )

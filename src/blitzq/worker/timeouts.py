@@ -14,6 +14,11 @@
   more than ``Worker.max_abandoned_threads``, the worker stops gracefully (not waiting for
   them) and asks to be restarted (exit code :data:`~blitzq.worker.worker.EXIT_RESTART` of
   ``blitzq worker``, which the supervisor restarts at once): the process exit kills them.
+  An async task that ignores its cancellation (catches ``CancelledError`` and goes on) is
+  recorded as TaskTimeout all the same, whatever it then returns or raises; one still
+  running :data:`CANCEL_GRACE` seconds after its cancellation is *abandoned* as a thread run
+  is (its failure committed then, its slot kept until it returns, counted and restarted for
+  alike).
 - ``soft_timeout``: :class:`~blitzq.SoftTimeoutError` is raised inside a thread task, through
   ``PyThreadState_SetAsyncExc``, which takes effect at the next Python bytecode: a thread
   blocked in C code (a long ``time.sleep``, a socket read) sees it only when that call
@@ -45,6 +50,11 @@ if TYPE_CHECKING:
     from .executors import ThreadPool
 
 logger = logging.getLogger("blitzq.worker")
+
+#: Seconds an async task may run on after its hard timeout cancelled it (time for its
+#: ``finally`` blocks to await their clean-up) before it is abandoned: its failure is
+#: committed and it keeps its slot until its coroutine returns (module docstring).
+CANCEL_GRACE = 5.0
 
 
 class _RestartingWorker(Protocol):
@@ -191,6 +201,9 @@ class Timeouts:
         job.timed_out = True
         if job.task.executor == "async":
             job.handle.cancel()
+            if slots is not None:
+                loop = asyncio.get_running_loop()
+                loop.call_later(CANCEL_GRACE, self._cancel_ignored, job, slots)
             return
         job.finished = True
         runner = self.runner
@@ -201,6 +214,21 @@ class Timeouts:
             pass  # never started, so it never runs: its slot is freed by run_ended
         elif slots is not None:
             self.abandon(job, slots)
+
+    def _cancel_ignored(self, job: Job, slots: Slots) -> None:
+        """:data:`CANCEL_GRACE` after a hard timeout cancelled an async run: a run still going
+        ignored its cancellation; commit its failure now and abandon it (:meth:`abandon`)."""
+        if job.finished or job.handle is None or job.handle.done():
+            return
+        job.finished = True
+        self.runner.ending.timed_out(job)
+        job.handle.cancel()  # once more: a coroutine that swallowed one may let the next go
+        self.abandon(job, slots)
+
+    def soft_expired(self, job: Job) -> bool:
+        """Whether the timeout ``job`` passed is its soft one (an async run cancelled by its
+        soft timeout, not yet recorded)."""
+        return job in self._soft
 
     def soft(self, job: Job) -> None:
         """The run passed its soft timeout: raise in its thread, or cancel the coroutine."""
@@ -234,12 +262,13 @@ class Timeouts:
         self._soft.discard(job)
 
     def abandon(self, job: Job, slots: Slots) -> None:
-        """A thread run passed its hard timeout (its failure is committed): abandon its
-        thread, which keeps its slot of ``slots`` until the call returns (:meth:`returned`).
+        """A thread run passed its hard timeout, or an async run ignored the cancellation of
+        its own (its failure is committed): abandon it; it keeps its slot of ``slots`` until
+        its call or coroutine returns (:meth:`returned`).
 
         The job leaves the runner's jobs for :attr:`abandoned`, the thread pool may start
-        one more thread for as long as this one runs, and the worker asks to be restarted
-        when the abandoned threads hold all its slots or a queue's (:meth:`restart_reason`).
+        one more thread for as long as a thread run runs, and the worker asks to be restarted
+        when the abandoned runs hold all its slots or a queue's (:meth:`restart_reason`).
         """
         runner = self.runner
         runner.jobs.discard(job)
@@ -247,14 +276,19 @@ class Timeouts:
             job.timer.cancel()
         self.abandoned[job] = slots
         self.abandoned_total += 1
-        if runner.thread_pool is not None:
+        threaded = job.task.executor != "async"
+        if threaded and runner.thread_pool is not None:
             runner.thread_pool.abandon()
         slots.global_limiter.wake()  # a stopping worker does not wait for this run
         logger.warning(
-            "task %s %s passed its hard timeout and its thread is still running: it keeps its "
-            "slot until it returns, %d abandoned thread(s) now (%d slot(s) of %d)",
+            "task %s %s passed its hard timeout and %s: it keeps its slot until it returns, "
+            "%d abandoned run(s) now (%d slot(s) of %d)",
             job.envelope.task,
             job.envelope.id,
+            "its thread is still running"
+            if threaded
+            else f"ignored its cancellation (still running {CANCEL_GRACE:g} s after it; an "
+            "async task must let CancelledError propagate)",
             len(self.abandoned),
             slots.global_limiter.in_use,
             slots.global_limiter.capacity,
@@ -283,14 +317,14 @@ class Timeouts:
             )
         everyone = slots.global_limiter.capacity
         if count >= everyone:
-            return f"all {everyone} slots held by threads abandoned at their hard timeout"
+            return f"all {everyone} slots held by runs abandoned at their hard timeout"
         limiter = slots.queue_limiter
         if limiter is not None:
             held = sum(1 for s in self.abandoned.values() if s.queue_limiter is limiter)
             if held >= limiter.capacity:
                 return (
                     f"all {limiter.capacity} slots of queue {base_queue(job.delivery.queue)!r} "
-                    "held by threads abandoned at their hard timeout"
+                    "held by runs abandoned at their hard timeout"
                 )
         return None
 
@@ -299,10 +333,12 @@ class Timeouts:
         caller frees its slot)."""
         self.abandoned.pop(job, None)
         threads = self.runner.thread_pool
-        if threads is not None:
+        threaded = job.task.executor != "async"
+        if threaded and threads is not None:
             threads.returned()
         logger.info(
-            "abandoned thread of task %s %s returned after %.1f s: its slot is free",
+            "abandoned %s of task %s %s returned after %.1f s: its slot is free",
+            "thread" if threaded else "coroutine",
             job.envelope.task,
             job.envelope.id,
             time.time() - job.started_at,

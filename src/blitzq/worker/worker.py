@@ -301,12 +301,14 @@ class Worker:
 
     @property
     def processed(self) -> int:
-        """Tasks that succeeded in this worker."""
+        """Tasks that succeeded in this worker (a run whose completion the broker refused as
+        stale -- its lease lapsed and another delivery ran it -- is not counted)."""
         return self._runner.ending.processed if self._runner else 0
 
     @property
     def failed(self) -> int:
-        """Attempts that failed (or messages dead-lettered) in this worker."""
+        """Attempts that failed (or messages dead-lettered) in this worker (not those whose
+        completion was refused as stale)."""
         return self._runner.ending.failed if self._runner else 0
 
     @property
@@ -330,12 +332,14 @@ class Worker:
 
     @property
     def abandoned_threads(self) -> int:
-        """Sync-task threads abandoned at their hard timeout that are still running."""
+        """Runs abandoned at their hard timeout that are still running: sync-task threads,
+        and async tasks still running ``CANCEL_GRACE`` after their cancellation."""
         return len(self._runner.timeouts.abandoned) if self._runner else 0
 
     @property
     def abandoned_threads_total(self) -> int:
-        """Sync-task threads abandoned at their hard timeout since the worker started."""
+        """Runs abandoned at their hard timeout since the worker started (see
+        :attr:`abandoned_threads`)."""
         return self._runner.timeouts.abandoned_total if self._runner else 0
 
     @property

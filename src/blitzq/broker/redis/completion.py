@@ -5,10 +5,11 @@
 that travel as one MessagePack argument; :meth:`~.store.RedisStateStore.complete` sends
 them in one script call. Building a handful of arguments per completion in redis-py cost
 more than the whole server-side work; so does a Python call per record, which the ``"R"``
-entry (a run of plain successes) avoids. The strings of an ``"R"`` entry (entry ids, record
-keys, records) travel as arguments of their own after the fixed ones (from
-:data:`STRINGS_AT`): the server's Lua makes each argument a string once, hashing every
-byte, where a string inside the MessagePack argument would be made twice.
+entry (a run of plain successes) avoids. The strings of an ``"R"`` entry (entry ids, then
+each record key followed by its record: the pairs one ``MSET`` takes) travel as arguments of
+their own after the fixed ones (from :data:`STRINGS_AT`): the server's Lua makes each
+argument a string once, hashing every byte, where a string inside the MessagePack argument
+would be made twice.
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ def encode_batch(
     Returns:
         The entries and the strings. ``"R"`` entries (a run of completions of one queue and
         TTL that only ack and store a record, of generated ids: no ``nonce``; its entry ids,
-        record keys and records are in the strings, the entry gives where), ``"C"`` entries
+        then its record keys each followed by its record, are in the strings, the entry gives
+        where), ``"C"`` entries
         (any other completion), ``"A"`` entries (acks without a record, per queue) and
         ``"I"`` entries (the tasks that ended, per queue: their
         :attr:`~blitzq.broker.values.Completion.ended` notes, packed by
@@ -154,11 +156,13 @@ def encode_batch(
 
     def run_entry(queue: str, ttl: int, fenced: bool) -> tuple[Any, ...]:
         # {"R", queue, ttl, at, nids, n, succeeded, failed, tags[, "o"]}: ARGV[at...] the
-        # ids (or fences), record keys, records.
+        # ids (or fences), then each record key followed by its record (the pairs MSET takes).
         at = STRINGS_AT + len(strings)
         strings.extend(ids)
-        strings.extend([record_head + task_id for task_id in task_ids])
-        strings.extend(recs)
+        pairs: list[str | bytes] = [b""] * (2 * len(recs))
+        pairs[0::2] = [record_head + task_id for task_id in task_ids]
+        pairs[1::2] = recs
+        strings.extend(pairs)
         runs = runs_of(run_tags, bool(ids))  # outbox fences can be stale as entry ids can
         if fenced:
             return ("R", queue, ttl, at, len(ids), len(task_ids), *runs, "o")

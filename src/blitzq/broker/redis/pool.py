@@ -24,6 +24,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from hiredis import pack_command as _hiredis_pack  # a dependency (>= 2.3)
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
 POOL_INTERNALS = ("_available_connections", "_in_use_connections", "_condition")
 """Attributes of a ``redis.asyncio.BlockingConnectionPool`` the fast path reads (and
@@ -295,3 +296,97 @@ async def _has_unread(connection: Any) -> bool:
         return bool(await can_read())
     except Exception:
         return True
+
+
+def direct_pool(client: Any, command: str) -> BoundedPool | None:
+    """The pool on which :func:`run_direct` may run ``command`` for ``client``, or ``None``.
+
+    Only a plain ``redis.asyncio.Redis`` (not a subclass: Sentinel's client adds ``WAIT``
+    to its commands) with no single connection of its own, on a :class:`BoundedPool` (not a
+    subclass) whose lean path is on (:func:`_lean_path_allowed`: no credential provider, no
+    redis-py metrics) and with the fast paths' internals present, and only a command that
+    has no response callback on it (its reply is used raw either way).
+
+    Args:
+        client: any client object.
+        command: the command name, as redis-py's ``response_callbacks`` spell it.
+    """
+    pool = getattr(client, "connection_pool", None)
+    if (
+        type(client) is aioredis.Redis
+        and type(pool) is BoundedPool
+        and pool._lean
+        and pool._fast
+        and not client.single_connection_client
+        and command not in client.response_callbacks
+    ):
+        return pool
+    return None
+
+
+async def run_direct(pool: BoundedPool, args: tuple[Any, ...]) -> Any:
+    """Run the command ``args`` on a connection of ``pool`` and return its raw reply.
+
+    What redis-py's ``Redis.execute_command`` does for a command with no response callback
+    on a client :func:`direct_pool` accepts, without its layers (a closure, its retry's
+    wrapper call, a per-command check for ``HIMPORT``, its observability records and the
+    pool's own bookkeeping): the connection is taken and given back through the pool (its
+    fast path), the command packed and written as every command is
+    (:class:`_DirectWrite`), the reply read under ``socket_timeout``, and a connection
+    error retried as redis-py retries it (the connection's ``retry``, the connection
+    closed before each new try).
+
+    Raises:
+        redis.exceptions.RedisError: the server's error reply (``ResponseError`` and its
+            kinds, ``NoScriptError`` among them), a read timeout (``TimeoutError``, not
+            retried), a connection error after the retries.
+    """
+    conn = await pool.get_connection()
+    try:
+        return await conn.retry.call_with_retry(
+            lambda: _send_and_read(conn, args),
+            lambda error, failures: conn.disconnect(error=error, failure_count=failures),
+            with_failure_count=True,
+        )
+    finally:
+        await pool.release(conn)
+
+
+async def _send_and_read(conn: Any, args: tuple[Any, ...]) -> Any:
+    """One try of :func:`run_direct` on ``conn``."""
+    await conn.send_packed_command(conn.pack_command(*args))
+    return await conn.read_response()
+
+
+async def run_direct_many(pool: BoundedPool, commands: tuple[tuple[Any, ...], ...]) -> list[Any]:
+    """Run ``commands`` in one write on one connection of ``pool`` and return their raw
+    replies in order, as :func:`run_direct` runs one (each reply read under
+    ``socket_timeout``; a connection error sends them all again). An error reply is
+    returned in its place (a ``ResponseError`` instance), never raised: the others ran.
+
+    Raises:
+        redis.exceptions.RedisError: a read timeout (``TimeoutError``), a connection error
+            after the retries.
+    """
+    conn = await pool.get_connection()
+    try:
+        replies: list[Any] = await conn.retry.call_with_retry(
+            lambda: _send_and_read_all(conn, commands),
+            lambda error, failures: conn.disconnect(error=error, failure_count=failures),
+            with_failure_count=True,
+        )
+        return replies
+    finally:
+        await pool.release(conn)
+
+
+async def _send_and_read_all(conn: Any, commands: tuple[tuple[Any, ...], ...]) -> list[Any]:
+    """One try of :func:`run_direct_many` on ``conn``."""
+    await conn.send_packed_command(conn.pack_commands(commands))
+    replies: list[Any] = []
+    for _ in commands:
+        try:
+            replies.append(await conn.read_response())
+        except ResponseError as error:
+            replies.append(error)
+    return replies

@@ -31,6 +31,7 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from .keys import TABLE
+from .pool import direct_pool, run_direct
 
 INCLUDE = "--@include "
 """A line starting with this is replaced by the text of the file it names."""
@@ -174,13 +175,21 @@ class Scripts:
     Args:
         client: the broker's client (its pool, timeouts and retries apply to the calls).
 
+    On a plain single-server client (:func:`~.pool.direct_pool`) the ``EVALSHA`` is sent on
+    a connection of the pool directly (:func:`~.pool.run_direct`): the same connection,
+    bytes, read timeout and connection-error retries as redis-py's ``execute_command``,
+    without its per-call layers (a drain at concurrency 10 makes one call per 2-5 tasks;
+    ``bench/README.md``, "session 8"). Any other client (Sentinel's, a cluster's, a
+    stand-in) runs it through its own ``execute_command``.
+
     Redis errors propagate unchanged: callers translate them (``client.translate_errors``).
     """
 
-    __slots__ = ("_client",)
+    __slots__ = ("_client", "_pool")
 
     def __init__(self, client: Any) -> None:
         self._client = client
+        self._pool = direct_pool(client, "EVALSHA")
 
     async def call(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run script ``name`` with ``keys`` (``KEYS``) and ``args`` (``ARGV``); its reply.
@@ -193,9 +202,14 @@ class Scripts:
             FileNotFoundError: no script of that name ships with blitzq.
         """
         script = _loaded.get(name) or load(name)
-        client = self._client
+        client, pool = self._client, self._pool
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
-            return await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            if pool is not None:
+                return await run_direct(pool, command)
+            return await client.execute_command(*command)
         except NoScriptError:
             await client.script_load(script.source)
-            return await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            if pool is not None:
+                return await run_direct(pool, command)
+            return await client.execute_command(*command)

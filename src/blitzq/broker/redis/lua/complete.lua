@@ -25,9 +25,10 @@
 --   {"R", queue, ttl, at, nids, n, p, f, tags[, "o"]}   n completions that only ack (nids
 --     stream entry ids: n, or 0 for a list or the outbox; with "o": n outbox fences, checked
 --     as a "C" entry's) and store a record (the common success):
---     ARGV[at .. at+nids-1] the entry ids, the next n the record keys (<prefix>t:<task_id>:
---     made by the client, not concatenated here a task at a time), the next n the records;
---     one XACK and one XDEL (or XTRIM) for all, then SET + PUBLISH per record, as "C";
+--     ARGV[at .. at+nids-1] the entry ids, the next 2n each record key (<prefix>t:<task_id>:
+--     made by the client, not concatenated here a task at a time) followed by its record;
+--     one XACK and one XDEL (or XTRIM) for all, then the records as "C" entries' (with
+--     nothing stale and no cancel mark: one MSET of the pairs, a PEXPIREAT each, PUBLISH);
 --     p, f, tags: the runs they end (see Runs below)
 --   {"C", kind, queue, token, task_id, record, ttl, reschedule, eta, dead, requeue, ops,
 --    fence, guard, index, size, guard_ttl, nonce, tally}
@@ -55,10 +56,12 @@
 --     packed by the client (browse.py, recent_add.lua): the index keeps cap notes, expires
 --     in ttl (s)
 -- Also reads or writes:
---   {ns}:s:<queue>    XACK/XDEL of acks and tokens, XPENDING of fences, XADD of requeues
+--   {ns}:s:<queue>    XACK/XDEL (or XTRIM) of acks and tokens, XPENDING of fences and cuts,
+--                     XADD of requeues (stream_acks.lua, fencing.lua)
 --   {ns}:l:<queue>    LPUSH of requeues (fast mode)
 --   {ns}:outbox:<queue>, {ns}:outboxes   kind "o": every message written (outbox.lua)
---   {ns}:t:<task_id>  SET of the record (EX ttl); {ns}:done:<task_id> PUBLISH of it or '1'
+--   {ns}:t:<task_id>  SET of the record (EX ttl), or MSET and PEXPIREAT (an "R" entry's);
+--                     {ns}:done:<task_id> PUBLISH of it or '1'
 --   {ns}:tn:<task_id> GET, TTL, EXPIRE: the owner of an explicit id ("C" with a nonce only)
 --   {ns}:w:<task_id>  EXISTS, with ARGV[9] "1" only: a waiter announced itself
 --   {ns}:revoked      EXISTS, ZSCORE: a cancel's record stands (see below)
@@ -197,7 +200,9 @@ end
 local function done_subscribed(most)
   local info = redis.pcall('INFO', 'STATS')  -- the section (not the key {ns}:stats)
   if type(info) ~= 'string' then return nil end
-  local held = tonumber(string.match(info, 'pubsub_channels:(%d+)'))
+  -- found as plain text (a pattern is tried at every byte before it: 3 times the cost)
+  local _, at = string.find(info, 'pubsub_channels', 1, true)
+  local held = at and tonumber(string.match(info, '^:(%d+)', at + 1))
   if not held or held > most then return nil end
   local subscribed = {}
   if held == 0 then return subscribed end
@@ -228,7 +233,7 @@ local function listen(entries)
   local ids, keys = {}, {}  -- task ids and their record keys
   for _, c in ipairs(entries) do
     if c[1] == 'R' then
-      for i = c[4] + c[5], c[4] + c[5] + c[6] - 1 do
+      for i = c[4] + c[5], c[4] + c[5] + 2 * c[6] - 2, 2 do  -- the keys of the pairs
         keys[#keys + 1] = ARGV[i]
         ids[#ids + 1] = task_of(ARGV[i])
       end
@@ -298,79 +303,7 @@ end
 
 --@include completion_ops.lua
 
--- A stream entry id as two numbers (milliseconds, sequence); nil past 2^53 (not exact).
-local function id_parts(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  ms, seq = tonumber(ms), tonumber(seq)
-  if not ms or ms >= 9007199254740992 or seq >= 9007199254740992 then return nil end
-  return ms, seq
-end
-
--- The later of two stream entry ids a and b (digits, '-', digits, no leading zeros), compared
--- as strings: no number is made (tonumber costs the server more than the rest of the check):
--- a longer time part is later; with time parts of one width and ids of one length, the
--- byte order is the order; else the time parts are compared, then the lengths.
-local function later(a, b)
-  local da, db = string.find(a, '-', 1, true), string.find(b, '-', 1, true)
-  if da ~= db then return (da > db) and a or b end
-  if #a == #b then return (a > b) and a or b end
-  local ta, tb = string.sub(a, 1, da), string.sub(b, 1, db)
-  if ta ~= tb then return (ta > tb) and a or b end
-  return (#a > #b) and a or b
-end
-
--- Delete the entries ids[s..e], just acknowledged, with one XTRIM MINID when they are all
--- the entries at the head of the stream: the group has nothing pending up to the largest of
--- them, and nothing up to it is undelivered (the group read past it) or acknowledged and left
--- (every acknowledgement deletes its entry in the same script), so the entries below the
--- next id are exactly these. XTRIM frees whole nodes of the stream at once, where XDEL looks
--- each id up (about half the server's time per entry). Returns false when it cannot tell
--- (something older is pending, an id too large to compare, XTRIM MINID refused: Redis < 6.2):
--- the caller deletes them with XDEL.
-local function trimmed(stream, ids, s, e)
-  local top = ids[s]
-  for i = s + 1, e do
-    local id = ids[i]
-    if not string.find(id, '^%d+%-%d+$') then return false end
-    top = later(top, id)
-  end
-  local top_ms, top_seq = id_parts(top)
-  if not top_ms then return false end
-  local pending = redis.call('XPENDING', stream, group)
-  if pending[1] > 0 then
-    local first = pending[2]
-    if not id_parts(first) or later(first, top) == top then return false end
-  end
-  local cut = redis.pcall('XTRIM', stream, 'MINID', string.format('%d-%d', top_ms, top_seq + 1))
-  return type(cut) == 'number'
-end
-
--- Acknowledge and delete the ids ids[first..last] of a stream (ids: a table, or ARGV);
--- returns the set of positions found stale (nil when none).
-local function ack(stream, ids, first, last, queue)
-  -- unpack() is limited by the Lua stack; chunk large id lists.
-  local s, n = first, last
-  local lost = nil
-  while s <= n do
-    local e = math.min(n, s + 999)
-    if redis.call('XACK', stream, group, unpack(ids, s, e)) < e - s + 1 then
-      -- Some were not pending (stale): those are the ones no longer in the stream, since
-      -- every acknowledgement (a completion, a recovery) deletes its entry at once.
-      for i = s, e do
-        if #redis.call('XRANGE', stream, ids[i], ids[i]) == 0 then
-          stale[#stale + 1] = {queue, ids[i]}
-          lost = lost or {}
-          lost[i] = true
-        end
-      end
-    end
-    if lost or not trimmed(stream, ids, s, e) then
-      redis.call('XDEL', stream, unpack(ids, s, e))
-    end
-    s = e + 1
-  end
-  return lost
-end
+--@include stream_acks.lua
 
 -- An "R" entry: ack all its ids at once (fenced as "A"), then store and publish the records
 -- of those that were still this consumer's, exactly as a "C" entry with only a record.
@@ -395,16 +328,27 @@ local function ran_entry(p, f, tags, lost, first)
   ran[1], ran[2] = ran[1] + p, ran[2] + f
 end
 
+-- The expiry of a record kept ttl seconds (a number) from now on the server's clock, as
+-- PEXPIREAT takes it (Unix milliseconds, digits): TIME is read once per call.
+local now_ms = nil
+local function expiry(ttl)
+  if now_ms == nil then
+    local t = redis.call('TIME')
+    now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return string.format('%d', now_ms + ttl * 1000)
+end
+
 local function records(c)
-  -- the TTL made a string once: redis.call formats a number argument at every call
-  local queue, ttl, at, nids, n = c[2], tostring(c[3]), c[4], c[5], c[6]
+  local queue, ttl, at, nids, n = c[2], c[3], c[4], c[5], c[6]
   local lost = nil
-  local keys_at, recs_at = at + nids, at + nids + n
+  local kv = at + nids  -- ARGV[kv + 2i]: a record key, ARGV[kv + 2i + 1]: its record
+  local last = kv + 2 * n - 1
   if c[10] == 'o' then  -- the ids are outbox fences (RabbitMQ), checked as a "C" entry's
-    local listed = listed_takes(keys_at, keys_at + nids - 1)
+    local listed = listed_takes(kv, last, 2)
     for i = 0, nids - 1 do
-      if listed[keys_at + i]
-          and taken_by_another(queue, task_of(ARGV[keys_at + i]), ARGV[at + i], true) then
+      if listed[kv + 2 * i]
+          and taken_by_another(queue, task_of(ARGV[kv + 2 * i]), ARGV[at + i], true) then
         lost = lost or {}
         lost[at + i] = true
       end
@@ -413,20 +357,40 @@ local function records(c)
     lost = ack(KEY.stream(prefix, queue), ARGV, at, at + nids - 1, queue)
   end
   ran_entry(c[7], c[8], c[9], lost, at)  -- runs
-  if lost ~= nil or marks or quiet or heard == nil then
+  if lost ~= nil or marks or not (ttl > 0) then
+    local ttl_text = tostring(ttl)  -- made a string once, not by redis.call at every call
     for i = 0, n - 1 do
       if lost == nil or not lost[at + i] then
-        store(ARGV[keys_at + i], nil, ARGV[recs_at + i], ttl)
+        store(ARGV[kv + 2 * i], nil, ARGV[kv + 2 * i + 1], ttl_text)
       end
     end
     return
   end
-  -- The common case, store() inlined: nothing stale, no cancel mark, a waiter known by heard
-  for i = 0, n - 1 do
-    local key, record = ARGV[keys_at + i], ARGV[recs_at + i]
-    local old = rpcall('SET', key, record, 'EX', ttl, 'GET')
-    if old and old.err then redis.call('SET', key, record, 'EX', ttl) end
-    if heard[key] then announce(key, record) end
+  -- The common case (nothing stale, no cancel mark): store() for all at once. One MSET of
+  -- the pairs as they arrived (a key of another type is written over, as SET does; a key
+  -- twice: the later record stays), then one PEXPIREAT each: a SET with an expiry costs
+  -- more (Redis 7.0 rewrites it into SET ... PXAT for replication at every call, and its
+  -- six arguments are copied), and the absolute time is propagated as sent.
+  local s = kv
+  while s <= last do  -- unpack() is limited by the Lua stack: chunks of 500 pairs
+    local e = math.min(last, s + 999)
+    redis.call('MSET', unpack(ARGV, s, e))
+    s = e + 1
+  end
+  local when, call = expiry(ttl), redis.call
+  for i = kv, last, 2 do
+    local key = ARGV[i]
+    call('PEXPIREAT', key, when)
+    if heard then
+      if heard[key] then announce(key, ARGV[i + 1]) end
+    elseif not quiet then
+      announce(key, ARGV[i + 1])
+    else  -- only to an announced waiter
+      local task_id = task_of(key)
+      if call('EXISTS', KEY.waiter(prefix, task_id)) == 1 then
+        announce(key, ARGV[i + 1], task_id)
+      end
+    end
   end
 end
 

@@ -4,7 +4,7 @@
 -- the include: prefix, group, consumer, stale (the list of {queue, id} found stale),
 -- task_of. Keys it reads: {ns}:s:<queue> (XACK, XPENDING), {ns}:tks (the task ids with a
 -- take) and {ns}:tk:<task_id>:<digest> (a take).
--- Returns nothing: it defines fenced(c) (a "C" entry), listed_takes(first, last) and
+-- Returns nothing: it defines fenced(c) (a "C" entry), listed_takes(first, last, step) and
 -- taken_by_another(queue, task_id, fence, listed) (an "R" entry's fences).
 --   Redis streams: a "C" entry's XACK (or, for a running record, XPENDING's owner) says
 --     whether the entry is still this consumer's.
@@ -33,13 +33,13 @@ local function taken_by_another(queue, task_id, fence, listed)
   return true
 end
 
--- Which of ARGV[first..last] (record keys) have a take of their task listed in {ns}:tks
--- (position -> true).
+-- Which of ARGV[first], ARGV[first + step], ... up to ARGV[last] (record keys) have a take
+-- of their task listed in {ns}:tks (position -> true).
 -- A small set (a listpack: ZSCORE scans it) is read whole once per batch into a Lua table;
 -- a large one (a hash table) is asked with one ZMSCORE per 1000 ids (a ZSCORE each where
 -- ZMSCORE is unknown: Redis < 6.2).
 local listed_ids = nil
-local function listed_takes(first, last)
+local function listed_takes(first, last, step)
   local takes, found = KEY.takes(prefix), {}
   if listed_ids == nil then
     listed_ids = false
@@ -53,25 +53,28 @@ local function listed_takes(first, last)
   end
   if listed_ids then
     if next(listed_ids) == nil then return found end  -- no take in the namespace
-    for i = first, last do
+    for i = first, last, step do
       if listed_ids[task_of(ARGV[i])] then found[i] = true end
     end
     return found
   end
   local s = first
   while s <= last do
-    local e = math.min(last, s + 999)
-    local ids = {}
-    for i = s, e do ids[i - s + 1] = task_of(ARGV[i]) end
+    local e = math.min(last, s + 999 * step)
+    local ids, at = {}, {}
+    for i = s, e, step do
+      ids[#ids + 1] = task_of(ARGV[i])
+      at[#at + 1] = i
+    end
     local scores = redis.pcall('ZMSCORE', takes, unpack(ids))
     if type(scores) == 'table' and scores.err then
       scores = {}
-      for i = 1, #ids do scores[i] = redis.call('ZSCORE', takes, ids[i]) end
+      for j = 1, #ids do scores[j] = redis.call('ZSCORE', takes, ids[j]) end
     end
-    for i = s, e do
-      if scores[i - s + 1] then found[i] = true end
+    for j = 1, #ids do
+      if scores[j] then found[at[j]] = true end
     end
-    s = e + 1
+    s = e + step
   end
   return found
 end
