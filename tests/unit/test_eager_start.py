@@ -121,3 +121,18 @@ async def test_the_run_sees_its_current_task_before_and_after_a_suspension() -> 
     assert task is not None
     assert await asyncio.wait_for(task, 5) == (_CURRENT, _CURRENT)
     assert current_task() is None  # the worker's own context is untouched
+
+
+async def test_a_start_from_inside_a_first_step_gets_a_driver_of_its_own() -> None:
+    """A first step that starts another run at once (nothing in the worker does, but a
+    driver already running cannot be sent to: ``generator already executing``)."""
+    eager = EagerStart()
+    inner: list[Any] = []
+
+    async def outer() -> int:
+        inner.append(start(eager, returns, 20))
+        return 1
+
+    assert start(eager, outer) == (1, None, None)
+    assert inner == [(40, None, None)]
+    assert start(eager, returns, 3) == (6, None, None)  # the runner's driver still serves

@@ -14,7 +14,7 @@ import asyncio
 import contextvars
 import types
 from collections.abc import Generator
-from typing import Any
+from typing import Any, cast
 
 from ..context import Deferred, TaskContext, enter_current
 
@@ -55,10 +55,10 @@ def _steps(box: list[Any]) -> Generator[Any, Any, None]:
         coro = yield _DONE
 
 
-def _fresh() -> tuple[Generator[Any, Any, None], list[Any]]:
+def _fresh() -> tuple[types.GeneratorType[Any, Any, None], list[Any]]:
     """A new driver (:func:`_steps`), started, and its box."""
     box: list[Any] = [None]
-    steps = _steps(box)
+    steps = cast("types.GeneratorType[Any, Any, None]", _steps(box))
     steps.send(None)
     return steps, box
 
@@ -152,14 +152,16 @@ class EagerStart:
             BaseException: whatever calling ``fn`` raised (a ``TypeError``: arguments that
                 do not fit its signature), before any step ran.
         """
-        steps = self.steps
+        steps, box = self.steps, self.box
+        if steps.gi_running:  # a start from inside a first step: that one keeps the driver
+            steps, box = _fresh()
+            self.steps, self.box = steps, box
         value, error = context.run(_first_step, steps, current, fn, args, kwargs)
         if value is _DONE:
-            box = self.box
             result, box[0] = box[0], None
             return result, None, None
-        box = self.box
-        self.steps, self.box = _fresh()  # this one ended, or goes on with the task
+        if self.steps is steps:
+            self.steps, self.box = _fresh()  # this one ended, or goes on with the task
         if error is not None:
             return None, error, None
         loop = asyncio.get_running_loop()
