@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextvars
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from . import _checks
 
@@ -126,26 +126,44 @@ class TaskContext:
         return f"<TaskContext {self.task} id={self.id} attempt={self.attempt}>"
 
 
-_current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(
+class Deferred(Protocol):
+    """What the worker may set as the current task instead of a :class:`TaskContext`: the
+    run itself (:class:`~blitzq.worker.execution.Job`), whose context is made on the first
+    :func:`current_task` call, so that a run that never asks costs none."""
+
+    def task_context(self) -> TaskContext:
+        """The run's :class:`TaskContext`, the same object on every call."""
+        ...
+
+
+_current: contextvars.ContextVar[TaskContext | Deferred | None] = contextvars.ContextVar(
     "blitzq_current_task", default=None
 )
 
 
 def current_task() -> TaskContext | None:
     """The task running in this context, or ``None`` outside a task."""
-    return _current.get()
+    current = _current.get()
+    if current is None or isinstance(current, TaskContext):
+        return current
+    return current.task_context()  # made on the first call of the run
 
 
-def set_current(context: TaskContext | None) -> contextvars.Token[TaskContext | None]:
+def set_current(
+    context: TaskContext | None,
+) -> contextvars.Token[TaskContext | Deferred | None]:
     """Make ``context`` the current task (the worker's side of :func:`current_task`)."""
     return _current.set(context)
 
 
-#: :func:`set_current` as the context variable's own method, without a Python frame of its
-#: own: the worker's hot path sets it once per run.
-enter_current: Callable[[TaskContext | None], contextvars.Token[TaskContext | None]] = _current.set
+#: The context variable's own ``set``, without a Python frame of its own: the worker's hot
+#: path sets the current task once per run, a :class:`TaskContext` or the run itself
+#: (:class:`Deferred`: its context made on the first :func:`current_task` call).
+enter_current: Callable[
+    [TaskContext | Deferred | None], contextvars.Token[TaskContext | Deferred | None]
+] = _current.set
 
 
-def reset_current(token: contextvars.Token[TaskContext | None]) -> None:
+def reset_current(token: contextvars.Token[TaskContext | Deferred | None]) -> None:
     """Undo :func:`set_current`."""
     _current.reset(token)

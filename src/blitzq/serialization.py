@@ -301,6 +301,9 @@ def encode_envelope(envelope: Envelope, max_size: int) -> bytes:
 
 
 _decode: Final = _envelope_decoder.decode
+#: The envelope decoder's own ``decode`` (no Python frame of its own): the worker's hot path
+#: inlines :func:`decode_envelope_unchecked` with it.
+decode_envelope_raw: Final = _decode
 
 
 def decode_envelope_unchecked(data: bytes) -> Envelope:

@@ -144,6 +144,35 @@ async def test_cancel_a_running_async_task_stops_it_at_once(
     await queue.close()
 
 
+async def test_an_async_task_that_asks_for_its_context_after_the_cancel_sees_it(
+    queue: Queue,
+) -> None:
+    # An async run's TaskContext is made when first asked for: one that never asked
+    # before its cancel still finds ``cancelled`` set, on the one object of its run.
+    seen: dict[str, Any] = {}
+
+    @queue.task(name="c.late")
+    async def late() -> None:
+        seen["started"] = True
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            ctx = current_task()
+            seen["cancelled"] = ctx is not None and ctx.cancelled
+            seen["same"] = ctx is current_task()
+            seen["id"] = ctx.id if ctx is not None else None
+            raise
+
+    async with running(make_worker(queue)):
+        handle = await late.enqueue()
+        await eventually(lambda: asyncio.sleep(0, seen), lambda e: "started" in e, 30.0)
+        await handle.cancel()
+        await eventually(lambda: asyncio.sleep(0, seen), lambda e: "cancelled" in e, 30.0)
+        with pytest.raises(TaskCancelled):
+            await handle.result(timeout=5)
+    assert seen == {"started": True, "cancelled": True, "same": True, "id": handle.id}
+
+
 async def test_cancel_a_running_thread_task_sets_cancelled(queue: Queue) -> None:
     seen: dict[str, Any] = {}
     started = threading.Event()

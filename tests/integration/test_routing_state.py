@@ -270,6 +270,32 @@ async def test_current_task_in_async_and_thread_tasks(
     await queue.close()
 
 
+async def test_current_task_is_one_object_for_the_whole_run(
+    make_queue: Callable[..., Queue], mode: str
+) -> None:
+    # Made when first asked for (an async run that never asks costs none), then the same
+    # object before and after a suspension and in a thread the task starts.
+    queue = make_queue(name="ctxq", mode=mode)
+
+    @queue.task(name="ctx.same")
+    async def same() -> list[bool]:
+        first = current_task()
+        await asyncio.sleep(0.01)
+        in_thread = await asyncio.to_thread(current_task)
+        return [first is not None, first is current_task(), first is in_thread]
+
+    @queue.task(name="ctx.never")
+    async def never() -> int:
+        return 1
+
+    handles = [await never.enqueue(), await same.enqueue(), await never.enqueue()]
+    async with running(make_worker(queue)):
+        results = [await h.result(timeout=5) for h in handles]
+    assert results == [1, [True, True, True], 1]
+    assert current_task() is None
+    await queue.close()
+
+
 async def test_child_tasks_inherit_correlation_id_and_headers(
     make_queue: Callable[..., Queue], mode: str
 ) -> None:

@@ -25,7 +25,7 @@ from ..dependencies import refuse_given
 from ..envelope_checks import envelope_fault, options_fault, usable_id
 from ..exceptions import ConfigurationError, SerializationError
 from ..extensions.expiry import check_expiry, max_age_of, start_checks
-from ..serialization import Envelope, decode_envelope, decode_envelope_unchecked, envelope_head
+from ..serialization import Envelope, decode_envelope, decode_envelope_raw, envelope_head
 from ..task import Task
 from .deferral import check_failed, take_deferrals
 from .execution import Job
@@ -165,8 +165,10 @@ class Admission:
             self.reject(d, "message too large", f"{len(d.payload)} bytes", slots, ident, name)
             return
         try:
-            try:
-                env = decode_envelope_unchecked(d.payload)
+            try:  # decode_envelope_unchecked, inlined: once per delivery
+                env = decode_envelope_raw(d.payload)
+                if not env.enqueued_at:  # left off: the first enqueue's time
+                    env.enqueued_at = env.created_at
             except Exception:  # decoded again for the error decode_envelope makes of it
                 env = decode_envelope(d.payload)
         except SerializationError as exc:
@@ -326,7 +328,7 @@ class Admission:
             if task.injected:  # the worker's resources (blitzq.dependencies)
                 # A message passing one (queue.send by name) is refused, never silently replaced.
                 refuse_given(task.name, task.injected, task.signature, call[0], call[1])
-                resolved = self.runner.worker.resources.resolve(task.injected, job.context)
+                resolved = self.runner.worker.resources.resolve(task.injected, job.task_context())
                 call = (call[0], {**call[1], **resolved})
             if task.executor != "async":
                 task.signature.bind(*call[0], **call[1])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextvars
+import threading
 import traceback as tb
 from typing import Any
 
@@ -27,6 +28,11 @@ from ..task import Task
 #: one part of it (a frame, an exception's message line).
 MAX_TRACEBACK_CHARS = 8000
 _MAX_TRACEBACK_PART = 2000
+
+#: Held while a run's :class:`~blitzq.TaskContext` is made on demand (:meth:`Job.task_context`):
+#: a thread the task started (``asyncio.to_thread``) and the worker's loop (a cancel) may ask
+#: at once, and both must get the same object.
+_MAKING = threading.Lock()
 
 
 def format_traceback(exc: BaseException) -> str:
@@ -87,6 +93,10 @@ class Job:
             else ``None``.
         pool_call: a thread task's call in the thread pool (cancelled at the hard timeout
             when it has not started), else ``None``.
+        context: the run's :class:`~blitzq.TaskContext` once made (:meth:`task_context`),
+            else ``None``.
+        reporter: where the run's progress updates go (the worker's progress writer) while
+            it runs, else ``None``; given to its context when made.
     """
 
     __slots__ = (
@@ -98,6 +108,7 @@ class Job:
         "finished",
         "handle",
         "pool_call",
+        "reporter",
         "result",
         "scope",
         "started_at",
@@ -127,6 +138,36 @@ class Job:
         self.result: Any = NO_RESULT
         self.encode_error: BaseException | None = None
         self.pool_call: concurrent.futures.Future[Any] | None = None
+        self.reporter: Any = None
+
+    def task_context(self) -> TaskContext:
+        """The run's :class:`~blitzq.TaskContext` (what :func:`~blitzq.current_task` returns
+        inside it), made on the first call, the same object on every later one.
+
+        An async run without middleware gets none until something asks: its task code
+        calling ``current_task()``, a cancel (which sets its ``cancelled``), the worker's
+        resources. The context made sees everything set before (the cancel is set on it).
+        """
+        context = self.context
+        if context is None:
+            with _MAKING:  # a thread of the run and the worker's loop may ask at once
+                context = self.context
+                if context is None:
+                    env = self.envelope
+                    context = TaskContext(
+                        env.id,
+                        env.task,
+                        self.delivery.queue,
+                        self.attempt,
+                        self.task.retries + 1,  # task.max_attempts, without the property
+                        env.correlation_id,
+                        env.headers,
+                        flow=env.flow,
+                        options=env.options,
+                    )
+                    context._reporter = self.reporter
+                    self.context = context
+        return context
 
     # ------------------------------------------------------- the run's records
     # Each builds one record of this run (:mod:`blitzq.records`) from the fields all of them

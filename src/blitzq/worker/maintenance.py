@@ -426,8 +426,7 @@ class Maintenance:
                 job.envelope.id
                 for job in runner.jobs
                 if job.envelope.id in runner.revoked
-                and job.context is not None
-                and not job.context.cancelled
+                and (job.context is None or not job.context.cancelled)
             }
             for task_id in missed:
                 if runner.cancel(task_id):

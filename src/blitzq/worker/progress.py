@@ -155,8 +155,9 @@ class ProgressReporter:
         if pending is not None:
             self._update(task_id, *pending)
         state = self.active.pop(task_id, None)
+        job.reporter = None  # later updates (an abandoned thread) are ignored
         if job.context is not None:
-            job.context._reporter = None  # later updates (an abandoned thread) are ignored
+            job.context._reporter = None
         if state is None:
             return completion
         if state.timer is not None:

@@ -19,14 +19,14 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker import Broker, Completion, Delivery
-from ..context import TaskContext, set_current
+from ..context import set_current
 from ..exceptions import SerializationError
 from ..extensions.registry import extensions_of
 from ..serialization import decode_envelope
 from .admission import Admission, Call
 from .completions import Completions
 from .cpu import CpuExecutor, CpuOwner, ForkRefused
-from .eager_start import start_eagerly
+from .eager_start import EagerStart
 from .ending import Ending
 from .execution import Job
 from .executors import ProcessPool, ThreadPool
@@ -204,6 +204,8 @@ class Runner:
         #: What admission does with a delivery naming a task this worker does not know.
         self.unknown = UnknownTasks(self)
         self._run_ended = self.run_ended  # bound once: a run's done-callback reuses it
+        #: Starts the async runs (their first step inline, see :mod:`.eager_start`).
+        self.eager = EagerStart()
 
     # ------------------------------------------- shared with the stages, kept in step
     @property
@@ -341,21 +343,12 @@ class Runner:
             self.lifecycle.event("started", env, job.delivery.queue, job.attempt)
         if self._observer is not None:
             self._observer.started(job)
+        # The run's TaskContext is made when first asked for (Job.task_context), unless the
+        # middleware hooks made it already.
+        job.reporter = self.progress
         context = job.context
-        if context is None:  # else made by the middleware hooks
-            context = TaskContext(
-                env.id,
-                env.task,
-                job.delivery.queue,
-                job.attempt,
-                task.retries + 1,  # task.max_attempts, without the property's call
-                env.correlation_id,
-                env.headers,
-                flow=env.flow,
-                options=env.options,
-            )
-            job.context = context
-        context._reporter = self.progress
+        if context is not None:
+            context._reporter = self.progress
         if self.track_state:
             self._flusher.add(self.completions.progress(job))
         executor = task.executor if task.executor != "thread" else self.executor_of(task)
@@ -371,7 +364,8 @@ class Runner:
             args, kwargs = call
         if executor == "async":
             try:
-                result, error, started = start_eagerly(scope, context, task.fn, args, kwargs)
+                current = context if context is not None else job
+                result, error, started = self.eager.start(scope, current, task.fn, args, kwargs)
             except BaseException as exc:
                 # A TypeError here is a call that does not fit the signature: no retry.
                 self.ending.finish(job, None, exc, retry=not isinstance(exc, TypeError))
@@ -383,7 +377,7 @@ class Runner:
                 return
             handle: asyncio.Future[Any] = started
         else:
-            scope.run(set_current, context)
+            scope.run(set_current, job.task_context())
             try:
                 handle = self._submit(job, scope, (args, kwargs), executor)
             except Exception as exc:  # the pool refused the call: a failed attempt
@@ -529,10 +523,10 @@ class Runner:
         """
         found = False
         for job in list(self.jobs):
-            if job.envelope.id != task_id or job.finished or job.context is None:
+            if job.envelope.id != task_id or job.finished:
                 continue
             found = True
-            job.context.cancelled = True
+            job.task_context().cancelled = True  # made now if the run never asked for it
             if job.task.executor == "async":
                 job.handle.cancel()
             elif self.executor_of(job.task) in ("process", "cpu"):
