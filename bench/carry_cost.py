@@ -1,5 +1,6 @@
-"""The worker's client cost of a reliable batch: completions and a look in two round trips,
-or carried in one (``broker/redis/carrying.py``); and of one ``EVALSHA`` through redis-py's
+"""The worker's client cost of a reliable batch: completions and a look in two round trips
+(reliable mode's look carrying the completions in one was measured with this script in
+session 8 and dropped: bench/README.md); and of one ``EVALSHA`` through redis-py's
 ``execute_command`` or sent on the pool directly (``broker/redis/pool.py``, ``run_direct``).
 
 Runs with whichever ``blitzq`` the interpreter imports (``PYTHONPATH=src``). Prints the CPU
@@ -8,8 +9,8 @@ time per step; for steady figures run it under ``valgrind --tool=callgrind`` wit
 steps (start-up cancels).
 
 argv: mode, STEPS. Modes: ``two`` (``broker.complete`` of the last batch, then
-``fetch_first`` of 5: two round trips), ``carried`` (``broker.carry``: one), ``redis-py``
-and ``direct`` (one ``EVALSHA`` of a script returning 1, 15 arguments, each way).
+``fetch_first`` of 5: two round trips), ``redis-py`` and ``direct`` (one ``EVALSHA`` of a
+script returning 1, 15 arguments, each way).
 Env: ``BARS_REDIS_URL`` (a private server; the keys made are deleted).
 """
 
@@ -36,19 +37,13 @@ async def batches() -> None:
     total = (steps + 2) * BATCH
     for i in range(0, total, 500):
         await broker.publish("default", [b"x" * 60] * min(500, total - i))
-    carry = broker.carry
-    assert carry is not None or mode == "two", "no carrier: a private single server is needed"
     batch: list[Completion] = []
 
     async def step() -> None:
         nonlocal batch
-        if mode == "two":
-            if batch:
-                await broker.complete(batch)
-            got = await broker.fetch_first(["default"], BATCH, 0)
-        else:
-            assert carry is not None
-            got = await carry(["default"], BATCH, batch, lambda stale: None)
+        if batch:
+            await broker.complete(batch)
+        got = await broker.fetch_first(["default"], BATCH, 0)
         record = b"\x81\xa5state\x01"
         batch = [Completion("default", d.token, uuid.uuid4().hex, record, 60) for d in got]
 
@@ -84,4 +79,4 @@ async def scripts() -> None:
     await client.aclose()
 
 
-asyncio.run(batches() if mode in ("two", "carried") else scripts())
+asyncio.run(batches() if mode == "two" else scripts())

@@ -1,10 +1,9 @@
-"""Fetches that carry the flusher's completions (``broker/redis/carrying.py``).
+"""Fast mode's pops that carry the flusher's completions (``broker/redis/carrying.py``).
 
-A worker on one server sends its waiting completions and its next non-blocking fetch (fast
-mode's pop, reliable mode's look) in one round trip. Every result must still be written (a
-drain under load, and a lone task whose completion no fetch is due to carry), a carried
-batch the server refuses is written again by the flusher itself once it can be, and in
-reliable mode a carried completion is fenced as a written one is.
+A fast-mode worker on one server sends its waiting completions and its next non-blocking pop
+in one round trip. Every result must still be written (a drain under load, and a lone task
+whose completion no pop is due to carry), and a carried batch the server refuses is written
+again by the flusher itself once it can be.
 
 The tests run on the session's Redis and on the embedded Valkey (``both_servers``).
 """
@@ -27,11 +26,10 @@ from .proc_tasks import make_worker, running
 pytestmark = [pytest.mark.both_servers, pytest.mark.timeout(60)]
 
 
-@pytest.mark.parametrize("mode", ["fast", "reliable"])
-async def test_a_drain_carries_completions_and_writes_every_result(
-    make_queue: Callable[..., Queue], mode: str
+async def test_a_fast_drain_carries_completions_and_writes_every_result(
+    make_queue: Callable[..., Queue],
 ) -> None:
-    queue = make_queue(mode=mode)
+    queue = make_queue(mode="fast")
     assert queue.broker.carry is not None
 
     @queue.task(name="carry.double")
@@ -48,37 +46,25 @@ async def test_a_drain_carries_completions_and_writes_every_result(
                 asyncio.gather(*(h.result(timeout=30) for h in handles)), 40
             )
             assert results == [2 * i for i in range(n)]
-            assert worker._flusher.carried > 0  # the fetches carried completions
-            # Idle now: a lone task's result is written with no fetch due to carry it.
+            assert worker._flusher.carried > 0  # the pops carried completions
+            # Idle now: a lone task's result is written with no pop due to carry it.
             assert await (await double.enqueue(21)).result(timeout=20) == 42
-        if mode == "reliable":  # every entry acked (and deleted) with its completion
-            stats = await queue.broker.transport.queue_stats(["default"])
-            assert stats["default"] == {"waiting": 0, "in_flight": 0}, stats
     finally:
         await queue.close()
 
 
-async def test_a_reliable_broker_on_the_applications_client_carries_nothing(
-    server_url: str, namespace: str
-) -> None:
-    """The application's own client (``Queue(redis=...)``) keeps redis-py's whole path: its
-    pool is not blitzq's, so nothing is sent on it directly, nor carried."""
-    import redis.asyncio as aioredis
-
-    client = aioredis.Redis.from_url(server_url)
-    queue = Queue(redis=client, namespace=namespace, mode="reliable")
+async def test_a_reliable_broker_carries_nothing(make_queue: Callable[..., Queue]) -> None:
+    queue = make_queue(mode="reliable")
     try:
         assert queue.broker.carry is None
     finally:
         await queue.close()
-        await client.aclose()
 
 
-@pytest.mark.parametrize("mode", ["fast", "reliable"])
 async def test_a_refused_carried_batch_is_written_by_the_flusher(
-    make_queue: Callable[..., Queue], raw_redis: Any, mode: str
+    make_queue: Callable[..., Queue], raw_redis: Any
 ) -> None:
-    queue = make_queue(mode=mode)
+    queue = make_queue(mode="fast")
 
     @queue.task(name="carry.noop")
     async def noop() -> None:
@@ -89,7 +75,6 @@ async def test_a_refused_carried_batch_is_written_by_the_flusher(
         carry = broker.carry
         assert carry is not None
         keys = broker.transport.keys  # type: ignore[attr-defined]
-        await broker.prepare_consumer(["default"], "c1")
         await noop.enqueue()
         # The schedule's key of another type: complete.lua refuses a batch with a retry.
         await raw_redis.set(keys.schedule, "not a zset")
@@ -106,7 +91,7 @@ async def test_a_refused_carried_batch_is_written_by_the_flusher(
             flusher.landed(stale)
 
         popped = await carry(["default"], 10, batch, landed)
-        assert len(popped) == 1  # the fetch ran although the completions were refused
+        assert len(popped) == 1  # the pop ran although the completions were refused
         assert outcomes == [None]  # not applied: left to the flusher
         assert flusher.backlog == 1
         assert flusher.carried == 0
@@ -123,11 +108,10 @@ async def test_a_refused_carried_batch_is_written_by_the_flusher(
         await queue.close()
 
 
-@pytest.mark.parametrize("mode", ["fast", "reliable"])
-async def test_a_carried_batch_is_applied_with_the_fetch(
-    make_queue: Callable[..., Queue], raw_redis: Any, mode: str
+async def test_a_carried_batch_is_applied_with_the_pop(
+    make_queue: Callable[..., Queue], raw_redis: Any
 ) -> None:
-    queue = make_queue(mode=mode)
+    queue = make_queue(mode="fast")
 
     @queue.task(name="carry.noop2")
     async def noop() -> None:
@@ -140,7 +124,7 @@ async def test_a_carried_batch_is_applied_with_the_fetch(
         keys = broker.transport.keys  # type: ignore[attr-defined]
         # A server that knows the scripts (a fresh one refuses the carried call with NOSCRIPT
         # and the flusher writes the batch itself: test_a_refused_carried_batch_...).
-        for name in ("complete", "pop_levels" if mode == "fast" else "fetch_levels"):
+        for name in ("complete", "pop_levels"):
             await raw_redis.script_load(load(name).source)
         flusher = Flusher(broker)
         done = Completion(
@@ -154,44 +138,6 @@ async def test_a_carried_batch_is_applied_with_the_fetch(
         assert flusher.backlog == 0
         assert flusher.carried == 1
         assert await raw_redis.get(keys.record("t-done")) == done.record
-    finally:
-        await queue.close()
-
-
-async def test_a_carried_completion_of_a_delivery_not_held_is_fenced(
-    make_queue: Callable[..., Queue], raw_redis: Any
-) -> None:
-    """Reliable mode: a carried completion is fenced as a written one is (its entry not
-    pending to this consumer: stale, nothing written), and one of a held entry acks it."""
-    queue = make_queue(mode="reliable")
-
-    @queue.task(name="carry.noop3")
-    async def noop() -> None:
-        return None
-
-    try:
-        broker = queue.broker
-        carry = broker.carry
-        assert carry is not None
-        keys = broker.transport.keys  # type: ignore[attr-defined]
-        for name in ("complete", "fetch_levels"):
-            await raw_redis.script_load(load(name).source)
-        await broker.prepare_consumer(["default"], "c1")
-        await noop.enqueue()
-        (held,) = await broker.fetch_first(["default"], 1, 0)
-        flusher = Flusher(broker)
-        stale = Completion("default", b"1-1", "t-stale", record=b"\x01", record_ttl=60)
-        done = Completion("default", held.token, "t-held", record=b"\x02", record_ttl=60)
-        flusher.add(stale)
-        flusher.add(done)
-        batch = flusher.board()
-        assert batch == [stale, done]
-        assert await carry(["default"], 10, batch, flusher.landed) == []
-        assert (flusher.stale, flusher.carried, flusher.backlog) == (1, 1, 0)
-        assert await raw_redis.get(keys.record("t-stale")) is None
-        assert await raw_redis.get(keys.record("t-held")) == b"\x02"
-        stats = await broker.transport.queue_stats(["default"])  # type: ignore[attr-defined]
-        assert stats["default"] == {"waiting": 0, "in_flight": 0}
     finally:
         await queue.close()
 

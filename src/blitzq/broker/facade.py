@@ -136,7 +136,7 @@ class Broker:
     broker has none, and such tasks travel the main transport."""
 
     carry: CarryFn | None = None
-    """Completions and a non-blocking fetch in one round trip (either mode on one server:
+    """Completions and a non-blocking fetch in one round trip (fast mode on one server:
     ``broker/redis/carrying.py``), which the worker's fetch loops use to send the flusher's
     waiting batch with their next fetch; ``None``: the broker has none."""
 

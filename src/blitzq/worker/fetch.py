@@ -25,7 +25,7 @@ other works (a drain with results stored: about 1.2x, see ``bench/README.md``). 
 load the completions go first, before the next fetch (the round trip's path), and a fetch
 that finds the levels empty releases the hold before it blocks.
 
-Outside a backlog, on one server (:attr:`~blitzq.broker.Broker.carry`,
+Outside a backlog, in fast mode on one server (:attr:`~blitzq.broker.Broker.carry`,
 ``broker/redis/carrying.py``), the completions go *with* the next fetch instead: a loop
 waiting for a free slot (every slot taken) is counted among the flusher's riders, takes a
 hold the moment a run's end frees a slot, and its non-blocking fetch takes the flusher's
@@ -185,7 +185,7 @@ class Fetcher:
         #: broker's, and its fast lane's.
         self.bad = BadKeys(broker.transport, worker.key)
         self.bad_lane = BadKeys(lane, worker.key, " (fast lane)") if lane is not None else None
-        #: The broker's fetch that carries completions (on one server), used by
+        #: The broker's fetch that carries completions (fast mode on one server), used by
         #: the loops of the main transport (see :meth:`_look`).
         self.carry = broker.carry
 

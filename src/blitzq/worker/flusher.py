@@ -33,8 +33,8 @@ flight returns (:meth:`Flusher.hold`, at most :data:`MAX_HOLD` seconds): the ser
 answers the fetch first and applies the completions while the worker starts what it fetched,
 instead of the worker waiting for both in turn (see :mod:`.fetch`).
 
-On one server a fetch loop may take the next batch instead (:meth:`Flusher.board`) and send
-it in its own round trip with its next non-blocking fetch (``broker/redis/carrying.py``);
+In fast mode on one server a fetch loop may take the next batch instead (:meth:`Flusher.board`)
+and send it in its own round trip with its next non-blocking pop (``broker/redis/carrying.py``);
 the writer waits until that fetch tells what became of it (:meth:`Flusher.landed`), and writes
 it itself, with the retries above, when it is not known to be applied.
 

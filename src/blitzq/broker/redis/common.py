@@ -55,9 +55,9 @@ def fused_broker(conn: RedisConnection) -> Broker:
     broker = Broker(transport, state, Fused(state), dead_letter_limits=RedisDeadLetterLimits(conn))
     if conn.kind == "s":  # the lists as the fast lane of tasks declared mode="fast"
         broker.add_fast_lane(ListsTransport(conn.with_kind("l")))
-    # completions carried by the looks and pops (carrying.py), where one connection can
-    carrier = carrier_for(transport, state)
-    broker.carry = carrier.fetch_first if carrier is not None else None
+    else:  # completions carried by the pops (carrying.py), where one connection can
+        carrier = carrier_for(transport, state)
+        broker.carry = carrier.fetch_first if carrier is not None else None
     return broker
 
 

@@ -24,7 +24,6 @@ from typing import Any
 import redis.asyncio as aioredis
 from hiredis import pack_command as _hiredis_pack  # a dependency (>= 2.3)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 
 POOL_INTERNALS = ("_available_connections", "_in_use_connections", "_condition")
 """Attributes of a ``redis.asyncio.BlockingConnectionPool`` the fast path reads (and
@@ -356,37 +355,3 @@ async def _send_and_read(conn: Any, args: tuple[Any, ...]) -> Any:
     """One try of :func:`run_direct` on ``conn``."""
     await conn.send_packed_command(conn.pack_command(*args))
     return await conn.read_response()
-
-
-async def run_direct_many(pool: BoundedPool, commands: tuple[tuple[Any, ...], ...]) -> list[Any]:
-    """Run ``commands`` in one write on one connection of ``pool`` and return their raw
-    replies in order, as :func:`run_direct` runs one (each reply read under
-    ``socket_timeout``; a connection error sends them all again). An error reply is
-    returned in its place (a ``ResponseError`` instance), never raised: the others ran.
-
-    Raises:
-        redis.exceptions.RedisError: a read timeout (``TimeoutError``), a connection error
-            after the retries.
-    """
-    conn = await pool.get_connection()
-    try:
-        replies: list[Any] = await conn.retry.call_with_retry(
-            lambda: _send_and_read_all(conn, commands),
-            lambda error, failures: conn.disconnect(error=error, failure_count=failures),
-            with_failure_count=True,
-        )
-        return replies
-    finally:
-        await pool.release(conn)
-
-
-async def _send_and_read_all(conn: Any, commands: tuple[tuple[Any, ...], ...]) -> list[Any]:
-    """One try of :func:`run_direct_many` on ``conn``."""
-    await conn.send_packed_command(conn.pack_commands(commands))
-    replies: list[Any] = []
-    for _ in commands:
-        try:
-            replies.append(await conn.read_response())
-        except ResponseError as error:
-            replies.append(error)
-    return replies

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from redis.exceptions import OutOfMemoryError, ResponseError
 
@@ -177,7 +176,10 @@ class StreamsTransport(HandOver, RedisPart, Transport):
         every message waiting on a level when its read starts is taken before any of a
         later level, and a higher level is always read first.
         """
-        self.looking(queues)
+        if self._vacant:  # fetched by a busy loop: a recovery may look at it again
+            self._vacant.pop(base_queue(queues[0]), None)
+        if self.conn.doorbell is not None:  # and an idle read looks at it again
+            self.conn.doorbell.looked.pop(base_queue(queues[0]), None)
         keys = [self.keys.stream(q) for q in queues]
         if (
             count >= _PLAIN_READS_MIN
@@ -195,8 +197,23 @@ class StreamsTransport(HandOver, RedisPart, Transport):
             )
         else:  # the caller's script just found every level empty
             rows = []
-        if len(rows) > len(keys) or timeout <= 0:
-            return self.deliveries(queues, count, rows)
+        n = len(keys)
+        if len(rows) > n or timeout <= 0:
+            if count >= _PLAIN_READS_MIN:
+                self._backlog[queues[0]] = sum(rows[:n]) >= count
+            out: list[Delivery] = []
+            start = n
+            for queue, taken in zip(queues, rows[:n], strict=True):
+                end = start + 2 * taken
+                # _delivery() inlined for the usual entry (the message field alone).
+                out += [
+                    Delivery(queue, rows[j], f[1], 1)
+                    if len(f := rows[j + 1]) == 2 and f[0] == MESSAGE_FIELD
+                    else _delivery(queue, rows[j], f)
+                    for j in range(start, end, 2)
+                ]
+                start = end
+            return out
         # What arrived since the script is returned at once, one entry per stream that has
         # some, in the order of the keys; the worker keeps the most urgent (Fetcher._grant).
         block = max(1, int(self.block_for(timeout) * 1000))
@@ -223,40 +240,6 @@ class StreamsTransport(HandOver, RedisPart, Transport):
             for entry_id, fields in entries
             if fields is not None
         ]
-
-    def looking(self, queues: Sequence[str]) -> None:
-        """Note a non-blocking fetch of ``queues`` by a busy loop (:meth:`fetch_first`, or a
-        fetch that carries completions, ``carrying.py``): a recovery and an idle read look
-        at the queue again."""
-        if self._vacant:
-            self._vacant.pop(base_queue(queues[0]), None)
-        if self.conn.doorbell is not None:
-            self.conn.doorbell.looked.pop(base_queue(queues[0]), None)
-
-    def plain_reads_due(self, queues: Sequence[str], count: int) -> bool:
-        """Whether a non-blocking fetch of ``count`` from ``queues`` reads with plain
-        ``XREADGROUP`` commands instead of the script (see :meth:`fetch_first`)."""
-        return count >= _PLAIN_READS_MIN and bool(self._backlog.get(queues[0]))
-
-    def deliveries(self, queues: Sequence[str], count: int, rows: list[Any]) -> list[Delivery]:
-        """The deliveries of a ``fetch_levels`` reply ``rows`` for ``queues`` (a fetch of
-        ``count``): the count taken from each level, then each entry's id and fields."""
-        n = len(queues)
-        if count >= _PLAIN_READS_MIN:
-            self._backlog[queues[0]] = sum(rows[:n]) >= count
-        out: list[Delivery] = []
-        start = n
-        for queue, taken in zip(queues, rows[:n], strict=True):
-            end = start + 2 * taken
-            # _delivery() inlined for the usual entry (the message field alone).
-            out += [
-                Delivery(queue, rows[j], f[1], 1)
-                if len(f := rows[j + 1]) == 2 and f[0] == MESSAGE_FIELD
-                else _delivery(queue, rows[j], f)
-                for j in range(start, end, 2)
-            ]
-            start = end
-        return out
 
     @property
     def shared_block(self) -> bool:  # type: ignore[override]
