@@ -8,6 +8,7 @@ never reused as it is; the next command on the pool gets its own reply.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -257,3 +258,42 @@ async def test_a_direct_command_on_a_connection_the_server_closed_is_sent_again(
     assert await redis_pool.run_direct(client.connection_pool, ("EVALSHA", sha, 0)) == b"ran"
     assert not client.connection_pool._in_use_connections
     assert await client.client_id() != own_id
+
+
+async def test_a_wrapped_execute_command_sees_every_script_call(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scripts skip ``execute_command`` only while it is redis-py's own: an instance's
+    replacement (a test's injected fault, an application's hook) or a class-level wrapper
+    (tracing instrumentation, which sets ``__wrapped__``) sees each call, even one made
+    after the scripts' runner was."""
+    from blitzq.broker.redis.scripts import Scripts
+
+    scripts = Scripts(client)
+    assert redis_pool.plain_execute(client)
+    seen: list[Any] = []
+    real = client.execute_command
+
+    async def hook(*args: Any, **options: Any) -> Any:
+        seen.append(args[0])
+        return await real(*args, **options)
+
+    client.execute_command = hook
+    assert not redis_pool.plain_execute(client)
+    assert await scripts.call("publish", ["blitzq-test:absent"], []) == 0
+    assert seen == ["EVALSHA"]
+    del client.execute_command
+
+    original = aioredis.Redis.execute_command
+
+    @functools.wraps(original)
+    async def traced(self: Any, *args: Any, **options: Any) -> Any:
+        seen.append(("traced", args[0]))
+        return await original(self, *args, **options)
+
+    monkeypatch.setattr(aioredis.Redis, "execute_command", traced)
+    assert not redis_pool.plain_execute(client)
+    assert await scripts.call("publish", ["blitzq-test:absent"], []) == 0
+    assert seen[-1] == ("traced", "EVALSHA")
+    monkeypatch.undo()
+    assert redis_pool.plain_execute(client)

@@ -297,6 +297,20 @@ async def _has_unread(connection: Any) -> bool:
         return True
 
 
+#: redis-py's own ``Redis.execute_command`` (as imported: an instrumentation that wrapped it
+#: first is seen by :func:`plain_execute` through its ``__wrapped__``).
+_REDIS_EXECUTE = aioredis.Redis.execute_command
+
+
+def plain_execute(client: Any) -> bool:
+    """Whether ``client``'s ``execute_command`` is redis-py's own, neither replaced on the
+    instance (an application's hook, a test's fault) nor wrapped on the class (tracing
+    instrumentation, e.g. OpenTelemetry's for redis-py): only then may a command skip it
+    (:func:`run_direct`), so that a wrapper still sees every command."""
+    method = getattr(client.execute_command, "__func__", None)
+    return method is _REDIS_EXECUTE and not hasattr(method, "__wrapped__")
+
+
 def direct_pool(client: Any, command: str) -> BoundedPool | None:
     """The pool on which :func:`run_direct` may run ``command`` for ``client``, or ``None``.
 

@@ -31,7 +31,7 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from .keys import TABLE
-from .pool import direct_pool, run_direct
+from .pool import direct_pool, plain_execute, run_direct
 
 INCLUDE = "--@include "
 """A line starting with this is replaced by the text of the file it names."""
@@ -180,7 +180,9 @@ class Scripts:
     bytes, read timeout and connection-error retries as redis-py's ``execute_command``,
     without its per-call layers (a drain at concurrency 10 makes one call per 2-5 tasks;
     ``bench/README.md``, "session 8"). Any other client (Sentinel's, a cluster's, a
-    stand-in) runs it through its own ``execute_command``.
+    stand-in), and one whose ``execute_command`` is wrapped (tracing instrumentation, a
+    test's injected fault: :func:`~.pool.plain_execute`, asked at each call), runs it
+    through its own ``execute_command``.
 
     Redis errors propagate unchanged: callers translate them (``client.translate_errors``).
     """
@@ -203,6 +205,8 @@ class Scripts:
         """
         script = _loaded.get(name) or load(name)
         client, pool = self._client, self._pool
+        if pool is not None and not plain_execute(client):  # wrapped since: let it see this
+            pool = None
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
             if pool is not None:
