@@ -190,3 +190,28 @@ async def test_the_records_of_a_batch_expire_in_their_ttl_and_the_later_one_of_a
         assert 58_000 <= await raw_redis.pttl(p + key) <= 60_000
     assert 86_398_000 <= await raw_redis.pttl(p + "t:t3") <= 86_400_000
     await queue.close()
+
+
+@pytest.mark.parametrize("size", [1, 2])
+async def test_a_batch_of_one_or_two_records_stores_each_in_its_ttl_and_empties_the_stream(
+    make_queue: Callable[..., Queue], raw_redis: Any, namespace: str, size: int
+) -> None:
+    # One or two records go with a SET each (fewer calls than MSET, TIME and a PEXPIREAT
+    # each), a single acked entry with one XDEL: the same records, TTLs and stream after.
+    queue = make_queue()
+    p = "{" + namespace + "}:"
+    deliveries = await _fetched(queue, size)
+    ttls = [60, 86400][:size]
+    done = [
+        Completion("default", d.token, f"t{i}", f"r{i}".encode(), ttl)
+        for i, (d, ttl) in enumerate(zip(deliveries, ttls, strict=True))
+    ]
+    assert await queue.broker.complete(done) == []
+    assert await raw_redis.mget([f"{p}t:t{i}" for i in range(size)]) == [
+        f"r{i}".encode() for i in range(size)
+    ]
+    for i, ttl in enumerate(ttls):
+        assert (ttl - 2) * 1000 <= await raw_redis.pttl(f"{p}t:t{i}") <= ttl * 1000
+    assert await raw_redis.xlen(p + "s:default") == 0
+    assert (await raw_redis.xpending(p + "s:default", "blitzq"))["pending"] == 0
+    await queue.close()

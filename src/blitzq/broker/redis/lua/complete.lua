@@ -357,7 +357,7 @@ local function records(c)
     lost = ack(KEY.stream(prefix, queue), ARGV, at, at + nids - 1, queue)
   end
   ran_entry(c[7], c[8], c[9], lost, at)  -- runs
-  if lost ~= nil or marks or not (ttl > 0) then
+  if lost ~= nil or marks or not (ttl > 0) or n <= 2 then
     local ttl_text = tostring(ttl)  -- made a string once, not by redis.call at every call
     for i = 0, n - 1 do
       if lost == nil or not lost[at + i] then
@@ -366,7 +366,9 @@ local function records(c)
     end
     return
   end
-  -- The common case (nothing stale, no cancel mark): store() for all at once. One MSET of
+  -- One or two records go through store() (a SET each costs fewer calls than MSET, TIME
+  -- and a PEXPIREAT each). The common case (nothing stale, no cancel mark, three records or
+  -- more): store() for all at once. One MSET of
   -- the pairs as they arrived (a key of another type is written over, as SET does; a key
   -- twice: the later record stays), then one PEXPIREAT each: a SET with an expiry costs
   -- more (Redis 7.0 rewrites it into SET ... PXAT for replication at every call, and its
@@ -396,8 +398,9 @@ end
 
 -- Checked before the first write (Redis keeps a failed script's earlier writes): every op
 -- of the batch is known, every key the batch writes with a type-bound command holds that
--- type (or nothing), and the counter the dead letters' bytes are added to is sound
--- (dl_total resets a corrupted one). A batch that fails a check is refused whole.
+-- type (or nothing), and, when the batch writes a dead letter, the counter the dead
+-- letters' bytes are added to is sound (dl_total resets a corrupted one; a batch without
+-- one does not read it). A batch that fails a check is refused whole.
 local function type_of(key)
   local t = redis.call('TYPE', key)
   return type(t) == 'table' and t['ok'] or t
@@ -412,6 +415,7 @@ local function wrong(key, want)
   end
   return nil
 end
+local writes_dead = false  -- the batch writes a dead letter: its byte counter is checked
 for _, c in ipairs(batch) do
   local err = nil
   if c[1] == 'R' then
@@ -429,6 +433,7 @@ for _, c in ipairs(batch) do
     if not err and c[8] ~= '' then
       err = wrong(KEYS[1], 'zset') or wrong(KEYS[2], 'hash')
     end
+    if c[10] ~= '' then writes_dead = true end
     if not err and c[10] ~= '' then
       err = wrong(KEYS[3], 'zset') or wrong(KEY.dead_letter(prefix, c[5]), 'hash')
     end
@@ -447,7 +452,7 @@ for _, c in ipairs(batch) do
   end
   if err then return redis.error_reply(err) end
 end
-dl_total(prefix)
+if writes_dead then dl_total(prefix) end
 if heard then listen(batch) end
 
 for _, c in ipairs(batch) do

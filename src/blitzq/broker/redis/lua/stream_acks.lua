@@ -38,7 +38,8 @@ end
 -- chunk's size when every id of the chunk was below the cut. Returns false when they were
 -- not all (something pending is older than some of them), or when it cannot tell (an id
 -- too large to compare, XTRIM MINID refused: Redis < 6.2): the caller deletes them with
--- XDEL (an id already trimmed is skipped).
+-- XDEL (an id already trimmed is skipped). A chunk of one id is not given here: one XDEL
+-- costs less than the XPENDING and the XTRIM.
 local function trimmed(stream, ids, s, e)
   local pending = redis.call('XPENDING', stream, group)
   local cut = pending[2]
@@ -75,7 +76,7 @@ local function ack(stream, ids, first, last, queue)
         end
       end
     end
-    if lost or not trimmed(stream, ids, s, e) then
+    if lost or e == s or not trimmed(stream, ids, s, e) then
       redis.call('XDEL', stream, unpack(ids, s, e))
     end
     s = e + 1
