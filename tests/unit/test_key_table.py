@@ -150,3 +150,13 @@ def test_a_key_call_the_table_cannot_make_is_refused() -> None:
     with pytest.raises(ValueError, match="line 2"):
         scripts.expand_keys("local a = 1\nreturn KEY.record(prefix, a .. b)")
     assert scripts.expand_keys("return KEYS[1]") == "return KEYS[1]"
+
+
+def test_a_key_call_is_only_expanded_where_key_starts_a_word() -> None:
+    # As a regex's \bKEY would: a name ending in KEY (a local, a field) is left as written,
+    # and such a call is not refused as a malformed KEY call either.
+    text = "local v = MYKEY.record(prefix, id); return t_KEY.x(a .. b), KEY.record(prefix, id)"
+    assert scripts.expand_keys(text) == (
+        "local v = MYKEY.record(prefix, id); return t_KEY.x(a .. b), (prefix .. 't:' .. id)"
+    )
+    assert scripts.expand_keys(".KEY.record(p, i)") == ".(p .. 't:' .. i)"

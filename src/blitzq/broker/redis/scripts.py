@@ -37,9 +37,15 @@ INCLUDE = "--@include "
 """A line starting with this is replaced by the text of the file it names."""
 
 _ARG = r"[A-Za-z_]\w*(?:\[\w+\])?"
-_CALL = re.compile(rf"\bKEY\.(\w+)\(\s*({_ARG}(?:\s*,\s*{_ARG})*)\s*\)")
-"""A key built in a script: ``KEY.<name>(prefix, <parts>...)``, each argument a plain name."""
-_ANY_CALL = re.compile(r"\bKEY\.\w+\s*\(")
+_CALL = re.compile(rf"KEY\.(\w+)\(\s*({_ARG}(?:\s*,\s*{_ARG})*)\s*\)")
+"""A key built in a script: ``KEY.<name>(prefix, <parts>...)``, each argument a plain name,
+``KEY`` not preceded by a word character (:func:`_free`). The patterns start with the
+literal ``KEY.`` and leave the word boundary to :func:`_free`: a leading ``\\b`` would stop
+``re`` from scanning for the literal, about 20 times slower over a script's text."""
+_ANY_CALL = re.compile(r"KEY\.\w+\s*\(")
+_WORD = re.compile(r"\w")
+_PLAIN = re.compile(r"[\w:.-]*")
+"""What a literal of a key's pattern may hold to be written as a plain quoted Lua string."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +64,19 @@ class Script:
 
 
 _loaded: dict[str, Script] = {}
+_folder: list[Any] = []  # the ``lua/`` folder, found at the first read
+
+
+def _free(text: str, at: int) -> bool:
+    """Whether a ``KEY`` found at index ``at`` of ``text`` starts a word (``\\bKEY``)."""
+    return at == 0 or _WORD.match(text, at - 1) is None
 
 
 def _read(file: str) -> str:
     """Text of ``lua/<file>`` with its ``--@include`` lines expanded (recursively)."""
-    text = resources.files(__package__).joinpath("lua", file).read_text()
+    if not _folder:
+        _folder.append(resources.files(__package__).joinpath("lua"))
+    text: str = _folder[0].joinpath(file).read_text()
     if INCLUDE not in text:
         return text
     lines = [
@@ -91,13 +105,15 @@ def expand_keys(text: str) -> str:
     """
 
     def expand(call: re.Match[str]) -> str:
+        if not _free(text, call.start()):
+            return call.group()
         key = TABLE[call.group(1)]
         prefix, *parts = (arg.strip() for arg in call.group(2).split(","))
         if len(parts) != len(key.parts):
             raise ValueError(f"{call.group()}: {call.group(1)} takes {key.parts} after prefix")
         pieces = [prefix]
         for literal, part in zip(key.literals, [*parts, None], strict=True):
-            if not re.fullmatch(r"[\w:.-]*", literal):
+            if not _PLAIN.fullmatch(literal):
                 raise ValueError(f"{call.group(1)}: {literal!r} is not a plain Lua string")
             if literal:
                 pieces.append(repr(literal))
@@ -106,10 +122,10 @@ def expand_keys(text: str) -> str:
         return "(" + " .. ".join(pieces) + ")"
 
     out = _CALL.sub(expand, text)
-    left = _ANY_CALL.search(out)
-    if left is not None:
-        line = out[: left.start()].count("\n") + 1
-        raise ValueError(f"line {line}: a KEY call takes prefix and parts as plain names")
+    for left in _ANY_CALL.finditer(out):
+        if _free(out, left.start()):
+            line = out[: left.start()].count("\n") + 1
+            raise ValueError(f"line {line}: a KEY call takes prefix and parts as plain names")
     return out
 
 
