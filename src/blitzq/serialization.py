@@ -23,6 +23,7 @@ import decimal
 import re
 import sys
 import uuid
+from collections.abc import Sequence
 from typing import Any, Final
 
 import msgspec
@@ -39,6 +40,9 @@ EXT_DECIMAL: Final = 4
 EXT_ZONED_DATETIME: Final = 5
 
 _SCALARS: Final = frozenset({str, int, float, bool, type(None), bytes})
+#: The extension types of plain data (what :func:`_to_ext` makes of a datetime, date, UUID or
+#: Decimal): a value already in this form is kept as it is.
+_WIRE_EXTS: Final = frozenset({EXT_DATETIME, EXT_DATE, EXT_UUID, EXT_DECIMAL, EXT_ZONED_DATETIME})
 _TOO_DEEP: Final = (
     f"value is nested deeper than {MAX_NESTING} levels of lists and dicts "
     "(blitzq.limits.MAX_NESTING)"
@@ -163,6 +167,8 @@ def _to_ext(value: Any, depth: int = 1) -> Any:
     kind = type(value)
     if kind in _SCALARS:
         return value
+    if kind is msgspec.msgpack.Ext and value.code in _WIRE_EXTS:
+        return value  # converted already (a workflow's step, a periodic task's arguments)
     if (kind is list or kind is tuple or kind is dict) and depth > MAX_NESTING:
         raise SerializationError(_TOO_DEEP)
     if kind is list or kind is tuple:
@@ -271,17 +277,52 @@ _envelope_decoder: Final = msgspec.msgpack.Decoder(Envelope, ext_hook=_ext_hook)
 _any_decoder: Final = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
 
 
+#: The envelope's fields that hold plain data (args, kwargs, headers, flow, options), by
+#: position: what :func:`encode_envelope` puts in wire form.
+_PLAIN_FIELDS: Final = tuple(
+    Envelope.__struct_fields__.index(name)
+    for name in ("args", "kwargs", "headers", "flow", "options")
+)
+
+
 def encode_envelope(envelope: Envelope, max_size: int) -> bytes:
-    """Encode an envelope whose args/kwargs are already in wire form.
+    """Encode an envelope, its plain data (args, kwargs, headers, flow, options) in wire form
+    whichever form it holds: as made by :func:`plain_args` and :func:`plain_kwargs` (an
+    enqueue's), or as decoded from a message (a retry's, a replay's, a deferral's: a
+    datetime, date, UUID or Decimal decoded as itself is made its extension type again, not
+    encoded by msgspec as a string).
 
     Raises:
-        SerializationError: an integer beyond 64 bits, a ``str`` that is not valid Unicode
-            (a lone surrogate such as ``"\\ud800"``), or another encoding failure.
+        SerializationError: a value that is not plain data, an integer beyond 64 bits, a
+            ``str`` that is not valid Unicode (a lone surrogate such as ``"\\ud800"``), or
+            another encoding failure.
         MessageTooLarge: the message is over ``max_size`` bytes.
     """
+    values = list(msgspec.structs.astuple(envelope))
+    try:
+        for at in _PLAIN_FIELDS:
+            value = values[at]
+            if type(value) not in _SCALARS:
+                values[at] = _to_ext(value)
+    except RecursionError:
+        raise SerializationError(_TOO_DEEP) from None
+    return _encode_values(values, max_size)
+
+
+def encode_wire_envelope(envelope: Envelope, max_size: int) -> bytes:
+    """Encode an envelope whose plain data is already in wire form (just made by
+    :func:`plain_args` / :func:`plain_kwargs`: an enqueue's, which converted it once).
+
+    Raises:
+        SerializationError, MessageTooLarge: as :func:`encode_envelope`.
+    """
+    return _encode_values(msgspec.structs.astuple(envelope), max_size)
+
+
+def _encode_values(values: Sequence[Any], max_size: int) -> bytes:
+    """The MessagePack array of an envelope's field ``values`` (see the callers)."""
     # Trailing optional fields still at their default (None / False) are left out: an
     # older or shorter array decodes with the defaults, so a plain message stays small.
-    values = msgspec.structs.astuple(envelope)
     end = len(values)
     while end > _REQUIRED_FIELDS and (values[end - 1] is None or values[end - 1] is False):
         end -= 1

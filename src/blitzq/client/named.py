@@ -15,7 +15,7 @@ from ..extensions import builtin_middleware
 from ..extensions.middleware import Outgoing
 from ..options import call_options, declared_call_options
 from ..routing import ID_BLOCK, check_task_name, new_task_ids, physical_queue, route
-from ..serialization import encode_envelope
+from ..serialization import encode_wire_envelope
 from ..task import CallOptions, Task, TaskHandle
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ async def send_many(producer: Producer, items: Iterable[Sequence[Any]]) -> list[
                     f"send_many: the task_id {env.id!r} is given to several items"
                 )
             explicit.add(env.id)
-        data = encode_envelope(env, owner.max_message_size)
+        data = encode_wire_envelope(env, owner.max_message_size)
         registered = owner.tasks.get(name)
         batch.append(
             Outgoing(env, data, opts.due_time(now), registered, delay=opts.relative_delay())

@@ -22,7 +22,7 @@ from ..extensions.middleware import Outgoing
 from ..limits import CHUNK_WRITES
 from ..options import Option, call_options
 from ..routing import ID_BLOCK, ID_CHARS, ID_LENGTH, new_task_ids, physical_queue, route
-from ..serialization import Envelope, encode_envelope, plain_args, plain_kwargs, to_plain
+from ..serialization import Envelope, encode_wire_envelope, plain_args, plain_kwargs, to_plain
 from ..task import _NO_OPTIONS, CallOptions, Task, TaskHandle
 from . import testmode
 from .named import named_options, send_many
@@ -354,7 +354,7 @@ class Producer:
             if task.prepared_call:
                 args, kwargs = task.call_arguments(args, kwargs)
         env = self.envelope(name, queue, args, kwargs, opts, now)
-        data = encode_envelope(env, owner.max_message_size)
+        data = encode_wire_envelope(env, owner.max_message_size)
         due = opts.due_time(now) if opts is not _NO_OPTIONS else None
         registered = task if isinstance(task, Task) else owner.tasks.get(name)
         stores = self.stores_result(registered)
@@ -448,7 +448,7 @@ class Producer:
             if item_opts.task_id is not None:
                 explicit.add(env.id)
                 explicit_items += 1
-            data = encode_envelope(env, limit)
+            data = encode_wire_envelope(env, limit)
             items.append(Outgoing(env, data, item_due, task, delay=item_delay))
         if len(explicit) < explicit_items:
             raise ConfigurationError("enqueue_many: the same task_id is given to several items")
