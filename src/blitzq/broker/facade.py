@@ -455,10 +455,11 @@ class Broker:
         counts: tuple[int, int] = (0, 0),
         base: tuple[int, int] = (0, 0),
         visibility_timeout: float | None = None,
+        queues: Sequence[str] = (),
     ) -> None:
         """See :meth:`RegistryState.register_worker`."""
         await self.state.registry.register_worker(
-            worker_id, info, ttl, counts, base, visibility_timeout
+            worker_id, info, ttl, counts, base, visibility_timeout, queues
         )
 
     async def unregister_worker(self, worker_id: str, counts: tuple[int, int] = (0, 0)) -> None:

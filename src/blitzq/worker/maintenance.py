@@ -540,6 +540,7 @@ class Maintenance:
             counts,
             self.registered_counts,
             worker.queue.visibility_timeout,
+            worker.physical_queues,
         )
         done = self.registered_counts  # another write may have ended meanwhile
         self.registered_counts = max(done[0], counts[0]), max(done[1], counts[1])

@@ -163,7 +163,8 @@ TABLE: Final[dict[str, Key]] = {
         "by complete.lua, a stale one not counted; runs without a completion write, such as "
         "fast mode without results, by the workers' registrations)"),
     "queues": Key("queues", "set",
-        "queue names producers and workers have used"),
+        "queue names producers and workers have used (a live worker's, again at each of "
+        "its registrations)"),
     "workers": Key("workers", "hash",
         "worker id to registration info (MessagePack); liveness in workers:exp"),
     "worker_sizes": Key("workers:size", "hash",

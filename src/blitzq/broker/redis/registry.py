@@ -74,15 +74,17 @@ class RedisRegistry(RedisPart, RegistryState):
         counts: tuple[int, int] = (0, 0),
         base: tuple[int, int] = (0, 0),
         visibility_timeout: float | None = None,
+        queues: Sequence[str] = (),
     ) -> None:
         """Record a live worker until ``ttl`` seconds from now, with its visibility timeout
-        in ``{ns}:workers:vt``, and add what ``counts`` has above the counts already added
-        for it to ``{ns}:stats`` ``processed`` / ``failed`` (``lua/register.lua``, one call:
-        see :meth:`RegistryState.register_worker`)."""
+        in ``{ns}:workers:vt`` and its ``queues`` in the known queues, and add what
+        ``counts`` has above the counts already added for it to ``{ns}:stats``
+        ``processed`` / ``failed`` (``lua/register.lua``, one call: see
+        :meth:`RegistryState.register_worker`)."""
         vt = "" if visibility_timeout is None else repr(float(visibility_timeout))
         await self.scripts.call(
             "register",
-            keys=_registry_keys(self.keys),
+            keys=[*_registry_keys(self.keys), self.keys.queues],
             args=[
                 worker_id,
                 info,
@@ -90,6 +92,7 @@ class RedisRegistry(RedisPart, RegistryState):
                 *_counts(counts),
                 *_counts(base),
                 vt,
+                *queues,
             ],
         )
 

@@ -35,6 +35,7 @@ class RegistryState(abc.ABC):
         counts: tuple[int, int] = (0, 0),
         base: tuple[int, int] = (0, 0),
         visibility_timeout: float | None = None,
+        queues: Sequence[str] = (),
     ) -> None:
         """Record a live worker for ``ttl`` seconds (refreshed by its maintenance loop), and
         add to the namespace's counters (:meth:`counters` ``processed`` / ``failed``) what its
@@ -54,6 +55,10 @@ class RegistryState(abc.ABC):
             visibility_timeout: the worker's visibility timeout (seconds), which
                 :meth:`worker_timeouts` reports while the registration lives; ``None``
                 records none (the worker then counts as having the reader's timeout).
+            queues: the queues the worker reads (physical names), added to the known queues
+                (:meth:`known_queues`) with every registration, so that a store that lost
+                them (a Redis restarted without persistence) knows them again by the
+                worker's next heartbeat.
         """
 
     @abc.abstractmethod
