@@ -236,6 +236,14 @@ def test_dead_letter_list_replay_and_purge(app_queue: Queue, invoke: Callable[..
     # Purge asks first; answering no keeps everything.
     declined = invoke("dead-letter", "purge", input="n\n")
     assert declined.exit_code == 1
+    assert "not confirmed" in declined.stderr
+    # Under --json a question left unanswered (no input) still gives one JSON document.
+    unanswered = invoke("dead-letter", "purge", "--json", input="")
+    assert unanswered.exit_code == 1
+    assert json.loads(unanswered.stdout) == {
+        "error": "not confirmed: nothing was changed (--yes skips the question)",
+        "exit_code": 1,
+    }
     assert json_out(invoke("dead-letter", "list", "--json"))["total"] == 1
     assert json_out(invoke("dead-letter", "purge", "--yes", "--json")) == {"purged": 1}
     assert json_out(invoke("dead-letter", "list", "--json"))["total"] == 0

@@ -148,6 +148,9 @@ def test_purge_asks_then_deletes_every_level(env: dict[str, str], queue: Queue) 
     assert declined.returncode == 1
     assert "Delete 4 waiting message(s) of queue 'qc'" in declined.stderr
     assert queue.stats_sync(["qc"])["queues"]["qc"]["waiting"] == 2  # nothing deleted
+    unanswered = blitzq(env, "--json", "queue", "purge", "qc", input="")
+    assert unanswered.returncode == 1
+    assert json.loads(unanswered.stdout)["error"].startswith("not confirmed")
     done = blitzq(env, "--json", "queue", "purge", "qc", "--yes")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {

@@ -120,6 +120,21 @@ class CliError(click.ClickException):
             click.echo(rest, file=file, err=True)
 
 
+def confirm(question: str) -> None:
+    """Ask ``question`` (y/N) on stderr before a destructive step; go on only on a yes.
+
+    Raises:
+        CliError: not confirmed (a no, the end of the input, Ctrl-C): exit 1, and under
+            ``--json`` the error's JSON document on stdout, as for every failure.
+    """
+    try:
+        confirmed = click.confirm(question, default=False, err=True)
+    except click.Abort:  # end of input (no terminal), Ctrl-C
+        confirmed = False
+    if not confirmed:
+        raise CliError("not confirmed: nothing was changed (--yes skips the question)")
+
+
 class CliUsageError(CliError):
     """A usage or configuration error (bad MODULE:ATTR, invalid setting): exit code 2."""
 

@@ -27,6 +27,7 @@ from ._common import (
     CliError,
     CliUsageError,
     Seconds,
+    confirm,
     console,
     emit_json,
     global_options,
@@ -343,11 +344,7 @@ def dead_letter_purge(yes: bool, **kwargs: Any) -> None:
             _purged(0)
             return
         which = "matching " if any(v is not None for v in filters.values()) else ""
-        click.confirm(
-            f"Delete {count} {which}dead letter(s) in namespace {queue.namespace!r}?",
-            abort=True,
-            err=True,
-        )
+        confirm(f"Delete {count} {which}dead letter(s) in namespace {queue.namespace!r}?")
     _purged(run_with_queue(lambda q: q.purge_dead_letters(**filters), queue))
 
 

@@ -30,6 +30,7 @@ from ..routing import check_name, check_queue_name, levels
 from ._common import (
     EXIT_USAGE,
     cli_errors,
+    confirm,
     console,
     emit_json,
     global_options,
@@ -107,11 +108,9 @@ def queue_purge(name: str, yes: bool, delayed: bool, force: bool) -> None:
             _purged(name, 0, None if delayed else later, 0)
             return
         also = f" and {later} delayed task(s)" if delayed else ""
-        click.confirm(
+        confirm(
             f"Delete {waiting} waiting message(s){also} of queue {name!r} in namespace "
-            f"{queue.namespace!r}?",
-            abort=True,
-            err=True,
+            f"{queue.namespace!r}?"
         )
         force = True  # known: checked above
 
