@@ -43,12 +43,21 @@ def usable_id(task_id: object) -> bool:
     )
 
 
+#: Characters of a bad field's value a fault quotes at most (a dead letter's reason is shown
+#: on one line by the CLI and the dashboard: a 100,000-character id is not).
+_SHOWN: Final = 80
+
+
 def _broken(name: str, value: Any) -> str | None:
-    """The error of ``FIELD_RULES[name]`` on ``value``, as a fault, or ``None``."""
+    """The error of ``FIELD_RULES[name]`` on ``value``, as a fault (the value quoted up to
+    :data:`_SHOWN` characters), or ``None``."""
     try:
         FIELD_RULES[name](name, value)
     except ConfigurationError as exc:
-        return f"{name} is {value!r}: {exc}"
+        shown = repr(value)
+        if len(shown) > _SHOWN:
+            shown = f"{shown[: _SHOWN - 20]}... ({len(shown)} characters)"
+        return f"{name} is {shown}: {exc}"
     return None
 
 
