@@ -450,15 +450,23 @@ def envelope_head(data: bytes) -> tuple[str, str] | None:
     return ident, second[0] if second is not None else ""
 
 
-def dumps(value: Any) -> bytes:
+_sorted_encoder: Final = msgspec.msgpack.Encoder(order="sorted")
+
+
+def dumps(value: Any, sort_keys: bool = False) -> bytes:
     """Encode any plain-data value (results, records) to MessagePack.
+
+    Args:
+        value: plain data.
+        sort_keys: every dict's keys in sorted order, at any depth (one encoding for equal
+            values: a unique task's key), rather than in their insertion order.
 
     Raises:
         SerializationError: ``value`` is not plain data (or is nested too deep, or holds a
             ``str`` that is not valid Unicode).
     """
     try:
-        return _encoder.encode(to_plain(value))
+        return (_sorted_encoder if sort_keys else _encoder).encode(to_plain(value))
     except SerializationError:
         raise
     except UnicodeEncodeError as exc:

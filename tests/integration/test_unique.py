@@ -78,6 +78,19 @@ async def test_keyword_order_does_not_change_the_key(queue: Queue) -> None:
     assert again.id == first.id
 
 
+async def test_the_order_of_a_dict_arguments_keys_does_not_change_the_key(queue: Queue) -> None:
+    @queue.task(name="u.dict", unique=True)
+    async def config(settings: dict[str, object]) -> None:
+        return None
+
+    first = await config.enqueue({"a": 1, "b": {"y": 2, "x": [1, {"q": 1, "p": 2}]}})
+    again = await config.enqueue({"b": {"x": [1, {"p": 2, "q": 1}], "y": 2}, "a": 1})
+    assert again.duplicate
+    assert again.id == first.id
+    other = await config.enqueue({"a": 1, "b": {"y": 2, "x": [1, {"q": 1, "p": 3}]}})
+    assert not other.duplicate
+
+
 async def test_unique_key_option_overrides_the_argument_hash(queue: Queue) -> None:
     @queue.task(name="u.report", unique=True)
     async def report(day: str, requested_by: str) -> None:

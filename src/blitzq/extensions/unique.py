@@ -1,7 +1,8 @@
 """Unique tasks: a call equal to one still pending is not enqueued twice.
 
 ``@queue.task(unique=True)`` gives each call a key: the SHA-256 of the MessagePack encoding
-of ``[task name, args, sorted kwargs]`` (as :mod:`blitzq.serialization` encodes them), or the
+of ``[task name, args, sorted kwargs]`` (as :mod:`blitzq.serialization` encodes them, each
+dict's keys sorted), or the
 per-call ``task.options(unique_key="...")``. At enqueue the queue's filter
 (:func:`unique_filter`) gives each message its key; the producer then claims the keys of the
 batch and writes the messages it claimed in one atomic broker step per batch chunk
@@ -87,12 +88,15 @@ class Unique(Middleware):
 
 
 def canonical_key(name: str, args: list[Any], kwargs: dict[str, Any]) -> str:
-    """SHA-256 hex digest of ``[name, args, sorted kwargs]`` in blitzq's MessagePack.
+    """SHA-256 hex digest of ``[name, args, sorted kwargs]`` in blitzq's MessagePack, every
+    dict's keys in sorted order: equal calls have one key, whatever order a dict argument's
+    keys were inserted in (``{"a": 1, "b": 2}`` and ``{"b": 2, "a": 1}``).
 
     Raises:
         SerializationError: an argument is not plain data.
     """
-    return hashlib.sha256(dumps([name, list(args), sorted(kwargs.items())])).hexdigest()
+    call = [name, list(args), sorted(kwargs.items())]
+    return hashlib.sha256(dumps(call, sort_keys=True)).hexdigest()
 
 
 def broker_key(env: Envelope) -> str:
