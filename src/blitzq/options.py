@@ -228,12 +228,14 @@ _BEFORE_1970 = (
 
 def _check_eta(eta: object) -> None:
     """Refuse an ``eta`` that is not a finite Unix time >= 0: a bool, NaN, an infinity, a
-    negative number, or an aware datetime before 1970 (a naive one is refused by
-    :meth:`CallOptions.due_time`, with its own message). A number and a datetime agree: Unix
-    time 0 and ``1970-01-01T00:00Z`` are both taken (and run at once, being past), ``-1``
-    and ``1969-12-31T23:59:59Z`` both refused, with the same words."""
+    negative number, a naive datetime (whose zone only the caller knows), or an aware
+    datetime before 1970. A number and a datetime agree: Unix time 0 and
+    ``1970-01-01T00:00Z`` are both taken (and run at once, being past), ``-1`` and
+    ``1969-12-31T23:59:59Z`` both refused, with the same words."""
     if isinstance(eta, _dt.datetime):
-        if eta.tzinfo is not None and eta.timestamp() < 0:
+        if eta.tzinfo is None:
+            raise ConfigurationError(f"eta must be a timezone-aware datetime, got {eta!r}")
+        if eta.timestamp() < 0:
             raise ConfigurationError(f"{_BEFORE_1970}, got {eta!r}")
         return
     if isinstance(eta, _dt.timedelta):
@@ -328,6 +330,8 @@ class CallOptions:
             object.__setattr__(self, "delay", seconds("delay", self.delay, strict=False))
         if self.eta is not None:
             _check_eta(self.eta)
+            if self.delay is not None:
+                raise ConfigurationError("give delay= or eta=, not both")
         if self.timeout is not None:
             object.__setattr__(self, "timeout", FIELD_RULES["timeout"]("timeout", self.timeout))
         if self.task_id is not None:

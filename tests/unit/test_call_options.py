@@ -127,6 +127,7 @@ def test_a_call_without_per_call_options_has_no_options_field() -> None:
         True,
         "1700000000",
         datetime(1969, 12, 31, 23, 59, tzinfo=UTC),
+        datetime(2030, 1, 1, 12, 0),  # naive: refused by options() as by the enqueue
     ],
 )
 def test_an_eta_that_is_not_a_unix_time_from_0_is_refused_at_enqueue(eta: Any) -> None:
@@ -143,3 +144,9 @@ def test_an_eta_from_unix_time_0_is_taken_and_runs_at_once_when_past(eta: Any) -
     assert options.call_options.due_time(1e9) == (
         eta.timestamp() if isinstance(eta, datetime) else eta
     )
+
+
+def test_delay_and_eta_together_are_refused_where_the_options_are_given() -> None:
+    task = make_queue().task(name="co.both")(lambda: None)
+    with pytest.raises(ConfigurationError, match="not both"):
+        task.options(delay=5, eta=datetime(2030, 1, 1, tzinfo=UTC))
