@@ -293,9 +293,8 @@ def encode_envelope(envelope: Envelope, max_size: int) -> bytes:
     encoded by msgspec as a string).
 
     Raises:
-        SerializationError: a value that is not plain data, an integer beyond 64 bits, a
-            ``str`` that is not valid Unicode (a lone surrogate such as ``"\\ud800"``), or
-            another encoding failure.
+        SerializationError: an integer beyond 64 bits, a ``str`` that is not valid Unicode
+            (a lone surrogate such as ``"\\ud800"``), or another encoding failure.
         MessageTooLarge: the message is over ``max_size`` bytes.
     """
     values = list(msgspec.structs.astuple(envelope))
@@ -303,10 +302,30 @@ def encode_envelope(envelope: Envelope, max_size: int) -> bytes:
         for at in _PLAIN_FIELDS:
             value = values[at]
             if type(value) not in _SCALARS:
-                values[at] = _to_ext(value)
-    except RecursionError:
-        raise SerializationError(_TOO_DEEP) from None
+                values[at] = _rewired(value)
+    except RecursionError:  # deeper than a message decodes: encoded as it is, as before
+        values = list(msgspec.structs.astuple(envelope))
     return _encode_values(values, max_size)
+
+
+_REWIRED: Final = frozenset({_dt.datetime, _dt.date, uuid.UUID, decimal.Decimal})
+
+
+def _rewired(value: Any) -> Any:
+    """``value`` with each datetime, date, UUID and Decimal in it made its extension type
+    (:func:`_to_ext`), at any depth of lists, tuples and dicts. Nothing else is checked or
+    changed: a decoded message's other values (a dict with int keys written by hand) encode
+    as they did, and a copy of a message never fails where its first encoding passed."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is list or kind is tuple:
+        return [_rewired(item) for item in value]
+    if kind is dict:
+        return {key: _rewired(item) for key, item in value.items()}
+    if kind in _REWIRED:
+        return _to_ext(value)
+    return value
 
 
 def encode_wire_envelope(envelope: Envelope, max_size: int) -> bytes:

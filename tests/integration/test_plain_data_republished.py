@@ -170,3 +170,15 @@ async def test_a_periodic_task_takes_the_values_and_its_occurrence_carries_them(
     env = decode_envelope(build_message(queue, entry, 120.0, 121.0))
     assert [repr(v) for v in env.args] == EXPECTED
     assert repr(env.kwargs["extra"]) == repr(VALUES[1])
+
+
+def test_a_decoded_dict_with_int_keys_is_encoded_again_as_it_was() -> None:
+    # A hand-written message (no enqueue makes one): its retry encodes as the first did.
+    import msgspec
+
+    from blitzq.serialization import Envelope
+
+    raw = msgspec.msgpack.encode(["t1", "task", "q", [{1: "a"}, dt.date(2024, 1, 2).isoformat()]])
+    env = decode_envelope(raw)
+    again = decode_envelope(encode_envelope(Envelope(env.id, env.task, env.queue, env.args), 1024))
+    assert again.args == [{1: "a"}, "2024-01-02"]
