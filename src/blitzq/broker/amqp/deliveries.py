@@ -276,9 +276,12 @@ class Consumer:
         pushes the next messages itself, and each get, a log write on a quorum queue, would
         hold the fetch up).
 
-        Deliveries and gets of one channel share its delivery-tag sequence, and what RabbitMQ
-        dispatched to the consumer before it answered a get arrives first: sorting by tag
-        after the gets (and a loop turn for the consumer's callbacks) keeps FIFO order.
+        Deliveries and gets of one channel share its delivery-tag sequence; the buffer is
+        sorted by tag after the gets (and a loop turn for the consumer's callbacks). The
+        order is FIFO but for one race: RabbitMQ's channel takes a get's answer before the
+        pushes a queue sent it just earlier, so a message got may come ahead of ones being
+        pushed at that moment (seen under load: the 101st of a queue first, then the 100
+        prefetched). Delivery order is not a guarantee (docs/guarantees.md).
 
         Raises:
             aiormq.exceptions.AMQPError: the get failed (the caller translates it).
