@@ -31,9 +31,9 @@ demo: $(RUNTIME)
 
 ## README command 2: lint, type-check and run the whole test suite against Redis (and the
 ## Django tasks tests again under Django 6 when a Python >= 3.12 is there: test-django6).
-## The suite runs in three pytest-xdist worker processes, one test file per worker at a time
+## The suite runs in six pytest-xdist worker processes, one test file per worker at a time
 ## (docs/testing.md, "Worker processes"); PYTEST_WORKERS=0 runs it in one process.
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 6
 PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: $(STAMP)
