@@ -90,6 +90,11 @@ MAX_JSON_DEPTH: Final = 32
 #: (:func:`blitzq.routing.new_task_id`; on the spread layout 32 hex digits, ``.`` and the queue).
 MAX_TASK_ID: Final = 512
 
+#: Longest periodic entry name (characters), code-defined or run-time: an occurrence's task id
+#: is ``periodic:<name>:<Unix seconds>`` (:meth:`blitzq.periodic.PeriodicTask.task_id`), which
+#: must fit :data:`MAX_TASK_ID` with up to 20 digits of seconds.
+MAX_PERIODIC_NAME: Final = MAX_TASK_ID - len("periodic::") - 20
+
 #: Largest request body the dashboard's JSON API reads (bytes); a larger one is answered 413
 #: without being read whole.
 MAX_REQUEST_BODY: Final = 64 * 1024

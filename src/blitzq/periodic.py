@@ -138,7 +138,7 @@ def make_periodic(
             tuple or list, ``kwargs`` not a mapping.
         SerializationError: an argument that is not plain data or cannot be encoded.
     """
-    from .routing import check_name, check_queue_name
+    from .routing import check_periodic_name, check_queue_name
 
     if missed not in _POLICIES:
         raise ConfigurationError(f"missed must be one of {sorted(_POLICIES)}, got {missed!r}")
@@ -153,7 +153,7 @@ def make_periodic(
     # Refuse what cannot be encoded now, not at the first occurrence (a lone surrogate too).
     dumps([plain_args(args), plain_kwargs(kwargs)])
     return PeriodicTask(
-        name=check_name("periodic task name", name or task.name),
+        name=check_periodic_name("periodic task name", name or task.name),
         task=task,
         schedule=as_schedule(schedule, tz),
         missed=missed,  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from .exceptions import ConfigurationError, SerializationError
-from .limits import MAX_TASK_ID
+from .limits import MAX_PERIODIC_NAME, MAX_TASK_ID
 from .redaction import mask_url, redact
 from .serialization import lookup_key
 
@@ -103,6 +103,26 @@ def check_task_id(kind: str, value: Any) -> str:
         raise ConfigurationError(
             f"{kind} must be at most {MAX_TASK_ID} characters, got {len(value)} "
             f"({redact(repr(value[:40]))}...)"
+        )
+    return lookup_key(kind, check_name(kind, value))
+
+
+def check_periodic_name(kind: str, value: Any) -> str:
+    """Return ``value`` if it is usable as a periodic entry's name (``queue.periodic(name=)``,
+    its task's name by default, or ``blitzq schedule add NAME``): what :func:`check_name`
+    takes, in valid Unicode text, of at most :data:`~blitzq.limits.MAX_PERIODIC_NAME`
+    characters, so that every occurrence's task id (``periodic:<name>:<seconds>``) is one
+    :func:`check_task_id` accepts.
+
+    Raises:
+        ConfigurationError: not a ``str``, empty, too long, or holding a space, brace,
+            newline or NUL.
+        SerializationError: not valid Unicode text (a lone surrogate).
+    """
+    if isinstance(value, str) and len(value) > MAX_PERIODIC_NAME:  # before check_name quotes it
+        raise ConfigurationError(
+            f"{kind} must be at most {MAX_PERIODIC_NAME} characters (its occurrences' task "
+            f"ids are periodic:<name>:<seconds>), got {len(value)} ({redact(repr(value[:40]))}...)"
         )
     return lookup_key(kind, check_name(kind, value))
 

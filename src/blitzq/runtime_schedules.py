@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import BlitzQError, ConfigurationError, SerializationError, unknown_outcome
+from .limits import clip_text
 from .periodic import _POLICIES, PeriodicTask, make_periodic, periodic_status
-from .routing import check_name, check_queue_name
+from .routing import check_name, check_periodic_name, check_queue_name
 from .schedules import Cron, Every, Schedule
 from .serialization import dumps, loads, lookup_key, plain_args, plain_kwargs
 
@@ -90,7 +91,7 @@ class RuntimeSchedule:
             SerializationError: arguments that are not plain data, or a name that is not
                 valid Unicode text (a lone surrogate).
         """
-        lookup_key("schedule name", check_name("schedule name", self.name))
+        check_periodic_name("schedule name", self.name)
         check_name("task name", self.task)
         if (self.cron is None) == (self.every is None):
             raise ConfigurationError("give exactly one of a cron expression and an interval")
@@ -295,7 +296,8 @@ class RuntimeEntries:
                     entries[name] = entry
             if problem is not None and (name, data) not in self._warned:
                 self._warned.add((name, data))
-                logger.warning("run-time schedule %s is not dispatched: %s", name, problem)
+                shown = clip_text(name, 80)  # a name stored by hand or an older release
+                logger.warning("run-time schedule %s is not dispatched: %s", shown, problem)
         for name in entries.keys() - self.entries.keys():
             logger.info("run-time schedule %s added: %s", name, entries[name].schedule.describe())
         for name in self.entries.keys() - entries.keys():

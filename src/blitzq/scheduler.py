@@ -66,7 +66,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._checks import flag, integer, seconds
-from .exceptions import ConfigurationError
+from .exceptions import BrokerError, ConfigurationError, SerializationError
 from .extensions.signals import Signal, SignalEvent
 from .limits import MAX_SECONDS
 from .log_episodes import Episode
@@ -157,6 +157,8 @@ class Scheduler:
         #: (server time, monotonic time) of the previous tick.
         self._last_tick: tuple[float, float] | None = None
         self._known_queues: set[str] = set()
+        #: (name, problem) of entries whose message could not be made (logged once each).
+        self._unbuildable: set[tuple[str, str]] = set()
         self._stopping = False
         #: A claim of the last tick was refused as superseded: tick again at once.
         self._behind = False
@@ -300,7 +302,15 @@ class Scheduler:
                     logger.warning("periodic %s: %s", entry.name, exc)
                     continue
                 for occurrence in due:
-                    message = build_message(queue, entry, occurrence, self.clock())
+                    try:
+                        message = build_message(queue, entry, occurrence, self.clock())
+                    except (ConfigurationError, SerializationError) as exc:
+                        # This entry's message cannot be made (e.g. too large): the others
+                        # are dispatched all the same.
+                        if isinstance(exc, BrokerError):
+                            raise
+                        self._unbuildable_entry(entry, exc)
+                        break
                     until = self.claim_until(entry, occurrence, jumped)
                     if await broker.claim_periodic(
                         entry.name, occurrence, message, entry.target_queue(), until=until
@@ -317,6 +327,13 @@ class Scheduler:
         if self.promote:
             await broker.promote_due(1000)
         return dispatched
+
+    def _unbuildable_entry(self, entry: PeriodicTask, exc: Exception) -> None:
+        """Log, once per entry and problem, that ``entry``'s message could not be made."""
+        key = (entry.name, str(exc))
+        if key not in self._unbuildable:
+            self._unbuildable.add(key)
+            logger.warning("periodic %s is not dispatched: %s", entry.name, exc)
 
     def _signal_dispatched(self, entry: PeriodicTask, occurrence: float, first: bool) -> None:
         """``SCHEDULER_DISPATCHED`` for a won claim of ``occurrence`` and, for the first of a
