@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from . import _checks
@@ -42,6 +43,11 @@ class ResultReader(Protocol):
 
     async def cancel(self, task_id: str) -> str:
         """Cancel the task (see :meth:`blitzq.Queue.cancel`)."""
+        ...
+
+    async def cancel_together(self, task_ids: Sequence[str], fanout: int) -> list[str]:
+        """Cancel a workflow's steps, all marked before any is announced (see
+        :meth:`blitzq.client.reading.Results.cancel_together`)."""
         ...
 
     async def inspect(self, task_id: str) -> TaskRecord | None:

@@ -326,9 +326,13 @@ class Broker:
         return await self.state.scheduling.periodic_last(names)
 
     # ========================================================== cancellation
-    async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
+    async def cancel(self, task_id: str, record: bytes, ttl: int, announce: bool = True) -> str:
         """See :meth:`ControlState.cancel`."""
-        return await self.state.control.cancel(task_id, record, ttl)
+        return await self.state.control.cancel(task_id, record, ttl, announce)
+
+    async def announce_revoked(self, task_ids: Sequence[str]) -> None:
+        """See :meth:`ControlState.announce_revoked`."""
+        await self.state.control.announce_revoked(task_ids)
 
     async def revoked(self) -> dict[str, float]:
         """See :meth:`ControlState.revoked`."""

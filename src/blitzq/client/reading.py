@@ -10,7 +10,7 @@ import asyncio
 import functools
 import math
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import _checks, records
@@ -45,6 +45,9 @@ _FOREVER = 10 * 365 * 86400.0
 _SUCCEEDED = TaskState.SUCCEEDED.value
 #: Result waits ``get_results`` runs at once; the others start as these end.
 WAIT_FANOUT = 100
+
+#: Answers of a cancel whose task was marked revoked (a worker skips it, or cancels its run).
+MARKED = frozenset({"queued", "pending", "running"})
 
 
 def _raise_final(task_id: str, record: TaskRecord) -> None:
@@ -424,6 +427,46 @@ class Results:
             event = SignalEvent(Signal.TASK_REVOKED, task_id, extra={"was": was})
             await signals.emit(Signal.TASK_REVOKED, event)
         return was
+
+    async def cancel_together(self, task_ids: Sequence[str], fanout: int) -> list[str]:
+        """Cancel ``task_ids`` (a workflow's steps) as :meth:`cancel` does each, so that no
+        worker starts one of them after it heard another's cancel: every one is marked
+        revoked (or taken off the schedule) first, ``fanout`` at a time, and only then are
+        the workers told, in one call (``announce_revoked``). A worker whose slot a running
+        step's cancel frees reads the marks again before it starts its next task
+        (``worker/admission.py``), so a queued step never starts in that slot.
+
+        Returns:
+            Each id's answer, as :meth:`cancel`'s, in order.
+
+        Raises:
+            OutcomeUnknown: the broker stopped answering after a cancel was sent; some may
+                be applied (cancelling again is safe).
+            BrokerError: the broker could not be reached.
+        """
+        ids = [check_task_id("task id", task_id) for task_id in task_ids]
+        broker, ttl = self.queue.broker, self.queue.result_ttl
+        answers: list[str] = []
+        with unknown_outcome("cancel", tuple(ids)):
+            for start in range(0, len(ids), fanout):  # bounded: never one connection per id
+                chunk = ids[start : start + fanout]
+                at = time.time()
+                answers += await asyncio.gather(
+                    *(
+                        broker.cancel(i, records.cancel_request(i, at), ttl, announce=False)
+                        for i in chunk
+                    )
+                )
+            marked = [i for i, was in zip(ids, answers, strict=True) if was in MARKED]
+            await broker.announce_revoked(marked)
+        signals = self.queue.signals
+        for task_id, was in zip(ids, answers, strict=True):
+            if testmode.cancelled is not None:
+                testmode.cancelled(self.queue, task_id)
+            if signals.has(Signal.TASK_REVOKED):
+                event = SignalEvent(Signal.TASK_REVOKED, task_id, extra={"was": was})
+                await signals.emit(Signal.TASK_REVOKED, event)
+        return answers
 
     # --------------------------------------------------------------- progress
     async def get_progress(self, task_id: str) -> Progress | None:

@@ -150,6 +150,8 @@ class Admission:
         self._run = runner.run
         self.revoked: dict[str, float] = {}
         self.marks: asyncio.Future[dict[str, float]] | None = None
+        #: A read of the marks every start waits for (:meth:`reread_marks`), else ``None``.
+        self.fresh_marks: asyncio.Future[dict[str, float]] | None = None
         self.solo = Solo(runner, self, runner.max_deliveries)
         self.solo_from = self.solo.solo_from
         # A count past it is dead-lettered on receipt (suspects are bounded by the gate).
@@ -199,6 +201,9 @@ class Admission:
             return
         if self.revoked and env.id in self.revoked:
             self.skip_cancelled(Job(d, env, task), slots)
+            return
+        if self.fresh_marks is not None:
+            self.start_after_marks(Job(d, env, task), slots, self.fresh_marks)
             return
         if d.deliveries >= self.solo_from:  # a suspect: it runs alone (.solo)
             self.solo.take(d, env, task, slots)
@@ -354,19 +359,53 @@ class Admission:
     def _forget_marks(self) -> None:
         self.marks = None
 
-    async def _skip_if_marked(
+    def reread_marks(self) -> None:
+        """A running task was cancelled here, so its slot frees; the task fetched next may
+        be one cancelled with it whose event this worker has not read yet (a workflow's
+        steps are all marked before any is announced: ``Results.cancel_together``). Until
+        one read of the marks, begun now, has answered, every start waits for it
+        (:meth:`start_after_marks`); its marks join :attr:`revoked`."""
+        if self.fresh_marks is not None:
+            return
+        marks = asyncio.ensure_future(self.runner.broker.revoked())
+        self.fresh_marks = marks
+        marks.add_done_callback(self._fresh_marks_read)
+
+    def _fresh_marks_read(self, marks: asyncio.Future[dict[str, float]]) -> None:
+        self.fresh_marks = None
+        if not marks.cancelled() and marks.exception() is None:
+            self.revoked.update(marks.result())
+
+    def start_after_marks(
         self, job: Job, slots: Slots, marks: asyncio.Future[dict[str, float]]
     ) -> None:
+        """Start ``job`` once ``marks`` (:meth:`reread_marks`) answered, or skip it as
+        cancelled when they hold its id."""
+        skip = asyncio.ensure_future(self._skip_if_marked(job, slots, marks, unread=False))
+        self.runner.hold_start(skip, job.delivery)
+
+    async def _skip_if_marked(
+        self,
+        job: Job,
+        slots: Slots,
+        marks: asyncio.Future[dict[str, float]],
+        unread: bool = True,
+    ) -> None:
+        """Skip ``job`` as cancelled when ``marks`` hold its id, else start it; ``unread``:
+        what an unanswered read means (this worker's copy had the mark, or had none)."""
         env = job.envelope
         try:
             marked = env.id in await asyncio.shield(marks)
         except Exception as exc:  # the broker unreachable: trust this worker's copy
             logger.warning("could not confirm the cancel mark of %s: %s", env.id, exc)
-            marked = True
+            marked = unread
         if not marked:
             self.revoked.pop(env.id, None)
             try:
-                self.admit(job.delivery, env, job.task, slots)
+                if job.delivery.deliveries >= self.solo_from:  # a suspect: it runs alone
+                    self.solo.take(job.delivery, env, job.task, slots)
+                else:
+                    self.admit(job.delivery, env, job.task, slots)
             except Exception:  # as in the fetch loop: the lease recovers the message
                 logger.exception("could not start task %s", env.id)
                 slots.release()

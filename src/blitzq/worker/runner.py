@@ -531,6 +531,8 @@ class Runner:
                 job.handle.cancel()
             elif self.executor_of(job.task) in ("process", "cpu"):
                 self.kill_run(job)
+        if found:  # its slot frees: what starts there next is checked against fresh marks
+            self.admission.reread_marks()
         return found
 
     def requeue_unfinished(self) -> int:

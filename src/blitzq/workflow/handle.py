@@ -249,10 +249,9 @@ class WorkflowHandle:
         state = (await self._state()).get("state", b"").decode()
         if state != "cancelled":
             return state
-        owner = self._owner
-        for start in range(0, len(steps), FANOUT):  # bounded: never one connection per step
-            chunk = steps[start : start + FANOUT]
-            await asyncio.gather(*(owner._results.cancel(step[0]) for step in chunk))
+        # Every step marked before any worker hears of one (Results.cancel_together): a slot
+        # that a running step's cancel frees never starts a queued step of this workflow.
+        await self._owner._results.cancel_together([step[0] for step in steps], FANOUT)
         return state
 
     cancel_sync = blocking(cancel)

@@ -160,15 +160,28 @@ class RedisControl(RedisPart, ControlState):
         return reserved in (b"1", "1", 1), float(wait)
 
     @translate_errors
-    async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
-        """Cancel atomically (one script): off the schedule, or revoked and announced."""
+    async def cancel(self, task_id: str, record: bytes, ttl: int, announce: bool = True) -> str:
+        """Cancel atomically (one script): off the schedule, or revoked (and announced unless
+        ``announce`` is ``False``)."""
         keys = self.keys
         answer = await self.scripts.call(
             "cancel",
             keys=[keys.schedule, keys.schedule_data, keys.revoked, keys.record(task_id)],
-            args=[keys.prefix, task_id, repr(time.time()), ttl, record],
+            args=[keys.prefix, task_id, repr(time.time()), ttl, record, "1" if announce else "0"],
         )
         return answer.decode() if isinstance(answer, bytes) else str(answer)
+
+    @translate_errors
+    async def announce_revoked(self, task_ids: Sequence[str]) -> None:
+        """One ``r:<task_id>`` on the namespace's event channel each, in order, by one script
+        call per :data:`~blitzq.limits.CHUNK_ITEMS` ids (``announce_revoked.lua``; a cluster
+        pipeline refuses PUBLISH). See :meth:`.ControlState.announce_revoked`."""
+        keys = self.keys
+        for start in range(0, len(task_ids), CHUNK_ITEMS):
+            chunk = task_ids[start : start + CHUNK_ITEMS]
+            await self.scripts.call(
+                "announce_revoked", keys=[keys.revoked], args=[keys.prefix, *chunk]
+            )
 
     @translate_errors
     async def revoked(self) -> dict[str, float]:

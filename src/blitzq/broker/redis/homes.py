@@ -307,14 +307,14 @@ class HomedControl(RedisControl):
     keys: HomedKeys
 
     @translate_errors
-    async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
+    async def cancel(self, task_id: str, record: bytes, ttl: int, announce: bool = True) -> str:
         """See :meth:`.RedisControl.cancel`; a homed id in two steps (docs/architecture.md):
         the namespace's (``revoke.lua``: off the schedule, or marked and announced), then the
         home's (``cancel.lua`` there: its mark and the cancelled record unless it runs)."""
         keys = self.keys
         home = keys.home(task_id)
         if home == keys.prefix:
-            return await super().cancel(task_id, record, ttl)
+            return await super().cancel(task_id, record, ttl, announce)
         state = _state(await self.client.get(keys.record(task_id)))
         if state in FINAL:
             return "finished"
@@ -322,13 +322,20 @@ class HomedControl(RedisControl):
         spaced = await self.scripts.call(
             "revoke",
             keys=[keys.schedule, keys.schedule_data, keys.revoked],
-            args=[keys.prefix, task_id, now, ttl, "1" if state == "running" else "0"],
+            args=[
+                keys.prefix,
+                task_id,
+                now,
+                ttl,
+                "1" if state == "running" else "0",
+                "1" if announce else "0",
+            ],
         )
         at = keys.home_keys(home)
         answer = await self.scripts.call(
             "cancel",
             keys=[at.schedule, at.schedule_data, at.revoked, at.record(task_id)],
-            args=[at.prefix, task_id, now, ttl, record],
+            args=[at.prefix, task_id, now, ttl, record, "1" if announce else "0"],
         )
         if spaced in (b"scheduled", "scheduled"):
             return "scheduled"

@@ -66,13 +66,26 @@ class ControlState(abc.ABC):  # noqa: B024 - every method has a default
         taken back); return how many were renewed."""
         raise NotImplementedError(f"{type(self).__name__} does not support task locks")
 
-    async def cancel(self, task_id: str, record: bytes, ttl: int) -> str:
+    async def cancel(self, task_id: str, record: bytes, ttl: int, announce: bool = True) -> str:
         """Cancel a task and store ``record`` (state cancelled) for ``ttl`` seconds.
+
+        Args:
+            announce: ``False``: the task is marked revoked but no worker is told (no
+                ``("revoke", task_id)`` event) until :meth:`announce_revoked` names it.
 
         Returns:
             ``"scheduled"`` (removed from the schedule: it never starts), ``"queued"`` or
             ``"pending"`` (marked revoked: a worker skips it), ``"running"`` (workers are told
             to cancel it), or ``"finished"`` (already in a final state: nothing changed).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support cancellation")
+
+    async def announce_revoked(self, task_ids: Sequence[str]) -> None:
+        """Tell the workers that ``task_ids``, marked by :meth:`cancel` with ``announce=False``,
+        are revoked: one ``("revoke", task_id)`` event each, in order.
+
+        Raises:
+            BrokerError: the broker could not be reached.
         """
         raise NotImplementedError(f"{type(self).__name__} does not support cancellation")
 

@@ -4,7 +4,9 @@
 -- KEYS[3] {ns}:revoked    revoked marks (zset: task id -> mark expiry, Unix seconds)
 -- KEYS[4] {ns}:t:<task_id> the task's record (string)
 -- ARGV[1] key prefix "{ns}:"; ARGV[2] task id; ARGV[3] now (Unix seconds, the caller's clock);
--- ARGV[4] ttl of the record and the mark (seconds); ARGV[5] the cancelled record to store.
+-- ARGV[4] ttl of the record and the mark (seconds); ARGV[5] the cancelled record to store;
+-- ARGV[6] (optional) "0": no 'r:<id>' event (the caller announces it after marking the other
+-- tasks it cancels: a workflow's steps, see control_state.py announce_revoked).
 -- Also reads or writes: {ns}:done:<task_id> (PUBLISH '1'), {ns}:ub:<task_id> and the key
 -- {ns}:u:<key> it names (freed while still this task's), {ns}:events (PUBLISH 'r:<id>').
 -- Returns what the task was: "finished" (already final: nothing done), "scheduled" (taken off
@@ -45,11 +47,12 @@ if redis.call('ZREM', KEYS[1], id) == 1 then
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 redis.call('ZADD', KEYS[3], now + ttl, id)
+local announce = ARGV[6] ~= '0'
 if state == 'running' then
-  redis.call('PUBLISH', KEY.events(prefix), 'r:' .. id)
+  if announce then redis.call('PUBLISH', KEY.events(prefix), 'r:' .. id) end
   return 'running'
 end
 store_record()
-redis.call('PUBLISH', KEY.events(prefix), 'r:' .. id)
+if announce then redis.call('PUBLISH', KEY.events(prefix), 'r:' .. id) end
 if state then return 'queued' end
 return 'pending'

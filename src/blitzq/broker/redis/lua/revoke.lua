@@ -5,7 +5,8 @@
 -- KEYS[2] {ns}:sched:m    schedule data (hash: task id -> message)
 -- KEYS[3] {ns}:revoked    revoked marks (zset: task id -> mark expiry, Unix seconds)
 -- ARGV[1] key prefix "{ns}:"; ARGV[2] task id; ARGV[3] now (Unix seconds, the caller's
--- clock); ARGV[4] ttl of the mark (seconds); ARGV[5] "1" when the task's record says it runs.
+-- clock); ARGV[4] ttl of the mark (seconds); ARGV[5] "1" when the task's record says it runs;
+-- ARGV[6] (optional) "0": no 'r:<id>' event (as cancel.lua's).
 -- Also reads or writes: {ns}:ub:<task_id> and the key {ns}:u:<key> it names (freed while
 -- still this task's, unless it runs: its worker frees it), {ns}:events (PUBLISH 'r:<id>').
 -- Returns "scheduled" (taken off the schedule: it will never start) or "marked" (marked
@@ -25,5 +26,5 @@ if redis.call('ZREM', KEYS[1], id) == 1 then
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 redis.call('ZADD', KEYS[3], now + ttl, id)
-redis.call('PUBLISH', KEY.events(prefix), 'r:' .. id)
+if ARGV[6] ~= '0' then redis.call('PUBLISH', KEY.events(prefix), 'r:' .. id) end
 return 'marked'
