@@ -510,3 +510,36 @@ def test_dead_letter_lists_carry_a_preview_and_show_the_whole_arguments(
     (item,) = page["items"]
     assert item["args_truncated"] is True
     assert len(json.dumps(item)) < 8_000
+
+
+@pytest.mark.timeout(90)
+def test_control_characters_of_stored_text_are_printed_visible(
+    make_queue: Callable[..., Queue], invoke: Callable[..., Result]
+) -> None:
+    """A task's error holding a NUL, colour and title escape sequences and a bell (echoed
+    user input): the human output of ``dead-letter show``, ``dead-letter list`` and ``task
+    inspect`` shows each as a visible character (ESC as U+241B), never the raw sequence a
+    terminal would act on; ``--json`` keeps the text as it was."""
+    queue = make_queue(name="ctl")
+    error = "weird \x00 \x1b[31mRED\x1b[0m \x1b]0;pwned-title\x07 \x7f \x9b1m end"
+
+    @queue.task(name="ctl.weird", retries=0)
+    async def weird() -> None:
+        raise RuntimeError(error)
+
+    with worker_thread(queue, queues=["ctl"]):
+        handle = weird.enqueue_sync()
+        wait_until(lambda: queue.dead_letter_count_sync() == 1, 30, "one dead letter")
+    raw = set("\x00\x1b\x07\x7f\x9b")
+    for args in (
+        ("dead-letter", "show", handle.id),
+        ("dead-letter", "list"),
+        ("task", "inspect", handle.id),
+    ):
+        out = invoke(*args).stdout
+        assert not raw & set(out), (args, out)
+        assert (
+            "\u2400 \u241b[31mRED\u241b[0m \u241b]0;pwned-title\u2407 \u2421 \ufffd1m end" in out
+        ), (args, out)
+    shown = json_out(invoke("dead-letter", "show", handle.id, "--json"))
+    assert error in shown["error"]

@@ -28,6 +28,7 @@ from ..redaction import redact
 from ._output import console as console  # re-exported to the commands, as below
 from ._output import emit_json as emit_json
 from ._output import iso as iso
+from ._output import printable as printable
 from ._output import short_time as short_time
 
 T = TypeVar("T")
@@ -114,7 +115,7 @@ class CliError(click.ClickException):
         """Print the message to stderr (``file`` overrides), and the JSON document."""
         if self.as_json:
             emit_json({"error": self.format_message(), "exit_code": self.exit_code})
-        first, _, rest = self.format_message().partition("\n")
+        first, _, rest = printable(self.format_message()).partition("\n")
         click.secho(f"Error: {first}", file=file, err=True, fg="red")
         if rest:
             click.echo(rest, file=file, err=True)

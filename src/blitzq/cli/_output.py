@@ -50,8 +50,26 @@ def _finite(doc: Any) -> Any:
     return doc
 
 
+#: The control characters a stored text may hold that a terminal would act on (C0 but tab
+#: and newline, DEL, C1), each shown as a visible character instead: C0 as its Unicode
+#: control picture (ESC as U+241B), DEL as U+2421, C1 as U+FFFD.
+_SHOWN = {
+    **{code: 0x2400 + code for code in range(0x20) if code not in (0x09, 0x0A)},
+    0x7F: 0x2421,
+    **dict.fromkeys(range(0x80, 0xA0), 0xFFFD),
+}
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character a terminal would act on (an escape sequence
+    that recolours it or sets its title, a NUL, a bell) shown as a visible character: what a
+    task's error, name or arguments, read back from the broker, may hold (:data:`_SHOWN`)."""
+    return text.translate(_SHOWN)
+
+
 def console(stderr: bool = False) -> Console:
-    """A rich Console on the current stdout (or stderr).
+    """A rich Console on the current stdout (or stderr) that prints the control characters
+    of what it is given as visible characters (:func:`printable`), its own styles unchanged.
 
     On a terminal, rich fits tables to its width (``COLUMNS`` overrides it). Output that is
     not a terminal (a pipe, a file, a test's runner) is never wrapped or cut, whatever
@@ -60,9 +78,37 @@ def console(stderr: bool = False) -> Console:
     """
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else _UNWRAPPED_WIDTH
-    from rich.console import Console  # here: --help and `import blitzq.cli` load no rich
+    return _safe_console_class()(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
+
+def _safe_console_class() -> type[Console]:
+    """rich's Console that makes every string it is given :func:`printable` before it
+    measures and prints it (``render_str``), and, as a backstop, every text segment it
+    renders (a rich ``Text`` not made by ``cli/_rich.py``); made on first use so that
+    ``--help`` and ``import blitzq.cli`` load no rich."""
+    global _SAFE_CONSOLE
+    if _SAFE_CONSOLE is None:
+        from rich.console import Console
+        from rich.segment import Segment
+
+        class SafeConsole(Console):
+            def render_str(self, text: str, **kwargs: Any) -> Any:
+                # A string printed or put in a table: printable before rich measures it.
+                return super().render_str(printable(text), **kwargs)
+
+            def render(self, renderable: Any, options: Any = None) -> Any:
+                # The backstop: a text that bypassed both (a rich Text made elsewhere).
+                for segment in super().render(renderable, options):
+                    text = segment.text
+                    if segment.control is None and text.translate(_SHOWN) != text:
+                        segment = Segment(text.translate(_SHOWN), segment.style)
+                    yield segment
+
+        _SAFE_CONSOLE = SafeConsole
+    return _SAFE_CONSOLE
+
+
+_SAFE_CONSOLE: type[Console] | None = None
 
 
 # Columns for output that is not a terminal: wider than any row blitzq prints (a table is as
@@ -70,4 +116,4 @@ def console(stderr: bool = False) -> Console:
 _UNWRAPPED_WIDTH = 10_000
 
 
-__all__ = ["console", "emit_json", "iso", "short_time"]
+__all__ = ["console", "emit_json", "iso", "printable", "short_time"]

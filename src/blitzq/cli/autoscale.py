@@ -26,7 +26,6 @@ from typing import Any
 import click
 from rich import box
 from rich.table import Table
-from rich.text import Text
 
 from ..queue import Queue
 from ..worker.autoscale import HARD_CAP, check_group, check_range
@@ -40,6 +39,7 @@ from ._common import (
     settings,
     use_running_server,
 )
+from ._rich import Text
 
 __all__ = ["control_group"]
 

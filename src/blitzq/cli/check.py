@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 
 import click
-from rich.text import Text
 
 from ..exceptions import BlitzQError
 from ..preflight import Finding, exit_code, preflight
@@ -27,6 +26,7 @@ from ._common import (
     settings,
     use_running_server,
 )
+from ._rich import Text
 from .scheduler import _load
 
 __all__ = ["check_command"]

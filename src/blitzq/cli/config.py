@@ -397,7 +397,8 @@ def config_show() -> None:
         )
         return
     from rich.table import Table  # here: the other commands and --help load no rich
-    from rich.text import Text
+
+    from ._rich import Text
 
     out = console()
     out.print(Text(f"project file: {where or 'none (no [tool.blitzq] found)'}", style="bold"))

@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 import click
 from rich import box
 from rich.table import Table
-from rich.text import Text
 
 from ..client.dead_letter_query import ReplayOutcome, replay_counts
 from ..dead_letters import DEAD_LETTER_REASONS, DeadLetter
@@ -38,6 +37,7 @@ from ._common import (
     short_time,
     task_id_argument,
 )
+from ._rich import Text
 
 __all__ = ["Duration", "dead_letter_group"]
 

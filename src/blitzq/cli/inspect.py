@@ -13,7 +13,6 @@ from typing import Any
 import click
 from rich import box
 from rich.table import Table
-from rich.text import Text
 
 from ..broker.eviction import check_eviction
 from ..client.admin import worker_document
@@ -39,6 +38,7 @@ from ._common import (
     short_time,
     task_id_argument,
 )
+from ._rich import Text
 
 _STATE_STYLE = {
     TaskState.SUCCEEDED: "green",

@@ -22,7 +22,6 @@ acts all the same (``pause --force``: pause a queue before its first task).
 from __future__ import annotations
 
 import click
-from rich.text import Text
 
 from ..client.admin import check_known_queue
 from ..queue import Queue
@@ -38,6 +37,7 @@ from ._common import (
     run_with_queue,
     settings,
 )
+from ._rich import Text
 from .inspect import queue_group
 
 __all__ = ["queue_pause", "queue_purge", "queue_resume"]

@@ -16,7 +16,6 @@ from zoneinfo import ZoneInfo
 import click
 from rich import box
 from rich.table import Table
-from rich.text import Text
 
 from ..exceptions import ConfigurationError
 from ..json_input import parse_json
@@ -33,6 +32,7 @@ from ._common import (
     run_with_queue,
     settings,
 )
+from ._rich import Text
 
 __all__ = ["schedule_group", "shown_zone", "zoned_iso", "zoned_time"]
 

@@ -16,7 +16,6 @@ from typing import Any
 import click
 from rich import box
 from rich.table import Table
-from rich.text import Text
 
 from ..exceptions import BlitzQError
 from ..logconfig import configure_logging
@@ -36,6 +35,7 @@ from ._common import (
     settings,
     use_running_server,
 )
+from ._rich import Text
 from .schedule import shown_zone, zoned_iso, zoned_time
 from .worker import _export_settings, _override, load_queue
 

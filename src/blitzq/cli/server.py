@@ -7,9 +7,9 @@ from typing import Any
 
 import click
 from rich.table import Table
-from rich.text import Text
 
 from ._common import CliUsageError, cli_errors, console, emit_json, json_option, settings
+from ._rich import Text
 
 _DATA_DIR = click.option(
     "--data-dir",

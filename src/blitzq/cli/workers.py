@@ -24,7 +24,6 @@ from typing import Any
 import click
 from rich import box
 from rich.table import Table
-from rich.text import Text
 
 from ..client.admin import worker_document
 from ..queue import Queue
@@ -41,6 +40,7 @@ from ._common import (
     settings,
     short_time,
 )
+from ._rich import Text
 
 __all__ = ["resolve", "worker_admin_group"]
 
