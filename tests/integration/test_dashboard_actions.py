@@ -309,6 +309,13 @@ async def test_resize_and_shut_down_a_worker(queue: Queue) -> None:
     async with running(worker), client(create_app(queue)) as c:
         await eventually(queue.broker.workers, lambda w: worker.id in w)
         path = f"/api/workers/{worker.id}"
+        # An id no live worker has is refused, as `blitzq worker shutdown` refuses it.
+        for action, payload in (("shutdown", {}), ("resize", {"concurrency": 2})):
+            answer = await post(
+                c, f"/api/workers/nosuch/{action}", {"confirm": "nosuch", **payload}
+            )
+            assert answer.status_code == 404, action
+            assert answer.json() == {"error": "no live worker nosuch"}
         assert (await post(c, path + "/resize", {"concurrency": 2})).status_code == 400
         for bad in (0, 100_001, "3", True):
             answer = await post(c, path + "/resize", {"confirm": worker.id, "concurrency": bad})

@@ -25,7 +25,7 @@ import click
 from rich import box
 from rich.table import Table
 
-from ..client.admin import worker_document
+from ..client.admin import is_live_worker, worker_document
 from ..queue import Queue
 from ._common import (
     CliError,
@@ -131,8 +131,7 @@ def worker_shutdown(worker_id: str, timeout: float, no_wait: bool) -> None:
         raise CliUsageError(f"ID must be a worker id (see blitzq worker list), got {worker_id!r}")
 
     async def live(q: Queue) -> bool:
-        docs = _docs(await q.broker.workers())
-        return any(worker_id in (d["id"], d["key"]) for d in docs)
+        return await is_live_worker(q.broker, worker_id)
 
     async def ask(q: Queue) -> str:
         if not await live(q):

@@ -53,6 +53,21 @@ def worker_document(worker_id: str, raw: bytes) -> dict[str, Any]:
     return doc
 
 
+async def is_live_worker(broker: Broker, ident: str) -> bool:
+    """Whether a live (registered) worker has the id or key ``ident``: what ``blitzq worker
+    shutdown`` and the dashboard's shutdown and resize actions ask before they push.
+
+    Raises:
+        BrokerError: the broker could not be reached.
+    """
+    workers = await broker.workers()
+    return any(ident in (doc["id"], doc["key"]) for doc in map(_document, workers.items()))
+
+
+def _document(item: tuple[str, bytes]) -> dict[str, Any]:
+    return worker_document(*item)
+
+
 class Admin:
     """Dead letters, purges and stats of one Queue.
 

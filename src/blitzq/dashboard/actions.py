@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..client.admin import check_known_queue
+from ..client.admin import check_known_queue, is_live_worker
 from ..exceptions import MessageTooLarge, SerializationError, UnknownQueue
 from ..periodic import PeriodicTask
 from ..routing import base_queue, check_name, check_queue_name, levels
@@ -170,14 +170,20 @@ def action_routes(queue: Queue, runtime: RuntimeEntries) -> list[Route]:
 
         return endpoint
 
-    async def shutdown_worker(request: Request) -> Response:
+    async def live_worker(request: Request) -> str:
         ident = worker_id(request.path_params["worker_id"])
+        if not await is_live_worker(queue.broker, ident):  # as `blitzq worker shutdown`
+            raise ApiError(404, f"no live worker {ident}")
+        return ident
+
+    async def shutdown_worker(request: Request) -> Response:
+        ident = await live_worker(request)
         await _confirmed(request, ident)
         await queue.broker.request_shutdown(ident)
         return json_response({"worker": ident, "asked": "shutdown"})
 
     async def resize_worker(request: Request) -> Response:
-        ident = worker_id(request.path_params["worker_id"])
+        ident = await live_worker(request)
         payload = await _confirmed(request, ident)
         size = payload.get("concurrency")
         if isinstance(size, bool) or not isinstance(size, int):
