@@ -90,6 +90,10 @@ MAX_JSON_DEPTH: Final = 32
 #: (:func:`blitzq.routing.new_task_id`; on the spread layout 32 hex digits, ``.`` and the queue).
 MAX_TASK_ID: Final = 512
 
+#: Longest queue name, namespace or task name (characters, :func:`blitzq.routing.check_name`):
+#: an error that quotes a refused or unknown one stays short.
+MAX_NAME: Final = 512
+
 #: Longest periodic entry name (characters), code-defined or run-time: an occurrence's task id
 #: is ``periodic:<name>:<Unix seconds>`` (:meth:`blitzq.periodic.PeriodicTask.task_id`), which
 #: must fit :data:`MAX_TASK_ID` with up to 20 digits of seconds.

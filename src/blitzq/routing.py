@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from .exceptions import ConfigurationError, SerializationError
-from .limits import MAX_PERIODIC_NAME, MAX_TASK_ID
+from .limits import MAX_NAME, MAX_PERIODIC_NAME, MAX_TASK_ID
 from .redaction import mask_url, redact
 from .serialization import lookup_key
 
@@ -50,12 +50,22 @@ def check_name(kind: str, value: str) -> str:
     """Return ``value`` if it is usable as a queue name, namespace or task name.
 
     Raises:
-        ConfigurationError: empty, not a string, or holding spaces, braces or newlines.
+        ConfigurationError: empty, not a string, longer than
+            :data:`~blitzq.limits.MAX_NAME` characters, or holding spaces, braces or
+            newlines (the value quoted cut to 80 characters).
     """
     if not isinstance(value, str) or not value or any(c in value for c in "{}\n\r\0 "):
+        shown = (
+            repr(value[:80] + "...") if isinstance(value, str) and len(value) > 80 else repr(value)
+        )
         raise ConfigurationError(
             f"{kind} must be a non-empty string without spaces, braces or newlines, "
-            f"got {redact(repr(value))}"  # a URL given in the wrong place: masked
+            f"got {redact(shown)}"  # a URL given in the wrong place: masked
+        )
+    if len(value) > MAX_NAME:
+        raise ConfigurationError(
+            f"{kind} must be at most {MAX_NAME} characters, got {len(value)} "
+            f"({redact(repr(value[:40]))}...)"
         )
     return value
 

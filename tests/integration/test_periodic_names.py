@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from blitzq import Queue
 from blitzq.cli import cli
 from blitzq.exceptions import ConfigurationError
-from blitzq.limits import MAX_PERIODIC_NAME, MAX_TASK_ID
+from blitzq.limits import MAX_NAME, MAX_PERIODIC_NAME, MAX_TASK_ID
 from blitzq.runtime_schedules import RuntimeSchedule, add_schedule
 from blitzq.scheduler import Scheduler
 from blitzq.schedules import Every
@@ -46,10 +46,28 @@ def test_the_longest_name_gives_ids_that_fit_and_one_more_character_is_refused()
     with pytest.raises(ConfigurationError, match=f"at most {MAX_PERIODIC_NAME} characters"):
         queue.add_periodic(tick, Every(60), name="n" * 100_000)
     # The entry's name is its task's by default: a task name that long is refused there.
-    long_task = queue.task(name="t" * 600)(tick.fn)
+    long_task = queue.task(name="t" * (MAX_PERIODIC_NAME + 1))(tick.fn)
     with pytest.raises(ConfigurationError, match="periodic task name must be at most"):
         queue.add_periodic(long_task, Every(60))
     assert set(queue.periodic_tasks) == {"n" * MAX_PERIODIC_NAME}
+
+
+def test_names_are_bounded_and_an_error_quotes_them_cut() -> None:
+    """A queue name, namespace or task name past MAX_NAME characters is refused, and a
+    refused name is quoted cut: a 100 KB argument gives a short error."""
+    queue = Queue(redis_url="redis://127.0.0.1:1/0")
+    queue.task(name="t" * MAX_NAME)(lambda: None)
+    for make in (
+        lambda: queue.task(name="t" * (MAX_NAME + 1))(lambda: None),
+        lambda: Queue("q" * 100_000, redis_url="redis://127.0.0.1:1/0"),
+        lambda: Queue(redis_url="redis://127.0.0.1:1/0", namespace="n" * 100_000),
+    ):
+        with pytest.raises(ConfigurationError, match=f"at most {MAX_NAME} characters") as refused:
+            make()
+        assert len(str(refused.value)) < 200
+    with pytest.raises(ConfigurationError, match="without spaces") as spaced:
+        Queue("q " * 50_000, redis_url="redis://127.0.0.1:1/0")
+    assert len(str(spaced.value)) < 300
 
 
 async def test_a_run_time_schedule_name_too_long_is_refused(
