@@ -88,3 +88,47 @@ def test_the_public_twins_are_made_by_blocking() -> None:
     }
     twins = {name for name in dir(Queue) if name.endswith("_sync")}
     assert twins - made == by_hand
+
+
+_HELD_WAITER = """
+import asyncio
+from blitzq.client.sync import Portal
+
+class Holder:
+    pass
+
+holder = Holder()
+portal = Portal()
+
+async def start() -> None:
+    holder.event = asyncio.Event()  # reachable only through this module's globals
+
+    async def waiter() -> None:
+        try:
+            await holder.event.wait()
+        except asyncio.CancelledError:
+            print("cancelled at exit")
+            raise
+
+    holder.task = asyncio.get_running_loop().create_task(waiter(), name="held-waiter")
+
+portal.call(start())
+print("done")
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_task_left_waiting_on_a_portal_is_ended_at_exit_not_destroyed_pending() -> None:
+    """A Portal's loop with a task waiting on something only the application's globals
+    reach (a result listener of a Queue nobody closed): at exit its tasks are cancelled and
+    the loop stopped, where the task was collected pending with the globals and Python
+    printed "Task was destroyed but it is pending!" (tester finding)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _HELD_WAITER], capture_output=True, text=True, timeout=50
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["done", "cancelled", "at", "exit"]
+    assert "destroyed" not in done.stderr, done.stderr

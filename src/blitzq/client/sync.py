@@ -11,8 +11,11 @@ of blocking that loop. After ``fork()`` the child starts a fresh loop and thread
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import os
 import threading
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
@@ -52,6 +55,7 @@ class Portal:
                 thread.start()
                 started.wait()
                 self._loop, self._thread = loop, thread
+                _open_portals.add(self)
             return self._loop
 
     @property
@@ -82,21 +86,59 @@ class Portal:
             raise RuntimeError("*_sync called from the blitzq background loop")
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
-    def close(self, cleanup: Coroutine[Any, Any, None] | None = None) -> None:
-        """Run ``cleanup`` on the loop (if given), then stop the loop and its thread."""
+    def close(
+        self, cleanup: Coroutine[Any, Any, None] | None = None, timeout: float = 10.0
+    ) -> None:
+        """Run ``cleanup`` on the loop (if given), then stop the loop and its thread; each
+        step waits at most ``timeout`` seconds.
+
+        Raises:
+            TimeoutError: ``cleanup`` did not end within ``timeout`` seconds.
+            Whatever ``cleanup`` raises.
+        """
         with self._lock:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
+        _open_portals.discard(self)
         if loop is None or thread is None or self._pid != os.getpid():
             if cleanup is not None:
                 cleanup.close()
             return
         if cleanup is not None and thread.is_alive():
-            asyncio.run_coroutine_threadsafe(cleanup, loop).result(timeout=10)
+            asyncio.run_coroutine_threadsafe(cleanup, loop).result(timeout=timeout)
         loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
+        thread.join(timeout=timeout)
         if not thread.is_alive():
             loop.close()
+
+
+async def _cancel_pending() -> None:
+    """Cancel every task of the running loop but this one and let them end (at most
+    :data:`EXIT_GRACE` seconds)."""
+    current = asyncio.current_task()
+    pending = [task for task in asyncio.all_tasks() if task is not current]
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=EXIT_GRACE)
+
+
+#: Seconds a Portal's tasks get to end at interpreter exit (:func:`_close_at_exit`).
+EXIT_GRACE = 2.0
+
+#: The Portals whose loop runs (a Portal closed, or collected, leaves it).
+_open_portals: weakref.WeakSet[Portal] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """At interpreter exit, end the tasks of every open Portal's loop and stop it: a task
+    left waiting (a result listener's read of a Queue nobody closed) would otherwise be
+    collected pending with the application's globals and print "Task was destroyed but it
+    is pending!"."""
+    for portal in list(_open_portals):
+        with contextlib.suppress(Exception):  # exiting anyway: the rest still get their turn
+            portal.close(_cancel_pending(), timeout=EXIT_GRACE + 1.0)
 
 
 class HasPortal(Protocol):
