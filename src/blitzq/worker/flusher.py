@@ -446,7 +446,8 @@ class Flusher:
                 "stale completion of task %s from queue %s dropped, nothing was written: its "
                 "delivery is no longer pending under this worker (its lease lapsed and another "
                 "worker took the message over, or the server lost it: a restart without "
-                "persistence, a flush, a failover)",
+                "persistence, a flush, a failover; or this is a retry of a write whose reply "
+                "was lost, and the first try was applied)",
                 c.task_id,
                 c.queue,
             )
