@@ -251,7 +251,8 @@ class Queue:
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.periodic_tasks: dict[str, PeriodicTask] = {}
         self._url: str | None = None
-        self._portal = Portal()  # the sync API's loop; every *_sync twin runs on it
+        # The sync API's loop; every *_sync twin runs on it (closed at exit if still open).
+        self._portal = Portal(closer=self.close)
         self.on_startup = Hooks()
         self.on_shutdown = Hooks()
         #: Per-worker resources for ``Depends()`` parameters (:mod:`blitzq.dependencies`).

@@ -49,6 +49,7 @@ CALLED = {
     # the spread layout of a Redis Cluster (spread.py, handoff.py)
     "handoff_publish", "handoff_restore", "handoff_take", "hold", "recover_split",
     "revoke",  # the two-step cancel of a homed task (homes.py)
+    "announce_revoked",  # a workflow's steps, marked first, announced after (control_state.py)
     "recent",  # the dashboard's index of ended tasks (worker/recent.py)
     "idle_look", "publish_ring",  # an idle worker's doorbell on a cluster (doorbell.py)
     "register", "unregister",  # worker registrations and their counts (registry.py)

@@ -29,10 +29,18 @@ class Portal:
 
     Args:
         name: the name of its daemon thread.
+        closer: makes the coroutine that closes what runs on the loop (the Queue's
+            ``close``), run at interpreter exit if the loop still runs then
+            (:func:`_close_at_exit`).
     """
 
-    def __init__(self, name: str = "blitzq-sync") -> None:
+    def __init__(
+        self,
+        name: str = "blitzq-sync",
+        closer: Callable[[], Coroutine[Any, Any, None]] | None = None,
+    ) -> None:
         self._name = name
+        self.closer = closer
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -112,18 +120,30 @@ class Portal:
             loop.close()
 
 
-async def _cancel_pending() -> None:
-    """Cancel every task of the running loop but this one and let them end (at most
-    :data:`EXIT_GRACE` seconds)."""
+async def _wind_down(closer: Callable[[], Coroutine[Any, Any, None]] | None) -> None:
+    """End what runs on this loop, within :data:`EXIT_GRACE` seconds: ``closer()`` first
+    (the Queue's close: its connections end as they would by ``close_sync()``), then every
+    task still there, given a moment to end by itself (a connection's own closing tasks),
+    then cancelled; again while closing them makes more."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + EXIT_GRACE
+    if closer is not None:
+        with contextlib.suppress(Exception):  # exiting anyway: the tasks are ended below
+            await asyncio.wait_for(closer(), EXIT_GRACE / 2)
     current = asyncio.current_task()
-    pending = [task for task in asyncio.all_tasks() if task is not current]
-    for task in pending:
-        task.cancel()
-    if pending:
-        await asyncio.wait(pending, timeout=EXIT_GRACE)
+    while True:
+        pending = {task for task in asyncio.all_tasks() if task is not current}
+        if not pending or loop.time() >= end:
+            return
+        _, pending = await asyncio.wait(pending, timeout=min(0.1, end - loop.time()))
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=max(0.0, end - loop.time()))
 
 
-#: Seconds a Portal's tasks get to end at interpreter exit (:func:`_close_at_exit`).
+#: Seconds a Portal's loop gets to end what runs on it at interpreter exit
+#: (:func:`_close_at_exit`).
 EXIT_GRACE = 2.0
 
 #: The Portals whose loop runs (a Portal closed, or collected, leaves it).
@@ -132,13 +152,13 @@ _open_portals: weakref.WeakSet[Portal] = weakref.WeakSet()
 
 @atexit.register
 def _close_at_exit() -> None:
-    """At interpreter exit, end the tasks of every open Portal's loop and stop it: a task
-    left waiting (a result listener's read of a Queue nobody closed) would otherwise be
-    collected pending with the application's globals and print "Task was destroyed but it
-    is pending!"."""
+    """At interpreter exit, close what runs on every open Portal's loop (its Queue's
+    connections, :func:`_wind_down`) and stop it: a task left waiting (a result listener's
+    read of a Queue nobody closed) would otherwise be collected pending with the
+    application's globals and print "Task was destroyed but it is pending!"."""
     for portal in list(_open_portals):
         with contextlib.suppress(Exception):  # exiting anyway: the rest still get their turn
-            portal.close(_cancel_pending(), timeout=EXIT_GRACE + 1.0)
+            portal.close(_wind_down(portal.closer), timeout=EXIT_GRACE + 1.0)
 
 
 class HasPortal(Protocol):
