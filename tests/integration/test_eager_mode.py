@@ -54,6 +54,32 @@ async def test_enqueue_returns_after_the_task_ran() -> None:
     await queue.close()
 
 
+async def test_a_task_declared_fast_on_a_reliable_queue_runs() -> None:
+    """A ``mode="fast"`` task of a reliable Queue travels the broker's fast lane: the eager
+    drain fetches from it too, as a worker's second loop per queue does (it never ran, and
+    result() waited for nothing; tester finding)."""
+    queue = Queue(namespace="eager-lane")
+
+    @queue.task(name="e.push", mode="fast")
+    async def push(user: str) -> str:
+        return f"pushed {user}"
+
+    @queue.task(name="e.plain")
+    async def plain(user: str) -> str:
+        return f"plain {user}"
+
+    with eager():
+        pushed = await push.enqueue("ada")
+        assert await pushed.result(timeout=5) == "pushed ada"
+        assert await (await plain.enqueue("bo")).result(timeout=5) == "plain bo"
+        record = await queue.inspect(pushed.id)
+        assert record is not None
+        assert record.state is TaskState.SUCCEEDED
+        handles = await push.enqueue_many([("x",), ("y",)])
+        assert [await h.result(timeout=5) for h in handles] == ["pushed x", "pushed y"]
+    await queue.close()
+
+
 async def test_arguments_are_serialized_as_in_production() -> None:
     queue = Queue(namespace="eager-b")
 

@@ -23,9 +23,11 @@ due time had come, and charges that wait to the drain's ``horizon``: the seconds
 one drain may skip in all. A message due later than what is left of it stays on the
 schedule. Attempts, records and outcomes are those of production; only the waits are
 skipped. A message put back
-on the schedule *without running* (a rate limit's or a lock's wait) cannot be hurried, since
-the server's token buckets and leases keep real time: when moving ahead ran nothing, the drain
-waits in real time for what is due within :data:`PATIENCE` seconds and leaves the rest.
+on the schedule *without running* (a lock's wait) cannot be hurried, since the server's
+leases keep real time: when moving ahead ran nothing, the drain waits in real time for what is
+due within :data:`PATIENCE` seconds and leaves the rest. A rate limit's wait is hurried: the
+message holds the token its bucket reserved (``Envelope.reserved``) and starts when moved
+ahead. ``max_age`` counts real time only (docs/testing.md).
 
 The task's own exception: the runner's observer (:class:`OutcomeKeeper`) keeps the exception
 of every run that failed for good, by task id, for ``result()`` to raise in the eager mode.
@@ -41,7 +43,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from ..broker import Completion
+from ..broker import Completion, Transport
 from ..dependencies import Resources
 from ..extensions.registry import extensions_of
 from ..routing import base_queue, levels
@@ -65,7 +67,7 @@ PROMOTE_BATCH = 1000
 #: thread, or by another event loop, is seen by then at the latest).
 POLL = 0.05
 #: Seconds the drain waits in real time for a message that went back on the schedule without
-#: running (a rate limit's or a lock's wait); one due later stays scheduled.
+#: running (a lock's wait); one due later stays scheduled.
 PATIENCE = 5.0
 
 
@@ -171,6 +173,10 @@ class InlineWorker:
         self._physical: list[str] = []  # the physical queues served, in fetch order
         self._shape: tuple[int, ...] = ()
         self._prepared: set[str] = set()
+        #: The broker's fast lane while the Queue has a task declared ``mode="fast"`` (its
+        #: messages travel there: fetched too, as a worker's second loop per queue does).
+        self._lane: Transport | None = None
+        self._lane_prepared: set[str] = set()
         #: Completion batches written so far.
         self.written = 0
 
@@ -293,6 +299,8 @@ class InlineWorker:
             return 0
         try:
             deliveries = await self.broker.fetch_first(self._physical, n, 0)
+            if self._lane is not None and len(deliveries) < n:
+                deliveries += await self._lane.fetch_first(self._physical, n - len(deliveries), 0)
         except BaseException:
             slots.release(n)
             raise
@@ -332,6 +340,13 @@ class InlineWorker:
         if fresh:
             await self.broker.prepare_consumer(fresh, self.worker.id)
             self._prepared.update(fresh)
+        fast = any(t.fast for t in queue.tasks.values())
+        self._lane = self.broker.fast_lane if fast else None
+        if self._lane is not None:
+            unready = [p for p in physical if p not in self._lane_prepared]
+            if unready:
+                await self._lane.prepare_consumer(unready, self.worker.id)
+                self._lane_prepared.update(unready)
         self._physical, self._shape = physical, shape
 
     async def _sync_revocations(self) -> None:
