@@ -231,6 +231,38 @@ def test_django_enqueues_only_after_commit(
         queue.close_sync()
 
 
+def test_django_a_unique_duplicate_at_the_commit_is_logged(
+    django_db: Any, make_queue: Callable[..., Queue], caplog: pytest.LogCaptureFixture
+) -> None:
+    """enqueue_on_commit of a unique task whose equal call is still pending at the commit:
+    nothing is enqueued and the id it handed out names no task, which a WARNING says with
+    the pending task's id (tester finding: the id was silently dangling)."""
+    from django.db import transaction
+
+    from blitzq.integrations.django import enqueue_on_commit
+
+    queue = make_queue(name="django")
+
+    @queue.task(unique=True)
+    def report(user_id: int) -> int:
+        return user_id
+
+    try:
+        with caplog.at_level("WARNING", logger="blitzq.integrations.django"):
+            ids = []
+            for _ in range(2):
+                with transaction.atomic():
+                    ids.append(enqueue_on_commit(report, 7))
+        assert queue.inspect_sync(ids[1]) is None
+        warned = [r.getMessage() for r in caplog.records]
+        assert len(warned) == 1
+        assert f"duplicates the pending task {ids[0]}" in warned[0]
+        assert ids[1] in warned[0]
+    finally:
+        queue.purge_queue_sync("django")
+        queue.close_sync()
+
+
 def test_django_rollback_enqueues_nothing(django_db: Any, make_queue: Callable[..., Queue]) -> None:
     from django.db import transaction
 

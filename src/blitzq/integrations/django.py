@@ -25,6 +25,7 @@ on first access, so ``enqueue_on_commit`` needs neither Django 6 nor the django-
 from __future__ import annotations
 
 import functools
+import logging
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from django.db import transaction
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+logger = logging.getLogger("blitzq.integrations.django")
 
 
 def enqueue_on_commit(
@@ -97,7 +99,15 @@ def _schedule(
 
 
 def _enqueue(bound: BoundTask[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    bound.enqueue_sync(*args, **kwargs)
+    handle = bound.enqueue_sync(*args, **kwargs)
+    if handle.duplicate:  # a unique task whose equal call is pending: the id given is unused
+        logger.warning(
+            "enqueue_on_commit: %s(...) duplicates the pending task %s; nothing was enqueued, "
+            "and the id handed out, %s, names no task",
+            bound.task.name,
+            handle.id,
+            bound.call_options.task_id,
+        )
 
 
 def __getattr__(name: str) -> Any:
