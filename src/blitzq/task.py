@@ -200,6 +200,13 @@ class Task(Generic[P, R]):
                 f"task {name}: soft_timeout is not supported for {executor} tasks "
                 "(use hard_timeout)"
             )
+        soft = options.soft_timeout
+        if soft is not None and self.timeout is not None and soft >= self.timeout:
+            raise ConfigurationError(
+                f"task {name}: soft_timeout ({soft:g} s) must be shorter than the hard timeout "
+                f"({self.timeout:g} s): the hard timeout would end the run first, and the soft "
+                "one never fire"
+            )
         #: The task's options, checked (see :mod:`blitzq.options`); the middleware-declared
         #: ones read as ``task.controls.get("max_age")``.
         self.controls = options

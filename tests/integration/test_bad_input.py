@@ -519,6 +519,8 @@ def test_bad_worker_option_is_a_configuration_error(options: dict[str, Any]) -> 
         {"retries": 1.5},
         {"soft_timeout": 1e300},
         {"hard_timeout": float("inf")},
+        {"soft_timeout": 5, "timeout": 2},  # the soft one would never fire
+        {"soft_timeout": 2, "hard_timeout": 2},
         {"max_age": True},
         {"unique_ttl": float("nan")},
         {"unique": True, "unique_ttl": True},

@@ -77,6 +77,43 @@ async def test_soft_timeout_raises_inside_a_thread_task_and_retries(queue: Queue
     assert record.attempts == 2
 
 
+async def test_an_async_task_blocking_past_its_hard_timeout_is_named_in_a_warning(
+    queue: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A blocking call inside ``async def`` never yields to the event loop, so its hard
+    timeout cannot cancel it: its outcome stands, and a WARNING names the overrun and the
+    remedy (tester finding: nothing said it had run past its timeout)."""
+
+    @queue.task(name="t.blocks", timeout=0.2)
+    async def blocks() -> str:
+        time.sleep(0.6)  # blocks the loop: the timer is due, and cannot run
+        return "done"
+
+    @queue.task(name="t.blocks_later", timeout=0.2)
+    async def blocks_later() -> str:
+        await asyncio.sleep(0)  # a first step, then the blocking call
+        time.sleep(0.6)
+        return "later"
+
+    @queue.task(name="t.yields", timeout=5)
+    async def yields() -> str:
+        await asyncio.sleep(0.01)
+        return "ok"
+
+    handle = await blocks.enqueue()
+    later = await blocks_later.enqueue()
+    quick = await yields.enqueue()
+    with caplog.at_level(logging.WARNING, logger="blitzq.worker"):
+        async with running(make_worker(queue, concurrency=1)):
+            assert await handle.result(timeout=15) == "done"
+            assert await later.result(timeout=15) == "later"
+            assert await quick.result(timeout=15) == "ok"
+    overran = [r.getMessage() for r in caplog.records if "past its hard timeout" in r.getMessage()]
+    assert len(overran) == 2, overran
+    assert {handle.id, later.id} == {m.split()[2] for m in overran}
+    assert all("thread task" in m for m in overran)
+
+
 async def test_a_thread_task_that_catches_the_soft_timeout_may_still_succeed(
     queue: Queue,
 ) -> None:

@@ -372,6 +372,8 @@ class Runner:
                 slots.release()
                 return
             if started is None:
+                if env.timeout or task.timeout:  # ended in its first step: it never yielded
+                    self.timeouts.overran(job)
                 self.ending.finish(job, result, error)
                 slots.release()
                 return
@@ -456,6 +458,8 @@ class Runner:
         timer = job.timer
         if timer is not None:
             timer.cancel()
+            if job.task.executor == "async" and timer.when() <= asyncio.get_running_loop().time():
+                timeouts.overran(job)  # a timer due that never fired: the loop was blocked
         if job.task.executor == "process" and (self.killed_processes or self.reaping):
             self._release_once_reaped(slots)
         else:

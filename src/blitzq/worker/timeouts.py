@@ -100,6 +100,10 @@ class _Timers:
         for handle in self.handles:
             handle.cancel()
 
+    def when(self) -> float:
+        """When the first of them is due (the loop's time)."""
+        return min(handle.when() for handle in self.handles)
+
 
 class _ThreadRun:
     """Which thread runs a thread task, so a soft timeout can be raised in it."""
@@ -182,6 +186,27 @@ class Timeouts:
             handles.append(loop.call_later(soft, self.expired, job, True))
         if handles:
             job.timer = handles[0] if len(handles) == 1 else _Timers(handles)
+
+    def overran(self, job: Job) -> None:
+        """An async run that ended without being timed out: when it ran past its hard
+        timeout (the timer was due, the loop never got to it), its coroutine blocked the
+        event loop without yielding, so it could not be cancelled; its outcome stands, and a
+        WARNING says what happened and what to do instead."""
+        hard = job.envelope.timeout or job.task.timeout
+        if not hard or job.timed_out or not job.started_at:
+            return
+        took = time.time() - job.started_at
+        if took > hard:
+            logger.warning(
+                "task %s %s ran %.1f s, past its hard timeout of %g s, without yielding to the "
+                "event loop (a blocking call in an async task), so it could not be cancelled: "
+                "its outcome stands; run blocking code in a thread task (a plain def) or await "
+                "asyncio.to_thread(...)",
+                job.envelope.task,
+                job.envelope.id,
+                took,
+                hard,
+            )
 
     def expired(self, job: Job, soft: bool = False, slots: Slots | None = None) -> None:
         """The run passed its hard timeout (or its soft one, ``soft=True``).
