@@ -354,6 +354,44 @@ async def test_rate_limited_tasks_all_run() -> None:
     await queue.close()
 
 
+async def test_a_rate_limits_wait_is_never_skipped_by_virtual_time() -> None:
+    """A message a rate limit put back holds the token its bucket reserved for its due
+    time: virtual time does not bring it forward (it ran at once before; tester finding).
+    The second call of a "1/m" task stays scheduled, due in about a minute, as in
+    production, and result() says so at once."""
+    queue = Queue(namespace="eager-rate")
+    ran: list[int] = []
+
+    @queue.task(name="e.sms", rate_limit="1/m")
+    async def sms(n: int) -> int:
+        ran.append(n)
+        return n
+
+    @queue.task(name="e.later")
+    async def later(n: int) -> int:
+        return n
+
+    with eager():
+        delayed = await later.options(delay=120).enqueue(7)  # a plain delay: skipped
+        assert await delayed.result(timeout=5) == 7
+        first = await sms.enqueue(1)
+        second = await sms.enqueue(2)
+        assert ran == [1]
+        assert await first.result(timeout=5) == 1
+        record = await queue.inspect(second.id)
+        assert record is not None
+        assert record.state is TaskState.SCHEDULED
+        assert record.due_at is not None
+        assert record.due_at - datetime.now(UTC).timestamp() > 30
+        with pytest.raises(ResultTimeout, match="never skipped"):
+            await second.result(timeout=5)
+        # Virtual time does not pass it: a delay due after it waits with it.
+        after = await later.options(delay=120).enqueue(8)
+        assert (await queue.inspect(after.id)).state is TaskState.SCHEDULED  # type: ignore[union-attr]
+        assert ran == [1]
+    await queue.close()
+
+
 async def test_fast_mode_other_queues_and_middleware_hooks() -> None:
     """The per-delivery path includes the middleware (before, after, on_retry hooks ran
     before the enqueue returned) and fast mode; an enqueue to a queue no task names runs."""

@@ -228,8 +228,9 @@ class Results:
         raise ResultTimeout(
             f"task {task_id} is {record.state.value}, due in {ahead:.0f} s: past what the eager "
             "test mode runs (a drain skips at most its horizon of waiting, 600 s by default: "
-            "@pytest.mark.blitzq_eager(horizon=...) or eager(horizon=...)), so no result can "
-            "come in this test"
+            "@pytest.mark.blitzq_eager(horizon=...) or eager(horizon=...); a rate limit's or a "
+            "lock's wait is never skipped, and waited for up to 5 s), so no result can come in "
+            "this test"
         )
 
     async def _hint(self, task_id: str, queue: str | None) -> str:

@@ -23,11 +23,12 @@ due time had come, and charges that wait to the drain's ``horizon``: the seconds
 one drain may skip in all. A message due later than what is left of it stays on the
 schedule. Attempts, records and outcomes are those of production; only the waits are
 skipped. A message put back
-on the schedule *without running* (a lock's wait) cannot be hurried, since the server's
-leases keep real time: when moving ahead ran nothing, the drain waits in real time for what is
-due within :data:`PATIENCE` seconds and leaves the rest. A rate limit's wait is hurried: the
-message holds the token its bucket reserved (``Envelope.reserved``) and starts when moved
-ahead. ``max_age`` counts real time only (docs/testing.md).
+on the schedule *without running* (a rate limit's or a lock's wait) is not hurried, since the
+server's token buckets and leases keep real time (and a rate-limited message holds the token
+its bucket reserved for its due time): the drain notes each such message's due time as its
+completion is written (:attr:`InlineWorker.real_waits`), never moves time ahead past one,
+waits in real time for one due within :data:`PATIENCE` seconds and leaves the rest (also
+when moving ahead ran nothing). ``max_age`` counts real time only (docs/testing.md).
 
 The task's own exception: the runner's observer (:class:`OutcomeKeeper`) keeps the exception
 of every run that failed for good, by task id, for ``result()`` to raise in the eager mode.
@@ -67,7 +68,7 @@ PROMOTE_BATCH = 1000
 #: thread, or by another event loop, is seen by then at the latest).
 POLL = 0.05
 #: Seconds the drain waits in real time for a message that went back on the schedule without
-#: running (a lock's wait); one due later stays scheduled.
+#: running (a rate limit's or a lock's wait); one due later stays scheduled.
 PATIENCE = 5.0
 
 
@@ -177,12 +178,28 @@ class InlineWorker:
         #: messages travel there: fetched too, as a worker's second loop per queue does).
         self._lane: Transport | None = None
         self._lane_prepared: set[str] = set()
+        #: Task id -> Unix time its message is due, of messages a start check put back on the
+        #: schedule unrun (a rate limit's reserved token, a lock's lease): virtual time never
+        #: brings them forward, the server's buckets and leases keep real time.
+        self.real_waits: dict[str, float] = {}
         #: Completion batches written so far.
         self.written = 0
 
     def _count_written(self, applied: list[Completion], stale: list[Completion]) -> None:
-        """The flusher applied a batch (it may have published: a workflow's next step)."""
+        """The flusher applied a batch (it may have published: a workflow's next step); note
+        the messages it put back on the schedule without a run (:attr:`real_waits`)."""
         self.written += 1
+        for c in applied:
+            if c.reschedule is not None and c.tally == 0:  # no run ended: a start check's wait
+                self.real_waits[c.task_id] = time.time() + c.delay
+
+    def _next_real_wait(self, now: float) -> float | None:
+        """When the first of :attr:`real_waits` still ahead of ``now`` is due (Unix
+        seconds), or ``None``; those due by ``now`` are dropped (promoted as usual)."""
+        waits = self.real_waits
+        for task_id in [t for t, due in waits.items() if due <= now]:
+            del waits[task_id]
+        return min(waits.values(), default=None)
 
     def poke(self) -> None:
         """Tell the drain that something was published (callable from any thread)."""
@@ -276,6 +293,13 @@ class InlineWorker:
             if next_eta is None:
                 return
             wait = max(0.0, next_eta - now)
+            real = self._next_real_wait(now)  # the memory server's clock is this process's
+            if real is not None and real <= next_eta + 0.001:
+                # Next due: a message a start check put back; it keeps real time.
+                if real - now > PATIENCE:
+                    return
+                await asyncio.sleep(min(real - now, max(0.0, deadline - time.monotonic())))
+                continue
             if moved_at == self.keeper.events:
                 # Moving ahead ran nothing: what came back waits for the server's clock.
                 if wait > PATIENCE:
