@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
-from blitzq import Queue, TaskState, chord
+from blitzq import Queue, Task, TaskState, chord
 
 from .proc_tasks import eventually, make_worker, running
 
@@ -32,22 +32,24 @@ async def test_cancelling_a_workflow_starts_none_of_its_queued_steps(
     started: list[str] = []
     release = threading.Event()  # never set while the workflow runs: the steps wait
 
-    @queue.task(name="cancel.busy")
-    async def busy(i: int) -> int:
-        started.append(f"busy{i}")
-        await asyncio.sleep(30)
-        return i
+    def waiting_step(name: str, label: str) -> Task[[int], int]:
+        """An async step that notes its start as ``<label><i>``, then waits."""
+
+        @queue.task(name=name)
+        async def step(i: int) -> int:
+            started.append(f"{label}{i}")
+            await asyncio.sleep(30)
+            return i
+
+        return step
+
+    busy = waiting_step("cancel.busy", "busy")
+    queued_async = waiting_step("cancel.queued_async", "queued")
 
     @queue.task(name="cancel.queued_thread")
     def queued_thread(i: int) -> int:
         started.append(f"queued{i}")
         release.wait(30)
-        return i
-
-    @queue.task(name="cancel.queued_async")
-    async def queued_async(i: int) -> int:
-        started.append(f"queued{i}")
-        await asyncio.sleep(30)
         return i
 
     @queue.task(name="cancel.merge")
