@@ -122,6 +122,30 @@ async def test_priorities_run_high_then_normal_then_low(queue: Queue) -> None:
     assert order == ["high", "normal", "low"]
 
 
+@pytest.mark.parametrize("count", [1, 2, 5])
+async def test_a_consumers_first_fetches_take_every_higher_level_first(
+    amqp: Callable[..., Broker], count: int
+) -> None:
+    """Twenty messages per level wait when a fresh consumer (a worker's start, a queue's
+    resume) fetches ``count`` at a time: every high one comes before any normal one, every
+    normal one before any low one. A first fetch asked each level with one ``basic.get``
+    and took the answers together, so a normal (and a low) message came second while
+    RabbitMQ was still pushing the high level's prefetch (tester finding: "1 high 1 norm 19
+    high 19 norm 20 low" after a resume)."""
+    broker = amqp()
+    levels = ["pq:high", "pq", "pq:low"]
+    for level in reversed(levels):  # the low ones published first
+        await broker.publish(level, [message(f"{level}-{i}") for i in range(20)])
+    taken: list[str] = []
+    while len(taken) < 60:
+        got = await broker.fetch_first(levels, count, 5)
+        assert got, taken
+        taken += [d.queue for d in got]
+        for d in got:  # as a worker's completions do
+            await broker.transport.ack(d.queue, [d.token])
+    assert taken == ["pq:high"] * 20 + ["pq"] * 20 + ["pq:low"] * 20
+
+
 async def test_a_delivery_whose_connection_died_before_its_ack_is_delivered_again(
     amqp: Callable[..., Broker],
 ) -> None:

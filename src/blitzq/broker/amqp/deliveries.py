@@ -144,6 +144,10 @@ class Consumer:
         stopped: the transport cancelled it, its queue paused (``pausing.py``): RabbitMQ
             pushes it nothing until it consumes again; its channel stays open for the acks.
         asked: a fetch topped its buffer up (:meth:`top_up`) at least once.
+        filling: RabbitMQ may have more of the queue for it: a message arrived (pushed or
+            got) since a ``basic.get`` last found the queue empty. A fetch does not take a
+            lower priority level's buffer past a filling level whose buffer ran out: it asks
+            that level first (``transport.py``, ``_take_first``).
         confirmed: ``time.monotonic()`` when a request was sent on the channel that RabbitMQ
             answered (its opening, a ``basic.get``, :meth:`confirm`): the channel, and every
             delivery received before, was still this consumer's then (:meth:`unconfirmed`).
@@ -157,6 +161,7 @@ class Consumer:
         "channel",
         "confirmed",
         "epoch",
+        "filling",
         "name",
         "raw",
         "stopped",
@@ -172,6 +177,7 @@ class Consumer:
         self.name = name
         self.epoch = epoch
         self.tag = ""
+        self.filling = False
         self.cancelled = False
         self.stopped = False
         self.asked = False
@@ -267,7 +273,7 @@ class Consumer:
             taken.append(message)
         return taken
 
-    async def top_up(self, room: int, more: bool = True) -> None:
+    async def top_up(self, room: int, more: bool = True) -> bool:
         """Bring into the buffer what RabbitMQ already dispatched and what waits in the
         queue, up to ``room`` buffered messages: a ``basic.get`` (the first one in any case:
         a message published a moment ago is then seen at once), repeated while it finds a
@@ -283,18 +289,26 @@ class Consumer:
         pushed at that moment (seen under load: the 101st of a queue first, then the 100
         prefetched). Delivery order is not a guarantee (docs/guarantees.md).
 
+        Returns:
+            Whether a get found the queue empty (else it may hold more: RabbitMQ may be
+            pushing them to this consumer now).
+
         Raises:
             aiormq.exceptions.AMQPError: the get failed (the caller translates it).
         """
         got: list[Received] = []
         sent = time.monotonic()
+        empty = False
         while len(got) + len(self.buffer) < room or not got:
             answer = await self.raw.basic_get(self.name, no_ack=False)
             self.confirmed = sent  # answered: what was buffered before the get is still ours
             for _ in range(3):  # the consumer's callbacks of frames read before the answer
                 await asyncio.sleep(0)
             if isinstance(answer.delivery, spec.Basic.GetEmpty):
+                empty = True
+                self.filling = False
                 break
+            self.filling = True
             got.extend(self.received(answer))
             if not more:
                 break
@@ -305,6 +319,7 @@ class Consumer:
             merged = sorted([*self.buffer, *got], key=by_tag)
             self.buffer.clear()
             self.buffer.extend(merged)
+        return empty
 
     async def settle(self, tags: list[int], ack: bool = True) -> None:
         """Ack (or ``basic.nack`` with requeue) the delivery tags ``tags`` of this channel,

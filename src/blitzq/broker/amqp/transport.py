@@ -242,6 +242,7 @@ class AmqpTransport(Transport):
         def on_delivery(deliver: Any, header: Any, body: bytes) -> None:
             got = receive(deliver, header, body)  # its tasks: one, or a pack's
             buffer.extend(got)
+            consumer.filling = True
             arrived[got[0].tag] = monotonic()
             wake()
 
@@ -320,9 +321,11 @@ class AmqpTransport(Transport):
         self, queues: Sequence[str], timeout: float, count: int = 1
     ) -> list[Delivery]:
         """Wait up to ``timeout`` s for a message RabbitMQ pushes to the consumer of any of
-        ``queues`` (or one buffered): one per queue (``count`` is 1), earlier queues first;
-        none at the timeout or after :meth:`unblock`. No ``basic.get``: the consumer's
-        prefetch is pushed what arrives. Raises BrokerError when RabbitMQ cannot be reached."""
+        ``queues`` (or one buffered): one message, of the earliest queue that has one
+        (:meth:`_take_first` of one, without asking: a ``basic.get`` only on a consumer's
+        first fetch, or on a level RabbitMQ may still be filling before a lower level's
+        buffer is taken, so the priority order holds); none at the timeout or after
+        :meth:`unblock`. Raises BrokerError when RabbitMQ cannot be reached."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         arrived = asyncio.Event()
@@ -331,28 +334,12 @@ class AmqpTransport(Transport):
         try:
             while True:
                 arrived.clear()
-                out: list[Delivery] = []
-                try:
-                    for queue in queues:
-                        if queue in self.paused:
-                            continue
-                        consumer = await self._consumer(queue, 1)
-                        if not self._alive(consumer):  # RabbitMQ delivers them again
-                            consumer.buffer.clear()
-                            continue
-                        for message in consumer.take(1):
-                            if message.redelivered_pack():
-                                out += await self._split(queue, consumer, message)
-                            else:
-                                out.append(self._deliver(queue, consumer, message))
-                except FAILURES as exc:  # a BrokerError goes through translate as it is
-                    raise translate(exc, "waiting for messages") from None
+                out = await self._take_first(queues, 1, ask=False)
                 if out:
-                    if self.custody is not None and any(d.deliveries > 1 for d in out):
-                        out = await self._skip_committed(out)
-                    if out:
-                        return out
-                    continue
+                    return out
+                live = [self.consumers.get(q) for q in queues if q not in self.paused]
+                if any(c is not None and c.buffer for c in live):
+                    continue  # the one taken was committed already (skipped): the next
                 left = deadline - loop.time()
                 if self._unblocked or left <= 0:
                     return []
@@ -414,29 +401,43 @@ class AmqpTransport(Transport):
                     consumers.append((queue, consumer))
                 else:  # RabbitMQ delivers them again
                     consumer.buffer.clear()
-            short = []
+            short: list[Consumer] = []
             buffered = 0
             dry = not any(consumer.buffer for _, consumer in consumers)
             prefetch = self.prefetch or 0
-            for _, consumer in consumers:  # the levels a fetch would take from, in order
+            tops = []
+            # Buffered on each level's lower levels: what a fetch would descend to.
+            below = [0] * len(consumers)
+            for i in range(len(consumers) - 2, -1, -1):
+                below[i] = below[i + 1] + len(consumers[i + 1][1].buffer)
+            for i, (_, consumer) in enumerate(consumers):  # in the order a fetch takes them
                 if len(consumer.buffer) < count - buffered and (
-                    not consumer.asked or (dry and ask)
+                    not consumer.asked
+                    or (dry and ask)
+                    or (consumer.filling and below[i])  # short, a lower level next
                 ):
                     consumer.asked = True
                     spent = len(consumer.unacked) >= prefetch
-                    short.append(consumer.top_up(count - buffered, more=spent))
+                    short.append(consumer)
+                    tops.append(consumer.top_up(count - buffered, more=spent))
                 buffered += len(consumer.buffer)
                 if buffered >= count:
                     break
-            if short:
-                await asyncio.gather(*short)
+            # The levels whose get found a message: RabbitMQ may be pushing them more now.
+            filling = set()
+            if tops:
+                for consumer, empty in zip(short, await asyncio.gather(*tops), strict=True):
+                    if not empty:
+                        filling.add(consumer)
             for queue, consumer in consumers:
                 for message in consumer.take(count - len(out)):
                     if message.redelivered_pack():
                         out += await self._split(queue, consumer, message)
                     else:
                         out.append(self._deliver(queue, consumer, message))
-                if len(out) >= count:
+                if len(out) >= count or consumer in filling:
+                    # A level being filled: a lower one waits for the next fetch, so a
+                    # consumer's first fetches (a start, a resume) keep the priority order.
                     break
         except FAILURES as exc:  # a BrokerError goes through translate as it is
             raise translate(exc, "fetching") from None
