@@ -281,3 +281,25 @@ async def test_a_script_waits_for_its_slot_migration_to_end(
             assert node.xlen(stream) == 3
     finally:
         await broker.close()
+
+
+async def test_an_evicting_primary_that_does_not_own_the_namespace_is_found(
+    redis_cluster: LocalCluster, queue: Queue, cluster_ns: str
+) -> None:
+    """The memory policy of a cluster is every primary's: a queue's slot (the spread
+    layout's homes) may live on a primary that does not own the namespace, and one that can
+    evict is what `blitzq check` and a worker's start must see (tester finding: `check`
+    read the namespace's primary alone and answered ok)."""
+    namespace_owner = redis_cluster.owner("{" + cluster_ns + "}:")
+    other = next(p for p in redis_cluster.primaries() if p != namespace_owner)
+    await queue.broker.ping()  # connected, as `blitzq check` and a worker are first
+    assert await queue.broker.memory_policy() == ("noeviction", 0)
+    with redis_cluster.node(other) as node:
+        node.config_set("maxmemory", str(1 << 30))
+        node.config_set("maxmemory-policy", "allkeys-lru")
+        try:
+            assert await queue.broker.memory_policy() == ("allkeys-lru", 1 << 30)
+        finally:
+            node.config_set("maxmemory-policy", "noeviction")
+            node.config_set("maxmemory", "0")
+    assert await queue.broker.memory_policy() == ("noeviction", 0)

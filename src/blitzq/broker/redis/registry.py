@@ -9,9 +9,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from redis.exceptions import OutOfMemoryError, ResponseError
 
+from ..eviction import eviction_risk
 from ..state import RegistryState
 from .client import translate_errors
 from .connection import RedisPart
@@ -244,16 +246,26 @@ class RedisRegistry(RedisPart, RegistryState):
     @translate_errors
     async def memory_policy(self) -> tuple[str, int] | None:
         """``(maxmemory-policy, maxmemory bytes)`` from INFO memory (read-only; ``None``
-        when the server refuses INFO, as some managed services do)."""
+        when the server refuses INFO, as some managed services do). On a cluster, every
+        primary's: blitzq's keys spread over them (a queue's slot, the spread layout's
+        homes), so the first one that can evict them is answered, else the namespace's
+        primary's."""
+        if not self.conn.cluster:
+            return _policy(await self._memory_info(self.conn.node_kwargs()))
+        found = _policy(await self._memory_info(self.conn.node_kwargs()))
+        for node in self.client.get_primaries():
+            policy = _policy(await self._memory_info({"target_nodes": node}))
+            if policy is not None and eviction_risk(*policy) is not None:
+                return policy
+        return found
+
+    async def _memory_info(self, target: dict[str, Any]) -> dict[str, Any] | None:
+        """INFO memory of the node ``target`` names (``None``: the server refuses INFO)."""
         try:
-            info = await self.client.info("memory", **self.conn.node_kwargs())
+            info: dict[str, Any] = await self.client.info("memory", **target)
         except ResponseError:
             return None
-        policy = info.get("maxmemory_policy")
-        if policy is None:
-            return None
-        policy = policy.decode() if isinstance(policy, bytes) else str(policy)
-        return policy, int(info.get("maxmemory", 0) or 0)
+        return info
 
     @translate_errors
     async def memory_use(self) -> tuple[int, int] | None:
@@ -270,6 +282,15 @@ class RedisRegistry(RedisPart, RegistryState):
             info.get("mem_not_counted_for_evict", 0) or 0
         )
         return used, int(info.get("maxmemory", 0) or 0)
+
+
+def _policy(info: dict[str, Any] | None) -> tuple[str, int] | None:
+    """``(maxmemory-policy, maxmemory)`` of an INFO memory answer, or ``None``."""
+    policy = None if info is None else info.get("maxmemory_policy")
+    if info is None or policy is None:
+        return None
+    policy = policy.decode() if isinstance(policy, bytes) else str(policy)
+    return policy, int(info.get("maxmemory", 0) or 0)
 
 
 def _counts(counts: tuple[int, int]) -> tuple[int, int]:
