@@ -320,12 +320,10 @@ class AmqpTransport(Transport):
     async def block_first(
         self, queues: Sequence[str], timeout: float, count: int = 1
     ) -> list[Delivery]:
-        """Wait up to ``timeout`` s for a message RabbitMQ pushes to the consumer of any of
-        ``queues`` (or one buffered): one message, of the earliest queue that has one
-        (:meth:`_take_first` of one, without asking: a ``basic.get`` only on a consumer's
-        first fetch, or on a level RabbitMQ may still be filling before a lower level's
-        buffer is taken, so the priority order holds); none at the timeout or after
-        :meth:`unblock`. Raises BrokerError when RabbitMQ cannot be reached."""
+        """Wait up to ``timeout`` s for a message pushed to the consumer of any of ``queues``
+        (or one buffered): one, taken as :meth:`_take_first` takes one without asking (the
+        priority order kept); none at the timeout or after :meth:`unblock`. Raises
+        BrokerError when RabbitMQ cannot be reached."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         arrived = asyncio.Event()
