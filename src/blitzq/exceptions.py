@@ -29,6 +29,7 @@ import contextlib
 import datetime as _dt
 import math
 from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 from .limits import MAX_ERROR_CHARS, clip_text
 
@@ -43,6 +44,22 @@ class ConfigurationError(BlitzQError, ValueError):
 
 class SerializationError(BlitzQError, TypeError):
     """A value cannot be encoded as plain data, or a message cannot be decoded."""
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def itemized(exc: E, what: str) -> E:
+    """``exc`` with ``what`` (``"send_many item 3"``) before its message, unless it names it
+    already; the same object, its type and attributes kept (a batch's error names the item).
+
+    Args:
+        exc: the error an item of a batch raised.
+        what: the item, as the message names it.
+    """
+    if exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith(what):
+        exc.args = (f"{what}: {exc.args[0]}", *exc.args[1:])
+    return exc
 
 
 class MessageTooLarge(SerializationError):

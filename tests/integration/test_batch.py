@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from blitzq import ConfigurationError, Queue, ResultTimeout, TaskFailed
+from blitzq import ConfigurationError, MessageTooLarge, Queue, ResultTimeout, TaskFailed
 
 from .proc_tasks import make_worker, running, worker_thread
 
@@ -138,12 +138,28 @@ async def test_enqueue_many_takes_per_item_options(queue: Queue, mode: str) -> N
 
 async def test_enqueue_many_refuses_bad_per_item_options_before_publishing(queue: Queue) -> None:
     add = queue.tasks["b.add"]
-    with pytest.raises(ConfigurationError, match="no_such_option"):
+    # Each error names the item (tester finding: these three named none).
+    with pytest.raises(ConfigurationError, match=r"^enqueue_many item 1: .*no_such_option"):
         await add.enqueue_many([(1,), ((2,), {}, {"no_such_option": 1})])
-    with pytest.raises(ConfigurationError, match="priority"):
+    with pytest.raises(ConfigurationError, match=r"^enqueue_many item 0: .*priority"):
         await add.enqueue_many([((2,), {}, {"priority": "urgent"})])
-    with pytest.raises(ConfigurationError, match="same task_id"):
-        await add.enqueue_many([((1,), {}, {"task_id": "dup"}), ((2,), {}, {"task_id": "dup"})])
+    with pytest.raises(ConfigurationError, match=r"^enqueue_many items 0 and 2: the same task_id"):
+        await add.enqueue_many(
+            [((1,), {}, {"task_id": "dup"}), (3,), ((2,), {}, {"task_id": "dup"})]
+        )
+    with pytest.raises(MessageTooLarge, match=r"^enqueue_many item 1: message of") as big:
+        await add.enqueue_many([(1,), ("x" * (queue.max_message_size + 1),)])
+    assert big.value.limit == queue.max_message_size
+    for items, match in (
+        ([("b.add", (1,), None), ("b.add", (2,), None, {"nope": 1})], r"^send_many item 1: "),
+        (
+            [("b.add", (1,), None, {"task_id": "d"}), ("b.add", (2,), None, {"task_id": "d"})],
+            r"^send_many items 0 and 1: the same task_id",
+        ),
+        ([("b.add", ("x" * (queue.max_message_size + 1),), None)], r"^send_many item 0: message"),
+    ):
+        with pytest.raises((ConfigurationError, MessageTooLarge), match=match):
+            await queue.send_many(items)
     stats = await queue.stats(["bq", "bq:high"])
     assert stats["queues"]["bq"]["waiting"] == 0
     assert stats["scheduled"] == 0

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..exceptions import ConfigurationError
+from ..exceptions import ConfigurationError, SerializationError, itemized
 from ..extensions import builtin_middleware
 from ..extensions.middleware import Outgoing
 from ..options import call_options, declared_call_options
@@ -100,7 +100,7 @@ async def send_many(producer: Producer, items: Iterable[Sequence[Any]]) -> list[
         raise ConfigurationError(f"send_many takes a list of items, got {items!r}")
     now = time.time()
     batch: list[Outgoing] = []
-    explicit: set[str] = set()
+    explicit: dict[str, int] = {}  # an item's given task_id -> its index
     items = list(items)
     block = min(len(items), ID_BLOCK)
     fresh = producer.fresh_ids(block) if block else None  # None: the broker makes each
@@ -114,7 +114,10 @@ async def send_many(producer: Producer, items: Iterable[Sequence[Any]]) -> list[
         extra = item[3] if len(item) == 4 else {}
         if not isinstance(extra, Mapping):
             raise ConfigurationError(f"{what}: options must be a dict, got {extra!r}")
-        opts = named_options(producer, what, name, args, kwargs, extra)
+        try:
+            opts = named_options(producer, what, name, args, kwargs, extra)
+        except ConfigurationError as exc:
+            raise itemized(exc, what) from None
         queue = physical_queue(
             opts.queue or route(owner.routes, name) or owner.name, opts.priority or "normal"
         )
@@ -125,12 +128,15 @@ async def send_many(producer: Producer, items: Iterable[Sequence[Any]]) -> list[
             fresh_id = fresh.pop()
         env = producer.envelope(name, queue, tuple(args), dict(kwargs or {}), opts, now, fresh_id)
         if opts.task_id is not None:
-            if env.id in explicit:
+            first = explicit.setdefault(env.id, index)
+            if first != index:
                 raise ConfigurationError(
-                    f"send_many: the task_id {env.id!r} is given to several items"
+                    f"send_many items {first} and {index}: the same task_id {env.id!r}"
                 )
-            explicit.add(env.id)
-        data = encode_wire_envelope(env, owner.max_message_size)
+        try:
+            data = encode_wire_envelope(env, owner.max_message_size)
+        except SerializationError as exc:  # MessageTooLarge among them
+            raise itemized(exc, what) from None
         registered = owner.tasks.get(name)
         batch.append(
             Outgoing(env, data, opts.due_time(now), registered, delay=opts.relative_delay())

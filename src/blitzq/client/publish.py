@@ -17,7 +17,13 @@ from .. import records
 from ..broker import Completion, Scheduled
 from ..broker.state import UniqueSend
 from ..context import current_task
-from ..exceptions import BrokerError, ConfigurationError, unknown_outcome
+from ..exceptions import (
+    BrokerError,
+    ConfigurationError,
+    SerializationError,
+    itemized,
+    unknown_outcome,
+)
 from ..extensions.middleware import Outgoing
 from ..limits import CHUNK_WRITES
 from ..options import Option, call_options
@@ -415,19 +421,21 @@ class Producer:
         due = opts.due_time(now) if opts is not _NO_OPTIONS else None
         queue = physical_queue(opts.queue or task.queue, opts.priority or task.priority)
         items = []
-        explicit: set[str] = set()
-        explicit_items = 0  # items given a task_id; generated ids (120 random bits) never repeat
+        explicit: dict[str, int] = {}  # an item's given task_id -> its index
         limit = self.queue.max_message_size
         delay = opts.relative_delay()
         block = min(len(calls), ID_BLOCK) if isinstance(calls, Sized) else 64
         fresh = self.fresh_ids(block) if block else None  # None: the broker makes each
-        for call in calls:
+        for index, call in enumerate(calls):
             if not isinstance(call, tuple):
                 raise ConfigurationError(f"enqueue_many takes tuples of arguments, got {call!r}")
             item_opts, item_due, item_queue, item_delay = opts, due, queue, delay
             if len(call) == 3 and isinstance(call[0], tuple) and isinstance(call[2], Mapping):
                 args, kwargs, extra = call  # per-item options (see item_options)
-                item_opts = item_options(opts, extra, task.call_controls)
+                try:
+                    item_opts = item_options(opts, extra, task.call_controls)
+                except ConfigurationError as exc:
+                    raise itemized(exc, f"enqueue_many item {index}") from None
                 item_due = item_opts.due_time(now)
                 item_queue = physical_queue(
                     item_opts.queue or task.queue, item_opts.priority or task.priority
@@ -446,12 +454,16 @@ class Producer:
                 fresh_id = fresh.pop()
             env = self.envelope(task.name, item_queue, args, kwargs or {}, item_opts, now, fresh_id)
             if item_opts.task_id is not None:
-                explicit.add(env.id)
-                explicit_items += 1
-            data = encode_wire_envelope(env, limit)
+                first = explicit.setdefault(env.id, index)
+                if first != index:  # generated ids (120 random bits) never repeat
+                    raise ConfigurationError(
+                        f"enqueue_many items {first} and {index}: the same task_id {env.id!r}"
+                    )
+            try:
+                data = encode_wire_envelope(env, limit)
+            except SerializationError as exc:  # MessageTooLarge among them
+                raise itemized(exc, f"enqueue_many item {index}") from None
             items.append(Outgoing(env, data, item_due, task, delay=item_delay))
-        if len(explicit) < explicit_items:
-            raise ConfigurationError("enqueue_many: the same task_id is given to several items")
         if items:
             await self.publish(items, frozenset(explicit))
         stores = self.stores_result(task)
