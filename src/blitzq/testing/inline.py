@@ -294,7 +294,9 @@ class InlineWorker:
                 return
             wait = max(0.0, next_eta - now)
             real = self._next_real_wait(now)  # the memory server's clock is this process's
-            if real is not None and real <= next_eta + 0.001:
+            # Noted as its batch was written, a moment after the server scheduled it: a second
+            # of margin, so that moving time ahead to next_eta never promotes it.
+            if real is not None and real <= next_eta + 1.0:
                 # Next due: a message a start check put back; it keeps real time.
                 if real - now > PATIENCE:
                     return
