@@ -81,4 +81,9 @@ async def stop_consuming(transport: Republishing, queue: str, consumer: Consumer
     for message in buffered:
         consumer.arrived.pop(message.tag, None)
     await hand_back(transport, queue, buffered)
+    if buffered:  # a round trip: the acks (sent unanswered) are applied before a close
+        try:
+            await consumer.confirm()
+        except FAILURES as exc:
+            raise translate(exc, f"handing back the messages of {consumer.name!r}") from None
     return len(buffered)
