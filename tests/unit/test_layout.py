@@ -20,6 +20,7 @@ import pytest
 
 from blitzq.broker import Broker
 from blitzq.broker.effects import COMPLETION_OPS
+from tests.parsing import parse_source
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "blitzq"
@@ -128,7 +129,7 @@ def imports(path: Path) -> list[Import]:
         else:
             visit(node, typing_only)
 
-    visit(ast.parse(path.read_text(encoding="utf-8")), False)
+    visit(parse_source(path.read_text(encoding="utf-8")), False)
     return found
 
 
@@ -172,7 +173,7 @@ def module_imports(path: Path) -> dict[str, int]:
                 for handler in getattr(node, "handlers", []):
                     visit(handler.body)
 
-    visit(ast.parse(path.read_text(encoding="utf-8")).body)
+    visit(parse_source(path.read_text(encoding="utf-8")).body)
     return found
 
 
@@ -333,7 +334,7 @@ def _getattr() -> list[str]:
     names = _contract_names()
     out = []
     for path in modules():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parse_source(path.read_text(encoding="utf-8"))):
             if not (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Name)
@@ -368,7 +369,7 @@ def _op_literals() -> list[str]:
         name = relative(path)
         if name == "broker/effects.py":
             continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parse_source(path.read_text(encoding="utf-8"))
         scripts = {  # first argument of scripts.call("<script>", ...): a script's name
             id(node.args[0])
             for node in ast.walk(tree)
@@ -398,7 +399,7 @@ def _runner_first() -> list[str]:
         name = relative(path)
         if not name.startswith("worker/"):
             continue
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        for node in parse_source(path.read_text(encoding="utf-8")).body:
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or not node.args.args:
                 continue
             annotation = node.args.args[0].annotation

@@ -13,6 +13,7 @@ import pytest
 
 import blitzq
 import blitzq.workflow
+from tests.parsing import parse_source
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -22,7 +23,7 @@ INIT = Path(blitzq.__file__)
 def type_checking_imports(init: Path = INIT) -> dict[str, str]:
     """Each name imported under ``if TYPE_CHECKING:`` in ``init`` (blitzq/__init__.py), by its
     module."""
-    tree = ast.parse(init.read_text())
+    tree = parse_source(init.read_text())
     block = next(
         node
         for node in tree.body
